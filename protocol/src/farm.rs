@@ -1,0 +1,709 @@
+//! The farm model: stages, sweeps and templates, expanded into tasks lazily.
+//!
+//! A farm is kept as its definition, never as a list of tasks: task `i` of a
+//! stage is computed from the sweep on demand (mixed-radix digits for a
+//! product, one shared index for a zip). A million-task range sweep therefore
+//! costs a few bytes until its tasks run. The loader that reads farm files
+//! (with files, line numbers and error messages) lives in `mesh-node`; this
+//! module is pure data and arithmetic.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::resources::Resources;
+
+/// The most tasks one stage may expand into.
+pub const STAGE_TASKS_MAX: u64 = u32::MAX as u64;
+
+/// One task: a stage (by position in the farm) and its index in that stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TaskRef {
+    pub stage: u32,
+    pub index: u32,
+}
+
+impl TaskRef {
+    pub fn new(stage: u32, index: u32) -> TaskRef {
+        TaskRef { stage, index }
+    }
+}
+
+/// A farm, resolved: every sweep's values are known, every path checked.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FarmDef {
+    pub name: String,
+    /// Absolute folder of the farm file; relative paths start here.
+    pub root: String,
+    /// Absolute output folder (`{out}`).
+    pub out: String,
+    pub stages: Vec<StageDef>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageDef {
+    pub name: String,
+    pub command: CommandTemplate,
+    pub sweep: Sweep,
+    /// Per-task working folder relative to `root`; `None` runs in `root`.
+    pub workdir: Option<Template>,
+    /// Files (relative to `root`) copied into the workdir before the task runs.
+    pub inputs: Vec<Template>,
+    /// Files or glob patterns (relative to the workdir) collected after success.
+    pub outputs: Vec<Template>,
+    pub env: Vec<(String, Template)>,
+    pub resources: Resources,
+    /// Failures allowed before the task is failed for good.
+    pub retries: u32,
+    pub timeout_ms: Option<u64>,
+    /// Exit codes that count as success (default `[0]`).
+    pub success_codes: Vec<i32>,
+    /// Whole-stage dependencies: every task of these stages must succeed first.
+    pub after: Vec<u32>,
+    /// Element-wise dependencies: task `i` waits for task `i` of these stages.
+    pub after_each: Vec<u32>,
+}
+
+impl StageDef {
+    pub fn len(&self) -> u32 {
+        self.sweep.len() as u32
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum CommandTemplate {
+    /// Executed directly, no shell.
+    Argv(Vec<Template>),
+    /// Run with `/bin/sh -c`.
+    Shell(Template),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SweepMode {
+    /// Every combination; the first variable varies slowest.
+    Product,
+    /// The i-th value of every variable together; all have the same length.
+    Zip,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sweep {
+    pub vars: Vec<SweepVar>,
+    pub mode: SweepMode,
+}
+
+impl Sweep {
+    /// A stage without a sweep is one task.
+    pub fn single() -> Sweep {
+        Sweep {
+            vars: Vec::new(),
+            mode: SweepMode::Product,
+        }
+    }
+
+    /// Number of tasks; saturates above `STAGE_TASKS_MAX` so callers can reject it.
+    pub fn len(&self) -> u64 {
+        match self.mode {
+            SweepMode::Product => self.vars.iter().fold(1u64, |acc, v| {
+                acc.saturating_mul(v.values.len())
+                    .min(STAGE_TASKS_MAX + 1)
+            }),
+            SweepMode::Zip => self.vars.first().map(|v| v.values.len()).unwrap_or(1),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The value of each variable for task `index`, in variable order.
+    pub fn binding(&self, index: u32) -> Vec<String> {
+        let mut out = vec![String::new(); self.vars.len()];
+        match self.mode {
+            SweepMode::Zip => {
+                for (slot, var) in out.iter_mut().zip(&self.vars) {
+                    *slot = var.values.get(index as u64);
+                }
+            }
+            SweepMode::Product => {
+                let mut rest = index as u64;
+                for (slot, var) in out.iter_mut().zip(&self.vars).rev() {
+                    let n = var.values.len().max(1);
+                    *slot = var.values.get(rest % n);
+                    rest /= n;
+                }
+            }
+        }
+        out
+    }
+
+    pub fn var_index(&self, name: &str) -> Option<usize> {
+        self.vars.iter().position(|v| v.name == name)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SweepVar {
+    pub name: String,
+    pub values: Values,
+}
+
+/// The values of one sweep variable.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Values {
+    List(Vec<String>),
+    /// Lines of a parameter file, kept as one string and line end offsets
+    /// (a million lines cost 4 bytes each plus their text).
+    Lines { text: String, ends: Vec<u32> },
+    /// `start + i * step` for `i` in `0..count`, written with `decimals`
+    /// decimals; `start` and `step` are scaled by `10^decimals`.
+    Range {
+        start: i64,
+        step: i64,
+        count: u64,
+        decimals: u32,
+    },
+}
+
+impl Values {
+    /// Builds `Lines` from a file's text: one value per non-blank line, with
+    /// surrounding whitespace (and a CR of CRLF files) removed.
+    pub fn lines(text: &str) -> Values {
+        let mut kept = String::with_capacity(text.len());
+        let mut ends = Vec::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            kept.push_str(line);
+            ends.push(kept.len() as u32);
+        }
+        kept.shrink_to_fit();
+        Values::Lines { text: kept, ends }
+    }
+
+    pub fn len(&self) -> u64 {
+        match self {
+            Values::List(v) => v.len() as u64,
+            Values::Lines { ends, .. } => ends.len() as u64,
+            Values::Range { count, .. } => *count,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, i: u64) -> String {
+        match self {
+            Values::List(v) => v[i as usize].clone(),
+            Values::Lines { text, ends } => {
+                let i = i as usize;
+                let start = if i == 0 { 0 } else { ends[i - 1] as usize };
+                text[start..ends[i] as usize].to_string()
+            }
+            Values::Range {
+                start,
+                step,
+                decimals,
+                ..
+            } => format_scaled(start + step * i as i64, *decimals),
+        }
+    }
+
+    /// Calls `f` with each value; for checks that must see every value once.
+    pub fn for_each(&self, mut f: impl FnMut(&str)) {
+        match self {
+            Values::List(v) => v.iter().for_each(|s| f(s)),
+            Values::Lines { text, ends } => {
+                let mut start = 0usize;
+                for &e in ends {
+                    f(&text[start..e as usize]);
+                    start = e as usize;
+                }
+            }
+            Values::Range { .. } => {
+                // Numbers never contain path separators or `..`; nothing to visit.
+            }
+        }
+    }
+}
+
+fn format_scaled(v: i64, decimals: u32) -> String {
+    if decimals == 0 {
+        return v.to_string();
+    }
+    let scale = 10i64.pow(decimals);
+    let sign = if v < 0 { "-" } else { "" };
+    let a = v.unsigned_abs();
+    let s = scale as u64;
+    format!(
+        "{sign}{}.{:0width$}",
+        a / s,
+        a % s,
+        width = decimals as usize
+    )
+}
+
+/// What a placeholder stands for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Var {
+    Index,
+    Stage,
+    Farm,
+    Out,
+    /// A sweep variable, by position in the stage's sweep.
+    Sweep(usize),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Part {
+    Lit(String),
+    Var(Var),
+}
+
+/// A string with `{placeholders}`; `{{` and `}}` stand for literal braces.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Template {
+    pub parts: Vec<Part>,
+}
+
+/// Why a template could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("unknown placeholder `{{{name}}}` (known here: {known})")]
+    Unknown { name: String, known: String },
+    #[error("unclosed `{{` (write `{{{{` for a literal brace)")]
+    Unclosed,
+    #[error("stray `}}` (write `}}}}` for a literal brace)")]
+    Stray,
+}
+
+impl Template {
+    pub fn literal(s: &str) -> Template {
+        Template {
+            parts: vec![Part::Lit(s.to_string())],
+        }
+    }
+
+    /// Parses `text`, resolving names against the built-ins and `sweep_vars`.
+    pub fn parse(text: &str, sweep_vars: &[&str]) -> Result<Template, TemplateError> {
+        let mut parts = Vec::new();
+        let mut lit = String::new();
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '{' if chars.peek() == Some(&'{') => {
+                    chars.next();
+                    lit.push('{');
+                }
+                '}' if chars.peek() == Some(&'}') => {
+                    chars.next();
+                    lit.push('}');
+                }
+                '}' => return Err(TemplateError::Stray),
+                '{' => {
+                    let mut name = String::new();
+                    loop {
+                        match chars.next() {
+                            Some('}') => break,
+                            Some(c) => name.push(c),
+                            None => return Err(TemplateError::Unclosed),
+                        }
+                    }
+                    let var = match name.trim() {
+                        "index" => Var::Index,
+                        "stage" => Var::Stage,
+                        "farm" => Var::Farm,
+                        "out" => Var::Out,
+                        other => match sweep_vars.iter().position(|v| *v == other) {
+                            Some(i) => Var::Sweep(i),
+                            None => {
+                                let mut known = vec!["index", "stage", "farm", "out"];
+                                known.extend(sweep_vars.iter().copied());
+                                return Err(TemplateError::Unknown {
+                                    name: other.to_string(),
+                                    known: known.join(", "),
+                                });
+                            }
+                        },
+                    };
+                    if !lit.is_empty() {
+                        parts.push(Part::Lit(std::mem::take(&mut lit)));
+                    }
+                    parts.push(Part::Var(var));
+                }
+                c => lit.push(c),
+            }
+        }
+        if !lit.is_empty() {
+            parts.push(Part::Lit(lit));
+        }
+        Ok(Template { parts })
+    }
+
+    /// The sweep variables (by position) this template mentions.
+    pub fn sweep_vars(&self) -> impl Iterator<Item = usize> + '_ {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Var(Var::Sweep(i)) => Some(*i),
+            _ => None,
+        })
+    }
+
+    /// The literal text, ignoring placeholders (for static checks).
+    pub fn literal_text(&self) -> String {
+        let mut s = String::new();
+        for p in &self.parts {
+            match p {
+                Part::Lit(l) => s.push_str(l),
+                Part::Var(_) => s.push('x'),
+            }
+        }
+        s
+    }
+
+    pub fn is_static(&self) -> bool {
+        self.parts.iter().all(|p| matches!(p, Part::Lit(_)))
+    }
+
+    pub fn render(&self, cx: &RenderCx<'_>) -> String {
+        let mut s = String::new();
+        for p in &self.parts {
+            match p {
+                Part::Lit(l) => s.push_str(l),
+                Part::Var(Var::Index) => s.push_str(&cx.index.to_string()),
+                Part::Var(Var::Stage) => s.push_str(cx.stage),
+                Part::Var(Var::Farm) => s.push_str(cx.farm),
+                Part::Var(Var::Out) => s.push_str(cx.out),
+                Part::Var(Var::Sweep(i)) => s.push_str(&cx.binding[*i]),
+            }
+        }
+        s
+    }
+}
+
+impl fmt::Display for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for p in &self.parts {
+            match p {
+                Part::Lit(l) => f.write_str(&l.replace('{', "{{").replace('}', "}}"))?,
+                Part::Var(Var::Index) => f.write_str("{index}")?,
+                Part::Var(Var::Stage) => f.write_str("{stage}")?,
+                Part::Var(Var::Farm) => f.write_str("{farm}")?,
+                Part::Var(Var::Out) => f.write_str("{out}")?,
+                Part::Var(Var::Sweep(i)) => write!(f, "{{#{i}}}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a template is rendered against: one task of one stage.
+pub struct RenderCx<'a> {
+    pub farm: &'a str,
+    pub stage: &'a str,
+    pub out: &'a str,
+    pub index: u32,
+    pub binding: &'a [String],
+}
+
+/// The command of one task, fully expanded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    Argv(Vec<String>),
+    Shell(String),
+}
+
+/// One task, expanded from its stage: everything needed to run it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskSpec {
+    pub command: Command,
+    pub env: Vec<(String, String)>,
+    /// Relative to the farm root; `None` runs in the root.
+    pub workdir: Option<String>,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+}
+
+impl FarmDef {
+    pub fn stage(&self, t: TaskRef) -> &StageDef {
+        &self.stages[t.stage as usize]
+    }
+
+    pub fn stage_index(&self, name: &str) -> Option<u32> {
+        self.stages.iter().position(|s| s.name == name).map(|i| i as u32)
+    }
+
+    /// The task's user-facing id, `<stage>/<index>`.
+    pub fn task_name(&self, t: TaskRef) -> String {
+        format!("{}/{}", self.stage(t).name, t.index)
+    }
+
+    /// Reads `<stage>/<index>` back.
+    pub fn parse_task(&self, id: &str) -> Option<TaskRef> {
+        let (stage, index) = id.rsplit_once('/')?;
+        let s = self.stage_index(stage)?;
+        let i: u32 = index.parse().ok()?;
+        (i < self.stages[s as usize].len()).then_some(TaskRef::new(s, i))
+    }
+
+    pub fn task_count(&self) -> u64 {
+        self.stages.iter().map(|s| s.len() as u64).sum()
+    }
+
+    /// The sweep values of task `t`, by variable name.
+    pub fn binding(&self, t: TaskRef) -> Vec<(String, String)> {
+        let stage = self.stage(t);
+        stage
+            .sweep
+            .vars
+            .iter()
+            .map(|v| v.name.clone())
+            .zip(stage.sweep.binding(t.index))
+            .collect()
+    }
+
+    pub fn expand(&self, t: TaskRef) -> TaskSpec {
+        let stage = self.stage(t);
+        let binding = stage.sweep.binding(t.index);
+        let cx = RenderCx {
+            farm: &self.name,
+            stage: &stage.name,
+            out: &self.out,
+            index: t.index,
+            binding: &binding,
+        };
+        let command = match &stage.command {
+            CommandTemplate::Argv(args) => Command::Argv(args.iter().map(|a| a.render(&cx)).collect()),
+            CommandTemplate::Shell(s) => Command::Shell(s.render(&cx)),
+        };
+        TaskSpec {
+            command,
+            env: stage
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.render(&cx)))
+                .collect(),
+            workdir: stage.workdir.as_ref().map(|w| w.render(&cx)),
+            inputs: stage.inputs.iter().map(|i| i.render(&cx)).collect(),
+            outputs: stage.outputs.iter().map(|o| o.render(&cx)).collect(),
+        }
+    }
+}
+
+/// A task's content key: blake3 over its expanded command, environment,
+/// resources and the contents of its inputs (given as their blake3 hashes,
+/// in the order of `spec.inputs`). Equal keys mean the same work.
+pub fn content_key(spec: &TaskSpec, resources: &Resources, input_hashes: &[[u8; 32]]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    let mut field = |tag: &[u8], bytes: &[u8]| {
+        // Length-prefixed so that no two different tasks hash the same bytes.
+        h.update(tag);
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    match &spec.command {
+        Command::Argv(args) => {
+            for a in args {
+                field(b"arg", a.as_bytes());
+            }
+        }
+        Command::Shell(s) => field(b"sh", s.as_bytes()),
+    }
+    let mut env: Vec<_> = spec.env.iter().collect();
+    env.sort();
+    for (k, v) in env {
+        field(b"envk", k.as_bytes());
+        field(b"envv", v.as_bytes());
+    }
+    for (k, v) in resources.iter() {
+        field(b"res", k.as_bytes());
+        field(b"amt", &v.0.to_le_bytes());
+    }
+    for (path, hash) in spec.inputs.iter().zip(input_hashes) {
+        field(b"inp", path.as_bytes());
+        field(b"inh", hash);
+    }
+    for o in &spec.outputs {
+        field(b"out", o.as_bytes());
+    }
+    *h.finalize().as_bytes()
+}
+
+/// True when a relative path (after expansion) stays inside its base folder:
+/// not absolute, and no `..` component.
+pub fn path_stays_inside(path: &str) -> bool {
+    !path.starts_with('/') && !path.split('/').any(|c| c == "..")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn list(vals: &[&str]) -> Values {
+        Values::List(vals.iter().map(|s| s.to_string()).collect())
+    }
+
+    fn sweep(mode: SweepMode, vars: Vec<Values>) -> Sweep {
+        Sweep {
+            vars: vars
+                .into_iter()
+                .enumerate()
+                .map(|(i, values)| SweepVar {
+                    name: format!("v{i}"),
+                    values,
+                })
+                .collect(),
+            mode,
+        }
+    }
+
+    #[test]
+    fn product_first_variable_varies_slowest() {
+        let s = sweep(SweepMode::Product, vec![list(&["a", "b"]), list(&["1", "2", "3"])]);
+        assert_eq!(s.len(), 6);
+        let all: Vec<_> = (0..6).map(|i| s.binding(i).join("")).collect();
+        assert_eq!(all, ["a1", "a2", "a3", "b1", "b2", "b3"]);
+    }
+
+    #[test]
+    fn ranges_are_inclusive_with_steps_and_decimals() {
+        // 1..100 is 100 values; 0..100:10 is 11; 0.0..1.0:0.25 is 5.
+        let r = Values::Range {
+            start: 0,
+            step: 25,
+            count: 5,
+            decimals: 2,
+        };
+        let v: Vec<_> = (0..5).map(|i| r.get(i)).collect();
+        assert_eq!(v, ["0.00", "0.25", "0.50", "0.75", "1.00"]);
+        let neg = Values::Range {
+            start: -15,
+            step: 10,
+            count: 3,
+            decimals: 1,
+        };
+        assert_eq!(neg.get(0), "-1.5");
+        assert_eq!(neg.get(1), "-0.5");
+        assert_eq!(neg.get(2), "0.5");
+    }
+
+    #[test]
+    fn lines_skip_blanks_and_trim() {
+        let v = Values::lines("a b\r\n\n  c\n\n");
+        assert_eq!(v.len(), 2);
+        assert_eq!(v.get(0), "a b");
+        assert_eq!(v.get(1), "c");
+    }
+
+    #[test]
+    fn templates_parse_and_render() {
+        let t = Template::parse("runs/{stage}/{index}/{x}-{{lit}}", &["x"]).unwrap();
+        let b = vec!["7".to_string()];
+        let cx = RenderCx {
+            farm: "f",
+            stage: "solve",
+            out: "/o",
+            index: 3,
+            binding: &b,
+        };
+        assert_eq!(t.render(&cx), "runs/solve/3/7-{lit}");
+        assert!(matches!(Template::parse("{y}", &["x"]), Err(TemplateError::Unknown { .. })));
+        assert_eq!(Template::parse("{x", &["x"]), Err(TemplateError::Unclosed));
+        assert_eq!(Template::parse("x}", &["x"]), Err(TemplateError::Stray));
+    }
+
+    #[test]
+    fn path_escapes_are_seen() {
+        assert!(path_stays_inside("runs/a/b"));
+        assert!(path_stays_inside("a..b/c"));
+        assert!(!path_stays_inside("../x"));
+        assert!(!path_stays_inside("a/../../x"));
+        assert!(!path_stays_inside("/etc/passwd"));
+    }
+
+    fn values_strategy() -> impl Strategy<Value = Values> {
+        prop_oneof![
+            proptest::collection::vec("[a-z0-9]{0,4}", 1..5).prop_map(Values::List),
+            (-50i64..50, 1i64..7, 1u64..6, 0u32..3).prop_map(|(start, step, count, decimals)| {
+                Values::Range {
+                    start,
+                    step,
+                    count,
+                    decimals,
+                }
+            }),
+        ]
+    }
+
+    proptest! {
+        /// A product sweep visits every combination exactly once, in the
+        /// order of nested loops over the variables as declared.
+        #[test]
+        fn product_is_nested_loops(vars in proptest::collection::vec(values_strategy(), 0..4)) {
+            let s = sweep(SweepMode::Product, vars.clone());
+            let mut expected: Vec<Vec<String>> = vec![vec![]];
+            for v in &vars {
+                let mut next = Vec::new();
+                for prefix in &expected {
+                    for i in 0..v.len() {
+                        let mut p = prefix.clone();
+                        p.push(v.get(i));
+                        next.push(p);
+                    }
+                }
+                expected = next;
+            }
+            prop_assert_eq!(s.len(), expected.len() as u64);
+            for (i, want) in expected.iter().enumerate() {
+                prop_assert_eq!(&s.binding(i as u32), want);
+            }
+        }
+
+        /// A zip sweep pairs the i-th values.
+        #[test]
+        fn zip_pairs_positions(n in 1usize..6, k in 1usize..4) {
+            let vars: Vec<Values> = (0..k)
+                .map(|j| Values::List((0..n).map(|i| format!("{j}:{i}")).collect()))
+                .collect();
+            let s = sweep(SweepMode::Zip, vars);
+            prop_assert_eq!(s.len(), n as u64);
+            for i in 0..n {
+                let want: Vec<String> = (0..k).map(|j| format!("{j}:{i}")).collect();
+                prop_assert_eq!(s.binding(i as u32), want);
+            }
+        }
+
+        /// Range values are start + i*step, exactly, at any scale.
+        #[test]
+        fn range_values_are_exact(start in -1000i64..1000, step in 1i64..100, count in 1u64..50, decimals in 0u32..4) {
+            let r = Values::Range { start, step, count, decimals };
+            for i in 0..count {
+                let v = r.get(i);
+                let scale = 10f64.powi(decimals as i32);
+                let parsed: f64 = v.parse().unwrap();
+                let want = (start + step * i as i64) as f64 / scale;
+                prop_assert!((parsed - want).abs() < 1e-9, "{} vs {}", v, want);
+            }
+        }
+
+        /// Distinct commands give distinct keys; the same command the same key.
+        #[test]
+        fn content_keys_separate_tasks(a in proptest::collection::vec("[a-c]{0,3}", 0..4), b in proptest::collection::vec("[a-c]{0,3}", 0..4)) {
+            let spec = |args: &Vec<String>| TaskSpec {
+                command: Command::Argv(args.clone()),
+                env: vec![], workdir: None, inputs: vec![], outputs: vec![],
+            };
+            let r = Resources::new();
+            let ka = content_key(&spec(&a), &r, &[]);
+            let kb = content_key(&spec(&b), &r, &[]);
+            prop_assert_eq!(ka == kb, a == b);
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! Wire types and the sans-IO scheduling engine of mesh: no I/O, no clock, no global RNG.
+//!
+//! Everything here is driven from outside: `mesh-node` feeds the engine real
+//! events and time, `mesh-sim` feeds it simulated ones. See ARCHITECTURE.md.
+
+pub mod engine;
+pub mod farm;
+pub mod resources;
+
+pub use farm::{FarmDef, TaskRef};
+pub use resources::{Amount, Resources};

@@ -1,0 +1,344 @@
+//! Resource vectors: named quantities (cpu, mem, gpu, or any label) in fixed point.
+//!
+//! Amounts are integers in thousandths of a unit so that fractional requests
+//! (`gpu = 0.5`) add and subtract exactly: a counter that is charged and then
+//! released returns to the same value, and can never drift below zero.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Thousandths of a unit per unit.
+pub const MILLI: u64 = 1000;
+
+/// The resource whose amounts are bytes and are shown as sizes.
+pub const MEM: &str = "mem";
+/// The resource every task asks for unless it says otherwise.
+pub const CPU: &str = "cpu";
+/// The indexed resource: a node declares devices 0..n, a task gets concrete indices.
+pub const GPU: &str = "gpu";
+
+/// A quantity in thousandths of a unit (bytes for `mem`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Amount(pub u64);
+
+impl Amount {
+    pub const ZERO: Amount = Amount(0);
+
+    pub fn units(n: u64) -> Amount {
+        Amount(n.saturating_mul(MILLI))
+    }
+
+    /// Whole units, rounded down.
+    pub fn whole(self) -> u64 {
+        self.0 / MILLI
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The amount as a decimal string in the resource's own unit (`0.5`, `2`, `536870912`).
+    pub fn to_plain(self) -> String {
+        let whole = self.0 / MILLI;
+        let frac = self.0 % MILLI;
+        if frac == 0 {
+            whole.to_string()
+        } else {
+            let s = format!("{whole}.{frac:03}");
+            s.trim_end_matches('0').to_string()
+        }
+    }
+
+    /// The amount for display, with byte units for `mem`.
+    pub fn display(self, name: &str) -> String {
+        if name == MEM {
+            format_bytes(self.whole())
+        } else {
+            self.to_plain()
+        }
+    }
+}
+
+/// Why a quantity could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AmountError {
+    #[error("`{0}` is not a quantity (expected a number such as 2 or 0.5, or for mem a size such as 512MiB or 4G)")]
+    Malformed(String),
+    #[error("`{0}` is negative: quantities are zero or more")]
+    Negative(String),
+    #[error("`{0}` has more than three decimals")]
+    TooPrecise(String),
+    #[error("`{0}` is too large")]
+    TooLarge(String),
+}
+
+/// Parses a quantity for resource `name`: a decimal number with up to three
+/// decimals, or for `mem` a size with an optional unit (B, K/KB/KiB, M, G, T;
+/// K, M, G, T alone are binary, as SLURM and PBS read them).
+pub fn parse_amount(name: &str, text: &str) -> Result<Amount, AmountError> {
+    let t = text.trim();
+    if t.starts_with('-') {
+        return Err(AmountError::Negative(text.to_string()));
+    }
+    if name == MEM {
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kib" => 1 << 10,
+            "kb" => 1_000,
+            "m" | "mib" => 1 << 20,
+            "mb" => 1_000_000,
+            "g" | "gib" => 1 << 30,
+            "gb" => 1_000_000_000,
+            "t" | "tib" => 1 << 40,
+            "tb" => 1_000_000_000_000,
+            _ => return Err(AmountError::Malformed(text.to_string())),
+        };
+        let milli = parse_milli(num).ok_or_else(|| AmountError::Malformed(text.to_string()))?;
+        // milli is thousandths of `unit`; bytes = milli * mult / 1000
+        let bytes = (milli as u128 * mult as u128) / MILLI as u128;
+        let stored = bytes
+            .checked_mul(MILLI as u128)
+            .filter(|b| *b <= u64::MAX as u128)
+            .ok_or_else(|| AmountError::TooLarge(text.to_string()))?;
+        return Ok(Amount(stored as u64));
+    }
+    match parse_milli(t) {
+        Some(m) => Ok(Amount(m)),
+        None => {
+            let decimals = t.split_once('.').map(|(_, f)| f.len()).unwrap_or(0);
+            if decimals > 3 && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+                Err(AmountError::TooPrecise(text.to_string()))
+            } else {
+                Err(AmountError::Malformed(text.to_string()))
+            }
+        }
+    }
+}
+
+/// Reads `12`, `0.5`, `1.250` as thousandths.
+fn parse_milli(t: &str) -> Option<u64> {
+    let (whole, frac) = match t.split_once('.') {
+        Some((w, f)) => (w, f),
+        None => (t, ""),
+    };
+    if whole.is_empty() && frac.is_empty() {
+        return None;
+    }
+    if !whole.chars().all(|c| c.is_ascii_digit()) || !frac.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    if frac.len() > 3 {
+        return None;
+    }
+    let w: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    let mut f: u64 = if frac.is_empty() { 0 } else { frac.parse().ok()? };
+    for _ in frac.len()..3 {
+        f *= 10;
+    }
+    w.checked_mul(MILLI)?.checked_add(f)
+}
+
+pub fn format_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b}B")
+    } else if v.fract() == 0.0 {
+        format!("{v:.0}{}", UNITS[u])
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
+/// A resource vector: named amounts, sorted by name, no zero entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Resources(Vec<(String, Amount)>);
+
+impl Resources {
+    pub fn new() -> Resources {
+        Resources(Vec::new())
+    }
+
+    pub fn from_pairs<I: IntoIterator<Item = (String, Amount)>>(pairs: I) -> Resources {
+        let mut r = Resources::new();
+        for (k, v) in pairs {
+            r.set(&k, v);
+        }
+        r
+    }
+
+    pub fn get(&self, name: &str) -> Amount {
+        match self.0.binary_search_by(|(k, _)| k.as_str().cmp(name)) {
+            Ok(i) => self.0[i].1,
+            Err(_) => Amount::ZERO,
+        }
+    }
+
+    /// Sets `name` to `amount`; zero removes it.
+    pub fn set(&mut self, name: &str, amount: Amount) {
+        match self.0.binary_search_by(|(k, _)| k.as_str().cmp(name)) {
+            Ok(i) if amount.is_zero() => {
+                self.0.remove(i);
+            }
+            Ok(i) => self.0[i].1 = amount,
+            Err(_) if amount.is_zero() => {}
+            Err(i) => self.0.insert(i, (name.to_string(), amount)),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, Amount)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), *v))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// True when every amount asked for is available here.
+    pub fn fits(&self, request: &Resources) -> bool {
+        request.iter().all(|(k, v)| self.get(k) >= v)
+    }
+
+    /// The names whose request exceeds what is here, with both amounts.
+    pub fn shortfall<'a>(&self, request: &'a Resources) -> Vec<(&'a str, Amount, Amount)> {
+        request
+            .iter()
+            .filter(|(k, v)| self.get(k) < *v)
+            .map(|(k, v)| (k, v, self.get(k)))
+            .collect()
+    }
+
+    /// Takes `request` out of this vector. Returns false, changing nothing,
+    /// when it does not fit: a counter never goes below zero.
+    #[must_use]
+    pub fn take(&mut self, request: &Resources) -> bool {
+        if !self.fits(request) {
+            return false;
+        }
+        for (k, v) in request.iter() {
+            let left = Amount(self.get(k).0 - v.0);
+            // Keep the name even at zero so the vector still says the resource exists.
+            match self.0.binary_search_by(|(n, _)| n.as_str().cmp(k)) {
+                Ok(i) => self.0[i].1 = left,
+                Err(_) => unreachable!("fits() checked every name"),
+            }
+        }
+        true
+    }
+
+    /// Returns `request` to this vector.
+    pub fn give(&mut self, request: &Resources) {
+        for (k, v) in request.iter() {
+            match self.0.binary_search_by(|(n, _)| n.as_str().cmp(k)) {
+                Ok(i) => self.0[i].1 = Amount(self.0[i].1 .0.saturating_add(v.0)),
+                Err(i) => self.0.insert(i, (k.to_string(), v)),
+            }
+        }
+    }
+}
+
+impl fmt::Display for Resources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (k, v)) in self.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{k}={}", v.display(k))?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses `cpu=4,mem=8GiB,gpu=2,token=1` (the `--resources` flag).
+pub fn parse_resources(text: &str) -> Result<Resources, ResourceSpecError> {
+    let mut r = Resources::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| ResourceSpecError::NoValue(item.to_string()))?;
+        let k = k.trim();
+        if !valid_resource_name(k) {
+            return Err(ResourceSpecError::BadName(k.to_string()));
+        }
+        let amount = parse_amount(k, v).map_err(|e| ResourceSpecError::Amount(k.to_string(), e))?;
+        r.0.retain(|(n, _)| n != k);
+        let pos = r.0.partition_point(|(n, _)| n.as_str() < k);
+        r.0.insert(pos, (k.to_string(), amount));
+    }
+    Ok(r)
+}
+
+/// Resource names are short identifiers, so they can become environment variable names.
+pub fn valid_resource_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceSpecError {
+    #[error("`{0}` has no value (expected name=amount, e.g. gpu=2)")]
+    NoValue(String),
+    #[error("`{0}` is not a resource name (letters, digits, '_' and '-', starting with a letter)")]
+    BadName(String),
+    #[error("resource {0}: {1}")]
+    Amount(String, AmountError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amounts_parse_exactly() {
+        assert_eq!(parse_amount("cpu", "2").unwrap(), Amount(2000));
+        assert_eq!(parse_amount("gpu", "0.5").unwrap(), Amount(500));
+        assert_eq!(parse_amount("gpu", ".25").unwrap(), Amount(250));
+        assert_eq!(parse_amount("mem", "512MiB").unwrap(), Amount(512 * 1024 * 1024 * 1000));
+        assert_eq!(parse_amount("mem", "4G").unwrap(), Amount(4 << 30).0 .checked_mul(1000).map(Amount).unwrap());
+        assert_eq!(parse_amount("mem", "1.5KiB").unwrap(), Amount(1536 * 1000));
+        assert!(matches!(parse_amount("cpu", "-1"), Err(AmountError::Negative(_))));
+        assert!(matches!(parse_amount("cpu", "0.0001"), Err(AmountError::TooPrecise(_))));
+        assert!(matches!(parse_amount("cpu", "two"), Err(AmountError::Malformed(_))));
+        assert!(matches!(parse_amount("mem", "5 parsecs"), Err(AmountError::Malformed(_))));
+    }
+
+    #[test]
+    fn take_and_give_never_go_negative() {
+        let mut node = parse_resources("cpu=2,gpu=1").unwrap();
+        let half = parse_resources("gpu=0.5").unwrap();
+        assert!(node.take(&half));
+        assert!(node.take(&half));
+        assert!(!node.take(&half), "a third half gpu does not fit");
+        assert_eq!(node.get("gpu"), Amount::ZERO);
+        node.give(&half);
+        node.give(&half);
+        assert_eq!(node.get("gpu"), Amount::units(1));
+        let tokens = parse_resources("token=1").unwrap();
+        assert!(!node.take(&tokens), "a resource the node lacks never fits");
+    }
+
+    #[test]
+    fn display_round_trips() {
+        let r = parse_resources("mem=512MiB,cpu=1.5,token=3").unwrap();
+        assert_eq!(r.to_string(), "cpu=1.5,mem=512MiB,token=3");
+        assert_eq!(parse_resources(&r.to_string()).unwrap(), r);
+    }
+}
