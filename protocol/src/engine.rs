@@ -1,1 +1,1002 @@
-//! placeholder
+//! The scheduling engine: a sans-IO state machine deciding which task runs when.
+//!
+//! # Driving it
+//!
+//! Inputs: [`Engine::add_farm`], [`Engine::task_finished`],
+//! [`Engine::handle_timeout`], [`Engine::cancel`], [`Engine::interrupt`].
+//! Every input takes `now` (milliseconds on the driver's monotonic clock).
+//!
+//! Outputs: after any input, drain [`Engine::poll_action`] until it returns
+//! `None`, then sleep until [`Engine::poll_timeout`] (or the next input).
+//! Actions come in the order they must take effect. **Persist before act:**
+//! the driver makes every `Persist` durable before it carries out any later
+//! `Start`, `Kill` or `Emit`; a driver that drains all actions, writes and
+//! flushes the persists as one group, then performs the rest in order keeps
+//! this (and gets group commit for free).
+//!
+//! The engine never touches the store, the clock or processes: that is what
+//! lets the simulator run the same code on a virtual clock.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::farm::{FarmDef, TaskRef};
+use crate::resources::{Amount, Resources, GPU, MILLI};
+
+/// Milliseconds on the driver's clock.
+pub type Millis = u64;
+
+/// A run that was live each time the node died this many times is failed:
+/// it is probably what kills the node.
+pub const CRASHES_MAX: u32 = 3;
+
+/// Farms are numbered by the engine in the order they are added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct FarmSlot(pub u32);
+
+/// What a task's durable record says; the engine's restart point.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub state: RecordState,
+    /// Starts so far, the one recorded included (1 for the first run).
+    pub attempt: u32,
+    /// Failures counted against `retries`.
+    pub failures: u32,
+    /// Times the node died while this task ran.
+    pub crashes: u32,
+    /// How the last attempt ended, when it has.
+    pub end: Option<TaskEnd>,
+    pub key: Option<[u8; 32]>,
+    pub duration_ms: u64,
+    /// Which log files the last attempt wrote (bit 0 stdout, bit 1 stderr).
+    pub logs: u8,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecordState {
+    /// Started and not known to have ended.
+    Running,
+    /// Stopped on purpose (Ctrl-C, SIGTERM); runs again on resume.
+    Interrupted,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+/// How an attempt ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskEnd {
+    Exited(i32),
+    Signaled(i32),
+    TimedOut { after_ms: u64 },
+    /// Skipped because a task with the same content key already succeeded.
+    Cached,
+    /// The task could not be started or its results not collected.
+    Error(String),
+    Unplaceable,
+    CrashLimit,
+    Cancelled,
+}
+
+/// What the driver reports when a started task is over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub result: TaskResult,
+    pub key: Option<[u8; 32]>,
+    pub duration_ms: u64,
+    pub logs: u8,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskResult {
+    Exited(i32),
+    Signaled(i32),
+    Cached,
+    Error(String),
+}
+
+/// Resources handed to one running task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub resources: Resources,
+    /// Device indices of the `gpu` resource, when it asked for any.
+    pub gpus: Vec<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KillReason {
+    Timeout,
+    Cancel,
+    Interrupt,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Persist {
+    Task {
+        farm: FarmSlot,
+        task: TaskRef,
+        record: TaskRecord,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    TaskFinished {
+        farm: FarmSlot,
+        task: TaskRef,
+        attempt: u32,
+        end: TaskEnd,
+        /// What follows: done, retried, failed for good, ...
+        verdict: Verdict,
+    },
+    /// A stage asks for more than this node has; its tasks are failed.
+    Unplaceable {
+        farm: FarmSlot,
+        stage: u32,
+        /// (resource, asked, available)
+        shortfall: Vec<(String, Amount, Amount)>,
+    },
+    FarmFinished {
+        farm: FarmSlot,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Done,
+    Retry,
+    Failed,
+    Cancelled,
+    Interrupted,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Persist(Persist),
+    Start {
+        farm: FarmSlot,
+        task: TaskRef,
+        attempt: u32,
+        grant: Grant,
+    },
+    Kill {
+        farm: FarmSlot,
+        task: TaskRef,
+        attempt: u32,
+        reason: KillReason,
+    },
+    Emit(Event),
+}
+
+/// How a farm is doing; per stage and summed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub total: u64,
+    pub done: u64,
+    /// Of `done`, those skipped because their content key had succeeded.
+    pub cached: u64,
+    pub running: u64,
+    pub failed: u64,
+    /// Not run because something they depend on failed.
+    pub skipped: u64,
+    pub cancelled: u64,
+}
+
+impl Counts {
+    pub fn queued(&self) -> u64 {
+        self.total - self.done - self.running - self.failed - self.skipped - self.cancelled
+    }
+
+    pub fn finished(&self) -> bool {
+        self.running == 0 && self.queued() == 0
+    }
+
+    fn add(&mut self, o: &Counts) {
+        self.total += o.total;
+        self.done += o.done;
+        self.cached += o.cached;
+        self.running += o.running;
+        self.failed += o.failed;
+        self.skipped += o.skipped;
+        self.cancelled += o.cancelled;
+    }
+}
+
+/// Options for adding a farm.
+#[derive(Clone, Debug, Default)]
+pub struct AddOptions {
+    /// Re-queue tasks whose record says they failed (with fresh retries).
+    pub retry_failed: bool,
+}
+
+// Task status codes, one byte per task so a million-task farm costs ~3 MB.
+const PENDING: u8 = 0;
+const RUNNING: u8 = 1;
+const DONE: u8 = 2;
+const FAILED: u8 = 3;
+const SKIPPED: u8 = 4;
+const CANCELLED: u8 = 5;
+
+struct StageState {
+    status: Vec<u8>,
+    /// Attempts started so far (saturating at 255 in memory; the record has the full count).
+    attempts: Vec<u32>,
+    failures: Vec<u8>,
+    crashes: Vec<u8>,
+    /// Stages with no element-wise dependencies hand out indices from this cursor once open.
+    cursor: u32,
+    /// Indices ready to run out of cursor order: retries and element-wise readiness.
+    ready: VecDeque<u32>,
+    /// Whole-stage dependencies not yet complete.
+    waiting_on: u32,
+    /// Whole-stage dependencies all complete (and none failed).
+    open: bool,
+    unplaceable: bool,
+    counts: Counts,
+}
+
+struct FarmState {
+    def: Arc<FarmDef>,
+    stages: Vec<StageState>,
+    /// Stages in the order they are offered slots: deepest first, so results flow.
+    order: Vec<u32>,
+    /// For each stage, the stages that wait on it as a whole / element-wise.
+    dependents: Vec<Vec<u32>>,
+    dependents_each: Vec<Vec<u32>>,
+    cancelled: bool,
+    finished_emitted: bool,
+}
+
+struct Running {
+    attempt: u32,
+    grant: Grant,
+    started: Millis,
+    killed: Option<KillReason>,
+}
+
+/// The scheduling state machine of one node.
+pub struct Engine {
+    total: Resources,
+    free: Resources,
+    /// Remaining thousandths per gpu device.
+    gpus: Vec<u64>,
+    farms: Vec<FarmState>,
+    running: HashMap<(FarmSlot, TaskRef), Running>,
+    timers: BinaryHeap<Reverse<(Millis, FarmSlot, TaskRef, u32)>>,
+    actions: VecDeque<Action>,
+    interrupted: bool,
+}
+
+impl Engine {
+    /// An engine for a node with these resources; `gpu = n` declares devices `0..n`.
+    pub fn new(total: Resources) -> Engine {
+        let ngpu = total.get(GPU).whole() as usize;
+        Engine {
+            free: total.clone(),
+            total,
+            gpus: vec![MILLI; ngpu],
+            farms: Vec::new(),
+            running: HashMap::new(),
+            timers: BinaryHeap::new(),
+            actions: VecDeque::new(),
+            interrupted: false,
+        }
+    }
+
+    pub fn total(&self) -> &Resources {
+        &self.total
+    }
+
+    pub fn free(&self) -> &Resources {
+        &self.free
+    }
+
+    pub fn farm(&self, slot: FarmSlot) -> &Arc<FarmDef> {
+        &self.farms[slot.0 as usize].def
+    }
+
+    /// Adds a farm, restoring what its durable records say. Returns its slot.
+    pub fn add_farm(
+        &mut self,
+        now: Millis,
+        def: Arc<FarmDef>,
+        restored: impl IntoIterator<Item = (TaskRef, TaskRecord)>,
+        opts: &AddOptions,
+    ) -> FarmSlot {
+        let slot = FarmSlot(self.farms.len() as u32);
+        let n = def.stages.len();
+        let mut dependents = vec![Vec::new(); n];
+        let mut dependents_each = vec![Vec::new(); n];
+        for (i, s) in def.stages.iter().enumerate() {
+            for &d in &s.after {
+                dependents[d as usize].push(i as u32);
+            }
+            for &d in &s.after_each {
+                dependents_each[d as usize].push(i as u32);
+            }
+        }
+        let stages = def
+            .stages
+            .iter()
+            .map(|s| {
+                let len = s.len() as usize;
+                StageState {
+                    status: vec![PENDING; len],
+                    attempts: vec![0; len],
+                    failures: vec![0; len],
+                    crashes: vec![0; len],
+                    cursor: 0,
+                    ready: VecDeque::new(),
+                    waiting_on: s.after.len() as u32,
+                    open: false,
+                    unplaceable: false,
+                    counts: Counts {
+                        total: len as u64,
+                        ..Counts::default()
+                    },
+                }
+            })
+            .collect();
+        let order = priority_order(&def);
+        self.farms.push(FarmState {
+            def: def.clone(),
+            stages,
+            order,
+            dependents,
+            dependents_each,
+            cancelled: false,
+            finished_emitted: false,
+        });
+
+        // Restore records first, then derive readiness from the whole picture.
+        let mut failed = Vec::new();
+        for (t, rec) in restored {
+            let Some(st) = self.farms[slot.0 as usize].stages.get_mut(t.stage as usize) else {
+                continue;
+            };
+            let i = t.index as usize;
+            if i >= st.status.len() {
+                continue;
+            }
+            st.attempts[i] = rec.attempt;
+            st.failures[i] = rec.failures.min(255) as u8;
+            st.crashes[i] = rec.crashes.min(255) as u8;
+            match rec.state {
+                RecordState::Done => {
+                    st.status[i] = DONE;
+                    st.counts.done += 1;
+                    if rec.end == Some(TaskEnd::Cached) {
+                        st.counts.cached += 1;
+                    }
+                }
+                RecordState::Failed if !opts.retry_failed => {
+                    st.status[i] = FAILED;
+                    st.counts.failed += 1;
+                    failed.push(t);
+                }
+                RecordState::Failed => st.failures[i] = 0,
+                RecordState::Running => {
+                    let crashes = rec.crashes + 1;
+                    st.crashes[i] = crashes.min(255) as u8;
+                    if crashes >= CRASHES_MAX {
+                        st.status[i] = FAILED;
+                        st.counts.failed += 1;
+                        failed.push(t);
+                        let record = TaskRecord {
+                            state: RecordState::Failed,
+                            crashes,
+                            end: Some(TaskEnd::CrashLimit),
+                            ..rec
+                        };
+                        self.actions.push_back(Action::Persist(Persist::Task {
+                            farm: slot,
+                            task: t,
+                            record,
+                        }));
+                    } else {
+                        // Record the crash now so that a second crash counts twice.
+                        let record = TaskRecord {
+                            state: RecordState::Interrupted,
+                            crashes,
+                            ..rec
+                        };
+                        self.actions.push_back(Action::Persist(Persist::Task {
+                            farm: slot,
+                            task: t,
+                            record,
+                        }));
+                    }
+                }
+                RecordState::Interrupted | RecordState::Cancelled => {}
+            }
+        }
+
+        self.check_placeable(slot);
+        let nstages = self.farms[slot.0 as usize].stages.len();
+        for s in 0..nstages as u32 {
+            let f = &mut self.farms[slot.0 as usize];
+            let complete = f.stages[s as usize].counts.done == f.stages[s as usize].counts.total;
+            if complete {
+                for d in f.dependents[s as usize].clone() {
+                    f.stages[d as usize].waiting_on -= 1;
+                }
+            }
+        }
+        for s in 0..nstages as u32 {
+            if self.farms[slot.0 as usize].stages[s as usize].waiting_on == 0 {
+                self.open_stage(slot, s);
+            }
+        }
+        for t in failed {
+            self.fail_dependents(slot, t.stage, Some(t.index));
+        }
+        self.fill(now);
+        self.check_finished(slot);
+        slot
+    }
+
+    /// Marks stages that can never run here as failed, with an event saying why.
+    fn check_placeable(&mut self, slot: FarmSlot) {
+        let f = &self.farms[slot.0 as usize];
+        let mut bad = Vec::new();
+        for (s, stage) in f.def.stages.iter().enumerate() {
+            let mut shortfall: Vec<(String, Amount, Amount)> = self
+                .total
+                .shortfall(&stage.resources)
+                .into_iter()
+                .map(|(k, a, b)| (k.to_string(), a, b))
+                .collect();
+            let g = stage.resources.get(GPU);
+            if shortfall.is_empty() && g.0 > MILLI && g.0 % MILLI != 0 {
+                // More than one device, but not whole devices: no placement makes sense.
+                shortfall.push((GPU.to_string(), g, self.total.get(GPU)));
+            }
+            if !shortfall.is_empty() {
+                bad.push((s as u32, shortfall));
+            }
+        }
+        for (s, shortfall) in bad {
+            let f = &mut self.farms[slot.0 as usize];
+            let st = &mut f.stages[s as usize];
+            st.unplaceable = true;
+            for i in 0..st.status.len() {
+                if st.status[i] == PENDING {
+                    st.status[i] = FAILED;
+                    st.counts.failed += 1;
+                }
+            }
+            self.actions.push_back(Action::Emit(Event::Unplaceable {
+                farm: slot,
+                stage: s,
+                shortfall,
+            }));
+            self.fail_dependents(slot, s, None);
+        }
+    }
+
+    /// A stage whose whole-stage dependencies are complete starts handing out tasks.
+    fn open_stage(&mut self, slot: FarmSlot, s: u32) {
+        let f = &mut self.farms[slot.0 as usize];
+        if f.stages[s as usize].open {
+            return;
+        }
+        f.stages[s as usize].open = true;
+        let each = &f.def.stages[s as usize].after_each;
+        if each.is_empty() {
+            return;
+        }
+        let stages = &f.stages;
+        let ready: Vec<u32> = (0..stages[s as usize].status.len())
+            .filter(|&i| {
+                stages[s as usize].status[i] == PENDING
+                    && each.iter().all(|&d| stages[d as usize].status[i] == DONE)
+            })
+            .map(|i| i as u32)
+            .collect();
+        f.stages[s as usize].ready.extend(ready);
+    }
+
+    /// Reports that an attempt is over (its process has exited, or it never started).
+    pub fn task_finished(&mut self, now: Millis, farm: FarmSlot, task: TaskRef, attempt: u32, outcome: Outcome) {
+        let Some(run) = self.running.remove(&(farm, task)) else {
+            return;
+        };
+        if run.attempt != attempt {
+            // An older attempt's report; the current one is still live.
+            self.running.insert((farm, task), run);
+            return;
+        }
+        self.release(&run.grant);
+        let f = &mut self.farms[farm.0 as usize];
+        let stage_def = &f.def.stages[task.stage as usize];
+        let retries = stage_def.retries;
+        let timeout_ms = stage_def.timeout_ms.unwrap_or(0);
+        let ok_codes = &stage_def.success_codes;
+        let st = &mut f.stages[task.stage as usize];
+        let i = task.index as usize;
+        st.counts.running -= 1;
+
+        let end = match (&run.killed, &outcome.result) {
+            (Some(KillReason::Timeout), _) => TaskEnd::TimedOut { after_ms: timeout_ms },
+            (Some(KillReason::Cancel), _) => TaskEnd::Cancelled,
+            (_, TaskResult::Exited(c)) => TaskEnd::Exited(*c),
+            (_, TaskResult::Signaled(s)) => TaskEnd::Signaled(*s),
+            (_, TaskResult::Cached) => TaskEnd::Cached,
+            (_, TaskResult::Error(e)) => TaskEnd::Error(e.clone()),
+        };
+        let success = match &end {
+            TaskEnd::Exited(c) => ok_codes.contains(c),
+            TaskEnd::Cached => true,
+            _ => false,
+        };
+        let (state, verdict) = if success {
+            (RecordState::Done, Verdict::Done)
+        } else if run.killed == Some(KillReason::Interrupt) {
+            (RecordState::Interrupted, Verdict::Interrupted)
+        } else if run.killed == Some(KillReason::Cancel) || f.cancelled {
+            (RecordState::Cancelled, Verdict::Cancelled)
+        } else {
+            let failures = st.failures[i] as u32 + 1;
+            st.failures[i] = failures.min(255) as u8;
+            if failures <= retries && !self.interrupted {
+                (RecordState::Interrupted, Verdict::Retry)
+            } else {
+                (RecordState::Failed, Verdict::Failed)
+            }
+        };
+        let _ = run.started;
+        let record = TaskRecord {
+            state,
+            attempt,
+            failures: st.failures[i] as u32,
+            crashes: st.crashes[i] as u32,
+            end: Some(end.clone()),
+            key: outcome.key,
+            duration_ms: outcome.duration_ms,
+            logs: outcome.logs,
+        };
+        self.actions.push_back(Action::Persist(Persist::Task { farm, task, record }));
+        self.actions.push_back(Action::Emit(Event::TaskFinished {
+            farm,
+            task,
+            attempt,
+            end,
+            verdict,
+        }));
+        match verdict {
+            Verdict::Done => {
+                st.status[i] = DONE;
+                st.counts.done += 1;
+                if outcome.result == TaskResult::Cached {
+                    st.counts.cached += 1;
+                }
+                self.on_done(farm, task);
+            }
+            Verdict::Retry => {
+                st.status[i] = PENDING;
+                st.ready.push_front(task.index);
+            }
+            Verdict::Interrupted => st.status[i] = PENDING,
+            Verdict::Failed => {
+                st.status[i] = FAILED;
+                st.counts.failed += 1;
+                self.fail_dependents(farm, task.stage, Some(task.index));
+            }
+            Verdict::Cancelled => {
+                st.status[i] = CANCELLED;
+                st.counts.cancelled += 1;
+            }
+        }
+        self.fill(now);
+        self.check_finished(farm);
+    }
+
+    fn on_done(&mut self, farm: FarmSlot, task: TaskRef) {
+        let f = &mut self.farms[farm.0 as usize];
+        let s = task.stage as usize;
+        let i = task.index as usize;
+        for d in f.dependents_each[s].clone() {
+            let ds = d as usize;
+            if f.stages[ds].open
+                && f.stages[ds].status[i] == PENDING
+                && f.def.stages[ds]
+                    .after_each
+                    .iter()
+                    .all(|&e| f.stages[e as usize].status[i] == DONE)
+            {
+                f.stages[ds].ready.push_back(task.index);
+            }
+        }
+        let complete = f.stages[s].counts.done == f.stages[s].counts.total;
+        if complete {
+            for d in f.dependents[s].clone() {
+                let st = &mut self.farms[farm.0 as usize].stages[d as usize];
+                st.waiting_on -= 1;
+                if st.waiting_on == 0 {
+                    self.open_stage(farm, d);
+                }
+            }
+        }
+    }
+
+    /// Marks what can no longer run because `stage` (task `index`, or all of it) failed.
+    fn fail_dependents(&mut self, farm: FarmSlot, stage: u32, index: Option<u32>) {
+        let mut work = vec![(stage, index)];
+        while let Some((s, idx)) = work.pop() {
+            let f = &mut self.farms[farm.0 as usize];
+            for d in f.dependents[s as usize].clone() {
+                if skip_pending(&mut f.stages[d as usize], None) {
+                    work.push((d, None));
+                }
+            }
+            for d in f.dependents_each[s as usize].clone() {
+                if skip_pending(&mut f.stages[d as usize], idx) {
+                    work.push((d, idx));
+                }
+            }
+        }
+    }
+
+    /// Starts as many ready tasks as the free resources allow.
+    fn fill(&mut self, now: Millis) {
+        if self.interrupted {
+            return;
+        }
+        for fi in 0..self.farms.len() {
+            if self.farms[fi].cancelled {
+                continue;
+            }
+            let slot = FarmSlot(fi as u32);
+            for oi in 0..self.farms[fi].order.len() {
+                let s = self.farms[fi].order[oi];
+                loop {
+                    let f = &self.farms[fi];
+                    let st = &f.stages[s as usize];
+                    if st.unplaceable || !st.open {
+                        break;
+                    }
+                    let request = &f.def.stages[s as usize].resources;
+                    if !self.can_grant(request) {
+                        break;
+                    }
+                    let Some(index) = self.next_ready(fi, s) else {
+                        break;
+                    };
+                    self.start(now, slot, TaskRef::new(s, index));
+                }
+            }
+        }
+    }
+
+    fn next_ready(&mut self, fi: usize, s: u32) -> Option<u32> {
+        let f = &mut self.farms[fi];
+        let by_cursor = f.def.stages[s as usize].after_each.is_empty();
+        let st = &mut f.stages[s as usize];
+        while let Some(i) = st.ready.pop_front() {
+            if st.status[i as usize] == PENDING {
+                return Some(i);
+            }
+        }
+        if by_cursor {
+            while (st.cursor as usize) < st.status.len() {
+                let i = st.cursor;
+                st.cursor += 1;
+                if st.status[i as usize] == PENDING {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    fn start(&mut self, now: Millis, farm: FarmSlot, task: TaskRef) {
+        let f = &mut self.farms[farm.0 as usize];
+        let stage_def = &f.def.stages[task.stage as usize];
+        let request = stage_def.resources.clone();
+        let timeout = stage_def.timeout_ms;
+        let st = &mut f.stages[task.stage as usize];
+        let i = task.index as usize;
+        st.status[i] = RUNNING;
+        st.counts.running += 1;
+        st.attempts[i] = st.attempts[i].saturating_add(1);
+        let attempt = st.attempts[i];
+        let record = TaskRecord {
+            state: RecordState::Running,
+            attempt,
+            failures: st.failures[i] as u32,
+            crashes: st.crashes[i] as u32,
+            end: None,
+            key: None,
+            duration_ms: 0,
+            logs: 0,
+        };
+        let grant = self.grant(&request);
+        self.running.insert(
+            (farm, task),
+            Running {
+                attempt,
+                grant: grant.clone(),
+                started: now,
+                killed: None,
+            },
+        );
+        if let Some(ms) = timeout {
+            self.timers.push(Reverse((now.saturating_add(ms), farm, task, attempt)));
+        }
+        self.actions.push_back(Action::Persist(Persist::Task { farm, task, record }));
+        self.actions.push_back(Action::Start {
+            farm,
+            task,
+            attempt,
+            grant,
+        });
+    }
+
+    fn can_grant(&self, request: &Resources) -> bool {
+        if !self.free.fits(request) {
+            return false;
+        }
+        let g = request.get(GPU).0;
+        if g == 0 {
+            return true;
+        }
+        if g < MILLI {
+            self.gpus.iter().any(|&left| left >= g)
+        } else {
+            let whole = (g / MILLI) as usize;
+            self.gpus.iter().filter(|&&left| left == MILLI).count() >= whole
+        }
+    }
+
+    fn grant(&mut self, request: &Resources) -> Grant {
+        let took = self.free.take(request);
+        debug_assert!(took, "grant() follows can_grant()");
+        let g = request.get(GPU).0;
+        let mut gpus = Vec::new();
+        if g > 0 && g < MILLI {
+            // Best fit: the device with the least room that still fits, so
+            // fractions pack and whole devices stay free for whole requests.
+            if let Some((d, _)) = self
+                .gpus
+                .iter()
+                .enumerate()
+                .filter(|(_, &left)| left >= g)
+                .min_by_key(|(_, &left)| left)
+            {
+                self.gpus[d] -= g;
+                gpus.push(d as u32);
+            }
+        } else if g >= MILLI {
+            let mut want = (g / MILLI) as usize;
+            for (d, left) in self.gpus.iter_mut().enumerate() {
+                if want == 0 {
+                    break;
+                }
+                if *left == MILLI {
+                    *left = 0;
+                    gpus.push(d as u32);
+                    want -= 1;
+                }
+            }
+        }
+        Grant {
+            resources: request.clone(),
+            gpus,
+        }
+    }
+
+    fn release(&mut self, grant: &Grant) {
+        self.free.give(&grant.resources);
+        let g = grant.resources.get(GPU).0;
+        let per_device = if g < MILLI { g } else { MILLI };
+        for &d in &grant.gpus {
+            self.gpus[d as usize] += per_device;
+        }
+    }
+
+    /// Fires timers that are due: tasks past their timeout are killed.
+    pub fn handle_timeout(&mut self, now: Millis) {
+        while let Some(Reverse((at, farm, task, attempt))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(run) = self.running.get_mut(&(farm, task)) {
+                if run.attempt == attempt && run.killed.is_none() {
+                    run.killed = Some(KillReason::Timeout);
+                    self.actions.push_back(Action::Kill {
+                        farm,
+                        task,
+                        attempt,
+                        reason: KillReason::Timeout,
+                    });
+                }
+            }
+        }
+    }
+
+    /// When the engine next needs `handle_timeout`.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        self.timers.peek().map(|Reverse((at, ..))| *at)
+    }
+
+    #[must_use]
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Cancels a farm: nothing new starts, running tasks are killed.
+    pub fn cancel(&mut self, farm: FarmSlot) {
+        let f = &mut self.farms[farm.0 as usize];
+        if f.cancelled {
+            return;
+        }
+        f.cancelled = true;
+        for st in &mut f.stages {
+            for s in st.status.iter_mut() {
+                if *s == PENDING {
+                    *s = CANCELLED;
+                    st.counts.cancelled += 1;
+                }
+            }
+            st.ready.clear();
+        }
+        self.kill_all(Some(farm), KillReason::Cancel);
+        self.check_finished(farm);
+    }
+
+    /// Stops everything so the farms can be resumed later: running tasks are
+    /// killed and recorded as interrupted, nothing new starts.
+    pub fn interrupt(&mut self) {
+        self.interrupted = true;
+        self.kill_all(None, KillReason::Interrupt);
+    }
+
+    fn kill_all(&mut self, only: Option<FarmSlot>, reason: KillReason) {
+        let mut victims: Vec<_> = self
+            .running
+            .iter_mut()
+            .filter(|((f, _), r)| only.is_none_or(|o| o == *f) && r.killed.is_none())
+            .map(|((f, t), r)| {
+                r.killed = Some(reason);
+                (*f, *t, r.attempt)
+            })
+            .collect();
+        victims.sort();
+        for (farm, task, attempt) in victims {
+            self.actions.push_back(Action::Kill {
+                farm,
+                task,
+                attempt,
+                reason,
+            });
+        }
+    }
+
+    fn check_finished(&mut self, farm: FarmSlot) {
+        let c = self.progress(farm);
+        let f = &mut self.farms[farm.0 as usize];
+        if !f.finished_emitted && c.finished() {
+            f.finished_emitted = true;
+            self.actions.push_back(Action::Emit(Event::FarmFinished { farm }));
+        }
+    }
+
+    /// True when nothing is running anywhere.
+    pub fn idle(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn stage_progress(&self, farm: FarmSlot) -> Vec<Counts> {
+        self.farms[farm.0 as usize]
+            .stages
+            .iter()
+            .map(|s| s.counts.clone())
+            .collect()
+    }
+
+    pub fn progress(&self, farm: FarmSlot) -> Counts {
+        let mut c = Counts::default();
+        for s in &self.farms[farm.0 as usize].stages {
+            c.add(&s.counts);
+        }
+        c
+    }
+
+    /// Checks the engine's invariants; for tests and the simulator.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut used = Resources::new();
+        for run in self.running.values() {
+            used.give(&run.grant.resources);
+        }
+        let mut sum = self.free.clone();
+        sum.give(&used);
+        for (k, v) in self.total.iter() {
+            if sum.get(k) != v {
+                return Err(format!("resource {k}: free + in use = {:?}, total {:?}", sum.get(k), v));
+            }
+        }
+        if self.gpus.iter().any(|&g| g > MILLI) {
+            return Err(format!("a gpu has more than one device of room: {:?}", self.gpus));
+        }
+        for (fi, f) in self.farms.iter().enumerate() {
+            for (si, st) in f.stages.iter().enumerate() {
+                let mut c = Counts {
+                    total: st.status.len() as u64,
+                    ..Counts::default()
+                };
+                for &s in &st.status {
+                    match s {
+                        RUNNING => c.running += 1,
+                        DONE => c.done += 1,
+                        FAILED => c.failed += 1,
+                        SKIPPED => c.skipped += 1,
+                        CANCELLED => c.cancelled += 1,
+                        _ => {}
+                    }
+                }
+                let k = &st.counts;
+                if (c.running, c.done, c.failed, c.skipped, c.cancelled)
+                    != (k.running, k.done, k.failed, k.skipped, k.cancelled)
+                {
+                    return Err(format!("farm {fi} stage {si}: counters {k:?} but statuses say {c:?}"));
+                }
+                let live = self
+                    .running
+                    .keys()
+                    .filter(|(f, t)| f.0 as usize == fi && t.stage as usize == si)
+                    .count() as u64;
+                if live != c.running {
+                    return Err(format!("farm {fi} stage {si}: {live} live runs, {} running statuses", c.running));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Skips the pending tasks of a stage (one index, or all). True when any changed.
+fn skip_pending(st: &mut StageState, index: Option<u32>) -> bool {
+    let mut changed = false;
+    let range = match index {
+        Some(i) => i as usize..i as usize + 1,
+        None => 0..st.status.len(),
+    };
+    for i in range {
+        if st.status.get(i) == Some(&PENDING) {
+            st.status[i] = SKIPPED;
+            st.counts.skipped += 1;
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// Stages ordered deepest dependency chain first, so downstream work (and
+/// the results users wait for) goes ahead of more upstream work.
+fn priority_order(def: &FarmDef) -> Vec<u32> {
+    let n = def.stages.len();
+    let mut depth = vec![0usize; n];
+    // The loader rejects cycles, so n rounds of relaxation reach the fixpoint.
+    for _ in 0..n {
+        for (i, s) in def.stages.iter().enumerate() {
+            for &d in s.after.iter().chain(&s.after_each) {
+                depth[i] = depth[i].max(depth[d as usize] + 1);
+            }
+        }
+    }
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_by_key(|&i| (Reverse(depth[i as usize]), i));
+    order
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,130 @@
-//! placeholder
+//! Durable farm state: farm definitions, task records, the content-key cache and an event journal.
+//!
+//! # Contract
+//!
+//! [`Store::write`] applies a batch so later reads see it, but nothing is
+//! durable until [`Store::flush`] returns. After a crash the store holds
+//! every batch written before the last successful flush, and possibly some
+//! later ones, always whole batches in order. Drivers write the engine's
+//! `Persist` actions as one batch per step and flush once before acting on
+//! them: that is the project's group commit.
+//!
+//! Two implementations: [`SledStore`] on disk (sled 0.34) and [`MemStore`]
+//! for tests and the simulator, which can [`MemStore::crash`] to lose its
+//! unflushed tail.
+
+mod mem;
+mod sled_store;
+
+use mesh_protocol::engine::TaskRecord;
+use mesh_protocol::farm::FarmDef;
+use mesh_protocol::TaskRef;
+use serde::{Deserialize, Serialize};
+
+pub use mem::MemStore;
+pub use sled_store::SledStore;
+
+/// A farm's key in the store (a node may hold many farms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct FarmKey(pub u64);
+
+/// One entry of the event journal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalEntry {
+    /// Wall-clock milliseconds since the Unix epoch, set by the driver.
+    pub at_ms: u64,
+    pub farm: FarmKey,
+    pub event: JournalEvent,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JournalEvent {
+    RunStarted { run: u32, resumed: bool },
+    TaskEnded { task: TaskRef, record: TaskRecord },
+    RunStopped { run: u32, reason: String },
+}
+
+/// Where a content key last succeeded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    pub farm: FarmKey,
+    pub task: TaskRef,
+    pub at_ms: u64,
+}
+
+/// One change, as part of a batch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    Def { farm: FarmKey, def: Box<FarmDef> },
+    /// A named small value of a farm (run counters, summaries), opaque here.
+    Meta { farm: FarmKey, name: String, value: Vec<u8> },
+    Task { farm: FarmKey, task: TaskRef, record: TaskRecord },
+    /// Forgets every task record of a farm (a new run starts from nothing; the key cache stays).
+    ClearTasks { farm: FarmKey },
+    KeyDone { key: [u8; 32], record: KeyRecord },
+    Journal(JournalEntry),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the state at {path} is in use by another mesh process")]
+    Locked { path: String },
+    #[error("database error: {0}")]
+    Db(#[from] sled::Error),
+    #[error("corrupt record in {what}: {source}")]
+    Decode {
+        what: &'static str,
+        #[source]
+        source: postcard::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// The durable state of one node.
+pub trait Store {
+    /// Applies a batch atomically; durable only after [`Store::flush`].
+    fn write(&mut self, batch: Vec<Write>) -> Result<()>;
+    /// Makes everything written so far durable.
+    fn flush(&mut self) -> Result<()>;
+
+    fn def(&self, farm: FarmKey) -> Result<Option<FarmDef>>;
+    fn meta(&self, farm: FarmKey, name: &str) -> Result<Option<Vec<u8>>>;
+    fn task(&self, farm: FarmKey, task: TaskRef) -> Result<Option<TaskRecord>>;
+    /// Every task record of a farm, in task order.
+    fn tasks(&self, farm: FarmKey) -> Result<Vec<(TaskRef, TaskRecord)>>;
+    fn key_done(&self, key: &[u8; 32]) -> Result<Option<KeyRecord>>;
+    /// The last `limit` journal entries of a farm, oldest first.
+    fn journal(&self, farm: FarmKey, limit: usize) -> Result<Vec<JournalEntry>>;
+}
+
+fn task_key(farm: FarmKey, t: TaskRef) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&farm.0.to_be_bytes());
+    k[8..12].copy_from_slice(&t.stage.to_be_bytes());
+    k[12..].copy_from_slice(&t.index.to_be_bytes());
+    k
+}
+
+fn task_from_key(k: &[u8]) -> TaskRef {
+    let stage = u32::from_be_bytes(k[8..12].try_into().expect("16-byte task key"));
+    let index = u32::from_be_bytes(k[12..16].try_into().expect("16-byte task key"));
+    TaskRef::new(stage, index)
+}
+
+fn meta_key(farm: FarmKey, name: &str) -> Vec<u8> {
+    let mut k = farm.0.to_be_bytes().to_vec();
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_stdvec(v).expect("postcard encodes plain data into a Vec")
+}
+
+fn decode<'a, T: Deserialize<'a>>(what: &'static str, bytes: &'a [u8]) -> Result<T> {
+    postcard::from_bytes(bytes).map_err(|source| StoreError::Decode { what, source })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,379 @@
+//! Engine tests: scripted scenarios and random operation sequences with invariants checked.
+
+use super::*;
+use crate::farm::{CommandTemplate, StageDef, Sweep, SweepMode, SweepVar, Template, Values};
+use crate::resources::parse_resources;
+use proptest::prelude::*;
+
+fn stage(name: &str, n: u64) -> StageDef {
+    StageDef {
+        name: name.into(),
+        command: CommandTemplate::Argv(vec![Template::literal("true")]),
+        sweep: Sweep {
+            vars: vec![SweepVar {
+                name: "i".into(),
+                values: Values::Range {
+                    start: 0,
+                    step: 1,
+                    count: n,
+                    decimals: 0,
+                },
+            }],
+            mode: SweepMode::Product,
+        },
+        workdir: None,
+        inputs: vec![],
+        outputs: vec![],
+        env: vec![],
+        resources: parse_resources("cpu=1").unwrap(),
+        retries: 0,
+        timeout_ms: None,
+        success_codes: vec![0],
+        after: vec![],
+        after_each: vec![],
+    }
+}
+
+fn farm(stages: Vec<StageDef>) -> Arc<FarmDef> {
+    Arc::new(FarmDef {
+        name: "f".into(),
+        root: "/r".into(),
+        out: "/o".into(),
+        stages,
+    })
+}
+
+fn ok() -> Outcome {
+    Outcome {
+        result: TaskResult::Exited(0),
+        key: None,
+        duration_ms: 1,
+        logs: 0,
+    }
+}
+
+fn fail() -> Outcome {
+    Outcome {
+        result: TaskResult::Exited(1),
+        ..ok()
+    }
+}
+
+/// Drains actions; returns the starts and everything else, checking persist-before-act order.
+fn drain(e: &mut Engine) -> (Vec<(FarmSlot, TaskRef, u32, Grant)>, Vec<Action>) {
+    let mut starts = Vec::new();
+    let mut other = Vec::new();
+    let mut persisted = std::collections::HashSet::new();
+    while let Some(a) = e.poll_action() {
+        match a {
+            Action::Persist(Persist::Task { farm, task, ref record }) => {
+                persisted.insert((farm, task, record.attempt));
+                other.push(a);
+            }
+            Action::Start {
+                farm,
+                task,
+                attempt,
+                grant,
+            } => {
+                assert!(
+                    persisted.contains(&(farm, task, attempt)),
+                    "start of {task:?} attempt {attempt} before its record"
+                );
+                starts.push((farm, task, attempt, grant));
+            }
+            a => other.push(a),
+        }
+    }
+    e.check_invariants().unwrap();
+    (starts, other)
+}
+
+#[test]
+fn runs_up_to_capacity_and_finishes() {
+    let mut e = Engine::new(parse_resources("cpu=2").unwrap());
+    let slot = e.add_farm(0, farm(vec![stage("a", 5)]), vec![], &AddOptions::default());
+    let (starts, _) = drain(&mut e);
+    assert_eq!(starts.len(), 2, "two cpus, two tasks at once");
+    let mut live = starts;
+    let mut done = 0;
+    while let Some((f, t, a, _)) = live.pop() {
+        e.task_finished(1, f, t, a, ok());
+        done += 1;
+        let (more, _) = drain(&mut e);
+        live.extend(more);
+        assert!(e.running_count() <= 2);
+    }
+    assert_eq!(done, 5);
+    let p = e.progress(slot);
+    assert_eq!((p.done, p.queued(), p.running), (5, 0, 0));
+}
+
+#[test]
+fn element_wise_and_whole_stage_dependencies() {
+    let mut b = stage("b", 3);
+    b.after_each = vec![0];
+    let mut c = stage("c", 1);
+    c.after = vec![1];
+    let mut e = Engine::new(parse_resources("cpu=8").unwrap());
+    e.add_farm(0, farm(vec![stage("a", 3), b, c]), vec![], &AddOptions::default());
+    let (starts, _) = drain(&mut e);
+    assert!(starts.iter().all(|s| s.1.stage == 0), "only stage a is ready");
+    // a/1 done -> b/1 ready, nothing else.
+    let a1 = starts.iter().find(|s| s.1.index == 1).unwrap().clone();
+    e.task_finished(1, a1.0, a1.1, a1.2, ok());
+    let (s2, _) = drain(&mut e);
+    assert_eq!(s2.iter().map(|s| s.1).collect::<Vec<_>>(), vec![TaskRef::new(1, 1)]);
+    // Finish everything else; c starts only after all of b.
+    let mut live: Vec<_> = starts.into_iter().filter(|s| s.1.index != 1).chain(s2).collect();
+    let mut c_started = false;
+    while let Some((f, t, a, _)) = live.pop() {
+        if t.stage == 2 {
+            c_started = true;
+        }
+        e.task_finished(2, f, t, a, ok());
+        let (more, _) = drain(&mut e);
+        for m in &more {
+            if m.1.stage == 2 {
+                assert_eq!(e.progress(f).done, 6, "c started before a and b were done");
+            }
+        }
+        live.extend(more);
+    }
+    assert!(c_started);
+}
+
+#[test]
+fn failures_retry_then_fail_and_skip_dependents() {
+    let mut a = stage("a", 1);
+    a.retries = 1;
+    let mut b = stage("b", 1);
+    b.after_each = vec![0];
+    let mut e = Engine::new(parse_resources("cpu=1").unwrap());
+    let slot = e.add_farm(0, farm(vec![a, b]), vec![], &AddOptions::default());
+    let (s, _) = drain(&mut e);
+    e.task_finished(1, s[0].0, s[0].1, 1, fail());
+    let (s, other) = drain(&mut e);
+    assert_eq!(s[0].2, 2, "retried as attempt 2");
+    assert!(other.iter().any(|a| matches!(a, Action::Emit(Event::TaskFinished { verdict: Verdict::Retry, .. }))));
+    e.task_finished(2, s[0].0, s[0].1, 2, fail());
+    let (s, _) = drain(&mut e);
+    assert!(s.is_empty());
+    let p = e.progress(slot);
+    assert_eq!((p.failed, p.skipped, p.done), (1, 1, 0));
+    assert!(p.finished());
+}
+
+#[test]
+fn timeouts_kill_and_count_as_failures() {
+    let mut a = stage("a", 1);
+    a.timeout_ms = Some(100);
+    let mut e = Engine::new(parse_resources("cpu=1").unwrap());
+    let slot = e.add_farm(0, farm(vec![a]), vec![], &AddOptions::default());
+    let (s, _) = drain(&mut e);
+    assert_eq!(e.poll_timeout(), Some(100));
+    e.handle_timeout(99);
+    assert!(e.poll_action().is_none());
+    e.handle_timeout(100);
+    let kill = e.poll_action().unwrap();
+    assert!(matches!(kill, Action::Kill { reason: KillReason::Timeout, .. }));
+    // Resources stay held until the process is really gone.
+    assert_eq!(e.free().get("cpu"), Amount::ZERO);
+    e.task_finished(150, slot, s[0].1, 1, Outcome { result: TaskResult::Signaled(9), ..ok() });
+    let (_, other) = drain(&mut e);
+    assert!(other.iter().any(|a| matches!(
+        a,
+        Action::Persist(Persist::Task { record: TaskRecord { state: RecordState::Failed, end: Some(TaskEnd::TimedOut { after_ms: 100 }), .. }, .. })
+    )));
+}
+
+#[test]
+fn unplaceable_stage_is_reported_not_left_waiting() {
+    let mut g = stage("g", 2);
+    g.resources = parse_resources("cpu=1,gpu=1").unwrap();
+    let mut after = stage("after", 1);
+    after.after = vec![0];
+    let mut e = Engine::new(parse_resources("cpu=4").unwrap());
+    let slot = e.add_farm(0, farm(vec![g, after]), vec![], &AddOptions::default());
+    let (s, other) = drain(&mut e);
+    assert!(s.is_empty());
+    assert!(other.iter().any(|a| matches!(a, Action::Emit(Event::Unplaceable { stage: 0, .. }))));
+    let p = e.progress(slot);
+    assert_eq!((p.failed, p.skipped), (2, 1));
+    assert!(other.iter().any(|a| matches!(a, Action::Emit(Event::FarmFinished { .. }))));
+}
+
+#[test]
+fn gpus_get_their_own_devices_and_fractions_pack() {
+    let mut whole = stage("w", 3);
+    whole.resources = parse_resources("cpu=0,gpu=1").unwrap();
+    let mut e = Engine::new(parse_resources("cpu=4,gpu=2").unwrap());
+    e.add_farm(0, farm(vec![whole]), vec![], &AddOptions::default());
+    let (s, _) = drain(&mut e);
+    let mut devices: Vec<_> = s.iter().flat_map(|s| s.3.gpus.clone()).collect();
+    devices.sort();
+    assert_eq!(devices, vec![0, 1], "two tasks, two distinct devices; the third waits");
+
+    let mut half = stage("h", 4);
+    half.resources = parse_resources("cpu=0,gpu=0.5").unwrap();
+    let mut e = Engine::new(parse_resources("cpu=4,gpu=2").unwrap());
+    e.add_farm(0, farm(vec![half]), vec![], &AddOptions::default());
+    let (s, _) = drain(&mut e);
+    let mut devices: Vec<_> = s.iter().flat_map(|s| s.3.gpus.clone()).collect();
+    devices.sort();
+    assert_eq!(devices, vec![0, 0, 1, 1]);
+}
+
+#[test]
+fn restore_skips_done_and_reruns_running_with_higher_attempt() {
+    let rec = |state, attempt| TaskRecord {
+        state,
+        attempt,
+        failures: 0,
+        crashes: 0,
+        end: None,
+        key: None,
+        duration_ms: 0,
+        logs: 0,
+    };
+    let restored = vec![
+        (TaskRef::new(0, 0), rec(RecordState::Done, 1)),
+        (TaskRef::new(0, 1), rec(RecordState::Running, 1)),
+        (TaskRef::new(0, 2), rec(RecordState::Interrupted, 2)),
+    ];
+    let mut e = Engine::new(parse_resources("cpu=8").unwrap());
+    let slot = e.add_farm(0, farm(vec![stage("a", 4)]), restored, &AddOptions::default());
+    let (s, other) = drain(&mut e);
+    let mut got: Vec<_> = s.iter().map(|s| (s.1.index, s.2)).collect();
+    got.sort();
+    assert_eq!(got, vec![(1, 2), (2, 3), (3, 1)]);
+    assert_eq!(e.progress(slot).done, 1);
+    // The crash is recorded before the rerun starts.
+    assert!(other.iter().any(|a| matches!(
+        a,
+        Action::Persist(Persist::Task { task: TaskRef { index: 1, .. }, record: TaskRecord { crashes: 1, .. }, .. })
+    )));
+}
+
+#[test]
+fn a_task_that_keeps_crashing_the_node_is_failed() {
+    let restored = vec![(
+        TaskRef::new(0, 0),
+        TaskRecord {
+            state: RecordState::Running,
+            attempt: 3,
+            failures: 0,
+            crashes: CRASHES_MAX - 1,
+            end: None,
+            key: None,
+            duration_ms: 0,
+            logs: 0,
+        },
+    )];
+    let mut e = Engine::new(parse_resources("cpu=1").unwrap());
+    let slot = e.add_farm(0, farm(vec![stage("a", 1)]), restored, &AddOptions::default());
+    let (s, _) = drain(&mut e);
+    assert!(s.is_empty());
+    assert_eq!(e.progress(slot).failed, 1);
+}
+
+#[test]
+fn interrupt_kills_and_records_interrupted() {
+    let mut e = Engine::new(parse_resources("cpu=2").unwrap());
+    let slot = e.add_farm(0, farm(vec![stage("a", 4)]), vec![], &AddOptions::default());
+    let (s, _) = drain(&mut e);
+    e.interrupt();
+    let (_, other) = drain(&mut e);
+    assert_eq!(other.iter().filter(|a| matches!(a, Action::Kill { reason: KillReason::Interrupt, .. })).count(), 2);
+    for (f, t, a, _) in s {
+        e.task_finished(5, f, t, a, Outcome { result: TaskResult::Signaled(15), ..ok() });
+    }
+    let (starts, other) = drain(&mut e);
+    assert!(starts.is_empty(), "nothing starts after an interrupt");
+    assert_eq!(
+        other
+            .iter()
+            .filter(|a| matches!(a, Action::Persist(Persist::Task { record: TaskRecord { state: RecordState::Interrupted, .. }, .. })))
+            .count(),
+        2
+    );
+    assert_eq!(e.progress(slot).failed, 0);
+}
+
+#[test]
+fn stale_reports_are_ignored() {
+    let mut e = Engine::new(parse_resources("cpu=1").unwrap());
+    let slot = e.add_farm(0, farm(vec![stage("a", 1)]), vec![], &AddOptions::default());
+    let (s, _) = drain(&mut e);
+    e.task_finished(1, slot, s[0].1, 7, ok());
+    assert_eq!(e.progress(slot).done, 0);
+    assert_eq!(e.running_count(), 1);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Finish { pick: usize, code: i32 },
+    Tick(u64),
+    Cancel,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (any::<usize>(), prop_oneof![3 => Just(0), 1 => Just(1)]).prop_map(|(pick, code)| Op::Finish { pick, code }),
+        2 => (1u64..200).prop_map(Op::Tick),
+        1 => Just(Op::Cancel),
+    ]
+}
+
+proptest! {
+    /// Random completions, failures, timeouts and cancels on a three-stage
+    /// farm: invariants hold after every step, nothing starts twice while
+    /// live, and the farm always ends with every task accounted for.
+    #[test]
+    fn random_operation_sequences_keep_invariants(
+        ops in proptest::collection::vec(op(), 0..200),
+        cpus in 1u64..5,
+        n in 1u64..8,
+        retries in 0u32..3,
+    ) {
+        let mut a = stage("a", n);
+        a.retries = retries;
+        a.timeout_ms = Some(150);
+        let mut b = stage("b", n);
+        b.after_each = vec![0];
+        b.resources = parse_resources("cpu=1,gpu=0.5").unwrap();
+        let mut c = stage("c", 2);
+        c.after = vec![1];
+        let mut e = Engine::new(parse_resources(&format!("cpu={cpus},gpu=1")).unwrap());
+        let slot = e.add_farm(0, farm(vec![a, b, c]), vec![], &AddOptions::default());
+        let mut now = 0;
+        let mut live: Vec<(FarmSlot, TaskRef, u32)> = Vec::new();
+        let collect = |e: &mut Engine, live: &mut Vec<(FarmSlot, TaskRef, u32)>| {
+            let (starts, _) = drain(e);
+            for (f, t, att, _) in starts {
+                assert!(!live.iter().any(|l| l.1 == t), "{t:?} started while live");
+                live.push((f, t, att));
+            }
+        };
+        collect(&mut e, &mut live);
+        for op in ops.into_iter().chain(std::iter::repeat_n(Op::Finish { pick: 0, code: 0 }, 100)) {
+            match op {
+                Op::Finish { pick, code } if !live.is_empty() => {
+                    let (f, t, att) = live.remove(pick % live.len());
+                    e.task_finished(now, f, t, att, Outcome { result: TaskResult::Exited(code), ..ok() });
+                }
+                Op::Finish { .. } => {}
+                Op::Tick(d) => {
+                    now += d;
+                    e.handle_timeout(now);
+                }
+                Op::Cancel => e.cancel(slot),
+            }
+            collect(&mut e, &mut live);
+        }
+        let p = e.progress(slot);
+        prop_assert!(p.finished(), "not finished: {:?}", p);
+        prop_assert_eq!(p.done + p.failed + p.skipped + p.cancelled, p.total);
+        prop_assert_eq!(e.free(), e.total());
+    }
+}

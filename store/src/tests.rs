@@ -1,0 +1,132 @@
+//! The store contract, checked against both implementations.
+
+use super::*;
+use mesh_protocol::engine::{RecordState, TaskEnd};
+
+fn rec(state: RecordState, attempt: u32) -> TaskRecord {
+    TaskRecord {
+        state,
+        attempt,
+        failures: 0,
+        crashes: 0,
+        end: Some(TaskEnd::Exited(0)),
+        key: Some([7; 32]),
+        duration_ms: 12,
+        logs: 1,
+    }
+}
+
+fn contract(s: &mut dyn Store) {
+    let f = FarmKey(1);
+    let g = FarmKey(2);
+    s.write(vec![
+        Write::Task {
+            farm: f,
+            task: TaskRef::new(0, 2),
+            record: rec(RecordState::Running, 1),
+        },
+        Write::Task {
+            farm: f,
+            task: TaskRef::new(0, 1),
+            record: rec(RecordState::Done, 1),
+        },
+        Write::Task {
+            farm: g,
+            task: TaskRef::new(0, 0),
+            record: rec(RecordState::Done, 1),
+        },
+        Write::Meta {
+            farm: f,
+            name: "run".into(),
+            value: vec![3],
+        },
+        Write::KeyDone {
+            key: [9; 32],
+            record: KeyRecord {
+                farm: f,
+                task: TaskRef::new(0, 1),
+                at_ms: 5,
+            },
+        },
+    ])
+    .unwrap();
+    // Later writes in later batches win.
+    s.write(vec![Write::Task {
+        farm: f,
+        task: TaskRef::new(0, 2),
+        record: rec(RecordState::Done, 2),
+    }])
+    .unwrap();
+    s.flush().unwrap();
+    let tasks = s.tasks(f).unwrap();
+    assert_eq!(tasks.len(), 2, "only farm f's tasks");
+    assert_eq!(tasks[0].0, TaskRef::new(0, 1), "in task order");
+    assert_eq!(tasks[1].1.attempt, 2);
+    assert_eq!(s.meta(f, "run").unwrap(), Some(vec![3]));
+    assert_eq!(s.meta(g, "run").unwrap(), None);
+    assert_eq!(s.key_done(&[9; 32]).unwrap().unwrap().task, TaskRef::new(0, 1));
+    assert!(s.key_done(&[8; 32]).unwrap().is_none());
+
+    for i in 0..5 {
+        s.write(vec![Write::Journal(JournalEntry {
+            at_ms: i,
+            farm: f,
+            event: JournalEvent::RunStarted { run: i as u32, resumed: false },
+        })])
+        .unwrap();
+    }
+    let j = s.journal(f, 3).unwrap();
+    assert_eq!(j.iter().map(|e| e.at_ms).collect::<Vec<_>>(), vec![2, 3, 4], "the last entries, oldest first");
+
+    s.write(vec![Write::ClearTasks { farm: f }]).unwrap();
+    assert!(s.tasks(f).unwrap().is_empty());
+    assert_eq!(s.tasks(g).unwrap().len(), 1, "clearing one farm leaves the others");
+    assert!(s.key_done(&[9; 32]).unwrap().is_some(), "the key cache outlives a run");
+}
+
+#[test]
+fn mem_store_keeps_the_contract() {
+    contract(&mut MemStore::new());
+}
+
+#[test]
+fn sled_store_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    contract(&mut SledStore::open(&dir.path().join("db")).unwrap());
+}
+
+#[test]
+fn sled_store_survives_reopen_and_refuses_a_second_opener() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    {
+        let mut s = SledStore::open(&path).unwrap();
+        s.write(vec![Write::Task {
+            farm: FarmKey(4),
+            task: TaskRef::new(1, 7),
+            record: rec(RecordState::Done, 1),
+        }])
+        .unwrap();
+        s.flush().unwrap();
+        assert!(matches!(SledStore::open(&path), Err(StoreError::Locked { .. })));
+    }
+    let s = SledStore::open(&path).unwrap();
+    assert_eq!(s.task(FarmKey(4), TaskRef::new(1, 7)).unwrap(), Some(rec(RecordState::Done, 1)));
+}
+
+#[test]
+fn mem_store_crash_loses_only_the_unflushed_tail() {
+    let mut s = MemStore::new();
+    let f = FarmKey(1);
+    let w = |i| Write::Task {
+        farm: f,
+        task: TaskRef::new(0, i),
+        record: rec(RecordState::Done, 1),
+    };
+    s.write(vec![w(0)]).unwrap();
+    s.flush().unwrap();
+    s.write(vec![w(1)]).unwrap();
+    assert_eq!(s.tasks(f).unwrap().len(), 2, "reads see unflushed writes");
+    s.crash();
+    assert_eq!(s.tasks(f).unwrap().len(), 1);
+}
