@@ -1,1 +1,294 @@
-fn main() {}
+//! The `mesh` command: run, resume and inspect farms from the terminal.
+
+mod show;
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use mesh_node::farmfile::{self, LoadOptions};
+use mesh_node::runner::{self, RunError, RunOptions, RunStart};
+use mesh_node::state::{RunState, StateDir};
+use mesh_protocol::resources::parse_resources;
+use mesh_protocol::Resources;
+
+/// Exit codes, documented in the README.
+const EXIT_FAILED_TASKS: u8 = 1;
+const EXIT_BAD_INPUT: u8 = 2;
+const EXIT_INTERRUPTED: u8 = 130;
+
+#[derive(Parser)]
+#[command(
+    name = "mesh",
+    version,
+    about = "A peer-to-peer task farm: run parameter sweeps and pipelines of commands"
+)]
+struct Cli {
+    /// Where farms keep their state (default: the user's data folder, e.g. ~/.local/share/mesh).
+    #[arg(long, global = true, env = "MESH_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a farm file on this machine, with a progress bar; exit 0 when every task succeeded.
+    Run {
+        /// The farm file (TOML).
+        farm: PathBuf,
+        /// Where collected outputs go (default ./mesh-out/<farm name>).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        node: NodeArgs,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Continue a farm after a crash, kill -9 or Ctrl-C (default: the most recent unfinished one).
+    Resume {
+        /// Farm id, id prefix or name (see `mesh list`).
+        farm: Option<String>,
+        /// Also run tasks that failed for good, with fresh retries.
+        #[arg(long)]
+        retry_failed: bool,
+        #[command(flatten)]
+        node: NodeArgs,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Check a farm file and show what it would run, without running anything.
+    Check {
+        farm: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// How many tasks of each stage to show.
+        #[arg(long, default_value_t = 3)]
+        show: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List farms, most recent first.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a farm's progress per stage (default: the most recent farm).
+    Status {
+        farm: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a task's stdout and stderr (TASK is <stage>/<index>, e.g. solve/3).
+    Logs {
+        task: String,
+        /// Farm id, id prefix or name (default: the most recent farm).
+        #[arg(long)]
+        farm: Option<String>,
+        /// Which attempt (default: the latest that wrote output).
+        #[arg(long)]
+        attempt: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct NodeArgs {
+    /// Resources this node offers, added to or overriding the detected cpu and mem,
+    /// e.g. `cpu=8,mem=32GiB,gpu=2,license=4`.
+    #[arg(long, value_name = "LIST")]
+    resources: Option<String>,
+}
+
+#[derive(Args)]
+struct OutputArgs {
+    /// Print the final status as JSON on stdout (no progress bar).
+    #[arg(long)]
+    json: bool,
+    /// No progress bar or progress lines.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MESH_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            if let Some(fe) = e.downcast_ref::<farmfile::FarmFileError>() {
+                eprintln!("error: {fe}");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            eprintln!("error: {e:#}");
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<ExitCode> {
+    let state = StateDir::new(state_root(cli.state_dir)?);
+    match cli.command {
+        Cmd::Run {
+            farm,
+            out,
+            node,
+            output,
+        } => {
+            let def = farmfile::load(&farm, &LoadOptions { out })?;
+            let file = farm
+                .canonicalize()
+                .with_context(|| format!("cannot resolve {}", farm.display()))?;
+            run(RunStart::New { def, file }, &state, &node, false, &output)
+        }
+        Cmd::Resume {
+            farm,
+            retry_failed,
+            node,
+            output,
+        } => {
+            let target = match farm.as_deref() {
+                Some(q) => state.find(Some(q))?,
+                None => state.most_recent_unfinished()?,
+            };
+            if target.state == RunState::Running {
+                bail!(
+                    "farm {} is running (pid {} on {}); nothing to resume",
+                    target.id,
+                    target.pid,
+                    target.host
+                );
+            }
+            if target.state.is_finished() && !retry_failed {
+                eprintln!(
+                    "farm {} already finished ({}); use --retry-failed to run its failed tasks again",
+                    target.id,
+                    show::state_word(target.state)
+                );
+            }
+            run(
+                RunStart::Resume { id: target.id },
+                &state,
+                &node,
+                retry_failed,
+                &output,
+            )
+        }
+        Cmd::Check {
+            farm,
+            out,
+            show,
+            json,
+        } => {
+            let def = farmfile::load(&farm, &LoadOptions { out })?;
+            show::check(&def, show, json)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::List { json } => {
+            show::list(&state.list()?, json)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Status { farm, json } => {
+            let mut s = state.find(farm.as_deref())?;
+            if s.state != RunState::Running {
+                // Not running: the store has the exact picture (a snapshot may lag a crash).
+                match runner::inspect(&state, &s.id) {
+                    Ok((_, stages)) => {
+                        s.counts = Default::default();
+                        for st in &stages {
+                            s.counts.add(&st.counts);
+                        }
+                        s.stages = stages;
+                    }
+                    Err(RunError::AlreadyRunning { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            show::status(&s, json)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Logs {
+            task,
+            farm,
+            attempt,
+            json,
+        } => {
+            let s = state.find(farm.as_deref())?;
+            show::logs(&state, &s, &task, attempt, json)
+        }
+    }
+}
+
+fn state_root(flag: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = flag {
+        return Ok(p);
+    }
+    match dirs::data_dir() {
+        Some(d) => Ok(d.join("mesh")),
+        None => {
+            bail!("no data folder is known for this user; pass --state-dir or set MESH_STATE_DIR")
+        }
+    }
+}
+
+fn node_resources(args: &NodeArgs) -> Result<Resources> {
+    let mut r = mesh_node::detect_resources();
+    if let Some(spec) = &args.resources {
+        let extra = parse_resources(spec).with_context(|| format!("--resources {spec}"))?;
+        for (k, v) in extra.iter() {
+            r.set(k, v);
+        }
+    }
+    Ok(r)
+}
+
+fn run(
+    start: RunStart,
+    state: &StateDir,
+    node: &NodeArgs,
+    retry_failed: bool,
+    output: &OutputArgs,
+) -> Result<ExitCode> {
+    let opts = RunOptions {
+        state: state.clone(),
+        resources: node_resources(node)?,
+        retry_failed,
+    };
+    let mut obs = show::Progress::new(output.json || output.quiet, std::io::stderr().is_terminal());
+    let status = runner::run_farm(start, &opts, &mut obs)?;
+    obs.finish();
+    if output.json {
+        let mut v = serde_json::to_value(&status)?;
+        v["mesh_cpu_ms"] = serde_json::json!(self_cpu_ms());
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        show::summary(&status, Path::new(&status.out));
+    }
+    Ok(match status.state {
+        RunState::Done => ExitCode::SUCCESS,
+        RunState::Interrupted => ExitCode::from(EXIT_INTERRUPTED),
+        _ => ExitCode::from(EXIT_FAILED_TASKS),
+    })
+}
+
+/// CPU time this process has used (user + system), in milliseconds.
+fn self_cpu_ms() -> u64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let ms =
+                |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1000 + t.tv_usec() as u64 / 1000;
+            ms(u.user_time()) + ms(u.system_time())
+        }
+        Err(_) => 0,
+    }
+}

@@ -71,7 +71,9 @@ pub enum RecordState {
 pub enum TaskEnd {
     Exited(i32),
     Signaled(i32),
-    TimedOut { after_ms: u64 },
+    TimedOut {
+        after_ms: u64,
+    },
     /// Skipped because a task with the same content key already succeeded.
     Cached,
     /// The task could not be started or its results not collected.
@@ -194,7 +196,7 @@ impl Counts {
         self.running == 0 && self.queued() == 0
     }
 
-    fn add(&mut self, o: &Counts) {
+    pub fn add(&mut self, o: &Counts) {
         self.total += o.total;
         self.done += o.done;
         self.cached += o.cached;
@@ -500,7 +502,14 @@ impl Engine {
     }
 
     /// Reports that an attempt is over (its process has exited, or it never started).
-    pub fn task_finished(&mut self, now: Millis, farm: FarmSlot, task: TaskRef, attempt: u32, outcome: Outcome) {
+    pub fn task_finished(
+        &mut self,
+        now: Millis,
+        farm: FarmSlot,
+        task: TaskRef,
+        attempt: u32,
+        outcome: Outcome,
+    ) {
         let Some(run) = self.running.remove(&(farm, task)) else {
             return;
         };
@@ -520,7 +529,9 @@ impl Engine {
         st.counts.running -= 1;
 
         let end = match (&run.killed, &outcome.result) {
-            (Some(KillReason::Timeout), _) => TaskEnd::TimedOut { after_ms: timeout_ms },
+            (Some(KillReason::Timeout), _) => TaskEnd::TimedOut {
+                after_ms: timeout_ms,
+            },
             (Some(KillReason::Cancel), _) => TaskEnd::Cancelled,
             (_, TaskResult::Exited(c)) => TaskEnd::Exited(*c),
             (_, TaskResult::Signaled(s)) => TaskEnd::Signaled(*s),
@@ -558,7 +569,8 @@ impl Engine {
             duration_ms: outcome.duration_ms,
             logs: outcome.logs,
         };
-        self.actions.push_back(Action::Persist(Persist::Task { farm, task, record }));
+        self.actions
+            .push_back(Action::Persist(Persist::Task { farm, task, record }));
         self.actions.push_back(Action::Emit(Event::TaskFinished {
             farm,
             task,
@@ -724,9 +736,11 @@ impl Engine {
             },
         );
         if let Some(ms) = timeout {
-            self.timers.push(Reverse((now.saturating_add(ms), farm, task, attempt)));
+            self.timers
+                .push(Reverse((now.saturating_add(ms), farm, task, attempt)));
         }
-        self.actions.push_back(Action::Persist(Persist::Task { farm, task, record }));
+        self.actions
+            .push_back(Action::Persist(Persist::Task { farm, task, record }));
         self.actions.push_back(Action::Start {
             farm,
             task,
@@ -882,7 +896,8 @@ impl Engine {
         let f = &mut self.farms[farm.0 as usize];
         if !f.finished_emitted && c.finished() {
             f.finished_emitted = true;
-            self.actions.push_back(Action::Emit(Event::FarmFinished { farm }));
+            self.actions
+                .push_back(Action::Emit(Event::FarmFinished { farm }));
         }
     }
 
@@ -921,11 +936,18 @@ impl Engine {
         sum.give(&used);
         for (k, v) in self.total.iter() {
             if sum.get(k) != v {
-                return Err(format!("resource {k}: free + in use = {:?}, total {:?}", sum.get(k), v));
+                return Err(format!(
+                    "resource {k}: free + in use = {:?}, total {:?}",
+                    sum.get(k),
+                    v
+                ));
             }
         }
         if self.gpus.iter().any(|&g| g > MILLI) {
-            return Err(format!("a gpu has more than one device of room: {:?}", self.gpus));
+            return Err(format!(
+                "a gpu has more than one device of room: {:?}",
+                self.gpus
+            ));
         }
         for (fi, f) in self.farms.iter().enumerate() {
             for (si, st) in f.stages.iter().enumerate() {
@@ -947,7 +969,9 @@ impl Engine {
                 if (c.running, c.done, c.failed, c.skipped, c.cancelled)
                     != (k.running, k.done, k.failed, k.skipped, k.cancelled)
                 {
-                    return Err(format!("farm {fi} stage {si}: counters {k:?} but statuses say {c:?}"));
+                    return Err(format!(
+                        "farm {fi} stage {si}: counters {k:?} but statuses say {c:?}"
+                    ));
                 }
                 let live = self
                     .running
@@ -955,7 +979,10 @@ impl Engine {
                     .filter(|(f, t)| f.0 as usize == fi && t.stage as usize == si)
                     .count() as u64;
                 if live != c.running {
-                    return Err(format!("farm {fi} stage {si}: {live} live runs, {} running statuses", c.running));
+                    return Err(format!(
+                        "farm {fi} stage {si}: {live} live runs, {} running statuses",
+                        c.running
+                    ));
                 }
             }
         }

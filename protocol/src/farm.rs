@@ -109,8 +109,7 @@ impl Sweep {
     pub fn len(&self) -> u64 {
         match self.mode {
             SweepMode::Product => self.vars.iter().fold(1u64, |acc, v| {
-                acc.saturating_mul(v.values.len())
-                    .min(STAGE_TASKS_MAX + 1)
+                acc.saturating_mul(v.values.len()).min(STAGE_TASKS_MAX + 1)
             }),
             SweepMode::Zip => self.vars.first().map(|v| v.values.len()).unwrap_or(1),
         }
@@ -158,7 +157,10 @@ pub enum Values {
     List(Vec<String>),
     /// Lines of a parameter file, kept as one string and line end offsets
     /// (a million lines cost 4 bytes each plus their text).
-    Lines { text: String, ends: Vec<u32> },
+    Lines {
+        text: String,
+        ends: Vec<u32>,
+    },
     /// `start + i * step` for `i` in `0..count`, written with `decimals`
     /// decimals; `start` and `step` are scaled by `10^decimals`.
     Range {
@@ -436,7 +438,10 @@ impl FarmDef {
     }
 
     pub fn stage_index(&self, name: &str) -> Option<u32> {
-        self.stages.iter().position(|s| s.name == name).map(|i| i as u32)
+        self.stages
+            .iter()
+            .position(|s| s.name == name)
+            .map(|i| i as u32)
     }
 
     /// The task's user-facing id, `<stage>/<index>`.
@@ -479,7 +484,9 @@ impl FarmDef {
             binding: &binding,
         };
         let command = match &stage.command {
-            CommandTemplate::Argv(args) => Command::Argv(args.iter().map(|a| a.render(&cx)).collect()),
+            CommandTemplate::Argv(args) => {
+                Command::Argv(args.iter().map(|a| a.render(&cx)).collect())
+            }
             CommandTemplate::Shell(s) => Command::Shell(s.render(&cx)),
         };
         TaskSpec {
@@ -566,7 +573,10 @@ mod tests {
 
     #[test]
     fn product_first_variable_varies_slowest() {
-        let s = sweep(SweepMode::Product, vec![list(&["a", "b"]), list(&["1", "2", "3"])]);
+        let s = sweep(
+            SweepMode::Product,
+            vec![list(&["a", "b"]), list(&["1", "2", "3"])],
+        );
         assert_eq!(s.len(), 6);
         let all: Vec<_> = (0..6).map(|i| s.binding(i).join("")).collect();
         assert_eq!(all, ["a1", "a2", "a3", "b1", "b2", "b3"]);
@@ -614,7 +624,10 @@ mod tests {
             binding: &b,
         };
         assert_eq!(t.render(&cx), "runs/solve/3/7-{lit}");
-        assert!(matches!(Template::parse("{y}", &["x"]), Err(TemplateError::Unknown { .. })));
+        assert!(matches!(
+            Template::parse("{y}", &["x"]),
+            Err(TemplateError::Unknown { .. })
+        ));
         assert_eq!(Template::parse("{x", &["x"]), Err(TemplateError::Unclosed));
         assert_eq!(Template::parse("x}", &["x"]), Err(TemplateError::Stray));
     }

@@ -19,7 +19,9 @@ pub const CPU: &str = "cpu";
 pub const GPU: &str = "gpu";
 
 /// A quantity in thousandths of a unit (bytes for `mem`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct Amount(pub u64);
 
 impl Amount {
@@ -140,7 +142,11 @@ fn parse_milli(t: &str) -> Option<u64> {
     } else {
         whole.parse().ok()?
     };
-    let mut f: u64 = if frac.is_empty() { 0 } else { frac.parse().ok()? };
+    let mut f: u64 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().ok()?
+    };
     for _ in frac.len()..3 {
         f *= 10;
     }
@@ -311,13 +317,31 @@ mod tests {
         assert_eq!(parse_amount("cpu", "2").unwrap(), Amount(2000));
         assert_eq!(parse_amount("gpu", "0.5").unwrap(), Amount(500));
         assert_eq!(parse_amount("gpu", ".25").unwrap(), Amount(250));
-        assert_eq!(parse_amount("mem", "512MiB").unwrap(), Amount(512 * 1024 * 1024 * 1000));
-        assert_eq!(parse_amount("mem", "4G").unwrap(), Amount(4 << 30).0 .checked_mul(1000).map(Amount).unwrap());
+        assert_eq!(
+            parse_amount("mem", "512MiB").unwrap(),
+            Amount(512 * 1024 * 1024 * 1000)
+        );
+        assert_eq!(
+            parse_amount("mem", "4G").unwrap(),
+            Amount(4 << 30).0.checked_mul(1000).map(Amount).unwrap()
+        );
         assert_eq!(parse_amount("mem", "1.5KiB").unwrap(), Amount(1536 * 1000));
-        assert!(matches!(parse_amount("cpu", "-1"), Err(AmountError::Negative(_))));
-        assert!(matches!(parse_amount("cpu", "0.0001"), Err(AmountError::TooPrecise(_))));
-        assert!(matches!(parse_amount("cpu", "two"), Err(AmountError::Malformed(_))));
-        assert!(matches!(parse_amount("mem", "5 parsecs"), Err(AmountError::Malformed(_))));
+        assert!(matches!(
+            parse_amount("cpu", "-1"),
+            Err(AmountError::Negative(_))
+        ));
+        assert!(matches!(
+            parse_amount("cpu", "0.0001"),
+            Err(AmountError::TooPrecise(_))
+        ));
+        assert!(matches!(
+            parse_amount("cpu", "two"),
+            Err(AmountError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_amount("mem", "5 parsecs"),
+            Err(AmountError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -66,7 +66,11 @@ fn drain(e: &mut Engine) -> (Vec<(FarmSlot, TaskRef, u32, Grant)>, Vec<Action>) 
     let mut persisted = std::collections::HashSet::new();
     while let Some(a) = e.poll_action() {
         match a {
-            Action::Persist(Persist::Task { farm, task, ref record }) => {
+            Action::Persist(Persist::Task {
+                farm,
+                task,
+                ref record,
+            }) => {
                 persisted.insert((farm, task, record.attempt));
                 other.push(a);
             }
@@ -116,16 +120,31 @@ fn element_wise_and_whole_stage_dependencies() {
     let mut c = stage("c", 1);
     c.after = vec![1];
     let mut e = Engine::new(parse_resources("cpu=8").unwrap());
-    e.add_farm(0, farm(vec![stage("a", 3), b, c]), vec![], &AddOptions::default());
+    e.add_farm(
+        0,
+        farm(vec![stage("a", 3), b, c]),
+        vec![],
+        &AddOptions::default(),
+    );
     let (starts, _) = drain(&mut e);
-    assert!(starts.iter().all(|s| s.1.stage == 0), "only stage a is ready");
+    assert!(
+        starts.iter().all(|s| s.1.stage == 0),
+        "only stage a is ready"
+    );
     // a/1 done -> b/1 ready, nothing else.
     let a1 = starts.iter().find(|s| s.1.index == 1).unwrap().clone();
     e.task_finished(1, a1.0, a1.1, a1.2, ok());
     let (s2, _) = drain(&mut e);
-    assert_eq!(s2.iter().map(|s| s.1).collect::<Vec<_>>(), vec![TaskRef::new(1, 1)]);
+    assert_eq!(
+        s2.iter().map(|s| s.1).collect::<Vec<_>>(),
+        vec![TaskRef::new(1, 1)]
+    );
     // Finish everything else; c starts only after all of b.
-    let mut live: Vec<_> = starts.into_iter().filter(|s| s.1.index != 1).chain(s2).collect();
+    let mut live: Vec<_> = starts
+        .into_iter()
+        .filter(|s| s.1.index != 1)
+        .chain(s2)
+        .collect();
     let mut c_started = false;
     while let Some((f, t, a, _)) = live.pop() {
         if t.stage == 2 {
@@ -155,7 +174,13 @@ fn failures_retry_then_fail_and_skip_dependents() {
     e.task_finished(1, s[0].0, s[0].1, 1, fail());
     let (s, other) = drain(&mut e);
     assert_eq!(s[0].2, 2, "retried as attempt 2");
-    assert!(other.iter().any(|a| matches!(a, Action::Emit(Event::TaskFinished { verdict: Verdict::Retry, .. }))));
+    assert!(other.iter().any(|a| matches!(
+        a,
+        Action::Emit(Event::TaskFinished {
+            verdict: Verdict::Retry,
+            ..
+        })
+    )));
     e.task_finished(2, s[0].0, s[0].1, 2, fail());
     let (s, _) = drain(&mut e);
     assert!(s.is_empty());
@@ -176,14 +201,36 @@ fn timeouts_kill_and_count_as_failures() {
     assert!(e.poll_action().is_none());
     e.handle_timeout(100);
     let kill = e.poll_action().unwrap();
-    assert!(matches!(kill, Action::Kill { reason: KillReason::Timeout, .. }));
+    assert!(matches!(
+        kill,
+        Action::Kill {
+            reason: KillReason::Timeout,
+            ..
+        }
+    ));
     // Resources stay held until the process is really gone.
     assert_eq!(e.free().get("cpu"), Amount::ZERO);
-    e.task_finished(150, slot, s[0].1, 1, Outcome { result: TaskResult::Signaled(9), ..ok() });
+    e.task_finished(
+        150,
+        slot,
+        s[0].1,
+        1,
+        Outcome {
+            result: TaskResult::Signaled(9),
+            ..ok()
+        },
+    );
     let (_, other) = drain(&mut e);
     assert!(other.iter().any(|a| matches!(
         a,
-        Action::Persist(Persist::Task { record: TaskRecord { state: RecordState::Failed, end: Some(TaskEnd::TimedOut { after_ms: 100 }), .. }, .. })
+        Action::Persist(Persist::Task {
+            record: TaskRecord {
+                state: RecordState::Failed,
+                end: Some(TaskEnd::TimedOut { after_ms: 100 }),
+                ..
+            },
+            ..
+        })
     )));
 }
 
@@ -197,10 +244,14 @@ fn unplaceable_stage_is_reported_not_left_waiting() {
     let slot = e.add_farm(0, farm(vec![g, after]), vec![], &AddOptions::default());
     let (s, other) = drain(&mut e);
     assert!(s.is_empty());
-    assert!(other.iter().any(|a| matches!(a, Action::Emit(Event::Unplaceable { stage: 0, .. }))));
+    assert!(other
+        .iter()
+        .any(|a| matches!(a, Action::Emit(Event::Unplaceable { stage: 0, .. }))));
     let p = e.progress(slot);
     assert_eq!((p.failed, p.skipped), (2, 1));
-    assert!(other.iter().any(|a| matches!(a, Action::Emit(Event::FarmFinished { .. }))));
+    assert!(other
+        .iter()
+        .any(|a| matches!(a, Action::Emit(Event::FarmFinished { .. }))));
 }
 
 #[test]
@@ -212,7 +263,11 @@ fn gpus_get_their_own_devices_and_fractions_pack() {
     let (s, _) = drain(&mut e);
     let mut devices: Vec<_> = s.iter().flat_map(|s| s.3.gpus.clone()).collect();
     devices.sort();
-    assert_eq!(devices, vec![0, 1], "two tasks, two distinct devices; the third waits");
+    assert_eq!(
+        devices,
+        vec![0, 1],
+        "two tasks, two distinct devices; the third waits"
+    );
 
     let mut half = stage("h", 4);
     half.resources = parse_resources("cpu=0,gpu=0.5").unwrap();
@@ -242,7 +297,12 @@ fn restore_skips_done_and_reruns_running_with_higher_attempt() {
         (TaskRef::new(0, 2), rec(RecordState::Interrupted, 2)),
     ];
     let mut e = Engine::new(parse_resources("cpu=8").unwrap());
-    let slot = e.add_farm(0, farm(vec![stage("a", 4)]), restored, &AddOptions::default());
+    let slot = e.add_farm(
+        0,
+        farm(vec![stage("a", 4)]),
+        restored,
+        &AddOptions::default(),
+    );
     let (s, other) = drain(&mut e);
     let mut got: Vec<_> = s.iter().map(|s| (s.1.index, s.2)).collect();
     got.sort();
@@ -251,7 +311,11 @@ fn restore_skips_done_and_reruns_running_with_higher_attempt() {
     // The crash is recorded before the rerun starts.
     assert!(other.iter().any(|a| matches!(
         a,
-        Action::Persist(Persist::Task { task: TaskRef { index: 1, .. }, record: TaskRecord { crashes: 1, .. }, .. })
+        Action::Persist(Persist::Task {
+            task: TaskRef { index: 1, .. },
+            record: TaskRecord { crashes: 1, .. },
+            ..
+        })
     )));
 }
 
@@ -271,7 +335,12 @@ fn a_task_that_keeps_crashing_the_node_is_failed() {
         },
     )];
     let mut e = Engine::new(parse_resources("cpu=1").unwrap());
-    let slot = e.add_farm(0, farm(vec![stage("a", 1)]), restored, &AddOptions::default());
+    let slot = e.add_farm(
+        0,
+        farm(vec![stage("a", 1)]),
+        restored,
+        &AddOptions::default(),
+    );
     let (s, _) = drain(&mut e);
     assert!(s.is_empty());
     assert_eq!(e.progress(slot).failed, 1);
@@ -284,16 +353,46 @@ fn interrupt_kills_and_records_interrupted() {
     let (s, _) = drain(&mut e);
     e.interrupt();
     let (_, other) = drain(&mut e);
-    assert_eq!(other.iter().filter(|a| matches!(a, Action::Kill { reason: KillReason::Interrupt, .. })).count(), 2);
+    assert_eq!(
+        other
+            .iter()
+            .filter(|a| matches!(
+                a,
+                Action::Kill {
+                    reason: KillReason::Interrupt,
+                    ..
+                }
+            ))
+            .count(),
+        2
+    );
     for (f, t, a, _) in s {
-        e.task_finished(5, f, t, a, Outcome { result: TaskResult::Signaled(15), ..ok() });
+        e.task_finished(
+            5,
+            f,
+            t,
+            a,
+            Outcome {
+                result: TaskResult::Signaled(15),
+                ..ok()
+            },
+        );
     }
     let (starts, other) = drain(&mut e);
     assert!(starts.is_empty(), "nothing starts after an interrupt");
     assert_eq!(
         other
             .iter()
-            .filter(|a| matches!(a, Action::Persist(Persist::Task { record: TaskRecord { state: RecordState::Interrupted, .. }, .. })))
+            .filter(|a| matches!(
+                a,
+                Action::Persist(Persist::Task {
+                    record: TaskRecord {
+                        state: RecordState::Interrupted,
+                        ..
+                    },
+                    ..
+                })
+            ))
             .count(),
         2
     );

@@ -1,0 +1,443 @@
+//! Everything the CLI draws: the progress bar, summaries, tables, logs.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use mesh_node::runner::Observer;
+use mesh_node::state::{unix_ms, FarmStatus, RunState, StateDir};
+use mesh_protocol::engine::Counts;
+use mesh_protocol::farm::{Command, FarmDef, TaskRef};
+
+/// Without a terminal (batch jobs, CI logs), a progress line this often.
+const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+pub fn state_word(s: RunState) -> &'static str {
+    match s {
+        RunState::Running => "running",
+        RunState::Done => "done",
+        RunState::Failed => "failed",
+        RunState::Interrupted => "interrupted",
+        RunState::Crashed => "crashed",
+    }
+}
+
+fn counts_line(c: &Counts) -> String {
+    format!(
+        "{} done, {} running, {} failed, {} queued{}{}",
+        c.done,
+        c.running,
+        c.failed,
+        c.queued(),
+        if c.skipped > 0 {
+            format!(", {} skipped", c.skipped)
+        } else {
+            String::new()
+        },
+        if c.cached > 0 {
+            format!(" ({} cached)", c.cached)
+        } else {
+            String::new()
+        },
+    )
+}
+
+/// Draws a run: a progress bar on a terminal, periodic lines elsewhere.
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    quiet: bool,
+    plain_last: Option<Instant>,
+}
+
+impl Progress {
+    pub fn new(quiet: bool, terminal: bool) -> Progress {
+        let bar = (!quiet && terminal).then(|| {
+            let b = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr_with_hz(10));
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} {elapsed_precise} [{bar:30}] {pos}/{len} {msg} · {per_sec} · ETA {eta}",
+                )
+                .expect("the template is valid")
+                .progress_chars("=> "),
+            );
+            b
+        });
+        Progress {
+            bar,
+            quiet,
+            plain_last: None,
+        }
+    }
+
+    pub fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+
+    fn say(&self, line: &str) {
+        if self.quiet {
+            return;
+        }
+        match &self.bar {
+            Some(b) => b.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+}
+
+impl Observer for Progress {
+    fn started(&mut self, s: &FarmStatus) {
+        let resumed = if s.counts.done > 0 || s.counts.failed > 0 {
+            format!(", {} already done", s.counts.done)
+        } else {
+            String::new()
+        };
+        self.say(&format!(
+            "farm {} (run {}): {} tasks{resumed}",
+            s.id, s.run, s.counts.total
+        ));
+        if let Some(b) = &self.bar {
+            b.set_length(s.counts.total);
+        }
+    }
+
+    fn progress(&mut self, s: &FarmStatus) {
+        let c = &s.counts;
+        let finished = c.done + c.failed + c.skipped + c.cancelled;
+        if let Some(b) = &self.bar {
+            b.set_position(finished);
+            b.set_message(format!(
+                "running {} · failed {} · queued {}",
+                c.running,
+                c.failed,
+                c.queued()
+            ));
+            return;
+        }
+        if self.quiet {
+            return;
+        }
+        let due = self
+            .plain_last
+            .is_none_or(|t| t.elapsed() >= PLAIN_PROGRESS_EVERY);
+        if due {
+            self.plain_last = Some(Instant::now());
+            eprintln!(
+                "progress: {finished}/{} finished · {} · {:.0}s",
+                c.total,
+                counts_line(c),
+                s.elapsed_ms as f64 / 1000.0
+            );
+        }
+    }
+
+    fn task_failed(&mut self, task: &str, attempt: u32, reason: &str, retrying: bool) {
+        let next = if retrying { "; retrying" } else { "" };
+        self.say(&format!(
+            "task {task} failed (attempt {attempt}): {reason}{next}"
+        ));
+    }
+
+    fn unplaceable(&mut self, stage: &str, shortfall: &str) {
+        self.say(&format!(
+            "stage {stage} cannot run here: {shortfall} (offer more with --resources)"
+        ));
+    }
+
+    fn interrupting(&mut self) {
+        self.say("stopping: killing running tasks (Ctrl-C again to kill at once)");
+    }
+}
+
+/// The end-of-run summary on stderr.
+pub fn summary(s: &FarmStatus, out: &Path) {
+    let c = &s.counts;
+    let secs = s.elapsed_ms as f64 / 1000.0;
+    let rate = if secs > 0.0 {
+        format!(
+            " ({:.0} tasks/s)",
+            (c.done - c.cached + c.failed) as f64 / secs
+        )
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "farm {}: {} — {} tasks in {:.1}s{rate}: {}",
+        s.id,
+        state_word(s.state),
+        c.total,
+        secs,
+        counts_line(c)
+    );
+    for f in &s.failed {
+        eprintln!("  failed {} (attempt {}): {}", f.task, f.attempt, f.reason);
+    }
+    if !s.failed.is_empty() {
+        if let Some(first) = s.failed.iter().find(|f| f.attempt > 0) {
+            eprintln!(
+                "  see a task's output with `mesh logs {} --farm {}`",
+                first.task, s.id
+            );
+        }
+    }
+    if out.exists() {
+        eprintln!("outputs: {}", out.display());
+    }
+    match s.state {
+        RunState::Interrupted => eprintln!("continue with `mesh resume {}`", s.id),
+        RunState::Failed => eprintln!(
+            "run the failed tasks again with `mesh resume {} --retry-failed`",
+            s.id
+        ),
+        _ => {}
+    }
+}
+
+fn ago(ms: u64) -> String {
+    let d = unix_ms().saturating_sub(ms) / 1000;
+    match d {
+        0..=59 => format!("{d}s ago"),
+        60..=3599 => format!("{}m ago", d / 60),
+        3600..=86399 => format!("{}h ago", d / 3600),
+        _ => format!("{}d ago", d / 86400),
+    }
+}
+
+pub fn list(all: &[FarmStatus], json: bool) -> Result<()> {
+    let mut out = io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(all)?)?;
+        return Ok(());
+    }
+    if all.is_empty() {
+        writeln!(out, "no farms yet (start one with `mesh run farm.toml`)")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:<28} {:<12} {:>4} {:>16} {:>8} {:>10}",
+        "FARM", "STATE", "RUN", "DONE/TOTAL", "FAILED", "UPDATED"
+    )?;
+    for s in all {
+        writeln!(
+            out,
+            "{:<28} {:<12} {:>4} {:>16} {:>8} {:>10}",
+            s.id,
+            state_word(s.state),
+            s.run,
+            format!("{}/{}", s.counts.done, s.counts.total),
+            s.counts.failed,
+            ago(s.updated_at_ms)
+        )?;
+    }
+    Ok(())
+}
+
+pub fn status(s: &FarmStatus, json: bool) -> Result<()> {
+    let mut out = io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(s)?)?;
+        return Ok(());
+    }
+    let how = match s.state {
+        RunState::Running => format!("running (pid {} on {})", s.pid, s.host),
+        RunState::Crashed => "crashed (its process died); continue with `mesh resume`".into(),
+        RunState::Interrupted => "interrupted; continue with `mesh resume`".into(),
+        other => state_word(other).into(),
+    };
+    writeln!(out, "farm    {} ({})", s.id, s.name)?;
+    writeln!(
+        out,
+        "state   {how}, run {}, updated {}",
+        s.run,
+        ago(s.updated_at_ms)
+    )?;
+    writeln!(out, "file    {}", s.file)?;
+    writeln!(out, "out     {}", s.out)?;
+    writeln!(
+        out,
+        "tasks   {} total: {}",
+        s.counts.total,
+        counts_line(&s.counts)
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<20} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9}",
+        "STAGE", "TOTAL", "DONE", "RUNNING", "FAILED", "SKIPPED", "QUEUED"
+    )?;
+    for st in &s.stages {
+        let c = &st.counts;
+        writeln!(
+            out,
+            "{:<20} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9}",
+            st.name,
+            c.total,
+            c.done,
+            c.running,
+            c.failed,
+            c.skipped,
+            c.queued()
+        )?;
+    }
+    if !s.failed.is_empty() {
+        writeln!(out)?;
+        for f in &s.failed {
+            writeln!(
+                out,
+                "failed  {} (attempt {}): {}",
+                f.task, f.attempt, f.reason
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `mesh check`: what a farm file expands to.
+pub fn check(def: &FarmDef, show: u32, json: bool) -> Result<()> {
+    let mut out = io::stdout().lock();
+    let sample = |s: u32| -> Vec<String> {
+        let n = def.stages[s as usize].len().min(show);
+        (0..n)
+            .map(|i| match def.expand(TaskRef::new(s, i)).command {
+                Command::Argv(a) => a.join(" "),
+                Command::Shell(sh) => format!("sh -c {sh:?}"),
+            })
+            .collect()
+    };
+    if json {
+        let stages: Vec<_> = def
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                serde_json::json!({
+                    "name": s.name,
+                    "tasks": s.len(),
+                    "resources": s.resources.to_string(),
+                    "sample": sample(i as u32),
+                })
+            })
+            .collect();
+        let v = serde_json::json!({"farm": def.name, "tasks": def.task_count(), "out": def.out, "stages": stages});
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "farm {}: {} tasks, outputs in {}",
+        def.name,
+        def.task_count(),
+        def.out
+    )?;
+    for (i, s) in def.stages.iter().enumerate() {
+        let mut deps = Vec::new();
+        for &a in &s.after {
+            deps.push(format!("after {}", def.stages[a as usize].name));
+        }
+        for &a in &s.after_each {
+            deps.push(format!("after each {}", def.stages[a as usize].name));
+        }
+        let deps = if deps.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", deps.join(", "))
+        };
+        writeln!(
+            out,
+            "  stage {}: {} tasks, {}{deps}",
+            s.name,
+            s.len(),
+            s.resources
+        )?;
+        for (j, cmd) in sample(i as u32).iter().enumerate() {
+            writeln!(out, "    {}/{j}: {cmd}", s.name)?;
+        }
+    }
+    Ok(())
+}
+
+/// `mesh logs`: a task's stdout to stdout and stderr to stderr.
+pub fn logs(
+    state: &StateDir,
+    s: &FarmStatus,
+    task: &str,
+    attempt: Option<u32>,
+    json: bool,
+) -> Result<ExitCode> {
+    let Some((stage, index)) = task.rsplit_once('/') else {
+        bail!("`{task}` is not a task id (expected <stage>/<index>, e.g. solve/3)");
+    };
+    let Ok(index) = index.parse::<u32>() else {
+        bail!("`{task}` is not a task id: `{index}` is not an index");
+    };
+    let Some(st) = s.stages.iter().find(|st| st.name == stage) else {
+        let names: Vec<_> = s.stages.iter().map(|st| st.name.as_str()).collect();
+        bail!(
+            "farm {} has no stage `{stage}` (stages: {})",
+            s.id,
+            names.join(", ")
+        );
+    };
+    if index as u64 >= st.counts.total {
+        bail!(
+            "stage {stage} has tasks 0 to {}; there is no {task}",
+            st.counts.total.saturating_sub(1)
+        );
+    }
+    let dir = state.logs_dir(&s.id).join(stage);
+    let attempt = match attempt {
+        Some(a) => Some(a),
+        None => latest_attempt(&dir, index),
+    };
+    let read = |stream: &str| -> Option<Vec<u8>> {
+        let a = attempt?;
+        fs::read(dir.join(format!("{index}.{a}.{stream}"))).ok()
+    };
+    let (stdout, stderr) = (read("out"), read("err"));
+    if json {
+        let v = serde_json::json!({
+            "farm": s.id,
+            "task": task,
+            "attempt": attempt,
+            "stdout": stdout.as_deref().map(String::from_utf8_lossy),
+            "stderr": stderr.as_deref().map(String::from_utf8_lossy),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if stdout.is_none() && stderr.is_none() {
+        match attempt {
+            Some(a) => eprintln!("{task} wrote no output in attempt {a}"),
+            None => eprintln!("{task} has written no output"),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(o) = stdout {
+        io::stdout().write_all(&o)?;
+    }
+    if let Some(e) = stderr {
+        io::stderr().write_all(&e)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The highest attempt of task `index` that left a log file in `dir`.
+fn latest_attempt(dir: &Path, index: u32) -> Option<u32> {
+    let prefix = format!("{index}.");
+    fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let rest = name.strip_prefix(&prefix)?;
+            let (a, _) = rest.split_once('.')?;
+            a.parse::<u32>().ok()
+        })
+        .max()
+}

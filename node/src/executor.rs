@@ -1,0 +1,410 @@
+//! Runs tasks as child processes: staging, spawning in their own process group, logs, outputs, kills.
+//!
+//! A task costs a process and two pipes; files and folders only when it
+//! needs them (a log file when output appears, a workdir when the farm asks
+//! for one, output folders when there are outputs). On this kind of disk a
+//! file costs more than the spawn itself.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, Write as _};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use mesh_protocol::engine::Grant;
+use mesh_protocol::engine::TaskResult;
+use mesh_protocol::farm::{Command, FarmDef, TaskSpec};
+use mesh_protocol::resources::{GPU, MEM};
+use mesh_protocol::TaskRef;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+
+/// Bytes read from a task's pipe at a time.
+const PIPE_CHUNK_BYTES: usize = 64 * 1024;
+/// How long to wait for a task's pipes to close after it exits (a
+/// background child of the task may hold them open).
+const PIPE_DRAIN_MS: u64 = 500;
+
+/// Log bits in `Finished::logs`.
+pub const LOG_STDOUT: u8 = 1;
+pub const LOG_STDERR: u8 = 2;
+
+/// Where a task's stdout (`out`) or stderr (`err`) is kept.
+pub fn log_path(logs_dir: &Path, def: &FarmDef, t: TaskRef, attempt: u32, stream: &str) -> PathBuf {
+    logs_dir
+        .join(&def.stage(t).name)
+        .join(format!("{}.{attempt}.{stream}", t.index))
+}
+
+/// A task attempt that is over, reported to the runner.
+#[derive(Debug)]
+pub struct Finished {
+    pub slot: u32,
+    pub task: TaskRef,
+    pub attempt: u32,
+    pub result: TaskResult,
+    pub duration_ms: u64,
+    pub logs: u8,
+    pub key: Option<[u8; 32]>,
+}
+
+/// Handle on a live task, for killing it.
+#[derive(Clone, Default)]
+pub struct Live {
+    /// Process group id once spawned (0 before).
+    pgid: Arc<AtomicI32>,
+    /// Set when a kill was asked for before the process existed.
+    kill_asked: Arc<AtomicBool>,
+}
+
+impl Live {
+    /// Sends `sig` to the task's whole process group.
+    pub fn signal(&self, sig: Signal) {
+        self.kill_asked.store(true, Ordering::SeqCst);
+        let pg = self.pgid.load(Ordering::SeqCst);
+        if pg > 0 {
+            // ESRCH means it is already gone, which is what we wanted.
+            let _ = killpg(Pid::from_raw(pg), sig);
+        }
+    }
+}
+
+/// Everything one attempt needs, owned so it can move into its own future.
+pub struct Launch {
+    pub slot: u32,
+    pub task: TaskRef,
+    pub attempt: u32,
+    pub spec: TaskSpec,
+    pub grant: Grant,
+    pub key: [u8; 32],
+    pub farm_name: String,
+    pub task_id: String,
+    pub root: PathBuf,
+    pub out_dir: PathBuf,
+    pub stdout_log: PathBuf,
+    pub stderr_log: PathBuf,
+    /// Exit codes after which outputs are collected.
+    pub success_codes: Vec<i32>,
+    /// Whether the node has gpus (then a task asking none sees none).
+    pub node_has_gpus: bool,
+}
+
+/// Starts `l` in the background; its end arrives on `done`.
+pub fn launch(l: Launch, done: mpsc::UnboundedSender<Finished>) -> Live {
+    let live = Live::default();
+    let handle = live.clone();
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let mut report = Report {
+            done,
+            slot: l.slot,
+            task: l.task,
+            attempt: l.attempt,
+            key: l.key,
+            sent: false,
+        };
+        let (result, logs) = run(&l, &handle).await;
+        report.send(result, started.elapsed().as_millis() as u64, logs);
+    });
+    live
+}
+
+/// Reports an attempt's end exactly once, even if its future panics or is
+/// dropped: a task that never reports would hold its resources forever.
+struct Report {
+    done: mpsc::UnboundedSender<Finished>,
+    slot: u32,
+    task: TaskRef,
+    attempt: u32,
+    key: [u8; 32],
+    sent: bool,
+}
+
+impl Report {
+    fn send(&mut self, result: TaskResult, duration_ms: u64, logs: u8) {
+        self.sent = true;
+        let _ = self.done.send(Finished {
+            slot: self.slot,
+            task: self.task,
+            attempt: self.attempt,
+            result,
+            duration_ms,
+            logs,
+            key: Some(self.key),
+        });
+    }
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        if !self.sent {
+            self.send(
+                TaskResult::Error("internal error: the task's runner stopped".into()),
+                0,
+                0,
+            );
+        }
+    }
+}
+
+async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
+    let cwd = match &l.spec.workdir {
+        Some(w) => l.root.join(w),
+        None => l.root.clone(),
+    };
+    if l.spec.workdir.is_some() || !l.spec.inputs.is_empty() {
+        let (root, cwd2, inputs, staged) = (
+            l.root.clone(),
+            cwd.clone(),
+            l.spec.inputs.clone(),
+            l.spec.workdir.is_some(),
+        );
+        let r = tokio::task::spawn_blocking(move || stage(&root, &cwd2, &inputs, staged)).await;
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return (TaskResult::Error(e), 0),
+            Err(e) => return (TaskResult::Error(format!("staging failed: {e}")), 0),
+        }
+    }
+    if live.kill_asked.load(Ordering::SeqCst) {
+        return (TaskResult::Signaled(Signal::SIGKILL as i32), 0);
+    }
+
+    let mut cmd = match &l.spec.command {
+        Command::Argv(argv) => {
+            let mut c = tokio::process::Command::new(&argv[0]);
+            c.args(&argv[1..]);
+            c
+        }
+        Command::Shell(s) => {
+            let mut c = tokio::process::Command::new("/bin/sh");
+            c.arg("-c").arg(s);
+            c
+        }
+    };
+    cmd.current_dir(&cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own group, so a timeout or cancel kills everything it started;
+        // std does this with posix_spawn, no fork-and-exec closure needed.
+        .process_group(0)
+        .env("MESH_FARM", &l.farm_name)
+        .env("MESH_TASK_ID", &l.task_id)
+        .env("MESH_ATTEMPT", l.attempt.to_string())
+        .env("MESH_WORKDIR", &cwd)
+        .env("MESH_OUT", &l.out_dir);
+    for (k, v) in l.grant.resources.iter() {
+        let value = if k == MEM {
+            v.whole().to_string()
+        } else {
+            v.to_plain()
+        };
+        cmd.env(
+            format!("MESH_RESOURCE_{}", k.to_ascii_uppercase().replace('-', "_")),
+            value,
+        );
+    }
+    if !l.grant.gpus.is_empty() || l.node_has_gpus {
+        let ids: Vec<String> = l.grant.gpus.iter().map(|g| g.to_string()).collect();
+        cmd.env("CUDA_VISIBLE_DEVICES", ids.join(","));
+        cmd.env(format!("MESH_{}S", GPU.to_ascii_uppercase()), ids.join(","));
+    }
+    for (k, v) in &l.spec.env {
+        cmd.env(k, v);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let what = match &l.spec.command {
+                Command::Argv(a) => a[0].clone(),
+                Command::Shell(_) => "/bin/sh".to_string(),
+            };
+            return (
+                TaskResult::Error(format!(
+                    "could not start `{what}` in {}: {e}",
+                    cwd.display()
+                )),
+                0,
+            );
+        }
+    };
+    if let Some(pid) = child.id() {
+        live.pgid.store(pid as i32, Ordering::SeqCst);
+        if live.kill_asked.load(Ordering::SeqCst) {
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+    }
+    let wrote_out = Arc::new(AtomicBool::new(false));
+    let wrote_err = Arc::new(AtomicBool::new(false));
+    let out = pump(child.stdout.take(), l.stdout_log.clone(), wrote_out.clone());
+    let err = pump(child.stderr.take(), l.stderr_log.clone(), wrote_err.clone());
+    let pipes = async {
+        tokio::join!(out, err);
+    };
+    tokio::pin!(pipes);
+    let mut pipes_closed = false;
+    let status = tokio::select! {
+        s = child.wait() => s,
+        // Pipes closing first is the common case; keep waiting for the exit.
+        _ = &mut pipes => {
+            pipes_closed = true;
+            child.wait().await
+        }
+    };
+    if !pipes_closed {
+        // A background process of the task may hold the pipes open: stop reading after a grace.
+        let _ =
+            tokio::time::timeout(std::time::Duration::from_millis(PIPE_DRAIN_MS), &mut pipes).await;
+    }
+    let logs = (wrote_out.load(Ordering::SeqCst) as u8 * LOG_STDOUT)
+        | (wrote_err.load(Ordering::SeqCst) as u8 * LOG_STDERR);
+    let result = match status {
+        Ok(s) => match (s.code(), s.signal()) {
+            (Some(c), _) => TaskResult::Exited(c),
+            (None, Some(sig)) => TaskResult::Signaled(sig),
+            (None, None) => TaskResult::Error("the task ended without an exit status".into()),
+        },
+        Err(e) => TaskResult::Error(format!("waiting for the task failed: {e}")),
+    };
+    if let TaskResult::Exited(code) = result {
+        if l.success_codes.contains(&code) && !l.spec.outputs.is_empty() {
+            let (cwd2, dest, outputs) = (cwd.clone(), l.out_dir.clone(), l.spec.outputs.clone());
+            let collected =
+                tokio::task::spawn_blocking(move || collect(&cwd2, &dest, &outputs)).await;
+            match collected {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return (TaskResult::Error(e), logs),
+                Err(e) => {
+                    return (
+                        TaskResult::Error(format!("collecting outputs failed: {e}")),
+                        logs,
+                    )
+                }
+            }
+        }
+    }
+    (result, logs)
+}
+
+/// Copies a task's pipe into `path`, creating the file only when bytes arrive.
+async fn pump<R: tokio::io::AsyncRead + Unpin>(
+    pipe: Option<R>,
+    path: PathBuf,
+    wrote: Arc<AtomicBool>,
+) {
+    let Some(mut pipe) = pipe else { return };
+    let mut buf = vec![0u8; PIPE_CHUNK_BYTES];
+    let mut file: Option<fs::File> = None;
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if file.is_none() {
+            file = open_log(&path).ok();
+        }
+        if let Some(f) = file.as_mut() {
+            if f.write_all(&buf[..n]).is_ok() {
+                wrote.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+fn open_log(path: &Path) -> io::Result<fs::File> {
+    let open = || {
+        fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(path)
+    };
+    match open() {
+        Ok(f) => Ok(f),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(dir) = path.parent() {
+                fs::create_dir_all(dir)?;
+            }
+            open()
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates the workdir and copies inputs into it, keeping their relative paths.
+fn stage(root: &Path, cwd: &Path, inputs: &[String], staged: bool) -> Result<(), String> {
+    if staged {
+        fs::create_dir_all(cwd)
+            .map_err(|e| format!("could not create workdir {}: {e}", cwd.display()))?;
+    }
+    for input in inputs {
+        let src = root.join(input);
+        if !src.is_file() {
+            return Err(format!(
+                "input `{input}` does not exist (looked for {})",
+                src.display()
+            ));
+        }
+        if !staged {
+            continue;
+        }
+        let dst = cwd.join(input);
+        if let Some(dir) = dst.parent() {
+            fs::create_dir_all(dir)
+                .map_err(|e| format!("could not create {}: {e}", dir.display()))?;
+        }
+        fs::copy(&src, &dst).map_err(|e| {
+            format!(
+                "could not stage input `{input}` into {}: {e}",
+                cwd.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Copies outputs (paths or glob patterns, relative to the workdir) into `dest`.
+/// A plain path that is missing fails the task; a pattern may match nothing.
+fn collect(cwd: &Path, dest: &Path, outputs: &[String]) -> Result<(), String> {
+    let mut made = HashSet::new();
+    for pattern in outputs {
+        let is_glob = pattern.contains(['*', '?', '[']);
+        let matches: Vec<PathBuf> = if is_glob {
+            let full = cwd.join(pattern);
+            glob::glob(&full.to_string_lossy())
+                .map_err(|e| format!("bad output pattern `{pattern}`: {e}"))?
+                .filter_map(Result::ok)
+                .filter(|p| p.is_file())
+                .collect()
+        } else {
+            let p = cwd.join(pattern);
+            if !p.is_file() {
+                return Err(format!(
+                    "output `{pattern}` was not produced (looked for {})",
+                    p.display()
+                ));
+            }
+            vec![p]
+        };
+        for src in matches {
+            let rel = src.strip_prefix(cwd).unwrap_or(&src);
+            let dst = dest.join(rel);
+            if let Some(dir) = dst.parent() {
+                if made.insert(dir.to_path_buf()) {
+                    fs::create_dir_all(dir)
+                        .map_err(|e| format!("could not create {}: {e}", dir.display()))?;
+                }
+            }
+            fs::copy(&src, &dst)
+                .map_err(|e| format!("could not collect output {}: {e}", src.display()))?;
+        }
+    }
+    Ok(())
+}

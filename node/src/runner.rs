@@ -1,0 +1,681 @@
+//! Runs one farm on this machine: the tokio loop that drives the engine with real processes and the sled store.
+//!
+//! Each turn of the loop drains the engine's actions, writes every `Persist`
+//! as one batch and flushes once (group commit), and only then starts, kills
+//! or reports anything. Completions that arrive together are fed to the
+//! engine together, so a busy farm pays one flush for many tasks.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mesh_protocol::engine::{
+    Action, AddOptions, Counts, Engine, Event, FarmSlot, KillReason, Outcome, Persist, RecordState,
+    TaskEnd, TaskResult, Verdict,
+};
+use mesh_protocol::farm::{content_key, FarmDef};
+use mesh_protocol::resources::GPU;
+use mesh_protocol::{Resources, TaskRef};
+use mesh_store::{
+    FarmKey, JournalEntry, JournalEvent, KeyRecord, SledStore, Store, StoreError, Write,
+};
+use nix::sys::signal::Signal;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+use crate::executor::{self, Finished, Launch, Live};
+use crate::state::{
+    farm_identity, farm_key, hostname, unix_ms, FailedTask, FarmStatus, RunState, StageStatus,
+    StateDir, StateError, SNAPSHOT_FAILED_MAX,
+};
+
+/// How often the observer hears about progress.
+const PROGRESS_EVERY_MS: u64 = 100;
+/// How often the status snapshot on disk is refreshed.
+const SNAPSHOT_EVERY_MS: u64 = 1000;
+/// After Ctrl-C, tasks get this long to exit on SIGTERM before SIGKILL.
+const INTERRUPT_GRACE_MS: u64 = 3000;
+
+/// What to run.
+pub enum RunStart {
+    /// A farm freshly loaded from `file` (canonical path): a new run.
+    New { def: FarmDef, file: PathBuf },
+    /// Continue the latest run of the farm with this id.
+    Resume { id: String },
+}
+
+pub struct RunOptions {
+    pub state: StateDir,
+    /// What this node offers (cpu and mem detected, `--resources` applied).
+    pub resources: Resources,
+    /// On resume, run failed tasks again with fresh retries.
+    pub retry_failed: bool,
+}
+
+/// Hears what happens during a run; the CLI draws it.
+pub trait Observer {
+    fn started(&mut self, _status: &FarmStatus) {}
+    fn progress(&mut self, _status: &FarmStatus) {}
+    fn task_failed(&mut self, _task: &str, _attempt: u32, _reason: &str, _retrying: bool) {}
+    fn unplaceable(&mut self, _stage: &str, _shortfall: &str) {}
+    fn interrupting(&mut self) {}
+}
+
+/// An observer that ignores everything.
+pub struct Quiet;
+impl Observer for Quiet {}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("farm {id} is already running in another mesh process{holder}")]
+    AlreadyRunning { id: String, holder: String },
+    #[error("farm {0} has no stored definition; run it with `mesh run FILE` instead")]
+    NoDefinition(String),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("state store: {0}")]
+    Store(#[from] StoreError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RunError {
+    let what = what.into();
+    move |source| RunError::Io { what, source }
+}
+
+/// Opens a farm's store, explaining who holds it when it is locked.
+fn open_store(state: &StateDir, id: &str) -> Result<SledStore, RunError> {
+    let dir = state.farm_dir(id);
+    fs::create_dir_all(&dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
+    match SledStore::open(&state.db_path(id)) {
+        Err(StoreError::Locked { .. }) => {
+            let holder = state
+                .read_status(id)
+                .map(|s| format!(" (pid {} on {})", s.pid, s.host))
+                .unwrap_or_default();
+            Err(RunError::AlreadyRunning {
+                id: id.to_string(),
+                holder,
+            })
+        }
+        r => Ok(r?),
+    }
+}
+
+const META_RUN: &str = "run";
+const META_FILE: &str = "file";
+const META_RESOURCES: &str = "resources";
+
+/// Runs (or resumes) a farm to the end, or until Ctrl-C / SIGTERM.
+pub fn run_farm(
+    start: RunStart,
+    opts: &RunOptions,
+    obs: &mut dyn Observer,
+) -> Result<FarmStatus, RunError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(io_err("cannot start the runtime"))?;
+    rt.block_on(drive(start, opts, obs))
+}
+
+async fn drive(
+    start: RunStart,
+    opts: &RunOptions,
+    obs: &mut dyn Observer,
+) -> Result<FarmStatus, RunError> {
+    let clock = Instant::now();
+    let started_at_ms = unix_ms();
+    let (id, key, def, file, mut store, resumed) = match start {
+        RunStart::New { def, file } => {
+            let (id, key) = farm_identity(&def.name, &file);
+            let store = open_store(&opts.state, &id)?;
+            (id, key, def, file, store, false)
+        }
+        RunStart::Resume { id } => {
+            let store = open_store(&opts.state, &id)?;
+            let key = farm_key(&id);
+            let def = store
+                .def(key)?
+                .ok_or_else(|| RunError::NoDefinition(id.clone()))?;
+            let file = store
+                .meta(key, META_FILE)?
+                .map(|b| PathBuf::from(String::from_utf8_lossy(&b).into_owned()))
+                .unwrap_or_default();
+            (id, key, def, file, store, true)
+        }
+    };
+    let prev_run = store
+        .meta(key, META_RUN)?
+        .and_then(|b| b.try_into().ok().map(u32::from_be_bytes))
+        .unwrap_or(0);
+    let run = if resumed {
+        prev_run.max(1)
+    } else {
+        prev_run + 1
+    };
+    let mut batch = Vec::new();
+    if !resumed {
+        // Logs belong to a run: a new run starts without the last one's.
+        let logs = opts.state.logs_dir(&id);
+        if let Err(e) = fs::remove_dir_all(&logs) {
+            if e.kind() != io::ErrorKind::NotFound {
+                return Err(RunError::Io {
+                    what: format!("cannot clear old logs in {}", logs.display()),
+                    source: e,
+                });
+            }
+        }
+        batch.push(Write::Def {
+            farm: key,
+            def: Box::new(def.clone()),
+        });
+        batch.push(Write::ClearTasks { farm: key });
+        batch.push(Write::Meta {
+            farm: key,
+            name: META_RUN.into(),
+            value: run.to_be_bytes().to_vec(),
+        });
+        batch.push(Write::Meta {
+            farm: key,
+            name: META_FILE.into(),
+            value: file.to_string_lossy().as_bytes().to_vec(),
+        });
+        batch.push(Write::Meta {
+            farm: key,
+            name: "id".into(),
+            value: id.as_bytes().to_vec(),
+        });
+    }
+    batch.push(Write::Meta {
+        farm: key,
+        name: META_RESOURCES.into(),
+        value: opts.resources.to_string().into_bytes(),
+    });
+    batch.push(Write::Journal(JournalEntry {
+        at_ms: started_at_ms,
+        farm: key,
+        event: JournalEvent::RunStarted { run, resumed },
+    }));
+    store.write(batch)?;
+    store.flush()?;
+    let restored = if resumed {
+        store.tasks(key)?
+    } else {
+        Vec::new()
+    };
+
+    let def = Arc::new(def);
+    let mut engine = Engine::new(opts.resources.clone());
+    let slot = engine.add_farm(
+        0,
+        def.clone(),
+        restored,
+        &AddOptions {
+            retry_failed: opts.retry_failed,
+        },
+    );
+    let mut d = Driver {
+        id: id.clone(),
+        key,
+        def: def.clone(),
+        slot,
+        store,
+        logs_dir: opts.state.logs_dir(&id),
+        root: PathBuf::from(&def.root),
+        out: PathBuf::from(&def.out),
+        node_has_gpus: !opts.resources.get(GPU).is_zero(),
+        input_hashes: HashMap::new(),
+        live: HashMap::new(),
+        failed: Vec::new(),
+        status: FarmStatus {
+            id: id.clone(),
+            name: def.name.clone(),
+            file: file.to_string_lossy().into_owned(),
+            out: def.out.clone(),
+            run,
+            state: RunState::Running,
+            pid: std::process::id(),
+            host: hostname(),
+            started_at_ms,
+            updated_at_ms: started_at_ms,
+            elapsed_ms: 0,
+            counts: Counts::default(),
+            stages: Vec::new(),
+            failed: Vec::new(),
+        },
+    };
+    d.refresh(&engine, clock);
+    let _ = opts.state.write_status(&d.status);
+    obs.started(&d.status);
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<Finished>();
+    let mut sigint = signal(SignalKind::interrupt()).map_err(io_err("cannot watch SIGINT"))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(io_err("cannot watch SIGTERM"))?;
+    let mut progress = tokio::time::interval(Duration::from_millis(PROGRESS_EVERY_MS));
+    progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last_snapshot = Instant::now();
+    let mut finished = false;
+    let mut interrupted_at: Option<Instant> = None;
+    let mut hard_killed = false;
+
+    loop {
+        finished |= d.step(&mut engine, &tx, obs)?;
+        if (finished || interrupted_at.is_some()) && engine.idle() {
+            break;
+        }
+        let timer = engine
+            .poll_timeout()
+            .map(|at| tokio::time::Instant::from_std(clock + Duration::from_millis(at)));
+        let grace_end = interrupted_at
+            .filter(|_| !hard_killed)
+            .map(|t| tokio::time::Instant::from_std(t + Duration::from_millis(INTERRUPT_GRACE_MS)));
+        tokio::select! {
+            biased;
+            Some(first) = rx.recv() => {
+                let now = ms_since(clock);
+                let mut next = Some(first);
+                // Everything that already arrived goes to the engine before one flush.
+                while let Some(f) = next {
+                    d.finish(&mut engine, now, f);
+                    next = rx.try_recv().ok();
+                }
+            }
+            _ = sigint.recv() => d.interrupt(&mut engine, &mut interrupted_at, obs),
+            _ = sigterm.recv() => d.interrupt(&mut engine, &mut interrupted_at, obs),
+            _ = sleep_until_opt(timer) => engine.handle_timeout(ms_since(clock)),
+            _ = sleep_until_opt(grace_end) => {
+                hard_killed = true;
+                for live in d.live.values() {
+                    live.1.signal(Signal::SIGKILL);
+                }
+            }
+            _ = progress.tick() => {
+                d.refresh(&engine, clock);
+                obs.progress(&d.status);
+                if last_snapshot.elapsed() >= Duration::from_millis(SNAPSHOT_EVERY_MS) {
+                    last_snapshot = Instant::now();
+                    let _ = opts.state.write_status(&d.status);
+                }
+            }
+        }
+    }
+
+    d.refresh(&engine, clock);
+    let counts = d.status.counts.clone();
+    d.status.state = if interrupted_at.is_some() && !counts.finished() {
+        RunState::Interrupted
+    } else if counts.done == counts.total {
+        RunState::Done
+    } else {
+        RunState::Failed
+    };
+    let reason = match d.status.state {
+        RunState::Interrupted => "interrupted",
+        RunState::Done => "done",
+        _ => "failed",
+    };
+    d.store.write(vec![Write::Journal(JournalEntry {
+        at_ms: unix_ms(),
+        farm: key,
+        event: JournalEvent::RunStopped {
+            run,
+            reason: reason.into(),
+        },
+    })])?;
+    d.store.flush()?;
+    opts.state
+        .write_status(&d.status)
+        .map_err(io_err("cannot write the status snapshot"))?;
+    obs.progress(&d.status);
+    Ok(d.status)
+}
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn ms_since(clock: Instant) -> u64 {
+    clock.elapsed().as_millis() as u64
+}
+
+struct Driver {
+    id: String,
+    key: FarmKey,
+    def: Arc<FarmDef>,
+    slot: FarmSlot,
+    store: SledStore,
+    logs_dir: PathBuf,
+    root: PathBuf,
+    out: PathBuf,
+    node_has_gpus: bool,
+    /// blake3 of each input file, read once per run.
+    input_hashes: HashMap<String, [u8; 32]>,
+    live: HashMap<TaskRef, (u32, Live)>,
+    failed: Vec<FailedTask>,
+    status: FarmStatus,
+}
+
+impl Driver {
+    /// Drains the engine: persist as one durable batch, then act. True when the farm finished.
+    fn step(
+        &mut self,
+        engine: &mut Engine,
+        tx: &mpsc::UnboundedSender<Finished>,
+        obs: &mut dyn Observer,
+    ) -> Result<bool, RunError> {
+        let mut finished = false;
+        // Acting can feed the engine (a cached task ends at once), so loop until quiet.
+        loop {
+            let mut batch = Vec::new();
+            let mut acts = Vec::new();
+            while let Some(a) = engine.poll_action() {
+                match a {
+                    Action::Persist(p) => self.persist(p, &mut batch),
+                    other => acts.push(other),
+                }
+            }
+            if batch.is_empty() && acts.is_empty() {
+                return Ok(finished);
+            }
+            if !batch.is_empty() {
+                self.store.write(batch)?;
+                self.store.flush()?;
+            }
+            for a in acts {
+                match a {
+                    Action::Start {
+                        task,
+                        attempt,
+                        grant,
+                        ..
+                    } => self.start(engine, tx, task, attempt, grant)?,
+                    Action::Kill { task, reason, .. } => {
+                        if let Some((_, live)) = self.live.get(&task) {
+                            let sig = match reason {
+                                KillReason::Interrupt => Signal::SIGTERM,
+                                KillReason::Timeout | KillReason::Cancel => Signal::SIGKILL,
+                            };
+                            live.signal(sig);
+                        }
+                    }
+                    Action::Emit(ev) => finished |= self.emit(ev, obs),
+                    Action::Persist(_) => unreachable!("persists were split out above"),
+                }
+            }
+        }
+    }
+
+    fn persist(&mut self, p: Persist, batch: &mut Vec<Write>) {
+        let Persist::Task { task, record, .. } = p;
+        if record.state == RecordState::Done && record.end != Some(TaskEnd::Cached) {
+            if let Some(k) = record.key {
+                batch.push(Write::KeyDone {
+                    key: k,
+                    record: KeyRecord {
+                        farm: self.key,
+                        task,
+                        at_ms: unix_ms(),
+                    },
+                });
+            }
+        }
+        if record.end.is_some() {
+            batch.push(Write::Journal(JournalEntry {
+                at_ms: unix_ms(),
+                farm: self.key,
+                event: JournalEvent::TaskEnded {
+                    task,
+                    record: record.clone(),
+                },
+            }));
+        }
+        batch.push(Write::Task {
+            farm: self.key,
+            task,
+            record,
+        });
+    }
+
+    fn start(
+        &mut self,
+        engine: &mut Engine,
+        tx: &mpsc::UnboundedSender<Finished>,
+        task: TaskRef,
+        attempt: u32,
+        grant: mesh_protocol::engine::Grant,
+    ) -> Result<(), RunError> {
+        let def = self.def.clone();
+        let stage = def.stage(task);
+        let spec = def.expand(task);
+        let hashes: Vec<[u8; 32]> = spec.inputs.iter().map(|i| self.input_hash(i)).collect();
+        let key = content_key(&spec, &stage.resources, &hashes);
+        if self.store.key_done(&key)?.is_some() {
+            engine.task_finished(
+                0,
+                self.slot,
+                task,
+                attempt,
+                Outcome {
+                    result: TaskResult::Cached,
+                    key: Some(key),
+                    duration_ms: 0,
+                    logs: 0,
+                },
+            );
+            return Ok(());
+        }
+        let launch = Launch {
+            slot: self.slot.0,
+            task,
+            attempt,
+            success_codes: stage.success_codes.clone(),
+            spec,
+            grant,
+            key,
+            farm_name: self.def.name.clone(),
+            task_id: self.def.task_name(task),
+            root: self.root.clone(),
+            out_dir: self.out.join(&stage.name).join(task.index.to_string()),
+            stdout_log: executor::log_path(&self.logs_dir, &self.def, task, attempt, "out"),
+            stderr_log: executor::log_path(&self.logs_dir, &self.def, task, attempt, "err"),
+            node_has_gpus: self.node_has_gpus,
+        };
+        let live = executor::launch(launch, tx.clone());
+        self.live.insert(task, (attempt, live));
+        Ok(())
+    }
+
+    fn input_hash(&mut self, input: &str) -> [u8; 32] {
+        if let Some(h) = self.input_hashes.get(input) {
+            return *h;
+        }
+        let mut hasher = blake3::Hasher::new();
+        // A missing input hashes as empty; staging then fails the task with a clear message.
+        if let Ok(f) = fs::File::open(self.root.join(input)) {
+            let _ = hasher.update_reader(f);
+        }
+        let h = *hasher.finalize().as_bytes();
+        self.input_hashes.insert(input.to_string(), h);
+        h
+    }
+
+    fn finish(&mut self, engine: &mut Engine, now: u64, f: Finished) {
+        if self.live.get(&f.task).is_some_and(|(a, _)| *a == f.attempt) {
+            self.live.remove(&f.task);
+        }
+        engine.task_finished(
+            now,
+            FarmSlot(f.slot),
+            f.task,
+            f.attempt,
+            Outcome {
+                result: f.result,
+                key: f.key,
+                duration_ms: f.duration_ms,
+                logs: f.logs,
+            },
+        );
+    }
+
+    fn emit(&mut self, ev: Event, obs: &mut dyn Observer) -> bool {
+        match ev {
+            Event::TaskFinished {
+                task,
+                attempt,
+                end,
+                verdict,
+                ..
+            } => {
+                if matches!(verdict, Verdict::Failed | Verdict::Retry) {
+                    let name = self.def.task_name(task);
+                    let reason = describe_end(&end);
+                    obs.task_failed(&name, attempt, &reason, verdict == Verdict::Retry);
+                    if verdict == Verdict::Failed && self.failed.len() < SNAPSHOT_FAILED_MAX {
+                        self.failed.push(FailedTask {
+                            task: name,
+                            attempt,
+                            reason,
+                        });
+                    }
+                }
+                false
+            }
+            Event::Unplaceable {
+                stage, shortfall, ..
+            } => {
+                let name = &self.def.stages[stage as usize].name;
+                let text = shortfall
+                    .iter()
+                    .map(|(k, want, have)| {
+                        format!("{k}={} asked, {} here", want.display(k), have.display(k))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                obs.unplaceable(name, &text);
+                if self.failed.len() < SNAPSHOT_FAILED_MAX {
+                    self.failed.push(FailedTask {
+                        task: format!("{name}/*"),
+                        attempt: 0,
+                        reason: format!("unplaceable: {text}"),
+                    });
+                }
+                false
+            }
+            Event::FarmFinished { .. } => true,
+        }
+    }
+
+    fn interrupt(&mut self, engine: &mut Engine, at: &mut Option<Instant>, obs: &mut dyn Observer) {
+        if at.is_some() {
+            // A second Ctrl-C: do not wait for the grace period.
+            for live in self.live.values() {
+                live.1.signal(Signal::SIGKILL);
+            }
+            return;
+        }
+        *at = Some(Instant::now());
+        obs.interrupting();
+        engine.interrupt();
+    }
+
+    fn refresh(&mut self, engine: &Engine, clock: Instant) {
+        self.status.counts = engine.progress(self.slot);
+        self.status.stages = self
+            .def
+            .stages
+            .iter()
+            .zip(engine.stage_progress(self.slot))
+            .map(|(s, counts)| StageStatus {
+                name: s.name.clone(),
+                counts,
+            })
+            .collect();
+        self.status.failed = self.failed.clone();
+        self.status.updated_at_ms = unix_ms();
+        self.status.elapsed_ms = clock.elapsed().as_millis() as u64;
+        let _ = &self.id;
+    }
+}
+
+/// A task's end in words, for people.
+pub fn describe_end(end: &TaskEnd) -> String {
+    match end {
+        TaskEnd::Exited(c) => format!("exit code {c}"),
+        TaskEnd::Signaled(s) => match Signal::try_from(*s) {
+            Ok(sig) => format!("killed by {sig}"),
+            Err(_) => format!("killed by signal {s}"),
+        },
+        TaskEnd::TimedOut { after_ms } => {
+            format!(
+                "timed out after {}",
+                humantime::format_duration(Duration::from_millis(*after_ms))
+            )
+        }
+        TaskEnd::Cached => "already done (same content key)".into(),
+        TaskEnd::Error(e) => e.clone(),
+        TaskEnd::Unplaceable => "fits no node".into(),
+        TaskEnd::CrashLimit => {
+            "was running each time mesh died; failed after the crash limit".into()
+        }
+        TaskEnd::Cancelled => "cancelled".into(),
+    }
+}
+
+/// A farm that is not running, read from its store: exact counts, as resume
+/// would see them. Fails with `AlreadyRunning` while a process holds it.
+pub fn inspect(state: &StateDir, id: &str) -> Result<(FarmDef, Vec<StageStatus>), RunError> {
+    let store = open_store(state, id)?;
+    let key = farm_key(id);
+    let def = store
+        .def(key)?
+        .ok_or_else(|| RunError::NoDefinition(id.to_string()))?;
+    let resources = store
+        .meta(key, META_RESOURCES)?
+        .and_then(|b| mesh_protocol::resources::parse_resources(&String::from_utf8_lossy(&b)).ok())
+        .unwrap_or_default();
+    let mut engine = Engine::new(resources);
+    // Interrupted first, so restoring starts nothing.
+    engine.interrupt();
+    let def = Arc::new(def);
+    let slot = engine.add_farm(0, def.clone(), store.tasks(key)?, &AddOptions::default());
+    let stages = def
+        .stages
+        .iter()
+        .zip(engine.stage_progress(slot))
+        .map(|(s, counts)| StageStatus {
+            name: s.name.clone(),
+            counts,
+        })
+        .collect();
+    Ok(((*def).clone(), stages))
+}
+
+/// The latest record of one task of a stopped farm (for `mesh logs`).
+pub fn task_record(
+    state: &StateDir,
+    id: &str,
+    task: TaskRef,
+) -> Result<Option<mesh_protocol::engine::TaskRecord>, RunError> {
+    let store = open_store(state, id)?;
+    Ok(store.task(farm_key(id), task)?)
+}
+
+/// A stopped farm's definition.
+pub fn stored_def(state: &StateDir, id: &str) -> Result<FarmDef, RunError> {
+    let store = open_store(state, id)?;
+    store
+        .def(farm_key(id))?
+        .ok_or_else(|| RunError::NoDefinition(id.to_string()))
+}

@@ -1,0 +1,252 @@
+//! The state folder: one subfolder per farm with its database, logs and a status snapshot.
+//!
+//! ```text
+//! <state>/farms/<farm-id>/db/            sled: definition, task records, key cache, journal
+//! <state>/farms/<farm-id>/status.json    snapshot for `mesh list` / `mesh status` while it runs
+//! <state>/farms/<farm-id>/logs/<stage>/<index>.<attempt>.{out,err}
+//! ```
+//!
+//! A farm's id is its name and a hash of its file's canonical path, so running
+//! the same farm file again finds its earlier runs (and their key cache).
+//! The database is locked by the process running the farm; readers use the
+//! snapshot then, and the database itself once the farm is not running.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use mesh_protocol::engine::Counts;
+use serde::{Deserialize, Serialize};
+
+use mesh_store::FarmKey;
+
+/// The failed tasks a snapshot lists, at most.
+pub const SNAPSHOT_FAILED_MAX: usize = 20;
+
+#[derive(Clone, Debug)]
+pub struct StateDir {
+    root: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    Running,
+    /// Every task succeeded.
+    Done,
+    /// Finished, some tasks failed.
+    Failed,
+    /// Stopped by Ctrl-C or SIGTERM; resumable.
+    Interrupted,
+    /// The process running it died (kill -9, power loss); resumable.
+    Crashed,
+}
+
+impl RunState {
+    pub fn is_finished(self) -> bool {
+        matches!(self, RunState::Done | RunState::Failed)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageStatus {
+    pub name: String,
+    pub counts: Counts,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FailedTask {
+    pub task: String,
+    pub attempt: u32,
+    pub reason: String,
+}
+
+/// What `mesh list` and `mesh status` show of a farm.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FarmStatus {
+    pub id: String,
+    pub name: String,
+    /// The farm file it was started from.
+    pub file: String,
+    pub out: String,
+    pub run: u32,
+    pub state: RunState,
+    pub pid: u32,
+    pub host: String,
+    pub started_at_ms: u64,
+    pub updated_at_ms: u64,
+    pub elapsed_ms: u64,
+    pub counts: Counts,
+    pub stages: Vec<StageStatus>,
+    pub failed: Vec<FailedTask>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("no farm matches `{0}` (see `mesh list`)")]
+    NoMatch(String),
+    #[error("`{query}` matches several farms: {ids} (give more of the id)")]
+    Ambiguous { query: String, ids: String },
+    #[error("no farm has run in {0} yet (start one with `mesh run farm.toml`)")]
+    Empty(String),
+    #[error(
+        "no unfinished farm to resume (see `mesh list`; `mesh resume FARM` resumes a given one)"
+    )]
+    NothingToResume,
+    #[error("cannot read the state folder {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl StateDir {
+    pub fn new(root: impl Into<PathBuf>) -> StateDir {
+        StateDir { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn farm_dir(&self, id: &str) -> PathBuf {
+        self.root.join("farms").join(id)
+    }
+
+    pub fn db_path(&self, id: &str) -> PathBuf {
+        self.farm_dir(id).join("db")
+    }
+
+    pub fn logs_dir(&self, id: &str) -> PathBuf {
+        self.farm_dir(id).join("logs")
+    }
+
+    fn status_path(&self, id: &str) -> PathBuf {
+        self.farm_dir(id).join("status.json")
+    }
+
+    /// Writes the snapshot atomically (a reader never sees half of it).
+    pub fn write_status(&self, s: &FarmStatus) -> io::Result<()> {
+        let path = self.status_path(&s.id);
+        let tmp = path.with_extension("json.tmp");
+        fs::write(
+            &tmp,
+            serde_json::to_vec_pretty(s).map_err(io::Error::other)?,
+        )?;
+        fs::rename(tmp, path)
+    }
+
+    /// The snapshot, with a `running` farm whose process is gone shown as crashed.
+    pub fn read_status(&self, id: &str) -> Option<FarmStatus> {
+        let bytes = fs::read(self.status_path(id)).ok()?;
+        let mut s: FarmStatus = serde_json::from_slice(&bytes).ok()?;
+        if s.state == RunState::Running && s.host == hostname() && !pid_alive(s.pid) {
+            s.state = RunState::Crashed;
+        }
+        Some(s)
+    }
+
+    /// Every farm with a snapshot, most recently updated first.
+    pub fn list(&self) -> Result<Vec<FarmStatus>, StateError> {
+        let dir = self.root.join("farms");
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => {
+                return Err(StateError::Io {
+                    path: dir.display().to_string(),
+                    source,
+                })
+            }
+        };
+        let mut out: Vec<FarmStatus> = entries
+            .filter_map(Result::ok)
+            .filter_map(|e| self.read_status(&e.file_name().to_string_lossy()))
+            .collect();
+        out.sort_by(|a, b| b.updated_at_ms.cmp(&a.updated_at_ms).then(a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    /// Finds a farm by exact id, id prefix or name; `None` is the most recent.
+    pub fn find(&self, query: Option<&str>) -> Result<FarmStatus, StateError> {
+        let all = self.list()?;
+        let Some(q) = query else {
+            return all
+                .into_iter()
+                .next()
+                .ok_or_else(|| StateError::Empty(self.root.display().to_string()));
+        };
+        if let Some(s) = all.iter().find(|s| s.id == q) {
+            return Ok(s.clone());
+        }
+        let hits: Vec<&FarmStatus> = all
+            .iter()
+            .filter(|s| s.id.starts_with(q) || s.name == q)
+            .collect();
+        match hits.as_slice() {
+            [] => Err(StateError::NoMatch(q.to_string())),
+            [one] => Ok((*one).clone()),
+            many => {
+                // Several farm files share a name: the most recent wins only if the query is the name.
+                if many.iter().all(|s| s.name == q) {
+                    return Ok(many[0].clone());
+                }
+                Err(StateError::Ambiguous {
+                    query: q.to_string(),
+                    ids: many
+                        .iter()
+                        .map(|s| s.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })
+            }
+        }
+    }
+
+    /// The farm `mesh resume` continues by default: the most recent unfinished one.
+    pub fn most_recent_unfinished(&self) -> Result<FarmStatus, StateError> {
+        self.list()?
+            .into_iter()
+            .find(|s| !s.state.is_finished() && s.state != RunState::Running)
+            .ok_or(StateError::NothingToResume)
+    }
+}
+
+/// A farm's id and store key from its name and the canonical path of its file.
+pub fn farm_identity(name: &str, canonical_file: &Path) -> (String, FarmKey) {
+    let h = blake3::hash(canonical_file.to_string_lossy().as_bytes());
+    let id = format!("{name}-{}", &h.to_hex()[..8]);
+    let key = farm_key(&id);
+    (id, key)
+}
+
+/// The store key of the farm with this id.
+pub fn farm_key(id: &str) -> FarmKey {
+    let h = blake3::hash(id.as_bytes());
+    FarmKey(u64::from_be_bytes(
+        h.as_bytes()[..8].try_into().expect("32-byte hash"),
+    ))
+}
+
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // Signal 0 checks existence; EPERM means it exists under another user.
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
+        Ok(()) => true,
+        Err(e) => e == nix::errno::Errno::EPERM,
+    }
+}
+
+/// Wall-clock milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
