@@ -158,7 +158,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         } => {
             let target = match farm.as_deref() {
                 Some(q) => state.find(Some(q))?,
-                None => state.most_recent_unfinished()?,
+                None => state.most_recent_resumable(retry_failed)?,
             };
             if target.state == RunState::Running {
                 bail!(
@@ -263,7 +263,7 @@ fn run(
         resources: node_resources(node)?,
         retry_failed,
     };
-    let mut obs = show::Progress::new(output.json || output.quiet, std::io::stderr().is_terminal());
+    let mut obs = show::Progress::new(output.json, output.quiet, std::io::stderr().is_terminal());
     let status = runner::run_farm(start, &opts, &mut obs)?;
     obs.finish();
     if output.json {

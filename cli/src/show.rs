@@ -49,13 +49,18 @@ fn counts_line(c: &Counts) -> String {
 /// Draws a run: a progress bar on a terminal, periodic lines elsewhere.
 pub struct Progress {
     bar: Option<ProgressBar>,
+    /// Periodic progress lines (no terminal, not --json / --quiet).
+    lines: bool,
+    /// Failures and notices (all but --quiet).
     quiet: bool,
     plain_last: Option<Instant>,
 }
 
 impl Progress {
-    pub fn new(quiet: bool, terminal: bool) -> Progress {
-        let bar = (!quiet && terminal).then(|| {
+    /// `json`: stdout is for the result, so no bar or progress lines; messages still go to stderr.
+    pub fn new(json: bool, quiet: bool, terminal: bool) -> Progress {
+        let show_progress = !json && !quiet;
+        let bar = (show_progress && terminal).then(|| {
             let b = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr_with_hz(10));
             b.set_style(
                 ProgressStyle::with_template(
@@ -68,6 +73,7 @@ impl Progress {
         });
         Progress {
             bar,
+            lines: show_progress && !terminal,
             quiet,
             plain_last: None,
         }

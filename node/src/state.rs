@@ -93,6 +93,10 @@ pub enum StateError {
         "no unfinished farm to resume (see `mesh list`; `mesh resume FARM` resumes a given one)"
     )]
     NothingToResume,
+    #[error(
+        "no unfinished farm to resume; farm {id} finished with {failed} failed tasks: `mesh resume {id} --retry-failed` runs them again"
+    )]
+    OnlyFailed { id: String, failed: u64 },
     #[error("cannot read the state folder {path}: {source}")]
     Io {
         path: String,
@@ -204,12 +208,23 @@ impl StateDir {
         }
     }
 
-    /// The farm `mesh resume` continues by default: the most recent unfinished one.
-    pub fn most_recent_unfinished(&self) -> Result<FarmStatus, StateError> {
-        self.list()?
-            .into_iter()
-            .find(|s| !s.state.is_finished() && s.state != RunState::Running)
-            .ok_or(StateError::NothingToResume)
+    /// The farm `mesh resume` continues by default: the most recent one that
+    /// stopped unfinished (or, with `failed_too`, that ended with failures).
+    pub fn most_recent_resumable(&self, failed_too: bool) -> Result<FarmStatus, StateError> {
+        let all = self.list()?;
+        if let Some(s) = all.iter().find(|s| {
+            matches!(s.state, RunState::Interrupted | RunState::Crashed)
+                || (failed_too && s.state == RunState::Failed)
+        }) {
+            return Ok(s.clone());
+        }
+        match all.iter().find(|s| s.state == RunState::Failed) {
+            Some(f) => Err(StateError::OnlyFailed {
+                id: f.id.clone(),
+                failed: f.counts.failed,
+            }),
+            None => Err(StateError::NothingToResume),
+        }
     }
 }
 

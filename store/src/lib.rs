@@ -55,13 +55,29 @@ pub struct KeyRecord {
 /// One change, as part of a batch.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Write {
-    Def { farm: FarmKey, def: Box<FarmDef> },
+    Def {
+        farm: FarmKey,
+        def: Box<FarmDef>,
+    },
     /// A named small value of a farm (run counters, summaries), opaque here.
-    Meta { farm: FarmKey, name: String, value: Vec<u8> },
-    Task { farm: FarmKey, task: TaskRef, record: TaskRecord },
+    Meta {
+        farm: FarmKey,
+        name: String,
+        value: Vec<u8>,
+    },
+    Task {
+        farm: FarmKey,
+        task: TaskRef,
+        record: TaskRecord,
+    },
     /// Forgets every task record of a farm (a new run starts from nothing; the key cache stays).
-    ClearTasks { farm: FarmKey },
-    KeyDone { key: [u8; 32], record: KeyRecord },
+    ClearTasks {
+        farm: FarmKey,
+    },
+    KeyDone {
+        key: [u8; 32],
+        record: KeyRecord,
+    },
     Journal(JournalEntry),
 }
 

@@ -7,8 +7,8 @@ use mesh_protocol::farm::FarmDef;
 use mesh_protocol::TaskRef;
 
 use crate::{
-    decode, encode, meta_key, task_from_key, task_key, FarmKey, JournalEntry, KeyRecord, Result, Store, StoreError,
-    Write,
+    decode, encode, meta_key, task_from_key, task_key, FarmKey, JournalEntry, KeyRecord, Result,
+    Store, StoreError, Write,
 };
 
 /// sled's page cache; the default (1 GiB) would dwarf a farm's own state.
@@ -36,9 +36,11 @@ impl SledStore {
             .mode(sled::Mode::HighThroughput)
             .open()
             .map_err(|e| match e {
-                sled::Error::Io(ref io) if io.to_string().contains("could not acquire lock") => StoreError::Locked {
-                    path: path.display().to_string(),
-                },
+                sled::Error::Io(ref io) if io.to_string().contains("could not acquire lock") => {
+                    StoreError::Locked {
+                        path: path.display().to_string(),
+                    }
+                }
                 e => StoreError::Db(e),
             })?;
         Ok(SledStore {
@@ -66,7 +68,9 @@ impl Store for SledStore {
             match w {
                 Write::Def { farm, def } => defs.insert(&farm.0.to_be_bytes(), encode(&*def)),
                 Write::Meta { farm, name, value } => meta.insert(meta_key(farm, &name), value),
-                Write::Task { farm, task, record } => tasks.insert(&task_key(farm, task), encode(&record)),
+                Write::Task { farm, task, record } => {
+                    tasks.insert(&task_key(farm, task), encode(&record))
+                }
                 Write::ClearTasks { farm } => {
                     // Apply what came before, then clear: order within the batch holds.
                     self.tasks.apply_batch(std::mem::take(&mut tasks))?;
@@ -126,7 +130,10 @@ impl Store for SledStore {
     }
 
     fn key_done(&self, key: &[u8; 32]) -> Result<Option<KeyRecord>> {
-        self.keys.get(key)?.map(|v| decode("key record", &v)).transpose()
+        self.keys
+            .get(key)?
+            .map(|v| decode("key record", &v))
+            .transpose()
     }
 
     fn journal(&self, farm: FarmKey, limit: usize) -> Result<Vec<JournalEntry>> {

@@ -64,24 +64,41 @@ fn contract(s: &mut dyn Store) {
     assert_eq!(tasks[1].1.attempt, 2);
     assert_eq!(s.meta(f, "run").unwrap(), Some(vec![3]));
     assert_eq!(s.meta(g, "run").unwrap(), None);
-    assert_eq!(s.key_done(&[9; 32]).unwrap().unwrap().task, TaskRef::new(0, 1));
+    assert_eq!(
+        s.key_done(&[9; 32]).unwrap().unwrap().task,
+        TaskRef::new(0, 1)
+    );
     assert!(s.key_done(&[8; 32]).unwrap().is_none());
 
     for i in 0..5 {
         s.write(vec![Write::Journal(JournalEntry {
             at_ms: i,
             farm: f,
-            event: JournalEvent::RunStarted { run: i as u32, resumed: false },
+            event: JournalEvent::RunStarted {
+                run: i as u32,
+                resumed: false,
+            },
         })])
         .unwrap();
     }
     let j = s.journal(f, 3).unwrap();
-    assert_eq!(j.iter().map(|e| e.at_ms).collect::<Vec<_>>(), vec![2, 3, 4], "the last entries, oldest first");
+    assert_eq!(
+        j.iter().map(|e| e.at_ms).collect::<Vec<_>>(),
+        vec![2, 3, 4],
+        "the last entries, oldest first"
+    );
 
     s.write(vec![Write::ClearTasks { farm: f }]).unwrap();
     assert!(s.tasks(f).unwrap().is_empty());
-    assert_eq!(s.tasks(g).unwrap().len(), 1, "clearing one farm leaves the others");
-    assert!(s.key_done(&[9; 32]).unwrap().is_some(), "the key cache outlives a run");
+    assert_eq!(
+        s.tasks(g).unwrap().len(),
+        1,
+        "clearing one farm leaves the others"
+    );
+    assert!(
+        s.key_done(&[9; 32]).unwrap().is_some(),
+        "the key cache outlives a run"
+    );
 }
 
 #[test]
@@ -108,10 +125,16 @@ fn sled_store_survives_reopen_and_refuses_a_second_opener() {
         }])
         .unwrap();
         s.flush().unwrap();
-        assert!(matches!(SledStore::open(&path), Err(StoreError::Locked { .. })));
+        assert!(matches!(
+            SledStore::open(&path),
+            Err(StoreError::Locked { .. })
+        ));
     }
     let s = SledStore::open(&path).unwrap();
-    assert_eq!(s.task(FarmKey(4), TaskRef::new(1, 7)).unwrap(), Some(rec(RecordState::Done, 1)));
+    assert_eq!(
+        s.task(FarmKey(4), TaskRef::new(1, 7)).unwrap(),
+        Some(rec(RecordState::Done, 1))
+    );
 }
 
 #[test]

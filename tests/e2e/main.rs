@@ -1,1 +1,13 @@
+//! End-to-end tests: the real `mesh` binary, real child processes, a real sled store on disk.
+//!
+//! One test binary (see cli/Cargo.toml) so the binary under test is built once.
 
+mod input;
+mod resume;
+mod run;
+
+use mesh_tests::Sandbox;
+
+fn sandbox() -> Sandbox {
+    Sandbox::new(env!("CARGO_BIN_EXE_mesh"))
+}
