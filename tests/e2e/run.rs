@@ -305,3 +305,26 @@ resources = { cpu = 1, mem = "100TiB" }
         r.stderr
     );
 }
+
+#[test]
+fn every_example_farm_runs() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    for entry in std::fs::read_dir(&examples).unwrap() {
+        let dir = entry.unwrap().path();
+        if !dir.join("farm.toml").exists() {
+            continue;
+        }
+        let s = sandbox();
+        for f in std::fs::read_dir(&dir).unwrap() {
+            let f = f.unwrap().path();
+            if f.is_file() {
+                let name = f.file_name().unwrap().to_str().unwrap().to_string();
+                s.write(&name, &std::fs::read_to_string(&f).unwrap());
+            }
+        }
+        let r = s.mesh(&["run", "farm.toml", "--resources", "token=2", "--json"]);
+        r.expect_code(0);
+        let v = r.json();
+        assert_eq!(v["counts"]["done"], v["counts"]["total"], "{}: {v}", dir.display());
+    }
+}
