@@ -125,7 +125,7 @@ impl Observer for Progress {
             ));
             return;
         }
-        if self.quiet {
+        if !self.lines {
             return;
         }
         let due = self

@@ -36,6 +36,8 @@ use crate::state::{
 const PROGRESS_EVERY_MS: u64 = 100;
 /// How often the status snapshot on disk is refreshed.
 const SNAPSHOT_EVERY_MS: u64 = 1000;
+/// Engine actions handled per turn of the loop before signals and messages get a look.
+const STEP_ACTIONS_MAX: usize = 4096;
 /// After Ctrl-C, tasks get this long to exit on SIGTERM before SIGKILL.
 const INTERRUPT_GRACE_MS: u64 = 3000;
 
@@ -124,13 +126,21 @@ pub fn run_farm(
         .enable_all()
         .build()
         .map_err(io_err("cannot start the runtime"))?;
-    rt.block_on(drive(start, opts, obs))
+    rt.block_on(async {
+        // Before anything slow (opening the store, clearing a big farm's old
+        // run): a Ctrl-C from then on is caught, not lost or fatal.
+        let sigint = signal(SignalKind::interrupt()).map_err(io_err("cannot watch SIGINT"))?;
+        let sigterm = signal(SignalKind::terminate()).map_err(io_err("cannot watch SIGTERM"))?;
+        drive(start, opts, obs, sigint, sigterm).await
+    })
 }
 
 async fn drive(
     start: RunStart,
     opts: &RunOptions,
     obs: &mut dyn Observer,
+    mut sigint: tokio::signal::unix::Signal,
+    mut sigterm: tokio::signal::unix::Signal,
 ) -> Result<FarmStatus, RunError> {
     let clock = Instant::now();
     let started_at_ms = unix_ms();
@@ -258,8 +268,6 @@ async fn drive(
     obs.started(&d.status);
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Finished>();
-    let mut sigint = signal(SignalKind::interrupt()).map_err(io_err("cannot watch SIGINT"))?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(io_err("cannot watch SIGTERM"))?;
     let mut progress = tokio::time::interval(Duration::from_millis(PROGRESS_EVERY_MS));
     progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut last_snapshot = Instant::now();
@@ -268,7 +276,8 @@ async fn drive(
     let mut hard_killed = false;
 
     loop {
-        finished |= d.step(&mut engine, &tx, obs)?;
+        let (done, more) = d.step(&mut engine, &tx, obs)?;
+        finished |= done;
         if (finished || interrupted_at.is_some()) && engine.idle() {
             break;
         }
@@ -306,6 +315,8 @@ async fn drive(
                     let _ = opts.state.write_status(&d.status);
                 }
             }
+            // Lowest priority: with actions still queued, go round again at once.
+            _ = std::future::ready(()), if more => {}
         }
     }
 
@@ -368,53 +379,67 @@ struct Driver {
 }
 
 impl Driver {
-    /// Drains the engine: persist as one durable batch, then act. True when the farm finished.
+    /// Drains up to `STEP_ACTIONS_MAX` engine actions: persists as one durable
+    /// batch, then acts. Returns (farm finished, more actions are waiting).
+    ///
+    /// A start whose content key already succeeded is answered here, with no
+    /// process and no flush of its own, so a re-run of a finished million-task
+    /// farm costs a batch per few thousand tasks. The bound keeps signals and
+    /// progress flowing while that happens.
     fn step(
         &mut self,
         engine: &mut Engine,
         tx: &mpsc::UnboundedSender<Finished>,
         obs: &mut dyn Observer,
-    ) -> Result<bool, RunError> {
+    ) -> Result<(bool, bool), RunError> {
         let mut finished = false;
-        // Acting can feed the engine (a cached task ends at once), so loop until quiet.
-        loop {
-            let mut batch = Vec::new();
-            let mut acts = Vec::new();
-            while let Some(a) = engine.poll_action() {
-                match a {
-                    Action::Persist(p) => self.persist(p, &mut batch),
-                    other => acts.push(other),
-                }
-            }
-            if batch.is_empty() && acts.is_empty() {
-                return Ok(finished);
-            }
-            if !batch.is_empty() {
-                self.store.write(batch)?;
-                self.store.flush()?;
-            }
-            for a in acts {
-                match a {
-                    Action::Start {
-                        task,
-                        attempt,
-                        grant,
-                        ..
-                    } => self.start(engine, tx, task, attempt, grant)?,
-                    Action::Kill { task, reason, .. } => {
-                        if let Some((_, live)) = self.live.get(&task) {
-                            let sig = match reason {
-                                KillReason::Interrupt => Signal::SIGTERM,
-                                KillReason::Timeout | KillReason::Cancel => Signal::SIGKILL,
-                            };
-                            live.signal(sig);
-                        }
+        let mut batch = Vec::new();
+        let mut acts = Vec::new();
+        let mut launches = Vec::new();
+        for _ in 0..STEP_ACTIONS_MAX {
+            let Some(a) = engine.poll_action() else { break };
+            match a {
+                Action::Persist(p) => self.persist(p, &mut batch),
+                Action::Start {
+                    task,
+                    attempt,
+                    grant,
+                    ..
+                } => {
+                    if let Some(l) = self.prepare(engine, task, attempt, grant)? {
+                        launches.push(l);
                     }
-                    Action::Emit(ev) => finished |= self.emit(ev, obs),
-                    Action::Persist(_) => unreachable!("persists were split out above"),
                 }
+                other => acts.push(other),
             }
         }
+        if !batch.is_empty() {
+            self.store.write(batch)?;
+            self.store.flush()?;
+        }
+        // Persisted; now act. Starts first: kills and emits never concern a task started in this step.
+        for l in launches {
+            let task = l.task;
+            let attempt = l.attempt;
+            let live = executor::launch(l, tx.clone());
+            self.live.insert(task, (attempt, live));
+        }
+        for a in acts {
+            match a {
+                Action::Kill { task, reason, .. } => {
+                    if let Some((_, live)) = self.live.get(&task) {
+                        let sig = match reason {
+                            KillReason::Interrupt => Signal::SIGTERM,
+                            KillReason::Timeout | KillReason::Cancel => Signal::SIGKILL,
+                        };
+                        live.signal(sig);
+                    }
+                }
+                Action::Emit(ev) => finished |= self.emit(ev, obs),
+                Action::Persist(_) | Action::Start { .. } => unreachable!("handled while draining"),
+            }
+        }
+        Ok((finished, engine.has_actions()))
     }
 
     fn persist(&mut self, p: Persist, batch: &mut Vec<Write>) {
@@ -448,14 +473,14 @@ impl Driver {
         });
     }
 
-    fn start(
+    /// Builds a task's launch, or answers the engine at once when its content key already succeeded.
+    fn prepare(
         &mut self,
         engine: &mut Engine,
-        tx: &mpsc::UnboundedSender<Finished>,
         task: TaskRef,
         attempt: u32,
         grant: mesh_protocol::engine::Grant,
-    ) -> Result<(), RunError> {
+    ) -> Result<Option<Launch>, RunError> {
         let def = self.def.clone();
         let stage = def.stage(task);
         let spec = def.expand(task);
@@ -474,9 +499,9 @@ impl Driver {
                     logs: 0,
                 },
             );
-            return Ok(());
+            return Ok(None);
         }
-        let launch = Launch {
+        Ok(Some(Launch {
             slot: self.slot.0,
             task,
             attempt,
@@ -484,17 +509,14 @@ impl Driver {
             spec,
             grant,
             key,
-            farm_name: self.def.name.clone(),
-            task_id: self.def.task_name(task),
+            farm_name: def.name.clone(),
+            task_id: def.task_name(task),
             root: self.root.clone(),
             out_dir: self.out.join(&stage.name).join(task.index.to_string()),
-            stdout_log: executor::log_path(&self.logs_dir, &self.def, task, attempt, "out"),
-            stderr_log: executor::log_path(&self.logs_dir, &self.def, task, attempt, "err"),
+            stdout_log: executor::log_path(&self.logs_dir, &def, task, attempt, "out"),
+            stderr_log: executor::log_path(&self.logs_dir, &def, task, attempt, "err"),
             node_has_gpus: self.node_has_gpus,
-        };
-        let live = executor::launch(launch, tx.clone());
-        self.live.insert(task, (attempt, live));
-        Ok(())
+        }))
     }
 
     fn input_hash(&mut self, input: &str) -> [u8; 32] {

@@ -838,6 +838,11 @@ impl Engine {
         self.timers.peek().map(|Reverse((at, ..))| *at)
     }
 
+    /// True while actions are waiting to be polled.
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
