@@ -485,7 +485,8 @@ impl Driver {
         let stage = def.stage(task);
         let spec = def.expand(task);
         let hashes: Vec<[u8; 32]> = spec.inputs.iter().map(|i| self.input_hash(i)).collect();
-        let key = content_key(&spec, &stage.resources, &hashes);
+        let task_id = def.task_name(task);
+        let key = content_key(&def.name, &task_id, &spec, &stage.resources, &hashes);
         if self.store.key_done(&key)?.is_some() {
             engine.task_finished(
                 0,
@@ -510,7 +511,7 @@ impl Driver {
             grant,
             key,
             farm_name: def.name.clone(),
-            task_id: def.task_name(task),
+            task_id,
             root: self.root.clone(),
             out_dir: self.out.join(&stage.name).join(task.index.to_string()),
             stdout_log: executor::log_path(&self.logs_dir, &def, task, attempt, "out"),

@@ -503,10 +503,19 @@ impl FarmDef {
     }
 }
 
-/// A task's content key: blake3 over its expanded command, environment,
-/// resources and the contents of its inputs (given as their blake3 hashes,
-/// in the order of `spec.inputs`). Equal keys mean the same work.
-pub fn content_key(spec: &TaskSpec, resources: &Resources, input_hashes: &[[u8; 32]]) -> [u8; 32] {
+/// A task's content key: blake3 over everything the task can observe: its
+/// identity (farm, `<stage>/<index>`, which it sees as MESH_FARM and
+/// MESH_TASK_ID), expanded command, environment, workdir, resources and the
+/// contents of its inputs (given as their blake3 hashes, in the order of
+/// `spec.inputs`). Equal keys mean the same work with the same results in the
+/// same place; two tasks of a sweep never share one, even with equal commands.
+pub fn content_key(
+    farm: &str,
+    task_id: &str,
+    spec: &TaskSpec,
+    resources: &Resources,
+    input_hashes: &[[u8; 32]],
+) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     let mut field = |tag: &[u8], bytes: &[u8]| {
         // Length-prefixed so that no two different tasks hash the same bytes.
@@ -514,6 +523,11 @@ pub fn content_key(spec: &TaskSpec, resources: &Resources, input_hashes: &[[u8; 
         h.update(&(bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     };
+    field(b"farm", farm.as_bytes());
+    field(b"task", task_id.as_bytes());
+    if let Some(w) = &spec.workdir {
+        field(b"wd", w.as_bytes());
+    }
     match &spec.command {
         Command::Argv(args) => {
             for a in args {
@@ -714,9 +728,11 @@ mod tests {
                 env: vec![], workdir: None, inputs: vec![], outputs: vec![],
             };
             let r = Resources::new();
-            let ka = content_key(&spec(&a), &r, &[]);
-            let kb = content_key(&spec(&b), &r, &[]);
+            let ka = content_key("f", "s/0", &spec(&a), &r, &[]);
+            let kb = content_key("f", "s/0", &spec(&b), &r, &[]);
             prop_assert_eq!(ka == kb, a == b);
+            // The same command as another task of the sweep is still other work.
+            prop_assert_ne!(ka, content_key("f", "s/1", &spec(&a), &r, &[]));
         }
     }
 }
