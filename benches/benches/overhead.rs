@@ -1,1 +1,81 @@
-fn main(){}
+//! Per-task overhead: N tasks of `true` through `mesh run` against `xargs -P ncpu`
+//! and against a minimal Rust spawn loop (the floor), measured in one run.
+//!
+//! `cargo bench -p mesh-cli --bench overhead`; knobs: MESH_BENCH_TASKS (10000), MESH_BENCH_REPEAT (3).
+
+use std::process::Command;
+
+use mesh_benches::{knob, median, ncpu, report, save, spawn_loop, time, write_range_farm};
+
+fn main() {
+    // cargo passes --bench (and filters); this harness takes none of them.
+    let n = knob("MESH_BENCH_TASKS", 10_000);
+    let repeat = knob("MESH_BENCH_REPEAT", 3) as usize;
+    let p = ncpu();
+    let mesh = env!("CARGO_BIN_EXE_mesh");
+    println!("overhead: {n} tasks of `true`, {p} at a time, median of {repeat}");
+
+    let (mut xargs, mut mesh_t, mut floor, mut cpu_ms) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..repeat {
+        xargs.push(time(
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!("seq {n} | xargs -P {p} -n1 true")),
+        ));
+        floor.push(spawn_loop(n as usize, p));
+        let dir = tempfile::tempdir().expect("temp dir");
+        let farm = write_range_farm(dir.path(), n, "[\"true\"]");
+        let start = std::time::Instant::now();
+        let out = Command::new(mesh)
+            .args([
+                "run",
+                farm.to_str().unwrap(),
+                "--json",
+                "--quiet",
+                "--resources",
+                &format!("cpu={p}"),
+            ])
+            .env("MESH_STATE_DIR", dir.path().join("state"))
+            .current_dir(dir.path())
+            .output()
+            .expect("run mesh");
+        mesh_t.push(start.elapsed());
+        assert!(
+            out.status.success(),
+            "mesh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("mesh --json output");
+        assert_eq!(v["counts"]["done"], n, "every task ran");
+        cpu_ms.push(v["mesh_cpu_ms"].as_f64().unwrap_or(0.0));
+    }
+    let (x, m, f) = (median(xargs), median(mesh_t), median(floor));
+    cpu_ms.sort_by(f64::total_cmp);
+    let cpu = cpu_ms[cpu_ms.len() / 2];
+    let ratio = m.as_secs_f64() / x.as_secs_f64();
+    let results = vec![
+        report("xargs wall", x.as_secs_f64(), "s", None),
+        report("spawn-loop floor wall", f.as_secs_f64(), "s", None),
+        report("mesh run wall", m.as_secs_f64(), "s", None),
+        report(
+            "mesh / xargs wall ratio",
+            ratio,
+            "",
+            Some(("<=", 0.80, ratio <= 0.80)),
+        ),
+        report(
+            "floor / xargs wall ratio",
+            f.as_secs_f64() / x.as_secs_f64(),
+            "",
+            None,
+        ),
+        report(
+            "mesh / floor wall ratio",
+            m.as_secs_f64() / f.as_secs_f64(),
+            "",
+            None,
+        ),
+        report("mesh own cpu per task", cpu / n as f64, "ms", None),
+    ];
+    save("overhead", &results);
+}

@@ -1,1 +1,123 @@
-//! placeholder
+//! Support for mesh's benchmarks: timing commands, a minimal spawn loop as the floor, peak memory, reports.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// An environment knob with a default.
+pub fn knob(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+pub fn ncpu() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Runs a command to the end and returns its wall time; panics if it fails.
+pub fn time(cmd: &mut Command) -> Duration {
+    let start = Instant::now();
+    let out = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("start benchmark command");
+    let took = start.elapsed();
+    assert!(
+        out.status.success(),
+        "benchmark command failed: {:?}\n{}",
+        cmd,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
+}
+
+/// The floor: spawn `n` `true` processes, `parallel` at a time, each in its own
+/// process group through std (posix_spawn), reaping with a blocking wait.
+pub fn spawn_loop(n: usize, parallel: usize) -> Duration {
+    let start = Instant::now();
+    let mut live = 0;
+    let mut started = 0;
+    while started < n || live > 0 {
+        while live < parallel && started < n {
+            let child = Command::new("true")
+                .process_group(0)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn true");
+            // Reaped below by waiting for any child; dropping a Child does not kill or wait.
+            drop(child);
+            live += 1;
+            started += 1;
+        }
+        nix::sys::wait::wait().expect("wait for a child");
+        live -= 1;
+    }
+    start.elapsed()
+}
+
+use std::os::unix::process::CommandExt;
+
+/// Median of a few samples.
+pub fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Peak resident memory (VmHWM) of a live process, in bytes.
+pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Writes a farm of `n` tasks running `command` (TOML array text) into `dir`.
+pub fn write_range_farm(dir: &Path, n: u64, command: &str) -> std::path::PathBuf {
+    let p = dir.join("farm.toml");
+    std::fs::write(
+        &p,
+        format!("[farm]\nname = \"bench\"\n\n[[stage]]\nname = \"t\"\ncommand = {command}\nsweep.i = {{ range = \"1..{n}\" }}\n"),
+    )
+    .expect("write farm");
+    p
+}
+
+/// Prints one result line and returns it as JSON for the summary.
+pub fn report(
+    name: &str,
+    value: f64,
+    unit: &str,
+    target: Option<(&str, f64, bool)>,
+) -> serde_json::Value {
+    let verdict = match target {
+        Some((op, t, met)) => format!(
+            "  (target {op} {t}: {})",
+            if met { "met" } else { "MISSED" }
+        ),
+        None => String::new(),
+    };
+    println!("{name:<44} {value:>12.3} {unit}{verdict}");
+    serde_json::json!({"name": name, "value": value, "unit": unit, "target": target.map(|(op, t, met)| serde_json::json!({"op": op, "value": t, "met": met}))})
+}
+
+/// Saves results under target/bench-results/<bench>.json.
+pub fn save(bench: &str, results: &[serde_json::Value]) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-results");
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join(format!("{bench}.json"));
+    if std::fs::write(
+        &path,
+        serde_json::to_vec_pretty(results).unwrap_or_default(),
+    )
+    .is_ok()
+    {
+        println!("results saved to {}", path.display());
+    }
+}

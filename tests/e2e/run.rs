@@ -325,6 +325,11 @@ fn every_example_farm_runs() {
         let r = s.mesh(&["run", "farm.toml", "--resources", "token=2", "--json"]);
         r.expect_code(0);
         let v = r.json();
-        assert_eq!(v["counts"]["done"], v["counts"]["total"], "{}: {v}", dir.display());
+        assert_eq!(
+            v["counts"]["done"],
+            v["counts"]["total"],
+            "{}: {v}",
+            dir.display()
+        );
     }
 }
