@@ -14,7 +14,7 @@ use mesh_benches::{knob, peak_rss_bytes, report, save, write_range_farm};
 fn probe(mesh: &str, dir: &Path, n: u64, run_for: Duration) -> (Duration, u64) {
     let farm = write_range_farm(dir, n, "[\"sh\", \"-c\", \"[ -e first ] || : > first\"]");
     let start = Instant::now();
-    let mut child = Command::new(mesh)
+    let mut child = mesh_benches::user_env(&mut Command::new(mesh))
         .args(["run", farm.to_str().unwrap(), "--quiet"])
         .env("MESH_STATE_DIR", dir.join("state"))
         .current_dir(dir)

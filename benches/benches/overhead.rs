@@ -1,11 +1,16 @@
 //! Per-task overhead: N tasks of `true` through `mesh run` against `xargs -P ncpu`
 //! and against a minimal Rust spawn loop (the floor), measured in one run.
 //!
+//! All three run their tasks in the same environment: the user's, without
+//! what cargo adds (see `user_env`).
+//!
 //! `cargo bench -p mesh-cli --bench overhead`; knobs: MESH_BENCH_TASKS (10000), MESH_BENCH_REPEAT (3).
 
 use std::process::Command;
 
-use mesh_benches::{knob, median, ncpu, report, save, spawn_loop, time, write_range_farm};
+use mesh_benches::{
+    knob, median, ncpu, report, save, spawn_loop, time, user_env, write_range_farm,
+};
 
 fn main() {
     // cargo passes --bench (and filters); this harness takes none of them.
@@ -26,7 +31,7 @@ fn main() {
         let dir = tempfile::tempdir().expect("temp dir");
         let farm = write_range_farm(dir.path(), n, "[\"true\"]");
         let start = std::time::Instant::now();
-        let out = Command::new(mesh)
+        let out = user_env(&mut Command::new(mesh))
             .args([
                 "run",
                 farm.to_str().unwrap(),
@@ -40,6 +45,12 @@ fn main() {
             .output()
             .expect("run mesh");
         mesh_t.push(start.elapsed());
+        println!(
+            "  sample: xargs {:.3}s floor {:.3}s mesh {:.3}s",
+            xargs.last().unwrap().as_secs_f64(),
+            floor.last().unwrap().as_secs_f64(),
+            mesh_t.last().unwrap().as_secs_f64()
+        );
         assert!(
             out.status.success(),
             "mesh failed: {}",

@@ -16,7 +16,7 @@ use mesh_protocol::engine::{
     Action, AddOptions, Counts, Engine, Event, FarmSlot, KillReason, Outcome, Persist, RecordState,
     TaskEnd, TaskResult, Verdict,
 };
-use mesh_protocol::farm::{content_key, FarmDef};
+use mesh_protocol::farm::{content_key, Command, FarmDef, TaskSpec};
 use mesh_protocol::resources::GPU;
 use mesh_protocol::{Resources, TaskRef};
 use mesh_store::{
@@ -244,6 +244,7 @@ async fn drive(
         out: PathBuf::from(&def.out),
         node_has_gpus: !opts.resources.get(GPU).is_zero(),
         input_hashes: HashMap::new(),
+        programs: HashMap::new(),
         live: HashMap::new(),
         failed: Vec::new(),
         status: FarmStatus {
@@ -312,6 +313,8 @@ async fn drive(
                 obs.progress(&d.status);
                 if last_snapshot.elapsed() >= Duration::from_millis(SNAPSHOT_EVERY_MS) {
                     last_snapshot = Instant::now();
+                    // Once a second, what the snapshot reports also survives a machine crash.
+                    d.store.sync()?;
                     let _ = opts.state.write_status(&d.status);
                 }
             }
@@ -342,7 +345,7 @@ async fn drive(
             reason: reason.into(),
         },
     })])?;
-    d.store.flush()?;
+    d.store.sync()?;
     opts.state
         .write_status(&d.status)
         .map_err(io_err("cannot write the status snapshot"))?;
@@ -373,6 +376,8 @@ struct Driver {
     node_has_gpus: bool,
     /// blake3 of each input file, read once per run.
     input_hashes: HashMap<String, [u8; 32]>,
+    /// Bare program names and where PATH finds them (None: not found; exec reports it).
+    programs: HashMap<String, Option<String>>,
     live: HashMap<TaskRef, (u32, Live)>,
     failed: Vec<FailedTask>,
     status: FarmStatus,
@@ -483,7 +488,7 @@ impl Driver {
     ) -> Result<Option<Launch>, RunError> {
         let def = self.def.clone();
         let stage = def.stage(task);
-        let spec = def.expand(task);
+        let mut spec = def.expand(task);
         let hashes: Vec<[u8; 32]> = spec.inputs.iter().map(|i| self.input_hash(i)).collect();
         let task_id = def.task_name(task);
         let key = content_key(&def.name, &task_id, &spec, &stage.resources, &hashes);
@@ -502,6 +507,7 @@ impl Driver {
             );
             return Ok(None);
         }
+        self.resolve_program(&mut spec);
         Ok(Some(Launch {
             slot: self.slot.0,
             task,
@@ -518,6 +524,28 @@ impl Driver {
             stderr_log: executor::log_path(&self.logs_dir, &def, task, attempt, "err"),
             node_has_gpus: self.node_has_gpus,
         }))
+    }
+
+    /// Looks a bare program name up in PATH once per run rather than letting
+    /// every exec walk PATH (a failed exec per PATH entry, per task).
+    fn resolve_program(&mut self, spec: &mut TaskSpec) {
+        let Command::Argv(argv) = &mut spec.command else {
+            return;
+        };
+        if argv[0].contains('/') || spec.env.iter().any(|(k, _)| k == "PATH") {
+            return;
+        }
+        let found = self
+            .programs
+            .entry(argv[0].clone())
+            .or_insert_with_key(|name| {
+                which::which(name)
+                    .ok()
+                    .map(|p| p.to_string_lossy().into_owned())
+            });
+        if let Some(path) = found {
+            argv[0] = path.clone();
+        }
     }
 
     fn input_hash(&mut self, input: &str) -> [u8; 32] {

@@ -3,11 +3,13 @@
 //! # Contract
 //!
 //! [`Store::write`] applies a batch so later reads see it, but nothing is
-//! durable until [`Store::flush`] returns. After a crash the store holds
-//! every batch written before the last successful flush, and possibly some
-//! later ones, always whole batches in order. Drivers write the engine's
-//! `Persist` actions as one batch per step and flush once before acting on
-//! them: that is the project's group commit.
+//! durable until [`Store::flush`] returns: from then on it survives the
+//! process dying (kill -9). [`Store::sync`] also makes it survive the
+//! machine crashing. After a crash the store holds every record flushed
+//! (or synced) before it, and possibly some later ones, in order, with no
+//! torn record. Drivers write the engine's `Persist` actions as one batch
+//! per step and flush once before acting on them (the project's group
+//! commit), and sync on a timer and at the end of a run.
 //!
 //! Two implementations: [`SledStore`] on disk (sled 0.34) and [`MemStore`]
 //! for tests and the simulator, which can [`MemStore::crash`] to lose its
@@ -85,6 +87,12 @@ pub enum Write {
 pub enum StoreError {
     #[error("the state at {path} is in use by another mesh process")]
     Locked { path: String },
+    #[error("cannot write the store's log {path}: {source}")]
+    Log {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("database error: {0}")]
     Db(#[from] sled::Error),
     #[error("corrupt record in {what}: {source}")]
@@ -101,8 +109,12 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 pub trait Store {
     /// Applies a batch atomically; durable only after [`Store::flush`].
     fn write(&mut self, batch: Vec<Write>) -> Result<()>;
-    /// Makes everything written so far durable.
+    /// Makes everything written so far survive the process dying.
     fn flush(&mut self) -> Result<()>;
+    /// Makes everything written so far survive the machine crashing.
+    fn sync(&mut self) -> Result<()> {
+        self.flush()
+    }
 
     fn def(&self, farm: FarmKey) -> Result<Option<FarmDef>>;
     fn meta(&self, farm: FarmKey, name: &str) -> Result<Option<Vec<u8>>>;

@@ -153,3 +153,51 @@ fn mem_store_crash_loses_only_the_unflushed_tail() {
     s.crash();
     assert_eq!(s.tasks(f).unwrap().len(), 1);
 }
+
+#[test]
+fn sled_store_replays_its_log_once_and_stops_at_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let f = FarmKey(3);
+    let log;
+    {
+        let mut s = SledStore::open(&path).unwrap();
+        for i in 0..3 {
+            s.write(vec![
+                Write::Task {
+                    farm: f,
+                    task: TaskRef::new(0, i),
+                    record: rec(RecordState::Done, 1),
+                },
+                Write::Journal(JournalEntry {
+                    at_ms: i as u64,
+                    farm: f,
+                    event: JournalEvent::RunStarted {
+                        run: 1,
+                        resumed: false,
+                    },
+                }),
+            ])
+            .unwrap();
+            s.flush().unwrap();
+        }
+        // What a process killed now would leave behind.
+        log = std::fs::read(path.join("mesh.wal")).unwrap();
+        assert!(!log.is_empty(), "flushed records are in the log");
+    }
+    assert!(
+        std::fs::read(path.join("mesh.wal")).unwrap().is_empty(),
+        "a clean close checkpoints and empties the log"
+    );
+    // Put the log back, as if the close never happened, with half a record after it.
+    let mut torn = log.clone();
+    torn.extend_from_slice(&log[..log.len() / 5]);
+    std::fs::write(path.join("mesh.wal"), &torn).unwrap();
+    let s = SledStore::open(&path).unwrap();
+    assert_eq!(s.tasks(f).unwrap().len(), 3);
+    assert_eq!(
+        s.journal(f, 100).unwrap().len(),
+        3,
+        "replaying a log sled already has duplicates nothing"
+    );
+}
