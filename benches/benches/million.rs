@@ -1,8 +1,12 @@
 //! A million-task range sweep: time from start to the first task running, and
 //! peak memory per task, each against a one-task farm measured in the same run.
 //!
+//! The peak covers start-up and the first tasks (the expansion, the stores,
+//! the per-task state) and the growth while tasks complete; the store's cache
+//! is capped (32 MiB), so memory stops growing with completed tasks.
+//!
 //! `cargo bench -p mesh-cli --bench million`; knobs: MESH_BENCH_TASKS (1000000),
-//! MESH_BENCH_RUN_SECS (10, how long the big farm runs before it is stopped).
+//! MESH_BENCH_RUN_SECS (30, how long the big farm runs before it is stopped).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -10,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use mesh_benches::{knob, peak_rss_bytes, report, save, write_range_farm};
 
-/// Starts a farm whose tasks mark `first` once; returns (time to first task, peak RSS).
-fn probe(mesh: &str, dir: &Path, n: u64, run_for: Duration) -> (Duration, u64) {
+/// Starts a farm whose tasks mark `first` once, lets it run for `run_for`;
+/// returns (time to first task, peak RSS, tasks done by then).
+fn probe(mesh: &str, dir: &Path, n: u64, run_for: Duration) -> (Duration, u64, u64) {
     let farm = write_range_farm(dir, n, "[\"sh\", \"-c\", \"[ -e first ] || : > first\"]");
     let start = Instant::now();
     let mut child = mesh_benches::user_env(&mut Command::new(mesh))
@@ -40,23 +45,34 @@ fn probe(mesh: &str, dir: &Path, n: u64, run_for: Duration) -> (Duration, u64) {
         std::thread::sleep(Duration::from_millis(50));
     }
     peak = peak.max(peak_rss_bytes(child.id()).unwrap_or(0));
+    // The status snapshot is at most a second old; good enough for a rate.
+    let status = mesh_benches::user_env(&mut Command::new(mesh))
+        .args(["status", "--json"])
+        .env("MESH_STATE_DIR", dir.join("state"))
+        .output()
+        .expect("mesh status");
+    let done = serde_json::from_slice::<serde_json::Value>(&status.stdout)
+        .ok()
+        .and_then(|v| v["counts"]["done"].as_u64())
+        .unwrap_or(0);
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGINT,
     );
     let _ = child.wait();
-    (to_first, peak)
+    (to_first, peak, done)
 }
 
 fn main() {
     let n = knob("MESH_BENCH_TASKS", 1_000_000);
-    let run_secs = knob("MESH_BENCH_RUN_SECS", 10);
+    let run_secs = knob("MESH_BENCH_RUN_SECS", 30);
     let mesh = env!("CARGO_BIN_EXE_mesh");
     println!("million: a {n}-task range sweep, run for {run_secs}s, against a 1-task farm");
     let small_dir = tempfile::tempdir().expect("temp dir");
-    let (small_first, small_peak) = probe(mesh, small_dir.path(), 1, Duration::from_secs(1));
+    let (small_first, small_peak, _) = probe(mesh, small_dir.path(), 1, Duration::from_secs(1));
     let big_dir = tempfile::tempdir().expect("temp dir");
-    let (big_first, big_peak) = probe(mesh, big_dir.path(), n, Duration::from_secs(run_secs));
+    let (big_first, big_peak, big_done) =
+        probe(mesh, big_dir.path(), n, Duration::from_secs(run_secs));
     let per_task = big_peak as f64 / n as f64;
     let marginal = big_peak.saturating_sub(small_peak) as f64 / n as f64;
     let results = vec![
@@ -100,6 +116,12 @@ fn main() {
             "marginal RSS per task (over 1-task farm)",
             marginal,
             "bytes",
+            None,
+        ),
+        report(
+            &format!("tasks completed in the {run_secs}s window"),
+            big_done as f64,
+            "tasks",
             None,
         ),
     ];

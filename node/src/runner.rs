@@ -19,9 +19,7 @@ use mesh_protocol::engine::{
 use mesh_protocol::farm::{content_key, Command, FarmDef, TaskSpec};
 use mesh_protocol::resources::GPU;
 use mesh_protocol::{Resources, TaskRef};
-use mesh_store::{
-    FarmKey, JournalEntry, JournalEvent, KeyRecord, SledStore, Store, StoreError, Write,
-};
+use mesh_store::{FarmKey, JournalEntry, JournalEvent, SledStore, Store, StoreError, Write};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -163,10 +161,7 @@ async fn drive(
             (id, key, def, file, store, true)
         }
     };
-    let prev_run = store
-        .meta(key, META_RUN)?
-        .and_then(|b| b.try_into().ok().map(u32::from_be_bytes))
-        .unwrap_or(0);
+    let prev_run = stored_run(&store, key)?;
     let run = if resumed {
         prev_run.max(1)
     } else {
@@ -188,7 +183,6 @@ async fn drive(
             farm: key,
             def: Box::new(def.clone()),
         });
-        batch.push(Write::ClearTasks { farm: key });
         batch.push(Write::Meta {
             farm: key,
             name: META_RUN.into(),
@@ -230,6 +224,7 @@ async fn drive(
         def.clone(),
         restored,
         &AddOptions {
+            run,
             retry_failed: opts.retry_failed,
         },
     );
@@ -449,19 +444,9 @@ impl Driver {
 
     fn persist(&mut self, p: Persist, batch: &mut Vec<Write>) {
         let Persist::Task { task, record, .. } = p;
-        if record.state == RecordState::Done && record.end != Some(TaskEnd::Cached) {
-            if let Some(k) = record.key {
-                batch.push(Write::KeyDone {
-                    key: k,
-                    record: KeyRecord {
-                        farm: self.key,
-                        task,
-                        at_ms: unix_ms(),
-                    },
-                });
-            }
-        }
-        if record.end.is_some() {
+        // The journal keeps what someone may ask about later: attempts that
+        // did not succeed. Successes are in the task records already.
+        if record.end.is_some() && record.state != RecordState::Done {
             batch.push(Write::Journal(JournalEntry {
                 at_ms: unix_ms(),
                 farm: self.key,
@@ -492,7 +477,12 @@ impl Driver {
         let hashes: Vec<[u8; 32]> = spec.inputs.iter().map(|i| self.input_hash(i)).collect();
         let task_id = def.task_name(task);
         let key = content_key(&def.name, &task_id, &spec, &stage.resources, &hashes);
-        if self.store.key_done(&key)?.is_some() {
+        // The task's last record, of this run or an earlier one, is the key cache.
+        let done_before = self
+            .store
+            .task(self.key, task)?
+            .is_some_and(|r| r.state == RecordState::Done && r.key == Some(key));
+        if done_before {
             engine.task_finished(
                 0,
                 self.slot,
@@ -684,6 +674,14 @@ pub fn describe_end(end: &TaskEnd) -> String {
     }
 }
 
+/// The latest run number of a farm (0 before its first).
+fn stored_run(store: &SledStore, key: FarmKey) -> Result<u32, RunError> {
+    Ok(store
+        .meta(key, META_RUN)?
+        .and_then(|b| b.try_into().ok().map(u32::from_be_bytes))
+        .unwrap_or(0))
+}
+
 /// A farm that is not running, read from its store: exact counts, as resume
 /// would see them. Fails with `AlreadyRunning` while a process holds it.
 pub fn inspect(state: &StateDir, id: &str) -> Result<(FarmDef, Vec<StageStatus>), RunError> {
@@ -696,11 +694,20 @@ pub fn inspect(state: &StateDir, id: &str) -> Result<(FarmDef, Vec<StageStatus>)
         .meta(key, META_RESOURCES)?
         .and_then(|b| mesh_protocol::resources::parse_resources(&String::from_utf8_lossy(&b)).ok())
         .unwrap_or_default();
+    let run = stored_run(&store, key)?;
     let mut engine = Engine::new(resources);
     // Interrupted first, so restoring starts nothing.
     engine.interrupt();
     let def = Arc::new(def);
-    let slot = engine.add_farm(0, def.clone(), store.tasks(key)?, &AddOptions::default());
+    let slot = engine.add_farm(
+        0,
+        def.clone(),
+        store.tasks(key)?,
+        &AddOptions {
+            run,
+            retry_failed: false,
+        },
+    );
     let stages = def
         .stages
         .iter()

@@ -40,6 +40,9 @@ pub struct FarmSlot(pub u32);
 /// What a task's durable record says; the engine's restart point.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskRecord {
+    /// The run of the farm that wrote it: a new run keeps the last run's
+    /// records (their content keys let it skip work) but does not restore them.
+    pub run: u32,
     pub state: RecordState,
     /// Starts so far, the one recorded included (1 for the first run).
     pub attempt: u32,
@@ -210,6 +213,8 @@ impl Counts {
 /// Options for adding a farm.
 #[derive(Clone, Debug, Default)]
 pub struct AddOptions {
+    /// The run this engine drives; restored records of other runs are history.
+    pub run: u32,
     /// Re-queue tasks whose record says they failed (with fresh retries).
     pub retry_failed: bool,
 }
@@ -242,6 +247,7 @@ struct StageState {
 
 struct FarmState {
     def: Arc<FarmDef>,
+    run: u32,
     stages: Vec<StageState>,
     /// Stages in the order they are offered slots: deepest first, so results flow.
     order: Vec<u32>,
@@ -345,6 +351,7 @@ impl Engine {
         let order = priority_order(&def);
         self.farms.push(FarmState {
             def: def.clone(),
+            run: opts.run,
             stages,
             order,
             dependents,
@@ -356,6 +363,9 @@ impl Engine {
         // Restore records first, then derive readiness from the whole picture.
         let mut failed = Vec::new();
         for (t, rec) in restored {
+            if rec.run != opts.run {
+                continue;
+            }
             let Some(st) = self.farms[slot.0 as usize].stages.get_mut(t.stage as usize) else {
                 continue;
             };
@@ -560,6 +570,7 @@ impl Engine {
         };
         let _ = run.started;
         let record = TaskRecord {
+            run: f.run,
             state,
             attempt,
             failures: st.failures[i] as u32,
@@ -716,6 +727,7 @@ impl Engine {
         st.attempts[i] = st.attempts[i].saturating_add(1);
         let attempt = st.attempts[i];
         let record = TaskRecord {
+            run: f.run,
             state: RecordState::Running,
             attempt,
             failures: st.failures[i] as u32,

@@ -1,4 +1,4 @@
-//! Durable farm state: farm definitions, task records, the content-key cache and an event journal.
+//! Durable farm state: farm definitions, task records (which also serve as the content-key cache) and an event journal.
 //!
 //! # Contract
 //!
@@ -46,14 +46,6 @@ pub enum JournalEvent {
     RunStopped { run: u32, reason: String },
 }
 
-/// Where a content key last succeeded.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KeyRecord {
-    pub farm: FarmKey,
-    pub task: TaskRef,
-    pub at_ms: u64,
-}
-
 /// One change, as part of a batch.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Write {
@@ -67,18 +59,11 @@ pub enum Write {
         name: String,
         value: Vec<u8>,
     },
+    /// A task's latest record; it replaces the one before, whatever run wrote it.
     Task {
         farm: FarmKey,
         task: TaskRef,
         record: TaskRecord,
-    },
-    /// Forgets every task record of a farm (a new run starts from nothing; the key cache stays).
-    ClearTasks {
-        farm: FarmKey,
-    },
-    KeyDone {
-        key: [u8; 32],
-        record: KeyRecord,
     },
     Journal(JournalEntry),
 }
@@ -119,25 +104,10 @@ pub trait Store {
     fn def(&self, farm: FarmKey) -> Result<Option<FarmDef>>;
     fn meta(&self, farm: FarmKey, name: &str) -> Result<Option<Vec<u8>>>;
     fn task(&self, farm: FarmKey, task: TaskRef) -> Result<Option<TaskRecord>>;
-    /// Every task record of a farm, in task order.
+    /// Every task record of a farm (of every run), in task order.
     fn tasks(&self, farm: FarmKey) -> Result<Vec<(TaskRef, TaskRecord)>>;
-    fn key_done(&self, key: &[u8; 32]) -> Result<Option<KeyRecord>>;
     /// The last `limit` journal entries of a farm, oldest first.
     fn journal(&self, farm: FarmKey, limit: usize) -> Result<Vec<JournalEntry>>;
-}
-
-fn task_key(farm: FarmKey, t: TaskRef) -> [u8; 16] {
-    let mut k = [0u8; 16];
-    k[..8].copy_from_slice(&farm.0.to_be_bytes());
-    k[8..12].copy_from_slice(&t.stage.to_be_bytes());
-    k[12..].copy_from_slice(&t.index.to_be_bytes());
-    k
-}
-
-fn task_from_key(k: &[u8]) -> TaskRef {
-    let stage = u32::from_be_bytes(k[8..12].try_into().expect("16-byte task key"));
-    let index = u32::from_be_bytes(k[12..16].try_into().expect("16-byte task key"));
-    TaskRef::new(stage, index)
 }
 
 fn meta_key(farm: FarmKey, name: &str) -> Vec<u8> {

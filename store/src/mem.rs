@@ -6,14 +6,13 @@ use mesh_protocol::engine::TaskRecord;
 use mesh_protocol::farm::FarmDef;
 use mesh_protocol::TaskRef;
 
-use crate::{FarmKey, JournalEntry, KeyRecord, Result, Store, Write};
+use crate::{FarmKey, JournalEntry, Result, Store, Write};
 
 #[derive(Clone, Default)]
 struct State {
     defs: BTreeMap<FarmKey, FarmDef>,
     meta: BTreeMap<(FarmKey, String), Vec<u8>>,
     tasks: BTreeMap<(FarmKey, TaskRef), TaskRecord>,
-    keys: BTreeMap<[u8; 32], KeyRecord>,
     journal: Vec<JournalEntry>,
 }
 
@@ -28,10 +27,6 @@ impl State {
             }
             Write::Task { farm, task, record } => {
                 self.tasks.insert((farm, task), record);
-            }
-            Write::ClearTasks { farm } => self.tasks.retain(|(f, _), _| *f != farm),
-            Write::KeyDone { key, record } => {
-                self.keys.insert(key, record);
             }
             Write::Journal(e) => self.journal.push(e),
         }
@@ -93,10 +88,6 @@ impl Store for MemStore {
             .range((farm, TaskRef::new(0, 0))..=(farm, TaskRef::new(u32::MAX, u32::MAX)))
             .map(|((_, t), r)| (*t, r.clone()))
             .collect())
-    }
-
-    fn key_done(&self, key: &[u8; 32]) -> Result<Option<KeyRecord>> {
-        Ok(self.live.keys.get(key).cloned())
     }
 
     fn journal(&self, farm: FarmKey, limit: usize) -> Result<Vec<JournalEntry>> {

@@ -1,7 +1,7 @@
 //! The on-disk store: an append-only log file in front of sled 0.34 trees.
 //!
-//! Task records, key-cache entries and journal entries are the hot path
-//! (several per task). Written straight into sled they cost ~0.3 ms of CPU
+//! Task records and journal entries are the hot path (up to two task
+//! records per task). Written straight into sled they cost ~0.3 ms of CPU
 //! per task in sled's IO threads, more than spawning the task. So they go to
 //! `wal` instead: each [`Store::flush`] appends the batch's records with one
 //! `write()`, and sled receives them at checkpoints, folded to the last
@@ -13,6 +13,7 @@
 //! the end of a run. Rare writes (definitions, metadata) go to sled directly
 //! and are flushed by sled itself.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write as _};
@@ -23,17 +24,18 @@ use mesh_protocol::farm::FarmDef;
 use mesh_protocol::TaskRef;
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    decode, encode, meta_key, task_from_key, task_key, FarmKey, JournalEntry, KeyRecord, Result,
-    Store, StoreError, Write,
-};
+use crate::{decode, encode, meta_key, FarmKey, JournalEntry, Result, Store, StoreError, Write};
 
 /// sled's page cache; the default (1 GiB) would dwarf a farm's own state.
 const CACHE_BYTES: u64 = 32 << 20;
 /// Records held in the log before they are folded into sled.
-const CHECKPOINT_RECORDS: usize = 64 * 1024;
+const CHECKPOINT_RECORDS: usize = 8 * 1024;
 /// A log record larger than this is corruption, not data.
 const WAL_RECORD_BYTES_MAX: usize = 16 << 20;
+/// Task records per sled key. Task ids are dense, so records are kept in
+/// chunks: a million tasks are 4k sled keys, not a million. sled's memory
+/// grows with its number of keys (about 300 bytes each), chunks keep it flat.
+const CHUNK_TASKS: u32 = 256;
 /// Where the next journal sequence number is kept in the meta tree.
 const SEQ_KEY: &[u8] = b"\0journal-seq";
 
@@ -43,10 +45,6 @@ enum WalRecord {
         farm: FarmKey,
         task: TaskRef,
         record: TaskRecord,
-    },
-    Key {
-        key: [u8; 32],
-        record: KeyRecord,
     },
     Journal {
         seq: u64,
@@ -59,7 +57,6 @@ pub struct SledStore {
     defs: sled::Tree,
     meta: sled::Tree,
     tasks: sled::Tree,
-    keys: sled::Tree,
     journal: sled::Tree,
     wal: File,
     wal_path: PathBuf,
@@ -67,8 +64,9 @@ pub struct SledStore {
     pending: Vec<u8>,
     /// Records in the log and not yet in sled; reads look here first.
     over_tasks: HashMap<(FarmKey, TaskRef), TaskRecord>,
-    over_keys: HashMap<[u8; 32], KeyRecord>,
     over_journal: Vec<(u64, JournalEntry)>,
+    /// The chunk read last: a re-run looks tasks up in order, chunk by chunk.
+    last_chunk: RefCell<Option<([u8; 16], Chunk)>>,
     next_seq: u64,
     sled_dirty: bool,
 }
@@ -110,15 +108,14 @@ impl SledStore {
             defs: db.open_tree("defs")?,
             meta,
             tasks: db.open_tree("tasks")?,
-            keys: db.open_tree("keys")?,
             journal: db.open_tree("journal")?,
             db,
             wal,
             wal_path,
             pending: Vec::new(),
             over_tasks: HashMap::new(),
-            over_keys: HashMap::new(),
             over_journal: Vec::new(),
+            last_chunk: RefCell::new(None),
             next_seq,
             sled_dirty: false,
         };
@@ -160,9 +157,6 @@ impl SledStore {
             WalRecord::Task { farm, task, record } => {
                 self.over_tasks.insert((farm, task), record);
             }
-            WalRecord::Key { key, record } => {
-                self.over_keys.insert(key, record);
-            }
             WalRecord::Journal { seq, entry } => {
                 self.next_seq = self.next_seq.max(seq + 1);
                 self.over_journal.push((seq, entry));
@@ -183,22 +177,37 @@ impl SledStore {
     /// Folds the log into sled, makes sled durable, and empties the log.
     pub fn checkpoint(&mut self) -> Result<()> {
         self.flush_pending()?;
-        if self.over_tasks.is_empty() && self.over_keys.is_empty() && self.over_journal.is_empty() {
+        if self.over_tasks.is_empty() && self.over_journal.is_empty() {
             return Ok(());
         }
-        let mut tasks = sled::Batch::default();
+        let mut chunks: HashMap<[u8; 16], Chunk> = HashMap::new();
         for ((farm, task), record) in self.over_tasks.drain() {
-            tasks.insert(&task_key(farm, task), encode(&record));
+            let (c, slot) = chunk_of(task);
+            let key = chunk_key(farm, task.stage, c);
+            let chunk = match chunks.entry(key) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let old = match self.tasks.get(key)? {
+                        Some(v) => decode::<Chunk>("task records", &v)?,
+                        None => Vec::new(),
+                    };
+                    e.insert(old)
+                }
+            };
+            if chunk.len() <= slot {
+                chunk.resize(slot + 1, None);
+            }
+            chunk[slot] = Some(record);
         }
-        let mut keys = sled::Batch::default();
-        for (key, record) in self.over_keys.drain() {
-            keys.insert(&key, encode(&record));
+        let mut tasks = sled::Batch::default();
+        for (key, chunk) in &chunks {
+            tasks.insert(key, encode(chunk));
         }
+        *self.last_chunk.borrow_mut() = None;
         let mut journal = sled::Batch::default();
         for (seq, entry) in self.over_journal.drain(..) {
             journal.insert(journal_key(entry.farm, seq), encode(&entry));
         }
-        self.keys.apply_batch(keys)?;
         self.journal.apply_batch(journal)?;
         self.tasks.apply_batch(tasks)?;
         self.meta.insert(SEQ_KEY, &self.next_seq.to_be_bytes())?;
@@ -222,8 +231,23 @@ impl SledStore {
     }
 
     fn overlay_len(&self) -> usize {
-        self.over_tasks.len() + self.over_keys.len() + self.over_journal.len()
+        self.over_tasks.len() + self.over_journal.len()
     }
+}
+
+/// A chunk of task records: slot `index % CHUNK_TASKS` of the chunk holding `index`.
+type Chunk = Vec<Option<TaskRecord>>;
+
+fn chunk_key(farm: FarmKey, stage: u32, chunk: u32) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&farm.0.to_be_bytes());
+    k[8..12].copy_from_slice(&stage.to_be_bytes());
+    k[12..].copy_from_slice(&chunk.to_be_bytes());
+    k
+}
+
+fn chunk_of(t: TaskRef) -> (u32, usize) {
+    (t.index / CHUNK_TASKS, (t.index % CHUNK_TASKS) as usize)
 }
 
 fn journal_key(farm: FarmKey, seq: u64) -> Vec<u8> {
@@ -246,7 +270,6 @@ impl Store for SledStore {
                 Write::Task { farm, task, record } => {
                     self.append(WalRecord::Task { farm, task, record })
                 }
-                Write::KeyDone { key, record } => self.append(WalRecord::Key { key, record }),
                 Write::Journal(entry) => {
                     let seq = self.next_seq;
                     self.next_seq += 1;
@@ -258,16 +281,6 @@ impl Store for SledStore {
                 }
                 Write::Meta { farm, name, value } => {
                     self.meta.insert(meta_key(farm, &name), value)?;
-                    self.sled_dirty = true;
-                }
-                Write::ClearTasks { farm } => {
-                    // Earlier records of the batch must not outlive the clear: fold, then clear sled.
-                    self.checkpoint()?;
-                    let mut gone = sled::Batch::default();
-                    for k in self.tasks.scan_prefix(farm.0.to_be_bytes()).keys() {
-                        gone.remove(k?);
-                    }
-                    self.tasks.apply_batch(gone)?;
                     self.sled_dirty = true;
                 }
             }
@@ -310,26 +323,36 @@ impl Store for SledStore {
         if let Some(r) = self.over_tasks.get(&(farm, task)) {
             return Ok(Some(r.clone()));
         }
-        self.tasks
-            .get(task_key(farm, task))?
-            .map(|v| decode("task record", &v))
-            .transpose()
+        let (c, slot) = chunk_of(task);
+        let key = chunk_key(farm, task.stage, c);
+        let mut last = self.last_chunk.borrow_mut();
+        if last.as_ref().is_none_or(|(k, _)| *k != key) {
+            let chunk = match self.tasks.get(key)? {
+                Some(v) => decode("task records", &v)?,
+                None => Vec::new(),
+            };
+            *last = Some((key, chunk));
+        }
+        let (_, chunk) = last.as_ref().expect("just filled");
+        Ok(chunk.get(slot).cloned().flatten())
     }
 
     fn tasks(&self, farm: FarmKey) -> Result<Vec<(TaskRef, TaskRecord)>> {
-        let mut out: Vec<(TaskRef, TaskRecord)> = self
-            .tasks
-            .scan_prefix(farm.0.to_be_bytes())
-            .map(|kv| {
-                let (k, v) = kv?;
-                let t = task_from_key(&k);
-                Ok((t, decode("task record", &v)?))
-            })
-            .filter(|r: &Result<(TaskRef, TaskRecord)>| {
-                r.as_ref()
-                    .map_or(true, |(t, _)| !self.over_tasks.contains_key(&(farm, *t)))
-            })
-            .collect::<Result<_>>()?;
+        let mut out = Vec::new();
+        for kv in self.tasks.scan_prefix(farm.0.to_be_bytes()) {
+            let (k, v) = kv?;
+            let stage = u32::from_be_bytes(k[8..12].try_into().expect("16-byte chunk key"));
+            let c = u32::from_be_bytes(k[12..16].try_into().expect("16-byte chunk key"));
+            let chunk: Chunk = decode("task records", &v)?;
+            for (slot, rec) in chunk.into_iter().enumerate() {
+                let t = TaskRef::new(stage, c * CHUNK_TASKS + slot as u32);
+                if let Some(rec) = rec {
+                    if !self.over_tasks.contains_key(&(farm, t)) {
+                        out.push((t, rec));
+                    }
+                }
+            }
+        }
         out.extend(
             self.over_tasks
                 .iter()
@@ -338,16 +361,6 @@ impl Store for SledStore {
         );
         out.sort_by_key(|(t, _)| *t);
         Ok(out)
-    }
-
-    fn key_done(&self, key: &[u8; 32]) -> Result<Option<KeyRecord>> {
-        if let Some(r) = self.over_keys.get(key) {
-            return Ok(Some(r.clone()));
-        }
-        self.keys
-            .get(key)?
-            .map(|v| decode("key record", &v))
-            .transpose()
     }
 
     fn journal(&self, farm: FarmKey, limit: usize) -> Result<Vec<JournalEntry>> {

@@ -225,6 +225,7 @@ fn timeouts_kill_and_count_as_failures() {
         a,
         Action::Persist(Persist::Task {
             record: TaskRecord {
+                run: 0,
                 state: RecordState::Failed,
                 end: Some(TaskEnd::TimedOut { after_ms: 100 }),
                 ..
@@ -282,6 +283,7 @@ fn gpus_get_their_own_devices_and_fractions_pack() {
 #[test]
 fn restore_skips_done_and_reruns_running_with_higher_attempt() {
     let rec = |state, attempt| TaskRecord {
+        run: 0,
         state,
         attempt,
         failures: 0,
@@ -324,6 +326,7 @@ fn a_task_that_keeps_crashing_the_node_is_failed() {
     let restored = vec![(
         TaskRef::new(0, 0),
         TaskRecord {
+            run: 0,
             state: RecordState::Running,
             attempt: 3,
             failures: 0,
@@ -387,6 +390,7 @@ fn interrupt_kills_and_records_interrupted() {
                 a,
                 Action::Persist(Persist::Task {
                     record: TaskRecord {
+                        run: 0,
                         state: RecordState::Interrupted,
                         ..
                     },
