@@ -421,6 +421,7 @@ impl Driver {
         for l in launches {
             let task = l.task;
             let attempt = l.attempt;
+            tracing::debug!(farm = %self.id, task = task.index, stage = task.stage, attempt, "start");
             let live = executor::launch(l, tx.clone());
             self.live.insert(task, (attempt, live));
         }
@@ -582,6 +583,7 @@ impl Driver {
                 if matches!(verdict, Verdict::Failed | Verdict::Retry) {
                     let name = self.def.task_name(task);
                     let reason = describe_end(&end);
+                    tracing::info!(farm = %self.id, task = %name, attempt, %reason, ?verdict, "task failed");
                     obs.task_failed(&name, attempt, &reason, verdict == Verdict::Retry);
                     if verdict == Verdict::Failed && self.failed.len() < SNAPSHOT_FAILED_MAX {
                         self.failed.push(FailedTask {
@@ -646,7 +648,6 @@ impl Driver {
         self.status.failed = self.failed.clone();
         self.status.updated_at_ms = unix_ms();
         self.status.elapsed_ms = clock.elapsed().as_millis() as u64;
-        let _ = &self.id;
     }
 }
 

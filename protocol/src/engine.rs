@@ -261,7 +261,6 @@ struct FarmState {
 struct Running {
     attempt: u32,
     grant: Grant,
-    started: Millis,
     killed: Option<KillReason>,
 }
 
@@ -568,7 +567,6 @@ impl Engine {
                 (RecordState::Failed, Verdict::Failed)
             }
         };
-        let _ = run.started;
         let record = TaskRecord {
             run: f.run,
             state,
@@ -743,7 +741,6 @@ impl Engine {
             Running {
                 attempt,
                 grant: grant.clone(),
-                started: now,
                 killed: None,
             },
         );

@@ -5,6 +5,7 @@
 mod input;
 mod resume;
 mod run;
+mod tidy;
 
 use mesh_tests::Sandbox;
 

@@ -60,7 +60,9 @@ fn fail() -> Outcome {
 }
 
 /// Drains actions; returns the starts and everything else, checking persist-before-act order.
-fn drain(e: &mut Engine) -> (Vec<(FarmSlot, TaskRef, u32, Grant)>, Vec<Action>) {
+type Started = (FarmSlot, TaskRef, u32, Grant);
+
+fn drain(e: &mut Engine) -> (Vec<Started>, Vec<Action>) {
     let mut starts = Vec::new();
     let mut other = Vec::new();
     let mut persisted = std::collections::HashSet::new();

@@ -1,0 +1,104 @@
+//! Tidy checks on the source tree: module docs, and which crate may know what.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn every_module_starts_with_a_doc_line() {
+    let mut files = Vec::new();
+    for krate in [
+        "protocol", "store", "node", "cli", "sim", "tests", "benches",
+    ] {
+        rust_files(&root().join(krate), &mut files);
+    }
+    let missing: Vec<_> = files
+        .iter()
+        .filter(|f| !fs::read_to_string(f).unwrap().starts_with("//!"))
+        .map(|f| f.strip_prefix(root()).unwrap_or(f).display().to_string())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "modules without a `//!` first line: {missing:?}"
+    );
+}
+
+/// The architecture invariants of ARCHITECTURE.md, as dependency rules.
+#[test]
+fn crates_depend_only_on_what_their_layer_may_know() {
+    let deps = |krate: &str| -> String {
+        let text = fs::read_to_string(root().join(krate).join("Cargo.toml")).unwrap();
+        // Only [dependencies]: tests and benches may use anything.
+        let start = text
+            .find("[dependencies]")
+            .map(|i| i + "[dependencies]".len())
+            .unwrap_or(text.len());
+        let rest = &text[start..];
+        rest[..rest.find("\n[").unwrap_or(rest.len())].to_string()
+    };
+    let has = |section: &str, name: &str| {
+        section.lines().any(|l| {
+            l.trim_start().starts_with(&format!("{name}."))
+                || l.trim_start().starts_with(&format!("{name} "))
+        })
+    };
+    for io in ["tokio", "libp2p", "sled", "axum", "mesh-store", "mesh-node"] {
+        assert!(
+            !has(&deps("protocol"), io),
+            "protocol must stay free of I/O, but depends on {io}"
+        );
+    }
+    for krate in ["protocol", "store", "node", "sim"] {
+        for ui in ["clap", "indicatif"] {
+            assert!(
+                !has(&deps(krate), ui),
+                "only cli knows terminals and flags, but {krate} depends on {ui}"
+            );
+        }
+    }
+    for krate in ["protocol", "store", "sim", "cli"] {
+        for net in ["tokio", "libp2p"] {
+            assert!(
+                !has(&deps(krate), net),
+                "only node knows tokio and libp2p, but {krate} depends on {net}"
+            );
+        }
+    }
+}
+
+#[test]
+fn protocol_reads_no_clock_and_no_global_rng() {
+    let mut files = Vec::new();
+    rust_files(&root().join("protocol/src"), &mut files);
+    for f in files {
+        let text = fs::read_to_string(&f).unwrap();
+        for banned in [
+            "Instant::now",
+            "SystemTime::now",
+            "thread_rng",
+            "rand::random",
+            "std::fs::",
+            "std::net::",
+        ] {
+            assert!(
+                !text.contains(banned),
+                "{} uses {banned}: protocol takes time and randomness as inputs",
+                f.display()
+            );
+        }
+    }
+}
