@@ -348,23 +348,13 @@ fn quoted_list(items: &[&str]) -> String {
 
 const TOP_FIELDS: &[&str] = &["farm", "defaults", "stage"];
 const FARM_FIELDS: &[&str] = &["name"];
-const STAGE_FIELDS: &[&str] = &[
-    "name",
-    "command",
-    "shell",
-    "sweep",
-    "sweep_mode",
-    "workdir",
-    "inputs",
-    "outputs",
-    "env",
-    "resources",
-    "retries",
-    "timeout",
-    "success_codes",
-    "after",
-    "after_each",
-];
+/// Every stage field: its identity, everything `[defaults]` may set, its dependencies.
+static STAGE_FIELDS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+    let mut f = vec!["name"];
+    f.extend_from_slice(DEFAULT_FIELDS);
+    f.extend_from_slice(&["after", "after_each"]);
+    f
+});
 /// Stage fields that make sense for every stage: identity and dependencies do not.
 const DEFAULT_FIELDS: &[&str] = &[
     "command",
@@ -585,7 +575,7 @@ impl<'a> Src<'a> {
         for (number, (table, header)) in tables.iter().enumerate() {
             let label = stage_label(table, number + 1);
             let scope = self.scope(Ctx::Stage(label.clone()), false);
-            let fields = scope.fields(table, STAGE_FIELDS)?;
+            let fields = scope.fields(table, STAGE_FIELDS.as_slice())?;
             let name = match &fields.name {
                 Some(n) => n.clone(),
                 None => {

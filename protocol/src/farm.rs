@@ -65,6 +65,28 @@ pub struct StageDef {
 }
 
 impl StageDef {
+    /// A stage with the defaults a farm file gives: one cpu, no retries,
+    /// no timeout, success on exit 0, no folders, no dependencies.
+    pub fn new(name: &str, command: CommandTemplate, sweep: Sweep) -> StageDef {
+        let mut resources = Resources::new();
+        resources.set(crate::resources::CPU, crate::resources::Amount::units(1));
+        StageDef {
+            name: name.to_string(),
+            command,
+            sweep,
+            workdir: None,
+            inputs: vec![],
+            outputs: vec![],
+            env: vec![],
+            resources,
+            retries: 0,
+            timeout_ms: None,
+            success_codes: vec![0],
+            after: vec![],
+            after_each: vec![],
+        }
+    }
+
     pub fn len(&self) -> u32 {
         self.sweep.len() as u32
     }
@@ -97,6 +119,22 @@ pub struct Sweep {
 }
 
 impl Sweep {
+    /// One variable over the integers `0..count`.
+    pub fn range(var: &str, count: u64) -> Sweep {
+        Sweep {
+            vars: vec![SweepVar {
+                name: var.to_string(),
+                values: Values::Range {
+                    start: 0,
+                    step: 1,
+                    count,
+                    decimals: 0,
+                },
+            }],
+            mode: SweepMode::Product,
+        }
+    }
+
     /// A stage without a sweep is one task.
     pub fn single() -> Sweep {
         Sweep {

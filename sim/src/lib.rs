@@ -101,9 +101,7 @@ pub fn run_one_node(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mesh_protocol::farm::{
-        CommandTemplate, StageDef, Sweep, SweepMode, SweepVar, Template, Values,
-    };
+    use mesh_protocol::farm::{CommandTemplate, StageDef, Sweep, Template};
     use mesh_protocol::resources::parse_resources;
 
     fn farm(n: u64, retries: u32) -> FarmDef {
@@ -112,30 +110,12 @@ mod tests {
             root: "/".into(),
             out: "/out".into(),
             stages: vec![StageDef {
-                name: "a".into(),
-                command: CommandTemplate::Argv(vec![Template::literal("true")]),
-                sweep: Sweep {
-                    vars: vec![SweepVar {
-                        name: "i".into(),
-                        values: Values::Range {
-                            start: 0,
-                            step: 1,
-                            count: n,
-                            decimals: 0,
-                        },
-                    }],
-                    mode: SweepMode::Product,
-                },
-                workdir: None,
-                inputs: vec![],
-                outputs: vec![],
-                env: vec![],
-                resources: parse_resources("cpu=1").unwrap(),
                 retries,
-                timeout_ms: None,
-                success_codes: vec![0],
-                after: vec![],
-                after_each: vec![],
+                ..StageDef::new(
+                    "a",
+                    CommandTemplate::Argv(vec![Template::literal("true")]),
+                    Sweep::range("i", n),
+                )
             }],
         }
     }

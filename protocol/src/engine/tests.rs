@@ -1,37 +1,16 @@
 //! Engine tests: scripted scenarios and random operation sequences with invariants checked.
 
 use super::*;
-use crate::farm::{CommandTemplate, StageDef, Sweep, SweepMode, SweepVar, Template, Values};
+use crate::farm::{CommandTemplate, StageDef, Sweep, Template};
 use crate::resources::parse_resources;
 use proptest::prelude::*;
 
 fn stage(name: &str, n: u64) -> StageDef {
-    StageDef {
-        name: name.into(),
-        command: CommandTemplate::Argv(vec![Template::literal("true")]),
-        sweep: Sweep {
-            vars: vec![SweepVar {
-                name: "i".into(),
-                values: Values::Range {
-                    start: 0,
-                    step: 1,
-                    count: n,
-                    decimals: 0,
-                },
-            }],
-            mode: SweepMode::Product,
-        },
-        workdir: None,
-        inputs: vec![],
-        outputs: vec![],
-        env: vec![],
-        resources: parse_resources("cpu=1").unwrap(),
-        retries: 0,
-        timeout_ms: None,
-        success_codes: vec![0],
-        after: vec![],
-        after_each: vec![],
-    }
+    StageDef::new(
+        name,
+        CommandTemplate::Argv(vec![Template::literal("true")]),
+        Sweep::range("i", n),
+    )
 }
 
 fn farm(stages: Vec<StageDef>) -> Arc<FarmDef> {
