@@ -304,12 +304,13 @@ async fn drive(
                 }
             }
             _ = progress.tick() => {
+                // What progress shows as done must also survive a machine
+                // crash: one fdatasync per refresh, not per task.
+                d.store.sync()?;
                 d.refresh(&engine, clock);
                 obs.progress(&d.status);
                 if last_snapshot.elapsed() >= Duration::from_millis(SNAPSHOT_EVERY_MS) {
                     last_snapshot = Instant::now();
-                    // Once a second, what the snapshot reports also survives a machine crash.
-                    d.store.sync()?;
                     let _ = opts.state.write_status(&d.status);
                 }
             }

@@ -9,8 +9,8 @@
 //!
 //! Durability: after `flush` the records are in the kernel, so they survive
 //! the process being killed (kill -9, OOM). [`SledStore::sync`] makes them
-//! survive a machine crash as well; the runner calls it every second and at
-//! the end of a run. Rare writes (definitions, metadata) go to sled directly
+//! survive a machine crash as well; the runner calls it before every
+//! progress refresh and at the end of a run. Rare writes (definitions, metadata) go to sled directly
 //! and are flushed by sled itself.
 
 use std::cell::RefCell;
