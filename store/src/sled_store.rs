@@ -8,7 +8,7 @@
 //! record per task. Opening the store replays whatever the log holds.
 //!
 //! Durability: after `flush` the records are in the kernel, so they survive
-//! the process being killed (kill -9, OOM). [`SledStore::sync`] makes them
+//! the process being killed (kill -9, OOM). [`Store::sync`] makes them
 //! survive a machine crash as well; the runner calls it before every
 //! progress refresh and at the end of a run. Rare writes (definitions, metadata) go to sled directly
 //! and are flushed by sled itself.
