@@ -18,7 +18,7 @@ use std::time::Instant;
 use mesh_protocol::engine::Grant;
 use mesh_protocol::engine::TaskResult;
 use mesh_protocol::farm::{Command, FarmDef, TaskSpec};
-use mesh_protocol::resources::{GPU, MEM};
+use mesh_protocol::resources::MEM;
 use mesh_protocol::TaskRef;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -214,7 +214,7 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
     if !l.grant.gpus.is_empty() || l.node_has_gpus {
         let ids: Vec<String> = l.grant.gpus.iter().map(|g| g.to_string()).collect();
         cmd.env("CUDA_VISIBLE_DEVICES", ids.join(","));
-        cmd.env(format!("MESH_{}S", GPU.to_ascii_uppercase()), ids.join(","));
+        cmd.env("MESH_GPUS", ids.join(","));
     }
     for (k, v) in &l.spec.env {
         cmd.env(k, v);

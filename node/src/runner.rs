@@ -64,10 +64,6 @@ pub trait Observer {
     fn interrupting(&mut self) {}
 }
 
-/// An observer that ignores everything.
-pub struct Quiet;
-impl Observer for Quiet {}
-
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("farm {id} is already running in another mesh process{holder}")]
@@ -720,22 +716,4 @@ pub fn inspect(state: &StateDir, id: &str) -> Result<(FarmDef, Vec<StageStatus>)
         })
         .collect();
     Ok(((*def).clone(), stages))
-}
-
-/// The latest record of one task of a stopped farm (for `mesh logs`).
-pub fn task_record(
-    state: &StateDir,
-    id: &str,
-    task: TaskRef,
-) -> Result<Option<mesh_protocol::engine::TaskRecord>, RunError> {
-    let store = open_store(state, id)?;
-    Ok(store.task(farm_key(id), task)?)
-}
-
-/// A stopped farm's definition.
-pub fn stored_def(state: &StateDir, id: &str) -> Result<FarmDef, RunError> {
-    let store = open_store(state, id)?;
-    store
-        .def(farm_key(id))?
-        .ok_or_else(|| RunError::NoDefinition(id.to_string()))
 }

@@ -177,10 +177,6 @@ impl Sweep {
         }
         out
     }
-
-    pub fn var_index(&self, name: &str) -> Option<usize> {
-        self.vars.iter().position(|v| v.name == name)
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -485,14 +481,6 @@ impl FarmDef {
     /// The task's user-facing id, `<stage>/<index>`.
     pub fn task_name(&self, t: TaskRef) -> String {
         format!("{}/{}", self.stage(t).name, t.index)
-    }
-
-    /// Reads `<stage>/<index>` back.
-    pub fn parse_task(&self, id: &str) -> Option<TaskRef> {
-        let (stage, index) = id.rsplit_once('/')?;
-        let s = self.stage_index(stage)?;
-        let i: u32 = index.parse().ok()?;
-        (i < self.stages[s as usize].len()).then_some(TaskRef::new(s, i))
     }
 
     pub fn task_count(&self) -> u64 {
