@@ -202,11 +202,8 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             if s.state != RunState::Running {
                 // Not running: the store has the exact picture (a snapshot may lag a crash).
                 match runner::inspect(&state, &s.id) {
-                    Ok((_, stages)) => {
-                        s.counts = Default::default();
-                        for st in &stages {
-                            s.counts.add(&st.counts);
-                        }
+                    Ok((counts, stages)) => {
+                        s.counts = counts;
                         s.stages = stages;
                     }
                     Err(RunError::AlreadyRunning { .. }) => {}

@@ -189,11 +189,6 @@ async fn drive(
             name: META_FILE.into(),
             value: file.to_string_lossy().as_bytes().to_vec(),
         });
-        batch.push(Write::Meta {
-            farm: key,
-            name: "id".into(),
-            value: id.as_bytes().to_vec(),
-        });
     }
     batch.push(Write::Meta {
         farm: key,
@@ -237,7 +232,6 @@ async fn drive(
         input_hashes: HashMap::new(),
         programs: HashMap::new(),
         live: HashMap::new(),
-        failed: Vec::new(),
         status: FarmStatus {
             id: id.clone(),
             name: def.name.clone(),
@@ -295,9 +289,7 @@ async fn drive(
             _ = sleep_until_opt(timer) => engine.handle_timeout(ms_since(clock)),
             _ = sleep_until_opt(grace_end) => {
                 hard_killed = true;
-                for live in d.live.values() {
-                    live.1.signal(Signal::SIGKILL);
-                }
+                d.kill_all_now();
             }
             _ = progress.tick() => {
                 // What progress shows as done must also survive a machine
@@ -371,7 +363,7 @@ struct Driver {
     /// Bare program names and where PATH finds them (None: not found; exec reports it).
     programs: HashMap<String, Option<String>>,
     live: HashMap<TaskRef, (u32, Live)>,
-    failed: Vec<FailedTask>,
+    /// What the observer and the snapshot see; `failed` is kept here as failures happen.
     status: FarmStatus,
 }
 
@@ -582,8 +574,8 @@ impl Driver {
                     let reason = describe_end(&end);
                     tracing::info!(farm = %self.id, task = %name, attempt, %reason, ?verdict, "task failed");
                     obs.task_failed(&name, attempt, &reason, verdict == Verdict::Retry);
-                    if verdict == Verdict::Failed && self.failed.len() < SNAPSHOT_FAILED_MAX {
-                        self.failed.push(FailedTask {
+                    if verdict == Verdict::Failed {
+                        self.note_failed(FailedTask {
                             task: name,
                             attempt,
                             reason,
@@ -604,25 +596,35 @@ impl Driver {
                     .collect::<Vec<_>>()
                     .join(", ");
                 obs.unplaceable(name, &text);
-                if self.failed.len() < SNAPSHOT_FAILED_MAX {
-                    self.failed.push(FailedTask {
-                        task: format!("{name}/*"),
-                        attempt: 0,
-                        reason: format!("unplaceable: {text}"),
-                    });
-                }
+                let failed = FailedTask {
+                    task: format!("{name}/*"),
+                    attempt: 0,
+                    reason: format!("unplaceable: {text}"),
+                };
+                self.note_failed(failed);
                 false
             }
             Event::FarmFinished { .. } => true,
         }
     }
 
+    /// The snapshot lists the first failures only, so it stays small.
+    fn note_failed(&mut self, f: FailedTask) {
+        if self.status.failed.len() < SNAPSHOT_FAILED_MAX {
+            self.status.failed.push(f);
+        }
+    }
+
+    fn kill_all_now(&self) {
+        for (_, live) in self.live.values() {
+            live.signal(Signal::SIGKILL);
+        }
+    }
+
     fn interrupt(&mut self, engine: &mut Engine, at: &mut Option<Instant>, obs: &mut dyn Observer) {
         if at.is_some() {
             // A second Ctrl-C: do not wait for the grace period.
-            for live in self.live.values() {
-                live.1.signal(Signal::SIGKILL);
-            }
+            self.kill_all_now();
             return;
         }
         *at = Some(Instant::now());
@@ -632,17 +634,7 @@ impl Driver {
 
     fn refresh(&mut self, engine: &Engine, clock: Instant) {
         self.status.counts = engine.progress(self.slot);
-        self.status.stages = self
-            .def
-            .stages
-            .iter()
-            .zip(engine.stage_progress(self.slot))
-            .map(|(s, counts)| StageStatus {
-                name: s.name.clone(),
-                counts,
-            })
-            .collect();
-        self.status.failed = self.failed.clone();
+        self.status.stages = stage_statuses(&self.def, engine, self.slot);
         self.status.updated_at_ms = unix_ms();
         self.status.elapsed_ms = clock.elapsed().as_millis() as u64;
     }
@@ -664,7 +656,6 @@ pub fn describe_end(end: &TaskEnd) -> String {
         }
         TaskEnd::Cached => "already done (same content key)".into(),
         TaskEnd::Error(e) => e.clone(),
-        TaskEnd::Unplaceable => "fits no node".into(),
         TaskEnd::CrashLimit => {
             "was running each time mesh died; failed after the crash limit".into()
         }
@@ -680,9 +671,21 @@ fn stored_run(store: &SledStore, key: FarmKey) -> Result<u32, RunError> {
         .unwrap_or(0))
 }
 
+/// Each stage's counts, as the engine has them.
+fn stage_statuses(def: &FarmDef, engine: &Engine, slot: FarmSlot) -> Vec<StageStatus> {
+    def.stages
+        .iter()
+        .zip(engine.stage_progress(slot))
+        .map(|(s, counts)| StageStatus {
+            name: s.name.clone(),
+            counts,
+        })
+        .collect()
+}
+
 /// A farm that is not running, read from its store: exact counts, as resume
 /// would see them. Fails with `AlreadyRunning` while a process holds it.
-pub fn inspect(state: &StateDir, id: &str) -> Result<(FarmDef, Vec<StageStatus>), RunError> {
+pub fn inspect(state: &StateDir, id: &str) -> Result<(Counts, Vec<StageStatus>), RunError> {
     let store = open_store(state, id)?;
     let key = farm_key(id);
     let def = store
@@ -706,14 +709,5 @@ pub fn inspect(state: &StateDir, id: &str) -> Result<(FarmDef, Vec<StageStatus>)
             retry_failed: false,
         },
     );
-    let stages = def
-        .stages
-        .iter()
-        .zip(engine.stage_progress(slot))
-        .map(|(s, counts)| StageStatus {
-            name: s.name.clone(),
-            counts,
-        })
-        .collect();
-    Ok(((*def).clone(), stages))
+    Ok((engine.progress(slot), stage_statuses(&def, &engine, slot)))
 }

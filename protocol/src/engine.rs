@@ -81,7 +81,6 @@ pub enum TaskEnd {
     Cached,
     /// The task could not be started or its results not collected.
     Error(String),
-    Unplaceable,
     CrashLimit,
     Cancelled,
 }
@@ -199,7 +198,7 @@ impl Counts {
         self.running == 0 && self.queued() == 0
     }
 
-    pub fn add(&mut self, o: &Counts) {
+    fn add(&mut self, o: &Counts) {
         self.total += o.total;
         self.done += o.done;
         self.cached += o.cached;
