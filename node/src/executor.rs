@@ -51,7 +51,7 @@ pub struct Finished {
     pub result: TaskResult,
     pub duration_ms: u64,
     pub logs: u8,
-    pub key: Option<[u8; 32]>,
+    pub key: [u8; 32],
 }
 
 /// Handle on a live task, for killing it.
@@ -136,7 +136,7 @@ impl Report {
             result,
             duration_ms,
             logs,
-            key: Some(self.key),
+            key: self.key,
         });
     }
 }

@@ -553,7 +553,7 @@ impl Driver {
             f.attempt,
             Outcome {
                 result: f.result,
-                key: f.key,
+                key: Some(f.key),
                 duration_ms: f.duration_ms,
                 logs: f.logs,
             },

@@ -187,11 +187,7 @@ impl SledStore {
             let chunk = match chunks.entry(key) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    let old = match self.tasks.get(key)? {
-                        Some(v) => decode::<Chunk>("task records", &v)?,
-                        None => Vec::new(),
-                    };
-                    e.insert(old)
+                    e.insert(load_chunk(&self.tasks, key)?)
                 }
             };
             if chunk.len() <= slot {
@@ -244,6 +240,14 @@ fn chunk_key(farm: FarmKey, stage: u32, chunk: u32) -> [u8; 16] {
     k[8..12].copy_from_slice(&stage.to_be_bytes());
     k[12..].copy_from_slice(&chunk.to_be_bytes());
     k
+}
+
+/// The chunk stored under `key` in `tasks`, or an empty one.
+fn load_chunk(tasks: &sled::Tree, key: [u8; 16]) -> Result<Chunk> {
+    match tasks.get(key)? {
+        Some(v) => decode("task records", &v),
+        None => Ok(Vec::new()),
+    }
 }
 
 fn chunk_of(t: TaskRef) -> (u32, usize) {
@@ -327,11 +331,7 @@ impl Store for SledStore {
         let key = chunk_key(farm, task.stage, c);
         let mut last = self.last_chunk.borrow_mut();
         if last.as_ref().is_none_or(|(k, _)| *k != key) {
-            let chunk = match self.tasks.get(key)? {
-                Some(v) => decode("task records", &v)?,
-                None => Vec::new(),
-            };
-            *last = Some((key, chunk));
+            *last = Some((key, load_chunk(&self.tasks, key)?));
         }
         let (_, chunk) = last.as_ref().expect("just filled");
         Ok(chunk.get(slot).cloned().flatten())
