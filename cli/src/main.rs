@@ -1,5 +1,6 @@
 //! The `mesh` command: run, resume and inspect farms from the terminal.
 
+mod mesh_cmds;
 mod show;
 
 use std::io::IsTerminal;
@@ -15,7 +16,7 @@ use mesh_protocol::resources::parse_resources;
 use mesh_protocol::Resources;
 
 /// Exit codes, documented in the README.
-const EXIT_FAILED_TASKS: u8 = 1;
+pub(crate) const EXIT_FAILED_TASKS: u8 = 1;
 const EXIT_BAD_INPUT: u8 = 2;
 const EXIT_INTERRUPTED: u8 = 130;
 
@@ -75,7 +76,41 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Show a farm's progress per stage (default: the most recent farm).
+    /// Create the mesh secret (mesh.key) and this node's identity in the state folder.
+    Init,
+    /// Run a mesh node in the foreground; it takes farms from `mesh submit` and from other nodes.
+    Node {
+        #[command(flatten)]
+        flags: mesh_cmds::NodeFlags,
+    },
+    /// Run a node that joins the mesh of the node at MULTIADDR (as `mesh node` printed it).
+    Join {
+        peer: String,
+        #[command(flatten)]
+        flags: mesh_cmds::NodeFlags,
+    },
+    /// Hand a farm to the local node; prints the farm id at once.
+    Submit {
+        farm: PathBuf,
+        /// Where collected outputs go on this machine (default ./mesh-out/<farm name>).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Then follow it to the end with a progress bar (exit 0 when every task succeeded).
+        #[arg(long)]
+        wait: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow a submitted farm to its end.
+    Wait {
+        farm: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a submitted farm: nothing new starts, running tasks are killed.
+    Cancel { farm: String },
+    /// With a node running: every node, the coordinator and the farms; otherwise a farm's
+    /// progress per stage (default: the most recent farm).
     Status {
         farm: Option<String>,
         #[arg(long)]
@@ -96,11 +131,11 @@ enum Cmd {
 }
 
 #[derive(Args)]
-struct NodeArgs {
+pub(crate) struct NodeArgs {
     /// Resources this node offers, added to or overriding the detected cpu and mem,
     /// e.g. `cpu=8,mem=32GiB,gpu=2,license=4`.
     #[arg(long, value_name = "LIST")]
-    resources: Option<String>,
+    pub(crate) resources: Option<String>,
 }
 
 #[derive(Args)]
@@ -197,6 +232,22 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             show::list(&state.list()?, json)?;
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Init => mesh_cmds::init(state.root()),
+        Cmd::Node { flags } => mesh_cmds::node(state.root(), &flags, None),
+        Cmd::Join { peer, flags } => mesh_cmds::node(state.root(), &flags, Some(&peer)),
+        Cmd::Submit {
+            farm,
+            out,
+            wait,
+            json,
+        } => mesh_cmds::submit(state.root(), &farm, out, wait, json),
+        Cmd::Wait { farm, json } => mesh_cmds::wait(state.root(), &farm, json),
+        Cmd::Cancel { farm } => mesh_cmds::cancel(state.root(), &farm),
+        Cmd::Status { farm: None, json } if mesh_cmds::status(state.root())?.is_some() => {
+            let s = mesh_cmds::status(state.root())?.expect("checked");
+            mesh_cmds::print_status(&s, json)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Status { farm, json } => {
             let mut s = state.find(farm.as_deref())?;
             if s.state != RunState::Running {
@@ -237,7 +288,7 @@ fn state_root(flag: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
-fn node_resources(args: &NodeArgs) -> Result<Resources> {
+pub(crate) fn node_resources(args: &NodeArgs) -> Result<Resources> {
     let mut r = mesh_node::detect_resources();
     if let Some(spec) = &args.resources {
         let extra = parse_resources(spec).with_context(|| format!("--resources {spec}"))?;

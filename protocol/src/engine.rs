@@ -24,10 +24,15 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::farm::{FarmDef, TaskRef};
-use crate::resources::{Amount, Resources, GPU, MILLI};
+pub use crate::pool::Grant;
+use crate::pool::Pool;
+use crate::resources::{Amount, Resources};
 
 /// Milliseconds on the driver's clock.
 pub type Millis = u64;
+
+/// What a remote engine reports as its own resources.
+static EMPTY: Resources = Resources::EMPTY;
 
 /// A run that was live each time the node died this many times is failed:
 /// it is probably what kills the node.
@@ -94,20 +99,14 @@ pub struct Outcome {
     pub logs: u8,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskResult {
     Exited(i32),
     Signaled(i32),
     Cached,
     Error(String),
-}
-
-/// Resources handed to one running task.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Grant {
-    pub resources: Resources,
-    /// Device indices of the `gpu` resource, when it asked for any.
-    pub gpus: Vec<u32>,
+    /// Killed by the node that ran it for passing the stage's timeout.
+    TimedOut,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,7 +147,7 @@ pub enum Event {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Verdict {
     Done,
     Retry,
@@ -263,12 +262,18 @@ struct Running {
     killed: Option<KillReason>,
 }
 
-/// The scheduling state machine of one node.
+/// Where the engine's tasks run.
+enum Placement {
+    /// On this machine: the engine grants resources from its pool and starts tasks.
+    Local(Pool),
+    /// On the nodes of a mesh: the coordinator hands tasks out with [`Engine::claim`];
+    /// a stage is placeable when it fits one of these machines.
+    Remote(Vec<Resources>),
+}
+
+/// The scheduling state machine of one node, or of a mesh's coordinator.
 pub struct Engine {
-    total: Resources,
-    free: Resources,
-    /// Remaining thousandths per gpu device.
-    gpus: Vec<u64>,
+    placement: Placement,
     farms: Vec<FarmState>,
     running: HashMap<(FarmSlot, TaskRef), Running>,
     timers: BinaryHeap<Reverse<(Millis, FarmSlot, TaskRef, u32)>>,
@@ -279,11 +284,19 @@ pub struct Engine {
 impl Engine {
     /// An engine for a node with these resources; `gpu = n` declares devices `0..n`.
     pub fn new(total: Resources) -> Engine {
-        let ngpu = total.get(GPU).whole() as usize;
+        Engine::with_placement(Placement::Local(Pool::new(total)))
+    }
+
+    /// An engine that only decides what is ready: tasks leave it through
+    /// [`Engine::claim`] to run elsewhere. `machines` are the resource totals
+    /// a stage must fit one of (see [`Engine::set_machines`]).
+    pub fn remote(machines: Vec<Resources>) -> Engine {
+        Engine::with_placement(Placement::Remote(machines))
+    }
+
+    fn with_placement(placement: Placement) -> Engine {
         Engine {
-            free: total.clone(),
-            total,
-            gpus: vec![MILLI; ngpu],
+            placement,
             farms: Vec::new(),
             running: HashMap::new(),
             timers: BinaryHeap::new(),
@@ -292,12 +305,32 @@ impl Engine {
         }
     }
 
-    pub fn total(&self) -> &Resources {
-        &self.total
+    /// The machines a remote engine's stages must fit, as the membership now has them.
+    pub fn set_machines(&mut self, machines: Vec<Resources>) {
+        if let Placement::Remote(m) = &mut self.placement {
+            *m = machines;
+        }
     }
 
+    /// This machine's resources (empty for a remote engine, which owns none).
+    pub fn total(&self) -> &Resources {
+        match &self.placement {
+            Placement::Local(pool) => pool.total(),
+            Placement::Remote(_) => &EMPTY,
+        }
+    }
+
+    /// Resources not held by running tasks (empty for a remote engine).
     pub fn free(&self) -> &Resources {
-        &self.free
+        match &self.placement {
+            Placement::Local(pool) => pool.free(),
+            Placement::Remote(_) => &EMPTY,
+        }
+    }
+
+    /// The number of farms added so far.
+    pub fn farm_count(&self) -> usize {
+        self.farms.len()
     }
 
     pub fn farm(&self, slot: FarmSlot) -> &Arc<FarmDef> {
@@ -453,17 +486,20 @@ impl Engine {
         let f = &self.farms[slot.0 as usize];
         let mut bad = Vec::new();
         for (s, stage) in f.def.stages.iter().enumerate() {
-            let mut shortfall: Vec<(String, Amount, Amount)> = self
-                .total
-                .shortfall(&stage.resources)
-                .into_iter()
-                .map(|(k, a, b)| (k.to_string(), a, b))
-                .collect();
-            let g = stage.resources.get(GPU);
-            if shortfall.is_empty() && g.0 > MILLI && g.0 % MILLI != 0 {
-                // More than one device, but not whole devices: no placement makes sense.
-                shortfall.push((GPU.to_string(), g, self.total.get(GPU)));
-            }
+            let shortfall = match &self.placement {
+                Placement::Local(pool) => Pool::never_fits(pool.total(), &stage.resources),
+                Placement::Remote(machines) => {
+                    // Unplaceable when no machine fits; the shortfall shown is the largest machine's.
+                    let mut best: Option<Vec<(String, Amount, Amount)>> = None;
+                    for m in machines {
+                        let sf = Pool::never_fits(m, &stage.resources);
+                        if best.as_ref().is_none_or(|b| sf.len() < b.len()) {
+                            best = Some(sf);
+                        }
+                    }
+                    best.unwrap_or_else(|| Pool::never_fits(&Resources::new(), &stage.resources))
+                }
+            };
             if !shortfall.is_empty() {
                 bad.push((s as u32, shortfall));
             }
@@ -526,7 +562,9 @@ impl Engine {
             self.running.insert((farm, task), run);
             return;
         }
-        self.release(&run.grant);
+        if let Placement::Local(pool) = &mut self.placement {
+            pool.release(&run.grant);
+        }
         let f = &mut self.farms[farm.0 as usize];
         let stage_def = &f.def.stages[task.stage as usize];
         let retries = stage_def.retries;
@@ -545,6 +583,9 @@ impl Engine {
             (_, TaskResult::Signaled(s)) => TaskEnd::Signaled(*s),
             (_, TaskResult::Cached) => TaskEnd::Cached,
             (_, TaskResult::Error(e)) => TaskEnd::Error(e.clone()),
+            (_, TaskResult::TimedOut) => TaskEnd::TimedOut {
+                after_ms: timeout_ms,
+            },
         };
         let success = match &end {
             TaskEnd::Exited(c) => ok_codes.contains(c),
@@ -662,7 +703,7 @@ impl Engine {
 
     /// Starts as many ready tasks as the free resources allow.
     fn fill(&mut self, now: Millis) {
-        if self.interrupted {
+        if self.interrupted || !matches!(self.placement, Placement::Local(_)) {
             return;
         }
         for fi in 0..self.farms.len() {
@@ -679,13 +720,16 @@ impl Engine {
                         break;
                     }
                     let request = &f.def.stages[s as usize].resources;
-                    if !self.can_grant(request) {
+                    let Placement::Local(pool) = &self.placement else {
+                        return;
+                    };
+                    if !pool.can_grant(request) {
                         break;
                     }
                     let Some(index) = self.next_ready(fi, s) else {
                         break;
                     };
-                    self.start(now, slot, TaskRef::new(s, index));
+                    let _ = self.start(now, slot, TaskRef::new(s, index));
                 }
             }
         }
@@ -712,7 +756,7 @@ impl Engine {
         None
     }
 
-    fn start(&mut self, now: Millis, farm: FarmSlot, task: TaskRef) {
+    fn start(&mut self, now: Millis, farm: FarmSlot, task: TaskRef) -> u32 {
         let f = &mut self.farms[farm.0 as usize];
         let stage_def = &f.def.stages[task.stage as usize];
         let request = stage_def.resources.clone();
@@ -734,7 +778,21 @@ impl Engine {
             duration_ms: 0,
             logs: 0,
         };
-        let grant = self.grant(&request);
+        self.actions
+            .push_back(Action::Persist(Persist::Task { farm, task, record }));
+        let Placement::Local(pool) = &mut self.placement else {
+            // Claimed for another node: it grants, times and starts the task.
+            self.running.insert(
+                (farm, task),
+                Running {
+                    attempt,
+                    grant: Grant::default(),
+                    killed: None,
+                },
+            );
+            return attempt;
+        };
+        let grant = pool.grant(&request).expect("fill() checked can_grant");
         self.running.insert(
             (farm, task),
             Running {
@@ -747,76 +805,190 @@ impl Engine {
             self.timers
                 .push(Reverse((now.saturating_add(ms), farm, task, attempt)));
         }
-        self.actions
-            .push_back(Action::Persist(Persist::Task { farm, task, record }));
         self.actions.push_back(Action::Start {
             farm,
             task,
             attempt,
             grant,
         });
+        attempt
     }
 
-    fn can_grant(&self, request: &Resources) -> bool {
-        if !self.free.fits(request) {
-            return false;
+    /// Hands out up to `max` ready tasks for another node to run, each one
+    /// whose stage's resources `take` accepts (it reserves them as it says
+    /// yes). The tasks count as running until [`Engine::task_finished`],
+    /// [`Engine::lost`] or [`Engine::unclaim`] says otherwise.
+    pub fn claim(
+        &mut self,
+        now: Millis,
+        max: usize,
+        take: &mut dyn FnMut(&Resources) -> bool,
+    ) -> Vec<(FarmSlot, TaskRef, u32)> {
+        let mut out = Vec::new();
+        if self.interrupted || max == 0 {
+            return out;
         }
-        let g = request.get(GPU).0;
-        if g == 0 {
+        for fi in 0..self.farms.len() {
+            if self.farms[fi].cancelled {
+                continue;
+            }
+            let slot = FarmSlot(fi as u32);
+            for oi in 0..self.farms[fi].order.len() {
+                let s = self.farms[fi].order[oi];
+                loop {
+                    if out.len() >= max {
+                        return out;
+                    }
+                    let f = &self.farms[fi];
+                    let st = &f.stages[s as usize];
+                    if st.unplaceable || !st.open || !self.has_ready(fi, s) {
+                        break;
+                    }
+                    if !take(&f.def.stages[s as usize].resources) {
+                        break;
+                    }
+                    let Some(index) = self.next_ready(fi, s) else {
+                        break;
+                    };
+                    let task = TaskRef::new(s, index);
+                    let attempt = self.start(now, slot, task);
+                    out.push((slot, task, attempt));
+                }
+            }
+        }
+        out
+    }
+
+    /// True when a stage has a task ready to hand out (cheap; may be stale-true for skipped retries).
+    fn has_ready(&self, fi: usize, s: u32) -> bool {
+        let f = &self.farms[fi];
+        let st = &f.stages[s as usize];
+        if st.ready.iter().any(|&i| st.status[i as usize] == PENDING) {
             return true;
         }
-        if g < MILLI {
-            self.gpus.iter().any(|&left| left >= g)
+        f.def.stages[s as usize].after_each.is_empty()
+            && st.status[st.cursor as usize..].contains(&PENDING)
+    }
+
+    /// Every task of a farm that is done.
+    pub fn done_tasks(&self, farm: FarmSlot) -> Vec<TaskRef> {
+        let mut out = Vec::new();
+        for (s, st) in self.farms[farm.0 as usize].stages.iter().enumerate() {
+            for (i, &status) in st.status.iter().enumerate() {
+                if status == DONE {
+                    out.push(TaskRef::new(s as u32, i as u32));
+                }
+            }
+        }
+        out
+    }
+
+    /// A new coordinator learns that a node already holds this attempt: it
+    /// counts as claimed. False when the task is no longer waiting to run.
+    pub fn adopt_claim(&mut self, farm: FarmSlot, task: TaskRef, attempt: u32) -> bool {
+        let f = &mut self.farms[farm.0 as usize];
+        let Some(st) = f.stages.get_mut(task.stage as usize) else {
+            return false;
+        };
+        let i = task.index as usize;
+        if st.status.get(i) != Some(&PENDING) || f.cancelled {
+            return false;
+        }
+        st.status[i] = RUNNING;
+        st.counts.running += 1;
+        st.attempts[i] = st.attempts[i].max(attempt);
+        self.running.insert(
+            (farm, task),
+            Running {
+                attempt,
+                grant: Grant::default(),
+                killed: None,
+            },
+        );
+        true
+    }
+
+    /// Tasks ready to be handed out and not yet claimed, over every open stage.
+    pub fn backlog(&self) -> u64 {
+        self.farms
+            .iter()
+            .filter(|f| !f.cancelled)
+            .flat_map(|f| f.stages.iter())
+            .filter(|st| st.open && !st.unplaceable)
+            .map(|st| st.counts.queued())
+            .sum()
+    }
+
+    /// A claimed task's node died: the task is queued again with a crash
+    /// counted and no retry spent; after [`CRASHES_MAX`] crashes it fails.
+    pub fn lost(&mut self, now: Millis, farm: FarmSlot, task: TaskRef, attempt: u32) {
+        self.requeue(now, farm, task, attempt, true);
+    }
+
+    /// A claimed task was given back unstarted: it is queued again, nothing counted.
+    pub fn unclaim(&mut self, now: Millis, farm: FarmSlot, task: TaskRef, attempt: u32) {
+        self.requeue(now, farm, task, attempt, false);
+    }
+
+    fn requeue(&mut self, now: Millis, farm: FarmSlot, task: TaskRef, attempt: u32, crash: bool) {
+        match self.running.get(&(farm, task)) {
+            Some(r) if r.attempt == attempt => {}
+            _ => return,
+        }
+        let run = self.running.remove(&(farm, task)).expect("checked above");
+        if let Placement::Local(pool) = &mut self.placement {
+            pool.release(&run.grant);
+        }
+        let f = &mut self.farms[farm.0 as usize];
+        let st = &mut f.stages[task.stage as usize];
+        let i = task.index as usize;
+        st.counts.running -= 1;
+        let crashes = st.crashes[i] as u32 + u32::from(crash);
+        st.crashes[i] = crashes.min(255) as u8;
+        let (state, end) = if crashes >= CRASHES_MAX {
+            (RecordState::Failed, Some(TaskEnd::CrashLimit))
+        } else if f.cancelled || run.killed == Some(KillReason::Cancel) {
+            (RecordState::Cancelled, Some(TaskEnd::Cancelled))
         } else {
-            let whole = (g / MILLI) as usize;
-            self.gpus.iter().filter(|&&left| left == MILLI).count() >= whole
-        }
-    }
-
-    fn grant(&mut self, request: &Resources) -> Grant {
-        let took = self.free.take(request);
-        debug_assert!(took, "grant() follows can_grant()");
-        let g = request.get(GPU).0;
-        let mut gpus = Vec::new();
-        if g > 0 && g < MILLI {
-            // Best fit: the device with the least room that still fits, so
-            // fractions pack and whole devices stay free for whole requests.
-            if let Some((d, _)) = self
-                .gpus
-                .iter()
-                .enumerate()
-                .filter(|(_, &left)| left >= g)
-                .min_by_key(|(_, &left)| left)
-            {
-                self.gpus[d] -= g;
-                gpus.push(d as u32);
+            (RecordState::Interrupted, None)
+        };
+        let record = TaskRecord {
+            run: f.run,
+            state,
+            attempt,
+            failures: st.failures[i] as u32,
+            crashes,
+            end,
+            key: None,
+            duration_ms: 0,
+            logs: 0,
+        };
+        self.actions
+            .push_back(Action::Persist(Persist::Task { farm, task, record }));
+        match state {
+            RecordState::Failed => {
+                st.status[i] = FAILED;
+                st.counts.failed += 1;
+                self.actions.push_back(Action::Emit(Event::TaskFinished {
+                    farm,
+                    task,
+                    attempt,
+                    end: TaskEnd::CrashLimit,
+                    verdict: Verdict::Failed,
+                }));
+                self.fail_dependents(farm, task.stage, Some(task.index));
             }
-        } else if g >= MILLI {
-            let mut want = (g / MILLI) as usize;
-            for (d, left) in self.gpus.iter_mut().enumerate() {
-                if want == 0 {
-                    break;
-                }
-                if *left == MILLI {
-                    *left = 0;
-                    gpus.push(d as u32);
-                    want -= 1;
-                }
+            RecordState::Cancelled => {
+                st.status[i] = CANCELLED;
+                st.counts.cancelled += 1;
+            }
+            _ => {
+                st.status[i] = PENDING;
+                st.ready.push_front(task.index);
             }
         }
-        Grant {
-            resources: request.clone(),
-            gpus,
-        }
-    }
-
-    fn release(&mut self, grant: &Grant) {
-        self.free.give(&grant.resources);
-        let g = grant.resources.get(GPU).0;
-        let per_device = if g < MILLI { g } else { MILLI };
-        for &d in &grant.gpus {
-            self.gpus[d as usize] += per_device;
-        }
+        self.fill(now);
+        self.check_finished(farm);
     }
 
     /// Fires timers that are due: tasks past their timeout are killed.
@@ -941,26 +1113,8 @@ impl Engine {
 
     /// Checks the engine's invariants; for tests and the simulator.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut used = Resources::new();
-        for run in self.running.values() {
-            used.give(&run.grant.resources);
-        }
-        let mut sum = self.free.clone();
-        sum.give(&used);
-        for (k, v) in self.total.iter() {
-            if sum.get(k) != v {
-                return Err(format!(
-                    "resource {k}: free + in use = {:?}, total {:?}",
-                    sum.get(k),
-                    v
-                ));
-            }
-        }
-        if self.gpus.iter().any(|&g| g > MILLI) {
-            return Err(format!(
-                "a gpu has more than one device of room: {:?}",
-                self.gpus
-            ));
+        if let Placement::Local(pool) = &self.placement {
+            pool.check(self.running.values().map(|r| &r.grant))?;
         }
         for (fi, f) in self.farms.iter().enumerate() {
             for (si, st) in f.stages.iter().enumerate() {

@@ -5,7 +5,10 @@
 
 pub mod engine;
 pub mod farm;
+pub mod mesh;
+pub mod pool;
 pub mod resources;
+pub mod wire;
 
 pub use farm::{FarmDef, TaskRef};
 pub use resources::{Amount, Resources};

@@ -175,6 +175,9 @@ pub fn format_bytes(b: u64) -> String {
 pub struct Resources(Vec<(String, Amount)>);
 
 impl Resources {
+    /// No resources; usable in constants.
+    pub const EMPTY: Resources = Resources(Vec::new());
+
     pub fn new() -> Resources {
         Resources(Vec::new())
     }
@@ -244,6 +247,16 @@ impl Resources {
             }
         }
         true
+    }
+
+    /// Takes what it can of `request`, stopping each amount at zero: for
+    /// bookkeeping of what was handed out, where an amount may already be gone.
+    pub fn take_saturating(&mut self, request: &Resources) {
+        for (k, v) in request.iter() {
+            if let Ok(i) = self.0.binary_search_by(|(n, _)| n.as_str().cmp(k)) {
+                self.0[i].1 = Amount(self.0[i].1 .0.saturating_sub(v.0));
+            }
+        }
     }
 
     /// Returns `request` to this vector.

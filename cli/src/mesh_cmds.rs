@@ -1,0 +1,318 @@
+//! The mesh commands: `init`, `node`, `join`, `submit`, `wait`, `cancel`, and `status` of a running mesh.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use mesh_node::control::{
+    Client, ControlError, ControlRequest, ControlResponse, FarmView, MeshStatus,
+};
+use mesh_node::farmfile::{self, LoadOptions};
+use mesh_node::mesh_node::{run_node, Multiaddr, NodeOptions};
+use mesh_protocol::mesh::Config;
+
+use crate::{node_resources, NodeArgs, EXIT_FAILED_TASKS};
+
+pub fn init(state: &Path) -> Result<ExitCode> {
+    let r = mesh_node::keys::init(state)?;
+    if r.psk_created {
+        println!("created {} (the mesh secret)", r.psk_path.display());
+    } else {
+        println!("kept the existing {}", r.psk_path.display());
+    }
+    println!("mesh key fingerprint {}", r.psk_fingerprint);
+    println!(
+        "node identity {} ({})",
+        r.peer_id,
+        r.identity_path.display()
+    );
+    println!(
+        "to let another machine in, copy {} into its state folder",
+        r.psk_path.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Options of `mesh node` and `mesh join`.
+#[derive(clap::Args)]
+pub struct NodeFlags {
+    /// Where to listen (repeatable).
+    #[arg(long, value_name = "MULTIADDR", default_value = "/ip4/0.0.0.0/tcp/0")]
+    pub listen: Vec<String>,
+    /// The mesh secret (default: mesh.key in the state folder).
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// A member silent this long is declared dead and its tasks run elsewhere.
+    #[arg(long, value_name = "MS", default_value_t = 2000)]
+    pub dead_after_ms: u64,
+    /// Do not take queued work from busier nodes.
+    #[arg(long)]
+    pub no_steal: bool,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitCode> {
+    let mut listen = Vec::new();
+    for a in &flags.listen {
+        listen.push(a.parse::<Multiaddr>().with_context(|| {
+            format!("--listen {a}: not a multiaddr (e.g. /ip4/0.0.0.0/tcp/7070)")
+        })?);
+    }
+    let join = match join {
+        Some(a) => Some(a.parse::<Multiaddr>().with_context(|| {
+            format!("{a}: not a multiaddr (e.g. /ip4/10.0.0.5/tcp/7070, as `mesh node` prints it)")
+        })?),
+        None => None,
+    };
+    // A gpu count given in --resources declares devices 0..n.
+    let resources = node_resources(&flags.node)?;
+    let config = Config {
+        dead_after_ms: flags.dead_after_ms,
+        join_wait_ms: flags.dead_after_ms.min(1500),
+        steal: !flags.no_steal,
+        ..Config::default()
+    };
+    let opts = NodeOptions {
+        state: state.to_path_buf(),
+        listen,
+        join,
+        resources,
+        key: flags
+            .key
+            .clone()
+            .unwrap_or_else(|| state.join(mesh_node::keys::PSK_FILE)),
+        config,
+    };
+    run_node(
+        opts,
+        Box::new(|line: &str| {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }),
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ask(state: &Path, req: &ControlRequest) -> Result<Client> {
+    Client::request(state, req).map_err(|e| match e {
+        ControlError::NoNode(_) => anyhow::anyhow!("{e}"),
+        other => anyhow::Error::new(other),
+    })
+}
+
+pub fn submit(
+    state: &Path,
+    farm: &Path,
+    out: Option<PathBuf>,
+    wait: bool,
+    json: bool,
+) -> Result<ExitCode> {
+    let def = farmfile::load(farm, &LoadOptions { out })?;
+    let file = farm
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", farm.display()))?;
+    let mut c = ask(
+        state,
+        &ControlRequest::Submit {
+            def: Box::new(def),
+            file: file.to_string_lossy().into_owned(),
+        },
+    )?;
+    let id = match c.next() {
+        Some(Ok(ControlResponse::Submitted { farm, tasks })) => {
+            if json {
+                println!("{}", serde_json::json!({ "farm": farm, "tasks": tasks }));
+            } else {
+                println!("{farm}");
+            }
+            farm
+        }
+        Some(Ok(ControlResponse::Error(e))) => bail!("the node refused the farm: {e}"),
+        Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
+        Some(Err(e)) => return Err(e.into()),
+        None => bail!("the node closed the connection before accepting the farm"),
+    };
+    let _ = std::io::stdout().flush();
+    if wait {
+        return follow(state, &id, json);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn wait(state: &Path, farm: &str, json: bool) -> Result<ExitCode> {
+    follow(state, farm, json)
+}
+
+/// Follows a farm to its end, drawing progress on stderr.
+fn follow(state: &Path, farm: &str, json: bool) -> Result<ExitCode> {
+    let mut c = ask(
+        state,
+        &ControlRequest::Wait {
+            farm: farm.to_string(),
+        },
+    )?;
+    let terminal = std::io::stderr().is_terminal() && !json;
+    let mut bar: Option<ProgressBar> = None;
+    let mut last_line = Instant::now() - Duration::from_secs(10);
+    let mut final_view: Option<FarmView> = None;
+    while let Some(r) = c.next() {
+        match r? {
+            ControlResponse::Progress(v) => {
+                if terminal {
+                    let b = bar.get_or_insert_with(|| {
+                        let b = ProgressBar::new(v.counts.total);
+                        b.set_style(
+                            ProgressStyle::with_template(
+                                "{prefix} [{bar:40}] {pos}/{len} {msg} ({elapsed})",
+                            )
+                            .expect("static template")
+                            .progress_chars("=> "),
+                        );
+                        b.set_prefix(v.id.clone());
+                        b
+                    });
+                    b.set_position(v.counts.done + v.counts.failed + v.counts.skipped);
+                    b.set_message(format!(
+                        "running {} failed {}",
+                        v.counts.running, v.counts.failed
+                    ));
+                } else if !json && last_line.elapsed() >= Duration::from_secs(1) {
+                    last_line = Instant::now();
+                    eprintln!(
+                        "{}: {}/{} done, {} running, {} failed",
+                        v.id, v.counts.done, v.counts.total, v.counts.running, v.counts.failed
+                    );
+                }
+            }
+            ControlResponse::Finished(v) => {
+                final_view = Some(v);
+                break;
+            }
+            ControlResponse::Error(e) => bail!("{e}"),
+            other => bail!("unexpected answer from the node: {other:?}"),
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let Some(v) = final_view else {
+        bail!(
+            "the node stopped before the farm finished; it resumes when the node is started again"
+        )
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_farm(&v);
+    }
+    Ok(if v.counts.done == v.counts.total {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_FAILED_TASKS)
+    })
+}
+
+fn print_farm(v: &FarmView) {
+    let c = &v.counts;
+    eprintln!(
+        "{}: {} of {} done, {} failed, {} skipped, {} cancelled; outputs in {}",
+        v.id, c.done, c.total, c.failed, c.skipped, c.cancelled, v.out
+    );
+    for u in &v.unplaceable {
+        eprintln!("  unplaceable: {u}");
+    }
+    for f in &v.failures {
+        eprintln!("  failed: {f}");
+    }
+}
+
+pub fn cancel(state: &Path, farm: &str) -> Result<ExitCode> {
+    let mut c = ask(
+        state,
+        &ControlRequest::Cancel {
+            farm: farm.to_string(),
+        },
+    )?;
+    match c.next() {
+        Some(Ok(ControlResponse::Cancelled { farm })) => {
+            println!("cancelled {farm}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+        Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
+        Some(Err(e)) => Err(e.into()),
+        None => bail!("the node closed the connection"),
+    }
+}
+
+/// The mesh's status from the local node, or `None` when no node runs here.
+pub fn status(state: &Path) -> Result<Option<MeshStatus>> {
+    let mut c = match Client::request(state, &ControlRequest::Status) {
+        Ok(c) => c,
+        Err(ControlError::NoNode(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    match c.next() {
+        Some(Ok(ControlResponse::Status(s))) => Ok(Some(*s)),
+        Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
+        Some(Err(e)) => Err(e.into()),
+        None => bail!("the node closed the connection"),
+    }
+}
+
+pub fn print_status(s: &MeshStatus, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(s)?);
+        return Ok(());
+    }
+    println!(
+        "coordinator {} (term {})",
+        s.coordinator.as_deref().unwrap_or("not elected yet"),
+        s.term
+    );
+    println!("{} node(s):", s.nodes.len());
+    for n in &s.nodes {
+        let role = match (n.coordinator, n.local) {
+            (true, true) => " [coordinator, this node]",
+            (true, false) => " [coordinator]",
+            (false, true) => " [this node]",
+            _ => "",
+        };
+        println!("  {}{role}", n.id);
+        if let Some(a) = n.addrs.first() {
+            println!("    address   {a}");
+        }
+        println!(
+            "    resources {} (in use: {})",
+            n.resources.total,
+            if n.resources.used.is_empty() {
+                "nothing"
+            } else {
+                &n.resources.used
+            }
+        );
+        println!("    tasks     {} running, {} queued", n.running, n.queued);
+    }
+    if s.farms.is_empty() {
+        println!("no farms submitted on this node");
+    }
+    for f in &s.farms {
+        let state = if f.finished {
+            "finished"
+        } else if f.accepted {
+            "running"
+        } else {
+            "waiting for the coordinator"
+        };
+        println!(
+            "farm {} ({state}): {}/{} done, {} running, {} failed",
+            f.id, f.counts.done, f.counts.total, f.counts.running, f.counts.failed
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,162 @@
+//! The local control socket: what `mesh submit`, `wait`, `cancel` and `status` say to the node on the same machine.
+//!
+//! One JSON request per connection, answered by JSON lines. The socket lives
+//! in the state folder with owner-only permissions: whoever can write to it
+//! can run commands as the node's user.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use mesh_protocol::engine::Counts;
+use mesh_protocol::farm::FarmDef;
+use serde::{Deserialize, Serialize};
+
+/// The socket's path in a state folder.
+pub fn socket_path(state: &Path) -> PathBuf {
+    state.join("node.sock")
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ControlRequest {
+    /// A farm loaded and checked by the CLI; `file` is its canonical path.
+    Submit {
+        def: Box<FarmDef>,
+        file: String,
+    },
+    /// Follow a farm submitted on this node until it ends.
+    Wait {
+        farm: String,
+    },
+    Cancel {
+        farm: String,
+    },
+    Status,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ControlResponse {
+    /// The farm is durable on two nodes (one in a mesh of one) and will run.
+    Submitted {
+        farm: String,
+        tasks: u64,
+    },
+    Progress(FarmView),
+    /// The farm is over; the view is final.
+    Finished(FarmView),
+    Status(Box<MeshStatus>),
+    Cancelled {
+        farm: String,
+    },
+    Error(String),
+}
+
+/// A farm as its submitter sees it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FarmView {
+    pub id: String,
+    pub name: String,
+    pub file: String,
+    pub out: String,
+    pub accepted: bool,
+    pub finished: bool,
+    pub counts: Counts,
+    pub stages: Vec<(String, Counts)>,
+    /// The first failures, as `task (attempt N on node): reason`.
+    pub failures: Vec<String>,
+    pub unplaceable: Vec<String>,
+}
+
+/// One node of the mesh, as `mesh status` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeView {
+    /// The libp2p peer id.
+    pub id: String,
+    pub addrs: Vec<String>,
+    pub resources: ResourceView,
+    pub queued: u32,
+    pub running: u32,
+    pub coordinator: bool,
+    /// This is the node that answered.
+    pub local: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ResourceView {
+    pub total: String,
+    pub used: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MeshStatus {
+    pub nodes: Vec<NodeView>,
+    pub coordinator: Option<String>,
+    pub term: u64,
+    pub farms: Vec<FarmView>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("no mesh node is running with state folder {}: start one with `mesh node` (or `mesh join ADDR`), or run the farm on this machine alone with `mesh run`", .0.display())]
+    NoNode(PathBuf),
+    #[error("talking to the node at {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the node sent something unreadable: {0}")]
+    Decode(#[from] serde_json::Error),
+}
+
+/// A connection to the local node, yielding its answers.
+pub struct Client {
+    lines: std::io::Lines<BufReader<UnixStream>>,
+}
+
+impl Client {
+    /// Sends one request to the node of `state`.
+    pub fn request(state: &Path, req: &ControlRequest) -> Result<Client, ControlError> {
+        let path = socket_path(state);
+        let mut stream = match UnixStream::connect(&path) {
+            Ok(s) => s,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                return Err(ControlError::NoNode(state.to_path_buf()))
+            }
+            Err(source) => {
+                return Err(ControlError::Io {
+                    path: path.display().to_string(),
+                    source,
+                })
+            }
+        };
+        let mut line = serde_json::to_vec(req)?;
+        line.push(b'\n');
+        stream.write_all(&line).map_err(|source| ControlError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(Client {
+            lines: BufReader::new(stream).lines(),
+        })
+    }
+
+    /// The node's next answer; `None` once it has said everything.
+    pub fn next(&mut self) -> Option<Result<ControlResponse, ControlError>> {
+        let line = match self.lines.next()? {
+            Ok(l) => l,
+            Err(source) => {
+                return Some(Err(ControlError::Io {
+                    path: "control socket".into(),
+                    source,
+                }))
+            }
+        };
+        Some(serde_json::from_str(&line).map_err(ControlError::from))
+    }
+}

@@ -1,0 +1,1441 @@
+//! A mesh node: the tokio loop that drives a [`Peer`] with a libp2p swarm, real processes, the sled store and the control socket.
+//!
+//! Each turn of the loop feeds the peer one input (a message, a finished
+//! task, a timer, a control request), drains its actions, writes every
+//! `Persist` as one batch and flushes, and only then sends, starts or kills
+//! (the same group commit as the single-machine runner). Slow work (hashing
+//! inputs, fetching and serving files, running tasks) happens in spawned
+//! futures that come back to the loop through one channel.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::io::{self, Read, Seek, SeekFrom, Write as _};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use libp2p::gossipsub;
+use libp2p::identify;
+use libp2p::multiaddr::Protocol;
+use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
+use libp2p::swarm::SwarmEvent;
+use libp2p::{PeerId, Swarm};
+use mesh_protocol::engine::{KillReason, Outcome, TaskResult};
+use mesh_protocol::farm::{content_key, path_stays_inside, FarmDef, TaskRef};
+use mesh_protocol::mesh::{
+    Action, Assigned, Config, FarmId, FarmSpec, Msg, NodeId, Peer, PeerEvent, Persist,
+};
+use mesh_protocol::resources::GPU;
+use mesh_protocol::wire::{Request, Response, CHUNK_MAX, FILE_MAX};
+use mesh_protocol::Resources;
+use mesh_store::{FarmKey, SledStore, Store, StoreError, Write};
+use nix::sys::signal::Signal;
+use serde::{Deserialize, Serialize};
+use tokio::net::UnixListener;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::control::{
+    socket_path, ControlRequest, ControlResponse, FarmView, MeshStatus, NodeView, ResourceView,
+};
+use crate::executor::{self, Finished, Launch, Live};
+use crate::keys;
+use crate::net::{self, Behaviour, BehaviourEvent, NetConfig, PublishError};
+
+/// Addresses as `mesh node` prints them and `mesh join` takes them.
+pub use libp2p::Multiaddr;
+
+/// After Ctrl-C, tasks get this long to exit on SIGTERM before SIGKILL.
+const INTERRUPT_GRACE_MS: u64 = 3000;
+/// Failures kept per farm for `mesh wait` and `status`.
+const FAILURES_SHOWN: usize = 50;
+/// The node's list of farms lives under this store key.
+const NODE_KEY: FarmKey = FarmKey(0);
+const META_FARMS: &str = "farms";
+const META_SPEC: &str = "spec";
+
+pub struct NodeOptions {
+    pub state: PathBuf,
+    pub listen: Vec<Multiaddr>,
+    /// Bootstrap from this peer (`mesh join`).
+    pub join: Option<Multiaddr>,
+    pub resources: Resources,
+    /// The mesh secret; `<state>/mesh.key` unless given.
+    pub key: PathBuf,
+    pub config: Config,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Key(#[from] keys::KeyError),
+    #[error(transparent)]
+    Net(#[from] net::NetError),
+    #[error("state store: {0}")]
+    Store(#[from] StoreError),
+    #[error("another mesh node already uses the state folder {0}")]
+    Busy(String),
+    #[error("cannot join {addr}: {why}")]
+    Join { addr: String, why: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> NodeError {
+    let what = what.into();
+    move |source| NodeError::Io { what, source }
+}
+
+/// What the spawned futures and control connections tell the loop.
+enum Cmd {
+    Finished(Assigned, Outcome),
+    Launched(Assigned, Live),
+    Request {
+        to: NodeId,
+        req: Request,
+        reply: oneshot::Sender<Result<Response, String>>,
+    },
+    Respond(ResponseChannel<Response>, Response),
+    Control(ControlRequest, mpsc::UnboundedSender<ControlResponse>),
+    Submit(
+        Result<FarmSpec, String>,
+        mpsc::UnboundedSender<ControlResponse>,
+    ),
+}
+
+/// A farm submitted here, as `mesh wait` and `status` show it.
+struct Origin {
+    view: FarmView,
+    waiters: Vec<mpsc::UnboundedSender<ControlResponse>>,
+    submit_reply: Option<mpsc::UnboundedSender<ControlResponse>>,
+}
+
+/// The farm list kept in the store, so a restarted node finds its farms.
+#[derive(Default, Serialize, Deserialize)]
+struct FarmList(Vec<FarmId>);
+
+struct Node {
+    state: PathBuf,
+    peer: Peer,
+    me: NodeId,
+    swarm: Swarm<Behaviour>,
+    store: SledStore,
+    clock: Instant,
+    peers: HashMap<NodeId, PeerId>,
+    dialing: HashSet<PeerId>,
+    /// Peer ids by node, remembered from beats so a node that is gone still has a name.
+    labels: HashMap<NodeId, String>,
+    pending: HashMap<OutboundRequestId, Option<oneshot::Sender<Result<Response, String>>>>,
+    tx: mpsc::UnboundedSender<Cmd>,
+    live: HashMap<(FarmId, TaskRef), (u32, Option<Live>, bool)>,
+    origins: HashMap<FarmId, Origin>,
+    farm_list: FarmList,
+    /// blake3 of each input this node serves, and where the file is.
+    blobs: HashMap<[u8; 32], PathBuf>,
+    /// Bare program names and where PATH finds them.
+    programs: HashMap<String, Option<String>>,
+    node_has_gpus: bool,
+    listen_addrs: Vec<Multiaddr>,
+    out: Box<dyn FnMut(&str)>,
+}
+
+/// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.
+pub fn run_node(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(io_err("cannot start the runtime"))?;
+    rt.block_on(drive(opts, out))
+}
+
+async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
+    let mut sigint = signal(SignalKind::interrupt()).map_err(io_err("cannot watch SIGINT"))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(io_err("cannot watch SIGTERM"))?;
+    fs::create_dir_all(&opts.state)
+        .map_err(io_err(format!("cannot create {}", opts.state.display())))?;
+    let psk = keys::load_psk(&opts.key)?;
+    let identity = keys::load_or_create_identity(&opts.state)?;
+    let local = identity.public().to_peer_id();
+    let me = keys::node_id(&local);
+    let node_dir = opts.state.join("node");
+    fs::create_dir_all(&node_dir)
+        .map_err(io_err(format!("cannot create {}", node_dir.display())))?;
+    let store = match SledStore::open(&node_dir.join("db")) {
+        Err(StoreError::Locked { .. }) => {
+            return Err(NodeError::Busy(opts.state.display().to_string()))
+        }
+        r => r?,
+    };
+    let swarm = net::build(NetConfig::new(opts.listen.clone(), psk, identity))?;
+
+    // The control socket: owner-only, and a stale one from a dead node is replaced.
+    let sock = socket_path(&opts.state);
+    let _ = fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock)
+        .map_err(io_err(format!("cannot listen on {}", sock.display())))?;
+    fs::set_permissions(&sock, fs::Permissions::from_mode(0o600))
+        .map_err(io_err(format!("cannot restrict {}", sock.display())))?;
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
+    let clock = Instant::now();
+    let seed = u64::from_le_bytes(
+        blake3::hash(&crate::state::unix_ms().to_le_bytes()).as_bytes()[..8]
+            .try_into()
+            .expect("8 bytes"),
+    );
+    let peer = Peer::new(
+        0,
+        me,
+        opts.resources.clone(),
+        opts.config.clone(),
+        seed,
+        opts.join.is_some(),
+    );
+    let mut node = Node {
+        state: opts.state.clone(),
+        peer,
+        me,
+        swarm,
+        store,
+        clock,
+        peers: HashMap::new(),
+        dialing: HashSet::new(),
+        labels: HashMap::new(),
+        pending: HashMap::new(),
+        tx: tx.clone(),
+        live: HashMap::new(),
+        origins: HashMap::new(),
+        farm_list: FarmList::default(),
+        blobs: HashMap::new(),
+        programs: HashMap::new(),
+        node_has_gpus: !opts.resources.get(GPU).is_zero(),
+        listen_addrs: Vec::new(),
+        out,
+    };
+    node.restore()?;
+    if let Some(addr) = &opts.join {
+        node.swarm.dial(addr.clone()).map_err(|e| NodeError::Join {
+            addr: addr.to_string(),
+            why: net::explain_dial_error(&e),
+        })?;
+    }
+    let mut joined = opts.join.is_none();
+    let mut interrupted_at: Option<Instant> = None;
+    let mut hard_killed = false;
+
+    loop {
+        node.step();
+        if interrupted_at.is_some() && node.live.is_empty() {
+            break;
+        }
+        let timer = node
+            .peer
+            .poll_timeout()
+            .map(|at| tokio::time::Instant::from_std(clock + Duration::from_millis(at)));
+        let grace_end = interrupted_at
+            .filter(|_| !hard_killed)
+            .map(|t| tokio::time::Instant::from_std(t + Duration::from_millis(INTERRUPT_GRACE_MS)));
+        tokio::select! {
+            ev = node.swarm.select_next_some() => {
+                if let Err(e) = node.on_swarm(ev, &opts, &mut joined) {
+                    return Err(e);
+                }
+            }
+            Some(cmd) = rx.recv() => node.on_cmd(cmd),
+            Ok((stream, _)) = listener.accept() => {
+                tokio::spawn(serve_control(stream, tx.clone()));
+            }
+            _ = sigint.recv() => node.interrupt(&mut interrupted_at),
+            _ = sigterm.recv() => node.interrupt(&mut interrupted_at),
+            _ = sleep_until_opt(timer) => {
+                let now = node.now();
+                node.peer.handle_timeout(now);
+            }
+            _ = sleep_until_opt(grace_end) => {
+                hard_killed = true;
+                for (_, live, _) in node.live.values() {
+                    if let Some(l) = live {
+                        l.signal(Signal::SIGKILL);
+                    }
+                }
+            }
+        }
+    }
+    node.store.sync()?;
+    let _ = fs::remove_file(&sock);
+    Ok(())
+}
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Node {
+    fn now(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    fn say(&mut self, line: &str) {
+        (self.out)(line);
+    }
+
+    /// Reloads the farms kept in the store: this node's own submissions go
+    /// to the coordinator again, with what is known done.
+    fn restore(&mut self) -> Result<(), NodeError> {
+        if let Some(b) = self.store.meta(NODE_KEY, META_FARMS)? {
+            self.farm_list = postcard::from_bytes(&b).unwrap_or_default();
+        }
+        let now = self.now();
+        for fid in self.farm_list.0.clone() {
+            let key = FarmKey(fid.0);
+            let Some(b) = self.store.meta(key, META_SPEC)? else {
+                continue;
+            };
+            let Ok(spec) = postcard::from_bytes::<FarmSpec>(&b) else {
+                continue;
+            };
+            let records = self.store.tasks(key)?;
+            let spec = Arc::new(spec);
+            if spec.origin == self.me {
+                let done: Vec<TaskRef> = records
+                    .iter()
+                    .filter(|(_, r)| r.state == mesh_protocol::engine::RecordState::Done)
+                    .map(|(t, _)| *t)
+                    .collect();
+                if (done.len() as u64) < spec.def.task_count() {
+                    self.serve_inputs(&spec);
+                    self.origins.insert(fid, Origin::new(&spec, String::new()));
+                    self.peer.submit(now, (*spec).clone(), done);
+                }
+            }
+            self.peer.restore_farm(spec, records);
+        }
+        Ok(())
+    }
+
+    fn serve_inputs(&mut self, spec: &FarmSpec) {
+        let root = PathBuf::from(&spec.def.root);
+        for (path, hash) in &spec.inputs {
+            self.blobs.insert(*hash, root.join(path));
+        }
+    }
+
+    /// Drains the peer's actions: persists first, as one flushed batch, then the rest in order.
+    fn step(&mut self) {
+        loop {
+            let mut batch = Vec::new();
+            let mut acts = Vec::new();
+            for _ in 0..4096 {
+                let Some(a) = self.peer.poll_action() else {
+                    break;
+                };
+                match a {
+                    Action::Persist(p) => self.persist(p, &mut batch),
+                    other => acts.push(other),
+                }
+            }
+            if batch.is_empty() && acts.is_empty() {
+                return;
+            }
+            if !batch.is_empty() {
+                let r = self.store.write(batch).and_then(|()| self.store.flush());
+                if let Err(e) = r {
+                    // Acting on what is not durable would break the
+                    // promises the peer makes; stop here.
+                    tracing::error!("state store failed: {e}");
+                    eprintln!("mesh node: state store failed: {e}");
+                    std::process::exit(1);
+                }
+            }
+            for a in acts {
+                self.act(a);
+            }
+        }
+    }
+
+    fn persist(&mut self, p: Persist, batch: &mut Vec<Write>) {
+        match p {
+            Persist::Farm(spec) => {
+                let key = FarmKey(spec.id.0);
+                batch.push(Write::Meta {
+                    farm: key,
+                    name: META_SPEC.into(),
+                    value: postcard::to_stdvec(&*spec).unwrap_or_default(),
+                });
+                if !self.farm_list.0.contains(&spec.id) {
+                    self.farm_list.0.push(spec.id);
+                    batch.push(Write::Meta {
+                        farm: NODE_KEY,
+                        name: META_FARMS.into(),
+                        value: postcard::to_stdvec(&self.farm_list).unwrap_or_default(),
+                    });
+                }
+            }
+            Persist::Task { farm, task, record } => batch.push(Write::Task {
+                farm: FarmKey(farm.0),
+                task,
+                record,
+            }),
+            Persist::Done { farm, tasks } => {
+                for task in tasks {
+                    batch.push(Write::Task {
+                        farm: FarmKey(farm.0),
+                        task,
+                        record: mesh_protocol::engine::TaskRecord {
+                            run: 1,
+                            state: mesh_protocol::engine::RecordState::Done,
+                            attempt: 0,
+                            failures: 0,
+                            crashes: 0,
+                            end: None,
+                            key: None,
+                            duration_ms: 0,
+                            logs: 0,
+                        },
+                    });
+                }
+            }
+        }
+    }
+
+    fn act(&mut self, a: Action) {
+        match a {
+            Action::Persist(_) => unreachable!("persists are written before acting"),
+            Action::Send { to, msg } => self.send(to, Request::Peer(msg), None),
+            Action::Broadcast(msg) => match net::publish_beat(&mut self.swarm, &msg) {
+                Ok(()) | Err(PublishError::NoPeers) => {}
+                Err(e) => tracing::debug!("beat not published: {e}"),
+            },
+            Action::Start { task, grant } => self.start(task, grant),
+            Action::Kill { task, reason } => {
+                let sig = match reason {
+                    KillReason::Interrupt => Signal::SIGTERM,
+                    KillReason::Timeout | KillReason::Cancel => Signal::SIGKILL,
+                };
+                if let Some((attempt, live, kill)) = self.live.get_mut(&(task.farm, task.task)) {
+                    if *attempt == task.attempt {
+                        match live {
+                            Some(l) => l.signal(sig),
+                            None => *kill = true,
+                        }
+                    }
+                }
+            }
+            Action::Emit(ev) => self.emit(ev),
+        }
+    }
+
+    fn send(
+        &mut self,
+        to: NodeId,
+        req: Request,
+        reply: Option<oneshot::Sender<Result<Response, String>>>,
+    ) {
+        let Some(pid) = self.peers.get(&to).copied() else {
+            if let Some(r) = reply {
+                let _ = r.send(Err(format!("node {to} is not connected")));
+            }
+            return;
+        };
+        let id = self.swarm.behaviour_mut().rr.send_request(&pid, req);
+        self.pending.insert(id, reply);
+    }
+
+    fn emit(&mut self, ev: PeerEvent) {
+        match ev {
+            PeerEvent::MemberUp(n) => {
+                let label = self.label_of(n);
+                self.say(&format!("mesh node {label} joined"));
+            }
+            PeerEvent::MemberDown(n) => {
+                let label = self.label_of(n);
+                self.say(&format!(
+                    "mesh node {label} is gone; its tasks run elsewhere"
+                ));
+            }
+            PeerEvent::Coordinator { term, node } => {
+                let label = self.label_of(node);
+                self.say(&format!("coordinator is {label} (term {term})"));
+            }
+            PeerEvent::Accepted { farm, tasks } => {
+                if let Some(o) = self.origins.get_mut(&farm) {
+                    o.view.accepted = true;
+                    if let Some(r) = o.submit_reply.take() {
+                        let _ = r.send(ControlResponse::Submitted {
+                            farm: o.view.id.clone(),
+                            tasks,
+                        });
+                    }
+                }
+            }
+            PeerEvent::Refused { farm, reason } => {
+                if let Some(mut o) = self.origins.remove(&farm) {
+                    if let Some(r) = o.submit_reply.take() {
+                        let _ = r.send(ControlResponse::Error(reason));
+                    }
+                }
+            }
+            PeerEvent::Progress(p) => {
+                if let Some(o) = self.origins.get_mut(&p.farm) {
+                    o.view.counts = p.counts.clone();
+                    for (i, c) in p.stages.iter().enumerate() {
+                        if let Some(s) = o.view.stages.get_mut(i) {
+                            s.1 = c.clone();
+                        }
+                    }
+                    o.view.finished = p.finished;
+                    o.notify();
+                }
+            }
+            PeerEvent::Failure(f) => {
+                let label = self.label_of(f.node);
+                if let Some(o) = self.origins.get_mut(&f.farm) {
+                    let name = self
+                        .peer
+                        .spec(f.farm)
+                        .map(|s| s.def.task_name(f.task))
+                        .unwrap_or_default();
+                    let what = crate::runner::describe_end(&f.end);
+                    let verdict = match f.verdict {
+                        mesh_protocol::engine::Verdict::Retry => ", will retry",
+                        _ => "",
+                    };
+                    if o.view.failures.len() < FAILURES_SHOWN {
+                        o.view.failures.push(format!(
+                            "{name} (attempt {} on {label}): {what}{verdict}",
+                            f.attempt
+                        ));
+                    }
+                }
+            }
+            PeerEvent::Unplaceable {
+                farm,
+                stage,
+                reason,
+            } => {
+                if let Some(o) = self.origins.get_mut(&farm) {
+                    let name = o
+                        .view
+                        .stages
+                        .get(stage as usize)
+                        .map(|s| s.0.clone())
+                        .unwrap_or_default();
+                    o.view
+                        .unplaceable
+                        .push(format!("stage {name} fits no node of the mesh: {reason}"));
+                }
+            }
+        }
+    }
+
+    fn label_of(&self, n: NodeId) -> String {
+        if n == self.me {
+            return self.swarm.local_peer_id().to_string();
+        }
+        self.peers
+            .get(&n)
+            .map(|p| p.to_string())
+            .or_else(|| self.labels.get(&n).cloned())
+            .unwrap_or_else(|| n.to_string())
+    }
+
+    fn on_swarm(
+        &mut self,
+        ev: SwarmEvent<BehaviourEvent>,
+        opts: &NodeOptions,
+        joined: &mut bool,
+    ) -> Result<(), NodeError> {
+        match ev {
+            SwarmEvent::NewListenAddr { address, .. } => {
+                let id = *self.swarm.local_peer_id();
+                self.say(&format!("mesh node {id} listening on {address}"));
+                self.listen_addrs.push(address);
+                self.update_address();
+            }
+            SwarmEvent::ConnectionEstablished { peer_id, .. } => {
+                self.dialing.remove(&peer_id);
+                self.peers.insert(keys::node_id(&peer_id), peer_id);
+                *joined = true;
+            }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                num_established: 0,
+                ..
+            } => {
+                // Membership decides who is dead (beats stop); the connection
+                // is redialled from the next beat if the node is still there.
+                self.peers.remove(&keys::node_id(&peer_id));
+            }
+            SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
+                if let Some(p) = peer_id {
+                    self.dialing.remove(&p);
+                }
+                let why = net::explain_dial_error(&error);
+                if !*joined {
+                    let addr = opts
+                        .join
+                        .as_ref()
+                        .map(|a| a.to_string())
+                        .unwrap_or_default();
+                    return Err(NodeError::Join { addr, why });
+                }
+                tracing::info!("dial failed: {why}");
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
+                peer_id,
+                info,
+                ..
+            })) => {
+                if let Err(e) = net::check_identified(&mut self.swarm, peer_id, &info) {
+                    self.say(&format!("refused {e}"));
+                    if !*joined {
+                        let addr = opts
+                            .join
+                            .as_ref()
+                            .map(|a| a.to_string())
+                            .unwrap_or_default();
+                        return Err(NodeError::Join { addr, why: e });
+                    }
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {
+                message,
+                ..
+            })) => {
+                let Some(source) = message.source else {
+                    return Ok(());
+                };
+                if let Some(msg @ Msg::Beat(_)) = net::decode_gossip(&message.data) {
+                    let from = keys::node_id(&source);
+                    if let Msg::Beat(b) = &msg {
+                        self.maybe_dial(source, &b.addrs);
+                        self.labels
+                            .entry(from)
+                            .or_insert_with(|| source.to_string());
+                    }
+                    let now = self.now();
+                    self.peer.handle_message(now, from, msg);
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Rr(ev)) => self.on_rr(ev),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Gossip reaches this node through others: connect to its author directly.
+    fn maybe_dial(&mut self, peer: PeerId, addrs: &[String]) {
+        if self.swarm.is_connected(&peer) || self.dialing.contains(&peer) {
+            return;
+        }
+        let addrs: Vec<Multiaddr> = addrs.iter().filter_map(|a| a.parse().ok()).collect();
+        if addrs.is_empty() {
+            return;
+        }
+        let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+            .addresses(addrs)
+            .build();
+        if self.swarm.dial(opts).is_ok() {
+            self.dialing.insert(peer);
+        }
+    }
+
+    fn update_address(&mut self) {
+        let id = *self.swarm.local_peer_id();
+        let addrs: Vec<String> = self
+            .listen_addrs
+            .iter()
+            .filter(|a| {
+                // 0.0.0.0 is where we listen, not where anyone can reach us.
+                !a.iter()
+                    .any(|p| matches!(p, Protocol::Ip4(ip) if ip.is_unspecified()))
+            })
+            .map(|a| a.clone().with(Protocol::P2p(id)).to_string())
+            .collect();
+        self.peer.set_address(id.to_string(), addrs);
+    }
+
+    fn on_rr(&mut self, ev: request_response::Event<Request, Response>) {
+        match ev {
+            request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request {
+                    request, channel, ..
+                } => {
+                    let from = keys::node_id(&peer);
+                    self.peers.insert(from, peer);
+                    self.on_request(from, request, channel);
+                }
+                request_response::Message::Response {
+                    request_id,
+                    response,
+                } => {
+                    if let Some(Some(reply)) = self.pending.remove(&request_id) {
+                        let _ = reply.send(Ok(response));
+                    }
+                }
+            },
+            request_response::Event::OutboundFailure {
+                request_id, error, ..
+            } => {
+                if let Some(Some(reply)) = self.pending.remove(&request_id) {
+                    let _ = reply.send(Err(error.to_string()));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_request(&mut self, from: NodeId, req: Request, channel: ResponseChannel<Response>) {
+        match req {
+            Request::Peer(msg) => {
+                let _ = self
+                    .swarm
+                    .behaviour_mut()
+                    .rr
+                    .send_response(channel, Response::Ok);
+                let now = self.now();
+                self.peer.handle_message(now, from, msg);
+            }
+            Request::GetBlob { hash, offset, .. } => {
+                let Some(path) = self.blobs.get(&hash).cloned() else {
+                    let _ = self.swarm.behaviour_mut().rr.send_response(
+                        channel,
+                        Response::Error("no such input on this node".into()),
+                    );
+                    return;
+                };
+                let tx = self.tx.clone();
+                tokio::task::spawn_blocking(move || {
+                    let resp = read_chunk(&path, offset).unwrap_or_else(|e| {
+                        Response::Error(format!("cannot read {}: {e}", path.display()))
+                    });
+                    let _ = tx.send(Cmd::Respond(channel, resp));
+                });
+            }
+            Request::PutOutput {
+                farm,
+                task,
+                path,
+                hash,
+                size,
+                offset,
+                data,
+            } => {
+                let target = self.output_target(farm, task, &path);
+                let tx = self.tx.clone();
+                tokio::task::spawn_blocking(move || {
+                    let resp = match target {
+                        Err(e) => Response::Error(e),
+                        Ok(t) => match write_chunk(&t, hash, size, offset, &data) {
+                            Ok(()) => Response::Ok,
+                            Err(e) => Response::Error(e),
+                        },
+                    };
+                    let _ = tx.send(Cmd::Respond(channel, resp));
+                });
+            }
+        }
+    }
+
+    /// Where an output file of a task goes in the submitter's `out` tree.
+    fn output_target(&self, farm: FarmId, task: TaskRef, path: &str) -> Result<PathBuf, String> {
+        if !self.origins.contains_key(&farm) {
+            return Err(format!("farm {farm} was not submitted on this node"));
+        }
+        let spec = self
+            .peer
+            .spec(farm)
+            .ok_or_else(|| format!("farm {farm} is unknown here"))?;
+        if !path_stays_inside(path) {
+            return Err(format!("output path `{path}` leaves the task's folder"));
+        }
+        let stage = spec
+            .def
+            .stages
+            .get(task.stage as usize)
+            .ok_or("no such stage")?;
+        Ok(PathBuf::from(&spec.def.out)
+            .join(&stage.name)
+            .join(task.index.to_string())
+            .join(path))
+    }
+
+    fn on_cmd(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Finished(task, outcome) => {
+                if self
+                    .live
+                    .get(&(task.farm, task.task))
+                    .is_some_and(|(a, ..)| *a == task.attempt)
+                {
+                    self.live.remove(&(task.farm, task.task));
+                }
+                let now = self.now();
+                self.peer.task_finished(now, task, outcome);
+            }
+            Cmd::Launched(task, live) => {
+                if let Some((attempt, slot, kill)) = self.live.get_mut(&(task.farm, task.task)) {
+                    if *attempt == task.attempt {
+                        if *kill {
+                            live.signal(Signal::SIGKILL);
+                        }
+                        *slot = Some(live);
+                    }
+                }
+            }
+            Cmd::Request { to, req, reply } => self.send(to, req, Some(reply)),
+            Cmd::Respond(channel, resp) => {
+                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+            }
+            Cmd::Control(req, reply) => self.on_control(req, reply),
+            Cmd::Submit(spec, reply) => match spec {
+                Err(e) => {
+                    let _ = reply.send(ControlResponse::Error(e));
+                }
+                Ok(spec) => {
+                    self.serve_inputs(&spec);
+                    let mut o = Origin::new(&spec, spec.def.root.clone());
+                    o.submit_reply = Some(reply);
+                    self.origins.insert(spec.id, o);
+                    let now = self.now();
+                    self.peer.submit(now, spec, Vec::new());
+                }
+            },
+        }
+    }
+
+    fn on_control(&mut self, req: ControlRequest, reply: mpsc::UnboundedSender<ControlResponse>) {
+        match req {
+            ControlRequest::Submit { def, file } => {
+                let origin = self.me;
+                let tx = self.tx.clone();
+                // Hashing inputs reads files: off the loop.
+                tokio::task::spawn_blocking(move || {
+                    let spec = make_spec(*def, &file, origin);
+                    let _ = tx.send(Cmd::Submit(spec, reply));
+                });
+            }
+            ControlRequest::Wait { farm } => match self.find_farm(&farm) {
+                Err(e) => {
+                    let _ = reply.send(ControlResponse::Error(e));
+                }
+                Ok(fid) => {
+                    let o = self.origins.get_mut(&fid).expect("found");
+                    let _ = reply.send(ControlResponse::Progress(o.view.clone()));
+                    if o.view.finished {
+                        let _ = reply.send(ControlResponse::Finished(o.view.clone()));
+                    } else {
+                        o.waiters.push(reply);
+                    }
+                }
+            },
+            ControlRequest::Cancel { farm } => match self.find_farm(&farm) {
+                Err(e) => {
+                    let _ = reply.send(ControlResponse::Error(e));
+                }
+                Ok(fid) => {
+                    let now = self.now();
+                    self.peer.cancel(now, fid);
+                    let id = self.origins[&fid].view.id.clone();
+                    let _ = reply.send(ControlResponse::Cancelled { farm: id });
+                }
+            },
+            ControlRequest::Status => {
+                let _ = reply.send(ControlResponse::Status(Box::new(self.status())));
+            }
+        }
+    }
+
+    fn find_farm(&self, query: &str) -> Result<FarmId, String> {
+        let hits: Vec<FarmId> = self
+            .origins
+            .iter()
+            .filter(|(_, o)| o.view.id == query || o.view.name == query)
+            .map(|(id, _)| *id)
+            .collect();
+        match hits.as_slice() {
+            [one] => Ok(*one),
+            [] => {
+                let prefixed: Vec<FarmId> = self
+                    .origins
+                    .iter()
+                    .filter(|(_, o)| o.view.id.starts_with(query))
+                    .map(|(id, _)| *id)
+                    .collect();
+                match prefixed.as_slice() {
+                    [one] => Ok(*one),
+                    [] => Err(format!(
+                        "no farm `{query}` was submitted on this node (see `mesh status`)"
+                    )),
+                    _ => Err(format!("`{query}` matches several farms; give the full id")),
+                }
+            }
+            many => {
+                // The same name submitted again: the latest submission.
+                Ok(*many.iter().max().expect("not empty"))
+            }
+        }
+    }
+
+    fn status(&self) -> MeshStatus {
+        let coordinator = self.peer.coordinator();
+        let mut nodes = vec![NodeView {
+            id: self.swarm.local_peer_id().to_string(),
+            addrs: self.peer.beat().addrs,
+            resources: ResourceView {
+                total: self.peer.beat().total.to_string(),
+                used: self.peer.beat().used.to_string(),
+            },
+            queued: self.peer.queued() as u32,
+            running: self.peer.running_count() as u32,
+            coordinator: coordinator == Some(self.me),
+            local: true,
+        }];
+        for m in self.peer.members() {
+            nodes.push(NodeView {
+                id: m.beat.label.clone(),
+                addrs: m.beat.addrs.clone(),
+                resources: ResourceView {
+                    total: m.beat.total.to_string(),
+                    used: m.beat.used.to_string(),
+                },
+                queued: m.beat.queued,
+                running: m.beat.running,
+                coordinator: coordinator == Some(m.id),
+                local: false,
+            });
+        }
+        let mut farms: Vec<FarmView> = self.origins.values().map(|o| o.view.clone()).collect();
+        farms.sort_by(|a, b| a.id.cmp(&b.id));
+        MeshStatus {
+            nodes,
+            coordinator: coordinator.map(|c| self.label_of(c)),
+            term: self.peer.term(),
+            farms,
+        }
+    }
+
+    fn interrupt(&mut self, at: &mut Option<Instant>) {
+        if at.is_some() {
+            for (_, live, _) in self.live.values() {
+                if let Some(l) = live {
+                    l.signal(Signal::SIGKILL);
+                }
+            }
+            return;
+        }
+        *at = Some(Instant::now());
+        self.say("stopping: tasks here are stopped and handed back");
+        let now = self.now();
+        self.peer.interrupt(now);
+    }
+
+    /// Starts one task: here directly when this node submitted the farm,
+    /// otherwise after fetching its inputs, with its outputs sent back after.
+    fn start(&mut self, task: Assigned, grant: mesh_protocol::engine::Grant) {
+        let Some(spec) = self.peer.spec(task.farm).cloned() else {
+            let now = self.now();
+            self.peer.task_finished(
+                now,
+                task,
+                Outcome {
+                    result: TaskResult::Error("the farm's definition is not on this node".into()),
+                    key: None,
+                    duration_ms: 0,
+                    logs: 0,
+                },
+            );
+            return;
+        };
+        self.live
+            .insert((task.farm, task.task), (task.attempt, None, false));
+        let def = &spec.def;
+        let stage = def.stage(task.task);
+        let mut tspec = def.expand(task.task);
+        let hashes: Vec<[u8; 32]> = tspec.inputs.iter().map(|i| input_hash(&spec, i)).collect();
+        let task_id = def.task_name(task.task);
+        let key = content_key(&def.name, &task_id, &tspec, &stage.resources, &hashes);
+        resolve_program(&mut self.programs, &mut tspec);
+        let local = spec.origin == self.me;
+        let farm_dir = self.state.join("work").join(task.farm.to_string());
+        let (root, out_dir) = if local {
+            (
+                PathBuf::from(&def.root),
+                PathBuf::from(&def.out)
+                    .join(&stage.name)
+                    .join(task.task.index.to_string()),
+            )
+        } else {
+            (
+                farm_dir.join("root"),
+                farm_dir
+                    .join("out")
+                    .join(&stage.name)
+                    .join(format!("{}.{}", task.task.index, task.attempt)),
+            )
+        };
+        let logs_dir = self.state.join("logs").join(task.farm.to_string());
+        let launch = Launch {
+            slot: 0,
+            task: task.task,
+            attempt: task.attempt,
+            success_codes: stage.success_codes.clone(),
+            spec: tspec,
+            grant,
+            key,
+            farm_name: def.name.clone(),
+            task_id,
+            root,
+            out_dir,
+            stdout_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "out"),
+            stderr_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "err"),
+            node_has_gpus: self.node_has_gpus,
+        };
+        let tx = self.tx.clone();
+        let cache = self.state.join("cache");
+        tokio::spawn(async move {
+            let outcome = run_task(launch, spec, task, local, cache, tx.clone()).await;
+            let _ = tx.send(Cmd::Finished(task, outcome));
+        });
+    }
+}
+
+impl Origin {
+    fn new(spec: &FarmSpec, _root: String) -> Origin {
+        let def = &spec.def;
+        Origin {
+            view: FarmView {
+                id: farm_display_id(&def.name, spec.id),
+                name: def.name.clone(),
+                file: String::new(),
+                out: def.out.clone(),
+                accepted: false,
+                finished: false,
+                counts: mesh_protocol::engine::Counts {
+                    total: def.task_count(),
+                    ..Default::default()
+                },
+                stages: def
+                    .stages
+                    .iter()
+                    .map(|s| {
+                        (
+                            s.name.clone(),
+                            mesh_protocol::engine::Counts {
+                                total: s.len() as u64,
+                                ..Default::default()
+                            },
+                        )
+                    })
+                    .collect(),
+                failures: Vec::new(),
+                unplaceable: Vec::new(),
+            },
+            waiters: Vec::new(),
+            submit_reply: None,
+        }
+    }
+
+    fn notify(&mut self) {
+        let view = self.view.clone();
+        self.waiters.retain(|w| {
+            let r = if view.finished {
+                w.send(ControlResponse::Finished(view.clone()))
+            } else {
+                w.send(ControlResponse::Progress(view.clone()))
+            };
+            r.is_ok() && !view.finished
+        });
+    }
+}
+
+/// How users name a farm: its name and the start of its mesh id.
+pub fn farm_display_id(name: &str, id: FarmId) -> String {
+    format!("{name}-{:08x}", id.0 >> 32)
+}
+
+fn input_hash(spec: &FarmSpec, path: &str) -> [u8; 32] {
+    spec.inputs
+        .iter()
+        .find(|(p, _)| p == path)
+        .map(|(_, h)| *h)
+        .unwrap_or([0; 32])
+}
+
+/// Looks a bare program name up in PATH once per node rather than per exec.
+fn resolve_program(
+    programs: &mut HashMap<String, Option<String>>,
+    spec: &mut mesh_protocol::farm::TaskSpec,
+) {
+    let mesh_protocol::farm::Command::Argv(argv) = &mut spec.command else {
+        return;
+    };
+    if argv[0].contains('/') || spec.env.iter().any(|(k, _)| k == "PATH") {
+        return;
+    }
+    let found = programs.entry(argv[0].clone()).or_insert_with_key(|name| {
+        which::which(name)
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned())
+    });
+    if let Some(path) = found {
+        argv[0] = path.clone();
+    }
+}
+
+/// The farm as it travels: every input file the farm names, hashed.
+fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<FarmSpec, String> {
+    let mut seen = HashSet::new();
+    let mut inputs = Vec::new();
+    let root = PathBuf::from(&def.root);
+    for (s, stage) in def.stages.iter().enumerate() {
+        if stage.inputs.is_empty() {
+            continue;
+        }
+        for i in 0..stage.len() {
+            for input in def.expand(TaskRef::new(s as u32, i)).inputs {
+                if !seen.insert(input.clone()) {
+                    continue;
+                }
+                let path = root.join(&input);
+                let mut f =
+                    fs::File::open(&path).map_err(|e| format!("input {}: {e}", path.display()))?;
+                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                if len > FILE_MAX {
+                    return Err(format!(
+                        "input {} is {len} bytes; the most a mesh moves is {FILE_MAX}",
+                        path.display()
+                    ));
+                }
+                let mut h = blake3::Hasher::new();
+                h.update_reader(&mut f)
+                    .map_err(|e| format!("input {}: {e}", path.display()))?;
+                inputs.push((input, *h.finalize().as_bytes()));
+            }
+        }
+    }
+    let mut h = blake3::Hasher::new();
+    h.update(&origin.0.to_be_bytes());
+    h.update(file.as_bytes());
+    h.update(&crate::state::unix_ms().to_be_bytes());
+    let id = FarmId(u64::from_be_bytes(
+        h.finalize().as_bytes()[..8].try_into().expect("8 bytes"),
+    ));
+    Ok(FarmSpec {
+        id,
+        origin,
+        def,
+        inputs,
+    })
+}
+
+/// One attempt on this node: fetch inputs, run, send outputs to the submitter.
+async fn run_task(
+    launch: Launch,
+    spec: Arc<FarmSpec>,
+    task: Assigned,
+    local: bool,
+    cache: PathBuf,
+    tx: mpsc::UnboundedSender<Cmd>,
+) -> Outcome {
+    let key = launch.key;
+    let fail = |e: String| Outcome {
+        result: TaskResult::Error(e),
+        key: Some(key),
+        duration_ms: 0,
+        logs: 0,
+    };
+    if !local {
+        for input in &launch.spec.inputs {
+            let hash = input_hash(&spec, input);
+            if let Err(e) = fetch_input(
+                &tx,
+                spec.origin,
+                spec.id,
+                hash,
+                &cache,
+                &launch.root.join(input),
+            )
+            .await
+            {
+                return fail(format!("fetching input `{input}` from the submitter: {e}"));
+            }
+        }
+    }
+    let out_dir = launch.out_dir.clone();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Finished>();
+    let live = executor::launch(launch, done_tx);
+    let _ = tx.send(Cmd::Launched(task, live));
+    let Some(f) = done_rx.recv().await else {
+        return fail("the task's runner stopped".into());
+    };
+    let mut outcome = Outcome {
+        result: f.result,
+        key: Some(f.key),
+        duration_ms: f.duration_ms,
+        logs: f.logs,
+    };
+    if !local && out_dir.exists() {
+        if let TaskResult::Exited(code) = outcome.result {
+            if spec.def.stage(task.task).success_codes.contains(&code) {
+                if let Err(e) = send_outputs(&tx, &spec, task, &out_dir).await {
+                    outcome.result =
+                        TaskResult::Error(format!("sending outputs to the submitter: {e}"));
+                }
+            }
+        }
+        let _ = tokio::task::spawn_blocking(move || fs::remove_dir_all(out_dir)).await;
+    }
+    outcome
+}
+
+async fn request(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    to: NodeId,
+    req: Request,
+) -> Result<Response, String> {
+    let (reply, rx) = oneshot::channel();
+    tx.send(Cmd::Request { to, req, reply })
+        .map_err(|_| "the node is stopping".to_string())?;
+    match rx.await {
+        Ok(Ok(Response::Error(e))) => Err(e),
+        Ok(r) => r,
+        Err(_) => Err("the node is stopping".into()),
+    }
+}
+
+/// Puts an input in place, from this node's cache or fetched from the submitter once.
+async fn fetch_input(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    origin: NodeId,
+    farm: FarmId,
+    hash: [u8; 32],
+    cache: &Path,
+    dest: &Path,
+) -> Result<(), String> {
+    let hex = blake3::Hash::from(hash).to_hex().to_string();
+    let cached = cache.join(&hex);
+    if !cached.is_file() {
+        fs::create_dir_all(cache).map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
+        let tmp = cache.join(format!("{hex}.{}.part", rand_suffix()));
+        let mut file =
+            fs::File::create(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+        let mut hasher = blake3::Hasher::new();
+        let mut offset = 0u64;
+        loop {
+            let resp = request(tx, origin, Request::GetBlob { farm, hash, offset }).await?;
+            let Response::Blob { size, data } = resp else {
+                return Err("unexpected answer".into());
+            };
+            if size > FILE_MAX {
+                return Err(format!("{size} bytes is more than the limit {FILE_MAX}"));
+            }
+            hasher.update(&data);
+            file.write_all(&data)
+                .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+            offset += data.len() as u64;
+            if offset >= size || data.is_empty() {
+                break;
+            }
+        }
+        if hasher.finalize().as_bytes() != &hash {
+            let _ = fs::remove_file(&tmp);
+            return Err("the file arrived with another hash (it changed on the submitter?)".into());
+        }
+        fs::rename(&tmp, &cached).map_err(|e| format!("cannot keep the input: {e}"))?;
+    }
+    if dest.is_file() {
+        return Ok(());
+    }
+    if let Some(dir) = dest.parent() {
+        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    if fs::hard_link(&cached, dest).is_err() && !dest.is_file() {
+        fs::copy(&cached, dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
+    }
+    Ok(())
+}
+
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Sends every file under `dir` to the submitter, in chunks, each file checked by hash there.
+async fn send_outputs(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    spec: &FarmSpec,
+    task: Assigned,
+    dir: &Path,
+) -> Result<(), String> {
+    let mut files = Vec::new();
+    walk(dir, dir, &mut files).map_err(|e| format!("cannot list outputs: {e}"))?;
+    for (rel, path) in files {
+        let mut f = fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if size > FILE_MAX {
+            return Err(format!(
+                "output {rel} is {size} bytes; the most a mesh moves is {FILE_MAX}"
+            ));
+        }
+        let mut h = blake3::Hasher::new();
+        h.update_reader(&mut f)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let hash = *h.finalize().as_bytes();
+        f.seek(SeekFrom::Start(0))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut offset = 0u64;
+        loop {
+            let mut data = vec![0u8; CHUNK_MAX.min((size - offset) as usize)];
+            f.read_exact(&mut data)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let n = data.len() as u64;
+            request(
+                tx,
+                spec.origin,
+                Request::PutOutput {
+                    farm: spec.id,
+                    task: task.task,
+                    path: rel.clone(),
+                    hash,
+                    size,
+                    offset,
+                    data,
+                },
+            )
+            .await?;
+            offset += n;
+            if offset >= size {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> io::Result<()> {
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        let p = e.path();
+        if e.file_type()?.is_dir() {
+            walk(base, &p, out)?;
+        } else {
+            let rel = p
+                .strip_prefix(base)
+                .unwrap_or(&p)
+                .to_string_lossy()
+                .into_owned();
+            out.push((rel, p));
+        }
+    }
+    Ok(())
+}
+
+fn read_chunk(path: &Path, offset: u64) -> io::Result<Response> {
+    let mut f = fs::File::open(path)?;
+    let size = f.metadata()?.len();
+    f.seek(SeekFrom::Start(offset.min(size)))?;
+    let n = CHUNK_MAX.min(size.saturating_sub(offset) as usize);
+    let mut data = vec![0u8; n];
+    f.read_exact(&mut data)?;
+    Ok(Response::Blob { size, data })
+}
+
+/// Writes a piece of an output; the last piece checks the whole file's hash
+/// and only then gives it its name.
+fn write_chunk(
+    target: &Path,
+    hash: [u8; 32],
+    size: u64,
+    offset: u64,
+    data: &[u8],
+) -> Result<(), String> {
+    if size > FILE_MAX {
+        return Err(format!("{size} bytes is more than the limit {FILE_MAX}"));
+    }
+    let part = target.with_extension("mesh-part");
+    if let Some(dir) = target.parent() {
+        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(offset == 0)
+        .open(&part)
+        .map_err(|e| format!("cannot write {}: {e}", part.display()))?;
+    f.seek(SeekFrom::Start(offset))
+        .and_then(|_| f.write_all(data))
+        .map_err(|e| format!("cannot write {}: {e}", part.display()))?;
+    if offset + data.len() as u64 >= size {
+        drop(f);
+        let mut h = blake3::Hasher::new();
+        let mut r =
+            fs::File::open(&part).map_err(|e| format!("cannot read {}: {e}", part.display()))?;
+        h.update_reader(&mut r)
+            .map_err(|e| format!("cannot read {}: {e}", part.display()))?;
+        if h.finalize().as_bytes() != &hash {
+            let _ = fs::remove_file(&part);
+            return Err(format!(
+                "output {} arrived damaged (hash mismatch)",
+                target.display()
+            ));
+        }
+        fs::rename(&part, target).map_err(|e| format!("cannot keep {}: {e}", target.display()))?;
+    }
+    Ok(())
+}
+
+/// Serves one control connection: reads the request, forwards it to the loop, writes the answers.
+async fn serve_control(stream: tokio::net::UnixStream, tx: mpsc::UnboundedSender<Cmd>) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    let Ok(Some(line)) = lines.next_line().await else {
+        return;
+    };
+    let (rtx, mut rrx) = mpsc::unbounded_channel();
+    match serde_json::from_str::<ControlRequest>(&line) {
+        Ok(req) => {
+            if tx.send(Cmd::Control(req, rtx)).is_err() {
+                return;
+            }
+        }
+        Err(e) => {
+            let _ = rtx.send(ControlResponse::Error(format!("bad request: {e}")));
+            drop(rtx);
+        }
+    }
+    while let Some(resp) = rrx.recv().await {
+        let Ok(mut b) = serde_json::to_vec(&resp) else {
+            break;
+        };
+        b.push(b'\n');
+        if write.write_all(&b).await.is_err() {
+            break;
+        }
+        if matches!(
+            resp,
+            ControlResponse::Finished(_)
+                | ControlResponse::Error(_)
+                | ControlResponse::Submitted { .. }
+                | ControlResponse::Status(_)
+                | ControlResponse::Cancelled { .. }
+        ) {
+            break;
+        }
+    }
+}

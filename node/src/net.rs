@@ -1,0 +1,733 @@
+//! The node's network layer: a libp2p swarm on TCP behind the mesh's pre-shared key, heartbeats by gossip, peer messages and data by request-response.
+//!
+//! Everything here is plumbing the node loop drives: it builds the swarm,
+//! encodes what goes on the wire (postcard, see [`mesh_protocol::wire`]) and
+//! turns libp2p's errors into sentences a user can act on. It makes no
+//! decision about the mesh itself.
+//!
+//! mDNS discovery is not part of [`Behaviour`], even with the `mdns` feature:
+//! a field that exists only under a feature would change the derived event
+//! enum, which the node loop matches on, from one build to another. Nodes
+//! join by address instead.
+
+use std::io;
+use std::time::Duration;
+
+use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use libp2p::core::muxing::StreamMuxerBox;
+use libp2p::core::transport::timeout::{TransportTimeout, TransportTimeoutError};
+use libp2p::core::transport::{Boxed, Transport};
+use libp2p::core::upgrade::Version;
+use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, MessageId, ValidationMode};
+use libp2p::identity::Keypair;
+use libp2p::pnet::{PnetConfig, PreSharedKey};
+use libp2p::request_response::{self, ProtocolSupport};
+use libp2p::swarm::{DialError, NetworkBehaviour};
+use libp2p::{identify, noise, ping, tcp, yamux, Multiaddr, PeerId, StreamProtocol, Swarm};
+use mesh_protocol::mesh::Msg;
+use mesh_protocol::wire::{
+    Request, Response, GOSSIP_TOPIC, MESSAGE_MAX, PROTOCOL_VERSION, REQUEST_PROTOCOL,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use thiserror::Error;
+
+/// How long a connection with no open stream is kept; libp2p's default of 10 s drops peers in quiet moments and forces redials.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// For the TCP connection alone, so an unreachable address is told apart from a failed handshake.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// For the pnet, noise and yamux handshakes after TCP connects. A peer with
+/// another mesh key often never completes them, so this is also how long such
+/// a dial can take to fail.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A heartbeat is a few hundred bytes; anything near this is a bug or an attack.
+pub const GOSSIP_MAX: usize = 1 << 20;
+
+#[derive(NetworkBehaviour)]
+pub struct Behaviour {
+    pub identify: identify::Behaviour,
+    pub ping: ping::Behaviour,
+    pub gossipsub: gossipsub::Behaviour,
+    pub rr: request_response::Behaviour<Codec>,
+}
+
+pub struct NetConfig {
+    pub listen: Vec<Multiaddr>,
+    pub psk: PreSharedKey,
+    pub identity: Keypair,
+    pub idle_timeout: Duration,
+    pub request_timeout: Duration,
+}
+
+impl NetConfig {
+    /// A configuration with the default timeouts.
+    pub fn new(listen: Vec<Multiaddr>, psk: PreSharedKey, identity: Keypair) -> NetConfig {
+        NetConfig {
+            listen,
+            psk,
+            identity,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum NetError {
+    #[error("cannot set up the noise handshake: {0}")]
+    Noise(#[from] noise::Error),
+    #[error("cannot set up gossip: {0}")]
+    Gossip(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: Multiaddr,
+        source: libp2p::TransportError<io::Error>,
+    },
+}
+
+/// Why a heartbeat was not published.
+#[derive(Debug, Error)]
+pub enum PublishError {
+    /// No peer has subscribed yet, as happens in the first moments after
+    /// connecting (or in a mesh of one): expected, skip this beat.
+    #[error("no peer is subscribed to the heartbeat topic yet")]
+    NoPeers,
+    #[error("cannot encode the message: {0}")]
+    Encode(#[from] postcard::Error),
+    #[error("cannot publish: {0}")]
+    Gossip(gossipsub::PublishError),
+}
+
+/// The libp2p protocol version string of this build; peers must match it exactly.
+pub fn protocol_version() -> String {
+    format!("/mesh/{PROTOCOL_VERSION}")
+}
+
+/// Builds the swarm, subscribed to the heartbeat topic and listening on every `cfg.listen` address.
+pub fn build(cfg: NetConfig) -> Result<Swarm<Behaviour>, NetError> {
+    let transport = transport(&cfg.identity, cfg.psk)?;
+    let behaviour = behaviour(&cfg.identity, cfg.request_timeout)?;
+    let idle = cfg.idle_timeout;
+    let mut swarm = libp2p::SwarmBuilder::with_existing_identity(cfg.identity)
+        .with_tokio()
+        .with_other_transport(|_| transport)
+        .unwrap_or_else(|never| match never {})
+        .with_behaviour(|_| behaviour)
+        .unwrap_or_else(|never| match never {})
+        .with_swarm_config(|c| c.with_idle_connection_timeout(idle))
+        // The swarm's timeout covers a whole dial: connect, then handshakes.
+        .with_connection_timeout(CONNECT_TIMEOUT + HANDSHAKE_TIMEOUT)
+        .build();
+    for addr in cfg.listen {
+        if let Err(source) = swarm.listen_on(addr.clone()) {
+            return Err(NetError::Listen { addr, source });
+        }
+    }
+    Ok(swarm)
+}
+
+/// TCP, then the private-network layer, then noise and yamux.
+///
+/// The pre-shared key wraps the raw TCP stream, before any libp2p protocol
+/// is spoken, so a node without the key learns nothing, not even our peer id.
+fn transport(
+    identity: &Keypair,
+    psk: PreSharedKey,
+) -> Result<Boxed<(PeerId, StreamMuxerBox)>, NetError> {
+    let noise = noise::Config::new(identity)?;
+    let connect = TransportTimeout::with_outgoing_timeout(
+        tcp::tokio::Transport::new(tcp::Config::new().nodelay(true)),
+        CONNECT_TIMEOUT,
+    )
+    .map_err(|e| {
+        ConnectError(match e {
+            TransportTimeoutError::Timeout => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no TCP connection within {CONNECT_TIMEOUT:?}"),
+            ),
+            TransportTimeoutError::TimerError(e) | TransportTimeoutError::Other(e) => e,
+        })
+    });
+    let tcp = connect
+        .and_then(move |socket, _| PnetConfig::new(psk).handshake(socket))
+        .upgrade(Version::V1Lazy)
+        .authenticate(noise)
+        .multiplex(yamux::Config::default())
+        .map(|(peer, muxer), _| (peer, StreamMuxerBox::new(muxer)))
+        .boxed();
+    #[cfg(feature = "quic")]
+    let tcp = {
+        // QUIC does its own TLS handshake on UDP and cannot be wrapped by
+        // pnet: a QUIC listener admits anyone who can reach it, mesh.key or
+        // not. Only listen on QUIC addresses on a trusted network.
+        let quic = libp2p::quic::tokio::Transport::new(libp2p::quic::Config::new(identity))
+            .map(|(peer, muxer), _| (peer, StreamMuxerBox::new(muxer)));
+        tcp.or_transport(quic)
+            .map(|either, _| either.into_inner())
+            .boxed()
+    };
+    Ok(tcp)
+}
+
+fn behaviour(identity: &Keypair, request_timeout: Duration) -> Result<Behaviour, NetError> {
+    let identify = identify::Behaviour::new(
+        identify::Config::new(protocol_version(), identity.public())
+            .with_agent_version(format!("mesh/{}", env!("CARGO_PKG_VERSION"))),
+    );
+    let gossip_config = gossipsub::ConfigBuilder::default()
+        // A mesh is a handful of nodes; the defaults (6/5/12) assume many more.
+        // One outbound peer is enough: a node of a small mesh may have no more.
+        .mesh_n(4)
+        .mesh_n_low(2)
+        .mesh_n_high(8)
+        .mesh_outbound_min(1)
+        // Grafts a joining node within a fraction of a second rather than
+        // the default 1 s, so relayed beats reach it sooner.
+        .heartbeat_interval(Duration::from_millis(200))
+        .max_transmit_size(GOSSIP_MAX)
+        .validation_mode(ValidationMode::Strict)
+        // Copies relayed along different paths collapse to one. The source
+        // and sequence number are part of the id on purpose: two idle nodes
+        // (or one node twice) can send byte-identical beats, and those must
+        // not be dropped as duplicates, or an idle node would look dead.
+        .message_id_fn(|m: &gossipsub::Message| {
+            let mut h = blake3::Hasher::new();
+            if let Some(source) = &m.source {
+                h.update(&source.to_bytes());
+            }
+            h.update(&m.sequence_number.unwrap_or(0).to_be_bytes());
+            h.update(&m.data);
+            MessageId::from(h.finalize().as_bytes().to_vec())
+        })
+        .build()
+        .map_err(|e| NetError::Gossip(e.to_string()))?;
+    let mut gossipsub =
+        gossipsub::Behaviour::new(MessageAuthenticity::Signed(identity.clone()), gossip_config)
+            .map_err(|e| NetError::Gossip(e.to_string()))?;
+    gossipsub
+        .subscribe(&IdentTopic::new(GOSSIP_TOPIC))
+        .map_err(|e| NetError::Gossip(e.to_string()))?;
+    let rr = request_response::Behaviour::new(
+        [(StreamProtocol::new(REQUEST_PROTOCOL), ProtocolSupport::Full)],
+        request_response::Config::default().with_request_timeout(request_timeout),
+    );
+    Ok(Behaviour {
+        identify,
+        ping: ping::Behaviour::default(),
+        gossipsub,
+        rr,
+    })
+}
+
+/// Publishes a message (a heartbeat) on the gossip topic.
+pub fn publish_beat(swarm: &mut Swarm<Behaviour>, msg: &Msg) -> Result<(), PublishError> {
+    let data = postcard::to_allocvec(msg)?;
+    match swarm
+        .behaviour_mut()
+        .gossipsub
+        .publish(IdentTopic::new(GOSSIP_TOPIC), data)
+    {
+        Ok(_) => Ok(()),
+        Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => Err(PublishError::NoPeers),
+        Err(e) => Err(PublishError::Gossip(e)),
+    }
+}
+
+/// A gossip payload as a message; None for anything malformed (a peer's bug, not ours to crash on).
+pub fn decode_gossip(data: &[u8]) -> Option<Msg> {
+    postcard::from_bytes(data).ok()
+}
+
+/// Whether a peer's identify protocol version is ours.
+///
+/// The error is the end of a sentence that starts with the peer, as
+/// [`check_identified`] writes it: `peer {peer} {error}`.
+pub fn check_version(theirs: &str) -> Result<(), String> {
+    let ours = protocol_version();
+    if theirs == ours {
+        Ok(())
+    } else {
+        Err(format!(
+            "speaks {theirs}, this node speaks {ours}: upgrade the older node"
+        ))
+    }
+}
+
+/// On `identify::Event::Received`: disconnects a peer of another protocol
+/// version and says why, so old and new nodes never exchange messages they
+/// would misread.
+pub fn check_identified(
+    swarm: &mut Swarm<Behaviour>,
+    peer: PeerId,
+    info: &identify::Info,
+) -> Result<(), String> {
+    check_version(&info.protocol_version).map_err(|e| {
+        // Already gone is as good as disconnected.
+        let _ = swarm.disconnect_peer_id(peer);
+        format!("peer {peer} {e}")
+    })
+}
+
+/// A dial error as a sentence, naming the likely cause when the handshake failed.
+///
+/// A peer with another mesh.key accepts the TCP connection, and then the
+/// handshakes on top of pnet see garbage: the dial ends in a handshake
+/// timeout or a reset connection, reported as a transport error. Refused,
+/// unreachable or silent addresses are transport errors too, but fail in
+/// TCP's connect (see `ConnectError`) and say so in their error kind.
+pub fn explain_dial_error(err: &DialError) -> String {
+    let DialError::Transport(attempts) = err else {
+        return format!("dial failed: {err}");
+    };
+    let mut lines = Vec::new();
+    let mut handshake = false;
+    for (addr, e) in attempts {
+        let cause = match e {
+            libp2p::TransportError::MultiaddrNotSupported(_) => {
+                "address not supported by this node".to_string()
+            }
+            libp2p::TransportError::Other(io) => {
+                if is_connect_failure(io) {
+                    io_chain(io)
+                } else {
+                    handshake = true;
+                    format!("the handshake failed ({})", io_chain(io))
+                }
+            }
+        };
+        lines.push(format!("{addr}: {cause}"));
+    }
+    let mut text = format!("dial failed: {}", lines.join("; "));
+    if handshake {
+        text.push_str(
+            ": the other node probably uses a different mesh.key \
+             (copy mesh.key from a node of the mesh into this node's state folder)",
+        );
+    }
+    text
+}
+
+/// A failure to open the TCP connection itself, before any handshake.
+///
+/// libp2p's `Either` error wrappers report their inner error's source, not
+/// the inner error, so a bare io::Error from TCP would be invisible to
+/// [`explain_dial_error`]; this wrapper's source is that io::Error.
+#[derive(Debug, Error)]
+#[error("{0}")]
+struct ConnectError(#[source] io::Error);
+
+/// TCP could not connect at all: nothing is listening, or the host is out of reach.
+fn is_connect_failure(e: &io::Error) -> bool {
+    // The swarm wraps the transport's error in io::Errors of kind Other; the
+    // kind that tells is on the innermost one.
+    causes(e).any(|c| {
+        c.downcast_ref::<io::Error>().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionRefused
+                    | io::ErrorKind::HostUnreachable
+                    | io::ErrorKind::NetworkUnreachable
+                    | io::ErrorKind::AddrNotAvailable
+                    | io::ErrorKind::TimedOut
+            )
+        })
+    })
+}
+
+/// An error and everything inside it, outermost first.
+///
+/// `io::Error::source` skips the error an `io::Error` wraps (it returns that
+/// error's source), so wrapped errors are reached through `get_ref`.
+fn causes<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |c| match c.downcast_ref::<io::Error>() {
+        Some(io) => io.get_ref().map(|inner| inner as _),
+        None => c.source(),
+    })
+}
+
+/// An error and its causes, `outer: inner: innermost`, skipping repeats.
+fn io_chain(e: &io::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for c in causes(e) {
+        let text = c.to_string();
+        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
+/// The request-response codec: one postcard value per frame, behind a big-endian u32 length.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Codec;
+
+impl request_response::Codec for Codec {
+    type Protocol = StreamProtocol;
+    type Request = Request;
+    type Response = Response;
+
+    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Request>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        read_frame(io).await
+    }
+
+    async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Response>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        read_frame(io).await
+    }
+
+    async fn write_request<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        req: Request,
+    ) -> io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        write_frame(io, &req).await
+    }
+
+    async fn write_response<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        res: Response,
+    ) -> io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        write_frame(io, &res).await
+    }
+}
+
+fn too_big(size: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("frame of {size} bytes is over the limit of {MESSAGE_MAX} bytes"),
+    )
+}
+
+async fn read_frame<T, V>(io: &mut T) -> io::Result<V>
+where
+    T: AsyncRead + Unpin + Send,
+    V: DeserializeOwned,
+{
+    let mut prefix = [0u8; 4];
+    io.read_exact(&mut prefix).await?;
+    let size = u32::from_be_bytes(prefix) as usize;
+    if size > MESSAGE_MAX {
+        return Err(too_big(size));
+    }
+    // Grow with what actually arrives rather than trusting the prefix
+    // with an allocation up front.
+    let mut data = Vec::new();
+    io.take(size as u64).read_to_end(&mut data).await?;
+    if data.len() != size {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("frame ended after {} of {size} bytes", data.len()),
+        ));
+    }
+    postcard::from_bytes(&data).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+async fn write_frame<T, V>(io: &mut T, value: &V) -> io::Result<()>
+where
+    T: AsyncWrite + Unpin + Send,
+    V: Serialize,
+{
+    let data =
+        postcard::to_allocvec(value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    // Refused here too: the peer would refuse it after we sent it all.
+    if data.len() > MESSAGE_MAX {
+        return Err(too_big(data.len()));
+    }
+    let size = u32::try_from(data.len()).map_err(|_| too_big(data.len()))?;
+    io.write_all(&size.to_be_bytes()).await?;
+    io.write_all(&data).await?;
+    io.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use futures::StreamExt;
+    use libp2p::request_response::{Codec as _, Event as RrEvent, Message as RrMessage};
+    use libp2p::swarm::SwarmEvent;
+    use mesh_protocol::mesh::{Beat, FarmId, NodeId};
+    use mesh_protocol::resources::{Amount, Resources, CPU};
+    use tokio::time::timeout;
+
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(20);
+
+    fn psk(byte: u8) -> PreSharedKey {
+        PreSharedKey::new([byte; 32])
+    }
+
+    fn node(key: PreSharedKey) -> Swarm<Behaviour> {
+        let listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
+        build(NetConfig::new(listen, key, Keypair::generate_ed25519())).unwrap()
+    }
+
+    async fn listen_addr(swarm: &mut Swarm<Behaviour>) -> Multiaddr {
+        timeout(WAIT, async {
+            loop {
+                if let SwarmEvent::NewListenAddr { address, .. } = swarm.select_next_some().await {
+                    return address;
+                }
+            }
+        })
+        .await
+        .expect("no listen address")
+    }
+
+    fn resources(cpus: u64) -> Resources {
+        let mut r = Resources::new();
+        r.set(CPU, Amount::units(cpus));
+        r
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn requests_and_responses_cross_two_swarms() {
+        let (mut a, mut b) = (node(psk(1)), node(psk(1)));
+        let b_addr = listen_addr(&mut b).await;
+        let b_id = *b.local_peer_id();
+        let steal = Msg::Steal {
+            id: 7,
+            free: resources(3),
+            max: 5,
+        };
+        let blob_hash = [9u8; 32];
+        let rr = &mut a.behaviour_mut().rr;
+        let peer_req =
+            rr.send_request_with_addresses(&b_id, Request::Peer(steal.clone()), vec![b_addr]);
+        let blob_req = rr.send_request(
+            &b_id,
+            Request::GetBlob {
+                farm: FarmId(42),
+                hash: blob_hash,
+                offset: 1 << 33,
+            },
+        );
+
+        let mut responses = HashMap::new();
+        let mut requests = Vec::new();
+        timeout(WAIT, async {
+            while responses.len() < 2 {
+                tokio::select! {
+                    ev = a.select_next_some() => match ev {
+                        SwarmEvent::Behaviour(BehaviourEvent::Rr(RrEvent::Message {
+                            message: RrMessage::Response { request_id, response }, ..
+                        })) => {
+                            responses.insert(request_id, response);
+                        }
+                        SwarmEvent::Behaviour(BehaviourEvent::Rr(RrEvent::OutboundFailure {
+                            error, ..
+                        })) => panic!("request failed: {error}"),
+                        _ => {}
+                    },
+                    ev = b.select_next_some() => {
+                        if let SwarmEvent::Behaviour(BehaviourEvent::Rr(RrEvent::Message {
+                            message: RrMessage::Request { request, channel, .. }, ..
+                        })) = ev {
+                            let response = match &request {
+                                Request::Peer(_) => Response::Ok,
+                                _ => Response::Blob { size: 3, data: vec![1, 2, 3] },
+                            };
+                            requests.push(request);
+                            b.behaviour_mut().rr.send_response(channel, response).unwrap();
+                        }
+                    }
+                }
+            }
+        })
+        .await
+        .expect("no responses in time");
+
+        assert_eq!(requests.len(), 2);
+        assert!(requests
+            .iter()
+            .any(|r| matches!(r, Request::Peer(m) if *m == steal)));
+        assert!(requests.iter().any(|r| matches!(
+            r,
+            Request::GetBlob { farm: FarmId(42), hash, offset } if *hash == blob_hash && *offset == 1 << 33
+        )));
+        assert!(matches!(responses[&peer_req], Response::Ok));
+        assert!(matches!(
+            &responses[&blob_req],
+            Response::Blob { size: 3, data } if data == &[1, 2, 3]
+        ));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_published_beat_reaches_the_other_node() {
+        let (mut a, mut b) = (node(psk(2)), node(psk(2)));
+        let b_addr = listen_addr(&mut b).await;
+        a.dial(b_addr).unwrap();
+        let a_id = *a.local_peer_id();
+        let beat = Msg::Beat(Beat {
+            version: PROTOCOL_VERSION,
+            label: a_id.to_string(),
+            addrs: vec!["/ip4/127.0.0.1/tcp/4001".into()],
+            term: 3,
+            coordinator: Some(NodeId(11)),
+            total: resources(8),
+            used: resources(2),
+            queued: 4,
+            running: 2,
+            backlog: 100,
+        });
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut early_refusals = 0;
+        let received = timeout(WAIT, async {
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => match publish_beat(&mut a, &beat) {
+                        Ok(()) => {}
+                        Err(PublishError::NoPeers) => early_refusals += 1,
+                        Err(e) => panic!("publish: {e}"),
+                    },
+                    _ = a.select_next_some() => {}
+                    ev = b.select_next_some() => {
+                        if let SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(
+                            gossipsub::Event::Message { message, .. },
+                        )) = ev {
+                            assert_eq!(message.source, Some(a_id));
+                            return decode_gossip(&message.data);
+                        }
+                    }
+                }
+            }
+        })
+        .await
+        .expect("no beat in time");
+        assert_eq!(received, Some(beat));
+        eprintln!("publishes refused for lack of peers first: {early_refusals}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_codec_refuses_frames_over_the_limit() {
+        let mut frame = ((MESSAGE_MAX + 1) as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&[0; 16]);
+        let protocol = StreamProtocol::new(REQUEST_PROTOCOL);
+        let err = Codec
+            .read_request(&protocol, &mut futures::io::Cursor::new(frame))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let text = err.to_string();
+        assert!(text.contains(&(MESSAGE_MAX + 1).to_string()), "{text}");
+        assert!(text.contains(&MESSAGE_MAX.to_string()), "{text}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_codec_round_trips_and_notices_a_short_frame() {
+        let protocol = StreamProtocol::new(REQUEST_PROTOCOL);
+        let mut buf = futures::io::Cursor::new(Vec::new());
+        let sent = Response::Error("no such blob".into());
+        Codec
+            .write_response(&protocol, &mut buf, sent)
+            .await
+            .unwrap();
+        let mut bytes = buf.into_inner();
+        let got = Codec
+            .read_response(&protocol, &mut futures::io::Cursor::new(bytes.clone()))
+            .await
+            .unwrap();
+        assert!(matches!(got, Response::Error(s) if s == "no such blob"));
+        bytes.pop();
+        let err = Codec
+            .read_response(&protocol, &mut futures::io::Cursor::new(bytes))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_dial_with_another_mesh_key_fails_and_names_the_key() {
+        let (mut a, mut b) = (node(psk(3)), node(psk(4)));
+        let b_addr = listen_addr(&mut b).await;
+        a.dial(b_addr).unwrap();
+        let error = timeout(WAIT, async {
+            loop {
+                tokio::select! {
+                    ev = a.select_next_some() => match ev {
+                        SwarmEvent::OutgoingConnectionError { error, .. } => return error,
+                        SwarmEvent::ConnectionEstablished { .. } => panic!("connected with the wrong key"),
+                        _ => {}
+                    },
+                    ev = b.select_next_some() => {
+                        if let SwarmEvent::ConnectionEstablished { .. } = ev {
+                            panic!("accepted a peer with the wrong key");
+                        }
+                    }
+                }
+            }
+        })
+        .await
+        .expect("the dial neither failed nor succeeded in time");
+        eprintln!("wrong-key dial error: {error:?}\ndisplay: {error}");
+        let text = explain_dial_error(&error);
+        eprintln!("explained: {text}");
+        assert!(text.contains("mesh.key"), "{text}");
+        assert_eq!(a.connected_peers().count(), 0);
+        assert_eq!(b.connected_peers().count(), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_refused_dial_does_not_blame_the_key() {
+        let mut a = node(psk(5));
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        a.dial(
+            format!("/ip4/127.0.0.1/tcp/{port}")
+                .parse::<Multiaddr>()
+                .unwrap(),
+        )
+        .unwrap();
+        let error = timeout(WAIT, async {
+            loop {
+                if let SwarmEvent::OutgoingConnectionError { error, .. } =
+                    a.select_next_some().await
+                {
+                    return error;
+                }
+            }
+        })
+        .await
+        .expect("no dial error in time");
+        let text = explain_dial_error(&error);
+        assert!(!text.contains("mesh.key"), "{text}");
+        assert!(text.contains(&port.to_string()), "{text}");
+    }
+
+    #[test]
+    fn versions_must_match_exactly() {
+        assert_eq!(check_version(&protocol_version()), Ok(()));
+        let err = check_version("/mesh/0").unwrap_err();
+        assert!(
+            err.contains("/mesh/0") && err.contains(&protocol_version()),
+            "{err}"
+        );
+        assert!(err.contains("upgrade the older node"), "{err}");
+    }
+
+    #[test]
+    fn garbage_gossip_is_ignored() {
+        assert_eq!(decode_gossip(&[0xff, 0xff, 0xff]), None);
+    }
+}

@@ -1,0 +1,7 @@
+//! The mesh peer: membership, coordinator election, placement and stealing as one sans-IO state machine.
+
+mod msg;
+mod peer;
+
+pub use msg::*;
+pub use peer::*;

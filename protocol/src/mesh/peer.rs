@@ -1,0 +1,1603 @@
+//! One node of the mesh as a sans-IO state machine: membership, election, the coordinator's placement and the worker's queue.
+//!
+//! Every node runs a [`Peer`]. It gossips a [`Beat`] (its resources, load
+//! and whom it follows), notices dead members when their beats stop, and
+//! agrees on a coordinator with terms. The coordinator holds each farm's
+//! [`Engine`] (in remote mode), so scheduling decisions stay in one place:
+//! it claims ready tasks for nodes with room (about 1.1x their capacity, so a
+//! node always has its next task queued), re-queues the tasks of dead nodes
+//! without spending their retries, and reports progress to the submitter.
+//! Workers start what they are given in order, enforce timeouts, report
+//! results until acknowledged, and steal unstarted tasks from overloaded
+//! peers when they run dry.
+//!
+//! Like the engine it does no I/O and reads no clock: the driver feeds it
+//! messages, finished tasks and the time, and carries out its [`Action`]s in
+//! order, making every `Persist` durable before any later action.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+use super::msg::*;
+use crate::engine::{
+    self, AddOptions, Engine, FarmSlot, KillReason, Millis, Outcome, RecordState, TaskRecord,
+    TaskResult, Verdict,
+};
+use crate::farm::TaskRef;
+use crate::pool::{Grant, Pool};
+use crate::resources::{Amount, Resources, CPU};
+use crate::wire::PROTOCOL_VERSION;
+
+/// Knobs of the mesh protocol; the defaults suit a LAN.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// How often a node gossips its beat.
+    pub heartbeat_ms: u64,
+    /// A member silent this long is dead: its tasks run elsewhere.
+    pub dead_after_ms: u64,
+    /// A node that joins an existing mesh waits this long to hear the
+    /// coordinator before it may elect itself.
+    pub join_wait_ms: u64,
+    /// Take unstarted tasks from overloaded peers when this node runs dry.
+    pub steal: bool,
+    /// A node is handed tasks until its claimed resources reach this percentage
+    /// of its capacity (and always one task beyond a full node).
+    pub prefetch_percent: u64,
+    /// Most tasks one node may hold claimed (queued or running) at once;
+    /// `None`: twice its cpus plus two. Raised together with
+    /// `prefetch_percent`, it places work badly on purpose (the simulator's
+    /// skew scenarios: everything on the first node, the rest must steal).
+    pub node_claims_max: Option<usize>,
+    /// Most tasks in one assignment, report or steal.
+    pub batch_max: usize,
+    /// Most tasks a node queues (not yet started) at once.
+    pub queue_max: usize,
+    /// Unacknowledged reports, submissions and replications are sent again this often.
+    pub resend_ms: u64,
+    /// The coordinator tells submitters about progress this often.
+    pub progress_ms: u64,
+    /// A steal with no answer after this long is given up.
+    pub steal_timeout_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            heartbeat_ms: 250,
+            dead_after_ms: 2000,
+            join_wait_ms: 1500,
+            steal: true,
+            prefetch_percent: 110,
+            node_claims_max: None,
+            batch_max: 256,
+            queue_max: 4096,
+            resend_ms: 1000,
+            progress_ms: 200,
+            steal_timeout_ms: 1000,
+        }
+    }
+}
+
+/// What the driver must make durable before acting on anything after it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Persist {
+    /// A farm this node coordinates, keeps a copy of, or submitted.
+    Farm(Arc<FarmSpec>),
+    /// The coordinator's record of one task.
+    Task {
+        farm: FarmId,
+        task: TaskRef,
+        record: TaskRecord,
+    },
+    /// On the submitter: these tasks are done.
+    Done { farm: FarmId, tasks: Vec<TaskRef> },
+}
+
+/// What happened that the driver may want to show.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PeerEvent {
+    MemberUp(NodeId),
+    MemberDown(NodeId),
+    Coordinator {
+        term: u64,
+        node: NodeId,
+    },
+    Accepted {
+        farm: FarmId,
+        tasks: u64,
+    },
+    Refused {
+        farm: FarmId,
+        reason: String,
+    },
+    Progress(FarmProgress),
+    Failure(Failure),
+    Unplaceable {
+        farm: FarmId,
+        stage: u32,
+        reason: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    Send {
+        to: NodeId,
+        msg: Msg,
+    },
+    /// Gossip to every member.
+    Broadcast(Msg),
+    Persist(Persist),
+    Start {
+        task: Assigned,
+        grant: Grant,
+    },
+    Kill {
+        task: Assigned,
+        reason: KillReason,
+    },
+    Emit(PeerEvent),
+}
+
+/// Counters for the simulator and `mesh status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub messages: u64,
+    pub steals_asked: u64,
+    pub steals_won: u64,
+    pub tasks_stolen: u64,
+    pub tasks_given: u64,
+}
+
+/// A member as this node last heard of it.
+#[derive(Clone, Debug)]
+pub struct Member {
+    pub id: NodeId,
+    pub beat: Beat,
+    pub last_seen: Millis,
+}
+
+struct Run {
+    attempt: u32,
+    grant: Grant,
+    killed: Option<KillReason>,
+}
+
+struct Submitted {
+    spec: Arc<FarmSpec>,
+    accepted: bool,
+    done: HashSet<TaskRef>,
+    finished: bool,
+}
+
+struct CoordFarm {
+    slot: FarmSlot,
+    spec: Arc<FarmSpec>,
+    /// Accepted: durable here and on one more node.
+    accepted: bool,
+    /// When the submitter is this node, the copy goes to another node first.
+    replica: Option<NodeId>,
+    progress_sent: Option<engine::Counts>,
+    finished_sent: bool,
+    done_since: Vec<TaskRef>,
+}
+
+/// The coordinator's state: only the elected node has one.
+struct Coord {
+    engine: Engine,
+    farms: HashMap<FarmId, CoordFarm>,
+    slots: Vec<FarmId>,
+    /// Who holds each claimed task, and which attempt.
+    claims: HashMap<(FarmSlot, TaskRef), (NodeId, u32)>,
+    /// Resources of the tasks claimed by each node (queued or running there).
+    load: HashMap<NodeId, (Resources, usize)>,
+    /// Nodes that may take more work.
+    hungry: HashSet<NodeId>,
+    /// The backlog after the last assignment: when it grows, every node may take more.
+    last_backlog: u64,
+    /// The node whose report the engine is handling, to name it in failures.
+    reporter: Option<NodeId>,
+    next_progress: Millis,
+}
+
+pub struct Peer {
+    id: NodeId,
+    label: String,
+    addrs: Vec<String>,
+    cfg: Config,
+    rng: SmallRng,
+    started_at: Millis,
+    joining: bool,
+    members: BTreeMap<NodeId, Member>,
+    term: u64,
+    coordinator: Option<NodeId>,
+    coord: Option<Coord>,
+    pool: Pool,
+    queue: VecDeque<Assigned>,
+    running: HashMap<(FarmId, TaskRef), Run>,
+    timers: BinaryHeap<Reverse<(Millis, FarmId, TaskRef, u32)>>,
+    specs: HashMap<FarmId, Arc<FarmSpec>>,
+    awaiting_spec: HashMap<FarmId, Vec<Assigned>>,
+    unacked: BTreeMap<(FarmId, TaskRef), Report>,
+    submitted: BTreeMap<FarmId, Submitted>,
+    progress: HashMap<FarmId, FarmProgress>,
+    /// Farms kept on this node's store, to coordinate if it is elected.
+    stored: Vec<(Arc<FarmSpec>, Vec<(TaskRef, TaskRecord)>)>,
+    steal: Option<(u64, NodeId, Millis)>,
+    next_steal_id: u64,
+    next_beat: Millis,
+    next_resend: Millis,
+    inbox: VecDeque<(NodeId, Msg)>,
+    actions: VecDeque<Action>,
+    stats: Stats,
+    interrupted: bool,
+}
+
+impl Peer {
+    /// A node with these resources. `joining`: it was pointed at an existing
+    /// mesh, so it waits to hear a coordinator before electing itself.
+    pub fn new(
+        now: Millis,
+        id: NodeId,
+        total: Resources,
+        cfg: Config,
+        seed: u64,
+        joining: bool,
+    ) -> Peer {
+        Peer {
+            id,
+            label: String::new(),
+            addrs: Vec::new(),
+            rng: SmallRng::seed_from_u64(seed ^ id.0),
+            started_at: now,
+            joining,
+            members: BTreeMap::new(),
+            term: 0,
+            coordinator: None,
+            coord: None,
+            pool: Pool::new(total),
+            queue: VecDeque::new(),
+            running: HashMap::new(),
+            timers: BinaryHeap::new(),
+            specs: HashMap::new(),
+            awaiting_spec: HashMap::new(),
+            unacked: BTreeMap::new(),
+            submitted: BTreeMap::new(),
+            progress: HashMap::new(),
+            stored: Vec::new(),
+            steal: None,
+            next_steal_id: 1,
+            next_beat: now,
+            next_resend: now + cfg.resend_ms,
+            inbox: VecDeque::new(),
+            actions: VecDeque::new(),
+            stats: Stats::default(),
+            interrupted: false,
+            cfg,
+        }
+    }
+
+    // ----- what the driver and status pages read -----
+
+    /// How this node is known on the network, gossiped in its beats.
+    pub fn set_address(&mut self, label: String, addrs: Vec<String>) {
+        self.label = label;
+        self.addrs = addrs;
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    pub fn coordinator(&self) -> Option<NodeId> {
+        self.coordinator
+    }
+
+    pub fn is_coordinator(&self) -> bool {
+        self.coord.is_some()
+    }
+
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        self.members.values()
+    }
+
+    /// This node's own beat, as it would gossip it now.
+    pub fn beat(&self) -> Beat {
+        Beat {
+            version: PROTOCOL_VERSION,
+            label: self.label.clone(),
+            addrs: self.addrs.clone(),
+            term: self.term,
+            coordinator: self.coordinator,
+            total: self.pool.total().clone(),
+            used: self.pool.used(),
+            queued: self.queue.len() as u32,
+            running: self.running.len() as u32,
+            backlog: self.coord.as_ref().map_or(0, |c| c.engine.backlog()),
+        }
+    }
+
+    pub fn spec(&self, farm: FarmId) -> Option<&Arc<FarmSpec>> {
+        self.specs.get(&farm)
+    }
+
+    /// The latest progress of a farm this node submitted.
+    pub fn progress(&self, farm: FarmId) -> Option<&FarmProgress> {
+        self.progress.get(&farm)
+    }
+
+    pub fn submitted(&self) -> impl Iterator<Item = (FarmId, bool)> + '_ {
+        self.submitted.iter().map(|(id, s)| (*id, s.accepted))
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.running.len()
+    }
+
+    /// True when nothing runs here and nothing waits to be reported.
+    pub fn idle(&self) -> bool {
+        self.running.is_empty() && self.queue.is_empty() && self.unacked.is_empty()
+    }
+
+    #[must_use]
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
+    /// When the peer next needs [`Peer::handle_timeout`].
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        let mut at = self.next_beat.min(self.next_resend);
+        if let Some(Reverse((t, ..))) = self.timers.peek() {
+            at = at.min(*t);
+        }
+        if let Some((_, _, t)) = self.steal {
+            at = at.min(t + self.cfg.steal_timeout_ms);
+        }
+        if let Some(c) = &self.coord {
+            if c.farms.values().any(|f| f.progress_dirty()) {
+                at = at.min(c.next_progress);
+            }
+        }
+        Some(at)
+    }
+
+    // ----- inputs -----
+
+    /// A farm found in this node's store at startup: coordinated here if this node is elected.
+    pub fn restore_farm(&mut self, spec: Arc<FarmSpec>, records: Vec<(TaskRef, TaskRecord)>) {
+        self.specs.insert(spec.id, spec.clone());
+        self.stored.push((spec, records));
+    }
+
+    /// A farm submitted on this node (the origin). `done`: tasks already known done.
+    pub fn submit(&mut self, now: Millis, spec: FarmSpec, done: Vec<TaskRef>) {
+        let spec = Arc::new(spec);
+        self.specs.insert(spec.id, spec.clone());
+        self.actions
+            .push_back(Action::Persist(Persist::Farm(spec.clone())));
+        self.submitted.insert(
+            spec.id,
+            Submitted {
+                spec: spec.clone(),
+                accepted: false,
+                done: done.iter().copied().collect(),
+                finished: false,
+            },
+        );
+        if let Some(c) = self.coordinator {
+            self.send(c, Msg::Submit { farm: spec, done });
+        }
+        self.pump(now);
+    }
+
+    /// Asks the coordinator to stop a farm.
+    pub fn cancel(&mut self, now: Millis, farm: FarmId) {
+        if let Some(c) = self.coordinator {
+            self.send(c, Msg::Cancel { farm });
+        }
+        self.pump(now);
+    }
+
+    /// Stops this node's tasks (Ctrl-C): running ones are killed, queued ones given back.
+    pub fn interrupt(&mut self, now: Millis) {
+        self.interrupted = true;
+        let queued: Vec<Assigned> = self.queue.drain(..).collect();
+        if let (Some(c), false) = (self.coordinator, queued.is_empty()) {
+            let term = self.term;
+            self.send(
+                c,
+                Msg::Release {
+                    term,
+                    tasks: queued,
+                },
+            );
+        }
+        let mut kill: Vec<Assigned> = Vec::new();
+        for ((farm, task), r) in &mut self.running {
+            if r.killed.is_none() {
+                r.killed = Some(KillReason::Interrupt);
+                kill.push(Assigned {
+                    farm: *farm,
+                    task: *task,
+                    attempt: r.attempt,
+                });
+            }
+        }
+        kill.sort_by_key(|a| (a.farm, a.task));
+        for task in kill {
+            self.actions.push_back(Action::Kill {
+                task,
+                reason: KillReason::Interrupt,
+            });
+        }
+        self.pump(now);
+    }
+
+    pub fn handle_message(&mut self, now: Millis, from: NodeId, msg: Msg) {
+        self.inbox.push_back((from, msg));
+        self.pump(now);
+    }
+
+    /// A task this node started is over (its process exited, or it never started).
+    pub fn task_finished(&mut self, now: Millis, task: Assigned, outcome: Outcome) {
+        let key = (task.farm, task.task);
+        match self.running.get(&key) {
+            Some(r) if r.attempt == task.attempt => {}
+            _ => return,
+        }
+        let run = self.running.remove(&key).expect("checked above");
+        self.pool.release(&run.grant);
+        let result = match run.killed {
+            Some(KillReason::Timeout) => TaskResult::TimedOut,
+            _ => outcome.result,
+        };
+        let report = Report {
+            task,
+            result,
+            key: outcome.key,
+            duration_ms: outcome.duration_ms,
+        };
+        self.unacked.insert(key, report.clone());
+        if let Some(c) = self.coordinator {
+            let term = self.term;
+            self.send(
+                c,
+                Msg::Report {
+                    term,
+                    reports: vec![report],
+                },
+            );
+        }
+        self.start_queued(now);
+        self.pump(now);
+    }
+
+    pub fn handle_timeout(&mut self, now: Millis) {
+        while let Some(Reverse((at, farm, task, attempt))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(r) = self.running.get_mut(&(farm, task)) {
+                if r.attempt == attempt && r.killed.is_none() {
+                    r.killed = Some(KillReason::Timeout);
+                    self.actions.push_back(Action::Kill {
+                        task: Assigned {
+                            farm,
+                            task,
+                            attempt,
+                        },
+                        reason: KillReason::Timeout,
+                    });
+                }
+            }
+        }
+        if now >= self.next_beat {
+            self.next_beat = now + self.cfg.heartbeat_ms;
+            self.check_members(now);
+            self.elect(now);
+            let beat = self.beat();
+            self.stats.messages += 1;
+            self.actions.push_back(Action::Broadcast(Msg::Beat(beat)));
+            self.try_steal(now);
+        }
+        if now >= self.next_resend {
+            self.next_resend = now + self.cfg.resend_ms;
+            self.resend(now);
+        }
+        if let Some((_, _, at)) = self.steal {
+            if now >= at + self.cfg.steal_timeout_ms {
+                self.steal = None;
+            }
+        }
+        if self.coord.as_ref().is_some_and(|c| now >= c.next_progress) {
+            self.send_progress(now, false);
+        }
+        self.pump(now);
+    }
+
+    // ----- the message loop -----
+
+    fn send(&mut self, to: NodeId, msg: Msg) {
+        self.stats.messages += 1;
+        if to == self.id {
+            self.inbox.push_back((to, msg));
+        } else {
+            self.actions.push_back(Action::Send { to, msg });
+        }
+    }
+
+    /// Handles messages (including those this node sent itself) until none is left.
+    fn pump(&mut self, now: Millis) {
+        while let Some((from, msg)) = self.inbox.pop_front() {
+            self.dispatch_msg(now, from, msg);
+        }
+        self.coord_drain(now);
+        self.assign(now);
+        // Assignments to this node itself arrive through the inbox.
+        while let Some((from, msg)) = self.inbox.pop_front() {
+            self.dispatch_msg(now, from, msg);
+            self.coord_drain(now);
+            self.assign(now);
+        }
+    }
+
+    fn dispatch_msg(&mut self, now: Millis, from: NodeId, msg: Msg) {
+        match msg {
+            Msg::Beat(b) => self.on_beat(now, from, b),
+            Msg::Submit { farm, done } => self.on_submit(now, from, farm, done),
+            Msg::Accepted { farm, tasks } => {
+                if let Some(s) = self.submitted.get_mut(&farm) {
+                    if !s.accepted {
+                        s.accepted = true;
+                        self.actions
+                            .push_back(Action::Emit(PeerEvent::Accepted { farm, tasks }));
+                    }
+                }
+            }
+            Msg::Refused { farm, reason } => {
+                if self.submitted.remove(&farm).is_some() {
+                    self.actions
+                        .push_back(Action::Emit(PeerEvent::Refused { farm, reason }));
+                }
+            }
+            Msg::Replicate { farm, .. } => {
+                self.specs.insert(farm.id, farm.clone());
+                let id = farm.id;
+                self.actions.push_back(Action::Persist(Persist::Farm(farm)));
+                self.send(from, Msg::Replicated { farm: id });
+            }
+            Msg::Replicated { farm } => {
+                if let Some(f) = self.coord.as_mut().and_then(|c| c.farms.get_mut(&farm)) {
+                    if f.replica == Some(from) {
+                        f.replica = None;
+                    }
+                }
+                self.accept_ready();
+            }
+            Msg::Assign { term, tasks } => self.on_assign(now, from, term, tasks),
+            Msg::Report { reports, .. } => self.on_report(now, from, reports),
+            Msg::Ack { tasks } => {
+                for a in tasks {
+                    if self
+                        .unacked
+                        .get(&(a.farm, a.task))
+                        .is_some_and(|r| r.task.attempt == a.attempt)
+                    {
+                        self.unacked.remove(&(a.farm, a.task));
+                    }
+                }
+            }
+            Msg::Release { tasks, .. } => self.on_release(now, tasks),
+            Msg::Holding { tasks, .. } => self.on_holding(from, tasks),
+            Msg::GetFarm { farm } => {
+                if let Some(spec) = self.specs.get(&farm).cloned() {
+                    self.send(from, Msg::Farm(spec));
+                }
+            }
+            Msg::Farm(spec) => {
+                self.specs.insert(spec.id, spec.clone());
+                if let Some(waiting) = self.awaiting_spec.remove(&spec.id) {
+                    self.queue.extend(waiting);
+                    self.start_queued(now);
+                }
+            }
+            Msg::Steal { id, free, max } => self.on_steal(from, id, free, max),
+            Msg::Stolen { id, tasks } => self.on_stolen(now, from, id, tasks),
+            Msg::Moved { to, tasks, .. } => self.on_moved(from, to, tasks),
+            Msg::Cancel { farm } => self.on_cancel(now, from, farm),
+            Msg::Progress(p) => self.on_progress(p),
+            Msg::Failure(f) => self.actions.push_back(Action::Emit(PeerEvent::Failure(f))),
+            Msg::Unplaceable {
+                farm,
+                stage,
+                reason,
+            } => self.actions.push_back(Action::Emit(PeerEvent::Unplaceable {
+                farm,
+                stage,
+                reason,
+            })),
+        }
+    }
+
+    // ----- membership and election -----
+
+    fn on_beat(&mut self, now: Millis, from: NodeId, b: Beat) {
+        if b.version != PROTOCOL_VERSION || from == self.id {
+            return;
+        }
+        let claims = b.coordinator == Some(from);
+        let term = b.term;
+        let fresh = !self.members.contains_key(&from);
+        self.members.insert(
+            from,
+            Member {
+                id: from,
+                beat: b,
+                last_seen: now,
+            },
+        );
+        if fresh {
+            self.actions
+                .push_back(Action::Emit(PeerEvent::MemberUp(from)));
+            self.refresh_machines();
+            if let Some(c) = &mut self.coord {
+                c.hungry.insert(from);
+            }
+        }
+        if claims {
+            // Higher term wins; on a tie the lower id, so two halves that both
+            // elected themselves settle on one.
+            let better = term > self.term
+                || (term == self.term && self.coordinator.is_none_or(|c| from < c));
+            if better && self.coordinator != Some(from) {
+                self.follow(now, term, from);
+            } else if better {
+                self.term = term;
+            }
+        }
+    }
+
+    fn check_members(&mut self, now: Millis) {
+        let dead: Vec<NodeId> = self
+            .members
+            .values()
+            .filter(|m| now.saturating_sub(m.last_seen) > self.cfg.dead_after_ms)
+            .map(|m| m.id)
+            .collect();
+        for id in dead {
+            self.members.remove(&id);
+            self.actions
+                .push_back(Action::Emit(PeerEvent::MemberDown(id)));
+            if self.coordinator == Some(id) {
+                self.coordinator = None;
+            }
+            if let Some((_, victim, _)) = self.steal {
+                if victim == id {
+                    self.steal = None;
+                }
+            }
+            self.reclaim(now, id);
+        }
+        self.refresh_machines();
+    }
+
+    fn elect(&mut self, now: Millis) {
+        if self.coordinator.is_some() {
+            return;
+        }
+        if self.joining && now < self.started_at + self.cfg.join_wait_ms {
+            return;
+        }
+        let lowest = self.members.keys().next().copied().unwrap_or(self.id);
+        if self.id <= lowest {
+            let term = self.term + 1;
+            self.become_coordinator(now, term);
+        }
+        // Otherwise the lowest live node elects itself and its beat says so.
+    }
+
+    fn follow(&mut self, now: Millis, term: u64, node: NodeId) {
+        self.term = term;
+        self.coordinator = Some(node);
+        self.joining = false;
+        if node != self.id {
+            if let Some(old) = self.coord.take() {
+                self.hand_over(old);
+            }
+        }
+        self.actions
+            .push_back(Action::Emit(PeerEvent::Coordinator { term, node }));
+        // Whatever the old coordinator knew, tell the new one.
+        let holding: Vec<Assigned> = self
+            .queue
+            .iter()
+            .copied()
+            .chain(self.running.iter().map(|((farm, task), r)| Assigned {
+                farm: *farm,
+                task: *task,
+                attempt: r.attempt,
+            }))
+            .collect();
+        if !holding.is_empty() {
+            self.send(
+                node,
+                Msg::Holding {
+                    term,
+                    tasks: holding,
+                },
+            );
+        }
+        // A new coordinator may not know this node's farms: offer them again
+        // with what is known done (it answers at once for farms it has).
+        for s in self.submitted.values_mut() {
+            if !s.finished {
+                s.accepted = false;
+            }
+        }
+        self.resend(now);
+    }
+
+    fn become_coordinator(&mut self, now: Millis, term: u64) {
+        let machines = self.machines();
+        let mut c = Coord {
+            engine: Engine::remote(machines),
+            farms: HashMap::new(),
+            slots: Vec::new(),
+            claims: HashMap::new(),
+            load: HashMap::new(),
+            hungry: self.members.keys().copied().chain([self.id]).collect(),
+            last_backlog: 0,
+            reporter: None,
+            next_progress: now,
+        };
+        for (spec, records) in std::mem::take(&mut self.stored) {
+            add_farm(&mut c, now, spec, records, true);
+        }
+        self.coord = Some(c);
+        self.follow(now, term, self.id);
+    }
+
+    /// A coordinator that lost an election gives its farms to the winner,
+    /// with the tasks it knows are done.
+    fn hand_over(&mut self, old: Coord) {
+        let Some(to) = self.coordinator else { return };
+        for fid in &old.slots {
+            let f = &old.farms[fid];
+            let done = old.engine.done_tasks(f.slot);
+            self.send(
+                to,
+                Msg::Submit {
+                    farm: f.spec.clone(),
+                    done,
+                },
+            );
+        }
+    }
+
+    fn machines(&self) -> Vec<Resources> {
+        std::iter::once(self.pool.total().clone())
+            .chain(self.members.values().map(|m| m.beat.total.clone()))
+            .collect()
+    }
+
+    fn refresh_machines(&mut self) {
+        let machines = self.machines();
+        if let Some(c) = &mut self.coord {
+            c.engine.set_machines(machines);
+        }
+    }
+
+    fn total_of(&self, node: NodeId) -> Option<&Resources> {
+        if node == self.id {
+            Some(self.pool.total())
+        } else {
+            self.members.get(&node).map(|m| &m.beat.total)
+        }
+    }
+
+    // ----- coordinator -----
+
+    fn on_submit(&mut self, now: Millis, from: NodeId, farm: Arc<FarmSpec>, done: Vec<TaskRef>) {
+        let id = self.id;
+        let Some(c) = &mut self.coord else {
+            // Not (or no longer) the coordinator: the submitter resends to the right one.
+            return;
+        };
+        if let Some(f) = c.farms.get(&farm.id) {
+            if f.accepted {
+                let tasks = farm.def.task_count();
+                self.send(
+                    from,
+                    Msg::Accepted {
+                        farm: farm.id,
+                        tasks,
+                    },
+                );
+            }
+            return;
+        }
+        self.specs.insert(farm.id, farm.clone());
+        self.actions
+            .push_back(Action::Persist(Persist::Farm(farm.clone())));
+        let records = done
+            .into_iter()
+            .map(|t| {
+                (
+                    t,
+                    TaskRecord {
+                        run: 1,
+                        state: RecordState::Done,
+                        attempt: 0,
+                        failures: 0,
+                        crashes: 0,
+                        end: None,
+                        key: None,
+                        duration_ms: 0,
+                        logs: 0,
+                    },
+                )
+            })
+            .collect();
+        // A farm submitted elsewhere is durable on its submitter and here; one
+        // submitted here needs a copy on another node first.
+        let replica = if farm.origin == id {
+            self.members.keys().next().copied()
+        } else {
+            None
+        };
+        add_farm(c, now, farm.clone(), records, false);
+        let f = c.farms.get_mut(&farm.id).expect("just added");
+        f.replica = replica;
+        if let Some(r) = replica {
+            let term = self.term;
+            self.send(r, Msg::Replicate { term, farm });
+        }
+        self.accept_ready();
+    }
+
+    /// Acknowledges every farm that is durable on enough nodes.
+    fn accept_ready(&mut self) {
+        let Some(c) = &mut self.coord else { return };
+        let mut out = Vec::new();
+        for fid in &c.slots {
+            let f = c.farms.get_mut(fid).expect("slots and farms agree");
+            if !f.accepted && f.replica.is_none() {
+                f.accepted = true;
+                out.push((f.spec.origin, *fid, f.spec.def.task_count()));
+            }
+        }
+        for (origin, farm, tasks) in out {
+            self.send(origin, Msg::Accepted { farm, tasks });
+        }
+    }
+
+    /// Turns the engine's actions into persists, messages and events.
+    fn coord_drain(&mut self, now: Millis) {
+        let Some(c) = &mut self.coord else { return };
+        let mut out = Vec::new();
+        while let Some(a) = c.engine.poll_action() {
+            match a {
+                engine::Action::Persist(engine::Persist::Task { farm, task, record }) => {
+                    let fid = c.slots[farm.0 as usize];
+                    if record.state == RecordState::Done {
+                        if let Some(f) = c.farms.get_mut(&fid) {
+                            f.done_since.push(task);
+                        }
+                    }
+                    self.actions.push_back(Action::Persist(Persist::Task {
+                        farm: fid,
+                        task,
+                        record,
+                    }));
+                }
+                engine::Action::Kill {
+                    farm, task, reason, ..
+                } => {
+                    if reason == KillReason::Cancel {
+                        if let Some((node, _)) = c.claims.get(&(farm, task)) {
+                            out.push((
+                                *node,
+                                Msg::Cancel {
+                                    farm: c.slots[farm.0 as usize],
+                                },
+                            ));
+                        }
+                    }
+                }
+                engine::Action::Start { .. } => unreachable!("a remote engine starts nothing"),
+                engine::Action::Emit(ev) => match ev {
+                    engine::Event::TaskFinished {
+                        farm,
+                        task,
+                        attempt,
+                        end,
+                        verdict,
+                    } => {
+                        if matches!(verdict, Verdict::Failed | Verdict::Retry) {
+                            let fid = c.slots[farm.0 as usize];
+                            let origin = c.farms[&fid].spec.origin;
+                            let node = c.reporter.unwrap_or(NodeId(0));
+                            out.push((
+                                origin,
+                                Msg::Failure(Failure {
+                                    farm: fid,
+                                    task,
+                                    attempt,
+                                    node,
+                                    end,
+                                    verdict,
+                                }),
+                            ));
+                        }
+                    }
+                    engine::Event::Unplaceable {
+                        farm,
+                        stage,
+                        shortfall,
+                    } => {
+                        let fid = c.slots[farm.0 as usize];
+                        let origin = c.farms[&fid].spec.origin;
+                        let reason = shortfall
+                            .iter()
+                            .map(|(k, want, have)| {
+                                format!(
+                                    "{k}={} asked, {} on the largest node",
+                                    want.display(k),
+                                    have.display(k)
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join(", ");
+                        out.push((
+                            origin,
+                            Msg::Unplaceable {
+                                farm: fid,
+                                stage,
+                                reason,
+                            },
+                        ));
+                    }
+                    engine::Event::FarmFinished { .. } => {}
+                },
+            }
+        }
+        out.dedup();
+        for (to, msg) in out {
+            self.send(to, msg);
+        }
+        let finished = self.coord.as_ref().is_some_and(|c| {
+            c.farms
+                .values()
+                .any(|f| !f.finished_sent && c.engine.progress(f.slot).finished())
+        });
+        if finished {
+            self.send_progress(now, true);
+        }
+    }
+
+    /// Hands ready tasks to nodes with room.
+    fn assign(&mut self, now: Millis) {
+        if self.coord.is_none() {
+            return;
+        }
+        let pct = self.cfg.prefetch_percent;
+        let batch_max = self.cfg.batch_max;
+        let queue_max = self.cfg.queue_max;
+        let claims_max = self.cfg.node_claims_max;
+        let nodes: Vec<NodeId> = {
+            let members: Vec<NodeId> = self.members.keys().copied().collect();
+            let me = self.id;
+            let c = self.coord.as_mut().expect("checked");
+            let backlog = c.engine.backlog();
+            if backlog > c.last_backlog {
+                // New work (a submission, a stage opening, a task re-queued):
+                // nodes that had nothing fitting may have now.
+                c.hungry.extend(members);
+                c.hungry.insert(me);
+            }
+            c.last_backlog = backlog;
+            if backlog == 0 {
+                return;
+            }
+            let mut v: Vec<NodeId> = c.hungry.iter().copied().collect();
+            v.sort();
+            v
+        };
+        let term = self.term;
+        for node in nodes {
+            let Some(total) = self.total_of(node).cloned() else {
+                self.coord.as_mut().expect("checked").hungry.remove(&node);
+                continue;
+            };
+            let c = self.coord.as_mut().expect("checked");
+            if c.engine.backlog() == 0 {
+                return;
+            }
+            let (load, count) = c.load.entry(node).or_default();
+            let cap = queue_max.min(claims_max.unwrap_or_else(|| claims_cap(&total)));
+            let mut taken = Vec::new();
+            let claimed =
+                c.engine
+                    .claim(now, batch_max.min(cap.saturating_sub(*count)), &mut |req| {
+                        if !room(&total, load, req, pct) {
+                            return false;
+                        }
+                        load.give(req);
+                        true
+                    });
+            *count += claimed.len();
+            let full = *count >= cap || claimed.is_empty();
+            for (slot, task, attempt) in claimed {
+                c.claims.insert((slot, task), (node, attempt));
+                taken.push(Assigned {
+                    farm: c.slots[slot.0 as usize],
+                    task,
+                    attempt,
+                });
+            }
+            if full {
+                c.hungry.remove(&node);
+            }
+            if !taken.is_empty() {
+                self.send(node, Msg::Assign { term, tasks: taken });
+            }
+        }
+        let c = self.coord.as_mut().expect("checked");
+        c.last_backlog = c.engine.backlog();
+        self.coord_drain(now);
+    }
+
+    fn on_report(&mut self, now: Millis, from: NodeId, reports: Vec<Report>) {
+        let Some(c) = &mut self.coord else { return };
+        let mut acks = Vec::new();
+        for r in reports {
+            let Some(f) = c.farms.get(&r.task.farm) else {
+                continue;
+            };
+            let slot = f.slot;
+            let spec = f.spec.clone();
+            let t = r.task.task;
+            if let Some((owner, attempt)) = c.claims.get(&(slot, t)).copied() {
+                if attempt == r.task.attempt {
+                    c.claims.remove(&(slot, t));
+                    unload(c, owner, &spec.def.stages[t.stage as usize].resources);
+                }
+            }
+            c.reporter = Some(from);
+            c.engine.task_finished(
+                now,
+                slot,
+                t,
+                r.task.attempt,
+                Outcome {
+                    result: r.result,
+                    key: r.key,
+                    duration_ms: r.duration_ms,
+                    logs: 0,
+                },
+            );
+            // Acknowledged whether or not it counted: a report for an attempt
+            // that was already re-claimed is stale, and the worker should forget it.
+            acks.push(r.task);
+        }
+        c.hungry.insert(from);
+        self.coord_drain(now);
+        if let Some(c) = &mut self.coord {
+            c.reporter = None;
+        }
+        // The acknowledgement follows the record's Persist in the action order.
+        self.coord_drain(now);
+        self.send(from, Msg::Ack { tasks: acks });
+    }
+
+    fn on_release(&mut self, now: Millis, tasks: Vec<Assigned>) {
+        let Some(c) = &mut self.coord else { return };
+        for a in tasks {
+            let Some(f) = c.farms.get(&a.farm) else {
+                continue;
+            };
+            let slot = f.slot;
+            let spec = f.spec.clone();
+            if let Some((owner, attempt)) = c.claims.get(&(slot, a.task)).copied() {
+                if attempt == a.attempt {
+                    c.claims.remove(&(slot, a.task));
+                    unload(c, owner, &spec.def.stages[a.task.stage as usize].resources);
+                    c.hungry.insert(owner);
+                    c.engine.unclaim(now, slot, a.task, a.attempt);
+                }
+            }
+        }
+    }
+
+    /// After an election: the new coordinator learns who holds what.
+    fn on_holding(&mut self, from: NodeId, tasks: Vec<Assigned>) {
+        let Some(c) = &mut self.coord else { return };
+        for a in tasks {
+            let Some(f) = c.farms.get(&a.farm) else {
+                continue;
+            };
+            let slot = f.slot;
+            if c.claims.contains_key(&(slot, a.task)) {
+                continue;
+            }
+            if c.engine.adopt_claim(slot, a.task, a.attempt) {
+                c.claims.insert((slot, a.task), (from, a.attempt));
+                let (load, count) = c.load.entry(from).or_default();
+                load.give(&f.spec.def.stages[a.task.stage as usize].resources);
+                *count += 1;
+            }
+        }
+    }
+
+    fn on_moved(&mut self, from: NodeId, to: NodeId, tasks: Vec<Assigned>) {
+        let Some(c) = &mut self.coord else { return };
+        for a in tasks {
+            let Some(f) = c.farms.get(&a.farm) else {
+                continue;
+            };
+            let slot = f.slot;
+            let req = &f.spec.def.stages[a.task.stage as usize].resources;
+            if let Some(claim) = c.claims.get_mut(&(slot, a.task)) {
+                if *claim == (from, a.attempt) {
+                    claim.0 = to;
+                    let (load, count) = c.load.entry(from).or_default();
+                    load.take_saturating(req);
+                    *count = count.saturating_sub(1);
+                    let (load, count) = c.load.entry(to).or_default();
+                    load.give(req);
+                    *count += 1;
+                }
+            }
+        }
+        c.hungry.insert(from);
+    }
+
+    /// A node died: every task it held goes back to the queue.
+    fn reclaim(&mut self, now: Millis, dead: NodeId) {
+        let Some(c) = &mut self.coord else { return };
+        let mut lost: Vec<(FarmSlot, TaskRef, u32)> = c
+            .claims
+            .iter()
+            .filter(|(_, (n, _))| *n == dead)
+            .map(|((s, t), (_, a))| (*s, *t, *a))
+            .collect();
+        lost.sort();
+        for (s, t, a) in lost {
+            c.claims.remove(&(s, t));
+            c.engine.lost(now, s, t, a);
+        }
+        c.load.remove(&dead);
+        c.hungry.remove(&dead);
+        let dead_replica: Vec<FarmId> = c
+            .farms
+            .iter()
+            .filter(|(_, f)| f.replica == Some(dead))
+            .map(|(id, _)| *id)
+            .collect();
+        let next = self.members.keys().next().copied();
+        for fid in dead_replica {
+            let c = self.coord.as_mut().expect("checked");
+            let f = c.farms.get_mut(&fid).expect("listed above");
+            f.replica = next;
+            let spec = f.spec.clone();
+            if let Some(r) = next {
+                let term = self.term;
+                self.send(r, Msg::Replicate { term, farm: spec });
+            }
+        }
+        self.accept_ready();
+        self.coord_drain(now);
+    }
+
+    fn on_cancel(&mut self, now: Millis, from: NodeId, farm: FarmId) {
+        if let Some(c) = &mut self.coord {
+            if let Some(f) = c.farms.get(&farm) {
+                let slot = f.slot;
+                c.engine.cancel(slot);
+                self.coord_drain(now);
+            }
+        }
+        if self.coordinator == Some(from) || from == self.id {
+            // Drop what waits here; kill what runs. The engine hears of each.
+            let (gone, keep): (Vec<Assigned>, Vec<Assigned>) =
+                self.queue.drain(..).partition(|a| a.farm == farm);
+            self.queue = keep.into();
+            for a in gone {
+                let key = (a.farm, a.task);
+                let report = Report {
+                    task: a,
+                    result: TaskResult::Error("cancelled".into()),
+                    key: None,
+                    duration_ms: 0,
+                };
+                self.unacked.insert(key, report.clone());
+                if let Some(c) = self.coordinator {
+                    let term = self.term;
+                    self.send(
+                        c,
+                        Msg::Report {
+                            term,
+                            reports: vec![report],
+                        },
+                    );
+                }
+            }
+            let mut kill = Vec::new();
+            for ((f, t), r) in &mut self.running {
+                if *f == farm && r.killed.is_none() {
+                    r.killed = Some(KillReason::Cancel);
+                    kill.push(Assigned {
+                        farm: *f,
+                        task: *t,
+                        attempt: r.attempt,
+                    });
+                }
+            }
+            for task in kill {
+                self.actions.push_back(Action::Kill {
+                    task,
+                    reason: KillReason::Cancel,
+                });
+            }
+        }
+    }
+
+    fn send_progress(&mut self, now: Millis, finished_only: bool) {
+        let Some(c) = &mut self.coord else { return };
+        c.next_progress = now + self.cfg.progress_ms;
+        let mut out = Vec::new();
+        for fid in &c.slots {
+            let f = c.farms.get_mut(fid).expect("slots and farms agree");
+            let counts = c.engine.progress(f.slot);
+            let finished = counts.finished();
+            if f.finished_sent || (finished_only && !finished) {
+                continue;
+            }
+            if f.progress_sent.as_ref() == Some(&counts) && f.done_since.is_empty() {
+                continue;
+            }
+            f.progress_sent = Some(counts.clone());
+            f.finished_sent = finished;
+            out.push((
+                f.spec.origin,
+                FarmProgress {
+                    farm: *fid,
+                    counts,
+                    stages: c.engine.stage_progress(f.slot),
+                    finished,
+                    done: std::mem::take(&mut f.done_since),
+                },
+            ));
+        }
+        for (to, p) in out {
+            self.send(to, Msg::Progress(p));
+        }
+    }
+
+    // ----- submitter -----
+
+    fn on_progress(&mut self, p: FarmProgress) {
+        let Some(s) = self.submitted.get_mut(&p.farm) else {
+            return;
+        };
+        if s.finished {
+            return;
+        }
+        if !p.done.is_empty() {
+            s.done.extend(p.done.iter().copied());
+            self.actions.push_back(Action::Persist(Persist::Done {
+                farm: p.farm,
+                tasks: p.done.clone(),
+            }));
+        }
+        s.finished = p.finished;
+        self.progress.insert(p.farm, p.clone());
+        self.actions.push_back(Action::Emit(PeerEvent::Progress(p)));
+    }
+
+    /// Sends again what has not been acknowledged: reports, submissions.
+    fn resend(&mut self, _now: Millis) {
+        let Some(c) = self.coordinator else { return };
+        let term = self.term;
+        let reports: Vec<Report> = self.unacked.values().cloned().collect();
+        for chunk in reports.chunks(self.cfg.batch_max) {
+            self.send(
+                c,
+                Msg::Report {
+                    term,
+                    reports: chunk.to_vec(),
+                },
+            );
+        }
+        let subs: Vec<(Arc<FarmSpec>, Vec<TaskRef>)> = self
+            .submitted
+            .values()
+            .filter(|s| !s.accepted)
+            .map(|s| (s.spec.clone(), s.done.iter().copied().collect()))
+            .collect();
+        for (farm, done) in subs {
+            self.send(c, Msg::Submit { farm, done });
+        }
+    }
+
+    // ----- worker -----
+
+    fn on_assign(&mut self, now: Millis, from: NodeId, term: u64, tasks: Vec<Assigned>) {
+        if term < self.term || self.coordinator != Some(from) {
+            // A deposed coordinator: fenced off. It learns of the new term from beats.
+            return;
+        }
+        for a in tasks {
+            if self.specs.contains_key(&a.farm) {
+                self.queue.push_back(a);
+            } else {
+                let first = !self.awaiting_spec.contains_key(&a.farm);
+                self.awaiting_spec.entry(a.farm).or_default().push(a);
+                if first {
+                    self.send(from, Msg::GetFarm { farm: a.farm });
+                }
+            }
+        }
+        self.start_queued(now);
+    }
+
+    /// Starts queued tasks, in order, while they fit.
+    fn start_queued(&mut self, now: Millis) {
+        if self.interrupted {
+            return;
+        }
+        let mut i = 0;
+        // Skipping a task that does not fit now lets smaller ones behind it
+        // run; the scan is bounded so a long queue costs little.
+        while i < self.queue.len() && i < 64 {
+            let a = self.queue[i];
+            let Some(spec) = self.specs.get(&a.farm) else {
+                i += 1;
+                continue;
+            };
+            let stage = &spec.def.stages[a.task.stage as usize];
+            let timeout = stage.timeout_ms;
+            let Some(grant) = self.pool.grant(&stage.resources) else {
+                i += 1;
+                continue;
+            };
+            self.queue.remove(i);
+            if let Some(ms) = timeout {
+                self.timers
+                    .push(Reverse((now.saturating_add(ms), a.farm, a.task, a.attempt)));
+            }
+            self.running.insert(
+                (a.farm, a.task),
+                Run {
+                    attempt: a.attempt,
+                    grant: grant.clone(),
+                    killed: None,
+                },
+            );
+            self.actions.push_back(Action::Start { task: a, grant });
+        }
+    }
+
+    fn try_steal(&mut self, now: Millis) {
+        if !self.cfg.steal || self.interrupted || self.steal.is_some() || !self.queue.is_empty() {
+            return;
+        }
+        if self.pool.free().get(CPU) < Amount::units(1) {
+            return;
+        }
+        let backlog = match (&self.coord, self.coordinator) {
+            (Some(c), _) => c.engine.backlog(),
+            (None, Some(c)) => self.members.get(&c).map_or(0, |m| m.beat.backlog),
+            (None, None) => 0,
+        };
+        if backlog > 0 {
+            // The coordinator still has work to hand out; it will.
+            return;
+        }
+        let victims: Vec<(NodeId, u32)> = self
+            .members
+            .values()
+            .filter(|m| m.beat.queued > 0)
+            .map(|m| (m.id, m.beat.queued))
+            .collect();
+        if victims.is_empty() {
+            return;
+        }
+        // Two random choices: nearly as good as asking the most loaded, and
+        // thieves do not all pile onto the same victim.
+        let a = victims[self.rng.random_range(0..victims.len())];
+        let b = victims[self.rng.random_range(0..victims.len())];
+        let victim = if b.1 > a.1 { b.0 } else { a.0 };
+        let id = self.next_steal_id;
+        self.next_steal_id += 1;
+        self.steal = Some((id, victim, now));
+        self.stats.steals_asked += 1;
+        let free = self.pool.free().clone();
+        let max = self.cfg.batch_max as u32;
+        self.send(victim, Msg::Steal { id, free, max });
+    }
+
+    fn on_steal(&mut self, from: NodeId, id: u64, mut free: Resources, max: u32) {
+        // Give up to half of what waits here, newest first (the oldest are
+        // about to start), and only what has not started and fits the thief.
+        let give_max = (max as usize).min(self.queue.len().div_ceil(2));
+        let mut given = Vec::new();
+        let mut i = self.queue.len();
+        while i > 0 && given.len() < give_max {
+            i -= 1;
+            let a = self.queue[i];
+            let Some(spec) = self.specs.get(&a.farm) else {
+                continue;
+            };
+            let req = &spec.def.stages[a.task.stage as usize].resources;
+            if !free.fits(req) {
+                continue;
+            }
+            let took = free.take(req);
+            debug_assert!(took);
+            self.queue.remove(i);
+            given.push(a);
+        }
+        self.stats.tasks_given += given.len() as u64;
+        if !given.is_empty() {
+            if let Some(c) = self.coordinator {
+                let term = self.term;
+                self.send(
+                    c,
+                    Msg::Moved {
+                        term,
+                        to: from,
+                        tasks: given.clone(),
+                    },
+                );
+            }
+        }
+        self.send(from, Msg::Stolen { id, tasks: given });
+    }
+
+    fn on_stolen(&mut self, now: Millis, from: NodeId, id: u64, tasks: Vec<Assigned>) {
+        let current = matches!(self.steal, Some((sid, v, _)) if sid == id && v == from);
+        if current {
+            self.steal = None;
+        }
+        if tasks.is_empty() {
+            return;
+        }
+        if !current || self.interrupted {
+            // Stale: the tasks are this node's now, but it gave up waiting.
+            // Hand them back to the coordinator rather than drop them.
+            if let Some(c) = self.coordinator {
+                let term = self.term;
+                self.send(c, Msg::Release { term, tasks });
+            }
+            return;
+        }
+        self.stats.steals_won += 1;
+        self.stats.tasks_stolen += tasks.len() as u64;
+        self.queue.extend(tasks);
+        self.start_queued(now);
+    }
+
+    /// Checks the peer's own invariants; for tests and the simulator.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.pool
+            .check(self.running.values().map(|r| &r.grant))
+            .map_err(|e| format!("node {}: {e}", self.id))?;
+        if let Some(c) = &self.coord {
+            c.engine.check_invariants()?;
+            let mut counts: HashMap<NodeId, usize> = HashMap::new();
+            for (n, _) in c.claims.values() {
+                *counts.entry(*n).or_default() += 1;
+            }
+            for (n, (_, k)) in &c.load {
+                if counts.get(n).copied().unwrap_or(0) != *k {
+                    return Err(format!(
+                        "coordinator {}: node {n} has {} claims, load says {k}",
+                        self.id,
+                        counts.get(n).copied().unwrap_or(0)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The coordinator's view of a farm's progress, when this node coordinates it.
+    pub fn coordinated_progress(&self, farm: FarmId) -> Option<engine::Counts> {
+        let c = self.coord.as_ref()?;
+        Some(c.engine.progress(c.farms.get(&farm)?.slot))
+    }
+
+    /// Farms this node coordinates.
+    pub fn coordinated(&self) -> Vec<FarmId> {
+        self.coord.as_ref().map_or(Vec::new(), |c| c.slots.clone())
+    }
+}
+
+impl CoordFarm {
+    fn progress_dirty(&self) -> bool {
+        !self.finished_sent
+    }
+}
+
+fn add_farm(
+    c: &mut Coord,
+    now: Millis,
+    spec: Arc<FarmSpec>,
+    records: Vec<(TaskRef, TaskRecord)>,
+    accepted: bool,
+) {
+    let def = Arc::new(spec.def.clone());
+    let slot = c.engine.add_farm(
+        now,
+        def,
+        records,
+        &AddOptions {
+            run: 1,
+            retry_failed: false,
+        },
+    );
+    c.slots.push(spec.id);
+    c.farms.insert(
+        spec.id,
+        CoordFarm {
+            slot,
+            spec,
+            accepted,
+            replica: None,
+            progress_sent: None,
+            finished_sent: false,
+            done_since: Vec::new(),
+        },
+    );
+}
+
+fn unload(c: &mut Coord, node: NodeId, req: &Resources) {
+    let (load, count) = c.load.entry(node).or_default();
+    load.take_saturating(req);
+    *count = count.saturating_sub(1);
+    c.hungry.insert(node);
+}
+
+/// At most this many tasks claimed by one node at once: bounds a node's queue
+/// even for tasks that ask for no resources.
+fn claims_cap(total: &Resources) -> usize {
+    (total.get(CPU).whole() as usize * 2).max(1) + 2
+}
+
+/// May a node with `total`, already holding `load`, be given one more task
+/// asking for `req`? Yes while every resource the task uses stays within
+/// `pct`% of the node, and always one task beyond a full node, so the next
+/// task is queued when one ends.
+fn room(total: &Resources, load: &Resources, req: &Resources, pct: u64) -> bool {
+    if !Pool::never_fits(total, req).is_empty() {
+        return false;
+    }
+    req.iter().all(|(k, v)| {
+        let t = total.get(k).0;
+        let l = load.get(k).0;
+        l + v.0 <= t * pct / 100 || l <= t
+    })
+}

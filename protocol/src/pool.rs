@@ -1,0 +1,157 @@
+//! One machine's resources: what is free, and which GPU devices hold how much.
+//!
+//! Both the single-machine engine and a mesh worker hand out resources
+//! through a `Pool`, so the rules (counters never negative, fractions of a
+//! GPU packed onto one device, whole GPUs only on whole devices) live once.
+
+use crate::resources::{Amount, Resources, GPU, MILLI};
+
+/// Resources handed to one running task.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Grant {
+    pub resources: Resources,
+    /// Device indices of the `gpu` resource, when it asked for any.
+    pub gpus: Vec<u32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Pool {
+    total: Resources,
+    free: Resources,
+    /// Remaining thousandths per gpu device.
+    gpus: Vec<u64>,
+}
+
+impl Pool {
+    /// A pool of these resources; `gpu = n` declares devices `0..n`.
+    pub fn new(total: Resources) -> Pool {
+        let ngpu = total.get(GPU).whole() as usize;
+        Pool {
+            free: total.clone(),
+            total,
+            gpus: vec![MILLI; ngpu],
+        }
+    }
+
+    pub fn total(&self) -> &Resources {
+        &self.total
+    }
+
+    pub fn free(&self) -> &Resources {
+        &self.free
+    }
+
+    /// Resources held by grants.
+    pub fn used(&self) -> Resources {
+        let mut used = Resources::new();
+        for (k, v) in self.total.iter() {
+            used.set(k, Amount(v.0 - self.free.get(k).0));
+        }
+        used
+    }
+
+    /// Why a request can never be granted here, even when everything is free.
+    pub fn never_fits(total: &Resources, request: &Resources) -> Vec<(String, Amount, Amount)> {
+        let mut shortfall: Vec<(String, Amount, Amount)> = total
+            .shortfall(request)
+            .into_iter()
+            .map(|(k, a, b)| (k.to_string(), a, b))
+            .collect();
+        let g = request.get(GPU);
+        if shortfall.is_empty() && g.0 > MILLI && g.0 % MILLI != 0 {
+            // More than one device, but not whole devices: no placement makes sense.
+            shortfall.push((GPU.to_string(), g, total.get(GPU)));
+        }
+        shortfall
+    }
+
+    pub fn can_grant(&self, request: &Resources) -> bool {
+        if !self.free.fits(request) {
+            return false;
+        }
+        let g = request.get(GPU).0;
+        if g == 0 {
+            return true;
+        }
+        if g < MILLI {
+            self.gpus.iter().any(|&left| left >= g)
+        } else {
+            let whole = (g / MILLI) as usize;
+            self.gpus.iter().filter(|&&left| left == MILLI).count() >= whole
+        }
+    }
+
+    /// Takes `request`, or returns `None` (changing nothing) when it does not fit now.
+    pub fn grant(&mut self, request: &Resources) -> Option<Grant> {
+        if !self.can_grant(request) {
+            return None;
+        }
+        let took = self.free.take(request);
+        debug_assert!(took, "can_grant() checked the counters");
+        let g = request.get(GPU).0;
+        let mut gpus = Vec::new();
+        if g > 0 && g < MILLI {
+            // Best fit: the device with the least room that still fits, so
+            // fractions pack and whole devices stay free for whole requests.
+            if let Some((d, _)) = self
+                .gpus
+                .iter()
+                .enumerate()
+                .filter(|(_, &left)| left >= g)
+                .min_by_key(|(_, &left)| left)
+            {
+                self.gpus[d] -= g;
+                gpus.push(d as u32);
+            }
+        } else if g >= MILLI {
+            let mut want = (g / MILLI) as usize;
+            for (d, left) in self.gpus.iter_mut().enumerate() {
+                if want == 0 {
+                    break;
+                }
+                if *left == MILLI {
+                    *left = 0;
+                    gpus.push(d as u32);
+                    want -= 1;
+                }
+            }
+        }
+        Some(Grant {
+            resources: request.clone(),
+            gpus,
+        })
+    }
+
+    pub fn release(&mut self, grant: &Grant) {
+        self.free.give(&grant.resources);
+        let g = grant.resources.get(GPU).0;
+        let per_device = if g < MILLI { g } else { MILLI };
+        for &d in &grant.gpus {
+            self.gpus[d as usize] += per_device;
+        }
+    }
+
+    /// Checks that free plus `used` (every live grant) adds up to the total.
+    pub fn check<'a>(&self, grants: impl IntoIterator<Item = &'a Grant>) -> Result<(), String> {
+        let mut sum = self.free.clone();
+        for g in grants {
+            sum.give(&g.resources);
+        }
+        for (k, v) in self.total.iter() {
+            if sum.get(k) != v {
+                return Err(format!(
+                    "resource {k}: free + in use = {:?}, total {:?}",
+                    sum.get(k),
+                    v
+                ));
+            }
+        }
+        if self.gpus.iter().any(|&g| g > MILLI) {
+            return Err(format!(
+                "a gpu has more than one device of room: {:?}",
+                self.gpus
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1022 @@
+//! The event loop: many real mesh peers on one virtual clock, with a network, task runs and faults between them.
+//!
+//! Every input a peer gets goes through its real API (`handle_message`,
+//! `handle_timeout`, `submit`, `task_finished`, `interrupt`,
+//! `restore_farm`), and every action it asks for is carried out here:
+//! persists go to the node's [`MemStore`] and are flushed before anything
+//! else of the same step happens, messages become deliveries after a drawn
+//! latency (unless lost or cut off by a partition), starts become task ends
+//! after the task's drawn duration. Events are ordered by (virtual time,
+//! sequence number), and every random draw comes from the scenario's seed,
+//! so a run replays exactly.
+//!
+//! After every step the stepped peer's invariants are checked (see
+//! `check_every`), plus the simulator's own: a start fits what is free on
+//! its node, no task runs to completion twice in a run without faults, and
+//! at the end no task that should succeed is missing. A violation stops the
+//! run with an error naming the seed.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+use mesh_protocol::engine::{Millis, Outcome, RecordState, TaskRecord, TaskResult};
+use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
+use mesh_protocol::mesh::{
+    Action, Assigned, Config, FarmId, FarmSpec, Msg, NodeId, Peer, PeerEvent, Persist,
+};
+use mesh_protocol::resources::{parse_resources, CPU};
+use mesh_protocol::{Resources, TaskRef};
+use mesh_store::{FarmKey, MemStore, Store, Write};
+
+use crate::dist::{parse_durations, Dist};
+use crate::report::{Execution, SimReport, Timeline};
+use crate::scenario::SimConfig;
+use crate::SimError;
+
+/// The simulated farm's id.
+const FARM: FarmId = FarmId(1);
+/// Store key bit for the submitter's own record of done tasks, kept apart
+/// from the coordinator's task records of the same farm.
+const SUBMITTED: u64 = 1 << 63;
+/// Most executions kept for the picture.
+const SAMPLE_MAX: usize = 2000;
+
+/// Runs a scenario to its end and reports what happened.
+pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
+    cfg.validate()?;
+    let plan = Plan::new(cfg)?;
+    let mut sim = Sim::new(cfg, plan);
+    sim.schedule_scenario();
+    let wall = Instant::now();
+    sim.run_loop()?;
+    let wall_s = wall.elapsed().as_secs_f64();
+    Ok(sim.report(wall_s))
+}
+
+/// Everything derived from the scenario before the run: the farm, each
+/// task's duration and fate, and the lower bound.
+struct Plan {
+    peer_cfg: Config,
+    totals: Vec<Resources>,
+    spec: Arc<FarmSpec>,
+    /// First global task number of each stage.
+    offsets: Vec<usize>,
+    durations: Vec<u32>,
+    /// Tasks that exit 1 on every attempt.
+    fails: Vec<bool>,
+    /// Tasks that must end done: not failing, placeable, nothing upstream failing.
+    expect_ok: Vec<bool>,
+    latency: Dist,
+    lower_bound: u64,
+}
+
+/// A hash of the seed and a few numbers, for per-task draws that do not
+/// depend on the order the run happens to take.
+fn mix(seed: u64, a: u64, b: u64) -> u64 {
+    let mut x = seed ^ a.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x
+}
+
+impl Plan {
+    fn new(cfg: &SimConfig) -> Result<Plan, SimError> {
+        let conf = |m: String| SimError::Config(m);
+        let mut totals = Vec::new();
+        for g in &cfg.nodes {
+            let r = parse_resources(&g.resources).map_err(|e| conf(e.to_string()))?;
+            totals.extend(std::iter::repeat_n(r, g.count));
+        }
+        let mut stages = Vec::new();
+        let mut offsets = Vec::new();
+        let mut durations = Vec::new();
+        let mut fails = Vec::new();
+        let index_of = |name: &String| {
+            cfg.stages
+                .iter()
+                .position(|s| &s.name == name)
+                .expect("validated") as u32
+        };
+        for (si, s) in cfg.stages.iter().enumerate() {
+            let dist = parse_durations(&s.durations).map_err(|e| conf(e.to_string()))?;
+            offsets.push(durations.len());
+            for i in 0..s.tasks {
+                let mut rng = SmallRng::seed_from_u64(mix(cfg.seed, si as u64 + 1, i));
+                durations.push(dist.sample(&mut rng).min(u32::MAX as u64) as u32);
+                fails.push(s.fail_rate > 0.0 && rng.random::<f64>() < s.fail_rate);
+            }
+            stages.push(StageDef {
+                resources: parse_resources(&s.resources).map_err(|e| conf(e.to_string()))?,
+                retries: s.retries,
+                timeout_ms: s.timeout_ms,
+                after: s.after.iter().map(index_of).collect(),
+                after_each: s.after_each.iter().map(index_of).collect(),
+                ..StageDef::new(
+                    &s.name,
+                    CommandTemplate::Argv(vec![Template::literal("true")]),
+                    Sweep::range("i", s.tasks),
+                )
+            });
+        }
+        let def = FarmDef {
+            name: cfg.name.clone(),
+            root: "/".into(),
+            out: "/out".into(),
+            stages,
+        };
+        let origin = NodeId(cfg.submit_node as u64 + 1);
+        let spec = Arc::new(FarmSpec {
+            id: FARM,
+            origin,
+            def,
+            inputs: vec![],
+        });
+        let mut plan = Plan {
+            peer_cfg: cfg.peer_config(),
+            totals,
+            spec,
+            offsets,
+            durations,
+            fails,
+            expect_ok: Vec::new(),
+            latency: parse_durations(&cfg.latency).map_err(|e| conf(e.to_string()))?,
+            lower_bound: 0,
+        };
+        plan.expect_ok = plan.expected();
+        plan.lower_bound = plan.bound();
+        Ok(plan)
+    }
+
+    fn global(&self, t: TaskRef) -> usize {
+        self.offsets[t.stage as usize] + t.index as usize
+    }
+
+    fn stage_len(&self, s: usize) -> usize {
+        self.offsets.get(s + 1).copied().unwrap_or(self.durations.len()) - self.offsets[s]
+    }
+
+    /// Nodes (by index) a stage fits on.
+    fn eligible(&self, s: usize) -> Vec<usize> {
+        let req = &self.spec.def.stages[s].resources;
+        (0..self.totals.len())
+            .filter(|&n| mesh_protocol::pool::Pool::never_fits(&self.totals[n], req).is_empty())
+            .collect()
+    }
+
+    fn expected(&self) -> Vec<bool> {
+        let def = &self.spec.def;
+        let mut ok = vec![true; self.durations.len()];
+        for s in 0..def.stages.len() {
+            let placeable = !self.eligible(s).is_empty();
+            let whole_ok = def.stages[s].after.iter().all(|&d| {
+                let d = d as usize;
+                (0..self.stage_len(d)).all(|i| ok[self.offsets[d] + i])
+            });
+            for i in 0..self.stage_len(s) {
+                let g = self.offsets[s] + i;
+                let each_ok = def.stages[s]
+                    .after_each
+                    .iter()
+                    .all(|&d| ok[self.offsets[d as usize] + i]);
+                ok[g] = placeable && whole_ok && each_ok && !self.fails[g];
+            }
+        }
+        ok
+    }
+
+    /// max(for each stage's set of eligible nodes and each resource: the work
+    /// that can only run there over its capacity, the longest chain).
+    fn bound(&self) -> u64 {
+        let def = &self.spec.def;
+        let n = def.stages.len();
+        let elig: Vec<Vec<usize>> = (0..n).map(|s| self.eligible(s)).collect();
+        let mut best = 0.0f64;
+        for set in elig.iter().filter(|e| !e.is_empty()) {
+            // Stages that fit only inside this set must be done by it.
+            let inside: Vec<usize> = (0..n)
+                .filter(|&t| !elig[t].is_empty() && elig[t].iter().all(|x| set.contains(x)))
+                .collect();
+            let mut names: Vec<&str> = Vec::new();
+            for &t in &inside {
+                names.extend(def.stages[t].resources.iter().map(|(k, _)| k));
+            }
+            names.sort();
+            names.dedup();
+            for r in names {
+                let cap: f64 = set.iter().map(|&x| self.totals[x].get(r).0 as f64).sum();
+                let mut work = 0.0;
+                for &t in &inside {
+                    let req = def.stages[t].resources.get(r).0 as f64;
+                    let o = self.offsets[t];
+                    let ms: u64 = (0..self.stage_len(t))
+                        .filter(|&i| self.expect_ok[o + i])
+                        .map(|i| self.durations[o + i] as u64)
+                        .sum();
+                    work += req * ms as f64;
+                }
+                if cap > 0.0 {
+                    best = best.max(work / cap);
+                }
+            }
+        }
+        // Longest chain: a task ends no sooner than its own duration after
+        // every whole stage it waits on and its element-wise predecessors.
+        let mut finish = vec![0u64; self.durations.len()];
+        let mut stage_end = vec![0u64; n];
+        for s in 0..n {
+            if elig[s].is_empty() {
+                continue;
+            }
+            let start = def.stages[s]
+                .after
+                .iter()
+                .map(|&d| stage_end[d as usize])
+                .max()
+                .unwrap_or(0);
+            for i in 0..self.stage_len(s) {
+                let g = self.offsets[s] + i;
+                if !self.expect_ok[g] {
+                    continue;
+                }
+                let each = def.stages[s]
+                    .after_each
+                    .iter()
+                    .map(|&d| finish[self.offsets[d as usize] + i])
+                    .max()
+                    .unwrap_or(0);
+                finish[g] = start.max(each) + self.durations[g] as u64;
+                stage_end[s] = stage_end[s].max(finish[g]);
+            }
+        }
+        let chain = stage_end.iter().copied().max().unwrap_or(0);
+        (best.ceil() as u64).max(chain).max(1)
+    }
+}
+
+enum Ev {
+    /// A node comes up (at the start, or joining late).
+    Up(u32),
+    Deliver {
+        to: u32,
+        from: u32,
+        msg: Msg,
+    },
+    /// The node's next `handle_timeout`; stale unless it is still the one asked for.
+    Timer {
+        node: u32,
+        gen: u32,
+    },
+    TaskEnd {
+        node: u32,
+        gen: u32,
+        task: Assigned,
+        token: u64,
+    },
+    Submit,
+    Crash(u32),
+    Restart(u32),
+    Leave(u32),
+    /// A leaving node, its tasks handed back, stops.
+    Gone(u32),
+}
+
+/// A task running on a node, as the simulator sees it.
+struct Run {
+    attempt: u32,
+    token: u64,
+    res: Resources,
+    start: Millis,
+    killed: bool,
+}
+
+struct Node {
+    id: NodeId,
+    total: Resources,
+    cpus: f64,
+    peer: Option<Peer>,
+    /// Incarnation: raised by a crash, so events of the dead one are ignored.
+    gen: u32,
+    store: MemStore,
+    timer: Option<Millis>,
+    runs: HashMap<TaskRef, Run>,
+    /// What the runs here hold: checked against `total` at every start.
+    used: Resources,
+    up_since: Option<Millis>,
+    up_ms: u64,
+    steps: u64,
+}
+
+struct Sim<'a> {
+    cfg: &'a SimConfig,
+    plan: Plan,
+    faults: bool,
+    now: Millis,
+    seq: u64,
+    heap: BinaryHeap<Reverse<(Millis, u64, u32)>>,
+    slab: Vec<Option<Ev>>,
+    free: Vec<u32>,
+    /// Network draws: latency, loss, gossip targets.
+    rng: SmallRng,
+    nodes: Vec<Node>,
+    /// Indices of nodes that are up, ascending.
+    alive: Vec<u32>,
+    next_token: u64,
+    /// Per task: executions that ran to completion, and executions live now.
+    completions: Vec<u16>,
+    live: Vec<u16>,
+    ok_done: Vec<bool>,
+    executions: u64,
+    duplicates: u64,
+    makespan: Millis,
+    busy_cpu_ms: f64,
+    messages: u64,
+    lost: u64,
+    events: u64,
+    finished: bool,
+    unplaceable: Vec<String>,
+    timeline: Timeline,
+    sample: Vec<Execution>,
+    sample_stride: usize,
+    /// Counters of peers that crashed or left, so their steals still count.
+    gone_stats: mesh_protocol::mesh::Stats,
+}
+
+impl<'a> Sim<'a> {
+    fn new(cfg: &'a SimConfig, plan: Plan) -> Sim<'a> {
+        let nodes: Vec<Node> = plan
+            .totals
+            .iter()
+            .enumerate()
+            .map(|(i, t)| Node {
+                id: NodeId(i as u64 + 1),
+                total: t.clone(),
+                cpus: t.get(CPU).0 as f64 / 1000.0,
+                peer: None,
+                gen: 0,
+                store: MemStore::new(),
+                timer: None,
+                runs: HashMap::new(),
+                used: Resources::new(),
+                up_since: None,
+                up_ms: 0,
+                steps: 0,
+            })
+            .collect();
+        let tasks = plan.durations.len();
+        let timeline = Timeline::new(nodes.iter().map(|n| n.cpus).collect());
+        Sim {
+            cfg,
+            faults: cfg.has_faults(),
+            now: 0,
+            seq: 0,
+            heap: BinaryHeap::new(),
+            slab: Vec::new(),
+            free: Vec::new(),
+            rng: SmallRng::seed_from_u64(mix(cfg.seed, 0, 0)),
+            nodes,
+            alive: Vec::new(),
+            next_token: 1,
+            completions: vec![0; tasks],
+            live: vec![0; tasks],
+            ok_done: vec![false; tasks],
+            executions: 0,
+            duplicates: 0,
+            makespan: 0,
+            busy_cpu_ms: 0.0,
+            messages: 0,
+            lost: 0,
+            events: 0,
+            finished: false,
+            unplaceable: Vec::new(),
+            timeline,
+            sample: Vec::new(),
+            sample_stride: (tasks / (SAMPLE_MAX / 2)).max(1),
+            gone_stats: Default::default(),
+            plan,
+        }
+    }
+
+    fn push(&mut self, at: Millis, ev: Ev) {
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.slab[s as usize] = Some(ev);
+                s
+            }
+            None => {
+                self.slab.push(Some(ev));
+                (self.slab.len() - 1) as u32
+            }
+        };
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, slot)));
+    }
+
+    fn schedule_scenario(&mut self) {
+        let mut order: Vec<(u64, usize)> = Vec::new();
+        let mut i = 0;
+        for g in &self.cfg.nodes {
+            for _ in 0..g.count {
+                order.push((g.join_at_ms, i));
+                i += 1;
+            }
+        }
+        for (at, n) in order {
+            self.push(at, Ev::Up(n as u32));
+        }
+        self.push(self.cfg.submit_at_ms, Ev::Submit);
+        for c in &self.cfg.crashes {
+            self.push(c.at_ms, Ev::Crash(c.node as u32));
+            if let Some(after) = c.restart_after_ms {
+                self.push(c.at_ms + after, Ev::Restart(c.node as u32));
+            }
+        }
+        for l in &self.cfg.leaves {
+            self.push(l.at_ms, Ev::Leave(l.node as u32));
+        }
+    }
+
+    fn violation(&self, message: String) -> SimError {
+        SimError::Invariant {
+            seed: self.cfg.seed,
+            at_ms: self.now,
+            message,
+        }
+    }
+
+    fn run_loop(&mut self) -> Result<(), SimError> {
+        while let Some(Reverse((at, _, slot))) = self.heap.pop() {
+            let ev = self.slab[slot as usize].take().expect("each slot is popped once");
+            self.free.push(slot);
+            if at > self.cfg.max_time_ms {
+                break;
+            }
+            self.now = at;
+            self.events += 1;
+            self.handle(ev)?;
+            if self.finished {
+                return Ok(());
+            }
+        }
+        Err(SimError::Stuck {
+            seed: self.cfg.seed,
+            at_ms: self.now,
+            message: self.stuck_reason(),
+        })
+    }
+
+    fn stuck_reason(&self) -> String {
+        let missing: Vec<usize> = (0..self.ok_done.len())
+            .filter(|&g| self.plan.expect_ok[g] && !self.ok_done[g])
+            .take(5)
+            .collect();
+        let coord = self.alive.iter().find_map(|&n| {
+            let p = self.nodes[n as usize].peer.as_ref()?;
+            Some((p.id(), p.coordinated_progress(FARM)?))
+        });
+        format!(
+            "work left at the time limit: {} tasks never succeeded (first: {:?}); coordinator view {:?}",
+            (0..self.ok_done.len())
+                .filter(|&g| self.plan.expect_ok[g] && !self.ok_done[g])
+                .count(),
+            missing,
+            coord
+        )
+    }
+
+    fn handle(&mut self, ev: Ev) -> Result<(), SimError> {
+        let now = self.now;
+        match ev {
+            Ev::Up(n) => self.start_node(n as usize, false),
+            Ev::Restart(n) => {
+                if self.nodes[n as usize].peer.is_none() {
+                    self.start_node(n as usize, true)?;
+                }
+                Ok(())
+            }
+            Ev::Deliver { to, from, msg } => {
+                if self.nodes[to as usize].peer.is_none() {
+                    return Ok(());
+                }
+                if self.partitioned(from as usize, to as usize) {
+                    self.lost += 1;
+                    return Ok(());
+                }
+                let from = self.nodes[from as usize].id;
+                self.step(to as usize, |p| p.handle_message(now, from, msg))
+            }
+            Ev::Timer { node, gen } => {
+                let nd = &mut self.nodes[node as usize];
+                if nd.gen != gen || nd.timer != Some(now) || nd.peer.is_none() {
+                    return Ok(());
+                }
+                nd.timer = None;
+                self.step(node as usize, |p| p.handle_timeout(now))
+            }
+            Ev::TaskEnd {
+                node,
+                gen,
+                task,
+                token,
+            } => self.task_end(node as usize, gen, task, token),
+            Ev::Submit => {
+                let n = self.cfg.submit_node;
+                let spec = (*self.plan.spec).clone();
+                if self.nodes[n].peer.is_none() {
+                    return Err(self.violation("the submitting node is down at submit time".into()));
+                }
+                self.step(n, |p| p.submit(now, spec, Vec::new()))
+            }
+            Ev::Crash(n) => {
+                self.stop_node(n as usize, true);
+                Ok(())
+            }
+            Ev::Leave(n) => {
+                if self.nodes[n as usize].peer.is_some() {
+                    self.step(n as usize, |p| p.interrupt(now))?;
+                    // The kills end at `now`; the node goes once its releases are out.
+                    self.push(now + 1, Ev::Gone(n));
+                }
+                Ok(())
+            }
+            Ev::Gone(n) => {
+                self.stop_node(n as usize, false);
+                Ok(())
+            }
+        }
+    }
+
+    fn partitioned(&self, a: usize, b: usize) -> bool {
+        self.cfg.partitions.iter().any(|p| {
+            (p.from_ms..p.until_ms).contains(&self.now)
+                && p.nodes.contains(&a) != p.nodes.contains(&b)
+        })
+    }
+
+    fn start_node(&mut self, n: usize, restart: bool) -> Result<(), SimError> {
+        let now = self.now;
+        // The lowest node founds the mesh; everyone else (and anyone
+        // restarting) first listens for a coordinator.
+        let joining = restart || n != 0 || now > 0;
+        let nd = &mut self.nodes[n];
+        let seed = mix(self.cfg.seed, n as u64 + 1, nd.gen as u64 + 1);
+        let mut peer = Peer::new(
+            now,
+            nd.id,
+            nd.total.clone(),
+            self.plan.peer_cfg.clone(),
+            seed,
+            joining,
+        );
+        if restart {
+            // Whatever this node made durable before it died.
+            let key = FarmKey(FARM.0);
+            let def = nd.store.def(key).map_err(|e| SimError::Config(e.to_string()))?;
+            if let Some(def) = def {
+                let origin = nd
+                    .store
+                    .meta(key, "origin")
+                    .ok()
+                    .flatten()
+                    .and_then(|v| v.try_into().ok())
+                    .map(u64::from_le_bytes)
+                    .unwrap_or(0);
+                let spec = Arc::new(FarmSpec {
+                    id: FARM,
+                    origin: NodeId(origin),
+                    def,
+                    inputs: vec![],
+                });
+                let records = nd.store.tasks(key).unwrap_or_default();
+                peer.restore_farm(spec.clone(), records);
+                if spec.origin == nd.id {
+                    let done: Vec<TaskRef> = nd
+                        .store
+                        .tasks(FarmKey(FARM.0 | SUBMITTED))
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(t, _)| t)
+                        .collect();
+                    peer.submit(now, (*spec).clone(), done);
+                }
+            }
+        }
+        nd.peer = Some(peer);
+        nd.up_since = Some(now);
+        if let Err(i) = self.alive.binary_search(&(n as u32)) {
+            self.alive.insert(i, n as u32);
+        }
+        self.after_step(n)
+    }
+
+    /// A crash (the store loses its unflushed tail) or the end of a leave.
+    fn stop_node(&mut self, n: usize, crash: bool) {
+        let now = self.now;
+        let nd = &mut self.nodes[n];
+        let Some(peer) = nd.peer.take() else { return };
+        let s = peer.stats();
+        self.gone_stats.steals_asked += s.steals_asked;
+        self.gone_stats.steals_won += s.steals_won;
+        self.gone_stats.tasks_stolen += s.tasks_stolen;
+        nd.gen += 1;
+        nd.timer = None;
+        if crash {
+            nd.store.crash();
+        }
+        if let Some(since) = nd.up_since.take() {
+            nd.up_ms += now - since;
+        }
+        let runs: Vec<(TaskRef, Run)> = nd.runs.drain().collect();
+        nd.used = Resources::new();
+        for (t, r) in runs {
+            self.end_run(n, t, &r, false);
+        }
+        if let Ok(i) = self.alive.binary_search(&(n as u32)) {
+            self.alive.remove(i);
+        }
+    }
+
+    /// Books a run that is over (completed, killed, or gone with its node).
+    fn end_run(&mut self, n: usize, t: TaskRef, r: &Run, completed: bool) {
+        let g = self.plan.global(t);
+        self.live[g] = self.live[g].saturating_sub(1);
+        let cpu = r.res.get(CPU).0 as f64 / 1000.0;
+        self.busy_cpu_ms += cpu * (self.now - r.start) as f64;
+        self.timeline.add(n, r.start, self.now, cpu);
+        if t.index as usize % self.sample_stride == 0 && self.sample.len() < SAMPLE_MAX {
+            self.sample.push(Execution {
+                node: n as u32,
+                stage: t.stage,
+                index: t.index,
+                start: r.start,
+                end: self.now,
+                completed,
+            });
+        }
+    }
+
+    /// Feeds one input to a peer, then carries out its actions and checks.
+    fn step(&mut self, n: usize, input: impl FnOnce(&mut Peer)) -> Result<(), SimError> {
+        let Some(peer) = self.nodes[n].peer.as_mut() else {
+            return Ok(());
+        };
+        input(peer);
+        self.after_step(n)
+    }
+
+    fn after_step(&mut self, n: usize) -> Result<(), SimError> {
+        let mut writes = Vec::new();
+        let mut rest = Vec::new();
+        {
+            let nd = &mut self.nodes[n];
+            let peer = nd.peer.as_mut().expect("stepped peers are up");
+            while let Some(a) = peer.poll_action() {
+                match a {
+                    Action::Persist(p) => persist_writes(p, &mut writes),
+                    other => rest.push(other),
+                }
+            }
+            // Persist before act: the batch is durable before any action after it.
+            if !writes.is_empty() {
+                nd.store.write(writes).expect("the memory store cannot fail");
+                nd.store.flush().expect("the memory store cannot fail");
+            }
+        }
+        for a in rest {
+            match a {
+                Action::Send { to, msg } => self.send(n, to, msg),
+                Action::Broadcast(msg) => self.broadcast(n, msg),
+                Action::Start { task, grant } => self.start_task(n, task, grant.resources)?,
+                Action::Kill { task, .. } => self.kill(n, task),
+                Action::Emit(ev) => {
+                    if let PeerEvent::Unplaceable {
+                        stage, reason, ..
+                    } = ev
+                    {
+                        self.unplaceable.push(format!(
+                            "{}: {reason}",
+                            self.plan.spec.def.stages[stage as usize].name
+                        ));
+                    }
+                }
+                Action::Persist(_) => unreachable!("sorted out above"),
+            }
+        }
+        let nd = &mut self.nodes[n];
+        let peer = nd.peer.as_ref().expect("stepped peers are up");
+        nd.steps += 1;
+        if nd.steps % self.cfg.check_every == 0 {
+            peer.check_invariants().map_err(|e| SimError::Invariant {
+                seed: self.cfg.seed,
+                at_ms: self.now,
+                message: e,
+            })?;
+        }
+        if let Some(at) = peer.poll_timeout() {
+            let at = at.max(self.now);
+            if nd.timer != Some(at) {
+                nd.timer = Some(at);
+                let gen = nd.gen;
+                self.push(
+                    at,
+                    Ev::Timer {
+                        node: n as u32,
+                        gen,
+                    },
+                );
+            }
+        }
+        if peer.is_coordinator() {
+            if let Some(c) = peer.coordinated_progress(FARM) {
+                if c.finished() {
+                    self.check_end(c)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The coordinator says the farm is over: every task that should have succeeded did.
+    fn check_end(&mut self, c: mesh_protocol::engine::Counts) -> Result<(), SimError> {
+        let missing = (0..self.ok_done.len())
+            .find(|&g| self.plan.expect_ok[g] && !self.ok_done[g]);
+        if let Some(g) = missing {
+            let s = self.plan.offsets.partition_point(|&o| o <= g) - 1;
+            return Err(self.violation(format!(
+                "the coordinator finished the farm ({c:?}) but task {s}/{} never succeeded",
+                g - self.plan.offsets[s]
+            )));
+        }
+        self.finished = true;
+        Ok(())
+    }
+
+    fn latency(&mut self) -> Millis {
+        self.plan.latency.sample(&mut self.rng)
+    }
+
+    fn deliver(&mut self, from: usize, to: usize, msg: Msg) {
+        self.messages += 1;
+        if self.cfg.loss > 0.0 && self.rng.random::<f64>() < self.cfg.loss {
+            self.lost += 1;
+            return;
+        }
+        let at = self.now + self.latency();
+        self.push(
+            at,
+            Ev::Deliver {
+                to: to as u32,
+                from: from as u32,
+                msg,
+            },
+        );
+    }
+
+    fn send(&mut self, from: usize, to: NodeId, msg: Msg) {
+        let to = (to.0 - 1) as usize;
+        if to < self.nodes.len() {
+            self.deliver(from, to, msg);
+        }
+    }
+
+    fn broadcast(&mut self, from: usize, msg: Msg) {
+        let k = self.cfg.gossip_fanout;
+        let peer = self.nodes[from].peer.as_ref().expect("up");
+        let coord = peer.coordinator().map(|c| (c.0 - 1) as usize);
+        if k == 0 || coord == Some(from) || self.alive.len() <= k + 1 {
+            for i in 0..self.alive.len() {
+                let to = self.alive[i] as usize;
+                if to != from {
+                    self.deliver(from, to, msg.clone());
+                }
+            }
+            return;
+        }
+        if let Some(c) = coord {
+            self.deliver(from, c, msg.clone());
+        }
+        for _ in 0..k {
+            let to = self.alive[self.rng.random_range(0..self.alive.len())] as usize;
+            if to != from && Some(to) != coord {
+                self.deliver(from, to, msg.clone());
+            }
+        }
+    }
+
+    fn start_task(&mut self, n: usize, task: Assigned, res: Resources) -> Result<(), SimError> {
+        let g = self.plan.global(task.task);
+        let want = &self.plan.spec.def.stages[task.task.stage as usize].resources;
+        if &res != want {
+            return Err(self.violation(format!(
+                "node {n} started task {:?} with {res}, its stage asks for {want}",
+                task.task
+            )));
+        }
+        let nd = &mut self.nodes[n];
+        let mut used = nd.used.clone();
+        used.give(&res);
+        if !nd.total.fits(&used) {
+            return Err(self.violation(format!(
+                "node {n} started task {:?} ({res}) with {} of {} in use",
+                task.task, nd.used, nd.total
+            )));
+        }
+        if nd.runs.contains_key(&task.task) {
+            return Err(self.violation(format!(
+                "node {n} started task {:?} twice at once",
+                task.task
+            )));
+        }
+        if !self.faults && self.live[g] > 0 {
+            return Err(self.violation(format!(
+                "task {:?} started on node {n} while it runs elsewhere, in a run without faults",
+                task.task
+            )));
+        }
+        nd.used = used;
+        let token = self.next_token;
+        self.next_token += 1;
+        nd.runs.insert(
+            task.task,
+            Run {
+                attempt: task.attempt,
+                token,
+                res,
+                start: self.now,
+                killed: false,
+            },
+        );
+        let gen = nd.gen;
+        self.live[g] += 1;
+        self.executions += 1;
+        let at = self.now + self.plan.durations[g] as u64;
+        self.push(
+            at,
+            Ev::TaskEnd {
+                node: n as u32,
+                gen,
+                task,
+                token,
+            },
+        );
+        Ok(())
+    }
+
+    /// The process is killed: it ends now, with a signal.
+    fn kill(&mut self, n: usize, task: Assigned) {
+        let nd = &mut self.nodes[n];
+        let Some(r) = nd.runs.get_mut(&task.task) else {
+            return;
+        };
+        if r.attempt != task.attempt || r.killed {
+            return;
+        }
+        r.killed = true;
+        r.token = self.next_token;
+        self.next_token += 1;
+        let (gen, token) = (nd.gen, r.token);
+        self.push(
+            self.now,
+            Ev::TaskEnd {
+                node: n as u32,
+                gen,
+                task,
+                token,
+            },
+        );
+    }
+
+    fn task_end(&mut self, n: usize, gen: u32, task: Assigned, token: u64) -> Result<(), SimError> {
+        let nd = &mut self.nodes[n];
+        if nd.gen != gen || nd.runs.get(&task.task).is_none_or(|r| r.token != token) {
+            return Ok(());
+        }
+        let r = nd.runs.remove(&task.task).expect("checked");
+        nd.used.take_saturating(&r.res);
+        let completed = !r.killed;
+        self.end_run(n, task.task, &r, completed);
+        let g = self.plan.global(task.task);
+        let fail = self.plan.fails[g];
+        if completed {
+            self.completions[g] = self.completions[g].saturating_add(1);
+            if self.completions[g] > 1 {
+                self.duplicates += 1;
+                if !self.faults {
+                    return Err(self.violation(format!(
+                        "task {:?} ran to completion twice in a run without faults",
+                        task.task
+                    )));
+                }
+            }
+            if !fail {
+                self.ok_done[g] = true;
+                self.makespan = self.makespan.max(self.now);
+            }
+        }
+        let result = if !completed {
+            TaskResult::Signaled(9)
+        } else if fail {
+            TaskResult::Exited(1)
+        } else {
+            TaskResult::Exited(0)
+        };
+        let outcome = Outcome {
+            result,
+            key: None,
+            duration_ms: self.now - r.start,
+            logs: 0,
+        };
+        let now = self.now;
+        self.step(n, |p| p.task_finished(now, task, outcome))
+    }
+
+    fn report(&mut self, wall_s: f64) -> SimReport {
+        let end = self.makespan.max(1);
+        let mut cap = 0.0;
+        let mut stats = self.gone_stats.clone();
+        for nd in &self.nodes {
+            let up = nd.up_ms + nd.up_since.map_or(0, |s| self.now.saturating_sub(s));
+            cap += nd.cpus * up.min(end) as f64;
+            if let Some(p) = &nd.peer {
+                let s = p.stats();
+                stats.steals_asked += s.steals_asked;
+                stats.steals_won += s.steals_won;
+                stats.tasks_stolen += s.tasks_stolen;
+            }
+        }
+        let done = self.ok_done.iter().filter(|&&d| d).count() as u64;
+        let tasks = self.plan.durations.len() as u64;
+        SimReport {
+            name: self.cfg.name.clone(),
+            seed: self.cfg.seed,
+            nodes: self.nodes.len(),
+            tasks,
+            makespan: self.makespan,
+            lower_bound: self.plan.lower_bound,
+            ratio: self.makespan as f64 / self.plan.lower_bound as f64,
+            utilization: if cap > 0.0 { self.busy_cpu_ms / cap } else { 0.0 },
+            steals: stats.steals_won,
+            steals_asked: stats.steals_asked,
+            tasks_stolen: stats.tasks_stolen,
+            messages: self.messages,
+            messages_lost: self.lost,
+            duplicates: self.duplicates,
+            executions: self.executions,
+            tasks_done: done,
+            tasks_failed: tasks - done,
+            unplaceable: self.unplaceable.clone(),
+            events: self.events,
+            events_per_sec: self.events as f64 / wall_s.max(1e-9),
+            wall_ms: wall_s * 1000.0,
+            timeline: std::mem::take(&mut self.timeline),
+            sample: std::mem::take(&mut self.sample),
+        }
+    }
+}
+
+/// The store writes that make one of the peer's persists durable.
+fn persist_writes(p: Persist, out: &mut Vec<Write>) {
+    match p {
+        Persist::Farm(spec) => {
+            let farm = FarmKey(spec.id.0);
+            out.push(Write::Def {
+                farm,
+                def: Box::new(spec.def.clone()),
+            });
+            out.push(Write::Meta {
+                farm,
+                name: "origin".into(),
+                value: spec.origin.0.to_le_bytes().to_vec(),
+            });
+        }
+        Persist::Task { farm, task, record } => out.push(Write::Task {
+            farm: FarmKey(farm.0),
+            task,
+            record,
+        }),
+        Persist::Done { farm, tasks } => {
+            for task in tasks {
+                out.push(Write::Task {
+                    farm: FarmKey(farm.0 | SUBMITTED),
+                    task,
+                    record: TaskRecord {
+                        run: 1,
+                        state: RecordState::Done,
+                        attempt: 0,
+                        failures: 0,
+                        crashes: 0,
+                        end: None,
+                        key: None,
+                        duration_ms: 0,
+                        logs: 0,
+                    },
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! What a simulated run measured, as data (serde) and as an SVG picture.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+/// The result of [`crate::run`]. Everything but `events_per_sec` and
+/// `wall_ms` is a function of the scenario (same seed, same report).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SimReport {
+    pub name: String,
+    pub seed: u64,
+    pub nodes: usize,
+    pub tasks: u64,
+    /// Virtual ms from the start to the end of the last task that succeeded.
+    pub makespan: u64,
+    /// max(work / capacity for each resource and each set of eligible nodes,
+    /// the longest dependency chain), in virtual ms.
+    pub lower_bound: u64,
+    /// makespan / lower_bound.
+    pub ratio: f64,
+    /// Busy cpu-time of every execution over the cpu-time of live nodes until the makespan.
+    pub utilization: f64,
+    /// Steals that brought tasks (summed over the live peers at the end).
+    pub steals: u64,
+    pub steals_asked: u64,
+    pub tasks_stolen: u64,
+    /// Messages handed to the network (a beat counts once per receiver).
+    pub messages: u64,
+    pub messages_lost: u64,
+    /// Executions that ran to completion beyond one per task.
+    pub duplicates: u64,
+    /// Every execution started.
+    pub executions: u64,
+    pub tasks_done: u64,
+    pub tasks_failed: u64,
+    /// Stages reported unplaceable to the submitter, with the reason.
+    pub unplaceable: Vec<String>,
+    /// Simulation events processed (deliveries, timers, task ends, faults).
+    pub events: u64,
+    pub events_per_sec: f64,
+    pub wall_ms: f64,
+    /// For the picture: busy fraction per row and time bucket.
+    pub timeline: Timeline,
+    /// For the picture: a sample of executions.
+    pub sample: Vec<Execution>,
+}
+
+/// Busy cpu per node over time, in buckets that widen as the run grows.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timeline {
+    pub bucket_ms: u64,
+    /// Per node: busy cpu-ms in each bucket.
+    pub busy: Vec<Vec<f64>>,
+    /// Per node: its cpus (the full-row value is `cpus * bucket_ms`).
+    pub cpus: Vec<f64>,
+}
+
+/// One execution of a task, for the task-stream picture.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Execution {
+    pub node: u32,
+    pub stage: u32,
+    pub index: u32,
+    pub start: u64,
+    pub end: u64,
+    /// False when it was killed or lost with its node.
+    pub completed: bool,
+}
+
+pub(crate) const BUCKETS: usize = 200;
+
+impl Timeline {
+    pub(crate) fn new(cpus: Vec<f64>) -> Timeline {
+        Timeline {
+            bucket_ms: 5,
+            busy: vec![Vec::new(); cpus.len()],
+            cpus,
+        }
+    }
+
+    /// Adds `weight` busy cpus on `node` during `[start, end)`.
+    pub(crate) fn add(&mut self, node: usize, start: u64, end: u64, weight: f64) {
+        if weight == 0.0 || end <= start {
+            return;
+        }
+        while end > self.bucket_ms * BUCKETS as u64 {
+            // Twice as wide: merge neighbours, so memory stays fixed however long the run.
+            self.bucket_ms *= 2;
+            for row in &mut self.busy {
+                let merged: Vec<f64> = row.chunks(2).map(|c| c.iter().sum()).collect();
+                *row = merged;
+            }
+        }
+        let row = &mut self.busy[node];
+        let w = self.bucket_ms;
+        let (first, last) = ((start / w) as usize, ((end - 1) / w) as usize);
+        if row.len() <= last {
+            row.resize(last + 1, 0.0);
+        }
+        for (b, cell) in row.iter_mut().enumerate().take(last + 1).skip(first) {
+            let lo = start.max(b as u64 * w);
+            let hi = end.min((b as u64 + 1) * w);
+            *cell += (hi - lo) as f64 * weight;
+        }
+    }
+}
+
+impl SimReport {
+    /// The report without the wall-clock figures: equal for equal scenarios.
+    pub fn deterministic(&self) -> SimReport {
+        SimReport {
+            events_per_sec: 0.0,
+            wall_ms: 0.0,
+            ..self.clone()
+        }
+    }
+
+    /// The headline numbers on one line each, as `mesh sim` prints them.
+    pub fn summary(&self) -> String {
+        format!(
+            "seed {}\nmakespan {} ms\nlower bound {} ms\nratio {:.3}\nutilization {:.1}%\n\
+             steals {} ({} tasks, {} asked)\nmessages {} ({} lost)\nduplicates {}\n\
+             tasks {} done, {} failed, {} executions\nevents {} ({:.0}/s)\n",
+            self.seed,
+            self.makespan,
+            self.lower_bound,
+            self.ratio,
+            self.utilization * 100.0,
+            self.steals,
+            self.tasks_stolen,
+            self.steals_asked,
+            self.messages,
+            self.messages_lost,
+            self.duplicates,
+            self.tasks_done,
+            self.tasks_failed,
+            self.executions,
+            self.events,
+            self.events_per_sec,
+        )
+    }
+
+    /// An SVG picture: utilization per node over time (a heat map; nodes are
+    /// grouped into at most 100 rows) above a sample of the task stream.
+    pub fn to_svg(&self) -> String {
+        let tl = &self.timeline;
+        let n = tl.busy.len().max(1);
+        let per_row = n.div_ceil(100);
+        let rows = n.div_ceil(per_row);
+        let cols = tl.busy.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let (left, top, width) = (80.0, 40.0, 800.0);
+        let cell_w = width / cols as f64;
+        let row_h = (300.0 / rows as f64).clamp(2.0, 20.0);
+        let heat_h = row_h * rows as f64;
+        let lanes = 60usize;
+        let lane_h = 4.0;
+        let stream_top = top + heat_h + 40.0;
+        let height = stream_top + lanes as f64 * lane_h + 40.0;
+        let span = (tl.bucket_ms * cols as u64).max(1) as f64;
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">
+<rect width="100%" height="100%" fill="#fff"/>
+<text x="{left}" y="16">{name}: seed {seed}, {nodes} nodes, {tasks} tasks, makespan {ms} ms (bound {lb} ms, ratio {ratio:.3}), utilization {u:.1}%</text>
+<text x="4" y="{ty}">nodes</text>
+"##,
+            w = left + width + 20.0,
+            h = height,
+            name = xml(&self.name),
+            seed = self.seed,
+            nodes = self.nodes,
+            tasks = self.tasks,
+            ms = self.makespan,
+            lb = self.lower_bound,
+            ratio = self.ratio,
+            u = self.utilization * 100.0,
+            ty = top + 10.0,
+        );
+        for r in 0..rows {
+            let nodes = r * per_row..((r + 1) * per_row).min(n);
+            let cpus: f64 = nodes.clone().map(|i| tl.cpus.get(i).copied().unwrap_or(0.0)).sum();
+            for c in 0..cols {
+                let busy: f64 = nodes
+                    .clone()
+                    .map(|i| tl.busy.get(i).and_then(|row| row.get(c)).copied().unwrap_or(0.0))
+                    .sum();
+                let u = if cpus > 0.0 {
+                    (busy / (cpus * tl.bucket_ms as f64)).clamp(0.0, 1.0)
+                } else {
+                    0.0
+                };
+                if u > 0.0 {
+                    let _ = writeln!(
+                        s,
+                        r##"<rect x="{:.2}" y="{:.2}" width="{:.2}" height="{:.2}" fill="#1f5fbf" fill-opacity="{:.3}"/>"##,
+                        left + c as f64 * cell_w,
+                        top + r as f64 * row_h,
+                        cell_w + 0.05,
+                        row_h,
+                        u
+                    );
+                }
+            }
+        }
+        let _ = writeln!(
+            s,
+            r##"<rect x="{left}" y="{top}" width="{width}" height="{heat_h:.2}" fill="none" stroke="#888"/>
+<text x="{left}" y="{:.2}">0 ms</text><text x="{:.2}" y="{:.2}" text-anchor="end">{} ms</text>
+<text x="4" y="{:.2}">tasks</text>"##,
+            top + heat_h + 14.0,
+            left + width,
+            top + heat_h + 14.0,
+            span as u64,
+            stream_top + 10.0,
+        );
+        for (i, e) in self.sample.iter().enumerate() {
+            let lane = i % lanes;
+            let x0 = left + e.start as f64 / span * width;
+            let x1 = left + e.end as f64 / span * width;
+            let color = if !e.completed {
+                "#c0392b"
+            } else {
+                ["#2e86c1", "#28b463", "#d68910", "#8e44ad"][e.stage as usize % 4]
+            };
+            let _ = writeln!(
+                s,
+                r##"<rect x="{x0:.2}" y="{:.2}" width="{:.2}" height="{:.2}" fill="{color}"><title>node {} task {}/{} {}..{} ms</title></rect>"##,
+                stream_top + lane as f64 * lane_h,
+                (x1 - x0).max(0.5),
+                lane_h - 1.0,
+                e.node,
+                e.stage,
+                e.index,
+                e.start,
+                e.end
+            );
+        }
+        s.push_str("</svg>\n");
+        s
+    }
+}
+
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeline_widens_and_keeps_the_total() {
+        let mut t = Timeline::new(vec![2.0]);
+        t.add(0, 0, 10, 1.0);
+        t.add(0, 995, 5000, 2.0);
+        let total: f64 = t.busy[0].iter().sum();
+        assert_eq!(total, 10.0 + 4005.0 * 2.0);
+        assert!(t.busy[0].len() <= BUCKETS);
+    }
+}

@@ -1,0 +1,410 @@
+//! Scenarios: what a simulated run is made of (nodes, work, network, faults), as a struct and as TOML.
+//!
+//! A scenario file is the TOML form of [`SimConfig`]; every field but
+//! `seed`, `nodes` and `stages` has a default. Example:
+//!
+//! ```toml
+//! name = "crash"
+//! seed = 7
+//! steal = true                 # thieves take queued tasks from overloaded peers
+//! latency = "uniform:1..3"     # per message, same syntax as durations
+//! loss = 0.0                   # probability that any one message is dropped
+//! gossip_fanout = 0            # 0: a beat reaches every member; k: the coordinator and k random nodes
+//! submit_at_ms = 0             # when node `submit_node` submits the farm
+//! max_time_ms = 600000         # virtual time limit: a run still busy then is stuck
+//!
+//! [[nodes]]                    # a group of identical nodes; node indices count from 0 in file order
+//! count = 3
+//! resources = "cpu=4"
+//! [[nodes]]
+//! count = 1
+//! resources = "cpu=8,gpu=2"
+//! join_at_ms = 5000            # a late joiner (default 0)
+//!
+//! [[stages]]
+//! name = "work"
+//! tasks = 1000
+//! durations = "zipf:1.2"       # see `parse_durations`
+//! resources = "cpu=1"          # default cpu=1
+//! fail_rate = 0.0              # share of tasks that always exit 1 (chosen by the seed)
+//! # after = ["prep"], after_each = ["prep"], retries = 0, timeout_ms = 1000
+//!
+//! [[crashes]]                  # node 2 dies at 800 ms and comes back from its store 1 s later
+//! node = 2
+//! at_ms = 800
+//! restart_after_ms = 1000      # omit: it stays down
+//! [[leaves]]                   # a graceful leave: running tasks are interrupted and given back
+//! node = 1
+//! at_ms = 900
+//! [[partitions]]               # these nodes cannot reach the others, nor they them
+//! nodes = [0, 1]
+//! from_ms = 100
+//! until_ms = 3000
+//!
+//! [mesh]                       # overrides of mesh_protocol::mesh::Config for every node
+//! prefetch_percent = 110
+//! node_claims_max = 100000     # with a huge prefetch: place work badly on purpose
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use mesh_protocol::mesh::Config;
+
+use crate::dist::parse_durations;
+use crate::SimError;
+
+/// One simulated run: nodes, the farm, the network and the faults.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimConfig {
+    #[serde(default = "default_name")]
+    pub name: String,
+    /// Everything random (durations, latency, loss, the peers' own choices) follows from it.
+    pub seed: u64,
+    pub nodes: Vec<NodeGroup>,
+    /// The one farm of the run, submitted by `submit_node` at `submit_at_ms`.
+    pub stages: Vec<StageSpec>,
+    #[serde(default = "yes")]
+    pub steal: bool,
+    /// Per-message delay, in the syntax of [`parse_durations`].
+    #[serde(default = "default_latency")]
+    pub latency: String,
+    /// Probability that a message (of any kind) is lost.
+    #[serde(default)]
+    pub loss: f64,
+    /// 0: a beat is delivered to every member. k > 0: to the sender's
+    /// coordinator and k random members (the coordinator's own beat still
+    /// reaches everyone), which is what gossip with fanout k costs per round
+    /// and keeps 1000-node runs cheap; workers then see a sample of the others.
+    #[serde(default)]
+    pub gossip_fanout: usize,
+    #[serde(default)]
+    pub submit_node: usize,
+    #[serde(default)]
+    pub submit_at_ms: u64,
+    /// A run with work left at this virtual time is reported stuck.
+    #[serde(default = "default_max_time")]
+    pub max_time_ms: u64,
+    /// Check the stepped peer's invariants after every `check_every`-th step
+    /// (1: every step). The sim's own checks (fit, duplicates, loss) run always.
+    #[serde(default = "one")]
+    pub check_every: u64,
+    #[serde(default)]
+    pub crashes: Vec<CrashSpec>,
+    #[serde(default)]
+    pub leaves: Vec<LeaveSpec>,
+    #[serde(default)]
+    pub partitions: Vec<PartitionSpec>,
+    #[serde(default)]
+    pub mesh: MeshKnobs,
+}
+
+/// Identical nodes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGroup {
+    #[serde(default = "one_usize")]
+    pub count: usize,
+    /// As for `--resources`: `cpu=4,gpu=1,mem=8GiB`.
+    pub resources: String,
+    /// When the nodes start; 0 for the founding members.
+    #[serde(default)]
+    pub join_at_ms: u64,
+}
+
+/// One stage of the farm.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageSpec {
+    pub name: String,
+    pub tasks: u64,
+    /// How long each task runs, drawn once per task from the seed (see [`parse_durations`]).
+    pub durations: String,
+    #[serde(default = "default_stage_resources")]
+    pub resources: String,
+    /// Stages that must be complete before this one starts.
+    #[serde(default)]
+    pub after: Vec<String>,
+    /// Stages whose task `i` must be done before this stage's task `i`.
+    #[serde(default)]
+    pub after_each: Vec<String>,
+    /// Share of the tasks (chosen by the seed) that exit 1 on every attempt.
+    #[serde(default)]
+    pub fail_rate: f64,
+    #[serde(default)]
+    pub retries: u32,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CrashSpec {
+    pub node: usize,
+    pub at_ms: u64,
+    /// Restarts from its store this long after the crash; never when absent.
+    #[serde(default)]
+    pub restart_after_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaveSpec {
+    pub node: usize,
+    pub at_ms: u64,
+}
+
+/// During `[from_ms, until_ms)` no message passes between `nodes` and the rest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionSpec {
+    pub nodes: Vec<usize>,
+    pub from_ms: u64,
+    pub until_ms: u64,
+}
+
+/// Overrides of the peers' [`Config`]; absent fields keep its defaults.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeshKnobs {
+    pub heartbeat_ms: Option<u64>,
+    pub dead_after_ms: Option<u64>,
+    pub join_wait_ms: Option<u64>,
+    pub prefetch_percent: Option<u64>,
+    pub node_claims_max: Option<usize>,
+    pub batch_max: Option<usize>,
+    pub queue_max: Option<usize>,
+    pub resend_ms: Option<u64>,
+    pub progress_ms: Option<u64>,
+    pub steal_timeout_ms: Option<u64>,
+}
+
+fn default_name() -> String {
+    "sim".into()
+}
+fn yes() -> bool {
+    true
+}
+fn one() -> u64 {
+    1
+}
+fn one_usize() -> usize {
+    1
+}
+fn default_latency() -> String {
+    "uniform:1..3".into()
+}
+fn default_max_time() -> u64 {
+    600_000
+}
+fn default_stage_resources() -> String {
+    "cpu=1".into()
+}
+
+/// Reads a scenario file (TOML, see the module docs) and checks it.
+pub fn load_scenario(path: impl AsRef<std::path::Path>) -> Result<SimConfig, SimError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| SimError::Config(format!("cannot read {}: {e}", path.display())))?;
+    parse_scenario(&text).map_err(|e| match e {
+        SimError::Config(m) => SimError::Config(format!("{}: {m}", path.display())),
+        other => other,
+    })
+}
+
+/// Parses and checks a scenario given as TOML text.
+pub fn parse_scenario(text: &str) -> Result<SimConfig, SimError> {
+    let cfg: SimConfig = toml::from_str(text).map_err(|e| SimError::Config(e.to_string()))?;
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+impl SimConfig {
+    /// A fault-free scenario of `nodes` identical nodes and one stage; tests build on it.
+    pub fn simple(seed: u64, nodes: usize, resources: &str, tasks: u64, durations: &str) -> Self {
+        SimConfig {
+            name: default_name(),
+            seed,
+            nodes: vec![NodeGroup {
+                count: nodes,
+                resources: resources.into(),
+                join_at_ms: 0,
+            }],
+            stages: vec![StageSpec {
+                name: "work".into(),
+                tasks,
+                durations: durations.into(),
+                resources: default_stage_resources(),
+                after: vec![],
+                after_each: vec![],
+                fail_rate: 0.0,
+                retries: 0,
+                timeout_ms: None,
+            }],
+            steal: true,
+            latency: default_latency(),
+            loss: 0.0,
+            gossip_fanout: 0,
+            submit_node: 0,
+            submit_at_ms: 0,
+            max_time_ms: default_max_time(),
+            check_every: 1,
+            crashes: vec![],
+            leaves: vec![],
+            partitions: vec![],
+            mesh: MeshKnobs::default(),
+        }
+    }
+
+    /// How many nodes the groups add up to.
+    pub fn node_count(&self) -> usize {
+        self.nodes.iter().map(|g| g.count).sum()
+    }
+
+    /// True when the run has faults, so duplicate executions are allowed.
+    pub fn has_faults(&self) -> bool {
+        self.loss > 0.0
+            || !self.crashes.is_empty()
+            || !self.leaves.is_empty()
+            || !self.partitions.is_empty()
+    }
+
+    /// The peers' configuration: the defaults with this scenario's overrides.
+    pub fn peer_config(&self) -> Config {
+        let d = Config::default();
+        let m = &self.mesh;
+        Config {
+            heartbeat_ms: m.heartbeat_ms.unwrap_or(d.heartbeat_ms),
+            dead_after_ms: m.dead_after_ms.unwrap_or(d.dead_after_ms),
+            join_wait_ms: m.join_wait_ms.unwrap_or(d.join_wait_ms),
+            steal: self.steal,
+            prefetch_percent: m.prefetch_percent.unwrap_or(d.prefetch_percent),
+            node_claims_max: m.node_claims_max.or(d.node_claims_max),
+            batch_max: m.batch_max.unwrap_or(d.batch_max),
+            queue_max: m.queue_max.unwrap_or(d.queue_max),
+            resend_ms: m.resend_ms.unwrap_or(d.resend_ms),
+            progress_ms: m.progress_ms.unwrap_or(d.progress_ms),
+            steal_timeout_ms: m.steal_timeout_ms.unwrap_or(d.steal_timeout_ms),
+        }
+    }
+
+    /// Checks everything a run would trip over, with messages that name the field.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let bad = |m: String| Err(SimError::Config(m));
+        let n = self.node_count();
+        if n == 0 {
+            return bad("a scenario needs at least one node".into());
+        }
+        for (i, g) in self.nodes.iter().enumerate() {
+            if let Err(e) = mesh_protocol::resources::parse_resources(&g.resources) {
+                return bad(format!("nodes[{i}].resources {:?}: {e}", g.resources));
+            }
+        }
+        if self.stages.is_empty() {
+            return bad("a scenario needs at least one stage".into());
+        }
+        for (i, s) in self.stages.iter().enumerate() {
+            if s.tasks == 0 || s.tasks > u32::MAX as u64 {
+                return bad(format!("stages[{i}] ({}): tasks must be from 1 to 2^32-1", s.name));
+            }
+            if let Err(e) = parse_durations(&s.durations) {
+                return bad(format!("stages[{i}] ({}).durations: {e}", s.name));
+            }
+            if let Err(e) = mesh_protocol::resources::parse_resources(&s.resources) {
+                return bad(format!("stages[{i}] ({}).resources {:?}: {e}", s.name, s.resources));
+            }
+            if !(0.0..=1.0).contains(&s.fail_rate) {
+                return bad(format!("stages[{i}] ({}).fail_rate must be from 0 to 1", s.name));
+            }
+            for d in s.after.iter().chain(&s.after_each) {
+                match self.stages.iter().position(|t| &t.name == d) {
+                    Some(j) if j < i => {}
+                    Some(_) => {
+                        return bad(format!(
+                            "stages[{i}] ({}): it may depend only on earlier stages, not {d:?}",
+                            s.name
+                        ))
+                    }
+                    None => return bad(format!("stages[{i}] ({}): no stage named {d:?}", s.name)),
+                }
+            }
+            for d in &s.after_each {
+                let j = self.stages.iter().position(|t| &t.name == d).expect("checked");
+                if self.stages[j].tasks != s.tasks {
+                    return bad(format!(
+                        "stages[{i}] ({}): after_each {d:?} needs the same number of tasks",
+                        s.name
+                    ));
+                }
+            }
+        }
+        if let Err(e) = parse_durations(&self.latency) {
+            return bad(format!("latency: {e}"));
+        }
+        if !(0.0..1.0).contains(&self.loss) {
+            return bad("loss must be from 0 to below 1".into());
+        }
+        if self.submit_node >= n {
+            return bad(format!("submit_node {} but only {n} nodes", self.submit_node));
+        }
+        if self.check_every == 0 {
+            return bad("check_every must be at least 1".into());
+        }
+        let node_ok = |what: &str, node: usize| {
+            if node >= n {
+                Err(SimError::Config(format!("{what}: node {node} but only {n} nodes")))
+            } else {
+                Ok(())
+            }
+        };
+        for (i, c) in self.crashes.iter().enumerate() {
+            node_ok(&format!("crashes[{i}]"), c.node)?;
+        }
+        for (i, l) in self.leaves.iter().enumerate() {
+            node_ok(&format!("leaves[{i}]"), l.node)?;
+            if l.node == self.submit_node {
+                return bad(format!("leaves[{i}]: the submitting node may not leave"));
+            }
+        }
+        for (i, p) in self.partitions.iter().enumerate() {
+            for &node in &p.nodes {
+                node_ok(&format!("partitions[{i}]"), node)?;
+            }
+            if p.until_ms <= p.from_ms {
+                return bad(format!("partitions[{i}]: until_ms must be after from_ms"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_file_loads() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios");
+        let mut seen = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                load_scenario(&p).unwrap();
+                seen += 1;
+            }
+        }
+        assert!(seen >= 3, "only {seen} scenarios in {dir}");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = parse_scenario(
+            "seed = 1\n[[nodes]]\nresources = \"cpu=2\"\n[[stages]]\nname = \"a\"\ntasks = 3\ndurations = \"zipf:x\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("stages[0] (a).durations"), "{e}");
+        let e = parse_scenario("seed = 1\nnodez = 3\n").unwrap_err().to_string();
+        assert!(e.contains("nodez"), "{e}");
+    }
+}
