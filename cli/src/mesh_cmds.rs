@@ -123,7 +123,7 @@ pub fn submit(
             file: file.to_string_lossy().into_owned(),
         },
     )?;
-    let id = match c.next() {
+    let id = match c.recv() {
         Some(Ok(ControlResponse::Submitted { farm, tasks })) => {
             if json {
                 println!("{}", serde_json::json!({ "farm": farm, "tasks": tasks }));
@@ -160,7 +160,7 @@ fn follow(state: &Path, farm: &str, json: bool) -> Result<ExitCode> {
     let mut bar: Option<ProgressBar> = None;
     let mut last_line = Instant::now() - Duration::from_secs(10);
     let mut final_view: Option<FarmView> = None;
-    while let Some(r) = c.next() {
+    while let Some(r) = c.recv() {
         match r? {
             ControlResponse::Progress(v) => {
                 if terminal {
@@ -238,7 +238,7 @@ pub fn cancel(state: &Path, farm: &str) -> Result<ExitCode> {
             farm: farm.to_string(),
         },
     )?;
-    match c.next() {
+    match c.recv() {
         Some(Ok(ControlResponse::Cancelled { farm })) => {
             println!("cancelled {farm}");
             Ok(ExitCode::SUCCESS)
@@ -257,7 +257,7 @@ pub fn status(state: &Path) -> Result<Option<MeshStatus>> {
         Err(ControlError::NoNode(_)) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    match c.next() {
+    match c.recv() {
         Some(Ok(ControlResponse::Status(s))) => Ok(Some(*s)),
         Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
         Some(Err(e)) => Err(e.into()),

@@ -147,7 +147,7 @@ impl Client {
     }
 
     /// The node's next answer; `None` once it has said everything.
-    pub fn next(&mut self) -> Option<Result<ControlResponse, ControlError>> {
+    pub fn recv(&mut self) -> Option<Result<ControlResponse, ControlError>> {
         let line = match self.lines.next()? {
             Ok(l) => l,
             Err(source) => {

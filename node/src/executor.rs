@@ -93,6 +93,8 @@ pub struct Launch {
     pub success_codes: Vec<i32>,
     /// Whether the node has gpus (then a task asking none sees none).
     pub node_has_gpus: bool,
+    /// The mesh node running the task (its peer id), shown to it as `MESH_NODE`; empty outside a mesh.
+    pub node: String,
 }
 
 /// Starts `l` in the background; its end arrives on `done`.
@@ -200,6 +202,9 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
         .env("MESH_ATTEMPT", l.attempt.to_string())
         .env("MESH_WORKDIR", &cwd)
         .env("MESH_OUT", &l.out_dir);
+    if !l.node.is_empty() {
+        cmd.env("MESH_NODE", &l.node);
+    }
     for (k, v) in l.grant.resources.iter() {
         let value = if k == MEM {
             v.whole().to_string()

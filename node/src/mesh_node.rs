@@ -243,9 +243,7 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
             .map(|t| tokio::time::Instant::from_std(t + Duration::from_millis(INTERRUPT_GRACE_MS)));
         tokio::select! {
             ev = node.swarm.select_next_some() => {
-                if let Err(e) = node.on_swarm(ev, &opts, &mut joined) {
-                    return Err(e);
-                }
+                node.on_swarm(ev, &opts, &mut joined)?;
             }
             Some(cmd) = rx.recv() => node.on_cmd(cmd),
             Ok((stream, _)) = listener.accept() => {
@@ -999,6 +997,7 @@ impl Node {
             stdout_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "out"),
             stderr_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "err"),
             node_has_gpus: self.node_has_gpus,
+            node: self.swarm.local_peer_id().to_string(),
         };
         let tx = self.tx.clone();
         let cache = self.state.join("cache");
@@ -1155,6 +1154,11 @@ async fn run_task(
         logs: 0,
     };
     if !local {
+        // The farm's folder here stands in for the submitter's: a task with
+        // no workdir and no inputs still runs in it.
+        if let Err(e) = fs::create_dir_all(&launch.root) {
+            return fail(format!("cannot create {}: {e}", launch.root.display()));
+        }
         for input in &launch.spec.inputs {
             let hash = input_hash(&spec, input);
             if let Err(e) = fetch_input(

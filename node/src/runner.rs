@@ -503,6 +503,7 @@ impl Driver {
             stdout_log: executor::log_path(&self.logs_dir, &def, task, attempt, "out"),
             stderr_log: executor::log_path(&self.logs_dir, &def, task, attempt, "err"),
             node_has_gpus: self.node_has_gpus,
+            node: String::new(),
         }))
     }
 

@@ -194,3 +194,202 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
 pub fn alive(pid: i32) -> bool {
     kill(Pid::from_raw(pid), None).is_ok()
 }
+
+/// A `mesh node` (or `mesh join`) process whose stdout lines are collected as they come.
+pub struct NodeProc {
+    child: Option<Child>,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    pub state: PathBuf,
+}
+
+impl NodeProc {
+    /// Starts `mesh <args>` with state folder `state`.
+    pub fn start(bin: &Path, cwd: &Path, state: &Path, args: &[&str]) -> NodeProc {
+        let mut child = Command::new(bin)
+            .args(args)
+            .current_dir(cwd)
+            .env("MESH_STATE_DIR", state)
+            .env_remove("MESH_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start mesh node");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        for pipe in [
+            Box::new(child.stdout.take().expect("stdout")) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().expect("stderr")),
+        ] {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for l in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                    lines.lock().expect("lines").push(l);
+                }
+            });
+        }
+        NodeProc {
+            child: Some(child),
+            lines,
+            state: state.to_path_buf(),
+        }
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().expect("lines").clone()
+    }
+
+    /// The first address the node printed (`mesh node <id> listening on <addr>`), waiting for it.
+    pub fn address(&self) -> String {
+        let mut found = None;
+        let ok = wait_until(Duration::from_secs(30), || {
+            found = self
+                .lines()
+                .iter()
+                .find_map(|l| l.split(" listening on ").nth(1).map(str::to_string));
+            found.is_some()
+        });
+        assert!(ok, "node printed no address:\n{}", self.lines().join("\n"));
+        found.expect("found")
+    }
+
+    /// The node's peer id, as it printed it.
+    pub fn peer_id(&self) -> String {
+        self.address();
+        self.lines()
+            .iter()
+            .find_map(|l| {
+                l.strip_prefix("mesh node ")
+                    .and_then(|r| r.split(' ').next())
+                    .map(str::to_string)
+            })
+            .expect("printed its id")
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.as_ref().expect("live").id() as i32)
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        let _ = kill(self.pid(), sig);
+    }
+
+    /// Waits (bounded) for the process to exit; its exit code.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let child = self.child.as_mut().expect("live");
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(s) = child.try_wait().expect("try_wait") {
+                return s.code();
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // Stop it the way a user would, so its tasks are stopped too; then make sure.
+            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Several mesh nodes on 127.0.0.1 sharing one mesh key, in one sandbox.
+pub struct Cluster {
+    pub nodes: Vec<NodeProc>,
+    bin: PathBuf,
+    root: PathBuf,
+}
+
+impl Cluster {
+    /// Starts `resources.len()` nodes: the first with `mesh node`, the others
+    /// joining it; `resources[i]` is node i's `--resources` (empty: detected).
+    /// Returns once every node sees all the others.
+    pub fn start(sandbox: &Sandbox, resources: &[&str], extra: &[&str]) -> Cluster {
+        let root = sandbox.path().to_path_buf();
+        let bin = sandbox.bin.clone();
+        let first = root.join("n0");
+        let init = Command::new(&bin)
+            .args(["--state-dir", &first.to_string_lossy(), "init"])
+            .output()
+            .expect("mesh init");
+        assert!(init.status.success(), "mesh init failed: {init:?}");
+        let mut c = Cluster {
+            nodes: Vec::new(),
+            bin,
+            root,
+        };
+        for (i, r) in resources.iter().enumerate() {
+            let state = c.root.join(format!("n{i}"));
+            if i > 0 {
+                fs::create_dir_all(&state).expect("mkdir");
+                let key = state.join("mesh.key");
+                fs::copy(first.join("mesh.key"), &key).expect("copy key");
+                fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).expect("chmod");
+            }
+            let join = if i > 0 {
+                Some(c.nodes[0].address())
+            } else {
+                None
+            };
+            c.add(&state, join.as_deref(), r, extra);
+        }
+        let n = resources.len();
+        let ok = wait_until(Duration::from_secs(30), || {
+            (0..n).all(|i| c.status(i)["nodes"].as_array().map_or(0, |a| a.len()) == n)
+        });
+        assert!(ok, "the nodes did not all see each other: {}", c.status(0));
+        c
+    }
+
+    /// Starts one more node with this state folder.
+    pub fn add(&mut self, state: &Path, join: Option<&str>, resources: &str, extra: &[&str]) {
+        let mut args: Vec<&str> = match join {
+            Some(a) => vec!["join", a],
+            None => vec!["node"],
+        };
+        args.extend(["--listen", "/ip4/127.0.0.1/tcp/0"]);
+        if !resources.is_empty() {
+            args.extend(["--resources", resources]);
+        }
+        args.extend(extra);
+        let node = NodeProc::start(&self.bin, &self.root, state, &args);
+        node.address();
+        self.nodes.push(node);
+    }
+
+    /// `mesh status --json` as node `i` answers it.
+    pub fn status(&self, i: usize) -> serde_json::Value {
+        let r = self.mesh(i, &["status", "--json"]);
+        serde_json::from_str(&r.stdout).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Runs a mesh command against node `i`'s state folder.
+    pub fn mesh(&self, i: usize, args: &[&str]) -> Run {
+        let child = Command::new(&self.bin)
+            .args(args)
+            .current_dir(&self.root)
+            .env("MESH_STATE_DIR", &self.nodes[i].state)
+            .env_remove("MESH_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start mesh");
+        Background { child: Some(child) }.wait()
+    }
+}

@@ -1,0 +1,305 @@
+//! The mesh on loopback: several real `mesh` nodes, farms submitted to them, a node killed mid-farm.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use mesh_tests::{wait_until, Cluster, NodeProc};
+use nix::sys::signal::Signal;
+
+use crate::sandbox;
+
+/// A farm whose tasks read an input from the submitter and write outputs naming the node that ran them.
+const SPREAD: &str = r#"
+[farm]
+name = "spread"
+
+[[stage]]
+name = "work"
+sweep.i = { range = "0..11" }
+workdir = "w/{i}"
+inputs = ["data/input.txt"]
+shell = 'cat data/input.txt > out.txt; echo {i} >> out.txt; echo "$MESH_NODE" > node.txt; sleep 0.3'
+outputs = ["out.txt", "node.txt"]
+
+# No workdir and no inputs: on another node it runs in that node's folder for the farm.
+[[stage]]
+name = "plain"
+sweep.i = { range = "0..5" }
+shell = 'sleep 0.2'
+"#;
+
+#[test]
+fn a_farm_submitted_on_a_non_coordinator_runs_on_every_node_and_its_outputs_come_home() {
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2", "cpu=2", "cpu=2"], &[]);
+    let st = c.status(2);
+    let me = st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["local"] == true)
+        .unwrap()["id"]
+        .clone();
+    assert_ne!(
+        st["coordinator"], me,
+        "node 2 joined, so it is not the coordinator: {st}"
+    );
+    assert!(st["term"].as_u64().unwrap() >= 1);
+    for n in st["nodes"].as_array().unwrap() {
+        assert!(n["id"].as_str().unwrap().starts_with("12D3Koo"), "{n}");
+        assert!(
+            n["addrs"][0]
+                .as_str()
+                .unwrap()
+                .starts_with("/ip4/127.0.0.1/tcp/"),
+            "{n}"
+        );
+        assert_eq!(
+            n["resources"]["total"].as_str().unwrap().split(',').next(),
+            Some("cpu=2")
+        );
+    }
+
+    sb.write("farm/data/input.txt", "shared input\n");
+    sb.write("farm/farm.toml", SPREAD);
+    let out = sb.path().join("results");
+    let r = c.mesh(
+        2,
+        &[
+            "submit",
+            "farm/farm.toml",
+            "--out",
+            &out.to_string_lossy(),
+            "--wait",
+        ],
+    );
+    r.expect_code(0);
+    let id = r.stdout.lines().next().unwrap();
+    assert!(
+        id.starts_with("spread-"),
+        "the farm id comes first, alone: {}",
+        r.stdout
+    );
+
+    let mut ran_on = HashSet::new();
+    for i in 0..12 {
+        let text = sb.read(&format!("results/work/{i}/out.txt"));
+        assert_eq!(text, format!("shared input\n{i}\n"));
+        ran_on.insert(
+            sb.read(&format!("results/work/{i}/node.txt"))
+                .trim()
+                .to_string(),
+        );
+    }
+    assert!(
+        ran_on.len() >= 2,
+        "12 tasks of 0.3 s on 3 nodes ran on {ran_on:?} only"
+    );
+    // The submitter still knows the farm, finished.
+    let st = c.status(2);
+    let farm = &st["farms"][0];
+    assert_eq!(farm["id"], id);
+    assert_eq!(farm["finished"], true);
+    assert_eq!(farm["counts"]["done"], 18);
+}
+
+#[test]
+fn gpu_tasks_run_only_where_gpus_are_declared_and_a_task_that_fits_nowhere_is_unplaceable() {
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2", "cpu=2,gpu=2", "cpu=2"], &[]);
+    let gpu_node = c.nodes[1].peer_id();
+    sb.write(
+        "gpu.toml",
+        r#"
+[farm]
+name = "gpus"
+
+[[stage]]
+name = "train"
+sweep.i = { range = "0..5" }
+workdir = "w/{i}"
+resources = { gpu = 1 }
+shell = 'echo "$MESH_NODE $CUDA_VISIBLE_DEVICES" > where.txt; sleep 0.2'
+outputs = ["where.txt"]
+"#,
+    );
+    let r = c.mesh(0, &["submit", "gpu.toml", "--out", "gpu-out", "--wait"]);
+    r.expect_code(0);
+    for i in 0..6 {
+        let text = sb.read(&format!("gpu-out/train/{i}/where.txt"));
+        let (node, devices) = text.trim().split_once(' ').unwrap();
+        assert_eq!(node, gpu_node, "task {i} ran on {node}");
+        assert!(
+            devices == "0" || devices == "1",
+            "task {i} saw devices {devices:?}"
+        );
+    }
+
+    sb.write(
+        "huge.toml",
+        r#"
+[farm]
+name = "huge"
+
+[[stage]]
+name = "big"
+sweep.i = { range = "0..2" }
+resources = { gpu = 4 }
+command = ["true"]
+
+[[stage]]
+name = "small"
+command = ["true"]
+"#,
+    );
+    let r = c.mesh(0, &["submit", "huge.toml", "--wait"]);
+    r.expect_code(1);
+    assert!(
+        r.stderr
+            .contains("stage big fits no node of the mesh: gpu=4 asked"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("1 of 4 done, 3 failed"), "{}", r.stderr);
+}
+
+#[test]
+fn a_node_with_another_mesh_key_cannot_join() {
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=1"], &[]);
+    let other = sb.path().join("other");
+    let r = sb.mesh(&["--state-dir", &other.to_string_lossy(), "init"]);
+    r.expect_code(0);
+    let mut intruder = NodeProc::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_mesh")),
+        sb.path(),
+        &other,
+        &[
+            "join",
+            &c.nodes[0].address(),
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+        ],
+    );
+    let code = intruder.wait_exit(Duration::from_secs(30));
+    assert!(
+        matches!(code, Some(c) if c != 0),
+        "the intruder kept running"
+    );
+    let said = intruder.lines().join("\n");
+    assert!(
+        said.contains("mesh.key"),
+        "the error names the likely cause: {said}"
+    );
+    assert_eq!(c.status(0)["nodes"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn killing_a_worker_mid_farm_loses_nothing() {
+    let sb = sandbox();
+    let c = Cluster::start(
+        &sb,
+        &["cpu=2", "cpu=2", "cpu=2"],
+        &["--dead-after-ms", "1500"],
+    );
+    sb.write(
+        "slow.toml",
+        r#"
+[farm]
+name = "slow"
+
+[[stage]]
+name = "s"
+sweep.i = { range = "0..17" }
+workdir = "w/{i}"
+shell = 'sleep 1; echo {i} > r.txt'
+outputs = ["r.txt"]
+"#,
+    );
+    let r = c.mesh(0, &["submit", "slow.toml", "--out", "slow-out"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    // Kill node 2 while it runs tasks of the farm.
+    let busy = wait_until(Duration::from_secs(20), || {
+        c.status(2)["nodes"].as_array().is_some_and(|n| {
+            n.iter()
+                .any(|n| n["local"] == true && n["running"].as_u64() > Some(0))
+        })
+    });
+    assert!(busy, "node 2 never ran anything");
+    c.nodes[2].signal(Signal::SIGKILL);
+    let r = c.mesh(0, &["wait", &id]);
+    r.expect_code(0);
+    for i in 0..18 {
+        assert_eq!(sb.read(&format!("slow-out/s/{i}/r.txt")), format!("{i}\n"));
+    }
+    assert!(
+        c.nodes[0].lines().iter().any(|l| l.contains("is gone")),
+        "the coordinator noticed: {:?}",
+        c.nodes[0].lines()
+    );
+}
+
+#[test]
+fn submit_without_a_node_says_what_to_do() {
+    let sb = sandbox();
+    sb.write(
+        "farm.toml",
+        "[farm]\nname = \"x\"\n[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n",
+    );
+    let r = sb.mesh(&["submit", "farm.toml"]);
+    r.expect_code(2);
+    assert!(
+        r.stderr.contains("mesh node") && r.stderr.contains("mesh run"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn killing_the_coordinator_mid_farm_elects_another_and_the_farm_finishes() {
+    let sb = sandbox();
+    let c = Cluster::start(
+        &sb,
+        &["cpu=2", "cpu=2", "cpu=2"],
+        &["--dead-after-ms", "1500"],
+    );
+    let first = c.status(0);
+    let old = first["coordinator"].as_str().unwrap().to_string();
+    assert_eq!(
+        old,
+        c.nodes[0].peer_id(),
+        "the first node coordinates: {first}"
+    );
+    let term = first["term"].as_u64().unwrap();
+    sb.write(
+        "slow.toml",
+        r#"
+[farm]
+name = "slow"
+
+[[stage]]
+name = "s"
+sweep.i = { range = "0..23" }
+workdir = "w/{i}"
+shell = 'sleep 0.5; echo {i} > r.txt'
+outputs = ["r.txt"]
+"#,
+    );
+    let r = c.mesh(2, &["submit", "slow.toml", "--out", "slow-out"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    let started = wait_until(Duration::from_secs(20), || {
+        c.status(2)["farms"][0]["counts"]["done"].as_u64() > Some(2)
+    });
+    assert!(started, "the farm did not get going: {}", c.status(2));
+    c.nodes[0].signal(Signal::SIGKILL);
+    let r = c.mesh(2, &["wait", &id]);
+    r.expect_code(0);
+    for i in 0..24 {
+        assert_eq!(sb.read(&format!("slow-out/s/{i}/r.txt")), format!("{i}\n"));
+    }
+    let now = c.status(2);
+    assert_ne!(now["coordinator"].as_str(), Some(old.as_str()), "{now}");
+    assert!(now["term"].as_u64().unwrap() > term, "{now}");
+}
