@@ -51,6 +51,9 @@ pub struct NodeFlags {
     /// Do not take queued work from busier nodes.
     #[arg(long)]
     pub no_steal: bool,
+    /// Find other nodes on the LAN by mDNS (only in builds with the `mdns` feature).
+    #[arg(long)]
+    pub mdns: bool,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -61,6 +64,11 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitC
         listen.push(a.parse::<Multiaddr>().with_context(|| {
             format!("--listen {a}: not a multiaddr (e.g. /ip4/0.0.0.0/tcp/7070)")
         })?);
+    }
+    if flags.mdns && !cfg!(feature = "mdns") {
+        bail!(
+            "this mesh was built without mDNS; rebuild with `--features mdns`, or join by address"
+        );
     }
     let join = match join {
         Some(a) => Some(a.parse::<Multiaddr>().with_context(|| {
@@ -86,6 +94,7 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitC
             .clone()
             .unwrap_or_else(|| state.join(mesh_node::keys::PSK_FILE)),
         config,
+        mdns: flags.mdns,
     };
     run_node(
         opts,

@@ -65,6 +65,8 @@ pub struct NodeOptions {
     /// The mesh secret; `<state>/mesh.key` unless given.
     pub key: PathBuf,
     pub config: Config,
+    /// Find nodes on the LAN by mDNS (needs the `mdns` feature).
+    pub mdns: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -172,7 +174,9 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         }
         r => r?,
     };
-    let swarm = net::build(NetConfig::new(opts.listen.clone(), psk, identity))?;
+    let mut net_cfg = NetConfig::new(opts.listen.clone(), psk, identity);
+    net_cfg.mdns = opts.mdns;
+    let swarm = net::build(net_cfg)?;
 
     // The control socket: owner-only, and a stale one from a dead node is replaced.
     let sock = socket_path(&opts.state);
@@ -625,6 +629,20 @@ impl Node {
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Rr(ev)) => self.on_rr(ev),
+            #[cfg(feature = "mdns")]
+            SwarmEvent::Behaviour(BehaviourEvent::Mdns(libp2p::mdns::Event::Discovered(found))) => {
+                for (peer, addr) in found {
+                    if !self.swarm.is_connected(&peer) && self.dialing.insert(peer) {
+                        let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+                            .addresses(vec![addr])
+                            .build();
+                        if self.swarm.dial(opts).is_err() {
+                            self.dialing.remove(&peer);
+                        }
+                    }
+                }
+                *joined = true;
+            }
             _ => {}
         }
         Ok(())

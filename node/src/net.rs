@@ -5,10 +5,10 @@
 //! turns libp2p's errors into sentences a user can act on. It makes no
 //! decision about the mesh itself.
 //!
-//! mDNS discovery is not part of [`Behaviour`], even with the `mdns` feature:
-//! a field that exists only under a feature would change the derived event
-//! enum, which the node loop matches on, from one build to another. Nodes
-//! join by address instead.
+//! mDNS discovery (the `mdns` feature, off by default) finds nodes of the
+//! same LAN without an address to join; the field is always there, as a
+//! `Toggle` of a do-nothing behaviour when the feature is off, so the event
+//! enum the node loop matches on keeps its shape.
 
 use std::io;
 use std::time::Duration;
@@ -22,6 +22,7 @@ use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, MessageId, Valida
 use libp2p::identity::Keypair;
 use libp2p::pnet::{PnetConfig, PreSharedKey};
 use libp2p::request_response::{self, ProtocolSupport};
+use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::{DialError, NetworkBehaviour};
 use libp2p::{identify, noise, ping, tcp, yamux, Multiaddr, PeerId, StreamProtocol, Swarm};
 use mesh_protocol::mesh::Msg;
@@ -50,7 +51,15 @@ pub struct Behaviour {
     pub ping: ping::Behaviour,
     pub gossipsub: gossipsub::Behaviour,
     pub rr: request_response::Behaviour<Codec>,
+    pub mdns: Mdns,
 }
+
+/// LAN discovery, when built with the `mdns` feature and asked for.
+#[cfg(feature = "mdns")]
+pub type Mdns = Toggle<libp2p::mdns::tokio::Behaviour>;
+/// LAN discovery is not built in (the `mdns` feature is off).
+#[cfg(not(feature = "mdns"))]
+pub type Mdns = Toggle<libp2p::swarm::dummy::Behaviour>;
 
 pub struct NetConfig {
     pub listen: Vec<Multiaddr>,
@@ -58,6 +67,8 @@ pub struct NetConfig {
     pub identity: Keypair,
     pub idle_timeout: Duration,
     pub request_timeout: Duration,
+    /// Find nodes on the LAN by mDNS (only with the `mdns` feature).
+    pub mdns: bool,
 }
 
 impl NetConfig {
@@ -69,6 +80,7 @@ impl NetConfig {
             identity,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            mdns: false,
         }
     }
 }
@@ -107,7 +119,7 @@ pub fn protocol_version() -> String {
 /// Builds the swarm, subscribed to the heartbeat topic and listening on every `cfg.listen` address.
 pub fn build(cfg: NetConfig) -> Result<Swarm<Behaviour>, NetError> {
     let transport = transport(&cfg.identity, cfg.psk)?;
-    let behaviour = behaviour(&cfg.identity, cfg.request_timeout)?;
+    let behaviour = behaviour(&cfg.identity, cfg.request_timeout, cfg.mdns)?;
     let idle = cfg.idle_timeout;
     let mut swarm = libp2p::SwarmBuilder::with_existing_identity(cfg.identity)
         .with_tokio()
@@ -170,7 +182,11 @@ fn transport(
     Ok(tcp)
 }
 
-fn behaviour(identity: &Keypair, request_timeout: Duration) -> Result<Behaviour, NetError> {
+fn behaviour(
+    identity: &Keypair,
+    request_timeout: Duration,
+    mdns: bool,
+) -> Result<Behaviour, NetError> {
     let identify = identify::Behaviour::new(
         identify::Config::new(protocol_version(), identity.public())
             .with_agent_version(format!("mesh/{}", env!("CARGO_PKG_VERSION"))),
@@ -212,11 +228,29 @@ fn behaviour(identity: &Keypair, request_timeout: Duration) -> Result<Behaviour,
         [(StreamProtocol::new(REQUEST_PROTOCOL), ProtocolSupport::Full)],
         request_response::Config::default().with_request_timeout(request_timeout),
     );
+    #[cfg(feature = "mdns")]
+    let mdns = Toggle::from(if mdns {
+        Some(
+            libp2p::mdns::tokio::Behaviour::new(
+                libp2p::mdns::Config::default(),
+                identity.public().to_peer_id(),
+            )
+            .map_err(|e| NetError::Gossip(format!("cannot start mDNS: {e}")))?,
+        )
+    } else {
+        None
+    });
+    #[cfg(not(feature = "mdns"))]
+    let mdns = {
+        let _ = mdns;
+        Toggle::from(None)
+    };
     Ok(Behaviour {
         identify,
         ping: ping::Behaviour::default(),
         gossipsub,
         rr,
+        mdns,
     })
 }
 

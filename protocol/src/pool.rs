@@ -58,7 +58,7 @@ impl Pool {
             .map(|(k, a, b)| (k.to_string(), a, b))
             .collect();
         let g = request.get(GPU);
-        if shortfall.is_empty() && g.0 > MILLI && g.0 % MILLI != 0 {
+        if shortfall.is_empty() && g.0 > MILLI && !g.0.is_multiple_of(MILLI) {
             // More than one device, but not whole devices: no placement makes sense.
             shortfall.push((GPU.to_string(), g, total.get(GPU)));
         }

@@ -78,7 +78,8 @@ struct Plan {
 /// A hash of the seed and a few numbers, for per-task draws that do not
 /// depend on the order the run happens to take.
 fn mix(seed: u64, a: u64, b: u64) -> u64 {
-    let mut x = seed ^ a.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+    let mut x =
+        seed ^ a.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;
@@ -158,7 +159,11 @@ impl Plan {
     }
 
     fn stage_len(&self, s: usize) -> usize {
-        self.offsets.get(s + 1).copied().unwrap_or(self.durations.len()) - self.offsets[s]
+        self.offsets
+            .get(s + 1)
+            .copied()
+            .unwrap_or(self.durations.len())
+            - self.offsets[s]
     }
 
     /// Nodes (by index) a stage fits on.
@@ -451,7 +456,9 @@ impl<'a> Sim<'a> {
 
     fn run_loop(&mut self) -> Result<(), SimError> {
         while let Some(Reverse((at, _, slot))) = self.heap.pop() {
-            let ev = self.slab[slot as usize].take().expect("each slot is popped once");
+            let ev = self.slab[slot as usize]
+                .take()
+                .expect("each slot is popped once");
             self.free.push(slot);
             if at > self.cfg.max_time_ms {
                 break;
@@ -576,7 +583,10 @@ impl<'a> Sim<'a> {
         if restart {
             // Whatever this node made durable before it died.
             let key = FarmKey(FARM.0);
-            let def = nd.store.def(key).map_err(|e| SimError::Config(e.to_string()))?;
+            let def = nd
+                .store
+                .def(key)
+                .map_err(|e| SimError::Config(e.to_string()))?;
             if let Some(def) = def {
                 let origin = nd
                     .store
@@ -648,7 +658,7 @@ impl<'a> Sim<'a> {
         let cpu = r.res.get(CPU).0 as f64 / 1000.0;
         self.busy_cpu_ms += cpu * (self.now - r.start) as f64;
         self.timeline.add(n, r.start, self.now, cpu);
-        if t.index as usize % self.sample_stride == 0 && self.sample.len() < SAMPLE_MAX {
+        if (t.index as usize).is_multiple_of(self.sample_stride) && self.sample.len() < SAMPLE_MAX {
             self.sample.push(Execution {
                 node: n as u32,
                 stage: t.stage,
@@ -683,7 +693,9 @@ impl<'a> Sim<'a> {
             }
             // Persist before act: the batch is durable before any action after it.
             if !writes.is_empty() {
-                nd.store.write(writes).expect("the memory store cannot fail");
+                nd.store
+                    .write(writes)
+                    .expect("the memory store cannot fail");
                 nd.store.flush().expect("the memory store cannot fail");
             }
         }
@@ -694,10 +706,7 @@ impl<'a> Sim<'a> {
                 Action::Start { task, grant } => self.start_task(n, task, grant.resources)?,
                 Action::Kill { task, .. } => self.kill(n, task),
                 Action::Emit(ev) => {
-                    if let PeerEvent::Unplaceable {
-                        stage, reason, ..
-                    } = ev
-                    {
+                    if let PeerEvent::Unplaceable { stage, reason, .. } = ev {
                         self.unplaceable.push(format!(
                             "{}: {reason}",
                             self.plan.spec.def.stages[stage as usize].name
@@ -710,41 +719,44 @@ impl<'a> Sim<'a> {
         let nd = &mut self.nodes[n];
         let peer = nd.peer.as_ref().expect("stepped peers are up");
         nd.steps += 1;
-        if nd.steps % self.cfg.check_every == 0 {
+        if nd.steps.is_multiple_of(self.cfg.check_every) {
             peer.check_invariants().map_err(|e| SimError::Invariant {
                 seed: self.cfg.seed,
                 at_ms: self.now,
                 message: e,
             })?;
         }
+        let mut timer = None;
         if let Some(at) = peer.poll_timeout() {
             let at = at.max(self.now);
             if nd.timer != Some(at) {
                 nd.timer = Some(at);
-                let gen = nd.gen;
-                self.push(
-                    at,
-                    Ev::Timer {
-                        node: n as u32,
-                        gen,
-                    },
-                );
+                timer = Some((at, nd.gen));
             }
         }
-        if peer.is_coordinator() {
-            if let Some(c) = peer.coordinated_progress(FARM) {
-                if c.finished() {
-                    self.check_end(c)?;
-                }
-            }
+        let end = if peer.is_coordinator() {
+            peer.coordinated_progress(FARM).filter(|c| c.finished())
+        } else {
+            None
+        };
+        if let Some((at, gen)) = timer {
+            self.push(
+                at,
+                Ev::Timer {
+                    node: n as u32,
+                    gen,
+                },
+            );
+        }
+        if let Some(c) = end {
+            self.check_end(c)?;
         }
         Ok(())
     }
 
     /// The coordinator says the farm is over: every task that should have succeeded did.
     fn check_end(&mut self, c: mesh_protocol::engine::Counts) -> Result<(), SimError> {
-        let missing = (0..self.ok_done.len())
-            .find(|&g| self.plan.expect_ok[g] && !self.ok_done[g]);
+        let missing = (0..self.ok_done.len()).find(|&g| self.plan.expect_ok[g] && !self.ok_done[g]);
         if let Some(g) = missing {
             let s = self.plan.offsets.partition_point(|&o| o <= g) - 1;
             return Err(self.violation(format!(
@@ -762,6 +774,21 @@ impl<'a> Sim<'a> {
 
     fn deliver(&mut self, from: usize, to: usize, msg: Msg) {
         self.messages += 1;
+        if let Some(t) = trace_task() {
+            let tasks: Vec<Assigned> = match &msg {
+                Msg::Assign { tasks, .. }
+                | Msg::Release { tasks, .. }
+                | Msg::Holding { tasks, .. }
+                | Msg::Stolen { tasks, .. }
+                | Msg::Moved { tasks, .. }
+                | Msg::Ack { tasks } => tasks.clone(),
+                Msg::Report { reports, .. } => reports.iter().map(|r| r.task).collect(),
+                _ => vec![],
+            };
+            if tasks.iter().any(|a| a.task.index == t) {
+                eprintln!("{} ms: {from} -> {to}: {msg:?}", self.now);
+            }
+        }
         if self.cfg.loss > 0.0 && self.rng.random::<f64>() < self.cfg.loss {
             self.lost += 1;
             return;
@@ -821,16 +848,15 @@ impl<'a> Sim<'a> {
         let mut used = nd.used.clone();
         used.give(&res);
         if !nd.total.fits(&used) {
-            return Err(self.violation(format!(
+            let m = format!(
                 "node {n} started task {:?} ({res}) with {} of {} in use",
                 task.task, nd.used, nd.total
-            )));
+            );
+            return Err(self.violation(m));
         }
         if nd.runs.contains_key(&task.task) {
-            return Err(self.violation(format!(
-                "node {n} started task {:?} twice at once",
-                task.task
-            )));
+            let m = format!("node {n} started task {:?} twice at once", task.task);
+            return Err(self.violation(m));
         }
         if !self.faults && self.live[g] > 0 {
             return Err(self.violation(format!(
@@ -936,12 +962,15 @@ impl<'a> Sim<'a> {
     }
 
     fn report(&mut self, wall_s: f64) -> SimReport {
+        // Measured from the submission: before it there is nothing to do.
+        let start = self.cfg.submit_at_ms;
+        let makespan = self.makespan.saturating_sub(start);
         let end = self.makespan.max(1);
         let mut cap = 0.0;
         let mut stats = self.gone_stats.clone();
         for nd in &self.nodes {
             let up = nd.up_ms + nd.up_since.map_or(0, |s| self.now.saturating_sub(s));
-            cap += nd.cpus * up.min(end) as f64;
+            cap += nd.cpus * up.min(end - start.min(end)) as f64;
             if let Some(p) = &nd.peer {
                 let s = p.stats();
                 stats.steals_asked += s.steals_asked;
@@ -956,10 +985,14 @@ impl<'a> Sim<'a> {
             seed: self.cfg.seed,
             nodes: self.nodes.len(),
             tasks,
-            makespan: self.makespan,
+            makespan,
             lower_bound: self.plan.lower_bound,
-            ratio: self.makespan as f64 / self.plan.lower_bound as f64,
-            utilization: if cap > 0.0 { self.busy_cpu_ms / cap } else { 0.0 },
+            ratio: makespan as f64 / self.plan.lower_bound as f64,
+            utilization: if cap > 0.0 {
+                self.busy_cpu_ms / cap
+            } else {
+                0.0
+            },
             steals: stats.steals_won,
             steals_asked: stats.steals_asked,
             tasks_stolen: stats.tasks_stolen,
@@ -1019,4 +1052,9 @@ fn persist_writes(p: Persist, out: &mut Vec<Write>) {
             }
         }
     }
+}
+
+/// Debugging aid: `MESH_SIM_TRACE=<task index>` prints every message about that task.
+fn trace_task() -> Option<u32> {
+    std::env::var("MESH_SIM_TRACE").ok()?.parse().ok()
 }

@@ -23,8 +23,15 @@ pub enum Dist {
     Fixed(u64),
     Uniform(u64, u64),
     /// Cumulative probabilities of 1..=n.
-    Zipf { s: f64, cdf: Arc<Vec<f64>> },
-    Bimodal { short: u64, long: u64, p_long: f64 },
+    Zipf {
+        s: f64,
+        cdf: Arc<Vec<f64>>,
+    },
+    Bimodal {
+        short: u64,
+        long: u64,
+        p_long: f64,
+    },
     Exp(f64),
 }
 
@@ -50,9 +57,12 @@ pub fn parse_durations(text: &str) -> Result<Dist, DistError> {
         ))
     };
     let int = |s: &str, what: &str| -> Result<u64, DistError> {
-        s.trim()
-            .parse::<u64>()
-            .map_err(|_| err(&format!("{what} {:?} is not a whole number of ms", s.trim())))
+        s.trim().parse::<u64>().map_err(|_| {
+            err(&format!(
+                "{what} {:?} is not a whole number of ms",
+                s.trim()
+            ))
+        })
     };
     let float = |s: &str, what: &str| -> Result<f64, DistError> {
         match s.trim().parse::<f64>() {

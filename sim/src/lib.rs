@@ -1,9 +1,81 @@
-//! Deterministic discrete-event simulation of the engine on a virtual clock.
+//! Deterministic discrete-event simulation of mesh: real peers and engines on a virtual clock.
 //!
-//! This is the seed of the simulator: one node's real [`Engine`], fed task
-//! completions at virtual times instead of real processes, with an
-//! in-memory store that can lose its unflushed tail. Many nodes, messages,
-//! faults and stealing come with the mesh.
+//! [`run`] drives many real [`mesh_protocol::mesh::Peer`]s through their
+//! real inputs and outputs on one virtual clock, with message latency and
+//! loss, partitions, crashes and restarts from the in-memory store, late
+//! joins and leaves, and heterogeneous resource vectors (see
+//! [`cluster`]). A run is described by a [`SimConfig`], usually loaded
+//! from a TOML scenario with [`load_scenario`] (format in [`scenario`]),
+//! and yields a [`SimReport`] (serde; [`SimReport::to_svg`] draws it).
+//! Same seed, same report: every random draw follows from the seed.
+//!
+//! [`run_one_node`] is the older single-engine loop, kept for the
+//! engine's own timing tests.
+
+pub mod cluster;
+pub mod dist;
+pub mod report;
+pub mod scenario;
+
+pub use cluster::run;
+pub use dist::{parse_durations, Dist, DistError};
+pub use report::{SimReport, Timeline};
+pub use scenario::{load_scenario, parse_scenario, SimConfig};
+
+/// Why a simulated run did not produce a report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SimError {
+    /// The scenario is malformed; nothing ran.
+    Config(String),
+    /// An invariant broke; the seed replays the run up to it.
+    Invariant {
+        seed: u64,
+        at_ms: u64,
+        message: String,
+    },
+    /// Work was left when the virtual time limit (or the last event) came.
+    Stuck {
+        seed: u64,
+        at_ms: u64,
+        message: String,
+    },
+}
+
+impl std::fmt::Display for SimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SimError::Config(m) => write!(f, "bad scenario: {m}"),
+            SimError::Invariant {
+                seed,
+                at_ms,
+                message,
+            } => write!(
+                f,
+                "invariant violated at {at_ms} ms (replay with seed {seed}): {message}"
+            ),
+            SimError::Stuck {
+                seed,
+                at_ms,
+                message,
+            } => write!(
+                f,
+                "the run did not finish by {at_ms} ms (replay with seed {seed}): {message}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SimError {}
+
+impl SimError {
+    /// The seed that replays the failure, when it is a failure of a run.
+    pub fn seed(&self) -> Option<u64> {
+        match self {
+            SimError::Config(_) => None,
+            SimError::Invariant { seed, .. } | SimError::Stuck { seed, .. } => Some(*seed),
+        }
+    }
+}
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -12,14 +12,14 @@ pub struct SimReport {
     pub seed: u64,
     pub nodes: usize,
     pub tasks: u64,
-    /// Virtual ms from the start to the end of the last task that succeeded.
+    /// Virtual ms from the submission to the end of the last task that succeeded.
     pub makespan: u64,
     /// max(work / capacity for each resource and each set of eligible nodes,
     /// the longest dependency chain), in virtual ms.
     pub lower_bound: u64,
     /// makespan / lower_bound.
     pub ratio: f64,
-    /// Busy cpu-time of every execution over the cpu-time of live nodes until the makespan.
+    /// Busy cpu-time of every execution over the cpu-time of live nodes during the makespan.
     pub utilization: f64,
     /// Steals that brought tasks (summed over the live peers at the end).
     pub steals: u64,
@@ -180,11 +180,20 @@ impl SimReport {
         );
         for r in 0..rows {
             let nodes = r * per_row..((r + 1) * per_row).min(n);
-            let cpus: f64 = nodes.clone().map(|i| tl.cpus.get(i).copied().unwrap_or(0.0)).sum();
+            let cpus: f64 = nodes
+                .clone()
+                .map(|i| tl.cpus.get(i).copied().unwrap_or(0.0))
+                .sum();
             for c in 0..cols {
                 let busy: f64 = nodes
                     .clone()
-                    .map(|i| tl.busy.get(i).and_then(|row| row.get(c)).copied().unwrap_or(0.0))
+                    .map(|i| {
+                        tl.busy
+                            .get(i)
+                            .and_then(|row| row.get(c))
+                            .copied()
+                            .unwrap_or(0.0)
+                    })
                     .sum();
                 let u = if cpus > 0.0 {
                     (busy / (cpus * tl.bucket_ms as f64)).clamp(0.0, 1.0)
@@ -243,7 +252,9 @@ impl SimReport {
 }
 
 fn xml(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 #[cfg(test)]

@@ -305,16 +305,25 @@ impl SimConfig {
         }
         for (i, s) in self.stages.iter().enumerate() {
             if s.tasks == 0 || s.tasks > u32::MAX as u64 {
-                return bad(format!("stages[{i}] ({}): tasks must be from 1 to 2^32-1", s.name));
+                return bad(format!(
+                    "stages[{i}] ({}): tasks must be from 1 to 2^32-1",
+                    s.name
+                ));
             }
             if let Err(e) = parse_durations(&s.durations) {
                 return bad(format!("stages[{i}] ({}).durations: {e}", s.name));
             }
             if let Err(e) = mesh_protocol::resources::parse_resources(&s.resources) {
-                return bad(format!("stages[{i}] ({}).resources {:?}: {e}", s.name, s.resources));
+                return bad(format!(
+                    "stages[{i}] ({}).resources {:?}: {e}",
+                    s.name, s.resources
+                ));
             }
             if !(0.0..=1.0).contains(&s.fail_rate) {
-                return bad(format!("stages[{i}] ({}).fail_rate must be from 0 to 1", s.name));
+                return bad(format!(
+                    "stages[{i}] ({}).fail_rate must be from 0 to 1",
+                    s.name
+                ));
             }
             for d in s.after.iter().chain(&s.after_each) {
                 match self.stages.iter().position(|t| &t.name == d) {
@@ -329,7 +338,11 @@ impl SimConfig {
                 }
             }
             for d in &s.after_each {
-                let j = self.stages.iter().position(|t| &t.name == d).expect("checked");
+                let j = self
+                    .stages
+                    .iter()
+                    .position(|t| &t.name == d)
+                    .expect("checked");
                 if self.stages[j].tasks != s.tasks {
                     return bad(format!(
                         "stages[{i}] ({}): after_each {d:?} needs the same number of tasks",
@@ -345,14 +358,19 @@ impl SimConfig {
             return bad("loss must be from 0 to below 1".into());
         }
         if self.submit_node >= n {
-            return bad(format!("submit_node {} but only {n} nodes", self.submit_node));
+            return bad(format!(
+                "submit_node {} but only {n} nodes",
+                self.submit_node
+            ));
         }
         if self.check_every == 0 {
             return bad("check_every must be at least 1".into());
         }
         let node_ok = |what: &str, node: usize| {
             if node >= n {
-                Err(SimError::Config(format!("{what}: node {node} but only {n} nodes")))
+                Err(SimError::Config(format!(
+                    "{what}: node {node} but only {n} nodes"
+                )))
             } else {
                 Ok(())
             }
@@ -404,7 +422,9 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("stages[0] (a).durations"), "{e}");
-        let e = parse_scenario("seed = 1\nnodez = 3\n").unwrap_err().to_string();
+        let e = parse_scenario("seed = 1\nnodez = 3\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("nodez"), "{e}");
     }
 }

@@ -161,6 +161,9 @@ pub struct Member {
     pub last_seen: Millis,
 }
 
+/// A farm from this node's store and its task records.
+type StoredFarm = (Arc<FarmSpec>, Vec<(TaskRef, TaskRecord)>);
+
 struct Run {
     attempt: u32,
     grant: Grant,
@@ -191,8 +194,8 @@ struct Coord {
     engine: Engine,
     farms: HashMap<FarmId, CoordFarm>,
     slots: Vec<FarmId>,
-    /// Who holds each claimed task, and which attempt.
-    claims: HashMap<(FarmSlot, TaskRef), (NodeId, u32)>,
+    /// Who holds each claimed task, which attempt, and since when.
+    claims: HashMap<(FarmSlot, TaskRef), (NodeId, u32, Millis)>,
     /// Resources of the tasks claimed by each node (queued or running there).
     load: HashMap<NodeId, (Resources, usize)>,
     /// Nodes that may take more work.
@@ -226,7 +229,7 @@ pub struct Peer {
     submitted: BTreeMap<FarmId, Submitted>,
     progress: HashMap<FarmId, FarmProgress>,
     /// Farms kept on this node's store, to coordinate if it is elected.
-    stored: Vec<(Arc<FarmSpec>, Vec<(TaskRef, TaskRecord)>)>,
+    stored: Vec<StoredFarm>,
     steal: Option<(u64, NodeId, Millis)>,
     next_steal_id: u64,
     next_beat: Millis,
@@ -468,6 +471,22 @@ impl Peer {
         }
         let run = self.running.remove(&key).expect("checked above");
         self.pool.release(&run.grant);
+        if run.killed == Some(KillReason::Interrupt) {
+            // Stopped on purpose, not failed: it goes back to the queue,
+            // and no retry is spent on it.
+            if let Some(c) = self.coordinator {
+                let term = self.term;
+                self.send(
+                    c,
+                    Msg::Release {
+                        term,
+                        tasks: vec![task],
+                    },
+                );
+            }
+            self.pump(now);
+            return;
+        }
         let result = match run.killed {
             Some(KillReason::Timeout) => TaskResult::TimedOut,
             _ => outcome.result,
@@ -490,6 +509,8 @@ impl Peer {
             );
         }
         self.start_queued(now);
+        // Running dry: steal now rather than at the next beat.
+        self.try_steal(now);
         self.pump(now);
     }
 
@@ -610,7 +631,7 @@ impl Peer {
                 }
             }
             Msg::Release { tasks, .. } => self.on_release(now, tasks),
-            Msg::Holding { tasks, .. } => self.on_holding(from, tasks),
+            Msg::Holding { tasks, .. } => self.on_holding(now, from, tasks),
             Msg::GetFarm { farm } => {
                 if let Some(spec) = self.specs.get(&farm).cloned() {
                     self.send(from, Msg::Farm(spec));
@@ -625,7 +646,7 @@ impl Peer {
             }
             Msg::Steal { id, free, max } => self.on_steal(from, id, free, max),
             Msg::Stolen { id, tasks } => self.on_stolen(now, from, id, tasks),
-            Msg::Moved { to, tasks, .. } => self.on_moved(from, to, tasks),
+            Msg::Moved { to, tasks, .. } => self.on_moved(now, from, to, tasks),
             Msg::Cancel { farm } => self.on_cancel(now, from, farm),
             Msg::Progress(p) => self.on_progress(p),
             Msg::Failure(f) => self.actions.push_back(Action::Emit(PeerEvent::Failure(f))),
@@ -730,16 +751,7 @@ impl Peer {
         self.actions
             .push_back(Action::Emit(PeerEvent::Coordinator { term, node }));
         // Whatever the old coordinator knew, tell the new one.
-        let holding: Vec<Assigned> = self
-            .queue
-            .iter()
-            .copied()
-            .chain(self.running.iter().map(|((farm, task), r)| Assigned {
-                farm: *farm,
-                task: *task,
-                attempt: r.attempt,
-            }))
-            .collect();
+        let holding = self.holding();
         if !holding.is_empty() {
             self.send(
                 node,
@@ -803,6 +815,10 @@ impl Peer {
     }
 
     fn refresh_machines(&mut self) {
+        if self.coord.is_none() {
+            // Only a coordinator's engine uses them; building them costs a clone per member.
+            return;
+        }
         let machines = self.machines();
         if let Some(c) = &mut self.coord {
             c.engine.set_machines(machines);
@@ -916,7 +932,7 @@ impl Peer {
                     farm, task, reason, ..
                 } => {
                     if reason == KillReason::Cancel {
-                        if let Some((node, _)) = c.claims.get(&(farm, task)) {
+                        if let Some((node, ..)) = c.claims.get(&(farm, task)) {
                             out.push((
                                 *node,
                                 Msg::Cancel {
@@ -1050,7 +1066,7 @@ impl Peer {
             *count += claimed.len();
             let full = *count >= cap || claimed.is_empty();
             for (slot, task, attempt) in claimed {
-                c.claims.insert((slot, task), (node, attempt));
+                c.claims.insert((slot, task), (node, attempt, now));
                 taken.push(Assigned {
                     farm: c.slots[slot.0 as usize],
                     task,
@@ -1079,7 +1095,7 @@ impl Peer {
             let slot = f.slot;
             let spec = f.spec.clone();
             let t = r.task.task;
-            if let Some((owner, attempt)) = c.claims.get(&(slot, t)).copied() {
+            if let Some((owner, attempt, _)) = c.claims.get(&(slot, t)).copied() {
                 if attempt == r.task.attempt {
                     c.claims.remove(&(slot, t));
                     unload(c, owner, &spec.def.stages[t.stage as usize].resources);
@@ -1120,7 +1136,7 @@ impl Peer {
             };
             let slot = f.slot;
             let spec = f.spec.clone();
-            if let Some((owner, attempt)) = c.claims.get(&(slot, a.task)).copied() {
+            if let Some((owner, attempt, _)) = c.claims.get(&(slot, a.task)).copied() {
                 if attempt == a.attempt {
                     c.claims.remove(&(slot, a.task));
                     unload(c, owner, &spec.def.stages[a.task.stage as usize].resources);
@@ -1131,27 +1147,60 @@ impl Peer {
         }
     }
 
-    /// After an election: the new coordinator learns who holds what.
-    fn on_holding(&mut self, from: NodeId, tasks: Vec<Assigned>) {
+    /// What a worker holds (queued, running, waiting for a spec, reported
+    /// and not acknowledged): sent after an election, so the new coordinator
+    /// adopts those claims, and every `resend_ms`, so claims whose `Assign`
+    /// or `Stolen` was lost go back to the queue. Only claims older than
+    /// `resend_ms` are given up: younger ones may still be on their way.
+    fn on_holding(&mut self, now: Millis, from: NodeId, tasks: Vec<Assigned>) {
+        let grace = self.cfg.resend_ms;
         let Some(c) = &mut self.coord else { return };
-        for a in tasks {
+        let mut held = 0;
+        for a in &tasks {
             let Some(f) = c.farms.get(&a.farm) else {
                 continue;
             };
             let slot = f.slot;
-            if c.claims.contains_key(&(slot, a.task)) {
+            if let Some((owner, attempt, _)) = c.claims.get(&(slot, a.task)) {
+                if *owner == from && *attempt == a.attempt {
+                    held += 1;
+                }
                 continue;
             }
             if c.engine.adopt_claim(slot, a.task, a.attempt) {
-                c.claims.insert((slot, a.task), (from, a.attempt));
+                c.claims.insert((slot, a.task), (from, a.attempt, now));
                 let (load, count) = c.load.entry(from).or_default();
                 load.give(&f.spec.def.stages[a.task.stage as usize].resources);
                 *count += 1;
+                held += 1;
             }
+        }
+        if c.load.get(&from).is_none_or(|(_, k)| *k <= held) {
+            // Every claim of this node is accounted for: the common case, no scan.
+            return;
+        }
+        let listed: HashSet<(FarmId, TaskRef, u32)> =
+            tasks.iter().map(|a| (a.farm, a.task, a.attempt)).collect();
+        let mut gone: Vec<(FarmSlot, TaskRef, u32)> = c
+            .claims
+            .iter()
+            .filter(|((s, t), (n, a, at))| {
+                *n == from
+                    && at.saturating_add(grace) < now
+                    && !listed.contains(&(c.slots[s.0 as usize], *t, *a))
+            })
+            .map(|((s, t), (_, a, _))| (*s, *t, *a))
+            .collect();
+        gone.sort();
+        for (s, t, a) in gone {
+            let req = c.engine.farm(s).stages[t.stage as usize].resources.clone();
+            c.claims.remove(&(s, t));
+            unload(c, from, &req);
+            c.engine.unclaim(now, s, t, a);
         }
     }
 
-    fn on_moved(&mut self, from: NodeId, to: NodeId, tasks: Vec<Assigned>) {
+    fn on_moved(&mut self, now: Millis, from: NodeId, to: NodeId, tasks: Vec<Assigned>) {
         let Some(c) = &mut self.coord else { return };
         for a in tasks {
             let Some(f) = c.farms.get(&a.farm) else {
@@ -1160,8 +1209,9 @@ impl Peer {
             let slot = f.slot;
             let req = &f.spec.def.stages[a.task.stage as usize].resources;
             if let Some(claim) = c.claims.get_mut(&(slot, a.task)) {
-                if *claim == (from, a.attempt) {
-                    claim.0 = to;
+                if (claim.0, claim.1) == (from, a.attempt) {
+                    // The thief holds it from now: its next Holding must list it.
+                    *claim = (to, a.attempt, now);
                     let (load, count) = c.load.entry(from).or_default();
                     load.take_saturating(req);
                     *count = count.saturating_sub(1);
@@ -1180,8 +1230,8 @@ impl Peer {
         let mut lost: Vec<(FarmSlot, TaskRef, u32)> = c
             .claims
             .iter()
-            .filter(|(_, (n, _))| *n == dead)
-            .map(|((s, t), (_, a))| (*s, *t, *a))
+            .filter(|(_, (n, ..))| *n == dead)
+            .map(|((s, t), (_, a, _))| (*s, *t, *a))
             .collect();
         lost.sort();
         for (s, t, a) in lost {
@@ -1317,10 +1367,40 @@ impl Peer {
         self.actions.push_back(Action::Emit(PeerEvent::Progress(p)));
     }
 
-    /// Sends again what has not been acknowledged: reports, submissions.
+    /// Every task this node holds for the coordinator, in a stable order:
+    /// queued, running, waiting for its farm's spec, reported and not acknowledged.
+    fn holding(&self) -> Vec<Assigned> {
+        let mut v: Vec<Assigned> = self
+            .queue
+            .iter()
+            .copied()
+            .chain(self.running.iter().map(|((farm, task), r)| Assigned {
+                farm: *farm,
+                task: *task,
+                attempt: r.attempt,
+            }))
+            .chain(self.awaiting_spec.values().flatten().copied())
+            .chain(self.unacked.values().map(|r| r.task))
+            .collect();
+        v.sort_by_key(|a| (a.farm, a.task, a.attempt));
+        v
+    }
+
+    /// Sends again what has not been acknowledged: reports, submissions,
+    /// requests for farm specs; and tells the coordinator what this node
+    /// holds, so claims whose messages were lost are found.
     fn resend(&mut self, _now: Millis) {
         let Some(c) = self.coordinator else { return };
         let term = self.term;
+        if c != self.id {
+            let tasks = self.holding();
+            self.send(c, Msg::Holding { term, tasks });
+        }
+        let mut waiting: Vec<FarmId> = self.awaiting_spec.keys().copied().collect();
+        waiting.sort();
+        for farm in waiting {
+            self.send(c, Msg::GetFarm { farm });
+        }
         let reports: Vec<Report> = self.unacked.values().cloned().collect();
         for chunk in reports.chunks(self.cfg.batch_max) {
             self.send(
@@ -1345,22 +1425,34 @@ impl Peer {
     // ----- worker -----
 
     fn on_assign(&mut self, now: Millis, from: NodeId, term: u64, tasks: Vec<Assigned>) {
+        if self.coordinator != Some(from)
+            && (term > self.term || (term == self.term && self.coordinator.is_none()))
+        {
+            // The assignment overtook the new coordinator's first beat.
+            self.follow(now, term, from);
+        }
         if term < self.term || self.coordinator != Some(from) {
             // A deposed coordinator: fenced off. It learns of the new term from beats.
             return;
         }
         for a in tasks {
-            if self.specs.contains_key(&a.farm) {
-                self.queue.push_back(a);
-            } else {
-                let first = !self.awaiting_spec.contains_key(&a.farm);
-                self.awaiting_spec.entry(a.farm).or_default().push(a);
-                if first {
-                    self.send(from, Msg::GetFarm { farm: a.farm });
-                }
-            }
+            self.enqueue(from, a);
         }
         self.start_queued(now);
+    }
+
+    /// Queues a task given by `from` (the coordinator, or a victim of a
+    /// steal), asking `from` for the farm's spec when it is not known here.
+    fn enqueue(&mut self, from: NodeId, a: Assigned) {
+        if self.specs.contains_key(&a.farm) {
+            self.queue.push_back(a);
+        } else {
+            let first = !self.awaiting_spec.contains_key(&a.farm);
+            self.awaiting_spec.entry(a.farm).or_default().push(a);
+            if first {
+                self.send(from, Msg::GetFarm { farm: a.farm });
+            }
+        }
     }
 
     /// Starts queued tasks, in order, while they fit.
@@ -1483,6 +1575,13 @@ impl Peer {
             self.steal = None;
         }
         if tasks.is_empty() {
+            if current {
+                // Nothing to take there until its next beat says otherwise; try another.
+                if let Some(m) = self.members.get_mut(&from) {
+                    m.beat.queued = 0;
+                }
+                self.try_steal(now);
+            }
             return;
         }
         if !current || self.interrupted {
@@ -1496,8 +1595,11 @@ impl Peer {
         }
         self.stats.steals_won += 1;
         self.stats.tasks_stolen += tasks.len() as u64;
-        self.queue.extend(tasks);
+        for a in tasks {
+            self.enqueue(from, a);
+        }
         self.start_queued(now);
+        self.try_steal(now);
     }
 
     /// Checks the peer's own invariants; for tests and the simulator.
@@ -1508,7 +1610,7 @@ impl Peer {
         if let Some(c) = &self.coord {
             c.engine.check_invariants()?;
             let mut counts: HashMap<NodeId, usize> = HashMap::new();
-            for (n, _) in c.claims.values() {
+            for (n, ..) in c.claims.values() {
                 *counts.entry(*n).or_default() += 1;
             }
             for (n, (_, k)) in &c.load {

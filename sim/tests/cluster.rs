@@ -1,0 +1,191 @@
+//! Many real peers on the virtual clock: fault-free runs, faults, resources, stealing, determinism.
+
+use mesh_sim::scenario::{CrashSpec, NodeGroup, PartitionSpec, StageSpec};
+use mesh_sim::{load_scenario, run, SimConfig, SimError};
+
+fn ok(cfg: &SimConfig) -> mesh_sim::SimReport {
+    match run(cfg) {
+        Ok(r) => r,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn scenario(name: &str) -> SimConfig {
+    load_scenario(format!(
+        "{}/scenarios/{name}.toml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+#[test]
+fn three_nodes_finish_a_thousand_tasks_without_duplicates() {
+    let r = ok(&scenario("basic"));
+    assert_eq!((r.tasks_done, r.tasks_failed), (1000, 0));
+    assert_eq!(r.duplicates, 0);
+    assert_eq!(r.executions, 1000);
+    assert!(r.ratio >= 1.0 && r.ratio < 1.5, "ratio {}", r.ratio);
+    assert!(r.utilization > 0.6, "utilization {}", r.utilization);
+    assert!(r.to_svg().starts_with("<svg"));
+}
+
+#[test]
+fn a_worker_crash_mid_farm_reruns_its_tasks_and_the_farm_finishes() {
+    let mut cfg = SimConfig::simple(11, 4, "cpu=2", 600, "uniform:10..30");
+    cfg.crashes = vec![CrashSpec {
+        node: 2,
+        at_ms: 700,
+        restart_after_ms: Some(3000),
+    }];
+    let r = ok(&cfg);
+    assert_eq!(r.tasks_done, 600);
+    assert!(
+        r.executions > 600,
+        "the dead node's running tasks ran again: {} executions",
+        r.executions
+    );
+}
+
+#[test]
+fn a_worker_that_never_comes_back_is_replaced() {
+    let mut cfg = SimConfig::simple(12, 4, "cpu=2", 400, "uniform:10..30");
+    cfg.crashes = vec![CrashSpec {
+        node: 3,
+        at_ms: 500,
+        restart_after_ms: None,
+    }];
+    assert_eq!(ok(&cfg).tasks_done, 400);
+}
+
+#[test]
+fn five_percent_message_loss_still_finishes() {
+    let mut cfg = SimConfig::simple(13, 4, "cpu=2", 500, "uniform:5..20");
+    cfg.loss = 0.05;
+    let r = ok(&cfg);
+    assert_eq!(r.tasks_done, 500);
+    assert!(r.messages_lost > 0);
+}
+
+#[test]
+fn a_partition_that_heals() {
+    let mut cfg = SimConfig::simple(14, 5, "cpu=2", 800, "uniform:10..30");
+    cfg.partitions = vec![PartitionSpec {
+        nodes: vec![3, 4],
+        from_ms: 300,
+        until_ms: 3500,
+    }];
+    assert_eq!(ok(&cfg).tasks_done, 800);
+}
+
+#[test]
+fn gpu_tasks_run_only_on_gpu_nodes() {
+    let mut cfg = SimConfig::simple(15, 3, "cpu=4", 200, "uniform:5..10");
+    cfg.nodes.push(NodeGroup {
+        count: 1,
+        resources: "cpu=4,gpu=2".into(),
+        join_at_ms: 0,
+    });
+    // Submitted once the mesh has formed, so the gpu node is known.
+    cfg.submit_at_ms = 500;
+    cfg.stages.push(StageSpec {
+        name: "gpu".into(),
+        tasks: 50,
+        durations: "uniform:5..10".into(),
+        resources: "cpu=1,gpu=1".into(),
+        after: vec![],
+        after_each: vec![],
+        fail_rate: 0.0,
+        retries: 0,
+        timeout_ms: None,
+    });
+    let r = ok(&cfg);
+    assert_eq!(r.tasks_done, 250);
+    let gpu_runs: Vec<_> = r.sample.iter().filter(|e| e.stage == 1).collect();
+    assert!(!gpu_runs.is_empty());
+    assert!(gpu_runs.iter().all(|e| e.node == 3), "{gpu_runs:?}");
+}
+
+#[test]
+fn an_unplaceable_stage_is_reported_at_the_origin() {
+    let mut cfg = SimConfig::simple(16, 2, "cpu=2", 20, "5");
+    cfg.submit_at_ms = 500;
+    cfg.stages[0].resources = "cpu=1,gpu=1".into();
+    let r = ok(&cfg);
+    assert_eq!(r.tasks_done, 0);
+    assert_eq!(r.unplaceable.len(), 1, "{:?}", r.unplaceable);
+    assert!(r.unplaceable[0].contains("gpu"), "{:?}", r.unplaceable);
+}
+
+#[test]
+fn stealing_fixes_a_bad_placement() {
+    let mut with = scenario("skew");
+    with.steal = true;
+    let mut without = with.clone();
+    without.steal = false;
+    let a = ok(&with);
+    let b = ok(&without);
+    println!("with stealing:\n{}\nwithout:\n{}", a.summary(), b.summary());
+    assert!(a.steals > 0, "{}", a.summary());
+    assert_eq!(a.duplicates, 0);
+    assert!(a.ratio < 1.5, "with stealing: {}", a.summary());
+    assert!(b.ratio > 3.0, "without stealing: {}", b.summary());
+}
+
+#[test]
+fn the_fault_scenario_file_finishes() {
+    let r = ok(&scenario("faults"));
+    assert_eq!(r.tasks_done, 340);
+}
+
+#[test]
+fn a_seed_sweep_with_faults_keeps_the_invariants() {
+    let started = std::time::Instant::now();
+    for seed in 0..20 {
+        let mut cfg = SimConfig::simple(seed, 4, "cpu=2", 150, "uniform:5..40");
+        cfg.loss = 0.02;
+        let victim = 1 + (seed as usize % 3);
+        cfg.crashes = vec![CrashSpec {
+            node: victim,
+            at_ms: 100 + seed * 37,
+            restart_after_ms: (seed % 2 == 0).then_some(1000),
+        }];
+        cfg.partitions = vec![PartitionSpec {
+            nodes: vec![1 + (seed as usize + 1) % 3],
+            from_ms: 200 + seed * 11,
+            until_ms: 1200 + seed * 50,
+        }];
+        if let Err(e) = run(&cfg) {
+            panic!("{e}");
+        }
+        assert!(started.elapsed().as_secs() < 60, "the sweep is time-boxed");
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_report() {
+    let cfg = scenario("faults");
+    let a = ok(&cfg).deterministic();
+    let b = ok(&cfg).deterministic();
+    assert_eq!(a, b);
+    let mut other = cfg.clone();
+    other.seed += 1;
+    assert_ne!(ok(&other).deterministic(), a);
+}
+
+#[test]
+fn violations_name_the_seed() {
+    let mut cfg = SimConfig::simple(99, 1, "cpu=1", 10, "1000");
+    cfg.max_time_ms = 2000;
+    let e = run(&cfg).unwrap_err();
+    assert!(matches!(e, SimError::Stuck { seed: 99, .. }), "{e}");
+    assert!(e.to_string().contains("seed 99"), "{e}");
+}
+
+/// 1000 nodes, 100k tasks: `cargo test --release -p mesh-sim -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn large_run_measures_events_per_second() {
+    let r = ok(&scenario("large"));
+    println!("{}", r.summary());
+    assert_eq!(r.tasks_done, 100_000);
+}
