@@ -2,6 +2,7 @@
 
 mod mesh_cmds;
 mod show;
+mod sim_cmd;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -75,6 +76,11 @@ enum Cmd {
     List {
         #[arg(long)]
         json: bool,
+    },
+    /// Simulate a farm on many virtual nodes: makespan against the lower bound, steals, messages.
+    Sim {
+        #[command(flatten)]
+        args: sim_cmd::SimArgs,
     },
     /// Create the mesh secret (mesh.key) and this node's identity in the state folder.
     Init,
@@ -233,6 +239,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Init => mesh_cmds::init(state.root()),
+        Cmd::Sim { args } => sim_cmd::sim(&args),
         Cmd::Node { flags } => mesh_cmds::node(state.root(), &flags, None),
         Cmd::Join { peer, flags } => mesh_cmds::node(state.root(), &flags, Some(&peer)),
         Cmd::Submit {

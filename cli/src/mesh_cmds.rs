@@ -51,6 +51,13 @@ pub struct NodeFlags {
     /// Do not take queued work from busier nodes.
     #[arg(long)]
     pub no_steal: bool,
+    /// Hand this node tasks until their resources reach this percentage of
+    /// its capacity (a bigger queue here, less to steal for others).
+    #[arg(long, value_name = "PERCENT", default_value_t = 110)]
+    pub prefetch_percent: u64,
+    /// At most this many tasks queued or running here at once (default: 2 per core + 2).
+    #[arg(long, value_name = "N")]
+    pub claims_max: Option<usize>,
     /// Find other nodes on the LAN by mDNS (only in builds with the `mdns` feature).
     #[arg(long)]
     pub mdns: bool,
@@ -82,6 +89,8 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitC
         dead_after_ms: flags.dead_after_ms,
         join_wait_ms: flags.dead_after_ms.min(1500),
         steal: !flags.no_steal,
+        prefetch_percent: flags.prefetch_percent,
+        node_claims_max: flags.claims_max,
         ..Config::default()
     };
     let opts = NodeOptions {

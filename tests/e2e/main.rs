@@ -6,6 +6,7 @@ mod input;
 mod mesh;
 mod resume;
 mod run;
+mod sim;
 mod tidy;
 
 use mesh_tests::Sandbox;

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use mesh_tests::{wait_until, Cluster, NodeProc};
+use mesh_tests::{imbalanced_makespan, wait_until, Cluster, NodeProc};
 use nix::sys::signal::Signal;
 
 use crate::sandbox;
@@ -302,4 +302,15 @@ outputs = ["r.txt"]
     let now = c.status(2);
     assert_ne!(now["coordinator"].as_str(), Some(old.as_str()), "{now}");
     assert!(now["term"].as_u64().unwrap() > term, "{now}");
+}
+
+#[test]
+fn stealing_evens_out_a_farm_placed_on_one_node() {
+    // Lower bound: 11.8 s of work on 8 slots = 1.475 s.
+    let with = imbalanced_makespan(&sandbox(), true);
+    let without = imbalanced_makespan(&sandbox(), false);
+    assert!(
+        with < 0.5 * without,
+        "with stealing {with:.2}s, without {without:.2}s (lower bound 1.475 s)"
+    );
 }

@@ -79,18 +79,45 @@ impl Background {
     /// Waits for the process to end (bounded) and returns its output.
     pub fn wait(mut self) -> Run {
         let mut child = self.child.take().expect("child is live");
+        // Drain the pipes while waiting: a command that prints more than a
+        // pipe holds would otherwise block forever on a full pipe.
+        let drain = |pipe: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(mut p) = pipe {
+                    let _ = p.read_to_end(&mut buf);
+                }
+                String::from_utf8_lossy(&buf).into_owned()
+            })
+        };
+        let out = drain(
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        );
+        let err = drain(
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        );
         let deadline = Instant::now() + COMMAND_TIMEOUT;
-        loop {
-            if child.try_wait().expect("try_wait").is_some() {
-                break;
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("try_wait") {
+                break s;
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
                 panic!("mesh did not exit within {COMMAND_TIMEOUT:?}");
             }
             std::thread::sleep(Duration::from_millis(20));
+        };
+        Run {
+            code: status.code(),
+            stdout: out.join().expect("stdout reader"),
+            stderr: err.join().expect("stderr reader"),
         }
-        child.wait_with_output().expect("collect output").into()
     }
 }
 
@@ -392,4 +419,37 @@ impl Cluster {
             .expect("start mesh");
         Background { child: Some(child) }.wait()
     }
+}
+
+/// 20 tasks of 0.5 s and 180 of 0.01 s: 11.8 s of work.
+pub const IMBALANCED: &str = r#"
+[farm]
+name = "imbalanced"
+
+[[stage]]
+name = "long"
+sweep.i = { range = "0..19" }
+command = ["sleep", "0.5"]
+
+[[stage]]
+name = "short"
+sweep.i = { range = "0..179" }
+command = ["sleep", "0.01"]
+"#;
+
+/// Runs the imbalanced farm on 4 nodes of 2 slots where the coordinator
+/// hands every task to one node (a huge prefetch); returns the seconds from
+/// submit to done. The lower bound is 11.8 s / 8 slots = 1.475 s.
+pub fn imbalanced_makespan(sb: &Sandbox, steal: bool) -> f64 {
+    let mut flags = vec!["--prefetch-percent", "100000000", "--claims-max", "100000"];
+    if !steal {
+        flags.push("--no-steal");
+    }
+    let c = Cluster::start(sb, &["cpu=2"; 4], &flags);
+    sb.write("farm.toml", IMBALANCED);
+    let start = std::time::Instant::now();
+    let r = c.mesh(0, &["submit", "farm.toml", "--wait", "--json"]);
+    let took = start.elapsed().as_secs_f64();
+    r.expect_code(0);
+    took
 }

@@ -1532,14 +1532,17 @@ impl Peer {
     }
 
     fn on_steal(&mut self, from: NodeId, id: u64, mut free: Resources, max: u32) {
-        // Give up to half of what waits here, newest first (the oldest are
-        // about to start), and only what has not started and fits the thief.
+        // Give up to half of what waits here, only what has not started and
+        // fits the thief's free resources, oldest first: the thief can start
+        // them now, this node only when a slot frees, so tasks keep starting
+        // in about the order they were handed out (and a long task queued
+        // early does not end up last).
         let give_max = (max as usize).min(self.queue.len().div_ceil(2));
         let mut given = Vec::new();
-        let mut i = self.queue.len();
-        while i > 0 && given.len() < give_max {
-            i -= 1;
+        let mut i = 0;
+        while i < self.queue.len() && given.len() < give_max {
             let a = self.queue[i];
+            i += 1;
             let Some(spec) = self.specs.get(&a.farm) else {
                 continue;
             };
@@ -1549,6 +1552,7 @@ impl Peer {
             }
             let took = free.take(req);
             debug_assert!(took);
+            i -= 1;
             self.queue.remove(i);
             given.push(a);
         }

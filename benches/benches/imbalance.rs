@@ -1,0 +1,91 @@
+//! Load imbalance: the real 4-node case and the 1000-node simulation, each against its lower bound.
+//!
+//! Real: 4 `mesh` nodes on loopback with 2 slots each, a farm of 20 tasks of
+//! 0.5 s and 180 of 0.01 s (11.8 s of work, lower bound 1.475 s) placed on one
+//! node on purpose (a huge prefetch); the others must steal. Reported as
+//! makespan over the lower bound, with stealing (median of
+//! `MESH_BENCH_REPEAT`, 3) and without (target at most 1.05 with stealing).
+//!
+//! Simulated: `MESH_BENCH_SIM_NODES` (1000) nodes of mixed resource vectors
+//! and `MESH_BENCH_SIM_TASKS` (1,000,000) tasks with zipf durations: makespan
+//! over the lower bound (target at most 1.05) and events per second (target
+//! at least 1,000,000).
+//!
+//! `cargo bench -p mesh-cli --bench imbalance`
+
+use mesh_benches::{knob, report, save};
+use mesh_sim::{NodeGroup, SimConfig};
+use mesh_tests::{imbalanced_makespan, Sandbox};
+
+const LOWER_BOUND_S: f64 = 1.475;
+
+fn main() {
+    let mut results = Vec::new();
+    let repeat = knob("MESH_BENCH_REPEAT", 3) as usize;
+    let sandbox = || Sandbox::new(env!("CARGO_BIN_EXE_mesh"));
+    let mut with: Vec<f64> = (0..repeat)
+        .map(|_| imbalanced_makespan(&sandbox(), true))
+        .collect();
+    with.sort_by(f64::total_cmp);
+    let without = imbalanced_makespan(&sandbox(), false);
+    println!("real 4 nodes: with stealing {with:.2?} s, without {without:.2} s");
+    let r = with[with.len() / 2] / LOWER_BOUND_S;
+    results.push(report(
+        "real 4 nodes, stealing: makespan / bound",
+        r,
+        "ratio",
+        Some(("<=", 1.05, r <= 1.05)),
+    ));
+    results.push(report(
+        "real 4 nodes, no stealing: makespan / bound",
+        without / LOWER_BOUND_S,
+        "ratio",
+        None,
+    ));
+
+    let nodes = knob("MESH_BENCH_SIM_NODES", 1000) as usize;
+    let tasks = knob("MESH_BENCH_SIM_TASKS", 1_000_000);
+    let mut cfg = SimConfig::simple(42, nodes, "cpu=4", tasks, "zipf:1.2");
+    cfg.nodes = vec![
+        NodeGroup {
+            count: nodes * 8 / 10,
+            resources: "cpu=4,mem=16GiB".into(),
+            join_at_ms: 0,
+        },
+        NodeGroup {
+            count: nodes * 15 / 100,
+            resources: "cpu=16,mem=64GiB".into(),
+            join_at_ms: 0,
+        },
+        NodeGroup {
+            count: nodes - nodes * 8 / 10 - nodes * 15 / 100,
+            resources: "cpu=8,mem=32GiB,gpu=2".into(),
+            join_at_ms: 0,
+        },
+    ];
+    cfg.stages[0].resources = "cpu=1,mem=1GiB".into();
+    cfg.gossip_fanout = 8;
+    cfg.check_every = 1000;
+    // The GPU nodes are known before the farm arrives.
+    cfg.submit_at_ms = 1000;
+    println!("simulated: {nodes} nodes, {tasks} tasks, zipf:1.2");
+    match mesh_sim::run(&cfg) {
+        Ok(rep) => {
+            print!("{}", rep.summary());
+            results.push(report(
+                "sim makespan / lower bound",
+                rep.ratio,
+                "ratio",
+                Some(("<=", 1.05, rep.ratio <= 1.05)),
+            ));
+            results.push(report(
+                "sim events per second",
+                rep.events_per_sec,
+                "events/s",
+                Some((">=", 1e6, rep.events_per_sec >= 1e6)),
+            ));
+        }
+        Err(e) => panic!("simulation failed: {e}"),
+    }
+    save("imbalance", &results);
+}

@@ -1,0 +1,80 @@
+//! `mesh sim` as a user runs it: flags, scenario files, JSON keys, the seed first, stealing on and off.
+
+use crate::sandbox;
+
+fn scenario(name: &str) -> String {
+    format!("{}/../sim/scenarios/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn sim_prints_its_seed_first_and_the_report_keys() {
+    let sb = sandbox();
+    let args = &[
+        "sim",
+        "--nodes",
+        "8",
+        "--tasks",
+        "500",
+        "--durations",
+        "uniform:5..20",
+        "--seed",
+        "9",
+        "--json",
+    ];
+    let r = sb.mesh(args);
+    r.expect_code(0);
+    assert!(r.stderr.starts_with("mesh sim: seed 9"), "{}", r.stderr);
+    let v = r.json();
+    for key in [
+        "makespan",
+        "lower_bound",
+        "ratio",
+        "utilization",
+        "steals",
+        "messages",
+        "duplicates",
+        "events_per_sec",
+    ] {
+        assert!(v.get(key).is_some(), "no {key} in {v}");
+    }
+    assert_eq!(v["duplicates"], 0);
+    assert_eq!(v["tasks_done"], 500);
+    assert!(v["ratio"].as_f64().unwrap() >= 1.0);
+    // The same seed replays the same run.
+    let again = sb.mesh(args);
+    assert_eq!(again.json()["makespan"], v["makespan"]);
+}
+
+#[test]
+fn stealing_brings_a_badly_placed_farm_near_its_lower_bound() {
+    let sb = sandbox();
+    let svg = sb.path().join("skew.svg");
+    let with = sb.mesh(&[
+        "sim",
+        &scenario("skew.toml"),
+        "--json",
+        "--svg",
+        &svg.to_string_lossy(),
+    ]);
+    with.expect_code(0);
+    let without = sb.mesh(&["sim", &scenario("skew.toml"), "--json", "--no-steal"]);
+    without.expect_code(0);
+    let (a, b) = (
+        with.json()["ratio"].as_f64().unwrap(),
+        without.json()["ratio"].as_f64().unwrap(),
+    );
+    assert!(a < 1.6 && b > 4.0, "with stealing {a}, without {b}");
+    assert!(with.json()["steals"].as_u64().unwrap() > 0);
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+}
+
+#[test]
+fn bad_sim_flags_are_explained() {
+    let sb = sandbox();
+    let r = sb.mesh(&["sim", "--durations", "zipf:banana"]);
+    r.expect_code(2);
+    assert!(r.stderr.contains("--durations"), "{}", r.stderr);
+    let r = sb.mesh(&["sim", "no-such.toml"]);
+    r.expect_code(2);
+    assert!(r.stderr.contains("no-such.toml"), "{}", r.stderr);
+}
