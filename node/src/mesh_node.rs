@@ -392,17 +392,7 @@ impl Node {
                     batch.push(Write::Task {
                         farm: FarmKey(farm.0),
                         task,
-                        record: mesh_protocol::engine::TaskRecord {
-                            run: 1,
-                            state: mesh_protocol::engine::RecordState::Done,
-                            attempt: 0,
-                            failures: 0,
-                            crashes: 0,
-                            end: None,
-                            key: None,
-                            duration_ms: 0,
-                            logs: 0,
-                        },
+                        record: mesh_protocol::engine::TaskRecord::known_done(1),
                     });
                 }
             }

@@ -63,6 +63,24 @@ pub struct TaskRecord {
     pub logs: u8,
 }
 
+impl TaskRecord {
+    /// The record of a task of run `run` known to be done from elsewhere (a
+    /// submitter's done set): no attempt, key or timing of its own.
+    pub fn known_done(run: u32) -> TaskRecord {
+        TaskRecord {
+            run,
+            state: RecordState::Done,
+            attempt: 0,
+            failures: 0,
+            crashes: 0,
+            end: None,
+            key: None,
+            duration_ms: 0,
+            logs: 0,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RecordState {
     /// Started and not known to have ended.
@@ -703,9 +721,34 @@ impl Engine {
 
     /// Starts as many ready tasks as the free resources allow.
     fn fill(&mut self, now: Millis) {
-        if self.interrupted || !matches!(self.placement, Placement::Local(_)) {
+        if !matches!(self.placement, Placement::Local(_)) {
             return;
         }
+        self.hand_out(
+            now,
+            usize::MAX,
+            &mut |placement, request| {
+                matches!(placement, Placement::Local(pool) if pool.can_grant(request))
+            },
+            &mut |_, _, _| {},
+        );
+    }
+
+    /// Starts ready tasks, farm by farm and stage by stage in priority order,
+    /// each while `take` accepts its stage's resources; at most `max`.
+    /// `started` hears each one. The local engine and the coordinator hand
+    /// tasks out through this one loop, so both follow the same order.
+    fn hand_out(
+        &mut self,
+        now: Millis,
+        max: usize,
+        take: &mut dyn FnMut(&Placement, &Resources) -> bool,
+        started: &mut dyn FnMut(FarmSlot, TaskRef, u32),
+    ) {
+        if self.interrupted {
+            return;
+        }
+        let mut count = 0;
         for fi in 0..self.farms.len() {
             if self.farms[fi].cancelled {
                 continue;
@@ -714,22 +757,25 @@ impl Engine {
             for oi in 0..self.farms[fi].order.len() {
                 let s = self.farms[fi].order[oi];
                 loop {
-                    let f = &self.farms[fi];
-                    let st = &f.stages[s as usize];
-                    if st.unplaceable || !st.open {
+                    if count >= max {
+                        return;
+                    }
+                    let st = &self.farms[fi].stages[s as usize];
+                    // Ready before `take`: it may reserve what it accepts.
+                    if st.unplaceable || !st.open || !self.has_ready(fi, s) {
                         break;
                     }
-                    let request = &f.def.stages[s as usize].resources;
-                    let Placement::Local(pool) = &self.placement else {
-                        return;
-                    };
-                    if !pool.can_grant(request) {
+                    let f = &self.farms[fi];
+                    if !take(&self.placement, &f.def.stages[s as usize].resources) {
                         break;
                     }
                     let Some(index) = self.next_ready(fi, s) else {
                         break;
                     };
-                    let _ = self.start(now, slot, TaskRef::new(s, index));
+                    let task = TaskRef::new(s, index);
+                    let attempt = self.start(now, slot, task);
+                    started(slot, task, attempt);
+                    count += 1;
                 }
             }
         }
@@ -825,49 +871,34 @@ impl Engine {
         take: &mut dyn FnMut(&Resources) -> bool,
     ) -> Vec<(FarmSlot, TaskRef, u32)> {
         let mut out = Vec::new();
-        if self.interrupted || max == 0 {
-            return out;
-        }
-        for fi in 0..self.farms.len() {
-            if self.farms[fi].cancelled {
-                continue;
-            }
-            let slot = FarmSlot(fi as u32);
-            for oi in 0..self.farms[fi].order.len() {
-                let s = self.farms[fi].order[oi];
-                loop {
-                    if out.len() >= max {
-                        return out;
-                    }
-                    let f = &self.farms[fi];
-                    let st = &f.stages[s as usize];
-                    if st.unplaceable || !st.open || !self.has_ready(fi, s) {
-                        break;
-                    }
-                    if !take(&f.def.stages[s as usize].resources) {
-                        break;
-                    }
-                    let Some(index) = self.next_ready(fi, s) else {
-                        break;
-                    };
-                    let task = TaskRef::new(s, index);
-                    let attempt = self.start(now, slot, task);
-                    out.push((slot, task, attempt));
-                }
-            }
-        }
+        self.hand_out(now, max, &mut |_, request| take(request), &mut |s, t, a| {
+            out.push((s, t, a))
+        });
         out
     }
 
-    /// True when a stage has a task ready to hand out (cheap; may be stale-true for skipped retries).
-    fn has_ready(&self, fi: usize, s: u32) -> bool {
-        let f = &self.farms[fi];
-        let st = &f.stages[s as usize];
-        if st.ready.iter().any(|&i| st.status[i as usize] == PENDING) {
-            return true;
+    /// True when a stage has a task ready to hand out. Stale entries (tasks
+    /// no longer pending) are dropped on the way, as `next_ready` would, so
+    /// asking again stays cheap.
+    fn has_ready(&mut self, fi: usize, s: u32) -> bool {
+        let f = &mut self.farms[fi];
+        let by_cursor = f.def.stages[s as usize].after_each.is_empty();
+        let st = &mut f.stages[s as usize];
+        while let Some(&i) = st.ready.front() {
+            if st.status[i as usize] == PENDING {
+                return true;
+            }
+            st.ready.pop_front();
         }
-        f.def.stages[s as usize].after_each.is_empty()
-            && st.status[st.cursor as usize..].contains(&PENDING)
+        if by_cursor {
+            while (st.cursor as usize) < st.status.len() {
+                if st.status[st.cursor as usize] == PENDING {
+                    return true;
+                }
+                st.cursor += 1;
+            }
+        }
+        false
     }
 
     /// Every task of a farm that is done.

@@ -24,7 +24,7 @@ use std::time::Instant;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
-use mesh_protocol::engine::{Millis, Outcome, RecordState, TaskRecord, TaskResult};
+use mesh_protocol::engine::{Millis, Outcome, TaskRecord, TaskResult};
 use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
 use mesh_protocol::mesh::{
     Action, Assigned, Config, FarmId, FarmSpec, Msg, NodeId, Peer, PeerEvent, Persist,
@@ -1037,17 +1037,7 @@ fn persist_writes(p: Persist, out: &mut Vec<Write>) {
                 out.push(Write::Task {
                     farm: FarmKey(farm.0 | SUBMITTED),
                     task,
-                    record: TaskRecord {
-                        run: 1,
-                        state: RecordState::Done,
-                        attempt: 0,
-                        failures: 0,
-                        crashes: 0,
-                        end: None,
-                        key: None,
-                        duration_ms: 0,
-                        logs: 0,
-                    },
+                    record: TaskRecord::known_done(1),
                 });
             }
         }

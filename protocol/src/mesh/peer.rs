@@ -408,17 +408,13 @@ impl Peer {
                 finished: false,
             },
         );
-        if let Some(c) = self.coordinator {
-            self.send(c, Msg::Submit { farm: spec, done });
-        }
+        self.to_coordinator(|_| Msg::Submit { farm: spec, done });
         self.pump(now);
     }
 
     /// Asks the coordinator to stop a farm.
     pub fn cancel(&mut self, now: Millis, farm: FarmId) {
-        if let Some(c) = self.coordinator {
-            self.send(c, Msg::Cancel { farm });
-        }
+        self.to_coordinator(|_| Msg::Cancel { farm });
         self.pump(now);
     }
 
@@ -426,15 +422,11 @@ impl Peer {
     pub fn interrupt(&mut self, now: Millis) {
         self.interrupted = true;
         let queued: Vec<Assigned> = self.queue.drain(..).collect();
-        if let (Some(c), false) = (self.coordinator, queued.is_empty()) {
-            let term = self.term;
-            self.send(
-                c,
-                Msg::Release {
-                    term,
-                    tasks: queued,
-                },
-            );
+        if !queued.is_empty() {
+            self.to_coordinator(|term| Msg::Release {
+                term,
+                tasks: queued,
+            });
         }
         let mut kill: Vec<Assigned> = Vec::new();
         for ((farm, task), r) in &mut self.running {
@@ -474,16 +466,10 @@ impl Peer {
         if run.killed == Some(KillReason::Interrupt) {
             // Stopped on purpose, not failed: it goes back to the queue,
             // and no retry is spent on it.
-            if let Some(c) = self.coordinator {
-                let term = self.term;
-                self.send(
-                    c,
-                    Msg::Release {
-                        term,
-                        tasks: vec![task],
-                    },
-                );
-            }
+            self.to_coordinator(|term| Msg::Release {
+                term,
+                tasks: vec![task],
+            });
             self.pump(now);
             return;
         }
@@ -491,23 +477,12 @@ impl Peer {
             Some(KillReason::Timeout) => TaskResult::TimedOut,
             _ => outcome.result,
         };
-        let report = Report {
+        self.report(Report {
             task,
             result,
             key: outcome.key,
             duration_ms: outcome.duration_ms,
-        };
-        self.unacked.insert(key, report.clone());
-        if let Some(c) = self.coordinator {
-            let term = self.term;
-            self.send(
-                c,
-                Msg::Report {
-                    term,
-                    reports: vec![report],
-                },
-            );
-        }
+        });
         self.start_queued(now);
         // Running dry: steal now rather than at the next beat.
         self.try_steal(now);
@@ -559,6 +534,24 @@ impl Peer {
     }
 
     // ----- the message loop -----
+
+    /// Sends to the coordinator, when there is one; `msg` gets the current term.
+    fn to_coordinator(&mut self, msg: impl FnOnce(u64) -> Msg) {
+        if let Some(c) = self.coordinator {
+            let m = msg(self.term);
+            self.send(c, m);
+        }
+    }
+
+    /// A result for the coordinator, kept until it is acknowledged (and resent until then).
+    fn report(&mut self, report: Report) {
+        self.unacked
+            .insert((report.task.farm, report.task.task), report.clone());
+        self.to_coordinator(|term| Msg::Report {
+            term,
+            reports: vec![report],
+        });
+    }
 
     fn send(&mut self, to: NodeId, msg: Msg) {
         self.stats.messages += 1;
@@ -859,22 +852,7 @@ impl Peer {
             .push_back(Action::Persist(Persist::Farm(farm.clone())));
         let records = done
             .into_iter()
-            .map(|t| {
-                (
-                    t,
-                    TaskRecord {
-                        run: 1,
-                        state: RecordState::Done,
-                        attempt: 0,
-                        failures: 0,
-                        crashes: 0,
-                        end: None,
-                        key: None,
-                        duration_ms: 0,
-                        logs: 0,
-                    },
-                )
-            })
+            .map(|t| (t, TaskRecord::known_done(1)))
             .collect();
         // A farm submitted elsewhere is durable on its submitter and here; one
         // submitted here needs a copy on another node first.
@@ -1275,24 +1253,12 @@ impl Peer {
                 self.queue.drain(..).partition(|a| a.farm == farm);
             self.queue = keep.into();
             for a in gone {
-                let key = (a.farm, a.task);
-                let report = Report {
+                self.report(Report {
                     task: a,
                     result: TaskResult::Error("cancelled".into()),
                     key: None,
                     duration_ms: 0,
-                };
-                self.unacked.insert(key, report.clone());
-                if let Some(c) = self.coordinator {
-                    let term = self.term;
-                    self.send(
-                        c,
-                        Msg::Report {
-                            term,
-                            reports: vec![report],
-                        },
-                    );
-                }
+                });
             }
             let mut kill = Vec::new();
             for ((f, t), r) in &mut self.running {
@@ -1558,17 +1524,12 @@ impl Peer {
         }
         self.stats.tasks_given += given.len() as u64;
         if !given.is_empty() {
-            if let Some(c) = self.coordinator {
-                let term = self.term;
-                self.send(
-                    c,
-                    Msg::Moved {
-                        term,
-                        to: from,
-                        tasks: given.clone(),
-                    },
-                );
-            }
+            let tasks = given.clone();
+            self.to_coordinator(|term| Msg::Moved {
+                term,
+                to: from,
+                tasks,
+            });
         }
         self.send(from, Msg::Stolen { id, tasks: given });
     }
@@ -1591,10 +1552,7 @@ impl Peer {
         if !current || self.interrupted {
             // Stale: the tasks are this node's now, but it gave up waiting.
             // Hand them back to the coordinator rather than drop them.
-            if let Some(c) = self.coordinator {
-                let term = self.term;
-                self.send(c, Msg::Release { term, tasks });
-            }
+            self.to_coordinator(|term| Msg::Release { term, tasks });
             return;
         }
         self.stats.steals_won += 1;
