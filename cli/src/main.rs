@@ -250,12 +250,14 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         } => mesh_cmds::submit(state.root(), &farm, out, wait, json),
         Cmd::Wait { farm, json } => mesh_cmds::wait(state.root(), &farm, json),
         Cmd::Cancel { farm } => mesh_cmds::cancel(state.root(), &farm),
-        Cmd::Status { farm: None, json } if mesh_cmds::status(state.root())?.is_some() => {
-            let s = mesh_cmds::status(state.root())?.expect("checked");
-            mesh_cmds::print_status(&s, json)?;
-            Ok(ExitCode::SUCCESS)
-        }
         Cmd::Status { farm, json } => {
+            if farm.is_none() {
+                // With a node running here, the mesh is what status shows.
+                if let Some(s) = mesh_cmds::status(state.root())? {
+                    mesh_cmds::print_status(&s, json)?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
             let mut s = state.find(farm.as_deref())?;
             if s.state != RunState::Running {
                 // Not running: the store has the exact picture (a snapshot may lag a crash).

@@ -5,7 +5,7 @@
 //! for one, output folders when there are outputs). On this kind of disk a
 //! file costs more than the spawn itself.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Write as _};
 use std::os::unix::process::ExitStatusExt;
@@ -40,6 +40,26 @@ pub fn log_path(logs_dir: &Path, def: &FarmDef, t: TaskRef, attempt: u32, stream
     logs_dir
         .join(&def.stage(t).name)
         .join(format!("{}.{attempt}.{stream}", t.index))
+}
+
+/// Looks a bare program name up in PATH once (per run or node) rather than
+/// letting every exec walk PATH: a failed exec per PATH entry, per task.
+/// `programs` remembers each name (None: not found; the exec reports it).
+pub fn resolve_program(programs: &mut HashMap<String, Option<String>>, spec: &mut TaskSpec) {
+    let Command::Argv(argv) = &mut spec.command else {
+        return;
+    };
+    if argv[0].contains('/') || spec.env.iter().any(|(k, _)| k == "PATH") {
+        return;
+    }
+    let found = programs.entry(argv[0].clone()).or_insert_with_key(|name| {
+        which::which(name)
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned())
+    });
+    if let Some(path) = found {
+        argv[0] = path.clone();
+    }
 }
 
 /// A task attempt that is over, reported to the runner.

@@ -9,7 +9,41 @@ pub mod net;
 pub mod runner;
 pub mod state;
 
+use std::io;
+
 use mesh_protocol::resources::{Amount, Resources, CPU, MEM};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+/// An I/O failure and what mesh was doing when it happened.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct IoError {
+    pub what: String,
+    #[source]
+    pub source: io::Error,
+}
+
+/// For `map_err`: wraps an io::Error with what was being done.
+pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> IoError {
+    let what = what.into();
+    move |source| IoError { what, source }
+}
+
+/// The single-threaded runtime a farm run or a node drives its loop on.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, IoError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(io_err("cannot start the runtime"))
+}
+
+/// SIGINT and SIGTERM, watched from now on: registered before anything slow,
+/// so a Ctrl-C that comes early is caught, not lost or fatal.
+pub(crate) fn stop_signals() -> Result<(Signal, Signal), IoError> {
+    let int = signal(SignalKind::interrupt()).map_err(io_err("cannot watch SIGINT"))?;
+    let term = signal(SignalKind::terminate()).map_err(io_err("cannot watch SIGTERM"))?;
+    Ok((int, term))
+}
 
 /// What this machine offers: its usable cores and its memory.
 pub fn detect_resources() -> Resources {

@@ -25,7 +25,7 @@ use libp2p::{PeerId, Swarm};
 use mesh_protocol::engine::{KillReason, Outcome, TaskResult};
 use mesh_protocol::farm::{content_key, path_stays_inside, FarmDef, TaskRef};
 use mesh_protocol::mesh::{
-    Action, Assigned, Config, FarmId, FarmSpec, Msg, NodeId, Peer, PeerEvent, Persist,
+    Action, Assigned, Beat, Config, FarmId, FarmSpec, Msg, NodeId, Peer, PeerEvent, Persist,
 };
 use mesh_protocol::resources::GPU;
 use mesh_protocol::wire::{Request, Response, CHUNK_MAX, FILE_MAX};
@@ -34,7 +34,6 @@ use mesh_store::{FarmKey, SledStore, Store, StoreError, Write};
 use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::control::{
@@ -43,6 +42,7 @@ use crate::control::{
 use crate::executor::{self, Finished, Launch, Live};
 use crate::keys;
 use crate::net::{self, Behaviour, BehaviourEvent, NetConfig, PublishError};
+use crate::{io_err, runtime, stop_signals, IoError};
 
 /// Addresses as `mesh node` prints them and `mesh join` takes them.
 pub use libp2p::Multiaddr;
@@ -81,17 +81,8 @@ pub enum NodeError {
     Busy(String),
     #[error("cannot join {addr}: {why}")]
     Join { addr: String, why: String },
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: io::Error,
-    },
-}
-
-fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> NodeError {
-    let what = what.into();
-    move |source| NodeError::Io { what, source }
+    #[error(transparent)]
+    Io(#[from] IoError),
 }
 
 /// What the spawned futures and control connections tell the loop.
@@ -149,16 +140,11 @@ struct Node {
 
 /// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.
 pub fn run_node(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(io_err("cannot start the runtime"))?;
-    rt.block_on(drive(opts, out))
+    runtime()?.block_on(drive(opts, out))
 }
 
 async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
-    let mut sigint = signal(SignalKind::interrupt()).map_err(io_err("cannot watch SIGINT"))?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(io_err("cannot watch SIGTERM"))?;
+    let (mut sigint, mut sigterm) = stop_signals()?;
     fs::create_dir_all(&opts.state)
         .map_err(io_err(format!("cannot create {}", opts.state.display())))?;
     let psk = keys::load_psk(&opts.key)?;
@@ -573,12 +559,7 @@ impl Node {
                 }
                 let why = net::explain_dial_error(&error);
                 if !*joined {
-                    let addr = opts
-                        .join
-                        .as_ref()
-                        .map(|a| a.to_string())
-                        .unwrap_or_default();
-                    return Err(NodeError::Join { addr, why });
+                    return Err(join_failed(opts, why));
                 }
                 tracing::info!("dial failed: {why}");
             }
@@ -590,12 +571,7 @@ impl Node {
                 if let Err(e) = net::check_identified(&mut self.swarm, peer_id, &info) {
                     self.say(&format!("refused {e}"));
                     if !*joined {
-                        let addr = opts
-                            .join
-                            .as_ref()
-                            .map(|a| a.to_string())
-                            .unwrap_or_default();
-                        return Err(NodeError::Join { addr, why: e });
+                        return Err(join_failed(opts, e));
                     }
                 }
             }
@@ -894,32 +870,31 @@ impl Node {
 
     fn status(&self) -> MeshStatus {
         let coordinator = self.peer.coordinator();
-        let mut nodes = vec![NodeView {
-            id: self.swarm.local_peer_id().to_string(),
-            addrs: self.peer.beat().addrs,
+        // Every node, this one included, as its beat describes it.
+        let view = |id: String, node: NodeId, b: &Beat, local: bool| NodeView {
+            id,
+            addrs: b.addrs.clone(),
             resources: ResourceView {
-                total: self.peer.beat().total.to_string(),
-                used: self.peer.beat().used.to_string(),
+                total: b.total.to_string(),
+                used: b.used.to_string(),
             },
-            queued: self.peer.queued() as u32,
-            running: self.peer.running_count() as u32,
-            coordinator: coordinator == Some(self.me),
-            local: true,
-        }];
-        for m in self.peer.members() {
-            nodes.push(NodeView {
-                id: m.beat.label.clone(),
-                addrs: m.beat.addrs.clone(),
-                resources: ResourceView {
-                    total: m.beat.total.to_string(),
-                    used: m.beat.used.to_string(),
-                },
-                queued: m.beat.queued,
-                running: m.beat.running,
-                coordinator: coordinator == Some(m.id),
-                local: false,
-            });
-        }
+            queued: b.queued,
+            running: b.running,
+            coordinator: coordinator == Some(node),
+            local,
+        };
+        let own = self.peer.beat();
+        let mut nodes = vec![view(
+            self.swarm.local_peer_id().to_string(),
+            self.me,
+            &own,
+            true,
+        )];
+        nodes.extend(
+            self.peer
+                .members()
+                .map(|m| view(m.beat.label.clone(), m.id, &m.beat, false)),
+        );
         let mut farms: Vec<FarmView> = self.origins.values().map(|o| o.view.clone()).collect();
         farms.sort_by(|a, b| a.id.cmp(&b.id));
         MeshStatus {
@@ -970,7 +945,7 @@ impl Node {
         let hashes: Vec<[u8; 32]> = tspec.inputs.iter().map(|i| input_hash(&spec, i)).collect();
         let task_id = def.task_name(task.task);
         let key = content_key(&def.name, &task_id, &tspec, &stage.resources, &hashes);
-        resolve_program(&mut self.programs, &mut tspec);
+        executor::resolve_program(&mut self.programs, &mut tspec);
         let local = spec.origin == self.me;
         let farm_dir = self.state.join("work").join(task.farm.to_string());
         let (root, out_dir) = if local {
@@ -1065,6 +1040,16 @@ impl Origin {
     }
 }
 
+/// The node could not join the mesh it was pointed at.
+fn join_failed(opts: &NodeOptions, why: String) -> NodeError {
+    let addr = opts
+        .join
+        .as_ref()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    NodeError::Join { addr, why }
+}
+
 /// How users name a farm: its name and the start of its mesh id.
 pub fn farm_display_id(name: &str, id: FarmId) -> String {
     format!("{name}-{:08x}", id.0 >> 32)
@@ -1076,27 +1061,6 @@ fn input_hash(spec: &FarmSpec, path: &str) -> [u8; 32] {
         .find(|(p, _)| p == path)
         .map(|(_, h)| *h)
         .unwrap_or([0; 32])
-}
-
-/// Looks a bare program name up in PATH once per node rather than per exec.
-fn resolve_program(
-    programs: &mut HashMap<String, Option<String>>,
-    spec: &mut mesh_protocol::farm::TaskSpec,
-) {
-    let mesh_protocol::farm::Command::Argv(argv) = &mut spec.command else {
-        return;
-    };
-    if argv[0].contains('/') || spec.env.iter().any(|(k, _)| k == "PATH") {
-        return;
-    }
-    let found = programs.entry(argv[0].clone()).or_insert_with_key(|name| {
-        which::which(name)
-            .ok()
-            .map(|p| p.to_string_lossy().into_owned())
-    });
-    if let Some(path) = found {
-        argv[0] = path.clone();
-    }
 }
 
 /// The farm as it travels: every input file the farm names, hashed.

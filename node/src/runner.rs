@@ -16,12 +16,11 @@ use mesh_protocol::engine::{
     Action, AddOptions, Counts, Engine, Event, FarmSlot, KillReason, Outcome, Persist, RecordState,
     TaskEnd, TaskResult, Verdict,
 };
-use mesh_protocol::farm::{content_key, Command, FarmDef, TaskSpec};
+use mesh_protocol::farm::{content_key, FarmDef};
 use mesh_protocol::resources::GPU;
 use mesh_protocol::{Resources, TaskRef};
 use mesh_store::{FarmKey, JournalEntry, JournalEvent, SledStore, Store, StoreError, Write};
 use nix::sys::signal::Signal;
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use crate::executor::{self, Finished, Launch, Live};
@@ -29,6 +28,7 @@ use crate::state::{
     farm_identity, farm_key, hostname, unix_ms, FailedTask, FarmStatus, RunState, StageStatus,
     StateDir, StateError, SNAPSHOT_FAILED_MAX,
 };
+use crate::{io_err, runtime, stop_signals, IoError};
 
 /// How often the observer hears about progress.
 const PROGRESS_EVERY_MS: u64 = 100;
@@ -74,17 +74,8 @@ pub enum RunError {
     State(#[from] StateError),
     #[error("state store: {0}")]
     Store(#[from] StoreError),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: io::Error,
-    },
-}
-
-fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RunError {
-    let what = what.into();
-    move |source| RunError::Io { what, source }
+    #[error(transparent)]
+    Io(#[from] IoError),
 }
 
 /// Opens a farm's store, explaining who holds it when it is locked.
@@ -116,15 +107,9 @@ pub fn run_farm(
     opts: &RunOptions,
     obs: &mut dyn Observer,
 ) -> Result<FarmStatus, RunError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(io_err("cannot start the runtime"))?;
-    rt.block_on(async {
-        // Before anything slow (opening the store, clearing a big farm's old
-        // run): a Ctrl-C from then on is caught, not lost or fatal.
-        let sigint = signal(SignalKind::interrupt()).map_err(io_err("cannot watch SIGINT"))?;
-        let sigterm = signal(SignalKind::terminate()).map_err(io_err("cannot watch SIGTERM"))?;
+    runtime()?.block_on(async {
+        // Before anything slow (opening the store, clearing a big farm's old run).
+        let (sigint, sigterm) = stop_signals()?;
         drive(start, opts, obs, sigint, sigterm).await
     })
 }
@@ -169,10 +154,9 @@ async fn drive(
         let logs = opts.state.logs_dir(&id);
         if let Err(e) = fs::remove_dir_all(&logs) {
             if e.kind() != io::ErrorKind::NotFound {
-                return Err(RunError::Io {
-                    what: format!("cannot clear old logs in {}", logs.display()),
-                    source: e,
-                });
+                return Err(
+                    io_err(format!("cannot clear old logs in {}", logs.display()))(e).into(),
+                );
             }
         }
         batch.push(Write::Def {
@@ -487,7 +471,7 @@ impl Driver {
             );
             return Ok(None);
         }
-        self.resolve_program(&mut spec);
+        executor::resolve_program(&mut self.programs, &mut spec);
         Ok(Some(Launch {
             slot: self.slot.0,
             task,
@@ -505,28 +489,6 @@ impl Driver {
             node_has_gpus: self.node_has_gpus,
             node: String::new(),
         }))
-    }
-
-    /// Looks a bare program name up in PATH once per run rather than letting
-    /// every exec walk PATH (a failed exec per PATH entry, per task).
-    fn resolve_program(&mut self, spec: &mut TaskSpec) {
-        let Command::Argv(argv) = &mut spec.command else {
-            return;
-        };
-        if argv[0].contains('/') || spec.env.iter().any(|(k, _)| k == "PATH") {
-            return;
-        }
-        let found = self
-            .programs
-            .entry(argv[0].clone())
-            .or_insert_with_key(|name| {
-                which::which(name)
-                    .ok()
-                    .map(|p| p.to_string_lossy().into_owned())
-            });
-        if let Some(path) = found {
-            argv[0] = path.clone();
-        }
     }
 
     fn input_hash(&mut self, input: &str) -> [u8; 32] {

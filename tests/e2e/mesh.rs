@@ -194,6 +194,24 @@ fn a_node_with_another_mesh_key_cannot_join() {
     assert_eq!(c.status(0)["nodes"].as_array().unwrap().len(), 1);
 }
 
+/// `n` tasks that each sleep `secs` and write their index to an output.
+fn slow_farm(n: u32, secs: &str) -> String {
+    format!(
+        r#"
+[farm]
+name = "slow"
+
+[[stage]]
+name = "s"
+sweep.i = {{ range = "0..{}" }}
+workdir = "w/{{i}}"
+shell = 'sleep {secs}; echo {{i}} > r.txt'
+outputs = ["r.txt"]
+"#,
+        n - 1
+    )
+}
+
 #[test]
 fn killing_a_worker_mid_farm_loses_nothing() {
     let sb = sandbox();
@@ -202,20 +220,7 @@ fn killing_a_worker_mid_farm_loses_nothing() {
         &["cpu=2", "cpu=2", "cpu=2"],
         &["--dead-after-ms", "1500"],
     );
-    sb.write(
-        "slow.toml",
-        r#"
-[farm]
-name = "slow"
-
-[[stage]]
-name = "s"
-sweep.i = { range = "0..17" }
-workdir = "w/{i}"
-shell = 'sleep 1; echo {i} > r.txt'
-outputs = ["r.txt"]
-"#,
-    );
+    sb.write("slow.toml", &slow_farm(18, "1"));
     let r = c.mesh(0, &["submit", "slow.toml", "--out", "slow-out"]);
     r.expect_code(0);
     let id = r.stdout.trim().to_string();
@@ -272,20 +277,7 @@ fn killing_the_coordinator_mid_farm_elects_another_and_the_farm_finishes() {
         "the first node coordinates: {first}"
     );
     let term = first["term"].as_u64().unwrap();
-    sb.write(
-        "slow.toml",
-        r#"
-[farm]
-name = "slow"
-
-[[stage]]
-name = "s"
-sweep.i = { range = "0..23" }
-workdir = "w/{i}"
-shell = 'sleep 0.5; echo {i} > r.txt'
-outputs = ["r.txt"]
-"#,
-    );
+    sb.write("slow.toml", &slow_farm(24, "0.5"));
     let r = c.mesh(2, &["submit", "slow.toml", "--out", "slow-out"]);
     r.expect_code(0);
     let id = r.stdout.trim().to_string();

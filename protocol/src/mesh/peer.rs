@@ -408,13 +408,13 @@ impl Peer {
                 finished: false,
             },
         );
-        self.to_coordinator(|_| Msg::Submit { farm: spec, done });
+        self.send_coordinator(|_| Msg::Submit { farm: spec, done });
         self.pump(now);
     }
 
     /// Asks the coordinator to stop a farm.
     pub fn cancel(&mut self, now: Millis, farm: FarmId) {
-        self.to_coordinator(|_| Msg::Cancel { farm });
+        self.send_coordinator(|_| Msg::Cancel { farm });
         self.pump(now);
     }
 
@@ -423,7 +423,7 @@ impl Peer {
         self.interrupted = true;
         let queued: Vec<Assigned> = self.queue.drain(..).collect();
         if !queued.is_empty() {
-            self.to_coordinator(|term| Msg::Release {
+            self.send_coordinator(|term| Msg::Release {
                 term,
                 tasks: queued,
             });
@@ -466,7 +466,7 @@ impl Peer {
         if run.killed == Some(KillReason::Interrupt) {
             // Stopped on purpose, not failed: it goes back to the queue,
             // and no retry is spent on it.
-            self.to_coordinator(|term| Msg::Release {
+            self.send_coordinator(|term| Msg::Release {
                 term,
                 tasks: vec![task],
             });
@@ -536,7 +536,7 @@ impl Peer {
     // ----- the message loop -----
 
     /// Sends to the coordinator, when there is one; `msg` gets the current term.
-    fn to_coordinator(&mut self, msg: impl FnOnce(u64) -> Msg) {
+    fn send_coordinator(&mut self, msg: impl FnOnce(u64) -> Msg) {
         if let Some(c) = self.coordinator {
             let m = msg(self.term);
             self.send(c, m);
@@ -547,7 +547,7 @@ impl Peer {
     fn report(&mut self, report: Report) {
         self.unacked
             .insert((report.task.farm, report.task.task), report.clone());
-        self.to_coordinator(|term| Msg::Report {
+        self.send_coordinator(|term| Msg::Report {
             term,
             reports: vec![report],
         });
@@ -1525,7 +1525,7 @@ impl Peer {
         self.stats.tasks_given += given.len() as u64;
         if !given.is_empty() {
             let tasks = given.clone();
-            self.to_coordinator(|term| Msg::Moved {
+            self.send_coordinator(|term| Msg::Moved {
                 term,
                 to: from,
                 tasks,
@@ -1552,7 +1552,7 @@ impl Peer {
         if !current || self.interrupted {
             // Stale: the tasks are this node's now, but it gave up waiting.
             // Hand them back to the coordinator rather than drop them.
-            self.to_coordinator(|term| Msg::Release { term, tasks });
+            self.send_coordinator(|term| Msg::Release { term, tasks });
             return;
         }
         self.stats.steals_won += 1;
