@@ -37,6 +37,14 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, IoError> {
         .map_err(io_err("cannot start the runtime"))
 }
 
+/// Sleeps until `at`, or forever when there is no deadline (a `select!` arm that never fires).
+pub(crate) async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// SIGINT and SIGTERM, watched from now on: registered before anything slow,
 /// so a Ctrl-C that comes early is caught, not lost or fatal.
 pub(crate) fn stop_signals() -> Result<(Signal, Signal), IoError> {

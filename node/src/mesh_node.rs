@@ -42,7 +42,7 @@ use crate::control::{
 use crate::executor::{self, Finished, Launch, Live};
 use crate::keys;
 use crate::net::{self, Behaviour, BehaviourEvent, NetConfig, PublishError};
-use crate::{io_err, runtime, stop_signals, IoError};
+use crate::{io_err, runtime, sleep_until_opt, stop_signals, IoError};
 
 /// Addresses as `mesh node` prints them and `mesh join` takes them.
 pub use libp2p::Multiaddr;
@@ -258,13 +258,6 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
     node.store.sync()?;
     let _ = fs::remove_file(&sock);
     Ok(())
-}
-
-async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 impl Node {

@@ -28,7 +28,7 @@ use crate::state::{
     farm_identity, farm_key, hostname, unix_ms, FailedTask, FarmStatus, RunState, StageStatus,
     StateDir, StateError, SNAPSHOT_FAILED_MAX,
 };
-use crate::{io_err, runtime, stop_signals, IoError};
+use crate::{io_err, runtime, sleep_until_opt, stop_signals, IoError};
 
 /// How often the observer hears about progress.
 const PROGRESS_EVERY_MS: u64 = 100;
@@ -319,13 +319,6 @@ async fn drive(
         .map_err(io_err("cannot write the status snapshot"))?;
     obs.progress(&d.status);
     Ok(d.status)
-}
-
-async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 fn ms_since(clock: Instant) -> u64 {
