@@ -102,16 +102,19 @@ impl Background {
                 .take()
                 .map(|p| Box::new(p) as Box<dyn Read + Send>),
         );
-        let deadline = Instant::now() + COMMAND_TIMEOUT;
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("try_wait") {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
+        // Waited for on a thread rather than polled, so the benchmarks that
+        // time a command see when it exits, not the next poll.
+        let pid = Pid::from_raw(child.id() as i32);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        let status = match rx.recv_timeout(COMMAND_TIMEOUT) {
+            Ok(s) => s.expect("wait for mesh"),
+            Err(_) => {
+                let _ = kill(pid, Signal::SIGKILL);
                 panic!("mesh did not exit within {COMMAND_TIMEOUT:?}");
             }
-            std::thread::sleep(Duration::from_millis(20));
         };
         Run {
             code: status.code(),
