@@ -493,6 +493,7 @@ where
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
+    use std::sync::Arc;
 
     use futures::StreamExt;
     use libp2p::request_response::{Codec as _, Event as RrEvent, Message as RrMessage};
@@ -539,7 +540,8 @@ mod tests {
         let b_id = *b.local_peer_id();
         let steal = Msg::Steal {
             id: 7,
-            free: resources(3),
+            total: resources(4),
+            load: resources(3),
             max: 5,
         };
         let blob_hash = [9u8; 32];
@@ -610,7 +612,7 @@ mod tests {
         let b_addr = listen_addr(&mut b).await;
         a.dial(b_addr).unwrap();
         let a_id = *a.local_peer_id();
-        let beat = Msg::Beat(Beat {
+        let beat = Msg::Beat(Arc::new(Beat {
             version: PROTOCOL_VERSION,
             label: a_id.to_string(),
             addrs: vec!["/ip4/127.0.0.1/tcp/4001".into()],
@@ -621,7 +623,7 @@ mod tests {
             queued: 4,
             running: 2,
             backlog: 100,
-        });
+        }));
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let mut early_refusals = 0;
         let received = timeout(WAIT, async {

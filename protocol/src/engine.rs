@@ -286,7 +286,36 @@ enum Placement {
     Local(Pool),
     /// On the nodes of a mesh: the coordinator hands tasks out with [`Engine::claim`];
     /// a stage is placeable when it fits one of these machines.
-    Remote(Vec<Resources>),
+    Remote(Machines),
+}
+
+/// The machines of a mesh, and how many tasks of each request they run at once.
+struct Machines {
+    list: Vec<Resources>,
+    /// Slot counts by request, computed when first asked for: cleared
+    /// whenever the machines change.
+    slots: Vec<(Resources, u64)>,
+}
+
+impl Machines {
+    fn slots(&mut self, req: &Resources) -> u64 {
+        if let Some((_, n)) = self.slots.iter().find(|(r, _)| r == req) {
+            return *n;
+        }
+        let n = self.list.iter().map(|m| copies(m, req)).sum();
+        self.slots.push((req.clone(), n));
+        n
+    }
+}
+
+/// How many tasks asking for `req` a machine of `total` runs at once; a
+/// request for nothing counts as one slot, so it never looks scarce.
+fn copies(total: &Resources, req: &Resources) -> u64 {
+    req.iter()
+        .filter(|(_, v)| !v.is_zero())
+        .map(|(k, v)| total.get(k).0 / v.0)
+        .min()
+        .unwrap_or(1)
 }
 
 /// The scheduling state machine of one node, or of a mesh's coordinator.
@@ -309,7 +338,10 @@ impl Engine {
     /// [`Engine::claim`] to run elsewhere. `machines` are the resource totals
     /// a stage must fit one of (see [`Engine::set_machines`]).
     pub fn remote(machines: Vec<Resources>) -> Engine {
-        Engine::with_placement(Placement::Remote(machines))
+        Engine::with_placement(Placement::Remote(Machines {
+            list: machines,
+            slots: Vec::new(),
+        }))
     }
 
     fn with_placement(placement: Placement) -> Engine {
@@ -326,7 +358,8 @@ impl Engine {
     /// The machines a remote engine's stages must fit, as the membership now has them.
     pub fn set_machines(&mut self, machines: Vec<Resources>) {
         if let Placement::Remote(m) = &mut self.placement {
-            *m = machines;
+            m.list = machines;
+            m.slots.clear();
         }
     }
 
@@ -509,7 +542,7 @@ impl Engine {
                 Placement::Remote(machines) => {
                     // Unplaceable when no machine fits; the shortfall shown is the largest machine's.
                     let mut best: Option<Vec<(String, Amount, Amount)>> = None;
-                    for m in machines {
+                    for m in &machines.list {
                         let sf = Pool::never_fits(m, &stage.resources);
                         if best.as_ref().is_none_or(|b| sf.len() < b.len()) {
                             best = Some(sf);
@@ -948,6 +981,34 @@ impl Engine {
             .filter(|st| st.open && !st.unplaceable)
             .map(|st| st.counts.queued())
             .sum()
+    }
+
+    /// Requests whose ready tasks would not fill every slot the machines
+    /// have for them: the end of that work, where a task queued behind a
+    /// node's busy slots can only wait longer than on a free slot elsewhere.
+    /// Empty for a local engine.
+    pub fn draining(&mut self) -> Vec<Resources> {
+        let Placement::Remote(machines) = &mut self.placement else {
+            return Vec::new();
+        };
+        let mut waiting: Vec<(&Resources, u64)> = Vec::new();
+        for f in self.farms.iter().filter(|f| !f.cancelled) {
+            for (st, def) in f.stages.iter().zip(&f.def.stages) {
+                let q = st.counts.queued();
+                if !st.open || st.unplaceable || q == 0 {
+                    continue;
+                }
+                match waiting.iter_mut().find(|(r, _)| *r == &def.resources) {
+                    Some((_, n)) => *n += q,
+                    None => waiting.push((&def.resources, q)),
+                }
+            }
+        }
+        waiting
+            .into_iter()
+            .filter(|(req, q)| *q < machines.slots(req))
+            .map(|(req, _)| req.clone())
+            .collect()
     }
 
     /// A claimed task's node died: the task is queued again with a crash

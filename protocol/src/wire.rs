@@ -11,10 +11,10 @@ use crate::farm::TaskRef;
 use crate::mesh::{FarmId, Msg};
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
-pub const REQUEST_PROTOCOL: &str = "/mesh/req/1";
-pub const GOSSIP_TOPIC: &str = "mesh/beat/1";
+pub const REQUEST_PROTOCOL: &str = "/mesh/req/2";
+pub const GOSSIP_TOPIC: &str = "mesh/beat/2";
 /// No single request or response may be larger (a frame of the request-response codec).
 pub const MESSAGE_MAX: usize = 64 << 20;
 /// Files move in pieces of at most this many bytes.

@@ -17,7 +17,7 @@
 //! run with an error naming the seed.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -73,6 +73,8 @@ struct Plan {
     expect_ok: Vec<bool>,
     latency: Dist,
     lower_bound: u64,
+    /// See [`Plan::greedy`].
+    greedy: u64,
 }
 
 /// A hash of the seed and a few numbers, for per-task draws that do not
@@ -148,9 +150,11 @@ impl Plan {
             expect_ok: Vec::new(),
             latency: parse_durations(&cfg.latency).map_err(|e| conf(e.to_string()))?,
             lower_bound: 0,
+            greedy: 0,
         };
         plan.expect_ok = plan.expected();
         plan.lower_bound = plan.bound();
+        plan.greedy = plan.greedy();
         Ok(plan)
     }
 
@@ -262,6 +266,112 @@ impl Plan {
         let chain = stage_end.iter().copied().max().unwrap_or(0);
         (best.ceil() as u64).max(chain).max(1)
     }
+
+    /// The makespan of greedy list scheduling with no latency: one
+    /// scheduler that sees every slot, knows no durations (so neither does
+    /// mesh), and starts ready tasks in submission order on the first node
+    /// they fit as soon as it has room. What mesh's own schedule can be
+    /// held to; its distance from the lower bound is the price of not
+    /// knowing durations. Every node is up from the start; tasks expected
+    /// to fail are left out, as in the bound.
+    fn greedy(&self) -> u64 {
+        let def = &self.spec.def;
+        let n = def.stages.len();
+        let reqs: Vec<&Resources> = def.stages.iter().map(|s| &s.resources).collect();
+        let mut free = self.totals.clone();
+        // Per stage: indices ready to start, in order; whole-stage waits left.
+        let mut ready: Vec<VecDeque<u32>> = vec![VecDeque::new(); n];
+        let mut waits: Vec<usize> = def.stages.iter().map(|s| s.after.len()).collect();
+        let mut left: Vec<usize> = (0..n)
+            .map(|s| {
+                (0..self.stage_len(s))
+                    .filter(|&i| self.expect_ok[self.offsets[s] + i])
+                    .count()
+            })
+            .collect();
+        // Per task: element-wise predecessors not yet done.
+        let mut each: Vec<u8> = (0..self.durations.len())
+            .map(|g| {
+                let s = self.offsets.partition_point(|&o| o <= g) - 1;
+                def.stages[s].after_each.len() as u8
+            })
+            .collect();
+        let open = |s: usize, ready: &mut Vec<VecDeque<u32>>, each: &[u8]| {
+            for i in 0..self.stage_len(s) {
+                let g = self.offsets[s] + i;
+                if self.expect_ok[g] && each[g] == 0 {
+                    ready[s].push_back(i as u32);
+                }
+            }
+        };
+        let mut opened = vec![false; n];
+        for s in 0..n {
+            if waits[s] == 0 && !self.eligible(s).is_empty() {
+                opened[s] = true;
+                open(s, &mut ready, &each);
+            }
+        }
+        // (end, node, stage, index) of running tasks.
+        let mut running: BinaryHeap<Reverse<(u64, usize, usize, u32)>> = BinaryHeap::new();
+        let mut now = 0;
+        let mut end = 0;
+        let fill =
+            |node: usize,
+             now: u64,
+             free: &mut Vec<Resources>,
+             ready: &mut Vec<VecDeque<u32>>,
+             running: &mut BinaryHeap<Reverse<(u64, usize, usize, u32)>>| {
+                for s in 0..n {
+                    while let Some(&i) = ready[s].front() {
+                        if !free[node].take(reqs[s]) {
+                            break;
+                        }
+                        ready[s].pop_front();
+                        let g = self.offsets[s] + i as usize;
+                        running.push(Reverse((now + self.durations[g] as u64, node, s, i)));
+                    }
+                }
+            };
+        for node in 0..free.len() {
+            fill(node, now, &mut free, &mut ready, &mut running);
+        }
+        while let Some(Reverse((at, node, s, i))) = running.pop() {
+            now = at;
+            end = end.max(at);
+            free[node].give(reqs[s]);
+            left[s] -= 1;
+            let mut more = false;
+            // Element-wise dependents of this task, and stages waiting on this one whole.
+            for t in 0..n {
+                if def.stages[t].after_each.contains(&(s as u32))
+                    && (i as usize) < self.stage_len(t)
+                {
+                    let g = self.offsets[t] + i as usize;
+                    each[g] = each[g].saturating_sub(1);
+                    if opened[t] && each[g] == 0 && self.expect_ok[g] {
+                        ready[t].push_back(i);
+                        more = true;
+                    }
+                }
+                if left[s] == 0 && def.stages[t].after.contains(&(s as u32)) {
+                    waits[t] -= 1;
+                    if waits[t] == 0 && !self.eligible(t).is_empty() {
+                        opened[t] = true;
+                        open(t, &mut ready, &each);
+                        more = true;
+                    }
+                }
+            }
+            if more {
+                for node in 0..free.len() {
+                    fill(node, now, &mut free, &mut ready, &mut running);
+                }
+            } else {
+                fill(node, now, &mut free, &mut ready, &mut running);
+            }
+        }
+        end.max(1)
+    }
 }
 
 enum Ev {
@@ -350,6 +460,10 @@ struct Sim<'a> {
     sample_stride: usize,
     /// Counters of peers that crashed or left, so their steals still count.
     gone_stats: mesh_protocol::mesh::Stats,
+    /// The stepped peer's actions other than persists, carried out after them.
+    actions: Vec<Action>,
+    /// `MESH_SIM_TRACE`, read once: the environment is not cheap to ask per message.
+    trace: Option<u32>,
 }
 
 impl<'a> Sim<'a> {
@@ -403,6 +517,8 @@ impl<'a> Sim<'a> {
             sample: Vec::new(),
             sample_stride: (tasks / (SAMPLE_MAX / 2)).max(1),
             gone_stats: Default::default(),
+            actions: Vec::new(),
+            trace: trace_task(),
             plan,
         }
     }
@@ -681,7 +797,8 @@ impl<'a> Sim<'a> {
 
     fn after_step(&mut self, n: usize) -> Result<(), SimError> {
         let mut writes = Vec::new();
-        let mut rest = Vec::new();
+        // Reused from step to step: most steps yield a few actions.
+        let mut rest = std::mem::take(&mut self.actions);
         {
             let nd = &mut self.nodes[n];
             let peer = nd.peer.as_mut().expect("stepped peers are up");
@@ -699,7 +816,7 @@ impl<'a> Sim<'a> {
                 nd.store.flush().expect("the memory store cannot fail");
             }
         }
-        for a in rest {
+        for a in rest.drain(..) {
             match a {
                 Action::Send { to, msg } => self.send(n, to, msg),
                 Action::Broadcast(msg) => self.broadcast(n, msg),
@@ -716,6 +833,7 @@ impl<'a> Sim<'a> {
                 Action::Persist(_) => unreachable!("sorted out above"),
             }
         }
+        self.actions = rest;
         let nd = &mut self.nodes[n];
         let peer = nd.peer.as_ref().expect("stepped peers are up");
         nd.steps += 1;
@@ -774,7 +892,7 @@ impl<'a> Sim<'a> {
 
     fn deliver(&mut self, from: usize, to: usize, msg: Msg) {
         self.messages += 1;
-        if let Some(t) = trace_task() {
+        if let Some(t) = self.trace {
             let tasks: Vec<Assigned> = match &msg {
                 Msg::Assign { tasks, .. }
                 | Msg::Release { tasks, .. }
@@ -988,6 +1106,8 @@ impl<'a> Sim<'a> {
             makespan,
             lower_bound: self.plan.lower_bound,
             ratio: makespan as f64 / self.plan.lower_bound as f64,
+            greedy: self.plan.greedy,
+            greedy_ratio: self.plan.greedy as f64 / self.plan.lower_bound as f64,
             utilization: if cap > 0.0 {
                 self.busy_cpu_ms / cap
             } else {

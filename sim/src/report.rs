@@ -19,6 +19,12 @@ pub struct SimReport {
     pub lower_bound: u64,
     /// makespan / lower_bound.
     pub ratio: f64,
+    /// The makespan of an ideal scheduler that, like mesh, does not know
+    /// durations: greedy list scheduling with no latency, in submission order.
+    pub greedy: u64,
+    /// greedy / lower_bound: how far from the bound not knowing durations
+    /// alone puts a scheduler on this workload.
+    pub greedy_ratio: f64,
     /// Busy cpu-time of every execution over the cpu-time of live nodes during the makespan.
     pub utilization: f64,
     /// Steals that brought tasks (summed over the live peers at the end).
@@ -119,13 +125,17 @@ impl SimReport {
     /// The headline numbers on one line each, as `mesh sim` prints them.
     pub fn summary(&self) -> String {
         format!(
-            "seed {}\nmakespan {} ms\nlower bound {} ms\nratio {:.3}\nutilization {:.1}%\n\
+            "seed {}\nmakespan {} ms\nlower bound {} ms\nratio {:.3}\n\
+             greedy without latency {} ms (ratio {:.3}; mesh / greedy {:.3})\nutilization {:.1}%\n\
              steals {} ({} tasks, {} asked)\nmessages {} ({} lost)\nduplicates {}\n\
              tasks {} done, {} failed, {} executions\nevents {} ({:.0}/s)\n",
             self.seed,
             self.makespan,
             self.lower_bound,
             self.ratio,
+            self.greedy,
+            self.greedy_ratio,
+            self.makespan as f64 / self.greedy as f64,
             self.utilization * 100.0,
             self.steals,
             self.tasks_stolen,

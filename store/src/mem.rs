@@ -1,6 +1,6 @@
 //! The in-memory store, for unit tests and the simulator: same contract, and a crash that loses the unflushed tail.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use mesh_protocol::engine::TaskRecord;
 use mesh_protocol::farm::FarmDef;
@@ -8,11 +8,12 @@ use mesh_protocol::TaskRef;
 
 use crate::{FarmKey, JournalEntry, Result, Store, Write};
 
-#[derive(Clone, Default)]
+#[derive(Default)]
 struct State {
     defs: BTreeMap<FarmKey, FarmDef>,
     meta: BTreeMap<(FarmKey, String), Vec<u8>>,
-    tasks: BTreeMap<(FarmKey, TaskRef), TaskRecord>,
+    /// Hashed: written for every task start and end, read only to resume.
+    tasks: HashMap<(FarmKey, TaskRef), TaskRecord>,
     journal: Vec<JournalEntry>,
 }
 
@@ -34,10 +35,13 @@ impl State {
 }
 
 /// Reads see every write; a crash keeps only what was flushed.
+///
+/// Flushed writes live in one state; unflushed ones wait in order and reads
+/// look at them first, so a write is applied once (the simulator writes and
+/// flushes on every step) and a crash only has to drop the tail.
 #[derive(Default)]
 pub struct MemStore {
     durable: State,
-    live: State,
     unflushed: Vec<Write>,
 }
 
@@ -49,16 +53,17 @@ impl MemStore {
     /// Simulates the process dying: everything written since the last flush is gone.
     pub fn crash(&mut self) {
         self.unflushed.clear();
-        self.live = self.durable.clone();
+    }
+
+    /// Unflushed writes, newest first.
+    fn pending(&self) -> impl Iterator<Item = &Write> {
+        self.unflushed.iter().rev()
     }
 }
 
 impl Store for MemStore {
     fn write(&mut self, batch: Vec<Write>) -> Result<()> {
-        for w in batch {
-            self.live.apply(w.clone());
-            self.unflushed.push(w);
-        }
+        self.unflushed.extend(batch);
         Ok(())
     }
 
@@ -70,32 +75,67 @@ impl Store for MemStore {
     }
 
     fn def(&self, farm: FarmKey) -> Result<Option<FarmDef>> {
-        Ok(self.live.defs.get(&farm).cloned())
+        let newest = self.pending().find_map(|w| match w {
+            Write::Def { farm: f, def } if *f == farm => Some((**def).clone()),
+            _ => None,
+        });
+        Ok(newest.or_else(|| self.durable.defs.get(&farm).cloned()))
     }
 
     fn meta(&self, farm: FarmKey, name: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.live.meta.get(&(farm, name.to_string())).cloned())
+        let newest = self.pending().find_map(|w| match w {
+            Write::Meta {
+                farm: f,
+                name: n,
+                value,
+            } if *f == farm && n == name => Some(value.clone()),
+            _ => None,
+        });
+        Ok(newest.or_else(|| self.durable.meta.get(&(farm, name.to_string())).cloned()))
     }
 
     fn task(&self, farm: FarmKey, task: TaskRef) -> Result<Option<TaskRecord>> {
-        Ok(self.live.tasks.get(&(farm, task)).cloned())
+        let newest = self.pending().find_map(|w| match w {
+            Write::Task {
+                farm: f,
+                task: t,
+                record,
+            } if *f == farm && *t == task => Some(record.clone()),
+            _ => None,
+        });
+        Ok(newest.or_else(|| self.durable.tasks.get(&(farm, task)).cloned()))
     }
 
     fn tasks(&self, farm: FarmKey) -> Result<Vec<(TaskRef, TaskRecord)>> {
-        Ok(self
-            .live
+        let mut out: BTreeMap<TaskRef, TaskRecord> = self
+            .durable
             .tasks
-            .range((farm, TaskRef::new(0, 0))..=(farm, TaskRef::new(u32::MAX, u32::MAX)))
+            .iter()
+            .filter(|((f, _), _)| *f == farm)
             .map(|((_, t), r)| (*t, r.clone()))
-            .collect())
+            .collect();
+        for w in &self.unflushed {
+            if let Write::Task {
+                farm: f,
+                task,
+                record,
+            } = w
+            {
+                if *f == farm {
+                    out.insert(*task, record.clone());
+                }
+            }
+        }
+        Ok(out.into_iter().collect())
     }
 
     fn journal(&self, farm: FarmKey, limit: usize) -> Result<Vec<JournalEntry>> {
-        let mut out: Vec<_> = self
-            .live
-            .journal
-            .iter()
-            .rev()
+        let pending = self.pending().filter_map(|w| match w {
+            Write::Journal(e) => Some(e),
+            _ => None,
+        });
+        let mut out: Vec<_> = pending
+            .chain(self.durable.journal.iter().rev())
             .filter(|e| e.farm == farm)
             .take(limit)
             .cloned()

@@ -102,8 +102,9 @@ pub struct Failure {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Msg {
-    /// Gossip: who I am, what I hold, whom I follow.
-    Beat(Beat),
+    /// Gossip: who I am, what I hold, whom I follow. Shared, because one
+    /// beat goes to many members.
+    Beat(Arc<Beat>),
     /// Submitter to coordinator; sent again to a new coordinator with the
     /// tasks the submitter knows are done, which it keeps durably.
     Submit {
@@ -132,8 +133,15 @@ pub enum Msg {
     GetFarm { farm: FarmId },
     /// Coordinator to worker: the farm asked for.
     Farm(Arc<FarmSpec>),
-    /// Thief to victim: give me unstarted tasks that fit these free resources.
-    Steal { id: u64, free: Resources, max: u32 },
+    /// Thief to victim: give me unstarted tasks, at most `max`, as many as
+    /// a node of `total` resources already holding `load` may be handed
+    /// (the coordinator's rule: about 1.1x its capacity, one beyond full).
+    Steal {
+        id: u64,
+        total: Resources,
+        load: Resources,
+        max: u32,
+    },
     /// Victim to thief: the tasks given up (maybe none).
     Stolen { id: u64, tasks: Vec<Assigned> },
     /// Victim to coordinator: these tasks of mine now belong to `to`.
@@ -144,8 +152,9 @@ pub enum Msg {
     },
     /// Anyone to coordinator, and coordinator to workers: stop this farm.
     Cancel { farm: FarmId },
-    /// Coordinator to submitter.
-    Progress(FarmProgress),
+    /// Coordinator to submitter. Boxed: it is the largest message, and
+    /// every other message would pay its size.
+    Progress(Box<FarmProgress>),
     /// Coordinator to submitter.
     Failure(Failure),
     /// Coordinator to submitter: a stage fits no node of the mesh; its tasks are failed.

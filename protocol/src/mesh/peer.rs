@@ -19,6 +19,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+use indexmap::IndexMap;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
@@ -157,7 +158,7 @@ pub struct Stats {
 #[derive(Clone, Debug)]
 pub struct Member {
     pub id: NodeId,
-    pub beat: Beat,
+    pub beat: Arc<Beat>,
     pub last_seen: Millis,
 }
 
@@ -232,6 +233,16 @@ pub struct Peer {
     stored: Vec<StoredFarm>,
     steal: Option<(u64, NodeId, Millis)>,
     next_steal_id: u64,
+    /// Members with tasks queued, as far as this node knows (their last
+    /// beat, or none once a steal there came back empty): the steal victims.
+    loaded: IndexMap<NodeId, u32>,
+    /// Members joined or died since the coordinator's engine last saw the machines.
+    machines_dirty: bool,
+    /// The members of `loaded` with more queued than a node of their size
+    /// keeps as its prefetch: a thief with no free slot steals only there.
+    overloaded: IndexMap<NodeId, u32>,
+    /// The queue length this node last gossiped.
+    advertised: u32,
     next_beat: Millis,
     next_resend: Millis,
     inbox: VecDeque<(NodeId, Msg)>,
@@ -274,6 +285,10 @@ impl Peer {
             stored: Vec::new(),
             steal: None,
             next_steal_id: 1,
+            loaded: IndexMap::new(),
+            overloaded: IndexMap::new(),
+            machines_dirty: false,
+            advertised: 0,
             next_beat: now,
             next_resend: now + cfg.resend_ms,
             inbox: VecDeque::new(),
@@ -513,9 +528,7 @@ impl Peer {
             self.next_beat = now + self.cfg.heartbeat_ms;
             self.check_members(now);
             self.elect(now);
-            let beat = self.beat();
-            self.stats.messages += 1;
-            self.actions.push_back(Action::Broadcast(Msg::Beat(beat)));
+            self.send_beat();
             self.try_steal(now);
         }
         if now >= self.next_resend {
@@ -635,13 +648,19 @@ impl Peer {
                 if let Some(waiting) = self.awaiting_spec.remove(&spec.id) {
                     self.queue.extend(waiting);
                     self.start_queued(now);
+                    self.try_steal(now);
                 }
             }
-            Msg::Steal { id, free, max } => self.on_steal(from, id, free, max),
+            Msg::Steal {
+                id,
+                total,
+                load,
+                max,
+            } => self.on_steal(from, id, total, load, max),
             Msg::Stolen { id, tasks } => self.on_stolen(now, from, id, tasks),
             Msg::Moved { to, tasks, .. } => self.on_moved(now, from, to, tasks),
             Msg::Cancel { farm } => self.on_cancel(now, from, farm),
-            Msg::Progress(p) => self.on_progress(p),
+            Msg::Progress(p) => self.on_progress(*p),
             Msg::Failure(f) => self.actions.push_back(Action::Emit(PeerEvent::Failure(f))),
             Msg::Unplaceable {
                 farm,
@@ -657,12 +676,23 @@ impl Peer {
 
     // ----- membership and election -----
 
-    fn on_beat(&mut self, now: Millis, from: NodeId, b: Beat) {
+    fn on_beat(&mut self, now: Millis, from: NodeId, b: Arc<Beat>) {
         if b.version != PROTOCOL_VERSION || from == self.id {
             return;
         }
         let claims = b.coordinator == Some(from);
         let term = b.term;
+        let queued = b.queued;
+        if queued > 0 {
+            self.loaded.insert(from, queued);
+        } else {
+            self.loaded.swap_remove(&from);
+        }
+        if queued as usize > spare_queue(&b.total) {
+            self.overloaded.insert(from, queued);
+        } else {
+            self.overloaded.swap_remove(&from);
+        }
         let fresh = !self.members.contains_key(&from);
         self.members.insert(
             from,
@@ -691,6 +721,30 @@ impl Peer {
                 self.term = term;
             }
         }
+        if queued > 0 {
+            // Work appeared there: a dry node takes some now rather than at its next beat.
+            self.try_steal(now);
+        }
+    }
+
+    /// Gossips this node's beat now.
+    fn send_beat(&mut self) {
+        let beat = self.beat();
+        self.advertised = beat.queued;
+        self.stats.messages += 1;
+        self.actions
+            .push_back(Action::Broadcast(Msg::Beat(Arc::new(beat))));
+    }
+
+    /// A queue grown well past what the last beat said (work piled onto
+    /// this node) is gossiped at once, so dry nodes come for it within a
+    /// message's time instead of a heartbeat's. The queue must at least
+    /// double for another such beat, so there are few between two heartbeats.
+    fn beat_if_piled_up(&mut self) {
+        let spare = spare_queue(self.pool.total());
+        if self.queue.len() > spare.max(2 * self.advertised as usize) {
+            self.send_beat();
+        }
     }
 
     fn check_members(&mut self, now: Millis) {
@@ -700,6 +754,7 @@ impl Peer {
             .filter(|m| now.saturating_sub(m.last_seen) > self.cfg.dead_after_ms)
             .map(|m| m.id)
             .collect();
+        let mut died = false;
         for id in dead {
             self.members.remove(&id);
             self.actions
@@ -712,9 +767,14 @@ impl Peer {
                     self.steal = None;
                 }
             }
+            self.loaded.swap_remove(&id);
+            self.overloaded.swap_remove(&id);
             self.reclaim(now, id);
+            died = true;
         }
-        self.refresh_machines();
+        if died {
+            self.refresh_machines();
+        }
     }
 
     fn elect(&mut self, now: Millis) {
@@ -766,6 +826,7 @@ impl Peer {
 
     fn become_coordinator(&mut self, now: Millis, term: u64) {
         let machines = self.machines();
+        self.machines_dirty = false;
         let mut c = Coord {
             engine: Engine::remote(machines),
             farms: HashMap::new(),
@@ -807,11 +868,18 @@ impl Peer {
             .collect()
     }
 
+    /// Membership changed: the coordinator's view of the machines is
+    /// rebuilt before it next needs it, once for a burst of joins rather
+    /// than once per join (each rebuild clones every member's resources).
     fn refresh_machines(&mut self) {
-        if self.coord.is_none() {
-            // Only a coordinator's engine uses them; building them costs a clone per member.
+        self.machines_dirty = true;
+    }
+
+    fn sync_machines(&mut self) {
+        if !self.machines_dirty || self.coord.is_none() {
             return;
         }
+        self.machines_dirty = false;
         let machines = self.machines();
         if let Some(c) = &mut self.coord {
             c.engine.set_machines(machines);
@@ -829,6 +897,7 @@ impl Peer {
     // ----- coordinator -----
 
     fn on_submit(&mut self, now: Millis, from: NodeId, farm: Arc<FarmSpec>, done: Vec<TaskRef>) {
+        self.sync_machines();
         let id = self.id;
         let Some(c) = &mut self.coord else {
             // Not (or no longer) the coordinator: the submitter resends to the right one.
@@ -1000,15 +1069,15 @@ impl Peer {
         let batch_max = self.cfg.batch_max;
         let queue_max = self.cfg.queue_max;
         let claims_max = self.cfg.node_claims_max;
+        self.sync_machines();
         let nodes: Vec<NodeId> = {
-            let members: Vec<NodeId> = self.members.keys().copied().collect();
             let me = self.id;
             let c = self.coord.as_mut().expect("checked");
             let backlog = c.engine.backlog();
             if backlog > c.last_backlog {
                 // New work (a submission, a stage opening, a task re-queued):
                 // nodes that had nothing fitting may have now.
-                c.hungry.extend(members);
+                c.hungry.extend(self.members.keys().copied());
                 c.hungry.insert(me);
             }
             c.last_backlog = backlog;
@@ -1019,6 +1088,10 @@ impl Peer {
             v.sort();
             v
         };
+        // Near the end of some work, a task queued behind a busy node's
+        // running ones may wait for a long one while a slot idles elsewhere:
+        // such tasks go only to free slots.
+        let draining = self.coord.as_mut().expect("checked").engine.draining();
         let term = self.term;
         for node in nodes {
             let Some(total) = self.total_of(node).cloned() else {
@@ -1035,7 +1108,8 @@ impl Peer {
             let claimed =
                 c.engine
                     .claim(now, batch_max.min(cap.saturating_sub(*count)), &mut |req| {
-                        if !room(&total, load, req, pct) {
+                        let prefetch = !draining.contains(req);
+                        if !room(&total, load, req, pct, prefetch) {
                             return false;
                         }
                         load.give(req);
@@ -1308,7 +1382,7 @@ impl Peer {
             ));
         }
         for (to, p) in out {
-            self.send(to, Msg::Progress(p));
+            self.send(to, Msg::Progress(Box::new(p)));
         }
     }
 
@@ -1405,6 +1479,7 @@ impl Peer {
             self.enqueue(from, a);
         }
         self.start_queued(now);
+        self.beat_if_piled_up();
     }
 
     /// Queues a task given by `from` (the coordinator, or a victim of a
@@ -1458,11 +1533,20 @@ impl Peer {
         }
     }
 
+    /// Asks a loaded member for queued tasks when this node has nothing
+    /// queued (its own queue runs first) and the coordinator nothing left
+    /// to hand out. A node with a free slot asks any member with a queue; a
+    /// full one asks only overloaded members, for its next task, so the
+    /// ordinary one-task prefetch does not hop from full node to full node.
     fn try_steal(&mut self, now: Millis) {
-        if !self.cfg.steal || self.interrupted || self.steal.is_some() || !self.queue.is_empty() {
-            return;
-        }
-        if self.pool.free().get(CPU) < Amount::units(1) {
+        if !self.cfg.steal
+            || self.interrupted
+            || self.steal.is_some()
+            || !self.queue.is_empty()
+            || !self.awaiting_spec.is_empty()
+        {
+            // Tasks waiting for their farm's spec are queued too: stealing
+            // more before they start would hoard.
             return;
         }
         let backlog = match (&self.coord, self.coordinator) {
@@ -1474,51 +1558,73 @@ impl Peer {
             // The coordinator still has work to hand out; it will.
             return;
         }
-        let victims: Vec<(NodeId, u32)> = self
-            .members
-            .values()
-            .filter(|m| m.beat.queued > 0)
-            .map(|m| (m.id, m.beat.queued))
-            .collect();
-        if victims.is_empty() {
+        let full = self.pool.free().get(CPU) < Amount::units(1);
+        let victims = if full { &self.overloaded } else { &self.loaded };
+        let n = victims.len();
+        if n == 0 {
             return;
         }
         // Two random choices: nearly as good as asking the most loaded, and
         // thieves do not all pile onto the same victim.
-        let a = victims[self.rng.random_range(0..victims.len())];
-        let b = victims[self.rng.random_range(0..victims.len())];
-        let victim = if b.1 > a.1 { b.0 } else { a.0 };
+        let (i, j) = (self.rng.random_range(0..n), self.rng.random_range(0..n));
+        let (a, b) = (
+            victims.get_index(i).expect("in range"),
+            victims.get_index(j).expect("in range"),
+        );
+        let victim = if b.1 > a.1 { *b.0 } else { *a.0 };
         let id = self.next_steal_id;
         self.next_steal_id += 1;
         self.steal = Some((id, victim, now));
         self.stats.steals_asked += 1;
-        let free = self.pool.free().clone();
+        let total = self.pool.total().clone();
+        let mut load = self.pool.used();
+        for a in &self.queue {
+            if let Some(spec) = self.specs.get(&a.farm) {
+                load.give(&spec.def.stages[a.task.stage as usize].resources);
+            }
+        }
         let max = self.cfg.batch_max as u32;
-        self.send(victim, Msg::Steal { id, free, max });
+        self.send(
+            victim,
+            Msg::Steal {
+                id,
+                total,
+                load,
+                max,
+            },
+        );
     }
 
-    fn on_steal(&mut self, from: NodeId, id: u64, mut free: Resources, max: u32) {
-        // Give up to half of what waits here, only what has not started and
-        // fits the thief's free resources, oldest first: the thief can start
-        // them now, this node only when a slot frees, so tasks keep starting
-        // in about the order they were handed out (and a long task queued
-        // early does not end up last).
-        let give_max = (max as usize).min(self.queue.len().div_ceil(2));
+    fn on_steal(&mut self, from: NodeId, id: u64, total: Resources, mut load: Resources, max: u32) {
+        // Give what has not started, oldest first, as much as the thief may
+        // hold by the coordinator's own rule: the thief can start it sooner
+        // than this node, and tasks keep starting in about the order they
+        // were handed out (a long task queued early does not end up last).
+        // At most half the queue; to a thief with no free slot only what
+        // exceeds this node's own prefetch.
+        let thief_full = total.get(CPU).0 < load.get(CPU).0 + Amount::units(1).0;
+        let spare = if thief_full {
+            self.queue
+                .len()
+                .saturating_sub(spare_queue(self.pool.total()))
+        } else {
+            self.queue.len()
+        };
+        let give_max = (max as usize).min(spare.div_ceil(2));
         let mut given = Vec::new();
         let mut i = 0;
         while i < self.queue.len() && given.len() < give_max {
             let a = self.queue[i];
-            i += 1;
             let Some(spec) = self.specs.get(&a.farm) else {
+                i += 1;
                 continue;
             };
             let req = &spec.def.stages[a.task.stage as usize].resources;
-            if !free.fits(req) {
+            if !room(&total, &load, req, STEAL_PREFETCH_PERCENT, true) {
+                i += 1;
                 continue;
             }
-            let took = free.take(req);
-            debug_assert!(took);
-            i -= 1;
+            load.give(req);
             self.queue.remove(i);
             given.push(a);
         }
@@ -1542,9 +1648,8 @@ impl Peer {
         if tasks.is_empty() {
             if current {
                 // Nothing to take there until its next beat says otherwise; try another.
-                if let Some(m) = self.members.get_mut(&from) {
-                    m.beat.queued = 0;
-                }
+                self.loaded.swap_remove(&from);
+                self.overloaded.swap_remove(&from);
                 self.try_steal(now);
             }
             return;
@@ -1645,6 +1750,19 @@ fn unload(c: &mut Coord, node: NodeId, req: &Resources) {
     c.hungry.insert(node);
 }
 
+/// A thief asks for what fits its free resources with this prefetch (and
+/// one task beyond full), whatever `Config::prefetch_percent` says: that
+/// knob shapes the coordinator's placement (tests raise it to place work
+/// badly on purpose), while a steal should move only what the thief will
+/// start soon, leaving the rest for other thieves.
+const STEAL_PREFETCH_PERCENT: u64 = 110;
+
+/// How many tasks a node of `total` normally keeps queued beyond what it
+/// runs (the steal prefetch): more than that is surplus a full node may steal.
+fn spare_queue(total: &Resources) -> usize {
+    (total.get(CPU).whole() * (STEAL_PREFETCH_PERCENT - 100) / 100) as usize + 1
+}
+
 /// At most this many tasks claimed by one node at once: bounds a node's queue
 /// even for tasks that ask for no resources.
 fn claims_cap(total: &Resources) -> usize {
@@ -1652,16 +1770,21 @@ fn claims_cap(total: &Resources) -> usize {
 }
 
 /// May a node with `total`, already holding `load`, be given one more task
-/// asking for `req`? Yes while every resource the task uses stays within
-/// `pct`% of the node, and always one task beyond a full node, so the next
-/// task is queued when one ends.
-fn room(total: &Resources, load: &Resources, req: &Resources, pct: u64) -> bool {
+/// asking for `req`? With `prefetch`, yes while every resource the task
+/// uses stays within `pct`% of the node, and always one task beyond a full
+/// node, so the next task is queued when one ends; without, only when it
+/// fits what is free.
+fn room(total: &Resources, load: &Resources, req: &Resources, pct: u64, prefetch: bool) -> bool {
     if !Pool::never_fits(total, req).is_empty() {
         return false;
     }
     req.iter().all(|(k, v)| {
         let t = total.get(k).0;
         let l = load.get(k).0;
-        l + v.0 <= t * pct / 100 || l <= t
+        if prefetch {
+            l + v.0 <= t * pct / 100 || l <= t
+        } else {
+            l + v.0 <= t
+        }
     })
 }
