@@ -18,9 +18,10 @@
 //! lets the simulator run the same code on a virtual clock.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::farm::{FarmDef, TaskRef};
@@ -322,7 +323,8 @@ fn copies(total: &Resources, req: &Resources) -> u64 {
 pub struct Engine {
     placement: Placement,
     farms: Vec<FarmState>,
-    running: HashMap<(FarmSlot, TaskRef), Running>,
+    /// Hashed with Fx: looked up at every start and end, keyed by small integers.
+    running: FxHashMap<(FarmSlot, TaskRef), Running>,
     timers: BinaryHeap<Reverse<(Millis, FarmSlot, TaskRef, u32)>>,
     actions: VecDeque<Action>,
     interrupted: bool,
@@ -348,7 +350,7 @@ impl Engine {
         Engine {
             placement,
             farms: Vec::new(),
-            running: HashMap::new(),
+            running: FxHashMap::default(),
             timers: BinaryHeap::new(),
             actions: VecDeque::new(),
             interrupted: false,
@@ -837,9 +839,7 @@ impl Engine {
 
     fn start(&mut self, now: Millis, farm: FarmSlot, task: TaskRef) -> u32 {
         let f = &mut self.farms[farm.0 as usize];
-        let stage_def = &f.def.stages[task.stage as usize];
-        let request = stage_def.resources.clone();
-        let timeout = stage_def.timeout_ms;
+        let timeout = f.def.stages[task.stage as usize].timeout_ms;
         let st = &mut f.stages[task.stage as usize];
         let i = task.index as usize;
         st.status[i] = RUNNING;
@@ -871,7 +871,8 @@ impl Engine {
             );
             return attempt;
         };
-        let grant = pool.grant(&request).expect("fill() checked can_grant");
+        let request = &self.farms[farm.0 as usize].def.stages[task.stage as usize].resources;
+        let grant = pool.grant(request).expect("fill() checked can_grant");
         self.running.insert(
             (farm, task),
             Running {

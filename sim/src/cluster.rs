@@ -17,12 +17,13 @@
 //! run with an error naming the seed.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
+use rustc_hash::FxHashMap;
 
 use mesh_protocol::engine::{Millis, Outcome, TaskRecord, TaskResult};
 use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
@@ -34,6 +35,7 @@ use mesh_protocol::{Resources, TaskRef};
 use mesh_store::{FarmKey, MemStore, Store, Write};
 
 use crate::dist::{parse_durations, Dist};
+use crate::queue::Calendar;
 use crate::report::{Execution, SimReport, Timeline};
 use crate::scenario::SimConfig;
 use crate::SimError;
@@ -419,7 +421,7 @@ struct Node {
     gen: u32,
     store: MemStore,
     timer: Option<Millis>,
-    runs: HashMap<TaskRef, Run>,
+    runs: FxHashMap<TaskRef, Run>,
     /// What the runs here hold: checked against `total` at every start.
     used: Resources,
     up_since: Option<Millis>,
@@ -432,8 +434,8 @@ struct Sim<'a> {
     plan: Plan,
     faults: bool,
     now: Millis,
-    seq: u64,
-    heap: BinaryHeap<Reverse<(Millis, u64, u32)>>,
+    /// Slots of `slab`, by time and then order of scheduling.
+    queue: Calendar<u32>,
     slab: Vec<Option<Ev>>,
     free: Vec<u32>,
     /// Network draws: latency, loss, gossip targets.
@@ -480,7 +482,7 @@ impl<'a> Sim<'a> {
                 gen: 0,
                 store: MemStore::new(),
                 timer: None,
-                runs: HashMap::new(),
+                runs: FxHashMap::default(),
                 used: Resources::new(),
                 up_since: None,
                 up_ms: 0,
@@ -493,8 +495,7 @@ impl<'a> Sim<'a> {
             cfg,
             faults: cfg.has_faults(),
             now: 0,
-            seq: 0,
-            heap: BinaryHeap::new(),
+            queue: Calendar::new(),
             slab: Vec::new(),
             free: Vec::new(),
             rng: SmallRng::seed_from_u64(mix(cfg.seed, 0, 0)),
@@ -534,8 +535,7 @@ impl<'a> Sim<'a> {
                 (self.slab.len() - 1) as u32
             }
         };
-        self.seq += 1;
-        self.heap.push(Reverse((at, self.seq, slot)));
+        self.queue.push(at, slot);
     }
 
     fn schedule_scenario(&mut self) {
@@ -571,7 +571,7 @@ impl<'a> Sim<'a> {
     }
 
     fn run_loop(&mut self) -> Result<(), SimError> {
-        while let Some(Reverse((at, _, slot))) = self.heap.pop() {
+        while let Some((at, slot)) = self.queue.pop() {
             let ev = self.slab[slot as usize]
                 .take()
                 .expect("each slot is popped once");

@@ -14,6 +14,7 @@
 
 pub mod cluster;
 pub mod dist;
+mod queue;
 pub mod report;
 pub mod scenario;
 

@@ -12,9 +12,64 @@ use crate::{FarmKey, JournalEntry, Result, Store, Write};
 struct State {
     defs: BTreeMap<FarmKey, FarmDef>,
     meta: BTreeMap<(FarmKey, String), Vec<u8>>,
-    /// Hashed: written for every task start and end, read only to resume.
-    tasks: HashMap<(FarmKey, TaskRef), TaskRecord>,
+    tasks: HashMap<FarmKey, FarmTasks>,
     journal: Vec<JournalEntry>,
+}
+
+/// One farm's task records. Written at every task start and end, in about
+/// index order, and read only to resume: a dense vector per stage keeps
+/// those writes next to each other in memory. An index far beyond what the
+/// stage has seen goes to a map, so a stray one costs no huge vector.
+#[derive(Default)]
+struct FarmTasks {
+    dense: Vec<Vec<Option<TaskRecord>>>,
+    sparse: BTreeMap<TaskRef, TaskRecord>,
+}
+
+/// How far past a stage's highest dense index a write may land and still grow the vector.
+const DENSE_SLACK: usize = 1 << 16;
+
+impl FarmTasks {
+    fn insert(&mut self, t: TaskRef, record: TaskRecord) {
+        let (s, i) = (t.stage as usize, t.index as usize);
+        if s < 1024 && self.dense.len() <= s {
+            self.dense.resize_with(s + 1, Vec::new);
+        }
+        match self.dense.get_mut(s) {
+            Some(v) if i < v.len() => v[i] = Some(record),
+            Some(v) if i < v.len() + DENSE_SLACK => {
+                v.resize(i + 1, None);
+                v[i] = Some(record);
+            }
+            _ => {
+                self.sparse.insert(t, record);
+            }
+        }
+    }
+
+    fn get(&self, t: TaskRef) -> Option<&TaskRecord> {
+        let dense = self
+            .dense
+            .get(t.stage as usize)
+            .and_then(|v| v.get(t.index as usize));
+        match dense {
+            Some(Some(r)) => Some(r),
+            _ => self.sparse.get(&t),
+        }
+    }
+
+    /// Every record, in task order.
+    fn all(&self) -> BTreeMap<TaskRef, TaskRecord> {
+        let mut out = self.sparse.clone();
+        for (s, v) in self.dense.iter().enumerate() {
+            for (i, r) in v.iter().enumerate() {
+                if let Some(r) = r {
+                    out.insert(TaskRef::new(s as u32, i as u32), r.clone());
+                }
+            }
+        }
+        out
+    }
 }
 
 impl State {
@@ -27,7 +82,7 @@ impl State {
                 self.meta.insert((farm, name), value);
             }
             Write::Task { farm, task, record } => {
-                self.tasks.insert((farm, task), record);
+                self.tasks.entry(farm).or_default().insert(task, record);
             }
             Write::Journal(e) => self.journal.push(e),
         }
@@ -103,17 +158,19 @@ impl Store for MemStore {
             } if *f == farm && *t == task => Some(record.clone()),
             _ => None,
         });
-        Ok(newest.or_else(|| self.durable.tasks.get(&(farm, task)).cloned()))
+        Ok(newest.or_else(|| {
+            let tasks = self.durable.tasks.get(&farm)?;
+            tasks.get(task).cloned()
+        }))
     }
 
     fn tasks(&self, farm: FarmKey) -> Result<Vec<(TaskRef, TaskRecord)>> {
-        let mut out: BTreeMap<TaskRef, TaskRecord> = self
+        let mut out = self
             .durable
             .tasks
-            .iter()
-            .filter(|((f, _), _)| *f == farm)
-            .map(|((_, t), r)| (*t, r.clone()))
-            .collect();
+            .get(&farm)
+            .map(FarmTasks::all)
+            .unwrap_or_default();
         for w in &self.unflushed {
             if let Write::Task {
                 farm: f,

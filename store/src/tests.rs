@@ -131,6 +131,46 @@ fn mem_store_crash_loses_only_the_unflushed_tail() {
 }
 
 #[test]
+fn any_task_index_round_trips_in_both_stores() {
+    // Far-apart indices and stages (the memory store keeps near ones in a
+    // vector and the rest in a map) all come back, in task order.
+    let dir = tempfile::tempdir().unwrap();
+    let mut sled = SledStore::open(&dir.path().join("db")).unwrap();
+    let mut mem = MemStore::new();
+    let refs = [
+        TaskRef::new(0, u32::MAX),
+        TaskRef::new(0, 3),
+        TaskRef::new(5000, 1),
+        TaskRef::new(2, 70_000),
+        TaskRef::new(2, 0),
+    ];
+    for s in [&mut sled as &mut dyn Store, &mut mem] {
+        let f = FarmKey(9);
+        let writes = refs
+            .iter()
+            .map(|&task| Write::Task {
+                farm: f,
+                task,
+                record: rec(RecordState::Done, task.index % 7 + 1),
+            })
+            .collect();
+        s.write(writes).unwrap();
+        s.flush().unwrap();
+        let mut want = refs.to_vec();
+        want.sort();
+        let got: Vec<TaskRef> = s.tasks(f).unwrap().into_iter().map(|(t, _)| t).collect();
+        assert_eq!(got, want);
+        for &t in &refs {
+            assert_eq!(
+                s.task(f, t).unwrap(),
+                Some(rec(RecordState::Done, t.index % 7 + 1))
+            );
+        }
+        assert_eq!(s.task(f, TaskRef::new(0, 4)).unwrap(), None);
+    }
+}
+
+#[test]
 fn sled_store_replays_its_log_once_and_stops_at_a_torn_tail() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use indexmap::IndexMap;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::msg::*;
 use crate::engine::{
@@ -193,14 +194,14 @@ struct CoordFarm {
 /// The coordinator's state: only the elected node has one.
 struct Coord {
     engine: Engine,
-    farms: HashMap<FarmId, CoordFarm>,
+    farms: FxHashMap<FarmId, CoordFarm>,
     slots: Vec<FarmId>,
     /// Who holds each claimed task, which attempt, and since when.
-    claims: HashMap<(FarmSlot, TaskRef), (NodeId, u32, Millis)>,
+    claims: FxHashMap<(FarmSlot, TaskRef), (NodeId, u32, Millis)>,
     /// Resources of the tasks claimed by each node (queued or running there).
-    load: HashMap<NodeId, (Resources, usize)>,
+    load: FxHashMap<NodeId, (Resources, usize)>,
     /// Nodes that may take more work.
-    hungry: HashSet<NodeId>,
+    hungry: FxHashSet<NodeId>,
     /// The backlog after the last assignment: when it grows, every node may take more.
     last_backlog: u64,
     /// The node whose report the engine is handling, to name it in failures.
@@ -222,10 +223,10 @@ pub struct Peer {
     coord: Option<Coord>,
     pool: Pool,
     queue: VecDeque<Assigned>,
-    running: HashMap<(FarmId, TaskRef), Run>,
+    running: FxHashMap<(FarmId, TaskRef), Run>,
     timers: BinaryHeap<Reverse<(Millis, FarmId, TaskRef, u32)>>,
-    specs: HashMap<FarmId, Arc<FarmSpec>>,
-    awaiting_spec: HashMap<FarmId, Vec<Assigned>>,
+    specs: FxHashMap<FarmId, Arc<FarmSpec>>,
+    awaiting_spec: FxHashMap<FarmId, Vec<Assigned>>,
     unacked: BTreeMap<(FarmId, TaskRef), Report>,
     submitted: BTreeMap<FarmId, Submitted>,
     progress: HashMap<FarmId, FarmProgress>,
@@ -275,10 +276,10 @@ impl Peer {
             coord: None,
             pool: Pool::new(total),
             queue: VecDeque::new(),
-            running: HashMap::new(),
+            running: FxHashMap::default(),
             timers: BinaryHeap::new(),
-            specs: HashMap::new(),
-            awaiting_spec: HashMap::new(),
+            specs: FxHashMap::default(),
+            awaiting_spec: FxHashMap::default(),
             unacked: BTreeMap::new(),
             submitted: BTreeMap::new(),
             progress: HashMap::new(),
@@ -829,10 +830,10 @@ impl Peer {
         self.machines_dirty = false;
         let mut c = Coord {
             engine: Engine::remote(machines),
-            farms: HashMap::new(),
+            farms: FxHashMap::default(),
             slots: Vec::new(),
-            claims: HashMap::new(),
-            load: HashMap::new(),
+            claims: FxHashMap::default(),
+            load: FxHashMap::default(),
             hungry: self.members.keys().copied().chain([self.id]).collect(),
             last_backlog: 0,
             reporter: None,
@@ -883,14 +884,6 @@ impl Peer {
         let machines = self.machines();
         if let Some(c) = &mut self.coord {
             c.engine.set_machines(machines);
-        }
-    }
-
-    fn total_of(&self, node: NodeId) -> Option<&Resources> {
-        if node == self.id {
-            Some(self.pool.total())
-        } else {
-            self.members.get(&node).map(|m| &m.beat.total)
         }
     }
 
@@ -1094,22 +1087,29 @@ impl Peer {
         let draining = self.coord.as_mut().expect("checked").engine.draining();
         let term = self.term;
         for node in nodes {
-            let Some(total) = self.total_of(node).cloned() else {
-                self.coord.as_mut().expect("checked").hungry.remove(&node);
-                continue;
+            // Borrowed field by field, so the coordinator's state can change
+            // meanwhile without cloning the node's resources.
+            let total = if node == self.id {
+                Some(self.pool.total())
+            } else {
+                self.members.get(&node).map(|m| &m.beat.total)
             };
             let c = self.coord.as_mut().expect("checked");
+            let Some(total) = total else {
+                c.hungry.remove(&node);
+                continue;
+            };
             if c.engine.backlog() == 0 {
                 return;
             }
             let (load, count) = c.load.entry(node).or_default();
-            let cap = queue_max.min(claims_max.unwrap_or_else(|| claims_cap(&total)));
+            let cap = queue_max.min(claims_max.unwrap_or_else(|| claims_cap(total)));
             let mut taken = Vec::new();
             let claimed =
                 c.engine
                     .claim(now, batch_max.min(cap.saturating_sub(*count)), &mut |req| {
                         let prefetch = !draining.contains(req);
-                        if !room(&total, load, req, pct, prefetch) {
+                        if !room(total, load, req, pct, prefetch) {
                             return false;
                         }
                         load.give(req);

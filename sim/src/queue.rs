@@ -1,0 +1,157 @@
+//! The simulator's event queue: events in (time, order of scheduling), in constant time per event.
+//!
+//! Nearly every event of a run lands within a few seconds of virtual time
+//! (message latencies, task ends, heartbeats), and the clock only moves
+//! forward, so a timing wheel of one bucket per millisecond serves them
+//! with a push and a pop from a deque; the rare event further out waits in
+//! a heap and moves into the wheel as the clock comes within reach. The
+//! order is exactly that of a heap keyed by (time, sequence number): the
+//! simulator's runs replay the same with either.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+/// Virtual milliseconds the wheel covers ahead of the clock.
+const SPAN: u64 = 4096;
+
+pub(crate) struct Calendar<T> {
+    /// Bucket `t % SPAN` holds the events at time `t`, for `now <= t < now + SPAN`.
+    wheel: Vec<VecDeque<T>>,
+    in_wheel: usize,
+    /// The time being drained; no event is earlier.
+    now: u64,
+    /// Events at `now + SPAN` or later, by (time, sequence number).
+    far: BinaryHeap<Reverse<(u64, u64, Slot<T>)>>,
+    seq: u64,
+}
+
+/// Carries a value through the heap without ordering by it.
+struct Slot<T>(T);
+
+impl<T> PartialEq for Slot<T> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl<T> Eq for Slot<T> {}
+impl<T> PartialOrd for Slot<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<T> Ord for Slot<T> {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+
+impl<T> Calendar<T> {
+    pub(crate) fn new() -> Calendar<T> {
+        Calendar {
+            wheel: (0..SPAN).map(|_| VecDeque::new()).collect(),
+            in_wheel: 0,
+            now: 0,
+            far: BinaryHeap::new(),
+            seq: 0,
+        }
+    }
+
+    /// Schedules `v` at `at`; a time before the clock counts as now.
+    pub(crate) fn push(&mut self, at: u64, v: T) {
+        let at = at.max(self.now);
+        if at < self.now + SPAN {
+            self.wheel[(at % SPAN) as usize].push_back(v);
+            self.in_wheel += 1;
+        } else {
+            self.seq += 1;
+            self.far.push(Reverse((at, self.seq, Slot(v))));
+        }
+    }
+
+    /// The earliest event and its time; among events at one time, the first scheduled.
+    pub(crate) fn pop(&mut self) -> Option<(u64, T)> {
+        loop {
+            if self.in_wheel == 0 {
+                let Reverse((at, ..)) = self.far.peek()?;
+                self.now = *at;
+                self.pull_far();
+            }
+            if let Some(v) = self.wheel[(self.now % SPAN) as usize].pop_front() {
+                self.in_wheel -= 1;
+                return Some((self.now, v));
+            }
+            self.now += 1;
+            self.pull_far();
+        }
+    }
+
+    /// Moves the far events that came within the wheel's reach into it,
+    /// before anything can be scheduled directly at their times.
+    fn pull_far(&mut self) {
+        while self
+            .far
+            .peek()
+            .is_some_and(|Reverse((at, ..))| *at < self.now + SPAN)
+        {
+            let Reverse((at, _, Slot(v))) = self.far.pop().expect("peeked");
+            self.wheel[(at % SPAN) as usize].push_back(v);
+            self.in_wheel += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::{RngExt, SeedableRng};
+
+    #[test]
+    fn pops_in_the_order_of_a_heap_keyed_by_time_and_sequence() {
+        for seed in 0..20 {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let mut cal = Calendar::new();
+            let mut heap = BinaryHeap::new();
+            let mut seq = 0u64;
+            let mut now = 0u64;
+            let mut push = |cal: &mut Calendar<u64>, heap: &mut BinaryHeap<_>, at: u64| {
+                seq += 1;
+                cal.push(at, seq);
+                heap.push(Reverse((at, seq)));
+            };
+            for _ in 0..50 {
+                let at = rng.random_range(0..20_000);
+                push(&mut cal, &mut heap, at);
+            }
+            for _ in 0..5000 {
+                let Some(Reverse((at, id))) = heap.pop() else {
+                    break;
+                };
+                assert_eq!(cal.pop(), Some((at, id)), "seed {seed}");
+                now = now.max(at);
+                // As in a run: a few new events, mostly soon, some far, some now.
+                for _ in 0..rng.random_range(0..3) {
+                    let d = match rng.random_range(0..10) {
+                        0 => 0,
+                        1 => rng.random_range(SPAN - 2..SPAN + 2),
+                        2 => rng.random_range(0..3 * SPAN),
+                        _ => rng.random_range(0..1000),
+                    };
+                    push(&mut cal, &mut heap, now + d);
+                }
+            }
+            if heap.is_empty() {
+                assert_eq!(cal.pop(), None, "seed {seed}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_empty_calendar_pops_nothing() {
+        let mut cal: Calendar<()> = Calendar::new();
+        assert_eq!(cal.pop(), None);
+        cal.push(10 * SPAN, ());
+        assert_eq!(cal.pop(), Some((10 * SPAN, ())));
+        assert_eq!(cal.pop(), None);
+    }
+}
