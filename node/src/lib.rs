@@ -37,6 +37,26 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, IoError> {
         .map_err(io_err("cannot start the runtime"))
 }
 
+/// After Ctrl-C, tasks get this long to exit on SIGTERM before SIGKILL.
+const INTERRUPT_GRACE_MS: u64 = 3000;
+
+/// The wall-clock instant `ms` virtual milliseconds after `clock` (the
+/// engine's and the peer's time zero).
+pub(crate) fn at_ms(clock: std::time::Instant, ms: u64) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(clock + std::time::Duration::from_millis(ms))
+}
+
+/// When running tasks are killed outright after a Ctrl-C at `interrupted_at`;
+/// none before one, or once they have been.
+pub(crate) fn grace_end(
+    interrupted_at: Option<std::time::Instant>,
+    hard_killed: bool,
+) -> Option<tokio::time::Instant> {
+    interrupted_at
+        .filter(|_| !hard_killed)
+        .map(|t| at_ms(t, INTERRUPT_GRACE_MS))
+}
+
 /// Sleeps until `at`, or forever when there is no deadline (a `select!` arm that never fires).
 pub(crate) async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     match at {

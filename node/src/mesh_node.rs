@@ -13,7 +13,7 @@ use std::io::{self, Read, Seek, SeekFrom, Write as _};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::StreamExt;
 use libp2p::gossipsub;
@@ -42,13 +42,11 @@ use crate::control::{
 use crate::executor::{self, Finished, Launch, Live};
 use crate::keys;
 use crate::net::{self, Behaviour, BehaviourEvent, NetConfig, PublishError};
-use crate::{io_err, runtime, sleep_until_opt, stop_signals, IoError};
+use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
 
 /// Addresses as `mesh node` prints them and `mesh join` takes them.
 pub use libp2p::Multiaddr;
 
-/// After Ctrl-C, tasks get this long to exit on SIGTERM before SIGKILL.
-const INTERRUPT_GRACE_MS: u64 = 3000;
 /// Failures kept per farm for `mesh wait` and `status`.
 const FAILURES_SHOWN: usize = 50;
 /// The node's list of farms lives under this store key.
@@ -224,13 +222,8 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         if interrupted_at.is_some() && node.live.is_empty() {
             break;
         }
-        let timer = node
-            .peer
-            .poll_timeout()
-            .map(|at| tokio::time::Instant::from_std(clock + Duration::from_millis(at)));
-        let grace_end = interrupted_at
-            .filter(|_| !hard_killed)
-            .map(|t| tokio::time::Instant::from_std(t + Duration::from_millis(INTERRUPT_GRACE_MS)));
+        let timer = node.peer.poll_timeout().map(|at| at_ms(clock, at));
+        let grace = grace_end(interrupted_at, hard_killed);
         tokio::select! {
             ev = node.swarm.select_next_some() => {
                 node.on_swarm(ev, &opts, &mut joined)?;
@@ -245,7 +238,7 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
                 let now = node.now();
                 node.peer.handle_timeout(now);
             }
-            _ = sleep_until_opt(grace_end) => {
+            _ = sleep_until_opt(grace) => {
                 hard_killed = true;
                 for (_, live, _) in node.live.values() {
                     if let Some(l) = live {

@@ -28,7 +28,7 @@ use crate::state::{
     farm_identity, farm_key, hostname, unix_ms, FailedTask, FarmStatus, RunState, StageStatus,
     StateDir, StateError, SNAPSHOT_FAILED_MAX,
 };
-use crate::{io_err, runtime, sleep_until_opt, stop_signals, IoError};
+use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
 
 /// How often the observer hears about progress.
 const PROGRESS_EVERY_MS: u64 = 100;
@@ -36,8 +36,6 @@ const PROGRESS_EVERY_MS: u64 = 100;
 const SNAPSHOT_EVERY_MS: u64 = 1000;
 /// Engine actions handled per turn of the loop before signals and messages get a look.
 const STEP_ACTIONS_MAX: usize = 4096;
-/// After Ctrl-C, tasks get this long to exit on SIGTERM before SIGKILL.
-const INTERRUPT_GRACE_MS: u64 = 3000;
 
 /// What to run.
 pub enum RunStart {
@@ -251,12 +249,8 @@ async fn drive(
         if (finished || interrupted_at.is_some()) && engine.idle() {
             break;
         }
-        let timer = engine
-            .poll_timeout()
-            .map(|at| tokio::time::Instant::from_std(clock + Duration::from_millis(at)));
-        let grace_end = interrupted_at
-            .filter(|_| !hard_killed)
-            .map(|t| tokio::time::Instant::from_std(t + Duration::from_millis(INTERRUPT_GRACE_MS)));
+        let timer = engine.poll_timeout().map(|at| at_ms(clock, at));
+        let grace = grace_end(interrupted_at, hard_killed);
         tokio::select! {
             biased;
             Some(first) = rx.recv() => {
@@ -271,7 +265,7 @@ async fn drive(
             _ = sigint.recv() => d.interrupt(&mut engine, &mut interrupted_at, obs),
             _ = sigterm.recv() => d.interrupt(&mut engine, &mut interrupted_at, obs),
             _ = sleep_until_opt(timer) => engine.handle_timeout(ms_since(clock)),
-            _ = sleep_until_opt(grace_end) => {
+            _ = sleep_until_opt(grace) => {
                 hard_killed = true;
                 d.kill_all_now();
             }
