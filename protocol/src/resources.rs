@@ -254,10 +254,9 @@ impl Resources {
             return false;
         }
         for (k, v) in request.iter() {
-            let left = Amount(self.get(k).0 - v.0);
             // Keep the name even at zero so the vector still says the resource exists.
             match self.find(k) {
-                Ok(i) => self.0[i].1 = left,
+                Ok(i) => self.0[i].1 = Amount(self.0[i].1 .0 - v.0),
                 Err(_) => unreachable!("fits() checked every name"),
             }
         }

@@ -28,11 +28,13 @@ struct FarmTasks {
 
 /// How far past a stage's highest dense index a write may land and still grow the vector.
 const DENSE_SLACK: usize = 1 << 16;
+/// Stages numbered this high or higher keep their records in the map.
+const DENSE_STAGES: usize = 1024;
 
 impl FarmTasks {
     fn insert(&mut self, t: TaskRef, record: TaskRecord) {
         let (s, i) = (t.stage as usize, t.index as usize);
-        if s < 1024 && self.dense.len() <= s {
+        if s < DENSE_STAGES && self.dense.len() <= s {
             self.dense.resize_with(s + 1, Vec::new);
         }
         match self.dense.get_mut(s) {

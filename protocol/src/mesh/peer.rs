@@ -684,16 +684,7 @@ impl Peer {
         let claims = b.coordinator == Some(from);
         let term = b.term;
         let queued = b.queued;
-        if queued > 0 {
-            self.loaded.insert(from, queued);
-        } else {
-            self.loaded.swap_remove(&from);
-        }
-        if queued as usize > spare_queue(&b.total) {
-            self.overloaded.insert(from, queued);
-        } else {
-            self.overloaded.swap_remove(&from);
-        }
+        self.note_queued(from, queued, spare_queue(&b.total));
         let fresh = !self.members.contains_key(&from);
         self.members.insert(
             from,
@@ -706,7 +697,7 @@ impl Peer {
         if fresh {
             self.actions
                 .push_back(Action::Emit(PeerEvent::MemberUp(from)));
-            self.refresh_machines();
+            self.machines_changed();
             if let Some(c) = &mut self.coord {
                 c.hungry.insert(from);
             }
@@ -725,6 +716,21 @@ impl Peer {
         if queued > 0 {
             // Work appeared there: a dry node takes some now rather than at its next beat.
             self.try_steal(now);
+        }
+    }
+
+    /// What this node believes `node` holds queued, beyond `spare` its own
+    /// prefetch: keeps the two victim indices in step.
+    fn note_queued(&mut self, node: NodeId, queued: u32, spare: usize) {
+        if queued > 0 {
+            self.loaded.insert(node, queued);
+        } else {
+            self.loaded.swap_remove(&node);
+        }
+        if queued as usize > spare {
+            self.overloaded.insert(node, queued);
+        } else {
+            self.overloaded.swap_remove(&node);
         }
     }
 
@@ -768,13 +774,12 @@ impl Peer {
                     self.steal = None;
                 }
             }
-            self.loaded.swap_remove(&id);
-            self.overloaded.swap_remove(&id);
+            self.note_queued(id, 0, 0);
             self.reclaim(now, id);
             died = true;
         }
         if died {
-            self.refresh_machines();
+            self.machines_changed();
         }
     }
 
@@ -872,7 +877,7 @@ impl Peer {
     /// Membership changed: the coordinator's view of the machines is
     /// rebuilt before it next needs it, once for a burst of joins rather
     /// than once per join (each rebuild clones every member's resources).
-    fn refresh_machines(&mut self) {
+    fn machines_changed(&mut self) {
         self.machines_dirty = true;
     }
 
@@ -1577,12 +1582,8 @@ impl Peer {
         self.steal = Some((id, victim, now));
         self.stats.steals_asked += 1;
         let total = self.pool.total().clone();
-        let mut load = self.pool.used();
-        for a in &self.queue {
-            if let Some(spec) = self.specs.get(&a.farm) {
-                load.give(&spec.def.stages[a.task.stage as usize].resources);
-            }
-        }
+        // Nothing is queued here (checked above): the load is what runs.
+        let load = self.pool.used();
         let max = self.cfg.batch_max as u32;
         self.send(
             victim,
@@ -1648,8 +1649,7 @@ impl Peer {
         if tasks.is_empty() {
             if current {
                 // Nothing to take there until its next beat says otherwise; try another.
-                self.loaded.swap_remove(&from);
-                self.overloaded.swap_remove(&from);
+                self.note_queued(from, 0, 0);
                 self.try_steal(now);
             }
             return;
