@@ -262,6 +262,33 @@ struct StageState {
     counts: Counts,
 }
 
+impl StageState {
+    /// Moves task `i` to `to`. Every status change goes through here, so the
+    /// counters agree with the statuses by construction: checking that
+    /// after every step would cost a scan of every task.
+    fn set(&mut self, i: usize, to: u8) {
+        let from = std::mem::replace(&mut self.status[i], to);
+        if let Some(c) = self.counter(from) {
+            *c -= 1;
+        }
+        if let Some(c) = self.counter(to) {
+            *c += 1;
+        }
+    }
+
+    fn counter(&mut self, status: u8) -> Option<&mut u64> {
+        let c = &mut self.counts;
+        match status {
+            RUNNING => Some(&mut c.running),
+            DONE => Some(&mut c.done),
+            FAILED => Some(&mut c.failed),
+            SKIPPED => Some(&mut c.skipped),
+            CANCELLED => Some(&mut c.cancelled),
+            _ => None,
+        }
+    }
+}
+
 struct FarmState {
     def: Arc<FarmDef>,
     run: u32,
@@ -462,15 +489,13 @@ impl Engine {
             st.crashes[i] = rec.crashes.min(255) as u8;
             match rec.state {
                 RecordState::Done => {
-                    st.status[i] = DONE;
-                    st.counts.done += 1;
+                    st.set(i, DONE);
                     if rec.end == Some(TaskEnd::Cached) {
                         st.counts.cached += 1;
                     }
                 }
                 RecordState::Failed if !opts.retry_failed => {
-                    st.status[i] = FAILED;
-                    st.counts.failed += 1;
+                    st.set(i, FAILED);
                     failed.push(t);
                 }
                 RecordState::Failed => st.failures[i] = 0,
@@ -478,8 +503,7 @@ impl Engine {
                     let crashes = rec.crashes + 1;
                     st.crashes[i] = crashes.min(255) as u8;
                     if crashes >= CRASHES_MAX {
-                        st.status[i] = FAILED;
-                        st.counts.failed += 1;
+                        st.set(i, FAILED);
                         failed.push(t);
                         let record = TaskRecord {
                             state: RecordState::Failed,
@@ -563,8 +587,7 @@ impl Engine {
             st.unplaceable = true;
             for i in 0..st.status.len() {
                 if st.status[i] == PENDING {
-                    st.status[i] = FAILED;
-                    st.counts.failed += 1;
+                    st.set(i, FAILED);
                 }
             }
             self.actions.push_back(Action::Emit(Event::Unplaceable {
@@ -625,7 +648,6 @@ impl Engine {
         let ok_codes = &stage_def.success_codes;
         let st = &mut f.stages[task.stage as usize];
         let i = task.index as usize;
-        st.counts.running -= 1;
 
         let end = match (&run.killed, &outcome.result) {
             (Some(KillReason::Timeout), _) => TaskEnd::TimedOut {
@@ -682,26 +704,23 @@ impl Engine {
         }));
         match verdict {
             Verdict::Done => {
-                st.status[i] = DONE;
-                st.counts.done += 1;
+                st.set(i, DONE);
                 if outcome.result == TaskResult::Cached {
                     st.counts.cached += 1;
                 }
                 self.on_done(farm, task);
             }
             Verdict::Retry => {
-                st.status[i] = PENDING;
+                st.set(i, PENDING);
                 st.ready.push_front(task.index);
             }
-            Verdict::Interrupted => st.status[i] = PENDING,
+            Verdict::Interrupted => st.set(i, PENDING),
             Verdict::Failed => {
-                st.status[i] = FAILED;
-                st.counts.failed += 1;
+                st.set(i, FAILED);
                 self.fail_dependents(farm, task.stage, Some(task.index));
             }
             Verdict::Cancelled => {
-                st.status[i] = CANCELLED;
-                st.counts.cancelled += 1;
+                st.set(i, CANCELLED);
             }
         }
         self.fill(now);
@@ -842,8 +861,7 @@ impl Engine {
         let timeout = f.def.stages[task.stage as usize].timeout_ms;
         let st = &mut f.stages[task.stage as usize];
         let i = task.index as usize;
-        st.status[i] = RUNNING;
-        st.counts.running += 1;
+        st.set(i, RUNNING);
         st.attempts[i] = st.attempts[i].saturating_add(1);
         let attempt = st.attempts[i];
         let record = TaskRecord {
@@ -959,8 +977,7 @@ impl Engine {
         if st.status.get(i) != Some(&PENDING) || f.cancelled {
             return false;
         }
-        st.status[i] = RUNNING;
-        st.counts.running += 1;
+        st.set(i, RUNNING);
         st.attempts[i] = st.attempts[i].max(attempt);
         self.running.insert(
             (farm, task),
@@ -1035,7 +1052,6 @@ impl Engine {
         let f = &mut self.farms[farm.0 as usize];
         let st = &mut f.stages[task.stage as usize];
         let i = task.index as usize;
-        st.counts.running -= 1;
         let crashes = st.crashes[i] as u32 + u32::from(crash);
         st.crashes[i] = crashes.min(255) as u8;
         let (state, end) = if crashes >= CRASHES_MAX {
@@ -1060,8 +1076,7 @@ impl Engine {
             .push_back(Action::Persist(Persist::Task { farm, task, record }));
         match state {
             RecordState::Failed => {
-                st.status[i] = FAILED;
-                st.counts.failed += 1;
+                st.set(i, FAILED);
                 self.actions.push_back(Action::Emit(Event::TaskFinished {
                     farm,
                     task,
@@ -1072,11 +1087,10 @@ impl Engine {
                 self.fail_dependents(farm, task.stage, Some(task.index));
             }
             RecordState::Cancelled => {
-                st.status[i] = CANCELLED;
-                st.counts.cancelled += 1;
+                st.set(i, CANCELLED);
             }
             _ => {
-                st.status[i] = PENDING;
+                st.set(i, PENDING);
                 st.ready.push_front(task.index);
             }
         }
@@ -1129,10 +1143,9 @@ impl Engine {
         }
         f.cancelled = true;
         for st in &mut f.stages {
-            for s in st.status.iter_mut() {
-                if *s == PENDING {
-                    *s = CANCELLED;
-                    st.counts.cancelled += 1;
+            for i in 0..st.status.len() {
+                if st.status[i] == PENDING {
+                    st.set(i, CANCELLED);
                 }
             }
             st.ready.clear();
@@ -1204,11 +1217,41 @@ impl Engine {
         c
     }
 
-    /// Checks the engine's invariants; for tests and the simulator.
+    /// Checks the engine's invariants that are cheap enough for every step
+    /// of the simulator: what the pool has lent matches the live runs, and
+    /// every live run is counted as running. Costs a pass over the live
+    /// runs, not over the tasks (see [`Engine::audit`]).
     pub fn check_invariants(&self) -> Result<(), String> {
         if let Placement::Local(pool) = &self.placement {
             pool.check(self.running.values().map(|r| &r.grant))?;
         }
+        let mut live: Vec<Vec<u64>> = self.farms.iter().map(|f| vec![0; f.stages.len()]).collect();
+        for (f, t) in self.running.keys() {
+            match live
+                .get_mut(f.0 as usize)
+                .and_then(|s| s.get_mut(t.stage as usize))
+            {
+                Some(n) => *n += 1,
+                None => return Err(format!("a live run of unknown task {f:?}/{t:?}")),
+            }
+        }
+        for (fi, (f, live)) in self.farms.iter().zip(&live).enumerate() {
+            for (si, (st, &n)) in f.stages.iter().zip(live).enumerate() {
+                if n != st.counts.running {
+                    return Err(format!(
+                        "farm {fi} stage {si}: {n} live runs, {} counted running",
+                        st.counts.running
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Engine::check_invariants`], and the counters against a scan of
+    /// every task's status: for tests, and once at the end of a simulation.
+    pub fn audit(&self) -> Result<(), String> {
+        self.check_invariants()?;
         for (fi, f) in self.farms.iter().enumerate() {
             for (si, st) in f.stages.iter().enumerate() {
                 let mut c = Counts {
@@ -1226,22 +1269,11 @@ impl Engine {
                     }
                 }
                 let k = &st.counts;
-                if (c.running, c.done, c.failed, c.skipped, c.cancelled)
-                    != (k.running, k.done, k.failed, k.skipped, k.cancelled)
+                if (c.total, c.running, c.done, c.failed, c.skipped, c.cancelled)
+                    != (k.total, k.running, k.done, k.failed, k.skipped, k.cancelled)
                 {
                     return Err(format!(
                         "farm {fi} stage {si}: counters {k:?} but statuses say {c:?}"
-                    ));
-                }
-                let live = self
-                    .running
-                    .keys()
-                    .filter(|(f, t)| f.0 as usize == fi && t.stage as usize == si)
-                    .count() as u64;
-                if live != c.running {
-                    return Err(format!(
-                        "farm {fi} stage {si}: {live} live runs, {} running statuses",
-                        c.running
                     ));
                 }
             }
@@ -1259,8 +1291,7 @@ fn skip_pending(st: &mut StageState, index: Option<u32>) -> bool {
     };
     for i in range {
         if st.status.get(i) == Some(&PENDING) {
-            st.status[i] = SKIPPED;
-            st.counts.skipped += 1;
+            st.set(i, SKIPPED);
             changed = true;
         }
     }

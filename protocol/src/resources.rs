@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
 /// Thousandths of a unit per unit.
@@ -171,8 +172,12 @@ pub fn format_bytes(b: u64) -> String {
 }
 
 /// A resource vector: named amounts, sorted by name, no zero entries.
+///
+/// Names are stored inline (up to 24 bytes): the scheduler compares names
+/// on every placement, and a name behind its own pointer made each compare
+/// a likely cache miss. On the wire a name is a plain string.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Resources(Vec<(String, Amount)>);
+pub struct Resources(Vec<(CompactString, Amount)>);
 
 impl Resources {
     /// No resources; usable in constants.
@@ -220,7 +225,7 @@ impl Resources {
             }
             Ok(i) => self.0[i].1 = amount,
             Err(_) if amount.is_zero() => {}
-            Err(i) => self.0.insert(i, (name.to_string(), amount)),
+            Err(i) => self.0.insert(i, (name.into(), amount)),
         }
     }
 
@@ -278,7 +283,7 @@ impl Resources {
         for (k, v) in request.iter() {
             match self.find(k) {
                 Ok(i) => self.0[i].1 = Amount(self.0[i].1 .0.saturating_add(v.0)),
-                Err(i) => self.0.insert(i, (k.to_string(), v)),
+                Err(i) => self.0.insert(i, (k.into(), v)),
             }
         }
     }
@@ -310,7 +315,7 @@ pub fn parse_resources(text: &str) -> Result<Resources, ResourceSpecError> {
         let amount = parse_amount(k, v).map_err(|e| ResourceSpecError::Amount(k.to_string(), e))?;
         r.0.retain(|(n, _)| n != k);
         let pos = r.0.partition_point(|(n, _)| n.as_str() < k);
-        r.0.insert(pos, (k.to_string(), amount));
+        r.0.insert(pos, (k.into(), amount));
     }
     Ok(r)
 }

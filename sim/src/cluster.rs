@@ -11,7 +11,8 @@
 //! so a run replays exactly.
 //!
 //! After every step the stepped peer's invariants are checked (see
-//! `check_every`), plus the simulator's own: a start fits what is free on
+//! `check_every`; the scan of every task's status that backs the progress
+//! counters runs once, at the end), plus the simulator's own: a start fits what is free on
 //! its node, no task runs to completion twice in a run without faults, and
 //! at the end no task that should succeed is missing. A violation stops the
 //! run with an error naming the seed.
@@ -881,6 +882,12 @@ impl<'a> Sim<'a> {
                 "the coordinator finished the farm ({c:?}) but task {s}/{} never succeeded",
                 g - self.plan.offsets[s]
             )));
+        }
+        // The counters are kept in step by construction; scan once that they are.
+        for &n in &self.alive {
+            if let Some(p) = &self.nodes[n as usize].peer {
+                p.audit().map_err(|e| self.violation(e))?;
+            }
         }
         self.finished = true;
         Ok(())

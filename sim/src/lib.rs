@@ -131,7 +131,7 @@ pub fn run_one_node(
         }
         store.write(batch).map_err(|e| e.to_string())?;
         store.flush().map_err(|e| e.to_string())?;
-        engine.check_invariants()?;
+        engine.audit()?;
         let next_timer = engine.poll_timeout();
         let next_end = pending.peek().map(|Reverse((at, ..))| *at);
         let completion_first = match (next_end, next_timer) {

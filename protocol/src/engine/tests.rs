@@ -70,7 +70,7 @@ fn drain(e: &mut Engine) -> (Vec<Started>, Vec<Action>) {
             a => other.push(a),
         }
     }
-    e.check_invariants().unwrap();
+    e.audit().unwrap();
     (starts, other)
 }
 

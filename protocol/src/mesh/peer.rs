@@ -16,7 +16,7 @@
 //! order, making every `Persist` durable before any later action.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 use indexmap::IndexMap;
@@ -175,7 +175,7 @@ struct Run {
 struct Submitted {
     spec: Arc<FarmSpec>,
     accepted: bool,
-    done: HashSet<TaskRef>,
+    done: FxHashSet<TaskRef>,
     finished: bool,
 }
 
@@ -229,7 +229,7 @@ pub struct Peer {
     awaiting_spec: FxHashMap<FarmId, Vec<Assigned>>,
     unacked: BTreeMap<(FarmId, TaskRef), Report>,
     submitted: BTreeMap<FarmId, Submitted>,
-    progress: HashMap<FarmId, FarmProgress>,
+    progress: FxHashMap<FarmId, FarmProgress>,
     /// Farms kept on this node's store, to coordinate if it is elected.
     stored: Vec<StoredFarm>,
     steal: Option<(u64, NodeId, Millis)>,
@@ -245,6 +245,10 @@ pub struct Peer {
     /// The queue length this node last gossiped.
     advertised: u32,
     next_beat: Millis,
+    /// No member can have been silent too long before this: the oldest
+    /// `last_seen` at the last scan plus the limit (a beat only moves a
+    /// `last_seen` later), so most heartbeats skip the scan of every member.
+    quiet_until: Millis,
     next_resend: Millis,
     inbox: VecDeque<(NodeId, Msg)>,
     actions: VecDeque<Action>,
@@ -282,7 +286,7 @@ impl Peer {
             awaiting_spec: FxHashMap::default(),
             unacked: BTreeMap::new(),
             submitted: BTreeMap::new(),
-            progress: HashMap::new(),
+            progress: FxHashMap::default(),
             stored: Vec::new(),
             steal: None,
             next_steal_id: 1,
@@ -291,6 +295,7 @@ impl Peer {
             machines_dirty: false,
             advertised: 0,
             next_beat: now,
+            quiet_until: 0,
             next_resend: now + cfg.resend_ms,
             inbox: VecDeque::new(),
             actions: VecDeque::new(),
@@ -755,12 +760,20 @@ impl Peer {
     }
 
     fn check_members(&mut self, now: Millis) {
-        let dead: Vec<NodeId> = self
-            .members
-            .values()
-            .filter(|m| now.saturating_sub(m.last_seen) > self.cfg.dead_after_ms)
-            .map(|m| m.id)
-            .collect();
+        if now <= self.quiet_until {
+            return;
+        }
+        let limit = self.cfg.dead_after_ms;
+        let mut dead = Vec::new();
+        let mut oldest = now;
+        for m in self.members.values() {
+            if now.saturating_sub(m.last_seen) > limit {
+                dead.push(m.id);
+            } else {
+                oldest = oldest.min(m.last_seen);
+            }
+        }
+        self.quiet_until = oldest + limit;
         let mut died = false;
         for id in dead {
             self.members.remove(&id);
@@ -1236,7 +1249,7 @@ impl Peer {
             // Every claim of this node is accounted for: the common case, no scan.
             return;
         }
-        let listed: HashSet<(FarmId, TaskRef, u32)> =
+        let listed: FxHashSet<(FarmId, TaskRef, u32)> =
             tasks.iter().map(|a| (a.farm, a.task, a.attempt)).collect();
         let mut gone: Vec<(FarmSlot, TaskRef, u32)> = c
             .claims
@@ -1669,14 +1682,15 @@ impl Peer {
         self.try_steal(now);
     }
 
-    /// Checks the peer's own invariants; for tests and the simulator.
+    /// Checks the peer's own invariants; for tests and the simulator, after
+    /// every step. Costs a pass over what is running and claimed.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.pool
             .check(self.running.values().map(|r| &r.grant))
             .map_err(|e| format!("node {}: {e}", self.id))?;
         if let Some(c) = &self.coord {
             c.engine.check_invariants()?;
-            let mut counts: HashMap<NodeId, usize> = HashMap::new();
+            let mut counts: FxHashMap<NodeId, usize> = FxHashMap::default();
             for (n, ..) in c.claims.values() {
                 *counts.entry(*n).or_default() += 1;
             }
@@ -1691,6 +1705,17 @@ impl Peer {
             }
         }
         Ok(())
+    }
+
+    /// [`Peer::check_invariants`], and the coordinator's counters against a
+    /// scan of every task (see `Engine::audit`): for tests and the end of a
+    /// simulation.
+    pub fn audit(&self) -> Result<(), String> {
+        self.check_invariants()?;
+        match &self.coord {
+            Some(c) => c.engine.audit(),
+            None => Ok(()),
+        }
     }
 
     /// The coordinator's view of a farm's progress, when this node coordinates it.
