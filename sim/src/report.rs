@@ -25,6 +25,11 @@ pub struct SimReport {
     /// greedy / lower_bound: how far from the bound not knowing durations
     /// alone puts a scheduler on this workload.
     pub greedy_ratio: f64,
+    /// The same scheduler knowing durations, longest first (LPT): near 1
+    /// when the bound is tight, so that `greedy_ratio` above it is the
+    /// price of not knowing durations.
+    pub longest_first: u64,
+    pub longest_first_ratio: f64,
     /// Busy cpu-time of every execution over the cpu-time of live nodes during the makespan.
     pub utilization: f64,
     /// Steals that brought tasks (summed over the live peers at the end).
@@ -126,7 +131,8 @@ impl SimReport {
     pub fn summary(&self) -> String {
         format!(
             "seed {}\nmakespan {} ms\nlower bound {} ms\nratio {:.3}\n\
-             greedy without latency {} ms (ratio {:.3}; mesh / greedy {:.3})\nutilization {:.1}%\n\
+             greedy without latency {} ms (ratio {:.3}; mesh / greedy {:.3})\n\
+             longest first, knowing durations {} ms (ratio {:.3})\nutilization {:.1}%\n\
              steals {} ({} tasks, {} asked)\nmessages {} ({} lost)\nduplicates {}\n\
              tasks {} done, {} failed, {} executions\nevents {} ({:.0}/s)\n",
             self.seed,
@@ -136,6 +142,8 @@ impl SimReport {
             self.greedy,
             self.greedy_ratio,
             self.makespan as f64 / self.greedy as f64,
+            self.longest_first,
+            self.longest_first_ratio,
             self.utilization * 100.0,
             self.steals,
             self.tasks_stolen,

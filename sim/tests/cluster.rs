@@ -156,6 +156,10 @@ fn the_greedy_baseline_is_list_scheduling_in_order() {
     let r = ok(&cfg);
     assert_eq!(r.lower_bound, 100);
     assert_eq!(r.greedy, 110);
+    assert_eq!(
+        r.longest_first, 100,
+        "knowing durations starts the long one first"
+    );
     assert!(
         r.makespan >= 110,
         "mesh cannot beat it here: {}",
