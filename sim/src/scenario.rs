@@ -86,7 +86,10 @@ pub struct SimConfig {
     #[serde(default = "default_max_time")]
     pub max_time_ms: u64,
     /// Check the stepped peer's invariants after every `check_every`-th step
-    /// (1: every step). The sim's own checks (fit, duplicates, loss) run always.
+    /// (1: every step; each check costs a pass over the peer's live runs and
+    /// claims). The sim's own checks (fit, duplicates, loss) run always, and
+    /// the scan of every task's status behind the progress counters runs
+    /// once, at the end.
     #[serde(default = "one")]
     pub check_every: u64,
     #[serde(default)]
