@@ -1218,13 +1218,32 @@ impl Engine {
     }
 
     /// Checks the engine's invariants that are cheap enough for every step
-    /// of the simulator: what the pool has lent matches the live runs, and
-    /// every live run is counted as running. Costs a pass over the live
-    /// runs, not over the tasks (see [`Engine::audit`]).
+    /// of the simulator: what the pool has lent matches the live runs (a
+    /// pass over them, for the local placement only: a node runs a few),
+    /// and as many runs are live as the counters say are running. See
+    /// [`Engine::check_runs`] and [`Engine::audit`] for the deeper checks.
     pub fn check_invariants(&self) -> Result<(), String> {
         if let Placement::Local(pool) = &self.placement {
             pool.check(self.running.values().map(|r| &r.grant))?;
         }
+        let counted: u64 = self
+            .farms
+            .iter()
+            .flat_map(|f| &f.stages)
+            .map(|st| st.counts.running)
+            .sum();
+        if counted != self.running.len() as u64 {
+            return Err(format!(
+                "{} live runs, {counted} counted running",
+                self.running.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Live runs per stage against each stage's running counter: a pass
+    /// over the live runs (thousands, for a coordinator).
+    pub fn check_runs(&self) -> Result<(), String> {
         let mut live: Vec<Vec<u64>> = self.farms.iter().map(|f| vec![0; f.stages.len()]).collect();
         for (f, t) in self.running.keys() {
             match live
@@ -1248,10 +1267,17 @@ impl Engine {
         Ok(())
     }
 
-    /// [`Engine::check_invariants`], and the counters against a scan of
-    /// every task's status: for tests, and once at the end of a simulation.
+    /// Live runs of this engine.
+    pub fn live_runs(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Every check: [`Engine::check_invariants`], [`Engine::check_runs`],
+    /// and the counters against a scan of every task's status. For tests,
+    /// and once at the end of a simulation.
     pub fn audit(&self) -> Result<(), String> {
         self.check_invariants()?;
+        self.check_runs()?;
         for (fi, f) in self.farms.iter().enumerate() {
             for (si, st) in f.stages.iter().enumerate() {
                 let mut c = Counts {

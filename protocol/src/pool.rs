@@ -132,20 +132,20 @@ impl Pool {
     }
 
     /// Checks that free plus `used` (every live grant) adds up to the total.
-    pub fn check<'a>(&self, grants: impl IntoIterator<Item = &'a Grant>) -> Result<(), String> {
-        let mut sum = self.free.clone();
-        for g in grants {
-            sum.give(&g.resources);
-        }
-        for (k, v) in self.total.iter() {
-            if sum.get(k) != v {
-                return Err(format!(
-                    "resource {k}: free + in use = {:?}, total {:?}",
-                    sum.get(k),
-                    v
-                ));
+    /// The part of [`Pool::check`] that needs no grants, for every step of
+    /// the simulator: nothing is free beyond the total (a release of more
+    /// than was granted), no device has more than one device of room.
+    pub fn check_bounds(&self) -> Result<(), String> {
+        for (k, v) in self.free.iter() {
+            let total = self.total.get(k);
+            if v > total {
+                return Err(format!("resource {k}: {v:?} free of {total:?}"));
             }
         }
+        self.check_devices()
+    }
+
+    fn check_devices(&self) -> Result<(), String> {
         if self.gpus.iter().any(|&g| g > MILLI) {
             return Err(format!(
                 "a gpu has more than one device of room: {:?}",
@@ -153,5 +153,49 @@ impl Pool {
             ));
         }
         Ok(())
+    }
+
+    /// What is free plus what `grants` hold is the total, for every resource.
+    pub fn check<'a>(&self, grants: impl Iterator<Item = &'a Grant> + Clone) -> Result<(), String> {
+        // A pass over the grants per resource rather than summing into a
+        // copy: the simulator checks often, and a copy is an allocation.
+        for (k, v) in self.total.iter() {
+            let lent: u64 = grants.clone().map(|g| g.resources.get(k).0).sum();
+            let sum = Amount(self.free.get(k).0 + lent);
+            if sum != v {
+                return Err(format!(
+                    "resource {k}: free + in use = {sum:?}, total {v:?}"
+                ));
+            }
+        }
+        self.check_devices()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::parse_resources;
+
+    #[test]
+    fn checks_catch_a_grant_released_twice_or_forgotten() {
+        let mut pool = Pool::new(parse_resources("cpu=4,gpu=2").unwrap());
+        let a = pool
+            .grant(&parse_resources("cpu=1,gpu=1").unwrap())
+            .unwrap();
+        let b = pool.grant(&parse_resources("cpu=2").unwrap()).unwrap();
+        pool.check_bounds().unwrap();
+        pool.check([&a, &b].into_iter()).unwrap();
+        // A run the caller forgot about: what is lent no longer adds up.
+        let err = pool.check([&a].into_iter()).unwrap_err();
+        assert!(err.contains("cpu"), "{err}");
+        pool.release(&b);
+        pool.check([&a].into_iter()).unwrap();
+        // Released twice: more free than the node has, and a device with
+        // more than one device of room.
+        pool.release(&a);
+        pool.release(&a);
+        assert!(pool.check_bounds().is_err());
+        assert!(pool.check(std::iter::empty()).is_err());
     }
 }

@@ -10,9 +10,11 @@
 //! sequence number), and every random draw comes from the scenario's seed,
 //! so a run replays exactly.
 //!
-//! After every step the stepped peer's invariants are checked (see
-//! `check_every`; the scan of every task's status that backs the progress
-//! counters runs once, at the end), plus the simulator's own: a start fits what is free on
+//! After every step the stepped peer's invariants are checked: the cheap
+//! ones every time, those that pass over its tasks (grants, and a
+//! coordinator's claims) every `check_every`-th step, and the scan of every
+//! task's status that backs the progress counters once, at the end. Plus
+//! the simulator's own: a start fits what is free on
 //! its node, no task runs to completion twice in a run without faults, and
 //! at the end no task that should succeed is missing. A violation stops the
 //! run with an error naming the seed.
@@ -862,13 +864,16 @@ impl<'a> Sim<'a> {
         let nd = &mut self.nodes[n];
         let peer = nd.peer.as_ref().expect("stepped peers are up");
         nd.steps += 1;
-        if nd.steps.is_multiple_of(self.cfg.check_every) {
-            peer.check_invariants().map_err(|e| SimError::Invariant {
-                seed: self.cfg.seed,
-                at_ms: self.now,
-                message: e,
-            })?;
-        }
+        let checked = if nd.steps.is_multiple_of(self.cfg.check_every) {
+            peer.check_invariants().and_then(|()| peer.check_tasks())
+        } else {
+            peer.check_invariants()
+        };
+        checked.map_err(|e| SimError::Invariant {
+            seed: self.cfg.seed,
+            at_ms: self.now,
+            message: e,
+        })?;
         let mut timer = None;
         if let Some(at) = peer.poll_timeout() {
             let at = at.max(self.now);

@@ -85,10 +85,13 @@ pub struct SimConfig {
     /// A run with work left at this virtual time is reported stuck.
     #[serde(default = "default_max_time")]
     pub max_time_ms: u64,
-    /// Check the stepped peer's invariants after every `check_every`-th step
-    /// (1: every step; each check costs a pass over the peer's live runs and
-    /// claims). The sim's own checks (fit, duplicates, loss) run always, and
-    /// the scan of every task's status behind the progress counters runs
+    /// The stepped peer's cheap invariants (nothing free beyond its total;
+    /// as coordinator, its counters against its runs and claims) are
+    /// checked after every step, as are the sim's own (a start fits what is
+    /// free, no duplicate without a fault). The checks that pass over the
+    /// peer's tasks (its pool against its grants; a coordinator's claims,
+    /// node by node) run after every `check_every`-th step (1: every step),
+    /// and the scan of every task's status behind the progress counters
     /// once, at the end.
     #[serde(default = "one")]
     pub check_every: u64,

@@ -1682,36 +1682,62 @@ impl Peer {
         self.try_steal(now);
     }
 
-    /// Checks the peer's own invariants; for tests and the simulator, after
-    /// every step. Costs a pass over what is running and claimed.
+    /// Checks the peer's invariants that are cheap enough for every step of
+    /// the simulator (no pass over tasks): nothing free beyond its total,
+    /// and as coordinator, the engine's cheap checks and one claim per task
+    /// the engine counts as running.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.pool
-            .check(self.running.values().map(|r| &r.grant))
+            .check_bounds()
             .map_err(|e| format!("node {}: {e}", self.id))?;
         if let Some(c) = &self.coord {
             c.engine.check_invariants()?;
-            let mut counts: FxHashMap<NodeId, usize> = FxHashMap::default();
-            for (n, ..) in c.claims.values() {
-                *counts.entry(*n).or_default() += 1;
-            }
-            for (n, (_, k)) in &c.load {
-                if counts.get(n).copied().unwrap_or(0) != *k {
-                    return Err(format!(
-                        "coordinator {}: node {n} has {} claims, load says {k}",
-                        self.id,
-                        counts.get(n).copied().unwrap_or(0)
-                    ));
-                }
+            if c.claims.len() != c.engine.live_runs() {
+                return Err(format!(
+                    "coordinator {}: {} claims, {} tasks running",
+                    self.id,
+                    c.claims.len(),
+                    c.engine.live_runs()
+                ));
             }
         }
         Ok(())
     }
 
-    /// [`Peer::check_invariants`], and the coordinator's counters against a
-    /// scan of every task (see `Engine::audit`): for tests and the end of a
+    /// The deeper checks, a pass over the peer's tasks: what its pool has
+    /// lent matches its running tasks' grants; as coordinator (thousands of
+    /// claims), the engine's runs per stage and each node's claims against
+    /// the load the coordinator books for it.
+    pub fn check_tasks(&self) -> Result<(), String> {
+        self.pool
+            .check(self.running.values().map(|r| &r.grant))
+            .map_err(|e| format!("node {}: {e}", self.id))?;
+        let Some(c) = &self.coord else {
+            return Ok(());
+        };
+        c.engine.check_runs()?;
+        let mut counts: FxHashMap<NodeId, usize> = FxHashMap::default();
+        for (n, ..) in c.claims.values() {
+            *counts.entry(*n).or_default() += 1;
+        }
+        for (n, (_, k)) in &c.load {
+            if counts.get(n).copied().unwrap_or(0) != *k {
+                return Err(format!(
+                    "coordinator {}: node {n} has {} claims, load says {k}",
+                    self.id,
+                    counts.get(n).copied().unwrap_or(0)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every check, the coordinator's counters against a scan of every
+    /// task included (see `Engine::audit`): for tests and the end of a
     /// simulation.
     pub fn audit(&self) -> Result<(), String> {
         self.check_invariants()?;
+        self.check_tasks()?;
         match &self.coord {
             Some(c) => c.engine.audit(),
             None => Ok(()),
