@@ -131,7 +131,6 @@ impl Pool {
         }
     }
 
-    /// Checks that free plus `used` (every live grant) adds up to the total.
     /// The part of [`Pool::check`] that needs no grants, for every step of
     /// the simulator: nothing is free beyond the total (a release of more
     /// than was granted), no device has more than one device of room.

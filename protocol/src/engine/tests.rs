@@ -264,15 +264,9 @@ fn gpus_get_their_own_devices_and_fractions_pack() {
 #[test]
 fn restore_skips_done_and_reruns_running_with_higher_attempt() {
     let rec = |state, attempt| TaskRecord {
-        run: 0,
         state,
         attempt,
-        failures: 0,
-        crashes: 0,
-        end: None,
-        key: None,
-        duration_ms: 0,
-        logs: 0,
+        ..TaskRecord::known_done(0)
     };
     let restored = vec![
         (TaskRef::new(0, 0), rec(RecordState::Done, 1)),
@@ -307,15 +301,10 @@ fn a_task_that_keeps_crashing_the_node_is_failed() {
     let restored = vec![(
         TaskRef::new(0, 0),
         TaskRecord {
-            run: 0,
             state: RecordState::Running,
             attempt: 3,
-            failures: 0,
             crashes: CRASHES_MAX - 1,
-            end: None,
-            key: None,
-            duration_ms: 0,
-            logs: 0,
+            ..TaskRecord::known_done(0)
         },
     )];
     let mut e = Engine::new(parse_resources("cpu=1").unwrap());

@@ -1721,11 +1721,11 @@ impl Peer {
             *counts.entry(*n).or_default() += 1;
         }
         for (n, (_, k)) in &c.load {
-            if counts.get(n).copied().unwrap_or(0) != *k {
+            let claimed = counts.get(n).copied().unwrap_or(0);
+            if claimed != *k {
                 return Err(format!(
-                    "coordinator {}: node {n} has {} claims, load says {k}",
-                    self.id,
-                    counts.get(n).copied().unwrap_or(0)
+                    "coordinator {}: node {n} has {claimed} claims, load says {k}",
+                    self.id
                 ));
             }
         }
