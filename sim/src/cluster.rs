@@ -461,10 +461,8 @@ struct Sim<'a> {
     plan: Plan,
     faults: bool,
     now: Millis,
-    /// Slots of `slab`, by time and then order of scheduling.
-    queue: Calendar<u32>,
-    slab: Vec<Option<Ev>>,
-    free: Vec<u32>,
+    /// Events by time and then order of scheduling.
+    queue: Calendar<Ev>,
     /// Network draws: latency, loss, gossip targets.
     rng: SmallRng,
     nodes: Vec<Node>,
@@ -523,8 +521,6 @@ impl<'a> Sim<'a> {
             faults: cfg.has_faults(),
             now: 0,
             queue: Calendar::new(),
-            slab: Vec::new(),
-            free: Vec::new(),
             rng: SmallRng::seed_from_u64(mix(cfg.seed, 0, 0)),
             nodes,
             alive: Vec::new(),
@@ -552,17 +548,7 @@ impl<'a> Sim<'a> {
     }
 
     fn push(&mut self, at: Millis, ev: Ev) {
-        let slot = match self.free.pop() {
-            Some(s) => {
-                self.slab[s as usize] = Some(ev);
-                s
-            }
-            None => {
-                self.slab.push(Some(ev));
-                (self.slab.len() - 1) as u32
-            }
-        };
-        self.queue.push(at, slot);
+        self.queue.push(at, ev);
     }
 
     fn schedule_scenario(&mut self) {
@@ -598,11 +584,7 @@ impl<'a> Sim<'a> {
     }
 
     fn run_loop(&mut self) -> Result<(), SimError> {
-        while let Some((at, slot)) = self.queue.pop() {
-            let ev = self.slab[slot as usize]
-                .take()
-                .expect("each slot is popped once");
-            self.free.push(slot);
+        while let Some((at, ev)) = self.queue.pop() {
             if at > self.cfg.max_time_ms {
                 break;
             }

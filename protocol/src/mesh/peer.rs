@@ -16,7 +16,7 @@
 //! order, making every `Persist` durable before any later action.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 use indexmap::IndexMap;
@@ -200,8 +200,11 @@ struct Coord {
     claims: FxHashMap<(FarmSlot, TaskRef), (NodeId, u32, Millis)>,
     /// Resources of the tasks claimed by each node (queued or running there).
     load: FxHashMap<NodeId, (Resources, usize)>,
-    /// Nodes that may take more work.
-    hungry: FxHashSet<NodeId>,
+    /// Nodes that may take more work, in id order (the order they are
+    /// offered work). Ordered rather than hashed also because it once held
+    /// every member: a hash set keeps that capacity and would walk it on
+    /// every assignment.
+    hungry: BTreeSet<NodeId>,
     /// The backlog after the last assignment: when it grows, every node may take more.
     last_backlog: u64,
     /// The node whose report the engine is handling, to name it in failures.
@@ -1095,9 +1098,7 @@ impl Peer {
             if backlog == 0 {
                 return;
             }
-            let mut v: Vec<NodeId> = c.hungry.iter().copied().collect();
-            v.sort();
-            v
+            c.hungry.iter().copied().collect::<Vec<NodeId>>()
         };
         // Near the end of some work, a task queued behind a busy node's
         // running ones may wait for a long one while a slot idles elsewhere:
