@@ -25,12 +25,14 @@ use libp2p::{PeerId, Swarm};
 use mesh_protocol::engine::{KillReason, Outcome, TaskResult};
 use mesh_protocol::farm::{content_key, path_stays_inside, FarmDef, TaskRef};
 use mesh_protocol::mesh::{
-    Action, Assigned, Beat, Config, FarmId, FarmSpec, Msg, NodeId, Peer, PeerEvent, Persist,
+    Action, Assigned, Beat, Config, Entry, FarmId, FarmSpec, Msg, NodeId, OutputFile, Peer,
+    PeerEvent,
 };
 use mesh_protocol::resources::GPU;
 use mesh_protocol::wire::{Request, Response, CHUNK_MAX, FILE_MAX};
 use mesh_protocol::Resources;
-use mesh_store::{FarmKey, SledStore, Store, StoreError, Write};
+use mesh_store::mesh::NODE_KEY;
+use mesh_store::{MeshState, SledStore, Store, StoreError, Write};
 use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
@@ -49,10 +51,10 @@ pub use libp2p::Multiaddr;
 
 /// Failures kept per farm for `mesh wait` and `status`.
 const FAILURES_SHOWN: usize = 50;
-/// The node's list of farms lives under this store key.
-const NODE_KEY: FarmKey = FarmKey(0);
-const META_FARMS: &str = "farms";
-const META_SPEC: &str = "spec";
+/// The peers this node knew, by address, so a restarted node finds the mesh again.
+const META_PEERS: &str = "peers";
+/// A `mesh join` that cannot reach its peer tries again, waiting at most this long between tries.
+const JOIN_RETRY_MAX_S: u64 = 30;
 
 pub struct NodeOptions {
     pub state: PathBuf,
@@ -85,7 +87,11 @@ pub enum NodeError {
 
 /// What the spawned futures and control connections tell the loop.
 enum Cmd {
-    Finished(Assigned, Outcome),
+    Finished(Assigned, Outcome, Vec<OutputFile>),
+    /// The home brought a task's outputs, or could not.
+    Fetched(FarmId, TaskRef, Result<(), String>),
+    /// Time to dial the peer of `mesh join` again.
+    Redial,
     Launched(Assigned, Live),
     Request {
         to: NodeId,
@@ -107,9 +113,10 @@ struct Origin {
     submit_reply: Option<mpsc::UnboundedSender<ControlResponse>>,
 }
 
-/// The farm list kept in the store, so a restarted node finds its farms.
+/// The addresses of the peers this node has known, kept so that a
+/// restarted node rejoins them.
 #[derive(Default, Serialize, Deserialize)]
-struct FarmList(Vec<FarmId>);
+struct KnownPeers(Vec<String>);
 
 struct Node {
     state: PathBuf,
@@ -126,7 +133,12 @@ struct Node {
     tx: mpsc::UnboundedSender<Cmd>,
     live: HashMap<(FarmId, TaskRef), (u32, Option<Live>, bool)>,
     origins: HashMap<FarmId, Origin>,
-    farm_list: FarmList,
+    /// How the peer's persists map to the store.
+    book: MeshState,
+    known: KnownPeers,
+    /// How long `mesh join` waits before dialling its peer again, and the peer.
+    join_retry_s: u64,
+    join_addr: Option<Multiaddr>,
     /// blake3 of each input this node serves, and where the file is.
     blobs: HashMap<[u8; 32], PathBuf>,
     /// Bare program names and where PATH finds them.
@@ -177,13 +189,19 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
             .try_into()
             .expect("8 bytes"),
     );
+    let known: KnownPeers = match store.meta(NODE_KEY, META_PEERS)? {
+        Some(b) => postcard::from_bytes(&b).unwrap_or_default(),
+        None => KnownPeers::default(),
+    };
+    // A node restarted on its state folder rejoins the mesh it was in, so
+    // it first listens for that mesh's coordinator like a joining node.
     let peer = Peer::new(
         0,
         me,
         opts.resources.clone(),
         opts.config.clone(),
         seed,
-        opts.join.is_some(),
+        opts.join.is_some() || !known.0.is_empty(),
     );
     let mut node = Node {
         state: opts.state.clone(),
@@ -199,7 +217,10 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         tx: tx.clone(),
         live: HashMap::new(),
         origins: HashMap::new(),
-        farm_list: FarmList::default(),
+        book: MeshState::default(),
+        known,
+        join_retry_s: 1,
+        join_addr: opts.join.clone(),
         blobs: HashMap::new(),
         programs: HashMap::new(),
         node_has_gpus: !opts.resources.get(GPU).is_zero(),
@@ -212,6 +233,13 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
             addr: addr.to_string(),
             why: net::explain_dial_error(&e),
         })?;
+    }
+    for addr in node.known.0.clone() {
+        if let Ok(a) = addr.parse::<Multiaddr>() {
+            if node.swarm.dial(a).is_ok() {
+                node.say(&format!("rejoining {addr}"));
+            }
+        }
     }
     let mut joined = opts.join.is_none();
     let mut interrupted_at: Option<Instant> = None;
@@ -265,34 +293,22 @@ impl Node {
     /// Reloads the farms kept in the store: this node's own submissions go
     /// to the coordinator again, with what is known done.
     fn restore(&mut self) -> Result<(), NodeError> {
-        if let Some(b) = self.store.meta(NODE_KEY, META_FARMS)? {
-            self.farm_list = postcard::from_bytes(&b).unwrap_or_default();
-        }
-        let now = self.now();
-        for fid in self.farm_list.0.clone() {
-            let key = FarmKey(fid.0);
-            let Some(b) = self.store.meta(key, META_SPEC)? else {
-                continue;
-            };
-            let Ok(spec) = postcard::from_bytes::<FarmSpec>(&b) else {
-                continue;
-            };
-            let records = self.store.tasks(key)?;
-            let spec = Arc::new(spec);
+        let (book, farms, held) = MeshState::load(&self.store)?;
+        self.book = book;
+        for (stored, finished) in farms {
+            let spec = stored.spec.clone();
             if spec.origin == self.me {
-                let done: Vec<TaskRef> = records
-                    .iter()
-                    .filter(|(_, r)| r.state == mesh_protocol::engine::RecordState::Done)
-                    .map(|(t, _)| *t)
-                    .collect();
-                if (done.len() as u64) < spec.def.task_count() {
-                    self.serve_inputs(&spec);
-                    self.origins.insert(fid, Origin::new(&spec, String::new()));
-                    self.peer.submit(now, (*spec).clone(), done);
-                }
+                self.serve_inputs(&spec);
+                let mut o = Origin::new(&spec);
+                o.view.accepted = true;
+                self.origins.insert(spec.id, o);
             }
-            self.peer.restore_farm(spec, records);
+            self.peer.restore_farm(stored, finished);
+            if spec.origin == self.me {
+                self.refresh_view(spec.id);
+            }
         }
+        self.peer.restore_held(held);
         Ok(())
     }
 
@@ -313,7 +329,7 @@ impl Node {
                     break;
                 };
                 match a {
-                    Action::Persist(p) => self.persist(p, &mut batch),
+                    Action::Persist(p) => self.book.writes(p, &mut batch),
                     other => acts.push(other),
                 }
             }
@@ -332,41 +348,6 @@ impl Node {
             }
             for a in acts {
                 self.act(a);
-            }
-        }
-    }
-
-    fn persist(&mut self, p: Persist, batch: &mut Vec<Write>) {
-        match p {
-            Persist::Farm(spec) => {
-                let key = FarmKey(spec.id.0);
-                batch.push(Write::Meta {
-                    farm: key,
-                    name: META_SPEC.into(),
-                    value: postcard::to_stdvec(&*spec).unwrap_or_default(),
-                });
-                if !self.farm_list.0.contains(&spec.id) {
-                    self.farm_list.0.push(spec.id);
-                    batch.push(Write::Meta {
-                        farm: NODE_KEY,
-                        name: META_FARMS.into(),
-                        value: postcard::to_stdvec(&self.farm_list).unwrap_or_default(),
-                    });
-                }
-            }
-            Persist::Task { farm, task, record } => batch.push(Write::Task {
-                farm: FarmKey(farm.0),
-                task,
-                record,
-            }),
-            Persist::Done { farm, tasks } => {
-                for task in tasks {
-                    batch.push(Write::Task {
-                        farm: FarmKey(farm.0),
-                        task,
-                        record: mesh_protocol::engine::TaskRecord::known_done(1),
-                    });
-                }
             }
         }
     }
@@ -394,8 +375,82 @@ impl Node {
                     }
                 }
             }
+            Action::Fetch {
+                farm,
+                task,
+                from,
+                outputs,
+            } => self.fetch_outputs(farm, task, from, outputs),
+            Action::Forget { farm } => {
+                let dir = self.state.join("held").join(farm.to_string());
+                tokio::task::spawn_blocking(move || {
+                    let _ = fs::remove_dir_all(dir);
+                });
+            }
             Action::Emit(ev) => self.emit(ev),
         }
+    }
+
+    /// Brings a task's outputs home from the node that keeps them.
+    fn fetch_outputs(
+        &mut self,
+        farm: FarmId,
+        task: TaskRef,
+        from: NodeId,
+        outputs: Vec<OutputFile>,
+    ) {
+        let dir = self.peer.spec(farm).map(|spec| {
+            let stage = &spec.def.stage(task).name;
+            PathBuf::from(&spec.def.out)
+                .join(stage)
+                .join(task.index.to_string())
+        });
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let r = match dir {
+                None => Err("the farm is unknown here".to_string()),
+                Some(dir) => fetch_all(&tx, from, farm, &dir, &outputs).await,
+            };
+            let _ = tx.send(Cmd::Fetched(farm, task, r));
+        });
+    }
+
+    /// The home's view of a farm, from the peer's copy: counts and every failure with its reason.
+    fn refresh_view(&mut self, farm: FarmId) {
+        let Some(p) = self.peer.progress(farm) else {
+            return;
+        };
+        let mut failures = Vec::new();
+        if let Some(r) = self.peer.replica(farm) {
+            for e in r.log.failures().take(FAILURES_SHOWN) {
+                if let Entry::Failed {
+                    task,
+                    attempt,
+                    node,
+                    end,
+                } = e
+                {
+                    failures.push(format!(
+                        "{} (attempt {attempt} on {}): {}",
+                        r.spec.def.task_name(*task),
+                        self.label_of(*node),
+                        crate::runner::describe_end(end)
+                    ));
+                }
+            }
+        }
+        let Some(o) = self.origins.get_mut(&farm) else {
+            return;
+        };
+        o.view.counts = p.counts.clone();
+        for (i, c) in p.stages.iter().enumerate() {
+            if let Some(s) = o.view.stages.get_mut(i) {
+                s.1 = c.clone();
+            }
+        }
+        o.view.finished = p.finished;
+        o.view.failures = failures;
+        o.notify();
     }
 
     fn send(
@@ -419,6 +474,7 @@ impl Node {
             PeerEvent::MemberUp(n) => {
                 let label = self.label_of(n);
                 self.say(&format!("mesh node {label} joined"));
+                self.remember_peers();
             }
             PeerEvent::MemberDown(n) => {
                 let label = self.label_of(n);
@@ -448,38 +504,21 @@ impl Node {
                     }
                 }
             }
-            PeerEvent::Progress(p) => {
-                if let Some(o) = self.origins.get_mut(&p.farm) {
-                    o.view.counts = p.counts.clone();
-                    for (i, c) in p.stages.iter().enumerate() {
-                        if let Some(s) = o.view.stages.get_mut(i) {
-                            s.1 = c.clone();
-                        }
-                    }
-                    o.view.finished = p.finished;
-                    o.notify();
-                }
-            }
+            PeerEvent::Progress(p) => self.refresh_view(p.farm),
             PeerEvent::Failure(f) => {
+                // An attempt that will be retried: said in the node's output;
+                // failures for good are in the farm's replicated state.
                 let label = self.label_of(f.node);
-                if let Some(o) = self.origins.get_mut(&f.farm) {
-                    let name = self
-                        .peer
-                        .spec(f.farm)
-                        .map(|s| s.def.task_name(f.task))
-                        .unwrap_or_default();
-                    let what = crate::runner::describe_end(&f.end);
-                    let verdict = match f.verdict {
-                        mesh_protocol::engine::Verdict::Retry => ", will retry",
-                        _ => "",
-                    };
-                    if o.view.failures.len() < FAILURES_SHOWN {
-                        o.view.failures.push(format!(
-                            "{name} (attempt {} on {label}): {what}{verdict}",
-                            f.attempt
-                        ));
-                    }
-                }
+                let name = self
+                    .peer
+                    .spec(f.farm)
+                    .map(|s| s.def.task_name(f.task))
+                    .unwrap_or_default();
+                let what = crate::runner::describe_end(&f.end);
+                self.say(&format!(
+                    "{name} (attempt {} on {label}): {what}, will retry",
+                    f.attempt
+                ));
             }
             PeerEvent::Unplaceable {
                 farm,
@@ -498,6 +537,31 @@ impl Node {
                         .push(format!("stage {name} fits no node of the mesh: {reason}"));
                 }
             }
+        }
+    }
+
+    /// Keeps the addresses of every member, so a restart finds them again.
+    fn remember_peers(&mut self) {
+        let mut addrs: Vec<String> = self
+            .peer
+            .members()
+            .flat_map(|m| m.beat.addrs.iter().cloned())
+            .collect();
+        addrs.sort();
+        addrs.dedup();
+        for a in std::mem::take(&mut self.known.0) {
+            if !addrs.contains(&a) && addrs.len() < 64 {
+                addrs.push(a);
+            }
+        }
+        self.known.0 = addrs;
+        let w = Write::Meta {
+            farm: NODE_KEY,
+            name: META_PEERS.into(),
+            value: postcard::to_stdvec(&self.known).unwrap_or_default(),
+        };
+        if let Err(e) = self.store.write(vec![w]) {
+            tracing::warn!("cannot keep the peers' addresses: {e}");
         }
     }
 
@@ -545,7 +609,23 @@ impl Node {
                 }
                 let why = net::explain_dial_error(&error);
                 if !*joined {
-                    return Err(join_failed(opts, why));
+                    if why.contains("mesh.key") {
+                        return Err(join_failed(opts, why));
+                    }
+                    if opts.join.is_some() {
+                        // The peer may not be up yet (a cluster's first node
+                        // starting late): try again, waiting longer each time.
+                        let wait = self.join_retry_s;
+                        self.join_retry_s = (wait * 2).min(JOIN_RETRY_MAX_S);
+                        self.say(&format!(
+                            "cannot reach the mesh yet ({why}); trying again in {wait} s"
+                        ));
+                        let tx = self.tx.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(std::time::Duration::from_secs(wait)).await;
+                            let _ = tx.send(Cmd::Redial);
+                        });
+                    }
                 }
                 tracing::info!("dial failed: {why}");
             }
@@ -673,11 +753,22 @@ impl Node {
                 let now = self.now();
                 self.peer.handle_message(now, from, msg);
             }
-            Request::GetBlob { hash, offset, .. } => {
-                let Some(path) = self.blobs.get(&hash).cloned() else {
+            Request::GetBlob { farm, hash, offset } => {
+                // An input this node serves as the farm's submitter, an
+                // output it keeps for the farm's home, or a file in its cache.
+                let hex = blake3::Hash::from(hash).to_hex().to_string();
+                let path = self.blobs.get(&hash).cloned().or_else(|| {
+                    [
+                        self.state.join("held").join(farm.to_string()).join(&hex),
+                        self.state.join("cache").join(&hex),
+                    ]
+                    .into_iter()
+                    .find(|p| p.is_file())
+                });
+                let Some(path) = path else {
                     let _ = self.swarm.behaviour_mut().rr.send_response(
                         channel,
-                        Response::Error("no such input on this node".into()),
+                        Response::Error("no such file on this node".into()),
                     );
                     return;
                 };
@@ -689,57 +780,12 @@ impl Node {
                     let _ = tx.send(Cmd::Respond(channel, resp));
                 });
             }
-            Request::PutOutput {
-                farm,
-                task,
-                path,
-                hash,
-                size,
-                offset,
-                data,
-            } => {
-                let target = self.output_target(farm, task, &path);
-                let tx = self.tx.clone();
-                tokio::task::spawn_blocking(move || {
-                    let resp = match target {
-                        Err(e) => Response::Error(e),
-                        Ok(t) => match write_chunk(&t, hash, size, offset, &data) {
-                            Ok(()) => Response::Ok,
-                            Err(e) => Response::Error(e),
-                        },
-                    };
-                    let _ = tx.send(Cmd::Respond(channel, resp));
-                });
-            }
         }
-    }
-
-    /// Where an output file of a task goes in the submitter's `out` tree.
-    fn output_target(&self, farm: FarmId, task: TaskRef, path: &str) -> Result<PathBuf, String> {
-        if !self.origins.contains_key(&farm) {
-            return Err(format!("farm {farm} was not submitted on this node"));
-        }
-        let spec = self
-            .peer
-            .spec(farm)
-            .ok_or_else(|| format!("farm {farm} is unknown here"))?;
-        if !path_stays_inside(path) {
-            return Err(format!("output path `{path}` leaves the task's folder"));
-        }
-        let stage = spec
-            .def
-            .stages
-            .get(task.stage as usize)
-            .ok_or("no such stage")?;
-        Ok(PathBuf::from(&spec.def.out)
-            .join(&stage.name)
-            .join(task.index.to_string())
-            .join(path))
     }
 
     fn on_cmd(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Finished(task, outcome) => {
+            Cmd::Finished(task, outcome, outputs) => {
                 if self
                     .live
                     .get(&(task.farm, task.task))
@@ -748,7 +794,21 @@ impl Node {
                     self.live.remove(&(task.farm, task.task));
                 }
                 let now = self.now();
-                self.peer.task_finished(now, task, outcome);
+                self.peer.task_finished(now, task, outcome, outputs);
+            }
+            Cmd::Fetched(farm, task, r) => {
+                if let Err(e) = &r {
+                    tracing::info!(%farm, ?task, "outputs not brought home yet: {e}");
+                }
+                let now = self.now();
+                self.peer.fetched(now, farm, task, r.is_ok());
+            }
+            Cmd::Redial => {
+                if let Some(addr) = self.join_addr.clone() {
+                    if self.peers.is_empty() {
+                        let _ = self.swarm.dial(addr);
+                    }
+                }
             }
             Cmd::Launched(task, live) => {
                 if let Some((attempt, slot, kill)) = self.live.get_mut(&(task.farm, task.task)) {
@@ -771,11 +831,11 @@ impl Node {
                 }
                 Ok(spec) => {
                     self.serve_inputs(&spec);
-                    let mut o = Origin::new(&spec, spec.def.root.clone());
+                    let mut o = Origin::new(&spec);
                     o.submit_reply = Some(reply);
                     self.origins.insert(spec.id, o);
                     let now = self.now();
-                    self.peer.submit(now, spec, Vec::new());
+                    self.peer.submit(now, spec);
                 }
             },
         }
@@ -920,6 +980,7 @@ impl Node {
                     duration_ms: 0,
                     logs: 0,
                 },
+                Vec::new(),
             );
             return;
         };
@@ -970,15 +1031,17 @@ impl Node {
         };
         let tx = self.tx.clone();
         let cache = self.state.join("cache");
+        let held = self.state.join("held").join(task.farm.to_string());
         tokio::spawn(async move {
-            let outcome = run_task(launch, spec, task, local, cache, tx.clone()).await;
-            let _ = tx.send(Cmd::Finished(task, outcome));
+            let (outcome, outputs) =
+                run_task(launch, spec, task, local, (cache, held), tx.clone()).await;
+            let _ = tx.send(Cmd::Finished(task, outcome, outputs));
         });
     }
 }
 
 impl Origin {
-    fn new(spec: &FarmSpec, _root: String) -> Origin {
+    fn new(spec: &FarmSpec) -> Origin {
         let def = &spec.def;
         Origin {
             view: FarmView {
@@ -1095,21 +1158,27 @@ fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<FarmSpec, Strin
     })
 }
 
-/// One attempt on this node: fetch inputs, run, send outputs to the submitter.
+/// One attempt on this node: fetch inputs, run, and keep the outputs of a
+/// remote farm's task (content-addressed, in `held`) until its home has them.
 async fn run_task(
     launch: Launch,
     spec: Arc<FarmSpec>,
     task: Assigned,
     local: bool,
-    cache: PathBuf,
+    (cache, held): (PathBuf, PathBuf),
     tx: mpsc::UnboundedSender<Cmd>,
-) -> Outcome {
+) -> (Outcome, Vec<OutputFile>) {
     let key = launch.key;
-    let fail = |e: String| Outcome {
-        result: TaskResult::Error(e),
-        key: Some(key),
-        duration_ms: 0,
-        logs: 0,
+    let fail = |e: String| {
+        (
+            Outcome {
+                result: TaskResult::Error(e),
+                key: Some(key),
+                duration_ms: 0,
+                logs: 0,
+            },
+            Vec::new(),
+        )
     };
     if !local {
         // The farm's folder here stands in for the submitter's: a task with
@@ -1146,18 +1215,83 @@ async fn run_task(
         duration_ms: f.duration_ms,
         logs: f.logs,
     };
+    let mut outputs = Vec::new();
     if !local && out_dir.exists() {
         if let TaskResult::Exited(code) = outcome.result {
             if spec.def.stage(task.task).success_codes.contains(&code) {
-                if let Err(e) = send_outputs(&tx, &spec, task, &out_dir).await {
-                    outcome.result =
-                        TaskResult::Error(format!("sending outputs to the submitter: {e}"));
+                let dir = out_dir.clone();
+                let kept = tokio::task::spawn_blocking(move || hold_outputs(&dir, &held))
+                    .await
+                    .unwrap_or_else(|e| Err(format!("keeping outputs: {e}")));
+                match kept {
+                    Ok(o) => outputs = o,
+                    Err(e) => outcome.result = TaskResult::Error(format!("keeping outputs: {e}")),
                 }
             }
         }
         let _ = tokio::task::spawn_blocking(move || fs::remove_dir_all(out_dir)).await;
     }
-    outcome
+    (outcome, outputs)
+}
+
+/// Moves every file under `dir` into `held` under its blake3 hash; the manifest.
+fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, String> {
+    let mut files = Vec::new();
+    walk(dir, dir, &mut files).map_err(|e| format!("cannot list outputs: {e}"))?;
+    fs::create_dir_all(held).map_err(|e| format!("cannot create {}: {e}", held.display()))?;
+    let mut out = Vec::new();
+    for (rel, path) in files {
+        let mut f = fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if size > FILE_MAX {
+            return Err(format!(
+                "output {rel} is {size} bytes; the most a mesh moves is {FILE_MAX}"
+            ));
+        }
+        let mut h = blake3::Hasher::new();
+        h.update_reader(&mut f)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let hash = *h.finalize().as_bytes();
+        let target = held.join(blake3::Hash::from(hash).to_hex().as_str());
+        if !target.is_file() {
+            fs::rename(&path, &target)
+                .or_else(|_| fs::copy(&path, &target).map(|_| ()))
+                .map_err(|e| format!("cannot keep {}: {e}", path.display()))?;
+        }
+        out.push(OutputFile {
+            path: rel,
+            hash,
+            size,
+        });
+    }
+    Ok(out)
+}
+
+/// Brings every output of a task from `from` into `dir`, each checked by hash.
+async fn fetch_all(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    from: NodeId,
+    farm: FarmId,
+    dir: &Path,
+    outputs: &[OutputFile],
+) -> Result<(), String> {
+    for o in outputs {
+        if !path_stays_inside(&o.path) {
+            return Err(format!("output path `{}` leaves the task's folder", o.path));
+        }
+        let dest = dir.join(&o.path);
+        if dest.is_file() && file_hash(&dest).ok() == Some(o.hash) {
+            continue;
+        }
+        fetch_blob(tx, from, farm, o.hash, &dest).await?;
+    }
+    Ok(())
+}
+
+fn file_hash(path: &Path) -> io::Result<[u8; 32]> {
+    let mut h = blake3::Hasher::new();
+    h.update_reader(fs::File::open(path)?)?;
+    Ok(*h.finalize().as_bytes())
 }
 
 async fn request(
@@ -1187,33 +1321,7 @@ async fn fetch_input(
     let hex = blake3::Hash::from(hash).to_hex().to_string();
     let cached = cache.join(&hex);
     if !cached.is_file() {
-        fs::create_dir_all(cache).map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
-        let tmp = cache.join(format!("{hex}.{}.part", rand_suffix()));
-        let mut file =
-            fs::File::create(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-        let mut hasher = blake3::Hasher::new();
-        let mut offset = 0u64;
-        loop {
-            let resp = request(tx, origin, Request::GetBlob { farm, hash, offset }).await?;
-            let Response::Blob { size, data } = resp else {
-                return Err("unexpected answer".into());
-            };
-            if size > FILE_MAX {
-                return Err(format!("{size} bytes is more than the limit {FILE_MAX}"));
-            }
-            hasher.update(&data);
-            file.write_all(&data)
-                .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-            offset += data.len() as u64;
-            if offset >= size || data.is_empty() {
-                break;
-            }
-        }
-        if hasher.finalize().as_bytes() != &hash {
-            let _ = fs::remove_file(&tmp);
-            return Err("the file arrived with another hash (it changed on the submitter?)".into());
-        }
-        fs::rename(&tmp, &cached).map_err(|e| format!("cannot keep the input: {e}"))?;
+        fetch_blob(tx, origin, farm, hash, &cached).await?;
     }
     if dest.is_file() {
         return Ok(());
@@ -1227,6 +1335,59 @@ async fn fetch_input(
     Ok(())
 }
 
+/// Fetches a file by its blake3 hash from `from`, in pieces, into `dest`:
+/// written aside and given its name only once the whole file checks out.
+async fn fetch_blob(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    from: NodeId,
+    farm: FarmId,
+    hash: [u8; 32],
+    dest: &Path,
+) -> Result<(), String> {
+    let dir = dest.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(
+        ".{}.{}.part",
+        name.unwrap_or_default(),
+        rand_suffix()
+    ));
+    let mut file =
+        fs::File::create(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+    let mut hasher = blake3::Hasher::new();
+    let mut offset = 0u64;
+    let r = loop {
+        let resp = match request(tx, from, Request::GetBlob { farm, hash, offset }).await {
+            Ok(r) => r,
+            Err(e) => break Err(e),
+        };
+        let Response::Blob { size, data } = resp else {
+            break Err("unexpected answer".into());
+        };
+        if size > FILE_MAX {
+            break Err(format!("{size} bytes is more than the limit {FILE_MAX}"));
+        }
+        hasher.update(&data);
+        if let Err(e) = file.write_all(&data) {
+            break Err(format!("cannot write {}: {e}", tmp.display()));
+        }
+        offset += data.len() as u64;
+        if offset >= size || data.is_empty() {
+            break Ok(());
+        }
+    };
+    drop(file);
+    if let Err(e) = r {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    if hasher.finalize().as_bytes() != &hash {
+        let _ = fs::remove_file(&tmp);
+        return Err("the file arrived with another hash (it changed where it was kept?)".into());
+    }
+    fs::rename(&tmp, dest).map_err(|e| format!("cannot keep {}: {e}", dest.display()))
+}
+
 fn rand_suffix() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -1235,58 +1396,6 @@ fn rand_suffix() -> String {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
-}
-
-/// Sends every file under `dir` to the submitter, in chunks, each file checked by hash there.
-async fn send_outputs(
-    tx: &mpsc::UnboundedSender<Cmd>,
-    spec: &FarmSpec,
-    task: Assigned,
-    dir: &Path,
-) -> Result<(), String> {
-    let mut files = Vec::new();
-    walk(dir, dir, &mut files).map_err(|e| format!("cannot list outputs: {e}"))?;
-    for (rel, path) in files {
-        let mut f = fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let size = f.metadata().map(|m| m.len()).unwrap_or(0);
-        if size > FILE_MAX {
-            return Err(format!(
-                "output {rel} is {size} bytes; the most a mesh moves is {FILE_MAX}"
-            ));
-        }
-        let mut h = blake3::Hasher::new();
-        h.update_reader(&mut f)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let hash = *h.finalize().as_bytes();
-        f.seek(SeekFrom::Start(0))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut offset = 0u64;
-        loop {
-            let mut data = vec![0u8; CHUNK_MAX.min((size - offset) as usize)];
-            f.read_exact(&mut data)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            let n = data.len() as u64;
-            request(
-                tx,
-                spec.origin,
-                Request::PutOutput {
-                    farm: spec.id,
-                    task: task.task,
-                    path: rel.clone(),
-                    hash,
-                    size,
-                    offset,
-                    data,
-                },
-            )
-            .await?;
-            offset += n;
-            if offset >= size {
-                break;
-            }
-        }
-    }
-    Ok(())
 }
 
 fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> io::Result<()> {
@@ -1315,50 +1424,6 @@ fn read_chunk(path: &Path, offset: u64) -> io::Result<Response> {
     let mut data = vec![0u8; n];
     f.read_exact(&mut data)?;
     Ok(Response::Blob { size, data })
-}
-
-/// Writes a piece of an output; the last piece checks the whole file's hash
-/// and only then gives it its name.
-fn write_chunk(
-    target: &Path,
-    hash: [u8; 32],
-    size: u64,
-    offset: u64,
-    data: &[u8],
-) -> Result<(), String> {
-    if size > FILE_MAX {
-        return Err(format!("{size} bytes is more than the limit {FILE_MAX}"));
-    }
-    let part = target.with_extension("mesh-part");
-    if let Some(dir) = target.parent() {
-        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    let mut f = fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(offset == 0)
-        .open(&part)
-        .map_err(|e| format!("cannot write {}: {e}", part.display()))?;
-    f.seek(SeekFrom::Start(offset))
-        .and_then(|_| f.write_all(data))
-        .map_err(|e| format!("cannot write {}: {e}", part.display()))?;
-    if offset + data.len() as u64 >= size {
-        drop(f);
-        let mut h = blake3::Hasher::new();
-        let mut r =
-            fs::File::open(&part).map_err(|e| format!("cannot read {}: {e}", part.display()))?;
-        h.update_reader(&mut r)
-            .map_err(|e| format!("cannot read {}: {e}", part.display()))?;
-        if h.finalize().as_bytes() != &hash {
-            let _ = fs::remove_file(&part);
-            return Err(format!(
-                "output {} arrived damaged (hash mismatch)",
-                target.display()
-            ));
-        }
-        fs::rename(&part, target).map_err(|e| format!("cannot keep {}: {e}", target.display()))?;
-    }
-    Ok(())
 }
 
 /// Serves one control connection: reads the request, forwards it to the loop, writes the answers.

@@ -390,6 +390,61 @@ impl Engine {
             m.list = machines;
             m.slots.clear();
         }
+        self.recheck_unplaceable();
+    }
+
+    /// Stages failed as unplaceable that a machine now fits (a partition
+    /// healed, a larger node joined) run after all: their tasks that never
+    /// started, and what was skipped because of them, wait again.
+    fn recheck_unplaceable(&mut self) {
+        let Placement::Remote(m) = &self.placement else {
+            return;
+        };
+        let mut back = Vec::new();
+        for (fi, f) in self.farms.iter().enumerate() {
+            for (s, st) in f.stages.iter().enumerate() {
+                let req = &f.def.stages[s].resources;
+                if st.unplaceable && m.list.iter().any(|x| Pool::never_fits(x, req).is_empty()) {
+                    back.push((fi, s));
+                }
+            }
+        }
+        for (fi, s) in back {
+            let f = &mut self.farms[fi];
+            let st = &mut f.stages[s];
+            st.unplaceable = false;
+            for i in 0..st.status.len() {
+                if st.status[i] == FAILED && st.attempts[i] == 0 {
+                    st.set(i, PENDING);
+                }
+            }
+            let mut work = vec![s];
+            while let Some(s) = work.pop() {
+                let f = &mut self.farms[fi];
+                let st = &mut f.stages[s];
+                st.cursor = 0;
+                for i in 0..st.status.len() {
+                    if st.status[i] == SKIPPED {
+                        st.set(i, PENDING);
+                    }
+                }
+                if st.open && !f.def.stages[s].after_each.is_empty() {
+                    let stages = &f.stages;
+                    let each = &f.def.stages[s].after_each;
+                    let ready: Vec<u32> = (0..stages[s].status.len())
+                        .filter(|&i| {
+                            stages[s].status[i] == PENDING
+                                && each.iter().all(|&d| stages[d as usize].status[i] == DONE)
+                        })
+                        .map(|i| i as u32)
+                        .collect();
+                    f.stages[s].ready.extend(ready);
+                }
+                for d in f.dependents[s].iter().chain(&f.dependents_each[s]) {
+                    work.push(*d as usize);
+                }
+            }
+        }
     }
 
     /// This machine's resources (empty for a remote engine, which owns none).
@@ -505,6 +560,7 @@ impl Engine {
                     if crashes >= CRASHES_MAX {
                         st.set(i, FAILED);
                         failed.push(t);
+                        let attempt = rec.attempt;
                         let record = TaskRecord {
                             state: RecordState::Failed,
                             crashes,
@@ -515,6 +571,15 @@ impl Engine {
                             farm: slot,
                             task: t,
                             record,
+                        }));
+                        // Said like any other failure, so whoever shows
+                        // failures has its reason.
+                        self.actions.push_back(Action::Emit(Event::TaskFinished {
+                            farm: slot,
+                            task: t,
+                            attempt,
+                            end: TaskEnd::CrashLimit,
+                            verdict: Verdict::Failed,
                         }));
                     } else {
                         // Record the crash now so that a second crash counts twice.
@@ -966,6 +1031,27 @@ impl Engine {
         out
     }
 
+    /// A task that a holder of the farm knows is done (the coordinator that
+    /// recorded it is gone): done here too, when it is waiting to run.
+    /// False when it is claimed or has ended: then the claim's report, or
+    /// what is recorded, stands.
+    pub fn mark_done(&mut self, now: Millis, farm: FarmSlot, task: TaskRef) -> bool {
+        let f = &mut self.farms[farm.0 as usize];
+        let Some(st) = f.stages.get_mut(task.stage as usize) else {
+            return false;
+        };
+        let i = task.index as usize;
+        // Done wins over a failure recorded on the other side of a partition.
+        if !matches!(st.status.get(i), Some(&PENDING) | Some(&FAILED)) {
+            return false;
+        }
+        st.set(i, DONE);
+        self.on_done(farm, task);
+        self.fill(now);
+        self.check_finished(farm);
+        true
+    }
+
     /// A new coordinator learns that a node already holds this attempt: it
     /// counts as claimed. False when the task is no longer waiting to run.
     pub fn adopt_claim(&mut self, farm: FarmSlot, task: TaskRef, attempt: u32) -> bool {
@@ -1033,6 +1119,23 @@ impl Engine {
     /// counted and no retry spent; after [`CRASHES_MAX`] crashes it fails.
     pub fn lost(&mut self, now: Millis, farm: FarmSlot, task: TaskRef, attempt: u32) {
         self.requeue(now, farm, task, attempt, true);
+    }
+
+    /// A done task runs again: what it made is lost (its outputs went with
+    /// a node that never came back). Work downstream that already ran stays done.
+    pub fn redo(&mut self, now: Millis, farm: FarmSlot, task: TaskRef) -> bool {
+        let f = &mut self.farms[farm.0 as usize];
+        let Some(st) = f.stages.get_mut(task.stage as usize) else {
+            return false;
+        };
+        let i = task.index as usize;
+        if st.status.get(i) != Some(&DONE) || f.cancelled {
+            return false;
+        }
+        st.set(i, PENDING);
+        st.ready.push_front(task.index);
+        self.fill(now);
+        true
     }
 
     /// A claimed task was given back unstarted: it is queued again, nothing counted.

@@ -2,6 +2,8 @@
 
 mod msg;
 mod peer;
+mod replica;
 
 pub use msg::*;
 pub use peer::*;
+pub use replica::*;

@@ -28,14 +28,14 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use rustc_hash::FxHashMap;
 
-use mesh_protocol::engine::{Millis, Outcome, TaskRecord, TaskResult};
+use mesh_protocol::engine::{Millis, Outcome, TaskResult};
 use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
 use mesh_protocol::mesh::{
-    Action, Assigned, Config, FarmId, FarmSpec, Msg, NodeId, Peer, PeerEvent, Persist,
+    Action, Assigned, Config, FarmId, FarmSpec, Msg, NodeId, OutputFile, Peer, PeerEvent,
 };
 use mesh_protocol::resources::{parse_resources, CPU};
 use mesh_protocol::{Resources, TaskRef};
-use mesh_store::{FarmKey, MemStore, Store, Write};
+use mesh_store::{MemStore, MeshState, Store};
 
 use crate::dist::{parse_durations, Dist};
 use crate::queue::Calendar;
@@ -45,9 +45,6 @@ use crate::SimError;
 
 /// The simulated farm's id.
 const FARM: FarmId = FarmId(1);
-/// Store key bit for the submitter's own record of done tasks, kept apart
-/// from the coordinator's task records of the same farm.
-const SUBMITTED: u64 = 1 << 63;
 /// Most executions kept for the picture.
 const SAMPLE_MAX: usize = 2000;
 
@@ -428,6 +425,14 @@ enum Ev {
     Leave(u32),
     /// A leaving node, its tasks handed back, stops.
     Gone(u32),
+    /// The home's fetch of a task's outputs from the node that keeps them
+    /// has had time to get there and back.
+    Fetched {
+        home: u32,
+        gen: u32,
+        from: u32,
+        task: TaskRef,
+    },
 }
 
 /// A task running on a node, as the simulator sees it.
@@ -447,6 +452,8 @@ struct Node {
     /// Incarnation: raised by a crash, so events of the dead one are ignored.
     gen: u32,
     store: MemStore,
+    /// How the peer's persists map to the store (the node's own mapping).
+    book: MeshState,
     timer: Option<Millis>,
     runs: FxHashMap<TaskRef, Run>,
     /// What the runs here hold: checked against `total` at every start.
@@ -485,6 +492,9 @@ struct Sim<'a> {
     timeline: Timeline,
     sample: Vec<Execution>,
     sample_stride: usize,
+    /// The submitting node crashes and never comes back: the farm ends at
+    /// the coordinator, with no home to bring outputs to.
+    home_lost: bool,
     /// Counters of peers that crashed or left, so their steals still count.
     gone_stats: mesh_protocol::mesh::Stats,
     /// The stepped peer's actions other than persists, carried out after them.
@@ -506,6 +516,7 @@ impl<'a> Sim<'a> {
                 peer: None,
                 gen: 0,
                 store: MemStore::new(),
+                book: MeshState::default(),
                 timer: None,
                 runs: FxHashMap::default(),
                 used: Resources::new(),
@@ -519,6 +530,10 @@ impl<'a> Sim<'a> {
         Sim {
             cfg,
             faults: cfg.has_faults(),
+            home_lost: cfg
+                .crashes
+                .iter()
+                .any(|c| c.node == cfg.submit_node && c.restart_after_ms.is_none()),
             now: 0,
             queue: Calendar::new(),
             rng: SmallRng::seed_from_u64(mix(cfg.seed, 0, 0)),
@@ -662,7 +677,7 @@ impl<'a> Sim<'a> {
                 if self.nodes[n].peer.is_none() {
                     return Err(self.violation("the submitting node is down at submit time".into()));
                 }
-                self.step(n, |p| p.submit(now, spec, Vec::new()))
+                self.step(n, |p| p.submit(now, spec))
             }
             Ev::Crash(n) => {
                 self.stop_node(n as usize, true);
@@ -679,6 +694,21 @@ impl<'a> Sim<'a> {
             Ev::Gone(n) => {
                 self.stop_node(n as usize, false);
                 Ok(())
+            }
+            Ev::Fetched {
+                home,
+                gen,
+                from,
+                task,
+            } => {
+                if self.nodes[home as usize].gen != gen {
+                    return Ok(());
+                }
+                // The outputs came if the node keeping them was up and
+                // reachable the whole way.
+                let ok = self.nodes[from as usize].peer.is_some()
+                    && !self.partitioned(home as usize, from as usize);
+                self.step(home as usize, |p| p.fetched(now, FARM, task, ok))
             }
         }
     }
@@ -706,40 +736,14 @@ impl<'a> Sim<'a> {
             joining,
         );
         if restart {
-            // Whatever this node made durable before it died.
-            let key = FarmKey(FARM.0);
-            let def = nd
-                .store
-                .def(key)
-                .map_err(|e| SimError::Config(e.to_string()))?;
-            if let Some(def) = def {
-                let origin = nd
-                    .store
-                    .meta(key, "origin")
-                    .ok()
-                    .flatten()
-                    .and_then(|v| v.try_into().ok())
-                    .map(u64::from_le_bytes)
-                    .unwrap_or(0);
-                let spec = Arc::new(FarmSpec {
-                    id: FARM,
-                    origin: NodeId(origin),
-                    def,
-                    inputs: vec![],
-                });
-                let records = nd.store.tasks(key).unwrap_or_default();
-                peer.restore_farm(spec.clone(), records);
-                if spec.origin == nd.id {
-                    let done: Vec<TaskRef> = nd
-                        .store
-                        .tasks(FarmKey(FARM.0 | SUBMITTED))
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(t, _)| t)
-                        .collect();
-                    peer.submit(now, (*spec).clone(), done);
-                }
+            // Whatever this node made durable before it died, read back as the node reads it.
+            let (book, farms, held) =
+                MeshState::load(&nd.store).map_err(|e| SimError::Config(e.to_string()))?;
+            nd.book = book;
+            for (stored, finished) in farms {
+                peer.restore_farm(stored, finished);
             }
+            peer.restore_held(held);
         }
         nd.peer = Some(peer);
         nd.up_since = Some(now);
@@ -813,7 +817,7 @@ impl<'a> Sim<'a> {
             let peer = nd.peer.as_mut().expect("stepped peers are up");
             while let Some(a) = peer.poll_action() {
                 match a {
-                    Action::Persist(p) => persist_writes(p, &mut writes),
+                    Action::Persist(p) => nd.book.writes(p, &mut writes),
                     other => rest.push(other),
                 }
             }
@@ -831,6 +835,21 @@ impl<'a> Sim<'a> {
                 Action::Broadcast(msg) => self.broadcast(n, msg),
                 Action::Start { task, grant } => self.start_task(n, task, grant.resources)?,
                 Action::Kill { task, .. } => self.kill(n, task),
+                Action::Fetch { task, from, .. } => {
+                    let from = (from.0 - 1) as u32;
+                    let at = self.now + self.latency() + self.latency();
+                    let gen = self.nodes[n].gen;
+                    self.push(
+                        at,
+                        Ev::Fetched {
+                            home: n as u32,
+                            gen,
+                            from,
+                            task,
+                        },
+                    );
+                }
+                Action::Forget { .. } => {}
                 Action::Emit(ev) => {
                     if let PeerEvent::Unplaceable { stage, reason, .. } = ev {
                         self.unplaceable.push(format!(
@@ -864,8 +883,13 @@ impl<'a> Sim<'a> {
                 timer = Some((at, nd.gen));
             }
         }
-        let end = if peer.is_coordinator() {
+        // The farm ends at its home, once every task is over and every
+        // output is there; at the coordinator only when the home never
+        // comes back.
+        let end = if self.home_lost {
             peer.coordinated_progress(FARM).filter(|c| c.finished())
+        } else if n == self.cfg.submit_node {
+            peer.progress(FARM).filter(|p| p.finished).map(|p| p.counts)
         } else {
             None
         };
@@ -884,8 +908,24 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// The coordinator says the farm is over: every task that should have succeeded did.
+    /// The farm is over: every task that should have succeeded did, and
+    /// (unless the home is gone for good) the home knows each one done
+    /// with its outputs there.
     fn check_end(&mut self, c: mesh_protocol::engine::Counts) -> Result<(), SimError> {
+        if !self.home_lost {
+            let home = self.nodes[self.cfg.submit_node].peer.as_ref();
+            let r = home.and_then(|p| p.replica(FARM));
+            let unknown = (0..self.ok_done.len()).find(|&g| {
+                let s = self.plan.offsets.partition_point(|&o| o <= g) - 1;
+                let t = TaskRef::new(s as u32, (g - self.plan.offsets[s]) as u32);
+                self.plan.expect_ok[g] && !r.is_some_and(|r| r.log.is_done(t))
+            });
+            if let Some(g) = unknown {
+                return Err(self.violation(format!(
+                    "the home says the farm is over ({c:?}) but does not know task {g} done"
+                )));
+            }
+        }
         let missing = (0..self.ok_done.len()).find(|&g| self.plan.expect_ok[g] && !self.ok_done[g]);
         if let Some(g) = missing {
             let s = self.plan.offsets.partition_point(|&o| o <= g) - 1;
@@ -1093,8 +1133,21 @@ impl<'a> Sim<'a> {
             duration_ms: self.now - r.start,
             logs: 0,
         };
+        // Every successful task leaves one output, kept on this node until
+        // the home fetches it.
+        let outputs = if completed && !fail {
+            let mut hash = [0u8; 32];
+            hash[..8].copy_from_slice(&(g as u64).to_le_bytes());
+            vec![OutputFile {
+                path: "out".into(),
+                hash,
+                size: 1,
+            }]
+        } else {
+            Vec::new()
+        };
         let now = self.now;
-        self.step(n, |p| p.task_finished(now, task, outcome))
+        self.step(n, |p| p.task_finished(now, task, outcome, outputs))
     }
 
     fn report(&mut self, wall_s: f64) -> SimReport {
@@ -1148,38 +1201,6 @@ impl<'a> Sim<'a> {
             wall_ms: wall_s * 1000.0,
             timeline: std::mem::take(&mut self.timeline),
             sample: std::mem::take(&mut self.sample),
-        }
-    }
-}
-
-/// The store writes that make one of the peer's persists durable.
-fn persist_writes(p: Persist, out: &mut Vec<Write>) {
-    match p {
-        Persist::Farm(spec) => {
-            let farm = FarmKey(spec.id.0);
-            out.push(Write::Def {
-                farm,
-                def: Box::new(spec.def.clone()),
-            });
-            out.push(Write::Meta {
-                farm,
-                name: "origin".into(),
-                value: spec.origin.0.to_le_bytes().to_vec(),
-            });
-        }
-        Persist::Task { farm, task, record } => out.push(Write::Task {
-            farm: FarmKey(farm.0),
-            task,
-            record,
-        }),
-        Persist::Done { farm, tasks } => {
-            for task in tasks {
-                out.push(Write::Task {
-                    farm: FarmKey(farm.0 | SUBMITTED),
-                    task,
-                    record: TaskRecord::known_done(1),
-                });
-            }
         }
     }
 }

@@ -183,6 +183,8 @@ pub struct MeshKnobs {
     pub resend_ms: Option<u64>,
     pub progress_ms: Option<u64>,
     pub steal_timeout_ms: Option<u64>,
+    pub replicas: Option<usize>,
+    pub outputs_wait_ms: Option<u64>,
 }
 
 fn default_name() -> String {
@@ -291,6 +293,8 @@ impl SimConfig {
             resend_ms: m.resend_ms.unwrap_or(d.resend_ms),
             progress_ms: m.progress_ms.unwrap_or(d.progress_ms),
             steal_timeout_ms: m.steal_timeout_ms.unwrap_or(d.steal_timeout_ms),
+            replicas: m.replicas.unwrap_or(d.replicas),
+            outputs_wait_ms: m.outputs_wait_ms.unwrap_or(d.outputs_wait_ms),
         }
     }
 

@@ -16,6 +16,7 @@
 //! unflushed tail.
 
 mod mem;
+pub mod mesh;
 mod sled_store;
 
 use mesh_protocol::engine::TaskRecord;
@@ -24,6 +25,7 @@ use mesh_protocol::TaskRef;
 use serde::{Deserialize, Serialize};
 
 pub use mem::MemStore;
+pub use mesh::MeshState;
 pub use sled_store::SledStore;
 
 /// A farm's key in the store (a node may hold many farms).

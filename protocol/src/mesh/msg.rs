@@ -68,6 +68,16 @@ pub struct Assigned {
     pub attempt: u32,
 }
 
+/// One output file of a finished task, as the node that ran it keeps it
+/// (content-addressed) until the farm's home has it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OutputFile {
+    /// Relative to the task's output folder.
+    pub path: String,
+    pub hash: [u8; 32],
+    pub size: u64,
+}
+
 /// How a task's attempt ended on the node that ran it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
@@ -75,21 +85,81 @@ pub struct Report {
     pub result: TaskResult,
     pub key: Option<[u8; 32]>,
     pub duration_ms: u64,
+    /// The outputs of a successful attempt, kept on the node that ran it.
+    pub outputs: Vec<OutputFile>,
 }
 
-/// A farm's progress, sent by the coordinator to the node that submitted it.
+/// A fact about one task of a farm that every holder of the farm keeps:
+/// the replicated part of a farm's state. Entries only accumulate, and
+/// done wins over failed, so holders merge them in any order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Entry {
+    Done {
+        task: TaskRef,
+        /// The completion's content key.
+        key: Option<[u8; 32]>,
+        /// Who ran it, and so holds its outputs until the home has them.
+        node: NodeId,
+        outputs: Vec<OutputFile>,
+    },
+    /// Failed for good, with the reason.
+    Failed {
+        task: TaskRef,
+        attempt: u32,
+        node: NodeId,
+        end: TaskEnd,
+    },
+    /// The outputs of `node`'s run of a done task are lost with that node
+    /// (gone for longer than the home waits): the task runs again.
+    Redo { task: TaskRef, node: NodeId },
+}
+
+impl Entry {
+    pub fn task(&self) -> TaskRef {
+        match self {
+            Entry::Done { task, .. } | Entry::Failed { task, .. } | Entry::Redo { task, .. } => {
+                *task
+            }
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        matches!(self, Entry::Done { .. })
+    }
+
+    pub fn is_failed(&self) -> bool {
+        matches!(self, Entry::Failed { .. })
+    }
+}
+
+/// A farm's progress, as its home shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FarmProgress {
     pub farm: FarmId,
     pub counts: Counts,
     pub stages: Vec<Counts>,
+    /// Every task is over and every output is home.
     pub finished: bool,
-    /// Tasks done since the last progress message: the submitter keeps them,
-    /// so a new coordinator can take the farm over without re-running them.
-    pub done: Vec<TaskRef>,
 }
 
-/// A task that failed (or will be retried), for the submitter to show.
+/// The coordinator's log of a farm, from position `from`, and its progress.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SyncMsg {
+    pub term: u64,
+    /// Which coordinator's log this is (a restarted one starts a new log).
+    pub log: u64,
+    pub farm: FarmId,
+    pub from: u64,
+    pub entries: Vec<Entry>,
+    /// The log's length when sent: a holder is up to date once it has that many.
+    pub len: u64,
+    pub counts: Counts,
+    pub stages: Vec<Counts>,
+    /// Every task of the farm is over.
+    pub finished: bool,
+}
+
+/// A task's attempt that failed and will be retried, for the home to show.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
     pub farm: FarmId,
@@ -105,20 +175,32 @@ pub enum Msg {
     /// Gossip: who I am, what I hold, whom I follow. Shared, because one
     /// beat goes to many members.
     Beat(Arc<Beat>),
-    /// Submitter to coordinator; sent again to a new coordinator with the
-    /// tasks the submitter knows are done, which it keeps durably.
+    /// A holder of the farm (its submitter, or a node keeping a copy) to the
+    /// coordinator: the farm and what this holder knows of it. Sent on
+    /// submission and again to every new coordinator, so one that does not
+    /// hold the farm takes it over without re-running finished tasks.
     Submit {
         farm: Arc<FarmSpec>,
-        done: Vec<TaskRef>,
+        entries: Vec<Entry>,
     },
+    /// More of what a holder knows of a farm, when it did not fit one `Submit`.
+    Offer { farm: FarmId, entries: Vec<Entry> },
     /// Coordinator to submitter: the farm is durable on two nodes (one in a mesh of one).
     Accepted { farm: FarmId, tasks: u64 },
     /// Coordinator to submitter: the farm cannot be taken.
     Refused { farm: FarmId, reason: String },
-    /// Coordinator to its backup: keep a copy of this farm.
+    /// Coordinator to a node: hold a copy of this farm (its state follows by `Sync`).
     Replicate { term: u64, farm: Arc<FarmSpec> },
-    /// Backup to coordinator: the copy is durable.
+    /// Holder to coordinator: the copy is durable.
     Replicated { farm: FarmId },
+    /// Coordinator to the farm's holders. Boxed: it is the largest
+    /// message, and every other message would pay its size.
+    Sync(Box<SyncMsg>),
+    /// Holder to coordinator: every entry before `next` is durable here.
+    Synced { farm: FarmId, next: u64 },
+    /// The home to every node: every output of this farm is home; what
+    /// was kept for it may go.
+    Collected { farm: FarmId },
     /// Coordinator to worker: run these.
     Assign { term: u64, tasks: Vec<Assigned> },
     /// Worker to coordinator: these attempts are over.
@@ -129,6 +211,12 @@ pub enum Msg {
     Release { term: u64, tasks: Vec<Assigned> },
     /// Worker to coordinator, after a new coordinator is elected: what I hold.
     Holding { term: u64, tasks: Vec<Assigned> },
+    /// The home to the coordinator: these done tasks' outputs are lost with
+    /// the node that kept them (gone too long); run them again.
+    Redo {
+        farm: FarmId,
+        tasks: Vec<(TaskRef, NodeId)>,
+    },
     /// Worker to coordinator: I was assigned tasks of a farm I do not know.
     GetFarm { farm: FarmId },
     /// Coordinator to worker: the farm asked for.
@@ -152,10 +240,7 @@ pub enum Msg {
     },
     /// Anyone to coordinator, and coordinator to workers: stop this farm.
     Cancel { farm: FarmId },
-    /// Coordinator to submitter. Boxed: it is the largest message, and
-    /// every other message would pay its size.
-    Progress(Box<FarmProgress>),
-    /// Coordinator to submitter.
+    /// Coordinator to the home: an attempt failed and will be retried.
     Failure(Failure),
     /// Coordinator to submitter: a stage fits no node of the mesh; its tasks are failed.
     Unplaceable {

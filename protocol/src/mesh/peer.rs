@@ -25,9 +25,10 @@ use rand::{RngExt, SeedableRng};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::msg::*;
+use super::replica::{entry_record, FarmLog, Replica, StoredFarm};
 use crate::engine::{
-    self, AddOptions, Engine, FarmSlot, KillReason, Millis, Outcome, RecordState, TaskRecord,
-    TaskResult, Verdict,
+    self, AddOptions, Engine, FarmSlot, KillReason, Millis, Outcome, TaskRecord, TaskResult,
+    Verdict,
 };
 use crate::farm::TaskRef;
 use crate::pool::{Grant, Pool};
@@ -64,6 +65,13 @@ pub struct Config {
     pub progress_ms: u64,
     /// A steal with no answer after this long is given up.
     pub steal_timeout_ms: u64,
+    /// A farm's state (definition, done set, where outputs are) is durable
+    /// on this many nodes before anything about it is acknowledged (fewer
+    /// only while the mesh has fewer nodes).
+    pub replicas: usize,
+    /// The home waits this long for a node that keeps outputs it misses to
+    /// come back; then those tasks run again elsewhere.
+    pub outputs_wait_ms: u64,
 }
 
 impl Default for Config {
@@ -80,6 +88,8 @@ impl Default for Config {
             resend_ms: 1000,
             progress_ms: 200,
             steal_timeout_ms: 1000,
+            replicas: 2,
+            outputs_wait_ms: 30_000,
         }
     }
 }
@@ -95,8 +105,26 @@ pub enum Persist {
         task: TaskRef,
         record: TaskRecord,
     },
-    /// On the submitter: these tasks are done.
-    Done { farm: FarmId, tasks: Vec<TaskRef> },
+    /// Entries of a farm this node holds. With `records`, each also as the
+    /// task's record (a copy from elsewhere); without, the coordinator's
+    /// own records already say it, and only where outputs are and why a
+    /// task failed is kept beside them.
+    Entries {
+        farm: FarmId,
+        entries: Vec<Entry>,
+        records: bool,
+    },
+    /// On the home: these tasks' outputs are here, verified.
+    Collected { farm: FarmId, tasks: Vec<TaskRef> },
+    /// The farm is over for this holder, with its final counts.
+    Finished {
+        farm: FarmId,
+        counts: engine::Counts,
+        stages: Vec<engine::Counts>,
+    },
+    /// Every result this node reported and the coordinator has not yet
+    /// acknowledged as replicated: the whole set, replacing the last.
+    Held(Vec<Report>),
 }
 
 /// What happened that the driver may want to show.
@@ -142,6 +170,18 @@ pub enum Action {
         task: Assigned,
         reason: KillReason,
     },
+    /// On the home: bring these outputs of a finished task from the node
+    /// that keeps them, verify them, and call [`Peer::fetched`].
+    Fetch {
+        farm: FarmId,
+        task: TaskRef,
+        from: NodeId,
+        outputs: Vec<OutputFile>,
+    },
+    /// Every output of this farm is home: what this node kept of it may go.
+    Forget {
+        farm: FarmId,
+    },
     Emit(PeerEvent),
 }
 
@@ -163,32 +203,38 @@ pub struct Member {
     pub last_seen: Millis,
 }
 
-/// A farm from this node's store and its task records.
-type StoredFarm = (Arc<FarmSpec>, Vec<(TaskRef, TaskRecord)>);
-
 struct Run {
     attempt: u32,
     grant: Grant,
     killed: Option<KillReason>,
 }
 
-struct Submitted {
-    spec: Arc<FarmSpec>,
-    accepted: bool,
-    done: FxHashSet<TaskRef>,
-    finished: bool,
+/// A node that holds a copy of a farm, as the coordinator streams it the farm's log.
+struct Holder {
+    node: NodeId,
+    /// The farm's definition is durable there.
+    has_spec: bool,
+    /// Entries sent, and entries it said are durable there.
+    sent: u64,
+    acked: u64,
+    /// When entries were last sent.
+    at: Millis,
 }
 
 struct CoordFarm {
     slot: FarmSlot,
     spec: Arc<FarmSpec>,
-    /// Accepted: durable here and on one more node.
+    /// Accepted: durable on enough nodes (see `Config::replicas`).
     accepted: bool,
-    /// When the submitter is this node, the copy goes to another node first.
-    replica: Option<NodeId>,
-    progress_sent: Option<engine::Counts>,
+    /// Every task that ended for good, in order: streamed to the holders.
+    log: FarmLog,
+    holders: Vec<Holder>,
+    /// Reports whose entry is not yet durable on enough holders: the
+    /// worker is acknowledged (and forgets its copy) once it is.
+    waiting: VecDeque<(u64, NodeId, Assigned)>,
+    /// The counts last sent to the holders, and whether the end was.
+    counts_sent: Option<engine::Counts>,
     finished_sent: bool,
-    done_since: Vec<TaskRef>,
 }
 
 /// The coordinator's state: only the elected node has one.
@@ -207,8 +253,15 @@ struct Coord {
     hungry: BTreeSet<NodeId>,
     /// The backlog after the last assignment: when it grows, every node may take more.
     last_backlog: u64,
-    /// The node whose report the engine is handling, to name it in failures.
+    /// The node whose report the engine is handling, to name it in
+    /// failures, and the outputs it reported.
     reporter: Option<NodeId>,
+    outputs: Vec<OutputFile>,
+    /// The record the engine just wrote for a task, for the entry that follows.
+    last_key: Option<[u8; 32]>,
+    /// Tells holders apart this coordinator's log from any other's (a
+    /// restarted coordinator's log restarts at 0).
+    log_id: u64,
     next_progress: Millis,
 }
 
@@ -231,10 +284,16 @@ pub struct Peer {
     specs: FxHashMap<FarmId, Arc<FarmSpec>>,
     awaiting_spec: FxHashMap<FarmId, Vec<Assigned>>,
     unacked: BTreeMap<(FarmId, TaskRef), Report>,
-    submitted: BTreeMap<FarmId, Submitted>,
-    progress: FxHashMap<FarmId, FarmProgress>,
+    /// `unacked` changed since it was last persisted.
+    held_dirty: bool,
+    /// Farms this node holds a copy of (it submitted them, or keeps them
+    /// for the mesh).
+    replicas: BTreeMap<FarmId, Replica>,
     /// Farms kept on this node's store, to coordinate if it is elected.
     stored: Vec<StoredFarm>,
+    /// Members declared dead, and since when (the home waits for those
+    /// that keep its outputs).
+    gone: FxHashMap<NodeId, Millis>,
     steal: Option<(u64, NodeId, Millis)>,
     next_steal_id: u64,
     /// Members with tasks queued, as far as this node knows (their last
@@ -288,9 +347,10 @@ impl Peer {
             specs: FxHashMap::default(),
             awaiting_spec: FxHashMap::default(),
             unacked: BTreeMap::new(),
-            submitted: BTreeMap::new(),
-            progress: FxHashMap::default(),
+            held_dirty: false,
+            replicas: BTreeMap::new(),
             stored: Vec::new(),
+            gone: FxHashMap::default(),
             steal: None,
             next_steal_id: 1,
             loaded: IndexMap::new(),
@@ -356,13 +416,19 @@ impl Peer {
         self.specs.get(&farm)
     }
 
-    /// The latest progress of a farm this node submitted.
-    pub fn progress(&self, farm: FarmId) -> Option<&FarmProgress> {
-        self.progress.get(&farm)
+    /// The progress of a farm this node holds, as it would show it.
+    pub fn progress(&self, farm: FarmId) -> Option<FarmProgress> {
+        self.replicas.get(&farm).map(|r| r.progress(self.id))
     }
 
-    pub fn submitted(&self) -> impl Iterator<Item = (FarmId, bool)> + '_ {
-        self.submitted.iter().map(|(id, s)| (*id, s.accepted))
+    /// A farm this node holds a copy of.
+    pub fn replica(&self, farm: FarmId) -> Option<&Replica> {
+        self.replicas.get(&farm)
+    }
+
+    /// Every farm this node holds a copy of.
+    pub fn replicas(&self) -> impl Iterator<Item = &Replica> {
+        self.replicas.values()
     }
 
     pub fn stats(&self) -> &Stats {
@@ -402,7 +468,7 @@ impl Peer {
             at = at.min(t + self.cfg.steal_timeout_ms);
         }
         if let Some(c) = &self.coord {
-            if c.farms.values().any(|f| f.progress_dirty()) {
+            if c.farms.values().any(|f| !f.finished_sent) {
                 at = at.min(c.next_progress);
             }
         }
@@ -411,28 +477,72 @@ impl Peer {
 
     // ----- inputs -----
 
-    /// A farm found in this node's store at startup: coordinated here if this node is elected.
-    pub fn restore_farm(&mut self, spec: Arc<FarmSpec>, records: Vec<(TaskRef, TaskRecord)>) {
+    /// A farm found in this node's store at startup: held again (and
+    /// offered to the coordinator until it is over), and coordinated here
+    /// if this node is elected. `finished`: it was over here, with these counts.
+    pub fn restore_farm(
+        &mut self,
+        stored: StoredFarm,
+        finished: Option<(engine::Counts, Vec<engine::Counts>)>,
+    ) {
+        let spec = stored.spec.clone();
         self.specs.insert(spec.id, spec.clone());
-        self.stored.push((spec, records));
+        let mut r = Replica::new(spec.clone(), spec.origin == self.id);
+        for e in &stored.entries {
+            r.log.add(e.clone());
+        }
+        r.collected.extend(stored.collected.iter().copied());
+        if let Some((counts, stages)) = finished {
+            r.counts = counts;
+            r.stages = stages;
+            r.over = true;
+            r.announced = true;
+            r.accepted = true;
+        }
+        self.replicas.insert(spec.id, r);
+        self.stored.push(stored);
     }
 
-    /// A farm submitted on this node (the origin). `done`: tasks already known done.
-    pub fn submit(&mut self, now: Millis, spec: FarmSpec, done: Vec<TaskRef>) {
+    /// Results this node reported before it stopped and that were not
+    /// acknowledged: kept, and reported again.
+    pub fn restore_held(&mut self, reports: Vec<Report>) {
+        for r in reports {
+            self.unacked.insert((r.task.farm, r.task.task), r);
+        }
+    }
+
+    /// A farm submitted on this node, which becomes its home.
+    pub fn submit(&mut self, now: Millis, spec: FarmSpec) {
         let spec = Arc::new(spec);
         self.specs.insert(spec.id, spec.clone());
         self.actions
             .push_back(Action::Persist(Persist::Farm(spec.clone())));
-        self.submitted.insert(
-            spec.id,
-            Submitted {
-                spec: spec.clone(),
-                accepted: false,
-                done: done.iter().copied().collect(),
-                finished: false,
-            },
-        );
-        self.send_coordinator(|_| Msg::Submit { farm: spec, done });
+        self.replicas
+            .insert(spec.id, Replica::new(spec.clone(), true));
+        self.send_coordinator(|_| Msg::Submit {
+            farm: spec,
+            entries: Vec::new(),
+        });
+        self.pump(now);
+    }
+
+    /// On the home: the outputs of `task` asked for by [`Action::Fetch`]
+    /// are here and verified, or could not be brought (tried again later).
+    pub fn fetched(&mut self, now: Millis, farm: FarmId, task: TaskRef, ok: bool) {
+        let Some(r) = self.replicas.get_mut(&farm) else {
+            return;
+        };
+        if r.fetching.remove(&task).is_none() && !ok {
+            return;
+        }
+        if ok && r.collected.insert(task) {
+            self.actions.push_back(Action::Persist(Persist::Collected {
+                farm,
+                tasks: vec![task],
+            }));
+        }
+        self.fetch_missing(now, farm);
+        self.home_progress(farm);
         self.pump(now);
     }
 
@@ -478,8 +588,16 @@ impl Peer {
         self.pump(now);
     }
 
-    /// A task this node started is over (its process exited, or it never started).
-    pub fn task_finished(&mut self, now: Millis, task: Assigned, outcome: Outcome) {
+    /// A task this node started is over (its process exited, or it never
+    /// started). `outputs`: what a successful attempt left, kept here until
+    /// the farm's home has it.
+    pub fn task_finished(
+        &mut self,
+        now: Millis,
+        task: Assigned,
+        outcome: Outcome,
+        outputs: Vec<OutputFile>,
+    ) {
         let key = (task.farm, task.task);
         match self.running.get(&key) {
             Some(r) if r.attempt == task.attempt => {}
@@ -506,6 +624,7 @@ impl Peer {
             result,
             key: outcome.key,
             duration_ms: outcome.duration_ms,
+            outputs,
         });
         self.start_queued(now);
         // Running dry: steal now rather than at the next beat.
@@ -550,7 +669,7 @@ impl Peer {
             }
         }
         if self.coord.as_ref().is_some_and(|c| now >= c.next_progress) {
-            self.send_progress(now, false);
+            self.sync_holders(now, true);
         }
         self.pump(now);
     }
@@ -569,6 +688,7 @@ impl Peer {
     fn report(&mut self, report: Report) {
         self.unacked
             .insert((report.task.farm, report.task.task), report.clone());
+        self.held_dirty = true;
         self.send_coordinator(|term| Msg::Report {
             term,
             reports: vec![report],
@@ -589,48 +709,78 @@ impl Peer {
         while let Some((from, msg)) = self.inbox.pop_front() {
             self.dispatch_msg(now, from, msg);
         }
-        self.coord_drain(now);
+        self.coord_drain();
         self.assign(now);
         // Assignments to this node itself arrive through the inbox.
         while let Some((from, msg)) = self.inbox.pop_front() {
             self.dispatch_msg(now, from, msg);
-            self.coord_drain(now);
+            self.coord_drain();
             self.assign(now);
+        }
+        self.sync_holders(now, false);
+        // Holders' answers to this node itself.
+        while let Some((from, msg)) = self.inbox.pop_front() {
+            self.dispatch_msg(now, from, msg);
+        }
+        if self.held_dirty {
+            self.held_dirty = false;
+            let held = self.unacked.values().cloned().collect();
+            self.actions.push_back(Action::Persist(Persist::Held(held)));
         }
     }
 
     fn dispatch_msg(&mut self, now: Millis, from: NodeId, msg: Msg) {
         match msg {
             Msg::Beat(b) => self.on_beat(now, from, b),
-            Msg::Submit { farm, done } => self.on_submit(now, from, farm, done),
+            Msg::Submit { farm, entries } => self.on_submit(now, from, farm, entries),
+            Msg::Offer { farm, entries } => self.on_offer(now, from, farm, entries),
             Msg::Accepted { farm, tasks } => {
-                if let Some(s) = self.submitted.get_mut(&farm) {
-                    if !s.accepted {
-                        s.accepted = true;
-                        self.actions
-                            .push_back(Action::Emit(PeerEvent::Accepted { farm, tasks }));
+                if let Some(r) = self.replicas.get_mut(&farm) {
+                    if !r.accepted {
+                        r.accepted = true;
+                        if r.home {
+                            self.actions
+                                .push_back(Action::Emit(PeerEvent::Accepted { farm, tasks }));
+                        }
                     }
                 }
             }
             Msg::Refused { farm, reason } => {
-                if self.submitted.remove(&farm).is_some() {
+                if self.replicas.get(&farm).is_some_and(|r| r.home) {
+                    self.replicas.remove(&farm);
                     self.actions
                         .push_back(Action::Emit(PeerEvent::Refused { farm, reason }));
                 }
             }
-            Msg::Replicate { farm, .. } => {
-                self.specs.insert(farm.id, farm.clone());
+            Msg::Replicate { farm, term } => {
+                if term < self.term {
+                    return;
+                }
                 let id = farm.id;
-                self.actions.push_back(Action::Persist(Persist::Farm(farm)));
+                if !self.replicas.contains_key(&id) {
+                    self.specs.insert(id, farm.clone());
+                    self.actions
+                        .push_back(Action::Persist(Persist::Farm(farm.clone())));
+                    let mut r = Replica::new(farm, false);
+                    // The coordinator that asked for the copy has it.
+                    r.accepted = true;
+                    self.replicas.insert(id, r);
+                }
                 self.send(from, Msg::Replicated { farm: id });
             }
             Msg::Replicated { farm } => {
                 if let Some(f) = self.coord.as_mut().and_then(|c| c.farms.get_mut(&farm)) {
-                    if f.replica == Some(from) {
-                        f.replica = None;
+                    if let Some(h) = f.holders.iter_mut().find(|h| h.node == from) {
+                        h.has_spec = true;
                     }
                 }
                 self.accept_ready();
+            }
+            Msg::Sync(m) => self.on_sync(now, from, *m),
+            Msg::Redo { farm, tasks } => self.on_redo(now, farm, tasks),
+            Msg::Synced { farm, next } => self.on_synced(from, farm, next),
+            Msg::Collected { farm } => {
+                self.actions.push_back(Action::Forget { farm });
             }
             Msg::Assign { term, tasks } => self.on_assign(now, from, term, tasks),
             Msg::Report { reports, .. } => self.on_report(now, from, reports),
@@ -668,8 +818,7 @@ impl Peer {
             } => self.on_steal(from, id, total, load, max),
             Msg::Stolen { id, tasks } => self.on_stolen(now, from, id, tasks),
             Msg::Moved { to, tasks, .. } => self.on_moved(now, from, to, tasks),
-            Msg::Cancel { farm } => self.on_cancel(now, from, farm),
-            Msg::Progress(p) => self.on_progress(*p),
+            Msg::Cancel { farm } => self.on_cancel(from, farm),
             Msg::Failure(f) => self.actions.push_back(Action::Emit(PeerEvent::Failure(f))),
             Msg::Unplaceable {
                 farm,
@@ -694,6 +843,9 @@ impl Peer {
         let queued = b.queued;
         self.note_queued(from, queued, spare_queue(&b.total));
         let fresh = !self.members.contains_key(&from);
+        if fresh {
+            self.gone.remove(&from);
+        }
         self.members.insert(
             from,
             Member {
@@ -709,6 +861,8 @@ impl Peer {
             if let Some(c) = &mut self.coord {
                 c.hungry.insert(from);
             }
+            // A farm held by too few nodes (a mesh of one until now) gets a copy there.
+            self.ensure_holders(now);
         }
         if claims {
             // Higher term wins; on a tie the lower id, so two halves that both
@@ -780,6 +934,7 @@ impl Peer {
         let mut died = false;
         for id in dead {
             self.members.remove(&id);
+            self.gone.insert(id, now);
             self.actions
                 .push_back(Action::Emit(PeerEvent::MemberDown(id)));
             if self.coordinator == Some(id) {
@@ -837,10 +992,10 @@ impl Peer {
             );
         }
         // A new coordinator may not know this node's farms: offer them again
-        // with what is known done (it answers at once for farms it has).
-        for s in self.submitted.values_mut() {
-            if !s.finished {
-                s.accepted = false;
+        // with what is known of them (it answers at once for farms it has).
+        for r in self.replicas.values_mut() {
+            if !r.over {
+                r.accepted = false;
             }
         }
         self.resend(now);
@@ -858,12 +1013,20 @@ impl Peer {
             hungry: self.members.keys().copied().chain([self.id]).collect(),
             last_backlog: 0,
             reporter: None,
+            outputs: Vec::new(),
+            last_key: None,
+            log_id: self.rng.random(),
             next_progress: now,
         };
-        for (spec, records) in std::mem::take(&mut self.stored) {
-            add_farm(&mut c, now, spec, records, true);
+        for stored in std::mem::take(&mut self.stored) {
+            let origin = stored.spec.origin;
+            let f = add_farm(&mut c, now, stored.spec, stored.records, stored.entries);
+            f.accepted = true;
+            f.holders.push(Holder::new(origin, true));
         }
         self.coord = Some(c);
+        self.coord_drain();
+        self.ensure_holders(now);
         self.follow(now, term, self.id);
     }
 
@@ -873,14 +1036,8 @@ impl Peer {
         let Some(to) = self.coordinator else { return };
         for fid in &old.slots {
             let f = &old.farms[fid];
-            let done = old.engine.done_tasks(f.slot);
-            self.send(
-                to,
-                Msg::Submit {
-                    farm: f.spec.clone(),
-                    done,
-                },
-            );
+            let entries = f.log.current().cloned().collect();
+            self.offer(to, f.spec.clone(), entries);
         }
     }
 
@@ -910,79 +1067,468 @@ impl Peer {
 
     // ----- coordinator -----
 
-    fn on_submit(&mut self, now: Millis, from: NodeId, farm: Arc<FarmSpec>, done: Vec<TaskRef>) {
+    /// A holder offers a farm: taken over if it is new here, merged if not.
+    fn on_submit(&mut self, now: Millis, from: NodeId, farm: Arc<FarmSpec>, entries: Vec<Entry>) {
         self.sync_machines();
         let id = self.id;
         let Some(c) = &mut self.coord else {
-            // Not (or no longer) the coordinator: the submitter resends to the right one.
+            // Not (or no longer) the coordinator: the holder resends to the right one.
             return;
         };
-        if let Some(f) = c.farms.get(&farm.id) {
-            if f.accepted {
-                let tasks = farm.def.task_count();
-                self.send(
-                    from,
-                    Msg::Accepted {
-                        farm: farm.id,
-                        tasks,
-                    },
-                );
-            }
+        if c.farms.contains_key(&farm.id) {
+            self.merge(now, from, farm.id, entries);
             return;
         }
         self.specs.insert(farm.id, farm.clone());
         self.actions
             .push_back(Action::Persist(Persist::Farm(farm.clone())));
-        let records = done
-            .into_iter()
-            .map(|t| (t, TaskRecord::known_done(1)))
-            .collect();
-        // A farm submitted elsewhere is durable on its submitter and here; one
-        // submitted here needs a copy on another node first.
-        let replica = if farm.origin == id {
-            self.members.keys().next().copied()
-        } else {
-            None
-        };
-        add_farm(c, now, farm.clone(), records, false);
-        let f = c.farms.get_mut(&farm.id).expect("just added");
-        f.replica = replica;
-        if let Some(r) = replica {
-            let term = self.term;
-            self.send(r, Msg::Replicate { term, farm });
+        if !entries.is_empty() {
+            self.actions.push_back(Action::Persist(Persist::Entries {
+                farm: farm.id,
+                entries: entries.clone(),
+                records: true,
+            }));
         }
+        let records = entries
+            .iter()
+            .map(|e| (e.task(), entry_record(e)))
+            .collect();
+        let origin = farm.origin;
+        let f = add_farm(c, now, farm, records, entries);
+        // The holder that offered it keeps it durably, and so does the home.
+        f.holders.push(Holder::new(origin, origin != id));
+        if from != origin {
+            f.holders.push(Holder::new(from, from != id));
+        }
+        self.coord_drain();
+        self.ensure_holders(now);
         self.accept_ready();
     }
 
-    /// Acknowledges every farm that is durable on enough nodes.
-    fn accept_ready(&mut self) {
-        let Some(c) = &mut self.coord else { return };
-        let mut out = Vec::new();
-        for fid in &c.slots {
-            let f = c.farms.get_mut(fid).expect("slots and farms agree");
-            if !f.accepted && f.replica.is_none() {
-                f.accepted = true;
-                out.push((f.spec.origin, *fid, f.spec.def.task_count()));
-            }
-        }
-        for (origin, farm, tasks) in out {
-            self.send(origin, Msg::Accepted { farm, tasks });
+    /// More of what a holder knows of a farm the coordinator has.
+    fn on_offer(&mut self, now: Millis, from: NodeId, farm: FarmId, entries: Vec<Entry>) {
+        if self
+            .coord
+            .as_ref()
+            .is_some_and(|c| c.farms.contains_key(&farm))
+        {
+            self.merge(now, from, farm, entries);
         }
     }
 
+    /// Folds a holder's entries into a farm the coordinator has (what it
+    /// did not know is recorded and streamed to the others) and answers it.
+    fn merge(&mut self, now: Millis, from: NodeId, farm: FarmId, entries: Vec<Entry>) {
+        let id = self.id;
+        let Some(c) = &mut self.coord else { return };
+        let f = c.farms.get_mut(&farm).expect("checked by the caller");
+        let mut new = Vec::new();
+        for e in entries {
+            if f.log.add(e.clone()) {
+                if e.is_done() {
+                    c.engine.mark_done(now, f.slot, e.task());
+                }
+                new.push(e);
+            }
+        }
+        // A holder offers a farm the coordinator has when it (re)started
+        // or lost track: it gets the whole log again, and the progress.
+        f.holders.retain(|h| h.node != from);
+        f.holders.push(Holder::new(from, from != id));
+        f.counts_sent = None;
+        f.finished_sent = false;
+        let (accepted, tasks) = (f.accepted, f.spec.def.task_count());
+        if !new.is_empty() {
+            self.actions.push_back(Action::Persist(Persist::Entries {
+                farm,
+                entries: new,
+                records: true,
+            }));
+        }
+        self.coord_drain();
+        if accepted {
+            self.send(from, Msg::Accepted { farm, tasks });
+        }
+    }
+
+    /// Nodes other than this one that could hold a copy, and how many must.
+    fn holders_needed(&self) -> usize {
+        self.cfg.replicas.saturating_sub(1).min(self.members.len())
+    }
+
+    fn live(&self, node: NodeId) -> bool {
+        node == self.id || self.members.contains_key(&node)
+    }
+
+    /// Every farm the coordinator has is held by enough live nodes: the
+    /// lowest live members not yet holding one are asked to.
+    fn ensure_holders(&mut self, now: Millis) {
+        let need = self.holders_needed();
+        let Some(c) = &self.coord else { return };
+        let mut asks = Vec::new();
+        for fid in &c.slots {
+            let f = &c.farms[fid];
+            let live = |n: &NodeId| *n != self.id && self.members.contains_key(n);
+            let have = f.holders.iter().filter(|h| live(&h.node)).count();
+            let extra = self
+                .members
+                .keys()
+                .filter(|n| !f.holders.iter().any(|h| h.node == **n))
+                .take(need.saturating_sub(have));
+            for n in extra {
+                asks.push((*fid, *n));
+            }
+        }
+        let term = self.term;
+        for (fid, n) in asks {
+            let c = self.coord.as_mut().expect("checked");
+            let f = c.farms.get_mut(&fid).expect("listed above");
+            let mut h = Holder::new(n, false);
+            h.at = now;
+            f.holders.push(h);
+            let spec = f.spec.clone();
+            self.send(n, Msg::Replicate { term, farm: spec });
+        }
+    }
+
+    /// Acknowledges every farm whose definition is durable on enough nodes.
+    fn accept_ready(&mut self) {
+        let need = self.holders_needed();
+        let me = self.id;
+        let Some(c) = &self.coord else { return };
+        let mut out = Vec::new();
+        for fid in &c.slots {
+            let f = &c.farms[fid];
+            let have = f
+                .holders
+                .iter()
+                .filter(|h| h.has_spec && h.node != me && self.members.contains_key(&h.node))
+                .count();
+            if !f.accepted && have >= need {
+                out.push(*fid);
+            }
+        }
+        for fid in out {
+            let c = self.coord.as_mut().expect("checked");
+            let f = c.farms.get_mut(&fid).expect("listed above");
+            f.accepted = true;
+            let tasks = f.spec.def.task_count();
+            let to: Vec<NodeId> = f
+                .holders
+                .iter()
+                .filter(|h| h.has_spec || h.node == me)
+                .map(|h| h.node)
+                .collect();
+            for n in to {
+                self.send(n, Msg::Accepted { farm: fid, tasks });
+            }
+        }
+    }
+
+    /// How far a farm's log is durable on enough holders other than this node.
+    fn replicated(&self, f: &CoordFarm) -> u64 {
+        let need = self.holders_needed();
+        if need == 0 {
+            return f.log.len();
+        }
+        let mut acked: Vec<u64> = f
+            .holders
+            .iter()
+            .filter(|h| h.node != self.id && self.members.contains_key(&h.node))
+            .map(|h| h.acked)
+            .collect();
+        acked.sort_unstable_by(|a, b| b.cmp(a));
+        acked.get(need - 1).copied().unwrap_or(0)
+    }
+
+    /// Acknowledges the reports whose entries are now durable on enough holders.
+    fn release_acks(&mut self) {
+        let Some(c) = &self.coord else { return };
+        let mut acks: BTreeMap<NodeId, Vec<Assigned>> = BTreeMap::new();
+        let upto: Vec<(FarmId, u64)> = c
+            .slots
+            .iter()
+            .map(|fid| (*fid, self.replicated(&c.farms[fid])))
+            .collect();
+        let c = self.coord.as_mut().expect("checked");
+        for (fid, upto) in upto {
+            let f = c.farms.get_mut(&fid).expect("slots and farms agree");
+            while f.waiting.front().is_some_and(|(seq, ..)| *seq <= upto) {
+                let (_, node, a) = f.waiting.pop_front().expect("checked");
+                acks.entry(node).or_default().push(a);
+            }
+        }
+        for (node, tasks) in acks {
+            self.send(node, Msg::Ack { tasks });
+        }
+    }
+
+    /// Streams each farm's log to its live holders, at most a window ahead
+    /// of what they acknowledged; with `progress`, also tells them the
+    /// counts when they changed (and always the end).
+    fn sync_holders(&mut self, now: Millis, progress: bool) {
+        let Some(c) = &mut self.coord else { return };
+        if progress {
+            c.next_progress = now + self.cfg.progress_ms;
+        }
+        let mut out = Vec::new();
+        for fid in &c.slots {
+            let f = c.farms.get_mut(fid).expect("slots and farms agree");
+            let counts = c.engine.progress(f.slot);
+            let finished = counts.finished();
+            let news = (progress || finished) && f.counts_sent.as_ref() != Some(&counts);
+            if news {
+                f.counts_sent = Some(counts.clone());
+                f.finished_sent = finished;
+            }
+            let mut stages = None;
+            for h in &mut f.holders {
+                let live = h.node == self.id || self.members.contains_key(&h.node);
+                if !live || !(h.has_spec || h.node == f.spec.origin) {
+                    continue;
+                }
+                let mut sent_any = false;
+                while h.sent < f.log.len() && h.sent - h.acked.min(h.sent) < SYNC_WINDOW {
+                    let entries = f.log.slice(h.sent, SYNC_BATCH).to_vec();
+                    let from = h.sent;
+                    h.sent += entries.len() as u64;
+                    h.at = now;
+                    sent_any = true;
+                    let stages = stages.get_or_insert_with(|| c.engine.stage_progress(f.slot));
+                    out.push((
+                        h.node,
+                        sync_msg(
+                            (c.log_id, f.log.len()),
+                            *fid,
+                            from,
+                            entries,
+                            &counts,
+                            stages,
+                        ),
+                    ));
+                }
+                if news && !sent_any {
+                    let stages = stages.get_or_insert_with(|| c.engine.stage_progress(f.slot));
+                    out.push((
+                        h.node,
+                        sync_msg(
+                            (c.log_id, f.log.len()),
+                            *fid,
+                            h.sent,
+                            Vec::new(),
+                            &counts,
+                            stages,
+                        ),
+                    ));
+                }
+            }
+        }
+        let term = self.term;
+        for (to, mut m) in out {
+            m.term = term;
+            self.send(to, Msg::Sync(Box::new(m)));
+        }
+    }
+
+    /// A holder has every entry before `next` durably.
+    fn on_synced(&mut self, from: NodeId, farm: FarmId, next: u64) {
+        let Some(f) = self.coord.as_mut().and_then(|c| c.farms.get_mut(&farm)) else {
+            return;
+        };
+        let Some(h) = f.holders.iter_mut().find(|h| h.node == from) else {
+            return;
+        };
+        if next < h.acked {
+            // It lost its copy of this log (restarted): from there again.
+            h.sent = next;
+        }
+        h.acked = next;
+        h.sent = h.sent.max(next);
+        h.has_spec = true;
+        self.release_acks();
+    }
+
+    // ----- holder -----
+
+    /// The coordinator's log of a farm this node holds.
+    fn on_sync(&mut self, now: Millis, from: NodeId, m: SyncMsg) {
+        if m.term < self.term {
+            return;
+        }
+        let me = self.id;
+        let Some(r) = self.replicas.get_mut(&m.farm) else {
+            return;
+        };
+        if r.source != Some((from, m.log)) {
+            r.source = Some((from, m.log));
+            r.next = 0;
+        }
+        if m.from <= r.next {
+            let skip = (r.next - m.from) as usize;
+            let mut added = Vec::new();
+            for e in m.entries.into_iter().skip(skip) {
+                r.next += 1;
+                if r.log.add(e.clone()) {
+                    added.push(e);
+                }
+            }
+            if !added.is_empty() {
+                self.actions.push_back(Action::Persist(Persist::Entries {
+                    farm: m.farm,
+                    entries: added,
+                    records: from != me,
+                }));
+            }
+        }
+        r.counts = m.counts;
+        r.stages = m.stages;
+        let was_over = r.over;
+        // Over once every task is and this copy has every entry.
+        r.over = m.finished && r.next >= m.len;
+        let next = r.next;
+        let home = r.home;
+        if r.over && !was_over && !home {
+            self.actions.push_back(Action::Persist(Persist::Finished {
+                farm: m.farm,
+                counts: r.counts.clone(),
+                stages: r.stages.clone(),
+            }));
+        }
+        self.send(from, Msg::Synced { farm: m.farm, next });
+        if home {
+            self.fetch_missing(now, m.farm);
+            self.home_progress(m.farm);
+        }
+    }
+
+    /// On the home: asks the driver for outputs not here yet, from live
+    /// nodes that keep them, a bounded number at a time; an ask that got
+    /// no answer for a while is asked again.
+    fn fetch_missing(&mut self, now: Millis, farm: FarmId) {
+        let me = self.id;
+        let retry = self.cfg.resend_ms * FETCH_RETRY_RESENDS;
+        let Some(r) = self.replicas.get(&farm) else {
+            return;
+        };
+        if !r.home {
+            return;
+        }
+        let mut asks = Vec::new();
+        let mut busy = r.fetching.values().filter(|at| now < **at + retry).count();
+        for e in r.missing(me) {
+            if busy >= FETCHES_MAX {
+                break;
+            }
+            let Entry::Done {
+                task,
+                node,
+                outputs,
+                ..
+            } = e
+            else {
+                continue;
+            };
+            if r.fetching.get(task).is_some_and(|at| now < at + retry) || !self.live(*node) {
+                continue;
+            }
+            busy += 1;
+            asks.push((*task, *node, outputs.clone()));
+        }
+        let r = self.replicas.get_mut(&farm).expect("checked");
+        for (task, from, outputs) in asks {
+            r.fetching.insert(task, now);
+            self.actions.push_back(Action::Fetch {
+                farm,
+                task,
+                from,
+                outputs,
+            });
+        }
+    }
+
+    /// On the home: outputs kept by nodes gone longer than
+    /// `outputs_wait_ms` (or never seen since this node started) are lost;
+    /// the coordinator runs those tasks again.
+    fn redo_lost(&mut self, now: Millis) {
+        let wait = self.cfg.outputs_wait_ms;
+        let since = |n: &NodeId| self.gone.get(n).copied().unwrap_or(self.started_at);
+        let mut out = Vec::new();
+        for r in self.replicas.values().filter(|r| r.home && !r.announced) {
+            let lost: Vec<(TaskRef, NodeId)> = r
+                .missing(self.id)
+                .filter_map(|e| match e {
+                    Entry::Done { task, node, .. } if !self.live(*node) => Some((*task, *node)),
+                    _ => None,
+                })
+                .filter(|(_, n)| now >= since(n) + wait)
+                .take(OFFER_MAX)
+                .collect();
+            if !lost.is_empty() {
+                out.push((r.id(), lost));
+            }
+        }
+        for (farm, tasks) in out {
+            self.send_coordinator(|_| Msg::Redo { farm, tasks });
+        }
+    }
+
+    /// The home says these outputs are lost: the tasks run again.
+    fn on_redo(&mut self, now: Millis, farm: FarmId, tasks: Vec<(TaskRef, NodeId)>) {
+        let Some(c) = &mut self.coord else { return };
+        let Some(f) = c.farms.get_mut(&farm) else {
+            return;
+        };
+        let mut redone = Vec::new();
+        for (task, node) in tasks {
+            let e = Entry::Redo { task, node };
+            if f.log.add(e.clone()) {
+                c.engine.redo(now, f.slot, task);
+                redone.push(e);
+            }
+        }
+        if !redone.is_empty() {
+            self.actions.push_back(Action::Persist(Persist::Entries {
+                farm,
+                entries: redone,
+                records: true,
+            }));
+        }
+        self.coord_drain();
+    }
+
+    /// On the home: shows the farm's progress, and once every task is over
+    /// and every output here, records the end and tells every node that
+    /// what it kept for the farm may go.
+    fn home_progress(&mut self, farm: FarmId) {
+        let me = self.id;
+        let Some(r) = self.replicas.get_mut(&farm) else {
+            return;
+        };
+        let p = r.progress(me);
+        if p.finished && !r.announced {
+            r.announced = true;
+            self.actions.push_back(Action::Persist(Persist::Finished {
+                farm,
+                counts: r.counts.clone(),
+                stages: r.stages.clone(),
+            }));
+            let to: Vec<NodeId> = self.members.keys().copied().chain([me]).collect();
+            for n in to {
+                self.send(n, Msg::Collected { farm });
+            }
+        }
+        self.actions.push_back(Action::Emit(PeerEvent::Progress(p)));
+    }
+
     /// Turns the engine's actions into persists, messages and events.
-    fn coord_drain(&mut self, now: Millis) {
+    fn coord_drain(&mut self) {
         let Some(c) = &mut self.coord else { return };
         let mut out = Vec::new();
         while let Some(a) = c.engine.poll_action() {
             match a {
                 engine::Action::Persist(engine::Persist::Task { farm, task, record }) => {
                     let fid = c.slots[farm.0 as usize];
-                    if record.state == RecordState::Done {
-                        if let Some(f) = c.farms.get_mut(&fid) {
-                            f.done_since.push(task);
-                        }
-                    }
+                    c.last_key = record.key;
                     self.actions.push_back(Action::Persist(Persist::Task {
                         farm: fid,
                         task,
@@ -1012,21 +1558,50 @@ impl Peer {
                         end,
                         verdict,
                     } => {
-                        if matches!(verdict, Verdict::Failed | Verdict::Retry) {
-                            let fid = c.slots[farm.0 as usize];
-                            let origin = c.farms[&fid].spec.origin;
-                            let node = c.reporter.unwrap_or(NodeId(0));
-                            out.push((
-                                origin,
-                                Msg::Failure(Failure {
+                        let fid = c.slots[farm.0 as usize];
+                        let node = c.reporter.unwrap_or(NodeId(0));
+                        let f = c.farms.get_mut(&fid).expect("slots and farms agree");
+                        let entry = match verdict {
+                            Verdict::Done => Some(Entry::Done {
+                                task,
+                                key: c.last_key,
+                                node,
+                                outputs: std::mem::take(&mut c.outputs),
+                            }),
+                            Verdict::Failed => Some(Entry::Failed {
+                                task,
+                                attempt,
+                                node,
+                                end,
+                            }),
+                            Verdict::Retry => {
+                                out.push((
+                                    f.spec.origin,
+                                    Msg::Failure(Failure {
+                                        farm: fid,
+                                        task,
+                                        attempt,
+                                        node,
+                                        end,
+                                        verdict,
+                                    }),
+                                ));
+                                None
+                            }
+                            Verdict::Cancelled | Verdict::Interrupted => None,
+                        };
+                        if let Some(e) = entry {
+                            // Where outputs are and why a task failed is
+                            // kept beside the engine's own record.
+                            let keep = matches!(&e, Entry::Done { outputs, .. } if !outputs.is_empty())
+                                || !e.is_done();
+                            if f.log.add(e.clone()) && keep {
+                                self.actions.push_back(Action::Persist(Persist::Entries {
                                     farm: fid,
-                                    task,
-                                    attempt,
-                                    node,
-                                    end,
-                                    verdict,
-                                }),
-                            ));
+                                    entries: vec![e],
+                                    records: false,
+                                }));
+                            }
                         }
                     }
                     engine::Event::Unplaceable {
@@ -1063,14 +1638,6 @@ impl Peer {
         out.dedup();
         for (to, msg) in out {
             self.send(to, msg);
-        }
-        let finished = self.coord.as_ref().is_some_and(|c| {
-            c.farms
-                .values()
-                .any(|f| !f.finished_sent && c.engine.progress(f.slot).finished())
-        });
-        if finished {
-            self.send_progress(now, true);
         }
     }
 
@@ -1153,13 +1720,13 @@ impl Peer {
         }
         let c = self.coord.as_mut().expect("checked");
         c.last_backlog = c.engine.backlog();
-        self.coord_drain(now);
+        self.coord_drain();
     }
 
     fn on_report(&mut self, now: Millis, from: NodeId, reports: Vec<Report>) {
-        let Some(c) = &mut self.coord else { return };
         let mut acks = Vec::new();
         for r in reports {
+            let Some(c) = &mut self.coord else { return };
             let Some(f) = c.farms.get(&r.task.farm) else {
                 continue;
             };
@@ -1172,7 +1739,9 @@ impl Peer {
                     unload(c, owner, &spec.def.stages[t.stage as usize].resources);
                 }
             }
+            let before = c.farms[&r.task.farm].log.len();
             c.reporter = Some(from);
+            c.outputs = r.outputs;
             c.engine.task_finished(
                 now,
                 slot,
@@ -1185,18 +1754,32 @@ impl Peer {
                     logs: 0,
                 },
             );
-            // Acknowledged whether or not it counted: a report for an attempt
-            // that was already re-claimed is stale, and the worker should forget it.
-            acks.push(r.task);
-        }
-        c.hungry.insert(from);
-        self.coord_drain(now);
-        if let Some(c) = &mut self.coord {
+            // The entry (and the record's Persist before it) comes out now,
+            // while the reporter and its outputs are the ones set.
+            self.coord_drain();
+            let c = self.coord.as_mut().expect("checked above");
             c.reporter = None;
+            c.outputs = Vec::new();
+            let f = c.farms.get_mut(&r.task.farm).expect("checked above");
+            if f.log.len() > before {
+                // Acknowledged once the entry is durable on enough holders:
+                // until then the worker keeps its copy.
+                f.waiting.push_back((f.log.len(), from, r.task));
+            } else {
+                // Acknowledged whether or not it counted: a report for an
+                // attempt that was already re-claimed is stale, and the
+                // worker should forget it.
+                acks.push(r.task);
+            }
         }
-        // The acknowledgement follows the record's Persist in the action order.
-        self.coord_drain(now);
-        self.send(from, Msg::Ack { tasks: acks });
+        if let Some(c) = &mut self.coord {
+            c.hungry.insert(from);
+        }
+        if !acks.is_empty() {
+            // The acknowledgement follows the record's Persist in the action order.
+            self.send(from, Msg::Ack { tasks: acks });
+        }
+        self.release_acks();
     }
 
     fn on_release(&mut self, now: Millis, tasks: Vec<Assigned>) {
@@ -1305,39 +1888,30 @@ impl Peer {
             .map(|((s, t), (_, a, _))| (*s, *t, *a))
             .collect();
         lost.sort();
+        // A task that reaches the crash limit here failed on the dead node.
+        c.reporter = Some(dead);
         for (s, t, a) in lost {
+            let c = self.coord.as_mut().expect("checked");
             c.claims.remove(&(s, t));
             c.engine.lost(now, s, t, a);
+            self.coord_drain();
         }
+        let Some(c) = &mut self.coord else { return };
+        c.reporter = None;
         c.load.remove(&dead);
         c.hungry.remove(&dead);
-        let dead_replica: Vec<FarmId> = c
-            .farms
-            .iter()
-            .filter(|(_, f)| f.replica == Some(dead))
-            .map(|(id, _)| *id)
-            .collect();
-        let next = self.members.keys().next().copied();
-        for fid in dead_replica {
-            let c = self.coord.as_mut().expect("checked");
-            let f = c.farms.get_mut(&fid).expect("listed above");
-            f.replica = next;
-            let spec = f.spec.clone();
-            if let Some(r) = next {
-                let term = self.term;
-                self.send(r, Msg::Replicate { term, farm: spec });
-            }
-        }
+        // A holder is gone: another live node takes a copy.
+        self.ensure_holders(now);
         self.accept_ready();
-        self.coord_drain(now);
+        self.release_acks();
     }
 
-    fn on_cancel(&mut self, now: Millis, from: NodeId, farm: FarmId) {
+    fn on_cancel(&mut self, from: NodeId, farm: FarmId) {
         if let Some(c) = &mut self.coord {
             if let Some(f) = c.farms.get(&farm) {
                 let slot = f.slot;
                 c.engine.cancel(slot);
-                self.coord_drain(now);
+                self.coord_drain();
             }
         }
         if self.coordinator == Some(from) || from == self.id {
@@ -1351,6 +1925,7 @@ impl Peer {
                     result: TaskResult::Error("cancelled".into()),
                     key: None,
                     duration_ms: 0,
+                    outputs: Vec::new(),
                 });
             }
             let mut kill = Vec::new();
@@ -1373,59 +1948,6 @@ impl Peer {
         }
     }
 
-    fn send_progress(&mut self, now: Millis, finished_only: bool) {
-        let Some(c) = &mut self.coord else { return };
-        c.next_progress = now + self.cfg.progress_ms;
-        let mut out = Vec::new();
-        for fid in &c.slots {
-            let f = c.farms.get_mut(fid).expect("slots and farms agree");
-            let counts = c.engine.progress(f.slot);
-            let finished = counts.finished();
-            if f.finished_sent || (finished_only && !finished) {
-                continue;
-            }
-            if f.progress_sent.as_ref() == Some(&counts) && f.done_since.is_empty() {
-                continue;
-            }
-            f.progress_sent = Some(counts.clone());
-            f.finished_sent = finished;
-            out.push((
-                f.spec.origin,
-                FarmProgress {
-                    farm: *fid,
-                    counts,
-                    stages: c.engine.stage_progress(f.slot),
-                    finished,
-                    done: std::mem::take(&mut f.done_since),
-                },
-            ));
-        }
-        for (to, p) in out {
-            self.send(to, Msg::Progress(Box::new(p)));
-        }
-    }
-
-    // ----- submitter -----
-
-    fn on_progress(&mut self, p: FarmProgress) {
-        let Some(s) = self.submitted.get_mut(&p.farm) else {
-            return;
-        };
-        if s.finished {
-            return;
-        }
-        if !p.done.is_empty() {
-            s.done.extend(p.done.iter().copied());
-            self.actions.push_back(Action::Persist(Persist::Done {
-                farm: p.farm,
-                tasks: p.done.clone(),
-            }));
-        }
-        s.finished = p.finished;
-        self.progress.insert(p.farm, p.clone());
-        self.actions.push_back(Action::Emit(PeerEvent::Progress(p)));
-    }
-
     /// Every task this node holds for the coordinator, in a stable order:
     /// queued, running, waiting for its farm's spec, reported and not acknowledged.
     fn holding(&self) -> Vec<Assigned> {
@@ -1445,10 +1967,33 @@ impl Peer {
         v
     }
 
-    /// Sends again what has not been acknowledged: reports, submissions,
-    /// requests for farm specs; and tells the coordinator what this node
-    /// holds, so claims whose messages were lost are found.
-    fn resend(&mut self, _now: Millis) {
+    /// Sends again what has not been acknowledged: reports, offers of
+    /// farms, requests for farm specs, log entries to holders, fetches of
+    /// outputs; and tells the coordinator what this node holds, so claims
+    /// whose messages were lost are found.
+    fn resend(&mut self, now: Millis) {
+        let farms: Vec<FarmId> = self
+            .replicas
+            .values()
+            .filter(|r| r.home && !r.announced)
+            .map(|r| r.id())
+            .collect();
+        for farm in farms {
+            self.fetch_missing(now, farm);
+        }
+        self.redo_lost(now);
+        if let Some(c) = &mut self.coord {
+            let grace = self.cfg.resend_ms;
+            for f in c.farms.values_mut() {
+                for h in &mut f.holders {
+                    if h.acked < h.sent && now >= h.at + grace {
+                        // Lost on the way (or the holder was down): again from
+                        // what it has.
+                        h.sent = h.acked;
+                    }
+                }
+            }
+        }
         let Some(c) = self.coordinator else { return };
         let term = self.term;
         if c != self.id {
@@ -1470,14 +2015,37 @@ impl Peer {
                 },
             );
         }
-        let subs: Vec<(Arc<FarmSpec>, Vec<TaskRef>)> = self
-            .submitted
+        let offers: Vec<(Arc<FarmSpec>, Vec<Entry>)> = self
+            .replicas
             .values()
-            .filter(|s| !s.accepted)
-            .map(|s| (s.spec.clone(), s.done.iter().copied().collect()))
+            .filter(|r| !r.accepted && !r.over)
+            .map(|r| (r.spec.clone(), r.log.current().cloned().collect()))
             .collect();
-        for (farm, done) in subs {
-            self.send(c, Msg::Submit { farm, done });
+        for (farm, entries) in offers {
+            self.offer(c, farm, entries);
+        }
+    }
+
+    /// Offers a farm and what is known of it, in messages of bounded size.
+    fn offer(&mut self, to: NodeId, farm: Arc<FarmSpec>, entries: Vec<Entry>) {
+        let id = farm.id;
+        let mut chunks = entries.chunks(OFFER_MAX);
+        let first = chunks.next().map(<[Entry]>::to_vec).unwrap_or_default();
+        self.send(
+            to,
+            Msg::Submit {
+                farm,
+                entries: first,
+            },
+        );
+        for chunk in chunks {
+            self.send(
+                to,
+                Msg::Offer {
+                    farm: id,
+                    entries: chunk.to_vec(),
+                },
+            );
         }
     }
 
@@ -1757,19 +2325,57 @@ impl Peer {
     }
 }
 
-impl CoordFarm {
-    fn progress_dirty(&self) -> bool {
-        !self.finished_sent
+impl Holder {
+    fn new(node: NodeId, has_spec: bool) -> Holder {
+        Holder {
+            node,
+            has_spec,
+            sent: 0,
+            acked: 0,
+            at: 0,
+        }
     }
 }
 
+/// Most entries in one `Sync`, and most sent to a holder ahead of its acknowledgement.
+const SYNC_BATCH: usize = 4096;
+const SYNC_WINDOW: u64 = 4 * SYNC_BATCH as u64;
+/// Most entries in one `Submit` or `Offer` (an entry is tens of bytes, more with outputs).
+const OFFER_MAX: usize = 16384;
+/// Most outputs a home fetches at once per farm, and after how many
+/// resend periods an unanswered fetch is asked again.
+const FETCHES_MAX: usize = 64;
+const FETCH_RETRY_RESENDS: u64 = 30;
+
+fn sync_msg(
+    (log, len): (u64, u64),
+    farm: FarmId,
+    from: u64,
+    entries: Vec<Entry>,
+    counts: &engine::Counts,
+    stages: &[engine::Counts],
+) -> SyncMsg {
+    SyncMsg {
+        term: 0,
+        log,
+        farm,
+        from,
+        entries,
+        len,
+        counts: counts.clone(),
+        stages: stages.to_vec(),
+        finished: counts.finished(),
+    }
+}
+
+/// Adds a farm to the coordinator's engine from what is known of it.
 fn add_farm(
     c: &mut Coord,
     now: Millis,
     spec: Arc<FarmSpec>,
     records: Vec<(TaskRef, TaskRecord)>,
-    accepted: bool,
-) {
+    entries: Vec<Entry>,
+) -> &mut CoordFarm {
     let def = Arc::new(spec.def.clone());
     let slot = c.engine.add_farm(
         now,
@@ -1780,19 +2386,21 @@ fn add_farm(
             retry_failed: false,
         },
     );
+    let mut log = FarmLog::new();
+    for e in entries {
+        log.add(e);
+    }
     c.slots.push(spec.id);
-    c.farms.insert(
-        spec.id,
-        CoordFarm {
-            slot,
-            spec,
-            accepted,
-            replica: None,
-            progress_sent: None,
-            finished_sent: false,
-            done_since: Vec::new(),
-        },
-    );
+    c.farms.entry(spec.id).or_insert(CoordFarm {
+        slot,
+        spec,
+        accepted: false,
+        log,
+        holders: Vec::new(),
+        waiting: VecDeque::new(),
+        counts_sent: None,
+        finished_sent: false,
+    })
 }
 
 fn unload(c: &mut Coord, node: NodeId, req: &Resources) {

@@ -1,0 +1,256 @@
+//! A farm's replicated state: what every holder of a farm keeps, and how copies merge.
+//!
+//! The coordinator appends an [`Entry`] to a farm's [`FarmLog`] for every
+//! task that ends for good (done, with its content key and where its
+//! outputs are; or failed, with the reason) and streams the log to the
+//! farm's holders, who keep it durably. A holder's copy ([`Replica`]) is
+//! enough for any node to take the farm over: a new coordinator rebuilds
+//! the farm's engine from it, and a home that was down pulls the outputs
+//! it names. Copies merge by union, a task's first done wins, and done
+//! wins over failed, so the order in which holders hear things does not
+//! matter.
+
+use std::sync::Arc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::msg::{Entry, FarmId, FarmProgress, FarmSpec, NodeId};
+use crate::engine::{Counts, Millis, RecordState, TaskEnd, TaskRecord};
+use crate::farm::TaskRef;
+
+/// Entries in the order they were added, with each task's latest one indexed.
+#[derive(Clone, Debug, Default)]
+pub struct FarmLog {
+    entries: Vec<Entry>,
+    /// Where each task's entry is in `entries`.
+    index: FxHashMap<TaskRef, u32>,
+    done: u64,
+}
+
+impl FarmLog {
+    pub fn new() -> FarmLog {
+        FarmLog::default()
+    }
+
+    /// Adds `e` unless it tells nothing new: a task's first done wins, a
+    /// done replaces a failure or a redo (what it replaces stays in the log,
+    /// history that merging holders resolve the same way), a failure never
+    /// replaces anything, and a redo replaces only the done it names.
+    pub fn add(&mut self, e: Entry) -> bool {
+        let t = e.task();
+        let current = self.index.get(&t).map(|&i| &self.entries[i as usize]);
+        let takes = match (&e, current) {
+            (_, None) => !matches!(e, Entry::Redo { .. }),
+            (Entry::Done { .. }, Some(c)) => !c.is_done(),
+            (Entry::Failed { .. }, Some(_)) => false,
+            (Entry::Redo { node, .. }, Some(c)) => {
+                matches!(c, Entry::Done { node: n, .. } if n == node)
+            }
+        };
+        if !takes {
+            return false;
+        }
+        if current.is_some_and(Entry::is_done) {
+            self.done -= 1;
+        }
+        if e.is_done() {
+            self.done += 1;
+        }
+        self.index.insert(t, self.entries.len() as u32);
+        self.entries.push(e);
+        true
+    }
+
+    /// Entries from position `from`, at most `max`.
+    pub fn slice(&self, from: u64, max: usize) -> &[Entry] {
+        let from = (from as usize).min(self.entries.len());
+        let to = from.saturating_add(max).min(self.entries.len());
+        &self.entries[from..to]
+    }
+
+    /// How many entries were ever added (the position after the last).
+    pub fn len(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn get(&self, task: TaskRef) -> Option<&Entry> {
+        self.index.get(&task).map(|&i| &self.entries[i as usize])
+    }
+
+    pub fn is_done(&self, task: TaskRef) -> bool {
+        self.get(task).is_some_and(Entry::is_done)
+    }
+
+    pub fn done_count(&self) -> u64 {
+        self.done
+    }
+
+    /// Each task's current entry, in the order they were added.
+    pub fn current(&self) -> impl Iterator<Item = &Entry> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| self.index.get(&e.task()) == Some(&(*i as u32)))
+            .map(|(_, e)| e)
+    }
+
+    /// Tasks failed for good, with their entries.
+    pub fn failures(&self) -> impl Iterator<Item = &Entry> {
+        self.current().filter(|e| e.is_failed())
+    }
+}
+
+/// The engine record that stands for an entry in a node's store, so a
+/// node that becomes coordinator restores its engine from its copy.
+pub fn entry_record(e: &Entry) -> TaskRecord {
+    match e {
+        Entry::Done { key, .. } => TaskRecord {
+            key: *key,
+            ..TaskRecord::known_done(1)
+        },
+        Entry::Failed { attempt, end, .. } => TaskRecord {
+            state: RecordState::Failed,
+            attempt: *attempt,
+            end: Some(end.clone()),
+            ..TaskRecord::known_done(1)
+        },
+        Entry::Redo { .. } => TaskRecord {
+            state: RecordState::Interrupted,
+            ..TaskRecord::known_done(1)
+        },
+    }
+}
+
+/// The entry a stored record stands for, when it ended for good; `node` and
+/// `outputs` come from what was stored beside it (see [`Entry`]).
+pub fn record_entry(task: TaskRef, r: &TaskRecord) -> Option<Entry> {
+    match r.state {
+        RecordState::Done => Some(Entry::Done {
+            task,
+            key: r.key,
+            node: NodeId(0),
+            outputs: Vec::new(),
+        }),
+        RecordState::Failed => Some(Entry::Failed {
+            task,
+            attempt: r.attempt,
+            node: NodeId(0),
+            end: r
+                .end
+                .clone()
+                .unwrap_or(TaskEnd::Error("no reason was recorded".into())),
+        }),
+        _ => None,
+    }
+}
+
+/// A farm as a node keeps it from its store, to hold it again after a restart.
+#[derive(Clone, Debug)]
+pub struct StoredFarm {
+    pub spec: Arc<FarmSpec>,
+    /// Every task record this node wrote for the farm (as coordinator or holder).
+    pub records: Vec<(TaskRef, TaskRecord)>,
+    /// What this node knows ended for good, with the outputs' locations.
+    pub entries: Vec<Entry>,
+    /// On the home: tasks whose outputs are here, verified.
+    pub collected: Vec<TaskRef>,
+}
+
+/// One holder's copy of a farm.
+#[derive(Debug)]
+pub struct Replica {
+    pub spec: Arc<FarmSpec>,
+    pub log: FarmLog,
+    /// This node is the farm's home: outputs come here.
+    pub home: bool,
+    /// The coordinator has this copy (it answered `Accepted`).
+    pub accepted: bool,
+    /// Which coordinator's log `next` counts in, and how far it is applied here.
+    pub source: Option<(NodeId, u64)>,
+    pub next: u64,
+    /// The coordinator's last word on progress.
+    pub counts: Counts,
+    pub stages: Vec<Counts>,
+    /// The coordinator says every task is over.
+    pub over: bool,
+    /// On the home: tasks whose outputs are here.
+    pub collected: FxHashSet<TaskRef>,
+    /// On the home: outputs asked of the driver, and when.
+    pub fetching: FxHashMap<TaskRef, Millis>,
+    /// On the home: the end was announced (outputs may be let go everywhere).
+    pub announced: bool,
+}
+
+impl Replica {
+    pub fn new(spec: Arc<FarmSpec>, home: bool) -> Replica {
+        let def = &spec.def;
+        let stages: Vec<Counts> = def
+            .stages
+            .iter()
+            .map(|s| Counts {
+                total: s.len() as u64,
+                ..Counts::default()
+            })
+            .collect();
+        Replica {
+            counts: Counts {
+                total: def.task_count(),
+                ..Counts::default()
+            },
+            stages,
+            spec,
+            log: FarmLog::new(),
+            home,
+            accepted: false,
+            source: None,
+            next: 0,
+            over: false,
+            collected: FxHashSet::default(),
+            fetching: FxHashMap::default(),
+            announced: false,
+        }
+    }
+
+    pub fn id(&self) -> FarmId {
+        self.spec.id
+    }
+
+    /// Outputs still to come home: done tasks with outputs kept elsewhere.
+    pub fn missing(&self, me: NodeId) -> impl Iterator<Item = &Entry> {
+        self.log.current().filter(move |e| match e {
+            Entry::Done {
+                task,
+                node,
+                outputs,
+                ..
+            } => !outputs.is_empty() && *node != me && !self.collected.contains(task),
+            _ => false,
+        })
+    }
+
+    /// Over for this holder: every task is, and on the home every output is here.
+    pub fn finished(&self, me: NodeId) -> bool {
+        self.over && (!self.home || self.missing(me).next().is_none())
+    }
+
+    /// The progress to show: the coordinator's counts, or before any
+    /// coordinator spoke (after a restart) what this copy knows.
+    pub fn progress(&self, me: NodeId) -> FarmProgress {
+        let mut counts = self.counts.clone();
+        if self.source.is_none() {
+            counts.done = self.log.done_count().min(counts.total);
+            counts.failed = (self.log.failures().count() as u64).min(counts.total - counts.done);
+            counts.running = 0;
+        }
+        FarmProgress {
+            farm: self.id(),
+            counts,
+            stages: self.stages.clone(),
+            finished: self.finished(me),
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! A mesh node's durable state: how a peer's `Persist` actions become store writes, and how a restarted node reads its farms back.
+//!
+//! One mapping for the real node and the simulator, so the simulator's
+//! crashes and restarts exercise what the node keeps on disk.
+//!
+//! Layout, by store key:
+//! - [`NODE_KEY`]: the list of farms held here (`farms`) and the results
+//!   reported and not yet acknowledged (`held`).
+//! - a farm's key (its id): its spec (`spec`); its task records (the
+//!   coordinator's own, or entries copied from elsewhere as records); next
+//!   to a record, for a task whose outputs are kept somewhere or that
+//!   failed, the whole entry (`e/<stage>/<index>`); its final counts once
+//!   it is over here (`finished`).
+//! - the farm's key with the top bit set: on the home, the tasks whose
+//!   outputs are here (as done records).
+
+use std::sync::Arc;
+
+use mesh_protocol::engine::{Counts, RecordState, TaskRecord};
+use mesh_protocol::mesh::{
+    entry_record, record_entry, Entry, FarmId, FarmSpec, Persist, Report, StoredFarm,
+};
+use mesh_protocol::TaskRef;
+use serde::{Deserialize, Serialize};
+
+use crate::{decode, encode, FarmKey, Result, Store, Write};
+
+/// Where the node's own list of farms and held results live.
+pub const NODE_KEY: FarmKey = FarmKey(0);
+const META_FARMS: &str = "farms";
+const META_HELD: &str = "held";
+const META_SPEC: &str = "spec";
+const META_FINISHED: &str = "finished";
+/// The key bit that sets the home's record of collected outputs apart
+/// from the farm's task records.
+const COLLECTED: u64 = 1 << 63;
+
+fn entry_meta(t: TaskRef) -> String {
+    format!("e/{}/{}", t.stage, t.index)
+}
+
+/// A farm as this node last kept it, and its final counts when it was over.
+pub type Restored = (StoredFarm, Option<(Counts, Vec<Counts>)>);
+
+/// The farms a node holds, as its store lists them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct MeshState {
+    farms: Vec<FarmId>,
+}
+
+impl MeshState {
+    /// Reads a node's farms and held results back.
+    pub fn load<S: Store>(store: &S) -> Result<(MeshState, Vec<Restored>, Vec<Report>)> {
+        let state: MeshState = match store.meta(NODE_KEY, META_FARMS)? {
+            Some(b) => decode("the node's farm list", &b)?,
+            None => MeshState::default(),
+        };
+        let held: Vec<Report> = match store.meta(NODE_KEY, META_HELD)? {
+            Some(b) => decode("the node's held results", &b)?,
+            None => Vec::new(),
+        };
+        let mut farms = Vec::new();
+        for fid in &state.farms {
+            let key = FarmKey(fid.0);
+            let Some(b) = store.meta(key, META_SPEC)? else {
+                continue;
+            };
+            let spec: FarmSpec = decode("a farm's spec", &b)?;
+            let records = store.tasks(key)?;
+            let mut entries = Vec::new();
+            for (t, r) in &records {
+                let Some(mut e) = record_entry(*t, r) else {
+                    continue;
+                };
+                let has_outputs = spec
+                    .def
+                    .stages
+                    .get(t.stage as usize)
+                    .is_some_and(|s| !s.outputs.is_empty());
+                if r.state == RecordState::Failed || has_outputs {
+                    if let Some(b) = store.meta(key, &entry_meta(*t))? {
+                        e = decode("a task's entry", &b)?;
+                    }
+                }
+                entries.push(e);
+            }
+            let collected = store
+                .tasks(FarmKey(fid.0 | COLLECTED))?
+                .into_iter()
+                .map(|(t, _)| t)
+                .collect();
+            let finished = match store.meta(key, META_FINISHED)? {
+                Some(b) => Some(decode("a farm's final counts", &b)?),
+                None => None,
+            };
+            farms.push((
+                StoredFarm {
+                    spec: Arc::new(spec),
+                    records,
+                    entries,
+                    collected,
+                },
+                finished,
+            ));
+        }
+        Ok((state, farms, held))
+    }
+
+    /// The writes that make one of the peer's persists durable.
+    pub fn writes(&mut self, p: Persist, out: &mut Vec<Write>) {
+        match p {
+            Persist::Farm(spec) => {
+                out.push(Write::Meta {
+                    farm: FarmKey(spec.id.0),
+                    name: META_SPEC.into(),
+                    value: encode(&*spec),
+                });
+                if !self.farms.contains(&spec.id) {
+                    self.farms.push(spec.id);
+                    out.push(Write::Meta {
+                        farm: NODE_KEY,
+                        name: META_FARMS.into(),
+                        value: encode(self),
+                    });
+                }
+            }
+            Persist::Task { farm, task, record } => out.push(Write::Task {
+                farm: FarmKey(farm.0),
+                task,
+                record,
+            }),
+            Persist::Entries {
+                farm,
+                entries,
+                records,
+            } => {
+                for e in entries {
+                    let task = e.task();
+                    let beside = match &e {
+                        Entry::Done { outputs, .. } => !outputs.is_empty(),
+                        Entry::Failed { .. } | Entry::Redo { .. } => true,
+                    };
+                    if records {
+                        out.push(Write::Task {
+                            farm: FarmKey(farm.0),
+                            task,
+                            record: entry_record(&e),
+                        });
+                    }
+                    if beside {
+                        out.push(Write::Meta {
+                            farm: FarmKey(farm.0),
+                            name: entry_meta(task),
+                            value: encode(&e),
+                        });
+                    }
+                }
+            }
+            Persist::Collected { farm, tasks } => {
+                for task in tasks {
+                    out.push(Write::Task {
+                        farm: FarmKey(farm.0 | COLLECTED),
+                        task,
+                        record: TaskRecord::known_done(1),
+                    });
+                }
+            }
+            Persist::Finished {
+                farm,
+                counts,
+                stages,
+            } => out.push(Write::Meta {
+                farm: FarmKey(farm.0),
+                name: META_FINISHED.into(),
+                value: encode(&(counts, stages)),
+            }),
+            Persist::Held(reports) => out.push(Write::Meta {
+                farm: NODE_KEY,
+                name: META_HELD.into(),
+                value: encode(&reports),
+            }),
+        }
+    }
+}
