@@ -306,3 +306,73 @@ fn stealing_evens_out_a_farm_placed_on_one_node() {
         "with stealing {with:.2}s, without {without:.2}s (lower bound 1.475 s)"
     );
 }
+
+/// Reads `n` outputs of `slow_farm` under `dir`, asserting each is the task's own.
+fn assert_all_home(sb: &mesh_tests::Sandbox, dir: &str, n: u32) {
+    let missing: Vec<u32> = (0..n)
+        .filter(|i| !sb.exists(&format!("{dir}/s/{i}/r.txt")))
+        .collect();
+    assert!(missing.is_empty(), "outputs missing for tasks {missing:?}");
+    for i in 0..n {
+        assert_eq!(sb.read(&format!("{dir}/s/{i}/r.txt")), format!("{i}\n"));
+    }
+}
+
+#[test]
+fn killing_the_submitter_mid_farm_loses_no_output_once_it_is_back() {
+    let sb = sandbox();
+    let flags = ["--dead-after-ms", "1500"];
+    let mut c = Cluster::start(&sb, &["cpu=2"; 4], &flags);
+    sb.write("slow.toml", &slow_farm(80, "0.2"));
+    let r = c.mesh(3, &["submit", "slow.toml", "--out", "slow-out"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    let going = wait_until(Duration::from_secs(30), || {
+        c.status(3)["farms"][0]["counts"]["done"].as_u64() > Some(4)
+    });
+    assert!(going, "the farm did not get going: {}", c.status(3));
+    c.kill(3);
+    // The others go on without the farm's home.
+    let on = wait_until(Duration::from_secs(30), || {
+        c.status(0)["nodes"].as_array().is_some_and(|n| {
+            n.iter()
+                .any(|n| n["local"] == true && n["running"].as_u64() > Some(0))
+        })
+    });
+    assert!(on, "the mesh stopped when the submitter died");
+    std::thread::sleep(Duration::from_secs(3));
+    c.restart(3, "cpu=2", &flags);
+    let r = c.mesh(3, &["wait", &id]);
+    r.expect_code(0);
+    assert_all_home(&sb, "slow-out", 80);
+    let st = c.status(3);
+    assert_eq!(st["farms"][0]["counts"]["done"], 80, "{st}");
+    assert_eq!(st["farms"][0]["finished"], true, "{st}");
+}
+
+#[test]
+fn killing_every_node_mid_farm_and_restarting_them_finishes_the_farm_with_every_output() {
+    let sb = sandbox();
+    let flags = ["--dead-after-ms", "1500"];
+    let mut c = Cluster::start(&sb, &["cpu=2"; 3], &flags);
+    sb.write("slow.toml", &slow_farm(60, "0.2"));
+    let r = c.mesh(2, &["submit", "slow.toml", "--out", "slow-out"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    let going = wait_until(Duration::from_secs(30), || {
+        c.status(2)["farms"][0]["counts"]["done"].as_u64() > Some(8)
+    });
+    assert!(going, "the farm did not get going: {}", c.status(2));
+    for i in 0..3 {
+        c.kill(i);
+    }
+    for i in 0..3 {
+        c.restart(i, "cpu=2", &flags);
+    }
+    let r = c.mesh(2, &["wait", &id]);
+    r.expect_code(0);
+    assert_all_home(&sb, "slow-out", 60);
+    let st = c.status(2);
+    assert_eq!(st["farms"][0]["counts"]["done"], 60, "{st}");
+    assert_eq!(st["farms"][0]["counts"]["failed"], 0, "{st}");
+}

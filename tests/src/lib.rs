@@ -402,6 +402,26 @@ impl Cluster {
         self.nodes.push(node);
     }
 
+    /// SIGKILLs node `i` and waits for it to be gone.
+    pub fn kill(&mut self, i: usize) {
+        self.nodes[i].signal(Signal::SIGKILL);
+        let _ = self.nodes[i].wait_exit(Duration::from_secs(10));
+    }
+
+    /// Starts node `i` again on its state folder with `mesh node` (it
+    /// rejoins the peers it knew), with these `--resources` and flags.
+    pub fn restart(&mut self, i: usize, resources: &str, extra: &[&str]) {
+        let state = self.nodes[i].state.clone();
+        let mut args = vec!["node", "--listen", "/ip4/127.0.0.1/tcp/0"];
+        if !resources.is_empty() {
+            args.extend(["--resources", resources]);
+        }
+        args.extend(extra);
+        let node = NodeProc::start(&self.bin, &self.root, &state, &args);
+        node.address();
+        self.nodes[i] = node;
+    }
+
     /// `mesh status --json` as node `i` answers it.
     pub fn status(&self, i: usize) -> serde_json::Value {
         let r = self.mesh(i, &["status", "--json"]);
