@@ -90,6 +90,8 @@ enum Cmd {
     Finished(Assigned, Outcome, Vec<OutputFile>),
     /// The home brought a task's outputs, or could not.
     Fetched(FarmId, TaskRef, Result<(), String>),
+    /// This node brought a farm's inputs into its cache, or could not.
+    InputsFetched(FarmId, Result<(), String>),
     /// Time to dial the peer of `mesh join` again.
     Redial,
     Launched(Assigned, Live),
@@ -387,8 +389,45 @@ impl Node {
                     let _ = fs::remove_dir_all(dir);
                 });
             }
+            Action::FetchInputs { farm } => self.fetch_inputs(farm),
             Action::Emit(ev) => self.emit(ev),
         }
+    }
+
+    /// Nodes to ask for a farm's files, in order: its submitter, the
+    /// coordinator (which keeps a copy), then every other member.
+    fn sources(&self, farm: FarmId) -> Vec<NodeId> {
+        let mut v: Vec<NodeId> = self.peer.spec(farm).map(|s| s.origin).into_iter().collect();
+        v.extend(self.peer.coordinator());
+        v.extend(self.peer.members().map(|m| m.id));
+        let mut seen = HashSet::new();
+        v.retain(|n| *n != self.me && seen.insert(*n));
+        v
+    }
+
+    /// Brings every input of a farm this node keeps a copy of into its cache.
+    fn fetch_inputs(&mut self, farm: FarmId) {
+        let Some(spec) = self.peer.spec(farm).cloned() else {
+            return;
+        };
+        let sources = self.sources(farm);
+        let cache = self.state.join("cache");
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut r = Ok(());
+            for (path, hash) in &spec.inputs {
+                let hex = blake3::Hash::from(*hash).to_hex().to_string();
+                let cached = cache.join(&hex);
+                if cached.is_file() {
+                    continue;
+                }
+                if let Err(e) = fetch_any(&tx, &sources, farm, *hash, &cached).await {
+                    r = Err(format!("input `{path}`: {e}"));
+                    break;
+                }
+            }
+            let _ = tx.send(Cmd::InputsFetched(farm, r));
+        });
     }
 
     /// Brings a task's outputs home from the node that keeps them.
@@ -803,6 +842,13 @@ impl Node {
                 let now = self.now();
                 self.peer.fetched(now, farm, task, r.is_ok());
             }
+            Cmd::InputsFetched(farm, r) => {
+                if let Err(e) = &r {
+                    tracing::info!(%farm, "inputs not here yet: {e}");
+                }
+                let now = self.now();
+                self.peer.inputs_ready(now, farm, r.is_ok());
+            }
             Cmd::Redial => {
                 if let Some(addr) = self.join_addr.clone() {
                     if self.peers.is_empty() {
@@ -1032,9 +1078,10 @@ impl Node {
         let tx = self.tx.clone();
         let cache = self.state.join("cache");
         let held = self.state.join("held").join(task.farm.to_string());
+        let sources = self.sources(task.farm);
         tokio::spawn(async move {
             let (outcome, outputs) =
-                run_task(launch, spec, task, local, (cache, held), tx.clone()).await;
+                run_task(launch, spec, task, (local, sources), (cache, held), tx.clone()).await;
             let _ = tx.send(Cmd::Finished(task, outcome, outputs));
         });
     }
@@ -1164,7 +1211,7 @@ async fn run_task(
     launch: Launch,
     spec: Arc<FarmSpec>,
     task: Assigned,
-    local: bool,
+    (local, sources): (bool, Vec<NodeId>),
     (cache, held): (PathBuf, PathBuf),
     tx: mpsc::UnboundedSender<Cmd>,
 ) -> (Outcome, Vec<OutputFile>) {
@@ -1188,17 +1235,10 @@ async fn run_task(
         }
         for input in &launch.spec.inputs {
             let hash = input_hash(&spec, input);
-            if let Err(e) = fetch_input(
-                &tx,
-                spec.origin,
-                spec.id,
-                hash,
-                &cache,
-                &launch.root.join(input),
-            )
-            .await
+            if let Err(e) =
+                fetch_input(&tx, &sources, spec.id, hash, &cache, &launch.root.join(input)).await
             {
-                return fail(format!("fetching input `{input}` from the submitter: {e}"));
+                return fail(format!("fetching input `{input}`: {e}"));
             }
         }
     }
@@ -1309,10 +1349,11 @@ async fn request(
     }
 }
 
-/// Puts an input in place, from this node's cache or fetched from the submitter once.
+/// Puts an input in place, from this node's cache or fetched once from
+/// the first of `sources` that has it.
 async fn fetch_input(
     tx: &mpsc::UnboundedSender<Cmd>,
-    origin: NodeId,
+    sources: &[NodeId],
     farm: FarmId,
     hash: [u8; 32],
     cache: &Path,
@@ -1321,7 +1362,7 @@ async fn fetch_input(
     let hex = blake3::Hash::from(hash).to_hex().to_string();
     let cached = cache.join(&hex);
     if !cached.is_file() {
-        fetch_blob(tx, origin, farm, hash, &cached).await?;
+        fetch_any(tx, sources, farm, hash, &cached).await?;
     }
     if dest.is_file() {
         return Ok(());
@@ -1333,6 +1374,27 @@ async fn fetch_input(
         fs::copy(&cached, dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
     }
     Ok(())
+}
+
+/// Fetches a file by its blake3 hash from the first of `sources` that has it.
+async fn fetch_any(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    sources: &[NodeId],
+    farm: FarmId,
+    hash: [u8; 32],
+    dest: &Path,
+) -> Result<(), String> {
+    let mut why = Vec::new();
+    for from in sources {
+        match fetch_blob(tx, *from, farm, hash, dest).await {
+            Ok(()) => return Ok(()),
+            Err(e) => why.push(format!("{from}: {e}")),
+        }
+    }
+    if why.is_empty() {
+        return Err("no other node is connected".into());
+    }
+    Err(format!("no node could give it ({})", why.join("; ")))
 }
 
 /// Fetches a file by its blake3 hash from `from`, in pieces, into `dest`:

@@ -425,6 +425,9 @@ enum Ev {
     Leave(u32),
     /// A leaving node, its tasks handed back, stops.
     Gone(u32),
+    /// A node has brought a farm's inputs (the simulated farm has none,
+    /// so they are there a round trip after it asks).
+    InputsReady { node: u32, gen: u32, farm: FarmId },
     /// The home's fetch of a task's outputs from the node that keeps them
     /// has had time to get there and back.
     Fetched {
@@ -695,6 +698,12 @@ impl<'a> Sim<'a> {
                 self.stop_node(n as usize, false);
                 Ok(())
             }
+            Ev::InputsReady { node, gen, farm } => {
+                if self.nodes[node as usize].gen != gen {
+                    return Ok(());
+                }
+                self.step(node as usize, |p| p.inputs_ready(now, farm, true))
+            }
             Ev::Fetched {
                 home,
                 gen,
@@ -850,6 +859,18 @@ impl<'a> Sim<'a> {
                     );
                 }
                 Action::Forget { .. } => {}
+                Action::FetchInputs { farm } => {
+                    let at = self.now + self.latency() + self.latency();
+                    let gen = self.nodes[n].gen;
+                    self.push(
+                        at,
+                        Ev::InputsReady {
+                            node: n as u32,
+                            gen,
+                            farm,
+                        },
+                    );
+                }
                 Action::Emit(ev) => {
                     if let PeerEvent::Unplaceable { stage, reason, .. } = ev {
                         self.unplaceable.push(format!(

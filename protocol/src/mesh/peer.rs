@@ -182,6 +182,11 @@ pub enum Action {
     Forget {
         farm: FarmId,
     },
+    /// Bring every input of this farm here (from its submitter or any
+    /// node that has them) and call [`Peer::inputs_ready`].
+    FetchInputs {
+        farm: FarmId,
+    },
     Emit(PeerEvent),
 }
 
@@ -212,7 +217,7 @@ struct Run {
 /// A node that holds a copy of a farm, as the coordinator streams it the farm's log.
 struct Holder {
     node: NodeId,
-    /// The farm's definition is durable there.
+    /// The farm's definition and its inputs are durable there.
     has_spec: bool,
     /// Entries sent, and entries it said are durable there.
     sent: u64,
@@ -294,6 +299,8 @@ pub struct Peer {
     /// Members declared dead, and since when (the home waits for those
     /// that keep its outputs).
     gone: FxHashMap<NodeId, Millis>,
+    /// Farms whose inputs this node is bringing before its copy counts.
+    inputs_wanted: BTreeSet<FarmId>,
     steal: Option<(u64, NodeId, Millis)>,
     next_steal_id: u64,
     /// Members with tasks queued, as far as this node knows (their last
@@ -351,6 +358,7 @@ impl Peer {
             replicas: BTreeMap::new(),
             stored: Vec::new(),
             gone: FxHashMap::default(),
+            inputs_wanted: BTreeSet::new(),
             steal: None,
             next_steal_id: 1,
             loaded: IndexMap::new(),
@@ -761,12 +769,15 @@ impl Peer {
                     self.specs.insert(id, farm.clone());
                     self.actions
                         .push_back(Action::Persist(Persist::Farm(farm.clone())));
-                    let mut r = Replica::new(farm, false);
+                    let mut r = Replica::new(farm.clone(), false);
                     // The coordinator that asked for the copy has it.
                     r.accepted = true;
                     self.replicas.insert(id, r);
                 }
-                self.send(from, Msg::Replicated { farm: id });
+                // The copy counts once the farm's inputs are here too.
+                if self.want_inputs(&farm) && !self.inputs_wanted.contains(&id) {
+                    self.send(from, Msg::Replicated { farm: id });
+                }
             }
             Msg::Replicated { farm } => {
                 if let Some(f) = self.coord.as_mut().and_then(|c| c.farms.get_mut(&farm)) {
@@ -1023,6 +1034,10 @@ impl Peer {
             let f = add_farm(&mut c, now, stored.spec, stored.records, stored.entries);
             f.accepted = true;
             f.holders.push(Holder::new(origin, true));
+            if origin != self.id {
+                // Kept here (with its inputs) since it first came.
+                f.holders.push(Holder::new(self.id, true));
+            }
         }
         self.coord = Some(c);
         self.coord_drain();
@@ -1094,11 +1109,19 @@ impl Peer {
             .map(|e| (e.task(), entry_record(e)))
             .collect();
         let origin = farm.origin;
+        let spec = farm.clone();
         let f = add_farm(c, now, farm, records, entries);
-        // The holder that offered it keeps it durably, and so does the home.
-        f.holders.push(Holder::new(origin, origin != id));
+        // The home keeps it durably, and so does the holder that offered it
+        // and this node, once it has the inputs.
+        f.holders.push(Holder::new(origin, true));
         if from != origin {
-            f.holders.push(Holder::new(from, from != id));
+            f.holders.push(Holder::new(from, true));
+        }
+        if id != origin && id != from {
+            f.holders.push(Holder::new(id, false));
+            if self.want_inputs(&spec) {
+                self.inputs_here(spec.id);
+            }
         }
         self.coord_drain();
         self.ensure_holders(now);
@@ -1119,7 +1142,6 @@ impl Peer {
     /// Folds a holder's entries into a farm the coordinator has (what it
     /// did not know is recorded and streamed to the others) and answers it.
     fn merge(&mut self, now: Millis, from: NodeId, farm: FarmId, entries: Vec<Entry>) {
-        let id = self.id;
         let Some(c) = &mut self.coord else { return };
         let f = c.farms.get_mut(&farm).expect("checked by the caller");
         let mut new = Vec::new();
@@ -1134,7 +1156,7 @@ impl Peer {
         // A holder offers a farm the coordinator has when it (re)started
         // or lost track: it gets the whole log again, and the progress.
         f.holders.retain(|h| h.node != from);
-        f.holders.push(Holder::new(from, from != id));
+        f.holders.push(Holder::new(from, true));
         f.counts_sent = None;
         f.finished_sent = false;
         let (accepted, tasks) = (f.accepted, f.spec.def.task_count());
@@ -1158,6 +1180,42 @@ impl Peer {
 
     fn live(&self, node: NodeId) -> bool {
         node == self.id || self.members.contains_key(&node)
+    }
+
+    /// The farm's inputs (none, or every one) are here: a copy held here
+    /// now counts, and a farm waiting for that may be accepted.
+    pub fn inputs_ready(&mut self, now: Millis, farm: FarmId, ok: bool) {
+        // When not, asked again at the next resend, from whoever has them then.
+        if ok && self.inputs_wanted.remove(&farm) {
+            self.inputs_here(farm);
+            self.pump(now);
+        }
+    }
+
+    fn inputs_here(&mut self, farm: FarmId) {
+        if self.replicas.get(&farm).is_some_and(|r| !r.home) {
+            self.send_coordinator(|_| Msg::Replicated { farm });
+        }
+        let me = self.id;
+        if let Some(f) = self.coord.as_mut().and_then(|c| c.farms.get_mut(&farm)) {
+            if let Some(h) = f.holders.iter_mut().find(|h| h.node == me) {
+                h.has_spec = true;
+            }
+        }
+        self.accept_ready();
+    }
+
+    /// This node keeps a copy of `spec`: its inputs come here first
+    /// (see [`Peer::inputs_ready`]). True when there are none to bring.
+    fn want_inputs(&mut self, spec: &FarmSpec) -> bool {
+        if spec.inputs.is_empty() || spec.origin == self.id {
+            return true;
+        }
+        if self.inputs_wanted.insert(spec.id) {
+            self.actions
+                .push_back(Action::FetchInputs { farm: spec.id });
+        }
+        false
     }
 
     /// Every farm the coordinator has is held by enough live nodes: the
@@ -1191,9 +1249,10 @@ impl Peer {
         }
     }
 
-    /// Acknowledges every farm whose definition is durable on enough nodes.
+    /// Acknowledges every farm whose definition and inputs are durable on
+    /// enough nodes (this one included).
     fn accept_ready(&mut self) {
-        let need = self.holders_needed();
+        let need = self.holders_needed() + 1;
         let me = self.id;
         let Some(c) = &self.coord else { return };
         let mut out = Vec::new();
@@ -1202,7 +1261,7 @@ impl Peer {
             let have = f
                 .holders
                 .iter()
-                .filter(|h| h.has_spec && h.node != me && self.members.contains_key(&h.node))
+                .filter(|h| h.has_spec && self.live(h.node))
                 .count();
             if !f.accepted && have >= need {
                 out.push(*fid);
@@ -1283,8 +1342,13 @@ impl Peer {
             }
             let mut stages = None;
             for h in &mut f.holders {
-                let live = h.node == self.id || self.members.contains_key(&h.node);
-                if !live || !(h.has_spec || h.node == f.spec.origin) {
+                // This node streams to itself only where it keeps a copy.
+                let live = if h.node == self.id {
+                    self.replicas.contains_key(fid)
+                } else {
+                    self.members.contains_key(&h.node)
+                };
+                if !live || !h.has_spec {
                     continue;
                 }
                 let mut sent_any = false;
@@ -1982,6 +2046,12 @@ impl Peer {
             self.fetch_missing(now, farm);
         }
         self.redo_lost(now);
+        let wanted: Vec<FarmId> = self.inputs_wanted.iter().copied().collect();
+        for farm in wanted {
+            self.actions.push_back(Action::FetchInputs { farm });
+        }
+        let term = self.term;
+        let mut asks = Vec::new();
         if let Some(c) = &mut self.coord {
             let grace = self.cfg.resend_ms;
             for f in c.farms.values_mut() {
@@ -1991,8 +2061,20 @@ impl Peer {
                         // what it has.
                         h.sent = h.acked;
                     }
+                    if !h.has_spec
+                        && h.node != self.id
+                        && self.members.contains_key(&h.node)
+                        && now >= h.at + grace
+                    {
+                        // Asked to keep a copy and not heard from: again.
+                        h.at = now;
+                        asks.push((h.node, f.spec.clone()));
+                    }
                 }
             }
+        }
+        for (to, farm) in asks {
+            self.send(to, Msg::Replicate { term, farm });
         }
         let Some(c) = self.coordinator else { return };
         let term = self.term;
