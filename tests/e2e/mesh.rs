@@ -376,3 +376,68 @@ fn killing_every_node_mid_farm_and_restarting_them_finishes_the_farm_with_every_
     assert_eq!(st["farms"][0]["counts"]["done"], 60, "{st}");
     assert_eq!(st["farms"][0]["counts"]["failed"], 0, "{st}");
 }
+
+/// True when no node of the cluster (but `except`) runs or queues anything.
+fn all_idle(c: &Cluster, except: usize) -> bool {
+    (0..c.nodes.len()).filter(|&i| i != except).all(|i| {
+        c.status(i)["nodes"].as_array().is_some_and(|n| {
+            n.iter().any(|n| {
+                n["local"] == true && n["running"].as_u64() == Some(0) && n["queued"] == 0
+            })
+        })
+    })
+}
+
+#[test]
+fn a_farm_with_inputs_goes_on_while_its_submitter_is_down() {
+    let sb = sandbox();
+    let flags = ["--dead-after-ms", "1500"];
+    let mut c = Cluster::start(&sb, &["cpu=2"; 4], &flags);
+    let n = 40;
+    for i in 0..n {
+        sb.write(&format!("farm/data/{i}.txt"), &format!("input {i}\n"));
+    }
+    sb.write(
+        "farm/farm.toml",
+        &format!(
+            r#"
+[farm]
+name = "staged"
+
+[[stage]]
+name = "s"
+sweep.i = {{ range = "0..{}" }}
+workdir = "w/{{i}}"
+inputs = ["data/{{i}}.txt"]
+shell = 'sleep 0.3; cat data/{{i}}.txt > r.txt'
+outputs = ["r.txt"]
+"#,
+            n - 1
+        ),
+    );
+    let r = c.mesh(3, &["submit", "farm/farm.toml", "--out", "staged-out"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    let going = wait_until(Duration::from_secs(30), || {
+        c.status(3)["farms"][0]["counts"]["done"].as_u64() > Some(2)
+    });
+    assert!(going, "the farm did not get going: {}", c.status(3));
+    let at_kill = c.status(3)["farms"][0]["counts"]["done"].as_u64().unwrap();
+    assert!(at_kill < 20, "most of the farm was left for the others");
+    c.kill(3);
+    // The rest of the farm runs on the other nodes, its inputs coming from them.
+    std::thread::sleep(Duration::from_secs(2));
+    let finished = wait_until(Duration::from_secs(60), || all_idle(&c, 3));
+    assert!(finished, "the others did not finish the farm: {}", c.status(0));
+    c.restart(3, "cpu=2", &flags);
+    let r = c.mesh(3, &["wait", &id, "--json"]);
+    r.expect_code(0);
+    let v = r.json();
+    assert_eq!(v["counts"]["failed"], 0, "{v}");
+    for i in 0..n {
+        assert_eq!(
+            sb.read(&format!("staged-out/s/{i}/r.txt")),
+            format!("input {i}\n")
+        );
+    }
+}
