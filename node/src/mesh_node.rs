@@ -1080,8 +1080,15 @@ impl Node {
         let held = self.state.join("held").join(task.farm.to_string());
         let sources = self.sources(task.farm);
         tokio::spawn(async move {
-            let (outcome, outputs) =
-                run_task(launch, spec, task, (local, sources), (cache, held), tx.clone()).await;
+            let (outcome, outputs) = run_task(
+                launch,
+                spec,
+                task,
+                (local, sources),
+                (cache, held),
+                tx.clone(),
+            )
+            .await;
             let _ = tx.send(Cmd::Finished(task, outcome, outputs));
         });
     }
@@ -1235,8 +1242,15 @@ async fn run_task(
         }
         for input in &launch.spec.inputs {
             let hash = input_hash(&spec, input);
-            if let Err(e) =
-                fetch_input(&tx, &sources, spec.id, hash, &cache, &launch.root.join(input)).await
+            if let Err(e) = fetch_input(
+                &tx,
+                &sources,
+                spec.id,
+                hash,
+                &cache,
+                &launch.root.join(input),
+            )
+            .await
             {
                 return fail(format!("fetching input `{input}`: {e}"));
             }

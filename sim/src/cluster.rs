@@ -427,7 +427,11 @@ enum Ev {
     Gone(u32),
     /// A node has brought a farm's inputs (the simulated farm has none,
     /// so they are there a round trip after it asks).
-    InputsReady { node: u32, gen: u32, farm: FarmId },
+    InputsReady {
+        node: u32,
+        gen: u32,
+        farm: FarmId,
+    },
     /// The home's fetch of a task's outputs from the node that keeps them
     /// has had time to get there and back.
     Fetched {

@@ -11,8 +11,8 @@
 //!   to a record, for a task whose outputs are kept somewhere or that
 //!   failed, the whole entry (`e/<stage>/<index>`); its final counts once
 //!   it is over here (`finished`).
-//! - the farm's key with the top bit set: on the home, the tasks whose
-//!   outputs are here (as done records).
+//! - a key derived from the farm's: on the home, the tasks whose outputs
+//!   are here (as done records).
 
 use std::sync::Arc;
 
@@ -31,9 +31,18 @@ const META_FARMS: &str = "farms";
 const META_HELD: &str = "held";
 const META_SPEC: &str = "spec";
 const META_FINISHED: &str = "finished";
-/// The key bit that sets the home's record of collected outputs apart
-/// from the farm's task records.
-const COLLECTED: u64 = 1 << 63;
+/// Where the home records which outputs are here: a key of its own,
+/// derived from the farm's (farm ids use all 64 bits, so no bit of the
+/// farm's own key is free to mark it).
+fn collected_key(farm: FarmId) -> FarmKey {
+    let h = blake3::Hasher::new()
+        .update(b"mesh collected outputs")
+        .update(&farm.0.to_le_bytes())
+        .finalize();
+    FarmKey(u64::from_le_bytes(
+        h.as_bytes()[..8].try_into().expect("8 bytes"),
+    ))
+}
 
 fn entry_meta(t: TaskRef) -> String {
     format!("e/{}/{}", t.stage, t.index)
@@ -85,7 +94,7 @@ impl MeshState {
                 entries.push(e);
             }
             let collected = store
-                .tasks(FarmKey(fid.0 | COLLECTED))?
+                .tasks(collected_key(*fid))?
                 .into_iter()
                 .map(|(t, _)| t)
                 .collect();
@@ -159,7 +168,7 @@ impl MeshState {
             Persist::Collected { farm, tasks } => {
                 for task in tasks {
                     out.push(Write::Task {
-                        farm: FarmKey(farm.0 | COLLECTED),
+                        farm: collected_key(farm),
                         task,
                         record: TaskRecord::known_done(1),
                     });

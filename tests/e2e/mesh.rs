@@ -381,9 +381,8 @@ fn killing_every_node_mid_farm_and_restarting_them_finishes_the_farm_with_every_
 fn all_idle(c: &Cluster, except: usize) -> bool {
     (0..c.nodes.len()).filter(|&i| i != except).all(|i| {
         c.status(i)["nodes"].as_array().is_some_and(|n| {
-            n.iter().any(|n| {
-                n["local"] == true && n["running"].as_u64() == Some(0) && n["queued"] == 0
-            })
+            n.iter()
+                .any(|n| n["local"] == true && n["running"].as_u64() == Some(0) && n["queued"] == 0)
         })
     })
 }
@@ -428,7 +427,11 @@ outputs = ["r.txt"]
     // The rest of the farm runs on the other nodes, its inputs coming from them.
     std::thread::sleep(Duration::from_secs(2));
     let finished = wait_until(Duration::from_secs(60), || all_idle(&c, 3));
-    assert!(finished, "the others did not finish the farm: {}", c.status(0));
+    assert!(
+        finished,
+        "the others did not finish the farm: {}",
+        c.status(0)
+    );
     c.restart(3, "cpu=2", &flags);
     let r = c.mesh(3, &["wait", &id, "--json"]);
     r.expect_code(0);
