@@ -50,12 +50,16 @@ enum Cmd {
         output: OutputArgs,
     },
     /// Continue a farm after a crash, kill -9 or Ctrl-C (default: the most recent unfinished one).
+    /// With a node running here, a mesh farm: this node becomes its home and collects its outputs.
     Resume {
-        /// Farm id, id prefix or name (see `mesh list`).
+        /// Farm id, id prefix or name (see `mesh list`, or `mesh status` on a mesh).
         farm: Option<String>,
         /// Also run tasks that failed for good, with fresh retries.
         #[arg(long)]
         retry_failed: bool,
+        /// For a mesh farm whose home was another node: where its outputs go on this machine.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
         #[command(flatten)]
         node: NodeArgs,
         #[command(flatten)]
@@ -194,9 +198,18 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Cmd::Resume {
             farm,
             retry_failed,
+            out,
             node,
             output,
         } => {
+            if let Some(q) = farm.as_deref() {
+                if let Some(code) = mesh_cmds::resume(state.root(), q, out.as_deref(), output.json)?
+                {
+                    return Ok(code);
+                }
+            } else if out.is_some() {
+                bail!("--out is for a mesh farm: name it (`mesh resume FARM --out DIR`)");
+            }
             let target = match farm.as_deref() {
                 Some(q) => state.find(Some(q))?,
                 None => state.most_recent_resumable(retry_failed)?,
@@ -251,11 +264,18 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Cmd::Wait { farm, json } => mesh_cmds::wait(state.root(), &farm, json),
         Cmd::Cancel { farm } => mesh_cmds::cancel(state.root(), &farm),
         Cmd::Status { farm, json } => {
-            if farm.is_none() {
+            match farm.as_deref() {
                 // With a node running here, the mesh is what status shows.
-                if let Some(s) = mesh_cmds::status(state.root())? {
-                    mesh_cmds::print_status(&s, json)?;
-                    return Ok(ExitCode::SUCCESS);
+                None => {
+                    if let Some(s) = mesh_cmds::status(state.root())? {
+                        mesh_cmds::print_status(&s, json)?;
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                }
+                Some(q) => {
+                    if mesh_cmds::farm_status(state.root(), q, json)? {
+                        return Ok(ExitCode::SUCCESS);
+                    }
                 }
             }
             let mut s = state.find(farm.as_deref())?;

@@ -48,6 +48,10 @@ pub struct NodeFlags {
     /// A member silent this long is declared dead and its tasks run elsewhere.
     #[arg(long, value_name = "MS", default_value_t = 2000)]
     pub dead_after_ms: u64,
+    /// How long a farm's home waits for a node that keeps outputs it has
+    /// not collected yet to come back; then those tasks run again elsewhere.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    pub outputs_wait_ms: u64,
     /// Do not take queued work from busier nodes.
     #[arg(long)]
     pub no_steal: bool,
@@ -91,6 +95,7 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitC
         steal: !flags.no_steal,
         prefetch_percent: flags.prefetch_percent,
         node_claims_max: flags.claims_max,
+        outputs_wait_ms: flags.outputs_wait_ms,
         ..Config::default()
     };
     let opts = NodeOptions {
@@ -164,6 +169,101 @@ pub fn submit(
 
 pub fn wait(state: &Path, farm: &str, json: bool) -> Result<ExitCode> {
     follow(state, farm, json)
+}
+
+/// `mesh resume FARM` with a node running here: the node becomes the
+/// farm's home (or is already) and the farm is followed to its end.
+/// `None` when no node runs here or the mesh knows no such farm (then it
+/// is a farm of `mesh run`).
+pub fn resume(
+    state: &Path,
+    farm: &str,
+    out: Option<&Path>,
+    json: bool,
+) -> Result<Option<ExitCode>> {
+    let out = match out {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+            Some(
+                d.canonicalize()
+                    .with_context(|| format!("cannot resolve {}", d.display()))?
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        }
+        None => None,
+    };
+    let req = ControlRequest::Resume {
+        farm: farm.to_string(),
+        out,
+    };
+    let mut c = match Client::request(state, &req) {
+        Ok(c) => c,
+        Err(ControlError::NoNode(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    match c.recv() {
+        Some(Ok(ControlResponse::Resumed {
+            farm,
+            out,
+            done,
+            total,
+            already,
+        })) => {
+            if already {
+                eprintln!(
+                    "{farm}: this node is its home; {done} of {total} done; outputs in {out}"
+                );
+            } else {
+                eprintln!(
+                    "{farm}: this node is its home now; {done} of {total} done; every output is brought to {out}"
+                );
+            }
+            follow(state, &farm, json).map(Some)
+        }
+        Some(Ok(ControlResponse::Error(e))) if e.starts_with("no farm") => Ok(None),
+        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+        Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
+        Some(Err(e)) => Err(e.into()),
+        None => bail!("the node closed the connection"),
+    }
+}
+
+/// `mesh status FARM` with a node running here: the farm as the mesh knows
+/// it, from any node. False when no node runs here or the mesh knows no
+/// such farm (then it is a farm of `mesh run`).
+pub fn farm_status(state: &Path, farm: &str, json: bool) -> Result<bool> {
+    let req = ControlRequest::Farm {
+        farm: farm.to_string(),
+    };
+    let mut c = match Client::request(state, &req) {
+        Ok(c) => c,
+        Err(ControlError::NoNode(_)) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    match c.recv() {
+        Some(Ok(ControlResponse::Farm(v))) => {
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let state = if v.finished { "finished" } else { "running" };
+                println!("farm {} ({state}), home {}", v.id, v.home);
+                for (name, c) in &v.stages {
+                    println!(
+                        "  {name}: {}/{} done, {} running, {} failed, {} skipped",
+                        c.done, c.total, c.running, c.failed, c.skipped
+                    );
+                }
+                print_farm(&v);
+            }
+            Ok(true)
+        }
+        Some(Ok(ControlResponse::Error(e))) if e.starts_with("no farm") => Ok(false),
+        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+        Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
+        Some(Err(e)) => Err(e.into()),
+        None => bail!("the node closed the connection"),
+    }
 }
 
 /// Follows a farm to its end, drawing progress on stderr.

@@ -32,6 +32,16 @@ pub enum ControlRequest {
         farm: String,
     },
     Status,
+    /// One farm, from this node's copy or from the coordinator.
+    Farm {
+        farm: String,
+    },
+    /// Continue a mesh farm with this node as its home (outputs to `out`,
+    /// every one of them brought there); nothing finished runs again.
+    Resume {
+        farm: String,
+        out: Option<String>,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -47,6 +57,16 @@ pub enum ControlResponse {
     Status(Box<MeshStatus>),
     Cancelled {
         farm: String,
+    },
+    Farm(Box<FarmView>),
+    /// This node is the farm's home now; `mesh wait` follows it.
+    Resumed {
+        farm: String,
+        out: String,
+        done: u64,
+        total: u64,
+        /// It was the home already.
+        already: bool,
     },
     Error(String),
 }
@@ -65,6 +85,9 @@ pub struct FarmView {
     /// The first failures, as `task (attempt N on node): reason`.
     pub failures: Vec<String>,
     pub unplaceable: Vec<String>,
+    /// The node that is the farm's home (its outputs go there).
+    #[serde(default)]
+    pub home: String,
 }
 
 /// One node of the mesh, as `mesh status` shows it.

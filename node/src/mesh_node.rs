@@ -25,11 +25,11 @@ use libp2p::{PeerId, Swarm};
 use mesh_protocol::engine::{KillReason, Outcome, TaskResult};
 use mesh_protocol::farm::{content_key, path_stays_inside, FarmDef, TaskRef};
 use mesh_protocol::mesh::{
-    Action, Assigned, Beat, Config, Entry, FarmId, FarmSpec, Msg, NodeId, OutputFile, Peer,
-    PeerEvent,
+    Action, Assigned, Beat, Config, Entry, FarmId, FarmSpec, Fetched, Msg, NodeId, OutputFile,
+    Peer, PeerEvent,
 };
 use mesh_protocol::resources::GPU;
-use mesh_protocol::wire::{Request, Response, CHUNK_MAX, FILE_MAX};
+use mesh_protocol::wire::{FoundFarm, Request, Response, CHUNK_MAX, FILE_MAX};
 use mesh_protocol::Resources;
 use mesh_store::mesh::NODE_KEY;
 use mesh_store::{MeshState, SledStore, Store, StoreError, Write};
@@ -53,6 +53,8 @@ pub use libp2p::Multiaddr;
 const FAILURES_SHOWN: usize = 50;
 /// The peers this node knew, by address, so a restarted node finds the mesh again.
 const META_PEERS: &str = "peers";
+/// What a node answers for a file it does not have (the home then has the task run again).
+const NO_SUCH_FILE: &str = "no such file on this node";
 /// A `mesh join` that cannot reach its peer tries again, waiting at most this long between tries.
 const JOIN_RETRY_MAX_S: u64 = 30;
 
@@ -94,6 +96,8 @@ enum Cmd {
     InputsFetched(FarmId, Result<(), String>),
     /// Time to dial the peer of `mesh join` again.
     Redial,
+    /// The coordinator's answer about a farm this node does not hold.
+    Found(Result<FoundFarm, String>, Asked),
     Launched(Assigned, Live),
     Request {
         to: NodeId,
@@ -106,6 +110,12 @@ enum Cmd {
         Result<FarmSpec, String>,
         mpsc::UnboundedSender<ControlResponse>,
     ),
+}
+
+/// What a control request about a farm not held here was waiting for.
+enum Asked {
+    Status(mpsc::UnboundedSender<ControlResponse>),
+    Resume(Option<String>, mpsc::UnboundedSender<ControlResponse>),
 }
 
 /// A farm submitted here, as `mesh wait` and `status` show it.
@@ -438,17 +448,24 @@ impl Node {
         from: NodeId,
         outputs: Vec<OutputFile>,
     ) {
-        let dir = self.peer.spec(farm).map(|spec| {
-            let stage = &spec.def.stage(task).name;
-            PathBuf::from(&spec.def.out)
+        let dir = self.peer.replica(farm).map(|r| {
+            let stage = &r.spec.def.stage(task).name;
+            PathBuf::from(r.out_dir())
                 .join(stage)
                 .join(task.index.to_string())
         });
         let tx = self.tx.clone();
+        // Run here before this node was the home: kept apart, in `held`.
+        let held = (from == self.me).then(|| self.state.join("held").join(farm.to_string()));
         tokio::spawn(async move {
-            let r = match dir {
-                None => Err("the farm is unknown here".to_string()),
-                Some(dir) => fetch_all(&tx, from, farm, &dir, &outputs).await,
+            let r = match (dir, held) {
+                (None, _) => Err("the farm is unknown here".to_string()),
+                (Some(dir), Some(held)) => {
+                    tokio::task::spawn_blocking(move || place_held(&held, &dir, &outputs))
+                        .await
+                        .unwrap_or_else(|e| Err(e.to_string()))
+                }
+                (Some(dir), None) => fetch_all(&tx, from, farm, &dir, &outputs).await,
             };
             let _ = tx.send(Cmd::Fetched(farm, task, r));
         });
@@ -459,28 +476,18 @@ impl Node {
         let Some(p) = self.peer.progress(farm) else {
             return;
         };
-        let mut failures = Vec::new();
-        if let Some(r) = self.peer.replica(farm) {
-            for e in r.log.failures().take(FAILURES_SHOWN) {
-                if let Entry::Failed {
-                    task,
-                    attempt,
-                    node,
-                    end,
-                } = e
-                {
-                    failures.push(format!(
-                        "{} (attempt {attempt} on {}): {}",
-                        r.spec.def.task_name(*task),
-                        self.label_of(*node),
-                        crate::runner::describe_end(end)
-                    ));
-                }
-            }
-        }
+        let Some(r) = self.peer.replica(farm) else {
+            return;
+        };
+        let failed: Vec<Entry> = r.log.failures().take(FAILURES_SHOWN).cloned().collect();
+        let failures = self.describe_failures(&r.spec, &failed);
+        let home = self.label_of(r.home_of.node);
+        let out = r.out_dir().to_string();
         let Some(o) = self.origins.get_mut(&farm) else {
             return;
         };
+        o.view.home = home;
+        o.view.out = out;
         o.view.counts = p.counts.clone();
         for (i, c) in p.stages.iter().enumerate() {
             if let Some(s) = o.view.stages.get_mut(i) {
@@ -792,6 +799,15 @@ impl Node {
                 let now = self.now();
                 self.peer.handle_message(now, from, msg);
             }
+            Request::FindFarm { query } => {
+                let resp = match self.find_known(&query).map(|f| self.found(f)) {
+                    Ok(Some(f)) => Response::Farm(Box::new(f)),
+                    Ok(None) | Err(_) => {
+                        Response::Error(format!("no farm `{query}` is known to this mesh"))
+                    }
+                };
+                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+            }
             Request::GetBlob { farm, hash, offset } => {
                 // An input this node serves as the farm's submitter, an
                 // output it keeps for the farm's home, or a file in its cache.
@@ -805,10 +821,11 @@ impl Node {
                     .find(|p| p.is_file())
                 });
                 let Some(path) = path else {
-                    let _ = self.swarm.behaviour_mut().rr.send_response(
-                        channel,
-                        Response::Error("no such file on this node".into()),
-                    );
+                    let _ = self
+                        .swarm
+                        .behaviour_mut()
+                        .rr
+                        .send_response(channel, Response::Error(NO_SUCH_FILE.into()));
                     return;
                 };
                 let tx = self.tx.clone();
@@ -839,8 +856,13 @@ impl Node {
                 if let Err(e) = &r {
                     tracing::info!(%farm, ?task, "outputs not brought home yet: {e}");
                 }
+                let got = match &r {
+                    Ok(()) => Fetched::Here,
+                    Err(e) if e.contains(NO_SUCH_FILE) => Fetched::Gone,
+                    Err(_) => Fetched::Later,
+                };
                 let now = self.now();
-                self.peer.fetched(now, farm, task, r.is_ok());
+                self.peer.fetched(now, farm, task, got);
             }
             Cmd::InputsFetched(farm, r) => {
                 if let Err(e) = &r {
@@ -849,6 +871,7 @@ impl Node {
                 let now = self.now();
                 self.peer.inputs_ready(now, farm, r.is_ok());
             }
+            Cmd::Found(r, asked) => self.answer(r, asked),
             Cmd::Redial => {
                 if let Some(addr) = self.join_addr.clone() {
                     if self.peers.is_empty() {
@@ -926,38 +949,190 @@ impl Node {
             ControlRequest::Status => {
                 let _ = reply.send(ControlResponse::Status(Box::new(self.status())));
             }
+            ControlRequest::Farm { farm } => match self.find_known(&farm) {
+                Ok(fid) => match self.found(fid) {
+                    Some(f) => self.answer(Ok(f), Asked::Status(reply)),
+                    None => self.ask_coordinator(farm, Asked::Status(reply)),
+                },
+                Err(_) => self.ask_coordinator(farm, Asked::Status(reply)),
+            },
+            ControlRequest::Resume { farm, out } => match self.find_known(&farm) {
+                Ok(fid) if self.peer.replica(fid).is_some() => {
+                    let found = self.found(fid).expect("held here");
+                    self.answer(Ok(found), Asked::Resume(out, reply));
+                }
+                _ => self.ask_coordinator(farm, Asked::Resume(out, reply)),
+            },
         }
     }
 
-    fn find_farm(&self, query: &str) -> Result<FarmId, String> {
-        let hits: Vec<FarmId> = self
-            .origins
-            .iter()
-            .filter(|(_, o)| o.view.id == query || o.view.name == query)
-            .map(|(id, _)| *id)
+    /// A farm by id, id prefix or name among every farm this node knows.
+    fn find_known(&self, query: &str) -> Result<FarmId, String> {
+        let known: Vec<(FarmId, String, String)> = self
+            .peer
+            .specs()
+            .map(|s| {
+                let name = s.def.name.clone();
+                (s.id, farm_display_id(&name, s.id), name)
+            })
             .collect();
-        match hits.as_slice() {
-            [one] => Ok(*one),
-            [] => {
-                let prefixed: Vec<FarmId> = self
-                    .origins
-                    .iter()
-                    .filter(|(_, o)| o.view.id.starts_with(query))
-                    .map(|(id, _)| *id)
-                    .collect();
-                match prefixed.as_slice() {
-                    [one] => Ok(*one),
-                    [] => Err(format!(
-                        "no farm `{query}` was submitted on this node (see `mesh status`)"
-                    )),
-                    _ => Err(format!("`{query}` matches several farms; give the full id")),
-                }
+        match_farm(query, &known)
+    }
+
+    /// What this node knows of a farm it holds or coordinates.
+    fn found(&self, farm: FarmId) -> Option<FoundFarm> {
+        if let Some((home, progress, failures)) = self.peer.coordinated_farm(farm, FAILURES_SHOWN) {
+            let spec = (**self.peer.spec(farm)?).clone();
+            return Some(FoundFarm {
+                spec,
+                home,
+                progress,
+                failures,
+            });
+        }
+        let r = self.peer.replica(farm)?;
+        Some(FoundFarm {
+            spec: (*r.spec).clone(),
+            home: r.home_of,
+            progress: r.progress(),
+            failures: r.log.failures().take(FAILURES_SHOWN).cloned().collect(),
+        })
+    }
+
+    /// Asks the coordinator about a farm this node does not hold.
+    fn ask_coordinator(&mut self, query: String, asked: Asked) {
+        let tx = self.tx.clone();
+        let Some(c) = self.peer.coordinator().filter(|c| *c != self.me) else {
+            let why = format!("no farm `{query}` is known to this mesh (see `mesh status`)");
+            self.answer(Err(why), asked);
+            return;
+        };
+        tokio::spawn(async move {
+            let r = match request(&tx, c, Request::FindFarm { query }).await {
+                Ok(Response::Farm(f)) => Ok(*f),
+                Ok(_) => Err("unexpected answer from the coordinator".into()),
+                Err(e) => Err(e),
+            };
+            let _ = tx.send(Cmd::Found(r, asked));
+        });
+    }
+
+    /// Answers a control request about a farm with what was found.
+    fn answer(&mut self, found: Result<FoundFarm, String>, asked: Asked) {
+        let f = match found {
+            Ok(f) => f,
+            Err(e) => {
+                let reply = match asked {
+                    Asked::Status(r) | Asked::Resume(_, r) => r,
+                };
+                let _ = reply.send(ControlResponse::Error(e));
+                return;
             }
-            many => {
-                // The same name submitted again: the latest submission.
-                Ok(*many.iter().max().expect("not empty"))
+        };
+        match asked {
+            Asked::Status(reply) => {
+                let view = self.found_view(&f);
+                let _ = reply.send(ControlResponse::Farm(Box::new(view)));
+            }
+            Asked::Resume(out, reply) => {
+                let r = self.take_home(f, out);
+                let _ = reply.send(r.unwrap_or_else(ControlResponse::Error));
             }
         }
+    }
+
+    /// A farm's view from what a node that holds it said.
+    fn found_view(&self, f: &FoundFarm) -> FarmView {
+        let mut o = Origin::new(&f.spec);
+        let v = &mut o.view;
+        v.accepted = true;
+        v.counts = f.progress.counts.clone();
+        for (i, c) in f.progress.stages.iter().enumerate() {
+            if let Some(s) = v.stages.get_mut(i) {
+                s.1 = c.clone();
+            }
+        }
+        v.finished = f.progress.finished;
+        v.failures = self.describe_failures(&f.spec, &f.failures);
+        v.home = self.label_of(f.home.node);
+        if let Some(r) = self.peer.replica(f.spec.id).filter(|r| r.home) {
+            v.out = r.out_dir().to_string();
+        }
+        o.view
+    }
+
+    /// Makes this node the farm's home (`mesh resume FARM --out DIR`).
+    fn take_home(&mut self, f: FoundFarm, out: Option<String>) -> Result<ControlResponse, String> {
+        let fid = f.spec.id;
+        let here = self.peer.replica(fid).filter(|r| r.home);
+        let already = match (&out, here) {
+            (None, Some(_)) => true,
+            (Some(o), Some(r)) => o == r.out_dir(),
+            (None, None) => {
+                return Err(format!(
+                    "the home of {} is {}; to collect its outputs on this node, give --out DIR",
+                    farm_display_id(&f.spec.def.name, fid),
+                    self.label_of(f.home.node)
+                ))
+            }
+            (Some(_), None) => false,
+        };
+        if !already {
+            let now = self.now();
+            let out = out.expect("checked above");
+            self.peer.take_home(now, Arc::new(f.spec.clone()), out);
+        }
+        let r = self.peer.replica(fid).expect("held now");
+        let mut o = Origin::new(&r.spec);
+        o.view.accepted = true;
+        o.view.out = r.out_dir().to_string();
+        let out = o.view.out.clone();
+        let id = o.view.id.clone();
+        if let Some(old) = self.origins.remove(&fid) {
+            o.waiters = old.waiters;
+        }
+        self.origins.insert(fid, o);
+        self.refresh_view(fid);
+        let v = &self.origins[&fid].view;
+        Ok(ControlResponse::Resumed {
+            farm: id,
+            out,
+            done: v.counts.done,
+            total: v.counts.total,
+            already,
+        })
+    }
+
+    fn describe_failures(&self, spec: &FarmSpec, entries: &[Entry]) -> Vec<String> {
+        entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Failed {
+                    task,
+                    attempt,
+                    node,
+                    end,
+                } => Some(format!(
+                    "{} (attempt {attempt} on {}): {}",
+                    spec.def.task_name(*task),
+                    self.label_of(*node),
+                    crate::runner::describe_end(end)
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A farm whose home is this node.
+    fn find_farm(&self, query: &str) -> Result<FarmId, String> {
+        let homes: Vec<(FarmId, String, String)> = self
+            .origins
+            .iter()
+            .map(|(id, o)| (*id, o.view.id.clone(), o.view.name.clone()))
+            .collect();
+        match_farm(query, &homes).map_err(|e| {
+            format!("{e}; a farm whose home is another node is followed there, or taken over here with `mesh resume FARM --out DIR`")
+        })
     }
 
     fn status(&self) -> MeshStatus {
@@ -1124,6 +1299,7 @@ impl Origin {
                     .collect(),
                 failures: Vec::new(),
                 unplaceable: Vec::new(),
+                home: String::new(),
             },
             waiters: Vec::new(),
             submit_reply: None,
@@ -1140,6 +1316,29 @@ impl Origin {
             };
             r.is_ok() && !view.finished
         });
+    }
+}
+
+/// A farm by its display id, name or id prefix among `known` (id, display id, name).
+fn match_farm(query: &str, known: &[(FarmId, String, String)]) -> Result<FarmId, String> {
+    let exact: Vec<FarmId> = known
+        .iter()
+        .filter(|(_, id, name)| id == query || name == query)
+        .map(|(f, ..)| *f)
+        .collect();
+    let hits = if exact.is_empty() {
+        known
+            .iter()
+            .filter(|(_, id, _)| id.starts_with(query))
+            .map(|(f, ..)| *f)
+            .collect()
+    } else {
+        exact
+    };
+    match hits.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(format!("no farm `{query}` is known here")),
+        _ => Err(format!("`{query}` matches several farms; give the full id")),
     }
 }
 
@@ -1270,6 +1469,15 @@ async fn run_task(
         logs: f.logs,
     };
     let mut outputs = Vec::new();
+    if local && out_dir.exists() {
+        // Run on the home: the outputs are in place. Their manifest still
+        // goes into the farm's state, so a node that takes the farm over
+        // knows what to bring (or to run again, when they are gone).
+        let dir = out_dir.clone();
+        if let Ok(Ok(m)) = tokio::task::spawn_blocking(move || manifest(&dir)).await {
+            outputs = m;
+        }
+    }
     if !local && out_dir.exists() {
         if let TaskResult::Exited(code) = outcome.result {
             if spec.def.stage(task.task).success_codes.contains(&code) {
@@ -1288,30 +1496,19 @@ async fn run_task(
     (outcome, outputs)
 }
 
-/// Moves every file under `dir` into `held` under its blake3 hash; the manifest.
-fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, String> {
+/// Every file under `dir` with its blake3 hash and size.
+fn manifest(dir: &Path) -> Result<Vec<OutputFile>, String> {
     let mut files = Vec::new();
     walk(dir, dir, &mut files).map_err(|e| format!("cannot list outputs: {e}"))?;
-    fs::create_dir_all(held).map_err(|e| format!("cannot create {}: {e}", held.display()))?;
     let mut out = Vec::new();
     for (rel, path) in files {
-        let mut f = fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         if size > FILE_MAX {
             return Err(format!(
                 "output {rel} is {size} bytes; the most a mesh moves is {FILE_MAX}"
             ));
         }
-        let mut h = blake3::Hasher::new();
-        h.update_reader(&mut f)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let hash = *h.finalize().as_bytes();
-        let target = held.join(blake3::Hash::from(hash).to_hex().as_str());
-        if !target.is_file() {
-            fs::rename(&path, &target)
-                .or_else(|_| fs::copy(&path, &target).map(|_| ()))
-                .map_err(|e| format!("cannot keep {}: {e}", path.display()))?;
-        }
+        let hash = file_hash(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         out.push(OutputFile {
             path: rel,
             hash,
@@ -1319,6 +1516,22 @@ fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, String> {
         });
     }
     Ok(out)
+}
+
+/// Moves every file under `dir` into `held` under its blake3 hash; the manifest.
+fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, String> {
+    let files = manifest(dir)?;
+    fs::create_dir_all(held).map_err(|e| format!("cannot create {}: {e}", held.display()))?;
+    for f in &files {
+        let path = dir.join(&f.path);
+        let target = held.join(blake3::Hash::from(f.hash).to_hex().as_str());
+        if !target.is_file() {
+            fs::rename(&path, &target)
+                .or_else(|_| fs::copy(&path, &target).map(|_| ()))
+                .map_err(|e| format!("cannot keep {}: {e}", path.display()))?;
+        }
+    }
+    Ok(files)
 }
 
 /// Brings every output of a task from `from` into `dir`, each checked by hash.
@@ -1338,6 +1551,28 @@ async fn fetch_all(
             continue;
         }
         fetch_blob(tx, from, farm, o.hash, &dest).await?;
+    }
+    Ok(())
+}
+
+/// Puts outputs this node keeps in `held` into `dir` (those already there, checked, stay).
+fn place_held(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), String> {
+    for o in outputs {
+        if !path_stays_inside(&o.path) {
+            return Err(format!("output path `{}` leaves the task's folder", o.path));
+        }
+        let dest = dir.join(&o.path);
+        if dest.is_file() && file_hash(&dest).ok() == Some(o.hash) {
+            continue;
+        }
+        let src = held.join(blake3::Hash::from(o.hash).to_hex().as_str());
+        if !src.is_file() {
+            return Err(NO_SUCH_FILE.into());
+        }
+        if let Some(d) = dest.parent() {
+            fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+        }
+        fs::copy(&src, &dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
     }
     Ok(())
 }
@@ -1537,6 +1772,8 @@ async fn serve_control(stream: tokio::net::UnixStream, tx: mpsc::UnboundedSender
                 | ControlResponse::Submitted { .. }
                 | ControlResponse::Status(_)
                 | ControlResponse::Cancelled { .. }
+                | ControlResponse::Farm(_)
+                | ControlResponse::Resumed { .. }
         ) {
             break;
         }

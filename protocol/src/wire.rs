@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::mesh::{FarmId, Msg};
+use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, Msg};
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
 pub const PROTOCOL_VERSION: u32 = 3;
@@ -26,6 +26,9 @@ pub const FILE_MAX: u64 = 4 << 30;
 pub enum Request {
     /// For the receiver's engine; answered with [`Response::Ok`] once taken.
     Peer(Msg),
+    /// A farm by id, id prefix or name, asked of the coordinator by a node
+    /// that does not hold it (`mesh status FARM`, `mesh resume FARM` there).
+    FindFarm { query: String },
     /// A piece of a file of `farm` by its blake3 hash: an input (from any
     /// node that has it) or a finished task's output (from the node that
     /// keeps it until the farm's home has it).
@@ -39,10 +42,22 @@ pub enum Request {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Response {
     Ok,
+    /// A farm found by [`Request::FindFarm`].
+    Farm(Box<FoundFarm>),
     /// A piece of a blob, and the blob's whole size.
     Blob {
         size: u64,
         data: Vec<u8>,
     },
     Error(String),
+}
+
+/// A farm as the coordinator knows it, for a node that does not hold it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FoundFarm {
+    pub spec: FarmSpec,
+    pub home: Home,
+    pub progress: FarmProgress,
+    /// Tasks failed for good, with their reasons (the first few).
+    pub failures: Vec<Entry>,
 }

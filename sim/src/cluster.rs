@@ -31,7 +31,7 @@ use rustc_hash::FxHashMap;
 use mesh_protocol::engine::{Millis, Outcome, TaskResult};
 use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
 use mesh_protocol::mesh::{
-    Action, Assigned, Config, FarmId, FarmSpec, Msg, NodeId, OutputFile, Peer, PeerEvent,
+    Action, Assigned, Config, FarmId, FarmSpec, Fetched, Msg, NodeId, OutputFile, Peer, PeerEvent,
 };
 use mesh_protocol::resources::{parse_resources, CPU};
 use mesh_protocol::{Resources, TaskRef};
@@ -719,9 +719,14 @@ impl<'a> Sim<'a> {
                 }
                 // The outputs came if the node keeping them was up and
                 // reachable the whole way.
-                let ok = self.nodes[from as usize].peer.is_some()
-                    && !self.partitioned(home as usize, from as usize);
-                self.step(home as usize, |p| p.fetched(now, FARM, task, ok))
+                let got = if self.nodes[from as usize].peer.is_some()
+                    && !self.partitioned(home as usize, from as usize)
+                {
+                    Fetched::Here
+                } else {
+                    Fetched::Later
+                };
+                self.step(home as usize, |p| p.fetched(now, FARM, task, got))
             }
         }
     }

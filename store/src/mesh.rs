@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use mesh_protocol::engine::{Counts, RecordState, TaskRecord};
 use mesh_protocol::mesh::{
-    entry_record, record_entry, Entry, FarmId, FarmSpec, Persist, Report, StoredFarm,
+    entry_record, record_entry, Entry, FarmId, FarmSpec, Home, Persist, Report, StoredFarm,
 };
 use mesh_protocol::TaskRef;
 use serde::{Deserialize, Serialize};
@@ -31,13 +31,16 @@ const META_FARMS: &str = "farms";
 const META_HELD: &str = "held";
 const META_SPEC: &str = "spec";
 const META_FINISHED: &str = "finished";
+const META_HOME: &str = "home";
 /// Where the home records which outputs are here: a key of its own,
-/// derived from the farm's (farm ids use all 64 bits, so no bit of the
-/// farm's own key is free to mark it).
-fn collected_key(farm: FarmId) -> FarmKey {
+/// derived from the farm's and the home's claim (farm ids use all 64 bits,
+/// so no bit of the farm's own key is free to mark it; a node that takes a
+/// farm over starts with nothing collected in its new folder).
+fn collected_key(farm: FarmId, home: Home) -> FarmKey {
     let h = blake3::Hasher::new()
         .update(b"mesh collected outputs")
         .update(&farm.0.to_le_bytes())
+        .update(&home.epoch.to_le_bytes())
         .finalize();
     FarmKey(u64::from_le_bytes(
         h.as_bytes()[..8].try_into().expect("8 bytes"),
@@ -93,8 +96,19 @@ impl MeshState {
                 }
                 entries.push(e);
             }
+            let home: Option<(Home, Option<String>)> = match store.meta(key, META_HOME)? {
+                Some(b) => Some(decode("a farm's home", &b)?),
+                None => None,
+            };
+            let claim = home.as_ref().map_or(
+                Home {
+                    epoch: 0,
+                    node: spec.origin,
+                },
+                |(h, _)| *h,
+            );
             let collected = store
-                .tasks(collected_key(*fid))?
+                .tasks(collected_key(*fid, claim))?
                 .into_iter()
                 .map(|(t, _)| t)
                 .collect();
@@ -108,6 +122,7 @@ impl MeshState {
                     records,
                     entries,
                     collected,
+                    home,
                 },
                 finished,
             ));
@@ -165,10 +180,10 @@ impl MeshState {
                     }
                 }
             }
-            Persist::Collected { farm, tasks } => {
+            Persist::Collected { farm, home, tasks } => {
                 for task in tasks {
                     out.push(Write::Task {
-                        farm: collected_key(farm),
+                        farm: collected_key(farm, home),
                         task,
                         record: TaskRecord::known_done(1),
                     });
@@ -182,6 +197,15 @@ impl MeshState {
                 farm: FarmKey(farm.0),
                 name: META_FINISHED.into(),
                 value: encode(&(counts, stages)),
+            }),
+            Persist::Home {
+                farm,
+                home,
+                out: dir,
+            } => out.push(Write::Meta {
+                farm: FarmKey(farm.0),
+                name: META_HOME.into(),
+                value: encode(&(home, dir)),
             }),
             Persist::Held(reports) => out.push(Write::Meta {
                 farm: NODE_KEY,

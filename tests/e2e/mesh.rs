@@ -444,3 +444,37 @@ outputs = ["r.txt"]
         );
     }
 }
+
+#[test]
+fn a_farm_whose_submitter_never_comes_back_is_resumed_on_another_node_with_every_output() {
+    let sb = sandbox();
+    let flags = ["--dead-after-ms", "1500", "--outputs-wait-ms", "3000"];
+    let mut c = Cluster::start(&sb, &["cpu=2"; 4], &flags);
+    sb.write("slow.toml", &slow_farm(60, "0.2"));
+    let r = c.mesh(3, &["submit", "slow.toml", "--out", "slow-out"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    let going = wait_until(Duration::from_secs(30), || {
+        c.status(3)["farms"][0]["counts"]["done"].as_u64() > Some(6)
+    });
+    assert!(going, "the farm did not get going: {}", c.status(3));
+    c.kill(3);
+    // Any node of the mesh knows the farm and says where it stands.
+    let st = c.mesh(1, &["status", &id, "--json"]);
+    st.expect_code(0);
+    assert_eq!(st.json()["id"], id.as_str(), "{}", st.stdout);
+    let out = sb.path().join("resumed-out");
+    let r = c.mesh(
+        1,
+        &["resume", &id, "--out", &out.to_string_lossy(), "--json"],
+    );
+    r.expect_code(0);
+    assert!(
+        r.stderr.contains("this node is its home now"),
+        "it says what it does: {}",
+        r.stderr
+    );
+    assert_eq!(r.json()["counts"]["done"], 60, "{}", r.stdout);
+    // Outputs made on the dead submitter itself are made again elsewhere.
+    assert_all_home(&sb, "resumed-out", 60);
+}

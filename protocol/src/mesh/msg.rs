@@ -28,6 +28,15 @@ impl std::fmt::Display for FarmId {
     }
 }
 
+/// Which node is a farm's home (where its outputs go), and since which
+/// claim: a node that takes a farm over (`mesh resume FARM --out DIR`)
+/// claims it with a higher epoch, and the highest claim wins everywhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Home {
+    pub epoch: u64,
+    pub node: NodeId,
+}
+
 /// A farm as it travels: the definition, who submitted it, and the hashes
 /// of its input files (the submitter serves them by hash).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -153,6 +162,8 @@ pub struct SyncMsg {
     pub entries: Vec<Entry>,
     /// The log's length when sent: a holder is up to date once it has that many.
     pub len: u64,
+    /// The farm's home as the coordinator knows it.
+    pub home: Home,
     pub counts: Counts,
     pub stages: Vec<Counts>,
     /// Every task of the farm is over.
@@ -182,6 +193,8 @@ pub enum Msg {
     Submit {
         farm: Arc<FarmSpec>,
         entries: Vec<Entry>,
+        /// The farm's home as this holder knows it.
+        home: Home,
     },
     /// More of what a holder knows of a farm, when it did not fit one `Submit`.
     Offer { farm: FarmId, entries: Vec<Entry> },

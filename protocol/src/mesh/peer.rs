@@ -114,8 +114,19 @@ pub enum Persist {
         entries: Vec<Entry>,
         records: bool,
     },
-    /// On the home: these tasks' outputs are here, verified.
-    Collected { farm: FarmId, tasks: Vec<TaskRef> },
+    /// On the home (by this claim): these tasks' outputs are here, verified.
+    Collected {
+        farm: FarmId,
+        home: Home,
+        tasks: Vec<TaskRef>,
+    },
+    /// The farm's home as this node knows it, and where this node puts the
+    /// outputs when that is itself after a takeover.
+    Home {
+        farm: FarmId,
+        home: Home,
+        out: Option<String>,
+    },
     /// The farm is over for this holder, with its final counts.
     Finished {
         farm: FarmId,
@@ -190,6 +201,17 @@ pub enum Action {
     Emit(PeerEvent),
 }
 
+/// How a home's fetch of a task's outputs ([`Action::Fetch`]) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetched {
+    /// Every output is here, verified.
+    Here,
+    /// Not now (the node did not answer): asked again later.
+    Later,
+    /// The node answered that it does not have them.
+    Gone,
+}
+
 /// Counters for the simulator and `mesh status`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -237,6 +259,8 @@ struct CoordFarm {
     /// Reports whose entry is not yet durable on enough holders: the
     /// worker is acknowledged (and forgets its copy) once it is.
     waiting: VecDeque<(u64, NodeId, Assigned)>,
+    /// The farm's home: the highest claim the coordinator heard.
+    home: Home,
     /// The counts last sent to the holders, and whether the end was.
     counts_sent: Option<engine::Counts>,
     finished_sent: bool,
@@ -426,7 +450,7 @@ impl Peer {
 
     /// The progress of a farm this node holds, as it would show it.
     pub fn progress(&self, farm: FarmId) -> Option<FarmProgress> {
-        self.replicas.get(&farm).map(|r| r.progress(self.id))
+        self.replicas.get(&farm).map(|r| r.progress())
     }
 
     /// A farm this node holds a copy of.
@@ -495,7 +519,12 @@ impl Peer {
     ) {
         let spec = stored.spec.clone();
         self.specs.insert(spec.id, spec.clone());
-        let mut r = Replica::new(spec.clone(), spec.origin == self.id);
+        let mut r = Replica::new(spec.clone(), self.id);
+        if let Some((home, out)) = &stored.home {
+            r.home_of = *home;
+            r.home = home.node == self.id;
+            r.out = out.clone();
+        }
         for e in &stored.entries {
             r.log.add(e.clone());
         }
@@ -525,29 +554,79 @@ impl Peer {
         self.specs.insert(spec.id, spec.clone());
         self.actions
             .push_back(Action::Persist(Persist::Farm(spec.clone())));
-        self.replicas
-            .insert(spec.id, Replica::new(spec.clone(), true));
+        let r = Replica::new(spec.clone(), self.id);
+        let home = r.home_of;
+        self.replicas.insert(spec.id, r);
         self.send_coordinator(|_| Msg::Submit {
             farm: spec,
             entries: Vec::new(),
+            home,
         });
+        self.pump(now);
+    }
+
+    /// This node becomes the farm's home (its old home is gone, or the
+    /// user wants the outputs elsewhere): every output is brought to
+    /// `out`, and the farm is offered to the coordinator with the new claim.
+    pub fn take_home(&mut self, now: Millis, spec: Arc<FarmSpec>, out: String) {
+        let id = spec.id;
+        if !self.replicas.contains_key(&id) {
+            self.specs.insert(id, spec.clone());
+            self.actions
+                .push_back(Action::Persist(Persist::Farm(spec.clone())));
+            self.replicas.insert(id, Replica::new(spec, self.id));
+        }
+        let me = self.id;
+        let r = self.replicas.get_mut(&id).expect("inserted above");
+        r.home_of = Home {
+            epoch: r.home_of.epoch + 1,
+            node: me,
+        };
+        r.home = true;
+        r.out = Some(out);
+        r.collected.clear();
+        r.fetching.clear();
+        r.announced = false;
+        r.accepted = false;
+        self.actions.push_back(Action::Persist(Persist::Home {
+            farm: id,
+            home: r.home_of,
+            out: r.out.clone(),
+        }));
+        self.resend(now);
+        self.home_progress(id);
         self.pump(now);
     }
 
     /// On the home: the outputs of `task` asked for by [`Action::Fetch`]
     /// are here and verified, or could not be brought (tried again later).
-    pub fn fetched(&mut self, now: Millis, farm: FarmId, task: TaskRef, ok: bool) {
+    pub fn fetched(&mut self, now: Millis, farm: FarmId, task: TaskRef, got: Fetched) {
         let Some(r) = self.replicas.get_mut(&farm) else {
             return;
         };
-        if r.fetching.remove(&task).is_none() && !ok {
+        if r.fetching.remove(&task).is_none() && got != Fetched::Here {
             return;
         }
-        if ok && r.collected.insert(task) {
-            self.actions.push_back(Action::Persist(Persist::Collected {
-                farm,
-                tasks: vec![task],
-            }));
+        match got {
+            Fetched::Here => {
+                if r.collected.insert(task) {
+                    self.actions.push_back(Action::Persist(Persist::Collected {
+                        farm,
+                        home: r.home_of,
+                        tasks: vec![task],
+                    }));
+                }
+            }
+            Fetched::Later => {}
+            Fetched::Gone => {
+                // The node is there but the outputs are not (its folder was
+                // wiped, or it ran the task as the home before this node
+                // took over): the task runs again.
+                if let Some(Entry::Done { node, .. }) = r.log.get(task) {
+                    let tasks = vec![(task, *node)];
+                    self.send_coordinator(|_| Msg::Redo { farm, tasks });
+                }
+            }
         }
         self.fetch_missing(now, farm);
         self.home_progress(farm);
@@ -740,7 +819,11 @@ impl Peer {
     fn dispatch_msg(&mut self, now: Millis, from: NodeId, msg: Msg) {
         match msg {
             Msg::Beat(b) => self.on_beat(now, from, b),
-            Msg::Submit { farm, entries } => self.on_submit(now, from, farm, entries),
+            Msg::Submit {
+                farm,
+                entries,
+                home,
+            } => self.on_submit(now, from, farm, entries, home),
             Msg::Offer { farm, entries } => self.on_offer(now, from, farm, entries),
             Msg::Accepted { farm, tasks } => {
                 if let Some(r) = self.replicas.get_mut(&farm) {
@@ -769,7 +852,7 @@ impl Peer {
                     self.specs.insert(id, farm.clone());
                     self.actions
                         .push_back(Action::Persist(Persist::Farm(farm.clone())));
-                    let mut r = Replica::new(farm.clone(), false);
+                    let mut r = Replica::new(farm.clone(), self.id);
                     // The coordinator that asked for the copy has it.
                     r.accepted = true;
                     self.replicas.insert(id, r);
@@ -1031,8 +1114,12 @@ impl Peer {
         };
         for stored in std::mem::take(&mut self.stored) {
             let origin = stored.spec.origin;
+            let home = stored.home.as_ref().map(|(h, _)| *h);
             let f = add_farm(&mut c, now, stored.spec, stored.records, stored.entries);
             f.accepted = true;
+            if let Some(h) = home {
+                f.home = f.home.max(h);
+            }
             f.holders.push(Holder::new(origin, true));
             if origin != self.id {
                 // Kept here (with its inputs) since it first came.
@@ -1052,7 +1139,7 @@ impl Peer {
         for fid in &old.slots {
             let f = &old.farms[fid];
             let entries = f.log.current().cloned().collect();
-            self.offer(to, f.spec.clone(), entries);
+            self.offer(to, f.spec.clone(), entries, f.home);
         }
     }
 
@@ -1083,14 +1170,27 @@ impl Peer {
     // ----- coordinator -----
 
     /// A holder offers a farm: taken over if it is new here, merged if not.
-    fn on_submit(&mut self, now: Millis, from: NodeId, farm: Arc<FarmSpec>, entries: Vec<Entry>) {
+    fn on_submit(
+        &mut self,
+        now: Millis,
+        from: NodeId,
+        farm: Arc<FarmSpec>,
+        entries: Vec<Entry>,
+        home: Home,
+    ) {
         self.sync_machines();
         let id = self.id;
         let Some(c) = &mut self.coord else {
             // Not (or no longer) the coordinator: the holder resends to the right one.
             return;
         };
-        if c.farms.contains_key(&farm.id) {
+        if let Some(f) = c.farms.get_mut(&farm.id) {
+            if home > f.home {
+                // Taken over: every holder hears of the new home with the next progress.
+                f.home = home;
+                f.counts_sent = None;
+                f.finished_sent = false;
+            }
             self.merge(now, from, farm.id, entries);
             return;
         }
@@ -1111,6 +1211,7 @@ impl Peer {
         let origin = farm.origin;
         let spec = farm.clone();
         let f = add_farm(c, now, farm, records, entries);
+        f.home = f.home.max(home);
         // The home keeps it durably, and so does the holder that offered it
         // and this node, once it has the inputs.
         f.holders.push(Holder::new(origin, true));
@@ -1362,7 +1463,7 @@ impl Peer {
                     out.push((
                         h.node,
                         sync_msg(
-                            (c.log_id, f.log.len()),
+                            (c.log_id, f.log.len(), f.home),
                             *fid,
                             from,
                             entries,
@@ -1376,7 +1477,7 @@ impl Peer {
                     out.push((
                         h.node,
                         sync_msg(
-                            (c.log_id, f.log.len()),
+                            (c.log_id, f.log.len(), f.home),
                             *fid,
                             h.sent,
                             Vec::new(),
@@ -1444,6 +1545,20 @@ impl Peer {
                 }));
             }
         }
+        if m.home > r.home_of {
+            // Another node took the farm over (or this one did, and the
+            // coordinator now knows): the highest claim is the home.
+            r.home_of = m.home;
+            r.home = m.home.node == me;
+            if !r.home {
+                r.fetching.clear();
+            }
+            self.actions.push_back(Action::Persist(Persist::Home {
+                farm: m.farm,
+                home: r.home_of,
+                out: r.out.clone(),
+            }));
+        }
         r.counts = m.counts;
         r.stages = m.stages;
         let was_over = r.over;
@@ -1469,7 +1584,6 @@ impl Peer {
     /// nodes that keep them, a bounded number at a time; an ask that got
     /// no answer for a while is asked again.
     fn fetch_missing(&mut self, now: Millis, farm: FarmId) {
-        let me = self.id;
         let retry = self.cfg.resend_ms * FETCH_RETRY_RESENDS;
         let Some(r) = self.replicas.get(&farm) else {
             return;
@@ -1479,7 +1593,7 @@ impl Peer {
         }
         let mut asks = Vec::new();
         let mut busy = r.fetching.values().filter(|at| now < **at + retry).count();
-        for e in r.missing(me) {
+        for e in r.missing() {
             if busy >= FETCHES_MAX {
                 break;
             }
@@ -1519,7 +1633,7 @@ impl Peer {
         let mut out = Vec::new();
         for r in self.replicas.values().filter(|r| r.home && !r.announced) {
             let lost: Vec<(TaskRef, NodeId)> = r
-                .missing(self.id)
+                .missing()
                 .filter_map(|e| match e {
                     Entry::Done { task, node, .. } if !self.live(*node) => Some((*task, *node)),
                     _ => None,
@@ -1568,7 +1682,7 @@ impl Peer {
         let Some(r) = self.replicas.get_mut(&farm) else {
             return;
         };
-        let p = r.progress(me);
+        let p = r.progress();
         if p.finished && !r.announced {
             r.announced = true;
             self.actions.push_back(Action::Persist(Persist::Finished {
@@ -1640,7 +1754,7 @@ impl Peer {
                             }),
                             Verdict::Retry => {
                                 out.push((
-                                    f.spec.origin,
+                                    f.home.node,
                                     Msg::Failure(Failure {
                                         farm: fid,
                                         task,
@@ -1674,7 +1788,7 @@ impl Peer {
                         shortfall,
                     } => {
                         let fid = c.slots[farm.0 as usize];
-                        let origin = c.farms[&fid].spec.origin;
+                        let origin = c.farms[&fid].home.node;
                         let reason = shortfall
                             .iter()
                             .map(|(k, want, have)| {
@@ -2078,8 +2192,12 @@ impl Peer {
         }
         let Some(c) = self.coordinator else { return };
         let term = self.term;
-        if c != self.id {
-            let tasks = self.holding();
+        let tasks = self.holding();
+        if c == self.id {
+            // The coordinator checks its own claims on itself the same way:
+            // a steal whose answer to it was lost leaves a claim nobody holds.
+            self.on_holding(now, c, tasks);
+        } else {
             self.send(c, Msg::Holding { term, tasks });
         }
         let mut waiting: Vec<FarmId> = self.awaiting_spec.keys().copied().collect();
@@ -2097,19 +2215,25 @@ impl Peer {
                 },
             );
         }
-        let offers: Vec<(Arc<FarmSpec>, Vec<Entry>)> = self
+        let offers: Vec<(Arc<FarmSpec>, Vec<Entry>, Home)> = self
             .replicas
             .values()
-            .filter(|r| !r.accepted && !r.over)
-            .map(|r| (r.spec.clone(), r.log.current().cloned().collect()))
+            .filter(|r| !r.accepted && (!r.over || (r.home && !r.announced)))
+            .map(|r| {
+                (
+                    r.spec.clone(),
+                    r.log.current().cloned().collect(),
+                    r.home_of,
+                )
+            })
             .collect();
-        for (farm, entries) in offers {
-            self.offer(c, farm, entries);
+        for (farm, entries, home) in offers {
+            self.offer(c, farm, entries, home);
         }
     }
 
     /// Offers a farm and what is known of it, in messages of bounded size.
-    fn offer(&mut self, to: NodeId, farm: Arc<FarmSpec>, entries: Vec<Entry>) {
+    fn offer(&mut self, to: NodeId, farm: Arc<FarmSpec>, entries: Vec<Entry>, home: Home) {
         let id = farm.id;
         let mut chunks = entries.chunks(OFFER_MAX);
         let first = chunks.next().map(<[Entry]>::to_vec).unwrap_or_default();
@@ -2118,6 +2242,7 @@ impl Peer {
             Msg::Submit {
                 farm,
                 entries: first,
+                home,
             },
         );
         for chunk in chunks {
@@ -2401,6 +2526,31 @@ impl Peer {
         Some(c.engine.progress(c.farms.get(&farm)?.slot))
     }
 
+    /// Every farm whose definition this node has.
+    pub fn specs(&self) -> impl Iterator<Item = &Arc<FarmSpec>> {
+        self.specs.values()
+    }
+
+    /// A farm this node coordinates, as the coordinator knows it: its home,
+    /// progress and first `failures_max` failures.
+    pub fn coordinated_farm(
+        &self,
+        farm: FarmId,
+        failures_max: usize,
+    ) -> Option<(Home, FarmProgress, Vec<Entry>)> {
+        let c = self.coord.as_ref()?;
+        let f = c.farms.get(&farm)?;
+        let counts = c.engine.progress(f.slot);
+        let p = FarmProgress {
+            farm,
+            finished: counts.finished(),
+            counts,
+            stages: c.engine.stage_progress(f.slot),
+        };
+        let failures = f.log.failures().take(failures_max).cloned().collect();
+        Some((f.home, p, failures))
+    }
+
     /// Farms this node coordinates.
     pub fn coordinated(&self) -> Vec<FarmId> {
         self.coord.as_ref().map_or(Vec::new(), |c| c.slots.clone())
@@ -2430,7 +2580,7 @@ const FETCHES_MAX: usize = 64;
 const FETCH_RETRY_RESENDS: u64 = 30;
 
 fn sync_msg(
-    (log, len): (u64, u64),
+    (log, len, home): (u64, u64, Home),
     farm: FarmId,
     from: u64,
     entries: Vec<Entry>,
@@ -2444,6 +2594,7 @@ fn sync_msg(
         from,
         entries,
         len,
+        home,
         counts: counts.clone(),
         stages: stages.to_vec(),
         finished: counts.finished(),
@@ -2473,7 +2624,12 @@ fn add_farm(
         log.add(e);
     }
     c.slots.push(spec.id);
+    let home = Home {
+        epoch: 0,
+        node: spec.origin,
+    };
     c.farms.entry(spec.id).or_insert(CoordFarm {
+        home,
         slot,
         spec,
         accepted: false,

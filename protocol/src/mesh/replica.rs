@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::msg::{Entry, FarmId, FarmProgress, FarmSpec, NodeId};
+use super::msg::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId};
 use crate::engine::{Counts, Millis, RecordState, TaskEnd, TaskRecord};
 use crate::farm::TaskRef;
 
@@ -158,6 +158,9 @@ pub struct StoredFarm {
     pub entries: Vec<Entry>,
     /// On the home: tasks whose outputs are here, verified.
     pub collected: Vec<TaskRef>,
+    /// The farm's home as this node last knew it, and where this node puts
+    /// the outputs when it took the farm over.
+    pub home: Option<(Home, Option<String>)>,
 }
 
 /// One holder's copy of a farm.
@@ -167,6 +170,10 @@ pub struct Replica {
     pub log: FarmLog,
     /// This node is the farm's home: outputs come here.
     pub home: bool,
+    /// The farm's home as this copy knows it.
+    pub home_of: Home,
+    /// Where outputs go when this node took the farm over (else the farm's `out`).
+    pub out: Option<String>,
     /// The coordinator has this copy (it answered `Accepted`).
     pub accepted: bool,
     /// Which coordinator's log `next` counts in, and how far it is applied here.
@@ -186,7 +193,12 @@ pub struct Replica {
 }
 
 impl Replica {
-    pub fn new(spec: Arc<FarmSpec>, home: bool) -> Replica {
+    /// A copy of a farm whose home is its submitter.
+    pub fn new(spec: Arc<FarmSpec>, me: NodeId) -> Replica {
+        let home_of = Home {
+            epoch: 0,
+            node: spec.origin,
+        };
         let def = &spec.def;
         let stages: Vec<Counts> = def
             .stages
@@ -202,9 +214,11 @@ impl Replica {
                 ..Counts::default()
             },
             stages,
+            home: home_of.node == me,
+            home_of,
+            out: None,
             spec,
             log: FarmLog::new(),
-            home,
             accepted: false,
             source: None,
             next: 0,
@@ -219,27 +233,31 @@ impl Replica {
         self.spec.id
     }
 
-    /// Outputs still to come home: done tasks with outputs kept elsewhere.
-    pub fn missing(&self, me: NodeId) -> impl Iterator<Item = &Entry> {
+    /// Where this node puts the farm's outputs when it is the home.
+    pub fn out_dir(&self) -> &str {
+        self.out.as_deref().unwrap_or(&self.spec.def.out)
+    }
+
+    /// Outputs still to come home: done tasks with outputs not collected
+    /// (those this node ran are checked too: it may have run them before
+    /// it was the home, keeping them apart).
+    pub fn missing(&self) -> impl Iterator<Item = &Entry> {
         self.log.current().filter(move |e| match e {
-            Entry::Done {
-                task,
-                node,
-                outputs,
-                ..
-            } => !outputs.is_empty() && *node != me && !self.collected.contains(task),
+            Entry::Done { task, outputs, .. } => {
+                !outputs.is_empty() && !self.collected.contains(task)
+            }
             _ => false,
         })
     }
 
     /// Over for this holder: every task is, and on the home every output is here.
-    pub fn finished(&self, me: NodeId) -> bool {
-        self.over && (!self.home || self.missing(me).next().is_none())
+    pub fn finished(&self) -> bool {
+        self.over && (!self.home || self.missing().next().is_none())
     }
 
     /// The progress to show: the coordinator's counts, or before any
     /// coordinator spoke (after a restart) what this copy knows.
-    pub fn progress(&self, me: NodeId) -> FarmProgress {
+    pub fn progress(&self) -> FarmProgress {
         let mut counts = self.counts.clone();
         if self.source.is_none() {
             counts.done = self.log.done_count().min(counts.total);
@@ -250,7 +268,7 @@ impl Replica {
             farm: self.id(),
             counts,
             stages: self.stages.clone(),
-            finished: self.finished(me),
+            finished: self.finished(),
         }
     }
 }
