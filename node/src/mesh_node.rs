@@ -530,7 +530,8 @@ impl Node {
             }
             PeerEvent::Coordinator { term, node } => {
                 let label = self.label_of(node);
-                self.say(&format!("coordinator is {label} (term {term})"));
+                let round = mesh_protocol::mesh::term_round(term);
+                self.say(&format!("coordinator is {label} (term {round})"));
             }
             PeerEvent::Accepted { farm, tasks } => {
                 if let Some(o) = self.origins.get_mut(&farm) {
@@ -1167,7 +1168,7 @@ impl Node {
         MeshStatus {
             nodes,
             coordinator: coordinator.map(|c| self.label_of(c)),
-            term: self.peer.term(),
+            term: mesh_protocol::mesh::term_round(self.peer.term()),
             farms,
         }
     }

@@ -1122,8 +1122,9 @@ impl Engine {
     }
 
     /// A done task runs again: what it made is lost (its outputs went with
-    /// a node that never came back). Work downstream that already ran stays done.
-    pub fn redo(&mut self, now: Millis, farm: FarmSlot, task: TaskRef) -> bool {
+    /// a node that never came back). Work downstream that already ran stays
+    /// done. The coordinator hands it out again; a local engine never redoes.
+    pub fn redo(&mut self, farm: FarmSlot, task: TaskRef) -> bool {
         let f = &mut self.farms[farm.0 as usize];
         let Some(st) = f.stages.get_mut(task.stage as usize) else {
             return false;
@@ -1134,7 +1135,6 @@ impl Engine {
         }
         st.set(i, PENDING);
         st.ready.push_front(task.index);
-        self.fill(now);
         true
     }
 

@@ -499,6 +499,8 @@ struct Sim<'a> {
     timeline: Timeline,
     sample: Vec<Execution>,
     sample_stride: usize,
+    /// The last node seen coordinating in each term.
+    coords: FxHashMap<u64, u32>,
     /// The submitting node crashes and never comes back: the farm ends at
     /// the coordinator, with no home to bring outputs to.
     home_lost: bool,
@@ -537,6 +539,7 @@ impl<'a> Sim<'a> {
         Sim {
             cfg,
             faults: cfg.has_faults(),
+            coords: FxHashMap::default(),
             home_lost: cfg
                 .crashes
                 .iter()
@@ -633,8 +636,23 @@ impl<'a> Sim<'a> {
             let p = self.nodes[n as usize].peer.as_ref()?;
             Some((p.id(), p.coordinated_progress(FARM)?))
         });
+        let home = self.nodes[self.cfg.submit_node]
+            .peer
+            .as_ref()
+            .and_then(|p| p.replica(FARM))
+            .map(|r| {
+                let missing: Vec<_> = r.missing().take(3).cloned().collect();
+                format!(
+                    "home: told over {}, {} of the log, {} outputs missing (first {missing:?}), {} being fetched, coordinator {:?}",
+                    r.over,
+                    r.next,
+                    r.missing().count(),
+                    r.fetching.len(),
+                    self.nodes[self.cfg.submit_node].peer.as_ref().and_then(|p| p.coordinator()),
+                )
+            });
         format!(
-            "work left at the time limit: {} tasks never succeeded (first: {:?}); coordinator view {:?}",
+            "work left at the time limit: {} tasks never succeeded (first: {:?}); coordinator view {:?}; {home:?}",
             (0..self.ok_done.len())
                 .filter(|&g| self.plan.expect_ok[g] && !self.ok_done[g])
                 .count(),
@@ -905,6 +923,24 @@ impl<'a> Sim<'a> {
             at_ms: self.now,
             message: e,
         })?;
+        if peer.is_coordinator() {
+            // At most one coordinator per term among nodes that can reach each other.
+            let term = peer.term();
+            if let Some(&m) = self.coords.get(&term) {
+                let other = self.nodes[m as usize].peer.as_ref();
+                if m as usize != n
+                    && other.is_some_and(|o| o.is_coordinator() && o.term() == term)
+                    && !self.partitioned(n, m as usize)
+                {
+                    return Err(self.violation(format!(
+                        "nodes {m} and {n} both coordinate in term {term} and can reach each other"
+                    )));
+                }
+            }
+            self.coords.insert(term, n as u32);
+        }
+        let nd = &mut self.nodes[n];
+        let peer = nd.peer.as_ref().expect("stepped peers are up");
         let mut timer = None;
         if let Some(at) = peer.poll_timeout() {
             let at = at.max(self.now);

@@ -197,6 +197,80 @@ fn a_seed_sweep_with_faults_keeps_the_invariants() {
     }
 }
 
+/// One run of the any-node fault sweep: 5 nodes, the farm submitted on a
+/// drawn node, 2% of messages lost, three crashes of drawn nodes (the
+/// submitter and the coordinator included; the submitter always comes
+/// back, another may not), and a partition of a drawn pair that heals.
+fn any_node_faults(seed: u64) -> SimConfig {
+    let mix = |k: u64| {
+        let mut x =
+            seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ k.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+        x ^= x >> 31;
+        x.wrapping_mul(0xff51_afd7_ed55_8ccd) >> 33
+    };
+    let nodes = 5;
+    let mut cfg = SimConfig::simple(seed, nodes, "cpu=2", 200, "uniform:5..40");
+    cfg.loss = 0.02;
+    cfg.submit_node = (mix(1) % nodes as u64) as usize;
+    cfg.submit_at_ms = 300;
+    cfg.mesh.outputs_wait_ms = Some(3000);
+    cfg.crashes = (0..3)
+        .map(|k| {
+            let node = (mix(10 + k) % nodes as u64) as usize;
+            let at_ms = 400 + mix(20 + k) % 1500;
+            let back = node == cfg.submit_node || mix(30 + k) % 4 != 0;
+            CrashSpec {
+                node,
+                at_ms,
+                restart_after_ms: back.then_some(300 + mix(40 + k) % 2500),
+            }
+        })
+        .collect();
+    let a = (mix(50) % nodes as u64) as usize;
+    let b = (a + 1 + (mix(51) % (nodes as u64 - 1)) as usize) % nodes;
+    cfg.partitions = vec![PartitionSpec {
+        nodes: vec![a, b],
+        from_ms: 500 + mix(52) % 1000,
+        until_ms: 2500 + mix(53) % 2000,
+    }];
+    cfg
+}
+
+#[test]
+fn a_seed_sweep_with_faults_of_any_node_loses_nothing() {
+    let started = std::time::Instant::now();
+    for seed in 0..100 {
+        let cfg = any_node_faults(seed);
+        let r = match run(&cfg) {
+            Ok(r) => r,
+            Err(e) => panic!("{e}\n{cfg:?}"),
+        };
+        assert_eq!(r.tasks_done, 200, "seed {seed}: {}", r.summary());
+        assert!(started.elapsed().as_secs() < 90, "the sweep is time-boxed");
+    }
+}
+
+/// The longer sweep: `MESH_SIM_SWEEP=5000 cargo test --release -p mesh-sim
+/// -- --ignored long_seed_sweep` runs seeds 1000 to 5999 (about 20 s);
+/// `MESH_SIM_FROM=S` starts at seed S, to replay a failure.
+#[test]
+#[ignore]
+fn a_long_seed_sweep_with_faults_of_any_node() {
+    let var = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let n = var("MESH_SIM_SWEEP", 500);
+    for seed in var("MESH_SIM_FROM", 1000)..1000 + n {
+        let cfg = any_node_faults(seed);
+        if let Err(e) = run(&cfg) {
+            panic!("{e}\n{cfg:?}");
+        }
+    }
+}
+
 #[test]
 fn the_same_seed_gives_the_same_report() {
     let cfg = scenario("faults");

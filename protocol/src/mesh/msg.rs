@@ -87,6 +87,14 @@ pub struct OutputFile {
     pub size: u64,
 }
 
+/// One run of a task: which node ran which attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TaskRun {
+    pub task: TaskRef,
+    pub node: NodeId,
+    pub attempt: u32,
+}
+
 /// How a task's attempt ended on the node that ran it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
@@ -107,8 +115,9 @@ pub enum Entry {
         task: TaskRef,
         /// The completion's content key.
         key: Option<[u8; 32]>,
-        /// Who ran it, and so holds its outputs until the home has them.
+        /// Who ran it (which attempt), and so holds its outputs until the home has them.
         node: NodeId,
+        attempt: u32,
         outputs: Vec<OutputFile>,
     },
     /// Failed for good, with the reason.
@@ -118,9 +127,14 @@ pub enum Entry {
         node: NodeId,
         end: TaskEnd,
     },
-    /// The outputs of `node`'s run of a done task are lost with that node
-    /// (gone for longer than the home waits): the task runs again.
-    Redo { task: TaskRef, node: NodeId },
+    /// The outputs of `node`'s run (`attempt`) of a done task are lost with
+    /// that node (gone for longer than the home waits, or it has them no
+    /// more): the task runs again, and that run never counts as done again.
+    Redo {
+        task: TaskRef,
+        node: NodeId,
+        attempt: u32,
+    },
 }
 
 impl Entry {
@@ -210,7 +224,8 @@ pub enum Msg {
     /// message, and every other message would pay its size.
     Sync(Box<SyncMsg>),
     /// Holder to coordinator: every entry before `next` is durable here.
-    Synced { farm: FarmId, next: u64 },
+    /// `over`: it knows every task of the farm is over.
+    Synced { farm: FarmId, next: u64, over: bool },
     /// The home to every node: every output of this farm is home; what
     /// was kept for it may go.
     Collected { farm: FarmId },
@@ -226,10 +241,7 @@ pub enum Msg {
     Holding { term: u64, tasks: Vec<Assigned> },
     /// The home to the coordinator: these done tasks' outputs are lost with
     /// the node that kept them (gone too long); run them again.
-    Redo {
-        farm: FarmId,
-        tasks: Vec<(TaskRef, NodeId)>,
-    },
+    Redo { farm: FarmId, tasks: Vec<TaskRun> },
     /// Worker to coordinator: I was assigned tasks of a farm I do not know.
     GetFarm { farm: FarmId },
     /// Coordinator to worker: the farm asked for.

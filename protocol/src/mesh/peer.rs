@@ -246,6 +246,8 @@ struct Holder {
     acked: u64,
     /// When entries were last sent.
     at: Millis,
+    /// It said it knows the farm is over.
+    over: bool,
 }
 
 struct CoordFarm {
@@ -622,9 +624,13 @@ impl Peer {
                 // The node is there but the outputs are not (its folder was
                 // wiped, or it ran the task as the home before this node
                 // took over): the task runs again.
-                if let Some(Entry::Done { node, .. }) = r.log.get(task) {
-                    let tasks = vec![(task, *node)];
-                    self.send_coordinator(|_| Msg::Redo { farm, tasks });
+                if let Some(Entry::Done { node, attempt, .. }) = r.log.get(task) {
+                    let tasks = vec![TaskRun {
+                        task,
+                        node: *node,
+                        attempt: *attempt,
+                    }];
+                    self.lost_outputs(farm, tasks);
                 }
             }
         }
@@ -706,13 +712,30 @@ impl Peer {
             Some(KillReason::Timeout) => TaskResult::TimedOut,
             _ => outcome.result,
         };
-        self.report(Report {
+        let ok = matches!(result, TaskResult::Exited(c) if self.specs.get(&task.farm)
+            .is_some_and(|s| s.def.stages[task.task.stage as usize].success_codes.contains(&c)));
+        let report = Report {
             task,
             result,
             key: outcome.key,
             duration_ms: outcome.duration_ms,
             outputs,
-        });
+        };
+        if ok {
+            // Other attempts of this task queued here meanwhile are done by this run.
+            let (same, rest): (Vec<Assigned>, Vec<Assigned>) = self
+                .queue
+                .drain(..)
+                .partition(|a| a.farm == task.farm && a.task == task.task);
+            self.queue = rest.into();
+            for a in same {
+                self.report(Report {
+                    task: a,
+                    ..report.clone()
+                });
+            }
+        }
+        self.report(report);
         self.start_queued(now);
         // Running dry: steal now rather than at the next beat.
         self.try_steal(now);
@@ -871,8 +894,8 @@ impl Peer {
                 self.accept_ready();
             }
             Msg::Sync(m) => self.on_sync(now, from, *m),
-            Msg::Redo { farm, tasks } => self.on_redo(now, farm, tasks),
-            Msg::Synced { farm, next } => self.on_synced(from, farm, next),
+            Msg::Redo { farm, tasks } => self.on_redo(farm, tasks),
+            Msg::Synced { farm, next, over } => self.on_synced(from, farm, next, over),
             Msg::Collected { farm } => {
                 self.actions.push_back(Action::Forget { farm });
             }
@@ -1057,7 +1080,7 @@ impl Peer {
         }
         let lowest = self.members.keys().next().copied().unwrap_or(self.id);
         if self.id <= lowest {
-            let term = self.term + 1;
+            let term = ballot(term_round(self.term) + 1, self.id);
             self.become_coordinator(now, term);
         }
         // Otherwise the lowest live node elects itself and its beat says so.
@@ -1248,8 +1271,14 @@ impl Peer {
         let mut new = Vec::new();
         for e in entries {
             if f.log.add(e.clone()) {
-                if e.is_done() {
-                    c.engine.mark_done(now, f.slot, e.task());
+                match &e {
+                    Entry::Done { .. } => {
+                        c.engine.mark_done(now, f.slot, e.task());
+                    }
+                    Entry::Redo { .. } => {
+                        c.engine.redo(f.slot, e.task());
+                    }
+                    Entry::Failed { .. } => {}
                 }
                 new.push(e);
             }
@@ -1496,7 +1525,7 @@ impl Peer {
     }
 
     /// A holder has every entry before `next` durably.
-    fn on_synced(&mut self, from: NodeId, farm: FarmId, next: u64) {
+    fn on_synced(&mut self, from: NodeId, farm: FarmId, next: u64, over: bool) {
         let Some(f) = self.coord.as_mut().and_then(|c| c.farms.get_mut(&farm)) else {
             return;
         };
@@ -1510,6 +1539,7 @@ impl Peer {
         h.acked = next;
         h.sent = h.sent.max(next);
         h.has_spec = true;
+        h.over = over;
         self.release_acks();
     }
 
@@ -1534,6 +1564,9 @@ impl Peer {
             for e in m.entries.into_iter().skip(skip) {
                 r.next += 1;
                 if r.log.add(e.clone()) {
+                    if e.is_done() {
+                        r.redo.remove(&e.task());
+                    }
                     added.push(e);
                 }
             }
@@ -1573,7 +1606,15 @@ impl Peer {
                 stages: r.stages.clone(),
             }));
         }
-        self.send(from, Msg::Synced { farm: m.farm, next });
+        let over = r.over;
+        self.send(
+            from,
+            Msg::Synced {
+                farm: m.farm,
+                next,
+                over,
+            },
+        );
         if home {
             self.fetch_missing(now, m.farm);
             self.home_progress(m.farm);
@@ -1632,13 +1673,22 @@ impl Peer {
         let since = |n: &NodeId| self.gone.get(n).copied().unwrap_or(self.started_at);
         let mut out = Vec::new();
         for r in self.replicas.values().filter(|r| r.home && !r.announced) {
-            let lost: Vec<(TaskRef, NodeId)> = r
+            let lost: Vec<TaskRun> = r
                 .missing()
                 .filter_map(|e| match e {
-                    Entry::Done { task, node, .. } if !self.live(*node) => Some((*task, *node)),
+                    Entry::Done {
+                        task,
+                        node,
+                        attempt,
+                        ..
+                    } if !self.live(*node) => Some(TaskRun {
+                        task: *task,
+                        node: *node,
+                        attempt: *attempt,
+                    }),
                     _ => None,
                 })
-                .filter(|(_, n)| now >= since(n) + wait)
+                .filter(|r| now >= since(&r.node) + wait)
                 .take(OFFER_MAX)
                 .collect();
             if !lost.is_empty() {
@@ -1646,21 +1696,62 @@ impl Peer {
             }
         }
         for (farm, tasks) in out {
-            self.send_coordinator(|_| Msg::Redo { farm, tasks });
+            self.lost_outputs(farm, tasks);
         }
     }
 
+    /// On the home: these runs' outputs are lost. The home's own copy
+    /// forgets them first (so whichever run the coordinator counts as done
+    /// instead is taken when it comes), then the coordinator is told.
+    fn lost_outputs(&mut self, farm: FarmId, tasks: Vec<TaskRun>) {
+        let Some(r) = self.replicas.get_mut(&farm) else {
+            return;
+        };
+        let mut entries = Vec::new();
+        for run in &tasks {
+            let e = Entry::Redo {
+                task: run.task,
+                node: run.node,
+                attempt: run.attempt,
+            };
+            r.redo.insert(run.task, *run);
+            if r.log.add(e.clone()) {
+                entries.push(e);
+            }
+        }
+        if !entries.is_empty() {
+            self.actions.push_back(Action::Persist(Persist::Entries {
+                farm,
+                entries,
+                records: true,
+            }));
+        }
+        self.send_coordinator(|_| Msg::Redo { farm, tasks });
+    }
+
     /// The home says these outputs are lost: the tasks run again.
-    fn on_redo(&mut self, now: Millis, farm: FarmId, tasks: Vec<(TaskRef, NodeId)>) {
+    fn on_redo(&mut self, farm: FarmId, tasks: Vec<TaskRun>) {
         let Some(c) = &mut self.coord else { return };
         let Some(f) = c.farms.get_mut(&farm) else {
             return;
         };
         let mut redone = Vec::new();
-        for (task, node) in tasks {
-            let e = Entry::Redo { task, node };
-            if f.log.add(e.clone()) {
-                c.engine.redo(now, f.slot, task);
+        for run in tasks {
+            let e = Entry::Redo {
+                task: run.task,
+                node: run.node,
+                attempt: run.attempt,
+            };
+            if !f.log.add(e.clone()) {
+                if f.log.is_done(run.task) {
+                    // Another run is the one that counts here: the home, which
+                    // took the lost one, hears of this one again.
+                    f.log.repeat(run.task);
+                }
+                continue;
+            }
+            {
+                c.engine.redo(f.slot, run.task);
                 redone.push(e);
             }
         }
@@ -1744,6 +1835,7 @@ impl Peer {
                                 task,
                                 key: c.last_key,
                                 node,
+                                attempt,
                                 outputs: std::mem::take(&mut c.outputs),
                             }),
                             Verdict::Failed => Some(Entry::Failed {
@@ -1769,6 +1861,12 @@ impl Peer {
                             Verdict::Cancelled | Verdict::Interrupted => None,
                         };
                         if let Some(e) = entry {
+                            if e.is_done() && f.log.redone(&e) {
+                                // A late report of a run whose outputs were
+                                // lost: the task still runs again.
+                                c.engine.redo(farm, task);
+                                continue;
+                            }
                             // Where outputs are and why a task failed is
                             // kept beside the engine's own record.
                             let keep = matches!(&e, Entry::Done { outputs, .. } if !outputs.is_empty())
@@ -2160,6 +2258,15 @@ impl Peer {
             self.fetch_missing(now, farm);
         }
         self.redo_lost(now);
+        let redo: Vec<(FarmId, Vec<TaskRun>)> = self
+            .replicas
+            .values()
+            .filter(|r| r.home && !r.redo.is_empty())
+            .map(|r| (r.id(), r.redo.values().copied().take(OFFER_MAX).collect()))
+            .collect();
+        for (farm, tasks) in redo {
+            self.send_coordinator(|_| Msg::Redo { farm, tasks });
+        }
         let wanted: Vec<FarmId> = self.inputs_wanted.iter().copied().collect();
         for farm in wanted {
             self.actions.push_back(Action::FetchInputs { farm });
@@ -2174,6 +2281,12 @@ impl Peer {
                         // Lost on the way (or the holder was down): again from
                         // what it has.
                         h.sent = h.acked;
+                    }
+                    if f.finished_sent && !h.over && now >= h.at + grace {
+                        // The end went out and was not heard: say it again
+                        // (with the next progress round).
+                        h.at = now;
+                        f.counts_sent = None;
                     }
                     if !h.has_spec
                         && h.node != self.id
@@ -2300,6 +2413,13 @@ impl Peer {
         // run; the scan is bounded so a long queue costs little.
         while i < self.queue.len() && i < 64 {
             let a = self.queue[i];
+            if self.running.contains_key(&(a.farm, a.task)) {
+                // Handed here again while another attempt runs (two
+                // coordinators across a partition): it waits for that run,
+                // whose result answers for it too (see `task_finished`).
+                i += 1;
+                continue;
+            }
             let Some(spec) = self.specs.get(&a.farm) else {
                 i += 1;
                 continue;
@@ -2565,6 +2685,7 @@ impl Holder {
             sent: 0,
             acked: 0,
             at: 0,
+            over: false,
         }
     }
 }
@@ -2646,6 +2767,19 @@ fn unload(c: &mut Coord, node: NodeId, req: &Resources) {
     load.take_saturating(req);
     *count = count.saturating_sub(1);
     c.hungry.insert(node);
+}
+
+/// Terms are ballots: an election round in the high half and the
+/// electing node in the low half, so two nodes that elect themselves in
+/// the same round (the two sides of a healing partition) never share a
+/// term, and the higher one wins everywhere at once.
+pub fn ballot(round: u64, node: NodeId) -> u64 {
+    (round << 32) | (node.0 & 0xffff_ffff)
+}
+
+/// The election round of a term, as users see it.
+pub fn term_round(term: u64) -> u64 {
+    term >> 32
 }
 
 /// A thief asks for what fits its free resources with this prefetch (and

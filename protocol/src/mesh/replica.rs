@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::msg::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId};
+use super::msg::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId, TaskRun};
 use crate::engine::{Counts, Millis, RecordState, TaskEnd, TaskRecord};
 use crate::farm::TaskRef;
 
@@ -25,6 +25,8 @@ pub struct FarmLog {
     /// Where each task's entry is in `entries`.
     index: FxHashMap<TaskRef, u32>,
     done: u64,
+    /// Runs whose outputs were lost: never done again, whoever says so.
+    redone: FxHashSet<TaskRun>,
 }
 
 impl FarmLog {
@@ -39,14 +41,34 @@ impl FarmLog {
     pub fn add(&mut self, e: Entry) -> bool {
         let t = e.task();
         let current = self.index.get(&t).map(|&i| &self.entries[i as usize]);
+        if let Entry::Done { node, attempt, .. } = &e {
+            let run = TaskRun {
+                task: t,
+                node: *node,
+                attempt: *attempt,
+            };
+            if self.redone.contains(&run) {
+                return false;
+            }
+        }
         let takes = match (&e, current) {
-            (_, None) => !matches!(e, Entry::Redo { .. }),
+            (_, None) => true,
             (Entry::Done { .. }, Some(c)) => !c.is_done(),
             (Entry::Failed { .. }, Some(_)) => false,
-            (Entry::Redo { node, .. }, Some(c)) => {
-                matches!(c, Entry::Done { node: n, .. } if n == node)
-            }
+            (Entry::Redo { node, attempt, .. }, Some(c)) => matches!(
+                c,
+                Entry::Done { node: n, attempt: a, .. } if n == node && a == attempt
+            ),
         };
+        if let Entry::Redo { node, attempt, .. } = &e {
+            // Remembered even when it changes nothing now: the run it names
+            // may still be offered by a holder that has not heard of it.
+            self.redone.insert(TaskRun {
+                task: t,
+                node: *node,
+                attempt: *attempt,
+            });
+        }
         if !takes {
             return false;
         }
@@ -59,6 +81,32 @@ impl FarmLog {
         self.index.insert(t, self.entries.len() as u32);
         self.entries.push(e);
         true
+    }
+
+    /// Appends a task's current entry again, so holders that took another
+    /// (a run whose outputs they found lost) hear of this one.
+    pub fn repeat(&mut self, task: TaskRef) {
+        if let Some(e) = self.get(task).cloned() {
+            self.index.insert(task, self.entries.len() as u32);
+            self.entries.push(e);
+        }
+    }
+
+    /// A done entry for a run whose outputs were lost.
+    pub fn redone(&self, e: &Entry) -> bool {
+        match e {
+            Entry::Done {
+                task,
+                node,
+                attempt,
+                ..
+            } => self.redone.contains(&TaskRun {
+                task: *task,
+                node: *node,
+                attempt: *attempt,
+            }),
+            _ => false,
+        }
     }
 
     /// Entries from position `from`, at most `max`.
@@ -108,8 +156,9 @@ impl FarmLog {
 /// node that becomes coordinator restores its engine from its copy.
 pub fn entry_record(e: &Entry) -> TaskRecord {
     match e {
-        Entry::Done { key, .. } => TaskRecord {
+        Entry::Done { key, attempt, .. } => TaskRecord {
             key: *key,
+            attempt: *attempt,
             ..TaskRecord::known_done(1)
         },
         Entry::Failed { attempt, end, .. } => TaskRecord {
@@ -118,8 +167,11 @@ pub fn entry_record(e: &Entry) -> TaskRecord {
             end: Some(end.clone()),
             ..TaskRecord::known_done(1)
         },
-        Entry::Redo { .. } => TaskRecord {
+        // The attempt stays counted, so the run again is a later attempt
+        // (a late report of the lost run cannot pass for it).
+        Entry::Redo { attempt, .. } => TaskRecord {
             state: RecordState::Interrupted,
+            attempt: *attempt,
             ..TaskRecord::known_done(1)
         },
     }
@@ -133,6 +185,7 @@ pub fn record_entry(task: TaskRef, r: &TaskRecord) -> Option<Entry> {
             task,
             key: r.key,
             node: NodeId(0),
+            attempt: r.attempt,
             outputs: Vec::new(),
         }),
         RecordState::Failed => Some(Entry::Failed {
@@ -190,6 +243,9 @@ pub struct Replica {
     pub fetching: FxHashMap<TaskRef, Millis>,
     /// On the home: the end was announced (outputs may be let go everywhere).
     pub announced: bool,
+    /// On the home: runs found lost and told to the coordinator, until a
+    /// done run of each task comes back (told again until then).
+    pub redo: FxHashMap<TaskRef, TaskRun>,
 }
 
 impl Replica {
@@ -226,6 +282,7 @@ impl Replica {
             collected: FxHashSet::default(),
             fetching: FxHashMap::default(),
             announced: false,
+            redo: FxHashMap::default(),
         }
     }
 
@@ -252,7 +309,7 @@ impl Replica {
 
     /// Over for this holder: every task is, and on the home every output is here.
     pub fn finished(&self) -> bool {
-        self.over && (!self.home || self.missing().next().is_none())
+        self.over && (!self.home || (self.redo.is_empty() && self.missing().next().is_none()))
     }
 
     /// The progress to show: the coordinator's counts, or before any
