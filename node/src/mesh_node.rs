@@ -81,6 +81,12 @@ pub enum NodeError {
     Store(#[from] StoreError),
     #[error("another mesh node already uses the state folder {0}")]
     Busy(String),
+    #[error("cannot read this node's state in {path}; if it is damaged, move it aside (`mv {path} {path}.damaged`) and start the node again (it rejoins the peers it is given, and the other nodes of the mesh keep the farms it held)")]
+    Damaged {
+        path: String,
+        #[source]
+        source: StoreError,
+    },
     #[error("cannot join {addr}: {why}")]
     Join { addr: String, why: String },
     #[error(transparent)]
@@ -176,11 +182,16 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
     let node_dir = opts.state.join("node");
     fs::create_dir_all(&node_dir)
         .map_err(io_err(format!("cannot create {}", node_dir.display())))?;
-    let store = match SledStore::open(&node_dir.join("db")) {
+    let db = node_dir.join("db");
+    let damaged = |source| NodeError::Damaged {
+        path: db.display().to_string(),
+        source,
+    };
+    let store = match SledStore::open(&db) {
         Err(StoreError::Locked { .. }) => {
             return Err(NodeError::Busy(opts.state.display().to_string()))
         }
-        r => r?,
+        r => r.map_err(damaged)?,
     };
     let mut net_cfg = NetConfig::new(opts.listen.clone(), psk, identity);
     net_cfg.mdns = opts.mdns;
@@ -201,7 +212,7 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
             .try_into()
             .expect("8 bytes"),
     );
-    let known: KnownPeers = match store.meta(NODE_KEY, META_PEERS)? {
+    let known: KnownPeers = match store.meta(NODE_KEY, META_PEERS).map_err(damaged)? {
         Some(b) => postcard::from_bytes(&b).unwrap_or_default(),
         None => KnownPeers::default(),
     };
@@ -239,7 +250,10 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         listen_addrs: Vec::new(),
         out,
     };
-    node.restore()?;
+    node.restore().map_err(|e| match e {
+        NodeError::Store(source) => damaged(source),
+        e => e,
+    })?;
     if let Some(addr) = &opts.join {
         node.swarm.dial(addr.clone()).map_err(|e| NodeError::Join {
             addr: addr.to_string(),

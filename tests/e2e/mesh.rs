@@ -478,3 +478,54 @@ fn a_farm_whose_submitter_never_comes_back_is_resumed_on_another_node_with_every
     // Outputs made on the dead submitter itself are made again elsewhere.
     assert_all_home(&sb, "resumed-out", 60);
 }
+
+#[test]
+fn a_damaged_node_state_gives_a_clear_error_or_is_recovered_never_a_panic() {
+    let sb = sandbox();
+    let state = {
+        let c = Cluster::start(&sb, &["cpu=2"], &[]);
+        sb.write("slow.toml", &slow_farm(6, "0"));
+        c.mesh(0, &["submit", "slow.toml", "--out", "o", "--wait"])
+            .expect_code(0);
+        c.nodes[0].state.clone()
+        // Dropping the cluster stops the node as a user would.
+    };
+    let db = state.join("node").join("db");
+    let start = |what: &str| {
+        let mut n = NodeProc::start(
+            std::path::Path::new(env!("CARGO_BIN_EXE_mesh")),
+            sb.path(),
+            &state,
+            &["node", "--listen", "/ip4/127.0.0.1/tcp/0"],
+        );
+        let mut code = None;
+        let up = wait_until(Duration::from_secs(20), || {
+            code = code.or_else(|| n.wait_exit(Duration::ZERO));
+            code.is_some() || n.lines().iter().any(|l| l.contains("listening on"))
+        }) && code.is_none();
+        let said = n.lines().join("\n");
+        assert!(!said.contains("panicked"), "{what}: {said}");
+        (up, code, said)
+    };
+
+    // A log cut in the middle of a record: the node starts from what is whole.
+    let wal = db.join("mesh.wal");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&wal)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &[7, 0, 0, 0, 1, 2]))
+        .unwrap();
+    let (up, _, said) = start("a torn log");
+    assert!(up, "a torn log: {said}");
+
+    // The database folder unreadable: a clear error that says what to do.
+    std::fs::rename(&db, state.join("db.kept")).unwrap();
+    std::fs::write(&db, "not a database").unwrap();
+    let (up, code, said) = start("an unreadable database");
+    assert!(!up, "an unreadable database: {said}");
+    assert_eq!(code, Some(2), "{said}");
+    assert!(
+        said.contains("move it aside") && said.contains("db.damaged"),
+        "{said}"
+    );
+}
