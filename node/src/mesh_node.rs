@@ -566,6 +566,10 @@ impl Node {
                 }
             }
             PeerEvent::Progress(p) => self.refresh_view(p.farm),
+            PeerEvent::Silent { ms, released } => self.say(&format!(
+                "this node was silent for {ms} ms (stopped or starved): the mesh may have \
+                 declared it dead, so its {released} queued tasks go back to the coordinator"
+            )),
             PeerEvent::Failure(f) => {
                 // An attempt that will be retried: said in the node's output;
                 // failures for good are in the farm's replicated state.

@@ -529,3 +529,117 @@ fn a_damaged_node_state_gives_a_clear_error_or_is_recovered_never_a_panic() {
         "{said}"
     );
 }
+
+/// `n` tasks of `secs` each writing their index to an output and to a
+/// log of runs shared by every node of this machine.
+fn counted_farm(n: u32, secs: &str, runs: &std::path::Path) -> String {
+    format!(
+        r#"
+[farm]
+name = "counted"
+
+[[stage]]
+name = "s"
+sweep.i = {{ range = "0..{}" }}
+workdir = "w/{{i}}"
+shell = 'sleep {secs}; echo {{i}} > r.txt; echo {{i}} $MESH_NODE $(date +%s.%N) >> {}'
+outputs = ["r.txt"]
+"#,
+        n - 1,
+        runs.display()
+    )
+}
+
+/// How many times each task ran, from the shared log of runs.
+fn runs_per_task(sb: &mesh_tests::Sandbox, n: u32) -> Vec<u32> {
+    let mut count = vec![0u32; n as usize];
+    for l in sb.lines("runs.log") {
+        if let Ok(i) = l.split_whitespace().next().unwrap_or("").parse::<usize>() {
+            count[i] += 1;
+        }
+    }
+    count
+}
+
+#[test]
+fn a_node_stopped_past_the_death_timeout_and_continued_loses_nothing() {
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2"; 3], &["--dead-after-ms", "1500"]);
+    let runs = sb.path().join("runs.log");
+    sb.write("farm.toml", &counted_farm(40, "0.3", &runs));
+    let r = c.mesh(0, &["submit", "farm.toml", "--out", "out"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    let busy = wait_until(Duration::from_secs(20), || {
+        c.status(2)["nodes"].as_array().is_some_and(|n| {
+            n.iter()
+                .any(|n| n["local"] == true && n["running"].as_u64() > Some(0))
+        })
+    });
+    assert!(busy, "node 2 never ran anything");
+    c.nodes[2].signal(Signal::SIGSTOP);
+    let noticed = wait_until(Duration::from_secs(20), || {
+        c.nodes[0].lines().iter().any(|l| l.contains("is gone"))
+    });
+    c.nodes[2].signal(Signal::SIGCONT);
+    assert!(noticed, "the stopped node was never declared dead");
+    let r = c.mesh(0, &["wait", &id]);
+    r.expect_code(0);
+    for i in 0..40 {
+        assert_eq!(sb.read(&format!("out/s/{i}/r.txt")), format!("{i}\n"));
+    }
+    // Only what ran on node 2 when it stopped (its two slots) may have run
+    // twice: what it had queued runs elsewhere only.
+    let twice = runs_per_task(&sb, 40).iter().filter(|&&k| k > 1).count();
+    assert!(
+        twice <= 2,
+        "{twice} tasks ran more than once (task, node, end):\n{}",
+        sb.lines("runs.log").join("\n")
+    );
+}
+
+#[test]
+fn random_kills_and_restarts_of_any_node_for_a_minute_lose_nothing() {
+    let sb = sandbox();
+    let flags = ["--dead-after-ms", "1500", "--outputs-wait-ms", "10000"];
+    let mut c = Cluster::start(&sb, &["cpu=2"; 5], &flags);
+    let n = 2000;
+    let runs = sb.path().join("runs.log");
+    sb.write("farm.toml", &counted_farm(n, "0.25", &runs));
+    let home = 4;
+    let r = c.mesh(home, &["submit", "farm.toml", "--out", "out"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    // A fixed sequence of victims, every node (the home and the first
+    // coordinator included) among them.
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let started = std::time::Instant::now();
+    let mut kills = 0;
+    while started.elapsed() < Duration::from_secs(60) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let victim = (x % 5) as usize;
+        c.kill(victim);
+        kills += 1;
+        std::thread::sleep(Duration::from_millis(500 + x % 1500));
+        c.restart(victim, "cpu=2", &flags);
+        std::thread::sleep(Duration::from_millis(1000 + (x >> 8) % 2000));
+    }
+    assert!(kills >= 10, "only {kills} kills in a minute");
+    let r = c.mesh(home, &["wait", &id, "--json"]);
+    r.expect_code(0);
+    assert_eq!(r.json()["counts"]["done"], n, "{}", r.stdout);
+    let missing: Vec<u32> = (0..n)
+        .filter(|i| sb.read_opt(&format!("out/s/{i}/r.txt")) != Some(format!("{i}\n")))
+        .collect();
+    assert!(missing.is_empty(), "outputs missing or wrong: {missing:?}");
+    let count = runs_per_task(&sb, n);
+    assert!(count.iter().all(|&k| k >= 1), "a task never ran");
+    // Each kill may repeat what the killed node held (its slots and queue).
+    let twice = count.iter().filter(|&&k| k > 1).count();
+    assert!(
+        twice <= 6 * kills,
+        "{twice} tasks ran more than once after {kills} kills"
+    );
+}

@@ -170,6 +170,11 @@ impl Sandbox {
         fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
     }
 
+    /// The file's text, or none when it does not exist.
+    pub fn read_opt(&self, rel: &str) -> Option<String> {
+        fs::read_to_string(self.dir.path().join(rel)).ok()
+    }
+
     pub fn exists(&self, rel: &str) -> bool {
         self.dir.path().join(rel).exists()
     }

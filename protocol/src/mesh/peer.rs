@@ -162,6 +162,12 @@ pub enum PeerEvent {
         stage: u32,
         reason: String,
     },
+    /// This node was silent this long (stopped, or starved of CPU) and gave
+    /// back what it had queued.
+    Silent {
+        ms: u64,
+        released: usize,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -677,6 +683,7 @@ impl Peer {
     }
 
     pub fn handle_message(&mut self, now: Millis, from: NodeId, msg: Msg) {
+        self.woke(now);
         self.inbox.push_back((from, msg));
         self.pump(now);
     }
@@ -691,6 +698,7 @@ impl Peer {
         outcome: Outcome,
         outputs: Vec<OutputFile>,
     ) {
+        self.woke(now);
         let key = (task.farm, task.task);
         match self.running.get(&key) {
             Some(r) if r.attempt == task.attempt => {}
@@ -742,7 +750,36 @@ impl Peer {
         self.pump(now);
     }
 
+    /// Called first by every input: a node silent for about the death
+    /// timeout (stopped, or starved of CPU) may have been declared dead by
+    /// the others, and its queue run elsewhere; starting it here too would
+    /// run it twice, so it goes back. Half the timeout counts as that long:
+    /// giving back too early costs a round trip, too late a duplicate.
+    ///
+    /// Its own silence also made every member look silent: they get a
+    /// fresh chance to be heard rather than being declared dead by a node
+    /// that was not listening (which would then elect itself and take the
+    /// mesh over).
+    fn woke(&mut self, now: Millis) {
+        let last_beat = self.next_beat.saturating_sub(self.cfg.heartbeat_ms);
+        if now <= last_beat + self.cfg.dead_after_ms / 2 {
+            return;
+        }
+        for m in self.members.values_mut() {
+            m.last_seen = m.last_seen.max(now.saturating_sub(self.cfg.heartbeat_ms));
+        }
+        if !self.queue.is_empty() {
+            let tasks: Vec<Assigned> = self.queue.drain(..).collect();
+            self.actions.push_back(Action::Emit(PeerEvent::Silent {
+                ms: now - last_beat,
+                released: tasks.len(),
+            }));
+            self.send_coordinator(|term| Msg::Release { term, tasks });
+        }
+    }
+
     pub fn handle_timeout(&mut self, now: Millis) {
+        self.woke(now);
         while let Some(Reverse((at, farm, task, attempt))) = self.timers.peek().copied() {
             if at > now {
                 break;
