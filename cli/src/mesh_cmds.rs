@@ -344,6 +344,12 @@ fn print_farm(v: &FarmView) {
     for u in &v.unplaceable {
         eprintln!("  unplaceable: {u}");
     }
+    if v.duplicates > 0 {
+        eprintln!(
+            "  {} task(s) ran again after a fault (a node thought dead, a partition) and completed twice; the first result counts",
+            v.duplicates
+        );
+    }
     for f in &v.failures {
         eprintln!("  failed: {f}");
     }

@@ -88,6 +88,10 @@ pub struct FarmView {
     /// The node that is the farm's home (its outputs go there).
     #[serde(default)]
     pub home: String,
+    /// Tasks run again after a fault (a node thought dead, a partition) and
+    /// completed twice; the first result counts.
+    #[serde(default)]
+    pub duplicates: u64,
 }
 
 /// One node of the mesh, as `mesh status` shows it.

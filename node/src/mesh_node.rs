@@ -55,6 +55,8 @@ const FAILURES_SHOWN: usize = 50;
 const META_PEERS: &str = "peers";
 /// What a node answers for a file it does not have (the home then has the task run again).
 const NO_SUCH_FILE: &str = "no such file on this node";
+/// How often known peers that are not connected are dialled again.
+const REDIAL_MS: u64 = 3000;
 /// A `mesh join` that cannot reach its peer tries again, waiting at most this long between tries.
 const JOIN_RETRY_MAX_S: u64 = 30;
 
@@ -268,6 +270,9 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         }
     }
     let mut joined = opts.join.is_none();
+    // Peers this node knew and is not connected to are dialled again now
+    // and then: a healed partition, a peer restarted at its old address.
+    let mut redial = tokio::time::interval(std::time::Duration::from_millis(REDIAL_MS));
     let mut interrupted_at: Option<Instant> = None;
     let mut hard_killed = false;
 
@@ -292,6 +297,7 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
                 let now = node.now();
                 node.peer.handle_timeout(now);
             }
+            _ = redial.tick() => node.redial_known(),
             _ = sleep_until_opt(grace) => {
                 hard_killed = true;
                 for (_, live, _) in node.live.values() {
@@ -509,6 +515,7 @@ impl Node {
             }
         }
         o.view.finished = p.finished;
+        o.view.duplicates = p.duplicates;
         o.view.failures = failures;
         o.notify();
     }
@@ -601,6 +608,27 @@ impl Node {
                         .unplaceable
                         .push(format!("stage {name} fits no node of the mesh: {reason}"));
                 }
+            }
+        }
+    }
+
+    /// Dials the known peers this node is not connected to.
+    fn redial_known(&mut self) {
+        for addr in &self.known.0 {
+            let Ok(a) = addr.parse::<Multiaddr>() else {
+                continue;
+            };
+            let Some(Protocol::P2p(pid)) = a.iter().last() else {
+                continue;
+            };
+            if self.swarm.is_connected(&pid) || self.dialing.contains(&pid) {
+                continue;
+            }
+            let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(pid)
+                .addresses(vec![a.clone()])
+                .build();
+            if self.swarm.dial(opts).is_ok() {
+                self.dialing.insert(pid);
             }
         }
     }
@@ -1072,6 +1100,7 @@ impl Node {
             }
         }
         v.finished = f.progress.finished;
+        v.duplicates = f.progress.duplicates;
         v.failures = self.describe_failures(&f.spec, &f.failures);
         v.home = self.label_of(f.home.node);
         if let Some(r) = self.peer.replica(f.spec.id).filter(|r| r.home) {
@@ -1319,6 +1348,7 @@ impl Origin {
                 failures: Vec::new(),
                 unplaceable: Vec::new(),
                 home: String::new(),
+                duplicates: 0,
             },
             waiters: Vec::new(),
             submit_reply: None,

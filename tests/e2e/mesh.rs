@@ -643,3 +643,72 @@ fn random_kills_and_restarts_of_any_node_for_a_minute_lose_nothing() {
         "{twice} tasks ran more than once after {kills} kills"
     );
 }
+
+#[test]
+fn a_partition_that_heals_merges_both_sides_and_reports_duplicates() {
+    let net = match mesh_tests::NetPair::create() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("skipped: no network namespaces here ({e}); run as root with `ip` for the partition test");
+            return;
+        }
+    };
+    let sb = sandbox();
+    let at = |i: usize| {
+        (
+            Some(net.ns[i].clone()),
+            format!("/ip4/{}/tcp/0", net.addr[i]),
+        )
+    };
+    let places = [at(0), at(0), at(1), at(1)];
+    let flags = ["--dead-after-ms", "1500"];
+    let c = Cluster::start_placed(&sb, &["cpu=2"; 4], &flags, &places);
+    let runs = sb.path().join("runs.log");
+    let n = 120;
+    sb.write("farm.toml", &counted_farm(n, "0.2", &runs));
+    let r = c.mesh(3, &["submit", "farm.toml", "--out", "out"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    let going = wait_until(Duration::from_secs(30), || {
+        c.status(3)["farms"][0]["counts"]["done"].as_u64() > Some(10)
+    });
+    assert!(going, "the farm did not get going: {}", c.status(3));
+    net.cut();
+    // Each side notices the other is gone, and both keep working.
+    let split = wait_until(Duration::from_secs(20), || {
+        c.status(3)["nodes"].as_array().map_or(0, |a| a.len()) == 2
+            && c.status(0)["nodes"].as_array().map_or(0, |a| a.len()) == 2
+    });
+    assert!(split, "the sides never split: {}", c.status(3));
+    let done_at_cut = c.status(3)["farms"][0]["counts"]["done"].as_u64().unwrap();
+    let on = wait_until(Duration::from_secs(20), || {
+        c.status(3)["farms"][0]["counts"]["done"].as_u64() > Some(done_at_cut + 5)
+    });
+    assert!(on, "the side with the home stopped: {}", c.status(3));
+    std::thread::sleep(Duration::from_secs(2));
+    net.heal();
+    let whole = wait_until(Duration::from_secs(30), || {
+        (0..4).all(|i| c.status(i)["nodes"].as_array().map_or(0, |a| a.len()) == 4)
+    });
+    assert!(whole, "the mesh did not heal: {}", c.status(0));
+    let r = c.mesh(3, &["wait", &id, "--json"]);
+    r.expect_code(0);
+    let v = r.json();
+    assert_eq!(v["counts"]["done"], n, "{v}");
+    for i in 0..n {
+        assert_eq!(sb.read(&format!("out/s/{i}/r.txt")), format!("{i}\n"));
+    }
+    let twice = runs_per_task(&sb, n).iter().filter(|&&k| k > 1).count() as u64;
+    let reported = v["duplicates"].as_u64().unwrap();
+    assert!(
+        reported <= twice && (twice == 0 || reported > 0),
+        "{reported} duplicates reported, {twice} tasks ran more than once"
+    );
+    let terms: Vec<u64> = (0..4)
+        .map(|i| c.status(i)["term"].as_u64().unwrap())
+        .collect();
+    assert!(
+        terms.iter().all(|t| *t == terms[0]),
+        "one coordinator again: {terms:?}"
+    );
+}

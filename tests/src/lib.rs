@@ -343,11 +343,14 @@ impl Drop for NodeProc {
     }
 }
 
-/// Several mesh nodes on 127.0.0.1 sharing one mesh key, in one sandbox.
+/// Several mesh nodes sharing one mesh key, in one sandbox: on 127.0.0.1,
+/// or each in a network namespace of a [`NetPair`].
 pub struct Cluster {
     pub nodes: Vec<NodeProc>,
     bin: PathBuf,
     root: PathBuf,
+    /// Per node: the namespace it runs in (none: this one) and where it listens.
+    places: Vec<(Option<String>, String)>,
 }
 
 impl Cluster {
@@ -355,6 +358,17 @@ impl Cluster {
     /// joining it; `resources[i]` is node i's `--resources` (empty: detected).
     /// Returns once every node sees all the others.
     pub fn start(sandbox: &Sandbox, resources: &[&str], extra: &[&str]) -> Cluster {
+        Cluster::start_placed(sandbox, resources, extra, &[])
+    }
+
+    /// As [`Cluster::start`], node `i` running in namespace `places[i].0`
+    /// and listening on `places[i].1` (past the end of `places`: loopback).
+    pub fn start_placed(
+        sandbox: &Sandbox,
+        resources: &[&str],
+        extra: &[&str],
+        places: &[(Option<String>, String)],
+    ) -> Cluster {
         let root = sandbox.path().to_path_buf();
         let bin = sandbox.bin.clone();
         let first = root.join("n0");
@@ -363,10 +377,19 @@ impl Cluster {
             .output()
             .expect("mesh init");
         assert!(init.status.success(), "mesh init failed: {init:?}");
+        let places = (0..resources.len())
+            .map(|i| {
+                places
+                    .get(i)
+                    .cloned()
+                    .unwrap_or((None, "/ip4/127.0.0.1/tcp/0".into()))
+            })
+            .collect();
         let mut c = Cluster {
             nodes: Vec::new(),
             bin,
             root,
+            places,
         };
         for (i, r) in resources.iter().enumerate() {
             let state = c.root.join(format!("n{i}"));
@@ -393,18 +416,47 @@ impl Cluster {
 
     /// Starts one more node with this state folder.
     pub fn add(&mut self, state: &Path, join: Option<&str>, resources: &str, extra: &[&str]) {
-        let mut args: Vec<&str> = match join {
+        let cmd = match join {
             Some(a) => vec!["join", a],
             None => vec!["node"],
         };
-        args.extend(["--listen", "/ip4/127.0.0.1/tcp/0"]);
+        let node = self.spawn_node(self.nodes.len(), state, &cmd, resources, extra);
+        self.nodes.push(node);
+    }
+
+    /// Starts `mesh <cmd>` for node `i` where that node lives.
+    fn spawn_node(
+        &self,
+        i: usize,
+        state: &Path,
+        cmd: &[&str],
+        resources: &str,
+        extra: &[&str],
+    ) -> NodeProc {
+        let (ns, listen) = self
+            .places
+            .get(i)
+            .cloned()
+            .unwrap_or((None, "/ip4/127.0.0.1/tcp/0".into()));
+        let bin = self.bin.to_string_lossy().into_owned();
+        let mut args: Vec<&str> = Vec::new();
+        if let Some(ns) = &ns {
+            args.extend(["netns", "exec", ns, &bin]);
+        }
+        args.extend(cmd);
+        args.extend(["--listen", &listen]);
         if !resources.is_empty() {
             args.extend(["--resources", resources]);
         }
         args.extend(extra);
-        let node = NodeProc::start(&self.bin, &self.root, state, &args);
+        let exe = if ns.is_some() {
+            PathBuf::from("ip")
+        } else {
+            self.bin.clone()
+        };
+        let node = NodeProc::start(&exe, &self.root, state, &args);
         node.address();
-        self.nodes.push(node);
+        node
     }
 
     /// SIGKILLs node `i` and waits for it to be gone.
@@ -417,14 +469,7 @@ impl Cluster {
     /// rejoins the peers it knew), with these `--resources` and flags.
     pub fn restart(&mut self, i: usize, resources: &str, extra: &[&str]) {
         let state = self.nodes[i].state.clone();
-        let mut args = vec!["node", "--listen", "/ip4/127.0.0.1/tcp/0"];
-        if !resources.is_empty() {
-            args.extend(["--resources", resources]);
-        }
-        args.extend(extra);
-        let node = NodeProc::start(&self.bin, &self.root, &state, &args);
-        node.address();
-        self.nodes[i] = node;
+        self.nodes[i] = self.spawn_node(i, &state, &["node"], resources, extra);
     }
 
     /// `mesh status --json` as node `i` answers it.
@@ -480,4 +525,159 @@ pub fn imbalanced_makespan(sb: &Sandbox, steal: bool) -> f64 {
     let took = start.elapsed().as_secs_f64();
     r.expect_code(0);
     took
+}
+
+/// Two network namespaces joined by a veth pair (10.231.<k>.1 and .2), for
+/// partition tests: [`NetPair::cut`] takes the link down, [`NetPair::heal`]
+/// brings it back. Removed on drop. Needs root and `ip`.
+pub struct NetPair {
+    pub ns: [String; 2],
+    pub addr: [String; 2],
+    link: String,
+}
+
+impl NetPair {
+    /// Makes the pair, or says why it cannot be made here.
+    pub fn create() -> Result<NetPair, String> {
+        let id = std::process::id() % 100_000;
+        let k = id % 250 + 1;
+        let p = NetPair {
+            ns: [format!("mesh{id}a"), format!("mesh{id}b")],
+            addr: [format!("10.231.{k}.1"), format!("10.231.{k}.2")],
+            link: format!("mv{id}"),
+        };
+        let (a, b) = (&p.ns[0], &p.ns[1]);
+        let (la, lb) = (format!("{}a", p.link), format!("{}b", p.link));
+        let steps: Vec<Vec<String>> = vec![
+            vec!["netns".into(), "add".into(), a.clone()],
+            vec!["netns".into(), "add".into(), b.clone()],
+            vec![
+                "link".into(),
+                "add".into(),
+                la.clone(),
+                "type".into(),
+                "veth".into(),
+                "peer".into(),
+                "name".into(),
+                lb.clone(),
+            ],
+            vec![
+                "link".into(),
+                "set".into(),
+                la.clone(),
+                "netns".into(),
+                a.clone(),
+            ],
+            vec![
+                "link".into(),
+                "set".into(),
+                lb.clone(),
+                "netns".into(),
+                b.clone(),
+            ],
+            vec![
+                "-n".into(),
+                a.clone(),
+                "addr".into(),
+                "add".into(),
+                format!("{}/24", p.addr[0]),
+                "dev".into(),
+                la.clone(),
+            ],
+            vec![
+                "-n".into(),
+                b.clone(),
+                "addr".into(),
+                "add".into(),
+                format!("{}/24", p.addr[1]),
+                "dev".into(),
+                lb.clone(),
+            ],
+            vec![
+                "-n".into(),
+                a.clone(),
+                "link".into(),
+                "set".into(),
+                "lo".into(),
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                b.clone(),
+                "link".into(),
+                "set".into(),
+                "lo".into(),
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                a.clone(),
+                "link".into(),
+                "set".into(),
+                la,
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                b.clone(),
+                "link".into(),
+                "set".into(),
+                lb,
+                "up".into(),
+            ],
+        ];
+        for s in steps {
+            ip(&s)?;
+        }
+        Ok(p)
+    }
+
+    /// Takes the link down: neither side reaches the other.
+    pub fn cut(&self) {
+        ip(&[
+            "-n".into(),
+            self.ns[0].clone(),
+            "link".into(),
+            "set".into(),
+            format!("{}a", self.link),
+            "down".into(),
+        ])
+        .expect("cut the link");
+    }
+
+    pub fn heal(&self) {
+        ip(&[
+            "-n".into(),
+            self.ns[0].clone(),
+            "link".into(),
+            "set".into(),
+            format!("{}a", self.link),
+            "up".into(),
+        ])
+        .expect("heal the link");
+    }
+}
+
+impl Drop for NetPair {
+    fn drop(&mut self) {
+        for ns in &self.ns {
+            let _ = ip(&["netns".into(), "del".into(), ns.clone()]);
+        }
+    }
+}
+
+fn ip(args: &[String]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
 }

@@ -163,6 +163,9 @@ pub struct FarmProgress {
     pub stages: Vec<Counts>,
     /// Every task is over and every output is home.
     pub finished: bool,
+    /// Runs that completed a task already done (only after a fault: a node
+    /// declared dead that was alive, a partition); the first result counts.
+    pub duplicates: u64,
 }
 
 /// The coordinator's log of a farm, from position `from`, and its progress.
@@ -182,6 +185,8 @@ pub struct SyncMsg {
     pub stages: Vec<Counts>,
     /// Every task of the farm is over.
     pub finished: bool,
+    /// See [`FarmProgress::duplicates`].
+    pub duplicates: u64,
 }
 
 /// A task's attempt that failed and will be retried, for the home to show.

@@ -271,6 +271,10 @@ struct CoordFarm {
     home: Home,
     /// The counts last sent to the holders, and whether the end was.
     counts_sent: Option<engine::Counts>,
+    /// Runs that completed a task already done by another run (each
+    /// counted once, however often it is offered again).
+    duplicates: u64,
+    extra_runs: FxHashSet<TaskRun>,
     finished_sent: bool,
 }
 
@@ -1307,6 +1311,18 @@ impl Peer {
         let f = c.farms.get_mut(&farm).expect("checked by the caller");
         let mut new = Vec::new();
         for e in entries {
+            if let Entry::Done {
+                task,
+                node,
+                attempt,
+                ..
+            } = &e
+            {
+                if f.log.is_done(*task) && f.log.get(*task) != Some(&e) {
+                    // Both sides of a partition (or a node thought dead) ran it.
+                    f.extra_run(*task, *node, *attempt);
+                }
+            }
             if f.log.add(e.clone()) {
                 match &e {
                     Entry::Done { .. } => {
@@ -1529,7 +1545,7 @@ impl Peer {
                     out.push((
                         h.node,
                         sync_msg(
-                            (c.log_id, f.log.len(), f.home),
+                            (c.log_id, f.log.len(), f.home, f.duplicates),
                             *fid,
                             from,
                             entries,
@@ -1543,7 +1559,7 @@ impl Peer {
                     out.push((
                         h.node,
                         sync_msg(
-                            (c.log_id, f.log.len(), f.home),
+                            (c.log_id, f.log.len(), f.home, f.duplicates),
                             *fid,
                             h.sent,
                             Vec::new(),
@@ -1631,6 +1647,7 @@ impl Peer {
         }
         r.counts = m.counts;
         r.stages = m.stages;
+        r.duplicates = r.duplicates.max(m.duplicates);
         let was_over = r.over;
         // Over once every task is and this copy has every entry.
         r.over = m.finished && r.next >= m.len;
@@ -2052,7 +2069,17 @@ impl Peer {
                     unload(c, owner, &spec.def.stages[t.stage as usize].resources);
                 }
             }
-            let before = c.farms[&r.task.farm].log.len();
+            let f = &c.farms[&r.task.farm];
+            let before = f.log.len();
+            let ok_codes = &spec.def.stages[t.stage as usize].success_codes;
+            let succeeded =
+                matches!(r.result, TaskResult::Exited(code) if ok_codes.contains(&code));
+            let ran_before = matches!(f.log.get(t), Some(Entry::Done { node, attempt, .. })
+                if (*node, *attempt) != (from, r.task.attempt));
+            if succeeded && ran_before {
+                let f = c.farms.get_mut(&r.task.farm).expect("checked");
+                f.extra_run(t, from, r.task.attempt);
+            }
             c.reporter = Some(from);
             c.outputs = r.outputs;
             c.engine.task_finished(
@@ -2700,6 +2727,7 @@ impl Peer {
         let counts = c.engine.progress(f.slot);
         let p = FarmProgress {
             farm,
+            duplicates: f.duplicates,
             finished: counts.finished(),
             counts,
             stages: c.engine.stage_progress(f.slot),
@@ -2711,6 +2739,18 @@ impl Peer {
     /// Farms this node coordinates.
     pub fn coordinated(&self) -> Vec<FarmId> {
         self.coord.as_ref().map_or(Vec::new(), |c| c.slots.clone())
+    }
+}
+
+impl CoordFarm {
+    fn extra_run(&mut self, task: TaskRef, node: NodeId, attempt: u32) {
+        if self.extra_runs.insert(TaskRun {
+            task,
+            node,
+            attempt,
+        }) {
+            self.duplicates += 1;
+        }
     }
 }
 
@@ -2738,7 +2778,7 @@ const FETCHES_MAX: usize = 64;
 const FETCH_RETRY_RESENDS: u64 = 30;
 
 fn sync_msg(
-    (log, len, home): (u64, u64, Home),
+    (log, len, home, duplicates): (u64, u64, Home, u64),
     farm: FarmId,
     from: u64,
     entries: Vec<Entry>,
@@ -2756,6 +2796,7 @@ fn sync_msg(
         counts: counts.clone(),
         stages: stages.to_vec(),
         finished: counts.finished(),
+        duplicates,
     }
 }
 
@@ -2796,6 +2837,8 @@ fn add_farm(
         waiting: VecDeque::new(),
         counts_sent: None,
         finished_sent: false,
+        duplicates: 0,
+        extra_runs: FxHashSet::default(),
     })
 }
 

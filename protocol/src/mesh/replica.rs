@@ -237,6 +237,8 @@ pub struct Replica {
     pub stages: Vec<Counts>,
     /// The coordinator says every task is over.
     pub over: bool,
+    /// Runs that completed a task already done, as the coordinator counts them.
+    pub duplicates: u64,
     /// On the home: tasks whose outputs are here.
     pub collected: FxHashSet<TaskRef>,
     /// On the home: outputs asked of the driver, and when.
@@ -279,6 +281,7 @@ impl Replica {
             source: None,
             next: 0,
             over: false,
+            duplicates: 0,
             collected: FxHashSet::default(),
             fetching: FxHashMap::default(),
             announced: false,
@@ -326,6 +329,7 @@ impl Replica {
             counts,
             stages: self.stages.clone(),
             finished: self.finished(),
+            duplicates: self.duplicates,
         }
     }
 }
