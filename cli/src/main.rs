@@ -135,6 +135,9 @@ enum Cmd {
         /// Which attempt (default: the latest that wrote output).
         #[arg(long)]
         attempt: Option<u32>,
+        /// Keep printing what the task writes until it ends (a mesh farm's task).
+        #[arg(long, short)]
+        follow: bool,
         #[arg(long)]
         json: bool,
     },
@@ -297,8 +300,15 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             task,
             farm,
             attempt,
+            follow,
             json,
         } => {
+            if let Some(f) = farm.as_deref() {
+                if let Some(code) = mesh_cmds::logs(state.root(), f, &task, attempt, follow, json)?
+                {
+                    return Ok(code);
+                }
+            }
             let s = state.find(farm.as_deref())?;
             show::logs(&state, &s, &task, attempt, json)
         }

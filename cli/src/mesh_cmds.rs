@@ -229,6 +229,71 @@ pub fn resume(
     }
 }
 
+/// `mesh logs TASK --farm FARM` with a node running here: the task's logs
+/// from the node that ran it (stdout to stdout, stderr to stderr), more
+/// as they come with `follow`. `None` when no node runs here or the mesh
+/// knows no such farm (then it is a farm of `mesh run`).
+pub fn logs(
+    state: &Path,
+    farm: &str,
+    task: &str,
+    attempt: Option<u32>,
+    follow: bool,
+    json: bool,
+) -> Result<Option<ExitCode>> {
+    let req = ControlRequest::Logs {
+        farm: farm.to_string(),
+        task: task.to_string(),
+        attempt,
+        follow: follow && !json,
+    };
+    let mut c = match Client::request(state, &req) {
+        Ok(c) => c,
+        Err(ControlError::NoNode(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let (mut all_out, mut all_err) = (Vec::new(), Vec::new());
+    let mut last = (String::new(), None);
+    while let Some(r) = c.recv() {
+        match r? {
+            ControlResponse::Log {
+                node,
+                attempt,
+                stdout,
+                stderr,
+                done,
+            } => {
+                if json {
+                    all_out.extend(stdout);
+                    all_err.extend(stderr);
+                } else {
+                    std::io::stdout().write_all(&stdout)?;
+                    std::io::stderr().write_all(&stderr)?;
+                }
+                last = (node, attempt);
+                if done {
+                    break;
+                }
+            }
+            ControlResponse::Error(e) if e.starts_with("no farm") => return Ok(None),
+            ControlResponse::Error(e) => bail!("{e}"),
+            other => bail!("unexpected answer from the node: {other:?}"),
+        }
+    }
+    if json {
+        let v = serde_json::json!({
+            "farm": farm,
+            "task": task,
+            "node": last.0,
+            "attempt": last.1,
+            "stdout": String::from_utf8_lossy(&all_out),
+            "stderr": String::from_utf8_lossy(&all_err),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+    Ok(Some(ExitCode::SUCCESS))
+}
+
 /// `mesh status FARM` with a node running here: the farm as the mesh knows
 /// it, from any node. False when no node runs here or the mesh knows no
 /// such farm (then it is a farm of `mesh run`).

@@ -399,7 +399,7 @@ pub fn logs(
     let dir = state.logs_dir(&s.id).join(stage);
     let attempt = match attempt {
         Some(a) => Some(a),
-        None => latest_attempt(&dir, index),
+        None => mesh_node::executor::latest_attempt(&dir, index),
     };
     let read = |stream: &str| -> Option<Vec<u8>> {
         let a = attempt?;
@@ -431,19 +431,4 @@ pub fn logs(
         io::stderr().write_all(&e)?;
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The highest attempt of task `index` that left a log file in `dir`.
-fn latest_attempt(dir: &Path, index: u32) -> Option<u32> {
-    let prefix = format!("{index}.");
-    fs::read_dir(dir)
-        .ok()?
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let rest = name.strip_prefix(&prefix)?;
-            let (a, _) = rest.split_once('.')?;
-            a.parse::<u32>().ok()
-        })
-        .max()
 }

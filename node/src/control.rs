@@ -36,6 +36,14 @@ pub enum ControlRequest {
     Farm {
         farm: String,
     },
+    /// A task's logs, from whichever node ran it; with `follow`, more as
+    /// they are written until the task ends there.
+    Logs {
+        farm: String,
+        task: String,
+        attempt: Option<u32>,
+        follow: bool,
+    },
     /// Continue a mesh farm with this node as its home (outputs to `out`,
     /// every one of them brought there); nothing finished runs again.
     Resume {
@@ -59,6 +67,14 @@ pub enum ControlResponse {
         farm: String,
     },
     Farm(Box<FarmView>),
+    /// A piece of a task's logs; `done` on the last.
+    Log {
+        node: String,
+        attempt: Option<u32>,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+        done: bool,
+    },
     /// This node is the farm's home now; `mesh wait` follows it.
     Resumed {
         farm: String,

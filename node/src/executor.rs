@@ -42,6 +42,21 @@ pub fn log_path(logs_dir: &Path, def: &FarmDef, t: TaskRef, attempt: u32, stream
         .join(format!("{}.{attempt}.{stream}", t.index))
 }
 
+/// The latest attempt of task `index` that wrote a log in `dir` (a stage's log folder).
+pub fn latest_attempt(dir: &Path, index: u32) -> Option<u32> {
+    let prefix = format!("{index}.");
+    fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let rest = name.strip_prefix(&prefix)?;
+            let (a, _) = rest.split_once('.')?;
+            a.parse::<u32>().ok()
+        })
+        .max()
+}
+
 /// Looks a bare program name up in PATH once (per run or node) rather than
 /// letting every exec walk PATH: a failed exec per PATH entry, per task.
 /// `programs` remembers each name (None: not found; the exec reports it).

@@ -55,6 +55,8 @@ const FAILURES_SHOWN: usize = 50;
 const META_PEERS: &str = "peers";
 /// What a node answers for a file it does not have (the home then has the task run again).
 const NO_SUCH_FILE: &str = "no such file on this node";
+/// How often `mesh logs -f` looks for more output.
+const LOG_FOLLOW_MS: u64 = 500;
 /// How often known peers that are not connected are dialled again.
 const REDIAL_MS: u64 = 3000;
 /// A `mesh join` that cannot reach its peer tries again, waiting at most this long between tries.
@@ -124,6 +126,14 @@ enum Cmd {
 enum Asked {
     Status(mpsc::UnboundedSender<ControlResponse>),
     Resume(Option<String>, mpsc::UnboundedSender<ControlResponse>),
+    Logs(LogAsk, mpsc::UnboundedSender<ControlResponse>),
+}
+
+/// What `mesh logs` asked for.
+struct LogAsk {
+    task: String,
+    attempt: Option<u32>,
+    follow: bool,
 }
 
 /// A farm submitted here, as `mesh wait` and `status` show it.
@@ -846,6 +856,22 @@ impl Node {
                 let now = self.now();
                 self.peer.handle_message(now, from, msg);
             }
+            Request::WhereRan { .. } | Request::TaskLog { .. } => {
+                let tx = self.tx.clone();
+                match self.local_answer(req) {
+                    Ok(r) => {
+                        let _ = self.swarm.behaviour_mut().rr.send_response(channel, r);
+                    }
+                    Err(rx) => {
+                        tokio::spawn(async move {
+                            let r = rx
+                                .await
+                                .unwrap_or(Response::Error("the node is stopping".into()));
+                            let _ = tx.send(Cmd::Respond(channel, r));
+                        });
+                    }
+                }
+            }
             Request::FindFarm { query } => {
                 let resp = match self.find_known(&query).map(|f| self.found(f)) {
                     Ok(Some(f)) => Response::Farm(Box::new(f)),
@@ -936,6 +962,22 @@ impl Node {
                     }
                 }
             }
+            Cmd::Request { to, req, reply } if to == self.me => {
+                // Asked of this node itself (`mesh logs` of a task run here).
+                match self.local_answer(req) {
+                    Ok(r) => {
+                        let _ = reply.send(Ok(r));
+                    }
+                    Err(rx) => {
+                        tokio::spawn(async move {
+                            let r = rx
+                                .await
+                                .unwrap_or(Response::Error("the node is stopping".into()));
+                            let _ = reply.send(Ok(r));
+                        });
+                    }
+                }
+            }
             Cmd::Request { to, req, reply } => self.send(to, req, Some(reply)),
             Cmd::Respond(channel, resp) => {
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
@@ -1003,6 +1045,25 @@ impl Node {
                 },
                 Err(_) => self.ask_coordinator(farm, Asked::Status(reply)),
             },
+            ControlRequest::Logs {
+                farm,
+                task,
+                attempt,
+                follow,
+            } => {
+                let ask = LogAsk {
+                    task,
+                    attempt,
+                    follow,
+                };
+                match self.find_known(&farm) {
+                    Ok(fid) => {
+                        let spec = self.peer.spec(fid).cloned().expect("known");
+                        self.follow_logs(spec, ask, reply);
+                    }
+                    Err(_) => self.ask_coordinator(farm, Asked::Logs(ask, reply)),
+                }
+            }
             ControlRequest::Resume { farm, out } => match self.find_known(&farm) {
                 Ok(fid) if self.peer.replica(fid).is_some() => {
                     let found = self.found(fid).expect("held here");
@@ -1070,7 +1131,7 @@ impl Node {
             Ok(f) => f,
             Err(e) => {
                 let reply = match asked {
-                    Asked::Status(r) | Asked::Resume(_, r) => r,
+                    Asked::Status(r) | Asked::Resume(_, r) | Asked::Logs(_, r) => r,
                 };
                 let _ = reply.send(ControlResponse::Error(e));
                 return;
@@ -1085,6 +1146,7 @@ impl Node {
                 let r = self.take_home(f, out);
                 let _ = reply.send(r.unwrap_or_else(ControlResponse::Error));
             }
+            Asked::Logs(ask, reply) => self.follow_logs(Arc::new(f.spec), ask, reply),
         }
     }
 
@@ -1107,6 +1169,136 @@ impl Node {
             v.out = r.out_dir().to_string();
         }
         o.view
+    }
+
+    /// Answers a request about a task's run from what this node has: at
+    /// once, or (reading files) through the returned channel.
+    fn local_answer(&self, req: Request) -> Result<Response, oneshot::Receiver<Response>> {
+        match req {
+            Request::WhereRan { farm, task } => {
+                let (node, running) = match self.peer.where_ran(farm, task) {
+                    Some((n, r)) => (Some(n), r),
+                    None => (None, false),
+                };
+                Ok(Response::Ran { node, running })
+            }
+            Request::TaskLog {
+                farm,
+                task,
+                attempt,
+                offsets,
+            } => {
+                let running = self.peer.runs(farm, task);
+                let Some(spec) = self.peer.spec(farm) else {
+                    return Ok(Response::Error(NO_SUCH_FILE.into()));
+                };
+                let Some(stage) = spec.def.stages.get(task.stage as usize) else {
+                    return Ok(Response::Error("no such stage".into()));
+                };
+                let dir = self
+                    .state
+                    .join("logs")
+                    .join(farm.to_string())
+                    .join(&stage.name);
+                let (tx, rx) = oneshot::channel();
+                tokio::task::spawn_blocking(move || {
+                    let _ = tx.send(read_log(&dir, task.index, attempt, offsets, running));
+                });
+                Err(rx)
+            }
+            _ => Ok(Response::Error("not asked of a node itself".into())),
+        }
+    }
+
+    /// Sends a task's logs to `mesh logs`, from the node that ran it (asking
+    /// the coordinator which, when this node does not know); with `follow`,
+    /// more as they come until the task is over there.
+    fn follow_logs(
+        &mut self,
+        spec: Arc<FarmSpec>,
+        ask: LogAsk,
+        reply: mpsc::UnboundedSender<ControlResponse>,
+    ) {
+        let task = match parse_task(&spec.def, &ask.task) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = reply.send(ControlResponse::Error(e));
+                return;
+            }
+        };
+        let farm = spec.id;
+        let known = self.peer.where_ran(farm, task);
+        let coordinator = self.peer.coordinator();
+        let me = self.me;
+        let tx = self.tx.clone();
+        let labels: HashMap<NodeId, String> = self
+            .peer
+            .members()
+            .map(|m| (m.id, m.beat.label.clone()))
+            .chain([(me, self.swarm.local_peer_id().to_string())])
+            .collect();
+        tokio::spawn(async move {
+            let where_ran = || async {
+                match known {
+                    Some(k) => Ok(Some(k)),
+                    None => match coordinator {
+                        None => Ok(None),
+                        Some(c) => match request(&tx, c, Request::WhereRan { farm, task }).await? {
+                            Response::Ran { node, running } => Ok(node.map(|n| (n, running))),
+                            _ => Err("unexpected answer from the coordinator".to_string()),
+                        },
+                    },
+                }
+            };
+            let r = async {
+                let Some((node, _)) = where_ran().await? else {
+                    return Err(format!("{} has not run yet", ask.task));
+                };
+                let label = labels
+                    .get(&node)
+                    .cloned()
+                    .unwrap_or_else(|| node.to_string());
+                let mut offsets = (0u64, 0u64);
+                loop {
+                    let req = Request::TaskLog {
+                        farm,
+                        task,
+                        attempt: ask.attempt,
+                        offsets,
+                    };
+                    let Response::Log {
+                        attempt,
+                        out,
+                        err,
+                        running,
+                    } = request(&tx, node, req).await?
+                    else {
+                        return Err("unexpected answer".into());
+                    };
+                    offsets.0 += out.len() as u64;
+                    offsets.1 += err.len() as u64;
+                    let more = !out.is_empty() || !err.is_empty();
+                    let done = !ask.follow || (!running && !more);
+                    let sent = reply.send(ControlResponse::Log {
+                        node: label.clone(),
+                        attempt,
+                        stdout: out,
+                        stderr: err,
+                        done,
+                    });
+                    if done || sent.is_err() {
+                        return Ok(());
+                    }
+                    if !more {
+                        tokio::time::sleep(std::time::Duration::from_millis(LOG_FOLLOW_MS)).await;
+                    }
+                }
+            }
+            .await;
+            if let Err(e) = r {
+                let _ = reply.send(ControlResponse::Error(e));
+            }
+        });
     }
 
     /// Makes this node the farm's home (`mesh resume FARM --out DIR`).
@@ -1365,6 +1557,71 @@ impl Origin {
             };
             r.is_ok() && !view.finished
         });
+    }
+}
+
+/// `stage/index` in a farm.
+fn parse_task(def: &FarmDef, task: &str) -> Result<TaskRef, String> {
+    let Some((stage, index)) = task.rsplit_once('/') else {
+        return Err(format!(
+            "`{task}` is not a task id (expected <stage>/<index>, e.g. solve/3)"
+        ));
+    };
+    let Ok(index) = index.parse::<u32>() else {
+        return Err(format!(
+            "`{task}` is not a task id: `{index}` is not an index"
+        ));
+    };
+    let Some(s) = def.stages.iter().position(|s| s.name == stage) else {
+        let names: Vec<&str> = def.stages.iter().map(|s| s.name.as_str()).collect();
+        return Err(format!(
+            "farm {} has no stage `{stage}` (stages: {})",
+            def.name,
+            names.join(", ")
+        ));
+    };
+    let len = def.stages[s].len();
+    if index >= len {
+        return Err(format!(
+            "stage {stage} has tasks 0 to {}; there is no {task}",
+            len.saturating_sub(1)
+        ));
+    }
+    Ok(TaskRef::new(s as u32, index))
+}
+
+/// A task's logs in `dir` (its stage's log folder) after these offsets.
+fn read_log(
+    dir: &Path,
+    index: u32,
+    attempt: Option<u32>,
+    offsets: (u64, u64),
+    running: bool,
+) -> Response {
+    let attempt = attempt.or_else(|| executor::latest_attempt(dir, index));
+    let read = |stream: &str, offset: u64| -> Vec<u8> {
+        let Some(a) = attempt else {
+            return Vec::new();
+        };
+        let path = dir.join(format!("{index}.{a}.{stream}"));
+        let Ok(mut f) = fs::File::open(&path) else {
+            return Vec::new();
+        };
+        let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if offset >= size || f.seek(SeekFrom::Start(offset)).is_err() {
+            return Vec::new();
+        }
+        let mut data = vec![0u8; CHUNK_MAX.min((size - offset) as usize)];
+        match f.read_exact(&mut data) {
+            Ok(()) => data,
+            Err(_) => Vec::new(),
+        }
+    };
+    Response::Log {
+        attempt,
+        out: read("out", offsets.0),
+        err: read("err", offsets.1),
+        running,
     }
 }
 
@@ -1823,6 +2080,7 @@ async fn serve_control(stream: tokio::net::UnixStream, tx: mpsc::UnboundedSender
                 | ControlResponse::Cancelled { .. }
                 | ControlResponse::Farm(_)
                 | ControlResponse::Resumed { .. }
+                | ControlResponse::Log { done: true, .. }
         ) {
             break;
         }

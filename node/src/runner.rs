@@ -607,7 +607,7 @@ pub fn describe_end(end: &TaskEnd) -> String {
         TaskEnd::Cached => "already done (same content key)".into(),
         TaskEnd::Error(e) => e.clone(),
         TaskEnd::CrashLimit => {
-            "was running each time mesh died; failed after the crash limit".into()
+            "was running each time its node died; failed after the crash limit".into()
         }
         TaskEnd::Cancelled => "cancelled".into(),
     }

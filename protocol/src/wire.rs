@@ -7,7 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, Msg};
+use crate::farm::TaskRef;
+use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, Msg, NodeId};
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
 pub const PROTOCOL_VERSION: u32 = 3;
@@ -29,6 +30,16 @@ pub enum Request {
     /// A farm by id, id prefix or name, asked of the coordinator by a node
     /// that does not hold it (`mesh status FARM`, `mesh resume FARM` there).
     FindFarm { query: String },
+    /// Which node runs or ran a task, asked of the coordinator (`mesh logs`).
+    WhereRan { farm: FarmId, task: TaskRef },
+    /// A task's logs from the node that ran it, from these offsets of its
+    /// stdout and stderr (`attempt`: the latest that wrote some).
+    TaskLog {
+        farm: FarmId,
+        task: TaskRef,
+        attempt: Option<u32>,
+        offsets: (u64, u64),
+    },
     /// A piece of a file of `farm` by its blake3 hash: an input (from any
     /// node that has it) or a finished task's output (from the node that
     /// keeps it until the farm's home has it).
@@ -44,6 +55,19 @@ pub enum Response {
     Ok,
     /// A farm found by [`Request::FindFarm`].
     Farm(Box<FoundFarm>),
+    /// Answer to [`Request::WhereRan`]: the node, and whether it runs it now.
+    Ran {
+        node: Option<NodeId>,
+        running: bool,
+    },
+    /// Answer to [`Request::TaskLog`]: what follows the offsets (bounded),
+    /// and whether the task still runs there.
+    Log {
+        attempt: Option<u32>,
+        out: Vec<u8>,
+        err: Vec<u8>,
+        running: bool,
+    },
     /// A piece of a blob, and the blob's whole size.
     Blob {
         size: u64,

@@ -712,3 +712,71 @@ fn a_partition_that_heals_merges_both_sides_and_reports_duplicates() {
         "one coordinator again: {terms:?}"
     );
 }
+
+#[test]
+fn logs_and_failures_of_a_mesh_farm_from_any_node() {
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2"; 3], &[]);
+    sb.write(
+        "farm.toml",
+        r#"
+[farm]
+name = "talk"
+
+[[stage]]
+name = "say"
+sweep.i = { range = "0..5" }
+shell = 'echo "out {i} $MESH_NODE"; echo "err {i}" >&2'
+
+[[stage]]
+name = "slow"
+shell = 'for k in 1 2 3 4 5; do echo "line $k"; sleep 0.3; done'
+
+[[stage]]
+name = "bad"
+shell = 'echo "about to fail" >&2; exit 3'
+"#,
+    );
+    let r = c.mesh(2, &["submit", "farm.toml"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    // Followed from a node that did not submit it, while it runs.
+    let started = wait_until(Duration::from_secs(20), || {
+        let r = c.mesh(0, &["logs", "slow/0", "--farm", &id]);
+        r.code == Some(0) && r.stdout.contains("line 1")
+    });
+    assert!(started, "the slow task never showed its first line");
+    let r = c.mesh(0, &["logs", "slow/0", "--farm", &id, "-f"]);
+    r.expect_code(0);
+    assert_eq!(
+        r.stdout.lines().collect::<Vec<_>>(),
+        ["line 1", "line 2", "line 3", "line 4", "line 5"],
+        "{}",
+        r.stderr
+    );
+    c.mesh(2, &["wait", &id]).expect_code(1);
+    for i in 0..6 {
+        let r = c.mesh(1, &["logs", &format!("say/{i}"), "--farm", &id, "--json"]);
+        r.expect_code(0);
+        let v = r.json();
+        let out = v["stdout"].as_str().unwrap();
+        assert!(out.starts_with(&format!("out {i} 12D3Koo")), "{v}");
+        assert_eq!(v["stderr"], format!("err {i}\n"), "{v}");
+        assert_eq!(out.split_whitespace().nth(2), v["node"].as_str(), "{v}");
+    }
+    // Every failure carries its reason, wherever it is asked.
+    for i in 0..3 {
+        let r = c.mesh(i, &["status", &id, "--json"]);
+        r.expect_code(0);
+        let v = r.json();
+        assert_eq!(v["counts"]["failed"], 1, "{v}");
+        let f = v["failures"][0].as_str().unwrap();
+        assert!(f.starts_with("bad/0 (attempt 1 on 12D3Koo"), "{f}");
+        assert!(f.contains('3'), "the exit code is the reason: {f}");
+    }
+    let r = c.mesh(0, &["logs", "bad/0", "--farm", &id]);
+    assert_eq!(r.stderr, "about to fail\n");
+    let r = c.mesh(0, &["logs", "nope/0", "--farm", &id]);
+    r.expect_code(2);
+    assert!(r.stderr.contains("no stage `nope`"), "{}", r.stderr);
+}

@@ -2710,6 +2710,34 @@ impl Peer {
         Some(c.engine.progress(c.farms.get(&farm)?.slot))
     }
 
+    /// Which node runs a task now (true), or ran it to its end, as far as
+    /// this node knows (as coordinator, or from its copy of the farm).
+    pub fn where_ran(&self, farm: FarmId, task: TaskRef) -> Option<(NodeId, bool)> {
+        if self.running.contains_key(&(farm, task)) {
+            return Some((self.id, true));
+        }
+        let entry = |log: &FarmLog| match log.get(task) {
+            Some(Entry::Done { node, .. } | Entry::Failed { node, .. }) => Some((*node, false)),
+            _ => None,
+        };
+        if let Some(c) = &self.coord {
+            if let Some(f) = c.farms.get(&farm) {
+                if let Some((node, ..)) = c.claims.get(&(f.slot, task)) {
+                    return Some((*node, true));
+                }
+                if let Some(r) = entry(&f.log) {
+                    return Some(r);
+                }
+            }
+        }
+        self.replicas.get(&farm).and_then(|r| entry(&r.log))
+    }
+
+    /// Whether this node runs the task now.
+    pub fn runs(&self, farm: FarmId, task: TaskRef) -> bool {
+        self.running.contains_key(&(farm, task))
+    }
+
     /// Every farm whose definition this node has.
     pub fn specs(&self) -> impl Iterator<Item = &Arc<FarmSpec>> {
         self.specs.values()
