@@ -251,7 +251,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::List { json } => {
-            show::list(&state.list()?, json)?;
+            let local = state.list()?;
+            match mesh_cmds::list(state.root())? {
+                Some(mesh) => mesh_cmds::print_list(&mesh, &local, json)?,
+                None => show::list(&local, json)?,
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Init => mesh_cmds::init(state.root()),

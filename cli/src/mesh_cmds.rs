@@ -48,6 +48,11 @@ pub struct NodeFlags {
     /// A member silent this long is declared dead and its tasks run elsewhere.
     #[arg(long, value_name = "MS", default_value_t = 2000)]
     pub dead_after_ms: u64,
+    /// A farm's state (definition, inputs, done set, where outputs are) is
+    /// durable on this many nodes before anything is acknowledged (fewer
+    /// only while the mesh has fewer nodes).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    pub replicas: u16,
     /// How long a farm's home waits for a node that keeps outputs it has
     /// not collected yet to come back; then those tasks run again elsewhere.
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
@@ -96,6 +101,7 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitC
         prefetch_percent: flags.prefetch_percent,
         node_claims_max: flags.claims_max,
         outputs_wait_ms: flags.outputs_wait_ms,
+        replicas: flags.replicas as usize,
         ..Config::default()
     };
     let opts = NodeOptions {
@@ -292,6 +298,60 @@ pub fn logs(
         println!("{}", serde_json::to_string_pretty(&v)?);
     }
     Ok(Some(ExitCode::SUCCESS))
+}
+
+/// The mesh's farms, as the node here and the coordinator know them;
+/// `None` when no node runs here.
+pub fn list(state: &Path) -> Result<Option<Vec<FarmView>>> {
+    let mut c = match Client::request(state, &ControlRequest::List) {
+        Ok(c) => c,
+        Err(ControlError::NoNode(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    match c.recv() {
+        Some(Ok(ControlResponse::List(v))) => Ok(Some(v)),
+        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+        Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
+        Some(Err(e)) => Err(e.into()),
+        None => bail!("the node closed the connection"),
+    }
+}
+
+/// `mesh list` with a node running: the mesh's farms, then this machine's
+/// own (`mesh run`); as JSON, `{"mesh": [...], "local": [...]}`.
+pub fn print_list(
+    mesh: &[FarmView],
+    local: &[mesh_node::state::FarmStatus],
+    json: bool,
+) -> Result<()> {
+    if json {
+        let v = serde_json::json!({ "mesh": mesh, "local": local });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    if mesh.is_empty() {
+        println!("no mesh farms yet (submit one with `mesh submit farm.toml`)");
+    } else {
+        println!(
+            "{:<28} {:<10} {:>16} {:>8}  HOME",
+            "MESH FARM", "STATE", "DONE/TOTAL", "FAILED"
+        );
+        for f in mesh {
+            println!(
+                "{:<28} {:<10} {:>16} {:>8}  {}",
+                f.id,
+                if f.finished { "finished" } else { "running" },
+                format!("{}/{}", f.counts.done, f.counts.total),
+                f.counts.failed,
+                f.home
+            );
+        }
+    }
+    if !local.is_empty() {
+        println!();
+        crate::show::list(local, false)?;
+    }
+    Ok(())
 }
 
 /// `mesh status FARM` with a node running here: the farm as the mesh knows

@@ -36,6 +36,8 @@ pub enum ControlRequest {
     Farm {
         farm: String,
     },
+    /// Every farm of the mesh this node or the coordinator knows.
+    List,
     /// A task's logs, from whichever node ran it; with `follow`, more as
     /// they are written until the task ends there.
     Logs {
@@ -67,6 +69,8 @@ pub enum ControlResponse {
         farm: String,
     },
     Farm(Box<FarmView>),
+    /// The farms of the mesh, in short (no stages, no failures).
+    List(Vec<FarmView>),
     /// A piece of a task's logs; `done` on the last.
     Log {
         node: String,

@@ -29,7 +29,7 @@ use mesh_protocol::mesh::{
     Peer, PeerEvent,
 };
 use mesh_protocol::resources::GPU;
-use mesh_protocol::wire::{FoundFarm, Request, Response, CHUNK_MAX, FILE_MAX};
+use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response, CHUNK_MAX, FILE_MAX};
 use mesh_protocol::Resources;
 use mesh_store::mesh::NODE_KEY;
 use mesh_store::{MeshState, SledStore, Store, StoreError, Write};
@@ -872,6 +872,10 @@ impl Node {
                     }
                 }
             }
+            Request::ListFarms => {
+                let resp = Response::Farms(self.summaries());
+                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+            }
             Request::FindFarm { query } => {
                 let resp = match self.find_known(&query).map(|f| self.found(f)) {
                     Ok(Some(f)) => Response::Farm(Box::new(f)),
@@ -1045,6 +1049,28 @@ impl Node {
                 },
                 Err(_) => self.ask_coordinator(farm, Asked::Status(reply)),
             },
+            ControlRequest::List => {
+                let mine = self.summaries();
+                let labels = self.labels_now();
+                let ask = self.peer.coordinator().filter(|c| *c != self.me);
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let mut all = mine;
+                    if let Some(c) = ask {
+                        if let Ok(Response::Farms(theirs)) =
+                            request(&tx, c, Request::ListFarms).await
+                        {
+                            for f in theirs {
+                                if !all.iter().any(|m| m.id == f.id) {
+                                    all.push(f);
+                                }
+                            }
+                        }
+                    }
+                    let views = all.iter().map(|f| summary_view(f, &labels)).collect();
+                    let _ = reply.send(ControlResponse::List(views));
+                });
+            }
             ControlRequest::Logs {
                 farm,
                 task,
@@ -1085,6 +1111,34 @@ impl Node {
             })
             .collect();
         match_farm(query, &known)
+    }
+
+    /// Every farm this node holds or coordinates, in short.
+    fn summaries(&self) -> Vec<FarmSummary> {
+        let mut ids: Vec<FarmId> = self.peer.replicas().map(|r| r.id()).collect();
+        ids.extend(self.peer.coordinated());
+        ids.sort();
+        ids.dedup();
+        ids.into_iter()
+            .filter_map(|id| {
+                let f = self.found(id)?;
+                Some(FarmSummary {
+                    id,
+                    name: f.spec.def.name.clone(),
+                    home: f.home,
+                    progress: f.progress,
+                })
+            })
+            .collect()
+    }
+
+    /// Every node's peer id as this node knows it.
+    fn labels_now(&self) -> HashMap<NodeId, String> {
+        self.peer
+            .members()
+            .map(|m| (m.id, m.beat.label.clone()))
+            .chain([(self.me, self.swarm.local_peer_id().to_string())])
+            .collect()
     }
 
     /// What this node knows of a farm it holds or coordinates.
@@ -1229,14 +1283,8 @@ impl Node {
         let farm = spec.id;
         let known = self.peer.where_ran(farm, task);
         let coordinator = self.peer.coordinator();
-        let me = self.me;
         let tx = self.tx.clone();
-        let labels: HashMap<NodeId, String> = self
-            .peer
-            .members()
-            .map(|m| (m.id, m.beat.label.clone()))
-            .chain([(me, self.swarm.local_peer_id().to_string())])
-            .collect();
+        let labels = self.labels_now();
         tokio::spawn(async move {
             let where_ran = || async {
                 match known {
@@ -1557,6 +1605,23 @@ impl Origin {
             };
             r.is_ok() && !view.finished
         });
+    }
+}
+
+/// A farm in short as `mesh list` shows it.
+fn summary_view(f: &FarmSummary, labels: &HashMap<NodeId, String>) -> FarmView {
+    FarmView {
+        id: farm_display_id(&f.name, f.id),
+        name: f.name.clone(),
+        accepted: true,
+        finished: f.progress.finished,
+        counts: f.progress.counts.clone(),
+        duplicates: f.progress.duplicates,
+        home: labels
+            .get(&f.home.node)
+            .cloned()
+            .unwrap_or_else(|| f.home.node.to_string()),
+        ..FarmView::default()
     }
 }
 
@@ -2079,6 +2144,7 @@ async fn serve_control(stream: tokio::net::UnixStream, tx: mpsc::UnboundedSender
                 | ControlResponse::Status(_)
                 | ControlResponse::Cancelled { .. }
                 | ControlResponse::Farm(_)
+                | ControlResponse::List(_)
                 | ControlResponse::Resumed { .. }
                 | ControlResponse::Log { done: true, .. }
         ) {

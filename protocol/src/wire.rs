@@ -30,6 +30,8 @@ pub enum Request {
     /// A farm by id, id prefix or name, asked of the coordinator by a node
     /// that does not hold it (`mesh status FARM`, `mesh resume FARM` there).
     FindFarm { query: String },
+    /// Every farm the coordinator has, in short (`mesh list` on another node).
+    ListFarms,
     /// Which node runs or ran a task, asked of the coordinator (`mesh logs`).
     WhereRan { farm: FarmId, task: TaskRef },
     /// A task's logs from the node that ran it, from these offsets of its
@@ -55,6 +57,8 @@ pub enum Response {
     Ok,
     /// A farm found by [`Request::FindFarm`].
     Farm(Box<FoundFarm>),
+    /// Answer to [`Request::ListFarms`].
+    Farms(Vec<FarmSummary>),
     /// Answer to [`Request::WhereRan`]: the node, and whether it runs it now.
     Ran {
         node: Option<NodeId>,
@@ -84,4 +88,13 @@ pub struct FoundFarm {
     pub progress: FarmProgress,
     /// Tasks failed for good, with their reasons (the first few).
     pub failures: Vec<Entry>,
+}
+
+/// A farm in short, for `mesh list`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FarmSummary {
+    pub id: FarmId,
+    pub name: String,
+    pub home: Home,
+    pub progress: FarmProgress,
 }

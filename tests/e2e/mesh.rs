@@ -776,7 +776,51 @@ shell = 'echo "about to fail" >&2; exit 3'
     }
     let r = c.mesh(0, &["logs", "bad/0", "--farm", &id]);
     assert_eq!(r.stderr, "about to fail\n");
+    // Every node lists the farm, with its home.
+    for i in 0..3 {
+        let r = c.mesh(i, &["list", "--json"]);
+        r.expect_code(0);
+        let v = r.json();
+        let farm = &v["mesh"][0];
+        assert_eq!(farm["id"], id.as_str(), "{v}");
+        assert_eq!(farm["home"], c.nodes[2].peer_id().as_str(), "{v}");
+        assert_eq!(farm["finished"], true, "{v}");
+    }
     let r = c.mesh(0, &["logs", "nope/0", "--farm", &id]);
     r.expect_code(2);
     assert!(r.stderr.contains("no stage `nope`"), "{}", r.stderr);
+}
+
+#[test]
+fn joining_a_peer_that_is_not_up_yet_keeps_trying_until_it_is() {
+    let sb = sandbox();
+    let first = sb.path().join("first");
+    sb.mesh(&["--state-dir", &first.to_string_lossy(), "init"])
+        .expect_code(0);
+    let second = sb.path().join("second");
+    std::fs::create_dir_all(&second).unwrap();
+    std::fs::copy(first.join("mesh.key"), second.join("mesh.key")).unwrap();
+    // A port nobody listens on yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let at = format!("/ip4/127.0.0.1/tcp/{port}");
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_mesh"));
+    let joiner = NodeProc::start(
+        bin,
+        sb.path(),
+        &second,
+        &["join", &at, "--listen", "/ip4/127.0.0.1/tcp/0"],
+    );
+    let waiting = wait_until(Duration::from_secs(20), || {
+        joiner.lines().iter().any(|l| l.contains("trying again in"))
+    });
+    assert!(waiting, "it says it waits: {:?}", joiner.lines());
+    let _node = NodeProc::start(bin, sb.path(), &first, &["node", "--listen", &at]);
+    let joined = wait_until(Duration::from_secs(60), || {
+        joiner.lines().iter().any(|l| l.ends_with(" joined"))
+    });
+    assert!(joined, "it never joined: {:?}", joiner.lines());
 }
