@@ -10,8 +10,10 @@
 //! Durability: after `flush` the records are in the kernel, so they survive
 //! the process being killed (kill -9, OOM). [`Store::sync`] makes them
 //! survive a machine crash as well; the runner calls it before every
-//! progress refresh and at the end of a run. Rare writes (definitions, metadata) go to sled directly
-//! and are flushed by sled itself.
+//! progress refresh and at the end of a run. Metadata goes through the log
+//! too (a mesh node rewrites small values, such as the results it holds,
+//! every step, and sled's flush is an fsync); definitions, which are rare,
+//! go to sled directly and are flushed by sled itself.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -50,6 +52,10 @@ enum WalRecord {
         seq: u64,
         entry: JournalEntry,
     },
+    Meta {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
 }
 
 pub struct SledStore {
@@ -65,6 +71,7 @@ pub struct SledStore {
     /// Records in the log and not yet in sled; reads look here first.
     over_tasks: HashMap<(FarmKey, TaskRef), TaskRecord>,
     over_journal: Vec<(u64, JournalEntry)>,
+    over_meta: HashMap<Vec<u8>, Vec<u8>>,
     /// The chunk read last: a re-run looks tasks up in order, chunk by chunk.
     last_chunk: RefCell<Option<([u8; 16], Chunk)>>,
     next_seq: u64,
@@ -115,6 +122,7 @@ impl SledStore {
             pending: Vec::new(),
             over_tasks: HashMap::new(),
             over_journal: Vec::new(),
+            over_meta: HashMap::new(),
             last_chunk: RefCell::new(None),
             next_seq,
             sled_dirty: false,
@@ -161,6 +169,9 @@ impl SledStore {
                 self.next_seq = self.next_seq.max(seq + 1);
                 self.over_journal.push((seq, entry));
             }
+            WalRecord::Meta { key, value } => {
+                self.over_meta.insert(key, value);
+            }
         }
     }
 
@@ -177,9 +188,14 @@ impl SledStore {
     /// Folds the log into sled, makes sled durable, and empties the log.
     pub fn checkpoint(&mut self) -> Result<()> {
         self.flush_pending()?;
-        if self.over_tasks.is_empty() && self.over_journal.is_empty() {
+        if self.over_tasks.is_empty() && self.over_journal.is_empty() && self.over_meta.is_empty() {
             return Ok(());
         }
+        let mut meta = sled::Batch::default();
+        for (key, value) in self.over_meta.drain() {
+            meta.insert(key, value);
+        }
+        self.meta.apply_batch(meta)?;
         let mut chunks: HashMap<[u8; 16], Chunk> = HashMap::new();
         for ((farm, task), record) in self.over_tasks.drain() {
             let (c, slot) = chunk_of(task);
@@ -227,7 +243,7 @@ impl SledStore {
     }
 
     fn overlay_len(&self) -> usize {
-        self.over_tasks.len() + self.over_journal.len()
+        self.over_tasks.len() + self.over_journal.len() + self.over_meta.len()
     }
 }
 
@@ -283,10 +299,10 @@ impl Store for SledStore {
                     self.defs.insert(farm.0.to_be_bytes(), encode(&*def))?;
                     self.sled_dirty = true;
                 }
-                Write::Meta { farm, name, value } => {
-                    self.meta.insert(meta_key(farm, &name), value)?;
-                    self.sled_dirty = true;
-                }
+                Write::Meta { farm, name, value } => self.append(WalRecord::Meta {
+                    key: meta_key(farm, &name),
+                    value,
+                }),
             }
         }
         Ok(())
@@ -320,7 +336,11 @@ impl Store for SledStore {
     }
 
     fn meta(&self, farm: FarmKey, name: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.meta.get(meta_key(farm, name))?.map(|v| v.to_vec()))
+        let key = meta_key(farm, name);
+        if let Some(v) = self.over_meta.get(&key) {
+            return Ok(Some(v.clone()));
+        }
+        Ok(self.meta.get(key)?.map(|v| v.to_vec()))
     }
 
     fn task(&self, farm: FarmKey, task: TaskRef) -> Result<Option<TaskRecord>> {

@@ -174,6 +174,9 @@ pub struct SyncMsg {
     pub term: u64,
     /// Which coordinator's log this is (a restarted one starts a new log).
     pub log: u64,
+    /// Counts up with every `Sync` of this log: messages may arrive out of
+    /// order, and only the newest says where the farm stands.
+    pub seq: u64,
     pub farm: FarmId,
     pub from: u64,
     pub entries: Vec<Entry>,

@@ -301,8 +301,9 @@ struct Coord {
     /// The record the engine just wrote for a task, for the entry that follows.
     last_key: Option<[u8; 32]>,
     /// Tells holders apart this coordinator's log from any other's (a
-    /// restarted coordinator's log restarts at 0).
+    /// restarted coordinator's log restarts at 0), and numbers its syncs.
     log_id: u64,
+    sync_seq: u64,
     next_progress: Millis,
 }
 
@@ -1174,6 +1175,7 @@ impl Peer {
             outputs: Vec::new(),
             last_key: None,
             log_id: self.rng.random(),
+            sync_seq: 0,
             next_progress: now,
         };
         for stored in std::mem::take(&mut self.stored) {
@@ -1573,6 +1575,9 @@ impl Peer {
         let term = self.term;
         for (to, mut m) in out {
             m.term = term;
+            let c = self.coord.as_mut().expect("checked above");
+            c.sync_seq += 1;
+            m.seq = c.sync_seq;
             self.send(to, Msg::Sync(Box::new(m)));
         }
     }
@@ -1610,11 +1615,25 @@ impl Peer {
         if r.source != Some((from, m.log)) {
             r.source = Some((from, m.log));
             r.next = 0;
+            r.seen = 0;
+            r.end_len = None;
+            r.ahead.clear();
         }
-        if m.from <= r.next {
-            let skip = (r.next - m.from) as usize;
-            let mut added = Vec::new();
-            for e in m.entries.into_iter().skip(skip) {
+        if m.from > r.next {
+            // Overtook an earlier sync: kept until the gap fills (bounded;
+            // beyond that the coordinator sends it again from `next`).
+            let held: usize = r.ahead.values().map(Vec::len).sum();
+            if held + m.entries.len() <= SYNC_WINDOW as usize {
+                r.ahead.insert(m.from, m.entries);
+            }
+        } else {
+            r.ahead.insert(m.from, m.entries);
+        }
+        let mut added = Vec::new();
+        while let Some(from) = r.ahead.keys().next().copied().filter(|f| *f <= r.next) {
+            let entries = r.ahead.remove(&from).expect("just seen");
+            let skip = (r.next - from) as usize;
+            for e in entries.into_iter().skip(skip) {
                 r.next += 1;
                 if r.log.add(e.clone()) {
                     if e.is_done() {
@@ -1623,6 +1642,8 @@ impl Peer {
                     added.push(e);
                 }
             }
+        }
+        {
             if !added.is_empty() {
                 self.actions.push_back(Action::Persist(Persist::Entries {
                     farm: m.farm,
@@ -1645,12 +1666,17 @@ impl Peer {
                 out: r.out.clone(),
             }));
         }
-        r.counts = m.counts;
-        r.stages = m.stages;
-        r.duplicates = r.duplicates.max(m.duplicates);
+        if m.seq > r.seen {
+            // Where the farm stands, from the newest message only.
+            r.seen = m.seq;
+            r.counts = m.counts;
+            r.stages = m.stages;
+            r.duplicates = r.duplicates.max(m.duplicates);
+            r.end_len = m.finished.then_some(m.len);
+        }
         let was_over = r.over;
         // Over once every task is and this copy has every entry.
-        r.over = m.finished && r.next >= m.len;
+        r.over = r.end_len.is_some_and(|len| r.next >= len);
         let next = r.next;
         let home = r.home;
         if r.over && !was_over && !home {
@@ -2815,6 +2841,7 @@ fn sync_msg(
 ) -> SyncMsg {
     SyncMsg {
         term: 0,
+        seq: 0,
         log,
         farm,
         from,

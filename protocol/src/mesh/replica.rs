@@ -10,6 +10,7 @@
 //! wins over failed, so the order in which holders hear things does not
 //! matter.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -232,6 +233,13 @@ pub struct Replica {
     /// Which coordinator's log `next` counts in, and how far it is applied here.
     pub source: Option<(NodeId, u64)>,
     pub next: u64,
+    /// The newest `Sync` of that log heard, and the log's length when it
+    /// said every task was over (over here once `next` reaches it).
+    pub seen: u64,
+    pub end_len: Option<u64>,
+    /// Entries that arrived ahead of `next` (syncs overtake each other on
+    /// the network), by position, applied once the gap before them fills.
+    pub ahead: BTreeMap<u64, Vec<Entry>>,
     /// The coordinator's last word on progress.
     pub counts: Counts,
     pub stages: Vec<Counts>,
@@ -280,6 +288,9 @@ impl Replica {
             accepted: false,
             source: None,
             next: 0,
+            seen: 0,
+            end_len: None,
+            ahead: BTreeMap::new(),
             over: false,
             duplicates: 0,
             collected: FxHashSet::default(),
