@@ -1914,28 +1914,31 @@ async fn fetch_all(
     outputs: &[OutputFile],
 ) -> Result<(), String> {
     for o in outputs {
-        if !path_stays_inside(&o.path) {
-            return Err(format!("output path `{}` leaves the task's folder", o.path));
+        if let Some(dest) = output_needed(dir, o)? {
+            fetch_blob(tx, from, farm, o.hash, &dest).await?;
         }
-        let dest = dir.join(&o.path);
-        if dest.is_file() && file_hash(&dest).ok() == Some(o.hash) {
-            continue;
-        }
-        fetch_blob(tx, from, farm, o.hash, &dest).await?;
     }
     Ok(())
+}
+
+/// Where output `o` goes under `dir`, unless it is there already.
+fn output_needed(dir: &Path, o: &OutputFile) -> Result<Option<PathBuf>, String> {
+    if !path_stays_inside(&o.path) {
+        return Err(format!("output path `{}` leaves the task's folder", o.path));
+    }
+    let dest = dir.join(&o.path);
+    if dest.is_file() && file_hash(&dest).ok() == Some(o.hash) {
+        return Ok(None);
+    }
+    Ok(Some(dest))
 }
 
 /// Puts outputs this node keeps in `held` into `dir` (those already there, checked, stay).
 fn place_held(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), String> {
     for o in outputs {
-        if !path_stays_inside(&o.path) {
-            return Err(format!("output path `{}` leaves the task's folder", o.path));
-        }
-        let dest = dir.join(&o.path);
-        if dest.is_file() && file_hash(&dest).ok() == Some(o.hash) {
+        let Some(dest) = output_needed(dir, o)? else {
             continue;
-        }
+        };
         let src = held.join(blake3::Hash::from(o.hash).to_hex().as_str());
         if !src.is_file() {
             return Err(NO_SUCH_FILE.into());

@@ -307,6 +307,18 @@ fn stealing_evens_out_a_farm_placed_on_one_node() {
     );
 }
 
+/// Submits `file` on node `i` with outputs to `out`, and waits until more
+/// than `done` of its tasks are done; the farm's id.
+fn submit_going(c: &Cluster, i: usize, file: &str, out: &str, done: u64) -> String {
+    let r = c.mesh(i, &["submit", file, "--out", out]);
+    r.expect_code(0);
+    let going = wait_until(Duration::from_secs(30), || {
+        c.status(i)["farms"][0]["counts"]["done"].as_u64() > Some(done)
+    });
+    assert!(going, "the farm did not get going: {}", c.status(i));
+    r.stdout.trim().to_string()
+}
+
 /// Reads `n` outputs of `slow_farm` under `dir`, asserting each is the task's own.
 fn assert_all_home(sb: &mesh_tests::Sandbox, dir: &str, n: u32) {
     let missing: Vec<u32> = (0..n)
@@ -324,13 +336,7 @@ fn killing_the_submitter_mid_farm_loses_no_output_once_it_is_back() {
     let flags = ["--dead-after-ms", "1500"];
     let mut c = Cluster::start(&sb, &["cpu=2"; 4], &flags);
     sb.write("slow.toml", &slow_farm(80, "0.2"));
-    let r = c.mesh(3, &["submit", "slow.toml", "--out", "slow-out"]);
-    r.expect_code(0);
-    let id = r.stdout.trim().to_string();
-    let going = wait_until(Duration::from_secs(30), || {
-        c.status(3)["farms"][0]["counts"]["done"].as_u64() > Some(4)
-    });
-    assert!(going, "the farm did not get going: {}", c.status(3));
+    let id = submit_going(&c, 3, "slow.toml", "slow-out", 4);
     c.kill(3);
     // The others go on without the farm's home.
     let on = wait_until(Duration::from_secs(30), || {
@@ -356,13 +362,7 @@ fn killing_every_node_mid_farm_and_restarting_them_finishes_the_farm_with_every_
     let flags = ["--dead-after-ms", "1500"];
     let mut c = Cluster::start(&sb, &["cpu=2"; 3], &flags);
     sb.write("slow.toml", &slow_farm(60, "0.2"));
-    let r = c.mesh(2, &["submit", "slow.toml", "--out", "slow-out"]);
-    r.expect_code(0);
-    let id = r.stdout.trim().to_string();
-    let going = wait_until(Duration::from_secs(30), || {
-        c.status(2)["farms"][0]["counts"]["done"].as_u64() > Some(8)
-    });
-    assert!(going, "the farm did not get going: {}", c.status(2));
+    let id = submit_going(&c, 2, "slow.toml", "slow-out", 8);
     for i in 0..3 {
         c.kill(i);
     }
@@ -414,13 +414,7 @@ outputs = ["r.txt"]
             n - 1
         ),
     );
-    let r = c.mesh(3, &["submit", "farm/farm.toml", "--out", "staged-out"]);
-    r.expect_code(0);
-    let id = r.stdout.trim().to_string();
-    let going = wait_until(Duration::from_secs(30), || {
-        c.status(3)["farms"][0]["counts"]["done"].as_u64() > Some(2)
-    });
-    assert!(going, "the farm did not get going: {}", c.status(3));
+    let id = submit_going(&c, 3, "farm/farm.toml", "staged-out", 2);
     let at_kill = c.status(3)["farms"][0]["counts"]["done"].as_u64().unwrap();
     assert!(at_kill < 20, "most of the farm was left for the others");
     c.kill(3);
@@ -451,13 +445,7 @@ fn a_farm_whose_submitter_never_comes_back_is_resumed_on_another_node_with_every
     let flags = ["--dead-after-ms", "1500", "--outputs-wait-ms", "3000"];
     let mut c = Cluster::start(&sb, &["cpu=2"; 4], &flags);
     sb.write("slow.toml", &slow_farm(60, "0.2"));
-    let r = c.mesh(3, &["submit", "slow.toml", "--out", "slow-out"]);
-    r.expect_code(0);
-    let id = r.stdout.trim().to_string();
-    let going = wait_until(Duration::from_secs(30), || {
-        c.status(3)["farms"][0]["counts"]["done"].as_u64() > Some(6)
-    });
-    assert!(going, "the farm did not get going: {}", c.status(3));
+    let id = submit_going(&c, 3, "slow.toml", "slow-out", 6);
     c.kill(3);
     // Any node of the mesh knows the farm and says where it stands.
     let st = c.mesh(1, &["status", &id, "--json"]);
@@ -530,23 +518,16 @@ fn a_damaged_node_state_gives_a_clear_error_or_is_recovered_never_a_panic() {
     );
 }
 
-/// `n` tasks of `secs` each writing their index to an output and to a
-/// log of runs shared by every node of this machine.
+/// `n` tasks of `secs` each writing their index to an output and, with
+/// the node that ran it and when, to a log of runs shared by every node of
+/// this machine.
 fn counted_farm(n: u32, secs: &str, runs: &std::path::Path) -> String {
-    format!(
-        r#"
-[farm]
-name = "counted"
-
-[[stage]]
-name = "s"
-sweep.i = {{ range = "0..{}" }}
-workdir = "w/{{i}}"
-shell = 'sleep {secs}; echo {{i}} > r.txt; echo {{i}} $MESH_NODE $(date +%s.%N) >> {}'
-outputs = ["r.txt"]
-"#,
-        n - 1,
-        runs.display()
+    slow_farm(n, secs).replace(
+        "echo {i} > r.txt",
+        &format!(
+            "echo {{i}} > r.txt; echo {{i}} $MESH_NODE $(date +%s.%N) >> {}",
+            runs.display()
+        ),
     )
 }
 
@@ -666,13 +647,7 @@ fn a_partition_that_heals_merges_both_sides_and_reports_duplicates() {
     let runs = sb.path().join("runs.log");
     let n = 120;
     sb.write("farm.toml", &counted_farm(n, "0.2", &runs));
-    let r = c.mesh(3, &["submit", "farm.toml", "--out", "out"]);
-    r.expect_code(0);
-    let id = r.stdout.trim().to_string();
-    let going = wait_until(Duration::from_secs(30), || {
-        c.status(3)["farms"][0]["counts"]["done"].as_u64() > Some(10)
-    });
-    assert!(going, "the farm did not get going: {}", c.status(3));
+    let id = submit_going(&c, 3, "farm.toml", "out", 10);
     net.cut();
     // Each side notices the other is gone, and both keep working.
     let split = wait_until(Duration::from_secs(20), || {

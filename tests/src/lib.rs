@@ -548,84 +548,21 @@ impl NetPair {
         };
         let (a, b) = (&p.ns[0], &p.ns[1]);
         let (la, lb) = (format!("{}a", p.link), format!("{}b", p.link));
-        let steps: Vec<Vec<String>> = vec![
-            vec!["netns".into(), "add".into(), a.clone()],
-            vec!["netns".into(), "add".into(), b.clone()],
-            vec![
-                "link".into(),
-                "add".into(),
-                la.clone(),
-                "type".into(),
-                "veth".into(),
-                "peer".into(),
-                "name".into(),
-                lb.clone(),
-            ],
-            vec![
-                "link".into(),
-                "set".into(),
-                la.clone(),
-                "netns".into(),
-                a.clone(),
-            ],
-            vec![
-                "link".into(),
-                "set".into(),
-                lb.clone(),
-                "netns".into(),
-                b.clone(),
-            ],
-            vec![
-                "-n".into(),
-                a.clone(),
-                "addr".into(),
-                "add".into(),
-                format!("{}/24", p.addr[0]),
-                "dev".into(),
-                la.clone(),
-            ],
-            vec![
-                "-n".into(),
-                b.clone(),
-                "addr".into(),
-                "add".into(),
-                format!("{}/24", p.addr[1]),
-                "dev".into(),
-                lb.clone(),
-            ],
-            vec![
-                "-n".into(),
-                a.clone(),
-                "link".into(),
-                "set".into(),
-                "lo".into(),
-                "up".into(),
-            ],
-            vec![
-                "-n".into(),
-                b.clone(),
-                "link".into(),
-                "set".into(),
-                "lo".into(),
-                "up".into(),
-            ],
-            vec![
-                "-n".into(),
-                a.clone(),
-                "link".into(),
-                "set".into(),
-                la,
-                "up".into(),
-            ],
-            vec![
-                "-n".into(),
-                b.clone(),
-                "link".into(),
-                "set".into(),
-                lb,
-                "up".into(),
-            ],
+        let (ea, eb) = (&p.addr[0], &p.addr[1]);
+        let steps = [
+            format!("netns add {a}"),
+            format!("netns add {b}"),
+            format!("link add {la} type veth peer name {lb}"),
+            format!("link set {la} netns {a}"),
+            format!("link set {lb} netns {b}"),
+            format!("-n {a} addr add {ea}/24 dev {la}"),
+            format!("-n {b} addr add {eb}/24 dev {lb}"),
+            format!("-n {a} link set lo up"),
+            format!("-n {b} link set lo up"),
+            format!("-n {a} link set {la} up"),
+            format!("-n {b} link set {lb} up"),
         ];
+        let steps = steps.map(|s| s.split(' ').map(String::from).collect::<Vec<_>>());
         for s in steps {
             ip(&s)?;
         }
@@ -634,27 +571,23 @@ impl NetPair {
 
     /// Takes the link down: neither side reaches the other.
     pub fn cut(&self) {
-        ip(&[
-            "-n".into(),
-            self.ns[0].clone(),
-            "link".into(),
-            "set".into(),
-            format!("{}a", self.link),
-            "down".into(),
-        ])
-        .expect("cut the link");
+        self.link_state("down");
     }
 
     pub fn heal(&self) {
-        ip(&[
+        self.link_state("up");
+    }
+
+    fn link_state(&self, state: &str) {
+        let args = [
             "-n".into(),
             self.ns[0].clone(),
             "link".into(),
             "set".into(),
             format!("{}a", self.link),
-            "up".into(),
-        ])
-        .expect("heal the link");
+            state.into(),
+        ];
+        ip(&args).expect("set the link");
     }
 }
 
