@@ -205,7 +205,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             node,
             output,
         } => {
-            if let Some(q) = farm.as_deref() {
+            let mesh_farm = match farm.as_deref() {
+                Some(q) => Some(q.to_string()),
+                None => mesh_cmds::unfinished_home_farm(state.root())?,
+            };
+            if let Some(q) = mesh_farm.as_deref() {
                 if let Some(code) = mesh_cmds::resume(state.root(), q, out.as_deref(), output.json)?
                 {
                     return Ok(code);

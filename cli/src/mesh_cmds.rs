@@ -354,6 +354,31 @@ pub fn print_list(
     Ok(())
 }
 
+/// `mesh resume` with no farm named and a node running here: the one
+/// unfinished mesh farm whose home is this node, if there is one (several:
+/// an error naming them).
+pub fn unfinished_home_farm(state: &Path) -> Result<Option<String>> {
+    let (Some(s), Some(farms)) = (status(state)?, list(state)?) else {
+        return Ok(None);
+    };
+    let me = s.nodes.iter().find(|n| n.local).map(|n| n.id.clone());
+    let mine: Vec<&FarmView> = farms
+        .iter()
+        .filter(|f| !f.finished && Some(&f.home) == me.as_ref())
+        .collect();
+    match mine.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(one.id.clone())),
+        many => {
+            let ids: Vec<&str> = many.iter().map(|f| f.id.as_str()).collect();
+            bail!(
+                "several farms of this node are unfinished ({}); name the one to resume",
+                ids.join(", ")
+            )
+        }
+    }
+}
+
 /// `mesh status FARM` with a node running here: the farm as the mesh knows
 /// it, from any node. False when no node runs here or the mesh knows no
 /// such farm (then it is a farm of `mesh run`).

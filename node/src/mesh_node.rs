@@ -107,7 +107,7 @@ enum Cmd {
     /// Time to dial the peer of `mesh join` again.
     Redial,
     /// The coordinator's answer about a farm this node does not hold.
-    Found(Result<FoundFarm, String>, Asked),
+    Found(Box<Result<FoundFarm, String>>, Asked),
     Launched(Assigned, Live),
     Request {
         to: NodeId,
@@ -511,6 +511,7 @@ impl Node {
         };
         let failed: Vec<Entry> = r.log.failures().take(FAILURES_SHOWN).cloned().collect();
         let failures = self.describe_failures(&r.spec, &failed);
+        let unplaceable = describe_unplaceable(&r.spec.def, &p.unplaceable);
         let home = self.label_of(r.home_of.node);
         let out = r.out_dir().to_string();
         let Some(o) = self.origins.get_mut(&farm) else {
@@ -526,6 +527,7 @@ impl Node {
         }
         o.view.finished = p.finished;
         o.view.duplicates = p.duplicates;
+        o.view.unplaceable = unplaceable;
         o.view.failures = failures;
         o.notify();
     }
@@ -602,23 +604,7 @@ impl Node {
                     f.attempt
                 ));
             }
-            PeerEvent::Unplaceable {
-                farm,
-                stage,
-                reason,
-            } => {
-                if let Some(o) = self.origins.get_mut(&farm) {
-                    let name = o
-                        .view
-                        .stages
-                        .get(stage as usize)
-                        .map(|s| s.0.clone())
-                        .unwrap_or_default();
-                    o.view
-                        .unplaceable
-                        .push(format!("stage {name} fits no node of the mesh: {reason}"));
-                }
-            }
+            PeerEvent::Unplaceable { farm, .. } => self.refresh_view(farm),
         }
     }
 
@@ -758,6 +744,10 @@ impl Node {
                         self.labels
                             .entry(from)
                             .or_insert_with(|| source.to_string());
+                        if b.addrs.iter().any(|a| !self.known.0.contains(a)) {
+                            // A member moved (restarted elsewhere): keep where it is now.
+                            self.remember_peers();
+                        }
                     }
                     let now = self.now();
                     self.peer.handle_message(now, from, msg);
@@ -948,7 +938,7 @@ impl Node {
                 let now = self.now();
                 self.peer.inputs_ready(now, farm, r.is_ok());
             }
-            Cmd::Found(r, asked) => self.answer(r, asked),
+            Cmd::Found(r, asked) => self.answer(*r, asked),
             Cmd::Redial => {
                 if let Some(addr) = self.join_addr.clone() {
                     if self.peers.is_empty() {
@@ -1175,7 +1165,7 @@ impl Node {
                 Ok(_) => Err("unexpected answer from the coordinator".into()),
                 Err(e) => Err(e),
             };
-            let _ = tx.send(Cmd::Found(r, asked));
+            let _ = tx.send(Cmd::Found(Box::new(r), asked));
         });
     }
 
@@ -1217,6 +1207,7 @@ impl Node {
         }
         v.finished = f.progress.finished;
         v.duplicates = f.progress.duplicates;
+        v.unplaceable = describe_unplaceable(&f.spec.def, &f.progress.unplaceable);
         v.failures = self.describe_failures(&f.spec, &f.failures);
         v.home = self.label_of(f.home.node);
         if let Some(r) = self.peer.replica(f.spec.id).filter(|r| r.home) {
@@ -1606,6 +1597,20 @@ impl Origin {
             r.is_ok() && !view.finished
         });
     }
+}
+
+/// Stages that fit no node, as users read them.
+fn describe_unplaceable(def: &FarmDef, stages: &[(u32, String)]) -> Vec<String> {
+    stages
+        .iter()
+        .map(|(s, reason)| {
+            let name = def
+                .stages
+                .get(*s as usize)
+                .map_or("?", |st| st.name.as_str());
+            format!("stage {name} fits no node of the mesh: {reason}")
+        })
+        .collect()
 }
 
 /// A farm in short as `mesh list` shows it.

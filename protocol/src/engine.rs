@@ -1076,6 +1076,14 @@ impl Engine {
         true
     }
 
+    /// Whether a stage fits no machine (its tasks are failed until one does).
+    pub fn unplaceable(&self, farm: FarmSlot, stage: u32) -> bool {
+        self.farms[farm.0 as usize]
+            .stages
+            .get(stage as usize)
+            .is_some_and(|st| st.unplaceable)
+    }
+
     /// Tasks ready to be handed out and not yet claimed, over every open stage.
     pub fn backlog(&self) -> u64 {
         self.farms

@@ -499,6 +499,8 @@ struct Sim<'a> {
     timeline: Timeline,
     sample: Vec<Execution>,
     sample_stride: usize,
+    /// Tasks failed by the crash limit (see `SimReport::crash_limited`).
+    crash_limited: u64,
     /// The last node seen coordinating in each term.
     coords: FxHashMap<u64, u32>,
     /// The submitting node crashes and never comes back: the farm ends at
@@ -540,6 +542,7 @@ impl<'a> Sim<'a> {
             cfg,
             faults: cfg.has_faults(),
             coords: FxHashMap::default(),
+            crash_limited: 0,
             home_lost: cfg
                 .crashes
                 .iter()
@@ -643,11 +646,13 @@ impl<'a> Sim<'a> {
             .map(|r| {
                 let missing: Vec<_> = r.missing().take(3).cloned().collect();
                 format!(
-                    "home: told over {}, {} of the log, {} outputs missing (first {missing:?}), {} being fetched, coordinator {:?}",
+                    "home: told over {}, {} of the log, {} outputs missing (first {missing:?}), {} being fetched, {} runs redone and not back ({:?}), coordinator {:?}",
                     r.over,
                     r.next,
-                    r.missing().count(),
+                    r.missing_count(),
                     r.fetching.len(),
+                    r.redo.len(),
+                    r.redo.values().next().map(|run| (run, r.log.get(run.task))),
                     self.nodes[self.cfg.submit_node].peer.as_ref().and_then(|p| p.coordinator()),
                 )
             });
@@ -978,21 +983,57 @@ impl<'a> Sim<'a> {
     /// (unless the home is gone for good) the home knows each one done
     /// with its outputs there.
     fn check_end(&mut self, c: mesh_protocol::engine::Counts) -> Result<(), SimError> {
+        let task_of = |g: usize| {
+            let s = self.plan.offsets.partition_point(|&o| o <= g) - 1;
+            TaskRef::new(s as u32, (g - self.plan.offsets[s]) as u32)
+        };
+        // A task whose node was lost under it each time fails by the crash
+        // limit, as it should; the coordinator's word on that is final.
+        let coord = self.alive.iter().find_map(|&n| {
+            let p = self.nodes[n as usize].peer.as_ref()?;
+            p.coordinated_progress(FARM).map(|_| p)
+        });
+        let crash_limited = |g: usize| {
+            let t = task_of(g);
+            let home = self.nodes[self.cfg.submit_node].peer.as_ref();
+            [home.and_then(|p| p.replica(FARM)).map(|r| &r.log)]
+                .into_iter()
+                .chain([coord.and_then(|p| p.coordinated_log(FARM))])
+                .flatten()
+                .any(|log| {
+                    matches!(
+                        log.get(t),
+                        Some(mesh_protocol::mesh::Entry::Failed {
+                            end: mesh_protocol::engine::TaskEnd::CrashLimit,
+                            ..
+                        })
+                    )
+                })
+        };
+        self.crash_limited = (0..self.ok_done.len())
+            .filter(|&g| self.plan.expect_ok[g] && crash_limited(g))
+            .count() as u64;
         if !self.home_lost {
             let home = self.nodes[self.cfg.submit_node].peer.as_ref();
             let r = home.and_then(|p| p.replica(FARM));
             let unknown = (0..self.ok_done.len()).find(|&g| {
-                let s = self.plan.offsets.partition_point(|&o| o <= g) - 1;
-                let t = TaskRef::new(s as u32, (g - self.plan.offsets[s]) as u32);
-                self.plan.expect_ok[g] && !r.is_some_and(|r| r.log.is_done(t))
+                self.plan.expect_ok[g]
+                    && !crash_limited(g)
+                    && !r.is_some_and(|r| r.log.is_done(task_of(g)))
             });
             if let Some(g) = unknown {
                 return Err(self.violation(format!(
-                    "the home says the farm is over ({c:?}) but does not know task {g} done"
+                    "the home says the farm is over ({c:?}) but does not know task {g} done: {:?}",
+                    r.and_then(|r| {
+                        let s = self.plan.offsets.partition_point(|&o| o <= g) - 1;
+                        r.log
+                            .get(TaskRef::new(s as u32, (g - self.plan.offsets[s]) as u32))
+                    })
                 )));
             }
         }
-        let missing = (0..self.ok_done.len()).find(|&g| self.plan.expect_ok[g] && !self.ok_done[g]);
+        let missing = (0..self.ok_done.len())
+            .find(|&g| self.plan.expect_ok[g] && !self.ok_done[g] && !crash_limited(g));
         if let Some(g) = missing {
             let s = self.plan.offsets.partition_point(|&o| o <= g) - 1;
             return Err(self.violation(format!(
@@ -1261,6 +1302,7 @@ impl<'a> Sim<'a> {
             executions: self.executions,
             tasks_done: done,
             tasks_failed: tasks - done,
+            crash_limited: self.crash_limited,
             unplaceable: self.unplaceable.clone(),
             events: self.events,
             events_per_sec: self.events as f64 / wall_s.max(1e-9),

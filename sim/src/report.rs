@@ -45,6 +45,10 @@ pub struct SimReport {
     pub executions: u64,
     pub tasks_done: u64,
     pub tasks_failed: u64,
+    /// Of those failed, tasks whose node was lost under them `CRASHES_MAX`
+    /// times (crashes, or partitions that made a side look dead): failed by
+    /// the crash limit, not by their own exit.
+    pub crash_limited: u64,
     /// Stages reported unplaceable to the submitter, with the reason.
     pub unplaceable: Vec<String>,
     /// Simulation events processed (deliveries, timers, task ends, faults).

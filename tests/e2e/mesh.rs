@@ -608,6 +608,17 @@ fn random_kills_and_restarts_of_any_node_for_a_minute_lose_nothing() {
         std::thread::sleep(Duration::from_millis(1000 + (x >> 8) % 2000));
     }
     assert!(kills >= 10, "only {kills} kills in a minute");
+    let ended = wait_until(Duration::from_secs(90), || {
+        c.status(home)["farms"][0]["finished"] == true
+    });
+    if !ended {
+        for i in 0..5 {
+            eprintln!("node {i}: {}", c.status(i));
+            eprintln!("{}", c.mesh(i, &["status", &id, "--json"]).stdout);
+            eprintln!("{}", c.nodes[i].lines().join("\n"));
+        }
+        panic!("the farm never ended");
+    }
     let r = c.mesh(home, &["wait", &id, "--json"]);
     r.expect_code(0);
     assert_eq!(r.json()["counts"]["done"], n, "{}", r.stdout);

@@ -467,8 +467,14 @@ impl Cluster {
 
     /// Starts node `i` again on its state folder with `mesh node` (it
     /// rejoins the peers it knew), with these `--resources` and flags.
+    /// It listens where it did before, as a node of a real mesh would
+    /// (`--listen` with a fixed port): that is where its peers look for it.
     pub fn restart(&mut self, i: usize, resources: &str, extra: &[&str]) {
         let state = self.nodes[i].state.clone();
+        let was = self.nodes[i].address();
+        if let Some(place) = self.places.get_mut(i) {
+            place.1 = was;
+        }
         self.nodes[i] = self.spawn_node(i, &state, &["node"], resources, extra);
     }
 

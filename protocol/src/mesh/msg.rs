@@ -166,6 +166,8 @@ pub struct FarmProgress {
     /// Runs that completed a task already done (only after a fault: a node
     /// declared dead that was alive, a partition); the first result counts.
     pub duplicates: u64,
+    /// Stages that fit no node of the mesh (their tasks are failed), and why.
+    pub unplaceable: Vec<(u32, String)>,
 }
 
 /// The coordinator's log of a farm, from position `from`, and its progress.
@@ -188,8 +190,9 @@ pub struct SyncMsg {
     pub stages: Vec<Counts>,
     /// Every task of the farm is over.
     pub finished: bool,
-    /// See [`FarmProgress::duplicates`].
+    /// See [`FarmProgress::duplicates`] and [`FarmProgress::unplaceable`].
     pub duplicates: u64,
+    pub unplaceable: Vec<(u32, String)>,
 }
 
 /// A task's attempt that failed and will be retried, for the home to show.
@@ -275,10 +278,4 @@ pub enum Msg {
     Cancel { farm: FarmId },
     /// Coordinator to the home: an attempt failed and will be retried.
     Failure(Failure),
-    /// Coordinator to submitter: a stage fits no node of the mesh; its tasks are failed.
-    Unplaceable {
-        farm: FarmId,
-        stage: u32,
-        reason: String,
-    },
 }

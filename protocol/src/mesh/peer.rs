@@ -271,6 +271,9 @@ struct CoordFarm {
     home: Home,
     /// The counts last sent to the holders, and whether the end was.
     counts_sent: Option<engine::Counts>,
+    /// Stages that fit no node, and why (those that fit again are dropped
+    /// when sent).
+    unplaceable: Vec<(u32, String)>,
     /// Runs that completed a task already done by another run (each
     /// counted once, however often it is offered again).
     duplicates: u64,
@@ -538,10 +541,10 @@ impl Peer {
             r.home = home.node == self.id;
             r.out = out.clone();
         }
-        for e in &stored.entries {
-            r.log.add(e.clone());
-        }
         r.collected.extend(stored.collected.iter().copied());
+        for e in &stored.entries {
+            r.add(e.clone());
+        }
         if let Some((counts, stages)) = finished {
             r.counts = counts;
             r.stages = stages;
@@ -599,6 +602,7 @@ impl Peer {
         r.out = Some(out);
         r.collected.clear();
         r.fetching.clear();
+        r.recount();
         r.announced = false;
         r.accepted = false;
         self.actions.push_back(Action::Persist(Persist::Home {
@@ -622,7 +626,7 @@ impl Peer {
         }
         match got {
             Fetched::Here => {
-                if r.collected.insert(task) {
+                if r.collect(task) {
                     self.actions.push_back(Action::Persist(Persist::Collected {
                         farm,
                         home: r.home_of,
@@ -630,7 +634,7 @@ impl Peer {
                     }));
                 }
             }
-            Fetched::Later => {}
+            Fetched::Later => r.queue.push_back(task),
             Fetched::Gone => {
                 // The node is there but the outputs are not (its folder was
                 // wiped, or it ran the task as the home before this node
@@ -979,15 +983,6 @@ impl Peer {
             Msg::Moved { to, tasks, .. } => self.on_moved(now, from, to, tasks),
             Msg::Cancel { farm } => self.on_cancel(from, farm),
             Msg::Failure(f) => self.actions.push_back(Action::Emit(PeerEvent::Failure(f))),
-            Msg::Unplaceable {
-                farm,
-                stage,
-                reason,
-            } => self.actions.push_back(Action::Emit(PeerEvent::Unplaceable {
-                farm,
-                stage,
-                reason,
-            })),
         }
     }
 
@@ -1153,7 +1148,9 @@ impl Peer {
         // A new coordinator may not know this node's farms: offer them again
         // with what is known of them (it answers at once for farms it has).
         for r in self.replicas.values_mut() {
-            if !r.over {
+            // Not only unfinished farms: a home still bringing outputs or
+            // waiting for a redone task needs a coordinator that has it.
+            if !r.finished() {
                 r.accepted = false;
             }
         }
@@ -1525,7 +1522,7 @@ impl Peer {
                 f.counts_sent = Some(counts.clone());
                 f.finished_sent = finished;
             }
-            let mut stages = None;
+            let mut head = None;
             for h in &mut f.holders {
                 // This node streams to itself only where it keeps a copy.
                 let live = if h.node == self.id {
@@ -1536,6 +1533,20 @@ impl Peer {
                 if !live || !h.has_spec {
                     continue;
                 }
+                let head = head.get_or_insert_with(|| {
+                    let mut unplaceable = f.unplaceable.clone();
+                    unplaceable.retain(|(s, _)| c.engine.unplaceable(f.slot, *s));
+                    SyncHead {
+                        log: c.log_id,
+                        farm: *fid,
+                        len: f.log.len(),
+                        home: f.home,
+                        duplicates: f.duplicates,
+                        unplaceable,
+                        counts: counts.clone(),
+                        stages: c.engine.stage_progress(f.slot),
+                    }
+                });
                 let mut sent_any = false;
                 while h.sent < f.log.len() && h.sent - h.acked.min(h.sent) < SYNC_WINDOW {
                     let entries = f.log.slice(h.sent, SYNC_BATCH).to_vec();
@@ -1543,32 +1554,10 @@ impl Peer {
                     h.sent += entries.len() as u64;
                     h.at = now;
                     sent_any = true;
-                    let stages = stages.get_or_insert_with(|| c.engine.stage_progress(f.slot));
-                    out.push((
-                        h.node,
-                        sync_msg(
-                            (c.log_id, f.log.len(), f.home, f.duplicates),
-                            *fid,
-                            from,
-                            entries,
-                            &counts,
-                            stages,
-                        ),
-                    ));
+                    out.push((h.node, head.msg(from, entries)));
                 }
                 if news && !sent_any {
-                    let stages = stages.get_or_insert_with(|| c.engine.stage_progress(f.slot));
-                    out.push((
-                        h.node,
-                        sync_msg(
-                            (c.log_id, f.log.len(), f.home, f.duplicates),
-                            *fid,
-                            h.sent,
-                            Vec::new(),
-                            &counts,
-                            stages,
-                        ),
-                    ));
+                    out.push((h.node, head.msg(h.sent, Vec::new())));
                 }
             }
         }
@@ -1630,12 +1619,13 @@ impl Peer {
             r.ahead.insert(m.from, m.entries);
         }
         let mut added = Vec::new();
+        let had_redo = !r.redo.is_empty();
         while let Some(from) = r.ahead.keys().next().copied().filter(|f| *f <= r.next) {
             let entries = r.ahead.remove(&from).expect("just seen");
             let skip = (r.next - from) as usize;
             for e in entries.into_iter().skip(skip) {
                 r.next += 1;
-                if r.log.add(e.clone()) {
+                if r.add(e.clone()) {
                     if e.is_done() {
                         r.redo.remove(&e.task());
                     }
@@ -1643,14 +1633,23 @@ impl Peer {
                 }
             }
         }
-        {
-            if !added.is_empty() {
-                self.actions.push_back(Action::Persist(Persist::Entries {
-                    farm: m.farm,
-                    entries: added,
-                    records: from != me,
-                }));
-            }
+        if had_redo {
+            // A redone task counts as back once this copy has a done run
+            // of it other than the lost one.
+            let log = &r.log;
+            r.redo.retain(|t, run| match log.get(*t) {
+                Some(Entry::Done { node, attempt, .. }) => {
+                    (*node, *attempt) == (run.node, run.attempt)
+                }
+                _ => true,
+            });
+        }
+        if !added.is_empty() {
+            self.actions.push_back(Action::Persist(Persist::Entries {
+                farm: m.farm,
+                entries: added,
+                records: from != me,
+            }));
         }
         if m.home > r.home_of {
             // Another node took the farm over (or this one did, and the
@@ -1669,6 +1668,18 @@ impl Peer {
         if m.seq > r.seen {
             // Where the farm stands, from the newest message only.
             r.seen = m.seq;
+            if r.home {
+                for (stage, reason) in &m.unplaceable {
+                    if !r.unplaceable.iter().any(|(s, _)| s == stage) {
+                        self.actions.push_back(Action::Emit(PeerEvent::Unplaceable {
+                            farm: m.farm,
+                            stage: *stage,
+                            reason: reason.clone(),
+                        }));
+                    }
+                }
+            }
+            r.unplaceable = m.unplaceable;
             r.counts = m.counts;
             r.stages = m.stages;
             r.duplicates = r.duplicates.max(m.duplicates);
@@ -1712,28 +1723,39 @@ impl Peer {
         if !r.home {
             return;
         }
+        let r = self.replicas.get_mut(&farm).expect("checked");
+        // Asks that got no answer for long go back in line.
+        let stale: Vec<TaskRef> = r
+            .fetching
+            .iter()
+            .filter(|(_, at)| now >= **at + retry)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in stale {
+            r.fetching.remove(&t);
+            r.queue.push_back(t);
+        }
         let mut asks = Vec::new();
-        let mut busy = r.fetching.values().filter(|at| now < **at + retry).count();
-        for e in r.missing() {
-            if busy >= FETCHES_MAX {
+        // A bounded look down the line: outputs on nodes that are down wait
+        // at its end.
+        let mut looked = 0;
+        while r.fetching.len() + asks.len() < FETCHES_MAX && looked < 2 * FETCHES_MAX {
+            let Some(task) = r.queue.pop_front() else {
                 break;
+            };
+            looked += 1;
+            if !r.is_missing(task) || r.fetching.contains_key(&task) {
+                continue;
             }
-            let Entry::Done {
-                task,
-                node,
-                outputs,
-                ..
-            } = e
-            else {
+            let Some(Entry::Done { node, outputs, .. }) = r.log.get(task) else {
                 continue;
             };
-            if r.fetching.get(task).is_some_and(|at| now < at + retry) || !self.live(*node) {
+            if *node != self.id && !self.members.contains_key(node) {
+                r.queue.push_back(task);
                 continue;
             }
-            busy += 1;
-            asks.push((*task, *node, outputs.clone()));
+            asks.push((task, *node, outputs.clone()));
         }
-        let r = self.replicas.get_mut(&farm).expect("checked");
         for (task, from, outputs) in asks {
             r.fetching.insert(task, now);
             self.actions.push_back(Action::Fetch {
@@ -1794,8 +1816,8 @@ impl Peer {
                 node: run.node,
                 attempt: run.attempt,
             };
-            r.redo.insert(run.task, *run);
-            if r.log.add(e.clone()) {
+            if r.add(e.clone()) {
+                r.redo.insert(run.task, *run);
                 entries.push(e);
             }
         }
@@ -1966,7 +1988,6 @@ impl Peer {
                         shortfall,
                     } => {
                         let fid = c.slots[farm.0 as usize];
-                        let origin = c.farms[&fid].home.node;
                         let reason = shortfall
                             .iter()
                             .map(|(k, want, have)| {
@@ -1978,14 +1999,11 @@ impl Peer {
                             })
                             .collect::<Vec<_>>()
                             .join(", ");
-                        out.push((
-                            origin,
-                            Msg::Unplaceable {
-                                farm: fid,
-                                stage,
-                                reason,
-                            },
-                        ));
+                        // Part of the farm's state the holders hear with its progress.
+                        let f = c.farms.get_mut(&fid).expect("slots and farms agree");
+                        f.unplaceable.retain(|(s, _)| *s != stage);
+                        f.unplaceable.push((stage, reason));
+                        f.counts_sent = None;
                     }
                     engine::Event::FarmFinished { .. } => {}
                 },
@@ -2782,12 +2800,24 @@ impl Peer {
         let p = FarmProgress {
             farm,
             duplicates: f.duplicates,
+            unplaceable: f
+                .unplaceable
+                .iter()
+                .filter(|(s, _)| c.engine.unplaceable(f.slot, *s))
+                .cloned()
+                .collect(),
             finished: counts.finished(),
             counts,
             stages: c.engine.stage_progress(f.slot),
         };
         let failures = f.log.failures().take(failures_max).cloned().collect();
         Some((f.home, p, failures))
+    }
+
+    /// The log of a farm this node coordinates.
+    pub fn coordinated_log(&self, farm: FarmId) -> Option<&FarmLog> {
+        let c = self.coord.as_ref()?;
+        Some(&c.farms.get(&farm)?.log)
     }
 
     /// Farms this node coordinates.
@@ -2831,27 +2861,35 @@ const OFFER_MAX: usize = 16384;
 const FETCHES_MAX: usize = 64;
 const FETCH_RETRY_RESENDS: u64 = 30;
 
-fn sync_msg(
-    (log, len, home, duplicates): (u64, u64, Home, u64),
+/// What every `Sync` of a farm says besides its entries.
+struct SyncHead {
+    log: u64,
     farm: FarmId,
-    from: u64,
-    entries: Vec<Entry>,
-    counts: &engine::Counts,
-    stages: &[engine::Counts],
-) -> SyncMsg {
-    SyncMsg {
-        term: 0,
-        seq: 0,
-        log,
-        farm,
-        from,
-        entries,
-        len,
-        home,
-        counts: counts.clone(),
-        stages: stages.to_vec(),
-        finished: counts.finished(),
-        duplicates,
+    len: u64,
+    home: Home,
+    duplicates: u64,
+    unplaceable: Vec<(u32, String)>,
+    counts: engine::Counts,
+    stages: Vec<engine::Counts>,
+}
+
+impl SyncHead {
+    fn msg(&self, from: u64, entries: Vec<Entry>) -> SyncMsg {
+        SyncMsg {
+            term: 0,
+            seq: 0,
+            log: self.log,
+            farm: self.farm,
+            from,
+            entries,
+            len: self.len,
+            home: self.home,
+            finished: self.counts.finished(),
+            counts: self.counts.clone(),
+            stages: self.stages.clone(),
+            duplicates: self.duplicates,
+            unplaceable: self.unplaceable.clone(),
+        }
     }
 }
 
@@ -2894,6 +2932,7 @@ fn add_farm(
         finished_sent: false,
         duplicates: 0,
         extra_runs: FxHashSet::default(),
+        unplaceable: Vec::new(),
     })
 }
 

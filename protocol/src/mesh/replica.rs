@@ -10,7 +10,7 @@
 //! wins over failed, so the order in which holders hear things does not
 //! matter.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -28,6 +28,9 @@ pub struct FarmLog {
     done: u64,
     /// Runs whose outputs were lost: never done again, whoever says so.
     redone: FxHashSet<TaskRun>,
+    /// Tasks whose current entry is a failure, in task order (shown often;
+    /// the log itself may be a million entries).
+    failed: BTreeSet<TaskRef>,
 }
 
 impl FarmLog {
@@ -78,6 +81,11 @@ impl FarmLog {
         }
         if e.is_done() {
             self.done += 1;
+        }
+        if e.is_failed() {
+            self.failed.insert(t);
+        } else {
+            self.failed.remove(&t);
         }
         self.index.insert(t, self.entries.len() as u32);
         self.entries.push(e);
@@ -147,9 +155,9 @@ impl FarmLog {
             .map(|(_, e)| e)
     }
 
-    /// Tasks failed for good, with their entries.
+    /// Tasks failed for good, with their entries, in task order.
     pub fn failures(&self) -> impl Iterator<Item = &Entry> {
-        self.current().filter(|e| e.is_failed())
+        self.failed.iter().filter_map(|t| self.get(*t))
     }
 }
 
@@ -247,8 +255,15 @@ pub struct Replica {
     pub over: bool,
     /// Runs that completed a task already done, as the coordinator counts them.
     pub duplicates: u64,
+    /// Stages that fit no node, and why, as the coordinator says.
+    pub unplaceable: Vec<(u32, String)>,
     /// On the home: tasks whose outputs are here.
     pub collected: FxHashSet<TaskRef>,
+    /// On the home: done tasks whose outputs are not here yet, and the order
+    /// to fetch them in (kept as entries come, so a farm of a million
+    /// outputs is not scanned whole at every message).
+    missing: FxHashSet<TaskRef>,
+    pub queue: VecDeque<TaskRef>,
     /// On the home: outputs asked of the driver, and when.
     pub fetching: FxHashMap<TaskRef, Millis>,
     /// On the home: the end was announced (outputs may be let go everywhere).
@@ -293,7 +308,10 @@ impl Replica {
             ahead: BTreeMap::new(),
             over: false,
             duplicates: 0,
+            unplaceable: Vec::new(),
             collected: FxHashSet::default(),
+            missing: FxHashSet::default(),
+            queue: VecDeque::new(),
             fetching: FxHashMap::default(),
             announced: false,
             redo: FxHashMap::default(),
@@ -309,21 +327,62 @@ impl Replica {
         self.out.as_deref().unwrap_or(&self.spec.def.out)
     }
 
+    /// Adds an entry to this copy (see [`FarmLog::add`]), keeping track of
+    /// the outputs still to come.
+    pub fn add(&mut self, e: Entry) -> bool {
+        let task = e.task();
+        if !self.log.add(e) {
+            return false;
+        }
+        self.missing.remove(&task);
+        self.note(task);
+        true
+    }
+
+    fn note(&mut self, task: TaskRef) {
+        if let Some(Entry::Done { outputs, .. }) = self.log.get(task) {
+            if !outputs.is_empty() && !self.collected.contains(&task) && self.missing.insert(task) {
+                self.queue.push_back(task);
+            }
+        }
+    }
+
+    /// A task's outputs are here.
+    pub fn collect(&mut self, task: TaskRef) -> bool {
+        self.missing.remove(&task);
+        self.collected.insert(task)
+    }
+
+    /// Works out again which outputs are still to come (after a restart,
+    /// or when this node becomes the home).
+    pub fn recount(&mut self) {
+        self.missing.clear();
+        self.queue.clear();
+        let tasks: Vec<TaskRef> = self.log.current().map(Entry::task).collect();
+        for t in tasks {
+            self.note(t);
+        }
+    }
+
+    /// Whether the outputs of `task` are still to come.
+    pub fn is_missing(&self, task: TaskRef) -> bool {
+        self.missing.contains(&task)
+    }
+
     /// Outputs still to come home: done tasks with outputs not collected
     /// (those this node ran are checked too: it may have run them before
     /// it was the home, keeping them apart).
     pub fn missing(&self) -> impl Iterator<Item = &Entry> {
-        self.log.current().filter(move |e| match e {
-            Entry::Done { task, outputs, .. } => {
-                !outputs.is_empty() && !self.collected.contains(task)
-            }
-            _ => false,
-        })
+        self.missing.iter().filter_map(|t| self.log.get(*t))
+    }
+
+    pub fn missing_count(&self) -> usize {
+        self.missing.len()
     }
 
     /// Over for this holder: every task is, and on the home every output is here.
     pub fn finished(&self) -> bool {
-        self.over && (!self.home || (self.redo.is_empty() && self.missing().next().is_none()))
+        self.over && (!self.home || (self.redo.is_empty() && self.missing.is_empty()))
     }
 
     /// The progress to show: the coordinator's counts, or before any
@@ -341,6 +400,7 @@ impl Replica {
             stages: self.stages.clone(),
             finished: self.finished(),
             duplicates: self.duplicates,
+            unplaceable: self.unplaceable.clone(),
         }
     }
 }
