@@ -258,6 +258,9 @@ struct StageState {
     waiting_on: u32,
     /// Whole-stage dependencies all complete (and none failed).
     open: bool,
+    /// Every task was done once: the stages waiting on it were told (a
+    /// task redone later does not tell them twice).
+    complete: bool,
     unplaceable: bool,
     counts: Counts,
 }
@@ -506,6 +509,7 @@ impl Engine {
                     ready: VecDeque::new(),
                     waiting_on: s.after.len() as u32,
                     open: false,
+                    complete: false,
                     unplaceable: false,
                     counts: Counts {
                         total: len as u64,
@@ -603,7 +607,9 @@ impl Engine {
         let nstages = self.farms[slot.0 as usize].stages.len();
         for s in 0..nstages as u32 {
             let f = &mut self.farms[slot.0 as usize];
-            let complete = f.stages[s as usize].counts.done == f.stages[s as usize].counts.total;
+            let st = &mut f.stages[s as usize];
+            let complete = st.counts.done == st.counts.total;
+            st.complete = complete;
             if complete {
                 for d in f.dependents[s as usize].clone() {
                     f.stages[d as usize].waiting_on -= 1;
@@ -809,7 +815,7 @@ impl Engine {
             }
         }
         let complete = f.stages[s].counts.done == f.stages[s].counts.total;
-        if complete {
+        if complete && !std::mem::replace(&mut f.stages[s].complete, true) {
             for d in f.dependents[s].clone() {
                 let st = &mut self.farms[farm.0 as usize].stages[d as usize];
                 st.waiting_on -= 1;

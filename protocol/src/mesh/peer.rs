@@ -1547,8 +1547,13 @@ impl Peer {
                         stages: c.engine.stage_progress(f.slot),
                     }
                 });
+                // Entries go out with the progress round, or at once when a
+                // batch is full or the farm is over: one sync per round
+                // rather than one per completion (each costs a message and
+                // an answer; only the workers' acknowledgements wait for it).
+                let due = progress || finished || f.log.len() - h.sent >= SYNC_BATCH as u64;
                 let mut sent_any = false;
-                while h.sent < f.log.len() && h.sent - h.acked.min(h.sent) < SYNC_WINDOW {
+                while due && h.sent < f.log.len() && h.sent - h.acked.min(h.sent) < SYNC_WINDOW {
                     let entries = f.log.slice(h.sent, SYNC_BATCH).to_vec();
                     let from = h.sent;
                     h.sent += entries.len() as u64;
