@@ -1242,7 +1242,7 @@ impl<'a> Sim<'a> {
         };
         // Every successful task leaves one output, kept on this node until
         // the home fetches it.
-        let outputs = if completed && !fail {
+        let outputs = if completed && !fail && self.cfg.outputs {
             let mut hash = [0u8; 32];
             hash[..8].copy_from_slice(&(g as u64).to_le_bytes());
             vec![OutputFile {

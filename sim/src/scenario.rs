@@ -95,6 +95,11 @@ pub struct SimConfig {
     /// once, at the end.
     #[serde(default = "one")]
     pub check_every: u64,
+    /// Every successful task leaves one output that the home fetches from
+    /// the node that ran it (the farm ends when all are home). Off for
+    /// studies of scheduling alone.
+    #[serde(default = "yes")]
+    pub outputs: bool,
     #[serde(default)]
     pub crashes: Vec<CrashSpec>,
     #[serde(default)]
@@ -257,6 +262,7 @@ impl SimConfig {
             submit_at_ms: 0,
             max_time_ms: default_max_time(),
             check_every: 1,
+            outputs: true,
             crashes: vec![],
             leaves: vec![],
             partitions: vec![],
