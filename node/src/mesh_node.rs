@@ -1109,14 +1109,16 @@ impl Node {
         ids.extend(self.peer.coordinated());
         ids.sort();
         ids.dedup();
+        // In short: no copy of the farm's definition (a sweep's parameters
+        // may be megabytes) nor of its failures.
         ids.into_iter()
             .filter_map(|id| {
-                let f = self.found(id)?;
+                let (home, progress, _) = self.standing(id, 0)?;
                 Some(FarmSummary {
                     id,
-                    name: f.spec.def.name.clone(),
-                    home: f.home,
-                    progress: f.progress,
+                    name: self.peer.spec(id)?.def.name.clone(),
+                    home,
+                    progress,
                 })
             })
             .collect()
@@ -1133,22 +1135,32 @@ impl Node {
 
     /// What this node knows of a farm it holds or coordinates.
     fn found(&self, farm: FarmId) -> Option<FoundFarm> {
-        if let Some((home, progress, failures)) = self.peer.coordinated_farm(farm, FAILURES_SHOWN) {
-            let spec = (**self.peer.spec(farm)?).clone();
-            return Some(FoundFarm {
-                spec,
-                home,
-                progress,
-                failures,
-            });
+        let (home, progress, failures) = self.standing(farm, FAILURES_SHOWN)?;
+        Some(FoundFarm {
+            spec: (**self.peer.spec(farm)?).clone(),
+            home,
+            progress,
+            failures,
+        })
+    }
+
+    /// Where a farm this node holds or coordinates stands: its home, its
+    /// progress and its first `failures_max` failures.
+    fn standing(
+        &self,
+        farm: FarmId,
+        failures_max: usize,
+    ) -> Option<(
+        mesh_protocol::mesh::Home,
+        mesh_protocol::mesh::FarmProgress,
+        Vec<Entry>,
+    )> {
+        if let Some(s) = self.peer.coordinated_farm(farm, failures_max) {
+            return Some(s);
         }
         let r = self.peer.replica(farm)?;
-        Some(FoundFarm {
-            spec: (*r.spec).clone(),
-            home: r.home_of,
-            progress: r.progress(),
-            failures: r.log.failures().take(FAILURES_SHOWN).cloned().collect(),
-        })
+        let failures = r.log.failures().take(failures_max).cloned().collect();
+        Some((r.home_of, r.progress(), failures))
     }
 
     /// Asks the coordinator about a farm this node does not hold.
@@ -1277,20 +1289,18 @@ impl Node {
         let tx = self.tx.clone();
         let labels = self.labels_now();
         tokio::spawn(async move {
-            let where_ran = || async {
-                match known {
-                    Some(k) => Ok(Some(k)),
-                    None => match coordinator {
-                        None => Ok(None),
-                        Some(c) => match request(&tx, c, Request::WhereRan { farm, task }).await? {
-                            Response::Ran { node, running } => Ok(node.map(|n| (n, running))),
-                            _ => Err("unexpected answer from the coordinator".to_string()),
-                        },
-                    },
-                }
-            };
             let r = async {
-                let Some((node, _)) = where_ran().await? else {
+                let ran = match (known, coordinator) {
+                    (Some((node, _)), _) => Some(node),
+                    (None, None) => None,
+                    (None, Some(c)) => {
+                        match request(&tx, c, Request::WhereRan { farm, task }).await? {
+                            Response::Ran { node, .. } => node,
+                            _ => return Err("unexpected answer from the coordinator".to_string()),
+                        }
+                    }
+                };
+                let Some(node) = ran else {
                     return Err(format!("{} has not run yet", ask.task));
                 };
                 let label = labels

@@ -878,7 +878,7 @@ impl<'a> Sim<'a> {
                 Action::Kill { task, .. } => self.kill(n, task),
                 Action::Fetch { task, from, .. } => {
                     let from = (from.0 - 1) as u32;
-                    let at = self.now + self.latency() + self.latency();
+                    let at = self.round_trip();
                     let gen = self.nodes[n].gen;
                     self.push(
                         at,
@@ -892,7 +892,7 @@ impl<'a> Sim<'a> {
                 }
                 Action::Forget { .. } => {}
                 Action::FetchInputs { farm } => {
-                    let at = self.now + self.latency() + self.latency();
+                    let at = self.round_trip();
                     let gen = self.nodes[n].gen;
                     self.push(
                         at,
@@ -1053,6 +1053,11 @@ impl<'a> Sim<'a> {
 
     fn latency(&mut self) -> Millis {
         self.plan.latency.sample(&mut self.rng)
+    }
+
+    /// When an answer to a request sent now comes back.
+    fn round_trip(&mut self) -> Millis {
+        self.now + self.latency() + self.latency()
     }
 
     fn deliver(&mut self, from: usize, to: usize, msg: Msg) {

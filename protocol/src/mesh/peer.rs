@@ -1260,13 +1260,7 @@ impl Peer {
         self.specs.insert(farm.id, farm.clone());
         self.actions
             .push_back(Action::Persist(Persist::Farm(farm.clone())));
-        if !entries.is_empty() {
-            self.actions.push_back(Action::Persist(Persist::Entries {
-                farm: farm.id,
-                entries: entries.clone(),
-                records: true,
-            }));
-        }
+        persist_entries(&mut self.actions, farm.id, entries.clone(), true);
         let records = entries
             .iter()
             .map(|e| (e.task(), entry_record(e)))
@@ -1342,13 +1336,7 @@ impl Peer {
         f.counts_sent = None;
         f.finished_sent = false;
         let (accepted, tasks) = (f.accepted, f.spec.def.task_count());
-        if !new.is_empty() {
-            self.actions.push_back(Action::Persist(Persist::Entries {
-                farm,
-                entries: new,
-                records: true,
-            }));
-        }
+        persist_entries(&mut self.actions, farm, new, true);
         self.coord_drain();
         if accepted {
             self.send(from, Msg::Accepted { farm, tasks });
@@ -1649,13 +1637,7 @@ impl Peer {
                 _ => true,
             });
         }
-        if !added.is_empty() {
-            self.actions.push_back(Action::Persist(Persist::Entries {
-                farm: m.farm,
-                entries: added,
-                records: from != me,
-            }));
-        }
+        persist_entries(&mut self.actions, m.farm, added, from != me);
         if m.home > r.home_of {
             // Another node took the farm over (or this one did, and the
             // coordinator now knows): the highest claim is the home.
@@ -1826,13 +1808,7 @@ impl Peer {
                 entries.push(e);
             }
         }
-        if !entries.is_empty() {
-            self.actions.push_back(Action::Persist(Persist::Entries {
-                farm,
-                entries,
-                records: true,
-            }));
-        }
+        persist_entries(&mut self.actions, farm, entries, true);
         self.send_coordinator(|_| Msg::Redo { farm, tasks });
     }
 
@@ -1857,18 +1833,10 @@ impl Peer {
                 }
                 continue;
             }
-            {
-                c.engine.redo(f.slot, run.task);
-                redone.push(e);
-            }
+            c.engine.redo(f.slot, run.task);
+            redone.push(e);
         }
-        if !redone.is_empty() {
-            self.actions.push_back(Action::Persist(Persist::Entries {
-                farm,
-                entries: redone,
-                records: true,
-            }));
-        }
+        persist_entries(&mut self.actions, farm, redone, true);
         self.coord_drain();
     }
 
@@ -2895,6 +2863,23 @@ impl SyncHead {
             duplicates: self.duplicates,
             unplaceable: self.unplaceable.clone(),
         }
+    }
+}
+
+/// Entries of a farm this node holds, made durable (see [`Persist::Entries`]).
+/// Takes the action queue alone, so callers may hold other parts of the peer.
+fn persist_entries(
+    actions: &mut VecDeque<Action>,
+    farm: FarmId,
+    entries: Vec<Entry>,
+    records: bool,
+) {
+    if !entries.is_empty() {
+        actions.push_back(Action::Persist(Persist::Entries {
+            farm,
+            entries,
+            records,
+        }));
     }
 }
 
