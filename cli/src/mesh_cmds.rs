@@ -61,9 +61,11 @@ pub struct NodeFlags {
     #[arg(long)]
     pub no_steal: bool,
     /// Hand this node tasks until their resources reach this percentage of
-    /// its capacity (a bigger queue here, less to steal for others).
-    #[arg(long, value_name = "PERCENT", default_value_t = 110)]
-    pub prefetch_percent: u64,
+    /// its capacity (a bigger queue here, less to steal for others), instead
+    /// of the depth it measures (enough queued tasks to cover a round trip
+    /// to the coordinator at the rate it runs them).
+    #[arg(long, value_name = "PERCENT")]
+    pub prefetch_percent: Option<u64>,
     /// At most this many tasks queued or running here at once (default: 2 per core + 2).
     #[arg(long, value_name = "N")]
     pub claims_max: Option<usize>,

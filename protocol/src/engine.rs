@@ -341,7 +341,7 @@ impl Machines {
 
 /// How many tasks asking for `req` a machine of `total` runs at once; a
 /// request for nothing counts as one slot, so it never looks scarce.
-fn copies(total: &Resources, req: &Resources) -> u64 {
+pub fn copies(total: &Resources, req: &Resources) -> u64 {
     req.iter()
         .filter(|(_, v)| !v.is_zero())
         .map(|(k, v)| total.get(k).0 / v.0)
@@ -1101,11 +1101,12 @@ impl Engine {
             .sum()
     }
 
-    /// Requests whose ready tasks would not fill every slot the machines
-    /// have for them: the end of that work, where a task queued behind a
-    /// node's busy slots can only wait longer than on a free slot elsewhere.
-    /// Empty for a local engine.
-    pub fn draining(&mut self) -> Vec<Resources> {
+    /// Per distinct request of open stages: how many tasks asking for it
+    /// are ready and unclaimed, and whether they would not fill every slot
+    /// the machines have for them (the end of that work, where a task
+    /// queued behind a node's busy slots can only wait longer than on a
+    /// free slot elsewhere). Empty for a local engine.
+    pub fn waiting(&mut self) -> Vec<(Resources, u64, bool)> {
         let Placement::Remote(machines) = &mut self.placement else {
             return Vec::new();
         };
@@ -1124,8 +1125,7 @@ impl Engine {
         }
         waiting
             .into_iter()
-            .filter(|(req, q)| *q < machines.slots(req))
-            .map(|(req, _)| req.clone())
+            .map(|(req, q)| (req.clone(), q, q < machines.slots(req)))
             .collect()
     }
 

@@ -1,6 +1,7 @@
 //! The mesh peer: membership, coordinator election, placement and stealing as one sans-IO state machine.
 
 mod msg;
+mod pace;
 mod peer;
 mod replica;
 

@@ -11,10 +11,10 @@ use crate::farm::TaskRef;
 use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, Msg, NodeId};
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
-pub const REQUEST_PROTOCOL: &str = "/mesh/req/3";
-pub const GOSSIP_TOPIC: &str = "mesh/beat/3";
+pub const REQUEST_PROTOCOL: &str = "/mesh/req/4";
+pub const GOSSIP_TOPIC: &str = "mesh/beat/4";
 /// No single request or response may be larger (a frame of the request-response codec).
 pub const MESSAGE_MAX: usize = 64 << 20;
 /// Files move in pieces of at most this many bytes.

@@ -468,6 +468,8 @@ struct Node {
     up_since: Option<Millis>,
     up_ms: u64,
     steps: u64,
+    /// The peer's prefetch depth when a task last ended here.
+    depth: u32,
 }
 
 struct Sim<'a> {
@@ -534,6 +536,7 @@ impl<'a> Sim<'a> {
                 up_since: None,
                 up_ms: 0,
                 steps: 0,
+                depth: 0,
             })
             .collect();
         let tasks = plan.durations.len();
@@ -1259,7 +1262,12 @@ impl<'a> Sim<'a> {
             Vec::new()
         };
         let now = self.now;
-        self.step(n, |p| p.task_finished(now, task, outcome, outputs))
+        self.step(n, |p| p.task_finished(now, task, outcome, outputs))?;
+        let nd = &mut self.nodes[n];
+        if let Some(p) = &nd.peer {
+            nd.depth = p.prefetch_depth();
+        }
+        Ok(())
     }
 
     fn report(&mut self, wall_s: f64) -> SimReport {
@@ -1309,6 +1317,7 @@ impl<'a> Sim<'a> {
             tasks_failed: tasks - done,
             crash_limited: self.crash_limited,
             unplaceable: self.unplaceable.clone(),
+            prefetch: self.nodes.iter().map(|n| n.depth).collect(),
             events: self.events,
             events_per_sec: self.events as f64 / wall_s.max(1e-9),
             wall_ms: wall_s * 1000.0,

@@ -51,6 +51,9 @@ pub struct SimReport {
     pub crash_limited: u64,
     /// Stages reported unplaceable to the submitter, with the reason.
     pub unplaceable: Vec<String>,
+    /// Each node's prefetch depth (tasks it asks to keep queued beyond
+    /// those it runs) when a task last ended there; 0 if none ran there.
+    pub prefetch: Vec<u32>,
     /// Simulation events processed (deliveries, timers, task ends, faults).
     pub events: u64,
     pub events_per_sec: f64,
@@ -138,7 +141,8 @@ impl SimReport {
              greedy without latency {} ms (ratio {:.3}; mesh / greedy {:.3})\n\
              longest first, knowing durations {} ms (ratio {:.3})\nutilization {:.1}%\n\
              steals {} ({} tasks, {} asked)\nmessages {} ({} lost)\nduplicates {}\n\
-             tasks {} done, {} failed, {} executions\nevents {} ({:.0}/s)\n",
+             tasks {} done, {} failed, {} executions\nprefetch depth {}\n\
+             events {} ({:.0}/s)\n",
             self.seed,
             self.makespan,
             self.lower_bound,
@@ -158,6 +162,7 @@ impl SimReport {
             self.tasks_done,
             self.tasks_failed,
             self.executions,
+            spread(&self.prefetch),
             self.events,
             self.events_per_sec,
         )
@@ -291,5 +296,15 @@ mod tests {
         let total: f64 = t.busy[0].iter().sum();
         assert_eq!(total, 10.0 + 4005.0 * 2.0);
         assert!(t.busy[0].len() <= BUCKETS);
+    }
+}
+
+/// Smallest, median and largest of a list, for the summary.
+fn spread(v: &[u32]) -> String {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    match (v.first(), v.last()) {
+        (Some(lo), Some(hi)) => format!("{lo} min, {} median, {hi} max", v[v.len() / 2]),
+        _ => "none".into(),
     }
 }

@@ -292,7 +292,7 @@ impl SimConfig {
             dead_after_ms: m.dead_after_ms.unwrap_or(d.dead_after_ms),
             join_wait_ms: m.join_wait_ms.unwrap_or(d.join_wait_ms),
             steal: self.steal,
-            prefetch_percent: m.prefetch_percent.unwrap_or(d.prefetch_percent),
+            prefetch_percent: m.prefetch_percent.or(d.prefetch_percent),
             node_claims_max: m.node_claims_max.or(d.node_claims_max),
             batch_max: m.batch_max.unwrap_or(d.batch_max),
             queue_max: m.queue_max.unwrap_or(d.queue_max),

@@ -67,6 +67,9 @@ pub struct Beat {
     pub running: u32,
     /// On the coordinator: tasks ready and not yet handed to anyone.
     pub backlog: u64,
+    /// How many tasks this node wants queued beyond what it runs (its
+    /// prefetch depth, see `Peer::prefetch_depth`).
+    pub prefetch: u32,
 }
 
 /// One task handed to a node to run.
@@ -240,10 +243,22 @@ pub enum Msg {
     /// The home to every node: every output of this farm is home; what
     /// was kept for it may go.
     Collected { farm: FarmId },
-    /// Coordinator to worker: run these.
-    Assign { term: u64, tasks: Vec<Assigned> },
-    /// Worker to coordinator: these attempts are over.
-    Report { term: u64, reports: Vec<Report> },
+    /// Coordinator to worker: run these. `echo`: the `at` of the worker's
+    /// report this answers, so the worker measures its round trip.
+    Assign {
+        term: u64,
+        tasks: Vec<Assigned>,
+        echo: Option<u64>,
+    },
+    /// Worker to coordinator: these attempts are over (any number, one
+    /// message per step). `at`: the worker's clock, echoed back by the
+    /// assignment that answers it; `prefetch`: the worker's depth now.
+    Report {
+        term: u64,
+        reports: Vec<Report>,
+        at: u64,
+        prefetch: u32,
+    },
     /// Coordinator to worker: these reports are recorded; forget them.
     Ack { tasks: Vec<Assigned> },
     /// Worker to coordinator: I will not run these after all (queue them again).

@@ -35,6 +35,8 @@ use crate::pool::{Grant, Pool};
 use crate::resources::{Amount, Resources, CPU};
 use crate::wire::PROTOCOL_VERSION;
 
+use super::pace::Pace;
+
 /// Knobs of the mesh protocol; the defaults suit a LAN.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -47,9 +49,12 @@ pub struct Config {
     pub join_wait_ms: u64,
     /// Take unstarted tasks from overloaded peers when this node runs dry.
     pub steal: bool,
-    /// A node is handed tasks until its claimed resources reach this percentage
-    /// of its capacity (and always one task beyond a full node).
-    pub prefetch_percent: u64,
+    /// `None` (the default): each node asks for as many queued tasks as
+    /// cover a round trip to the coordinator at the rate it runs them (see
+    /// the `pace` module). `Some(p)`: the fixed rule instead, a node is
+    /// handed tasks until its claimed resources reach `p`% of its capacity
+    /// (and always one task beyond a full node).
+    pub prefetch_percent: Option<u64>,
     /// Most tasks one node may hold claimed (queued or running) at once;
     /// `None`: twice its cpus plus two. Raised together with
     /// `prefetch_percent`, it places work badly on purpose (the simulator's
@@ -81,7 +86,7 @@ impl Default for Config {
             dead_after_ms: 2000,
             join_wait_ms: 1500,
             steal: true,
-            prefetch_percent: 110,
+            prefetch_percent: None,
             node_claims_max: None,
             batch_max: 256,
             queue_max: 4096,
@@ -297,6 +302,11 @@ struct Coord {
     hungry: BTreeSet<NodeId>,
     /// The backlog after the last assignment: when it grows, every node may take more.
     last_backlog: u64,
+    /// Each node's prefetch depth, as it last said (reports and beats).
+    depth: FxHashMap<NodeId, u32>,
+    /// The clock of each node's report handled in this step, echoed back
+    /// with the assignment that answers it.
+    echo: FxHashMap<NodeId, Millis>,
     /// The node whose report the engine is handling, to name it in
     /// failures, and the outputs it reported.
     reporter: Option<NodeId>,
@@ -331,6 +341,12 @@ pub struct Peer {
     unacked: BTreeMap<(FarmId, TaskRef), Report>,
     /// `unacked` changed since it was last persisted.
     held_dirty: bool,
+    /// Reports of this step, sent as one message at its end.
+    reports_out: Vec<Report>,
+    /// Durations and round trips measured here, and the prefetch depth
+    /// they give (see the `pace` module).
+    pace: Pace,
+    depth: u32,
     /// Farms this node holds a copy of (it submitted them, or keeps them
     /// for the mesh).
     replicas: BTreeMap<FarmId, Replica>,
@@ -376,6 +392,7 @@ impl Peer {
         seed: u64,
         joining: bool,
     ) -> Peer {
+        let depth = base_depth(&total);
         Peer {
             id,
             label: String::new(),
@@ -395,6 +412,9 @@ impl Peer {
             awaiting_spec: FxHashMap::default(),
             unacked: BTreeMap::new(),
             held_dirty: false,
+            reports_out: Vec::new(),
+            pace: Pace::default(),
+            depth,
             replicas: BTreeMap::new(),
             stored: Vec::new(),
             gone: FxHashMap::default(),
@@ -457,7 +477,18 @@ impl Peer {
             queued: self.queue.len() as u32,
             running: self.running.len() as u32,
             backlog: self.coord.as_ref().map_or(0, |c| c.engine.backlog()),
+            prefetch: self.depth,
         }
+    }
+
+    /// How many tasks this node wants queued beyond those it runs now.
+    pub fn prefetch_depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// The round trip to the coordinator this node measured, in ms.
+    pub fn round_trip_ms(&self) -> Option<f64> {
+        self.pace.rtt_ms()
     }
 
     pub fn spec(&self, farm: FarmId) -> Option<&Arc<FarmSpec>> {
@@ -715,6 +746,16 @@ impl Peer {
         }
         let run = self.running.remove(&key).expect("checked above");
         self.pool.release(&run.grant);
+        if let Some(spec) = self.specs.get(&task.farm) {
+            let stage = task.task.stage;
+            let slots = engine::copies(
+                self.pool.total(),
+                &spec.def.stages[stage as usize].resources,
+            );
+            self.pace
+                .finished(now, task.farm, stage, slots, outcome.duration_ms);
+            self.update_depth(now);
+        }
         if run.killed == Some(KillReason::Interrupt) {
             // Stopped on purpose, not failed: it goes back to the queue,
             // and no retry is spent on it.
@@ -810,6 +851,8 @@ impl Peer {
         }
         if now >= self.next_beat {
             self.next_beat = now + self.cfg.heartbeat_ms;
+            // Stages that stopped running here stop counting.
+            self.update_depth(now);
             self.check_members(now);
             self.elect(now);
             self.send_beat();
@@ -845,10 +888,30 @@ impl Peer {
         self.unacked
             .insert((report.task.farm, report.task.task), report.clone());
         self.held_dirty = true;
-        self.send_coordinator(|term| Msg::Report {
-            term,
-            reports: vec![report],
-        });
+        self.reports_out.push(report);
+    }
+
+    /// Sends this step's reports as one message (in `batch_max` chunks).
+    fn send_reports(&mut self, now: Millis) {
+        if self.reports_out.is_empty() {
+            return;
+        }
+        let reports = std::mem::take(&mut self.reports_out);
+        let prefetch = self.depth;
+        for chunk in reports.chunks(self.cfg.batch_max) {
+            self.send_coordinator(|term| Msg::Report {
+                term,
+                reports: chunk.to_vec(),
+                at: now,
+                prefetch,
+            });
+        }
+    }
+
+    /// Recomputes the prefetch depth from what was measured.
+    fn update_depth(&mut self, now: Millis) {
+        let base = base_depth(self.pool.total());
+        self.depth = self.pace.depth(now, base, self.cfg.queue_max as u32);
     }
 
     fn send(&mut self, to: NodeId, msg: Msg) {
@@ -862,6 +925,7 @@ impl Peer {
 
     /// Handles messages (including those this node sent itself) until none is left.
     fn pump(&mut self, now: Millis) {
+        self.send_reports(now);
         while let Some((from, msg)) = self.inbox.pop_front() {
             self.dispatch_msg(now, from, msg);
         }
@@ -945,8 +1009,21 @@ impl Peer {
             Msg::Collected { farm } => {
                 self.actions.push_back(Action::Forget { farm });
             }
-            Msg::Assign { term, tasks } => self.on_assign(now, from, term, tasks),
-            Msg::Report { reports, .. } => self.on_report(now, from, reports),
+            Msg::Assign { term, tasks, echo } => self.on_assign(now, from, term, tasks, echo),
+            Msg::Report {
+                reports,
+                at,
+                prefetch,
+                ..
+            } => {
+                if let Some(c) = &mut self.coord {
+                    if from != self.id {
+                        c.depth.insert(from, prefetch);
+                        c.echo.insert(from, at);
+                    }
+                }
+                self.on_report(now, from, reports)
+            }
             Msg::Ack { tasks } => {
                 for a in tasks {
                     if self
@@ -995,7 +1072,10 @@ impl Peer {
         let claims = b.coordinator == Some(from);
         let term = b.term;
         let queued = b.queued;
-        self.note_queued(from, queued, spare_queue(&b.total));
+        self.note_queued(from, queued, b.prefetch as usize);
+        if let Some(c) = &mut self.coord {
+            c.depth.insert(from, b.prefetch);
+        }
         let fresh = !self.members.contains_key(&from);
         if fresh {
             self.gone.remove(&from);
@@ -1064,7 +1144,7 @@ impl Peer {
     /// message's time instead of a heartbeat's. The queue must at least
     /// double for another such beat, so there are few between two heartbeats.
     fn beat_if_piled_up(&mut self) {
-        let spare = spare_queue(self.pool.total());
+        let spare = self.depth as usize;
         if self.queue.len() > spare.max(2 * self.advertised as usize) {
             self.send_beat();
         }
@@ -1134,6 +1214,13 @@ impl Peer {
         }
         self.actions
             .push_back(Action::Emit(PeerEvent::Coordinator { term, node }));
+        if node != self.id {
+            // Introduce this node to the coordinator now rather than at the
+            // next heartbeat (a gossiped beat may not reach it at all): it
+            // hands work only to members it knows.
+            let beat = Arc::new(self.beat());
+            self.send(node, Msg::Beat(beat));
+        }
         // Whatever the old coordinator knew, tell the new one.
         let holding = self.holding();
         if !holding.is_empty() {
@@ -1168,6 +1255,8 @@ impl Peer {
             load: FxHashMap::default(),
             hungry: self.members.keys().copied().chain([self.id]).collect(),
             last_backlog: 0,
+            depth: FxHashMap::default(),
+            echo: FxHashMap::default(),
             reporter: None,
             outputs: Vec::new(),
             last_key: None,
@@ -1993,7 +2082,10 @@ impl Peer {
         if self.coord.is_none() {
             return;
         }
-        let pct = self.cfg.prefetch_percent;
+        let fixed = self.cfg.prefetch_percent;
+        // Echoes are for this step's assignments only: an assignment
+        // that comes later did not answer that report.
+        let mut echo = std::mem::take(&mut self.coord.as_mut().expect("checked").echo);
         let batch_max = self.cfg.batch_max;
         let queue_max = self.cfg.queue_max;
         let claims_max = self.cfg.node_claims_max;
@@ -2016,10 +2108,21 @@ impl Peer {
         };
         // Near the end of some work, a task queued behind a busy node's
         // running ones may wait for a long one while a slot idles elsewhere:
-        // such tasks go only to free slots.
-        let draining = self.coord.as_mut().expect("checked").engine.draining();
+        // such tasks go only to free slots. Before that, no node queues
+        // more than its share of what is left, so the end spreads.
+        let waiting = self.coord.as_mut().expect("checked").engine.waiting();
+        let nodes_n = self.members.len() as u64 + 1;
         let term = self.term;
         for node in nodes {
+            let depth = if node == self.id {
+                self.depth
+            } else {
+                let c = self.coord.as_ref().expect("checked");
+                c.depth
+                    .get(&node)
+                    .copied()
+                    .unwrap_or_else(|| self.members.get(&node).map_or(1, |m| m.beat.prefetch))
+            };
             // Borrowed field by field, so the coordinator's state can change
             // meanwhile without cloning the node's resources.
             let total = if node == self.id {
@@ -2036,13 +2139,24 @@ impl Peer {
                 return;
             }
             let (load, count) = c.load.entry(node).or_default();
-            let cap = queue_max.min(claims_max.unwrap_or_else(|| claims_cap(total)));
+            let cap =
+                queue_max.min(claims_max.unwrap_or_else(|| claims_cap(total) + depth as usize));
             let mut taken = Vec::new();
             let claimed =
                 c.engine
                     .claim(now, batch_max.min(cap.saturating_sub(*count)), &mut |req| {
-                        let prefetch = !draining.contains(req);
-                        if !room(total, load, req, pct, prefetch) {
+                        let (queued, draining) = waiting
+                            .iter()
+                            .find(|(r, ..)| r == req)
+                            .map_or((0, true), |(_, q, d)| (*q, *d));
+                        let prefetch = match fixed {
+                            _ if draining => Prefetch::None,
+                            Some(pct) => Prefetch::Percent(pct),
+                            None => {
+                                Prefetch::Depth((depth as u64).min(queued.div_ceil(nodes_n)).max(1))
+                            }
+                        };
+                        if !room(total, load, req, prefetch) {
                             return false;
                         }
                         load.give(req);
@@ -2062,7 +2176,15 @@ impl Peer {
                 c.hungry.remove(&node);
             }
             if !taken.is_empty() {
-                self.send(node, Msg::Assign { term, tasks: taken });
+                let echo = echo.remove(&node);
+                self.send(
+                    node,
+                    Msg::Assign {
+                        term,
+                        tasks: taken,
+                        echo,
+                    },
+                );
             }
         }
         let c = self.coord.as_mut().expect("checked");
@@ -2399,16 +2521,10 @@ impl Peer {
         for farm in waiting {
             self.send(c, Msg::GetFarm { farm });
         }
-        let reports: Vec<Report> = self.unacked.values().cloned().collect();
-        for chunk in reports.chunks(self.cfg.batch_max) {
-            self.send(
-                c,
-                Msg::Report {
-                    term,
-                    reports: chunk.to_vec(),
-                },
-            );
-        }
+        // Not yet acknowledged, so maybe lost: sent again (the coordinator
+        // counts each once).
+        self.reports_out.extend(self.unacked.values().cloned());
+        self.send_reports(now);
         let offers: Vec<(Arc<FarmSpec>, Vec<Entry>, Home)> = self
             .replicas
             .values()
@@ -2452,7 +2568,14 @@ impl Peer {
 
     // ----- worker -----
 
-    fn on_assign(&mut self, now: Millis, from: NodeId, term: u64, tasks: Vec<Assigned>) {
+    fn on_assign(
+        &mut self,
+        now: Millis,
+        from: NodeId,
+        term: u64,
+        tasks: Vec<Assigned>,
+        echo: Option<Millis>,
+    ) {
         if self.coordinator != Some(from)
             && (term > self.term || (term == self.term && self.coordinator.is_none()))
         {
@@ -2462,6 +2585,10 @@ impl Peer {
         if term < self.term || self.coordinator != Some(from) {
             // A deposed coordinator: fenced off. It learns of the new term from beats.
             return;
+        }
+        if let Some(at) = echo {
+            self.pace.round_trip(now.saturating_sub(at));
+            self.update_depth(now);
         }
         for a in tasks {
             self.enqueue(from, a);
@@ -2595,9 +2722,7 @@ impl Peer {
         // exceeds this node's own prefetch.
         let thief_full = total.get(CPU).0 < load.get(CPU).0 + Amount::units(1).0;
         let spare = if thief_full {
-            self.queue
-                .len()
-                .saturating_sub(spare_queue(self.pool.total()))
+            self.queue.len().saturating_sub(self.depth as usize)
         } else {
             self.queue.len()
         };
@@ -2611,7 +2736,12 @@ impl Peer {
                 continue;
             };
             let req = &spec.def.stages[a.task.stage as usize].resources;
-            if !room(&total, &load, req, STEAL_PREFETCH_PERCENT, true) {
+            if !room(
+                &total,
+                &load,
+                req,
+                Prefetch::Percent(STEAL_PREFETCH_PERCENT),
+            ) {
                 i += 1;
                 continue;
             }
@@ -2965,22 +3095,46 @@ fn claims_cap(total: &Resources) -> usize {
     (total.get(CPU).whole() as usize * 2).max(1) + 2
 }
 
+/// How far beyond its capacity a node may be handed tasks.
+#[derive(Clone, Copy, Debug)]
+enum Prefetch {
+    /// Only what fits what is free (the end of some work).
+    None,
+    /// Up to this percentage of each resource, and always one task beyond
+    /// a full node (`--prefetch-percent`, and what a thief may take).
+    Percent(u64),
+    /// This many tasks beyond those that run at once (the node's measured
+    /// depth, see the `pace` module).
+    Depth(u64),
+}
+
 /// May a node with `total`, already holding `load`, be given one more task
-/// asking for `req`? With `prefetch`, yes while every resource the task
-/// uses stays within `pct`% of the node, and always one task beyond a full
-/// node, so the next task is queued when one ends; without, only when it
-/// fits what is free.
-fn room(total: &Resources, load: &Resources, req: &Resources, pct: u64, prefetch: bool) -> bool {
+/// asking for `req`, with this much `prefetch`?
+fn room(total: &Resources, load: &Resources, req: &Resources, prefetch: Prefetch) -> bool {
     if !Pool::never_fits(total, req).is_empty() {
         return false;
     }
+    // For a depth: the node runs `slots` such tasks at once, and may hold
+    // `slots + depth` of them, on every resource they use.
+    let slots = match prefetch {
+        Prefetch::Depth(_) => engine::copies(total, req).max(1),
+        _ => 1,
+    };
     req.iter().all(|(k, v)| {
         let t = total.get(k).0;
         let l = load.get(k).0;
-        if prefetch {
-            l + v.0 <= t * pct / 100 || l <= t
-        } else {
-            l + v.0 <= t
+        match prefetch {
+            Prefetch::None => l + v.0 <= t,
+            Prefetch::Percent(pct) => l + v.0 <= t * pct / 100 || l <= t,
+            Prefetch::Depth(d) => {
+                l + v.0 <= (t as u128 * (slots + d) as u128 / slots as u128) as u64
+            }
         }
     })
+}
+
+/// The prefetch depth of a node that has measured nothing yet: the old
+/// fixed rule's, a tenth of its cpus and one.
+fn base_depth(total: &Resources) -> u32 {
+    spare_queue(total) as u32
 }
