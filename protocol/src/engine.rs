@@ -21,13 +21,13 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::farm::{FarmDef, TaskRef};
 pub use crate::pool::Grant;
 use crate::pool::Pool;
 use crate::resources::{Amount, Resources};
+use crate::tally::Tally;
 
 /// Milliseconds on the driver's clock.
 pub type Millis = u64;
@@ -353,8 +353,9 @@ pub fn copies(total: &Resources, req: &Resources) -> u64 {
 pub struct Engine {
     placement: Placement,
     farms: Vec<FarmState>,
-    /// Hashed with Fx: looked up at every start and end, keyed by small integers.
-    running: FxHashMap<(FarmSlot, TaskRef), Running>,
+    /// Hashed with Fx: looked up at every start and end, keyed by small
+    /// integers. Counted per stage, for the incremental checks.
+    running: Tally<(FarmSlot, TaskRef), Running, (FarmSlot, u32)>,
     timers: BinaryHeap<Reverse<(Millis, FarmSlot, TaskRef, u32)>>,
     actions: VecDeque<Action>,
     interrupted: bool,
@@ -380,7 +381,7 @@ impl Engine {
         Engine {
             placement,
             farms: Vec::new(),
-            running: FxHashMap::default(),
+            running: Tally::new(|(f, t), _| (*f, t.stage)),
             timers: BinaryHeap::new(),
             actions: VecDeque::new(),
             interrupted: false,
@@ -1222,16 +1223,20 @@ impl Engine {
                 break;
             }
             self.timers.pop();
-            if let Some(run) = self.running.get_mut(&(farm, task)) {
-                if run.attempt == attempt && run.killed.is_none() {
+            let kill = self.running.update(&(farm, task), |run| {
+                let kill = run.attempt == attempt && run.killed.is_none();
+                if kill {
                     run.killed = Some(KillReason::Timeout);
-                    self.actions.push_back(Action::Kill {
-                        farm,
-                        task,
-                        attempt,
-                        reason: KillReason::Timeout,
-                    });
                 }
+                kill
+            });
+            if kill == Some(true) {
+                self.actions.push_back(Action::Kill {
+                    farm,
+                    task,
+                    attempt,
+                    reason: KillReason::Timeout,
+                });
             }
         }
     }
@@ -1384,6 +1389,30 @@ impl Engine {
         Ok(())
     }
 
+    /// The running counters of the stages whose live runs changed since
+    /// the last call, against those runs: [`Engine::check_runs`] on what
+    /// changed, for a check after every step.
+    pub fn check_changed_runs(&mut self) -> Result<(), String> {
+        let mut touched = self.running.take_touched();
+        touched.sort_unstable();
+        touched.dedup();
+        for (f, s) in touched {
+            let live = self.running.in_group(&(f, s)) as u64;
+            let counted = self
+                .farms
+                .get(f.0 as usize)
+                .and_then(|fs| fs.stages.get(s as usize))
+                .map(|st| st.counts.running);
+            if counted != Some(live) {
+                return Err(format!(
+                    "farm {} stage {s}: {live} live runs, {counted:?} counted running",
+                    f.0
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Live runs of this engine.
     pub fn live_runs(&self) -> usize {
         self.running.len()
@@ -1395,6 +1424,7 @@ impl Engine {
     pub fn audit(&self) -> Result<(), String> {
         self.check_invariants()?;
         self.check_runs()?;
+        self.running.recount()?;
         for (fi, f) in self.farms.iter().enumerate() {
             for (si, st) in f.stages.iter().enumerate() {
                 let mut c = Counts {

@@ -8,6 +8,7 @@ pub mod farm;
 pub mod mesh;
 pub mod pool;
 pub mod resources;
+mod tally;
 pub mod wire;
 
 pub use farm::{FarmDef, TaskRef};

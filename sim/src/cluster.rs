@@ -10,10 +10,10 @@
 //! sequence number), and every random draw comes from the scenario's seed,
 //! so a run replays exactly.
 //!
-//! After every step the stepped peer's invariants are checked: the cheap
-//! ones every time, those that pass over its tasks (grants, and a
-//! coordinator's claims) every `check_every`-th step, and the scan of every
-//! task's status that backs the progress counters once, at the end. Plus
+//! After every step the stepped peer's invariants are checked on what the
+//! step changed (`Peer::check_step`), the same as a pass over its tasks
+//! every `check_every`-th step if asked, and everything, with the scan of
+//! every task's status that backs the progress counters, at the end. Plus
 //! the simulator's own: a start fits what is free on
 //! its node, no task runs to completion twice in a run without faults, and
 //! at the end no task that should succeed is missing. A violation stops the
@@ -919,13 +919,16 @@ impl<'a> Sim<'a> {
         }
         self.actions = rest;
         let nd = &mut self.nodes[n];
-        let peer = nd.peer.as_ref().expect("stepped peers are up");
+        let peer = nd.peer.as_mut().expect("stepped peers are up");
         nd.steps += 1;
-        let checked = if nd.steps.is_multiple_of(self.cfg.check_every) {
-            peer.check_invariants().and_then(|()| peer.check_tasks())
-        } else {
-            peer.check_invariants()
-        };
+        let every = self.cfg.check_every;
+        let checked = peer.check_step().and_then(|()| {
+            if every > 0 && nd.steps.is_multiple_of(every) {
+                peer.check_tasks()
+            } else {
+                Ok(())
+            }
+        });
         checked.map_err(|e| SimError::Invariant {
             seed: self.cfg.seed,
             at_ms: self.now,

@@ -55,7 +55,8 @@ pub enum Write {
         farm: FarmKey,
         def: Box<FarmDef>,
     },
-    /// A named small value of a farm (run counters, summaries), opaque here.
+    /// A named small value of a farm (run counters, summaries), opaque
+    /// here. An empty value removes the name.
     Meta {
         farm: FarmKey,
         name: String,
@@ -105,6 +106,8 @@ pub trait Store {
 
     fn def(&self, farm: FarmKey) -> Result<Option<FarmDef>>;
     fn meta(&self, farm: FarmKey, name: &str) -> Result<Option<Vec<u8>>>;
+    /// Every named value of a farm whose name starts with `prefix`, by name.
+    fn metas(&self, farm: FarmKey, prefix: &str) -> Result<Vec<(String, Vec<u8>)>>;
     fn task(&self, farm: FarmKey, task: TaskRef) -> Result<Option<TaskRecord>>;
     /// Every task record of a farm (of every run), in task order.
     fn tasks(&self, farm: FarmKey) -> Result<Vec<(TaskRef, TaskRecord)>>;

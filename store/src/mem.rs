@@ -81,7 +81,11 @@ impl State {
                 self.defs.insert(farm, *def);
             }
             Write::Meta { farm, name, value } => {
-                self.meta.insert((farm, name), value);
+                if value.is_empty() {
+                    self.meta.remove(&(farm, name));
+                } else {
+                    self.meta.insert((farm, name), value);
+                }
             }
             Write::Task { farm, task, record } => {
                 self.tasks.entry(farm).or_default().insert(task, record);
@@ -148,7 +152,32 @@ impl Store for MemStore {
             } if *f == farm && n == name => Some(value.clone()),
             _ => None,
         });
-        Ok(newest.or_else(|| self.durable.meta.get(&(farm, name.to_string())).cloned()))
+        Ok(newest
+            .or_else(|| self.durable.meta.get(&(farm, name.to_string())).cloned())
+            .filter(|v| !v.is_empty()))
+    }
+
+    fn metas(&self, farm: FarmKey, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut out: BTreeMap<String, Vec<u8>> = self
+            .durable
+            .meta
+            .range((farm, prefix.to_string())..)
+            .take_while(|((f, n), _)| *f == farm && n.starts_with(prefix))
+            .map(|((_, n), v)| (n.clone(), v.clone()))
+            .collect();
+        for w in &self.unflushed {
+            if let Write::Meta {
+                farm: f,
+                name,
+                value,
+            } = w
+            {
+                if *f == farm && name.starts_with(prefix) {
+                    out.insert(name.clone(), value.clone());
+                }
+            }
+        }
+        Ok(out.into_iter().filter(|(_, v)| !v.is_empty()).collect())
     }
 
     fn task(&self, farm: FarmKey, task: TaskRef) -> Result<Option<TaskRecord>> {

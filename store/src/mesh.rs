@@ -5,7 +5,8 @@
 //!
 //! Layout, by store key:
 //! - [`NODE_KEY`]: the list of farms held here (`farms`) and the results
-//!   reported and not yet acknowledged (`held`).
+//!   reported and not yet acknowledged (`h/<farm>/<stage>/<index>`, one
+//!   each, so a step writes only what changed).
 //! - a farm's key (its id): its spec (`spec`); its task records (the
 //!   coordinator's own, or entries copied from elsewhere as records); next
 //!   to a record, for a task whose outputs are kept somewhere or that
@@ -28,7 +29,8 @@ use crate::{decode, encode, FarmKey, Result, Store, Write};
 /// Where the node's own list of farms and held results live.
 pub const NODE_KEY: FarmKey = FarmKey(0);
 const META_FARMS: &str = "farms";
-const META_HELD: &str = "held";
+/// Held results, one per task: `h/<farm>/<stage>/<index>`.
+const META_HELD: &str = "h/";
 const META_SPEC: &str = "spec";
 const META_FINISHED: &str = "finished";
 const META_HOME: &str = "home";
@@ -51,6 +53,10 @@ fn entry_meta(t: TaskRef) -> String {
     format!("e/{}/{}", t.stage, t.index)
 }
 
+fn held_meta(farm: FarmId, t: TaskRef) -> String {
+    format!("{META_HELD}{farm}/{}/{}", t.stage, t.index)
+}
+
 /// A farm as this node last kept it, and its final counts when it was over.
 pub type Restored = (StoredFarm, Option<(Counts, Vec<Counts>)>);
 
@@ -67,10 +73,10 @@ impl MeshState {
             Some(b) => decode("the node's farm list", &b)?,
             None => MeshState::default(),
         };
-        let held: Vec<Report> = match store.meta(NODE_KEY, META_HELD)? {
-            Some(b) => decode("the node's held results", &b)?,
-            None => Vec::new(),
-        };
+        let mut held: Vec<Report> = Vec::new();
+        for (_, b) in store.metas(NODE_KEY, META_HELD)? {
+            held.push(decode("a held result", &b)?);
+        }
         let mut farms = Vec::new();
         for fid in &state.farms {
             let key = FarmKey(fid.0);
@@ -207,11 +213,22 @@ impl MeshState {
                 name: META_HOME.into(),
                 value: encode(&(home, dir)),
             }),
-            Persist::Held(reports) => out.push(Write::Meta {
-                farm: NODE_KEY,
-                name: META_HELD.into(),
-                value: encode(&reports),
-            }),
+            Persist::Held { reports, gone } => {
+                for r in reports {
+                    out.push(Write::Meta {
+                        farm: NODE_KEY,
+                        name: held_meta(r.task.farm, r.task.task),
+                        value: encode(&r),
+                    });
+                }
+                for (farm, task) in gone {
+                    out.push(Write::Meta {
+                        farm: NODE_KEY,
+                        name: held_meta(farm, task),
+                        value: Vec::new(),
+                    });
+                }
+            }
         }
     }
 }

@@ -193,7 +193,11 @@ impl SledStore {
         }
         let mut meta = sled::Batch::default();
         for (key, value) in self.over_meta.drain() {
-            meta.insert(key, value);
+            if value.is_empty() {
+                meta.remove(key);
+            } else {
+                meta.insert(key, value);
+            }
         }
         self.meta.apply_batch(meta)?;
         let mut chunks: HashMap<[u8; 16], Chunk> = HashMap::new();
@@ -338,9 +342,25 @@ impl Store for SledStore {
     fn meta(&self, farm: FarmKey, name: &str) -> Result<Option<Vec<u8>>> {
         let key = meta_key(farm, name);
         if let Some(v) = self.over_meta.get(&key) {
-            return Ok(Some(v.clone()));
+            return Ok(Some(v.clone()).filter(|v| !v.is_empty()));
         }
         Ok(self.meta.get(key)?.map(|v| v.to_vec()))
+    }
+
+    fn metas(&self, farm: FarmKey, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let start = meta_key(farm, prefix);
+        let name = |k: &[u8]| String::from_utf8_lossy(&k[8..]).into_owned();
+        let mut out = std::collections::BTreeMap::new();
+        for kv in self.meta.scan_prefix(&start) {
+            let (k, v) = kv?;
+            out.insert(name(&k), v.to_vec());
+        }
+        for (k, v) in &self.over_meta {
+            if k.starts_with(&start) {
+                out.insert(name(k), v.clone());
+            }
+        }
+        Ok(out.into_iter().filter(|(_, v)| !v.is_empty()).collect())
     }
 
     fn task(&self, farm: FarmKey, task: TaskRef) -> Result<Option<TaskRecord>> {

@@ -75,6 +75,30 @@ fn contract(s: &mut dyn Store) {
         vec![2, 3, 4],
         "the last entries, oldest first"
     );
+
+    // Names by prefix, flushed or not; an empty value removes a name.
+    let meta = |name: &str, value: Vec<u8>| Write::Meta {
+        farm: g,
+        name: name.into(),
+        value,
+    };
+    s.write(vec![
+        meta("h/1", vec![1]),
+        meta("h/2", vec![2]),
+        meta("i", vec![9]),
+    ])
+    .unwrap();
+    s.flush().unwrap();
+    s.write(vec![meta("h/1", Vec::new()), meta("h/3", vec![3])])
+        .unwrap();
+    assert_eq!(
+        s.metas(g, "h/").unwrap(),
+        vec![("h/2".into(), vec![2]), ("h/3".into(), vec![3])]
+    );
+    assert_eq!(s.meta(g, "h/1").unwrap(), None);
+    s.flush().unwrap();
+    assert_eq!(s.metas(g, "h/").unwrap().len(), 2);
+    assert_eq!(s.metas(f, "h/").unwrap(), vec![]);
 }
 
 #[test]

@@ -33,6 +33,7 @@ use crate::engine::{
 use crate::farm::TaskRef;
 use crate::pool::{Grant, Pool};
 use crate::resources::{Amount, Resources, CPU};
+use crate::tally::Tally;
 use crate::wire::PROTOCOL_VERSION;
 
 use super::pace::Pace;
@@ -138,9 +139,13 @@ pub enum Persist {
         counts: engine::Counts,
         stages: Vec<engine::Counts>,
     },
-    /// Every result this node reported and the coordinator has not yet
-    /// acknowledged as replicated: the whole set, replacing the last.
-    Held(Vec<Report>),
+    /// Results this node reported and the coordinator has not yet
+    /// acknowledged as replicated: those added or changed (`reports`), and
+    /// those acknowledged since the last (`gone`).
+    Held {
+        reports: Vec<Report>,
+        gone: Vec<(FarmId, TaskRef)>,
+    },
 }
 
 /// What happened that the driver may want to show.
@@ -291,8 +296,9 @@ struct Coord {
     engine: Engine,
     farms: FxHashMap<FarmId, CoordFarm>,
     slots: Vec<FarmId>,
-    /// Who holds each claimed task, which attempt, and since when.
-    claims: FxHashMap<(FarmSlot, TaskRef), (NodeId, u32, Millis)>,
+    /// Who holds each claimed task, which attempt, and since when;
+    /// counted per node, for the incremental checks.
+    claims: Tally<(FarmSlot, TaskRef), (NodeId, u32, Millis), NodeId>,
     /// Resources of the tasks claimed by each node (queued or running there).
     load: FxHashMap<NodeId, (Resources, usize)>,
     /// Nodes that may take more work, in id order (the order they are
@@ -339,8 +345,8 @@ pub struct Peer {
     specs: FxHashMap<FarmId, Arc<FarmSpec>>,
     awaiting_spec: FxHashMap<FarmId, Vec<Assigned>>,
     unacked: BTreeMap<(FarmId, TaskRef), Report>,
-    /// `unacked` changed since it was last persisted.
-    held_dirty: bool,
+    /// Entries of `unacked` changed since they were last persisted.
+    held_dirty: BTreeSet<(FarmId, TaskRef)>,
     /// Reports of this step, sent as one message at its end.
     reports_out: Vec<Report>,
     /// Durations and round trips measured here, and the prefetch depth
@@ -411,7 +417,7 @@ impl Peer {
             specs: FxHashMap::default(),
             awaiting_spec: FxHashMap::default(),
             unacked: BTreeMap::new(),
-            held_dirty: false,
+            held_dirty: BTreeSet::new(),
             reports_out: Vec::new(),
             pace: Pace::default(),
             depth,
@@ -885,9 +891,9 @@ impl Peer {
 
     /// A result for the coordinator, kept until it is acknowledged (and resent until then).
     fn report(&mut self, report: Report) {
-        self.unacked
-            .insert((report.task.farm, report.task.task), report.clone());
-        self.held_dirty = true;
+        let key = (report.task.farm, report.task.task);
+        self.unacked.insert(key, report.clone());
+        self.held_dirty.insert(key);
         self.reports_out.push(report);
     }
 
@@ -942,10 +948,17 @@ impl Peer {
         while let Some((from, msg)) = self.inbox.pop_front() {
             self.dispatch_msg(now, from, msg);
         }
-        if self.held_dirty {
-            self.held_dirty = false;
-            let held = self.unacked.values().cloned().collect();
-            self.actions.push_back(Action::Persist(Persist::Held(held)));
+        if !self.held_dirty.is_empty() {
+            let mut reports = Vec::new();
+            let mut gone = Vec::new();
+            for key in std::mem::take(&mut self.held_dirty) {
+                match self.unacked.get(&key) {
+                    Some(r) => reports.push(r.clone()),
+                    None => gone.push(key),
+                }
+            }
+            self.actions
+                .push_back(Action::Persist(Persist::Held { reports, gone }));
         }
     }
 
@@ -1032,6 +1045,7 @@ impl Peer {
                         .is_some_and(|r| r.task.attempt == a.attempt)
                     {
                         self.unacked.remove(&(a.farm, a.task));
+                        self.held_dirty.insert((a.farm, a.task));
                     }
                 }
             }
@@ -1251,7 +1265,7 @@ impl Peer {
             engine: Engine::remote(machines),
             farms: FxHashMap::default(),
             slots: Vec::new(),
-            claims: FxHashMap::default(),
+            claims: Tally::new(|_, (node, ..)| *node),
             load: FxHashMap::default(),
             hungry: self.members.keys().copied().chain([self.id]).collect(),
             last_backlog: 0,
@@ -2341,17 +2355,21 @@ impl Peer {
             };
             let slot = f.slot;
             let req = &f.spec.def.stages[a.task.stage as usize].resources;
-            if let Some(claim) = c.claims.get_mut(&(slot, a.task)) {
-                if (claim.0, claim.1) == (from, a.attempt) {
+            let moved = c.claims.update(&(slot, a.task), |claim| {
+                let ours = (claim.0, claim.1) == (from, a.attempt);
+                if ours {
                     // The thief holds it from now: its next Holding must list it.
                     *claim = (to, a.attempt, now);
-                    let (load, count) = c.load.entry(from).or_default();
-                    load.take_saturating(req);
-                    *count = count.saturating_sub(1);
-                    let (load, count) = c.load.entry(to).or_default();
-                    load.give(req);
-                    *count += 1;
                 }
+                ours
+            });
+            if moved == Some(true) {
+                let (load, count) = c.load.entry(from).or_default();
+                load.take_saturating(req);
+                *count = count.saturating_sub(1);
+                let (load, count) = c.load.entry(to).or_default();
+                load.give(req);
+                *count += 1;
             }
         }
         c.hungry.insert(from);
@@ -2815,6 +2833,34 @@ impl Peer {
     /// lent matches its running tasks' grants; as coordinator (thousands of
     /// claims), the engine's runs per stage and each node's claims against
     /// the load the coordinator books for it.
+    /// The checks of [`Peer::check_tasks`] on what changed since the last
+    /// call (the nodes whose claims changed, the stages whose runs did),
+    /// after every step at a cost that does not grow with the mesh.
+    pub fn check_step(&mut self) -> Result<(), String> {
+        self.check_invariants()?;
+        self.pool
+            .check(self.running.values().map(|r| &r.grant))
+            .map_err(|e| format!("node {}: {e}", self.id))?;
+        let Some(c) = &mut self.coord else {
+            return Ok(());
+        };
+        c.engine.check_changed_runs()?;
+        let mut touched = c.claims.take_touched();
+        touched.sort_unstable();
+        touched.dedup();
+        for n in touched {
+            let claimed = c.claims.in_group(&n);
+            let booked = c.load.get(&n).map_or(0, |(_, k)| *k);
+            if claimed != booked {
+                return Err(format!(
+                    "coordinator {}: node {n} has {claimed} claims, load says {booked}",
+                    self.id
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn check_tasks(&self) -> Result<(), String> {
         self.pool
             .check(self.running.values().map(|r| &r.grant))
@@ -2823,6 +2869,7 @@ impl Peer {
             return Ok(());
         };
         c.engine.check_runs()?;
+        c.claims.recount()?;
         let mut counts: FxHashMap<NodeId, usize> = FxHashMap::default();
         for (n, ..) in c.claims.values() {
             *counts.entry(*n).or_default() += 1;
