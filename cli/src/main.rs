@@ -192,7 +192,8 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             node,
             output,
         } => {
-            let def = farmfile::load(&farm, &LoadOptions { out })?;
+            let (def, warnings) = farmfile::load_with_warnings(&farm, &LoadOptions { out })?;
+            show::warn(&warnings);
             let file = farm
                 .canonicalize()
                 .with_context(|| format!("cannot resolve {}", farm.display()))?;
@@ -250,8 +251,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             show,
             json,
         } => {
-            let def = farmfile::load(&farm, &LoadOptions { out })?;
-            show::check(&def, show, json)?;
+            let (def, warnings) = farmfile::load_with_warnings(&farm, &LoadOptions { out })?;
+            if !json {
+                show::warn(&warnings);
+            }
+            show::check(&def, &warnings, show, json)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::List { json } => {

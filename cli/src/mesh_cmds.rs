@@ -143,7 +143,8 @@ pub fn submit(
     wait: bool,
     json: bool,
 ) -> Result<ExitCode> {
-    let def = farmfile::load(farm, &LoadOptions { out })?;
+    let (def, warnings) = farmfile::load_with_warnings(farm, &LoadOptions { out })?;
+    crate::show::warn(&warnings);
     let file = farm
         .canonicalize()
         .with_context(|| format!("cannot resolve {}", farm.display()))?;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use mesh_node::farmfile::FarmWarning;
 use mesh_node::runner::Observer;
 use mesh_node::state::{unix_ms, FarmStatus, RunState, StateDir};
 use mesh_protocol::engine::Counts;
@@ -305,7 +306,14 @@ pub fn status(s: &FarmStatus, json: bool) -> Result<()> {
 }
 
 /// `mesh check`: what a farm file expands to.
-pub fn check(def: &FarmDef, show: u32, json: bool) -> Result<()> {
+/// Prints a farm file's warnings on stderr, one a line.
+pub fn warn(warnings: &[FarmWarning]) {
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
+pub fn check(def: &FarmDef, warnings: &[FarmWarning], show: u32, json: bool) -> Result<()> {
     let mut out = io::stdout().lock();
     let sample = |s: u32| -> Vec<String> {
         let n = def.stages[s as usize].len().min(show);
@@ -330,7 +338,11 @@ pub fn check(def: &FarmDef, show: u32, json: bool) -> Result<()> {
                 })
             })
             .collect();
-        let v = serde_json::json!({"farm": def.name, "tasks": def.task_count(), "out": def.out, "stages": stages});
+        let warnings: Vec<_> = warnings
+            .iter()
+            .map(|w| serde_json::json!({"file": w.file, "line": w.line, "field": w.field, "message": w.message}))
+            .collect();
+        let v = serde_json::json!({"farm": def.name, "tasks": def.task_count(), "out": def.out, "stages": stages, "warnings": warnings});
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
     }

@@ -32,16 +32,55 @@ pub struct LoadOptions {
 
 /// Reads and checks the farm file at `path`.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<FarmDef, FarmFileError> {
+    load_with_warnings(path, opts).map(|(def, _)| def)
+}
+
+/// Reads and checks the farm file at `path`, with what in it is valid but
+/// likely not what its author meant (see [`FarmWarning`]).
+pub fn load_with_warnings(
+    path: &Path,
+    opts: &LoadOptions,
+) -> Result<(FarmDef, Vec<FarmWarning>), FarmFileError> {
     let text = std::fs::read_to_string(path).map_err(|source| FarmFileError::Read {
         file: path.display().to_string(),
         source,
     })?;
-    load_str(path, &text, opts)
+    load_str_with_warnings(path, &text, opts)
+}
+
+/// Something valid in a farm file that is likely a mistake: the farm runs,
+/// and `mesh check`, `mesh run` and `mesh submit` say it first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FarmWarning {
+    pub file: String,
+    pub line: usize,
+    /// The dotted field, e.g. `stage.outputs`.
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for FarmWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}: {}: {}",
+            self.file, self.line, self.field, self.message
+        )
+    }
 }
 
 /// Checks a farm given as text. `path` names the file in messages, and its
 /// folder is the farm root: params files and inputs are looked up there.
 pub fn load_str(path: &Path, text: &str, opts: &LoadOptions) -> Result<FarmDef, FarmFileError> {
+    load_str_with_warnings(path, text, opts).map(|(def, _)| def)
+}
+
+/// [`load_str`], with the file's warnings.
+pub fn load_str_with_warnings(
+    path: &Path,
+    text: &str,
+    opts: &LoadOptions,
+) -> Result<(FarmDef, Vec<FarmWarning>), FarmFileError> {
     let file = path.display().to_string();
     let folder = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -65,12 +104,13 @@ pub fn load_str(path: &Path, text: &str, opts: &LoadOptions) -> Result<FarmDef, 
         Some(out) => absolute(out)?,
         None => absolute(&Path::new("mesh-out").join(&loaded.name))?,
     };
-    Ok(FarmDef {
+    let def = FarmDef {
         name: loaded.name,
         root: utf8(&file, &root)?,
         out: utf8(&file, &out)?,
         stages: loaded.stages,
-    })
+    };
+    Ok((def, loaded.warnings))
 }
 
 /// Why a farm could not be loaded. Everything about the file's content is an
@@ -463,6 +503,7 @@ struct Src<'a> {
 struct Loaded {
     name: String,
     stages: Vec<StageDef>,
+    warnings: Vec<FarmWarning>,
 }
 
 /// A stage's dependency names, kept until every stage's task count is known.
@@ -609,7 +650,15 @@ impl<'a> Src<'a> {
         // Pass 2: each stage on its own.
         let mut stages = Vec::with_capacity(raw.len());
         let mut deps = Vec::with_capacity(raw.len());
+        let mut outputs_at = Vec::with_capacity(raw.len());
         for (label, header, fields) in raw {
+            outputs_at.push(
+                fields
+                    .outputs
+                    .as_ref()
+                    .and_then(|o| o.first())
+                    .map(|o| (o.pos, o.dflt)),
+            );
             let scope = self.scope(Ctx::Stage(label), false);
             let (stage, dep) = scope.stage(fields, header)?;
             stages.push(stage);
@@ -618,7 +667,100 @@ impl<'a> Src<'a> {
 
         // Pass 3: dependencies, which need every stage's name and task count.
         self.resolve_deps(&mut stages, &deps)?;
-        Ok(Loaded { name, stages })
+        let warnings = self.shared_outputs(&stages, &outputs_at);
+        Ok(Loaded {
+            name,
+            stages,
+            warnings,
+        })
+    }
+
+    /// Stages that collect `outputs` from a folder their tasks share with
+    /// other tasks running at the same time (no per-task `workdir`): one
+    /// task's output is overwritten or half-written by another's before it
+    /// is collected, silently.
+    fn shared_outputs(
+        &self,
+        stages: &[StageDef],
+        outputs_at: &[Option<(usize, bool)>],
+    ) -> Vec<FarmWarning> {
+        // The folder a stage's tasks all run in, when they share one.
+        let shared: Vec<Option<String>> = stages
+            .iter()
+            .map(|s| {
+                if s.outputs.is_empty() {
+                    return None;
+                }
+                match &s.workdir {
+                    None => Some(String::new()),
+                    Some(w) if w.parts.iter().all(|p| !per_task(p)) => Some(
+                        w.parts
+                            .iter()
+                            .map(|p| match p {
+                                Part::Lit(l) => l.clone(),
+                                Part::Var(Var::Stage) => s.name.clone(),
+                                Part::Var(v) => format!("{v:?}"),
+                            })
+                            .collect(),
+                    ),
+                    Some(_) => None,
+                }
+            })
+            .collect();
+        let reaches = |from: usize, to: usize| {
+            let mut seen = vec![false; stages.len()];
+            let mut todo = vec![from];
+            while let Some(i) = todo.pop() {
+                if i == to {
+                    return true;
+                }
+                if !std::mem::replace(&mut seen[i], true) {
+                    let s = &stages[i];
+                    todo.extend(s.after.iter().chain(&s.after_each).map(|&t| t as usize));
+                }
+            }
+            false
+        };
+        let mut out = Vec::new();
+        for (i, s) in stages.iter().enumerate() {
+            let (Some(folder), Some((pos, dflt))) = (&shared[i], outputs_at[i]) else {
+                continue;
+            };
+            let fix =
+                "give each task a folder of its own, e.g. `workdir = \"runs/{stage}/{index}\"`";
+            let place = if folder.is_empty() {
+                "the farm's folder (no `workdir`)".to_string()
+            } else {
+                format!("`{folder}`")
+            };
+            let message = if s.len() > 1 {
+                format!(
+                    "stage `{}` collects outputs from {place}, which its {} tasks share and may write at the same time, so outputs can come home mixed or empty; {fix}",
+                    s.name,
+                    s.len()
+                )
+            } else if let Some(j) = (0..i)
+                .find(|&j| shared[j].as_ref() == Some(folder) && !reaches(i, j) && !reaches(j, i))
+            {
+                format!(
+                    "stages `{}` and `{}` collect outputs from {place} and may run at the same time (neither is after the other), so outputs can come home mixed or empty; {fix}",
+                    stages[j].name, s.name
+                )
+            } else {
+                continue;
+            };
+            out.push(FarmWarning {
+                file: self.file.to_string(),
+                line: self.line_col(pos).0,
+                field: if dflt {
+                    "defaults.outputs".into()
+                } else {
+                    "stage.outputs".into()
+                },
+                message,
+            });
+        }
+        out
     }
 
     fn resolve_deps(&self, stages: &mut [StageDef], deps: &[Deps]) -> Result<()> {
@@ -1709,6 +1851,67 @@ mod tests {
         }
     }
 
+    fn warnings(farm: &str) -> Vec<FarmWarning> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("farm.toml");
+        std::fs::write(&path, farm).expect("write farm");
+        match load_with_warnings(&path, &opts("/tmp/mesh-test-out")) {
+            Ok((_, w)) => w,
+            Err(e) => panic!("farm should load, got: {e}"),
+        }
+    }
+
+    #[test]
+    fn outputs_from_a_folder_tasks_share_are_warned_of() {
+        // The new user's farm: 30 tasks writing o.txt where they all run.
+        let w = warnings(
+            "[farm]\nname = \"f\"\n[[stage]]\nname = \"s\"\nshell = \"echo {i} > o.txt\"\nsweep.i = { range = \"1..30\" }\noutputs = [\"o.txt\"]\n",
+        );
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!((w[0].line, w[0].field.as_str()), (7, "stage.outputs"));
+        assert!(w[0].message.contains("30 tasks"), "{}", w[0]);
+        assert!(
+            w[0].message.contains("{index}"),
+            "says how to fix it: {}",
+            w[0]
+        );
+        assert!(w[0].to_string().contains("farm.toml:7: stage.outputs: "));
+        // A workdir shared by every task is no better.
+        let w = warnings(
+            "[farm]\nname = \"f\"\n[defaults]\noutputs = [\"o.txt\"]\n[[stage]]\nname = \"s\"\nshell = \"true\"\nsweep.i = { list = [1, 2] }\nworkdir = \"runs/{stage}\"\n",
+        );
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!((w[0].line, w[0].field.as_str()), (4, "defaults.outputs"));
+    }
+
+    #[test]
+    fn outputs_from_a_folder_of_their_own_are_fine() {
+        for workdir in ["runs/{index}", "runs/{i}"] {
+            let w = warnings(&format!(
+                "[farm]\nname = \"f\"\n[[stage]]\nname = \"s\"\nshell = \"true\"\nsweep.i = {{ list = [1, 2] }}\nworkdir = \"{workdir}\"\noutputs = [\"o.txt\"]\n"
+            ));
+            assert!(w.is_empty(), "{workdir}: {w:?}");
+        }
+        // One task alone, or no outputs, races with nothing.
+        let w = warnings(
+            "[farm]\nname = \"f\"\n[[stage]]\nname = \"a\"\nshell = \"true\"\noutputs = [\"o.txt\"]\n[[stage]]\nname = \"b\"\nshell = \"true\"\nsweep.i = { list = [1, 2] }\n",
+        );
+        assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
+    fn stages_sharing_a_folder_warn_only_when_they_can_overlap() {
+        let farm = |after: &str| {
+            format!(
+                "[farm]\nname = \"f\"\n[[stage]]\nname = \"a\"\nshell = \"true\"\noutputs = [\"o.txt\"]\n[[stage]]\nname = \"b\"\nshell = \"true\"\n{after}outputs = [\"p.txt\"]\n"
+            )
+        };
+        let w = warnings(&farm(""));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].message.contains("stages `a` and `b`"), "{}", w[0]);
+        assert!(warnings(&farm("after = [\"a\"]\n")).is_empty());
+    }
+
     fn values(def: &FarmDef, stage: u32) -> Vec<Vec<String>> {
         let s = &def.stages[stage as usize];
         (0..s.len()).map(|i| s.sweep.binding(i)).collect()
@@ -2197,4 +2400,9 @@ after = ["a", "b"]
             }
         }
     }
+}
+
+/// A placeholder that differs from task to task of a stage.
+fn per_task(p: &Part) -> bool {
+    matches!(p, Part::Var(Var::Index | Var::Sweep(_)))
 }

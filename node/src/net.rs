@@ -623,6 +623,7 @@ mod tests {
             queued: 4,
             running: 2,
             backlog: 100,
+            prefetch: 3,
         }));
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let mut early_refusals = 0;
