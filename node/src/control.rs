@@ -123,6 +123,11 @@ pub struct NodeView {
     pub resources: ResourceView,
     pub queued: u32,
     pub running: u32,
+    /// Tasks the node asks to keep queued beyond those it runs: its
+    /// prefetch depth, from its tasks' mean duration and its round trip
+    /// to the coordinator.
+    #[serde(default)]
+    pub prefetch: u32,
     pub coordinator: bool,
     /// This is the node that answered.
     pub local: bool,

@@ -59,6 +59,8 @@ const NO_SUCH_FILE: &str = "no such file on this node";
 const LOG_FOLLOW_MS: u64 = 500;
 /// How often known peers that are not connected are dialled again.
 const REDIAL_MS: u64 = 3000;
+/// Most commands (ended tasks, fetches) handled as one step of the peer.
+const CMDS_PER_STEP: usize = 256;
 /// A `mesh join` that cannot reach its peer tries again, waiting at most this long between tries.
 const JOIN_RETRY_MAX_S: u64 = 30;
 
@@ -297,7 +299,18 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
             ev = node.swarm.select_next_some() => {
                 node.on_swarm(ev, &opts, &mut joined)?;
             }
-            Some(cmd) = rx.recv() => node.on_cmd(cmd),
+            Some(cmd) = rx.recv() => {
+                // Whatever else is ready joins this step: the tasks that
+                // ended meanwhile go to the coordinator as one report.
+                let mut cmds = vec![cmd];
+                while cmds.len() < CMDS_PER_STEP {
+                    match rx.try_recv() {
+                        Ok(cmd) => cmds.push(cmd),
+                        Err(_) => break,
+                    }
+                }
+                node.on_cmds(cmds);
+            }
             Ok((stream, _)) = listener.accept() => {
                 tokio::spawn(serve_control(stream, tx.clone()));
             }
@@ -906,18 +919,35 @@ impl Node {
         }
     }
 
+    /// Commands that were ready together; the tasks among them that
+    /// ended reach the peer as one step.
+    fn on_cmds(&mut self, cmds: Vec<Cmd>) {
+        let mut ended = Vec::new();
+        for cmd in cmds {
+            match cmd {
+                Cmd::Finished(task, outcome, outputs) => {
+                    if self
+                        .live
+                        .get(&(task.farm, task.task))
+                        .is_some_and(|(a, ..)| *a == task.attempt)
+                    {
+                        self.live.remove(&(task.farm, task.task));
+                    }
+                    ended.push((task, outcome, outputs));
+                }
+                other => self.on_cmd(other),
+            }
+        }
+        if !ended.is_empty() {
+            let now = self.now();
+            self.peer.tasks_finished(now, ended);
+        }
+    }
+
     fn on_cmd(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Finished(task, outcome, outputs) => {
-                if self
-                    .live
-                    .get(&(task.farm, task.task))
-                    .is_some_and(|(a, ..)| *a == task.attempt)
-                {
-                    self.live.remove(&(task.farm, task.task));
-                }
-                let now = self.now();
-                self.peer.task_finished(now, task, outcome, outputs);
+                self.on_cmds(vec![Cmd::Finished(task, outcome, outputs)])
             }
             Cmd::Fetched(farm, task, r) => {
                 if let Err(e) = &r {
@@ -1436,6 +1466,7 @@ impl Node {
             },
             queued: b.queued,
             running: b.running,
+            prefetch: b.prefetch,
             coordinator: coordinator == Some(node),
             local,
         };

@@ -744,7 +744,33 @@ impl Peer {
         outcome: Outcome,
         outputs: Vec<OutputFile>,
     ) {
+        self.tasks_finished(now, vec![(task, outcome, outputs)]);
+    }
+
+    /// Tasks that ended at about the same time, as one step: their results
+    /// go to the coordinator as one report, and its answer is one assignment.
+    pub fn tasks_finished(
+        &mut self,
+        now: Millis,
+        ended: Vec<(Assigned, Outcome, Vec<OutputFile>)>,
+    ) {
         self.woke(now);
+        for (task, outcome, outputs) in ended {
+            self.finish_one(now, task, outcome, outputs);
+        }
+        self.start_queued(now);
+        // Running dry: steal now rather than at the next beat.
+        self.try_steal(now);
+        self.pump(now);
+    }
+
+    fn finish_one(
+        &mut self,
+        now: Millis,
+        task: Assigned,
+        outcome: Outcome,
+        outputs: Vec<OutputFile>,
+    ) {
         let key = (task.farm, task.task);
         match self.running.get(&key) {
             Some(r) if r.attempt == task.attempt => {}
@@ -769,7 +795,6 @@ impl Peer {
                 term,
                 tasks: vec![task],
             });
-            self.pump(now);
             return;
         }
         let result = match run.killed {
@@ -800,10 +825,6 @@ impl Peer {
             }
         }
         self.report(report);
-        self.start_queued(now);
-        // Running dry: steal now rather than at the next beat.
-        self.try_steal(now);
-        self.pump(now);
     }
 
     /// Called first by every input: a node silent for about the death
