@@ -1809,6 +1809,11 @@ fn utf8(file: &str, path: &Path) -> Result<String> {
         })
 }
 
+/// A placeholder that differs from task to task of a stage.
+fn per_task(p: &Part) -> bool {
+    matches!(p, Part::Var(Var::Index | Var::Sweep(_)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2400,9 +2405,4 @@ after = ["a", "b"]
             }
         }
     }
-}
-
-/// A placeholder that differs from task to task of a stage.
-fn per_task(p: &Part) -> bool {
-    matches!(p, Part::Var(Var::Index | Var::Sweep(_)))
 }

@@ -1231,6 +1231,18 @@ impl Peer {
             return;
         }
         let lowest = self.members.keys().next().copied().unwrap_or(self.id);
+        if let Some(m) = self.members.get(&lowest) {
+            if lowest < self.id && m.beat.coordinator == Some(lowest) {
+                // The node that would be elected already coordinates, in a
+                // lower term than this node last knew (that term's
+                // coordinator died, and nodes restarted since count from
+                // the start): it waits for no election, so follow it. A
+                // higher term coming back still wins.
+                let term = m.beat.term;
+                self.follow(now, term, lowest);
+                return;
+            }
+        }
         if self.id <= lowest {
             let term = ballot(term_round(self.term) + 1, self.id);
             self.become_coordinator(now, term);
