@@ -284,6 +284,16 @@ fn xml(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// Smallest, median and largest of a list, for the summary.
+fn spread(v: &[u32]) -> String {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    match (v.first(), v.last()) {
+        (Some(lo), Some(hi)) => format!("{lo} min, {} median, {hi} max", v[v.len() / 2]),
+        _ => "none".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,15 +306,5 @@ mod tests {
         let total: f64 = t.busy[0].iter().sum();
         assert_eq!(total, 10.0 + 4005.0 * 2.0);
         assert!(t.busy[0].len() <= BUCKETS);
-    }
-}
-
-/// Smallest, median and largest of a list, for the summary.
-fn spread(v: &[u32]) -> String {
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    match (v.first(), v.last()) {
-        (Some(lo), Some(hi)) => format!("{lo} min, {} median, {hi} max", v[v.len() / 2]),
-        _ => "none".into(),
     }
 }
