@@ -2,6 +2,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use rustc_hash::FxHashMap;
+
 use mesh_protocol::engine::TaskRecord;
 use mesh_protocol::farm::FarmDef;
 use mesh_protocol::TaskRef;
@@ -11,7 +13,9 @@ use crate::{FarmKey, JournalEntry, Result, Store, Write};
 #[derive(Default)]
 struct State {
     defs: BTreeMap<FarmKey, FarmDef>,
-    meta: BTreeMap<(FarmKey, String), Vec<u8>>,
+    /// Hashed: the simulator writes and removes a few per task; only a
+    /// restart lists them by prefix.
+    meta: FxHashMap<(FarmKey, String), Vec<u8>>,
     tasks: HashMap<FarmKey, FarmTasks>,
     journal: Vec<JournalEntry>,
 }
@@ -161,8 +165,8 @@ impl Store for MemStore {
         let mut out: BTreeMap<String, Vec<u8>> = self
             .durable
             .meta
-            .range((farm, prefix.to_string())..)
-            .take_while(|((f, n), _)| *f == farm && n.starts_with(prefix))
+            .iter()
+            .filter(|((f, n), _)| *f == farm && n.starts_with(prefix))
             .map(|((_, n), v)| (n.clone(), v.clone()))
             .collect();
         for w in &self.unflushed {
