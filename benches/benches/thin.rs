@@ -15,10 +15,14 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use mesh_benches::{knob, median, report, save, user_env, write_range_farm};
+use mesh_benches::{knob, median, report, save, use_user_env, user_env, write_range_farm};
 use mesh_tests::{Cluster, Sandbox};
 
 fn main() {
+    // The nodes below inherit this environment: cargo's additions (its
+    // LD_LIBRARY_PATH alone costs every exec ~50 us) would slow their
+    // tasks and not those of `mesh run`, started with `user_env`.
+    use_user_env();
     let n = knob("MESH_BENCH_THIN", 4000);
     let repeat = knob("MESH_BENCH_REPEAT", 3) as usize;
     let mesh = env!("CARGO_BIN_EXE_mesh");

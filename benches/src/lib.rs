@@ -31,6 +31,19 @@ pub fn user_env(cmd: &mut Command) -> &mut Command {
     cmd
 }
 
+/// [`user_env`] for this process itself, so that everything it starts
+/// (mesh nodes started by the test harness included, which take no
+/// environment of their own) runs tasks in a user's environment. Call it
+/// first, before any thread starts.
+pub fn use_user_env() {
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k == "LD_LIBRARY_PATH" || k.starts_with("CARGO") || k.starts_with("RUST") {
+            std::env::remove_var(k);
+        }
+    }
+}
+
 /// Runs a command to the end and returns its wall time; panics if it fails.
 pub fn time(cmd: &mut Command) -> Duration {
     let start = Instant::now();
