@@ -162,6 +162,12 @@ struct Node {
     /// Peer ids by node, remembered from beats so a node that is gone still has a name.
     labels: HashMap<NodeId, String>,
     pending: HashMap<OutboundRequestId, Option<oneshot::Sender<Result<Response, String>>>>,
+    /// Peers with a request of messages for their engine unanswered, and
+    /// the messages for them since: sent together when it is answered, so
+    /// that a busy stream of small messages (reports, assignments, acks of
+    /// thin tasks) costs a request per round trip, not one per message.
+    busy: HashMap<OutboundRequestId, NodeId>,
+    held_back: HashMap<NodeId, Vec<Msg>>,
     tx: mpsc::UnboundedSender<Cmd>,
     live: HashMap<(FarmId, TaskRef), (u32, Option<Live>, bool)>,
     origins: HashMap<FarmId, Origin>,
@@ -251,6 +257,8 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         dialing: HashSet::new(),
         labels: HashMap::new(),
         pending: HashMap::new(),
+        busy: HashMap::new(),
+        held_back: HashMap::new(),
         tx: tx.clone(),
         live: HashMap::new(),
         origins: HashMap::new(),
@@ -410,7 +418,7 @@ impl Node {
     fn act(&mut self, a: Action) {
         match a {
             Action::Persist(_) => unreachable!("persists are written before acting"),
-            Action::Send { to, msg } => self.send(to, Request::Peer(msg), None),
+            Action::Send { to, msg } => self.send_msg(to, msg),
             Action::Broadcast(msg) => match net::publish_beat(&mut self.swarm, &msg) {
                 Ok(()) | Err(PublishError::NoPeers) => {}
                 Err(e) => tracing::debug!("beat not published: {e}"),
@@ -559,6 +567,38 @@ impl Node {
         };
         let id = self.swarm.behaviour_mut().rr.send_request(&pid, req);
         self.pending.insert(id, reply);
+    }
+
+    /// A message for a peer's engine: now, or with the next batch when one
+    /// is on its way there.
+    fn send_msg(&mut self, to: NodeId, msg: Msg) {
+        if self.busy.values().any(|n| *n == to) {
+            self.held_back.entry(to).or_default().push(msg);
+            return;
+        }
+        self.send_msgs(to, vec![msg]);
+    }
+
+    fn send_msgs(&mut self, to: NodeId, mut msgs: Vec<Msg>) {
+        let Some(pid) = self.peers.get(&to).copied() else {
+            return;
+        };
+        let req = if msgs.len() == 1 {
+            Request::Peer(msgs.pop().expect("one"))
+        } else {
+            Request::Peers(msgs)
+        };
+        let id = self.swarm.behaviour_mut().rr.send_request(&pid, req);
+        self.busy.insert(id, to);
+    }
+
+    /// A request of messages was answered (or failed): what waited goes.
+    fn answered(&mut self, id: OutboundRequestId) {
+        if let Some(to) = self.busy.remove(&id) {
+            if let Some(msgs) = self.held_back.remove(&to) {
+                self.send_msgs(to, msgs);
+            }
+        }
     }
 
     fn emit(&mut self, ev: PeerEvent) {
@@ -832,6 +872,7 @@ impl Node {
                     request_id,
                     response,
                 } => {
+                    self.answered(request_id);
                     if let Some(Some(reply)) = self.pending.remove(&request_id) {
                         let _ = reply.send(Ok(response));
                     }
@@ -840,6 +881,7 @@ impl Node {
             request_response::Event::OutboundFailure {
                 request_id, error, ..
             } => {
+                self.answered(request_id);
                 if let Some(Some(reply)) = self.pending.remove(&request_id) {
                     let _ = reply.send(Err(error.to_string()));
                 }
@@ -858,6 +900,17 @@ impl Node {
                     .send_response(channel, Response::Ok);
                 let now = self.now();
                 self.peer.handle_message(now, from, msg);
+            }
+            Request::Peers(msgs) => {
+                let _ = self
+                    .swarm
+                    .behaviour_mut()
+                    .rr
+                    .send_response(channel, Response::Ok);
+                let now = self.now();
+                for msg in msgs {
+                    self.peer.handle_message(now, from, msg);
+                }
             }
             Request::WhereRan { .. } | Request::TaskLog { .. } => {
                 let tx = self.tx.clone();

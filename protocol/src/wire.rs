@@ -27,6 +27,9 @@ pub const FILE_MAX: u64 = 4 << 30;
 pub enum Request {
     /// For the receiver's engine; answered with [`Response::Ok`] once taken.
     Peer(Msg),
+    /// Several for the receiver's engine, in order: what a node had for
+    /// one peer while its last request there was unanswered.
+    Peers(Vec<Msg>),
     /// A farm by id, id prefix or name, asked of the coordinator by a node
     /// that does not hold it (`mesh status FARM`, `mesh resume FARM` there).
     FindFarm { query: String },
