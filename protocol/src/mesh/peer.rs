@@ -1133,6 +1133,13 @@ impl Peer {
             // A farm held by too few nodes (a mesh of one until now) gets a copy there.
             self.ensure_holders(now);
         }
+        if !claims && self.coordinator == Some(from) && self.coord.is_none() {
+            // The coordinator this node follows says it no longer is (it
+            // followed someone since, who died): this node looks for one
+            // again, as if it had died, rather than wait on it for ever
+            // while it waits for an election among its followers.
+            self.coordinator = None;
+        }
         if claims {
             // Higher term wins; on a tie the lower id, so two halves that both
             // elected themselves settle on one.
