@@ -42,7 +42,7 @@
 //! until_ms = 3000
 //!
 //! [mesh]                       # overrides of mesh_protocol::mesh::Config for every node
-//! prefetch_percent = 110
+//! prefetch_percent = 110       # the fixed rule instead of the depth each node measures
 //! node_claims_max = 100000     # with a huge prefetch: place work badly on purpose
 //! ```
 
