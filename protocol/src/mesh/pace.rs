@@ -85,11 +85,6 @@ impl Pace {
         }
     }
 
-    /// The measured round trip, if any yet.
-    pub fn rtt_ms(&self) -> Option<f64> {
-        self.rtt_ms
-    }
-
     /// Tasks to keep queued beyond those running: the largest need of the
     /// stages that ran here lately, `base` before any has, at most `max`.
     pub fn depth(&self, now: Millis, base: u32, max: u32) -> u32 {

@@ -492,11 +492,6 @@ impl Peer {
         self.depth
     }
 
-    /// The round trip to the coordinator this node measured, in ms.
-    pub fn round_trip_ms(&self) -> Option<f64> {
-        self.pace.rtt_ms()
-    }
-
     pub fn spec(&self, farm: FarmId) -> Option<&Arc<FarmSpec>> {
         self.specs.get(&farm)
     }
@@ -3170,12 +3165,6 @@ pub fn term_round(term: u64) -> u64 {
 /// start soon, leaving the rest for other thieves.
 const STEAL_PREFETCH_PERCENT: u64 = 110;
 
-/// How many tasks a node of `total` normally keeps queued beyond what it
-/// runs (the steal prefetch): more than that is surplus a full node may steal.
-fn spare_queue(total: &Resources) -> usize {
-    (total.get(CPU).whole() * (STEAL_PREFETCH_PERCENT - 100) / 100) as usize + 1
-}
-
 /// At most this many tasks claimed by one node at once: bounds a node's queue
 /// even for tasks that ask for no resources.
 fn claims_cap(total: &Resources) -> usize {
@@ -3221,7 +3210,7 @@ fn room(total: &Resources, load: &Resources, req: &Resources, prefetch: Prefetch
 }
 
 /// The prefetch depth of a node that has measured nothing yet: the old
-/// fixed rule's, a tenth of its cpus and one.
+/// fixed rule's (the steal prefetch), a tenth of its cpus and one.
 fn base_depth(total: &Resources) -> u32 {
-    spare_queue(total) as u32
+    (total.get(CPU).whole() * (STEAL_PREFETCH_PERCENT - 100) / 100) as u32 + 1
 }
