@@ -579,16 +579,15 @@ impl Node {
         self.send_msgs(to, vec![msg]);
     }
 
-    fn send_msgs(&mut self, to: NodeId, mut msgs: Vec<Msg>) {
+    fn send_msgs(&mut self, to: NodeId, msgs: Vec<Msg>) {
         let Some(pid) = self.peers.get(&to).copied() else {
             return;
         };
-        let req = if msgs.len() == 1 {
-            Request::Peer(msgs.pop().expect("one"))
-        } else {
-            Request::Peers(msgs)
-        };
-        let id = self.swarm.behaviour_mut().rr.send_request(&pid, req);
+        let id = self
+            .swarm
+            .behaviour_mut()
+            .rr
+            .send_request(&pid, Request::Peer(msgs));
         self.busy.insert(id, to);
     }
 
@@ -892,16 +891,7 @@ impl Node {
 
     fn on_request(&mut self, from: NodeId, req: Request, channel: ResponseChannel<Response>) {
         match req {
-            Request::Peer(msg) => {
-                let _ = self
-                    .swarm
-                    .behaviour_mut()
-                    .rr
-                    .send_response(channel, Response::Ok);
-                let now = self.now();
-                self.peer.handle_message(now, from, msg);
-            }
-            Request::Peers(msgs) => {
+            Request::Peer(msgs) => {
                 let _ = self
                     .swarm
                     .behaviour_mut()
@@ -999,9 +989,7 @@ impl Node {
 
     fn on_cmd(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Finished(task, outcome, outputs) => {
-                self.on_cmds(vec![Cmd::Finished(task, outcome, outputs)])
-            }
+            Cmd::Finished(..) => unreachable!("ended tasks are taken together by on_cmds"),
             Cmd::Fetched(farm, task, r) => {
                 if let Err(e) = &r {
                     tracing::info!(%farm, ?task, "outputs not brought home yet: {e}");

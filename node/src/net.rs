@@ -547,7 +547,7 @@ mod tests {
         let blob_hash = [9u8; 32];
         let rr = &mut a.behaviour_mut().rr;
         let peer_req =
-            rr.send_request_with_addresses(&b_id, Request::Peer(steal.clone()), vec![b_addr]);
+            rr.send_request_with_addresses(&b_id, Request::Peer(vec![steal.clone()]), vec![b_addr]);
         let blob_req = rr.send_request(
             &b_id,
             Request::GetBlob {
@@ -594,7 +594,7 @@ mod tests {
         assert_eq!(requests.len(), 2);
         assert!(requests
             .iter()
-            .any(|r| matches!(r, Request::Peer(m) if *m == steal)));
+            .any(|r| matches!(r, Request::Peer(m) if *m == [steal.clone()])));
         assert!(requests.iter().any(|r| matches!(
             r,
             Request::GetBlob { farm: FarmId(42), hash, offset } if *hash == blob_hash && *offset == 1 << 33

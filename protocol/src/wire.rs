@@ -25,11 +25,10 @@ pub const FILE_MAX: u64 = 4 << 30;
 /// A request from one node to another.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Request {
-    /// For the receiver's engine; answered with [`Response::Ok`] once taken.
-    Peer(Msg),
-    /// Several for the receiver's engine, in order: what a node had for
-    /// one peer while its last request there was unanswered.
-    Peers(Vec<Msg>),
+    /// For the receiver's engine, in order (one, or what a node had for
+    /// this peer while its last request there was unanswered); answered
+    /// with [`Response::Ok`] once taken.
+    Peer(Vec<Msg>),
     /// A farm by id, id prefix or name, asked of the coordinator by a node
     /// that does not hold it (`mesh status FARM`, `mesh resume FARM` there).
     FindFarm { query: String },
