@@ -226,10 +226,7 @@ fn killing_a_worker_mid_farm_loses_nothing() {
     let id = r.stdout.trim().to_string();
     // Kill node 2 while it runs tasks of the farm.
     let busy = wait_until(Duration::from_secs(20), || {
-        c.status(2)["nodes"].as_array().is_some_and(|n| {
-            n.iter()
-                .any(|n| n["local"] == true && n["running"].as_u64() > Some(0))
-        })
+        c.own_status(2)["running"].as_u64() > Some(0)
     });
     assert!(busy, "node 2 never ran anything");
     c.nodes[2].signal(Signal::SIGKILL);
@@ -340,10 +337,7 @@ fn killing_the_submitter_mid_farm_loses_no_output_once_it_is_back() {
     c.kill(3);
     // The others go on without the farm's home.
     let on = wait_until(Duration::from_secs(30), || {
-        c.status(0)["nodes"].as_array().is_some_and(|n| {
-            n.iter()
-                .any(|n| n["local"] == true && n["running"].as_u64() > Some(0))
-        })
+        c.own_status(0)["running"].as_u64() > Some(0)
     });
     assert!(on, "the mesh stopped when the submitter died");
     std::thread::sleep(Duration::from_secs(3));
@@ -380,10 +374,8 @@ fn killing_every_node_mid_farm_and_restarting_them_finishes_the_farm_with_every_
 /// True when no node of the cluster (but `except`) runs or queues anything.
 fn all_idle(c: &Cluster, except: usize) -> bool {
     (0..c.nodes.len()).filter(|&i| i != except).all(|i| {
-        c.status(i)["nodes"].as_array().is_some_and(|n| {
-            n.iter()
-                .any(|n| n["local"] == true && n["running"].as_u64() == Some(0) && n["queued"] == 0)
-        })
+        let n = c.own_status(i);
+        n["running"].as_u64() == Some(0) && n["queued"] == 0
     })
 }
 
@@ -552,10 +544,7 @@ fn a_node_stopped_past_the_death_timeout_and_continued_loses_nothing() {
     r.expect_code(0);
     let id = r.stdout.trim().to_string();
     let busy = wait_until(Duration::from_secs(20), || {
-        c.status(2)["nodes"].as_array().is_some_and(|n| {
-            n.iter()
-                .any(|n| n["local"] == true && n["running"].as_u64() > Some(0))
-        })
+        c.own_status(2)["running"].as_u64() > Some(0)
     });
     assert!(busy, "node 2 never ran anything");
     c.nodes[2].signal(Signal::SIGSTOP);

@@ -484,6 +484,17 @@ impl Cluster {
         serde_json::from_str(&r.stdout).unwrap_or(serde_json::Value::Null)
     }
 
+    /// Node `i` as it describes itself in `mesh status --json` (queued,
+    /// running, prefetch, ...); null when it does not answer.
+    pub fn own_status(&self, i: usize) -> serde_json::Value {
+        let s = self.status(i);
+        s["nodes"]
+            .as_array()
+            .and_then(|n| n.iter().find(|n| n["local"] == true))
+            .cloned()
+            .unwrap_or(serde_json::Value::Null)
+    }
+
     /// Runs a mesh command against node `i`'s state folder.
     pub fn mesh(&self, i: usize, args: &[&str]) -> Run {
         let child = Command::new(&self.bin)
