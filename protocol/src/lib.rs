@@ -6,6 +6,7 @@
 pub mod engine;
 pub mod farm;
 pub mod mesh;
+pub mod observe;
 pub mod pool;
 pub mod resources;
 mod tally;

@@ -9,12 +9,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::farm::TaskRef;
 use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, Msg, NodeId};
+use crate::observe::Observation;
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
-pub const REQUEST_PROTOCOL: &str = "/mesh/req/4";
-pub const GOSSIP_TOPIC: &str = "mesh/beat/4";
+pub const REQUEST_PROTOCOL: &str = "/mesh/req/5";
+pub const GOSSIP_TOPIC: &str = "mesh/beat/5";
 /// No single request or response may be larger (a frame of the request-response codec).
 pub const MESSAGE_MAX: usize = 64 << 20;
 /// Files move in pieces of at most this many bytes.
@@ -52,6 +53,9 @@ pub enum Request {
         hash: [u8; 32],
         offset: u64,
     },
+    /// What the node measures of itself, with the task runs numbered after
+    /// `since` (the dashboard, `mesh status`, `/metrics` of another node).
+    Observe { since: u64 },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -79,6 +83,8 @@ pub enum Response {
         size: u64,
         data: Vec<u8>,
     },
+    /// Answer to [`Request::Observe`].
+    Observed(Box<Observation>),
     Error(String),
 }
 

@@ -37,6 +37,7 @@ use crate::tally::Tally;
 use crate::wire::PROTOCOL_VERSION;
 
 use super::pace::Pace;
+use crate::observe::{Latencies, Latency};
 
 /// Knobs of the mesh protocol; the defaults suit a LAN.
 #[derive(Clone, Debug)]
@@ -246,6 +247,20 @@ pub struct Member {
     pub last_seen: Millis,
 }
 
+/// What a peer measures for its observers.
+#[derive(Default)]
+struct Observed {
+    latency: Latencies,
+    /// When each queued task arrived here, and when each run started
+    /// (until its result is acknowledged).
+    arrived: FxHashMap<(FarmId, TaskRef), Millis>,
+    started: FxHashMap<(FarmId, TaskRef), Millis>,
+    failovers: u64,
+}
+
+/// Most runs whose start a peer remembers for [`Latency::StartToDone`].
+const STARTED_KEPT: usize = 1 << 17;
+
 struct Run {
     attempt: u32,
     grant: Grant,
@@ -268,6 +283,8 @@ struct Holder {
 
 struct CoordFarm {
     slot: FarmSlot,
+    /// When this coordinator took the farm.
+    since: Millis,
     spec: Arc<FarmSpec>,
     /// Accepted: durable on enough nodes (see `Config::replicas`).
     accepted: bool,
@@ -384,6 +401,9 @@ pub struct Peer {
     inbox: VecDeque<(NodeId, Msg)>,
     actions: VecDeque<Action>,
     stats: Stats,
+    /// Latencies, when the driver asks for them (`Peer::observe`): the
+    /// simulator's thousand peers do without.
+    observed: Option<Box<Observed>>,
     interrupted: bool,
 }
 
@@ -437,6 +457,7 @@ impl Peer {
             inbox: VecDeque::new(),
             actions: VecDeque::new(),
             stats: Stats::default(),
+            observed: None,
             interrupted: false,
             cfg,
         }
@@ -513,6 +534,24 @@ impl Peer {
 
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Starts measuring latencies (see [`Latency`]).
+    pub fn observe(&mut self) {
+        self.observed.get_or_insert_with(Box::default);
+    }
+
+    /// The latencies measured since `observe`, and the coordinator
+    /// changes seen.
+    pub fn latencies(&self) -> Option<(&Latencies, u64)> {
+        self.observed.as_deref().map(|o| (&o.latency, o.failovers))
+    }
+
+    /// Records a latency measured by the driver (a message's round trip).
+    pub fn record_latency(&mut self, kind: Latency, micros: u64) {
+        if let Some(o) = &mut self.observed {
+            o.latency.record(kind, micros);
+        }
     }
 
     pub fn queued(&self) -> usize {
@@ -841,6 +880,9 @@ impl Peer {
             m.last_seen = m.last_seen.max(now.saturating_sub(self.cfg.heartbeat_ms));
         }
         if !self.queue.is_empty() {
+            if let Some(o) = &mut self.observed {
+                o.arrived.clear();
+            }
             let tasks: Vec<Assigned> = self.queue.drain(..).collect();
             self.actions.push_back(Action::Emit(PeerEvent::Silent {
                 ms: now - last_beat,
@@ -1062,6 +1104,12 @@ impl Peer {
                     {
                         self.unacked.remove(&(a.farm, a.task));
                         self.held_dirty.insert((a.farm, a.task));
+                        if let Some(o) = &mut self.observed {
+                            if let Some(at) = o.started.remove(&(a.farm, a.task)) {
+                                o.latency
+                                    .record_ms(Latency::StartToDone, now.saturating_sub(at));
+                            }
+                        }
                     }
                 }
             }
@@ -1253,6 +1301,11 @@ impl Peer {
     }
 
     fn follow(&mut self, now: Millis, term: u64, node: NodeId) {
+        if let Some(o) = &mut self.observed {
+            if self.coordinator.is_some_and(|c| c != node) {
+                o.failovers += 1;
+            }
+        }
         self.term = term;
         self.coordinator = Some(node);
         self.joining = false;
@@ -2251,6 +2304,11 @@ impl Peer {
             let slot = f.slot;
             let spec = f.spec.clone();
             let t = r.task.task;
+            if let Some(o) = &mut self.observed {
+                let started = now.saturating_sub(r.duration_ms);
+                o.latency
+                    .record_ms(Latency::SubmitToStart, started.saturating_sub(f.since));
+            }
             if let Some((owner, attempt, _)) = c.claims.get(&(slot, t)).copied() {
                 if attempt == r.task.attempt {
                     c.claims.remove(&(slot, t));
@@ -2644,7 +2702,7 @@ impl Peer {
             self.update_depth(now);
         }
         for a in tasks {
-            self.enqueue(from, a);
+            self.enqueue(now, from, a);
         }
         self.start_queued(now);
         self.beat_if_piled_up();
@@ -2652,7 +2710,10 @@ impl Peer {
 
     /// Queues a task given by `from` (the coordinator, or a victim of a
     /// steal), asking `from` for the farm's spec when it is not known here.
-    fn enqueue(&mut self, from: NodeId, a: Assigned) {
+    fn enqueue(&mut self, now: Millis, from: NodeId, a: Assigned) {
+        if let Some(o) = &mut self.observed {
+            o.arrived.insert((a.farm, a.task), now);
+        }
         if self.specs.contains_key(&a.farm) {
             self.queue.push_back(a);
         } else {
@@ -2704,6 +2765,18 @@ impl Peer {
                     killed: None,
                 },
             );
+            if let Some(o) = &mut self.observed {
+                if let Some(at) = o.arrived.remove(&(a.farm, a.task)) {
+                    o.latency
+                        .record_ms(Latency::QueueWait, now.saturating_sub(at));
+                }
+                if o.started.len() > STARTED_KEPT {
+                    // Runs whose result was never acknowledged here (handed
+                    // back on an interrupt, a coordinator gone): forgotten.
+                    o.started.clear();
+                }
+                o.started.insert((a.farm, a.task), now);
+            }
             self.actions.push_back(Action::Start { task: a, grant });
         }
     }
@@ -2800,6 +2873,9 @@ impl Peer {
             }
             load.give(req);
             self.queue.remove(i);
+            if let Some(o) = &mut self.observed {
+                o.arrived.remove(&(a.farm, a.task));
+            }
             given.push(a);
         }
         self.stats.tasks_given += given.len() as u64;
@@ -2817,6 +2893,10 @@ impl Peer {
     fn on_stolen(&mut self, now: Millis, from: NodeId, id: u64, tasks: Vec<Assigned>) {
         let current = matches!(self.steal, Some((sid, v, _)) if sid == id && v == from);
         if current {
+            if let (Some(o), Some((_, _, asked))) = (&mut self.observed, self.steal) {
+                o.latency
+                    .record_ms(Latency::StealRtt, now.saturating_sub(asked));
+            }
             self.steal = None;
         }
         if tasks.is_empty() {
@@ -2836,7 +2916,7 @@ impl Peer {
         self.stats.steals_won += 1;
         self.stats.tasks_stolen += tasks.len() as u64;
         for a in tasks {
-            self.enqueue(from, a);
+            self.enqueue(now, from, a);
         }
         self.start_queued(now);
         self.try_steal(now);
@@ -3123,6 +3203,7 @@ fn add_farm(
         node: spec.origin,
     };
     c.farms.entry(spec.id).or_insert(CoordFarm {
+        since: now,
         home,
         slot,
         spec,

@@ -1,0 +1,217 @@
+//! What a node measures of itself for the dashboard, `mesh status --latency` and `/metrics`: latency histograms, counters, recent task runs.
+//!
+//! Pure data: the times come in as arguments, like everywhere in this
+//! crate. Histograms count microseconds, so the node's message round trips
+//! (timed by the driver) and the peer's millisecond clock share one unit.
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::farm::TaskRef;
+use crate::mesh::FarmId;
+
+/// The latencies every node keeps, in the order of [`Latency`].
+pub const LATENCY_NAMES: [&str; 5] = [
+    "queue_wait",
+    "submit_to_start",
+    "start_to_done",
+    "message_rtt",
+    "steal_rtt",
+];
+
+/// One kind of latency.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Latency {
+    /// A task's wait in the queue of the node that ran it: handed there
+    /// (or stolen) to started.
+    QueueWait = 0,
+    /// On the coordinator: from taking the farm to a task's start (the
+    /// report's arrival less the run's duration; later stages include the
+    /// wait for what they depend on). In `mesh run`: from the farm's start.
+    SubmitToStart = 1,
+    /// On the node that ran a task: from its start to the coordinator's
+    /// acknowledgement that its result is recorded on enough holders. In
+    /// `mesh run`: start to the record's flush.
+    StartToDone = 2,
+    /// A request to another node and its answer.
+    MessageRtt = 3,
+    /// A steal request and the victim's answer.
+    StealRtt = 4,
+}
+
+/// The highest latency a histogram tells apart: a day, in microseconds.
+const MAX_US: u64 = 86_400_000_000;
+
+/// Latency histograms (microseconds, two significant digits: a few
+/// kilobytes each, whatever the number of tasks).
+#[derive(Clone, Debug)]
+pub struct Latencies {
+    hists: [Histogram<u64>; 5],
+}
+
+impl Default for Latencies {
+    fn default() -> Self {
+        let h = || Histogram::new_with_bounds(1, MAX_US, 2).expect("valid bounds");
+        Latencies {
+            hists: [h(), h(), h(), h(), h()],
+        }
+    }
+}
+
+/// A histogram's recorded values, to send to another node and merge there.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencyData {
+    /// Per kind, in the order of [`Latency`]: (value in µs, count) for
+    /// every value recorded.
+    pub kinds: Vec<Vec<(u64, u64)>>,
+}
+
+/// One latency in short: what `mesh status --latency` prints.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LatencySummary {
+    pub name: String,
+    pub count: u64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub mean_ms: f64,
+}
+
+impl Latencies {
+    pub fn record(&mut self, kind: Latency, micros: u64) {
+        self.hists[kind as usize].saturating_record(micros.max(1));
+    }
+
+    pub fn record_ms(&mut self, kind: Latency, ms: u64) {
+        self.record(kind, ms.saturating_mul(1000));
+    }
+
+    pub fn get(&self, kind: Latency) -> &Histogram<u64> {
+        &self.hists[kind as usize]
+    }
+
+    pub fn export(&self) -> LatencyData {
+        LatencyData {
+            kinds: self
+                .hists
+                .iter()
+                .map(|h| {
+                    h.iter_recorded()
+                        .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                        .collect()
+                })
+                .collect(),
+        }
+    }
+
+    /// Adds another node's histograms to these.
+    pub fn merge(&mut self, data: &LatencyData) {
+        for (h, values) in self.hists.iter_mut().zip(&data.kinds) {
+            for &(v, n) in values {
+                let _ = h.record_n(v.clamp(1, MAX_US), n);
+            }
+        }
+    }
+
+    pub fn summaries(&self) -> Vec<LatencySummary> {
+        let ms = |us: u64| us as f64 / 1000.0;
+        self.hists
+            .iter()
+            .zip(LATENCY_NAMES)
+            .map(|(h, name)| {
+                let q = |p: f64| {
+                    if h.is_empty() {
+                        0.0
+                    } else {
+                        ms(h.value_at_quantile(p))
+                    }
+                };
+                LatencySummary {
+                    name: name.to_string(),
+                    count: h.len(),
+                    p50_ms: q(0.5),
+                    p90_ms: q(0.9),
+                    p99_ms: q(0.99),
+                    max_ms: if h.is_empty() { 0.0 } else { ms(h.max()) },
+                    mean_ms: if h.is_empty() { 0.0 } else { h.mean() / 1000.0 },
+                }
+            })
+            .collect()
+    }
+}
+
+/// Counters a node keeps from its start, for `/metrics` and the dashboard.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub messages_sent: u64,
+    pub messages_received: u64,
+    /// Tasks this node took from others, and gave to thieves.
+    pub tasks_stolen: u64,
+    pub tasks_given: u64,
+    /// Times this node saw a new coordinator take over.
+    pub failovers: u64,
+    pub tasks_run: u64,
+    pub tasks_failed: u64,
+}
+
+/// One run of a task on a node, for the task stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// Numbers runs on the node as they start, so a reader asks for what
+    /// is newer than the last it saw.
+    pub seq: u64,
+    pub farm: FarmId,
+    pub task: TaskRef,
+    pub attempt: u32,
+    /// Which of the node's slots it ran in (a row of the Gantt chart).
+    pub slot: u32,
+    /// Unix milliseconds on the node's clock.
+    pub start: u64,
+    pub end: Option<u64>,
+    pub failed: bool,
+}
+
+/// What a node tells whoever observes the mesh (`Request::Observe`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// The node's unix clock when it answered: runs are shifted by its
+    /// difference to the observer's, so a skewed clock does not misplace them.
+    pub unix_ms: u64,
+    /// The machine's one-minute load average and cores; memory in bytes
+    /// (None where the system does not say).
+    pub load: Option<f64>,
+    pub cpus: u32,
+    pub mem_used: Option<u64>,
+    pub mem_total: Option<u64>,
+    pub counters: Counters,
+    pub latency: LatencyData,
+    /// Runs newer than asked for (running ones are always sent), oldest first.
+    pub runs: Vec<RunRecord>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_survive_export_and_merge() {
+        let mut a = Latencies::default();
+        for ms in 1..=100 {
+            a.record_ms(Latency::QueueWait, ms);
+        }
+        let mut b = Latencies::default();
+        b.record(Latency::MessageRtt, 250);
+        b.merge(&a.export());
+        let s = b.summaries();
+        assert_eq!(s[0].name, "queue_wait");
+        assert_eq!(s[0].count, 100);
+        assert!((s[0].p50_ms - 50.0).abs() < 1.0, "{:?}", s[0]);
+        assert!((s[0].p99_ms - 99.0).abs() < 1.0, "{:?}", s[0]);
+        assert!((s[0].max_ms - 100.0).abs() < 1.0, "{:?}", s[0]);
+        assert_eq!(s[3].count, 1);
+        assert!((s[3].p50_ms - 0.25).abs() < 0.01, "{:?}", s[3]);
+        assert_eq!(s[4].count, 0);
+        assert_eq!(s[4].p99_ms, 0.0);
+    }
+}
