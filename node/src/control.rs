@@ -8,8 +8,12 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
+use std::collections::HashMap;
+
 use mesh_protocol::engine::Counts;
 use mesh_protocol::farm::FarmDef;
+use mesh_protocol::observe::{Counters, Latencies, LatencySummary, Observation};
+use mesh_protocol::resources::{Amount, Resources, MEM};
 use serde::{Deserialize, Serialize};
 
 /// The socket's path in a state folder.
@@ -31,7 +35,13 @@ pub enum ControlRequest {
     Cancel {
         farm: String,
     },
+    /// The mesh's nodes, with what each says of itself (load, latencies).
     Status,
+    /// The status and every node's own record, with the task runs each
+    /// numbered after `since[node]` (the dashboard, polling).
+    Observe {
+        since: HashMap<String, u64>,
+    },
     /// One farm, from this node's copy or from the coordinator.
     Farm {
         farm: String,
@@ -65,6 +75,7 @@ pub enum ControlResponse {
     /// The farm is over; the view is final.
     Finished(FarmView),
     Status(Box<MeshStatus>),
+    Observed(Box<Observed>),
     Cancelled {
         farm: String,
     },
@@ -115,7 +126,7 @@ pub struct FarmView {
 }
 
 /// One node of the mesh, as `mesh status` shows it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct NodeView {
     /// The libp2p peer id.
     pub id: String,
@@ -131,20 +142,100 @@ pub struct NodeView {
     pub coordinator: bool,
     /// This is the node that answered.
     pub local: bool,
+    /// The machine's one-minute load average and cores, and its memory
+    /// in bytes: absent when the node did not answer in time.
+    #[serde(default)]
+    pub load: Option<f64>,
+    #[serde(default)]
+    pub cpus: Option<u32>,
+    #[serde(default)]
+    pub mem_used: Option<u64>,
+    #[serde(default)]
+    pub mem_total: Option<u64>,
+    #[serde(default)]
+    pub counters: Option<Counters>,
+    /// Each resource in use against the node's total.
+    #[serde(default)]
+    pub usage: Vec<ResourceUse>,
+    /// This node's latencies (see `mesh status --latency`).
+    #[serde(default)]
+    pub latency: Vec<LatencySummary>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// One resource of a node: in use and total, in its unit (bytes for `mem`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResourceUse {
+    pub kind: String,
+    pub used: f64,
+    pub total: f64,
+}
+
+impl ResourceUse {
+    pub fn of(total: &Resources, used: &Resources) -> Vec<ResourceUse> {
+        let n = |kind: &str, a: Amount| {
+            if kind == MEM {
+                a.whole() as f64
+            } else {
+                a.0 as f64 / 1000.0
+            }
+        };
+        total
+            .iter()
+            .map(|(kind, t)| ResourceUse {
+                kind: kind.to_string(),
+                used: n(kind, used.get(kind)),
+                total: n(kind, t),
+            })
+            .collect()
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ResourceView {
     pub total: String,
     pub used: String,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct MeshStatus {
     pub nodes: Vec<NodeView>,
     pub coordinator: Option<String>,
     pub term: u64,
     pub farms: Vec<FarmView>,
+    /// Every answering node's latencies together.
+    #[serde(default)]
+    pub latency: Vec<LatencySummary>,
+}
+
+/// The status, and what each node that answered said of itself.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Observed {
+    pub status: MeshStatus,
+    /// By node id (its peer id).
+    pub nodes: Vec<(String, Observation)>,
+}
+
+impl Observed {
+    /// Puts each node's own measures into its line of the status.
+    pub fn new(mut status: MeshStatus, nodes: Vec<(String, Observation)>) -> Observed {
+        let mut all = Latencies::default();
+        for (id, o) in &nodes {
+            all.merge(&o.latency);
+            let Some(v) = status.nodes.iter_mut().find(|v| &v.id == id) else {
+                continue;
+            };
+            let mut own = Latencies::default();
+            own.merge(&o.latency);
+            v.load = o.load;
+            v.cpus = Some(o.cpus);
+            v.mem_used = o.mem_used;
+            v.mem_total = o.mem_total;
+            v.counters = Some(o.counters);
+            v.latency = own.summaries();
+        }
+        status.latency = all.summaries();
+        Observed { status, nodes }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -1,11 +1,13 @@
 //! The real mesh node: farm loading, the process executor, durable state, and the loop that drives the engine.
 
 pub mod control;
+pub mod dash;
 pub mod executor;
 pub mod farmfile;
 pub mod keys;
 pub mod mesh_node;
 pub mod net;
+pub mod observe;
 pub mod runner;
 pub mod state;
 

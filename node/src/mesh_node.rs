@@ -28,6 +28,7 @@ use mesh_protocol::mesh::{
     Action, Assigned, Beat, Config, Entry, FarmId, FarmSpec, Fetched, Msg, NodeId, OutputFile,
     Peer, PeerEvent,
 };
+use mesh_protocol::observe::{Latency, LatencyData, Observation};
 use mesh_protocol::resources::GPU;
 use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response, CHUNK_MAX, FILE_MAX};
 use mesh_protocol::Resources;
@@ -39,11 +40,14 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::control::{
-    socket_path, ControlRequest, ControlResponse, FarmView, MeshStatus, NodeView, ResourceView,
+    socket_path, ControlRequest, ControlResponse, FarmView, MeshStatus, NodeView, Observed,
+    ResourceUse, ResourceView,
 };
+use crate::dash;
 use crate::executor::{self, Finished, Launch, Live};
 use crate::keys;
 use crate::net::{self, Behaviour, BehaviourEvent, NetConfig, PublishError};
+use crate::observe::Recorder;
 use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
 
 /// Addresses as `mesh node` prints them and `mesh join` takes them.
@@ -61,6 +65,9 @@ const LOG_FOLLOW_MS: u64 = 500;
 const REDIAL_MS: u64 = 3000;
 /// Most commands (ended tasks, fetches) handled as one step of the peer.
 const CMDS_PER_STEP: usize = 256;
+/// How long `mesh status` and the dashboard wait for a node to say how it
+/// is: one that does not answer in time is shown without it.
+const OBSERVE_WAIT: std::time::Duration = std::time::Duration::from_millis(800);
 /// A `mesh join` that cannot reach its peer tries again, waiting at most this long between tries.
 const JOIN_RETRY_MAX_S: u64 = 30;
 
@@ -72,6 +79,8 @@ pub struct NodeOptions {
     pub resources: Resources,
     /// The mesh secret; `<state>/mesh.key` unless given.
     pub key: PathBuf,
+    /// Serve the dashboard here (`--http`).
+    pub http: Option<std::net::SocketAddr>,
     pub config: Config,
     /// Find nodes on the LAN by mDNS (needs the `mdns` feature).
     pub mdns: bool,
@@ -95,6 +104,8 @@ pub enum NodeError {
     },
     #[error("cannot join {addr}: {why}")]
     Join { addr: String, why: String },
+    #[error("{0}")]
+    Dashboard(String),
     #[error(transparent)]
     Io(#[from] IoError),
 }
@@ -184,6 +195,11 @@ struct Node {
     node_has_gpus: bool,
     listen_addrs: Vec<Multiaddr>,
     out: Box<dyn FnMut(&str)>,
+    /// Runs for the task stream, counters, and each live run's record.
+    recorder: Recorder,
+    run_seq: HashMap<(FarmId, TaskRef), (u64, Option<u32>)>,
+    /// When each request to another node left, for its round trip.
+    sent_at: HashMap<OutboundRequestId, Instant>,
 }
 
 /// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.
@@ -196,6 +212,7 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
     fs::create_dir_all(&opts.state)
         .map_err(io_err(format!("cannot create {}", opts.state.display())))?;
     let psk = keys::load_psk(&opts.key)?;
+    let dash_key = psk.to_string();
     let identity = keys::load_or_create_identity(&opts.state)?;
     let local = identity.public().to_peer_id();
     let me = keys::node_id(&local);
@@ -271,7 +288,11 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         node_has_gpus: !opts.resources.get(GPU).is_zero(),
         listen_addrs: Vec::new(),
         out,
+        recorder: Recorder::default(),
+        run_seq: HashMap::new(),
+        sent_at: HashMap::new(),
     };
+    node.peer.observe();
     node.restore().map_err(|e| match e {
         NodeError::Store(source) => damaged(source),
         e => e,
@@ -288,6 +309,16 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
                 node.say(&format!("rejoining {addr}"));
             }
         }
+    }
+    if let Some(addr) = opts.http {
+        let http =
+            dash::Http::new(addr, Some(dash_key.as_bytes())).map_err(NodeError::Dashboard)?;
+        let token = http.token.clone();
+        let source = Arc::new(MeshSource { tx: tx.clone() });
+        let bound = dash::serve(http, source)
+            .await
+            .map_err(io_err(format!("cannot serve the dashboard on {addr}")))?;
+        node.say(&dashboard_line(bound, token.as_deref()));
     }
     let mut joined = opts.join.is_none();
     // Peers this node knew and is not connected to are dialled again now
@@ -566,6 +597,7 @@ impl Node {
             return;
         };
         let id = self.swarm.behaviour_mut().rr.send_request(&pid, req);
+        self.sent(id);
         self.pending.insert(id, reply);
     }
 
@@ -588,7 +620,13 @@ impl Node {
             .behaviour_mut()
             .rr
             .send_request(&pid, Request::Peer(msgs));
+        self.sent(id);
         self.busy.insert(id, to);
+    }
+
+    fn sent(&mut self, id: OutboundRequestId) {
+        self.recorder.counters.messages_sent += 1;
+        self.sent_at.insert(id, Instant::now());
     }
 
     /// A request of messages was answered (or failed): what waited goes.
@@ -871,6 +909,10 @@ impl Node {
                     request_id,
                     response,
                 } => {
+                    if let Some(at) = self.sent_at.remove(&request_id) {
+                        let us = at.elapsed().as_micros() as u64;
+                        self.peer.record_latency(Latency::MessageRtt, us);
+                    }
                     self.answered(request_id);
                     if let Some(Some(reply)) = self.pending.remove(&request_id) {
                         let _ = reply.send(Ok(response));
@@ -880,6 +922,7 @@ impl Node {
             request_response::Event::OutboundFailure {
                 request_id, error, ..
             } => {
+                self.sent_at.remove(&request_id);
                 self.answered(request_id);
                 if let Some(Some(reply)) = self.pending.remove(&request_id) {
                     let _ = reply.send(Err(error.to_string()));
@@ -890,7 +933,12 @@ impl Node {
     }
 
     fn on_request(&mut self, from: NodeId, req: Request, channel: ResponseChannel<Response>) {
+        self.recorder.counters.messages_received += 1;
         match req {
+            Request::Observe { since } => {
+                let resp = Response::Observed(Box::new(self.observation(since)));
+                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+            }
             Request::Peer(msgs) => {
                 let _ = self
                     .swarm
@@ -975,6 +1023,18 @@ impl Node {
                         .is_some_and(|(a, ..)| *a == task.attempt)
                     {
                         self.live.remove(&(task.farm, task.task));
+                    }
+                    if let Some((seq, slot)) = self.run_seq.remove(&(task.farm, task.task)) {
+                        let failed = !self.peer.spec(task.farm).is_some_and(|s| {
+                            let codes = &s.def.stages[task.task.stage as usize].success_codes;
+                            match outcome.result {
+                                TaskResult::Exited(c) => codes.contains(&c),
+                                TaskResult::Cached => true,
+                                _ => false,
+                            }
+                        });
+                        self.recorder
+                            .ended(seq, slot, failed, crate::state::unix_ms());
                     }
                     ended.push((task, outcome, outputs));
                 }
@@ -1100,9 +1160,12 @@ impl Node {
                     let _ = reply.send(ControlResponse::Cancelled { farm: id });
                 }
             },
-            ControlRequest::Status => {
-                let _ = reply.send(ControlResponse::Status(Box::new(self.status())));
-            }
+            ControlRequest::Status => self.gather(HashMap::new(), true, move |o| {
+                let _ = reply.send(ControlResponse::Status(Box::new(o.status)));
+            }),
+            ControlRequest::Observe { since } => self.gather(since, false, move |o| {
+                let _ = reply.send(ControlResponse::Observed(Box::new(o)));
+            }),
             ControlRequest::Farm { farm } => match self.find_known(&farm) {
                 Ok(fid) => match self.found(fid) {
                     Some(f) => self.answer(Ok(f), Asked::Status(reply)),
@@ -1510,6 +1573,8 @@ impl Node {
             prefetch: b.prefetch,
             coordinator: coordinator == Some(node),
             local,
+            usage: ResourceUse::of(&b.total, &b.used),
+            ..NodeView::default()
         };
         let own = self.peer.beat();
         let mut nodes = vec![view(
@@ -1530,7 +1595,70 @@ impl Node {
             coordinator: coordinator.map(|c| self.label_of(c)),
             term: mesh_protocol::mesh::term_round(self.peer.term()),
             farms,
+            latency: Vec::new(),
         }
+    }
+
+    /// What this node measures of itself, with its runs numbered after `since`.
+    fn observation(&self, since: u64) -> Observation {
+        let mut counters = self.recorder.counters;
+        let stats = self.peer.stats();
+        counters.tasks_stolen = stats.tasks_stolen;
+        counters.tasks_given = stats.tasks_given;
+        let latency = match self.peer.latencies() {
+            Some((l, failovers)) => {
+                counters.failovers = failovers;
+                l.export()
+            }
+            None => LatencyData::default(),
+        };
+        let mut o = self
+            .recorder
+            .observation(since, latency, crate::state::unix_ms());
+        o.counters = counters;
+        o
+    }
+
+    /// The mesh's status with what every node that answers in time says
+    /// of itself (`since`: the runs each observer has seen, by node;
+    /// `status_only`: no runs wanted), handed to `done`.
+    fn gather(
+        &mut self,
+        since: HashMap<String, u64>,
+        status_only: bool,
+        done: impl FnOnce(Observed) + Send + 'static,
+    ) {
+        let after = |label: &str| {
+            if status_only {
+                u64::MAX
+            } else {
+                since.get(label).copied().unwrap_or(0)
+            }
+        };
+        let status = self.status();
+        let me = self.swarm.local_peer_id().to_string();
+        let own = self.observation(after(&me));
+        let others: Vec<(String, NodeId, u64)> = self
+            .peer
+            .members()
+            .map(|m| (m.beat.label.clone(), m.id, after(&m.beat.label)))
+            .collect();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let asks = others.into_iter().map(|(label, id, since)| {
+                let tx = tx.clone();
+                async move {
+                    let ask = request(&tx, id, Request::Observe { since });
+                    match tokio::time::timeout(OBSERVE_WAIT, ask).await {
+                        Ok(Ok(Response::Observed(o))) => Some((label, *o)),
+                        _ => None,
+                    }
+                }
+            });
+            let mut nodes = vec![(me, own)];
+            nodes.extend(futures::future::join_all(asks).await.into_iter().flatten());
+            done(Observed::new(status, nodes));
+        });
     }
 
     fn interrupt(&mut self, at: &mut Option<Instant>) {
@@ -1568,6 +1696,11 @@ impl Node {
         };
         self.live
             .insert((task.farm, task.task), (task.attempt, None, false));
+        let seq =
+            self.recorder
+                .started(task.farm, task.task, task.attempt, crate::state::unix_ms());
+        self.run_seq
+            .insert((task.farm, task.task), (seq, self.recorder.slot(seq)));
         let def = &spec.def;
         let stage = def.stage(task.task);
         let mut tspec = def.expand(task.task);
@@ -1713,7 +1846,109 @@ fn summary_view(f: &FarmSummary, labels: &HashMap<NodeId, String>) -> FarmView {
 }
 
 /// `stage/index` in a farm.
-fn parse_task(def: &FarmDef, task: &str) -> Result<TaskRef, String> {
+/// What a user is told of the dashboard: its address, with the token
+/// when one is needed.
+pub fn dashboard_line(addr: std::net::SocketAddr, token: Option<&str>) -> String {
+    match token {
+        Some(t) => format!("dashboard: http://{addr}/?token={t}"),
+        None => format!("dashboard: http://{addr}/"),
+    }
+}
+
+/// The dashboard's view of a mesh node: the control requests, asked
+/// through the node's loop like the control socket's.
+struct MeshSource {
+    tx: mpsc::UnboundedSender<Cmd>,
+}
+
+impl MeshSource {
+    fn ask(&self, req: ControlRequest) -> mpsc::UnboundedReceiver<ControlResponse> {
+        let (reply, rx) = mpsc::unbounded_channel();
+        let _ = self.tx.send(Cmd::Control(req, reply));
+        rx
+    }
+}
+
+const STOPPING: &str = "the node is stopping";
+
+impl dash::Source for MeshSource {
+    fn observe(&self, since: HashMap<String, u64>) -> dash::BoxFuture<Result<Observed, String>> {
+        let mut rx = self.ask(ControlRequest::Observe { since });
+        Box::pin(async move {
+            match rx.recv().await {
+                Some(ControlResponse::Observed(o)) => Ok(*o),
+                Some(ControlResponse::Error(e)) => Err(e),
+                _ => Err(STOPPING.into()),
+            }
+        })
+    }
+
+    fn farms(&self) -> dash::BoxFuture<Result<Vec<FarmView>, String>> {
+        let mut list = self.ask(ControlRequest::List);
+        let tx = self.tx.clone();
+        Box::pin(async move {
+            let mut all = match list.recv().await {
+                Some(ControlResponse::List(v)) => v,
+                Some(ControlResponse::Error(e)) => return Err(e),
+                _ => return Err(STOPPING.into()),
+            };
+            // The running first, then the newest kept of the rest.
+            all.sort_by_key(|f| f.finished);
+            all.truncate(dash::view::FARMS_MAX);
+            let mut views = Vec::with_capacity(all.len());
+            for short in all {
+                let source = MeshSource { tx: tx.clone() };
+                let mut rx = source.ask(ControlRequest::Farm {
+                    farm: short.id.clone(),
+                });
+                match rx.recv().await {
+                    Some(ControlResponse::Farm(v)) => views.push(*v),
+                    _ => views.push(short),
+                }
+            }
+            Ok(views)
+        })
+    }
+
+    fn logs(
+        &self,
+        farm: String,
+        task: String,
+        attempt: Option<u32>,
+    ) -> dash::BoxFuture<Result<String, String>> {
+        let mut rx = self.ask(ControlRequest::Logs {
+            farm,
+            task,
+            attempt,
+            follow: false,
+        });
+        Box::pin(async move {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            loop {
+                match rx.recv().await {
+                    Some(ControlResponse::Log {
+                        stdout,
+                        stderr,
+                        done,
+                        ..
+                    }) => {
+                        out.extend(stdout);
+                        err.extend(stderr);
+                        if done {
+                            break;
+                        }
+                    }
+                    Some(ControlResponse::Error(e)) => return Err(e),
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+            Ok(dash::logs_text(&out, &err))
+        })
+    }
+}
+
+pub(crate) fn parse_task(def: &FarmDef, task: &str) -> Result<TaskRef, String> {
     let Some((stage, index)) = task.rsplit_once('/') else {
         return Err(format!(
             "`{task}` is not a task id (expected <stage>/<index>, e.g. solve/3)"

@@ -1,0 +1,211 @@
+//! A node's record of itself for observers: recent task runs by slot, counters, and the machine's load and memory.
+//!
+//! Kept by the mesh node and by `mesh run` alike; what it yields is an
+//! `Observation`, the same whichever of them answers.
+
+use std::collections::VecDeque;
+
+use mesh_protocol::mesh::FarmId;
+use mesh_protocol::observe::{Counters, LatencyData, Observation, RunRecord};
+use mesh_protocol::TaskRef;
+
+/// Runs kept for the task stream: the dashboard shows about a minute, and
+/// a thin-task node runs thousands in that.
+const RUNS_KEPT: usize = 4096;
+
+/// Most runs one observation carries (the newest).
+pub const RUNS_SENT: usize = 2048;
+
+#[derive(Default)]
+pub struct Recorder {
+    runs: VecDeque<RunRecord>,
+    next_seq: u64,
+    /// Which slots are taken, by the runs in them.
+    slots: Vec<bool>,
+    pub counters: Counters,
+}
+
+impl Recorder {
+    /// A run started now; returns its number for [`Recorder::ended`].
+    pub fn started(&mut self, farm: FarmId, task: TaskRef, attempt: u32, unix_ms: u64) -> u64 {
+        let slot = match self.slots.iter().position(|taken| !taken) {
+            Some(i) => i,
+            None => {
+                self.slots.push(false);
+                self.slots.len() - 1
+            }
+        };
+        self.slots[slot] = true;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if self.runs.len() == RUNS_KEPT {
+            // A run still going when it leaves the record keeps its slot
+            // until it ends.
+            self.runs.pop_front();
+        }
+        self.runs.push_back(RunRecord {
+            seq,
+            farm,
+            task,
+            attempt,
+            slot: slot as u32,
+            start: unix_ms,
+            end: None,
+            failed: false,
+        });
+        self.counters.tasks_run += 1;
+        seq
+    }
+
+    pub fn ended(&mut self, seq: u64, slot_hint: Option<u32>, failed: bool, unix_ms: u64) {
+        let first = self.runs.front().map_or(0, |r| r.seq);
+        let slot = match seq
+            .checked_sub(first)
+            .and_then(|i| self.runs.get_mut(i as usize))
+        {
+            Some(r) if r.seq == seq => {
+                r.end = Some(unix_ms);
+                r.failed = failed;
+                Some(r.slot)
+            }
+            _ => slot_hint,
+        };
+        if let Some(s) = slot.and_then(|s| self.slots.get_mut(s as usize)) {
+            *s = false;
+        }
+        if failed {
+            self.counters.tasks_failed += 1;
+        }
+    }
+
+    /// The slot a run is in, while it is in the record.
+    pub fn slot(&self, seq: u64) -> Option<u32> {
+        let first = self.runs.front().map_or(0, |r| r.seq);
+        let i = seq.checked_sub(first)?;
+        self.runs
+            .get(i as usize)
+            .filter(|r| r.seq == seq)
+            .map(|r| r.slot)
+    }
+
+    /// What this node says of itself: the runs numbered after `since` and
+    /// those still running, the newest [`RUNS_SENT`] of them.
+    pub fn observation(&self, since: u64, latency: LatencyData, unix_ms: u64) -> Observation {
+        let machine = machine();
+        let mut runs: Vec<RunRecord> = self
+            .runs
+            .iter()
+            .rev()
+            .filter(|r| r.end.is_none() || since == 0 || r.seq > since)
+            .take(RUNS_SENT)
+            .copied()
+            .collect();
+        runs.reverse();
+        Observation {
+            unix_ms,
+            load: machine.load,
+            cpus: machine.cpus,
+            mem_used: machine.mem_used,
+            mem_total: machine.mem_total,
+            counters: self.counters,
+            latency,
+            runs,
+        }
+    }
+}
+
+/// The machine's load and memory, where the system tells them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Machine {
+    pub load: Option<f64>,
+    pub cpus: u32,
+    pub mem_used: Option<u64>,
+    pub mem_total: Option<u64>,
+}
+
+pub fn machine() -> Machine {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok());
+    let (mem_total, mem_avail) = std::fs::read_to_string("/proc/meminfo")
+        .map(|s| meminfo(&s))
+        .unwrap_or((None, None));
+    Machine {
+        load,
+        cpus,
+        mem_used: mem_total.zip(mem_avail).map(|(t, a)| t.saturating_sub(a)),
+        mem_total,
+    }
+}
+
+/// `MemTotal` and `MemAvailable` of /proc/meminfo, in bytes.
+fn meminfo(s: &str) -> (Option<u64>, Option<u64>) {
+    let field = |name: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .map(|kb| kb * 1024)
+    };
+    (field("MemTotal:"), field("MemAvailable:"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(i: u32) -> TaskRef {
+        TaskRef::new(0, i)
+    }
+
+    #[test]
+    fn runs_take_the_lowest_free_slot_and_give_it_back() {
+        let mut r = Recorder::default();
+        let a = r.started(FarmId(1), task(0), 1, 100);
+        let b = r.started(FarmId(1), task(1), 1, 101);
+        assert_eq!((r.slot(a), r.slot(b)), (Some(0), Some(1)));
+        r.ended(a, None, false, 150);
+        let c = r.started(FarmId(1), task(2), 1, 151);
+        assert_eq!(r.slot(c), Some(0), "the freed slot is reused");
+        r.ended(b, None, true, 160);
+        let o = r.observation(0, LatencyData::default(), 170);
+        assert_eq!(o.runs.len(), 3);
+        assert_eq!(o.runs[1].end, Some(160));
+        assert!(o.runs[1].failed);
+        assert_eq!(o.counters.tasks_run, 3);
+        assert_eq!(o.counters.tasks_failed, 1);
+        // Only newer runs and those still running are sent again.
+        let o = r.observation(b, LatencyData::default(), 171);
+        assert_eq!(o.runs.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![c]);
+    }
+
+    #[test]
+    fn the_record_is_bounded_and_keeps_long_runs_slots() {
+        let mut r = Recorder::default();
+        let long = r.started(FarmId(1), task(0), 1, 0);
+        for i in 1..(RUNS_KEPT as u32 + 10) {
+            let s = r.started(FarmId(1), task(i), 1, i.into());
+            r.ended(s, r.slot(s), false, u64::from(i) + 1);
+        }
+        assert_eq!(r.runs.len(), RUNS_KEPT);
+        let o = r.observation(0, LatencyData::default(), 0);
+        assert_eq!(o.runs.len(), RUNS_SENT);
+        // The long run left the record but still holds slot 0.
+        r.ended(long, Some(0), false, 99_999);
+        let s = r.started(FarmId(1), task(1), 2, 100_000);
+        assert_eq!(r.slot(s), Some(0));
+    }
+
+    #[test]
+    fn meminfo_reads_total_and_available() {
+        let s = "MemTotal:       16384 kB\nMemFree:  100 kB\nMemAvailable:    8192 kB\n";
+        assert_eq!(meminfo(s), (Some(16384 * 1024), Some(8192 * 1024)));
+        assert_eq!(meminfo("nothing"), (None, None));
+    }
+}
