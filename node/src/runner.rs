@@ -17,18 +17,24 @@ use mesh_protocol::engine::{
     TaskEnd, TaskResult, Verdict,
 };
 use mesh_protocol::farm::{content_key, FarmDef};
+use mesh_protocol::mesh::FarmId;
 use mesh_protocol::resources::GPU;
-use mesh_protocol::{Resources, TaskRef};
+use mesh_protocol::{Amount, Resources, TaskRef};
 use mesh_store::{FarmKey, JournalEntry, JournalEvent, SledStore, Store, StoreError, Write};
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 
+use crate::control::{FarmView, MeshStatus, NodeView, Observed, ResourceUse, ResourceView};
+use crate::dash;
 use crate::executor::{self, Finished, Launch, Live};
+use crate::observe::Recorder;
 use crate::state::{
     farm_identity, farm_key, hostname, unix_ms, FailedTask, FarmStatus, RunState, StageStatus,
     StateDir, StateError, SNAPSHOT_FAILED_MAX,
 };
 use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
+use mesh_protocol::observe::{Latencies, Latency};
+use std::sync::Mutex;
 
 /// How often the observer hears about progress.
 const PROGRESS_EVERY_MS: u64 = 100;
@@ -51,6 +57,95 @@ pub struct RunOptions {
     pub resources: Resources,
     /// On resume, run failed tasks again with fresh retries.
     pub retry_failed: bool,
+    /// Serve the dashboard (`mesh run --http`).
+    pub http: Option<dash::Http>,
+    /// Told the dashboard's address once it is served.
+    pub on_http: Option<fn(&str)>,
+}
+
+/// What `mesh run` shows its dashboard: kept by the loop as it goes.
+struct Shared {
+    status: FarmStatus,
+    node: NodeView,
+    recorder: Recorder,
+    latency: Latencies,
+    def: Arc<FarmDef>,
+    logs_dir: PathBuf,
+}
+
+/// The dashboard's view of `mesh run`: one node, one farm.
+struct RunSource(Arc<Mutex<Shared>>);
+
+impl dash::Source for RunSource {
+    fn observe(&self, since: HashMap<String, u64>) -> dash::BoxFuture<Result<Observed, String>> {
+        let sh = self.0.lock().expect("not poisoned");
+        let since = since.get(&sh.node.id).copied().unwrap_or(0);
+        let status = MeshStatus {
+            nodes: vec![sh.node.clone()],
+            ..MeshStatus::default()
+        };
+        let o = sh
+            .recorder
+            .observation(since, sh.latency.export(), unix_ms());
+        let observed = Observed::new(status, vec![(sh.node.id.clone(), o)]);
+        Box::pin(std::future::ready(Ok(observed)))
+    }
+
+    fn farms(&self) -> dash::BoxFuture<Result<Vec<FarmView>, String>> {
+        let sh = self.0.lock().expect("not poisoned");
+        let s = &sh.status;
+        let view = FarmView {
+            id: s.id.clone(),
+            name: s.name.clone(),
+            file: s.file.clone(),
+            out: s.out.clone(),
+            accepted: true,
+            finished: s.state.is_finished(),
+            counts: s.counts.clone(),
+            stages: s
+                .stages
+                .iter()
+                .map(|st| (st.name.clone(), st.counts.clone()))
+                .collect(),
+            failures: s
+                .failed
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{} (attempt {} on {}): {}",
+                        f.task, f.attempt, s.host, f.reason
+                    )
+                })
+                .collect(),
+            home: s.host.clone(),
+            ..FarmView::default()
+        };
+        Box::pin(std::future::ready(Ok(vec![view])))
+    }
+
+    fn logs(
+        &self,
+        _farm: String,
+        task: String,
+        attempt: Option<u32>,
+    ) -> dash::BoxFuture<Result<String, String>> {
+        let (def, logs_dir) = {
+            let sh = self.0.lock().expect("not poisoned");
+            (sh.def.clone(), sh.logs_dir.clone())
+        };
+        Box::pin(async move {
+            let t = crate::mesh_node::parse_task(&def, &task)?;
+            let stage_dir = logs_dir.join(&def.stage(t).name);
+            let attempt = attempt
+                .or_else(|| executor::latest_attempt(&stage_dir, t.index))
+                .ok_or_else(|| format!("{task} has written no logs"))?;
+            let read = |stream| {
+                fs::read(executor::log_path(&logs_dir, &def, t, attempt, stream))
+                    .unwrap_or_default()
+            };
+            Ok(dash::logs_text(&read("out"), &read("err")))
+        })
+    }
 }
 
 /// Hears what happens during a run; the CLI draws it.
@@ -214,6 +309,9 @@ async fn drive(
         input_hashes: HashMap::new(),
         programs: HashMap::new(),
         live: HashMap::new(),
+        shared: None,
+        runs: HashMap::new(),
+        clock,
         status: FarmStatus {
             id: id.clone(),
             name: def.name.clone(),
@@ -231,6 +329,35 @@ async fn drive(
             failed: Vec::new(),
         },
     };
+    if let Some(http) = &opts.http {
+        let label = hostname();
+        let shared = Arc::new(Mutex::new(Shared {
+            status: d.status.clone(),
+            node: NodeView {
+                id: label,
+                local: true,
+                coordinator: true,
+                ..NodeView::default()
+            },
+            recorder: Recorder::default(),
+            latency: Latencies::default(),
+            def: def.clone(),
+            logs_dir: opts.state.logs_dir(&id),
+        }));
+        d.shared = Some(shared.clone());
+        let bound = dash::serve(http.clone(), Arc::new(RunSource(shared)))
+            .await
+            .map_err(io_err(format!(
+                "cannot serve the dashboard on {}",
+                http.addr
+            )))?;
+        if let Some(tell) = opts.on_http {
+            tell(&crate::mesh_node::dashboard_line(
+                bound,
+                http.token.as_deref(),
+            ));
+        }
+    }
     d.refresh(&engine, clock);
     let _ = opts.state.write_status(&d.status);
     obs.started(&d.status);
@@ -336,6 +463,11 @@ struct Driver {
     live: HashMap<TaskRef, (u32, Live)>,
     /// What the observer and the snapshot see; `failed` is kept here as failures happen.
     status: FarmStatus,
+    /// What the dashboard sees, when one is served; and each live run's
+    /// record there and start.
+    shared: Option<Arc<Mutex<Shared>>>,
+    runs: HashMap<TaskRef, (u64, Option<u32>, Instant)>,
+    clock: Instant,
 }
 
 impl Driver {
@@ -382,6 +514,16 @@ impl Driver {
             let task = l.task;
             let attempt = l.attempt;
             tracing::debug!(farm = %self.id, task = task.index, stage = task.stage, attempt, "start");
+            if let Some(sh) = &self.shared {
+                let mut sh = sh.lock().expect("not poisoned");
+                // Numbered as a mesh farm whose display id this is.
+                let farm = FarmId(dash::view::farm_key(&self.id) << 32);
+                let seq = sh.recorder.started(farm, task, attempt, unix_ms());
+                let slot = sh.recorder.slot(seq);
+                let since_start = self.clock.elapsed().as_micros() as u64;
+                sh.latency.record(Latency::SubmitToStart, since_start);
+                self.runs.insert(task, (seq, slot, Instant::now()));
+            }
             let live = executor::launch(l, tx.clone());
             self.live.insert(task, (attempt, live));
         }
@@ -496,6 +638,18 @@ impl Driver {
         if self.live.get(&f.task).is_some_and(|(a, _)| *a == f.attempt) {
             self.live.remove(&f.task);
         }
+        if let (Some(sh), Some((seq, slot, at))) = (&self.shared, self.runs.remove(&f.task)) {
+            let codes = &self.def.stage(f.task).success_codes;
+            let failed = match f.result {
+                TaskResult::Exited(c) => !codes.contains(&c),
+                TaskResult::Cached => false,
+                _ => true,
+            };
+            let mut sh = sh.lock().expect("not poisoned");
+            sh.recorder.ended(seq, slot, failed, unix_ms());
+            sh.latency
+                .record(Latency::StartToDone, at.elapsed().as_micros() as u64);
+        }
         engine.task_finished(
             now,
             FarmSlot(f.slot),
@@ -587,6 +741,22 @@ impl Driver {
         self.status.stages = stage_statuses(&self.def, engine, self.slot);
         self.status.updated_at_ms = unix_ms();
         self.status.elapsed_ms = clock.elapsed().as_millis() as u64;
+        if let Some(sh) = &self.shared {
+            let mut sh = sh.lock().expect("not poisoned");
+            let total = engine.total();
+            let mut used = total.clone();
+            for (k, free) in engine.free().iter() {
+                used.set(k, Amount(total.get(k).0.saturating_sub(free.0)));
+            }
+            sh.node.resources = ResourceView {
+                total: total.to_string(),
+                used: used.to_string(),
+            };
+            sh.node.usage = ResourceUse::of(total, &used);
+            sh.node.running = self.live.len() as u32;
+            sh.node.queued = self.status.counts.queued() as u32;
+            sh.status = self.status.clone();
+        }
     }
 }
 

@@ -1,0 +1,557 @@
+//! What the dashboard page is sent: the status and farms folded into a bounded view, with the history it keeps between updates.
+//!
+//! Bounded whatever the farm's size: at most `NODES_MAX` nodes, `FARMS_MAX`
+//! farms with `FAILURES_MAX` failures each, `BARS_MAX` runs of the last
+//! `WINDOW_MS` in the task stream and `SERIES_MAX` points over time. A
+//! million-task farm costs the page what a hundred-task one does.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use mesh_protocol::engine::Counts;
+use mesh_protocol::observe::{LatencySummary, RunRecord};
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use serde::{Deserialize, Serialize};
+
+use crate::control::{FarmView, Observed, ResourceUse};
+
+/// The most one update may weigh, as JSON.
+pub const UPDATE_MAX_BYTES: usize = 64 * 1024;
+pub const NODES_MAX: usize = 200;
+pub const FARMS_MAX: usize = 12;
+pub const FAILURES_MAX: usize = 20;
+pub const BARS_MAX: usize = 1500;
+/// The task stream shows the last minute.
+pub const WINDOW_MS: u64 = 60_000;
+/// Five minutes of one point a second.
+pub const SERIES_MAX: usize = 300;
+const EVENTS_MAX: usize = 50;
+/// A stage's rate is measured over this long.
+const RATE_WINDOW_MS: u64 = 20_000;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct DashView {
+    pub at: u64,
+    pub local: String,
+    pub coordinator: Option<String>,
+    pub term: u64,
+    pub nodes: Vec<NodeLine>,
+    pub nodes_more: usize,
+    pub farms: Vec<FarmLine>,
+    pub stream: Stream,
+    pub series: Series,
+    pub events: Vec<EventLine>,
+    pub latency: Vec<LatencySummary>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct NodeLine {
+    pub id: String,
+    pub coordinator: bool,
+    pub local: bool,
+    pub resources: Vec<ResourceUse>,
+    pub load: Option<f64>,
+    pub cpus: Option<u32>,
+    pub mem_used: Option<u64>,
+    pub mem_total: Option<u64>,
+    pub queued: u32,
+    pub running: u32,
+    pub prefetch: u32,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FarmLine {
+    pub id: String,
+    pub name: String,
+    pub home: String,
+    pub finished: bool,
+    pub stages: Vec<StageLine>,
+    pub failures: Vec<FailureLine>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StageLine {
+    pub name: String,
+    pub total: u64,
+    pub done: u64,
+    pub running: u64,
+    pub queued: u64,
+    pub failed: u64,
+    pub skipped: u64,
+    pub cancelled: u64,
+    /// Tasks ended per second, recently.
+    pub rate: f64,
+    pub eta_s: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FailureLine {
+    pub text: String,
+    /// Where the page fetches the task's logs.
+    pub logs: Option<String>,
+}
+
+/// The task stream: bars are `[lane, start, end, stage, failed]`, times
+/// in ms after `t0`, `end` null while running.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Stream {
+    pub t0: u64,
+    pub t1: u64,
+    pub lanes: Vec<Lane>,
+    pub stages: Vec<String>,
+    pub bars: Vec<(u32, u64, Option<u64>, u32, u8)>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Lane {
+    pub node: String,
+    pub slot: u32,
+}
+
+/// Per interval: tasks ended, failed, stolen, and the nodes there were.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Series {
+    pub t: Vec<u64>,
+    pub done: Vec<u64>,
+    pub failed: Vec<u64>,
+    pub steals: Vec<u64>,
+    pub nodes: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct EventLine {
+    pub at: u64,
+    pub text: String,
+}
+
+/// A run in the stream, on the observer's clock.
+#[derive(Clone, Copy)]
+struct Bar {
+    run: RunRecord,
+}
+
+/// Totals at one update, to difference into the series.
+#[derive(Clone, Copy, Default)]
+struct Totals {
+    ended: u64,
+    failed: u64,
+    stolen: u64,
+}
+
+/// What the dashboard remembers between updates.
+#[derive(Default)]
+pub struct Model {
+    /// The last run number seen from each node.
+    since: HashMap<String, u64>,
+    bars: HashMap<(String, u64), Bar>,
+    /// Each stage's tasks ended, sampled, for its rate: by (farm, stage).
+    ended: HashMap<(String, String), VecDeque<(u64, u64)>>,
+    series: VecDeque<(u64, Totals, u64)>,
+    last: Option<Totals>,
+    events: VecDeque<EventLine>,
+    nodes_seen: HashSet<String>,
+    farms_seen: HashMap<String, bool>,
+    coordinator: Option<String>,
+    farm_names: HashMap<u64, (String, Vec<String>)>,
+}
+
+impl Model {
+    /// The run numbers to ask each node for (what came after).
+    pub fn since(&self) -> HashMap<String, u64> {
+        self.since.clone()
+    }
+
+    /// Folds one poll in and returns what the page is sent. `now`: unix ms.
+    pub fn update(&mut self, now: u64, obs: &Observed, farms: &[FarmView]) -> DashView {
+        let status = &obs.status;
+        let local = status
+            .nodes
+            .iter()
+            .find(|n| n.local)
+            .map(|n| n.id.clone())
+            .unwrap_or_default();
+        self.note_changes(now, obs, farms);
+        for f in farms {
+            self.farm_names.entry(farm_key(&f.id)).or_insert_with(|| {
+                (
+                    f.id.clone(),
+                    f.stages.iter().map(|(n, _)| n.clone()).collect(),
+                )
+            });
+        }
+
+        // Runs, shifted onto this clock by the node's own.
+        for (node, o) in &obs.nodes {
+            let shift = now as i64 - o.unix_ms as i64;
+            let at = |t: u64| (t as i64 + shift).max(0) as u64;
+            for r in &o.runs {
+                let mut run = *r;
+                run.start = at(run.start);
+                run.end = run.end.map(at);
+                self.bars.insert((node.clone(), r.seq), Bar { run });
+                let s = self.since.entry(node.clone()).or_insert(0);
+                if r.end.is_some() && r.seq > *s {
+                    *s = r.seq;
+                }
+            }
+        }
+        let t0 = now.saturating_sub(WINDOW_MS);
+        let live: HashSet<&String> = obs.nodes.iter().map(|(n, _)| n).collect();
+        // A running bar of a node that answered without it has ended
+        // unseen (left the node's record): dropped with the window.
+        self.bars.retain(|(node, _), b| {
+            b.run
+                .end
+                .map_or(live.contains(node) || b.run.start >= t0, |e| e >= t0)
+        });
+        if self.bars.len() > BARS_MAX {
+            let mut starts: Vec<u64> = self.bars.values().map(|b| b.run.start).collect();
+            let cut = starts.len() - BARS_MAX;
+            let (_, nth, _) = starts.select_nth_unstable(cut);
+            let nth = *nth;
+            self.bars.retain(|_, b| b.run.start >= nth);
+        }
+
+        let nodes_total = status.nodes.len();
+        let mut nodes: Vec<NodeLine> = status
+            .nodes
+            .iter()
+            .map(|n| NodeLine {
+                id: n.id.clone(),
+                coordinator: n.coordinator,
+                local: n.local,
+                resources: n.usage.clone(),
+                load: n.load,
+                cpus: n.cpus,
+                mem_used: n.mem_used,
+                mem_total: n.mem_total,
+                queued: n.queued,
+                running: n.running,
+                prefetch: n.prefetch,
+            })
+            .collect();
+        // The coordinator and this node first, then the busiest.
+        nodes.sort_by(|a, b| {
+            (b.coordinator, b.local, b.running + b.queued, &a.id).cmp(&(
+                a.coordinator,
+                a.local,
+                a.running + a.queued,
+                &b.id,
+            ))
+        });
+        nodes.truncate(NODES_MAX);
+
+        let farm_lines = self.farm_lines(now, farms);
+        let stream = self.stream(t0, now);
+        let series = self.series(now, obs, farms, nodes_total as u64);
+        DashView {
+            at: now,
+            local,
+            coordinator: status.coordinator.clone(),
+            term: status.term,
+            nodes_more: nodes_total - nodes.len(),
+            nodes,
+            farms: farm_lines,
+            stream,
+            series,
+            events: self.events.iter().cloned().collect(),
+            latency: status.latency.clone(),
+        }
+    }
+
+    fn event(&mut self, at: u64, text: String) {
+        if self.events.len() == EVENTS_MAX {
+            self.events.pop_front();
+        }
+        self.events.push_back(EventLine { at, text });
+    }
+
+    fn note_changes(&mut self, now: u64, obs: &Observed, farms: &[FarmView]) {
+        let first = self.nodes_seen.is_empty() && self.farms_seen.is_empty();
+        let ids: HashSet<String> = obs.status.nodes.iter().map(|n| n.id.clone()).collect();
+        if !first {
+            for n in ids
+                .difference(&self.nodes_seen)
+                .cloned()
+                .collect::<Vec<_>>()
+            {
+                self.event(now, format!("node {} joined", short(&n)));
+            }
+            for n in self
+                .nodes_seen
+                .difference(&ids)
+                .cloned()
+                .collect::<Vec<_>>()
+            {
+                self.event(now, format!("node {} left", short(&n)));
+            }
+        }
+        self.nodes_seen = ids;
+        if obs.status.coordinator != self.coordinator {
+            if let Some(c) = &obs.status.coordinator {
+                self.event(
+                    now,
+                    format!("node {} coordinates (term {})", short(c), obs.status.term),
+                );
+            }
+            self.coordinator = obs.status.coordinator.clone();
+        }
+        for f in farms {
+            match self.farms_seen.insert(f.id.clone(), f.finished) {
+                None if !first => self.event(now, format!("farm {} submitted", f.id)),
+                Some(false) if f.finished => self.event(now, format!("farm {} finished", f.id)),
+                _ => {}
+            }
+        }
+    }
+
+    fn farm_lines(&mut self, now: u64, farms: &[FarmView]) -> Vec<FarmLine> {
+        let mut lines = Vec::new();
+        for f in farms.iter().take(FARMS_MAX) {
+            let mut stages = Vec::new();
+            for (name, c) in &f.stages {
+                let ended = c.done + c.failed + c.skipped + c.cancelled;
+                let samples = self.ended.entry((f.id.clone(), name.clone())).or_default();
+                samples.push_back((now, ended));
+                while samples
+                    .front()
+                    .is_some_and(|(t, _)| *t + RATE_WINDOW_MS < now)
+                {
+                    samples.pop_front();
+                }
+                let rate = match (samples.front(), samples.back()) {
+                    (Some((t0, e0)), Some((t1, e1))) if t1 > t0 => {
+                        (e1 - e0.min(e1)) as f64 * 1000.0 / (t1 - t0) as f64
+                    }
+                    _ => 0.0,
+                };
+                stages.push(stage_line(name, c, rate));
+            }
+            let failures = f
+                .failures
+                .iter()
+                .take(FAILURES_MAX)
+                .map(|text| FailureLine {
+                    text: text.clone(),
+                    logs: logs_link(&f.id, text),
+                })
+                .collect();
+            lines.push(FarmLine {
+                id: f.id.clone(),
+                name: f.name.clone(),
+                home: f.home.clone(),
+                finished: f.finished,
+                stages,
+                failures,
+            });
+        }
+        let shown: HashSet<&String> = farms.iter().map(|f| &f.id).collect();
+        self.ended.retain(|(farm, _), _| shown.contains(farm));
+        lines
+    }
+
+    fn stream(&self, t0: u64, now: u64) -> Stream {
+        let mut lanes: Vec<Lane> = self
+            .bars
+            .iter()
+            .map(|((node, _), b)| Lane {
+                node: node.clone(),
+                slot: b.run.slot,
+            })
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        lanes.sort();
+        let lane_of: HashMap<&Lane, u32> = lanes
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l, i as u32))
+            .collect();
+        let mut stages: Vec<String> = Vec::new();
+        let mut stage_of: HashMap<(u64, u32), u32> = HashMap::new();
+        let mut bars: Vec<(u32, u64, Option<u64>, u32, u8)> = Vec::with_capacity(self.bars.len());
+        for ((node, _), b) in &self.bars {
+            let r = &b.run;
+            let lane = lane_of[&Lane {
+                node: node.clone(),
+                slot: r.slot,
+            }];
+            let key = (r.farm.0, r.task.stage);
+            let stage = *stage_of.entry(key).or_insert_with(|| {
+                let name = match self.farm_names.get(&(r.farm.0 >> 32)) {
+                    Some((farm, names)) => format!(
+                        "{farm}/{}",
+                        names.get(r.task.stage as usize).map_or("?", String::as_str)
+                    ),
+                    None => format!("{}/{}", r.farm, r.task.stage),
+                };
+                stages.push(name);
+                stages.len() as u32 - 1
+            });
+            bars.push((
+                lane,
+                r.start.saturating_sub(t0),
+                r.end.map(|e| e.min(now).saturating_sub(t0)),
+                stage,
+                r.failed as u8,
+            ));
+        }
+        bars.sort_unstable_by_key(|b| (b.1, b.0));
+        Stream {
+            t0,
+            t1: now,
+            lanes,
+            stages,
+            bars,
+        }
+    }
+
+    fn series(&mut self, now: u64, obs: &Observed, farms: &[FarmView], nodes: u64) -> Series {
+        let mut t = Totals::default();
+        for f in farms {
+            t.ended += f.counts.done + f.counts.failed;
+            t.failed += f.counts.failed;
+        }
+        t.stolen = obs.nodes.iter().map(|(_, o)| o.counters.tasks_stolen).sum();
+        let last = self.last.replace(t).unwrap_or(t);
+        // Farms that leave the list, or nodes that restart, lower a total:
+        // an interval never goes negative.
+        let d = Totals {
+            ended: t.ended.saturating_sub(last.ended),
+            failed: t.failed.saturating_sub(last.failed),
+            stolen: t.stolen.saturating_sub(last.stolen),
+        };
+        if self.series.len() == SERIES_MAX {
+            self.series.pop_front();
+        }
+        self.series.push_back((now, d, nodes));
+        let mut s = Series::default();
+        for (at, d, n) in &self.series {
+            s.t.push(*at);
+            s.done.push(d.ended);
+            s.failed.push(d.failed);
+            s.steals.push(d.stolen);
+            s.nodes.push(*n);
+        }
+        s
+    }
+}
+
+impl DashView {
+    /// The view as JSON within [`UPDATE_MAX_BYTES`]: when the limits on
+    /// each part are not enough (hundreds of nodes with long names, many
+    /// failures), the task stream, the nodes and the failures are halved
+    /// in turn until it fits; `nodes_more` tells the page what was left out.
+    pub fn to_json(mut self) -> String {
+        for round in 0.. {
+            let json = serde_json::to_string(&self).expect("the view serializes");
+            if json.len() <= UPDATE_MAX_BYTES || round > 64 {
+                return json;
+            }
+            // Halve the heaviest part.
+            let parts = [weigh(&self.stream), weigh(&self.nodes), weigh(&self.farms)];
+            let heaviest = (0..3).max_by_key(|&i| parts[i]).expect("three parts");
+            match heaviest {
+                0 if !self.stream.bars.is_empty() => {
+                    let keep = self.stream.bars.len() / 2;
+                    self.stream.keep_newest(keep);
+                }
+                1 if !self.nodes.is_empty() => {
+                    let keep = self.nodes.len() / 2;
+                    self.nodes_more += self.nodes.len() - keep;
+                    self.nodes.truncate(keep);
+                }
+                2 if self.farms.iter().any(|f| !f.failures.is_empty()) => {
+                    for f in &mut self.farms {
+                        f.failures.truncate(f.failures.len() / 2);
+                    }
+                }
+                _ => {
+                    self.series = Series::default();
+                    self.events.clear();
+                    self.farms.truncate(self.farms.len() / 2);
+                }
+            }
+        }
+        unreachable!("the loop returns")
+    }
+}
+
+impl Stream {
+    /// Keeps the `n` newest bars and the lanes they are in.
+    fn keep_newest(&mut self, n: usize) {
+        // Bars are sorted by start.
+        let cut = self.bars.len().saturating_sub(n);
+        self.bars.drain(..cut);
+        let mut used: Vec<Option<u32>> = vec![None; self.lanes.len()];
+        let mut lanes = Vec::new();
+        for b in &mut self.bars {
+            let i = b.0 as usize;
+            let new = *used[i].get_or_insert_with(|| {
+                lanes.push(self.lanes[i].clone());
+                lanes.len() as u32 - 1
+            });
+            b.0 = new;
+        }
+        // Lanes stay in node and slot order.
+        let mut order: Vec<u32> = (0..lanes.len() as u32).collect();
+        order.sort_by(|&a, &b| lanes[a as usize].cmp(&lanes[b as usize]));
+        let mut rank = vec![0u32; lanes.len()];
+        for (r, &i) in order.iter().enumerate() {
+            rank[i as usize] = r as u32;
+        }
+        for b in &mut self.bars {
+            b.0 = rank[b.0 as usize];
+        }
+        lanes.sort();
+        self.lanes = lanes;
+    }
+}
+
+/// A part of the view's size as JSON.
+fn weigh<T: Serialize>(part: &T) -> usize {
+    serde_json::to_vec(part).map_or(0, |v| v.len())
+}
+
+/// The high half of a farm's id, as its display id (`name-hex`) shows it.
+pub fn farm_key(display: &str) -> u64 {
+    display
+        .rsplit('-')
+        .next()
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .unwrap_or(0)
+}
+
+fn stage_line(name: &str, c: &Counts, rate: f64) -> StageLine {
+    let left = c.total - c.done - c.failed - c.skipped - c.cancelled;
+    StageLine {
+        name: name.to_string(),
+        total: c.total,
+        done: c.done,
+        running: c.running,
+        queued: c.queued(),
+        failed: c.failed,
+        skipped: c.skipped,
+        cancelled: c.cancelled,
+        rate,
+        eta_s: match left {
+            0 => Some(0.0),
+            _ if rate > 0.0 => Some(left as f64 / rate),
+            _ => None,
+        },
+    }
+}
+
+/// `task (attempt N on node): reason` to the URL of that attempt's logs.
+fn logs_link(farm: &str, failure: &str) -> Option<String> {
+    let (task, rest) = failure.split_once(" (attempt ")?;
+    let attempt: u32 = rest.split(' ').next()?.parse().ok()?;
+    Some(format!(
+        "/api/logs/{}/{}?attempt={attempt}",
+        utf8_percent_encode(farm, NON_ALPHANUMERIC),
+        utf8_percent_encode(task, NON_ALPHANUMERIC)
+    ))
+}
+
+fn short(id: &str) -> &str {
+    &id[id.len().saturating_sub(8)..]
+}
