@@ -3,6 +3,7 @@
 mod mesh_cmds;
 mod show;
 mod sim_cmd;
+mod watch;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -125,6 +126,23 @@ enum Cmd {
         farm: Option<String>,
         #[arg(long)]
         json: bool,
+        /// Latency percentiles (p50/p90/p99/max) over the mesh and per node:
+        /// queue wait, submit to start, start to recorded done, message and
+        /// steal round trips.
+        #[arg(long)]
+        latency: bool,
+    },
+    /// A live view of the mesh or of a farm in the terminal: per-stage bars with rate and
+    /// ETA, nodes with their load, recent failures (plain lines when not on a terminal).
+    Watch {
+        /// Farm id, id prefix or name (default: every farm).
+        farm: Option<String>,
+        /// Seconds between updates.
+        #[arg(long, default_value_t = 1.0, value_name = "S")]
+        every: f64,
+        /// Stop when the farm (or every farm) has finished.
+        #[arg(long)]
+        until_done: bool,
     },
     /// Show a task's stdout and stderr (TASK is <stage>/<index>, e.g. solve/3).
     Logs {
@@ -149,6 +167,11 @@ pub(crate) struct NodeArgs {
     /// e.g. `cpu=8,mem=32GiB,gpu=2,license=4`.
     #[arg(long, value_name = "LIST")]
     pub(crate) resources: Option<String>,
+    /// Serve the live dashboard and /metrics at this address, e.g. 127.0.0.1:8787.
+    /// On an address other than loopback every request needs the token the
+    /// node prints (derived from mesh.key).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) http: Option<std::net::SocketAddr>,
 }
 
 #[derive(Args)]
@@ -278,12 +301,21 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         } => mesh_cmds::submit(state.root(), &farm, out, wait, json),
         Cmd::Wait { farm, json } => mesh_cmds::wait(state.root(), &farm, json),
         Cmd::Cancel { farm } => mesh_cmds::cancel(state.root(), &farm),
-        Cmd::Status { farm, json } => {
+        Cmd::Watch {
+            farm,
+            every,
+            until_done,
+        } => watch::watch(&state, farm.as_deref(), every, until_done),
+        Cmd::Status {
+            farm,
+            json,
+            latency,
+        } => {
             match farm.as_deref() {
                 // With a node running here, the mesh is what status shows.
                 None => {
                     if let Some(s) = mesh_cmds::status(state.root())? {
-                        mesh_cmds::print_status(&s, json)?;
+                        mesh_cmds::print_status(&s, json, latency)?;
                         return Ok(ExitCode::SUCCESS);
                     }
                 }
@@ -327,6 +359,28 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
     }
 }
 
+/// Where to serve the dashboard, and its token off loopback (from the
+/// mesh secret: `key`, or mesh.key in the state folder).
+pub(crate) fn dashboard(
+    state: &Path,
+    addr: std::net::SocketAddr,
+    key: Option<&Path>,
+) -> Result<mesh_node::dash::Http> {
+    let secret = if addr.ip().is_loopback() {
+        None
+    } else {
+        let path = key
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| state.join(mesh_node::keys::PSK_FILE));
+        let psk = mesh_node::keys::load_psk(&path).with_context(|| {
+            format!("--http {addr} is not loopback: its token comes from the mesh secret (`mesh init` creates one)")
+        })?;
+        Some(psk.to_string())
+    };
+    mesh_node::dash::Http::new(addr, secret.as_deref().map(str::as_bytes))
+        .map_err(anyhow::Error::msg)
+}
+
 fn state_root(flag: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(p) = flag {
         return Ok(p);
@@ -357,10 +411,16 @@ fn run(
     retry_failed: bool,
     output: &OutputArgs,
 ) -> Result<ExitCode> {
+    let http = match node.http {
+        Some(addr) => Some(dashboard(state.root(), addr, None)?),
+        None => None,
+    };
     let opts = RunOptions {
         state: state.clone(),
         resources: node_resources(node)?,
         retry_failed,
+        http,
+        on_http: Some(|line| eprintln!("{line}")),
     };
     let mut obs = show::Progress::new(output.json, output.quiet, std::io::stderr().is_terminal());
     let status = runner::run_farm(start, &opts, &mut obs)?;

@@ -14,7 +14,8 @@ use mesh_node::farmfile::{self, LoadOptions};
 use mesh_node::mesh_node::{run_node, Multiaddr, NodeOptions};
 use mesh_protocol::mesh::Config;
 
-use crate::{node_resources, NodeArgs, EXIT_FAILED_TASKS};
+use crate::{node_resources, show, NodeArgs, EXIT_FAILED_TASKS};
+use mesh_protocol::resources::format_bytes;
 
 pub fn init(state: &Path) -> Result<ExitCode> {
     let r = mesh_node::keys::init(state)?;
@@ -117,6 +118,7 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitC
             .unwrap_or_else(|| state.join(mesh_node::keys::PSK_FILE)),
         config,
         mdns: flags.mdns,
+        http: flags.node.http,
     };
     run_node(
         opts,
@@ -542,9 +544,29 @@ pub fn status(state: &Path) -> Result<Option<MeshStatus>> {
     }
 }
 
-pub fn print_status(s: &MeshStatus, json: bool) -> Result<()> {
+pub fn print_status(s: &MeshStatus, json: bool, latency: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(s)?);
+        return Ok(());
+    }
+    if latency {
+        println!(
+            "latency over the mesh ({} nodes answered):",
+            s.nodes.iter().filter(|n| n.cpus.is_some()).count()
+        );
+        show::latency_table(&s.latency, "  ");
+        for n in &s.nodes {
+            println!(
+                "node {}{}:",
+                n.id,
+                if n.local { " [this node]" } else { "" }
+            );
+            if n.latency.is_empty() {
+                println!("  did not answer in time");
+            } else {
+                show::latency_table(&n.latency, "  ");
+            }
+        }
         return Ok(());
     }
     println!(
@@ -574,6 +596,15 @@ pub fn print_status(s: &MeshStatus, json: bool) -> Result<()> {
             }
         );
         println!("    tasks     {} running, {} queued", n.running, n.queued);
+        if let (Some(load), Some(cpus)) = (n.load, n.cpus) {
+            let mem = match (n.mem_used, n.mem_total) {
+                (Some(u), Some(t)) => {
+                    format!(", memory {} of {}", format_bytes(u), format_bytes(t))
+                }
+                _ => String::new(),
+            };
+            println!("    machine   load {load:.2} on {cpus} cores{mem}");
+        }
     }
     if s.farms.is_empty() {
         println!("no farms submitted on this node");

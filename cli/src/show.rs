@@ -444,3 +444,33 @@ pub fn logs(
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// Latency percentiles as a table, one kind per line.
+pub fn latency_table(rows: &[mesh_protocol::observe::LatencySummary], indent: &str) {
+    println!(
+        "{indent}{:<16} {:>9} {:>10} {:>10} {:>10} {:>10}",
+        "", "count", "p50", "p90", "p99", "max"
+    );
+    for r in rows {
+        println!(
+            "{indent}{:<16} {:>9} {:>10} {:>10} {:>10} {:>10}",
+            r.name,
+            r.count,
+            ms(r.p50_ms),
+            ms(r.p90_ms),
+            ms(r.p99_ms),
+            ms(r.max_ms)
+        );
+    }
+}
+
+/// Milliseconds for people: `0.42 ms`, `12.3 ms`, `2.31 s`.
+fn ms(v: f64) -> String {
+    if v >= 1000.0 {
+        format!("{:.2} s", v / 1000.0)
+    } else if v >= 10.0 {
+        format!("{v:.1} ms")
+    } else {
+        format!("{v:.2} ms")
+    }
+}

@@ -1,0 +1,324 @@
+//! `mesh watch`: a live view of farms in the terminal (per-stage bars with rate and ETA, nodes with their load, recent failures), or plain lines when not on a terminal.
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use console::{Style, Term};
+use mesh_node::control::{
+    Client, ControlError, ControlRequest, ControlResponse, FarmView, MeshStatus,
+};
+use mesh_node::state::{FarmStatus, StateDir};
+use mesh_protocol::engine::Counts;
+use mesh_protocol::resources::format_bytes;
+
+use crate::EXIT_FAILED_TASKS;
+
+/// A stage's rate is measured over this long.
+const RATE_WINDOW: Duration = Duration::from_secs(15);
+const BAR_WIDTH: usize = 30;
+const FAILURES_SHOWN: usize = 5;
+const FARMS_SHOWN: usize = 8;
+
+/// One update's worth: the mesh (when a node runs here) and the farms.
+struct Frame {
+    mesh: Option<MeshStatus>,
+    farms: Vec<FarmView>,
+}
+
+pub fn watch(
+    state: &StateDir,
+    farm: Option<&str>,
+    every: f64,
+    until_done: bool,
+) -> Result<ExitCode> {
+    if !(every > 0.0 && every.is_finite()) {
+        bail!("--every {every}: expected a number of seconds above 0, e.g. 0.5");
+    }
+    let term = Term::stdout();
+    let tty = term.is_term() && std::io::stdout().is_terminal();
+    let color = tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let mut rates = Rates::default();
+    let mut last_lines: HashMap<String, String> = HashMap::new();
+    loop {
+        let frame = read(state, farm)?;
+        let now = Instant::now();
+        if tty {
+            let text = render(&frame, &mut rates, now, color);
+            term.clear_screen()?;
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes())?;
+            out.flush()?;
+        } else {
+            // Plain lines, each stage's only when it changed: a log to keep.
+            let mut out = std::io::stdout().lock();
+            for f in &frame.farms {
+                for (stage, c) in &f.stages {
+                    let rate = rates.rate(&f.id, stage, c, now);
+                    let line = plain_line(f, stage, c, rate);
+                    let key = format!("{}/{stage}", f.id);
+                    if last_lines.get(&key) != Some(&line) {
+                        writeln!(out, "{} {line}", clock())?;
+                        last_lines.insert(key, line);
+                    }
+                }
+            }
+            out.flush()?;
+        }
+        let all_done = !frame.farms.is_empty() && frame.farms.iter().all(|f| f.finished);
+        if (until_done || farm.is_some()) && all_done {
+            let failed = frame.farms.iter().any(|f| f.counts.failed > 0);
+            return Ok(if failed {
+                ExitCode::from(EXIT_FAILED_TASKS)
+            } else {
+                ExitCode::SUCCESS
+            });
+        }
+        std::thread::sleep(Duration::from_secs_f64(every));
+    }
+}
+
+/// From the node running here, or else from the farm's snapshot on disk (`mesh run`).
+fn read(state: &StateDir, farm: Option<&str>) -> Result<Frame> {
+    match ask(state, &ControlRequest::Status) {
+        Ok(Some(ControlResponse::Status(mesh))) => {
+            let farms = mesh_farms(state, farm)?;
+            Ok(Frame {
+                mesh: Some(*mesh),
+                farms,
+            })
+        }
+        Ok(Some(ControlResponse::Error(e))) => bail!("{e}"),
+        Ok(_) => bail!("the node sent no status"),
+        Err(ControlError::NoNode(_)) => {
+            let s = state.find(farm)?;
+            Ok(Frame {
+                mesh: None,
+                farms: vec![local_view(&s)],
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn ask(state: &StateDir, req: &ControlRequest) -> Result<Option<ControlResponse>, ControlError> {
+    let mut c = Client::request(state.root(), req)?;
+    c.recv().transpose()
+}
+
+/// The farm asked for, or the mesh's farms (running first) with their stages.
+fn mesh_farms(state: &StateDir, farm: Option<&str>) -> Result<Vec<FarmView>> {
+    let one = |q: &str| -> Result<FarmView> {
+        match ask(state, &ControlRequest::Farm { farm: q.into() })? {
+            Some(ControlResponse::Farm(v)) => Ok(*v),
+            Some(ControlResponse::Error(e)) => bail!("{e}"),
+            _ => bail!("the node sent no farm"),
+        }
+    };
+    if let Some(q) = farm {
+        return Ok(vec![one(q)?]);
+    }
+    let mut list = match ask(state, &ControlRequest::List)? {
+        Some(ControlResponse::List(v)) => v,
+        Some(ControlResponse::Error(e)) => bail!("{e}"),
+        _ => bail!("the node sent no list"),
+    };
+    list.sort_by_key(|f| f.finished);
+    list.truncate(FARMS_SHOWN);
+    list.iter()
+        .map(|f| {
+            if f.finished {
+                Ok(f.clone())
+            } else {
+                one(&f.id)
+            }
+        })
+        .collect()
+}
+
+fn local_view(s: &FarmStatus) -> FarmView {
+    FarmView {
+        id: s.id.clone(),
+        name: s.name.clone(),
+        file: s.file.clone(),
+        out: s.out.clone(),
+        accepted: true,
+        finished: s.state.is_finished(),
+        counts: s.counts.clone(),
+        stages: s
+            .stages
+            .iter()
+            .map(|st| (st.name.clone(), st.counts.clone()))
+            .collect(),
+        failures: s
+            .failed
+            .iter()
+            .map(|f| format!("{} (attempt {}): {}", f.task, f.attempt, f.reason))
+            .collect(),
+        home: s.host.clone(),
+        ..FarmView::default()
+    }
+}
+
+/// Each stage's recent tasks ended, to tell its rate.
+#[derive(Default)]
+struct Rates {
+    samples: HashMap<(String, String), Vec<(Instant, u64)>>,
+}
+
+impl Rates {
+    fn rate(&mut self, farm: &str, stage: &str, c: &Counts, now: Instant) -> f64 {
+        let ended = ended(c);
+        let s = self
+            .samples
+            .entry((farm.to_string(), stage.to_string()))
+            .or_default();
+        s.push((now, ended));
+        s.retain(|(t, _)| now.duration_since(*t) <= RATE_WINDOW);
+        match (s.first(), s.last()) {
+            (Some((t0, e0)), Some((t1, e1))) if t1 > t0 => {
+                e1.saturating_sub(*e0) as f64 / t1.duration_since(*t0).as_secs_f64()
+            }
+            _ => 0.0,
+        }
+    }
+}
+
+fn ended(c: &Counts) -> u64 {
+    c.done + c.failed + c.skipped + c.cancelled
+}
+
+fn eta(c: &Counts, rate: f64) -> String {
+    let left = c.total.saturating_sub(ended(c));
+    if left == 0 {
+        "done".into()
+    } else if rate > 0.0 {
+        let s = (left as f64 / rate).ceil() as u64;
+        format!("ETA {}", humantime::format_duration(Duration::from_secs(s)))
+    } else {
+        "ETA —".into()
+    }
+}
+
+fn plain_line(f: &FarmView, stage: &str, c: &Counts, rate: f64) -> String {
+    format!(
+        "{}/{stage}: {}/{} done, {} running, {} queued, {} failed, {rate:.1}/s, {}",
+        f.id,
+        c.done,
+        c.total,
+        c.running,
+        c.queued(),
+        c.failed,
+        eta(c, rate)
+    )
+}
+
+fn clock() -> String {
+    let secs = mesh_node::state::unix_ms() / 1000;
+    format!(
+        "{:02}:{:02}:{:02}",
+        (secs / 3600) % 24,
+        (secs / 60) % 60,
+        secs % 60
+    )
+}
+
+/// A whole screen for the terminal.
+fn render(frame: &Frame, rates: &mut Rates, now: Instant, color: bool) -> String {
+    let st = |s: Style| s.force_styling(color);
+    let (green, red, blue, dim, bold) = (
+        st(Style::new().green()),
+        st(Style::new().red()),
+        st(Style::new().blue()),
+        st(Style::new().dim()),
+        st(Style::new().bold()),
+    );
+    let mut o = String::new();
+    match &frame.mesh {
+        Some(m) => o.push_str(&format!(
+            "{} · coordinator {} (term {}) · {} nodes · {} UTC\n\n",
+            bold.apply_to("mesh"),
+            m.coordinator.as_deref().map_or("not elected", short),
+            m.term,
+            m.nodes.len(),
+            clock()
+        )),
+        None => o.push_str(&format!(
+            "{} · this machine · {} UTC\n\n",
+            bold.apply_to("mesh run"),
+            clock()
+        )),
+    }
+    if frame.farms.is_empty() {
+        o.push_str("no farms yet: `mesh submit FARM.toml`\n");
+    }
+    for f in &frame.farms {
+        let state = if f.finished { "finished" } else { "running" };
+        o.push_str(&format!(
+            "{} {}  {}/{} done, {} failed\n",
+            bold.apply_to(format!("farm {}", f.id)),
+            dim.apply_to(state),
+            f.counts.done,
+            f.counts.total,
+            f.counts.failed
+        ));
+        let width = f.stages.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+        for (stage, c) in &f.stages {
+            let rate = rates.rate(&f.id, stage, c, now);
+            let total = c.total.max(1) as f64;
+            let cells = |n: u64| ((n as f64 / total) * BAR_WIDTH as f64).round() as usize;
+            let (d, x, r) = (cells(c.done), cells(c.failed), cells(c.running));
+            let rest = BAR_WIDTH.saturating_sub(d + x + r);
+            o.push_str(&format!(
+                "  {stage:<width$} {}{}{}{} {:>3.0}%  {}/{}  {} running  {} queued  {} failed  {rate:.1}/s  {}\n",
+                green.apply_to("█".repeat(d)),
+                red.apply_to("█".repeat(x)),
+                blue.apply_to("█".repeat(r)),
+                dim.apply_to("░".repeat(rest)),
+                100.0 * ended(c) as f64 / total,
+                c.done,
+                c.total,
+                c.running,
+                c.queued(),
+                c.failed,
+                eta(c, rate)
+            ));
+        }
+        for line in f.failures.iter().take(FAILURES_SHOWN) {
+            o.push_str(&format!("  {} {line}\n", red.apply_to("✗")));
+        }
+        o.push('\n');
+    }
+    if let Some(m) = &frame.mesh {
+        o.push_str(&format!("{}\n", bold.apply_to("nodes")));
+        for n in &m.nodes {
+            let mark = match (n.coordinator, n.local) {
+                (true, true) => " (coordinator, here)",
+                (true, false) => " (coordinator)",
+                (false, true) => " (here)",
+                _ => "",
+            };
+            let load = match (n.load, n.cpus) {
+                (Some(l), Some(c)) => format!("load {l:.2}/{c}"),
+                _ => "load ?".into(),
+            };
+            let mem = match (n.mem_used, n.mem_total) {
+                (Some(u), Some(t)) => format!("mem {}/{}", format_bytes(u), format_bytes(t)),
+                _ => String::new(),
+            };
+            o.push_str(&format!(
+                "  {}{mark:<20} {load:<12} {mem:<22} {} running, {} queued\n",
+                short(&n.id),
+                n.running,
+                n.queued
+            ));
+        }
+    }
+    o
+}
+
+fn short(id: &str) -> &str {
+    &id[id.len().saturating_sub(8)..]
+}
