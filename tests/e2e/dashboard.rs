@@ -1,0 +1,336 @@
+//! Watching farms: the dashboard in a real headless Chromium, and `mesh watch` in a pseudo-terminal.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::ClientBuilder;
+use hyper_util::client::legacy::connect::HttpConnector;
+use mesh_tests::{wait_until, Cluster};
+use serde_json::{json, Value};
+
+use crate::sandbox;
+
+/// 240 short tasks of two stages, some failing: long enough to watch.
+const WATCHED: &str = r#"
+[farm]
+name = "watched"
+
+[[stage]]
+name = "work"
+sweep.i = { range = "0..239" }
+shell = 'sleep 0.1; test $(( {i} % 50 )) -ne 7'
+retries = 0
+
+[[stage]]
+name = "sum"
+after = ["work"]
+shell = "true"
+"#;
+
+/// Kills a child (and waits for it) when dropped.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn find(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The address a node printed for its dashboard.
+fn dashboard_url(lines: &[String]) -> Option<String> {
+    lines
+        .iter()
+        .find_map(|l| l.strip_prefix("dashboard: ").map(str::to_string))
+}
+
+async fn body_data(c: &fantoccini::Client, key: &str) -> Option<u64> {
+    let v = c
+        .execute(
+            "return document.body.dataset[arguments[0]] || null;",
+            vec![json!(key)],
+        )
+        .await
+        .ok()?;
+    v.as_str().and_then(|s| s.parse().ok())
+}
+
+/// What the page shows: nodes, each stage's done count, task-stream bars.
+async fn shown(c: &fantoccini::Client) -> Value {
+    c.execute(
+        r#"return {
+            nodes: [...document.querySelectorAll('tr.node')].map(e => e.dataset.id),
+            stages: [...document.querySelectorAll('.stage')].map(e => ({
+                stage: e.dataset.stage, done: +e.dataset.done, total: +e.dataset.total })),
+            bars: document.querySelectorAll('#stream-svg rect.bar').length,
+            updates: +(document.body.dataset.updates || 0),
+        };"#,
+        vec![],
+    )
+    .await
+    .expect("the page answers")
+}
+
+#[test]
+fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing() {
+    let (Some(chromium), Some(driver)) = (find("chromium"), find("chromedriver")) else {
+        assert!(
+            std::env::var_os("MESH_REQUIRE_BROWSER").is_none(),
+            "MESH_REQUIRE_BROWSER is set and chromium or chromedriver is missing"
+        );
+        eprintln!(
+            "SKIPPED: the browser test needs chromium and chromedriver \
+             (Debian: apt-get install chromium chromium-driver); .ci/run installs them"
+        );
+        return;
+    };
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2", "cpu=2"], &["--http", "127.0.0.1:0"]);
+    let mut url = None;
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            url = dashboard_url(&c.nodes[1].lines());
+            url.is_some()
+        }),
+        "no dashboard address printed:\n{}",
+        c.nodes[1].lines().join("\n")
+    );
+    let url = url.expect("found");
+    sb.write("watched.toml", WATCHED);
+    c.mesh(0, &["submit", "watched.toml"]).expect_code(0);
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let _driver = Reaped(
+        Command::new(driver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver"),
+    );
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
+    std::fs::create_dir_all(&shots).expect("screenshot folder");
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": chromium,
+                "args": ["--headless", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1280,900"],
+            }),
+        );
+        let webdriver = format!("http://127.0.0.1:{port}");
+        let mut client = None;
+        let start = Instant::now();
+        while client.is_none() && start.elapsed() < Duration::from_secs(30) {
+            match ClientBuilder::new(HttpConnector::new())
+                .capabilities(caps.clone())
+                .connect(&webdriver)
+                .await
+            {
+                Ok(c) => client = Some(c),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        let b = client.expect("chromedriver started a session");
+
+        b.goto(&url).await.expect("the page loads");
+        let mut first = None;
+        let start = Instant::now();
+        while first.is_none() && start.elapsed() < Duration::from_secs(10) {
+            first = body_data(&b, "firstRenderMs").await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let first = first.expect("the page rendered");
+        assert!(first < 1000, "first render after {first} ms");
+
+        // Nodes, stages and bars appear...
+        let mut before = shown(&b).await;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20)
+            && (before["bars"].as_u64() == Some(0)
+                || before["stages"].as_array().is_none_or(|s| s.is_empty()))
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            before = shown(&b).await;
+        }
+        let nodes = before["nodes"].as_array().expect("nodes").len();
+        assert_eq!(nodes, 2, "both nodes listed: {before}");
+        assert!(
+            before["bars"].as_u64() > Some(0),
+            "task-stream bars: {before}"
+        );
+        let done = |v: &Value| {
+            v["stages"]
+                .as_array()
+                .and_then(|s| s.iter().find(|s| s["stage"] == "work"))
+                .and_then(|s| s["done"].as_u64())
+                .unwrap_or(0)
+        };
+        let work = &before["stages"].as_array().expect("stages")[0];
+        assert_eq!(work["total"], 240, "{before}");
+
+        // ... and advance, pushed by the server.
+        let mut after = shown(&b).await;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20)
+            && (done(&after) <= done(&before) || after["updates"] == before["updates"])
+        {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            after = shown(&b).await;
+        }
+        assert!(
+            done(&after) > done(&before),
+            "progress advanced: {before} then {after}"
+        );
+        assert!(after["updates"].as_u64() > before["updates"].as_u64());
+        assert!(after["bars"].as_u64() > Some(0));
+
+        for view in ["mesh", "farms", "stream", "time"] {
+            b.goto(&format!("{url}#{view}"))
+                .await
+                .expect("the view loads");
+            let start = Instant::now();
+            while body_data(&b, "updates").await.unwrap_or(0) == 0
+                && start.elapsed() < Duration::from_secs(10)
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let png = b.screenshot().await.expect("a screenshot");
+            std::fs::write(shots.join(format!("{view}.png")), png).expect("save screenshot");
+        }
+        let charts = b
+            .execute(
+                "return document.querySelectorAll('svg.chart').length;",
+                vec![],
+            )
+            .await
+            .expect("the page answers");
+        assert!(charts.as_u64() > Some(0), "charts over time");
+        b.close().await.expect("the session ends");
+    });
+}
+
+/// Reads what a child writes until `limit`, then kills it.
+fn read_for(mut child: Child, limit: Duration) -> String {
+    let mut out = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let _ = out.read_to_end(&mut all);
+        all
+    });
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    String::from_utf8_lossy(&reader.join().expect("reader")).into_owned()
+}
+
+/// The percentages `mesh watch` drew for stage `work`, in order.
+fn percents(screen: &str) -> Vec<u32> {
+    screen
+        .lines()
+        .filter(|l| l.trim_start().starts_with("work "))
+        .filter_map(|l| {
+            let pct = l.split('%').next()?;
+            pct.rsplit(' ').next()?.trim().parse().ok()
+        })
+        .collect()
+}
+
+#[test]
+fn mesh_watch_in_a_terminal_draws_progress_advancing() {
+    let Some(script) = find("script") else {
+        eprintln!("SKIPPED: `script` (util-linux) is needed to give mesh watch a terminal");
+        return;
+    };
+    let sb = sandbox();
+    sb.write("watched.toml", WATCHED);
+    let run = sb.spawn(&["run", "watched.toml", "--quiet"]);
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_mesh"));
+    let watch = |no_color: bool| {
+        let mut cmd = Command::new(&script);
+        cmd.args(["-q", "-f", "-e", "-c"])
+            .arg(format!("{} watch --every 0.3", bin.display()))
+            .arg("/dev/null")
+            .current_dir(sb.path())
+            .env("MESH_STATE_DIR", sb.state())
+            .env("TERM", "xterm")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if no_color {
+            cmd.env("NO_COLOR", "1");
+        } else {
+            cmd.env_remove("NO_COLOR");
+        }
+        cmd.spawn().expect("start script")
+    };
+    // Once the run has written its first snapshot.
+    assert!(wait_until(Duration::from_secs(20), || sb
+        .mesh(&["list", "--json"])
+        .stdout
+        .contains("watched")));
+    let screen = read_for(watch(false), Duration::from_secs(3));
+    assert!(
+        screen.contains("\x1b[2J"),
+        "the screen is redrawn:\n{screen}"
+    );
+    assert!(
+        screen.contains("\x1b[32m"),
+        "in colour on a terminal:\n{screen}"
+    );
+    assert!(screen.contains("farm watched-"), "{screen}");
+    let p = percents(&screen);
+    assert!(p.len() >= 3, "several frames of stage work:\n{screen}");
+    assert!(p.last() > p.first(), "progress advances: {p:?}");
+
+    let plain = read_for(watch(true), Duration::from_secs(1));
+    assert!(
+        !plain.contains("\x1b[32m"),
+        "NO_COLOR is respected:\n{plain}"
+    );
+    assert!(plain.contains("farm watched-"), "{plain}");
+    run.wait().expect_code(1);
+
+    // Not on a terminal: plain lines, and it ends with the farm.
+    let lines = sb.mesh(&["watch", "watched", "--every", "0.2"]);
+    assert_eq!(
+        lines.code,
+        Some(1),
+        "a farm with failures: {}",
+        lines.stderr
+    );
+    assert!(!lines.stdout.contains('\x1b'), "{}", lines.stdout);
+    assert!(
+        lines
+            .stdout
+            .contains("/work: 235/240 done, 0 running, 0 queued, 5 failed"),
+        "{}",
+        lines.stdout
+    );
+}
