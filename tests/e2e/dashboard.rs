@@ -29,6 +29,18 @@ after = ["work"]
 shell = "true"
 "#;
 
+/// A million thin tasks, one in 50 failing.
+const MILLION: &str = r#"
+[farm]
+name = "million"
+
+[[stage]]
+name = "work"
+sweep.i = { range = "0..999999" }
+shell = 'sleep 0.02; test $(( {i} % 50 )) -ne 7'
+retries = 0
+"#;
+
 /// Kills a child (and waits for it) when dropped.
 struct Reaped(Child);
 
@@ -106,8 +118,9 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
         c.nodes[1].lines().join("\n")
     );
     let url = url.expect("found");
-    sb.write("watched.toml", WATCHED);
-    c.mesh(0, &["submit", "watched.toml"]).expect_code(0);
+    // A million tasks: the page must stay small and quick whatever the farm.
+    sb.write("million.toml", MILLION);
+    c.mesh(0, &["submit", "million.toml"]).expect_code(0);
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -187,7 +200,19 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
                 .unwrap_or(0)
         };
         let work = &before["stages"].as_array().expect("stages")[0];
-        assert_eq!(work["total"], 240, "{before}");
+        assert_eq!(work["total"], 1_000_000, "{before}");
+        let size = b
+            .execute_async(
+                "fetch('/api/status').then(r => r.text()).then(t => arguments[0](t.length));",
+                vec![],
+            )
+            .await
+            .expect("the page fetches its data");
+        assert!(
+            size.as_u64().is_some_and(|n| n > 1000 && n <= 64 * 1024),
+            "one update of a million-task farm: {size} bytes"
+        );
+        eprintln!("dashboard: first render {first} ms, one update {size} bytes");
 
         // ... and advance, pushed by the server.
         let mut after = shown(&b).await;
