@@ -63,7 +63,7 @@ fn crates_depend_only_on_what_their_layer_may_know() {
         );
     }
     for krate in ["protocol", "store", "node", "sim"] {
-        for ui in ["clap", "indicatif"] {
+        for ui in ["clap", "indicatif", "console"] {
             assert!(
                 !has(&deps(krate), ui),
                 "only cli knows terminals and flags, but {krate} depends on {ui}"
@@ -71,10 +71,10 @@ fn crates_depend_only_on_what_their_layer_may_know() {
         }
     }
     for krate in ["protocol", "store", "sim", "cli"] {
-        for net in ["tokio", "libp2p"] {
+        for net in ["tokio", "libp2p", "axum"] {
             assert!(
                 !has(&deps(krate), net),
-                "only node knows tokio and libp2p, but {krate} depends on {net}"
+                "only node knows tokio, libp2p and HTTP, but {krate} depends on {net}"
             );
         }
     }

@@ -150,7 +150,7 @@
     for (let v = 0; v <= spanS + 1e-9; v += step) {
       const x = (LW + PW - v * 1000 * k).toFixed(1);
       p.push(`<line class="grid" x1="${x}" x2="${x}" y1="${TOP - 4}" y2="${H}"/>`);
-      p.push(`<text class="tick" x="${x}" y="12">${v === 0 ? 'now' : dur(v) + ' ago'}</text>`);
+      p.push(`<text class="tick" x="${x}" y="12"${v === 0 ? ' text-anchor="end"' : ''}>${v === 0 ? 'now' : (v < 120 ? v + 's' : dur(v)) + ' ago'}</text>`);
     }
     const bh = rowH - 4;
     for (let i = 0; i < bars.length; i++) {
@@ -161,7 +161,7 @@
       if (e < 0 || a > span) continue;
       if (run) running++;
       if (b[4]) failed++;
-      const x = LW + a * k, w = Math.max(1.5, (Math.max(e, a) - a) * k);
+      const x = LW + a * k, w = Math.max(1.5, (Math.max(e, a) - a) * k - 1);
       p.push(`<rect class="bar${b[4] ? ' failed' : ''}" data-lane="${lane}" data-i="${i}"${run ? ' data-run="1"' : ''} x="${x.toFixed(1)}" y="${TOP + lane * rowH + 2}" width="${w.toFixed(1)}" height="${bh}" fill="${color(b[3])}"/>`);
     }
     p.push('</svg>');
