@@ -20,7 +20,7 @@ name = "watched"
 [[stage]]
 name = "work"
 sweep.i = { range = "0..239" }
-shell = 'sleep 0.1; test $(( {i} % 50 )) -ne 7'
+shell = 'sleep 0.1; echo task {i}; test $(( {i} % 50 )) -ne 7'
 retries = 0
 
 [[stage]]
@@ -358,4 +358,108 @@ fn mesh_watch_in_a_terminal_draws_progress_advancing() {
         "{}",
         lines.stdout
     );
+}
+
+/// GET `url`: the status and the body.
+async fn http_get(url: &str) -> (u16, String) {
+    use http_body_util::BodyExt;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let resp = client
+        .get(url.parse().expect("a URL"))
+        .await
+        .expect("the dashboard answers");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.expect("a body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[test]
+fn mesh_run_serves_the_dashboard_its_logs_and_metrics() {
+    let sb = sandbox();
+    sb.write("watched.toml", WATCHED);
+    // Off loopback without a mesh secret: refused before anything runs.
+    let open = sb.mesh(&["run", "watched.toml", "--http", "0.0.0.0:0"]);
+    assert_eq!(open.code, Some(2), "{}", open.stderr);
+    assert!(open.stderr.contains("mesh init"), "{}", open.stderr);
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mesh"))
+        .args(["run", "watched.toml", "--quiet", "--http", "127.0.0.1:0"])
+        .current_dir(sb.path())
+        .env("MESH_STATE_DIR", sb.state())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start mesh run");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(l);
+        }
+    });
+    let run = Reaped(child);
+    let url = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("mesh run printed its dashboard address");
+        if let Some(u) = line.strip_prefix("dashboard: ") {
+            break u.to_string();
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut view = Value::Null;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) {
+            let (code, body) = http_get(&format!("{url}api/status")).await;
+            assert_eq!(code, 200);
+            view = serde_json::from_str(&body).expect("JSON");
+            let failed = view["farms"][0]["stages"][0]["failed"]
+                .as_u64()
+                .unwrap_or(0);
+            if failed > 0
+                && view["stream"]["bars"]
+                    .as_array()
+                    .is_some_and(|b| !b.is_empty())
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert_eq!(view["nodes"].as_array().map(Vec::len), Some(1), "{view}");
+        assert_eq!(view["nodes"][0]["local"], true);
+        let farm = view["farms"][0]["id"].as_str().expect("a farm").to_string();
+        assert!(farm.starts_with("watched-"), "{view}");
+        assert_eq!(view["farms"][0]["stages"][0]["total"], 240);
+        assert!(
+            !view["stream"]["bars"].as_array().expect("bars").is_empty(),
+            "{view}"
+        );
+        assert_eq!(view["stream"]["stages"][0], format!("{farm}/work"));
+
+        // The failure links to its logs, which are the task's own.
+        let link = view["farms"][0]["failures"][0]["logs"]
+            .as_str()
+            .expect("a failure with a logs link")
+            .to_string();
+        let (code, logs) = http_get(&format!("{}{}", url.trim_end_matches('/'), link)).await;
+        assert_eq!(code, 200, "{link}");
+        assert_eq!(logs.trim(), "task 7", "{link}");
+
+        let (code, metrics) = http_get(&format!("{url}metrics")).await;
+        assert_eq!(code, 200);
+        let done_line = format!("mesh_tasks{{farm=\"{farm}\",stage=\"work\",state=\"done\"}}");
+        assert!(metrics.contains(&done_line), "{metrics}");
+        assert!(metrics.contains("mesh_latency_seconds_bucket"), "{metrics}");
+    });
+    drop(run);
 }
