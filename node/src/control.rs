@@ -38,7 +38,7 @@ pub enum ControlRequest {
     /// The mesh's nodes, with what each says of itself (load, latencies).
     Status,
     /// The status and every node's own record, with the task runs each
-    /// numbered after `since[node]` (the dashboard, polling).
+    /// that changed after `since[node]` (the dashboard, polling).
     Observe {
         since: HashMap<String, u64>,
     },

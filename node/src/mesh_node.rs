@@ -1599,7 +1599,7 @@ impl Node {
         }
     }
 
-    /// What this node measures of itself, with its runs numbered after `since`.
+    /// What this node measures of itself, with its runs that changed after `since`.
     fn observation(&self, since: u64) -> Observation {
         let mut counters = self.recorder.counters;
         let stats = self.peer.stats();

@@ -20,6 +20,8 @@ pub const RUNS_SENT: usize = 2048;
 pub struct Recorder {
     runs: VecDeque<RunRecord>,
     next_seq: u64,
+    /// Counts changes (starts and ends), for `RunRecord::changed`.
+    changes: u64,
     /// Which slots are taken, by the runs in them.
     slots: Vec<bool>,
     pub counters: Counters,
@@ -43,8 +45,10 @@ impl Recorder {
             // until it ends.
             self.runs.pop_front();
         }
+        self.changes += 1;
         self.runs.push_back(RunRecord {
             seq,
+            changed: self.changes,
             farm,
             task,
             attempt,
@@ -64,6 +68,8 @@ impl Recorder {
             .and_then(|i| self.runs.get_mut(i as usize))
         {
             Some(r) if r.seq == seq => {
+                self.changes += 1;
+                r.changed = self.changes;
                 r.end = Some(unix_ms);
                 r.failed = failed;
                 Some(r.slot)
@@ -88,15 +94,15 @@ impl Recorder {
             .map(|r| r.slot)
     }
 
-    /// What this node says of itself: the runs numbered after `since` and
-    /// those still running, the newest [`RUNS_SENT`] of them.
+    /// What this node says of itself: the runs that changed after `since`
+    /// (started or ended), the newest [`RUNS_SENT`] of them.
     pub fn observation(&self, since: u64, latency: LatencyData, unix_ms: u64) -> Observation {
         let machine = machine();
         let mut runs: Vec<RunRecord> = self
             .runs
             .iter()
             .rev()
-            .filter(|r| r.end.is_none() || since == 0 || r.seq > since)
+            .filter(|r| r.changed > since)
             .take(RUNS_SENT)
             .copied()
             .collect();
@@ -180,9 +186,14 @@ mod tests {
         assert!(o.runs[1].failed);
         assert_eq!(o.counters.tasks_run, 3);
         assert_eq!(o.counters.tasks_failed, 1);
-        // Only newer runs and those still running are sent again.
-        let o = r.observation(b, LatencyData::default(), 171);
+        // Only what changed since is sent again: c started, then b ended.
+        let seen = o.runs.iter().map(|r| r.changed).max().expect("runs");
+        let o = r.observation(seen, LatencyData::default(), 171);
+        assert!(o.runs.is_empty());
+        r.ended(c, None, false, 180);
+        let o = r.observation(seen, LatencyData::default(), 181);
         assert_eq!(o.runs.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![c]);
+        assert_eq!(o.runs[0].end, Some(180));
     }
 
     #[test]

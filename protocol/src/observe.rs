@@ -158,9 +158,11 @@ pub struct Counters {
 /// One run of a task on a node, for the task stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunRecord {
-    /// Numbers runs on the node as they start, so a reader asks for what
-    /// is newer than the last it saw.
+    /// Numbers runs on the node as they start.
     pub seq: u64,
+    /// When the record last changed (its start, then its end), on a counter
+    /// of the node's: a reader asks for what changed after the last it saw.
+    pub changed: u64,
     pub farm: FarmId,
     pub task: TaskRef,
     pub attempt: u32,
@@ -186,7 +188,7 @@ pub struct Observation {
     pub mem_total: Option<u64>,
     pub counters: Counters,
     pub latency: LatencyData,
-    /// Runs newer than asked for (running ones are always sent), oldest first.
+    /// Runs that changed after the asked-for point, oldest first.
     pub runs: Vec<RunRecord>,
 }
 

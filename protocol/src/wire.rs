@@ -53,8 +53,8 @@ pub enum Request {
         hash: [u8; 32],
         offset: u64,
     },
-    /// What the node measures of itself, with the task runs numbered after
-    /// `since` (the dashboard, `mesh status`, `/metrics` of another node).
+    /// What the node measures of itself, with the task runs that changed
+    /// after `since` (the dashboard, `mesh status`, `/metrics` of another node).
     Observe { since: u64 },
 }
 

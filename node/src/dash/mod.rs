@@ -37,7 +37,7 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// Where the dashboard reads: a mesh node, or `mesh run`'s loop.
 pub trait Source: Send + Sync + 'static {
-    /// The status and each node's record, runs after `since[node]`.
+    /// The status and each node's record, runs that changed after `since[node]`.
     fn observe(&self, since: HashMap<String, u64>) -> BoxFuture<Result<Observed, String>>;
     /// The farms to show, with their stages and failures, the running first.
     fn farms(&self) -> BoxFuture<Result<Vec<FarmView>, String>>;

@@ -88,6 +88,7 @@ fn fixture(nodes: usize, runs: u64, tasks: u64, failures: usize) -> Fixed {
                 runs: (0..runs)
                     .map(|s| RunRecord {
                         seq: s + 1,
+                        changed: s + 1,
                         farm: FarmId(0xabcd_ef01 << 32),
                         task: TaskRef::new(0, s as u32),
                         attempt: 1,
@@ -423,4 +424,34 @@ fn rates_and_etas_follow_progress() {
         v.series.done.iter().skip(1).copied().collect::<Vec<_>>(),
         vec![50; 4]
     );
+}
+
+#[test]
+fn a_long_run_that_ends_after_shorter_ones_is_seen_ending() {
+    let mut rec = crate::observe::Recorder::default();
+    let farm = FarmId(0xabcd_ef01 << 32);
+    let long = rec.started(farm, TaskRef::new(0, 0), 1, NOW - 5000);
+    let short = rec.started(farm, TaskRef::new(0, 1), 1, NOW - 4000);
+    rec.ended(short, None, false, NOW - 3000);
+    let mut f = fixture(1, 0, 10, 0);
+    let node = f.observed.nodes[0].0.clone();
+    let mut model = Model::default();
+    let poll = |rec: &crate::observe::Recorder, model: &mut Model, f: &mut Fixed, at: u64| {
+        let since = model.since().get(&node).copied().unwrap_or(0);
+        let mut o = rec.observation(since, Default::default(), at);
+        o.unix_ms = at;
+        f.observed.nodes[0].1 = o;
+        model.update(at, &f.observed, &f.farms)
+    };
+    let v = poll(&rec, &mut model, &mut f, NOW);
+    assert_eq!(v.stream.bars.iter().filter(|b| b.2.is_none()).count(), 1);
+    rec.ended(long, None, true, NOW + 500);
+    let v = poll(&rec, &mut model, &mut f, NOW + 1000);
+    assert_eq!(v.stream.bars.len(), 2);
+    assert!(
+        v.stream.bars.iter().all(|b| b.2.is_some()),
+        "the long run is shown ended: {:?}",
+        v.stream.bars
+    );
+    assert_eq!(v.stream.bars.iter().filter(|b| b.4 == 1).count(), 1);
 }

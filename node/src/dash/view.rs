@@ -140,7 +140,7 @@ struct Totals {
 /// What the dashboard remembers between updates.
 #[derive(Default)]
 pub struct Model {
-    /// The last run number seen from each node.
+    /// The last change of a run seen from each node.
     since: HashMap<String, u64>,
     bars: HashMap<(String, u64), Bar>,
     /// Each stage's tasks ended, sampled, for its rate: by (farm, stage).
@@ -155,7 +155,7 @@ pub struct Model {
 }
 
 impl Model {
-    /// The run numbers to ask each node for (what came after).
+    /// Where each node's runs are to be read from (what changed after).
     pub fn since(&self) -> HashMap<String, u64> {
         self.since.clone()
     }
@@ -189,9 +189,7 @@ impl Model {
                 run.end = run.end.map(at);
                 self.bars.insert((node.clone(), r.seq), Bar { run });
                 let s = self.since.entry(node.clone()).or_insert(0);
-                if r.end.is_some() && r.seq > *s {
-                    *s = r.seq;
-                }
+                *s = (*s).max(r.changed);
             }
         }
         let t0 = now.saturating_sub(WINDOW_MS);
