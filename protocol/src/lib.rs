@@ -3,6 +3,7 @@
 //! Everything here is driven from outside: `mesh-node` feeds the engine real
 //! events and time, `mesh-sim` feeds it simulated ones. See ARCHITECTURE.md.
 
+pub mod alloc;
 pub mod engine;
 pub mod farm;
 pub mod mesh;

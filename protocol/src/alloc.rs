@@ -1,0 +1,485 @@
+//! When to ask a batch system (SLURM, PBS) for more nodes, when to give them back, and when a node must drain before its walltime: pure decisions, time as an argument.
+//!
+//! The coordinator (and the simulator, with a simulated batch queue) feeds
+//! a [`Scaler`] the backlog by resource kind and the allocations it knows,
+//! and carries out what it decides; the batch-system side (scripts,
+//! `sbatch`, `squeue`, ...) lives in the node. Known pains of the tools
+//! our users come from shape the rules: submitting in bursts that the
+//! batch system rejects, shrinking while work is still queued, submitting
+//! again and again after a failure, and walltime kills blamed on tasks.
+
+use serde::{Deserialize, Serialize};
+
+/// Milliseconds on the caller's clock.
+pub type Millis = u64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BatchSystem {
+    Slurm,
+    Pbs,
+}
+
+/// An allocation queue: what one batch job asks for, and the limits on
+/// how many such jobs exist at once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueDef {
+    pub name: String,
+    pub system: BatchSystem,
+    /// The job's walltime.
+    pub time_limit_s: u64,
+    /// Per node of the job.
+    pub cores: u32,
+    pub mem_bytes: Option<u64>,
+    pub gpus: u32,
+    pub nodes_per_job: u32,
+    pub partition: Option<String>,
+    pub account: Option<String>,
+    /// Extra lines for the script's header, as the user wrote them.
+    pub directives: Vec<String>,
+    /// Shell lines run before the node starts (`module load ...`).
+    pub prologue: Vec<String>,
+    /// Jobs (queued or running) kept at least / at most.
+    pub min: u32,
+    pub max: u32,
+    /// A job whose nodes ran nothing this long is cancelled (above `min`).
+    pub idle_timeout_s: u64,
+}
+
+impl QueueDef {
+    /// Whether this queue's jobs serve GPU tasks (its jobs have GPUs).
+    pub fn for_gpus(&self) -> bool {
+        self.gpus > 0
+    }
+
+    /// What one job adds: cores and GPUs over all its nodes.
+    fn per_job(&self) -> (u64, u64) {
+        let n = u64::from(self.nodes_per_job.max(1));
+        (u64::from(self.cores) * n, u64::from(self.gpus) * n)
+    }
+}
+
+/// Where a job is in the batch system, as last polled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    Queued,
+    Running,
+    /// Gone from the batch system (finished, cancelled, killed at walltime, failed).
+    Ended,
+}
+
+/// One submitted job of a queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: String,
+    pub queue: String,
+    pub state: JobState,
+    pub submitted_at: Millis,
+    /// Since when its nodes have run no task (None: busy, or not started).
+    pub idle_since: Option<Millis>,
+}
+
+/// Work the mesh cannot start now for want of nodes: what ready tasks ask
+/// for beyond the free capacity of the nodes there are (in whole cores and GPUs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backlog {
+    pub cores: u64,
+    pub gpus: u64,
+}
+
+/// What the caller carries out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Submit `jobs` jobs of the queue (one job array where the batch system has them).
+    Submit {
+        queue: String,
+        jobs: u32,
+    },
+    Cancel {
+        job: String,
+        why: String,
+    },
+    /// The queue failed too often in a row: no more submissions until resumed.
+    Pause {
+        queue: String,
+        why: String,
+    },
+}
+
+/// Limits on how fast a queue grows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pace {
+    /// At most this many jobs per submission.
+    pub burst: u32,
+    /// At least this long between two submissions of a queue.
+    pub interval_ms: Millis,
+    /// The wait after a failed submission, doubled on each failure in a row...
+    pub backoff_ms: Millis,
+    /// ... up to this.
+    pub backoff_max_ms: Millis,
+    /// Failures in a row that pause the queue.
+    pub failures_to_pause: u32,
+}
+
+impl Default for Pace {
+    fn default() -> Pace {
+        Pace {
+            burst: 4,
+            interval_ms: 10_000,
+            backoff_ms: 10_000,
+            backoff_max_ms: 600_000,
+            failures_to_pause: 5,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct QueueState {
+    last_submit: Option<Millis>,
+    failures: u32,
+    retry_at: Millis,
+    paused: bool,
+}
+
+/// The scaling decisions for every allocation queue of the mesh.
+#[derive(Clone, Debug, Default)]
+pub struct Scaler {
+    pub pace: Pace,
+    queues: std::collections::BTreeMap<String, QueueState>,
+}
+
+impl Scaler {
+    pub fn new(pace: Pace) -> Scaler {
+        Scaler {
+            pace,
+            queues: Default::default(),
+        }
+    }
+
+    /// What to submit and cancel now. `backlog`: ready work beyond what the
+    /// nodes there are can start; `jobs`: every job the queues submitted
+    /// that has not ended.
+    pub fn decide(
+        &mut self,
+        now: Millis,
+        queues: &[QueueDef],
+        backlog: Backlog,
+        jobs: &[Job],
+    ) -> Vec<Decision> {
+        let mut out = Vec::new();
+        // Work that queued jobs will take once they start: not asked for twice.
+        let (mut cores_left, mut gpus_left) = (backlog.cores, backlog.gpus);
+        for q in queues {
+            let (cores, gpus) = q.per_job();
+            let queued = jobs
+                .iter()
+                .filter(|j| j.queue == q.name && j.state == JobState::Queued)
+                .count() as u64;
+            if q.for_gpus() {
+                gpus_left = gpus_left.saturating_sub(queued * gpus);
+            } else {
+                cores_left = cores_left.saturating_sub(queued * cores);
+            }
+        }
+        for q in queues {
+            let st = self.queues.entry(q.name.clone()).or_default();
+            let live: Vec<&Job> = jobs
+                .iter()
+                .filter(|j| j.queue == q.name && j.state != JobState::Ended)
+                .collect();
+            let count = live.len() as u32;
+
+            // Give back what idles, above the minimum, and only when no
+            // work of its kind is waiting (shrinking while work waits
+            // only means asking again).
+            let waiting = if q.for_gpus() { gpus_left } else { cores_left };
+            let mut kept = count;
+            if waiting == 0 {
+                for j in &live {
+                    let idle_for = j.idle_since.map(|t| now.saturating_sub(t));
+                    if kept > q.min
+                        && j.state == JobState::Running
+                        && idle_for.is_some_and(|d| d >= q.idle_timeout_s * 1000)
+                    {
+                        out.push(Decision::Cancel {
+                            job: j.id.clone(),
+                            why: format!("idle for {} s", idle_for.unwrap_or(0) / 1000),
+                        });
+                        kept -= 1;
+                    }
+                }
+            }
+
+            if st.paused || now < st.retry_at {
+                continue;
+            }
+            if st
+                .last_submit
+                .is_some_and(|t| now < t + self.pace.interval_ms)
+            {
+                continue;
+            }
+            let (cores, gpus) = q.per_job();
+            let wanted = if q.for_gpus() {
+                gpus_left.div_ceil(gpus.max(1))
+            } else {
+                cores_left.div_ceil(cores.max(1))
+            };
+            let below_min = q.min.saturating_sub(count);
+            let jobs_wanted = (wanted as u32).max(below_min);
+            let room = q.max.saturating_sub(count);
+            let n = jobs_wanted.min(room).min(self.pace.burst);
+            if n == 0 {
+                continue;
+            }
+            if q.for_gpus() {
+                gpus_left = gpus_left.saturating_sub(u64::from(n) * gpus);
+            } else {
+                cores_left = cores_left.saturating_sub(u64::from(n) * cores);
+            }
+            st.last_submit = Some(now);
+            out.push(Decision::Submit {
+                queue: q.name.clone(),
+                jobs: n,
+            });
+        }
+        out
+    }
+
+    /// The batch system's answer to a submission: the queue backs off
+    /// after a failure, doubling the wait on each in a row, and is paused
+    /// after `Pace::failures_to_pause` of them.
+    pub fn submitted(&mut self, now: Millis, queue: &str, ok: bool) -> Option<Decision> {
+        let pace = self.pace;
+        let st = self.queues.entry(queue.to_string()).or_default();
+        if ok {
+            st.failures = 0;
+            st.retry_at = 0;
+            return None;
+        }
+        st.failures += 1;
+        let wait = pace
+            .backoff_ms
+            .saturating_mul(1 << (st.failures - 1).min(20))
+            .min(pace.backoff_max_ms);
+        st.retry_at = now + wait;
+        if st.failures >= pace.failures_to_pause {
+            st.paused = true;
+            return Some(Decision::Pause {
+                queue: queue.to_string(),
+                why: format!("{} submissions in a row failed", st.failures),
+            });
+        }
+        None
+    }
+
+    /// `mesh alloc resume`: submissions may go again, at once.
+    pub fn resume(&mut self, queue: &str) {
+        let st = self.queues.entry(queue.to_string()).or_default();
+        st.paused = false;
+        st.failures = 0;
+        st.retry_at = 0;
+    }
+
+    pub fn pause(&mut self, queue: &str) {
+        self.queues.entry(queue.to_string()).or_default().paused = true;
+    }
+
+    pub fn is_paused(&self, queue: &str) -> bool {
+        self.queues.get(queue).is_some_and(|s| s.paused)
+    }
+}
+
+/// Whether a node whose walltime ends at `ends_at` may still start a task
+/// expected to take `expected_ms` (None: unknown), keeping `margin_ms` to
+/// hand back what it has and stop cleanly.
+pub fn fits_before_walltime(
+    now: Millis,
+    ends_at: Millis,
+    expected_ms: Option<Millis>,
+    margin_ms: Millis,
+) -> bool {
+    let deadline = ends_at.saturating_sub(margin_ms);
+    match expected_ms {
+        Some(e) => now.saturating_add(e) <= deadline,
+        // Unknown length: start while the deadline has not come.
+        None => now < deadline,
+    }
+}
+
+/// Whether a node must drain now: hand back its queue, stop taking work,
+/// and stop what runs so that no task is killed by the batch system.
+pub fn must_drain(now: Millis, ends_at: Millis, margin_ms: Millis) -> bool {
+    now >= ends_at.saturating_sub(margin_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(name: &str, gpus: u32) -> QueueDef {
+        QueueDef {
+            name: name.into(),
+            system: BatchSystem::Slurm,
+            time_limit_s: 3600,
+            cores: 8,
+            mem_bytes: None,
+            gpus,
+            nodes_per_job: 1,
+            partition: None,
+            account: None,
+            directives: Vec::new(),
+            prologue: Vec::new(),
+            min: 0,
+            max: 10,
+            idle_timeout_s: 300,
+        }
+    }
+
+    fn job(id: &str, queue: &str, state: JobState, idle_since: Option<Millis>) -> Job {
+        Job {
+            id: id.into(),
+            queue: queue.into(),
+            state,
+            submitted_at: 0,
+            idle_since,
+        }
+    }
+
+    fn submits(d: &[Decision]) -> Vec<(String, u32)> {
+        d.iter()
+            .filter_map(|d| match d {
+                Decision::Submit { queue, jobs } => Some((queue.clone(), *jobs)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_backlog_asks_for_as_many_jobs_as_cover_it_in_bursts_within_max() {
+        let mut s = Scaler::default();
+        let q = [queue("cpu", 0)];
+        // 20 cores of work, 8 per job: 3 jobs.
+        let d = s.decide(0, &q, Backlog { cores: 20, gpus: 0 }, &[]);
+        assert_eq!(submits(&d), vec![("cpu".into(), 3)]);
+        // Not again within the interval, even with more work.
+        let d = s.decide(
+            5_000,
+            &q,
+            Backlog {
+                cores: 200,
+                gpus: 0,
+            },
+            &[],
+        );
+        assert!(submits(&d).is_empty());
+        // A burst is at most 4 jobs; max bounds queued and running jobs together.
+        let jobs: Vec<Job> = (0..8)
+            .map(|i| job(&i.to_string(), "cpu", JobState::Running, None))
+            .collect();
+        let d = s.decide(
+            10_000,
+            &q,
+            Backlog {
+                cores: 1000,
+                gpus: 0,
+            },
+            &jobs,
+        );
+        assert_eq!(submits(&d), vec![("cpu".into(), 2)]);
+        let d = s.decide(
+            20_000,
+            &q,
+            Backlog {
+                cores: 1000,
+                gpus: 0,
+            },
+            &[],
+        );
+        assert_eq!(submits(&d), vec![("cpu".into(), 4)]);
+    }
+
+    #[test]
+    fn queued_jobs_count_toward_the_backlog_and_gpu_work_asks_gpu_queues() {
+        let mut s = Scaler::default();
+        let q = [queue("cpu", 0), queue("gpu", 2)];
+        let pending = [job("1", "cpu", JobState::Queued, None)];
+        // 8 cores wanted, one 8-core job already queued: nothing more for
+        // cpu; 3 GPUs wanted, 2 per job: 2 gpu jobs.
+        let d = s.decide(0, &q, Backlog { cores: 8, gpus: 3 }, &pending);
+        assert_eq!(submits(&d), vec![("gpu".into(), 2)]);
+    }
+
+    #[test]
+    fn min_is_kept_and_idle_jobs_above_it_are_cancelled_only_when_nothing_waits() {
+        let mut s = Scaler::default();
+        let mut q = queue("cpu", 0);
+        q.min = 1;
+        let q = [q];
+        let d = s.decide(0, &q, Backlog::default(), &[]);
+        assert_eq!(submits(&d), vec![("cpu".into(), 1)]);
+        let idle = [
+            job("1", "cpu", JobState::Running, Some(0)),
+            job("2", "cpu", JobState::Running, Some(0)),
+        ];
+        // Work waits: nothing is cancelled, however long idle.
+        let d = s.decide(1_000_000, &q, Backlog { cores: 1, gpus: 0 }, &idle);
+        assert!(!d.iter().any(|d| matches!(d, Decision::Cancel { .. })));
+        // Nothing waits: one cancelled, the minimum kept.
+        let d = s.decide(1_000_000, &q, Backlog::default(), &idle);
+        let cancels: Vec<_> = d
+            .iter()
+            .filter(|d| matches!(d, Decision::Cancel { .. }))
+            .collect();
+        assert_eq!(cancels.len(), 1, "{d:?}");
+        // Not idle long enough: kept.
+        let d = s.decide(200_000, &q, Backlog::default(), &idle);
+        assert!(!d.iter().any(|d| matches!(d, Decision::Cancel { .. })));
+    }
+
+    #[test]
+    fn failures_back_off_doubling_then_pause_until_resumed() {
+        let mut s = Scaler::default();
+        let q = [queue("cpu", 0)];
+        let work = Backlog { cores: 8, gpus: 0 };
+        let mut now = 0;
+        let mut waits = Vec::new();
+        for i in 0..5 {
+            let d = s.decide(now, &q, work, &[]);
+            assert_eq!(submits(&d).len(), 1, "try {i} at {now}");
+            let paused = s.submitted(now, "cpu", false);
+            if i < 4 {
+                assert!(paused.is_none());
+                // Nothing before the backoff ends.
+                let wait = s.queues["cpu"].retry_at - now;
+                waits.push(wait);
+                assert!(submits(&s.decide(now + wait - 1, &q, work, &[])).is_empty());
+                now += wait;
+            } else {
+                assert!(matches!(paused, Some(Decision::Pause { .. })));
+            }
+        }
+        assert_eq!(waits, vec![10_000, 20_000, 40_000, 80_000]);
+        assert!(s.is_paused("cpu"));
+        assert!(submits(&s.decide(now + 10_000_000, &q, work, &[])).is_empty());
+        s.resume("cpu");
+        assert_eq!(submits(&s.decide(now + 10_000_000, &q, work, &[])).len(), 1);
+        assert!(s.submitted(now, "cpu", true).is_none());
+    }
+
+    #[test]
+    fn a_node_takes_only_what_ends_before_its_walltime_and_drains_at_the_margin() {
+        let ends = 3_600_000;
+        let margin = 60_000;
+        assert!(fits_before_walltime(0, ends, Some(600_000), margin));
+        assert!(!fits_before_walltime(
+            3_000_000,
+            ends,
+            Some(600_000),
+            margin
+        ));
+        assert!(fits_before_walltime(3_000_000, ends, None, margin));
+        assert!(!fits_before_walltime(3_540_000, ends, None, margin));
+        assert!(!must_drain(3_539_999, ends, margin));
+        assert!(must_drain(3_540_000, ends, margin));
+    }
+}
