@@ -1,0 +1,472 @@
+//! The batch-system side of allocation queues: the SLURM and PBS job scripts that start a mesh node, and reading what `sbatch`, `squeue`, `qsub` and `qstat` print.
+//!
+//! The decisions (when to submit, cancel or drain) are `mesh_protocol::alloc`;
+//! this module only speaks the batch systems' languages.
+
+use std::fmt::Write as _;
+
+use mesh_protocol::alloc::{BatchSystem, JobState, QueueDef};
+
+/// Where the script's node joins, and how it runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// The `mesh` binary, as an absolute path on the cluster's shared filesystem.
+    pub mesh: String,
+    /// The multiaddr of a node of the mesh to join.
+    pub join: String,
+    /// The mesh secret, readable from the compute nodes.
+    pub key: String,
+    /// A folder for each node's state; the job id and the node's rank are added.
+    pub state_root: String,
+    /// Where the batch system writes the job's output.
+    pub log_dir: String,
+}
+
+/// `H:MM:SS` for a number of seconds (both SLURM and PBS read it).
+fn hms(s: u64) -> String {
+    format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+}
+
+/// Megabytes, rounded up: both systems take memory in whole units.
+fn mb(bytes: u64) -> u64 {
+    bytes.div_ceil(1024 * 1024)
+}
+
+/// The job script for one job of `q`.
+pub fn script(q: &QueueDef, l: &Launch) -> String {
+    match q.system {
+        BatchSystem::Slurm => slurm(q, l),
+        BatchSystem::Pbs => pbs(q, l),
+    }
+}
+
+fn header_common(out: &mut String, q: &QueueDef) {
+    let _ = writeln!(out, "#!/bin/bash");
+    let _ = writeln!(
+        out,
+        "# A mesh node for allocation queue `{}`, written by `mesh alloc`.",
+        q.name
+    );
+}
+
+/// The shell that follows the header: the prologue, then the node, which
+/// drains before the walltime (`--walltime`) so that no task is killed by it.
+fn body(
+    out: &mut String,
+    q: &QueueDef,
+    l: &Launch,
+    run: &str,
+    resources: &str,
+    rank: &str,
+    job: &str,
+) {
+    let _ = writeln!(out, "set -eu");
+    for line in &q.prologue {
+        let _ = writeln!(out, "{line}");
+    }
+    let run = if run.is_empty() {
+        String::new()
+    } else {
+        format!("{run} ")
+    };
+    let _ = writeln!(
+        out,
+        "{run}sh -c 'exec \"{mesh}\" --state-dir \"{root}/{job}-{rank}\" join \"{join}\" --key \"{key}\" --listen /ip4/0.0.0.0/tcp/0 --resources \"{resources}\" --walltime {time}s'",
+        mesh = l.mesh,
+        root = l.state_root,
+        join = l.join,
+        key = l.key,
+        time = q.time_limit_s,
+    );
+}
+
+fn slurm(q: &QueueDef, l: &Launch) -> String {
+    let mut s = String::new();
+    header_common(&mut s, q);
+    let d = |s: &mut String, line: String| {
+        let _ = writeln!(s, "#SBATCH {line}");
+    };
+    d(&mut s, format!("--job-name=mesh-{}", q.name));
+    d(&mut s, format!("--time={}", hms(q.time_limit_s)));
+    d(&mut s, format!("--nodes={}", q.nodes_per_job.max(1)));
+    d(&mut s, "--ntasks-per-node=1".into());
+    d(&mut s, format!("--cpus-per-task={}", q.cores));
+    if let Some(m) = q.mem_bytes {
+        d(&mut s, format!("--mem={}M", mb(m)));
+    }
+    if q.gpus > 0 {
+        d(&mut s, format!("--gres=gpu:{}", q.gpus));
+    }
+    if let Some(p) = &q.partition {
+        d(&mut s, format!("--partition={p}"));
+    }
+    if let Some(a) = &q.account {
+        d(&mut s, format!("--account={a}"));
+    }
+    d(&mut s, format!("--output={}/%x-%j.out", l.log_dir));
+    // A backstop to the node's own drain before its walltime: SIGTERM to
+    // the job's steps a minute before, and the node hands its tasks back
+    // as on Ctrl-C.
+    d(&mut s, "--signal=TERM@60".into());
+    for extra in &q.directives {
+        let _ = writeln!(s, "{}", directive_line("#SBATCH", extra));
+    }
+    // The node's resources, as the batch system granted them.
+    let mut res = "cpu=$SLURM_CPUS_PER_TASK".to_string();
+    if q.mem_bytes.is_some() {
+        res.push_str(",mem=${SLURM_MEM_PER_NODE}MiB");
+    }
+    if q.gpus > 0 {
+        let _ = write!(res, ",gpu={}", q.gpus);
+    }
+    body(
+        &mut s,
+        q,
+        l,
+        "srun --ntasks-per-node=1",
+        &res,
+        "$SLURM_PROCID",
+        "$SLURM_JOB_ID",
+    );
+    s
+}
+
+fn pbs(q: &QueueDef, l: &Launch) -> String {
+    let mut s = String::new();
+    header_common(&mut s, q);
+    let d = |s: &mut String, line: String| {
+        let _ = writeln!(s, "#PBS {line}");
+    };
+    d(&mut s, format!("-N mesh-{}", q.name));
+    d(&mut s, format!("-l walltime={}", hms(q.time_limit_s)));
+    let mut select = format!("select={}:ncpus={}", q.nodes_per_job.max(1), q.cores);
+    if let Some(m) = q.mem_bytes {
+        let _ = write!(select, ":mem={}mb", mb(m));
+    }
+    if q.gpus > 0 {
+        let _ = write!(select, ":ngpus={}", q.gpus);
+    }
+    d(&mut s, format!("-l {select}"));
+    if let Some(p) = &q.partition {
+        d(&mut s, format!("-q {p}"));
+    }
+    if let Some(a) = &q.account {
+        d(&mut s, format!("-A {a}"));
+    }
+    d(&mut s, "-j oe".into());
+    d(&mut s, format!("-o {}", l.log_dir));
+    for extra in &q.directives {
+        let _ = writeln!(s, "{}", directive_line("#PBS", extra));
+    }
+    let mut res = "cpu=$NCPUS".to_string();
+    if let Some(m) = q.mem_bytes {
+        let _ = write!(res, ",mem={}MiB", mb(m));
+    }
+    if q.gpus > 0 {
+        let _ = write!(res, ",gpu={}", q.gpus);
+    }
+    // One node per host of the job: pbsdsh runs the line once per host
+    // (PBS_VNODENUM numbers them).
+    let run = if q.nodes_per_job > 1 {
+        "pbsdsh -u --"
+    } else {
+        ""
+    };
+    let rank = if q.nodes_per_job > 1 {
+        "$PBS_VNODENUM"
+    } else {
+        "0"
+    };
+    body(&mut s, q, l, run, &res, rank, "$PBS_JOBID");
+    s
+}
+
+/// A directive as the user gave it: with its prefix added when missing.
+fn directive_line(prefix: &str, given: &str) -> String {
+    let g = given.trim();
+    if g.starts_with('#') {
+        g.to_string()
+    } else {
+        format!("{prefix} {g}")
+    }
+}
+
+/// The command that submits `jobs` jobs of a script file: one job array
+/// where there are more than one.
+pub fn submit_command(system: BatchSystem, script: &str, jobs: u32) -> Vec<String> {
+    let mut c: Vec<String> = match system {
+        BatchSystem::Slurm => vec!["sbatch".into(), "--parsable".into()],
+        BatchSystem::Pbs => vec!["qsub".into()],
+    };
+    if jobs > 1 {
+        match system {
+            BatchSystem::Slurm => c.push(format!("--array=1-{jobs}")),
+            BatchSystem::Pbs => c.push(format!("-J 1-{jobs}")),
+        }
+    }
+    c.push(script.into());
+    c
+}
+
+/// The job id in what `sbatch --parsable` or `qsub` printed.
+pub fn parse_submitted(system: BatchSystem, stdout: &str) -> Result<String, String> {
+    let line = stdout.lines().map(str::trim).find(|l| !l.is_empty());
+    let Some(line) = line else {
+        return Err("the batch system printed no job id".into());
+    };
+    let id = match system {
+        // `12345` or `12345;cluster`.
+        BatchSystem::Slurm => line.split(';').next().unwrap_or(line),
+        // `1234.server` or `1234[].server` for an array.
+        BatchSystem::Pbs => line,
+    };
+    let digits = id
+        .trim_start()
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_digit());
+    if digits {
+        Ok(id.to_string())
+    } else {
+        Err(format!("not a job id: {line}"))
+    }
+}
+
+/// The command that asks for the state of these jobs.
+pub fn poll_command(system: BatchSystem, ids: &[String]) -> Vec<String> {
+    match system {
+        BatchSystem::Slurm => vec![
+            "squeue".into(),
+            "--noheader".into(),
+            "--array".into(),
+            "--format=%i %T".into(),
+            format!("--jobs={}", ids.join(",")),
+        ],
+        BatchSystem::Pbs => {
+            let mut c = vec!["qstat".into(), "-x".into(), "-f".into()];
+            c.extend(ids.iter().cloned());
+            c
+        }
+    }
+}
+
+/// Each job's state in what `squeue` or `qstat -f` printed.
+pub fn parse_states(system: BatchSystem, stdout: &str) -> Vec<(String, JobState)> {
+    match system {
+        BatchSystem::Slurm => stdout
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                let (id, state) = (w.next()?, w.next()?);
+                Some((id.to_string(), slurm_state(state)))
+            })
+            .collect(),
+        BatchSystem::Pbs => {
+            let mut out = Vec::new();
+            let mut id: Option<String> = None;
+            for l in stdout.lines() {
+                if let Some(rest) = l.strip_prefix("Job Id:") {
+                    id = Some(rest.trim().to_string());
+                } else if let Some((k, v)) = l.trim().split_once(" = ") {
+                    if k == "job_state" {
+                        if let Some(i) = id.take() {
+                            out.push((i, pbs_state(v.trim())));
+                        }
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
+fn slurm_state(s: &str) -> JobState {
+    match s {
+        "PENDING" | "CONFIGURING" | "REQUEUED" | "RESV_DEL_HOLD" | "REQUEUE_HOLD"
+        | "REQUEUE_FED" | "SUSPENDED" => JobState::Queued,
+        "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" | "RESIZING" => JobState::Running,
+        _ => JobState::Ended,
+    }
+}
+
+fn pbs_state(s: &str) -> JobState {
+    match s {
+        "Q" | "H" | "W" | "T" | "S" | "U" => JobState::Queued,
+        "R" | "E" | "B" => JobState::Running,
+        _ => JobState::Ended,
+    }
+}
+
+/// The command that cancels a job.
+pub fn cancel_command(system: BatchSystem, id: &str) -> Vec<String> {
+    match system {
+        BatchSystem::Slurm => vec!["scancel".into(), id.into()],
+        BatchSystem::Pbs => vec!["qdel".into(), id.into()],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch() -> Launch {
+        Launch {
+            mesh: "/home/ada/bin/mesh".into(),
+            join: "/ip4/10.0.0.5/tcp/7070/p2p/12D3KooWExample".into(),
+            key: "/home/ada/.local/share/mesh/mesh.key".into(),
+            state_root: "/scratch/ada/mesh".into(),
+            log_dir: "/home/ada/.local/share/mesh/alloc/gpu".into(),
+        }
+    }
+
+    /// Every option set.
+    fn full(system: BatchSystem) -> QueueDef {
+        QueueDef {
+            name: "gpu".into(),
+            system,
+            time_limit_s: 5400,
+            cores: 16,
+            mem_bytes: Some(64 << 30),
+            gpus: 2,
+            nodes_per_job: 2,
+            partition: Some("gpu-long".into()),
+            account: Some("proj42".into()),
+            directives: vec![
+                match system {
+                    BatchSystem::Slurm => "--constraint=a100".into(),
+                    BatchSystem::Pbs => "-l place=scatter".into(),
+                },
+                match system {
+                    BatchSystem::Slurm => "#SBATCH --exclusive".into(),
+                    BatchSystem::Pbs => "#PBS -m n".into(),
+                },
+            ],
+            prologue: vec![
+                "module load cuda/12".into(),
+                "export OMP_NUM_THREADS=1".into(),
+            ],
+            min: 0,
+            max: 10,
+            idle_timeout_s: 300,
+        }
+    }
+
+    /// The fewest options.
+    fn bare(system: BatchSystem) -> QueueDef {
+        QueueDef {
+            name: "cpu".into(),
+            system,
+            time_limit_s: 3600,
+            cores: 8,
+            mem_bytes: None,
+            gpus: 0,
+            nodes_per_job: 1,
+            partition: None,
+            account: None,
+            directives: Vec::new(),
+            prologue: Vec::new(),
+            min: 0,
+            max: 4,
+            idle_timeout_s: 300,
+        }
+    }
+
+    fn expect(name: &str, got: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("src/batch_expected")
+            .join(name);
+        if std::env::var_os("MESH_BLESS").is_some() {
+            std::fs::write(&path, got).expect("write expected");
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (MESH_BLESS=1 writes it)", path.display()));
+        assert_eq!(got, want, "{name} differs from the expected script");
+    }
+
+    #[test]
+    fn scripts_match_the_expected_files_for_every_option() {
+        expect(
+            "slurm-full.sh",
+            &script(&full(BatchSystem::Slurm), &launch()),
+        );
+        expect(
+            "slurm-bare.sh",
+            &script(&bare(BatchSystem::Slurm), &launch()),
+        );
+        expect("pbs-full.sh", &script(&full(BatchSystem::Pbs), &launch()));
+        expect("pbs-bare.sh", &script(&bare(BatchSystem::Pbs), &launch()));
+    }
+
+    #[test]
+    fn submit_poll_and_cancel_commands() {
+        assert_eq!(
+            submit_command(BatchSystem::Slurm, "j.sh", 3),
+            ["sbatch", "--parsable", "--array=1-3", "j.sh"]
+        );
+        assert_eq!(
+            submit_command(BatchSystem::Slurm, "j.sh", 1),
+            ["sbatch", "--parsable", "j.sh"]
+        );
+        assert_eq!(
+            submit_command(BatchSystem::Pbs, "j.sh", 2),
+            ["qsub", "-J 1-2", "j.sh"]
+        );
+        assert_eq!(cancel_command(BatchSystem::Slurm, "12"), ["scancel", "12"]);
+        assert_eq!(cancel_command(BatchSystem::Pbs, "7.srv"), ["qdel", "7.srv"]);
+        assert_eq!(
+            poll_command(BatchSystem::Slurm, &["12".into(), "13".into()])
+                .last()
+                .map(String::as_str),
+            Some("--jobs=12,13")
+        );
+    }
+
+    #[test]
+    fn submitted_ids_are_read_and_errors_are_not_taken_for_ids() {
+        let s = BatchSystem::Slurm;
+        assert_eq!(parse_submitted(s, "4242\n"), Ok("4242".into()));
+        assert_eq!(parse_submitted(s, "4242;cluster-a\n"), Ok("4242".into()));
+        assert!(parse_submitted(s, "").is_err());
+        assert!(parse_submitted(s, "sbatch: error: invalid partition").is_err());
+        let p = BatchSystem::Pbs;
+        assert_eq!(
+            parse_submitted(p, "1234.pbs-server\n"),
+            Ok("1234.pbs-server".into())
+        );
+        assert_eq!(
+            parse_submitted(p, "1235[].pbs-server\n"),
+            Ok("1235[].pbs-server".into())
+        );
+        assert!(parse_submitted(p, "qsub: Unknown queue").is_err());
+    }
+
+    #[test]
+    fn squeue_output_is_read() {
+        // `squeue --noheader --array --format="%i %T"`, as SLURM 22.05 prints it.
+        let out = "4242 RUNNING\n4243_1 PENDING\n4243_2 RUNNING\n4244 COMPLETING\n4245 CANCELLED\n";
+        assert_eq!(
+            parse_states(BatchSystem::Slurm, out),
+            vec![
+                ("4242".into(), JobState::Running),
+                ("4243_1".into(), JobState::Queued),
+                ("4243_2".into(), JobState::Running),
+                ("4244".into(), JobState::Running),
+                ("4245".into(), JobState::Ended),
+            ]
+        );
+    }
+
+    #[test]
+    fn qstat_output_is_read() {
+        // `qstat -x -f` as PBS Pro prints it (abridged).
+        let out = "Job Id: 1234.pbs-server\n    Job_Name = mesh-cpu\n    Job_Owner = ada@login1\n    job_state = R\n    queue = workq\n\nJob Id: 1235.pbs-server\n    Job_Name = mesh-cpu\n    job_state = Q\n\nJob Id: 1236.pbs-server\n    job_state = F\n    Exit_status = 271\n";
+        assert_eq!(
+            parse_states(BatchSystem::Pbs, out),
+            vec![
+                ("1234.pbs-server".into(), JobState::Running),
+                ("1235.pbs-server".into(), JobState::Queued),
+                ("1236.pbs-server".into(), JobState::Ended),
+            ]
+        );
+    }
+}

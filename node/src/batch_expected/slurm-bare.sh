@@ -1,0 +1,11 @@
+#!/bin/bash
+# A mesh node for allocation queue `cpu`, written by `mesh alloc`.
+#SBATCH --job-name=mesh-cpu
+#SBATCH --time=1:00:00
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=8
+#SBATCH --output=/home/ada/.local/share/mesh/alloc/gpu/%x-%j.out
+#SBATCH --signal=TERM@60
+set -eu
+srun --ntasks-per-node=1 sh -c 'exec "/home/ada/bin/mesh" --state-dir "/scratch/ada/mesh/$SLURM_JOB_ID-$SLURM_PROCID" join "/ip4/10.0.0.5/tcp/7070/p2p/12D3KooWExample" --key "/home/ada/.local/share/mesh/mesh.key" --listen /ip4/0.0.0.0/tcp/0 --resources "cpu=$SLURM_CPUS_PER_TASK" --walltime 3600s'

@@ -1,0 +1,19 @@
+#!/bin/bash
+# A mesh node for allocation queue `gpu`, written by `mesh alloc`.
+#SBATCH --job-name=mesh-gpu
+#SBATCH --time=1:30:00
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=16
+#SBATCH --mem=65536M
+#SBATCH --gres=gpu:2
+#SBATCH --partition=gpu-long
+#SBATCH --account=proj42
+#SBATCH --output=/home/ada/.local/share/mesh/alloc/gpu/%x-%j.out
+#SBATCH --signal=TERM@60
+#SBATCH --constraint=a100
+#SBATCH --exclusive
+set -eu
+module load cuda/12
+export OMP_NUM_THREADS=1
+srun --ntasks-per-node=1 sh -c 'exec "/home/ada/bin/mesh" --state-dir "/scratch/ada/mesh/$SLURM_JOB_ID-$SLURM_PROCID" join "/ip4/10.0.0.5/tcp/7070/p2p/12D3KooWExample" --key "/home/ada/.local/share/mesh/mesh.key" --listen /ip4/0.0.0.0/tcp/0 --resources "cpu=$SLURM_CPUS_PER_TASK,mem=${SLURM_MEM_PER_NODE}MiB,gpu=2" --walltime 5400s'
