@@ -73,6 +73,15 @@ pub struct NodeFlags {
     /// Find other nodes on the LAN by mDNS (only in builds with the `mdns` feature).
     #[arg(long)]
     pub mdns: bool,
+    /// This node is killed after this long (a batch job's walltime, e.g. `1h`):
+    /// `--drain-margin` before, it hands back its queued and running tasks,
+    /// without spending their retries, and stops.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub walltime: Option<std::time::Duration>,
+    /// How long before the walltime the node drains (default: 2 minutes, or a
+    /// tenth of a shorter walltime).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub drain_margin: Option<std::time::Duration>,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -119,6 +128,12 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitC
         config,
         mdns: flags.mdns,
         http: flags.node.http,
+        drain_after: flags.walltime.map(|w| {
+            let margin = flags
+                .drain_margin
+                .unwrap_or_else(|| (w / 10).min(std::time::Duration::from_secs(120)));
+            w.saturating_sub(margin)
+        }),
     };
     run_node(
         opts,

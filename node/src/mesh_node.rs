@@ -81,6 +81,9 @@ pub struct NodeOptions {
     pub key: PathBuf,
     /// Serve the dashboard here (`--http`).
     pub http: Option<std::net::SocketAddr>,
+    /// Drain and stop this long after starting (a batch job's walltime less
+    /// a margin): tasks here are handed back as on Ctrl-C.
+    pub drain_after: Option<std::time::Duration>,
     pub config: Config,
     /// Find nodes on the LAN by mDNS (needs the `mdns` feature).
     pub mdns: bool,
@@ -326,6 +329,15 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
     let mut redial = tokio::time::interval(std::time::Duration::from_millis(REDIAL_MS));
     let mut interrupted_at: Option<Instant> = None;
     let mut hard_killed = false;
+    let drain_at = opts
+        .drain_after
+        .map(|d| tokio::time::Instant::from_std(clock + d));
+    if let Some(d) = opts.drain_after {
+        node.say(&format!(
+            "this node drains in {} (before its walltime)",
+            humantime::format_duration(std::time::Duration::from_secs(d.as_secs()))
+        ));
+    }
 
     loop {
         node.step();
@@ -352,6 +364,10 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
             }
             Ok((stream, _)) = listener.accept() => {
                 tokio::spawn(serve_control(stream, tx.clone()));
+            }
+            _ = sleep_until_opt(drain_at), if interrupted_at.is_none() => {
+                node.say("walltime near: draining");
+                node.interrupt(&mut interrupted_at);
             }
             _ = sigint.recv() => node.interrupt(&mut interrupted_at),
             _ = sigterm.recv() => node.interrupt(&mut interrupted_at),

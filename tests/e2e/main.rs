@@ -2,6 +2,7 @@
 //!
 //! One test binary (see cli/Cargo.toml) so the binary under test is built once.
 
+mod alloc;
 mod dashboard;
 mod input;
 mod mesh;
