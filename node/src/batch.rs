@@ -7,6 +7,9 @@ use std::fmt::Write as _;
 
 use mesh_protocol::alloc::{BatchSystem, JobState, QueueDef};
 
+/// Jobs at least this long get SLURM's SIGTERM a minute before their end.
+const SIGNAL_FROM_S: u64 = 600;
+
 /// Where the script's node joins, and how it runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {
@@ -106,8 +109,11 @@ fn slurm(q: &QueueDef, l: &Launch) -> String {
     d(&mut s, format!("--output={}/%x-%j.out", l.log_dir));
     // A backstop to the node's own drain before its walltime: SIGTERM to
     // the job's steps a minute before, and the node hands its tasks back
-    // as on Ctrl-C.
-    d(&mut s, "--signal=TERM@60".into());
+    // as on Ctrl-C. SLURM may send it up to a minute early, so a short
+    // job relies on the drain alone.
+    if q.time_limit_s >= SIGNAL_FROM_S {
+        d(&mut s, "--signal=TERM@60".into());
+    }
     for extra in &q.directives {
         let _ = writeln!(s, "{}", directive_line("#SBATCH", extra));
     }
@@ -395,6 +401,16 @@ mod tests {
         );
         expect("pbs-full.sh", &script(&full(BatchSystem::Pbs), &launch()));
         expect("pbs-bare.sh", &script(&bare(BatchSystem::Pbs), &launch()));
+    }
+
+    #[test]
+    fn a_short_job_relies_on_its_own_drain_not_slurms_early_signal() {
+        let mut q = bare(BatchSystem::Slurm);
+        assert!(script(&q, &launch()).contains("--signal=TERM@60"));
+        q.time_limit_s = 300;
+        let s = script(&q, &launch());
+        assert!(!s.contains("--signal"), "{s}");
+        assert!(s.contains("--walltime 300s"), "{s}");
     }
 
     #[test]
