@@ -76,3 +76,107 @@ retries = 0
         assert_eq!(sb.read(&format!("slow-out/s/{i}/r.txt")), format!("{i}\n"));
     }
 }
+
+#[test]
+fn a_slurm_job_of_the_generated_script_joins_runs_tasks_and_drains_before_its_walltime() {
+    use mesh_node::batch::{parse_submitted, script, Launch};
+    use mesh_protocol::alloc::{BatchSystem, QueueDef};
+
+    let sb = sandbox();
+    let slurm = match mesh_tests::Slurm::start(&sb.path().join("slurm")) {
+        Ok(s) => s,
+        Err(why) => {
+            assert!(
+                std::env::var_os("MESH_REQUIRE_SLURM").is_none(),
+                "MESH_REQUIRE_SLURM is set and SLURM cannot start: {why}"
+            );
+            eprintln!("SKIPPED: no SLURM cluster here: {why}");
+            return;
+        }
+    };
+    let c = Cluster::start(&sb, &["cpu=1"], &[]);
+    let q = QueueDef {
+        name: "cpu".into(),
+        system: BatchSystem::Slurm,
+        time_limit_s: 40,
+        cores: 1,
+        mem_bytes: None,
+        gpus: 0,
+        nodes_per_job: 1,
+        partition: None,
+        account: None,
+        directives: Vec::new(),
+        prologue: vec!["echo prologue ran".into()],
+        min: 0,
+        max: 1,
+        idle_timeout_s: 60,
+    };
+    let path = |p: &str| sb.path().join(p).to_string_lossy().into_owned();
+    let launch = Launch {
+        mesh: env!("CARGO_BIN_EXE_mesh").into(),
+        join: c.nodes[0].address(),
+        key: path("n0/mesh.key"),
+        state_root: path("jobs"),
+        log_dir: sb.path().to_string_lossy().into_owned(),
+    };
+    let job = sb.write("job.sh", &script(&q, &launch));
+    let out = slurm
+        .command("sbatch")
+        .arg("--parsable")
+        .arg(&job)
+        .output()
+        .expect("sbatch");
+    let id = parse_submitted(BatchSystem::Slurm, &String::from_utf8_lossy(&out.stdout))
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let joined = wait_until(Duration::from_secs(60), || {
+        c.status(0)["nodes"]
+            .as_array()
+            .is_some_and(|n| n.len() == 2)
+    });
+    assert!(joined, "the job's node joined; squeue: {}", slurm.queue());
+
+    sb.write(
+        "many.toml",
+        r#"
+[farm]
+name = "many"
+
+[[stage]]
+name = "s"
+sweep.i = { range = "0..59" }
+workdir = "w/{i}"
+shell = 'sleep 1; echo {i} > r.txt'
+outputs = ["r.txt"]
+retries = 0
+"#,
+    );
+    let r = c.mesh(0, &["submit", "many.toml", "--out", "many-out"]);
+    r.expect_code(0);
+    let farm = r.stdout.trim().to_string();
+    let remote_busy = || {
+        c.status(0)["nodes"].as_array().is_some_and(|n| {
+            n.iter()
+                .any(|v| v["local"] == false && v["running"].as_u64() > Some(0))
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), remote_busy),
+        "the job's node ran tasks"
+    );
+    // The node drains before the walltime and the job ends by itself.
+    let ended = wait_until(Duration::from_secs(60), || !slurm.queue().contains(&id));
+    assert!(ended, "the job ended: {}", slurm.queue());
+    let log = fs::read_to_string(sb.path().join(format!("mesh-cpu-{id}.out"))).unwrap_or_default();
+    assert!(log.contains("prologue ran"), "{log}");
+    assert!(log.contains("walltime near: draining"), "{log}");
+    assert!(
+        !log.contains("CANCELLED"),
+        "killed by SLURM rather than drained:\n{log}"
+    );
+
+    let r = c.mesh(0, &["wait", &farm, "--json"]);
+    r.expect_code(0);
+    let v = r.json();
+    assert_eq!(v["counts"]["done"], 60, "{v}");
+    assert_eq!(v["counts"]["failed"], 0, "{v}");
+}

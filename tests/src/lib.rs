@@ -631,3 +631,154 @@ fn ip(args: &[String]) -> Result<(), String> {
         ))
     }
 }
+
+/// A one-node SLURM cluster of this machine (Debian's `slurm-wlm` with
+/// `munge`), with its own configuration, state and ports, for as long as
+/// the value lives. Needs root.
+pub struct Slurm {
+    pub conf: PathBuf,
+    dir: PathBuf,
+    daemons: Vec<Child>,
+    /// munged was started here, and is stopped with the cluster.
+    own_munge: bool,
+}
+
+impl Slurm {
+    /// Starts munged (when not running), slurmctld and slurmd, and waits
+    /// for the node to be idle; says why when it cannot.
+    pub fn start(dir: &Path) -> Result<Slurm, String> {
+        for bin in ["munged", "slurmctld", "slurmd", "sbatch", "sinfo"] {
+            if which(bin).is_none() {
+                return Err(format!(
+                    "{bin} not found (Debian: apt-get install slurm-wlm munge)"
+                ));
+            }
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return Err("the SLURM daemons need root".into());
+        }
+        let munge_running = Command::new("pgrep")
+            .arg("-x")
+            .arg("munged")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !munge_running {
+            let _ = fs::create_dir_all("/run/munge");
+            let _ = Command::new("chown")
+                .args(["munge:munge", "/run/munge"])
+                .status();
+            // Its output must not hold the test's pipes open once it daemonizes.
+            let ok = Command::new("runuser")
+                .args(["-u", "munge", "--", "munged"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                return Err("munged did not start".into());
+            }
+        }
+        let host = nix::unistd::gethostname()
+            .map_err(|e| format!("hostname: {e}"))?
+            .to_string_lossy()
+            .into_owned();
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .map_err(|e| format!("no free port: {e}"))
+        };
+        let (ctld, slurmd) = (free_port()?, free_port()?);
+        let d = dir.to_path_buf();
+        for sub in ["state", "spool", "log"] {
+            fs::create_dir_all(d.join(sub)).map_err(|e| e.to_string())?;
+        }
+        let p = |s: &str| d.join(s).to_string_lossy().into_owned();
+        let conf = d.join("slurm.conf");
+        fs::write(
+            &conf,
+            format!(
+                "ClusterName=meshtest\nSlurmctldHost={host}(127.0.0.1)\nSlurmctldPort={ctld}\n\
+                 SlurmdPort={slurmd}\nAuthType=auth/munge\nSlurmUser=root\nSlurmdUser=root\n\
+                 StateSaveLocation={}\nSlurmdSpoolDir={}\nSlurmctldPidFile={}\nSlurmdPidFile={}\n\
+                 SlurmctldLogFile={}\nSlurmdLogFile={}\nProctrackType=proctrack/linuxproc\n\
+                 TaskPlugin=task/none\nSelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n\
+                 ReturnToService=2\nMpiDefault=none\n\
+                 NodeName={host} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN\n\
+                 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
+                p("state"),
+                p("spool"),
+                p("ctld.pid"),
+                p("d.pid"),
+                p("log/ctld.log"),
+                p("log/d.log"),
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut s = Slurm {
+            conf: conf.clone(),
+            dir: d,
+            daemons: Vec::new(),
+            own_munge: !munge_running,
+        };
+        for daemon in ["slurmctld", "slurmd"] {
+            let child = Command::new(daemon)
+                .arg("-D")
+                .env("SLURM_CONF", &conf)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("{daemon}: {e}"))?;
+            s.daemons.push(child);
+        }
+        let idle = wait_until(Duration::from_secs(30), || {
+            s.command("sinfo")
+                .args(["--noheader", "--format=%t"])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "idle")
+        });
+        if !idle {
+            let log = fs::read_to_string(s.dir.join("log/ctld.log")).unwrap_or_default();
+            return Err(format!("the SLURM node did not come up:\n{log}"));
+        }
+        Ok(s)
+    }
+
+    /// A SLURM command (`sbatch`, `squeue`, ...) talking to this cluster.
+    pub fn command(&self, bin: &str) -> Command {
+        let mut c = Command::new(bin);
+        c.env("SLURM_CONF", &self.conf);
+        c
+    }
+
+    /// The states `squeue` shows, as it prints them (`1 RUNNING`).
+    pub fn queue(&self) -> String {
+        self.command("squeue")
+            .args(["--noheader", "--format=%i %T"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        let _ = self.command("scancel").arg("--user=root").status();
+        for d in &mut self.daemons {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        if self.own_munge {
+            let _ = Command::new("pkill").args(["-x", "munged"]).status();
+        }
+    }
+}
+
+fn which(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(bin))
+            .find(|p| p.is_file())
+    })
+}
