@@ -9,7 +9,7 @@
 use std::process::Command;
 
 use mesh_benches::{
-    knob, median, ncpu, report, save, spawn_loop, time, user_env, write_range_farm,
+    knob, median, ncpu, report, save, self_cpu, spawn_loop, time, user_env, write_range_farm,
 };
 
 fn main() {
@@ -21,13 +21,16 @@ fn main() {
     println!("overhead: {n} tasks of `true`, {p} at a time, median of {repeat}");
 
     let (mut xargs, mut mesh_t, mut floor, mut cpu_ms) = (vec![], vec![], vec![], vec![]);
+    let mut floor_cpu_ms = Vec::new();
     for _ in 0..repeat {
         xargs.push(time(
             Command::new("sh")
                 .arg("-c")
                 .arg(format!("seq {n} | xargs -P {p} -n1 true")),
         ));
+        let before = self_cpu();
         floor.push(spawn_loop(n as usize, p));
+        floor_cpu_ms.push((self_cpu() - before).as_secs_f64() * 1000.0);
         let dir = tempfile::tempdir().expect("temp dir");
         let farm = write_range_farm(dir.path(), n, "[\"true\"]");
         let start = std::time::Instant::now();
@@ -63,6 +66,8 @@ fn main() {
     let (x, m, f) = (median(xargs), median(mesh_t), median(floor));
     cpu_ms.sort_by(f64::total_cmp);
     let cpu = cpu_ms[cpu_ms.len() / 2];
+    floor_cpu_ms.sort_by(f64::total_cmp);
+    let floor_cpu = floor_cpu_ms[floor_cpu_ms.len() / 2];
     let ratio = m.as_secs_f64() / x.as_secs_f64();
     let results = vec![
         report("xargs wall", x.as_secs_f64(), "s", None),
@@ -92,6 +97,10 @@ fn main() {
             "ms",
             Some(("<=", 0.05, cpu / n as f64 <= 0.05)),
         ),
+        // What spawning and reaping alone cost the spawning process: the
+        // floor under mesh's own CPU per task.
+        report("floor own cpu per task", floor_cpu / n as f64, "ms", None),
+        report("mesh / floor own cpu", cpu / floor_cpu, "", None),
     ];
     save("overhead", &results);
 }

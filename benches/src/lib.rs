@@ -90,6 +90,17 @@ pub fn spawn_loop(n: usize, parallel: usize) -> Duration {
 
 use std::os::unix::process::CommandExt;
 
+/// CPU this process has used so far (user + system, its children not
+/// counted).
+pub fn self_cpu() -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let u = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
+    let d = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
+    };
+    d(u.user_time()) + d(u.system_time())
+}
+
 /// Median of a few samples.
 pub fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
