@@ -10,8 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Milliseconds on the caller's clock.
-pub type Millis = u64;
+pub use crate::engine::Millis;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum BatchSystem {
