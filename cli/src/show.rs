@@ -115,7 +115,7 @@ impl Observer for Progress {
 
     fn progress(&mut self, s: &FarmStatus) {
         let c = &s.counts;
-        let finished = c.done + c.failed + c.skipped + c.cancelled;
+        let finished = c.ended();
         if let Some(b) = &self.bar {
             b.set_position(finished);
             b.set_message(format!(

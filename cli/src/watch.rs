@@ -10,14 +10,15 @@ use console::{Style, Term};
 use mesh_node::control::{
     Client, ControlError, ControlRequest, ControlResponse, FarmView, MeshStatus,
 };
-use mesh_node::state::{FarmStatus, StateDir};
+use mesh_node::dash::view::{eta_s, StageRates};
+use mesh_node::state::StateDir;
 use mesh_protocol::engine::Counts;
 use mesh_protocol::resources::format_bytes;
 
 use crate::EXIT_FAILED_TASKS;
 
-/// A stage's rate is measured over this long.
-const RATE_WINDOW: Duration = Duration::from_secs(15);
+/// A stage's rate is measured over this long (ms).
+const RATE_WINDOW_MS: u64 = 15_000;
 const BAR_WIDTH: usize = 30;
 const FAILURES_SHOWN: usize = 5;
 const FARMS_SHOWN: usize = 8;
@@ -40,11 +41,13 @@ pub fn watch(
     let term = Term::stdout();
     let tty = term.is_term() && std::io::stdout().is_terminal();
     let color = tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let mut rates = Rates::default();
+    let mut rates = StageRates::new(RATE_WINDOW_MS);
+    // Rates are timed on a monotonic clock.
+    let start = Instant::now();
     let mut last_lines: HashMap<String, String> = HashMap::new();
     loop {
         let frame = read(state, farm)?;
-        let now = Instant::now();
+        let now = start.elapsed().as_millis() as u64;
         if tty {
             let text = render(&frame, &mut rates, now, color);
             term.clear_screen()?;
@@ -56,7 +59,7 @@ pub fn watch(
             let mut out = std::io::stdout().lock();
             for f in &frame.farms {
                 for (stage, c) in &f.stages {
-                    let rate = rates.rate(&f.id, stage, c, now);
+                    let rate = rates.rate(&f.id, stage, c.ended(), now);
                     let line = plain_line(f, stage, c, rate);
                     let key = format!("{}/{stage}", f.id);
                     if last_lines.get(&key) != Some(&line) {
@@ -96,7 +99,7 @@ fn read(state: &StateDir, farm: Option<&str>) -> Result<Frame> {
             let s = state.find(farm)?;
             Ok(Frame {
                 mesh: None,
-                farms: vec![local_view(&s)],
+                farms: vec![FarmView::from_status(&s)],
             })
         }
         Err(e) => Err(e.into()),
@@ -138,67 +141,14 @@ fn mesh_farms(state: &StateDir, farm: Option<&str>) -> Result<Vec<FarmView>> {
         .collect()
 }
 
-fn local_view(s: &FarmStatus) -> FarmView {
-    FarmView {
-        id: s.id.clone(),
-        name: s.name.clone(),
-        file: s.file.clone(),
-        out: s.out.clone(),
-        accepted: true,
-        finished: s.state.is_finished(),
-        counts: s.counts.clone(),
-        stages: s
-            .stages
-            .iter()
-            .map(|st| (st.name.clone(), st.counts.clone()))
-            .collect(),
-        failures: s
-            .failed
-            .iter()
-            .map(|f| format!("{} (attempt {}): {}", f.task, f.attempt, f.reason))
-            .collect(),
-        home: s.host.clone(),
-        ..FarmView::default()
-    }
-}
-
-/// Each stage's recent tasks ended, to tell its rate.
-#[derive(Default)]
-struct Rates {
-    samples: HashMap<(String, String), Vec<(Instant, u64)>>,
-}
-
-impl Rates {
-    fn rate(&mut self, farm: &str, stage: &str, c: &Counts, now: Instant) -> f64 {
-        let ended = ended(c);
-        let s = self
-            .samples
-            .entry((farm.to_string(), stage.to_string()))
-            .or_default();
-        s.push((now, ended));
-        s.retain(|(t, _)| now.duration_since(*t) <= RATE_WINDOW);
-        match (s.first(), s.last()) {
-            (Some((t0, e0)), Some((t1, e1))) if t1 > t0 => {
-                e1.saturating_sub(*e0) as f64 / t1.duration_since(*t0).as_secs_f64()
-            }
-            _ => 0.0,
-        }
-    }
-}
-
-fn ended(c: &Counts) -> u64 {
-    c.done + c.failed + c.skipped + c.cancelled
-}
-
 fn eta(c: &Counts, rate: f64) -> String {
-    let left = c.total.saturating_sub(ended(c));
-    if left == 0 {
-        "done".into()
-    } else if rate > 0.0 {
-        let s = (left as f64 / rate).ceil() as u64;
-        format!("ETA {}", humantime::format_duration(Duration::from_secs(s)))
-    } else {
-        "ETA —".into()
+    match eta_s(c, rate) {
+        _ if c.ended() >= c.total => "done".into(),
+        Some(s) => format!(
+            "ETA {}",
+            humantime::format_duration(Duration::from_secs(s.ceil() as u64))
+        ),
+        None => "ETA —".into(),
     }
 }
 
@@ -226,7 +176,7 @@ fn clock() -> String {
 }
 
 /// A whole screen for the terminal.
-fn render(frame: &Frame, rates: &mut Rates, now: Instant, color: bool) -> String {
+fn render(frame: &Frame, rates: &mut StageRates, now: u64, color: bool) -> String {
     let st = |s: Style| s.force_styling(color);
     let (green, red, blue, dim, bold) = (
         st(Style::new().green()),
@@ -266,7 +216,7 @@ fn render(frame: &Frame, rates: &mut Rates, now: Instant, color: bool) -> String
         ));
         let width = f.stages.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
         for (stage, c) in &f.stages {
-            let rate = rates.rate(&f.id, stage, c, now);
+            let rate = rates.rate(&f.id, stage, c.ended(), now);
             let total = c.total.max(1) as f64;
             let cells = |n: u64| ((n as f64 / total) * BAR_WIDTH as f64).round() as usize;
             let (d, x, r) = (cells(c.done), cells(c.failed), cells(c.running));
@@ -277,7 +227,7 @@ fn render(frame: &Frame, rates: &mut Rates, now: Instant, color: bool) -> String
                 red.apply_to("█".repeat(x)),
                 blue.apply_to("█".repeat(r)),
                 dim.apply_to("░".repeat(rest)),
-                100.0 * ended(c) as f64 / total,
+                100.0 * c.ended() as f64 / total,
                 c.done,
                 c.total,
                 c.running,

@@ -14,6 +14,8 @@ use mesh_protocol::engine::Counts;
 use mesh_protocol::farm::FarmDef;
 use mesh_protocol::observe::{Counters, Latencies, LatencySummary, Observation};
 use mesh_protocol::resources::{Amount, Resources, MEM};
+
+use crate::state::FarmStatus;
 use serde::{Deserialize, Serialize};
 
 /// The socket's path in a state folder.
@@ -123,6 +125,39 @@ pub struct FarmView {
     /// completed twice; the first result counts.
     #[serde(default)]
     pub duplicates: u64,
+}
+
+impl FarmView {
+    /// A farm of `mesh run`, from its status snapshot: this machine is its
+    /// home, and failures read as a mesh farm's do.
+    pub fn from_status(s: &FarmStatus) -> FarmView {
+        FarmView {
+            id: s.id.clone(),
+            name: s.name.clone(),
+            file: s.file.clone(),
+            out: s.out.clone(),
+            accepted: true,
+            finished: s.state.is_finished(),
+            counts: s.counts.clone(),
+            stages: s
+                .stages
+                .iter()
+                .map(|st| (st.name.clone(), st.counts.clone()))
+                .collect(),
+            failures: s
+                .failed
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{} (attempt {} on {}): {}",
+                        f.task, f.attempt, s.host, f.reason
+                    )
+                })
+                .collect(),
+            home: s.host.clone(),
+            ..FarmView::default()
+        }
+    }
 }
 
 /// One node of the mesh, as `mesh status` shows it.

@@ -19,7 +19,7 @@ use mesh_protocol::engine::{
 use mesh_protocol::farm::{content_key, FarmDef};
 use mesh_protocol::mesh::FarmId;
 use mesh_protocol::resources::GPU;
-use mesh_protocol::{Amount, Resources, TaskRef};
+use mesh_protocol::{Resources, TaskRef};
 use mesh_store::{FarmKey, JournalEntry, JournalEvent, SledStore, Store, StoreError, Write};
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
@@ -93,33 +93,7 @@ impl dash::Source for RunSource {
 
     fn farms(&self) -> dash::BoxFuture<Result<Vec<FarmView>, String>> {
         let sh = self.0.lock().expect("not poisoned");
-        let s = &sh.status;
-        let view = FarmView {
-            id: s.id.clone(),
-            name: s.name.clone(),
-            file: s.file.clone(),
-            out: s.out.clone(),
-            accepted: true,
-            finished: s.state.is_finished(),
-            counts: s.counts.clone(),
-            stages: s
-                .stages
-                .iter()
-                .map(|st| (st.name.clone(), st.counts.clone()))
-                .collect(),
-            failures: s
-                .failed
-                .iter()
-                .map(|f| {
-                    format!(
-                        "{} (attempt {} on {}): {}",
-                        f.task, f.attempt, s.host, f.reason
-                    )
-                })
-                .collect(),
-            home: s.host.clone(),
-            ..FarmView::default()
-        };
+        let view = FarmView::from_status(&sh.status);
         Box::pin(std::future::ready(Ok(vec![view])))
     }
 
@@ -744,10 +718,7 @@ impl Driver {
         if let Some(sh) = &self.shared {
             let mut sh = sh.lock().expect("not poisoned");
             let total = engine.total();
-            let mut used = total.clone();
-            for (k, free) in engine.free().iter() {
-                used.set(k, Amount(total.get(k).0.saturating_sub(free.0)));
-            }
+            let used = engine.used();
             sh.node.resources = ResourceView {
                 total: total.to_string(),
                 used: used.to_string(),

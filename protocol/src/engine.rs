@@ -216,6 +216,11 @@ impl Counts {
         self.running == 0 && self.queued() == 0
     }
 
+    /// Tasks over for good: done, failed, skipped or cancelled.
+    pub fn ended(&self) -> u64 {
+        self.done + self.failed + self.skipped + self.cancelled
+    }
+
     fn add(&mut self, o: &Counts) {
         self.total += o.total;
         self.done += o.done;
@@ -464,6 +469,14 @@ impl Engine {
         match &self.placement {
             Placement::Local(pool) => pool.free(),
             Placement::Remote(_) => &EMPTY,
+        }
+    }
+
+    /// Resources held by running tasks (empty for a remote engine).
+    pub fn used(&self) -> Resources {
+        match &self.placement {
+            Placement::Local(pool) => pool.used(),
+            Placement::Remote(_) => Resources::new(),
         }
     }
 

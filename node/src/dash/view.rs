@@ -143,8 +143,7 @@ pub struct Model {
     /// The last change of a run seen from each node.
     since: HashMap<String, u64>,
     bars: HashMap<(String, u64), Bar>,
-    /// Each stage's tasks ended, sampled, for its rate: by (farm, stage).
-    ended: HashMap<(String, String), VecDeque<(u64, u64)>>,
+    rates: StageRates,
     series: VecDeque<(u64, Totals, u64)>,
     last: Option<Totals>,
     events: VecDeque<EventLine>,
@@ -307,21 +306,7 @@ impl Model {
         for f in farms.iter().take(FARMS_MAX) {
             let mut stages = Vec::new();
             for (name, c) in &f.stages {
-                let ended = c.done + c.failed + c.skipped + c.cancelled;
-                let samples = self.ended.entry((f.id.clone(), name.clone())).or_default();
-                samples.push_back((now, ended));
-                while samples
-                    .front()
-                    .is_some_and(|(t, _)| *t + RATE_WINDOW_MS < now)
-                {
-                    samples.pop_front();
-                }
-                let rate = match (samples.front(), samples.back()) {
-                    (Some((t0, e0)), Some((t1, e1))) if t1 > t0 => {
-                        (e1 - e0.min(e1)) as f64 * 1000.0 / (t1 - t0) as f64
-                    }
-                    _ => 0.0,
-                };
+                let rate = self.rates.rate(&f.id, name, c.ended(), now);
                 stages.push(stage_line(name, c, rate));
             }
             let failures = f
@@ -342,8 +327,8 @@ impl Model {
                 failures,
             });
         }
-        let shown: HashSet<&String> = farms.iter().map(|f| &f.id).collect();
-        self.ended.retain(|(farm, _), _| shown.contains(farm));
+        let shown: HashSet<&str> = farms.iter().map(|f| f.id.as_str()).collect();
+        self.rates.keep(|farm| shown.contains(farm));
         lines
     }
 
@@ -519,8 +504,67 @@ pub fn farm_key(display: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Each stage's tasks ended, sampled over a window, for its rate: the
+/// dashboard's and `mesh watch`'s.
+#[derive(Debug)]
+pub struct StageRates {
+    window_ms: u64,
+    /// By (farm, stage): (when, tasks ended then), oldest first.
+    samples: HashMap<(String, String), VecDeque<(u64, u64)>>,
+}
+
+impl Default for StageRates {
+    fn default() -> StageRates {
+        StageRates::new(RATE_WINDOW_MS)
+    }
+}
+
+impl StageRates {
+    pub fn new(window_ms: u64) -> StageRates {
+        StageRates {
+            window_ms,
+            samples: HashMap::new(),
+        }
+    }
+
+    /// Tasks ended per second over the window, with `ended` at `now` (ms) added.
+    pub fn rate(&mut self, farm: &str, stage: &str, ended: u64, now: u64) -> f64 {
+        let samples = self
+            .samples
+            .entry((farm.to_string(), stage.to_string()))
+            .or_default();
+        samples.push_back((now, ended));
+        while samples
+            .front()
+            .is_some_and(|(t, _)| *t + self.window_ms < now)
+        {
+            samples.pop_front();
+        }
+        match (samples.front(), samples.back()) {
+            (Some((t0, e0)), Some((t1, e1))) if t1 > t0 => {
+                e1.saturating_sub(*e0) as f64 * 1000.0 / (t1 - t0) as f64
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// Forgets the farms no longer shown.
+    pub fn keep(&mut self, shown: impl Fn(&str) -> bool) {
+        self.samples.retain(|(farm, _), _| shown(farm));
+    }
+}
+
+/// Seconds until the stage is over at `rate`: 0 once it is, None while
+/// nothing ends.
+pub fn eta_s(c: &Counts, rate: f64) -> Option<f64> {
+    match c.total.saturating_sub(c.ended()) {
+        0 => Some(0.0),
+        left if rate > 0.0 => Some(left as f64 / rate),
+        _ => None,
+    }
+}
+
 fn stage_line(name: &str, c: &Counts, rate: f64) -> StageLine {
-    let left = c.total - c.done - c.failed - c.skipped - c.cancelled;
     StageLine {
         name: name.to_string(),
         total: c.total,
@@ -531,11 +575,7 @@ fn stage_line(name: &str, c: &Counts, rate: f64) -> StageLine {
         skipped: c.skipped,
         cancelled: c.cancelled,
         rate,
-        eta_s: match left {
-            0 => Some(0.0),
-            _ if rate > 0.0 => Some(left as f64 / rate),
-            _ => None,
-        },
+        eta_s: eta_s(c, rate),
     }
 }
 
