@@ -1879,10 +1879,18 @@ struct MeshSource {
 
 impl MeshSource {
     fn ask(&self, req: ControlRequest) -> mpsc::UnboundedReceiver<ControlResponse> {
-        let (reply, rx) = mpsc::unbounded_channel();
-        let _ = self.tx.send(Cmd::Control(req, reply));
-        rx
+        ask_node(&self.tx, req)
     }
+}
+
+/// A control request to the node's loop, as the control socket sends them.
+fn ask_node(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    req: ControlRequest,
+) -> mpsc::UnboundedReceiver<ControlResponse> {
+    let (reply, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(Cmd::Control(req, reply));
+    rx
 }
 
 const STOPPING: &str = "the node is stopping";
@@ -1913,10 +1921,12 @@ impl dash::Source for MeshSource {
             all.truncate(dash::view::FARMS_MAX);
             let mut views = Vec::with_capacity(all.len());
             for short in all {
-                let source = MeshSource { tx: tx.clone() };
-                let mut rx = source.ask(ControlRequest::Farm {
-                    farm: short.id.clone(),
-                });
+                let mut rx = ask_node(
+                    &tx,
+                    ControlRequest::Farm {
+                        farm: short.id.clone(),
+                    },
+                );
                 match rx.recv().await {
                     Some(ControlResponse::Farm(v)) => views.push(*v),
                     _ => views.push(short),
