@@ -6,7 +6,13 @@ use std::time::Duration;
 
 use mesh_tests::{wait_until, Cluster};
 
+use crate::mesh::slow_farm;
 use crate::sandbox;
+
+/// The farm with no retries: a task failed for a drain would fail it.
+fn no_retries(farm: String) -> String {
+    farm + "retries = 0\n"
+}
 
 #[test]
 fn a_node_with_a_walltime_drains_before_it_and_no_task_fails_for_it() {
@@ -32,21 +38,7 @@ fn a_node_with_a_walltime_drains_before_it_and_no_task_fails_for_it() {
         "the job's node joined"
     );
     // No retries: a task failed for the drain would fail the farm.
-    sb.write(
-        "slow.toml",
-        r#"
-[farm]
-name = "slow"
-
-[[stage]]
-name = "s"
-sweep.i = { range = "0..29" }
-workdir = "w/{i}"
-shell = 'sleep 1; echo {i} > r.txt'
-outputs = ["r.txt"]
-retries = 0
-"#,
-    );
+    sb.write("slow.toml", &no_retries(slow_farm(30, "1")));
     let r = c.mesh(0, &["submit", "slow.toml", "--out", "slow-out"]);
     r.expect_code(0);
     let id = r.stdout.trim().to_string();
@@ -135,21 +127,7 @@ fn a_slurm_job_of_the_generated_script_joins_runs_tasks_and_drains_before_its_wa
     });
     assert!(joined, "the job's node joined; squeue: {}", slurm.queue());
 
-    sb.write(
-        "many.toml",
-        r#"
-[farm]
-name = "many"
-
-[[stage]]
-name = "s"
-sweep.i = { range = "0..59" }
-workdir = "w/{i}"
-shell = 'sleep 1; echo {i} > r.txt'
-outputs = ["r.txt"]
-retries = 0
-"#,
-    );
+    sb.write("many.toml", &no_retries(slow_farm(60, "1")));
     let r = c.mesh(0, &["submit", "many.toml", "--out", "many-out"]);
     r.expect_code(0);
     let farm = r.stdout.trim().to_string();

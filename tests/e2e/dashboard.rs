@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use fantoccini::ClientBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
-use mesh_tests::{wait_until, Cluster};
+use mesh_tests::{wait_until, which, Cluster};
 use serde_json::{json, Value};
 
 use crate::sandbox;
@@ -51,14 +51,6 @@ impl Drop for Reaped {
     }
 }
 
-fn find(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
-}
-
 /// The address a node printed for its dashboard.
 fn dashboard_url(lines: &[String]) -> Option<String> {
     lines
@@ -95,7 +87,7 @@ async fn shown(c: &fantoccini::Client) -> Value {
 
 #[test]
 fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing() {
-    let (Some(chromium), Some(driver)) = (find("chromium"), find("chromedriver")) else {
+    let (Some(chromium), Some(driver)) = (which("chromium"), which("chromedriver")) else {
         assert!(
             std::env::var_os("MESH_REQUIRE_BROWSER").is_none(),
             "MESH_REQUIRE_BROWSER is set and chromium or chromedriver is missing"
@@ -289,7 +281,7 @@ fn percents(screen: &str) -> Vec<u32> {
 
 #[test]
 fn mesh_watch_in_a_terminal_draws_progress_advancing() {
-    let Some(script) = find("script") else {
+    let Some(script) = which("script") else {
         eprintln!("SKIPPED: `script` (util-linux) is needed to give mesh watch a terminal");
         return;
     };

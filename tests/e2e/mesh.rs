@@ -195,7 +195,8 @@ fn a_node_with_another_mesh_key_cannot_join() {
 }
 
 /// `n` tasks that each sleep `secs` and write their index to an output.
-fn slow_farm(n: u32, secs: &str) -> String {
+/// `n` tasks of `secs` seconds, each writing its index to `r.txt` in its own folder.
+pub(crate) fn slow_farm(n: u32, secs: &str) -> String {
     format!(
         r#"
 [farm]

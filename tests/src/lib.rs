@@ -775,10 +775,7 @@ impl Drop for Slurm {
     }
 }
 
-fn which(bin: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(bin))
-            .find(|p| p.is_file())
-    })
+/// Where PATH finds a program, if it does.
+pub fn which(bin: &str) -> Option<PathBuf> {
+    which::which(bin).ok()
 }
