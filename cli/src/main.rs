@@ -1,5 +1,6 @@
 //! The `mesh` command: run, resume and inspect farms from the terminal.
 
+mod alloc_cmd;
 mod mesh_cmds;
 mod show;
 mod sim_cmd;
@@ -143,6 +144,12 @@ enum Cmd {
         /// Stop when the farm (or every farm) has finished.
         #[arg(long)]
         until_done: bool,
+    },
+    /// Allocation queues: SLURM or PBS jobs that start mesh nodes when the
+    /// mesh has more work than it can run, and end when they idle.
+    Alloc {
+        #[command(subcommand)]
+        cmd: alloc_cmd::AllocArgs,
     },
     /// Show a task's stdout and stderr (TASK is <stage>/<index>, e.g. solve/3).
     Logs {
@@ -290,6 +297,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Init => mesh_cmds::init(state.root()),
+        Cmd::Alloc { cmd } => alloc_cmd::alloc(state.root(), cmd),
         Cmd::Sim { args } => sim_cmd::sim(&args),
         Cmd::Node { flags } => mesh_cmds::node(state.root(), &flags, None),
         Cmd::Join { peer, flags } => mesh_cmds::node(state.root(), &flags, Some(&peer)),

@@ -82,6 +82,11 @@ pub struct NodeFlags {
     /// tenth of a shorter walltime).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub drain_margin: Option<std::time::Duration>,
+    /// The batch job that started this node, as the batch system lists it
+    /// (the scripts of `mesh alloc` set it): the coordinator learns which
+    /// of its jobs are up and idle.
+    #[arg(long, value_name = "ID", env = "MESH_ALLOC_JOB")]
+    pub alloc_job: Option<String>,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -134,6 +139,7 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitC
                 .unwrap_or_else(|| (w / 10).min(std::time::Duration::from_secs(120)));
             w.saturating_sub(margin)
         }),
+        alloc_job: flags.alloc_job.clone().filter(|j| !j.is_empty()),
     };
     run_node(
         opts,
@@ -146,7 +152,7 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitC
     Ok(ExitCode::SUCCESS)
 }
 
-fn ask(state: &Path, req: &ControlRequest) -> Result<Client> {
+pub(crate) fn ask(state: &Path, req: &ControlRequest) -> Result<Client> {
     Client::request(state, req).map_err(|e| match e {
         ControlError::NoNode(_) => anyhow::anyhow!("{e}"),
         other => anyhow::Error::new(other),

@@ -4,6 +4,9 @@
 //! this module only speaks the batch systems' languages.
 
 use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
 
 use mesh_protocol::alloc::{BatchSystem, JobState, QueueDef};
 
@@ -54,6 +57,10 @@ fn header_common(out: &mut String, q: &QueueDef) {
 
 /// The shell that follows the header: the prologue, then the node, which
 /// drains before the walltime (`--walltime`) so that no task is killed by it.
+/// `alloc_job`: the shell expression of the job's id as the batch
+/// system lists it (an array element's own id), which the node gossips so
+/// the coordinator knows which job it belongs to.
+#[allow(clippy::too_many_arguments)]
 fn body(
     out: &mut String,
     q: &QueueDef,
@@ -62,8 +69,12 @@ fn body(
     resources: &str,
     rank: &str,
     job: &str,
+    alloc_job: &[&str],
 ) {
     let _ = writeln!(out, "set -eu");
+    for line in alloc_job {
+        let _ = writeln!(out, "export MESH_ALLOC_JOB=\"{line}\"");
+    }
     for line in &q.prologue {
         let _ = writeln!(out, "{line}");
     }
@@ -133,6 +144,10 @@ fn slurm(q: &QueueDef, l: &Launch) -> String {
         &res,
         "$SLURM_PROCID",
         "$SLURM_JOB_ID",
+        &[
+            "${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
+            "${MESH_ALLOC_JOB:-$SLURM_JOB_ID}",
+        ],
     );
     s
 }
@@ -183,7 +198,7 @@ fn pbs(q: &QueueDef, l: &Launch) -> String {
     } else {
         "0"
     };
-    body(&mut s, q, l, run, &res, rank, "$PBS_JOBID");
+    body(&mut s, q, l, run, &res, rank, "$PBS_JOBID", &["$PBS_JOBID"]);
     s
 }
 
@@ -207,7 +222,7 @@ pub fn submit_command(system: BatchSystem, script: &str, jobs: u32) -> Vec<Strin
     if jobs > 1 {
         match system {
             BatchSystem::Slurm => c.push(format!("--array=1-{jobs}")),
-            BatchSystem::Pbs => c.push(format!("-J 1-{jobs}")),
+            BatchSystem::Pbs => c.extend(["-J".into(), format!("1-{jobs}")]),
         }
     }
     c.push(script.into());
@@ -238,6 +253,23 @@ pub fn parse_submitted(system: BatchSystem, stdout: &str) -> Result<String, Stri
     }
 }
 
+/// The ids of the jobs one submission made: an array's elements as the
+/// batch system lists them (`12_1`, `1234[1].server`), or the one job.
+pub fn array_ids(system: BatchSystem, id: &str, jobs: u32) -> Vec<String> {
+    if jobs <= 1 {
+        return vec![id.to_string()];
+    }
+    (1..=jobs)
+        .map(|i| match system {
+            BatchSystem::Slurm => format!("{id}_{i}"),
+            BatchSystem::Pbs => match id.split_once("[]") {
+                Some((head, tail)) => format!("{head}[{i}]{tail}"),
+                None => format!("{id}[{i}]"),
+            },
+        })
+        .collect()
+}
+
 /// The command that asks for the state of these jobs.
 pub fn poll_command(system: BatchSystem, ids: &[String]) -> Vec<String> {
     match system {
@@ -249,7 +281,8 @@ pub fn poll_command(system: BatchSystem, ids: &[String]) -> Vec<String> {
             format!("--jobs={}", ids.join(",")),
         ],
         BatchSystem::Pbs => {
-            let mut c = vec!["qstat".into(), "-x".into(), "-f".into()];
+            // `-t`: an array's subjobs, each with its own state.
+            let mut c = vec!["qstat".into(), "-x".into(), "-f".into(), "-t".into()];
             c.extend(ids.iter().cloned());
             c
         }
@@ -309,6 +342,85 @@ pub fn cancel_command(system: BatchSystem, id: &str) -> Vec<String> {
         BatchSystem::Slurm => vec!["scancel".into(), id.into()],
         BatchSystem::Pbs => vec!["qdel".into(), id.into()],
     }
+}
+
+/// How a batch operation ended, for the peer.
+#[derive(Debug)]
+pub enum Done {
+    Submitted(QueueDef, Result<Vec<String>, String>),
+    Polled(BatchSystem, Result<Vec<(String, JobState)>, String>),
+    Cancelled(String, Result<(), String>),
+}
+
+/// The longest a batch command may take before it counts as failed.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs a batch command; its standard output, or what went wrong.
+async fn run(argv: &[String]) -> Result<String, String> {
+    let (program, args) = argv.split_first().expect("a command");
+    let out = tokio::time::timeout(
+        COMMAND_TIMEOUT,
+        tokio::process::Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| {
+        format!(
+            "`{program}` did not answer within {} s",
+            COMMAND_TIMEOUT.as_secs()
+        )
+    })?
+    .map_err(|e| format!("cannot run `{program}`: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        Err(format!(
+            "`{}` failed ({}): {}",
+            argv.join(" "),
+            out.status,
+            err.trim()
+        ))
+    }
+}
+
+/// Writes the queue's script into `dir` (its own folder there, where the
+/// jobs' output goes too) and submits `jobs` jobs of it.
+pub async fn submit(queue: QueueDef, jobs: u32, launch: Launch, dir: &Path) -> Done {
+    let r = async {
+        tokio::fs::create_dir_all(&launch.log_dir)
+            .await
+            .map_err(|e| format!("cannot create {}: {e}", launch.log_dir))?;
+        let path = dir.join(format!("{}.sh", queue.name));
+        tokio::fs::write(&path, script(&queue, &launch))
+            .await
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let argv = submit_command(queue.system, &path.to_string_lossy(), jobs);
+        let out = run(&argv).await?;
+        let id = parse_submitted(queue.system, &out)?;
+        Ok(array_ids(queue.system, &id, jobs))
+    }
+    .await;
+    Done::Submitted(queue, r)
+}
+
+/// Asks where these jobs are. A batch system that knows none of them
+/// any more (SLURM forgets ended jobs after a while) has them all ended.
+pub async fn poll(system: BatchSystem, jobs: Vec<String>) -> Done {
+    let r = match run(&poll_command(system, &jobs)).await {
+        Ok(out) => Ok(parse_states(system, &out)),
+        Err(e) if e.contains("Invalid job id") || e.contains("Unknown Job Id") => Ok(Vec::new()),
+        Err(e) => Err(e),
+    };
+    Done::Polled(system, r)
+}
+
+pub async fn cancel(system: BatchSystem, job: String) -> Done {
+    let r = run(&cancel_command(system, &job)).await.map(|_| ());
+    Done::Cancelled(job, r)
 }
 
 #[cfg(test)]
@@ -425,7 +537,7 @@ mod tests {
         );
         assert_eq!(
             submit_command(BatchSystem::Pbs, "j.sh", 2),
-            ["qsub", "-J 1-2", "j.sh"]
+            ["qsub", "-J", "1-2", "j.sh"]
         );
         assert_eq!(cancel_command(BatchSystem::Slurm, "12"), ["scancel", "12"]);
         assert_eq!(cancel_command(BatchSystem::Pbs, "7.srv"), ["qdel", "7.srv"]);
@@ -454,6 +566,16 @@ mod tests {
             Ok("1235[].pbs-server".into())
         );
         assert!(parse_submitted(p, "qsub: Unknown queue").is_err());
+    }
+
+    #[test]
+    fn an_array_submission_names_each_of_its_jobs() {
+        assert_eq!(array_ids(BatchSystem::Slurm, "12", 1), ["12"]);
+        assert_eq!(array_ids(BatchSystem::Slurm, "12", 2), ["12_1", "12_2"]);
+        assert_eq!(
+            array_ids(BatchSystem::Pbs, "1235[].pbs-server", 2),
+            ["1235[1].pbs-server", "1235[2].pbs-server"]
+        );
     }
 
     #[test]

@@ -10,8 +10,10 @@ use std::path::{Path, PathBuf};
 
 use std::collections::HashMap;
 
+use mesh_protocol::alloc::QueueDef;
 use mesh_protocol::engine::Counts;
 use mesh_protocol::farm::FarmDef;
+use mesh_protocol::mesh::{AllocBook, AllocCmd};
 use mesh_protocol::observe::{Counters, Latencies, LatencySummary, Observation};
 use mesh_protocol::resources::{Amount, Resources, MEM};
 
@@ -64,6 +66,13 @@ pub enum ControlRequest {
         farm: String,
         out: Option<String>,
     },
+    /// A change to the allocation queues (`mesh alloc add|remove|pause|resume`),
+    /// answered with the book once this node's copy shows it.
+    Alloc(AllocCmd),
+    /// The allocation queues, their jobs and their log.
+    Allocs,
+    /// The batch script a queue would submit from this node (`--dry-run`).
+    AllocScript(QueueDef),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -101,6 +110,8 @@ pub enum ControlResponse {
         /// It was the home already.
         already: bool,
     },
+    Allocs(Box<AllocBook>),
+    Script(String),
     Error(String),
 }
 

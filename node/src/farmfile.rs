@@ -310,7 +310,7 @@ pub enum Problem {
         #[source]
         source: humantime::DurationError,
     },
-    #[error("the timeout must be greater than zero")]
+    #[error("the duration must be greater than zero")]
     ZeroTimeout,
     #[error("the list is empty; at least one exit code must count as success")]
     NoSuccessCodes,
@@ -408,6 +408,7 @@ const DEFAULT_FIELDS: &[&str] = &[
     "resources",
     "retries",
     "timeout",
+    "expected",
     "success_codes",
 ];
 const SWEEP_FIELDS: &[&str] = &["lines", "list", "range"];
@@ -447,6 +448,7 @@ struct Fields {
     resources: Vec<(At<String>, At<Amount>)>,
     retries: Option<At<u32>>,
     timeout_ms: Option<At<u64>>,
+    expected_ms: Option<At<u64>>,
     success_codes: Option<At<Vec<i32>>>,
     after: Option<Vec<At<String>>>,
     after_each: Option<Vec<At<String>>>,
@@ -479,6 +481,7 @@ impl Fields {
         self.resources = keyed(self.resources, &d.resources);
         self.retries = self.retries.or_else(|| d.retries.clone());
         self.timeout_ms = self.timeout_ms.or_else(|| d.timeout_ms.clone());
+        self.expected_ms = self.expected_ms.or_else(|| d.expected_ms.clone());
         self.success_codes = self.success_codes.or_else(|| d.success_codes.clone());
         self
     }
@@ -1104,7 +1107,8 @@ impl Scope<'_> {
                     })?;
                     f.retries = Some(self.at(retries, vpos));
                 }
-                "timeout" => f.timeout_ms = Some(self.timeout(v)?),
+                "timeout" => f.timeout_ms = Some(self.duration(v, "timeout")?),
+                "expected" => f.expected_ms = Some(self.duration(v, "expected")?),
                 "success_codes" => {
                     let DeValue::Array(items) = v.get_ref() else {
                         return Err(self.fail(
@@ -1374,7 +1378,8 @@ impl Scope<'_> {
         Ok(out)
     }
 
-    fn timeout(&self, v: &Spanned<DeValue<'_>>) -> Result<At<u64>> {
+    /// A positive duration: `"10m"` or a number of seconds.
+    fn duration(&self, v: &Spanned<DeValue<'_>>, field: &str) -> Result<At<u64>> {
         const EXPECTED: &str = "a duration such as \"10m\", or a number of seconds";
         let pos = v.span().start;
         let ms = match v.get_ref() {
@@ -1382,7 +1387,7 @@ impl Scope<'_> {
                 let d = humantime::parse_duration(s).map_err(|source| {
                     self.fail(
                         pos,
-                        "timeout",
+                        field,
                         Problem::Timeout {
                             text: s.to_string(),
                             source,
@@ -1392,15 +1397,15 @@ impl Scope<'_> {
                 u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
             }
             DeValue::Integer(_) => {
-                let secs = self.integer(v, "timeout", EXPECTED)?;
+                let secs = self.integer(v, field, EXPECTED)?;
                 let secs = u64::try_from(secs.v)
-                    .map_err(|_| self.fail(pos, "timeout", Problem::ZeroTimeout))?;
+                    .map_err(|_| self.fail(pos, field, Problem::ZeroTimeout))?;
                 secs.saturating_mul(1000)
             }
-            other => return Err(self.fail(pos, "timeout", wrong_type(other, EXPECTED))),
+            other => return Err(self.fail(pos, field, wrong_type(other, EXPECTED))),
         };
         if ms == 0 {
-            return Err(self.fail(pos, "timeout", Problem::ZeroTimeout));
+            return Err(self.fail(pos, field, Problem::ZeroTimeout));
         }
         Ok(self.at(ms, pos))
     }
@@ -1525,6 +1530,7 @@ impl Scope<'_> {
             resources,
             retries: f.retries.map(|r| r.v).unwrap_or(0),
             timeout_ms: f.timeout_ms.map(|t| t.v),
+            expected_ms: f.expected_ms.map(|t| t.v),
             success_codes: f.success_codes.map(|c| c.v).unwrap_or_else(|| vec![0]),
             after: Vec::new(),
             after_each: Vec::new(),
@@ -2026,6 +2032,7 @@ resources = { mem = "1GiB", token = 1 }
 env = { A = "from-defaults", B = 2 }
 retries = 3
 workdir = "runs/{stage}/{index}"
+expected = "10m"
 
 [[stage]]
 name = "plain"
@@ -2038,6 +2045,7 @@ resources = { cpu = 0, token = 0 }
 env = { A = "own" }
 retries = 0
 timeout = 90
+expected = 30
 "#,
             &[],
         );
@@ -2045,6 +2053,7 @@ timeout = 90
         assert_eq!(plain.resources.to_string(), "cpu=1,mem=1GiB,token=1");
         assert_eq!(plain.retries, 3);
         assert_eq!(plain.timeout_ms, None);
+        assert_eq!(plain.expected_ms, Some(600_000));
         let task = def.expand(TaskRef::new(0, 0));
         assert_eq!(task.workdir.as_deref(), Some("runs/plain/0"));
         assert_eq!(
@@ -2063,6 +2072,7 @@ timeout = 90
         );
         assert_eq!(own.retries, 0);
         assert_eq!(own.timeout_ms, Some(90_000));
+        assert_eq!(own.expected_ms, Some(30_000));
         let task = def.expand(TaskRef::new(1, 0));
         assert_eq!(
             task.env,

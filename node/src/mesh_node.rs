@@ -25,8 +25,8 @@ use libp2p::{PeerId, Swarm};
 use mesh_protocol::engine::{KillReason, Outcome, TaskResult};
 use mesh_protocol::farm::{content_key, path_stays_inside, FarmDef, TaskRef};
 use mesh_protocol::mesh::{
-    Action, Assigned, Beat, Config, Entry, FarmId, FarmSpec, Fetched, Msg, NodeId, OutputFile,
-    Peer, PeerEvent,
+    Action, AllocBook, AllocCmd, Assigned, BatchOp, Beat, Config, Entry, FarmId, FarmSpec, Fetched,
+    Msg, NodeId, OutputFile, Peer, PeerEvent,
 };
 use mesh_protocol::observe::{Latency, LatencyData, Observation};
 use mesh_protocol::resources::GPU;
@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::batch;
 use crate::control::{
     socket_path, ControlRequest, ControlResponse, FarmView, MeshStatus, NodeView, Observed,
     ResourceUse, ResourceView,
@@ -84,6 +85,9 @@ pub struct NodeOptions {
     /// Drain and stop this long after starting (a batch job's walltime less
     /// a margin): tasks here are handed back as on Ctrl-C.
     pub drain_after: Option<std::time::Duration>,
+    /// The batch job that started this node (`mesh alloc`), as the batch
+    /// system lists it.
+    pub alloc_job: Option<String>,
     pub config: Config,
     /// Find nodes on the LAN by mDNS (needs the `mdns` feature).
     pub mdns: bool,
@@ -136,6 +140,31 @@ enum Cmd {
         Result<FarmSpec, String>,
         mpsc::UnboundedSender<ControlResponse>,
     ),
+    /// A batch command (`mesh alloc`) ended.
+    Batch(batch::Done),
+}
+
+/// How long `mesh alloc add|remove|pause|resume` waits to see its change
+/// in this node's copy of the book.
+const ALLOC_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A user's change to the allocation queues, answered once this node's
+/// copy of the book shows it.
+struct AllocWait {
+    cmd: AllocCmd,
+    until: Instant,
+    reply: mpsc::UnboundedSender<ControlResponse>,
+}
+
+impl AllocWait {
+    fn done(&self, book: &AllocBook) -> bool {
+        match &self.cmd {
+            AllocCmd::Add(d) => book.queue(&d.name).is_some(),
+            AllocCmd::Remove { queue } => book.queue(queue).is_none(),
+            AllocCmd::Pause { queue } => book.queue(queue).is_none_or(|q| q.paused.is_some()),
+            AllocCmd::Resume { queue } => book.queue(queue).is_none_or(|q| q.paused.is_none()),
+        }
+    }
 }
 
 /// What a control request about a farm not held here was waiting for.
@@ -203,6 +232,9 @@ struct Node {
     run_seq: HashMap<(FarmId, TaskRef), (u64, Option<u32>)>,
     /// When each request to another node left, for its round trip.
     sent_at: HashMap<OutboundRequestId, Instant>,
+    /// The mesh secret's file, named in the scripts of `mesh alloc`.
+    key_path: PathBuf,
+    alloc_waits: Vec<AllocWait>,
 }
 
 /// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.
@@ -294,7 +326,14 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         recorder: Recorder::default(),
         run_seq: HashMap::new(),
         sent_at: HashMap::new(),
+        key_path: std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
+        alloc_waits: Vec::new(),
     };
+    node.peer.set_wall_base(crate::state::unix_ms());
+    node.peer.set_batch_job(
+        opts.alloc_job.clone(),
+        opts.drain_after.map(|d| d.as_millis() as u64),
+    );
     node.peer.observe();
     node.restore().map_err(|e| match e {
         NodeError::Store(source) => damaged(source),
@@ -375,7 +414,10 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
                 let now = node.now();
                 node.peer.handle_timeout(now);
             }
-            _ = redial.tick() => node.redial_known(),
+            _ = redial.tick() => {
+                node.redial_known();
+                node.answer_alloc_waits();
+            }
             _ = sleep_until_opt(grace) => {
                 hard_killed = true;
                 for (_, live, _) in node.live.values() {
@@ -419,6 +461,9 @@ impl Node {
             }
         }
         self.peer.restore_held(held);
+        if let Some(book) = MeshState::load_allocs(&self.store)? {
+            self.peer.restore_allocs(book);
+        }
         Ok(())
     }
 
@@ -498,6 +543,7 @@ impl Node {
                 });
             }
             Action::FetchInputs { farm } => self.fetch_inputs(farm),
+            Action::Batch(op) => self.batch(op),
             Action::Emit(ev) => self.emit(ev),
         }
     }
@@ -1137,7 +1183,89 @@ impl Node {
                     self.peer.submit(now, spec);
                 }
             },
+            Cmd::Batch(done) => {
+                let now = self.now();
+                match done {
+                    batch::Done::Submitted(q, r) => {
+                        if let Err(e) = &r {
+                            self.say(&format!("mesh alloc: queue `{}`: {e}", q.name));
+                        }
+                        self.peer.batch_submitted(now, &q, r);
+                    }
+                    batch::Done::Polled(system, r) => self.peer.batch_polled(now, system, r),
+                    batch::Done::Cancelled(job, r) => self.peer.batch_cancelled(now, &job, r),
+                }
+                self.answer_alloc_waits();
+            }
         }
+    }
+
+    /// Carries out a batch operation off the loop; its end comes back as `Cmd::Batch`.
+    fn batch(&mut self, op: BatchOp) {
+        let tx = self.tx.clone();
+        let launch = match &op {
+            BatchOp::Submit { queue, .. } => Some(self.launch(&queue.name)),
+            _ => None,
+        };
+        let dir = self.state.join("alloc");
+        tokio::spawn(async move {
+            let done = match op {
+                BatchOp::Submit { queue, jobs } => {
+                    let launch = launch.expect("built for a submission");
+                    batch::submit(queue, jobs, launch, &dir).await
+                }
+                BatchOp::Poll { system, jobs } => batch::poll(system, jobs).await,
+                BatchOp::Cancel { system, job } => batch::cancel(system, job).await,
+            };
+            let _ = tx.send(Cmd::Batch(done));
+        });
+    }
+
+    /// How a job of queue `queue` starts its node: this binary, joining
+    /// this node, with this node's key; state and output under `alloc/`.
+    fn launch(&self, queue: &str) -> batch::Launch {
+        let beat = self.peer.beat();
+        let loopback = |a: &&String| a.starts_with("/ip4/127.") || a.starts_with("/ip6/::1/");
+        let join = beat
+            .addrs
+            .iter()
+            .find(|a| !loopback(a))
+            .or_else(|| beat.addrs.first())
+            .cloned()
+            .unwrap_or_default();
+        let alloc = self.state.join("alloc");
+        batch::Launch {
+            mesh: std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "mesh".into()),
+            join,
+            key: self.key_path.display().to_string(),
+            state_root: alloc.join("nodes").display().to_string(),
+            log_dir: alloc.join(queue).display().to_string(),
+        }
+    }
+
+    /// Answers the `mesh alloc` changes this node's book now shows, and
+    /// those that waited too long.
+    fn answer_alloc_waits(&mut self) {
+        if self.alloc_waits.is_empty() {
+            return;
+        }
+        let book = self.peer.alloc_book().clone();
+        let now = Instant::now();
+        self.alloc_waits.retain(|w| {
+            if w.done(&book) {
+                let _ = w.reply.send(ControlResponse::Allocs(Box::new((*book).clone())));
+                false
+            } else if now >= w.until {
+                let _ = w.reply.send(ControlResponse::Error(
+                    "the coordinator did not confirm the change in time (is the mesh up? `mesh status`); it may still be applied: see `mesh alloc list`".into(),
+                ));
+                false
+            } else {
+                true
+            }
+        });
     }
 
     fn on_control(&mut self, req: ControlRequest, reply: mpsc::UnboundedSender<ControlResponse>) {
@@ -1229,6 +1357,47 @@ impl Node {
                     }
                     Err(_) => self.ask_coordinator(farm, Asked::Logs(ask, reply)),
                 }
+            }
+            ControlRequest::Alloc(cmd) => {
+                let book = self.peer.alloc_book().clone();
+                let err = match &cmd {
+                    AllocCmd::Add(d) if book.queue(&d.name).is_some() => Some(format!(
+                        "there is already a queue `{}` (`mesh alloc remove {}` first)",
+                        d.name, d.name
+                    )),
+                    AllocCmd::Remove { queue }
+                    | AllocCmd::Pause { queue }
+                    | AllocCmd::Resume { queue }
+                        if book.queue(queue).is_none() =>
+                    {
+                        Some(format!(
+                            "no allocation queue `{queue}` (see `mesh alloc list`)"
+                        ))
+                    }
+                    _ if self.peer.coordinator().is_none() => {
+                        Some("the mesh has no coordinator yet; try again in a moment".into())
+                    }
+                    _ => None,
+                };
+                if let Some(e) = err {
+                    let _ = reply.send(ControlResponse::Error(e));
+                    return;
+                }
+                let now = self.now();
+                self.alloc_waits.push(AllocWait {
+                    cmd: cmd.clone(),
+                    until: Instant::now() + ALLOC_WAIT,
+                    reply,
+                });
+                self.peer.alloc_command(now, cmd);
+            }
+            ControlRequest::Allocs => {
+                let book = self.peer.alloc_book();
+                let _ = reply.send(ControlResponse::Allocs(Box::new((**book).clone())));
+            }
+            ControlRequest::AllocScript(def) => {
+                let launch = self.launch(&def.name);
+                let _ = reply.send(ControlResponse::Script(batch::script(&def, &launch)));
             }
             ControlRequest::Resume { farm, out } => match self.find_known(&farm) {
                 Ok(fid) if self.peer.replica(fid).is_some() => {

@@ -624,6 +624,9 @@ mod tests {
             running: 2,
             backlog: 100,
             prefetch: 3,
+            job: Some("4242_1".into()),
+            ends_in_ms: Some(60_000),
+            allocs: (3, 7),
         }));
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let mut early_refusals = 0;

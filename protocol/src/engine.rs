@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::farm::{FarmDef, TaskRef};
+use crate::farm::{FarmDef, StageDef, TaskRef};
 pub use crate::pool::Grant;
 use crate::pool::Pool;
 use crate::resources::{Amount, Resources};
@@ -866,8 +866,8 @@ impl Engine {
         self.hand_out(
             now,
             usize::MAX,
-            &mut |placement, request| {
-                matches!(placement, Placement::Local(pool) if pool.can_grant(request))
+            &mut |placement, stage| {
+                matches!(placement, Placement::Local(pool) if pool.can_grant(&stage.resources))
             },
             &mut |_, _, _| {},
         );
@@ -881,7 +881,7 @@ impl Engine {
         &mut self,
         now: Millis,
         max: usize,
-        take: &mut dyn FnMut(&Placement, &Resources) -> bool,
+        take: &mut dyn FnMut(&Placement, &StageDef) -> bool,
         started: &mut dyn FnMut(FarmSlot, TaskRef, u32),
     ) {
         if self.interrupted {
@@ -905,7 +905,7 @@ impl Engine {
                         break;
                     }
                     let f = &self.farms[fi];
-                    if !take(&self.placement, &f.def.stages[s as usize].resources) {
+                    if !take(&self.placement, &f.def.stages[s as usize]) {
                         break;
                     }
                     let Some(index) = self.next_ready(fi, s) else {
@@ -998,17 +998,17 @@ impl Engine {
     }
 
     /// Hands out up to `max` ready tasks for another node to run, each one
-    /// whose stage's resources `take` accepts (it reserves them as it says
-    /// yes). The tasks count as running until [`Engine::task_finished`],
+    /// whose stage `take` accepts (it reserves the stage's resources as it
+    /// says yes). The tasks count as running until [`Engine::task_finished`],
     /// [`Engine::lost`] or [`Engine::unclaim`] says otherwise.
     pub fn claim(
         &mut self,
         now: Millis,
         max: usize,
-        take: &mut dyn FnMut(&Resources) -> bool,
+        take: &mut dyn FnMut(&StageDef) -> bool,
     ) -> Vec<(FarmSlot, TaskRef, u32)> {
         let mut out = Vec::new();
-        self.hand_out(now, max, &mut |_, request| take(request), &mut |s, t, a| {
+        self.hand_out(now, max, &mut |_, stage| take(stage), &mut |s, t, a| {
             out.push((s, t, a))
         });
         out

@@ -56,6 +56,9 @@ pub struct StageDef {
     /// Failures allowed before the task is failed for good.
     pub retries: u32,
     pub timeout_ms: Option<u64>,
+    /// How long a task is expected to run (`expected = "10m"`): a node
+    /// whose batch job ends sooner does not start it.
+    pub expected_ms: Option<u64>,
     /// Exit codes that count as success (default `[0]`).
     pub success_codes: Vec<i32>,
     /// Whole-stage dependencies: every task of these stages must succeed first.
@@ -81,6 +84,7 @@ impl StageDef {
             resources,
             retries: 0,
             timeout_ms: None,
+            expected_ms: None,
             success_codes: vec![0],
             after: vec![],
             after_each: vec![],

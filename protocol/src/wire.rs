@@ -12,7 +12,7 @@ use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, Msg, NodeId};
 use crate::observe::Observation;
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
 pub const REQUEST_PROTOCOL: &str = "/mesh/req/5";
 pub const GOSSIP_TOPIC: &str = "mesh/beat/5";

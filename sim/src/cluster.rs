@@ -442,6 +442,10 @@ enum Ev {
     },
 }
 
+impl Sim<'_> {
+    fn batch(&mut self, _n: usize, _op: mesh_protocol::mesh::BatchOp) {}
+}
+
 /// A task running on a node, as the simulator sees it.
 struct Run {
     attempt: u32,
@@ -894,6 +898,7 @@ impl<'a> Sim<'a> {
                     );
                 }
                 Action::Forget { .. } => {}
+                Action::Batch(op) => self.batch(n, op),
                 Action::FetchInputs { farm } => {
                     let at = self.round_trip();
                     let gen = self.nodes[n].gen;

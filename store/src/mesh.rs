@@ -4,9 +4,10 @@
 //! crashes and restarts exercise what the node keeps on disk.
 //!
 //! Layout, by store key:
-//! - [`NODE_KEY`]: the list of farms held here (`farms`) and the results
+//! - [`NODE_KEY`]: the list of farms held here (`farms`), the results
 //!   reported and not yet acknowledged (`h/<farm>/<stage>/<index>`, one
-//!   each, so a step writes only what changed).
+//!   each, so a step writes only what changed), and the allocation book
+//!   (`allocs`).
 //! - a farm's key (its id): its spec (`spec`); its task records (the
 //!   coordinator's own, or entries copied from elsewhere as records); next
 //!   to a record, for a task whose outputs are kept somewhere or that
@@ -19,7 +20,8 @@ use std::sync::Arc;
 
 use mesh_protocol::engine::{Counts, RecordState, TaskRecord};
 use mesh_protocol::mesh::{
-    entry_record, record_entry, Entry, FarmId, FarmSpec, Home, Persist, Report, StoredFarm,
+    entry_record, record_entry, AllocBook, Entry, FarmId, FarmSpec, Home, Persist, Report,
+    StoredFarm,
 };
 use mesh_protocol::TaskRef;
 use serde::{Deserialize, Serialize};
@@ -34,6 +36,8 @@ const META_HELD: &str = "h/";
 const META_SPEC: &str = "spec";
 const META_FINISHED: &str = "finished";
 const META_HOME: &str = "home";
+/// The mesh's allocation queues (`mesh alloc`), as this node last heard.
+const META_ALLOCS: &str = "allocs";
 /// Where the home records which outputs are here: a key of its own,
 /// derived from the farm's and the home's claim (farm ids use all 64 bits,
 /// so no bit of the farm's own key is free to mark it; a node that takes a
@@ -136,6 +140,14 @@ impl MeshState {
         Ok((state, farms, held))
     }
 
+    /// The allocation book kept here, if any.
+    pub fn load_allocs<S: Store>(store: &S) -> Result<Option<AllocBook>> {
+        match store.meta(NODE_KEY, META_ALLOCS)? {
+            Some(b) => Ok(Some(decode("the allocation queues", &b)?)),
+            None => Ok(None),
+        }
+    }
+
     /// The writes that make one of the peer's persists durable.
     pub fn writes(&mut self, p: Persist, out: &mut Vec<Write>) {
         match p {
@@ -212,6 +224,11 @@ impl MeshState {
                 farm: FarmKey(farm.0),
                 name: META_HOME.into(),
                 value: encode(&(home, dir)),
+            }),
+            Persist::Allocs(book) => out.push(Write::Meta {
+                farm: NODE_KEY,
+                name: META_ALLOCS.into(),
+                value: encode(&*book),
             }),
             Persist::Held { reports, gone } => {
                 for r in reports {

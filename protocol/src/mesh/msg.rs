@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::allocs::{AllocBook, AllocCmd};
 use crate::engine::{Counts, TaskEnd, TaskResult, Verdict};
 use crate::farm::{FarmDef, TaskRef};
 use crate::resources::Resources;
@@ -70,6 +71,12 @@ pub struct Beat {
     /// How many tasks this node wants queued beyond what it runs (its
     /// prefetch depth, see `Peer::prefetch_depth`).
     pub prefetch: u32,
+    /// The batch job that started this node (`mesh alloc`), if one did.
+    pub job: Option<String>,
+    /// How long until this node drains before its walltime, if it has one.
+    pub ends_in_ms: Option<u64>,
+    /// The version of the allocation book this node holds.
+    pub allocs: (u64, u64),
 }
 
 /// One task handed to a node to run.
@@ -293,4 +300,8 @@ pub enum Msg {
     Cancel { farm: FarmId },
     /// Coordinator to the home: an attempt failed and will be retried.
     Failure(Failure),
+    /// Anyone to coordinator: a user's change to the allocation queues.
+    Alloc(AllocCmd),
+    /// The allocation book, to a node that holds an older one.
+    Allocs(Arc<AllocBook>),
 }

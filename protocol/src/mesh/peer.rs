@@ -24,15 +24,17 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::allocs::{AllocBook, AllocCmd, Allocs, BatchOp};
 use super::msg::*;
 use super::replica::{entry_record, FarmLog, Replica, StoredFarm};
+use crate::alloc::{fits_before_walltime, Backlog, BatchSystem, JobState, QueueDef};
 use crate::engine::{
     self, AddOptions, Engine, FarmSlot, KillReason, Millis, Outcome, TaskRecord, TaskResult,
     Verdict,
 };
 use crate::farm::TaskRef;
 use crate::pool::{Grant, Pool};
-use crate::resources::{Amount, Resources, CPU};
+use crate::resources::{Amount, Resources, CPU, GPU, MEM};
 use crate::tally::Tally;
 use crate::wire::PROTOCOL_VERSION;
 
@@ -147,6 +149,8 @@ pub enum Persist {
         reports: Vec<Report>,
         gone: Vec<(FarmId, TaskRef)>,
     },
+    /// The mesh's allocation queues, as this node last heard of them.
+    Allocs(Arc<AllocBook>),
 }
 
 /// What happened that the driver may want to show.
@@ -215,6 +219,9 @@ pub enum Action {
     FetchInputs {
         farm: FarmId,
     },
+    /// On the coordinator: ask the batch system (`mesh alloc`), and answer
+    /// with [`Peer::batch_submitted`], `batch_polled` or `batch_cancelled`.
+    Batch(BatchOp),
     Emit(PeerEvent),
 }
 
@@ -405,6 +412,14 @@ pub struct Peer {
     /// simulator's thousand peers do without.
     observed: Option<Box<Observed>>,
     interrupted: bool,
+    /// Allocation queues: this node's copy, and the coordinator's loop.
+    allocs: Allocs,
+    /// The batch job that started this node, and when it drains before
+    /// its walltime (on this peer's clock).
+    job: Option<String>,
+    deadline: Option<Millis>,
+    /// The time of the latest input (for beats, which take none).
+    clock: Millis,
 }
 
 impl Peer {
@@ -459,6 +474,10 @@ impl Peer {
             stats: Stats::default(),
             observed: None,
             interrupted: false,
+            allocs: Allocs::default(),
+            job: None,
+            deadline: None,
+            clock: now,
             cfg,
         }
     }
@@ -505,6 +524,9 @@ impl Peer {
             running: self.running.len() as u32,
             backlog: self.coord.as_ref().map_or(0, |c| c.engine.backlog()),
             prefetch: self.depth,
+            job: self.job.clone(),
+            ends_in_ms: self.deadline.map(|d| d.saturating_sub(self.clock)),
+            allocs: self.allocs.version(),
         }
     }
 
@@ -554,6 +576,79 @@ impl Peer {
         }
     }
 
+    // ----- allocation queues (`mesh alloc`) -----
+
+    /// The allocation queues and their jobs, as this node last heard.
+    pub fn alloc_book(&self) -> &Arc<AllocBook> {
+        self.allocs.book()
+    }
+
+    /// The book kept in this node's store, at startup.
+    pub fn restore_allocs(&mut self, book: AllocBook) {
+        self.allocs.restore(book);
+        self.machines_changed();
+    }
+
+    /// The unix time, in ms, at this peer's clock zero: the times of the
+    /// allocation log (the peer reads no clock).
+    pub fn set_wall_base(&mut self, unix_ms: u64) {
+        self.allocs.wall_base = unix_ms;
+    }
+
+    /// This node runs in batch job `job` (`mesh join --alloc-job`), and
+    /// drains at `deadline` (its walltime less a margin): it starts only
+    /// tasks expected to end before then, and the coordinator hands it no
+    /// others.
+    pub fn set_batch_job(&mut self, job: Option<String>, deadline: Option<Millis>) {
+        self.job = job;
+        self.deadline = deadline;
+    }
+
+    /// A user's change to the allocation queues, sent to the coordinator.
+    pub fn alloc_command(&mut self, now: Millis, cmd: AllocCmd) {
+        self.woke(now);
+        self.send_coordinator(|_| Msg::Alloc(cmd));
+        self.pump(now);
+    }
+
+    /// The batch system's answer to [`BatchOp::Submit`]: the job ids.
+    pub fn batch_submitted(
+        &mut self,
+        now: Millis,
+        queue: &QueueDef,
+        result: Result<Vec<String>, String>,
+    ) {
+        self.woke(now);
+        if self.coord.is_some() && self.allocs.submitted(now, self.term, queue, result) {
+            self.allocs_changed();
+        }
+        self.pump(now);
+    }
+
+    /// The batch system's answer to [`BatchOp::Poll`]: the state of each
+    /// job it still lists.
+    pub fn batch_polled(
+        &mut self,
+        now: Millis,
+        system: BatchSystem,
+        result: Result<Vec<(String, JobState)>, String>,
+    ) {
+        self.woke(now);
+        if self.coord.is_some() && self.allocs.polled(now, self.term, system, result) {
+            self.allocs_changed();
+        }
+        self.pump(now);
+    }
+
+    /// The batch system's answer to [`BatchOp::Cancel`].
+    pub fn batch_cancelled(&mut self, now: Millis, job: &str, result: Result<(), String>) {
+        self.woke(now);
+        if self.coord.is_some() && self.allocs.cancelled(now, self.term, job, result) {
+            self.allocs_changed();
+        }
+        self.pump(now);
+    }
+
     pub fn queued(&self) -> usize {
         self.queue.len()
     }
@@ -589,6 +684,9 @@ impl Peer {
         if let Some(c) = &self.coord {
             if c.farms.values().any(|f| !f.finished_sent) {
                 at = at.min(c.next_progress);
+            }
+            if let Some(t) = self.allocs.poll_timeout() {
+                at = at.min(t);
             }
         }
         Some(at)
@@ -872,6 +970,7 @@ impl Peer {
     /// that was not listening (which would then elect itself and take the
     /// mesh over).
     fn woke(&mut self, now: Millis) {
+        self.clock = self.clock.max(now);
         let last_beat = self.next_beat.saturating_sub(self.cfg.heartbeat_ms);
         if now <= last_beat + self.cfg.dead_after_ms / 2 {
             return;
@@ -933,6 +1032,9 @@ impl Peer {
         }
         if self.coord.as_ref().is_some_and(|c| now >= c.next_progress) {
             self.sync_holders(now, true);
+        }
+        if self.coord.is_some() && self.allocs.poll_timeout().is_some_and(|t| now >= t) {
+            self.alloc_tick(now);
         }
         self.pump(now);
     }
@@ -1023,6 +1125,23 @@ impl Peer {
     fn dispatch_msg(&mut self, now: Millis, from: NodeId, msg: Msg) {
         match msg {
             Msg::Beat(b) => self.on_beat(now, from, b),
+            Msg::Alloc(cmd) => {
+                if self.coord.is_some() {
+                    let (ops, changed) = self.allocs.command(now, self.term, cmd);
+                    self.batch(ops);
+                    if changed {
+                        self.allocs_changed();
+                    }
+                }
+            }
+            Msg::Allocs(book) => {
+                if self.allocs.adopt(book) {
+                    let book = self.allocs.book().clone();
+                    self.actions
+                        .push_back(Action::Persist(Persist::Allocs(book)));
+                    self.machines_changed();
+                }
+            }
             Msg::Submit {
                 farm,
                 entries,
@@ -1312,6 +1431,7 @@ impl Peer {
         if node != self.id {
             if let Some(old) = self.coord.take() {
                 self.hand_over(old);
+                self.allocs.coordinating(None);
             }
         }
         self.actions
@@ -1344,6 +1464,98 @@ impl Peer {
             }
         }
         self.resend(now);
+    }
+
+    /// The coordinator's look at its allocation queues: the backlog by
+    /// kind, which nodes the jobs started and whether they have work.
+    fn alloc_tick(&mut self, now: Millis) {
+        let backlog = self.alloc_backlog();
+        let mut activity: Vec<(String, bool)> = self
+            .members
+            .values()
+            .filter_map(|m| {
+                let b = &m.beat;
+                b.job.clone().map(|j| (j, b.running + b.queued > 0))
+            })
+            .collect();
+        if let Some(j) = &self.job {
+            activity.push((
+                j.clone(),
+                !self.running.is_empty() || !self.queue.is_empty(),
+            ));
+        }
+        let grace = self.cfg.dead_after_ms;
+        let (ops, changed) = self.allocs.tick(now, self.term, grace, backlog, &activity);
+        self.batch(ops);
+        if changed {
+            self.allocs_changed();
+        }
+    }
+
+    /// Ready work no node has claimed, in whole cores (tasks without GPUs)
+    /// and GPUs (tasks with): what allocation queues of each kind are for.
+    fn alloc_backlog(&mut self) -> Backlog {
+        let mut b = Backlog::default();
+        let Some(c) = &mut self.coord else {
+            return b;
+        };
+        for (req, n, _) in c.engine.waiting() {
+            let gpu = req.get(GPU).0;
+            if gpu > 0 {
+                b.gpus += gpu.saturating_mul(n).div_ceil(Amount::units(1).0);
+            } else {
+                b.cores += req
+                    .get(CPU)
+                    .0
+                    .saturating_mul(n)
+                    .div_ceil(Amount::units(1).0);
+            }
+        }
+        b
+    }
+
+    fn batch(&mut self, ops: Vec<BatchOp>) {
+        self.actions.extend(ops.into_iter().map(Action::Batch));
+    }
+
+    /// The coordinator changed the book: durable here, and sent to everyone.
+    fn allocs_changed(&mut self) {
+        let book = self.allocs.book().clone();
+        self.actions
+            .push_back(Action::Persist(Persist::Allocs(book.clone())));
+        let to: Vec<NodeId> = self.members.keys().copied().collect();
+        for n in to {
+            self.send(n, Msg::Allocs(book.clone()));
+        }
+        self.machines_changed();
+    }
+
+    /// Brings the book's copies in step: the coordinator sends it to
+    /// members whose beat shows an older one, a member to a coordinator
+    /// that has an older one than its own.
+    fn resend_allocs(&mut self) {
+        let v = self.allocs.version();
+        if v == (0, 0) {
+            return;
+        }
+        let to: Vec<NodeId> = if self.coord.is_some() {
+            self.members
+                .values()
+                .filter(|m| m.beat.allocs < v)
+                .map(|m| m.id)
+                .collect()
+        } else {
+            self.coordinator
+                .and_then(|c| self.members.get(&c))
+                .filter(|m| m.beat.allocs < v)
+                .map(|m| m.id)
+                .into_iter()
+                .collect()
+        };
+        for n in to {
+            let book = self.allocs.book().clone();
+            self.send(n, Msg::Allocs(book));
+        }
     }
 
     fn become_coordinator(&mut self, now: Millis, term: u64) {
@@ -1381,6 +1593,7 @@ impl Peer {
             }
         }
         self.coord = Some(c);
+        self.allocs.coordinating(Some(now));
         self.coord_drain();
         self.ensure_holders(now);
         self.follow(now, term, self.id);
@@ -1397,9 +1610,20 @@ impl Peer {
         }
     }
 
+    /// The machines a stage must fit one of: the members, and a node of
+    /// each allocation queue that may still submit (its jobs would come
+    /// for the work, so it is not failed as unplaceable).
     fn machines(&self) -> Vec<Resources> {
         std::iter::once(self.pool.total().clone())
             .chain(self.members.values().map(|m| m.beat.total.clone()))
+            .chain(
+                self.allocs
+                    .book()
+                    .queues
+                    .iter()
+                    .filter(|q| q.paused.is_none() && q.def.max > 0)
+                    .map(|q| queue_node(&q.def)),
+            )
             .collect()
     }
 
@@ -2240,30 +2464,48 @@ impl Peer {
             if c.engine.backlog() == 0 {
                 return;
             }
+            // A node that drains before its walltime takes only what it
+            // is expected to finish first.
+            let deadline = if node == self.id {
+                self.deadline
+            } else {
+                self.members.get(&node).and_then(|m| {
+                    m.beat
+                        .ends_in_ms
+                        .map(|left| m.last_seen.saturating_add(left))
+                })
+            };
             let (load, count) = c.load.entry(node).or_default();
             let cap =
                 queue_max.min(claims_max.unwrap_or_else(|| claims_cap(total) + depth as usize));
             let mut taken = Vec::new();
-            let claimed =
-                c.engine
-                    .claim(now, batch_max.min(cap.saturating_sub(*count)), &mut |req| {
-                        let (queued, draining) = waiting
-                            .iter()
-                            .find(|(r, ..)| r == req)
-                            .map_or((0, true), |(_, q, d)| (*q, *d));
-                        let prefetch = match fixed {
-                            _ if draining => Prefetch::None,
-                            Some(pct) => Prefetch::Percent(pct),
-                            None => {
-                                Prefetch::Depth((depth as u64).min(queued.div_ceil(nodes_n)).max(1))
-                            }
-                        };
-                        if !room(total, load, req, prefetch) {
-                            return false;
+            let claimed = c.engine.claim(
+                now,
+                batch_max.min(cap.saturating_sub(*count)),
+                &mut |stage| {
+                    if deadline.is_some_and(|d| !fits_before_walltime(now, d, stage.expected_ms, 0))
+                    {
+                        return false;
+                    }
+                    let req = &stage.resources;
+                    let (queued, draining) = waiting
+                        .iter()
+                        .find(|(r, ..)| r == req)
+                        .map_or((0, true), |(_, q, d)| (*q, *d));
+                    let prefetch = match fixed {
+                        _ if draining => Prefetch::None,
+                        Some(pct) => Prefetch::Percent(pct),
+                        None => {
+                            Prefetch::Depth((depth as u64).min(queued.div_ceil(nodes_n)).max(1))
                         }
-                        load.give(req);
-                        true
-                    });
+                    };
+                    if !room(total, load, req, prefetch) {
+                        return false;
+                    }
+                    load.give(req);
+                    true
+                },
+            );
             *count += claimed.len();
             let full = *count >= cap || claimed.is_empty();
             for (slot, task, attempt) in claimed {
@@ -2562,6 +2804,7 @@ impl Peer {
     /// outputs; and tells the coordinator what this node holds, so claims
     /// whose messages were lost are found.
     fn resend(&mut self, now: Millis) {
+        self.resend_allocs();
         let farms: Vec<FarmId> = self
             .replicas
             .values()
@@ -2731,6 +2974,7 @@ impl Peer {
             return;
         }
         let mut i = 0;
+        let mut late = Vec::new();
         // Skipping a task that does not fit now lets smaller ones behind it
         // run; the scan is bounded so a long queue costs little.
         while i < self.queue.len() && i < 64 {
@@ -2748,6 +2992,15 @@ impl Peer {
             };
             let stage = &spec.def.stages[a.task.stage as usize];
             let timeout = stage.timeout_ms;
+            if self
+                .deadline
+                .is_some_and(|d| !fits_before_walltime(now, d, stage.expected_ms, 0))
+            {
+                // It would not end before this node's walltime: another node runs it.
+                self.queue.remove(i);
+                late.push(a);
+                continue;
+            }
             let Some(grant) = self.pool.grant(&stage.resources) else {
                 i += 1;
                 continue;
@@ -2778,6 +3031,9 @@ impl Peer {
                 o.started.insert((a.farm, a.task), now);
             }
             self.actions.push_back(Action::Start { task: a, grant });
+        }
+        if !late.is_empty() {
+            self.send_coordinator(|term| Msg::Release { term, tasks: late });
         }
     }
 
@@ -3230,6 +3486,19 @@ fn unload(c: &mut Coord, node: NodeId, req: &Resources) {
 /// electing node in the low half, so two nodes that elect themselves in
 /// the same round (the two sides of a healing partition) never share a
 /// term, and the higher one wins everywhere at once.
+/// One node of an allocation queue's jobs, as a machine a stage may fit.
+fn queue_node(q: &QueueDef) -> Resources {
+    let mut r = Resources::new();
+    r.set(CPU, Amount::units(u64::from(q.cores)));
+    if q.gpus > 0 {
+        r.set(GPU, Amount::units(u64::from(q.gpus)));
+    }
+    if let Some(m) = q.mem_bytes {
+        r.set(MEM, Amount::units(m));
+    }
+    r
+}
+
 pub fn ballot(round: u64, node: NodeId) -> u64 {
     (round << 32) | (node.0 & 0xffff_ffff)
 }

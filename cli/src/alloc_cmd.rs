@@ -1,0 +1,403 @@
+//! `mesh alloc`: allocation queues (SLURM or PBS jobs that start mesh nodes for the backlog), as the local node's copy of the mesh's book shows them.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, UNIX_EPOCH};
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use mesh_node::control::{ControlRequest, ControlResponse};
+use mesh_protocol::alloc::{BatchSystem, JobState, QueueDef};
+use mesh_protocol::mesh::{AllocBook, AllocCmd, AllocEvent};
+use mesh_protocol::resources::{format_bytes, parse_amount, MEM};
+
+use crate::mesh_cmds::ask;
+
+#[derive(Subcommand)]
+pub enum AllocArgs {
+    /// Add a queue: the coordinator submits its jobs when queued tasks
+    /// need more cores (or GPUs) than the mesh has, and cancels those that idle.
+    Add(AddArgs),
+    /// Every queue, with its jobs queued and running.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One queue: its settings and its jobs (id, state, times).
+    Info {
+        queue: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// What happened: submissions with their job ids, failures, job states,
+    /// cancellations, pauses.
+    Log {
+        /// Only this queue's events.
+        queue: Option<String>,
+        /// How many of the latest events.
+        #[arg(long, default_value_t = 50)]
+        last: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop submitting for a queue (its jobs keep running).
+    Pause { queue: String },
+    /// Submit again for a paused queue (paused by hand or after failures).
+    Resume { queue: String },
+    /// Remove a queue; its jobs are cancelled and their nodes hand their tasks back.
+    Remove { queue: String },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum System {
+    Slurm,
+    Pbs,
+}
+
+#[derive(Args)]
+pub struct AddArgs {
+    system: System,
+    /// Each job's walltime, e.g. `1h`, `30m` (its nodes drain before it).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    time: Duration,
+    /// Cores per node of a job.
+    #[arg(long)]
+    cores: u32,
+    /// Memory per node, e.g. `64G`.
+    #[arg(long)]
+    mem: Option<String>,
+    /// GPUs per node: a queue with GPUs serves tasks that ask for them.
+    #[arg(long, default_value_t = 0)]
+    gpus: u32,
+    /// Nodes per job (one mesh node each).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    nodes_per_job: u32,
+    /// The batch system's queue (SLURM partition, PBS queue).
+    #[arg(long)]
+    queue: Option<String>,
+    #[arg(long)]
+    account: Option<String>,
+    /// An extra line for the script's header, e.g. `--constraint=a100` (repeatable).
+    #[arg(long = "directive", value_name = "LINE")]
+    directives: Vec<String>,
+    /// A shell line run before the node starts, e.g. `module load gcc` (repeatable).
+    #[arg(long = "prologue", value_name = "LINE")]
+    prologue: Vec<String>,
+    /// Jobs kept at least (queued or running), work or not.
+    #[arg(long, default_value_t = 0)]
+    min: u32,
+    /// Jobs at most (queued or running).
+    #[arg(long, default_value_t = 10)]
+    max: u32,
+    /// A running job whose nodes have run nothing this long is cancelled (above --min).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    idle_timeout: Duration,
+    /// The queue's name (default: the batch system's, numbered if taken).
+    #[arg(long)]
+    name: Option<String>,
+    /// Print the batch script a job would run, and change nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+pub fn alloc(state: &Path, args: AllocArgs) -> Result<ExitCode> {
+    match args {
+        AllocArgs::Add(a) => add(state, a),
+        AllocArgs::List { json } => {
+            let book = book(state)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&book)?);
+            } else {
+                list(&book);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        AllocArgs::Info { queue, json } => {
+            let book = book(state)?;
+            let Some(q) = book.queue(&queue) else {
+                bail!("no allocation queue `{queue}` (see `mesh alloc list`)");
+            };
+            let jobs: Vec<_> = book.jobs.iter().filter(|j| j.job.queue == queue).collect();
+            if json {
+                let v = serde_json::json!({ "queue": q, "jobs": jobs });
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                info(q, &jobs);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        AllocArgs::Log { queue, last, json } => {
+            let book = book(state)?;
+            if let Some(q) = &queue {
+                if book.queue(q).is_none() && !book.log.iter().any(|e| &e.queue == q) {
+                    bail!("no allocation queue `{q}` (see `mesh alloc list`)");
+                }
+            }
+            let events: Vec<&AllocEvent> = book
+                .log
+                .iter()
+                .filter(|e| {
+                    queue
+                        .as_ref()
+                        .is_none_or(|q| &e.queue == q || e.queue.is_empty())
+                })
+                .collect();
+            let events = &events[events.len().saturating_sub(last)..];
+            if json {
+                println!("{}", serde_json::to_string_pretty(events)?);
+            } else {
+                for e in events {
+                    println!("{}", event_line(e));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        AllocArgs::Pause { queue } => change(state, AllocCmd::Pause { queue }),
+        AllocArgs::Resume { queue } => change(state, AllocCmd::Resume { queue }),
+        AllocArgs::Remove { queue } => change(state, AllocCmd::Remove { queue }),
+    }
+}
+
+fn add(state: &Path, a: AddArgs) -> Result<ExitCode> {
+    let system = match a.system {
+        System::Slurm => BatchSystem::Slurm,
+        System::Pbs => BatchSystem::Pbs,
+    };
+    if a.cores == 0 {
+        bail!("--cores must be at least 1");
+    }
+    if a.time.as_secs() < 60 {
+        bail!(
+            "--time {}: a job's walltime must be at least a minute (its node drains before it)",
+            humantime::format_duration(a.time)
+        );
+    }
+    if a.min > a.max {
+        bail!("--min {} is more than --max {}", a.min, a.max);
+    }
+    let mem_bytes = match &a.mem {
+        None => None,
+        Some(m) => Some(
+            parse_amount(MEM, m)
+                .map_err(|e| anyhow::anyhow!("--mem {m}: {e} (write e.g. 64G or 512MiB)"))?
+                .whole(),
+        ),
+    };
+    let book = book(state)?;
+    let name = match a.name {
+        Some(n) => {
+            if n.is_empty()
+                || !n
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                bail!("--name {n:?}: use letters, digits, `-` and `_`");
+            }
+            n
+        }
+        None => {
+            let base = match system {
+                BatchSystem::Slurm => "slurm",
+                BatchSystem::Pbs => "pbs",
+            };
+            (1..)
+                .map(|i| {
+                    if i == 1 {
+                        base.to_string()
+                    } else {
+                        format!("{base}-{i}")
+                    }
+                })
+                .find(|n| book.queue(n).is_none())
+                .expect("a free name")
+        }
+    };
+    let def = QueueDef {
+        name,
+        system,
+        time_limit_s: a.time.as_secs(),
+        cores: a.cores,
+        mem_bytes,
+        gpus: a.gpus,
+        nodes_per_job: a.nodes_per_job,
+        partition: a.queue,
+        account: a.account,
+        directives: a.directives,
+        prologue: a.prologue,
+        min: a.min,
+        max: a.max,
+        idle_timeout_s: a.idle_timeout.as_secs(),
+    };
+    if a.dry_run {
+        let mut c = ask(state, &ControlRequest::AllocScript(def))?;
+        match c.recv() {
+            Some(Ok(ControlResponse::Script(s))) => print!("{s}"),
+            other => bail!("unexpected answer from the node: {other:?}"),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let name = def.name.clone();
+    let book = send(state, AllocCmd::Add(def))?;
+    if let Some(q) = book.queue(&name) {
+        println!("added allocation queue `{name}`: {}", shape(&q.def));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn change(state: &Path, cmd: AllocCmd) -> Result<ExitCode> {
+    let what = match &cmd {
+        AllocCmd::Pause { queue } => format!("paused `{queue}`"),
+        AllocCmd::Resume { queue } => format!("resumed `{queue}`"),
+        AllocCmd::Remove { queue } => format!("removed `{queue}` (its jobs are cancelled)"),
+        AllocCmd::Add(d) => format!("added `{}`", d.name),
+    };
+    send(state, cmd)?;
+    println!("{what}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn send(state: &Path, cmd: AllocCmd) -> Result<AllocBook> {
+    let mut c = ask(state, &ControlRequest::Alloc(cmd))?;
+    match c.recv() {
+        Some(Ok(ControlResponse::Allocs(b))) => Ok(*b),
+        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+        Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
+        Some(Err(e)) => Err(e.into()),
+        None => bail!("the node closed the connection"),
+    }
+}
+
+fn book(state: &Path) -> Result<AllocBook> {
+    let mut c = ask(state, &ControlRequest::Allocs)?;
+    match c.recv() {
+        Some(Ok(ControlResponse::Allocs(b))) => Ok(*b),
+        Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
+        Some(Err(e)) => Err(e.into()),
+        None => bail!("the node closed the connection"),
+    }
+}
+
+/// What one job of a queue asks for, in a line.
+fn shape(d: &QueueDef) -> String {
+    let mut s = format!(
+        "{} job(s) of {} × {} core(s)",
+        match d.system {
+            BatchSystem::Slurm => "SLURM",
+            BatchSystem::Pbs => "PBS",
+        },
+        d.nodes_per_job,
+        d.cores
+    );
+    if let Some(m) = d.mem_bytes {
+        s.push_str(&format!(", {}", format_bytes(m)));
+    }
+    if d.gpus > 0 {
+        s.push_str(&format!(", {} GPU(s)", d.gpus));
+    }
+    s.push_str(&format!(
+        ", walltime {}, {}..{} jobs, idle timeout {}",
+        humantime::format_duration(Duration::from_secs(d.time_limit_s)),
+        d.min,
+        d.max,
+        humantime::format_duration(Duration::from_secs(d.idle_timeout_s)),
+    ));
+    if let Some(p) = &d.partition {
+        s.push_str(&format!(", queue {p}"));
+    }
+    if let Some(a) = &d.account {
+        s.push_str(&format!(", account {a}"));
+    }
+    s
+}
+
+fn list(book: &AllocBook) {
+    if book.queues.is_empty() {
+        println!("no allocation queues (add one with `mesh alloc add slurm --time 1h --cores 8`)");
+        return;
+    }
+    println!(
+        "{:<14} {:<6} {:>9} {:>6} {:>5} {:>8} {:>7} {:>8}  STATE",
+        "QUEUE", "SYSTEM", "WALLTIME", "CORES", "GPUS", "MIN..MAX", "QUEUED", "RUNNING"
+    );
+    for q in &book.queues {
+        let d = &q.def;
+        let count = |s: JobState| {
+            book.live()
+                .filter(|j| j.job.queue == d.name && j.job.state == s)
+                .count()
+        };
+        println!(
+            "{:<14} {:<6} {:>9} {:>6} {:>5} {:>8} {:>7} {:>8}  {}",
+            d.name,
+            match d.system {
+                BatchSystem::Slurm => "slurm",
+                BatchSystem::Pbs => "pbs",
+            },
+            humantime::format_duration(Duration::from_secs(d.time_limit_s)).to_string(),
+            d.cores,
+            d.gpus,
+            format!("{}..{}", d.min, d.max),
+            count(JobState::Queued),
+            count(JobState::Running),
+            q.paused
+                .as_deref()
+                .map_or_else(|| "active".to_string(), |w| format!("paused: {w}")),
+        );
+    }
+}
+
+fn info(q: &mesh_protocol::mesh::AllocQueue, jobs: &[&mesh_protocol::mesh::AllocJob]) {
+    let d = &q.def;
+    println!("queue `{}`: {}", d.name, shape(d));
+    match &q.paused {
+        Some(w) => println!("paused: {w} (`mesh alloc resume {}`)", d.name),
+        None => println!("active"),
+    }
+    for line in &d.directives {
+        println!("directive: {line}");
+    }
+    for line in &d.prologue {
+        println!("prologue: {line}");
+    }
+    if jobs.is_empty() {
+        println!("no jobs yet");
+        return;
+    }
+    println!(
+        "{:<22} {:<8} {:<6} {:<20} ENDED",
+        "JOB", "STATE", "JOINED", "SUBMITTED"
+    );
+    for j in jobs {
+        println!(
+            "{:<22} {:<8} {:<6} {:<20} {}",
+            j.job.id,
+            match j.job.state {
+                JobState::Queued => "queued",
+                JobState::Running => "running",
+                JobState::Ended => "ended",
+            },
+            if j.joined { "yes" } else { "no" },
+            time(j.submitted_unix_ms),
+            j.ended_unix_ms.map(time).unwrap_or_default(),
+        );
+    }
+}
+
+/// A time in UTC, as the batch systems' logs are compared with it.
+fn time(unix_ms: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(unix_ms))
+        .to_string()
+        .replace('T', " ")
+}
+
+fn event_line(e: &AllocEvent) -> String {
+    let mut s = format!("{}  ", time(e.unix_ms));
+    if !e.queue.is_empty() {
+        s.push_str(&format!("{}: ", e.queue));
+    }
+    if let Some(j) = &e.job {
+        s.push_str(&format!("job {j}: "));
+    }
+    s.push_str(&e.text);
+    s
+}

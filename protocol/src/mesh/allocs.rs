@@ -1,0 +1,620 @@
+//! Allocation queues in a mesh: the replicated book of queues, jobs and what happened to them, and the coordinator's loop that feeds [`crate::alloc::Scaler`] and asks the driver to carry out its decisions.
+//!
+//! The book is small and changes seldom (a submission, a job's new state),
+//! so it travels whole: the coordinator numbers each version with its term,
+//! keeps it durable, and sends it to every member whose beat shows an older
+//! one; a member that holds a newer one than the coordinator's (a new
+//! coordinator elected from a stale copy) sends it the other way. A new
+//! coordinator waits a death timeout before it decides anything, so it
+//! hears the newest book first and never submits twice what its
+//! predecessor submitted.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use crate::alloc::{Backlog, BatchSystem, Decision, Job, JobState, QueueDef, Scaler};
+use crate::engine::Millis;
+
+/// The most events the book keeps (the oldest go first).
+const LOG_KEPT: usize = 500;
+/// Ended jobs kept per queue, for `mesh alloc info`.
+const ENDED_KEPT: usize = 50;
+/// How often the coordinator looks at its queues, and asks the batch
+/// systems where their jobs are.
+pub const TICK_MS: Millis = 1_000;
+pub const POLL_MS: Millis = 5_000;
+
+/// An allocation queue as the mesh keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocQueue {
+    pub def: QueueDef,
+    /// Why submissions are stopped (`mesh alloc pause`, or failures in a row).
+    pub paused: Option<String>,
+}
+
+/// A job a queue submitted, and what became of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocJob {
+    pub job: Job,
+    pub system: BatchSystem,
+    pub submitted_unix_ms: u64,
+    pub ended_unix_ms: Option<u64>,
+    /// A node started by this job joined the mesh.
+    pub joined: bool,
+}
+
+/// One thing that happened to a queue, for `mesh alloc log`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocEvent {
+    pub unix_ms: u64,
+    pub queue: String,
+    pub job: Option<String>,
+    pub text: String,
+}
+
+/// The mesh's allocation queues: replicated on every node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocBook {
+    /// The coordinator term that wrote it, and its count within that term.
+    pub version: (u64, u64),
+    pub queues: Vec<AllocQueue>,
+    pub jobs: Vec<AllocJob>,
+    pub log: VecDeque<AllocEvent>,
+}
+
+impl AllocBook {
+    pub fn queue(&self, name: &str) -> Option<&AllocQueue> {
+        self.queues.iter().find(|q| q.def.name == name)
+    }
+
+    /// Jobs that have not ended.
+    pub fn live(&self) -> impl Iterator<Item = &AllocJob> {
+        self.jobs.iter().filter(|j| j.job.state != JobState::Ended)
+    }
+}
+
+/// What a user asks of the queues (`mesh alloc ...`), sent to the coordinator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AllocCmd {
+    Add(QueueDef),
+    /// Cancels the queue's jobs (their nodes hand their tasks back) and forgets it.
+    Remove {
+        queue: String,
+    },
+    Pause {
+        queue: String,
+    },
+    Resume {
+        queue: String,
+    },
+}
+
+/// What the coordinator's driver asks the batch system; it answers with
+/// [`crate::mesh::Peer::batch_submitted`], `batch_polled` and `batch_cancelled`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BatchOp {
+    /// `jobs` jobs of this queue (one array where there are several).
+    Submit {
+        queue: QueueDef,
+        jobs: u32,
+    },
+    Poll {
+        system: BatchSystem,
+        jobs: Vec<String>,
+    },
+    Cancel {
+        system: BatchSystem,
+        job: String,
+    },
+}
+
+/// A node's part in allocation: its copy of the book and, on the
+/// coordinator, the scaling loop.
+#[derive(Debug, Default)]
+pub struct Allocs {
+    book: Arc<AllocBook>,
+    /// The unix time, in ms, at the driver's clock zero (for the log).
+    pub wall_base: u64,
+    /// Since when this node coordinates (None: it does not).
+    since: Option<Millis>,
+    scaler: Scaler,
+    next_tick: Millis,
+    next_poll: Millis,
+    polls_out: usize,
+    /// Since when each running job's nodes have run nothing.
+    idle: FxHashMap<String, Millis>,
+    /// Jobs asked to be cancelled (not decided again while they end).
+    cancelling: BTreeSet<String>,
+    /// The version last sent to the coordinator by a member, and when.
+    pub offered: Option<((u64, u64), Millis)>,
+}
+
+impl Allocs {
+    pub fn book(&self) -> &Arc<AllocBook> {
+        &self.book
+    }
+
+    pub fn version(&self) -> (u64, u64) {
+        self.book.version
+    }
+
+    /// The book found in the store at startup.
+    pub fn restore(&mut self, book: AllocBook) {
+        self.book = Arc::new(book);
+    }
+
+    /// A book from another node: kept if newer. True when it was.
+    pub fn adopt(&mut self, book: Arc<AllocBook>) -> bool {
+        if book.version <= self.book.version {
+            return false;
+        }
+        self.book = book;
+        self.sync_paused();
+        true
+    }
+
+    /// This node was elected (or is no longer, with `None`).
+    pub fn coordinating(&mut self, since: Option<Millis>) {
+        self.since = since;
+        self.idle.clear();
+        self.cancelling.clear();
+        self.polls_out = 0;
+        self.scaler = Scaler::default();
+        self.sync_paused();
+    }
+
+    pub fn is_coordinating(&self) -> bool {
+        self.since.is_some()
+    }
+
+    /// When the loop next wants a tick (coordinator with queues only).
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        (self.since.is_some() && !self.book.queues.is_empty()).then_some(self.next_tick)
+    }
+
+    fn sync_paused(&mut self) {
+        for q in &self.book.queues {
+            if q.paused.is_some() {
+                self.scaler.pause(&q.def.name);
+            } else if self.scaler.is_paused(&q.def.name) {
+                self.scaler.resume(&q.def.name);
+            }
+        }
+    }
+
+    /// Changes the book as the coordinator of `term`; the caller persists
+    /// and sends the new version.
+    fn edit(&mut self, term: u64, f: impl FnOnce(&mut AllocBook)) {
+        let b = Arc::make_mut(&mut self.book);
+        f(b);
+        b.version = if b.version.0 == term {
+            (term, b.version.1 + 1)
+        } else {
+            (term, 1)
+        };
+        while b.log.len() > LOG_KEPT {
+            b.log.pop_front();
+        }
+    }
+
+    fn event(&self, now: Millis, queue: &str, job: Option<&str>, text: String) -> AllocEvent {
+        AllocEvent {
+            unix_ms: self.wall_base + now,
+            queue: queue.to_string(),
+            job: job.map(str::to_string),
+            text,
+        }
+    }
+
+    /// A user's command, on the coordinator. Returns the batch operations
+    /// it needs, and whether the book changed.
+    pub fn command(&mut self, now: Millis, term: u64, cmd: AllocCmd) -> (Vec<BatchOp>, bool) {
+        let mut ops = Vec::new();
+        let name = match &cmd {
+            AllocCmd::Add(d) => d.name.clone(),
+            AllocCmd::Remove { queue } | AllocCmd::Pause { queue } | AllocCmd::Resume { queue } => {
+                queue.clone()
+            }
+        };
+        let exists = self.book.queue(&name).is_some();
+        let ev = |s: &Self, text: &str| s.event(now, &name, None, text.to_string());
+        match cmd {
+            AllocCmd::Add(def) => {
+                if exists {
+                    return (ops, false);
+                }
+                let e = ev(self, "added");
+                self.edit(term, |b| {
+                    b.queues.push(AllocQueue { def, paused: None });
+                    b.log.push_back(e);
+                });
+                self.scaler.resume(&name);
+            }
+            AllocCmd::Remove { .. } => {
+                if !exists {
+                    return (ops, false);
+                }
+                for j in self.book.live().filter(|j| j.job.queue == name) {
+                    ops.push(BatchOp::Cancel {
+                        system: j.system,
+                        job: j.job.id.clone(),
+                    });
+                }
+                let e = ev(
+                    self,
+                    &format!("removed; {} live job(s) cancelled", ops.len()),
+                );
+                self.edit(term, |b| {
+                    b.queues.retain(|q| q.def.name != name);
+                    b.jobs.retain(|j| j.job.queue != name);
+                    b.log.push_back(e);
+                });
+            }
+            AllocCmd::Pause { .. } => {
+                if !exists || self.book.queue(&name).is_some_and(|q| q.paused.is_some()) {
+                    return (ops, false);
+                }
+                let e = ev(self, "paused by the user");
+                self.edit(term, |b| {
+                    if let Some(q) = b.queues.iter_mut().find(|q| q.def.name == name) {
+                        q.paused = Some("paused by the user".into());
+                    }
+                    b.log.push_back(e);
+                });
+                self.scaler.pause(&name);
+            }
+            AllocCmd::Resume { .. } => {
+                if self.book.queue(&name).is_none_or(|q| q.paused.is_none()) {
+                    return (ops, false);
+                }
+                let e = ev(self, "resumed");
+                self.edit(term, |b| {
+                    if let Some(q) = b.queues.iter_mut().find(|q| q.def.name == name) {
+                        q.paused = None;
+                    }
+                    b.log.push_back(e);
+                });
+                self.scaler.resume(&name);
+            }
+        }
+        (ops, true)
+    }
+
+    /// The coordinator's periodic look at its queues. `grace`: how long a
+    /// new coordinator listens before deciding; `backlog`: ready work the
+    /// nodes there are cannot start; `activity`: each node that a job
+    /// started, by job id, and whether it has work.
+    pub fn tick(
+        &mut self,
+        now: Millis,
+        term: u64,
+        grace: Millis,
+        backlog: Backlog,
+        activity: &[(String, bool)],
+    ) -> (Vec<BatchOp>, bool) {
+        let mut ops = Vec::new();
+        let Some(since) = self.since else {
+            return (ops, false);
+        };
+        if now < self.next_tick || self.book.queues.is_empty() {
+            return (ops, false);
+        }
+        self.next_tick = now + TICK_MS;
+        let mut changed = false;
+
+        // Which jobs' nodes are here, and which of those have work.
+        let mut busy: FxHashMap<&str, bool> = FxHashMap::default();
+        for (job, b) in activity {
+            *busy.entry(job.as_str()).or_default() |= *b;
+        }
+        let joined: Vec<String> = self
+            .book
+            .live()
+            .filter(|j| !j.joined && busy.contains_key(j.job.id.as_str()))
+            .map(|j| j.job.id.clone())
+            .collect();
+        if !joined.is_empty() {
+            let events: Vec<AllocEvent> = joined
+                .iter()
+                .map(|id| {
+                    let q = self.job_queue(id);
+                    self.event(now, &q, Some(id), "its node joined the mesh".into())
+                })
+                .collect();
+            self.edit(term, |b| {
+                for j in b.jobs.iter_mut().filter(|j| joined.contains(&j.job.id)) {
+                    j.joined = true;
+                }
+                b.log.extend(events);
+            });
+            changed = true;
+        }
+        for j in self.book.live() {
+            let id = j.job.id.as_str();
+            if j.job.state == JobState::Running && !busy.get(id).copied().unwrap_or(false) {
+                self.idle.entry(id.to_string()).or_insert(now);
+            } else {
+                self.idle.remove(id);
+            }
+        }
+
+        if now < since + grace {
+            return (ops, changed);
+        }
+
+        let live: Vec<&AllocJob> = self.book.live().collect();
+        if self.polls_out == 0 && now >= self.next_poll && !live.is_empty() {
+            self.next_poll = now + POLL_MS;
+            for system in [BatchSystem::Slurm, BatchSystem::Pbs] {
+                let jobs: Vec<String> = live
+                    .iter()
+                    .filter(|j| j.system == system)
+                    .map(|j| j.job.id.clone())
+                    .collect();
+                if !jobs.is_empty() {
+                    self.polls_out += 1;
+                    ops.push(BatchOp::Poll { system, jobs });
+                }
+            }
+        }
+
+        let defs: Vec<QueueDef> = self.book.queues.iter().map(|q| q.def.clone()).collect();
+        let jobs: Vec<Job> = live
+            .iter()
+            .filter(|j| !self.cancelling.contains(&j.job.id))
+            .map(|j| Job {
+                idle_since: self.idle.get(&j.job.id).copied(),
+                ..j.job.clone()
+            })
+            .collect();
+        let mut events = Vec::new();
+        for d in self.scaler.decide(now, &defs, backlog, &jobs) {
+            match d {
+                Decision::Submit { queue, jobs } => {
+                    let Some(q) = self.book.queue(&queue) else {
+                        continue;
+                    };
+                    events.push(self.event(now, &queue, None, format!("submitting {jobs} job(s)")));
+                    ops.push(BatchOp::Submit {
+                        queue: q.def.clone(),
+                        jobs,
+                    });
+                }
+                Decision::Cancel { job, why } => {
+                    let q = self.job_queue(&job);
+                    let system = self
+                        .book
+                        .queue(&q)
+                        .map_or(BatchSystem::Slurm, |q| q.def.system);
+                    events.push(self.event(now, &q, Some(&job), format!("cancelling: {why}")));
+                    self.cancelling.insert(job.clone());
+                    ops.push(BatchOp::Cancel { system, job });
+                }
+                Decision::Pause { .. } => {}
+            }
+        }
+        if !events.is_empty() {
+            self.edit(term, |b| b.log.extend(events));
+            changed = true;
+        }
+        (ops, changed)
+    }
+
+    fn job_queue(&self, id: &str) -> String {
+        self.book
+            .jobs
+            .iter()
+            .find(|j| j.job.id == id)
+            .map_or_else(String::new, |j| j.job.queue.clone())
+    }
+
+    /// The batch system's answer to a submission: the job ids, or why not.
+    pub fn submitted(
+        &mut self,
+        now: Millis,
+        term: u64,
+        queue: &QueueDef,
+        result: Result<Vec<String>, String>,
+    ) -> bool {
+        if self.book.queue(&queue.name).is_none() {
+            return false;
+        }
+        let wall = self.wall_base + now;
+        match result {
+            Ok(ids) => {
+                self.scaler.submitted(now, &queue.name, true);
+                let e = self.event(
+                    now,
+                    &queue.name,
+                    None,
+                    format!("submitted: {}", ids.join(" ")),
+                );
+                let system = queue.system;
+                let name = queue.name.clone();
+                self.edit(term, |b| {
+                    for id in ids {
+                        b.jobs.push(AllocJob {
+                            job: Job {
+                                id,
+                                queue: name.clone(),
+                                state: JobState::Queued,
+                                submitted_at: now,
+                                idle_since: None,
+                            },
+                            system,
+                            submitted_unix_ms: wall,
+                            ended_unix_ms: None,
+                            joined: false,
+                        });
+                    }
+                    b.log.push_back(e);
+                });
+            }
+            Err(why) => self.failed(
+                now,
+                term,
+                &queue.name,
+                None,
+                format!("submission failed: {why}"),
+            ),
+        }
+        true
+    }
+
+    /// A failure of a queue's (submission, or a job that ended before its
+    /// node joined): the queue backs off, and pauses after several in a row.
+    fn failed(&mut self, now: Millis, term: u64, queue: &str, job: Option<&str>, text: String) {
+        let mut events = vec![self.event(now, queue, job, text)];
+        let pause = self.scaler.submitted(now, queue, false);
+        let why = match pause {
+            Some(Decision::Pause { why, .. }) => {
+                events.push(self.event(now, queue, None, format!("paused: {why}")));
+                Some(why)
+            }
+            _ => None,
+        };
+        self.edit(term, |b| {
+            if let Some(why) = why {
+                if let Some(q) = b.queues.iter_mut().find(|q| q.def.name == queue) {
+                    q.paused = Some(why);
+                }
+            }
+            b.log.extend(events);
+        });
+    }
+
+    /// Where the batch system says its jobs are. A job it no longer lists
+    /// has ended.
+    pub fn polled(
+        &mut self,
+        now: Millis,
+        term: u64,
+        system: BatchSystem,
+        result: Result<Vec<(String, JobState)>, String>,
+    ) -> bool {
+        self.polls_out = self.polls_out.saturating_sub(1);
+        let states = match result {
+            Ok(s) => s,
+            Err(why) => {
+                let text = format!("cannot ask the batch system: {why}");
+                if self.book.log.back().is_some_and(|e| e.text == text) {
+                    return false;
+                }
+                let e = self.event(now, "", None, text);
+                self.edit(term, |b| b.log.push_back(e));
+                return true;
+            }
+        };
+        let states: FxHashMap<&str, JobState> =
+            states.iter().map(|(id, s)| (id.as_str(), *s)).collect();
+        let changes: Vec<(String, String, JobState, bool)> = self
+            .book
+            .live()
+            .filter(|j| j.system == system)
+            .filter_map(|j| {
+                let s = states
+                    .get(j.job.id.as_str())
+                    .copied()
+                    .unwrap_or(JobState::Ended);
+                (s != j.job.state).then(|| (j.job.id.clone(), j.job.queue.clone(), s, j.joined))
+            })
+            .collect();
+        if changes.is_empty() {
+            return false;
+        }
+        let wall = self.wall_base + now;
+        let mut events = Vec::new();
+        let mut never_joined = Vec::new();
+        for (id, queue, s, joined) in &changes {
+            let text = match s {
+                JobState::Queued => "queued".to_string(),
+                JobState::Running => "running".to_string(),
+                JobState::Ended if *joined => "ended".to_string(),
+                JobState::Ended => {
+                    never_joined.push((queue.clone(), id.clone()));
+                    continue;
+                }
+            };
+            events.push(self.event(now, queue, Some(id), text));
+            if *s == JobState::Ended {
+                self.cancelling.remove(id);
+                self.idle.remove(id);
+            }
+        }
+        self.edit(term, |b| {
+            for (id, _, s, _) in &changes {
+                if let Some(j) = b.jobs.iter_mut().find(|j| &j.job.id == id) {
+                    j.job.state = *s;
+                    if *s == JobState::Ended {
+                        j.ended_unix_ms = Some(wall);
+                    }
+                }
+            }
+            b.log.extend(events);
+            trim_ended(b);
+        });
+        for (queue, id) in never_joined {
+            let cancelled = self.cancelling.remove(&id);
+            self.idle.remove(&id);
+            if cancelled {
+                let e = self.event(now, &queue, Some(&id), "ended (cancelled)".into());
+                self.edit(term, |b| b.log.push_back(e));
+            } else {
+                self.failed(
+                    now,
+                    term,
+                    &queue,
+                    Some(&id),
+                    "ended before its node joined the mesh (see the job's output)".into(),
+                );
+            }
+        }
+        true
+    }
+
+    /// The answer to a cancellation.
+    pub fn cancelled(
+        &mut self,
+        now: Millis,
+        term: u64,
+        job: &str,
+        result: Result<(), String>,
+    ) -> bool {
+        let q = self.job_queue(job);
+        let text = match result {
+            Ok(()) => "cancelled".to_string(),
+            Err(why) => {
+                self.cancelling.remove(job);
+                format!("cannot cancel: {why}")
+            }
+        };
+        let e = self.event(now, &q, Some(job), text);
+        self.edit(term, |b| b.log.push_back(e));
+        true
+    }
+}
+
+/// Drops the oldest ended jobs of each queue beyond [`ENDED_KEPT`].
+fn trim_ended(b: &mut AllocBook) {
+    let mut ended: FxHashMap<String, usize> = FxHashMap::default();
+    for j in &b.jobs {
+        if j.job.state == JobState::Ended {
+            *ended.entry(j.job.queue.clone()).or_default() += 1;
+        }
+    }
+    b.jobs.retain(|j| {
+        if j.job.state != JobState::Ended {
+            return true;
+        }
+        let n = ended.get_mut(&j.job.queue).expect("counted");
+        if *n > ENDED_KEPT {
+            *n -= 1;
+            false
+        } else {
+            true
+        }
+    });
+}
