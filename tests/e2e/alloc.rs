@@ -69,92 +69,133 @@ fn a_node_with_a_walltime_drains_before_it_and_no_task_fails_for_it() {
     }
 }
 
-#[test]
-fn a_slurm_job_of_the_generated_script_joins_runs_tasks_and_drains_before_its_walltime() {
-    use mesh_node::batch::{parse_submitted, script, Launch};
-    use mesh_protocol::alloc::{BatchSystem, QueueDef};
-
-    let sb = sandbox();
-    let slurm = match mesh_tests::Slurm::start(&sb.path().join("slurm")) {
-        Ok(s) => s,
+/// A real one-node SLURM cluster, or None (and why) where it cannot start.
+fn slurm(sb: &mesh_tests::Sandbox) -> Option<mesh_tests::Slurm> {
+    match mesh_tests::Slurm::start(&sb.path().join("slurm")) {
+        Ok(s) => Some(s),
         Err(why) => {
             assert!(
                 std::env::var_os("MESH_REQUIRE_SLURM").is_none(),
                 "MESH_REQUIRE_SLURM is set and SLURM cannot start: {why}"
             );
             eprintln!("SKIPPED: no SLURM cluster here: {why}");
-            return;
+            None
         }
-    };
-    let c = Cluster::start(&sb, &["cpu=1"], &[]);
-    let q = QueueDef {
-        name: "cpu".into(),
-        system: BatchSystem::Slurm,
-        time_limit_s: 40,
-        cores: 1,
-        mem_bytes: None,
-        gpus: 0,
-        nodes_per_job: 1,
-        partition: None,
-        account: None,
-        directives: Vec::new(),
-        prologue: vec!["echo prologue ran".into()],
-        min: 0,
-        max: 1,
-        idle_timeout_s: 60,
-    };
-    let path = |p: &str| sb.path().join(p).to_string_lossy().into_owned();
-    let launch = Launch {
-        mesh: env!("CARGO_BIN_EXE_mesh").into(),
-        join: c.nodes[0].address(),
-        key: path("n0/mesh.key"),
-        state_root: path("jobs"),
-        log_dir: sb.path().to_string_lossy().into_owned(),
-    };
-    let job = sb.write("job.sh", &script(&q, &launch));
-    let out = slurm
-        .command("sbatch")
-        .arg("--parsable")
-        .arg(&job)
-        .output()
-        .expect("sbatch");
-    let id = parse_submitted(BatchSystem::Slurm, &String::from_utf8_lossy(&out.stdout))
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-    let joined = wait_until(Duration::from_secs(60), || {
-        c.status(0)["nodes"]
-            .as_array()
-            .is_some_and(|n| n.len() == 2)
-    });
-    assert!(joined, "the job's node joined; squeue: {}", slurm.queue());
+    }
+}
 
-    sb.write("many.toml", &no_retries(slow_farm(60, "1")));
+/// The whole loop against a real SLURM: a backlog makes the coordinator
+/// submit a job through `mesh alloc`; the job's node joins and runs
+/// tasks; its walltime, shorter than the farm, drains it without failing
+/// a task, and the coordinator submits a job to replace it; once the work
+/// is done the idle job is cancelled.
+#[test]
+fn mesh_alloc_scales_a_real_slurm_out_and_in_and_walltimes_fail_no_task() {
+    let sb = sandbox();
+    let Some(slurm) = slurm(&sb) else { return };
+    let env = vec![(
+        "SLURM_CONF".to_string(),
+        slurm.conf.to_string_lossy().into_owned(),
+    )];
+    let c = Cluster::start_with_env(&sb, &["cpu=1"], &[], env);
+
+    // The script it would submit, without submitting it.
+    let args = [
+        "alloc",
+        "add",
+        "slurm",
+        "--time",
+        "1m",
+        "--cores",
+        "1",
+        "--max",
+        "1",
+        "--idle-timeout",
+        "5s",
+        "--prologue",
+        "echo prologue ran",
+        "--name",
+        "cpu",
+    ];
+    let dry = c.mesh(0, &[&args[..], &["--dry-run"]].concat());
+    dry.expect_code(0);
+    assert!(
+        dry.stdout.contains("#SBATCH --time=0:01:00"),
+        "{}",
+        dry.stdout
+    );
+    assert!(dry.stdout.contains(" join "), "{}", dry.stdout);
+    assert!(c.mesh(0, &["alloc", "list", "--json"]).json()["queues"]
+        .as_array()
+        .is_some_and(|q| q.is_empty()));
+    c.mesh(0, &args).expect_code(0);
+    let list = c.mesh(0, &["alloc", "list"]);
+    assert!(
+        list.stdout.contains("cpu") && list.stdout.contains("active"),
+        "{}",
+        list.stdout
+    );
+
+    // 60 tasks of 2 s: about a minute on two cores, longer than the job's
+    // node has before its drain; each expected to take 3 s, so the node
+    // stops starting them when less than that is left.
+    let farm = slow_farm(60, "2") + "expected = \"3s\"\n";
+    sb.write("many.toml", &no_retries(farm));
     let r = c.mesh(0, &["submit", "many.toml", "--out", "many-out"]);
     r.expect_code(0);
-    let farm = r.stdout.trim().to_string();
-    let remote_busy = || {
-        c.status(0)["nodes"].as_array().is_some_and(|n| {
-            n.iter()
-                .any(|v| v["local"] == false && v["running"].as_u64() > Some(0))
-        })
-    };
+    let id = r.stdout.trim().to_string();
+
+    let book = || c.mesh(0, &["alloc", "info", "cpu", "--json"]).json();
+    let jobs = |b: &serde_json::Value| b["jobs"].as_array().cloned().unwrap_or_default();
     assert!(
-        wait_until(Duration::from_secs(30), remote_busy),
-        "the job's node ran tasks"
+        wait_until(Duration::from_secs(60), || jobs(&book())
+            .iter()
+            .any(|j| j["joined"] == true)),
+        "a job was submitted and its node joined: {}\n{}",
+        book(),
+        slurm.queue()
     );
-    // The node drains before the walltime and the job ends by itself.
-    let ended = wait_until(Duration::from_secs(60), || !slurm.queue().contains(&id));
-    assert!(ended, "the job ended: {}", slurm.queue());
-    let log = fs::read_to_string(sb.path().join(format!("mesh-cpu-{id}.out"))).unwrap_or_default();
-    assert!(log.contains("prologue ran"), "{log}");
+    let r = c.mesh(0, &["wait", &id, "--json"]);
+    r.expect_code(0);
+    let v = r.json();
+    assert_eq!(v["counts"]["done"], 60, "{v}");
+    assert_eq!(v["counts"]["failed"], 0, "{v}");
+    for i in 0..60 {
+        assert_eq!(sb.read(&format!("many-out/s/{i}/r.txt")), format!("{i}\n"));
+    }
+
+    // The first job's node drained before its walltime and the job ended by
+    // itself; the coordinator replaced it.
+    let b = book();
+    let all = jobs(&b);
+    assert!(all.len() >= 2, "the drained job was replaced: {b}");
+    let first = all[0]["job"]["id"].as_str().expect("a job id").to_string();
+    let out = sb.path().join(format!("n0/alloc/cpu/mesh-cpu-{first}.out"));
+    let log = fs::read_to_string(&out).unwrap_or_default();
+    assert!(log.contains("prologue ran"), "{}: {log}", out.display());
     assert!(log.contains("walltime near: draining"), "{log}");
     assert!(
         !log.contains("CANCELLED"),
         "killed by SLURM rather than drained:\n{log}"
     );
 
-    let r = c.mesh(0, &["wait", &farm, "--json"]);
-    r.expect_code(0);
-    let v = r.json();
-    assert_eq!(v["counts"]["done"], 60, "{v}");
-    assert_eq!(v["counts"]["failed"], 0, "{v}");
+    // Nothing waits any more: the idle job is cancelled, and every job ends.
+    let ended = wait_until(Duration::from_secs(60), || {
+        jobs(&book()).iter().all(|j| j["job"]["state"] == "Ended")
+    });
+    assert!(ended, "every job ended: {}\n{}", book(), slurm.queue());
+    let log = c.mesh(0, &["alloc", "log", "cpu"]).stdout;
+    assert!(log.contains("cancelling: idle for"), "{log}");
+    assert!(log.contains("submitted: "), "{log}");
+    assert!(
+        wait_until(Duration::from_secs(20), || slurm.queue().trim().is_empty()),
+        "{}",
+        slurm.queue()
+    );
+
+    // Removing the queue leaves nothing behind.
+    c.mesh(0, &["alloc", "remove", "cpu"]).expect_code(0);
+    assert!(c.mesh(0, &["alloc", "list", "--json"]).json()["queues"]
+        .as_array()
+        .is_some_and(|q| q.is_empty()));
 }

@@ -240,8 +240,20 @@ pub struct NodeProc {
 impl NodeProc {
     /// Starts `mesh <args>` with state folder `state`.
     pub fn start(bin: &Path, cwd: &Path, state: &Path, args: &[&str]) -> NodeProc {
+        NodeProc::start_with(bin, cwd, state, args, &[])
+    }
+
+    /// As [`NodeProc::start`], with more environment.
+    pub fn start_with(
+        bin: &Path,
+        cwd: &Path,
+        state: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+    ) -> NodeProc {
         let mut child = Command::new(bin)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .current_dir(cwd)
             .env("MESH_STATE_DIR", state)
             .env_remove("MESH_LOG")
@@ -351,6 +363,8 @@ pub struct Cluster {
     root: PathBuf,
     /// Per node: the namespace it runs in (none: this one) and where it listens.
     places: Vec<(Option<String>, String)>,
+    /// Set in every node's environment (a batch system's settings).
+    pub env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -368,6 +382,26 @@ impl Cluster {
         resources: &[&str],
         extra: &[&str],
         places: &[(Option<String>, String)],
+    ) -> Cluster {
+        Cluster::start_in(sandbox, resources, extra, places, Vec::new())
+    }
+
+    /// As [`Cluster::start`], with `env` in every node's environment.
+    pub fn start_with_env(
+        sandbox: &Sandbox,
+        resources: &[&str],
+        extra: &[&str],
+        env: Vec<(String, String)>,
+    ) -> Cluster {
+        Cluster::start_in(sandbox, resources, extra, &[], env)
+    }
+
+    fn start_in(
+        sandbox: &Sandbox,
+        resources: &[&str],
+        extra: &[&str],
+        places: &[(Option<String>, String)],
+        env: Vec<(String, String)>,
     ) -> Cluster {
         let root = sandbox.path().to_path_buf();
         let bin = sandbox.bin.clone();
@@ -390,6 +424,7 @@ impl Cluster {
             bin,
             root,
             places,
+            env,
         };
         for (i, r) in resources.iter().enumerate() {
             let state = c.root.join(format!("n{i}"));
@@ -454,7 +489,7 @@ impl Cluster {
         } else {
             self.bin.clone()
         };
-        let node = NodeProc::start(&exe, &self.root, state, &args);
+        let node = NodeProc::start_with(&exe, &self.root, state, &args, &self.env);
         node.address();
         node
     }

@@ -327,6 +327,8 @@ impl Allocs {
             self.edit(term, |b| {
                 for j in b.jobs.iter_mut().filter(|j| joined.contains(&j.job.id)) {
                     j.joined = true;
+                    // Its node is up: the job runs, whatever the last poll said.
+                    j.job.state = JobState::Running;
                 }
                 b.log.extend(events);
             });
@@ -617,4 +619,168 @@ fn trim_ended(b: &mut AllocBook) {
             true
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue() -> QueueDef {
+        QueueDef {
+            name: "cpu".into(),
+            system: BatchSystem::Slurm,
+            time_limit_s: 3600,
+            cores: 8,
+            mem_bytes: None,
+            gpus: 0,
+            nodes_per_job: 1,
+            partition: None,
+            account: None,
+            directives: Vec::new(),
+            prologue: Vec::new(),
+            min: 0,
+            max: 10,
+            idle_timeout_s: 60,
+        }
+    }
+
+    const GRACE: Millis = 2_000;
+
+    fn work(cores: u64) -> Backlog {
+        Backlog { cores, gpus: 0 }
+    }
+
+    fn coordinator() -> Allocs {
+        let mut a = Allocs::default();
+        a.coordinating(Some(0));
+        let (ops, changed) = a.command(0, 1, AllocCmd::Add(queue()));
+        assert!(ops.is_empty() && changed);
+        a
+    }
+
+    fn state(a: &Allocs, id: &str) -> JobState {
+        a.book()
+            .jobs
+            .iter()
+            .find(|j| j.job.id == id)
+            .map(|j| j.job.state)
+            .expect("booked")
+    }
+
+    #[test]
+    fn a_backlog_is_submitted_after_the_grace_and_its_jobs_are_followed_to_their_end() {
+        let mut a = coordinator();
+        assert_eq!(a.version(), (1, 1));
+        // A new coordinator listens first: nothing is decided in the grace.
+        let (ops, _) = a.tick(1_000, 1, GRACE, work(16), &[]);
+        assert!(ops.is_empty(), "{ops:?}");
+        let (ops, _) = a.tick(3_000, 1, GRACE, work(16), &[]);
+        let [BatchOp::Submit { queue, jobs: 2 }] = ops.as_slice() else {
+            panic!("two 8-core jobs for 16 cores of work: {ops:?}");
+        };
+        assert!(a.submitted(3_100, 1, queue, Ok(vec!["7_1".into(), "7_2".into()])));
+        assert_eq!(state(&a, "7_1"), JobState::Queued);
+        // Job 7_1's node joined and works: it runs, whatever the batch system said last.
+        let (_, changed) = a.tick(4_000, 1, GRACE, work(0), &[("7_1".into(), true)]);
+        assert!(changed);
+        assert_eq!(state(&a, "7_1"), JobState::Running);
+        assert!(a.book().jobs[0].joined);
+        // 7_2 is no longer listed and its node never came: a failure of the queue.
+        assert!(a.polled(
+            9_000,
+            1,
+            BatchSystem::Slurm,
+            Ok(vec![("7_1".into(), JobState::Running)])
+        ));
+        assert_eq!(state(&a, "7_2"), JobState::Ended);
+        assert!(a
+            .book()
+            .log
+            .iter()
+            .any(|e| e.text.contains("ended before its node joined")));
+    }
+
+    #[test]
+    fn an_idle_job_is_cancelled_once_and_a_removed_queue_cancels_its_jobs() {
+        let mut a = coordinator();
+        let q = queue();
+        a.submitted(0, 1, &q, Ok(vec!["1".into(), "2".into()]));
+        let busy = [("1".to_string(), false), ("2".to_string(), true)];
+        a.tick(3_000, 1, GRACE, work(0), &busy);
+        // Job 1's node has idled 60 s with nothing waiting: cancelled, once.
+        let (ops, _) = a.tick(63_000, 1, GRACE, work(0), &busy);
+        assert!(
+            matches!(ops.as_slice(), [BatchOp::Cancel { job, .. }] if job == "1"),
+            "{ops:?}"
+        );
+        let (ops, _) = a.tick(64_000, 1, GRACE, work(0), &busy);
+        assert!(
+            !ops.iter().any(|o| matches!(o, BatchOp::Cancel { .. })),
+            "{ops:?}"
+        );
+        // Removing the queue cancels what is still live.
+        let (ops, changed) = a.command(
+            65_000,
+            1,
+            AllocCmd::Remove {
+                queue: "cpu".into(),
+            },
+        );
+        assert!(changed);
+        assert_eq!(ops.len(), 2, "{ops:?}");
+        assert!(a.book().queues.is_empty() && a.book().jobs.is_empty());
+    }
+
+    #[test]
+    fn failed_submissions_pause_the_queue_in_the_book() {
+        let mut a = coordinator();
+        let q = queue();
+        for i in 0..5 {
+            a.submitted(i, 1, &q, Err("sbatch: error: invalid account".into()));
+        }
+        let paused = a.book().queue("cpu").and_then(|q| q.paused.clone());
+        assert!(paused.is_some_and(|w| w.contains("5 submissions")));
+        let (ops, _) = a.tick(10_000_000, 1, GRACE, work(100), &[]);
+        assert!(ops.is_empty(), "a paused queue submits nothing: {ops:?}");
+        let (_, changed) = a.command(
+            10_000_001,
+            1,
+            AllocCmd::Resume {
+                queue: "cpu".into(),
+            },
+        );
+        assert!(changed);
+        let (ops, _) = a.tick(10_001_000, 1, GRACE, work(100), &[]);
+        assert!(
+            matches!(ops.as_slice(), [BatchOp::Submit { .. }]),
+            "{ops:?}"
+        );
+    }
+
+    #[test]
+    fn the_newest_book_wins_across_terms() {
+        let a = coordinator();
+        let mut member = Allocs::default();
+        assert!(member.adopt(a.book().clone()));
+        assert!(!member.adopt(a.book().clone()), "the same version again");
+        // A coordinator of a later term edits its copy: it is newer than
+        // anything of the earlier term, however many edits that had.
+        let mut b = Allocs::default();
+        b.coordinating(Some(0));
+        assert!(b.adopt(a.book().clone()));
+        b.command(
+            0,
+            5,
+            AllocCmd::Pause {
+                queue: "cpu".into(),
+            },
+        );
+        assert_eq!(b.version(), (5, 1));
+        assert!(member.adopt(b.book().clone()));
+        assert!(member
+            .book()
+            .queue("cpu")
+            .is_some_and(|q| q.paused.is_some()));
+        assert!(!b.adopt(a.book().clone()), "an older book is ignored");
+    }
 }
