@@ -26,6 +26,8 @@ const ENDED_KEPT: usize = 50;
 /// systems where their jobs are.
 pub const TICK_MS: Millis = 1_000;
 pub const POLL_MS: Millis = 5_000;
+/// The least time a running job's node has to join before the job is cancelled.
+const JOIN_TIMEOUT_S: u64 = 120;
 
 /// An allocation queue as the mesh keeps it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -363,6 +365,39 @@ impl Allocs {
             }
         }
 
+        let mut events = Vec::new();
+        // A job that runs while its node never joined (the address it joins
+        // is gone, the node cannot start) holds an allocation for nothing,
+        // work waiting or not: cancelled after the idle timeout (or
+        // `JOIN_TIMEOUT_S`, if longer).
+        let lost: Vec<(String, String, BatchSystem, u64)> = live
+            .iter()
+            .filter(|j| !j.joined && !self.cancelling.contains(&j.job.id))
+            .filter_map(|j| {
+                let since = *self.idle.get(&j.job.id)?;
+                // At least two minutes: a node starting from a slow shared
+                // filesystem takes a while to be heard.
+                let timeout = self
+                    .book
+                    .queue(&j.job.queue)?
+                    .def
+                    .idle_timeout_s
+                    .max(JOIN_TIMEOUT_S);
+                (now.saturating_sub(since) >= timeout * 1000)
+                    .then(|| (j.job.id.clone(), j.job.queue.clone(), j.system, timeout))
+            })
+            .collect();
+        for (job, queue, system, timeout) in lost {
+            events.push(self.event(
+                now,
+                &queue,
+                Some(&job),
+                format!("cancelling: running for {timeout} s and its node never joined"),
+            ));
+            self.cancelling.insert(job.clone());
+            ops.push(BatchOp::Cancel { system, job });
+        }
+
         let defs: Vec<QueueDef> = self.book.queues.iter().map(|q| q.def.clone()).collect();
         let jobs: Vec<Job> = live
             .iter()
@@ -372,7 +407,6 @@ impl Allocs {
                 ..j.job.clone()
             })
             .collect();
-        let mut events = Vec::new();
         for d in self.scaler.decide(now, &defs, backlog, &jobs) {
             match d {
                 Decision::Submit { queue, jobs } => {
@@ -729,6 +763,30 @@ mod tests {
         assert!(changed);
         assert_eq!(ops.len(), 2, "{ops:?}");
         assert!(a.book().queues.is_empty() && a.book().jobs.is_empty());
+    }
+
+    #[test]
+    fn a_running_job_whose_node_never_joins_is_cancelled_even_with_work_waiting() {
+        let mut a = coordinator();
+        a.submitted(0, 1, &queue(), Ok(vec!["9".into()]));
+        a.polled(
+            3_000,
+            1,
+            BatchSystem::Slurm,
+            Ok(vec![("9".into(), JobState::Running)]),
+        );
+        a.tick(3_000, 1, GRACE, work(8), &[]);
+        let (ops, _) = a.tick(122_000, 1, GRACE, work(8), &[]);
+        assert!(
+            !ops.iter().any(|o| matches!(o, BatchOp::Cancel { .. })),
+            "{ops:?}"
+        );
+        let (ops, _) = a.tick(123_000, 1, GRACE, work(8), &[]);
+        assert!(
+            ops.iter()
+                .any(|o| matches!(o, BatchOp::Cancel { job, .. } if job == "9")),
+            "{ops:?}"
+        );
     }
 
     #[test]
