@@ -97,7 +97,7 @@ fn mesh_alloc_scales_a_real_slurm_out_and_in_and_walltimes_fail_no_task() {
         "SLURM_CONF".to_string(),
         slurm.conf.to_string_lossy().into_owned(),
     )];
-    let c = Cluster::start_with_env(&sb, &["cpu=1"], &[], env);
+    let mut c = Cluster::start_with_env(&sb, &["cpu=1"], &[], env);
 
     // The script it would submit, without submitting it.
     let args = [
@@ -193,9 +193,136 @@ fn mesh_alloc_scales_a_real_slurm_out_and_in_and_walltimes_fail_no_task() {
         slurm.queue()
     );
 
+    // The queues and their jobs are kept on disk: a node killed and
+    // restarted on its state folder still has them.
+    let before = c.mesh(0, &["alloc", "list", "--json"]).json();
+    c.kill(0);
+    c.restart(0, "cpu=1", &[]);
+    let after = c.mesh(0, &["alloc", "list", "--json"]).json();
+    assert_eq!(after["queues"], before["queues"]);
+    assert_eq!(after["jobs"], before["jobs"]);
+    assert!(
+        wait_until(Duration::from_secs(20), || c
+            .mesh(0, &["alloc", "pause", "cpu"])
+            .code
+            == Some(0)),
+        "the restarted node coordinates its queue again"
+    );
+    assert!(c
+        .mesh(0, &["alloc", "list"])
+        .stdout
+        .contains("paused by the user"));
+
     // Removing the queue leaves nothing behind.
     c.mesh(0, &["alloc", "remove", "cpu"]).expect_code(0);
     assert!(c.mesh(0, &["alloc", "list", "--json"]).json()["queues"]
         .as_array()
         .is_some_and(|q| q.is_empty()));
+}
+
+/// The allocation queues are the mesh's, not one node's: added on any
+/// node, seen on every node, and kept when the coordinator dies.
+#[test]
+fn allocation_queues_are_replicated_and_survive_the_coordinator() {
+    let sb = sandbox();
+    let mut c = Cluster::start(&sb, &["cpu=1", "cpu=1", "cpu=1"], &[]);
+    let coordinator = c.status(0)["coordinator"]
+        .as_str()
+        .expect("a coordinator")
+        .to_string();
+    let ids: Vec<String> = (0..3)
+        .map(|i| c.own_status(i)["id"].as_str().expect("id").to_string())
+        .collect();
+    let coord = ids
+        .iter()
+        .position(|i| *i == coordinator)
+        .expect("one of ours");
+    let other = (coord + 1) % 3;
+
+    // Bad input is refused with a reason, and changes nothing.
+    let r = c.mesh(
+        other,
+        &[
+            "alloc", "add", "pbs", "--time", "1h", "--cores", "4", "--min", "3", "--max", "2",
+        ],
+    );
+    assert_eq!(r.code, Some(2));
+    assert!(
+        r.stderr.contains("--min 3 is more than --max 2"),
+        "{}",
+        r.stderr
+    );
+    let r = c.mesh(other, &["alloc", "pause", "nope"]);
+    assert!(
+        r.stderr.contains("no allocation queue `nope`"),
+        "{}",
+        r.stderr
+    );
+
+    let dry = c.mesh(
+        other,
+        &[
+            "alloc",
+            "add",
+            "pbs",
+            "--time",
+            "2h",
+            "--cores",
+            "24",
+            "--nodes-per-job",
+            "2",
+            "--queue",
+            "workq",
+            "--dry-run",
+        ],
+    );
+    dry.expect_code(0);
+    assert!(
+        dry.stdout.contains("#PBS -l select=2:ncpus=24"),
+        "{}",
+        dry.stdout
+    );
+    assert!(dry.stdout.contains("pbsdsh"), "{}", dry.stdout);
+
+    c.mesh(
+        other,
+        &[
+            "alloc", "add", "pbs", "--time", "2h", "--cores", "24", "--queue", "workq",
+        ],
+    )
+    .expect_code(0);
+    let has = |i: usize| {
+        c.mesh(i, &["alloc", "list", "--json"]).json()["queues"]
+            .as_array()
+            .is_some_and(|q| q.len() == 1 && q[0]["def"]["name"] == "pbs")
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || (0..3).all(has)),
+        "every node has the queue"
+    );
+    let r = c.mesh(
+        other,
+        &[
+            "alloc", "add", "pbs", "--time", "2h", "--cores", "24", "--name", "pbs",
+        ],
+    );
+    assert!(r.stderr.contains("already a queue `pbs`"), "{}", r.stderr);
+
+    // The coordinator dies; the new one has the queue and takes changes.
+    c.kill(coord);
+    let survivor = (coord + 2) % 3;
+    assert!(
+        wait_until(Duration::from_secs(20), || c
+            .mesh(survivor, &["alloc", "pause", "pbs"])
+            .code
+            == Some(0)),
+        "a new coordinator takes the change"
+    );
+    let info = c.mesh(other, &["alloc", "info", "pbs"]).stdout;
+    assert!(info.contains("paused: paused by the user"), "{info}");
+    let log = c.mesh(other, &["alloc", "log", "pbs"]).stdout;
+    assert!(
+        log.contains("pbs: added") && log.contains("pbs: paused by the user"),
+        "{log}"
+    );
 }
