@@ -97,6 +97,8 @@ enum Cmd {
     },
     /// Run a node that joins the mesh of the node at MULTIADDR (as `mesh node` printed it).
     Join {
+        /// One address, or several comma-separated (any one that answers will do).
+        #[arg(value_name = "MULTIADDR[,MULTIADDR...]")]
         peer: String,
         #[command(flatten)]
         flags: mesh_cmds::NodeFlags,

@@ -103,11 +103,19 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitC
             "this mesh was built without mDNS; rebuild with `--features mdns`, or join by address"
         );
     }
+    // Several addresses, comma-separated: any one that answers will do.
     let join = match join {
-        Some(a) => Some(a.parse::<Multiaddr>().with_context(|| {
-            format!("{a}: not a multiaddr (e.g. /ip4/10.0.0.5/tcp/7070, as `mesh node` prints it)")
-        })?),
-        None => None,
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(|a| {
+                a.parse::<Multiaddr>().with_context(|| {
+                    format!("{a}: not a multiaddr (e.g. /ip4/10.0.0.5/tcp/7070, as `mesh node` prints it)")
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
+        None => Vec::new(),
     };
     // A gpu count given in --resources declares devices 0..n.
     let resources = node_resources(&flags.node)?;

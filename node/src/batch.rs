@@ -18,7 +18,7 @@ const SIGNAL_FROM_S: u64 = 600;
 pub struct Launch {
     /// The `mesh` binary, as an absolute path on the cluster's shared filesystem.
     pub mesh: String,
-    /// The multiaddr of a node of the mesh to join.
+    /// Multiaddrs of nodes of the mesh to join, comma-separated.
     pub join: String,
     /// The mesh secret, readable from the compute nodes.
     pub key: String,

@@ -75,8 +75,8 @@ const JOIN_RETRY_MAX_S: u64 = 30;
 pub struct NodeOptions {
     pub state: PathBuf,
     pub listen: Vec<Multiaddr>,
-    /// Bootstrap from this peer (`mesh join`).
-    pub join: Option<Multiaddr>,
+    /// Bootstrap from these peers (`mesh join`): any one answering will do.
+    pub join: Vec<Multiaddr>,
     pub resources: Resources,
     /// The mesh secret; `<state>/mesh.key` unless given.
     pub key: PathBuf,
@@ -143,6 +143,9 @@ enum Cmd {
     /// A batch command (`mesh alloc`) ended.
     Batch(batch::Done),
 }
+
+/// How many of the mesh's addresses a batch job's node is given to join.
+const JOIN_ADDRS: usize = 4;
 
 /// How long `mesh alloc add|remove|pause|resume` waits to see its change
 /// in this node's copy of the book.
@@ -219,7 +222,9 @@ struct Node {
     known: KnownPeers,
     /// How long `mesh join` waits before dialling its peer again, and the peer.
     join_retry_s: u64,
-    join_addr: Option<Multiaddr>,
+    join_addrs: Vec<Multiaddr>,
+    /// A redial of `join_addrs` is scheduled (one for any number of failed dials).
+    redial_pending: bool,
     /// blake3 of each input this node serves, and where the file is.
     blobs: HashMap<[u8; 32], PathBuf>,
     /// Bare program names and where PATH finds them.
@@ -296,7 +301,7 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         opts.resources.clone(),
         opts.config.clone(),
         seed,
-        opts.join.is_some() || !known.0.is_empty(),
+        !opts.join.is_empty() || !known.0.is_empty(),
     );
     let mut node = Node {
         state: opts.state.clone(),
@@ -317,7 +322,8 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         book: MeshState::default(),
         known,
         join_retry_s: 1,
-        join_addr: opts.join.clone(),
+        join_addrs: opts.join.clone(),
+        redial_pending: false,
         blobs: HashMap::new(),
         programs: HashMap::new(),
         node_has_gpus: !opts.resources.get(GPU).is_zero(),
@@ -339,7 +345,7 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         NodeError::Store(source) => damaged(source),
         e => e,
     })?;
-    if let Some(addr) = &opts.join {
+    for addr in &opts.join {
         node.swarm.dial(addr.clone()).map_err(|e| NodeError::Join {
             addr: addr.to_string(),
             why: net::explain_dial_error(&e),
@@ -362,7 +368,7 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
             .map_err(io_err(format!("cannot serve the dashboard on {addr}")))?;
         node.say(&dashboard_line(bound, token.as_deref()));
     }
-    let mut joined = opts.join.is_none();
+    let mut joined = opts.join.is_empty();
     // Peers this node knew and is not connected to are dialled again now
     // and then: a healed partition, a peer restarted at its old address.
     let mut redial = tokio::time::interval(std::time::Duration::from_millis(REDIAL_MS));
@@ -853,9 +859,10 @@ impl Node {
                     if why.contains("mesh.key") {
                         return Err(join_failed(opts, why));
                     }
-                    if opts.join.is_some() {
+                    if !opts.join.is_empty() && !self.redial_pending {
                         // The peer may not be up yet (a cluster's first node
                         // starting late): try again, waiting longer each time.
+                        self.redial_pending = true;
                         let wait = self.join_retry_s;
                         self.join_retry_s = (wait * 2).min(JOIN_RETRY_MAX_S);
                         self.say(&format!(
@@ -1133,8 +1140,9 @@ impl Node {
             }
             Cmd::Found(r, asked) => self.answer(*r, asked),
             Cmd::Redial => {
-                if let Some(addr) = self.join_addr.clone() {
-                    if self.peers.is_empty() {
+                self.redial_pending = false;
+                if self.peers.is_empty() {
+                    for addr in self.join_addrs.clone() {
                         let _ = self.swarm.dial(addr);
                     }
                 }
@@ -1224,15 +1232,23 @@ impl Node {
     /// How a job of queue `queue` starts its node: this binary, joining
     /// this node, with this node's key; state and output under `alloc/`.
     fn launch(&self, queue: &str) -> batch::Launch {
+        // This node, then a few members: a job that starts after this node
+        // is gone still finds the mesh.
         let beat = self.peer.beat();
         let loopback = |a: &&String| a.starts_with("/ip4/127.") || a.starts_with("/ip6/::1/");
-        let join = beat
-            .addrs
-            .iter()
-            .find(|a| !loopback(a))
-            .or_else(|| beat.addrs.first())
-            .cloned()
-            .unwrap_or_default();
+        let pick = |addrs: &[String]| {
+            addrs
+                .iter()
+                .find(|a| !loopback(a))
+                .or_else(|| addrs.first())
+                .cloned()
+        };
+        let join = pick(&beat.addrs)
+            .into_iter()
+            .chain(self.peer.members().filter_map(|m| pick(&m.beat.addrs)))
+            .take(JOIN_ADDRS)
+            .collect::<Vec<_>>()
+            .join(",");
         let alloc = self.state.join("alloc");
         batch::Launch {
             mesh: std::env::current_exe()
@@ -2234,9 +2250,10 @@ fn match_farm(query: &str, known: &[(FarmId, String, String)]) -> Result<FarmId,
 fn join_failed(opts: &NodeOptions, why: String) -> NodeError {
     let addr = opts
         .join
-        .as_ref()
+        .iter()
         .map(|a| a.to_string())
-        .unwrap_or_default();
+        .collect::<Vec<_>>()
+        .join(",");
     NodeError::Join { addr, why }
 }
 
