@@ -615,6 +615,25 @@ pub fn print_status(s: &MeshStatus, json: bool, latency: bool) -> Result<()> {
         if let Some(a) = n.addrs.first() {
             println!("    address   {a}");
         }
+        if n.job.is_some() || n.drains_in_s.is_some() {
+            let drains = n.drains_in_s.map_or(String::new(), |s| {
+                format!(
+                    "drains in {}",
+                    humantime::format_duration(Duration::from_secs(s))
+                )
+            });
+            match &n.job {
+                Some(j) => println!(
+                    "    batch job {j}{}",
+                    if drains.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", {drains}")
+                    }
+                ),
+                None => println!("    {drains}"),
+            }
+        }
         println!(
             "    resources {} (in use: {})",
             n.resources.total,

@@ -206,6 +206,12 @@ pub struct NodeView {
     /// This node's latencies (see `mesh status --latency`).
     #[serde(default)]
     pub latency: Vec<LatencySummary>,
+    /// The batch job that started it (`mesh alloc`), and how long until
+    /// it drains before its walltime, in seconds.
+    #[serde(default)]
+    pub job: Option<String>,
+    #[serde(default)]
+    pub drains_in_s: Option<u64>,
 }
 
 /// One resource of a node: in use and total, in its unit (bytes for `mem`).

@@ -1775,6 +1775,8 @@ impl Node {
             coordinator: coordinator == Some(node),
             local,
             usage: ResourceUse::of(&b.total, &b.used),
+            job: b.job.clone(),
+            drains_in_s: b.ends_in_ms.map(|ms| ms / 1000),
             ..NodeView::default()
         };
         let own = self.peer.beat();

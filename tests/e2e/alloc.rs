@@ -39,6 +39,15 @@ fn a_node_with_a_walltime_drains_before_it_and_no_task_fails_for_it() {
             .is_some_and(|n| n.len() == 3)),
         "the job's node joined"
     );
+    // Every node shows when it drains.
+    let s = c.status(0);
+    let drains: Vec<u64> = s["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|n| n["drains_in_s"].as_u64())
+        .collect();
+    assert!(matches!(drains.as_slice(), [d] if *d <= 5), "{s}");
     // No retries: a task failed for the drain would fail the farm.
     sb.write("slow.toml", &no_retries(slow_farm(30, "1")));
     let r = c.mesh(0, &["submit", "slow.toml", "--out", "slow-out"]);
@@ -156,6 +165,15 @@ fn mesh_alloc_scales_a_real_slurm_out_and_in_and_walltimes_fail_no_task() {
         "a job was submitted and its node joined: {}\n{}",
         book(),
         slurm.queue()
+    );
+    // The job's node says which job it is.
+    let first = jobs(&book())[0]["job"]["id"].clone();
+    let s = c.status(0);
+    assert!(
+        s["nodes"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|n| n["job"] == first)),
+        "{s}"
     );
     let r = c.mesh(0, &["wait", &id, "--json"]);
     r.expect_code(0);
