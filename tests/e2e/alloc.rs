@@ -120,7 +120,7 @@ fn mesh_alloc_scales_a_real_slurm_out_and_in_and_walltimes_fail_no_task() {
         "--cores",
         "1",
         "--max",
-        "1",
+        "2",
         "--idle-timeout",
         "5s",
         "--prologue",
@@ -147,10 +147,10 @@ fn mesh_alloc_scales_a_real_slurm_out_and_in_and_walltimes_fail_no_task() {
         list.stdout
     );
 
-    // 60 tasks of 2 s: about a minute on two cores, longer than the job's
-    // node has before its drain; each expected to take 3 s, so the node
-    // stops starting them when less than that is left.
-    let farm = slow_farm(60, "2") + "expected = \"3s\"\n";
+    // 120 tasks of 2 s: 80 s on three cores, longer than the jobs' nodes
+    // have before their drain; each expected to take 3 s, so a node stops
+    // starting them when less than that is left.
+    let farm = slow_farm(120, "2") + "expected = \"3s\"\n";
     sb.write("many.toml", &no_retries(farm));
     let r = c.mesh(0, &["submit", "many.toml", "--out", "many-out"]);
     r.expect_code(0);
@@ -178,25 +178,37 @@ fn mesh_alloc_scales_a_real_slurm_out_and_in_and_walltimes_fail_no_task() {
     let r = c.mesh(0, &["wait", &id, "--json"]);
     r.expect_code(0);
     let v = r.json();
-    assert_eq!(v["counts"]["done"], 60, "{v}");
+    assert_eq!(v["counts"]["done"], 120, "{v}");
     assert_eq!(v["counts"]["failed"], 0, "{v}");
-    for i in 0..60 {
+    for i in 0..120 {
         assert_eq!(sb.read(&format!("many-out/s/{i}/r.txt")), format!("{i}\n"));
     }
 
-    // The first job's node drained before its walltime and the job ended by
-    // itself; the coordinator replaced it.
+    // The two jobs went as one array; their nodes drained before their
+    // walltime and the jobs ended by themselves; the coordinator replaced them.
     let b = book();
     let all = jobs(&b);
-    assert!(all.len() >= 2, "the drained job was replaced: {b}");
-    let first = all[0]["job"]["id"].as_str().expect("a job id").to_string();
-    let out = sb.path().join(format!("n0/alloc/cpu/mesh-cpu-{first}.out"));
-    let log = fs::read_to_string(&out).unwrap_or_default();
-    assert!(log.contains("prologue ran"), "{}: {log}", out.display());
-    assert!(log.contains("walltime near: draining"), "{log}");
+    assert!(all.len() >= 3, "the drained jobs were replaced: {b}");
+    let first = all[0]["job"]["id"].as_str().expect("a job id");
+    let (array, _) = first.split_once('_').expect("an array element");
+    assert_eq!(all[1]["job"]["id"], format!("{array}_2"), "{b}");
+    let outs: Vec<String> = fs::read_dir(sb.path().join("n0/alloc/cpu"))
+        .expect("the queue's folder")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".out"))
+        .filter_map(|e| fs::read_to_string(e.path()).ok())
+        .collect();
+    let drained = outs
+        .iter()
+        .filter(|l| l.contains("walltime near: draining"))
+        .count();
+    assert!(drained >= 2, "both first nodes drained: {outs:?}");
+    assert!(outs.iter().all(|l| l.contains("prologue ran")), "{outs:?}");
     assert!(
-        !log.contains("CANCELLED"),
-        "killed by SLURM rather than drained:\n{log}"
+        !outs
+            .iter()
+            .any(|l| l.contains("CANCELLED") && l.contains("TIME LIMIT")),
+        "killed by SLURM's time limit rather than drained: {outs:?}"
     );
 
     // Nothing waits any more: the idle job is cancelled, and every job ends.
