@@ -37,6 +37,10 @@ use mesh_protocol::resources::{parse_resources, CPU};
 use mesh_protocol::{Resources, TaskRef};
 use mesh_store::{MemStore, MeshState, Store};
 
+mod batch;
+
+pub use batch::AllocReport;
+
 use crate::dist::{parse_durations, Dist};
 use crate::queue::Calendar;
 use crate::report::{Execution, SimReport, Timeline};
@@ -121,6 +125,7 @@ impl Plan {
                 resources: parse_resources(&s.resources).map_err(|e| conf(e.to_string()))?,
                 retries: s.retries,
                 timeout_ms: s.timeout_ms,
+                expected_ms: s.expected_ms,
                 after: s.after.iter().map(index_of).collect(),
                 after_each: s.after_each.iter().map(index_of).collect(),
                 ..StageDef::new(
@@ -440,10 +445,21 @@ enum Ev {
         from: u32,
         task: TaskRef,
     },
-}
-
-impl Sim<'_> {
-    fn batch(&mut self, _n: usize, _op: mesh_protocol::mesh::BatchOp) {}
+    /// `mesh alloc add` of the scenario's queue (again, until it is there).
+    AllocAdd(u32),
+    /// The batch system's answer to what a node asked.
+    BatchAnswer {
+        node: u32,
+        gen: u32,
+        answer: Box<batch::Answer>,
+    },
+    /// A batch job leaves the queue and starts its nodes.
+    JobStart(u32),
+    /// A running job ends: its nodes drain before the walltime, or it was cancelled.
+    JobEnd {
+        job: u32,
+        cancelled: bool,
+    },
 }
 
 /// A task running on a node, as the simulator sees it.
@@ -474,6 +490,30 @@ struct Node {
     steps: u64,
     /// The peer's prefetch depth when a task last ended here.
     depth: u32,
+    /// Started by a batch job (an allocation queue's).
+    batch: bool,
+}
+
+impl Node {
+    fn new(i: usize, total: Resources) -> Node {
+        Node {
+            id: NodeId(i as u64 + 1),
+            cpus: total.get(CPU).0 as f64 / 1000.0,
+            total,
+            peer: None,
+            gen: 0,
+            store: MemStore::new(),
+            book: MeshState::default(),
+            timer: None,
+            runs: FxHashMap::default(),
+            used: Resources::new(),
+            up_since: None,
+            up_ms: 0,
+            steps: 0,
+            depth: 0,
+            batch: false,
+        }
+    }
 }
 
 struct Sim<'a> {
@@ -516,6 +556,8 @@ struct Sim<'a> {
     gone_stats: mesh_protocol::mesh::Stats,
     /// The stepped peer's actions other than persists, carried out after them.
     actions: Vec<Action>,
+    /// The batch system behind the scenario's allocation queues.
+    batch: batch::Batch,
     /// `MESH_SIM_TRACE`, read once: the environment is not cheap to ask per message.
     trace: Option<u32>,
 }
@@ -526,22 +568,7 @@ impl<'a> Sim<'a> {
             .totals
             .iter()
             .enumerate()
-            .map(|(i, t)| Node {
-                id: NodeId(i as u64 + 1),
-                total: t.clone(),
-                cpus: t.get(CPU).0 as f64 / 1000.0,
-                peer: None,
-                gen: 0,
-                store: MemStore::new(),
-                book: MeshState::default(),
-                timer: None,
-                runs: FxHashMap::default(),
-                used: Resources::new(),
-                up_since: None,
-                up_ms: 0,
-                steps: 0,
-                depth: 0,
-            })
+            .map(|(i, t)| Node::new(i, t.clone()))
             .collect();
         let tasks = plan.durations.len();
         let timeline = Timeline::new(nodes.iter().map(|n| n.cpus).collect());
@@ -578,6 +605,7 @@ impl<'a> Sim<'a> {
             gone_stats: Default::default(),
             actions: Vec::new(),
             trace: trace_task(),
+            batch: batch::Batch::new(cfg),
             plan,
         }
     }
@@ -608,6 +636,18 @@ impl<'a> Sim<'a> {
         for l in &self.cfg.leaves {
             self.push(l.at_ms, Ev::Leave(l.node as u32));
         }
+        self.schedule_alloc();
+    }
+
+    /// One more node (a batch job's), up from now on.
+    fn add_node(&mut self, total: Resources) -> usize {
+        let n = self.nodes.len();
+        let mut nd = Node::new(n, total);
+        nd.batch = true;
+        self.timeline.cpus.push(nd.cpus);
+        self.timeline.busy.push(Vec::new());
+        self.nodes.push(nd);
+        n
     }
 
     fn violation(&self, message: String) -> SimError {
@@ -621,12 +661,18 @@ impl<'a> Sim<'a> {
     fn run_loop(&mut self) -> Result<(), SimError> {
         while let Some((at, ev)) = self.queue.pop() {
             if at > self.cfg.max_time_ms {
+                if self.finished {
+                    // Done; only batch jobs were still to give back.
+                    return Ok(());
+                }
                 break;
             }
             self.now = at;
             self.events += 1;
             self.handle(ev)?;
-            if self.finished {
+            // With allocation queues, the run goes on until the jobs the
+            // farm no longer needs are given back: the scale in.
+            if self.finished && self.batch.settled(self.cfg) {
                 return Ok(());
             }
         }
@@ -732,6 +778,13 @@ impl<'a> Sim<'a> {
                 self.stop_node(n as usize, false);
                 Ok(())
             }
+            Ev::AllocAdd(q) => self.alloc_add(q as usize),
+            Ev::BatchAnswer { node, gen, answer } => self.batch_answer(node as usize, gen, *answer),
+            Ev::JobStart(j) => self.job_start(j as usize),
+            Ev::JobEnd { job, cancelled } => {
+                self.job_end(job as usize, cancelled);
+                Ok(())
+            }
             Ev::InputsReady { node, gen, farm } => {
                 if self.nodes[node as usize].gen != gen {
                     return Ok(());
@@ -792,6 +845,11 @@ impl<'a> Sim<'a> {
                 peer.restore_farm(stored, finished);
             }
             peer.restore_held(held);
+            if let Some(b) =
+                MeshState::load_allocs(&nd.store).map_err(|e| SimError::Config(e.to_string()))?
+            {
+                peer.restore_allocs(b);
+            }
         }
         nd.peer = Some(peer);
         nd.up_since = Some(now);
@@ -834,6 +892,9 @@ impl<'a> Sim<'a> {
         self.live[g] = self.live[g].saturating_sub(1);
         let cpu = r.res.get(CPU).0 as f64 / 1000.0;
         self.busy_cpu_ms += cpu * (self.now - r.start) as f64;
+        if self.nodes[n].batch {
+            self.batch.busy_cpu_ms += cpu * (self.now - r.start) as f64;
+        }
         self.timeline.add(n, r.start, self.now, cpu);
         if (t.index as usize).is_multiple_of(self.sample_stride) && self.sample.len() < SAMPLE_MAX {
             self.sample.push(Execution {
@@ -1329,6 +1390,7 @@ impl<'a> Sim<'a> {
             events: self.events,
             events_per_sec: self.events as f64 / wall_s.max(1e-9),
             wall_ms: wall_s * 1000.0,
+            alloc: self.alloc_report(),
             timeline: std::mem::take(&mut self.timeline),
             sample: std::mem::take(&mut self.sample),
         }

@@ -58,10 +58,48 @@ pub struct SimReport {
     pub events: u64,
     pub events_per_sec: f64,
     pub wall_ms: f64,
+    /// What the allocation queues did, when the scenario has any.
+    #[serde(default)]
+    pub alloc: Option<crate::cluster::AllocReport>,
     /// For the picture: busy fraction per row and time bucket.
     pub timeline: Timeline,
     /// For the picture: a sample of executions.
     pub sample: Vec<Execution>,
+}
+
+/// The allocation queues' lines of the summary: what was asked of the
+/// batch system, and the batch-started nodes over time (scale out and in).
+fn alloc_summary(a: &crate::cluster::AllocReport) -> String {
+    let mut s = format!(
+        "allocation: {} submissions ({} refused), {} jobs, {} started, {} drained at walltime, {} cancelled\n\
+         batch nodes: peak {}, {:.1} node-hours held, {:.1}% of their cpu-time running tasks\n",
+        a.submissions,
+        a.refused,
+        a.jobs,
+        a.started,
+        a.drained,
+        a.cancelled,
+        a.peak_nodes,
+        a.node_ms as f64 / 3_600_000.0,
+        a.busy_share * 100.0,
+    );
+    s.push_str("(the lower bound and the greedy makespans above count only the scenario's own nodes)\n");
+    // At most 16 points of the count, evenly over the changes, with the last.
+    let pts = &a.nodes_over_time;
+    if !pts.is_empty() {
+        let step = pts.len().div_ceil(16).max(1);
+        let mut shown: Vec<String> = pts
+            .iter()
+            .step_by(step)
+            .map(|(t, c)| format!("{c}@{:.0}s", *t as f64 / 1000.0))
+            .collect();
+        if !(pts.len() - 1).is_multiple_of(step) {
+            let (t, c) = pts[pts.len() - 1];
+            shown.push(format!("{c}@{:.0}s", t as f64 / 1000.0));
+        }
+        s.push_str(&format!("batch nodes over time: {}\n", shown.join(" ")));
+    }
+    s
 }
 
 /// Busy cpu per node over time, in buckets that widen as the run grows.
@@ -165,7 +203,7 @@ impl SimReport {
             spread(&self.prefetch),
             self.events,
             self.events_per_sec,
-        )
+        ) + &self.alloc.as_ref().map_or_else(String::new, alloc_summary)
     }
 
     /// An SVG picture: utilization per node over time (a heat map; nodes are

@@ -41,6 +41,16 @@
 //! from_ms = 100
 //! until_ms = 3000
 //!
+//! [[alloc]]                    # an allocation queue (`mesh alloc`) against a simulated batch system
+//! name = "cpu"
+//! cores = 8                    # per node of a job (gpus = 0, nodes_per_job = 1)
+//! walltime_ms = 600000         # each job's; its nodes drain drain_margin_ms before (default min(2 min, a tenth))
+//! max = 10                     # jobs queued and running at most (min = 0)
+//! idle_timeout_ms = 60000      # a job whose nodes run nothing this long is cancelled (default 5 min)
+//! start_delay = "uniform:20000..60000"  # how long a job waits in the batch queue, as durations
+//! reject_rate = 0.1            # share of submissions the batch system refuses
+//! add_at_ms = 0                # when the queue is added
+//!
 //! [mesh]                       # overrides of mesh_protocol::mesh::Config for every node
 //! prefetch_percent = 110       # the fixed rule instead of the depth each node measures
 //! node_claims_max = 100000     # with a huge prefetch: place work badly on purpose
@@ -108,8 +118,71 @@ pub struct SimConfig {
     pub leaves: Vec<LeaveSpec>,
     #[serde(default)]
     pub partitions: Vec<PartitionSpec>,
+    /// Allocation queues: nodes that batch jobs bring when the backlog asks for them.
+    #[serde(default)]
+    pub alloc: Vec<AllocSpec>,
     #[serde(default)]
     pub mesh: MeshKnobs,
+}
+
+/// An allocation queue and the simulated batch system behind it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocSpec {
+    #[serde(default = "default_name")]
+    pub name: String,
+    pub cores: u32,
+    #[serde(default)]
+    pub gpus: u32,
+    #[serde(default = "one_u32")]
+    pub nodes_per_job: u32,
+    pub walltime_ms: u64,
+    /// Before the walltime, when a job's nodes drain (default: 2 minutes,
+    /// or a tenth of a shorter walltime, as `mesh join --walltime`).
+    #[serde(default)]
+    pub drain_margin_ms: Option<u64>,
+    #[serde(default)]
+    pub min: u32,
+    #[serde(default = "default_alloc_max")]
+    pub max: u32,
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_ms: u64,
+    /// How long a job waits in the batch queue before it starts, in the
+    /// syntax of [`parse_durations`].
+    #[serde(default = "default_start_delay")]
+    pub start_delay: String,
+    /// Share of submissions the batch system refuses.
+    #[serde(default)]
+    pub reject_rate: f64,
+    #[serde(default)]
+    pub add_at_ms: u64,
+}
+
+impl AllocSpec {
+    pub fn drain_margin(&self) -> u64 {
+        self.drain_margin_ms
+            .unwrap_or_else(|| (self.walltime_ms / 10).min(120_000))
+    }
+
+    /// The queue as `mesh alloc add` would record it.
+    pub fn queue_def(&self) -> mesh_protocol::alloc::QueueDef {
+        mesh_protocol::alloc::QueueDef {
+            name: self.name.clone(),
+            system: mesh_protocol::alloc::BatchSystem::Slurm,
+            time_limit_s: self.walltime_ms / 1000,
+            cores: self.cores,
+            mem_bytes: None,
+            gpus: self.gpus,
+            nodes_per_job: self.nodes_per_job,
+            partition: None,
+            account: None,
+            directives: Vec::new(),
+            prologue: Vec::new(),
+            min: self.min,
+            max: self.max,
+            idle_timeout_s: self.idle_timeout_ms / 1000,
+        }
+    }
 }
 
 /// Identical nodes.
@@ -148,6 +221,9 @@ pub struct StageSpec {
     pub retries: u32,
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// `expected`: a node that drains sooner does not start the stage's tasks.
+    #[serde(default)]
+    pub expected_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -203,6 +279,18 @@ fn yes() -> bool {
 fn one_usize() -> usize {
     1
 }
+fn one_u32() -> u32 {
+    1
+}
+fn default_alloc_max() -> u32 {
+    10
+}
+fn default_idle_timeout() -> u64 {
+    300_000
+}
+fn default_start_delay() -> String {
+    "uniform:10000..30000".into()
+}
 fn default_latency() -> String {
     "uniform:1..3".into()
 }
@@ -252,6 +340,7 @@ impl SimConfig {
                 fail_rate: 0.0,
                 retries: 0,
                 timeout_ms: None,
+                expected_ms: None,
             }],
             steal: true,
             latency: default_latency(),
@@ -265,6 +354,7 @@ impl SimConfig {
             crashes: vec![],
             leaves: vec![],
             partitions: vec![],
+            alloc: vec![],
             mesh: MeshKnobs::default(),
         }
     }
@@ -280,6 +370,8 @@ impl SimConfig {
             || !self.crashes.is_empty()
             || !self.leaves.is_empty()
             || !self.partitions.is_empty()
+            // Batch jobs end (walltimes, cancels) under running tasks.
+            || !self.alloc.is_empty()
     }
 
     /// The peers' configuration: the defaults with this scenario's overrides.
@@ -368,6 +460,33 @@ impl SimConfig {
         }
         if let Err(e) = parse_durations(&self.latency) {
             return bad(format!("latency: {e}"));
+        }
+        for (i, a) in self.alloc.iter().enumerate() {
+            let at = format!("alloc[{i}] ({})", a.name);
+            if a.cores == 0 {
+                return bad(format!("{at}.cores must be at least 1"));
+            }
+            if a.nodes_per_job == 0 {
+                return bad(format!("{at}.nodes_per_job must be at least 1"));
+            }
+            if a.min > a.max {
+                return bad(format!("{at}: min {} is more than max {}", a.min, a.max));
+            }
+            if a.walltime_ms <= a.drain_margin() {
+                return bad(format!(
+                    "{at}.walltime_ms must be longer than the drain margin ({} ms)",
+                    a.drain_margin()
+                ));
+            }
+            if let Err(e) = parse_durations(&a.start_delay) {
+                return bad(format!("{at}.start_delay: {e}"));
+            }
+            if !(0.0..=1.0).contains(&a.reject_rate) {
+                return bad(format!("{at}.reject_rate must be from 0 to 1"));
+            }
+            if self.alloc[..i].iter().any(|b| b.name == a.name) {
+                return bad(format!("{at}: two queues named {:?}", a.name));
+            }
         }
         if !(0.0..1.0).contains(&self.loss) {
             return bad("loss must be from 0 to below 1".into());

@@ -97,6 +97,7 @@ fn gpu_tasks_run_only_on_gpu_nodes() {
         fail_rate: 0.0,
         retries: 0,
         timeout_ms: None,
+        expected_ms: None,
     });
     let r = ok(&cfg);
     assert_eq!(r.tasks_done, 250);
