@@ -579,6 +579,19 @@ mod tests {
     }
 
     #[test]
+    fn qstat_of_an_array_gives_each_subjob_its_state() {
+        // `qstat -x -f -t 1235[].pbs-server`, as PBS Pro prints it (abridged):
+        // the array (B: begun) then each subjob.
+        let out = "Job Id: 1235[].pbs-server\n    Job_Name = mesh-cpu\n    job_state = B\n    array = True\n\nJob Id: 1235[1].pbs-server\n    job_state = R\n\nJob Id: 1235[2].pbs-server\n    job_state = Q\n\nJob Id: 1235[3].pbs-server\n    job_state = X\n";
+        let states = parse_states(BatchSystem::Pbs, out);
+        let ids = array_ids(BatchSystem::Pbs, "1235[].pbs-server", 3);
+        let of = |id: &str| states.iter().find(|(i, _)| i == id).map(|(_, s)| *s);
+        assert_eq!(of(&ids[0]), Some(JobState::Running));
+        assert_eq!(of(&ids[1]), Some(JobState::Queued));
+        assert_eq!(of(&ids[2]), Some(JobState::Ended));
+    }
+
+    #[test]
     fn squeue_output_is_read() {
         // `squeue --noheader --array --format="%i %T"`, as SLURM 22.05 prints it.
         let out = "4242 RUNNING\n4243_1 PENDING\n4243_2 RUNNING\n4244 COMPLETING\n4245 CANCELLED\n";
