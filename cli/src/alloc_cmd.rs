@@ -213,10 +213,6 @@ fn add(state: &Path, a: AddArgs) -> Result<ExitCode> {
         }
     };
     let def = QueueDef {
-        name,
-        system,
-        time_limit_s: a.time.as_secs(),
-        cores: a.cores,
         mem_bytes,
         gpus: a.gpus,
         nodes_per_job: a.nodes_per_job,
@@ -227,6 +223,7 @@ fn add(state: &Path, a: AddArgs) -> Result<ExitCode> {
         min: a.min,
         max: a.max,
         idle_timeout_s: a.idle_timeout.as_secs(),
+        ..QueueDef::new(&name, system, a.time.as_secs(), a.cores)
     };
     if a.dry_run {
         let mut c = ask(state, &ControlRequest::AllocScript(def))?;

@@ -472,20 +472,8 @@ mod tests {
     /// The fewest options.
     fn bare(system: BatchSystem) -> QueueDef {
         QueueDef {
-            name: "cpu".into(),
-            system,
-            time_limit_s: 3600,
-            cores: 8,
-            mem_bytes: None,
-            gpus: 0,
-            nodes_per_job: 1,
-            partition: None,
-            account: None,
-            directives: Vec::new(),
-            prologue: Vec::new(),
-            min: 0,
             max: 4,
-            idle_timeout_s: 300,
+            ..QueueDef::new("cpu", system, 3600, 8)
         }
     }
 

@@ -45,6 +45,28 @@ pub struct QueueDef {
 }
 
 impl QueueDef {
+    /// A queue with `mesh alloc add`'s defaults: one node per job, no
+    /// memory, GPUs, partition, account, directives or prologue, 0 to 10
+    /// jobs, cancelled after 5 minutes idle.
+    pub fn new(name: &str, system: BatchSystem, time_limit_s: u64, cores: u32) -> QueueDef {
+        QueueDef {
+            name: name.to_string(),
+            system,
+            time_limit_s,
+            cores,
+            mem_bytes: None,
+            gpus: 0,
+            nodes_per_job: 1,
+            partition: None,
+            account: None,
+            directives: Vec::new(),
+            prologue: Vec::new(),
+            min: 0,
+            max: 10,
+            idle_timeout_s: 300,
+        }
+    }
+
     /// Whether this queue's jobs serve GPU tasks (its jobs have GPUs).
     pub fn for_gpus(&self) -> bool {
         self.gpus > 0
@@ -317,20 +339,8 @@ mod tests {
 
     fn queue(name: &str, gpus: u32) -> QueueDef {
         QueueDef {
-            name: name.into(),
-            system: BatchSystem::Slurm,
-            time_limit_s: 3600,
-            cores: 8,
-            mem_bytes: None,
             gpus,
-            nodes_per_job: 1,
-            partition: None,
-            account: None,
-            directives: Vec::new(),
-            prologue: Vec::new(),
-            min: 0,
-            max: 10,
-            idle_timeout_s: 300,
+            ..QueueDef::new(name, BatchSystem::Slurm, 3600, 8)
         }
     }
 

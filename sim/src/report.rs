@@ -83,7 +83,9 @@ fn alloc_summary(a: &crate::cluster::AllocReport) -> String {
         a.node_ms as f64 / 3_600_000.0,
         a.busy_share * 100.0,
     );
-    s.push_str("(the lower bound and the greedy makespans above count only the scenario's own nodes)\n");
+    s.push_str(
+        "(the lower bound and the greedy makespans above count only the scenario's own nodes)\n",
+    );
     // At most 16 points of the count, evenly over the changes, with the last.
     let pts = &a.nodes_over_time;
     if !pts.is_empty() {

@@ -167,20 +167,17 @@ impl AllocSpec {
     /// The queue as `mesh alloc add` would record it.
     pub fn queue_def(&self) -> mesh_protocol::alloc::QueueDef {
         mesh_protocol::alloc::QueueDef {
-            name: self.name.clone(),
-            system: mesh_protocol::alloc::BatchSystem::Slurm,
-            time_limit_s: self.walltime_ms / 1000,
-            cores: self.cores,
-            mem_bytes: None,
             gpus: self.gpus,
             nodes_per_job: self.nodes_per_job,
-            partition: None,
-            account: None,
-            directives: Vec::new(),
-            prologue: Vec::new(),
             min: self.min,
             max: self.max,
             idle_timeout_s: self.idle_timeout_ms / 1000,
+            ..mesh_protocol::alloc::QueueDef::new(
+                &self.name,
+                mesh_protocol::alloc::BatchSystem::Slurm,
+                self.walltime_ms / 1000,
+                self.cores,
+            )
         }
     }
 }

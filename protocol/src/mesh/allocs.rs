@@ -661,20 +661,8 @@ mod tests {
 
     fn queue() -> QueueDef {
         QueueDef {
-            name: "cpu".into(),
-            system: BatchSystem::Slurm,
-            time_limit_s: 3600,
-            cores: 8,
-            mem_bytes: None,
-            gpus: 0,
-            nodes_per_job: 1,
-            partition: None,
-            account: None,
-            directives: Vec::new(),
-            prologue: Vec::new(),
-            min: 0,
-            max: 10,
             idle_timeout_s: 60,
+            ..QueueDef::new("cpu", BatchSystem::Slurm, 3600, 8)
         }
     }
 
