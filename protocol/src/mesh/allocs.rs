@@ -439,6 +439,39 @@ impl Allocs {
         (ops, changed)
     }
 
+    /// Notes in the log, once each, the stages (`farm/stage`, expected ms)
+    /// whose tasks no job of a queue lives long enough to start: its nodes
+    /// drain before such a task would end. True when the book changed.
+    pub fn warn_expected(&mut self, now: Millis, term: u64, stages: &[(String, u64)]) -> bool {
+        let mut events: Vec<AllocEvent> = Vec::new();
+        for q in &self.book.queues {
+            let walltime = q.def.time_limit_s * 1000;
+            // `mesh join --walltime`'s default margin, as the scripts start it.
+            let usable = walltime.saturating_sub((walltime / 10).min(120_000));
+            for (stage, expected) in stages.iter().filter(|(_, e)| *e > usable) {
+                let text = format!(
+                    "stage {stage} expects tasks of up to {} s, more than this queue's nodes have before they drain ({} s): they will not run them",
+                    expected / 1000,
+                    usable / 1000
+                );
+                let known = self
+                    .book
+                    .log
+                    .iter()
+                    .chain(&events)
+                    .any(|e| e.queue == q.def.name && e.text == text);
+                if !known {
+                    events.push(self.event(now, &q.def.name, None, text));
+                }
+            }
+        }
+        if events.is_empty() {
+            return false;
+        }
+        self.edit(term, |b| b.log.extend(events));
+        true
+    }
+
     fn job_queue(&self, id: &str) -> String {
         self.book
             .jobs
@@ -801,6 +834,26 @@ mod tests {
             matches!(ops.as_slice(), [BatchOp::Submit { .. }]),
             "{ops:?}"
         );
+    }
+
+    #[test]
+    fn a_stage_expected_to_outlast_a_queues_jobs_is_said_once() {
+        let mut a = coordinator();
+        // One hour of walltime, drained two minutes early: 58 minutes usable.
+        let stages = [
+            ("f/long".to_string(), 3_600_000),
+            ("f/short".to_string(), 600_000),
+        ];
+        assert!(a.warn_expected(1_000, 1, &stages));
+        assert!(!a.warn_expected(2_000, 1, &stages), "said once");
+        let said: Vec<&AllocEvent> = a
+            .book()
+            .log
+            .iter()
+            .filter(|e| e.text.contains("will not run them"))
+            .collect();
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(said[0].text.contains("f/long") && said[0].text.contains("3480 s"));
     }
 
     #[test]

@@ -1484,8 +1484,22 @@ impl Peer {
                 !self.running.is_empty() || !self.queue.is_empty(),
             ));
         }
+        // Stages whose tasks are expected to take longer than a queue's
+        // jobs live would wait for ever on its nodes: said once, in the log.
+        let mut long: Vec<(String, u64)> = Vec::new();
+        if let Some(c) = &self.coord {
+            for f in c.farms.values().filter(|f| !f.finished_sent) {
+                for st in &f.spec.def.stages {
+                    if let Some(e) = st.expected_ms {
+                        long.push((format!("{}/{}", f.spec.def.name, st.name), e));
+                    }
+                }
+            }
+        }
+        let mut changed = self.allocs.warn_expected(now, self.term, &long);
         let grace = self.cfg.dead_after_ms;
-        let (ops, changed) = self.allocs.tick(now, self.term, grace, backlog, &activity);
+        let (ops, ticked) = self.allocs.tick(now, self.term, grace, backlog, &activity);
+        changed |= ticked;
         self.batch(ops);
         if changed {
             self.allocs_changed();
