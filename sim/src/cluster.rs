@@ -68,7 +68,17 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
 /// task's duration and fate, and the lower bound.
 struct Plan {
     peer_cfg: Config,
+    /// The scenario's own nodes.
     totals: Vec<Resources>,
+    /// What the bound and the baselines schedule on: those nodes and, for
+    /// each allocation queue that may be granted jobs, the nodes of its
+    /// `max` jobs, as if up from the start (the most the mesh can have),
+    /// so that waiting for jobs and their walltimes show in the ratios.
+    machines: Vec<Resources>,
+    /// The node of each allocation queue that never refuses a submission:
+    /// work that fits only there must still be done (a queue that may be
+    /// refused may also be paused, and its work then fails as unplaceable).
+    queue_nodes: Vec<Resources>,
     spec: Arc<FarmSpec>,
     /// First global task number of each stage.
     offsets: Vec<usize>,
@@ -82,6 +92,11 @@ struct Plan {
     /// See [`Plan::greedy`]: in submission order, and longest first.
     greedy: u64,
     longest_first: u64,
+}
+
+/// Whether a stage asking `req` fits a machine of `total` at all.
+fn fits(total: &Resources, req: &Resources) -> bool {
+    mesh_protocol::pool::Pool::never_fits(total, req).is_empty()
 }
 
 /// A hash of the seed and a few numbers, for per-task draws that do not
@@ -148,9 +163,21 @@ impl Plan {
             def,
             inputs: vec![],
         });
+        let mut machines = totals.clone();
+        for a in cfg.alloc.iter().filter(|a| a.reject_rate < 1.0) {
+            let n = a.max as usize * a.nodes_per_job as usize;
+            machines.extend(std::iter::repeat_n(a.node_resources(), n));
+        }
         let mut plan = Plan {
             peer_cfg: cfg.peer_config(),
             totals,
+            machines,
+            queue_nodes: cfg
+                .alloc
+                .iter()
+                .filter(|a| a.reject_rate == 0.0 && a.max > 0)
+                .map(|a| a.node_resources())
+                .collect(),
             spec,
             offsets,
             durations,
@@ -180,11 +207,11 @@ impl Plan {
             - self.offsets[s]
     }
 
-    /// Nodes (by index) a stage fits on.
+    /// Machines (by index in `machines`) a stage fits on.
     fn eligible(&self, s: usize) -> Vec<usize> {
         let req = &self.spec.def.stages[s].resources;
-        (0..self.totals.len())
-            .filter(|&n| mesh_protocol::pool::Pool::never_fits(&self.totals[n], req).is_empty())
+        (0..self.machines.len())
+            .filter(|&n| fits(&self.machines[n], req))
             .collect()
     }
 
@@ -192,7 +219,12 @@ impl Plan {
         let def = &self.spec.def;
         let mut ok = vec![true; self.durations.len()];
         for s in 0..def.stages.len() {
-            let placeable = !self.eligible(s).is_empty();
+            let req = &def.stages[s].resources;
+            let placeable = self
+                .totals
+                .iter()
+                .chain(&self.queue_nodes)
+                .any(|m| fits(m, req));
             let whole_ok = def.stages[s].after.iter().all(|&d| {
                 let d = d as usize;
                 (0..self.stage_len(d)).all(|i| ok[self.offsets[d] + i])
@@ -228,7 +260,7 @@ impl Plan {
             names.sort();
             names.dedup();
             for r in names {
-                let cap: f64 = set.iter().map(|&x| self.totals[x].get(r).0 as f64).sum();
+                let cap: f64 = set.iter().map(|&x| self.machines[x].get(r).0 as f64).sum();
                 let mut work = 0.0;
                 for &t in &inside {
                     let req = def.stages[t].resources.get(r).0 as f64;
@@ -295,7 +327,7 @@ impl Plan {
         let def = &self.spec.def;
         let n = def.stages.len();
         let reqs: Vec<&Resources> = def.stages.iter().map(|s| &s.resources).collect();
-        let mut free = self.totals.clone();
+        let mut free = self.machines.clone();
         // Per stage: indices ready to start, in order; whole-stage waits left.
         let mut ready: Vec<VecDeque<u32>> = vec![VecDeque::new(); n];
         let mut waits: Vec<usize> = def.stages.iter().map(|s| s.after.len()).collect();
@@ -460,6 +492,8 @@ enum Ev {
         job: u32,
         cancelled: bool,
     },
+    /// A job's walltime: the batch system kills what is still there.
+    JobKill(u32),
 }
 
 /// A task running on a node, as the simulator sees it.
@@ -490,8 +524,10 @@ struct Node {
     steps: u64,
     /// The peer's prefetch depth when a task last ended here.
     depth: u32,
-    /// Started by a batch job (an allocation queue's).
-    batch: bool,
+    /// The batch job (an allocation queue's) that started this node, and
+    /// when it drains: told to its peer before its first step, so even
+    /// its first beat carries them.
+    job: Option<(String, Millis)>,
 }
 
 impl Node {
@@ -511,7 +547,7 @@ impl Node {
             up_ms: 0,
             steps: 0,
             depth: 0,
-            batch: false,
+            job: None,
         }
     }
 }
@@ -541,6 +577,8 @@ struct Sim<'a> {
     lost: u64,
     events: u64,
     finished: bool,
+    /// When the farm was submitted (`submit_at_ms`, or once its queues are there).
+    submitted_at: Millis,
     unplaceable: Vec<String>,
     timeline: Timeline,
     sample: Vec<Execution>,
@@ -598,6 +636,7 @@ impl<'a> Sim<'a> {
             lost: 0,
             events: 0,
             finished: false,
+            submitted_at: cfg.submit_at_ms,
             unplaceable: Vec::new(),
             timeline,
             sample: Vec::new(),
@@ -626,6 +665,10 @@ impl<'a> Sim<'a> {
         for (at, n) in order {
             self.push(at, Ev::Up(n as u32));
         }
+        // `mesh alloc add` before `mesh submit` when both come at once, as
+        // a user would: the farm then finds the queues' shapes among the
+        // machines it may wait for.
+        self.schedule_alloc();
         self.push(self.cfg.submit_at_ms, Ev::Submit);
         for c in &self.cfg.crashes {
             self.push(c.at_ms, Ev::Crash(c.node as u32));
@@ -636,14 +679,13 @@ impl<'a> Sim<'a> {
         for l in &self.cfg.leaves {
             self.push(l.at_ms, Ev::Leave(l.node as u32));
         }
-        self.schedule_alloc();
     }
 
-    /// One more node (a batch job's), up from now on.
-    fn add_node(&mut self, total: Resources) -> usize {
+    /// One more node, of batch job `job` which drains at `deadline`.
+    fn add_node(&mut self, total: Resources, job: String, deadline: Millis) -> usize {
         let n = self.nodes.len();
         let mut nd = Node::new(n, total);
-        nd.batch = true;
+        nd.job = Some((job, deadline));
         self.timeline.cpus.push(nd.cpus);
         self.timeline.busy.push(Vec::new());
         self.nodes.push(nd);
@@ -672,7 +714,7 @@ impl<'a> Sim<'a> {
             self.handle(ev)?;
             // With allocation queues, the run goes on until the jobs the
             // farm no longer needs are given back: the scale in.
-            if self.finished && self.batch.settled(self.cfg) {
+            if self.finished && self.alloc_settled() {
                 return Ok(());
             }
         }
@@ -757,9 +799,23 @@ impl<'a> Sim<'a> {
             Ev::Submit => {
                 let n = self.cfg.submit_node;
                 let spec = (*self.plan.spec).clone();
-                if self.nodes[n].peer.is_none() {
+                let Some(peer) = &self.nodes[n].peer else {
                     return Err(self.violation("the submitting node is down at submit time".into()));
+                };
+                // A script runs `mesh alloc add` to its answer (the node's
+                // book shows the queue), then `mesh submit`: a farm never
+                // finds its queues missing, and fails no stage they fit.
+                let book = peer.alloc_book();
+                if self
+                    .cfg
+                    .alloc
+                    .iter()
+                    .any(|a| a.add_at_ms <= self.cfg.submit_at_ms && book.queue(&a.name).is_none())
+                {
+                    self.push(now + 100, Ev::Submit);
+                    return Ok(());
                 }
+                self.submitted_at = now;
                 self.step(n, |p| p.submit(now, spec))
             }
             Ev::Crash(n) => {
@@ -783,6 +839,10 @@ impl<'a> Sim<'a> {
             Ev::JobStart(j) => self.job_start(j as usize),
             Ev::JobEnd { job, cancelled } => {
                 self.job_end(job as usize, cancelled);
+                Ok(())
+            }
+            Ev::JobKill(j) => {
+                self.job_kill(j as usize);
                 Ok(())
             }
             Ev::InputsReady { node, gen, farm } => {
@@ -836,6 +896,9 @@ impl<'a> Sim<'a> {
             seed,
             joining,
         );
+        if let Some((job, deadline)) = &nd.job {
+            peer.set_batch_job(Some(job.clone()), Some(*deadline));
+        }
         if restart {
             // Whatever this node made durable before it died, read back as the node reads it.
             let (book, farms, held) =
@@ -892,7 +955,7 @@ impl<'a> Sim<'a> {
         self.live[g] = self.live[g].saturating_sub(1);
         let cpu = r.res.get(CPU).0 as f64 / 1000.0;
         self.busy_cpu_ms += cpu * (self.now - r.start) as f64;
-        if self.nodes[n].batch {
+        if self.nodes[n].job.is_some() {
             self.batch.busy_cpu_ms += cpu * (self.now - r.start) as f64;
         }
         self.timeline.add(n, r.start, self.now, cpu);
@@ -1341,7 +1404,7 @@ impl<'a> Sim<'a> {
 
     fn report(&mut self, wall_s: f64) -> SimReport {
         // Measured from the submission: before it there is nothing to do.
-        let start = self.cfg.submit_at_ms;
+        let start = self.submitted_at;
         let makespan = self.makespan.saturating_sub(start);
         let end = self.makespan.max(1);
         let mut cap = 0.0;

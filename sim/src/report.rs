@@ -71,37 +71,91 @@ pub struct SimReport {
 /// batch system, and the batch-started nodes over time (scale out and in).
 fn alloc_summary(a: &crate::cluster::AllocReport) -> String {
     let mut s = format!(
-        "allocation: {} submissions ({} refused), {} jobs, {} started, {} drained at walltime, {} cancelled\n\
-         batch nodes: peak {}, {:.1} node-hours held, {:.1}% of their cpu-time running tasks\n",
+        "allocation: {} submissions ({} refused, up to {} jobs each), {} jobs (at most {} at once): \
+         {} started, {} drained at walltime, {} cancelled\n\
+         batch nodes: peak {}, {:.1} node-hours held, {:.1}% of their cpu-time running tasks, \
+         {} runs interrupted by a drain or cancel, {} killed at walltime\n",
         a.submissions,
         a.refused,
+        a.largest_submission,
         a.jobs,
+        a.peak_jobs,
         a.started,
         a.drained,
         a.cancelled,
         a.peak_nodes,
         a.node_ms as f64 / 3_600_000.0,
         a.busy_share * 100.0,
+        a.interrupted,
+        a.killed,
     );
-    s.push_str(
-        "(the lower bound and the greedy makespans above count only the scenario's own nodes)\n",
-    );
-    // At most 16 points of the count, evenly over the changes, with the last.
-    let pts = &a.nodes_over_time;
-    if !pts.is_empty() {
-        let step = pts.len().div_ceil(16).max(1);
-        let mut shown: Vec<String> = pts
-            .iter()
-            .step_by(step)
-            .map(|(t, c)| format!("{c}@{:.0}s", *t as f64 / 1000.0))
-            .collect();
-        if !(pts.len() - 1).is_multiple_of(step) {
-            let (t, c) = pts[pts.len() - 1];
-            shown.push(format!("{c}@{:.0}s", t as f64 / 1000.0));
+    for q in &a.book.queues {
+        if let Some(why) = &q.paused {
+            s.push_str(&format!("queue {} paused: {why}\n", q.def.name));
         }
-        s.push_str(&format!("batch nodes over time: {}\n", shown.join(" ")));
+    }
+    s.push_str(
+        "(the lower bound and the greedy makespans above count every queue's max jobs as up \
+         from the start: waiting for jobs and their walltimes are part of the ratios)\n",
+    );
+    if let Some(&(last, count)) = a.nodes_over_time.last() {
+        let (width, mean) = mean_per_interval(&a.nodes_over_time, last, 20);
+        let mean: Vec<String> = mean.iter().map(|m| format!("{m:.0}")).collect();
+        s.push_str(&format!(
+            "batch nodes over time (mean up in each {} from the start): {}; {count} from {}\n",
+            duration(width),
+            mean.join(" "),
+            duration(last),
+        ));
     }
     s
+}
+
+/// The mean number of nodes up in each of at most `k` equal intervals of
+/// `[0, end)`, as wide as a clock reads easily (30 s, 2 min, 1 h), from
+/// the count's changes `(ms, count)`: the scale out and in read left to
+/// right, dips included.
+fn mean_per_interval(changes: &[(u64, u32)], end: u64, k: u64) -> (u64, Vec<f64>) {
+    const NICE_S: [u64; 17] = [
+        1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200,
+    ];
+    let least = end.div_ceil(k.max(1));
+    let width = NICE_S
+        .iter()
+        .map(|s| s * 1000)
+        .find(|&w| w >= least)
+        .unwrap_or_else(|| least.div_ceil(86_400_000) * 86_400_000);
+    let mut node_ms = vec![0u64; end.div_ceil(width).max(1) as usize];
+    // Each stretch between two changes, spread over the intervals it spans.
+    for (i, &(from, count)) in changes.iter().enumerate() {
+        let to = changes.get(i + 1).map_or(end, |c| c.0).min(end);
+        let mut t = from;
+        while t < to {
+            let b = (t / width) as usize;
+            let upto = to.min((b as u64 + 1) * width);
+            node_ms[b] += u64::from(count) * (upto - t);
+            t = upto;
+        }
+    }
+    // The last interval is cut short at `end`.
+    let mean = node_ms
+        .iter()
+        .enumerate()
+        .map(|(b, &ms)| ms as f64 / width.min(end - b as u64 * width).max(1) as f64)
+        .collect();
+    (width, mean)
+}
+
+/// `45 s`, `2 min 30 s`, `1 h 30 min`: a time a user reads at a glance.
+fn duration(ms: u64) -> String {
+    let s = ms / 1000;
+    match (s / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, s) => format!("{s} s"),
+        (0, m, 0) => format!("{m} min"),
+        (0, m, s) => format!("{m} min {s} s"),
+        (h, 0, _) => format!("{h} h"),
+        (h, m, _) => format!("{h} h {m} min"),
+    }
 }
 
 /// Busy cpu per node over time, in buckets that widen as the run grows.
@@ -346,5 +400,23 @@ mod tests {
         let total: f64 = t.busy[0].iter().sum();
         assert_eq!(total, 10.0 + 4005.0 * 2.0);
         assert!(t.busy[0].len() <= BUCKETS);
+    }
+
+    #[test]
+    fn the_batch_node_count_is_shown_as_a_mean_per_interval() {
+        // 1 up from 0 s, 4 from 5 s, a dip to 2 during 21..24 s, none from 38 s.
+        let changes = [(0, 1), (5_000, 4), (21_000, 2), (24_000, 4), (38_000, 0)];
+        let (width, mean) = mean_per_interval(&changes, 38_000, 4);
+        assert_eq!(width, 10_000);
+        assert_eq!(mean, vec![2.5, 4.0, 3.4, 4.0]);
+        let (width, mean) = mean_per_interval(&changes, 38_000, 38);
+        assert_eq!((width, mean.len()), (1_000, 38));
+        // Widths a clock reads: 38 s over at most 3 intervals is 15 s each.
+        assert_eq!(mean_per_interval(&changes, 38_000, 3).0, 15_000);
+        assert_eq!(mean_per_interval(&changes, 2_327_000, 20).0, 120_000);
+        assert_eq!((mean[4], mean[5], mean[22], mean[37]), (1.0, 4.0, 2.0, 4.0));
+        assert_eq!(duration(38_000), "38 s");
+        assert_eq!(duration(150_000), "2 min 30 s");
+        assert_eq!(duration(5_400_000), "1 h 30 min");
     }
 }

@@ -43,7 +43,7 @@
 //!
 //! [[alloc]]                    # an allocation queue (`mesh alloc`) against a simulated batch system
 //! name = "cpu"
-//! cores = 8                    # per node of a job (gpus = 0, nodes_per_job = 1)
+//! cores = 8                    # per node of a job (gpus = 0, mem = "32G" or none, nodes_per_job = 1)
 //! walltime_ms = 600000         # each job's; its nodes drain drain_margin_ms before (default min(2 min, a tenth))
 //! max = 10                     # jobs queued and running at most (min = 0)
 //! idle_timeout_ms = 60000      # a job whose nodes run nothing this long is cancelled (default 5 min)
@@ -134,8 +134,12 @@ pub struct AllocSpec {
     pub cores: u32,
     #[serde(default)]
     pub gpus: u32,
+    /// Memory per node of a job, as `mem` in resources ("32G").
+    #[serde(default)]
+    pub mem: Option<String>,
     #[serde(default = "one_u32")]
     pub nodes_per_job: u32,
+    /// Whole seconds, as a batch system takes them.
     pub walltime_ms: u64,
     /// Before the walltime, when a job's nodes drain (default: 2 minutes,
     /// or a tenth of a shorter walltime, as `mesh join --walltime`).
@@ -145,6 +149,7 @@ pub struct AllocSpec {
     pub min: u32,
     #[serde(default = "default_alloc_max")]
     pub max: u32,
+    /// Whole seconds, as `mesh alloc add --idle-timeout` takes it.
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout_ms: u64,
     /// How long a job waits in the batch queue before it starts, in the
@@ -164,10 +169,33 @@ impl AllocSpec {
             .unwrap_or_else(|| (self.walltime_ms / 10).min(120_000))
     }
 
+    /// Memory per node in bytes (validated).
+    pub fn mem_bytes(&self) -> Option<u64> {
+        let m = self.mem.as_ref()?;
+        let a = mesh_protocol::resources::parse_amount(mesh_protocol::resources::MEM, m).ok()?;
+        Some(a.0 / 1000)
+    }
+
+    /// What each node of a job has: the job's cores, GPUs and memory, as
+    /// its script starts `mesh join` (and as the coordinator counts the queue).
+    pub fn node_resources(&self) -> mesh_protocol::Resources {
+        use mesh_protocol::resources::{Amount, CPU, GPU, MEM};
+        let mut r = mesh_protocol::Resources::new();
+        r.set(CPU, Amount::units(u64::from(self.cores)));
+        if self.gpus > 0 {
+            r.set(GPU, Amount::units(u64::from(self.gpus)));
+        }
+        if let Some(m) = self.mem_bytes() {
+            r.set(MEM, Amount::units(m));
+        }
+        r
+    }
+
     /// The queue as `mesh alloc add` would record it.
     pub fn queue_def(&self) -> mesh_protocol::alloc::QueueDef {
         mesh_protocol::alloc::QueueDef {
             gpus: self.gpus,
+            mem_bytes: self.mem_bytes(),
             nodes_per_job: self.nodes_per_job,
             min: self.min,
             max: self.max,
@@ -468,6 +496,21 @@ impl SimConfig {
             }
             if a.min > a.max {
                 return bad(format!("{at}: min {} is more than max {}", a.min, a.max));
+            }
+            if let Some(m) = &a.mem {
+                if let Err(e) =
+                    mesh_protocol::resources::parse_amount(mesh_protocol::resources::MEM, m)
+                {
+                    return bad(format!("{at}.mem {m:?}: {e}"));
+                }
+            }
+            for (field, ms) in [
+                ("walltime_ms", a.walltime_ms),
+                ("idle_timeout_ms", a.idle_timeout_ms),
+            ] {
+                if ms % 1000 != 0 {
+                    return bad(format!("{at}.{field} must be whole seconds (a multiple of 1000), as the queue takes it"));
+                }
             }
             if a.walltime_ms <= a.drain_margin() {
                 return bad(format!(

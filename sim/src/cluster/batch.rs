@@ -1,7 +1,16 @@
 //! The simulated batch system behind allocation queues: submissions (some refused), jobs that wait in the queue, start nodes, drain before their walltime and end, answered through the coordinator's real batch API.
+//!
+//! Each `[[alloc]]` queue is added with `mesh alloc add` on the submitting
+//! node; from then on the coordinator's real `Allocs` decides, and this
+//! module plays SLURM: an answer comes a round trip after the question, an
+//! accepted job waits its drawn start delay, then brings `nodes_per_job`
+//! new nodes that know their job and deadline from their first step. At
+//! the deadline (walltime less the drain margin) they leave as `mesh join`
+//! does, tasks handed back; at the walltime the batch system kills
+//! whatever is still there. A cancelled job's nodes leave as on SIGTERM.
 
 use mesh_protocol::alloc::{JobState, QueueDef};
-use mesh_protocol::mesh::{AllocCmd, BatchOp};
+use mesh_protocol::mesh::{AllocBook, AllocCmd, BatchOp};
 use serde::{Deserialize, Serialize};
 
 use super::*;
@@ -33,19 +42,31 @@ pub struct AllocReport {
     /// Submissions asked for, and those the batch system refused.
     pub submissions: u64,
     pub refused: u64,
+    /// The most jobs one submission asked for (the scaler's burst).
+    pub largest_submission: u32,
     /// Jobs accepted, started, and ended at their walltime (drained) or cancelled.
     pub jobs: u64,
     pub started: u64,
     pub drained: u64,
     pub cancelled: u64,
+    /// The most jobs queued or running in the batch system at once.
+    pub peak_jobs: u32,
     /// The most nodes batch jobs had up at once.
     pub peak_nodes: u32,
+    /// Task runs a drain or a cancellation interrupted (handed back, run
+    /// again elsewhere without a retry spent): what `expected` avoids.
+    pub interrupted: u64,
+    /// Nodes still up at their job's walltime, killed by the batch system.
+    pub killed: u64,
     /// Node-time held by batch jobs' nodes, and the share of their
     /// cpu-time spent running tasks.
     pub node_ms: u64,
     pub busy_share: f64,
     /// Batch-started nodes up: (virtual ms, count) at each change.
     pub nodes_over_time: Vec<(u64, u32)>,
+    /// The coordinator's allocation book at the end (`mesh alloc list`
+    /// and `log`; its times are virtual ms).
+    pub book: AllocBook,
 }
 
 /// The simulated batch system's state.
@@ -53,7 +74,9 @@ pub(super) struct Batch {
     jobs: Vec<Job>,
     rng: SmallRng,
     delays: Vec<Dist>,
+    /// Batch-started nodes up, and jobs queued or running.
     up: u32,
+    live: u32,
     pub(super) report: AllocReport,
     /// Busy cpu-ms of runs on batch-started nodes.
     pub(super) busy_cpu_ms: f64,
@@ -71,24 +94,24 @@ impl Batch {
                 .map(|a| parse_durations(&a.start_delay).expect("validated"))
                 .collect(),
             up: 0,
+            live: 0,
             report: AllocReport::default(),
             busy_cpu_ms: 0.0,
         }
     }
 
-    /// No job is left but those the queues keep at their minimum.
-    pub(super) fn settled(&self, cfg: &SimConfig) -> bool {
-        let live = self.jobs.iter().filter(|j| j.state != State::Ended).count();
-        live <= cfg.alloc.iter().map(|a| a.min as usize).sum()
-    }
-
-    fn count(&mut self, now: Millis, delta: i64) {
+    fn count_nodes(&mut self, now: Millis, delta: i64) {
         self.up = (i64::from(self.up) + delta).max(0) as u32;
         self.report.peak_nodes = self.report.peak_nodes.max(self.up);
         match self.report.nodes_over_time.last_mut() {
             Some((t, c)) if *t == now => *c = self.up,
             _ => self.report.nodes_over_time.push((now, self.up)),
         }
+    }
+
+    fn end(&mut self, j: usize) {
+        self.jobs[j].state = State::Ended;
+        self.live -= 1;
     }
 }
 
@@ -97,6 +120,30 @@ impl Sim<'_> {
         for (i, a) in self.cfg.alloc.iter().enumerate() {
             self.push(a.add_at_ms, Ev::AllocAdd(i as u32));
         }
+    }
+
+    /// The coordinator's book, else the submitting node's (what `mesh alloc list` shows).
+    fn alloc_book(&self) -> Option<&Arc<AllocBook>> {
+        let coord = self.alive.iter().find_map(|&n| {
+            self.nodes[n as usize]
+                .peer
+                .as_ref()
+                .filter(|p| p.is_coordinator())
+        });
+        coord
+            .or(self.nodes[self.cfg.submit_node].peer.as_ref())
+            .map(|p| p.alloc_book())
+    }
+
+    /// The scale-in is over: the batch system runs no more jobs than the
+    /// queues keep at their minimum, and the coordinator knows it.
+    pub(super) fn alloc_settled(&self) -> bool {
+        if self.cfg.alloc.is_empty() {
+            return true;
+        }
+        let min: usize = self.cfg.alloc.iter().map(|a| a.min as usize).sum();
+        self.batch.live as usize <= min
+            && self.alloc_book().is_some_and(|b| b.live().count() <= min)
     }
 
     /// `mesh alloc add` on the submitting node, again until the mesh has
@@ -125,34 +172,7 @@ impl Sim<'_> {
         let gen = self.nodes[n].gen;
         let at = self.round_trip();
         let answer = match op {
-            BatchOp::Submit { queue, jobs } => {
-                self.batch.report.submissions += 1;
-                let Some(q) = self.cfg.alloc.iter().position(|a| a.name == queue.name) else {
-                    return;
-                };
-                let refuse = self.batch.rng.random::<f64>() < self.cfg.alloc[q].reject_rate;
-                if refuse {
-                    self.batch.report.refused += 1;
-                    Answer::Submitted(queue, Err("submission refused (simulated)".into()))
-                } else {
-                    let mut ids = Vec::new();
-                    for _ in 0..jobs {
-                        let j = self.batch.jobs.len();
-                        let id = format!("sim-{}", j + 1);
-                        ids.push(id.clone());
-                        self.batch.jobs.push(Job {
-                            id,
-                            queue: q,
-                            state: State::Queued,
-                            nodes: Vec::new(),
-                        });
-                        let delay = self.batch.delays[q].sample(&mut self.batch.rng);
-                        self.push(at + delay, Ev::JobStart(j as u32));
-                    }
-                    self.batch.report.jobs += u64::from(jobs);
-                    Answer::Submitted(queue, Ok(ids))
-                }
-            }
+            BatchOp::Submit { queue, jobs } => self.submit(at, queue, jobs),
             BatchOp::Poll { jobs, .. } => Answer::Polled(
                 self.batch
                     .jobs
@@ -169,7 +189,7 @@ impl Sim<'_> {
                 if let Some(j) = self.batch.jobs.iter().position(|j| j.id == job) {
                     match self.batch.jobs[j].state {
                         State::Queued => {
-                            self.batch.jobs[j].state = State::Ended;
+                            self.batch.end(j);
                             self.batch.report.cancelled += 1;
                         }
                         State::Running => {
@@ -183,6 +203,7 @@ impl Sim<'_> {
                                 },
                             );
                         }
+                        // Gone already: scancel of a finished job is not an error.
                         State::Ended => {}
                     }
                 }
@@ -197,6 +218,45 @@ impl Sim<'_> {
                 answer: Box::new(answer),
             },
         );
+    }
+
+    /// A submission of `jobs` jobs (one array), refused at the queue's
+    /// rate; each accepted job starts after its drawn wait from `at`,
+    /// when the answer is back.
+    fn submit(&mut self, at: Millis, queue: QueueDef, jobs: u32) -> Answer {
+        let b = &mut self.batch;
+        b.report.submissions += 1;
+        b.report.largest_submission = b.report.largest_submission.max(jobs);
+        let Some(q) = self.cfg.alloc.iter().position(|a| a.name == queue.name) else {
+            b.report.refused += 1;
+            let why = format!("no queue {:?} here (simulated)", queue.name);
+            return Answer::Submitted(queue, Err(why));
+        };
+        if b.rng.random::<f64>() < self.cfg.alloc[q].reject_rate {
+            b.report.refused += 1;
+            return Answer::Submitted(queue, Err("submission refused (simulated)".into()));
+        }
+        let mut ids = Vec::new();
+        let mut starts = Vec::new();
+        for _ in 0..jobs {
+            let j = b.jobs.len();
+            let id = format!("sim-{}", j + 1);
+            ids.push(id.clone());
+            b.jobs.push(Job {
+                id,
+                queue: q,
+                state: State::Queued,
+                nodes: Vec::new(),
+            });
+            starts.push((at + b.delays[q].sample(&mut b.rng), j));
+        }
+        b.live += jobs;
+        b.report.peak_jobs = b.report.peak_jobs.max(b.live);
+        b.report.jobs += u64::from(jobs);
+        for (start, j) in starts {
+            self.push(start, Ev::JobStart(j as u32));
+        }
+        Answer::Submitted(queue, Ok(ids))
     }
 
     pub(super) fn batch_answer(
@@ -224,42 +284,36 @@ impl Sim<'_> {
             return Ok(());
         }
         let spec = &self.cfg.alloc[self.batch.jobs[j].queue];
-        let mut total = Resources::new();
-        total.set(CPU, mesh_protocol::Amount::units(u64::from(spec.cores)));
-        if spec.gpus > 0 {
-            total.set(
-                mesh_protocol::resources::GPU,
-                mesh_protocol::Amount::units(u64::from(spec.gpus)),
-            );
-        }
+        let total = spec.node_resources();
         let (per_job, walltime, margin) =
             (spec.nodes_per_job, spec.walltime_ms, spec.drain_margin());
         let now = self.now;
+        let deadline = now + walltime - margin;
         self.batch.jobs[j].state = State::Running;
         self.batch.report.started += 1;
         let id = self.batch.jobs[j].id.clone();
         for _ in 0..per_job {
-            let n = self.add_node(total.clone());
+            let n = self.add_node(total.clone(), id.clone(), deadline);
             self.batch.jobs[j].nodes.push(n as u32);
+            self.batch.count_nodes(now, 1);
             self.start_node(n, false)?;
-            self.batch.count(now, 1);
-            let deadline = now + walltime - margin;
-            if let Some(p) = self.nodes[n].peer.as_mut() {
-                p.set_batch_job(Some(id.clone()), Some(deadline));
-            }
         }
-        // The node's own drain, before the batch system's kill.
+        // The nodes' own drain, then the batch system's kill.
+        let job = j as u32;
         self.push(
-            now + walltime - margin,
+            deadline,
             Ev::JobEnd {
-                job: j as u32,
+                job,
                 cancelled: false,
             },
         );
+        self.push(now + walltime, Ev::JobKill(job));
         Ok(())
     }
 
-    /// A running job ends: its walltime's drain, or a cancellation.
+    /// A running job ends: its walltime's drain, or a cancellation. Its
+    /// nodes leave gracefully: what runs there is interrupted and handed
+    /// back, no retry spent.
     pub(super) fn job_end(&mut self, j: usize, cancelled: bool) {
         if self.batch.jobs[j].state != State::Running {
             return;
@@ -270,16 +324,31 @@ impl Sim<'_> {
             self.batch.report.drained += 1;
         }
         let now = self.now;
-        self.batch.jobs[j].state = State::Ended;
+        self.batch.end(j);
         let nodes = self.batch.jobs[j].nodes.clone();
-        let up = nodes
-            .iter()
-            .filter(|&&n| self.nodes[n as usize].peer.is_some())
-            .count() as i64;
+        let mut up = 0;
         for n in nodes {
-            self.push(now, Ev::Leave(n));
+            let nd = &self.nodes[n as usize];
+            if nd.peer.is_some() {
+                up += 1;
+                self.batch.report.interrupted +=
+                    nd.runs.values().filter(|r| !r.killed).count() as u64;
+                self.push(now, Ev::Leave(n));
+            }
         }
-        self.batch.count(now, -up);
+        self.batch.count_nodes(now, -up);
+    }
+
+    /// The walltime: whatever of the job is still up dies like a crash.
+    /// Its nodes were counted down when they began to leave.
+    pub(super) fn job_kill(&mut self, j: usize) {
+        let nodes = self.batch.jobs[j].nodes.clone();
+        for n in nodes {
+            if self.nodes[n as usize].peer.is_some() {
+                self.batch.report.killed += 1;
+                self.stop_node(n as usize, true);
+            }
+        }
     }
 
     /// The allocation part of the report, when the scenario has queues.
@@ -289,7 +358,7 @@ impl Sim<'_> {
         }
         let mut r = self.batch.report.clone();
         let mut cpu_ms = 0.0;
-        for nd in self.nodes.iter().filter(|nd| nd.batch) {
+        for nd in self.nodes.iter().filter(|nd| nd.job.is_some()) {
             let up = nd.up_ms + nd.up_since.map_or(0, |s| self.now.saturating_sub(s));
             r.node_ms += up;
             cpu_ms += nd.cpus * up as f64;
@@ -299,6 +368,7 @@ impl Sim<'_> {
         } else {
             0.0
         };
+        r.book = self.alloc_book().map(|b| (**b).clone()).unwrap_or_default();
         Some(r)
     }
 }
