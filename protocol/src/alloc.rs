@@ -67,6 +67,14 @@ impl QueueDef {
         }
     }
 
+    /// How long a job's node can run tasks: its walltime less the drain
+    /// margin `mesh join --walltime` takes by default (2 minutes, or a
+    /// tenth of a shorter walltime), as the job scripts start it.
+    pub fn usable_ms(&self) -> Millis {
+        let walltime = self.time_limit_s * 1000;
+        walltime.saturating_sub((walltime / 10).min(120_000))
+    }
+
     /// Whether this queue's jobs serve GPU tasks (its jobs have GPUs).
     pub fn for_gpus(&self) -> bool {
         self.gpus > 0
@@ -159,6 +167,8 @@ struct QueueState {
     failures: u32,
     retry_at: Millis,
     paused: bool,
+    /// Since when no work of this queue's kind has waited at all.
+    no_work_since: Option<Millis>,
 }
 
 /// The scaling decisions for every allocation queue of the mesh.
@@ -213,6 +223,16 @@ impl Scaler {
             // work of its kind is waiting (shrinking while work waits
             // only means asking again).
             let waiting = if q.for_gpus() { gpus_left } else { cores_left };
+            let raw = if q.for_gpus() {
+                backlog.gpus
+            } else {
+                backlog.cores
+            };
+            if raw == 0 {
+                st.no_work_since.get_or_insert(now);
+            } else {
+                st.no_work_since = None;
+            }
             let mut kept = count;
             if waiting == 0 {
                 for j in &live {
@@ -224,6 +244,24 @@ impl Scaler {
                         out.push(Decision::Cancel {
                             job: j.id.clone(),
                             why: format!("idle for {} s", idle_for.unwrap_or(0) / 1000),
+                        });
+                        kept -= 1;
+                    }
+                }
+            }
+            // Jobs still in the batch queue that no work has wanted for an
+            // idle timeout are cancelled too, newest first: a pending job
+            // costs nothing to cancel, a started one its idle timeout.
+            let unwanted = st
+                .no_work_since
+                .map(|t| now.saturating_sub(t))
+                .filter(|d| *d >= q.idle_timeout_s * 1000);
+            if let Some(d) = unwanted {
+                for j in live.iter().rev().filter(|j| j.state == JobState::Queued) {
+                    if kept > q.min {
+                        out.push(Decision::Cancel {
+                            job: j.id.clone(),
+                            why: format!("still queued, and no work has waited for {} s", d / 1000),
                         });
                         kept -= 1;
                     }
@@ -443,6 +481,38 @@ mod tests {
         // Not idle long enough: kept.
         let d = s.decide(200_000, &q, Backlog::default(), &idle);
         assert!(!d.iter().any(|d| matches!(d, Decision::Cancel { .. })));
+    }
+
+    #[test]
+    fn queued_jobs_no_work_wants_for_an_idle_timeout_are_cancelled_newest_first() {
+        let mut s = Scaler::default();
+        let q = [queue("cpu", 0)];
+        let jobs = [
+            job("1", "cpu", JobState::Queued, None),
+            job("2", "cpu", JobState::Queued, None),
+        ];
+        let cancels = |d: &[Decision]| -> Vec<String> {
+            d.iter()
+                .filter_map(|d| match d {
+                    Decision::Cancel { job, .. } => Some(job.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        // Work waits: they stay.
+        assert!(cancels(&s.decide(0, &q, Backlog { cores: 1, gpus: 0 }, &jobs)).is_empty());
+        // No work from 1 s on; not for long enough yet at 300 s.
+        assert!(cancels(&s.decide(1_000, &q, Backlog::default(), &jobs)).is_empty());
+        assert!(cancels(&s.decide(300_000, &q, Backlog::default(), &jobs)).is_empty());
+        assert_eq!(
+            cancels(&s.decide(301_000, &q, Backlog::default(), &jobs)),
+            ["2", "1"]
+        );
+        // Work came back in between: the clock starts again.
+        let mut s = Scaler::default();
+        s.decide(0, &q, Backlog::default(), &jobs);
+        s.decide(200_000, &q, Backlog { cores: 1, gpus: 0 }, &jobs);
+        assert!(cancels(&s.decide(400_000, &q, Backlog::default(), &jobs)).is_empty());
     }
 
     #[test]

@@ -1143,6 +1143,20 @@ impl Engine {
             .collect()
     }
 
+    /// Per open stage with tasks ready and unclaimed: the stage and how many.
+    pub fn waiting_stages(&self) -> Vec<(&StageDef, u64)> {
+        let mut out = Vec::new();
+        for f in self.farms.iter().filter(|f| !f.cancelled) {
+            for (st, def) in f.stages.iter().zip(&f.def.stages) {
+                let q = st.counts.queued();
+                if st.open && !st.unplaceable && q > 0 {
+                    out.push((def, q));
+                }
+            }
+        }
+        out
+    }
+
     /// A claimed task's node died: the task is queued again with a crash
     /// counted and no retry spent; after [`CRASHES_MAX`] crashes it fails.
     pub fn lost(&mut self, now: Millis, farm: FarmSlot, task: TaskRef, attempt: u32) {

@@ -255,12 +255,11 @@ fn bad_queues_are_refused_with_the_field_named() {
     );
 }
 
-// Known gaps of the coordinator's scaling (protocol/src/alloc.rs,
-// protocol/src/mesh/allocs.rs), shown on the simulator: run with
-// `--ignored` once they are fixed.
+// Two gaps of the first scaler, shown on the simulator before they were
+// closed: jobs asked for work their walltime could not take, and queued
+// jobs kept after the work was gone.
 
 #[test]
-#[ignore = "protocol: the backlog counts work the queue's walltime cannot take, so its jobs idle"]
 fn no_job_is_submitted_for_work_longer_than_the_queues_walltime() {
     let (r, a) = ok(r#"
 seed = 7
@@ -286,7 +285,6 @@ start_delay = "uniform:5000..10000"
 }
 
 #[test]
-#[ignore = "protocol: the scaler cancels only running idle jobs, never queued ones the work no longer needs"]
 fn queued_jobs_are_cancelled_once_the_work_is_gone() {
     let (r, a) = ok(r#"
 seed = 7

@@ -445,9 +445,7 @@ impl Allocs {
     pub fn warn_expected(&mut self, now: Millis, term: u64, stages: &[(String, u64)]) -> bool {
         let mut events: Vec<AllocEvent> = Vec::new();
         for q in &self.book.queues {
-            let walltime = q.def.time_limit_s * 1000;
-            // `mesh join --walltime`'s default margin, as the scripts start it.
-            let usable = walltime.saturating_sub((walltime / 10).min(120_000));
+            let usable = q.def.usable_ms();
             for (stage, expected) in stages.iter().filter(|(_, e)| *e > usable) {
                 let text = format!(
                     "stage {stage} expects tasks of up to {} s, more than this queue's nodes have before they drain ({} s): they will not run them",

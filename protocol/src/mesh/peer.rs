@@ -1510,11 +1510,30 @@ impl Peer {
     /// and GPUs (tasks with): what allocation queues of each kind are for.
     fn alloc_backlog(&mut self) -> Backlog {
         let mut b = Backlog::default();
-        let Some(c) = &mut self.coord else {
+        let Some(c) = &self.coord else {
             return b;
         };
-        for (req, n, _) in c.engine.waiting() {
+        // Work no queue's nodes live long enough for (its `expected` is
+        // longer) asks for no job: they would idle, and never be cancelled
+        // while it waits.
+        let usable = |gpus: bool| {
+            self.allocs
+                .book()
+                .queues
+                .iter()
+                .filter(|q| q.def.for_gpus() == gpus)
+                .map(|q| q.def.usable_ms())
+                .max()
+                .unwrap_or(0)
+        };
+        let (cpu_ms, gpu_ms) = (usable(false), usable(true));
+        for (stage, n) in c.engine.waiting_stages() {
+            let req = &stage.resources;
             let gpu = req.get(GPU).0;
+            let room = if gpu > 0 { gpu_ms } else { cpu_ms };
+            if stage.expected_ms.is_some_and(|e| e > room) {
+                continue;
+            }
             if gpu > 0 {
                 b.gpus += gpu.saturating_mul(n).div_ceil(Amount::units(1).0);
             } else {
