@@ -240,7 +240,18 @@ struct Node {
     /// The mesh secret's file, named in the scripts of `mesh alloc`.
     key_path: PathBuf,
     alloc_waits: Vec<AllocWait>,
+    /// When another node last fetched a file from this one (the home
+    /// bringing outputs kept here).
+    last_fetch: Option<Instant>,
+    /// Stopped twice (a second Ctrl-C): no lingering.
+    impatient: bool,
 }
+
+/// How long a stopping node with nothing running may stay for its results
+/// to be acknowledged and its outputs fetched; and how long without a
+/// fetch counts as the home having them all.
+const LINGER_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+const FETCH_QUIET: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.
 pub fn run_node(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
@@ -334,6 +345,8 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         sent_at: HashMap::new(),
         key_path: std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
         alloc_waits: Vec::new(),
+        last_fetch: None,
+        impatient: false,
     };
     node.peer.set_wall_base(crate::state::unix_ms());
     node.peer.set_batch_job(
@@ -386,8 +399,10 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
 
     loop {
         node.step();
-        if interrupted_at.is_some() && node.live.is_empty() {
-            break;
+        if let Some(at) = interrupted_at {
+            if node.live.is_empty() && node.may_stop(at) {
+                break;
+            }
         }
         let timer = node.peer.poll_timeout().map(|at| at_ms(clock, at));
         let grace = grace_end(interrupted_at, hard_killed);
@@ -1049,6 +1064,7 @@ impl Node {
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
             }
             Request::GetBlob { farm, hash, offset } => {
+                self.last_fetch = Some(Instant::now());
                 // An input this node serves as the farm's submitter, an
                 // output it keeps for the farm's home, or a file in its cache.
                 let hex = blake3::Hash::from(hash).to_hex().to_string();
@@ -1866,6 +1882,8 @@ impl Node {
 
     fn interrupt(&mut self, at: &mut Option<Instant>) {
         if at.is_some() {
+            // Asked twice: stop now, whatever is left to hand over.
+            self.impatient = true;
             for (_, live, _) in self.live.values() {
                 if let Some(l) = live {
                     l.signal(Signal::SIGKILL);
@@ -1877,6 +1895,19 @@ impl Node {
         self.say("stopping: tasks here are stopped and handed back");
         let now = self.now();
         self.peer.interrupt(now);
+    }
+
+    /// Whether a stopping node whose tasks are over may go: once the
+    /// coordinator has acknowledged its results and the home has stopped
+    /// fetching outputs from it (or after `LINGER_MAX`). A batch job's node
+    /// never comes back for them: leaving earlier would run those tasks again.
+    fn may_stop(&self, since: Instant) -> bool {
+        let now = Instant::now();
+        if self.impatient || now >= since + LINGER_MAX {
+            return true;
+        }
+        let last = self.last_fetch.map_or(since, |t| t.max(since));
+        self.peer.idle() && now >= last + FETCH_QUIET
     }
 
     /// Starts one task: here directly when this node submitted the farm,
