@@ -1236,7 +1236,7 @@ impl Node {
             let done = match op {
                 BatchOp::Submit { queue, jobs } => {
                     let launch = launch.expect("built for a submission");
-                    batch::submit(queue, jobs, launch, &dir).await
+                    batch::submit(*queue, jobs, launch, &dir).await
                 }
                 BatchOp::Poll { system, jobs } => batch::poll(system, jobs).await,
                 BatchOp::Cancel { system, job } => batch::cancel(system, job).await,

@@ -99,8 +99,9 @@ pub enum AllocCmd {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BatchOp {
     /// `jobs` jobs of this queue (one array where there are several).
+    /// Boxed: every action would pay its size.
     Submit {
-        queue: QueueDef,
+        queue: Box<QueueDef>,
         jobs: u32,
     },
     Poll {
@@ -130,8 +131,6 @@ pub struct Allocs {
     idle: FxHashMap<String, Millis>,
     /// Jobs asked to be cancelled (not decided again while they end).
     cancelling: BTreeSet<String>,
-    /// The version last sent to the coordinator by a member, and when.
-    pub offered: Option<((u64, u64), Millis)>,
 }
 
 impl Allocs {
@@ -415,7 +414,7 @@ impl Allocs {
                     };
                     events.push(self.event(now, &queue, None, format!("submitting {jobs} job(s)")));
                     ops.push(BatchOp::Submit {
-                        queue: q.def.clone(),
+                        queue: Box::new(q.def.clone()),
                         jobs,
                     });
                 }

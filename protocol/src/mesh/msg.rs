@@ -301,7 +301,8 @@ pub enum Msg {
     /// Coordinator to the home: an attempt failed and will be retried.
     Failure(Failure),
     /// Anyone to coordinator: a user's change to the allocation queues.
-    Alloc(AllocCmd),
+    /// Boxed, as the largest message: every other would pay its size.
+    Alloc(Box<AllocCmd>),
     /// The allocation book, to a node that holds an older one.
     Allocs(Arc<AllocBook>),
 }

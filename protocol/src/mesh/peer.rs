@@ -607,7 +607,7 @@ impl Peer {
     /// A user's change to the allocation queues, sent to the coordinator.
     pub fn alloc_command(&mut self, now: Millis, cmd: AllocCmd) {
         self.woke(now);
-        self.send_coordinator(|_| Msg::Alloc(cmd));
+        self.send_coordinator(|_| Msg::Alloc(Box::new(cmd)));
         self.pump(now);
     }
 
@@ -1127,7 +1127,7 @@ impl Peer {
             Msg::Beat(b) => self.on_beat(now, from, b),
             Msg::Alloc(cmd) => {
                 if self.coord.is_some() {
-                    let (ops, changed) = self.allocs.command(now, self.term, cmd);
+                    let (ops, changed) = self.allocs.command(now, self.term, *cmd);
                     self.batch(ops);
                     if changed {
                         self.allocs_changed();

@@ -172,7 +172,7 @@ impl Sim<'_> {
         let gen = self.nodes[n].gen;
         let at = self.round_trip();
         let answer = match op {
-            BatchOp::Submit { queue, jobs } => self.submit(at, queue, jobs),
+            BatchOp::Submit { queue, jobs } => self.submit(at, *queue, jobs),
             BatchOp::Poll { jobs, .. } => Answer::Polled(
                 self.batch
                     .jobs
