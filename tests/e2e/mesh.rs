@@ -618,10 +618,12 @@ fn random_kills_and_restarts_of_any_node_for_a_minute_lose_nothing() {
     assert!(missing.is_empty(), "outputs missing or wrong: {missing:?}");
     let count = runs_per_task(&sb, n);
     assert!(count.iter().all(|&k| k >= 1), "a task never ran");
-    // Each kill may repeat what the killed node held (its slots and queue).
+    // Each kill may repeat what the killed node held: its claims, at most
+    // twice its 2 cores plus 2, and its prefetch depth (1 or 2 for tasks
+    // of 0.25 s on loopback). Runs here have seen 84 to 119 in 19 kills.
     let twice = count.iter().filter(|&&k| k > 1).count();
     assert!(
-        twice <= 6 * kills,
+        twice <= 8 * kills,
         "{twice} tasks ran more than once after {kills} kills"
     );
 }
