@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use crate::engine::Millis;
+use crate::resources::{Amount, Resources, CPU, GPU, MEM};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum BatchSystem {
@@ -73,6 +74,19 @@ impl QueueDef {
     pub fn usable_ms(&self) -> Millis {
         let walltime = self.time_limit_s * 1000;
         walltime.saturating_sub((walltime / 10).min(120_000))
+    }
+
+    /// One node of this queue's jobs, as resources (cores, GPUs, memory).
+    pub fn node_resources(&self) -> Resources {
+        let mut r = Resources::new();
+        r.set(CPU, Amount::units(u64::from(self.cores)));
+        if self.gpus > 0 {
+            r.set(GPU, Amount::units(u64::from(self.gpus)));
+        }
+        if let Some(m) = self.mem_bytes {
+            r.set(MEM, Amount::units(m));
+        }
+        r
     }
 
     /// Whether this queue's jobs serve GPU tasks (its jobs have GPUs).
@@ -179,13 +193,6 @@ pub struct Scaler {
 }
 
 impl Scaler {
-    pub fn new(pace: Pace) -> Scaler {
-        Scaler {
-            pace,
-            queues: Default::default(),
-        }
-    }
-
     /// What to submit and cancel now. `backlog`: ready work beyond what the
     /// nodes there are can start; `jobs`: every job the queues submitted
     /// that has not ended.

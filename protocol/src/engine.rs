@@ -344,6 +344,20 @@ impl Machines {
     }
 }
 
+/// The open, placeable stages of farms not cancelled that have tasks
+/// ready and unclaimed, with how many: a free function so that a caller
+/// may hold the engine's placement at the same time.
+fn waiting_stages(farms: &[FarmState]) -> impl Iterator<Item = (&StageDef, u64)> {
+    farms
+        .iter()
+        .filter(|f| !f.cancelled)
+        .flat_map(|f| f.stages.iter().zip(&f.def.stages))
+        .filter_map(|(st, def)| {
+            let q = st.counts.queued();
+            (st.open && !st.unplaceable && q > 0).then_some((def, q))
+        })
+}
+
 /// How many tasks asking for `req` a machine of `total` runs at once; a
 /// request for nothing counts as one slot, so it never looks scarce.
 pub fn copies(total: &Resources, req: &Resources) -> u64 {
@@ -1125,16 +1139,10 @@ impl Engine {
             return Vec::new();
         };
         let mut waiting: Vec<(&Resources, u64)> = Vec::new();
-        for f in self.farms.iter().filter(|f| !f.cancelled) {
-            for (st, def) in f.stages.iter().zip(&f.def.stages) {
-                let q = st.counts.queued();
-                if !st.open || st.unplaceable || q == 0 {
-                    continue;
-                }
-                match waiting.iter_mut().find(|(r, _)| *r == &def.resources) {
-                    Some((_, n)) => *n += q,
-                    None => waiting.push((&def.resources, q)),
-                }
+        for (def, q) in waiting_stages(&self.farms) {
+            match waiting.iter_mut().find(|(r, _)| *r == &def.resources) {
+                Some((_, n)) => *n += q,
+                None => waiting.push((&def.resources, q)),
             }
         }
         waiting
@@ -1144,17 +1152,8 @@ impl Engine {
     }
 
     /// Per open stage with tasks ready and unclaimed: the stage and how many.
-    pub fn waiting_stages(&self) -> Vec<(&StageDef, u64)> {
-        let mut out = Vec::new();
-        for f in self.farms.iter().filter(|f| !f.cancelled) {
-            for (st, def) in f.stages.iter().zip(&f.def.stages) {
-                let q = st.counts.queued();
-                if st.open && !st.unplaceable && q > 0 {
-                    out.push((def, q));
-                }
-            }
-        }
-        out
+    pub fn waiting_stages(&self) -> impl Iterator<Item = (&StageDef, u64)> {
+        waiting_stages(&self.farms)
     }
 
     /// A claimed task's node died: the task is queued again with a crash

@@ -173,22 +173,13 @@ impl AllocSpec {
     pub fn mem_bytes(&self) -> Option<u64> {
         let m = self.mem.as_ref()?;
         let a = mesh_protocol::resources::parse_amount(mesh_protocol::resources::MEM, m).ok()?;
-        Some(a.0 / 1000)
+        Some(a.whole())
     }
 
     /// What each node of a job has: the job's cores, GPUs and memory, as
     /// its script starts `mesh join` (and as the coordinator counts the queue).
     pub fn node_resources(&self) -> mesh_protocol::Resources {
-        use mesh_protocol::resources::{Amount, CPU, GPU, MEM};
-        let mut r = mesh_protocol::Resources::new();
-        r.set(CPU, Amount::units(u64::from(self.cores)));
-        if self.gpus > 0 {
-            r.set(GPU, Amount::units(u64::from(self.gpus)));
-        }
-        if let Some(m) = self.mem_bytes() {
-            r.set(MEM, Amount::units(m));
-        }
-        r
+        self.queue_def().node_resources()
     }
 
     /// The queue as `mesh alloc add` would record it.

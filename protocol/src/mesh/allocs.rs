@@ -167,10 +167,6 @@ impl Allocs {
         self.sync_paused();
     }
 
-    pub fn is_coordinating(&self) -> bool {
-        self.since.is_some()
-    }
-
     /// When the loop next wants a tick (coordinator with queues only).
     pub fn poll_timeout(&self) -> Option<Millis> {
         (self.since.is_some() && !self.book.queues.is_empty()).then_some(self.next_tick)

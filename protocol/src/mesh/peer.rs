@@ -34,7 +34,7 @@ use crate::engine::{
 };
 use crate::farm::TaskRef;
 use crate::pool::{Grant, Pool};
-use crate::resources::{Amount, Resources, CPU, GPU, MEM};
+use crate::resources::{Amount, Resources, CPU, GPU};
 use crate::tally::Tally;
 use crate::wire::PROTOCOL_VERSION;
 
@@ -1655,7 +1655,7 @@ impl Peer {
                     .queues
                     .iter()
                     .filter(|q| q.paused.is_none() && q.def.max > 0)
-                    .map(|q| queue_node(&q.def)),
+                    .map(|q| q.def.node_resources()),
             )
             .collect()
     }
@@ -2473,6 +2473,11 @@ impl Peer {
         let nodes_n = self.members.len() as u64 + 1;
         let term = self.term;
         for node in nodes {
+            let member = if node == self.id {
+                None
+            } else {
+                self.members.get(&node)
+            };
             let depth = if node == self.id {
                 self.depth
             } else {
@@ -2480,14 +2485,23 @@ impl Peer {
                 c.depth
                     .get(&node)
                     .copied()
-                    .unwrap_or_else(|| self.members.get(&node).map_or(1, |m| m.beat.prefetch))
+                    .unwrap_or_else(|| member.map_or(1, |m| m.beat.prefetch))
             };
             // Borrowed field by field, so the coordinator's state can change
-            // meanwhile without cloning the node's resources.
-            let total = if node == self.id {
-                Some(self.pool.total())
+            // meanwhile without cloning the node's resources. A node that
+            // drains before its walltime takes only what it is expected to
+            // finish first.
+            let (total, deadline) = if node == self.id {
+                (Some(self.pool.total()), self.deadline)
             } else {
-                self.members.get(&node).map(|m| &m.beat.total)
+                (
+                    member.map(|m| &m.beat.total),
+                    member.and_then(|m| {
+                        m.beat
+                            .ends_in_ms
+                            .map(|left| m.last_seen.saturating_add(left))
+                    }),
+                )
             };
             let c = self.coord.as_mut().expect("checked");
             let Some(total) = total else {
@@ -2497,17 +2511,6 @@ impl Peer {
             if c.engine.backlog() == 0 {
                 return;
             }
-            // A node that drains before its walltime takes only what it
-            // is expected to finish first.
-            let deadline = if node == self.id {
-                self.deadline
-            } else {
-                self.members.get(&node).and_then(|m| {
-                    m.beat
-                        .ends_in_ms
-                        .map(|left| m.last_seen.saturating_add(left))
-                })
-            };
             let (load, count) = c.load.entry(node).or_default();
             let cap =
                 queue_max.min(claims_max.unwrap_or_else(|| claims_cap(total) + depth as usize));
@@ -3519,19 +3522,6 @@ fn unload(c: &mut Coord, node: NodeId, req: &Resources) {
 /// electing node in the low half, so two nodes that elect themselves in
 /// the same round (the two sides of a healing partition) never share a
 /// term, and the higher one wins everywhere at once.
-/// One node of an allocation queue's jobs, as a machine a stage may fit.
-fn queue_node(q: &QueueDef) -> Resources {
-    let mut r = Resources::new();
-    r.set(CPU, Amount::units(u64::from(q.cores)));
-    if q.gpus > 0 {
-        r.set(GPU, Amount::units(u64::from(q.gpus)));
-    }
-    if let Some(m) = q.mem_bytes {
-        r.set(MEM, Amount::units(m));
-    }
-    r
-}
-
 pub fn ballot(round: u64, node: NodeId) -> u64 {
     (round << 32) | (node.0 & 0xffff_ffff)
 }
