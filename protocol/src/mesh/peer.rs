@@ -2210,6 +2210,9 @@ impl Peer {
         let since = |n: &NodeId| self.gone.get(n).copied().unwrap_or(self.started_at);
         let mut out = Vec::new();
         for r in self.replicas.values().filter(|r| r.home && !r.announced) {
+            if r.missing_on().all(|n| self.live(n)) {
+                continue;
+            }
             let lost: Vec<TaskRun> = r
                 .missing()
                 .filter_map(|e| match e {

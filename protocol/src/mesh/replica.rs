@@ -262,7 +262,11 @@ pub struct Replica {
     /// On the home: done tasks whose outputs are not here yet, and the order
     /// to fetch them in (kept as entries come, so a farm of a million
     /// outputs is not scanned whole at every message).
-    missing: FxHashSet<TaskRef>,
+    missing: FxHashMap<TaskRef, NodeId>,
+    /// How many of the missing outputs each node holds: the home looks for
+    /// outputs lost with a node only when a node it misses is down, not over
+    /// every missing output at every resend.
+    missing_on: FxHashMap<NodeId, usize>,
     pub queue: VecDeque<TaskRef>,
     /// On the home: outputs asked of the driver, and when.
     pub fetching: FxHashMap<TaskRef, Millis>,
@@ -310,7 +314,8 @@ impl Replica {
             duplicates: 0,
             unplaceable: Vec::new(),
             collected: FxHashSet::default(),
-            missing: FxHashSet::default(),
+            missing: FxHashMap::default(),
+            missing_on: FxHashMap::default(),
             queue: VecDeque::new(),
             fetching: FxHashMap::default(),
             announced: false,
@@ -334,22 +339,38 @@ impl Replica {
         if !self.log.add(e) {
             return false;
         }
-        self.missing.remove(&task);
+        self.unmiss(task);
         self.note(task);
         true
     }
 
     fn note(&mut self, task: TaskRef) {
-        if let Some(Entry::Done { outputs, .. }) = self.log.get(task) {
-            if !outputs.is_empty() && !self.collected.contains(&task) && self.missing.insert(task) {
+        if let Some(Entry::Done { outputs, node, .. }) = self.log.get(task) {
+            if !outputs.is_empty()
+                && !self.collected.contains(&task)
+                && self.missing.insert(task, *node).is_none()
+            {
+                *self.missing_on.entry(*node).or_default() += 1;
                 self.queue.push_back(task);
+            }
+        }
+    }
+
+    fn unmiss(&mut self, task: TaskRef) {
+        let Some(node) = self.missing.remove(&task) else {
+            return;
+        };
+        if let Some(n) = self.missing_on.get_mut(&node) {
+            *n -= 1;
+            if *n == 0 {
+                self.missing_on.remove(&node);
             }
         }
     }
 
     /// A task's outputs are here.
     pub fn collect(&mut self, task: TaskRef) -> bool {
-        self.missing.remove(&task);
+        self.unmiss(task);
         self.collected.insert(task)
     }
 
@@ -357,6 +378,7 @@ impl Replica {
     /// or when this node becomes the home).
     pub fn recount(&mut self) {
         self.missing.clear();
+        self.missing_on.clear();
         self.queue.clear();
         let tasks: Vec<TaskRef> = self.log.current().map(Entry::task).collect();
         for t in tasks {
@@ -366,14 +388,19 @@ impl Replica {
 
     /// Whether the outputs of `task` are still to come.
     pub fn is_missing(&self, task: TaskRef) -> bool {
-        self.missing.contains(&task)
+        self.missing.contains_key(&task)
     }
 
     /// Outputs still to come home: done tasks with outputs not collected
     /// (those this node ran are checked too: it may have run them before
     /// it was the home, keeping them apart).
     pub fn missing(&self) -> impl Iterator<Item = &Entry> {
-        self.missing.iter().filter_map(|t| self.log.get(*t))
+        self.missing.keys().filter_map(|t| self.log.get(*t))
+    }
+
+    /// The nodes that hold outputs still to come home.
+    pub fn missing_on(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.missing_on.keys().copied()
     }
 
     pub fn missing_count(&self) -> usize {
@@ -402,5 +429,87 @@ impl Replica {
             duplicates: self.duplicates,
             unplaceable: self.unplaceable.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
+    use crate::mesh::OutputFile;
+
+    const HOME: NodeId = NodeId(1);
+
+    fn replica() -> Replica {
+        let def = FarmDef {
+            name: "f".into(),
+            root: "/".into(),
+            out: "/out".into(),
+            stages: vec![StageDef::new(
+                "s",
+                CommandTemplate::Argv(vec![Template::literal("true")]),
+                Sweep::range("i", 10),
+            )],
+        };
+        Replica::new(
+            Arc::new(FarmSpec {
+                id: FarmId(7),
+                origin: HOME,
+                def,
+                inputs: vec![],
+            }),
+            HOME,
+        )
+    }
+
+    fn done(index: u32, node: u64, attempt: u32) -> Entry {
+        Entry::Done {
+            task: TaskRef::new(0, index),
+            key: None,
+            node: NodeId(node),
+            attempt,
+            outputs: vec![OutputFile {
+                path: "o.txt".into(),
+                hash: [index as u8; 32],
+                size: 1,
+            }],
+        }
+    }
+
+    fn holders(r: &Replica) -> Vec<u64> {
+        let mut v: Vec<u64> = r.missing_on().map(|n| n.0).collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn the_home_knows_which_nodes_hold_the_outputs_still_to_come() {
+        let mut r = replica();
+        assert!(r.add(done(0, 2, 1)));
+        assert!(r.add(done(1, 2, 1)));
+        assert!(r.add(done(2, 3, 1)));
+        assert_eq!(holders(&r), [2, 3]);
+        assert_eq!(r.missing_count(), 3);
+
+        // Node 3's only output came home: it holds nothing the home waits for.
+        assert!(r.collect(TaskRef::new(0, 2)));
+        assert_eq!(holders(&r), [2]);
+
+        // Task 1's outputs were lost with node 2, and it ran again on node 4.
+        assert!(r.add(Entry::Redo {
+            task: TaskRef::new(0, 1),
+            node: NodeId(2),
+            attempt: 1,
+        }));
+        assert!(r.add(done(1, 4, 2)));
+        assert_eq!(holders(&r), [2, 4]);
+
+        // Worked out again from the log (as after a restart), the same.
+        r.recount();
+        assert_eq!(holders(&r), [2, 4]);
+        assert!(r.collect(TaskRef::new(0, 0)));
+        assert!(r.collect(TaskRef::new(0, 1)));
+        assert_eq!(holders(&r), Vec::<u64>::new());
+        assert_eq!(r.missing_count(), 0);
     }
 }
