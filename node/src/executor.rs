@@ -340,18 +340,21 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(
     wrote: Arc<AtomicBool>,
 ) {
     let Some(mut pipe) = pipe else { return };
-    let mut buf = vec![0u8; PIPE_CHUNK_BYTES];
+    // Read into spare capacity: most tasks write nothing, and zeroing two
+    // chunks per task cost more than reading their pipes.
+    let mut buf = Vec::with_capacity(PIPE_CHUNK_BYTES);
     let mut file: Option<fs::File> = None;
     loop {
-        let n = match pipe.read(&mut buf).await {
+        buf.clear();
+        match pipe.read_buf(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
+            Ok(_) => {}
+        }
         if file.is_none() {
             file = open_log(&path).ok();
         }
         if let Some(f) = file.as_mut() {
-            if f.write_all(&buf[..n]).is_ok() {
+            if f.write_all(&buf).is_ok() {
                 wrote.store(true, Ordering::SeqCst);
             }
         }
