@@ -214,6 +214,13 @@ struct Node {
     /// thin tasks) costs a request per round trip, not one per message.
     busy: HashMap<OutboundRequestId, NodeId>,
     held_back: HashMap<NodeId, Vec<Msg>>,
+    /// While a peer's request of messages is being taken: that peer, and
+    /// what this node has for it meanwhile, which goes back in the answer.
+    /// Thin tasks make every report want an ack and new tasks at once;
+    /// carried back, they cost no request of their own (the protocol
+    /// takes messages in any order, so overtaking a request still on its
+    /// way there is fine).
+    answering: Option<(NodeId, Vec<Msg>)>,
     tx: mpsc::UnboundedSender<Cmd>,
     live: HashMap<(FarmId, TaskRef), (u32, Option<Live>, bool)>,
     origins: HashMap<FarmId, Origin>,
@@ -327,6 +334,7 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         pending: HashMap::new(),
         busy: HashMap::new(),
         held_back: HashMap::new(),
+        answering: None,
         tx: tx.clone(),
         live: HashMap::new(),
         origins: HashMap::new(),
@@ -687,6 +695,10 @@ impl Node {
     /// A message for a peer's engine: now, or with the next batch when one
     /// is on its way there.
     fn send_msg(&mut self, to: NodeId, msg: Msg) {
+        if let Some((_, msgs)) = self.answering.as_mut().filter(|(n, _)| *n == to) {
+            msgs.push(msg);
+            return;
+        }
         if self.busy.values().any(|n| *n == to) {
             self.held_back.entry(to).or_default().push(msg);
             return;
@@ -997,6 +1009,16 @@ impl Node {
                         let us = at.elapsed().as_micros() as u64;
                         self.peer.record_latency(Latency::MessageRtt, us);
                     }
+                    let response = match response {
+                        Response::Peer(msgs) => {
+                            let (from, now) = (keys::node_id(&peer), self.now());
+                            for msg in msgs {
+                                self.peer.handle_message(now, from, msg);
+                            }
+                            Response::Ok
+                        }
+                        r => r,
+                    };
                     self.answered(request_id);
                     if let Some(Some(reply)) = self.pending.remove(&request_id) {
                         let _ = reply.send(Ok(response));
@@ -1024,15 +1046,22 @@ impl Node {
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
             }
             Request::Peer(msgs) => {
-                let _ = self
-                    .swarm
-                    .behaviour_mut()
-                    .rr
-                    .send_response(channel, Response::Ok);
                 let now = self.now();
                 for msg in msgs {
                     self.peer.handle_message(now, from, msg);
                 }
+                // What waited for the asker goes back too, ahead of what
+                // taking the request gave.
+                let waiting = self.held_back.remove(&from).unwrap_or_default();
+                self.answering = Some((from, waiting));
+                self.step();
+                let back = self.answering.take().map(|(_, m)| m).unwrap_or_default();
+                let resp = if back.is_empty() {
+                    Response::Ok
+                } else {
+                    Response::Peer(back)
+                };
+                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
             }
             Request::WhereRan { .. } | Request::TaskLog { .. } => {
                 let tx = self.tx.clone();

@@ -12,7 +12,7 @@ use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, Msg, NodeId};
 use crate::observe::Observation;
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
 pub const REQUEST_PROTOCOL: &str = "/mesh/req/5";
 pub const GOSSIP_TOPIC: &str = "mesh/beat/5";
@@ -28,7 +28,8 @@ pub const FILE_MAX: u64 = 4 << 30;
 pub enum Request {
     /// For the receiver's engine, in order (one, or what a node had for
     /// this peer while its last request there was unanswered); answered
-    /// with [`Response::Ok`] once taken.
+    /// once taken, with [`Response::Peer`] when taking them gave the
+    /// receiver something to say back, else [`Response::Ok`].
     Peer(Vec<Msg>),
     /// A farm by id, id prefix or name, asked of the coordinator by a node
     /// that does not hold it (`mesh status FARM`, `mesh resume FARM` there).
@@ -61,6 +62,11 @@ pub enum Request {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Response {
     Ok,
+    /// Answer to [`Request::Peer`]: messages for the asker's engine that
+    /// the receiver had for it once it took the request (an ack and the
+    /// next tasks for a report, say), carried back on the same exchange
+    /// instead of a request of their own.
+    Peer(Vec<Msg>),
     /// A farm found by [`Request::FindFarm`].
     Farm(Box<FoundFarm>),
     /// Answer to [`Request::ListFarms`].
