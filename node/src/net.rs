@@ -578,7 +578,7 @@ mod tests {
                             message: RrMessage::Request { request, channel, .. }, ..
                         })) = ev {
                             let response = match &request {
-                                Request::Peer(_) => Response::Ok,
+                                Request::Peer(_) => Response::Peer(vec![Msg::Stolen { id: 7, tasks: Vec::new() }]),
                                 _ => Response::Blob { size: 3, data: vec![1, 2, 3] },
                             };
                             requests.push(request);
@@ -599,7 +599,11 @@ mod tests {
             r,
             Request::GetBlob { farm: FarmId(42), hash, offset } if *hash == blob_hash && *offset == 1 << 33
         )));
-        assert!(matches!(responses[&peer_req], Response::Ok));
+        // What the receiver had for the asker comes back on the same exchange.
+        assert!(matches!(
+            &responses[&peer_req],
+            Response::Peer(m) if matches!(m[..], [Msg::Stolen { id: 7, ref tasks }] if tasks.is_empty())
+        ));
         assert!(matches!(
             &responses[&blob_req],
             Response::Blob { size: 3, data } if data == &[1, 2, 3]
