@@ -21,7 +21,7 @@ use libp2p::identify;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
 use libp2p::swarm::SwarmEvent;
-use libp2p::{PeerId, Swarm};
+use libp2p::{ping, PeerId, StreamProtocol, Swarm};
 use mesh_protocol::engine::{KillReason, Outcome, TaskResult};
 use mesh_protocol::farm::{content_key, path_stays_inside, FarmDef, TaskRef};
 use mesh_protocol::mesh::{
@@ -30,7 +30,9 @@ use mesh_protocol::mesh::{
 };
 use mesh_protocol::observe::{Latency, LatencyData, Observation};
 use mesh_protocol::resources::GPU;
-use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response, CHUNK_MAX, FILE_MAX};
+use mesh_protocol::wire::{
+    FarmSummary, FoundFarm, Request, Response, CHUNK_MAX, FILE_MAX, PEER_PROTOCOL,
+};
 use mesh_protocol::Resources;
 use mesh_store::mesh::NODE_KEY;
 use mesh_store::{MeshState, SledStore, Store, StoreError, Write};
@@ -120,6 +122,8 @@ pub enum NodeError {
 /// What the spawned futures and control connections tell the loop.
 enum Cmd {
     Finished(Assigned, Outcome, Vec<OutputFile>),
+    /// A frame of messages for the engine from a peer's stream.
+    Peer(PeerId, Vec<Msg>),
     /// The home brought a task's outputs, or could not.
     Fetched(FarmId, TaskRef, Result<(), String>),
     /// This node brought a farm's inputs into its cache, or could not.
@@ -208,19 +212,11 @@ struct Node {
     /// Peer ids by node, remembered from beats so a node that is gone still has a name.
     labels: HashMap<NodeId, String>,
     pending: HashMap<OutboundRequestId, Option<oneshot::Sender<Result<Response, String>>>>,
-    /// Peers with a request of messages for their engine unanswered, and
-    /// the messages for them since: sent together when it is answered, so
-    /// that a busy stream of small messages (reports, assignments, acks of
-    /// thin tasks) costs a request per round trip, not one per message.
-    busy: HashMap<OutboundRequestId, NodeId>,
-    held_back: HashMap<NodeId, Vec<Msg>>,
-    /// While a peer's request of messages is being taken: that peer, and
-    /// what this node has for it meanwhile, which goes back in the answer.
-    /// Thin tasks make every report want an ack and new tasks at once;
-    /// carried back, they cost no request of their own (the protocol
-    /// takes messages in any order, so overtaking a request still on its
-    /// way there is fine).
-    answering: Option<(NodeId, Vec<Msg>)>,
+    /// Messages for each peer's engine, to the task that writes them on
+    /// this node's stream to that peer (see [`link`]).
+    links: HashMap<NodeId, mpsc::UnboundedSender<Msg>>,
+    /// Opens those streams.
+    streams: libp2p_stream::Control,
     tx: mpsc::UnboundedSender<Cmd>,
     live: HashMap<(FarmId, TaskRef), (u32, Option<Live>, bool)>,
     origins: HashMap<FarmId, Origin>,
@@ -291,6 +287,10 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
     let mut net_cfg = NetConfig::new(opts.listen.clone(), psk, identity);
     net_cfg.mdns = opts.mdns;
     let swarm = net::build(net_cfg)?;
+    let mut streams = swarm.behaviour().peer_streams.new_control();
+    let incoming = streams
+        .accept(StreamProtocol::new(PEER_PROTOCOL))
+        .expect("the peer protocol is accepted once");
 
     // The control socket: owner-only, and a stale one from a dead node is replaced.
     let sock = socket_path(&opts.state);
@@ -301,6 +301,7 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         .map_err(io_err(format!("cannot restrict {}", sock.display())))?;
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
+    tokio::spawn(accept_links(incoming, tx.clone()));
     let clock = Instant::now();
     let seed = u64::from_le_bytes(
         blake3::hash(&crate::state::unix_ms().to_le_bytes()).as_bytes()[..8]
@@ -332,9 +333,8 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         dialing: HashSet::new(),
         labels: HashMap::new(),
         pending: HashMap::new(),
-        busy: HashMap::new(),
-        held_back: HashMap::new(),
-        answering: None,
+        links: HashMap::new(),
+        streams,
         tx: tx.clone(),
         live: HashMap::new(),
         origins: HashMap::new(),
@@ -692,45 +692,29 @@ impl Node {
         self.pending.insert(id, reply);
     }
 
-    /// A message for a peer's engine: now, or with the next batch when one
-    /// is on its way there.
+    /// A message for a peer's engine, on this node's stream to it: what a
+    /// step has for one peer goes as one frame.
     fn send_msg(&mut self, to: NodeId, msg: Msg) {
-        if let Some((_, msgs)) = self.answering.as_mut().filter(|(n, _)| *n == to) {
-            msgs.push(msg);
-            return;
-        }
-        if self.busy.values().any(|n| *n == to) {
-            self.held_back.entry(to).or_default().push(msg);
-            return;
-        }
-        self.send_msgs(to, vec![msg]);
-    }
-
-    fn send_msgs(&mut self, to: NodeId, msgs: Vec<Msg>) {
         let Some(pid) = self.peers.get(&to).copied() else {
             return;
         };
-        let id = self
-            .swarm
-            .behaviour_mut()
-            .rr
-            .send_request(&pid, Request::Peer(msgs));
-        self.sent(id);
-        self.busy.insert(id, to);
+        self.recorder.counters.messages_sent += 1;
+        let msg = match self.links.get(&to) {
+            Some(l) => match l.send(msg) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(m)) => m,
+            },
+            None => msg,
+        };
+        let (ltx, lrx) = mpsc::unbounded_channel();
+        let _ = ltx.send(msg);
+        tokio::spawn(link(self.streams.clone(), pid, lrx));
+        self.links.insert(to, ltx);
     }
 
     fn sent(&mut self, id: OutboundRequestId) {
         self.recorder.counters.messages_sent += 1;
         self.sent_at.insert(id, Instant::now());
-    }
-
-    /// A request of messages was answered (or failed): what waited goes.
-    fn answered(&mut self, id: OutboundRequestId) {
-        if let Some(to) = self.busy.remove(&id) {
-            if let Some(msgs) = self.held_back.remove(&to) {
-                self.send_msgs(to, msgs);
-            }
-        }
     }
 
     fn emit(&mut self, ev: PeerEvent) {
@@ -940,6 +924,14 @@ impl Node {
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Rr(ev)) => self.on_rr(ev),
+            // Messages to peers no longer have answers to time; the
+            // connection's own pings say what a round trip costs.
+            SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event {
+                result: Ok(rtt), ..
+            })) => {
+                self.peer
+                    .record_latency(Latency::MessageRtt, rtt.as_micros() as u64);
+            }
             #[cfg(feature = "mdns")]
             SwarmEvent::Behaviour(BehaviourEvent::Mdns(libp2p::mdns::Event::Discovered(found))) => {
                 for (peer, addr) in found {
@@ -999,7 +991,7 @@ impl Node {
                 } => {
                     let from = keys::node_id(&peer);
                     self.peers.insert(from, peer);
-                    self.on_request(from, request, channel);
+                    self.on_request(request, channel);
                 }
                 request_response::Message::Response {
                     request_id,
@@ -1009,17 +1001,6 @@ impl Node {
                         let us = at.elapsed().as_micros() as u64;
                         self.peer.record_latency(Latency::MessageRtt, us);
                     }
-                    let response = match response {
-                        Response::Peer(msgs) => {
-                            let (from, now) = (keys::node_id(&peer), self.now());
-                            for msg in msgs {
-                                self.peer.handle_message(now, from, msg);
-                            }
-                            Response::Ok
-                        }
-                        r => r,
-                    };
-                    self.answered(request_id);
                     if let Some(Some(reply)) = self.pending.remove(&request_id) {
                         let _ = reply.send(Ok(response));
                     }
@@ -1029,7 +1010,6 @@ impl Node {
                 request_id, error, ..
             } => {
                 self.sent_at.remove(&request_id);
-                self.answered(request_id);
                 if let Some(Some(reply)) = self.pending.remove(&request_id) {
                     let _ = reply.send(Err(error.to_string()));
                 }
@@ -1038,29 +1018,11 @@ impl Node {
         }
     }
 
-    fn on_request(&mut self, from: NodeId, req: Request, channel: ResponseChannel<Response>) {
+    fn on_request(&mut self, req: Request, channel: ResponseChannel<Response>) {
         self.recorder.counters.messages_received += 1;
         match req {
             Request::Observe { since } => {
                 let resp = Response::Observed(Box::new(self.observation(since)));
-                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
-            }
-            Request::Peer(msgs) => {
-                let now = self.now();
-                for msg in msgs {
-                    self.peer.handle_message(now, from, msg);
-                }
-                // What waited for the asker goes back too, ahead of what
-                // taking the request gave.
-                let waiting = self.held_back.remove(&from).unwrap_or_default();
-                self.answering = Some((from, waiting));
-                self.step();
-                let back = self.answering.take().map(|(_, m)| m).unwrap_or_default();
-                let resp = if back.is_empty() {
-                    Response::Ok
-                } else {
-                    Response::Peer(back)
-                };
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
             }
             Request::WhereRan { .. } | Request::TaskLog { .. } => {
@@ -1164,6 +1126,15 @@ impl Node {
     fn on_cmd(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Finished(..) => unreachable!("ended tasks are taken together by on_cmds"),
+            Cmd::Peer(peer, msgs) => {
+                let from = keys::node_id(&peer);
+                self.peers.insert(from, peer);
+                self.recorder.counters.messages_received += msgs.len() as u64;
+                let now = self.now();
+                for msg in msgs {
+                    self.peer.handle_message(now, from, msg);
+                }
+            }
             Cmd::Fetched(farm, task, r) => {
                 if let Err(e) = &r {
                     tracing::info!(%farm, ?task, "outputs not brought home yet: {e}");
@@ -2748,6 +2719,97 @@ async fn serve_control(stream: tokio::net::UnixStream, tx: mpsc::UnboundedSender
                 | ControlResponse::Log { done: true, .. }
         ) {
             break;
+        }
+    }
+}
+
+/// How long opening a stream to a peer (dialling it if need be) or writing
+/// a frame on it may take before the frame is given up as lost: the
+/// protocol resends what matters, as it does for a peer that is gone.
+const LINK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// At most this many messages in one frame.
+const LINK_BATCH: usize = 4096;
+
+/// Writes this node's messages for one peer's engine on a stream to it, in
+/// order, one frame for what waited together. A stream per peer for the
+/// life of the connection costs a muxer frame per batch, where a request
+/// cost a new stream, its protocol negotiation, an answer and two
+/// closes (five writes to the socket between two nodes, and timers).
+/// A frame that cannot be written is lost, like a message to a node that
+/// died; the stream is opened again for the next.
+async fn link(
+    mut control: libp2p_stream::Control,
+    peer: PeerId,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+) {
+    let mut stream: Option<libp2p::Stream> = None;
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < LINK_BATCH {
+            match rx.try_recv() {
+                Ok(m) => batch.push(m),
+                Err(_) => break,
+            }
+        }
+        // A stream found closed (the peer restarted, the connection was
+        // replaced) is opened again once for the same frame.
+        for _ in 0..2 {
+            if stream.is_none() {
+                stream = open_link(&mut control, peer).await;
+            }
+            let Some(s) = stream.as_mut() else {
+                break;
+            };
+            match tokio::time::timeout(LINK_TIMEOUT, net::write_frame(s, &batch)).await {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => tracing::debug!(%peer, "stream of messages closed: {e}"),
+                Err(_) => tracing::debug!(%peer, "the stream did not take messages in time"),
+            }
+            stream = None;
+        }
+    }
+}
+
+async fn open_link(control: &mut libp2p_stream::Control, peer: PeerId) -> Option<libp2p::Stream> {
+    let open = control.open_stream(peer, StreamProtocol::new(PEER_PROTOCOL));
+    match tokio::time::timeout(LINK_TIMEOUT, open).await {
+        Ok(Ok(s)) => Some(s),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, "no stream for messages: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "no stream for messages in time");
+            None
+        }
+    }
+}
+
+/// Takes every peer's stream of messages for this node's engine.
+async fn accept_links(
+    mut incoming: libp2p_stream::IncomingStreams,
+    tx: mpsc::UnboundedSender<Cmd>,
+) {
+    while let Some((peer, stream)) = incoming.next().await {
+        tokio::spawn(read_link(peer, stream, tx.clone()));
+    }
+}
+
+/// Hands each frame of a peer's stream to the engine, until the stream ends.
+async fn read_link(peer: PeerId, mut stream: libp2p::Stream, tx: mpsc::UnboundedSender<Cmd>) {
+    loop {
+        match net::read_frame::<_, Vec<Msg>>(&mut stream).await {
+            Ok(msgs) => {
+                if tx.send(Cmd::Peer(peer, msgs)).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                if e.kind() != io::ErrorKind::UnexpectedEof {
+                    tracing::debug!(%peer, "stream of messages ended: {e}");
+                }
+                return;
+            }
         }
     }
 }

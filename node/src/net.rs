@@ -51,6 +51,8 @@ pub struct Behaviour {
     pub ping: ping::Behaviour,
     pub gossipsub: gossipsub::Behaviour,
     pub rr: request_response::Behaviour<Codec>,
+    /// The streams of messages for peers' engines ([`PEER_PROTOCOL`]).
+    pub peer_streams: libp2p_stream::Behaviour,
     pub mdns: Mdns,
 }
 
@@ -250,6 +252,7 @@ fn behaviour(
         ping: ping::Behaviour::default(),
         gossipsub,
         rr,
+        peer_streams: libp2p_stream::Behaviour::new(),
         mdns,
     })
 }
@@ -394,7 +397,8 @@ fn io_chain(e: &io::Error) -> String {
     parts.join(": ")
 }
 
-/// The request-response codec: one postcard value per frame, behind a big-endian u32 length.
+/// The request-response codec: one postcard value per frame, behind a
+/// big-endian u32 length (the frames of the peer streams too).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Codec;
 
@@ -449,7 +453,7 @@ fn too_big(size: usize) -> io::Error {
     )
 }
 
-async fn read_frame<T, V>(io: &mut T) -> io::Result<V>
+pub async fn read_frame<T, V>(io: &mut T) -> io::Result<V>
 where
     T: AsyncRead + Unpin + Send,
     V: DeserializeOwned,
@@ -473,20 +477,22 @@ where
     postcard::from_bytes(&data).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
-async fn write_frame<T, V>(io: &mut T, value: &V) -> io::Result<()>
+pub async fn write_frame<T, V>(io: &mut T, value: &V) -> io::Result<()>
 where
     T: AsyncWrite + Unpin + Send,
     V: Serialize,
 {
-    let data =
-        postcard::to_allocvec(value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    // Prefix and value in one write: one muxer frame, not two.
+    let mut frame = postcard::to_extend(value, vec![0u8; 4])
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let len = frame.len() - 4;
     // Refused here too: the peer would refuse it after we sent it all.
-    if data.len() > MESSAGE_MAX {
-        return Err(too_big(data.len()));
+    if len > MESSAGE_MAX {
+        return Err(too_big(len));
     }
-    let size = u32::try_from(data.len()).map_err(|_| too_big(data.len()))?;
-    io.write_all(&size.to_be_bytes()).await?;
-    io.write_all(&data).await?;
+    let size = u32::try_from(len).map_err(|_| too_big(len))?;
+    frame[..4].copy_from_slice(&size.to_be_bytes());
+    io.write_all(&frame).await?;
     io.flush().await
 }
 
@@ -498,8 +504,10 @@ mod tests {
     use futures::StreamExt;
     use libp2p::request_response::{Codec as _, Event as RrEvent, Message as RrMessage};
     use libp2p::swarm::SwarmEvent;
+    use mesh_protocol::farm::TaskRef;
     use mesh_protocol::mesh::{Beat, FarmId, NodeId};
     use mesh_protocol::resources::{Amount, Resources, CPU};
+    use mesh_protocol::wire::PEER_PROTOCOL;
     use tokio::time::timeout;
 
     use super::*;
@@ -538,16 +546,11 @@ mod tests {
         let (mut a, mut b) = (node(psk(1)), node(psk(1)));
         let b_addr = listen_addr(&mut b).await;
         let b_id = *b.local_peer_id();
-        let steal = Msg::Steal {
-            id: 7,
-            total: resources(4),
-            load: resources(3),
-            max: 5,
-        };
+        let (farm, task) = (FarmId(42), TaskRef::new(1, 5));
         let blob_hash = [9u8; 32];
         let rr = &mut a.behaviour_mut().rr;
-        let peer_req =
-            rr.send_request_with_addresses(&b_id, Request::Peer(vec![steal.clone()]), vec![b_addr]);
+        let where_req =
+            rr.send_request_with_addresses(&b_id, Request::WhereRan { farm, task }, vec![b_addr]);
         let blob_req = rr.send_request(
             &b_id,
             Request::GetBlob {
@@ -578,7 +581,7 @@ mod tests {
                             message: RrMessage::Request { request, channel, .. }, ..
                         })) = ev {
                             let response = match &request {
-                                Request::Peer(_) => Response::Peer(vec![Msg::Stolen { id: 7, tasks: Vec::new() }]),
+                                Request::WhereRan { .. } => Response::Ran { node: Some(NodeId(3)), running: true },
                                 _ => Response::Blob { size: 3, data: vec![1, 2, 3] },
                             };
                             requests.push(request);
@@ -592,22 +595,96 @@ mod tests {
         .expect("no responses in time");
 
         assert_eq!(requests.len(), 2);
-        assert!(requests
-            .iter()
-            .any(|r| matches!(r, Request::Peer(m) if *m == [steal.clone()])));
+        assert!(requests.iter().any(
+            |r| matches!(r, Request::WhereRan { farm: f, task: t } if *f == farm && *t == task)
+        ));
         assert!(requests.iter().any(|r| matches!(
             r,
             Request::GetBlob { farm: FarmId(42), hash, offset } if *hash == blob_hash && *offset == 1 << 33
         )));
-        // What the receiver had for the asker comes back on the same exchange.
         assert!(matches!(
-            &responses[&peer_req],
-            Response::Peer(m) if matches!(m[..], [Msg::Stolen { id: 7, ref tasks }] if tasks.is_empty())
+            responses[&where_req],
+            Response::Ran {
+                node: Some(NodeId(3)),
+                running: true
+            }
         ));
         assert!(matches!(
             &responses[&blob_req],
             Response::Blob { size: 3, data } if data == &[1, 2, 3]
         ));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn frames_of_messages_cross_one_stream_in_order() {
+        let (mut a, mut b) = (node(psk(4)), node(psk(4)));
+        let b_addr = listen_addr(&mut b).await;
+        let b_id = *b.local_peer_id();
+        let a_id = *a.local_peer_id();
+        let mut a_control = a.behaviour().peer_streams.new_control();
+        let mut incoming = b
+            .behaviour()
+            .peer_streams
+            .new_control()
+            .accept(StreamProtocol::new(PEER_PROTOCOL))
+            .unwrap();
+        a.dial(b_addr).unwrap();
+        timeout(WAIT, async {
+            loop {
+                tokio::select! {
+                    ev = a.select_next_some() => {
+                        if matches!(ev, SwarmEvent::ConnectionEstablished { .. }) {
+                            return;
+                        }
+                    }
+                    _ = b.select_next_some() => {}
+                }
+            }
+        })
+        .await
+        .expect("no connection in time");
+        let swarms = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = a.select_next_some() => {}
+                    _ = b.select_next_some() => {}
+                }
+            }
+        });
+        let frames: Vec<Vec<Msg>> = (0..3u64)
+            .map(|i| {
+                (0..=i)
+                    .map(|j| Msg::Stolen {
+                        id: i * 10 + j,
+                        tasks: Vec::new(),
+                    })
+                    .collect()
+            })
+            .collect();
+        let got = timeout(WAIT, async {
+            let mut out = a_control
+                .open_stream(b_id, StreamProtocol::new(PEER_PROTOCOL))
+                .await
+                .expect("stream opened");
+            for f in &frames {
+                write_frame(&mut out, f).await.expect("frame written");
+            }
+            let (from, mut inp) = incoming.next().await.expect("a stream");
+            assert_eq!(from, a_id);
+            let mut got = Vec::new();
+            for _ in 0..frames.len() {
+                got.push(
+                    read_frame::<_, Vec<Msg>>(&mut inp)
+                        .await
+                        .expect("frame read"),
+                );
+            }
+            got
+        })
+        .await
+        .expect("no frames in time");
+        swarms.abort();
+        assert_eq!(got, frames);
     }
 
     #[tokio::test(flavor = "current_thread")]

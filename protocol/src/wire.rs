@@ -1,22 +1,26 @@
 //! What nodes say to each other over the network, and the limits on it.
 //!
-//! Everything is encoded with postcard. Peer-to-peer requests carry either a
-//! message for the receiver's [`crate::mesh::Peer`] or a piece of a file
-//! (an input, or an output on its way home), which the node serves itself.
-//! Heartbeats travel by gossip as [`crate::mesh::Msg::Beat`].
+//! Everything is encoded with postcard. Messages for the receiver's
+//! [`crate::mesh::Peer`] travel as frames of `Vec<Msg>` on one long-lived
+//! stream per pair of nodes and direction ([`PEER_PROTOCOL`]); requests
+//! ask a node for what it serves itself (a piece of a file, logs, what it
+//! knows of a farm). Heartbeats travel by gossip as
+//! [`crate::mesh::Msg::Beat`].
 
 use serde::{Deserialize, Serialize};
 
 use crate::farm::TaskRef;
-use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, Msg, NodeId};
+use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId};
 use crate::observe::Observation;
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
 pub const PROTOCOL_VERSION: u32 = 7;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
-pub const REQUEST_PROTOCOL: &str = "/mesh/req/5";
+pub const REQUEST_PROTOCOL: &str = "/mesh/req/7";
+/// The stream that carries messages for a peer's engine, in order.
+pub const PEER_PROTOCOL: &str = "/mesh/peer/7";
 pub const GOSSIP_TOPIC: &str = "mesh/beat/5";
-/// No single request or response may be larger (a frame of the request-response codec).
+/// No single request, response or frame of messages may be larger.
 pub const MESSAGE_MAX: usize = 64 << 20;
 /// Files move in pieces of at most this many bytes.
 pub const CHUNK_MAX: usize = 8 << 20;
@@ -26,11 +30,6 @@ pub const FILE_MAX: u64 = 4 << 30;
 /// A request from one node to another.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Request {
-    /// For the receiver's engine, in order (one, or what a node had for
-    /// this peer while its last request there was unanswered); answered
-    /// once taken, with [`Response::Peer`] when taking them gave the
-    /// receiver something to say back, else [`Response::Ok`].
-    Peer(Vec<Msg>),
     /// A farm by id, id prefix or name, asked of the coordinator by a node
     /// that does not hold it (`mesh status FARM`, `mesh resume FARM` there).
     FindFarm { query: String },
@@ -62,11 +61,6 @@ pub enum Request {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Response {
     Ok,
-    /// Answer to [`Request::Peer`]: messages for the asker's engine that
-    /// the receiver had for it once it took the request (an ack and the
-    /// next tasks for a report, say), carried back on the same exchange
-    /// instead of a request of their own.
-    Peer(Vec<Msg>),
     /// A farm found by [`Request::FindFarm`].
     Farm(Box<FoundFarm>),
     /// Answer to [`Request::ListFarms`].
