@@ -33,7 +33,8 @@ pub enum Latency {
     /// acknowledgement that its result is recorded on enough holders. In
     /// `mesh run`: start to the record's flush.
     StartToDone = 2,
-    /// A request to another node and its answer.
+    /// A round trip to another node: its connection's ping, and the
+    /// requests a node answers itself (files, logs, what it knows).
     MessageRtt = 3,
     /// A steal request and the victim's answer.
     StealRtt = 4,
