@@ -725,6 +725,9 @@ impl Node {
                 self.remember_peers();
             }
             PeerEvent::MemberDown(n) => {
+                // Its writer goes with its stream; a node that comes back
+                // gets a new one with the next message.
+                self.links.remove(&n);
                 let label = self.label_of(n);
                 self.say(&format!(
                     "mesh node {label} is gone; its tasks run elsewhere"
