@@ -2726,10 +2726,14 @@ async fn serve_control(stream: tokio::net::UnixStream, tx: mpsc::UnboundedSender
     }
 }
 
-/// How long opening a stream to a peer (dialling it if need be) or writing
-/// a frame on it may take before the frame is given up as lost: the
-/// protocol resends what matters, as it does for a peer that is gone.
-const LINK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long opening a stream to a peer may take (dialling it if need be),
+/// and writing a frame on it (as long as a request was given): past that
+/// the frame is given up as lost, and the protocol resends what matters,
+/// as it does for a peer that is gone.
+const LINK_OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
+    net::CONNECT_TIMEOUT.as_secs() + net::HANDSHAKE_TIMEOUT.as_secs(),
+);
+const LINK_WRITE_TIMEOUT: std::time::Duration = net::DEFAULT_REQUEST_TIMEOUT;
 /// At most this many messages in one frame.
 const LINK_BATCH: usize = 4096;
 
@@ -2763,7 +2767,7 @@ async fn link(
             let Some(s) = stream.as_mut() else {
                 break;
             };
-            match tokio::time::timeout(LINK_TIMEOUT, net::write_frame(s, &batch)).await {
+            match tokio::time::timeout(LINK_WRITE_TIMEOUT, net::write_frame(s, &batch)).await {
                 Ok(Ok(())) => break,
                 Ok(Err(e)) => tracing::debug!(%peer, "stream of messages closed: {e}"),
                 Err(_) => tracing::debug!(%peer, "the stream did not take messages in time"),
@@ -2775,7 +2779,7 @@ async fn link(
 
 async fn open_link(control: &mut libp2p_stream::Control, peer: PeerId) -> Option<libp2p::Stream> {
     let open = control.open_stream(peer, StreamProtocol::new(PEER_PROTOCOL));
-    match tokio::time::timeout(LINK_TIMEOUT, open).await {
+    match tokio::time::timeout(LINK_OPEN_TIMEOUT, open).await {
         Ok(Ok(s)) => Some(s),
         Ok(Err(e)) => {
             tracing::debug!(%peer, "no stream for messages: {e}");
