@@ -7,7 +7,7 @@
 //! inputs, fetching and serving files, running tasks) happens in spawned
 //! futures that come back to the loop through one channel.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom, Write as _};
 use std::os::unix::fs::PermissionsExt;
@@ -2750,6 +2750,7 @@ async fn link(
     mut rx: mpsc::UnboundedReceiver<Msg>,
 ) {
     let mut stream: Option<libp2p::Stream> = None;
+    let mut frames: VecDeque<Vec<Msg>> = VecDeque::new();
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < LINK_BATCH {
@@ -2758,23 +2759,54 @@ async fn link(
                 Err(_) => break,
             }
         }
-        // A stream found closed (the peer restarted, the connection was
-        // replaced) is opened again once for the same frame.
-        for _ in 0..2 {
-            if stream.is_none() {
-                stream = open_link(&mut control, peer).await;
+        frames.push_back(batch);
+        while let Some(batch) = frames.pop_front() {
+            match write_link(&mut control, peer, &mut stream, &batch).await {
+                // Over the frame limit, nothing was written: in halves.
+                Err(e) if e.kind() == io::ErrorKind::InvalidData && batch.len() > 1 => {
+                    let mut first = batch;
+                    let second = first.split_off(first.len() / 2);
+                    frames.push_front(second);
+                    frames.push_front(first);
+                }
+                Err(e) => tracing::debug!(%peer, "messages lost: {e}"),
+                Ok(()) => {}
             }
-            let Some(s) = stream.as_mut() else {
-                break;
-            };
-            match tokio::time::timeout(LINK_WRITE_TIMEOUT, net::write_frame(s, &batch)).await {
-                Ok(Ok(())) => break,
-                Ok(Err(e)) => tracing::debug!(%peer, "stream of messages closed: {e}"),
-                Err(_) => tracing::debug!(%peer, "the stream did not take messages in time"),
-            }
-            stream = None;
         }
     }
+}
+
+/// Writes one frame; a stream found closed (the peer restarted, the
+/// connection was replaced) is opened again once for it.
+async fn write_link(
+    control: &mut libp2p_stream::Control,
+    peer: PeerId,
+    stream: &mut Option<libp2p::Stream>,
+    batch: &[Msg],
+) -> io::Result<()> {
+    let mut last = io::Error::other("no stream");
+    for _ in 0..2 {
+        if stream.is_none() {
+            *stream = open_link(control, peer).await;
+        }
+        let Some(s) = stream.as_mut() else {
+            break;
+        };
+        match tokio::time::timeout(LINK_WRITE_TIMEOUT, net::write_frame(s, &batch)).await {
+            Ok(Ok(())) => return Ok(()),
+            // Refused before anything was written: the stream is fine.
+            Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidData => return Err(e),
+            Ok(Err(e)) => last = e,
+            Err(_) => {
+                last = io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the stream did not take them in time",
+                )
+            }
+        }
+        *stream = None;
+    }
+    Err(last)
 }
 
 async fn open_link(control: &mut libp2p_stream::Control, peer: PeerId) -> Option<libp2p::Stream> {
@@ -2818,5 +2850,105 @@ async fn read_link(peer: PeerId, mut stream: libp2p::Stream, tx: mpsc::Unbounded
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use libp2p::identity::Keypair;
+    use libp2p::pnet::PreSharedKey;
+    use mesh_protocol::wire::MESSAGE_MAX;
+    use tokio::time::timeout;
+
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(60);
+
+    fn swarm() -> Swarm<Behaviour> {
+        let listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
+        let key = PreSharedKey::new([7; 32]);
+        net::build(NetConfig::new(listen, key, Keypair::generate_ed25519())).unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn messages_over_the_frame_limit_together_go_in_halves_and_all_arrive_in_order() {
+        let (mut a, mut b) = (swarm(), swarm());
+        let b_addr = timeout(WAIT, async {
+            loop {
+                if let SwarmEvent::NewListenAddr { address, .. } = b.select_next_some().await {
+                    return address;
+                }
+            }
+        })
+        .await
+        .expect("no listen address");
+        let b_id = *b.local_peer_id();
+        let control = a.behaviour().peer_streams.new_control();
+        let incoming = b
+            .behaviour()
+            .peer_streams
+            .new_control()
+            .accept(StreamProtocol::new(PEER_PROTOCOL))
+            .unwrap();
+        a.dial(b_addr).unwrap();
+        timeout(WAIT, async {
+            loop {
+                tokio::select! {
+                    ev = a.select_next_some() => {
+                        if matches!(ev, SwarmEvent::ConnectionEstablished { .. }) {
+                            return;
+                        }
+                    }
+                    _ = b.select_next_some() => {}
+                }
+            }
+        })
+        .await
+        .expect("no connection in time");
+        let swarms = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = a.select_next_some() => {}
+                    _ = b.select_next_some() => {}
+                }
+            }
+        });
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        tokio::spawn(accept_links(incoming, tx));
+        let (ltx, lrx) = mpsc::unbounded_channel();
+        // Four messages of a third of the limit each: no frame can carry
+        // them all, two can.
+        let big = "x".repeat(MESSAGE_MAX / 3);
+        for i in 0..4 {
+            ltx.send(Msg::Refused {
+                farm: FarmId(i),
+                reason: big.clone(),
+            })
+            .unwrap();
+        }
+        tokio::spawn(link(control, b_id, lrx));
+        let (mut farms, mut frames) = (Vec::new(), 0);
+        timeout(WAIT, async {
+            while farms.len() < 4 {
+                if let Some(Cmd::Peer(_, msgs)) = rx.recv().await {
+                    frames += 1;
+                    for m in msgs {
+                        match m {
+                            Msg::Refused { farm, reason } if reason.len() == big.len() => {
+                                farms.push(farm.0)
+                            }
+                            other => panic!("not what was sent: {other:?}"),
+                        }
+                    }
+                }
+            }
+        })
+        .await
+        .expect("not every message arrived in time");
+        swarms.abort();
+        assert_eq!(farms, [0, 1, 2, 3]);
+        assert_eq!(frames, 2);
     }
 }
