@@ -2857,8 +2857,6 @@ async fn read_link(peer: PeerId, mut stream: libp2p::Stream, tx: mpsc::Unbounded
 mod tests {
     use std::time::Duration;
 
-    use libp2p::identity::Keypair;
-    use libp2p::pnet::PreSharedKey;
     use mesh_protocol::wire::MESSAGE_MAX;
     use tokio::time::timeout;
 
@@ -2866,57 +2864,11 @@ mod tests {
 
     const WAIT: Duration = Duration::from_secs(60);
 
-    fn swarm() -> Swarm<Behaviour> {
-        let listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
-        let key = PreSharedKey::new([7; 32]);
-        net::build(NetConfig::new(listen, key, Keypair::generate_ed25519())).unwrap()
-    }
-
     #[tokio::test(flavor = "current_thread")]
     async fn messages_over_the_frame_limit_together_go_in_halves_and_all_arrive_in_order() {
-        let (mut a, mut b) = (swarm(), swarm());
-        let b_addr = timeout(WAIT, async {
-            loop {
-                if let SwarmEvent::NewListenAddr { address, .. } = b.select_next_some().await {
-                    return address;
-                }
-            }
-        })
-        .await
-        .expect("no listen address");
-        let b_id = *b.local_peer_id();
-        let control = a.behaviour().peer_streams.new_control();
-        let incoming = b
-            .behaviour()
-            .peer_streams
-            .new_control()
-            .accept(StreamProtocol::new(PEER_PROTOCOL))
-            .unwrap();
-        a.dial(b_addr).unwrap();
-        timeout(WAIT, async {
-            loop {
-                tokio::select! {
-                    ev = a.select_next_some() => {
-                        if matches!(ev, SwarmEvent::ConnectionEstablished { .. }) {
-                            return;
-                        }
-                    }
-                    _ = b.select_next_some() => {}
-                }
-            }
-        })
-        .await
-        .expect("no connection in time");
-        let swarms = tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = a.select_next_some() => {}
-                    _ = b.select_next_some() => {}
-                }
-            }
-        });
+        let p = net::linked_pair().await;
         let (tx, mut rx) = mpsc::unbounded_channel();
-        tokio::spawn(accept_links(incoming, tx));
+        tokio::spawn(accept_links(p.b_incoming, tx));
         let (ltx, lrx) = mpsc::unbounded_channel();
         // Four messages of a third of the limit each: no frame can carry
         // them all, two can.
@@ -2928,7 +2880,7 @@ mod tests {
             })
             .unwrap();
         }
-        tokio::spawn(link(control, b_id, lrx));
+        tokio::spawn(link(p.a_control, p.b, lrx));
         let (mut farms, mut frames) = (Vec::new(), 0);
         timeout(WAIT, async {
             while farms.len() < 4 {
@@ -2947,7 +2899,7 @@ mod tests {
         })
         .await
         .expect("not every message arrived in time");
-        swarms.abort();
+        p.swarms.abort();
         assert_eq!(farms, [0, 1, 2, 3]);
         assert_eq!(frames, 2);
     }

@@ -496,6 +496,84 @@ where
     io.flush().await
 }
 
+/// For tests: two swarms of one mesh key, `a` connected to `b` and both
+/// driven by a task of their own, with what opens streams from `a` and
+/// what takes them on `b`.
+#[cfg(test)]
+pub(crate) struct LinkedPair {
+    pub a: PeerId,
+    pub b: PeerId,
+    pub a_control: libp2p_stream::Control,
+    pub b_incoming: libp2p_stream::IncomingStreams,
+    pub swarms: tokio::task::JoinHandle<()>,
+}
+
+#[cfg(test)]
+pub(crate) async fn linked_pair() -> LinkedPair {
+    use futures::StreamExt;
+    use libp2p::swarm::SwarmEvent;
+    use mesh_protocol::wire::PEER_PROTOCOL;
+
+    let wait = Duration::from_secs(20);
+    let swarm = || {
+        let listen = vec!["/ip4/127.0.0.1/tcp/0".parse().expect("address")];
+        let cfg = NetConfig::new(
+            listen,
+            PreSharedKey::new([7; 32]),
+            Keypair::generate_ed25519(),
+        );
+        build(cfg).expect("swarm")
+    };
+    let (mut a, mut b) = (swarm(), swarm());
+    let b_addr = tokio::time::timeout(wait, async {
+        loop {
+            if let SwarmEvent::NewListenAddr { address, .. } = b.select_next_some().await {
+                return address;
+            }
+        }
+    })
+    .await
+    .expect("no listen address");
+    let (a_id, b_id) = (*a.local_peer_id(), *b.local_peer_id());
+    let a_control = a.behaviour().peer_streams.new_control();
+    let b_incoming = b
+        .behaviour()
+        .peer_streams
+        .new_control()
+        .accept(StreamProtocol::new(PEER_PROTOCOL))
+        .expect("accepted once");
+    a.dial(b_addr).expect("dial");
+    tokio::time::timeout(wait, async {
+        loop {
+            tokio::select! {
+                ev = a.select_next_some() => {
+                    if matches!(ev, SwarmEvent::ConnectionEstablished { .. }) {
+                        return;
+                    }
+                }
+                _ = b.select_next_some() => {}
+            }
+        }
+    })
+    .await
+    .expect("no connection in time");
+    let swarms = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = a.select_next_some() => {}
+                _ = b.select_next_some() => {}
+            }
+        }
+    });
+    LinkedPair {
+        a: a_id,
+        b: b_id,
+        a_control,
+        b_incoming,
+        swarms,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -617,40 +695,8 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn frames_of_messages_cross_one_stream_in_order() {
-        let (mut a, mut b) = (node(psk(4)), node(psk(4)));
-        let b_addr = listen_addr(&mut b).await;
-        let b_id = *b.local_peer_id();
-        let a_id = *a.local_peer_id();
-        let mut a_control = a.behaviour().peer_streams.new_control();
-        let mut incoming = b
-            .behaviour()
-            .peer_streams
-            .new_control()
-            .accept(StreamProtocol::new(PEER_PROTOCOL))
-            .unwrap();
-        a.dial(b_addr).unwrap();
-        timeout(WAIT, async {
-            loop {
-                tokio::select! {
-                    ev = a.select_next_some() => {
-                        if matches!(ev, SwarmEvent::ConnectionEstablished { .. }) {
-                            return;
-                        }
-                    }
-                    _ = b.select_next_some() => {}
-                }
-            }
-        })
-        .await
-        .expect("no connection in time");
-        let swarms = tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = a.select_next_some() => {}
-                    _ = b.select_next_some() => {}
-                }
-            }
-        });
+        let p = linked_pair().await;
+        let (a_id, b_id, mut a_control, mut incoming) = (p.a, p.b, p.a_control, p.b_incoming);
         let frames: Vec<Vec<Msg>> = (0..3u64)
             .map(|i| {
                 (0..=i)
@@ -683,7 +729,7 @@ mod tests {
         })
         .await
         .expect("no frames in time");
-        swarms.abort();
+        p.swarms.abort();
         assert_eq!(got, frames);
     }
 
