@@ -2866,7 +2866,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn messages_over_the_frame_limit_together_go_in_halves_and_all_arrive_in_order() {
-        let p = net::linked_pair().await;
+        let p = net::tests::linked_pair().await;
         let (tx, mut rx) = mpsc::unbounded_channel();
         tokio::spawn(accept_links(p.b_incoming, tx));
         let (ltx, lrx) = mpsc::unbounded_channel();

@@ -496,86 +496,8 @@ where
     io.flush().await
 }
 
-/// For tests: two swarms of one mesh key, `a` connected to `b` and both
-/// driven by a task of their own, with what opens streams from `a` and
-/// what takes them on `b`.
 #[cfg(test)]
-pub(crate) struct LinkedPair {
-    pub a: PeerId,
-    pub b: PeerId,
-    pub a_control: libp2p_stream::Control,
-    pub b_incoming: libp2p_stream::IncomingStreams,
-    pub swarms: tokio::task::JoinHandle<()>,
-}
-
-#[cfg(test)]
-pub(crate) async fn linked_pair() -> LinkedPair {
-    use futures::StreamExt;
-    use libp2p::swarm::SwarmEvent;
-    use mesh_protocol::wire::PEER_PROTOCOL;
-
-    let wait = Duration::from_secs(20);
-    let swarm = || {
-        let listen = vec!["/ip4/127.0.0.1/tcp/0".parse().expect("address")];
-        let cfg = NetConfig::new(
-            listen,
-            PreSharedKey::new([7; 32]),
-            Keypair::generate_ed25519(),
-        );
-        build(cfg).expect("swarm")
-    };
-    let (mut a, mut b) = (swarm(), swarm());
-    let b_addr = tokio::time::timeout(wait, async {
-        loop {
-            if let SwarmEvent::NewListenAddr { address, .. } = b.select_next_some().await {
-                return address;
-            }
-        }
-    })
-    .await
-    .expect("no listen address");
-    let (a_id, b_id) = (*a.local_peer_id(), *b.local_peer_id());
-    let a_control = a.behaviour().peer_streams.new_control();
-    let b_incoming = b
-        .behaviour()
-        .peer_streams
-        .new_control()
-        .accept(StreamProtocol::new(PEER_PROTOCOL))
-        .expect("accepted once");
-    a.dial(b_addr).expect("dial");
-    tokio::time::timeout(wait, async {
-        loop {
-            tokio::select! {
-                ev = a.select_next_some() => {
-                    if matches!(ev, SwarmEvent::ConnectionEstablished { .. }) {
-                        return;
-                    }
-                }
-                _ = b.select_next_some() => {}
-            }
-        }
-    })
-    .await
-    .expect("no connection in time");
-    let swarms = tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = a.select_next_some() => {}
-                _ = b.select_next_some() => {}
-            }
-        }
-    });
-    LinkedPair {
-        a: a_id,
-        b: b_id,
-        a_control,
-        b_incoming,
-        swarms,
-    }
-}
-
-#[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::HashMap;
     use std::sync::Arc;
 
@@ -611,6 +533,60 @@ mod tests {
         })
         .await
         .expect("no listen address")
+    }
+
+    /// Two swarms of one mesh key, `a` connected to `b` and both driven by
+    /// a task of their own, with what opens streams from `a` and what
+    /// takes them on `b`.
+    pub(crate) struct LinkedPair {
+        pub a: PeerId,
+        pub b: PeerId,
+        pub a_control: libp2p_stream::Control,
+        pub b_incoming: libp2p_stream::IncomingStreams,
+        pub swarms: tokio::task::JoinHandle<()>,
+    }
+
+    pub(crate) async fn linked_pair() -> LinkedPair {
+        let (mut a, mut b) = (node(psk(7)), node(psk(7)));
+        let b_addr = listen_addr(&mut b).await;
+        let (a_id, b_id) = (*a.local_peer_id(), *b.local_peer_id());
+        let a_control = a.behaviour().peer_streams.new_control();
+        let b_incoming = b
+            .behaviour()
+            .peer_streams
+            .new_control()
+            .accept(StreamProtocol::new(PEER_PROTOCOL))
+            .expect("accepted once");
+        a.dial(b_addr).expect("dial");
+        timeout(WAIT, async {
+            loop {
+                tokio::select! {
+                    ev = a.select_next_some() => {
+                        if matches!(ev, SwarmEvent::ConnectionEstablished { .. }) {
+                            return;
+                        }
+                    }
+                    _ = b.select_next_some() => {}
+                }
+            }
+        })
+        .await
+        .expect("no connection in time");
+        let swarms = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = a.select_next_some() => {}
+                    _ = b.select_next_some() => {}
+                }
+            }
+        });
+        LinkedPair {
+            a: a_id,
+            b: b_id,
+            a_control,
+            b_incoming,
+            swarms,
+        }
     }
 
     fn resources(cpus: u64) -> Resources {

@@ -60,7 +60,6 @@ pub enum Request {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Response {
-    Ok,
     /// A farm found by [`Request::FindFarm`].
     Farm(Box<FoundFarm>),
     /// Answer to [`Request::ListFarms`].
