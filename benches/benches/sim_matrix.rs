@@ -19,6 +19,10 @@
 use mesh_benches::{knob, report, save};
 use mesh_sim::{NodeGroup, SimConfig};
 
+/// The allocator `mesh sim` runs with, so events per second are the command's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const LAWS: [&str; 5] = [
     "uniform:1..5",
     "exp:10",
