@@ -619,7 +619,7 @@ impl Node {
         farm: FarmId,
         task: TaskRef,
         from: NodeId,
-        outputs: Vec<OutputFile>,
+        outputs: Arc<[OutputFile]>,
     ) {
         let dir = self.peer.replica(farm).map(|r| {
             let stage = &r.spec.def.stage(task).name;

@@ -208,7 +208,7 @@ pub enum Action {
         farm: FarmId,
         task: TaskRef,
         from: NodeId,
-        outputs: Vec<OutputFile>,
+        outputs: Arc<[OutputFile]>,
     },
     /// Every output of this farm is home: what this node kept of it may go.
     Forget {
@@ -340,7 +340,7 @@ struct Coord {
     /// The node whose report the engine is handling, to name it in
     /// failures, and the outputs it reported.
     reporter: Option<NodeId>,
-    outputs: Vec<OutputFile>,
+    outputs: Arc<[OutputFile]>,
     /// The record the engine just wrote for a task, for the entry that follows.
     last_key: Option<[u8; 32]>,
     /// Tells holders apart this coordinator's log from any other's (a
@@ -770,7 +770,7 @@ impl Peer {
         r.home = true;
         r.out = Some(out);
         r.collected.clear();
-        r.fetching.clear();
+        r.clear_fetches();
         r.recount();
         r.announced = false;
         r.accepted = false;
@@ -1605,7 +1605,7 @@ impl Peer {
             depth: FxHashMap::default(),
             echo: FxHashMap::default(),
             reporter: None,
-            outputs: Vec::new(),
+            outputs: Arc::default(),
             last_key: None,
             log_id: self.rng.random(),
             sync_seq: 0,
@@ -2092,7 +2092,7 @@ impl Peer {
             r.home_of = m.home;
             r.home = m.home.node == me;
             if !r.home {
-                r.fetching.clear();
+                r.clear_fetches();
             }
             self.actions.push_back(Action::Persist(Persist::Home {
                 farm: m.farm,
@@ -2160,14 +2160,7 @@ impl Peer {
         }
         let r = self.replicas.get_mut(&farm).expect("checked");
         // Asks that got no answer for long go back in line.
-        let stale: Vec<TaskRef> = r
-            .fetching
-            .iter()
-            .filter(|(_, at)| now >= **at + retry)
-            .map(|(t, _)| *t)
-            .collect();
-        for t in stale {
-            r.fetching.remove(&t);
+        for t in r.unanswered(now, retry) {
             r.queue.push_back(t);
         }
         let mut asks = Vec::new();
@@ -2192,7 +2185,7 @@ impl Peer {
             asks.push((task, *node, outputs.clone()));
         }
         for (task, from, outputs) in asks {
-            r.fetching.insert(task, now);
+            r.ask_fetch(task, now);
             self.actions.push_back(Action::Fetch {
                 farm,
                 task,
@@ -2608,7 +2601,7 @@ impl Peer {
                 f.extra_run(t, from, r.task.attempt);
             }
             c.reporter = Some(from);
-            c.outputs = r.outputs;
+            c.outputs = r.outputs.into();
             c.engine.task_finished(
                 now,
                 slot,
@@ -2626,7 +2619,7 @@ impl Peer {
             self.coord_drain();
             let c = self.coord.as_mut().expect("checked above");
             c.reporter = None;
-            c.outputs = Vec::new();
+            c.outputs = Arc::default();
             let f = c.farms.get_mut(&r.task.farm).expect("checked above");
             if f.log.len() > before {
                 // Acknowledged once the entry is durable on enough holders:
@@ -3488,7 +3481,7 @@ fn add_farm(
             retry_failed: false,
         },
     );
-    let mut log = FarmLog::new();
+    let mut log = FarmLog::with_capacity(spec.def.task_count());
     for e in entries {
         log.add(e);
     }
