@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use mesh_protocol::engine::{Millis, Outcome, TaskResult};
 use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
@@ -1103,7 +1103,11 @@ impl<'a> Sim<'a> {
         let end = if self.home_lost {
             peer.coordinated_progress(FARM).filter(|c| c.finished())
         } else if n == self.cfg.submit_node {
-            peer.progress(FARM).filter(|p| p.finished).map(|p| p.counts)
+            // Asked of the copy first: the progress it builds is copied
+            // out, and the home steps a million times.
+            peer.replica(FARM)
+                .filter(|r| r.finished())
+                .map(|r| r.progress().counts)
         } else {
             None
         };
@@ -1132,32 +1136,35 @@ impl<'a> Sim<'a> {
         };
         // A task whose node was lost under it each time fails by the crash
         // limit, as it should; the coordinator's word on that is final.
+        // Gathered from the logs' failures, so the scans below look a task
+        // up only where some failed that way (the end of a run is checked
+        // whole; a lookup per task and log was 3% of a 1,000-node run).
         let coord = self.alive.iter().find_map(|&n| {
             let p = self.nodes[n as usize].peer.as_ref()?;
             p.coordinated_progress(FARM).map(|_| p)
         });
-        let crash_limited = |g: usize| {
-            let t = task_of(g);
-            let home = self.nodes[self.cfg.submit_node].peer.as_ref();
-            [home.and_then(|p| p.replica(FARM)).map(|r| &r.log)]
-                .into_iter()
-                .chain([coord.and_then(|p| p.coordinated_log(FARM))])
-                .flatten()
-                .any(|log| {
-                    matches!(
-                        log.get(t),
-                        Some(mesh_protocol::mesh::Entry::Failed {
-                            end: mesh_protocol::engine::TaskEnd::CrashLimit,
-                            ..
-                        })
-                    )
-                })
-        };
+        let home = self.nodes[self.cfg.submit_node].peer.as_ref();
+        let limited: FxHashSet<TaskRef> = [
+            home.and_then(|p| p.replica(FARM)).map(|r| &r.log),
+            coord.and_then(|p| p.coordinated_log(FARM)),
+        ]
+        .into_iter()
+        .flatten()
+        .flat_map(|log| log.failures())
+        .filter_map(|e| match e {
+            mesh_protocol::mesh::Entry::Failed {
+                task,
+                end: mesh_protocol::engine::TaskEnd::CrashLimit,
+                ..
+            } => Some(*task),
+            _ => None,
+        })
+        .collect();
+        let crash_limited = |g: usize| !limited.is_empty() && limited.contains(&task_of(g));
         self.crash_limited = (0..self.ok_done.len())
             .filter(|&g| self.plan.expect_ok[g] && crash_limited(g))
             .count() as u64;
         if !self.home_lost {
-            let home = self.nodes[self.cfg.submit_node].peer.as_ref();
             let r = home.and_then(|p| p.replica(FARM));
             let unknown = (0..self.ok_done.len()).find(|&g| {
                 self.plan.expect_ok[g]
@@ -1167,11 +1174,7 @@ impl<'a> Sim<'a> {
             if let Some(g) = unknown {
                 return Err(self.violation(format!(
                     "the home says the farm is over ({c:?}) but does not know task {g} done: {:?}",
-                    r.and_then(|r| {
-                        let s = self.plan.offsets.partition_point(|&o| o <= g) - 1;
-                        r.log
-                            .get(TaskRef::new(s as u32, (g - self.plan.offsets[s]) as u32))
-                    })
+                    r.and_then(|r| r.log.get(task_of(g)))
                 )));
             }
         }
