@@ -427,7 +427,7 @@ impl Engine {
         for (fi, f) in self.farms.iter().enumerate() {
             for (s, st) in f.stages.iter().enumerate() {
                 let req = &f.def.stages[s].resources;
-                if st.unplaceable && m.list.iter().any(|x| Pool::never_fits(x, req).is_empty()) {
+                if st.unplaceable && m.list.iter().any(|x| Pool::ever_fits(x, req)) {
                     back.push((fi, s));
                 }
             }

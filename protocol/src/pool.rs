@@ -65,6 +65,14 @@ impl Pool {
         shortfall
     }
 
+    /// Whether a request can be granted here at all, when everything is
+    /// free: [`Pool::never_fits`] finds no reason, without naming any
+    /// (asked for every node at every placement).
+    pub fn ever_fits(total: &Resources, request: &Resources) -> bool {
+        let g = request.get(GPU);
+        total.fits(request) && !(g.0 > MILLI && !g.0.is_multiple_of(MILLI))
+    }
+
     pub fn can_grant(&self, request: &Resources) -> bool {
         if !self.free.fits(request) {
             return false;
@@ -175,6 +183,30 @@ impl Pool {
 mod tests {
     use super::*;
     use crate::resources::parse_resources;
+
+    #[test]
+    fn a_request_ever_fits_exactly_where_no_reason_says_it_never_does() {
+        let r = |s: &str| parse_resources(s).unwrap();
+        let cases = [
+            ("cpu=4,gpu=2", "cpu=1", true),
+            ("cpu=4,gpu=2", "cpu=4,gpu=2", true),
+            ("cpu=4,gpu=2", "cpu=5", false),
+            ("cpu=4", "cpu=1,gpu=1", false),
+            ("cpu=4,gpu=4", "gpu=0.5", true),
+            // More than one device but not whole ones: placed nowhere.
+            ("cpu=4,gpu=4", "gpu=1.5", false),
+            ("cpu=4,mem=8GiB", "mem=16GiB", false),
+        ];
+        for (total, req, fits) in cases {
+            let (t, q) = (r(total), r(req));
+            assert_eq!(Pool::ever_fits(&t, &q), fits, "{req} on {total}");
+            assert_eq!(
+                Pool::never_fits(&t, &q).is_empty(),
+                fits,
+                "{req} on {total}"
+            );
+        }
+    }
 
     #[test]
     fn checks_catch_a_grant_released_twice_or_forgotten() {

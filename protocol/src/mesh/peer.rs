@@ -3556,7 +3556,7 @@ enum Prefetch {
 /// May a node with `total`, already holding `load`, be given one more task
 /// asking for `req`, with this much `prefetch`?
 fn room(total: &Resources, load: &Resources, req: &Resources, prefetch: Prefetch) -> bool {
-    if !Pool::never_fits(total, req).is_empty() {
+    if !Pool::ever_fits(total, req) {
         return false;
     }
     // For a depth: the node runs `slots` such tasks at once, and may hold
