@@ -3481,7 +3481,7 @@ fn add_farm(
             retry_failed: false,
         },
     );
-    let mut log = FarmLog::with_capacity(spec.def.task_count());
+    let mut log = FarmLog::for_farm(&spec.def);
     for e in entries {
         log.add(e);
     }

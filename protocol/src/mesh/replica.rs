@@ -17,14 +17,14 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::msg::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId, TaskRun};
 use crate::engine::{Counts, Millis, RecordState, TaskEnd, TaskRecord};
-use crate::farm::TaskRef;
+use crate::farm::{FarmDef, TaskRef};
 
 /// Entries in the order they were added, with each task's latest one indexed.
 #[derive(Clone, Debug, Default)]
 pub struct FarmLog {
     entries: Vec<Entry>,
     /// Where each task's entry is in `entries`.
-    index: FxHashMap<TaskRef, u32>,
+    index: TaskIndex,
     done: u64,
     /// Runs whose outputs were lost: never done again, whoever says so.
     redone: FxHashSet<TaskRun>,
@@ -33,16 +33,64 @@ pub struct FarmLog {
     failed: BTreeSet<TaskRef>,
 }
 
+/// Positions by task: a vector per stage for the tasks the farm declares,
+/// which are looked up at nearly every message about a task and end in
+/// about index order (hashed, they were a random memory access each, and
+/// 12 bytes a task more); a map for any other.
+#[derive(Clone, Debug, Default)]
+struct TaskIndex {
+    dense: Vec<Vec<u32>>,
+    sparse: FxHashMap<TaskRef, u32>,
+}
+
+/// No entry yet, in the dense part.
+const NO_ENTRY: u32 = u32::MAX;
+
+impl TaskIndex {
+    fn get(&self, t: TaskRef) -> Option<u32> {
+        match self
+            .dense
+            .get(t.stage as usize)
+            .and_then(|v| v.get(t.index as usize))
+        {
+            Some(&NO_ENTRY) => None,
+            Some(&i) => Some(i),
+            None => self.sparse.get(&t).copied(),
+        }
+    }
+
+    fn insert(&mut self, t: TaskRef, i: u32) {
+        match self
+            .dense
+            .get_mut(t.stage as usize)
+            .and_then(|v| v.get_mut(t.index as usize))
+        {
+            Some(slot) => *slot = i,
+            None => {
+                self.sparse.insert(t, i);
+            }
+        }
+    }
+}
+
 impl FarmLog {
-    /// A log with room for `tasks` entries, one per task of a farm that
-    /// runs to its end: grown by doubling instead, a million-task log
-    /// copied itself 20 times and wrote twice its size in fresh pages.
-    pub fn with_capacity(tasks: u64) -> FarmLog {
-        let n = usize::try_from(tasks).unwrap_or(usize::MAX);
-        let mut log = FarmLog::default();
-        log.entries.reserve(n);
-        log.index.reserve(n);
-        log
+    /// The log of a farm: room for an entry per task (one each for a farm
+    /// that runs to its end; grown by doubling instead, a million-task log
+    /// copied itself 20 times), and its tasks indexed densely.
+    pub fn for_farm(def: &FarmDef) -> FarmLog {
+        let tasks = usize::try_from(def.task_count()).unwrap_or(usize::MAX);
+        FarmLog {
+            entries: Vec::with_capacity(tasks),
+            index: TaskIndex {
+                dense: def
+                    .stages
+                    .iter()
+                    .map(|s| vec![NO_ENTRY; s.len() as usize])
+                    .collect(),
+                sparse: FxHashMap::default(),
+            },
+            ..FarmLog::default()
+        }
     }
 
     /// Adds `e` unless it tells nothing new: a task's first done wins, a
@@ -51,7 +99,7 @@ impl FarmLog {
     /// replaces anything, and a redo replaces only the done it names.
     pub fn add(&mut self, e: Entry) -> bool {
         let t = e.task();
-        let current = self.index.get(&t).map(|&i| &self.entries[i as usize]);
+        let current = self.index.get(t).map(|i| &self.entries[i as usize]);
         if let Entry::Done { node, attempt, .. } = &e {
             let run = TaskRun {
                 task: t,
@@ -142,7 +190,7 @@ impl FarmLog {
     }
 
     pub fn get(&self, task: TaskRef) -> Option<&Entry> {
-        self.index.get(&task).map(|&i| &self.entries[i as usize])
+        self.index.get(task).map(|i| &self.entries[i as usize])
     }
 
     pub fn is_done(&self, task: TaskRef) -> bool {
@@ -158,7 +206,7 @@ impl FarmLog {
         self.entries
             .iter()
             .enumerate()
-            .filter(|(i, e)| self.index.get(&e.task()) == Some(&(*i as u32)))
+            .filter(|(i, e)| self.index.get(e.task()) == Some(*i as u32))
             .map(|(_, e)| e)
     }
 
@@ -314,7 +362,7 @@ impl Replica {
             home: home_of.node == me,
             home_of,
             out: None,
-            log: FarmLog::with_capacity(spec.def.task_count()),
+            log: FarmLog::for_farm(&spec.def),
             spec,
             accepted: false,
             source: None,
@@ -554,6 +602,42 @@ mod tests {
         assert!(r.collect(TaskRef::new(0, 1)));
         assert_eq!(holders(&r), Vec::<u64>::new());
         assert_eq!(r.missing_count(), 0);
+    }
+
+    #[test]
+    fn a_log_finds_each_tasks_current_entry_inside_and_outside_the_declared_tasks() {
+        let mut r = replica();
+        // Task 3 is one of the farm's ten; 12 and stage 2 are not (a stray
+        // entry is kept, not dropped or mistaken for another task's).
+        assert!(r.log.add(done(3, 2, 1)));
+        assert!(r.log.add(done(12, 2, 1)));
+        let stray = Entry::Redo {
+            task: TaskRef::new(2, 0),
+            node: NodeId(5),
+            attempt: 1,
+        };
+        assert!(r.log.add(stray.clone()));
+        assert_eq!(r.log.get(TaskRef::new(0, 3)), Some(&done(3, 2, 1)));
+        assert_eq!(r.log.get(TaskRef::new(0, 12)), Some(&done(12, 2, 1)));
+        assert_eq!(r.log.get(TaskRef::new(2, 0)), Some(&stray));
+        assert_eq!(r.log.get(TaskRef::new(0, 4)), None);
+        assert_eq!(r.log.get(TaskRef::new(1, 3)), None);
+        // A later run of task 3 replaces it as the current entry; the first
+        // stays in the log's history.
+        assert!(r.log.add(Entry::Redo {
+            task: TaskRef::new(0, 3),
+            node: NodeId(2),
+            attempt: 1,
+        }));
+        assert!(r.log.add(done(3, 4, 2)));
+        assert_eq!(r.log.get(TaskRef::new(0, 3)), Some(&done(3, 4, 2)));
+        assert_eq!(r.log.len(), 5);
+        let current: Vec<TaskRef> = r.log.current().map(Entry::task).collect();
+        assert_eq!(
+            current,
+            [TaskRef::new(0, 12), TaskRef::new(2, 0), TaskRef::new(0, 3)]
+        );
+        assert_eq!(r.log.done_count(), 2);
     }
 
     #[test]
