@@ -70,7 +70,8 @@ impl Pool {
     /// (asked for every node at every placement).
     pub fn ever_fits(total: &Resources, request: &Resources) -> bool {
         let g = request.get(GPU);
-        total.fits(request) && !(g.0 > MILLI && !g.0.is_multiple_of(MILLI))
+        // A part of one device, or whole devices.
+        (g.0 <= MILLI || g.0.is_multiple_of(MILLI)) && total.fits(request)
     }
 
     pub fn can_grant(&self, request: &Resources) -> bool {

@@ -66,7 +66,7 @@ impl<T> Calendar<T> {
     pub(crate) fn push(&mut self, at: u64, v: T) {
         let at = at.max(self.now);
         if at < self.now + SPAN {
-            self.to_wheel(at, v);
+            self.bucket_push(at, v);
         } else {
             self.seq += 1;
             self.far.push(Reverse((at, self.seq, Slot(v))));
@@ -103,11 +103,11 @@ impl<T> Calendar<T> {
             .is_some_and(|Reverse((at, ..))| *at < self.now + SPAN)
         {
             let Reverse((at, _, Slot(v))) = self.far.pop().expect("peeked");
-            self.to_wheel(at, v);
+            self.bucket_push(at, v);
         }
     }
 
-    fn to_wheel(&mut self, at: u64, v: T) {
+    fn bucket_push(&mut self, at: u64, v: T) {
         let bucket = &mut self.wheel[(at % SPAN) as usize];
         if bucket.capacity() == 0 {
             if let Some(b) = self.spare.pop() {
