@@ -22,6 +22,12 @@ pub struct Pool {
     gpus: Vec<u64>,
 }
 
+/// A GPU request some placement makes sense of: a part of one device, or
+/// whole devices (more than one device but not whole ones fits nowhere).
+fn placeable_gpus(g: Amount) -> bool {
+    g.0 <= MILLI || g.0.is_multiple_of(MILLI)
+}
+
 impl Pool {
     /// A pool of these resources; `gpu = n` declares devices `0..n`.
     pub fn new(total: Resources) -> Pool {
@@ -58,8 +64,7 @@ impl Pool {
             .map(|(k, a, b)| (k.to_string(), a, b))
             .collect();
         let g = request.get(GPU);
-        if shortfall.is_empty() && g.0 > MILLI && !g.0.is_multiple_of(MILLI) {
-            // More than one device, but not whole devices: no placement makes sense.
+        if shortfall.is_empty() && !placeable_gpus(g) {
             shortfall.push((GPU.to_string(), g, total.get(GPU)));
         }
         shortfall
@@ -69,9 +74,7 @@ impl Pool {
     /// free: [`Pool::never_fits`] finds no reason, without naming any
     /// (asked for every node at every placement).
     pub fn ever_fits(total: &Resources, request: &Resources) -> bool {
-        let g = request.get(GPU);
-        // A part of one device, or whole devices.
-        (g.0 <= MILLI || g.0.is_multiple_of(MILLI)) && total.fits(request)
+        placeable_gpus(request.get(GPU)) && total.fits(request)
     }
 
     pub fn can_grant(&self, request: &Resources) -> bool {
