@@ -1,6 +1,7 @@
 //! Runs tasks as child processes: staging, spawning in their own process group, logs, outputs, kills.
 //!
-//! A task costs a process and two pipes; files and folders only when it
+//! A task costs a process and two pipes (it is reaped when they close, with
+//! no descriptor of its own); files and folders only when it
 //! needs them (a log file when output appears, a workdir when the farm asks
 //! for one, output folders when there are outputs). On this kind of disk a
 //! file costs more than the spawn itself.
@@ -8,11 +9,12 @@
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Write as _};
-use std::os::unix::process::ExitStatusExt;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use mesh_protocol::engine::Grant;
@@ -20,9 +22,11 @@ use mesh_protocol::engine::TaskResult;
 use mesh_protocol::farm::{Command, FarmDef, TaskSpec};
 use mesh_protocol::resources::MEM;
 use mesh_protocol::TaskRef;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
 /// Bytes read from a task's pipe at a time.
@@ -30,6 +34,13 @@ const PIPE_CHUNK_BYTES: usize = 64 * 1024;
 /// How long to wait for a task's pipes to close after it exits (a
 /// background child of the task may hold them open).
 const PIPE_DRAIN_MS: u64 = 500;
+/// While its pipes are open, whether a task has ended is asked first after
+/// this long, then at doubling intervals up to `EXIT_POLL_MAX_MS`: only a
+/// task whose pipes something else holds is found that way.
+const EXIT_POLL_FIRST_MS: u64 = 10;
+const EXIT_POLL_MAX_MS: u64 = 100;
+/// Times the runner yields to a task whose pipes closed before it can be reaped.
+const EXIT_YIELDS: u32 = 3;
 
 /// Log bits in `Finished::logs`.
 pub const LOG_STDOUT: u8 = 1;
@@ -215,20 +226,30 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
 
     let mut cmd = match &l.spec.command {
         Command::Argv(argv) => {
-            let mut c = tokio::process::Command::new(&argv[0]);
+            let mut c = std::process::Command::new(&argv[0]);
             c.args(&argv[1..]);
             c
         }
         Command::Shell(s) => {
-            let mut c = tokio::process::Command::new("/bin/sh");
+            let mut c = std::process::Command::new("/bin/sh");
             c.arg("-c").arg(s);
             c
         }
     };
+    let (pipes, stdin) = match (task_pipe(), task_pipe(), dev_null()) {
+        (Ok(out), Ok(err), Ok(stdin)) => ((out, err), stdin),
+        (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => {
+            return (
+                TaskResult::Error(format!("could not make the task's pipes: {e}")),
+                0,
+            )
+        }
+    };
+    let ((out_r, out_w), (err_r, err_w)) = pipes;
     cmd.current_dir(&cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdin(stdin)
+        .stdout(out_w)
+        .stderr(err_w)
         // Its own group, so a timeout or cancel kills everything it started;
         // std does this with posix_spawn, no fork-and-exec closure needed.
         .process_group(0)
@@ -259,7 +280,11 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
     for (k, v) in &l.spec.env {
         cmd.env(k, v);
     }
-    let mut child = match cmd.spawn() {
+    let spawned = cmd.spawn();
+    // The command holds this side's copies of the pipes' write ends: they
+    // must close for the reads to end when the task's side does.
+    drop(cmd);
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
             let what = match &l.spec.command {
@@ -275,28 +300,29 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
             );
         }
     };
-    if let Some(pid) = child.id() {
-        live.pgid.store(pid as i32, Ordering::SeqCst);
-        if live.kill_asked.load(Ordering::SeqCst) {
-            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-        }
+    let pid = child.id() as i32;
+    live.pgid.store(pid, Ordering::SeqCst);
+    if live.kill_asked.load(Ordering::SeqCst) {
+        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
     }
     let wrote_out = Arc::new(AtomicBool::new(false));
     let wrote_err = Arc::new(AtomicBool::new(false));
-    let out = pump(child.stdout.take(), l.stdout_log.clone(), wrote_out.clone());
-    let err = pump(child.stderr.take(), l.stderr_log.clone(), wrote_err.clone());
+    let out = pump(out_r, l.stdout_log.clone(), wrote_out.clone());
+    let err = pump(err_r, l.stderr_log.clone(), wrote_err.clone());
     let pipes = async {
         tokio::join!(out, err);
     };
     tokio::pin!(pipes);
-    let mut pipes_closed = false;
-    let status = tokio::select! {
-        s = child.wait() => s,
-        // Pipes closing first is the common case; keep waiting for the exit.
-        _ = &mut pipes => {
-            pipes_closed = true;
-            child.wait().await
-        }
+    let exited = tokio::select! {
+        // The common case: the task's end closes its pipes, and it is
+        // reaped then, without a descriptor or a registration of its own.
+        _ = &mut pipes => None,
+        s = reap(&mut child, EXIT_POLL_FIRST_MS) => Some(s),
+    };
+    let pipes_closed = exited.is_none();
+    let status = match exited {
+        Some(s) => s,
+        None => reap(&mut child, 0).await,
     };
     if !pipes_closed {
         // A background process of the task may hold the pipes open: stop reading after a grace.
@@ -333,13 +359,60 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
     (result, logs)
 }
 
+/// A pipe for a task's stdout or stderr: this side's read end, ready for
+/// the runtime (non-blocking), and the task's write end (blocking, as a
+/// program expects its output to be).
+fn task_pipe() -> io::Result<(pipe::Receiver, OwnedFd)> {
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    // Set outright: a new pipe's read end has no other status flags.
+    fcntl(&r, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    Ok((pipe::Receiver::from_owned_fd_unchecked(r)?, w))
+}
+
+/// A task's stdin: a copy of one /dev/null opened for the whole run
+/// (opening it anew looked its path up for every task).
+fn dev_null() -> io::Result<fs::File> {
+    static DEV_NULL: OnceLock<fs::File> = OnceLock::new();
+    let f = match DEV_NULL.get() {
+        Some(f) => f,
+        None => {
+            let f = fs::File::open("/dev/null")?;
+            DEV_NULL.get_or_init(|| f)
+        }
+    };
+    f.try_clone()
+}
+
+/// Waits for the task to end, asking the kernel without blocking. With
+/// `first_ms` 0, its pipes have closed: it has exited or is about to (it
+/// closes its files a moment before it can be reaped). Otherwise first after
+/// `first_ms`, then at doubling intervals: how a task is found that ended
+/// while something it started still holds its pipes.
+async fn reap(child: &mut std::process::Child, first_ms: u64) -> io::Result<ExitStatus> {
+    if first_ms == 0 {
+        for _ in 0..EXIT_YIELDS {
+            if let Some(s) = child.try_wait()? {
+                return Ok(s);
+            }
+            // An exiting process runs for microseconds between closing
+            // its files and becoming reapable: let it, before any timer.
+            std::thread::yield_now();
+        }
+    }
+    let mut wait_ms = first_ms;
+    loop {
+        if wait_ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
+        }
+        if let Some(s) = child.try_wait()? {
+            return Ok(s);
+        }
+        wait_ms = (wait_ms * 2).clamp(1, EXIT_POLL_MAX_MS);
+    }
+}
+
 /// Copies a task's pipe into `path`, creating the file only when bytes arrive.
-async fn pump<R: tokio::io::AsyncRead + Unpin>(
-    pipe: Option<R>,
-    path: PathBuf,
-    wrote: Arc<AtomicBool>,
-) {
-    let Some(mut pipe) = pipe else { return };
+async fn pump(mut pipe: pipe::Receiver, path: PathBuf, wrote: Arc<AtomicBool>) {
     // Read into spare capacity: most tasks write nothing, and zeroing two
     // chunks per task cost more than reading their pipes.
     let mut buf = Vec::with_capacity(PIPE_CHUNK_BYTES);

@@ -195,6 +195,47 @@ timeout = "1s"
 }
 
 #[test]
+fn a_task_is_over_when_it_exits_whoever_holds_its_pipes() {
+    let s = sandbox();
+    s.write(
+        "farm.toml",
+        r#"
+[[stage]]
+name = "detached"
+# Its background child keeps the task's stdout open long after it exits.
+shell = "sleep 60 & echo $! > bg.pid; echo started"
+
+[[stage]]
+name = "closed"
+# It closes its output, then runs on: its exit code still counts.
+shell = "echo before; exec >&- 2>&-; sleep 0.3; exit 7"
+"#,
+    );
+    let started = std::time::Instant::now();
+    let r = s.mesh(&["run", "farm.toml", "--json"]);
+    let took = started.elapsed();
+    let pid: i32 = s.read("bg.pid").trim().parse().unwrap();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    r.expect_code(1);
+    assert!(
+        took < Duration::from_secs(30),
+        "the farm waited for the task's background child ({took:?})"
+    );
+    let v = r.json();
+    assert_eq!(v["counts"]["done"], 1, "{v}");
+    assert_eq!(v["failed"][0]["task"], "closed/0", "{v}");
+    assert!(
+        v["failed"][0]["reason"].as_str().unwrap().contains('7'),
+        "{v}"
+    );
+    assert_eq!(s.mesh(&["logs", "detached/0"]).stdout.trim(), "started");
+    assert_eq!(s.mesh(&["logs", "closed/0"]).stdout.trim(), "before");
+}
+
+#[test]
 fn success_codes_and_missing_outputs_decide_success() {
     let s = sandbox();
     s.write(
