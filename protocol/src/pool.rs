@@ -166,20 +166,34 @@ impl Pool {
         Ok(())
     }
 
-    /// What is free plus what `grants` hold is the total, for every resource.
-    pub fn check<'a>(&self, grants: impl Iterator<Item = &'a Grant> + Clone) -> Result<(), String> {
-        // A pass over the grants per resource rather than summing into a
-        // copy: the simulator checks often, and a copy is an allocation.
+    /// What is free plus `lent` (what the grants hold, as their holder
+    /// counts it) is the total, for every resource: [`Pool::check`] without
+    /// a pass over the grants.
+    pub fn check_lent(&self, lent: &Resources) -> Result<(), String> {
         for (k, v) in self.total.iter() {
-            let lent: u64 = grants.clone().map(|g| g.resources.get(k).0).sum();
-            let sum = Amount(self.free.get(k).0 + lent);
+            let sum = Amount(self.free.get(k).0 + lent.get(k).0);
             if sum != v {
                 return Err(format!(
                     "resource {k}: free + in use = {sum:?}, total {v:?}"
                 ));
             }
         }
+        if let Some((k, v)) = lent
+            .iter()
+            .find(|(k, v)| !v.is_zero() && self.total.get(k).is_zero())
+        {
+            return Err(format!("resource {k}: {v:?} in use of none"));
+        }
         self.check_devices()
+    }
+
+    /// What is free plus what `grants` hold is the total, for every resource.
+    pub fn check<'a>(&self, grants: impl Iterator<Item = &'a Grant>) -> Result<(), String> {
+        let mut lent = Resources::new();
+        for g in grants {
+            lent.give(&g.resources);
+        }
+        self.check_lent(&lent)
     }
 }
 
@@ -187,6 +201,26 @@ impl Pool {
 mod tests {
     use super::*;
     use crate::resources::parse_resources;
+
+    #[test]
+    fn what_a_holder_counts_as_lent_is_held_against_the_pool() {
+        let r = |s: &str| parse_resources(s).unwrap();
+        let mut pool = Pool::new(r("cpu=8,mem=16GiB,gpu=2"));
+        let a = pool.grant(&r("cpu=2,mem=4GiB")).unwrap();
+        let b = pool.grant(&r("cpu=1,gpu=1")).unwrap();
+        let mut lent = Resources::new();
+        lent.give(&a.resources);
+        lent.give(&b.resources);
+        assert_eq!(pool.check_lent(&lent), Ok(()));
+        // One the pool never gave, or of a resource the node does not have.
+        let mut extra = lent.clone();
+        extra.give(&r("cpu=1"));
+        assert!(pool.check_lent(&extra).is_err());
+        assert!(pool.check_lent(&r("cpu=3,mem=4GiB,gpu=1,fpga=1")).is_err());
+        pool.release(&b);
+        lent.take_saturating(&b.resources);
+        assert_eq!(pool.check_lent(&lent), Ok(()));
+    }
 
     #[test]
     fn a_request_ever_fits_exactly_where_no_reason_says_it_never_does() {

@@ -365,6 +365,9 @@ pub struct Peer {
     pool: Pool,
     queue: VecDeque<Assigned>,
     running: FxHashMap<(FarmId, TaskRef), Run>,
+    /// What the grants of `running` hold, counted as tasks start and end:
+    /// held against the pool after every step that changed either.
+    lent: Resources,
     /// The pool or `running` changed since the last per-step check: only
     /// then can what is free and what runs disagree.
     pool_changed: bool,
@@ -451,6 +454,7 @@ impl Peer {
             pool: Pool::new(total),
             queue: VecDeque::new(),
             running: FxHashMap::default(),
+            lent: Resources::new(),
             pool_changed: true,
             timers: BinaryHeap::new(),
             specs: FxHashMap::default(),
@@ -914,6 +918,7 @@ impl Peer {
         }
         let run = self.running.remove(&key).expect("checked above");
         self.pool.release(&run.grant);
+        self.lent.take_saturating(&run.grant.resources);
         self.pool_changed = true;
         if let Some(spec) = self.specs.get(&task.farm) {
             let stage = task.task.stage;
@@ -3043,6 +3048,7 @@ impl Peer {
                 continue;
             };
             self.queue.remove(i);
+            self.lent.give(&grant.resources);
             self.pool_changed = true;
             if let Some(ms) = timeout {
                 self.timers
@@ -3243,16 +3249,17 @@ impl Peer {
     }
 
     /// The checks of [`Peer::check_tasks`] on what changed since the last
-    /// call (the pool and its grants when a task started or ended here, the
+    /// call (the pool against the grants counted as tasks started and ended here, the
     /// nodes whose claims changed, the stages whose runs did), after every
     /// step at a cost that does not grow with the mesh.
     pub fn check_step(&mut self) -> Result<(), String> {
-        // Most steps start and end nothing here (messages, beats); the pass
-        // over the running tasks' grants was a tenth of a 1,000-node run.
+        // Most steps start and end nothing here (messages, beats), and the
+        // grants are counted as they come and go: a pass over them after
+        // every step was a tenth of a 1,000-node run.
         if std::mem::take(&mut self.pool_changed) {
             self.pool
                 .check_bounds()
-                .and_then(|()| self.pool.check(self.running.values().map(|r| &r.grant)))
+                .and_then(|()| self.pool.check_lent(&self.lent))
                 .map_err(|e| format!("node {}: {e}", self.id))?;
         }
         self.check_coord_counts()?;
