@@ -1152,11 +1152,11 @@ impl<'a> Sim<'a> {
         .flatten()
         .flat_map(|log| log.failures())
         .filter_map(|e| match e {
-            mesh_protocol::mesh::Entry::Failed {
-                task,
-                end: mesh_protocol::engine::TaskEnd::CrashLimit,
-                ..
-            } => Some(*task),
+            mesh_protocol::mesh::Entry::Failed { task, end, .. }
+                if matches!(**end, mesh_protocol::engine::TaskEnd::CrashLimit) =>
+            {
+                Some(*task)
+            }
             _ => None,
         })
         .collect();

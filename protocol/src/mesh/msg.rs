@@ -123,8 +123,11 @@ pub struct Report {
 pub enum Entry {
     Done {
         task: TaskRef,
-        /// The completion's content key.
-        key: Option<[u8; 32]>,
+        /// The completion's content key. Boxed, as is a failure's end: a
+        /// log holds an entry per task in each of its copies, and the
+        /// simulator, which has no keys, a copy on several of its nodes.
+        /// Encoded as the value itself.
+        key: Option<Box<[u8; 32]>>,
         /// Who ran it (which attempt), and so holds its outputs until the home has them.
         node: NodeId,
         attempt: u32,
@@ -139,7 +142,7 @@ pub enum Entry {
         task: TaskRef,
         attempt: u32,
         node: NodeId,
-        end: TaskEnd,
+        end: Box<TaskEnd>,
     },
     /// The outputs of `node`'s run (`attempt`) of a done task are lost with
     /// that node (gone for longer than the home waits, or it has them no

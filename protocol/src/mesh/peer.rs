@@ -2362,7 +2362,7 @@ impl Peer {
                         let entry = match verdict {
                             Verdict::Done => Some(Entry::Done {
                                 task,
-                                key: c.last_key,
+                                key: c.last_key.map(Box::new),
                                 node,
                                 attempt,
                                 outputs: std::mem::take(&mut c.outputs),
@@ -2371,7 +2371,7 @@ impl Peer {
                                 task,
                                 attempt,
                                 node,
-                                end,
+                                end: Box::new(end),
                             }),
                             Verdict::Retry => {
                                 out.push((

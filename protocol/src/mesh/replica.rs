@@ -221,14 +221,14 @@ impl FarmLog {
 pub fn entry_record(e: &Entry) -> TaskRecord {
     match e {
         Entry::Done { key, attempt, .. } => TaskRecord {
-            key: *key,
+            key: key.as_deref().copied(),
             attempt: *attempt,
             ..TaskRecord::known_done(1)
         },
         Entry::Failed { attempt, end, .. } => TaskRecord {
             state: RecordState::Failed,
             attempt: *attempt,
-            end: Some(end.clone()),
+            end: Some((**end).clone()),
             ..TaskRecord::known_done(1)
         },
         // The attempt stays counted, so the run again is a later attempt
@@ -247,7 +247,7 @@ pub fn record_entry(task: TaskRef, r: &TaskRecord) -> Option<Entry> {
     match r.state {
         RecordState::Done => Some(Entry::Done {
             task,
-            key: r.key,
+            key: r.key.map(Box::new),
             node: NodeId(0),
             attempt: r.attempt,
             outputs: Arc::default(),
@@ -256,10 +256,11 @@ pub fn record_entry(task: TaskRef, r: &TaskRecord) -> Option<Entry> {
             task,
             attempt: r.attempt,
             node: NodeId(0),
-            end: r
-                .end
-                .clone()
-                .unwrap_or(TaskEnd::Error("no reason was recorded".into())),
+            end: Box::new(
+                r.end
+                    .clone()
+                    .unwrap_or(TaskEnd::Error("no reason was recorded".into())),
+            ),
         }),
         _ => None,
     }
