@@ -36,9 +36,10 @@ const PIPE_CHUNK_BYTES: usize = 64 * 1024;
 const PIPE_DRAIN_MS: u64 = 500;
 /// While its pipes are open, whether a task has ended is asked first after
 /// this long, then at doubling intervals up to `EXIT_POLL_MAX_MS`: only a
-/// task whose pipes something else holds is found that way.
+/// task whose pipes something else holds is found that way, and a node
+/// with many long tasks wakes for each about once a second.
 const EXIT_POLL_FIRST_MS: u64 = 10;
-const EXIT_POLL_MAX_MS: u64 = 100;
+const EXIT_POLL_MAX_MS: u64 = 1000;
 /// Times the runner yields to a task whose pipes closed before it can be reaped.
 const EXIT_YIELDS: u32 = 3;
 
