@@ -241,7 +241,9 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
         (Ok(out), Ok(err), Ok(stdin)) => ((out, err), stdin),
         (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => {
             return (
-                TaskResult::Error(format!("could not make the task's pipes: {e}")),
+                TaskResult::Error(format!(
+                    "could not set up the task's stdin and output pipes: {e}"
+                )),
                 0,
             )
         }
