@@ -9,7 +9,8 @@
 //! round trip to the coordinator (the time from a report to the
 //! assignment that answers it). Thin tasks get a deep queue, long ones
 //! the old one task beyond full. The coordinator bounds what a node asks
-//! for by the stage's remaining work (see `Peer::assign`).
+//! for by the stage's remaining work (its placement,
+//! `peer/coordinator/placement.rs`).
 
 use rustc_hash::FxHashMap;
 

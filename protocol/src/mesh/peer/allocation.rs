@@ -1,0 +1,148 @@
+//! The peer's side of allocation queues (`mesh alloc`): what the coordinator tells the queues (backlog by kind, which jobs' nodes have work), and the book's copies kept in step.
+//!
+//! The decisions themselves are `Allocs`' (`mesh/allocs.rs`) and
+//! `alloc::Scaler`'s; this room gathers their inputs from the other roles.
+
+use super::super::allocs::Allocs;
+use super::super::msg::*;
+use super::action::{Action, Persist};
+use super::coordinator::Coord;
+use super::election::Leader;
+use super::membership::Membership;
+use super::out::Out;
+use super::worker::Worker;
+use crate::alloc::Backlog;
+use crate::engine::Millis;
+use crate::resources::{Amount, Resources, CPU, GPU};
+
+/// The coordinator's look at its allocation queues: the backlog by
+/// kind, which nodes the jobs started and whether they have work. True
+/// when the book changed.
+pub(super) fn tick(
+    allocs: &mut Allocs,
+    now: Millis,
+    term: u64,
+    grace: Millis,
+    parts: (&Coord, &Membership, &Worker),
+    out: &mut Out,
+) -> bool {
+    let (coord, members, worker) = parts;
+    let backlog = backlog(allocs, coord);
+    let mut activity: Vec<(String, bool)> = members
+        .iter()
+        .filter_map(|m| {
+            let b = &m.beat;
+            b.job.clone().map(|j| (j, b.running + b.queued > 0))
+        })
+        .collect();
+    if let Some(j) = worker.job() {
+        activity.push((j.clone(), worker.running_count() > 0 || worker.queued() > 0));
+    }
+    // Stages whose tasks are expected to take longer than a queue's
+    // jobs live would wait for ever on its nodes: said once, in the log.
+    let long = coord.expected_stages();
+    let mut changed = allocs.warn_expected(now, term, &long);
+    let (ops, ticked) = allocs.tick(now, term, grace, backlog, &activity);
+    changed |= ticked;
+    out.actions.extend(ops.into_iter().map(Action::Batch));
+    changed
+}
+
+/// Ready work no node has claimed, in whole cores (tasks without GPUs)
+/// and GPUs (tasks with): what allocation queues of each kind are for.
+fn backlog(allocs: &Allocs, coord: &Coord) -> Backlog {
+    let mut b = Backlog::default();
+    // Work no queue's nodes live long enough for (its `expected` is
+    // longer) asks for no job: they would idle, and never be cancelled
+    // while it waits.
+    let usable = |gpus: bool| {
+        allocs
+            .book()
+            .queues
+            .iter()
+            .filter(|q| q.def.for_gpus() == gpus)
+            .map(|q| q.def.usable_ms())
+            .max()
+            .unwrap_or(0)
+    };
+    let (cpu_ms, gpu_ms) = (usable(false), usable(true));
+    for (stage, n) in coord.engine().waiting_stages() {
+        let req = &stage.resources;
+        let gpu = req.get(GPU).0;
+        let room = if gpu > 0 { gpu_ms } else { cpu_ms };
+        if stage.expected_ms.is_some_and(|e| e > room) {
+            continue;
+        }
+        if gpu > 0 {
+            b.gpus += gpu.saturating_mul(n).div_ceil(Amount::units(1).0);
+        } else {
+            b.cores += req
+                .get(CPU)
+                .0
+                .saturating_mul(n)
+                .div_ceil(Amount::units(1).0);
+        }
+    }
+    b
+}
+
+/// The coordinator changed the book: durable here, and sent to everyone.
+pub(super) fn changed(allocs: &Allocs, members: &Membership, out: &mut Out) {
+    let book = allocs.book().clone();
+    out.persist(Persist::Allocs(book.clone()));
+    for n in members.ids() {
+        out.send(n, Msg::Allocs(book.clone()));
+    }
+}
+
+/// Brings the book's copies in step: the coordinator sends it to
+/// members whose beat shows an older one, a member to a coordinator
+/// that has an older one than its own.
+pub(super) fn resend(
+    allocs: &Allocs,
+    coordinating: bool,
+    leader: Leader,
+    members: &Membership,
+    out: &mut Out,
+) {
+    let v = allocs.version();
+    if v == (0, 0) {
+        return;
+    }
+    let to: Vec<NodeId> = if coordinating {
+        members
+            .iter()
+            .filter(|m| m.beat.allocs < v)
+            .map(|m| m.id)
+            .collect()
+    } else {
+        leader
+            .node
+            .and_then(|c| members.get(c))
+            .filter(|m| m.beat.allocs < v)
+            .map(|m| m.id)
+            .into_iter()
+            .collect()
+    };
+    for n in to {
+        let book = allocs.book().clone();
+        out.send(n, Msg::Allocs(book));
+    }
+}
+
+/// The machines a stage must fit one of: this node, the members, and a
+/// node of each allocation queue that may still submit (its jobs would
+/// come for the work, so it is not failed as unplaceable).
+pub(super) fn machines(allocs: &Allocs, own: &Resources, members: &Membership) -> Vec<Resources> {
+    std::iter::once(own.clone())
+        .chain(members.iter().map(|m| m.beat.total.clone()))
+        .chain(
+            allocs
+                .book()
+                .queues
+                .iter()
+                .filter(|q| q.paused.is_none() && q.def.max > 0)
+                .map(|q| q.def.node_resources()),
+        )
+        .collect()
+}

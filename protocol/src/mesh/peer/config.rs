@@ -1,0 +1,63 @@
+//! Knobs of the mesh protocol, with defaults that suit a LAN.
+
+/// Knobs of the mesh protocol; the defaults suit a LAN.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// How often a node gossips its beat.
+    pub heartbeat_ms: u64,
+    /// A member silent this long is dead: its tasks run elsewhere.
+    pub dead_after_ms: u64,
+    /// A node that joins an existing mesh waits this long to hear the
+    /// coordinator before it may elect itself.
+    pub join_wait_ms: u64,
+    /// Take unstarted tasks from overloaded peers when this node runs dry.
+    pub steal: bool,
+    /// `None` (the default): each node asks for as many queued tasks as
+    /// cover a round trip to the coordinator at the rate it runs them (see
+    /// the `pace` module). `Some(p)`: the fixed rule instead, a node is
+    /// handed tasks until its claimed resources reach `p`% of its capacity
+    /// (and always one task beyond a full node).
+    pub prefetch_percent: Option<u64>,
+    /// Most tasks one node may hold claimed (queued or running) at once;
+    /// `None`: twice its cpus plus two. Raised together with
+    /// `prefetch_percent`, it places work badly on purpose (the simulator's
+    /// skew scenarios: everything on the first node, the rest must steal).
+    pub node_claims_max: Option<usize>,
+    /// Most tasks in one assignment, report or steal.
+    pub batch_max: usize,
+    /// Most tasks a node queues (not yet started) at once.
+    pub queue_max: usize,
+    /// Unacknowledged reports, submissions and replications are sent again this often.
+    pub resend_ms: u64,
+    /// The coordinator tells submitters about progress this often.
+    pub progress_ms: u64,
+    /// A steal with no answer after this long is given up.
+    pub steal_timeout_ms: u64,
+    /// A farm's state (definition, done set, where outputs are) is durable
+    /// on this many nodes before anything about it is acknowledged (fewer
+    /// only while the mesh has fewer nodes).
+    pub replicas: usize,
+    /// The home waits this long for a node that keeps outputs it misses to
+    /// come back; then those tasks run again elsewhere.
+    pub outputs_wait_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            heartbeat_ms: 250,
+            dead_after_ms: 2000,
+            join_wait_ms: 1500,
+            steal: true,
+            prefetch_percent: None,
+            node_claims_max: None,
+            batch_max: 256,
+            queue_max: 4096,
+            resend_ms: 1000,
+            progress_ms: 200,
+            steal_timeout_ms: 1000,
+            replicas: 2,
+            outputs_wait_ms: 30_000,
+        }
+    }
+}

@@ -1,0 +1,754 @@
+//! The coordinator: only the elected node has one. Each farm's engine (in remote mode), who holds which claim, and what the engine's decisions mean for the mesh.
+//!
+//! Placement (which node gets which ready task) is in `placement.rs`;
+//! streaming each farm's log to the nodes that keep copies of it, and
+//! acknowledging workers once their results are durable on enough of
+//! them, in `replication.rs`.
+
+mod placement;
+mod replication;
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::super::msg::*;
+use super::super::replica::FarmLog;
+use super::action::Persist;
+use super::out::Out;
+use super::Node;
+use crate::engine::{
+    self, AddOptions, Engine, FarmSlot, KillReason, Millis, Outcome, TaskRecord, TaskResult,
+    Verdict,
+};
+use crate::farm::TaskRef;
+use crate::observe::Latency;
+use crate::resources::Resources;
+use crate::tally::Tally;
+
+pub(super) use placement::Local;
+pub(super) use replication::{offer, OFFER_MAX, SYNC_WINDOW};
+
+/// A node that holds a copy of a farm, as the coordinator streams it the farm's log.
+struct Holder {
+    node: NodeId,
+    /// The farm's definition and its inputs are durable there.
+    has_spec: bool,
+    /// Entries sent, and entries it said are durable there.
+    sent: u64,
+    acked: u64,
+    /// When entries were last sent.
+    at: Millis,
+    /// It said it knows the farm is over.
+    over: bool,
+}
+
+impl Holder {
+    fn new(node: NodeId, has_spec: bool) -> Holder {
+        Holder {
+            node,
+            has_spec,
+            sent: 0,
+            acked: 0,
+            at: 0,
+            over: false,
+        }
+    }
+}
+
+struct CoordFarm {
+    slot: FarmSlot,
+    /// When this coordinator took the farm.
+    since: Millis,
+    spec: Arc<FarmSpec>,
+    /// Accepted: durable on enough nodes (see `Config::replicas`).
+    accepted: bool,
+    /// Every task that ended for good, in order: streamed to the holders.
+    log: FarmLog,
+    holders: Vec<Holder>,
+    /// Reports whose entry is not yet durable on enough holders: the
+    /// worker is acknowledged (and forgets its copy) once it is.
+    waiting: VecDeque<(u64, NodeId, Assigned)>,
+    /// The farm's home: the highest claim the coordinator heard.
+    home: Home,
+    /// The counts last sent to the holders, and whether the end was.
+    counts_sent: Option<engine::Counts>,
+    /// Stages that fit no node, and why (those that fit again are dropped
+    /// when sent).
+    unplaceable: Vec<(u32, String)>,
+    /// Runs that completed a task already done by another run (each
+    /// counted once, however often it is offered again).
+    duplicates: u64,
+    extra_runs: FxHashSet<TaskRun>,
+    finished_sent: bool,
+}
+
+impl CoordFarm {
+    fn extra_run(&mut self, task: TaskRef, node: NodeId, attempt: u32) {
+        if self.extra_runs.insert(TaskRun {
+            task,
+            node,
+            attempt,
+        }) {
+            self.duplicates += 1;
+        }
+    }
+}
+
+pub(super) struct Coord {
+    engine: Engine,
+    farms: FxHashMap<FarmId, CoordFarm>,
+    slots: Vec<FarmId>,
+    /// Who holds each claimed task, which attempt, and since when;
+    /// counted per node, for the incremental checks.
+    claims: Tally<(FarmSlot, TaskRef), (NodeId, u32, Millis), NodeId>,
+    /// Resources of the tasks claimed by each node (queued or running there).
+    load: FxHashMap<NodeId, (Resources, usize)>,
+    /// Nodes that may take more work, in id order (the order they are
+    /// offered work). Ordered rather than hashed also because it once held
+    /// every member: a hash set keeps that capacity and would walk it on
+    /// every assignment.
+    hungry: BTreeSet<NodeId>,
+    /// The backlog after the last assignment: when it grows, every node may take more.
+    last_backlog: u64,
+    /// Each node's prefetch depth, as it last said (reports and beats).
+    depth: FxHashMap<NodeId, u32>,
+    /// The clock of each node's report handled in this step, echoed back
+    /// with the assignment that answers it.
+    echo: FxHashMap<NodeId, Millis>,
+    /// The node whose report the engine is handling, to name it in
+    /// failures, and the outputs it reported.
+    reporter: Option<NodeId>,
+    outputs: Arc<[OutputFile]>,
+    /// The record the engine just wrote for a task, for the entry that follows.
+    last_key: Option<[u8; 32]>,
+    /// Tells holders apart this coordinator's log from any other's (a
+    /// restarted coordinator's log restarts at 0), and numbers its syncs.
+    log_id: u64,
+    sync_seq: u64,
+    next_progress: Millis,
+    /// Members joined or died since the engine last saw the machines.
+    machines_dirty: bool,
+}
+
+impl Coord {
+    /// A coordinator over `machines`, offering work to `nodes` first.
+    pub(super) fn new(
+        now: Millis,
+        machines: Vec<Resources>,
+        nodes: impl Iterator<Item = NodeId>,
+        log_id: u64,
+    ) -> Coord {
+        Coord {
+            engine: Engine::remote(machines),
+            farms: FxHashMap::default(),
+            slots: Vec::new(),
+            claims: Tally::new(|_, (node, ..)| *node),
+            load: FxHashMap::default(),
+            hungry: nodes.collect(),
+            last_backlog: 0,
+            depth: FxHashMap::default(),
+            echo: FxHashMap::default(),
+            reporter: None,
+            outputs: Arc::default(),
+            last_key: None,
+            log_id,
+            sync_seq: 0,
+            next_progress: now,
+            machines_dirty: false,
+        }
+    }
+
+    /// A farm kept in this node's store, coordinated from what it recorded.
+    pub(super) fn restore(&mut self, now: Millis, me: NodeId, stored: super::StoredFarm) {
+        let origin = stored.spec.origin;
+        let home = stored.home.as_ref().map(|(h, _)| *h);
+        let f = self.add_farm(now, stored.spec, stored.records, stored.entries);
+        f.accepted = true;
+        if let Some(h) = home {
+            f.home = f.home.max(h);
+        }
+        f.holders.push(Holder::new(origin, true));
+        if origin != me {
+            // Kept here (with its inputs) since it first came.
+            f.holders.push(Holder::new(me, true));
+        }
+    }
+
+    /// Adds a farm to the engine from what is known of it.
+    fn add_farm(
+        &mut self,
+        now: Millis,
+        spec: Arc<FarmSpec>,
+        records: Vec<(TaskRef, TaskRecord)>,
+        entries: Vec<Entry>,
+    ) -> &mut CoordFarm {
+        let def = Arc::new(spec.def.clone());
+        let slot = self.engine.add_farm(
+            now,
+            def,
+            records,
+            &AddOptions {
+                run: 1,
+                retry_failed: false,
+            },
+        );
+        let mut log = FarmLog::for_farm(&spec.def);
+        for e in entries {
+            log.add(e);
+        }
+        self.slots.push(spec.id);
+        let home = Home {
+            epoch: 0,
+            node: spec.origin,
+        };
+        self.farms.entry(spec.id).or_insert(CoordFarm {
+            since: now,
+            home,
+            slot,
+            spec,
+            accepted: false,
+            log,
+            holders: Vec::new(),
+            waiting: VecDeque::new(),
+            counts_sent: None,
+            finished_sent: false,
+            duplicates: 0,
+            extra_runs: FxHashSet::default(),
+            unplaceable: Vec::new(),
+        })
+    }
+
+    /// Membership changed: the engine's view of the machines is rebuilt
+    /// before it next needs it, once for a burst of joins rather than
+    /// once per join (each rebuild clones every member's resources).
+    pub(super) fn machines_changed(&mut self) {
+        self.machines_dirty = true;
+    }
+
+    pub(super) fn sync_machines(&mut self, machines: impl FnOnce() -> Vec<Resources>) {
+        if !self.machines_dirty {
+            return;
+        }
+        self.machines_dirty = false;
+        self.engine.set_machines(machines());
+    }
+
+    // ----- what the rest of the peer reads -----
+
+    pub(super) fn backlog(&self) -> u64 {
+        self.engine.backlog()
+    }
+
+    pub(super) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub(super) fn has_farm(&self, farm: FarmId) -> bool {
+        self.farms.contains_key(&farm)
+    }
+
+    /// Farms it coordinates, in the order they came.
+    pub(super) fn slots(&self) -> &[FarmId] {
+        &self.slots
+    }
+
+    /// Stages of unfinished farms whose tasks are expected to take this
+    /// long, named `farm/stage`.
+    pub(super) fn expected_stages(&self) -> Vec<(String, u64)> {
+        let mut long = Vec::new();
+        for f in self.farms.values().filter(|f| !f.finished_sent) {
+            for st in &f.spec.def.stages {
+                if let Some(e) = st.expected_ms {
+                    long.push((format!("{}/{}", f.spec.def.name, st.name), e));
+                }
+            }
+        }
+        long
+    }
+
+    /// When the holders next hear of the farms' progress, while any is unfinished.
+    pub(super) fn poll_timeout(&self) -> Option<Millis> {
+        self.farms
+            .values()
+            .any(|f| !f.finished_sent)
+            .then_some(self.next_progress)
+    }
+
+    pub(super) fn progress_due(&self, now: Millis) -> bool {
+        now >= self.next_progress
+    }
+
+    /// A member's prefetch depth, as its beat says.
+    pub(super) fn note_depth(&mut self, node: NodeId, depth: u32) {
+        self.depth.insert(node, depth);
+    }
+
+    /// A node that joined may take work.
+    pub(super) fn joined(&mut self, node: NodeId) {
+        self.hungry.insert(node);
+    }
+
+    /// A worker's report: its depth, and its clock to echo with the answer.
+    pub(super) fn note_report(&mut self, from: NodeId, prefetch: u32, at: Millis) {
+        self.depth.insert(from, prefetch);
+        self.echo.insert(from, at);
+    }
+
+    pub(super) fn progress(&self, farm: FarmId) -> Option<engine::Counts> {
+        Some(self.engine.progress(self.farms.get(&farm)?.slot))
+    }
+
+    /// A farm as the coordinator knows it: its home, progress and first
+    /// `failures_max` failures.
+    pub(super) fn farm_view(
+        &self,
+        farm: FarmId,
+        failures_max: usize,
+    ) -> Option<(Home, FarmProgress, Vec<Entry>)> {
+        let f = self.farms.get(&farm)?;
+        let counts = self.engine.progress(f.slot);
+        let p = FarmProgress {
+            farm,
+            duplicates: f.duplicates,
+            unplaceable: f
+                .unplaceable
+                .iter()
+                .filter(|(s, _)| self.engine.unplaceable(f.slot, *s))
+                .cloned()
+                .collect(),
+            finished: counts.finished(),
+            counts,
+            stages: self.engine.stage_progress(f.slot),
+        };
+        let failures = f.log.failures().take(failures_max).cloned().collect();
+        Some((f.home, p, failures))
+    }
+
+    pub(super) fn log(&self, farm: FarmId) -> Option<&FarmLog> {
+        Some(&self.farms.get(&farm)?.log)
+    }
+
+    /// Who holds the claim on a task now, or ran it to its end.
+    pub(super) fn where_ran(&self, farm: FarmId, task: TaskRef) -> Option<(NodeId, bool)> {
+        let f = self.farms.get(&farm)?;
+        if let Some((node, ..)) = self.claims.get(&(f.slot, task)) {
+            return Some((*node, true));
+        }
+        super::ended_on(&f.log, task)
+    }
+
+    /// A coordinator that lost an election gives its farms to the winner,
+    /// with the tasks it knows are done.
+    pub(super) fn hand_over(self, to: NodeId, out: &mut Out) {
+        for fid in &self.slots {
+            let f = &self.farms[fid];
+            let entries = f.log.current().cloned().collect();
+            offer(out, to, f.spec.clone(), entries, f.home);
+        }
+    }
+
+    // ----- the engine's decisions -----
+
+    /// Turns the engine's actions into persists, messages and events.
+    pub(super) fn drain(&mut self, out: &mut Out) {
+        let mut sends = Vec::new();
+        while let Some(a) = self.engine.poll_action() {
+            match a {
+                engine::Action::Persist(engine::Persist::Task { farm, task, record }) => {
+                    let fid = self.slots[farm.0 as usize];
+                    self.last_key = record.key;
+                    out.persist(Persist::Task {
+                        farm: fid,
+                        task,
+                        record,
+                    });
+                }
+                engine::Action::Kill {
+                    farm, task, reason, ..
+                } => {
+                    if reason == KillReason::Cancel {
+                        if let Some((node, ..)) = self.claims.get(&(farm, task)) {
+                            sends.push((
+                                *node,
+                                Msg::Cancel {
+                                    farm: self.slots[farm.0 as usize],
+                                },
+                            ));
+                        }
+                    }
+                }
+                engine::Action::Start { .. } => unreachable!("a remote engine starts nothing"),
+                engine::Action::Emit(ev) => match ev {
+                    engine::Event::TaskFinished {
+                        farm,
+                        task,
+                        attempt,
+                        end,
+                        verdict,
+                    } => {
+                        let fid = self.slots[farm.0 as usize];
+                        let node = self.reporter.unwrap_or(NodeId(0));
+                        let f = self.farms.get_mut(&fid).expect("slots and farms agree");
+                        let entry = match verdict {
+                            Verdict::Done => Some(Entry::Done {
+                                task,
+                                key: self.last_key.map(Box::new),
+                                node,
+                                attempt,
+                                outputs: std::mem::take(&mut self.outputs),
+                            }),
+                            Verdict::Failed => Some(Entry::Failed {
+                                task,
+                                attempt,
+                                node,
+                                end: Box::new(end),
+                            }),
+                            Verdict::Retry => {
+                                sends.push((
+                                    f.home.node,
+                                    Msg::Failure(Failure {
+                                        farm: fid,
+                                        task,
+                                        attempt,
+                                        node,
+                                        end,
+                                        verdict,
+                                    }),
+                                ));
+                                None
+                            }
+                            Verdict::Cancelled | Verdict::Interrupted => None,
+                        };
+                        if let Some(e) = entry {
+                            if e.is_done() && f.log.redone(&e) {
+                                // A late report of a run whose outputs were
+                                // lost: the task still runs again.
+                                self.engine.redo(farm, task);
+                                continue;
+                            }
+                            // Where outputs are and why a task failed is
+                            // kept beside the engine's own record.
+                            let keep = matches!(&e, Entry::Done { outputs, .. } if !outputs.is_empty())
+                                || !e.is_done();
+                            if f.log.add(e.clone()) && keep {
+                                out.persist(Persist::Entries {
+                                    farm: fid,
+                                    entries: vec![e],
+                                    records: false,
+                                });
+                            }
+                        }
+                    }
+                    engine::Event::Unplaceable {
+                        farm,
+                        stage,
+                        shortfall,
+                    } => {
+                        let fid = self.slots[farm.0 as usize];
+                        let reason = shortfall
+                            .iter()
+                            .map(|(k, want, have)| {
+                                format!(
+                                    "{k}={} asked, {} on the largest node",
+                                    want.display(k),
+                                    have.display(k)
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join(", ");
+                        // Part of the farm's state the holders hear with its progress.
+                        let f = self.farms.get_mut(&fid).expect("slots and farms agree");
+                        f.unplaceable.retain(|(s, _)| *s != stage);
+                        f.unplaceable.push((stage, reason));
+                        f.counts_sent = None;
+                    }
+                    engine::Event::FarmFinished { .. } => {}
+                },
+            }
+        }
+        sends.dedup();
+        for (to, msg) in sends {
+            out.send(to, msg);
+        }
+    }
+
+    // ----- claims -----
+
+    pub(super) fn on_report(
+        &mut self,
+        now: Millis,
+        from: NodeId,
+        reports: Vec<Report>,
+        cx: &Node,
+        out: &mut Out,
+    ) {
+        let mut acks = Vec::new();
+        for r in reports {
+            let Some(f) = self.farms.get(&r.task.farm) else {
+                continue;
+            };
+            let slot = f.slot;
+            let spec = f.spec.clone();
+            let t = r.task.task;
+            if let Some(o) = out.observed() {
+                let started = now.saturating_sub(r.duration_ms);
+                o.latency
+                    .record_ms(Latency::SubmitToStart, started.saturating_sub(f.since));
+            }
+            if let Some((owner, attempt, _)) = self.claims.get(&(slot, t)).copied() {
+                if attempt == r.task.attempt {
+                    self.claims.remove(&(slot, t));
+                    self.unload(owner, &spec.def.stages[t.stage as usize].resources);
+                }
+            }
+            let f = &self.farms[&r.task.farm];
+            let before = f.log.len();
+            let ok_codes = &spec.def.stages[t.stage as usize].success_codes;
+            let succeeded =
+                matches!(r.result, TaskResult::Exited(code) if ok_codes.contains(&code));
+            let ran_before = matches!(f.log.get(t), Some(Entry::Done { node, attempt, .. })
+                if (*node, *attempt) != (from, r.task.attempt));
+            if succeeded && ran_before {
+                let f = self.farms.get_mut(&r.task.farm).expect("checked");
+                f.extra_run(t, from, r.task.attempt);
+            }
+            self.reporter = Some(from);
+            self.outputs = r.outputs.into();
+            self.engine.task_finished(
+                now,
+                slot,
+                t,
+                r.task.attempt,
+                Outcome {
+                    result: r.result,
+                    key: r.key,
+                    duration_ms: r.duration_ms,
+                    logs: 0,
+                },
+            );
+            // The entry (and the record's Persist before it) comes out now,
+            // while the reporter and its outputs are the ones set.
+            self.drain(out);
+            self.reporter = None;
+            self.outputs = Arc::default();
+            let f = self.farms.get_mut(&r.task.farm).expect("checked above");
+            if f.log.len() > before {
+                // Acknowledged once the entry is durable on enough holders:
+                // until then the worker keeps its copy.
+                f.waiting.push_back((f.log.len(), from, r.task));
+            } else {
+                // Acknowledged whether or not it counted: a report for an
+                // attempt that was already re-claimed is stale, and the
+                // worker should forget it.
+                acks.push(r.task);
+            }
+        }
+        self.hungry.insert(from);
+        if !acks.is_empty() {
+            // The acknowledgement follows the record's Persist in the action order.
+            out.send(from, Msg::Ack { tasks: acks });
+        }
+        self.release_acks(cx, out);
+    }
+
+    pub(super) fn on_release(&mut self, now: Millis, tasks: Vec<Assigned>) {
+        for a in tasks {
+            let Some(f) = self.farms.get(&a.farm) else {
+                continue;
+            };
+            let slot = f.slot;
+            let spec = f.spec.clone();
+            if let Some((owner, attempt, _)) = self.claims.get(&(slot, a.task)).copied() {
+                if attempt == a.attempt {
+                    self.claims.remove(&(slot, a.task));
+                    self.unload(owner, &spec.def.stages[a.task.stage as usize].resources);
+                    self.hungry.insert(owner);
+                    self.engine.unclaim(now, slot, a.task, a.attempt);
+                }
+            }
+        }
+    }
+
+    /// What a worker holds (queued, running, waiting for a spec, reported
+    /// and not acknowledged): sent after an election, so the new coordinator
+    /// adopts those claims, and every `resend_ms`, so claims whose `Assign`
+    /// or `Stolen` was lost go back to the queue. Only claims older than
+    /// `grace` are given up: younger ones may still be on their way.
+    pub(super) fn on_holding(
+        &mut self,
+        now: Millis,
+        from: NodeId,
+        tasks: Vec<Assigned>,
+        grace: Millis,
+    ) {
+        let mut held = 0;
+        for a in &tasks {
+            let Some(f) = self.farms.get(&a.farm) else {
+                continue;
+            };
+            let slot = f.slot;
+            if let Some((owner, attempt, _)) = self.claims.get(&(slot, a.task)) {
+                if *owner == from && *attempt == a.attempt {
+                    held += 1;
+                }
+                continue;
+            }
+            if self.engine.adopt_claim(slot, a.task, a.attempt) {
+                self.claims.insert((slot, a.task), (from, a.attempt, now));
+                let (load, count) = self.load.entry(from).or_default();
+                load.give(&f.spec.def.stages[a.task.stage as usize].resources);
+                *count += 1;
+                held += 1;
+            }
+        }
+        if self.load.get(&from).is_none_or(|(_, k)| *k <= held) {
+            // Every claim of this node is accounted for: the common case, no scan.
+            return;
+        }
+        let listed: FxHashSet<(FarmId, TaskRef, u32)> =
+            tasks.iter().map(|a| (a.farm, a.task, a.attempt)).collect();
+        let mut gone: Vec<(FarmSlot, TaskRef, u32)> = self
+            .claims
+            .iter()
+            .filter(|((s, t), (n, a, at))| {
+                *n == from
+                    && at.saturating_add(grace) < now
+                    && !listed.contains(&(self.slots[s.0 as usize], *t, *a))
+            })
+            .map(|((s, t), (_, a, _))| (*s, *t, *a))
+            .collect();
+        gone.sort();
+        for (s, t, a) in gone {
+            let req = self.engine.farm(s).stages[t.stage as usize]
+                .resources
+                .clone();
+            self.claims.remove(&(s, t));
+            self.unload(from, &req);
+            self.engine.unclaim(now, s, t, a);
+        }
+    }
+
+    pub(super) fn on_moved(&mut self, now: Millis, from: NodeId, to: NodeId, tasks: Vec<Assigned>) {
+        for a in tasks {
+            let Some(f) = self.farms.get(&a.farm) else {
+                continue;
+            };
+            let slot = f.slot;
+            let req = &f.spec.def.stages[a.task.stage as usize].resources;
+            let moved = self.claims.update(&(slot, a.task), |claim| {
+                let ours = (claim.0, claim.1) == (from, a.attempt);
+                if ours {
+                    // The thief holds it from now: its next Holding must list it.
+                    *claim = (to, a.attempt, now);
+                }
+                ours
+            });
+            if moved == Some(true) {
+                let (load, count) = self.load.entry(from).or_default();
+                load.take_saturating(req);
+                *count = count.saturating_sub(1);
+                let (load, count) = self.load.entry(to).or_default();
+                load.give(req);
+                *count += 1;
+            }
+        }
+        self.hungry.insert(from);
+    }
+
+    /// A node died: every task it held goes back to the queue, and its
+    /// copies of farms are made elsewhere.
+    pub(super) fn reclaim(&mut self, now: Millis, dead: NodeId, cx: &Node, out: &mut Out) {
+        let mut lost: Vec<(FarmSlot, TaskRef, u32)> = self
+            .claims
+            .iter()
+            .filter(|(_, (n, ..))| *n == dead)
+            .map(|((s, t), (_, a, _))| (*s, *t, *a))
+            .collect();
+        lost.sort();
+        // A task that reaches the crash limit here failed on the dead node.
+        self.reporter = Some(dead);
+        for (s, t, a) in lost {
+            self.claims.remove(&(s, t));
+            self.engine.lost(now, s, t, a);
+            self.drain(out);
+        }
+        self.reporter = None;
+        self.load.remove(&dead);
+        self.hungry.remove(&dead);
+        // A holder is gone: another live node takes a copy.
+        self.ensure_holders(now, cx, out);
+        self.accept_ready(cx, out);
+        self.release_acks(cx, out);
+    }
+
+    /// Stops a farm: the engine kills what runs (each claim's node is told).
+    pub(super) fn cancel(&mut self, farm: FarmId, out: &mut Out) {
+        if let Some(f) = self.farms.get(&farm) {
+            let slot = f.slot;
+            self.engine.cancel(slot);
+            self.drain(out);
+        }
+    }
+
+    fn unload(&mut self, node: NodeId, req: &Resources) {
+        let (load, count) = self.load.entry(node).or_default();
+        load.take_saturating(req);
+        *count = count.saturating_sub(1);
+        self.hungry.insert(node);
+    }
+
+    // ----- checks -----
+
+    /// The engine's cheap checks, and one claim per task the engine counts as running.
+    pub(super) fn check_counts(&self, me: NodeId) -> Result<(), String> {
+        self.engine.check_invariants()?;
+        if self.claims.len() != self.engine.live_runs() {
+            return Err(format!(
+                "coordinator {me}: {} claims, {} tasks running",
+                self.claims.len(),
+                self.engine.live_runs()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The stages whose runs changed and the nodes whose claims did, since the last call.
+    pub(super) fn check_step(&mut self, me: NodeId) -> Result<(), String> {
+        self.engine.check_changed_runs()?;
+        let mut touched = self.claims.take_touched();
+        touched.sort_unstable();
+        touched.dedup();
+        for n in touched {
+            let claimed = self.claims.in_group(&n);
+            let booked = self.load.get(&n).map_or(0, |(_, k)| *k);
+            if claimed != booked {
+                return Err(format!(
+                    "coordinator {me}: node {n} has {claimed} claims, load says {booked}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The engine's runs per stage and each node's claims against the load
+    /// booked for it, by a pass over every claim.
+    pub(super) fn check_tasks(&self, me: NodeId) -> Result<(), String> {
+        self.engine.check_runs()?;
+        self.claims.recount()?;
+        let mut counts: FxHashMap<NodeId, usize> = FxHashMap::default();
+        for (n, ..) in self.claims.values() {
+            *counts.entry(*n).or_default() += 1;
+        }
+        for (n, (_, k)) in &self.load {
+            let claimed = counts.get(n).copied().unwrap_or(0);
+            if claimed != *k {
+                return Err(format!(
+                    "coordinator {me}: node {n} has {claimed} claims, load says {k}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}

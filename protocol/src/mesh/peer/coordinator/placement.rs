@@ -1,0 +1,147 @@
+//! Placement: the coordinator hands ready tasks to nodes with room, each up to its prefetch depth and its share of what is left.
+
+use super::super::super::msg::*;
+use super::super::out::Out;
+use super::super::placement::{claims_cap, room, Prefetch};
+use super::super::Node;
+use super::Coord;
+use crate::alloc::fits_before_walltime;
+use crate::engine::Millis;
+use crate::resources::Resources;
+
+/// The coordinator's own node, which it places work on like any other.
+pub(in super::super) struct Local<'a> {
+    pub(in super::super) total: &'a Resources,
+    pub(in super::super) depth: u32,
+    pub(in super::super) deadline: Option<Millis>,
+}
+
+impl Coord {
+    /// Hands ready tasks to nodes with room.
+    pub(in super::super) fn assign(&mut self, now: Millis, cx: &Node, me: Local, out: &mut Out) {
+        let cfg = &cx.cfg;
+        let fixed = cfg.prefetch_percent;
+        // Echoes are for this step's assignments only: an assignment
+        // that comes later did not answer that report.
+        let mut echo = std::mem::take(&mut self.echo);
+        let batch_max = cfg.batch_max;
+        let queue_max = cfg.queue_max;
+        let claims_max = cfg.node_claims_max;
+        let nodes: Vec<NodeId> = {
+            let backlog = self.engine.backlog();
+            if backlog > self.last_backlog {
+                // New work (a submission, a stage opening, a task re-queued):
+                // nodes that had nothing fitting may have now.
+                self.hungry.extend(cx.members.ids());
+                self.hungry.insert(cx.id);
+            }
+            self.last_backlog = backlog;
+            if backlog == 0 {
+                return;
+            }
+            self.hungry.iter().copied().collect()
+        };
+        // Near the end of some work, a task queued behind a busy node's
+        // running ones may wait for a long one while a slot idles elsewhere:
+        // such tasks go only to free slots. Before that, no node queues
+        // more than its share of what is left, so the end spreads.
+        let waiting = self.engine.waiting();
+        let nodes_n = cx.members.len() as u64 + 1;
+        let term = cx.term();
+        for node in nodes {
+            let member = if node == cx.id {
+                None
+            } else {
+                cx.members.get(node)
+            };
+            let depth = if node == cx.id {
+                me.depth
+            } else {
+                self.depth
+                    .get(&node)
+                    .copied()
+                    .unwrap_or_else(|| member.map_or(1, |m| m.beat.prefetch))
+            };
+            // Borrowed field by field, so the coordinator's state can change
+            // meanwhile without cloning the node's resources. A node that
+            // drains before its walltime takes only what it is expected to
+            // finish first.
+            let (total, deadline) = if node == cx.id {
+                (Some(me.total), me.deadline)
+            } else {
+                (
+                    member.map(|m| &m.beat.total),
+                    member.and_then(|m| {
+                        m.beat
+                            .ends_in_ms
+                            .map(|left| m.last_seen.saturating_add(left))
+                    }),
+                )
+            };
+            let Some(total) = total else {
+                self.hungry.remove(&node);
+                continue;
+            };
+            if self.engine.backlog() == 0 {
+                return;
+            }
+            let (load, count) = self.load.entry(node).or_default();
+            let cap =
+                queue_max.min(claims_max.unwrap_or_else(|| claims_cap(total) + depth as usize));
+            let mut taken = Vec::new();
+            let claimed = self.engine.claim(
+                now,
+                batch_max.min(cap.saturating_sub(*count)),
+                &mut |stage| {
+                    if deadline.is_some_and(|d| !fits_before_walltime(now, d, stage.expected_ms, 0))
+                    {
+                        return false;
+                    }
+                    let req = &stage.resources;
+                    let (queued, draining) = waiting
+                        .iter()
+                        .find(|(r, ..)| r == req)
+                        .map_or((0, true), |(_, q, d)| (*q, *d));
+                    let prefetch = match fixed {
+                        _ if draining => Prefetch::None,
+                        Some(pct) => Prefetch::Percent(pct),
+                        None => {
+                            Prefetch::Depth((depth as u64).min(queued.div_ceil(nodes_n)).max(1))
+                        }
+                    };
+                    if !room(total, load, req, prefetch) {
+                        return false;
+                    }
+                    load.give(req);
+                    true
+                },
+            );
+            *count += claimed.len();
+            let full = *count >= cap || claimed.is_empty();
+            for (slot, task, attempt) in claimed {
+                self.claims.insert((slot, task), (node, attempt, now));
+                taken.push(Assigned {
+                    farm: self.slots[slot.0 as usize],
+                    task,
+                    attempt,
+                });
+            }
+            if full {
+                self.hungry.remove(&node);
+            }
+            if !taken.is_empty() {
+                let echo = echo.remove(&node);
+                out.send(
+                    node,
+                    Msg::Assign {
+                        term,
+                        tasks: taken,
+                        echo,
+                    },
+                );
+            }
+        }
+        self.last_backlog = self.engine.backlog();
+        self.drain(out);
+    }
+}

@@ -1,0 +1,160 @@
+//! Whom this node follows, in which term: elections by ballot terms, fencing of deposed coordinators.
+//!
+//! The lowest live node elects itself with a ballot one round above the
+//! highest term it knew; a higher term wins everywhere, and on a tie the
+//! lower id, so the two sides of a healed partition settle on one.
+
+use super::super::msg::NodeId;
+use super::membership::Membership;
+use crate::engine::Millis;
+
+/// Terms are ballots: an election round in the high half and the
+/// electing node in the low half, so two nodes that elect themselves in
+/// the same round (the two sides of a healing partition) never share a
+/// term, and the higher one wins everywhere at once.
+pub fn ballot(round: u64, node: NodeId) -> u64 {
+    (round << 32) | (node.0 & 0xffff_ffff)
+}
+
+/// The election round of a term, as users see it.
+pub fn term_round(term: u64) -> u64 {
+    term >> 32
+}
+
+/// The coordinator this node follows and its term, as the other roles
+/// address it (a copy: no role changes whom the node follows).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Leader {
+    pub(super) node: Option<NodeId>,
+    pub(super) term: u64,
+}
+
+pub(super) struct Election {
+    term: u64,
+    coordinator: Option<NodeId>,
+    /// Pointed at an existing mesh: it waits this long to hear a
+    /// coordinator before it may elect itself.
+    joining: bool,
+    join_until: Millis,
+}
+
+/// What an election round decided.
+pub(super) enum Vote {
+    /// The node that would be elected already coordinates: follow it.
+    Follow { term: u64, node: NodeId },
+    /// This node is the lowest live one: it coordinates in this term.
+    Elect(u64),
+}
+
+impl Election {
+    pub(super) fn new(joining: bool, join_until: Millis) -> Election {
+        Election {
+            term: 0,
+            coordinator: None,
+            joining,
+            join_until,
+        }
+    }
+
+    pub(super) fn term(&self) -> u64 {
+        self.term
+    }
+
+    pub(super) fn coordinator(&self) -> Option<NodeId> {
+        self.coordinator
+    }
+
+    pub(super) fn leader(&self) -> Leader {
+        Leader {
+            node: self.coordinator,
+            term: self.term,
+        }
+    }
+
+    /// This node follows `node` in `term` from now on.
+    pub(super) fn followed(&mut self, term: u64, node: NodeId) {
+        self.term = term;
+        self.coordinator = Some(node);
+        self.joining = false;
+    }
+
+    /// `node` was declared dead.
+    pub(super) fn lost(&mut self, node: NodeId) {
+        if self.coordinator == Some(node) {
+            self.coordinator = None;
+        }
+    }
+
+    /// A member's beat: whether it claims to coordinate, in which term.
+    /// Returns the term to follow it in, when it should be followed.
+    /// `coordinating`: this node coordinates itself.
+    pub(super) fn heard(
+        &mut self,
+        from: NodeId,
+        claims: bool,
+        term: u64,
+        coordinating: bool,
+    ) -> Option<u64> {
+        if !claims && self.coordinator == Some(from) && !coordinating {
+            // The coordinator this node follows says it no longer is (it
+            // followed someone since, who died): this node looks for one
+            // again, as if it had died, rather than wait on it for ever
+            // while it waits for an election among its followers.
+            self.coordinator = None;
+        }
+        if !claims {
+            return None;
+        }
+        // Higher term wins; on a tie the lower id, so two halves that both
+        // elected themselves settle on one.
+        let better =
+            term > self.term || (term == self.term && self.coordinator.is_none_or(|c| from < c));
+        if better && self.coordinator != Some(from) {
+            return Some(term);
+        } else if better {
+            self.term = term;
+        }
+        None
+    }
+
+    /// An assignment from `from` in `term` overtook that node's first beat
+    /// as coordinator: follow it.
+    pub(super) fn overtaken_by(&self, from: NodeId, term: u64) -> bool {
+        self.coordinator != Some(from)
+            && (term > self.term || (term == self.term && self.coordinator.is_none()))
+    }
+
+    /// Work from `from` in `term` is this node's coordinator's: a deposed
+    /// coordinator is fenced off (it learns of the new term from beats).
+    pub(super) fn current(&self, from: NodeId, term: u64) -> bool {
+        term >= self.term && self.coordinator == Some(from)
+    }
+
+    /// With no coordinator, once any join wait is over: the lowest live
+    /// node elects itself; a node that is not lowest follows the lowest
+    /// when that one already coordinates, and otherwise waits for its beat.
+    pub(super) fn round(&self, now: Millis, me: NodeId, members: &Membership) -> Option<Vote> {
+        if self.coordinator.is_some() {
+            return None;
+        }
+        if self.joining && now < self.join_until {
+            return None;
+        }
+        let lowest = members.lowest().unwrap_or(me);
+        if let Some(m) = members.get(lowest) {
+            if lowest < me && m.beat.coordinator == Some(lowest) {
+                // The node that would be elected already coordinates, in a
+                // lower term than this node last knew (that term's
+                // coordinator died, and nodes restarted since count from
+                // the start): it waits for no election, so follow it. A
+                // higher term coming back still wins.
+                return Some(Vote::Follow {
+                    term: m.beat.term,
+                    node: lowest,
+                });
+            }
+        }
+        // Otherwise the lowest live node elects itself and its beat says so.
+        (me <= lowest).then(|| Vote::Elect(ballot(term_round(self.term) + 1, me)))
+    }
+}

@@ -1,0 +1,104 @@
+//! What a step produces, shared by every role: actions for the driver, messages a node sends itself, and counters and latencies for observers.
+//!
+//! Every role writes here and nowhere else, so the order of what the
+//! driver carries out is the order in which the roles asked for it.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+
+use super::super::msg::*;
+use super::action::{Action, PeerEvent, Persist};
+use super::election::Leader;
+use crate::engine::Millis;
+use crate::farm::TaskRef;
+use crate::observe::Latencies;
+
+/// Counters for the simulator and `mesh status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub messages: u64,
+    pub steals_asked: u64,
+    pub steals_won: u64,
+    pub tasks_stolen: u64,
+    pub tasks_given: u64,
+}
+
+/// What a peer measures for its observers.
+#[derive(Default)]
+pub(super) struct Observed {
+    pub(super) latency: Latencies,
+    /// When each queued task arrived here, and when each run started
+    /// (until its result is acknowledged).
+    pub(super) arrived: FxHashMap<(FarmId, TaskRef), Millis>,
+    pub(super) started: FxHashMap<(FarmId, TaskRef), Millis>,
+    pub(super) failovers: u64,
+}
+
+pub(super) struct Out {
+    /// This node: a message to itself goes to the inbox, not the network.
+    id: NodeId,
+    pub(super) actions: VecDeque<Action>,
+    pub(super) inbox: VecDeque<(NodeId, Msg)>,
+    pub(super) stats: Stats,
+    /// Latencies, when the driver asks for them (`Peer::observe`): the
+    /// simulator's thousand peers do without.
+    pub(super) observed: Option<Box<Observed>>,
+}
+
+impl Out {
+    pub(super) fn new(id: NodeId) -> Out {
+        Out {
+            id,
+            actions: VecDeque::new(),
+            inbox: VecDeque::new(),
+            stats: Stats::default(),
+            observed: None,
+        }
+    }
+
+    pub(super) fn send(&mut self, to: NodeId, msg: Msg) {
+        self.stats.messages += 1;
+        if to == self.id {
+            self.inbox.push_back((to, msg));
+        } else {
+            self.actions.push_back(Action::Send { to, msg });
+        }
+    }
+
+    /// Sends to the coordinator, when there is one; `msg` gets the current term.
+    pub(super) fn send_coordinator(&mut self, leader: Leader, msg: impl FnOnce(u64) -> Msg) {
+        if let Some(c) = leader.node {
+            let m = msg(leader.term);
+            self.send(c, m);
+        }
+    }
+
+    pub(super) fn push(&mut self, action: Action) {
+        self.actions.push_back(action);
+    }
+
+    pub(super) fn persist(&mut self, p: Persist) {
+        self.actions.push_back(Action::Persist(p));
+    }
+
+    pub(super) fn emit(&mut self, ev: PeerEvent) {
+        self.actions.push_back(Action::Emit(ev));
+    }
+
+    /// Entries of a farm this node holds, made durable (see [`Persist::Entries`]).
+    pub(super) fn persist_entries(&mut self, farm: FarmId, entries: Vec<Entry>, records: bool) {
+        if !entries.is_empty() {
+            self.persist(Persist::Entries {
+                farm,
+                entries,
+                records,
+            });
+        }
+    }
+
+    /// The latencies' record, when the driver asked for one.
+    pub(super) fn observed(&mut self) -> Option<&mut Observed> {
+        self.observed.as_deref_mut()
+    }
+}

@@ -1,0 +1,187 @@
+//! Stealing: which members have tasks queued (the victims), the one steal this node has in flight, and how its answer is matched.
+//!
+//! A thief asks only when it has nothing queued and the coordinator has
+//! nothing left to hand out; every steal carries an id, and an answer to
+//! any other is stale (its tasks go back to the coordinator). The victim's
+//! side, giving up only what has not started, is the worker's
+//! (`Worker::give_unstarted`).
+
+use indexmap::IndexMap;
+use rand::rngs::SmallRng;
+use rand::RngExt;
+
+use super::super::msg::*;
+use super::out::Out;
+use super::worker::Worker;
+use super::Config;
+use crate::engine::Millis;
+use crate::observe::Latency;
+
+pub(super) struct Stealing {
+    /// The steal in flight: its id, the victim, when it was asked.
+    asked: Option<(u64, NodeId, Millis)>,
+    next_id: u64,
+    /// Members with tasks queued, as far as this node knows (their last
+    /// beat, or none once a steal there came back empty): the steal victims.
+    loaded: IndexMap<NodeId, u32>,
+    /// The members of `loaded` with more queued than a node of their size
+    /// keeps as its prefetch: a thief with no free slot steals only there.
+    overloaded: IndexMap<NodeId, u32>,
+}
+
+/// How a thief takes a victim's answer.
+pub(super) enum Answer {
+    /// To the steal in flight, with tasks: they are this node's to run.
+    Won,
+    /// To the steal in flight, empty: try another victim.
+    Empty,
+    /// To a steal given up on, empty: nothing to do.
+    Ignored,
+    /// To a steal given up on, with tasks (or while interrupted): they go
+    /// back to the coordinator rather than being dropped.
+    Stale,
+}
+
+impl Stealing {
+    pub(super) fn new() -> Stealing {
+        Stealing {
+            asked: None,
+            next_id: 1,
+            loaded: IndexMap::new(),
+            overloaded: IndexMap::new(),
+        }
+    }
+
+    /// What this node believes `node` holds queued, beyond `spare` its own
+    /// prefetch: keeps the two victim indices in step.
+    pub(super) fn note_queued(&mut self, node: NodeId, queued: u32, spare: usize) {
+        if queued > 0 {
+            self.loaded.insert(node, queued);
+        } else {
+            self.loaded.swap_remove(&node);
+        }
+        if queued as usize > spare {
+            self.overloaded.insert(node, queued);
+        } else {
+            self.overloaded.swap_remove(&node);
+        }
+    }
+
+    /// `node` died: no steal waits on it, and it is no victim.
+    pub(super) fn member_gone(&mut self, node: NodeId) {
+        if let Some((_, victim, _)) = self.asked {
+            if victim == node {
+                self.asked = None;
+            }
+        }
+        self.note_queued(node, 0, 0);
+    }
+
+    /// When the steal in flight is given up.
+    pub(super) fn poll_timeout(&self, timeout_ms: Millis) -> Option<Millis> {
+        self.asked.map(|(_, _, t)| t + timeout_ms)
+    }
+
+    /// Gives up a steal with no answer after `timeout_ms`.
+    pub(super) fn expire(&mut self, now: Millis, timeout_ms: Millis) {
+        if let Some((_, _, at)) = self.asked {
+            if now >= at + timeout_ms {
+                self.asked = None;
+            }
+        }
+    }
+
+    /// Asks a loaded member for queued tasks when this node has nothing
+    /// queued (its own queue runs first) and the coordinator nothing left
+    /// to hand out (`backlog`, asked only then). A node with a free slot
+    /// asks any member with a queue; a full one asks only overloaded
+    /// members, for its next task, so the ordinary one-task prefetch does
+    /// not hop from full node to full node.
+    pub(super) fn try_steal(
+        &mut self,
+        now: Millis,
+        cfg: &Config,
+        rng: &mut SmallRng,
+        worker: &Worker,
+        backlog: impl FnOnce() -> u64,
+        out: &mut Out,
+    ) {
+        if !cfg.steal || worker.interrupted() || self.asked.is_some() || worker.has_waiting() {
+            // Tasks waiting for their farm's spec are queued too: stealing
+            // more before they start would hoard.
+            return;
+        }
+        if backlog() > 0 {
+            // The coordinator still has work to hand out; it will.
+            return;
+        }
+        let victims = if worker.full() {
+            &self.overloaded
+        } else {
+            &self.loaded
+        };
+        let n = victims.len();
+        if n == 0 {
+            return;
+        }
+        // Two random choices: nearly as good as asking the most loaded, and
+        // thieves do not all pile onto the same victim.
+        let (i, j) = (rng.random_range(0..n), rng.random_range(0..n));
+        let (a, b) = (
+            victims.get_index(i).expect("in range"),
+            victims.get_index(j).expect("in range"),
+        );
+        let victim = if b.1 > a.1 { *b.0 } else { *a.0 };
+        let id = self.next_id;
+        self.next_id += 1;
+        self.asked = Some((id, victim, now));
+        out.stats.steals_asked += 1;
+        let total = worker.total().clone();
+        // Nothing is queued here (checked above): the load is what runs.
+        let load = worker.used();
+        let max = cfg.batch_max as u32;
+        out.send(
+            victim,
+            Msg::Steal {
+                id,
+                total,
+                load,
+                max,
+            },
+        );
+    }
+
+    /// The answer of `from` to steal `id`, with `tasks`.
+    pub(super) fn answered(
+        &mut self,
+        now: Millis,
+        from: NodeId,
+        id: u64,
+        tasks: &[Assigned],
+        interrupted: bool,
+        out: &mut Out,
+    ) -> Answer {
+        let current = matches!(self.asked, Some((sid, v, _)) if sid == id && v == from);
+        if current {
+            if let (Some(o), Some((_, _, asked))) = (out.observed(), self.asked) {
+                o.latency
+                    .record_ms(Latency::StealRtt, now.saturating_sub(asked));
+            }
+            self.asked = None;
+        }
+        if tasks.is_empty() {
+            if current {
+                // Nothing to take there until its next beat says otherwise.
+                self.note_queued(from, 0, 0);
+                return Answer::Empty;
+            }
+            return Answer::Ignored;
+        }
+        if !current || interrupted {
+            return Answer::Stale;
+        }
+        out.stats.steals_won += 1;
+        out.stats.tasks_stolen += tasks.len() as u64;
+        Answer::Won
+    }
+}

@@ -1,0 +1,632 @@
+//! The worker: what this node runs, in order, with its grants and timeouts, and the results it keeps until the coordinator acknowledges them.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use super::super::msg::*;
+use super::super::pace::Pace;
+use super::action::{Action, PeerEvent, Persist};
+use super::election::Leader;
+use super::out::Out;
+use super::placement::{room, Prefetch, STEAL_PREFETCH_PERCENT};
+use crate::alloc::fits_before_walltime;
+use crate::engine::{self, KillReason, Millis, Outcome, TaskResult};
+use crate::farm::TaskRef;
+use crate::observe::Latency;
+use crate::pool::{Grant, Pool};
+use crate::resources::{Amount, Resources, CPU};
+
+/// Most runs whose start a peer remembers for [`Latency::StartToDone`].
+const STARTED_KEPT: usize = 1 << 17;
+
+struct Run {
+    attempt: u32,
+    grant: Grant,
+    killed: Option<KillReason>,
+}
+
+/// Farm definitions this node knows, by id (shared by every role).
+pub(super) type Specs = FxHashMap<FarmId, Arc<FarmSpec>>;
+
+pub(super) struct Worker {
+    pool: Pool,
+    queue: VecDeque<Assigned>,
+    running: FxHashMap<(FarmId, TaskRef), Run>,
+    /// What the grants of `running` hold, counted as tasks start and end:
+    /// held against the pool after every step that changed either.
+    lent: Resources,
+    /// The pool or `running` changed since the last per-step check: only
+    /// then can what is free and what runs disagree.
+    pool_changed: bool,
+    timers: BinaryHeap<Reverse<(Millis, FarmId, TaskRef, u32)>>,
+    awaiting_spec: FxHashMap<FarmId, Vec<Assigned>>,
+    unacked: BTreeMap<(FarmId, TaskRef), Report>,
+    /// Entries of `unacked` changed since they were last persisted.
+    held_dirty: BTreeSet<(FarmId, TaskRef)>,
+    /// Reports of this step, sent as one message at its end.
+    reports_out: Vec<Report>,
+    /// Durations and round trips measured here, and the prefetch depth
+    /// they give (see the `pace` module).
+    pace: Pace,
+    depth: u32,
+    interrupted: bool,
+    /// The batch job that started this node, and when it drains before
+    /// its walltime (on this peer's clock).
+    job: Option<String>,
+    deadline: Option<Millis>,
+}
+
+impl Worker {
+    pub(super) fn new(total: Resources) -> Worker {
+        Worker {
+            depth: base_depth(&total),
+            pool: Pool::new(total),
+            queue: VecDeque::new(),
+            running: FxHashMap::default(),
+            lent: Resources::new(),
+            pool_changed: true,
+            timers: BinaryHeap::new(),
+            awaiting_spec: FxHashMap::default(),
+            unacked: BTreeMap::new(),
+            held_dirty: BTreeSet::new(),
+            reports_out: Vec::new(),
+            pace: Pace::default(),
+            interrupted: false,
+            job: None,
+            deadline: None,
+        }
+    }
+
+    // ----- what the other roles read -----
+
+    pub(super) fn total(&self) -> &Resources {
+        self.pool.total()
+    }
+
+    pub(super) fn used(&self) -> Resources {
+        self.pool.used()
+    }
+
+    /// No whole core is free here.
+    pub(super) fn full(&self) -> bool {
+        self.pool.free().get(CPU) < Amount::units(1)
+    }
+
+    pub(super) fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub(super) fn running_count(&self) -> usize {
+        self.running.len()
+    }
+
+    pub(super) fn runs(&self, farm: FarmId, task: TaskRef) -> bool {
+        self.running.contains_key(&(farm, task))
+    }
+
+    /// True when nothing runs here and nothing waits to be reported.
+    pub(super) fn idle(&self) -> bool {
+        self.running.is_empty() && self.queue.is_empty() && self.unacked.is_empty()
+    }
+
+    /// Something is queued here or waits for its farm's spec: stealing
+    /// more before it starts would hoard.
+    pub(super) fn has_waiting(&self) -> bool {
+        !self.queue.is_empty() || !self.awaiting_spec.is_empty()
+    }
+
+    pub(super) fn interrupted(&self) -> bool {
+        self.interrupted
+    }
+
+    pub(super) fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    pub(super) fn job(&self) -> Option<&String> {
+        self.job.as_ref()
+    }
+
+    pub(super) fn deadline(&self) -> Option<Millis> {
+        self.deadline
+    }
+
+    pub(super) fn set_batch_job(&mut self, job: Option<String>, deadline: Option<Millis>) {
+        self.job = job;
+        self.deadline = deadline;
+    }
+
+    /// Results reported before a restart and not acknowledged: kept, and reported again.
+    pub(super) fn restore_held(&mut self, reports: Vec<Report>) {
+        for r in reports {
+            self.unacked.insert((r.task.farm, r.task.task), r);
+        }
+    }
+
+    /// Farms whose spec this node waits for, in order.
+    pub(super) fn awaited_specs(&self) -> Vec<FarmId> {
+        let mut waiting: Vec<FarmId> = self.awaiting_spec.keys().copied().collect();
+        waiting.sort();
+        waiting
+    }
+
+    // ----- the queue -----
+
+    /// Queues a task given by `from` (the coordinator, or a victim of a
+    /// steal), asking `from` for the farm's spec when it is not known here.
+    pub(super) fn enqueue(
+        &mut self,
+        now: Millis,
+        from: NodeId,
+        a: Assigned,
+        specs: &Specs,
+        out: &mut Out,
+    ) {
+        if let Some(o) = out.observed() {
+            o.arrived.insert((a.farm, a.task), now);
+        }
+        if specs.contains_key(&a.farm) {
+            self.queue.push_back(a);
+        } else {
+            let first = !self.awaiting_spec.contains_key(&a.farm);
+            self.awaiting_spec.entry(a.farm).or_default().push(a);
+            if first {
+                out.send(from, Msg::GetFarm { farm: a.farm });
+            }
+        }
+    }
+
+    /// The spec of `farm` came: what waited for it is queued. True if anything did.
+    pub(super) fn spec_arrived(&mut self, farm: FarmId) -> bool {
+        match self.awaiting_spec.remove(&farm) {
+            Some(waiting) => {
+                self.queue.extend(waiting);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Starts queued tasks, in order, while they fit.
+    pub(super) fn start_queued(
+        &mut self,
+        now: Millis,
+        specs: &Specs,
+        out: &mut Out,
+        leader: Leader,
+    ) {
+        if self.interrupted {
+            return;
+        }
+        let mut i = 0;
+        let mut late = Vec::new();
+        // Skipping a task that does not fit now lets smaller ones behind it
+        // run; the scan is bounded so a long queue costs little.
+        while i < self.queue.len() && i < 64 {
+            let a = self.queue[i];
+            if self.running.contains_key(&(a.farm, a.task)) {
+                // Handed here again while another attempt runs (two
+                // coordinators across a partition): it waits for that run,
+                // whose result answers for it too (see `task_finished`).
+                i += 1;
+                continue;
+            }
+            let Some(spec) = specs.get(&a.farm) else {
+                i += 1;
+                continue;
+            };
+            let stage = &spec.def.stages[a.task.stage as usize];
+            let timeout = stage.timeout_ms;
+            if self
+                .deadline
+                .is_some_and(|d| !fits_before_walltime(now, d, stage.expected_ms, 0))
+            {
+                // It would not end before this node's walltime: another node runs it.
+                self.queue.remove(i);
+                late.push(a);
+                continue;
+            }
+            let Some(grant) = self.pool.grant(&stage.resources) else {
+                i += 1;
+                continue;
+            };
+            self.queue.remove(i);
+            self.lent.give(&grant.resources);
+            self.pool_changed = true;
+            if let Some(ms) = timeout {
+                self.timers
+                    .push(Reverse((now.saturating_add(ms), a.farm, a.task, a.attempt)));
+            }
+            self.running.insert(
+                (a.farm, a.task),
+                Run {
+                    attempt: a.attempt,
+                    grant: grant.clone(),
+                    killed: None,
+                },
+            );
+            if let Some(o) = out.observed() {
+                if let Some(at) = o.arrived.remove(&(a.farm, a.task)) {
+                    o.latency
+                        .record_ms(Latency::QueueWait, now.saturating_sub(at));
+                }
+                if o.started.len() > STARTED_KEPT {
+                    // Runs whose result was never acknowledged here (handed
+                    // back on an interrupt, a coordinator gone): forgotten.
+                    o.started.clear();
+                }
+                o.started.insert((a.farm, a.task), now);
+            }
+            out.push(Action::Start { task: a, grant });
+        }
+        if !late.is_empty() {
+            out.send_coordinator(leader, |term| Msg::Release { term, tasks: late });
+        }
+    }
+
+    /// A victim's side of a steal: gives what has not started, oldest
+    /// first, as much as the thief may hold by the coordinator's own rule:
+    /// the thief can start it sooner than this node, and tasks keep
+    /// starting in about the order they were handed out (a long task
+    /// queued early does not end up last). At most half the queue; to a
+    /// thief with no free slot only what exceeds this node's own prefetch.
+    pub(super) fn give_unstarted(
+        &mut self,
+        total: &Resources,
+        mut load: Resources,
+        max: u32,
+        specs: &Specs,
+        out: &mut Out,
+    ) -> Vec<Assigned> {
+        let thief_full = total.get(CPU).0 < load.get(CPU).0 + Amount::units(1).0;
+        let spare = if thief_full {
+            self.queue.len().saturating_sub(self.depth as usize)
+        } else {
+            self.queue.len()
+        };
+        let give_max = (max as usize).min(spare.div_ceil(2));
+        let mut given = Vec::new();
+        let mut i = 0;
+        while i < self.queue.len() && given.len() < give_max {
+            let a = self.queue[i];
+            let Some(spec) = specs.get(&a.farm) else {
+                i += 1;
+                continue;
+            };
+            let req = &spec.def.stages[a.task.stage as usize].resources;
+            if !room(total, &load, req, Prefetch::Percent(STEAL_PREFETCH_PERCENT)) {
+                i += 1;
+                continue;
+            }
+            load.give(req);
+            self.queue.remove(i);
+            if let Some(o) = out.observed() {
+                o.arrived.remove(&(a.farm, a.task));
+            }
+            given.push(a);
+        }
+        given
+    }
+
+    // ----- runs -----
+
+    /// Kills the runs whose timeout passed.
+    pub(super) fn fire_timers(&mut self, now: Millis, out: &mut Out) {
+        while let Some(Reverse((at, farm, task, attempt))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(r) = self.running.get_mut(&(farm, task)) {
+                if r.attempt == attempt && r.killed.is_none() {
+                    r.killed = Some(KillReason::Timeout);
+                    out.push(Action::Kill {
+                        task: Assigned {
+                            farm,
+                            task,
+                            attempt,
+                        },
+                        reason: KillReason::Timeout,
+                    });
+                }
+            }
+        }
+    }
+
+    /// When the next timeout passes.
+    pub(super) fn next_timer(&self) -> Option<Millis> {
+        self.timers.peek().map(|Reverse((t, ..))| *t)
+    }
+
+    /// Stops this node's tasks (Ctrl-C): running ones are killed, queued ones given back.
+    pub(super) fn interrupt(&mut self, out: &mut Out, leader: Leader) {
+        self.interrupted = true;
+        let queued: Vec<Assigned> = self.queue.drain(..).collect();
+        if !queued.is_empty() {
+            out.send_coordinator(leader, |term| Msg::Release {
+                term,
+                tasks: queued,
+            });
+        }
+        let mut kill: Vec<Assigned> = Vec::new();
+        for ((farm, task), r) in &mut self.running {
+            if r.killed.is_none() {
+                r.killed = Some(KillReason::Interrupt);
+                kill.push(Assigned {
+                    farm: *farm,
+                    task: *task,
+                    attempt: r.attempt,
+                });
+            }
+        }
+        kill.sort_by_key(|a| (a.farm, a.task));
+        for task in kill {
+            out.push(Action::Kill {
+                task,
+                reason: KillReason::Interrupt,
+            });
+        }
+    }
+
+    /// The coordinator cancelled `farm`: drops what waits here and kills
+    /// what runs. The engine hears of each.
+    pub(super) fn cancel(&mut self, farm: FarmId, out: &mut Out) {
+        let (gone, keep): (Vec<Assigned>, Vec<Assigned>) =
+            self.queue.drain(..).partition(|a| a.farm == farm);
+        self.queue = keep.into();
+        for a in gone {
+            self.report(Report {
+                task: a,
+                result: TaskResult::Error("cancelled".into()),
+                key: None,
+                duration_ms: 0,
+                outputs: Vec::new(),
+            });
+        }
+        let mut kill = Vec::new();
+        for ((f, t), r) in &mut self.running {
+            if *f == farm && r.killed.is_none() {
+                r.killed = Some(KillReason::Cancel);
+                kill.push(Assigned {
+                    farm: *f,
+                    task: *t,
+                    attempt: r.attempt,
+                });
+            }
+        }
+        for task in kill {
+            out.push(Action::Kill {
+                task,
+                reason: KillReason::Cancel,
+            });
+        }
+    }
+
+    /// A run is over: its grant goes back, its duration counts toward the
+    /// depth, and its result is reported (or the task given back, if it was
+    /// stopped on purpose).
+    pub(super) fn finish_one(
+        &mut self,
+        now: Millis,
+        (task, outcome, outputs): (Assigned, Outcome, Vec<OutputFile>),
+        specs: &Specs,
+        queue_max: usize,
+        out: &mut Out,
+        leader: Leader,
+    ) {
+        let key = (task.farm, task.task);
+        match self.running.get(&key) {
+            Some(r) if r.attempt == task.attempt => {}
+            _ => return,
+        }
+        let run = self.running.remove(&key).expect("checked above");
+        self.pool.release(&run.grant);
+        self.lent.take_saturating(&run.grant.resources);
+        self.pool_changed = true;
+        if let Some(spec) = specs.get(&task.farm) {
+            let stage = task.task.stage;
+            let slots = engine::copies(
+                self.pool.total(),
+                &spec.def.stages[stage as usize].resources,
+            );
+            self.pace
+                .finished(now, task.farm, stage, slots, outcome.duration_ms);
+            self.update_depth(now, queue_max);
+        }
+        if run.killed == Some(KillReason::Interrupt) {
+            // Stopped on purpose, not failed: it goes back to the queue,
+            // and no retry is spent on it.
+            out.send_coordinator(leader, |term| Msg::Release {
+                term,
+                tasks: vec![task],
+            });
+            return;
+        }
+        let result = match run.killed {
+            Some(KillReason::Timeout) => TaskResult::TimedOut,
+            _ => outcome.result,
+        };
+        let ok = matches!(result, TaskResult::Exited(c) if specs.get(&task.farm)
+            .is_some_and(|s| s.def.stages[task.task.stage as usize].success_codes.contains(&c)));
+        let report = Report {
+            task,
+            result,
+            key: outcome.key,
+            duration_ms: outcome.duration_ms,
+            outputs,
+        };
+        if ok {
+            // Other attempts of this task queued here meanwhile are done by this run.
+            let (same, rest): (Vec<Assigned>, Vec<Assigned>) = self
+                .queue
+                .drain(..)
+                .partition(|a| a.farm == task.farm && a.task == task.task);
+            self.queue = rest.into();
+            for a in same {
+                self.report(Report {
+                    task: a,
+                    ..report.clone()
+                });
+            }
+        }
+        self.report(report);
+    }
+
+    /// Recomputes the prefetch depth from what was measured.
+    pub(super) fn update_depth(&mut self, now: Millis, queue_max: usize) {
+        let base = base_depth(self.pool.total());
+        self.depth = self.pace.depth(now, base, queue_max as u32);
+    }
+
+    /// The round trip from a report to the assignment that answered it.
+    pub(super) fn round_trip(&mut self, now: Millis, rtt: Millis, queue_max: usize) {
+        self.pace.round_trip(rtt);
+        self.update_depth(now, queue_max);
+    }
+
+    // ----- reports -----
+
+    /// A result for the coordinator, kept until it is acknowledged (and resent until then).
+    fn report(&mut self, report: Report) {
+        let key = (report.task.farm, report.task.task);
+        self.unacked.insert(key, report.clone());
+        self.held_dirty.insert(key);
+        self.reports_out.push(report);
+    }
+
+    /// Sends this step's reports as one message (in `batch_max` chunks).
+    pub(super) fn send_reports(
+        &mut self,
+        now: Millis,
+        batch_max: usize,
+        out: &mut Out,
+        leader: Leader,
+    ) {
+        if self.reports_out.is_empty() {
+            return;
+        }
+        let reports = std::mem::take(&mut self.reports_out);
+        let prefetch = self.depth;
+        for chunk in reports.chunks(batch_max) {
+            out.send_coordinator(leader, |term| Msg::Report {
+                term,
+                reports: chunk.to_vec(),
+                at: now,
+                prefetch,
+            });
+        }
+    }
+
+    /// Not yet acknowledged, so maybe lost: sent again with this step's
+    /// reports (the coordinator counts each once).
+    pub(super) fn report_unacked_again(&mut self) {
+        self.reports_out.extend(self.unacked.values().cloned());
+    }
+
+    /// The coordinator has these results durably: forgotten here.
+    pub(super) fn acked(&mut self, now: Millis, tasks: Vec<Assigned>, out: &mut Out) {
+        for a in tasks {
+            if self
+                .unacked
+                .get(&(a.farm, a.task))
+                .is_some_and(|r| r.task.attempt == a.attempt)
+            {
+                self.unacked.remove(&(a.farm, a.task));
+                self.held_dirty.insert((a.farm, a.task));
+                if let Some(o) = out.observed() {
+                    if let Some(at) = o.started.remove(&(a.farm, a.task)) {
+                        o.latency
+                            .record_ms(Latency::StartToDone, now.saturating_sub(at));
+                    }
+                }
+            }
+        }
+    }
+
+    /// What changed among the unacknowledged results, made durable.
+    pub(super) fn persist_held(&mut self, out: &mut Out) {
+        if self.held_dirty.is_empty() {
+            return;
+        }
+        let mut reports = Vec::new();
+        let mut gone = Vec::new();
+        for key in std::mem::take(&mut self.held_dirty) {
+            match self.unacked.get(&key) {
+                Some(r) => reports.push(r.clone()),
+                None => gone.push(key),
+            }
+        }
+        out.persist(Persist::Held { reports, gone });
+    }
+
+    /// Every task this node holds for the coordinator, in a stable order:
+    /// queued, running, waiting for its farm's spec, reported and not acknowledged.
+    pub(super) fn holding(&self) -> Vec<Assigned> {
+        let mut v: Vec<Assigned> = self
+            .queue
+            .iter()
+            .copied()
+            .chain(self.running.iter().map(|((farm, task), r)| Assigned {
+                farm: *farm,
+                task: *task,
+                attempt: r.attempt,
+            }))
+            .chain(self.awaiting_spec.values().flatten().copied())
+            .chain(self.unacked.values().map(|r| r.task))
+            .collect();
+        v.sort_by_key(|a| (a.farm, a.task, a.attempt));
+        v
+    }
+
+    /// Called first by every input when this node was silent for about the
+    /// death timeout: its queue may have been run elsewhere, so it goes
+    /// back (see `Peer::woke`).
+    pub(super) fn give_back_silent(&mut self, silent_ms: Millis, out: &mut Out, leader: Leader) {
+        if self.queue.is_empty() {
+            return;
+        }
+        if let Some(o) = out.observed() {
+            o.arrived.clear();
+        }
+        let tasks: Vec<Assigned> = self.queue.drain(..).collect();
+        out.emit(PeerEvent::Silent {
+            ms: silent_ms,
+            released: tasks.len(),
+        });
+        out.send_coordinator(leader, |term| Msg::Release { term, tasks });
+    }
+
+    // ----- checks -----
+
+    /// After a step that started or ended a task here: the pool within
+    /// bounds, and what it has lent equal to what the running grants hold.
+    pub(super) fn check_step(&mut self) -> Result<(), String> {
+        // Most steps start and end nothing here (messages, beats), and the
+        // grants are counted as they come and go: a pass over them after
+        // every step was a tenth of a 1,000-node run.
+        if std::mem::take(&mut self.pool_changed) {
+            self.pool
+                .check_bounds()
+                .and_then(|()| self.pool.check_lent(&self.lent))?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_bounds(&self) -> Result<(), String> {
+        self.pool.check_bounds()
+    }
+
+    /// The pool against a sum of the running tasks' grants.
+    pub(super) fn check_tasks(&self) -> Result<(), String> {
+        self.pool.check(self.running.values().map(|r| &r.grant))
+    }
+}
+
+/// The prefetch depth of a node that has measured nothing yet: the old
+/// fixed rule's (the steal prefetch), a tenth of its cpus and one.
+fn base_depth(total: &Resources) -> u32 {
+    (total.get(CPU).whole() * (STEAL_PREFETCH_PERCENT - 100) / 100) as u32 + 1
+}
