@@ -11,6 +11,7 @@ use mesh_protocol::alloc::{BatchSystem, JobState, QueueDef};
 use mesh_protocol::mesh::{AllocBook, AllocCmd, AllocEvent};
 use mesh_protocol::resources::{format_bytes, parse_amount, MEM};
 
+use crate::args;
 use crate::mesh_cmds::ask;
 
 #[derive(Subcommand)]
@@ -25,6 +26,7 @@ pub enum AllocArgs {
     },
     /// One queue: its settings and its jobs (id, state, times).
     Info {
+        #[arg(value_parser = args::name)]
         queue: String,
         #[arg(long)]
         json: bool,
@@ -33,6 +35,7 @@ pub enum AllocArgs {
     /// cancellations, pauses.
     Log {
         /// Only this queue's events.
+        #[arg(value_parser = args::name)]
         queue: Option<String>,
         /// How many of the latest events.
         #[arg(long, default_value_t = 50)]
@@ -41,11 +44,20 @@ pub enum AllocArgs {
         json: bool,
     },
     /// Stop submitting for a queue (its jobs keep running).
-    Pause { queue: String },
+    Pause {
+        #[arg(value_parser = args::name)]
+        queue: String,
+    },
     /// Submit again for a paused queue (paused by hand or after failures).
-    Resume { queue: String },
+    Resume {
+        #[arg(value_parser = args::name)]
+        queue: String,
+    },
     /// Remove a queue; its jobs are cancelled and their nodes hand their tasks back.
-    Remove { queue: String },
+    Remove {
+        #[arg(value_parser = args::name)]
+        queue: String,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -58,13 +70,13 @@ pub enum System {
 pub struct AddArgs {
     system: System,
     /// Each job's walltime, e.g. `1h`, `30m` (its nodes drain before it).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = args::duration)]
     time: Duration,
     /// Cores per node of a job.
     #[arg(long)]
     cores: u32,
     /// Memory per node, e.g. `64G`.
-    #[arg(long)]
+    #[arg(long, value_parser = args::name)]
     mem: Option<String>,
     /// GPUs per node: a queue with GPUs serves tasks that ask for them.
     #[arg(long, default_value_t = 0)]
@@ -73,15 +85,15 @@ pub struct AddArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     nodes_per_job: u32,
     /// The batch system's queue (SLURM partition, PBS queue).
-    #[arg(long)]
+    #[arg(long, value_parser = args::name)]
     queue: Option<String>,
-    #[arg(long)]
+    #[arg(long, value_parser = args::name)]
     account: Option<String>,
     /// An extra line for the script's header, e.g. `--constraint=a100` (repeatable).
-    #[arg(long = "directive", value_name = "LINE")]
+    #[arg(long = "directive", value_name = "LINE", value_parser = args::name)]
     directives: Vec<String>,
     /// A shell line run before the node starts, e.g. `module load gcc` (repeatable).
-    #[arg(long = "prologue", value_name = "LINE")]
+    #[arg(long = "prologue", value_name = "LINE", value_parser = args::name)]
     prologue: Vec<String>,
     /// Jobs kept at least (queued or running), work or not.
     #[arg(long, default_value_t = 0)]
@@ -90,10 +102,10 @@ pub struct AddArgs {
     #[arg(long, default_value_t = 10)]
     max: u32,
     /// A running job whose nodes have run nothing this long is cancelled (above --min).
-    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = args::duration)]
     idle_timeout: Duration,
     /// The queue's name (default: the batch system's, numbered if taken).
-    #[arg(long)]
+    #[arg(long, value_parser = args::name)]
     name: Option<String>,
     /// Print the batch script a job would run, and change nothing.
     #[arg(long)]

@@ -1,6 +1,7 @@
 //! The `mesh` command: run, resume and inspect farms from the terminal.
 
 mod alloc_cmd;
+mod args;
 mod mesh_cmds;
 mod show;
 mod sim_cmd;
@@ -37,7 +38,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 )]
 struct Cli {
     /// Where farms keep their state (default: the user's data folder, e.g. ~/.local/share/mesh).
-    #[arg(long, global = true, env = "MESH_STATE_DIR", value_name = "DIR")]
+    #[arg(long, global = true, env = "MESH_STATE_DIR", value_name = "DIR", value_parser = args::path)]
     state_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
@@ -48,9 +49,10 @@ enum Cmd {
     /// Run a farm file on this machine, with a progress bar; exit 0 when every task succeeded.
     Run {
         /// The farm file (TOML).
+        #[arg(value_parser = args::path)]
         farm: PathBuf,
         /// Where collected outputs go (default ./mesh-out/<farm name>).
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", value_parser = args::path)]
         out: Option<PathBuf>,
         #[command(flatten)]
         node: NodeArgs,
@@ -61,12 +63,13 @@ enum Cmd {
     /// With a node running here, a mesh farm: this node becomes its home and collects its outputs.
     Resume {
         /// Farm id, id prefix or name (see `mesh list`, or `mesh status` on a mesh).
+        #[arg(value_parser = args::name)]
         farm: Option<String>,
         /// Also run tasks that failed for good, with fresh retries.
         #[arg(long)]
         retry_failed: bool,
         /// For a mesh farm whose home was another node: where its outputs go on this machine.
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", value_parser = args::path)]
         out: Option<PathBuf>,
         #[command(flatten)]
         node: NodeArgs,
@@ -75,8 +78,9 @@ enum Cmd {
     },
     /// Check a farm file and show what it would run, without running anything.
     Check {
+        #[arg(value_parser = args::path)]
         farm: PathBuf,
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", value_parser = args::path)]
         out: Option<PathBuf>,
         /// How many tasks of each stage to show.
         #[arg(long, default_value_t = 3)]
@@ -104,16 +108,17 @@ enum Cmd {
     /// Run a node that joins the mesh of the node at MULTIADDR (as `mesh node` printed it).
     Join {
         /// One address, or several comma-separated (any one that answers will do).
-        #[arg(value_name = "MULTIADDR[,MULTIADDR...]")]
-        peer: String,
+        #[arg(value_name = "MULTIADDR[,MULTIADDR...]", value_parser = args::peers)]
+        peer: args::Peers,
         #[command(flatten)]
         flags: mesh_cmds::NodeFlags,
     },
     /// Hand a farm to the local node; prints the farm id at once.
     Submit {
+        #[arg(value_parser = args::path)]
         farm: PathBuf,
         /// Where collected outputs go on this machine (default ./mesh-out/<farm name>).
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", value_parser = args::path)]
         out: Option<PathBuf>,
         /// Then follow it to the end with a progress bar (exit 0 when every task succeeded).
         #[arg(long)]
@@ -123,15 +128,20 @@ enum Cmd {
     },
     /// Follow a submitted farm to its end.
     Wait {
+        #[arg(value_parser = args::name)]
         farm: String,
         #[arg(long)]
         json: bool,
     },
     /// Stop a submitted farm: nothing new starts, running tasks are killed.
-    Cancel { farm: String },
+    Cancel {
+        #[arg(value_parser = args::name)]
+        farm: String,
+    },
     /// With a node running: every node, the coordinator and the farms; otherwise a farm's
     /// progress per stage (default: the most recent farm).
     Status {
+        #[arg(value_parser = args::name)]
         farm: Option<String>,
         #[arg(long)]
         json: bool,
@@ -145,9 +155,10 @@ enum Cmd {
     /// ETA, nodes with their load, recent failures (plain lines when not on a terminal).
     Watch {
         /// Farm id, id prefix or name (default: every farm).
+        #[arg(value_parser = args::name)]
         farm: Option<String>,
         /// Seconds between updates.
-        #[arg(long, default_value_t = 1.0, value_name = "S")]
+        #[arg(long, default_value_t = 1.0, value_name = "S", value_parser = args::seconds)]
         every: f64,
         /// Stop when the farm (or every farm) has finished.
         #[arg(long)]
@@ -161,9 +172,10 @@ enum Cmd {
     },
     /// Show a task's stdout and stderr (TASK is <stage>/<index>, e.g. solve/3).
     Logs {
+        #[arg(value_parser = args::name)]
         task: String,
         /// Farm id, id prefix or name (default: the most recent farm).
-        #[arg(long)]
+        #[arg(long, value_parser = args::name)]
         farm: Option<String>,
         /// Which attempt (default: the latest that wrote output).
         #[arg(long)]
@@ -307,8 +319,8 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Cmd::Init => mesh_cmds::init(state.root()),
         Cmd::Alloc { cmd } => alloc_cmd::alloc(state.root(), cmd),
         Cmd::Sim { args } => sim_cmd::sim(&args),
-        Cmd::Node { flags } => mesh_cmds::node(state.root(), &flags, None),
-        Cmd::Join { peer, flags } => mesh_cmds::node(state.root(), &flags, Some(&peer)),
+        Cmd::Node { flags } => mesh_cmds::node(state.root(), &flags, Vec::new()),
+        Cmd::Join { peer, flags } => mesh_cmds::node(state.root(), &flags, peer.0),
         Cmd::Submit {
             farm,
             out,

@@ -14,7 +14,7 @@ use mesh_node::farmfile::{self, LoadOptions};
 use mesh_node::mesh_node::{run_node, Multiaddr, NodeOptions};
 use mesh_protocol::mesh::Config;
 
-use crate::{node_resources, show, NodeArgs, EXIT_FAILED_TASKS};
+use crate::{args, node_resources, show, NodeArgs, EXIT_FAILED_TASKS};
 use mesh_protocol::resources::format_bytes;
 
 pub fn init(state: &Path) -> Result<ExitCode> {
@@ -41,10 +41,10 @@ pub fn init(state: &Path) -> Result<ExitCode> {
 #[derive(clap::Args)]
 pub struct NodeFlags {
     /// Where to listen (repeatable).
-    #[arg(long, value_name = "MULTIADDR", default_value = "/ip4/0.0.0.0/tcp/0")]
-    pub listen: Vec<String>,
+    #[arg(long, value_name = "MULTIADDR", default_value = "/ip4/0.0.0.0/tcp/0", value_parser = args::multiaddr)]
+    pub listen: Vec<Multiaddr>,
     /// The mesh secret (default: mesh.key in the state folder).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = args::path)]
     pub key: Option<PathBuf>,
     /// A member silent this long is declared dead and its tasks run elsewhere.
     #[arg(long, value_name = "MS", default_value_t = 2000)]
@@ -76,11 +76,11 @@ pub struct NodeFlags {
     /// This node is killed after this long (a batch job's walltime, e.g. `1h`):
     /// `--drain-margin` before, it hands back its queued and running tasks,
     /// without spending their retries, and stops.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
     pub walltime: Option<std::time::Duration>,
     /// How long before the walltime the node drains (default: 2 minutes, or a
     /// tenth of a shorter walltime).
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
     pub drain_margin: Option<std::time::Duration>,
     /// The batch job that started this node, as the batch system lists it
     /// (the scripts of `mesh alloc` set it): the coordinator learns which
@@ -91,32 +91,14 @@ pub struct NodeFlags {
     pub node: NodeArgs,
 }
 
-pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitCode> {
-    let mut listen = Vec::new();
-    for a in &flags.listen {
-        listen.push(a.parse::<Multiaddr>().with_context(|| {
-            format!("--listen {a}: not a multiaddr (e.g. /ip4/0.0.0.0/tcp/7070)")
-        })?);
-    }
+/// Runs a node in the foreground; `join`: the addresses of the mesh it
+/// joins (any one that answers), none for a new mesh.
+pub fn node(state: &Path, flags: &NodeFlags, join: Vec<Multiaddr>) -> Result<ExitCode> {
     if flags.mdns && !cfg!(feature = "mdns") {
         bail!(
             "this mesh was built without mDNS; rebuild with `--features mdns`, or join by address"
         );
     }
-    // Several addresses, comma-separated: any one that answers will do.
-    let join = match join {
-        Some(list) => list
-            .split(',')
-            .map(str::trim)
-            .filter(|a| !a.is_empty())
-            .map(|a| {
-                a.parse::<Multiaddr>().with_context(|| {
-                    format!("{a}: not a multiaddr (e.g. /ip4/10.0.0.5/tcp/7070, as `mesh node` prints it)")
-                })
-            })
-            .collect::<Result<Vec<_>>>()?,
-        None => Vec::new(),
-    };
     // A gpu count given in --resources declares devices 0..n.
     let resources = node_resources(&flags.node)?;
     let config = Config {
@@ -131,7 +113,7 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Option<&str>) -> Result<ExitC
     };
     let opts = NodeOptions {
         state: state.to_path_buf(),
-        listen,
+        listen: flags.listen.clone(),
         join,
         resources,
         key: flags

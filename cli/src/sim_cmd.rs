@@ -6,11 +6,12 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use mesh_sim::{load_scenario, parse_durations, NodeGroup, SimConfig};
 
-use crate::EXIT_FAILED_TASKS;
+use crate::{args, EXIT_FAILED_TASKS};
 
 #[derive(clap::Args)]
 pub struct SimArgs {
     /// A scenario file (TOML, see sim/scenarios/); the flags below override it.
+    #[arg(value_parser = args::path)]
     pub scenario: Option<PathBuf>,
     /// Simulated nodes (default 100, or the scenario's); with a scenario, its
     /// node groups are scaled to this many nodes in the same proportions.
@@ -32,7 +33,7 @@ pub struct SimArgs {
     #[arg(long)]
     pub json: bool,
     /// Draw utilization over time per node and a sample of the task stream.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = args::path)]
     pub svg: Option<PathBuf>,
 }
 

@@ -807,3 +807,33 @@ fn joining_a_peer_that_is_not_up_yet_keeps_trying_until_it_is() {
     });
     assert!(joined, "it never joined: {:?}", joiner.lines());
 }
+
+/// What a job script with an unset variable passes (`mesh join $FIRST_ADDR`,
+/// `mesh cancel $FARM`): refused before anything starts, exit 2, with what
+/// was expected. An empty join list used to start a mesh of one that ran
+/// farms alone, and an empty farm id matched every farm as a prefix.
+#[test]
+fn an_unset_address_farm_or_path_is_refused_before_anything_starts() {
+    let sb = sandbox();
+    for (args, says) in [
+        (vec!["join", ""], "address of a node"),
+        (vec!["join", "  "], "address of a node"),
+        (vec!["join", "/ip4/127.0.0.1/tcp/9,"], "entry 2"),
+        (vec!["join", ",/ip4/127.0.0.1/tcp/9"], "entry 1"),
+        (vec!["node", "--listen", ""], "expected a multiaddr"),
+        (vec!["node", "--key", ""], "expected a path"),
+        (vec!["node", "--walltime", ""], "expected a duration"),
+        (vec!["cancel", ""], "expected a name"),
+        (vec!["wait", ""], "expected a name"),
+        (vec!["submit", ""], "expected a path"),
+        (vec!["--state-dir", "", "list"], "expected a path"),
+    ] {
+        let r = sb.mesh(&args);
+        r.expect_code(2);
+        assert!(r.stderr.contains(says), "{args:?}: {}", r.stderr);
+        assert!(!r.stdout.contains("listening"), "{args:?} started a node");
+    }
+    // Nothing was started, so nothing was made.
+    assert!(!sb.state().join("identity.key").exists());
+    assert!(!sb.state().join("mesh.key").exists());
+}
