@@ -411,7 +411,10 @@ pub(crate) fn dashboard(
 
 fn state_root(flag: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(p) = flag {
-        return Ok(p);
+        // Made absolute once, here: batch job scripts, the control socket
+        // and the paths a node prints name it from wherever they are used.
+        return std::path::absolute(&p)
+            .with_context(|| format!("--state-dir {}: cannot make it absolute", p.display()));
     }
     match dirs::data_dir() {
         Some(d) => Ok(d.join("mesh")),

@@ -116,10 +116,12 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Vec<Multiaddr>) -> Result<Exi
         listen: flags.listen.clone(),
         join,
         resources,
-        key: flags
-            .key
-            .clone()
-            .unwrap_or_else(|| state.join(mesh_node::keys::PSK_FILE)),
+        key: match &flags.key {
+            // Job scripts pass it on to nodes started elsewhere.
+            Some(k) => std::path::absolute(k)
+                .with_context(|| format!("--key {}: cannot make it absolute", k.display()))?,
+            None => state.join(mesh_node::keys::PSK_FILE),
+        },
         config,
         mdns: flags.mdns,
         http: flags.node.http,

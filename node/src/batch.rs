@@ -40,10 +40,24 @@ fn mb(bytes: u64) -> u64 {
 
 /// The job script for one job of `q`.
 pub fn script(q: &QueueDef, l: &Launch) -> String {
+    // A job starts wherever the batch system puts it: a path relative to
+    // this node's folder would name nothing there.
+    let l = &Launch {
+        mesh: l.mesh.clone(),
+        join: l.join.clone(),
+        key: absolute(&l.key),
+        state_root: absolute(&l.state_root),
+        log_dir: absolute(&l.log_dir),
+    };
     match q.system {
         BatchSystem::Slurm => slurm(q, l),
         BatchSystem::Pbs => pbs(q, l),
     }
+}
+
+/// `path` made absolute against this process's folder (no filesystem access).
+fn absolute(path: &str) -> String {
+    std::path::absolute(path).map_or_else(|_| path.to_owned(), |p| p.display().to_string())
 }
 
 fn header_common(out: &mut String, q: &QueueDef) {
@@ -434,6 +448,29 @@ mod tests {
             key: "/home/ada/.local/share/mesh/mesh.key".into(),
             state_root: "/scratch/ada/mesh".into(),
             log_dir: "/home/ada/.local/share/mesh/alloc/gpu".into(),
+        }
+    }
+
+    #[test]
+    fn every_path_in_a_script_is_absolute_whatever_the_node_was_given() {
+        let l = Launch {
+            mesh: "/opt/mesh/bin/mesh".into(),
+            join: "/ip4/10.0.0.5/tcp/7070".into(),
+            key: "n1/mesh.key".into(),
+            state_root: "n1/alloc/nodes".into(),
+            log_dir: "n1/alloc/cpu".into(),
+        };
+        let here = std::env::current_dir().expect("a current folder");
+        for system in [BatchSystem::Slurm, BatchSystem::Pbs] {
+            let s = script(&bare(system), &l);
+            for rel in ["n1/mesh.key", "n1/alloc/nodes", "n1/alloc/cpu"] {
+                let abs = here.join(rel).display().to_string();
+                assert!(s.contains(&abs), "{system:?}: no {abs} in\n{s}");
+                assert!(
+                    !s.contains(&format!(" {rel}")) && !s.contains(&format!("\"{rel}")),
+                    "{system:?}: {rel} left relative in\n{s}"
+                );
+            }
         }
     }
 

@@ -108,7 +108,10 @@ fn mesh_alloc_scales_a_real_slurm_out_and_in_and_walltimes_fail_no_task() {
         "SLURM_CONF".to_string(),
         slurm.conf.to_string_lossy().into_owned(),
     )];
-    let mut c = Cluster::start_with_env(&sb, &["cpu=1"], &[], env);
+    // The node is given its state folder relative to where it runs (the
+    // same folder the harness names absolutely), as a user typing
+    // `mesh node --state-dir n0` would: the jobs start elsewhere.
+    let mut c = Cluster::start_with_env(&sb, &["cpu=1"], &["--state-dir", "n0"], env);
 
     // The script it would submit, without submitting it.
     let args = [
@@ -136,6 +139,15 @@ fn mesh_alloc_scales_a_real_slurm_out_and_in_and_walltimes_fail_no_task() {
         dry.stdout
     );
     assert!(dry.stdout.contains(" join "), "{}", dry.stdout);
+    // Every path in the script is absolute.
+    let n0 = sb.path().canonicalize().expect("sandbox").join("n0");
+    for want in [
+        format!("--output={}/alloc/cpu/", n0.display()),
+        format!("--state-dir \"{}/alloc/nodes/", n0.display()),
+        format!("--key \"{}/mesh.key\"", n0.display()),
+    ] {
+        assert!(dry.stdout.contains(&want), "no {want} in\n{}", dry.stdout);
+    }
     assert!(c.mesh(0, &["alloc", "list", "--json"]).json()["queues"]
         .as_array()
         .is_some_and(|q| q.is_empty()));
