@@ -227,10 +227,26 @@ fn main() -> ExitCode {
                 eprintln!("error: {fe}");
                 return ExitCode::from(EXIT_BAD_INPUT);
             }
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", describe(&e));
             ExitCode::from(EXIT_BAD_INPUT)
         }
     }
+}
+
+/// An error and its causes, each said once. Most of mesh's errors name
+/// their cause in their own message and also keep it as their source
+/// (for callers that look at it); printed as a chain, the cause came two
+/// or three times (`database error: X: X`).
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
 }
 
 fn dispatch(cli: Cli) -> Result<ExitCode> {
@@ -480,5 +496,28 @@ fn self_cpu_ms() -> u64 {
             ms(u.user_time()) + ms(u.system_time())
         }
         Err(_) => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_says_each_cause_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        // An error that names its cause and keeps it as its source.
+        let named = mesh_node::IoError {
+            what: "cannot write the store's log /s/mesh.wal".into(),
+            source: io(),
+        };
+        let e = anyhow::Error::new(named).context("cannot open the farm");
+        assert_eq!(
+            describe(&e),
+            "cannot open the farm: cannot write the store's log /s/mesh.wal: no such file"
+        );
+        // A cause the message does not name is still said.
+        let e = anyhow::Error::new(io()).context("reading params.txt");
+        assert_eq!(describe(&e), "reading params.txt: no such file");
     }
 }
