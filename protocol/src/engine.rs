@@ -441,31 +441,53 @@ impl Engine {
                     st.set(i, PENDING);
                 }
             }
-            let mut work = vec![s];
-            while let Some(s) = work.pop() {
-                let f = &mut self.farms[fi];
-                let st = &mut f.stages[s];
-                st.cursor = 0;
-                for i in 0..st.status.len() {
-                    if st.status[i] == SKIPPED {
-                        st.set(i, PENDING);
+            st.cursor = 0;
+            if st.open && !f.def.stages[s].after_each.is_empty() {
+                let ready = ready_each(f, s, 0..f.stages[s].status.len());
+                f.stages[s].ready.extend(ready);
+            }
+            self.revive_dependents(FarmSlot(fi as u32), s as u32, None);
+        }
+    }
+
+    /// Tasks skipped because `stage` (task `index`, or all of it) would not
+    /// finish wait again, wherever nothing else they need failed: a done
+    /// that won over a failure (the other side of a partition finished
+    /// it), or a stage that fits a machine again.
+    fn revive_dependents(&mut self, farm: FarmSlot, stage: u32, index: Option<u32>) {
+        let f = &mut self.farms[farm.0 as usize];
+        if f.cancelled {
+            return;
+        }
+        let mut work = vec![(stage, index)];
+        while let Some((s, idx)) = work.pop() {
+            let whole = f.dependents[s as usize].iter().map(|&d| (d, None));
+            let each = f.dependents_each[s as usize].iter().map(|&d| (d, idx));
+            let deps: Vec<(u32, Option<u32>)> = whole.chain(each).collect();
+            for (d, at) in deps {
+                let ds = d as usize;
+                let range = match at {
+                    Some(i) => i as usize..i as usize + 1,
+                    None => 0..f.stages[ds].status.len(),
+                };
+                let back: Vec<usize> = range
+                    .filter(|&i| f.stages[ds].status[i] == SKIPPED && !doomed(f, ds, i))
+                    .collect();
+                if back.is_empty() {
+                    continue;
+                }
+                for &i in &back {
+                    f.stages[ds].set(i, PENDING);
+                }
+                if f.stages[ds].open {
+                    if f.def.stages[ds].after_each.is_empty() {
+                        f.stages[ds].cursor = 0;
+                    } else {
+                        let ready = ready_each(f, ds, back.into_iter());
+                        f.stages[ds].ready.extend(ready);
                     }
                 }
-                if st.open && !f.def.stages[s].after_each.is_empty() {
-                    let stages = &f.stages;
-                    let each = &f.def.stages[s].after_each;
-                    let ready: Vec<u32> = (0..stages[s].status.len())
-                        .filter(|&i| {
-                            stages[s].status[i] == PENDING
-                                && each.iter().all(|&d| stages[d as usize].status[i] == DONE)
-                        })
-                        .map(|i| i as u32)
-                        .collect();
-                    f.stages[s].ready.extend(ready);
-                }
-                for d in f.dependents[s].iter().chain(&f.dependents_each[s]) {
-                    work.push(*d as usize);
-                }
+                work.push((d, at));
             }
         }
     }
@@ -709,14 +731,7 @@ impl Engine {
         if each.is_empty() {
             return;
         }
-        let stages = &f.stages;
-        let ready: Vec<u32> = (0..stages[s as usize].status.len())
-            .filter(|&i| {
-                stages[s as usize].status[i] == PENDING
-                    && each.iter().all(|&d| stages[d as usize].status[i] == DONE)
-            })
-            .map(|i| i as u32)
-            .collect();
+        let ready = ready_each(f, s as usize, 0..f.stages[s as usize].status.len());
         f.stages[s as usize].ready.extend(ready);
     }
 
@@ -1076,10 +1091,16 @@ impl Engine {
         };
         let i = task.index as usize;
         // Done wins over a failure recorded on the other side of a partition.
-        if !matches!(st.status.get(i), Some(&PENDING) | Some(&FAILED)) {
-            return false;
-        }
+        let failed = match st.status.get(i) {
+            Some(&PENDING) => false,
+            Some(&FAILED) => true,
+            _ => return false,
+        };
         st.set(i, DONE);
+        if failed {
+            // What was skipped because it failed runs after all.
+            self.revive_dependents(farm, task.stage, Some(task.index));
+        }
         self.on_done(farm, task);
         self.fill(now);
         self.check_finished(farm);
@@ -1479,6 +1500,34 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Of `indices` of stage `s`, those pending whose element-wise
+/// dependencies are all done: ready once the stage is open.
+fn ready_each(f: &FarmState, s: usize, indices: impl Iterator<Item = usize>) -> Vec<u32> {
+    let each = &f.def.stages[s].after_each;
+    indices
+        .filter(|&i| {
+            f.stages[s].status[i] == PENDING
+                && each.iter().all(|&d| f.stages[d as usize].status[i] == DONE)
+        })
+        .map(|i| i as u32)
+        .collect()
+}
+
+/// Task `i` of stage `s` can never run: a stage it waits on whole has a
+/// task that failed, was skipped or cancelled, or the task it waits on
+/// element-wise did.
+fn doomed(f: &FarmState, s: usize, i: usize) -> bool {
+    let def = &f.def.stages[s];
+    let lost = |c: &Counts| c.failed + c.skipped + c.cancelled > 0;
+    def.after
+        .iter()
+        .any(|&e| lost(&f.stages[e as usize].counts))
+        || def
+            .after_each
+            .iter()
+            .any(|&e| matches!(f.stages[e as usize].status[i], FAILED | SKIPPED | CANCELLED))
 }
 
 /// Skips the pending tasks of a stage (one index, or all). True when any changed.

@@ -170,6 +170,59 @@ fn failures_retry_then_fail_and_skip_dependents() {
     assert!(p.finished());
 }
 
+/// The two sides of a partition: one failed a task for good (its
+/// dependents were skipped), the other finished it. Merged, done wins, and
+/// what was skipped only because of that failure runs after all; what
+/// another failure still blocks stays skipped until that one is won too.
+#[test]
+fn a_done_that_wins_over_a_failure_revives_what_the_failure_skipped() {
+    let a = stage("a", 2);
+    let mut b = stage("b", 2);
+    b.after_each = vec![0];
+    let mut c = stage("c", 1);
+    c.after = vec![1];
+    let mut e = Engine::remote(vec![parse_resources("cpu=8").unwrap()]);
+    let slot = e.add_farm(0, farm(vec![a, b, c]), vec![], &AddOptions::default());
+    let t = |stage, index| TaskRef { stage, index };
+    let claimed = e.claim(0, 10, &mut |_| true);
+    assert_eq!(claimed.len(), 2, "only a is ready: {claimed:?}");
+    for (f, task, att) in claimed {
+        e.task_finished(1, f, task, att, fail());
+    }
+    let p = e.progress(slot);
+    assert_eq!((p.failed, p.skipped), (2, 3), "{p:?}");
+    assert!(p.finished());
+
+    // The other side finished a/0: b/0 waits on nothing that failed; c
+    // waits on all of b, and b/1 is still skipped.
+    assert!(e.mark_done(2, slot, t(0, 0)));
+    e.audit().unwrap();
+    let st = |e: &Engine| e.stage_progress(slot);
+    assert_eq!((st(&e)[1].skipped, st(&e)[2].skipped), (1, 1));
+    let claimed = e.claim(2, 10, &mut |_| true);
+    assert_eq!(
+        claimed.iter().map(|c| c.1).collect::<Vec<_>>(),
+        vec![t(1, 0)]
+    );
+    for (f, task, att) in claimed {
+        e.task_finished(3, f, task, att, ok());
+    }
+    let p = e.progress(slot);
+    assert_eq!((p.done, p.failed, p.skipped), (2, 1, 2), "{p:?}");
+
+    // Then a/1 too: b/1 and c run, and the farm ends with everything done.
+    assert!(e.mark_done(4, slot, t(0, 1)));
+    e.audit().unwrap();
+    for _ in 0..3 {
+        for (f, task, att) in e.claim(5, 10, &mut |_| true) {
+            e.task_finished(6, f, task, att, ok());
+        }
+    }
+    let p = e.progress(slot);
+    assert_eq!((p.done, p.failed, p.skipped), (5, 0, 0), "{p:?}");
+    assert!(p.finished());
+}
+
 #[test]
 fn timeouts_kill_and_count_as_failures() {
     let mut a = stage("a", 1);

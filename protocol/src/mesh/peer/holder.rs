@@ -287,6 +287,13 @@ impl Holdings {
             r.stages = m.stages;
             r.duplicates = r.duplicates.max(m.duplicates);
             r.end_len = m.finished.then_some(m.len);
+            if r.home && r.announced && !m.finished {
+                // The coordinator reopened a farm whose end this home had
+                // told (a done won over a failure after a partition healed,
+                // and what that failure skipped runs now): the new outputs
+                // are brought here, and the new end told again.
+                r.announced = false;
+            }
         }
         let was_over = r.over;
         // Over once every task is and this copy has every entry.
