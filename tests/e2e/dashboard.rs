@@ -39,6 +39,13 @@ name = "work"
 sweep.i = { range = "0..999999" }
 shell = 'sleep 0.02; test $(( {i} % 50 )) -ne 7'
 retries = 0
+
+# A name as long as users give them: every view must still fit the window.
+[[stage]]
+name = "postprocess_every_parameter_combination_of_the_whole_sweep_into_one_report"
+after = ["work"]
+sweep.i = { range = "0..3" }
+shell = "true"
 "#;
 
 /// Kills a child (and waits for it) when dropped.
@@ -222,18 +229,38 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
         assert!(after["updates"].as_u64() > before["updates"].as_u64());
         assert!(after["bars"].as_u64() > Some(0));
 
-        for view in ["mesh", "farms", "stream", "time"] {
-            b.goto(&format!("{url}#{view}"))
-                .await
-                .expect("the view loads");
-            let start = Instant::now();
-            while body_data(&b, "updates").await.unwrap_or(0) == 0
-                && start.elapsed() < Duration::from_secs(10)
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        // Every view fits the window, on a desktop and on a phone: a table
+        // may scroll inside its own box, the page may not.
+        for (w, h) in [(1400, 900), (390, 844)] {
+            b.set_window_size(w, h).await.expect("the window resizes");
+            for view in ["mesh", "farms", "stream", "time"] {
+                b.goto(&format!("{url}#{view}"))
+                    .await
+                    .expect("the view loads");
+                let start = Instant::now();
+                while body_data(&b, "updates").await.unwrap_or(0) == 0
+                    && start.elapsed() < Duration::from_secs(10)
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let png = b.screenshot().await.expect("a screenshot");
+                std::fs::write(shots.join(format!("{view}-{w}.png")), png)
+                    .expect("save screenshot");
+                let over = b
+                    .execute(
+                        "const e = document.documentElement; \
+                         return [e.scrollWidth, e.clientWidth, window.innerWidth];",
+                        vec![],
+                    )
+                    .await
+                    .expect("the page answers");
+                let (scroll, client) = (over[0].as_u64(), over[1].as_u64());
+                assert!(
+                    scroll.is_some() && scroll <= client,
+                    "{view} at {w}x{h}: the page is wider than the window \
+                     (scrollWidth, clientWidth, innerWidth: {over})"
+                );
             }
-            let png = b.screenshot().await.expect("a screenshot");
-            std::fs::write(shots.join(format!("{view}.png")), png).expect("save screenshot");
         }
         let charts = b
             .execute(

@@ -50,7 +50,7 @@
     }
     const total = nodes.length + (d.nodes_more || 0);
     let h = `<p class="summary"><b>${total}</b> node${total === 1 ? '' : 's'} · <b>${int(r)}</b> running · <b>${int(q)}</b> queued</p>`;
-    h += '<table class="nodes"><thead><tr><th>node</th>' + kinds.map((k) => `<th>${esc(k)}</th>`).join('') +
+    h += '<div class="tablebox"><table class="nodes"><thead><tr><th>node</th>' + kinds.map((k) => `<th>${esc(k)}</th>`).join('') +
       '<th>load</th><th>memory</th><th class="num">queued</th><th class="num">running</th><th class="num">prefetch</th></tr></thead><tbody>';
     for (const n of nodes) {
       const rs = {};
@@ -64,17 +64,17 @@
       h += `<td class="num">${int(n.queued)}</td><td class="num">${int(n.running)}</td><td class="num">${int(n.prefetch)}</td></tr>`;
     }
     if (!nodes.length) h += `<tr><td colspan="${kinds.length + 6}" class="muted">no nodes</td></tr>`;
-    h += '</tbody></table>';
+    h += '</tbody></table></div>';
     if (d.nodes_more > 0) h += `<p class="more">${int(d.nodes_more)} more nodes not shown</p>`;
 
-    h += '<h3>latency</h3><table class="latency"><thead><tr><th>measure</th><th class="num">count</th>' +
+    h += '<h3>latency</h3><div class="tablebox"><table class="latency"><thead><tr><th>measure</th><th class="num">count</th>' +
       '<th class="num">p50 ms</th><th class="num">p90 ms</th><th class="num">p99 ms</th><th class="num">max ms</th></tr></thead><tbody>';
     for (const l of d.latency || []) {
       h += `<tr><td>${esc(l.name)}</td><td class="num">${int(l.count)}</td><td class="num">${num(l.p50_ms)}</td>` +
         `<td class="num">${num(l.p90_ms)}</td><td class="num">${num(l.p99_ms)}</td><td class="num">${num(l.max_ms)}</td></tr>`;
     }
     if (!(d.latency || []).length) h += '<tr><td colspan="6" class="muted">no measurements yet</td></tr>';
-    return h + '</tbody></table>';
+    return h + '</tbody></table></div>';
   }
 
   // ---------------------------------------------------------------- farms
@@ -86,7 +86,7 @@
       h += `<div class="card farm" data-farm="${esc(f.id)}"><div class="farm-head"><h2>${esc(f.name)}</h2>` +
         `<code>${esc(f.id)}</code><span class="muted">home <code title="${esc(f.home)}">${esc(short(f.home))}</code></span>` +
         (f.finished ? '<span class="state fin">finished</span>' : '<span class="state run">running</span>') + '</div>';
-      h += '<table class="stages"><thead><tr><th>stage</th><th>progress</th><th class="num">done</th><th class="num">running</th>' +
+      h += '<div class="tablebox"><table class="stages"><thead><tr><th>stage</th><th>progress</th><th class="num">done</th><th class="num">running</th>' +
         '<th class="num">queued</th><th class="num">failed</th><th class="num">rate</th><th class="num">ETA</th></tr></thead><tbody>';
       for (const s of f.stages || []) {
         const t = s.total || 0;
@@ -102,7 +102,7 @@
           `<td class="num">${int(s.failed)}${other ? ` <span class="muted" title="skipped ${s.skipped || 0}, cancelled ${s.cancelled || 0}">+${other}</span>` : ''}</td>` +
           `<td class="num">${fin(s.rate) ? num(s.rate, 1) + '/s' : '—'}</td><td class="num">${dur(s.eta_s)}</td></tr>`;
       }
-      h += '</tbody></table>';
+      h += '</tbody></table></div>';
       const fl = f.failures || [];
       if (fl.length) {
         h += `<h3>failures (${fl.length})</h3><ul class="failures">`;
@@ -228,6 +228,9 @@
       const dt = i > 0 ? tt - t[i - 1] : (t.length > 1 ? t[1] - t[0] : 1000);
       return (s.done && s.done[i] || 0) * 1000 / Math.max(1, dt);
     });
+    // Drawn at the width a chart gets in the grid's columns (two from
+    // 900 px); the grid's columns and the SVG's own scaling keep it in
+    // its box whatever the window.
     const cw = W >= 900 ? Math.floor((W - 14) / 2) - 18 : W - 18;
     let h = '<div class="charts">' +
       chart('throughput (tasks done /s)', t, rate, cw, { color: '#3a9d5d', unit: '/s' }) +
@@ -246,7 +249,8 @@
 
   function contentWidth() {
     const m = $('main');
-    return Math.max(480, (m ? m.clientWidth : 1200) - 32 - 2);
+    // No floor wider than a phone: a wider drawing would widen the page.
+    return Math.max(240, (m ? m.clientWidth : 1200) - 32 - 2);
   }
 
   function put(id, f, d, w) {
