@@ -39,8 +39,6 @@ use mesh_store::{MemStore, MeshState, Store};
 
 mod batch;
 
-pub use batch::AllocReport;
-
 use crate::dist::{parse_durations, Dist};
 use crate::queue::Calendar;
 use crate::report::{Execution, SimReport, Timeline};

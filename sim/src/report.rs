@@ -60,16 +60,49 @@ pub struct SimReport {
     pub wall_ms: f64,
     /// What the allocation queues did, when the scenario has any.
     #[serde(default)]
-    pub alloc: Option<crate::cluster::AllocReport>,
+    pub alloc: Option<AllocReport>,
     /// For the picture: busy fraction per row and time bucket.
     pub timeline: Timeline,
     /// For the picture: a sample of executions.
     pub sample: Vec<Execution>,
 }
 
+/// What the allocation queues did in a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AllocReport {
+    /// Submissions asked for, and those the batch system refused.
+    pub submissions: u64,
+    pub refused: u64,
+    /// The most jobs one submission asked for (the scaler's burst).
+    pub largest_submission: u32,
+    /// Jobs accepted, started, and ended at their walltime (drained) or cancelled.
+    pub jobs: u64,
+    pub started: u64,
+    pub drained: u64,
+    pub cancelled: u64,
+    /// The most jobs queued or running in the batch system at once.
+    pub peak_jobs: u32,
+    /// The most nodes batch jobs had up at once.
+    pub peak_nodes: u32,
+    /// Task runs a drain or a cancellation interrupted (handed back, run
+    /// again elsewhere without a retry spent): what `expected` avoids.
+    pub interrupted: u64,
+    /// Nodes still up at their job's walltime, killed by the batch system.
+    pub killed: u64,
+    /// Node-time held by batch jobs' nodes, and the share of their
+    /// cpu-time spent running tasks.
+    pub node_ms: u64,
+    pub busy_share: f64,
+    /// Batch-started nodes up: (virtual ms, count) at each change.
+    pub nodes_over_time: Vec<(u64, u32)>,
+    /// The coordinator's allocation book at the end (`mesh alloc list`
+    /// and `log`; its times are virtual ms).
+    pub book: mesh_protocol::mesh::AllocBook,
+}
+
 /// The allocation queues' lines of the summary: what was asked of the
 /// batch system, and the batch-started nodes over time (scale out and in).
-fn alloc_summary(a: &crate::cluster::AllocReport) -> String {
+fn alloc_summary(a: &AllocReport) -> String {
     let mut s = format!(
         "allocation: {} submissions ({} refused, up to {} jobs each), {} jobs (at most {} at once): \
          {} started, {} drained at walltime, {} cancelled\n\

@@ -1,7 +1,7 @@
 //! Allocation queues against the simulated batch system: the real coordinator scales a farm out and in, replaces drained jobs, backs off, and keeps tasks off nodes whose walltime is near.
 
 use mesh_protocol::alloc::JobState;
-use mesh_sim::cluster::AllocReport;
+use mesh_sim::report::AllocReport;
 use mesh_sim::scenario::parse_scenario;
 use mesh_sim::{run, SimError, SimReport};
 

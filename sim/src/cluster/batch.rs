@@ -9,11 +9,10 @@
 //! does, tasks handed back; at the walltime the batch system kills
 //! whatever is still there. A cancelled job's nodes leave as on SIGTERM.
 
+use super::*;
+use crate::report::AllocReport;
 use mesh_protocol::alloc::{JobState, QueueDef};
 use mesh_protocol::mesh::{AllocBook, AllocCmd, BatchOp};
-use serde::{Deserialize, Serialize};
-
-use super::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -34,39 +33,6 @@ pub(super) enum Answer {
     Submitted(QueueDef, Result<Vec<String>, String>),
     Polled(Vec<(String, JobState)>),
     Cancelled(String),
-}
-
-/// What the allocation queues did in a run.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct AllocReport {
-    /// Submissions asked for, and those the batch system refused.
-    pub submissions: u64,
-    pub refused: u64,
-    /// The most jobs one submission asked for (the scaler's burst).
-    pub largest_submission: u32,
-    /// Jobs accepted, started, and ended at their walltime (drained) or cancelled.
-    pub jobs: u64,
-    pub started: u64,
-    pub drained: u64,
-    pub cancelled: u64,
-    /// The most jobs queued or running in the batch system at once.
-    pub peak_jobs: u32,
-    /// The most nodes batch jobs had up at once.
-    pub peak_nodes: u32,
-    /// Task runs a drain or a cancellation interrupted (handed back, run
-    /// again elsewhere without a retry spent): what `expected` avoids.
-    pub interrupted: u64,
-    /// Nodes still up at their job's walltime, killed by the batch system.
-    pub killed: u64,
-    /// Node-time held by batch jobs' nodes, and the share of their
-    /// cpu-time spent running tasks.
-    pub node_ms: u64,
-    pub busy_share: f64,
-    /// Batch-started nodes up: (virtual ms, count) at each change.
-    pub nodes_over_time: Vec<(u64, u32)>,
-    /// The coordinator's allocation book at the end (`mesh alloc list`
-    /// and `log`; its times are virtual ms).
-    pub book: AllocBook,
 }
 
 /// The simulated batch system's state.
