@@ -1,0 +1,363 @@
+//! What is wrong with a farm file and where: the errors, their locations (line and column of a byte offset), TOML syntax errors, and suggestions for misspelt names.
+
+use super::*;
+
+/// Why a farm could not be loaded. Everything about the file's content is an
+/// [`Invalid`], which names the line and field.
+#[derive(Debug, thiserror::Error)]
+pub enum FarmFileError {
+    #[error("{file}: cannot read the farm file: {source}")]
+    Read {
+        file: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{file}: cannot resolve the farm folder `{folder}`: {source}")]
+    Root {
+        file: String,
+        folder: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot find the current directory (the output folder is relative to it): {source}")]
+    Cwd {
+        #[source]
+        source: io::Error,
+    },
+    #[error("{file}: the path `{}` is not valid UTF-8", .path.display())]
+    NotUtf8 { file: String, path: PathBuf },
+    #[error("{0}")]
+    Invalid(Box<Invalid>),
+}
+
+impl FarmFileError {
+    /// The 1-based line the error is about, when it is about the file's content.
+    pub fn line(&self) -> Option<usize> {
+        self.invalid().map(|i| i.line)
+    }
+
+    /// The 1-based column (in characters) the error is about.
+    pub fn column(&self) -> Option<usize> {
+        self.invalid().map(|i| i.col)
+    }
+
+    /// The dotted field the error is about, e.g. `stage.after`, `stage.sweep.x`, `defaults.retries`.
+    pub fn field(&self) -> Option<&str> {
+        self.invalid().and_then(|i| i.field.as_deref())
+    }
+
+    pub fn invalid(&self) -> Option<&Invalid> {
+        match self {
+            FarmFileError::Invalid(i) => Some(i),
+            _ => None,
+        }
+    }
+}
+
+/// A problem with the farm file's content, located.
+#[derive(Debug)]
+pub struct Invalid {
+    /// The file as it was given.
+    pub file: String,
+    pub line: usize,
+    pub col: usize,
+    /// Where in the farm: `stage \`solve\``, `[defaults]`, `[farm]`; empty at top level.
+    pub context: String,
+    /// Dotted field, starting with its section (`stage.`, `defaults.`, `farm.`).
+    pub field: Option<String>,
+    pub problem: Problem,
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: ", self.file, self.line, self.col)?;
+        // The context already names the section, so the field is shown without it.
+        let shown = self.field.as_deref().map(|field| {
+            if self.context.is_empty() {
+                field
+            } else {
+                field.split_once('.').map(|(_, rest)| rest).unwrap_or(field)
+            }
+        });
+        match (self.context.is_empty(), shown) {
+            (false, Some(field)) => write!(f, "{}, field `{field}`: ", self.context)?,
+            (false, None) => write!(f, "{}: ", self.context)?,
+            (true, Some(field)) => write!(f, "field `{field}`: ")?,
+            (true, None) => {}
+        }
+        write!(f, "{}", self.problem)
+    }
+}
+
+/// What is wrong, in words a user can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum Problem {
+    #[error("{message}")]
+    Syntax { message: String },
+    #[error("unknown field `{name}`, expected one of {}{}", quoted_list(.allowed), did_you_mean(.name, .allowed))]
+    UnknownField {
+        name: String,
+        allowed: &'static [&'static str],
+    },
+    #[error("`{name}` cannot have a default: set it in each `[[stage]]`")]
+    PerStageOnly { name: String },
+    #[error("missing field `{name}`")]
+    MissingField { name: &'static str },
+    #[error("missing field `command` (or `shell`): a stage needs something to run")]
+    MissingCommand,
+    #[error("both `command` and `shell` are given; a stage takes exactly one of them")]
+    CommandAndShell,
+    #[error("invalid type: {found}, expected {expected}")]
+    WrongType {
+        found: String,
+        expected: &'static str,
+    },
+    #[error("{value} is out of range, expected {expected}")]
+    OutOfRange {
+        value: String,
+        expected: &'static str,
+    },
+    #[error("the command is empty; give at least the program to run")]
+    EmptyCommand,
+    #[error("`{name}` is not a valid {what} name (use letters, digits, `_`, `.` and `-`, and not only dots)")]
+    BadName { name: String, what: &'static str },
+    #[error("the farm name `{name}`, taken from the file name, is not valid (use letters, digits, `_`, `.` and `-`), so set one with `[farm] name = \"...\"`")]
+    BadFileStem { name: String },
+    #[error("`{name}` is not a valid sweep variable name (a letter or `_`, then letters, digits or `_`)")]
+    BadVarName { name: String },
+    #[error("`{name}` is a built-in placeholder (index, stage, farm, out); choose another name for the sweep variable")]
+    BuiltinVar { name: String },
+    #[error("duplicate stage name `{name}` (first defined on line {first_line})")]
+    DuplicateStage { name: String, first_line: usize },
+    #[error("no stages: add at least one `[[stage]]` table with a name and a command")]
+    NoStages,
+    #[error("bad range `{text}`: {problem}")]
+    Range { text: String, problem: RangeProblem },
+    #[error("expected exactly one of `lines`, `list` or `range`")]
+    NoSweepSource,
+    #[error("`{second}` given after `{first}`; a sweep variable takes exactly one of `lines`, `list` or `range`")]
+    TwoSweepSources {
+        first: &'static str,
+        second: &'static str,
+    },
+    #[error("cannot read the parameter file `{path}` (looked for {looked}): {source}")]
+    ParamsRead {
+        path: String,
+        looked: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the parameter file `{path}` has no values (it is empty or only blank lines)")]
+    ParamsEmpty { path: String },
+    #[error("the list is empty; a sweep variable needs at least one value")]
+    EmptyList,
+    #[error("unknown sweep mode `{value}`, expected `product` or `zip`")]
+    SweepMode { value: String },
+    #[error("zip of unequal lengths: {first} has {first_len} values, {other} has {other_len}")]
+    ZipUnequal {
+        first: String,
+        first_len: u64,
+        other: String,
+        other_len: u64,
+    },
+    #[error("the stage expands to more than {max} tasks", max = STAGE_TASKS_MAX)]
+    TooManyTasks,
+    #[error("{0}")]
+    Template(#[from] TemplateError),
+    #[error("`{{out}}` is not allowed here: it is an absolute path, and this field must stay inside the farm folder")]
+    OutInPath,
+    #[error("the path is empty")]
+    EmptyPath,
+    #[error("`{path}` escapes the farm folder: paths must be relative and must not contain `..`")]
+    PathEscapes { path: String },
+    #[error("sweep variable `{var}` has the value `{value}`, which would let this path escape the farm folder (values used in paths must not be empty, start with `/` or contain `..`)")]
+    ValueEscapes { var: String, value: String },
+    #[error("input file `{path}` does not exist (looked for {looked})")]
+    InputMissing { path: String, looked: String },
+    #[error("`{pattern}` is not a valid glob pattern: {source}")]
+    BadGlob {
+        pattern: String,
+        #[source]
+        source: glob::PatternError,
+    },
+    #[error("unknown stage `{name}` (stages: {stages})")]
+    UnknownStage { name: String, stages: String },
+    #[error("stage `{name}` cannot wait for itself")]
+    SelfDependency { name: String },
+    #[error("`after_each` pairs tasks one to one, but stage `{this}` has {this_count} tasks and stage `{other}` has {other_count}")]
+    CountMismatch {
+        this: String,
+        this_count: u32,
+        other: String,
+        other_count: u32,
+    },
+    #[error("dependency cycle: {path} (`a -> b` means a waits for b)")]
+    Cycle { path: String },
+    #[error("`{text}` is not a duration (write e.g. \"90s\", \"10m\", \"1h 30m\", or a number of seconds): {source}")]
+    Timeout {
+        text: String,
+        #[source]
+        source: humantime::DurationError,
+    },
+    #[error("the duration must be greater than zero")]
+    ZeroTimeout,
+    #[error("the list is empty; at least one exit code must count as success")]
+    NoSuccessCodes,
+    #[error(
+        "`{name}` is not a resource name (letters, digits, `_` and `-`, starting with a letter)"
+    )]
+    ResourceName { name: String },
+    #[error("resource `{name}`: {source}")]
+    Amount {
+        name: String,
+        #[source]
+        source: AmountError,
+    },
+    #[error("`{name}` is not an environment variable name (a letter or `_`, then letters, digits or `_`)")]
+    EnvName { name: String },
+    #[error("`{name}` is reserved: mesh sets the MESH_* variables itself")]
+    EnvReserved { name: String },
+}
+
+/// What is wrong with a `range = "..."`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RangeProblem {
+    #[error("expected `start..end` or `start..end:step`, e.g. `1..100`, `0..100:10`, `-5..5` or `0.0..1.0:0.25`")]
+    Malformed,
+    #[error("empty range: the end is below the start")]
+    Empty,
+    #[error("the step must be greater than zero")]
+    BadStep,
+    #[error("a decimal range needs a step, e.g. `0.0..1.0:0.25`")]
+    DecimalNeedsStep,
+    #[error("more than {} decimals", RANGE_DECIMALS_MAX)]
+    TooPrecise,
+    #[error("the numbers are too large")]
+    TooLarge,
+}
+
+/// Decimals beyond this would overflow the scaled `i64` range for ordinary magnitudes.
+pub(super) const RANGE_DECIMALS_MAX: u32 = 9;
+
+/// Suggests the allowed name closest to a misspelt one, when one is close.
+pub(super) fn did_you_mean(name: &str, allowed: &[&str]) -> String {
+    allowed
+        .iter()
+        .map(|a| (edit_distance(name, a), *a))
+        .filter(|(d, a)| *d * 2 <= a.len())
+        .min()
+        .map(|(_, a)| format!(" (did you mean `{a}`?)"))
+        .unwrap_or_default()
+}
+
+pub(super) fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+pub(super) fn quoted_list(items: &[&str]) -> String {
+    items
+        .iter()
+        .map(|s| format!("`{s}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+pub(super) fn line_col(text: &str, pos: usize) -> (usize, usize) {
+    let mut pos = pos.min(text.len());
+    while !text.is_char_boundary(pos) {
+        pos -= 1;
+    }
+    let before = &text[..pos];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+/// A TOML syntax error, placed in its section by reading the lines above it
+/// (the document tree does not exist when the text does not parse).
+pub(super) fn syntax_error(file: &str, text: &str, e: &toml::de::Error) -> FarmFileError {
+    let pos = e.span().map(|s| s.start).unwrap_or(0).min(text.len());
+    let (line, col) = line_col(text, pos);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut context = String::new();
+    let mut section = String::new();
+    let mut stages = 0;
+    let mut stage_header_line = 0;
+    for (i, l) in lines.iter().enumerate().take(line.saturating_sub(1)) {
+        let t = l.trim();
+        if let Some(h) = t.strip_prefix("[[").and_then(|h| h.split("]]").next()) {
+            section = h.trim().to_string();
+            if section == "stage" {
+                stages += 1;
+                stage_header_line = i;
+            }
+        } else if let Some(h) = t.strip_prefix('[').and_then(|h| h.split(']').next()) {
+            section = h.trim().to_string();
+        }
+    }
+    let first = section.split('.').next().unwrap_or("");
+    let prefix = match first {
+        "stage" => {
+            // The stage's name, if it was written above the error.
+            let name = lines
+                .iter()
+                .take(line.saturating_sub(1))
+                .skip(stage_header_line + 1)
+                .filter_map(|l| l.split_once('='))
+                .find(|(k, _)| k.trim() == "name")
+                .map(|(_, v)| v.trim().trim_matches(|c| c == '"' || c == '\'').to_string());
+            context = match name {
+                Some(n) => format!("stage `{n}`"),
+                None => format!("stage #{stages}"),
+            };
+            format!("{section}.")
+        }
+        "defaults" => {
+            context = "[defaults]".to_string();
+            format!("{section}.")
+        }
+        "farm" => {
+            context = "[farm]".to_string();
+            format!("{section}.")
+        }
+        "" => String::new(),
+        _ => format!("{section}."),
+    };
+    let key = lines.get(line - 1).and_then(|l| {
+        let t = l.trim_start();
+        if t.starts_with('[') || t.starts_with('#') {
+            return None;
+        }
+        let (k, _) = t.split_once('=')?;
+        let k = k.trim();
+        let keyish = !k.is_empty()
+            && k.chars().all(|c| {
+                c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"' | '\'' | ' ')
+            });
+        keyish.then(|| k.replace(['"', '\'', ' '], ""))
+    });
+    let field = key.map(|k| format!("{prefix}{k}"));
+    let message = e.message().trim().replace('\n', "; ");
+    FarmFileError::Invalid(Box::new(Invalid {
+        file: file.to_string(),
+        line,
+        col,
+        context,
+        field,
+        problem: Problem::Syntax { message },
+    }))
+}

@@ -1,0 +1,595 @@
+//! The farm file loader's tests: what loads, what it expands to, and every error with its place.
+
+use super::*;
+use mesh_protocol::farm::{Command, TaskRef};
+
+fn opts(out: &str) -> LoadOptions {
+    LoadOptions {
+        out: Some(PathBuf::from(out)),
+    }
+}
+
+/// Writes `files` into a fresh folder and loads `farm.toml` from it.
+fn load_in(farm: &str, files: &[(&str, &str)]) -> (tempfile::TempDir, Result<FarmDef>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (name, text) in files {
+        let path = dir.path().join(name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).expect("mkdir");
+        }
+        std::fs::write(path, text).expect("write");
+    }
+    let path = dir.path().join("farm.toml");
+    std::fs::write(&path, farm).expect("write farm");
+    let result = load(&path, &opts("/tmp/mesh-test-out"));
+    (dir, result)
+}
+
+fn good(farm: &str, files: &[(&str, &str)]) -> (tempfile::TempDir, FarmDef) {
+    let (dir, result) = load_in(farm, files);
+    match result {
+        Ok(def) => (dir, def),
+        Err(e) => panic!("farm should load, got: {e}"),
+    }
+}
+
+fn bad(farm: &str, files: &[(&str, &str)]) -> FarmFileError {
+    match load_in(farm, files).1 {
+        Ok(_) => panic!("farm should not load"),
+        Err(e) => e,
+    }
+}
+
+fn warnings(farm: &str) -> Vec<FarmWarning> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("farm.toml");
+    std::fs::write(&path, farm).expect("write farm");
+    match load_with_warnings(&path, &opts("/tmp/mesh-test-out")) {
+        Ok((_, w)) => w,
+        Err(e) => panic!("farm should load, got: {e}"),
+    }
+}
+
+#[test]
+fn outputs_from_a_folder_tasks_share_are_warned_of() {
+    // The new user's farm: 30 tasks writing o.txt where they all run.
+    let w = warnings(
+        "[farm]\nname = \"f\"\n[[stage]]\nname = \"s\"\nshell = \"echo {i} > o.txt\"\nsweep.i = { range = \"1..30\" }\noutputs = [\"o.txt\"]\n",
+    );
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!((w[0].line, w[0].field.as_str()), (7, "stage.outputs"));
+    assert!(w[0].message.contains("30 tasks"), "{}", w[0]);
+    assert!(
+        w[0].message.contains("{index}"),
+        "says how to fix it: {}",
+        w[0]
+    );
+    assert!(w[0].to_string().contains("farm.toml:7: stage.outputs: "));
+    // A workdir shared by every task is no better.
+    let w = warnings(
+        "[farm]\nname = \"f\"\n[defaults]\noutputs = [\"o.txt\"]\n[[stage]]\nname = \"s\"\nshell = \"true\"\nsweep.i = { list = [1, 2] }\nworkdir = \"runs/{stage}\"\n",
+    );
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!((w[0].line, w[0].field.as_str()), (4, "defaults.outputs"));
+}
+
+#[test]
+fn outputs_from_a_folder_of_their_own_are_fine() {
+    for workdir in ["runs/{index}", "runs/{i}"] {
+        let w = warnings(&format!(
+            "[farm]\nname = \"f\"\n[[stage]]\nname = \"s\"\nshell = \"true\"\nsweep.i = {{ list = [1, 2] }}\nworkdir = \"{workdir}\"\noutputs = [\"o.txt\"]\n"
+        ));
+        assert!(w.is_empty(), "{workdir}: {w:?}");
+    }
+    // One task alone, or no outputs, races with nothing.
+    let w = warnings(
+        "[farm]\nname = \"f\"\n[[stage]]\nname = \"a\"\nshell = \"true\"\noutputs = [\"o.txt\"]\n[[stage]]\nname = \"b\"\nshell = \"true\"\nsweep.i = { list = [1, 2] }\n",
+    );
+    assert!(w.is_empty(), "{w:?}");
+}
+
+#[test]
+fn stages_sharing_a_folder_warn_only_when_they_can_overlap() {
+    let farm = |after: &str| {
+        format!(
+            "[farm]\nname = \"f\"\n[[stage]]\nname = \"a\"\nshell = \"true\"\noutputs = [\"o.txt\"]\n[[stage]]\nname = \"b\"\nshell = \"true\"\n{after}outputs = [\"p.txt\"]\n"
+        )
+    };
+    let w = warnings(&farm(""));
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].message.contains("stages `a` and `b`"), "{}", w[0]);
+    assert!(warnings(&farm("after = [\"a\"]\n")).is_empty());
+}
+
+fn values(def: &FarmDef, stage: u32) -> Vec<Vec<String>> {
+    let s = &def.stages[stage as usize];
+    (0..s.len()).map(|i| s.sweep.binding(i)).collect()
+}
+
+const BRIEF_EXAMPLE: &str = r#"
+[farm]
+name = "sweep"
+
+[defaults]
+resources = { cpu = 1, mem = "512MiB" }
+retries = 1
+timeout = "10m"
+
+[[stage]]
+name = "solve"
+command = ["./wrapper.sh", "solver", "{x}", "{seed}"]
+sweep.x = { lines = "params.txt" }
+sweep.seed = { range = "1..3" }
+sweep_mode = "product"
+workdir = "runs/{stage}/{index}"
+inputs = ["case/model.edp", "wrapper.sh"]
+outputs = ["result.dat", "logs/*.log"]
+env = { OMP_NUM_THREADS = "1" }
+resources = { cpu = 1, gpu = 0.5, token = 1 }
+success_codes = [0]
+
+[[stage]]
+name = "report"
+after = ["solve"]
+shell = "cat {out}/solve/*/result.dat > summary.txt"
+outputs = ["summary.txt"]
+"#;
+
+#[test]
+fn the_reference_example_expands_to_the_right_tasks() {
+    let (dir, def) = good(
+        BRIEF_EXAMPLE,
+        &[
+            ("params.txt", "alpha\n\nbeta\n  gamma  \n"),
+            ("wrapper.sh", "#!/bin/sh\n"),
+            ("case/model.edp", "model\n"),
+        ],
+    );
+    assert_eq!(def.name, "sweep");
+    assert_eq!(def.out, "/tmp/mesh-test-out");
+    let root = dir.path().canonicalize().expect("canonical");
+    assert_eq!(def.root, root.to_str().expect("utf8"));
+    assert_eq!(def.stages.len(), 2);
+    assert_eq!(def.stages[0].len(), 9, "3 lines x 3 seeds");
+    assert_eq!(def.task_count(), 10);
+
+    // Product order: the first variable varies slowest.
+    let task = def.expand(TaskRef::new(0, 4));
+    assert_eq!(
+        task.command,
+        Command::Argv(vec![
+            "./wrapper.sh".into(),
+            "solver".into(),
+            "beta".into(),
+            "2".into()
+        ])
+    );
+    assert_eq!(task.workdir.as_deref(), Some("runs/solve/4"));
+    assert_eq!(task.inputs, ["case/model.edp", "wrapper.sh"]);
+    assert_eq!(task.outputs, ["result.dat", "logs/*.log"]);
+    assert_eq!(task.env, [("OMP_NUM_THREADS".to_string(), "1".to_string())]);
+    assert_eq!(def.task_name(TaskRef::new(0, 8)), "solve/8");
+    assert_eq!(def.expand(TaskRef::new(0, 8)).command, {
+        Command::Argv(vec![
+            "./wrapper.sh".into(),
+            "solver".into(),
+            "gamma".into(),
+            "3".into(),
+        ])
+    });
+
+    let solve = &def.stages[0];
+    // Resources merge per key: mem from [defaults], the rest from the stage.
+    assert_eq!(
+        solve.resources.to_string(),
+        "cpu=1,gpu=0.5,mem=512MiB,token=1"
+    );
+    assert_eq!(solve.retries, 1);
+    assert_eq!(solve.timeout_ms, Some(600_000));
+    assert_eq!(solve.success_codes, [0]);
+
+    let report = &def.stages[1];
+    assert_eq!(report.after, [0]);
+    assert!(report.after_each.is_empty());
+    assert_eq!(report.len(), 1);
+    assert_eq!(
+        def.expand(TaskRef::new(1, 0)).command,
+        Command::Shell("cat /tmp/mesh-test-out/solve/*/result.dat > summary.txt".into())
+    );
+    // [defaults] apply to every stage.
+    assert_eq!(report.resources.to_string(), "cpu=1,mem=512MiB");
+    assert_eq!(report.retries, 1);
+}
+
+#[test]
+fn defaults_merge_and_every_task_takes_a_core_unless_it_says_otherwise() {
+    let (_dir, def) = good(
+        r#"
+[defaults]
+resources = { mem = "1GiB", token = 1 }
+env = { A = "from-defaults", B = 2 }
+retries = 3
+workdir = "runs/{stage}/{index}"
+expected = "10m"
+
+[[stage]]
+name = "plain"
+command = ["true"]
+
+[[stage]]
+name = "no-core"
+command = ["true"]
+resources = { cpu = 0, token = 0 }
+env = { A = "own" }
+retries = 0
+timeout = 90
+expected = 30
+"#,
+        &[],
+    );
+    let plain = &def.stages[0];
+    assert_eq!(plain.resources.to_string(), "cpu=1,mem=1GiB,token=1");
+    assert_eq!(plain.retries, 3);
+    assert_eq!(plain.timeout_ms, None);
+    assert_eq!(plain.expected_ms, Some(600_000));
+    let task = def.expand(TaskRef::new(0, 0));
+    assert_eq!(task.workdir.as_deref(), Some("runs/plain/0"));
+    assert_eq!(
+        task.env,
+        [
+            ("A".into(), "from-defaults".into()),
+            ("B".into(), "2".into())
+        ]
+    );
+
+    let own = &def.stages[1];
+    assert_eq!(
+        own.resources.to_string(),
+        "mem=1GiB",
+        "cpu = 0 and token = 0 ask for nothing"
+    );
+    assert_eq!(own.retries, 0);
+    assert_eq!(own.timeout_ms, Some(90_000));
+    assert_eq!(own.expected_ms, Some(30_000));
+    let task = def.expand(TaskRef::new(1, 0));
+    assert_eq!(
+        task.env,
+        [("B".into(), "2".into()), ("A".into(), "own".into())]
+    );
+    assert_eq!(task.workdir.as_deref(), Some("runs/no-core/0"));
+}
+
+#[test]
+fn dependencies_resolve_to_stage_positions() {
+    let (_dir, def) = good(
+        r#"
+[[stage]]
+name = "report"
+command = ["true"]
+after = "analyze"
+
+[[stage]]
+name = "simulate"
+command = ["echo", "{x}"]
+sweep.x = { range = "1..4" }
+
+[[stage]]
+name = "analyze"
+shell = "cat {out}/simulate/{index}/sim.dat"
+sweep.i = { range = "0..3" }
+after_each = ["simulate"]
+after = ["simulate", "simulate"]
+"#,
+        &[],
+    );
+    assert_eq!(
+        def.stages[0].after,
+        [2],
+        "a stage may wait for one defined later"
+    );
+    assert_eq!(def.stages[2].after_each, [1]);
+    assert_eq!(def.stages[2].after, [1], "repeated names count once");
+    assert_eq!(
+        def.expand(TaskRef::new(2, 3)).command,
+        Command::Shell("cat /tmp/mesh-test-out/simulate/3/sim.dat".into())
+    );
+}
+
+#[test]
+fn ranges_read_steps_negatives_and_decimals() {
+    let range = |text: &str| match parse_range(text) {
+        Ok(v) => (0..v.len()).map(|i| v.get(i)).collect::<Vec<_>>(),
+        Err(e) => panic!("{text}: {e}"),
+    };
+    assert_eq!(range("1..100").len(), 100);
+    assert_eq!(range("1..100")[99], "100");
+    assert_eq!(range("0..100:10").len(), 11);
+    assert_eq!(range("0..10:3"), ["0", "3", "6", "9"]);
+    assert_eq!(range("-5..5").len(), 11);
+    assert_eq!(range("-5..5")[0], "-5");
+    assert_eq!(range("7..7"), ["7"]);
+    assert_eq!(range(" 1 .. 3 "), ["1", "2", "3"]);
+    assert_eq!(
+        parse_range("0.0..1.0:0.25").ok(),
+        Some(Values::Range {
+            start: 0,
+            step: 25,
+            count: 5,
+            decimals: 2
+        })
+    );
+    assert_eq!(
+        range("0.0..1.0:0.25"),
+        ["0.00", "0.25", "0.50", "0.75", "1.00"]
+    );
+    assert_eq!(range("-1.5..0.5:1"), ["-1.5", "-0.5", "0.5"]);
+    assert_eq!(range("0..1:0.3"), ["0.0", "0.3", "0.6", "0.9"]);
+
+    let problem = |text: &str| match parse_range(text) {
+        Err(Problem::Range { problem, .. }) => problem,
+        other => panic!("{text}: expected a range problem, got {other:?}"),
+    };
+    assert_eq!(problem("1-10"), RangeProblem::Malformed);
+    assert_eq!(problem("1..x"), RangeProblem::Malformed);
+    assert_eq!(problem("1...5"), RangeProblem::Malformed);
+    assert_eq!(problem("1."), RangeProblem::Malformed);
+    assert_eq!(problem("10..1"), RangeProblem::Empty);
+    assert_eq!(problem("0..10:0"), RangeProblem::BadStep);
+    assert_eq!(problem("0..10:-1"), RangeProblem::BadStep);
+    assert_eq!(problem("0..1.5"), RangeProblem::DecimalNeedsStep);
+    assert_eq!(problem("0..1:0.0000000001"), RangeProblem::TooPrecise);
+    assert_eq!(
+        problem("99999999999999999999..99999999999999999999"),
+        RangeProblem::TooLarge
+    );
+    assert!(matches!(
+        parse_range("0..9999999999999"),
+        Err(Problem::TooManyTasks)
+    ));
+}
+
+#[test]
+fn zip_pairs_values_and_lists_take_any_scalar() {
+    let (_dir, def) = good(
+        r#"
+[[stage]]
+name = "z"
+command = ["echo", "{a}", "{b}"]
+sweep.a = { list = [1, "two", 2.5, true, 0.10, -3] }
+sweep.b = { range = "10..15" }
+sweep_mode = "zip"
+"#,
+        &[],
+    );
+    assert_eq!(def.stages[0].len(), 6);
+    assert_eq!(
+        values(&def, 0),
+        [
+            ["1", "10"],
+            ["two", "11"],
+            ["2.5", "12"],
+            ["true", "13"],
+            ["0.10", "14"],
+            ["-3", "15"]
+        ]
+    );
+}
+
+#[test]
+fn names_and_output_folder_have_defaults() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("my-farm.toml");
+    let text = "[[stage]]\nname = \"s\"\ncommand = [\"true\"]\n";
+    let def = load_str(&path, text, &LoadOptions::default()).expect("loads");
+    assert_eq!(def.name, "my-farm");
+    let cwd = std::env::current_dir().expect("cwd");
+    assert_eq!(
+        PathBuf::from(&def.out),
+        cwd.join("mesh-out").join("my-farm")
+    );
+    let def = load_str(&path, text, &opts("./results")).expect("loads");
+    assert_eq!(PathBuf::from(&def.out), cwd.join("results"));
+    assert_eq!(def.stages[0].sweep, Sweep::single());
+    assert_eq!(def.stages[0].success_codes, [0]);
+}
+
+#[test]
+fn a_file_name_that_is_no_farm_name_asks_for_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("my farm.toml");
+    let text = "[[stage]]\nname = \"s\"\ncommand = [\"true\"]\n";
+    let err = load_str(&path, text, &LoadOptions::default()).expect_err("bad stem");
+    assert_eq!(err.field(), Some("farm.name"));
+    assert_eq!(err.line(), Some(1));
+    assert!(
+        err.to_string().contains("set one with `[farm] name"),
+        "{err}"
+    );
+}
+
+#[test]
+fn errors_read_file_line_context_field_and_expectation() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sweep.toml");
+    let text = "[[stage]]\nname = \"solve\"\ncommand = [\"true\"]\nretries = \"x\"\n";
+    let err = load_str(&path, text, &LoadOptions::default()).expect_err("bad retries");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}:4:11: stage `solve`, field `retries`: invalid type: string \"x\", expected a non-negative integer",
+            path.display()
+        )
+    );
+    assert_eq!(err.line(), Some(4));
+    assert_eq!(err.column(), Some(11));
+    assert_eq!(err.field(), Some("stage.retries"));
+}
+
+#[test]
+fn sweep_values_used_in_paths_are_checked_only_where_used() {
+    // A value with `..` is fine as an argument ...
+    good(
+        r#"
+[[stage]]
+name = "s"
+command = ["echo", "{x}"]
+sweep.x = { list = ["../up", "/abs"] }
+workdir = "runs/{index}"
+"#,
+        &[],
+    );
+    // ... but not in an output path.
+    let err = bad(
+        r#"
+[[stage]]
+name = "s"
+command = ["echo", "{x}"]
+sweep.x = { lines = "p.txt" }
+outputs = ["out-{x}.dat"]
+"#,
+        &[("p.txt", "ok\n/etc/shadow\n")],
+    );
+    assert_eq!(err.field(), Some("stage.outputs"));
+    assert!(err.to_string().contains("value `/etc/shadow`"), "{err}");
+    // Dynamic inputs are checked when staged, not at load time.
+    good(
+        r#"
+[[stage]]
+name = "s"
+command = ["true"]
+sweep.case = { list = ["a", "b"] }
+inputs = ["cases/{case}.dat"]
+"#,
+        &[],
+    );
+}
+
+#[test]
+fn a_cycle_is_named_in_order() {
+    let err = bad(
+        r#"
+[[stage]]
+name = "a"
+command = ["true"]
+
+[[stage]]
+name = "b"
+command = ["true"]
+after = ["c"]
+
+[[stage]]
+name = "c"
+command = ["true"]
+after = ["a", "b"]
+"#,
+        &[],
+    );
+    assert!(
+        err.to_string().contains("dependency cycle: b -> c -> b"),
+        "{err}"
+    );
+    assert_eq!(err.line(), Some(9));
+}
+
+/// Checks one bad farm against its `.expected` file: `line: N`, `field: F`
+/// (or `-` for none), then substrings the message must contain.
+fn check(file: &Path, expected: &str) -> std::result::Result<(), String> {
+    let mut lines = expected.lines();
+    let want_line: usize = lines
+        .next()
+        .and_then(|l| l.strip_prefix("line: "))
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or("the .expected file must start with `line: N`")?;
+    let want_field = lines
+        .next()
+        .and_then(|l| l.strip_prefix("field: "))
+        .map(str::trim)
+        .ok_or("the second line of the .expected file must be `field: F`")?;
+    let err = match load(file, &opts("/tmp/mesh-test-out")) {
+        Ok(_) => return Err("loaded without error".to_string()),
+        Err(e) => e,
+    };
+    let msg = err.to_string();
+    let mut wrong = Vec::new();
+    if err.line() != Some(want_line) {
+        wrong.push(format!("line {:?}, expected {want_line}", err.line()));
+    }
+    let want_field = (want_field != "-").then_some(want_field);
+    if err.field() != want_field {
+        wrong.push(format!("field {:?}, expected {want_field:?}", err.field()));
+    }
+    for sub in lines.filter(|l| !l.trim().is_empty()) {
+        if !msg.contains(sub) {
+            wrong.push(format!("message lacks {sub:?}"));
+        }
+    }
+    if !msg.starts_with(&format!("{}:{want_line}:", file.display())) {
+        wrong.push("message does not start with file:line:".to_string());
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{}\n      actual: {msg}", wrong.join("; ")))
+    }
+}
+
+#[test]
+fn bad_farms_fail_with_the_expected_errors() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/farms/bad");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("tests/farms/bad")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 25, "only {} bad farms", files.len());
+    let mut failures = Vec::new();
+    for file in &files {
+        let expected = match std::fs::read_to_string(file.with_extension("expected")) {
+            Ok(text) => text,
+            Err(e) => {
+                failures.push(format!("{}: no .expected file: {e}", file.display()));
+                continue;
+            }
+        };
+        if std::env::var_os("MESH_SHOW_ERRORS").is_some() {
+            if let Err(e) = load(file, &opts("/tmp/mesh-test-out")) {
+                eprintln!("{e}");
+            }
+        }
+        if let Err(why) = check(file, &expected) {
+            let name = file
+                .file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default();
+            failures.push(format!("{name}: {why}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} bad farms did not fail as expected:\n{}",
+        failures.len(),
+        files.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn every_example_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut farms: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("examples/")
+        .filter_map(|e| e.ok().map(|e| e.path().join("farm.toml")))
+        .filter(|p| p.is_file())
+        .collect();
+    farms.sort();
+    assert!(
+        farms.len() >= 3,
+        "expected at least three examples, found {farms:?}"
+    );
+    for farm in farms {
+        if let Err(e) = load(&farm, &opts("/tmp/mesh-example-out")) {
+            panic!("{} does not load: {e}", farm.display());
+        }
+    }
+}
