@@ -51,10 +51,13 @@ use crate::executor::{self, Finished, Launch, Live};
 use crate::keys;
 use crate::net::{self, Behaviour, BehaviourEvent, NetConfig, PublishError};
 use crate::observe::Recorder;
+use crate::task_words::{describe_end, parse_task};
 use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
 
 /// Addresses as `mesh node` prints them and `mesh join` takes them.
 pub use libp2p::Multiaddr;
+
+pub use crate::dash::dashboard_line;
 
 /// Failures kept per farm for `mesh wait` and `status`.
 const FAILURES_SHOWN: usize = 50;
@@ -770,7 +773,7 @@ impl Node {
                     .spec(f.farm)
                     .map(|s| s.def.task_name(f.task))
                     .unwrap_or_default();
-                let what = crate::runner::describe_end(&f.end);
+                let what = describe_end(&f.end);
                 self.say(&format!(
                     "{name} (attempt {} on {label}): {what}, will retry",
                     f.attempt
@@ -1759,7 +1762,7 @@ impl Node {
                     "{} (attempt {attempt} on {}): {}",
                     spec.def.task_name(*task),
                     self.label_of(*node),
-                    crate::runner::describe_end(end)
+                    describe_end(end)
                 )),
                 _ => None,
             })
@@ -2082,16 +2085,6 @@ fn summary_view(f: &FarmSummary, labels: &HashMap<NodeId, String>) -> FarmView {
     }
 }
 
-/// `stage/index` in a farm.
-/// What a user is told of the dashboard: its address, with the token
-/// when one is needed.
-pub fn dashboard_line(addr: std::net::SocketAddr, token: Option<&str>) -> String {
-    match token {
-        Some(t) => format!("dashboard: http://{addr}/?token={t}"),
-        None => format!("dashboard: http://{addr}/"),
-    }
-}
-
 /// The dashboard's view of a mesh node: the control requests, asked
 /// through the node's loop like the control socket's.
 struct MeshSource {
@@ -2193,35 +2186,6 @@ impl dash::Source for MeshSource {
             Ok(dash::logs_text(&out, &err))
         })
     }
-}
-
-pub(crate) fn parse_task(def: &FarmDef, task: &str) -> Result<TaskRef, String> {
-    let Some((stage, index)) = task.rsplit_once('/') else {
-        return Err(format!(
-            "`{task}` is not a task id (expected <stage>/<index>, e.g. solve/3)"
-        ));
-    };
-    let Ok(index) = index.parse::<u32>() else {
-        return Err(format!(
-            "`{task}` is not a task id: `{index}` is not an index"
-        ));
-    };
-    let Some(s) = def.stages.iter().position(|s| s.name == stage) else {
-        let names: Vec<&str> = def.stages.iter().map(|s| s.name.as_str()).collect();
-        return Err(format!(
-            "farm {} has no stage `{stage}` (stages: {})",
-            def.name,
-            names.join(", ")
-        ));
-    };
-    let len = def.stages[s].len();
-    if index >= len {
-        return Err(format!(
-            "stage {stage} has tasks 0 to {}; there is no {task}",
-            len.saturating_sub(1)
-        ));
-    }
-    Ok(TaskRef::new(s as u32, index))
 }
 
 /// A task's logs in `dir` (its stage's log folder) after these offsets.
