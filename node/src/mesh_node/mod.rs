@@ -7,7 +7,9 @@
 //! inputs, fetching and serving files, running tasks) happens in spawned
 //! futures that come back to the loop through one channel.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+mod links;
+
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom, Write as _};
 use std::os::unix::fs::PermissionsExt;
@@ -52,6 +54,8 @@ use crate::keys;
 use crate::net::{self, Behaviour, BehaviourEvent, NetConfig, PublishError};
 use crate::observe::Recorder;
 use crate::task_words::{describe_end, parse_task};
+use links::{accept_links, Links};
+
 use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
 
 /// Addresses as `mesh node` prints them and `mesh join` takes them.
@@ -215,11 +219,8 @@ struct Node {
     /// Peer ids by node, remembered from beats so a node that is gone still has a name.
     labels: HashMap<NodeId, String>,
     pending: HashMap<OutboundRequestId, Option<oneshot::Sender<Result<Response, String>>>>,
-    /// Messages for each peer's engine, to the task that writes them on
-    /// this node's stream to that peer (see [`link`]).
-    links: HashMap<NodeId, mpsc::UnboundedSender<Msg>>,
-    /// Opens those streams.
-    streams: libp2p_stream::Control,
+    /// This node's streams to other nodes' engines.
+    links: Links,
     tx: mpsc::UnboundedSender<Cmd>,
     live: HashMap<(FarmId, TaskRef), (u32, Option<Live>, bool)>,
     origins: HashMap<FarmId, Origin>,
@@ -336,8 +337,7 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         dialing: HashSet::new(),
         labels: HashMap::new(),
         pending: HashMap::new(),
-        links: HashMap::new(),
-        streams,
+        links: Links::new(streams),
         tx: tx.clone(),
         live: HashMap::new(),
         origins: HashMap::new(),
@@ -702,17 +702,7 @@ impl Node {
             return;
         };
         self.recorder.counters.messages_sent += 1;
-        let msg = match self.links.get(&to) {
-            Some(l) => match l.send(msg) {
-                Ok(()) => return,
-                Err(mpsc::error::SendError(m)) => m,
-            },
-            None => msg,
-        };
-        let (ltx, lrx) = mpsc::unbounded_channel();
-        let _ = ltx.send(msg);
-        tokio::spawn(link(self.streams.clone(), pid, lrx));
-        self.links.insert(to, ltx);
+        self.links.send(to, pid, msg);
     }
 
     fn sent(&mut self, id: OutboundRequestId) {
@@ -730,7 +720,7 @@ impl Node {
             PeerEvent::MemberDown(n) => {
                 // Its writer goes with its stream; a node that comes back
                 // gets a new one with the next message.
-                self.links.remove(&n);
+                self.links.forget(n);
                 let label = self.label_of(n);
                 self.say(&format!(
                     "mesh node {label} is gone; its tasks run elsewhere"
@@ -2687,184 +2677,5 @@ async fn serve_control(stream: tokio::net::UnixStream, tx: mpsc::UnboundedSender
         ) {
             break;
         }
-    }
-}
-
-/// How long opening a stream to a peer may take (dialling it if need be),
-/// and writing a frame on it (as long as a request was given): past that
-/// the frame is given up as lost, and the protocol resends what matters,
-/// as it does for a peer that is gone.
-const LINK_OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
-    net::CONNECT_TIMEOUT.as_secs() + net::HANDSHAKE_TIMEOUT.as_secs(),
-);
-const LINK_WRITE_TIMEOUT: std::time::Duration = net::DEFAULT_REQUEST_TIMEOUT;
-/// At most this many messages in one frame.
-const LINK_BATCH: usize = 4096;
-
-/// Writes this node's messages for one peer's engine on a stream to it, in
-/// order, one frame for what waited together. A stream per peer for the
-/// life of the connection costs a muxer frame per batch, where a request
-/// cost a new stream, its protocol negotiation, an answer and two
-/// closes (five writes to the socket between two nodes, and timers).
-/// A frame that cannot be written is lost, like a message to a node that
-/// died; the stream is opened again for the next.
-async fn link(
-    mut control: libp2p_stream::Control,
-    peer: PeerId,
-    mut rx: mpsc::UnboundedReceiver<Msg>,
-) {
-    let mut stream: Option<libp2p::Stream> = None;
-    let mut frames: VecDeque<Vec<Msg>> = VecDeque::new();
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < LINK_BATCH {
-            match rx.try_recv() {
-                Ok(m) => batch.push(m),
-                Err(_) => break,
-            }
-        }
-        frames.push_back(batch);
-        while let Some(batch) = frames.pop_front() {
-            match write_link(&mut control, peer, &mut stream, &batch).await {
-                // Over the frame limit, nothing was written: in halves.
-                Err(e) if e.kind() == io::ErrorKind::InvalidData && batch.len() > 1 => {
-                    let mut first = batch;
-                    let second = first.split_off(first.len() / 2);
-                    frames.push_front(second);
-                    frames.push_front(first);
-                }
-                Err(e) => tracing::debug!(%peer, "messages lost: {e}"),
-                Ok(()) => {}
-            }
-        }
-    }
-}
-
-/// Writes one frame; a stream found closed (the peer restarted, the
-/// connection was replaced) is opened again once for it.
-async fn write_link(
-    control: &mut libp2p_stream::Control,
-    peer: PeerId,
-    stream: &mut Option<libp2p::Stream>,
-    batch: &[Msg],
-) -> io::Result<()> {
-    let mut last = io::Error::other("no stream");
-    for _ in 0..2 {
-        if stream.is_none() {
-            *stream = open_link(control, peer).await;
-        }
-        let Some(s) = stream.as_mut() else {
-            break;
-        };
-        match tokio::time::timeout(LINK_WRITE_TIMEOUT, net::write_frame(s, &batch)).await {
-            Ok(Ok(())) => return Ok(()),
-            // Refused before anything was written: the stream is fine.
-            Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidData => return Err(e),
-            Ok(Err(e)) => last = e,
-            Err(_) => {
-                last = io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "the stream did not take them in time",
-                )
-            }
-        }
-        *stream = None;
-    }
-    Err(last)
-}
-
-async fn open_link(control: &mut libp2p_stream::Control, peer: PeerId) -> Option<libp2p::Stream> {
-    let open = control.open_stream(peer, StreamProtocol::new(PEER_PROTOCOL));
-    match tokio::time::timeout(LINK_OPEN_TIMEOUT, open).await {
-        Ok(Ok(s)) => Some(s),
-        Ok(Err(e)) => {
-            tracing::debug!(%peer, "no stream for messages: {e}");
-            None
-        }
-        Err(_) => {
-            tracing::debug!(%peer, "no stream for messages in time");
-            None
-        }
-    }
-}
-
-/// Takes every peer's stream of messages for this node's engine.
-async fn accept_links(
-    mut incoming: libp2p_stream::IncomingStreams,
-    tx: mpsc::UnboundedSender<Cmd>,
-) {
-    while let Some((peer, stream)) = incoming.next().await {
-        tokio::spawn(read_link(peer, stream, tx.clone()));
-    }
-}
-
-/// Hands each frame of a peer's stream to the engine, until the stream ends.
-async fn read_link(peer: PeerId, mut stream: libp2p::Stream, tx: mpsc::UnboundedSender<Cmd>) {
-    loop {
-        match net::read_frame::<_, Vec<Msg>>(&mut stream).await {
-            Ok(msgs) => {
-                if tx.send(Cmd::Peer(peer, msgs)).is_err() {
-                    return;
-                }
-            }
-            Err(e) => {
-                if e.kind() != io::ErrorKind::UnexpectedEof {
-                    tracing::debug!(%peer, "stream of messages ended: {e}");
-                }
-                return;
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use mesh_protocol::wire::MESSAGE_MAX;
-    use tokio::time::timeout;
-
-    use super::*;
-
-    const WAIT: Duration = Duration::from_secs(60);
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn messages_over_the_frame_limit_together_go_in_halves_and_all_arrive_in_order() {
-        let p = net::tests::linked_pair().await;
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        tokio::spawn(accept_links(p.b_incoming, tx));
-        let (ltx, lrx) = mpsc::unbounded_channel();
-        // Four messages of a third of the limit each: no frame can carry
-        // them all, two can.
-        let big = "x".repeat(MESSAGE_MAX / 3);
-        for i in 0..4 {
-            ltx.send(Msg::Refused {
-                farm: FarmId(i),
-                reason: big.clone(),
-            })
-            .unwrap();
-        }
-        tokio::spawn(link(p.a_control, p.b, lrx));
-        let (mut farms, mut frames) = (Vec::new(), 0);
-        timeout(WAIT, async {
-            while farms.len() < 4 {
-                if let Some(Cmd::Peer(_, msgs)) = rx.recv().await {
-                    frames += 1;
-                    for m in msgs {
-                        match m {
-                            Msg::Refused { farm, reason } if reason.len() == big.len() => {
-                                farms.push(farm.0)
-                            }
-                            other => panic!("not what was sent: {other:?}"),
-                        }
-                    }
-                }
-            }
-        })
-        .await
-        .expect("not every message arrived in time");
-        p.swarms.abort();
-        assert_eq!(farms, [0, 1, 2, 3]);
-        assert_eq!(frames, 2);
     }
 }
