@@ -7,6 +7,7 @@
 //! inputs, fetching and serving files, running tasks) happens in spawned
 //! futures that come back to the loop through one channel.
 
+mod allocs;
 mod links;
 mod source;
 mod staging;
@@ -30,8 +31,8 @@ use libp2p::{ping, PeerId, StreamProtocol, Swarm};
 use mesh_protocol::engine::{KillReason, Outcome, TaskResult};
 use mesh_protocol::farm::{FarmDef, TaskRef};
 use mesh_protocol::mesh::{
-    Action, AllocBook, AllocCmd, Assigned, BatchOp, Beat, Config, Entry, FarmId, FarmSpec, Fetched,
-    Msg, NodeId, OutputFile, Peer, PeerEvent,
+    Action, Assigned, Beat, Config, Entry, FarmId, FarmSpec, Fetched, Msg, NodeId, OutputFile,
+    Peer, PeerEvent,
 };
 use mesh_protocol::observe::{Latency, LatencyData, Observation};
 use mesh_protocol::resources::GPU;
@@ -55,6 +56,7 @@ use crate::keys;
 use crate::net::{self, Behaviour, BehaviourEvent, NetConfig, PublishError};
 use crate::observe::Recorder;
 use crate::task_words::{describe_end, parse_task};
+use allocs::Alloc;
 use links::{accept_links, Links};
 use source::MeshSource;
 use staging::{make_spec, NO_SUCH_FILE};
@@ -156,32 +158,6 @@ enum Cmd {
     Batch(batch::Done),
 }
 
-/// How many of the mesh's addresses a batch job's node is given to join.
-const JOIN_ADDRS: usize = 4;
-
-/// How long `mesh alloc add|remove|pause|resume` waits to see its change
-/// in this node's copy of the book.
-const ALLOC_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// A user's change to the allocation queues, answered once this node's
-/// copy of the book shows it.
-struct AllocWait {
-    cmd: AllocCmd,
-    until: Instant,
-    reply: mpsc::UnboundedSender<ControlResponse>,
-}
-
-impl AllocWait {
-    fn done(&self, book: &AllocBook) -> bool {
-        match &self.cmd {
-            AllocCmd::Add(d) => book.queue(&d.name).is_some(),
-            AllocCmd::Remove { queue } => book.queue(queue).is_none(),
-            AllocCmd::Pause { queue } => book.queue(queue).is_none_or(|q| q.paused.is_some()),
-            AllocCmd::Resume { queue } => book.queue(queue).is_none_or(|q| q.paused.is_none()),
-        }
-    }
-}
-
 /// What a control request about a farm not held here was waiting for.
 enum Asked {
     Status(mpsc::UnboundedSender<ControlResponse>),
@@ -245,9 +221,8 @@ struct Node {
     run_seq: HashMap<(FarmId, TaskRef), (u64, Option<u32>)>,
     /// When each request to another node left, for its round trip.
     sent_at: HashMap<OutboundRequestId, Instant>,
-    /// The mesh secret's file, named in the scripts of `mesh alloc`.
-    key_path: PathBuf,
-    alloc_waits: Vec<AllocWait>,
+    /// The mesh secret's file and the changes waiting to be seen (`mesh alloc`).
+    alloc: Alloc,
     /// When another node last fetched a file from this one (the home
     /// bringing outputs kept here).
     last_fetch: Option<Instant>,
@@ -355,8 +330,7 @@ async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeE
         recorder: Recorder::default(),
         run_seq: HashMap::new(),
         sent_at: HashMap::new(),
-        key_path: std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
-        alloc_waits: Vec::new(),
+        alloc: Alloc::new(std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone())),
         last_fetch: None,
         impatient: false,
     };
@@ -1119,82 +1093,6 @@ impl Node {
         }
     }
 
-    /// Carries out a batch operation off the loop; its end comes back as `Cmd::Batch`.
-    fn batch(&mut self, op: BatchOp) {
-        let tx = self.tx.clone();
-        let launch = match &op {
-            BatchOp::Submit { queue, .. } => Some(self.launch(&queue.name)),
-            _ => None,
-        };
-        let dir = self.state.join("alloc");
-        tokio::spawn(async move {
-            let done = match op {
-                BatchOp::Submit { queue, jobs } => {
-                    let launch = launch.expect("built for a submission");
-                    batch::submit(*queue, jobs, launch, &dir).await
-                }
-                BatchOp::Poll { system, jobs } => batch::poll(system, jobs).await,
-                BatchOp::Cancel { system, job } => batch::cancel(system, job).await,
-            };
-            let _ = tx.send(Cmd::Batch(done));
-        });
-    }
-
-    /// How a job of queue `queue` starts its node: this binary, joining
-    /// this node, with this node's key; state and output under `alloc/`.
-    fn launch(&self, queue: &str) -> batch::Launch {
-        // This node, then a few members: a job that starts after this node
-        // is gone still finds the mesh.
-        let beat = self.peer.beat();
-        let loopback = |a: &&String| a.starts_with("/ip4/127.") || a.starts_with("/ip6/::1/");
-        let pick = |addrs: &[String]| {
-            addrs
-                .iter()
-                .find(|a| !loopback(a))
-                .or_else(|| addrs.first())
-                .cloned()
-        };
-        let join = pick(&beat.addrs)
-            .into_iter()
-            .chain(self.peer.members().filter_map(|m| pick(&m.beat.addrs)))
-            .take(JOIN_ADDRS)
-            .collect::<Vec<_>>()
-            .join(",");
-        let alloc = self.state.join("alloc");
-        batch::Launch {
-            mesh: std::env::current_exe()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|_| "mesh".into()),
-            join,
-            key: self.key_path.display().to_string(),
-            state_root: alloc.join("nodes").display().to_string(),
-            log_dir: alloc.join(queue).display().to_string(),
-        }
-    }
-
-    /// Answers the `mesh alloc` changes this node's book now shows, and
-    /// those that waited too long.
-    fn answer_alloc_waits(&mut self) {
-        if self.alloc_waits.is_empty() {
-            return;
-        }
-        let book = self.peer.alloc_book().clone();
-        let now = Instant::now();
-        self.alloc_waits.retain(|w| {
-            if w.done(&book) {
-                let _ = w.reply.send(ControlResponse::Allocs(Box::new((*book).clone())));
-                false
-            } else if now >= w.until {
-                let _ = w.reply.send(ControlResponse::Error(
-                    "the coordinator did not confirm the change in time (is the mesh up? `mesh status`); it may still be applied: see `mesh alloc list`".into(),
-                ));
-                false
-            } else {
-                true
-            }
-        });
-    }
-
     fn on_control(&mut self, req: ControlRequest, reply: mpsc::UnboundedSender<ControlResponse>) {
         match req {
             ControlRequest::Submit { def, file } => {
@@ -1285,39 +1183,7 @@ impl Node {
                     Err(_) => self.ask_coordinator(farm, Asked::Logs(ask, reply)),
                 }
             }
-            ControlRequest::Alloc(cmd) => {
-                let book = self.peer.alloc_book().clone();
-                let err = match &cmd {
-                    AllocCmd::Add(d) if book.queue(&d.name).is_some() => Some(format!(
-                        "there is already a queue `{}` (`mesh alloc remove {}` first)",
-                        d.name, d.name
-                    )),
-                    AllocCmd::Remove { queue }
-                    | AllocCmd::Pause { queue }
-                    | AllocCmd::Resume { queue }
-                        if book.queue(queue).is_none() =>
-                    {
-                        Some(format!(
-                            "no allocation queue `{queue}` (see `mesh alloc list`)"
-                        ))
-                    }
-                    _ if self.peer.coordinator().is_none() => {
-                        Some("the mesh has no coordinator yet; try again in a moment".into())
-                    }
-                    _ => None,
-                };
-                if let Some(e) = err {
-                    let _ = reply.send(ControlResponse::Error(e));
-                    return;
-                }
-                let now = self.now();
-                self.alloc_waits.push(AllocWait {
-                    cmd: cmd.clone(),
-                    until: Instant::now() + ALLOC_WAIT,
-                    reply,
-                });
-                self.peer.alloc_command(now, cmd);
-            }
+            ControlRequest::Alloc(cmd) => self.alloc_command(cmd, reply),
             ControlRequest::Allocs => {
                 let book = self.peer.alloc_book();
                 let _ = reply.send(ControlResponse::Allocs(Box::new((**book).clone())));

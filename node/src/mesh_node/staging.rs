@@ -18,6 +18,9 @@ use tokio::sync::mpsc;
 
 use super::{request, Cmd, Node};
 
+/// What a node answers for a file it does not have (the home then has the task run again).
+pub(super) const NO_SUCH_FILE: &str = "no such file on this node";
+
 impl Node {
     pub(super) fn serve_inputs(&mut self, spec: &FarmSpec) {
         let root = PathBuf::from(&spec.def.root);
@@ -131,8 +134,6 @@ impl Node {
     }
 }
 
-/// What a node answers for a file it does not have (the home then has the task run again).
-pub(super) const NO_SUCH_FILE: &str = "no such file on this node";
 pub(super) fn input_hash(spec: &FarmSpec, path: &str) -> [u8; 32] {
     spec.inputs
         .iter()
