@@ -9,15 +9,15 @@
 
 mod allocs;
 mod links;
+mod logs;
 mod source;
 mod staging;
 mod task;
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -36,7 +36,7 @@ use mesh_protocol::mesh::{
 };
 use mesh_protocol::observe::{Latency, LatencyData, Observation};
 use mesh_protocol::resources::GPU;
-use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response, CHUNK_MAX, PEER_PROTOCOL};
+use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response, PEER_PROTOCOL};
 use mesh_protocol::Resources;
 use mesh_store::mesh::NODE_KEY;
 use mesh_store::{MeshState, SledStore, Store, StoreError, Write};
@@ -51,13 +51,14 @@ use crate::control::{
     ResourceUse, ResourceView,
 };
 use crate::dash;
-use crate::executor::{self, Live};
+use crate::executor::Live;
 use crate::keys;
 use crate::net::{self, Behaviour, BehaviourEvent, NetConfig, PublishError};
 use crate::observe::Recorder;
-use crate::task_words::{describe_end, parse_task};
+use crate::task_words::describe_end;
 use allocs::Alloc;
 use links::{accept_links, Links};
+use logs::LogAsk;
 use source::MeshSource;
 use staging::{make_spec, NO_SUCH_FILE};
 
@@ -72,8 +73,6 @@ pub use crate::dash::dashboard_line;
 const FAILURES_SHOWN: usize = 50;
 /// The peers this node knew, by address, so a restarted node finds the mesh again.
 const META_PEERS: &str = "peers";
-/// How often `mesh logs -f` looks for more output.
-const LOG_FOLLOW_MS: u64 = 500;
 /// How often known peers that are not connected are dialled again.
 const REDIAL_MS: u64 = 3000;
 /// Most commands (ended tasks, fetches) handled as one step of the peer.
@@ -163,13 +162,6 @@ enum Asked {
     Status(mpsc::UnboundedSender<ControlResponse>),
     Resume(Option<String>, mpsc::UnboundedSender<ControlResponse>),
     Logs(LogAsk, mpsc::UnboundedSender<ControlResponse>),
-}
-
-/// What `mesh logs` asked for.
-struct LogAsk {
-    task: String,
-    attempt: Option<u32>,
-    follow: bool,
 }
 
 /// A farm submitted here, as `mesh wait` and `status` show it.
@@ -1340,128 +1332,6 @@ impl Node {
         o.view
     }
 
-    /// Answers a request about a task's run from what this node has: at
-    /// once, or (reading files) through the returned channel.
-    fn local_answer(&self, req: Request) -> Result<Response, oneshot::Receiver<Response>> {
-        match req {
-            Request::WhereRan { farm, task } => {
-                let (node, running) = match self.peer.where_ran(farm, task) {
-                    Some((n, r)) => (Some(n), r),
-                    None => (None, false),
-                };
-                Ok(Response::Ran { node, running })
-            }
-            Request::TaskLog {
-                farm,
-                task,
-                attempt,
-                offsets,
-            } => {
-                let running = self.peer.runs(farm, task);
-                let Some(spec) = self.peer.spec(farm) else {
-                    return Ok(Response::Error(NO_SUCH_FILE.into()));
-                };
-                let Some(stage) = spec.def.stages.get(task.stage as usize) else {
-                    return Ok(Response::Error("no such stage".into()));
-                };
-                let dir = self
-                    .state
-                    .join("logs")
-                    .join(farm.to_string())
-                    .join(&stage.name);
-                let (tx, rx) = oneshot::channel();
-                tokio::task::spawn_blocking(move || {
-                    let _ = tx.send(read_log(&dir, task.index, attempt, offsets, running));
-                });
-                Err(rx)
-            }
-            _ => Ok(Response::Error("not asked of a node itself".into())),
-        }
-    }
-
-    /// Sends a task's logs to `mesh logs`, from the node that ran it (asking
-    /// the coordinator which, when this node does not know); with `follow`,
-    /// more as they come until the task is over there.
-    fn follow_logs(
-        &mut self,
-        spec: Arc<FarmSpec>,
-        ask: LogAsk,
-        reply: mpsc::UnboundedSender<ControlResponse>,
-    ) {
-        let task = match parse_task(&spec.def, &ask.task) {
-            Ok(t) => t,
-            Err(e) => {
-                let _ = reply.send(ControlResponse::Error(e));
-                return;
-            }
-        };
-        let farm = spec.id;
-        let known = self.peer.where_ran(farm, task);
-        let coordinator = self.peer.coordinator();
-        let tx = self.tx.clone();
-        let labels = self.labels_now();
-        tokio::spawn(async move {
-            let r = async {
-                let ran = match (known, coordinator) {
-                    (Some((node, _)), _) => Some(node),
-                    (None, None) => None,
-                    (None, Some(c)) => {
-                        match request(&tx, c, Request::WhereRan { farm, task }).await? {
-                            Response::Ran { node, .. } => node,
-                            _ => return Err("unexpected answer from the coordinator".to_string()),
-                        }
-                    }
-                };
-                let Some(node) = ran else {
-                    return Err(format!("{} has not run yet", ask.task));
-                };
-                let label = labels
-                    .get(&node)
-                    .cloned()
-                    .unwrap_or_else(|| node.to_string());
-                let mut offsets = (0u64, 0u64);
-                loop {
-                    let req = Request::TaskLog {
-                        farm,
-                        task,
-                        attempt: ask.attempt,
-                        offsets,
-                    };
-                    let Response::Log {
-                        attempt,
-                        out,
-                        err,
-                        running,
-                    } = request(&tx, node, req).await?
-                    else {
-                        return Err("unexpected answer".into());
-                    };
-                    offsets.0 += out.len() as u64;
-                    offsets.1 += err.len() as u64;
-                    let more = !out.is_empty() || !err.is_empty();
-                    let done = !ask.follow || (!running && !more);
-                    let sent = reply.send(ControlResponse::Log {
-                        node: label.clone(),
-                        attempt,
-                        stdout: out,
-                        stderr: err,
-                        done,
-                    });
-                    if done || sent.is_err() {
-                        return Ok(());
-                    }
-                    if !more {
-                        tokio::time::sleep(std::time::Duration::from_millis(LOG_FOLLOW_MS)).await;
-                    }
-                }
-            }
-            .await;
-            if let Err(e) = r {
-                let _ = reply.send(ControlResponse::Error(e));
-            }
-        });
-    }
-
     /// Makes this node the farm's home (`mesh resume FARM --out DIR`).
     fn take_home(&mut self, f: FoundFarm, out: Option<String>) -> Result<ControlResponse, String> {
         let fid = f.spec.id;
@@ -1751,41 +1621,6 @@ fn summary_view(f: &FarmSummary, labels: &HashMap<NodeId, String>) -> FarmView {
             .cloned()
             .unwrap_or_else(|| f.home.node.to_string()),
         ..FarmView::default()
-    }
-}
-
-/// A task's logs in `dir` (its stage's log folder) after these offsets.
-fn read_log(
-    dir: &Path,
-    index: u32,
-    attempt: Option<u32>,
-    offsets: (u64, u64),
-    running: bool,
-) -> Response {
-    let attempt = attempt.or_else(|| executor::latest_attempt(dir, index));
-    let read = |stream: &str, offset: u64| -> Vec<u8> {
-        let Some(a) = attempt else {
-            return Vec::new();
-        };
-        let path = dir.join(format!("{index}.{a}.{stream}"));
-        let Ok(mut f) = fs::File::open(&path) else {
-            return Vec::new();
-        };
-        let size = f.metadata().map(|m| m.len()).unwrap_or(0);
-        if offset >= size || f.seek(SeekFrom::Start(offset)).is_err() {
-            return Vec::new();
-        }
-        let mut data = vec![0u8; CHUNK_MAX.min((size - offset) as usize)];
-        match f.read_exact(&mut data) {
-            Ok(()) => data,
-            Err(_) => Vec::new(),
-        }
-    };
-    Response::Log {
-        attempt,
-        out: read("out", offsets.0),
-        err: read("err", offsets.1),
-        running,
     }
 }
 
