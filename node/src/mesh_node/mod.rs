@@ -13,6 +13,7 @@ mod logs;
 mod source;
 mod staging;
 mod task;
+mod views;
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -29,7 +30,7 @@ use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
 use libp2p::swarm::SwarmEvent;
 use libp2p::{ping, PeerId, StreamProtocol, Swarm};
 use mesh_protocol::engine::{KillReason, Outcome, TaskResult};
-use mesh_protocol::farm::{FarmDef, TaskRef};
+use mesh_protocol::farm::TaskRef;
 use mesh_protocol::mesh::{
     Action, Assigned, Beat, Config, Entry, FarmId, FarmSpec, Fetched, Msg, NodeId, OutputFile,
     Peer, PeerEvent,
@@ -61,6 +62,7 @@ use links::{accept_links, Links};
 use logs::LogAsk;
 use source::MeshSource;
 use staging::{make_spec, NO_SUCH_FILE};
+use views::{summary_view, Origin, FAILURES_SHOWN};
 
 use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
 
@@ -69,8 +71,6 @@ pub use libp2p::Multiaddr;
 
 pub use crate::dash::dashboard_line;
 
-/// Failures kept per farm for `mesh wait` and `status`.
-const FAILURES_SHOWN: usize = 50;
 /// The peers this node knew, by address, so a restarted node finds the mesh again.
 const META_PEERS: &str = "peers";
 /// How often known peers that are not connected are dialled again.
@@ -162,13 +162,6 @@ enum Asked {
     Status(mpsc::UnboundedSender<ControlResponse>),
     Resume(Option<String>, mpsc::UnboundedSender<ControlResponse>),
     Logs(LogAsk, mpsc::UnboundedSender<ControlResponse>),
-}
-
-/// A farm submitted here, as `mesh wait` and `status` show it.
-struct Origin {
-    view: FarmView,
-    waiters: Vec<mpsc::UnboundedSender<ControlResponse>>,
-    submit_reply: Option<mpsc::UnboundedSender<ControlResponse>>,
 }
 
 /// The addresses of the peers this node has known, kept so that a
@@ -538,37 +531,6 @@ impl Node {
             Action::Batch(op) => self.batch(op),
             Action::Emit(ev) => self.emit(ev),
         }
-    }
-
-    /// The home's view of a farm, from the peer's copy: counts and every failure with its reason.
-    fn refresh_view(&mut self, farm: FarmId) {
-        let Some(p) = self.peer.progress(farm) else {
-            return;
-        };
-        let Some(r) = self.peer.replica(farm) else {
-            return;
-        };
-        let failed: Vec<Entry> = r.log.failures().take(FAILURES_SHOWN).cloned().collect();
-        let failures = self.describe_failures(&r.spec, &failed);
-        let unplaceable = describe_unplaceable(&r.spec.def, &p.unplaceable);
-        let home = self.label_of(r.home_of.node);
-        let out = r.out_dir().to_string();
-        let Some(o) = self.origins.get_mut(&farm) else {
-            return;
-        };
-        o.view.home = home;
-        o.view.out = out;
-        o.view.counts = p.counts.clone();
-        for (i, c) in p.stages.iter().enumerate() {
-            if let Some(s) = o.view.stages.get_mut(i) {
-                s.1 = c.clone();
-            }
-        }
-        o.view.finished = p.finished;
-        o.view.duplicates = p.duplicates;
-        o.view.unplaceable = unplaceable;
-        o.view.failures = failures;
-        o.notify();
     }
 
     fn send(
@@ -1310,28 +1272,6 @@ impl Node {
         }
     }
 
-    /// A farm's view from what a node that holds it said.
-    fn found_view(&self, f: &FoundFarm) -> FarmView {
-        let mut o = Origin::new(&f.spec);
-        let v = &mut o.view;
-        v.accepted = true;
-        v.counts = f.progress.counts.clone();
-        for (i, c) in f.progress.stages.iter().enumerate() {
-            if let Some(s) = v.stages.get_mut(i) {
-                s.1 = c.clone();
-            }
-        }
-        v.finished = f.progress.finished;
-        v.duplicates = f.progress.duplicates;
-        v.unplaceable = describe_unplaceable(&f.spec.def, &f.progress.unplaceable);
-        v.failures = self.describe_failures(&f.spec, &f.failures);
-        v.home = self.label_of(f.home.node);
-        if let Some(r) = self.peer.replica(f.spec.id).filter(|r| r.home) {
-            v.out = r.out_dir().to_string();
-        }
-        o.view
-    }
-
     /// Makes this node the farm's home (`mesh resume FARM --out DIR`).
     fn take_home(&mut self, f: FoundFarm, out: Option<String>) -> Result<ControlResponse, String> {
         let fid = f.spec.id;
@@ -1372,26 +1312,6 @@ impl Node {
             total: v.counts.total,
             already,
         })
-    }
-
-    fn describe_failures(&self, spec: &FarmSpec, entries: &[Entry]) -> Vec<String> {
-        entries
-            .iter()
-            .filter_map(|e| match e {
-                Entry::Failed {
-                    task,
-                    attempt,
-                    node,
-                    end,
-                } => Some(format!(
-                    "{} (attempt {attempt} on {}): {}",
-                    spec.def.task_name(*task),
-                    self.label_of(*node),
-                    describe_end(end)
-                )),
-                _ => None,
-            })
-            .collect()
     }
 
     /// A farm whose home is this node.
@@ -1539,88 +1459,6 @@ impl Node {
         }
         let last = self.last_fetch.map_or(since, |t| t.max(since));
         self.peer.idle() && now >= last + FETCH_QUIET
-    }
-}
-
-impl Origin {
-    fn new(spec: &FarmSpec) -> Origin {
-        let def = &spec.def;
-        Origin {
-            view: FarmView {
-                id: farm_display_id(&def.name, spec.id),
-                name: def.name.clone(),
-                file: String::new(),
-                out: def.out.clone(),
-                accepted: false,
-                finished: false,
-                counts: mesh_protocol::engine::Counts {
-                    total: def.task_count(),
-                    ..Default::default()
-                },
-                stages: def
-                    .stages
-                    .iter()
-                    .map(|s| {
-                        (
-                            s.name.clone(),
-                            mesh_protocol::engine::Counts {
-                                total: s.len() as u64,
-                                ..Default::default()
-                            },
-                        )
-                    })
-                    .collect(),
-                failures: Vec::new(),
-                unplaceable: Vec::new(),
-                home: String::new(),
-                duplicates: 0,
-            },
-            waiters: Vec::new(),
-            submit_reply: None,
-        }
-    }
-
-    fn notify(&mut self) {
-        let view = self.view.clone();
-        self.waiters.retain(|w| {
-            let r = if view.finished {
-                w.send(ControlResponse::Finished(view.clone()))
-            } else {
-                w.send(ControlResponse::Progress(view.clone()))
-            };
-            r.is_ok() && !view.finished
-        });
-    }
-}
-
-/// Stages that fit no node, as users read them.
-fn describe_unplaceable(def: &FarmDef, stages: &[(u32, String)]) -> Vec<String> {
-    stages
-        .iter()
-        .map(|(s, reason)| {
-            let name = def
-                .stages
-                .get(*s as usize)
-                .map_or("?", |st| st.name.as_str());
-            format!("stage {name} fits no node of the mesh: {reason}")
-        })
-        .collect()
-}
-
-/// A farm in short as `mesh list` shows it.
-fn summary_view(f: &FarmSummary, labels: &HashMap<NodeId, String>) -> FarmView {
-    FarmView {
-        id: farm_display_id(&f.name, f.id),
-        name: f.name.clone(),
-        accepted: true,
-        finished: f.progress.finished,
-        counts: f.progress.counts.clone(),
-        duplicates: f.progress.duplicates,
-        home: labels
-            .get(&f.home.node)
-            .cloned()
-            .unwrap_or_else(|| f.home.node.to_string()),
-        ..FarmView::default()
     }
 }
 
