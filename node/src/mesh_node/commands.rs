@@ -9,8 +9,9 @@ use tokio::sync::mpsc;
 use super::logs::LogAsk;
 use super::queries::Asked;
 use super::staging::make_spec;
+use super::swarm::request;
 use super::views::{summary_view, Origin};
-use super::{farm_display_id, request, Cmd, Node};
+use super::{farm_display_id, Cmd, Node};
 use crate::batch;
 use crate::control::{ControlRequest, ControlResponse};
 

@@ -10,7 +10,8 @@ use mesh_protocol::wire::{Request, Response, CHUNK_MAX};
 use tokio::sync::{mpsc, oneshot};
 
 use super::staging::NO_SUCH_FILE;
-use super::{request, Node};
+use super::swarm::request;
+use super::Node;
 use crate::control::ControlResponse;
 use crate::executor;
 use crate::task_words::parse_task;

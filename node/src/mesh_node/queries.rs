@@ -9,8 +9,9 @@ use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response};
 use tokio::sync::mpsc;
 
 use super::logs::LogAsk;
+use super::swarm::request;
 use super::views::FAILURES_SHOWN;
-use super::{farm_display_id, request, Cmd, Node};
+use super::{farm_display_id, Cmd, Node};
 use crate::control::{
     ControlResponse, FarmView, MeshStatus, NodeView, Observed, ResourceUse, ResourceView,
 };

@@ -16,7 +16,8 @@ use mesh_protocol::mesh::{FarmId, FarmSpec, NodeId, OutputFile};
 use mesh_protocol::wire::{Request, Response, CHUNK_MAX, FILE_MAX};
 use tokio::sync::mpsc;
 
-use super::{request, Cmd, Node};
+use super::swarm::request;
+use super::{Cmd, Node};
 
 /// What a node answers for a file it does not have (the home then has the task run again).
 pub(super) const NO_SUCH_FILE: &str = "no such file on this node";
