@@ -11,6 +11,7 @@ pub mod net;
 pub mod observe;
 pub mod runner;
 pub mod state;
+pub mod task_words;
 
 use std::io;
 

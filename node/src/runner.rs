@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use mesh_protocol::engine::{
     Action, AddOptions, Counts, Engine, Event, FarmSlot, KillReason, Outcome, Persist, RecordState,
-    TaskEnd, TaskResult, Verdict,
+    TaskResult, Verdict,
 };
 use mesh_protocol::farm::{content_key, FarmDef};
 use mesh_protocol::mesh::FarmId;
@@ -32,6 +32,7 @@ use crate::state::{
     farm_identity, farm_key, hostname, unix_ms, FailedTask, FarmStatus, RunState, StageStatus,
     StateDir, StateError, SNAPSHOT_FAILED_MAX,
 };
+use crate::task_words::{describe_end, parse_task};
 use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
 use mesh_protocol::observe::{Latencies, Latency};
 use std::sync::Mutex;
@@ -108,7 +109,7 @@ impl dash::Source for RunSource {
             (sh.def.clone(), sh.logs_dir.clone())
         };
         Box::pin(async move {
-            let t = crate::mesh_node::parse_task(&def, &task)?;
+            let t = parse_task(&def, &task)?;
             let stage_dir = logs_dir.join(&def.stage(t).name);
             let attempt = attempt
                 .or_else(|| executor::latest_attempt(&stage_dir, t.index))
@@ -326,10 +327,7 @@ async fn drive(
                 http.addr
             )))?;
         if let Some(tell) = opts.on_http {
-            tell(&crate::mesh_node::dashboard_line(
-                bound,
-                http.token.as_deref(),
-            ));
+            tell(&dash::dashboard_line(bound, http.token.as_deref()));
         }
     }
     d.refresh(&engine, clock);
@@ -728,29 +726,6 @@ impl Driver {
             sh.node.queued = self.status.counts.queued() as u32;
             sh.status = self.status.clone();
         }
-    }
-}
-
-/// A task's end in words, for people.
-pub fn describe_end(end: &TaskEnd) -> String {
-    match end {
-        TaskEnd::Exited(c) => format!("exit code {c}"),
-        TaskEnd::Signaled(s) => match Signal::try_from(*s) {
-            Ok(sig) => format!("killed by {sig}"),
-            Err(_) => format!("killed by signal {s}"),
-        },
-        TaskEnd::TimedOut { after_ms } => {
-            format!(
-                "timed out after {}",
-                humantime::format_duration(Duration::from_millis(*after_ms))
-            )
-        }
-        TaskEnd::Cached => "already done (same content key)".into(),
-        TaskEnd::Error(e) => e.clone(),
-        TaskEnd::CrashLimit => {
-            "was running each time its node died; failed after the crash limit".into()
-        }
-        TaskEnd::Cancelled => "cancelled".into(),
     }
 }
 

@@ -97,6 +97,15 @@ pub fn token_for(key: &[u8]) -> String {
     blake3::Hash::from(k).to_hex()[..32].to_string()
 }
 
+/// What a user is told of the dashboard: its address, with the token
+/// when one is needed.
+pub fn dashboard_line(addr: SocketAddr, token: Option<&str>) -> String {
+    match token {
+        Some(t) => format!("dashboard: http://{addr}/?token={t}"),
+        None => format!("dashboard: http://{addr}/"),
+    }
+}
+
 /// What every request sees: the newest update and how to reach the source.
 #[derive(Clone)]
 struct App {

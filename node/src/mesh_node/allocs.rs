@@ -1,0 +1,169 @@
+//! `mesh alloc` on this node: batch operations run off the loop, how a batch job's node starts, and changes to the allocation queues answered once this node's copy of the book shows them.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use mesh_protocol::mesh::{AllocBook, AllocCmd, BatchOp};
+use tokio::sync::mpsc;
+
+use super::{Cmd, Node};
+use crate::batch;
+use crate::control::ControlResponse;
+
+/// How many of the mesh's addresses a batch job's node is given to join.
+const JOIN_ADDRS: usize = 4;
+
+/// How long `mesh alloc add|remove|pause|resume` waits to see its change
+/// in this node's copy of the book.
+const ALLOC_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A user's change to the allocation queues, answered once this node's
+/// copy of the book shows it.
+struct AllocWait {
+    cmd: AllocCmd,
+    until: Instant,
+    reply: mpsc::UnboundedSender<ControlResponse>,
+}
+
+impl AllocWait {
+    fn done(&self, book: &AllocBook) -> bool {
+        match &self.cmd {
+            AllocCmd::Add(d) => book.queue(&d.name).is_some(),
+            AllocCmd::Remove { queue } => book.queue(queue).is_none(),
+            AllocCmd::Pause { queue } => book.queue(queue).is_none_or(|q| q.paused.is_some()),
+            AllocCmd::Resume { queue } => book.queue(queue).is_none_or(|q| q.paused.is_none()),
+        }
+    }
+}
+
+/// What `mesh alloc` keeps on a node.
+pub(super) struct Alloc {
+    /// The mesh secret's file, named in the scripts of `mesh alloc`.
+    key_path: PathBuf,
+    waits: Vec<AllocWait>,
+}
+
+impl Alloc {
+    pub(super) fn new(key_path: PathBuf) -> Alloc {
+        Alloc {
+            key_path,
+            waits: Vec::new(),
+        }
+    }
+}
+
+impl Node {
+    /// Carries out a batch operation off the loop; its end comes back as `Cmd::Batch`.
+    pub(super) fn batch(&mut self, op: BatchOp) {
+        let tx = self.tx.clone();
+        let launch = match &op {
+            BatchOp::Submit { queue, .. } => Some(self.launch(&queue.name)),
+            _ => None,
+        };
+        let dir = self.state.join("alloc");
+        tokio::spawn(async move {
+            let done = match op {
+                BatchOp::Submit { queue, jobs } => {
+                    let launch = launch.expect("built for a submission");
+                    batch::submit(*queue, jobs, launch, &dir).await
+                }
+                BatchOp::Poll { system, jobs } => batch::poll(system, jobs).await,
+                BatchOp::Cancel { system, job } => batch::cancel(system, job).await,
+            };
+            let _ = tx.send(Cmd::Batch(done));
+        });
+    }
+
+    /// How a job of queue `queue` starts its node: this binary, joining
+    /// this node, with this node's key; state and output under `alloc/`.
+    pub(super) fn launch(&self, queue: &str) -> batch::Launch {
+        // This node, then a few members: a job that starts after this node
+        // is gone still finds the mesh.
+        let beat = self.peer.beat();
+        let loopback = |a: &&String| a.starts_with("/ip4/127.") || a.starts_with("/ip6/::1/");
+        let pick = |addrs: &[String]| {
+            addrs
+                .iter()
+                .find(|a| !loopback(a))
+                .or_else(|| addrs.first())
+                .cloned()
+        };
+        let join = pick(&beat.addrs)
+            .into_iter()
+            .chain(self.peer.members().filter_map(|m| pick(&m.beat.addrs)))
+            .take(JOIN_ADDRS)
+            .collect::<Vec<_>>()
+            .join(",");
+        let alloc = self.state.join("alloc");
+        batch::Launch {
+            mesh: std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "mesh".into()),
+            join,
+            key: self.alloc.key_path.display().to_string(),
+            state_root: alloc.join("nodes").display().to_string(),
+            log_dir: alloc.join(queue).display().to_string(),
+        }
+    }
+
+    /// Answers the `mesh alloc` changes this node's book now shows, and
+    /// those that waited too long.
+    pub(super) fn answer_alloc_waits(&mut self) {
+        if self.alloc.waits.is_empty() {
+            return;
+        }
+        let book = self.peer.alloc_book().clone();
+        let now = Instant::now();
+        self.alloc.waits.retain(|w| {
+            if w.done(&book) {
+                let _ = w.reply.send(ControlResponse::Allocs(Box::new((*book).clone())));
+                false
+            } else if now >= w.until {
+                let _ = w.reply.send(ControlResponse::Error(
+                    "the coordinator did not confirm the change in time (is the mesh up? `mesh status`); it may still be applied: see `mesh alloc list`".into(),
+                ));
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// A change to the allocation queues: refused at once when it cannot apply, else
+    /// handed to the peer and answered once this node's book shows it.
+    pub(super) fn alloc_command(
+        &mut self,
+        cmd: AllocCmd,
+        reply: mpsc::UnboundedSender<ControlResponse>,
+    ) {
+        let book = self.peer.alloc_book().clone();
+        let err = match &cmd {
+            AllocCmd::Add(d) if book.queue(&d.name).is_some() => Some(format!(
+                "there is already a queue `{}` (`mesh alloc remove {}` first)",
+                d.name, d.name
+            )),
+            AllocCmd::Remove { queue } | AllocCmd::Pause { queue } | AllocCmd::Resume { queue }
+                if book.queue(queue).is_none() =>
+            {
+                Some(format!(
+                    "no allocation queue `{queue}` (see `mesh alloc list`)"
+                ))
+            }
+            _ if self.peer.coordinator().is_none() => {
+                Some("the mesh has no coordinator yet; try again in a moment".into())
+            }
+            _ => None,
+        };
+        if let Some(e) = err {
+            let _ = reply.send(ControlResponse::Error(e));
+            return;
+        }
+        let now = self.now();
+        self.alloc.waits.push(AllocWait {
+            cmd: cmd.clone(),
+            until: Instant::now() + ALLOC_WAIT,
+            reply,
+        });
+        self.peer.alloc_command(now, cmd);
+    }
+}

@@ -1,0 +1,222 @@
+//! The control socket: one JSON request a connection, answered by this node's loop (submit, wait, cancel, status, farm, list, logs, alloc, resume).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use mesh_protocol::wire::{FoundFarm, Request, Response};
+use tokio::sync::mpsc;
+
+use super::logs::LogAsk;
+use super::queries::Asked;
+use super::staging::make_spec;
+use super::swarm::request;
+use super::views::{summary_view, Origin};
+use super::{farm_display_id, Cmd, Node};
+use crate::batch;
+use crate::control::{ControlRequest, ControlResponse};
+
+impl Node {
+    pub(super) fn on_control(
+        &mut self,
+        req: ControlRequest,
+        reply: mpsc::UnboundedSender<ControlResponse>,
+    ) {
+        match req {
+            ControlRequest::Submit { def, file } => {
+                let origin = self.me;
+                let tx = self.tx.clone();
+                // Hashing inputs reads files: off the loop.
+                tokio::task::spawn_blocking(move || {
+                    let spec = make_spec(*def, &file, origin);
+                    let _ = tx.send(Cmd::Submit(spec, reply));
+                });
+            }
+            ControlRequest::Wait { farm } => match self.find_farm(&farm) {
+                Err(e) => {
+                    let _ = reply.send(ControlResponse::Error(e));
+                }
+                Ok(fid) => {
+                    let o = self.origins.get_mut(&fid).expect("found");
+                    let _ = reply.send(ControlResponse::Progress(o.view.clone()));
+                    if o.view.finished {
+                        let _ = reply.send(ControlResponse::Finished(o.view.clone()));
+                    } else {
+                        o.waiters.push(reply);
+                    }
+                }
+            },
+            ControlRequest::Cancel { farm } => match self.find_farm(&farm) {
+                Err(e) => {
+                    let _ = reply.send(ControlResponse::Error(e));
+                }
+                Ok(fid) => {
+                    let now = self.now();
+                    self.peer.cancel(now, fid);
+                    let id = self.origins[&fid].view.id.clone();
+                    let _ = reply.send(ControlResponse::Cancelled { farm: id });
+                }
+            },
+            ControlRequest::Status => self.gather(HashMap::new(), true, move |o| {
+                let _ = reply.send(ControlResponse::Status(Box::new(o.status)));
+            }),
+            ControlRequest::Observe { since } => self.gather(since, false, move |o| {
+                let _ = reply.send(ControlResponse::Observed(Box::new(o)));
+            }),
+            ControlRequest::Farm { farm } => match self.find_known(&farm) {
+                Ok(fid) => match self.found(fid) {
+                    Some(f) => self.answer(Ok(f), Asked::Status(reply)),
+                    None => self.ask_coordinator(farm, Asked::Status(reply)),
+                },
+                Err(_) => self.ask_coordinator(farm, Asked::Status(reply)),
+            },
+            ControlRequest::List => {
+                let mine = self.summaries();
+                let labels = self.labels_now();
+                let ask = self.peer.coordinator().filter(|c| *c != self.me);
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let mut all = mine;
+                    if let Some(c) = ask {
+                        if let Ok(Response::Farms(theirs)) =
+                            request(&tx, c, Request::ListFarms).await
+                        {
+                            for f in theirs {
+                                if !all.iter().any(|m| m.id == f.id) {
+                                    all.push(f);
+                                }
+                            }
+                        }
+                    }
+                    let views = all.iter().map(|f| summary_view(f, &labels)).collect();
+                    let _ = reply.send(ControlResponse::List(views));
+                });
+            }
+            ControlRequest::Logs {
+                farm,
+                task,
+                attempt,
+                follow,
+            } => {
+                let ask = LogAsk {
+                    task,
+                    attempt,
+                    follow,
+                };
+                match self.find_known(&farm) {
+                    Ok(fid) => {
+                        let spec = self.peer.spec(fid).cloned().expect("known");
+                        self.follow_logs(spec, ask, reply);
+                    }
+                    Err(_) => self.ask_coordinator(farm, Asked::Logs(ask, reply)),
+                }
+            }
+            ControlRequest::Alloc(cmd) => self.alloc_command(cmd, reply),
+            ControlRequest::Allocs => {
+                let book = self.peer.alloc_book();
+                let _ = reply.send(ControlResponse::Allocs(Box::new((**book).clone())));
+            }
+            ControlRequest::AllocScript(def) => {
+                let launch = self.launch(&def.name);
+                let _ = reply.send(ControlResponse::Script(batch::script(&def, &launch)));
+            }
+            ControlRequest::Resume { farm, out } => match self.find_known(&farm) {
+                Ok(fid) if self.peer.replica(fid).is_some() => {
+                    let found = self.found(fid).expect("held here");
+                    self.answer(Ok(found), Asked::Resume(out, reply));
+                }
+                _ => self.ask_coordinator(farm, Asked::Resume(out, reply)),
+            },
+        }
+    }
+
+    /// Makes this node the farm's home (`mesh resume FARM --out DIR`).
+    pub(super) fn take_home(
+        &mut self,
+        f: FoundFarm,
+        out: Option<String>,
+    ) -> Result<ControlResponse, String> {
+        let fid = f.spec.id;
+        let here = self.peer.replica(fid).filter(|r| r.home);
+        let already = match (&out, here) {
+            (None, Some(_)) => true,
+            (Some(o), Some(r)) => o == r.out_dir(),
+            (None, None) => {
+                return Err(format!(
+                    "the home of {} is {}; to collect its outputs on this node, give --out DIR",
+                    farm_display_id(&f.spec.def.name, fid),
+                    self.label_of(f.home.node)
+                ))
+            }
+            (Some(_), None) => false,
+        };
+        if !already {
+            let now = self.now();
+            let out = out.expect("checked above");
+            self.peer.take_home(now, Arc::new(f.spec.clone()), out);
+        }
+        let r = self.peer.replica(fid).expect("held now");
+        let mut o = Origin::new(&r.spec);
+        o.view.accepted = true;
+        o.view.out = r.out_dir().to_string();
+        let out = o.view.out.clone();
+        let id = o.view.id.clone();
+        if let Some(old) = self.origins.remove(&fid) {
+            o.waiters = old.waiters;
+        }
+        self.origins.insert(fid, o);
+        self.refresh_view(fid);
+        let v = &self.origins[&fid].view;
+        Ok(ControlResponse::Resumed {
+            farm: id,
+            out,
+            done: v.counts.done,
+            total: v.counts.total,
+            already,
+        })
+    }
+}
+
+/// Serves one control connection: reads the request, forwards it to the loop, writes the answers.
+pub(super) async fn serve_control(stream: tokio::net::UnixStream, tx: mpsc::UnboundedSender<Cmd>) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    let Ok(Some(line)) = lines.next_line().await else {
+        return;
+    };
+    let (rtx, mut rrx) = mpsc::unbounded_channel();
+    match serde_json::from_str::<ControlRequest>(&line) {
+        Ok(req) => {
+            if tx.send(Cmd::Control(req, rtx)).is_err() {
+                return;
+            }
+        }
+        Err(e) => {
+            let _ = rtx.send(ControlResponse::Error(format!("bad request: {e}")));
+            drop(rtx);
+        }
+    }
+    while let Some(resp) = rrx.recv().await {
+        let Ok(mut b) = serde_json::to_vec(&resp) else {
+            break;
+        };
+        b.push(b'\n');
+        if write.write_all(&b).await.is_err() {
+            break;
+        }
+        if matches!(
+            resp,
+            ControlResponse::Finished(_)
+                | ControlResponse::Error(_)
+                | ControlResponse::Submitted { .. }
+                | ControlResponse::Status(_)
+                | ControlResponse::Cancelled { .. }
+                | ControlResponse::Farm(_)
+                | ControlResponse::List(_)
+                | ControlResponse::Resumed { .. }
+                | ControlResponse::Log { done: true, .. }
+        ) {
+            break;
+        }
+    }
+}

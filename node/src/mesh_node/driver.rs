@@ -1,0 +1,586 @@
+//! The node's loop: `drive` sets the node up and selects among its inputs; each step drains the peer's actions, persists first as one flushed batch, then carries out the rest; and what spawned work and control connections send back is handled here.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use libp2p::{Multiaddr, StreamProtocol};
+use mesh_protocol::engine::{KillReason, TaskResult};
+use mesh_protocol::mesh::{Action, Fetched, Peer, PeerEvent};
+use mesh_protocol::resources::GPU;
+use mesh_protocol::wire::{Response, PEER_PROTOCOL};
+use mesh_store::mesh::NODE_KEY;
+use mesh_store::{MeshState, SledStore, Store, StoreError};
+use nix::sys::signal::Signal;
+use tokio::net::UnixListener;
+use tokio::sync::mpsc;
+
+use super::allocs::Alloc;
+use super::commands::serve_control;
+use super::links::{accept_links, Links};
+use super::source::MeshSource;
+use super::staging::NO_SUCH_FILE;
+use super::swarm::{KnownPeers, Outbound, META_PEERS};
+use super::views::Origin;
+use super::{Cmd, Node, NodeError, NodeOptions};
+use crate::batch;
+use crate::control::{socket_path, ControlResponse};
+use crate::dash::{self, dashboard_line};
+use crate::keys;
+use crate::net::{self, NetConfig, PublishError};
+use crate::observe::Recorder;
+use crate::task_words::describe_end;
+use crate::{at_ms, grace_end, io_err, sleep_until_opt, stop_signals};
+
+/// How often known peers that are not connected are dialled again.
+const REDIAL_MS: u64 = 3000;
+
+/// Most commands (ended tasks, fetches) handled as one step of the peer.
+const CMDS_PER_STEP: usize = 256;
+
+/// How long a stopping node with nothing running may stay for its results
+/// to be acknowledged and its outputs fetched; and how long without a
+/// fetch counts as the home having them all.
+const LINGER_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+const FETCH_QUIET: std::time::Duration = std::time::Duration::from_secs(2);
+
+pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
+    let (mut sigint, mut sigterm) = stop_signals()?;
+    fs::create_dir_all(&opts.state)
+        .map_err(io_err(format!("cannot create {}", opts.state.display())))?;
+    let psk = keys::load_psk(&opts.key)?;
+    let dash_key = psk.to_string();
+    let identity = keys::load_or_create_identity(&opts.state)?;
+    let local = identity.public().to_peer_id();
+    let me = keys::node_id(&local);
+    let node_dir = opts.state.join("node");
+    fs::create_dir_all(&node_dir)
+        .map_err(io_err(format!("cannot create {}", node_dir.display())))?;
+    let db = node_dir.join("db");
+    let damaged = |source| NodeError::Damaged {
+        path: db.display().to_string(),
+        source,
+    };
+    let store = match SledStore::open(&db) {
+        Err(StoreError::Locked { .. }) => {
+            return Err(NodeError::Busy(opts.state.display().to_string()))
+        }
+        r => r.map_err(damaged)?,
+    };
+    let mut net_cfg = NetConfig::new(opts.listen.clone(), psk, identity);
+    net_cfg.mdns = opts.mdns;
+    let swarm = net::build(net_cfg)?;
+    let mut streams = swarm.behaviour().peer_streams.new_control();
+    let incoming = streams
+        .accept(StreamProtocol::new(PEER_PROTOCOL))
+        .expect("the peer protocol is accepted once");
+
+    // The control socket: owner-only, and a stale one from a dead node is replaced.
+    let sock = socket_path(&opts.state);
+    let _ = fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock)
+        .map_err(io_err(format!("cannot listen on {}", sock.display())))?;
+    fs::set_permissions(&sock, fs::Permissions::from_mode(0o600))
+        .map_err(io_err(format!("cannot restrict {}", sock.display())))?;
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
+    tokio::spawn(accept_links(incoming, tx.clone()));
+    let clock = Instant::now();
+    let seed = u64::from_le_bytes(
+        blake3::hash(&crate::state::unix_ms().to_le_bytes()).as_bytes()[..8]
+            .try_into()
+            .expect("8 bytes"),
+    );
+    let known: KnownPeers = match store.meta(NODE_KEY, META_PEERS).map_err(damaged)? {
+        Some(b) => postcard::from_bytes(&b).unwrap_or_default(),
+        None => KnownPeers::default(),
+    };
+    // A node restarted on its state folder rejoins the mesh it was in, so
+    // it first listens for that mesh's coordinator like a joining node.
+    let peer = Peer::new(
+        0,
+        me,
+        opts.resources.clone(),
+        opts.config.clone(),
+        seed,
+        !opts.join.is_empty() || !known.0.is_empty(),
+    );
+    let mut node = Node {
+        state: opts.state.clone(),
+        peer,
+        me,
+        swarm,
+        store,
+        clock,
+        peers: HashMap::new(),
+        dialing: HashSet::new(),
+        labels: HashMap::new(),
+        outbound: Outbound::default(),
+        links: Links::new(streams),
+        tx: tx.clone(),
+        live: HashMap::new(),
+        origins: HashMap::new(),
+        book: MeshState::default(),
+        known,
+        join_retry_s: 1,
+        join_addrs: opts.join.clone(),
+        redial_pending: false,
+        blobs: HashMap::new(),
+        programs: HashMap::new(),
+        node_has_gpus: !opts.resources.get(GPU).is_zero(),
+        listen_addrs: Vec::new(),
+        out,
+        recorder: Recorder::default(),
+        run_seq: HashMap::new(),
+        alloc: Alloc::new(std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone())),
+        last_fetch: None,
+        impatient: false,
+    };
+    node.peer.set_wall_base(crate::state::unix_ms());
+    node.peer.set_batch_job(
+        opts.alloc_job.clone(),
+        opts.drain_after.map(|d| d.as_millis() as u64),
+    );
+    node.peer.observe();
+    node.restore().map_err(|e| match e {
+        NodeError::Store(source) => damaged(source),
+        e => e,
+    })?;
+    for addr in &opts.join {
+        node.swarm.dial(addr.clone()).map_err(|e| NodeError::Join {
+            addr: addr.to_string(),
+            why: net::explain_dial_error(&e),
+        })?;
+    }
+    for addr in node.known.0.clone() {
+        if let Ok(a) = addr.parse::<Multiaddr>() {
+            if node.swarm.dial(a).is_ok() {
+                node.say(&format!("rejoining {addr}"));
+            }
+        }
+    }
+    if let Some(addr) = opts.http {
+        let http =
+            dash::Http::new(addr, Some(dash_key.as_bytes())).map_err(NodeError::Dashboard)?;
+        let token = http.token.clone();
+        let source = Arc::new(MeshSource { tx: tx.clone() });
+        let bound = dash::serve(http, source)
+            .await
+            .map_err(io_err(format!("cannot serve the dashboard on {addr}")))?;
+        node.say(&dashboard_line(bound, token.as_deref()));
+    }
+    let mut joined = opts.join.is_empty();
+    // Peers this node knew and is not connected to are dialled again now
+    // and then: a healed partition, a peer restarted at its old address.
+    let mut redial = tokio::time::interval(std::time::Duration::from_millis(REDIAL_MS));
+    let mut interrupted_at: Option<Instant> = None;
+    let mut hard_killed = false;
+    let drain_at = opts
+        .drain_after
+        .map(|d| tokio::time::Instant::from_std(clock + d));
+    if let Some(d) = opts.drain_after {
+        node.say(&format!(
+            "this node drains in {} (before its walltime)",
+            humantime::format_duration(std::time::Duration::from_secs(d.as_secs()))
+        ));
+    }
+
+    loop {
+        node.step();
+        if let Some(at) = interrupted_at {
+            if node.live.is_empty() && node.may_stop(at) {
+                break;
+            }
+        }
+        let timer = node.peer.poll_timeout().map(|at| at_ms(clock, at));
+        let grace = grace_end(interrupted_at, hard_killed);
+        tokio::select! {
+            ev = node.swarm.select_next_some() => {
+                node.on_swarm(ev, &opts, &mut joined)?;
+            }
+            Some(cmd) = rx.recv() => {
+                // Whatever else is ready joins this step: the tasks that
+                // ended meanwhile go to the coordinator as one report.
+                let mut cmds = vec![cmd];
+                while cmds.len() < CMDS_PER_STEP {
+                    match rx.try_recv() {
+                        Ok(cmd) => cmds.push(cmd),
+                        Err(_) => break,
+                    }
+                }
+                node.on_cmds(cmds);
+            }
+            Ok((stream, _)) = listener.accept() => {
+                tokio::spawn(serve_control(stream, tx.clone()));
+            }
+            _ = sleep_until_opt(drain_at), if interrupted_at.is_none() => {
+                node.say("walltime near: draining");
+                node.interrupt(&mut interrupted_at);
+            }
+            _ = sigint.recv() => node.interrupt(&mut interrupted_at),
+            _ = sigterm.recv() => node.interrupt(&mut interrupted_at),
+            _ = sleep_until_opt(timer) => {
+                let now = node.now();
+                node.peer.handle_timeout(now);
+            }
+            _ = redial.tick() => {
+                node.redial_known();
+                node.answer_alloc_waits();
+            }
+            _ = sleep_until_opt(grace) => {
+                hard_killed = true;
+                for (_, live, _) in node.live.values() {
+                    if let Some(l) = live {
+                        l.signal(Signal::SIGKILL);
+                    }
+                }
+            }
+        }
+    }
+    node.store.sync()?;
+    let _ = fs::remove_file(&sock);
+    Ok(())
+}
+
+impl Node {
+    pub(super) fn now(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    pub(super) fn say(&mut self, line: &str) {
+        (self.out)(line);
+    }
+
+    /// Reloads the farms kept in the store: this node's own submissions go
+    /// to the coordinator again, with what is known done.
+    fn restore(&mut self) -> Result<(), NodeError> {
+        let (book, farms, held) = MeshState::load(&self.store)?;
+        self.book = book;
+        for (stored, finished) in farms {
+            let spec = stored.spec.clone();
+            if spec.origin == self.me {
+                self.serve_inputs(&spec);
+                let mut o = Origin::new(&spec);
+                o.view.accepted = true;
+                self.origins.insert(spec.id, o);
+            }
+            self.peer.restore_farm(stored, finished);
+            if spec.origin == self.me {
+                self.refresh_view(spec.id);
+            }
+        }
+        self.peer.restore_held(held);
+        if let Some(book) = MeshState::load_allocs(&self.store)? {
+            self.peer.restore_allocs(book);
+        }
+        Ok(())
+    }
+
+    /// Drains the peer's actions: persists first, as one flushed batch, then the rest in order.
+    fn step(&mut self) {
+        loop {
+            let mut batch = Vec::new();
+            let mut acts = Vec::new();
+            for _ in 0..4096 {
+                let Some(a) = self.peer.poll_action() else {
+                    break;
+                };
+                match a {
+                    Action::Persist(p) => self.book.writes(p, &mut batch),
+                    other => acts.push(other),
+                }
+            }
+            if batch.is_empty() && acts.is_empty() {
+                return;
+            }
+            if !batch.is_empty() {
+                let r = self.store.write(batch).and_then(|()| self.store.flush());
+                if let Err(e) = r {
+                    // Acting on what is not durable would break the
+                    // promises the peer makes; stop here.
+                    tracing::error!("state store failed: {e}");
+                    eprintln!("mesh node: state store failed: {e}");
+                    std::process::exit(1);
+                }
+            }
+            for a in acts {
+                self.act(a);
+            }
+        }
+    }
+
+    fn act(&mut self, a: Action) {
+        match a {
+            Action::Persist(_) => unreachable!("persists are written before acting"),
+            Action::Send { to, msg } => self.send_msg(to, msg),
+            Action::Broadcast(msg) => match net::publish_beat(&mut self.swarm, &msg) {
+                Ok(()) | Err(PublishError::NoPeers) => {}
+                Err(e) => tracing::debug!("beat not published: {e}"),
+            },
+            Action::Start { task, grant } => self.start(task, grant),
+            Action::Kill { task, reason } => {
+                let sig = match reason {
+                    KillReason::Interrupt => Signal::SIGTERM,
+                    KillReason::Timeout | KillReason::Cancel => Signal::SIGKILL,
+                };
+                if let Some((attempt, live, kill)) = self.live.get_mut(&(task.farm, task.task)) {
+                    if *attempt == task.attempt {
+                        match live {
+                            Some(l) => l.signal(sig),
+                            None => *kill = true,
+                        }
+                    }
+                }
+            }
+            Action::Fetch {
+                farm,
+                task,
+                from,
+                outputs,
+            } => self.fetch_outputs(farm, task, from, outputs),
+            Action::Forget { farm } => {
+                let dir = self.state.join("held").join(farm.to_string());
+                tokio::task::spawn_blocking(move || {
+                    let _ = fs::remove_dir_all(dir);
+                });
+            }
+            Action::FetchInputs { farm } => self.fetch_inputs(farm),
+            Action::Batch(op) => self.batch(op),
+            Action::Emit(ev) => self.emit(ev),
+        }
+    }
+
+    fn emit(&mut self, ev: PeerEvent) {
+        match ev {
+            PeerEvent::MemberUp(n) => {
+                let label = self.label_of(n);
+                self.say(&format!("mesh node {label} joined"));
+                self.remember_peers();
+            }
+            PeerEvent::MemberDown(n) => {
+                // Its writer goes with its stream; a node that comes back
+                // gets a new one with the next message.
+                self.links.forget(n);
+                let label = self.label_of(n);
+                self.say(&format!(
+                    "mesh node {label} is gone; its tasks run elsewhere"
+                ));
+            }
+            PeerEvent::Coordinator { term, node } => {
+                let label = self.label_of(node);
+                let round = mesh_protocol::mesh::term_round(term);
+                self.say(&format!("coordinator is {label} (term {round})"));
+            }
+            PeerEvent::Accepted { farm, tasks } => {
+                if let Some(o) = self.origins.get_mut(&farm) {
+                    o.view.accepted = true;
+                    if let Some(r) = o.submit_reply.take() {
+                        let _ = r.send(ControlResponse::Submitted {
+                            farm: o.view.id.clone(),
+                            tasks,
+                        });
+                    }
+                }
+            }
+            PeerEvent::Refused { farm, reason } => {
+                if let Some(mut o) = self.origins.remove(&farm) {
+                    if let Some(r) = o.submit_reply.take() {
+                        let _ = r.send(ControlResponse::Error(reason));
+                    }
+                }
+            }
+            PeerEvent::Progress(p) => self.refresh_view(p.farm),
+            PeerEvent::Silent { ms, released } => self.say(&format!(
+                "this node was silent for {ms} ms (stopped or starved): the mesh may have \
+                 declared it dead, so its {released} queued tasks go back to the coordinator"
+            )),
+            PeerEvent::Failure(f) => {
+                // An attempt that will be retried: said in the node's output;
+                // failures for good are in the farm's replicated state.
+                let label = self.label_of(f.node);
+                let name = self
+                    .peer
+                    .spec(f.farm)
+                    .map(|s| s.def.task_name(f.task))
+                    .unwrap_or_default();
+                let what = describe_end(&f.end);
+                self.say(&format!(
+                    "{name} (attempt {} on {label}): {what}, will retry",
+                    f.attempt
+                ));
+            }
+            PeerEvent::Unplaceable { farm, .. } => self.refresh_view(farm),
+        }
+    }
+
+    /// Commands that were ready together; the tasks among them that
+    /// ended reach the peer as one step.
+    fn on_cmds(&mut self, cmds: Vec<Cmd>) {
+        let mut ended = Vec::new();
+        for cmd in cmds {
+            match cmd {
+                Cmd::Finished(task, outcome, outputs) => {
+                    if self
+                        .live
+                        .get(&(task.farm, task.task))
+                        .is_some_and(|(a, ..)| *a == task.attempt)
+                    {
+                        self.live.remove(&(task.farm, task.task));
+                    }
+                    if let Some((seq, slot)) = self.run_seq.remove(&(task.farm, task.task)) {
+                        let failed = !self.peer.spec(task.farm).is_some_and(|s| {
+                            let codes = &s.def.stages[task.task.stage as usize].success_codes;
+                            match outcome.result {
+                                TaskResult::Exited(c) => codes.contains(&c),
+                                TaskResult::Cached => true,
+                                _ => false,
+                            }
+                        });
+                        self.recorder
+                            .ended(seq, slot, failed, crate::state::unix_ms());
+                    }
+                    ended.push((task, outcome, outputs));
+                }
+                other => self.on_cmd(other),
+            }
+        }
+        if !ended.is_empty() {
+            let now = self.now();
+            self.peer.tasks_finished(now, ended);
+        }
+    }
+
+    fn on_cmd(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Finished(..) => unreachable!("ended tasks are taken together by on_cmds"),
+            Cmd::Peer(peer, msgs) => {
+                let from = keys::node_id(&peer);
+                self.peers.insert(from, peer);
+                self.recorder.counters.messages_received += msgs.len() as u64;
+                let now = self.now();
+                for msg in msgs {
+                    self.peer.handle_message(now, from, msg);
+                }
+            }
+            Cmd::Fetched(farm, task, r) => {
+                if let Err(e) = &r {
+                    tracing::info!(%farm, ?task, "outputs not brought home yet: {e}");
+                }
+                let got = match &r {
+                    Ok(()) => Fetched::Here,
+                    Err(e) if e.contains(NO_SUCH_FILE) => Fetched::Gone,
+                    Err(_) => Fetched::Later,
+                };
+                let now = self.now();
+                self.peer.fetched(now, farm, task, got);
+            }
+            Cmd::InputsFetched(farm, r) => {
+                if let Err(e) = &r {
+                    tracing::info!(%farm, "inputs not here yet: {e}");
+                }
+                let now = self.now();
+                self.peer.inputs_ready(now, farm, r.is_ok());
+            }
+            Cmd::Found(r, asked) => self.answer(*r, asked),
+            Cmd::Redial => {
+                self.redial_pending = false;
+                if self.peers.is_empty() {
+                    for addr in self.join_addrs.clone() {
+                        let _ = self.swarm.dial(addr);
+                    }
+                }
+            }
+            Cmd::Launched(task, live) => {
+                if let Some((attempt, slot, kill)) = self.live.get_mut(&(task.farm, task.task)) {
+                    if *attempt == task.attempt {
+                        if *kill {
+                            live.signal(Signal::SIGKILL);
+                        }
+                        *slot = Some(live);
+                    }
+                }
+            }
+            Cmd::Request { to, req, reply } if to == self.me => {
+                // Asked of this node itself (`mesh logs` of a task run here).
+                match self.local_answer(req) {
+                    Ok(r) => {
+                        let _ = reply.send(Ok(r));
+                    }
+                    Err(rx) => {
+                        tokio::spawn(async move {
+                            let r = rx
+                                .await
+                                .unwrap_or(Response::Error("the node is stopping".into()));
+                            let _ = reply.send(Ok(r));
+                        });
+                    }
+                }
+            }
+            Cmd::Request { to, req, reply } => self.send(to, req, Some(reply)),
+            Cmd::Respond(channel, resp) => {
+                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+            }
+            Cmd::Control(req, reply) => self.on_control(req, reply),
+            Cmd::Submit(spec, reply) => match spec {
+                Err(e) => {
+                    let _ = reply.send(ControlResponse::Error(e));
+                }
+                Ok(spec) => {
+                    self.serve_inputs(&spec);
+                    let mut o = Origin::new(&spec);
+                    o.submit_reply = Some(reply);
+                    self.origins.insert(spec.id, o);
+                    let now = self.now();
+                    self.peer.submit(now, spec);
+                }
+            },
+            Cmd::Batch(done) => {
+                let now = self.now();
+                match done {
+                    batch::Done::Submitted(q, r) => {
+                        if let Err(e) = &r {
+                            self.say(&format!("mesh alloc: queue `{}`: {e}", q.name));
+                        }
+                        self.peer.batch_submitted(now, &q, r);
+                    }
+                    batch::Done::Polled(system, r) => self.peer.batch_polled(now, system, r),
+                    batch::Done::Cancelled(job, r) => self.peer.batch_cancelled(now, &job, r),
+                }
+                self.answer_alloc_waits();
+            }
+        }
+    }
+
+    fn interrupt(&mut self, at: &mut Option<Instant>) {
+        if at.is_some() {
+            // Asked twice: stop now, whatever is left to hand over.
+            self.impatient = true;
+            for (_, live, _) in self.live.values() {
+                if let Some(l) = live {
+                    l.signal(Signal::SIGKILL);
+                }
+            }
+            return;
+        }
+        *at = Some(Instant::now());
+        self.say("stopping: tasks here are stopped and handed back");
+        let now = self.now();
+        self.peer.interrupt(now);
+    }
+
+    /// Whether a stopping node whose tasks are over may go: once the
+    /// coordinator has acknowledged its results and the home has stopped
+    /// fetching outputs from it (or after `LINGER_MAX`). A batch job's node
+    /// never comes back for them: leaving earlier would run those tasks again.
+    fn may_stop(&self, since: Instant) -> bool {
+        let now = Instant::now();
+        if self.impatient || now >= since + LINGER_MAX {
+            return true;
+        }
+        let last = self.last_fetch.map_or(since, |t| t.max(since));
+        self.peer.idle() && now >= last + FETCH_QUIET
+    }
+}

@@ -1,0 +1,189 @@
+//! Task logs for `mesh logs` and the dashboard: read on the node that ran the task, found through the coordinator, and followed while the task runs.
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+use std::sync::Arc;
+
+use mesh_protocol::mesh::FarmSpec;
+use mesh_protocol::wire::{Request, Response, CHUNK_MAX};
+use tokio::sync::{mpsc, oneshot};
+
+use super::staging::NO_SUCH_FILE;
+use super::swarm::request;
+use super::Node;
+use crate::control::ControlResponse;
+use crate::executor;
+use crate::task_words::parse_task;
+
+/// How often `mesh logs -f` looks for more output.
+const LOG_FOLLOW_MS: u64 = 500;
+
+/// What `mesh logs` asked for.
+pub(super) struct LogAsk {
+    pub(super) task: String,
+    pub(super) attempt: Option<u32>,
+    pub(super) follow: bool,
+}
+
+impl Node {
+    /// Answers a request about a task's run from what this node has: at
+    /// once, or (reading files) through the returned channel.
+    pub(super) fn local_answer(
+        &self,
+        req: Request,
+    ) -> Result<Response, oneshot::Receiver<Response>> {
+        match req {
+            Request::WhereRan { farm, task } => {
+                let (node, running) = match self.peer.where_ran(farm, task) {
+                    Some((n, r)) => (Some(n), r),
+                    None => (None, false),
+                };
+                Ok(Response::Ran { node, running })
+            }
+            Request::TaskLog {
+                farm,
+                task,
+                attempt,
+                offsets,
+            } => {
+                let running = self.peer.runs(farm, task);
+                let Some(spec) = self.peer.spec(farm) else {
+                    return Ok(Response::Error(NO_SUCH_FILE.into()));
+                };
+                let Some(stage) = spec.def.stages.get(task.stage as usize) else {
+                    return Ok(Response::Error("no such stage".into()));
+                };
+                let dir = self
+                    .state
+                    .join("logs")
+                    .join(farm.to_string())
+                    .join(&stage.name);
+                let (tx, rx) = oneshot::channel();
+                tokio::task::spawn_blocking(move || {
+                    let _ = tx.send(read_log(&dir, task.index, attempt, offsets, running));
+                });
+                Err(rx)
+            }
+            _ => Ok(Response::Error("not asked of a node itself".into())),
+        }
+    }
+
+    /// Sends a task's logs to `mesh logs`, from the node that ran it (asking
+    /// the coordinator which, when this node does not know); with `follow`,
+    /// more as they come until the task is over there.
+    pub(super) fn follow_logs(
+        &mut self,
+        spec: Arc<FarmSpec>,
+        ask: LogAsk,
+        reply: mpsc::UnboundedSender<ControlResponse>,
+    ) {
+        let task = match parse_task(&spec.def, &ask.task) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = reply.send(ControlResponse::Error(e));
+                return;
+            }
+        };
+        let farm = spec.id;
+        let known = self.peer.where_ran(farm, task);
+        let coordinator = self.peer.coordinator();
+        let tx = self.tx.clone();
+        let labels = self.labels_now();
+        tokio::spawn(async move {
+            let r = async {
+                let ran = match (known, coordinator) {
+                    (Some((node, _)), _) => Some(node),
+                    (None, None) => None,
+                    (None, Some(c)) => {
+                        match request(&tx, c, Request::WhereRan { farm, task }).await? {
+                            Response::Ran { node, .. } => node,
+                            _ => return Err("unexpected answer from the coordinator".to_string()),
+                        }
+                    }
+                };
+                let Some(node) = ran else {
+                    return Err(format!("{} has not run yet", ask.task));
+                };
+                let label = labels
+                    .get(&node)
+                    .cloned()
+                    .unwrap_or_else(|| node.to_string());
+                let mut offsets = (0u64, 0u64);
+                loop {
+                    let req = Request::TaskLog {
+                        farm,
+                        task,
+                        attempt: ask.attempt,
+                        offsets,
+                    };
+                    let Response::Log {
+                        attempt,
+                        out,
+                        err,
+                        running,
+                    } = request(&tx, node, req).await?
+                    else {
+                        return Err("unexpected answer".into());
+                    };
+                    offsets.0 += out.len() as u64;
+                    offsets.1 += err.len() as u64;
+                    let more = !out.is_empty() || !err.is_empty();
+                    let done = !ask.follow || (!running && !more);
+                    let sent = reply.send(ControlResponse::Log {
+                        node: label.clone(),
+                        attempt,
+                        stdout: out,
+                        stderr: err,
+                        done,
+                    });
+                    if done || sent.is_err() {
+                        return Ok(());
+                    }
+                    if !more {
+                        tokio::time::sleep(std::time::Duration::from_millis(LOG_FOLLOW_MS)).await;
+                    }
+                }
+            }
+            .await;
+            if let Err(e) = r {
+                let _ = reply.send(ControlResponse::Error(e));
+            }
+        });
+    }
+}
+
+/// A task's logs in `dir` (its stage's log folder) after these offsets.
+fn read_log(
+    dir: &Path,
+    index: u32,
+    attempt: Option<u32>,
+    offsets: (u64, u64),
+    running: bool,
+) -> Response {
+    let attempt = attempt.or_else(|| executor::latest_attempt(dir, index));
+    let read = |stream: &str, offset: u64| -> Vec<u8> {
+        let Some(a) = attempt else {
+            return Vec::new();
+        };
+        let path = dir.join(format!("{index}.{a}.{stream}"));
+        let Ok(mut f) = fs::File::open(&path) else {
+            return Vec::new();
+        };
+        let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if offset >= size || f.seek(SeekFrom::Start(offset)).is_err() {
+            return Vec::new();
+        }
+        let mut data = vec![0u8; CHUNK_MAX.min((size - offset) as usize)];
+        match f.read_exact(&mut data) {
+            Ok(()) => data,
+            Err(_) => Vec::new(),
+        }
+    };
+    Response::Log {
+        attempt,
+        out: read("out", offsets.0),
+        err: read("err", offsets.1),
+        running,
+    }
+}

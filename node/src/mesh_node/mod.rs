@@ -1,0 +1,183 @@
+//! A mesh node: the tokio loop that drives a [`Peer`] with a libp2p swarm, real processes, the sled store and the control socket.
+//!
+//! Each turn of the loop feeds the peer one input (a message, a finished
+//! task, a timer, a control request), drains its actions, writes every
+//! `Persist` as one batch and flushes, and only then sends, starts or kills
+//! (the same group commit as the single-machine runner). Slow work (hashing
+//! inputs, fetching and serving files, running tasks) happens in spawned
+//! futures that come back to the loop through one channel.
+
+mod allocs;
+mod commands;
+mod driver;
+mod links;
+mod logs;
+mod queries;
+mod source;
+mod staging;
+mod swarm;
+mod task;
+mod views;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use libp2p::request_response::ResponseChannel;
+use libp2p::{PeerId, Swarm};
+use mesh_protocol::engine::Outcome;
+use mesh_protocol::farm::TaskRef;
+use mesh_protocol::mesh::{Assigned, Config, FarmId, FarmSpec, Msg, NodeId, OutputFile, Peer};
+use mesh_protocol::wire::{FoundFarm, Request, Response};
+use mesh_protocol::Resources;
+use mesh_store::{MeshState, SledStore, StoreError};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::batch;
+use crate::control::{ControlRequest, ControlResponse};
+use crate::executor::Live;
+use crate::keys;
+use crate::net::{self, Behaviour};
+use crate::observe::Recorder;
+use crate::{runtime, IoError};
+use allocs::Alloc;
+use links::Links;
+use queries::Asked;
+use swarm::{KnownPeers, Outbound};
+use views::Origin;
+
+/// Addresses as `mesh node` prints them and `mesh join` takes them.
+pub use libp2p::Multiaddr;
+
+pub use crate::dash::dashboard_line;
+
+pub struct NodeOptions {
+    pub state: PathBuf,
+    pub listen: Vec<Multiaddr>,
+    /// Bootstrap from these peers (`mesh join`): any one answering will do.
+    pub join: Vec<Multiaddr>,
+    pub resources: Resources,
+    /// The mesh secret; `<state>/mesh.key` unless given.
+    pub key: PathBuf,
+    /// Serve the dashboard here (`--http`).
+    pub http: Option<std::net::SocketAddr>,
+    /// Drain and stop this long after starting (a batch job's walltime less
+    /// a margin): tasks here are handed back as on Ctrl-C.
+    pub drain_after: Option<std::time::Duration>,
+    /// The batch job that started this node (`mesh alloc`), as the batch
+    /// system lists it.
+    pub alloc_job: Option<String>,
+    pub config: Config,
+    /// Find nodes on the LAN by mDNS (needs the `mdns` feature).
+    pub mdns: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Key(#[from] keys::KeyError),
+    #[error(transparent)]
+    Net(#[from] net::NetError),
+    #[error("state store: {0}")]
+    Store(#[from] StoreError),
+    #[error("another mesh node already uses the state folder {0}")]
+    Busy(String),
+    #[error("cannot read this node's state in {path}; if it is damaged, move it aside (`mv {path} {path}.damaged`) and start the node again (it rejoins the peers it is given, and the other nodes of the mesh keep the farms it held)")]
+    Damaged {
+        path: String,
+        #[source]
+        source: StoreError,
+    },
+    #[error("cannot join {addr}: {why}")]
+    Join { addr: String, why: String },
+    #[error("{0}")]
+    Dashboard(String),
+    #[error(transparent)]
+    Io(#[from] IoError),
+}
+
+/// What the spawned futures and control connections tell the loop.
+enum Cmd {
+    Finished(Assigned, Outcome, Vec<OutputFile>),
+    /// A frame of messages for the engine from a peer's stream.
+    Peer(PeerId, Vec<Msg>),
+    /// The home brought a task's outputs, or could not.
+    Fetched(FarmId, TaskRef, Result<(), String>),
+    /// This node brought a farm's inputs into its cache, or could not.
+    InputsFetched(FarmId, Result<(), String>),
+    /// Time to dial the peer of `mesh join` again.
+    Redial,
+    /// The coordinator's answer about a farm this node does not hold.
+    Found(Box<Result<FoundFarm, String>>, Asked),
+    Launched(Assigned, Live),
+    Request {
+        to: NodeId,
+        req: Request,
+        reply: oneshot::Sender<Result<Response, String>>,
+    },
+    Respond(ResponseChannel<Response>, Response),
+    Control(ControlRequest, mpsc::UnboundedSender<ControlResponse>),
+    Submit(
+        Result<FarmSpec, String>,
+        mpsc::UnboundedSender<ControlResponse>,
+    ),
+    /// A batch command (`mesh alloc`) ended.
+    Batch(batch::Done),
+}
+
+/// A node's state, owned by its loop; each module of this folder is an
+/// `impl Node` block over it.
+struct Node {
+    state: PathBuf,
+    peer: Peer,
+    me: NodeId,
+    swarm: Swarm<Behaviour>,
+    store: SledStore,
+    clock: Instant,
+    peers: HashMap<NodeId, PeerId>,
+    dialing: HashSet<PeerId>,
+    /// Peer ids by node, remembered from beats so a node that is gone still has a name.
+    labels: HashMap<NodeId, String>,
+    /// Requests to other nodes waiting for their answers.
+    outbound: Outbound,
+    /// This node's streams to other nodes' engines.
+    links: Links,
+    tx: mpsc::UnboundedSender<Cmd>,
+    live: HashMap<(FarmId, TaskRef), (u32, Option<Live>, bool)>,
+    origins: HashMap<FarmId, Origin>,
+    /// How the peer's persists map to the store.
+    book: MeshState,
+    known: KnownPeers,
+    /// How long `mesh join` waits before dialling its peer again, and the peer.
+    join_retry_s: u64,
+    join_addrs: Vec<Multiaddr>,
+    /// A redial of `join_addrs` is scheduled (one for any number of failed dials).
+    redial_pending: bool,
+    /// blake3 of each input this node serves, and where the file is.
+    blobs: HashMap<[u8; 32], PathBuf>,
+    /// Bare program names and where PATH finds them.
+    programs: HashMap<String, Option<String>>,
+    node_has_gpus: bool,
+    listen_addrs: Vec<Multiaddr>,
+    out: Box<dyn FnMut(&str)>,
+    /// Runs for the task stream, counters, and each live run's record.
+    recorder: Recorder,
+    run_seq: HashMap<(FarmId, TaskRef), (u64, Option<u32>)>,
+    /// The mesh secret's file and the changes waiting to be seen (`mesh alloc`).
+    alloc: Alloc,
+    /// When another node last fetched a file from this one (the home
+    /// bringing outputs kept here).
+    last_fetch: Option<Instant>,
+    /// Stopped twice (a second Ctrl-C): no lingering.
+    impatient: bool,
+}
+
+/// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.
+pub fn run_node(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
+    runtime()?.block_on(driver::drive(opts, out))
+}
+
+/// How users name a farm: its name and the start of its mesh id.
+pub fn farm_display_id(name: &str, id: FarmId) -> String {
+    format!("{name}-{:08x}", id.0 >> 32)
+}

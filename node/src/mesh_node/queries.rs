@@ -1,0 +1,286 @@
+//! Queries about the mesh and its farms: the status (with what each node says of itself), farms this node holds or coordinates, and those found by asking the coordinator.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use mesh_protocol::mesh::{Beat, Entry, FarmId, NodeId};
+use mesh_protocol::observe::{LatencyData, Observation};
+use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response};
+use tokio::sync::mpsc;
+
+use super::logs::LogAsk;
+use super::swarm::request;
+use super::views::FAILURES_SHOWN;
+use super::{farm_display_id, Cmd, Node};
+use crate::control::{
+    ControlResponse, FarmView, MeshStatus, NodeView, Observed, ResourceUse, ResourceView,
+};
+
+/// How long `mesh status` and the dashboard wait for a node to say how it
+/// is: one that does not answer in time is shown without it.
+const OBSERVE_WAIT: std::time::Duration = std::time::Duration::from_millis(800);
+
+/// What a control request about a farm not held here was waiting for.
+pub(super) enum Asked {
+    Status(mpsc::UnboundedSender<ControlResponse>),
+    Resume(Option<String>, mpsc::UnboundedSender<ControlResponse>),
+    Logs(LogAsk, mpsc::UnboundedSender<ControlResponse>),
+}
+
+impl Node {
+    /// A farm by id, id prefix or name among every farm this node knows.
+    pub(super) fn find_known(&self, query: &str) -> Result<FarmId, String> {
+        let known: Vec<(FarmId, String, String)> = self
+            .peer
+            .specs()
+            .map(|s| {
+                let name = s.def.name.clone();
+                (s.id, farm_display_id(&name, s.id), name)
+            })
+            .collect();
+        match_farm(query, &known)
+    }
+
+    /// A farm whose home is this node.
+    pub(super) fn find_farm(&self, query: &str) -> Result<FarmId, String> {
+        let homes: Vec<(FarmId, String, String)> = self
+            .origins
+            .iter()
+            .map(|(id, o)| (*id, o.view.id.clone(), o.view.name.clone()))
+            .collect();
+        match_farm(query, &homes).map_err(|e| {
+            format!("{e}; a farm whose home is another node is followed there, or taken over here with `mesh resume FARM --out DIR`")
+        })
+    }
+
+    /// Every farm this node holds or coordinates, in short.
+    pub(super) fn summaries(&self) -> Vec<FarmSummary> {
+        let mut ids: Vec<FarmId> = self.peer.replicas().map(|r| r.id()).collect();
+        ids.extend(self.peer.coordinated());
+        ids.sort();
+        ids.dedup();
+        // In short: no copy of the farm's definition (a sweep's parameters
+        // may be megabytes) nor of its failures.
+        ids.into_iter()
+            .filter_map(|id| {
+                let (home, progress, _) = self.standing(id, 0)?;
+                Some(FarmSummary {
+                    id,
+                    name: self.peer.spec(id)?.def.name.clone(),
+                    home,
+                    progress,
+                })
+            })
+            .collect()
+    }
+
+    /// Every node's peer id as this node knows it.
+    pub(super) fn labels_now(&self) -> HashMap<NodeId, String> {
+        self.peer
+            .members()
+            .map(|m| (m.id, m.beat.label.clone()))
+            .chain([(self.me, self.swarm.local_peer_id().to_string())])
+            .collect()
+    }
+
+    /// What this node knows of a farm it holds or coordinates.
+    pub(super) fn found(&self, farm: FarmId) -> Option<FoundFarm> {
+        let (home, progress, failures) = self.standing(farm, FAILURES_SHOWN)?;
+        Some(FoundFarm {
+            spec: (**self.peer.spec(farm)?).clone(),
+            home,
+            progress,
+            failures,
+        })
+    }
+
+    /// Where a farm this node holds or coordinates stands: its home, its
+    /// progress and its first `failures_max` failures.
+    fn standing(
+        &self,
+        farm: FarmId,
+        failures_max: usize,
+    ) -> Option<(
+        mesh_protocol::mesh::Home,
+        mesh_protocol::mesh::FarmProgress,
+        Vec<Entry>,
+    )> {
+        if let Some(s) = self.peer.coordinated_farm(farm, failures_max) {
+            return Some(s);
+        }
+        let r = self.peer.replica(farm)?;
+        let failures = r.log.failures().take(failures_max).cloned().collect();
+        Some((r.home_of, r.progress(), failures))
+    }
+
+    /// Asks the coordinator about a farm this node does not hold.
+    pub(super) fn ask_coordinator(&mut self, query: String, asked: Asked) {
+        let tx = self.tx.clone();
+        let Some(c) = self.peer.coordinator().filter(|c| *c != self.me) else {
+            let why = format!("no farm `{query}` is known to this mesh (see `mesh status`)");
+            self.answer(Err(why), asked);
+            return;
+        };
+        tokio::spawn(async move {
+            let r = match request(&tx, c, Request::FindFarm { query }).await {
+                Ok(Response::Farm(f)) => Ok(*f),
+                Ok(_) => Err("unexpected answer from the coordinator".into()),
+                Err(e) => Err(e),
+            };
+            let _ = tx.send(Cmd::Found(Box::new(r), asked));
+        });
+    }
+
+    /// Answers a control request about a farm with what was found.
+    pub(super) fn answer(&mut self, found: Result<FoundFarm, String>, asked: Asked) {
+        let f = match found {
+            Ok(f) => f,
+            Err(e) => {
+                let reply = match asked {
+                    Asked::Status(r) | Asked::Resume(_, r) | Asked::Logs(_, r) => r,
+                };
+                let _ = reply.send(ControlResponse::Error(e));
+                return;
+            }
+        };
+        match asked {
+            Asked::Status(reply) => {
+                let view = self.found_view(&f);
+                let _ = reply.send(ControlResponse::Farm(Box::new(view)));
+            }
+            Asked::Resume(out, reply) => {
+                let r = self.take_home(f, out);
+                let _ = reply.send(r.unwrap_or_else(ControlResponse::Error));
+            }
+            Asked::Logs(ask, reply) => self.follow_logs(Arc::new(f.spec), ask, reply),
+        }
+    }
+
+    fn status(&self) -> MeshStatus {
+        let coordinator = self.peer.coordinator();
+        // Every node, this one included, as its beat describes it.
+        let view = |id: String, node: NodeId, b: &Beat, local: bool| NodeView {
+            id,
+            addrs: b.addrs.clone(),
+            resources: ResourceView {
+                total: b.total.to_string(),
+                used: b.used.to_string(),
+            },
+            queued: b.queued,
+            running: b.running,
+            prefetch: b.prefetch,
+            coordinator: coordinator == Some(node),
+            local,
+            usage: ResourceUse::of(&b.total, &b.used),
+            job: b.job.clone(),
+            drains_in_s: b.ends_in_ms.map(|ms| ms / 1000),
+            ..NodeView::default()
+        };
+        let own = self.peer.beat();
+        let mut nodes = vec![view(
+            self.swarm.local_peer_id().to_string(),
+            self.me,
+            &own,
+            true,
+        )];
+        nodes.extend(
+            self.peer
+                .members()
+                .map(|m| view(m.beat.label.clone(), m.id, &m.beat, false)),
+        );
+        let mut farms: Vec<FarmView> = self.origins.values().map(|o| o.view.clone()).collect();
+        farms.sort_by(|a, b| a.id.cmp(&b.id));
+        MeshStatus {
+            nodes,
+            coordinator: coordinator.map(|c| self.label_of(c)),
+            term: mesh_protocol::mesh::term_round(self.peer.term()),
+            farms,
+            latency: Vec::new(),
+        }
+    }
+
+    /// What this node measures of itself, with its runs that changed after `since`.
+    pub(super) fn observation(&self, since: u64) -> Observation {
+        let mut counters = self.recorder.counters;
+        let stats = self.peer.stats();
+        counters.tasks_stolen = stats.tasks_stolen;
+        counters.tasks_given = stats.tasks_given;
+        let latency = match self.peer.latencies() {
+            Some((l, failovers)) => {
+                counters.failovers = failovers;
+                l.export()
+            }
+            None => LatencyData::default(),
+        };
+        let mut o = self
+            .recorder
+            .observation(since, latency, crate::state::unix_ms());
+        o.counters = counters;
+        o
+    }
+
+    /// The mesh's status with what every node that answers in time says
+    /// of itself (`since`: the runs each observer has seen, by node;
+    /// `status_only`: no runs wanted), handed to `done`.
+    pub(super) fn gather(
+        &mut self,
+        since: HashMap<String, u64>,
+        status_only: bool,
+        done: impl FnOnce(Observed) + Send + 'static,
+    ) {
+        let after = |label: &str| {
+            if status_only {
+                u64::MAX
+            } else {
+                since.get(label).copied().unwrap_or(0)
+            }
+        };
+        let status = self.status();
+        let me = self.swarm.local_peer_id().to_string();
+        let own = self.observation(after(&me));
+        let others: Vec<(String, NodeId, u64)> = self
+            .peer
+            .members()
+            .map(|m| (m.beat.label.clone(), m.id, after(&m.beat.label)))
+            .collect();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let asks = others.into_iter().map(|(label, id, since)| {
+                let tx = tx.clone();
+                async move {
+                    let ask = request(&tx, id, Request::Observe { since });
+                    match tokio::time::timeout(OBSERVE_WAIT, ask).await {
+                        Ok(Ok(Response::Observed(o))) => Some((label, *o)),
+                        _ => None,
+                    }
+                }
+            });
+            let mut nodes = vec![(me, own)];
+            nodes.extend(futures::future::join_all(asks).await.into_iter().flatten());
+            done(Observed::new(status, nodes));
+        });
+    }
+}
+
+/// A farm by its display id, name or id prefix among `known` (id, display id, name).
+fn match_farm(query: &str, known: &[(FarmId, String, String)]) -> Result<FarmId, String> {
+    let exact: Vec<FarmId> = known
+        .iter()
+        .filter(|(_, id, name)| id == query || name == query)
+        .map(|(f, ..)| *f)
+        .collect();
+    let hits = if exact.is_empty() {
+        known
+            .iter()
+            .filter(|(_, id, _)| id.starts_with(query))
+            .map(|(f, ..)| *f)
+            .collect()
+    } else {
+        exact
+    };
+    match hits.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(format!("no farm `{query}` is known here")),
+        _ => Err(format!("`{query}` matches several farms; give the full id")),
+    }
+}

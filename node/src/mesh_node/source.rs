@@ -1,0 +1,112 @@
+//! The dashboard's source on a mesh node: its questions asked through the node's loop as control requests, like the control socket's.
+
+use std::collections::HashMap;
+
+use tokio::sync::mpsc;
+
+use super::Cmd;
+use crate::control::{ControlRequest, ControlResponse, FarmView, Observed};
+use crate::dash;
+
+/// The dashboard's view of a mesh node: the control requests, asked
+/// through the node's loop like the control socket's.
+pub(super) struct MeshSource {
+    pub(super) tx: mpsc::UnboundedSender<Cmd>,
+}
+
+impl MeshSource {
+    fn ask(&self, req: ControlRequest) -> mpsc::UnboundedReceiver<ControlResponse> {
+        ask_node(&self.tx, req)
+    }
+}
+
+/// A control request to the node's loop, as the control socket sends them.
+fn ask_node(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    req: ControlRequest,
+) -> mpsc::UnboundedReceiver<ControlResponse> {
+    let (reply, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(Cmd::Control(req, reply));
+    rx
+}
+
+const STOPPING: &str = "the node is stopping";
+
+impl dash::Source for MeshSource {
+    fn observe(&self, since: HashMap<String, u64>) -> dash::BoxFuture<Result<Observed, String>> {
+        let mut rx = self.ask(ControlRequest::Observe { since });
+        Box::pin(async move {
+            match rx.recv().await {
+                Some(ControlResponse::Observed(o)) => Ok(*o),
+                Some(ControlResponse::Error(e)) => Err(e),
+                _ => Err(STOPPING.into()),
+            }
+        })
+    }
+
+    fn farms(&self) -> dash::BoxFuture<Result<Vec<FarmView>, String>> {
+        let mut list = self.ask(ControlRequest::List);
+        let tx = self.tx.clone();
+        Box::pin(async move {
+            let mut all = match list.recv().await {
+                Some(ControlResponse::List(v)) => v,
+                Some(ControlResponse::Error(e)) => return Err(e),
+                _ => return Err(STOPPING.into()),
+            };
+            // The running first, then the newest kept of the rest.
+            all.sort_by_key(|f| f.finished);
+            all.truncate(dash::view::FARMS_MAX);
+            let mut views = Vec::with_capacity(all.len());
+            for short in all {
+                let mut rx = ask_node(
+                    &tx,
+                    ControlRequest::Farm {
+                        farm: short.id.clone(),
+                    },
+                );
+                match rx.recv().await {
+                    Some(ControlResponse::Farm(v)) => views.push(*v),
+                    _ => views.push(short),
+                }
+            }
+            Ok(views)
+        })
+    }
+
+    fn logs(
+        &self,
+        farm: String,
+        task: String,
+        attempt: Option<u32>,
+    ) -> dash::BoxFuture<Result<String, String>> {
+        let mut rx = self.ask(ControlRequest::Logs {
+            farm,
+            task,
+            attempt,
+            follow: false,
+        });
+        Box::pin(async move {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            loop {
+                match rx.recv().await {
+                    Some(ControlResponse::Log {
+                        stdout,
+                        stderr,
+                        done,
+                        ..
+                    }) => {
+                        out.extend(stdout);
+                        err.extend(stderr);
+                        if done {
+                            break;
+                        }
+                    }
+                    Some(ControlResponse::Error(e)) => return Err(e),
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+            Ok(dash::logs_text(&out, &err))
+        })
+    }
+}

@@ -1,0 +1,419 @@
+//! Inputs and outputs: inputs hashed, served and fetched into this node's cache; outputs listed by hash, kept for the farm's home, and pulled home.
+//!
+//! Files move between nodes by blake3 hash, in pieces, verified before
+//! they get their name.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, Read, Seek, SeekFrom, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use libp2p::request_response::ResponseChannel;
+use mesh_protocol::farm::{path_stays_inside, FarmDef, TaskRef};
+use mesh_protocol::mesh::{FarmId, FarmSpec, NodeId, OutputFile};
+use mesh_protocol::wire::{Request, Response, CHUNK_MAX, FILE_MAX};
+use tokio::sync::mpsc;
+
+use super::swarm::request;
+use super::{Cmd, Node};
+
+/// What a node answers for a file it does not have (the home then has the task run again).
+pub(super) const NO_SUCH_FILE: &str = "no such file on this node";
+
+impl Node {
+    pub(super) fn serve_inputs(&mut self, spec: &FarmSpec) {
+        let root = PathBuf::from(&spec.def.root);
+        for (path, hash) in &spec.inputs {
+            self.blobs.insert(*hash, root.join(path));
+        }
+    }
+
+    /// Nodes to ask for a farm's files, in order: its submitter, the
+    /// coordinator (which keeps a copy), then every other member.
+    pub(super) fn sources(&self, farm: FarmId) -> Vec<NodeId> {
+        let mut v: Vec<NodeId> = self.peer.spec(farm).map(|s| s.origin).into_iter().collect();
+        v.extend(self.peer.coordinator());
+        v.extend(self.peer.members().map(|m| m.id));
+        let mut seen = HashSet::new();
+        v.retain(|n| *n != self.me && seen.insert(*n));
+        v
+    }
+
+    /// Brings every input of a farm this node keeps a copy of into its cache.
+    pub(super) fn fetch_inputs(&mut self, farm: FarmId) {
+        let Some(spec) = self.peer.spec(farm).cloned() else {
+            return;
+        };
+        let sources = self.sources(farm);
+        let cache = self.state.join("cache");
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut r = Ok(());
+            for (path, hash) in &spec.inputs {
+                let hex = blake3::Hash::from(*hash).to_hex().to_string();
+                let cached = cache.join(&hex);
+                if cached.is_file() {
+                    continue;
+                }
+                if let Err(e) = fetch_any(&tx, &sources, farm, *hash, &cached).await {
+                    r = Err(format!("input `{path}`: {e}"));
+                    break;
+                }
+            }
+            let _ = tx.send(Cmd::InputsFetched(farm, r));
+        });
+    }
+
+    /// Brings a task's outputs home from the node that keeps them.
+    pub(super) fn fetch_outputs(
+        &mut self,
+        farm: FarmId,
+        task: TaskRef,
+        from: NodeId,
+        outputs: Arc<[OutputFile]>,
+    ) {
+        let dir = self.peer.replica(farm).map(|r| {
+            let stage = &r.spec.def.stage(task).name;
+            PathBuf::from(r.out_dir())
+                .join(stage)
+                .join(task.index.to_string())
+        });
+        let tx = self.tx.clone();
+        // Run here before this node was the home: kept apart, in `held`.
+        let held = (from == self.me).then(|| self.state.join("held").join(farm.to_string()));
+        tokio::spawn(async move {
+            let r = match (dir, held) {
+                (None, _) => Err("the farm is unknown here".to_string()),
+                (Some(dir), Some(held)) => {
+                    tokio::task::spawn_blocking(move || place_held(&held, &dir, &outputs))
+                        .await
+                        .unwrap_or_else(|e| Err(e.to_string()))
+                }
+                (Some(dir), None) => fetch_all(&tx, from, farm, &dir, &outputs).await,
+            };
+            let _ = tx.send(Cmd::Fetched(farm, task, r));
+        });
+    }
+
+    /// Answers another node asking for a file by hash: a piece of it, read off the loop.
+    pub(super) fn serve_blob(
+        &mut self,
+        farm: FarmId,
+        hash: [u8; 32],
+        offset: u64,
+        channel: ResponseChannel<Response>,
+    ) {
+        self.last_fetch = Some(Instant::now());
+        // An input this node serves as the farm's submitter, an
+        // output it keeps for the farm's home, or a file in its cache.
+        let hex = blake3::Hash::from(hash).to_hex().to_string();
+        let path = self.blobs.get(&hash).cloned().or_else(|| {
+            [
+                self.state.join("held").join(farm.to_string()).join(&hex),
+                self.state.join("cache").join(&hex),
+            ]
+            .into_iter()
+            .find(|p| p.is_file())
+        });
+        let Some(path) = path else {
+            let _ = self
+                .swarm
+                .behaviour_mut()
+                .rr
+                .send_response(channel, Response::Error(NO_SUCH_FILE.into()));
+            return;
+        };
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let resp = read_chunk(&path, offset).unwrap_or_else(|e| {
+                Response::Error(format!("cannot read {}: {e}", path.display()))
+            });
+            let _ = tx.send(Cmd::Respond(channel, resp));
+        });
+    }
+}
+
+pub(super) fn input_hash(spec: &FarmSpec, path: &str) -> [u8; 32] {
+    spec.inputs
+        .iter()
+        .find(|(p, _)| p == path)
+        .map(|(_, h)| *h)
+        .unwrap_or([0; 32])
+}
+
+/// The farm as it travels: every input file the farm names, hashed.
+pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<FarmSpec, String> {
+    let mut seen = HashSet::new();
+    let mut inputs = Vec::new();
+    let root = PathBuf::from(&def.root);
+    for (s, stage) in def.stages.iter().enumerate() {
+        if stage.inputs.is_empty() {
+            continue;
+        }
+        for i in 0..stage.len() {
+            for input in def.expand(TaskRef::new(s as u32, i)).inputs {
+                if !seen.insert(input.clone()) {
+                    continue;
+                }
+                let path = root.join(&input);
+                let mut f =
+                    fs::File::open(&path).map_err(|e| format!("input {}: {e}", path.display()))?;
+                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                if len > FILE_MAX {
+                    return Err(format!(
+                        "input {} is {len} bytes; the most a mesh moves is {FILE_MAX}",
+                        path.display()
+                    ));
+                }
+                let mut h = blake3::Hasher::new();
+                h.update_reader(&mut f)
+                    .map_err(|e| format!("input {}: {e}", path.display()))?;
+                inputs.push((input, *h.finalize().as_bytes()));
+            }
+        }
+    }
+    let mut h = blake3::Hasher::new();
+    h.update(&origin.0.to_be_bytes());
+    h.update(file.as_bytes());
+    h.update(&crate::state::unix_ms().to_be_bytes());
+    let id = FarmId(u64::from_be_bytes(
+        h.finalize().as_bytes()[..8].try_into().expect("8 bytes"),
+    ));
+    Ok(FarmSpec {
+        id,
+        origin,
+        def,
+        inputs,
+    })
+}
+
+/// Every file under `dir` with its blake3 hash and size.
+pub(super) fn manifest(dir: &Path) -> Result<Vec<OutputFile>, String> {
+    let mut files = Vec::new();
+    walk(dir, dir, &mut files).map_err(|e| format!("cannot list outputs: {e}"))?;
+    let mut out = Vec::new();
+    for (rel, path) in files {
+        let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        if size > FILE_MAX {
+            return Err(format!(
+                "output {rel} is {size} bytes; the most a mesh moves is {FILE_MAX}"
+            ));
+        }
+        let hash = file_hash(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        out.push(OutputFile {
+            path: rel,
+            hash,
+            size,
+        });
+    }
+    Ok(out)
+}
+
+/// Moves every file under `dir` into `held` under its blake3 hash; the manifest.
+pub(super) fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, String> {
+    let files = manifest(dir)?;
+    fs::create_dir_all(held).map_err(|e| format!("cannot create {}: {e}", held.display()))?;
+    for f in &files {
+        let path = dir.join(&f.path);
+        let target = held.join(blake3::Hash::from(f.hash).to_hex().as_str());
+        if !target.is_file() {
+            fs::rename(&path, &target)
+                .or_else(|_| fs::copy(&path, &target).map(|_| ()))
+                .map_err(|e| format!("cannot keep {}: {e}", path.display()))?;
+        }
+    }
+    Ok(files)
+}
+
+/// Brings every output of a task from `from` into `dir`, each checked by hash.
+async fn fetch_all(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    from: NodeId,
+    farm: FarmId,
+    dir: &Path,
+    outputs: &[OutputFile],
+) -> Result<(), String> {
+    for o in outputs {
+        if let Some(dest) = output_needed(dir, o)? {
+            fetch_blob(tx, from, farm, o.hash, &dest).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Where output `o` goes under `dir`, unless it is there already.
+fn output_needed(dir: &Path, o: &OutputFile) -> Result<Option<PathBuf>, String> {
+    if !path_stays_inside(&o.path) {
+        return Err(format!("output path `{}` leaves the task's folder", o.path));
+    }
+    let dest = dir.join(&o.path);
+    if dest.is_file() && file_hash(&dest).ok() == Some(o.hash) {
+        return Ok(None);
+    }
+    Ok(Some(dest))
+}
+
+/// Puts outputs this node keeps in `held` into `dir` (those already there, checked, stay).
+fn place_held(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), String> {
+    for o in outputs {
+        let Some(dest) = output_needed(dir, o)? else {
+            continue;
+        };
+        let src = held.join(blake3::Hash::from(o.hash).to_hex().as_str());
+        if !src.is_file() {
+            return Err(NO_SUCH_FILE.into());
+        }
+        if let Some(d) = dest.parent() {
+            fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+        }
+        fs::copy(&src, &dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
+    }
+    Ok(())
+}
+
+fn file_hash(path: &Path) -> io::Result<[u8; 32]> {
+    let mut h = blake3::Hasher::new();
+    h.update_reader(fs::File::open(path)?)?;
+    Ok(*h.finalize().as_bytes())
+}
+
+/// Puts an input in place, from this node's cache or fetched once from
+/// the first of `sources` that has it.
+pub(super) async fn fetch_input(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    sources: &[NodeId],
+    farm: FarmId,
+    hash: [u8; 32],
+    cache: &Path,
+    dest: &Path,
+) -> Result<(), String> {
+    let hex = blake3::Hash::from(hash).to_hex().to_string();
+    let cached = cache.join(&hex);
+    if !cached.is_file() {
+        fetch_any(tx, sources, farm, hash, &cached).await?;
+    }
+    if dest.is_file() {
+        return Ok(());
+    }
+    if let Some(dir) = dest.parent() {
+        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    if fs::hard_link(&cached, dest).is_err() && !dest.is_file() {
+        fs::copy(&cached, dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
+    }
+    Ok(())
+}
+
+/// Fetches a file by its blake3 hash from the first of `sources` that has it.
+async fn fetch_any(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    sources: &[NodeId],
+    farm: FarmId,
+    hash: [u8; 32],
+    dest: &Path,
+) -> Result<(), String> {
+    let mut why = Vec::new();
+    for from in sources {
+        match fetch_blob(tx, *from, farm, hash, dest).await {
+            Ok(()) => return Ok(()),
+            Err(e) => why.push(format!("{from}: {e}")),
+        }
+    }
+    if why.is_empty() {
+        return Err("no other node is connected".into());
+    }
+    Err(format!("no node could give it ({})", why.join("; ")))
+}
+
+/// Fetches a file by its blake3 hash from `from`, in pieces, into `dest`:
+/// written aside and given its name only once the whole file checks out.
+async fn fetch_blob(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    from: NodeId,
+    farm: FarmId,
+    hash: [u8; 32],
+    dest: &Path,
+) -> Result<(), String> {
+    let dir = dest.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(
+        ".{}.{}.part",
+        name.unwrap_or_default(),
+        rand_suffix()
+    ));
+    let mut file =
+        fs::File::create(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+    let mut hasher = blake3::Hasher::new();
+    let mut offset = 0u64;
+    let r = loop {
+        let resp = match request(tx, from, Request::GetBlob { farm, hash, offset }).await {
+            Ok(r) => r,
+            Err(e) => break Err(e),
+        };
+        let Response::Blob { size, data } = resp else {
+            break Err("unexpected answer".into());
+        };
+        if size > FILE_MAX {
+            break Err(format!("{size} bytes is more than the limit {FILE_MAX}"));
+        }
+        hasher.update(&data);
+        if let Err(e) = file.write_all(&data) {
+            break Err(format!("cannot write {}: {e}", tmp.display()));
+        }
+        offset += data.len() as u64;
+        if offset >= size || data.is_empty() {
+            break Ok(());
+        }
+    };
+    drop(file);
+    if let Err(e) = r {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    if hasher.finalize().as_bytes() != &hash {
+        let _ = fs::remove_file(&tmp);
+        return Err("the file arrived with another hash (it changed where it was kept?)".into());
+    }
+    fs::rename(&tmp, dest).map_err(|e| format!("cannot keep {}: {e}", dest.display()))
+}
+
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> io::Result<()> {
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        let p = e.path();
+        if e.file_type()?.is_dir() {
+            walk(base, &p, out)?;
+        } else {
+            let rel = p
+                .strip_prefix(base)
+                .unwrap_or(&p)
+                .to_string_lossy()
+                .into_owned();
+            out.push((rel, p));
+        }
+    }
+    Ok(())
+}
+
+fn read_chunk(path: &Path, offset: u64) -> io::Result<Response> {
+    let mut f = fs::File::open(path)?;
+    let size = f.metadata()?.len();
+    f.seek(SeekFrom::Start(offset.min(size)))?;
+    let n = CHUNK_MAX.min(size.saturating_sub(offset) as usize);
+    let mut data = vec![0u8; n];
+    f.read_exact(&mut data)?;
+    Ok(Response::Blob { size, data })
+}

@@ -1,0 +1,187 @@
+//! Running a task on this node: its launch put together from the farm's definition, its inputs put in place, the executor, and its outputs kept.
+
+use std::fs;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use mesh_protocol::engine::{Grant, Outcome, TaskResult};
+use mesh_protocol::farm::content_key;
+use mesh_protocol::mesh::{Assigned, FarmSpec, NodeId, OutputFile};
+use tokio::sync::mpsc;
+
+use super::staging::{fetch_input, hold_outputs, input_hash, manifest};
+use super::{Cmd, Node};
+use crate::executor::{self, Finished, Launch};
+
+impl Node {
+    /// Starts one task: here directly when this node submitted the farm,
+    /// otherwise after fetching its inputs, with its outputs sent back after.
+    pub(super) fn start(&mut self, task: Assigned, grant: Grant) {
+        let Some(spec) = self.peer.spec(task.farm).cloned() else {
+            let now = self.now();
+            self.peer.task_finished(
+                now,
+                task,
+                Outcome {
+                    result: TaskResult::Error("the farm's definition is not on this node".into()),
+                    key: None,
+                    duration_ms: 0,
+                    logs: 0,
+                },
+                Vec::new(),
+            );
+            return;
+        };
+        self.live
+            .insert((task.farm, task.task), (task.attempt, None, false));
+        let seq =
+            self.recorder
+                .started(task.farm, task.task, task.attempt, crate::state::unix_ms());
+        self.run_seq
+            .insert((task.farm, task.task), (seq, self.recorder.slot(seq)));
+        let def = &spec.def;
+        let stage = def.stage(task.task);
+        let mut tspec = def.expand(task.task);
+        let hashes: Vec<[u8; 32]> = tspec.inputs.iter().map(|i| input_hash(&spec, i)).collect();
+        let task_id = def.task_name(task.task);
+        let key = content_key(&def.name, &task_id, &tspec, &stage.resources, &hashes);
+        executor::resolve_program(&mut self.programs, &mut tspec);
+        let local = spec.origin == self.me;
+        let farm_dir = self.state.join("work").join(task.farm.to_string());
+        let (root, out_dir) = if local {
+            (
+                PathBuf::from(&def.root),
+                PathBuf::from(&def.out)
+                    .join(&stage.name)
+                    .join(task.task.index.to_string()),
+            )
+        } else {
+            (
+                farm_dir.join("root"),
+                farm_dir
+                    .join("out")
+                    .join(&stage.name)
+                    .join(format!("{}.{}", task.task.index, task.attempt)),
+            )
+        };
+        let logs_dir = self.state.join("logs").join(task.farm.to_string());
+        let launch = Launch {
+            slot: 0,
+            task: task.task,
+            attempt: task.attempt,
+            success_codes: stage.success_codes.clone(),
+            spec: tspec,
+            grant,
+            key,
+            farm_name: def.name.clone(),
+            task_id,
+            root,
+            out_dir,
+            stdout_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "out"),
+            stderr_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "err"),
+            node_has_gpus: self.node_has_gpus,
+            node: self.swarm.local_peer_id().to_string(),
+        };
+        let tx = self.tx.clone();
+        let cache = self.state.join("cache");
+        let held = self.state.join("held").join(task.farm.to_string());
+        let sources = self.sources(task.farm);
+        tokio::spawn(async move {
+            let (outcome, outputs) = run_task(
+                launch,
+                spec,
+                task,
+                (local, sources),
+                (cache, held),
+                tx.clone(),
+            )
+            .await;
+            let _ = tx.send(Cmd::Finished(task, outcome, outputs));
+        });
+    }
+}
+
+/// One attempt on this node: fetch inputs, run, and keep the outputs of a
+/// remote farm's task (content-addressed, in `held`) until its home has them.
+async fn run_task(
+    launch: Launch,
+    spec: Arc<FarmSpec>,
+    task: Assigned,
+    (local, sources): (bool, Vec<NodeId>),
+    (cache, held): (PathBuf, PathBuf),
+    tx: mpsc::UnboundedSender<Cmd>,
+) -> (Outcome, Vec<OutputFile>) {
+    let key = launch.key;
+    let fail = |e: String| {
+        (
+            Outcome {
+                result: TaskResult::Error(e),
+                key: Some(key),
+                duration_ms: 0,
+                logs: 0,
+            },
+            Vec::new(),
+        )
+    };
+    if !local {
+        // The farm's folder here stands in for the submitter's: a task with
+        // no workdir and no inputs still runs in it.
+        if let Err(e) = fs::create_dir_all(&launch.root) {
+            return fail(format!("cannot create {}: {e}", launch.root.display()));
+        }
+        for input in &launch.spec.inputs {
+            let hash = input_hash(&spec, input);
+            if let Err(e) = fetch_input(
+                &tx,
+                &sources,
+                spec.id,
+                hash,
+                &cache,
+                &launch.root.join(input),
+            )
+            .await
+            {
+                return fail(format!("fetching input `{input}`: {e}"));
+            }
+        }
+    }
+    let out_dir = launch.out_dir.clone();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Finished>();
+    let live = executor::launch(launch, done_tx);
+    let _ = tx.send(Cmd::Launched(task, live));
+    let Some(f) = done_rx.recv().await else {
+        return fail("the task's runner stopped".into());
+    };
+    let mut outcome = Outcome {
+        result: f.result,
+        key: Some(f.key),
+        duration_ms: f.duration_ms,
+        logs: f.logs,
+    };
+    let mut outputs = Vec::new();
+    if local && out_dir.exists() {
+        // Run on the home: the outputs are in place. Their manifest still
+        // goes into the farm's state, so a node that takes the farm over
+        // knows what to bring (or to run again, when they are gone).
+        let dir = out_dir.clone();
+        if let Ok(Ok(m)) = tokio::task::spawn_blocking(move || manifest(&dir)).await {
+            outputs = m;
+        }
+    }
+    if !local && out_dir.exists() {
+        if let TaskResult::Exited(code) = outcome.result {
+            if spec.def.stage(task.task).success_codes.contains(&code) {
+                let dir = out_dir.clone();
+                let kept = tokio::task::spawn_blocking(move || hold_outputs(&dir, &held))
+                    .await
+                    .unwrap_or_else(|e| Err(format!("keeping outputs: {e}")));
+                match kept {
+                    Ok(o) => outputs = o,
+                    Err(e) => outcome.result = TaskResult::Error(format!("keeping outputs: {e}")),
+                }
+            }
+        }
+        let _ = tokio::task::spawn_blocking(move || fs::remove_dir_all(out_dir)).await;
+    }
+    (outcome, outputs)
+}

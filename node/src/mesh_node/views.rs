@@ -1,0 +1,179 @@
+//! Farms as users see them: the view of each farm whose home is this node (`Origin`, kept fresh for `mesh wait` and `status`), and views of farms found elsewhere or listed in short.
+
+use std::collections::HashMap;
+
+use mesh_protocol::farm::FarmDef;
+use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId};
+use mesh_protocol::wire::{FarmSummary, FoundFarm};
+use tokio::sync::mpsc;
+
+use super::{farm_display_id, Node};
+use crate::control::{ControlResponse, FarmView};
+use crate::task_words::describe_end;
+
+/// Failures kept per farm for `mesh wait` and `status`.
+pub(super) const FAILURES_SHOWN: usize = 50;
+
+/// A farm submitted here, as `mesh wait` and `status` show it.
+pub(super) struct Origin {
+    pub(super) view: FarmView,
+    pub(super) waiters: Vec<mpsc::UnboundedSender<ControlResponse>>,
+    pub(super) submit_reply: Option<mpsc::UnboundedSender<ControlResponse>>,
+}
+
+impl Origin {
+    pub(super) fn new(spec: &FarmSpec) -> Origin {
+        let def = &spec.def;
+        Origin {
+            view: FarmView {
+                id: farm_display_id(&def.name, spec.id),
+                name: def.name.clone(),
+                file: String::new(),
+                out: def.out.clone(),
+                accepted: false,
+                finished: false,
+                counts: mesh_protocol::engine::Counts {
+                    total: def.task_count(),
+                    ..Default::default()
+                },
+                stages: def
+                    .stages
+                    .iter()
+                    .map(|s| {
+                        (
+                            s.name.clone(),
+                            mesh_protocol::engine::Counts {
+                                total: s.len() as u64,
+                                ..Default::default()
+                            },
+                        )
+                    })
+                    .collect(),
+                failures: Vec::new(),
+                unplaceable: Vec::new(),
+                home: String::new(),
+                duplicates: 0,
+            },
+            waiters: Vec::new(),
+            submit_reply: None,
+        }
+    }
+
+    fn notify(&mut self) {
+        let view = self.view.clone();
+        self.waiters.retain(|w| {
+            let r = if view.finished {
+                w.send(ControlResponse::Finished(view.clone()))
+            } else {
+                w.send(ControlResponse::Progress(view.clone()))
+            };
+            r.is_ok() && !view.finished
+        });
+    }
+}
+
+impl Node {
+    /// The home's view of a farm, from the peer's copy: counts and every failure with its reason.
+    pub(super) fn refresh_view(&mut self, farm: FarmId) {
+        let Some(p) = self.peer.progress(farm) else {
+            return;
+        };
+        let Some(r) = self.peer.replica(farm) else {
+            return;
+        };
+        let failed: Vec<Entry> = r.log.failures().take(FAILURES_SHOWN).cloned().collect();
+        let failures = self.describe_failures(&r.spec, &failed);
+        let unplaceable = describe_unplaceable(&r.spec.def, &p.unplaceable);
+        let home = self.label_of(r.home_of.node);
+        let out = r.out_dir().to_string();
+        let Some(o) = self.origins.get_mut(&farm) else {
+            return;
+        };
+        o.view.home = home;
+        o.view.out = out;
+        o.view.counts = p.counts.clone();
+        for (i, c) in p.stages.iter().enumerate() {
+            if let Some(s) = o.view.stages.get_mut(i) {
+                s.1 = c.clone();
+            }
+        }
+        o.view.finished = p.finished;
+        o.view.duplicates = p.duplicates;
+        o.view.unplaceable = unplaceable;
+        o.view.failures = failures;
+        o.notify();
+    }
+
+    /// A farm's view from what a node that holds it said.
+    pub(super) fn found_view(&self, f: &FoundFarm) -> FarmView {
+        let mut o = Origin::new(&f.spec);
+        let v = &mut o.view;
+        v.accepted = true;
+        v.counts = f.progress.counts.clone();
+        for (i, c) in f.progress.stages.iter().enumerate() {
+            if let Some(s) = v.stages.get_mut(i) {
+                s.1 = c.clone();
+            }
+        }
+        v.finished = f.progress.finished;
+        v.duplicates = f.progress.duplicates;
+        v.unplaceable = describe_unplaceable(&f.spec.def, &f.progress.unplaceable);
+        v.failures = self.describe_failures(&f.spec, &f.failures);
+        v.home = self.label_of(f.home.node);
+        if let Some(r) = self.peer.replica(f.spec.id).filter(|r| r.home) {
+            v.out = r.out_dir().to_string();
+        }
+        o.view
+    }
+
+    fn describe_failures(&self, spec: &FarmSpec, entries: &[Entry]) -> Vec<String> {
+        entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Failed {
+                    task,
+                    attempt,
+                    node,
+                    end,
+                } => Some(format!(
+                    "{} (attempt {attempt} on {}): {}",
+                    spec.def.task_name(*task),
+                    self.label_of(*node),
+                    describe_end(end)
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Stages that fit no node, as users read them.
+fn describe_unplaceable(def: &FarmDef, stages: &[(u32, String)]) -> Vec<String> {
+    stages
+        .iter()
+        .map(|(s, reason)| {
+            let name = def
+                .stages
+                .get(*s as usize)
+                .map_or("?", |st| st.name.as_str());
+            format!("stage {name} fits no node of the mesh: {reason}")
+        })
+        .collect()
+}
+
+/// A farm in short as `mesh list` shows it.
+pub(super) fn summary_view(f: &FarmSummary, labels: &HashMap<NodeId, String>) -> FarmView {
+    FarmView {
+        id: farm_display_id(&f.name, f.id),
+        name: f.name.clone(),
+        accepted: true,
+        finished: f.progress.finished,
+        counts: f.progress.counts.clone(),
+        duplicates: f.progress.duplicates,
+        home: labels
+            .get(&f.home.node)
+            .cloned()
+            .unwrap_or_else(|| f.home.node.to_string()),
+        ..FarmView::default()
+    }
+}
