@@ -7,11 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use mesh_node::control::{
-    Client, ControlError, ControlRequest, ControlResponse, FarmView, MeshStatus,
-};
+use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse};
 use mesh_node::farmfile::{self, LoadOptions};
 use mesh_node::mesh_node::{run_node, Multiaddr, NodeOptions};
+use mesh_node::view::{FarmView, MeshStatus};
 use mesh_protocol::mesh::Config;
 
 use crate::{args, node_resources, show, NodeArgs, EXIT_FAILED_TASKS};

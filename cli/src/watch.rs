@@ -7,11 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use console::{Style, Term};
-use mesh_node::control::{
-    Client, ControlError, ControlRequest, ControlResponse, FarmView, MeshStatus,
-};
-use mesh_node::dash::view::{eta_s, StageRates};
+use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse};
 use mesh_node::state::StateDir;
+use mesh_node::view::{eta_s, StageRates};
+use mesh_node::view::{FarmView, MeshStatus};
 use mesh_protocol::engine::Counts;
 use mesh_protocol::resources::format_bytes;
 

@@ -12,6 +12,7 @@ pub mod observe;
 pub mod runner;
 pub mod state;
 pub mod task_words;
+pub mod view;
 
 use std::io;
 

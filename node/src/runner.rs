@@ -24,7 +24,6 @@ use mesh_store::{FarmKey, JournalEntry, JournalEvent, SledStore, Store, StoreErr
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 
-use crate::control::{FarmView, MeshStatus, NodeView, Observed, ResourceUse, ResourceView};
 use crate::dash;
 use crate::executor::{self, Finished, Launch, Live};
 use crate::observe::Recorder;
@@ -33,6 +32,7 @@ use crate::state::{
     StateDir, StateError, SNAPSHOT_FAILED_MAX,
 };
 use crate::task_words::{describe_end, parse_task};
+use crate::view::{FarmView, MeshStatus, NodeView, Observed, ResourceUse, ResourceView};
 use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
 use mesh_protocol::observe::{Latencies, Latency};
 use std::sync::Mutex;

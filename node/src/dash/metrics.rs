@@ -6,7 +6,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::control::{FarmView, Observed};
+use crate::view::{FarmView, Observed};
 use mesh_protocol::observe::Latency;
 use mesh_protocol::observe::{Latencies, LATENCY_NAMES};
 

@@ -27,7 +27,7 @@ use futures::Stream;
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::control::{FarmView, Observed};
+use crate::view::{FarmView, Observed};
 use view::Model;
 
 /// How often the page's data is rebuilt and pushed.

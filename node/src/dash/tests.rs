@@ -14,7 +14,7 @@ use tower::ServiceExt;
 
 use super::view::{DashView, Model, UPDATE_MAX_BYTES};
 use super::*;
-use crate::control::{MeshStatus, NodeView, ResourceUse};
+use crate::view::{MeshStatus, NodeView, ResourceUse};
 
 /// A source with a fixed mesh: `nodes` nodes, each with `runs` recent
 /// runs, and one farm of `tasks` tasks with `failures` failures.

@@ -12,7 +12,7 @@ use mesh_protocol::observe::{LatencySummary, RunRecord};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
-use crate::control::{FarmView, Observed, ResourceUse};
+use crate::view::{eta_s, FarmView, Observed, ResourceUse, StageRates};
 
 /// The most one update may weigh, as JSON.
 pub const UPDATE_MAX_BYTES: usize = 64 * 1024;
@@ -25,8 +25,6 @@ pub const WINDOW_MS: u64 = 60_000;
 /// Five minutes of one point a second.
 pub const SERIES_MAX: usize = 300;
 const EVENTS_MAX: usize = 50;
-/// A stage's rate is measured over this long.
-const RATE_WINDOW_MS: u64 = 20_000;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct DashView {
@@ -502,66 +500,6 @@ pub fn farm_key(display: &str) -> u64 {
         .next()
         .and_then(|h| u64::from_str_radix(h, 16).ok())
         .unwrap_or(0)
-}
-
-/// Each stage's tasks ended, sampled over a window, for its rate: the
-/// dashboard's and `mesh watch`'s.
-#[derive(Debug)]
-pub struct StageRates {
-    window_ms: u64,
-    /// By (farm, stage): (when, tasks ended then), oldest first.
-    samples: HashMap<(String, String), VecDeque<(u64, u64)>>,
-}
-
-impl Default for StageRates {
-    fn default() -> StageRates {
-        StageRates::new(RATE_WINDOW_MS)
-    }
-}
-
-impl StageRates {
-    pub fn new(window_ms: u64) -> StageRates {
-        StageRates {
-            window_ms,
-            samples: HashMap::new(),
-        }
-    }
-
-    /// Tasks ended per second over the window, with `ended` at `now` (ms) added.
-    pub fn rate(&mut self, farm: &str, stage: &str, ended: u64, now: u64) -> f64 {
-        let samples = self
-            .samples
-            .entry((farm.to_string(), stage.to_string()))
-            .or_default();
-        samples.push_back((now, ended));
-        while samples
-            .front()
-            .is_some_and(|(t, _)| *t + self.window_ms < now)
-        {
-            samples.pop_front();
-        }
-        match (samples.front(), samples.back()) {
-            (Some((t0, e0)), Some((t1, e1))) if t1 > t0 => {
-                e1.saturating_sub(*e0) as f64 * 1000.0 / (t1 - t0) as f64
-            }
-            _ => 0.0,
-        }
-    }
-
-    /// Forgets the farms no longer shown.
-    pub fn keep(&mut self, shown: impl Fn(&str) -> bool) {
-        self.samples.retain(|(farm, _), _| shown(farm));
-    }
-}
-
-/// Seconds until the stage is over at `rate`: 0 once it is, None while
-/// nothing ends.
-pub fn eta_s(c: &Counts, rate: f64) -> Option<f64> {
-    match c.total.saturating_sub(c.ended()) {
-        0 => Some(0.0),
-        left if rate > 0.0 => Some(left as f64 / rate),
-        _ => None,
-    }
 }
 
 fn stage_line(name: &str, c: &Counts, rate: f64) -> StageLine {

@@ -12,9 +12,8 @@ use super::logs::LogAsk;
 use super::swarm::request;
 use super::views::FAILURES_SHOWN;
 use super::{farm_display_id, Cmd, Node};
-use crate::control::{
-    ControlResponse, FarmView, MeshStatus, NodeView, Observed, ResourceUse, ResourceView,
-};
+use crate::control::ControlResponse;
+use crate::view::{FarmView, MeshStatus, NodeView, Observed, ResourceUse, ResourceView};
 
 /// How long `mesh status` and the dashboard wait for a node to say how it
 /// is: one that does not answer in time is shown without it.

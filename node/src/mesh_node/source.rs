@@ -5,8 +5,9 @@ use std::collections::HashMap;
 use tokio::sync::mpsc;
 
 use super::Cmd;
-use crate::control::{ControlRequest, ControlResponse, FarmView, Observed};
+use crate::control::{ControlRequest, ControlResponse};
 use crate::dash;
+use crate::view::{FarmView, Observed};
 
 /// The dashboard's view of a mesh node: the control requests, asked
 /// through the node's loop like the control socket's.

@@ -8,8 +8,9 @@ use mesh_protocol::wire::{FarmSummary, FoundFarm};
 use tokio::sync::mpsc;
 
 use super::{farm_display_id, Node};
-use crate::control::{ControlResponse, FarmView};
+use crate::control::ControlResponse;
 use crate::task_words::describe_end;
+use crate::view::FarmView;
 
 /// Failures kept per farm for `mesh wait` and `status`.
 pub(super) const FAILURES_SHOWN: usize = 50;

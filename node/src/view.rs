@@ -1,0 +1,254 @@
+//! The view model every front end reads: farms, nodes and the mesh as people see them, and each stage's rate and ETA.
+//!
+//! `mesh status`, `mesh watch`, the dashboard and `/metrics` all read
+//! these: the control socket carries them, the dashboard folds them into
+//! its bounded page (`dash/view.rs`), the terminal draws them. `MeshStatus`
+//! is the one source of truth; `Observed::new` puts what each node says
+//! of itself (load, memory, counters, latencies) into its line.
+
+use std::collections::{HashMap, VecDeque};
+
+use mesh_protocol::engine::Counts;
+use mesh_protocol::observe::{Counters, Latencies, LatencySummary, Observation};
+use mesh_protocol::resources::{Amount, Resources, MEM};
+use serde::{Deserialize, Serialize};
+
+use crate::state::FarmStatus;
+
+/// A stage's rate is measured over this long by default.
+const RATE_WINDOW_MS: u64 = 20_000;
+
+/// A farm as its submitter sees it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FarmView {
+    pub id: String,
+    pub name: String,
+    pub file: String,
+    pub out: String,
+    pub accepted: bool,
+    pub finished: bool,
+    pub counts: Counts,
+    pub stages: Vec<(String, Counts)>,
+    /// The first failures, as `task (attempt N on node): reason`.
+    pub failures: Vec<String>,
+    pub unplaceable: Vec<String>,
+    /// The node that is the farm's home (its outputs go there).
+    #[serde(default)]
+    pub home: String,
+    /// Tasks run again after a fault (a node thought dead, a partition) and
+    /// completed twice; the first result counts.
+    #[serde(default)]
+    pub duplicates: u64,
+}
+
+impl FarmView {
+    /// A farm of `mesh run`, from its status snapshot: this machine is its
+    /// home, and failures read as a mesh farm's do.
+    pub fn from_status(s: &FarmStatus) -> FarmView {
+        FarmView {
+            id: s.id.clone(),
+            name: s.name.clone(),
+            file: s.file.clone(),
+            out: s.out.clone(),
+            accepted: true,
+            finished: s.state.is_finished(),
+            counts: s.counts.clone(),
+            stages: s
+                .stages
+                .iter()
+                .map(|st| (st.name.clone(), st.counts.clone()))
+                .collect(),
+            failures: s
+                .failed
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{} (attempt {} on {}): {}",
+                        f.task, f.attempt, s.host, f.reason
+                    )
+                })
+                .collect(),
+            home: s.host.clone(),
+            ..FarmView::default()
+        }
+    }
+}
+
+/// One node of the mesh, as `mesh status` shows it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct NodeView {
+    /// The libp2p peer id.
+    pub id: String,
+    pub addrs: Vec<String>,
+    pub resources: ResourceView,
+    pub queued: u32,
+    pub running: u32,
+    /// Tasks the node asks to keep queued beyond those it runs: its
+    /// prefetch depth, from its tasks' mean duration and its round trip
+    /// to the coordinator.
+    #[serde(default)]
+    pub prefetch: u32,
+    pub coordinator: bool,
+    /// This is the node that answered.
+    pub local: bool,
+    /// The machine's one-minute load average and cores, and its memory
+    /// in bytes: absent when the node did not answer in time.
+    #[serde(default)]
+    pub load: Option<f64>,
+    #[serde(default)]
+    pub cpus: Option<u32>,
+    #[serde(default)]
+    pub mem_used: Option<u64>,
+    #[serde(default)]
+    pub mem_total: Option<u64>,
+    #[serde(default)]
+    pub counters: Option<Counters>,
+    /// Each resource in use against the node's total.
+    #[serde(default)]
+    pub usage: Vec<ResourceUse>,
+    /// This node's latencies (see `mesh status --latency`).
+    #[serde(default)]
+    pub latency: Vec<LatencySummary>,
+    /// The batch job that started it (`mesh alloc`), and how long until
+    /// it drains before its walltime, in seconds.
+    #[serde(default)]
+    pub job: Option<String>,
+    #[serde(default)]
+    pub drains_in_s: Option<u64>,
+}
+
+/// One resource of a node: in use and total, in its unit (bytes for `mem`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResourceUse {
+    pub kind: String,
+    pub used: f64,
+    pub total: f64,
+}
+
+impl ResourceUse {
+    pub fn of(total: &Resources, used: &Resources) -> Vec<ResourceUse> {
+        let n = |kind: &str, a: Amount| {
+            if kind == MEM {
+                a.whole() as f64
+            } else {
+                a.0 as f64 / 1000.0
+            }
+        };
+        total
+            .iter()
+            .map(|(kind, t)| ResourceUse {
+                kind: kind.to_string(),
+                used: n(kind, used.get(kind)),
+                total: n(kind, t),
+            })
+            .collect()
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ResourceView {
+    pub total: String,
+    pub used: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct MeshStatus {
+    pub nodes: Vec<NodeView>,
+    pub coordinator: Option<String>,
+    pub term: u64,
+    pub farms: Vec<FarmView>,
+    /// Every answering node's latencies together.
+    #[serde(default)]
+    pub latency: Vec<LatencySummary>,
+}
+
+/// The status, and what each node that answered said of itself.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Observed {
+    pub status: MeshStatus,
+    /// By node id (its peer id).
+    pub nodes: Vec<(String, Observation)>,
+}
+
+impl Observed {
+    /// Puts each node's own measures into its line of the status.
+    pub fn new(mut status: MeshStatus, nodes: Vec<(String, Observation)>) -> Observed {
+        let mut all = Latencies::default();
+        for (id, o) in &nodes {
+            all.merge(&o.latency);
+            let Some(v) = status.nodes.iter_mut().find(|v| &v.id == id) else {
+                continue;
+            };
+            let mut own = Latencies::default();
+            own.merge(&o.latency);
+            v.load = o.load;
+            v.cpus = Some(o.cpus);
+            v.mem_used = o.mem_used;
+            v.mem_total = o.mem_total;
+            v.counters = Some(o.counters);
+            v.latency = own.summaries();
+        }
+        status.latency = all.summaries();
+        Observed { status, nodes }
+    }
+}
+
+/// Each stage's tasks ended, sampled over a window, for its rate: the
+/// dashboard's and `mesh watch`'s.
+#[derive(Debug)]
+pub struct StageRates {
+    window_ms: u64,
+    /// By (farm, stage): (when, tasks ended then), oldest first.
+    samples: HashMap<(String, String), VecDeque<(u64, u64)>>,
+}
+
+impl Default for StageRates {
+    fn default() -> StageRates {
+        StageRates::new(RATE_WINDOW_MS)
+    }
+}
+
+impl StageRates {
+    pub fn new(window_ms: u64) -> StageRates {
+        StageRates {
+            window_ms,
+            samples: HashMap::new(),
+        }
+    }
+
+    /// Tasks ended per second over the window, with `ended` at `now` (ms) added.
+    pub fn rate(&mut self, farm: &str, stage: &str, ended: u64, now: u64) -> f64 {
+        let samples = self
+            .samples
+            .entry((farm.to_string(), stage.to_string()))
+            .or_default();
+        samples.push_back((now, ended));
+        while samples
+            .front()
+            .is_some_and(|(t, _)| *t + self.window_ms < now)
+        {
+            samples.pop_front();
+        }
+        match (samples.front(), samples.back()) {
+            (Some((t0, e0)), Some((t1, e1))) if t1 > t0 => {
+                e1.saturating_sub(*e0) as f64 * 1000.0 / (t1 - t0) as f64
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// Forgets the farms no longer shown.
+    pub fn keep(&mut self, shown: impl Fn(&str) -> bool) {
+        self.samples.retain(|(farm, _), _| shown(farm));
+    }
+}
+
+/// Seconds until the stage is over at `rate`: 0 once it is, None while
+/// nothing ends.
+pub fn eta_s(c: &Counts, rate: f64) -> Option<f64> {
+    match c.total.saturating_sub(c.ended()) {
+        0 => Some(0.0),
+        left if rate > 0.0 => Some(left as f64 / rate),
+        _ => None,
+    }
+}
