@@ -1,6 +1,14 @@
-//! What is wrong with a farm file and where: the errors, their locations (line and column of a byte offset), TOML syntax errors, and suggestions for misspelt names.
+//! What can go wrong loading a farm file, in words a user can act on: the error types and their wording.
 
-use super::*;
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+use mesh_protocol::farm::{TemplateError, STAGE_TASKS_MAX};
+use mesh_protocol::resources::AmountError;
+use toml::de::DeValue;
+
+use super::sweep::RANGE_DECIMALS_MAX;
 
 /// Why a farm could not be loaded. Everything about the file's content is an
 /// [`Invalid`], which names the line and field.
@@ -236,11 +244,8 @@ pub enum RangeProblem {
     TooLarge,
 }
 
-/// Decimals beyond this would overflow the scaled `i64` range for ordinary magnitudes.
-pub(super) const RANGE_DECIMALS_MAX: u32 = 9;
-
 /// Suggests the allowed name closest to a misspelt one, when one is close.
-pub(super) fn did_you_mean(name: &str, allowed: &[&str]) -> String {
+fn did_you_mean(name: &str, allowed: &[&str]) -> String {
     allowed
         .iter()
         .map(|a| (edit_distance(name, a), *a))
@@ -250,7 +255,7 @@ pub(super) fn did_you_mean(name: &str, allowed: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-pub(super) fn edit_distance(a: &str, b: &str) -> usize {
+fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {
@@ -267,7 +272,7 @@ pub(super) fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-pub(super) fn quoted_list(items: &[&str]) -> String {
+fn quoted_list(items: &[&str]) -> String {
     items
         .iter()
         .map(|s| format!("`{s}`"))
@@ -275,89 +280,16 @@ pub(super) fn quoted_list(items: &[&str]) -> String {
         .join(", ")
 }
 
-/// 1-based line and column (in characters) of a byte offset.
-pub(super) fn line_col(text: &str, pos: usize) -> (usize, usize) {
-    let mut pos = pos.min(text.len());
-    while !text.is_char_boundary(pos) {
-        pos -= 1;
-    }
-    let before = &text[..pos];
-    let line = before.matches('\n').count() + 1;
-    let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
-    (line, before[line_start..].chars().count() + 1)
-}
-
-/// A TOML syntax error, placed in its section by reading the lines above it
-/// (the document tree does not exist when the text does not parse).
-pub(super) fn syntax_error(file: &str, text: &str, e: &toml::de::Error) -> FarmFileError {
-    let pos = e.span().map(|s| s.start).unwrap_or(0).min(text.len());
-    let (line, col) = line_col(text, pos);
-    let lines: Vec<&str> = text.lines().collect();
-    let mut context = String::new();
-    let mut section = String::new();
-    let mut stages = 0;
-    let mut stage_header_line = 0;
-    for (i, l) in lines.iter().enumerate().take(line.saturating_sub(1)) {
-        let t = l.trim();
-        if let Some(h) = t.strip_prefix("[[").and_then(|h| h.split("]]").next()) {
-            section = h.trim().to_string();
-            if section == "stage" {
-                stages += 1;
-                stage_header_line = i;
-            }
-        } else if let Some(h) = t.strip_prefix('[').and_then(|h| h.split(']').next()) {
-            section = h.trim().to_string();
-        }
-    }
-    let first = section.split('.').next().unwrap_or("");
-    let prefix = match first {
-        "stage" => {
-            // The stage's name, if it was written above the error.
-            let name = lines
-                .iter()
-                .take(line.saturating_sub(1))
-                .skip(stage_header_line + 1)
-                .filter_map(|l| l.split_once('='))
-                .find(|(k, _)| k.trim() == "name")
-                .map(|(_, v)| v.trim().trim_matches(|c| c == '"' || c == '\'').to_string());
-            context = match name {
-                Some(n) => format!("stage `{n}`"),
-                None => format!("stage #{stages}"),
-            };
-            format!("{section}.")
-        }
-        "defaults" => {
-            context = "[defaults]".to_string();
-            format!("{section}.")
-        }
-        "farm" => {
-            context = "[farm]".to_string();
-            format!("{section}.")
-        }
-        "" => String::new(),
-        _ => format!("{section}."),
+/// Serde's wording, so messages read like those of other TOML tools.
+pub(super) fn wrong_type(found: &DeValue<'_>, expected: &'static str) -> Problem {
+    let found = match found {
+        DeValue::String(s) => format!("string {:?}", &**s),
+        DeValue::Integer(i) => format!("integer `{i}`"),
+        DeValue::Float(f) => format!("float `{}`", f.as_str()),
+        DeValue::Boolean(b) => format!("boolean `{b}`"),
+        DeValue::Datetime(d) => format!("datetime `{d}`"),
+        DeValue::Array(_) => "array".to_string(),
+        DeValue::Table(_) => "table".to_string(),
     };
-    let key = lines.get(line - 1).and_then(|l| {
-        let t = l.trim_start();
-        if t.starts_with('[') || t.starts_with('#') {
-            return None;
-        }
-        let (k, _) = t.split_once('=')?;
-        let k = k.trim();
-        let keyish = !k.is_empty()
-            && k.chars().all(|c| {
-                c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"' | '\'' | ' ')
-            });
-        keyish.then(|| k.replace(['"', '\'', ' '], ""))
-    });
-    let field = key.map(|k| format!("{prefix}{k}"));
-    let message = e.message().trim().replace('\n', "; ");
-    FarmFileError::Invalid(Box::new(Invalid {
-        file: file.to_string(),
-        line,
-        col,
-        context,
-        field,
-        problem: Problem::Syntax { message },
-    }))
+    Problem::WrongType { found, expected }
 }

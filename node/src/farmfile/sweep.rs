@@ -1,6 +1,25 @@
-//! Sweeps: a stage's `sweep` table read into the values its tasks are expanded from (lines of a parameter file, lists, numeric ranges with steps and decimals).
+//! Sweep variables: their sources (parameter files, lists, ranges) and how they combine into a stage's `Sweep`.
 
-use super::*;
+use mesh_protocol::farm::{Sweep, SweepMode, SweepVar, Values, STAGE_TASKS_MAX};
+use toml::de::DeValue;
+use toml::Spanned;
+
+use super::error::{wrong_type, Problem, RangeProblem};
+use super::locate::{At, Scope};
+use super::parse::valid_var_name;
+use super::Result;
+
+/// Decimals beyond this would overflow the scaled `i64` range for ordinary magnitudes.
+pub(super) const RANGE_DECIMALS_MAX: u32 = 9;
+
+const SWEEP_FIELDS: &[&str] = &["lines", "list", "range"];
+const BUILTINS: &[&str] = &["index", "stage", "farm", "out"];
+
+#[derive(Clone, Debug)]
+pub(super) struct RawVar {
+    name: String,
+    values: At<Values>,
+}
 
 impl Scope<'_> {
     pub(super) fn sweep(&self, v: &Spanned<DeValue<'_>>) -> Result<At<Vec<RawVar>>> {
@@ -80,7 +99,7 @@ impl Scope<'_> {
         Ok(self.at(vars, v.span().start))
     }
 
-    pub(super) fn lines(&self, v: &Spanned<DeValue<'_>>, field: &str) -> Result<Values> {
+    fn lines(&self, v: &Spanned<DeValue<'_>>, field: &str) -> Result<Values> {
         let path = self.string(v, field)?;
         let full = self.src.root.join(&path.v);
         let text = std::fs::read_to_string(&full).map_err(|source| {
@@ -104,7 +123,7 @@ impl Scope<'_> {
         Ok(values)
     }
 
-    pub(super) fn list(&self, v: &Spanned<DeValue<'_>>, field: &str) -> Result<Values> {
+    fn list(&self, v: &Spanned<DeValue<'_>>, field: &str) -> Result<Values> {
         const EXPECTED: &str = "a string, integer, float or boolean";
         let DeValue::Array(items) = v.get_ref() else {
             return Err(self.fail(
@@ -132,10 +151,59 @@ impl Scope<'_> {
         }
         Ok(Values::List(values))
     }
+
+    /// A stage's sweep from its merged variables and mode: zipped variables
+    /// must have as many values as each other, and the tasks stay within
+    /// `STAGE_TASKS_MAX`.
+    pub(super) fn stage_sweep(
+        &self,
+        vars: Option<&At<Vec<RawVar>>>,
+        mode: Option<&At<SweepMode>>,
+    ) -> Result<Sweep> {
+        let mode = mode.map(|m| m.v).unwrap_or(SweepMode::Product);
+        Ok(match vars {
+            None => Sweep::single(),
+            Some(vars) => {
+                if mode == SweepMode::Zip {
+                    if let Some((first, rest)) = vars.v.split_first() {
+                        for var in rest {
+                            if var.values.v.len() != first.values.v.len() {
+                                return Err(self.fail_at(
+                                    &var.values,
+                                    &format!("sweep.{}", var.name),
+                                    Problem::ZipUnequal {
+                                        first: first.name.clone(),
+                                        first_len: first.values.v.len(),
+                                        other: var.name.clone(),
+                                        other_len: var.values.v.len(),
+                                    },
+                                ));
+                            }
+                        }
+                    }
+                }
+                let sweep = Sweep {
+                    vars: vars
+                        .v
+                        .iter()
+                        .map(|var| SweepVar {
+                            name: var.name.clone(),
+                            values: var.values.v.clone(),
+                        })
+                        .collect(),
+                    mode,
+                };
+                if sweep.len() > STAGE_TASKS_MAX {
+                    return Err(self.fail_at(vars, "sweep", Problem::TooManyTasks));
+                }
+                sweep
+            }
+        })
+    }
 }
 
 /// A decimal number as an integer mantissa and its number of decimals.
-pub(super) fn parse_decimal(text: &str) -> Option<(i128, u32)> {
+fn parse_decimal(text: &str) -> Option<(i128, u32)> {
     let t = text.trim();
     let (neg, digits) = match t.strip_prefix('-') {
         Some(rest) => (true, rest),
@@ -157,7 +225,7 @@ pub(super) fn parse_decimal(text: &str) -> Option<(i128, u32)> {
 }
 
 /// Reads `a..b` or `a..b:step` (inclusive of `b` when a step lands on it).
-pub(super) fn parse_range(text: &str) -> std::result::Result<Values, Problem> {
+fn parse_range(text: &str) -> std::result::Result<Values, Problem> {
     let fail = |problem| Problem::Range {
         text: text.to_string(),
         problem,
@@ -211,4 +279,62 @@ pub(super) fn parse_range(text: &str) -> std::result::Result<Values, Problem> {
         count: count as u64,
         decimals,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_read_steps_negatives_and_decimals() {
+        let range = |text: &str| match parse_range(text) {
+            Ok(v) => (0..v.len()).map(|i| v.get(i)).collect::<Vec<_>>(),
+            Err(e) => panic!("{text}: {e}"),
+        };
+        assert_eq!(range("1..100").len(), 100);
+        assert_eq!(range("1..100")[99], "100");
+        assert_eq!(range("0..100:10").len(), 11);
+        assert_eq!(range("0..10:3"), ["0", "3", "6", "9"]);
+        assert_eq!(range("-5..5").len(), 11);
+        assert_eq!(range("-5..5")[0], "-5");
+        assert_eq!(range("7..7"), ["7"]);
+        assert_eq!(range(" 1 .. 3 "), ["1", "2", "3"]);
+        assert_eq!(
+            parse_range("0.0..1.0:0.25").ok(),
+            Some(Values::Range {
+                start: 0,
+                step: 25,
+                count: 5,
+                decimals: 2
+            })
+        );
+        assert_eq!(
+            range("0.0..1.0:0.25"),
+            ["0.00", "0.25", "0.50", "0.75", "1.00"]
+        );
+        assert_eq!(range("-1.5..0.5:1"), ["-1.5", "-0.5", "0.5"]);
+        assert_eq!(range("0..1:0.3"), ["0.0", "0.3", "0.6", "0.9"]);
+
+        let problem = |text: &str| match parse_range(text) {
+            Err(Problem::Range { problem, .. }) => problem,
+            other => panic!("{text}: expected a range problem, got {other:?}"),
+        };
+        assert_eq!(problem("1-10"), RangeProblem::Malformed);
+        assert_eq!(problem("1..x"), RangeProblem::Malformed);
+        assert_eq!(problem("1...5"), RangeProblem::Malformed);
+        assert_eq!(problem("1."), RangeProblem::Malformed);
+        assert_eq!(problem("10..1"), RangeProblem::Empty);
+        assert_eq!(problem("0..10:0"), RangeProblem::BadStep);
+        assert_eq!(problem("0..10:-1"), RangeProblem::BadStep);
+        assert_eq!(problem("0..1.5"), RangeProblem::DecimalNeedsStep);
+        assert_eq!(problem("0..1:0.0000000001"), RangeProblem::TooPrecise);
+        assert_eq!(
+            problem("99999999999999999999..99999999999999999999"),
+            RangeProblem::TooLarge
+        );
+        assert!(matches!(
+            parse_range("0..9999999999999"),
+            Err(Problem::TooManyTasks)
+        ));
+    }
 }

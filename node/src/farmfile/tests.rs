@@ -1,7 +1,7 @@
-//! The farm file loader's tests: what loads, what it expands to, and every error with its place.
+//! Loading whole farm files: the reference example, defaults, dependencies, warnings, the bad-farm corpus and every example.
 
 use super::*;
-use mesh_protocol::farm::{Command, TaskRef};
+use mesh_protocol::farm::{Command, Sweep, TaskRef};
 
 fn opts(out: &str) -> LoadOptions {
     LoadOptions {
@@ -293,59 +293,6 @@ after = ["simulate", "simulate"]
         def.expand(TaskRef::new(2, 3)).command,
         Command::Shell("cat /tmp/mesh-test-out/simulate/3/sim.dat".into())
     );
-}
-
-#[test]
-fn ranges_read_steps_negatives_and_decimals() {
-    let range = |text: &str| match parse_range(text) {
-        Ok(v) => (0..v.len()).map(|i| v.get(i)).collect::<Vec<_>>(),
-        Err(e) => panic!("{text}: {e}"),
-    };
-    assert_eq!(range("1..100").len(), 100);
-    assert_eq!(range("1..100")[99], "100");
-    assert_eq!(range("0..100:10").len(), 11);
-    assert_eq!(range("0..10:3"), ["0", "3", "6", "9"]);
-    assert_eq!(range("-5..5").len(), 11);
-    assert_eq!(range("-5..5")[0], "-5");
-    assert_eq!(range("7..7"), ["7"]);
-    assert_eq!(range(" 1 .. 3 "), ["1", "2", "3"]);
-    assert_eq!(
-        parse_range("0.0..1.0:0.25").ok(),
-        Some(Values::Range {
-            start: 0,
-            step: 25,
-            count: 5,
-            decimals: 2
-        })
-    );
-    assert_eq!(
-        range("0.0..1.0:0.25"),
-        ["0.00", "0.25", "0.50", "0.75", "1.00"]
-    );
-    assert_eq!(range("-1.5..0.5:1"), ["-1.5", "-0.5", "0.5"]);
-    assert_eq!(range("0..1:0.3"), ["0.0", "0.3", "0.6", "0.9"]);
-
-    let problem = |text: &str| match parse_range(text) {
-        Err(Problem::Range { problem, .. }) => problem,
-        other => panic!("{text}: expected a range problem, got {other:?}"),
-    };
-    assert_eq!(problem("1-10"), RangeProblem::Malformed);
-    assert_eq!(problem("1..x"), RangeProblem::Malformed);
-    assert_eq!(problem("1...5"), RangeProblem::Malformed);
-    assert_eq!(problem("1."), RangeProblem::Malformed);
-    assert_eq!(problem("10..1"), RangeProblem::Empty);
-    assert_eq!(problem("0..10:0"), RangeProblem::BadStep);
-    assert_eq!(problem("0..10:-1"), RangeProblem::BadStep);
-    assert_eq!(problem("0..1.5"), RangeProblem::DecimalNeedsStep);
-    assert_eq!(problem("0..1:0.0000000001"), RangeProblem::TooPrecise);
-    assert_eq!(
-        problem("99999999999999999999..99999999999999999999"),
-        RangeProblem::TooLarge
-    );
-    assert!(matches!(
-        parse_range("0..9999999999999"),
-        Err(Problem::TooManyTasks)
-    ));
 }
 
 #[test]

@@ -1,81 +1,101 @@
-//! Reading one table's fields (strings, integers, durations, resources, env, templates, a whole stage), each checked where it was written, so an error names its line, stage and field.
+//! TOML to raw fields: each `[[stage]]` and `[defaults]` table read into `Fields`, type-checked but not yet resolved.
 
-use super::*;
+use std::sync::LazyLock;
+
+use mesh_protocol::farm::SweepMode;
+use mesh_protocol::resources::{parse_amount, valid_resource_name, Amount};
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+use super::error::{wrong_type, Problem};
+use super::locate::{At, Scope};
+use super::sweep::RawVar;
+use super::Result;
+
+/// Every stage field: its identity, everything `[defaults]` may set, its dependencies.
+pub(super) static STAGE_FIELDS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+    let mut f = vec!["name"];
+    f.extend_from_slice(DEFAULT_FIELDS);
+    f.extend_from_slice(&["after", "after_each"]);
+    f
+});
+/// Stage fields that make sense for every stage: identity and dependencies do not.
+pub(super) const DEFAULT_FIELDS: &[&str] = &[
+    "command",
+    "shell",
+    "sweep",
+    "sweep_mode",
+    "workdir",
+    "inputs",
+    "outputs",
+    "env",
+    "resources",
+    "retries",
+    "timeout",
+    "expected",
+    "success_codes",
+];
+
+#[derive(Clone, Debug)]
+pub(super) enum RawCommand {
+    Argv(Vec<At<String>>),
+    Shell(At<String>),
+}
+
+/// One stage's (or `[defaults]`') fields, type-checked but not yet resolved.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Fields {
+    pub(super) name: Option<At<String>>,
+    pub(super) command: Option<At<RawCommand>>,
+    pub(super) sweep: Option<At<Vec<RawVar>>>,
+    pub(super) sweep_mode: Option<At<SweepMode>>,
+    pub(super) workdir: Option<At<String>>,
+    pub(super) inputs: Option<Vec<At<String>>>,
+    pub(super) outputs: Option<Vec<At<String>>>,
+    pub(super) env: Vec<(At<String>, At<String>)>,
+    pub(super) resources: Vec<(At<String>, At<Amount>)>,
+    pub(super) retries: Option<At<u32>>,
+    pub(super) timeout_ms: Option<At<u64>>,
+    pub(super) expected_ms: Option<At<u64>>,
+    pub(super) success_codes: Option<At<Vec<i32>>>,
+    pub(super) after: Option<Vec<At<String>>>,
+    pub(super) after_each: Option<Vec<At<String>>>,
+}
+
+impl Fields {
+    /// Fills what the stage leaves out from `[defaults]`; for `env` and
+    /// `resources` the merge is per key, so a stage can add one resource
+    /// without repeating the others.
+    pub(super) fn with_defaults(mut self, d: &Fields) -> Fields {
+        fn keyed<T: Clone>(
+            own: Vec<(At<String>, T)>,
+            d: &[(At<String>, T)],
+        ) -> Vec<(At<String>, T)> {
+            let mut merged: Vec<(At<String>, T)> = d
+                .iter()
+                .filter(|(k, _)| !own.iter().any(|(o, _)| o.v == k.v))
+                .cloned()
+                .collect();
+            merged.extend(own);
+            merged
+        }
+        self.command = self.command.or_else(|| d.command.clone());
+        self.sweep = self.sweep.or_else(|| d.sweep.clone());
+        self.sweep_mode = self.sweep_mode.or_else(|| d.sweep_mode.clone());
+        self.workdir = self.workdir.or_else(|| d.workdir.clone());
+        self.inputs = self.inputs.or_else(|| d.inputs.clone());
+        self.outputs = self.outputs.or_else(|| d.outputs.clone());
+        self.env = keyed(self.env, &d.env);
+        self.resources = keyed(self.resources, &d.resources);
+        self.retries = self.retries.or_else(|| d.retries.clone());
+        self.timeout_ms = self.timeout_ms.or_else(|| d.timeout_ms.clone());
+        self.expected_ms = self.expected_ms.or_else(|| d.expected_ms.clone());
+        self.success_codes = self.success_codes.or_else(|| d.success_codes.clone());
+        self
+    }
+}
 
 impl Scope<'_> {
-    pub(super) fn fail(&self, pos: usize, field: &str, problem: Problem) -> FarmFileError {
-        self.fail_from(pos, self.dflt, field, problem)
-    }
-
-    pub(super) fn fail_at<T>(&self, at: &At<T>, field: &str, problem: Problem) -> FarmFileError {
-        self.fail_from(at.pos, at.dflt, field, problem)
-    }
-
-    /// `dflt` says the value was written in `[defaults]`: the line points
-    /// there, so the field is named as a defaults field while the context
-    /// still says which stage it broke.
-    pub(super) fn fail_from(
-        &self,
-        pos: usize,
-        dflt: bool,
-        field: &str,
-        problem: Problem,
-    ) -> FarmFileError {
-        let (line, col) = self.src.line_col(pos);
-        let (context, field) = match &self.ctx {
-            Ctx::Top => (String::new(), field.to_string()),
-            Ctx::Farm => ("[farm]".to_string(), format!("farm.{field}")),
-            Ctx::Defaults => ("[defaults]".to_string(), format!("defaults.{field}")),
-            Ctx::Stage(label) if dflt => (
-                format!("{label} (value from [defaults])"),
-                format!("defaults.{field}"),
-            ),
-            Ctx::Stage(label) => (label.clone(), format!("stage.{field}")),
-        };
-        FarmFileError::Invalid(Box::new(Invalid {
-            file: self.src.file.to_string(),
-            line,
-            col,
-            context,
-            field: Some(field),
-            problem,
-        }))
-    }
-
-    pub(super) fn unknown(
-        &self,
-        pos: usize,
-        name: &str,
-        allowed: &'static [&'static str],
-    ) -> FarmFileError {
-        self.unknown_in(pos, "", name, allowed)
-    }
-
-    pub(super) fn unknown_in(
-        &self,
-        pos: usize,
-        prefix: &str,
-        name: &str,
-        allowed: &'static [&'static str],
-    ) -> FarmFileError {
-        self.fail(
-            pos,
-            &format!("{prefix}{name}"),
-            Problem::UnknownField {
-                name: name.to_string(),
-                allowed,
-            },
-        )
-    }
-
-    pub(super) fn at<T>(&self, v: T, pos: usize) -> At<T> {
-        At {
-            v,
-            pos,
-            dflt: self.dflt,
-        }
-    }
-
     pub(super) fn table<'v, 'i>(
         &self,
         v: &'v Spanned<DeValue<'i>>,
@@ -95,7 +115,7 @@ impl Scope<'_> {
         }
     }
 
-    pub(super) fn strings(
+    fn strings(
         &self,
         v: &Spanned<DeValue<'_>>,
         field: &str,
@@ -267,7 +287,7 @@ impl Scope<'_> {
         Ok(f)
     }
 
-    pub(super) fn env(&self, v: &Spanned<DeValue<'_>>) -> Result<Vec<(At<String>, At<String>)>> {
+    fn env(&self, v: &Spanned<DeValue<'_>>) -> Result<Vec<(At<String>, At<String>)>> {
         let table = self.table(v, "env", "a table of environment variables")?;
         let mut env = Vec::with_capacity(table.len());
         for (key, value) in table.iter() {
@@ -311,10 +331,7 @@ impl Scope<'_> {
         Ok(env)
     }
 
-    pub(super) fn resources(
-        &self,
-        v: &Spanned<DeValue<'_>>,
-    ) -> Result<Vec<(At<String>, At<Amount>)>> {
+    fn resources(&self, v: &Spanned<DeValue<'_>>) -> Result<Vec<(At<String>, At<Amount>)>> {
         const EXPECTED: &str = "a number, or a string such as \"512MiB\"";
         let table = self.table(
             v,
@@ -362,7 +379,7 @@ impl Scope<'_> {
     }
 
     /// A positive duration: `"10m"` or a number of seconds.
-    pub(super) fn duration(&self, v: &Spanned<DeValue<'_>>, field: &str) -> Result<At<u64>> {
+    fn duration(&self, v: &Spanned<DeValue<'_>>, field: &str) -> Result<At<u64>> {
         const EXPECTED: &str = "a duration such as \"10m\", or a number of seconds";
         let pos = v.span().start;
         let ms = match v.get_ref() {
@@ -392,222 +409,6 @@ impl Scope<'_> {
         }
         Ok(self.at(ms, pos))
     }
-
-    /// Resolves a merged stage: sweep, templates, paths and resources.
-    pub(super) fn stage(&self, f: Fields, header: usize) -> Result<(StageDef, Deps)> {
-        let Some(name) = f.name else {
-            return Err(self.fail(header, "name", Problem::MissingField { name: "name" }));
-        };
-        let Some(command) = f.command else {
-            return Err(self.fail(header, "command", Problem::MissingCommand));
-        };
-
-        let mode = f
-            .sweep_mode
-            .as_ref()
-            .map(|m| m.v)
-            .unwrap_or(SweepMode::Product);
-        let sweep = match &f.sweep {
-            None => Sweep::single(),
-            Some(vars) => {
-                if mode == SweepMode::Zip {
-                    if let Some((first, rest)) = vars.v.split_first() {
-                        for var in rest {
-                            if var.values.v.len() != first.values.v.len() {
-                                return Err(self.fail_at(
-                                    &var.values,
-                                    &format!("sweep.{}", var.name),
-                                    Problem::ZipUnequal {
-                                        first: first.name.clone(),
-                                        first_len: first.values.v.len(),
-                                        other: var.name.clone(),
-                                        other_len: var.values.v.len(),
-                                    },
-                                ));
-                            }
-                        }
-                    }
-                }
-                let sweep = Sweep {
-                    vars: vars
-                        .v
-                        .iter()
-                        .map(|var| SweepVar {
-                            name: var.name.clone(),
-                            values: var.values.v.clone(),
-                        })
-                        .collect(),
-                    mode,
-                };
-                if sweep.len() > STAGE_TASKS_MAX {
-                    return Err(self.fail_at(vars, "sweep", Problem::TooManyTasks));
-                }
-                sweep
-            }
-        };
-        let var_names: Vec<&str> = sweep.vars.iter().map(|v| v.name.as_str()).collect();
-
-        let command = match &command.v {
-            RawCommand::Argv(args) => CommandTemplate::Argv(
-                args.iter()
-                    .map(|a| self.template(a, "command", &var_names))
-                    .collect::<Result<_>>()?,
-            ),
-            RawCommand::Shell(line) => {
-                CommandTemplate::Shell(self.template(line, "shell", &var_names)?)
-            }
-        };
-        let workdir = match &f.workdir {
-            Some(w) => Some(self.path_template(w, "workdir", &sweep)?),
-            None => None,
-        };
-        let mut inputs = Vec::new();
-        for input in f.inputs.iter().flatten() {
-            let t = self.path_template(input, "inputs", &sweep)?;
-            if t.is_static() {
-                let full = self.src.root.join(&input.v);
-                if !full.is_file() {
-                    return Err(self.fail_at(
-                        input,
-                        "inputs",
-                        Problem::InputMissing {
-                            path: input.v.clone(),
-                            looked: full.display().to_string(),
-                        },
-                    ));
-                }
-            }
-            inputs.push(t);
-        }
-        let mut outputs = Vec::new();
-        for output in f.outputs.iter().flatten() {
-            let t = self.path_template(output, "outputs", &sweep)?;
-            let pattern = t.literal_text();
-            if let Err(source) = glob::Pattern::new(&pattern) {
-                return Err(self.fail_at(output, "outputs", Problem::BadGlob { pattern, source }));
-            }
-            outputs.push(t);
-        }
-        let mut env = Vec::with_capacity(f.env.len());
-        for (key, value) in &f.env {
-            env.push((
-                key.v.clone(),
-                self.template(value, &format!("env.{}", key.v), &var_names)?,
-            ));
-        }
-        let mut resources =
-            Resources::from_pairs(f.resources.iter().map(|(k, a)| (k.v.clone(), a.v)));
-        // A task takes one core unless it says otherwise (`cpu = 0` opts out).
-        if !f.resources.iter().any(|(k, _)| k.v == CPU) {
-            resources.set(CPU, Amount::units(1));
-        }
-
-        let stage = StageDef {
-            name: name.v,
-            command,
-            sweep,
-            workdir,
-            inputs,
-            outputs,
-            env,
-            resources,
-            retries: f.retries.map(|r| r.v).unwrap_or(0),
-            timeout_ms: f.timeout_ms.map(|t| t.v),
-            expected_ms: f.expected_ms.map(|t| t.v),
-            success_codes: f.success_codes.map(|c| c.v).unwrap_or_else(|| vec![0]),
-            after: Vec::new(),
-            after_each: Vec::new(),
-        };
-        let deps = Deps {
-            after: f.after.unwrap_or_default(),
-            after_each: f.after_each.unwrap_or_default(),
-        };
-        Ok((stage, deps))
-    }
-
-    pub(super) fn template(
-        &self,
-        text: &At<String>,
-        field: &str,
-        vars: &[&str],
-    ) -> Result<Template> {
-        Template::parse(&text.v, vars).map_err(|e| self.fail_at(text, field, Problem::Template(e)))
-    }
-
-    /// A template naming a path inside the farm (workdir, inputs, outputs):
-    /// neither its text nor any value substituted into it may leave the folder.
-    pub(super) fn path_template(
-        &self,
-        text: &At<String>,
-        field: &str,
-        sweep: &Sweep,
-    ) -> Result<Template> {
-        let names: Vec<&str> = sweep.vars.iter().map(|v| v.name.as_str()).collect();
-        let t = self.template(text, field, &names)?;
-        if t.parts.iter().any(|p| matches!(p, Part::Var(Var::Out))) {
-            return Err(self.fail_at(text, field, Problem::OutInPath));
-        }
-        if text.v.trim().is_empty() {
-            return Err(self.fail_at(text, field, Problem::EmptyPath));
-        }
-        if !path_stays_inside(&t.literal_text()) {
-            return Err(self.fail_at(
-                text,
-                field,
-                Problem::PathEscapes {
-                    path: text.v.clone(),
-                },
-            ));
-        }
-        let mut used: Vec<usize> = t.sweep_vars().collect();
-        used.sort_unstable();
-        used.dedup();
-        for i in used {
-            let var = &sweep.vars[i];
-            let mut bad: Option<String> = None;
-            var.values.for_each(|value| {
-                if bad.is_none()
-                    && (value.is_empty() || value.starts_with('/') || value.contains(".."))
-                {
-                    bad = Some(value.to_string());
-                }
-            });
-            if let Some(value) = bad {
-                return Err(self.fail_at(
-                    text,
-                    field,
-                    Problem::ValueEscapes {
-                        var: var.name.clone(),
-                        value,
-                    },
-                ));
-            }
-        }
-        Ok(t)
-    }
-}
-
-/// Serde's wording, so messages read like those of other TOML tools.
-pub(super) fn wrong_type(found: &DeValue<'_>, expected: &'static str) -> Problem {
-    let found = match found {
-        DeValue::String(s) => format!("string {:?}", &**s),
-        DeValue::Integer(i) => format!("integer `{i}`"),
-        DeValue::Float(f) => format!("float `{}`", f.as_str()),
-        DeValue::Boolean(b) => format!("boolean `{b}`"),
-        DeValue::Datetime(d) => format!("datetime `{d}`"),
-        DeValue::Array(_) => "array".to_string(),
-        DeValue::Table(_) => "table".to_string(),
-    };
-    Problem::WrongType { found, expected }
-}
-
-/// Stage and farm names: they become folder names and task ids (`<stage>/<index>`).
-pub(super) fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-        && !name.chars().all(|c| c == '.')
 }
 
 pub(super) fn valid_var_name(name: &str) -> bool {
