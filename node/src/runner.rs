@@ -489,7 +489,7 @@ impl Driver {
             if let Some(sh) = &self.shared {
                 let mut sh = sh.lock().expect("not poisoned");
                 // Numbered as a mesh farm whose display id this is.
-                let farm = FarmId(dash::view::farm_key(&self.id) << 32);
+                let farm = FarmId(crate::view::display_key(&self.id) << 32);
                 let seq = sh.recorder.started(farm, task, attempt, unix_ms());
                 let slot = sh.recorder.slot(seq);
                 let since_start = self.clock.elapsed().as_micros() as u64;

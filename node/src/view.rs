@@ -252,3 +252,12 @@ pub fn eta_s(c: &Counts, rate: f64) -> Option<f64> {
         _ => None,
     }
 }
+
+/// The high half of a farm's id, as its display id (`name-hex`) shows it.
+pub fn display_key(display: &str) -> u64 {
+    display
+        .rsplit('-')
+        .next()
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .unwrap_or(0)
+}

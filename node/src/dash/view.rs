@@ -12,7 +12,7 @@ use mesh_protocol::observe::{LatencySummary, RunRecord};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
-use crate::view::{eta_s, FarmView, Observed, ResourceUse, StageRates};
+use crate::view::{display_key, eta_s, FarmView, Observed, ResourceUse, StageRates};
 
 /// The most one update may weigh, as JSON.
 pub const UPDATE_MAX_BYTES: usize = 64 * 1024;
@@ -168,12 +168,14 @@ impl Model {
             .unwrap_or_default();
         self.note_changes(now, obs, farms);
         for f in farms {
-            self.farm_names.entry(farm_key(&f.id)).or_insert_with(|| {
-                (
-                    f.id.clone(),
-                    f.stages.iter().map(|(n, _)| n.clone()).collect(),
-                )
-            });
+            self.farm_names
+                .entry(display_key(&f.id))
+                .or_insert_with(|| {
+                    (
+                        f.id.clone(),
+                        f.stages.iter().map(|(n, _)| n.clone()).collect(),
+                    )
+                });
         }
 
         // Runs, shifted onto this clock by the node's own.
@@ -491,15 +493,6 @@ impl Stream {
 /// A part of the view's size as JSON.
 fn weigh<T: Serialize>(part: &T) -> usize {
     serde_json::to_vec(part).map_or(0, |v| v.len())
-}
-
-/// The high half of a farm's id, as its display id (`name-hex`) shows it.
-pub fn farm_key(display: &str) -> u64 {
-    display
-        .rsplit('-')
-        .next()
-        .and_then(|h| u64::from_str_radix(h, 16).ok())
-        .unwrap_or(0)
 }
 
 fn stage_line(name: &str, c: &Counts, rate: f64) -> StageLine {
