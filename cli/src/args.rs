@@ -82,10 +82,7 @@ pub fn peers(s: &str) -> Result<Peers, String> {
     let mut out = Vec::new();
     for (i, a) in s.split(',').enumerate() {
         if a.trim().is_empty() {
-            return Err(format!(
-                "entry {} of the list `{s}` is empty (an unset variable in a script?)",
-                i + 1
-            ));
+            return Err(format!("entry {} of the list `{s}` is {UNSET}", i + 1));
         }
         out.push(parse_multiaddr(a)?);
     }
