@@ -77,7 +77,6 @@ fn main() {
         },
     ];
     cfg.stages[0].resources = "cpu=1,mem=1GiB".into();
-    cfg.gossip_fanout = 8;
     // Scheduling alone, as before farms' outputs were simulated: the home
     // fetching a million outputs is not what this measures.
     cfg.outputs = false;

@@ -34,7 +34,6 @@ const LAWS: [&str; 5] = [
 fn config(nodes: usize, law: &str, mixed: bool) -> SimConfig {
     // As `mesh sim` builds it with no scenario.
     let mut cfg = SimConfig::simple(7, nodes, "cpu=4", nodes as u64 * 1000, law);
-    cfg.gossip_fanout = 8;
     if mixed {
         let big = nodes * 15 / 100;
         let gpu = nodes * 5 / 100;

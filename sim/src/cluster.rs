@@ -891,6 +891,12 @@ impl<'a> Sim<'a> {
         // The lowest node founds the mesh; everyone else (and anyone
         // restarting) first listens for a coordinator.
         let joining = restart || n != 0 || now > 0;
+        // As a user joins a node to the mesh: through another, here the
+        // lowest one up (membership finds the rest).
+        let via = joining
+            .then(|| self.alive.iter().find(|&&a| a as usize != n))
+            .flatten()
+            .map(|&a| self.nodes[a as usize].id);
         let nd = &mut self.nodes[n];
         let seed = mix(self.cfg.seed, n as u64 + 1, nd.gen as u64 + 1);
         let mut peer = Peer::new(
@@ -903,6 +909,12 @@ impl<'a> Sim<'a> {
         );
         if let Some((job, deadline)) = &nd.job {
             peer.set_batch_job(Some(job.clone()), Some(*deadline));
+        }
+        // Each restart's life above any its last life renewed itself to
+        // (once each time it was declared dead and came back).
+        peer.set_address(now, String::new(), Vec::new(), (nd.gen as u64 + 1) << 32);
+        if let Some(via) = via {
+            peer.introduce(now, via, String::new(), Vec::new());
         }
         if restart {
             // Whatever this node made durable before it died, read back as the node reads it.
@@ -1010,7 +1022,7 @@ impl<'a> Sim<'a> {
         for a in rest.drain(..) {
             match a {
                 Action::Send { to, msg } => self.send(n, to, msg),
-                Action::Broadcast(msg) => self.broadcast(n, msg),
+                Action::Swim { to, data } => self.send(n, to.id, Msg::Swim(data)),
                 Action::Start { task, grant } => self.start_task(n, task, grant.resources)?,
                 Action::Kill { task, .. } => self.kill(n, task),
                 Action::Fetch { task, from, .. } => {
@@ -1240,30 +1252,6 @@ impl<'a> Sim<'a> {
         let to = (to.0 - 1) as usize;
         if to < self.nodes.len() {
             self.deliver(from, to, msg);
-        }
-    }
-
-    fn broadcast(&mut self, from: usize, msg: Msg) {
-        let k = self.cfg.gossip_fanout;
-        let peer = self.nodes[from].peer.as_ref().expect("up");
-        let coord = peer.coordinator().map(|c| (c.0 - 1) as usize);
-        if k == 0 || coord == Some(from) || self.alive.len() <= k + 1 {
-            for i in 0..self.alive.len() {
-                let to = self.alive[i] as usize;
-                if to != from {
-                    self.deliver(from, to, msg.clone());
-                }
-            }
-            return;
-        }
-        if let Some(c) = coord {
-            self.deliver(from, c, msg.clone());
-        }
-        for _ in 0..k {
-            let to = self.alive[self.rng.random_range(0..self.alive.len())] as usize;
-            if to != from && Some(to) != coord {
-                self.deliver(from, to, msg.clone());
-            }
         }
     }
 

@@ -9,7 +9,6 @@
 //! steal = true                 # thieves take queued tasks from overloaded peers
 //! latency = "uniform:1..3"     # per message, same syntax as durations
 //! loss = 0.0                   # probability that any one message is dropped
-//! gossip_fanout = 0            # 0: a beat reaches every member; k: the coordinator and k random nodes
 //! submit_at_ms = 0             # when node `submit_node` submits the farm
 //! max_time_ms = 600000         # virtual time limit: a run still busy then is stuck
 //!
@@ -82,12 +81,6 @@ pub struct SimConfig {
     /// Probability that a message (of any kind) is lost.
     #[serde(default)]
     pub loss: f64,
-    /// 0: a beat is delivered to every member. k > 0: to the sender's
-    /// coordinator and k random members (the coordinator's own beat still
-    /// reaches everyone), which is what gossip with fanout k costs per round
-    /// and keeps 1000-node runs cheap; workers then see a sample of the others.
-    #[serde(default)]
-    pub gossip_fanout: usize,
     #[serde(default)]
     pub submit_node: usize,
     #[serde(default)]
@@ -361,7 +354,6 @@ impl SimConfig {
             steal: true,
             latency: default_latency(),
             loss: 0.0,
-            gossip_fanout: 0,
             submit_node: 0,
             submit_at_ms: 0,
             max_time_ms: default_max_time(),
@@ -396,6 +388,7 @@ impl SimConfig {
         let m = &self.mesh;
         Config {
             heartbeat_ms: m.heartbeat_ms.unwrap_or(d.heartbeat_ms),
+            reports_per_s: d.reports_per_s,
             dead_after_ms: m.dead_after_ms.unwrap_or(d.dead_after_ms),
             join_wait_ms: m.join_wait_ms.unwrap_or(d.join_wait_ms),
             steal: self.steal,

@@ -49,7 +49,31 @@ pub struct FarmSpec {
     pub inputs: Vec<(String, [u8; 32])>,
 }
 
-/// What every node gossips about itself, several times a second.
+/// A node as membership knows it: its id, which life of it (a restart,
+/// or a rejoin after it was declared dead, is a new one), and where it is
+/// reached. Carried in every membership packet, so kept small.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Ident {
+    pub id: NodeId,
+    pub life: u64,
+    /// Set by the driver, opaque to the protocol (the peer id, and the
+    /// addresses to dial it at).
+    pub label: String,
+    pub addrs: Vec<String>,
+}
+
+/// A member that the coordinator says has tasks queued: a thief's victim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Victim {
+    pub node: NodeId,
+    pub queued: u32,
+    /// Its prefetch depth: queued beyond this, it is overloaded.
+    pub prefetch: u32,
+}
+
+/// What a node tells its coordinator about itself (its report, every
+/// `Beat::interval_ms`), and what the coordinator answers: whom it
+/// follows, its backlog, the victims to steal from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Beat {
     pub version: u32,
@@ -77,6 +101,15 @@ pub struct Beat {
     pub ends_in_ms: Option<u64>,
     /// The version of the allocation book this node holds.
     pub allocs: (u64, u64),
+    /// The sender wants this node's beat back (a report to the
+    /// coordinator, or a question to whom it follows); an answer never asks.
+    pub ask: bool,
+    /// From the coordinator: how often each node reports to it (the
+    /// interval stretches with the mesh, so it hears a bounded number of
+    /// beats a second).
+    pub interval_ms: u64,
+    /// From the coordinator: the members with the most tasks queued.
+    pub victims: Vec<Victim>,
 }
 
 /// One task handed to a node to run.
@@ -225,9 +258,12 @@ pub struct Failure {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Msg {
-    /// Gossip: who I am, what I hold, whom I follow. Shared, because one
-    /// beat goes to many members.
+    /// Who I am, what I hold, whom I follow: a report to the coordinator,
+    /// or its answer. Shared, because a coordinator's claim goes to many.
     Beat(Arc<Beat>),
+    /// A membership packet (probe, acknowledgement, gossip of who joined
+    /// and died; see `peer/membership.rs`), when it travels as a message.
+    Swim(Vec<u8>),
     /// A holder of the farm (its submitter, or a node keeping a copy) to the
     /// coordinator: the farm and what this holder knows of it. Sent on
     /// submission and again to every new coordinator, so one that does not

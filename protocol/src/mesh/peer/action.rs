@@ -96,8 +96,12 @@ pub enum Action {
         to: NodeId,
         msg: Msg,
     },
-    /// Gossip to every member.
-    Broadcast(Msg),
+    /// A membership packet for `to` (a datagram: it may be lost, and the
+    /// protocol expects that), handed back through [`Peer::handle_swim`].
+    Swim {
+        to: Arc<Ident>,
+        data: Vec<u8>,
+    },
     Persist(Persist),
     Start {
         task: Assigned,

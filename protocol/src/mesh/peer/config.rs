@@ -5,6 +5,10 @@
 pub struct Config {
     /// How often a node gossips its beat.
     pub heartbeat_ms: u64,
+    /// The coordinator hears at most about this many reports a second:
+    /// past `reports_per_s * heartbeat_ms / 1000` nodes, each reports less
+    /// often than every heartbeat.
+    pub reports_per_s: u64,
     /// A member silent this long is dead: its tasks run elsewhere.
     pub dead_after_ms: u64,
     /// A node that joins an existing mesh waits this long to hear the
@@ -46,6 +50,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             heartbeat_ms: 250,
+            reports_per_s: 200,
             dead_after_ms: 2000,
             join_wait_ms: 1500,
             steal: true,

@@ -1,70 +1,329 @@
-//! Who is alive: the members this node hears beats from, when each was last heard, and who was declared dead.
+//! Who is alive: who is in the mesh by SWIM (the `foca` crate), and the beats members sent this node directly.
 //!
-//! The rest of the peer sees only this interface: the live members with
-//! their last beat (resources, load, whom they follow), members that came
-//! up (`heard` says fresh) and members that went silent (`expired`, then
-//! `remove`). How liveness is learnt (today every member's beat; a
-//! probing protocol later) stays inside.
+//! Two sources, each paying a cost that does not grow with the mesh:
+//!
+//! - **SWIM** (`foca`, sans-IO like the rest of the peer): every probe
+//!   period a node pings one member, asks a few others to ping it when it
+//!   does not answer, suspects it, and declares it down only if the
+//!   suspicion is not refuted in time; who joined and who died rides on
+//!   those packets and reaches everyone in O(log N) periods. This is how
+//!   every node knows every member (its id and addresses) and learns of
+//!   deaths anywhere, at a constant number of packets per node per period.
+//! - **Beats**, sent directly, not gossiped: each worker reports to its
+//!   coordinator, and the coordinator answers. A node watches only the
+//!   members it hears from this way (the coordinator all of its workers,
+//!   a worker its coordinator): their silence past a limit is a death,
+//!   found in about two seconds, faster than SWIM's suspicion.
+//!
+//! The rest of the peer sees members with their last beat (a placeholder
+//! for members known only by SWIM), `heard`, `expired` and `remove`, and
+//! the members that came up since it last asked (`take_fresh`).
 
 use std::collections::BTreeMap;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::Arc;
+use std::time::Duration;
 
+use foca::{AccumulatingRuntime, Foca, Identity, NoCustomBroadcast, OwnedNotification};
+use foca::{PostcardCodec, Timer};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
 use rustc_hash::FxHashMap;
 
-use super::super::msg::{Beat, NodeId};
+use super::super::msg::{Beat, Ident, NodeId};
+use super::action::Action;
+use super::out::Out;
+use super::Config;
 use crate::engine::Millis;
+use crate::resources::Resources;
+use crate::wire::PROTOCOL_VERSION;
+
+impl Identity for Ident {
+    type Addr = NodeId;
+
+    /// Declared down while alive (a long pause, a partition): the node
+    /// comes back as its next life at once rather than staying out.
+    fn renew(&self) -> Option<Self> {
+        Some(Ident {
+            life: self.life + 1,
+            ..self.clone()
+        })
+    }
+
+    fn addr(&self) -> NodeId {
+        self.id
+    }
+
+    /// Of two lives of one node, the later is the node.
+    fn win_addr_conflict(&self, other: &Self) -> bool {
+        self.life > other.life
+    }
+}
 
 /// A member as this node last heard of it.
 #[derive(Clone, Debug)]
 pub struct Member {
     pub id: NodeId,
+    /// Its last beat to this node; for a member known only by SWIM, one
+    /// with its address and nothing else (no resources, following no one).
     pub beat: Arc<Beat>,
     pub last_seen: Millis,
+    /// It sent this node a beat since this node last started watching
+    /// (becoming coordinator): its silence is a death.
+    pub(super) direct: bool,
+    /// How SWIM knows it, when it does.
+    pub(super) ident: Option<Arc<Ident>>,
 }
 
+type Swim = Foca<Ident, PostcardCodec, SmallRng, NoCustomBroadcast>;
+
 pub(super) struct Membership {
-    /// How this node is known on the network, gossiped in its beats.
-    label: String,
-    addrs: Vec<String>,
+    me: NodeId,
+    swim: Swim,
+    rt: AccumulatingRuntime<Ident>,
+    /// SWIM's timers, by when they are due (and an order among equals).
+    timers: BTreeMap<(Millis, u64), Timer<Ident>>,
+    timer_seq: u64,
+    /// The mesh size SWIM's timeouts were last tuned for.
+    tuned_for: usize,
     members: BTreeMap<NodeId, Member>,
     /// Members declared dead, and since when (the home waits for those
     /// that keep its outputs).
     gone: FxHashMap<NodeId, Millis>,
-    /// No member can have been silent too long before this: the oldest
-    /// `last_seen` at the last scan plus the limit (a beat only moves a
-    /// `last_seen` later), so most heartbeats skip the scan of every member.
-    quiet_until: Millis,
-    /// When this node next gossips its beat.
+    /// Declared down by SWIM, not yet handed to the peer.
+    down: Vec<NodeId>,
+    /// Members declared dead here for their silence to this node while
+    /// SWIM still has them alive: they come back when this node stops
+    /// watching them (see `unhide`), or when SWIM or a beat says they live.
+    hidden: BTreeMap<NodeId, Arc<Ident>>,
+    /// Members that came up (SWIM, or a first beat), not yet handed to the peer.
+    fresh: Vec<NodeId>,
+    /// When this node next looks at its members (checks, elections, steals).
     next_beat: Millis,
-    /// The queue length this node last gossiped.
+    /// When this node next reports to its coordinator.
+    next_report: Millis,
+    /// The queue length this node last reported.
     advertised: u32,
 }
 
+/// SWIM's timing: a probe a second, a direct answer expected within 400 ms,
+/// three members asked to probe on this node's behalf, and a suspicion
+/// that lasts longer as the mesh grows (a refutation needs to reach more
+/// members). Tuned again as the mesh doubles.
+fn swim_config(size: usize) -> foca::Config {
+    let n = NonZeroU32::new(size.max(4) as u32).expect("at least 4");
+    let mut c = foca::Config::new_lan(n);
+    c.probe_rtt = Duration::from_millis(400);
+    // Large membership updates would be cut to fit: the addresses are
+    // text, so a packet holds a few members.
+    c.max_packet_size = NonZeroUsize::new(1400).expect("non-zero");
+    c
+}
+
 impl Membership {
-    pub(super) fn new(now: Millis) -> Membership {
-        Membership {
+    pub(super) fn new(now: Millis, me: NodeId, seed: u64) -> Membership {
+        let ident = Ident {
+            id: me,
+            life: 0,
             label: String::new(),
             addrs: Vec::new(),
+        };
+        Membership {
+            me,
+            swim: Foca::new(
+                ident,
+                swim_config(4),
+                SmallRng::seed_from_u64(seed),
+                PostcardCodec,
+            ),
+            rt: AccumulatingRuntime::new(),
+            timers: BTreeMap::new(),
+            timer_seq: 0,
+            tuned_for: 4,
             members: BTreeMap::new(),
             gone: FxHashMap::default(),
-            quiet_until: 0,
+            down: Vec::new(),
+            hidden: BTreeMap::new(),
+            fresh: Vec::new(),
             next_beat: now,
+            next_report: now,
             advertised: 0,
         }
     }
 
-    pub(super) fn set_address(&mut self, label: String, addrs: Vec<String>) {
-        self.label = label;
-        self.addrs = addrs;
+    /// How this node is known: its address, and which life of it this is
+    /// (later than any before, e.g. the wall clock at start).
+    pub(super) fn set_address(
+        &mut self,
+        now: Millis,
+        label: String,
+        addrs: Vec<String>,
+        life: u64,
+        out: &mut Out,
+    ) {
+        let ident = Ident {
+            id: self.me,
+            life: life.max(self.swim.identity().life + 1),
+            label,
+            addrs,
+        };
+        // Only fails for an identity of another address, never ours.
+        let _ = self.swim.change_identity(ident, &mut self.rt);
+        self.drain(now, out);
     }
 
     pub(super) fn label(&self) -> &str {
-        &self.label
+        &self.swim.identity().label
     }
 
     pub(super) fn addrs(&self) -> &[String] {
-        &self.addrs
+        &self.swim.identity().addrs
     }
+
+    /// How a member is reached, as SWIM or its beat says.
+    pub(super) fn address_of(&self, id: NodeId) -> Option<(&str, &[String])> {
+        let m = self.members.get(&id)?;
+        match &m.ident {
+            Some(i) => Some((&i.label, &i.addrs)),
+            None => Some((&m.beat.label, &m.beat.addrs)),
+        }
+    }
+
+    // ----- SWIM -----
+
+    /// A node to join through (an address the user gave, a peer this node
+    /// knew): SWIM announces itself there, and learns the members from it.
+    pub(super) fn introduce(
+        &mut self,
+        now: Millis,
+        id: NodeId,
+        label: String,
+        addrs: Vec<String>,
+        out: &mut Out,
+    ) {
+        if id == self.me {
+            return;
+        }
+        let life = self
+            .members
+            .get(&id)
+            .and_then(|m| m.ident.as_ref())
+            .map_or(0, |i| i.life);
+        let to = Ident {
+            id,
+            life,
+            label,
+            addrs,
+        };
+        // Refused only for this node itself, ruled out above.
+        let _ = self.swim.announce(to, &mut self.rt);
+        self.drain(now, out);
+    }
+
+    /// A SWIM packet from the network; a malformed one is dropped.
+    pub(super) fn handle_swim(&mut self, now: Millis, data: &[u8], out: &mut Out) {
+        // A packet from an old life, of another mesh, or garbled: nothing
+        // to do (SWIM expects loss).
+        let _ = self.swim.handle_data(data, &mut self.rt);
+        self.drain(now, out);
+    }
+
+    /// When SWIM next needs the clock.
+    pub(super) fn next_timer(&self) -> Option<Millis> {
+        self.timers.keys().next().map(|&(at, _)| at)
+    }
+
+    /// Fires SWIM's timers due by `now`.
+    pub(super) fn fire_timers(&mut self, now: Millis, out: &mut Out) {
+        while let Some(entry) = self.timers.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let timer = entry.remove();
+            // A timer of an old probe or identity is ignored by foca.
+            let _ = self.swim.handle_timer(timer, &mut self.rt);
+        }
+        self.drain(now, out);
+    }
+
+    /// Carries out what SWIM asked: packets out, timers set, members up and down.
+    fn drain(&mut self, now: Millis, out: &mut Out) {
+        while let Some((to, data)) = self.rt.to_send() {
+            out.stats.swim_packets += 1;
+            out.stats.swim_bytes += data.len() as u64;
+            out.push(Action::Swim {
+                to: Arc::new(to),
+                data: data.to_vec(),
+            });
+        }
+        while let Some((after, timer)) = self.rt.to_schedule() {
+            self.timer_seq += 1;
+            let at = now + after.as_millis() as Millis;
+            self.timers.insert((at, self.timer_seq), timer);
+        }
+        while let Some(n) = self.rt.to_notify() {
+            match n {
+                OwnedNotification::MemberUp(ident) => self.swim_up(now, ident),
+                OwnedNotification::Rename(_, ident) => {
+                    if let Some(m) = self.members.get_mut(&ident.id) {
+                        m.ident = Some(Arc::new(ident));
+                    }
+                }
+                OwnedNotification::MemberDown(ident) => {
+                    if self.hidden.get(&ident.id).is_some_and(|h| h.life <= ident.life) {
+                        self.hidden.remove(&ident.id);
+                    }
+                    let newer = self
+                        .members
+                        .get(&ident.id)
+                        .and_then(|m| m.ident.as_ref())
+                        .is_some_and(|i| i.life > ident.life);
+                    if !newer && self.members.contains_key(&ident.id) {
+                        self.down.push(ident.id);
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.tune();
+    }
+
+    fn swim_up(&mut self, now: Millis, ident: Ident) {
+        self.hidden.remove(&ident.id);
+        let ident = Arc::new(ident);
+        match self.members.get_mut(&ident.id) {
+            Some(m) => m.ident = Some(ident),
+            None => {
+                let id = ident.id;
+                self.gone.remove(&id);
+                self.members.insert(
+                    id,
+                    Member {
+                        id,
+                        beat: Arc::new(placeholder(&ident)),
+                        last_seen: now,
+                        direct: false,
+                        ident: Some(ident),
+                    },
+                );
+                self.fresh.push(id);
+            }
+        }
+    }
+
+    /// Suspicion lasts longer, and updates are told more times, as the mesh
+    /// grows: retuned when it doubles or halves.
+    fn tune(&mut self) {
+        let n = self.members.len() + 1;
+        if n > 2 * self.tuned_for || 2 * n < self.tuned_for {
+            self.tuned_for = n.max(4);
+            // Only refuses changes of the probe period and rtt, which
+            // swim_config keeps the same at every size.
+            let _ = self.swim.set_config(swim_config(n));
+        }
+    }
+
+    // ----- members -----
 
     /// The live members, in id order.
     pub(super) fn iter(&self) -> impl Iterator<Item = &Member> {
@@ -92,51 +351,116 @@ impl Membership {
         self.members.keys().next().copied()
     }
 
+    /// The lowest member other than `not`.
+    pub(super) fn lowest_but(&self, not: NodeId) -> Option<NodeId> {
+        self.members.keys().copied().find(|&m| m != not)
+    }
+
     /// When `id` was declared dead, if it was and has not come back.
     pub(super) fn gone_since(&self, id: NodeId) -> Option<Millis> {
         self.gone.get(&id).copied()
     }
 
-    /// A member's beat. True when it is new here (it joined, or came back).
-    pub(super) fn heard(&mut self, now: Millis, from: NodeId, beat: Arc<Beat>) -> bool {
-        let fresh = !self.members.contains_key(&from);
-        if fresh {
-            self.gone.remove(&from);
+    /// A member's beat, sent to this node.
+    pub(super) fn heard(&mut self, now: Millis, from: NodeId, beat: Arc<Beat>) -> Heard {
+        match self.members.get_mut(&from) {
+            Some(m) => {
+                let resized = m.beat.total != beat.total;
+                m.beat = beat;
+                m.last_seen = now;
+                m.direct = true;
+                if resized {
+                    Heard::Resized
+                } else {
+                    Heard::Again
+                }
+            }
+            None => {
+                self.gone.remove(&from);
+                let ident = self.hidden.remove(&from);
+                self.members.insert(
+                    from,
+                    Member {
+                        id: from,
+                        beat,
+                        last_seen: now,
+                        direct: true,
+                        ident,
+                    },
+                );
+                Heard::New
+            }
         }
-        self.members.insert(
-            from,
-            Member {
-                id: from,
-                beat,
-                last_seen: now,
-            },
-        );
+    }
+
+    /// Members that came up since the last call.
+    pub(super) fn take_fresh(&mut self) -> Vec<NodeId> {
+        let mut fresh = std::mem::take(&mut self.fresh);
+        fresh.retain(|id| self.members.contains_key(id));
         fresh
     }
 
-    /// Members silent longer than `limit`: still listed until `remove`d,
-    /// one at a time, so each death is handled with the others alive.
-    pub(super) fn expired(&mut self, now: Millis, limit: Millis) -> Vec<NodeId> {
-        if now <= self.quiet_until {
-            return Vec::new();
-        }
-        let mut dead = Vec::new();
-        let mut oldest = now;
-        for m in self.members.values() {
-            if now.saturating_sub(m.last_seen) > limit {
-                dead.push(m.id);
-            } else {
-                oldest = oldest.min(m.last_seen);
+    /// Members to declare dead: those SWIM declared down, and those this
+    /// node watches (`watch`: all it hears from directly, as coordinator,
+    /// or one, its coordinator) silent longer than `limit`. Still listed
+    /// until `remove`d, one at a time, so each death is handled with the
+    /// others alive.
+    pub(super) fn expired(&mut self, now: Millis, watch: Watch) -> Vec<NodeId> {
+        self.down.retain(|id| self.members.contains_key(id));
+        let mut dead = self.down.clone();
+        let silent = |m: &Member, limit: Millis| now.saturating_sub(m.last_seen) > limit;
+        match watch {
+            Watch::Direct(limit) => {
+                for m in self.members.values() {
+                    if m.direct && silent(m, limit) && !dead.contains(&m.id) {
+                        dead.push(m.id);
+                    }
+                }
             }
+            Watch::One(id, limit) => {
+                if let Some(m) = self.members.get(&id) {
+                    if m.direct && silent(m, limit) && !dead.contains(&id) {
+                        dead.push(id);
+                    }
+                }
+            }
+            Watch::None => {}
         }
-        self.quiet_until = oldest + limit;
         dead
     }
 
     /// `id` is dead from `now`.
     pub(super) fn remove(&mut self, now: Millis, id: NodeId) {
-        self.members.remove(&id);
+        if let Some(m) = self.members.remove(&id) {
+            let swim_down = match self.down.iter().position(|&d| d == id) {
+                Some(i) => {
+                    self.down.swap_remove(i);
+                    true
+                }
+                None => false,
+            };
+            if let Some(ident) = m.ident.filter(|_| !swim_down) {
+                self.hidden.insert(id, ident);
+            }
+        }
         self.gone.insert(id, now);
+    }
+
+    /// This node stopped watching the members it declared dead for their
+    /// silence (it no longer coordinates, or follows another coordinator):
+    /// those SWIM still has alive are members again, as SWIM judges them.
+    pub(super) fn unhide(&mut self, now: Millis) {
+        for ident in std::mem::take(&mut self.hidden).into_values() {
+            self.swim_up(now, Arc::unwrap_or_clone(ident));
+        }
+    }
+
+    /// This node starts watching afresh (it was elected): only members
+    /// that report to it from now on count as silent when they stop.
+    pub(super) fn unwatch_all(&mut self) {
+        for m in self.members.values_mut() {
+            m.direct = false;
+        }
     }
 
     /// This node was not listening (stopped, or starved of CPU): every
@@ -151,12 +475,21 @@ impl Membership {
         self.next_beat
     }
 
-    /// A heartbeat is due at `now`: the next one is set.
+    /// A look at the members is due at `now`: the next one is set.
     pub(super) fn beat_due(&mut self, now: Millis, heartbeat_ms: Millis) -> bool {
         if now < self.next_beat {
             return false;
         }
         self.next_beat = now + heartbeat_ms;
+        true
+    }
+
+    /// A report to the coordinator is due at `now`, one every `interval`.
+    pub(super) fn report_due(&mut self, now: Millis, interval: Millis) -> bool {
+        if now < self.next_report {
+            return false;
+        }
+        self.next_report = now + interval;
         true
     }
 
@@ -166,5 +499,58 @@ impl Membership {
 
     pub(super) fn advertise(&mut self, queued: u32) {
         self.advertised = queued;
+    }
+}
+
+/// What a beat told of its sender.
+pub(super) enum Heard {
+    /// It is new here (it joined, or came back).
+    New,
+    /// Its resources are not what this node knew (its first beat after
+    /// SWIM told of it).
+    Resized,
+    Again,
+}
+
+/// Whose silence this node takes as a death.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Watch {
+    /// The coordinator: every member that reports to it.
+    Direct(Millis),
+    /// A worker: its coordinator.
+    One(NodeId, Millis),
+    None,
+}
+
+/// How often a node reports to its coordinator in a mesh of `size`: as
+/// often as `heartbeat_ms` while the coordinator hears fewer than
+/// `reports_per_s` beats a second so, then stretched (as Dask's scheduler
+/// stretches its workers' heartbeats).
+pub(super) fn report_interval(cfg: &Config, size: usize) -> Millis {
+    let per_s = cfg.reports_per_s.max(1);
+    cfg.heartbeat_ms.max(size as u64 * 1000 / per_s)
+}
+
+/// The beat of a member known only by SWIM: where it is, and nothing of
+/// its resources or whom it follows until it says so itself.
+fn placeholder(ident: &Ident) -> Beat {
+    Beat {
+        version: PROTOCOL_VERSION,
+        label: ident.label.clone(),
+        addrs: ident.addrs.clone(),
+        term: 0,
+        coordinator: None,
+        total: Resources::new(),
+        used: Resources::new(),
+        queued: 0,
+        running: 0,
+        backlog: 0,
+        prefetch: 0,
+        job: None,
+        ends_in_ms: None,
+        allocs: (0, 0),
+        ask: false,
+        interval_ms: 0,
+        victims: Vec::new(),
     }
 }

@@ -114,6 +114,9 @@ pub struct Peer {
     /// Allocation queues: this node's copy, and the coordinator's loop.
     allocs: Allocs,
     next_resend: Millis,
+    /// On the coordinator: the members with the most tasks queued, as
+    /// of the last look at the members, told to every worker it answers.
+    victims: Vec<Victim>,
     out: Out,
     /// The time of the latest input (for beats, which take none).
     clock: Millis,
@@ -139,12 +142,13 @@ impl Peer {
             holdings: Holdings::default(),
             allocs: Allocs::default(),
             next_resend: now + cfg.resend_ms,
+            victims: Vec::new(),
             out: Out::new(id),
             clock: now,
             node: Node {
                 id,
                 started_at: now,
-                members: Membership::new(now),
+                members: Membership::new(now, id, seed ^ id.0.rotate_left(17)),
                 election: Election::new(joining, now + cfg.join_wait_ms),
                 cfg,
             },
@@ -153,9 +157,46 @@ impl Peer {
 
     // ----- what the driver and status pages read -----
 
-    /// How this node is known on the network, gossiped in its beats.
-    pub fn set_address(&mut self, label: String, addrs: Vec<String>) {
-        self.node.members.set_address(label, addrs);
+    /// How this node is known on the network (in its membership packets
+    /// and beats), and which life of it this is: later than any before it
+    /// on this node (the wall clock at start does).
+    pub fn set_address(&mut self, now: Millis, label: String, addrs: Vec<String>, life: u64) {
+        self.woke(now);
+        self.node
+            .members
+            .set_address(now, label, addrs, life, &mut self.out);
+        self.pump(now);
+    }
+
+    /// A node to join the mesh through (an address the user gave, or a
+    /// peer this node knew before it restarted): this node announces
+    /// itself there and learns the members from it.
+    pub fn introduce(&mut self, now: Millis, id: NodeId, label: String, addrs: Vec<String>) {
+        self.woke(now);
+        self.node
+            .members
+            .introduce(now, id, label, addrs, &mut self.out);
+        self.member_changes(now);
+        self.pump(now);
+    }
+
+    /// A membership packet ([`Action::Swim`]) from another node.
+    pub fn handle_swim(&mut self, now: Millis, data: &[u8]) {
+        self.woke(now);
+        self.node.members.handle_swim(now, data, &mut self.out);
+        self.member_changes(now);
+        self.pump(now);
+    }
+
+    /// How a member is reached: its label and addresses, as set by its
+    /// driver (see [`Peer::set_address`]).
+    pub fn address_of(&self, id: NodeId) -> Option<(&str, &[String])> {
+        self.node.members.address_of(id)
+    }
+
+    /// How many members this node knows alive.
+    pub fn member_count(&self) -> usize {
+        self.node.members.len()
     }
 
     pub fn id(&self) -> NodeId {
@@ -195,6 +236,59 @@ impl Peer {
             job: self.worker.job().cloned(),
             ends_in_ms: self.worker.deadline().map(|d| d.saturating_sub(self.clock)),
             allocs: self.allocs.version(),
+            ask: false,
+            interval_ms: if self.coord.is_some() {
+                self.report_interval()
+            } else {
+                0
+            },
+            victims: if self.coord.is_some() {
+                self.victims.clone()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// How often the workers report to this coordinator in a mesh of this
+    /// size; as a worker, how often this node reports to its coordinator
+    /// (as the coordinator said; every heartbeat for the node that would
+    /// succeed it, so a dead coordinator is found fast at any size).
+    fn report_interval(&self) -> Millis {
+        let cfg = &self.node.cfg;
+        let mine = membership::report_interval(cfg, self.node.members.len() + 1);
+        match self.node.election.coordinator() {
+            Some(c) if c == self.node.id => mine,
+            Some(c) if self.successor(c) => cfg.heartbeat_ms,
+            Some(c) => self
+                .node
+                .members
+                .get(c)
+                .map_or(mine, |m| m.beat.interval_ms.max(cfg.heartbeat_ms)),
+            None => cfg.heartbeat_ms,
+        }
+    }
+
+    /// This node is the one elected should coordinator `c` die: the lowest
+    /// live node but `c`.
+    fn successor(&self, c: NodeId) -> bool {
+        self.node
+            .members
+            .lowest_but(c)
+            .is_none_or(|l| self.node.id < l)
+    }
+
+    /// Whose silence this node takes as a death, and after how long.
+    fn watch(&self) -> membership::Watch {
+        let cfg = &self.node.cfg;
+        let stretched = |interval: Millis| cfg.dead_after_ms.max(3 * interval);
+        match self.node.election.coordinator() {
+            Some(c) if c == self.node.id => membership::Watch::Direct(stretched(
+                membership::report_interval(cfg, self.node.members.len() + 1),
+            )),
+            Some(c) if self.successor(c) => membership::Watch::One(c, cfg.dead_after_ms),
+            Some(c) => membership::Watch::One(c, stretched(self.report_interval())),
+            None => membership::Watch::None,
         }
     }
 
@@ -273,6 +367,9 @@ impl Peer {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Millis> {
         let mut at = self.node.members.next_beat().min(self.next_resend);
+        if let Some(t) = self.node.members.next_timer() {
+            at = at.min(t);
+        }
         if let Some(t) = self.worker.next_timer() {
             at = at.min(t);
         }
@@ -556,12 +653,20 @@ impl Peer {
     pub fn handle_timeout(&mut self, now: Millis) {
         self.woke(now);
         self.worker.fire_timers(now, &mut self.out);
+        self.node.members.fire_timers(now, &mut self.out);
+        self.member_changes(now);
         if self.node.members.beat_due(now, self.node.cfg.heartbeat_ms) {
             // Stages that stopped running here stop counting.
             self.worker.update_depth(now, self.node.cfg.queue_max);
             self.check_members(now);
             self.elect(now);
-            self.send_beat();
+            if self.coord.is_some() {
+                self.victims = self.find_victims();
+            }
+            let interval = self.report_interval();
+            if self.node.members.report_due(now, interval) {
+                self.report();
+            }
             self.try_steal(now);
         }
         if now >= self.next_resend {
@@ -610,6 +715,10 @@ impl Peer {
     fn dispatch_msg(&mut self, now: Millis, from: NodeId, msg: Msg) {
         match msg {
             Msg::Beat(b) => self.on_beat(now, from, b),
+            Msg::Swim(data) => {
+                self.node.members.handle_swim(now, &data, &mut self.out);
+                self.member_changes(now);
+            }
             Msg::Alloc(cmd) => {
                 if self.coord.is_some() {
                     let term = self.node.election.term();
@@ -740,55 +849,141 @@ impl Peer {
             return;
         }
         let claims = b.coordinator == Some(from);
-        let term = b.term;
-        let queued = b.queued;
-        self.steal.note_queued(from, queued, b.prefetch as usize);
+        let (term, ask, follows) = (b.term, b.ask, b.coordinator);
         if let Some(c) = &mut self.coord {
             c.note_depth(from, b.prefetch);
         }
-        let fresh = self.node.members.heard(now, from, b);
-        if fresh {
-            self.out.emit(PeerEvent::MemberUp(from));
-            self.machines_changed();
-            if let Some(c) = &mut self.coord {
-                c.joined(from);
+        if claims && self.node.election.coordinator() == Some(from) {
+            // The coordinator's answer: whom to steal from.
+            self.steal.set_victims(self.node.id, &b.victims);
+        }
+        match self.node.members.heard(now, from, b) {
+            membership::Heard::New => self.member_up(now, from),
+            // Its resources, where it had only SWIM's word until now.
+            membership::Heard::Resized => {
+                self.machines_changed();
+                if let Some(c) = &mut self.coord {
+                    c.joined(from);
+                }
             }
-            // A farm held by too few nodes (a mesh of one until now) gets a copy there.
-            self.ensure_holders(now);
+            membership::Heard::Again => {}
         }
         let coordinating = self.coord.is_some();
         if let Some(term) = self.node.election.heard(from, claims, term, coordinating) {
             self.follow(now, term, from);
         }
-        if queued > 0 {
-            // Work appeared there: a dry node takes some now rather than at its next beat.
+        let mine = self.node.election.coordinator();
+        if ask && (self.coord.is_some() || follows != mine) {
+            // A worker's report, or a question from a node that follows
+            // another coordinator or none: answered with whom this one follows.
+            let beat = Arc::new(self.beat());
+            self.out.send(from, Msg::Beat(beat));
+        } else if mine.is_none() {
+            if let Some(c) = follows.filter(|&c| c != from && c != self.node.id) {
+                // It follows a coordinator this node does not know of: ask there.
+                self.ask(c);
+            }
+        }
+        if !self.steal.is_empty() {
+            // Work appeared somewhere: a dry node takes some now rather than at its next beat.
             self.try_steal(now);
         }
     }
 
-    /// Gossips this node's beat now.
-    fn send_beat(&mut self) {
-        let beat = self.beat();
-        self.node.members.advertise(beat.queued);
-        self.out.stats.messages += 1;
-        self.out.push(Action::Broadcast(Msg::Beat(Arc::new(beat))));
+    /// Members that came up since the last look (SWIM told, or a first
+    /// beat): every role hears of each.
+    fn member_changes(&mut self, now: Millis) {
+        for id in self.node.members.take_fresh() {
+            self.member_up(now, id);
+        }
+        self.check_members(now);
     }
 
-    /// A queue grown well past what the last beat said (work piled onto
-    /// this node) is gossiped at once, so dry nodes come for it within a
-    /// message's time instead of a heartbeat's. The queue must at least
-    /// double for another such beat, so there are few between two heartbeats.
+    fn member_up(&mut self, now: Millis, id: NodeId) {
+        self.out.emit(PeerEvent::MemberUp(id));
+        self.machines_changed();
+        if let Some(c) = &mut self.coord {
+            c.joined(id);
+            // Tell it whom to follow now rather than when SWIM's gossip
+            // brings it word of the coordinator.
+            let beat = Arc::new(self.beat());
+            self.out.send(id, Msg::Beat(beat));
+        }
+        // A farm held by too few nodes (a mesh of one until now) gets a copy there.
+        self.ensure_holders(now);
+    }
+
+    /// This node's beat, sent to `to` with a request for its beat back.
+    fn ask(&mut self, to: NodeId) {
+        let mut beat = self.beat();
+        beat.ask = true;
+        self.node.members.advertise(beat.queued);
+        self.out.send(to, Msg::Beat(Arc::new(beat)));
+    }
+
+    /// Reports to the coordinator; with none, asks the node that would be
+    /// elected whom it follows (the answer is how a joining node finds
+    /// the coordinator). The coordinator itself reports to nobody.
+    fn report(&mut self) {
+        let to = match self.node.election.coordinator() {
+            Some(c) if c == self.node.id => return,
+            Some(c) => c,
+            None => match self.node.members.lowest() {
+                Some(l) if l < self.node.id => l,
+                _ => return,
+            },
+        };
+        self.ask(to);
+    }
+
+    /// On the coordinator: the members with the most tasks queued (itself
+    /// included), largest first, for the workers to steal from.
+    fn find_victims(&self) -> Vec<Victim> {
+        const VICTIMS_MAX: usize = 8;
+        let me = Victim {
+            node: self.node.id,
+            queued: self.worker.queued() as u32,
+            prefetch: self.worker.depth(),
+        };
+        let mut v: Vec<Victim> = self
+            .node
+            .members
+            .iter()
+            .filter(|m| m.beat.queued > 0)
+            .map(|m| Victim {
+                node: m.id,
+                queued: m.beat.queued,
+                prefetch: m.beat.prefetch,
+            })
+            .chain((me.queued > 0).then_some(me))
+            .collect();
+        v.sort_by(|a, b| b.queued.cmp(&a.queued).then(a.node.cmp(&b.node)));
+        v.truncate(VICTIMS_MAX);
+        v
+    }
+
+    /// A queue grown well past what the last report said (work piled onto
+    /// this node) is reported at once, so the coordinator names it as a
+    /// victim within a message's time instead of a report's. The queue
+    /// must at least double for another such report.
     fn beat_if_piled_up(&mut self) {
         let spare = self.worker.depth() as usize;
         if self.worker.queued() > spare.max(2 * self.node.members.advertised() as usize) {
-            self.send_beat();
+            match self.node.election.coordinator() {
+                Some(c) if c != self.node.id => self.ask(c),
+                _ => {
+                    self.node.members.advertise(self.worker.queued() as u32);
+                    self.victims = self.find_victims();
+                }
+            }
         }
     }
 
     /// Members silent too long are dead: each in turn, with the others
     /// still alive, is forgotten by every role, and its claims re-queued.
     fn check_members(&mut self, now: Millis) {
-        let dead = self.node.members.expired(now, self.node.cfg.dead_after_ms);
+        let watch = self.watch();
+        let dead = self.node.members.expired(now, watch);
         let died = !dead.is_empty();
         for id in dead {
             self.node.members.remove(now, id);
@@ -828,15 +1023,17 @@ impl Peer {
             if let Some(old) = self.coord.take() {
                 old.hand_over(node, &mut self.out);
                 self.allocs.coordinating(None);
+                // Workers it declared dead for their silence to it alone
+                // (they may have followed the new coordinator first) are
+                // SWIM's to judge again.
+                self.node.members.unhide(now);
             }
         }
         self.out.emit(PeerEvent::Coordinator { term, node });
         if node != self.node.id {
-            // Introduce this node to the coordinator now rather than at the
-            // next heartbeat (a gossiped beat may not reach it at all): it
-            // hands work only to members it knows.
-            let beat = Arc::new(self.beat());
-            self.out.send(node, Msg::Beat(beat));
+            // Introduce this node to the coordinator now rather than at its
+            // next report: it hands work only to members it knows.
+            self.ask(node);
         }
         // Whatever the old coordinator knew, tell the new one.
         let holding = self.worker.holding();
@@ -862,9 +1059,17 @@ impl Peer {
         }
         self.coord = Some(c);
         self.allocs.coordinating(Some(now));
+        self.node.members.unwatch_all();
         self.coord_drain();
         self.ensure_holders(now);
         self.follow(now, term, self.node.id);
+        // Every member hears the claim at once (not from gossip), so the
+        // mesh changes over within a message's time at any size.
+        self.victims = self.find_victims();
+        let beat = Arc::new(self.beat());
+        for id in self.node.members.ids().collect::<Vec<_>>() {
+            self.out.send(id, Msg::Beat(beat.clone()));
+        }
     }
 
     fn alloc_tick(&mut self, now: Millis) {
@@ -994,6 +1199,24 @@ impl Peer {
         self.holdings.resend(now, &self.node, &mut self.out);
         if let Some(c) = &mut self.coord {
             c.resend_holders(now, &self.node, &mut self.out);
+        }
+        if self.coord.is_some() {
+            // Members that do not report here follow another coordinator
+            // (the other side of a healed partition) or none yet: the claim
+            // again, until they do.
+            let strays: Vec<NodeId> = self
+                .node
+                .members
+                .iter()
+                .filter(|m| !m.direct)
+                .map(|m| m.id)
+                .collect();
+            if !strays.is_empty() {
+                let beat = Arc::new(self.beat());
+                for id in strays {
+                    self.out.send(id, Msg::Beat(beat.clone()));
+                }
+            }
         }
         let Some(c) = leader.node else { return };
         let term = leader.term;

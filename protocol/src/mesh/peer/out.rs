@@ -18,6 +18,9 @@ use crate::observe::Latencies;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     pub messages: u64,
+    /// Membership packets sent, and their bytes.
+    pub swim_packets: u64,
+    pub swim_bytes: u64,
     pub steals_asked: u64,
     pub steals_won: u64,
     pub tasks_stolen: u64,

@@ -67,6 +67,21 @@ impl Stealing {
         }
     }
 
+    /// The coordinator's word on who has tasks queued: the victims from
+    /// now on (none but these), never this node itself.
+    pub(super) fn set_victims(&mut self, me: NodeId, victims: &[Victim]) {
+        self.loaded.clear();
+        self.overloaded.clear();
+        for v in victims.iter().filter(|v| v.node != me) {
+            self.note_queued(v.node, v.queued, v.prefetch as usize);
+        }
+    }
+
+    /// No member is known to have tasks queued.
+    pub(super) fn is_empty(&self) -> bool {
+        self.loaded.is_empty()
+    }
+
     /// `node` died: no steal waits on it, and it is no victim.
     pub(super) fn member_gone(&mut self, node: NodeId) {
         if let Some((_, victim, _)) = self.asked {
