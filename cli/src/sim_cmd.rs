@@ -40,12 +40,7 @@ pub struct SimArgs {
 pub fn sim(args: &SimArgs) -> Result<ExitCode> {
     let mut cfg = match &args.scenario {
         Some(p) => load_scenario(p).with_context(|| format!("scenario {}", p.display()))?,
-        None => {
-            let mut c = SimConfig::simple(1, 100, "cpu=4", 10_000, "zipf:1.2");
-            // Beats to every one of many members would dominate the run.
-            c.gossip_fanout = 8;
-            c
-        }
+        None => SimConfig::simple(1, 100, "cpu=4", 10_000, "zipf:1.2"),
     };
     if let Some(s) = args.seed {
         cfg.seed = s;

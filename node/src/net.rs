@@ -1,4 +1,4 @@
-//! The node's network layer: a libp2p swarm on TCP behind the mesh's pre-shared key, heartbeats by gossip, peer messages and data by request-response.
+//! The node's network layer: a libp2p swarm on TCP behind the mesh's pre-shared key, peer messages on streams, data by request-response.
 //!
 //! Everything here is plumbing the node loop drives: it builds the swarm,
 //! encodes what goes on the wire (postcard, see [`mesh_protocol::wire`]) and
@@ -18,23 +18,21 @@ use libp2p::core::muxing::StreamMuxerBox;
 use libp2p::core::transport::timeout::{TransportTimeout, TransportTimeoutError};
 use libp2p::core::transport::{Boxed, Transport};
 use libp2p::core::upgrade::Version;
-use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, MessageId, ValidationMode};
 use libp2p::identity::Keypair;
 use libp2p::pnet::{PnetConfig, PreSharedKey};
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::{DialError, NetworkBehaviour};
 use libp2p::{identify, noise, ping, tcp, yamux, Multiaddr, PeerId, StreamProtocol, Swarm};
-use mesh_protocol::mesh::Msg;
-use mesh_protocol::wire::{
-    Request, Response, GOSSIP_TOPIC, MESSAGE_MAX, PROTOCOL_VERSION, REQUEST_PROTOCOL,
-};
+use mesh_protocol::wire::{Request, Response, MESSAGE_MAX, PROTOCOL_VERSION, REQUEST_PROTOCOL};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use thiserror::Error;
 
-/// How long a connection with no open stream is kept; libp2p's default of 10 s drops peers in quiet moments and forces redials.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a connection with no open stream is kept. A node keeps only
+/// the connections it uses (its coordinator, and whoever it exchanges
+/// tasks or files with now; see `mesh_node/links.rs`): the rest close.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// For the TCP connection alone, so an unreachable address is told apart from a failed handshake.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,14 +40,11 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// another mesh key often never completes them, so this is also how long such
 /// a dial can take to fail.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// A heartbeat is a few hundred bytes; anything near this is a bug or an attack.
-pub const GOSSIP_MAX: usize = 1 << 20;
 
 #[derive(NetworkBehaviour)]
 pub struct Behaviour {
     pub identify: identify::Behaviour,
     pub ping: ping::Behaviour,
-    pub gossipsub: gossipsub::Behaviour,
     pub rr: request_response::Behaviour<Codec>,
     /// The streams of messages for peers' engines ([`PEER_PROTOCOL`]).
     pub peer_streams: libp2p_stream::Behaviour,
@@ -91,8 +86,8 @@ impl NetConfig {
 pub enum NetError {
     #[error("cannot set up the noise handshake: {0}")]
     Noise(#[from] noise::Error),
-    #[error("cannot set up gossip: {0}")]
-    Gossip(String),
+    #[error("cannot start mDNS: {0}")]
+    Mdns(String),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: Multiaddr,
@@ -100,25 +95,12 @@ pub enum NetError {
     },
 }
 
-/// Why a heartbeat was not published.
-#[derive(Debug, Error)]
-pub enum PublishError {
-    /// No peer has subscribed yet, as happens in the first moments after
-    /// connecting (or in a mesh of one): expected, skip this beat.
-    #[error("no peer is subscribed to the heartbeat topic yet")]
-    NoPeers,
-    #[error("cannot encode the message: {0}")]
-    Encode(#[from] postcard::Error),
-    #[error("cannot publish: {0}")]
-    Gossip(gossipsub::PublishError),
-}
-
 /// The libp2p protocol version string of this build; peers must match it exactly.
 pub fn protocol_version() -> String {
     format!("/mesh/{PROTOCOL_VERSION}")
 }
 
-/// Builds the swarm, subscribed to the heartbeat topic and listening on every `cfg.listen` address.
+/// Builds the swarm, listening on every `cfg.listen` address.
 pub fn build(cfg: NetConfig) -> Result<Swarm<Behaviour>, NetError> {
     let transport = transport(&cfg.identity, cfg.psk)?;
     let behaviour = behaviour(&cfg.identity, cfg.request_timeout, cfg.mdns)?;
@@ -193,39 +175,6 @@ fn behaviour(
         identify::Config::new(protocol_version(), identity.public())
             .with_agent_version(format!("mesh/{}", env!("CARGO_PKG_VERSION"))),
     );
-    let gossip_config = gossipsub::ConfigBuilder::default()
-        // A mesh is a handful of nodes; the defaults (6/5/12) assume many more.
-        // One outbound peer is enough: a node of a small mesh may have no more.
-        .mesh_n(4)
-        .mesh_n_low(2)
-        .mesh_n_high(8)
-        .mesh_outbound_min(1)
-        // Grafts a joining node within a fraction of a second rather than
-        // the default 1 s, so relayed beats reach it sooner.
-        .heartbeat_interval(Duration::from_millis(200))
-        .max_transmit_size(GOSSIP_MAX)
-        .validation_mode(ValidationMode::Strict)
-        // Copies relayed along different paths collapse to one. The source
-        // and sequence number are part of the id on purpose: two idle nodes
-        // (or one node twice) can send byte-identical beats, and those must
-        // not be dropped as duplicates, or an idle node would look dead.
-        .message_id_fn(|m: &gossipsub::Message| {
-            let mut h = blake3::Hasher::new();
-            if let Some(source) = &m.source {
-                h.update(&source.to_bytes());
-            }
-            h.update(&m.sequence_number.unwrap_or(0).to_be_bytes());
-            h.update(&m.data);
-            MessageId::from(h.finalize().as_bytes().to_vec())
-        })
-        .build()
-        .map_err(|e| NetError::Gossip(e.to_string()))?;
-    let mut gossipsub =
-        gossipsub::Behaviour::new(MessageAuthenticity::Signed(identity.clone()), gossip_config)
-            .map_err(|e| NetError::Gossip(e.to_string()))?;
-    gossipsub
-        .subscribe(&IdentTopic::new(GOSSIP_TOPIC))
-        .map_err(|e| NetError::Gossip(e.to_string()))?;
     let rr = request_response::Behaviour::new(
         [(StreamProtocol::new(REQUEST_PROTOCOL), ProtocolSupport::Full)],
         request_response::Config::default().with_request_timeout(request_timeout),
@@ -237,7 +186,7 @@ fn behaviour(
                 libp2p::mdns::Config::default(),
                 identity.public().to_peer_id(),
             )
-            .map_err(|e| NetError::Gossip(format!("cannot start mDNS: {e}")))?,
+            .map_err(|e| NetError::Mdns(e.to_string()))?,
         )
     } else {
         None
@@ -250,30 +199,10 @@ fn behaviour(
     Ok(Behaviour {
         identify,
         ping: ping::Behaviour::default(),
-        gossipsub,
         rr,
         peer_streams: libp2p_stream::Behaviour::new(),
         mdns,
     })
-}
-
-/// Publishes a message (a heartbeat) on the gossip topic.
-pub fn publish_beat(swarm: &mut Swarm<Behaviour>, msg: &Msg) -> Result<(), PublishError> {
-    let data = postcard::to_allocvec(msg)?;
-    match swarm
-        .behaviour_mut()
-        .gossipsub
-        .publish(IdentTopic::new(GOSSIP_TOPIC), data)
-    {
-        Ok(_) => Ok(()),
-        Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => Err(PublishError::NoPeers),
-        Err(e) => Err(PublishError::Gossip(e)),
-    }
-}
-
-/// A gossip payload as a message; None for anything malformed (a peer's bug, not ours to crash on).
-pub fn decode_gossip(data: &[u8]) -> Option<Msg> {
-    postcard::from_bytes(data).ok()
 }
 
 /// Whether a peer's identify protocol version is ours.
@@ -505,7 +434,7 @@ pub(crate) mod tests {
     use libp2p::request_response::{Codec as _, Event as RrEvent, Message as RrMessage};
     use libp2p::swarm::SwarmEvent;
     use mesh_protocol::farm::TaskRef;
-    use mesh_protocol::mesh::{Beat, FarmId, NodeId};
+    use mesh_protocol::mesh::{Beat, FarmId, Msg, NodeId, Victim};
     use mesh_protocol::resources::{Amount, Resources, CPU};
     use mesh_protocol::wire::PEER_PROTOCOL;
     use tokio::time::timeout;
@@ -673,7 +602,7 @@ pub(crate) mod tests {
     async fn frames_of_messages_cross_one_stream_in_order() {
         let p = linked_pair().await;
         let (a_id, b_id, mut a_control, mut incoming) = (p.a, p.b, p.a_control, p.b_incoming);
-        let frames: Vec<Vec<Msg>> = (0..3u64)
+        let mut frames: Vec<Vec<Msg>> = (0..3u64)
             .map(|i| {
                 (0..=i)
                     .map(|j| Msg::Stolen {
@@ -683,6 +612,33 @@ pub(crate) mod tests {
                     .collect()
             })
             .collect();
+        // A coordinator's answer to a report, every field set.
+        frames.push(vec![
+            Msg::Beat(Arc::new(Beat {
+                version: PROTOCOL_VERSION,
+                label: a_id.to_string(),
+                addrs: vec!["/ip4/127.0.0.1/tcp/4001".into()],
+                term: 3,
+                coordinator: Some(NodeId(11)),
+                total: resources(8),
+                used: resources(2),
+                queued: 4,
+                running: 2,
+                backlog: 100,
+                prefetch: 3,
+                job: Some("4242_1".into()),
+                ends_in_ms: Some(60_000),
+                allocs: (3, 7),
+                ask: false,
+                interval_ms: 750,
+                victims: vec![Victim {
+                    node: NodeId(12),
+                    queued: 40,
+                    prefetch: 2,
+                }],
+            })),
+            Msg::Swim(vec![1, 2, 3]),
+        ]);
         let got = timeout(WAIT, async {
             let mut out = a_control
                 .open_stream(b_id, StreamProtocol::new(PEER_PROTOCOL))
@@ -707,56 +663,6 @@ pub(crate) mod tests {
         .expect("no frames in time");
         p.swarms.abort();
         assert_eq!(got, frames);
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_published_beat_reaches_the_other_node() {
-        let (mut a, mut b) = (node(psk(2)), node(psk(2)));
-        let b_addr = listen_addr(&mut b).await;
-        a.dial(b_addr).unwrap();
-        let a_id = *a.local_peer_id();
-        let beat = Msg::Beat(Arc::new(Beat {
-            version: PROTOCOL_VERSION,
-            label: a_id.to_string(),
-            addrs: vec!["/ip4/127.0.0.1/tcp/4001".into()],
-            term: 3,
-            coordinator: Some(NodeId(11)),
-            total: resources(8),
-            used: resources(2),
-            queued: 4,
-            running: 2,
-            backlog: 100,
-            prefetch: 3,
-            job: Some("4242_1".into()),
-            ends_in_ms: Some(60_000),
-            allocs: (3, 7),
-        }));
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let mut early_refusals = 0;
-        let received = timeout(WAIT, async {
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => match publish_beat(&mut a, &beat) {
-                        Ok(()) => {}
-                        Err(PublishError::NoPeers) => early_refusals += 1,
-                        Err(e) => panic!("publish: {e}"),
-                    },
-                    _ = a.select_next_some() => {}
-                    ev = b.select_next_some() => {
-                        if let SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(
-                            gossipsub::Event::Message { message, .. },
-                        )) = ev {
-                            assert_eq!(message.source, Some(a_id));
-                            return decode_gossip(&message.data);
-                        }
-                    }
-                }
-            }
-        })
-        .await
-        .expect("no beat in time");
-        assert_eq!(received, Some(beat));
-        eprintln!("publishes refused for lack of peers first: {early_refusals}");
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -867,10 +773,5 @@ pub(crate) mod tests {
             "{err}"
         );
         assert!(err.contains("upgrade the older node"), "{err}");
-    }
-
-    #[test]
-    fn garbage_gossip_is_ignored() {
-        assert_eq!(decode_gossip(&[0xff, 0xff, 0xff]), None);
     }
 }

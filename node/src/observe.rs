@@ -116,6 +116,7 @@ impl Recorder {
             counters: self.counters,
             latency,
             runs,
+            beat: None,
         }
     }
 }

@@ -9,6 +9,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use mesh_protocol::engine::Counts;
+use mesh_protocol::mesh::Beat;
 use mesh_protocol::observe::{Counters, Latencies, LatencySummary, Observation};
 use mesh_protocol::resources::{Amount, Resources, MEM};
 use serde::{Deserialize, Serialize};
@@ -117,6 +118,23 @@ pub struct NodeView {
     pub drains_in_s: Option<u64>,
 }
 
+impl NodeView {
+    /// Its addresses, resources and load, as its beat says.
+    pub fn describe(&mut self, b: &Beat) {
+        self.addrs = b.addrs.clone();
+        self.resources = ResourceView {
+            total: b.total.to_string(),
+            used: b.used.to_string(),
+        };
+        self.queued = b.queued;
+        self.running = b.running;
+        self.prefetch = b.prefetch;
+        self.usage = ResourceUse::of(&b.total, &b.used);
+        self.job = b.job.clone();
+        self.drains_in_s = b.ends_in_ms.map(|ms| ms / 1000);
+    }
+}
+
 /// One resource of a node: in use and total, in its unit (bytes for `mem`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResourceUse {
@@ -187,6 +205,11 @@ impl Observed {
             v.mem_total = o.mem_total;
             v.counters = Some(o.counters);
             v.latency = own.summaries();
+            if let Some(b) = &o.beat {
+                // What the node says of itself is newer than what this
+                // node heard (nothing, unless it coordinates).
+                v.describe(b);
+            }
         }
         status.latency = all.summaries();
         Observed { status, nodes }

@@ -191,6 +191,9 @@ pub struct Observation {
     pub latency: LatencyData,
     /// Runs that changed after the asked-for point, oldest first.
     pub runs: Vec<RunRecord>,
+    /// The node's beat (its resources and load): only its coordinator
+    /// hears it otherwise.
+    pub beat: Option<Box<crate::mesh::Beat>>,
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 //! [`crate::mesh::Peer`] travel as frames of `Vec<Msg>` on one long-lived
 //! stream per pair of nodes and direction ([`PEER_PROTOCOL`]); requests
 //! ask a node for what it serves itself (a piece of a file, logs, what it
-//! knows of a farm). Heartbeats travel by gossip as
-//! [`crate::mesh::Msg::Beat`].
+//! knows of a farm). Membership packets travel on UDP beside them,
+//! sealed with the mesh key, as [`crate::mesh::Action::Swim`] says.
 
 use serde::{Deserialize, Serialize};
 
@@ -14,12 +14,11 @@ use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId};
 use crate::observe::Observation;
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
-pub const REQUEST_PROTOCOL: &str = "/mesh/req/7";
+pub const REQUEST_PROTOCOL: &str = "/mesh/req/8";
 /// The stream that carries messages for a peer's engine, in order.
-pub const PEER_PROTOCOL: &str = "/mesh/peer/7";
-pub const GOSSIP_TOPIC: &str = "mesh/beat/5";
+pub const PEER_PROTOCOL: &str = "/mesh/peer/8";
 /// No single request, response or frame of messages may be larger.
 pub const MESSAGE_MAX: usize = 64 << 20;
 /// Files move in pieces of at most this many bytes.

@@ -85,6 +85,7 @@ fn fixture(nodes: usize, runs: u64, tasks: u64, failures: usize) -> Fixed {
                 mem_used: Some(1 << 30),
                 mem_total: Some(8 << 30),
                 latency: lat.export(),
+                beat: None,
                 runs: (0..runs)
                     .map(|s| RunRecord {
                         seq: s + 1,

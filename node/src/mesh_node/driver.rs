@@ -9,7 +9,7 @@ use std::time::Instant;
 use futures::StreamExt;
 use libp2p::{Multiaddr, StreamProtocol};
 use mesh_protocol::engine::{KillReason, TaskResult};
-use mesh_protocol::mesh::{Action, Fetched, Peer, PeerEvent};
+use mesh_protocol::mesh::{Action, Fetched, Msg, Peer, PeerEvent};
 use mesh_protocol::resources::GPU;
 use mesh_protocol::wire::{Response, PEER_PROTOCOL};
 use mesh_store::mesh::NODE_KEY;
@@ -24,13 +24,14 @@ use super::links::{accept_links, Links};
 use super::source::MeshSource;
 use super::staging::NO_SUCH_FILE;
 use super::swarm::{KnownPeers, Outbound, META_PEERS};
+use super::swim;
 use super::views::Origin;
 use super::{Cmd, Node, NodeError, NodeOptions};
 use crate::batch;
 use crate::control::{socket_path, ControlResponse};
 use crate::dash::{self, dashboard_line};
 use crate::keys;
-use crate::net::{self, NetConfig, PublishError};
+use crate::net::{self, NetConfig};
 use crate::observe::Recorder;
 use crate::task_words::describe_end;
 use crate::{at_ms, grace_end, io_err, sleep_until_opt, stop_signals};
@@ -53,6 +54,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         .map_err(io_err(format!("cannot create {}", opts.state.display())))?;
     let psk = keys::load_psk(&opts.key)?;
     let dash_key = psk.to_string();
+    let swim_cipher = swim::cipher(&psk);
     let identity = keys::load_or_create_identity(&opts.state)?;
     let local = identity.public().to_peer_id();
     let me = keys::node_id(&local);
@@ -118,6 +120,9 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         peers: HashMap::new(),
         dialing: HashSet::new(),
         labels: HashMap::new(),
+        swim: None,
+        swim_cipher,
+        life: crate::state::unix_ms(),
         outbound: Outbound::default(),
         links: Links::new(streams),
         tx: tx.clone(),
@@ -316,9 +321,15 @@ impl Node {
         match a {
             Action::Persist(_) => unreachable!("persists are written before acting"),
             Action::Send { to, msg } => self.send_msg(to, msg),
-            Action::Broadcast(msg) => match net::publish_beat(&mut self.swarm, &msg) {
-                Ok(()) | Err(PublishError::NoPeers) => {}
-                Err(e) => tracing::debug!("beat not published: {e}"),
+            Action::Swim { to, data } => match (&mut self.swim, swim::udp_target(&to.addrs)) {
+                (Some(s), Some(addr)) => s.send(addr, &data),
+                // No socket (this node does not listen yet) or no address
+                // with a port: on a connection, if there is one.
+                _ => {
+                    if self.peers.contains_key(&to.id) {
+                        self.send_msg(to.id, Msg::Swim(data));
+                    }
+                }
             },
             Action::Start { task, grant } => self.start(task, grant),
             Action::Kill { task, reason } => {
@@ -485,9 +496,13 @@ impl Node {
                 self.peer.inputs_ready(now, farm, r.is_ok());
             }
             Cmd::Found(r, asked) => self.answer(*r, asked),
+            Cmd::Swim(data) => {
+                let now = self.now();
+                self.peer.handle_swim(now, &data);
+            }
             Cmd::Redial => {
                 self.redial_pending = false;
-                if self.peers.is_empty() {
+                if self.peer.member_count() == 0 {
                     for addr in self.join_addrs.clone() {
                         let _ = self.swarm.dial(addr);
                     }

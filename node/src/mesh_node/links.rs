@@ -62,6 +62,10 @@ const LINK_OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
     net::CONNECT_TIMEOUT.as_secs() + net::HANDSHAKE_TIMEOUT.as_secs(),
 );
 const LINK_WRITE_TIMEOUT: std::time::Duration = net::DEFAULT_REQUEST_TIMEOUT;
+/// A stream with nothing to write for this long is closed, so that a
+/// connection nobody uses goes idle and closes (`net::DEFAULT_IDLE_TIMEOUT`):
+/// a node keeps connections only to those it talks to now.
+const LINK_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
 /// At most this many messages in one frame.
 const LINK_BATCH: usize = 4096;
 
@@ -79,7 +83,17 @@ async fn link(
 ) {
     let mut stream: Option<libp2p::Stream> = None;
     let mut frames: VecDeque<Vec<Msg>> = VecDeque::new();
-    while let Some(first) = rx.recv().await {
+    loop {
+        let first = match tokio::time::timeout(LINK_IDLE, rx.recv()).await {
+            Ok(Some(m)) => m,
+            Ok(None) => return,
+            Err(_) => {
+                if let Some(mut s) = stream.take() {
+                    let _ = futures::AsyncWriteExt::close(&mut s).await;
+                }
+                continue;
+            }
+        };
         let mut batch = vec![first];
         while batch.len() < LINK_BATCH {
             match rx.try_recv() {

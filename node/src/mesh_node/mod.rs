@@ -16,6 +16,7 @@ mod queries;
 mod source;
 mod staging;
 mod swarm;
+mod swim;
 mod task;
 mod views;
 
@@ -107,6 +108,8 @@ enum Cmd {
     InputsFetched(FarmId, Result<(), String>),
     /// Time to dial the peer of `mesh join` again.
     Redial,
+    /// A membership packet, opened (see `swim.rs`).
+    Swim(Vec<u8>),
     /// The coordinator's answer about a farm this node does not hold.
     Found(Box<Result<FoundFarm, String>>, Asked),
     Launched(Assigned, Live),
@@ -138,6 +141,12 @@ struct Node {
     dialing: HashSet<PeerId>,
     /// Peer ids by node, remembered from beats so a node that is gone still has a name.
     labels: HashMap<NodeId, String>,
+    /// Membership packets: the socket, once this node listens, and their key.
+    swim: Option<swim::SwimSocket>,
+    swim_cipher: chacha20poly1305::XChaCha20Poly1305,
+    /// Which life of this node this is (the wall clock at start): later
+    /// than any before, so the mesh tells a restart from a late packet.
+    life: u64,
     /// Requests to other nodes waiting for their answers.
     outbound: Outbound,
     /// This node's streams to other nodes' engines.

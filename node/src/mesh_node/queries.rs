@@ -13,7 +13,7 @@ use super::swarm::request;
 use super::views::FAILURES_SHOWN;
 use super::{farm_display_id, Cmd, Node};
 use crate::control::ControlResponse;
-use crate::view::{FarmView, MeshStatus, NodeView, Observed, ResourceUse, ResourceView};
+use crate::view::{FarmView, MeshStatus, NodeView, Observed};
 
 /// How long `mesh status` and the dashboard wait for a node to say how it
 /// is: one that does not answer in time is shown without it.
@@ -158,22 +158,15 @@ impl Node {
     fn status(&self) -> MeshStatus {
         let coordinator = self.peer.coordinator();
         // Every node, this one included, as its beat describes it.
-        let view = |id: String, node: NodeId, b: &Beat, local: bool| NodeView {
-            id,
-            addrs: b.addrs.clone(),
-            resources: ResourceView {
-                total: b.total.to_string(),
-                used: b.used.to_string(),
-            },
-            queued: b.queued,
-            running: b.running,
-            prefetch: b.prefetch,
-            coordinator: coordinator == Some(node),
-            local,
-            usage: ResourceUse::of(&b.total, &b.used),
-            job: b.job.clone(),
-            drains_in_s: b.ends_in_ms.map(|ms| ms / 1000),
-            ..NodeView::default()
+        let view = |id: String, node: NodeId, b: &Beat, local: bool| {
+            let mut v = NodeView {
+                id,
+                coordinator: coordinator == Some(node),
+                local,
+                ..NodeView::default()
+            };
+            v.describe(b);
+            v
         };
         let own = self.peer.beat();
         let mut nodes = vec![view(
@@ -215,6 +208,7 @@ impl Node {
             .recorder
             .observation(since, latency, crate::state::unix_ms());
         o.counters = counters;
+        o.beat = Some(Box::new(self.peer.beat()));
         o
     }
 

@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use libp2p::gossipsub;
 use libp2p::identify;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
@@ -17,7 +16,7 @@ use mesh_store::{Store, Write};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Cmd, Node, NodeError, NodeOptions};
+use super::{swim, Cmd, Node, NodeError, NodeOptions};
 use crate::keys;
 use crate::net::{self, BehaviourEvent};
 
@@ -51,13 +50,28 @@ impl Node {
             SwarmEvent::NewListenAddr { address, .. } => {
                 let id = *self.swarm.local_peer_id();
                 self.say(&format!("mesh node {id} listening on {address}"));
+                self.bind_swim(&address, opts);
                 self.listen_addrs.push(address);
                 self.update_address();
             }
-            SwarmEvent::ConnectionEstablished { peer_id, .. } => {
+            SwarmEvent::ConnectionEstablished {
+                peer_id, endpoint, ..
+            } => {
                 self.dialing.remove(&peer_id);
-                self.peers.insert(keys::node_id(&peer_id), peer_id);
+                let node = keys::node_id(&peer_id);
+                self.peers.insert(node, peer_id);
                 *joined = true;
+                if endpoint.is_dialer() && self.peer.address_of(node).is_none() {
+                    // A node this one dialled to join (an address the user
+                    // gave, a peer it knew): membership announces itself there.
+                    let mut addr = endpoint.get_remote_address().clone();
+                    if !matches!(addr.iter().last(), Some(Protocol::P2p(_))) {
+                        addr.push(Protocol::P2p(peer_id));
+                    }
+                    let now = self.now();
+                    self.peer
+                        .introduce(now, node, peer_id.to_string(), vec![addr.to_string()]);
+                }
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
@@ -107,29 +121,6 @@ impl Node {
                     }
                 }
             }
-            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {
-                message,
-                ..
-            })) => {
-                let Some(source) = message.source else {
-                    return Ok(());
-                };
-                if let Some(msg @ Msg::Beat(_)) = net::decode_gossip(&message.data) {
-                    let from = keys::node_id(&source);
-                    if let Msg::Beat(b) = &msg {
-                        self.maybe_dial(source, &b.addrs);
-                        self.labels
-                            .entry(from)
-                            .or_insert_with(|| source.to_string());
-                        if b.addrs.iter().any(|a| !self.known.0.contains(a)) {
-                            // A member moved (restarted elsewhere): keep where it is now.
-                            self.remember_peers();
-                        }
-                    }
-                    let now = self.now();
-                    self.peer.handle_message(now, from, msg);
-                }
-            }
             SwarmEvent::Behaviour(BehaviourEvent::Rr(ev)) => self.on_rr(ev),
             // Messages to peers no longer have answers to time; the
             // connection's own pings say what a round trip costs.
@@ -158,23 +149,6 @@ impl Node {
         Ok(())
     }
 
-    /// Gossip reaches this node through others: connect to its author directly.
-    fn maybe_dial(&mut self, peer: PeerId, addrs: &[String]) {
-        if self.swarm.is_connected(&peer) || self.dialing.contains(&peer) {
-            return;
-        }
-        let addrs: Vec<Multiaddr> = addrs.iter().filter_map(|a| a.parse().ok()).collect();
-        if addrs.is_empty() {
-            return;
-        }
-        let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
-            .addresses(addrs)
-            .build();
-        if self.swarm.dial(opts).is_ok() {
-            self.dialing.insert(peer);
-        }
-    }
-
     fn update_address(&mut self) {
         let id = *self.swarm.local_peer_id();
         let addrs: Vec<String> = self
@@ -187,11 +161,48 @@ impl Node {
             })
             .map(|a| a.clone().with(Protocol::P2p(id)).to_string())
             .collect();
-        self.peer.set_address(id.to_string(), addrs);
+        let now = self.now();
+        self.peer.set_address(now, id.to_string(), addrs, self.life);
     }
 
-    /// Dials the known peers this node is not connected to.
+    /// Membership packets are taken on the UDP port of the same number as
+    /// the first TCP port this node listens on (so a member's address says
+    /// both), on the IP it was asked to listen on.
+    fn bind_swim(&mut self, address: &Multiaddr, opts: &NodeOptions) {
+        if self.swim.is_some() {
+            return;
+        }
+        let Some(at) = swim::udp_target(&[address.to_string()]) else {
+            return;
+        };
+        let ip = opts
+            .listen
+            .iter()
+            .find_map(|a| swim::udp_target(&[a.to_string()]))
+            .map_or(at.ip(), |l| l.ip());
+        let bind = std::net::SocketAddr::new(ip, at.port());
+        let seed = format!("{} {} {}", self.me, self.life, std::process::id());
+        match swim::SwimSocket::bind(
+            bind,
+            self.swim_cipher.clone(),
+            seed.as_bytes(),
+            self.tx.clone(),
+        ) {
+            Ok(s) => self.swim = Some(s),
+            Err(e) => self.say(&format!(
+                "cannot take membership packets on UDP {bind}: {e}; \
+                 members reach this node only over its connections"
+            )),
+        }
+    }
+
+    /// Dials the known peers this node is not connected to, while it knows
+    /// no member (after a restart, or cut off): once it is in the mesh,
+    /// membership finds the rest.
     pub(super) fn redial_known(&mut self) {
+        if self.peer.member_count() > 0 {
+            return;
+        }
         for addr in &self.known.0 {
             let Ok(a) = addr.parse::<Multiaddr>() else {
                 continue;
@@ -243,6 +254,8 @@ impl Node {
         self.peers
             .get(&n)
             .map(|p| p.to_string())
+            .or_else(|| self.peer.address_of(n).map(|(l, _)| l.to_owned()))
+            .filter(|l| !l.is_empty())
             .or_else(|| self.labels.get(&n).cloned())
             .unwrap_or_else(|| n.to_string())
     }
@@ -253,9 +266,9 @@ impl Node {
         req: Request,
         reply: Option<oneshot::Sender<Result<Response, String>>>,
     ) {
-        let Some(pid) = self.peers.get(&to).copied() else {
+        let Some(pid) = self.peers.get(&to).copied().or_else(|| self.dial_member(to)) else {
             if let Some(r) = reply {
-                let _ = r.send(Err(format!("node {to} is not connected")));
+                let _ = r.send(Err(format!("node {to} is not a member this node knows")));
             }
             return;
         };
@@ -267,11 +280,37 @@ impl Node {
     /// A message for a peer's engine, on this node's stream to it: what a
     /// step has for one peer goes as one frame.
     pub(super) fn send_msg(&mut self, to: NodeId, msg: Msg) {
-        let Some(pid) = self.peers.get(&to).copied() else {
-            return;
+        let pid = match self.peers.get(&to).copied() {
+            Some(pid) => pid,
+            None => match self.dial_member(to) {
+                Some(pid) => pid,
+                None => return,
+            },
         };
         self.recorder.counters.messages_sent += 1;
         self.links.send(to, pid, msg);
+    }
+
+    /// Connects to a member this node has no connection to, at the
+    /// addresses membership knows for it; its peer id, when it has one.
+    /// Messages for it wait in its link until the connection is up.
+    fn dial_member(&mut self, to: NodeId) -> Option<PeerId> {
+        let (label, addrs) = self.peer.address_of(to)?;
+        let pid: PeerId = label.parse().ok()?;
+        let addrs: Vec<Multiaddr> = addrs.iter().filter_map(|a| a.parse().ok()).collect();
+        if addrs.is_empty() {
+            return None;
+        }
+        self.labels.entry(to).or_insert_with(|| pid.to_string());
+        if !self.swarm.is_connected(&pid) && !self.dialing.contains(&pid) {
+            let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(pid)
+                .addresses(addrs)
+                .build();
+            if self.swarm.dial(opts).is_ok() {
+                self.dialing.insert(pid);
+            }
+        }
+        Some(pid)
     }
 
     fn sent(&mut self, id: OutboundRequestId) {

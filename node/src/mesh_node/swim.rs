@@ -1,0 +1,162 @@
+//! Membership packets on UDP, sealed with a key derived from mesh.key: a node without the key can neither read nor forge them.
+//!
+//! SWIM sends a few small packets a second to members chosen at random,
+//! so a connection per member (libp2p's handshakes, a socket each) would
+//! cost more than the packets; memberlist, Serf and Consul use UDP for the
+//! same reason. A packet is sealed with XChaCha20-Poly1305 under a key
+//! derived from the mesh's pre-shared key, and goes to the member's UDP
+//! port, the same number as its TCP port. A packet that is lost is lost:
+//! the protocol expects it.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use chacha20poly1305::aead::{Aead, KeyInit};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use libp2p::multiaddr::Protocol;
+use libp2p::pnet::PreSharedKey;
+use libp2p::Multiaddr;
+use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
+
+use super::Cmd;
+
+/// Larger than any packet SWIM makes (1,400 bytes) with its seal.
+const PACKET_MAX: usize = 2048;
+const NONCE_LEN: usize = 24;
+
+/// This node's UDP socket for membership, and the key packets are sealed with.
+pub(super) struct SwimSocket {
+    sock: Arc<UdpSocket>,
+    cipher: XChaCha20Poly1305,
+    /// Nonces: a prefix of this node's own and a counter, never repeated
+    /// under the key (the prefix differs between nodes and restarts).
+    prefix: [u8; 16],
+    sent: u64,
+}
+
+/// The key of membership packets: derived, so mesh.key itself is never used twice.
+pub(super) fn cipher(psk: &PreSharedKey) -> XChaCha20Poly1305 {
+    let key = blake3::derive_key("mesh 2026 membership packets", psk.to_string().as_bytes());
+    XChaCha20Poly1305::new(&key.into())
+}
+
+impl SwimSocket {
+    /// Binds `ip`'s UDP port `port` (the node's TCP port) and starts
+    /// handing what arrives, opened, to the node loop.
+    pub(super) fn bind(
+        addr: SocketAddr,
+        cipher: XChaCha20Poly1305,
+        seed: &[u8],
+        tx: mpsc::UnboundedSender<Cmd>,
+    ) -> io::Result<SwimSocket> {
+        let std_sock = std::net::UdpSocket::bind(addr)?;
+        std_sock.set_nonblocking(true)?;
+        let sock = Arc::new(UdpSocket::from_std(std_sock)?);
+        let mut prefix = [0u8; 16];
+        prefix.copy_from_slice(&blake3::hash(seed).as_bytes()[..16]);
+        tokio::spawn(receive(sock.clone(), cipher.clone(), tx));
+        Ok(SwimSocket {
+            sock,
+            cipher,
+            prefix,
+            sent: 0,
+        })
+    }
+
+    /// Seals and sends one packet; one that cannot go now is dropped.
+    pub(super) fn send(&mut self, to: SocketAddr, data: &[u8]) {
+        self.sent += 1;
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce[..16].copy_from_slice(&self.prefix);
+        nonce[16..].copy_from_slice(&self.sent.to_be_bytes());
+        let Ok(sealed) = self.cipher.encrypt(XNonce::from_slice(&nonce), data) else {
+            return;
+        };
+        let mut packet = Vec::with_capacity(NONCE_LEN + sealed.len());
+        packet.extend_from_slice(&nonce);
+        packet.extend_from_slice(&sealed);
+        if let Err(e) = self.sock.try_send_to(&packet, to) {
+            tracing::debug!(%to, "membership packet dropped: {e}");
+        }
+    }
+}
+
+/// Opens what arrives and hands it to the loop; anything that does not
+/// open under the key (another mesh, noise) is dropped unread.
+async fn receive(sock: Arc<UdpSocket>, cipher: XChaCha20Poly1305, tx: mpsc::UnboundedSender<Cmd>) {
+    let mut buf = vec![0u8; PACKET_MAX];
+    loop {
+        let n = match sock.recv_from(&mut buf).await {
+            Ok((n, _)) => n,
+            // A refused send of ours (ICMP) surfaces here on some systems.
+            Err(_) => continue,
+        };
+        if n <= NONCE_LEN {
+            continue;
+        }
+        let (nonce, sealed) = buf[..n].split_at(NONCE_LEN);
+        if let Ok(data) = cipher.decrypt(XNonce::from_slice(nonce), sealed) {
+            if tx.send(Cmd::Swim(data)).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Where a member takes membership packets: the UDP port of the first of
+/// its addresses that names an IP and a TCP port.
+pub(super) fn udp_target(addrs: &[String]) -> Option<SocketAddr> {
+    addrs.iter().find_map(|a| {
+        let a: Multiaddr = a.parse().ok()?;
+        let mut ip = None;
+        let mut port = None;
+        for p in a.iter() {
+            match p {
+                Protocol::Ip4(v4) => ip = Some(std::net::IpAddr::V4(v4)),
+                Protocol::Ip6(v6) => ip = Some(std::net::IpAddr::V6(v6)),
+                Protocol::Tcp(p) => port = Some(p),
+                _ => {}
+            }
+        }
+        Some(SocketAddr::new(ip?, port?))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_udp_port_is_the_tcp_port_of_the_first_usable_address() {
+        let addrs = vec![
+            "/dns4/example.org/tcp/7".to_string(),
+            "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWAbc".to_string(),
+        ];
+        assert_eq!(udp_target(&addrs), Some("127.0.0.1:4001".parse().unwrap()));
+        assert_eq!(udp_target(&["not an address".to_string()]), None);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_packet_opens_only_under_the_same_mesh_key() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let key = PreSharedKey::new([7; 32]);
+        let b = SwimSocket::bind(any, cipher(&key), b"b", tx).unwrap();
+        let to = b.sock.local_addr().unwrap();
+        let (tx2, _rx2) = mpsc::unbounded_channel();
+        let mut a = SwimSocket::bind(any, cipher(&key), b"a", tx2.clone()).unwrap();
+        let mut other =
+            SwimSocket::bind(any, cipher(&PreSharedKey::new([8; 32])), b"c", tx2).unwrap();
+        other.send(to, b"forged");
+        a.send(to, b"hello");
+        let got = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a packet in time");
+        match got {
+            Some(Cmd::Swim(data)) => assert_eq!(data, b"hello"),
+            _ => panic!("expected the sealed packet"),
+        }
+    }
+}
