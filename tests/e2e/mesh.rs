@@ -648,8 +648,11 @@ fn a_partition_that_heals_merges_both_sides_and_reports_duplicates() {
     let flags = ["--dead-after-ms", "1500"];
     let c = Cluster::start_placed(&sb, &["cpu=2"; 4], &flags, &places);
     let runs = sb.path().join("runs.log");
-    let n = 120;
-    sb.write("farm.toml", &counted_farm(n, "0.2", &runs));
+    // Long enough to outlast the split: a side learns that a node across
+    // the cut is gone from membership's probes (a few seconds), not only
+    // when its coordinator falls silent.
+    let n = 240;
+    sb.write("farm.toml", &counted_farm(n, "0.3", &runs));
     let id = submit_going(&c, 3, "farm.toml", "out", 10);
     net.cut();
     // Each side notices the other is gone, and both keep working.

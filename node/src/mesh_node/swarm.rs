@@ -266,7 +266,12 @@ impl Node {
         req: Request,
         reply: Option<oneshot::Sender<Result<Response, String>>>,
     ) {
-        let Some(pid) = self.peers.get(&to).copied().or_else(|| self.dial_member(to)) else {
+        let Some(pid) = self
+            .peers
+            .get(&to)
+            .copied()
+            .or_else(|| self.dial_member(to))
+        else {
             if let Some(r) = reply {
                 let _ = r.send(Err(format!("node {to} is not a member this node knows")));
             }

@@ -86,6 +86,7 @@ pub(super) struct Membership {
     timer_seq: u64,
     /// The mesh size SWIM's timeouts were last tuned for.
     tuned_for: usize,
+    dead_after_ms: Millis,
     members: BTreeMap<NodeId, Member>,
     /// Members declared dead, and since when (the home waits for those
     /// that keep its outputs).
@@ -107,21 +108,33 @@ pub(super) struct Membership {
 }
 
 /// SWIM's timing: a probe a second, a direct answer expected within 400 ms,
-/// three members asked to probe on this node's behalf, and a suspicion
-/// that lasts longer as the mesh grows (a refutation needs to reach more
-/// members). Tuned again as the mesh doubles.
-fn swim_config(size: usize) -> foca::Config {
+/// three members asked to probe on this node's behalf, and a suspicion of
+/// `dead_after_ms` (what users set for a death) or, as the mesh grows and a
+/// refutation needs to reach more members, `3 log10(N)` periods. Tuned
+/// again as the mesh doubles.
+fn swim_config(size: usize, dead_after_ms: Millis) -> foca::Config {
     let n = NonZeroU32::new(size.max(4) as u32).expect("at least 4");
     let mut c = foca::Config::new_lan(n);
     c.probe_rtt = Duration::from_millis(400);
+    let periods = 3.0 * f64::from(n.get()).log10();
+    c.suspect_to_down_after = Duration::from_millis(dead_after_ms).max(Duration::from_secs_f64(
+        periods * c.probe_period.as_secs_f64(),
+    ));
     // Large membership updates would be cut to fit: the addresses are
     // text, so a packet holds a few members.
     c.max_packet_size = NonZeroUsize::new(1400).expect("non-zero");
+    // Two sides of a healed partition have declared each other down and
+    // probe only their own: an announce to a down member every few
+    // seconds (not foca's 65 s) is what finds the other side again.
+    c.periodic_announce_to_down_members = Some(foca::PeriodicParams {
+        frequency: Duration::from_secs(3),
+        num_members: NonZeroUsize::new(2).expect("non-zero"),
+    });
     c
 }
 
 impl Membership {
-    pub(super) fn new(now: Millis, me: NodeId, seed: u64) -> Membership {
+    pub(super) fn new(now: Millis, me: NodeId, seed: u64, dead_after_ms: Millis) -> Membership {
         let ident = Ident {
             id: me,
             life: 0,
@@ -132,7 +145,7 @@ impl Membership {
             me,
             swim: Foca::new(
                 ident,
-                swim_config(4),
+                swim_config(4, dead_after_ms),
                 SmallRng::seed_from_u64(seed),
                 PostcardCodec,
             ),
@@ -140,6 +153,7 @@ impl Membership {
             timers: BTreeMap::new(),
             timer_seq: 0,
             tuned_for: 4,
+            dead_after_ms,
             members: BTreeMap::new(),
             gone: FxHashMap::default(),
             down: Vec::new(),
@@ -270,7 +284,11 @@ impl Membership {
                     }
                 }
                 OwnedNotification::MemberDown(ident) => {
-                    if self.hidden.get(&ident.id).is_some_and(|h| h.life <= ident.life) {
+                    if self
+                        .hidden
+                        .get(&ident.id)
+                        .is_some_and(|h| h.life <= ident.life)
+                    {
                         self.hidden.remove(&ident.id);
                     }
                     let newer = self
@@ -319,7 +337,7 @@ impl Membership {
             self.tuned_for = n.max(4);
             // Only refuses changes of the probe period and rtt, which
             // swim_config keeps the same at every size.
-            let _ = self.swim.set_config(swim_config(n));
+            let _ = self.swim.set_config(swim_config(n, self.dead_after_ms));
         }
     }
 

@@ -148,7 +148,7 @@ impl Peer {
             node: Node {
                 id,
                 started_at: now,
-                members: Membership::new(now, id, seed ^ id.0.rotate_left(17)),
+                members: Membership::new(now, id, seed ^ id.0.rotate_left(17), cfg.dead_after_ms),
                 election: Election::new(joining, now + cfg.join_wait_ms),
                 cfg,
             },
