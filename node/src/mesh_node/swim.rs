@@ -28,9 +28,9 @@ const NONCE_LEN: usize = 24;
 
 /// This node's UDP socket for membership, and the key packets are sealed with.
 pub(super) struct SwimSocket {
-    sock: Arc<UdpSocket>,
-    /// The same socket for sending: a datagram goes out at once (or is
-    /// dropped), with no wait for the reactor to have seen it writable.
+    /// The socket for sending (the receiving task has its tokio twin): a
+    /// datagram goes out at once (or is dropped), with no wait for the
+    /// reactor to have seen it writable.
     out: std::net::UdpSocket,
     cipher: XChaCha20Poly1305,
     /// Nonces: a prefix of this node's own and a counter, never repeated
@@ -60,9 +60,8 @@ impl SwimSocket {
         let sock = Arc::new(UdpSocket::from_std(std_sock)?);
         let mut prefix = [0u8; 16];
         prefix.copy_from_slice(&blake3::hash(seed).as_bytes()[..16]);
-        tokio::spawn(receive(sock.clone(), cipher.clone(), tx));
+        tokio::spawn(receive(sock, cipher.clone(), tx));
         Ok(SwimSocket {
-            sock,
             out,
             cipher,
             prefix,
@@ -149,7 +148,7 @@ mod tests {
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let key = PreSharedKey::new([7; 32]);
         let b = SwimSocket::bind(any, cipher(&key), b"b", tx).unwrap();
-        let to = b.sock.local_addr().unwrap();
+        let to = b.out.local_addr().unwrap();
         let (tx2, _rx2) = mpsc::unbounded_channel();
         let mut a = SwimSocket::bind(any, cipher(&key), b"a", tx2.clone()).unwrap();
         let mut other =

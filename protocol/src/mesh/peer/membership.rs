@@ -313,20 +313,23 @@ impl Membership {
             Some(m) => m.ident = Some(ident),
             None => {
                 let id = ident.id;
-                self.gone.remove(&id);
-                self.members.insert(
+                self.admit(Member {
                     id,
-                    Member {
-                        id,
-                        beat: Arc::new(placeholder(&ident)),
-                        last_seen: now,
-                        direct: false,
-                        ident: Some(ident),
-                    },
-                );
+                    beat: Arc::new(placeholder(&ident)),
+                    last_seen: now,
+                    direct: false,
+                    ident: Some(ident),
+                });
                 self.fresh.push(id);
             }
         }
+    }
+
+    /// A member that was not one: no longer counted as gone, nor hidden.
+    fn admit(&mut self, m: Member) {
+        self.gone.remove(&m.id);
+        self.hidden.remove(&m.id);
+        self.members.insert(m.id, m);
     }
 
     /// Suspicion lasts longer, and updates are told more times, as the mesh
@@ -394,18 +397,14 @@ impl Membership {
                 }
             }
             None => {
-                self.gone.remove(&from);
-                let ident = self.hidden.remove(&from);
-                self.members.insert(
-                    from,
-                    Member {
-                        id: from,
-                        beat,
-                        last_seen: now,
-                        direct: true,
-                        ident,
-                    },
-                );
+                let ident = self.hidden.get(&from).cloned();
+                self.admit(Member {
+                    id: from,
+                    beat,
+                    last_seen: now,
+                    direct: true,
+                    ident,
+                });
                 Heard::New
             }
         }

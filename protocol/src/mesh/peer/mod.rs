@@ -283,9 +283,9 @@ impl Peer {
         let cfg = &self.node.cfg;
         let stretched = |interval: Millis| cfg.dead_after_ms.max(3 * interval);
         match self.node.election.coordinator() {
-            Some(c) if c == self.node.id => membership::Watch::Direct(stretched(
-                membership::report_interval(cfg, self.node.members.len() + 1),
-            )),
+            Some(c) if c == self.node.id => {
+                membership::Watch::Direct(stretched(self.report_interval()))
+            }
             Some(c) if self.successor(c) => membership::Watch::One(c, cfg.dead_after_ms),
             Some(c) => membership::Watch::One(c, stretched(self.report_interval())),
             None => membership::Watch::None,
@@ -876,8 +876,7 @@ impl Peer {
         if ask && (self.coord.is_some() || follows != mine) {
             // A worker's report, or a question from a node that follows
             // another coordinator or none: answered with whom this one follows.
-            let beat = Arc::new(self.beat());
-            self.out.send(from, Msg::Beat(beat));
+            self.tell([from]);
         } else if mine.is_none() {
             if let Some(c) = follows.filter(|&c| c != from && c != self.node.id) {
                 // It follows a coordinator this node does not know of: ask there.
@@ -906,11 +905,19 @@ impl Peer {
             c.joined(id);
             // Tell it whom to follow now rather than when SWIM's gossip
             // brings it word of the coordinator.
-            let beat = Arc::new(self.beat());
-            self.out.send(id, Msg::Beat(beat));
+            self.tell([id]);
         }
         // A farm held by too few nodes (a mesh of one until now) gets a copy there.
         self.ensure_holders(now);
+    }
+
+    /// This node's beat (as coordinator, its claim, backlog and victims),
+    /// sent to each of `to`, asking for nothing back.
+    fn tell(&mut self, to: impl IntoIterator<Item = NodeId>) {
+        let beat = Arc::new(self.beat());
+        for id in to {
+            self.out.send(id, Msg::Beat(beat.clone()));
+        }
     }
 
     /// This node's beat, sent to `to` with a request for its beat back.
@@ -1066,10 +1073,8 @@ impl Peer {
         // Every member hears the claim at once (not from gossip), so the
         // mesh changes over within a message's time at any size.
         self.victims = self.find_victims();
-        let beat = Arc::new(self.beat());
-        for id in self.node.members.ids().collect::<Vec<_>>() {
-            self.out.send(id, Msg::Beat(beat.clone()));
-        }
+        let all: Vec<NodeId> = self.node.members.ids().collect();
+        self.tell(all);
     }
 
     fn alloc_tick(&mut self, now: Millis) {
@@ -1212,10 +1217,7 @@ impl Peer {
                 .map(|m| m.id)
                 .collect();
             if !strays.is_empty() {
-                let beat = Arc::new(self.beat());
-                for id in strays {
-                    self.out.send(id, Msg::Beat(beat.clone()));
-                }
+                self.tell(strays);
             }
         }
         let Some(c) = leader.node else { return };
