@@ -278,11 +278,14 @@ impl Membership {
         while let Some(n) = self.rt.to_notify() {
             match n {
                 OwnedNotification::MemberUp(ident) => self.swim_up(now, ident),
-                OwnedNotification::Rename(_, ident) => {
-                    if let Some(m) = self.members.get_mut(&ident.id) {
-                        m.ident = Some(Arc::new(ident));
-                    }
-                }
+                OwnedNotification::Rename(_, ident) => match self.members.get_mut(&ident.id) {
+                    Some(m) => m.ident = Some(Arc::new(ident)),
+                    // A new life of a member declared dead here for its
+                    // silence: it restarted, and SWIM, which never saw it
+                    // down, says only this (no MemberUp).
+                    None if self.hidden.contains_key(&ident.id) => self.swim_up(now, ident),
+                    None => {}
+                },
                 OwnedNotification::MemberDown(ident) => {
                     if self
                         .hidden
@@ -569,5 +572,65 @@ fn placeholder(ident: &Ident) -> Beat {
         ask: false,
         interval_ms: 0,
         victims: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: u64, life: u64) -> (Membership, Out) {
+        let mut out = Out::new(NodeId(id));
+        let mut m = Membership::new(0, NodeId(id), id, 2000);
+        m.set_address(0, format!("n{id}"), Vec::new(), life, &mut out);
+        (m, out)
+    }
+
+    /// Delivers every packet waiting in any `out` until none is left, and
+    /// fires the timers due by `now`.
+    fn settle(now: Millis, nodes: &mut [&mut (Membership, Out)]) {
+        for _ in 0..100 {
+            let mut packets = Vec::new();
+            for (m, out) in nodes.iter_mut() {
+                m.fire_timers(now, out);
+                while let Some(a) = out.actions.pop_front() {
+                    if let Action::Swim { to, data } = a {
+                        packets.push((to.id, data));
+                    }
+                }
+            }
+            if packets.is_empty() {
+                return;
+            }
+            for (to, data) in packets {
+                if let Some((m, out)) = nodes.iter_mut().find(|(m, _)| m.me == to) {
+                    m.handle_swim(now, &data, out);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_member_declared_dead_for_its_silence_is_back_when_it_restarts() {
+        let (mut a, mut b) = (node(1, 10), node(2, 10));
+        b.0.introduce(0, NodeId(1), "n1".into(), Vec::new(), &mut b.1);
+        settle(0, &mut [&mut a, &mut b]);
+        assert!(a.0.contains(NodeId(2)) && b.0.contains(NodeId(1)));
+        assert_eq!(a.0.take_fresh(), vec![NodeId(2)]);
+        // A watches B (B reported to it), and B falls silent: dead here,
+        // while SWIM still has it alive.
+        let beat = a.0.get(NodeId(2)).unwrap().beat.clone();
+        a.0.heard(0, NodeId(2), beat);
+        let dead = a.0.expired(5000, Watch::Direct(2000));
+        assert_eq!(dead, vec![NodeId(2)]);
+        a.0.remove(5000, NodeId(2));
+        assert!(!a.0.contains(NodeId(2)));
+        // B restarts as its next life and rejoins through A.
+        let mut b = node(2, 20);
+        b.0.introduce(5000, NodeId(1), "n1".into(), Vec::new(), &mut b.1);
+        settle(5000, &mut [&mut a, &mut b]);
+        assert!(a.0.contains(NodeId(2)), "the restarted member is back");
+        assert_eq!(a.0.take_fresh(), vec![NodeId(2)]);
+        assert_eq!(a.0.gone_since(NodeId(2)), None);
     }
 }
