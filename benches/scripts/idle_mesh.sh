@@ -32,7 +32,7 @@ ticks() { local t=0; for p in "${pids[@]}"; do read -r -a f < "/proc/$p/stat"; t
 hz=$(getconf CLK_TCK)
 t0=$(ticks); sleep "$secs"; t1=$(ticks)
 rss=0; for p in "${pids[@]}"; do rss=$((rss + $(awk '/VmRSS/ {print $2}' "/proc/$p/status"))); done
-conns=$(ss -tnH state established 2>/dev/null | awk '$4 ~ /127.0.0.1/ && $5 ~ /127.0.0.1/' | wc -l)
+conns=$(ss -tnH state established 2>/dev/null | awk '$3 ~ /127.0.0.1/ && $4 ~ /127.0.0.1/' | wc -l)
 gone=$(cat "$dir"/n*.log | grep -c "is gone" || true)
 python3 - <<PY
 n=$n; cpu=($t1-$t0)/$hz*1000/$secs/n
