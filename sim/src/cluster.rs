@@ -41,7 +41,7 @@ mod batch;
 
 use crate::dist::{parse_durations, Dist};
 use crate::queue::Calendar;
-use crate::report::{Execution, SimReport, Timeline};
+use crate::report::{Execution, SimReport, Timeline, Traffic};
 use crate::scenario::SimConfig;
 use crate::SimError;
 
@@ -578,6 +578,12 @@ struct Sim<'a> {
     makespan: Millis,
     busy_cpu_ms: f64,
     messages: u64,
+    /// Every message, by kind, with its size on the wire.
+    traffic: Traffic,
+    /// `traffic` when the farm was submitted (what joining and idling
+    /// cost), and when it finished.
+    traffic_before: Traffic,
+    traffic_end: Option<(Millis, Traffic)>,
     lost: u64,
     events: u64,
     finished: bool,
@@ -637,6 +643,9 @@ impl<'a> Sim<'a> {
             makespan: 0,
             busy_cpu_ms: 0.0,
             messages: 0,
+            traffic: Traffic::default(),
+            traffic_before: Traffic::default(),
+            traffic_end: None,
             lost: 0,
             events: 0,
             finished: false,
@@ -821,6 +830,7 @@ impl<'a> Sim<'a> {
                     return Ok(());
                 }
                 self.submitted_at = now;
+                self.traffic_before = self.traffic;
                 self.step(n, |p| p.submit(now, spec))
             }
             Ev::Crash(n) => {
@@ -1204,6 +1214,7 @@ impl<'a> Sim<'a> {
             }
         }
         self.finished = true;
+        self.traffic_end = Some((self.now, self.traffic));
         Ok(())
     }
 
@@ -1218,6 +1229,7 @@ impl<'a> Sim<'a> {
 
     fn deliver(&mut self, from: usize, to: usize, msg: Msg) {
         self.messages += 1;
+        self.traffic.count(&msg);
         if let Some(t) = self.trace {
             let tasks: Vec<Assigned> = match &msg {
                 Msg::Assign { tasks, .. }
@@ -1439,6 +1451,17 @@ impl<'a> Sim<'a> {
             steals_asked: stats.steals_asked,
             tasks_stolen: stats.tasks_stolen,
             messages: self.messages,
+            traffic_idle: Traffic {
+                span_ms: start,
+                ..self.traffic_before
+            },
+            traffic_farm: {
+                let (end, t) = self.traffic_end.unwrap_or((self.now, self.traffic));
+                Traffic {
+                    span_ms: end.saturating_sub(start),
+                    ..t.minus(&self.traffic_before)
+                }
+            },
             messages_lost: self.lost,
             duplicates: self.duplicates,
             executions: self.executions,

@@ -20,7 +20,7 @@ pub mod scenario;
 
 pub use cluster::run;
 pub use dist::{parse_durations, Dist, DistError};
-pub use report::{SimReport, Timeline};
+pub use report::{SimReport, Timeline, Traffic};
 pub use scenario::{load_scenario, parse_scenario, NodeGroup, SimConfig};
 
 /// Why a simulated run did not produce a report.

@@ -38,6 +38,13 @@ pub struct SimReport {
     pub tasks_stolen: u64,
     /// Messages handed to the network (a beat counts once per receiver).
     pub messages: u64,
+    /// Messages from the first node's start to the submission (joining,
+    /// then idle), and from the submission until the coordinator finished
+    /// the farm (every task done and every output home).
+    #[serde(default)]
+    pub traffic_idle: Traffic,
+    #[serde(default)]
+    pub traffic_farm: Traffic,
     pub messages_lost: u64,
     /// Executions that ran to completion beyond one per task.
     pub duplicates: u64,
@@ -65,6 +72,58 @@ pub struct SimReport {
     pub timeline: Timeline,
     /// For the picture: a sample of executions.
     pub sample: Vec<Execution>,
+}
+
+/// Messages handed to the network over a span of virtual time, with their
+/// size as the real node encodes them (postcard), and how many of them were
+/// membership (SWIM) packets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Traffic {
+    pub messages: u64,
+    pub bytes: u64,
+    pub swim_messages: u64,
+    pub swim_bytes: u64,
+    pub span_ms: u64,
+}
+
+impl Traffic {
+    pub fn count(&mut self, msg: &mesh_protocol::mesh::Msg) {
+        let size = postcard::serialize_with_flavor(msg, postcard::ser_flavors::Size::default())
+            .unwrap_or(0) as u64;
+        self.messages += 1;
+        self.bytes += size;
+        if matches!(msg, mesh_protocol::mesh::Msg::Swim(_)) {
+            self.swim_messages += 1;
+            self.swim_bytes += size;
+        }
+    }
+
+    /// What was counted since `earlier` (span not set).
+    pub fn minus(&self, earlier: &Traffic) -> Traffic {
+        Traffic {
+            messages: self.messages - earlier.messages,
+            bytes: self.bytes - earlier.bytes,
+            swim_messages: self.swim_messages - earlier.swim_messages,
+            swim_bytes: self.swim_bytes - earlier.swim_bytes,
+            span_ms: 0,
+        }
+    }
+
+    /// `count` per node per virtual second of the span.
+    pub fn per_node_per_s(&self, count: u64, nodes: usize) -> f64 {
+        count as f64 / nodes.max(1) as f64 / (self.span_ms.max(1) as f64 / 1000.0)
+    }
+
+    fn describe(&self, nodes: usize) -> String {
+        format!(
+            "{:.1} messages, {:.0} bytes; of them membership {:.1}, {:.0} bytes (over {} ms)",
+            self.per_node_per_s(self.messages, nodes),
+            self.per_node_per_s(self.bytes, nodes),
+            self.per_node_per_s(self.swim_messages, nodes),
+            self.per_node_per_s(self.swim_bytes, nodes),
+            self.span_ms
+        )
+    }
 }
 
 /// What the allocation queues did in a run.
@@ -267,7 +326,9 @@ impl SimReport {
             "seed {}\nmakespan {} ms\nlower bound {} ms\nratio {:.3}\n\
              greedy without latency {} ms (ratio {:.3}; mesh / greedy {:.3})\n\
              longest first, knowing durations {} ms (ratio {:.3})\nutilization {:.1}%\n\
-             steals {} ({} tasks, {} asked)\nmessages {} ({} lost)\nduplicates {}\n\
+             steals {} ({} tasks, {} asked)\nmessages {} ({} lost)\n\
+             per node per s before the farm: {}\nper node per s during the farm: {}\n\
+             duplicates {}\n\
              tasks {} done, {} failed, {} executions\nprefetch depth {}\n\
              events {} ({:.0}/s)\n",
             self.seed,
@@ -285,6 +346,8 @@ impl SimReport {
             self.steals_asked,
             self.messages,
             self.messages_lost,
+            self.traffic_idle.describe(self.nodes),
+            self.traffic_farm.describe(self.nodes),
             self.duplicates,
             self.tasks_done,
             self.tasks_failed,

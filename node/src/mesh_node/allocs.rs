@@ -90,7 +90,7 @@ impl Node {
         };
         let join = pick(&beat.addrs)
             .into_iter()
-            .chain(self.peer.members().filter_map(|m| pick(&m.beat.addrs)))
+            .chain(self.peer.members().filter_map(|m| pick(m.addrs())))
             .take(JOIN_ADDRS)
             .collect::<Vec<_>>()
             .join(",");

@@ -130,6 +130,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         origins: HashMap::new(),
         book: MeshState::default(),
         known,
+        known_stale: false,
         join_retry_s: 1,
         join_addrs: opts.join.clone(),
         redial_pending: false,
@@ -232,6 +233,9 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
                 node.peer.handle_timeout(now);
             }
             _ = redial.tick() => {
+                if std::mem::take(&mut node.known_stale) {
+                    node.remember_peers();
+                }
                 node.redial_known();
                 node.answer_alloc_waits();
             }
@@ -369,7 +373,13 @@ impl Node {
             PeerEvent::MemberUp(n) => {
                 let label = self.label_of(n);
                 self.say(&format!("mesh node {label} joined"));
-                self.remember_peers();
+                // The first peer is written at once: a node stopped right
+                // after joining still finds its mesh when it starts again.
+                if self.known.0.is_empty() {
+                    self.remember_peers();
+                } else {
+                    self.known_stale = true;
+                }
             }
             PeerEvent::MemberDown(n) => {
                 // Its writer goes with its stream; a node that comes back

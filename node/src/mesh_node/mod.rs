@@ -157,6 +157,10 @@ struct Node {
     /// How the peer's persists map to the store.
     book: MeshState,
     known: KnownPeers,
+    /// Members came up since the known peers were last written: they are
+    /// written with the next redial tick, not once per member (a mesh of N
+    /// forming would write N lists of N addresses on every node).
+    known_stale: bool,
     /// How long `mesh join` waits before dialling its peer again, and the peer.
     join_retry_s: u64,
     join_addrs: Vec<Multiaddr>,

@@ -77,7 +77,7 @@ impl Node {
     pub(super) fn labels_now(&self) -> HashMap<NodeId, String> {
         self.peer
             .members()
-            .map(|m| (m.id, m.beat.label.clone()))
+            .map(|m| (m.id, m.label().to_string()))
             .chain([(self.me, self.swarm.local_peer_id().to_string())])
             .collect()
     }
@@ -178,7 +178,7 @@ impl Node {
         nodes.extend(
             self.peer
                 .members()
-                .map(|m| view(m.beat.label.clone(), m.id, &m.beat, false)),
+                .map(|m| view(m.label().to_string(), m.id, m.beat(), false)),
         );
         let mut farms: Vec<FarmView> = self.origins.values().map(|o| o.view.clone()).collect();
         farms.sort_by(|a, b| a.id.cmp(&b.id));
@@ -234,7 +234,7 @@ impl Node {
         let others: Vec<(String, NodeId, u64)> = self
             .peer
             .members()
-            .map(|m| (m.beat.label.clone(), m.id, after(&m.beat.label)))
+            .map(|m| (m.label().to_string(), m.id, after(m.label())))
             .collect();
         let tx = self.tx.clone();
         tokio::spawn(async move {

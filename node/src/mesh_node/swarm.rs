@@ -227,7 +227,7 @@ impl Node {
         let mut addrs: Vec<String> = self
             .peer
             .members()
-            .flat_map(|m| m.beat.addrs.iter().cloned())
+            .flat_map(|m| m.addrs().iter().cloned())
             .collect();
         addrs.sort();
         addrs.dedup();

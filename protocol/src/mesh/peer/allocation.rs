@@ -31,7 +31,7 @@ pub(super) fn tick(
     let mut activity: Vec<(String, bool)> = members
         .iter()
         .filter_map(|m| {
-            let b = &m.beat;
+            let b = m.beat();
             b.job.clone().map(|j| (j, b.running + b.queued > 0))
         })
         .collect();
@@ -112,14 +112,14 @@ pub(super) fn resend(
     let to: Vec<NodeId> = if coordinating {
         members
             .iter()
-            .filter(|m| m.beat.allocs < v)
+            .filter(|m| m.beat().allocs < v)
             .map(|m| m.id)
             .collect()
     } else {
         leader
             .node
             .and_then(|c| members.get(c))
-            .filter(|m| m.beat.allocs < v)
+            .filter(|m| m.beat().allocs < v)
             .map(|m| m.id)
             .into_iter()
             .collect()
@@ -135,7 +135,7 @@ pub(super) fn resend(
 /// come for the work, so it is not failed as unplaceable).
 pub(super) fn machines(allocs: &Allocs, own: &Resources, members: &Membership) -> Vec<Resources> {
     std::iter::once(own.clone())
-        .chain(members.iter().map(|m| m.beat.total.clone()))
+        .chain(members.iter().map(|m| m.beat().total.clone()))
         .chain(
             allocs
                 .book()

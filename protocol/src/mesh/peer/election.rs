@@ -142,14 +142,14 @@ impl Election {
         }
         let lowest = members.lowest().unwrap_or(me);
         if let Some(m) = members.get(lowest) {
-            if lowest < me && m.beat.coordinator == Some(lowest) {
+            if lowest < me && m.beat().coordinator == Some(lowest) {
                 // The node that would be elected already coordinates, in a
                 // lower term than this node last knew (that term's
                 // coordinator died, and nodes restarted since count from
                 // the start): it waits for no election, so follow it. A
                 // higher term coming back still wins.
                 return Some(Vote::Follow {
-                    term: m.beat.term,
+                    term: m.beat().term,
                     node: lowest,
                 });
             }

@@ -20,7 +20,7 @@
 //! the members that came up since it last asked (`take_fresh`).
 
 use std::collections::BTreeMap;
-use std::num::{NonZeroU32, NonZeroUsize};
+use std::num::{NonZeroU32, NonZeroU8, NonZeroUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,15 +64,42 @@ impl Identity for Ident {
 #[derive(Clone, Debug)]
 pub struct Member {
     pub id: NodeId,
-    /// Its last beat to this node; for a member known only by SWIM, one
-    /// with its address and nothing else (no resources, following no one).
-    pub beat: Arc<Beat>,
+    /// Its last beat to this node; none for a member known only by SWIM
+    /// (a worker hears only its coordinator's beats, so this is most
+    /// members: a placeholder each would cost a mesh of N nodes N² of them).
+    beat: Option<Arc<Beat>>,
     pub last_seen: Millis,
     /// It sent this node a beat since this node last started watching
     /// (becoming coordinator): its silence is a death.
     pub(super) direct: bool,
     /// How SWIM knows it, when it does.
     pub(super) ident: Option<Arc<Ident>>,
+}
+
+impl Member {
+    /// Its last beat to this node, or, for a member known only by SWIM, an
+    /// empty one: no resources, following no one.
+    pub fn beat(&self) -> &Beat {
+        self.beat.as_deref().unwrap_or(&NO_BEAT)
+    }
+
+    /// How it is known on the network (its peer id), as SWIM or its beat says.
+    pub fn label(&self) -> &str {
+        self.address().0
+    }
+
+    /// Where to reach it, as SWIM or its beat says.
+    pub fn addrs(&self) -> &[String] {
+        self.address().1
+    }
+
+    fn address(&self) -> (&str, &[String]) {
+        match (&self.ident, &self.beat) {
+            (Some(i), _) => (&i.label, &i.addrs),
+            (None, Some(b)) => (&b.label, &b.addrs),
+            (None, None) => ("", &[]),
+        }
+    }
 }
 
 type Swim = Foca<Ident, PostcardCodec, SmallRng, NoCustomBroadcast>;
@@ -126,6 +153,19 @@ fn swim_config(size: usize, dead_after_ms: Millis) -> foca::Config {
     // Two sides of a healed partition have declared each other down and
     // probe only their own: an announce to a down member every few
     // seconds (not foca's 65 s) is what finds the other side again.
+    // A mesh forms from nodes that all join at once (a batch system starts
+    // them together): each join is told more than foca's 4 log10(N+1)
+    // times, which a node that knows only a few members yet computes far
+    // too low, and a node asks a random member for a sample of the
+    // members every 10 s (foca's 30 s), which is what brings in those the
+    // epidemic missed.
+    c.max_transmissions = c
+        .max_transmissions
+        .max(NonZeroU8::new(8).expect("non-zero"));
+    c.periodic_announce = Some(foca::PeriodicParams {
+        frequency: Duration::from_secs(10),
+        num_members: NonZeroUsize::new(1).expect("non-zero"),
+    });
     c.periodic_announce_to_down_members = Some(foca::PeriodicParams {
         frequency: Duration::from_secs(3),
         num_members: NonZeroUsize::new(2).expect("non-zero"),
@@ -196,11 +236,7 @@ impl Membership {
 
     /// How a member is reached, as SWIM or its beat says.
     pub(super) fn address_of(&self, id: NodeId) -> Option<(&str, &[String])> {
-        let m = self.members.get(&id)?;
-        match &m.ident {
-            Some(i) => Some((&i.label, &i.addrs)),
-            None => Some((&m.beat.label, &m.beat.addrs)),
-        }
+        self.members.get(&id).map(Member::address)
     }
 
     // ----- SWIM -----
@@ -318,7 +354,7 @@ impl Membership {
                 let id = ident.id;
                 self.admit(Member {
                     id,
-                    beat: Arc::new(placeholder(&ident)),
+                    beat: None,
                     last_seen: now,
                     direct: false,
                     ident: Some(ident),
@@ -389,8 +425,8 @@ impl Membership {
     pub(super) fn heard(&mut self, now: Millis, from: NodeId, beat: Arc<Beat>) -> Heard {
         match self.members.get_mut(&from) {
             Some(m) => {
-                let resized = m.beat.total != beat.total;
-                m.beat = beat;
+                let resized = m.beat().total != beat.total;
+                m.beat = Some(beat);
                 m.last_seen = now;
                 m.direct = true;
                 if resized {
@@ -403,7 +439,7 @@ impl Membership {
                 let ident = self.hidden.get(&from).cloned();
                 self.admit(Member {
                     id: from,
-                    beat,
+                    beat: Some(beat),
                     last_seen: now,
                     direct: true,
                     ident,
@@ -551,29 +587,27 @@ pub(super) fn report_interval(cfg: &Config, size: usize) -> Millis {
     cfg.heartbeat_ms.max(size as u64 * 1000 / per_s)
 }
 
-/// The beat of a member known only by SWIM: where it is, and nothing of
-/// its resources or whom it follows until it says so itself.
-fn placeholder(ident: &Ident) -> Beat {
-    Beat {
-        version: PROTOCOL_VERSION,
-        label: ident.label.clone(),
-        addrs: ident.addrs.clone(),
-        term: 0,
-        coordinator: None,
-        total: Resources::new(),
-        used: Resources::new(),
-        queued: 0,
-        running: 0,
-        backlog: 0,
-        prefetch: 0,
-        job: None,
-        ends_in_ms: None,
-        allocs: (0, 0),
-        ask: false,
-        interval_ms: 0,
-        victims: Vec::new(),
-    }
-}
+/// The beat of a member known only by SWIM: nothing of its resources or
+/// whom it follows until it says so itself.
+static NO_BEAT: Beat = Beat {
+    version: PROTOCOL_VERSION,
+    label: String::new(),
+    addrs: Vec::new(),
+    term: 0,
+    coordinator: None,
+    total: Resources::EMPTY,
+    used: Resources::EMPTY,
+    queued: 0,
+    running: 0,
+    backlog: 0,
+    prefetch: 0,
+    job: None,
+    ends_in_ms: None,
+    allocs: (0, 0),
+    ask: false,
+    interval_ms: 0,
+    victims: Vec::new(),
+};
 
 #[cfg(test)]
 mod tests {
@@ -619,7 +653,7 @@ mod tests {
         assert_eq!(a.0.take_fresh(), vec![NodeId(2)]);
         // A watches B (B reported to it), and B falls silent: dead here,
         // while SWIM still has it alive.
-        let beat = a.0.get(NodeId(2)).unwrap().beat.clone();
+        let beat = Arc::new(a.0.get(NodeId(2)).unwrap().beat().clone());
         a.0.heard(0, NodeId(2), beat);
         let dead = a.0.expired(5000, Watch::Direct(2000));
         assert_eq!(dead, vec![NodeId(2)]);

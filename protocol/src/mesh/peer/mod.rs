@@ -264,7 +264,7 @@ impl Peer {
                 .node
                 .members
                 .get(c)
-                .map_or(mine, |m| m.beat.interval_ms.max(cfg.heartbeat_ms)),
+                .map_or(mine, |m| m.beat().interval_ms.max(cfg.heartbeat_ms)),
             None => cfg.heartbeat_ms,
         }
     }
@@ -956,11 +956,11 @@ impl Peer {
             .node
             .members
             .iter()
-            .filter(|m| m.beat.queued > 0)
+            .filter(|m| m.beat().queued > 0)
             .map(|m| Victim {
                 node: m.id,
-                queued: m.beat.queued,
-                prefetch: m.beat.prefetch,
+                queued: m.beat().queued,
+                prefetch: m.beat().prefetch,
             })
             .chain((me.queued > 0).then_some(me))
             .collect();
@@ -1283,7 +1283,7 @@ impl Peer {
             (&self.coord, &self.node.members, self.node.election.leader());
         let backlog = || match (coord, leader.node) {
             (Some(c), _) => c.backlog(),
-            (None, Some(c)) => members.get(c).map_or(0, |m| m.beat.backlog),
+            (None, Some(c)) => members.get(c).map_or(0, |m| m.beat().backlog),
             (None, None) => 0,
         };
         self.steal.try_steal(

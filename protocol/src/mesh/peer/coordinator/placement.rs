@@ -60,7 +60,7 @@ impl Coord {
                 self.depth
                     .get(&node)
                     .copied()
-                    .unwrap_or_else(|| member.map_or(1, |m| m.beat.prefetch))
+                    .unwrap_or_else(|| member.map_or(1, |m| m.beat().prefetch))
             };
             // Borrowed field by field, so the coordinator's state can change
             // meanwhile without cloning the node's resources. A node that
@@ -70,9 +70,9 @@ impl Coord {
                 (Some(me.total), me.deadline)
             } else {
                 (
-                    member.map(|m| &m.beat.total),
+                    member.map(|m| &m.beat().total),
                     member.and_then(|m| {
-                        m.beat
+                        m.beat()
                             .ends_in_ms
                             .map(|left| m.last_seen.saturating_add(left))
                     }),
