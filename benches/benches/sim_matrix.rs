@@ -3,7 +3,7 @@
 //! 100 nodes x 100,000 tasks and 1,000 nodes x 1,000,000 tasks (knobs
 //! `MESH_BENCH_MATRIX_SMALL` and `MESH_BENCH_MATRIX_LARGE`, nodes; tasks are
 //! a thousand per node), at the command line's defaults (latency 1-3 ms,
-//! gossip to 8, every peer checked after every step), for each duration
+//! membership by SWIM, every peer checked after every step), for each duration
 //! law `uniform:1..5`, `exp:10`, `zipf:1.2,50`, `zipf:1.2` and
 //! `bimodal:10,500,0.1`, on homogeneous nodes (`cpu=4`) and on a mixed
 //! mesh (80% `cpu=4,mem=16GiB`, 15% `cpu=16,mem=64GiB`, 5%

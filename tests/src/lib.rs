@@ -449,6 +449,34 @@ impl Cluster {
         c
     }
 
+    /// Starts `n` nodes of `resources`, the first with `mesh node` and the
+    /// others joining it, all launched at once as a batch system starts
+    /// them; returns once every node has said it sees every other (its
+    /// `joined` lines, see [`sees`]): asking each node's status would be N²
+    /// requests on a big mesh.
+    pub fn start_many(sandbox: &Sandbox, n: usize, resources: &str, extra: &[&str]) -> Cluster {
+        let mut c = Cluster::start_in(sandbox, &[resources], extra, &[], Vec::new());
+        let first = c.root.join("n0");
+        let addr = c.nodes[0].address();
+        for i in 1..n {
+            let state = c.root.join(format!("n{i}"));
+            fs::create_dir_all(&state).expect("mkdir");
+            let key = state.join("mesh.key");
+            fs::copy(first.join("mesh.key"), &key).expect("copy key");
+            fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).expect("chmod");
+            c.places.push((None, "/ip4/127.0.0.1/tcp/0".into()));
+            c.add(&state, Some(&addr), resources, extra);
+        }
+        let ok = wait_until(Duration::from_secs(180), || {
+            c.nodes.iter().all(|nd| sees(&nd.lines()) >= n - 1)
+        });
+        let behind: Vec<usize> = (0..n)
+            .filter(|&i| sees(&c.nodes[i].lines()) < n - 1)
+            .collect();
+        assert!(ok, "nodes {behind:?} do not see all {n} after 180 s");
+        c
+    }
+
     /// Starts one more node with this state folder.
     pub fn add(&mut self, state: &Path, join: Option<&str>, resources: &str, extra: &[&str]) {
         let cmd = match join {
@@ -543,6 +571,36 @@ impl Cluster {
             .spawn()
             .expect("start mesh");
         Background { child: Some(child) }.wait()
+    }
+}
+
+/// How many other nodes a node's output says it sees now: those it said
+/// `mesh node … joined` of, less those it said are gone since.
+pub fn sees<S: AsRef<str>>(lines: &[S]) -> usize {
+    let mut up = std::collections::HashSet::new();
+    for l in lines {
+        let Some(rest) = l.as_ref().split("mesh node ").nth(1) else {
+            continue;
+        };
+        let label = rest.split(' ').next().unwrap_or("");
+        if rest.contains(" joined") {
+            up.insert(label.to_string());
+        } else if rest.contains(" is gone") {
+            up.remove(label);
+        }
+    }
+    up.len()
+}
+
+impl Drop for Cluster {
+    /// Asks every node to stop at once, so they stop together rather than
+    /// one after the other as each `NodeProc` is dropped and waited for.
+    fn drop(&mut self) {
+        for n in &self.nodes {
+            if n.child.is_some() {
+                n.signal(Signal::SIGTERM);
+            }
+        }
     }
 }
 
