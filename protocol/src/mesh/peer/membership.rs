@@ -20,7 +20,7 @@
 //! the members that came up since it last asked (`take_fresh`).
 
 use std::collections::BTreeMap;
-use std::num::{NonZeroU32, NonZeroU8, NonZeroUsize};
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -153,19 +153,6 @@ fn swim_config(size: usize, dead_after_ms: Millis) -> foca::Config {
     // Two sides of a healed partition have declared each other down and
     // probe only their own: an announce to a down member every few
     // seconds (not foca's 65 s) is what finds the other side again.
-    // A mesh forms from nodes that all join at once (a batch system starts
-    // them together): each join is told more than foca's 4 log10(N+1)
-    // times, which a node that knows only a few members yet computes far
-    // too low, and a node asks a random member for a sample of the
-    // members every 10 s (foca's 30 s), which is what brings in those the
-    // epidemic missed.
-    c.max_transmissions = c
-        .max_transmissions
-        .max(NonZeroU8::new(8).expect("non-zero"));
-    c.periodic_announce = Some(foca::PeriodicParams {
-        frequency: Duration::from_secs(10),
-        num_members: NonZeroUsize::new(1).expect("non-zero"),
-    });
     c.periodic_announce_to_down_members = Some(foca::PeriodicParams {
         frequency: Duration::from_secs(3),
         num_members: NonZeroUsize::new(2).expect("non-zero"),
