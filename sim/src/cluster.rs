@@ -577,7 +577,6 @@ struct Sim<'a> {
     duplicates: u64,
     makespan: Millis,
     busy_cpu_ms: f64,
-    messages: u64,
     /// Every message, by kind, with its size on the wire.
     traffic: Traffic,
     /// `traffic` when the farm was submitted (what joining and idling
@@ -642,7 +641,6 @@ impl<'a> Sim<'a> {
             duplicates: 0,
             makespan: 0,
             busy_cpu_ms: 0.0,
-            messages: 0,
             traffic: Traffic::default(),
             traffic_before: Traffic::default(),
             traffic_end: None,
@@ -1228,7 +1226,6 @@ impl<'a> Sim<'a> {
     }
 
     fn deliver(&mut self, from: usize, to: usize, msg: Msg) {
-        self.messages += 1;
         self.traffic.count(&msg);
         if let Some(t) = self.trace {
             let tasks: Vec<Assigned> = match &msg {
@@ -1450,7 +1447,7 @@ impl<'a> Sim<'a> {
             steals: stats.steals_won,
             steals_asked: stats.steals_asked,
             tasks_stolen: stats.tasks_stolen,
-            messages: self.messages,
+            messages: self.traffic.messages,
             traffic_idle: Traffic {
                 span_ms: start,
                 ..self.traffic_before

@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use mesh_tests::{sees, wait_until, Cluster, Sandbox};
+use mesh_tests::{sees, slow_farm, wait_until, Cluster, Sandbox};
 
 /// One mesh of this size at a time on this machine.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -22,23 +22,7 @@ fn sixty_four_nodes_lose_the_coordinator_and_three_others_mid_farm_and_every_out
     let n = 64;
     let mut c = Cluster::start_many(&sb, n, "cpu=1", &[]);
     let tasks = 640;
-    sb.write(
-        "farm.toml",
-        &format!(
-            r#"
-[farm]
-name = "wide"
-
-[[stage]]
-name = "s"
-sweep.i = {{ range = "0..{}" }}
-workdir = "w/{{i}}"
-shell = 'sleep 0.5; echo {{i}} > r.txt'
-outputs = ["r.txt"]
-"#,
-            tasks - 1
-        ),
-    );
+    sb.write("farm.toml", &slow_farm(tasks, "0.5"));
     // The coordinator, and a home that is not it.
     let coordinator = c.mesh(0, &["status", "--json"]).json()["coordinator"]
         .as_str()

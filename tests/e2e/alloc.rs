@@ -4,9 +4,8 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use mesh_tests::{wait_until, Cluster};
+use mesh_tests::{slow_farm, wait_until, Cluster};
 
-use crate::mesh::slow_farm;
 use crate::sandbox;
 
 /// The farm with no retries: a task failed for a drain would fail it.

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use mesh_tests::{imbalanced_makespan, wait_until, Cluster, NodeProc};
+use mesh_tests::{imbalanced_makespan, slow_farm, wait_until, Cluster, NodeProc};
 use nix::sys::signal::Signal;
 
 use crate::sandbox;
@@ -192,25 +192,6 @@ fn a_node_with_another_mesh_key_cannot_join() {
         "the error names the likely cause: {said}"
     );
     assert_eq!(c.status(0)["nodes"].as_array().unwrap().len(), 1);
-}
-
-/// `n` tasks that each sleep `secs` and write their index to an output.
-/// `n` tasks of `secs` seconds, each writing its index to `r.txt` in its own folder.
-pub(crate) fn slow_farm(n: u32, secs: &str) -> String {
-    format!(
-        r#"
-[farm]
-name = "slow"
-
-[[stage]]
-name = "s"
-sweep.i = {{ range = "0..{}" }}
-workdir = "w/{{i}}"
-shell = 'sleep {secs}; echo {{i}} > r.txt'
-outputs = ["r.txt"]
-"#,
-        n - 1
-    )
 }
 
 #[test]

@@ -604,6 +604,25 @@ impl Drop for Cluster {
     }
 }
 
+/// A farm of `n` tasks of `secs` seconds, each writing its index to `r.txt`
+/// in its own folder (an output the farm's home must get back).
+pub fn slow_farm(n: u32, secs: &str) -> String {
+    format!(
+        r#"
+[farm]
+name = "slow"
+
+[[stage]]
+name = "s"
+sweep.i = {{ range = "0..{}" }}
+workdir = "w/{{i}}"
+shell = 'sleep {secs}; echo {{i}} > r.txt'
+outputs = ["r.txt"]
+"#,
+        n - 1
+    )
+}
+
 /// 20 tasks of 0.5 s and 180 of 0.01 s: 11.8 s of work.
 pub const IMBALANCED: &str = r#"
 [farm]
