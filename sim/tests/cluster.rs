@@ -256,6 +256,29 @@ fn a_seed_sweep_with_faults_of_any_node_loses_nothing() {
     }
 }
 
+/// Seeds of the long sweep that once never finished: a node whose SWIM
+/// went idle after a change of identity (1100, 5269: two nodes that had
+/// declared each other down across a partition), a worker that never
+/// counted its old coordinator as a member again after a partition (1100),
+/// and a restarted coordinator that knew a worker only by its beats and so
+/// never saw it die (1570).
+#[test]
+fn seeds_that_once_stalled_finish_with_nothing_lost() {
+    for seed in [1100, 1558, 1570, 5269] {
+        let cfg = any_node_faults(seed);
+        let r = match run(&cfg) {
+            Ok(r) => r,
+            Err(e) => panic!("{e}\n{cfg:?}"),
+        };
+        assert_eq!(
+            r.tasks_done + r.crash_limited,
+            200,
+            "seed {seed}: {}",
+            r.summary()
+        );
+    }
+}
+
 /// The longer sweep: `MESH_SIM_SWEEP=5000 cargo test --release -p mesh-sim
 /// -- --ignored long_seed_sweep` runs seeds 1000 to 5999 (about 20 s);
 /// `MESH_SIM_FROM=S` starts at seed S, to replay a failure.

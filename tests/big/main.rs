@@ -69,7 +69,6 @@ fn sixty_four_nodes_lose_the_coordinator_and_three_others_mid_farm_and_every_out
 }
 
 #[test]
-#[ignore = "100 nodes started together take more than 180 s (debug build, 2 cores) before all see all with foca's join settings; see issue 25's note"]
 fn a_hundred_idle_nodes_declare_no_one_dead_for_a_minute() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let sb = sandbox();

@@ -15,12 +15,17 @@
 //!   a worker its coordinator): their silence past a limit is a death,
 //!   found in about two seconds, faster than SWIM's suspicion.
 //!
-//! The rest of the peer sees members with their last beat (a placeholder
-//! for members known only by SWIM), `heard`, `expired` and `remove`, and
-//! the members that came up since it last asked (`take_fresh`).
+//! Once a beat, `upkeep` keeps the two in step: this node back in SWIM
+//! when foca went idle, members known only by a beat brought to SWIM (or
+//! counted dead once silent), members hidden for their silence judged by
+//! SWIM again.
+//!
+//! The rest of the peer sees members with their last beat (none for
+//! members known only by SWIM), `heard`, `expired` and `remove`, and the
+//! members that came up since it last asked (`take_fresh`).
 
 use std::collections::BTreeMap;
-use std::num::{NonZeroU32, NonZeroUsize};
+use std::num::{NonZeroU32, NonZeroU8, NonZeroUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -132,6 +137,14 @@ pub(super) struct Membership {
     next_report: Millis,
     /// The queue length this node last reported.
     advertised: u32,
+    /// SWIM counts this node in the mesh and probes (foca's `Active`).
+    /// After a change of identity (a new address, or a new life when the
+    /// mesh declared this one down) foca probes no one until a packet
+    /// addressed to the new identity arrives; the one gossip it sends may
+    /// be lost or go to dead members, and then it would stay idle for good.
+    active: bool,
+    /// Which member to announce to next while not active.
+    rejoin_turn: usize,
 }
 
 /// SWIM's timing: a probe a second, a direct answer expected within 400 ms,
@@ -153,6 +166,19 @@ fn swim_config(size: usize, dead_after_ms: Millis) -> foca::Config {
     // Two sides of a healed partition have declared each other down and
     // probe only their own: an announce to a down member every few
     // seconds (not foca's 65 s) is what finds the other side again.
+    // A mesh forms from nodes that all join at once (a batch system starts
+    // them together): each join is told more than foca's 4 log10(N+1)
+    // times, which a node that knows only a few members yet computes far
+    // too low, and a node asks a random member for a sample of the
+    // members every 10 s (foca's 30 s), which is what brings in those the
+    // epidemic missed.
+    c.max_transmissions = c
+        .max_transmissions
+        .max(NonZeroU8::new(8).expect("non-zero"));
+    c.periodic_announce = Some(foca::PeriodicParams {
+        frequency: Duration::from_secs(10),
+        num_members: NonZeroUsize::new(1).expect("non-zero"),
+    });
     c.periodic_announce_to_down_members = Some(foca::PeriodicParams {
         frequency: Duration::from_secs(3),
         num_members: NonZeroUsize::new(2).expect("non-zero"),
@@ -189,6 +215,8 @@ impl Membership {
             next_beat: now,
             next_report: now,
             advertised: 0,
+            active: false,
+            rejoin_turn: 0,
         }
     }
 
@@ -209,7 +237,9 @@ impl Membership {
             addrs,
         };
         // Only fails for an identity of another address, never ours.
-        let _ = self.swim.change_identity(ident, &mut self.rt);
+        if self.swim.change_identity(ident, &mut self.rt).is_ok() {
+            self.active = false;
+        }
         self.drain(now, out);
     }
 
@@ -265,6 +295,133 @@ impl Membership {
         self.drain(now, out);
     }
 
+    /// Kept up once a beat: this node stays in SWIM (`rejoin`), members
+    /// SWIM does not know are brought to it (`introduce_unknown`), and
+    /// members hidden long enough are judged by SWIM again (`rejudge`).
+    pub(super) fn upkeep(&mut self, now: Millis, out: &mut Out) {
+        let after = self.rejudge_after();
+        self.rejoin(now, out);
+        self.introduce_unknown(now, after, out);
+        self.rejudge(now, after);
+    }
+
+    /// How long SWIM is given to find a death by itself: twice its
+    /// suspicion and a few probe periods.
+    fn rejudge_after(&self) -> Millis {
+        let suspect = swim_config(self.tuned_for, self.dead_after_ms).suspect_to_down_after;
+        2 * suspect.as_millis() as Millis + 5_000
+    }
+
+    /// How SWIM knows a member, or, for one known only by its beat, the
+    /// identity to announce to (any life of it takes an announce).
+    fn ident_of(m: &Member) -> Ident {
+        match &m.ident {
+            Some(i) => Ident::clone(i),
+            None => Ident {
+                id: m.id,
+                life: 0,
+                label: m.beat().label.clone(),
+                addrs: m.beat().addrs.clone(),
+            },
+        }
+    }
+
+    /// A member this node knows only by a beat is not in SWIM here (this
+    /// node restarted, or SWIM's gossip of it was lost): nothing would
+    /// ever judge it once it stops beating to this node. One such member
+    /// a beat is announced to, which brings it into SWIM if it lives; one
+    /// silent for longer than SWIM would take to find a death is dead.
+    fn introduce_unknown(&mut self, now: Millis, after: Millis, out: &mut Out) {
+        let unknown = || self.members.values().filter(|m| m.ident.is_none());
+        let dead: Vec<NodeId> = unknown()
+            .filter(|m| !m.direct && now.saturating_sub(m.last_seen) > after)
+            .map(|m| m.id)
+            .filter(|id| !self.down.contains(id))
+            .collect();
+        let count = unknown().count();
+        if count > dead.len() {
+            let to = unknown()
+                .filter(|m| !dead.contains(&m.id))
+                .nth(self.rejoin_turn % (count - dead.len()))
+                .map(Self::ident_of);
+            self.rejoin_turn += 1;
+            if let Some(to) = to {
+                // Refused only for this node itself, never a member.
+                let _ = self.swim.announce(to, &mut self.rt);
+                self.drain(now, out);
+            }
+        }
+        self.down.extend(dead);
+    }
+
+    /// A member declared dead here for its silence while SWIM had it alive
+    /// (this node's coordinator, or a worker of this coordinator, cut off by
+    /// a partition) is SWIM's to judge again once SWIM has had time to find
+    /// a real death. Still alive in SWIM then, it was cut off, not dead;
+    /// without this a worker never counts its old coordinator as a member
+    /// again after a partition heals, and the home takes every output kept
+    /// there as lost.
+    fn rejudge(&mut self, now: Millis, after: Millis) {
+        if self.hidden.is_empty() {
+            return;
+        }
+        let due: Vec<NodeId> = self
+            .hidden
+            .keys()
+            .filter(|id| self.gone.get(id).is_some_and(|&at| now >= at + after))
+            .copied()
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let alive: Vec<Ident> = self
+            .swim
+            .iter_members()
+            .map(|m| m.id())
+            .filter(|i| due.contains(&i.id))
+            .cloned()
+            .collect();
+        for id in due {
+            match alive.iter().find(|i| i.id == id) {
+                Some(ident) => self.swim_up(now, ident.clone()),
+                // SWIM no longer has it either: it stays gone.
+                None => {
+                    self.hidden.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// While SWIM does not count this node in (it just changed identity, or
+    /// declared every member down), announces it to one node it ever knew a
+    /// beat, each in turn, those SWIM holds down included (two nodes that
+    /// declared each other down across a partition find each other so):
+    /// the first answer makes foca active again.
+    fn rejoin(&mut self, now: Millis, out: &mut Out) {
+        if self.active {
+            return;
+        }
+        let mut known: BTreeMap<NodeId, Ident> = self
+            .swim
+            .iter_membership_state()
+            .map(|m| (m.id().id, m.id().clone()))
+            .collect();
+        for m in self.members.values() {
+            known.entry(m.id).or_insert_with(|| Self::ident_of(m));
+        }
+        for (id, i) in &self.hidden {
+            known.entry(*id).or_insert_with(|| Ident::clone(i));
+        }
+        let n = known.len().max(1);
+        let Some(to) = known.into_values().nth(self.rejoin_turn % n) else {
+            return;
+        };
+        self.rejoin_turn += 1;
+        // Refused only for this node itself, never a member.
+        let _ = self.swim.announce(to, &mut self.rt);
+        self.drain(now, out);
+    }
+
     /// When SWIM next needs the clock.
     pub(super) fn next_timer(&self) -> Option<Millis> {
         self.timers.keys().next().map(|&(at, _)| at)
@@ -300,6 +457,10 @@ impl Membership {
         }
         while let Some(n) = self.rt.to_notify() {
             match n {
+                OwnedNotification::Active => self.active = true,
+                OwnedNotification::Idle
+                | OwnedNotification::Defunct
+                | OwnedNotification::Rejoin(_) => self.active = false,
                 OwnedNotification::MemberUp(ident) => self.swim_up(now, ident),
                 OwnedNotification::Rename(_, ident) => match self.members.get_mut(&ident.id) {
                     Some(m) => m.ident = Some(Arc::new(ident)),
@@ -326,7 +487,6 @@ impl Membership {
                         self.down.push(ident.id);
                     }
                 }
-                _ => {}
             }
         }
         self.tune();

@@ -658,7 +658,8 @@ impl Peer {
         if self.node.members.beat_due(now, self.node.cfg.heartbeat_ms) {
             // Stages that stopped running here stop counting.
             self.worker.update_depth(now, self.node.cfg.queue_max);
-            self.check_members(now);
+            self.node.members.upkeep(now, &mut self.out);
+            self.member_changes(now);
             self.elect(now);
             if self.coord.is_some() {
                 self.victims = self.find_victims();
