@@ -434,7 +434,7 @@ pub(crate) mod tests {
     use libp2p::request_response::{Codec as _, Event as RrEvent, Message as RrMessage};
     use libp2p::swarm::SwarmEvent;
     use mesh_protocol::farm::TaskRef;
-    use mesh_protocol::mesh::{Beat, FarmId, Msg, NodeId, Victim};
+    use mesh_protocol::mesh::{Beat, FarmId, Ident, Msg, NodeId, RosterEntry, RosterKind, Victim};
     use mesh_protocol::resources::{Amount, Resources, CPU};
     use mesh_protocol::wire::PEER_PROTOCOL;
     use tokio::time::timeout;
@@ -636,8 +636,19 @@ pub(crate) mod tests {
                     queued: 40,
                     prefetch: 2,
                 }],
+                roster: 0x5eed,
             })),
             Msg::Swim(vec![1, 2, 3]),
+            Msg::Roster {
+                kind: RosterKind::Answer,
+                digest: 0x5eed,
+                members: vec![RosterEntry::alive(Ident {
+                    id: NodeId(12),
+                    life: 7,
+                    label: b_id.to_string(),
+                    addrs: vec!["/ip4/127.0.0.1/tcp/4002".into()],
+                })],
+            },
         ]);
         let got = timeout(WAIT, async {
             let mut out = a_control

@@ -92,7 +92,8 @@ impl Traffic {
             .unwrap_or(0) as u64;
         self.messages += 1;
         self.bytes += size;
-        if matches!(msg, mesh_protocol::mesh::Msg::Swim(_)) {
+        use mesh_protocol::mesh::Msg;
+        if matches!(msg, Msg::Swim(_) | Msg::Roster { .. }) {
             self.swim_messages += 1;
             self.swim_bytes += size;
         }

@@ -102,7 +102,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     };
     // A node restarted on its state folder rejoins the mesh it was in, so
     // it first listens for that mesh's coordinator like a joining node.
-    let peer = Peer::new(
+    let mut peer = Peer::new(
         0,
         me,
         opts.resources.clone(),
@@ -110,6 +110,9 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         seed,
         !opts.join.is_empty() || !known.0.is_empty(),
     );
+    if !opts.join.is_empty() {
+        peer.joins_by_address();
+    }
     let mut node = Node {
         state: opts.state.clone(),
         peer,

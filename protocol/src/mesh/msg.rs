@@ -110,6 +110,29 @@ pub struct Beat {
     pub interval_ms: u64,
     /// From the coordinator: the members with the most tasks queued.
     pub victims: Vec<Victim>,
+    /// A digest of the members the sender's SWIM has alive (itself
+    /// included): a worker whose digest stays unlike its coordinator's
+    /// asks for its roster (see `Roster`).
+    pub roster: u64,
+}
+
+/// A member in a roster: as SWIM knows it, with its incarnation and
+/// whether it is alive or suspect.
+pub type RosterEntry = foca::Member<Ident>;
+
+/// A roster exchange, memberlist's push-pull: SWIM's gossip may miss a
+/// member (a join told while hundreds of nodes start at once, packets
+/// lost), and a node that missed one would hear of it only by chance.
+/// A joining node asks the node it joins through; a worker whose digest
+/// of the members stays unlike its coordinator's asks the coordinator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RosterKind {
+    /// Here is my digest: your roster, if yours differs.
+    Ask,
+    /// My roster; yours back if ours still differ once you have merged it.
+    Answer,
+    /// My roster, nothing back.
+    Last,
 }
 
 /// One task handed to a node to run.
@@ -264,6 +287,13 @@ pub enum Msg {
     /// A membership packet (probe, acknowledgement, gossip of who joined
     /// and died; see `peer/membership.rs`), when it travels as a message.
     Swim(Vec<u8>),
+    /// A roster exchange: the sender's digest of the members, and the
+    /// members its SWIM has alive or suspect (empty in an `Ask`).
+    Roster {
+        kind: RosterKind,
+        digest: u64,
+        members: Vec<RosterEntry>,
+    },
     /// A holder of the farm (its submitter, or a node keeping a copy) to the
     /// coordinator: the farm and what this holder knows of it. Sent on
     /// submission and again to every new coordinator, so one that does not

@@ -36,6 +36,20 @@ pub(super) struct Election {
     /// coordinator before it may elect itself.
     joining: bool,
     join_until: Millis,
+    /// Pointed at a mesh whose node has not yet said whom it follows (
+    /// hundreds of nodes starting together keep it busy, or it is down),
+    /// a node waits this long before it may elect itself. Electing itself
+    /// sooner, as the lowest of the few members it knows so far, would
+    /// take the mesh from its coordinator (a claim of a lower id wins a
+    /// tie of terms), or make a mesh of one that the real mesh must absorb
+    /// later, its coordinator declaring the members it briefly had dead.
+    alone_until: Millis,
+    /// The node this one joined through, and whether it has answered.
+    seed: Option<NodeId>,
+    seed_answered: bool,
+    /// The user named the mesh to join: until `alone_until`, no seed yet
+    /// (the address does not answer yet) is no reason to run alone.
+    by_address: bool,
 }
 
 /// What an election round decided.
@@ -47,12 +61,41 @@ pub(super) enum Vote {
 }
 
 impl Election {
-    pub(super) fn new(joining: bool, join_until: Millis) -> Election {
+    pub(super) fn new(joining: bool, join_until: Millis, alone_until: Millis) -> Election {
         Election {
             term: 0,
             coordinator: None,
             joining,
             join_until,
+            alone_until,
+            seed: None,
+            seed_answered: false,
+            by_address: false,
+        }
+    }
+
+    /// The user named the mesh to join (a node restarted on its state
+    /// folder only tries the peers it knew, and runs alone sooner).
+    pub(super) fn joins_by_address(&mut self) {
+        self.by_address = self.joining;
+    }
+
+    /// While joining: the node this one joins through, until it answers.
+    pub(super) fn seed(&self) -> Option<NodeId> {
+        self.seed.filter(|_| self.joining && !self.seed_answered)
+    }
+
+    /// This node joins through `node` (the first it was introduced to).
+    pub(super) fn introduced(&mut self, node: NodeId) {
+        if self.joining && self.seed.is_none() {
+            self.seed = Some(node);
+        }
+    }
+
+    /// A beat from `node`: if it is the seed, it has said whom it follows.
+    pub(super) fn answered_by(&mut self, node: NodeId) {
+        if self.seed == Some(node) {
+            self.seed_answered = true;
         }
     }
 
@@ -137,7 +180,11 @@ impl Election {
         if self.coordinator.is_some() {
             return None;
         }
-        if self.joining && now < self.join_until {
+        let unanswered = match self.seed {
+            Some(_) => !self.seed_answered,
+            None => self.by_address,
+        };
+        if self.joining && (now < self.join_until || (unanswered && now < self.alone_until)) {
             return None;
         }
         let lowest = members.lowest().unwrap_or(me);

@@ -24,18 +24,19 @@
 //! members known only by SWIM), `heard`, `expired` and `remove`, and the
 //! members that came up since it last asked (`take_fresh`).
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::num::{NonZeroU32, NonZeroU8, NonZeroUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
-use foca::{AccumulatingRuntime, Foca, Identity, NoCustomBroadcast, OwnedNotification};
-use foca::{PostcardCodec, Timer};
+use foca::{Foca, Identity, Message, NoCustomBroadcast, Notification, OwnedNotification};
+use foca::{PostcardCodec, Runtime, Timer};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use rustc_hash::FxHashMap;
 
-use super::super::msg::{Beat, Ident, NodeId};
+use super::super::msg::{Beat, Ident, Msg, NodeId, RosterEntry, RosterKind};
 use super::action::Action;
 use super::out::Out;
 use super::Config;
@@ -109,10 +110,83 @@ impl Member {
 
 type Swim = Foca<Ident, PostcardCodec, SmallRng, NoCustomBroadcast>;
 
+/// What SWIM asked of this node in one call, collected for `drain`, and
+/// what it showed of this node's own health (Lifeguard's signals, below).
+#[derive(Default)]
+struct SwimRt {
+    to_send: Vec<(Ident, Vec<u8>)>,
+    to_schedule: Vec<(Duration, Timer<Ident>)>,
+    notes: Vec<OwnedNotification<Ident>>,
+    /// Probes of this node's that no member answered, directly or not.
+    probes_failed: u32,
+    /// Packets received, and probes started (pings sent).
+    received: u32,
+    pings: u32,
+    /// Answers to this node's probes (direct, or forwarded by a member
+    /// asked to probe on its behalf).
+    acks: u32,
+    /// The incarnation this node's last packet carried: it rises only when
+    /// this node refutes a suspicion of itself.
+    incarnation: Option<u16>,
+}
+
+impl Runtime<Ident> for SwimRt {
+    fn notify(&mut self, n: Notification<'_, Ident>) {
+        match n {
+            Notification::ProbeFailed(..) => self.probes_failed += 1,
+            Notification::DataReceived(h) => {
+                self.received += 1;
+                if matches!(h.message, Message::Ack(_) | Message::ForwardedAck { .. }) {
+                    self.acks += 1;
+                }
+            }
+            Notification::DataSent(h) => {
+                self.incarnation = Some(h.src_incarnation);
+                if matches!(h.message, Message::Ping(_)) {
+                    self.pings += 1;
+                }
+            }
+            n => self.notes.push(n.to_owned()),
+        }
+    }
+
+    fn send_to(&mut self, to: Ident, data: &[u8]) {
+        self.to_send.push((to, data.to_vec()));
+    }
+
+    fn submit_after(&mut self, event: Timer<Ident>, after: Duration) {
+        self.to_schedule.push((after, event));
+    }
+}
+
+/// Lifeguard's local health (Dadgar et al., 2018, as memberlist runs it):
+/// a score from 0 (healthy) to `HEALTH_MAX` that rises when this node's
+/// probe goes unanswered while it heard nothing from anyone else either,
+/// when it must refute a suspicion of itself, and when its own timers fire
+/// late (it is starved of CPU), and falls with each answered probe.
+/// Lifeguard tells a node's own fault from its target's by the nacks of
+/// the members it asked to probe; foca sends none, and hearing other
+/// members while the target is silent says the same: the target, not
+/// this node, is at fault (so the successor of a coordinator that died
+/// does not slow its own failover). This node's probe period, probe timeout and
+/// suspicion timeouts are stretched by `score + 1`: a node that cannot
+/// keep up slows its own judgement of others instead of declaring them
+/// dead, and sends fewer probes while it is behind.
+const HEALTH_MAX: u32 = 8;
+
+/// A timer this late (in ms) means this node was not running when it was due.
+const LATE_MS: Millis = 200;
+
 pub(super) struct Membership {
     me: NodeId,
     swim: Swim,
-    rt: AccumulatingRuntime<Ident>,
+    rt: SwimRt,
+    /// Lifeguard's local health score, 0 (healthy) to `HEALTH_MAX`.
+    health: u32,
+    /// The incarnation this node last sent, to see it refute a suspicion.
+    incarnation: u16,
+    /// This node heard a packet from some member since its probe began.
+    heard: bool,
     /// SWIM's timers, by when they are due (and an order among equals).
     timers: BTreeMap<(Millis, u64), Timer<Ident>>,
     timer_seq: u64,
@@ -145,7 +219,18 @@ pub(super) struct Membership {
     active: bool,
     /// Which member to announce to next while not active.
     rejoin_turn: usize,
+    /// The digest of SWIM's live members and this node, while none changed.
+    digest: Cell<Option<u64>>,
+    /// Since when this node's digest has differed from its coordinator's.
+    unlike_since: Option<Millis>,
 }
+
+/// A worker whose digest of the members has differed from its
+/// coordinator's this long asks for the coordinator's roster (and, if
+/// they still differ, sends its own). Longer than SWIM takes to tell a
+/// join or a death to every member, so a change in the mesh costs no
+/// exchange of rosters; a member SWIM's gossip missed costs one.
+const ROSTER_SETTLE_MS: Millis = 10_000;
 
 /// SWIM's timing: a probe a second, a direct answer expected within 400 ms,
 /// three members asked to probe on this node's behalf, and foca's LAN
@@ -202,7 +287,10 @@ impl Membership {
                 SmallRng::seed_from_u64(seed),
                 PostcardCodec,
             ),
-            rt: AccumulatingRuntime::new(),
+            rt: SwimRt::default(),
+            health: 0,
+            incarnation: 0,
+            heard: false,
             timers: BTreeMap::new(),
             timer_seq: 0,
             tuned_for: 4,
@@ -217,6 +305,8 @@ impl Membership {
             advertised: 0,
             active: false,
             rejoin_turn: 0,
+            digest: Cell::new(None),
+            unlike_since: None,
         }
     }
 
@@ -285,6 +375,96 @@ impl Membership {
         // Refused only for this node itself, ruled out above.
         let _ = self.swim.announce(to, &mut self.rt);
         self.drain(now, out);
+        // The members it knows, at once: SWIM's answer to an announce
+        // holds only as many as fit a packet.
+        out.send(
+            id,
+            Msg::Roster {
+                kind: RosterKind::Ask,
+                digest: self.digest(),
+                members: Vec::new(),
+            },
+        );
+    }
+
+    // ----- rosters (push-pull) -----
+
+    /// A digest of the members SWIM has alive or suspect, and this node:
+    /// equal on two nodes that know the same members.
+    pub(super) fn digest(&self) -> u64 {
+        if let Some(d) = self.digest.get() {
+            return d;
+        }
+        let me = self.swim.identity();
+        let d = self
+            .swim
+            .iter_members()
+            .map(|m| roster_hash(m.id()))
+            .fold(roster_hash(me), u64::wrapping_add);
+        self.digest.set(Some(d));
+        d
+    }
+
+    /// The members SWIM has alive or suspect, as a roster.
+    fn roster(&self) -> Vec<RosterEntry> {
+        self.swim
+            .iter_membership_state()
+            .filter(|m| m.state() != foca::State::Down)
+            .cloned()
+            .collect()
+    }
+
+    /// This node's coordinator's digest, from its answer: true once it
+    /// has differed from this node's for `ROSTER_SETTLE_MS` (again every
+    /// `ROSTER_SETTLE_MS` while it does), when this node should ask.
+    pub(super) fn roster_unlike(&mut self, now: Millis, theirs: u64) -> bool {
+        if theirs == self.digest() {
+            self.unlike_since = None;
+            return false;
+        }
+        let since = *self.unlike_since.get_or_insert(now);
+        if now.saturating_sub(since) < ROSTER_SETTLE_MS {
+            return false;
+        }
+        self.unlike_since = Some(now);
+        true
+    }
+
+    /// A roster message from `from`: merged, and answered as its kind asks.
+    pub(super) fn on_roster(
+        &mut self,
+        now: Millis,
+        from: NodeId,
+        kind: RosterKind,
+        digest: u64,
+        members: Vec<RosterEntry>,
+        out: &mut Out,
+    ) {
+        if !members.is_empty() {
+            // Not told on by SWIM: it is news to this node only (what is
+            // news to the mesh, SWIM spreads itself). Fails only on a
+            // malformed roster, which then changes nothing more.
+            let _ = self
+                .swim
+                .apply_many(members.into_iter(), false, &mut self.rt);
+            self.drain(now, out);
+        }
+        let reply = match kind {
+            RosterKind::Ask => RosterKind::Answer,
+            RosterKind::Answer => RosterKind::Last,
+            RosterKind::Last => return,
+        };
+        let mine = self.digest();
+        if mine != digest {
+            out.send(
+                from,
+                Msg::Roster {
+                    kind: reply,
+                    digest: mine,
+                    members: self.roster(),
+                },
+            );
+        }
     }
 
     /// A SWIM packet from the network; a malformed one is dropped.
@@ -306,10 +486,12 @@ impl Membership {
     }
 
     /// How long SWIM is given to find a death by itself: twice its
-    /// suspicion and a few probe periods.
+    /// suspicion (as stretched by this node's local health) and a few
+    /// probe periods.
     fn rejudge_after(&self) -> Millis {
         let suspect = swim_config(self.tuned_for, self.dead_after_ms).suspect_to_down_after;
-        2 * suspect.as_millis() as Millis + 5_000
+        let suspect = suspect.as_millis() as Millis * (u64::from(self.health) + 1);
+        2 * suspect + 5_000
     }
 
     /// How SWIM knows a member, or, for one known only by its beat, the
@@ -429,33 +611,88 @@ impl Membership {
 
     /// Fires SWIM's timers due by `now`.
     pub(super) fn fire_timers(&mut self, now: Millis, out: &mut Out) {
+        let mut late = false;
         while let Some(entry) = self.timers.first_entry() {
             if entry.key().0 > now {
                 break;
             }
+            late |= now > entry.key().0 + LATE_MS;
             let timer = entry.remove();
             // A timer of an old probe or identity is ignored by foca.
             let _ = self.swim.handle_timer(timer, &mut self.rt);
         }
+        if late {
+            self.health = (self.health + 1).min(HEALTH_MAX);
+        }
         self.drain(now, out);
+    }
+
+    /// Lifeguard's local health score (0 is healthy).
+    pub(super) fn health(&self) -> u32 {
+        self.health
+    }
+
+    /// How long SWIM's timer waits here: probes and suspicions stretched
+    /// by this node's local health (see `HEALTH_MAX`). Stretching the
+    /// probe period and the probe's round trip together keeps their order.
+    fn stretched(&self, after: Duration, timer: &Timer<Ident>) -> Millis {
+        let ms = after.as_millis() as Millis;
+        match timer {
+            Timer::ProbeRandomMember(_)
+            | Timer::SendIndirectProbe { .. }
+            | Timer::ChangeSuspectToDown { .. } => ms * (u64::from(self.health) + 1),
+            _ => ms,
+        }
+    }
+
+    /// Lifeguard's score, moved by what SWIM showed in the last call.
+    fn weigh_health(&mut self) {
+        let rt = &mut self.rt;
+        self.heard |= rt.received > 0;
+        let mut h = self.health;
+        if !self.heard {
+            h += rt.probes_failed;
+        }
+        if rt.pings > 0 {
+            self.heard = false;
+        }
+        if let Some(inc) = rt.incarnation.take() {
+            // Higher: this node refuted a suspicion of itself. Lower: it
+            // took a new identity, which starts again from 0.
+            if inc > self.incarnation {
+                h += 1;
+            }
+            self.incarnation = inc;
+        }
+        self.health = h.saturating_sub(rt.acks).min(HEALTH_MAX);
+        rt.probes_failed = 0;
+        rt.acks = 0;
+        rt.received = 0;
+        rt.pings = 0;
     }
 
     /// Carries out what SWIM asked: packets out, timers set, members up and down.
     fn drain(&mut self, now: Millis, out: &mut Out) {
-        while let Some((to, data)) = self.rt.to_send() {
+        for (to, data) in self.rt.to_send.drain(..) {
             out.stats.swim_packets += 1;
             out.stats.swim_bytes += data.len() as u64;
             out.push(Action::Swim {
                 to: Arc::new(to),
-                data: data.to_vec(),
+                data,
             });
         }
-        while let Some((after, timer)) = self.rt.to_schedule() {
+        let timers = std::mem::take(&mut self.rt.to_schedule);
+        for (after, timer) in timers {
             self.timer_seq += 1;
-            let at = now + after.as_millis() as Millis;
+            let at = now + self.stretched(after, &timer);
             self.timers.insert((at, self.timer_seq), timer);
         }
-        while let Some(n) = self.rt.to_notify() {
+        self.weigh_health();
+        let notes = std::mem::take(&mut self.rt.notes);
+        if !notes.is_empty() {
+            self.digest.set(None);
+        }
+        for n in notes {
             match n {
                 OwnedNotification::Active => self.active = true,
                 OwnedNotification::Idle
@@ -487,6 +724,8 @@ impl Membership {
                         self.down.push(ident.id);
                     }
                 }
+                // Lifeguard's signals, counted by `SwimRt` itself.
+                _ => {}
             }
         }
         self.tune();
@@ -614,8 +853,18 @@ impl Membership {
         let silent = |m: &Member, limit: Millis| now.saturating_sub(m.last_seen) > limit;
         match watch {
             Watch::Direct(limit) => {
+                // A worker silent past the limit that SWIM has alive and
+                // unsuspected (it answers probes: it is slow, e.g. one of
+                // hundreds of nodes starting at once, not dead) gets three
+                // times as long; a dead one is suspected within a few
+                // probes somewhere in the mesh, and its tasks go back as
+                // soon as this node hears so.
                 for m in self.members.values() {
-                    if m.direct && silent(m, limit) && !dead.contains(&m.id) {
+                    if m.direct
+                        && silent(m, limit)
+                        && (silent(m, 3 * limit) || !self.swim_trusts(m.id))
+                        && !dead.contains(&m.id)
+                    {
                         dead.push(m.id);
                     }
                 }
@@ -630,6 +879,13 @@ impl Membership {
             Watch::None => {}
         }
         dead
+    }
+
+    /// SWIM has `id` alive and does not suspect it.
+    fn swim_trusts(&self, id: NodeId) -> bool {
+        self.swim
+            .iter_membership_state()
+            .any(|m| m.id().id == id && m.state() == foca::State::Alive)
     }
 
     /// `id` is dead from `now`.
@@ -725,6 +981,15 @@ pub(super) enum Watch {
     None,
 }
 
+/// One member's part of a roster digest (a sum, so the order of members
+/// does not matter): its id and life, mixed (splitmix64's finaliser).
+fn roster_hash(i: &Ident) -> u64 {
+    let mut z = i.id.0 ^ i.life.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// How often a node reports to its coordinator in a mesh of `size`: as
 /// often as `heartbeat_ms` while the coordinator hears fewer than
 /// `reports_per_s` beats a second so, then stretched (as Dask's scheduler
@@ -737,6 +1002,7 @@ pub(super) fn report_interval(cfg: &Config, size: usize) -> Millis {
 /// The beat of a member known only by SWIM: nothing of its resources or
 /// whom it follows until it says so itself.
 static NO_BEAT: Beat = Beat {
+    roster: 0,
     version: PROTOCOL_VERSION,
     label: String::new(),
     addrs: Vec::new(),
@@ -802,7 +1068,9 @@ mod tests {
         // while SWIM still has it alive.
         let beat = Arc::new(a.0.get(NodeId(2)).unwrap().beat().clone());
         a.0.heard(0, NodeId(2), beat);
-        let dead = a.0.expired(5000, Watch::Direct(2000));
+        // SWIM trusts it: not dead at the limit, only at three times it.
+        assert!(a.0.expired(5000, Watch::Direct(2000)).is_empty());
+        let dead = a.0.expired(6001, Watch::Direct(2000));
         assert_eq!(dead, vec![NodeId(2)]);
         a.0.remove(5000, NodeId(2));
         assert!(!a.0.contains(NodeId(2)));
@@ -813,5 +1081,101 @@ mod tests {
         assert!(a.0.contains(NodeId(2)), "the restarted member is back");
         assert_eq!(a.0.take_fresh(), vec![NodeId(2)]);
         assert_eq!(a.0.gone_since(NodeId(2)), None);
+    }
+
+    /// Runs the nodes from `from` to `to` ms, a step at each timer due,
+    /// delivering every packet at once but those to or from `cut`.
+    fn run(from: Millis, to: Millis, nodes: &mut [&mut (Membership, Out)], cut: Option<u64>) {
+        let mut now = from;
+        while now <= to {
+            let mut packets = Vec::new();
+            for (m, out) in nodes.iter_mut() {
+                m.fire_timers(now, out);
+            }
+            for _ in 0..100 {
+                for (m, out) in nodes.iter_mut() {
+                    while let Some(a) = out.actions.pop_front() {
+                        if let Action::Swim { to, data } = a {
+                            if cut != Some(m.me.0) && cut != Some(to.id.0) {
+                                packets.push((to.id, data));
+                            }
+                        }
+                    }
+                }
+                if packets.is_empty() {
+                    break;
+                }
+                for (to, data) in packets.drain(..) {
+                    if let Some((m, out)) = nodes.iter_mut().find(|(m, _)| m.me == to) {
+                        m.handle_swim(now, &data, out);
+                    }
+                }
+            }
+            let next = nodes.iter().filter_map(|(m, _)| m.next_timer()).min();
+            now = next.map_or(to + 1, |t| t.max(now + 1));
+        }
+    }
+
+    fn formed() -> [(Membership, Out); 3] {
+        let (mut a, mut b, mut c) = (node(1, 10), node(2, 10), node(3, 10));
+        b.0.introduce(0, NodeId(1), "n1".into(), Vec::new(), &mut b.1);
+        c.0.introduce(0, NodeId(1), "n1".into(), Vec::new(), &mut c.1);
+        run(0, 5_000, &mut [&mut a, &mut b, &mut c], None);
+        for m in [&a, &b, &c] {
+            assert_eq!(m.0.len(), 2, "node {} sees both others", m.0.me.0);
+            assert_eq!(m.0.health(), 0, "a mesh that answers is healthy");
+        }
+        [a, b, c]
+    }
+
+    #[test]
+    fn probes_that_go_unanswered_lower_this_node_health_and_answers_restore_it() {
+        let [mut a, mut b, mut c] = formed();
+        // A hears no one, as a node starved of CPU hears no one in time.
+        run(5_000, 20_000, &mut [&mut a, &mut b, &mut c], Some(1));
+        assert!(a.0.health() >= 2, "health {}", a.0.health());
+        assert_eq!(b.0.health(), 0, "B's probes of C were answered");
+        // Answered again, it is healthy again.
+        run(20_000, 120_000, &mut [&mut a, &mut b, &mut c], None);
+        assert_eq!(a.0.health(), 0);
+    }
+
+    /// When a lone partner falls silent, the ms until this node declares it down.
+    fn declares_down_after(health: u32) -> Millis {
+        let (mut a, mut b) = (node(1, 10), node(2, 10));
+        b.0.introduce(0, NodeId(1), "n1".into(), Vec::new(), &mut b.1);
+        run(0, 5_000, &mut [&mut a, &mut b], None);
+        assert!(a.0.contains(NodeId(2)));
+        a.0.health = health;
+        let mut t = 5_000;
+        while a.0.expired(t, Watch::None).is_empty() {
+            assert!(t < 600_000, "never declared down");
+            run(t, t + 500, &mut [&mut a, &mut b], Some(2));
+            t += 500;
+        }
+        t - 5_000
+    }
+
+    #[test]
+    fn an_unhealthy_node_takes_longer_to_declare_a_silent_member_down() {
+        let healthy = declares_down_after(0);
+        let unhealthy = declares_down_after(4);
+        assert!(healthy <= 12_000, "healthy: {healthy} ms");
+        assert!(
+            unhealthy >= 3 * healthy,
+            "stretched by its health: {unhealthy} ms, healthy {healthy} ms"
+        );
+    }
+
+    #[test]
+    fn timers_that_fire_late_count_against_this_node_health() {
+        let [mut a, _, _] = formed();
+        let due = a.0.next_timer().expect("a probe timer");
+        a.0.fire_timers(due + 3 * LATE_MS, &mut a.1);
+        assert_eq!(
+            a.0.health(),
+            1,
+            "this node was not running when its timer was due"
+        );
     }
 }

@@ -71,6 +71,10 @@ use out::Out;
 use steal::{Answer, Stealing};
 use worker::{Specs, Worker};
 
+/// How long a node pointed at a mesh waits for the node it joins through
+/// to say whom it follows before it may elect itself (see `Election`).
+const JOIN_ALONE_MS: Millis = 30_000;
+
 /// What every role reads of this node: who it is, its knobs, who is
 /// alive and whom it follows. Only the dispatcher changes the last two.
 struct Node {
@@ -149,7 +153,11 @@ impl Peer {
                 id,
                 started_at: now,
                 members: Membership::new(now, id, seed ^ id.0.rotate_left(17), cfg.dead_after_ms),
-                election: Election::new(joining, now + cfg.join_wait_ms),
+                election: Election::new(
+                    joining,
+                    now + cfg.join_wait_ms,
+                    now + cfg.join_wait_ms.max(JOIN_ALONE_MS),
+                ),
                 cfg,
             },
         }
@@ -168,6 +176,13 @@ impl Peer {
         self.pump(now);
     }
 
+    /// This node was started to join a mesh at an address the user gave:
+    /// while that address does not answer, it waits longer before it
+    /// runs alone (see `Election`).
+    pub fn joins_by_address(&mut self) {
+        self.node.election.joins_by_address();
+    }
+
     /// A node to join the mesh through (an address the user gave, or a
     /// peer this node knew before it restarted): this node announces
     /// itself there and learns the members from it.
@@ -176,6 +191,7 @@ impl Peer {
         self.node
             .members
             .introduce(now, id, label, addrs, &mut self.out);
+        self.node.election.introduced(id);
         self.member_changes(now);
         self.pump(now);
     }
@@ -247,6 +263,7 @@ impl Peer {
             } else {
                 Vec::new()
             },
+            roster: self.node.members.digest(),
         }
     }
 
@@ -278,17 +295,27 @@ impl Peer {
             .is_none_or(|l| self.node.id < l)
     }
 
-    /// Whose silence this node takes as a death, and after how long.
+    /// Whose silence this node takes as a death, and after how long: the
+    /// coordinator its workers' (three report intervals, at least
+    /// `dead_after_ms`), the successor the coordinator's (`dead_after_ms`:
+    /// it reports every heartbeat, so failover does not stretch with the
+    /// mesh). Both stretched by this node's local health: a node that is
+    /// itself behind, as in a storm of hundreds of nodes starting on a few
+    /// cores, waits longer before it calls a silence a death (a false
+    /// death of the coordinator moves the whole mesh). Other workers leave
+    /// the coordinator's death to its successor, whose claim they follow,
+    /// and to SWIM: a stall of the coordinator then costs no one but the
+    /// successor a judgement.
     fn watch(&self) -> membership::Watch {
         let cfg = &self.node.cfg;
-        let stretched = |interval: Millis| cfg.dead_after_ms.max(3 * interval);
+        let health = u64::from(self.node.members.health()) + 1;
         match self.node.election.coordinator() {
             Some(c) if c == self.node.id => {
-                membership::Watch::Direct(stretched(self.report_interval()))
+                let limit = cfg.dead_after_ms.max(3 * self.report_interval());
+                membership::Watch::Direct(limit * health)
             }
-            Some(c) if self.successor(c) => membership::Watch::One(c, cfg.dead_after_ms),
-            Some(c) => membership::Watch::One(c, stretched(self.report_interval())),
-            None => membership::Watch::None,
+            Some(c) if self.successor(c) => membership::Watch::One(c, cfg.dead_after_ms * health),
+            _ => membership::Watch::None,
         }
     }
 
@@ -720,6 +747,16 @@ impl Peer {
                 self.node.members.handle_swim(now, &data, &mut self.out);
                 self.member_changes(now);
             }
+            Msg::Roster {
+                kind,
+                digest,
+                members,
+            } => {
+                self.node
+                    .members
+                    .on_roster(now, from, kind, digest, members, &mut self.out);
+                self.member_changes(now);
+            }
             Msg::Alloc(cmd) => {
                 if self.coord.is_some() {
                     let term = self.node.election.term();
@@ -851,12 +888,24 @@ impl Peer {
         }
         let claims = b.coordinator == Some(from);
         let (term, ask, follows) = (b.term, b.ask, b.coordinator);
+        self.node.election.answered_by(from);
         if let Some(c) = &mut self.coord {
             c.note_depth(from, b.prefetch);
         }
         if claims && self.node.election.coordinator() == Some(from) {
             // The coordinator's answer: whom to steal from.
             self.steal.set_victims(self.node.id, &b.victims);
+            if self.node.members.roster_unlike(now, b.roster) {
+                let digest = self.node.members.digest();
+                self.out.send(
+                    from,
+                    Msg::Roster {
+                        kind: RosterKind::Ask,
+                        digest,
+                        members: Vec::new(),
+                    },
+                );
+            }
         }
         match self.node.members.heard(now, from, b) {
             membership::Heard::New => self.member_up(now, from),
@@ -874,9 +923,11 @@ impl Peer {
             self.follow(now, term, from);
         }
         let mine = self.node.election.coordinator();
-        if ask && (self.coord.is_some() || follows != mine) {
+        if ask && (self.coord.is_some() || follows != mine || mine.is_none()) {
             // A worker's report, or a question from a node that follows
-            // another coordinator or none: answered with whom this one follows.
+            // another coordinator or none (a joining node waits for its
+            // seed's word, even that it follows no one): answered with
+            // whom this one follows.
             self.tell([from]);
         } else if mine.is_none() {
             if let Some(c) = follows.filter(|&c| c != from && c != self.node.id) {
@@ -933,11 +984,15 @@ impl Peer {
     /// elected whom it follows (the answer is how a joining node finds
     /// the coordinator). The coordinator itself reports to nobody.
     fn report(&mut self) {
+        if let Some(seed) = self.node.election.seed() {
+            // Joining: whom does the mesh follow? The seed says.
+            self.ask(seed);
+        }
         let to = match self.node.election.coordinator() {
             Some(c) if c == self.node.id => return,
             Some(c) => c,
             None => match self.node.members.lowest() {
-                Some(l) if l < self.node.id => l,
+                Some(l) if l < self.node.id && Some(l) != self.node.election.seed() => l,
                 _ => return,
             },
         };
