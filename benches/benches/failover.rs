@@ -8,6 +8,14 @@
 //! from the kill to the first such start, as percentiles (target: at most
 //! 3 s).
 //!
+//! At size: for each size in `MESH_BENCH_FAILOVER_SIZES` (`50,200`), one
+//! mesh of that many nodes of one slot (`--claims-max 1`) runs a farm of
+//! 1 s tasks, and its coordinator, whichever node that is by then, is
+//! SIGKILLed `MESH_BENCH_FAILOVER_KILLS` (5) times, 8 s apart: the time
+//! from each kill to the first start after the kill plus 1.2 s (every
+//! node's one task then was placed by the new coordinator), as p50 and
+//! p99 (target: p50 at most 3 s at every size).
+//!
 //! Replication: 4 nodes of 2 slots, `MESH_BENCH_REPL_TASKS` (800) tasks of
 //! `true` submitted on the last node with `--wait`, with `--replicas 1` and
 //! `--replicas 2` (the default: every completion durable on a second node
@@ -39,6 +47,33 @@ fn main() {
         results.push(report(&format!("failover p{q}"), ms, "ms", check));
     }
     results.push(report("failover max", h.max() as f64, "ms", None));
+
+    let kills = knob("MESH_BENCH_FAILOVER_KILLS", 5) as usize;
+    let sizes = std::env::var("MESH_BENCH_FAILOVER_SIZES").unwrap_or_else(|_| "50,200".into());
+    for n in sizes
+        .split(',')
+        .filter_map(|s| s.trim().parse::<usize>().ok())
+    {
+        println!("failover at size: {n} nodes of one slot, {kills} coordinator kills");
+        let mut h = Histogram::<u64>::new(3).expect("histogram");
+        for (k, ms) in failover_at_size(n, kills).into_iter().enumerate() {
+            println!("  kill {k}: {ms} ms to the first task the new coordinator placed");
+            h.record(ms).expect("record");
+        }
+        let p50 = h.value_at_quantile(0.5) as f64;
+        results.push(report(
+            &format!("failover p50, {n} nodes"),
+            p50,
+            "ms",
+            Some(("<=", 3000.0, p50 <= 3000.0)),
+        ));
+        results.push(report(
+            &format!("failover p99, {n} nodes"),
+            h.value_at_quantile(0.99) as f64,
+            "ms",
+            None,
+        ));
+    }
 
     let tasks = knob("MESH_BENCH_REPL_TASKS", 800);
     let repeat = knob("MESH_BENCH_REPEAT", 3);
@@ -104,6 +139,62 @@ fn failover_once() -> u64 {
     assert!(placed, "no task started after the coordinator died");
     drop(c);
     (first.expect("found") - killed) / 1_000_000
+}
+
+/// Kills the coordinator of one mesh of `n` nodes `kills` times while it
+/// runs 1 s tasks; milliseconds from each kill to the first task the next
+/// coordinator placed.
+fn failover_at_size(n: usize, kills: usize) -> Vec<u64> {
+    let sb = Sandbox::new(env!("CARGO_BIN_EXE_mesh"));
+    let mut c = Cluster::start_many(&sb, n, "cpu=1", &["--claims-max", "1"]);
+    let starts = sb.path().join("starts");
+    sb.write(
+        "farm.toml",
+        &format!(
+            "[farm]\nname = \"fo\"\n[[stage]]\nname = \"s\"\nsweep.i = {{ range = \"0..999999\" }}\nshell = 'date +%s%N >> {}; sleep 1'\n",
+            starts.display()
+        ),
+    );
+    // Submitted on the last node, which is never killed below before the
+    // others: the lowest nodes are the coordinator's likely successors.
+    c.mesh(n - 1, &["submit", "farm.toml"]).expect_code(0);
+    let going = wait_until(Duration::from_secs(60), || sb.lines("starts").len() > n);
+    assert!(going, "the farm did not start on {n} nodes");
+    let mut took = Vec::new();
+    let mut dead = Vec::new();
+    for _ in 0..kills {
+        std::thread::sleep(Duration::from_secs(8));
+        let asker = (0..n)
+            .rev()
+            .find(|i| !dead.contains(i))
+            .expect("a live node");
+        let coordinator = c.mesh(asker, &["status", "--json"]).json()["coordinator"]
+            .as_str()
+            .map(str::to_string);
+        let Some(ci) = coordinator
+            .and_then(|p| (0..n).find(|&i| !dead.contains(&i) && c.nodes[i].peer_id() == p))
+        else {
+            println!("  no coordinator known to node {asker}; stopping at this size");
+            break;
+        };
+        let killed = unix_ns();
+        c.kill(ci);
+        dead.push(ci);
+        let after = killed + 1_200_000_000;
+        let mut first = None;
+        let placed = wait_until(Duration::from_secs(30), || {
+            first = sb
+                .lines("starts")
+                .iter()
+                .filter_map(|l| l.trim().parse::<u64>().ok())
+                .filter(|&t| t > after)
+                .min();
+            first.is_some()
+        });
+        assert!(placed, "no task started after the coordinator of {n} died");
+        took.push((first.expect("found") - killed) / 1_000_000);
+    }
+    took
 }
 
 /// One `submit --wait` of `tasks` trivial tasks on 4 nodes with these replicas.

@@ -21,6 +21,9 @@
 //! submitted on the last node with `--wait`: makespan over its lower bound
 //! (ten seconds; target at most 1.15).
 //!
+//! With `MESH_BENCH_IDLE_KEEP` set, each size's folder (a log per node) is
+//! kept and named.
+//!
 //! `cargo bench -p mesh-cli --bench idle` (a 200-node mesh wants about
 //! 12 GB of memory and `ulimit -n` of a few thousand).
 
@@ -196,6 +199,9 @@ fn main() {
             ));
         }
         drop(nodes);
+        if std::env::var_os("MESH_BENCH_IDLE_KEEP").is_some() {
+            println!("  the nodes' logs are kept in {}", dir.keep().display());
+        }
     }
     save("idle", &results);
 }
