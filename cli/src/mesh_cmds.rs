@@ -627,6 +627,12 @@ pub fn print_status(s: &MeshStatus, json: bool, latency: bool) -> Result<()> {
             }
         );
         println!("    tasks     {} running, {} queued", n.running, n.queued);
+        if n.health > 0 {
+            println!(
+                "    behind    local health {} of 8: it cannot keep up (CPU, network), and waits longer before it calls others dead",
+                n.health
+            );
+        }
         if let (Some(load), Some(cpus)) = (n.load, n.cpus) {
             let mem = match (n.mem_used, n.mem_total) {
                 (Some(u), Some(t)) => {

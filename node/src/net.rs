@@ -637,6 +637,7 @@ pub(crate) mod tests {
                     prefetch: 2,
                 }],
                 roster: 0x5eed,
+                health: 2,
             })),
             Msg::Swim(vec![1, 2, 3]),
             Msg::Roster {

@@ -116,6 +116,11 @@ pub struct NodeView {
     pub job: Option<String>,
     #[serde(default)]
     pub drains_in_s: Option<u64>,
+    /// Its local health: 0 when it keeps up, up to 8 when it cannot (its
+    /// probes go unanswered, its timers fire late); it then waits longer
+    /// before it calls another node dead.
+    #[serde(default)]
+    pub health: u32,
 }
 
 impl NodeView {
@@ -132,6 +137,7 @@ impl NodeView {
         self.usage = ResourceUse::of(&b.total, &b.used);
         self.job = b.job.clone();
         self.drains_in_s = b.ends_in_ms.map(|ms| ms / 1000);
+        self.health = b.health;
     }
 }
 

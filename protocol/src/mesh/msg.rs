@@ -114,6 +114,9 @@ pub struct Beat {
     /// included): a worker whose digest stays unlike its coordinator's
     /// asks for its roster (see `Roster`).
     pub roster: u64,
+    /// The sender's local health (Lifeguard's score: 0 is healthy, up to
+    /// 8 for a node that cannot keep up, e.g. starved of CPU).
+    pub health: u32,
 }
 
 /// A member in a roster: as SWIM knows it, with its incarnation and

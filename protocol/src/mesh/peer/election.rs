@@ -50,7 +50,19 @@ pub(super) struct Election {
     /// The user named the mesh to join: until `alone_until`, no seed yet
     /// (the address does not answer yet) is no reason to run alone.
     by_address: bool,
+    /// The coordinator this node followed before the one it follows now,
+    /// and until when it is passed over when the next in line is worked
+    /// out (`passed_over`). A successor takes over when the coordinator
+    /// goes silent, and most workers then still list the dead one until
+    /// SWIM declares it down (some 10 s at 200 nodes): were the new
+    /// coordinator to die within that time too, the node next in line
+    /// would think the dead one next, and nobody would watch.
+    deposed: Option<(NodeId, Millis)>,
 }
+
+/// How long a replaced coordinator is passed over (longer than SWIM
+/// takes to declare a dead node down at any size we run).
+const DEPOSED_MS: Millis = 30_000;
 
 /// What an election round decided.
 pub(super) enum Vote {
@@ -71,7 +83,16 @@ impl Election {
             seed: None,
             seed_answered: false,
             by_address: false,
+            deposed: None,
         }
+    }
+
+    /// A coordinator replaced by another lately: neither next in line nor
+    /// elected while it may be the dead one SWIM has not yet declared down.
+    pub(super) fn passed_over(&self, now: Millis) -> Option<NodeId> {
+        self.deposed
+            .filter(|&(_, until)| now < until)
+            .map(|(node, _)| node)
     }
 
     /// The user named the mesh to join (a node restarted on its state
@@ -115,7 +136,10 @@ impl Election {
     }
 
     /// This node follows `node` in `term` from now on.
-    pub(super) fn followed(&mut self, term: u64, node: NodeId) {
+    pub(super) fn followed(&mut self, now: Millis, term: u64, node: NodeId) {
+        if let Some(old) = self.coordinator.filter(|&c| c != node) {
+            self.deposed = Some((old, now + DEPOSED_MS));
+        }
         self.term = term;
         self.coordinator = Some(node);
         self.joining = false;
@@ -187,7 +211,11 @@ impl Election {
         if self.joining && (now < self.join_until || (unanswered && now < self.alone_until)) {
             return None;
         }
-        let lowest = members.lowest().unwrap_or(me);
+        let passed = self.passed_over(now);
+        let lowest = members
+            .ids()
+            .find(|&m| Some(m) != passed)
+            .map_or(me, |l| l.min(me));
         if let Some(m) = members.get(lowest) {
             if lowest < me && m.beat().coordinator == Some(lowest) {
                 // The node that would be elected already coordinates, in a

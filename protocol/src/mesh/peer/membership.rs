@@ -797,9 +797,12 @@ impl Membership {
         self.members.keys().next().copied()
     }
 
-    /// The lowest member other than `not`.
-    pub(super) fn lowest_but(&self, not: NodeId) -> Option<NodeId> {
-        self.members.keys().copied().find(|&m| m != not)
+    /// The lowest member other than `not` and `nor`.
+    pub(super) fn lowest_but(&self, not: NodeId, nor: Option<NodeId>) -> Option<NodeId> {
+        self.members
+            .keys()
+            .copied()
+            .find(|&m| m != not && Some(m) != nor)
     }
 
     /// When `id` was declared dead, if it was and has not come back.
@@ -1003,6 +1006,7 @@ pub(super) fn report_interval(cfg: &Config, size: usize) -> Millis {
 /// whom it follows until it says so itself.
 static NO_BEAT: Beat = Beat {
     roster: 0,
+    health: 0,
     version: PROTOCOL_VERSION,
     label: String::new(),
     addrs: Vec::new(),

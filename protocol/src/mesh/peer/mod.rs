@@ -264,6 +264,7 @@ impl Peer {
                 Vec::new()
             },
             roster: self.node.members.digest(),
+            health: self.node.members.health(),
         }
     }
 
@@ -291,7 +292,7 @@ impl Peer {
     fn successor(&self, c: NodeId) -> bool {
         self.node
             .members
-            .lowest_but(c)
+            .lowest_but(c, self.node.election.passed_over(self.clock))
             .is_none_or(|l| self.node.id < l)
     }
 
@@ -1081,7 +1082,7 @@ impl Peer {
                 o.failovers += 1;
             }
         }
-        self.node.election.followed(term, node);
+        self.node.election.followed(now, term, node);
         if node != self.node.id {
             if let Some(old) = self.coord.take() {
                 old.hand_over(node, &mut self.out);
