@@ -25,7 +25,7 @@
 //! kept and named.
 //!
 //! `cargo bench -p mesh-cli --bench idle` (a 200-node mesh wants about
-//! 12 GB of memory and `ulimit -n` of a few thousand).
+//! 3 GB of memory and `ulimit -n` of a few thousand).
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
