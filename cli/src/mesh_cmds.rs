@@ -642,6 +642,12 @@ pub fn print_status(s: &MeshStatus, json: bool, latency: bool) -> Result<()> {
             };
             println!("    machine   load {load:.2} on {cpus} cores{mem}");
         }
+        if let Some(b) = n.held_bytes.filter(|&b| b > 0) {
+            println!(
+                "    holds     {} of outputs until their farms' homes have them",
+                format_bytes(b)
+            );
+        }
     }
     if s.farms.is_empty() {
         println!("no farms submitted on this node");

@@ -113,6 +113,7 @@ impl Recorder {
             cpus: machine.cpus,
             mem_used: machine.mem_used,
             mem_total: machine.mem_total,
+            held_bytes: 0,
             counters: self.counters,
             latency,
             runs,

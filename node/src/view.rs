@@ -121,6 +121,10 @@ pub struct NodeView {
     /// before it calls another node dead.
     #[serde(default)]
     pub health: u32,
+    /// Bytes of outputs it keeps for farms whose homes do not have them
+    /// yet; absent when the node did not answer in time.
+    #[serde(default)]
+    pub held_bytes: Option<u64>,
 }
 
 impl NodeView {
@@ -209,6 +213,7 @@ impl Observed {
             v.cpus = Some(o.cpus);
             v.mem_used = o.mem_used;
             v.mem_total = o.mem_total;
+            v.held_bytes = Some(o.held_bytes);
             v.counters = Some(o.counters);
             v.latency = own.summaries();
             if let Some(b) = &o.beat {

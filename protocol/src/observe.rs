@@ -187,6 +187,9 @@ pub struct Observation {
     pub cpus: u32,
     pub mem_used: Option<u64>,
     pub mem_total: Option<u64>,
+    /// Bytes of outputs this node keeps for other nodes' farms until
+    /// their homes have them (`<state>/held`).
+    pub held_bytes: u64,
     pub counters: Counters,
     pub latency: LatencyData,
     /// Runs that changed after the asked-for point, oldest first.

@@ -224,6 +224,70 @@ fn killing_a_worker_mid_farm_loses_nothing() {
     );
 }
 
+/// Files a node keeps in `<state>/held` for farms whose homes do not have them yet.
+fn held_files(node: &NodeProc) -> usize {
+    std::fs::read_dir(node.state.join("held"))
+        .map(|farms| {
+            farms
+                .flatten()
+                .filter_map(|f| std::fs::read_dir(f.path()).ok())
+                .map(|files| files.count())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_node_down_when_its_farm_ended_frees_what_it_kept_once_it_is_back() {
+    let sb = sandbox();
+    let flags = ["--dead-after-ms", "1500"];
+    let mut c = Cluster::start(&sb, &["cpu=2"; 3], &flags);
+    sb.write("slow.toml", &slow_farm(90, "1"));
+    // Submitted on a node that does not coordinate: node 2's ask goes
+    // to the coordinator, which passes it on to the farm's home.
+    assert_eq!(c.own_status(1)["coordinator"], false, "{}", c.status(1));
+    let r = c.mesh(1, &["submit", "slow.toml", "--out", "slow-out"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    // Node 2 keeps outputs for node 1, the farm's home, and says so.
+    let kept = wait_until(Duration::from_secs(30), || held_files(&c.nodes[2]) > 0);
+    assert!(kept, "node 2 kept no outputs");
+    let said = wait_until(Duration::from_secs(10), || {
+        c.own_status(2)["held_bytes"]
+            .as_u64()
+            .is_some_and(|b| b > 0)
+    });
+    assert!(
+        said,
+        "mesh status does not show what node 2 keeps: {}",
+        c.own_status(2)
+    );
+    c.kill(2);
+    // The farm ends without it (what it held is fetched again or redone),
+    // so the end is told while node 2 is down.
+    c.mesh(1, &["wait", &id]).expect_code(0);
+    assert_all_home(&sb, "slow-out", 90);
+    assert!(
+        held_files(&c.nodes[2]) > 0,
+        "node 2 freed its outputs while down"
+    );
+    c.restart(2, "cpu=2", &flags);
+    let freed = wait_until(Duration::from_secs(60), || held_files(&c.nodes[2]) == 0);
+    assert!(
+        freed,
+        "node 2 still keeps {} files for a farm that ended",
+        held_files(&c.nodes[2])
+    );
+    let said = wait_until(Duration::from_secs(15), || {
+        c.own_status(2)["held_bytes"].as_u64() == Some(0)
+    });
+    assert!(
+        said,
+        "mesh status still shows held outputs: {}",
+        c.own_status(2)
+    );
+}
+
 #[test]
 fn submit_without_a_node_says_what_to_do() {
     let sb = sandbox();

@@ -147,6 +147,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         alloc: Alloc::new(std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone())),
         last_fetch: None,
         impatient: false,
+        held_count: std::cell::Cell::new(None),
     };
     node.peer.set_wall_base(crate::state::unix_ms());
     node.peer.set_batch_job(
@@ -285,6 +286,11 @@ impl Node {
             }
         }
         self.peer.restore_held(held);
+        self.peer.restore_kept(
+            super::staging::held_farms(&self.state)
+                .into_iter()
+                .map(|(f, _)| f),
+        );
         if let Some(book) = MeshState::load_allocs(&self.store)? {
             self.peer.restore_allocs(book);
         }
@@ -360,6 +366,7 @@ impl Node {
                 outputs,
             } => self.fetch_outputs(farm, task, from, outputs),
             Action::Forget { farm } => {
+                self.held_count.set(None);
                 let dir = self.state.join("held").join(farm.to_string());
                 tokio::task::spawn_blocking(move || {
                     let _ = fs::remove_dir_all(dir);

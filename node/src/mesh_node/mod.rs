@@ -183,6 +183,9 @@ struct Node {
     last_fetch: Option<Instant>,
     /// Stopped twice (a second Ctrl-C): no lingering.
     impatient: bool,
+    /// Bytes under `<state>/held` as last counted, and when: a status
+    /// page asks every second, and a node may keep many files.
+    held_count: std::cell::Cell<Option<(Instant, u64)>>,
 }
 
 /// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.

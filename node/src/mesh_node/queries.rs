@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use mesh_protocol::mesh::{Beat, Entry, FarmId, NodeId};
 use mesh_protocol::observe::{LatencyData, Observation};
@@ -14,6 +15,9 @@ use super::views::FAILURES_SHOWN;
 use super::{farm_display_id, Cmd, Node};
 use crate::control::ControlResponse;
 use crate::view::{FarmView, MeshStatus, NodeView, Observed};
+
+/// How long a count of the outputs kept here stands.
+const HELD_RECOUNT: Duration = Duration::from_secs(5);
 
 /// How long `mesh status` and the dashboard wait for a node to say how it
 /// is: one that does not answer in time is shown without it.
@@ -209,7 +213,24 @@ impl Node {
             .observation(since, latency, crate::state::unix_ms());
         o.counters = counters;
         o.beat = Some(Box::new(self.peer.beat()));
+        o.held_bytes = self.held_bytes();
         o
+    }
+
+    /// Bytes of outputs kept here for other nodes' farms, counted again
+    /// at most every few seconds.
+    fn held_bytes(&self) -> u64 {
+        if let Some((at, bytes)) = self.held_count.get() {
+            if at.elapsed() < HELD_RECOUNT {
+                return bytes;
+            }
+        }
+        let bytes = super::staging::held_farms(&self.state)
+            .iter()
+            .map(|(_, b)| b)
+            .sum();
+        self.held_count.set(Some((Instant::now(), bytes)));
+        bytes
     }
 
     /// The mesh's status with what every node that answers in time says

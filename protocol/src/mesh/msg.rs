@@ -326,6 +326,11 @@ pub enum Msg {
     /// The home to every node: every output of this farm is home; what
     /// was kept for it may go.
     Collected { farm: FarmId },
+    /// A node that found outputs of these farms in its state at a restart
+    /// (it may have been down when their ends were told) to its
+    /// coordinator, and the coordinator to each farm's home: the home
+    /// answers `node` with `Collected` for each whose end it told.
+    Keeps { node: NodeId, farms: Vec<FarmId> },
     /// Coordinator to worker: run these. `echo`: the `at` of the worker's
     /// report this answers, so the worker measures its round trip.
     Assign {

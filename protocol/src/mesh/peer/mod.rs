@@ -42,6 +42,7 @@ mod placement;
 mod steal;
 mod worker;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use rand::rngs::SmallRng;
@@ -74,6 +75,11 @@ use worker::{Specs, Worker};
 /// How long a node pointed at a mesh waits for the node it joins through
 /// to say whom it follows before it may elect itself (see `Election`).
 const JOIN_ALONE_MS: Millis = 30_000;
+
+/// How often a node that found outputs in its state at start asks whether
+/// their farms' homes have them all (a farm still running answers only
+/// when it ends, so the ask repeats, but seldom).
+const KEEPS_EVERY_MS: Millis = 30_000;
 
 /// What every role reads of this node: who it is, its knobs, who is
 /// alive and whom it follows. Only the dispatcher changes the last two.
@@ -118,6 +124,10 @@ pub struct Peer {
     /// Allocation queues: this node's copy, and the coordinator's loop.
     allocs: Allocs,
     next_resend: Millis,
+    /// Farms whose outputs this node found in its state when it started,
+    /// until their homes say they are collected, and when it next asks.
+    kept: BTreeSet<FarmId>,
+    next_keeps: Millis,
     /// On the coordinator: the members with the most tasks queued, as
     /// of the last look at the members, told to every worker it answers.
     victims: Vec<Victim>,
@@ -146,6 +156,8 @@ impl Peer {
             holdings: Holdings::default(),
             allocs: Allocs::default(),
             next_resend: now + cfg.resend_ms,
+            kept: BTreeSet::new(),
+            next_keeps: now,
             victims: Vec::new(),
             out: Out::new(id),
             clock: now,
@@ -532,6 +544,13 @@ impl Peer {
         self.worker.restore_held(reports);
     }
 
+    /// Farms whose outputs this node keeps, found in its state at start:
+    /// their ends may have been told while it was down, so it asks their
+    /// homes (through its coordinator) until each says so.
+    pub fn restore_kept(&mut self, farms: impl IntoIterator<Item = FarmId>) {
+        self.kept.extend(farms);
+    }
+
     /// A farm submitted on this node, which becomes its home.
     pub fn submit(&mut self, now: Millis, spec: FarmSpec) {
         let spec = Arc::new(spec);
@@ -825,7 +844,11 @@ impl Peer {
                     c.on_synced(from, farm, next, over, &self.node, &mut self.out);
                 }
             }
-            Msg::Collected { farm } => self.out.push(Action::Forget { farm }),
+            Msg::Collected { farm } => {
+                self.kept.remove(&farm);
+                self.out.push(Action::Forget { farm });
+            }
+            Msg::Keeps { node, farms } => self.on_keeps(from, node, farms),
             Msg::Assign { term, tasks, echo } => self.on_assign(now, from, term, tasks, echo),
             Msg::Report {
                 reports,
@@ -1249,6 +1272,37 @@ impl Peer {
     /// farms, requests for farm specs, log entries to holders, fetches of
     /// outputs; and tells the coordinator what this node holds, so claims
     /// whose messages were lost are found.
+    /// `node` keeps outputs of `farms`: a home tells it which it may let
+    /// go; the coordinator, asked by the node itself, passes the rest on to
+    /// their homes (once: a home that is not one any more drops them).
+    fn on_keeps(&mut self, from: NodeId, node: NodeId, farms: Vec<FarmId>) {
+        let me = self.node.id;
+        let mut homes: BTreeMap<NodeId, Vec<FarmId>> = BTreeMap::new();
+        for farm in farms {
+            let home = match self.holdings.get(farm) {
+                Some(r) if r.home => {
+                    if r.announced {
+                        if node == me {
+                            self.kept.remove(&farm);
+                            self.out.push(Action::Forget { farm });
+                        } else {
+                            self.out.send(node, Msg::Collected { farm });
+                        }
+                    }
+                    continue;
+                }
+                Some(r) => Some(r.home_of.node),
+                None => self.specs.get(&farm).map(|s| s.origin),
+            };
+            if let Some(h) = home.filter(|&h| h != me && from == node && self.coord.is_some()) {
+                homes.entry(h).or_default().push(farm);
+            }
+        }
+        for (home, farms) in homes {
+            self.out.send(home, Msg::Keeps { node, farms });
+        }
+    }
+
     fn resend(&mut self, now: Millis) {
         let leader = self.node.election.leader();
         allocation::resend(
@@ -1278,6 +1332,15 @@ impl Peer {
             }
         }
         let Some(c) = leader.node else { return };
+        if !self.kept.is_empty() && now >= self.next_keeps {
+            self.next_keeps = now + KEEPS_EVERY_MS;
+            let (me, farms) = (self.node.id, self.kept.iter().copied().collect());
+            if c == me {
+                self.on_keeps(me, me, farms);
+            } else {
+                self.out.send(c, Msg::Keeps { node: me, farms });
+            }
+        }
         let term = leader.term;
         let tasks = self.worker.holding();
         if c == self.node.id {
