@@ -638,6 +638,8 @@ pub(crate) mod tests {
                 }],
                 roster: 0x5eed,
                 health: 2,
+                late_cores: 1,
+                late_gpus: 0,
             })),
             Msg::Swim(vec![1, 2, 3]),
             Msg::Roster {

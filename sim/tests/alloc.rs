@@ -89,6 +89,37 @@ fn a_backlog_scales_out_within_max_and_idle_jobs_are_given_back() {
 }
 
 #[test]
+fn work_claimed_by_a_node_that_cannot_start_it_within_a_minute_brings_jobs() {
+    // Five one-hour tasks on one node of two cores: it claims three (two
+    // running, one queued as its prefetch). Counting only the two
+    // unclaimed asked for one job of two cores, which took those two,
+    // and the third waited an hour behind the first node's runs: the farm
+    // took two hours.
+    let (r, a) = ok(r#"
+seed = 3
+max_time_ms = 14400000
+[[nodes]]
+resources = "cpu=2"
+[[stages]]
+name = "long"
+tasks = 5
+durations = "3600000"
+[[alloc]]
+cores = 2
+walltime_ms = 7200000
+max = 4
+idle_timeout_ms = 60000
+start_delay = "uniform:5000..10000"
+"#);
+    assert_eq!((r.tasks_done, r.tasks_failed), (5, 0), "{}", r.summary());
+    assert_eq!(r.duplicates, 0, "{}", r.summary());
+    // Two jobs: the second one's node steals the task that waits, and
+    // the farm ends in about an hour.
+    assert_eq!(a.peak_jobs, 2, "{}", r.summary());
+    assert!(r.makespan < 3_900_000, "{}", r.summary());
+}
+
+#[test]
 fn walltimes_shorter_than_the_farm_drain_nodes_without_failing_a_task_and_jobs_are_replaced() {
     let (r, a) = ok(&farm(600, "retries = 0", "walltime_ms = 60000\nmax = 3"));
     // No retries: a task failed for a drain would fail for good.

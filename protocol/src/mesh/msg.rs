@@ -117,6 +117,11 @@ pub struct Beat {
     /// The sender's local health (Lifeguard's score: 0 is healthy, up to
     /// 8 for a node that cannot keep up, e.g. starved of CPU).
     pub health: u32,
+    /// Cores and GPUs of the tasks queued on the sender that cannot start
+    /// within a minute there: the coordinator's allocation queues count
+    /// them with the work no node has claimed.
+    pub late_cores: u32,
+    pub late_gpus: u32,
 }
 
 /// A member in a roster: as SWIM knows it, with its incarnation and

@@ -71,6 +71,11 @@ impl Pace {
         s.last = now;
     }
 
+    /// The recent mean duration of `stage`'s tasks here, once one ended.
+    pub fn mean_ms(&self, farm: FarmId, stage: u32) -> Option<Millis> {
+        self.stages.get(&(farm, stage)).map(|s| s.mean_ms as Millis)
+    }
+
     /// A round trip to the coordinator took `ms`.
     pub fn round_trip(&mut self, ms: Millis) {
         let ms = ms as f64;

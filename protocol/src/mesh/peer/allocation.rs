@@ -10,7 +10,7 @@ use super::coordinator::Coord;
 use super::election::Leader;
 use super::membership::Membership;
 use super::out::Out;
-use super::worker::Worker;
+use super::worker::{Specs, Worker};
 use crate::alloc::Backlog;
 use crate::engine::Millis;
 use crate::resources::{Amount, Resources, CPU, GPU};
@@ -23,11 +23,23 @@ pub(super) fn tick(
     now: Millis,
     term: u64,
     grace: Millis,
-    parts: (&Coord, &Membership, &Worker),
+    parts: (&Coord, &Membership, &Worker, &Specs),
     out: &mut Out,
 ) -> bool {
-    let (coord, members, worker) = parts;
-    let backlog = backlog(allocs, coord);
+    let (coord, members, worker, specs) = parts;
+    let mut backlog = backlog(allocs, coord);
+    // Work nodes claimed that cannot start within a minute where it is
+    // queued: the new nodes steal it once they are up.
+    let room = |gpus: bool| room(allocs, gpus);
+    let own = worker.late(now, specs, room);
+    for (cores, gpus) in members
+        .iter()
+        .map(|m| (m.beat().late_cores, m.beat().late_gpus))
+        .chain([own])
+    {
+        backlog.cores += u64::from(cores);
+        backlog.gpus += u64::from(gpus);
+    }
     let mut activity: Vec<(String, bool)> = members
         .iter()
         .filter_map(|m| {
@@ -49,23 +61,14 @@ pub(super) fn tick(
 }
 
 /// Ready work no node has claimed, in whole cores (tasks without GPUs)
-/// and GPUs (tasks with): what allocation queues of each kind are for.
+/// and GPUs (tasks with): what allocation queues of each kind are for
+/// (with the claimed work that waits, counted in `tick`).
 fn backlog(allocs: &Allocs, coord: &Coord) -> Backlog {
     let mut b = Backlog::default();
     // Work no queue's nodes live long enough for (its `expected` is
     // longer) asks for no job: they would idle, and never be cancelled
     // while it waits.
-    let usable = |gpus: bool| {
-        allocs
-            .book()
-            .queues
-            .iter()
-            .filter(|q| q.def.for_gpus() == gpus)
-            .map(|q| q.def.usable_ms())
-            .max()
-            .unwrap_or(0)
-    };
-    let (cpu_ms, gpu_ms) = (usable(false), usable(true));
+    let (cpu_ms, gpu_ms) = (room(allocs, false), room(allocs, true));
     for (stage, n) in coord.engine().waiting_stages() {
         let req = &stage.resources;
         let gpu = req.get(GPU).0;
@@ -84,6 +87,19 @@ fn backlog(allocs: &Allocs, coord: &Coord) -> Backlog {
         }
     }
     b
+}
+
+/// The longest a node of the queues for GPU work (or for the rest) lives
+/// to run tasks: work expected to take longer asks for no job.
+pub(super) fn room(allocs: &Allocs, gpus: bool) -> Millis {
+    allocs
+        .book()
+        .queues
+        .iter()
+        .filter(|q| q.def.for_gpus() == gpus)
+        .map(|q| q.def.usable_ms())
+        .max()
+        .unwrap_or(0)
 }
 
 /// The coordinator changed the book: durable here, and sent to everyone.

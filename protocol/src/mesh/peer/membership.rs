@@ -1007,6 +1007,8 @@ pub(super) fn report_interval(cfg: &Config, size: usize) -> Millis {
 static NO_BEAT: Beat = Beat {
     roster: 0,
     health: 0,
+    late_cores: 0,
+    late_gpus: 0,
     version: PROTOCOL_VERSION,
     label: String::new(),
     addrs: Vec::new(),

@@ -249,6 +249,14 @@ impl Peer {
 
     /// This node's own beat, as it would gossip it now.
     pub fn beat(&self) -> Beat {
+        // Only allocation queues read it: a mesh without any pays nothing.
+        let (late_cores, late_gpus) = if self.allocs.book().queues.is_empty() {
+            (0, 0)
+        } else {
+            self.worker.late(self.clock, &self.specs, |gpus| {
+                allocation::room(&self.allocs, gpus)
+            })
+        };
         Beat {
             version: PROTOCOL_VERSION,
             label: self.node.members.label().to_owned(),
@@ -277,6 +285,8 @@ impl Peer {
             },
             roster: self.node.members.digest(),
             health: self.node.members.health(),
+            late_cores,
+            late_gpus,
         }
     }
 
@@ -1164,7 +1174,7 @@ impl Peer {
             now,
             self.node.election.term(),
             self.node.cfg.dead_after_ms,
-            (c, &self.node.members, &self.worker),
+            (c, &self.node.members, &self.worker, &self.specs),
             &mut self.out,
         );
         if changed {

@@ -17,13 +17,14 @@ use crate::engine::{self, KillReason, Millis, Outcome, TaskResult};
 use crate::farm::TaskRef;
 use crate::observe::Latency;
 use crate::pool::{Grant, Pool};
-use crate::resources::{Amount, Resources, CPU};
+use crate::resources::{Amount, Resources, CPU, GPU};
 
 /// Most runs whose start a peer remembers for [`Latency::StartToDone`].
 const STARTED_KEPT: usize = 1 << 17;
 
 struct Run {
     attempt: u32,
+    started: Millis,
     grant: Grant,
     killed: Option<KillReason>,
 }
@@ -97,6 +98,66 @@ impl Worker {
 
     pub(super) fn queued(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Cores and GPUs of the tasks queued here that cannot start within
+    /// [`LATE_MS`]: work the allocation queues should bring nodes for,
+    /// though this node claimed it. A task's time is its stage's
+    /// `expected`, else the mean measured here, else, for a running task,
+    /// as long again as it has run (nothing else is known of a long stage
+    /// before its first task ends) and, for a queued one, nothing.
+    /// `room`: the longest a node of the queues of that kind (GPUs or
+    /// not) lives; a task expected to run longer is not counted.
+    pub(super) fn late(
+        &self,
+        now: Millis,
+        specs: &Specs,
+        room: impl Fn(bool) -> Millis,
+    ) -> (u32, u32) {
+        if self.queue.is_empty() {
+            return (0, 0);
+        }
+        let stage_of = |farm: FarmId, task: TaskRef| {
+            specs
+                .get(&farm)
+                .and_then(|s| s.def.stages.get(task.stage as usize))
+        };
+        let expected = |farm: FarmId, task: TaskRef| {
+            stage_of(farm, task)
+                .and_then(|st| st.expected_ms)
+                .or_else(|| self.pace.mean_ms(farm, task.stage))
+        };
+        let units = |r: &Resources, kind: &str| r.get(kind).0.div_ceil(Amount::units(1).0);
+        let mut out = [0u32; 2];
+        for (slot, kind) in [CPU, GPU].into_iter().enumerate() {
+            let gpus = kind == GPU;
+            let running: Vec<(u64, Millis)> = self
+                .running
+                .iter()
+                .filter(|(_, r)| (units(&r.grant.resources, GPU) > 0) == gpus)
+                .map(|(&(farm, task), r)| {
+                    let ran = now.saturating_sub(r.started);
+                    let left = expected(farm, task).map_or(ran, |e| e.saturating_sub(ran));
+                    (units(&r.grant.resources, kind).max(1), left)
+                })
+                .collect();
+            let room = room(gpus);
+            let queued: Vec<(u64, Millis, bool)> = self
+                .queue
+                .iter()
+                .filter_map(|a| {
+                    let st = stage_of(a.farm, a.task)?;
+                    ((units(&st.resources, GPU) > 0) == gpus).then(|| {
+                        let d = expected(a.farm, a.task).unwrap_or(0);
+                        let fits = st.expected_ms.is_none_or(|e| e <= room);
+                        (units(&st.resources, kind).max(1), d, fits)
+                    })
+                })
+                .collect();
+            let total = units(self.pool.total(), kind);
+            out[slot] = late_units(total, &running, &queued, LATE_MS) as u32;
+        }
+        (out[0], out[1])
     }
 
     pub(super) fn running_count(&self) -> usize {
@@ -244,6 +305,7 @@ impl Worker {
                 (a.farm, a.task),
                 Run {
                     attempt: a.attempt,
+                    started: now,
                     grant: grant.clone(),
                     killed: None,
                 },
@@ -625,8 +687,99 @@ impl Worker {
     }
 }
 
+/// Queued work that cannot start within this long counts toward the
+/// allocation queues' backlog.
+pub(super) const LATE_MS: Millis = 60_000;
+
+/// Of `queued` (units each needs, how long it runs, whether it counts),
+/// started in order as units of `total` free up, the units of those that
+/// count and cannot start within `within`: `running` holds units until
+/// they are left (units, time left).
+/// A task that needs more than `total` never starts here and is not
+/// counted (the coordinator knows it fits nowhere else either, or places
+/// it there). Units beyond the first few thousand are not told apart.
+fn late_units(
+    total: u64,
+    running: &[(u64, Millis)],
+    queued: &[(u64, Millis, bool)],
+    within: Millis,
+) -> u64 {
+    let total = total.min(4096) as usize;
+    if total == 0 {
+        return 0;
+    }
+    // When each unit is free next.
+    let mut free = vec![0; total];
+    let mut held = running
+        .iter()
+        .flat_map(|&(u, left)| (0..u).map(move |_| left));
+    for f in free.iter_mut() {
+        match held.next() {
+            Some(left) => *f = left,
+            None => break,
+        }
+    }
+    let mut late = 0;
+    for &(units, runs, counts) in queued {
+        let units = units as usize;
+        if units > total {
+            continue;
+        }
+        free.sort_unstable();
+        let start = free[units - 1];
+        if counts && start > within {
+            late += units as u64;
+        }
+        for f in &mut free[..units] {
+            *f = start.saturating_add(runs);
+        }
+    }
+    late
+}
+
 /// The prefetch depth of a node that has measured nothing yet: the old
 /// fixed rule's (the steal prefetch), a tenth of its cpus and one.
 fn base_depth(total: &Resources) -> u32 {
     (total.get(CPU).whole() * (STEAL_PREFETCH_PERCENT - 100) / 100) as u32 + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: Millis = 60_000;
+
+    #[test]
+    fn queued_work_behind_long_runs_is_late_and_work_that_starts_soon_is_not() {
+        // Six one-hour tasks on two cores, two running for ten minutes: the
+        // other four wait at least fifty minutes more.
+        let running = [(1, 50 * MIN), (1, 50 * MIN)];
+        let queued = [(1, 60 * MIN, true); 4];
+        assert_eq!(late_units(2, &running, &queued, MIN), 4);
+        // Two running tasks that end within the minute: the next two start
+        // in time, the two after them an hour later.
+        let soon = [(1, 30_000), (1, 30_000)];
+        assert_eq!(late_units(2, &soon, &queued, MIN), 2);
+        // A free core starts the first at once.
+        assert_eq!(late_units(3, &running, &queued, MIN), 3);
+        // Thin tasks behind thin tasks are never late.
+        assert_eq!(
+            late_units(2, &[(1, 100), (1, 100)], &[(1, 100, true); 50], MIN),
+            0
+        );
+    }
+
+    #[test]
+    fn a_task_wider_than_the_node_is_not_counted_and_units_are_whole_tasks() {
+        // A 4-core task on 2 cores never starts here.
+        assert_eq!(late_units(2, &[], &[(4, MIN, true)], MIN), 0);
+        // A 2-core task behind a 2-core run of an hour is late, both cores.
+        assert_eq!(late_units(2, &[(2, 60 * MIN)], &[(2, MIN, true)], MIN), 2);
+        // One no queue's node would live long enough for waits its turn
+        // but is not counted.
+        let queued = [(1, MIN, false), (1, MIN, true)];
+        assert_eq!(late_units(1, &[(1, 60 * MIN)], &queued, MIN), 1);
+        // No cores at all: nothing to say.
+        assert_eq!(late_units(0, &[], &[(1, MIN, true)], MIN), 0);
+    }
 }
