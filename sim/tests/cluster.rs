@@ -47,6 +47,30 @@ fn a_worker_crash_mid_farm_reruns_its_tasks_and_the_farm_finishes() {
 }
 
 #[test]
+fn a_coordinator_restarted_at_once_hands_out_no_task_its_workers_run() {
+    // The coordinator (node 0) dies mid-farm and is back 0.3 s later,
+    // before anyone calls it dead: elected again from its own store, it
+    // has every task the workers run pending, and handed them out again
+    // before their `Holding` came (11 duplicate runs in 400 here). It now
+    // waits, a round trip, for every member to say what it holds. What is
+    // left: tasks done on a worker whose report was in flight to the dead
+    // coordinator.
+    let mut dups = Vec::new();
+    for seed in 1..=5 {
+        let mut cfg = SimConfig::simple(seed, 4, "cpu=2", 400, "uniform:10..30");
+        cfg.crashes = vec![CrashSpec {
+            node: 0,
+            at_ms: 500,
+            restart_after_ms: Some(300),
+        }];
+        let r = ok(&cfg);
+        assert_eq!(r.tasks_done, 400);
+        dups.push(r.duplicates);
+    }
+    assert!(dups.iter().all(|&d| d <= 5), "duplicates per run: {dups:?}");
+}
+
+#[test]
 fn a_worker_that_never_comes_back_is_replaced() {
     let mut cfg = SimConfig::simple(12, 4, "cpu=2", 400, "uniform:10..30");
     cfg.crashes = vec![CrashSpec {

@@ -1154,6 +1154,9 @@ impl Peer {
         for stored in self.holdings.take_stored() {
             c.restore(now, self.node.id, stored);
         }
+        // Every member says what it holds as soon as it follows (a round
+        // trip after the claim below): work it runs is not handed out again.
+        c.settle(now + self.node.cfg.resend_ms, self.node.members.ids());
         self.coord = Some(c);
         self.allocs.coordinating(Some(now));
         self.node.members.unwatch_all();
@@ -1196,6 +1199,9 @@ impl Peer {
         }
         self.sync_machines();
         let Some(c) = &mut self.coord else { return };
+        if c.settling(now) {
+            return;
+        }
         let me = coordinator::Local {
             total: self.worker.total(),
             depth: self.worker.depth(),

@@ -112,6 +112,12 @@ pub(super) struct Coord {
     hungry: BTreeSet<NodeId>,
     /// The backlog after the last assignment: when it grows, every node may take more.
     last_backlog: u64,
+    /// Just elected: until every member has said what it holds (each does
+    /// when it follows, within a round trip), or until the time given,
+    /// nothing is placed. The tasks workers run are pending in this
+    /// coordinator's engine until their `Holding` adopts them, and
+    /// placement hands out the first pending tasks: those very ones.
+    settle: Option<(Millis, FxHashSet<NodeId>)>,
     /// Each node's prefetch depth, as it last said (reports and beats).
     depth: FxHashMap<NodeId, u32>,
     /// The clock of each node's report handled in this step, echoed back
@@ -148,6 +154,7 @@ impl Coord {
             load: FxHashMap::default(),
             hungry: nodes.collect(),
             last_backlog: 0,
+            settle: None,
             depth: FxHashMap::default(),
             echo: FxHashMap::default(),
             reporter: None,
@@ -576,6 +583,24 @@ impl Coord {
     /// adopts those claims, and every `resend_ms`, so claims whose `Assign`
     /// or `Stolen` was lost go back to the queue. Only claims older than
     /// `grace` are given up: younger ones may still be on their way.
+    /// Places nothing until `until`, or until each of `members` has said
+    /// what it holds (`on_holding`).
+    pub(super) fn settle(&mut self, until: Millis, members: impl IntoIterator<Item = NodeId>) {
+        let waiting: FxHashSet<NodeId> = members.into_iter().collect();
+        self.settle = (!waiting.is_empty()).then_some((until, waiting));
+    }
+
+    /// Still waiting to hear what the members hold before placing work.
+    pub(super) fn settling(&mut self, now: Millis) -> bool {
+        match &self.settle {
+            Some((until, waiting)) if now < *until && !waiting.is_empty() => true,
+            _ => {
+                self.settle = None;
+                false
+            }
+        }
+    }
+
     pub(super) fn on_holding(
         &mut self,
         now: Millis,
@@ -583,6 +608,9 @@ impl Coord {
         tasks: Vec<Assigned>,
         grace: Millis,
     ) {
+        if let Some((_, waiting)) = &mut self.settle {
+            waiting.remove(&from);
+        }
         let mut held = 0;
         for a in &tasks {
             let Some(f) = self.farms.get(&a.farm) else {
