@@ -112,20 +112,34 @@ fn main() {
 fn failover_once() -> u64 {
     let sb = Sandbox::new(env!("CARGO_BIN_EXE_mesh"));
     let c = Cluster::start(&sb, &["cpu=1"; 3], &["--claims-max", "1"]);
-    let starts = sb.path().join("starts");
-    sb.write(
-        "farm.toml",
-        &format!(
-            "[farm]\nname = \"fo\"\n[[stage]]\nname = \"s\"\nsweep.i = {{ range = \"0..99999\" }}\nshell = 'date +%s%N >> {}; sleep 0.1'\n",
-            starts.display()
-        ),
-    );
+    write_start_farm(&sb, 99_999, "0.1");
     c.mesh(2, &["submit", "farm.toml"]).expect_code(0);
     let going = wait_until(Duration::from_secs(30), || sb.lines("starts").len() > 10);
     assert!(going, "the farm did not start");
     let killed = unix_ns();
     c.nodes[0].signal(Signal::SIGKILL);
-    let after = killed + 200_000_000;
+    let took = ms_to_first_start(&sb, killed, 200_000_000, "the coordinator");
+    drop(c);
+    took
+}
+
+/// `farm.toml` in `sb`: `n` tasks of `secs` seconds, each writing its
+/// start time (unix ns) to `starts` first.
+fn write_start_farm(sb: &Sandbox, n: u64, secs: &str) {
+    let starts = sb.path().join("starts");
+    sb.write(
+        "farm.toml",
+        &format!(
+            "[farm]\nname = \"fo\"\n[[stage]]\nname = \"s\"\nsweep.i = {{ range = \"0..{n}\" }}\nshell = 'date +%s%N >> {}; sleep {secs}'\n",
+            starts.display()
+        ),
+    );
+}
+
+/// Milliseconds from `killed` (unix ns) to the first start logged more
+/// than `placed_after` ns after it: a task the next coordinator placed.
+fn ms_to_first_start(sb: &Sandbox, killed: u64, placed_after: u64, what: &str) -> u64 {
+    let after = killed + placed_after;
     let mut first = None;
     let placed = wait_until(Duration::from_secs(30), || {
         first = sb
@@ -136,8 +150,7 @@ fn failover_once() -> u64 {
             .min();
         first.is_some()
     });
-    assert!(placed, "no task started after the coordinator died");
-    drop(c);
+    assert!(placed, "no task started after {what} died");
     (first.expect("found") - killed) / 1_000_000
 }
 
@@ -147,14 +160,7 @@ fn failover_once() -> u64 {
 fn failover_at_size(n: usize, kills: usize) -> Vec<u64> {
     let sb = Sandbox::new(env!("CARGO_BIN_EXE_mesh"));
     let mut c = Cluster::start_many(&sb, n, "cpu=1", &["--claims-max", "1"]);
-    let starts = sb.path().join("starts");
-    sb.write(
-        "farm.toml",
-        &format!(
-            "[farm]\nname = \"fo\"\n[[stage]]\nname = \"s\"\nsweep.i = {{ range = \"0..999999\" }}\nshell = 'date +%s%N >> {}; sleep 1'\n",
-            starts.display()
-        ),
-    );
+    write_start_farm(&sb, 999_999, "1");
     // Submitted on the last node, which is never killed below before the
     // others: the lowest nodes are the coordinator's likely successors.
     c.mesh(n - 1, &["submit", "farm.toml"]).expect_code(0);
@@ -180,19 +186,8 @@ fn failover_at_size(n: usize, kills: usize) -> Vec<u64> {
         let killed = unix_ns();
         c.kill(ci);
         dead.push(ci);
-        let after = killed + 1_200_000_000;
-        let mut first = None;
-        let placed = wait_until(Duration::from_secs(30), || {
-            first = sb
-                .lines("starts")
-                .iter()
-                .filter_map(|l| l.trim().parse::<u64>().ok())
-                .filter(|&t| t > after)
-                .min();
-            first.is_some()
-        });
-        assert!(placed, "no task started after the coordinator of {n} died");
-        took.push((first.expect("found") - killed) / 1_000_000);
+        let what = format!("the coordinator of {n}");
+        took.push(ms_to_first_start(&sb, killed, 1_200_000_000, &what));
     }
     took
 }

@@ -38,29 +38,36 @@ def tree(root):
     return out
 
 
-def cpu_ticks(pids):
+def summed(pids, name, value):
+    """The sum over `pids` of `value` of each one's /proc/PID/`name` text
+    (a process gone meanwhile counts nothing)."""
     total = 0
     for p in pids:
         try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            with open(f"/proc/{p}/{name}") as f:
+                total += value(f.read())
         except OSError:
             pass
     return total
+
+
+def cpu_ticks(pids):
+    def ticks(stat):
+        fields = stat.rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    return summed(pids, "stat", ticks)
 
 
 def rss_kb(pids):
-    total = 0
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
+    def rss(status):
+        return sum(
+            int(line.split()[1])
+            for line in status.splitlines()
+            if line.startswith("VmRSS:")
+        )
+
+    return summed(pids, "status", rss)
 
 
 def measure(n, settle=10.0, span=20.0):

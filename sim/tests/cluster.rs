@@ -265,19 +265,25 @@ fn any_node_faults(seed: u64) -> SimConfig {
 fn a_seed_sweep_with_faults_of_any_node_loses_nothing() {
     let started = std::time::Instant::now();
     for seed in 0..100 {
-        let cfg = any_node_faults(seed);
-        let r = match run(&cfg) {
-            Ok(r) => r,
-            Err(e) => panic!("{e}\n{cfg:?}"),
-        };
-        assert_eq!(
-            r.tasks_done + r.crash_limited,
-            200,
-            "seed {seed}: {}",
-            r.summary()
-        );
+        any_node_faults_lose_nothing(seed);
         assert!(started.elapsed().as_secs() < 90, "the sweep is time-boxed");
     }
+}
+
+/// Runs `any_node_faults(seed)`: every task ends done or failed for its
+/// crashes, none lost.
+fn any_node_faults_lose_nothing(seed: u64) {
+    let cfg = any_node_faults(seed);
+    let r = match run(&cfg) {
+        Ok(r) => r,
+        Err(e) => panic!("{e}\n{cfg:?}"),
+    };
+    assert_eq!(
+        r.tasks_done + r.crash_limited,
+        200,
+        "seed {seed}: {}",
+        r.summary()
+    );
 }
 
 /// Seeds of the long sweep that once never finished: a node whose SWIM
@@ -289,17 +295,7 @@ fn a_seed_sweep_with_faults_of_any_node_loses_nothing() {
 #[test]
 fn seeds_that_once_stalled_finish_with_nothing_lost() {
     for seed in [1100, 1558, 1570, 5269] {
-        let cfg = any_node_faults(seed);
-        let r = match run(&cfg) {
-            Ok(r) => r,
-            Err(e) => panic!("{e}\n{cfg:?}"),
-        };
-        assert_eq!(
-            r.tasks_done + r.crash_limited,
-            200,
-            "seed {seed}: {}",
-            r.summary()
-        );
+        any_node_faults_lose_nothing(seed);
     }
 }
 

@@ -227,7 +227,7 @@ impl Node {
         }
         let bytes = super::staging::held_farms(&self.state)
             .iter()
-            .map(|(_, b)| b)
+            .map(|(_, dir)| super::staging::held_bytes(dir))
             .sum();
         self.held_count.set(Some((Instant::now(), bytes)));
         bytes

@@ -211,25 +211,32 @@ pub(super) fn manifest(dir: &Path) -> Result<Vec<OutputFile>, String> {
     Ok(out)
 }
 
-/// The farms this node keeps outputs of (`<state>/held/<farm>/`, one
-/// file per output, named by its hash), with their bytes.
-pub(super) fn held_farms(state: &Path) -> Vec<(FarmId, u64)> {
+/// The farms this node keeps outputs of, and their folders
+/// (`<state>/held/<farm>/`, one file per output, named by its hash).
+pub(super) fn held_farms(state: &Path) -> Vec<(FarmId, PathBuf)> {
     let Ok(dirs) = fs::read_dir(state.join("held")) else {
         return Vec::new();
     };
     dirs.flatten()
         .filter_map(|d| {
             let farm = u64::from_str_radix(d.file_name().to_str()?, 16).ok()?;
-            let bytes = fs::read_dir(d.path())
-                .ok()?
+            Some((FarmId(farm), d.path()))
+        })
+        .collect()
+}
+
+/// Bytes of the files in `dir` (a farm's held outputs).
+pub(super) fn held_bytes(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .map(|files| {
+            files
                 .flatten()
                 .filter_map(|f| f.metadata().ok())
                 .filter(|m| m.is_file())
                 .map(|m| m.len())
-                .sum();
-            Some((FarmId(farm), bytes))
+                .sum()
         })
-        .collect()
+        .unwrap_or(0)
 }
 
 /// Moves every file under `dir` into `held` under its blake3 hash; the manifest.
