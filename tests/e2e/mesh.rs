@@ -823,6 +823,42 @@ shell = 'echo "about to fail" >&2; exit 3'
 }
 
 #[test]
+fn an_idle_node_killed_and_started_again_on_a_new_port_rejoins_its_mesh() {
+    // `mesh node` listens on a port the OS picks by default: a node
+    // started again finds its mesh only through the peers it wrote down.
+    // An idle node wrote them and never flushed the store, so a SIGKILL
+    // lost them and it started again as a mesh of its own.
+    let sb = sandbox();
+    let mut c = Cluster::start(&sb, &["cpu=1"; 3], &[]);
+    let coordinator = c.status(0)["coordinator"].clone();
+    let formed = wait_until(Duration::from_secs(30), || {
+        c.status(2)["nodes"]
+            .as_array()
+            .is_some_and(|n| n.len() == 3)
+    });
+    assert!(formed, "the mesh did not form: {}", c.status(2));
+    c.kill(2);
+    let state = c.nodes[2].state.clone();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_mesh"));
+    c.nodes[2] = NodeProc::start(
+        bin,
+        sb.path(),
+        &state,
+        &["node", "--listen", "/ip4/127.0.0.1/tcp/0"],
+    );
+    let back = wait_until(Duration::from_secs(30), || {
+        let s = c.status(2);
+        s["coordinator"] == coordinator && s["nodes"].as_array().is_some_and(|n| n.len() == 3)
+    });
+    assert!(
+        back,
+        "it did not rejoin: {}\n{}",
+        c.status(2),
+        c.nodes[2].lines().join("\n")
+    );
+}
+
+#[test]
 fn joining_a_peer_that_is_not_up_yet_keeps_trying_until_it_is() {
     let sb = sandbox();
     let first = sb.path().join("first");

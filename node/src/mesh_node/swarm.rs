@@ -242,7 +242,10 @@ impl Node {
             name: META_PEERS.into(),
             value: postcard::to_stdvec(&self.known).unwrap_or_default(),
         };
-        if let Err(e) = self.store.write(vec![w]) {
+        // Flushed now: an idle node persists nothing else, and one killed
+        // before its next flush would start again knowing no peer (on a
+        // new port, as `mesh node` listens by default, as a mesh of one).
+        if let Err(e) = self.store.write(vec![w]).and_then(|()| self.store.flush()) {
             tracing::warn!("cannot keep the peers' addresses: {e}");
         }
     }
