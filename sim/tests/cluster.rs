@@ -52,9 +52,11 @@ fn a_coordinator_restarted_at_once_hands_out_no_task_its_workers_run() {
     // before anyone calls it dead: elected again from its own store, it
     // has every task the workers run pending, and handed them out again
     // before their `Holding` came (11 duplicate runs in 400 here). It now
-    // waits, a round trip, for every member to say what it holds. What is
-    // left: tasks done on a worker whose report was in flight to the dead
-    // coordinator.
+    // waits, a round trip, for every member to say what it holds. A
+    // worker's report may overtake its `Holding`: the task it names was
+    // pending, the report was dropped (and acknowledged), and the task ran
+    // again at the end of the farm (4 per run in 6 seeds of 10, and a
+    // farm 1.2 s longer); a success now counts as the node's claim.
     let mut dups = Vec::new();
     for seed in 1..=5 {
         let mut cfg = SimConfig::simple(seed, 4, "cpu=2", 400, "uniform:10..30");
@@ -67,7 +69,7 @@ fn a_coordinator_restarted_at_once_hands_out_no_task_its_workers_run() {
         assert_eq!(r.tasks_done, 400);
         dups.push(r.duplicates);
     }
-    assert!(dups.iter().all(|&d| d <= 5), "duplicates per run: {dups:?}");
+    assert!(dups.iter().all(|&d| d == 0), "duplicates per run: {dups:?}");
 }
 
 #[test]

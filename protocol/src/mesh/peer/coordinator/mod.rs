@@ -504,6 +504,15 @@ impl Coord {
                 o.latency
                     .record_ms(Latency::SubmitToStart, started.saturating_sub(f.since));
             }
+            let ok_codes = &spec.def.stages[t.stage as usize].success_codes;
+            let succeeded =
+                matches!(r.result, TaskResult::Exited(code) if ok_codes.contains(&code));
+            if succeeded {
+                // A success of a task pending here (its report came before
+                // the node's `Holding` to a coordinator just elected) is the
+                // node's claim: counted, rather than the task run again.
+                self.hold(now, from, r.task);
+            }
             if let Some((owner, attempt, _)) = self.claims.get(&(slot, t)).copied() {
                 if attempt == r.task.attempt {
                     self.claims.remove(&(slot, t));
@@ -512,9 +521,6 @@ impl Coord {
             }
             let f = &self.farms[&r.task.farm];
             let before = f.log.len();
-            let ok_codes = &spec.def.stages[t.stage as usize].success_codes;
-            let succeeded =
-                matches!(r.result, TaskResult::Exited(code) if ok_codes.contains(&code));
             let ran_before = matches!(f.log.get(t), Some(Entry::Done { node, attempt, .. })
                 if (*node, *attempt) != (from, r.task.attempt));
             if succeeded && ran_before {
@@ -613,21 +619,7 @@ impl Coord {
         }
         let mut held = 0;
         for a in &tasks {
-            let Some(f) = self.farms.get(&a.farm) else {
-                continue;
-            };
-            let slot = f.slot;
-            if let Some((owner, attempt, _)) = self.claims.get(&(slot, a.task)) {
-                if *owner == from && *attempt == a.attempt {
-                    held += 1;
-                }
-                continue;
-            }
-            if self.engine.adopt_claim(slot, a.task, a.attempt) {
-                self.claims.insert((slot, a.task), (from, a.attempt, now));
-                let (load, count) = self.load.entry(from).or_default();
-                load.give(&f.spec.def.stages[a.task.stage as usize].resources);
-                *count += 1;
+            if self.hold(now, from, *a) {
                 held += 1;
             }
         }
@@ -656,6 +648,26 @@ impl Coord {
             self.unload(from, &req);
             self.engine.unclaim(now, s, t, a);
         }
+    }
+
+    /// Whether `from` holds the claim on `a` now: it did, or the engine,
+    /// which had the task pending, lets it adopt the claim.
+    fn hold(&mut self, now: Millis, from: NodeId, a: Assigned) -> bool {
+        let Some(f) = self.farms.get(&a.farm) else {
+            return false;
+        };
+        let slot = f.slot;
+        if let Some((owner, attempt, _)) = self.claims.get(&(slot, a.task)) {
+            return *owner == from && *attempt == a.attempt;
+        }
+        if !self.engine.adopt_claim(slot, a.task, a.attempt) {
+            return false;
+        }
+        self.claims.insert((slot, a.task), (from, a.attempt, now));
+        let (load, count) = self.load.entry(from).or_default();
+        load.give(&f.spec.def.stages[a.task.stage as usize].resources);
+        *count += 1;
+        true
     }
 
     pub(super) fn on_moved(&mut self, now: Millis, from: NodeId, to: NodeId, tasks: Vec<Assigned>) {
