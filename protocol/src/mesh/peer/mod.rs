@@ -1257,7 +1257,9 @@ impl Peer {
         self.out.persist(Persist::Farm(farm.clone()));
         self.out.persist_entries(farm.id, entries.clone(), true);
         let spec = farm.clone();
-        if c.take_farm(now, from, farm, entries, home, self.node.id)
+        let keep = c.take_farm(now, from, farm, entries, home, self.node.id);
+        c.report_early(now, spec.id, &self.node, &mut self.out);
+        if keep
             && self
                 .holdings
                 .want_inputs(self.node.id, &spec, &mut self.out)

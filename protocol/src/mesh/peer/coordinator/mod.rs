@@ -118,6 +118,17 @@ pub(super) struct Coord {
     /// coordinator's engine until their `Holding` adopts them, and
     /// placement hands out the first pending tasks: those very ones.
     settle: Option<(Millis, FxHashSet<NodeId>)>,
+    /// What each member's last `Holding` listed of farms this coordinator
+    /// does not have yet, adopted when the farm comes. A coordinator just
+    /// elected that kept no copy of a farm has it only once a holder's
+    /// offer arrives, often after the members' `Holding`: dropping those
+    /// claims, and counting the members as heard, handed out the tasks
+    /// they ran or had finished and not yet had acknowledged.
+    held_early: FxHashMap<NodeId, Vec<Assigned>>,
+    /// Reports of farms not here yet, counted when the farm comes (until
+    /// then their node holds the claim, see `held_early`, and the worker
+    /// would send them again only a second later).
+    reports_early: FxHashMap<(NodeId, Assigned), Report>,
     /// Each node's prefetch depth, as it last said (reports and beats).
     depth: FxHashMap<NodeId, u32>,
     /// The clock of each node's report handled in this step, echoed back
@@ -155,6 +166,8 @@ impl Coord {
             hungry: nodes.collect(),
             last_backlog: 0,
             settle: None,
+            held_early: FxHashMap::default(),
+            reports_early: FxHashMap::default(),
             depth: FxHashMap::default(),
             echo: FxHashMap::default(),
             reporter: None,
@@ -494,6 +507,8 @@ impl Coord {
         let mut acks = Vec::new();
         for r in reports {
             let Some(f) = self.farms.get(&r.task.farm) else {
+                // Its farm may be on its way from a holder: see `reports_early`.
+                self.reports_early.insert((from, r.task), r);
                 continue;
             };
             let slot = f.slot;
@@ -617,11 +632,25 @@ impl Coord {
         if let Some((_, waiting)) = &mut self.settle {
             waiting.remove(&from);
         }
+        // Each `Holding` lists all a node holds: what it listed before is stale.
+        self.held_early.remove(&from);
+        let mut early = Vec::new();
         let mut held = 0;
         for a in &tasks {
-            if self.hold(now, from, *a) {
+            if !self.farms.contains_key(&a.farm) {
+                early.push(*a);
+            } else if self.hold(now, from, *a) {
                 held += 1;
             }
+        }
+        if !early.is_empty() {
+            self.held_early.insert(from, early);
+        }
+        if !self.reports_early.is_empty() {
+            let early = self.held_early.get(&from);
+            // A report its node no longer lists was acknowledged: dropped.
+            self.reports_early
+                .retain(|(n, a), _| *n != from || early.is_some_and(|e| e.contains(a)));
         }
         if self.load.get(&from).is_none_or(|(_, k)| *k <= held) {
             // Every claim of this node is accounted for: the common case, no scan.
@@ -670,6 +699,38 @@ impl Coord {
         true
     }
 
+    /// A farm has come: the claims members listed for it before it did are theirs.
+    fn adopt_early(&mut self, now: Millis, farm: FarmId) {
+        let mut nodes: Vec<NodeId> = self.held_early.keys().copied().collect();
+        nodes.sort();
+        for node in nodes {
+            let list = self.held_early.remove(&node).expect("listed above");
+            let (now_known, rest): (Vec<Assigned>, Vec<Assigned>) =
+                list.into_iter().partition(|a| a.farm == farm);
+            for a in now_known {
+                self.hold(now, node, a);
+            }
+            if !rest.is_empty() {
+                self.held_early.insert(node, rest);
+            }
+        }
+    }
+
+    /// A farm has come: the reports of it that came first are counted.
+    pub(super) fn report_early(&mut self, now: Millis, farm: FarmId, cx: &Node, out: &mut Out) {
+        let mut early: Vec<(NodeId, Assigned)> = self
+            .reports_early
+            .keys()
+            .filter(|(_, a)| a.farm == farm)
+            .copied()
+            .collect();
+        early.sort_by_key(|(n, a)| (*n, a.task, a.attempt));
+        for (node, a) in early {
+            let r = self.reports_early.remove(&(node, a)).expect("listed above");
+            self.on_report(now, node, vec![r], cx, out);
+        }
+    }
+
     pub(super) fn on_moved(&mut self, now: Millis, from: NodeId, to: NodeId, tasks: Vec<Assigned>) {
         for a in tasks {
             let Some(f) = self.farms.get(&a.farm) else {
@@ -715,6 +776,8 @@ impl Coord {
             self.drain(out);
         }
         self.reporter = None;
+        self.held_early.remove(&dead);
+        self.reports_early.retain(|(n, _), _| *n != dead);
         self.load.remove(&dead);
         self.hungry.remove(&dead);
         // A holder is gone: another live node takes a copy.

@@ -116,7 +116,7 @@ impl Coord {
             .iter()
             .map(|e| (e.task(), entry_record(e)))
             .collect();
-        let origin = farm.origin;
+        let (origin, id) = (farm.origin, farm.id);
         let f = self.add_farm(now, farm, records, entries);
         f.home = f.home.max(home);
         // The home keeps it durably, and so does the holder that offered it
@@ -129,6 +129,7 @@ impl Coord {
         if here {
             f.holders.push(Holder::new(me, false));
         }
+        self.adopt_early(now, id);
         here
     }
 
