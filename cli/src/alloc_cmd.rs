@@ -1,12 +1,11 @@
-//! `mesh alloc`: allocation queues (SLURM or PBS jobs that start mesh nodes for the backlog), as the local node's copy of the mesh's book shows them.
+//! `mesh alloc`: allocation queues (SLURM or PBS jobs that start mesh nodes for the backlog), as the node's copy of the mesh's book shows them.
 
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use mesh_node::control::{ControlRequest, ControlResponse};
+use mesh_node::control::{ControlRequest, ControlResponse, Target};
 use mesh_protocol::alloc::{BatchSystem, JobState, QueueDef};
 use mesh_protocol::mesh::{AllocBook, AllocCmd, AllocEvent};
 use mesh_protocol::resources::{format_bytes, parse_amount, MEM};
@@ -112,11 +111,11 @@ pub struct AddArgs {
     dry_run: bool,
 }
 
-pub fn alloc(state: &Path, args: AllocArgs) -> Result<ExitCode> {
+pub fn alloc(to: &Target, args: AllocArgs) -> Result<ExitCode> {
     match args {
-        AllocArgs::Add(a) => add(state, a),
+        AllocArgs::Add(a) => add(to, a),
         AllocArgs::List { json } => {
-            let book = book(state)?;
+            let book = book(to)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&book)?);
             } else {
@@ -125,7 +124,7 @@ pub fn alloc(state: &Path, args: AllocArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         AllocArgs::Info { queue, json } => {
-            let book = book(state)?;
+            let book = book(to)?;
             let Some(q) = book.queue(&queue) else {
                 bail!("no allocation queue `{queue}` (see `mesh alloc list`)");
             };
@@ -139,7 +138,7 @@ pub fn alloc(state: &Path, args: AllocArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         AllocArgs::Log { queue, last, json } => {
-            let book = book(state)?;
+            let book = book(to)?;
             if let Some(q) = &queue {
                 if book.queue(q).is_none() && !book.log.iter().any(|e| &e.queue == q) {
                     bail!("no allocation queue `{q}` (see `mesh alloc list`)");
@@ -164,13 +163,13 @@ pub fn alloc(state: &Path, args: AllocArgs) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        AllocArgs::Pause { queue } => change(state, AllocCmd::Pause { queue }),
-        AllocArgs::Resume { queue } => change(state, AllocCmd::Resume { queue }),
-        AllocArgs::Remove { queue } => change(state, AllocCmd::Remove { queue }),
+        AllocArgs::Pause { queue } => change(to, AllocCmd::Pause { queue }),
+        AllocArgs::Resume { queue } => change(to, AllocCmd::Resume { queue }),
+        AllocArgs::Remove { queue } => change(to, AllocCmd::Remove { queue }),
     }
 }
 
-fn add(state: &Path, a: AddArgs) -> Result<ExitCode> {
+fn add(to: &Target, a: AddArgs) -> Result<ExitCode> {
     let system = match a.system {
         System::Slurm => BatchSystem::Slurm,
         System::Pbs => BatchSystem::Pbs,
@@ -195,7 +194,7 @@ fn add(state: &Path, a: AddArgs) -> Result<ExitCode> {
                 .whole(),
         ),
     };
-    let book = book(state)?;
+    let book = book(to)?;
     let name = match a.name {
         Some(n) => {
             if n.is_empty()
@@ -238,7 +237,7 @@ fn add(state: &Path, a: AddArgs) -> Result<ExitCode> {
         ..QueueDef::new(&name, system, a.time.as_secs(), a.cores)
     };
     if a.dry_run {
-        let mut c = ask(state, &ControlRequest::AllocScript(def))?;
+        let mut c = ask(to, &ControlRequest::AllocScript(def))?;
         match c.recv() {
             Some(Ok(ControlResponse::Script(s))) => print!("{s}"),
             other => bail!("unexpected answer from the node: {other:?}"),
@@ -246,27 +245,27 @@ fn add(state: &Path, a: AddArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let name = def.name.clone();
-    let book = send(state, AllocCmd::Add(def))?;
+    let book = send(to, AllocCmd::Add(def))?;
     if let Some(q) = book.queue(&name) {
         println!("added allocation queue `{name}`: {}", shape(&q.def));
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn change(state: &Path, cmd: AllocCmd) -> Result<ExitCode> {
+fn change(to: &Target, cmd: AllocCmd) -> Result<ExitCode> {
     let what = match &cmd {
         AllocCmd::Pause { queue } => format!("paused `{queue}`"),
         AllocCmd::Resume { queue } => format!("resumed `{queue}`"),
         AllocCmd::Remove { queue } => format!("removed `{queue}` (its jobs are cancelled)"),
         AllocCmd::Add(d) => format!("added `{}`", d.name),
     };
-    send(state, cmd)?;
+    send(to, cmd)?;
     println!("{what}");
     Ok(ExitCode::SUCCESS)
 }
 
-fn send(state: &Path, cmd: AllocCmd) -> Result<AllocBook> {
-    let mut c = ask(state, &ControlRequest::Alloc(cmd))?;
+fn send(to: &Target, cmd: AllocCmd) -> Result<AllocBook> {
+    let mut c = ask(to, &ControlRequest::Alloc(cmd))?;
     match c.recv() {
         Some(Ok(ControlResponse::Allocs(b))) => Ok(*b),
         Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
@@ -276,8 +275,8 @@ fn send(state: &Path, cmd: AllocCmd) -> Result<AllocBook> {
     }
 }
 
-fn book(state: &Path) -> Result<AllocBook> {
-    let mut c = ask(state, &ControlRequest::Allocs)?;
+fn book(to: &Target) -> Result<AllocBook> {
+    let mut c = ask(to, &ControlRequest::Allocs)?;
     match c.recv() {
         Some(Ok(ControlResponse::Allocs(b))) => Ok(*b),
         Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),

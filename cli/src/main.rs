@@ -13,6 +13,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use mesh_node::control::Target;
 use mesh_node::farmfile::{self, LoadOptions};
 use mesh_node::runner::{self, RunError, RunOptions, RunStart};
 use mesh_node::state::{RunState, StateDir};
@@ -40,6 +41,15 @@ struct Cli {
     /// Where farms keep their state (default: the user's data folder, e.g. ~/.local/share/mesh).
     #[arg(long, global = true, env = "MESH_STATE_DIR", value_name = "DIR", value_parser = args::path)]
     state_dir: Option<PathBuf>,
+    /// Act on the mesh through the node at this address, from a machine that
+    /// runs no node (a cluster's login node): submit, wait, status, list,
+    /// logs, cancel, resume, watch and alloc, over the connection nodes use,
+    /// with the mesh secret (--mesh-key).
+    #[arg(long, global = true, env = "MESH_ADDR", value_name = "MULTIADDR", value_parser = args::multiaddr)]
+    mesh: Option<mesh_node::mesh_node::Multiaddr>,
+    /// The mesh secret for --mesh (default: mesh.key in the state folder).
+    #[arg(long, global = true, env = "MESH_KEY", value_name = "FILE", value_parser = args::path)]
+    mesh_key: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -251,6 +261,19 @@ fn describe(e: &anyhow::Error) -> String {
 
 fn dispatch(cli: Cli) -> Result<ExitCode> {
     let state = StateDir::new(state_root(cli.state_dir)?);
+    let to = match cli.mesh {
+        None => Target::Local(state.root().to_path_buf()),
+        Some(addr) => {
+            if let Some(what) = local_only(&cli.command) {
+                bail!("--mesh acts on a running mesh from another machine; `mesh {what}` runs here (leave out --mesh and MESH_ADDR)");
+            }
+            let key = cli
+                .mesh_key
+                .unwrap_or_else(|| state.root().join(mesh_node::keys::PSK_FILE));
+            Target::Remote { addr, key }
+        }
+    };
+    let remote = !to.is_local();
     match cli.command {
         Cmd::Run {
             farm,
@@ -274,13 +297,17 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         } => {
             let mesh_farm = match farm.as_deref() {
                 Some(q) => Some(q.to_string()),
-                None => mesh_cmds::unfinished_home_farm(state.root())?,
+                None => mesh_cmds::unfinished_home_farm(&to)?,
             };
             if let Some(q) = mesh_farm.as_deref() {
-                if let Some(code) = mesh_cmds::resume(state.root(), q, out.as_deref(), output.json)?
-                {
+                if let Some(code) = mesh_cmds::resume(&to, q, out.as_deref(), output.json)? {
                     return Ok(code);
                 }
+                if remote {
+                    bail!("the mesh knows no farm `{q}` (see `mesh list`)");
+                }
+            } else if remote {
+                bail!("no unfinished farm has the node at --mesh as its home; name the farm to resume");
             } else if out.is_some() {
                 bail!("--out is for a mesh farm: name it (`mesh resume FARM --out DIR`)");
             }
@@ -325,15 +352,15 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::List { json } => {
-            let local = state.list()?;
-            match mesh_cmds::list(state.root())? {
+            let local = if remote { Vec::new() } else { state.list()? };
+            match mesh_cmds::list(&to)? {
                 Some(mesh) => mesh_cmds::print_list(&mesh, &local, json)?,
                 None => show::list(&local, json)?,
             }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Init => mesh_cmds::init(state.root()),
-        Cmd::Alloc { cmd } => alloc_cmd::alloc(state.root(), cmd),
+        Cmd::Alloc { cmd } => alloc_cmd::alloc(&to, cmd),
         Cmd::Sim { args } => sim_cmd::sim(&args),
         Cmd::Node { flags } => mesh_cmds::node(state.root(), &flags, Vec::new()),
         Cmd::Join { peer, flags } => mesh_cmds::node(state.root(), &flags, peer.0),
@@ -342,14 +369,14 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             out,
             wait,
             json,
-        } => mesh_cmds::submit(state.root(), &farm, out, wait, json),
-        Cmd::Wait { farm, json } => mesh_cmds::wait(state.root(), &farm, json),
-        Cmd::Cancel { farm } => mesh_cmds::cancel(state.root(), &farm),
+        } => mesh_cmds::submit(&to, &farm, out, wait, json),
+        Cmd::Wait { farm, json } => mesh_cmds::wait(&to, &farm, json),
+        Cmd::Cancel { farm } => mesh_cmds::cancel(&to, &farm),
         Cmd::Watch {
             farm,
             every,
             until_done,
-        } => watch::watch(&state, farm.as_deref(), every, until_done),
+        } => watch::watch(&state, &to, farm.as_deref(), every, until_done),
         Cmd::Status {
             farm,
             json,
@@ -358,14 +385,22 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             match farm.as_deref() {
                 // With a node running here, the mesh is what status shows.
                 None => {
-                    if let Some(s) = mesh_cmds::status(state.root())? {
-                        mesh_cmds::print_status(&s, json, latency)?;
+                    if let Some(s) = mesh_cmds::status(&to)? {
+                        let here = if remote {
+                            "the node at --mesh"
+                        } else {
+                            "this node"
+                        };
+                        mesh_cmds::print_status(&s, json, latency, here)?;
                         return Ok(ExitCode::SUCCESS);
                     }
                 }
                 Some(q) => {
-                    if mesh_cmds::farm_status(state.root(), q, json)? {
+                    if mesh_cmds::farm_status(&to, q, json)? {
                         return Ok(ExitCode::SUCCESS);
+                    }
+                    if remote {
+                        bail!("the mesh knows no farm `{q}` (see `mesh list`)");
                     }
                 }
             }
@@ -392,14 +427,31 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             json,
         } => {
             if let Some(f) = farm.as_deref() {
-                if let Some(code) = mesh_cmds::logs(state.root(), f, &task, attempt, follow, json)?
-                {
+                if let Some(code) = mesh_cmds::logs(&to, f, &task, attempt, follow, json)? {
                     return Ok(code);
                 }
+                if remote {
+                    bail!("the mesh knows no farm `{f}` (see `mesh list`)");
+                }
+            } else if remote {
+                bail!("with --mesh, name the task's farm: `mesh logs {task} --farm FARM`");
             }
             let s = state.find(farm.as_deref())?;
             show::logs(&state, &s, &task, attempt, json)
         }
+    }
+}
+
+/// The commands that act on this machine alone, which `--mesh` makes no sense for.
+fn local_only(cmd: &Cmd) -> Option<&'static str> {
+    match cmd {
+        Cmd::Run { .. } => Some("run"),
+        Cmd::Check { .. } => Some("check"),
+        Cmd::Sim { .. } => Some("sim"),
+        Cmd::Init => Some("init"),
+        Cmd::Node { .. } => Some("node"),
+        Cmd::Join { .. } => Some("join"),
+        _ => None,
     }
 }
 

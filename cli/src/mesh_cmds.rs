@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse};
+use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse, Target};
 use mesh_node::farmfile::{self, LoadOptions};
 use mesh_node::mesh_node::{run_node, Multiaddr, NodeOptions};
 use mesh_node::view::{FarmView, MeshStatus};
@@ -143,15 +143,15 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Vec<Multiaddr>) -> Result<Exi
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) fn ask(state: &Path, req: &ControlRequest) -> Result<Client> {
-    Client::request(state, req).map_err(|e| match e {
+pub(crate) fn ask(to: &Target, req: &ControlRequest) -> Result<Client> {
+    Client::request(to, req).map_err(|e| match e {
         ControlError::NoNode(_) => anyhow::anyhow!("{e}"),
         other => anyhow::Error::new(other),
     })
 }
 
 pub fn submit(
-    state: &Path,
+    to: &Target,
     farm: &Path,
     out: Option<PathBuf>,
     wait: bool,
@@ -163,7 +163,7 @@ pub fn submit(
         .canonicalize()
         .with_context(|| format!("cannot resolve {}", farm.display()))?;
     let mut c = ask(
-        state,
+        to,
         &ControlRequest::Submit {
             def: Box::new(def),
             file: file.to_string_lossy().into_owned(),
@@ -185,25 +185,20 @@ pub fn submit(
     };
     let _ = std::io::stdout().flush();
     if wait {
-        return follow(state, &id, json);
+        return follow(to, &id, json);
     }
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn wait(state: &Path, farm: &str, json: bool) -> Result<ExitCode> {
-    follow(state, farm, json)
+pub fn wait(to: &Target, farm: &str, json: bool) -> Result<ExitCode> {
+    follow(to, farm, json)
 }
 
 /// `mesh resume FARM` with a node running here: the node becomes the
 /// farm's home (or is already) and the farm is followed to its end.
 /// `None` when no node runs here or the mesh knows no such farm (then it
 /// is a farm of `mesh run`).
-pub fn resume(
-    state: &Path,
-    farm: &str,
-    out: Option<&Path>,
-    json: bool,
-) -> Result<Option<ExitCode>> {
+pub fn resume(to: &Target, farm: &str, out: Option<&Path>, json: bool) -> Result<Option<ExitCode>> {
     let out = match out {
         Some(d) => {
             std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
@@ -220,7 +215,7 @@ pub fn resume(
         farm: farm.to_string(),
         out,
     };
-    let mut c = match Client::request(state, &req) {
+    let mut c = match Client::request(to, &req) {
         Ok(c) => c,
         Err(ControlError::NoNode(_)) => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -242,7 +237,7 @@ pub fn resume(
                     "{farm}: this node is its home now; {done} of {total} done; every output is brought to {out}"
                 );
             }
-            follow(state, &farm, json).map(Some)
+            follow(to, &farm, json).map(Some)
         }
         Some(Ok(ControlResponse::Error(e))) if e.starts_with("no farm") => Ok(None),
         Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
@@ -257,7 +252,7 @@ pub fn resume(
 /// as they come with `follow`. `None` when no node runs here or the mesh
 /// knows no such farm (then it is a farm of `mesh run`).
 pub fn logs(
-    state: &Path,
+    to: &Target,
     farm: &str,
     task: &str,
     attempt: Option<u32>,
@@ -270,7 +265,7 @@ pub fn logs(
         attempt,
         follow: follow && !json,
     };
-    let mut c = match Client::request(state, &req) {
+    let mut c = match Client::request(to, &req) {
         Ok(c) => c,
         Err(ControlError::NoNode(_)) => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -319,8 +314,8 @@ pub fn logs(
 
 /// The mesh's farms, as the node here and the coordinator know them;
 /// `None` when no node runs here.
-pub fn list(state: &Path) -> Result<Option<Vec<FarmView>>> {
-    let mut c = match Client::request(state, &ControlRequest::List) {
+pub fn list(to: &Target) -> Result<Option<Vec<FarmView>>> {
+    let mut c = match Client::request(to, &ControlRequest::List) {
         Ok(c) => c,
         Err(ControlError::NoNode(_)) => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -374,8 +369,8 @@ pub fn print_list(
 /// `mesh resume` with no farm named and a node running here: the one
 /// unfinished mesh farm whose home is this node, if there is one (several:
 /// an error naming them).
-pub fn unfinished_home_farm(state: &Path) -> Result<Option<String>> {
-    let (Some(s), Some(farms)) = (status(state)?, list(state)?) else {
+pub fn unfinished_home_farm(to: &Target) -> Result<Option<String>> {
+    let (Some(s), Some(farms)) = (status(to)?, list(to)?) else {
         return Ok(None);
     };
     let me = s.nodes.iter().find(|n| n.local).map(|n| n.id.clone());
@@ -399,11 +394,11 @@ pub fn unfinished_home_farm(state: &Path) -> Result<Option<String>> {
 /// `mesh status FARM` with a node running here: the farm as the mesh knows
 /// it, from any node. False when no node runs here or the mesh knows no
 /// such farm (then it is a farm of `mesh run`).
-pub fn farm_status(state: &Path, farm: &str, json: bool) -> Result<bool> {
+pub fn farm_status(to: &Target, farm: &str, json: bool) -> Result<bool> {
     let req = ControlRequest::Farm {
         farm: farm.to_string(),
     };
-    let mut c = match Client::request(state, &req) {
+    let mut c = match Client::request(to, &req) {
         Ok(c) => c,
         Err(ControlError::NoNode(_)) => return Ok(false),
         Err(e) => return Err(e.into()),
@@ -434,9 +429,9 @@ pub fn farm_status(state: &Path, farm: &str, json: bool) -> Result<bool> {
 }
 
 /// Follows a farm to its end, drawing progress on stderr.
-fn follow(state: &Path, farm: &str, json: bool) -> Result<ExitCode> {
+fn follow(to: &Target, farm: &str, json: bool) -> Result<ExitCode> {
     let mut c = ask(
-        state,
+        to,
         &ControlRequest::Wait {
             farm: farm.to_string(),
         },
@@ -522,9 +517,9 @@ fn print_farm(v: &FarmView) {
     }
 }
 
-pub fn cancel(state: &Path, farm: &str) -> Result<ExitCode> {
+pub fn cancel(to: &Target, farm: &str) -> Result<ExitCode> {
     let mut c = ask(
-        state,
+        to,
         &ControlRequest::Cancel {
             farm: farm.to_string(),
         },
@@ -542,8 +537,8 @@ pub fn cancel(state: &Path, farm: &str) -> Result<ExitCode> {
 }
 
 /// The mesh's status from the local node, or `None` when no node runs here.
-pub fn status(state: &Path) -> Result<Option<MeshStatus>> {
-    let mut c = match Client::request(state, &ControlRequest::Status) {
+pub fn status(to: &Target) -> Result<Option<MeshStatus>> {
+    let mut c = match Client::request(to, &ControlRequest::Status) {
         Ok(c) => c,
         Err(ControlError::NoNode(_)) => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -556,7 +551,8 @@ pub fn status(state: &Path) -> Result<Option<MeshStatus>> {
     }
 }
 
-pub fn print_status(s: &MeshStatus, json: bool, latency: bool) -> Result<()> {
+/// `here` names the node that answered: "this node", or the one at `--mesh`.
+pub fn print_status(s: &MeshStatus, json: bool, latency: bool, here: &str) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(s)?);
         return Ok(());
@@ -571,7 +567,11 @@ pub fn print_status(s: &MeshStatus, json: bool, latency: bool) -> Result<()> {
             println!(
                 "node {}{}:",
                 n.id,
-                if n.local { " [this node]" } else { "" }
+                if n.local {
+                    format!(" [{here}]")
+                } else {
+                    String::new()
+                }
             );
             if n.latency.is_empty() {
                 println!("  did not answer in time");
@@ -589,10 +589,10 @@ pub fn print_status(s: &MeshStatus, json: bool, latency: bool) -> Result<()> {
     println!("{} node(s):", s.nodes.len());
     for n in &s.nodes {
         let role = match (n.coordinator, n.local) {
-            (true, true) => " [coordinator, this node]",
-            (true, false) => " [coordinator]",
-            (false, true) => " [this node]",
-            _ => "",
+            (true, true) => format!(" [coordinator, {here}]"),
+            (true, false) => " [coordinator]".to_string(),
+            (false, true) => format!(" [{here}]"),
+            _ => String::new(),
         };
         println!("  {}{role}", n.id);
         if let Some(a) = n.addrs.first() {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use console::{Style, Term};
-use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse};
+use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse, Target};
 use mesh_node::state::StateDir;
 use mesh_node::view::{eta_s, StageRates};
 use mesh_node::view::{FarmView, MeshStatus};
@@ -30,6 +30,7 @@ struct Frame {
 
 pub fn watch(
     state: &StateDir,
+    to: &Target,
     farm: Option<&str>,
     every: f64,
     until_done: bool,
@@ -45,7 +46,7 @@ pub fn watch(
     let start = Instant::now();
     let mut last_lines: HashMap<String, String> = HashMap::new();
     loop {
-        let frame = read(state, farm)?;
+        let frame = read(state, to, farm)?;
         let now = start.elapsed().as_millis() as u64;
         if tty {
             let text = render(&frame, &mut rates, now, color);
@@ -83,10 +84,10 @@ pub fn watch(
 }
 
 /// From the node running here, or else from the farm's snapshot on disk (`mesh run`).
-fn read(state: &StateDir, farm: Option<&str>) -> Result<Frame> {
-    match ask(state, &ControlRequest::Status) {
+fn read(state: &StateDir, to: &Target, farm: Option<&str>) -> Result<Frame> {
+    match ask(to, &ControlRequest::Status) {
         Ok(Some(ControlResponse::Status(mesh))) => {
-            let farms = mesh_farms(state, farm)?;
+            let farms = mesh_farms(to, farm)?;
             Ok(Frame {
                 mesh: Some(*mesh),
                 farms,
@@ -105,15 +106,15 @@ fn read(state: &StateDir, farm: Option<&str>) -> Result<Frame> {
     }
 }
 
-fn ask(state: &StateDir, req: &ControlRequest) -> Result<Option<ControlResponse>, ControlError> {
-    let mut c = Client::request(state.root(), req)?;
+fn ask(to: &Target, req: &ControlRequest) -> Result<Option<ControlResponse>, ControlError> {
+    let mut c = Client::request(to, req)?;
     c.recv().transpose()
 }
 
 /// The farm asked for, or the mesh's farms (running first) with their stages.
-fn mesh_farms(state: &StateDir, farm: Option<&str>) -> Result<Vec<FarmView>> {
+fn mesh_farms(to: &Target, farm: Option<&str>) -> Result<Vec<FarmView>> {
     let one = |q: &str| -> Result<FarmView> {
-        match ask(state, &ControlRequest::Farm { farm: q.into() })? {
+        match ask(to, &ControlRequest::Farm { farm: q.into() })? {
             Some(ControlResponse::Farm(v)) => Ok(*v),
             Some(ControlResponse::Error(e)) => bail!("{e}"),
             _ => bail!("the node sent no farm"),
@@ -122,7 +123,7 @@ fn mesh_farms(state: &StateDir, farm: Option<&str>) -> Result<Vec<FarmView>> {
     if let Some(q) = farm {
         return Ok(vec![one(q)?]);
     }
-    let mut list = match ask(state, &ControlRequest::List)? {
+    let mut list = match ask(to, &ControlRequest::List)? {
         Some(ControlResponse::List(v)) => v,
         Some(ControlResponse::Error(e)) => bail!("{e}"),
         _ => bail!("the node sent no list"),

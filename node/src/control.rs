@@ -1,8 +1,13 @@
-//! The local control socket: what `mesh submit`, `wait`, `cancel` and `status` say to the node on the same machine.
+//! The control requests: what `mesh submit`, `wait`, `cancel`, `status` and the rest say to a node, on this machine or over the mesh's network.
 //!
-//! One JSON request per connection, answered by JSON lines. The socket lives
-//! in the state folder with owner-only permissions: whoever can write to it
-//! can run commands as the node's user.
+//! One JSON request per connection, answered by JSON lines. On the node's
+//! machine they go through a Unix socket in the state folder with
+//! owner-only permissions: whoever can write to it can run commands as the
+//! node's user. From a machine that runs no node (a cluster's login node,
+//! `mesh --mesh ADDR`) the same lines go on a libp2p stream
+//! ([`CONTROL_PROTOCOL`]) over the connection nodes use among themselves:
+//! behind the mesh key, so whoever holds mesh.key may command the mesh, as
+//! they may already join it and run tasks on it.
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -15,7 +20,31 @@ use mesh_protocol::farm::FarmDef;
 use mesh_protocol::mesh::{AllocBook, AllocCmd};
 
 use crate::view::{FarmView, MeshStatus, Observed};
+use libp2p::Multiaddr;
 use serde::{Deserialize, Serialize};
+
+/// The control requests on a libp2p stream. The build's version is in the
+/// name: the JSON follows these enums, which change between versions, so
+/// a command line and a node of different builds refuse each other by
+/// name instead of misreading a request.
+pub const CONTROL_PROTOCOL: &str = concat!("/mesh/control/", env!("CARGO_PKG_VERSION"));
+
+/// Which node a command talks to.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// The node of this state folder, through its control socket.
+    Local(PathBuf),
+    /// A node of a mesh, at `addr`, over an authenticated connection with
+    /// the mesh secret in `key` (`mesh --mesh ADDR`).
+    Remote { addr: Multiaddr, key: PathBuf },
+}
+
+impl Target {
+    /// Whether a missing node here means "no mesh, a farm of `mesh run`".
+    pub fn is_local(&self) -> bool {
+        matches!(self, Target::Local(_))
+    }
+}
 
 /// The socket's path in a state folder.
 pub fn socket_path(state: &Path) -> PathBuf {
@@ -124,16 +153,35 @@ pub enum ControlError {
     },
     #[error("the node sent something unreadable: {0}")]
     Decode(#[from] serde_json::Error),
+    #[error(transparent)]
+    Key(#[from] crate::keys::KeyError),
+    #[error("cannot reach the mesh at {addr}: {why}")]
+    Unreachable { addr: String, why: String },
 }
 
-/// A connection to the local node, yielding its answers.
+/// A connection to a node, yielding its answers.
 pub struct Client {
-    lines: std::io::Lines<BufReader<UnixStream>>,
+    lines: Lines,
+}
+
+enum Lines {
+    Local(std::io::Lines<BufReader<UnixStream>>),
+    /// Lines read by [`remote`]'s thread, which drives the connection.
+    Remote(std::sync::mpsc::Receiver<io::Result<String>>),
 }
 
 impl Client {
-    /// Sends one request to the node of `state`.
-    pub fn request(state: &Path, req: &ControlRequest) -> Result<Client, ControlError> {
+    /// Sends one request to the node `to`.
+    pub fn request(to: &Target, req: &ControlRequest) -> Result<Client, ControlError> {
+        match to {
+            Target::Local(state) => Client::local(state, req),
+            Target::Remote { addr, key } => Ok(Client {
+                lines: Lines::Remote(remote::request(addr, key, req)?),
+            }),
+        }
+    }
+
+    fn local(state: &Path, req: &ControlRequest) -> Result<Client, ControlError> {
         let path = socket_path(state);
         let mut stream = match UnixStream::connect(&path) {
             Ok(s) => s,
@@ -159,21 +207,145 @@ impl Client {
             source,
         })?;
         Ok(Client {
-            lines: BufReader::new(stream).lines(),
+            lines: Lines::Local(BufReader::new(stream).lines()),
         })
     }
 
     /// The node's next answer; `None` once it has said everything.
     pub fn recv(&mut self) -> Option<Result<ControlResponse, ControlError>> {
-        let line = match self.lines.next()? {
+        let line = match &mut self.lines {
+            Lines::Local(l) => l.next()?,
+            Lines::Remote(rx) => rx.recv().ok()?,
+        };
+        let line = match line {
             Ok(l) => l,
             Err(source) => {
                 return Some(Err(ControlError::Io {
-                    path: "control socket".into(),
+                    path: "control connection".into(),
                     source,
                 }))
             }
         };
         Some(serde_json::from_str(&line).map_err(ControlError::from))
+    }
+}
+
+mod remote {
+    //! A control request over the network: a thread with its own small
+    //! runtime dials the node, opens one control stream, and passes the
+    //! answers' lines back, so the command line stays blocking code.
+
+    use std::io;
+    use std::path::Path;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use futures::{AsyncBufReadExt, AsyncWriteExt, StreamExt};
+    use libp2p::swarm::SwarmEvent;
+    use libp2p::{Multiaddr, StreamProtocol};
+
+    use super::{ControlError, ControlRequest, CONTROL_PROTOCOL};
+    use crate::{keys, net};
+
+    /// How long a dial and the stream's negotiation may take together.
+    const CONNECT_WITHIN: Duration = Duration::from_secs(15);
+
+    pub(super) fn request(
+        addr: &Multiaddr,
+        key: &Path,
+        req: &ControlRequest,
+    ) -> Result<mpsc::Receiver<io::Result<String>>, ControlError> {
+        let psk = keys::load_psk(key)?;
+        let mut line = serde_json::to_vec(req)?;
+        line.push(b'\n');
+        let unreachable = |why: String| ControlError::Unreachable {
+            addr: addr.to_string(),
+            why,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| unreachable(format!("cannot start the network: {e}")))?;
+        let (lines_tx, lines_rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            runtime.block_on(async move {
+                match tokio::time::timeout(CONNECT_WITHIN, open(addr, psk)).await {
+                    Err(_) => {
+                        let _ = ready_tx.send(Err(format!(
+                            "no answer within {} s",
+                            CONNECT_WITHIN.as_secs()
+                        )));
+                    }
+                    Ok(Err(why)) => {
+                        let _ = ready_tx.send(Err(why));
+                    }
+                    Ok(Ok((mut stream, driver))) => {
+                        if let Err(e) = stream.write_all(&line).await {
+                            let _ = ready_tx.send(Err(format!("sending the request: {e}")));
+                            return;
+                        }
+                        let _ = ready_tx.send(Ok(()));
+                        let mut lines = futures::io::BufReader::new(stream).lines();
+                        while let Some(l) = lines.next().await {
+                            if lines_tx.send(l).is_err() {
+                                break;
+                            }
+                        }
+                        driver.abort();
+                    }
+                }
+            })
+        });
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(lines_rx),
+            Ok(Err(why)) => Err(unreachable(why)),
+            Err(_) => Err(unreachable("the connection's thread ended".into())),
+        }
+    }
+
+    /// Dials `addr` and opens a control stream to whichever node answers;
+    /// the swarm is driven by a task of its own from then on.
+    async fn open(
+        addr: Multiaddr,
+        psk: libp2p::pnet::PreSharedKey,
+    ) -> Result<(libp2p::Stream, tokio::task::JoinHandle<()>), String> {
+        let mut swarm = net::client(psk).map_err(|e| e.to_string())?;
+        let mut control = swarm.behaviour().new_control();
+        swarm
+            .dial(addr.clone())
+            .map_err(|e| net::explain_dial_error(&e))?;
+        let peer = loop {
+            match swarm.select_next_some().await {
+                SwarmEvent::ConnectionEstablished { peer_id, .. } => break peer_id,
+                SwarmEvent::OutgoingConnectionError { error, .. } => {
+                    return Err(net::explain_dial_error(&error))
+                }
+                _ => {}
+            }
+        };
+        let driver = tokio::spawn(async move {
+            loop {
+                swarm.select_next_some().await;
+            }
+        });
+        match control
+            .open_stream(peer, StreamProtocol::new(CONTROL_PROTOCOL))
+            .await
+        {
+            Ok(s) => Ok((s, driver)),
+            Err(libp2p_stream::OpenStreamError::UnsupportedProtocol(_)) => {
+                driver.abort();
+                Err(format!(
+                    "the node there does not take {CONTROL_PROTOCOL}: it runs another version of mesh (this is {})",
+                    env!("CARGO_PKG_VERSION")
+                ))
+            }
+            Err(e) => {
+                driver.abort();
+                Err(format!("opening a control stream: {e}"))
+            }
+        }
     }
 }

@@ -123,6 +123,24 @@ pub fn build(cfg: NetConfig) -> Result<Swarm<Behaviour>, NetError> {
     Ok(swarm)
 }
 
+/// A swarm that only dials, for a command line on a machine that runs no
+/// node (`mesh --mesh ADDR ...`): the same transport behind the mesh key,
+/// a throwaway identity, and nothing but streams it opens itself.
+pub fn client(psk: PreSharedKey) -> Result<Swarm<libp2p_stream::Behaviour>, NetError> {
+    let identity = Keypair::generate_ed25519();
+    let transport = transport(&identity, psk)?;
+    Ok(libp2p::SwarmBuilder::with_existing_identity(identity)
+        .with_tokio()
+        .with_other_transport(|_| transport)
+        .unwrap_or_else(|never| match never {})
+        .with_behaviour(|_| libp2p_stream::Behaviour::new())
+        .unwrap_or_else(|never| match never {})
+        // A `mesh wait` keeps its one stream open for as long as the farm runs.
+        .with_swarm_config(|c| c.with_idle_connection_timeout(DEFAULT_IDLE_TIMEOUT))
+        .with_connection_timeout(CONNECT_TIMEOUT + HANDSHAKE_TIMEOUT)
+        .build())
+}
+
 /// TCP, then the private-network layer, then noise and yamux.
 ///
 /// The pre-shared key wraps the raw TCP stream, before any libp2p protocol

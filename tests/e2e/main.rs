@@ -6,6 +6,7 @@ mod alloc;
 mod dashboard;
 mod input;
 mod mesh;
+mod remote;
 mod resume;
 mod run;
 mod sim;

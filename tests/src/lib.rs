@@ -185,6 +185,8 @@ impl Sandbox {
             .current_dir(self.dir.path())
             .env("MESH_STATE_DIR", self.state())
             .env_remove("MESH_LOG")
+            .env_remove("MESH_ADDR")
+            .env_remove("MESH_KEY")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -200,6 +202,15 @@ impl Sandbox {
     pub fn spawn(&self, args: &[&str]) -> Background {
         Background {
             child: Some(self.command(args).spawn().expect("start mesh")),
+        }
+    }
+
+    /// Starts mesh in the background with these variables in its environment.
+    pub fn spawn_env(&self, args: &[&str], env: &[(&str, &str)]) -> Background {
+        let mut c = self.command(args);
+        c.envs(env.iter().copied());
+        Background {
+            child: Some(c.spawn().expect("start mesh")),
         }
     }
 
@@ -257,6 +268,8 @@ impl NodeProc {
             .current_dir(cwd)
             .env("MESH_STATE_DIR", state)
             .env_remove("MESH_LOG")
+            .env_remove("MESH_ADDR")
+            .env_remove("MESH_KEY")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -565,6 +578,8 @@ impl Cluster {
             .current_dir(&self.root)
             .env("MESH_STATE_DIR", &self.nodes[i].state)
             .env_remove("MESH_LOG")
+            .env_remove("MESH_ADDR")
+            .env_remove("MESH_KEY")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

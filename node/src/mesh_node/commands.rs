@@ -176,10 +176,27 @@ impl Node {
     }
 }
 
+/// Serves the control requests that come on libp2p streams (`mesh --mesh
+/// ADDR` from a machine that runs no node) as the control socket's.
+pub(super) async fn accept_control(
+    mut incoming: libp2p_stream::IncomingStreams,
+    tx: mpsc::UnboundedSender<Cmd>,
+) {
+    use futures::StreamExt;
+    use tokio_util::compat::FuturesAsyncReadCompatExt;
+    while let Some((peer, stream)) = incoming.next().await {
+        tracing::info!("control request from {peer}");
+        tokio::spawn(serve_control(stream.compat(), tx.clone()));
+    }
+}
+
 /// Serves one control connection: reads the request, forwards it to the loop, writes the answers.
-pub(super) async fn serve_control(stream: tokio::net::UnixStream, tx: mpsc::UnboundedSender<Cmd>) {
+pub(super) async fn serve_control<S>(stream: S, tx: mpsc::UnboundedSender<Cmd>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+{
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    let (read, mut write) = stream.into_split();
+    let (read, mut write) = tokio::io::split(stream);
     let mut lines = BufReader::new(read).lines();
     let Ok(Some(line)) = lines.next_line().await else {
         return;
@@ -201,7 +218,7 @@ pub(super) async fn serve_control(stream: tokio::net::UnixStream, tx: mpsc::Unbo
             break;
         };
         b.push(b'\n');
-        if write.write_all(&b).await.is_err() {
+        if write.write_all(&b).await.is_err() || write.flush().await.is_err() {
             break;
         }
         if matches!(
@@ -219,4 +236,6 @@ pub(super) async fn serve_control(stream: tokio::net::UnixStream, tx: mpsc::Unbo
             break;
         }
     }
+    // A stream's end must be said, or the other side waits for more.
+    let _ = write.shutdown().await;
 }

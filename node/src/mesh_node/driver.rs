@@ -19,7 +19,7 @@ use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 
 use super::allocs::Alloc;
-use super::commands::serve_control;
+use super::commands::{accept_control, serve_control};
 use super::links::{accept_links, Links};
 use super::source::MeshSource;
 use super::staging::NO_SUCH_FILE;
@@ -28,7 +28,7 @@ use super::swim;
 use super::views::Origin;
 use super::{Cmd, Node, NodeError, NodeOptions};
 use crate::batch;
-use crate::control::{socket_path, ControlResponse};
+use crate::control::{socket_path, ControlResponse, CONTROL_PROTOCOL};
 use crate::dash::{self, dashboard_line};
 use crate::keys;
 use crate::net::{self, NetConfig};
@@ -79,6 +79,9 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     let incoming = streams
         .accept(StreamProtocol::new(PEER_PROTOCOL))
         .expect("the peer protocol is accepted once");
+    let control_streams = streams
+        .accept(StreamProtocol::new(CONTROL_PROTOCOL))
+        .expect("the control protocol is accepted once");
 
     // The control socket: owner-only, and a stale one from a dead node is replaced.
     let sock = socket_path(&opts.state);
@@ -90,6 +93,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
     tokio::spawn(accept_links(incoming, tx.clone()));
+    tokio::spawn(accept_control(control_streams, tx.clone()));
     let clock = Instant::now();
     let seed = u64::from_le_bytes(
         blake3::hash(&crate::state::unix_ms().to_le_bytes()).as_bytes()[..8]

@@ -148,6 +148,14 @@ pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<Farm
     let mut seen = HashSet::new();
     let mut inputs = Vec::new();
     let root = PathBuf::from(&def.root);
+    if !root.is_dir() {
+        // Submitted from another machine (`mesh --mesh ADDR submit`): the
+        // farm's files are read here, and its outputs written here.
+        return Err(format!(
+            "this node cannot see the farm's folder {}: a farm submitted from another machine must be in a folder the node shares (on a cluster, the home or project file system)",
+            root.display()
+        ));
+    }
     for (s, stage) in def.stages.iter().enumerate() {
         if stage.inputs.is_empty() {
             continue;
