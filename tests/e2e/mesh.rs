@@ -506,6 +506,34 @@ fn a_farm_whose_submitter_never_comes_back_is_resumed_on_another_node_with_every
 }
 
 #[test]
+fn resuming_a_finished_farm_into_another_folder_says_where_its_outputs_are() {
+    // Its outputs are home and the nodes that kept them freed them: a new
+    // home waited for them forever (`mesh resume` never returned).
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2"; 2], &[]);
+    sb.write("slow.toml", &slow_farm(4, "0"));
+    let r = c.mesh(1, &["submit", "slow.toml", "--out", "first", "--wait"]);
+    r.expect_code(0);
+    let id = r.stdout.lines().next().unwrap().to_string();
+    let r = c.mesh(1, &["resume", &id, "--out", "second"]);
+    r.expect_code(2);
+    assert!(
+        r.stderr.contains("has finished") && r.stderr.contains("first"),
+        "{}",
+        r.stderr
+    );
+    // Another node has forgotten the finished farm, or refuses the same way.
+    c.mesh(0, &["resume", &id, "--out", "second"])
+        .expect_code(2);
+    assert!(!sb.exists("second/s"));
+    // The same folder again is no change, and says so.
+    let first = sb.path().join("first");
+    let r = c.mesh(1, &["resume", &id, "--out", &first.to_string_lossy()]);
+    r.expect_code(0);
+    assert!(r.stderr.contains("this node is its home;"), "{}", r.stderr);
+}
+
+#[test]
 fn a_damaged_node_state_gives_a_clear_error_or_is_recovered_never_a_panic() {
     let sb = sandbox();
     let state = {

@@ -149,6 +149,16 @@ impl Node {
             }
             (Some(_), None) => false,
         };
+        if !already && f.progress.finished {
+            // Its outputs are home and the nodes that kept them have
+            // freed them: a new home would wait for them forever.
+            let out = here.map_or(f.spec.def.out.as_str(), |r| r.out_dir());
+            return Err(format!(
+                "{} has finished: every output is in {out} on {}; copy that folder",
+                farm_display_id(&f.spec.def.name, fid),
+                self.label_of(f.home.node)
+            ));
+        }
         if !already {
             let now = self.now();
             let out = out.expect("checked above");
