@@ -9,6 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use mesh_protocol::alloc::{BatchSystem, JobState, QueueDef};
+use mesh_protocol::mesh::Listed;
 
 /// Jobs at least this long get SLURM's SIGTERM a minute before their end.
 const SIGNAL_FROM_S: u64 = 600;
@@ -26,6 +27,20 @@ pub struct Launch {
     pub state_root: String,
     /// Where the batch system writes the job's output.
     pub log_dir: String,
+    /// The mesh's part of every job's name (see [`job_name`]).
+    pub tag: String,
+}
+
+/// A job's name: the mesh (`tag`, from its key) and the queue, so that a
+/// coordinator elected after one that died finds the jobs it submitted in
+/// `squeue`/`qstat`, whether or not they reached the book.
+pub fn job_name(tag: &str, queue: &str) -> String {
+    format!("{tag}-{queue}")
+}
+
+/// The queue a job's name says it belongs to, if it is this mesh's.
+fn queue_of<'a>(tag: &str, name: &'a str) -> Option<&'a str> {
+    name.strip_prefix(tag)?.strip_prefix('-')
 }
 
 /// `H:MM:SS` for a number of seconds (both SLURM and PBS read it).
@@ -48,6 +63,7 @@ pub fn script(q: &QueueDef, l: &Launch) -> String {
         key: absolute(&l.key),
         state_root: absolute(&l.state_root),
         log_dir: absolute(&l.log_dir),
+        tag: l.tag.clone(),
     };
     match q.system {
         BatchSystem::Slurm => slurm(q, l),
@@ -114,7 +130,7 @@ fn slurm(q: &QueueDef, l: &Launch) -> String {
     let d = |s: &mut String, line: String| {
         let _ = writeln!(s, "#SBATCH {line}");
     };
-    d(&mut s, format!("--job-name=mesh-{}", q.name));
+    d(&mut s, format!("--job-name={}", job_name(&l.tag, &q.name)));
     d(&mut s, format!("--time={}", hms(q.time_limit_s)));
     d(&mut s, format!("--nodes={}", q.nodes_per_job.max(1)));
     d(&mut s, "--ntasks-per-node=1".into());
@@ -172,7 +188,7 @@ fn pbs(q: &QueueDef, l: &Launch) -> String {
     let d = |s: &mut String, line: String| {
         let _ = writeln!(s, "#PBS {line}");
     };
-    d(&mut s, format!("-N mesh-{}", q.name));
+    d(&mut s, format!("-N {}", job_name(&l.tag, &q.name)));
     d(&mut s, format!("-l walltime={}", hms(q.time_limit_s)));
     let mut select = format!("select={}:ncpus={}", q.nodes_per_job.max(1), q.cores);
     if let Some(m) = q.mem_bytes {
@@ -350,6 +366,72 @@ fn pbs_state(s: &str) -> JobState {
     }
 }
 
+/// The command that lists every job of `user`, for [`parse_listed`]. On
+/// PBS it gives ids only (`qselect`), whose states and names come from
+/// [`poll_command`]'s `qstat -f`.
+pub fn list_command(system: BatchSystem, user: &str) -> Vec<String> {
+    match system {
+        BatchSystem::Slurm => vec![
+            "squeue".into(),
+            "--noheader".into(),
+            "--array".into(),
+            format!("--user={user}"),
+            "--format=%i|%T|%j".into(),
+        ],
+        BatchSystem::Pbs => vec!["qselect".into(), "-u".into(), user.into()],
+    }
+}
+
+/// The jobs of the mesh of `tag` (not ended) in what `squeue` (as
+/// [`list_command`] asks) or `qstat -f -t` printed. An array's parent
+/// (`1234[].server`) is not a job the book follows; its subjobs are.
+pub fn parse_listed(system: BatchSystem, tag: &str, stdout: &str) -> Vec<Listed> {
+    let mut out = Vec::new();
+    let mut keep = |id: &str, state: JobState, name: &str| {
+        if let Some(queue) = queue_of(tag, name) {
+            if state != JobState::Ended && !id.contains("[]") {
+                out.push(Listed {
+                    id: id.to_string(),
+                    state,
+                    queue: queue.to_string(),
+                });
+            }
+        }
+    };
+    match system {
+        BatchSystem::Slurm => {
+            for l in stdout.lines() {
+                let mut f = l.trim().splitn(3, '|');
+                if let (Some(id), Some(state), Some(name)) = (f.next(), f.next(), f.next()) {
+                    keep(id, slurm_state(state), name);
+                }
+            }
+        }
+        BatchSystem::Pbs => {
+            let mut job: (Option<String>, Option<JobState>, Option<String>) = (None, None, None);
+            let mut flush = |job: &mut (Option<String>, Option<JobState>, Option<String>)| {
+                if let (Some(id), Some(state), Some(name)) = std::mem::take(job) {
+                    keep(&id, state, &name);
+                }
+            };
+            for l in stdout.lines() {
+                if let Some(rest) = l.strip_prefix("Job Id:") {
+                    flush(&mut job);
+                    job.0 = Some(rest.trim().to_string());
+                } else if let Some((k, v)) = l.trim().split_once(" = ") {
+                    match k {
+                        "Job_Name" => job.2 = Some(v.trim().to_string()),
+                        "job_state" => job.1 = Some(pbs_state(v.trim())),
+                        _ => {}
+                    }
+                }
+            }
+            flush(&mut job);
+        }
+    }
+    out
+}
+
 /// The command that cancels a job.
 pub fn cancel_command(system: BatchSystem, id: &str) -> Vec<String> {
     match system {
@@ -364,6 +446,7 @@ pub enum Done {
     Submitted(QueueDef, Result<Vec<String>, String>),
     Polled(BatchSystem, Result<Vec<(String, JobState)>, String>),
     Cancelled(String, Result<(), String>),
+    Listed(BatchSystem, Result<Vec<Listed>, String>),
 }
 
 /// The longest a batch command may take before it counts as failed.
@@ -432,6 +515,33 @@ pub async fn poll(system: BatchSystem, jobs: Vec<String>) -> Done {
     Done::Polled(system, r)
 }
 
+/// Every job of this mesh (`tag`) the batch system knows, submitted by
+/// this user.
+pub async fn list(system: BatchSystem, tag: String) -> Done {
+    let user = nix::unistd::User::from_uid(nix::unistd::Uid::current())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .or_else(|| std::env::var("USER").ok());
+    let r = async {
+        let user = user.ok_or_else(|| "cannot tell this user's name".to_string())?;
+        let out = run(&list_command(system, &user)).await?;
+        match system {
+            BatchSystem::Slurm => Ok(parse_listed(system, &tag, &out)),
+            BatchSystem::Pbs => {
+                let ids: Vec<String> = out.split_whitespace().map(str::to_string).collect();
+                if ids.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let out = run(&poll_command(system, &ids)).await?;
+                Ok(parse_listed(system, &tag, &out))
+            }
+        }
+    }
+    .await;
+    Done::Listed(system, r)
+}
+
 pub async fn cancel(system: BatchSystem, job: String) -> Done {
     let r = run(&cancel_command(system, &job)).await.map(|_| ());
     Done::Cancelled(job, r)
@@ -448,6 +558,7 @@ mod tests {
             key: "/home/ada/.local/share/mesh/mesh.key".into(),
             state_root: "/scratch/ada/mesh".into(),
             log_dir: "/home/ada/.local/share/mesh/alloc/gpu".into(),
+            tag: "mesh-5f0c9a1e".into(),
         }
     }
 
@@ -459,6 +570,7 @@ mod tests {
             key: "n1/mesh.key".into(),
             state_root: "n1/alloc/nodes".into(),
             log_dir: "n1/alloc/cpu".into(),
+            tag: "mesh-5f0c9a1e".into(),
         };
         let here = std::env::current_dir().expect("a current folder");
         for system in [BatchSystem::Slurm, BatchSystem::Pbs] {
@@ -642,6 +754,54 @@ mod tests {
                 ("1234.pbs-server".into(), JobState::Running),
                 ("1235.pbs-server".into(), JobState::Queued),
                 ("1236.pbs-server".into(), JobState::Ended),
+            ]
+        );
+    }
+
+    fn listed(id: &str, state: JobState, queue: &str) -> Listed {
+        Listed {
+            id: id.into(),
+            state,
+            queue: queue.into(),
+        }
+    }
+
+    #[test]
+    fn this_meshs_jobs_are_found_by_name_among_all_the_users_jobs() {
+        let tag = "mesh-5f0c9a1e";
+        let user = "ada";
+        assert_eq!(
+            list_command(BatchSystem::Slurm, user),
+            [
+                "squeue",
+                "--noheader",
+                "--array",
+                "--user=ada",
+                "--format=%i|%T|%j"
+            ]
+        );
+        assert_eq!(
+            list_command(BatchSystem::Pbs, user),
+            ["qselect", "-u", "ada"]
+        );
+        // Another mesh's job, the user's own job (a space in its name), an
+        // array of this mesh, a job ending.
+        let out = "12|RUNNING|mesh-00aa11bb-cpu\n13|RUNNING|my analysis\n14_1|PENDING|mesh-5f0c9a1e-gpu\n14_2|RUNNING|mesh-5f0c9a1e-gpu\n15|COMPLETED|mesh-5f0c9a1e-cpu\n16|RUNNING|mesh-5f0c9a1e-big-mem\n";
+        assert_eq!(
+            parse_listed(BatchSystem::Slurm, tag, out),
+            vec![
+                listed("14_1", JobState::Queued, "gpu"),
+                listed("14_2", JobState::Running, "gpu"),
+                listed("16", JobState::Running, "big-mem"),
+            ]
+        );
+        // `qstat -f -t` of what `qselect` gave: an array's parent is not a job of the book.
+        let out = "Job Id: 1234[].pbs\n    Job_Name = mesh-5f0c9a1e-cpu\n    job_state = B\n\nJob Id: 1234[1].pbs\n    Job_Name = mesh-5f0c9a1e-cpu\n    job_state = R\n\nJob Id: 1240.pbs\n    Job_Name = other\n    job_state = R\n\nJob Id: 1241.pbs\n    job_state = Q\n    Job_Name = mesh-5f0c9a1e-cpu\n";
+        assert_eq!(
+            parse_listed(BatchSystem::Pbs, tag, out),
+            vec![
+                listed("1234[1].pbs", JobState::Running, "cpu"),
+                listed("1241.pbs", JobState::Queued, "cpu"),
             ]
         );
     }

@@ -117,6 +117,14 @@ pub fn load_psk(path: &Path) -> Result<PreSharedKey, KeyError> {
     })
 }
 
+/// The mesh's name in its batch jobs' names (`mesh-` and 8 hex digits of
+/// the key's public fingerprint): the same on every node of a mesh, and
+/// different from other meshes' (another user's, or this user's next).
+pub fn mesh_tag(psk: &PreSharedKey) -> String {
+    let fp = psk.fingerprint().to_string();
+    format!("mesh-{}", &fp[..8])
+}
+
 /// libp2p's parse errors only print their variant names.
 fn psk_parse_reason(e: &KeyParseError) -> &'static str {
     match e {
@@ -244,12 +252,14 @@ mod tests {
     }
 
     #[test]
-    fn two_meshes_get_different_keys() {
+    fn two_meshes_get_different_keys_and_job_names() {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        assert_ne!(
-            init(a.path()).unwrap().psk_fingerprint,
-            init(b.path()).unwrap().psk_fingerprint
-        );
+        let (ra, rb) = (init(a.path()).unwrap(), init(b.path()).unwrap());
+        assert_ne!(ra.psk_fingerprint, rb.psk_fingerprint);
+        let tag = |r: &InitReport| mesh_tag(&load_psk(&r.psk_path).unwrap());
+        assert_ne!(tag(&ra), tag(&rb));
+        // Every node of a mesh names its jobs alike (the same key, the same tag).
+        assert_eq!(tag(&ra), format!("mesh-{}", &ra.psk_fingerprint[..8]));
     }
 
     #[test]

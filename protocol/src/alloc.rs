@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::engine::Millis;
 use crate::resources::{Amount, Resources, CPU, GPU, MEM};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum BatchSystem {
     Slurm,
     Pbs,

@@ -339,3 +339,72 @@ start_delay = "uniform:300000..400000"
     // its idle timeout on every node.
     assert_eq!((a.cancelled, a.started), (a.jobs, 0), "{}", r.summary());
 }
+
+/// Two nodes of one core, 60 tasks of 5 to 10 s, a queue of at most one
+/// 4-core job; `crash` is a `[[crashes]]` table or nothing.
+fn failover_farm(crash: &str) -> String {
+    format!(
+        r#"
+seed = 3
+max_time_ms = 7200000
+submit_node = 1
+[[nodes]]
+resources = "cpu=1"
+[[nodes]]
+resources = "cpu=1"
+[[stages]]
+name = "work"
+tasks = 60
+durations = "uniform:5000..10000"
+[[alloc]]
+cores = 4
+max = 1
+walltime_ms = 3600000
+start_delay = "uniform:5000..10000"
+idle_timeout_ms = 30000
+{crash}
+"#
+    )
+}
+
+#[test]
+fn a_job_submitted_just_before_a_coordinator_failover_is_adopted_and_given_back_when_idle() {
+    // Without a fault the coordinator (node 0) asks for the one job at
+    // 2,002 ms and has the batch system's answer at 2,005 ms.
+    let (_, a) = ok(&failover_farm(""));
+    let submitted = |a: &AllocReport| {
+        a.book
+            .log
+            .iter()
+            .find(|e| e.text.starts_with("submitted"))
+            .map(|e| e.unix_ms)
+    };
+    assert_eq!(submitted(&a), Some(2005));
+    // It dies while `sbatch` runs: the job exists, and no book has it.
+    let (r, a) = ok(&failover_farm("[[crashes]]\nnode = 0\nat_ms = 2003"));
+    assert_eq!((r.tasks_done, r.tasks_failed), (60, 0), "{}", r.summary());
+    let job = a
+        .book
+        .jobs
+        .first()
+        .unwrap_or_else(|| panic!("the new coordinator's book has no job: {:?}", a.book.log));
+    assert!(
+        a.book
+            .log
+            .iter()
+            .any(|e| e.job.as_ref() == Some(&job.job.id) && e.text.starts_with("adopted")),
+        "{:?}",
+        a.book.log
+    );
+    // Booked, it is the queue's one job (none submitted besides it), and
+    // it is given back when idle rather than held to its walltime.
+    assert_eq!(a.jobs, 1, "{}", r.summary());
+    assert_eq!(a.peak_jobs, 1, "{}", r.summary());
+    assert_eq!(
+        (a.cancelled, a.drained, a.killed),
+        (1, 0, 0),
+        "{}",
+        r.summary()
+    );
+    assert_eq!(job.job.state, JobState::Ended);
+}

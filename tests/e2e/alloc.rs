@@ -369,3 +369,78 @@ fn allocation_queues_are_replicated_and_survive_the_coordinator() {
         "{log}"
     );
 }
+
+/// A job the coordinator submitted and died before it booked: its name
+/// carries the mesh and the queue, so the coordinator that has the queue
+/// now finds it in `squeue`, books it, and cancels it when it idles,
+/// rather than leaving it to its walltime.
+#[test]
+fn a_job_of_this_mesh_missing_from_the_book_is_adopted_from_squeue_and_given_back_when_idle() {
+    let sb = sandbox();
+    let Some(slurm) = slurm(&sb) else { return };
+    let env = vec![(
+        "SLURM_CONF".to_string(),
+        slurm.conf.to_string_lossy().into_owned(),
+    )];
+    let c = Cluster::start_with_env(&sb, &["cpu=1"], &[], env);
+    let args = [
+        "alloc",
+        "add",
+        "slurm",
+        "--time",
+        "5m",
+        "--cores",
+        "1",
+        "--max",
+        "1",
+        "--idle-timeout",
+        "5s",
+        "--name",
+        "cpu",
+    ];
+    // The job as the coordinator that died would have submitted it.
+    let dry = c.mesh(0, &[&args[..], &["--dry-run"]].concat());
+    dry.expect_code(0);
+    let script = sb.write("orphan.sh", &dry.stdout);
+    // Where its output goes, as a submission makes it.
+    fs::create_dir_all(sb.path().join("n0/alloc/cpu")).expect("mkdir");
+    let out = slurm
+        .command("sbatch")
+        .args(["--parsable", &script.to_string_lossy()])
+        .current_dir(sb.path())
+        .output()
+        .expect("sbatch");
+    assert!(out.status.success(), "{out:?}");
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        wait_until(Duration::from_secs(60), || c.status(0)["nodes"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|n| n["job"] == id.as_str()))),
+        "the job's node joined: {}\n{}",
+        c.status(0),
+        slurm.queue()
+    );
+
+    c.mesh(0, &args).expect_code(0);
+    let book = || c.mesh(0, &["alloc", "info", "cpu", "--json"]).json();
+    assert!(
+        wait_until(Duration::from_secs(30), || book()["jobs"]
+            .as_array()
+            .is_some_and(|j| j.iter().any(|j| j["job"]["id"] == id.as_str()))),
+        "the job is in the book: {}",
+        book()
+    );
+    let log = c.mesh(0, &["alloc", "log", "cpu"]).stdout;
+    assert!(log.contains("adopted"), "{log}");
+    // Idle, it is cancelled like any job of the queue, and none other was submitted.
+    assert!(
+        wait_until(Duration::from_secs(60), || slurm.queue().trim().is_empty()),
+        "the adopted job was given back: {}\n{}",
+        slurm.queue(),
+        book()
+    );
+    let log = c.mesh(0, &["alloc", "log", "cpu"]).stdout;
+    assert!(log.contains("cancelling: idle for"), "{log}");
+    let b = book();
+    assert_eq!(b["jobs"].as_array().map(Vec::len), Some(1), "{b}");
+}

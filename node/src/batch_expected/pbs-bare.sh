@@ -1,6 +1,6 @@
 #!/bin/bash
 # A mesh node for allocation queue `cpu`, written by `mesh alloc`.
-#PBS -N mesh-cpu
+#PBS -N mesh-5f0c9a1e-cpu
 #PBS -l walltime=1:00:00
 #PBS -l select=1:ncpus=8
 #PBS -j oe

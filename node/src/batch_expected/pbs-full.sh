@@ -1,6 +1,6 @@
 #!/bin/bash
 # A mesh node for allocation queue `gpu`, written by `mesh alloc`.
-#PBS -N mesh-gpu
+#PBS -N mesh-5f0c9a1e-gpu
 #PBS -l walltime=1:30:00
 #PBS -l select=2:ncpus=16:mem=65536mb:ngpus=2
 #PBS -q gpu-long

@@ -1,6 +1,6 @@
 #!/bin/bash
 # A mesh node for allocation queue `cpu`, written by `mesh alloc`.
-#SBATCH --job-name=mesh-cpu
+#SBATCH --job-name=mesh-5f0c9a1e-cpu
 #SBATCH --time=1:00:00
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1

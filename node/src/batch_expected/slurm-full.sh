@@ -1,6 +1,6 @@
 #!/bin/bash
 # A mesh node for allocation queue `gpu`, written by `mesh alloc`.
-#SBATCH --job-name=mesh-gpu
+#SBATCH --job-name=mesh-5f0c9a1e-gpu
 #SBATCH --time=1:30:00
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1

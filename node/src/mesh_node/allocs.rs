@@ -40,13 +40,16 @@ impl AllocWait {
 pub(super) struct Alloc {
     /// The mesh secret's file, named in the scripts of `mesh alloc`.
     key_path: PathBuf,
+    /// The mesh's part of its jobs' names (`keys::mesh_tag`).
+    tag: String,
     waits: Vec<AllocWait>,
 }
 
 impl Alloc {
-    pub(super) fn new(key_path: PathBuf) -> Alloc {
+    pub(super) fn new(key_path: PathBuf, tag: String) -> Alloc {
         Alloc {
             key_path,
+            tag,
             waits: Vec::new(),
         }
     }
@@ -61,6 +64,7 @@ impl Node {
             _ => None,
         };
         let dir = self.state.join("alloc");
+        let tag = self.alloc.tag.clone();
         tokio::spawn(async move {
             let done = match op {
                 BatchOp::Submit { queue, jobs } => {
@@ -69,6 +73,7 @@ impl Node {
                 }
                 BatchOp::Poll { system, jobs } => batch::poll(system, jobs).await,
                 BatchOp::Cancel { system, job } => batch::cancel(system, job).await,
+                BatchOp::List { system } => batch::list(system, tag).await,
             };
             let _ = tx.send(Cmd::Batch(done));
         });
@@ -103,6 +108,7 @@ impl Node {
             key: self.alloc.key_path.display().to_string(),
             state_root: alloc.join("nodes").display().to_string(),
             log_dir: alloc.join(queue).display().to_string(),
+            tag: self.alloc.tag.clone(),
         }
     }
 

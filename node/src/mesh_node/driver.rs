@@ -148,7 +148,10 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         out,
         recorder: Recorder::default(),
         run_seq: HashMap::new(),
-        alloc: Alloc::new(std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone())),
+        alloc: Alloc::new(
+            std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
+            keys::mesh_tag(&psk),
+        ),
         last_fetch: None,
         impatient: false,
         held_count: std::cell::Cell::new(None),
@@ -587,6 +590,7 @@ impl Node {
                     }
                     batch::Done::Polled(system, r) => self.peer.batch_polled(now, system, r),
                     batch::Done::Cancelled(job, r) => self.peer.batch_cancelled(now, &job, r),
+                    batch::Done::Listed(system, r) => self.peer.batch_listed(now, system, r),
                 }
                 self.answer_alloc_waits();
             }

@@ -7,7 +7,11 @@
 //! coordinator elected from a stale copy) sends it the other way. A new
 //! coordinator waits a death timeout before it decides anything, so it
 //! hears the newest book first and never submits twice what its
-//! predecessor submitted.
+//! predecessor submitted. What the book cannot know (a job its
+//! predecessor submitted and died before booking) the batch system does:
+//! every job's name carries the mesh and its queue, and a new coordinator
+//! lists this mesh's jobs and adopts those missing from the book before
+//! it submits anything.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -112,6 +116,20 @@ pub enum BatchOp {
         system: BatchSystem,
         job: String,
     },
+    /// Every job of this mesh the batch system knows, whatever the book
+    /// says (the driver finds them by name: the mesh's tag and the queue).
+    List {
+        system: BatchSystem,
+    },
+}
+
+/// A job of this mesh as the batch system lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub id: String,
+    pub state: JobState,
+    /// The queue its name says it was submitted for.
+    pub queue: String,
 }
 
 /// A node's part in allocation: its copy of the book and, on the
@@ -131,6 +149,13 @@ pub struct Allocs {
     idle: FxHashMap<String, Millis>,
     /// Jobs asked to be cancelled (not decided again while they end).
     cancelling: BTreeSet<String>,
+    /// The batch systems whose jobs this coordinator has listed (and
+    /// adopted); it submits nothing before, and lists those not yet.
+    listed: BTreeSet<BatchSystem>,
+    lists_out: usize,
+    next_list: Millis,
+    /// Adopted jobs of queues the book no longer has, to cancel.
+    orphans: Vec<(BatchSystem, String)>,
 }
 
 impl Allocs {
@@ -163,6 +188,10 @@ impl Allocs {
         self.idle.clear();
         self.cancelling.clear();
         self.polls_out = 0;
+        self.listed.clear();
+        self.lists_out = 0;
+        self.next_list = 0;
+        self.orphans.clear();
         self.scaler = Scaler::default();
         self.sync_paused();
     }
@@ -340,8 +369,30 @@ impl Allocs {
             }
         }
 
-        if now < since + grace {
+        // What the book may miss, asked during the grace and before
+        // anything is decided: the jobs a predecessor submitted and died
+        // before it booked them.
+        let unlisted: BTreeSet<BatchSystem> = self
+            .book
+            .queues
+            .iter()
+            .map(|q| q.def.system)
+            .filter(|s| !self.listed.contains(s))
+            .collect();
+        if !unlisted.is_empty() && self.lists_out == 0 && now >= self.next_list {
+            self.next_list = now + POLL_MS;
+            for system in &unlisted {
+                self.lists_out += 1;
+                ops.push(BatchOp::List { system: *system });
+            }
+        }
+        if now < since + grace || !unlisted.is_empty() {
             return (ops, changed);
+        }
+
+        for (system, job) in std::mem::take(&mut self.orphans) {
+            self.cancelling.insert(job.clone());
+            ops.push(BatchOp::Cancel { system, job });
         }
 
         let live: Vec<&AllocJob> = self.book.live().collect();
@@ -637,6 +688,81 @@ impl Allocs {
         true
     }
 
+    /// This mesh's jobs, as the batch system lists them: those the book
+    /// does not have are adopted (a job of a queue removed since is
+    /// cancelled at the next tick). True when the book changed.
+    pub fn listed(
+        &mut self,
+        now: Millis,
+        term: u64,
+        system: BatchSystem,
+        result: Result<Vec<Listed>, String>,
+    ) -> bool {
+        self.lists_out = self.lists_out.saturating_sub(1);
+        let jobs = match result {
+            Ok(j) => j,
+            Err(why) => {
+                // Asked again a poll later; nothing is submitted meanwhile.
+                let text = format!("cannot list this mesh's jobs: {why}");
+                if self.book.log.back().is_some_and(|e| e.text == text) {
+                    return false;
+                }
+                let e = self.event(now, "", None, text);
+                self.edit(term, |b| b.log.push_back(e));
+                return true;
+            }
+        };
+        self.listed.insert(system);
+        let wall = self.wall_base + now;
+        let mut adopted = Vec::new();
+        let mut events = Vec::new();
+        for l in jobs {
+            if l.state == JobState::Ended || self.book.jobs.iter().any(|j| j.job.id == l.id) {
+                continue;
+            }
+            if self.book.queue(&l.queue).is_none() {
+                events.push(self.event(
+                    now,
+                    &l.queue,
+                    Some(&l.id),
+                    "found, of a queue this mesh no longer has: cancelling".into(),
+                ));
+                self.orphans.push((system, l.id));
+                continue;
+            }
+            events.push(
+                self.event(
+                    now,
+                    &l.queue,
+                    Some(&l.id),
+                    "adopted: submitted before this coordinator was elected, and not in the book"
+                        .into(),
+                ),
+            );
+            adopted.push(AllocJob {
+                job: Job {
+                    id: l.id,
+                    queue: l.queue,
+                    state: l.state,
+                    submitted_at: now,
+                    idle_since: None,
+                },
+                system,
+                submitted_unix_ms: wall,
+                ended_unix_ms: None,
+                joined: false,
+            });
+        }
+        if events.is_empty() {
+            return false;
+        }
+        self.edit(term, |b| {
+            b.jobs.extend(adopted);
+            b.log.extend(events);
+        });
+        true
+    }
+
     /// The answer to a cancellation.
     pub fn cancelled(
         &mut self,
@@ -698,12 +824,126 @@ mod tests {
         Backlog { cores, gpus: 0 }
     }
 
+    /// A coordinator with one SLURM queue, whose jobs it has listed (none).
     fn coordinator() -> Allocs {
+        let mut a = unlisted();
+        let (ops, _) = a.tick(0, 1, GRACE, work(0), &[]);
+        assert_eq!(
+            ops,
+            [BatchOp::List {
+                system: BatchSystem::Slurm
+            }]
+        );
+        assert!(!a.listed(0, 1, BatchSystem::Slurm, Ok(Vec::new())));
+        a
+    }
+
+    fn unlisted() -> Allocs {
         let mut a = Allocs::default();
         a.coordinating(Some(0));
         let (ops, changed) = a.command(0, 1, AllocCmd::Add(queue()));
         assert!(ops.is_empty() && changed);
         a
+    }
+
+    fn listed(id: &str, state: JobState, queue: &str) -> Listed {
+        Listed {
+            id: id.into(),
+            state,
+            queue: queue.into(),
+        }
+    }
+
+    #[test]
+    fn a_new_coordinator_adopts_the_jobs_of_this_mesh_its_book_misses_before_it_submits() {
+        let mut a = unlisted();
+        a.submitted(0, 1, &queue(), Ok(vec!["5".into()]));
+        // Asked in the grace; nothing is submitted until the answer, with
+        // work waiting and the grace over.
+        let (ops, _) = a.tick(500, 1, GRACE, work(64), &[]);
+        assert_eq!(
+            ops,
+            [BatchOp::List {
+                system: BatchSystem::Slurm
+            }]
+        );
+        let (ops, _) = a.tick(3_000, 1, GRACE, work(64), &[]);
+        assert!(ops.is_empty(), "nothing before the list: {ops:?}");
+        // Its predecessor submitted 8 and 9 and died before booking them;
+        // 7 ended; 5 is booked; 11 is of a queue removed since.
+        let changed = a.listed(
+            3_100,
+            1,
+            BatchSystem::Slurm,
+            Ok(vec![
+                listed("5", JobState::Running, "cpu"),
+                listed("7", JobState::Ended, "cpu"),
+                listed("8", JobState::Running, "cpu"),
+                listed("9", JobState::Queued, "cpu"),
+                listed("11", JobState::Running, "gone"),
+            ]),
+        );
+        assert!(changed);
+        let ids: Vec<&str> = a.book().jobs.iter().map(|j| j.job.id.as_str()).collect();
+        assert_eq!(ids, ["5", "8", "9"]);
+        assert_eq!(state(&a, "8"), JobState::Running);
+        assert_eq!(state(&a, "9"), JobState::Queued);
+        assert!(a
+            .book()
+            .log
+            .iter()
+            .any(|e| e.job.as_deref() == Some("8") && e.text.starts_with("adopted")));
+        // Its node joins and idles: the adopted job is cancelled like any.
+        let idle = [("8".to_string(), false)];
+        let (ops, _) = a.tick(4_000, 1, GRACE, work(0), &idle);
+        assert!(
+            ops.contains(&BatchOp::Cancel {
+                system: BatchSystem::Slurm,
+                job: "11".into()
+            }),
+            "the job of a removed queue is cancelled: {ops:?}"
+        );
+        assert!(
+            a.book()
+                .jobs
+                .iter()
+                .find(|j| j.job.id == "8")
+                .unwrap()
+                .joined
+        );
+        let (ops, _) = a.tick(64_000, 1, GRACE, work(0), &idle);
+        assert!(
+            ops.contains(&BatchOp::Cancel {
+                system: BatchSystem::Slurm,
+                job: "8".into()
+            }),
+            "{ops:?}"
+        );
+        // Listed once a term: the next ticks only poll.
+        assert!(!ops.iter().any(|o| matches!(o, BatchOp::List { .. })));
+    }
+
+    #[test]
+    fn a_list_that_fails_is_asked_again_and_holds_submissions_meanwhile() {
+        let mut a = unlisted();
+        let (ops, _) = a.tick(0, 1, GRACE, work(64), &[]);
+        assert_eq!(ops.len(), 1);
+        assert!(a.listed(100, 1, BatchSystem::Slurm, Err("squeue: timeout".into())));
+        let (ops, _) = a.tick(3_000, 1, GRACE, work(64), &[]);
+        assert!(ops.is_empty(), "{ops:?}");
+        let (ops, _) = a.tick(5_000, 1, GRACE, work(64), &[]);
+        assert_eq!(
+            ops,
+            [BatchOp::List {
+                system: BatchSystem::Slurm
+            }]
+        );
+        a.listed(5_100, 1, BatchSystem::Slurm, Ok(Vec::new()));
+        let (ops, _) = a.tick(6_000, 1, GRACE, work(64), &[]);
+        assert!(
+            matches!(ops.as_slice(), [BatchOp::Submit { .. }]),
+            "{ops:?}"
+        );
     }
 
     fn state(a: &Allocs, id: &str) -> JobState {

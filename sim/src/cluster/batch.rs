@@ -12,7 +12,7 @@
 use super::*;
 use crate::report::AllocReport;
 use mesh_protocol::alloc::{JobState, QueueDef};
-use mesh_protocol::mesh::{AllocBook, AllocCmd, BatchOp};
+use mesh_protocol::mesh::{AllocBook, AllocCmd, BatchOp, Listed};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -33,6 +33,7 @@ pub(super) enum Answer {
     Submitted(QueueDef, Result<Vec<String>, String>),
     Polled(Vec<(String, JobState)>),
     Cancelled(String),
+    Listed(Vec<Listed>),
 }
 
 /// The simulated batch system's state.
@@ -151,6 +152,25 @@ impl Sim<'_> {
                     })
                     .collect(),
             ),
+            // One mesh, one user: every job is this mesh's, its queue by name.
+            BatchOp::List { .. } => Answer::Listed(
+                self.batch
+                    .jobs
+                    .iter()
+                    .filter_map(|j| {
+                        let state = match j.state {
+                            State::Queued => JobState::Queued,
+                            State::Running => JobState::Running,
+                            State::Ended => return None,
+                        };
+                        Some(Listed {
+                            id: j.id.clone(),
+                            state,
+                            queue: self.cfg.alloc[j.queue].name.clone(),
+                        })
+                    })
+                    .collect(),
+            ),
             BatchOp::Cancel { job, .. } => {
                 if let Some(j) = self.batch.jobs.iter().position(|j| j.id == job) {
                     match self.batch.jobs[j].state {
@@ -241,6 +261,9 @@ impl Sim<'_> {
                 p.batch_polled(now, mesh_protocol::alloc::BatchSystem::Slurm, Ok(states))
             }
             Answer::Cancelled(job) => p.batch_cancelled(now, &job, Ok(())),
+            Answer::Listed(jobs) => {
+                p.batch_listed(now, mesh_protocol::alloc::BatchSystem::Slurm, Ok(jobs))
+            }
         })
     }
 

@@ -503,6 +503,22 @@ impl Peer {
         self.pump(now);
     }
 
+    /// The batch system's answer to [`BatchOp::List`](super::BatchOp::List):
+    /// every job of this mesh it knows.
+    pub fn batch_listed(
+        &mut self,
+        now: Millis,
+        system: BatchSystem,
+        result: Result<Vec<super::Listed>, String>,
+    ) {
+        self.woke(now);
+        let term = self.node.election.term();
+        if self.coord.is_some() && self.allocs.listed(now, term, system, result) {
+            self.allocs_changed();
+        }
+        self.pump(now);
+    }
+
     /// The batch system's answer to [`BatchOp::Cancel`](super::BatchOp::Cancel).
     pub fn batch_cancelled(&mut self, now: Millis, job: &str, result: Result<(), String>) {
         self.woke(now);
