@@ -773,6 +773,54 @@ fn a_partition_that_heals_merges_both_sides_and_reports_duplicates() {
 }
 
 #[test]
+fn nodes_cut_off_when_their_farm_ended_free_what_they_kept_once_the_partition_heals() {
+    let net = match mesh_tests::NetPair::create() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("skipped: no network namespaces here ({e}); run as root with `ip` for the partition test");
+            return;
+        }
+    };
+    let sb = sandbox();
+    let at = |i: usize| {
+        (
+            Some(net.ns[i].clone()),
+            format!("/ip4/{}/tcp/0", net.addr[i]),
+        )
+    };
+    let places = [at(0), at(0), at(1), at(1)];
+    // The home waits 2 s for outputs kept across the cut, then runs those
+    // tasks again on its side: the farm ends while the cut lasts.
+    let flags = ["--dead-after-ms", "1500", "--outputs-wait-ms", "2000"];
+    let c = Cluster::start_placed(&sb, &["cpu=2"; 4], &flags, &places);
+    let n = 40;
+    sb.write("farm.toml", &slow_farm(n, "0.3"));
+    let id = submit_going(&c, 3, "farm.toml", "out", 0);
+    let kept = wait_until(Duration::from_secs(20), || {
+        held_files(&c.nodes[0]) + held_files(&c.nodes[1]) > 0
+    });
+    assert!(kept, "nodes 0 and 1 ran nothing for the home to fetch");
+    net.cut();
+    let r = c.mesh(3, &["wait", &id, "--json"]);
+    r.expect_code(0);
+    assert_eq!(r.json()["counts"]["done"], n, "{}", r.stdout);
+    for i in 0..n {
+        assert_eq!(sb.read(&format!("out/s/{i}/r.txt")), format!("{i}\n"));
+    }
+    let away = held_files(&c.nodes[0]) + held_files(&c.nodes[1]);
+    assert!(away > 0, "the far side kept nothing to free");
+    net.heal();
+    let freed = wait_until(Duration::from_secs(60), || {
+        (0..4).all(|i| held_files(&c.nodes[i]) == 0)
+    });
+    let left: Vec<usize> = (0..4).map(|i| held_files(&c.nodes[i])).collect();
+    assert!(
+        freed,
+        "files kept per node a minute after the heal: {left:?} (the farm ended while they were cut off)"
+    );
+}
+
+#[test]
 fn logs_and_failures_of_a_mesh_farm_from_any_node() {
     let sb = sandbox();
     let c = Cluster::start(&sb, &["cpu=2"; 3], &[]);

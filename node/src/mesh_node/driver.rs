@@ -411,6 +411,14 @@ impl Node {
                 let label = self.label_of(node);
                 let round = mesh_protocol::mesh::term_round(term);
                 self.say(&format!("coordinator is {label} (term {round})"));
+                // A new coordinator may mean this node was cut off from the
+                // mesh (a partition that healed) and missed the end of a
+                // farm whose outputs it keeps: it asks again.
+                self.peer.restore_kept(
+                    super::staging::held_farms(&self.state)
+                        .into_iter()
+                        .map(|(f, _)| f),
+                );
             }
             PeerEvent::Accepted { farm, tasks } => {
                 if let Some(o) = self.origins.get_mut(&farm) {

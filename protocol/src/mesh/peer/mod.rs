@@ -570,11 +570,17 @@ impl Peer {
         self.worker.restore_held(reports);
     }
 
-    /// Farms whose outputs this node keeps, found in its state at start:
-    /// their ends may have been told while it was down, so it asks their
-    /// homes (through its coordinator) until each says so.
+    /// Farms whose outputs this node keeps, found in its state at start,
+    /// or when it follows a new coordinator (it may have been cut off from
+    /// the rest): their ends may have been told while it was down or
+    /// away, so it asks their homes (through its coordinator), at its
+    /// next resend and then every `KEEPS_EVERY_MS`, until each says so.
     pub fn restore_kept(&mut self, farms: impl IntoIterator<Item = FarmId>) {
+        let before = self.kept.len();
         self.kept.extend(farms);
+        if self.kept.len() > before {
+            self.next_keeps = 0;
+        }
     }
 
     /// A farm submitted on this node, which becomes its home.
