@@ -390,11 +390,7 @@ pub fn parse_listed(system: BatchSystem, tag: &str, stdout: &str) -> Vec<Listed>
     let mut keep = |id: &str, state: JobState, name: &str| {
         if let Some(queue) = queue_of(tag, name) {
             if state != JobState::Ended && !id.contains("[]") {
-                out.push(Listed {
-                    id: id.to_string(),
-                    state,
-                    queue: queue.to_string(),
-                });
+                out.push(Listed::new(id, state, queue));
             }
         }
     };
@@ -758,14 +754,6 @@ mod tests {
         );
     }
 
-    fn listed(id: &str, state: JobState, queue: &str) -> Listed {
-        Listed {
-            id: id.into(),
-            state,
-            queue: queue.into(),
-        }
-    }
-
     #[test]
     fn this_meshs_jobs_are_found_by_name_among_all_the_users_jobs() {
         let tag = "mesh-5f0c9a1e";
@@ -790,9 +778,9 @@ mod tests {
         assert_eq!(
             parse_listed(BatchSystem::Slurm, tag, out),
             vec![
-                listed("14_1", JobState::Queued, "gpu"),
-                listed("14_2", JobState::Running, "gpu"),
-                listed("16", JobState::Running, "big-mem"),
+                Listed::new("14_1", JobState::Queued, "gpu"),
+                Listed::new("14_2", JobState::Running, "gpu"),
+                Listed::new("16", JobState::Running, "big-mem"),
             ]
         );
         // `qstat -f -t` of what `qselect` gave: an array's parent is not a job of the book.
@@ -800,8 +788,8 @@ mod tests {
         assert_eq!(
             parse_listed(BatchSystem::Pbs, tag, out),
             vec![
-                listed("1234[1].pbs", JobState::Running, "cpu"),
-                listed("1241.pbs", JobState::Queued, "cpu"),
+                Listed::new("1234[1].pbs", JobState::Running, "cpu"),
+                Listed::new("1241.pbs", JobState::Queued, "cpu"),
             ]
         );
     }

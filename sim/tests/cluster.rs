@@ -46,6 +46,24 @@ fn a_worker_crash_mid_farm_reruns_its_tasks_and_the_farm_finishes() {
     );
 }
 
+/// Duplicate runs per seed (1 to 5) of 400 tasks on 4 nodes whose
+/// coordinator, node 0, dies at 0.5 s and comes back after `restart_after_ms`.
+fn coordinator_crash_duplicates(restart_after_ms: Option<u64>) -> Vec<u64> {
+    (1..=5)
+        .map(|seed| {
+            let mut cfg = SimConfig::simple(seed, 4, "cpu=2", 400, "uniform:10..30");
+            cfg.crashes = vec![CrashSpec {
+                node: 0,
+                at_ms: 500,
+                restart_after_ms,
+            }];
+            let r = ok(&cfg);
+            assert_eq!(r.tasks_done, 400);
+            r.duplicates
+        })
+        .collect()
+}
+
 #[test]
 fn a_coordinator_restarted_at_once_hands_out_no_task_its_workers_run() {
     // The coordinator (node 0) dies mid-farm and is back 0.3 s later,
@@ -57,18 +75,7 @@ fn a_coordinator_restarted_at_once_hands_out_no_task_its_workers_run() {
     // pending, the report was dropped (and acknowledged), and the task ran
     // again at the end of the farm (4 per run in 6 seeds of 10, and a
     // farm 1.2 s longer); a success now counts as the node's claim.
-    let mut dups = Vec::new();
-    for seed in 1..=5 {
-        let mut cfg = SimConfig::simple(seed, 4, "cpu=2", 400, "uniform:10..30");
-        cfg.crashes = vec![CrashSpec {
-            node: 0,
-            at_ms: 500,
-            restart_after_ms: Some(300),
-        }];
-        let r = ok(&cfg);
-        assert_eq!(r.tasks_done, 400);
-        dups.push(r.duplicates);
-    }
+    let dups = coordinator_crash_duplicates(Some(300));
     assert!(dups.iter().all(|&d| d == 0), "duplicates per run: {dups:?}");
 }
 
@@ -83,18 +90,7 @@ fn a_coordinator_that_never_comes_back_hands_out_no_task_its_workers_ran() {
     // the farm comes. What is left (8 to 11): tasks the dead coordinator
     // ran itself since its last sync to the holders, whose only record,
     // and outputs, died with it.
-    let mut dups = Vec::new();
-    for seed in 1..=5 {
-        let mut cfg = SimConfig::simple(seed, 4, "cpu=2", 400, "uniform:10..30");
-        cfg.crashes = vec![CrashSpec {
-            node: 0,
-            at_ms: 500,
-            restart_after_ms: None,
-        }];
-        let r = ok(&cfg);
-        assert_eq!(r.tasks_done, 400);
-        dups.push(r.duplicates);
-    }
+    let dups = coordinator_crash_duplicates(None);
     assert!(
         dups.iter().all(|&d| d <= 12),
         "duplicates per run: {dups:?}"

@@ -701,16 +701,20 @@ fn random_kills_and_restarts_of_any_node_for_a_minute_lose_nothing() {
     );
 }
 
-#[test]
-fn a_partition_that_heals_merges_both_sides_and_reports_duplicates() {
+/// Where a node runs: its network namespace (none: this one), and where it listens.
+type Place = (Option<String>, String);
+
+/// Two network namespaces with nodes 0 and 1 in the first, 2 and 3 in the
+/// second, and a sandbox; none (and why, said) where namespaces cannot
+/// be made (not root, no `ip`).
+fn split_pair() -> Option<(mesh_tests::NetPair, mesh_tests::Sandbox, [Place; 4])> {
     let net = match mesh_tests::NetPair::create() {
         Ok(n) => n,
         Err(e) => {
             eprintln!("skipped: no network namespaces here ({e}); run as root with `ip` for the partition test");
-            return;
+            return None;
         }
     };
-    let sb = sandbox();
     let at = |i: usize| {
         (
             Some(net.ns[i].clone()),
@@ -718,6 +722,14 @@ fn a_partition_that_heals_merges_both_sides_and_reports_duplicates() {
         )
     };
     let places = [at(0), at(0), at(1), at(1)];
+    Some((net, sandbox(), places))
+}
+
+#[test]
+fn a_partition_that_heals_merges_both_sides_and_reports_duplicates() {
+    let Some((net, sb, places)) = split_pair() else {
+        return;
+    };
     let flags = ["--dead-after-ms", "1500"];
     let c = Cluster::start_placed(&sb, &["cpu=2"; 4], &flags, &places);
     let runs = sb.path().join("runs.log");
@@ -774,21 +786,9 @@ fn a_partition_that_heals_merges_both_sides_and_reports_duplicates() {
 
 #[test]
 fn nodes_cut_off_when_their_farm_ended_free_what_they_kept_once_the_partition_heals() {
-    let net = match mesh_tests::NetPair::create() {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("skipped: no network namespaces here ({e}); run as root with `ip` for the partition test");
-            return;
-        }
+    let Some((net, sb, places)) = split_pair() else {
+        return;
     };
-    let sb = sandbox();
-    let at = |i: usize| {
-        (
-            Some(net.ns[i].clone()),
-            format!("/ip4/{}/tcp/0", net.addr[i]),
-        )
-    };
-    let places = [at(0), at(0), at(1), at(1)];
     // The home waits 2 s for outputs kept across the cut, then runs those
     // tasks again on its side: the farm ends while the cut lasts.
     let flags = ["--dead-after-ms", "1500", "--outputs-wait-ms", "2000"];

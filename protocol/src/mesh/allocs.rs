@@ -132,6 +132,16 @@ pub struct Listed {
     pub queue: String,
 }
 
+impl Listed {
+    pub fn new(id: &str, state: JobState, queue: &str) -> Listed {
+        Listed {
+            id: id.to_string(),
+            state,
+            queue: queue.to_string(),
+        }
+    }
+}
+
 /// A node's part in allocation: its copy of the book and, on the
 /// coordinator, the scaling loop.
 #[derive(Debug, Default)]
@@ -612,13 +622,7 @@ impl Allocs {
         let states = match result {
             Ok(s) => s,
             Err(why) => {
-                let text = format!("cannot ask the batch system: {why}");
-                if self.book.log.back().is_some_and(|e| e.text == text) {
-                    return false;
-                }
-                let e = self.event(now, "", None, text);
-                self.edit(term, |b| b.log.push_back(e));
-                return true;
+                return self.batch_error(now, term, format!("cannot ask the batch system: {why}"))
             }
         };
         let states: FxHashMap<&str, JobState> =
@@ -688,6 +692,18 @@ impl Allocs {
         true
     }
 
+    /// A batch command that failed, in the log once however often it
+    /// fails the same way (it is asked again every poll). True when the
+    /// book changed.
+    fn batch_error(&mut self, now: Millis, term: u64, text: String) -> bool {
+        if self.book.log.back().is_some_and(|e| e.text == text) {
+            return false;
+        }
+        let e = self.event(now, "", None, text);
+        self.edit(term, |b| b.log.push_back(e));
+        true
+    }
+
     /// This mesh's jobs, as the batch system lists them: those the book
     /// does not have are adopted (a job of a queue removed since is
     /// cancelled at the next tick). True when the book changed.
@@ -703,13 +719,7 @@ impl Allocs {
             Ok(j) => j,
             Err(why) => {
                 // Asked again a poll later; nothing is submitted meanwhile.
-                let text = format!("cannot list this mesh's jobs: {why}");
-                if self.book.log.back().is_some_and(|e| e.text == text) {
-                    return false;
-                }
-                let e = self.event(now, "", None, text);
-                self.edit(term, |b| b.log.push_back(e));
-                return true;
+                return self.batch_error(now, term, format!("cannot list this mesh's jobs: {why}"));
             }
         };
         self.listed.insert(system);
@@ -846,14 +856,6 @@ mod tests {
         a
     }
 
-    fn listed(id: &str, state: JobState, queue: &str) -> Listed {
-        Listed {
-            id: id.into(),
-            state,
-            queue: queue.into(),
-        }
-    }
-
     #[test]
     fn a_new_coordinator_adopts_the_jobs_of_this_mesh_its_book_misses_before_it_submits() {
         let mut a = unlisted();
@@ -876,11 +878,11 @@ mod tests {
             1,
             BatchSystem::Slurm,
             Ok(vec![
-                listed("5", JobState::Running, "cpu"),
-                listed("7", JobState::Ended, "cpu"),
-                listed("8", JobState::Running, "cpu"),
-                listed("9", JobState::Queued, "cpu"),
-                listed("11", JobState::Running, "gone"),
+                Listed::new("5", JobState::Running, "cpu"),
+                Listed::new("7", JobState::Ended, "cpu"),
+                Listed::new("8", JobState::Running, "cpu"),
+                Listed::new("9", JobState::Queued, "cpu"),
+                Listed::new("11", JobState::Running, "gone"),
             ]),
         );
         assert!(changed);
