@@ -52,6 +52,25 @@ pub struct AllocJob {
     pub joined: bool,
 }
 
+impl AllocJob {
+    /// A job just booked: submitted, or found (`unix_ms`: the wall clock at `now`).
+    fn new(l: Listed, system: BatchSystem, now: Millis, unix_ms: u64) -> AllocJob {
+        AllocJob {
+            job: Job {
+                id: l.id,
+                queue: l.queue,
+                state: l.state,
+                submitted_at: now,
+                idle_since: None,
+            },
+            system,
+            submitted_unix_ms: unix_ms,
+            ended_unix_ms: None,
+            joined: false,
+        }
+    }
+}
+
 /// One thing that happened to a queue, for `mesh alloc log`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocEvent {
@@ -559,19 +578,12 @@ impl Allocs {
                 let name = queue.name.clone();
                 self.edit(term, |b| {
                     for id in ids {
-                        b.jobs.push(AllocJob {
-                            job: Job {
-                                id,
-                                queue: name.clone(),
-                                state: JobState::Queued,
-                                submitted_at: now,
-                                idle_since: None,
-                            },
+                        b.jobs.push(AllocJob::new(
+                            Listed::new(&id, JobState::Queued, &name),
                             system,
-                            submitted_unix_ms: wall,
-                            ended_unix_ms: None,
-                            joined: false,
-                        });
+                            now,
+                            wall,
+                        ));
                     }
                     b.log.push_back(e);
                 });
@@ -749,19 +761,7 @@ impl Allocs {
                         .into(),
                 ),
             );
-            adopted.push(AllocJob {
-                job: Job {
-                    id: l.id,
-                    queue: l.queue,
-                    state: l.state,
-                    submitted_at: now,
-                    idle_since: None,
-                },
-                system,
-                submitted_unix_ms: wall,
-                ended_unix_ms: None,
-                joined: false,
-            });
+            adopted.push(AllocJob::new(l, system, now, wall));
         }
         if events.is_empty() {
             return false;
