@@ -255,7 +255,9 @@ struct StageState {
     attempts: Vec<u32>,
     failures: Vec<u8>,
     crashes: Vec<u8>,
-    /// Stages with no element-wise dependencies hand out indices from this cursor once open.
+    /// Stages with no element-wise dependencies hand out indices from this
+    /// cursor once open: how many positions of the farm's order (`at`)
+    /// were passed.
     cursor: u32,
     /// Indices ready to run out of cursor order: retries and element-wise readiness.
     ready: VecDeque<u32>,
@@ -271,6 +273,15 @@ struct StageState {
 }
 
 impl StageState {
+    /// The index at `pos` of the order tasks are handed out in.
+    fn at(&self, pos: u32, descending: bool) -> u32 {
+        if descending {
+            self.status.len() as u32 - 1 - pos
+        } else {
+            pos
+        }
+    }
+
     /// Moves task `i` to `to`. Every status change goes through here, so the
     /// counters agree with the statuses by construction: checking that
     /// after every step would cost a scan of every task.
@@ -308,6 +319,8 @@ struct FarmState {
     dependents_each: Vec<Vec<u32>>,
     cancelled: bool,
     finished_emitted: bool,
+    /// Tasks are handed out from the last index down (see `Engine::set_descending`).
+    descending: bool,
 }
 
 struct Running {
@@ -378,6 +391,8 @@ pub struct Engine {
     timers: BinaryHeap<Reverse<(Millis, FarmSlot, TaskRef, u32)>>,
     actions: VecDeque<Action>,
     interrupted: bool,
+    /// Farms added from now on hand out their tasks from the last index down.
+    descending: bool,
 }
 
 impl Engine {
@@ -404,7 +419,18 @@ impl Engine {
             timers: BinaryHeap::new(),
             actions: VecDeque::new(),
             interrupted: false,
+            descending: false,
         }
+    }
+
+    /// Farms added from now on hand out each stage's tasks from its last
+    /// index down (and tasks that become ready together, highest first).
+    /// Two coordinators on the two sides of a partition that each hold the
+    /// farm then work from opposite ends of what is left, and meet (run a
+    /// task twice) only once they have done it all between them.
+    /// Retries and re-queued tasks still go first.
+    pub fn set_descending(&mut self, descending: bool) {
+        self.descending = descending;
     }
 
     /// The machines a remote engine's stages must fit, as the membership now has them.
@@ -578,6 +604,7 @@ impl Engine {
             dependents_each,
             cancelled: false,
             finished_emitted: false,
+            descending: self.descending,
         });
 
         // Restore records first, then derive readiness from the whole picture.
@@ -960,7 +987,7 @@ impl Engine {
         }
         if by_cursor {
             while (st.cursor as usize) < st.status.len() {
-                let i = st.cursor;
+                let i = st.at(st.cursor, f.descending);
                 st.cursor += 1;
                 if st.status[i as usize] == PENDING {
                     return Some(i);
@@ -1058,7 +1085,7 @@ impl Engine {
         }
         if by_cursor {
             while (st.cursor as usize) < st.status.len() {
-                if st.status[st.cursor as usize] == PENDING {
+                if st.status[st.at(st.cursor, f.descending) as usize] == PENDING {
                     return true;
                 }
                 st.cursor += 1;
@@ -1504,15 +1531,20 @@ impl Engine {
 
 /// Of `indices` of stage `s`, those pending whose element-wise
 /// dependencies are all done: ready once the stage is open.
+/// In the farm's order (see `Engine::set_descending`), given `indices` ascending.
 fn ready_each(f: &FarmState, s: usize, indices: impl Iterator<Item = usize>) -> Vec<u32> {
     let each = &f.def.stages[s].after_each;
-    indices
+    let mut ready: Vec<u32> = indices
         .filter(|&i| {
             f.stages[s].status[i] == PENDING
                 && each.iter().all(|&d| f.stages[d as usize].status[i] == DONE)
         })
         .map(|i| i as u32)
-        .collect()
+        .collect();
+    if f.descending {
+        ready.reverse();
+    }
+    ready
 }
 
 /// Task `i` of stage `s` can never run: a stage it waits on whole has a

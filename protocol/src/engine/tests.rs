@@ -223,6 +223,40 @@ fn a_done_that_wins_over_a_failure_revives_what_the_failure_skipped() {
     assert!(p.finished());
 }
 
+/// A coordinator that took a farm over across a partition hands out from
+/// the last index down: what was done is skipped, tasks that become ready
+/// together go highest first, and a task handed back still goes first.
+#[test]
+fn a_descending_engine_hands_out_from_the_last_index_down() {
+    let a = stage("a", 5);
+    let mut b = stage("b", 5);
+    b.after_each = vec![0];
+    let mut e = Engine::remote(vec![parse_resources("cpu=8").unwrap()]);
+    e.set_descending(true);
+    let t = |stage, index| TaskRef { stage, index };
+    let done = [t(0, 0), t(0, 1), t(0, 4)];
+    let slot = e.add_farm(
+        0,
+        farm(vec![a, b]),
+        done.map(|t| (t, TaskRecord::known_done(0))),
+        &AddOptions::default(),
+    );
+    let tasks = |c: Vec<(FarmSlot, TaskRef, u32)>| c.into_iter().map(|c| c.1).collect::<Vec<_>>();
+    // Downstream first (its stage is deeper), then a's pending from the top.
+    assert_eq!(
+        tasks(e.claim(0, 4, &mut |_| true)),
+        vec![t(1, 4), t(1, 1), t(1, 0), t(0, 3)]
+    );
+    let claimed = e.claim(0, 1, &mut |_| true);
+    assert_eq!(tasks(claimed.clone()), vec![t(0, 2)]);
+    let (f, task, att) = claimed[0];
+    e.unclaim(1, f, task, att);
+    assert_eq!(tasks(e.claim(1, 1, &mut |_| true)), vec![t(0, 2)]);
+    e.audit().unwrap();
+    // b/2 and b/3 wait for a/2 and a/3.
+    assert_eq!(e.progress(slot).queued(), 2);
+}
+
 #[test]
 fn timeouts_kill_and_count_as_failures() {
     let mut a = stage("a", 1);
@@ -461,6 +495,7 @@ proptest! {
         cpus in 1u64..5,
         n in 1u64..8,
         retries in 0u32..3,
+        descending in any::<bool>(),
     ) {
         let mut a = stage("a", n);
         a.retries = retries;
@@ -471,6 +506,7 @@ proptest! {
         let mut c = stage("c", 2);
         c.after = vec![1];
         let mut e = Engine::new(parse_resources(&format!("cpu={cpus},gpu=1")).unwrap());
+        e.set_descending(descending);
         let slot = e.add_farm(0, farm(vec![a, b, c]), vec![], &AddOptions::default());
         let mut now = 0;
         let mut live: Vec<(FarmSlot, TaskRef, u32)> = Vec::new();
