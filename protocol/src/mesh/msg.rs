@@ -251,6 +251,14 @@ pub struct FarmProgress {
     pub unplaceable: Vec<(u32, String)>,
 }
 
+/// A coordinator that wrote a farm's log, and whether it hands out the
+/// farm's tasks from the last index down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Writer {
+    pub node: NodeId,
+    pub descending: bool,
+}
+
 /// The coordinator's log of a farm, from position `from`, and its progress.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SyncMsg {
@@ -274,6 +282,9 @@ pub struct SyncMsg {
     /// See [`FarmProgress::duplicates`] and [`FarmProgress::unplaceable`].
     pub duplicates: u64,
     pub unplaceable: Vec<(u32, String)>,
+    /// The coordinator hands out this farm's tasks from the last index
+    /// down: a holder says so when it offers its copy (see `Msg::Submit`).
+    pub descending: bool,
 }
 
 /// A task's attempt that failed and will be retried, for the home to show.
@@ -311,6 +322,9 @@ pub enum Msg {
         entries: Vec<Entry>,
         /// The farm's home as this holder knows it.
         home: Home,
+        /// The coordinator whose log this copy follows, and its order:
+        /// none for a farm not coordinated yet.
+        writer: Option<Writer>,
     },
     /// More of what a holder knows of a farm, when it did not fit one `Submit`.
     Offer { farm: FarmId, entries: Vec<Entry> },

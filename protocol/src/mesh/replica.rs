@@ -296,6 +296,9 @@ pub struct Replica {
     pub accepted: bool,
     /// Which coordinator's log `next` counts in, and how far it is applied here.
     pub source: Option<(NodeId, u64)>,
+    /// That coordinator hands out the farm's tasks from the last index
+    /// down (not kept on disk: a copy restored says ascending until a sync).
+    pub descending: bool,
     pub next: u64,
     /// The newest `Sync` of that log heard, and the log's length when it
     /// said every task was over (over here once `next` reaches it).
@@ -367,6 +370,7 @@ impl Replica {
             spec,
             accepted: false,
             source: None,
+            descending: false,
             next: 0,
             seen: 0,
             end_len: None,

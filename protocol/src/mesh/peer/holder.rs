@@ -283,6 +283,7 @@ impl Holdings {
                 }
             }
             r.unplaceable = m.unplaceable;
+            r.descending = m.descending;
             r.counts = m.counts;
             r.stages = m.stages;
             r.duplicates = r.duplicates.max(m.duplicates);
@@ -535,20 +536,17 @@ impl Holdings {
     /// what is known of them: unfinished ones, and those whose home still
     /// brings outputs.
     pub(super) fn offer_unaccepted(&self, to: NodeId, out: &mut Out) {
-        let offers: Vec<(Arc<FarmSpec>, Vec<Entry>, Home)> = self
+        let unaccepted = self
             .replicas
             .values()
-            .filter(|r| !r.accepted && (!r.over || (r.home && !r.announced)))
-            .map(|r| {
-                (
-                    r.spec.clone(),
-                    r.log.current().cloned().collect(),
-                    r.home_of,
-                )
-            })
-            .collect();
-        for (farm, entries, home) in offers {
-            offer(out, to, farm, entries, home);
+            .filter(|r| !r.accepted && (!r.over || (r.home && !r.announced)));
+        for r in unaccepted {
+            let writer = r.source.map(|(node, _)| Writer {
+                node,
+                descending: r.descending,
+            });
+            let entries = r.log.current().cloned().collect();
+            offer(out, to, r.spec.clone(), entries, r.home_of, writer);
         }
     }
 }

@@ -594,6 +594,7 @@ impl Peer {
                 farm: spec,
                 entries: Vec::new(),
                 home,
+                writer: None,
             });
         self.pump(now);
     }
@@ -830,7 +831,8 @@ impl Peer {
                 farm,
                 entries,
                 home,
-            } => self.on_submit(now, from, farm, entries, home),
+                writer,
+            } => self.on_submit(now, from, farm, entries, home, writer),
             Msg::Offer { farm, entries } => {
                 if let Some(c) = &mut self.coord {
                     c.on_offer(now, from, farm, entries, &mut self.out);
@@ -1140,7 +1142,7 @@ impl Peer {
         self.node.election.followed(now, term, node);
         if node != self.node.id {
             if let Some(old) = self.coord.take() {
-                old.hand_over(node, &mut self.out);
+                old.hand_over(self.node.id, node, &mut self.out);
                 self.allocs.coordinating(None);
                 // Workers it declared dead for their silence to it alone
                 // (they may have followed the new coordinator first) are
@@ -1265,6 +1267,7 @@ impl Peer {
         farm: Arc<FarmSpec>,
         entries: Vec<Entry>,
         home: Home,
+        writer: Option<Writer>,
     ) {
         self.sync_machines();
         let Some(c) = &mut self.coord else {
@@ -1279,7 +1282,7 @@ impl Peer {
         self.out.persist(Persist::Farm(farm.clone()));
         self.out.persist_entries(farm.id, entries.clone(), true);
         let spec = farm.clone();
-        let keep = c.take_farm(now, from, farm, entries, home, self.node.id);
+        let keep = c.take_farm(now, from, farm, entries, home, writer, &self.node);
         c.report_early(now, spec.id, &self.node, &mut self.out);
         if keep
             && self

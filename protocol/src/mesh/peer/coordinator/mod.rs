@@ -82,6 +82,8 @@ struct CoordFarm {
     duplicates: u64,
     extra_runs: FxHashSet<TaskRun>,
     finished_sent: bool,
+    /// Its tasks are handed out from the last index down (see `Msg::Submit`).
+    descending: bool,
 }
 
 impl CoordFarm {
@@ -184,7 +186,9 @@ impl Coord {
     pub(super) fn restore(&mut self, now: Millis, me: NodeId, stored: super::StoredFarm) {
         let origin = stored.spec.origin;
         let home = stored.home.as_ref().map(|(h, _)| *h);
-        let f = self.add_farm(now, stored.spec, stored.records, stored.entries);
+        // The order it was handed out in is not kept: a farm restored runs
+        // from the first index up.
+        let f = self.add_farm(now, stored.spec, stored.records, stored.entries, false);
         f.accepted = true;
         if let Some(h) = home {
             f.home = f.home.max(h);
@@ -203,8 +207,10 @@ impl Coord {
         spec: Arc<FarmSpec>,
         records: Vec<(TaskRef, TaskRecord)>,
         entries: Vec<Entry>,
+        descending: bool,
     ) -> &mut CoordFarm {
         let def = Arc::new(spec.def.clone());
+        self.engine.set_descending(descending);
         let slot = self.engine.add_farm(
             now,
             def,
@@ -237,6 +243,7 @@ impl Coord {
             duplicates: 0,
             extra_runs: FxHashSet::default(),
             unplaceable: Vec::new(),
+            descending,
         })
     }
 
@@ -361,11 +368,15 @@ impl Coord {
 
     /// A coordinator that lost an election gives its farms to the winner,
     /// with the tasks it knows are done.
-    pub(super) fn hand_over(self, to: NodeId, out: &mut Out) {
+    pub(super) fn hand_over(self, me: NodeId, to: NodeId, out: &mut Out) {
         for fid in &self.slots {
             let f = &self.farms[fid];
             let entries = f.log.current().cloned().collect();
-            offer(out, to, f.spec.clone(), entries, f.home);
+            let writer = Writer {
+                node: me,
+                descending: f.descending,
+            };
+            offer(out, to, f.spec.clone(), entries, f.home, Some(writer));
         }
     }
 

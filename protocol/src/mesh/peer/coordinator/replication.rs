@@ -23,6 +23,7 @@ pub(in super::super) fn offer(
     farm: Arc<FarmSpec>,
     entries: Vec<Entry>,
     home: Home,
+    writer: Option<Writer>,
 ) {
     let id = farm.id;
     let mut chunks = entries.chunks(OFFER_MAX);
@@ -33,6 +34,7 @@ pub(in super::super) fn offer(
             farm,
             entries: first,
             home,
+            writer,
         },
     );
     for chunk in chunks {
@@ -56,6 +58,7 @@ struct SyncHead {
     unplaceable: Vec<(u32, String)>,
     counts: engine::Counts,
     stages: Vec<engine::Counts>,
+    descending: bool,
 }
 
 impl SyncHead {
@@ -74,6 +77,7 @@ impl SyncHead {
             stages: self.stages.clone(),
             duplicates: self.duplicates,
             unplaceable: self.unplaceable.clone(),
+            descending: self.descending,
         }
     }
 }
@@ -101,8 +105,9 @@ impl Coord {
     }
 
     /// A farm new here, offered by `from`: coordinated from what it knows.
-    /// True when this node (`me`) must keep a copy too, once it has the
-    /// farm's inputs.
+    /// True when this node must keep a copy too, once it has the farm's
+    /// inputs.
+    #[allow(clippy::too_many_arguments)]
     pub(in super::super) fn take_farm(
         &mut self,
         now: Millis,
@@ -110,14 +115,29 @@ impl Coord {
         farm: Arc<FarmSpec>,
         entries: Vec<Entry>,
         home: Home,
-        me: NodeId,
+        writer: Option<Writer>,
+        cx: &Node,
     ) -> bool {
+        let me = cx.id;
+        // The coordinator that wrote this copy, out of this node's sight,
+        // may still be handing out the farm's tasks from its end of the
+        // order, on the far side of a partition: this one starts from the
+        // other end, so the two run a task twice only once they have done
+        // all between them. One that hands its farm over (it offers it
+        // itself), or that this node sees (it will hear of this one and
+        // hand over), has stopped: going on the same way keeps this one
+        // next to its work and away from that of any side it never saw,
+        // which took the farm over from the other end.
+        let descending = writer.is_some_and(|w| {
+            let gone = w.node != from && !cx.live(w.node);
+            w.descending != gone
+        });
         let records = entries
             .iter()
             .map(|e| (e.task(), entry_record(e)))
             .collect();
         let (origin, id) = (farm.origin, farm.id);
-        let f = self.add_farm(now, farm, records, entries);
+        let f = self.add_farm(now, farm, records, entries, descending);
         f.home = f.home.max(home);
         // The home keeps it durably, and so does the holder that offered it
         // and this node, once it has the inputs.
@@ -380,6 +400,7 @@ impl Coord {
                         unplaceable,
                         counts: counts.clone(),
                         stages: self.engine.stage_progress(f.slot),
+                        descending: f.descending,
                     }
                 });
                 // Entries go out with the progress round, or at once when a
