@@ -79,10 +79,29 @@ fn a_node_with_a_walltime_drains_before_it_and_no_task_fails_for_it() {
     }
 }
 
+/// One SLURM cluster at a time: they share the machine's munged and its socket.
+static ONE_SLURM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A SLURM cluster, and the right to run it: its fields drop in order, so
+/// the cluster is stopped before the next test may start one.
+struct OneSlurm {
+    slurm: mesh_tests::Slurm,
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for OneSlurm {
+    type Target = mesh_tests::Slurm;
+    fn deref(&self) -> &mesh_tests::Slurm {
+        &self.slurm
+    }
+}
+
 /// A real one-node SLURM cluster, or None (and why) where it cannot start.
-fn slurm(sb: &mesh_tests::Sandbox) -> Option<mesh_tests::Slurm> {
+fn slurm(sb: &mesh_tests::Sandbox) -> Option<OneSlurm> {
+    // A test that failed holding it poisoned it; its cluster is gone all the same.
+    let one = ONE_SLURM.lock().unwrap_or_else(|e| e.into_inner());
     match mesh_tests::Slurm::start(&sb.path().join("slurm")) {
-        Ok(s) => Some(s),
+        Ok(slurm) => Some(OneSlurm { slurm, _one: one }),
         Err(why) => {
             assert!(
                 std::env::var_os("MESH_REQUIRE_SLURM").is_none(),

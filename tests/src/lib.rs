@@ -898,6 +898,14 @@ impl Drop for Slurm {
         }
         if self.own_munge {
             let _ = Command::new("pkill").args(["-x", "munged"]).status();
+            // Gone before the next cluster looks for it: one found still
+            // exiting is not started again, and the next cluster has none.
+            wait_until(Duration::from_secs(10), || {
+                !Command::new("pgrep")
+                    .args(["-x", "munged"])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            });
         }
     }
 }
