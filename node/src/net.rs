@@ -93,6 +93,33 @@ pub enum NetError {
         addr: Multiaddr,
         source: libp2p::TransportError<io::Error>,
     },
+    #[error("cannot listen on {0}: another process of this user listens there already (another mesh node?); stop it, or give this node another port")]
+    PortTaken(Multiaddr),
+}
+
+/// Refuses a fixed TCP port that something already listens on. libp2p
+/// binds its listeners with SO_REUSEPORT, so a second node of the same
+/// user on the same port would start and silently share the connections
+/// with the first (the kernel hands each new one to either); a plain bind
+/// (SO_REUSEADDR only, as std does) fails on a live listener, and not on
+/// the connections a node killed a moment ago left in TIME_WAIT.
+fn check_port_free(addr: &Multiaddr) -> Result<(), NetError> {
+    use libp2p::multiaddr::Protocol;
+    let mut it = addr.iter();
+    let ip: std::net::IpAddr = match it.next() {
+        Some(Protocol::Ip4(ip)) => ip.into(),
+        Some(Protocol::Ip6(ip)) => ip.into(),
+        _ => return Ok(()),
+    };
+    let port = match it.next() {
+        Some(Protocol::Tcp(p)) if p != 0 => p,
+        _ => return Ok(()),
+    };
+    match std::net::TcpListener::bind((ip, port)) {
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => Err(NetError::PortTaken(addr.clone())),
+        // Anything else (an address not on this machine) libp2p reports itself.
+        _ => Ok(()),
+    }
 }
 
 /// The libp2p protocol version string of this build; peers must match it exactly.
@@ -102,6 +129,9 @@ pub fn protocol_version() -> String {
 
 /// Builds the swarm, listening on every `cfg.listen` address.
 pub fn build(cfg: NetConfig) -> Result<Swarm<Behaviour>, NetError> {
+    for addr in &cfg.listen {
+        check_port_free(addr)?;
+    }
     let transport = transport(&cfg.identity, cfg.psk)?;
     let behaviour = behaviour(&cfg.identity, cfg.request_timeout, cfg.mdns)?;
     let idle = cfg.idle_timeout;
@@ -463,6 +493,21 @@ pub(crate) mod tests {
 
     fn psk(byte: u8) -> PreSharedKey {
         PreSharedKey::new([byte; 32])
+    }
+
+    #[test]
+    fn a_fixed_port_something_listens_on_is_refused_a_free_one_is_not() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let addr: Multiaddr = format!("/ip4/127.0.0.1/tcp/{port}").parse().unwrap();
+        let err = check_port_free(&addr).unwrap_err();
+        assert!(matches!(err, NetError::PortTaken(_)), "{err}");
+        assert!(err.to_string().contains("another mesh node"), "{err}");
+        drop(taken);
+        check_port_free(&addr).unwrap();
+        // Port 0 (the system picks) and non-TCP addresses are not checked.
+        check_port_free(&"/ip4/127.0.0.1/tcp/0".parse().unwrap()).unwrap();
+        check_port_free(&"/ip4/127.0.0.1/udp/9/quic-v1".parse().unwrap()).unwrap();
     }
 
     fn node(key: PreSharedKey) -> Swarm<Behaviour> {

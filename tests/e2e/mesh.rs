@@ -997,3 +997,31 @@ fn an_unset_address_farm_or_path_is_refused_before_anything_starts() {
     assert!(!sb.state().join("identity.key").exists());
     assert!(!sb.state().join("mesh.key").exists());
 }
+
+#[test]
+fn a_second_node_on_a_port_a_node_listens_on_is_refused() {
+    // libp2p listens with SO_REUSEPORT: a second node of the same user on
+    // the same port started, and the kernel shared the connections
+    // between the two meshes.
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=1"], &[]);
+    let addr = c.nodes[0].address();
+    let port = addr
+        .split("/tcp/")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let listen = format!("/ip4/127.0.0.1/tcp/{port}");
+    sb.mesh(&["init"]).expect_code(0);
+    let r = sb.mesh(&["node", "--listen", &listen]);
+    r.expect_code(2);
+    assert!(
+        r.stderr.contains(&format!("cannot listen on {listen}"))
+            && r.stderr.contains("another mesh node"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stdout.contains("listening"), "{}", r.stdout);
+}
