@@ -232,7 +232,7 @@ impl Client {
 
 mod remote {
     //! A control request over the network: a thread with its own small
-    //! runtime dials the node, opens one control stream, and passes the
+    //! runtime dials the node, opens a control stream, and passes the
     //! answers' lines back, so the command line stays blocking code.
 
     use std::io;
@@ -242,13 +242,19 @@ mod remote {
 
     use futures::{AsyncBufReadExt, AsyncWriteExt, StreamExt};
     use libp2p::swarm::SwarmEvent;
-    use libp2p::{Multiaddr, StreamProtocol};
+    use libp2p::{Multiaddr, PeerId, StreamProtocol};
 
     use super::{ControlError, ControlRequest, CONTROL_PROTOCOL};
     use crate::{keys, net};
 
-    /// How long a dial and the stream's negotiation may take together.
+    /// How long the dial may take.
     const CONNECT_WITHIN: Duration = Duration::from_secs(15);
+    /// Streams opened for one request, at most. A node takes the streams
+    /// of a protocol one at a time (libp2p-stream hands each to a channel
+    /// with one place) and resets one that comes while the last still
+    /// waits there: several commands at once (a `mesh wait` and a `mesh
+    /// cancel`) met that about one time in two here.
+    const ATTEMPTS: u32 = 8;
 
     pub(super) fn request(
         addr: &Multiaddr,
@@ -271,31 +277,37 @@ mod remote {
         let addr = addr.clone();
         std::thread::spawn(move || {
             runtime.block_on(async move {
-                match tokio::time::timeout(CONNECT_WITHIN, open(addr, psk)).await {
-                    Err(_) => {
-                        let _ = ready_tx.send(Err(format!(
-                            "no answer within {} s",
-                            CONNECT_WITHIN.as_secs()
-                        )));
-                    }
-                    Ok(Err(why)) => {
-                        let _ = ready_tx.send(Err(why));
-                    }
-                    Ok(Ok((mut stream, driver))) => {
-                        if let Err(e) = stream.write_all(&line).await {
-                            let _ = ready_tx.send(Err(format!("sending the request: {e}")));
+                let (control, peer, driver) =
+                    match tokio::time::timeout(CONNECT_WITHIN, connect(addr, psk)).await {
+                        Err(_) => {
+                            let _ = ready_tx.send(Err(format!(
+                                "no answer within {} s",
+                                CONNECT_WITHIN.as_secs()
+                            )));
                             return;
                         }
+                        Ok(Err(why)) => {
+                            let _ = ready_tx.send(Err(why));
+                            return;
+                        }
+                        Ok(Ok(c)) => c,
+                    };
+                match ask(control, peer, &line).await {
+                    Err(why) => {
+                        let _ = ready_tx.send(Err(why));
+                    }
+                    Ok((first, mut lines)) => {
                         let _ = ready_tx.send(Ok(()));
-                        let mut lines = futures::io::BufReader::new(stream).lines();
-                        while let Some(l) = lines.next().await {
-                            if lines_tx.send(l).is_err() {
-                                break;
+                        if lines_tx.send(Ok(first)).is_ok() {
+                            while let Some(l) = lines.next().await {
+                                if lines_tx.send(l).is_err() {
+                                    break;
+                                }
                             }
                         }
-                        driver.abort();
                     }
                 }
+                driver.abort();
             })
         });
         match ready_rx.recv() {
@@ -305,14 +317,59 @@ mod remote {
         }
     }
 
-    /// Dials `addr` and opens a control stream to whichever node answers;
-    /// the swarm is driven by a task of its own from then on.
-    async fn open(
+    type Lines = futures::io::Lines<futures::io::BufReader<libp2p::Stream>>;
+
+    /// Sends the request on a control stream and returns the first line of
+    /// the answer with the rest to come. A stream that ends before its
+    /// first line was reset by the node before it read the request (a node
+    /// serving one always answers at least once): asked again on a new one.
+    async fn ask(
+        mut control: libp2p_stream::Control,
+        peer: PeerId,
+        line: &[u8],
+    ) -> Result<(String, Lines), String> {
+        let mut why = String::new();
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(20 << attempt.min(5))).await;
+            }
+            let mut stream = match control
+                .open_stream(peer, StreamProtocol::new(CONTROL_PROTOCOL))
+                .await
+            {
+                Ok(s) => s,
+                Err(libp2p_stream::OpenStreamError::UnsupportedProtocol(_)) => {
+                    return Err(format!(
+                        "the node there does not take {CONTROL_PROTOCOL}: it runs another version of mesh (this is {})",
+                        env!("CARGO_PKG_VERSION")
+                    ))
+                }
+                Err(e) => {
+                    why = format!("opening a control stream: {e}");
+                    continue;
+                }
+            };
+            if let Err(e) = stream.write_all(line).await {
+                why = format!("sending the request: {e}");
+                continue;
+            }
+            let mut lines = futures::io::BufReader::new(stream).lines();
+            match lines.next().await {
+                Some(Ok(first)) => return Ok((first, lines)),
+                Some(Err(e)) => why = format!("reading the answer: {e}"),
+                None => why = "the node closed the stream without an answer".into(),
+            }
+        }
+        Err(why)
+    }
+
+    /// Dials `addr`; the swarm is driven by a task of its own from then on.
+    async fn connect(
         addr: Multiaddr,
         psk: libp2p::pnet::PreSharedKey,
-    ) -> Result<(libp2p::Stream, tokio::task::JoinHandle<()>), String> {
+    ) -> Result<(libp2p_stream::Control, PeerId, tokio::task::JoinHandle<()>), String> {
         let mut swarm = net::client(psk).map_err(|e| e.to_string())?;
-        let mut control = swarm.behaviour().new_control();
+        let control = swarm.behaviour().new_control();
         swarm
             .dial(addr.clone())
             .map_err(|e| net::explain_dial_error(&e))?;
@@ -330,22 +387,6 @@ mod remote {
                 swarm.select_next_some().await;
             }
         });
-        match control
-            .open_stream(peer, StreamProtocol::new(CONTROL_PROTOCOL))
-            .await
-        {
-            Ok(s) => Ok((s, driver)),
-            Err(libp2p_stream::OpenStreamError::UnsupportedProtocol(_)) => {
-                driver.abort();
-                Err(format!(
-                    "the node there does not take {CONTROL_PROTOCOL}: it runs another version of mesh (this is {})",
-                    env!("CARGO_PKG_VERSION")
-                ))
-            }
-            Err(e) => {
-                driver.abort();
-                Err(format!("opening a control stream: {e}"))
-            }
-        }
+        Ok((control, peer, driver))
     }
 }

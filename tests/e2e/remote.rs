@@ -114,6 +114,17 @@ fn a_machine_without_a_node_submits_follows_and_cancels_farms_through_any_node()
     r.expect_code(0);
     assert_eq!(r.stdout, "out 4\n");
 
+    // Commands at once: a node takes a protocol's streams one at a time and
+    // resets one that comes meanwhile; the command line asks again.
+    let many: Vec<_> = (0..8)
+        .map(|_| sb.spawn(&["--mesh", &addr, "--mesh-key", &key, "list", "--json"]))
+        .collect();
+    for b in many {
+        let r = b.wait();
+        r.expect_code(0);
+        assert_eq!(r.json()["mesh"][0]["id"], id.as_str(), "{}", r.stdout);
+    }
+
     let v = remote(&sb, &addr, &key, &["alloc", "list", "--json"]).json();
     assert_eq!(v["queues"].as_array().map(Vec::len), Some(0), "{v}");
 
