@@ -442,7 +442,8 @@ pub enum Done {
     Submitted(QueueDef, Result<Vec<String>, String>),
     Polled(BatchSystem, Result<Vec<(String, JobState)>, String>),
     Cancelled(String, Result<(), String>),
-    Listed(BatchSystem, Result<Vec<Listed>, String>),
+    /// With the `gen` of the `BatchOp::List` it answers.
+    Listed(BatchSystem, u64, Result<Vec<Listed>, String>),
 }
 
 /// The longest a batch command may take before it counts as failed.
@@ -450,8 +451,18 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs a batch command; its standard output, or what went wrong.
 async fn run(argv: &[String]) -> Result<String, String> {
+    let out = output(argv).await?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(failed(argv, &out))
+    }
+}
+
+/// Runs a batch command to its end (bounded by `COMMAND_TIMEOUT`).
+async fn output(argv: &[String]) -> Result<std::process::Output, String> {
     let (program, args) = argv.split_first().expect("a command");
-    let out = tokio::time::timeout(
+    tokio::time::timeout(
         COMMAND_TIMEOUT,
         tokio::process::Command::new(program)
             .args(args)
@@ -466,18 +477,16 @@ async fn run(argv: &[String]) -> Result<String, String> {
             COMMAND_TIMEOUT.as_secs()
         )
     })?
-    .map_err(|e| format!("cannot run `{program}`: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        let err = String::from_utf8_lossy(&out.stderr);
-        Err(format!(
-            "`{}` failed ({}): {}",
-            argv.join(" "),
-            out.status,
-            err.trim()
-        ))
-    }
+    .map_err(|e| format!("cannot run `{program}`: {e}"))
+}
+
+fn failed(argv: &[String], out: &std::process::Output) -> String {
+    format!(
+        "`{}` failed ({}): {}",
+        argv.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    )
 }
 
 /// Writes the queue's script into `dir` (its own folder there, where the
@@ -513,7 +522,7 @@ pub async fn poll(system: BatchSystem, jobs: Vec<String>) -> Done {
 
 /// Every job of this mesh (`tag`) the batch system knows, submitted by
 /// this user.
-pub async fn list(system: BatchSystem, tag: String) -> Done {
+pub async fn list(system: BatchSystem, gen: u64, tag: String) -> Done {
     let user = nix::unistd::User::from_uid(nix::unistd::Uid::current())
         .ok()
         .flatten()
@@ -529,13 +538,29 @@ pub async fn list(system: BatchSystem, tag: String) -> Done {
                 if ids.is_empty() {
                     return Ok(Vec::new());
                 }
-                let out = run(&poll_command(system, &ids)).await?;
-                Ok(parse_listed(system, &tag, &out))
+                // A job that ended between `qselect` and `qstat` (with no
+                // job history kept) makes qstat fail for it alone: what it
+                // printed of the others still counts.
+                let argv = poll_command(system, &ids);
+                let out = output(&argv).await?;
+                let err = String::from_utf8_lossy(&out.stderr);
+                let only_gone = err
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .all(|l| l.contains("Unknown Job Id"));
+                if !out.status.success() && !only_gone {
+                    return Err(failed(&argv, &out));
+                }
+                Ok(parse_listed(
+                    system,
+                    &tag,
+                    &String::from_utf8_lossy(&out.stdout),
+                ))
             }
         }
     }
     .await;
-    Done::Listed(system, r)
+    Done::Listed(system, gen, r)
 }
 
 pub async fn cancel(system: BatchSystem, job: String) -> Done {

@@ -73,7 +73,7 @@ impl Node {
                 }
                 BatchOp::Poll { system, jobs } => batch::poll(system, jobs).await,
                 BatchOp::Cancel { system, job } => batch::cancel(system, job).await,
-                BatchOp::List { system } => batch::list(system, tag).await,
+                BatchOp::List { system, gen } => batch::list(system, gen, tag).await,
             };
             let _ = tx.send(Cmd::Batch(done));
         });

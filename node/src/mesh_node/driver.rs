@@ -598,7 +598,9 @@ impl Node {
                     }
                     batch::Done::Polled(system, r) => self.peer.batch_polled(now, system, r),
                     batch::Done::Cancelled(job, r) => self.peer.batch_cancelled(now, &job, r),
-                    batch::Done::Listed(system, r) => self.peer.batch_listed(now, system, r),
+                    batch::Done::Listed(system, gen, r) => {
+                        self.peer.batch_listed(now, system, gen, r)
+                    }
                 }
                 self.answer_alloc_waits();
             }

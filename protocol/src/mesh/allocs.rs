@@ -137,8 +137,10 @@ pub enum BatchOp {
     },
     /// Every job of this mesh the batch system knows, whatever the book
     /// says (the driver finds them by name: the mesh's tag and the queue).
+    /// `gen` comes back with the answer.
     List {
         system: BatchSystem,
+        gen: u64,
     },
 }
 
@@ -183,6 +185,10 @@ pub struct Allocs {
     listed: BTreeSet<BatchSystem>,
     lists_out: usize,
     next_list: Millis,
+    /// Which coordination asked: an answer to an older one is dropped.
+    list_gen: u64,
+    /// Jobs named by nodes' beats and missing from the book, listed for once.
+    relisted: BTreeSet<String>,
     /// Adopted jobs of queues the book no longer has, to cancel.
     orphans: Vec<(BatchSystem, String)>,
 }
@@ -220,6 +226,8 @@ impl Allocs {
         self.listed.clear();
         self.lists_out = 0;
         self.next_list = 0;
+        self.list_gen += 1;
+        self.relisted.clear();
         self.orphans.clear();
         self.scaler = Scaler::default();
         self.sync_paused();
@@ -398,9 +406,22 @@ impl Allocs {
             }
         }
 
-        // What the book may miss, asked during the grace and before
-        // anything is decided: the jobs a predecessor submitted and died
-        // before it booked them.
+        if now < since + grace {
+            // Nothing is decided, nor changed, before the newest book had
+            // time to come: an edit now would outrank it.
+            return (ops, changed);
+        }
+
+        // What the book may miss: the jobs a predecessor submitted and died
+        // before it booked them (listed once a coordination), and, when a
+        // node says it was started by a job the book does not have (a
+        // deposed coordinator's, after a partition), once more.
+        for (job, _) in activity {
+            if !self.book.jobs.iter().any(|j| &j.job.id == job) && self.relisted.insert(job.clone())
+            {
+                self.listed.clear();
+            }
+        }
         let unlisted: BTreeSet<BatchSystem> = self
             .book
             .queues
@@ -412,11 +433,11 @@ impl Allocs {
             self.next_list = now + POLL_MS;
             for system in &unlisted {
                 self.lists_out += 1;
-                ops.push(BatchOp::List { system: *system });
+                ops.push(BatchOp::List {
+                    system: *system,
+                    gen: self.list_gen,
+                });
             }
-        }
-        if now < since + grace || !unlisted.is_empty() {
-            return (ops, changed);
         }
 
         for (system, job) in std::mem::take(&mut self.orphans) {
@@ -473,10 +494,19 @@ impl Allocs {
             ops.push(BatchOp::Cancel { system, job });
         }
 
-        let defs: Vec<QueueDef> = self.book.queues.iter().map(|q| q.def.clone()).collect();
+        // A queue of a batch system not listed yet decides nothing (its
+        // jobs may be there already); the others go on.
+        let defs: Vec<QueueDef> = self
+            .book
+            .queues
+            .iter()
+            .filter(|q| !unlisted.contains(&q.def.system))
+            .map(|q| q.def.clone())
+            .collect();
         let jobs: Vec<Job> = live
             .iter()
             .filter(|j| !self.cancelling.contains(&j.job.id))
+            .filter(|j| defs.iter().any(|d| d.name == j.job.queue))
             .map(|j| Job {
                 idle_since: self.idle.get(&j.job.id).copied(),
                 ..j.job.clone()
@@ -578,6 +608,10 @@ impl Allocs {
                 let name = queue.name.clone();
                 self.edit(term, |b| {
                     for id in ids {
+                        // Adopted already (a list answered before this).
+                        if b.jobs.iter().any(|j| j.job.id == id) {
+                            continue;
+                        }
                         b.jobs.push(AllocJob::new(
                             Listed::new(&id, JobState::Queued, &name),
                             system,
@@ -724,14 +758,23 @@ impl Allocs {
         now: Millis,
         term: u64,
         system: BatchSystem,
+        gen: u64,
         result: Result<Vec<Listed>, String>,
     ) -> bool {
+        if gen != self.list_gen || self.since.is_none() {
+            // Asked by an earlier coordination of this node's.
+            return false;
+        }
         self.lists_out = self.lists_out.saturating_sub(1);
         let jobs = match result {
             Ok(j) => j,
             Err(why) => {
-                // Asked again a poll later; nothing is submitted meanwhile.
-                return self.batch_error(now, term, format!("cannot list this mesh's jobs: {why}"));
+                // Asked again a poll later; this system's queues decide nothing meanwhile.
+                return self.batch_error(
+                    now,
+                    term,
+                    format!("cannot list this mesh's jobs (its queues submit nothing until it can): {why}"),
+                );
             }
         };
         self.listed.insert(system);
@@ -837,14 +880,8 @@ mod tests {
     /// A coordinator with one SLURM queue, whose jobs it has listed (none).
     fn coordinator() -> Allocs {
         let mut a = unlisted();
-        let (ops, _) = a.tick(0, 1, GRACE, work(0), &[]);
-        assert_eq!(
-            ops,
-            [BatchOp::List {
-                system: BatchSystem::Slurm
-            }]
-        );
-        assert!(!a.listed(0, 1, BatchSystem::Slurm, Ok(Vec::new())));
+        let gen = a.list_gen;
+        assert!(!a.listed(0, 1, BatchSystem::Slurm, gen, Ok(Vec::new())));
         a
     }
 
@@ -856,27 +893,47 @@ mod tests {
         a
     }
 
+    fn list_op(a: &Allocs) -> BatchOp {
+        BatchOp::List {
+            system: BatchSystem::Slurm,
+            gen: a.list_gen,
+        }
+    }
+
     #[test]
     fn a_new_coordinator_adopts_the_jobs_of_this_mesh_its_book_misses_before_it_submits() {
         let mut a = unlisted();
         a.submitted(0, 1, &queue(), Ok(vec!["5".into()]));
-        // Asked in the grace; nothing is submitted until the answer, with
-        // work waiting and the grace over.
+        // Nothing in the grace (the newest book may be on its way); then
+        // the list, and nothing is submitted until its answer.
         let (ops, _) = a.tick(500, 1, GRACE, work(64), &[]);
-        assert_eq!(
-            ops,
-            [BatchOp::List {
-                system: BatchSystem::Slurm
-            }]
-        );
+        assert!(ops.is_empty(), "{ops:?}");
+        let submits = |ops: &[BatchOp]| {
+            ops.iter()
+                .filter(|o| matches!(o, BatchOp::Submit { .. }))
+                .count()
+        };
+        let (ops, _) = a.tick(2_000, 1, GRACE, work(64), &[]);
+        assert!(ops.contains(&list_op(&a)), "{ops:?}");
+        assert_eq!(submits(&ops), 0, "{ops:?}");
         let (ops, _) = a.tick(3_000, 1, GRACE, work(64), &[]);
-        assert!(ops.is_empty(), "nothing before the list: {ops:?}");
+        assert_eq!(submits(&ops), 0, "nothing before the list: {ops:?}");
+        // An answer to an earlier coordination of this node's is dropped.
+        let gen = a.list_gen;
+        assert!(!a.listed(
+            3_050,
+            1,
+            BatchSystem::Slurm,
+            gen - 1,
+            Ok(vec![Listed::new("8", JobState::Running, "cpu")])
+        ));
         // Its predecessor submitted 8 and 9 and died before booking them;
         // 7 ended; 5 is booked; 11 is of a queue removed since.
         let changed = a.listed(
             3_100,
             1,
             BatchSystem::Slurm,
+            gen,
             Ok(vec![
                 Listed::new("5", JobState::Running, "cpu"),
                 Listed::new("7", JobState::Ended, "cpu"),
@@ -895,6 +952,9 @@ mod tests {
             .log
             .iter()
             .any(|e| e.job.as_deref() == Some("8") && e.text.starts_with("adopted")));
+        // A late answer to a submission of the same job books it once.
+        a.submitted(3_200, 1, &queue(), Ok(vec!["9".into()]));
+        assert_eq!(a.book().jobs.iter().filter(|j| j.job.id == "9").count(), 1);
         // Its node joins and idles: the adopted job is cancelled like any.
         let idle = [("8".to_string(), false)];
         let (ops, _) = a.tick(4_000, 1, GRACE, work(0), &idle);
@@ -921,31 +981,78 @@ mod tests {
             }),
             "{ops:?}"
         );
-        // Listed once a term: the next ticks only poll.
+        // Listed once a coordination: the next ticks only poll...
         assert!(!ops.iter().any(|o| matches!(o, BatchOp::List { .. })));
+        // ... until a node says it was started by a job the book lacks (a
+        // deposed coordinator's): listed again, once for that job.
+        let stray = [("8".to_string(), false), ("77".to_string(), true)];
+        let (ops, _) = a.tick(65_000, 1, GRACE, work(0), &stray);
+        assert!(ops.contains(&list_op(&a)), "{ops:?}");
+        a.listed(65_100, 1, BatchSystem::Slurm, gen, Ok(Vec::new()));
+        let (ops, _) = a.tick(71_000, 1, GRACE, work(0), &stray);
+        assert!(
+            !ops.iter().any(|o| matches!(o, BatchOp::List { .. })),
+            "{ops:?}"
+        );
     }
 
     #[test]
-    fn a_list_that_fails_is_asked_again_and_holds_submissions_meanwhile() {
+    fn a_list_that_fails_is_asked_again_and_holds_only_its_systems_submissions() {
         let mut a = unlisted();
-        let (ops, _) = a.tick(0, 1, GRACE, work(64), &[]);
-        assert_eq!(ops.len(), 1);
-        assert!(a.listed(100, 1, BatchSystem::Slurm, Err("squeue: timeout".into())));
+        let (ops, _) = a.tick(2_000, 1, GRACE, work(64), &[]);
+        assert_eq!(ops, [list_op(&a)]);
+        let gen = a.list_gen;
+        assert!(a.listed(
+            2_100,
+            1,
+            BatchSystem::Slurm,
+            gen,
+            Err("squeue: timeout".into())
+        ));
         let (ops, _) = a.tick(3_000, 1, GRACE, work(64), &[]);
         assert!(ops.is_empty(), "{ops:?}");
-        let (ops, _) = a.tick(5_000, 1, GRACE, work(64), &[]);
-        assert_eq!(
-            ops,
-            [BatchOp::List {
-                system: BatchSystem::Slurm
-            }]
-        );
-        a.listed(5_100, 1, BatchSystem::Slurm, Ok(Vec::new()));
-        let (ops, _) = a.tick(6_000, 1, GRACE, work(64), &[]);
+        let (ops, _) = a.tick(7_000, 1, GRACE, work(64), &[]);
+        assert_eq!(ops, [list_op(&a)]);
+        a.listed(7_100, 1, BatchSystem::Slurm, gen, Ok(Vec::new()));
+        let (ops, _) = a.tick(8_000, 1, GRACE, work(64), &[]);
         assert!(
             matches!(ops.as_slice(), [BatchOp::Submit { .. }]),
             "{ops:?}"
         );
+        // A PBS queue whose listing fails does not stop the SLURM queue.
+        let mut a = unlisted();
+        let pbs = QueueDef::new("pbs", BatchSystem::Pbs, 3600, 8);
+        a.command(0, 1, AllocCmd::Add(pbs));
+        let gen = a.list_gen;
+        a.listed(0, 1, BatchSystem::Slurm, gen, Ok(Vec::new()));
+        let submitted = |ops: &[BatchOp]| -> Vec<String> {
+            ops.iter()
+                .filter_map(|o| match o {
+                    BatchOp::Submit { queue, .. } => Some(queue.name.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let (ops, _) = a.tick(2_000, 1, GRACE, work(16), &[]);
+        assert!(
+            ops.contains(&BatchOp::List {
+                system: BatchSystem::Pbs,
+                gen
+            }),
+            "{ops:?}"
+        );
+        assert_eq!(submitted(&ops), ["cpu"], "{ops:?}");
+        a.listed(
+            2_100,
+            1,
+            BatchSystem::Pbs,
+            gen,
+            Err("qselect: not found".into()),
+        );
+        for t in [3_000, 4_000] {
+            let (ops, _) = a.tick(t, 1, GRACE, work(16), &[]);
+            assert!(submitted(&ops).iter().all(|q| q == "cpu"), "{ops:?}");
+        }
     }
 
     fn state(a: &Allocs, id: &str) -> JobState {

@@ -33,7 +33,7 @@ pub(super) enum Answer {
     Submitted(QueueDef, Result<Vec<String>, String>),
     Polled(Vec<(String, JobState)>),
     Cancelled(String),
-    Listed(Vec<Listed>),
+    Listed(u64, Vec<Listed>),
 }
 
 /// The simulated batch system's state.
@@ -153,7 +153,8 @@ impl Sim<'_> {
                     .collect(),
             ),
             // One mesh, one user: every job is this mesh's, its queue by name.
-            BatchOp::List { .. } => Answer::Listed(
+            BatchOp::List { gen, .. } => Answer::Listed(
+                gen,
                 self.batch
                     .jobs
                     .iter()
@@ -261,8 +262,8 @@ impl Sim<'_> {
                 p.batch_polled(now, mesh_protocol::alloc::BatchSystem::Slurm, Ok(states))
             }
             Answer::Cancelled(job) => p.batch_cancelled(now, &job, Ok(())),
-            Answer::Listed(jobs) => {
-                p.batch_listed(now, mesh_protocol::alloc::BatchSystem::Slurm, Ok(jobs))
+            Answer::Listed(gen, jobs) => {
+                p.batch_listed(now, mesh_protocol::alloc::BatchSystem::Slurm, gen, Ok(jobs))
             }
         })
     }

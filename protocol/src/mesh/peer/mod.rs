@@ -509,11 +509,12 @@ impl Peer {
         &mut self,
         now: Millis,
         system: BatchSystem,
+        gen: u64,
         result: Result<Vec<super::Listed>, String>,
     ) {
         self.woke(now);
         let term = self.node.election.term();
-        if self.coord.is_some() && self.allocs.listed(now, term, system, result) {
+        if self.coord.is_some() && self.allocs.listed(now, term, system, gen, result) {
             self.allocs_changed();
         }
         self.pump(now);
