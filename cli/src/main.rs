@@ -229,8 +229,16 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    match dispatch(cli) {
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    // MESH_ADDR exported for the commands of a login shell must not stop
+    // that shell (or a job that inherits it) from starting a node.
+    let mesh_from_env =
+        matches.value_source("mesh") == Some(clap::parser::ValueSource::EnvVariable);
+    match dispatch(cli, mesh_from_env) {
         Ok(code) => code,
         Err(e) => {
             if let Some(fe) = e.downcast_ref::<farmfile::FarmFileError>() {
@@ -259,13 +267,15 @@ fn describe(e: &anyhow::Error) -> String {
     out
 }
 
-fn dispatch(cli: Cli) -> Result<ExitCode> {
+fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
     let state = StateDir::new(state_root(cli.state_dir)?);
+    let local = local_only(&cli.command);
     let to = match cli.mesh {
+        Some(_) if local.is_some() && mesh_from_env => Target::Local(state.root().to_path_buf()),
         None => Target::Local(state.root().to_path_buf()),
         Some(addr) => {
-            if let Some(what) = local_only(&cli.command) {
-                bail!("--mesh acts on a running mesh from another machine; `mesh {what}` runs here (leave out --mesh and MESH_ADDR)");
+            if let Some(what) = local {
+                bail!("--mesh acts on a running mesh from another machine; `mesh {what}` runs here (leave out --mesh)");
             }
             let key = cli
                 .mesh_key

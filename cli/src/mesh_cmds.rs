@@ -482,7 +482,7 @@ fn follow(to: &Target, farm: &str, json: bool) -> Result<ExitCode> {
     }
     let Some(v) = final_view else {
         bail!(
-            "the node stopped before the farm finished; it resumes when the node is started again"
+            "the node stopped (or the connection to it was lost) before the farm finished; it resumes when the node is started again, and `mesh wait` follows it again"
         )
     };
     if json {

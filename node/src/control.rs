@@ -242,7 +242,7 @@ mod remote {
 
     use futures::{AsyncBufReadExt, AsyncWriteExt, StreamExt};
     use libp2p::swarm::SwarmEvent;
-    use libp2p::{Multiaddr, PeerId, StreamProtocol};
+    use libp2p::{ping, Multiaddr, PeerId, StreamProtocol};
 
     use super::{ControlError, ControlRequest, CONTROL_PROTOCOL};
     use crate::{keys, net};
@@ -369,7 +369,7 @@ mod remote {
         psk: libp2p::pnet::PreSharedKey,
     ) -> Result<(libp2p_stream::Control, PeerId, tokio::task::JoinHandle<()>), String> {
         let mut swarm = net::client(psk).map_err(|e| e.to_string())?;
-        let control = swarm.behaviour().new_control();
+        let control = swarm.behaviour().streams.new_control();
         swarm
             .dial(addr.clone())
             .map_err(|e| net::explain_dial_error(&e))?;
@@ -383,8 +383,16 @@ mod remote {
             }
         };
         let driver = tokio::spawn(async move {
+            // Until the node stops answering pings: then the swarm goes,
+            // with the connection, and the answer's lines end.
             loop {
-                swarm.select_next_some().await;
+                if let SwarmEvent::Behaviour(net::ClientBehaviourEvent::Ping(ping::Event {
+                    result: Err(_),
+                    ..
+                })) = swarm.select_next_some().await
+                {
+                    break;
+                }
             }
         });
         Ok((control, peer, driver))

@@ -93,7 +93,7 @@ pub enum NetError {
         addr: Multiaddr,
         source: libp2p::TransportError<io::Error>,
     },
-    #[error("cannot listen on {0}: another process of this user listens there already (another mesh node?); stop it, or give this node another port")]
+    #[error("cannot listen on {0}: another process listens there already (another mesh node?); stop it, or give this node another port")]
     PortTaken(Multiaddr),
 }
 
@@ -153,17 +153,30 @@ pub fn build(cfg: NetConfig) -> Result<Swarm<Behaviour>, NetError> {
     Ok(swarm)
 }
 
+/// What a command line's swarm does: its own streams, and pings, whose
+/// failure (the node's machine gone, the network cut) ends a `mesh wait`
+/// that would otherwise wait on a dead connection for ever.
+#[derive(NetworkBehaviour)]
+pub struct ClientBehaviour {
+    pub streams: libp2p_stream::Behaviour,
+    pub ping: ping::Behaviour,
+}
+
 /// A swarm that only dials, for a command line on a machine that runs no
 /// node (`mesh --mesh ADDR ...`): the same transport behind the mesh key,
 /// a throwaway identity, and nothing but streams it opens itself.
-pub fn client(psk: PreSharedKey) -> Result<Swarm<libp2p_stream::Behaviour>, NetError> {
+pub fn client(psk: PreSharedKey) -> Result<Swarm<ClientBehaviour>, NetError> {
     let identity = Keypair::generate_ed25519();
     let transport = transport(&identity, psk)?;
+    let behaviour = ClientBehaviour {
+        streams: libp2p_stream::Behaviour::new(),
+        ping: ping::Behaviour::default(),
+    };
     Ok(libp2p::SwarmBuilder::with_existing_identity(identity)
         .with_tokio()
         .with_other_transport(|_| transport)
         .unwrap_or_else(|never| match never {})
-        .with_behaviour(|_| libp2p_stream::Behaviour::new())
+        .with_behaviour(|_| behaviour)
         .unwrap_or_else(|never| match never {})
         // A `mesh wait` keeps its one stream open for as long as the farm runs.
         .with_swarm_config(|c| c.with_idle_connection_timeout(DEFAULT_IDLE_TIMEOUT))

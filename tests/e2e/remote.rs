@@ -192,6 +192,15 @@ fn a_wrong_key_an_unreachable_address_or_a_local_command_is_refused_with_the_rea
     let r = remote(&sb, &addr, &key, &["run", "farm.toml"]);
     r.expect_code(2);
     assert!(r.stderr.contains("`mesh run` runs here"), "{}", r.stderr);
+    // MESH_ADDR exported in a login shell (or inherited by a job) does not
+    // stop what runs here.
+    let r = sb
+        .spawn_env(
+            &["run", "farm.toml", "--quiet"],
+            &[("MESH_ADDR", addr.as_str())],
+        )
+        .wait();
+    r.expect_code(0);
 
     let r = remote(&sb, &addr, &key, &["status", "no-such-farm"]);
     r.expect_code(2);

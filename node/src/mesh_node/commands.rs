@@ -149,14 +149,16 @@ impl Node {
             }
             (Some(_), None) => false,
         };
-        if !already && f.progress.finished {
-            // Its outputs are home and the nodes that kept them have
-            // freed them: a new home would wait for them forever.
-            let out = here.map_or(f.spec.def.out.as_str(), |r| r.out_dir());
+        if let Some(r) = here.filter(|r| !already && r.home && r.announced) {
+            // This node is the home and told the end: every output is in
+            // its folder and the nodes that kept them have freed them, so
+            // a new folder would wait for them forever. (A farm that ended
+            // while its home was gone has its outputs on the workers
+            // still: that is what `resume --out` elsewhere is for.)
             return Err(format!(
-                "{} has finished: every output is in {out} on {}; copy that folder",
+                "{} has finished: every output is in {} on this node; copy that folder",
                 farm_display_id(&f.spec.def.name, fid),
-                self.label_of(f.home.node)
+                r.out_dir()
             ));
         }
         if !already {
