@@ -132,19 +132,8 @@ pub fn build(cfg: NetConfig) -> Result<Swarm<Behaviour>, NetError> {
     for addr in &cfg.listen {
         check_port_free(addr)?;
     }
-    let transport = transport(&cfg.identity, cfg.psk)?;
     let behaviour = behaviour(&cfg.identity, cfg.request_timeout, cfg.mdns)?;
-    let idle = cfg.idle_timeout;
-    let mut swarm = libp2p::SwarmBuilder::with_existing_identity(cfg.identity)
-        .with_tokio()
-        .with_other_transport(|_| transport)
-        .unwrap_or_else(|never| match never {})
-        .with_behaviour(|_| behaviour)
-        .unwrap_or_else(|never| match never {})
-        .with_swarm_config(|c| c.with_idle_connection_timeout(idle))
-        // The swarm's timeout covers a whole dial: connect, then handshakes.
-        .with_connection_timeout(CONNECT_TIMEOUT + HANDSHAKE_TIMEOUT)
-        .build();
+    let mut swarm = swarm(cfg.identity, cfg.psk, behaviour, cfg.idle_timeout)?;
     for addr in cfg.listen {
         if let Err(source) = swarm.listen_on(addr.clone()) {
             return Err(NetError::Listen { addr, source });
@@ -166,20 +155,35 @@ pub struct ClientBehaviour {
 /// node (`mesh --mesh ADDR ...`): the same transport behind the mesh key,
 /// a throwaway identity, and nothing but streams it opens itself.
 pub fn client(psk: PreSharedKey) -> Result<Swarm<ClientBehaviour>, NetError> {
-    let identity = Keypair::generate_ed25519();
-    let transport = transport(&identity, psk)?;
     let behaviour = ClientBehaviour {
         streams: libp2p_stream::Behaviour::new(),
         ping: ping::Behaviour::default(),
     };
+    swarm(
+        Keypair::generate_ed25519(),
+        psk,
+        behaviour,
+        DEFAULT_IDLE_TIMEOUT,
+    )
+}
+
+/// A swarm of `behaviour` on the mesh's transport, for a node and a
+/// command line alike; connections with no open stream close after `idle`.
+fn swarm<B: NetworkBehaviour>(
+    identity: Keypair,
+    psk: PreSharedKey,
+    behaviour: B,
+    idle: Duration,
+) -> Result<Swarm<B>, NetError> {
+    let transport = transport(&identity, psk)?;
     Ok(libp2p::SwarmBuilder::with_existing_identity(identity)
         .with_tokio()
         .with_other_transport(|_| transport)
         .unwrap_or_else(|never| match never {})
         .with_behaviour(|_| behaviour)
         .unwrap_or_else(|never| match never {})
-        // A `mesh wait` keeps its one stream open for as long as the farm runs.
-        .with_swarm_config(|c| c.with_idle_connection_timeout(DEFAULT_IDLE_TIMEOUT))
+        .with_swarm_config(|c| c.with_idle_connection_timeout(idle))
+        // The swarm's timeout covers a whole dial: connect, then handshakes.
         .with_connection_timeout(CONNECT_TIMEOUT + HANDSHAKE_TIMEOUT)
         .build())
 }
