@@ -330,23 +330,38 @@ pub fn parse_states(system: BatchSystem, stdout: &str) -> Vec<(String, JobState)
                 Some((id.to_string(), slurm_state(state)))
             })
             .collect(),
-        BatchSystem::Pbs => {
-            let mut out = Vec::new();
-            let mut id: Option<String> = None;
-            for l in stdout.lines() {
-                if let Some(rest) = l.strip_prefix("Job Id:") {
-                    id = Some(rest.trim().to_string());
-                } else if let Some((k, v)) = l.trim().split_once(" = ") {
-                    if k == "job_state" {
-                        if let Some(i) = id.take() {
-                            out.push((i, pbs_state(v.trim())));
-                        }
-                    }
-                }
+        BatchSystem::Pbs => qstat_jobs(stdout)
+            .into_iter()
+            .map(|(id, state, _)| (id, state))
+            .collect(),
+    }
+}
+
+/// Each job in what `qstat -f` printed (a `Job Id:` line, then indented
+/// `key = value` lines): its id, state and name (when printed). A job
+/// whose state is not printed is left out.
+fn qstat_jobs(stdout: &str) -> Vec<(String, JobState, Option<String>)> {
+    let mut out = Vec::new();
+    let mut job: (Option<String>, Option<JobState>, Option<String>) = (None, None, None);
+    let mut flush = |job: &mut (Option<String>, Option<JobState>, Option<String>)| {
+        if let (Some(id), Some(state), name) = std::mem::take(job) {
+            out.push((id, state, name));
+        }
+    };
+    for l in stdout.lines() {
+        if let Some(rest) = l.strip_prefix("Job Id:") {
+            flush(&mut job);
+            job.0 = Some(rest.trim().to_string());
+        } else if let Some((k, v)) = l.trim().split_once(" = ") {
+            match k {
+                "Job_Name" => job.2 = Some(v.trim().to_string()),
+                "job_state" => job.1 = Some(pbs_state(v.trim())),
+                _ => {}
             }
-            out
         }
     }
+    flush(&mut job);
+    out
 }
 
 fn slurm_state(s: &str) -> JobState {
@@ -404,25 +419,11 @@ pub fn parse_listed(system: BatchSystem, tag: &str, stdout: &str) -> Vec<Listed>
             }
         }
         BatchSystem::Pbs => {
-            let mut job: (Option<String>, Option<JobState>, Option<String>) = (None, None, None);
-            let mut flush = |job: &mut (Option<String>, Option<JobState>, Option<String>)| {
-                if let (Some(id), Some(state), Some(name)) = std::mem::take(job) {
+            for (id, state, name) in qstat_jobs(stdout) {
+                if let Some(name) = name {
                     keep(&id, state, &name);
                 }
-            };
-            for l in stdout.lines() {
-                if let Some(rest) = l.strip_prefix("Job Id:") {
-                    flush(&mut job);
-                    job.0 = Some(rest.trim().to_string());
-                } else if let Some((k, v)) = l.trim().split_once(" = ") {
-                    match k {
-                        "Job_Name" => job.2 = Some(v.trim().to_string()),
-                        "job_state" => job.1 = Some(pbs_state(v.trim())),
-                        _ => {}
-                    }
-                }
             }
-            flush(&mut job);
         }
     }
     out
