@@ -293,11 +293,7 @@ impl Node {
             }
         }
         self.peer.restore_held(held);
-        self.peer.restore_kept(
-            super::staging::held_farms(&self.state)
-                .into_iter()
-                .map(|(f, _)| f),
-        );
+        self.ask_about_held();
         if let Some(book) = MeshState::load_allocs(&self.store)? {
             self.peer.restore_allocs(book);
         }
@@ -414,11 +410,7 @@ impl Node {
                 // A new coordinator may mean this node was cut off from the
                 // mesh (a partition that healed) and missed the end of a
                 // farm whose outputs it keeps: it asks again.
-                self.peer.restore_kept(
-                    super::staging::held_farms(&self.state)
-                        .into_iter()
-                        .map(|(f, _)| f),
-                );
+                self.ask_about_held();
             }
             PeerEvent::Accepted { farm, tasks } => {
                 if let Some(o) = self.origins.get_mut(&farm) {

@@ -23,6 +23,13 @@ use super::{Cmd, Node};
 pub(super) const NO_SUCH_FILE: &str = "no such file on this node";
 
 impl Node {
+    /// Has the peer ask about every farm this node keeps outputs of (see
+    /// `Peer::restore_kept`): at start, and on following a new coordinator.
+    pub(super) fn ask_about_held(&mut self) {
+        self.peer
+            .restore_kept(held_farms(&self.state).into_iter().map(|(f, _)| f));
+    }
+
     pub(super) fn serve_inputs(&mut self, spec: &FarmSpec) {
         let root = PathBuf::from(&spec.def.root);
         for (path, hash) in &spec.inputs {
