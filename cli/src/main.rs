@@ -314,7 +314,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
                     return Ok(code);
                 }
                 if remote {
-                    bail!("the mesh knows no farm `{q}` (see `mesh list`)");
+                    return Err(no_mesh_farm(q));
                 }
             } else if remote {
                 bail!("no unfinished farm has the node at --mesh as its home; name the farm to resume");
@@ -410,7 +410,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
                         return Ok(ExitCode::SUCCESS);
                     }
                     if remote {
-                        bail!("the mesh knows no farm `{q}` (see `mesh list`)");
+                        return Err(no_mesh_farm(q));
                     }
                 }
             }
@@ -441,7 +441,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
                     return Ok(code);
                 }
                 if remote {
-                    bail!("the mesh knows no farm `{f}` (see `mesh list`)");
+                    return Err(no_mesh_farm(f));
                 }
             } else if remote {
                 bail!("with --mesh, name the task's farm: `mesh logs {task} --farm FARM`");
@@ -450,6 +450,12 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             show::logs(&state, &s, &task, attempt, json)
         }
     }
+}
+
+/// With `--mesh`, a farm the mesh does not know is an error: there is no
+/// `mesh run` farm of this machine to fall back on.
+fn no_mesh_farm(farm: &str) -> anyhow::Error {
+    anyhow::anyhow!("the mesh knows no farm `{farm}` (see `mesh list`)")
 }
 
 /// The commands that act on this machine alone, which `--mesh` makes no sense for.
