@@ -180,17 +180,7 @@ impl Sandbox {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(&self.bin);
-        c.args(args)
-            .current_dir(self.dir.path())
-            .env("MESH_STATE_DIR", self.state())
-            .env_remove("MESH_LOG")
-            .env_remove("MESH_ADDR")
-            .env_remove("MESH_KEY")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c
+        mesh_command(&self.bin, args, self.dir.path(), &self.state())
     }
 
     /// Runs mesh to completion (bounded by `COMMAND_TIMEOUT`).
@@ -222,6 +212,23 @@ impl Sandbox {
         }
         s.lines().map(str::to_string).collect()
     }
+}
+
+/// `mesh ARGS` run in `cwd` on state folder `state`, its output piped,
+/// with none of the variables a developer's shell may have set for mesh
+/// (log level, a remote mesh and its key) leaking into the test.
+fn mesh_command(bin: &Path, args: &[&str], cwd: &Path, state: &Path) -> Command {
+    let mut c = Command::new(bin);
+    c.args(args)
+        .current_dir(cwd)
+        .env("MESH_STATE_DIR", state)
+        .env_remove("MESH_LOG")
+        .env_remove("MESH_ADDR")
+        .env_remove("MESH_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
 }
 
 /// Polls `cond` every 20 ms until it holds or `limit` passes; returns whether it held.
@@ -262,17 +269,8 @@ impl NodeProc {
         args: &[&str],
         env: &[(String, String)],
     ) -> NodeProc {
-        let mut child = Command::new(bin)
-            .args(args)
+        let mut child = mesh_command(bin, args, cwd, state)
             .envs(env.iter().map(|(k, v)| (k, v)))
-            .current_dir(cwd)
-            .env("MESH_STATE_DIR", state)
-            .env_remove("MESH_LOG")
-            .env_remove("MESH_ADDR")
-            .env_remove("MESH_KEY")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
             .expect("start mesh node");
         let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -573,16 +571,7 @@ impl Cluster {
 
     /// Runs a mesh command against node `i`'s state folder.
     pub fn mesh(&self, i: usize, args: &[&str]) -> Run {
-        let child = Command::new(&self.bin)
-            .args(args)
-            .current_dir(&self.root)
-            .env("MESH_STATE_DIR", &self.nodes[i].state)
-            .env_remove("MESH_LOG")
-            .env_remove("MESH_ADDR")
-            .env_remove("MESH_KEY")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+        let child = mesh_command(&self.bin, args, &self.root, &self.nodes[i].state)
             .spawn()
             .expect("start mesh");
         Background { child: Some(child) }.wait()
