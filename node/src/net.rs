@@ -19,10 +19,10 @@ use libp2p::core::transport::timeout::{TransportTimeout, TransportTimeoutError};
 use libp2p::core::transport::{Boxed, Transport};
 use libp2p::core::upgrade::Version;
 use libp2p::identity::Keypair;
-use libp2p::pnet::{PnetConfig, PreSharedKey};
+use libp2p::pnet::{PnetConfig, PnetError, PnetOutput, PreSharedKey};
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
-use libp2p::swarm::{DialError, NetworkBehaviour};
+use libp2p::swarm::{DialError, ListenError, NetworkBehaviour};
 use libp2p::{identify, noise, ping, tcp, yamux, Multiaddr, PeerId, StreamProtocol, Swarm};
 use mesh_protocol::wire::{Request, Response, MESSAGE_MAX, PROTOCOL_VERSION, REQUEST_PROTOCOL};
 use serde::de::DeserializeOwned;
@@ -36,10 +36,20 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// For the TCP connection alone, so an unreachable address is told apart from a failed handshake.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// For the pnet, noise and yamux handshakes after TCP connects. A peer with
-/// another mesh key often never completes them, so this is also how long such
-/// a dial can take to fail.
+/// For the pnet, noise and yamux handshakes after TCP connects. A node that
+/// accepted the connection and says nothing for this long is paused or
+/// overloaded (a node with another mesh key says so at once: see
+/// [`KEY_CHECK`]).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Both sides of a connection send this, and their protocol version,
+/// right after pnet's nonces, and read the other's. It reads back only
+/// under the same key, so a node of another mesh is told at once and for
+/// certain, on both sides, where it used to look like a handshake that
+/// timed out: the same as a node that is paused, which is worth waiting
+/// for (pnet itself checks nothing: with another key, the handshakes on
+/// top of it read noise and wait for more).
+const KEY_CHECK: &[u8; 14] = b"mesh key check";
 
 #[derive(NetworkBehaviour)]
 pub struct Behaviour {
@@ -211,7 +221,7 @@ fn transport(
         })
     });
     let tcp = connect
-        .and_then(move |socket, _| PnetConfig::new(psk).handshake(socket))
+        .and_then(move |socket, _| key_handshake(psk, socket))
         .upgrade(Version::V1Lazy)
         .authenticate(noise)
         .multiplex(yamux::Config::default())
@@ -229,6 +239,181 @@ fn transport(
             .boxed()
     };
     Ok(tcp)
+}
+
+/// Why the mesh's own handshake on a new connection failed.
+#[derive(Debug, Error)]
+pub enum KeyCheckError {
+    #[error("the other node uses another mesh key")]
+    WrongKey,
+    #[error("the other node speaks mesh protocol {0}, this one {PROTOCOL_VERSION}")]
+    Version(u32),
+    #[error("no answer within {0:?}")]
+    Silent(Duration),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// A failed [`key_handshake`], as the transport reports it. libp2p's
+/// `Either` errors report their inner error's source rather than the
+/// inner error, so the `KeyCheckError` is this wrapper's source, where
+/// `dial_fault` finds it (as `ConnectError` does for TCP's).
+#[derive(Debug, Error)]
+#[error("{0}")]
+struct KeyCheckFailed(#[source] KeyCheckError);
+
+/// pnet's nonces, then [`KEY_CHECK`] both ways: a connection that
+/// passes is of this mesh and version; one whose other side says nothing
+/// in time is told apart from one of another mesh.
+async fn key_handshake<S>(psk: PreSharedKey, socket: S) -> Result<PnetOutput<S>, KeyCheckFailed>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let check = async move {
+        let mut s = PnetConfig::new(psk)
+            .handshake(socket)
+            .await
+            .map_err(|e| match e {
+                PnetError::HandshakeError(e) | PnetError::IoError(e) => e,
+            })?;
+        let mut mine = [0u8; 18];
+        mine[..14].copy_from_slice(KEY_CHECK);
+        mine[14..].copy_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+        s.write_all(&mine).await?;
+        s.flush().await?;
+        let mut theirs = [0u8; 18];
+        s.read_exact(&mut theirs).await?;
+        if theirs[..14] != KEY_CHECK[..] {
+            return Err(KeyCheckError::WrongKey);
+        }
+        let version = u32::from_be_bytes(theirs[14..].try_into().expect("4 bytes"));
+        if version != PROTOCOL_VERSION {
+            return Err(KeyCheckError::Version(version));
+        }
+        Ok(s)
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, check)
+        .await
+        .unwrap_or(Err(KeyCheckError::Silent(HANDSHAKE_TIMEOUT)))
+        .map_err(KeyCheckFailed)
+}
+
+/// What a failed dial means for whoever wants to try again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DialFault {
+    /// Nothing took the connection: not started yet, gone, or out of reach.
+    Unreachable,
+    /// It took the connection and said nothing in time: paused, overloaded,
+    /// or swamped by others joining (worth trying again).
+    Silent,
+    /// Another mesh key: trying again will not help.
+    WrongKey,
+    /// A node of another mesh version.
+    Version,
+    /// An address this node cannot dial at all (no transport for it).
+    Unsupported,
+    /// Anything else (a handshake cut short, a peer id that changed).
+    Other,
+}
+
+impl DialFault {
+    /// Trying again may work (the other node may come, wake or calm down).
+    pub fn transient(self) -> bool {
+        !matches!(
+            self,
+            DialFault::WrongKey | DialFault::Version | DialFault::Unsupported
+        )
+    }
+}
+
+/// Each address a failed dial tried, what its failure means, and the
+/// cause in words.
+pub fn dial_attempts(err: &DialError) -> Vec<(Multiaddr, DialFault, String)> {
+    let DialError::Transport(attempts) = err else {
+        return Vec::new();
+    };
+    attempts
+        .iter()
+        .map(|(addr, e)| {
+            let (fault, cause) = match e {
+                libp2p::TransportError::MultiaddrNotSupported(_) => (
+                    DialFault::Unsupported,
+                    "address not supported by this node".to_string(),
+                ),
+                libp2p::TransportError::Other(io) => {
+                    let fault = io_fault(io);
+                    let cause = match fault {
+                        DialFault::WrongKey => "it uses another mesh key: copy mesh.key from \
+                                                a node of the mesh into this node's state folder"
+                            .to_string(),
+                        DialFault::Version => format!("{}: upgrade the older node", io_chain(io)),
+                        DialFault::Silent => "it took the connection but did not answer in \
+                                              time: paused, or overloaded"
+                            .to_string(),
+                        DialFault::Other => format!("the handshake failed ({})", io_chain(io)),
+                        DialFault::Unreachable | DialFault::Unsupported => io_chain(io),
+                    };
+                    (fault, cause)
+                }
+            };
+            (addr.clone(), fault, cause)
+        })
+        .collect()
+}
+
+/// What a failed dial means: the most definite fault of its attempts.
+pub fn dial_fault(err: &DialError) -> DialFault {
+    dial_attempts(err)
+        .into_iter()
+        .map(|(_, f, _)| f)
+        .min_by_key(|f| match f {
+            DialFault::WrongKey => 0,
+            DialFault::Version => 1,
+            DialFault::Unsupported => 2,
+            DialFault::Silent => 3,
+            DialFault::Other => 4,
+            DialFault::Unreachable => 5,
+        })
+        .unwrap_or(DialFault::Other)
+}
+
+/// The fault of an inbound connection that failed its handshake, when it
+/// is one the accepting node's user should hear of (another mesh key or
+/// version), and the sentence that says so.
+pub fn listen_fault(err: &ListenError) -> Option<(DialFault, String)> {
+    let ListenError::Transport(libp2p::TransportError::Other(io)) = err else {
+        return None;
+    };
+    match io_fault(io) {
+        DialFault::WrongKey => Some((DialFault::WrongKey, "it uses another mesh key".into())),
+        DialFault::Version => Some((DialFault::Version, io_chain(io))),
+        _ => None,
+    }
+}
+
+fn io_fault(io: &io::Error) -> DialFault {
+    if is_connect_failure(io) {
+        return DialFault::Unreachable;
+    }
+    let check = causes(io).find_map(|c| c.downcast_ref::<KeyCheckError>());
+    match check {
+        Some(KeyCheckError::WrongKey) => DialFault::WrongKey,
+        Some(KeyCheckError::Version(_)) => DialFault::Version,
+        Some(KeyCheckError::Silent(_)) => DialFault::Silent,
+        Some(KeyCheckError::Io(_)) => DialFault::Other,
+        // The swarm's own limit on a whole dial: past the key check, the
+        // node did not finish the other handshakes in time.
+        None if causes(io).any(|c| {
+            matches!(
+                c.downcast_ref::<TransportTimeoutError<io::Error>>(),
+                Some(TransportTimeoutError::Timeout)
+            )
+        }) =>
+        {
+            DialFault::Silent
+        }
+        None => DialFault::Other,
+    }
 }
 
 fn behaviour(
@@ -300,43 +485,22 @@ pub fn check_identified(
     })
 }
 
-/// A dial error as a sentence, naming the likely cause when the handshake failed.
+/// A dial error as a sentence, naming the cause when the handshake failed.
 ///
-/// A peer with another mesh.key accepts the TCP connection, and then the
-/// handshakes on top of pnet see garbage: the dial ends in a handshake
-/// timeout or a reset connection, reported as a transport error. Refused,
-/// unreachable or silent addresses are transport errors too, but fail in
-/// TCP's connect (see `ConnectError`) and say so in their error kind.
+/// A node of another mesh key or version is told by the key check after
+/// pnet ([`KEY_CHECK`]); a node that accepted the connection and said
+/// nothing in time is paused or overloaded; refused, unreachable or silent
+/// addresses fail in TCP's connect (see `ConnectError`).
 pub fn explain_dial_error(err: &DialError) -> String {
-    let DialError::Transport(attempts) = err else {
+    let attempts = dial_attempts(err);
+    if attempts.is_empty() {
         return format!("dial failed: {err}");
-    };
-    let mut lines = Vec::new();
-    let mut handshake = false;
-    for (addr, e) in attempts {
-        let cause = match e {
-            libp2p::TransportError::MultiaddrNotSupported(_) => {
-                "address not supported by this node".to_string()
-            }
-            libp2p::TransportError::Other(io) => {
-                if is_connect_failure(io) {
-                    io_chain(io)
-                } else {
-                    handshake = true;
-                    format!("the handshake failed ({})", io_chain(io))
-                }
-            }
-        };
-        lines.push(format!("{addr}: {cause}"));
     }
-    let mut text = format!("dial failed: {}", lines.join("; "));
-    if handshake {
-        text.push_str(
-            ": the other node probably uses a different mesh.key \
-             (copy mesh.key from a node of the mesh into this node's state folder)",
-        );
-    }
-    text
+    let lines: Vec<String> = attempts
+        .into_iter()
+        .map(|(addr, _, cause)| format!("{addr}: {cause}"))
+        .collect();
+    format!("dial failed: {}", lines.join("; "))
 }
 
 /// A failure to open the TCP connection itself, before any handshake.
@@ -720,6 +884,8 @@ pub(crate) mod tests {
                 health: 2,
                 late_cores: 1,
                 late_gpus: 0,
+                files_max: 1024,
+                idle: false,
             })),
             Msg::Swim(vec![1, 2, 3]),
             Msg::Roster {
@@ -798,34 +964,81 @@ pub(crate) mod tests {
     }
 
     #[tokio::test(flavor = "current_thread")]
-    async fn a_dial_with_another_mesh_key_fails_and_names_the_key() {
+    async fn a_dial_with_another_mesh_key_fails_at_once_on_both_sides_and_names_the_key() {
         let (mut a, mut b) = (node(psk(3)), node(psk(4)));
         let b_addr = listen_addr(&mut b).await;
+        let started = std::time::Instant::now();
         a.dial(b_addr).unwrap();
-        let error = timeout(WAIT, async {
-            loop {
+        let (mut dial_error, mut refused) = (None, None);
+        timeout(WAIT, async {
+            while dial_error.is_none() || refused.is_none() {
                 tokio::select! {
                     ev = a.select_next_some() => match ev {
-                        SwarmEvent::OutgoingConnectionError { error, .. } => return error,
+                        SwarmEvent::OutgoingConnectionError { error, .. } => dial_error = Some(error),
                         SwarmEvent::ConnectionEstablished { .. } => panic!("connected with the wrong key"),
                         _ => {}
                     },
-                    ev = b.select_next_some() => {
-                        if let SwarmEvent::ConnectionEstablished { .. } = ev {
-                            panic!("accepted a peer with the wrong key");
-                        }
+                    ev = b.select_next_some() => match ev {
+                        SwarmEvent::IncomingConnectionError { error, .. } => refused = Some(error),
+                        SwarmEvent::ConnectionEstablished { .. } => panic!("accepted a peer with the wrong key"),
+                        _ => {}
                     }
                 }
             }
         })
         .await
         .expect("the dial neither failed nor succeeded in time");
-        eprintln!("wrong-key dial error: {error:?}\ndisplay: {error}");
+        // Told by the key check, not by a handshake that times out (as a
+        // paused node's does).
+        assert!(
+            started.elapsed() < HANDSHAKE_TIMEOUT,
+            "{:?}",
+            started.elapsed()
+        );
+        let error = dial_error.unwrap();
+        assert_eq!(dial_fault(&error), DialFault::WrongKey);
+        assert!(!dial_fault(&error).transient());
         let text = explain_dial_error(&error);
-        eprintln!("explained: {text}");
-        assert!(text.contains("mesh.key"), "{text}");
+        assert!(
+            text.contains("another mesh key") && text.contains("mesh.key"),
+            "{text}"
+        );
+        let (fault, why) = listen_fault(&refused.unwrap()).expect("a fault to tell");
+        assert_eq!(fault, DialFault::WrongKey);
+        assert!(why.contains("another mesh key"), "{why}");
         assert_eq!(a.connected_peers().count(), 0);
         assert_eq!(b.connected_peers().count(), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_node_that_takes_the_connection_and_says_nothing_is_silent_not_of_another_key() {
+        // A paused node: the kernel takes the connection, nobody answers.
+        let paused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = paused.local_addr().unwrap().port();
+        let mut a = node(psk(5));
+        a.dial(
+            format!("/ip4/127.0.0.1/tcp/{port}")
+                .parse::<Multiaddr>()
+                .unwrap(),
+        )
+        .unwrap();
+        let error = timeout(WAIT, async {
+            loop {
+                if let SwarmEvent::OutgoingConnectionError { error, .. } =
+                    a.select_next_some().await
+                {
+                    return error;
+                }
+            }
+        })
+        .await
+        .expect("no dial error in time");
+        assert_eq!(dial_fault(&error), DialFault::Silent);
+        assert!(dial_fault(&error).transient());
+        let text = explain_dial_error(&error);
+        assert!(text.contains("paused, or overloaded"), "{text}");
+        assert!(!text.contains("mesh.key"), "{text}");
+        drop(paused);
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -856,6 +1069,7 @@ pub(crate) mod tests {
         let text = explain_dial_error(&error);
         assert!(!text.contains("mesh.key"), "{text}");
         assert!(text.contains(&port.to_string()), "{text}");
+        assert_eq!(dial_fault(&error), DialFault::Unreachable);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId};
 use crate::observe::Observation;
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
 pub const REQUEST_PROTOCOL: &str = "/mesh/req/8";
 /// The stream that carries messages for a peer's engine, in order.
