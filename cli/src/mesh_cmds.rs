@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse, Target};
 use mesh_node::farmfile::{self, LoadOptions};
+use mesh_node::limits::OpenFiles;
 use mesh_node::mesh_node::{run_node, Multiaddr, NodeOptions};
 use mesh_node::view::{FarmView, MeshStatus};
 use mesh_protocol::mesh::Config;
@@ -631,6 +632,17 @@ pub fn print_status(s: &MeshStatus, json: bool, latency: bool, here: &str) -> Re
             println!(
                 "    behind    local health {} of 8: it cannot keep up (CPU, network), and waits longer before it calls others dead",
                 n.health
+            );
+        }
+        let files = OpenFiles {
+            limit: n.files_max,
+            was: n.files_max,
+        };
+        if n.files_max > 0 && files.short_for(s.nodes.len()) {
+            println!(
+                "    files     open-file limit {}: too low for a mesh of {} nodes (raise it: `ulimit -Hn`, or LimitNOFILE=)",
+                n.files_max,
+                s.nodes.len()
             );
         }
         if let (Some(load), Some(cpus)) = (n.load, n.cpus) {

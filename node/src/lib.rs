@@ -6,6 +6,7 @@ pub mod dash;
 pub mod executor;
 pub mod farmfile;
 pub mod keys;
+pub mod limits;
 pub mod mesh_node;
 pub mod net;
 pub mod observe;

@@ -125,6 +125,9 @@ pub struct NodeView {
     /// yet; absent when the node did not answer in time.
     #[serde(default)]
     pub held_bytes: Option<u64>,
+    /// Its open-file limit, as its beat says (0: not known).
+    #[serde(default)]
+    pub files_max: u64,
 }
 
 impl NodeView {
@@ -142,6 +145,7 @@ impl NodeView {
         self.job = b.job.clone();
         self.drains_in_s = b.ends_in_ms.map(|ms| ms / 1000);
         self.health = b.health;
+        self.files_max = b.files_max;
     }
 }
 

@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use libp2p::{Multiaddr, StreamProtocol};
+use libp2p::StreamProtocol;
 use mesh_protocol::engine::{KillReason, TaskResult};
 use mesh_protocol::mesh::{Action, Fetched, Msg, Peer, PeerEvent};
 use mesh_protocol::resources::GPU;
 use mesh_protocol::wire::{Response, PEER_PROTOCOL};
-use mesh_store::mesh::NODE_KEY;
 use mesh_store::{MeshState, SledStore, Store, StoreError};
 use nix::sys::signal::Signal;
 use tokio::net::UnixListener;
@@ -21,9 +20,10 @@ use tokio::sync::mpsc;
 use super::allocs::Alloc;
 use super::commands::{accept_control, serve_control};
 use super::links::{accept_links, Links};
+use super::reach::{Reach, REACH_TICK};
 use super::source::MeshSource;
 use super::staging::NO_SUCH_FILE;
-use super::swarm::{KnownPeers, Outbound, META_PEERS};
+use super::swarm::Outbound;
 use super::swim;
 use super::views::Origin;
 use super::{Cmd, Node, NodeError, NodeOptions};
@@ -34,10 +34,14 @@ use crate::keys;
 use crate::net::{self, NetConfig};
 use crate::observe::Recorder;
 use crate::task_words::describe_end;
-use crate::{at_ms, grace_end, io_err, sleep_until_opt, stop_signals};
+use crate::{at_ms, grace_end, io_err, limits, sleep_until_opt, stop_signals};
 
-/// How often known peers that are not connected are dialled again.
-const REDIAL_MS: u64 = 3000;
+/// A hard open-file limit that leaves room for fewer members than this is
+/// told at start.
+const FILES_TELL_BELOW: u64 = 1024;
+
+/// Lines about connections refused are said at most this often, each kind.
+const THROTTLE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Most commands (ended tasks, fetches) handled as one step of the peer.
 const CMDS_PER_STEP: usize = 256;
@@ -50,6 +54,9 @@ const FETCH_QUIET: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
     let (mut sigint, mut sigterm) = stop_signals()?;
+    // Before any connection: a mesh of thousands must not meet a soft
+    // limit nobody asked for (see `limits.rs`).
+    let files = limits::raise_open_files().map_err(io_err("cannot read the open-file limit"))?;
     fs::create_dir_all(&opts.state)
         .map_err(io_err(format!("cannot create {}", opts.state.display())))?;
     let psk = keys::load_psk(&opts.key)?;
@@ -100,10 +107,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
             .try_into()
             .expect("8 bytes"),
     );
-    let known: KnownPeers = match store.meta(NODE_KEY, META_PEERS).map_err(damaged)? {
-        Some(b) => postcard::from_bytes(&b).unwrap_or_default(),
-        None => KnownPeers::default(),
-    };
+    let reach = Reach::load(&store, &opts.join, seed).map_err(damaged)?;
     // A node restarted on its state folder rejoins the mesh it was in, so
     // it first listens for that mesh's coordinator like a joining node.
     let mut peer = Peer::new(
@@ -112,7 +116,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         opts.resources.clone(),
         opts.config.clone(),
         seed,
-        !opts.join.is_empty() || !known.0.is_empty(),
+        !opts.join.is_empty() || reach.remembers_any(),
     );
     if !opts.join.is_empty() {
         peer.joins_by_address();
@@ -136,11 +140,10 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         live: HashMap::new(),
         origins: HashMap::new(),
         book: MeshState::default(),
-        known,
-        known_stale: false,
-        join_retry_s: 1,
-        join_addrs: opts.join.clone(),
-        redial_pending: false,
+        reach,
+        files,
+        files_told: false,
+        throttle: limits::Throttle::new(THROTTLE),
         blobs: HashMap::new(),
         programs: HashMap::new(),
         node_has_gpus: !opts.resources.get(GPU).is_zero(),
@@ -157,6 +160,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         held_count: std::cell::Cell::new(None),
     };
     node.peer.set_wall_base(crate::state::unix_ms());
+    node.peer.set_files_max(files.limit);
     node.peer.set_batch_job(
         opts.alloc_job.clone(),
         opts.drain_after.map(|d| d.as_millis() as u64),
@@ -166,18 +170,16 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         NodeError::Store(source) => damaged(source),
         e => e,
     })?;
-    for addr in &opts.join {
-        node.swarm.dial(addr.clone()).map_err(|e| NodeError::Join {
-            addr: addr.to_string(),
-            why: net::explain_dial_error(&e),
-        })?;
+    if files.members() < FILES_TELL_BELOW {
+        node.say(&format!(
+            "the open-file limit is {} (the system's hard limit): enough for a mesh of about {} \
+             nodes; raise it (`ulimit -Hn`, or LimitNOFILE= in a systemd unit) for a bigger one",
+            files.limit,
+            files.members()
+        ));
     }
-    for addr in node.known.0.clone() {
-        if let Ok(a) = addr.parse::<Multiaddr>() {
-            if node.swarm.dial(a).is_ok() {
-                node.say(&format!("rejoining {addr}"));
-            }
-        }
+    if node.reach.remembers_any() {
+        node.say("rejoining the mesh through the members this node remembers");
     }
     if let Some(addr) = opts.http {
         let http =
@@ -189,10 +191,10 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
             .map_err(io_err(format!("cannot serve the dashboard on {addr}")))?;
         node.say(&dashboard_line(bound, token.as_deref()));
     }
-    let mut joined = opts.join.is_empty();
-    // Peers this node knew and is not connected to are dialled again now
-    // and then: a healed partition, a peer restarted at its old address.
-    let mut redial = tokio::time::interval(std::time::Duration::from_millis(REDIAL_MS));
+    // The join addresses until they answer, and remembered members that
+    // are not members now (see `reach.rs`).
+    let mut reach = tokio::time::interval(REACH_TICK);
+    reach.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut interrupted_at: Option<Instant> = None;
     let mut hard_killed = false;
     let drain_at = opts
@@ -216,7 +218,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         let grace = grace_end(interrupted_at, hard_killed);
         tokio::select! {
             ev = node.swarm.select_next_some() => {
-                node.on_swarm(ev, &opts, &mut joined)?;
+                node.on_swarm(ev, &opts)?;
             }
             Some(cmd) = rx.recv() => {
                 // Whatever else is ready joins this step: the tasks that
@@ -243,11 +245,8 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
                 let now = node.now();
                 node.peer.handle_timeout(now);
             }
-            _ = redial.tick() => {
-                if std::mem::take(&mut node.known_stale) {
-                    node.remember_peers();
-                }
-                node.redial_known();
+            _ = reach.tick() => {
+                node.reach_out();
                 node.answer_alloc_waits();
             }
             _ = sleep_until_opt(grace) => {
@@ -386,12 +385,17 @@ impl Node {
             PeerEvent::MemberUp(n) => {
                 let label = self.label_of(n);
                 self.say(&format!("mesh node {label} joined"));
-                // The first peer is written at once: a node stopped right
-                // after joining still finds its mesh when it starts again.
-                if self.known.0.is_empty() {
-                    self.remember_peers();
-                } else {
-                    self.known_stale = true;
+                self.member_seen();
+                let size = self.peer.member_count() + 1;
+                if !self.files_told && self.files.short_for(size) {
+                    self.files_told = true;
+                    self.say(&format!(
+                        "this mesh has {size} nodes, more than this node's open-file limit ({}) \
+                         leaves room for if it must talk to all at once (as a coordinator, or a \
+                         home fetching outputs, may): raise it (`ulimit -Hn`, or LimitNOFILE= in \
+                         a systemd unit)",
+                        self.files.limit
+                    ));
                 }
             }
             PeerEvent::MemberDown(n) => {
@@ -527,13 +531,10 @@ impl Node {
                 let now = self.now();
                 self.peer.handle_swim(now, &data);
             }
-            Cmd::Redial => {
-                self.redial_pending = false;
-                if self.peer.member_count() == 0 {
-                    for addr in self.join_addrs.clone() {
-                        let _ = self.swarm.dial(addr);
-                    }
-                }
+            Cmd::Packet(from, msg) => {
+                self.recorder.counters.messages_received += 1;
+                let now = self.now();
+                self.peer.handle_message(now, from, msg);
             }
             Cmd::Launched(task, live) => {
                 if let Some((attempt, slot, kill)) = self.live.get_mut(&(task.farm, task.task)) {

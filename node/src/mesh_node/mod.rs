@@ -13,6 +13,7 @@ mod driver;
 mod links;
 mod logs;
 mod queries;
+mod reach;
 mod source;
 mod staging;
 mod swarm;
@@ -44,7 +45,8 @@ use crate::{runtime, IoError};
 use allocs::Alloc;
 use links::Links;
 use queries::Asked;
-use swarm::{KnownPeers, Outbound};
+use reach::Reach;
+use swarm::Outbound;
 use views::Origin;
 
 /// Addresses as `mesh node` prints them and `mesh join` takes them.
@@ -106,10 +108,10 @@ enum Cmd {
     Fetched(FarmId, TaskRef, Result<(), String>),
     /// This node brought a farm's inputs into its cache, or could not.
     InputsFetched(FarmId, Result<(), String>),
-    /// Time to dial the peer of `mesh join` again.
-    Redial,
     /// A membership packet, opened (see `swim.rs`).
     Swim(Vec<u8>),
+    /// A message for the engine that came as a packet (a beat), and its sender.
+    Packet(NodeId, Msg),
     /// The coordinator's answer about a farm this node does not hold.
     Found(Box<Result<FoundFarm, String>>, Asked),
     Launched(Assigned, Live),
@@ -156,16 +158,15 @@ struct Node {
     origins: HashMap<FarmId, Origin>,
     /// How the peer's persists map to the store.
     book: MeshState,
-    known: KnownPeers,
-    /// Members came up since the known peers were last written: they are
-    /// written with the next redial tick, not once per member (a mesh of N
-    /// forming would write N lists of N addresses on every node).
-    known_stale: bool,
-    /// How long `mesh join` waits before dialling its peer again, and the peer.
-    join_retry_s: u64,
-    join_addrs: Vec<Multiaddr>,
-    /// A redial of `join_addrs` is scheduled (one for any number of failed dials).
-    redial_pending: bool,
+    /// The join addresses and remembered members, tried until they answer.
+    reach: Reach,
+    /// This process's open-file limit, and whether this node has said
+    /// the mesh outgrew it.
+    files: crate::limits::OpenFiles,
+    files_told: bool,
+    /// Lines about what others do to this node (connections refused), at
+    /// most one of a kind so often.
+    throttle: crate::limits::Throttle,
     /// blake3 of each input this node serves, and where the file is.
     blobs: HashMap<[u8; 32], PathBuf>,
     /// Bare program names and where PATH finds them.

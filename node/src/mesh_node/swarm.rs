@@ -11,25 +11,15 @@ use libp2p::{ping, Multiaddr, PeerId};
 use mesh_protocol::mesh::{Msg, NodeId};
 use mesh_protocol::observe::Latency;
 use mesh_protocol::wire::{Request, Response};
-use mesh_store::mesh::NODE_KEY;
-use mesh_store::{Store, Write};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{swim, Cmd, Node, NodeError, NodeOptions};
 use crate::keys;
 use crate::net::{self, BehaviourEvent};
 
-/// The peers this node knew, by address, so a restarted node finds the mesh again.
-pub(super) const META_PEERS: &str = "peers";
-
-/// A `mesh join` that cannot reach its peer tries again, waiting at most this long between tries.
-const JOIN_RETRY_MAX_S: u64 = 30;
-
-/// The addresses of the peers this node has known, kept so that a
-/// restarted node rejoins them.
-#[derive(Default, Serialize, Deserialize)]
-pub(super) struct KnownPeers(pub(super) Vec<String>);
+/// Kinds of throttled lines (see `Node::throttled`).
+const THROTTLE_FILES: usize = 0;
+const THROTTLE_REFUSED: usize = 100;
 
 /// Requests to other nodes waiting for their answers.
 #[derive(Default)]
@@ -44,7 +34,6 @@ impl Node {
         &mut self,
         ev: SwarmEvent<BehaviourEvent>,
         opts: &NodeOptions,
-        joined: &mut bool,
     ) -> Result<(), NodeError> {
         match ev {
             SwarmEvent::NewListenAddr { address, .. } => {
@@ -60,7 +49,9 @@ impl Node {
                 self.dialing.remove(&peer_id);
                 let node = keys::node_id(&peer_id);
                 self.peers.insert(node, peer_id);
-                *joined = true;
+                if endpoint.is_dialer() {
+                    self.reached(peer_id, endpoint.get_remote_address());
+                }
                 if endpoint.is_dialer() && self.peer.address_of(node).is_none() {
                     // A node this one dialled to join (an address the user
                     // gave, a peer it knew): membership announces itself there.
@@ -86,29 +77,21 @@ impl Node {
                 if let Some(p) = peer_id {
                     self.dialing.remove(&p);
                 }
-                let why = net::explain_dial_error(&error);
-                if !*joined {
-                    if why.contains("mesh.key") {
-                        return Err(join_failed(opts, why));
-                    }
-                    if !opts.join.is_empty() && !self.redial_pending {
-                        // The peer may not be up yet (a cluster's first node
-                        // starting late): try again, waiting longer each time.
-                        self.redial_pending = true;
-                        let wait = self.join_retry_s;
-                        self.join_retry_s = (wait * 2).min(JOIN_RETRY_MAX_S);
-                        self.say(&format!(
-                            "cannot reach the mesh yet ({why}); trying again in {wait} s"
-                        ));
-                        let tx = self.tx.clone();
-                        tokio::spawn(async move {
-                            tokio::time::sleep(std::time::Duration::from_secs(wait)).await;
-                            let _ = tx.send(Cmd::Redial);
-                        });
-                    }
-                }
-                tracing::info!("dial failed: {why}");
+                self.dial_failed(&error)?;
             }
+            SwarmEvent::IncomingConnectionError {
+                send_back_addr,
+                error,
+                ..
+            } => {
+                // Whoever runs this node hears of a node of another mesh
+                // key or version trying to join it, as that node does.
+                if let Some((fault, why)) = net::listen_fault(&error) {
+                    let line = format!("refused a connection from {send_back_addr}: {why}");
+                    self.throttled(THROTTLE_REFUSED + fault as usize, &line);
+                }
+            }
+            SwarmEvent::ListenerError { error, .. } => self.listener_error(&error),
             SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
                 peer_id,
                 info,
@@ -116,7 +99,7 @@ impl Node {
             })) => {
                 if let Err(e) = net::check_identified(&mut self.swarm, peer_id, &info) {
                     self.say(&format!("refused {e}"));
-                    if !*joined {
+                    if !self.reach.joined() {
                         return Err(join_failed(opts, e));
                     }
                 }
@@ -142,11 +125,35 @@ impl Node {
                         }
                     }
                 }
-                *joined = true;
             }
             _ => {}
         }
         Ok(())
+    }
+
+    /// Says `line` unless a line of its kind was said lately.
+    pub(super) fn throttled(&mut self, kind: usize, line: &str) {
+        if let Some(text) = self.throttle.line(kind, Instant::now(), line) {
+            self.say(&text);
+        }
+    }
+
+    /// A listener could not take a connection. Out of descriptors, the
+    /// node says so (rate-limited): the connection waits in the kernel's
+    /// queue and its node sees a handshake that does not answer.
+    fn listener_error(&mut self, error: &std::io::Error) {
+        if crate::limits::out_of_files(error) {
+            let in_use = crate::limits::open_files_in_use().unwrap_or(0);
+            let line = format!(
+                "cannot take a connection: out of open files ({in_use} open, limit {}); \
+                 the node that tried will try again. Raise the limit (`ulimit -Hn`, or \
+                 LimitNOFILE= in a systemd unit)",
+                self.files.limit
+            );
+            self.throttled(THROTTLE_FILES, &line);
+        } else {
+            tracing::info!("cannot take a connection: {error}");
+        }
     }
 
     fn update_address(&mut self) {
@@ -196,60 +203,6 @@ impl Node {
         }
     }
 
-    /// Dials the known peers this node is not connected to, while it knows
-    /// no member (after a restart, or cut off): once it is in the mesh,
-    /// membership finds the rest.
-    pub(super) fn redial_known(&mut self) {
-        if self.peer.member_count() > 0 {
-            return;
-        }
-        for addr in &self.known.0 {
-            let Ok(a) = addr.parse::<Multiaddr>() else {
-                continue;
-            };
-            let Some(Protocol::P2p(pid)) = a.iter().last() else {
-                continue;
-            };
-            if self.swarm.is_connected(&pid) || self.dialing.contains(&pid) {
-                continue;
-            }
-            let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(pid)
-                .addresses(vec![a.clone()])
-                .build();
-            if self.swarm.dial(opts).is_ok() {
-                self.dialing.insert(pid);
-            }
-        }
-    }
-
-    /// Keeps the addresses of every member, so a restart finds them again.
-    pub(super) fn remember_peers(&mut self) {
-        let mut addrs: Vec<String> = self
-            .peer
-            .members()
-            .flat_map(|m| m.addrs().iter().cloned())
-            .collect();
-        addrs.sort();
-        addrs.dedup();
-        for a in std::mem::take(&mut self.known.0) {
-            if !addrs.contains(&a) && addrs.len() < 64 {
-                addrs.push(a);
-            }
-        }
-        self.known.0 = addrs;
-        let w = Write::Meta {
-            farm: NODE_KEY,
-            name: META_PEERS.into(),
-            value: postcard::to_stdvec(&self.known).unwrap_or_default(),
-        };
-        // Flushed now: an idle node persists nothing else, and one killed
-        // before its next flush would start again knowing no peer (on a
-        // new port, as `mesh node` listens by default, as a mesh of one).
-        if let Err(e) = self.store.write(vec![w]).and_then(|()| self.store.flush()) {
-            tracing::warn!("cannot keep the peers' addresses: {e}");
-        }
-    }
-
     pub(super) fn label_of(&self, n: NodeId) -> String {
         if n == self.me {
             return self.swarm.local_peer_id().to_string();
@@ -286,8 +239,22 @@ impl Node {
     }
 
     /// A message for a peer's engine, on this node's stream to it: what a
-    /// step has for one peer goes as one frame.
+    /// step has for one peer goes as one frame. A beat goes as a packet,
+    /// as membership's do, when it fits one (see `swim.rs`): a coordinator
+    /// then keeps no connection open to an idle member.
     pub(super) fn send_msg(&mut self, to: NodeId, msg: Msg) {
+        if matches!(msg, Msg::Beat(_)) {
+            let at = self
+                .peer
+                .address_of(to)
+                .and_then(|(_, addrs)| swim::udp_target(addrs));
+            if let (Some(s), Some(at)) = (&mut self.swim, at) {
+                if s.send_msg(at, self.me, &msg) {
+                    self.recorder.counters.messages_sent += 1;
+                    return;
+                }
+            }
+        }
         let pid = match self.peers.get(&to).copied() {
             Some(pid) => pid,
             None => match self.dial_member(to) {

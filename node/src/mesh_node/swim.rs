@@ -1,12 +1,17 @@
-//! Membership packets on UDP, sealed with a key derived from mesh.key: a node without the key can neither read nor forge them.
+//! Membership packets and beats on UDP, sealed with a key derived from mesh.key: a node without the key can neither read nor forge them.
 //!
 //! SWIM sends a few small packets a second to members chosen at random,
 //! so a connection per member (libp2p's handshakes, a socket each) would
 //! cost more than the packets; memberlist, Serf and Consul use UDP for the
-//! same reason. A packet is sealed with XChaCha20-Poly1305 under a key
-//! derived from the mesh's pre-shared key, and goes to the member's UDP
-//! port, the same number as its TCP port. A packet that is lost is lost:
-//! the protocol expects it.
+//! same reason. Beats go the same way (a worker's to its coordinator, the
+//! coordinator's answer and its claim): they are small and periodic, and a
+//! coordinator that took them on connections kept one open, a descriptor
+//! each, to every member (1,068 sockets at 1,000 nodes, more than many
+//! systems' default limit of open files). A packet is sealed with
+//! XChaCha20-Poly1305 under a key derived from the mesh's pre-shared key,
+//! and goes to the member's UDP port, the same number as its TCP port. A
+//! packet that is lost is lost: the protocol expects it (beats are sent
+//! again each interval; the simulator loses messages too).
 
 use std::io;
 use std::net::SocketAddr;
@@ -17,14 +22,23 @@ use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use libp2p::multiaddr::Protocol;
 use libp2p::pnet::PreSharedKey;
 use libp2p::Multiaddr;
+use mesh_protocol::mesh::{Msg, NodeId};
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 
 use super::Cmd;
 
-/// Larger than any packet SWIM makes (1,400 bytes) with its seal.
+/// Larger than any packet SWIM makes (1,400 bytes) with its seal, and
+/// than any beat sent as a datagram (`BEAT_MAX`).
 const PACKET_MAX: usize = 2048;
 const NONCE_LEN: usize = 24;
+/// A beat larger than this (a coordinator's with many victims and long
+/// addresses) goes on the connection instead: a datagram over a path's
+/// MTU is fragmented, and one lost fragment loses it all.
+const BEAT_MAX: usize = 1400;
+/// What a packet carries, its first byte once opened.
+const KIND_SWIM: u8 = 0;
+const KIND_MSG: u8 = 1;
 
 /// This node's UDP socket for membership, and the key packets are sealed with.
 pub(super) struct SwimSocket {
@@ -69,8 +83,29 @@ impl SwimSocket {
         })
     }
 
-    /// Seals and sends one packet; one that cannot go now is dropped.
+    /// Sends a membership packet; one that cannot go now is dropped.
     pub(super) fn send(&mut self, to: SocketAddr, data: &[u8]) {
+        let mut packet = Vec::with_capacity(data.len() + 1);
+        packet.push(KIND_SWIM);
+        packet.extend_from_slice(data);
+        self.seal_and_send(to, &packet);
+    }
+
+    /// Sends `msg` from node `from` as one packet, if it fits one; false
+    /// (and nothing sent) if it does not.
+    pub(super) fn send_msg(&mut self, to: SocketAddr, from: NodeId, msg: &Msg) -> bool {
+        let Ok(packet) = postcard::to_extend(&(from, msg), vec![KIND_MSG]) else {
+            return false;
+        };
+        if packet.len() > BEAT_MAX {
+            return false;
+        }
+        self.seal_and_send(to, &packet);
+        true
+    }
+
+    /// Seals and sends one packet; one that cannot go now is dropped.
+    fn seal_and_send(&mut self, to: SocketAddr, data: &[u8]) {
         self.sent += 1;
         let mut nonce = [0u8; NONCE_LEN];
         nonce[..16].copy_from_slice(&self.prefix);
@@ -88,7 +123,8 @@ impl SwimSocket {
 }
 
 /// Opens what arrives and hands it to the loop; anything that does not
-/// open under the key (another mesh, noise) is dropped unread.
+/// open under the key (another mesh, noise), or does not read as what
+/// its first byte says, is dropped.
 async fn receive(sock: Arc<UdpSocket>, cipher: XChaCha20Poly1305, tx: mpsc::UnboundedSender<Cmd>) {
     let mut buf = vec![0u8; PACKET_MAX];
     loop {
@@ -101,10 +137,22 @@ async fn receive(sock: Arc<UdpSocket>, cipher: XChaCha20Poly1305, tx: mpsc::Unbo
             continue;
         }
         let (nonce, sealed) = buf[..n].split_at(NONCE_LEN);
-        if let Ok(data) = cipher.decrypt(XNonce::from_slice(nonce), sealed) {
-            if tx.send(Cmd::Swim(data)).is_err() {
-                return;
+        let Ok(mut data) = cipher.decrypt(XNonce::from_slice(nonce), sealed) else {
+            continue;
+        };
+        let cmd = match data.first() {
+            Some(&KIND_SWIM) => {
+                data.remove(0);
+                Cmd::Swim(data)
             }
+            Some(&KIND_MSG) => match postcard::from_bytes::<(NodeId, Msg)>(&data[1..]) {
+                Ok((from, msg)) => Cmd::Packet(from, msg),
+                Err(_) => continue,
+            },
+            _ => continue,
+        };
+        if tx.send(cmd).is_err() {
+            return;
         }
     }
 }
@@ -161,6 +209,36 @@ mod tests {
         match got {
             Some(Cmd::Swim(data)) => assert_eq!(data, b"hello"),
             _ => panic!("expected the sealed packet"),
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_small_message_travels_as_a_packet_with_its_sender_and_a_large_one_does_not() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let key = PreSharedKey::new([7; 32]);
+        let b = SwimSocket::bind(any, cipher(&key), b"b", tx).unwrap();
+        let to = b.out.local_addr().unwrap();
+        let (tx2, _rx2) = mpsc::unbounded_channel();
+        let mut a = SwimSocket::bind(any, cipher(&key), b"a", tx2).unwrap();
+        let big = Msg::Refused {
+            farm: mesh_protocol::mesh::FarmId(1),
+            reason: "x".repeat(BEAT_MAX),
+        };
+        assert!(!a.send_msg(to, NodeId(5), &big));
+        let small = Msg::Collected {
+            farm: mesh_protocol::mesh::FarmId(9),
+        };
+        assert!(a.send_msg(to, NodeId(5), &small));
+        let got = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a packet in time");
+        match got {
+            Some(Cmd::Packet(from, msg)) => {
+                assert_eq!(from, NodeId(5));
+                assert_eq!(msg, small);
+            }
+            _ => panic!("expected the message"),
         }
     }
 }

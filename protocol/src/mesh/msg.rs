@@ -122,6 +122,17 @@ pub struct Beat {
     /// them with the work no node has claimed.
     pub late_cores: u32,
     pub late_gpus: u32,
+    /// The sender's open-file limit (0: not known): a node whose limit is
+    /// lower than the mesh is large cannot talk to every member at once,
+    /// as a coordinator or a home fetching outputs may (`mesh status`
+    /// says so).
+    pub files_max: u64,
+    /// The sender holds no task: nothing queued, running, waiting for its
+    /// farm, or reported and not yet acknowledged. Its beats then stand
+    /// for the empty `Holding` it does not send every second: an idle
+    /// mesh's workers send their coordinator nothing but beats, which go
+    /// as packets, so it keeps no connection open to them.
+    pub idle: bool,
 }
 
 /// A member in a roster: as SWIM knows it, with its incarnation and

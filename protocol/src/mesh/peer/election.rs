@@ -36,19 +36,23 @@ pub(super) struct Election {
     /// coordinator before it may elect itself.
     joining: bool,
     join_until: Millis,
-    /// Pointed at a mesh whose node has not yet said whom it follows (
-    /// hundreds of nodes starting together keep it busy, or it is down),
-    /// a node waits this long before it may elect itself. Electing itself
-    /// sooner, as the lowest of the few members it knows so far, would
-    /// take the mesh from its coordinator (a claim of a lower id wins a
-    /// tie of terms), or make a mesh of one that the real mesh must absorb
-    /// later, its coordinator declaring the members it briefly had dead.
+    /// Restarted on its state folder and pointed at the members it
+    /// remembers, none of which has yet said whom it follows, a node
+    /// waits this long before it may elect itself (they may all be gone,
+    /// or all restarting too). Electing itself sooner, as the lowest of
+    /// the few members it knows so far, would take the mesh from its
+    /// coordinator (a claim of a lower id wins a tie of terms), or make a
+    /// mesh of one that the real mesh must absorb later.
     alone_until: Millis,
-    /// The node this one joined through, and whether it has answered.
-    seed: Option<NodeId>,
+    /// The nodes this one was introduced to while joining (the last is
+    /// asked whom it follows), and whether one of them has answered.
+    seeds: Vec<NodeId>,
     seed_answered: bool,
-    /// The user named the mesh to join: until `alone_until`, no seed yet
-    /// (the address does not answer yet) is no reason to run alone.
+    /// The user named the mesh to join (`mesh join`): until a node there
+    /// has said whom it follows, this node never runs alone, however long
+    /// that takes (the seed may be paused, swamped by hundreds of
+    /// joiners, or not started yet): a node that elected itself would be
+    /// a mesh of one, which its users did not ask for.
     by_address: bool,
     /// The coordinator this node followed before the one it follows now,
     /// and until when it is passed over when the next in line is worked
@@ -80,7 +84,7 @@ impl Election {
             joining,
             join_until,
             alone_until,
-            seed: None,
+            seeds: Vec::new(),
             seed_answered: false,
             by_address: false,
             deposed: None,
@@ -101,21 +105,27 @@ impl Election {
         self.by_address = self.joining;
     }
 
-    /// While joining: the node this one joins through, until it answers.
+    /// While joining: the node to ask whom it follows, until one answers
+    /// (the last introduced: the node that connected last is up).
     pub(super) fn seed(&self) -> Option<NodeId> {
-        self.seed.filter(|_| self.joining && !self.seed_answered)
+        self.seeds
+            .last()
+            .copied()
+            .filter(|_| self.joining && !self.seed_answered)
     }
 
-    /// This node joins through `node` (the first it was introduced to).
+    /// This node joins through `node` (a join address that answered, or a
+    /// member it remembered).
     pub(super) fn introduced(&mut self, node: NodeId) {
-        if self.joining && self.seed.is_none() {
-            self.seed = Some(node);
+        if self.joining && !self.seed_answered {
+            self.seeds.retain(|&s| s != node);
+            self.seeds.push(node);
         }
     }
 
-    /// A beat from `node`: if it is the seed, it has said whom it follows.
+    /// A beat from `node`: if it is a seed, the mesh has said whom it follows.
     pub(super) fn answered_by(&mut self, node: NodeId) {
-        if self.seed == Some(node) {
+        if self.seeds.contains(&node) {
             self.seed_answered = true;
         }
     }
@@ -204,11 +214,9 @@ impl Election {
         if self.coordinator.is_some() {
             return None;
         }
-        let unanswered = match self.seed {
-            Some(_) => !self.seed_answered,
-            None => self.by_address,
-        };
-        if self.joining && (now < self.join_until || (unanswered && now < self.alone_until)) {
+        let unanswered = !self.seed_answered && (self.by_address || !self.seeds.is_empty());
+        let waiting = unanswered && (self.by_address || now < self.alone_until);
+        if self.joining && (now < self.join_until || waiting) {
             return None;
         }
         let passed = self.passed_over(now);

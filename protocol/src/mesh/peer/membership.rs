@@ -1009,6 +1009,8 @@ static NO_BEAT: Beat = Beat {
     health: 0,
     late_cores: 0,
     late_gpus: 0,
+    files_max: 0,
+    idle: true,
     version: PROTOCOL_VERSION,
     label: String::new(),
     addrs: Vec::new(),

@@ -72,8 +72,9 @@ use out::Out;
 use steal::{Answer, Stealing};
 use worker::{Specs, Worker};
 
-/// How long a node pointed at a mesh waits for the node it joins through
-/// to say whom it follows before it may elect itself (see `Election`).
+/// How long a node restarted on its state folder waits for the members it
+/// remembers to say whom they follow before it may elect itself (see
+/// `Election`; a node `mesh join` pointed at a mesh waits for ever).
 const JOIN_ALONE_MS: Millis = 30_000;
 
 /// How often a node that found outputs in its state at start asks whether
@@ -134,6 +135,8 @@ pub struct Peer {
     out: Out,
     /// The time of the latest input (for beats, which take none).
     clock: Millis,
+    /// This node's open-file limit, as its driver says (0: not known).
+    files_max: u64,
 }
 
 impl Peer {
@@ -161,6 +164,7 @@ impl Peer {
             victims: Vec::new(),
             out: Out::new(id),
             clock: now,
+            files_max: 0,
             node: Node {
                 id,
                 started_at: now,
@@ -188,9 +192,14 @@ impl Peer {
         self.pump(now);
     }
 
+    /// This node's open-file limit, told in its beats.
+    pub fn set_files_max(&mut self, limit: u64) {
+        self.files_max = limit;
+    }
+
     /// This node was started to join a mesh at an address the user gave:
-    /// while that address does not answer, it waits longer before it
-    /// runs alone (see `Election`).
+    /// until a node there says whom it follows, it never runs alone (see
+    /// `Election`).
     pub fn joins_by_address(&mut self) {
         self.node.election.joins_by_address();
     }
@@ -287,6 +296,8 @@ impl Peer {
             health: self.node.members.health(),
             late_cores,
             late_gpus,
+            files_max: self.files_max,
+            idle: self.worker.holds_nothing(),
         }
     }
 
@@ -950,6 +961,10 @@ impl Peer {
         self.node.election.answered_by(from);
         if let Some(c) = &mut self.coord {
             c.note_depth(from, b.prefetch);
+            if b.idle && follows == Some(self.node.id) {
+                // The empty `Holding` its node does not send.
+                c.on_holding(now, from, Vec::new(), self.node.cfg.resend_ms);
+            }
         }
         if claims && self.node.election.coordinator() == Some(from) {
             // The coordinator's answer: whom to steal from.
@@ -1393,7 +1408,8 @@ impl Peer {
             if let Some(coord) = &mut self.coord {
                 coord.on_holding(now, c, tasks, self.node.cfg.resend_ms);
             }
-        } else {
+        } else if !tasks.is_empty() {
+            // Holding nothing, this node's beats say so (`Beat::idle`).
             self.out.send(c, Msg::Holding { term, tasks });
         }
         for farm in self.worker.awaited_specs() {
