@@ -1,5 +1,7 @@
 //! Support for mesh's benchmarks: timing commands, a minimal spawn loop as the floor, peak memory, reports.
 
+pub mod procs;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
