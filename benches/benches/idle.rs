@@ -73,7 +73,7 @@ fn main() {
         let coord = procs::follows(&first_log).and_then(|c| {
             nodes
                 .iter()
-                .position(|nd| procs::peer_id(&nd.log_text()) == Some(c))
+                .position(|nd| procs::peer_id(&nd.log_text()) == Some(c.as_str()))
         });
         let mut others: Vec<f64> = each
             .iter()

@@ -102,20 +102,17 @@ pub fn peer_id(log: &str) -> Option<&str> {
 }
 
 /// Whom a node's log says it follows now (its last `coordinator is` line).
-pub fn follows(log: &str) -> Option<&str> {
-    log.lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("coordinator is "))
-        .and_then(|r| r.split(' ').next())
+pub fn follows(log: &str) -> Option<String> {
+    mesh_tests::follows(&log.lines().collect::<Vec<_>>())
 }
 
 /// How many meshes the nodes make as their logs tell: the distinct
 /// coordinators they follow, a node that follows none counting as a mesh
 /// of its own.
 pub fn meshes(nodes: &[Node]) -> usize {
-    let logs: Vec<String> = nodes.iter().map(Node::log_text).collect();
-    let mut coords: Vec<&str> = logs.iter().filter_map(|l| follows(l)).collect();
-    let none = logs.iter().filter(|l| follows(l).is_none()).count();
+    let said: Vec<Option<String>> = nodes.iter().map(|n| follows(&n.log_text())).collect();
+    let none = said.iter().filter(|c| c.is_none()).count();
+    let mut coords: Vec<String> = said.into_iter().flatten().collect();
     coords.sort_unstable();
     coords.dedup();
     coords.len() + none

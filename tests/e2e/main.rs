@@ -4,6 +4,7 @@
 
 mod alloc;
 mod dashboard;
+mod heal;
 mod input;
 mod mesh;
 mod remote;

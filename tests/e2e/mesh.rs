@@ -164,37 +164,6 @@ command = ["true"]
 }
 
 #[test]
-fn a_node_with_another_mesh_key_cannot_join() {
-    let sb = sandbox();
-    let c = Cluster::start(&sb, &["cpu=1"], &[]);
-    let other = sb.path().join("other");
-    let r = sb.mesh(&["--state-dir", &other.to_string_lossy(), "init"]);
-    r.expect_code(0);
-    let mut intruder = NodeProc::start(
-        std::path::Path::new(env!("CARGO_BIN_EXE_mesh")),
-        sb.path(),
-        &other,
-        &[
-            "join",
-            &c.nodes[0].address(),
-            "--listen",
-            "/ip4/127.0.0.1/tcp/0",
-        ],
-    );
-    let code = intruder.wait_exit(Duration::from_secs(30));
-    assert!(
-        matches!(code, Some(c) if c != 0),
-        "the intruder kept running"
-    );
-    let said = intruder.lines().join("\n");
-    assert!(
-        said.contains("mesh.key"),
-        "the error names the likely cause: {said}"
-    );
-    assert_eq!(c.status(0)["nodes"].as_array().unwrap().len(), 1);
-}
-
-#[test]
 fn killing_a_worker_mid_farm_loses_nothing() {
     let sb = sandbox();
     let c = Cluster::start(

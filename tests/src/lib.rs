@@ -467,16 +467,9 @@ impl Cluster {
     /// requests on a big mesh.
     pub fn start_many(sandbox: &Sandbox, n: usize, resources: &str, extra: &[&str]) -> Cluster {
         let mut c = Cluster::start_in(sandbox, &[resources], extra, &[], Vec::new());
-        let first = c.root.join("n0");
         let addr = c.nodes[0].address();
-        for i in 1..n {
-            let state = c.root.join(format!("n{i}"));
-            fs::create_dir_all(&state).expect("mkdir");
-            let key = state.join("mesh.key");
-            fs::copy(first.join("mesh.key"), &key).expect("copy key");
-            fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).expect("chmod");
-            c.places.push((None, "/ip4/127.0.0.1/tcp/0".into()));
-            c.add(&state, Some(&addr), resources, extra);
+        for _ in 1..n {
+            c.add_joiner(Some(&addr), resources, extra);
         }
         let ok = wait_until(Duration::from_secs(180), || {
             c.nodes.iter().all(|nd| sees(&nd.lines()) >= n - 1)
@@ -486,6 +479,19 @@ impl Cluster {
             .collect();
         assert!(ok, "nodes {behind:?} do not see all {n} after 180 s");
         c
+    }
+
+    /// Starts one more node on 127.0.0.1, with a state folder of its own
+    /// and the mesh's key: joining `join`, or alone (`mesh node`).
+    pub fn add_joiner(&mut self, join: Option<&str>, resources: &str, extra: &[&str]) {
+        let i = self.nodes.len();
+        let state = self.root.join(format!("n{i}"));
+        fs::create_dir_all(&state).expect("mkdir");
+        let key = state.join("mesh.key");
+        fs::copy(self.root.join("n0").join("mesh.key"), &key).expect("copy key");
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).expect("chmod");
+        self.places.push((None, "/ip4/127.0.0.1/tcp/0".into()));
+        self.add(&state, join, resources, extra);
     }
 
     /// Starts one more node with this state folder.
@@ -594,6 +600,17 @@ pub fn sees<S: AsRef<str>>(lines: &[S]) -> usize {
         }
     }
     up.len()
+}
+
+/// Whom a node's output says it follows now: the peer id of its last
+/// `coordinator is …` line.
+pub fn follows<S: AsRef<str>>(lines: &[S]) -> Option<String> {
+    lines
+        .iter()
+        .rev()
+        .find_map(|l| l.as_ref().strip_prefix("coordinator is "))
+        .and_then(|r| r.split(' ').next())
+        .map(str::to_string)
 }
 
 impl Drop for Cluster {

@@ -1,0 +1,195 @@
+//! A mesh that heals itself: a paused seed loses none of its joiners, two meshes of one key that meet become one, a node restarted on a new port finds its mesh through the members it remembered, and a wrong key is told on both sides.
+
+use std::time::{Duration, Instant};
+
+use mesh_tests::{follows, sees, slow_farm, wait_until, Cluster, NodeProc};
+use nix::sys::signal::Signal;
+
+use crate::sandbox;
+
+/// Every node of `c` (but those in `except`) sees `n - 1` others and
+/// follows the same coordinator.
+fn one_mesh(c: &Cluster, except: &[usize]) -> bool {
+    let nodes: Vec<&NodeProc> = (0..c.nodes.len())
+        .filter(|i| !except.contains(i))
+        .map(|i| &c.nodes[i])
+        .collect();
+    let n = nodes.len();
+    let lines: Vec<Vec<String>> = nodes.iter().map(|nd| nd.lines()).collect();
+    let coords: Vec<Option<String>> = lines.iter().map(|l| follows(l)).collect();
+    coords[0].is_some()
+        && coords.iter().all(|c| c == &coords[0])
+        && lines.iter().all(|l| sees(l) >= n - 1)
+}
+
+/// What each node (but those in `except`) last said: whom it follows and
+/// how many it sees, for a failure's message.
+fn describe(c: &Cluster, except: &[usize]) -> String {
+    (0..c.nodes.len())
+        .filter(|i| !except.contains(i))
+        .map(|i| {
+            let l = c.nodes[i].lines();
+            format!("node {i}: follows {:?}, sees {}", follows(&l), sees(&l))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_seed_paused_for_45_s_while_twenty_nodes_join_loses_none_of_them() {
+    // A cluster's first node stalls (SIGSTOP, a swapping or overloaded
+    // host) while a job array's nodes start: they used to exit after 10 s
+    // blaming the mesh key, and were lost for the rest of the allocation.
+    let sb = sandbox();
+    let mut c = Cluster::start(&sb, &["cpu=1"], &[]);
+    let seed = c.nodes[0].address();
+    c.nodes[0].signal(Signal::SIGSTOP);
+    let stopped = Instant::now();
+    for _ in 0..20 {
+        c.add_joiner(Some(&seed), "cpu=1", &[]);
+    }
+    std::thread::sleep(Duration::from_secs(45).saturating_sub(stopped.elapsed()));
+    for i in 1..=20 {
+        assert_eq!(
+            c.nodes[i].wait_exit(Duration::ZERO),
+            None,
+            "joiner {i} exited while the seed was paused:\n{}",
+            c.nodes[i].lines().join("\n")
+        );
+    }
+    // They say what is happening, and none ran alone meanwhile.
+    let told = c.nodes[1].lines().join("\n");
+    assert!(told.contains("no answer from"), "{told}");
+    assert!(!told.contains("mesh.key"), "{told}");
+    for i in 1..=20 {
+        assert_eq!(follows(&c.nodes[i].lines()), None, "joiner {i} elected");
+    }
+    c.nodes[0].signal(Signal::SIGCONT);
+    let healed = wait_until(Duration::from_secs(60), || one_mesh(&c, &[]));
+    assert!(
+        healed,
+        "not one mesh 60 s after the seed woke:\n{}",
+        describe(&c, &[])
+    );
+    for i in 1..=20 {
+        assert_eq!(c.nodes[i].wait_exit(Duration::ZERO), None, "joiner {i} exited");
+    }
+}
+
+#[test]
+fn two_meshes_of_one_key_become_one_when_a_node_of_one_joins_the_other_and_its_farm_comes_home() {
+    let sb = sandbox();
+    // Mesh A: nodes 0, 1, 2.
+    let mut c = Cluster::start(&sb, &["cpu=2"; 3], &[]);
+    // Mesh B, formed apart with the same key: nodes 3, 4, 5.
+    c.add_joiner(None, "cpu=2", &[]);
+    let b = c.nodes[3].address();
+    c.add_joiner(Some(&b), "cpu=2", &[]);
+    c.add_joiner(Some(&b), "cpu=2", &[]);
+    let formed = wait_until(Duration::from_secs(30), || {
+        (3..6).all(|i| sees(&c.nodes[i].lines()) >= 2)
+    });
+    assert!(formed, "mesh B did not form:\n{}", describe(&c, &[]));
+    assert_ne!(follows(&c.nodes[0].lines()), follows(&c.nodes[3].lines()));
+    let tasks = 300;
+    sb.write("farm.toml", &slow_farm(tasks, "0.3"));
+    let r = c.mesh(1, &["submit", "farm.toml", "--out", "out"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    let going = wait_until(Duration::from_secs(60), || {
+        c.mesh(1, &["status", &id, "--json"]).json()["counts"]["done"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 30
+    });
+    assert!(going, "{}", c.mesh(1, &["status", &id]).stdout);
+    // Node 2 of A stops and starts again joining B, as a job script would
+    // that names another mesh's node; its state remembers A's members, and
+    // no other node is told anything.
+    c.nodes[2].signal(Signal::SIGTERM);
+    assert!(c.nodes[2].wait_exit(Duration::from_secs(30)).is_some());
+    let state = c.nodes[2].state.clone();
+    c.nodes[2] = NodeProc::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_mesh")),
+        sb.path(),
+        &state,
+        &[
+            "join",
+            &b,
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--resources",
+            "cpu=2",
+        ],
+    );
+    let merged = wait_until(Duration::from_secs(60), || one_mesh(&c, &[]));
+    assert!(
+        merged,
+        "A and B are not one mesh after 60 s:\n{}",
+        describe(&c, &[])
+    );
+    let r = c.mesh(1, &["wait", &id, "--json"]);
+    r.expect_code(0);
+    assert_eq!(r.json()["counts"]["done"], tasks, "{}", r.stdout);
+    let missing: Vec<u32> = (0..tasks)
+        .filter(|i| sb.read_opt(&format!("out/s/{i}/r.txt")) != Some(format!("{i}\n")))
+        .collect();
+    assert!(missing.is_empty(), "outputs missing or wrong: {missing:?}");
+}
+
+#[test]
+fn a_node_restarted_on_a_new_port_finds_its_mesh_through_the_members_it_remembered_with_its_seed_gone()
+{
+    let sb = sandbox();
+    let mut c = Cluster::start(&sb, &["cpu=1"; 4], &[]);
+    let seed = c.nodes[0].address();
+    // The seed is gone for good; node 3 is killed and started again with
+    // the same command line (a job script's), on a port the system picks.
+    c.kill(0);
+    c.kill(3);
+    let state = c.nodes[3].state.clone();
+    c.nodes[3] = NodeProc::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_mesh")),
+        sb.path(),
+        &state,
+        &["join", &seed, "--listen", "/ip4/127.0.0.1/tcp/0"],
+    );
+    let back = wait_until(Duration::from_secs(60), || one_mesh(&c, &[0]));
+    assert!(
+        back,
+        "node 3 did not find its mesh again:\n{}\n{}",
+        describe(&c, &[0]),
+        c.nodes[3].lines().join("\n")
+    );
+    assert_eq!(c.nodes[3].wait_exit(Duration::ZERO), None);
+}
+
+#[test]
+fn a_joiner_with_another_mesh_key_stops_with_exit_2_naming_the_key_and_the_seed_names_it() {
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=1"], &[]);
+    let other = sb.path().join("other");
+    sb.mesh(&["--state-dir", &other.to_string_lossy(), "init"])
+        .expect_code(0);
+    let mut intruder = NodeProc::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_mesh")),
+        sb.path(),
+        &other,
+        &["join", &c.nodes[0].address(), "--listen", "/ip4/127.0.0.1/tcp/0"],
+    );
+    let code = intruder.wait_exit(Duration::from_secs(120));
+    assert_eq!(code, Some(2), "{}", intruder.lines().join("\n"));
+    let said = intruder.lines().join("\n");
+    assert!(
+        said.contains("another mesh key") && said.contains("mesh.key"),
+        "{said}"
+    );
+    let seen = wait_until(Duration::from_secs(10), || {
+        c.nodes[0]
+            .lines()
+            .iter()
+            .any(|l| l.contains("refused a connection from /ip4/127.0.0.1/") && l.contains("another mesh key"))
+    });
+    assert!(seen, "the seed says nothing:\n{}", c.nodes[0].lines().join("\n"));
+    assert_eq!(c.status(0)["nodes"].as_array().unwrap().len(), 1);
+}
