@@ -107,6 +107,31 @@ pub enum NetError {
     PortTaken(Multiaddr),
 }
 
+/// The TCP port of an address (0: the system picks one), if it names one.
+pub fn tcp_port(addr: &Multiaddr) -> Option<u16> {
+    use libp2p::multiaddr::Protocol;
+    addr.iter().find_map(|p| match p {
+        Protocol::Tcp(port) => Some(port),
+        _ => None,
+    })
+}
+
+/// The address with its TCP port replaced by `port`.
+pub fn with_tcp_port(addr: &Multiaddr, port: u16) -> Multiaddr {
+    use libp2p::multiaddr::Protocol;
+    addr.iter()
+        .map(|p| match p {
+            Protocol::Tcp(_) => Protocol::Tcp(port),
+            p => p,
+        })
+        .collect()
+}
+
+/// Nothing listens on this address's fixed TCP port now.
+pub fn port_free(addr: &Multiaddr) -> bool {
+    check_port_free(addr).is_ok()
+}
+
 /// Refuses a fixed TCP port that something already listens on. libp2p
 /// binds its listeners with SO_REUSEPORT, so a second node of the same
 /// user on the same port would start and silently share the connections

@@ -1,4 +1,4 @@
-//! A mesh that heals itself: a paused seed loses none of its joiners, two meshes of one key that meet become one, a node restarted on a new port finds its mesh through the members it remembered, and a wrong key is told on both sides.
+//! A mesh that heals itself: a paused seed loses none of its joiners, two meshes of one key that meet become one, a node restarted on a new port finds its mesh through the members it remembered, nodes on ports the system picked find each other after all restart, and a wrong key is told on both sides.
 
 use std::time::{Duration, Instant};
 
@@ -72,7 +72,11 @@ fn a_seed_paused_for_45_s_while_twenty_nodes_join_loses_none_of_them() {
         describe(&c, &[])
     );
     for i in 1..=20 {
-        assert_eq!(c.nodes[i].wait_exit(Duration::ZERO), None, "joiner {i} exited");
+        assert_eq!(
+            c.nodes[i].wait_exit(Duration::ZERO),
+            None,
+            "joiner {i} exited"
+        );
     }
 }
 
@@ -107,7 +111,7 @@ fn two_meshes_of_one_key_become_one_when_a_node_of_one_joins_the_other_and_its_f
     // that names another mesh's node; its state remembers A's members, and
     // no other node is told anything.
     c.nodes[2].signal(Signal::SIGTERM);
-    assert!(c.nodes[2].wait_exit(Duration::from_secs(30)).is_some());
+    assert_eq!(c.nodes[2].wait_exit(Duration::from_secs(30)), Some(0));
     let state = c.nodes[2].state.clone();
     c.nodes[2] = NodeProc::start(
         std::path::Path::new(env!("CARGO_BIN_EXE_mesh")),
@@ -138,15 +142,18 @@ fn two_meshes_of_one_key_become_one_when_a_node_of_one_joins_the_other_and_its_f
 }
 
 #[test]
-fn a_node_restarted_on_a_new_port_finds_its_mesh_through_the_members_it_remembered_with_its_seed_gone()
-{
+fn a_node_restarted_on_a_new_port_finds_its_mesh_through_the_members_it_remembered_with_its_seed_gone(
+) {
     let sb = sandbox();
     let mut c = Cluster::start(&sb, &["cpu=1"; 4], &[]);
     let seed = c.nodes[0].address();
     // The seed is gone for good; node 3 is killed and started again with
-    // the same command line (a job script's), on a port the system picks.
+    // the same command line (a job script's), and something else took its
+    // port meanwhile: it listens on a new one.
+    let was = c.nodes[3].address();
     c.kill(0);
     c.kill(3);
+    let _taken = mesh_tests::hold_port(&was);
     let state = c.nodes[3].state.clone();
     c.nodes[3] = NodeProc::start(
         std::path::Path::new(env!("CARGO_BIN_EXE_mesh")),
@@ -175,7 +182,12 @@ fn a_joiner_with_another_mesh_key_stops_with_exit_2_naming_the_key_and_the_seed_
         std::path::Path::new(env!("CARGO_BIN_EXE_mesh")),
         sb.path(),
         &other,
-        &["join", &c.nodes[0].address(), "--listen", "/ip4/127.0.0.1/tcp/0"],
+        &[
+            "join",
+            &c.nodes[0].address(),
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+        ],
     );
     let code = intruder.wait_exit(Duration::from_secs(120));
     assert_eq!(code, Some(2), "{}", intruder.lines().join("\n"));
@@ -185,11 +197,99 @@ fn a_joiner_with_another_mesh_key_stops_with_exit_2_naming_the_key_and_the_seed_
         "{said}"
     );
     let seen = wait_until(Duration::from_secs(10), || {
-        c.nodes[0]
-            .lines()
-            .iter()
-            .any(|l| l.contains("refused a connection from /ip4/127.0.0.1/") && l.contains("another mesh key"))
+        c.nodes[0].lines().iter().any(|l| {
+            l.contains("refused a connection from /ip4/127.0.0.1/")
+                && l.contains("another mesh key")
+        })
     });
-    assert!(seen, "the seed says nothing:\n{}", c.nodes[0].lines().join("\n"));
+    assert!(
+        seen,
+        "the seed says nothing:\n{}",
+        c.nodes[0].lines().join("\n")
+    );
     assert_eq!(c.status(0)["nodes"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn four_nodes_on_ports_the_system_picked_all_killed_and_restarted_are_one_mesh_again_and_the_farm_comes_home(
+) {
+    // Without --listen a node takes a port the system picks: when every
+    // node restarted at once, nobody's remembered address was valid and
+    // they came back as meshes of one. Now each asks for its last port.
+    let sb = sandbox();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_mesh"));
+    let states: Vec<std::path::PathBuf> = (0..4).map(|i| sb.path().join(format!("n{i}"))).collect();
+    sb.mesh(&["--state-dir", &states[0].to_string_lossy(), "init"])
+        .expect_code(0);
+    for s in &states[1..] {
+        std::fs::create_dir_all(s).unwrap();
+        std::fs::copy(states[0].join("mesh.key"), s.join("mesh.key")).unwrap();
+    }
+    let start = |i: usize, seed: &str| {
+        let args: Vec<&str> = if i == 0 {
+            vec!["node", "--resources", "cpu=2"]
+        } else {
+            vec!["join", seed, "--resources", "cpu=2"]
+        };
+        NodeProc::start(bin, sb.path(), &states[i], &args)
+    };
+    let first = start(0, "");
+    let seed = first.address();
+    let mut nodes = vec![first];
+    for i in 1..4 {
+        nodes.push(start(i, &seed));
+    }
+    let formed = |nodes: &[NodeProc]| {
+        let lines: Vec<Vec<String>> = nodes.iter().map(|n| n.lines()).collect();
+        let c0 = follows(&lines[0]);
+        c0.is_some() && lines.iter().all(|l| sees(l) >= 3 && follows(l) == c0)
+    };
+    assert!(wait_until(Duration::from_secs(60), || formed(&nodes)));
+    let tasks = 200;
+    sb.write("farm.toml", &slow_farm(tasks, "0.2"));
+    let submit = sb.mesh(&[
+        "--state-dir",
+        &states[3].to_string_lossy(),
+        "submit",
+        "farm.toml",
+        "--out",
+        "out",
+    ]);
+    submit.expect_code(0);
+    let id = submit.stdout.trim().to_string();
+    let going = wait_until(Duration::from_secs(60), || {
+        (0..tasks)
+            .filter(|i| sb.exists(&format!("out/s/{i}/r.txt")))
+            .count()
+            >= 20
+    });
+    assert!(going, "the farm did not get going");
+    for n in &nodes {
+        n.signal(Signal::SIGKILL);
+    }
+    for n in &mut nodes {
+        // Killed by a signal: no exit code to see.
+        let _ = n.wait_exit(Duration::from_secs(10));
+    }
+    let mut nodes: Vec<NodeProc> = (0..4).map(|i| start(i, &seed)).collect();
+    assert_eq!(nodes[0].address(), seed, "the first node's port changed");
+    let again = wait_until(Duration::from_secs(60), || formed(&nodes));
+    let said: Vec<String> = nodes.iter().map(|n| n.lines().join("\n")).collect();
+    assert!(again, "not one mesh again:\n{}", said.join("\n---\n"));
+    let r = sb.mesh(&[
+        "--state-dir",
+        &states[3].to_string_lossy(),
+        "wait",
+        &id,
+        "--json",
+    ]);
+    r.expect_code(0);
+    assert_eq!(r.json()["counts"]["done"], tasks, "{}", r.stdout);
+    let missing: Vec<u32> = (0..tasks)
+        .filter(|i| sb.read_opt(&format!("out/s/{i}/r.txt")) != Some(format!("{i}\n")))
+        .collect();
+    assert!(missing.is_empty(), "outputs missing or wrong: {missing:?}");
+    for n in &mut nodes {
+        assert_eq!(n.wait_exit(Duration::ZERO), None);
+    }
 }

@@ -882,7 +882,10 @@ fn an_idle_node_killed_and_started_again_on_a_new_port_rejoins_its_mesh() {
             .is_some_and(|n| n.len() == 3)
     });
     assert!(formed, "the mesh did not form: {}", c.status(2));
+    let was = c.nodes[2].address();
     c.kill(2);
+    // Something else took its port meanwhile: it cannot have it back.
+    let _taken = mesh_tests::hold_port(&was);
     let state = c.nodes[2].state.clone();
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_mesh"));
     c.nodes[2] = NodeProc::start(

@@ -602,6 +602,18 @@ pub fn sees<S: AsRef<str>>(lines: &[S]) -> usize {
     up.len()
 }
 
+/// Listens on the TCP port of `addr` (as a node printed it) until dropped:
+/// a node restarted meanwhile cannot have its old port back.
+pub fn hold_port(addr: &str) -> std::net::TcpListener {
+    let port = addr
+        .split("/tcp/")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|p| p.parse::<u16>().ok())
+        .expect("an address with a TCP port");
+    std::net::TcpListener::bind(("127.0.0.1", port)).expect("the old port is free")
+}
+
 /// Whom a node's output says it follows now: the peer id of its last
 /// `coordinator is …` line.
 pub fn follows<S: AsRef<str>>(lines: &[S]) -> Option<String> {

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::allocs::Alloc;
 use super::commands::{accept_control, serve_control};
 use super::links::{accept_links, Links};
-use super::reach::{Reach, REACH_TICK};
+use super::reach::{self, Reach, REACH_TICK};
 use super::source::MeshSource;
 use super::staging::NO_SUCH_FILE;
 use super::swarm::Outbound;
@@ -79,7 +79,8 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         }
         r => r.map_err(damaged)?,
     };
-    let mut net_cfg = NetConfig::new(opts.listen.clone(), psk, identity);
+    let (listen, port_said) = reach::reuse_port(&store, &opts.listen).map_err(damaged)?;
+    let mut net_cfg = NetConfig::new(listen, psk, identity);
     net_cfg.mdns = opts.mdns;
     let swarm = net::build(net_cfg)?;
     let mut streams = swarm.behaviour().peer_streams.new_control();
@@ -177,6 +178,9 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
             files.limit,
             files.members()
         ));
+    }
+    if let Some(line) = port_said {
+        node.say(&line);
     }
     if node.reach.remembers_any() {
         node.say("rejoining the mesh through the members this node remembers");

@@ -41,6 +41,8 @@ use crate::net::{self, DialFault};
 const META_REACH: &str = "reach";
 /// Where an older node kept them (addresses only).
 const META_PEERS: &str = "peers";
+/// The TCP port this node last listened on.
+const META_PORT: &str = "port";
 
 /// `mesh join`'s first dial comes this long after start at most, at
 /// random: a job array of a thousand joiners started together arrives
@@ -182,6 +184,38 @@ impl Reach {
     pub(super) fn joined(&self) -> bool {
         self.joined
     }
+}
+
+/// The addresses to listen on: a first TCP address whose port the system
+/// would pick (`tcp/0`, `mesh node`'s default) takes the port this node
+/// last listened on, when that is free, and the line that says so. The
+/// others remember a node by its address: a mesh whose nodes all restart
+/// at once on new ports would find no one, and come back as meshes of one.
+pub(super) fn reuse_port(
+    store: &SledStore,
+    listen: &[Multiaddr],
+) -> Result<(Vec<Multiaddr>, Option<String>), StoreError> {
+    let mut listen = listen.to_vec();
+    let Some(first) = listen.iter_mut().find(|a| net::tcp_port(a).is_some()) else {
+        return Ok((listen, None));
+    };
+    if net::tcp_port(first) != Some(0) {
+        return Ok((listen, None));
+    }
+    let Some(last) = store
+        .meta(NODE_KEY, META_PORT)?
+        .and_then(|b| postcard::from_bytes::<u16>(&b).ok())
+    else {
+        return Ok((listen, None));
+    };
+    let again = net::with_tcp_port(first, last);
+    let said = if net::port_free(&again) {
+        *first = again;
+        format!("listening on port {last} again, as before its restart, so the members that remember it find it")
+    } else {
+        format!("port {last}, where this node listened before, is taken: it listens on a new one (its members find it through the members it remembers)")
+    };
+    Ok((listen, Some(said)))
 }
 
 /// The peer id at the end of an address, if it names one.
@@ -340,6 +374,19 @@ impl Node {
             self.say(&format!("{what}; trying again in {secs:.0} s"));
         }
         Ok(())
+    }
+
+    /// This node listens on `port` (its first TCP address): the port it
+    /// asks for at its next start (see `reuse_port`).
+    pub(super) fn remember_port(&mut self, port: u16) {
+        let w = Write::Meta {
+            farm: NODE_KEY,
+            name: META_PORT.into(),
+            value: postcard::to_stdvec(&port).unwrap_or_default(),
+        };
+        if let Err(e) = self.store.write(vec![w]).and_then(|()| self.store.flush()) {
+            tracing::warn!("cannot keep the port it listens on: {e}");
+        }
     }
 
     /// A member came up: its address is remembered with the next tick (the

@@ -39,6 +39,11 @@ impl Node {
             SwarmEvent::NewListenAddr { address, .. } => {
                 let id = *self.swarm.local_peer_id();
                 self.say(&format!("mesh node {id} listening on {address}"));
+                if self.listen_addrs.is_empty() {
+                    if let Some(port) = net::tcp_port(&address) {
+                        self.remember_port(port);
+                    }
+                }
                 self.bind_swim(&address, opts);
                 self.listen_addrs.push(address);
                 self.update_address();
