@@ -508,15 +508,13 @@ fn state_root(flag: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
-pub(crate) fn node_resources(args: &NodeArgs) -> Result<Resources> {
-    let mut r = mesh_node::detect_resources();
-    if let Some(spec) = &args.resources {
-        let extra = parse_resources(spec).with_context(|| format!("--resources {spec}"))?;
-        for (k, v) in extra.iter() {
-            r.set(k, v);
-        }
-    }
-    Ok(r)
+/// What this node offers, and its GPUs: found here, `--resources` over them.
+pub(crate) fn node_resources(args: &NodeArgs) -> Result<(Resources, Vec<mesh_node::gpus::Gpu>)> {
+    let declared = match &args.resources {
+        Some(spec) => parse_resources(spec).with_context(|| format!("--resources {spec}"))?,
+        None => Resources::new(),
+    };
+    Ok(mesh_node::machine(&declared))
 }
 
 fn run(
@@ -530,9 +528,11 @@ fn run(
         Some(addr) => Some(dashboard(state.root(), addr, None)?),
         None => None,
     };
+    let (resources, gpus) = node_resources(node)?;
     let opts = RunOptions {
         state: state.clone(),
-        resources: node_resources(node)?,
+        resources,
+        gpus,
         retry_failed,
         http,
         on_http: Some(|line| eprintln!("{line}")),

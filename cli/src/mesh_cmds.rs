@@ -99,8 +99,8 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Vec<Multiaddr>) -> Result<Exi
             "this mesh was built without mDNS; rebuild with `--features mdns`, or join by address"
         );
     }
-    // A gpu count given in --resources declares devices 0..n.
-    let resources = node_resources(&flags.node)?;
+    // GPUs are found here; a count given in --resources takes that many.
+    let (resources, gpus) = node_resources(&flags.node)?;
     let config = Config {
         dead_after_ms: flags.dead_after_ms,
         join_wait_ms: flags.dead_after_ms.min(1500),
@@ -116,6 +116,7 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Vec<Multiaddr>) -> Result<Exi
         listen: flags.listen.clone(),
         join,
         resources,
+        gpus,
         key: match &flags.key {
             // Job scripts pass it on to nodes started elsewhere.
             Some(k) => std::path::absolute(k)
@@ -628,6 +629,20 @@ pub fn print_status(s: &MeshStatus, json: bool, latency: bool, here: &str) -> Re
             }
         );
         println!("    tasks     {} running, {} queued", n.running, n.queued);
+        if !n.gpus.is_empty() {
+            let gpus: Vec<String> = n
+                .gpus
+                .iter()
+                .map(|g| {
+                    if g.name.is_empty() {
+                        g.id.clone()
+                    } else {
+                        format!("{} {}", g.id, g.name)
+                    }
+                })
+                .collect();
+            println!("    gpus      {}", gpus.join(", "));
+        }
         if n.health > 0 {
             println!(
                 "    behind    local health {} of 8: it cannot keep up (CPU, network), and waits longer before it calls others dead",

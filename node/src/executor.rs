@@ -138,8 +138,10 @@ pub struct Launch {
     pub stderr_log: PathBuf,
     /// Exit codes after which outputs are collected.
     pub success_codes: Vec<i32>,
-    /// Whether the node has gpus (then a task asking none sees none).
-    pub node_has_gpus: bool,
+    /// The node's GPUs, as tasks name them (`CUDA_VISIBLE_DEVICES`), by
+    /// their place in its pool; on a node with GPUs, a task asking none
+    /// sees none.
+    pub gpu_ids: std::sync::Arc<[String]>,
     /// The mesh node running the task (its peer id), shown to it as `MESH_NODE`; empty outside a mesh.
     pub node: String,
 }
@@ -275,8 +277,18 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
             value,
         );
     }
-    if !l.grant.gpus.is_empty() || l.node_has_gpus {
-        let ids: Vec<String> = l.grant.gpus.iter().map(|g| g.to_string()).collect();
+    if !l.grant.gpus.is_empty() || !l.gpu_ids.is_empty() {
+        let ids: Vec<String> = l
+            .grant
+            .gpus
+            .iter()
+            .map(|&g| {
+                l.gpu_ids
+                    .get(g as usize)
+                    .cloned()
+                    .unwrap_or_else(|| g.to_string())
+            })
+            .collect();
         cmd.env("CUDA_VISIBLE_DEVICES", ids.join(","));
         cmd.env("MESH_GPUS", ids.join(","));
     }

@@ -5,6 +5,7 @@ pub mod control;
 pub mod dash;
 pub mod executor;
 pub mod farmfile;
+pub mod gpus;
 pub mod keys;
 pub mod limits;
 pub mod mesh_node;
@@ -17,7 +18,7 @@ pub mod view;
 
 use std::io;
 
-use mesh_protocol::resources::{Amount, Resources, CPU, MEM};
+use mesh_protocol::resources::{Amount, Resources, CPU, GPU, MEM};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// An I/O failure and what mesh was doing when it happened.
@@ -90,6 +91,22 @@ pub fn detect_resources() -> Resources {
         r.set(MEM, Amount::units(bytes));
     }
     r
+}
+
+/// What this machine offers and its GPUs: cores, memory and GPUs found
+/// here (see `gpus.rs`), each overridden by what the user declared
+/// (`--resources`); a declared `gpu = N` takes the first N devices found.
+pub fn machine(declared: &Resources) -> (Resources, Vec<gpus::Gpu>) {
+    let mut r = detect_resources();
+    let found = gpus::detect();
+    if !found.is_empty() {
+        r.set(GPU, Amount::units(found.len() as u64));
+    }
+    for (k, v) in declared.iter() {
+        r.set(k, v);
+    }
+    let devices = gpus::take(&found, r.get(GPU).whole() as usize);
+    (r, devices)
 }
 
 /// MemTotal from /proc/meminfo (Linux); None elsewhere.

@@ -911,6 +911,7 @@ pub(crate) mod tests {
                 late_gpus: 0,
                 files_max: 1024,
                 idle: false,
+                gpus: vec![("3".into(), "NVIDIA H200".into())],
             })),
             Msg::Swim(vec![1, 2, 3]),
             Msg::Roster {

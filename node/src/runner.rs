@@ -18,7 +18,6 @@ use mesh_protocol::engine::{
 };
 use mesh_protocol::farm::{content_key, FarmDef};
 use mesh_protocol::mesh::FarmId;
-use mesh_protocol::resources::GPU;
 use mesh_protocol::{Resources, TaskRef};
 use mesh_store::{FarmKey, JournalEntry, JournalEvent, SledStore, Store, StoreError, Write};
 use nix::sys::signal::Signal;
@@ -56,6 +55,8 @@ pub struct RunOptions {
     pub state: StateDir,
     /// What this node offers (cpu and mem detected, `--resources` applied).
     pub resources: Resources,
+    /// Its GPUs, as tasks name them, one per device of `resources`' `gpu`.
+    pub gpus: Vec<crate::gpus::Gpu>,
     /// On resume, run failed tasks again with fresh retries.
     pub retry_failed: bool,
     /// Serve the dashboard (`mesh run --http`).
@@ -280,7 +281,7 @@ async fn drive(
         logs_dir: opts.state.logs_dir(&id),
         root: PathBuf::from(&def.root),
         out: PathBuf::from(&def.out),
-        node_has_gpus: !opts.resources.get(GPU).is_zero(),
+        gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
         input_hashes: HashMap::new(),
         programs: HashMap::new(),
         live: HashMap::new(),
@@ -427,7 +428,7 @@ struct Driver {
     logs_dir: PathBuf,
     root: PathBuf,
     out: PathBuf,
-    node_has_gpus: bool,
+    gpu_ids: Arc<[String]>,
     /// blake3 of each input file, read once per run.
     input_hashes: HashMap<String, [u8; 32]>,
     /// Bare program names and where PATH finds them (None: not found; exec reports it).
@@ -587,7 +588,7 @@ impl Driver {
             out_dir: self.out.join(&stage.name).join(task.index.to_string()),
             stdout_log: executor::log_path(&self.logs_dir, &def, task, attempt, "out"),
             stderr_log: executor::log_path(&self.logs_dir, &def, task, attempt, "err"),
-            node_has_gpus: self.node_has_gpus,
+            gpu_ids: self.gpu_ids.clone(),
             node: String::new(),
         }))
     }

@@ -128,6 +128,16 @@ pub struct NodeView {
     /// Its open-file limit, as its beat says (0: not known).
     #[serde(default)]
     pub files_max: u64,
+    /// Its GPUs: how its tasks name each, and the model where known.
+    #[serde(default)]
+    pub gpus: Vec<GpuView>,
+}
+
+/// One GPU of a node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    pub id: String,
+    pub name: String,
 }
 
 impl NodeView {
@@ -146,6 +156,14 @@ impl NodeView {
         self.drains_in_s = b.ends_in_ms.map(|ms| ms / 1000);
         self.health = b.health;
         self.files_max = b.files_max;
+        self.gpus = b
+            .gpus
+            .iter()
+            .map(|(id, name)| GpuView {
+                id: id.clone(),
+                name: name.clone(),
+            })
+            .collect();
     }
 }
 

@@ -163,6 +163,117 @@ command = ["true"]
     assert!(r.stderr.contains("1 of 4 done, 3 failed"), "{}", r.stderr);
 }
 
+/// A stand-in `nvidia-smi` that lists two GPUs, in a folder to put first
+/// on a node's PATH.
+fn fake_nvidia_smi(sb: &mesh_tests::Sandbox) -> String {
+    let bin = sb.path().join("fakebin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let smi = bin.join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        "#!/bin/sh\n[ \"$1\" = -L ] || exit 1\necho 'GPU 0: NVIDIA Stand-in A (UUID: GPU-aaaa)'\necho 'GPU 1: NVIDIA Stand-in B (UUID: GPU-bbbb)'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// Runs eight `gpu = 1` tasks on node 0 of `c` and returns each task's
+/// devices and run interval (ns), checking no device ran two at once.
+fn gpu_runs(c: &Cluster, sb: &mesh_tests::Sandbox) -> Vec<(String, u128, u128)> {
+    sb.write(
+        "g.toml",
+        r#"
+[farm]
+name = "g"
+
+[[stage]]
+name = "s"
+sweep.i = { range = "0..7" }
+workdir = "w/{i}"
+resources = { cpu = 0.1, gpu = 1 }
+shell = 'echo "$CUDA_VISIBLE_DEVICES $(date +%s%N)" > t.txt; sleep 0.3; date +%s%N >> t.txt'
+outputs = ["t.txt"]
+"#,
+    );
+    let _ = std::fs::remove_dir_all(sb.path().join("g-out"));
+    c.mesh(0, &["submit", "g.toml", "--out", "g-out", "--wait"])
+        .expect_code(0);
+    let runs: Vec<(String, u128, u128)> = (0..8)
+        .map(|i| {
+            let text = sb.read(&format!("g-out/s/{i}/t.txt"));
+            let mut lines = text.lines();
+            let (dev, start) = lines.next().unwrap().split_once(' ').unwrap();
+            let end: u128 = lines.next().unwrap().trim().parse().unwrap();
+            (dev.to_string(), start.parse().unwrap(), end)
+        })
+        .collect();
+    for (i, a) in runs.iter().enumerate() {
+        for b in &runs[i + 1..] {
+            let overlap = a.1 < b.2 && b.1 < a.2;
+            assert!(
+                !(a.0 == b.0 && overlap),
+                "device {} ran two tasks at once: {runs:?}",
+                a.0
+            );
+        }
+    }
+    runs
+}
+
+#[test]
+fn gpus_are_found_without_being_told_and_each_runs_one_task_at_a_time_under_its_own_id() {
+    let sb = sandbox();
+    let path = fake_nvidia_smi(&sb);
+    // The node is told nothing of GPUs: it finds two with nvidia-smi.
+    let c = Cluster::start_with_env(&sb, &["cpu=2"], &[], vec![("PATH".into(), path.clone())]);
+    let me = c.own_status(0);
+    assert!(
+        me["resources"]["total"].as_str().unwrap().contains("gpu=2"),
+        "{me}"
+    );
+    assert_eq!(me["gpus"][0]["id"], "0");
+    assert_eq!(me["gpus"][1]["name"], "NVIDIA Stand-in B");
+    let text = c.mesh(0, &["status"]).stdout;
+    assert!(
+        text.contains("gpus      0 NVIDIA Stand-in A, 1 NVIDIA Stand-in B"),
+        "{text}"
+    );
+    let runs = gpu_runs(&c, &sb);
+    let mut used: Vec<&str> = runs.iter().map(|r| r.0.as_str()).collect();
+    used.sort_unstable();
+    used.dedup();
+    assert_eq!(used, ["0", "1"], "{runs:?}");
+    drop(c);
+
+    // A batch system gave the job devices 3 and 5: those are the node's,
+    // and its tasks see their own.
+    let sb = sandbox();
+    let c = Cluster::start_with_env(
+        &sb,
+        &["cpu=2"],
+        &[],
+        vec![
+            ("PATH".into(), path),
+            ("CUDA_VISIBLE_DEVICES".into(), "3,5".into()),
+        ],
+    );
+    let me = c.own_status(0);
+    assert!(
+        me["resources"]["total"].as_str().unwrap().contains("gpu=2"),
+        "{me}"
+    );
+    let runs = gpu_runs(&c, &sb);
+    let mut used: Vec<&str> = runs.iter().map(|r| r.0.as_str()).collect();
+    used.sort_unstable();
+    used.dedup();
+    assert_eq!(used, ["3", "5"], "{runs:?}");
+}
+
 #[test]
 fn killing_a_worker_mid_farm_loses_nothing() {
     let sb = sandbox();

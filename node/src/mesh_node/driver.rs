@@ -10,7 +10,6 @@ use futures::StreamExt;
 use libp2p::StreamProtocol;
 use mesh_protocol::engine::{KillReason, TaskResult};
 use mesh_protocol::mesh::{Action, Fetched, Msg, Peer, PeerEvent};
-use mesh_protocol::resources::GPU;
 use mesh_protocol::wire::{Response, PEER_PROTOCOL};
 use mesh_store::{MeshState, SledStore, Store, StoreError};
 use nix::sys::signal::Signal;
@@ -147,7 +146,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         throttle: limits::Throttle::new(THROTTLE),
         blobs: HashMap::new(),
         programs: HashMap::new(),
-        node_has_gpus: !opts.resources.get(GPU).is_zero(),
+        gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
         listen_addrs: Vec::new(),
         out,
         recorder: Recorder::default(),
@@ -162,6 +161,12 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     };
     node.peer.set_wall_base(crate::state::unix_ms());
     node.peer.set_files_max(files.limit);
+    node.peer.set_gpus(
+        opts.gpus
+            .iter()
+            .map(|g| (g.id.clone(), g.name.clone()))
+            .collect(),
+    );
     node.peer.set_batch_job(
         opts.alloc_job.clone(),
         opts.drain_after.map(|d| d.as_millis() as u64),

@@ -60,6 +60,8 @@ pub struct NodeOptions {
     /// Bootstrap from these peers (`mesh join`): any one answering will do.
     pub join: Vec<Multiaddr>,
     pub resources: Resources,
+    /// Its GPUs, as tasks name them, one per device of `resources`' `gpu`.
+    pub gpus: Vec<crate::gpus::Gpu>,
     /// The mesh secret; `<state>/mesh.key` unless given.
     pub key: PathBuf,
     /// Serve the dashboard here (`--http`).
@@ -171,7 +173,8 @@ struct Node {
     blobs: HashMap<[u8; 32], PathBuf>,
     /// Bare program names and where PATH finds them.
     programs: HashMap<String, Option<String>>,
-    node_has_gpus: bool,
+    /// The node's GPUs as tasks name them, by their place in its pool.
+    gpu_ids: std::sync::Arc<[String]>,
     listen_addrs: Vec<Multiaddr>,
     out: Box<dyn FnMut(&str)>,
     /// Runs for the task stream, counters, and each live run's record.

@@ -79,7 +79,7 @@ impl Node {
             out_dir,
             stdout_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "out"),
             stderr_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "err"),
-            node_has_gpus: self.node_has_gpus,
+            gpu_ids: self.gpu_ids.clone(),
             node: self.swarm.local_peer_id().to_string(),
         };
         let tx = self.tx.clone();

@@ -133,6 +133,9 @@ pub struct Beat {
     /// mesh's workers send their coordinator nothing but beats, which go
     /// as packets, so it keeps no connection open to them.
     pub idle: bool,
+    /// The sender's GPUs: how its tasks name each (`CUDA_VISIBLE_DEVICES`)
+    /// and its model where the driver says, in the order of its pool.
+    pub gpus: Vec<(String, String)>,
 }
 
 /// A member in a roster: as SWIM knows it, with its incarnation and

@@ -1011,6 +1011,7 @@ static NO_BEAT: Beat = Beat {
     late_gpus: 0,
     files_max: 0,
     idle: true,
+    gpus: Vec::new(),
     version: PROTOCOL_VERSION,
     label: String::new(),
     addrs: Vec::new(),

@@ -137,6 +137,8 @@ pub struct Peer {
     clock: Millis,
     /// This node's open-file limit, as its driver says (0: not known).
     files_max: u64,
+    /// This node's GPUs (id, model), as its driver found them.
+    gpus: Vec<(String, String)>,
 }
 
 impl Peer {
@@ -165,6 +167,7 @@ impl Peer {
             out: Out::new(id),
             clock: now,
             files_max: 0,
+            gpus: Vec::new(),
             node: Node {
                 id,
                 started_at: now,
@@ -190,6 +193,11 @@ impl Peer {
             .members
             .set_address(now, label, addrs, life, &mut self.out);
         self.pump(now);
+    }
+
+    /// This node's GPUs (how tasks name each, and its model), told in its beats.
+    pub fn set_gpus(&mut self, gpus: Vec<(String, String)>) {
+        self.gpus = gpus;
     }
 
     /// This node's open-file limit, told in its beats.
@@ -298,6 +306,7 @@ impl Peer {
             late_gpus,
             files_max: self.files_max,
             idle: self.worker.holds_nothing(),
+            gpus: self.gpus.clone(),
         }
     }
 
