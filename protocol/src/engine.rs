@@ -29,6 +29,9 @@ use crate::pool::Pool;
 use crate::resources::{Amount, Resources};
 use crate::tally::Tally;
 
+mod order;
+pub use order::{Front, Order, Way};
+
 /// Milliseconds on the driver's clock.
 pub type Millis = u64;
 
@@ -255,10 +258,12 @@ struct StageState {
     attempts: Vec<u32>,
     failures: Vec<u8>,
     crashes: Vec<u8>,
-    /// Stages with no element-wise dependencies hand out indices from this
-    /// cursor once open: how many positions of the farm's order (`at`)
-    /// were passed.
-    cursor: u32,
+    /// Stages with no element-wise dependencies hand out indices from
+    /// these once open: the fronts of the stage's order (see
+    /// `Engine::reorder`), how many positions of each were passed, and
+    /// how many tasks each handed out.
+    fronts: Vec<(Front, u32, u64)>,
+    order: Order,
     /// Indices ready to run out of cursor order: retries and element-wise readiness.
     ready: VecDeque<u32>,
     /// Whole-stage dependencies not yet complete.
@@ -273,12 +278,50 @@ struct StageState {
 }
 
 impl StageState {
-    /// The index at `pos` of the order tasks are handed out in.
-    fn at(&self, pos: u32, descending: bool) -> u32 {
-        if descending {
-            self.status.len() as u32 - 1 - pos
-        } else {
-            pos
+    /// The stage's order, its fronts from their starts again (what they
+    /// passed may be pending again).
+    fn set_order(&mut self, order: Order) {
+        self.fronts = order.fronts().iter().map(|&f| (f, 0, 0)).collect();
+        self.order = order;
+    }
+
+    fn rewind(&mut self) {
+        for f in &mut self.fronts {
+            f.1 = 0;
+        }
+    }
+
+    /// The next pending task of the front whose turn it is (the one that
+    /// handed out fewest for its weight), passing those that are not:
+    /// `take` false only looks. None once every front has gone round.
+    fn next_by_fronts(&mut self, take: bool) -> Option<u32> {
+        let len = self.status.len() as u32;
+        loop {
+            let mut turn: Option<usize> = None;
+            for (n, f) in self.fronts.iter().enumerate() {
+                if f.1 >= len {
+                    continue;
+                }
+                let fewer = |t: &(Front, u32, u64)| {
+                    u128::from(f.2) * u128::from(t.0.weight.max(1))
+                        < u128::from(t.2) * u128::from(f.0.weight.max(1))
+                };
+                if turn.is_none_or(|t| fewer(&self.fronts[t])) {
+                    turn = Some(n);
+                }
+            }
+            let f = &mut self.fronts[turn?];
+            while f.1 < len {
+                let i = f.0.at(f.1, len);
+                if self.status[i as usize] == PENDING {
+                    if take {
+                        f.1 += 1;
+                        f.2 += 1;
+                    }
+                    return Some(i);
+                }
+                f.1 += 1;
+            }
         }
     }
 
@@ -319,8 +362,6 @@ struct FarmState {
     dependents_each: Vec<Vec<u32>>,
     cancelled: bool,
     finished_emitted: bool,
-    /// Tasks are handed out from the last index down (see `Engine::set_descending`).
-    descending: bool,
 }
 
 struct Running {
@@ -391,8 +432,6 @@ pub struct Engine {
     timers: BinaryHeap<Reverse<(Millis, FarmSlot, TaskRef, u32)>>,
     actions: VecDeque<Action>,
     interrupted: bool,
-    /// Farms added from now on hand out their tasks from the last index down.
-    descending: bool,
 }
 
 impl Engine {
@@ -419,18 +458,27 @@ impl Engine {
             timers: BinaryHeap::new(),
             actions: VecDeque::new(),
             interrupted: false,
-            descending: false,
         }
     }
 
-    /// Farms added from now on hand out each stage's tasks from its last
-    /// index down (and tasks that become ready together, highest first).
-    /// Two coordinators on the two sides of a partition that each hold the
-    /// farm then work from opposite ends of what is left, and meet (run a
-    /// task twice) only once they have done it all between them.
-    /// Retries and re-queued tasks still go first.
-    pub fn set_descending(&mut self, descending: bool) {
-        self.descending = descending;
+    /// A farm's stages hand out their tasks in `orders` (one a stage,
+    /// those missing from the first index up), and tasks that become
+    /// ready together in the same order, rather than from the first index
+    /// up. Coordinators on the sides of a partition that each hold the
+    /// farm then work from different places, and meet (run a task twice)
+    /// only once they have done about all of it between them. Retries and
+    /// re-queued tasks still go first (those waiting now are put in the
+    /// new order too).
+    pub fn reorder(&mut self, farm: FarmSlot, orders: &[Order]) {
+        let f = &mut self.farms[farm.0 as usize];
+        for (s, st) in f.stages.iter_mut().enumerate() {
+            st.set_order(orders.get(s).cloned().unwrap_or_default());
+            let len = st.status.len() as u32;
+            let order = &st.order;
+            st.ready
+                .make_contiguous()
+                .sort_by_key(|&i| order.rank(i, len));
+        }
     }
 
     /// The machines a remote engine's stages must fit, as the membership now has them.
@@ -467,7 +515,7 @@ impl Engine {
                     st.set(i, PENDING);
                 }
             }
-            st.cursor = 0;
+            st.rewind();
             if st.open && !f.def.stages[s].after_each.is_empty() {
                 let ready = ready_each(f, s, 0..f.stages[s].status.len());
                 f.stages[s].ready.extend(ready);
@@ -507,7 +555,7 @@ impl Engine {
                 }
                 if f.stages[ds].open {
                     if f.def.stages[ds].after_each.is_empty() {
-                        f.stages[ds].cursor = 0;
+                        f.stages[ds].rewind();
                     } else {
                         let ready = ready_each(f, ds, back.into_iter());
                         f.stages[ds].ready.extend(ready);
@@ -581,7 +629,8 @@ impl Engine {
                     attempts: vec![0; len],
                     failures: vec![0; len],
                     crashes: vec![0; len],
-                    cursor: 0,
+                    fronts: vec![(Front::ASCENDING, 0, 0)],
+                    order: Order::default(),
                     ready: VecDeque::new(),
                     waiting_on: s.after.len() as u32,
                     open: false,
@@ -604,7 +653,6 @@ impl Engine {
             dependents_each,
             cancelled: false,
             finished_emitted: false,
-            descending: self.descending,
         });
 
         // Restore records first, then derive readiness from the whole picture.
@@ -986,13 +1034,7 @@ impl Engine {
             }
         }
         if by_cursor {
-            while (st.cursor as usize) < st.status.len() {
-                let i = st.at(st.cursor, f.descending);
-                st.cursor += 1;
-                if st.status[i as usize] == PENDING {
-                    return Some(i);
-                }
-            }
+            return st.next_by_fronts(true);
         }
         None
     }
@@ -1083,15 +1125,7 @@ impl Engine {
             }
             st.ready.pop_front();
         }
-        if by_cursor {
-            while (st.cursor as usize) < st.status.len() {
-                if st.status[st.at(st.cursor, f.descending) as usize] == PENDING {
-                    return true;
-                }
-                st.cursor += 1;
-            }
-        }
-        false
+        by_cursor && st.next_by_fronts(false).is_some()
     }
 
     /// Every task of a farm that is done.
@@ -1531,7 +1565,7 @@ impl Engine {
 
 /// Of `indices` of stage `s`, those pending whose element-wise
 /// dependencies are all done: ready once the stage is open.
-/// In the farm's order (see `Engine::set_descending`), given `indices` ascending.
+/// In the stage's order (see `Engine::reorder`), given `indices` ascending.
 fn ready_each(f: &FarmState, s: usize, indices: impl Iterator<Item = usize>) -> Vec<u32> {
     let each = &f.def.stages[s].after_each;
     let mut ready: Vec<u32> = indices
@@ -1541,8 +1575,9 @@ fn ready_each(f: &FarmState, s: usize, indices: impl Iterator<Item = usize>) -> 
         })
         .map(|i| i as u32)
         .collect();
-    if f.descending {
-        ready.reverse();
+    let (order, len) = (&f.stages[s].order, f.stages[s].status.len() as u32);
+    if !order.fronts.is_empty() {
+        ready.sort_unstable_by_key(|&i| order.rank(i, len));
     }
     ready
 }

@@ -19,7 +19,7 @@ use super::action::Persist;
 use super::out::Out;
 use super::Node;
 use crate::engine::{
-    self, AddOptions, Engine, FarmSlot, KillReason, Millis, Outcome, TaskRecord, TaskResult,
+    self, AddOptions, Engine, FarmSlot, KillReason, Millis, Order, Outcome, TaskRecord, TaskResult,
     Verdict,
 };
 use crate::farm::TaskRef;
@@ -82,8 +82,9 @@ struct CoordFarm {
     duplicates: u64,
     extra_runs: FxHashSet<TaskRun>,
     finished_sent: bool,
-    /// Its tasks are handed out from the last index down (see `Msg::Submit`).
-    descending: bool,
+    /// The order each stage's tasks are handed out in (see `Writer`;
+    /// stages missing go from the first index up).
+    order: Vec<Order>,
 }
 
 impl CoordFarm {
@@ -188,7 +189,7 @@ impl Coord {
         let home = stored.home.as_ref().map(|(h, _)| *h);
         // The order it was handed out in is not kept: a farm restored runs
         // from the first index up.
-        let f = self.add_farm(now, stored.spec, stored.records, stored.entries, false);
+        let f = self.add_farm(now, stored.spec, stored.records, stored.entries, Vec::new());
         f.accepted = true;
         if let Some(h) = home {
             f.home = f.home.max(h);
@@ -207,10 +208,9 @@ impl Coord {
         spec: Arc<FarmSpec>,
         records: Vec<(TaskRef, TaskRecord)>,
         entries: Vec<Entry>,
-        descending: bool,
+        order: Vec<Order>,
     ) -> &mut CoordFarm {
         let def = Arc::new(spec.def.clone());
-        self.engine.set_descending(descending);
         let slot = self.engine.add_farm(
             now,
             def,
@@ -220,6 +220,9 @@ impl Coord {
                 retry_failed: false,
             },
         );
+        if !order.is_empty() {
+            self.engine.reorder(slot, &order);
+        }
         let mut log = FarmLog::for_farm(&spec.def);
         for e in entries {
             log.add(e);
@@ -243,7 +246,7 @@ impl Coord {
             duplicates: 0,
             extra_runs: FxHashSet::default(),
             unplaceable: Vec::new(),
-            descending,
+            order,
         })
     }
 
@@ -374,7 +377,7 @@ impl Coord {
             let entries = f.log.current().cloned().collect();
             let writer = Writer {
                 node: me,
-                descending: f.descending,
+                order: f.order.clone(),
             };
             offer(out, to, f.spec.clone(), entries, f.home, Some(writer));
         }

@@ -8,7 +8,7 @@ use super::super::super::replica::entry_record;
 use super::super::out::Out;
 use super::super::Node;
 use super::{Coord, CoordFarm, Holder};
-use crate::engine::{self, Millis};
+use crate::engine::{self, Front, Millis, Order, Way};
 
 /// Most entries in one `Sync`, and most sent to a holder ahead of its acknowledgement.
 pub(in super::super) const SYNC_BATCH: usize = 4096;
@@ -58,7 +58,7 @@ struct SyncHead {
     unplaceable: Vec<(u32, String)>,
     counts: engine::Counts,
     stages: Vec<engine::Counts>,
-    descending: bool,
+    order: Vec<Order>,
 }
 
 impl SyncHead {
@@ -77,7 +77,7 @@ impl SyncHead {
             stages: self.stages.clone(),
             duplicates: self.duplicates,
             unplaceable: self.unplaceable.clone(),
-            descending: self.descending,
+            order: self.order.clone(),
         }
     }
 }
@@ -128,16 +128,31 @@ impl Coord {
         // hand over), has stopped: going on the same way keeps this one
         // next to its work and away from that of any side it never saw,
         // which took the farm over from the other end.
-        let descending = writer.is_some_and(|w| {
-            let gone = w.node != from && !cx.live(w.node);
-            w.descending != gone
-        });
+        let order = match writer {
+            None => Vec::new(),
+            Some(w) if w.node == from || cx.live(w.node) => w.order,
+            Some(w) => (0..farm.def.stages.len())
+                .map(|s| {
+                    let o = w.order.get(s).cloned().unwrap_or_default();
+                    let fronts = o.fronts().iter().map(|&f| Front {
+                        way: match f.way {
+                            Way::Up => Way::Down,
+                            Way::Down => Way::Up,
+                        },
+                        ..f
+                    });
+                    Order {
+                        fronts: fronts.collect(),
+                    }
+                })
+                .collect(),
+        };
         let records = entries
             .iter()
             .map(|e| (e.task(), entry_record(e)))
             .collect();
         let (origin, id) = (farm.origin, farm.id);
-        let f = self.add_farm(now, farm, records, entries, descending);
+        let f = self.add_farm(now, farm, records, entries, order);
         f.home = f.home.max(home);
         // The home keeps it durably, and so does the holder that offered it
         // and this node, once it has the inputs.
@@ -400,7 +415,7 @@ impl Coord {
                         unplaceable,
                         counts: counts.clone(),
                         stages: self.engine.stage_progress(f.slot),
-                        descending: f.descending,
+                        order: f.order.clone(),
                     }
                 });
                 // Entries go out with the progress round, or at once when a
