@@ -465,10 +465,10 @@ impl Engine {
     /// those missing from the first index up), and tasks that become
     /// ready together in the same order, rather than from the first index
     /// up. Coordinators on the sides of a partition that each hold the
-    /// farm then work from different places, and meet (run a task twice)
-    /// only once they have done about all of it between them. Retries and
-    /// re-queued tasks still go first (those waiting now are put in the
-    /// new order too).
+    /// farm then work apart (see [`Order::apart`]), and meet (run a task
+    /// twice) only once they have done about all of it between them.
+    /// Retries and re-queued tasks still go first (those waiting now are
+    /// put in the new order too).
     pub fn reorder(&mut self, farm: FarmSlot, orders: &[Order]) {
         let f = &mut self.farms[farm.0 as usize];
         for (s, st) in f.stages.iter_mut().enumerate() {

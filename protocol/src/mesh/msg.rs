@@ -251,12 +251,16 @@ pub struct FarmProgress {
     pub unplaceable: Vec<(u32, String)>,
 }
 
-/// A coordinator that wrote a farm's log, and the order it hands each
-/// stage's tasks out in (stages missing: from the first index up).
+/// A coordinator that wrote a farm's log, the order it hands each stage's
+/// tasks out in (stages missing: from the first index up), and the other
+/// nodes it had keep a copy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Writer {
     pub node: NodeId,
     pub order: Vec<Order>,
+    /// In id order: each may be on a side of a partition of its own, and
+    /// the sides keep their places apart (see [`Order::apart`]).
+    pub holders: Vec<NodeId>,
 }
 
 /// The coordinator's log of a farm, from position `from`, and its progress.
@@ -282,9 +286,11 @@ pub struct SyncMsg {
     /// See [`FarmProgress::duplicates`] and [`FarmProgress::unplaceable`].
     pub duplicates: u64,
     pub unplaceable: Vec<(u32, String)>,
-    /// The order the coordinator hands each stage's tasks out in: a
-    /// holder says it when it offers its copy (see [`Writer`]).
+    /// The order the coordinator hands each stage's tasks out in, and the
+    /// other live nodes it has keep a copy: a holder says both when it
+    /// offers its copy (see [`Writer`]).
     pub order: Vec<Order>,
+    pub holders: Vec<NodeId>,
 }
 
 /// A task's attempt that failed and will be retried, for the home to show.

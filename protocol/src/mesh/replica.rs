@@ -296,10 +296,11 @@ pub struct Replica {
     pub accepted: bool,
     /// Which coordinator's log `next` counts in, and how far it is applied here.
     pub source: Option<(NodeId, u64)>,
-    /// The order that coordinator hands out the farm's tasks in, as its
-    /// newest sync says (not kept on disk: a copy restored says ascending
-    /// until a sync).
+    /// The order that coordinator hands out the farm's tasks in, and the
+    /// other nodes it has keep a copy, as its newest sync says (not kept
+    /// on disk: a copy restored says ascending, and none, until a sync).
     pub order: Vec<Order>,
+    pub holders: Vec<NodeId>,
     pub next: u64,
     /// The newest `Sync` of that log heard, and the log's length when it
     /// said every task was over (over here once `next` reaches it).
@@ -372,6 +373,7 @@ impl Replica {
             accepted: false,
             source: None,
             order: Vec::new(),
+            holders: Vec::new(),
             next: 0,
             seen: 0,
             end_len: None,

@@ -284,6 +284,7 @@ impl Holdings {
             }
             r.unplaceable = m.unplaceable;
             r.order = m.order;
+            r.holders = m.holders;
             r.counts = m.counts;
             r.stages = m.stages;
             r.duplicates = r.duplicates.max(m.duplicates);
@@ -544,6 +545,7 @@ impl Holdings {
             let writer = r.source.map(|(node, _)| Writer {
                 node,
                 order: r.order.clone(),
+                holders: r.holders.clone(),
             });
             let entries = r.log.current().cloned().collect();
             offer(out, to, r.spec.clone(), entries, r.home_of, writer);

@@ -85,9 +85,26 @@ struct CoordFarm {
     /// The order each stage's tasks are handed out in (see `Writer`;
     /// stages missing go from the first index up).
     order: Vec<Order>,
+    /// Since a node that kept a copy was lost from sight, or since this
+    /// node took the farm over from a copy whose writer it did not see.
+    apart: Option<replication::Apart>,
 }
 
 impl CoordFarm {
+    /// The nodes other than `me` that keep a copy and `live` says are
+    /// alive, in id order.
+    fn copies(&self, me: NodeId, live: impl Fn(NodeId) -> bool) -> Vec<NodeId> {
+        let mut copies: Vec<NodeId> = self
+            .holders
+            .iter()
+            .filter(|h| h.has_spec && h.node != me && live(h.node))
+            .map(|h| h.node)
+            .collect();
+        copies.sort_unstable();
+        copies.dedup();
+        copies
+    }
+
     fn extra_run(&mut self, task: TaskRef, node: NodeId, attempt: u32) {
         if self.extra_runs.insert(TaskRun {
             task,
@@ -121,6 +138,10 @@ pub(super) struct Coord {
     /// coordinator's engine until their `Holding` adopts them, and
     /// placement hands out the first pending tasks: those very ones.
     settle: Option<(Millis, FxHashSet<NodeId>)>,
+    /// While settling, nodes in sight that keep a copy of a farm taken over
+    /// apart from its writer, and have not offered it: each would give this
+    /// side a place of its own (see `replication::Apart`).
+    awaited: FxHashSet<(FarmId, NodeId)>,
     /// What each member's last `Holding` listed of farms this coordinator
     /// does not have yet, adopted when the farm comes. A coordinator just
     /// elected that kept no copy of a farm has it only once a holder's
@@ -169,6 +190,7 @@ impl Coord {
             hungry: nodes.collect(),
             last_backlog: 0,
             settle: None,
+            awaited: FxHashSet::default(),
             held_early: FxHashMap::default(),
             reports_early: FxHashMap::default(),
             depth: FxHashMap::default(),
@@ -247,6 +269,7 @@ impl Coord {
             extra_runs: FxHashSet::default(),
             unplaceable: Vec::new(),
             order,
+            apart: None,
         })
     }
 
@@ -375,9 +398,12 @@ impl Coord {
         for fid in &self.slots {
             let f = &self.farms[fid];
             let entries = f.log.current().cloned().collect();
+            // The winner goes on in this order, whatever it is told of the
+            // copies: it sees this node, which has stopped.
             let writer = Writer {
                 node: me,
                 order: f.order.clone(),
+                holders: f.copies(me, |_| true),
             };
             offer(out, to, f.spec.clone(), entries, f.home, Some(writer));
         }
@@ -625,12 +651,18 @@ impl Coord {
         self.settle = (!waiting.is_empty()).then_some((until, waiting));
     }
 
-    /// Still waiting to hear what the members hold before placing work.
+    /// Still waiting to hear what the members hold (and the copies
+    /// `awaited`) before placing work.
     pub(super) fn settling(&mut self, now: Millis) -> bool {
         match &self.settle {
-            Some((until, waiting)) if now < *until && !waiting.is_empty() => true,
+            Some((until, waiting))
+                if now < *until && !(waiting.is_empty() && self.awaited.is_empty()) =>
+            {
+                true
+            }
             _ => {
                 self.settle = None;
+                self.awaited.clear();
                 false
             }
         }
@@ -790,6 +822,7 @@ impl Coord {
             self.drain(out);
         }
         self.reporter = None;
+        self.copy_lost(now, dead, cx);
         self.held_early.remove(&dead);
         self.reports_early.retain(|(n, _), _| *n != dead);
         self.load.remove(&dead);
