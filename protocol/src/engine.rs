@@ -258,12 +258,12 @@ struct StageState {
     attempts: Vec<u32>,
     failures: Vec<u8>,
     crashes: Vec<u8>,
-    /// Stages with no element-wise dependencies hand out indices from
-    /// these once open: the fronts of the stage's order (see
-    /// `Engine::reorder`), how many positions of each were passed, and
-    /// how many tasks each handed out.
-    fronts: Vec<(Front, u32, u64)>,
+    /// Stages with no element-wise dependencies hand out indices along
+    /// the fronts of this order once open (see `Engine::reorder`).
     order: Order,
+    /// Per front: how many positions of it were passed, and how many
+    /// tasks it handed out.
+    walked: Vec<(u32, u64)>,
     /// Indices ready to run out of cursor order: retries and element-wise readiness.
     ready: VecDeque<u32>,
     /// Whole-stage dependencies not yet complete.
@@ -281,13 +281,13 @@ impl StageState {
     /// The stage's order, its fronts from their starts again (what they
     /// passed may be pending again).
     fn set_order(&mut self, order: Order) {
-        self.fronts = order.fronts().iter().map(|&f| (f, 0, 0)).collect();
+        self.walked = vec![(0, 0); order.fronts().len()];
         self.order = order;
     }
 
     fn rewind(&mut self) {
-        for f in &mut self.fronts {
-            f.1 = 0;
+        for w in &mut self.walked {
+            w.0 = 0;
         }
     }
 
@@ -296,31 +296,33 @@ impl StageState {
     /// `take` false only looks. None once every front has gone round.
     fn next_by_fronts(&mut self, take: bool) -> Option<u32> {
         let len = self.status.len() as u32;
+        let fronts = self.order.fronts();
         loop {
             let mut turn: Option<usize> = None;
-            for (n, f) in self.fronts.iter().enumerate() {
-                if f.1 >= len {
+            for (n, &(pos, handed)) in self.walked.iter().enumerate() {
+                if pos >= len {
                     continue;
                 }
-                let fewer = |t: &(Front, u32, u64)| {
-                    u128::from(f.2) * u128::from(t.0.weight.max(1))
-                        < u128::from(t.2) * u128::from(f.0.weight.max(1))
+                let weight = |n: usize| u128::from(fronts[n].weight.max(1));
+                let fewer = |t: usize| {
+                    u128::from(handed) * weight(t) < u128::from(self.walked[t].1) * weight(n)
                 };
-                if turn.is_none_or(|t| fewer(&self.fronts[t])) {
+                if turn.is_none_or(fewer) {
                     turn = Some(n);
                 }
             }
-            let f = &mut self.fronts[turn?];
-            while f.1 < len {
-                let i = f.0.at(f.1, len);
+            let n = turn?;
+            let (front, w) = (fronts[n], &mut self.walked[n]);
+            while w.0 < len {
+                let i = front.at(w.0, len);
                 if self.status[i as usize] == PENDING {
                     if take {
-                        f.1 += 1;
-                        f.2 += 1;
+                        w.0 += 1;
+                        w.1 += 1;
                     }
                     return Some(i);
                 }
-                f.1 += 1;
+                w.0 += 1;
             }
         }
     }
@@ -629,8 +631,8 @@ impl Engine {
                     attempts: vec![0; len],
                     failures: vec![0; len],
                     crashes: vec![0; len],
-                    fronts: vec![(Front::ASCENDING, 0, 0)],
                     order: Order::default(),
+                    walked: vec![(0, 0)],
                     ready: VecDeque::new(),
                     waiting_on: s.after.len() as u32,
                     open: false,
