@@ -12,12 +12,17 @@
 # (20), then comes back. Every run appends a line to DIR/runs.log; at the
 # end it prints the runs, the distinct tasks, the extra runs (duplicates)
 # and those per second of partition, with `mesh wait`'s own count and the
-# outputs home. Needs root and `ip`; cleans up its namespaces and nodes.
+# outputs home. REPLICAS (default 2) is every node's --replicas: 4 has
+# every node keep a copy, so each side takes the farm over from its own.
+# Needs root and `ip`; cleans up its namespaces and nodes.
 set -u
 BIN=$1; DIR=$2; N=${3:-3000}; SECS=${4:-0.1}; CUT_AT=${5:-5}; CUT_FOR=${6:-20}
 cleanup() {
   for f in $DIR/n*.pid; do kill -9 $(cat $f) 2>/dev/null; done
   for ns in pa pb pc; do ip netns del $ns 2>/dev/null; done
+  # A deleted namespace may outlive its name for a while with its veth's
+  # far end in it, and the next run's veth of that name would not be made.
+  for ns in pa pb pc; do ip link del v$ns 2>/dev/null; done
   ip link del pbr 2>/dev/null
 }
 cleanup
@@ -38,9 +43,9 @@ start() { # idx ns ip join
   mkdir -p $DIR/n$k
   [ $k -gt 1 ] && cp $DIR/n1/mesh.key $DIR/n$k/
   if [ -z "$join" ]; then
-    MESH_STATE_DIR=$DIR/n$k ip netns exec $ns setsid $BIN node --listen /ip4/$ipa/tcp/7${k}00 --resources cpu=2 --dead-after-ms 1500 > $DIR/n$k.log 2>&1 &
+    MESH_STATE_DIR=$DIR/n$k ip netns exec $ns setsid $BIN node --listen /ip4/$ipa/tcp/7${k}00 --resources cpu=2 --dead-after-ms 1500 --replicas ${REPLICAS:-2} > $DIR/n$k.log 2>&1 &
   else
-    MESH_STATE_DIR=$DIR/n$k ip netns exec $ns setsid $BIN join $join --listen /ip4/$ipa/tcp/7${k}00 --resources cpu=2 --dead-after-ms 1500 > $DIR/n$k.log 2>&1 &
+    MESH_STATE_DIR=$DIR/n$k ip netns exec $ns setsid $BIN join $join --listen /ip4/$ipa/tcp/7${k}00 --resources cpu=2 --dead-after-ms 1500 --replicas ${REPLICAS:-2} > $DIR/n$k.log 2>&1 &
   fi
   echo $! > $DIR/n$k.pid
 }

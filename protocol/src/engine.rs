@@ -29,6 +29,9 @@ use crate::pool::Pool;
 use crate::resources::{Amount, Resources};
 use crate::tally::Tally;
 
+mod order;
+pub use order::{Front, Order, Way};
+
 /// Milliseconds on the driver's clock.
 pub type Millis = u64;
 
@@ -255,10 +258,12 @@ struct StageState {
     attempts: Vec<u32>,
     failures: Vec<u8>,
     crashes: Vec<u8>,
-    /// Stages with no element-wise dependencies hand out indices from this
-    /// cursor once open: how many positions of the farm's order (`at`)
-    /// were passed.
-    cursor: u32,
+    /// Stages with no element-wise dependencies hand out indices along
+    /// the fronts of this order once open (see `Engine::reorder`).
+    order: Order,
+    /// Per front: how many positions of it were passed, and how many
+    /// tasks it handed out.
+    walked: Vec<(u32, u64)>,
     /// Indices ready to run out of cursor order: retries and element-wise readiness.
     ready: VecDeque<u32>,
     /// Whole-stage dependencies not yet complete.
@@ -273,12 +278,52 @@ struct StageState {
 }
 
 impl StageState {
-    /// The index at `pos` of the order tasks are handed out in.
-    fn at(&self, pos: u32, descending: bool) -> u32 {
-        if descending {
-            self.status.len() as u32 - 1 - pos
-        } else {
-            pos
+    /// The stage's order, its fronts from their starts again (what they
+    /// passed may be pending again).
+    fn set_order(&mut self, order: Order) {
+        self.walked = vec![(0, 0); order.fronts().len()];
+        self.order = order;
+    }
+
+    fn rewind(&mut self) {
+        for w in &mut self.walked {
+            w.0 = 0;
+        }
+    }
+
+    /// The next pending task of the front whose turn it is (the one that
+    /// handed out fewest for its weight), passing those that are not:
+    /// `take` false only looks. None once every front has gone round.
+    fn next_by_fronts(&mut self, take: bool) -> Option<u32> {
+        let len = self.status.len() as u32;
+        let fronts = self.order.fronts();
+        loop {
+            let mut turn: Option<usize> = None;
+            for (n, &(pos, handed)) in self.walked.iter().enumerate() {
+                if pos >= len {
+                    continue;
+                }
+                let weight = |n: usize| u128::from(fronts[n].weight.max(1));
+                let fewer = |t: usize| {
+                    u128::from(handed) * weight(t) < u128::from(self.walked[t].1) * weight(n)
+                };
+                if turn.is_none_or(fewer) {
+                    turn = Some(n);
+                }
+            }
+            let n = turn?;
+            let (front, w) = (fronts[n], &mut self.walked[n]);
+            while w.0 < len {
+                let i = front.at(w.0, len);
+                if self.status[i as usize] == PENDING {
+                    if take {
+                        w.0 += 1;
+                        w.1 += 1;
+                    }
+                    return Some(i);
+                }
+                w.0 += 1;
+            }
         }
     }
 
@@ -319,8 +364,6 @@ struct FarmState {
     dependents_each: Vec<Vec<u32>>,
     cancelled: bool,
     finished_emitted: bool,
-    /// Tasks are handed out from the last index down (see `Engine::set_descending`).
-    descending: bool,
 }
 
 struct Running {
@@ -391,8 +434,6 @@ pub struct Engine {
     timers: BinaryHeap<Reverse<(Millis, FarmSlot, TaskRef, u32)>>,
     actions: VecDeque<Action>,
     interrupted: bool,
-    /// Farms added from now on hand out their tasks from the last index down.
-    descending: bool,
 }
 
 impl Engine {
@@ -419,18 +460,27 @@ impl Engine {
             timers: BinaryHeap::new(),
             actions: VecDeque::new(),
             interrupted: false,
-            descending: false,
         }
     }
 
-    /// Farms added from now on hand out each stage's tasks from its last
-    /// index down (and tasks that become ready together, highest first).
-    /// Two coordinators on the two sides of a partition that each hold the
-    /// farm then work from opposite ends of what is left, and meet (run a
-    /// task twice) only once they have done it all between them.
-    /// Retries and re-queued tasks still go first.
-    pub fn set_descending(&mut self, descending: bool) {
-        self.descending = descending;
+    /// A farm's stages hand out their tasks in `orders` (one a stage,
+    /// those missing from the first index up), and tasks that become
+    /// ready together in the same order, rather than from the first index
+    /// up. Coordinators on the sides of a partition that each hold the
+    /// farm then work apart (see [`Order::apart`]), and meet (run a task
+    /// twice) only once they have done about all of it between them.
+    /// Retries and re-queued tasks still go first (those waiting now are
+    /// put in the new order too).
+    pub fn reorder(&mut self, farm: FarmSlot, orders: &[Order]) {
+        let f = &mut self.farms[farm.0 as usize];
+        for (s, st) in f.stages.iter_mut().enumerate() {
+            st.set_order(orders.get(s).cloned().unwrap_or_default());
+            let len = st.status.len() as u32;
+            let order = &st.order;
+            st.ready
+                .make_contiguous()
+                .sort_by_key(|&i| order.rank(i, len));
+        }
     }
 
     /// The machines a remote engine's stages must fit, as the membership now has them.
@@ -467,7 +517,7 @@ impl Engine {
                     st.set(i, PENDING);
                 }
             }
-            st.cursor = 0;
+            st.rewind();
             if st.open && !f.def.stages[s].after_each.is_empty() {
                 let ready = ready_each(f, s, 0..f.stages[s].status.len());
                 f.stages[s].ready.extend(ready);
@@ -507,7 +557,7 @@ impl Engine {
                 }
                 if f.stages[ds].open {
                     if f.def.stages[ds].after_each.is_empty() {
-                        f.stages[ds].cursor = 0;
+                        f.stages[ds].rewind();
                     } else {
                         let ready = ready_each(f, ds, back.into_iter());
                         f.stages[ds].ready.extend(ready);
@@ -581,7 +631,8 @@ impl Engine {
                     attempts: vec![0; len],
                     failures: vec![0; len],
                     crashes: vec![0; len],
-                    cursor: 0,
+                    order: Order::default(),
+                    walked: vec![(0, 0)],
                     ready: VecDeque::new(),
                     waiting_on: s.after.len() as u32,
                     open: false,
@@ -604,7 +655,6 @@ impl Engine {
             dependents_each,
             cancelled: false,
             finished_emitted: false,
-            descending: self.descending,
         });
 
         // Restore records first, then derive readiness from the whole picture.
@@ -986,13 +1036,7 @@ impl Engine {
             }
         }
         if by_cursor {
-            while (st.cursor as usize) < st.status.len() {
-                let i = st.at(st.cursor, f.descending);
-                st.cursor += 1;
-                if st.status[i as usize] == PENDING {
-                    return Some(i);
-                }
-            }
+            return st.next_by_fronts(true);
         }
         None
     }
@@ -1083,15 +1127,7 @@ impl Engine {
             }
             st.ready.pop_front();
         }
-        if by_cursor {
-            while (st.cursor as usize) < st.status.len() {
-                if st.status[st.at(st.cursor, f.descending) as usize] == PENDING {
-                    return true;
-                }
-                st.cursor += 1;
-            }
-        }
-        false
+        by_cursor && st.next_by_fronts(false).is_some()
     }
 
     /// Every task of a farm that is done.
@@ -1531,7 +1567,7 @@ impl Engine {
 
 /// Of `indices` of stage `s`, those pending whose element-wise
 /// dependencies are all done: ready once the stage is open.
-/// In the farm's order (see `Engine::set_descending`), given `indices` ascending.
+/// In the stage's order (see `Engine::reorder`), given `indices` ascending.
 fn ready_each(f: &FarmState, s: usize, indices: impl Iterator<Item = usize>) -> Vec<u32> {
     let each = &f.def.stages[s].after_each;
     let mut ready: Vec<u32> = indices
@@ -1541,8 +1577,9 @@ fn ready_each(f: &FarmState, s: usize, indices: impl Iterator<Item = usize>) -> 
         })
         .map(|i| i as u32)
         .collect();
-    if f.descending {
-        ready.reverse();
+    let (order, len) = (&f.stages[s].order, f.stages[s].status.len() as u32);
+    if !order.fronts.is_empty() {
+        ready.sort_unstable_by_key(|&i| order.rank(i, len));
     }
     ready
 }

@@ -232,7 +232,6 @@ fn a_descending_engine_hands_out_from_the_last_index_down() {
     let mut b = stage("b", 5);
     b.after_each = vec![0];
     let mut e = Engine::remote(vec![parse_resources("cpu=8").unwrap()]);
-    e.set_descending(true);
     let t = |stage, index| TaskRef { stage, index };
     let done = [t(0, 0), t(0, 1), t(0, 4)];
     let slot = e.add_farm(
@@ -241,6 +240,14 @@ fn a_descending_engine_hands_out_from_the_last_index_down() {
         done.map(|t| (t, TaskRecord::known_done(0))),
         &AddOptions::default(),
     );
+    let down = Order {
+        fronts: vec![Front {
+            start: 0,
+            way: Way::Down,
+            weight: 1,
+        }],
+    };
+    e.reorder(slot, &[down.clone(), down]);
     let tasks = |c: Vec<(FarmSlot, TaskRef, u32)>| c.into_iter().map(|c| c.1).collect::<Vec<_>>();
     // Downstream first (its stage is deeper), then a's pending from the top.
     assert_eq!(
@@ -255,6 +262,61 @@ fn a_descending_engine_hands_out_from_the_last_index_down() {
     e.audit().unwrap();
     // b/2 and b/3 wait for a/2 and a/3.
     assert_eq!(e.progress(slot).queued(), 2);
+}
+
+/// A side that took a farm over away from both ends of it hands out
+/// from its fronts in turn, each as often as its weight says; tasks ready
+/// together go in the same order, and a task handed back still goes first.
+#[test]
+fn an_engine_with_several_fronts_hands_out_from_each_in_turn() {
+    let a = stage("a", 8);
+    let mut b = stage("b", 8);
+    b.after_each = vec![0];
+    let mut e = Engine::remote(vec![parse_resources("cpu=8").unwrap()]);
+    let t = |stage, index| TaskRef { stage, index };
+    let done = [t(0, 0), t(0, 3), t(0, 4)];
+    let slot = e.add_farm(
+        0,
+        farm(vec![a, b]),
+        done.map(|t| (t, TaskRecord::known_done(0))),
+        &AddOptions::default(),
+    );
+    // Up from 3 (twice the turns), down from 3 (from 2).
+    let middle = Order {
+        fronts: vec![
+            Front {
+                start: 3,
+                way: Way::Up,
+                weight: 2,
+            },
+            Front {
+                start: 3,
+                way: Way::Down,
+                weight: 1,
+            },
+        ],
+    };
+    e.reorder(slot, &[middle.clone(), middle]);
+    let tasks = |c: Vec<(FarmSlot, TaskRef, u32)>| c.into_iter().map(|c| c.1).collect::<Vec<_>>();
+    // b: ready together (3, 4, 0) nearest the starts first; then a: 5, 2, 6, 7, 1.
+    assert_eq!(
+        tasks(e.claim(0, 7, &mut |_| true)),
+        vec![
+            t(1, 3),
+            t(1, 4),
+            t(1, 0),
+            t(0, 5),
+            t(0, 2),
+            t(0, 6),
+            t(0, 7)
+        ]
+    );
+    let claimed = e.claim(0, 1, &mut |_| true);
+    assert_eq!(tasks(claimed.clone()), vec![t(0, 1)]);
+    let (f, task, att) = claimed[0];
+    e.unclaim(1, f, task, att);
+    assert_eq!(tasks(e.claim(1, 1, &mut |_| true)), vec![t(0, 1)]);
+    e.audit().unwrap();
 }
 
 #[test]
@@ -485,6 +547,13 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+fn order() -> impl Strategy<Value = Order> {
+    let way = prop_oneof![Just(Way::Up), Just(Way::Down)];
+    let front =
+        (any::<u32>(), way, 1u32..4).prop_map(|(start, way, weight)| Front { start, way, weight });
+    proptest::collection::vec(front, 0..4).prop_map(|fronts| Order { fronts })
+}
+
 proptest! {
     /// Random completions, failures, timeouts and cancels on a three-stage
     /// farm: invariants hold after every step, nothing starts twice while
@@ -495,7 +564,7 @@ proptest! {
         cpus in 1u64..5,
         n in 1u64..8,
         retries in 0u32..3,
-        descending in any::<bool>(),
+        orders in proptest::collection::vec(order(), 0..4),
     ) {
         let mut a = stage("a", n);
         a.retries = retries;
@@ -506,8 +575,10 @@ proptest! {
         let mut c = stage("c", 2);
         c.after = vec![1];
         let mut e = Engine::new(parse_resources(&format!("cpu={cpus},gpu=1")).unwrap());
-        e.set_descending(descending);
         let slot = e.add_farm(0, farm(vec![a, b, c]), vec![], &AddOptions::default());
+        // Tasks of the first index up may have started: the orders from
+        // now on.
+        e.reorder(slot, &orders);
         let mut now = 0;
         let mut live: Vec<(FarmSlot, TaskRef, u32)> = Vec::new();
         let collect = |e: &mut Engine, live: &mut Vec<(FarmSlot, TaskRef, u32)>| {

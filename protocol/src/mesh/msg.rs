@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::allocs::{AllocBook, AllocCmd};
-use crate::engine::{Counts, TaskEnd, TaskResult, Verdict};
+use crate::engine::{Counts, Order, TaskEnd, TaskResult, Verdict};
 use crate::farm::{FarmDef, TaskRef};
 use crate::resources::Resources;
 
@@ -265,12 +265,16 @@ pub struct FarmProgress {
     pub unplaceable: Vec<(u32, String)>,
 }
 
-/// A coordinator that wrote a farm's log, and whether it hands out the
-/// farm's tasks from the last index down.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A coordinator that wrote a farm's log, the order it hands each stage's
+/// tasks out in (stages missing: from the first index up), and the other
+/// nodes it had keep a copy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Writer {
     pub node: NodeId,
-    pub descending: bool,
+    pub order: Vec<Order>,
+    /// In id order: each may be on a side of a partition of its own, and
+    /// the sides keep their places apart (see [`Order::apart`]).
+    pub holders: Vec<NodeId>,
 }
 
 /// The coordinator's log of a farm, from position `from`, and its progress.
@@ -296,9 +300,11 @@ pub struct SyncMsg {
     /// See [`FarmProgress::duplicates`] and [`FarmProgress::unplaceable`].
     pub duplicates: u64,
     pub unplaceable: Vec<(u32, String)>,
-    /// The coordinator hands out this farm's tasks from the last index
-    /// down: a holder says so when it offers its copy (see `Msg::Submit`).
-    pub descending: bool,
+    /// The order the coordinator hands each stage's tasks out in, and the
+    /// other live nodes it has keep a copy: a holder says both when it
+    /// offers its copy (see [`Writer`]).
+    pub order: Vec<Order>,
+    pub holders: Vec<NodeId>,
 }
 
 /// A task's attempt that failed and will be retried, for the home to show.

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::msg::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId, TaskRun};
-use crate::engine::{Counts, Millis, RecordState, TaskEnd, TaskRecord};
+use crate::engine::{Counts, Millis, Order, RecordState, TaskEnd, TaskRecord};
 use crate::farm::{FarmDef, TaskRef};
 
 /// Entries in the order they were added, with each task's latest one indexed.
@@ -296,9 +296,11 @@ pub struct Replica {
     pub accepted: bool,
     /// Which coordinator's log `next` counts in, and how far it is applied here.
     pub source: Option<(NodeId, u64)>,
-    /// That coordinator hands out the farm's tasks from the last index
-    /// down (not kept on disk: a copy restored says ascending until a sync).
-    pub descending: bool,
+    /// The order that coordinator hands out the farm's tasks in, and the
+    /// other nodes it has keep a copy, as its newest sync says (not kept
+    /// on disk: a copy restored says ascending, and none, until a sync).
+    pub order: Vec<Order>,
+    pub holders: Vec<NodeId>,
     pub next: u64,
     /// The newest `Sync` of that log heard, and the log's length when it
     /// said every task was over (over here once `next` reaches it).
@@ -370,7 +372,8 @@ impl Replica {
             spec,
             accepted: false,
             source: None,
-            descending: false,
+            order: Vec::new(),
+            holders: Vec::new(),
             next: 0,
             seen: 0,
             end_len: None,

@@ -283,7 +283,8 @@ impl Holdings {
                 }
             }
             r.unplaceable = m.unplaceable;
-            r.descending = m.descending;
+            r.order = m.order;
+            r.holders = m.holders;
             r.counts = m.counts;
             r.stages = m.stages;
             r.duplicates = r.duplicates.max(m.duplicates);
@@ -543,7 +544,8 @@ impl Holdings {
         for r in unaccepted {
             let writer = r.source.map(|(node, _)| Writer {
                 node,
-                descending: r.descending,
+                order: r.order.clone(),
+                holders: r.holders.clone(),
             });
             let entries = r.log.current().cloned().collect();
             offer(out, to, r.spec.clone(), entries, r.home_of, writer);

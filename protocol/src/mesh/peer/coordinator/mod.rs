@@ -19,7 +19,7 @@ use super::action::Persist;
 use super::out::Out;
 use super::Node;
 use crate::engine::{
-    self, AddOptions, Engine, FarmSlot, KillReason, Millis, Outcome, TaskRecord, TaskResult,
+    self, AddOptions, Engine, FarmSlot, KillReason, Millis, Order, Outcome, TaskRecord, TaskResult,
     Verdict,
 };
 use crate::farm::TaskRef;
@@ -82,11 +82,29 @@ struct CoordFarm {
     duplicates: u64,
     extra_runs: FxHashSet<TaskRun>,
     finished_sent: bool,
-    /// Its tasks are handed out from the last index down (see `Msg::Submit`).
-    descending: bool,
+    /// The order each stage's tasks are handed out in (see `Writer`;
+    /// stages missing go from the first index up).
+    order: Vec<Order>,
+    /// Since a node that kept a copy was lost from sight, or since this
+    /// node took the farm over from a copy whose writer it did not see.
+    apart: Option<replication::Apart>,
 }
 
 impl CoordFarm {
+    /// The nodes other than `me` that keep a copy and `live` says are
+    /// alive, in id order.
+    fn copies(&self, me: NodeId, live: impl Fn(NodeId) -> bool) -> Vec<NodeId> {
+        let mut copies: Vec<NodeId> = self
+            .holders
+            .iter()
+            .filter(|h| h.has_spec && h.node != me && live(h.node))
+            .map(|h| h.node)
+            .collect();
+        copies.sort_unstable();
+        copies.dedup();
+        copies
+    }
+
     fn extra_run(&mut self, task: TaskRef, node: NodeId, attempt: u32) {
         if self.extra_runs.insert(TaskRun {
             task,
@@ -120,6 +138,10 @@ pub(super) struct Coord {
     /// coordinator's engine until their `Holding` adopts them, and
     /// placement hands out the first pending tasks: those very ones.
     settle: Option<(Millis, FxHashSet<NodeId>)>,
+    /// While settling, nodes in sight that keep a copy of a farm taken over
+    /// apart from its writer, and have not offered it: each would give this
+    /// side a place of its own (see `replication::Apart`).
+    awaited: FxHashSet<(FarmId, NodeId)>,
     /// What each member's last `Holding` listed of farms this coordinator
     /// does not have yet, adopted when the farm comes. A coordinator just
     /// elected that kept no copy of a farm has it only once a holder's
@@ -168,6 +190,7 @@ impl Coord {
             hungry: nodes.collect(),
             last_backlog: 0,
             settle: None,
+            awaited: FxHashSet::default(),
             held_early: FxHashMap::default(),
             reports_early: FxHashMap::default(),
             depth: FxHashMap::default(),
@@ -188,7 +211,7 @@ impl Coord {
         let home = stored.home.as_ref().map(|(h, _)| *h);
         // The order it was handed out in is not kept: a farm restored runs
         // from the first index up.
-        let f = self.add_farm(now, stored.spec, stored.records, stored.entries, false);
+        let f = self.add_farm(now, stored.spec, stored.records, stored.entries, Vec::new());
         f.accepted = true;
         if let Some(h) = home {
             f.home = f.home.max(h);
@@ -207,10 +230,9 @@ impl Coord {
         spec: Arc<FarmSpec>,
         records: Vec<(TaskRef, TaskRecord)>,
         entries: Vec<Entry>,
-        descending: bool,
+        order: Vec<Order>,
     ) -> &mut CoordFarm {
         let def = Arc::new(spec.def.clone());
-        self.engine.set_descending(descending);
         let slot = self.engine.add_farm(
             now,
             def,
@@ -220,6 +242,9 @@ impl Coord {
                 retry_failed: false,
             },
         );
+        if !order.is_empty() {
+            self.engine.reorder(slot, &order);
+        }
         let mut log = FarmLog::for_farm(&spec.def);
         for e in entries {
             log.add(e);
@@ -243,7 +268,8 @@ impl Coord {
             duplicates: 0,
             extra_runs: FxHashSet::default(),
             unplaceable: Vec::new(),
-            descending,
+            order,
+            apart: None,
         })
     }
 
@@ -372,9 +398,12 @@ impl Coord {
         for fid in &self.slots {
             let f = &self.farms[fid];
             let entries = f.log.current().cloned().collect();
+            // The winner goes on in this order, whatever it is told of the
+            // copies: it sees this node, which has stopped.
             let writer = Writer {
                 node: me,
-                descending: f.descending,
+                order: f.order.clone(),
+                holders: f.copies(me, |_| true),
             };
             offer(out, to, f.spec.clone(), entries, f.home, Some(writer));
         }
@@ -622,12 +651,18 @@ impl Coord {
         self.settle = (!waiting.is_empty()).then_some((until, waiting));
     }
 
-    /// Still waiting to hear what the members hold before placing work.
+    /// Still waiting to hear what the members hold (and the copies
+    /// `awaited`) before placing work.
     pub(super) fn settling(&mut self, now: Millis) -> bool {
         match &self.settle {
-            Some((until, waiting)) if now < *until && !waiting.is_empty() => true,
+            Some((until, waiting))
+                if now < *until && !(waiting.is_empty() && self.awaited.is_empty()) =>
+            {
+                true
+            }
             _ => {
                 self.settle = None;
+                self.awaited.clear();
                 false
             }
         }
@@ -787,6 +822,7 @@ impl Coord {
             self.drain(out);
         }
         self.reporter = None;
+        self.copy_lost(now, dead, cx);
         self.held_early.remove(&dead);
         self.reports_early.retain(|(n, _), _| *n != dead);
         self.load.remove(&dead);

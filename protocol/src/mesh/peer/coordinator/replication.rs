@@ -1,6 +1,6 @@
 //! The coordinator's side of replication: which nodes keep a copy of each farm, its log streamed to them, farms accepted once durable on enough of them, and workers acknowledged once their results are.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::super::super::msg::*;
@@ -8,7 +8,7 @@ use super::super::super::replica::entry_record;
 use super::super::out::Out;
 use super::super::Node;
 use super::{Coord, CoordFarm, Holder};
-use crate::engine::{self, Millis};
+use crate::engine::{self, Front, Millis, Order};
 
 /// Most entries in one `Sync`, and most sent to a holder ahead of its acknowledgement.
 pub(in super::super) const SYNC_BATCH: usize = 4096;
@@ -48,6 +48,55 @@ pub(in super::super) fn offer(
     }
 }
 
+/// A farm's copies, and the places among them this node's side keeps,
+/// since the side may be one of several that work the farm apart (see
+/// `Order::apart`): a node that kept a copy was lost from sight, or this
+/// node took the farm over from a copy whose writer it did not see.
+///
+/// A node is on one side only, so the places the sides keep never meet
+/// when each keeps those of the copies it is sure it has: the writer's
+/// side place 0 and the nodes it still hears from, a side that took the
+/// farm over the nodes that offered it their copies (one still listed in
+/// this node's membership may be on another side, not yet declared dead).
+pub(super) struct Apart {
+    /// The writer's first front, per stage.
+    base: Vec<Front>,
+    /// Per stage, the tasks done when the writer's work stopped, as far
+    /// as this node knew.
+    done: Vec<u32>,
+    holders: Vec<NodeId>,
+    owned: BTreeSet<u32>,
+}
+
+impl Apart {
+    /// `node`'s place among the copies, from 1.
+    fn place(&self, node: NodeId) -> Option<u32> {
+        let j = self.holders.iter().position(|&h| h == node)?;
+        Some(j as u32 + 1)
+    }
+
+    fn orders(&self, def: &crate::farm::FarmDef) -> Vec<Order> {
+        let k = self.holders.len() as u32;
+        let owned: Vec<u32> = self.owned.iter().copied().collect();
+        def.stages
+            .iter()
+            .enumerate()
+            .map(|(s, stage)| {
+                let base = self.base.get(s).copied().unwrap_or(Front::ASCENDING);
+                let done = self.done.get(s).copied().unwrap_or(0);
+                Order::apart(base, done, stage.len(), k, &owned)
+            })
+            .collect()
+    }
+}
+
+/// Each stage's first front.
+fn bases(order: &[Order], stages: usize) -> Vec<Front> {
+    (0..stages)
+        .map(|s| order.get(s).map_or(Front::ASCENDING, |o| o.fronts()[0]))
+        .collect()
+}
+
 /// What every `Sync` of a farm says besides its entries.
 struct SyncHead {
     log: u64,
@@ -58,7 +107,8 @@ struct SyncHead {
     unplaceable: Vec<(u32, String)>,
     counts: engine::Counts,
     stages: Vec<engine::Counts>,
-    descending: bool,
+    order: Vec<Order>,
+    holders: Vec<NodeId>,
 }
 
 impl SyncHead {
@@ -77,7 +127,8 @@ impl SyncHead {
             stages: self.stages.clone(),
             duplicates: self.duplicates,
             unplaceable: self.unplaceable.clone(),
-            descending: self.descending,
+            order: self.order.clone(),
+            holders: self.holders.clone(),
         }
     }
 }
@@ -94,7 +145,15 @@ impl Coord {
         home: Home,
         out: &mut Out,
     ) {
+        self.awaited.remove(&(farm, from));
         let f = self.farms.get_mut(&farm).expect("checked by the caller");
+        if let Some(apart) = &mut f.apart {
+            // Another copy on this side: its place is this side's too.
+            if apart.place(from).is_some_and(|j| apart.owned.insert(j)) {
+                f.order = apart.orders(&f.spec.def);
+                self.engine.reorder(f.slot, &f.order);
+            }
+        }
         if home > f.home {
             // Taken over: every holder hears of the new home with the next progress.
             f.home = home;
@@ -119,25 +178,53 @@ impl Coord {
         cx: &Node,
     ) -> bool {
         let me = cx.id;
-        // The coordinator that wrote this copy, out of this node's sight,
-        // may still be handing out the farm's tasks from its end of the
-        // order, on the far side of a partition: this one starts from the
-        // other end, so the two run a task twice only once they have done
-        // all between them. One that hands its farm over (it offers it
-        // itself), or that this node sees (it will hear of this one and
-        // hand over), has stopped: going on the same way keeps this one
-        // next to its work and away from that of any side it never saw,
-        // which took the farm over from the other end.
-        let descending = writer.is_some_and(|w| {
-            let gone = w.node != from && !cx.live(w.node);
-            w.descending != gone
-        });
+        let stages = farm.def.stages.len();
+        let (order, apart) = match writer {
+            None => (Vec::new(), None),
+            // One that hands its farm over (it offers it itself), or that
+            // this node sees (it will hear of this one and hand over), has
+            // stopped: going on its way keeps this one next to its work
+            // and away from that of any side it never saw, which went
+            // apart from it.
+            Some(w) if w.node == from || cx.live(w.node) => (w.order, None),
+            // Out of sight, it may still hand the farm's tasks out on the
+            // far side of a partition, and other sides may have taken it
+            // over from the other copies.
+            Some(w) => {
+                let mut apart = Apart {
+                    base: bases(&w.order, stages),
+                    done: Vec::new(),
+                    owned: BTreeSet::new(),
+                    holders: w.holders,
+                };
+                // A copy that does not list the node that offered it
+                // (written before it had one) leaves this side the far end.
+                let k = apart.holders.len().max(1) as u32;
+                apart.owned.insert(apart.place(from).unwrap_or(k));
+                if self.settle.is_some() {
+                    // Those on this side offer theirs as they follow,
+                    // within a round trip, and bring their places.
+                    let others = apart.holders.iter().filter(|&&h| h != from && cx.live(h));
+                    self.awaited.extend(others.map(|&h| (farm.id, h)));
+                }
+                (Vec::new(), Some(apart))
+            }
+        };
         let records = entries
             .iter()
             .map(|e| (e.task(), entry_record(e)))
             .collect();
         let (origin, id) = (farm.origin, farm.id);
-        let f = self.add_farm(now, farm, records, entries, descending);
+        let slot = self.add_farm(now, farm, records, entries, order).slot;
+        if let Some(mut apart) = apart {
+            let progress = self.engine.stage_progress(slot);
+            apart.done = progress.iter().map(|c| c.done as u32).collect();
+            let f = self.farms.get_mut(&id).expect("just added");
+            f.order = apart.orders(&f.spec.def);
+            self.engine.reorder(slot, &f.order);
+            f.apart = Some(apart);
+        }
+        let f = self.farms.get_mut(&id).expect("just added");
         f.home = f.home.max(home);
         // The home keeps it durably, and so does the holder that offered it
         // and this node, once it has the inputs.
@@ -151,6 +238,56 @@ impl Coord {
         }
         self.adopt_early(now, id);
         here
+    }
+
+    /// `dead` is out of sight: where it kept a copy of a farm, it may be on
+    /// another side of a partition that took the farm over from it, and
+    /// this side keeps only the places of those it still hears from.
+    pub(super) fn copy_lost(&mut self, now: Millis, dead: NodeId, cx: &Node) {
+        // Those cut off with `dead` have been silent about as long, and are
+        // declared dead one at a time, each after its own suspicion: a
+        // place kept for one of them would be worked on two sides. One
+        // that reports to this node is heard several times a limit.
+        let heard = |h: NodeId| {
+            cx.members
+                .get(h)
+                .is_some_and(|m| now.saturating_sub(m.last_seen) <= cx.cfg.dead_after_ms / 2)
+        };
+        for fid in &self.slots {
+            let f = self.farms.get_mut(fid).expect("slots and farms agree");
+            let changed = match &mut f.apart {
+                // A side keeps working the places it had, if it has none left.
+                Some(apart) => {
+                    apart.place(dead).is_some_and(|j| apart.owned.remove(&j))
+                        && !apart.owned.is_empty()
+                }
+                None => {
+                    // The copies its syncs listed, as the other sides have them.
+                    let holders = f.copies(cx.id, |n| n == dead || cx.members.contains(n));
+                    if !holders.contains(&dead) {
+                        continue;
+                    }
+                    let progress = self.engine.stage_progress(f.slot);
+                    let mut apart = Apart {
+                        base: bases(&f.order, f.spec.def.stages.len()),
+                        done: progress.iter().map(|c| c.done as u32).collect(),
+                        owned: BTreeSet::from([0]),
+                        holders,
+                    };
+                    let seen = apart.holders.iter().filter(|&&h| heard(h));
+                    let places: Vec<u32> = seen.filter_map(|&h| apart.place(h)).collect();
+                    apart.owned.extend(places);
+                    // Place 0 alone is the writer's way as it was: no
+                    // farm's order changes with a dead node at two replicas.
+                    f.apart.insert(apart).owned.len() > 1
+                }
+            };
+            if changed {
+                let apart = f.apart.as_ref().expect("set above");
+                f.order = apart.orders(&f.spec.def);
+                self.engine.reorder(f.slot, &f.order);
+            }
+        }
     }
 
     /// More of what a holder knows of a farm the coordinator has.
@@ -378,7 +515,8 @@ impl Coord {
                 f.finished_sent = finished;
             }
             let mut head = None;
-            for h in &mut f.holders {
+            for i in 0..f.holders.len() {
+                let h = &f.holders[i];
                 // This node streams to itself only where it keeps a copy.
                 let live = if h.node == cx.id {
                     keeps_here(*fid)
@@ -400,9 +538,11 @@ impl Coord {
                         unplaceable,
                         counts: counts.clone(),
                         stages: self.engine.stage_progress(f.slot),
-                        descending: f.descending,
+                        order: f.order.clone(),
+                        holders: f.copies(cx.id, |n| cx.members.contains(n)),
                     }
                 });
+                let h = &mut f.holders[i];
                 // Entries go out with the progress round, or at once when a
                 // batch is full or the farm is over: one sync per round
                 // rather than one per completion (each costs a message and
