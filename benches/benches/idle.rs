@@ -84,13 +84,13 @@ fn main() {
         others.sort_by(f64::total_cmp);
         let coord_cpu = coord.map_or(0.0, |i| each[i]);
         let coord_sockets = coord.map_or(0, |i| procs::sockets(pids[i]));
-        let (median, p90) = (
-            procs::quantile(&others, 0.5),
-            procs::quantile(&others, 0.9),
-        );
-        let mem = pids.iter().map(|&p| procs::memory(p)).fold([0u64; 4], |a, m| {
-            [a[0] + m[0], a[1] + m[1], a[2] + m[2], a[3] + m[3]]
-        });
+        let (median, p90) = (procs::quantile(&others, 0.5), procs::quantile(&others, 0.9));
+        let mem = pids
+            .iter()
+            .map(|&p| procs::memory(p))
+            .fold([0u64; 4], |a, m| {
+                [a[0] + m[0], a[1] + m[1], a[2] + m[2], a[3] + m[3]]
+            });
         let mb = |kib: u64| kib as f64 / 1024.0 / n as f64;
         let conns = procs::loopback_connections() as f64 / n as f64;
         let gone: usize = nodes

@@ -46,7 +46,10 @@ fn main() {
             .map(|nd| nd.child.try_wait().ok().flatten().is_some())
             .filter(|&gone| gone)
             .count();
-        println!("  after {} s: {meshes} mesh(es), {exited} node(s) exited", AFTER.as_secs());
+        println!(
+            "  after {} s: {meshes} mesh(es), {exited} node(s) exited",
+            AFTER.as_secs()
+        );
         let target = (n >= 600).then_some(("<=", 120.0, one.is_ok() && took <= 120.0));
         results.push(report(
             &format!("{n} nodes at once: one mesh (s)"),

@@ -8,8 +8,6 @@ use mesh_protocol::farm::{TemplateError, STAGE_TASKS_MAX};
 use mesh_protocol::resources::AmountError;
 use toml::de::DeValue;
 
-use super::sweep::RANGE_DECIMALS_MAX;
-
 /// Why a farm could not be loaded. Everything about the file's content is an
 /// [`Invalid`], which names the line and field.
 #[derive(Debug, thiserror::Error)]
@@ -238,8 +236,8 @@ pub enum RangeProblem {
     BadStep,
     #[error("a decimal range needs a step, e.g. `0.0..1.0:0.25`")]
     DecimalNeedsStep,
-    #[error("more than {} decimals", RANGE_DECIMALS_MAX)]
-    TooPrecise,
+    #[error("more than {max} decimals")]
+    TooPrecise { max: u32 },
     #[error("the numbers are too large")]
     TooLarge,
 }

@@ -9,7 +9,7 @@ use toml::Spanned;
 
 use super::error::{wrong_type, Problem};
 use super::locate::{At, Scope};
-use super::sweep::RawVar;
+use super::sweep::{valid_var_name, RawVar};
 use super::Result;
 
 /// Every stage field: its identity, everything `[defaults]` may set, its dependencies.
@@ -409,12 +409,4 @@ impl Scope<'_> {
         }
         Ok(self.at(ms, pos))
     }
-}
-
-pub(super) fn valid_var_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }

@@ -6,13 +6,22 @@ use toml::Spanned;
 
 use super::error::{wrong_type, Problem, RangeProblem};
 use super::locate::{At, Scope};
-use super::parse::valid_var_name;
 use super::Result;
 
 /// Decimals beyond this would overflow the scaled `i64` range for ordinary magnitudes.
 pub(super) const RANGE_DECIMALS_MAX: u32 = 9;
 
 const SWEEP_FIELDS: &[&str] = &["lines", "list", "range"];
+
+/// A name a variable may have (a sweep's, or the environment's): a letter
+/// or `_`, then letters, digits and `_`.
+pub(super) fn valid_var_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
 const BUILTINS: &[&str] = &["index", "stage", "farm", "out"];
 
 #[derive(Clone, Debug)]
@@ -245,7 +254,9 @@ fn parse_range(text: &str) -> std::result::Result<Values, Problem> {
     };
     let decimals = start.1.max(end.1).max(step.map(|s| s.1).unwrap_or(0));
     if decimals > RANGE_DECIMALS_MAX {
-        return Err(fail(RangeProblem::TooPrecise));
+        return Err(fail(RangeProblem::TooPrecise {
+            max: RANGE_DECIMALS_MAX,
+        }));
     }
     if decimals > 0 && step.is_none() {
         return Err(fail(RangeProblem::DecimalNeedsStep));
@@ -327,7 +338,12 @@ mod tests {
         assert_eq!(problem("0..10:0"), RangeProblem::BadStep);
         assert_eq!(problem("0..10:-1"), RangeProblem::BadStep);
         assert_eq!(problem("0..1.5"), RangeProblem::DecimalNeedsStep);
-        assert_eq!(problem("0..1:0.0000000001"), RangeProblem::TooPrecise);
+        assert_eq!(
+            problem("0..1:0.0000000001"),
+            RangeProblem::TooPrecise {
+                max: RANGE_DECIMALS_MAX
+            }
+        );
         assert_eq!(
             problem("99999999999999999999..99999999999999999999"),
             RangeProblem::TooLarge

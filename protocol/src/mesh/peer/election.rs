@@ -4,8 +4,9 @@
 //! highest term it knew; a higher term wins everywhere, and on a tie the
 //! lower id, so the two sides of a healed partition settle on one.
 
-use super::super::msg::NodeId;
+use super::super::msg::{Msg, NodeId};
 use super::membership::Membership;
+use super::out::Out;
 use crate::engine::Millis;
 
 /// Terms are ballots: an election round in the high half and the
@@ -27,6 +28,15 @@ pub fn term_round(term: u64) -> u64 {
 pub(super) struct Leader {
     pub(super) node: Option<NodeId>,
     pub(super) term: u64,
+}
+
+impl Leader {
+    /// Sends to the coordinator, when there is one; `msg` gets its term.
+    pub(super) fn send(self, out: &mut Out, msg: impl FnOnce(u64) -> Msg) {
+        if let Some(c) = self.node {
+            out.send(c, msg(self.term));
+        }
+    }
 }
 
 pub(super) struct Election {

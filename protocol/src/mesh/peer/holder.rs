@@ -188,7 +188,7 @@ impl Holdings {
     /// This node's copy (not the home's) counts now: the coordinator hears.
     pub(super) fn copy_complete(&self, farm: FarmId, out: &mut Out, leader: Leader) {
         if self.replicas.get(&farm).is_some_and(|r| !r.home) {
-            out.send_coordinator(leader, |_| Msg::Replicated { farm });
+            leader.send(out, |_| Msg::Replicated { farm });
         }
     }
 
@@ -478,7 +478,7 @@ impl Holdings {
             }
         }
         out.persist_entries(farm, entries, true);
-        out.send_coordinator(leader, |_| Msg::Redo { farm, tasks });
+        leader.send(out, |_| Msg::Redo { farm, tasks });
     }
 
     /// On the home: shows the farm's progress, and once every task is over
@@ -526,7 +526,7 @@ impl Holdings {
             .map(|r| (r.id(), r.redo.values().copied().take(OFFER_MAX).collect()))
             .collect();
         for (farm, tasks) in redo {
-            out.send_coordinator(cx.leader(), |_| Msg::Redo { farm, tasks });
+            cx.leader().send(out, |_| Msg::Redo { farm, tasks });
         }
         for farm in &self.inputs_wanted {
             out.push(Action::FetchInputs { farm: *farm });

@@ -487,8 +487,10 @@ impl Peer {
     /// A user's change to the allocation queues, sent to the coordinator.
     pub fn alloc_command(&mut self, now: Millis, cmd: AllocCmd) {
         self.woke(now);
-        self.out
-            .send_coordinator(self.node.election.leader(), |_| Msg::Alloc(Box::new(cmd)));
+        self.node
+            .election
+            .leader()
+            .send(&mut self.out, |_| Msg::Alloc(Box::new(cmd)));
         self.pump(now);
     }
 
@@ -610,8 +612,10 @@ impl Peer {
         self.specs.insert(spec.id, spec.clone());
         self.out.persist(Persist::Farm(spec.clone()));
         let home = self.holdings.submitted(self.node.id, spec.clone());
-        self.out
-            .send_coordinator(self.node.election.leader(), |_| Msg::Submit {
+        self.node
+            .election
+            .leader()
+            .send(&mut self.out, |_| Msg::Submit {
                 farm: spec,
                 entries: Vec::new(),
                 home,
@@ -649,8 +653,10 @@ impl Peer {
 
     /// Asks the coordinator to stop a farm.
     pub fn cancel(&mut self, now: Millis, farm: FarmId) {
-        self.out
-            .send_coordinator(self.node.election.leader(), |_| Msg::Cancel { farm });
+        self.node
+            .election
+            .leader()
+            .send(&mut self.out, |_| Msg::Cancel { farm });
         self.pump(now);
     }
 
@@ -1492,8 +1498,10 @@ impl Peer {
         self.out.stats.tasks_given += given.len() as u64;
         if !given.is_empty() {
             let tasks = given.clone();
-            self.out
-                .send_coordinator(self.node.election.leader(), |term| Msg::Moved {
+            self.node
+                .election
+                .leader()
+                .send(&mut self.out, |term| Msg::Moved {
                     term,
                     to: from,
                     tasks,
@@ -1514,11 +1522,10 @@ impl Peer {
             Answer::Stale => {
                 // Stale: the tasks are this node's now, but it gave up
                 // waiting. Hand them back to the coordinator rather than drop them.
-                self.out
-                    .send_coordinator(self.node.election.leader(), |term| Msg::Release {
-                        term,
-                        tasks,
-                    });
+                self.node
+                    .election
+                    .leader()
+                    .send(&mut self.out, |term| Msg::Release { term, tasks });
             }
             Answer::Won => {
                 for a in tasks {

@@ -9,7 +9,6 @@ use rustc_hash::FxHashMap;
 
 use super::super::msg::*;
 use super::action::{Action, PeerEvent, Persist};
-use super::election::Leader;
 use crate::engine::Millis;
 use crate::farm::TaskRef;
 use crate::observe::Latencies;
@@ -66,14 +65,6 @@ impl Out {
             self.inbox.push_back((to, msg));
         } else {
             self.actions.push_back(Action::Send { to, msg });
-        }
-    }
-
-    /// Sends to the coordinator, when there is one; `msg` gets the current term.
-    pub(super) fn send_coordinator(&mut self, leader: Leader, msg: impl FnOnce(u64) -> Msg) {
-        if let Some(c) = leader.node {
-            let m = msg(leader.term);
-            self.send(c, m);
         }
     }
 

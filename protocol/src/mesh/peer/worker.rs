@@ -325,7 +325,7 @@ impl Worker {
             out.push(Action::Start { task: a, grant });
         }
         if !late.is_empty() {
-            out.send_coordinator(leader, |term| Msg::Release { term, tasks: late });
+            leader.send(out, |term| Msg::Release { term, tasks: late });
         }
     }
 
@@ -408,7 +408,7 @@ impl Worker {
         self.interrupted = true;
         let queued: Vec<Assigned> = self.queue.drain(..).collect();
         if !queued.is_empty() {
-            out.send_coordinator(leader, |term| Msg::Release {
+            leader.send(out, |term| Msg::Release {
                 term,
                 tasks: queued,
             });
@@ -501,7 +501,7 @@ impl Worker {
         if run.killed == Some(KillReason::Interrupt) {
             // Stopped on purpose, not failed: it goes back to the queue,
             // and no retry is spent on it.
-            out.send_coordinator(leader, |term| Msg::Release {
+            leader.send(out, |term| Msg::Release {
                 term,
                 tasks: vec![task],
             });
@@ -573,7 +573,7 @@ impl Worker {
         let reports = std::mem::take(&mut self.reports_out);
         let prefetch = self.depth;
         for chunk in reports.chunks(batch_max) {
-            out.send_coordinator(leader, |term| Msg::Report {
+            leader.send(out, |term| Msg::Report {
                 term,
                 reports: chunk.to_vec(),
                 at: now,
@@ -666,7 +666,7 @@ impl Worker {
             ms: silent_ms,
             released: tasks.len(),
         });
-        out.send_coordinator(leader, |term| Msg::Release { term, tasks });
+        leader.send(out, |term| Msg::Release { term, tasks });
     }
 
     // ----- checks -----
