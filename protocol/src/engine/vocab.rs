@@ -1,0 +1,213 @@
+//! The engine's vocabulary towards its driver: task records and how attempts end, the events it hears and the actions it asks for, and progress counts.
+
+use serde::{Deserialize, Serialize};
+
+use super::Grant;
+use crate::farm::TaskRef;
+use crate::resources::Amount;
+
+/// A run that was live each time the node died this many times is failed:
+/// it is probably what kills the node.
+pub const CRASHES_MAX: u32 = 3;
+
+/// Farms are numbered by the engine in the order they are added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct FarmSlot(pub u32);
+
+/// What a task's durable record says; the engine's restart point.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// The run of the farm that wrote it: a new run keeps the last run's
+    /// records (their content keys let it skip work) but does not restore them.
+    pub run: u32,
+    pub state: RecordState,
+    /// Starts so far, the one recorded included (1 for the first run).
+    pub attempt: u32,
+    /// Failures counted against `retries`.
+    pub failures: u32,
+    /// Times the node died while this task ran.
+    pub crashes: u32,
+    /// How the last attempt ended, when it has.
+    pub end: Option<TaskEnd>,
+    pub key: Option<[u8; 32]>,
+    pub duration_ms: u64,
+    /// Which log files the last attempt wrote (bit 0 stdout, bit 1 stderr).
+    pub logs: u8,
+}
+
+impl TaskRecord {
+    /// The record of a task of run `run` known to be done from elsewhere (a
+    /// submitter's done set): no attempt, key or timing of its own.
+    pub fn known_done(run: u32) -> TaskRecord {
+        TaskRecord {
+            run,
+            state: RecordState::Done,
+            attempt: 0,
+            failures: 0,
+            crashes: 0,
+            end: None,
+            key: None,
+            duration_ms: 0,
+            logs: 0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecordState {
+    /// Started and not known to have ended.
+    Running,
+    /// Stopped on purpose (Ctrl-C, SIGTERM); runs again on resume.
+    Interrupted,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+/// How an attempt ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskEnd {
+    Exited(i32),
+    Signaled(i32),
+    TimedOut {
+        after_ms: u64,
+    },
+    /// Skipped because a task with the same content key already succeeded.
+    Cached,
+    /// The task could not be started or its results not collected.
+    Error(String),
+    CrashLimit,
+    Cancelled,
+}
+
+/// What the driver reports when a started task is over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub result: TaskResult,
+    pub key: Option<[u8; 32]>,
+    pub duration_ms: u64,
+    pub logs: u8,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskResult {
+    Exited(i32),
+    Signaled(i32),
+    Cached,
+    Error(String),
+    /// Killed by the node that ran it for passing the stage's timeout.
+    TimedOut,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KillReason {
+    Timeout,
+    Cancel,
+    Interrupt,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Persist {
+    Task {
+        farm: FarmSlot,
+        task: TaskRef,
+        record: TaskRecord,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    TaskFinished {
+        farm: FarmSlot,
+        task: TaskRef,
+        attempt: u32,
+        end: TaskEnd,
+        /// What follows: done, retried, failed for good, ...
+        verdict: Verdict,
+    },
+    /// A stage asks for more than this node has; its tasks are failed.
+    Unplaceable {
+        farm: FarmSlot,
+        stage: u32,
+        /// (resource, asked, available)
+        shortfall: Vec<(String, Amount, Amount)>,
+    },
+    FarmFinished {
+        farm: FarmSlot,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Verdict {
+    Done,
+    Retry,
+    Failed,
+    Cancelled,
+    Interrupted,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Persist(Persist),
+    Start {
+        farm: FarmSlot,
+        task: TaskRef,
+        attempt: u32,
+        grant: Grant,
+    },
+    Kill {
+        farm: FarmSlot,
+        task: TaskRef,
+        attempt: u32,
+        reason: KillReason,
+    },
+    Emit(Event),
+}
+
+/// How a farm is doing; per stage and summed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub total: u64,
+    pub done: u64,
+    /// Of `done`, those skipped because their content key had succeeded.
+    pub cached: u64,
+    pub running: u64,
+    pub failed: u64,
+    /// Not run because something they depend on failed.
+    pub skipped: u64,
+    pub cancelled: u64,
+}
+
+impl Counts {
+    pub fn queued(&self) -> u64 {
+        self.total - self.done - self.running - self.failed - self.skipped - self.cancelled
+    }
+
+    pub fn finished(&self) -> bool {
+        self.running == 0 && self.queued() == 0
+    }
+
+    /// Tasks over for good: done, failed, skipped or cancelled.
+    pub fn ended(&self) -> u64 {
+        self.done + self.failed + self.skipped + self.cancelled
+    }
+
+    pub(super) fn add(&mut self, o: &Counts) {
+        self.total += o.total;
+        self.done += o.done;
+        self.cached += o.cached;
+        self.running += o.running;
+        self.failed += o.failed;
+        self.skipped += o.skipped;
+        self.cancelled += o.cancelled;
+    }
+}
+
+/// Options for adding a farm.
+#[derive(Clone, Debug, Default)]
+pub struct AddOptions {
+    /// The run this engine drives; restored records of other runs are history.
+    pub run: u32,
+    /// Re-queue tasks whose record says they failed (with fresh retries).
+    pub retry_failed: bool,
+}
