@@ -157,9 +157,22 @@ enum Cmd {
         json: bool,
         /// Latency percentiles (p50/p90/p99/max) over the mesh and per node:
         /// queue wait, submit to start, start to recorded done, message and
-        /// steal round trips.
+        /// steal round trips (asks every node).
         #[arg(long)]
         latency: bool,
+        /// Every node, a line each (the default is the mesh at a glance).
+        #[arg(long)]
+        nodes: bool,
+        /// Only the nodes running or queueing tasks (implies --nodes).
+        #[arg(long, conflicts_with = "idle")]
+        busy: bool,
+        /// Only the idle nodes (implies --nodes).
+        #[arg(long)]
+        idle: bool,
+        /// Only the nodes whose id contains this (implies --nodes); one
+        /// node found is shown whole.
+        #[arg(long, value_name = "ID", value_parser = args::name)]
+        name: Option<String>,
     },
     /// A live view of the mesh or of a farm in the terminal: per-stage bars with rate and
     /// ETA, nodes with their load, recent failures (plain lines when not on a terminal).
@@ -391,17 +404,28 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             farm,
             json,
             latency,
+            nodes,
+            busy,
+            idle,
+            name,
         } => {
             match farm.as_deref() {
                 // With a node running here, the mesh is what status shows.
                 None => {
-                    if let Some(s) = mesh_cmds::status(&to)? {
+                    if let Some(s) = mesh_cmds::status(&to, latency)? {
                         let here = if remote {
                             "the node at --mesh"
                         } else {
                             "this node"
                         };
-                        mesh_cmds::print_status(&s, json, latency, here)?;
+                        let show = if latency {
+                            mesh_cmds::Show::Latency
+                        } else if nodes || busy || idle || name.is_some() {
+                            mesh_cmds::Show::Nodes { busy, idle, name }
+                        } else {
+                            mesh_cmds::Show::Glance
+                        };
+                        mesh_cmds::print_status(&s, json, &show, here)?;
                         return Ok(ExitCode::SUCCESS);
                     }
                 }

@@ -11,7 +11,7 @@ use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse, 
 use mesh_node::farmfile::{self, LoadOptions};
 use mesh_node::limits::OpenFiles;
 use mesh_node::mesh_node::{run_node, Multiaddr, NodeOptions};
-use mesh_node::view::{FarmView, MeshStatus};
+use mesh_node::view::{short_id, FarmView, MeshStatus, NodeState, NodeView, BUSIEST_SHOWN};
 use mesh_protocol::mesh::Config;
 
 use crate::{args, node_resources, show, NodeArgs, EXIT_FAILED_TASKS};
@@ -372,7 +372,7 @@ pub fn print_list(
 /// unfinished mesh farm whose home is this node, if there is one (several:
 /// an error naming them).
 pub fn unfinished_home_farm(to: &Target) -> Result<Option<String>> {
-    let (Some(s), Some(farms)) = (status(to)?, list(to)?) else {
+    let (Some(s), Some(farms)) = (status(to, false)?, list(to)?) else {
         return Ok(None);
     };
     let me = s.nodes.iter().find(|n| n.local).map(|n| n.id.clone());
@@ -538,9 +538,15 @@ pub fn cancel(to: &Target, farm: &str) -> Result<ExitCode> {
     }
 }
 
-/// The mesh's status from the local node, or `None` when no node runs here.
-pub fn status(to: &Target) -> Result<Option<MeshStatus>> {
-    let mut c = match Client::request(to, &ControlRequest::Status) {
+/// The mesh's status from the local node, or `None` when no node runs here;
+/// `every`: every node asked for its own measures (latencies).
+pub fn status(to: &Target, every: bool) -> Result<Option<MeshStatus>> {
+    let req = if every {
+        ControlRequest::StatusEvery
+    } else {
+        ControlRequest::Status
+    };
+    let mut c = match Client::request(to, &req) {
         Ok(c) => c,
         Err(ControlError::NoNode(_)) => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -553,129 +559,286 @@ pub fn status(to: &Target) -> Result<Option<MeshStatus>> {
     }
 }
 
+/// What `mesh status` shows of the mesh.
+pub enum Show {
+    /// The mesh at a glance: a screenful at any size.
+    Glance,
+    /// A line per node, or one node whole when `name` finds one.
+    Nodes {
+        busy: bool,
+        idle: bool,
+        name: Option<String>,
+    },
+    /// Latency percentiles over the mesh and per node.
+    Latency,
+}
+
 /// `here` names the node that answered: "this node", or the one at `--mesh`.
-pub fn print_status(s: &MeshStatus, json: bool, latency: bool, here: &str) -> Result<()> {
+pub fn print_status(s: &MeshStatus, json: bool, show: &Show, here: &str) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(s)?);
         return Ok(());
     }
-    if latency {
-        println!(
-            "latency over the mesh ({} nodes answered):",
-            s.nodes.iter().filter(|n| n.cpus.is_some()).count()
-        );
-        show::latency_table(&s.latency, "  ");
-        for n in &s.nodes {
-            println!(
-                "node {}{}:",
-                n.id,
-                if n.local {
-                    format!(" [{here}]")
-                } else {
-                    String::new()
-                }
-            );
-            if n.latency.is_empty() {
-                println!("  did not answer in time");
-            } else {
-                show::latency_table(&n.latency, "  ");
+    match show {
+        Show::Latency => print_latency(s, here),
+        Show::Glance => print_glance(s, here),
+        Show::Nodes { busy, idle, name } => {
+            let picked: Vec<&NodeView> = s
+                .nodes
+                .iter()
+                .filter(|n| !busy || n.running + n.queued > 0)
+                .filter(|n| !idle || n.state() == NodeState::Idle)
+                .filter(|n| name.as_deref().is_none_or(|q| n.id.contains(q)))
+                .collect();
+            match picked.as_slice() {
+                [one] if name.is_some() => print_node(s, one, here),
+                [] => println!("no node matches"),
+                many => print_node_lines(many, here),
             }
         }
-        return Ok(());
     }
+    print_farms(s);
+    Ok(())
+}
+
+fn print_latency(s: &MeshStatus, here: &str) {
     println!(
-        "coordinator {} (term {})",
-        s.coordinator.as_deref().unwrap_or("not elected yet"),
-        s.term
+        "latency over the mesh ({} nodes answered):",
+        s.nodes.iter().filter(|n| n.cpus.is_some()).count()
     );
-    println!("{} node(s):", s.nodes.len());
+    show::latency_table(&s.latency, "  ");
     for n in &s.nodes {
-        let role = match (n.coordinator, n.local) {
+        println!(
+            "node {}{}:",
+            n.id,
+            if n.local {
+                format!(" [{here}]")
+            } else {
+                String::new()
+            }
+        );
+        if n.latency.is_empty() {
+            println!("  did not answer in time");
+        } else {
+            show::latency_table(&n.latency, "  ");
+        }
+    }
+}
+
+/// An amount of a resource as people read it: bytes for `mem`.
+fn amount(kind: &str, v: f64) -> String {
+    if kind == mesh_protocol::resources::MEM {
+        format_bytes(v as u64)
+    } else if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// The mesh at a glance: at most a screenful, whatever its size.
+fn print_glance(s: &MeshStatus, here: &str) {
+    let g = s.glance();
+    let me = s
+        .nodes
+        .iter()
+        .find(|n| n.local)
+        .map_or("", |n| short_id(&n.id));
+    println!(
+        "coordinator {} (term {}) · {} node(s) · {here} …{me}",
+        s.coordinator.as_deref().unwrap_or("not elected yet"),
+        s.term,
+        g.nodes
+    );
+    let states: Vec<String> = g
+        .by_state
+        .iter()
+        .map(|(st, c)| format!("{c} {}", st.word()))
+        .collect();
+    let behind = if g.behind > 0 {
+        format!(" · {} behind (cannot keep up: CPU, network)", g.behind)
+    } else {
+        String::new()
+    };
+    println!("  nodes     {}{behind}", states.join(" · "));
+    if !g.resources.is_empty() {
+        let used: Vec<String> = g
+            .resources
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} of {}",
+                    r.kind,
+                    amount(&r.kind, r.used),
+                    amount(&r.kind, r.total)
+                )
+            })
+            .collect();
+        println!("  in use    {}", used.join(" · "));
+    }
+    let (least, median, most) = g.tasks_spread;
+    println!(
+        "  tasks     per node, running and queued: least {least}, median {median}, most {most}"
+    );
+    if !g.busiest.is_empty() {
+        let busy: Vec<String> = g
+            .busiest
+            .iter()
+            .map(|(id, r, q)| format!("…{} {r}+{q}", short_id(id)))
+            .collect();
+        println!("  busiest   {}", busy.join(" · "));
+    }
+    if let Some((least, median, most)) = g.load_spread {
+        println!("  machines  load least {least:.2}, median {median:.2}, most {most:.2}");
+    }
+    if !g.gpus.is_empty() {
+        let gpus: Vec<String> = g.gpus.iter().map(|(m, c)| format!("{c} × {m}")).collect();
+        println!("  gpus      {}", gpus.join(" · "));
+    }
+    if !g.short_of_files.is_empty() {
+        let ids: Vec<String> = g
+            .short_of_files
+            .iter()
+            .take(BUSIEST_SHOWN)
+            .map(|id| format!("…{}", short_id(id)))
+            .collect();
+        println!(
+            "  files     {} node(s) with an open-file limit too low for {} nodes: {} (raise it: `ulimit -Hn`, or LimitNOFILE=)",
+            g.short_of_files.len(),
+            g.nodes,
+            ids.join(", ")
+        );
+    }
+    println!("  (every node: `mesh status --nodes`, with --busy, --idle or --name ID)");
+}
+
+/// A line per node.
+fn print_node_lines(nodes: &[&NodeView], here: &str) {
+    println!(
+        "{:<10} {:<14} {:>4} {:>5}  {:<13} {:<19} {:>6}  gpus",
+        "node", "state", "run", "queue", "cpu in use", "memory", "load"
+    );
+    for n in nodes {
+        let mark = match (n.coordinator, n.local) {
             (true, true) => format!(" [coordinator, {here}]"),
             (true, false) => " [coordinator]".to_string(),
             (false, true) => format!(" [{here}]"),
             _ => String::new(),
         };
-        println!("  {}{role}", n.id);
-        if let Some(a) = n.addrs.first() {
-            println!("    address   {a}");
-        }
-        if n.job.is_some() || n.drains_in_s.is_some() {
-            let drains = n.drains_in_s.map_or(String::new(), |s| {
-                format!(
-                    "drains in {}",
-                    humantime::format_duration(Duration::from_secs(s))
-                )
+        let cpu = n
+            .usage
+            .iter()
+            .find(|u| u.kind == "cpu")
+            .map_or(String::new(), |u| {
+                format!("{} of {}", amount("cpu", u.used), amount("cpu", u.total))
             });
-            match &n.job {
-                Some(j) => println!(
-                    "    batch job {j}{}",
-                    if drains.is_empty() {
-                        String::new()
-                    } else {
-                        format!(", {drains}")
-                    }
-                ),
-                None => println!("    {drains}"),
-            }
-        }
-        println!(
-            "    resources {} (in use: {})",
-            n.resources.total,
-            if n.resources.used.is_empty() {
-                "nothing"
-            } else {
-                &n.resources.used
-            }
-        );
-        println!("    tasks     {} running, {} queued", n.running, n.queued);
-        if !n.gpus.is_empty() {
-            let gpus: Vec<String> = n
-                .gpus
-                .iter()
-                .map(|g| {
-                    if g.name.is_empty() {
-                        g.id.clone()
-                    } else {
-                        format!("{} {}", g.id, g.name)
-                    }
-                })
-                .collect();
-            println!("    gpus      {}", gpus.join(", "));
-        }
-        if n.health > 0 {
-            println!(
-                "    behind    local health {} of 8: it cannot keep up (CPU, network), and waits longer before it calls others dead",
-                n.health
-            );
-        }
-        let files = OpenFiles {
-            limit: n.files_max,
-            was: n.files_max,
+        let mem = match (n.mem_used, n.mem_total) {
+            (Some(u), Some(t)) => format!("{} of {}", format_bytes(u), format_bytes(t)),
+            _ => String::new(),
         };
-        if n.files_max > 0 && files.short_for(s.nodes.len()) {
-            println!(
-                "    files     open-file limit {}: too low for a mesh of {} nodes (raise it: `ulimit -Hn`, or LimitNOFILE=)",
-                n.files_max,
-                s.nodes.len()
-            );
-        }
-        if let (Some(load), Some(cpus)) = (n.load, n.cpus) {
-            let mem = match (n.mem_used, n.mem_total) {
-                (Some(u), Some(t)) => {
-                    format!(", memory {} of {}", format_bytes(u), format_bytes(t))
+        let load = n.load.map_or(String::new(), |l| format!("{l:.2}"));
+        println!(
+            "…{:<9} {:<14} {:>4} {:>5}  {cpu:<13} {mem:<19} {load:>6}  {}{mark}",
+            short_id(&n.id),
+            n.state().word(),
+            n.running,
+            n.queued,
+            n.gpus.len()
+        );
+    }
+}
+
+/// One node whole.
+fn print_node(s: &MeshStatus, n: &NodeView, here: &str) {
+    let role = match (n.coordinator, n.local) {
+        (true, true) => format!(" [coordinator, {here}]"),
+        (true, false) => " [coordinator]".to_string(),
+        (false, true) => format!(" [{here}]"),
+        _ => String::new(),
+    };
+    println!("  {}{role}", n.id);
+    if let Some(a) = n.addrs.first() {
+        println!("    address   {a}");
+    }
+    if n.job.is_some() || n.drains_in_s.is_some() {
+        let drains = n.drains_in_s.map_or(String::new(), |s| {
+            format!(
+                "drains in {}",
+                humantime::format_duration(Duration::from_secs(s))
+            )
+        });
+        match &n.job {
+            Some(j) => println!(
+                "    batch job {j}{}",
+                if drains.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {drains}")
                 }
-                _ => String::new(),
-            };
-            println!("    machine   load {load:.2} on {cpus} cores{mem}");
-        }
-        if let Some(b) = n.held_bytes.filter(|&b| b > 0) {
-            println!(
-                "    holds     {} of outputs until their farms' homes have them",
-                format_bytes(b)
-            );
+            ),
+            None => println!("    {drains}"),
         }
     }
+    println!(
+        "    resources {} (in use: {})",
+        n.resources.total,
+        if n.resources.used.is_empty() {
+            "nothing"
+        } else {
+            &n.resources.used
+        }
+    );
+    println!("    tasks     {} running, {} queued", n.running, n.queued);
+    if !n.gpus.is_empty() {
+        let gpus: Vec<String> = n
+            .gpus
+            .iter()
+            .map(|g| {
+                if g.name.is_empty() {
+                    g.id.clone()
+                } else {
+                    format!("{} {}", g.id, g.name)
+                }
+            })
+            .collect();
+        println!("    gpus      {}", gpus.join(", "));
+    }
+    if n.health > 0 {
+        println!(
+            "    behind    local health {} of 8: it cannot keep up (CPU, network), and waits longer before it calls others dead",
+            n.health
+        );
+    }
+    let files = OpenFiles {
+        limit: n.files_max,
+        was: n.files_max,
+    };
+    if n.files_max > 0 && files.short_for(s.nodes.len()) {
+        println!(
+            "    files     open-file limit {}: too low for a mesh of {} nodes (raise it: `ulimit -Hn`, or LimitNOFILE=)",
+            n.files_max,
+            s.nodes.len()
+        );
+    }
+    if let (Some(load), Some(cpus)) = (n.load, n.cpus) {
+        let mem = match (n.mem_used, n.mem_total) {
+            (Some(u), Some(t)) => {
+                format!(", memory {} of {}", format_bytes(u), format_bytes(t))
+            }
+            _ => String::new(),
+        };
+        println!("    machine   load {load:.2} on {cpus} cores{mem}");
+    }
+    if let Some(b) = n.held_bytes.filter(|&b| b > 0) {
+        println!(
+            "    holds     {} of outputs until their farms' homes have them",
+            format_bytes(b)
+        );
+    }
+}
+
+/// The farms whose home is the node that answered.
+fn print_farms(s: &MeshStatus) {
     if s.farms.is_empty() {
         println!("no farms submitted on this node");
     }
@@ -692,5 +855,4 @@ pub fn print_status(s: &MeshStatus, json: bool, latency: bool, here: &str) -> Re
             f.id, f.counts.done, f.counts.total, f.counts.running, f.counts.failed
         );
     }
-    Ok(())
 }

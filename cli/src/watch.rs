@@ -9,10 +9,9 @@ use anyhow::{bail, Result};
 use console::{Style, Term};
 use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse, Target};
 use mesh_node::state::StateDir;
-use mesh_node::view::{eta_s, StageRates};
+use mesh_node::view::{eta_s, short_id, StageRates};
 use mesh_node::view::{FarmView, MeshStatus};
 use mesh_protocol::engine::Counts;
-use mesh_protocol::resources::format_bytes;
 
 use crate::EXIT_FAILED_TASKS;
 
@@ -190,7 +189,7 @@ fn render(frame: &Frame, rates: &mut StageRates, now: u64, color: bool) -> Strin
         Some(m) => o.push_str(&format!(
             "{} · coordinator {} (term {}) · {} nodes · {} UTC\n\n",
             bold.apply_to("mesh"),
-            m.coordinator.as_deref().map_or("not elected", short),
+            m.coordinator.as_deref().map_or("not elected", short_id),
             m.term,
             m.nodes.len(),
             clock()
@@ -242,33 +241,49 @@ fn render(frame: &Frame, rates: &mut StageRates, now: u64, color: bool) -> Strin
         o.push('\n');
     }
     if let Some(m) = &frame.mesh {
-        o.push_str(&format!("{}\n", bold.apply_to("nodes")));
-        for n in &m.nodes {
-            let mark = match (n.coordinator, n.local) {
-                (true, true) => " (coordinator, here)",
-                (true, false) => " (coordinator)",
-                (false, true) => " (here)",
-                _ => "",
-            };
-            let load = match (n.load, n.cpus) {
-                (Some(l), Some(c)) => format!("load {l:.2}/{c}"),
-                _ => "load ?".into(),
-            };
-            let mem = match (n.mem_used, n.mem_total) {
-                (Some(u), Some(t)) => format!("mem {}/{}", format_bytes(u), format_bytes(t)),
-                _ => String::new(),
-            };
+        // The mesh at a glance, a few lines at any size (a line per node
+        // filled the screen from 20 nodes on).
+        let g = m.glance();
+        let states: Vec<String> = g
+            .by_state
+            .iter()
+            .map(|(st, c)| format!("{c} {}", st.word()))
+            .collect();
+        o.push_str(&format!(
+            "{} {}",
+            bold.apply_to("nodes"),
+            states.join(" · ")
+        ));
+        if g.behind > 0 {
             o.push_str(&format!(
-                "  {}{mark:<20} {load:<12} {mem:<22} {} running, {} queued\n",
-                short(&n.id),
-                n.running,
-                n.queued
+                " · {}",
+                red.apply_to(format!("{} behind", g.behind))
             ));
+        }
+        o.push('\n');
+        let used: Vec<String> = g
+            .resources
+            .iter()
+            .filter(|r| r.kind != mesh_protocol::resources::MEM)
+            .map(|r| format!("{} {:.0}/{:.0}", r.kind, r.used, r.total))
+            .collect();
+        let (least, median, most) = g.tasks_spread;
+        o.push_str(&format!(
+            "  in use {} · tasks per node {least}/{median}/{most} (least/median/most)",
+            used.join(" · ")
+        ));
+        if let Some((_, median, most)) = g.load_spread {
+            o.push_str(&format!(" · load {median:.1}/{most:.1}"));
+        }
+        o.push('\n');
+        if !g.busiest.is_empty() {
+            let busy: Vec<String> = g
+                .busiest
+                .iter()
+                .map(|(id, r, q)| format!("…{} {r}+{q}", short_id(id)))
+                .collect();
+            o.push_str(&format!("  busiest {}\n", dim.apply_to(busy.join(" · "))));
         }
     }
     o
-}
-
-fn short(id: &str) -> &str {
-    &id[id.len().saturating_sub(8)..]
 }

@@ -65,8 +65,12 @@ pub enum ControlRequest {
     Cancel {
         farm: String,
     },
-    /// The mesh's nodes, with what each says of itself (load, latencies).
+    /// The mesh's nodes as the coordinator hears them (one request to
+    /// it, whatever the mesh's size), and this node's own measures.
     Status,
+    /// The same, with every node asked for its own measures (latencies,
+    /// counters): `mesh status --latency`, a request to each node.
+    StatusEvery,
     /// The status and every node's own record, with the task runs each
     /// that changed after `since[node]` (the dashboard, polling).
     Observe {

@@ -688,7 +688,9 @@ pub(crate) mod tests {
     use libp2p::request_response::{Codec as _, Event as RrEvent, Message as RrMessage};
     use libp2p::swarm::SwarmEvent;
     use mesh_protocol::farm::TaskRef;
-    use mesh_protocol::mesh::{Beat, FarmId, Ident, Msg, NodeId, RosterEntry, RosterKind, Victim};
+    use mesh_protocol::mesh::{
+        Beat, FarmId, Ident, MachineLoad, Msg, NodeId, RosterEntry, RosterKind, Victim,
+    };
     use mesh_protocol::resources::{Amount, Resources, CPU};
     use mesh_protocol::wire::PEER_PROTOCOL;
     use tokio::time::timeout;
@@ -912,6 +914,12 @@ pub(crate) mod tests {
                 files_max: 1024,
                 idle: false,
                 gpus: vec![("3".into(), "NVIDIA H200".into())],
+                machine: Some(MachineLoad {
+                    load_centi: 150,
+                    cpus: 16,
+                    mem_used: 1 << 30,
+                    mem_total: 8 << 30,
+                }),
             })),
             Msg::Swim(vec![1, 2, 3]),
             Msg::Roster {

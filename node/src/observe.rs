@@ -147,6 +147,18 @@ pub fn machine() -> Machine {
     }
 }
 
+impl Machine {
+    /// As a beat carries it; none where the system does not say.
+    pub fn as_load(&self) -> Option<mesh_protocol::mesh::MachineLoad> {
+        Some(mesh_protocol::mesh::MachineLoad {
+            load_centi: (self.load? * 100.0).round() as u32,
+            cpus: self.cpus,
+            mem_used: self.mem_used?,
+            mem_total: self.mem_total?,
+        })
+    }
+}
+
 /// `MemTotal` and `MemAvailable` of /proc/meminfo, in bytes.
 fn meminfo(s: &str) -> (Option<u64>, Option<u64>) {
     let field = |name: &str| {

@@ -156,6 +156,12 @@ impl NodeView {
         self.drains_in_s = b.ends_in_ms.map(|ms| ms / 1000);
         self.health = b.health;
         self.files_max = b.files_max;
+        if let Some(m) = b.machine {
+            self.load = Some(f64::from(m.load_centi) / 100.0);
+            self.cpus = Some(m.cpus);
+            self.mem_used = Some(m.mem_used);
+            self.mem_total = Some(m.mem_total);
+        }
         self.gpus = b
             .gpus
             .iter()
@@ -316,4 +322,163 @@ pub fn display_key(display: &str) -> u64 {
         .next()
         .and_then(|h| u64::from_str_radix(h, 16).ok())
         .unwrap_or(0)
+}
+
+/// A peer id as people read it at a glance: its last eight characters.
+pub fn short_id(id: &str) -> &str {
+    &id[id.len().saturating_sub(8)..]
+}
+
+/// What a node is doing, to group nodes at a glance (as `sinfo` groups
+/// them by state).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum NodeState {
+    /// Running tasks.
+    Running,
+    /// Tasks queued, none running yet.
+    Queued,
+    /// Nothing to do.
+    Idle,
+    /// Its batch job's walltime is near: it takes nothing more.
+    Draining,
+    /// Not yet heard: it joined and has not reported.
+    Joining,
+}
+
+impl NodeState {
+    pub fn word(self) -> &'static str {
+        match self {
+            NodeState::Running => "running tasks",
+            NodeState::Queued => "tasks queued",
+            NodeState::Idle => "idle",
+            NodeState::Draining => "draining",
+            NodeState::Joining => "joining",
+        }
+    }
+}
+
+impl NodeView {
+    pub fn state(&self) -> NodeState {
+        if self.usage.is_empty() {
+            NodeState::Joining
+        } else if self.drains_in_s == Some(0) {
+            NodeState::Draining
+        } else if self.running > 0 {
+            NodeState::Running
+        } else if self.queued > 0 {
+            NodeState::Queued
+        } else {
+            NodeState::Idle
+        }
+    }
+
+    /// Its share of its cores in use, from 0 to 1 (of its first resource
+    /// when it offers no cores).
+    pub fn use_share(&self) -> f64 {
+        self.usage
+            .iter()
+            .find(|u| u.kind == "cpu")
+            .or_else(|| self.usage.first())
+            .filter(|u| u.total > 0.0)
+            .map_or(0.0, |u| (u.used / u.total).clamp(0.0, 1.0))
+    }
+}
+
+/// The mesh at a glance, the same at 4 nodes and at 4,000: the nodes by
+/// state, resources in use against the total, the spread of load, the
+/// busiest few, and what needs a look. `mesh status`, `mesh watch` and
+/// the dashboard show it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Glance {
+    pub nodes: usize,
+    pub by_state: Vec<(NodeState, usize)>,
+    /// Nodes whose local health is above 0 (they cannot keep up).
+    pub behind: usize,
+    /// Each resource summed over the nodes.
+    pub resources: Vec<ResourceUse>,
+    /// Tasks running and queued per node: least, median, most.
+    pub tasks_spread: (u32, u32, u32),
+    /// The busiest few: id, running, queued.
+    pub busiest: Vec<(String, u32, u32)>,
+    /// Machine load averages: least, median, most, over the nodes that say.
+    pub load_spread: Option<(f64, f64, f64)>,
+    /// GPUs over the mesh by model, and how many.
+    pub gpus: Vec<(String, usize)>,
+    /// Nodes whose open-file limit is too low for a mesh this size.
+    pub short_of_files: Vec<String>,
+}
+
+/// How many of the busiest nodes a glance names.
+pub const BUSIEST_SHOWN: usize = 5;
+
+impl MeshStatus {
+    pub fn glance(&self) -> Glance {
+        let n = self.nodes.len();
+        let mut by_state: HashMap<NodeState, usize> = HashMap::new();
+        for v in &self.nodes {
+            *by_state.entry(v.state()).or_default() += 1;
+        }
+        let mut by_state: Vec<(NodeState, usize)> = by_state.into_iter().collect();
+        by_state.sort();
+        let mut resources: Vec<ResourceUse> = Vec::new();
+        for u in self.nodes.iter().flat_map(|v| &v.usage) {
+            match resources.iter_mut().find(|r| r.kind == u.kind) {
+                Some(r) => {
+                    r.used += u.used;
+                    r.total += u.total;
+                }
+                None => resources.push(u.clone()),
+            }
+        }
+        let mut tasks: Vec<u32> = self.nodes.iter().map(|v| v.running + v.queued).collect();
+        tasks.sort_unstable();
+        let spread = |v: &[u32]| match v {
+            [] => (0, 0, 0),
+            v => (v[0], v[v.len() / 2], v[v.len() - 1]),
+        };
+        let mut busy: Vec<&NodeView> = self
+            .nodes
+            .iter()
+            .filter(|v| v.running + v.queued > 0)
+            .collect();
+        busy.sort_by(|a, b| (b.running + b.queued, &a.id).cmp(&(a.running + a.queued, &b.id)));
+        let mut loads: Vec<f64> = self.nodes.iter().filter_map(|v| v.load).collect();
+        loads.sort_by(f64::total_cmp);
+        let mut gpus: HashMap<String, usize> = HashMap::new();
+        for g in self.nodes.iter().flat_map(|v| &v.gpus) {
+            let model = if g.name.is_empty() { "GPU" } else { &g.name };
+            *gpus.entry(model.to_string()).or_default() += 1;
+        }
+        let mut gpus: Vec<(String, usize)> = gpus.into_iter().collect();
+        gpus.sort();
+        let short_of_files = self
+            .nodes
+            .iter()
+            .filter(|v| {
+                v.files_max > 0
+                    && crate::limits::OpenFiles {
+                        limit: v.files_max,
+                        was: v.files_max,
+                    }
+                    .short_for(n)
+            })
+            .map(|v| v.id.clone())
+            .collect();
+        Glance {
+            nodes: n,
+            by_state,
+            behind: self.nodes.iter().filter(|v| v.health > 0).count(),
+            resources,
+            tasks_spread: spread(&tasks),
+            busiest: busy
+                .iter()
+                .take(BUSIEST_SHOWN)
+                .map(|v| (v.id.clone(), v.running, v.queued))
+                .collect(),
+            load_spread: (!loads.is_empty())
+                .then(|| (loads[0], loads[loads.len() / 2], loads[loads.len() - 1])),
+            gpus,
+            short_of_files,
+        }
+    }
 }

@@ -53,8 +53,12 @@ pub enum Request {
         offset: u64,
     },
     /// What the node measures of itself, with the task runs that changed
-    /// after `since` (the dashboard, `mesh status`, `/metrics` of another node).
+    /// after `since` (the dashboard's task stream, `mesh status --latency`).
     Observe { since: u64 },
+    /// Every node as the coordinator last heard it (its beats): `mesh
+    /// status`, `mesh watch` and the dashboard ask the coordinator this,
+    /// one request, rather than each node.
+    Nodes,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -83,6 +87,9 @@ pub enum Response {
     },
     /// Answer to [`Request::Observe`].
     Observed(Box<Observation>),
+    /// Answer to [`Request::Nodes`]: each node's peer id and last beat,
+    /// the coordinator's own first.
+    Nodes(Vec<(String, std::sync::Arc<crate::mesh::Beat>)>),
     Error(String),
 }
 

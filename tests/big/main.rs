@@ -1,4 +1,4 @@
-//! Meshes of many real nodes on this machine: 64 nodes lose several, the coordinator among them, mid-farm and every output comes home; 100 idle nodes for a minute declare no one dead; a seed with 128 open files takes 200 joiners.
+//! Meshes of many real nodes on this machine: 64 nodes lose several, the coordinator among them, mid-farm and every output comes home; 100 idle nodes for a minute declare no one dead; a seed with 128 open files takes 200 joiners; the dashboard and `mesh status` of 300 nodes at a glance.
 //!
 //! A test binary of its own, so its meshes do not share the two cores with
 //! the other end-to-end tests, and its tests run one at a time.
@@ -6,7 +6,11 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use mesh_node::view::{MeshStatus, NodeView, Observed, ResourceUse};
 use mesh_tests::{follows, sees, slow_farm, wait_until, Cluster, NodeProc, Sandbox};
+
+#[path = "../e2e/browser.rs"]
+mod browser;
 
 /// One mesh of this size at a time on this machine.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -139,4 +143,159 @@ fn a_seed_with_a_limit_of_128_open_files_takes_200_joiners_into_one_mesh() {
     // Its user was told the limit is low for a mesh this size.
     let said = c.nodes[0].lines().join("\n");
     assert!(said.contains("open-file limit is 128"), "{said}");
+}
+
+/// A mesh of `n` nodes as a coordinator would describe it, half of them
+/// busy: what the page is sent at sizes this machine cannot run.
+fn made_up_status(n: usize) -> Observed {
+    let nodes = (0..n)
+        .map(|i| NodeView {
+            id: format!("12D3KooWMadeUpNodeForThePageAtSize{i:08}"),
+            coordinator: i == 0,
+            local: i == 1,
+            running: (i % 2) as u32,
+            usage: vec![ResourceUse {
+                kind: "cpu".into(),
+                used: (i % 2) as f64,
+                total: 1.0,
+            }],
+            ..NodeView::default()
+        })
+        .collect();
+    let status = MeshStatus {
+        nodes,
+        coordinator: Some("12D3KooWMadeUpNodeForThePageAtSize00000000".into()),
+        term: 1,
+        ..MeshStatus::default()
+    };
+    Observed::new(status, Vec::new())
+}
+
+#[test]
+fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fits_and_renders_in_under_a_second(
+) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let browser = browser::installed();
+    let sb = sandbox();
+    let n = 300;
+    let mut c = Cluster::start_many(&sb, n - 1, "cpu=1", &[]);
+    let addr = c.nodes[0].address();
+    c.add_joiner(Some(&addr), "cpu=1", &["--http", "127.0.0.1:0"]);
+    let watcher = n - 1;
+    let joined = wait_until(Duration::from_secs(120), || {
+        sees(&c.nodes[watcher].lines()) >= n - 1
+    });
+    assert!(joined, "the last node does not see the mesh");
+    // Some of the nodes busy, the rest idle.
+    sb.write("farm.toml", &slow_farm(120, "30"));
+    c.mesh(watcher, &["submit", "farm.toml", "--out", "out"])
+        .expect_code(0);
+    let mut running = 0;
+    let busy = wait_until(Duration::from_secs(120), || {
+        running = c.mesh(watcher, &["status", "--json"]).json()["nodes"]
+            .as_array()
+            .map_or(0, |v| {
+                v.iter().filter(|n| n["running"].as_u64() > Some(0)).count()
+            });
+        running >= 30
+    });
+    assert!(
+        busy,
+        "the farm did not spread: {running} nodes running tasks"
+    );
+
+    // `mesh status`: a screenful; `--nodes`: every node, a line each.
+    let glance = c.mesh(watcher, &["status"]);
+    glance.expect_code(0);
+    let lines = glance.stdout.lines().count();
+    assert!(lines <= 40, "{lines} lines:\n{}", glance.stdout);
+    assert!(
+        glance.stdout.contains(&format!("{n} node(s)")),
+        "{}",
+        glance.stdout
+    );
+    assert!(glance.stdout.contains("running tasks"), "{}", glance.stdout);
+    let all = c.mesh(watcher, &["status", "--nodes"]);
+    assert_eq!(
+        all.stdout.lines().filter(|l| l.starts_with('…')).count(),
+        n,
+        "{}",
+        all.stdout
+    );
+    let busy_lines = c.mesh(watcher, &["status", "--nodes", "--busy"]).stdout;
+    assert!(
+        busy_lines
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with('…'))
+            .all(|l| l.contains("running tasks") || l.contains("tasks queued")),
+        "{busy_lines}"
+    );
+    eprintln!("mesh status at {n} nodes: {lines} lines");
+
+    let Some((chromium, driver)) = browser else {
+        return;
+    };
+    let url = browser::dashboard_url(&c.nodes[watcher].lines()).expect("a dashboard address");
+    let shots = browser::screenshots();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let b = browser::Browser::start(&chromium, &driver).await;
+        let first = b.open(&url).await;
+        let start = std::time::Instant::now();
+        while b.body_data("heatCells").await != Some(n as u64)
+            && start.elapsed() < Duration::from_secs(20)
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(b.body_data("heatCells").await, Some(n as u64), "every node in the heat map");
+        // The page's own work for an update of 300 nodes; the first render's
+        // wall time also waits for a machine that runs 300 nodes on 2 cores.
+        let render = b.body_data("renderMs").await.expect("a render time");
+        assert!(render < 1000, "rendering 300 nodes took {render} ms");
+        let shown = b
+            .eval(
+                "return [document.querySelectorAll('tr.node').length, \
+                 document.querySelectorAll('#heat i:not(.h0):not(.hj)').length];",
+            )
+            .await;
+        assert!(shown[0].as_u64() > Some(0), "table rows: {shown}");
+        assert!(shown[1].as_u64() >= Some(30), "busy nodes coloured: {shown}");
+        let size = b
+            .client
+            .execute_async(
+                "fetch('/api/status').then(r => r.text()).then(t => arguments[0](t.length));",
+                vec![],
+            )
+            .await
+            .expect("the page fetches its data");
+        for size in [(1400, 900), (390, 844)] {
+            b.shot_fits(&url, "mesh", size, &shots, "300-nodes-").await;
+        }
+        // At a thousand nodes, as a coordinator would describe them.
+        let mut model = mesh_node::dash::view::Model::default();
+        let big = model
+            .update(mesh_node::state::unix_ms(), &made_up_status(1000), &[])
+            .to_json();
+        let took = b
+            .client
+            .execute(
+                "const t = performance.now(); window.meshDash.show(JSON.parse(arguments[0])); \
+                 return [performance.now() - t, document.querySelectorAll('#heat i').length];",
+                vec![serde_json::Value::String(big.clone())],
+            )
+            .await
+            .expect("the page renders it");
+        assert_eq!(took[1], 1000, "every node of a thousand in the heat map: {took}");
+        let ms = took[0].as_f64().unwrap_or(f64::MAX);
+        assert!(ms < 1000.0, "rendering a thousand nodes took {ms} ms");
+        eprintln!(
+            "dashboard at {n} nodes: first render {first} ms after loading (render {render} ms), one update {size} bytes; at 1,000 nodes: render {ms:.0} ms, one update {} bytes",
+            big.len()
+        );
+        b.client.close().await.expect("the session ends");
+    });
 }

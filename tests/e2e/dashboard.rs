@@ -1,15 +1,14 @@
 //! Watching farms: the dashboard in a real headless Chromium, and `mesh watch` in a pseudo-terminal.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fantoccini::ClientBuilder;
-use hyper_util::client::legacy::connect::HttpConnector;
 use mesh_tests::{wait_until, which, Cluster};
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use crate::browser::{self, dashboard_url, Browser, Reaped};
 use crate::sandbox;
 
 /// 240 short tasks of two stages, some failing: long enough to watch.
@@ -48,39 +47,12 @@ sweep.i = { range = "0..3" }
 shell = "true"
 "#;
 
-/// Kills a child (and waits for it) when dropped.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The address a node printed for its dashboard.
-fn dashboard_url(lines: &[String]) -> Option<String> {
-    lines
-        .iter()
-        .find_map(|l| l.strip_prefix("dashboard: ").map(str::to_string))
-}
-
-async fn body_data(c: &fantoccini::Client, key: &str) -> Option<u64> {
-    let v = c
-        .execute(
-            "return document.body.dataset[arguments[0]] || null;",
-            vec![json!(key)],
-        )
-        .await
-        .ok()?;
-    v.as_str().and_then(|s| s.parse().ok())
-}
-
 /// What the page shows: nodes, each stage's done count, task-stream bars.
 async fn shown(c: &fantoccini::Client) -> Value {
     c.execute(
         r#"return {
             nodes: [...document.querySelectorAll('tr.node')].map(e => e.dataset.id),
+            cells: document.querySelectorAll('#heat i').length,
             stages: [...document.querySelectorAll('.stage')].map(e => ({
                 stage: e.dataset.stage, done: +e.dataset.done, total: +e.dataset.total })),
             bars: document.querySelectorAll('#stream-svg rect.bar').length,
@@ -94,15 +66,7 @@ async fn shown(c: &fantoccini::Client) -> Value {
 
 #[test]
 fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing() {
-    let (Some(chromium), Some(driver)) = (which("chromium"), which("chromedriver")) else {
-        assert!(
-            std::env::var_os("MESH_REQUIRE_BROWSER").is_none(),
-            "MESH_REQUIRE_BROWSER is set and chromium or chromedriver is missing"
-        );
-        eprintln!(
-            "SKIPPED: the browser test needs chromium and chromedriver \
-             (Debian: apt-get install chromium chromium-driver); .ci/run installs them"
-        );
+    let Some((chromium, driver)) = browser::installed() else {
         return;
     };
     let sb = sandbox();
@@ -120,73 +84,31 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
     // A million tasks: the page must stay small and quick whatever the farm.
     sb.write("million.toml", MILLION);
     c.mesh(0, &["submit", "million.toml"]).expect_code(0);
-
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let _driver = Reaped(
-        Command::new(driver)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start chromedriver"),
-    );
-    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
-    std::fs::create_dir_all(&shots).expect("screenshot folder");
+    let shots = browser::screenshots();
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let mut caps = serde_json::Map::new();
-        caps.insert(
-            "goog:chromeOptions".into(),
-            json!({
-                "binary": chromium,
-                "args": ["--headless", "--no-sandbox", "--disable-gpu",
-                         "--disable-dev-shm-usage", "--window-size=1280,900"],
-            }),
-        );
-        let webdriver = format!("http://127.0.0.1:{port}");
-        let mut client = None;
-        let start = Instant::now();
-        while client.is_none() && start.elapsed() < Duration::from_secs(30) {
-            match ClientBuilder::new(HttpConnector::new())
-                .capabilities(caps.clone())
-                .connect(&webdriver)
-                .await
-            {
-                Ok(c) => client = Some(c),
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        }
-        let b = client.expect("chromedriver started a session");
-
-        b.goto(&url).await.expect("the page loads");
-        let mut first = None;
-        let start = Instant::now();
-        while first.is_none() && start.elapsed() < Duration::from_secs(10) {
-            first = body_data(&b, "firstRenderMs").await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let first = first.expect("the page rendered");
+        let b = Browser::start(&chromium, &driver).await;
+        let first = b.open(&url).await;
         assert!(first < 1000, "first render after {first} ms");
 
         // Nodes, stages and bars appear...
-        let mut before = shown(&b).await;
+        let mut before = shown(&b.client).await;
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(20)
             && (before["bars"].as_u64() == Some(0)
-                || before["stages"].as_array().is_none_or(|s| s.is_empty()))
+                || before["stages"].as_array().is_none_or(|s| s.is_empty())
+                || before["nodes"].as_array().is_none_or(|n| n.len() < 2))
         {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            before = shown(&b).await;
+            before = shown(&b.client).await;
         }
         let nodes = before["nodes"].as_array().expect("nodes").len();
         assert_eq!(nodes, 2, "both nodes listed: {before}");
+        assert_eq!(before["cells"], 2, "both nodes in the heat map: {before}");
         assert!(
             before["bars"].as_u64() > Some(0),
             "task-stream bars: {before}"
@@ -201,6 +123,7 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
         let work = &before["stages"].as_array().expect("stages")[0];
         assert_eq!(work["total"], 1_000_000, "{before}");
         let size = b
+            .client
             .execute_async(
                 "fetch('/api/status').then(r => r.text()).then(t => arguments[0](t.length));",
                 vec![],
@@ -214,13 +137,13 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
         eprintln!("dashboard: first render {first} ms, one update {size} bytes");
 
         // ... and advance, pushed by the server.
-        let mut after = shown(&b).await;
+        let mut after = shown(&b.client).await;
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(20)
             && (done(&after) <= done(&before) || after["updates"] == before["updates"])
         {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            after = shown(&b).await;
+            after = shown(&b.client).await;
         }
         assert!(
             done(&after) > done(&before),
@@ -229,48 +152,17 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
         assert!(after["updates"].as_u64() > before["updates"].as_u64());
         assert!(after["bars"].as_u64() > Some(0));
 
-        // Every view fits the window, on a desktop and on a phone: a table
-        // may scroll inside its own box, the page may not.
-        for (w, h) in [(1400, 900), (390, 844)] {
-            b.set_window_size(w, h).await.expect("the window resizes");
+        // Every view fits the window, on a desktop and on a phone.
+        for size in [(1400, 900), (390, 844)] {
             for view in ["mesh", "farms", "stream", "time"] {
-                b.goto(&format!("{url}#{view}"))
-                    .await
-                    .expect("the view loads");
-                let start = Instant::now();
-                while body_data(&b, "updates").await.unwrap_or(0) == 0
-                    && start.elapsed() < Duration::from_secs(10)
-                {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                let png = b.screenshot().await.expect("a screenshot");
-                std::fs::write(shots.join(format!("{view}-{w}.png")), png)
-                    .expect("save screenshot");
-                let over = b
-                    .execute(
-                        "const e = document.documentElement; \
-                         return [e.scrollWidth, e.clientWidth, window.innerWidth];",
-                        vec![],
-                    )
-                    .await
-                    .expect("the page answers");
-                let (scroll, client) = (over[0].as_u64(), over[1].as_u64());
-                assert!(
-                    scroll.is_some() && scroll <= client,
-                    "{view} at {w}x{h}: the page is wider than the window \
-                     (scrollWidth, clientWidth, innerWidth: {over})"
-                );
+                b.shot_fits(&url, view, size, &shots, "").await;
             }
         }
         let charts = b
-            .execute(
-                "return document.querySelectorAll('svg.chart').length;",
-                vec![],
-            )
-            .await
-            .expect("the page answers");
+            .eval("return document.querySelectorAll('svg.chart').length;")
+            .await;
         assert!(charts.as_u64() > Some(0), "charts over time");
-        b.close().await.expect("the session ends");
+        b.client.close().await.expect("the session ends");
     });
 }
 
@@ -454,8 +346,18 @@ fn mesh_run_serves_the_dashboard_its_logs_and_metrics() {
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
-        assert_eq!(view["nodes"].as_array().map(Vec::len), Some(1), "{view}");
-        assert_eq!(view["nodes"][0]["local"], true);
+        // `mesh run` is a mesh of one: this machine, marked local.
+        assert_eq!(view["glance"]["nodes"], 1, "{view}");
+        assert_eq!(
+            view["heat"]["levels"].as_str().map(str::len),
+            Some(1),
+            "{view}"
+        );
+        assert_eq!(
+            view["heat"]["marks"][0][1].as_u64().map(|m| m & 2),
+            Some(2),
+            "{view}"
+        );
         let farm = view["farms"][0]["id"].as_str().expect("a farm").to_string();
         assert!(farm.starts_with("watched-"), "{view}");
         assert_eq!(view["farms"][0]["stages"][0]["total"], 240);

@@ -185,6 +185,7 @@ pub fn router(
         .route("/style.css", get(style))
         .route("/api/status", get(status))
         .route("/api/events", get(events))
+        .route("/api/nodes", get(nodes))
         .route("/api/logs/{farm}/{task}", get(logs))
         .route("/metrics", get(prometheus))
         .layer(middleware::from_fn_with_state(app.clone(), authorize))
@@ -273,6 +274,17 @@ async fn events(State(app): State<App>) -> Sse<impl Stream<Item = Result<Event, 
         }
     });
     Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+/// A page of the node table (filtered, sorted) from the newest update:
+/// the page asks for the rows it shows rather than every node each second.
+async fn nodes(State(app): State<App>, Query(q): Query<view::NodeQuery>) -> Response {
+    let u = current(&app).await;
+    let page = match &u.observed {
+        Some(o) => view::node_page(&o.status, &q),
+        None => view::NodePage::default(),
+    };
+    axum::Json(page).into_response()
 }
 
 #[derive(Deserialize)]

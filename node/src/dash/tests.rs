@@ -12,7 +12,7 @@ use mesh_protocol::TaskRef;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
-use super::view::{DashView, Model, UPDATE_MAX_BYTES};
+use super::view::{DashView, Model, NodePage, MARK_COORDINATOR, MARK_LOCAL, UPDATE_MAX_BYTES};
 use super::*;
 use crate::view::{MeshStatus, NodeView, ResourceUse};
 
@@ -200,11 +200,38 @@ fn page_assets_status_and_logs_are_served() {
         assert_eq!(s, StatusCode::OK);
         assert_eq!(ct, "application/json");
         let v: DashView = serde_json::from_str(&body).expect("a DashView");
-        assert_eq!(v.nodes.len(), 3);
-        assert_eq!(v.coordinator.as_deref(), Some(v.nodes[0].id.as_str()));
-        assert!(v.nodes[0].coordinator, "the coordinator is listed first");
-        assert_eq!(v.nodes[0].load, Some(1.5));
-        assert_eq!(v.nodes[0].resources[0].kind, "cpu");
+        // The mesh at a glance, and a cell per node in id order.
+        assert_eq!(v.glance.nodes, 3);
+        assert_eq!(v.heat.levels, "555", "half of each node's cores in use");
+        assert_eq!(v.heat.marks, [(0, MARK_COORDINATOR), (1, MARK_LOCAL)]);
+        // The table is paged from the server.
+        let (s, _, body) = get(&app, "/api/nodes").await;
+        assert_eq!(s, StatusCode::OK);
+        let p: NodePage = serde_json::from_str(&body).expect("a NodePage");
+        assert_eq!((p.total, p.matched, p.rows.len()), (3, 3, 3));
+        assert_eq!(v.coordinator.as_deref(), Some(p.rows[0].id.as_str()));
+        assert!(p.rows[0].coordinator);
+        assert_eq!(p.rows[0].load, Some(1.5));
+        assert_eq!(p.rows[0].resources[0].kind, "cpu");
+        let ids = |body: &str| -> Vec<String> {
+            let p: NodePage = serde_json::from_str(body).expect("a NodePage");
+            p.rows
+                .into_iter()
+                .map(|r| r.id[r.id.len() - 1..].to_string())
+                .collect()
+        };
+        let (_, _, body) = get(&app, "/api/nodes?sort=id&desc=true&per=2").await;
+        assert_eq!(ids(&body), ["2", "1"]);
+        let (_, _, body) = get(&app, "/api/nodes?sort=id&desc=true&per=2&page=1").await;
+        assert_eq!(ids(&body), ["0"]);
+        let (_, _, body) = get(&app, "/api/nodes?q=000001").await;
+        assert_eq!(ids(&body), ["1"]);
+        let (_, _, body) = get(&app, "/api/nodes?at=2").await;
+        assert_eq!(ids(&body), ["2"]);
+        let (_, _, body) = get(&app, "/api/nodes?state=idle").await;
+        assert!(ids(&body).is_empty(), "every node runs tasks");
+        let (_, _, body) = get(&app, "/api/nodes?state=busy").await;
+        assert_eq!(ids(&body).len(), 3);
         assert_eq!(v.farms[0].stages[0].total, 1000);
         assert_eq!(v.farms[0].stages[0].done, 333);
         assert_eq!(v.farms[0].failures.len(), 2);
@@ -396,8 +423,9 @@ fn a_million_task_farm_on_a_big_mesh_fits_one_update() {
             .to_json();
         sizes.push(json.len());
         let v: DashView = serde_json::from_str(&json).expect("a view");
-        assert!(v.nodes.len() + v.nodes_more == 1000, "every node counted");
-        assert!(!v.nodes.is_empty() && !v.stream.bars.is_empty());
+        assert_eq!(v.glance.nodes, 1000, "every node counted");
+        assert_eq!(v.heat.levels.len(), 1000, "every node in the heat map");
+        assert!(!v.stream.bars.is_empty());
         assert_eq!(v.farms[0].stages[0].total, 1_000_000);
     }
     assert!(

@@ -1,9 +1,12 @@
 //! What the dashboard page is sent: the status and farms folded into a bounded view, with the history it keeps between updates.
 //!
-//! Bounded whatever the farm's size: at most `NODES_MAX` nodes, `FARMS_MAX`
-//! farms with `FAILURES_MAX` failures each, `BARS_MAX` runs of the last
-//! `WINDOW_MS` in the task stream and `SERIES_MAX` points over time. A
-//! million-task farm costs the page what a hundred-task one does.
+//! Bounded whatever the farm's size and the mesh's: the mesh at a glance
+//! and a heat map of a digit per node (the table of nodes is paged from
+//! the server, `node_page`), `FARMS_MAX` farms with `FAILURES_MAX`
+//! failures each, `BARS_MAX` runs of the last `WINDOW_MS` in the task
+//! stream and `SERIES_MAX` points over time. A million-task farm costs the
+//! page what a hundred-task one does, and a thousand nodes about a
+//! kilobyte more than ten.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -12,11 +15,15 @@ use mesh_protocol::observe::{LatencySummary, RunRecord};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
-use crate::view::{display_key, eta_s, FarmView, Observed, ResourceUse, StageRates};
+use crate::view::{
+    display_key, eta_s, short_id, FarmView, Glance, MeshStatus, NodeState, NodeView, Observed,
+    ResourceUse, StageRates,
+};
 
 /// The most one update may weigh, as JSON.
 pub const UPDATE_MAX_BYTES: usize = 64 * 1024;
-pub const NODES_MAX: usize = 200;
+/// The most rows one page of the node table holds.
+pub const PAGE_MAX: usize = 200;
 pub const FARMS_MAX: usize = 12;
 pub const FAILURES_MAX: usize = 20;
 pub const BARS_MAX: usize = 1500;
@@ -32,8 +39,8 @@ pub struct DashView {
     pub local: String,
     pub coordinator: Option<String>,
     pub term: u64,
-    pub nodes: Vec<NodeLine>,
-    pub nodes_more: usize,
+    pub glance: Glance,
+    pub heat: Heat,
     pub farms: Vec<FarmLine>,
     pub stream: Stream,
     pub series: Series,
@@ -41,11 +48,30 @@ pub struct DashView {
     pub latency: Vec<LatencySummary>,
 }
 
+/// The mesh as a heat map: a cell per node, the nodes in the order of
+/// their ids (the order `node_page` counts `at` in).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Heat {
+    /// A digit per node: its share of cores in use, in tenths (`9` for
+    /// 90% and more); `-` for a node not heard yet.
+    pub levels: String,
+    /// The cells that say more than their use: (index, a sum of `MARK_*`).
+    pub marks: Vec<(u32, u8)>,
+}
+
+pub const MARK_COORDINATOR: u8 = 1;
+pub const MARK_LOCAL: u8 = 2;
+/// Its local health is above 0: it cannot keep up.
+pub const MARK_BEHIND: u8 = 4;
+pub const MARK_DRAINING: u8 = 8;
+
+/// A row of the node table.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct NodeLine {
     pub id: String,
     pub coordinator: bool,
     pub local: bool,
+    pub state: Option<NodeState>,
     pub resources: Vec<ResourceUse>,
     pub load: Option<f64>,
     pub cpus: Option<u32>,
@@ -54,6 +80,158 @@ pub struct NodeLine {
     pub queued: u32,
     pub running: u32,
     pub prefetch: u32,
+    pub health: u32,
+    pub gpus: usize,
+    pub job: Option<String>,
+}
+
+impl NodeLine {
+    fn of(n: &NodeView) -> NodeLine {
+        NodeLine {
+            id: n.id.clone(),
+            coordinator: n.coordinator,
+            local: n.local,
+            state: Some(n.state()),
+            resources: n.usage.clone(),
+            load: n.load,
+            cpus: n.cpus,
+            mem_used: n.mem_used,
+            mem_total: n.mem_total,
+            queued: n.queued,
+            running: n.running,
+            prefetch: n.prefetch,
+            health: n.health,
+            gpus: n.gpus.len(),
+            job: n.job.clone(),
+        }
+    }
+}
+
+/// The heat map of these nodes, in id order.
+pub fn heat(status: &MeshStatus) -> Heat {
+    let mut nodes: Vec<&NodeView> = status.nodes.iter().collect();
+    nodes.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut h = Heat::default();
+    for (i, n) in nodes.iter().enumerate() {
+        let level = match n.state() {
+            NodeState::Joining => '-',
+            _ => char::from(b'0' + (n.use_share() * 10.0).floor().min(9.0) as u8),
+        };
+        h.levels.push(level);
+        let mark = [
+            (n.coordinator, MARK_COORDINATOR),
+            (n.local, MARK_LOCAL),
+            (n.health > 0, MARK_BEHIND),
+            (n.state() == NodeState::Draining, MARK_DRAINING),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .fold(0, |m, (_, bit)| m | bit);
+        if mark != 0 {
+            h.marks.push((i as u32, mark));
+        }
+    }
+    h
+}
+
+/// What the page asks of the node table: a filter, an order and a page,
+/// or the node at one cell of the heat map.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct NodeQuery {
+    /// Only ids containing this.
+    pub q: Option<String>,
+    /// Only nodes in this state (`running`, `queued`, `idle`,
+    /// `draining`, `joining`; `busy` for running or queued).
+    pub state: Option<String>,
+    /// `id` (the default), `state`, `use`, `running`, `queued`, `load`, `memory`.
+    pub sort: Option<String>,
+    #[serde(default)]
+    pub desc: bool,
+    #[serde(default)]
+    pub page: usize,
+    pub per: Option<usize>,
+    /// The node at this cell of the heat map (id order), alone.
+    pub at: Option<usize>,
+}
+
+/// One page of the node table, and how many nodes there are and matched.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct NodePage {
+    pub total: usize,
+    pub matched: usize,
+    pub page: usize,
+    pub per: usize,
+    pub rows: Vec<NodeLine>,
+}
+
+/// The page of the node table `q` asks for.
+pub fn node_page(status: &MeshStatus, q: &NodeQuery) -> NodePage {
+    let mut nodes: Vec<&NodeView> = status.nodes.iter().collect();
+    nodes.sort_by(|a, b| a.id.cmp(&b.id));
+    let total = nodes.len();
+    if let Some(at) = q.at {
+        let rows: Vec<NodeLine> = nodes.get(at).map(|n| NodeLine::of(n)).into_iter().collect();
+        return NodePage {
+            total,
+            matched: rows.len(),
+            page: 0,
+            per: 1,
+            rows,
+        };
+    }
+    let state = q.state.as_deref().filter(|s| !s.is_empty());
+    nodes.retain(|n| {
+        let st = n.state();
+        let state_ok = match state {
+            None => true,
+            Some("busy") => n.running + n.queued > 0,
+            Some(s) => state_name(st) == s,
+        };
+        state_ok && q.q.as_deref().is_none_or(|t| n.id.contains(t))
+    });
+    let key = |n: &NodeView| -> f64 {
+        match q.sort.as_deref() {
+            Some("use") => n.use_share(),
+            Some("running") => f64::from(n.running),
+            Some("queued") => f64::from(n.queued),
+            Some("load") => n.load.unwrap_or(-1.0),
+            Some("memory") => n.mem_used.map_or(-1.0, |m| m as f64),
+            Some("state") => f64::from(n.state() as u8),
+            _ => 0.0,
+        }
+    };
+    // By the key, then by id: a stable order from one refresh to the next.
+    nodes.sort_by(|a, b| key(a).total_cmp(&key(b)).then_with(|| a.id.cmp(&b.id)));
+    if q.desc {
+        nodes.reverse();
+    }
+    let per = q.per.unwrap_or(50).clamp(1, PAGE_MAX);
+    let matched = nodes.len();
+    let page = q.page.min(matched.saturating_sub(1) / per);
+    let rows = nodes
+        .iter()
+        .skip(page * per)
+        .take(per)
+        .map(|n| NodeLine::of(n))
+        .collect();
+    NodePage {
+        total,
+        matched,
+        page,
+        per,
+        rows,
+    }
+}
+
+/// How a state is named in a query.
+fn state_name(s: NodeState) -> &'static str {
+    match s {
+        NodeState::Running => "running",
+        NodeState::Queued => "queued",
+        NodeState::Idle => "idle",
+        NodeState::Draining => "draining",
+        NodeState::Joining => "joining",
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -209,34 +387,6 @@ impl Model {
         }
 
         let nodes_total = status.nodes.len();
-        let mut nodes: Vec<NodeLine> = status
-            .nodes
-            .iter()
-            .map(|n| NodeLine {
-                id: n.id.clone(),
-                coordinator: n.coordinator,
-                local: n.local,
-                resources: n.usage.clone(),
-                load: n.load,
-                cpus: n.cpus,
-                mem_used: n.mem_used,
-                mem_total: n.mem_total,
-                queued: n.queued,
-                running: n.running,
-                prefetch: n.prefetch,
-            })
-            .collect();
-        // The coordinator and this node first, then the busiest.
-        nodes.sort_by(|a, b| {
-            (b.coordinator, b.local, b.running + b.queued, &a.id).cmp(&(
-                a.coordinator,
-                a.local,
-                a.running + a.queued,
-                &b.id,
-            ))
-        });
-        nodes.truncate(NODES_MAX);
-
         let farm_lines = self.farm_lines(now, farms);
         let stream = self.stream(t0, now);
         let series = self.series(now, obs, farms, nodes_total as u64);
@@ -245,8 +395,8 @@ impl Model {
             local,
             coordinator: status.coordinator.clone(),
             term: status.term,
-            nodes_more: nodes_total - nodes.len(),
-            nodes,
+            glance: status.glance(),
+            heat: heat(status),
             farms: farm_lines,
             stream,
             series,
@@ -271,7 +421,7 @@ impl Model {
                 .cloned()
                 .collect::<Vec<_>>()
             {
-                self.event(now, format!("node {} joined", short(&n)));
+                self.event(now, format!("node {} joined", short_id(&n)));
             }
             for n in self
                 .nodes_seen
@@ -279,7 +429,7 @@ impl Model {
                 .cloned()
                 .collect::<Vec<_>>()
             {
-                self.event(now, format!("node {} left", short(&n)));
+                self.event(now, format!("node {} left", short_id(&n)));
             }
         }
         self.nodes_seen = ids;
@@ -287,7 +437,11 @@ impl Model {
             if let Some(c) = &obs.status.coordinator {
                 self.event(
                     now,
-                    format!("node {} coordinates (term {})", short(c), obs.status.term),
+                    format!(
+                        "node {} coordinates (term {})",
+                        short_id(c),
+                        obs.status.term
+                    ),
                 );
             }
             self.coordinator = obs.status.coordinator.clone();
@@ -421,9 +575,8 @@ impl Model {
 
 impl DashView {
     /// The view as JSON within [`UPDATE_MAX_BYTES`]: when the limits on
-    /// each part are not enough (hundreds of nodes with long names, many
-    /// failures), the task stream, the nodes and the failures are halved
-    /// in turn until it fits; `nodes_more` tells the page what was left out.
+    /// each part are not enough (many failures, long names), the task
+    /// stream and the failures are halved in turn until it fits.
     pub fn to_json(mut self) -> String {
         for round in 0.. {
             let json = serde_json::to_string(&self).expect("the view serializes");
@@ -431,19 +584,14 @@ impl DashView {
                 return json;
             }
             // Halve the heaviest part.
-            let parts = [weigh(&self.stream), weigh(&self.nodes), weigh(&self.farms)];
-            let heaviest = (0..3).max_by_key(|&i| parts[i]).expect("three parts");
+            let parts = [weigh(&self.stream), weigh(&self.farms)];
+            let heaviest = (0..2).max_by_key(|&i| parts[i]).expect("two parts");
             match heaviest {
                 0 if !self.stream.bars.is_empty() => {
                     let keep = self.stream.bars.len() / 2;
                     self.stream.keep_newest(keep);
                 }
-                1 if !self.nodes.is_empty() => {
-                    let keep = self.nodes.len() / 2;
-                    self.nodes_more += self.nodes.len() - keep;
-                    self.nodes.truncate(keep);
-                }
-                2 if self.farms.iter().any(|f| !f.failures.is_empty()) => {
+                1 if self.farms.iter().any(|f| !f.failures.is_empty()) => {
                     for f in &mut self.farms {
                         f.failures.truncate(f.failures.len() / 2);
                     }
@@ -519,8 +667,4 @@ fn logs_link(farm: &str, failure: &str) -> Option<String> {
         utf8_percent_encode(farm, NON_ALPHANUMERIC),
         utf8_percent_encode(task, NON_ALPHANUMERIC)
     ))
-}
-
-fn short(id: &str) -> &str {
-    &id[id.len().saturating_sub(8)..]
 }

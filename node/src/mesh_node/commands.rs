@@ -7,7 +7,7 @@ use mesh_protocol::wire::{FoundFarm, Request, Response};
 use tokio::sync::mpsc;
 
 use super::logs::LogAsk;
-use super::queries::Asked;
+use super::queries::{Ask, Asked};
 use super::staging::make_spec;
 use super::swarm::request;
 use super::views::{summary_view, Origin};
@@ -56,10 +56,13 @@ impl Node {
                     let _ = reply.send(ControlResponse::Cancelled { farm: id });
                 }
             },
-            ControlRequest::Status => self.gather(HashMap::new(), true, move |o| {
+            ControlRequest::Status => self.gather(HashMap::new(), Ask::Coordinator, move |o| {
                 let _ = reply.send(ControlResponse::Status(Box::new(o.status)));
             }),
-            ControlRequest::Observe { since } => self.gather(since, false, move |o| {
+            ControlRequest::StatusEvery => self.gather(HashMap::new(), Ask::Every, move |o| {
+                let _ = reply.send(ControlResponse::Status(Box::new(o.status)));
+            }),
+            ControlRequest::Observe { since } => self.gather(since, Ask::Busiest, move |o| {
                 let _ = reply.send(ControlResponse::Observed(Box::new(o)));
             }),
             ControlRequest::Farm { farm } => match self.find_known(&farm) {

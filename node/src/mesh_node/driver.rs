@@ -39,6 +39,9 @@ use crate::{at_ms, grace_end, io_err, limits, sleep_until_opt, stop_signals};
 /// told at start.
 const FILES_TELL_BELOW: u64 = 1024;
 
+/// How often the machine's load and memory are read for the beats.
+const MEASURE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Lines about connections refused are said at most this often, each kind.
 const THROTTLE: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -204,6 +207,9 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     // are not members now (see `reach.rs`).
     let mut reach = tokio::time::interval(REACH_TICK);
     reach.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The machine's load and memory, for the beats the coordinator shows.
+    let mut measure = tokio::time::interval(MEASURE_EVERY);
+    measure.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut interrupted_at: Option<Instant> = None;
     let mut hard_killed = false;
     let drain_at = opts
@@ -257,6 +263,9 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
             _ = reach.tick() => {
                 node.reach_out();
                 node.answer_alloc_waits();
+            }
+            _ = measure.tick() => {
+                node.peer.set_machine(crate::observe::machine().as_load());
             }
             _ = sleep_until_opt(grace) => {
                 hard_killed = true;

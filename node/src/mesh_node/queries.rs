@@ -19,9 +19,15 @@ use crate::view::{FarmView, MeshStatus, NodeView, Observed};
 /// How long a count of the outputs kept here stands.
 const HELD_RECOUNT: Duration = Duration::from_secs(5);
 
-/// How long `mesh status` and the dashboard wait for a node to say how it
-/// is: one that does not answer in time is shown without it.
-const OBSERVE_WAIT: std::time::Duration = std::time::Duration::from_millis(800);
+/// How long `mesh status` and the dashboard wait for the coordinator's
+/// view of the nodes, and for a node to say how it is: one that does not
+/// answer in time is shown as this node last heard it, or without it.
+const ASK_WAIT: std::time::Duration = std::time::Duration::from_millis(800);
+
+/// The dashboard's task stream shows the runs of this many of the busiest
+/// nodes (and this one): each is a request a second, and a chart of a
+/// thousand nodes' slots reads as nothing.
+const OBSERVED_MAX: usize = 16;
 
 /// What a control request about a farm not held here was waiting for.
 pub(super) enum Asked {
@@ -233,37 +239,64 @@ impl Node {
         bytes
     }
 
-    /// The mesh's status with what every node that answers in time says
-    /// of itself (`since`: the runs each observer has seen, by node;
-    /// `status_only`: no runs wanted), handed to `done`.
+    /// The mesh's status, handed to `done`: every node as the
+    /// coordinator hears it (one request, whatever the mesh's size), with
+    /// what the nodes `ask` names say of themselves in time (`since`: the
+    /// runs each observer has seen, by node).
     pub(super) fn gather(
         &mut self,
         since: HashMap<String, u64>,
-        status_only: bool,
+        ask: Ask,
         done: impl FnOnce(Observed) + Send + 'static,
     ) {
-        let after = |label: &str| {
+        let status_only = ask != Ask::Busiest;
+        let after = move |label: &str| {
             if status_only {
                 u64::MAX
             } else {
                 since.get(label).copied().unwrap_or(0)
             }
         };
-        let status = self.status();
+        let mut status = self.status();
         let me = self.swarm.local_peer_id().to_string();
         let own = self.observation(after(&me));
-        let others: Vec<(String, NodeId, u64)> = self
+        let members: HashMap<String, NodeId> = self
             .peer
             .members()
-            .map(|m| (m.label().to_string(), m.id, after(m.label())))
+            .map(|m| (m.label().to_string(), m.id))
             .collect();
+        let coordinator = self.peer.coordinator().filter(|c| *c != self.me);
         let tx = self.tx.clone();
         tokio::spawn(async move {
-            let asks = others.into_iter().map(|(label, id, since)| {
+            if let Some(c) = coordinator {
+                let nodes = request(&tx, c, Request::Nodes);
+                if let Ok(Ok(Response::Nodes(beats))) = tokio::time::timeout(ASK_WAIT, nodes).await
+                {
+                    status.nodes = heard(&status, &me, beats);
+                }
+            }
+            let wanted: Vec<(String, NodeId)> = match ask {
+                Ask::Coordinator => Vec::new(),
+                Ask::Every => members.into_iter().collect(),
+                Ask::Busiest => {
+                    let mut busy: Vec<&NodeView> = status
+                        .nodes
+                        .iter()
+                        .filter(|n| !n.local && n.running > 0)
+                        .collect();
+                    busy.sort_by_key(|n| std::cmp::Reverse(n.running));
+                    busy.iter()
+                        .take(OBSERVED_MAX)
+                        .filter_map(|n| Some((n.id.clone(), *members.get(&n.id)?)))
+                        .collect()
+                }
+            };
+            let asks = wanted.into_iter().map(|(label, id)| {
                 let tx = tx.clone();
+                let since = after(&label);
                 async move {
                     let ask = request(&tx, id, Request::Observe { since });
-                    match tokio::time::timeout(OBSERVE_WAIT, ask).await {
+                    match tokio::time::timeout(ASK_WAIT, ask).await {
                         Ok(Ok(Response::Observed(o))) => Some((label, *o)),
                         _ => None,
                     }
@@ -274,6 +307,36 @@ impl Node {
             done(Observed::new(status, nodes));
         });
     }
+}
+
+/// Whom a status asks, besides the coordinator, for what they measure of
+/// themselves (latencies, counters, task runs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Ask {
+    /// No one: `mesh status`, `mesh watch`.
+    Coordinator,
+    /// The busiest few (`OBSERVED_MAX`), for the dashboard's task stream.
+    Busiest,
+    /// Every node: `mesh status --latency`.
+    Every,
+}
+
+/// The nodes as the coordinator's beats describe them, this node's own
+/// line kept as it describes itself.
+fn heard(status: &MeshStatus, me: &str, beats: Vec<(String, Arc<Beat>)>) -> Vec<NodeView> {
+    let coordinator = status.coordinator.as_deref();
+    let own = status.nodes.iter().find(|n| n.local).cloned();
+    own.into_iter()
+        .chain(beats.into_iter().filter(|(id, _)| id != me).map(|(id, b)| {
+            let mut v = NodeView {
+                coordinator: coordinator == Some(id.as_str()),
+                id,
+                ..NodeView::default()
+            };
+            v.describe(&b);
+            v
+        }))
+        .collect()
 }
 
 /// A farm by its display id, name or id prefix among `known` (id, display id, name).

@@ -356,6 +356,10 @@ impl Node {
                     }
                 }
             }
+            Request::Nodes => {
+                let resp = Response::Nodes(self.peer.node_beats());
+                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+            }
             Request::ListFarms => {
                 let resp = Response::Farms(self.summaries());
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);

@@ -136,6 +136,20 @@ pub struct Beat {
     /// The sender's GPUs: how its tasks name each (`CUDA_VISIBLE_DEVICES`)
     /// and its model where the driver says, in the order of its pool.
     pub gpus: Vec<(String, String)>,
+    /// The sender's machine, as its driver last measured it: shown in
+    /// `mesh status` and the dashboard, which the coordinator answers.
+    pub machine: Option<MachineLoad>,
+}
+
+/// A machine's load and memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineLoad {
+    /// The one-minute load average, in hundredths.
+    pub load_centi: u32,
+    /// Its cores, all of them (the node may offer fewer).
+    pub cpus: u32,
+    pub mem_used: u64,
+    pub mem_total: u64,
 }
 
 /// A member in a roster: as SWIM knows it, with its incarnation and

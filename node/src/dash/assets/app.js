@@ -16,6 +16,7 @@
   const num = (v, d = 2) => (fin(v) ? String(Math.round(v * 10 ** d) / 10 ** d) : '—');
   const int = (v) => (fin(v) ? Math.round(v).toLocaleString('en-US') : '—');
   const gib = (b) => (fin(b) ? (b / GIB).toFixed(b >= 100 * GIB ? 0 : 1) : '—');
+  const tip = $('tip');
   const clock = (ms) => new Date(ms).toLocaleTimeString('en-GB', { hour12: false });
 
   function dur(s) {
@@ -40,41 +41,164 @@
     : `${num(r.used)} / ${num(r.total)}`;
 
   // ---------------------------------------------------------------- mesh
-  function renderMesh(d) {
-    const nodes = d.nodes || [];
-    const kinds = [];
-    let q = 0, r = 0;
-    for (const n of nodes) {
-      q += n.queued || 0; r += n.running || 0;
-      for (const x of n.resources || []) if (!kinds.includes(x.kind)) kinds.push(x.kind);
-    }
-    const total = nodes.length + (d.nodes_more || 0);
-    let h = `<p class="summary"><b>${total}</b> node${total === 1 ? '' : 's'} · <b>${int(r)}</b> running · <b>${int(q)}</b> queued</p>`;
-    h += '<div class="tablebox"><table class="nodes"><thead><tr><th>node</th>' + kinds.map((k) => `<th>${esc(k)}</th>`).join('') +
-      '<th>load</th><th>memory</th><th class="num">queued</th><th class="num">running</th><th class="num">prefetch</th></tr></thead><tbody>';
-    for (const n of nodes) {
-      const rs = {};
-      for (const x of n.resources || []) rs[x.kind] = x;
-      h += `<tr class="node${n.local ? ' local' : ''}${n.coordinator ? ' coord' : ''}" data-id="${esc(n.id)}">` +
-        `<td title="${esc(n.id)}"><code>${esc(short(n.id))}</code>` +
-        (n.coordinator ? '<span class="tag c">coordinator</span>' : '') + (n.local ? '<span class="tag l">local</span>' : '') + '</td>';
-      for (const k of kinds) h += '<td>' + (rs[k] ? meter(rs[k].used, rs[k].total, resLabel(rs[k])) : '') + '</td>';
-      h += '<td>' + (fin(n.load) ? meter(n.load, n.cpus || 0, fin(n.cpus) ? `${num(n.load)} / ${n.cpus} cpus` : num(n.load)) : '—') + '</td>';
-      h += '<td>' + (fin(n.mem_used) && fin(n.mem_total) ? meter(n.mem_used, n.mem_total, `${gib(n.mem_used)} / ${gib(n.mem_total)} GiB`) : '—') + '</td>';
-      h += `<td class="num">${int(n.queued)}</td><td class="num">${int(n.running)}</td><td class="num">${int(n.prefetch)}</td></tr>`;
-    }
-    if (!nodes.length) h += `<tr><td colspan="${kinds.length + 6}" class="muted">no nodes</td></tr>`;
-    h += '</tbody></table></div>';
-    if (d.nodes_more > 0) h += `<p class="more">${int(d.nodes_more)} more nodes not shown</p>`;
+  // The Mesh view: the mesh at a glance, a heat map of every node (a digit
+  // per node in the update), and a table the server pages, sorts and
+  // filters (api/nodes): a thousand nodes cost the page what ten do.
+  const STATES = { Running: 'running tasks', Queued: 'tasks queued', Idle: 'idle', Draining: 'draining', Joining: 'joining' };
+  const MARK = { coord: 1, local: 2, behind: 4, drain: 8 };
+  const tbl = { q: '', state: '', sort: 'id', desc: false, page: 0, per: 50 };
+  let tblSeq = 0, tblBusy = false, tblAgain = false;
 
-    h += '<h3>latency</h3><div class="tablebox"><table class="latency"><thead><tr><th>measure</th><th class="num">count</th>' +
+  function meshSkeleton() {
+    const v = $('view-mesh');
+    if ($('mesh-sum')) return;
+    v.innerHTML = '<p class="summary" id="mesh-sum"></p><div class="heat" id="heat" role="img" aria-label="heat map of the nodes"></div>' +
+      '<p class="legend" id="heat-legend"></p>' +
+      '<div class="tools"><input id="n-q" type="search" placeholder="filter by node id" aria-label="filter by node id">' +
+      '<select id="n-state" aria-label="state"><option value="">every state</option><option value="busy">busy</option>' +
+      Object.entries(STATES).map(([k, w]) => `<option value="${k.toLowerCase()}">${esc(w)}</option>`).join('') + '</select>' +
+      '<span id="n-pager"></span></div><div class="tablebox" id="n-table"></div><div id="mesh-lat"></div>';
+    $('n-q').addEventListener('input', (e) => { tbl.q = e.target.value.trim(); tbl.page = 0; fetchNodes(); });
+    $('n-state').addEventListener('change', (e) => { tbl.state = e.target.value; tbl.page = 0; fetchNodes(); });
+    $('n-table').addEventListener('click', (e) => {
+      const th = e.target.closest('th[data-sort]');
+      if (!th) return;
+      const k = th.dataset.sort;
+      tbl.desc = tbl.sort === k ? !tbl.desc : k !== 'id';
+      tbl.sort = k; tbl.page = 0; fetchNodes();
+    });
+    $('n-pager').addEventListener('click', (e) => {
+      const b = e.target.closest('button[data-page]');
+      if (b) { tbl.page = +b.dataset.page; fetchNodes(); }
+    });
+    const heat = $('heat');
+    heat.addEventListener('mousemove', (e) => {
+      const c = e.target.closest('i[data-i]');
+      if (!c) { tip.hidden = true; return; }
+      showCell(+c.dataset.i, e.clientX, e.clientY);
+    });
+    heat.addEventListener('mouseleave', () => { tip.hidden = true; });
+    heat.addEventListener('click', (e) => {
+      const c = e.target.closest('i[data-i]');
+      if (!c) return;
+      nodeAt(+c.dataset.i).then((n) => {
+        if (!n) return;
+        tbl.q = n.id; tbl.state = ''; tbl.page = 0;
+        $('n-q').value = n.id; $('n-state').value = '';
+        fetchNodes();
+      });
+    });
+  }
+
+  const cellCache = new Map();
+  function nodeAt(i) {
+    const hit = cellCache.get(i);
+    if (hit && performance.now() - hit.t < 2000) return Promise.resolve(hit.n);
+    return fetch(withTok('api/nodes?at=' + i), { cache: 'no-store' }).then((r) => r.json())
+      .then((p) => { const n = (p.rows || [])[0]; cellCache.set(i, { t: performance.now(), n }); return n; })
+      .catch(() => null);
+  }
+
+  function nodeText(n) {
+    const cpu = (n.resources || []).find((r) => r.kind === 'cpu');
+    return `${n.id}${n.coordinator ? ' · coordinator' : ''}${n.local ? ' · this node' : ''}\n` +
+      `${STATES[n.state] || n.state || ''} · ${int(n.running)} running, ${int(n.queued)} queued` +
+      (cpu ? `\ncpu ${num(cpu.used)} of ${num(cpu.total)} in use` : '') +
+      (fin(n.load) ? `\nload ${num(n.load)}${fin(n.cpus) ? ' on ' + n.cpus + ' cores' : ''}` : '') +
+      (fin(n.mem_used) && fin(n.mem_total) ? `\nmemory ${gib(n.mem_used)} of ${gib(n.mem_total)} GiB` : '') +
+      (n.gpus ? `\n${n.gpus} GPU${n.gpus === 1 ? '' : 's'}` : '') +
+      (n.health ? `\nbehind: local health ${n.health} of 8` : '') + (n.job ? `\nbatch job ${n.job}` : '');
+  }
+
+  function showCell(i, x, y) {
+    nodeAt(i).then((n) => {
+      if (!n) return;
+      tip.textContent = nodeText(n);
+      tip.hidden = false;
+      tip.style.left = Math.min(x + 12, innerWidth - 260) + 'px';
+      tip.style.top = (y + 14) + 'px';
+    });
+  }
+
+  function renderHeat(h) {
+    const levels = (h && h.levels) || '';
+    const marks = new Map((h && h.marks) || []);
+    let s = '';
+    for (let i = 0; i < levels.length; i++) {
+      const m = marks.get(i) || 0;
+      const c = levels[i] === '-' ? 'hj' : 'h' + levels[i];
+      s += `<i class="${c}${m & MARK.coord ? ' mc' : ''}${m & MARK.local ? ' ml' : ''}${m & MARK.behind ? ' mb' : ''}${m & MARK.drain ? ' md' : ''}" data-i="${i}"></i>`;
+    }
+    return s;
+  }
+
+  function renderMesh(d) {
+    meshSkeleton();
+    const g = d.glance || {};
+    const total = g.nodes || 0;
+    const states = (g.by_state || []).map(([st, c]) => `<b>${int(c)}</b> ${esc(STATES[st] || st)}`).join(' · ');
+    const res = (g.resources || []).map((r) => `${esc(r.kind)} ${esc(resLabel(r))}`).join(' · ');
+    const spread = g.tasks_spread || [0, 0, 0];
+    $('mesh-sum').innerHTML = `<b>${int(total)}</b> node${total === 1 ? '' : 's'}${states ? ' · ' + states : ''}` +
+      (g.behind ? ` · <b class="bad">${int(g.behind)}</b> behind` : '') + (res ? `<br>in use: ${res}` : '') +
+      `<br>tasks per node (running and queued): least ${int(spread[0])}, median ${int(spread[1])}, most ${int(spread[2])}` +
+      ((g.short_of_files || []).length ? `<br><span class="bad">${int(g.short_of_files.length)} node(s) with an open-file limit too low for this mesh</span>` : '');
+    $('heat').innerHTML = renderHeat(d.heat);
+    $('heat-legend').innerHTML = '<span><i class="sw h0"></i>idle</span><span><i class="sw h5"></i>half its cores in use</span>' +
+      '<span><i class="sw h9"></i>all</span><span><i class="sw hj"></i>joining</span><span><i class="sw h0 mc"></i>coordinator</span>' +
+      '<span><i class="sw h0 ml"></i>this node</span><span><i class="sw h0 mb"></i>behind</span><span class="muted">hover a cell for its node, click to find it below</span>';
+    let h = '<h3>latency</h3><div class="tablebox"><table class="latency"><thead><tr><th>measure</th><th class="num">count</th>' +
       '<th class="num">p50 ms</th><th class="num">p90 ms</th><th class="num">p99 ms</th><th class="num">max ms</th></tr></thead><tbody>';
     for (const l of d.latency || []) {
       h += `<tr><td>${esc(l.name)}</td><td class="num">${int(l.count)}</td><td class="num">${num(l.p50_ms)}</td>` +
         `<td class="num">${num(l.p90_ms)}</td><td class="num">${num(l.p99_ms)}</td><td class="num">${num(l.max_ms)}</td></tr>`;
     }
     if (!(d.latency || []).length) h += '<tr><td colspan="6" class="muted">no measurements yet</td></tr>';
-    return h + '</tbody></table></div>';
+    $('mesh-lat').innerHTML = h + '</tbody></table></div>';
+    if (body.dataset.view === 'mesh') fetchNodes();
+  }
+
+  // One table request at a time; a change meanwhile asks again once it is back.
+  function fetchNodes() {
+    if (tblBusy) { tblAgain = true; return; }
+    tblBusy = true;
+    const seq = ++tblSeq;
+    const p = new URLSearchParams({ sort: tbl.sort, page: tbl.page, per: tbl.per });
+    if (tbl.desc) p.set('desc', 'true');
+    if (tbl.q) p.set('q', tbl.q);
+    if (tbl.state) p.set('state', tbl.state);
+    fetch(withTok('api/nodes?' + p), { cache: 'no-store' }).then((r) => r.json())
+      .then((page) => { if (seq === tblSeq) renderTable(page); })
+      .catch(() => {})
+      .finally(() => { tblBusy = false; if (tblAgain) { tblAgain = false; fetchNodes(); } });
+  }
+
+  function renderTable(p) {
+    tbl.page = p.page || 0;
+    const rows = p.rows || [];
+    const arrow = (k) => (tbl.sort === k ? (tbl.desc ? ' ▾' : ' ▴') : '');
+    const th = (k, label, cls) => `<th data-sort="${k}"${cls ? ` class="${cls}"` : ''} title="sort">${label}${arrow(k)}</th>`;
+    let h = '<table class="nodes"><thead><tr>' + th('id', 'node') + th('state', 'state') + th('use', 'cpu in use') +
+      th('load', 'load') + th('memory', 'memory') + th('queued', 'queued', 'num') + th('running', 'running', 'num') + '<th class="num">gpus</th></tr></thead><tbody>';
+    for (const n of rows) {
+      const cpu = (n.resources || []).find((r) => r.kind === 'cpu');
+      h += `<tr class="node${n.local ? ' local' : ''}${n.coordinator ? ' coord' : ''}" data-id="${esc(n.id)}">` +
+        `<td title="${esc(n.id)}"><code>${esc(short(n.id))}</code>` +
+        (n.coordinator ? '<span class="tag c">coordinator</span>' : '') + (n.local ? '<span class="tag l">local</span>' : '') +
+        (n.health ? `<span class="tag b" title="local health ${n.health} of 8">behind</span>` : '') + '</td>' +
+        `<td>${esc(STATES[n.state] || n.state || '')}</td>` +
+        '<td>' + (cpu ? meter(cpu.used, cpu.total, resLabel(cpu)) : '') + '</td>' +
+        '<td>' + (fin(n.load) ? meter(n.load, n.cpus || 0, fin(n.cpus) ? `${num(n.load)} / ${n.cpus} cpus` : num(n.load)) : '—') + '</td>' +
+        '<td>' + (fin(n.mem_used) && fin(n.mem_total) ? meter(n.mem_used, n.mem_total, `${gib(n.mem_used)} / ${gib(n.mem_total)} GiB`) : '—') + '</td>' +
+        `<td class="num">${int(n.queued)}</td><td class="num">${int(n.running)}</td><td class="num">${n.gpus ? int(n.gpus) : ''}</td></tr>`;
+    }
+    if (!rows.length) h += `<tr><td colspan="8" class="muted">${p.total ? 'no node matches' : 'no nodes'}</td></tr>`;
+    $('n-table').innerHTML = h + '</tbody></table>';
+    const pages = Math.max(1, Math.ceil((p.matched || 0) / (p.per || 1)));
+    $('n-pager').innerHTML = `<span class="muted">${int(p.matched)} of ${int(p.total)} node${p.total === 1 ? '' : 's'}</span>` +
+      (pages > 1 ? ` <button data-page="${Math.max(0, tbl.page - 1)}"${tbl.page === 0 ? ' disabled' : ''}>‹</button>` +
+        ` <span>page ${tbl.page + 1} of ${pages}</span>` +
+        ` <button data-page="${Math.min(pages - 1, tbl.page + 1)}"${tbl.page >= pages - 1 ? ' disabled' : ''}>›</button>` : '');
   }
 
   // ---------------------------------------------------------------- farms
@@ -266,6 +390,7 @@
   }
 
   function render(d) {
+    const t0 = performance.now();
     last = d;
     $('h-local').textContent = short(d.local);
     $('h-local').title = d.local || '';
@@ -274,11 +399,15 @@
       : `no coordinator · term ${esc(d.term)}`;
     $('h-at').textContent = fin(d.at) ? 'updated ' + clock(d.at) : '';
     document.title = 'mesh · ' + short(d.local);
-    put('view-mesh', renderMesh, d);
+    // Updated in place: the table's filter keeps its focus and text.
+    try { renderMesh(d); } catch (e) { $('view-mesh').innerHTML = `<p class="err">render failed: ${esc(e && e.message)}</p>`; }
     put('view-farms', renderFarms, d);
     renderWide(d);
     updates++;
     body.dataset.updates = String(updates);
+    // What the page's own work costs, apart from what the machine makes it wait.
+    body.dataset.renderMs = String(Math.ceil(performance.now() - t0));
+    body.dataset.heatCells = String(document.querySelectorAll('#heat i').length);
     if (updates === 1) body.dataset.firstRenderMs = String(Math.round(performance.now()));
   }
 
@@ -299,6 +428,7 @@
     if (!VIEWS.includes(v)) v = 'mesh';
     body.dataset.view = v;
     for (const a of document.querySelectorAll('#tabs a')) a.classList.toggle('on', a.dataset.v === v);
+    if (v === 'mesh' && last) fetchNodes();
   }
 
   let es = null;
@@ -319,6 +449,9 @@
     };
   }
 
+  // A page test renders a view it made (a thousand nodes) through this.
+  window.meshDash = { show: accept };
+
   route();
   window.addEventListener('hashchange', route);
   fetch(withTok('api/status'), { cache: 'no-store' })
@@ -334,7 +467,6 @@
   });
 
   // Gantt tooltip, one listener for all bars.
-  const tip = $('tip');
   $('view-stream').addEventListener('mousemove', (ev) => {
     const r = ev.target;
     if (r && r.classList && r.classList.contains('bar')) {

@@ -89,6 +89,13 @@ impl Member {
         self.beat.as_deref().unwrap_or(&NO_BEAT)
     }
 
+    /// Its last beat, shared (an empty one for a member known only by SWIM).
+    pub fn beat_arc(&self) -> Arc<Beat> {
+        self.beat
+            .clone()
+            .unwrap_or_else(|| Arc::new(NO_BEAT.clone()))
+    }
+
     /// How it is known on the network (its peer id), as SWIM or its beat says.
     pub fn label(&self) -> &str {
         self.address().0
@@ -1012,6 +1019,7 @@ static NO_BEAT: Beat = Beat {
     files_max: 0,
     idle: true,
     gpus: Vec::new(),
+    machine: None,
     version: PROTOCOL_VERSION,
     label: String::new(),
     addrs: Vec::new(),

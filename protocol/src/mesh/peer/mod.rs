@@ -139,6 +139,8 @@ pub struct Peer {
     files_max: u64,
     /// This node's GPUs (id, model), as its driver found them.
     gpus: Vec<(String, String)>,
+    /// This node's machine, as its driver last measured it.
+    machine: Option<MachineLoad>,
 }
 
 impl Peer {
@@ -168,6 +170,7 @@ impl Peer {
             clock: now,
             files_max: 0,
             gpus: Vec::new(),
+            machine: None,
             node: Node {
                 id,
                 started_at: now,
@@ -193,6 +196,26 @@ impl Peer {
             .members
             .set_address(now, label, addrs, life, &mut self.out);
         self.pump(now);
+    }
+
+    /// This node's machine as measured now, told in its beats.
+    pub fn set_machine(&mut self, machine: Option<MachineLoad>) {
+        self.machine = machine;
+    }
+
+    /// Every member as this node last heard it (its beat; an empty one for
+    /// a member known only by SWIM), with its label; this node first. On
+    /// the coordinator, every worker's own report.
+    pub fn node_beats(&self) -> Vec<(String, Arc<Beat>)> {
+        let own = (self.node.members.label().to_owned(), Arc::new(self.beat()));
+        std::iter::once(own)
+            .chain(
+                self.node
+                    .members
+                    .iter()
+                    .map(|m| (m.label().to_owned(), m.beat_arc())),
+            )
+            .collect()
     }
 
     /// This node's GPUs (how tasks name each, and its model), told in its beats.
@@ -307,6 +330,7 @@ impl Peer {
             files_max: self.files_max,
             idle: self.worker.holds_nothing(),
             gpus: self.gpus.clone(),
+            machine: self.machine,
         }
     }
 
