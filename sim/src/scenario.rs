@@ -277,6 +277,10 @@ pub struct MeshKnobs {
     pub steal_timeout_ms: Option<u64>,
     pub replicas: Option<usize>,
     pub outputs_wait_ms: Option<u64>,
+    /// How long a message to a node with no connection may take (the
+    /// real node's is 10 s: connecting and its handshakes); default: the
+    /// resend interval, as simulated messages open no connections.
+    pub connect_ms: Option<u64>,
 }
 
 fn default_name() -> String {
@@ -401,6 +405,7 @@ impl SimConfig {
             steal_timeout_ms: m.steal_timeout_ms.unwrap_or(d.steal_timeout_ms),
             replicas: m.replicas.unwrap_or(d.replicas),
             outputs_wait_ms: m.outputs_wait_ms.unwrap_or(d.outputs_wait_ms),
+            connect_ms: m.connect_ms.unwrap_or(d.resend_ms),
         }
     }
 

@@ -44,6 +44,13 @@ pub struct Config {
     /// The home waits this long for a node that keeps outputs it misses to
     /// come back; then those tasks run again elsewhere.
     pub outputs_wait_ms: u64,
+    /// How long a message to a node this one has no connection to may take
+    /// to arrive: the connection and its handshakes, which take seconds on
+    /// a loaded machine (the node's driver gives up after this). An idle
+    /// worker's beat stands for an empty `Holding`, and an idle worker
+    /// keeps no connection to its coordinator: a claim younger than this
+    /// may be in an `Assign` still on its way, not lost.
+    pub connect_ms: u64,
 }
 
 impl Default for Config {
@@ -63,6 +70,7 @@ impl Default for Config {
             steal_timeout_ms: 1000,
             replicas: 2,
             outputs_wait_ms: 30_000,
+            connect_ms: 10_000,
         }
     }
 }

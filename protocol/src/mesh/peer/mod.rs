@@ -1001,8 +1001,13 @@ impl Peer {
         if let Some(c) = &mut self.coord {
             c.note_depth(from, b.prefetch);
             if b.idle && follows == Some(self.node.id) {
-                // The empty `Holding` its node does not send.
-                c.on_holding(now, from, Vec::new(), self.node.cfg.resend_ms);
+                // The empty `Holding` its node does not send. The node was
+                // idle, so the first `Assign` to it opens a connection:
+                // claims that young may still be on their way (placement
+                // on a loaded machine of 300 nodes handed the same tasks
+                // from node to node, and 1 of 300 ran any).
+                let grace = self.node.cfg.resend_ms.max(self.node.cfg.connect_ms);
+                c.on_holding(now, from, Vec::new(), grace);
             }
         }
         if claims && self.node.election.coordinator() == Some(from) {
