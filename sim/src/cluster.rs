@@ -38,6 +38,10 @@ use mesh_protocol::{Resources, TaskRef};
 use mesh_store::{MemStore, MeshState, Store};
 
 mod batch;
+mod heal;
+mod plan;
+
+use plan::Plan;
 
 use crate::dist::{parse_durations, Dist};
 use crate::queue::Calendar;
@@ -49,48 +53,6 @@ use crate::SimError;
 const FARM: FarmId = FarmId(1);
 /// Most executions kept for the picture.
 const SAMPLE_MAX: usize = 2000;
-
-/// Runs a scenario to its end and reports what happened.
-pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
-    cfg.validate()?;
-    let plan = Plan::new(cfg)?;
-    let mut sim = Sim::new(cfg, plan);
-    sim.schedule_scenario();
-    let wall = Instant::now();
-    sim.run_loop()?;
-    let wall_s = wall.elapsed().as_secs_f64();
-    Ok(sim.report(wall_s))
-}
-
-/// Everything derived from the scenario before the run: the farm, each
-/// task's duration and fate, and the lower bound.
-struct Plan {
-    peer_cfg: Config,
-    /// The scenario's own nodes.
-    totals: Vec<Resources>,
-    /// What the bound and the baselines schedule on: those nodes and, for
-    /// each allocation queue that may be granted jobs, the nodes of its
-    /// `max` jobs, as if up from the start (the most the mesh can have),
-    /// so that waiting for jobs and their walltimes show in the ratios.
-    machines: Vec<Resources>,
-    /// The node of each allocation queue that never refuses a submission:
-    /// work that fits only there must still be done (a queue that may be
-    /// refused may also be paused, and its work then fails as unplaceable).
-    queue_nodes: Vec<Resources>,
-    spec: Arc<FarmSpec>,
-    /// First global task number of each stage.
-    offsets: Vec<usize>,
-    durations: Vec<u32>,
-    /// Tasks that exit 1 on every attempt.
-    fails: Vec<bool>,
-    /// Tasks that must end done: not failing, placeable, nothing upstream failing.
-    expect_ok: Vec<bool>,
-    latency: Dist,
-    lower_bound: u64,
-    /// See [`Plan::greedy`]: in submission order, and longest first.
-    greedy: u64,
-    longest_first: u64,
-}
 
 /// Whether a stage asking `req` fits a machine of `total` at all.
 fn fits(total: &Resources, req: &Resources) -> bool {
@@ -108,331 +70,16 @@ fn mix(seed: u64, a: u64, b: u64) -> u64 {
     x
 }
 
-impl Plan {
-    fn new(cfg: &SimConfig) -> Result<Plan, SimError> {
-        let conf = |m: String| SimError::Config(m);
-        let mut totals = Vec::new();
-        for g in &cfg.nodes {
-            let r = parse_resources(&g.resources).map_err(|e| conf(e.to_string()))?;
-            totals.extend(std::iter::repeat_n(r, g.count));
-        }
-        let mut stages = Vec::new();
-        let mut offsets = Vec::new();
-        let mut durations = Vec::new();
-        let mut fails = Vec::new();
-        let index_of = |name: &String| {
-            cfg.stages
-                .iter()
-                .position(|s| &s.name == name)
-                .expect("validated") as u32
-        };
-        for (si, s) in cfg.stages.iter().enumerate() {
-            let dist = parse_durations(&s.durations).map_err(|e| conf(e.to_string()))?;
-            offsets.push(durations.len());
-            for i in 0..s.tasks {
-                let mut rng = SmallRng::seed_from_u64(mix(cfg.seed, si as u64 + 1, i));
-                durations.push(dist.sample(&mut rng).min(u32::MAX as u64) as u32);
-                fails.push(s.fail_rate > 0.0 && rng.random::<f64>() < s.fail_rate);
-            }
-            stages.push(StageDef {
-                resources: parse_resources(&s.resources).map_err(|e| conf(e.to_string()))?,
-                retries: s.retries,
-                timeout_ms: s.timeout_ms,
-                expected_ms: s.expected_ms,
-                after: s.after.iter().map(index_of).collect(),
-                after_each: s.after_each.iter().map(index_of).collect(),
-                ..StageDef::new(
-                    &s.name,
-                    CommandTemplate::Argv(vec![Template::literal("true")]),
-                    Sweep::range("i", s.tasks),
-                )
-            });
-        }
-        let def = FarmDef {
-            name: cfg.name.clone(),
-            root: "/".into(),
-            out: "/out".into(),
-            stages,
-        };
-        let origin = NodeId(cfg.submit_node as u64 + 1);
-        let spec = Arc::new(FarmSpec {
-            id: FARM,
-            origin,
-            def,
-            inputs: vec![],
-        });
-        let mut machines = totals.clone();
-        for a in cfg.alloc.iter().filter(|a| a.reject_rate < 1.0) {
-            let n = a.max as usize * a.nodes_per_job as usize;
-            machines.extend(std::iter::repeat_n(a.node_resources(), n));
-        }
-        let mut plan = Plan {
-            peer_cfg: cfg.peer_config(),
-            totals,
-            machines,
-            queue_nodes: cfg
-                .alloc
-                .iter()
-                .filter(|a| a.reject_rate == 0.0 && a.max > 0)
-                .map(|a| a.node_resources())
-                .collect(),
-            spec,
-            offsets,
-            durations,
-            fails,
-            expect_ok: Vec::new(),
-            latency: parse_durations(&cfg.latency).map_err(|e| conf(e.to_string()))?,
-            lower_bound: 0,
-            greedy: 0,
-            longest_first: 0,
-        };
-        plan.expect_ok = plan.expected();
-        plan.lower_bound = plan.bound();
-        plan.greedy = plan.greedy(false);
-        plan.longest_first = plan.greedy(true);
-        Ok(plan)
-    }
-
-    fn global(&self, t: TaskRef) -> usize {
-        self.offsets[t.stage as usize] + t.index as usize
-    }
-
-    fn stage_len(&self, s: usize) -> usize {
-        self.offsets
-            .get(s + 1)
-            .copied()
-            .unwrap_or(self.durations.len())
-            - self.offsets[s]
-    }
-
-    /// Machines (by index in `machines`) a stage fits on.
-    fn eligible(&self, s: usize) -> Vec<usize> {
-        let req = &self.spec.def.stages[s].resources;
-        (0..self.machines.len())
-            .filter(|&n| fits(&self.machines[n], req))
-            .collect()
-    }
-
-    fn expected(&self) -> Vec<bool> {
-        let def = &self.spec.def;
-        let mut ok = vec![true; self.durations.len()];
-        for s in 0..def.stages.len() {
-            let req = &def.stages[s].resources;
-            let placeable = self
-                .totals
-                .iter()
-                .chain(&self.queue_nodes)
-                .any(|m| fits(m, req));
-            let whole_ok = def.stages[s].after.iter().all(|&d| {
-                let d = d as usize;
-                (0..self.stage_len(d)).all(|i| ok[self.offsets[d] + i])
-            });
-            for i in 0..self.stage_len(s) {
-                let g = self.offsets[s] + i;
-                let each_ok = def.stages[s]
-                    .after_each
-                    .iter()
-                    .all(|&d| ok[self.offsets[d as usize] + i]);
-                ok[g] = placeable && whole_ok && each_ok && !self.fails[g];
-            }
-        }
-        ok
-    }
-
-    /// max(for each stage's set of eligible nodes and each resource: the work
-    /// that can only run there over its capacity, the longest chain).
-    fn bound(&self) -> u64 {
-        let def = &self.spec.def;
-        let n = def.stages.len();
-        let elig: Vec<Vec<usize>> = (0..n).map(|s| self.eligible(s)).collect();
-        let mut best = 0.0f64;
-        for set in elig.iter().filter(|e| !e.is_empty()) {
-            // Stages that fit only inside this set must be done by it.
-            let inside: Vec<usize> = (0..n)
-                .filter(|&t| !elig[t].is_empty() && elig[t].iter().all(|x| set.contains(x)))
-                .collect();
-            let mut names: Vec<&str> = Vec::new();
-            for &t in &inside {
-                names.extend(def.stages[t].resources.iter().map(|(k, _)| k));
-            }
-            names.sort();
-            names.dedup();
-            for r in names {
-                let cap: f64 = set.iter().map(|&x| self.machines[x].get(r).0 as f64).sum();
-                let mut work = 0.0;
-                for &t in &inside {
-                    let req = def.stages[t].resources.get(r).0 as f64;
-                    let o = self.offsets[t];
-                    let ms: u64 = (0..self.stage_len(t))
-                        .filter(|&i| self.expect_ok[o + i])
-                        .map(|i| self.durations[o + i] as u64)
-                        .sum();
-                    work += req * ms as f64;
-                }
-                if cap > 0.0 {
-                    best = best.max(work / cap);
-                }
-            }
-        }
-        // Longest chain: a task ends no sooner than its own duration after
-        // every whole stage it waits on and its element-wise predecessors.
-        let mut finish = vec![0u64; self.durations.len()];
-        let mut stage_end = vec![0u64; n];
-        for s in 0..n {
-            if elig[s].is_empty() {
-                continue;
-            }
-            let start = def.stages[s]
-                .after
-                .iter()
-                .map(|&d| stage_end[d as usize])
-                .max()
-                .unwrap_or(0);
-            for i in 0..self.stage_len(s) {
-                let g = self.offsets[s] + i;
-                if !self.expect_ok[g] {
-                    continue;
-                }
-                let each = def.stages[s]
-                    .after_each
-                    .iter()
-                    .map(|&d| finish[self.offsets[d as usize] + i])
-                    .max()
-                    .unwrap_or(0);
-                finish[g] = start.max(each) + self.durations[g] as u64;
-                stage_end[s] = stage_end[s].max(finish[g]);
-            }
-        }
-        let chain = stage_end.iter().copied().max().unwrap_or(0);
-        (best.ceil() as u64).max(chain).max(1)
-    }
-
-    /// The makespan of greedy list scheduling with no latency: one
-    /// scheduler that sees every slot, knows no durations (so neither does
-    /// mesh), and starts ready tasks in submission order on the first node
-    /// they fit as soon as it has room. What mesh's own schedule can be
-    /// held to; its distance from the lower bound is the price of not
-    /// knowing durations. Every node is up from the start; tasks expected
-    /// to fail are left out, as in the bound.
-    ///
-    /// With `longest_first`, a scheduler that does know durations: of the
-    /// ready tasks that fit a free node, the longest starts first (LPT,
-    /// within 4/3 of the optimum on identical slots; tasks made ready one
-    /// by one by an element-wise dependency queue behind those ready when
-    /// their stage opened). How close it comes to the bound tells whether
-    /// the bound itself is tight.
-    fn greedy(&self, longest_first: bool) -> u64 {
-        let def = &self.spec.def;
-        let n = def.stages.len();
-        let reqs: Vec<&Resources> = def.stages.iter().map(|s| &s.resources).collect();
-        let mut free = self.machines.clone();
-        // Per stage: indices ready to start, in order; whole-stage waits left.
-        let mut ready: Vec<VecDeque<u32>> = vec![VecDeque::new(); n];
-        let mut waits: Vec<usize> = def.stages.iter().map(|s| s.after.len()).collect();
-        let mut left: Vec<usize> = (0..n)
-            .map(|s| {
-                (0..self.stage_len(s))
-                    .filter(|&i| self.expect_ok[self.offsets[s] + i])
-                    .count()
-            })
-            .collect();
-        // Per task: element-wise predecessors not yet done.
-        let mut each: Vec<u8> = (0..self.durations.len())
-            .map(|g| {
-                let s = self.offsets.partition_point(|&o| o <= g) - 1;
-                def.stages[s].after_each.len() as u8
-            })
-            .collect();
-        let open = |s: usize, ready: &mut Vec<VecDeque<u32>>, each: &[u8]| {
-            for i in 0..self.stage_len(s) {
-                let g = self.offsets[s] + i;
-                if self.expect_ok[g] && each[g] == 0 {
-                    ready[s].push_back(i as u32);
-                }
-            }
-            if longest_first {
-                let d = &self.durations[self.offsets[s]..];
-                ready[s]
-                    .make_contiguous()
-                    .sort_by_key(|&i| Reverse(d[i as usize]));
-            }
-        };
-        let mut opened = vec![false; n];
-        for s in 0..n {
-            if waits[s] == 0 && !self.eligible(s).is_empty() {
-                opened[s] = true;
-                open(s, &mut ready, &each);
-            }
-        }
-        // (end, node, stage, index) of running tasks.
-        let mut running: BinaryHeap<Reverse<(u64, usize, usize, u32)>> = BinaryHeap::new();
-        let mut now = 0;
-        let mut end = 0;
-        let fill =
-            |node: usize,
-             now: u64,
-             free: &mut Vec<Resources>,
-             ready: &mut Vec<VecDeque<u32>>,
-             running: &mut BinaryHeap<Reverse<(u64, usize, usize, u32)>>| {
-                let duration = |s: usize, i: u32| self.durations[self.offsets[s] + i as usize];
-                loop {
-                    // Taking only shrinks what is free: a stage whose next
-                    // task does not fit now will not later in this fill.
-                    let fits = |s: &usize| ready[*s].front().is_some() && free[node].fits(reqs[*s]);
-                    let pick = if longest_first {
-                        (0..n)
-                            .filter(fits)
-                            .max_by_key(|&s| (duration(s, ready[s][0]), Reverse(s)))
-                    } else {
-                        (0..n).find(fits)
-                    };
-                    let Some(s) = pick else { break };
-                    let i = ready[s].pop_front().expect("fits checked it");
-                    // It fits (checked above), so nothing saturates.
-                    free[node].take_saturating(reqs[s]);
-                    running.push(Reverse((now + duration(s, i) as u64, node, s, i)));
-                }
-            };
-        for node in 0..free.len() {
-            fill(node, now, &mut free, &mut ready, &mut running);
-        }
-        while let Some(Reverse((at, node, s, i))) = running.pop() {
-            now = at;
-            end = end.max(at);
-            free[node].give(reqs[s]);
-            left[s] -= 1;
-            let mut more = false;
-            // Element-wise dependents of this task, and stages waiting on this one whole.
-            for t in 0..n {
-                if def.stages[t].after_each.contains(&(s as u32))
-                    && (i as usize) < self.stage_len(t)
-                {
-                    let g = self.offsets[t] + i as usize;
-                    each[g] = each[g].saturating_sub(1);
-                    if opened[t] && each[g] == 0 && self.expect_ok[g] {
-                        ready[t].push_back(i);
-                        more = true;
-                    }
-                }
-                if left[s] == 0 && def.stages[t].after.contains(&(s as u32)) {
-                    waits[t] -= 1;
-                    if waits[t] == 0 && !self.eligible(t).is_empty() {
-                        opened[t] = true;
-                        open(t, &mut ready, &each);
-                        more = true;
-                    }
-                }
-            }
-            if more {
-                for node in 0..free.len() {
-                    fill(node, now, &mut free, &mut ready, &mut running);
-                }
-            } else {
-                fill(node, now, &mut free, &mut ready, &mut running);
-            }
-        }
-        end.max(1)
-    }
+/// Runs a scenario to its end and reports what happened.
+pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
+    cfg.validate()?;
+    let plan = Plan::new(cfg)?;
+    let mut sim = Sim::new(cfg, plan);
+    sim.schedule_scenario();
+    let wall = Instant::now();
+    sim.run_loop()?;
+    let wall_s = wall.elapsed().as_secs_f64();
+    Ok(sim.report(wall_s))
 }
 
 enum Ev {
@@ -492,7 +139,39 @@ enum Ev {
     },
     /// A job's walltime: the batch system kills what is still there.
     JobKill(u32),
+    /// A stalled node goes on: what came for it meanwhile is handled now.
+    Resume(u32),
+    /// A message that reached the node (it passed the network), to be
+    /// handled once the node gets to it (stalled, or slow: `Served`).
+    Arrived {
+        to: u32,
+        gen: u32,
+        from: u32,
+        msg: Msg,
+    },
+    /// A slow node has got through the messages queued before this one.
+    Served {
+        to: u32,
+        gen: u32,
+        from: u32,
+        msg: Msg,
+    },
+    /// The node's timer came due while it was stalled.
+    Wake {
+        node: u32,
+        gen: u32,
+    },
+    /// `node` is introduced to another (`[[introduce]]`).
+    Introduce {
+        node: u32,
+        to: u32,
+    },
+    /// A look at whether the mesh is one (`one_mesh`), every virtual second.
+    MeshCheck,
 }
+
+/// How often the simulator looks at whether the mesh is one.
+const MESH_CHECK_MS: Millis = 1000;
 
 /// A task running on a node, as the simulator sees it.
 struct Run {
@@ -531,6 +210,11 @@ struct Node {
     /// when it drains: told to its peer before its first step, so even
     /// its first beat carries them.
     job: Option<(String, Millis)>,
+    /// While stalled: what came for it, in order, handled when it resumes.
+    held: Vec<Ev>,
+    /// While slow: until when (virtual microseconds) it is busy with the
+    /// messages that reached it, one after another.
+    busy_until_us: u64,
 }
 
 impl Node {
@@ -552,6 +236,8 @@ impl Node {
             steps: 0,
             depth: 0,
             job: None,
+            held: Vec::new(),
+            busy_until_us: 0,
         }
     }
 }
@@ -607,6 +293,15 @@ struct Sim<'a> {
     batch: batch::Batch,
     /// `MESH_SIM_TRACE`, read once: the environment is not cheap to ask per message.
     trace: Option<u32>,
+    /// Every node that ever coordinated.
+    coordinators: std::collections::BTreeSet<u32>,
+    /// Since when the mesh has been one at every look (`one_mesh`), and
+    /// when the last look found it so; why not, when it did not.
+    one_mesh_since: Option<Millis>,
+    one_mesh_at: Option<Millis>,
+    not_one_mesh: Option<String>,
+    /// The longest a message waited in a slow node's queue.
+    slow_wait_ms: Millis,
 }
 
 impl<'a> Sim<'a> {
@@ -655,6 +350,11 @@ impl<'a> Sim<'a> {
             gone_stats: Default::default(),
             actions: Vec::new(),
             trace: trace_task(),
+            coordinators: Default::default(),
+            one_mesh_since: None,
+            one_mesh_at: None,
+            not_one_mesh: None,
+            slow_wait_ms: 0,
             batch: batch::Batch::new(cfg),
             plan,
         }
@@ -691,6 +391,21 @@ impl<'a> Sim<'a> {
         for l in &self.cfg.leaves {
             self.push(l.at_ms, Ev::Leave(l.node as u32));
         }
+        for s in &self.cfg.stall {
+            self.push(s.until_ms, Ev::Resume(s.node as u32));
+        }
+        for i in &self.cfg.introduce {
+            self.push(
+                i.at_ms,
+                Ev::Introduce {
+                    node: i.node as u32,
+                    to: i.to as u32,
+                },
+            );
+        }
+        if self.cfg.one_mesh {
+            self.push(MESH_CHECK_MS, Ev::MeshCheck);
+        }
     }
 
     /// One more node, of batch job `job` which drains at `deadline`.
@@ -715,7 +430,7 @@ impl<'a> Sim<'a> {
     fn run_loop(&mut self) -> Result<(), SimError> {
         while let Some((at, ev)) = self.queue.pop() {
             if at > self.cfg.max_time_ms {
-                if self.finished {
+                if self.finished && (!self.cfg.one_mesh || self.one_mesh_at.is_some()) {
                     // Done; only batch jobs were still to give back.
                     return Ok(());
                 }
@@ -725,8 +440,9 @@ impl<'a> Sim<'a> {
             self.events += 1;
             self.handle(ev)?;
             // With allocation queues, the run goes on until the jobs the
-            // farm no longer needs are given back: the scale in.
-            if self.finished && self.alloc_settled() {
+            // farm no longer needs are given back: the scale in; with
+            // `one_mesh`, until a look finds the mesh one.
+            if self.finished && self.alloc_settled() && self.one_mesh_now() {
                 return Ok(());
             }
         }
@@ -737,7 +453,18 @@ impl<'a> Sim<'a> {
         })
     }
 
+    /// Whether the look just taken found the mesh one (or none is asked for).
+    fn one_mesh_now(&self) -> bool {
+        !self.cfg.one_mesh || self.one_mesh_at == Some(self.now)
+    }
+
     fn stuck_reason(&self) -> String {
+        if self.finished {
+            return format!(
+                "the farm is over but the mesh is not one: {}",
+                self.not_one_mesh.as_deref().unwrap_or("not looked at")
+            );
+        }
         let missing: Vec<usize> = (0..self.ok_done.len())
             .filter(|&g| self.plan.expect_ok[g] && !self.ok_done[g])
             .take(5)
@@ -775,6 +502,10 @@ impl<'a> Sim<'a> {
 
     fn handle(&mut self, ev: Ev) -> Result<(), SimError> {
         let now = self.now;
+        let ev = match self.for_stalled(ev) {
+            Some(ev) => ev,
+            None => return Ok(()),
+        };
         match ev {
             Ev::Up(n) => self.start_node(n as usize, false),
             Ev::Restart(n) => {
@@ -791,8 +522,53 @@ impl<'a> Sim<'a> {
                     self.lost += 1;
                     return Ok(());
                 }
+                let gen = self.nodes[to as usize].gen;
+                self.arrived(to as usize, gen, from, msg)
+            }
+            Ev::Arrived { to, gen, from, msg } => self.arrived(to as usize, gen, from, msg),
+            Ev::Served { to, gen, from, msg } => {
+                if self.nodes[to as usize].gen != gen {
+                    return Ok(());
+                }
                 let from = self.nodes[from as usize].id;
                 self.step(to as usize, |p| p.handle_message(now, from, msg))
+            }
+            Ev::Resume(n) => {
+                for ev in std::mem::take(&mut self.nodes[n as usize].held) {
+                    self.handle(ev)?;
+                }
+                Ok(())
+            }
+            Ev::Wake { node, gen } => {
+                if self.nodes[node as usize].gen != gen {
+                    return Ok(());
+                }
+                self.step(node as usize, |p| p.handle_timeout(now))
+            }
+            Ev::Introduce { node, to } => {
+                let (n, t) = (node as usize, to as usize);
+                // A dial that cannot get through introduces no one.
+                if self.nodes[t].peer.is_none() || self.partitioned(n, t) {
+                    return Ok(());
+                }
+                let id = self.nodes[t].id;
+                self.step(n, |p| p.introduce(now, id, String::new(), Vec::new()))
+            }
+            Ev::MeshCheck => {
+                match self.one_mesh() {
+                    Ok(()) => {
+                        self.one_mesh_since.get_or_insert(now);
+                        self.one_mesh_at = Some(now);
+                        self.not_one_mesh = None;
+                    }
+                    Err(why) => {
+                        self.one_mesh_since = None;
+                        self.one_mesh_at = None;
+                        self.not_one_mesh = Some(why);
+                    }
+                }
+                self.push(now + MESH_CHECK_MS, Ev::MeshCheck);
+                Ok(())
             }
             Ev::Timer { node, gen } => {
                 let nd = &mut self.nodes[node as usize];
@@ -873,9 +649,10 @@ impl<'a> Sim<'a> {
                 if self.nodes[home as usize].gen != gen {
                     return Ok(());
                 }
-                // The outputs came if the node keeping them was up and
-                // reachable the whole way.
+                // The outputs came if the node keeping them was up, not
+                // stalled, and reachable the whole way.
                 let got = if self.nodes[from as usize].peer.is_some()
+                    && !self.stalled(from as usize)
                     && !self.partitioned(home as usize, from as usize)
                 {
                     Fetched::Here
@@ -896,15 +673,16 @@ impl<'a> Sim<'a> {
 
     fn start_node(&mut self, n: usize, restart: bool) -> Result<(), SimError> {
         let now = self.now;
-        // The lowest node founds the mesh; everyone else (and anyone
-        // restarting) first listens for a coordinator.
-        let joining = restart || n != 0 || now > 0;
         // As a user joins a node to the mesh: through another, here the
-        // lowest one up (membership finds the rest).
-        let via = joining
-            .then(|| self.alive.iter().find(|&&a| a as usize != n))
-            .flatten()
+        // lowest one up that it can reach (membership finds the rest). The
+        // first up on its side founds a mesh; a restarted node rejoins the
+        // peers it knew, and first listens for their coordinator too.
+        let via = self
+            .alive
+            .iter()
+            .find(|&&a| a as usize != n && !self.partitioned(n, a as usize))
             .map(|&a| self.nodes[a as usize].id);
+        let joining = restart || via.is_some();
         let nd = &mut self.nodes[n];
         let seed = mix(self.cfg.seed, n as u64 + 1, nd.gen as u64 + 1);
         let mut peer = Peer::new(
@@ -921,6 +699,10 @@ impl<'a> Sim<'a> {
         // Each restart's life above any its last life renewed itself to
         // (once each time it was declared dead and came back).
         peer.set_address(now, String::new(), Vec::new(), (nd.gen as u64 + 1) << 32);
+        if via.is_some() && !restart {
+            // `mesh join`: never alone before a node there says whom it follows.
+            peer.joins_by_address();
+        }
         if let Some(via) = via {
             peer.introduce(now, via, String::new(), Vec::new());
         }
@@ -966,6 +748,9 @@ impl<'a> Sim<'a> {
         }
         let runs: Vec<(TaskRef, Run)> = nd.runs.drain().collect();
         nd.used = Resources::new();
+        // What waited for a stalled process, or in a slow one's queue, goes with it.
+        nd.held.clear();
+        nd.busy_until_us = 0;
         for (t, r) in runs {
             self.end_run(n, t, &r, false);
         }
@@ -1090,6 +875,7 @@ impl<'a> Sim<'a> {
             message: e,
         })?;
         if peer.is_coordinator() {
+            self.coordinators.insert(n as u32);
             // At most one coordinator per term among nodes that can reach each other.
             let term = peer.term();
             if let Some(&m) = self.coords.get(&term) {
@@ -1471,6 +1257,9 @@ impl<'a> Sim<'a> {
             events_per_sec: self.events as f64 / wall_s.max(1e-9),
             wall_ms: wall_s * 1000.0,
             alloc: self.alloc_report(),
+            one_mesh_ms: self.one_mesh_since,
+            coordinators: self.coordinators.iter().copied().collect(),
+            slow_wait_ms: self.slow_wait_ms,
             timeline: std::mem::take(&mut self.timeline),
             sample: std::mem::take(&mut self.sample),
         }

@@ -68,6 +68,16 @@ pub struct SimReport {
     /// What the allocation queues did, when the scenario has any.
     #[serde(default)]
     pub alloc: Option<AllocReport>,
+    /// Since when (virtual ms) every look found the mesh one (`one_mesh`,
+    /// looked at every second); none when it was not asked for.
+    #[serde(default)]
+    pub one_mesh_ms: Option<u64>,
+    /// Every node that ever coordinated, ascending.
+    #[serde(default)]
+    pub coordinators: Vec<u32>,
+    /// The longest a message waited in a slow node's queue (`[[slow]]`).
+    #[serde(default)]
+    pub slow_wait_ms: u64,
     /// For the picture: busy fraction per row and time bucket.
     pub timeline: Timeline,
     /// For the picture: a sample of executions.
@@ -162,6 +172,16 @@ pub struct AllocReport {
 
 /// The allocation queues' lines of the summary: what was asked of the
 /// batch system, and the batch-started nodes over time (scale out and in).
+/// Node indices, the first few of many.
+fn spread_nodes(nodes: &[u32]) -> String {
+    const SHOWN: usize = 8;
+    let mut s: Vec<String> = nodes.iter().take(SHOWN).map(u32::to_string).collect();
+    if nodes.len() > SHOWN {
+        s.push(format!("... ({} nodes)", nodes.len()));
+    }
+    format!("[{}]", s.join(", "))
+}
+
 fn alloc_summary(a: &AllocReport) -> String {
     let mut s = format!(
         "allocation: {} submissions ({} refused, up to {} jobs each), {} jobs (at most {} at once): \
@@ -331,7 +351,7 @@ impl SimReport {
              per node per s before the farm: {}\nper node per s during the farm: {}\n\
              duplicates {}\n\
              tasks {} done, {} failed, {} executions\nprefetch depth {}\n\
-             events {} ({:.0}/s)\n",
+             events {} ({:.0}/s)\none mesh since {} ms; coordinated: {}\nlongest wait at a slow node {} ms\n",
             self.seed,
             self.makespan,
             self.lower_bound,
@@ -356,6 +376,10 @@ impl SimReport {
             spread(&self.prefetch),
             self.events,
             self.events_per_sec,
+            self.one_mesh_ms
+                .map_or_else(|| "-".to_string(), |ms| ms.to_string()),
+            spread_nodes(&self.coordinators),
+            self.slow_wait_ms,
         ) + &self.alloc.as_ref().map_or_else(String::new, alloc_summary)
     }
 

@@ -11,6 +11,7 @@
 //! loss = 0.0                   # probability that any one message is dropped
 //! submit_at_ms = 0             # when node `submit_node` submits the farm
 //! max_time_ms = 600000         # virtual time limit: a run still busy then is stuck
+//! one_mesh = true              # the end check below (default on)
 //!
 //! [[nodes]]                    # a group of identical nodes; node indices count from 0 in file order
 //! count = 3
@@ -39,6 +40,19 @@
 //! nodes = [0, 1]
 //! from_ms = 100
 //! until_ms = 3000
+//! [[stall]]                    # node 0 is paused (SIGSTOP) from 0 to 45 s: what comes for it
+//! node = 0                     # (messages, its timers, task ends, answers) waits, and is
+//! from_ms = 0                  # handled in order at until_ms; it sends nothing meanwhile
+//! until_ms = 45000
+//! [[slow]]                     # node 0 is overloaded: messages to it are served one after
+//! node = 0                     # another, each taking 2 ms of its time, so a burst of them
+//! per_msg_us = 2000            # is answered late (a queue, not a fixed delay)
+//! from_ms = 0
+//! until_ms = 60000
+//! [[introduce]]                # node 1 is introduced to node 5 (dials it, as a real node does
+//! node = 1                     # a member it remembers, or a join address whose node is in
+//! to = 5                       # another mesh)
+//! at_ms = 20000
 //!
 //! [[alloc]]                    # an allocation queue (`mesh alloc`) against a simulated batch system
 //! name = "cpu"
@@ -54,6 +68,28 @@
 //! prefetch_percent = 110       # the fixed rule instead of the depth each node measures
 //! node_claims_max = 100000     # with a huge prefetch: place work badly on purpose
 //! ```
+//!
+//! How nodes start. The first node up on its side of any partition founds
+//! a mesh (`mesh node`); every other node that starts (at the start, late,
+//! or as a batch job's) runs `mesh join` through the lowest node up on its
+//! side (`Peer::joins_by_address`): it never elects itself before a node it
+//! was introduced to has said whom it follows, however long that takes.
+//! A node restarted from its store instead rejoins the peers it remembers
+//! (the lowest up on its side), and runs alone if none answers in 30 s.
+//! A node stalled from its start is up and stopped right after its first
+//! step. `[[introduce]]` is how two meshes formed apart meet: a real node
+//! dials the members it remembers and its join addresses for a day, and a
+//! connection to a node that is not a member introduces it there.
+//!
+//! The end checks: every task that should succeed is done at the farm's
+//! home with its outputs there; and, with `one_mesh` (on by default: a mesh
+//! that stays split is what users would see, whatever the farm did), every
+//! group of live nodes that can reach each other is one mesh: they follow
+//! one coordinator, one of them, in one term, and each knows every other as
+//! a member. The mesh is looked at every virtual second; once the farm is
+//! over, the run goes on until it is one mesh, and is stuck if it is not by
+//! `max_time_ms`. The report says since when it was one mesh
+//! (`one_mesh_ms`) and which nodes ever coordinated.
 
 use serde::{Deserialize, Serialize};
 
@@ -111,6 +147,16 @@ pub struct SimConfig {
     pub leaves: Vec<LeaveSpec>,
     #[serde(default)]
     pub partitions: Vec<PartitionSpec>,
+    #[serde(default)]
+    pub stall: Vec<StallSpec>,
+    #[serde(default)]
+    pub slow: Vec<SlowSpec>,
+    #[serde(default)]
+    pub introduce: Vec<IntroduceSpec>,
+    /// At the end, every group of live nodes that can reach each other is
+    /// one mesh (see the module docs).
+    #[serde(default = "yes")]
+    pub one_mesh: bool,
     /// Allocation queues: nodes that batch jobs bring when the backlog asks for them.
     #[serde(default)]
     pub alloc: Vec<AllocSpec>,
@@ -261,6 +307,36 @@ pub struct PartitionSpec {
     pub until_ms: u64,
 }
 
+/// During `[from_ms, until_ms)` the node is paused (SIGSTOP): everything
+/// for it waits until `until_ms` and is then handled in order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StallSpec {
+    pub node: usize,
+    pub from_ms: u64,
+    pub until_ms: u64,
+}
+
+/// During `[from_ms, until_ms)` messages arriving at the node are served
+/// one after another, each taking `per_msg_us` of its time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlowSpec {
+    pub node: usize,
+    pub per_msg_us: u64,
+    pub from_ms: u64,
+    pub until_ms: u64,
+}
+
+/// At `at_ms`, `node` is introduced to `to` (`Peer::introduce`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntroduceSpec {
+    pub node: usize,
+    pub to: usize,
+    pub at_ms: u64,
+}
+
 /// Overrides of the peers' [`Config`]; absent fields keep its defaults.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -366,6 +442,10 @@ impl SimConfig {
             crashes: vec![],
             leaves: vec![],
             partitions: vec![],
+            stall: vec![],
+            slow: vec![],
+            introduce: vec![],
+            one_mesh: true,
             alloc: vec![],
             mesh: MeshKnobs::default(),
         }
@@ -382,6 +462,9 @@ impl SimConfig {
             || !self.crashes.is_empty()
             || !self.leaves.is_empty()
             || !self.partitions.is_empty()
+            // A paused or swamped node looks dead to the others.
+            || !self.stall.is_empty()
+            || !self.slow.is_empty()
             // Batch jobs end (walltimes, cancels) under running tasks.
             || !self.alloc.is_empty()
     }
@@ -550,6 +633,30 @@ impl SimConfig {
             }
             if p.until_ms <= p.from_ms {
                 return bad(format!("partitions[{i}]: until_ms must be after from_ms"));
+            }
+        }
+        for (i, s) in self.stall.iter().enumerate() {
+            node_ok(&format!("stall[{i}]"), s.node)?;
+            if s.until_ms <= s.from_ms {
+                return bad(format!("stall[{i}]: until_ms must be after from_ms"));
+            }
+        }
+        for (i, s) in self.slow.iter().enumerate() {
+            node_ok(&format!("slow[{i}]"), s.node)?;
+            if s.until_ms <= s.from_ms {
+                return bad(format!("slow[{i}]: until_ms must be after from_ms"));
+            }
+            if s.per_msg_us == 0 {
+                return bad(format!("slow[{i}].per_msg_us must be at least 1"));
+            }
+        }
+        for (i, s) in self.introduce.iter().enumerate() {
+            node_ok(&format!("introduce[{i}]"), s.node)?;
+            node_ok(&format!("introduce[{i}].to"), s.to)?;
+            if s.node == s.to {
+                return bad(format!(
+                    "introduce[{i}]: a node is not introduced to itself"
+                ));
             }
         }
         Ok(())

@@ -27,6 +27,9 @@ pub(super) struct Holdings {
     stored: Vec<StoredFarm>,
     /// Farms whose inputs this node is bringing before its copy counts.
     inputs_wanted: BTreeSet<FarmId>,
+    /// On a home: nodes keeping outputs it wants that it has not seen as
+    /// members since it started, and since when it has wanted them.
+    unseen: BTreeMap<NodeId, Millis>,
 }
 
 impl Holdings {
@@ -421,11 +424,27 @@ impl Holdings {
     }
 
     /// On the home: outputs kept by nodes gone longer than
-    /// `outputs_wait_ms` (or never seen since this node started) are lost;
-    /// the coordinator runs those tasks again.
+    /// `outputs_wait_ms` (or not seen since this node started, for that
+    /// long since it wanted them) are lost; the coordinator runs those
+    /// tasks again.
     fn redo_lost(&mut self, now: Millis, cx: &Node, out: &mut Out) {
         let wait = cx.cfg.outputs_wait_ms;
-        let since = |n: &NodeId| cx.members.gone_since(*n).unwrap_or(cx.started_at);
+        // Waited for from when first wanted, not from this node's start: a
+        // node of a mesh met late (or of a healed partition's other side)
+        // is learned of over seconds, and its runs are not lost meanwhile.
+        let unseen = |n: NodeId| !cx.live(n) && cx.members.gone_since(n).is_none();
+        self.unseen.retain(|n, _| unseen(*n));
+        for r in self.replicas.values().filter(|r| r.home && !r.announced) {
+            for n in r.missing_on().filter(|n| unseen(*n)) {
+                self.unseen.entry(n).or_insert(now);
+            }
+        }
+        let since = |n: &NodeId| {
+            cx.members
+                .gone_since(*n)
+                .or_else(|| self.unseen.get(n).copied())
+                .unwrap_or(cx.started_at)
+        };
         let mut lost_all = Vec::new();
         for r in self.replicas.values().filter(|r| r.home && !r.announced) {
             if r.missing_on().all(|n| cx.live(n)) {

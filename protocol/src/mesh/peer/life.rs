@@ -97,7 +97,14 @@ impl Peer {
                 let limit = cfg.dead_after_ms.max(3 * self.report_interval());
                 membership::Watch::Direct(limit * health)
             }
-            Some(c) if self.successor(c) => membership::Watch::One(c, cfg.dead_after_ms * health),
+            // Only while it knows the members the coordinator knows: a node
+            // that knows a few of them, all above it (one of hundreds
+            // joining at once), is not the successor, whatever it thinks,
+            // and its claim would take the mesh from a coordinator that is
+            // only slow to answer.
+            Some(c) if self.successor(c) && self.node.members.agrees() => {
+                membership::Watch::One(c, cfg.dead_after_ms * health)
+            }
             _ => membership::Watch::None,
         }
     }
@@ -167,8 +174,23 @@ impl Peer {
         let coordinating = self.coord.is_some();
         if let Some(term) = self.node.election.heard(from, claims, term, coordinating) {
             self.follow(now, term, from);
+        } else if claims && term < self.node.election.term() {
+            // A coordinator in an older term (the other side of a healed
+            // partition, a mesh met late), whose claim this node's
+            // coordinator may never send it: a coordinator that hears its
+            // claims counts it as a member that reports there. Told whom
+            // this node follows, it asks there (below).
+            self.tell([from]);
         }
         let mine = self.node.election.coordinator();
+        if !claims && term > self.node.election.term() {
+            if let Some(c) = follows.filter(|&c| c != from && c != self.node.id && Some(c) != mine)
+            {
+                // It follows a coordinator in a newer term: ask there, and
+                // follow the claim that answers.
+                self.ask(c);
+            }
+        }
         if ask && (self.coord.is_some() || follows != mine || mine.is_none()) {
             // A worker's report, or a question from a node that follows
             // another coordinator or none (a joining node waits for its
@@ -284,7 +306,11 @@ impl Peer {
                 o.failovers += 1;
             }
         }
+        if before != Some(node) {
+            self.node.members.new_coordinator();
+        }
         self.node.election.followed(now, term, node);
+        let mut deposed = false;
         if node != self.node.id {
             if let Some(old) = self.coord.take() {
                 old.hand_over(self.node.id, node, &mut self.out);
@@ -293,7 +319,14 @@ impl Peer {
                 // (they may have followed the new coordinator first) are
                 // SWIM's to judge again.
                 self.node.members.unhide(now);
+                deposed = true;
             }
+        }
+        if deposed {
+            // Its workers hear whom it follows now, not at their next
+            // report: the winner places nothing until they say what they hold.
+            let all: Vec<NodeId> = self.node.members.ids().filter(|&m| m != node).collect();
+            self.tell(all);
         }
         self.out.emit(PeerEvent::Coordinator { term, node });
         if node != self.node.id {

@@ -230,6 +230,9 @@ pub(super) struct Membership {
     digest: Cell<Option<u64>>,
     /// Since when this node's digest has differed from its coordinator's.
     unlike_since: Option<Millis>,
+    /// The coordinator's last answer carried the digest this node had:
+    /// it knows the members its coordinator knows.
+    agrees: bool,
 }
 
 /// A worker whose digest of the members has differed from its
@@ -314,6 +317,7 @@ impl Membership {
             rejoin_turn: 0,
             digest: Cell::new(None),
             unlike_since: None,
+            agrees: false,
         }
     }
 
@@ -425,7 +429,8 @@ impl Membership {
     /// has differed from this node's for `ROSTER_SETTLE_MS` (again every
     /// `ROSTER_SETTLE_MS` while it does), when this node should ask.
     pub(super) fn roster_unlike(&mut self, now: Millis, theirs: u64) -> bool {
-        if theirs == self.digest() {
+        self.agrees = theirs == self.digest();
+        if self.agrees {
             self.unlike_since = None;
             return false;
         }
@@ -435,6 +440,18 @@ impl Membership {
         }
         self.unlike_since = Some(now);
         true
+    }
+
+    /// Whether this node knew the members its coordinator knew, at the
+    /// coordinator's last answer.
+    pub(super) fn agrees(&self) -> bool {
+        self.agrees
+    }
+
+    /// This node follows another coordinator: what it knew of the last
+    /// one's members says nothing of this one's.
+    pub(super) fn new_coordinator(&mut self) {
+        self.agrees = false;
     }
 
     /// A roster message from `from`: merged, and answered as its kind asks.

@@ -651,6 +651,23 @@ impl Coord {
         self.settle = (!waiting.is_empty()).then_some((until, waiting));
     }
 
+    /// As `settle`, once more: a farm taken over from another coordinator's
+    /// copy while this one coordinates (a mesh it met, the other side of a
+    /// healed partition). Waits as long as either asks, for all they name.
+    pub(super) fn settle_again(
+        &mut self,
+        until: Millis,
+        members: impl IntoIterator<Item = NodeId>,
+    ) {
+        match &mut self.settle {
+            Some((u, waiting)) => {
+                *u = (*u).max(until);
+                waiting.extend(members);
+            }
+            None => self.settle(until, members),
+        }
+    }
+
     /// Still waiting to hear what the members hold (and the copies
     /// `awaited`) before placing work.
     pub(super) fn settling(&mut self, now: Millis) -> bool {

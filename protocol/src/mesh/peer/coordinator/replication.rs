@@ -179,6 +179,7 @@ impl Coord {
     ) -> bool {
         let me = cx.id;
         let stages = farm.def.stages.len();
+        let another = writer.as_ref().is_some_and(|w| w.node != me);
         let (order, apart) = match writer {
             None => (Vec::new(), None),
             // One that hands its farm over (it offers it itself), or that
@@ -235,6 +236,11 @@ impl Coord {
         let here = me != origin && me != from;
         if here {
             f.holders.push(Holder::new(me, false));
+        }
+        if another {
+            // Another coordinator's workers may be running its tasks, all
+            // pending here: placed now, they would run twice.
+            self.settle_again(now + cx.cfg.resend_ms, cx.members.ids());
         }
         self.adopt_early(now, id);
         here

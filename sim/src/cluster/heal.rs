@@ -1,0 +1,167 @@
+//! How the simulator plays a start that goes wrong and a mesh that must heal: stalled (SIGSTOPped) and swamped nodes, and the look at whether every group of nodes that can reach each other is one mesh.
+
+use super::*;
+
+impl Sim<'_> {
+    /// A message has reached node `to`: it is handled now, or once the
+    /// node gets to it (stalled: when it resumes; slow: after those before it).
+    pub(super) fn arrived(
+        &mut self,
+        to: usize,
+        gen: u32,
+        from: u32,
+        msg: Msg,
+    ) -> Result<(), SimError> {
+        let now = self.now;
+        let nd = &mut self.nodes[to];
+        if nd.gen != gen || nd.peer.is_none() {
+            return Ok(());
+        }
+        if self
+            .cfg
+            .stall
+            .iter()
+            .any(|s| s.node == to && (s.from_ms..s.until_ms).contains(&now))
+        {
+            let (to, from) = (to as u32, from);
+            nd.held.push(Ev::Arrived { to, gen, from, msg });
+            return Ok(());
+        }
+        let slow = self
+            .cfg
+            .slow
+            .iter()
+            .find(|s| s.node == to && (s.from_ms..s.until_ms).contains(&now));
+        if let Some(s) = slow {
+            // Served in turn: a burst of messages is answered late, as a
+            // swamped node's are.
+            let start = nd.busy_until_us.max(now * 1000);
+            nd.busy_until_us = start + s.per_msg_us;
+            let at = nd.busy_until_us.div_ceil(1000);
+            self.slow_wait_ms = self.slow_wait_ms.max(at.saturating_sub(now));
+            if at > now {
+                let to = to as u32;
+                self.push(at, Ev::Served { to, gen, from, msg });
+                return Ok(());
+            }
+        }
+        let from = self.nodes[from as usize].id;
+        self.step(to, |p| p.handle_message(now, from, msg))
+    }
+
+    pub(super) fn stalled(&self, n: usize) -> bool {
+        self.cfg
+            .stall
+            .iter()
+            .any(|s| s.node == n && (s.from_ms..s.until_ms).contains(&self.now))
+    }
+
+    /// An event a stalled node would handle is kept for when it resumes
+    /// (None); any other is handled now. Messages are kept once they have
+    /// passed the network (`arrived`); a timer due is kept as a `Wake`.
+    pub(super) fn for_stalled(&mut self, ev: Ev) -> Option<Ev> {
+        if self.cfg.stall.is_empty() {
+            return Some(ev);
+        }
+        let n = match &ev {
+            Ev::Timer { node, .. }
+            | Ev::Wake { node, .. }
+            | Ev::TaskEnd { node, .. }
+            | Ev::InputsReady { node, .. }
+            | Ev::BatchAnswer { node, .. }
+            | Ev::Introduce { node, .. } => *node as usize,
+            Ev::Served { to, .. } => *to as usize,
+            Ev::Fetched { home, .. } => *home as usize,
+            Ev::Leave(n) => *n as usize,
+            Ev::Submit => self.cfg.submit_node,
+            _ => return Some(ev),
+        };
+        if !self.stalled(n) {
+            return Some(ev);
+        }
+        let now = self.now;
+        let nd = &mut self.nodes[n];
+        let ev = match ev {
+            Ev::Timer { node, gen } => {
+                if nd.gen != gen || nd.timer != Some(now) || nd.peer.is_none() {
+                    return None;
+                }
+                nd.timer = None;
+                Ev::Wake { node, gen }
+            }
+            other => other,
+        };
+        nd.held.push(ev);
+        None
+    }
+
+    /// Every group of live nodes that can reach each other (cut off by the
+    /// same partitions, none stalled) is one mesh: they follow one of them,
+    /// which coordinates, in one term, and each knows every other as a member.
+    pub(super) fn one_mesh(&self) -> Result<(), String> {
+        let cuts: Vec<&crate::scenario::PartitionSpec> = self
+            .cfg
+            .partitions
+            .iter()
+            .filter(|p| (p.from_ms..p.until_ms).contains(&self.now))
+            .collect();
+        let mut groups: FxHashMap<Vec<bool>, Vec<u32>> = FxHashMap::default();
+        for &n in &self.alive {
+            if self.stalled(n as usize) {
+                continue;
+            }
+            let side = cuts
+                .iter()
+                .map(|p| p.nodes.contains(&(n as usize)))
+                .collect();
+            groups.entry(side).or_default().push(n);
+        }
+        let mut groups: Vec<Vec<u32>> = groups.into_values().collect();
+        groups.sort();
+        let peer = |n: u32| self.nodes[n as usize].peer.as_ref().expect("alive");
+        let index = |id: NodeId| (id.0 - 1) as u32;
+        for g in &groups {
+            let first = peer(g[0]);
+            let Some(c) = first.coordinator() else {
+                return Err(format!("node {} follows no one", g[0]));
+            };
+            let (c, term) = (index(c), first.term());
+            if g.binary_search(&c).is_err() || !peer(c).is_coordinator() {
+                return Err(format!(
+                    "node {} follows node {c}, which is not a coordinator it can reach",
+                    g[0]
+                ));
+            }
+            for &n in g {
+                let p = peer(n);
+                if p.coordinator().map(index) != Some(c) || p.term() != term {
+                    return Err(format!(
+                        "node {n} follows {:?} in term {}, node {} follows node {c} in term {term}",
+                        p.coordinator().map(index),
+                        p.term(),
+                        g[0]
+                    ));
+                }
+            }
+            for &n in g {
+                let p = peer(n);
+                if p.member_count() + 1 < g.len() {
+                    return Err(format!(
+                        "node {n} knows {} members, {} nodes can reach it",
+                        p.member_count(),
+                        g.len() - 1
+                    ));
+                }
+                // Both in id order: one pass.
+                let mut known = p.members().map(|m| index(m.id)).peekable();
+                for &o in g.iter().filter(|&&o| o != n) {
+                    while known.next_if(|&k| k < o).is_some() {}
+                    if known.next_if_eq(&o).is_none() {
+                        return Err(format!("node {n} does not know node {o} as a member"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
