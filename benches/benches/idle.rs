@@ -17,8 +17,9 @@
 //!   processes that map it: the binary's pages are shared by every node),
 //!   split into anonymous (heap, stacks) and file-backed;
 //! - TCP connections per node (both ends of each loopback connection
-//!   counted, from /proc/net/tcp), the coordinator's sockets, and "is
-//!   gone" lines (no node is killed, so every one is a false death).
+//!   counted, from /proc/net/tcp), the coordinator's sockets (idle, and
+//!   in the middle of the farm below), and "is gone" lines (no node is
+//!   killed, so every one is a false death).
 //!
 //! Then, on the largest mesh, a farm of `sleep 1` tasks, ten per slot,
 //! submitted on the last node with `--wait`: makespan over its lower bound
@@ -193,14 +194,27 @@ fn main() {
             )
             .expect("write farm");
             let began = Instant::now();
-            let out = user_env(&mut Command::new(&bin))
+            let submit = user_env(&mut Command::new(&bin))
                 .args(["submit", farm.to_str().expect("path"), "--wait"])
                 .env("MESH_STATE_DIR", &nodes[n - 1].state)
                 .current_dir(dir.path())
                 .stdin(Stdio::null())
-                .output()
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
                 .expect("mesh submit");
+            // Mid-farm, every node busy: the coordinator talks to each.
+            std::thread::sleep(Duration::from_secs(per / 2));
+            let busy_sockets = coord.map_or(0, |i| procs::sockets(pids[i]));
+            let out = submit.wait_with_output().expect("mesh submit");
             let took = began.elapsed().as_secs_f64();
+            println!("  sockets at the coordinator mid-farm: {busy_sockets}");
+            results.push(report(
+                &format!("{n} nodes: sockets at the coordinator mid-farm"),
+                busy_sockets as f64,
+                "sockets",
+                None,
+            ));
             assert!(
                 out.status.success(),
                 "the farm failed: {}",
