@@ -652,6 +652,9 @@ fn print_glance(s: &MeshStatus, here: &str) {
         s.term,
         g.nodes
     );
+    if let Some(why) = &s.unheard {
+        println!("  ({why}: the other nodes as this one last heard them)");
+    }
     let states: Vec<String> = g
         .by_state
         .iter()

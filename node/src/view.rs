@@ -216,6 +216,10 @@ pub struct MeshStatus {
     /// Every answering node's latencies together.
     #[serde(default)]
     pub latency: Vec<LatencySummary>,
+    /// Why the other nodes are shown as this node last heard them (their
+    /// load then, often nothing), not as the coordinator hears them now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unheard: Option<String>,
 }
 
 /// The status, and what each node that answered said of itself.

@@ -19,10 +19,15 @@ use crate::view::{FarmView, MeshStatus, NodeView, Observed};
 /// How long a count of the outputs kept here stands.
 const HELD_RECOUNT: Duration = Duration::from_secs(5);
 
-/// How long `mesh status` and the dashboard wait for the coordinator's
-/// view of the nodes, and for a node to say how it is: one that does not
-/// answer in time is shown as this node last heard it, or without it.
+/// How long `mesh status` and the dashboard wait for a node to say how it
+/// is: one that does not answer in time is shown as this node last heard
+/// it, or without it.
 const ASK_WAIT: std::time::Duration = std::time::Duration::from_millis(800);
+/// How long they wait for the coordinator's view of every node: one
+/// request, which on a loaded machine may first have to open a connection
+/// (the nodes are otherwise shown as this node last heard them, which for
+/// a worker is without their load, and the status says so).
+const COORDINATOR_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The dashboard's task stream shows the runs of this many of the busiest
 /// nodes (and this one): each is a request a second, and a chart of a
@@ -198,6 +203,7 @@ impl Node {
             term: mesh_protocol::mesh::term_round(self.peer.term()),
             farms,
             latency: Vec::new(),
+            unheard: None,
         }
     }
 
@@ -270,9 +276,20 @@ impl Node {
         tokio::spawn(async move {
             if let Some(c) = coordinator {
                 let nodes = request(&tx, c, Request::Nodes);
-                if let Ok(Ok(Response::Nodes(beats))) = tokio::time::timeout(ASK_WAIT, nodes).await
-                {
-                    status.nodes = heard(&status, &me, beats);
+                match tokio::time::timeout(COORDINATOR_WAIT, nodes).await {
+                    Ok(Ok(Response::Nodes(beats))) => status.nodes = heard(&status, &me, beats),
+                    Ok(Ok(_)) => {
+                        status.unheard = Some("the coordinator gave another answer".into())
+                    }
+                    Ok(Err(e)) => {
+                        status.unheard = Some(format!("the coordinator did not answer: {e}"))
+                    }
+                    Err(_) => {
+                        status.unheard = Some(format!(
+                            "the coordinator did not answer within {} s",
+                            COORDINATOR_WAIT.as_secs()
+                        ))
+                    }
                 }
             }
             let wanted: Vec<(String, NodeId)> = match ask {
