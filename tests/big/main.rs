@@ -191,6 +191,7 @@ fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fi
     c.mesh(watcher, &["submit", "farm.toml", "--out", "out"])
         .expect_code(0);
     let mut running = 0;
+    let submitted = std::time::Instant::now();
     let busy = wait_until(Duration::from_secs(120), || {
         running = c.mesh(watcher, &["status", "--json"]).json()["nodes"]
             .as_array()
@@ -199,9 +200,31 @@ fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fi
             });
         running >= 30
     });
-    assert!(
-        busy,
-        "the farm did not spread: {running} nodes running tasks"
+    if !busy {
+        // What a user would look at: the mesh at a glance, the farm, and
+        // what the coordinator and the home said last.
+        let glance = c.mesh(watcher, &["status"]).stdout;
+        let farms = c.mesh(watcher, &["status", "--json"]).json()["farms"].to_string();
+        let coordinator = follows(&c.nodes[watcher].lines()).unwrap_or_default();
+        let tail = |i: usize| {
+            let lines = c.nodes[i].lines();
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        };
+        let coord = c
+            .nodes
+            .iter()
+            .position(|p| p.peer_id() == coordinator)
+            .map_or_else(|| "(not among the nodes)".to_string(), tail);
+        panic!(
+            "the farm did not spread: {running} nodes running tasks\n{glance}\nfarms: {farms}\n\
+             coordinator {coordinator}:\n{coord}\nhome:\n{}",
+            tail(watcher)
+        );
+    }
+
+    eprintln!(
+        "{running} nodes running tasks {:.1} s after the submission",
+        submitted.elapsed().as_secs_f64()
     );
 
     // `mesh status`: a screenful; `--nodes`: every node, a line each.
