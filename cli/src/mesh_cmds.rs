@@ -469,15 +469,24 @@ fn follow(to: &Target, farm: &str, json: bool) -> Result<ExitCode> {
                         b
                     });
                     b.set_position(v.counts.done + v.counts.failed + v.counts.skipped);
+                    let data = v.data.words().map(|w| format!(", {w}"));
                     b.set_message(format!(
-                        "running {} failed {}",
-                        v.counts.running, v.counts.failed
+                        "running {} failed {}{}",
+                        v.counts.running,
+                        v.counts.failed,
+                        data.unwrap_or_default()
                     ));
                 } else if !json && last_line.elapsed() >= Duration::from_secs(1) {
                     last_line = Instant::now();
+                    let data = v.data.words().map(|w| format!(", {w}"));
                     eprintln!(
-                        "{}: {}/{} done, {} running, {} failed",
-                        v.id, v.counts.done, v.counts.total, v.counts.running, v.counts.failed
+                        "{}: {}/{} done, {} running, {} failed{}",
+                        v.id,
+                        v.counts.done,
+                        v.counts.total,
+                        v.counts.running,
+                        v.counts.failed,
+                        data.unwrap_or_default()
                     );
                 }
             }

@@ -235,6 +235,9 @@ fn render(frame: &Frame, rates: &mut StageRates, now: u64, color: bool) -> Strin
                 eta(c, rate)
             ));
         }
+        if let Some(words) = f.data.words() {
+            o.push_str(&format!("  {}\n", dim.apply_to(words)));
+        }
         for line in f.failures.iter().take(FAILURES_SHOWN) {
             o.push_str(&format!("  {} {line}\n", red.apply_to("✗")));
         }

@@ -593,6 +593,7 @@ impl Node {
             Cmd::Respond(channel, resp) => {
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
             }
+            Cmd::Moved(farm) => self.refresh_view(farm),
             Cmd::PeerOf(node, reply) => {
                 let _ = reply.send(self.peer_of(node));
             }

@@ -128,6 +128,8 @@ enum Cmd {
         reply: oneshot::Sender<Result<Response, String>>,
     },
     Respond(ResponseChannel<Response>, Response),
+    /// Bytes of a farm's outputs came home (at most once a second a transfer).
+    Moved(FarmId),
     /// A transfer asks for the peer id of a node (dialled if need be).
     PeerOf(NodeId, oneshot::Sender<Option<PeerId>>),
     Control(ControlRequest, mpsc::UnboundedSender<ControlResponse>),

@@ -51,6 +51,8 @@ const SILENCE: Duration = Duration::from_secs(60);
 /// How long opening a stream may take, dialling the node if need be.
 const OPEN_TIMEOUT: Duration =
     Duration::from_secs(net::CONNECT_TIMEOUT.as_secs() + net::HANDSHAKE_TIMEOUT.as_secs());
+/// A farm's home shows the bytes coming this often during a transfer.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// A stream reset before its head came (the sender's incoming streams
 /// have one place: one that came meanwhile is dropped) is opened again.
 const OPEN_TRIES: u32 = 6;
@@ -94,8 +96,18 @@ pub(super) struct Stats {
     pub sending: AtomicUsize,
     /// When a send last ended (or began).
     pub last_send: Mutex<Option<Instant>>,
-    /// Bytes brought home per farm (outputs).
-    pub home: Mutex<HashMap<FarmId, u64>>,
+    /// Per farm: bytes brought home (outputs), and of those, bytes of
+    /// files still coming.
+    pub home: Mutex<HashMap<FarmId, (u64, u64)>>,
+}
+
+impl Stats {
+    /// Puts the bytes moved into a node's counters.
+    pub(super) fn count(&self, c: &mut mesh_protocol::observe::Counters) {
+        c.bytes_sent = self.sent.load(Ordering::Relaxed);
+        c.bytes_received = self.received.load(Ordering::Relaxed);
+        c.bytes_in_place = self.in_place.load(Ordering::Relaxed);
+    }
 }
 
 /// How a fetched file came.
@@ -148,8 +160,28 @@ impl Transfers {
     fn count_home(&self, farm: Option<FarmId>, n: u64) {
         self.stats.received.fetch_add(n, Ordering::Relaxed);
         if let Some(farm) = farm {
-            *lock(&self.stats.home).entry(farm).or_default() += n;
+            let mut home = lock(&self.stats.home);
+            let e = home.entry(farm).or_default();
+            e.0 += n;
+            e.1 += n;
         }
+    }
+
+    /// A file of `farm` that brought `n` bytes home is done coming.
+    fn landed(&self, farm: Option<FarmId>, n: u64) {
+        if let Some(farm) = farm {
+            if let Some(e) = lock(&self.stats.home).get_mut(&farm) {
+                e.1 = e.1.saturating_sub(n);
+            }
+        }
+    }
+
+    /// Bytes of `farm`'s outputs brought home, and of files still coming.
+    pub(super) fn home_bytes(&self, farm: FarmId) -> (u64, u64) {
+        lock(&self.stats.home)
+            .get(&farm)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Where this node keeps a file of `farm` by hash: an input it serves
@@ -464,7 +496,7 @@ async fn fetch_here(
         .await
         .map_err(|e| format!("the stream ended: {e}"))?;
     let farm_of = home.then_some(farm);
-    let r = receive(t, &mut s, &part, &pieces, hash, have, farm_of).await;
+    let r = receive(t, tx, &mut s, &part, (&pieces, hash, have), farm_of).await;
     let _ = s.close().await;
     r?;
     if keep {
@@ -551,11 +583,10 @@ fn verified_part(part: &Path, pieces: &Pieces, hash: &Cv) -> io::Result<u64> {
 /// The bytes from `have` to the end, checked and written as they come.
 async fn receive(
     t: &Transfers,
+    tx: &mpsc::UnboundedSender<Cmd>,
     s: &mut libp2p::Stream,
     part: &Path,
-    pieces: &Pieces,
-    hash: Cv,
-    have: u64,
+    (pieces, hash, have): (&Pieces, Cv, u64),
     farm: Option<FarmId>,
 ) -> Result<(), String> {
     let (btx, mut brx) = mpsc::channel::<Vec<u8>>(BLOCKS_QUEUED);
@@ -593,6 +624,7 @@ async fn receive(
     });
     let mut left = pieces.size - have;
     let mut r = Ok(());
+    let mut told = Instant::now();
     while left > 0 {
         let mut buf = vec![0u8; BLOCK.min(left as usize)];
         let n = match within(SILENCE, s.read(&mut buf)).await {
@@ -613,11 +645,16 @@ async fn receive(
         buf.truncate(n);
         left -= n as u64;
         t.count_home(farm, n as u64);
+        if let Some(farm) = farm.filter(|_| told.elapsed() >= PROGRESS_EVERY) {
+            told = Instant::now();
+            let _ = tx.send(Cmd::Moved(farm));
+        }
         if btx.send(buf).await.is_err() {
             break;
         }
     }
     drop(btx);
+    t.landed(farm, pieces.size - have - left);
     let written = writer.await.map_err(|e| e.to_string())?;
     r?;
     written
