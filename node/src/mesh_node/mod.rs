@@ -42,7 +42,7 @@ use crate::executor::Live;
 use crate::keys;
 use crate::net::{self, Behaviour};
 use crate::observe::Recorder;
-use crate::{runtime, IoError};
+use crate::{node_runtime, IoError};
 use allocs::Alloc;
 use links::Links;
 use queries::Asked;
@@ -200,7 +200,7 @@ struct Node {
 
 /// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.
 pub fn run_node(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
-    runtime()?.block_on(driver::drive(opts, out))
+    node_runtime()?.block_on(driver::drive(opts, out))
 }
 
 /// How users name a farm: its name and the start of its mesh id.
