@@ -1,4 +1,4 @@
-//! The node's network layer: a libp2p swarm on TCP behind the mesh's pre-shared key, peer messages on streams, data by request-response.
+//! The node's network layer: a libp2p swarm on TCP behind the mesh's pre-shared key, peer messages and files on streams, requests by request-response.
 //!
 //! Everything here is plumbing the node loop drives: it builds the swarm,
 //! encodes what goes on the wire (postcard, see [`mesh_protocol::wire`]) and
