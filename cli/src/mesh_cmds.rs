@@ -116,8 +116,8 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Vec<Multiaddr>) -> Result<Exi
         node_claims_max: flags.claims_max,
         outputs_wait_ms: flags.outputs_wait_ms,
         replicas: flags.replicas as usize,
-        connect_ms: (mesh_node::net::CONNECT_TIMEOUT + mesh_node::net::HANDSHAKE_TIMEOUT).as_millis()
-            as u64,
+        connect_ms: (mesh_node::net::CONNECT_TIMEOUT + mesh_node::net::HANDSHAKE_TIMEOUT)
+            .as_millis() as u64,
         ..Config::default()
     };
     let opts = NodeOptions {

@@ -48,7 +48,14 @@ pub fn watch(
         let frame = read(state, to, farm)?;
         let now = start.elapsed().as_millis() as u64;
         if tty {
-            let text = render(&frame, &mut rates, now, color);
+            let (rows, cols) = term.size();
+            let text = render(
+                &frame,
+                &mut rates,
+                now,
+                color,
+                (usize::from(cols), usize::from(rows)),
+            );
             term.clear_screen()?;
             let mut out = std::io::stdout().lock();
             out.write_all(text.as_bytes())?;
@@ -174,8 +181,17 @@ fn clock() -> String {
     )
 }
 
-/// A whole screen for the terminal.
-fn render(frame: &Frame, rates: &mut StageRates, now: u64, color: bool) -> String {
+/// A whole screen for a terminal of `cols` x `rows`: the header, the farms
+/// while they fit (each stage a line, the bar as wide as the line
+/// allows), and the mesh at a glance at the bottom, a few lines whatever
+/// its size. Nothing wider than the terminal, nothing below its last line.
+fn render(
+    frame: &Frame,
+    rates: &mut StageRates,
+    now: u64,
+    color: bool,
+    (cols, rows): (usize, usize),
+) -> String {
     let st = |s: Style| s.force_styling(color);
     let (green, red, blue, dim, bold) = (
         st(Style::new().green()),
@@ -184,65 +200,117 @@ fn render(frame: &Frame, rates: &mut StageRates, now: u64, color: bool) -> Strin
         st(Style::new().dim()),
         st(Style::new().bold()),
     );
-    let mut o = String::new();
-    match &frame.mesh {
-        Some(m) => o.push_str(&format!(
-            "{} · coordinator {} (term {}) · {} nodes · {} UTC\n\n",
-            bold.apply_to("mesh"),
+    let cols = cols.max(40);
+    // Lines with what they show when plain: each is cut to the width.
+    let mut lines: Vec<(String, String)> = Vec::new();
+    let mut push = |styled: String, plain: String| lines.push((styled, plain));
+    let head = match &frame.mesh {
+        Some(m) => format!(
+            "mesh · coordinator {} (term {}) · {} nodes · {} UTC",
             m.coordinator.as_deref().map_or("not elected", short_id),
             m.term,
             m.nodes.len(),
             clock()
-        )),
-        None => o.push_str(&format!(
-            "{} · this machine · {} UTC\n\n",
-            bold.apply_to("mesh run"),
-            clock()
-        )),
-    }
+        ),
+        None => format!("mesh run · this machine · {} UTC", clock()),
+    };
+    push(bold.apply_to(&head).to_string(), head);
+    push(String::new(), String::new());
+    let mesh_lines = if frame.mesh.is_some() { 4 } else { 0 };
+    let room = rows.saturating_sub(lines.len() + mesh_lines);
+    let mut body: Vec<(String, String)> = Vec::new();
     if frame.farms.is_empty() {
-        o.push_str("no farms yet: `mesh submit FARM.toml`\n");
+        let t = "no farms yet: `mesh submit FARM.toml`".to_string();
+        body.push((t.clone(), t));
     }
+    let mut hidden = 0;
     for f in &frame.farms {
+        let stages = f.stages.len() + 1 + f.failures.len().min(FAILURES_SHOWN);
+        if body.len() + stages.min(2) > room {
+            hidden += 1;
+            continue;
+        }
         let state = if f.finished { "finished" } else { "running" };
-        o.push_str(&format!(
-            "{} {}  {}/{} done, {} failed\n",
-            bold.apply_to(format!("farm {}", f.id)),
-            dim.apply_to(state),
-            f.counts.done,
-            f.counts.total,
-            f.counts.failed
+        let text = format!(
+            "farm {} {state}  {}/{} done, {} failed",
+            f.id, f.counts.done, f.counts.total, f.counts.failed
+        );
+        body.push((
+            format!(
+                "{} {}  {}/{} done, {} failed",
+                bold.apply_to(format!("farm {}", f.id)),
+                dim.apply_to(state),
+                f.counts.done,
+                f.counts.total,
+                f.counts.failed
+            ),
+            text,
         ));
-        let width = f.stages.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+        let width = f
+            .stages
+            .iter()
+            .map(|(n, _)| n.len())
+            .max()
+            .unwrap_or(0)
+            .min(24);
         for (stage, c) in &f.stages {
             let rate = rates.rate(&f.id, stage, c.ended(), now);
+            if body.len() >= room {
+                continue;
+            }
             let total = c.total.max(1) as f64;
-            let cells = |n: u64| ((n as f64 / total) * BAR_WIDTH as f64).round() as usize;
-            let (d, x, r) = (cells(c.done), cells(c.failed), cells(c.running));
-            let rest = BAR_WIDTH.saturating_sub(d + x + r);
-            o.push_str(&format!(
-                "  {stage:<width$} {}{}{}{} {:>3.0}%  {}/{}  {} running  {} queued  {} failed  {rate:.1}/s  {}\n",
-                green.apply_to("█".repeat(d)),
-                red.apply_to("█".repeat(x)),
-                blue.apply_to("█".repeat(r)),
-                dim.apply_to("░".repeat(rest)),
-                100.0 * c.ended() as f64 / total,
+            let pct = format!("{:>3.0}%", 100.0 * c.ended() as f64 / total);
+            let numbers = format!(
+                "{}/{} {}r {}q {}f {rate:.1}/s {}",
                 c.done,
                 c.total,
                 c.running,
                 c.queued(),
                 c.failed,
                 eta(c, rate)
+            );
+            let name: String = stage.chars().take(width).collect();
+            // The bar takes what the line leaves, between 8 and 30 cells.
+            let fixed = 2 + width + 1 + 1 + pct.len() + 2 + numbers.len();
+            let bar = cols.saturating_sub(fixed).clamp(8, BAR_WIDTH);
+            let cells = |n: u64| ((n as f64 / total) * bar as f64).round() as usize;
+            let (d, x, r) = (cells(c.done), cells(c.failed), cells(c.running));
+            let rest = bar.saturating_sub(d + x + r);
+            let plain = format!(
+                "  {name:<width$} {}{}{}{} {pct}  {numbers}",
+                "█".repeat(d),
+                "█".repeat(x),
+                "█".repeat(r),
+                "░".repeat(rest)
+            );
+            body.push((
+                format!(
+                    "  {name:<width$} {}{}{}{} {pct}  {numbers}",
+                    green.apply_to("█".repeat(d)),
+                    red.apply_to("█".repeat(x)),
+                    blue.apply_to("█".repeat(r)),
+                    dim.apply_to("░".repeat(rest)),
+                ),
+                plain,
             ));
         }
         if let Some(words) = f.data.words() {
             o.push_str(&format!("  {}\n", dim.apply_to(words)));
         }
         for line in f.failures.iter().take(FAILURES_SHOWN) {
-            o.push_str(&format!("  {} {line}\n", red.apply_to("✗")));
+            if body.len() < room {
+                body.push((
+                    format!("  {} {line}", red.apply_to("✗")),
+                    format!("  ✗ {line}"),
+                ));
+            }
         }
-        o.push('\n');
     }
+    if hidden > 0 && body.len() < room {
+        let t = format!("{hidden} more farm(s): `mesh watch FARM` for one");
+        body.push((dim.apply_to(&t).to_string(), t));
+    }
+    lines.extend(body);
     if let Some(m) = &frame.mesh {
         // The mesh at a glance, a few lines at any size (a line per node
         // filled the screen from 20 nodes on).
@@ -252,18 +320,12 @@ fn render(frame: &Frame, rates: &mut StageRates, now: u64, color: bool) -> Strin
             .iter()
             .map(|(st, c)| format!("{c} {}", st.word()))
             .collect();
-        o.push_str(&format!(
-            "{} {}",
-            bold.apply_to("nodes"),
-            states.join(" · ")
-        ));
+        let mut t = format!("nodes {}", states.join(" · "));
         if g.behind > 0 {
-            o.push_str(&format!(
-                " · {}",
-                red.apply_to(format!("{} behind", g.behind))
-            ));
+            t.push_str(&format!(" · {} behind", g.behind));
         }
-        o.push('\n');
+        lines.push((String::new(), String::new()));
+        lines.push((bold.apply_to(&t).to_string(), t));
         let used: Vec<String> = g
             .resources
             .iter()
@@ -271,22 +333,36 @@ fn render(frame: &Frame, rates: &mut StageRates, now: u64, color: bool) -> Strin
             .map(|r| format!("{} {:.0}/{:.0}", r.kind, r.used, r.total))
             .collect();
         let (least, median, most) = g.tasks_spread;
-        o.push_str(&format!(
-            "  in use {} · tasks per node {least}/{median}/{most} (least/median/most)",
+        let mut t = format!(
+            "  in use {} · tasks per node {least}/{median}/{most}",
             used.join(" · ")
-        ));
+        );
         if let Some((_, median, most)) = g.load_spread {
-            o.push_str(&format!(" · load {median:.1}/{most:.1}"));
+            t.push_str(&format!(" · load {median:.1}/{most:.1}"));
         }
-        o.push('\n');
+        lines.push((t.clone(), t));
         if !g.busiest.is_empty() {
             let busy: Vec<String> = g
                 .busiest
                 .iter()
                 .map(|(id, r, q)| format!("…{} {r}+{q}", short_id(id)))
                 .collect();
-            o.push_str(&format!("  busiest {}\n", dim.apply_to(busy.join(" · "))));
+            let t = format!("  busiest {}", busy.join(" · "));
+            lines.push((dim.apply_to(&t).to_string(), t));
         }
+    }
+    let mut o = String::new();
+    // The last row stays free: a newline there would scroll the screen.
+    for (styled, plain) in lines.iter().take(rows.saturating_sub(1)) {
+        // Cut to the width: on the plain text, as styles add no cells.
+        if plain.chars().count() > cols {
+            let cut: String = plain.chars().take(cols.saturating_sub(1)).collect();
+            o.push_str(&cut);
+            o.push('…');
+        } else {
+            o.push_str(styled);
+        }
+        o.push('\n');
     }
     o
 }

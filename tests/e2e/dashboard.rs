@@ -166,6 +166,29 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
     });
 }
 
+/// What a terminal shows of `s`: without its escape sequences (CSI
+/// sequences end at their first letter) and carriage returns.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\x1b' => {
+                if chars.next() == Some('[') {
+                    for c in chars.by_ref() {
+                        if c.is_ascii_alphabetic() {
+                            break;
+                        }
+                    }
+                }
+            }
+            '\r' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Reads what a child writes until `limit`, then kills it.
 fn read_for(mut child: Child, limit: Duration) -> String {
     let mut out = child.stdout.take().expect("stdout");
@@ -211,7 +234,10 @@ fn mesh_watch_in_a_terminal_draws_progress_advancing() {
     let watch = |no_color: bool| {
         let mut cmd = Command::new(&script);
         cmd.args(["-q", "-f", "-e", "-c"])
-            .arg(format!("{} watch --every 0.3", bin.display()))
+            .arg(format!(
+                "stty cols 80 rows 24; {} watch --every 0.3",
+                bin.display()
+            ))
             .arg("/dev/null")
             .current_dir(sb.path())
             .env("MESH_STATE_DIR", sb.state())
@@ -244,6 +270,15 @@ fn mesh_watch_in_a_terminal_draws_progress_advancing() {
     let p = percents(&screen);
     assert!(p.len() >= 3, "several frames of stage work:\n{screen}");
     assert!(p.last() > p.first(), "progress advances: {p:?}");
+    // Every frame fits a terminal of 80 x 24.
+    for frame in screen.split("\x1b[2J").skip(1) {
+        let text = strip_ansi(frame);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.len() <= 24, "{} lines:\n{text}", lines.len());
+        for l in &lines {
+            assert!(l.chars().count() <= 80, "a line wider than 80:\n{l}");
+        }
+    }
 
     let plain = read_for(watch(true), Duration::from_secs(1));
     assert!(
