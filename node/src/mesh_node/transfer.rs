@@ -48,6 +48,10 @@ const BLOCKS_QUEUED: usize = 4;
 /// How long a stream may stay silent (no head, no bytes) before the
 /// transfer is given up as cut (it goes on from there when asked again).
 const SILENCE: Duration = Duration::from_secs(60);
+/// How long a sender waits for the receiver to say where to go on from
+/// (it reads back the part a cut transfer left first: gigabytes, at the
+/// disk's speed).
+const PART_CHECK_WAIT: Duration = Duration::from_secs(600);
 /// How long opening a stream may take, dialling the node if need be.
 const OPEN_TIMEOUT: Duration =
     Duration::from_secs(net::CONNECT_TIMEOUT.as_secs() + net::HANDSHAKE_TIMEOUT.as_secs());
@@ -337,7 +341,8 @@ async fn send(t: &Transfers, mut s: libp2p::Stream) -> io::Result<()> {
             (path, pieces)
         }
     };
-    let from: DataFrom = within(SILENCE, net::read_frame(&mut s)).await?;
+    // The receiver first reads back what a cut transfer left, which may be long.
+    let from: DataFrom = within(PART_CHECK_WAIT, net::read_frame(&mut s)).await?;
     let Some(offset) = from.offset else {
         return s.close().await;
     };
@@ -434,15 +439,32 @@ pub(super) async fn fetch(
             let r = rx.wait_for(Option::is_some).await;
             return match r {
                 Ok(v) => v.clone().expect("some"),
-                Err(_) => Err("the node is stopping".into()),
+                Err(_) => Err("the fetch it waited for was dropped".into()),
             };
         }
-        Ok(done) => done,
+        Ok(done) => Landed {
+            t,
+            dest: dest.to_path_buf(),
+            done,
+        },
     };
     let r = fetch_here(t, tx, from, (farm, hash), dest, (home, keep)).await;
-    lock(&t.landing).remove(dest);
-    let _ = done.send(Some(r.clone()));
+    let _ = done.done.send(Some(r.clone()));
     r
+}
+
+/// Takes a fetch's destination off the list when the fetch ends, however
+/// it ends (a fetch dropped midway must not leave the next waiting).
+struct Landed<'a> {
+    t: &'a Transfers,
+    dest: PathBuf,
+    done: watch::Sender<Option<Result<Got, String>>>,
+}
+
+impl Drop for Landed<'_> {
+    fn drop(&mut self) {
+        lock(&self.t.landing).remove(&self.dest);
+    }
 }
 
 async fn fetch_here(
