@@ -73,6 +73,13 @@ pub struct NodeFlags {
     /// Find other nodes on the LAN by mDNS (only in builds with the `mdns` feature).
     #[arg(long)]
     pub mdns: bool,
+    /// This node's state folder is on a file system every node of the mesh
+    /// sees at the same path (a cluster's home or project file system): a
+    /// farm's home takes the outputs kept here in place (a hard link) instead
+    /// of over the network. Found by itself on NFS, Lustre, GPFS, BeeGFS,
+    /// CephFS and SMB.
+    #[arg(long)]
+    pub shared_fs: bool,
     /// This node is killed after this long (a batch job's walltime, e.g. `1h`):
     /// `--drain-margin` before, it hands back its queued and running tasks,
     /// without spending their retries, and stops.
@@ -127,6 +134,7 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Vec<Multiaddr>) -> Result<Exi
         },
         config,
         mdns: flags.mdns,
+        shared_fs: flags.shared_fs,
         http: flags.node.http,
         drain_after: flags.walltime.map(|w| {
             let margin = flags
@@ -461,15 +469,24 @@ fn follow(to: &Target, farm: &str, json: bool) -> Result<ExitCode> {
                         b
                     });
                     b.set_position(v.counts.done + v.counts.failed + v.counts.skipped);
+                    let data = v.data.words().map(|w| format!(", {w}"));
                     b.set_message(format!(
-                        "running {} failed {}",
-                        v.counts.running, v.counts.failed
+                        "running {} failed {}{}",
+                        v.counts.running,
+                        v.counts.failed,
+                        data.unwrap_or_default()
                     ));
                 } else if !json && last_line.elapsed() >= Duration::from_secs(1) {
                     last_line = Instant::now();
+                    let data = v.data.words().map(|w| format!(", {w}"));
                     eprintln!(
-                        "{}: {}/{} done, {} running, {} failed",
-                        v.id, v.counts.done, v.counts.total, v.counts.running, v.counts.failed
+                        "{}: {}/{} done, {} running, {} failed{}",
+                        v.id,
+                        v.counts.done,
+                        v.counts.total,
+                        v.counts.running,
+                        v.counts.failed,
+                        data.unwrap_or_default()
                     );
                 }
             }

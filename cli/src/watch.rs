@@ -294,6 +294,9 @@ fn render(
                 plain,
             ));
         }
+        if let Some(words) = f.data.words() {
+            o.push_str(&format!("  {}\n", dim.apply_to(words)));
+        }
         for line in f.failures.iter().take(FAILURES_SHOWN) {
             if body.len() < room {
                 body.push((

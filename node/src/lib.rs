@@ -44,6 +44,24 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, IoError> {
         .map_err(io_err("cannot start the runtime"))
 }
 
+/// A mesh node's runtime: its loop runs on the calling thread (`block_on`),
+/// and what it spawns, the swarm's connections among them (each one's
+/// encryption and multiplexing), on a few worker threads. On one thread,
+/// a file going home at full speed had the loop wait behind its
+/// encryption: messages' round trips went from 0.5 ms to 15 ms (p50).
+pub(crate) fn node_runtime() -> Result<tokio::runtime::Runtime, IoError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores.clamp(2, NODE_WORKERS_MAX))
+        .enable_all()
+        .build()
+        .map_err(io_err("cannot start the runtime"))
+}
+
+/// Worker threads of a node's runtime at most: enough for a few transfers
+/// at once, whatever the machine's size.
+const NODE_WORKERS_MAX: usize = 4;
+
 /// After Ctrl-C, tasks get this long to exit on SIGTERM before SIGKILL.
 const INTERRUPT_GRACE_MS: u64 = 3000;
 

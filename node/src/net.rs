@@ -1,4 +1,4 @@
-//! The node's network layer: a libp2p swarm on TCP behind the mesh's pre-shared key, peer messages on streams, data by request-response.
+//! The node's network layer: a libp2p swarm on TCP behind the mesh's pre-shared key, peer messages and files on streams, requests by request-response.
 //!
 //! Everything here is plumbing the node loop drives: it builds the swarm,
 //! encodes what goes on the wire (postcard, see [`mesh_protocol::wire`]) and
@@ -801,16 +801,16 @@ pub(crate) mod tests {
         let b_addr = listen_addr(&mut b).await;
         let b_id = *b.local_peer_id();
         let (farm, task) = (FarmId(42), TaskRef::new(1, 5));
-        let blob_hash = [9u8; 32];
         let rr = &mut a.behaviour_mut().rr;
         let where_req =
             rr.send_request_with_addresses(&b_id, Request::WhereRan { farm, task }, vec![b_addr]);
-        let blob_req = rr.send_request(
+        let log_req = rr.send_request(
             &b_id,
-            Request::GetBlob {
+            Request::TaskLog {
                 farm: FarmId(42),
-                hash: blob_hash,
-                offset: 1 << 33,
+                task,
+                attempt: Some(2),
+                offsets: (1 << 33, 7),
             },
         );
 
@@ -836,7 +836,7 @@ pub(crate) mod tests {
                         })) = ev {
                             let response = match &request {
                                 Request::WhereRan { .. } => Response::Ran { node: Some(NodeId(3)), running: true },
-                                _ => Response::Blob { size: 3, data: vec![1, 2, 3] },
+                                _ => Response::Log { attempt: Some(2), out: vec![1, 2, 3], err: Vec::new(), running: false },
                             };
                             requests.push(request);
                             b.behaviour_mut().rr.send_response(channel, response).unwrap();
@@ -854,7 +854,7 @@ pub(crate) mod tests {
         ));
         assert!(requests.iter().any(|r| matches!(
             r,
-            Request::GetBlob { farm: FarmId(42), hash, offset } if *hash == blob_hash && *offset == 1 << 33
+            Request::TaskLog { farm: FarmId(42), offsets: (o, 7), .. } if *o == 1 << 33
         )));
         assert!(matches!(
             responses[&where_req],
@@ -864,8 +864,8 @@ pub(crate) mod tests {
             }
         ));
         assert!(matches!(
-            &responses[&blob_req],
-            Response::Blob { size: 3, data } if data == &[1, 2, 3]
+            &responses[&log_req],
+            Response::Log { out, .. } if out == &[1, 2, 3]
         ));
     }
 

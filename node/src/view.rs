@@ -40,6 +40,54 @@ pub struct FarmView {
     /// completed twice; the first result counts.
     #[serde(default)]
     pub duplicates: u64,
+    /// Outputs coming home (a mesh farm, on its home).
+    #[serde(default)]
+    pub data: DataView,
+}
+
+/// A farm's outputs coming home, as its home sees them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DataView {
+    /// Bytes brought home over the mesh since the home started.
+    pub home_bytes: u64,
+    /// Bytes of the outputs of finished tasks not home yet.
+    pub to_come_bytes: u64,
+    /// Bytes a second coming home lately.
+    pub rate_bps: f64,
+}
+
+impl DataView {
+    /// In people's words, when anything comes or came: `outputs home: 1.2
+    /// GiB, 3.4 GiB to come at 410 MB/s`.
+    pub fn words(&self) -> Option<String> {
+        if self.home_bytes == 0 && self.to_come_bytes == 0 {
+            return None;
+        }
+        let mut s = format!("outputs home: {}", bytes(self.home_bytes));
+        if self.to_come_bytes > 0 {
+            s.push_str(&format!(", {} to come", bytes(self.to_come_bytes)));
+        }
+        if self.rate_bps >= 1.0 {
+            s.push_str(&format!(" at {:.0} MB/s", self.rate_bps / 1e6));
+        }
+        Some(s)
+    }
+}
+
+/// Bytes for people: `512 B`, `3.4 MiB`, `1.2 GiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 impl FarmView {

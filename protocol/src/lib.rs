@@ -8,6 +8,7 @@ pub mod engine;
 pub mod farm;
 pub mod mesh;
 pub mod observe;
+pub mod pieces;
 pub mod pool;
 pub mod resources;
 mod tally;

@@ -154,6 +154,15 @@ pub struct Counters {
     pub failovers: u64,
     pub tasks_run: u64,
     pub tasks_failed: u64,
+    /// Bytes of files this node sent other nodes over the mesh, received
+    /// from them (checked), and took in place where another node kept
+    /// them on a shared file system.
+    #[serde(default)]
+    pub bytes_sent: u64,
+    #[serde(default)]
+    pub bytes_received: u64,
+    #[serde(default)]
+    pub bytes_in_place: u64,
 }
 
 /// One run of a task on a node, for the task stream.

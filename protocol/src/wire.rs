@@ -3,28 +3,60 @@
 //! Everything is encoded with postcard. Messages for the receiver's
 //! [`crate::mesh::Peer`] travel as frames of `Vec<Msg>` on one long-lived
 //! stream per pair of nodes and direction ([`PEER_PROTOCOL`]); requests
-//! ask a node for what it serves itself (a piece of a file, logs, what it
-//! knows of a farm). Membership packets travel on UDP beside them,
-//! sealed with the mesh key, as [`crate::mesh::Action::Swim`] says.
+//! ask a node for what it serves itself (logs, what it knows of a farm);
+//! a file moves as one flow on a stream of its own ([`DATA_PROTOCOL`]:
+//! [`DataAsk`], [`DataHead`], [`DataFrom`], then the bytes). Membership
+//! packets travel on UDP beside them, sealed with the mesh key, as
+//! [`crate::mesh::Action::Swim`] says.
 
 use serde::{Deserialize, Serialize};
 
 use crate::farm::TaskRef;
 use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId};
 use crate::observe::Observation;
+use crate::pieces::Pieces;
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
-pub const REQUEST_PROTOCOL: &str = "/mesh/req/8";
+pub const REQUEST_PROTOCOL: &str = "/mesh/req/9";
 /// The stream that carries messages for a peer's engine, in order.
 pub const PEER_PROTOCOL: &str = "/mesh/peer/8";
+/// A file's bytes, one stream per file: the receiver opens it.
+pub const DATA_PROTOCOL: &str = "/mesh/data/1";
 /// No single request, response or frame of messages may be larger.
 pub const MESSAGE_MAX: usize = 64 << 20;
-/// Files move in pieces of at most this many bytes.
-pub const CHUNK_MAX: usize = 8 << 20;
-/// A single input or output file may be at most this large.
-pub const FILE_MAX: u64 = 4 << 30;
+
+/// The first frame on a [`DATA_PROTOCOL`] stream: a file of `farm` by its
+/// blake3 hash, an input (from any node that has it) or a finished task's
+/// output (from the node that keeps it until the farm's home has it).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DataAsk {
+    pub farm: FarmId,
+    pub hash: [u8; 32],
+}
+
+/// The sender's answer to a [`DataAsk`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum DataHead {
+    /// Its size and pieces (checked against the hash before any byte is
+    /// taken); `at`, where the sender keeps it, when that is on a file
+    /// system other nodes may see (the receiver takes it from there when
+    /// it sees it, with the same hash).
+    File {
+        pieces: Pieces,
+        at: Option<String>,
+    },
+    Refused(String),
+}
+
+/// The receiver's answer to [`DataHead::File`]: send the bytes from
+/// `offset` to the end (what it has is verified up to there), or none
+/// (`None`: it has the file, or took it from `at`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DataFrom {
+    pub offset: Option<u64>,
+}
 
 /// A request from one node to another.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -43,14 +75,6 @@ pub enum Request {
         task: TaskRef,
         attempt: Option<u32>,
         offsets: (u64, u64),
-    },
-    /// A piece of a file of `farm` by its blake3 hash: an input (from any
-    /// node that has it) or a finished task's output (from the node that
-    /// keeps it until the farm's home has it).
-    GetBlob {
-        farm: FarmId,
-        hash: [u8; 32],
-        offset: u64,
     },
     /// What the node measures of itself, with the task runs that changed
     /// after `since` (the dashboard's task stream, `mesh status --latency`).
@@ -79,11 +103,6 @@ pub enum Response {
         out: Vec<u8>,
         err: Vec<u8>,
         running: bool,
-    },
-    /// A piece of a blob, and the blob's whole size.
-    Blob {
-        size: u64,
-        data: Vec<u8>,
     },
     /// Answer to [`Request::Observe`].
     Observed(Box<Observation>),

@@ -5,6 +5,7 @@
 mod alloc;
 mod browser;
 mod dashboard;
+mod data;
 mod heal;
 mod input;
 mod mesh;

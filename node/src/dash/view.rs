@@ -242,6 +242,9 @@ pub struct FarmLine {
     pub finished: bool,
     pub stages: Vec<StageLine>,
     pub failures: Vec<FailureLine>,
+    /// Outputs coming home, in words (see `DataView::words`).
+    #[serde(default)]
+    pub data: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -479,6 +482,7 @@ impl Model {
                 finished: f.finished,
                 stages,
                 failures,
+                data: f.data.words(),
             });
         }
         let shown: HashSet<&str> = farms.iter().map(|f| f.id.as_str()).collect();

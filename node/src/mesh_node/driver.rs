@@ -10,7 +10,7 @@ use futures::StreamExt;
 use libp2p::StreamProtocol;
 use mesh_protocol::engine::{KillReason, TaskResult};
 use mesh_protocol::mesh::{Action, Fetched, Msg, Peer, PeerEvent};
-use mesh_protocol::wire::{Response, PEER_PROTOCOL};
+use mesh_protocol::wire::{Response, DATA_PROTOCOL, PEER_PROTOCOL};
 use mesh_store::{MeshState, SledStore, Store, StoreError};
 use nix::sys::signal::Signal;
 use tokio::net::UnixListener;
@@ -24,6 +24,7 @@ use super::source::MeshSource;
 use super::staging::NO_SUCH_FILE;
 use super::swarm::Outbound;
 use super::swim;
+use super::transfer::{self, accept_data, Transfers};
 use super::views::Origin;
 use super::{Cmd, Node, NodeError, NodeOptions};
 use crate::batch;
@@ -92,6 +93,15 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     let control_streams = streams
         .accept(StreamProtocol::new(CONTROL_PROTOCOL))
         .expect("the control protocol is accepted once");
+    let transfers = Arc::new(Transfers::new(
+        opts.state.clone(),
+        opts.shared_fs || transfer::shared_fs(&opts.state),
+        streams.clone(),
+    ));
+    let data_streams = streams
+        .accept(StreamProtocol::new(DATA_PROTOCOL))
+        .expect("the data protocol is accepted once");
+    tokio::spawn(accept_data(data_streams, transfers.clone()));
 
     // The control socket: owner-only, and a stale one from a dead node is replaced.
     let sock = socket_path(&opts.state);
@@ -147,7 +157,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         files,
         files_told: false,
         throttle: limits::Throttle::new(THROTTLE),
-        blobs: HashMap::new(),
+        transfers,
         programs: HashMap::new(),
         gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
         listen_addrs: Vec::new(),
@@ -158,7 +168,6 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
             std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
             keys::mesh_tag(&psk),
         ),
-        last_fetch: None,
         impatient: false,
         held_count: std::cell::Cell::new(None),
     };
@@ -584,6 +593,10 @@ impl Node {
             Cmd::Respond(channel, resp) => {
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
             }
+            Cmd::Moved(farm) => self.refresh_view(farm),
+            Cmd::PeerOf(node, reply) => {
+                let _ = reply.send(self.peer_of(node));
+            }
             Cmd::Control(req, reply) => self.on_control(req, reply),
             Cmd::Submit(spec, reply) => match spec {
                 Err(e) => {
@@ -644,7 +657,7 @@ impl Node {
         if self.impatient || now >= since + LINGER_MAX {
             return true;
         }
-        let last = self.last_fetch.map_or(since, |t| t.max(since));
+        let last = self.transfers.quiet_since().map_or(since, |t| t.max(since));
         self.peer.idle() && now >= last + FETCH_QUIET
     }
 }

@@ -6,12 +6,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use mesh_protocol::mesh::FarmSpec;
-use mesh_protocol::wire::{Request, Response, CHUNK_MAX};
+use mesh_protocol::wire::{Request, Response};
 use tokio::sync::{mpsc, oneshot};
 
 use super::staging::NO_SUCH_FILE;
 use super::swarm::request;
 use super::Node;
+
+/// The most of a log one answer carries (a follower asks again from there).
+const LOG_READ_MAX: usize = 8 << 20;
 use crate::control::ControlResponse;
 use crate::executor;
 use crate::task_words::parse_task;
@@ -174,7 +177,7 @@ fn read_log(
         if offset >= size || f.seek(SeekFrom::Start(offset)).is_err() {
             return Vec::new();
         }
-        let mut data = vec![0u8; CHUNK_MAX.min((size - offset) as usize)];
+        let mut data = vec![0u8; LOG_READ_MAX.min((size - offset) as usize)];
         match f.read_exact(&mut data) {
             Ok(()) => data,
             Err(_) => Vec::new(),

@@ -19,6 +19,7 @@ mod staging;
 mod swarm;
 mod swim;
 mod task;
+mod transfer;
 mod views;
 
 use std::collections::{HashMap, HashSet};
@@ -41,7 +42,7 @@ use crate::executor::Live;
 use crate::keys;
 use crate::net::{self, Behaviour};
 use crate::observe::Recorder;
-use crate::{runtime, IoError};
+use crate::{node_runtime, IoError};
 use allocs::Alloc;
 use links::Links;
 use queries::Asked;
@@ -75,6 +76,10 @@ pub struct NodeOptions {
     pub config: Config,
     /// Find nodes on the LAN by mDNS (needs the `mdns` feature).
     pub mdns: bool,
+    /// The state folder is on a file system every node sees at the same
+    /// path (`--shared-fs`; found by itself on network file systems): a
+    /// farm's home takes outputs kept here in place, not over the mesh.
+    pub shared_fs: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +128,10 @@ enum Cmd {
         reply: oneshot::Sender<Result<Response, String>>,
     },
     Respond(ResponseChannel<Response>, Response),
+    /// Bytes of a farm's outputs came home (at most once a second a transfer).
+    Moved(FarmId),
+    /// A transfer asks for the peer id of a node (dialled if need be).
+    PeerOf(NodeId, oneshot::Sender<Option<PeerId>>),
     Control(ControlRequest, mpsc::UnboundedSender<ControlResponse>),
     Submit(
         Result<FarmSpec, String>,
@@ -169,8 +178,8 @@ struct Node {
     /// Lines about what others do to this node (connections refused), at
     /// most one of a kind so often.
     throttle: crate::limits::Throttle,
-    /// blake3 of each input this node serves, and where the file is.
-    blobs: HashMap<[u8; 32], PathBuf>,
+    /// Files to and from other nodes.
+    transfers: std::sync::Arc<transfer::Transfers>,
     /// Bare program names and where PATH finds them.
     programs: HashMap<String, Option<String>>,
     /// The node's GPUs as tasks name them, by their place in its pool.
@@ -182,9 +191,6 @@ struct Node {
     run_seq: HashMap<(FarmId, TaskRef), (u64, Option<u32>)>,
     /// The mesh secret's file and the changes waiting to be seen (`mesh alloc`).
     alloc: Alloc,
-    /// When another node last fetched a file from this one (the home
-    /// bringing outputs kept here).
-    last_fetch: Option<Instant>,
     /// Stopped twice (a second Ctrl-C): no lingering.
     impatient: bool,
     /// Bytes under `<state>/held` as last counted, and when: a status
@@ -194,7 +200,7 @@ struct Node {
 
 /// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.
 pub fn run_node(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
-    runtime()?.block_on(driver::drive(opts, out))
+    node_runtime()?.block_on(driver::drive(opts, out))
 }
 
 /// How users name a farm: its name and the start of its mesh id.

@@ -223,6 +223,7 @@ impl Node {
         let mut o = self
             .recorder
             .observation(since, latency, crate::state::unix_ms());
+        self.transfers.stats.count(&mut counters);
         o.counters = counters;
         o.beat = Some(Box::new(self.peer.beat()));
         o.held_bytes = self.held_bytes();

@@ -1,26 +1,23 @@
 //! Inputs and outputs: inputs hashed, served and fetched into this node's cache; outputs listed by hash, kept for the farm's home, and pulled home.
 //!
-//! Files move between nodes by blake3 hash, in pieces, verified before
-//! they get their name.
+//! Files move between nodes by blake3 hash, one stream a file, checked
+//! piece by piece as they come (see `transfer.rs`).
 
 use std::collections::HashSet;
 use std::fs;
-use std::io::{self, Read, Seek, SeekFrom, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 
-use libp2p::request_response::ResponseChannel;
+use libp2p::PeerId;
 use mesh_protocol::farm::{path_stays_inside, FarmDef, TaskRef};
 use mesh_protocol::mesh::{FarmId, FarmSpec, NodeId, OutputFile};
-use mesh_protocol::wire::{Request, Response, CHUNK_MAX, FILE_MAX};
 use tokio::sync::mpsc;
 
-use super::swarm::request;
+use super::transfer::{self, hash_file, keep_pieces, Transfers};
 use super::{Cmd, Node};
 
-/// What a node answers for a file it does not have (the home then has the task run again).
-pub(super) const NO_SUCH_FILE: &str = "no such file on this node";
+pub(super) use super::transfer::NO_SUCH_FILE;
 
 impl Node {
     /// Has the peer ask about every farm this node keeps outputs of (see
@@ -33,8 +30,16 @@ impl Node {
     pub(super) fn serve_inputs(&mut self, spec: &FarmSpec) {
         let root = PathBuf::from(&spec.def.root);
         for (path, hash) in &spec.inputs {
-            self.blobs.insert(*hash, root.join(path));
+            self.transfers.serve_file(*hash, root.join(path));
         }
+    }
+
+    /// The peer id of a node a transfer asks, dialling it if need be.
+    pub(super) fn peer_of(&mut self, to: NodeId) -> Option<PeerId> {
+        self.peers
+            .get(&to)
+            .copied()
+            .or_else(|| self.dial_member(to))
     }
 
     /// Nodes to ask for a farm's files, in order: its submitter, the
@@ -56,6 +61,7 @@ impl Node {
         let sources = self.sources(farm);
         let cache = self.state.join("cache");
         let tx = self.tx.clone();
+        let t = self.transfers.clone();
         tokio::spawn(async move {
             let mut r = Ok(());
             for (path, hash) in &spec.inputs {
@@ -64,7 +70,7 @@ impl Node {
                 if cached.is_file() {
                     continue;
                 }
-                if let Err(e) = fetch_any(&tx, &sources, farm, *hash, &cached).await {
+                if let Err(e) = fetch_any(&t, &tx, &sources, farm, *hash, &cached).await {
                     r = Err(format!("input `{path}`: {e}"));
                     break;
                 }
@@ -87,7 +93,12 @@ impl Node {
                 .join(stage)
                 .join(task.index.to_string())
         });
+        if !self.transfers.begin_task(farm, task) {
+            // Asked again while it comes: the transfer under way answers.
+            return;
+        }
         let tx = self.tx.clone();
+        let t = self.transfers.clone();
         // Run here before this node was the home: kept apart, in `held`.
         let held = (from == self.me).then(|| self.state.join("held").join(farm.to_string()));
         tokio::spawn(async move {
@@ -98,46 +109,10 @@ impl Node {
                         .await
                         .unwrap_or_else(|e| Err(e.to_string()))
                 }
-                (Some(dir), None) => fetch_all(&tx, from, farm, &dir, &outputs).await,
+                (Some(dir), None) => fetch_all(&t, &tx, from, farm, &dir, &outputs).await,
             };
+            t.end_task(farm, task);
             let _ = tx.send(Cmd::Fetched(farm, task, r));
-        });
-    }
-
-    /// Answers another node asking for a file by hash: a piece of it, read off the loop.
-    pub(super) fn serve_blob(
-        &mut self,
-        farm: FarmId,
-        hash: [u8; 32],
-        offset: u64,
-        channel: ResponseChannel<Response>,
-    ) {
-        self.last_fetch = Some(Instant::now());
-        // An input this node serves as the farm's submitter, an
-        // output it keeps for the farm's home, or a file in its cache.
-        let hex = blake3::Hash::from(hash).to_hex().to_string();
-        let path = self.blobs.get(&hash).cloned().or_else(|| {
-            [
-                self.state.join("held").join(farm.to_string()).join(&hex),
-                self.state.join("cache").join(&hex),
-            ]
-            .into_iter()
-            .find(|p| p.is_file())
-        });
-        let Some(path) = path else {
-            let _ = self
-                .swarm
-                .behaviour_mut()
-                .rr
-                .send_response(channel, Response::Error(NO_SUCH_FILE.into()));
-            return;
-        };
-        let tx = self.tx.clone();
-        tokio::task::spawn_blocking(move || {
-            let resp = read_chunk(&path, offset).unwrap_or_else(|e| {
-                Response::Error(format!("cannot read {}: {e}", path.display()))
-            });
-            let _ = tx.send(Cmd::Respond(channel, resp));
         });
     }
 }
@@ -175,13 +150,6 @@ pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<Farm
                 let path = root.join(&input);
                 let mut f =
                     fs::File::open(&path).map_err(|e| format!("input {}: {e}", path.display()))?;
-                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-                if len > FILE_MAX {
-                    return Err(format!(
-                        "input {} is {len} bytes; the most a mesh moves is {FILE_MAX}",
-                        path.display()
-                    ));
-                }
                 let mut h = blake3::Hasher::new();
                 h.update_reader(&mut f)
                     .map_err(|e| format!("input {}: {e}", path.display()))?;
@@ -206,22 +174,25 @@ pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<Farm
 
 /// Every file under `dir` with its blake3 hash and size.
 pub(super) fn manifest(dir: &Path) -> Result<Vec<OutputFile>, String> {
+    Ok(hashed(dir)?.into_iter().map(|(o, _)| o).collect())
+}
+
+/// Every file under `dir` with its blake3 hash and size, and its pieces.
+fn hashed(dir: &Path) -> Result<Vec<(OutputFile, mesh_protocol::pieces::Pieces)>, String> {
     let mut files = Vec::new();
     walk(dir, dir, &mut files).map_err(|e| format!("cannot list outputs: {e}"))?;
     let mut out = Vec::new();
     for (rel, path) in files {
-        let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        if size > FILE_MAX {
-            return Err(format!(
-                "output {rel} is {size} bytes; the most a mesh moves is {FILE_MAX}"
-            ));
-        }
-        let hash = file_hash(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        out.push(OutputFile {
-            path: rel,
-            hash,
-            size,
-        });
+        let (hash, pieces) = hash_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let size = pieces.size;
+        out.push((
+            OutputFile {
+                path: rel,
+                hash,
+                size,
+            },
+            pieces,
+        ));
     }
     Ok(out)
 }
@@ -255,23 +226,26 @@ pub(super) fn held_bytes(dir: &Path) -> u64 {
 }
 
 /// Moves every file under `dir` into `held` under its blake3 hash; the manifest.
+/// Their pieces are written down beside them, for the transfer home.
 pub(super) fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, String> {
-    let files = manifest(dir)?;
+    let files = hashed(dir)?;
     fs::create_dir_all(held).map_err(|e| format!("cannot create {}: {e}", held.display()))?;
-    for f in &files {
+    for (f, pieces) in &files {
         let path = dir.join(&f.path);
         let target = held.join(blake3::Hash::from(f.hash).to_hex().as_str());
         if !target.is_file() {
             fs::rename(&path, &target)
                 .or_else(|_| fs::copy(&path, &target).map(|_| ()))
                 .map_err(|e| format!("cannot keep {}: {e}", path.display()))?;
+            keep_pieces(&target, pieces);
         }
     }
-    Ok(files)
+    Ok(files.into_iter().map(|(o, _)| o).collect())
 }
 
 /// Brings every output of a task from `from` into `dir`, each checked by hash.
 async fn fetch_all(
+    t: &Arc<Transfers>,
     tx: &mpsc::UnboundedSender<Cmd>,
     from: NodeId,
     farm: FarmId,
@@ -279,8 +253,13 @@ async fn fetch_all(
     outputs: &[OutputFile],
 ) -> Result<(), String> {
     for o in outputs {
-        if let Some(dest) = output_needed(dir, o)? {
-            fetch_blob(tx, from, farm, o.hash, &dest).await?;
+        let (d, o2) = (dir.to_path_buf(), o.clone());
+        let needed = tokio::task::spawn_blocking(move || output_needed(&d, &o2))
+            .await
+            .map_err(|e| e.to_string())??;
+        if let Some(dest) = needed {
+            let got = transfer::fetch(t, tx, from, (farm, o.hash), &dest, (true, false)).await?;
+            tracing::debug!(%farm, path = %o.path, ?got, "output home");
         }
     }
     Ok(())
@@ -325,6 +304,7 @@ fn file_hash(path: &Path) -> io::Result<[u8; 32]> {
 /// Puts an input in place, from this node's cache or fetched once from
 /// the first of `sources` that has it.
 pub(super) async fn fetch_input(
+    t: &Arc<Transfers>,
     tx: &mpsc::UnboundedSender<Cmd>,
     sources: &[NodeId],
     farm: FarmId,
@@ -335,7 +315,7 @@ pub(super) async fn fetch_input(
     let hex = blake3::Hash::from(hash).to_hex().to_string();
     let cached = cache.join(&hex);
     if !cached.is_file() {
-        fetch_any(tx, sources, farm, hash, &cached).await?;
+        fetch_any(t, tx, sources, farm, hash, &cached).await?;
     }
     if dest.is_file() {
         return Ok(());
@@ -349,8 +329,10 @@ pub(super) async fn fetch_input(
     Ok(())
 }
 
-/// Fetches a file by its blake3 hash from the first of `sources` that has it.
+/// Fetches a file by its blake3 hash from the first of `sources` that has
+/// it, into this node's cache (its pieces kept beside it, to serve it on).
 async fn fetch_any(
+    t: &Arc<Transfers>,
     tx: &mpsc::UnboundedSender<Cmd>,
     sources: &[NodeId],
     farm: FarmId,
@@ -359,8 +341,8 @@ async fn fetch_any(
 ) -> Result<(), String> {
     let mut why = Vec::new();
     for from in sources {
-        match fetch_blob(tx, *from, farm, hash, dest).await {
-            Ok(()) => return Ok(()),
+        match transfer::fetch(t, tx, *from, (farm, hash), dest, (false, true)).await {
+            Ok(_) => return Ok(()),
             Err(e) => why.push(format!("{from}: {e}")),
         }
     }
@@ -368,69 +350,6 @@ async fn fetch_any(
         return Err("no other node is connected".into());
     }
     Err(format!("no node could give it ({})", why.join("; ")))
-}
-
-/// Fetches a file by its blake3 hash from `from`, in pieces, into `dest`:
-/// written aside and given its name only once the whole file checks out.
-async fn fetch_blob(
-    tx: &mpsc::UnboundedSender<Cmd>,
-    from: NodeId,
-    farm: FarmId,
-    hash: [u8; 32],
-    dest: &Path,
-) -> Result<(), String> {
-    let dir = dest.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(
-        ".{}.{}.part",
-        name.unwrap_or_default(),
-        rand_suffix()
-    ));
-    let mut file =
-        fs::File::create(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-    let mut hasher = blake3::Hasher::new();
-    let mut offset = 0u64;
-    let r = loop {
-        let resp = match request(tx, from, Request::GetBlob { farm, hash, offset }).await {
-            Ok(r) => r,
-            Err(e) => break Err(e),
-        };
-        let Response::Blob { size, data } = resp else {
-            break Err("unexpected answer".into());
-        };
-        if size > FILE_MAX {
-            break Err(format!("{size} bytes is more than the limit {FILE_MAX}"));
-        }
-        hasher.update(&data);
-        if let Err(e) = file.write_all(&data) {
-            break Err(format!("cannot write {}: {e}", tmp.display()));
-        }
-        offset += data.len() as u64;
-        if offset >= size || data.is_empty() {
-            break Ok(());
-        }
-    };
-    drop(file);
-    if let Err(e) = r {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    if hasher.finalize().as_bytes() != &hash {
-        let _ = fs::remove_file(&tmp);
-        return Err("the file arrived with another hash (it changed where it was kept?)".into());
-    }
-    fs::rename(&tmp, dest).map_err(|e| format!("cannot keep {}: {e}", dest.display()))
-}
-
-fn rand_suffix() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> io::Result<()> {
@@ -449,14 +368,4 @@ fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> io::Result
         }
     }
     Ok(())
-}
-
-fn read_chunk(path: &Path, offset: u64) -> io::Result<Response> {
-    let mut f = fs::File::open(path)?;
-    let size = f.metadata()?.len();
-    f.seek(SeekFrom::Start(offset.min(size)))?;
-    let n = CHUNK_MAX.min(size.saturating_sub(offset) as usize);
-    let mut data = vec![0u8; n];
-    f.read_exact(&mut data)?;
-    Ok(Response::Blob { size, data })
 }

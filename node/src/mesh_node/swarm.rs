@@ -274,7 +274,7 @@ impl Node {
     /// Connects to a member this node has no connection to, at the
     /// addresses membership knows for it; its peer id, when it has one.
     /// Messages for it wait in its link until the connection is up.
-    fn dial_member(&mut self, to: NodeId) -> Option<PeerId> {
+    pub(super) fn dial_member(&mut self, to: NodeId) -> Option<PeerId> {
         let (label, addrs) = self.peer.address_of(to)?;
         let pid: PeerId = label.parse().ok()?;
         let addrs: Vec<Multiaddr> = addrs.iter().filter_map(|a| a.parse().ok()).collect();
@@ -373,7 +373,6 @@ impl Node {
                 };
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
             }
-            Request::GetBlob { farm, hash, offset } => self.serve_blob(farm, hash, offset, channel),
         }
     }
 }

@@ -10,6 +10,7 @@ use mesh_protocol::mesh::{Assigned, FarmSpec, NodeId, OutputFile};
 use tokio::sync::mpsc;
 
 use super::staging::{fetch_input, hold_outputs, input_hash, manifest};
+use super::transfer::Transfers;
 use super::{Cmd, Node};
 use crate::executor::{self, Finished, Launch};
 
@@ -86,12 +87,13 @@ impl Node {
         let cache = self.state.join("cache");
         let held = self.state.join("held").join(task.farm.to_string());
         let sources = self.sources(task.farm);
+        let transfers = self.transfers.clone();
         tokio::spawn(async move {
             let (outcome, outputs) = run_task(
                 launch,
                 spec,
                 task,
-                (local, sources),
+                (local, sources, transfers),
                 (cache, held),
                 tx.clone(),
             )
@@ -107,7 +109,7 @@ async fn run_task(
     launch: Launch,
     spec: Arc<FarmSpec>,
     task: Assigned,
-    (local, sources): (bool, Vec<NodeId>),
+    (local, sources, transfers): (bool, Vec<NodeId>, Arc<Transfers>),
     (cache, held): (PathBuf, PathBuf),
     tx: mpsc::UnboundedSender<Cmd>,
 ) -> (Outcome, Vec<OutputFile>) {
@@ -132,6 +134,7 @@ async fn run_task(
         for input in &launch.spec.inputs {
             let hash = input_hash(&spec, input);
             if let Err(e) = fetch_input(
+                &transfers,
                 &tx,
                 &sources,
                 spec.id,

@@ -1,6 +1,7 @@
 //! Farms as users see them: the view of each farm whose home is this node (`Origin`, kept fresh for `mesh wait` and `status`), and views of farms found elsewhere or listed in short.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use mesh_protocol::farm::FarmDef;
 use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId};
@@ -10,7 +11,7 @@ use tokio::sync::mpsc;
 use super::{farm_display_id, Node};
 use crate::control::ControlResponse;
 use crate::task_words::describe_end;
-use crate::view::FarmView;
+use crate::view::{DataView, FarmView};
 
 /// Failures kept per farm for `mesh wait` and `status`.
 pub(super) const FAILURES_SHOWN: usize = 50;
@@ -20,7 +21,14 @@ pub(super) struct Origin {
     pub(super) view: FarmView,
     pub(super) waiters: Vec<mpsc::UnboundedSender<ControlResponse>>,
     pub(super) submit_reply: Option<mpsc::UnboundedSender<ControlResponse>>,
+    /// When the bytes still to come were last counted, and the bytes home
+    /// then (the rate is over the time between two counts).
+    data_counted: Option<(Instant, u64)>,
 }
+
+/// The bytes still to come are counted again at most this often (over
+/// every output not home).
+const DATA_COUNT_EVERY: Duration = Duration::from_secs(1);
 
 impl Origin {
     pub(super) fn new(spec: &FarmSpec) -> Origin {
@@ -54,9 +62,11 @@ impl Origin {
                 unplaceable: Vec::new(),
                 home: String::new(),
                 duplicates: 0,
+                data: DataView::default(),
             },
             waiters: Vec::new(),
             submit_reply: None,
+            data_counted: None,
         }
     }
 
@@ -87,9 +97,33 @@ impl Node {
         let unplaceable = describe_unplaceable(&r.spec.def, &p.unplaceable);
         let home = self.label_of(r.home_of.node);
         let out = r.out_dir().to_string();
+        let (home_bytes, coming) = self.transfers.home_bytes(farm);
         let Some(o) = self.origins.get_mut(&farm) else {
             return;
         };
+        let now = Instant::now();
+        let due = o
+            .data_counted
+            .is_none_or(|(at, _)| now >= at + DATA_COUNT_EVERY);
+        if due {
+            let to_come: u64 = r
+                .missing()
+                .filter_map(|e| match e {
+                    Entry::Done { outputs, .. } => {
+                        Some(outputs.iter().map(|f| f.size).sum::<u64>())
+                    }
+                    _ => None,
+                })
+                .sum();
+            if let Some((at, before)) = o.data_counted {
+                let secs = now.duration_since(at).as_secs_f64();
+                o.view.data.rate_bps = home_bytes.saturating_sub(before) as f64 / secs;
+            }
+            // Outputs coming now are partly here already.
+            o.view.data.to_come_bytes = to_come.saturating_sub(coming);
+            o.data_counted = Some((now, home_bytes));
+        }
+        o.view.data.home_bytes = home_bytes;
         o.view.home = home;
         o.view.out = out;
         o.view.counts = p.counts.clone();
