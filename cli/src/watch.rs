@@ -295,7 +295,10 @@ fn render(
             ));
         }
         if let Some(words) = f.data.words() {
-            o.push_str(&format!("  {}\n", dim.apply_to(words)));
+            if body.len() < room {
+                let t = format!("  {words}");
+                body.push((dim.apply_to(&t).to_string(), t));
+            }
         }
         for line in f.failures.iter().take(FAILURES_SHOWN) {
             if body.len() < room {
