@@ -238,7 +238,14 @@ fn gpus_are_found_without_being_told_and_each_runs_one_task_at_a_time_under_its_
     );
     assert_eq!(me["gpus"][0]["id"], "0");
     assert_eq!(me["gpus"][1]["name"], "NVIDIA Stand-in B");
+    // At a glance, by model; a node's own lines, each with its id.
     let text = c.mesh(0, &["status"]).stdout;
+    assert!(
+        text.contains("gpus      1 × NVIDIA Stand-in A · 1 × NVIDIA Stand-in B"),
+        "{text}"
+    );
+    let id = me["id"].as_str().expect("the node's id").to_string();
+    let text = c.mesh(0, &["status", "--nodes", "--name", &id]).stdout;
     assert!(
         text.contains("gpus      0 NVIDIA Stand-in A, 1 NVIDIA Stand-in B"),
         "{text}"
