@@ -95,9 +95,12 @@ fn a_machine_without_a_node_submits_follows_and_cancels_farms_through_any_node()
         "the node that answers is the one at --mesh: {v}"
     );
     let text = remote(&sb, &addr, &key, &["status"]);
+    let at = c.nodes[1].peer_id();
     assert!(
-        text.stdout.contains("[the node at --mesh]")
-            || text.stdout.contains("[coordinator, the node at --mesh]"),
+        text.stdout.contains(&format!(
+            "the node at --mesh …{}",
+            mesh_node::view::short_id(&at)
+        )),
         "{}",
         text.stdout
     );
