@@ -8,6 +8,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use libp2p::PeerId;
 use mesh_protocol::farm::{path_stays_inside, FarmDef, TaskRef};
@@ -301,6 +302,9 @@ fn file_hash(path: &Path) -> io::Result<[u8; 32]> {
     Ok(*h.finalize().as_bytes())
 }
 
+/// How long a node keeps asking for an input no source could give yet.
+const INPUT_WAIT: Duration = Duration::from_secs(60);
+
 /// Puts an input in place, from this node's cache or fetched once from
 /// the first of `sources` that has it.
 pub(super) async fn fetch_input(
@@ -314,8 +318,22 @@ pub(super) async fn fetch_input(
 ) -> Result<(), String> {
     let hex = blake3::Hash::from(hash).to_hex().to_string();
     let cached = cache.join(&hex);
-    if !cached.is_file() {
-        fetch_any(t, tx, sources, farm, hash, &cached).await?;
+    // A node that just got its first task of a farm may not know the
+    // submitter as a member yet (membership is still spreading on a busy
+    // machine), and the coordinator's copy may still be on its way: asked
+    // again for a while before the task fails for it.
+    let until = tokio::time::Instant::now() + INPUT_WAIT;
+    let mut pause = Duration::from_millis(250);
+    while !cached.is_file() {
+        match fetch_any(t, tx, sources, farm, hash, &cached).await {
+            Ok(()) => break,
+            Err(e) if tokio::time::Instant::now() + pause >= until => return Err(e),
+            Err(e) => {
+                tracing::debug!("input {hex} not fetched yet ({e}); again in {pause:?}");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
     }
     if dest.is_file() {
         return Ok(());
