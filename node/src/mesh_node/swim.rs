@@ -59,6 +59,9 @@ pub(super) fn cipher(psk: &PreSharedKey) -> XChaCha20Poly1305 {
     XChaCha20Poly1305::new(&key.into())
 }
 
+/// The receive buffer asked for the membership socket.
+const RECEIVE_BUFFER: usize = 4 << 20;
+
 impl SwimSocket {
     /// Binds `ip`'s UDP port `port` (the node's TCP port) and starts
     /// handing what arrives, opened, to the node loop.
@@ -70,6 +73,16 @@ impl SwimSocket {
     ) -> io::Result<SwimSocket> {
         let std_sock = std::net::UdpSocket::bind(addr)?;
         std_sock.set_nonblocking(true)?;
+        // A coordinator hears every member's beats and a burst of joiners'
+        // packets at once; the default buffer (208 KiB on Linux) drops them
+        // while the loop is busy. The kernel caps this at net.core.rmem_max.
+        if let Err(e) = nix::sys::socket::setsockopt(
+            &std_sock,
+            nix::sys::socket::sockopt::RcvBuf,
+            &RECEIVE_BUFFER,
+        ) {
+            tracing::debug!("membership socket keeps its default buffer: {e}");
+        }
         let out = std_sock.try_clone()?;
         let sock = Arc::new(UdpSocket::from_std(std_sock)?);
         let mut prefix = [0u8; 16];
