@@ -147,6 +147,10 @@ fn a_node_restarted_on_a_new_port_finds_its_mesh_through_the_members_it_remember
     let sb = sandbox();
     let mut c = Cluster::start(&sb, &["cpu=1"; 4], &[]);
     let seed = c.nodes[0].address();
+    // A node writes down the members it has seen at its next tick (every
+    // 0.5 s, later on a loaded machine), not at each one: node 3 has been
+    // in the mesh a little while before it dies.
+    std::thread::sleep(Duration::from_secs(3));
     // The seed is gone for good; node 3 is killed and started again with
     // the same command line (a job script's), and something else took its
     // port meanwhile: it listens on a new one.
