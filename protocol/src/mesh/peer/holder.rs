@@ -556,10 +556,16 @@ impl Holdings {
     /// what is known of them: unfinished ones, and those whose home still
     /// brings outputs.
     pub(super) fn offer_unaccepted(&self, to: NodeId, out: &mut Out) {
-        let unaccepted = self
-            .replicas
-            .values()
-            .filter(|r| !r.accepted && (!r.over || (r.home && !r.announced)));
+        // Not while its inputs are still coming: an offer makes this node a
+        // holder of the farm to the coordinator, and the farm could be
+        // accepted (durable, its submitter free to go) on a copy without
+        // them (the inputs of such a farm were found on no live node once
+        // its submitter was killed).
+        let unaccepted = self.replicas.values().filter(|r| {
+            !r.accepted
+                && (!r.over || (r.home && !r.announced))
+                && !self.inputs_wanted.contains(&r.spec.id)
+        });
         for r in unaccepted {
             let writer = r.source.map(|(node, _)| Writer {
                 node,
