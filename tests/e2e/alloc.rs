@@ -196,8 +196,13 @@ fn mesh_alloc_scales_a_real_slurm_out_and_in_and_walltimes_fail_no_task() {
         book(),
         slurm.queue()
     );
-    // The job's node says which job it is.
-    let first = jobs(&book())[0]["job"]["id"].clone();
+    // The job's node says which job it is (of an array, the one that joined
+    // first need not be the first listed).
+    let first = jobs(&book())
+        .iter()
+        .find(|j| j["joined"] == true)
+        .map(|j| j["job"]["id"].clone())
+        .expect("a job joined");
     let s = c.status(0);
     assert!(
         s["nodes"]
