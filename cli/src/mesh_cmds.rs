@@ -672,17 +672,12 @@ fn print_glance(s: &MeshStatus, here: &str) {
     if let Some(why) = &s.unheard {
         println!("  ({why}: the other nodes as this one last heard them)");
     }
-    let states: Vec<String> = g
-        .by_state
-        .iter()
-        .map(|(st, c)| format!("{c} {}", st.word()))
-        .collect();
     let behind = if g.behind > 0 {
         format!(" · {} behind (cannot keep up: CPU, network)", g.behind)
     } else {
         String::new()
     };
-    println!("  nodes     {}{behind}", states.join(" · "));
+    println!("  nodes     {}{behind}", g.states_words());
     if !g.resources.is_empty() {
         let used: Vec<String> = g
             .resources
@@ -703,12 +698,7 @@ fn print_glance(s: &MeshStatus, here: &str) {
         "  tasks     per node, running and queued: least {least}, median {median}, most {most}"
     );
     if !g.busiest.is_empty() {
-        let busy: Vec<String> = g
-            .busiest
-            .iter()
-            .map(|(id, r, q)| format!("…{} {r}+{q}", short_id(id)))
-            .collect();
-        println!("  busiest   {}", busy.join(" · "));
+        println!("  busiest   {}", g.busiest_words());
     }
     if let Some((least, median, most)) = g.load_spread {
         println!("  machines  load least {least:.2}, median {median:.2}, most {most:.2}");

@@ -318,12 +318,7 @@ fn render(
         // The mesh at a glance, a few lines at any size (a line per node
         // filled the screen from 20 nodes on).
         let g = m.glance();
-        let states: Vec<String> = g
-            .by_state
-            .iter()
-            .map(|(st, c)| format!("{c} {}", st.word()))
-            .collect();
-        let mut t = format!("nodes {}", states.join(" · "));
+        let mut t = format!("nodes {}", g.states_words());
         if g.behind > 0 {
             t.push_str(&format!(" · {} behind", g.behind));
         }
@@ -345,12 +340,7 @@ fn render(
         }
         lines.push((t.clone(), t));
         if !g.busiest.is_empty() {
-            let busy: Vec<String> = g
-                .busiest
-                .iter()
-                .map(|(id, r, q)| format!("…{} {r}+{q}", short_id(id)))
-                .collect();
-            let t = format!("  busiest {}", busy.join(" · "));
+            let t = format!("  busiest {}", g.busiest_words());
             lines.push((dim.apply_to(&t).to_string(), t));
         }
     }

@@ -463,6 +463,30 @@ pub struct Glance {
 /// How many of the busiest nodes a glance names.
 pub const BUSIEST_SHOWN: usize = 5;
 
+impl Glance {
+    /// The nodes by state, as `mesh status` and `mesh watch` say it:
+    /// `2 running · 298 idle`.
+    pub fn states_words(&self) -> String {
+        let states: Vec<String> = self
+            .by_state
+            .iter()
+            .map(|(st, c)| format!("{c} {}", st.word()))
+            .collect();
+        states.join(" · ")
+    }
+
+    /// The busiest, each its short id with tasks running+queued:
+    /// `…a1b2c3d4 2+1 · …`.
+    pub fn busiest_words(&self) -> String {
+        let busy: Vec<String> = self
+            .busiest
+            .iter()
+            .map(|(id, r, q)| format!("…{} {r}+{q}", short_id(id)))
+            .collect();
+        busy.join(" · ")
+    }
+}
+
 impl MeshStatus {
     pub fn glance(&self) -> Glance {
         let n = self.nodes.len();
