@@ -66,10 +66,7 @@ fn sixty_four_nodes_lose_the_coordinator_and_three_others_mid_farm_and_every_out
     let r = c.mesh(home, &["wait", &id, "--json"]);
     r.expect_code(0);
     assert_eq!(r.json()["counts"]["done"], tasks, "{}", r.stdout);
-    let missing: Vec<u32> = (0..tasks)
-        .filter(|i| sb.read_opt(&format!("out/s/{i}/r.txt")) != Some(format!("{i}\n")))
-        .collect();
-    assert!(missing.is_empty(), "outputs missing or wrong: {missing:?}");
+    mesh_tests::assert_outputs_home(&sb, "out", tasks);
 }
 
 #[test]
@@ -287,14 +284,7 @@ fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fi
             .await;
         assert!(shown[0].as_u64() > Some(0), "table rows: {shown}");
         assert!(shown[1].as_u64() >= Some(30), "busy nodes coloured: {shown}");
-        let size = b
-            .client
-            .execute_async(
-                "fetch('/api/status').then(r => r.text()).then(t => arguments[0](t.length));",
-                vec![],
-            )
-            .await
-            .expect("the page fetches its data");
+        let size = b.update_bytes().await;
         for size in [(1400, 900), (390, 844)] {
             b.shot_fits(&url, "mesh", size, &shots, "300-nodes-").await;
         }

@@ -119,6 +119,17 @@ impl Browser {
         }
     }
 
+    /// The size in bytes of one update as the page fetches it (`/api/status`).
+    pub async fn update_bytes(&self) -> Value {
+        self.client
+            .execute_async(
+                "fetch('/api/status').then(r => r.text()).then(t => arguments[0](t.length));",
+                vec![],
+            )
+            .await
+            .expect("the page fetches its data")
+    }
+
     /// Runs `script` in the page and returns what it returns.
     pub async fn eval(&self, script: &str) -> Value {
         self.client

@@ -122,14 +122,7 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
         };
         let work = &before["stages"].as_array().expect("stages")[0];
         assert_eq!(work["total"], 1_000_000, "{before}");
-        let size = b
-            .client
-            .execute_async(
-                "fetch('/api/status').then(r => r.text()).then(t => arguments[0](t.length));",
-                vec![],
-            )
-            .await
-            .expect("the page fetches its data");
+        let size = b.update_bytes().await;
         assert!(
             size.as_u64().is_some_and(|n| n > 1000 && n <= 64 * 1024),
             "one update of a million-task farm: {size} bytes"

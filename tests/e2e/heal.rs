@@ -135,10 +135,7 @@ fn two_meshes_of_one_key_become_one_when_a_node_of_one_joins_the_other_and_its_f
     let r = c.mesh(1, &["wait", &id, "--json"]);
     r.expect_code(0);
     assert_eq!(r.json()["counts"]["done"], tasks, "{}", r.stdout);
-    let missing: Vec<u32> = (0..tasks)
-        .filter(|i| sb.read_opt(&format!("out/s/{i}/r.txt")) != Some(format!("{i}\n")))
-        .collect();
-    assert!(missing.is_empty(), "outputs missing or wrong: {missing:?}");
+    mesh_tests::assert_outputs_home(&sb, "out", tasks);
 }
 
 #[test]
@@ -289,10 +286,7 @@ fn four_nodes_on_ports_the_system_picked_all_killed_and_restarted_are_one_mesh_a
     ]);
     r.expect_code(0);
     assert_eq!(r.json()["counts"]["done"], tasks, "{}", r.stdout);
-    let missing: Vec<u32> = (0..tasks)
-        .filter(|i| sb.read_opt(&format!("out/s/{i}/r.txt")) != Some(format!("{i}\n")))
-        .collect();
-    assert!(missing.is_empty(), "outputs missing or wrong: {missing:?}");
+    mesh_tests::assert_outputs_home(&sb, "out", tasks);
     for n in &mut nodes {
         assert_eq!(n.wait_exit(Duration::ZERO), None);
     }

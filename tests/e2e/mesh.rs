@@ -353,7 +353,7 @@ fn a_node_down_when_its_farm_ended_frees_what_it_kept_once_it_is_back() {
     // The farm ends without it (what it held is fetched again or redone),
     // so the end is told while node 2 is down.
     c.mesh(1, &["wait", &id]).expect_code(0);
-    assert_all_home(&sb, "slow-out", 90);
+    mesh_tests::assert_outputs_home(&sb, "slow-out", 90);
     assert!(
         held_files(&c.nodes[2]) > 0,
         "node 2 freed its outputs while down"
@@ -449,17 +449,6 @@ fn submit_going(c: &Cluster, i: usize, file: &str, out: &str, done: u64) -> Stri
     r.stdout.trim().to_string()
 }
 
-/// Reads `n` outputs of `slow_farm` under `dir`, asserting each is the task's own.
-fn assert_all_home(sb: &mesh_tests::Sandbox, dir: &str, n: u32) {
-    let missing: Vec<u32> = (0..n)
-        .filter(|i| !sb.exists(&format!("{dir}/s/{i}/r.txt")))
-        .collect();
-    assert!(missing.is_empty(), "outputs missing for tasks {missing:?}");
-    for i in 0..n {
-        assert_eq!(sb.read(&format!("{dir}/s/{i}/r.txt")), format!("{i}\n"));
-    }
-}
-
 #[test]
 fn killing_the_submitter_mid_farm_loses_no_output_once_it_is_back() {
     let sb = sandbox();
@@ -477,7 +466,7 @@ fn killing_the_submitter_mid_farm_loses_no_output_once_it_is_back() {
     c.restart(3, "cpu=2", &flags);
     let r = c.mesh(3, &["wait", &id]);
     r.expect_code(0);
-    assert_all_home(&sb, "slow-out", 80);
+    mesh_tests::assert_outputs_home(&sb, "slow-out", 80);
     let st = c.status(3);
     assert_eq!(st["farms"][0]["counts"]["done"], 80, "{st}");
     assert_eq!(st["farms"][0]["finished"], true, "{st}");
@@ -498,7 +487,7 @@ fn killing_every_node_mid_farm_and_restarting_them_finishes_the_farm_with_every_
     }
     let r = c.mesh(2, &["wait", &id]);
     r.expect_code(0);
-    assert_all_home(&sb, "slow-out", 60);
+    mesh_tests::assert_outputs_home(&sb, "slow-out", 60);
     let st = c.status(2);
     assert_eq!(st["farms"][0]["counts"]["done"], 60, "{st}");
     assert_eq!(st["farms"][0]["counts"]["failed"], 0, "{st}");
@@ -589,7 +578,7 @@ fn a_farm_whose_submitter_never_comes_back_is_resumed_on_another_node_with_every
     );
     assert_eq!(r.json()["counts"]["done"], 60, "{}", r.stdout);
     // Outputs made on the dead submitter itself are made again elsewhere.
-    assert_all_home(&sb, "resumed-out", 60);
+    mesh_tests::assert_outputs_home(&sb, "resumed-out", 60);
 }
 
 #[test]
@@ -772,10 +761,7 @@ fn random_kills_and_restarts_of_any_node_for_a_minute_lose_nothing() {
     let r = c.mesh(home, &["wait", &id, "--json"]);
     r.expect_code(0);
     assert_eq!(r.json()["counts"]["done"], n, "{}", r.stdout);
-    let missing: Vec<u32> = (0..n)
-        .filter(|i| sb.read_opt(&format!("out/s/{i}/r.txt")) != Some(format!("{i}\n")))
-        .collect();
-    assert!(missing.is_empty(), "outputs missing or wrong: {missing:?}");
+    mesh_tests::assert_outputs_home(&sb, "out", n);
     let count = runs_per_task(&sb, n);
     assert!(count.iter().all(|&k| k >= 1), "a task never ran");
     // Each kill may repeat what the killed node held: its claims, at most

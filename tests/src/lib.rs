@@ -656,6 +656,18 @@ outputs = ["r.txt"]
     )
 }
 
+/// Asserts that every output of a `slow_farm` of `n` tasks is home under
+/// `dir` (the farm's `--out`), each the task's own.
+pub fn assert_outputs_home(sb: &Sandbox, dir: &str, n: u32) {
+    let missing: Vec<u32> = (0..n)
+        .filter(|i| sb.read_opt(&format!("{dir}/s/{i}/r.txt")) != Some(format!("{i}\n")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "outputs missing or wrong for tasks {missing:?}"
+    );
+}
+
 /// 20 tasks of 0.5 s and 180 of 0.01 s: 11.8 s of work.
 pub const IMBALANCED: &str = r#"
 [farm]
