@@ -477,7 +477,24 @@ impl Cluster {
         let behind: Vec<usize> = (0..n)
             .filter(|&i| sees(&c.nodes[i].lines()) < n - 1)
             .collect();
-        assert!(ok, "nodes {behind:?} do not see all {n} after 180 s");
+        let how: Vec<String> = behind
+            .iter()
+            .take(3)
+            .map(|&i| {
+                let lines = c.nodes[i].lines();
+                format!(
+                    "node {i} sees {}, follows {:?}; its last lines:\n{}",
+                    sees(&lines),
+                    follows(&lines),
+                    lines[lines.len().saturating_sub(8)..].join("\n")
+                )
+            })
+            .collect();
+        assert!(
+            ok,
+            "nodes {behind:?} do not see all {n} after 180 s\n{}",
+            how.join("\n")
+        );
         c
     }
 
