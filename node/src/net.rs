@@ -925,12 +925,12 @@ pub(crate) mod tests {
             Msg::Roster {
                 kind: RosterKind::Answer,
                 digest: 0x5eed,
-                members: vec![RosterEntry::alive(Ident {
-                    id: NodeId(12),
-                    life: 7,
-                    label: b_id.to_string(),
-                    addrs: vec!["/ip4/127.0.0.1/tcp/4002".into()],
-                })],
+                members: vec![RosterEntry::alive(Ident::new(
+                    NodeId(12),
+                    7,
+                    b_id.to_string(),
+                    vec!["/ip4/127.0.0.1/tcp/4002".into()],
+                ))],
             },
         ]);
         let got = timeout(WAIT, async {

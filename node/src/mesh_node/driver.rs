@@ -363,7 +363,7 @@ impl Node {
         match a {
             Action::Persist(_) => unreachable!("persists are written before acting"),
             Action::Send { to, msg } => self.send_msg(to, msg),
-            Action::Swim { to, data } => match (&mut self.swim, swim::udp_target(&to.addrs)) {
+            Action::Swim { to, data } => match (&mut self.swim, swim::udp_target(to.at.addrs())) {
                 (Some(s), Some(addr)) => s.send(addr, &data),
                 // No socket (this node does not listen yet) or no address
                 // with a port: on a connection, if there is one.

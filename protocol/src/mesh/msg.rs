@@ -51,15 +51,148 @@ pub struct FarmSpec {
 
 /// A node as membership knows it: its id, which life of it (a restart,
 /// or a rejoin after it was declared dead, is a new one), and where it is
-/// reached. Carried in every membership packet, so kept small.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Ident {
+/// reached. Carried in every membership packet, and held once per member
+/// by every node: a mesh of N nodes holds N², and the simulator holds
+/// them all in one process. So an identity is one pointer to its parts,
+/// shared by every copy in the process: decoding one looks it up among
+/// those alive (`intern`) rather than allocating it again.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Ident(Arc<Who>);
+
+/// What an [`Ident`] says.
+#[derive(Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Who {
     pub id: NodeId,
     pub life: u64,
-    /// Set by the driver, opaque to the protocol (the peer id, and the
-    /// addresses to dial it at).
-    pub label: String,
-    pub addrs: Vec<String>,
+    /// Set by the driver, opaque to the protocol.
+    pub at: Address,
+}
+
+impl Ident {
+    pub fn new(id: NodeId, life: u64, label: String, addrs: Vec<String>) -> Ident {
+        Ident::of(Who {
+            id,
+            life,
+            at: Address::new(label, addrs),
+        })
+    }
+
+    /// The next life of this node, at the same address.
+    pub fn next_life(&self) -> Ident {
+        Ident::of(Who {
+            id: self.id,
+            life: self.life + 1,
+            at: self.at.clone(),
+        })
+    }
+
+    fn of(who: Who) -> Ident {
+        intern(who)
+    }
+}
+
+impl std::ops::Deref for Ident {
+    type Target = Who;
+
+    fn deref(&self) -> &Who {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Ident {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl Serialize for Ident {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Ident {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Ident, D::Error> {
+        Ok(Ident::of(Who::deserialize(d)?))
+    }
+}
+
+/// The identities alive in this process, by what they say: what a member
+/// costs a node is a pointer, not a copy, even when every node of a
+/// simulated mesh decodes its own. Entries whose identity is gone are
+/// swept once the table has doubled since the last sweep.
+struct Interned {
+    live: std::collections::HashMap<Arc<Who>, (), rustc_hash::FxBuildHasher>,
+    swept_at: usize,
+}
+
+static INTERNED: std::sync::LazyLock<std::sync::Mutex<Interned>> = std::sync::LazyLock::new(|| {
+    std::sync::Mutex::new(Interned {
+        live: Default::default(),
+        swept_at: 0,
+    })
+});
+
+fn intern(who: Who) -> Ident {
+    // A poisoned table is still a table of valid identities.
+    let mut t = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((arc, ())) = t.live.get_key_value(&who) {
+        return Ident(arc.clone());
+    }
+    if t.live.len() >= 2 * t.swept_at.max(512) {
+        // Held only here: no member, message or node has it any more.
+        t.live.retain(|who, ()| Arc::strong_count(who) > 1);
+        t.swept_at = t.live.len();
+    }
+    let arc = Arc::new(who);
+    t.live.insert(arc.clone(), ());
+    Ident(arc)
+}
+
+/// Where a node is reached: its label (the peer id) and the addresses to
+/// dial it at. Encoded as the two fields themselves; decoded, an empty
+/// one (every simulated node's) is one shared value, not an allocation
+/// per member per node.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Address(Arc<Place>);
+
+#[derive(Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+struct Place {
+    label: String,
+    addrs: Vec<String>,
+}
+
+static NOWHERE: std::sync::LazyLock<Address> =
+    std::sync::LazyLock::new(|| Address(Arc::new(Place::default())));
+
+impl Address {
+    pub fn new(label: String, addrs: Vec<String>) -> Address {
+        if label.is_empty() && addrs.is_empty() {
+            return NOWHERE.clone();
+        }
+        Address(Arc::new(Place { label, addrs }))
+    }
+
+    pub fn label(&self) -> &str {
+        &self.0.label
+    }
+
+    pub fn addrs(&self) -> &[String] {
+        &self.0.addrs
+    }
+}
+
+impl Serialize for Address {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Address {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Address, D::Error> {
+        let p = Place::deserialize(d)?;
+        Ok(Address::new(p.label, p.addrs))
+    }
 }
 
 /// A member that the coordinator says has tasks queued: a thief's victim.

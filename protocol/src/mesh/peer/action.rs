@@ -99,7 +99,7 @@ pub enum Action {
     /// A membership packet for `to` (a datagram: it may be lost, and the
     /// protocol expects that), handed back through [`Peer::handle_swim`].
     Swim {
-        to: Arc<Ident>,
+        to: Ident,
         data: Vec<u8>,
     },
     Persist(Persist),

@@ -51,6 +51,14 @@ impl Peer {
         self.node.members.len()
     }
 
+    /// A sum over the members this node knows alive of
+    /// [`member_hash`]`(id)`: two nodes whose sums plus their own
+    /// `member_hash` are equal know the same nodes (a check of a whole
+    /// mesh at O(N), not O(N²)).
+    pub fn members_sum(&self) -> u64 {
+        self.node.members.sum()
+    }
+
     pub fn id(&self) -> NodeId {
         self.node.id
     }
@@ -67,7 +75,7 @@ impl Peer {
         self.coord.is_some()
     }
 
-    pub fn members(&self) -> impl Iterator<Item = &Member> {
+    pub fn members(&self) -> impl Iterator<Item = Member<'_>> {
         self.node.members.iter()
     }
 

@@ -25,7 +25,7 @@
 //! members that came up since it last asked (`take_fresh`).
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::num::{NonZeroU32, NonZeroU8, NonZeroUsize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,10 +50,7 @@ impl Identity for Ident {
     /// Declared down while alive (a long pause, a partition): the node
     /// comes back as its next life at once rather than staying out.
     fn renew(&self) -> Option<Self> {
-        Some(Ident {
-            life: self.life + 1,
-            ..self.clone()
-        })
+        Some(self.next_life())
     }
 
     fn addr(&self) -> NodeId {
@@ -66,50 +63,80 @@ impl Identity for Ident {
     }
 }
 
-/// A member as this node last heard of it.
-#[derive(Clone, Debug)]
-pub struct Member {
+/// A member as this node knows it: a view of its entry in SWIM and of
+/// the last beat it sent here, if any.
+#[derive(Clone, Copy)]
+pub struct Member<'a> {
     pub id: NodeId,
-    /// Its last beat to this node; none for a member known only by SWIM
-    /// (a worker hears only its coordinator's beats, so this is most
-    /// members: a placeholder each would cost a mesh of N nodes N² of them).
-    beat: Option<Arc<Beat>>,
-    pub last_seen: Millis,
-    /// It sent this node a beat since this node last started watching
-    /// (becoming coordinator): its silence is a death.
-    pub(super) direct: bool,
-    /// How SWIM knows it, when it does.
-    pub(super) ident: Option<Arc<Ident>>,
+    heard: Option<&'a Told>,
+    swim: &'a Swim,
 }
 
-impl Member {
+/// What a member told this node directly (its beats): most members of
+/// a worker never beat to it (it hears only its coordinator), so most
+/// members have no such record, and a member costs this node only its
+/// entry in SWIM and its id here (a mesh of N nodes holds N² of them).
+#[derive(Debug)]
+pub(super) struct Told {
+    beat: Arc<Beat>,
+    last_seen: Millis,
+    /// It sent this node a beat since this node last started watching
+    /// (becoming coordinator): its silence is a death.
+    direct: bool,
+}
+
+impl std::fmt::Debug for Member<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member")
+            .field("id", &self.id)
+            .field("ident", &self.ident())
+            .field("heard", &self.heard)
+            .finish()
+    }
+}
+
+impl<'a> Member<'a> {
     /// Its last beat to this node, or, for a member known only by SWIM, an
     /// empty one: no resources, following no one.
-    pub fn beat(&self) -> &Beat {
-        self.beat.as_deref().unwrap_or(&NO_BEAT)
+    pub fn beat(&self) -> &'a Beat {
+        self.heard.map_or(&NO_BEAT, |h| &h.beat)
     }
 
     /// Its last beat, shared (an empty one for a member known only by SWIM).
     pub fn beat_arc(&self) -> Arc<Beat> {
-        self.beat
-            .clone()
-            .unwrap_or_else(|| Arc::new(NO_BEAT.clone()))
+        self.heard
+            .map_or_else(|| Arc::new(NO_BEAT.clone()), |h| h.beat.clone())
+    }
+
+    /// When it last beat to this node (0: never).
+    pub fn last_seen(&self) -> Millis {
+        self.heard.map_or(0, |h| h.last_seen)
+    }
+
+    /// It beat to this node since this node last started watching.
+    pub(super) fn direct(&self) -> bool {
+        self.heard.is_some_and(|h| h.direct)
+    }
+
+    /// How SWIM knows it, when it does.
+    fn ident(&self) -> Option<&'a Ident> {
+        self.swim.member(&self.id).map(|m| m.id())
     }
 
     /// How it is known on the network (its peer id), as SWIM or its beat says.
-    pub fn label(&self) -> &str {
+    pub fn label(&self) -> &'a str {
         self.address().0
     }
 
     /// Where to reach it, as SWIM or its beat says.
-    pub fn addrs(&self) -> &[String] {
+    pub fn addrs(&self) -> &'a [String] {
         self.address().1
     }
 
-    fn address(&self) -> (&str, &[String]) {
-        match (&self.ident, &self.beat) {
-            (Some(i), _) => (&i.label, &i.addrs),
-            (None, Some(b)) => (&b.label, &b.addrs),
+    fn address(&self) -> (&'a str, &'a [String]) {
+        match (self.ident(), self.heard) {
+            (Some(i), _) => (i.at.label(), i.at.addrs()),
+            (None, Some(h)) => (&h.beat.label, &h.beat.addrs),
             (None, None) => ("", &[]),
         }
     }
@@ -200,7 +227,10 @@ pub(super) struct Membership {
     /// The mesh size SWIM's timeouts were last tuned for.
     tuned_for: usize,
     dead_after_ms: Millis,
-    members: BTreeMap<NodeId, Member>,
+    /// The live members.
+    members: BTreeSet<NodeId>,
+    /// What those that beat to this node told it.
+    told: FxHashMap<NodeId, Told>,
     /// Members declared dead, and since when (the home waits for those
     /// that keep its outputs).
     gone: FxHashMap<NodeId, Millis>,
@@ -209,9 +239,15 @@ pub(super) struct Membership {
     /// Members declared dead here for their silence to this node while
     /// SWIM still has them alive: they come back when this node stops
     /// watching them (see `unhide`), or when SWIM or a beat says they live.
-    hidden: BTreeMap<NodeId, Arc<Ident>>,
+    hidden: BTreeMap<NodeId, Ident>,
     /// Members that came up (SWIM, or a first beat), not yet handed to the peer.
     fresh: Vec<NodeId>,
+    /// Members known only by a beat, not (yet) by SWIM: few, and looked
+    /// at every beat (a scan of all members for them, at every node,
+    /// cost the simulator N² a beat).
+    unknown: BTreeSet<NodeId>,
+    /// The sum of `member_hash` over `members`.
+    sum: u64,
     /// When this node next looks at its members (checks, elections, steals).
     next_beat: Millis,
     /// When this node next reports to its coordinator.
@@ -283,12 +319,7 @@ fn swim_config(size: usize, dead_after_ms: Millis) -> foca::Config {
 
 impl Membership {
     pub(super) fn new(now: Millis, me: NodeId, seed: u64, dead_after_ms: Millis) -> Membership {
-        let ident = Ident {
-            id: me,
-            life: 0,
-            label: String::new(),
-            addrs: Vec::new(),
-        };
+        let ident = Ident::new(me, 0, String::new(), Vec::new());
         Membership {
             me,
             swim: Foca::new(
@@ -305,11 +336,14 @@ impl Membership {
             timer_seq: 0,
             tuned_for: 4,
             dead_after_ms,
-            members: BTreeMap::new(),
+            members: BTreeSet::new(),
+            told: FxHashMap::default(),
             gone: FxHashMap::default(),
             down: Vec::new(),
             hidden: BTreeMap::new(),
             fresh: Vec::new(),
+            unknown: BTreeSet::new(),
+            sum: 0,
             next_beat: now,
             next_report: now,
             advertised: 0,
@@ -331,12 +365,12 @@ impl Membership {
         life: u64,
         out: &mut Out,
     ) {
-        let ident = Ident {
-            id: self.me,
-            life: life.max(self.swim.identity().life + 1),
+        let ident = Ident::new(
+            self.me,
+            life.max(self.swim.identity().life + 1),
             label,
             addrs,
-        };
+        );
         // Only fails for an identity of another address, never ours.
         if self.swim.change_identity(ident, &mut self.rt).is_ok() {
             self.active = false;
@@ -345,16 +379,16 @@ impl Membership {
     }
 
     pub(super) fn label(&self) -> &str {
-        &self.swim.identity().label
+        self.swim.identity().at.label()
     }
 
     pub(super) fn addrs(&self) -> &[String] {
-        &self.swim.identity().addrs
+        self.swim.identity().at.addrs()
     }
 
     /// How a member is reached, as SWIM or its beat says.
     pub(super) fn address_of(&self, id: NodeId) -> Option<(&str, &[String])> {
-        self.members.get(&id).map(Member::address)
+        self.get(id).map(|m| m.address())
     }
 
     // ----- SWIM -----
@@ -372,17 +406,8 @@ impl Membership {
         if id == self.me {
             return;
         }
-        let life = self
-            .members
-            .get(&id)
-            .and_then(|m| m.ident.as_ref())
-            .map_or(0, |i| i.life);
-        let to = Ident {
-            id,
-            life,
-            label,
-            addrs,
-        };
+        let life = self.get(id).and_then(|m| m.ident()).map_or(0, |i| i.life);
+        let to = Ident::new(id, life, label, addrs);
         // Refused only for this node itself, ruled out above.
         let _ = self.swim.announce(to, &mut self.rt);
         self.drain(now, out);
@@ -520,15 +545,10 @@ impl Membership {
 
     /// How SWIM knows a member, or, for one known only by its beat, the
     /// identity to announce to (any life of it takes an announce).
-    fn ident_of(m: &Member) -> Ident {
-        match &m.ident {
-            Some(i) => Ident::clone(i),
-            None => Ident {
-                id: m.id,
-                life: 0,
-                label: m.beat().label.clone(),
-                addrs: m.beat().addrs.clone(),
-            },
+    fn ident_of(m: Member<'_>) -> Ident {
+        match m.ident() {
+            Some(i) => i.clone(),
+            None => Ident::new(m.id, 0, m.beat().label.clone(), m.beat().addrs.clone()),
         }
     }
 
@@ -538,9 +558,9 @@ impl Membership {
     /// a beat is announced to, which brings it into SWIM if it lives; one
     /// silent for longer than SWIM would take to find a death is dead.
     fn introduce_unknown(&mut self, now: Millis, after: Millis, out: &mut Out) {
-        let unknown = || self.members.values().filter(|m| m.ident.is_none());
+        let unknown = || self.unknown.iter().filter_map(|&id| self.get(id));
         let dead: Vec<NodeId> = unknown()
-            .filter(|m| !m.direct && now.saturating_sub(m.last_seen) > after)
+            .filter(|m| !m.direct() && now.saturating_sub(m.last_seen()) > after)
             .map(|m| m.id)
             .filter(|id| !self.down.contains(id))
             .collect();
@@ -612,11 +632,11 @@ impl Membership {
             .iter_membership_state()
             .map(|m| (m.id().id, m.id().clone()))
             .collect();
-        for m in self.members.values() {
+        for m in self.iter() {
             known.entry(m.id).or_insert_with(|| Self::ident_of(m));
         }
         for (id, i) in &self.hidden {
-            known.entry(*id).or_insert_with(|| Ident::clone(i));
+            known.entry(*id).or_insert_with(|| i.clone());
         }
         let n = known.len().max(1);
         let Some(to) = known.into_values().nth(self.rejoin_turn % n) else {
@@ -700,10 +720,7 @@ impl Membership {
         for (to, data) in self.rt.to_send.drain(..) {
             out.stats.swim_packets += 1;
             out.stats.swim_bytes += data.len() as u64;
-            out.push(Action::Swim {
-                to: Arc::new(to),
-                data,
-            });
+            out.push(Action::Swim { to, data });
         }
         let timers = std::mem::take(&mut self.rt.to_schedule);
         for (after, timer) in timers {
@@ -723,13 +740,15 @@ impl Membership {
                 | OwnedNotification::Defunct
                 | OwnedNotification::Rejoin(_) => self.active = false,
                 OwnedNotification::MemberUp(ident) => self.swim_up(now, ident),
-                OwnedNotification::Rename(_, ident) => match self.members.get_mut(&ident.id) {
-                    Some(m) => m.ident = Some(Arc::new(ident)),
+                OwnedNotification::Rename(_, ident) => match self.members.contains(&ident.id) {
+                    true => {
+                        self.unknown.remove(&ident.id);
+                    }
                     // A new life of a member declared dead here for its
                     // silence: it restarted, and SWIM, which never saw it
                     // down, says only this (no MemberUp).
-                    None if self.hidden.contains_key(&ident.id) => self.swim_up(now, ident),
-                    None => {}
+                    false if self.hidden.contains_key(&ident.id) => self.swim_up(now, ident),
+                    false => {}
                 },
                 OwnedNotification::MemberDown(ident) => {
                     if self
@@ -740,11 +759,10 @@ impl Membership {
                         self.hidden.remove(&ident.id);
                     }
                     let newer = self
-                        .members
-                        .get(&ident.id)
-                        .and_then(|m| m.ident.as_ref())
+                        .get(ident.id)
+                        .and_then(|m| m.ident())
                         .is_some_and(|i| i.life > ident.life);
-                    if !newer && self.members.contains_key(&ident.id) {
+                    if !newer && self.members.contains(&ident.id) {
                         self.down.push(ident.id);
                     }
                 }
@@ -756,29 +774,29 @@ impl Membership {
     }
 
     fn swim_up(&mut self, now: Millis, ident: Ident) {
-        self.hidden.remove(&ident.id);
-        let ident = Arc::new(ident);
-        match self.members.get_mut(&ident.id) {
-            Some(m) => m.ident = Some(ident),
-            None => {
-                let id = ident.id;
-                self.admit(Member {
-                    id,
-                    beat: None,
-                    last_seen: now,
-                    direct: false,
-                    ident: Some(ident),
-                });
-                self.fresh.push(id);
-            }
+        let id = ident.id;
+        self.hidden.remove(&id);
+        if self.members.contains(&id) {
+            self.unknown.remove(&id);
+        } else {
+            self.admit(now, id, true);
+            self.fresh.push(id);
         }
     }
 
-    /// A member that was not one: no longer counted as gone, nor hidden.
-    fn admit(&mut self, m: Member) {
-        self.gone.remove(&m.id);
-        self.hidden.remove(&m.id);
-        self.members.insert(m.id, m);
+    /// A member that was not one (known to SWIM, or only by a beat): no
+    /// longer counted as gone, nor hidden.
+    fn admit(&mut self, _now: Millis, id: NodeId, swim: bool) {
+        self.gone.remove(&id);
+        self.hidden.remove(&id);
+        if swim {
+            self.unknown.remove(&id);
+        } else {
+            self.unknown.insert(id);
+        }
+        if self.members.insert(id) {
+            self.sum = self.sum.wrapping_add(member_hash(id));
+        }
     }
 
     /// Suspicion lasts longer, and updates are told more times, as the mesh
@@ -796,35 +814,48 @@ impl Membership {
     // ----- members -----
 
     /// The live members, in id order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Member> {
-        self.members.values()
+    pub(super) fn iter(&self) -> impl Iterator<Item = Member<'_>> {
+        self.members.iter().map(|&id| self.view(id))
+    }
+
+    fn view(&self, id: NodeId) -> Member<'_> {
+        Member {
+            id,
+            heard: self.told.get(&id),
+            swim: &self.swim,
+        }
     }
 
     /// The live members' ids, in order.
     pub(super) fn ids(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.members.keys().copied()
+        self.members.iter().copied()
     }
 
-    pub(super) fn get(&self, id: NodeId) -> Option<&Member> {
-        self.members.get(&id)
+    pub(super) fn get(&self, id: NodeId) -> Option<Member<'_>> {
+        self.members.contains(&id).then(|| self.view(id))
     }
 
     pub(super) fn contains(&self, id: NodeId) -> bool {
-        self.members.contains_key(&id)
+        self.members.contains(&id)
     }
 
     pub(super) fn len(&self) -> usize {
         self.members.len()
     }
 
+    /// See [`super::Peer::members_sum`].
+    pub(super) fn sum(&self) -> u64 {
+        self.sum
+    }
+
     pub(super) fn lowest(&self) -> Option<NodeId> {
-        self.members.keys().next().copied()
+        self.members.first().copied()
     }
 
     /// The lowest member other than `not` and `nor`.
     pub(super) fn lowest_but(&self, not: NodeId, nor: Option<NodeId>) -> Option<NodeId> {
         self.members
-            .keys()
+            .iter()
             .copied()
             .find(|&m| m != not && Some(m) != nor)
     }
@@ -836,36 +867,34 @@ impl Membership {
 
     /// A member's beat, sent to this node.
     pub(super) fn heard(&mut self, now: Millis, from: NodeId, beat: Arc<Beat>) -> Heard {
-        match self.members.get_mut(&from) {
-            Some(m) => {
-                let resized = m.beat().total != beat.total;
-                m.beat = Some(beat);
-                m.last_seen = now;
-                m.direct = true;
-                if resized {
-                    Heard::Resized
-                } else {
-                    Heard::Again
-                }
-            }
-            None => {
-                let ident = self.hidden.get(&from).cloned();
-                self.admit(Member {
-                    id: from,
-                    beat: Some(beat),
-                    last_seen: now,
-                    direct: true,
-                    ident,
-                });
-                Heard::New
-            }
+        let was = self.members.contains(&from);
+        if !was {
+            let swim = self.hidden.contains_key(&from);
+            self.admit(now, from, swim);
+        }
+        let resized = match self.told.get(&from) {
+            Some(h) => h.beat.total != beat.total,
+            None => beat.total != Resources::EMPTY,
+        };
+        let told = Told {
+            beat,
+            last_seen: now,
+            direct: true,
+        };
+        self.told.insert(from, told);
+        if !was {
+            Heard::New
+        } else if resized {
+            Heard::Resized
+        } else {
+            Heard::Again
         }
     }
 
     /// Members that came up since the last call.
     pub(super) fn take_fresh(&mut self) -> Vec<NodeId> {
         let mut fresh = std::mem::take(&mut self.fresh);
-        fresh.retain(|id| self.members.contains_key(id));
+        fresh.retain(|id| self.members.contains(id));
         fresh
     }
 
@@ -875,9 +904,9 @@ impl Membership {
     /// until `remove`d, one at a time, so each death is handled with the
     /// others alive.
     pub(super) fn expired(&mut self, now: Millis, watch: Watch) -> Vec<NodeId> {
-        self.down.retain(|id| self.members.contains_key(id));
+        self.down.retain(|id| self.members.contains(id));
         let mut dead = self.down.clone();
-        let silent = |m: &Member, limit: Millis| now.saturating_sub(m.last_seen) > limit;
+        let silent = |h: &Told, limit: Millis| now.saturating_sub(h.last_seen) > limit;
         match watch {
             Watch::Direct(limit) => {
                 // A worker silent past the limit that SWIM has alive and
@@ -886,19 +915,21 @@ impl Membership {
                 // times as long; a dead one is suspected within a few
                 // probes somewhere in the mesh, and its tasks go back as
                 // soon as this node hears so.
-                for m in self.members.values() {
-                    if m.direct
-                        && silent(m, limit)
-                        && (silent(m, 3 * limit) || !self.swim_trusts(m.id))
-                        && !dead.contains(&m.id)
-                    {
-                        dead.push(m.id);
-                    }
-                }
+                let mut silent_ones: Vec<NodeId> = self
+                    .told
+                    .iter()
+                    .filter(|(_, h)| h.direct && silent(h, limit))
+                    .filter(|(id, h)| silent(h, 3 * limit) || !self.swim_trusts(**id))
+                    .map(|(&id, _)| id)
+                    .filter(|id| !dead.contains(id))
+                    .collect();
+                // The map's order is arbitrary; deaths are handled in id order.
+                silent_ones.sort_unstable();
+                dead.extend(silent_ones);
             }
             Watch::One(id, limit) => {
-                if let Some(m) = self.members.get(&id) {
-                    if m.direct && silent(m, limit) && !dead.contains(&id) {
+                if let Some(h) = self.told.get(&id) {
+                    if h.direct && silent(h, limit) && !dead.contains(&id) {
                         dead.push(id);
                     }
                 }
@@ -911,13 +942,16 @@ impl Membership {
     /// SWIM has `id` alive and does not suspect it.
     fn swim_trusts(&self, id: NodeId) -> bool {
         self.swim
-            .iter_membership_state()
-            .any(|m| m.id().id == id && m.state() == foca::State::Alive)
+            .member(&id)
+            .is_some_and(|m| m.state() == foca::State::Alive)
     }
 
     /// `id` is dead from `now`.
     pub(super) fn remove(&mut self, now: Millis, id: NodeId) {
-        if let Some(m) = self.members.remove(&id) {
+        if self.members.remove(&id) {
+            let known = !self.unknown.remove(&id);
+            self.told.remove(&id);
+            self.sum = self.sum.wrapping_sub(member_hash(id));
             let swim_down = match self.down.iter().position(|&d| d == id) {
                 Some(i) => {
                     self.down.swap_remove(i);
@@ -925,7 +959,8 @@ impl Membership {
                 }
                 None => false,
             };
-            if let Some(ident) = m.ident.filter(|_| !swim_down) {
+            let ident = self.swim.member(&id).map(|m| m.id().clone());
+            if let Some(ident) = ident.filter(|_| known && !swim_down) {
                 self.hidden.insert(id, ident);
             }
         }
@@ -937,23 +972,23 @@ impl Membership {
     /// those SWIM still has alive are members again, as SWIM judges them.
     pub(super) fn unhide(&mut self, now: Millis) {
         for ident in std::mem::take(&mut self.hidden).into_values() {
-            self.swim_up(now, Arc::unwrap_or_clone(ident));
+            self.swim_up(now, ident);
         }
     }
 
     /// This node starts watching afresh (it was elected): only members
     /// that report to it from now on count as silent when they stop.
     pub(super) fn unwatch_all(&mut self) {
-        for m in self.members.values_mut() {
-            m.direct = false;
+        for h in self.told.values_mut() {
+            h.direct = false;
         }
     }
 
     /// This node was not listening (stopped, or starved of CPU): every
     /// member counts as heard a heartbeat before `now`.
     pub(super) fn refresh(&mut self, now: Millis, heartbeat_ms: Millis) {
-        for m in self.members.values_mut() {
-            m.last_seen = m.last_seen.max(now.saturating_sub(heartbeat_ms));
+        for h in self.told.values_mut() {
+            h.last_seen = h.last_seen.max(now.saturating_sub(heartbeat_ms));
         }
     }
 
@@ -1009,9 +1044,19 @@ pub(super) enum Watch {
 }
 
 /// One member's part of a roster digest (a sum, so the order of members
-/// does not matter): its id and life, mixed (splitmix64's finaliser).
+/// does not matter): its id and life, mixed.
 fn roster_hash(i: &Ident) -> u64 {
-    let mut z = i.id.0 ^ i.life.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15;
+    mix(i.id.0 ^ i.life.rotate_left(32))
+}
+
+/// A node's part of [`super::Peer::members_sum`].
+pub fn member_hash(id: NodeId) -> u64 {
+    mix(id.0)
+}
+
+/// splitmix64's finaliser.
+fn mix(x: u64) -> u64 {
+    let mut z = x ^ 0x9e37_79b9_7f4a_7c15;
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)

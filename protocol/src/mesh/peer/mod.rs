@@ -74,7 +74,7 @@ use crate::wire::PROTOCOL_VERSION;
 pub use action::{Action, Fetched, PeerEvent, Persist};
 pub use config::Config;
 pub use election::{ballot, term_round};
-pub use membership::Member;
+pub use membership::{member_hash, Member};
 pub use out::Stats;
 
 use coordinator::Coord;
@@ -234,7 +234,13 @@ impl Peer {
 
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.out.actions.pop_front()
+        let action = self.out.actions.pop_front();
+        if action.is_none() && self.out.actions.capacity() > 64 {
+            // A burst (every member coming up while a mesh forms) would
+            // otherwise leave its capacity behind at every node for good.
+            self.out.actions = std::collections::VecDeque::new();
+        }
+        action
     }
 
     pub fn has_actions(&self) -> bool {

@@ -92,7 +92,7 @@ impl Peer {
                 .node
                 .members
                 .iter()
-                .filter(|m| !m.direct)
+                .filter(|m| !m.direct())
                 .map(|m| m.id)
                 .collect();
             if !strays.is_empty() {

@@ -74,7 +74,7 @@ impl Coord {
                     member.and_then(|m| {
                         m.beat()
                             .ends_in_ms
-                            .map(|left| m.last_seen.saturating_add(left))
+                            .map(|left| m.last_seen().saturating_add(left))
                     }),
                 )
             };

@@ -257,7 +257,7 @@ impl Coord {
         let heard = |h: NodeId| {
             cx.members
                 .get(h)
-                .is_some_and(|m| now.saturating_sub(m.last_seen) <= cx.cfg.dead_after_ms / 2)
+                .is_some_and(|m| now.saturating_sub(m.last_seen()) <= cx.cfg.dead_after_ms / 2)
         };
         for fid in &self.slots {
             let f = self.farms.get_mut(fid).expect("slots and farms agree");
