@@ -4,8 +4,9 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-/// The result of [`crate::run`]. Everything but `events_per_sec` and
-/// `wall_ms` is a function of the scenario (same seed, same report).
+/// The result of [`crate::run`]. Everything but `events_per_sec`,
+/// `wall_ms` and `peak_rss_bytes` is a function of the scenario (same
+/// seed, same report).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SimReport {
     pub name: String,
@@ -65,6 +66,10 @@ pub struct SimReport {
     pub events: u64,
     pub events_per_sec: f64,
     pub wall_ms: f64,
+    /// This process's peak resident memory at the end of the run, where
+    /// the system tells it (Linux): what a simulation of this size needs.
+    #[serde(default)]
+    pub peak_rss_bytes: Option<u64>,
     /// What the allocation queues did, when the scenario has any.
     #[serde(default)]
     pub alloc: Option<AllocReport>,
@@ -337,6 +342,7 @@ impl SimReport {
         SimReport {
             events_per_sec: 0.0,
             wall_ms: 0.0,
+            peak_rss_bytes: None,
             ..self.clone()
         }
     }
@@ -351,7 +357,7 @@ impl SimReport {
              per node per s before the farm: {}\nper node per s during the farm: {}\n\
              duplicates {}\n\
              tasks {} done, {} failed, {} executions\nprefetch depth {}\n\
-             events {} ({:.0}/s)\none mesh since {} ms; coordinated: {}\nlongest wait at a slow node {} ms\n",
+             events {} ({:.0}/s; {:.1} s, peak memory {})\none mesh since {} ms; coordinated: {}\nlongest wait at a slow node {} ms\n",
             self.seed,
             self.makespan,
             self.lower_bound,
@@ -376,6 +382,9 @@ impl SimReport {
             spread(&self.prefetch),
             self.events,
             self.events_per_sec,
+            self.wall_ms / 1000.0,
+            self.peak_rss_bytes
+                .map_or_else(|| "unknown".to_string(), |b| format!("{} MB", b / 1_000_000)),
             self.one_mesh_ms
                 .map_or_else(|| "-".to_string(), |ms| ms.to_string()),
             spread_nodes(&self.coordinators),
