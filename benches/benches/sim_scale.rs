@@ -1,74 +1,180 @@
-//! What a node's share of the mesh costs as the mesh grows, in the simulator: messages and bytes per node per second at 100, 1,000 and 2,000 nodes.
+//! The simulator as the mesh grows: speed at the command line's defaults, and, per size, a node's traffic, the makespan against greedy, wall time and peak memory per member pair.
 //!
-//! Each size runs the membership (SWIM) and the peers the real node runs,
-//! at the command line's defaults, `cpu=4` nodes and a thousand
-//! `zipf:1.2` tasks per node up to a million in all (from 1,000 nodes on,
-//! a million tasks, as the 10,000-node target has it). The nodes all start at 0 and the farm is
-//! submitted at 30 s of virtual time, once the mesh has formed, so the
-//! figures are those of a formed mesh at work: every message a node sends
-//! during the farm (task traffic, reports, membership), per node per
-//! second of the farm, with its postcard size. The ratio to the smallest
-//! size, measured in the same run, is the target (at most 1.5), as is
-//! mesh's makespan over the greedy baseline (at most 1.03).
+//! Every run is `mesh sim` in a fresh process (the binary users run, with
+//! its allocator), so its wall time and peak resident memory (which it
+//! reports) are the command's own:
 //!
-//! The sizes are `MESH_BENCH_SCALE_NODES` (`100,1000,2000`; 4,000 takes
-//! 6 minutes and 7.5 GB here). 10,000 does not fit this machine: every
-//! simulated node holds the whole membership, and foca's member table is a
-//! vector searched once per update, so the simulator (all N nodes in one
-//! process) pays N² memory (some 470 bytes per pair: 47 GB at 10,000) and
-//! between N² and N³ work while the mesh forms; see ARCHITECTURE.md.
+//! 1. `mesh sim --nodes 1000 --tasks 1000000 --durations zipf:1.2` at the
+//!    defaults (every invariant checked after every step): events per
+//!    second (target at least 1,000,000), wall time (at most 8 s), peak
+//!    memory.
+//! 2. Each size of `MESH_BENCH_SCALE_NODES` (`100,1000,2000,4000,10000`):
+//!    `cpu=4` nodes, a thousand `zipf:1.2` tasks per node up to a million,
+//!    submitted at 30 s of virtual time: up to 4,000 nodes the mesh has
+//!    formed by then (the farm's figures are those of a formed mesh at
+//!    work); 10,000 nodes take some 50 s to form, so there the farm
+//!    meets a mesh still forming, and its figures count the joins. Per node per
+//!    second of the farm: messages, bytes, and membership messages (SWIM
+//!    and rosters), each as a ratio to the smallest size (target at most
+//!    1.5); mesh's makespan over the greedy baseline (at most 1.03); wall
+//!    time (10,000 nodes: at most 10 minutes); peak memory (10,000 nodes:
+//!    at most 12 GB), that peak over N², and what a member pair costs:
+//!    the growth of the peak over the first size of a million tasks, per
+//!    pair added (every simulated node holds every other as a member).
 //!
 //! `cargo bench -p mesh-cli --bench sim_scale`
 
-use mesh_benches::{report, save};
-use mesh_sim::SimConfig;
+use std::process::{Command, Stdio};
+use std::time::Instant;
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use mesh_benches::{report, save};
+use serde_json::Value;
+
+/// Runs `mesh sim` with `args`, returning its JSON report, its wall time
+/// in seconds and its peak resident memory in bytes (as it reports it).
+fn sim(args: &[&str]) -> (Value, f64, u64) {
+    let mesh = env!("CARGO_BIN_EXE_mesh");
+    let start = Instant::now();
+    let out = Command::new(mesh)
+        .arg("sim")
+        .args(args)
+        .arg("--json")
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run mesh sim");
+    let wall = start.elapsed().as_secs_f64();
+    assert!(out.status.success(), "mesh sim {args:?} failed");
+    let r: Value = serde_json::from_slice(&out.stdout).expect("mesh sim --json");
+    let peak = r["peak_rss_bytes"]
+        .as_u64()
+        .expect("mesh sim reports its peak memory (Linux)");
+    (r, wall, peak)
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no {key} in the report"))
+}
+
+fn per_node_per_s(traffic: &Value, key: &str, nodes: usize) -> f64 {
+    f(traffic, key) / nodes as f64 / (f(traffic, "span_ms").max(1.0) / 1000.0)
+}
 
 fn main() {
+    let mut results = Vec::new();
+
+    println!("sim_scale: mesh sim --nodes 1000 --tasks 1000000 --durations zipf:1.2, defaults");
+    let (r, wall, peak) = sim(&[
+        "--nodes",
+        "1000",
+        "--tasks",
+        "1000000",
+        "--durations",
+        "zipf:1.2",
+        "--seed",
+        "7",
+    ]);
+    let rate = f(&r, "events_per_sec");
+    println!(
+        "  {} events, makespan {} ms, greedy {} ms",
+        r["events"], r["makespan"], r["greedy"]
+    );
+    results.push(report(
+        "1000 x 1M defaults: events per second",
+        rate,
+        "events/s",
+        Some((">=", 1e6, rate >= 1e6)),
+    ));
+    results.push(report(
+        "1000 x 1M defaults: wall time",
+        wall,
+        "s",
+        Some(("<=", 8.0, wall <= 8.0)),
+    ));
+    results.push(report(
+        "1000 x 1M defaults: peak memory",
+        peak as f64 / 1e6,
+        "MB",
+        None,
+    ));
+
     let sizes: Vec<usize> = std::env::var("MESH_BENCH_SCALE_NODES")
-        .unwrap_or_else(|_| "100,1000,2000".into())
+        .unwrap_or_else(|_| "100,1000,2000,4000,10000".into())
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
-    let mut results = Vec::new();
+    let dir = tempfile::tempdir().expect("temp dir");
     let mut base: Option<(f64, f64, f64)> = None;
+    // The first size that runs the full million tasks: what a member pair
+    // costs is the growth in peak memory over it, per pair added (the
+    // farm's own state is the same at every size from there on).
+    let mut million: Option<(usize, u64)> = None;
     for &nodes in &sizes {
         let tasks = (nodes as u64 * 1000).min(1_000_000);
-        let mut cfg = SimConfig::simple(7, nodes, "cpu=4", tasks, "zipf:1.2");
-        cfg.submit_at_ms = 30_000;
-        let r = mesh_sim::run(&cfg).unwrap_or_else(|e| panic!("simulation failed: {e}"));
-        let t = &r.traffic_farm;
-        let msgs = t.per_node_per_s(t.messages, nodes);
-        let bytes = t.per_node_per_s(t.bytes, nodes);
-        let swim = t.per_node_per_s(t.swim_messages, nodes);
+        let scenario = dir.path().join(format!("scale-{nodes}.toml"));
+        std::fs::write(
+            &scenario,
+            format!(
+                "seed = 7\nsubmit_at_ms = 30000\n[[nodes]]\ncount = {nodes}\nresources = \"cpu=4\"\n\
+                 [[stages]]\nname = \"work\"\ntasks = {tasks}\ndurations = \"zipf:1.2\"\n"
+            ),
+        )
+        .expect("write scenario");
+        let (r, wall, peak) = sim(&[scenario.to_str().expect("utf-8 path")]);
+        let t = &r["traffic_farm"];
+        let msgs = per_node_per_s(t, "messages", nodes);
+        let bytes = per_node_per_s(t, "bytes", nodes);
+        let swim = per_node_per_s(t, "swim_messages", nodes);
+        let ratio = f(&r, "makespan") / f(&r, "greedy");
+        let pair = peak as f64 / (nodes as f64 * nodes as f64);
         println!(
-            "  {nodes} nodes: makespan {} ms, greedy {} ms; per node per s: {msgs:.1} messages, {bytes:.0} bytes, of them membership {swim:.2} ({:.0} bytes); {:.1} s wall",
-            r.makespan,
-            r.greedy,
-            t.per_node_per_s(t.swim_bytes, nodes),
-            r.wall_ms / 1000.0
+            "  {nodes} nodes x {tasks} tasks: {wall:.1} s, peak {:.2} GB ({pair:.0} bytes a member pair); \
+             per node per s: {msgs:.1} messages, {bytes:.0} bytes, of them membership {swim:.2}; \
+             makespan / greedy {ratio:.3}; {} events",
+            peak as f64 / 1e9,
+            r["events"]
         );
-        let ratio = r.makespan as f64 / r.greedy as f64;
         results.push(report(
             &format!("{nodes} nodes: mesh / greedy"),
             ratio,
             "ratio",
             Some(("<=", 1.03, ratio <= 1.03)),
         ));
+        let big = nodes >= 10_000;
         results.push(report(
-            &format!("{nodes} nodes: messages per node per s"),
-            msgs,
-            "msg/s",
-            None,
+            &format!("{nodes} nodes: wall time"),
+            wall,
+            "s",
+            big.then_some(("<=", 600.0, wall <= 600.0)),
         ));
         results.push(report(
-            &format!("{nodes} nodes: bytes per node per s"),
-            bytes,
-            "B/s",
-            None,
+            &format!("{nodes} nodes: peak memory"),
+            peak as f64 / 1e9,
+            "GB",
+            big.then_some(("<=", 12.0, peak as f64 <= 12e9)),
         ));
+        if nodes >= 1000 {
+            results.push(report(
+                &format!("{nodes} nodes: peak memory / N²"),
+                pair,
+                "B",
+                None,
+            ));
+        }
+        match million {
+            None if tasks == 1_000_000 => million = Some((nodes, peak)),
+            Some((n0, p0)) => {
+                let added = (nodes * nodes - n0 * n0) as f64;
+                results.push(report(
+                    &format!("{nodes} nodes: memory per member pair, over {n0} nodes"),
+                    peak.saturating_sub(p0) as f64 / added,
+                    "B",
+                    None,
+                ));
+            }
+            None => {}
+        }
         results.push(report(
             &format!("{nodes} nodes: membership messages per node per s"),
             swim,
