@@ -54,7 +54,7 @@ pub struct FarmSpec {
 /// reached. Carried in every membership packet, and held once per member
 /// by every node: a mesh of N nodes holds N², and the simulator holds
 /// them all in one process. So an identity is one pointer to its parts,
-/// shared by every copy in the process: decoding one looks it up among
+/// shared by every copy in the thread: decoding one looks it up among
 /// those alive (`intern`) rather than allocating it again.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Ident(Arc<Who>);
@@ -117,36 +117,37 @@ impl<'de> Deserialize<'de> for Ident {
     }
 }
 
-/// The identities alive in this process, by what they say: what a member
+/// The identities alive in this thread, by what they say: what a member
 /// costs a node is a pointer, not a copy, even when every node of a
-/// simulated mesh decodes its own. Entries whose identity is gone are
-/// swept once the table has doubled since the last sweep.
+/// simulated mesh decodes its own. Per thread, so decoding one (a dozen
+/// times per member per node while a mesh forms) takes no lock; a node
+/// whose runtime moves between threads shares a little less. Entries whose
+/// identity is gone are swept once the table has doubled since the last
+/// sweep.
+#[derive(Default)]
 struct Interned {
     live: std::collections::HashMap<Arc<Who>, (), rustc_hash::FxBuildHasher>,
     swept_at: usize,
 }
 
-static INTERNED: std::sync::LazyLock<std::sync::Mutex<Interned>> = std::sync::LazyLock::new(|| {
-    std::sync::Mutex::new(Interned {
-        live: Default::default(),
-        swept_at: 0,
-    })
-});
+thread_local! {
+    static INTERNED: std::cell::RefCell<Interned> = std::cell::RefCell::default();
+}
 
 fn intern(who: Who) -> Ident {
-    // A poisoned table is still a table of valid identities.
-    let mut t = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((arc, ())) = t.live.get_key_value(&who) {
-        return Ident(arc.clone());
-    }
-    if t.live.len() >= 2 * t.swept_at.max(512) {
-        // Held only here: no member, message or node has it any more.
-        t.live.retain(|who, ()| Arc::strong_count(who) > 1);
-        t.swept_at = t.live.len();
-    }
-    let arc = Arc::new(who);
-    t.live.insert(arc.clone(), ());
-    Ident(arc)
+    INTERNED.with_borrow_mut(|t| {
+        if let Some((arc, ())) = t.live.get_key_value(&who) {
+            return Ident(arc.clone());
+        }
+        if t.live.len() >= 2 * t.swept_at.max(512) {
+            // Held only here: no member, message or node has it any more.
+            t.live.retain(|who, ()| Arc::strong_count(who) > 1);
+            t.swept_at = t.live.len();
+        }
+        let arc = Arc::new(who);
+        t.live.insert(arc.clone(), ());
+        Ident(arc)
+    })
 }
 
 /// Where a node is reached: its label (the peer id) and the addresses to
