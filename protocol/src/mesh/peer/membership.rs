@@ -69,6 +69,8 @@ impl Identity for Ident {
 pub struct Member<'a> {
     pub id: NodeId,
     heard: Option<&'a Told>,
+    /// SWIM has it (not only a beat): its identity and address are SWIM's.
+    known: bool,
     swim: &'a Swim,
 }
 
@@ -118,9 +120,13 @@ impl<'a> Member<'a> {
         self.heard.is_some_and(|h| h.direct)
     }
 
-    /// How SWIM knows it, when it does.
+    /// How SWIM knows it, when it does (a record SWIM keeps of an
+    /// earlier life, down, is not how this member is reached now).
     fn ident(&self) -> Option<&'a Ident> {
-        self.swim.member(&self.id).map(|m| m.id())
+        self.swim
+            .member(&self.id)
+            .filter(|_| self.known)
+            .map(|m| m.id())
     }
 
     /// How it is known on the network (its peer id), as SWIM or its beat says.
@@ -822,6 +828,7 @@ impl Membership {
         Member {
             id,
             heard: self.told.get(&id),
+            known: !self.unknown.contains(&id),
             swim: &self.swim,
         }
     }
