@@ -12,7 +12,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mesh_benches::{knob, peak_rss_bytes, report, save, write_range_farm};
+use mesh_benches::{knob, report, save, write_range_farm};
+use mesh_sim::peak_rss_bytes;
 
 /// Starts a farm whose tasks mark `first` once, lets it run for `run_for`;
 /// returns (time to first task, peak RSS, tasks done by then).
@@ -41,10 +42,10 @@ fn probe(mesh: &str, dir: &Path, n: u64, run_for: Duration) -> (Duration, u64, u
     let mut peak = 0;
     let until = Instant::now() + run_for;
     while Instant::now() < until && child.try_wait().unwrap().is_none() {
-        peak = peak.max(peak_rss_bytes(child.id()).unwrap_or(0));
+        peak = peak.max(peak_rss_bytes(Some(child.id())).unwrap_or(0));
         std::thread::sleep(Duration::from_millis(50));
     }
-    peak = peak.max(peak_rss_bytes(child.id()).unwrap_or(0));
+    peak = peak.max(peak_rss_bytes(Some(child.id())).unwrap_or(0));
     // The status snapshot is at most a second old; good enough for a rate.
     let status = mesh_benches::user_env(&mut Command::new(mesh))
         .args(["status", "--json"])

@@ -109,14 +109,6 @@ pub fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// Peak resident memory (VmHWM) of a live process, in bytes.
-pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// Writes a farm of `n` tasks running `command` (TOML array text) into `dir`.
 pub fn write_range_farm(dir: &Path, n: u64, command: &str) -> std::path::PathBuf {
     let p = dir.join("farm.toml");

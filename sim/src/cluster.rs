@@ -1256,7 +1256,7 @@ impl<'a> Sim<'a> {
             events: self.events,
             events_per_sec: self.events as f64 / wall_s.max(1e-9),
             wall_ms: wall_s * 1000.0,
-            peak_rss_bytes: peak_rss_bytes(),
+            peak_rss_bytes: crate::peak_rss_bytes(None),
             alloc: self.alloc_report(),
             one_mesh_ms: self.one_mesh_since,
             coordinators: self.coordinators.iter().copied().collect(),
@@ -1270,12 +1270,4 @@ impl<'a> Sim<'a> {
 /// Debugging aid: `MESH_SIM_TRACE=<task index>` prints every message about that task.
 fn trace_task() -> Option<u32> {
     std::env::var("MESH_SIM_TRACE").ok()?.parse().ok()
-}
-
-/// This process's peak resident memory so far (VmHWM), where Linux tells it.
-fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }

@@ -171,6 +171,20 @@ pub fn run_one_node(
     ))
 }
 
+/// Peak resident memory (VmHWM) of process `pid` (this one when none) so
+/// far, in bytes, where Linux tells it: what a simulation of a size
+/// needs, and what the benchmarks read of the processes they start.
+pub fn peak_rss_bytes(pid: Option<u32>) -> Option<u64> {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    let status = std::fs::read_to_string(path).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -318,7 +318,7 @@ impl Peer {
                 // Workers it declared dead for their silence to it alone
                 // (they may have followed the new coordinator first) are
                 // SWIM's to judge again.
-                self.node.members.unhide(now);
+                self.node.members.unhide();
                 deposed = true;
             }
         }

@@ -606,20 +606,16 @@ impl Membership {
         if due.is_empty() {
             return;
         }
-        let alive: Vec<Ident> = self
-            .swim
-            .iter_members()
-            .map(|m| m.id())
-            .filter(|i| due.contains(&i.id))
-            .cloned()
-            .collect();
         for id in due {
-            match alive.iter().find(|i| i.id == id) {
-                Some(ident) => self.swim_up(now, ident.clone()),
+            let alive = self
+                .swim
+                .member(&id)
+                .is_some_and(|m| m.state() != foca::State::Down);
+            if alive {
+                self.swim_up(id);
+            } else {
                 // SWIM no longer has it either: it stays gone.
-                None => {
-                    self.hidden.remove(&id);
-                }
+                self.hidden.remove(&id);
             }
         }
     }
@@ -745,17 +741,16 @@ impl Membership {
                 OwnedNotification::Idle
                 | OwnedNotification::Defunct
                 | OwnedNotification::Rejoin(_) => self.active = false,
-                OwnedNotification::MemberUp(ident) => self.swim_up(now, ident),
-                OwnedNotification::Rename(_, ident) => match self.members.contains(&ident.id) {
-                    true => {
-                        self.unknown.remove(&ident.id);
-                    }
-                    // A new life of a member declared dead here for its
-                    // silence: it restarted, and SWIM, which never saw it
-                    // down, says only this (no MemberUp).
-                    false if self.hidden.contains_key(&ident.id) => self.swim_up(now, ident),
-                    false => {}
-                },
+                OwnedNotification::MemberUp(ident) => self.swim_up(ident.id),
+                // A new life of a member declared dead here for its
+                // silence: it restarted, and SWIM, which never saw it
+                // down, says only this (no MemberUp).
+                OwnedNotification::Rename(_, ident)
+                    if self.members.contains(&ident.id) || self.hidden.contains_key(&ident.id) =>
+                {
+                    self.swim_up(ident.id)
+                }
+                OwnedNotification::Rename(..) => {}
                 OwnedNotification::MemberDown(ident) => {
                     if self
                         .hidden
@@ -779,20 +774,21 @@ impl Membership {
         self.tune();
     }
 
-    fn swim_up(&mut self, now: Millis, ident: Ident) {
-        let id = ident.id;
+    /// SWIM has `id` up: a member known to SWIM from now on, and new
+    /// here if it was not a member.
+    fn swim_up(&mut self, id: NodeId) {
         self.hidden.remove(&id);
         if self.members.contains(&id) {
             self.unknown.remove(&id);
         } else {
-            self.admit(now, id, true);
+            self.admit(id, true);
             self.fresh.push(id);
         }
     }
 
     /// A member that was not one (known to SWIM, or only by a beat): no
     /// longer counted as gone, nor hidden.
-    fn admit(&mut self, _now: Millis, id: NodeId, swim: bool) {
+    fn admit(&mut self, id: NodeId, swim: bool) {
         self.gone.remove(&id);
         self.hidden.remove(&id);
         if swim {
@@ -877,7 +873,7 @@ impl Membership {
         let was = self.members.contains(&from);
         if !was {
             let swim = self.hidden.contains_key(&from);
-            self.admit(now, from, swim);
+            self.admit(from, swim);
         }
         let resized = match self.told.get(&from) {
             Some(h) => h.beat.total != beat.total,
@@ -977,9 +973,9 @@ impl Membership {
     /// This node stopped watching the members it declared dead for their
     /// silence (it no longer coordinates, or follows another coordinator):
     /// those SWIM still has alive are members again, as SWIM judges them.
-    pub(super) fn unhide(&mut self, now: Millis) {
-        for ident in std::mem::take(&mut self.hidden).into_values() {
-            self.swim_up(now, ident);
+    pub(super) fn unhide(&mut self) {
+        for id in std::mem::take(&mut self.hidden).into_keys() {
+            self.swim_up(id);
         }
     }
 
