@@ -64,6 +64,10 @@ enum Cmd {
         /// Where collected outputs go (default ./mesh-out/<farm name>).
         #[arg(long, value_name = "DIR", value_parser = args::path)]
         out: Option<PathBuf>,
+        /// Run these stages (all when none is named) and every stage downstream
+        /// of them again, even where an earlier run's results could be reused.
+        #[arg(long, value_name = "STAGE", num_args = 0.., value_delimiter = ',')]
+        rerun: Option<Vec<String>>,
         #[command(flatten)]
         node: NodeArgs,
         #[command(flatten)]
@@ -301,15 +305,21 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
         Cmd::Run {
             farm,
             out,
+            rerun,
             node,
             output,
         } => {
             let (def, warnings) = farmfile::load_with_warnings(&farm, &LoadOptions { out })?;
             show::warn(&warnings);
+            check_stages(&def, rerun.as_deref())?;
             let file = farm
                 .canonicalize()
                 .with_context(|| format!("cannot resolve {}", farm.display()))?;
-            run(RunStart::New { def, file }, &state, &node, false, &output)
+            let again = Again {
+                retry_failed: false,
+                rerun,
+            };
+            run(RunStart::New { def, file }, &state, &node, again, &output)
         }
         Cmd::Resume {
             farm,
@@ -353,11 +363,15 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
                     show::state_word(target.state)
                 );
             }
+            let again = Again {
+                retry_failed,
+                rerun: None,
+            };
             run(
                 RunStart::Resume { id: target.id },
                 &state,
                 &node,
-                retry_failed,
+                again,
                 &output,
             )
         }
@@ -541,11 +555,34 @@ pub(crate) fn node_resources(args: &NodeArgs) -> Result<(Resources, Vec<mesh_nod
     Ok(mesh_node::machine(&declared))
 }
 
+/// What `mesh run` and `mesh resume` do again that a plain run would not.
+struct Again {
+    retry_failed: bool,
+    rerun: Option<Vec<String>>,
+}
+
+/// Every stage `--rerun` names is one of the farm's.
+pub(crate) fn check_stages(
+    def: &mesh_protocol::farm::FarmDef,
+    named: Option<&[String]>,
+) -> Result<()> {
+    for n in named.unwrap_or_default() {
+        if def.stage_index(n).is_none() {
+            let all: Vec<&str> = def.stages.iter().map(|s| s.name.as_str()).collect();
+            bail!(
+                "--rerun {n}: the farm has no such stage (stages: {})",
+                all.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
 fn run(
     start: RunStart,
     state: &StateDir,
     node: &NodeArgs,
-    retry_failed: bool,
+    again: Again,
     output: &OutputArgs,
 ) -> Result<ExitCode> {
     let http = match node.http {
@@ -557,7 +594,8 @@ fn run(
         state: state.clone(),
         resources,
         gpus,
-        retry_failed,
+        retry_failed: again.retry_failed,
+        rerun: again.rerun,
         http,
         on_http: Some(|line| eprintln!("{line}")),
     };

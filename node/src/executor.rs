@@ -533,6 +533,14 @@ fn collect(cwd: &Path, dest: &Path, outputs: &[String]) -> Result<(), String> {
                         .map_err(|e| format!("could not create {}: {e}", dir.display()))?;
                 }
             }
+            // Unlinked first, not written through: an earlier run's output
+            // there may be linked into another `--out` folder (see `results`).
+            match fs::remove_file(&dst) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(format!("could not replace output {}: {e}", dst.display()))
+                }
+                _ => {}
+            }
             fs::copy(&src, &dst)
                 .map_err(|e| format!("could not collect output {}: {e}", src.display()))?;
         }

@@ -11,6 +11,7 @@ pub mod limits;
 pub mod mesh_node;
 pub mod net;
 pub mod observe;
+pub mod results;
 pub mod runner;
 pub mod state;
 pub mod task_words;

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,9 @@ use mesh_protocol::engine::{
     Action, AddOptions, Counts, Engine, Event, FarmSlot, KillReason, Outcome, Persist, RecordState,
     TaskResult, Verdict,
 };
-use mesh_protocol::farm::{content_key, FarmDef};
+use mesh_protocol::farm::{
+    content_key, deps_digest, has_deps, key_with_deps, stage_digest, FarmDef,
+};
 use mesh_protocol::mesh::FarmId;
 use mesh_protocol::{Resources, TaskRef};
 use mesh_store::{FarmKey, JournalEntry, JournalEvent, SledStore, Store, StoreError, Write};
@@ -26,6 +28,7 @@ use tokio::sync::mpsc;
 use crate::dash;
 use crate::executor::{self, Finished, Launch, Live};
 use crate::observe::Recorder;
+use crate::results::{self, Results};
 use crate::state::{
     farm_identity, farm_key, hostname, unix_ms, FailedTask, FarmStatus, RunState, StageStatus,
     StateDir, StateError, SNAPSHOT_FAILED_MAX,
@@ -59,6 +62,9 @@ pub struct RunOptions {
     pub gpus: Vec<crate::gpus::Gpu>,
     /// On resume, run failed tasks again with fresh retries.
     pub retry_failed: bool,
+    /// `--rerun [STAGE...]`: run these stages (all when empty) and every
+    /// stage downstream of them even where their content keys succeeded before.
+    pub rerun: Option<Vec<String>>,
     /// Serve the dashboard (`mesh run --http`).
     pub http: Option<dash::Http>,
     /// Told the dashboard's address once it is served.
@@ -283,6 +289,10 @@ async fn drive(
         out: PathBuf::from(&def.out),
         gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
         input_hashes: HashMap::new(),
+        stage_digests: HashMap::new(),
+        rerun: rerun_stages(&def, opts.rerun.as_deref()),
+        pending: Vec::new(),
+        unwritten: HashMap::new(),
         programs: HashMap::new(),
         live: HashMap::new(),
         shared: None,
@@ -431,6 +441,17 @@ struct Driver {
     gpu_ids: Arc<[String]>,
     /// blake3 of each input file, read once per run.
     input_hashes: HashMap<String, [u8; 32]>,
+    /// The digest of each `after` stage's keys (see `farm::deps_digest`),
+    /// made once its dependents start: the stage is complete by then.
+    stage_digests: HashMap<u32, [u8; 32]>,
+    /// Stages whose earlier results are not reused (`--rerun`).
+    rerun: Vec<bool>,
+    /// Results written down since the last step, persisted with its batch.
+    pending: Vec<Write>,
+    /// Keys of the records in the batch being made: a dependent prepared in
+    /// the same step as its dependency's end reads the key from here, as the
+    /// store has only the record before.
+    unwritten: HashMap<TaskRef, [u8; 32]>,
     /// Bare program names and where PATH finds them (None: not found; exec reports it).
     programs: HashMap<String, Option<String>>,
     live: HashMap<TaskRef, (u32, Live)>,
@@ -461,6 +482,7 @@ impl Driver {
         let mut batch = Vec::new();
         let mut acts = Vec::new();
         let mut launches = Vec::new();
+        batch.append(&mut self.pending);
         for _ in 0..STEP_ACTIONS_MAX {
             let Some(a) = engine.poll_action() else { break };
             match a {
@@ -480,6 +502,7 @@ impl Driver {
         }
         if !batch.is_empty() {
             self.store.write(batch)?;
+            self.unwritten.clear();
             self.store.flush()?;
         }
         // Persisted; now act. Starts first: kills and emits never concern a task started in this step.
@@ -532,6 +555,9 @@ impl Driver {
                 },
             }));
         }
+        if let Some(k) = record.key {
+            self.unwritten.insert(task, k);
+        }
         batch.push(Write::Task {
             farm: self.key,
             task,
@@ -552,13 +578,18 @@ impl Driver {
         let mut spec = def.expand(task);
         let hashes: Vec<[u8; 32]> = spec.inputs.iter().map(|i| self.input_hash(i)).collect();
         let task_id = def.task_name(task);
-        let key = content_key(&def.name, &task_id, &spec, &stage.resources, &hashes);
-        // The task's last record, of this run or an earlier one, is the key cache.
-        let done_before = self
-            .store
-            .task(self.key, task)?
-            .is_some_and(|r| r.state == RecordState::Done && r.key == Some(key));
-        if done_before {
+        let mut key = content_key(
+            &def.name,
+            &task_id,
+            &def.expand_for_key(task),
+            &stage.resources,
+            &hashes,
+        );
+        if has_deps(&def, task.stage) {
+            key = key_with_deps(&key, &self.deps_digest(task)?);
+        }
+        let out_dir = self.out.join(&stage.name).join(task.index.to_string());
+        if !self.rerun[task.stage as usize] && self.reuse(&key, &out_dir)? {
             engine.task_finished(
                 0,
                 self.slot,
@@ -585,12 +616,114 @@ impl Driver {
             farm_name: def.name.clone(),
             task_id,
             root: self.root.clone(),
-            out_dir: self.out.join(&stage.name).join(task.index.to_string()),
+            out_dir,
             stdout_log: executor::log_path(&self.logs_dir, &def, task, attempt, "out"),
             stderr_log: executor::log_path(&self.logs_dir, &def, task, attempt, "err"),
             gpu_ids: self.gpu_ids.clone(),
             node: String::new(),
         }))
+    }
+
+    /// What `task`'s key takes of the tasks it depends on, from their records.
+    fn deps_digest(&mut self, task: TaskRef) -> Result<[u8; 32], RunError> {
+        let (def, farm) = (self.def.clone(), self.key);
+        let unwritten = &self.unwritten;
+        let key_of = |store: &SledStore, t: TaskRef| -> Result<Option<[u8; 32]>, RunError> {
+            if let Some(k) = unwritten.get(&t) {
+                return Ok(Some(*k));
+            }
+            Ok(store.task(farm, t)?.and_then(|r| r.key))
+        };
+        for &s in &def.stage(task).after {
+            if !self.stage_digests.contains_key(&s) {
+                let mut err = None;
+                let d = stage_digest(&def, s, |t| {
+                    key_of(&self.store, t).unwrap_or_else(|e| {
+                        err.get_or_insert(e);
+                        None
+                    })
+                });
+                if let Some(e) = err {
+                    return Err(e);
+                }
+                self.stage_digests.insert(s, d);
+            }
+        }
+        let mut err = None;
+        let d = deps_digest(
+            &def,
+            task,
+            |s| self.stage_digests[&s],
+            |t| {
+                key_of(&self.store, t).unwrap_or_else(|e| {
+                    err.get_or_insert(e);
+                    None
+                })
+            },
+        );
+        match err {
+            Some(e) => Err(e),
+            None => Ok(d),
+        }
+    }
+
+    /// True when `key` succeeded before and `dir` now holds its outputs
+    /// (put there from where they were left, when that was elsewhere).
+    fn reuse(&mut self, key: &[u8; 32], dir: &Path) -> Result<bool, RunError> {
+        let name = results::meta_name(key);
+        let Some(bytes) = self.store.meta(self.key, &name)? else {
+            return Ok(false);
+        };
+        let Ok(mut res) = postcard::from_bytes::<Results>(&bytes) else {
+            return Ok(false);
+        };
+        let (reused, changed) = match res.reuse(dir) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::info!(dir = %dir.display(), "earlier outputs not reused: {e}");
+                (false, true)
+            }
+        };
+        if changed {
+            self.pending.push(Write::Meta {
+                farm: self.key,
+                name,
+                value: postcard::to_stdvec(&res).expect("plain data"),
+            });
+        }
+        Ok(reused)
+    }
+
+    /// Writes down where a success left its outputs, for a later run's [`Driver::reuse`].
+    fn remember(&mut self, task: TaskRef, key: &[u8; 32]) {
+        let stage = self.def.stage(task);
+        let dir = self.out.join(&stage.name).join(task.index.to_string());
+        let place = if stage.outputs.is_empty() {
+            Ok(results::Place {
+                dir: dir.to_string_lossy().into_owned(),
+                files: Vec::new(),
+            })
+        } else {
+            results::Place::of(&dir)
+        };
+        let place = match place {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::info!(dir = %dir.display(), "outputs not written down for reuse: {e}");
+                return;
+            }
+        };
+        let name = results::meta_name(key);
+        let mut res = match self.store.meta(self.key, &name) {
+            Ok(Some(b)) => postcard::from_bytes::<Results>(&b).unwrap_or_default(),
+            _ => Results::default(),
+        };
+        res.add(place);
+        self.pending.push(Write::Meta {
+            farm: self.key,
+            name,
+            value: postcard::to_stdvec(&res).expect("plain data"),
+        });
     }
 
     fn input_hash(&mut self, input: &str) -> [u8; 32] {
@@ -610,6 +743,10 @@ impl Driver {
     fn finish(&mut self, engine: &mut Engine, now: u64, f: Finished) {
         if self.live.get(&f.task).is_some_and(|(a, _)| *a == f.attempt) {
             self.live.remove(&f.task);
+        }
+        if matches!(f.result, TaskResult::Exited(c) if self.def.stage(f.task).success_codes.contains(&c))
+        {
+            self.remember(f.task, &f.key);
         }
         if let (Some(sh), Some((seq, slot, at))) = (&self.shared, self.runs.remove(&f.task)) {
             let codes = &self.def.stage(f.task).success_codes;
@@ -731,6 +868,36 @@ impl Driver {
 }
 
 /// The latest run number of a farm (0 before its first).
+/// Per stage, whether `--rerun` names it or a stage it depends on
+/// (directly or not): what they read is made again, so they run again too.
+fn rerun_stages(def: &FarmDef, rerun: Option<&[String]>) -> Vec<bool> {
+    let Some(names) = rerun else {
+        return vec![false; def.stages.len()];
+    };
+    let mut marked: Vec<bool> = def
+        .stages
+        .iter()
+        .map(|s| names.is_empty() || names.contains(&s.name))
+        .collect();
+    // Stages may name any other as a dependency: go round until nothing changes.
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for (i, s) in def.stages.iter().enumerate() {
+            if !marked[i]
+                && s.after
+                    .iter()
+                    .chain(&s.after_each)
+                    .any(|&d| marked[d as usize])
+            {
+                marked[i] = true;
+                grew = true;
+            }
+        }
+    }
+    marked
+}
+
 fn stored_run(store: &SledStore, key: FarmKey) -> Result<u32, RunError> {
     Ok(store
         .meta(key, META_RUN)?

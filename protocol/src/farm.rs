@@ -504,12 +504,24 @@ impl FarmDef {
     }
 
     pub fn expand(&self, t: TaskRef) -> TaskSpec {
+        self.expand_with_out(t, &self.out)
+    }
+
+    /// The task as its content key sees it: `{out}` left as written, so the
+    /// same work sent to another `--out` folder has the same key (what a task
+    /// reads there is its dependencies' outputs, which the key covers by
+    /// their own keys).
+    pub fn expand_for_key(&self, t: TaskRef) -> TaskSpec {
+        self.expand_with_out(t, OUT_IN_KEY)
+    }
+
+    fn expand_with_out(&self, t: TaskRef, out: &str) -> TaskSpec {
         let stage = self.stage(t);
         let binding = stage.sweep.binding(t.index);
         let cx = RenderCx {
             farm: &self.name,
             stage: &stage.name,
-            out: &self.out,
+            out,
             index: t.index,
             binding: &binding,
         };
@@ -533,12 +545,96 @@ impl FarmDef {
     }
 }
 
+/// What `{out}` expands to in the spec a content key is made of.
+const OUT_IN_KEY: &str = "{out}";
+
+impl FarmDef {
+    /// The `n`-th of the tasks `t` waits for: every task of each `after`
+    /// stage, then task `t.index` of each `after_each` stage, in the order
+    /// the farm names them; None past the last. Indexed rather than
+    /// iterated, so a caller that waits for them can go on from where it was.
+    pub fn dependency(&self, t: TaskRef, mut n: u64) -> Option<TaskRef> {
+        let stage = self.stage(t);
+        for &s in &stage.after {
+            let len = u64::from(self.stages[s as usize].len());
+            if n < len {
+                return Some(TaskRef::new(s, n as u32));
+            }
+            n -= len;
+        }
+        let s = *stage.after_each.get(usize::try_from(n).ok()?)?;
+        Some(TaskRef::new(s, t.index))
+    }
+}
+
+/// What a task's content key takes of the tasks it depends on: for each
+/// `after` stage the digest of all its tasks' keys (`stage_digest`, which a
+/// caller keeps once per stage), and for each `after_each` stage the key of
+/// the task it pairs with (`key_of`). Their keys cover their own inputs and
+/// dependencies in turn, so a change anywhere upstream changes the key of
+/// every task downstream of it, and of no other.
+pub fn deps_digest(
+    def: &FarmDef,
+    t: TaskRef,
+    mut stage_digest: impl FnMut(u32) -> [u8; 32],
+    mut key_of: impl FnMut(TaskRef) -> Option<[u8; 32]>,
+) -> [u8; 32] {
+    let stage = def.stage(t);
+    let mut h = blake3::Hasher::new();
+    for &s in &stage.after {
+        h.update(b"after");
+        h.update(&s.to_le_bytes());
+        h.update(&stage_digest(s));
+    }
+    for &s in &stage.after_each {
+        h.update(b"each");
+        h.update(&s.to_le_bytes());
+        // A dependency done with no key of its own (known done from elsewhere)
+        // counts as such, not as any particular result.
+        h.update(&key_of(TaskRef::new(s, t.index)).unwrap_or([0; 32]));
+    }
+    *h.finalize().as_bytes()
+}
+
+/// The key of a task whose own key (see [`content_key`]) is `own` and which
+/// depends on what `deps` digests (see [`deps_digest`]). Made apart from the
+/// task's own key because in a mesh the node that runs a task makes the one
+/// and the coordinator, which knows the keys of what it depends on, the other.
+pub fn key_with_deps(own: &[u8; 32], deps: &[u8; 32]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(b"with deps");
+    h.update(own);
+    h.update(deps);
+    *h.finalize().as_bytes()
+}
+
+/// True when tasks of stage `s` depend on others, and so have a key made by [`key_with_deps`].
+pub fn has_deps(def: &FarmDef, s: u32) -> bool {
+    let st = &def.stages[s as usize];
+    !st.after.is_empty() || !st.after_each.is_empty()
+}
+
+/// The digest of every task's key of stage `s`, in index order (see [`deps_digest`]).
+pub fn stage_digest(
+    def: &FarmDef,
+    s: u32,
+    mut key_of: impl FnMut(TaskRef) -> Option<[u8; 32]>,
+) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    for i in 0..def.stages[s as usize].len() {
+        h.update(&key_of(TaskRef::new(s, i)).unwrap_or([0; 32]));
+    }
+    *h.finalize().as_bytes()
+}
+
 /// A task's content key: blake3 over everything the task can observe: its
 /// identity (farm, `<stage>/<index>`, which it sees as MESH_FARM and
-/// MESH_TASK_ID), expanded command, environment, workdir, resources and the
+/// MESH_TASK_ID), expanded command (with `{out}` as written: see
+/// [`FarmDef::expand_for_key`]), environment, workdir, resources and the
 /// contents of its inputs (given as their blake3 hashes, in the order of
-/// `spec.inputs`). Equal keys mean the same work with the same results in the
-/// same place; two tasks of a sweep never share one, even with equal commands.
+/// `spec.inputs`). What it depends on is added by [`key_with_deps`]. Equal
+/// keys mean the same work with the same results; two tasks of a sweep never
+/// share one, even with equal commands.
 pub fn content_key(
     farm: &str,
     task_id: &str,

@@ -17,11 +17,11 @@ use crate::observe::Observation;
 use crate::pieces::Pieces;
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 12;
+pub const PROTOCOL_VERSION: u32 = 13;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
-pub const REQUEST_PROTOCOL: &str = "/mesh/req/9";
+pub const REQUEST_PROTOCOL: &str = "/mesh/req/10";
 /// The stream that carries messages for a peer's engine, in order.
-pub const PEER_PROTOCOL: &str = "/mesh/peer/8";
+pub const PEER_PROTOCOL: &str = "/mesh/peer/9";
 /// A file's bytes, one stream per file: the receiver opens it.
 pub const DATA_PROTOCOL: &str = "/mesh/data/1";
 /// No single request, response or frame of messages may be larger.

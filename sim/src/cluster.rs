@@ -1181,6 +1181,7 @@ impl<'a> Sim<'a> {
                 path: "out".into(),
                 hash,
                 size: 1,
+                mode: 0o644,
             }]
         } else {
             Vec::new()

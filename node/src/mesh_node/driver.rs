@@ -151,6 +151,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         links: Links::new(streams),
         tx: tx.clone(),
         live: HashMap::new(),
+        waiting_deps: Vec::new(),
         origins: HashMap::new(),
         book: MeshState::default(),
         reach,
@@ -328,6 +329,7 @@ impl Node {
 
     /// Drains the peer's actions: persists first, as one flushed batch, then the rest in order.
     fn step(&mut self) {
+        self.start_ready();
         loop {
             let mut batch = Vec::new();
             let mut acts = Vec::new();
@@ -375,6 +377,9 @@ impl Node {
             },
             Action::Start { task, grant } => self.start(task, grant),
             Action::Kill { task, reason } => {
+                if self.unwait(task, reason) {
+                    return;
+                }
                 let sig = match reason {
                     KillReason::Interrupt => Signal::SIGTERM,
                     KillReason::Timeout | KillReason::Cancel => Signal::SIGKILL,

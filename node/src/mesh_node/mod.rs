@@ -166,6 +166,10 @@ struct Node {
     links: Links,
     tx: mpsc::UnboundedSender<Cmd>,
     live: HashMap<(FarmId, TaskRef), (u32, Option<Live>, bool)>,
+    /// Tasks given to this node, the home of their farm, whose
+    /// dependencies' outputs are not all here yet: each with its grant and
+    /// how many of its dependencies were found here so far (see `task.rs`).
+    waiting_deps: Vec<(Assigned, mesh_protocol::engine::Grant, u64)>,
     origins: HashMap<FarmId, Origin>,
     /// How the peer's persists map to the store.
     book: MeshState,

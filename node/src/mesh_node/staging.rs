@@ -6,13 +6,14 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use libp2p::PeerId;
 use mesh_protocol::farm::{path_stays_inside, FarmDef, TaskRef};
-use mesh_protocol::mesh::{FarmId, FarmSpec, NodeId, OutputFile};
+use mesh_protocol::mesh::{FarmId, FarmSpec, InputFile, NodeId, OutputFile};
 use tokio::sync::mpsc;
 
 use super::transfer::{self, hash_file, keep_pieces, Transfers};
@@ -30,8 +31,8 @@ impl Node {
 
     pub(super) fn serve_inputs(&mut self, spec: &FarmSpec) {
         let root = PathBuf::from(&spec.def.root);
-        for (path, hash) in &spec.inputs {
-            self.transfers.serve_file(*hash, root.join(path));
+        for i in &spec.inputs {
+            self.transfers.serve_file(i.hash, root.join(&i.path));
         }
     }
 
@@ -65,14 +66,14 @@ impl Node {
         let t = self.transfers.clone();
         tokio::spawn(async move {
             let mut r = Ok(());
-            for (path, hash) in &spec.inputs {
-                let hex = blake3::Hash::from(*hash).to_hex().to_string();
+            for i in &spec.inputs {
+                let hex = blake3::Hash::from(i.hash).to_hex().to_string();
                 let cached = cache.join(&hex);
                 if cached.is_file() {
                     continue;
                 }
-                if let Err(e) = fetch_any(&t, &tx, &sources, farm, *hash, &cached).await {
-                    r = Err(format!("input `{path}`: {e}"));
+                if let Err(e) = fetch_any(&t, &tx, &sources, farm, i.hash, &cached).await {
+                    r = Err(format!("input `{}`: {e}", i.path));
                     break;
                 }
             }
@@ -118,12 +119,13 @@ impl Node {
     }
 }
 
+/// The farm's input at `path`, as its submitter listed it.
+pub(super) fn input_file<'a>(spec: &'a FarmSpec, path: &str) -> Option<&'a InputFile> {
+    spec.inputs.iter().find(|i| i.path == path)
+}
+
 pub(super) fn input_hash(spec: &FarmSpec, path: &str) -> [u8; 32] {
-    spec.inputs
-        .iter()
-        .find(|(p, _)| p == path)
-        .map(|(_, h)| *h)
-        .unwrap_or([0; 32])
+    input_file(spec, path).map(|i| i.hash).unwrap_or([0; 32])
 }
 
 /// The farm as it travels: every input file the farm names, hashed.
@@ -151,10 +153,18 @@ pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<Farm
                 let path = root.join(&input);
                 let mut f =
                     fs::File::open(&path).map_err(|e| format!("input {}: {e}", path.display()))?;
+                let mode = f
+                    .metadata()
+                    .map(|m| mode_of(&m))
+                    .map_err(|e| format!("input {}: {e}", path.display()))?;
                 let mut h = blake3::Hasher::new();
                 h.update_reader(&mut f)
                     .map_err(|e| format!("input {}: {e}", path.display()))?;
-                inputs.push((input, *h.finalize().as_bytes()));
+                inputs.push(InputFile {
+                    path: input,
+                    hash: *h.finalize().as_bytes(),
+                    mode,
+                });
             }
         }
     }
@@ -186,11 +196,15 @@ fn hashed(dir: &Path) -> Result<Vec<(OutputFile, mesh_protocol::pieces::Pieces)>
     for (rel, path) in files {
         let (hash, pieces) = hash_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let size = pieces.size;
+        let mode = fs::metadata(&path)
+            .map(|m| mode_of(&m))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         out.push((
             OutputFile {
                 path: rel,
                 hash,
                 size,
+                mode,
             },
             pieces,
         ));
@@ -260,6 +274,7 @@ async fn fetch_all(
             .map_err(|e| e.to_string())??;
         if let Some(dest) = needed {
             let got = transfer::fetch(t, tx, from, (farm, o.hash), &dest, (true, false)).await?;
+            set_mode(&dest, o.mode)?;
             tracing::debug!(%farm, path = %o.path, ?got, "output home");
         }
     }
@@ -273,6 +288,7 @@ fn output_needed(dir: &Path, o: &OutputFile) -> Result<Option<PathBuf>, String> 
     }
     let dest = dir.join(&o.path);
     if dest.is_file() && file_hash(&dest).ok() == Some(o.hash) {
+        set_mode(&dest, o.mode)?;
         return Ok(None);
     }
     Ok(Some(dest))
@@ -292,6 +308,25 @@ fn place_held(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), Str
             fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
         }
         fs::copy(&src, &dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
+        set_mode(&dest, o.mode)?;
+    }
+    Ok(())
+}
+
+/// A file's permission bits, as they travel (see `InputFile::mode`).
+fn mode_of(m: &fs::Metadata) -> u32 {
+    m.permissions().mode() & 0o7777
+}
+
+/// Gives `path` the permission bits it had where it was made (0: unknown, left as it is).
+fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
+    if mode == 0 {
+        return Ok(());
+    }
+    let now = fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if mode_of(&now) != mode {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))
+            .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))?;
     }
     Ok(())
 }
@@ -312,7 +347,7 @@ pub(super) async fn fetch_input(
     tx: &mpsc::UnboundedSender<Cmd>,
     sources: &[NodeId],
     farm: FarmId,
-    hash: [u8; 32],
+    (hash, mode): ([u8; 32], u32),
     cache: &Path,
     dest: &Path,
 ) -> Result<(), String> {
@@ -336,15 +371,27 @@ pub(super) async fn fetch_input(
         }
     }
     if dest.is_file() {
-        return Ok(());
+        return set_mode(dest, mode);
     }
     if let Some(dir) = dest.parent() {
         fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
-    if fs::hard_link(&cached, dest).is_err() && !dest.is_file() {
+    // A link shares the cached file's mode, which other inputs of the same
+    // contents may want otherwise: linked only when the mode is the same.
+    let linkable = mode == 0
+        || match fs::metadata(&cached) {
+            Ok(m) if mode_of(&m) == mode => true,
+            // Linked nowhere yet: the cached copy may take this mode.
+            Ok(m) if m.nlink() == 1 => {
+                fs::set_permissions(&cached, fs::Permissions::from_mode(mode)).is_ok()
+            }
+            _ => false,
+        };
+    let linked = linkable && fs::hard_link(&cached, dest).is_ok();
+    if !linked && !dest.is_file() {
         fs::copy(&cached, dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
     }
-    Ok(())
+    set_mode(dest, mode)
 }
 
 /// Fetches a file by its blake3 hash from the first of `sources` that has

@@ -4,12 +4,13 @@ use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mesh_protocol::engine::{Grant, Outcome, TaskResult};
+use mesh_protocol::engine::{Grant, KillReason, Outcome, TaskResult};
 use mesh_protocol::farm::content_key;
 use mesh_protocol::mesh::{Assigned, FarmSpec, NodeId, OutputFile};
+use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 
-use super::staging::{fetch_input, hold_outputs, input_hash, manifest};
+use super::staging::{fetch_input, hold_outputs, input_file, input_hash, manifest};
 use super::transfer::Transfers;
 use super::{Cmd, Node};
 use crate::executor::{self, Finished, Launch};
@@ -18,6 +19,11 @@ impl Node {
     /// Starts one task: here directly when this node submitted the farm,
     /// otherwise after fetching its inputs, with its outputs sent back after.
     pub(super) fn start(&mut self, task: Assigned, grant: Grant) {
+        let mut found = 0;
+        if !self.deps_here(&task, &mut found) {
+            self.waiting_deps.push((task, grant, found));
+            return;
+        }
         let Some(spec) = self.peer.spec(task.farm).cloned() else {
             let now = self.now();
             self.peer.task_finished(
@@ -45,7 +51,14 @@ impl Node {
         let mut tspec = def.expand(task.task);
         let hashes: Vec<[u8; 32]> = tspec.inputs.iter().map(|i| input_hash(&spec, i)).collect();
         let task_id = def.task_name(task.task);
-        let key = content_key(&def.name, &task_id, &tspec, &stage.resources, &hashes);
+        // The task's own key; the coordinator adds what it depends on (see `farm::key_with_deps`).
+        let key = content_key(
+            &def.name,
+            &task_id,
+            &def.expand_for_key(task.task),
+            &stage.resources,
+            &hashes,
+        );
         executor::resolve_program(&mut self.programs, &mut tspec);
         let local = spec.origin == self.me;
         let farm_dir = self.state.join("work").join(task.farm.to_string());
@@ -103,6 +116,72 @@ impl Node {
     }
 }
 
+impl Node {
+    /// On a farm's home: true once every output of the tasks `task`
+    /// depends on is here and verified, so that it never reads a folder of
+    /// outputs still coming (a gather once read 19 of 20). `found` counts
+    /// the dependencies found here so far: a later look goes on from there.
+    fn deps_here(&self, task: &Assigned, found: &mut u64) -> bool {
+        let Some(r) = self.peer.replica(task.farm).filter(|r| r.home) else {
+            return true;
+        };
+        while let Some(d) = r.spec.def.dependency(task.task, *found) {
+            if !r.outputs_here(d) {
+                return false;
+            }
+            *found += 1;
+        }
+        true
+    }
+
+    /// Starts the tasks whose dependencies' outputs have all come.
+    pub(super) fn start_ready(&mut self) {
+        if self.waiting_deps.is_empty() {
+            return;
+        }
+        let mut ready = Vec::new();
+        let mut waiting = std::mem::take(&mut self.waiting_deps);
+        waiting.retain_mut(|(task, grant, found)| {
+            if self.deps_here(task, found) {
+                ready.push((*task, grant.clone()));
+                false
+            } else {
+                true
+            }
+        });
+        self.waiting_deps = waiting;
+        for (task, grant) in ready {
+            self.start(task, grant);
+        }
+    }
+
+    /// A task killed while it waited for its dependencies' outputs ends as
+    /// its process would have, never having started. False when it was not waiting.
+    pub(super) fn unwait(&mut self, task: Assigned, reason: KillReason) -> bool {
+        let Some(at) = self.waiting_deps.iter().position(|(t, ..)| *t == task) else {
+            return false;
+        };
+        self.waiting_deps.swap_remove(at);
+        let sig = match reason {
+            KillReason::Interrupt => Signal::SIGTERM as i32,
+            KillReason::Timeout | KillReason::Cancel => Signal::SIGKILL as i32,
+        };
+        let now = self.now();
+        self.peer.task_finished(
+            now,
+            task,
+            Outcome {
+                result: TaskResult::Signaled(sig),
+                key: None,
+                duration_ms: 0,
+                logs: 0,
+            },
+            Vec::new(),
+        );
+        true
+    }
+}
+
 /// One attempt on this node: fetch inputs, run, and keep the outputs of a
 /// remote farm's task (content-addressed, in `held`) until its home has them.
 async fn run_task(
@@ -132,13 +211,13 @@ async fn run_task(
             return fail(format!("cannot create {}: {e}", launch.root.display()));
         }
         for input in &launch.spec.inputs {
-            let hash = input_hash(&spec, input);
+            let file = input_file(&spec, input).map_or(([0; 32], 0), |i| (i.hash, i.mode));
             if let Err(e) = fetch_input(
                 &transfers,
                 &tx,
                 &sources,
                 spec.id,
-                hash,
+                file,
                 &cache,
                 &launch.root.join(input),
             )

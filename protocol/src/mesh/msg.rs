@@ -45,8 +45,18 @@ pub struct FarmSpec {
     pub id: FarmId,
     pub origin: NodeId,
     pub def: FarmDef,
-    /// Input path (relative to the farm's root, as the task names it) and its blake3.
-    pub inputs: Vec<(String, [u8; 32])>,
+    pub inputs: Vec<InputFile>,
+}
+
+/// One input file of a farm, as its submitter serves it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputFile {
+    /// Relative to the farm's root, as the task names it.
+    pub path: String,
+    pub hash: [u8; 32],
+    /// Its permission bits (`0o7777`), which travel with it: a staged
+    /// `./wrapper.sh` must stay executable on every node. 0: not known.
+    pub mode: u32,
 }
 
 /// A node as membership knows it: its id, which life of it (a restart,
@@ -321,6 +331,8 @@ pub struct OutputFile {
     pub path: String,
     pub hash: [u8; 32],
     pub size: u64,
+    /// Its permission bits, as for [`InputFile::mode`].
+    pub mode: u32,
 }
 
 /// One run of a task: which node ran which attempt.

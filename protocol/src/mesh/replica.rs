@@ -438,6 +438,17 @@ impl Replica {
     }
 
     /// A task's outputs are here.
+    /// On the home: `task` is known done here and its outputs are here,
+    /// verified (or it made none), so a task that reads them may start.
+    pub fn outputs_here(&self, task: TaskRef) -> bool {
+        match self.log.get(task) {
+            Some(Entry::Done { outputs, .. }) => {
+                outputs.is_empty() || self.collected.contains(&task)
+            }
+            _ => false,
+        }
+    }
+
     pub fn collect(&mut self, task: TaskRef) -> bool {
         self.unmiss(task);
         self.collected.insert(task)
@@ -571,6 +582,7 @@ mod tests {
                 path: "o.txt".into(),
                 hash: [index as u8; 32],
                 size: 1,
+                mode: 0o644,
             }]),
         }
     }

@@ -22,7 +22,7 @@ use crate::engine::{
     self, AddOptions, Engine, FarmSlot, KillReason, Millis, Order, Outcome, TaskRecord, TaskResult,
     Verdict,
 };
-use crate::farm::TaskRef;
+use crate::farm::{deps_digest, has_deps, key_with_deps, stage_digest, TaskRef};
 use crate::observe::Latency;
 use crate::resources::Resources;
 use crate::tally::Tally;
@@ -88,6 +88,9 @@ struct CoordFarm {
     /// Since a node that kept a copy was lost from sight, or since this
     /// node took the farm over from a copy whose writer it did not see.
     apart: Option<replication::Apart>,
+    /// The digest of each `after` stage's keys its dependents' keys were
+    /// made with (see `farm::deps_digest`), until the log changes in that stage.
+    stage_digests: FxHashMap<u32, [u8; 32]>,
 }
 
 impl CoordFarm {
@@ -103,6 +106,34 @@ impl CoordFarm {
         copies.sort_unstable();
         copies.dedup();
         copies
+    }
+
+    /// Adds an entry to the log (see [`FarmLog::add`]).
+    fn add_entry(&mut self, e: Entry) -> bool {
+        let stage = e.task().stage;
+        let added = self.log.add(e);
+        if added {
+            self.stage_digests.remove(&stage);
+        }
+        added
+    }
+
+    /// The key of task `t`, whose own key the node that ran it made, with
+    /// the keys this log has of the tasks it depends on.
+    fn key_with_deps(&mut self, t: TaskRef, own: &[u8; 32]) -> [u8; 32] {
+        let def = &self.spec.def;
+        let key_of = |log: &FarmLog, d: TaskRef| match log.get(d) {
+            Some(Entry::Done { key, .. }) => key.as_deref().copied(),
+            _ => None,
+        };
+        for &s in &def.stages[t.stage as usize].after {
+            if !self.stage_digests.contains_key(&s) {
+                let d = stage_digest(def, s, |d| key_of(&self.log, d));
+                self.stage_digests.insert(s, d);
+            }
+        }
+        let deps = deps_digest(def, t, |s| self.stage_digests[&s], |d| key_of(&self.log, d));
+        key_with_deps(own, &deps)
     }
 
     fn extra_run(&mut self, task: TaskRef, node: NodeId, attempt: u32) {
@@ -270,6 +301,7 @@ impl Coord {
             unplaceable: Vec::new(),
             order,
             apart: None,
+            stage_digests: FxHashMap::default(),
         })
     }
 
@@ -492,7 +524,7 @@ impl Coord {
                             // kept beside the engine's own record.
                             let keep = matches!(&e, Entry::Done { outputs, .. } if !outputs.is_empty())
                                 || !e.is_done();
-                            if f.log.add(e.clone()) && keep {
+                            if f.add_entry(e.clone()) && keep {
                                 out.persist(Persist::Entries {
                                     farm: fid,
                                     entries: vec![e],
@@ -582,6 +614,13 @@ impl Coord {
                 let f = self.farms.get_mut(&r.task.farm).expect("checked");
                 f.extra_run(t, from, r.task.attempt);
             }
+            let key = match r.key {
+                Some(own) if has_deps(&spec.def, t.stage) => {
+                    let f = self.farms.get_mut(&r.task.farm).expect("checked");
+                    Some(f.key_with_deps(t, &own))
+                }
+                k => k,
+            };
             self.reporter = Some(from);
             self.outputs = r.outputs.into();
             self.engine.task_finished(
@@ -591,7 +630,7 @@ impl Coord {
                 r.task.attempt,
                 Outcome {
                     result: r.result,
-                    key: r.key,
+                    key,
                     duration_ms: r.duration_ms,
                     logs: 0,
                 },

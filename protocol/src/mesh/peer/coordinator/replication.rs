@@ -335,7 +335,7 @@ impl Coord {
                     f.extra_run(*task, *node, *attempt);
                 }
             }
-            if f.log.add(e.clone()) {
+            if f.add_entry(e.clone()) {
                 match &e {
                     Entry::Done { .. } => {
                         self.engine.mark_done(now, f.slot, e.task());
@@ -374,7 +374,7 @@ impl Coord {
                 node: run.node,
                 attempt: run.attempt,
             };
-            if !f.log.add(e.clone()) {
+            if !f.add_entry(e.clone()) {
                 if f.log.is_done(run.task) {
                     // Another run is the one that counts here: the home, which
                     // took the lost one, hears of this one again.

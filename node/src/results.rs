@@ -1,0 +1,229 @@
+//! The results a farm has seen, by content key: where each success left its outputs, so a task whose key succeeded before is not run again and its outputs are put wherever they are wanted now.
+//!
+//! A success is written down as a [`Place`]: the task's output folder and
+//! each file in it with its size and modification time. A place counts only
+//! while every one of its files is still there unchanged, so outputs a user
+//! deleted or edited are made again rather than trusted. Several places are
+//! kept per key (the same farm sent to several `--out` folders), newest
+//! first.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use serde::{Deserialize, Serialize};
+
+/// Places kept per key: enough for a few `--out` folders in turn.
+pub const PLACES_MAX: usize = 4;
+
+/// One output file as its task left it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stamp {
+    /// Relative to the task's output folder.
+    pub path: String,
+    pub size: u64,
+    /// Nanoseconds since the Unix epoch.
+    pub mtime_ns: u64,
+}
+
+/// A task's output folder after a success, as it was left.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Place {
+    pub dir: String,
+    pub files: Vec<Stamp>,
+}
+
+/// Every place a content key's outputs were left, newest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Results {
+    pub places: Vec<Place>,
+}
+
+/// The name a key's results are kept under in a farm's store.
+pub fn meta_name(key: &[u8; 32]) -> String {
+    format!("result/{}", blake3::Hash::from(*key).to_hex())
+}
+
+impl Results {
+    /// Writes down a success that left `dir` as `files`.
+    pub fn add(&mut self, place: Place) {
+        self.places.retain(|p| p.dir != place.dir);
+        self.places.insert(0, place);
+        self.places.truncate(PLACES_MAX);
+    }
+
+    /// Makes `dir` hold the outputs of this key, from a place whose files
+    /// are all still there unchanged: none to do when `dir` is that place,
+    /// else each file linked (or copied) into `dir`. False when no place is
+    /// whole any more: the task must run again. `changed` tells whether the
+    /// places were updated (a new one written down, or stale ones dropped).
+    pub fn reuse(&mut self, dir: &Path) -> io::Result<(bool, bool)> {
+        let before = self.places.len();
+        self.places.retain(Place::intact);
+        let changed = self.places.len() != before;
+        let want = dir.to_string_lossy();
+        if self.places.iter().any(|p| p.dir == want) {
+            return Ok((true, changed));
+        }
+        let Some(from) = self.places.first().cloned() else {
+            return Ok((false, changed));
+        };
+        let mut placed = Vec::with_capacity(from.files.len());
+        for f in &from.files {
+            let src = Path::new(&from.dir).join(&f.path);
+            let dst = dir.join(&f.path);
+            put(&src, &dst)?;
+            placed.push(stamp(&dst, f.path.clone())?);
+        }
+        self.add(Place {
+            dir: want.into_owned(),
+            files: placed,
+        });
+        Ok((true, true))
+    }
+}
+
+impl Place {
+    /// Every file of `dir`, stamped (none when it does not exist).
+    pub fn of(dir: &Path) -> io::Result<Place> {
+        let mut files = Vec::new();
+        match fs::metadata(dir) {
+            Ok(m) if m.is_dir() => walk(dir, dir, &mut files)?,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(Place {
+            dir: dir.to_string_lossy().into_owned(),
+            files,
+        })
+    }
+
+    fn intact(&self) -> bool {
+        let dir = Path::new(&self.dir);
+        self.files
+            .iter()
+            .all(|f| stamp(&dir.join(&f.path), f.path.clone()).is_ok_and(|s| s == *f))
+    }
+}
+
+/// Puts `src` at `dst` as a file of its own name: a hard link where the file
+/// system allows (the mode and contents are the source's), else a copy
+/// (which keeps the mode). What was at `dst` is unlinked first, never
+/// written through: it may be another folder's link to the same file.
+pub fn put(src: &Path, dst: &Path) -> io::Result<()> {
+    if let Some(d) = dst.parent() {
+        fs::create_dir_all(d)?;
+    }
+    match fs::remove_file(dst) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    if fs::hard_link(src, dst).is_err() {
+        fs::copy(src, dst)?;
+    }
+    Ok(())
+}
+
+fn stamp(path: &Path, rel: String) -> io::Result<Stamp> {
+    let m = fs::metadata(path)?;
+    if !m.is_file() {
+        return Err(io::Error::other("not a file"));
+    }
+    let mtime_ns = m
+        .modified()?
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    Ok(Stamp {
+        path: rel,
+        size: m.len(),
+        mtime_ns,
+    })
+}
+
+fn walk(base: &Path, dir: &Path, out: &mut Vec<Stamp>) -> io::Result<()> {
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        let p: PathBuf = e.path();
+        if e.file_type()?.is_dir() {
+            walk(base, &p, out)?;
+        } else {
+            let rel = p
+                .strip_prefix(base)
+                .unwrap_or(&p)
+                .to_string_lossy()
+                .into_owned();
+            out.push(stamp(&p, rel)?);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(p: &Path, text: &str) {
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn a_success_is_put_in_a_new_folder_and_an_edited_one_is_not_trusted() {
+        let t = tempfile::tempdir().unwrap();
+        let a = t.path().join("a/solve/0");
+        write(&a.join("r.txt"), "10");
+        write(&a.join("logs/x.log"), "log");
+        let mut r = Results::default();
+        r.add(Place::of(&a).unwrap());
+        assert_eq!(r.reuse(&a).unwrap(), (true, false), "already in place");
+
+        let b = t.path().join("b/solve/0");
+        assert_eq!(r.reuse(&b).unwrap(), (true, true));
+        assert_eq!(fs::read_to_string(b.join("r.txt")).unwrap(), "10");
+        assert_eq!(fs::read_to_string(b.join("logs/x.log")).unwrap(), "log");
+        assert_eq!(r.places.len(), 2);
+
+        // Both folders edited: no place is whole, the task must run again.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        write(&a.join("r.txt"), "70");
+        fs::remove_file(b.join("r.txt")).unwrap();
+        let c = t.path().join("c/solve/0");
+        assert_eq!(r.reuse(&c).unwrap(), (false, true));
+        assert!(r.places.is_empty());
+    }
+
+    #[test]
+    fn placing_unlinks_what_was_there_instead_of_writing_through_it() {
+        let t = tempfile::tempdir().unwrap();
+        let (src, dst, other) = (
+            t.path().join("src"),
+            t.path().join("dst"),
+            t.path().join("other"),
+        );
+        write(&src, "new");
+        write(&other, "kept");
+        fs::hard_link(&other, &dst).unwrap();
+        put(&src, &dst).unwrap();
+        assert_eq!(fs::read_to_string(&dst).unwrap(), "new");
+        assert_eq!(fs::read_to_string(&other).unwrap(), "kept");
+    }
+
+    #[test]
+    fn an_executable_output_stays_executable_when_put() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let (src, dst) = (t.path().join("run.sh"), t.path().join("x/run.sh"));
+        write(&src, "#!/bin/sh\n");
+        fs::set_permissions(&src, fs::Permissions::from_mode(0o755)).unwrap();
+        put(&src, &dst).unwrap();
+        assert_eq!(
+            fs::metadata(&dst).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+    }
+}
