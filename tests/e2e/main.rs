@@ -11,6 +11,7 @@ mod input;
 mod mesh;
 mod remote;
 mod resume;
+mod right;
 mod run;
 mod sim;
 mod tidy;
