@@ -137,6 +137,10 @@ enum Cmd {
         /// Then follow it to the end with a progress bar (exit 0 when every task succeeded).
         #[arg(long)]
         wait: bool,
+        /// Run these stages (all when none is named) and every stage downstream
+        /// of them again, even where an earlier farm's results could be reused.
+        #[arg(long, value_name = "STAGE", num_args = 0.., value_delimiter = ',')]
+        rerun: Option<Vec<String>>,
         #[arg(long)]
         json: bool,
     },
@@ -405,8 +409,9 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             farm,
             out,
             wait,
+            rerun,
             json,
-        } => mesh_cmds::submit(&to, &farm, out, wait, json),
+        } => mesh_cmds::submit(&to, &farm, out, (wait, rerun), json),
         Cmd::Wait { farm, json } => mesh_cmds::wait(&to, &farm, json),
         Cmd::Cancel { farm } => mesh_cmds::cancel(&to, &farm),
         Cmd::Watch {

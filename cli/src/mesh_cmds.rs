@@ -166,11 +166,12 @@ pub fn submit(
     to: &Target,
     farm: &Path,
     out: Option<PathBuf>,
-    wait: bool,
+    (wait, rerun): (bool, Option<Vec<String>>),
     json: bool,
 ) -> Result<ExitCode> {
     let (def, warnings) = farmfile::load_with_warnings(farm, &LoadOptions { out })?;
     crate::show::warn(&warnings);
+    crate::check_stages(&def, rerun.as_deref())?;
     let file = farm
         .canonicalize()
         .with_context(|| format!("cannot resolve {}", farm.display()))?;
@@ -179,6 +180,7 @@ pub fn submit(
         &ControlRequest::Submit {
             def: Box::new(def),
             file: file.to_string_lossy().into_owned(),
+            rerun,
         },
     )?;
     let id = match c.recv() {

@@ -57,6 +57,10 @@ pub enum ControlRequest {
     Submit {
         def: Box<FarmDef>,
         file: String,
+        /// `--rerun [STAGE...]`: these stages (all when empty) and those
+        /// downstream of them run again even where earlier results stand.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rerun: Option<Vec<String>>,
     },
     /// Follow a farm submitted on this node until it ends.
     Wait {

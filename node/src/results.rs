@@ -12,6 +12,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
+use mesh_protocol::farm::FarmDef;
 use serde::{Deserialize, Serialize};
 
 /// Places kept per key: enough for a few `--out` folders in turn.
@@ -161,6 +162,36 @@ fn walk(base: &Path, dir: &Path, out: &mut Vec<Stamp>) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Per stage, whether `--rerun` names it or a stage it depends on
+/// (directly or not): what they read is made again, so they run again too.
+pub fn rerun_stages(def: &FarmDef, rerun: Option<&[String]>) -> Vec<bool> {
+    let Some(names) = rerun else {
+        return vec![false; def.stages.len()];
+    };
+    let mut marked: Vec<bool> = def
+        .stages
+        .iter()
+        .map(|s| names.is_empty() || names.contains(&s.name))
+        .collect();
+    // Stages may name any other as a dependency: go round until nothing changes.
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for (i, s) in def.stages.iter().enumerate() {
+            if !marked[i]
+                && s.after
+                    .iter()
+                    .chain(&s.after_each)
+                    .any(|&d| marked[d as usize])
+            {
+                marked[i] = true;
+                grew = true;
+            }
+        }
+    }
+    marked
 }
 
 #[cfg(test)]

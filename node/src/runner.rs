@@ -290,7 +290,7 @@ async fn drive(
         gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
         input_hashes: HashMap::new(),
         stage_digests: HashMap::new(),
-        rerun: rerun_stages(&def, opts.rerun.as_deref()),
+        rerun: results::rerun_stages(&def, opts.rerun.as_deref()),
         pending: Vec::new(),
         unwritten: HashMap::new(),
         programs: HashMap::new(),
@@ -868,36 +868,6 @@ impl Driver {
 }
 
 /// The latest run number of a farm (0 before its first).
-/// Per stage, whether `--rerun` names it or a stage it depends on
-/// (directly or not): what they read is made again, so they run again too.
-fn rerun_stages(def: &FarmDef, rerun: Option<&[String]>) -> Vec<bool> {
-    let Some(names) = rerun else {
-        return vec![false; def.stages.len()];
-    };
-    let mut marked: Vec<bool> = def
-        .stages
-        .iter()
-        .map(|s| names.is_empty() || names.contains(&s.name))
-        .collect();
-    // Stages may name any other as a dependency: go round until nothing changes.
-    let mut grew = true;
-    while grew {
-        grew = false;
-        for (i, s) in def.stages.iter().enumerate() {
-            if !marked[i]
-                && s.after
-                    .iter()
-                    .chain(&s.after_each)
-                    .any(|&d| marked[d as usize])
-            {
-                marked[i] = true;
-                grew = true;
-            }
-        }
-    }
-    marked
-}
-
 fn stored_run(store: &SledStore, key: FarmKey) -> Result<u32, RunError> {
     Ok(store
         .meta(key, META_RUN)?

@@ -770,7 +770,7 @@ impl Engine {
         self.hand_out(
             now,
             usize::MAX,
-            &mut |placement, stage| {
+            &mut |placement, _, stage| {
                 matches!(placement, Placement::Local(pool) if pool.can_grant(&stage.resources))
             },
             &mut |_, _, _| {},
@@ -785,7 +785,7 @@ impl Engine {
         &mut self,
         now: Millis,
         max: usize,
-        take: &mut dyn FnMut(&Placement, &StageDef) -> bool,
+        take: &mut dyn FnMut(&Placement, (FarmSlot, u32), &StageDef) -> bool,
         started: &mut dyn FnMut(FarmSlot, TaskRef, u32),
     ) {
         if self.interrupted {
@@ -809,7 +809,7 @@ impl Engine {
                         break;
                     }
                     let f = &self.farms[fi];
-                    if !take(&self.placement, &f.def.stages[s as usize]) {
+                    if !take(&self.placement, (slot, s), &f.def.stages[s as usize]) {
                         break;
                     }
                     let Some(index) = self.next_ready(fi, s) else {
@@ -903,12 +903,15 @@ impl Engine {
         &mut self,
         now: Millis,
         max: usize,
-        take: &mut dyn FnMut(&StageDef) -> bool,
+        take: &mut dyn FnMut((FarmSlot, u32), &StageDef) -> bool,
     ) -> Vec<(FarmSlot, TaskRef, u32)> {
         let mut out = Vec::new();
-        self.hand_out(now, max, &mut |_, stage| take(stage), &mut |s, t, a| {
-            out.push((s, t, a))
-        });
+        self.hand_out(
+            now,
+            max,
+            &mut |_, slot, stage| take(slot, stage),
+            &mut |s, t, a| out.push((s, t, a)),
+        );
         out
     }
 

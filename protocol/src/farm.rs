@@ -614,6 +614,17 @@ pub fn has_deps(def: &FarmDef, s: u32) -> bool {
     !st.after.is_empty() || !st.after_each.is_empty()
 }
 
+/// True when tasks of stage `s` depend on tasks that leave outputs, which
+/// they read from the farm's home (`{out}`): in a mesh they run there, once
+/// those outputs are (see `Coord::assign`).
+pub fn reads_outputs(def: &FarmDef, s: u32) -> bool {
+    let st = &def.stages[s as usize];
+    st.after
+        .iter()
+        .chain(&st.after_each)
+        .any(|&d| !def.stages[d as usize].outputs.is_empty())
+}
+
 /// The digest of every task's key of stage `s`, in index order (see [`deps_digest`]).
 pub fn stage_digest(
     def: &FarmDef,

@@ -605,7 +605,7 @@ impl<'a> Sim<'a> {
                 }
                 self.submitted_at = now;
                 self.traffic_before = self.traffic;
-                self.step(n, |p| p.submit(now, spec))
+                self.step(n, |p| p.submit(now, spec, Vec::new()))
             }
             Ev::Crash(n) => {
                 self.stop_node(n as usize, true);

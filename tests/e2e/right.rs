@@ -50,7 +50,9 @@ fn assert_current(sb: &Sandbox, out: &str, xs: &[&str]) {
 }
 
 fn cached(r: &mesh_tests::Run) -> u64 {
-    r.json()["counts"]["cached"].as_u64().expect("counts.cached")
+    r.json()["counts"]["cached"]
+        .as_u64()
+        .expect("counts.cached")
 }
 
 #[test]
@@ -70,7 +72,11 @@ fn a_change_upstream_reruns_every_dependent_and_earlier_results_are_reused_in_an
 
     // One line changed: that run task, the gather and its own b run again.
     sb.write("params.txt", "10\n20\n70\n");
-    assert_eq!(cached(&run(&[])), 4, "run/0, run/1, b/0 and b/1 are untouched");
+    assert_eq!(
+        cached(&run(&[])),
+        4,
+        "run/0, run/1, b/0 and b/1 are untouched"
+    );
     assert_current(&sb, "mesh-out/stale", &["10", "20", "70"]);
 
     // Another --out: nothing runs, every output is put in the new folder.
@@ -92,7 +98,11 @@ fn a_change_upstream_reruns_every_dependent_and_earlier_results_are_reused_in_an
     assert_current(&sb, "mesh-out/stale", &["10", "20", "70"]);
     let bad = sb.mesh(&["run", "farm.toml", "--rerun", "nope"]);
     bad.expect_code(2);
-    assert!(bad.stderr.contains("stages: run, gather, b"), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("stages: run, gather, b"),
+        "{}",
+        bad.stderr
+    );
 
     // Going back to the first parameters reuses what was made for them
     // then, for the tasks whose outputs still stand.
@@ -163,7 +173,7 @@ fn a_staged_wrapper_stays_executable_on_every_node_and_so_does_an_executable_out
 }
 
 /// Twenty tasks whose outputs come home from wherever they ran, and a
-/// gather on the home (the only node with `home = 1`) that counts them.
+/// gather that counts them.
 const GATHER: &str = r#"
 [farm]
 name = "gather"
@@ -178,21 +188,24 @@ outputs = ["r.txt"]
 [[stage]]
 name = "gather"
 after = ["make"]
-resources = { cpu = 1, home = 1 }
 workdir = "w/{stage}"
-shell = "cat {out}/make/*/r.txt | wc -l > count.txt"
+shell = "cat {out}/make/*/r.txt | wc -l > count.txt; echo $MESH_NODE >> count.txt"
 outputs = ["count.txt"]
 "#;
 
 #[test]
-fn a_gather_on_the_home_reads_every_output_every_time() {
+fn a_gather_on_a_mesh_reads_every_output_every_time() {
     let sb = sandbox();
-    let c = Cluster::start(&sb, &["cpu=2,home=1", "cpu=2", "cpu=2"], &[]);
+    let c = Cluster::start(&sb, &["cpu=2"; 3], &[]);
     sb.write("farm/farm.toml", GATHER);
     let runs = 20;
     let mut ids = Vec::new();
     for k in 0..runs {
-        let out = sb.path().join(format!("out{k}")).to_string_lossy().to_string();
+        let out = sb
+            .path()
+            .join(format!("out{k}"))
+            .to_string_lossy()
+            .to_string();
         let r = c.mesh(0, &["submit", "farm/farm.toml", "--out", &out]);
         r.expect_code(0);
         ids.push(r.stdout.trim().to_string());
@@ -203,9 +216,13 @@ fn a_gather_on_the_home_reads_every_output_every_time() {
     let mut nodes = HashSet::new();
     for k in 0..runs {
         assert_eq!(
-            sb.read(&format!("out{k}/gather/0/count.txt")).trim(),
+            sb.read(&format!("out{k}/gather/0/count.txt"))
+                .lines()
+                .next()
+                .unwrap_or(""),
             "20",
-            "run {k}: the gather read every output"
+            "run {k}: the gather read every output: {:?}",
+            sb.read(&format!("out{k}/gather/0/count.txt"))
         );
         for i in 0..20 {
             let text = sb.read(&format!("out{k}/make/{i}/r.txt"));
@@ -213,4 +230,85 @@ fn a_gather_on_the_home_reads_every_output_every_time() {
         }
     }
     assert!(nodes.len() >= 2, "the outputs were all made on {nodes:?}");
+}
+
+/// Each task writes its output and counts its runs in `runs/<stage>.<index>`
+/// (one file system here, so every node's runs land in one folder).
+fn reuse_farm(runs: &std::path::Path) -> String {
+    format!(
+        r#"
+[farm]
+name = "reuse"
+
+[[stage]]
+name = "make"
+sweep.i = {{ range = "0..11" }}
+workdir = "w/{{stage}}/{{index}}"
+shell = "echo {{i}} > r.txt; echo run >> {runs}/make.{{index}}; sleep 0.1"
+outputs = ["r.txt"]
+
+[[stage]]
+name = "sum"
+after = ["make"]
+workdir = "w/{{stage}}"
+shell = "cat {{out}}/make/*/r.txt | wc -l > n.txt; echo run >> {runs}/sum.0"
+outputs = ["n.txt"]
+"#,
+        runs = runs.display()
+    )
+}
+
+fn runs(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|f| std::fs::read_to_string(f.path()).unwrap().lines().count())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_farm_submitted_again_on_a_mesh_reuses_every_result_into_its_new_folder() {
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2"; 3], &[]);
+    let runs_dir = sb.path().join("runs");
+    std::fs::create_dir_all(&runs_dir).unwrap();
+    sb.write("farm/farm.toml", &reuse_farm(&runs_dir));
+    let submit = |out: &str, extra: &[&str]| {
+        let out = sb.path().join(out).to_string_lossy().to_string();
+        let mut args = vec!["submit", "farm/farm.toml", "--out", &out, "--wait"];
+        args.extend_from_slice(extra);
+        c.mesh(1, &args).expect_code(0);
+    };
+    let assert_whole = |out: &str| {
+        for i in 0..12 {
+            assert_eq!(sb.read(&format!("{out}/make/{i}/r.txt")), format!("{i}\n"));
+        }
+        assert_eq!(sb.read(&format!("{out}/sum/0/n.txt")).trim(), "12");
+    };
+    submit("a", &[]);
+    assert_whole("a");
+    assert_eq!(runs(&runs_dir), 13);
+
+    // The same farm again, into the same folder and into another: nothing runs.
+    submit("a", &[]);
+    submit("b", &[]);
+    assert_eq!(runs(&runs_dir), 13, "no task ran again");
+    assert_whole("b");
+    let st = c.mesh(1, &["status", "--json"]);
+    st.expect_code(0);
+    let farms = st.json()["farms"].clone();
+    let reused: Vec<u64> = farms
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["counts"]["cached"].as_u64().unwrap_or(0))
+        .collect();
+    assert!(reused.contains(&13), "a farm says 13 reused: {farms}");
+
+    // --rerun: every task runs.
+    submit("c", &["--rerun"]);
+    assert_eq!(runs(&runs_dir), 26);
+    assert_whole("c");
 }

@@ -22,13 +22,14 @@ impl Node {
         reply: mpsc::UnboundedSender<ControlResponse>,
     ) {
         match req {
-            ControlRequest::Submit { def, file } => {
+            ControlRequest::Submit { def, file, rerun } => {
                 let origin = self.me;
                 let tx = self.tx.clone();
+                let rerun = crate::results::rerun_stages(&def, rerun.as_deref());
                 // Hashing inputs reads files: off the loop.
                 tokio::task::spawn_blocking(move || {
                     let spec = make_spec(*def, &file, origin);
-                    let _ = tx.send(Cmd::Submit(spec, reply));
+                    let _ = tx.send(Cmd::Submit(spec, rerun, reply));
                 });
             }
             ControlRequest::Wait { farm } => match self.find_farm(&farm) {

@@ -603,17 +603,18 @@ impl Node {
                 let _ = reply.send(self.peer_of(node));
             }
             Cmd::Control(req, reply) => self.on_control(req, reply),
-            Cmd::Submit(spec, reply) => match spec {
+            Cmd::Submit(spec, rerun, reply) => match spec {
                 Err(e) => {
                     let _ = reply.send(ControlResponse::Error(e));
                 }
                 Ok(spec) => {
                     self.serve_inputs(&spec);
+                    let reused = self.reusable(&spec, &rerun);
                     let mut o = Origin::new(&spec);
                     o.submit_reply = Some(reply);
                     self.origins.insert(spec.id, o);
                     let now = self.now();
-                    self.peer.submit(now, spec);
+                    self.peer.submit(now, spec, reused);
                 }
             },
             Cmd::Batch(done) => {

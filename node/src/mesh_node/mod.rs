@@ -14,6 +14,7 @@ mod links;
 mod logs;
 mod queries;
 mod reach;
+mod reuse;
 mod source;
 mod staging;
 mod swarm;
@@ -133,8 +134,11 @@ enum Cmd {
     /// A transfer asks for the peer id of a node (dialled if need be).
     PeerOf(NodeId, oneshot::Sender<Option<PeerId>>),
     Control(ControlRequest, mpsc::UnboundedSender<ControlResponse>),
+    /// A farm to submit, its inputs hashed, and per stage whether its
+    /// earlier results may be reused (not when `--rerun` names it).
     Submit(
         Result<FarmSpec, String>,
+        Vec<bool>,
         mpsc::UnboundedSender<ControlResponse>,
     ),
     /// A batch command (`mesh alloc`) ended.

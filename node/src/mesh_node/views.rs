@@ -132,11 +132,19 @@ impl Node {
                 s.1 = c.clone();
             }
         }
+        let ended = p.finished && !o.view.finished;
         o.view.finished = p.finished;
         o.view.duplicates = p.duplicates;
         o.view.unplaceable = unplaceable;
         o.view.failures = failures;
-        o.notify();
+        if ended {
+            // Written down before anyone waiting hears of the end: a
+            // submission right after it reuses what it made.
+            self.remember_results(farm);
+        }
+        if let Some(o) = self.origins.get_mut(&farm) {
+            o.notify();
+        }
     }
 
     /// A farm's view from what a node that holds it said.

@@ -184,7 +184,7 @@ fn a_done_that_wins_over_a_failure_revives_what_the_failure_skipped() {
     let mut e = Engine::remote(vec![parse_resources("cpu=8").unwrap()]);
     let slot = e.add_farm(0, farm(vec![a, b, c]), vec![], &AddOptions::default());
     let t = |stage, index| TaskRef { stage, index };
-    let claimed = e.claim(0, 10, &mut |_| true);
+    let claimed = e.claim(0, 10, &mut |_, _| true);
     assert_eq!(claimed.len(), 2, "only a is ready: {claimed:?}");
     for (f, task, att) in claimed {
         e.task_finished(1, f, task, att, fail());
@@ -199,7 +199,7 @@ fn a_done_that_wins_over_a_failure_revives_what_the_failure_skipped() {
     e.audit().unwrap();
     let st = |e: &Engine| e.stage_progress(slot);
     assert_eq!((st(&e)[1].skipped, st(&e)[2].skipped), (1, 1));
-    let claimed = e.claim(2, 10, &mut |_| true);
+    let claimed = e.claim(2, 10, &mut |_, _| true);
     assert_eq!(
         claimed.iter().map(|c| c.1).collect::<Vec<_>>(),
         vec![t(1, 0)]
@@ -214,7 +214,7 @@ fn a_done_that_wins_over_a_failure_revives_what_the_failure_skipped() {
     assert!(e.mark_done(4, slot, t(0, 1)));
     e.audit().unwrap();
     for _ in 0..3 {
-        for (f, task, att) in e.claim(5, 10, &mut |_| true) {
+        for (f, task, att) in e.claim(5, 10, &mut |_, _| true) {
             e.task_finished(6, f, task, att, ok());
         }
     }
@@ -251,14 +251,14 @@ fn a_descending_engine_hands_out_from_the_last_index_down() {
     let tasks = |c: Vec<(FarmSlot, TaskRef, u32)>| c.into_iter().map(|c| c.1).collect::<Vec<_>>();
     // Downstream first (its stage is deeper), then a's pending from the top.
     assert_eq!(
-        tasks(e.claim(0, 4, &mut |_| true)),
+        tasks(e.claim(0, 4, &mut |_, _| true)),
         vec![t(1, 4), t(1, 1), t(1, 0), t(0, 3)]
     );
-    let claimed = e.claim(0, 1, &mut |_| true);
+    let claimed = e.claim(0, 1, &mut |_, _| true);
     assert_eq!(tasks(claimed.clone()), vec![t(0, 2)]);
     let (f, task, att) = claimed[0];
     e.unclaim(1, f, task, att);
-    assert_eq!(tasks(e.claim(1, 1, &mut |_| true)), vec![t(0, 2)]);
+    assert_eq!(tasks(e.claim(1, 1, &mut |_, _| true)), vec![t(0, 2)]);
     e.audit().unwrap();
     // b/2 and b/3 wait for a/2 and a/3.
     assert_eq!(e.progress(slot).queued(), 2);
@@ -300,7 +300,7 @@ fn an_engine_with_several_fronts_hands_out_from_each_in_turn() {
     let tasks = |c: Vec<(FarmSlot, TaskRef, u32)>| c.into_iter().map(|c| c.1).collect::<Vec<_>>();
     // b: ready together (3, 4, 0) nearest the starts first; then a: 5, 2, 6, 7, 1.
     assert_eq!(
-        tasks(e.claim(0, 7, &mut |_| true)),
+        tasks(e.claim(0, 7, &mut |_, _| true)),
         vec![
             t(1, 3),
             t(1, 4),
@@ -311,11 +311,11 @@ fn an_engine_with_several_fronts_hands_out_from_each_in_turn() {
             t(0, 7)
         ]
     );
-    let claimed = e.claim(0, 1, &mut |_| true);
+    let claimed = e.claim(0, 1, &mut |_, _| true);
     assert_eq!(tasks(claimed.clone()), vec![t(0, 1)]);
     let (f, task, att) = claimed[0];
     e.unclaim(1, f, task, att);
-    assert_eq!(tasks(e.claim(1, 1, &mut |_| true)), vec![t(0, 1)]);
+    assert_eq!(tasks(e.claim(1, 1, &mut |_, _| true)), vec![t(0, 1)]);
     e.audit().unwrap();
 }
 

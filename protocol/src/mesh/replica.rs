@@ -223,6 +223,9 @@ pub fn entry_record(e: &Entry) -> TaskRecord {
         Entry::Done { key, attempt, .. } => TaskRecord {
             key: key.as_deref().copied(),
             attempt: *attempt,
+            // Attempt 0: never run in this farm, its result reused from an
+            // earlier one (see `Peer::submit`), and counted as such.
+            end: (*attempt == 0).then_some(TaskEnd::Cached),
             ..TaskRecord::known_done(1)
         },
         Entry::Failed { attempt, end, .. } => TaskRecord {

@@ -116,21 +116,21 @@ impl Peer {
         }
     }
 
-    /// A farm submitted on this node, which becomes its home.
-    pub fn submit(&mut self, now: Millis, spec: FarmSpec) {
+    /// A farm submitted on this node, which becomes its home. `reused`:
+    /// its tasks done before (in an earlier farm, with the same content
+    /// key), whose outputs the driver has put in place here already: they
+    /// are done from the start, and collected.
+    pub fn submit(&mut self, now: Millis, spec: FarmSpec, reused: Vec<Entry>) {
         let spec = Arc::new(spec);
         self.specs.insert(spec.id, spec.clone());
         self.out.persist(Persist::Farm(spec.clone()));
         let home = self.holdings.submitted(self.node.id, spec.clone());
-        self.node
-            .election
-            .leader()
-            .send(&mut self.out, |_| Msg::Submit {
-                farm: spec,
-                entries: Vec::new(),
-                home,
-                writer: None,
-            });
+        self.holdings.reused(spec.id, &reused, &mut self.out);
+        if let Some(c) = self.node.election.leader().node {
+            // Not the coordinator yet: offered again until accepted, with
+            // what the copy here knows (the reused tasks among it).
+            coordinator::offer(&mut self.out, c, spec, reused, home, None);
+        }
         self.pump(now);
     }
 

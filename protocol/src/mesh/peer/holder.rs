@@ -90,6 +90,30 @@ impl Holdings {
         home
     }
 
+    /// On the home of a farm just submitted: these tasks were done before
+    /// and their outputs are in place here already.
+    pub(super) fn reused(&mut self, farm: FarmId, entries: &[Entry], out: &mut Out) {
+        let Some(r) = self.replicas.get_mut(&farm) else {
+            return;
+        };
+        let mut tasks = Vec::with_capacity(entries.len());
+        for e in entries {
+            if r.add(e.clone()) {
+                r.collect(e.task());
+                tasks.push(e.task());
+            }
+        }
+        if tasks.is_empty() {
+            return;
+        }
+        out.persist_entries(farm, entries.to_vec(), true);
+        out.persist(Persist::Collected {
+            farm,
+            home: r.home_of,
+            tasks,
+        });
+    }
+
     /// This node becomes the farm's home: a claim above the last, every
     /// output brought to `dir` again (a copy is made here if there was none).
     pub(super) fn claim_home(

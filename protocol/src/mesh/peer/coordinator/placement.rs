@@ -89,10 +89,18 @@ impl Coord {
             let cap =
                 queue_max.min(claims_max.unwrap_or_else(|| claims_cap(total) + depth as usize));
             let mut taken = Vec::new();
+            let (farms, slots) = (&self.farms, &self.slots);
             let claimed = self.engine.claim(
                 now,
                 batch_max.min(cap.saturating_sub(*count)),
-                &mut |stage| {
+                &mut |(slot, s), stage| {
+                    // A task that reads its dependencies' outputs runs on
+                    // the farm's home, the one node sure to have them all
+                    // (and only once they are there: see the node's `start`).
+                    let f = &farms[&slots[slot.0 as usize]];
+                    if f.home.node != node && f.pins(s) {
+                        return false;
+                    }
                     if deadline.is_some_and(|d| !fits_before_walltime(now, d, stage.expected_ms, 0))
                     {
                         return false;
