@@ -171,6 +171,10 @@ struct Running {
 }
 
 /// Where the engine's tasks run.
+/// Asked whether a ready task of (farm, stage) is handed out now: it may
+/// reserve what it accepts (see `Engine::hand_out`).
+type Take<'a> = dyn FnMut(&Placement, (FarmSlot, u32), &StageDef) -> bool + 'a;
+
 enum Placement {
     /// On this machine: the engine grants resources from its pool and starts tasks.
     Local(Pool),
@@ -785,7 +789,7 @@ impl Engine {
         &mut self,
         now: Millis,
         max: usize,
-        take: &mut dyn FnMut(&Placement, (FarmSlot, u32), &StageDef) -> bool,
+        take: &mut Take,
         started: &mut dyn FnMut(FarmSlot, TaskRef, u32),
     ) {
         if self.interrupted {
