@@ -522,8 +522,14 @@ fn follow(to: &Target, farm: &str, json: bool) -> Result<ExitCode> {
 
 fn print_farm(v: &FarmView) {
     let c = &v.counts;
+    // Reused: done in an earlier farm with the same content key, not run again.
+    let reused = if c.cached > 0 {
+        format!(" ({} reused from earlier farms)", c.cached)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "{}: {} of {} done, {} failed, {} skipped, {} cancelled; outputs in {}",
+        "{}: {} of {} done{reused}, {} failed, {} skipped, {} cancelled; outputs in {}",
         v.id, c.done, c.total, c.failed, c.skipped, c.cancelled, v.out
     );
     for u in &v.unplaceable {
