@@ -28,6 +28,7 @@ impl Node {
                     key: None,
                     duration_ms: 0,
                     logs: 0,
+                    stderr_line: None,
                 },
                 Vec::new(),
             );
@@ -121,6 +122,7 @@ async fn run_task(
                 key: Some(key),
                 duration_ms: 0,
                 logs: 0,
+                stderr_line: None,
             },
             Vec::new(),
         )
@@ -160,6 +162,7 @@ async fn run_task(
         key: Some(f.key),
         duration_ms: f.duration_ms,
         logs: f.logs,
+        stderr_line: f.stderr_line,
     };
     let mut outputs = Vec::new();
     if local && out_dir.exists() {
