@@ -89,7 +89,7 @@ impl Scope<'_> {
             env,
             resources,
             retries: f.retries.map(|r| r.v).unwrap_or(0),
-            max_fails: MAX_FAILS_DEFAULT,
+            max_fails: f.max_fails.map(|m| m.v).unwrap_or(MAX_FAILS_DEFAULT),
             timeout_ms: f.timeout_ms.map(|t| t.v),
             expected_ms: f.expected_ms.map(|t| t.v),
             success_codes: f.success_codes.map(|c| c.v).unwrap_or_else(|| vec![0]),
