@@ -612,7 +612,7 @@ fn run(
         v["mesh_cpu_ms"] = serde_json::json!(self_cpu_ms());
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        show::summary(&status, Path::new(&status.out));
+        show::summary(&status, Path::new(&status.out), obs.said_stops());
     }
     Ok(match status.state {
         RunState::Done => ExitCode::SUCCESS,

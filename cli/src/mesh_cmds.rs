@@ -425,8 +425,13 @@ pub fn farm_status(to: &Target, farm: &str, json: bool) -> Result<bool> {
                 let state = if v.finished { "finished" } else { "running" };
                 println!("farm {} ({state}), home {}", v.id, v.home);
                 for (name, c) in &v.stages {
+                    let stopped = if c.stopped > 0 {
+                        format!(", {} stopped", c.stopped)
+                    } else {
+                        String::new()
+                    };
                     println!(
-                        "  {name}: {}/{} done, {} running, {} failed, {} skipped",
+                        "  {name}: {}/{} done, {} running, {} failed, {} skipped{stopped}",
                         c.done, c.total, c.running, c.failed, c.skipped
                     );
                 }
@@ -534,6 +539,12 @@ fn print_farm(v: &FarmView) {
     );
     for u in &v.unplaceable {
         eprintln!("  unplaceable: {u}");
+    }
+    if c.stopped > 0 {
+        eprintln!(
+            "  {} stopped: their stage's first tasks all failed the same way (see max_fails in docs/farm-file.md); submit the farm again once the cause is fixed",
+            c.stopped
+        );
     }
     if v.duplicates > 0 {
         eprintln!(

@@ -24,18 +24,24 @@ pub fn state_word(s: RunState) -> &'static str {
         RunState::Failed => "failed",
         RunState::Interrupted => "interrupted",
         RunState::Crashed => "crashed",
+        RunState::Stopped => "stopped",
     }
 }
 
 fn counts_line(c: &Counts) -> String {
     format!(
-        "{} done, {} running, {} failed, {} queued{}{}",
+        "{} done, {} running, {} failed, {} queued{}{}{}",
         c.done,
         c.running,
         c.failed,
         c.queued(),
         if c.skipped > 0 {
             format!(", {} skipped", c.skipped)
+        } else {
+            String::new()
+        },
+        if c.stopped > 0 {
+            format!(", {} stopped", c.stopped)
         } else {
             String::new()
         },
@@ -55,6 +61,8 @@ pub struct Progress {
     /// Failures and notices (all but --quiet).
     quiet: bool,
     plain_last: Option<Instant>,
+    /// Stages whose stop was said as it happened.
+    stops_said: usize,
 }
 
 impl Progress {
@@ -77,7 +85,14 @@ impl Progress {
             lines: show_progress && !terminal,
             quiet,
             plain_last: None,
+            stops_said: 0,
         }
+    }
+
+    /// Whether the stops of a run were said as they happened (not with
+    /// --quiet): the summary then does not say them again.
+    pub fn said_stops(&self) -> bool {
+        !self.quiet && self.stops_said > 0
     }
 
     pub fn finish(&mut self) {
@@ -156,13 +171,23 @@ impl Observer for Progress {
         ));
     }
 
+    fn stage_stopped(&mut self, line: &str) {
+        self.stops_said += 1;
+        self.say(line);
+    }
+
+    fn stage_resumed(&mut self, line: &str) {
+        self.say(line);
+    }
+
     fn interrupting(&mut self) {
         self.say("stopping: killing running tasks (Ctrl-C again to kill at once)");
     }
 }
 
-/// The end-of-run summary on stderr.
-pub fn summary(s: &FarmStatus, out: &Path) {
+/// The end-of-run summary on stderr; `stops_said`: the stopped stages'
+/// lines were said during the run.
+pub fn summary(s: &FarmStatus, out: &Path, stops_said: bool) {
     let c = &s.counts;
     let secs = s.elapsed_ms as f64 / 1000.0;
     let rate = if secs > 0.0 {
@@ -181,6 +206,17 @@ pub fn summary(s: &FarmStatus, out: &Path) {
         secs,
         counts_line(c)
     );
+    let stopped: Vec<&str> = s
+        .stages
+        .iter()
+        .filter(|st| st.stopped.is_some())
+        .map(|st| st.name.as_str())
+        .collect();
+    if !stops_said {
+        for line in s.stages.iter().filter_map(|st| st.stopped.as_deref()) {
+            eprintln!("  {line}");
+        }
+    }
     for f in &s.failed {
         eprintln!("  failed {} (attempt {}): {}", f.task, f.attempt, f.reason);
     }
@@ -197,6 +233,14 @@ pub fn summary(s: &FarmStatus, out: &Path) {
     }
     match s.state {
         RunState::Interrupted => eprintln!("continue with `mesh resume {}`", s.id),
+        RunState::Stopped => eprintln!(
+            "once the cause is fixed, `mesh resume {}` runs {} again (if the fix is in the farm file, `mesh run` it again instead: what succeeded does not run twice)",
+            s.id,
+            match stopped.as_slice() {
+                [one] => format!("stage `{one}`"),
+                many => format!("stages {}", many.join(", ")),
+            }
+        ),
         RunState::Failed => eprintln!(
             "run the failed tasks again with `mesh resume {} --retry-failed`",
             s.id
@@ -255,6 +299,7 @@ pub fn status(s: &FarmStatus, json: bool) -> Result<()> {
         RunState::Running => format!("running (pid {} on {})", s.pid, s.host),
         RunState::Crashed => "crashed (its process died); continue with `mesh resume`".into(),
         RunState::Interrupted => "interrupted; continue with `mesh resume`".into(),
+        RunState::Stopped => "stopped; once the cause is fixed, continue with `mesh resume`".into(),
         other => state_word(other).into(),
     };
     writeln!(out, "farm    {} ({})", s.id, s.name)?;
@@ -275,22 +320,34 @@ pub fn status(s: &FarmStatus, json: bool) -> Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:<20} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9}",
-        "STAGE", "TOTAL", "DONE", "RUNNING", "FAILED", "SKIPPED", "QUEUED"
+        "{:<20} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}",
+        "STAGE", "TOTAL", "DONE", "RUNNING", "FAILED", "SKIPPED", "QUEUED", "STOPPED"
     )?;
     for st in &s.stages {
         let c = &st.counts;
         writeln!(
             out,
-            "{:<20} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9}",
+            "{:<20} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}",
             st.name,
             c.total,
             c.done,
             c.running,
             c.failed,
             c.skipped,
-            c.queued()
+            c.queued(),
+            c.stopped
         )?;
+    }
+    let stops: Vec<&str> = s
+        .stages
+        .iter()
+        .filter_map(|st| st.stopped.as_deref())
+        .collect();
+    if !stops.is_empty() {
+        writeln!(out)?;
+        for line in stops {
+            writeln!(out, "{line}")?;
+        }
     }
     if !s.failed.is_empty() {
         writeln!(out)?;

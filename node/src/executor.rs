@@ -17,8 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use mesh_protocol::engine::Grant;
-use mesh_protocol::engine::TaskResult;
+use mesh_protocol::engine::{first_line, Grant, TaskResult};
 use mesh_protocol::farm::{Command, FarmDef, TaskSpec};
 use mesh_protocol::resources::MEM;
 use mesh_protocol::TaskRef;
@@ -99,6 +98,8 @@ pub struct Finished {
     pub duration_ms: u64,
     pub logs: u8,
     pub key: [u8; 32],
+    /// See [`mesh_protocol::engine::Outcome::stderr_line`].
+    pub stderr_line: Option<String>,
 }
 
 /// Handle on a live task, for killing it.
@@ -161,9 +162,37 @@ pub fn launch(l: Launch, done: mpsc::UnboundedSender<Finished>) -> Live {
             sent: false,
         };
         let (result, logs) = run(&l, &handle).await;
-        report.send(result, started.elapsed().as_millis() as u64, logs);
+        let failed = match result {
+            TaskResult::Exited(c) => !l.success_codes.contains(&c),
+            TaskResult::Signaled(_) => true,
+            _ => false,
+        };
+        let stderr_line = if failed && logs & LOG_STDERR != 0 {
+            stderr_line(&l.stderr_log)
+        } else {
+            None
+        };
+        report.send(
+            result,
+            started.elapsed().as_millis() as u64,
+            logs,
+            stderr_line,
+        );
     });
     live
+}
+
+/// The first line a failed attempt wrote to stderr (from its log's first
+/// few KiB: a first line is short), which tells its failure from others'.
+fn stderr_line(log: &Path) -> Option<String> {
+    use std::io::Read as _;
+    let mut head = Vec::new();
+    fs::File::open(log)
+        .ok()?
+        .take(4096)
+        .read_to_end(&mut head)
+        .ok()?;
+    first_line(&String::from_utf8_lossy(&head))
 }
 
 /// Reports an attempt's end exactly once, even if its future panics or is
@@ -178,7 +207,13 @@ struct Report {
 }
 
 impl Report {
-    fn send(&mut self, result: TaskResult, duration_ms: u64, logs: u8) {
+    fn send(
+        &mut self,
+        result: TaskResult,
+        duration_ms: u64,
+        logs: u8,
+        stderr_line: Option<String>,
+    ) {
         self.sent = true;
         let _ = self.done.send(Finished {
             slot: self.slot,
@@ -188,6 +223,7 @@ impl Report {
             duration_ms,
             logs,
             key: self.key,
+            stderr_line,
         });
     }
 }
@@ -199,6 +235,7 @@ impl Drop for Report {
                 TaskResult::Error("internal error: the task's runner stopped".into()),
                 0,
                 0,
+                None,
             );
         }
     }

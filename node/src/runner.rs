@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use mesh_protocol::engine::{
     Action, AddOptions, Counts, Engine, Event, FarmSlot, KillReason, Outcome, Persist, RecordState,
-    TaskResult, Verdict,
+    Stop, TaskResult, Verdict,
 };
 use mesh_protocol::farm::{
     content_key, deps_digest, has_deps, key_with_deps, stage_digest, FarmDef,
@@ -33,7 +33,7 @@ use crate::state::{
     farm_identity, farm_key, hostname, unix_ms, FailedTask, FarmStatus, RunState, StageStatus,
     StateDir, StateError, SNAPSHOT_FAILED_MAX,
 };
-use crate::task_words::{describe_end, parse_task};
+use crate::task_words::{describe_end, describe_stop, parse_task};
 use crate::view::{FarmView, MeshStatus, NodeView, Observed, ResourceUse, ResourceView};
 use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
 use mesh_protocol::observe::{Latencies, Latency};
@@ -45,6 +45,10 @@ const PROGRESS_EVERY_MS: u64 = 100;
 const SNAPSHOT_EVERY_MS: u64 = 1000;
 /// Engine actions handled per turn of the loop before signals and messages get a look.
 const STEP_ACTIONS_MAX: usize = 4096;
+/// The longest a failure waits unsaid while its stage may still stop (its
+/// failures so far all alike): a stop says them in one line instead, but
+/// a slow stage's first failure should not wait for the next.
+const HOLD_SAY_MS: u64 = 10_000;
 
 /// What to run.
 pub enum RunStart {
@@ -136,6 +140,10 @@ pub trait Observer {
     fn progress(&mut self, _status: &FarmStatus) {}
     fn task_failed(&mut self, _task: &str, _attempt: u32, _reason: &str, _retrying: bool) {}
     fn unplaceable(&mut self, _stage: &str, _shortfall: &str) {}
+    /// A stage stopped (`max_fails`): `line` says why, once for all its failures.
+    fn stage_stopped(&mut self, _line: &str) {}
+    /// A stopped stage goes on (a task of it succeeded after all).
+    fn stage_resumed(&mut self, _line: &str) {}
     fn interrupting(&mut self) {}
 }
 
@@ -175,6 +183,30 @@ fn open_store(state: &StateDir, id: &str) -> Result<SledStore, RunError> {
 const META_RUN: &str = "run";
 const META_FILE: &str = "file";
 const META_RESOURCES: &str = "resources";
+
+/// Where the stop of a stage (`max_fails`) is kept, by its position: a
+/// resume runs the stage whole, and `mesh status` shows it stopped.
+fn meta_stop(stage: usize) -> String {
+    format!("stop.{stage}")
+}
+
+/// The stages stopped when the farm's run ended, with why.
+fn stored_stops(
+    store: &SledStore,
+    key: FarmKey,
+    def: &FarmDef,
+) -> Result<Vec<(u32, Stop)>, RunError> {
+    let mut stops = Vec::new();
+    for s in 0..def.stages.len() {
+        if let Some(b) = store.meta(key, &meta_stop(s))? {
+            // One that does not read (written by another version) is no stop.
+            if let Ok(stop) = serde_json::from_slice::<Stop>(&b) {
+                stops.push((s as u32, stop));
+            }
+        }
+    }
+    Ok(stops)
+}
 
 /// Runs (or resumes) a farm to the end, or until Ctrl-C / SIGTERM.
 pub fn run_farm(
@@ -223,7 +255,22 @@ async fn drive(
     } else {
         prev_run + 1
     };
-    let mut batch = Vec::new();
+    // A resumed stage that was stopped runs whole; a new run starts anew.
+    let retry_stages: Vec<u32> = if resumed {
+        stored_stops(&store, key, &def)?
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut batch: Vec<Write> = (0..def.stages.len())
+        .map(|s| Write::Meta {
+            farm: key,
+            name: meta_stop(s),
+            value: Vec::new(),
+        })
+        .collect();
     if !resumed {
         // Logs belong to a run: a new run starts without the last one's.
         let logs = opts.state.logs_dir(&id);
@@ -276,6 +323,7 @@ async fn drive(
         &AddOptions {
             run,
             retry_failed: opts.retry_failed,
+            retry_stages,
         },
     );
     let mut d = Driver {
@@ -295,6 +343,7 @@ async fn drive(
         unwritten: HashMap::new(),
         programs: HashMap::new(),
         live: HashMap::new(),
+        unsaid: HashMap::new(),
         shared: None,
         runs: HashMap::new(),
         clock,
@@ -380,6 +429,7 @@ async fn drive(
                 d.kill_all_now();
             }
             _ = progress.tick() => {
+                d.say_held_long(&engine, obs);
                 // What progress shows as done must also survive a machine
                 // crash: one fdatasync per refresh, not per task.
                 d.store.sync()?;
@@ -395,18 +445,22 @@ async fn drive(
         }
     }
 
+    d.say_unsaid(&engine, obs);
     d.refresh(&engine, clock);
     let counts = d.status.counts.clone();
     d.status.state = if interrupted_at.is_some() && !counts.finished() {
         RunState::Interrupted
     } else if counts.done == counts.total {
         RunState::Done
+    } else if counts.stopped > 0 {
+        RunState::Stopped
     } else {
         RunState::Failed
     };
     let reason = match d.status.state {
         RunState::Interrupted => "interrupted",
         RunState::Done => "done",
+        RunState::Stopped => "stopped",
         _ => "failed",
     };
     d.store.write(vec![Write::Journal(JournalEntry {
@@ -455,6 +509,9 @@ struct Driver {
     /// Bare program names and where PATH finds them (None: not found; exec reports it).
     programs: HashMap<String, Option<String>>,
     live: HashMap<TaskRef, (u32, Live)>,
+    /// Per stage that may still stop: its failures not said yet, and when
+    /// the first was held (see `HOLD_SAY_MS`).
+    unsaid: HashMap<u32, (Instant, Vec<Unsaid>)>,
     /// What the observer and the snapshot see; `failed` is kept here as failures happen.
     status: FarmStatus,
     /// What the dashboard sees, when one is served; and each live run's
@@ -534,7 +591,7 @@ impl Driver {
                         live.signal(sig);
                     }
                 }
-                Action::Emit(ev) => finished |= self.emit(ev, obs),
+                Action::Emit(ev) => finished |= self.emit(engine, ev, obs),
                 Action::Persist(_) | Action::Start { .. } => unreachable!("handled while draining"),
             }
         }
@@ -542,7 +599,20 @@ impl Driver {
     }
 
     fn persist(&mut self, p: Persist, batch: &mut Vec<Write>) {
-        let Persist::Task { task, record, .. } = p;
+        let (task, record) = match p {
+            Persist::Task { task, record, .. } => (task, record),
+            Persist::Stage { stage, stop, .. } => {
+                let value = stop
+                    .map(|s| serde_json::to_vec(&s).expect("a stop encodes as JSON"))
+                    .unwrap_or_default();
+                batch.push(Write::Meta {
+                    farm: self.key,
+                    name: meta_stop(stage as usize),
+                    value,
+                });
+                return;
+            }
+        };
         // The journal keeps what someone may ask about later: attempts that
         // did not succeed. Successes are in the task records already.
         if record.end.is_some() && record.state != RecordState::Done {
@@ -600,6 +670,7 @@ impl Driver {
                     key: Some(key),
                     duration_ms: 0,
                     logs: 0,
+                    stderr_line: None,
                 },
             );
             return Ok(None);
@@ -770,11 +841,12 @@ impl Driver {
                 key: Some(f.key),
                 duration_ms: f.duration_ms,
                 logs: f.logs,
+                stderr_line: f.stderr_line,
             },
         );
     }
 
-    fn emit(&mut self, ev: Event, obs: &mut dyn Observer) -> bool {
+    fn emit(&mut self, engine: &Engine, ev: Event, obs: &mut dyn Observer) -> bool {
         match ev {
             Event::TaskFinished {
                 task,
@@ -783,19 +855,52 @@ impl Driver {
                 verdict,
                 ..
             } => {
-                if matches!(verdict, Verdict::Failed | Verdict::Retry) {
+                let stage = task.stage;
+                if matches!(verdict, Verdict::Failed | Verdict::Retry | Verdict::Stopped) {
                     let name = self.def.task_name(task);
                     let reason = describe_end(&end);
                     tracing::info!(farm = %self.id, task = %name, attempt, %reason, ?verdict, "task failed");
-                    obs.task_failed(&name, attempt, &reason, verdict == Verdict::Retry);
-                    if verdict == Verdict::Failed {
-                        self.note_failed(FailedTask {
-                            task: name,
-                            attempt,
-                            reason,
-                        });
+                    let failure = Unsaid {
+                        task: name,
+                        attempt,
+                        reason,
+                        verdict,
+                    };
+                    let holds = engine.stage_may_stop(self.slot, stage)
+                        || engine.stage_stop(self.slot, stage).is_some();
+                    if holds {
+                        // A stop would say this failure with the others.
+                        let (_, held) = self
+                            .unsaid
+                            .entry(stage)
+                            .or_insert_with(|| (Instant::now(), Vec::new()));
+                        held.push(failure);
+                    } else {
+                        self.say_held(stage, obs);
+                        self.say(failure, obs);
                     }
+                } else if verdict == Verdict::Done && !engine.stage_may_stop(self.slot, stage) {
+                    // A success: the stage is not stopping.
+                    self.say_held(stage, obs);
                 }
+                false
+            }
+            Event::StageStopped { stage, stop, .. } => {
+                // Its failures so far are this one line.
+                self.unsaid.remove(&stage);
+                let line = describe_stop(&self.def.stages[stage as usize].name, &stop);
+                tracing::info!(farm = %self.id, "{line}");
+                obs.stage_stopped(&line);
+                false
+            }
+            Event::StageResumed { stage, task, .. } => {
+                let line = format!(
+                    "stage `{}` goes on: {} succeeded, so the failures that stopped it were its tasks' own",
+                    self.def.stages[stage as usize].name,
+                    self.def.task_name(task)
+                );
+                obs.stage_resumed(&line);
+                self.say_held(stage, obs);
                 false
             }
             Event::Unplaceable {
@@ -819,6 +924,61 @@ impl Driver {
                 false
             }
             Event::FarmFinished { .. } => true,
+        }
+    }
+
+    /// Says a failure as it happened, now.
+    fn say(&mut self, f: Unsaid, obs: &mut dyn Observer) {
+        // One held by a stop is retried when its stage goes on.
+        let retrying = matches!(f.verdict, Verdict::Retry | Verdict::Stopped);
+        obs.task_failed(&f.task, f.attempt, &f.reason, retrying);
+        if !retrying {
+            self.note_failed(FailedTask {
+                task: f.task,
+                attempt: f.attempt,
+                reason: f.reason,
+            });
+        }
+    }
+
+    /// Says the failures held for `stage`, whose stop did not come.
+    fn say_held(&mut self, stage: u32, obs: &mut dyn Observer) {
+        if let Some((_, held)) = self.unsaid.remove(&stage) {
+            for f in held {
+                self.say(f, obs);
+            }
+        }
+    }
+
+    /// Says failures held longer than `HOLD_SAY_MS` in stages that did not
+    /// stop: a stage of slow tasks does not keep its first failure unsaid
+    /// until the next ends.
+    fn say_held_long(&mut self, engine: &Engine, obs: &mut dyn Observer) {
+        let due: Vec<u32> = self
+            .unsaid
+            .iter()
+            .filter(|(&s, (since, _))| {
+                engine.stage_stop(self.slot, s).is_none()
+                    && since.elapsed() >= Duration::from_millis(HOLD_SAY_MS)
+            })
+            .map(|(&s, _)| s)
+            .collect();
+        for s in due {
+            self.say_held(s, obs);
+        }
+    }
+
+    /// At the end: failures held for stages that did not stop are said;
+    /// those of stopped stages were said by their stop.
+    fn say_unsaid(&mut self, engine: &Engine, obs: &mut dyn Observer) {
+        let mut stages: Vec<u32> = self.unsaid.keys().copied().collect();
+        stages.sort_unstable();
+        for s in stages {
+            if engine.stage_stop(self.slot, s).is_some() {
+                self.unsaid.remove(&s);
+            } else {
+                self.say_held(s, obs);
+            }
         }
     }
 
@@ -875,14 +1035,26 @@ fn stored_run(store: &SledStore, key: FarmKey) -> Result<u32, RunError> {
         .unwrap_or(0))
 }
 
-/// Each stage's counts, as the engine has them.
+/// A failure not said yet (see `Driver::unsaid`).
+struct Unsaid {
+    task: String,
+    attempt: u32,
+    reason: String,
+    verdict: Verdict,
+}
+
+/// Each stage's counts, as the engine has them, and why it stopped.
 fn stage_statuses(def: &FarmDef, engine: &Engine, slot: FarmSlot) -> Vec<StageStatus> {
     def.stages
         .iter()
         .zip(engine.stage_progress(slot))
-        .map(|(s, counts)| StageStatus {
+        .enumerate()
+        .map(|(i, (s, counts))| StageStatus {
             name: s.name.clone(),
             counts,
+            stopped: engine
+                .stage_stop(slot, i as u32)
+                .map(|stop| describe_stop(&s.name, stop)),
         })
         .collect()
 }
@@ -910,8 +1082,12 @@ pub fn inspect(state: &StateDir, id: &str) -> Result<(Counts, Vec<StageStatus>),
         store.tasks(key)?,
         &AddOptions {
             run,
-            retry_failed: false,
+            ..AddOptions::default()
         },
     );
+    // As the run ended: its records do not say which stages stopped.
+    for (s, stop) in stored_stops(&store, key, &def)? {
+        engine.stop_stage(slot, s, stop);
+    }
     Ok((engine.progress(slot), stage_statuses(&def, &engine, slot)))
 }

@@ -40,6 +40,9 @@ pub enum RunState {
     Interrupted,
     /// The process running it died (kill -9, power loss); resumable.
     Crashed,
+    /// Over, with a stage stopped because its first tasks all failed the
+    /// same way (`max_fails`); resumable once the cause is fixed.
+    Stopped,
 }
 
 impl RunState {
@@ -52,6 +55,9 @@ impl RunState {
 pub struct StageStatus {
     pub name: String,
     pub counts: Counts,
+    /// Why the stage stopped (`max_fails`), while it is stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -209,12 +215,15 @@ impl StateDir {
     }
 
     /// The farm `mesh resume` continues by default: the most recent one that
-    /// stopped unfinished (or, with `failed_too`, that ended with failures).
+    /// stopped unfinished, a stage stopped included (or, with `failed_too`,
+    /// that ended with failures).
     pub fn most_recent_resumable(&self, failed_too: bool) -> Result<FarmStatus, StateError> {
         let all = self.list()?;
         if let Some(s) = all.iter().find(|s| {
-            matches!(s.state, RunState::Interrupted | RunState::Crashed)
-                || (failed_too && s.state == RunState::Failed)
+            matches!(
+                s.state,
+                RunState::Interrupted | RunState::Crashed | RunState::Stopped
+            ) || (failed_too && s.state == RunState::Failed)
         }) {
             return Ok(s.clone());
         }

@@ -1,11 +1,11 @@
-//! Tasks in people's words: the `stage/index` ids users give, and how an attempt ended.
+//! Tasks in people's words: the `stage/index` ids users give, how an attempt ended, and why a stage stopped.
 //!
 //! Shared by the single-machine runner and the mesh node, so `mesh run`
 //! and a mesh speak of tasks alike.
 
 use std::time::Duration;
 
-use mesh_protocol::engine::TaskEnd;
+use mesh_protocol::engine::{Stop, TaskEnd};
 use mesh_protocol::farm::FarmDef;
 use mesh_protocol::TaskRef;
 use nix::sys::signal::Signal;
@@ -61,4 +61,24 @@ pub fn describe_end(end: &TaskEnd) -> String {
         }
         TaskEnd::Cancelled => "cancelled".into(),
     }
+}
+
+/// A stage's stop (`max_fails`) in words: why, and how to change it.
+pub fn describe_stop(stage: &str, stop: &Stop) -> String {
+    let what = if stop.attempts == stop.tasks {
+        format!("its first {} tasks", stop.tasks)
+    } else {
+        format!(
+            "its first {} attempts ({} tasks)",
+            stop.attempts, stop.tasks
+        )
+    };
+    let end = describe_end(&stop.end);
+    let cause = match (&stop.end, &stop.stderr_line) {
+        (TaskEnd::Exited(_) | TaskEnd::Signaled(_), Some(line)) => format!("{end}: {line}"),
+        _ => end,
+    };
+    format!(
+        "stage `{stage}` stopped after {what} failed the same way: {cause} (set max_fails to change this)"
+    )
 }

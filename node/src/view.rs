@@ -100,7 +100,7 @@ impl FarmView {
             file: s.file.clone(),
             out: s.out.clone(),
             accepted: true,
-            finished: s.state.is_finished(),
+            finished: s.state.is_finished() || s.state == crate::state::RunState::Stopped,
             counts: s.counts.clone(),
             stages: s
                 .stages

@@ -28,12 +28,13 @@ use crate::resources::{Amount, Resources};
 use crate::tally::Tally;
 
 mod checks;
+mod fails;
 mod order;
 mod vocab;
 pub use order::{Front, Order, Way};
 pub use vocab::{
-    Action, AddOptions, Counts, Event, FarmSlot, KillReason, Outcome, Persist, RecordState,
-    TaskEnd, TaskRecord, TaskResult, Verdict, CRASHES_MAX,
+    first_line, Action, AddOptions, Counts, Event, FarmSlot, KillReason, Outcome, Persist,
+    RecordState, Stop, TaskEnd, TaskRecord, TaskResult, Verdict, CRASHES_MAX, STDERR_LINE_MAX,
 };
 
 /// Milliseconds on the driver's clock.
@@ -49,6 +50,8 @@ const DONE: u8 = 2;
 const FAILED: u8 = 3;
 const SKIPPED: u8 = 4;
 const CANCELLED: u8 = 5;
+/// Held by a stage that stopped (`max_fails`); pending again on resume.
+const HELD: u8 = 6;
 
 struct StageState {
     status: Vec<u8>,
@@ -73,6 +76,10 @@ struct StageState {
     complete: bool,
     unplaceable: bool,
     counts: Counts,
+    /// Its ended attempts so far, as `max_fails` judges them.
+    streak: fails::Streak,
+    /// Why it stopped, while it is stopped.
+    stopped: Option<Stop>,
 }
 
 impl StageState {
@@ -146,6 +153,7 @@ impl StageState {
             FAILED => Some(&mut c.failed),
             SKIPPED => Some(&mut c.skipped),
             CANCELLED => Some(&mut c.cancelled),
+            HELD => Some(&mut c.stopped),
             _ => None,
         }
     }
@@ -444,6 +452,8 @@ impl Engine {
                         total: len as u64,
                         ..Counts::default()
                     },
+                    streak: fails::Streak::default(),
+                    stopped: None,
                 }
             })
             .collect();
@@ -482,7 +492,9 @@ impl Engine {
                         st.counts.cached += 1;
                     }
                 }
-                RecordState::Failed if !opts.retry_failed => {
+                RecordState::Failed
+                    if !opts.retry_failed && !opts.retry_stages.contains(&t.stage) =>
+                {
                     st.set(i, FAILED);
                     failed.push(t);
                 }
@@ -539,6 +551,10 @@ impl Engine {
             let st = &mut f.stages[s as usize];
             let complete = st.counts.done == st.counts.total;
             st.complete = complete;
+            if st.counts.done > 0 {
+                // It succeeded before: its failures are its tasks' own.
+                st.streak.break_off();
+            }
             if complete {
                 for d in f.dependents[s as usize].clone() {
                     f.stages[d as usize].waiting_on -= 1;
@@ -660,6 +676,7 @@ impl Engine {
             TaskEnd::Cached => true,
             _ => false,
         };
+        let mut stop = None;
         let (state, verdict) = if success {
             (RecordState::Done, Verdict::Done)
         } else if run.killed == Some(KillReason::Interrupt) {
@@ -669,7 +686,14 @@ impl Engine {
         } else {
             let failures = st.failures[i] as u32 + 1;
             st.failures[i] = failures.min(255) as u8;
-            if failures <= retries && !self.interrupted {
+            let retry = failures <= retries && !self.interrupted;
+            let line = outcome.stderr_line.as_deref();
+            stop = fails::judge(st, stage_def, task, &end, line, retry);
+            if retry && (stop.is_some() || st.stopped.is_some()) {
+                // Its retry would fail as the others did: it waits with
+                // the stage's tasks that did not start.
+                (RecordState::Interrupted, Verdict::Stopped)
+            } else if retry {
                 (RecordState::Interrupted, Verdict::Retry)
             } else {
                 (RecordState::Failed, Verdict::Failed)
@@ -708,6 +732,7 @@ impl Engine {
                 st.ready.push_front(task.index);
             }
             Verdict::Interrupted => st.set(i, PENDING),
+            Verdict::Stopped => st.set(i, HELD),
             Verdict::Failed => {
                 st.set(i, FAILED);
                 self.fail_dependents(farm, task.stage, Some(task.index));
@@ -715,6 +740,9 @@ impl Engine {
             Verdict::Cancelled => {
                 st.set(i, CANCELLED);
             }
+        }
+        if let Some(stop) = stop {
+            self.stop_stage(farm, task.stage, stop);
         }
         self.fill(now);
         self.check_finished(farm);
@@ -746,6 +774,7 @@ impl Engine {
                 }
             }
         }
+        self.succeeded(farm, task);
     }
 
     /// Marks what can no longer run because `stage` (task `index`, or all of it) failed.
@@ -960,7 +989,7 @@ impl Engine {
         let i = task.index as usize;
         // Done wins over a failure recorded on the other side of a partition.
         let failed = match st.status.get(i) {
-            Some(&PENDING) => false,
+            Some(&PENDING | &HELD) => false,
             Some(&FAILED) => true,
             _ => return false,
         };
@@ -1122,6 +1151,7 @@ impl Engine {
             RecordState::Cancelled => {
                 st.set(i, CANCELLED);
             }
+            _ if st.stopped.is_some() => st.set(i, HELD),
             _ => {
                 st.set(i, PENDING);
                 st.ready.push_front(task.index);
@@ -1181,7 +1211,7 @@ impl Engine {
         f.cancelled = true;
         for st in &mut f.stages {
             for i in 0..st.status.len() {
-                if st.status[i] == PENDING {
+                if matches!(st.status[i], PENDING | HELD) {
                     st.set(i, CANCELLED);
                 }
             }
@@ -1275,18 +1305,20 @@ fn ready_each(f: &FarmState, s: usize, indices: impl Iterator<Item = usize>) -> 
 }
 
 /// Task `i` of stage `s` can never run: a stage it waits on whole has a
-/// task that failed, was skipped or cancelled, or the task it waits on
-/// element-wise did.
+/// task that failed, was skipped, cancelled or held by a stop, or the
+/// task it waits on element-wise did.
 fn doomed(f: &FarmState, s: usize, i: usize) -> bool {
     let def = &f.def.stages[s];
-    let lost = |c: &Counts| c.failed + c.skipped + c.cancelled > 0;
+    let lost = |c: &Counts| c.failed + c.skipped + c.cancelled + c.stopped > 0;
     def.after
         .iter()
         .any(|&e| lost(&f.stages[e as usize].counts))
-        || def
-            .after_each
-            .iter()
-            .any(|&e| matches!(f.stages[e as usize].status[i], FAILED | SKIPPED | CANCELLED))
+        || def.after_each.iter().any(|&e| {
+            matches!(
+                f.stages[e as usize].status[i],
+                FAILED | SKIPPED | CANCELLED | HELD
+            )
+        })
 }
 
 /// Skips the pending tasks of a stage (one index, or all). True when any changed.

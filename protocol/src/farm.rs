@@ -16,6 +16,11 @@ use crate::resources::Resources;
 /// The most tasks one stage may expand into.
 pub const STAGE_TASKS_MAX: u64 = u32::MAX as u64;
 
+/// A stage's `max_fails` unless its farm file says otherwise: enough
+/// alike failures to be sure of a cause shared by every task, few enough
+/// that it costs seconds, not a stage's worth of failed attempts.
+pub const MAX_FAILS_DEFAULT: u32 = 5;
+
 /// One task: a stage (by position in the farm) and its index in that stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TaskRef {
@@ -55,6 +60,11 @@ pub struct StageDef {
     pub resources: Resources,
     /// Failures allowed before the task is failed for good.
     pub retries: u32,
+    /// The stage stops starting tasks once this many of its first ended
+    /// attempts all failed the same way, none succeeding (a program that
+    /// cannot start, a missing module): its other tasks wait for a resume
+    /// instead of each failing alike. 0 turns this off.
+    pub max_fails: u32,
     pub timeout_ms: Option<u64>,
     /// How long a task is expected to run (`expected = "10m"`): a node
     /// whose batch job ends sooner does not start it.
@@ -69,7 +79,8 @@ pub struct StageDef {
 
 impl StageDef {
     /// A stage with the defaults a farm file gives: one cpu, no retries,
-    /// no timeout, success on exit 0, no folders, no dependencies.
+    /// [`MAX_FAILS_DEFAULT`], no timeout, success on exit 0, no folders,
+    /// no dependencies.
     pub fn new(name: &str, command: CommandTemplate, sweep: Sweep) -> StageDef {
         let mut resources = Resources::new();
         resources.set(crate::resources::CPU, crate::resources::Amount::units(1));
@@ -83,6 +94,7 @@ impl StageDef {
             env: vec![],
             resources,
             retries: 0,
+            max_fails: MAX_FAILS_DEFAULT,
             timeout_ms: None,
             expected_ms: None,
             success_codes: vec![0],

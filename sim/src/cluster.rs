@@ -1171,6 +1171,7 @@ impl<'a> Sim<'a> {
             key: None,
             duration_ms: self.now - r.start,
             logs: 0,
+            stderr_line: None,
         };
         // Every successful task leaves one output, kept on this node until
         // the home fetches it.

@@ -126,7 +126,7 @@ pub fn run_one_node(
                 Action::Start { task, attempt, .. } => {
                     pending.push(Reverse((now + duration(task), task, attempt)));
                 }
-                Action::Kill { .. } | Action::Emit(_) => {}
+                Action::Persist(Persist::Stage { .. }) | Action::Kill { .. } | Action::Emit(_) => {}
             }
         }
         store.write(batch).map_err(|e| e.to_string())?;
@@ -148,6 +148,7 @@ pub fn run_one_node(
                 key: None,
                 duration_ms: duration(task),
                 logs: 0,
+                stderr_line: None,
             };
             engine.task_finished(now, slot, task, attempt, outcome);
         } else if let Some(timer) = next_timer {

@@ -159,3 +159,101 @@ fn resume_retry_failed_reruns_only_what_failed() {
     ran.sort();
     assert_eq!(ran, vec!["1", "2", "3", "3", "4"]);
 }
+
+/// The farm of the issue that brought `max_fails`: `wrapper.sh` without
+/// `./`, and not on PATH, so no task of the stage can start.
+const CANNOT_START: &str = r#"
+[[stage]]
+name = "solve"
+command = ["wrapper.sh", "{i}"]
+sweep.i = { range = "0..19" }
+retries = 1
+
+[[stage]]
+name = "report"
+after = ["solve"]
+shell = "ls ran | wc -l > count.txt"
+"#;
+
+/// Runs the farm of [`CANNOT_START`] to its stop: one line says why,
+/// and the stage starts no more than its first five attempts.
+fn run_to_stop(s: &Sandbox) {
+    s.write("farm.toml", CANNOT_START);
+    s.write("wrapper.sh", "#!/bin/sh\nmkdir -p ran && touch ran/$1\n");
+    let r = s.mesh(&["run", "farm.toml", "--resources", "cpu=1", "--json"]);
+    r.expect_code(1);
+    let v = r.json();
+    assert_eq!(v["state"], "stopped", "{v}");
+    // Two tasks failed twice, the third once: five attempts, then nothing.
+    let c = &v["stages"][0]["counts"];
+    assert_eq!(
+        (c["failed"].as_u64(), c["stopped"].as_u64()),
+        (Some(2), Some(18)),
+        "{v}"
+    );
+    assert_eq!(v["stages"][1]["counts"]["skipped"], 1, "{v}");
+    let why = v["stages"][0]["stopped"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with("stage `solve` stopped after its first 5 attempts (3 tasks) failed the same way: could not start `wrapper.sh`")
+            && why.ends_with("(set max_fails to change this)"),
+        "{why}"
+    );
+    // Said once, and no task's failure besides.
+    let said: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains("wrapper.sh"))
+        .collect();
+    assert_eq!(said, [why], "{}", r.stderr);
+    assert!(!r.stderr.contains("task solve/"), "{}", r.stderr);
+}
+
+#[test]
+fn a_stage_that_cannot_start_stops_with_one_line_and_runs_whole_once_fixed() {
+    let s = sandbox();
+    run_to_stop(&s);
+    let status = s.mesh(&["status"]);
+    status.expect_code(0);
+    assert!(
+        status.stdout.contains("state   stopped"),
+        "{}",
+        status.stdout
+    );
+    assert!(
+        status
+            .stdout
+            .contains("stage `solve` stopped after its first 5 attempts"),
+        "{}",
+        status.stdout
+    );
+    // Fixed outside the farm file (the program put on PATH): a plain
+    // resume runs the stage whole, the two tasks that failed included.
+    let path = format!(
+        "{}:{}",
+        s.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let r = s
+        .spawn_env(&["resume", "--json"], &[("PATH", &path)])
+        .wait();
+    r.expect_code(0);
+    let v = r.json();
+    assert_eq!(
+        (v["state"].as_str(), v["counts"]["done"].as_u64()),
+        (Some("done"), Some(21)),
+        "{v}"
+    );
+    assert_eq!(s.read("count.txt").trim(), "20");
+
+    // Fixed in the farm file: running it again runs everything.
+    let s = sandbox();
+    run_to_stop(&s);
+    s.write(
+        "farm.toml",
+        &CANNOT_START.replace("\"wrapper.sh\"", "\"./wrapper.sh\""),
+    );
+    let r = s.mesh(&["run", "farm.toml", "--json"]);
+    r.expect_code(0);
+    assert_eq!(r.json()["counts"]["done"], 21);
+    assert_eq!(s.read("count.txt").trim(), "20");
+}

@@ -31,6 +31,7 @@ pub(super) const DEFAULT_FIELDS: &[&str] = &[
     "env",
     "resources",
     "retries",
+    "max_fails",
     "timeout",
     "expected",
     "success_codes",
@@ -55,6 +56,7 @@ pub(super) struct Fields {
     pub(super) env: Vec<(At<String>, At<String>)>,
     pub(super) resources: Vec<(At<String>, At<Amount>)>,
     pub(super) retries: Option<At<u32>>,
+    pub(super) max_fails: Option<At<u32>>,
     pub(super) timeout_ms: Option<At<u64>>,
     pub(super) expected_ms: Option<At<u64>>,
     pub(super) success_codes: Option<At<Vec<i32>>>,
@@ -88,6 +90,7 @@ impl Fields {
         self.env = keyed(self.env, &d.env);
         self.resources = keyed(self.resources, &d.resources);
         self.retries = self.retries.or_else(|| d.retries.clone());
+        self.max_fails = self.max_fails.or_else(|| d.max_fails.clone());
         self.timeout_ms = self.timeout_ms.or_else(|| d.timeout_ms.clone());
         self.expected_ms = self.expected_ms.or_else(|| d.expected_ms.clone());
         self.success_codes = self.success_codes.or_else(|| d.success_codes.clone());
@@ -157,6 +160,27 @@ impl Scope<'_> {
         }
     }
 
+    /// A count: an integer from 0 to `u32::MAX`.
+    fn count(
+        &self,
+        v: &Spanned<DeValue<'_>>,
+        field: &str,
+        expected: &'static str,
+    ) -> Result<At<u32>> {
+        let n = self.integer(v, field, expected)?;
+        let count = u32::try_from(n.v).map_err(|_| {
+            self.fail(
+                n.pos,
+                field,
+                Problem::OutOfRange {
+                    value: n.v.to_string(),
+                    expected,
+                },
+            )
+        })?;
+        Ok(self.at(count, n.pos))
+    }
+
     /// Reads the fields of a `[[stage]]` or `[defaults]` table, checking types only.
     pub(super) fn fields(
         &self,
@@ -223,19 +247,13 @@ impl Scope<'_> {
                 }
                 "env" => f.env = self.env(v)?,
                 "resources" => f.resources = self.resources(v)?,
-                "retries" => {
-                    let n = self.integer(v, k, "a non-negative integer")?;
-                    let retries = u32::try_from(n.v).map_err(|_| {
-                        self.fail(
-                            vpos,
-                            k,
-                            Problem::OutOfRange {
-                                value: n.v.to_string(),
-                                expected: "a non-negative integer",
-                            },
-                        )
-                    })?;
-                    f.retries = Some(self.at(retries, vpos));
+                "retries" => f.retries = Some(self.count(v, k, "a non-negative integer")?),
+                "max_fails" => {
+                    f.max_fails = Some(self.count(
+                        v,
+                        k,
+                        "a number of failed attempts (0 turns stopping off)",
+                    )?)
                 }
                 "timeout" => f.timeout_ms = Some(self.duration(v, "timeout")?),
                 "expected" => f.expected_ms = Some(self.duration(v, "expected")?),

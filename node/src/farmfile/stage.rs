@@ -1,7 +1,7 @@
 //! One stage's merged fields resolved into a `StageDef`: command and env templates, paths kept inside the farm folder, inputs that exist, output globs, resources.
 
 use mesh_protocol::farm::{
-    path_stays_inside, CommandTemplate, Part, StageDef, Sweep, Template, Var,
+    path_stays_inside, CommandTemplate, Part, StageDef, Sweep, Template, Var, MAX_FAILS_DEFAULT,
 };
 use mesh_protocol::resources::{Amount, Resources, CPU};
 
@@ -89,6 +89,7 @@ impl Scope<'_> {
             env,
             resources,
             retries: f.retries.map(|r| r.v).unwrap_or(0),
+            max_fails: f.max_fails.map(|m| m.v).unwrap_or(MAX_FAILS_DEFAULT),
             timeout_ms: f.timeout_ms.map(|t| t.v),
             expected_ms: f.expected_ms.map(|t| t.v),
             success_codes: f.success_codes.map(|c| c.v).unwrap_or_else(|| vec![0]),

@@ -260,6 +260,42 @@ expected = 30
 }
 
 #[test]
+fn max_fails_comes_from_the_stage_then_defaults_then_five() {
+    let farm = |defaults: &str| {
+        format!(
+            "{defaults}[[stage]]\nname = \"own\"\ncommand = [\"true\"]\nmax_fails = 0\n\n[[stage]]\nname = \"plain\"\ncommand = [\"true\"]\n"
+        )
+    };
+    let (_dir, def) = good(&farm(""), &[]);
+    assert_eq!((def.stages[0].max_fails, def.stages[1].max_fails), (0, 5));
+    let (_dir, def) = good(&farm("[defaults]\nmax_fails = 20\n"), &[]);
+    assert_eq!((def.stages[0].max_fails, def.stages[1].max_fails), (0, 20));
+}
+
+#[test]
+fn a_bad_max_fails_is_located() {
+    for (value, want) in [
+        ("-1", "-1 is out of range"),
+        ("\"five\"", "invalid type: string \"five\""),
+        ("2.5", "invalid type"),
+    ] {
+        let err = bad(
+            &format!("[defaults]\nretries = 1\nmax_fails = {value}\n[[stage]]\nname = \"s\"\ncommand = [\"true\"]\n"),
+            &[],
+        );
+        assert_eq!(err.line(), Some(3), "{err}");
+        assert_eq!(err.field(), Some("defaults.max_fails"), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains(":3:13: "), "{msg}");
+        assert!(msg.contains(want), "{value}: {msg}");
+        assert!(
+            msg.contains("a number of failed attempts (0 turns stopping off)"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
 fn dependencies_resolve_to_stage_positions() {
     let (_dir, def) = good(
         r#"

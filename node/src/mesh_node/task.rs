@@ -34,6 +34,7 @@ impl Node {
                     key: None,
                     duration_ms: 0,
                     logs: 0,
+                    stderr_line: None,
                 },
                 Vec::new(),
             );
@@ -200,6 +201,7 @@ async fn run_task(
                 key: Some(key),
                 duration_ms: 0,
                 logs: 0,
+                stderr_line: None,
             },
             Vec::new(),
         )
@@ -239,6 +241,7 @@ async fn run_task(
         key: Some(f.key),
         duration_ms: f.duration_ms,
         logs: f.logs,
+        stderr_line: f.stderr_line,
     };
     let mut outputs = Vec::new();
     if local && out_dir.exists() {

@@ -1,6 +1,6 @@
 //! The engine's invariant checks, in three costs: what every step may afford, a pass over the live runs, and an audit of every task.
 
-use super::{Counts, Engine, Placement, CANCELLED, DONE, FAILED, RUNNING, SKIPPED};
+use super::{Counts, Engine, Placement, CANCELLED, DONE, FAILED, HELD, RUNNING, SKIPPED};
 
 impl Engine {
     /// Checks the engine's invariants that are cheap enough for every step
@@ -102,12 +102,20 @@ impl Engine {
                         FAILED => c.failed += 1,
                         SKIPPED => c.skipped += 1,
                         CANCELLED => c.cancelled += 1,
+                        HELD => c.stopped += 1,
                         _ => {}
                     }
                 }
                 let k = &st.counts;
+                if c.stopped > 0 && st.stopped.is_none() {
+                    return Err(format!(
+                        "farm {fi} stage {si}: {} tasks held, but the stage is not stopped",
+                        c.stopped
+                    ));
+                }
                 if (c.total, c.running, c.done, c.failed, c.skipped, c.cancelled)
                     != (k.total, k.running, k.done, k.failed, k.skipped, k.cancelled)
+                    || c.stopped != k.stopped
                 {
                     return Err(format!(
                         "farm {fi} stage {si}: counters {k:?} but statuses say {c:?}"

@@ -28,6 +28,7 @@ fn ok() -> Outcome {
         key: None,
         duration_ms: 1,
         logs: 0,
+        stderr_line: None,
     }
 }
 
@@ -532,6 +533,310 @@ fn stale_reports_are_ignored() {
     assert_eq!(e.running_count(), 1);
 }
 
+/// The failure of the issue that brought `max_fails`: a bare program name
+/// that is not on PATH, said with the task's own folder.
+fn cannot_start(i: u32) -> Outcome {
+    Outcome {
+        result: TaskResult::Error(format!(
+            "could not start `wrapper.sh` in /r/runs/{i}: No such file or directory (os error 2)"
+        )),
+        ..ok()
+    }
+}
+
+fn exited(code: i32, line: &str) -> Outcome {
+    Outcome {
+        result: TaskResult::Exited(code),
+        stderr_line: Some(line.to_string()),
+        ..ok()
+    }
+}
+
+/// Runs what the engine starts to its end, each attempt ending as `end`
+/// says, until nothing runs. Returns the attempts in order, and every
+/// other action.
+fn run_all(
+    e: &mut Engine,
+    mut end: impl FnMut(TaskRef, u32) -> Outcome,
+) -> (Vec<(TaskRef, u32)>, Vec<Action>) {
+    let (mut live, mut other) = drain(e);
+    let mut ran = Vec::new();
+    while !live.is_empty() {
+        let (f, t, a, _) = live.remove(0);
+        ran.push((t, a));
+        e.task_finished(1, f, t, a, end(t, a));
+        let (more, o) = drain(e);
+        live.extend(more);
+        other.extend(o);
+    }
+    (ran, other)
+}
+
+fn stops(other: &[Action]) -> Vec<(u32, Stop)> {
+    other
+        .iter()
+        .filter_map(|a| match a {
+            Action::Emit(Event::StageStopped { stage, stop, .. }) => Some((*stage, stop.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The records a store would keep: the last one of each task.
+fn records(other: &[Action]) -> Vec<(TaskRef, TaskRecord)> {
+    let mut last = std::collections::BTreeMap::new();
+    for a in other {
+        if let Action::Persist(Persist::Task { task, record, .. }) = a {
+            last.insert(*task, record.clone());
+        }
+    }
+    last.into_iter().collect()
+}
+
+#[test]
+fn a_stage_whose_first_attempts_fail_alike_stops_and_its_other_tasks_wait() {
+    let mut a = stage("solve", 20);
+    a.retries = 1;
+    let mut b = stage("report", 1);
+    b.after = vec![0];
+    let def = farm(vec![a, b]);
+    let mut e = Engine::new(parse_resources("cpu=1").unwrap());
+    let slot = e.add_farm(0, def.clone(), vec![], &AddOptions::default());
+    let (ran, other) = run_all(&mut e, |t, _| cannot_start(t.index));
+    // solve/0 twice, solve/1 twice, solve/2 once: five alike, and no more.
+    let t = |i| TaskRef::new(0, i);
+    assert_eq!(
+        ran,
+        vec![(t(0), 1), (t(0), 2), (t(1), 1), (t(1), 2), (t(2), 1)]
+    );
+    let stopped = stops(&other);
+    assert_eq!(stopped.len(), 1, "one stop is said: {other:?}");
+    let (stage, stop) = &stopped[0];
+    assert_eq!(
+        (*stage, stop.attempts, stop.tasks, stop.task),
+        (0, 5, 3, t(0))
+    );
+    assert!(
+        matches!(&stop.end, TaskEnd::Error(e) if e.contains("`wrapper.sh` in /r/runs/0")),
+        "{stop:?}"
+    );
+    // The stop is persisted before it is said, and said after the
+    // failure that brought it.
+    let at = |want: &dyn Fn(&Action) -> bool| other.iter().position(want).unwrap();
+    let persisted = at(&|a| matches!(a, Action::Persist(Persist::Stage { stop: Some(_), .. })));
+    let said = at(&|a| matches!(a, Action::Emit(Event::StageStopped { .. })));
+    let fifth = at(
+        &|a| matches!(a, Action::Emit(Event::TaskFinished { task, verdict: Verdict::Stopped, .. }) if *task == t(2)),
+    );
+    assert!(fifth < persisted && persisted < said, "{other:?}");
+    let c = e.stage_progress(slot);
+    assert_eq!((c[0].failed, c[0].stopped, c[0].queued()), (2, 18, 0));
+    assert_eq!(c[1].skipped, 1, "what waits on the stage is skipped");
+    assert!(e.progress(slot).finished());
+    assert!(other
+        .iter()
+        .any(|a| matches!(a, Action::Emit(Event::FarmFinished { .. }))));
+    assert_eq!(e.stage_stop(slot, 0), Some(stop));
+
+    // No record says a held task failed: a resume runs them, and with the
+    // stopped stage named, the two that failed for good too.
+    let kept = records(&other);
+    assert_eq!(kept.len(), 3);
+    assert!(kept
+        .iter()
+        .all(|(t, r)| (r.state == RecordState::Failed) == (t.index < 2)));
+    for (retry_stages, ran_again) in [(vec![], 18), (vec![0], 20)] {
+        let mut e = Engine::new(parse_resources("cpu=1").unwrap());
+        let opts = AddOptions {
+            retry_stages,
+            ..AddOptions::default()
+        };
+        let slot = e.add_farm(0, def.clone(), kept.clone(), &opts);
+        let (ran, _) = run_all(&mut e, |_, _| ok());
+        let p = e.stage_progress(slot);
+        assert_eq!(ran.iter().filter(|r| r.0.stage == 0).count(), ran_again);
+        assert_eq!(p[0].done, ran_again as u64);
+        assert_eq!(p[1].done, u64::from(ran_again == 20));
+        // The one held with a retry left goes on from its attempt.
+        assert!(ran.contains(&(t(2), 2)), "{ran:?}");
+    }
+}
+
+#[test]
+fn a_stage_with_an_early_success_is_never_stopped() {
+    let mut e = Engine::new(parse_resources("cpu=1").unwrap());
+    let slot = e.add_farm(
+        0,
+        farm(vec![stage("a", 12)]),
+        vec![],
+        &AddOptions::default(),
+    );
+    let (ran, other) = run_all(&mut e, |t, _| {
+        if t.index == 0 {
+            ok()
+        } else {
+            cannot_start(t.index)
+        }
+    });
+    assert_eq!(ran.len(), 12, "every task ran");
+    assert!(stops(&other).is_empty());
+    let p = e.progress(slot);
+    assert_eq!((p.done, p.failed, p.stopped), (1, 11, 0));
+}
+
+#[test]
+fn failures_that_differ_do_not_stop_a_stage() {
+    let mut e = Engine::new(parse_resources("cpu=1").unwrap());
+    let slot = e.add_farm(
+        0,
+        farm(vec![stage("a", 12)]),
+        vec![],
+        &AddOptions::default(),
+    );
+    // Four alike, then a fifth that says something else.
+    let (ran, other) = run_all(&mut e, |t, _| match t.index {
+        4 => exited(1, "MemoryError"),
+        i => exited(
+            1,
+            &format!("ModuleNotFoundError: no module named `solver{i}`"),
+        ),
+    });
+    assert_eq!(ran.len(), 12);
+    assert!(stops(&other).is_empty());
+    assert_eq!(e.progress(slot).failed, 12);
+    // Another exit code is another failure too.
+    let mut e = Engine::new(parse_resources("cpu=1").unwrap());
+    e.add_farm(
+        0,
+        farm(vec![stage("a", 12)]),
+        vec![],
+        &AddOptions::default(),
+    );
+    let (ran, other) = run_all(&mut e, |t, _| exited(1 + (t.index as i32 % 2), "boom"));
+    assert_eq!((ran.len(), stops(&other).len()), (12, 0));
+}
+
+#[test]
+fn max_fails_is_set_per_stage_and_zero_turns_it_off() {
+    let mut two = stage("two", 10);
+    two.max_fails = 2;
+    let mut off = stage("off", 10);
+    off.max_fails = 0;
+    let mut e = Engine::new(parse_resources("cpu=1").unwrap());
+    let slot = e.add_farm(0, farm(vec![two, off]), vec![], &AddOptions::default());
+    let (ran, other) = run_all(&mut e, |_, _| exited(127, "wrapper.sh: not found"));
+    let ran_of = |s| ran.iter().filter(|r| r.0.stage == s).count();
+    assert_eq!((ran_of(0), ran_of(1)), (2, 10));
+    let stopped = stops(&other);
+    assert_eq!(stopped.len(), 1);
+    assert_eq!((stopped[0].0, stopped[0].1.attempts), (0, 2));
+    let c = e.stage_progress(slot);
+    assert_eq!((c[0].failed, c[0].stopped), (2, 8));
+    assert_eq!((c[1].failed, c[1].stopped), (10, 0));
+}
+
+/// A stage all of whose attempts have been made has nothing left to hold:
+/// its failures end it as usual, and no stop is said.
+#[test]
+fn a_stage_with_nothing_left_to_start_is_not_stopped() {
+    let mut e = Engine::new(parse_resources("cpu=8").unwrap());
+    let slot = e.add_farm(0, farm(vec![stage("a", 6)]), vec![], &AddOptions::default());
+    let (ran, other) = run_all(&mut e, |t, _| cannot_start(t.index));
+    assert_eq!(ran.len(), 6);
+    assert!(stops(&other).is_empty());
+    assert_eq!(e.progress(slot).failed, 6);
+}
+
+#[test]
+fn a_success_of_a_task_running_when_its_stage_stopped_lets_it_go_on() {
+    let mut b = stage("b", 20);
+    b.after_each = vec![0];
+    let mut e = Engine::new(parse_resources("cpu=6").unwrap());
+    let slot = e.add_farm(
+        0,
+        farm(vec![stage("a", 20), b]),
+        vec![],
+        &AddOptions::default(),
+    );
+    let (mut live, _) = drain(&mut e);
+    assert_eq!(live.len(), 6);
+    // Five fail alike, each making room for one more: the stage stops
+    // with a/5 to a/9 running.
+    let mut other = Vec::new();
+    for _ in 0..5 {
+        let (f, t, a, _) = live.remove(0);
+        e.task_finished(1, f, t, a, exited(2, "no such file: input.dat"));
+        let (starts, o) = drain(&mut e);
+        live.extend(starts);
+        other.extend(o);
+    }
+    assert_eq!(stops(&other).len(), 1);
+    let running: Vec<u32> = live.iter().map(|l| l.1.index).collect();
+    assert_eq!(running, vec![5, 6, 7, 8, 9]);
+    assert_eq!(e.stage_progress(slot)[0].stopped, 10);
+    assert!(!e.stage_may_stop(slot, 0));
+    // a/5 succeeds: the failures were those tasks' own.
+    let (f, t, a, _) = live.remove(0);
+    e.task_finished(2, f, t, a, ok());
+    let (starts, other) = drain(&mut e);
+    assert!(other.iter().any(|a| matches!(
+        a,
+        Action::Emit(Event::StageResumed { stage: 0, task, .. }) if *task == t
+    )));
+    assert!(other
+        .iter()
+        .any(|a| matches!(a, Action::Persist(Persist::Stage { stop: None, .. }))));
+    assert_eq!(e.stage_stop(slot, 0), None);
+    let mut started: Vec<TaskRef> = starts.iter().map(|s| s.1).collect();
+    started.sort();
+    assert_eq!(
+        started,
+        vec![TaskRef::new(0, 10), TaskRef::new(1, 5)],
+        "b/5 follows its a; the held tasks of a start again"
+    );
+    let c = e.stage_progress(slot);
+    assert_eq!((c[0].stopped, c[0].queued()), (0, 9));
+}
+
+/// The mesh's coordinator, which hands tasks out by `claim`, stops a stage
+/// the same way: by what its workers report, on whichever node.
+#[test]
+fn a_remote_engine_stops_a_stage_too() {
+    let mut e = Engine::remote(vec![parse_resources("cpu=4").unwrap()]);
+    let slot = e.add_farm(
+        0,
+        farm(vec![stage("a", 50)]),
+        vec![],
+        &AddOptions::default(),
+    );
+    let mut claimed = 0;
+    loop {
+        let batch = e.claim(0, 3, &mut |_| true);
+        if batch.is_empty() {
+            break;
+        }
+        claimed += batch.len();
+        for (f, t, a) in batch {
+            let node = t.index % 3;
+            let end = Outcome {
+                result: TaskResult::Error(format!(
+                    "could not start `solve` in /state/n{node}/work/7/root: Permission denied (os error 13)"
+                )),
+                ..ok()
+            };
+            e.task_finished(1, f, t, a, end);
+        }
+    }
+    e.audit().unwrap();
+    assert_eq!(
+        claimed, 6,
+        "two batches of three: the stop came in the second"
+    );
+    let p = e.progress(slot);
+    assert_eq!((p.failed, p.stopped), (6, 44));
+    assert!(p.finished());
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Finish { pick: usize, code: i32 },
@@ -541,7 +846,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (any::<usize>(), prop_oneof![3 => Just(0), 1 => Just(1)]).prop_map(|(pick, code)| Op::Finish { pick, code }),
+        6 => (any::<usize>(), prop_oneof![3 => Just(0), 1 => Just(1), 1 => Just(2)]).prop_map(|(pick, code)| Op::Finish { pick, code }),
         2 => (1u64..200).prop_map(Op::Tick),
         1 => Just(Op::Cancel),
     ]
@@ -564,10 +869,12 @@ proptest! {
         cpus in 1u64..5,
         n in 1u64..8,
         retries in 0u32..3,
+        max_fails in 0u32..4,
         orders in proptest::collection::vec(order(), 0..4),
     ) {
         let mut a = stage("a", n);
         a.retries = retries;
+        a.max_fails = max_fails;
         a.timeout_ms = Some(150);
         let mut b = stage("b", n);
         b.after_each = vec![0];
@@ -606,7 +913,7 @@ proptest! {
         }
         let p = e.progress(slot);
         prop_assert!(p.finished(), "not finished: {:?}", p);
-        prop_assert_eq!(p.done + p.failed + p.skipped + p.cancelled, p.total);
+        prop_assert_eq!(p.done + p.failed + p.skipped + p.cancelled + p.stopped, p.total);
         prop_assert_eq!(e.free(), e.total());
     }
 }

@@ -87,6 +87,25 @@ pub struct Outcome {
     pub key: Option<[u8; 32]>,
     pub duration_ms: u64,
     pub logs: u8,
+    /// The first line a failed attempt wrote to stderr, when it wrote one
+    /// (see [`first_line`]): what tells one failure from another besides
+    /// its exit code, for `max_fails`. The engine cannot read logs.
+    pub stderr_line: Option<String>,
+}
+
+/// The longest [`Outcome::stderr_line`] kept, in bytes.
+pub const STDERR_LINE_MAX: usize = 200;
+
+/// The first line of `text` with anything on it, trimmed and cut to
+/// [`STDERR_LINE_MAX`] bytes (at a character's boundary): how a driver
+/// makes [`Outcome::stderr_line`] of what the task wrote.
+pub fn first_line(text: &str) -> Option<String> {
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+    let mut end = line.len().min(STDERR_LINE_MAX);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(line[..end].to_string())
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,6 +132,27 @@ pub enum Persist {
         task: TaskRef,
         record: TaskRecord,
     },
+    /// A stage stopped by its `max_fails` (`Some`), or going on again
+    /// (`None`): a driver that resumes farms keeps it, so that resuming
+    /// runs the stage's failed tasks again too (see [`AddOptions::retry_stages`]).
+    Stage {
+        farm: FarmSlot,
+        stage: u32,
+        stop: Option<Stop>,
+    },
+}
+
+/// Why a stage stopped starting tasks: its first ended attempts, at least
+/// its `max_fails`, all failed the same way, and none succeeded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stop {
+    /// The attempts that failed so, and how many tasks they were.
+    pub attempts: u32,
+    pub tasks: u32,
+    /// The first of them: how it ended, and the first line it wrote to stderr.
+    pub task: TaskRef,
+    pub end: TaskEnd,
+    pub stderr_line: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,6 +172,20 @@ pub enum Event {
         /// (resource, asked, available)
         shortfall: Vec<(String, Amount, Amount)>,
     },
+    /// A stage stopped starting tasks (see [`Stop`]); its tasks not yet
+    /// over wait for a resume, and what depends on them is skipped.
+    StageStopped {
+        farm: FarmSlot,
+        stage: u32,
+        stop: Stop,
+    },
+    /// A task of a stopped stage that was running when it stopped
+    /// succeeded: the stage goes on.
+    StageResumed {
+        farm: FarmSlot,
+        stage: u32,
+        task: TaskRef,
+    },
     FarmFinished {
         farm: FarmSlot,
     },
@@ -144,6 +198,9 @@ pub enum Verdict {
     Failed,
     Cancelled,
     Interrupted,
+    /// Failed, with retries left, in a stage that stopped: it waits, as
+    /// the stage's tasks that did not start do, for a resume.
+    Stopped,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -176,20 +233,30 @@ pub struct Counts {
     /// Not run because something they depend on failed.
     pub skipped: u64,
     pub cancelled: u64,
+    /// Held by a stage that stopped (`max_fails`): they run on resume.
+    #[serde(default)]
+    pub stopped: u64,
 }
 
 impl Counts {
     pub fn queued(&self) -> u64 {
-        self.total - self.done - self.running - self.failed - self.skipped - self.cancelled
+        self.total
+            - self.done
+            - self.running
+            - self.failed
+            - self.skipped
+            - self.cancelled
+            - self.stopped
     }
 
     pub fn finished(&self) -> bool {
         self.running == 0 && self.queued() == 0
     }
 
-    /// Tasks over for good: done, failed, skipped or cancelled.
+    /// Tasks this run is through with: done, failed, skipped, cancelled,
+    /// or held by a stopped stage.
     pub fn ended(&self) -> u64 {
-        self.done + self.failed + self.skipped + self.cancelled
+        self.done + self.failed + self.skipped + self.cancelled + self.stopped
     }
 
     pub(super) fn add(&mut self, o: &Counts) {
@@ -200,6 +267,7 @@ impl Counts {
         self.failed += o.failed;
         self.skipped += o.skipped;
         self.cancelled += o.cancelled;
+        self.stopped += o.stopped;
     }
 }
 
@@ -210,4 +278,9 @@ pub struct AddOptions {
     pub run: u32,
     /// Re-queue tasks whose record says they failed (with fresh retries).
     pub retry_failed: bool,
+    /// The same for these stages only: those a `max_fails` stop held
+    /// when the farm last ran ([`Persist::Stage`]). Resuming a stopped
+    /// stage runs it whole: its failures were the stage's (a program
+    /// missing), not each task's.
+    pub retry_stages: Vec<u32>,
 }

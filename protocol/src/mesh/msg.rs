@@ -352,6 +352,9 @@ pub struct Report {
     pub duration_ms: u64,
     /// The outputs of a successful attempt, kept on the node that ran it.
     pub outputs: Vec<OutputFile>,
+    /// See [`crate::engine::Outcome::stderr_line`]: the coordinator's
+    /// engine tells failures apart by it.
+    pub stderr_line: Option<String>,
 }
 
 /// A fact about one task of a farm that every holder of the farm keeps:

@@ -449,6 +449,7 @@ impl Worker {
                 key: None,
                 duration_ms: 0,
                 outputs: Vec::new(),
+                stderr_line: None,
             });
         }
         let mut kill = Vec::new();
@@ -522,6 +523,7 @@ impl Worker {
             key: outcome.key,
             duration_ms: outcome.duration_ms,
             outputs,
+            stderr_line: outcome.stderr_line,
         };
         if ok {
             // Other attempts of this task queued here meanwhile are done by this run.

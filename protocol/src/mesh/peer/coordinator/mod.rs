@@ -278,7 +278,7 @@ impl Coord {
             records,
             &AddOptions {
                 run: 1,
-                retry_failed: false,
+                ..AddOptions::default()
             },
         );
         if !order.is_empty() {
@@ -458,6 +458,11 @@ impl Coord {
         let mut sends = Vec::new();
         while let Some(a) = self.engine.poll_action() {
             match a {
+                // A mesh farm is not resumed stage by stage: a coordinator
+                // that takes it up from the log (where a stop leaves no
+                // entry) runs the held tasks, which stop their stage again
+                // if they fail alike.
+                engine::Action::Persist(engine::Persist::Stage { .. }) => {}
                 engine::Action::Persist(engine::Persist::Task { farm, task, record }) => {
                     let fid = self.slots[farm.0 as usize];
                     self.last_key = record.key;
@@ -521,7 +526,7 @@ impl Coord {
                                 ));
                                 None
                             }
-                            Verdict::Cancelled | Verdict::Interrupted => None,
+                            Verdict::Cancelled | Verdict::Interrupted | Verdict::Stopped => None,
                         };
                         if let Some(e) = entry {
                             if e.is_done() && f.log.redone(&e) {
@@ -567,6 +572,9 @@ impl Coord {
                         f.counts_sent = None;
                     }
                     engine::Event::FarmFinished { .. } => {}
+                    // The stage's held tasks are counted as stopped in the
+                    // progress every holder hears.
+                    engine::Event::StageStopped { .. } | engine::Event::StageResumed { .. } => {}
                 },
             }
         }
@@ -643,6 +651,7 @@ impl Coord {
                     key,
                     duration_ms: r.duration_ms,
                     logs: 0,
+                    stderr_line: r.stderr_line,
                 },
             );
             // The entry (and the record's Persist before it) comes out now,
