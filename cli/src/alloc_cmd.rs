@@ -190,7 +190,7 @@ fn add(to: &Target, a: AddArgs) -> Result<ExitCode> {
         None => None,
         Some(m) => Some(
             parse_amount(MEM, m)
-                .map_err(|e| anyhow::anyhow!("--mem {m}: {e} (write e.g. 64G or 512MiB)"))?
+                .map_err(|e| anyhow::anyhow!("--mem {m}: {e}"))?
                 .whole(),
         ),
     };

@@ -328,11 +328,13 @@ pub struct Template {
 /// Why a template could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
-    #[error("unknown placeholder `{{{name}}}` (known here: {known})")]
+    // Braces in a shell line (`awk '{print $1}'`, `${HOME}`) are read as
+    // a placeholder too; the escape, spelt out, is what the author needs.
+    #[error("unknown placeholder `{{{name}}}` (known here: {known}); if the braces are meant literally, write `{{{{{name}}}}}`")]
     Unknown { name: String, known: String },
-    #[error("unclosed `{{` (write `{{{{` for a literal brace)")]
+    #[error("unclosed `{{`; if the brace is meant literally, write `{{{{`")]
     Unclosed,
-    #[error("stray `}}` (write `}}}}` for a literal brace)")]
+    #[error("stray `}}`; if the brace is meant literally, write `}}}}`")]
     Stray,
 }
 
@@ -379,7 +381,7 @@ impl Template {
                                 let mut known = vec!["index", "stage", "farm", "out"];
                                 known.extend(sweep_vars.iter().copied());
                                 return Err(TemplateError::Unknown {
-                                    name: other.to_string(),
+                                    name: name.clone(),
                                     known: known.join(", "),
                                 });
                             }
@@ -791,6 +793,15 @@ mod tests {
             Template::parse("{y}", &["x"]),
             Err(TemplateError::Unknown { .. })
         ));
+        let e = Template::parse("awk '{print $1}' {x}", &["x"]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown placeholder `{print $1}` (known here: index, stage, farm, out, x); \
+             if the braces are meant literally, write `{{print $1}}`"
+        );
+        // The escape it suggests gives the braces to the command.
+        let t = Template::parse("awk '{{print $1}}' {x}", &["x"]).unwrap();
+        assert_eq!(t.render(&cx), "awk '{print $1}' 7");
         assert_eq!(Template::parse("{x", &["x"]), Err(TemplateError::Unclosed));
         assert_eq!(Template::parse("x}", &["x"]), Err(TemplateError::Stray));
     }

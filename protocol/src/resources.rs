@@ -66,11 +66,11 @@ impl Amount {
 /// Why a quantity could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AmountError {
-    #[error("`{0}` is not a quantity (expected a number such as 2 or 0.5, or for mem a size such as 512MiB or 4G)")]
+    #[error("`{0}` is not a valid quantity, expected a number such as 2 or 0.5, or for mem a size such as 512MiB or 4G")]
     Malformed(String),
-    #[error("`{0}` is negative: quantities are zero or more")]
+    #[error("`{0}` is negative, expected zero or more")]
     Negative(String),
-    #[error("`{0}` has more than three decimals")]
+    #[error("`{0}` has more than three decimals, expected at most three")]
     TooPrecise(String),
     #[error("`{0}` is too large")]
     TooLarge(String),
@@ -332,11 +332,13 @@ pub fn valid_resource_name(name: &str) -> bool {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResourceSpecError {
-    #[error("`{0}` has no value (expected name=amount, e.g. gpu=2)")]
+    #[error("`{0}` has no value, expected name=amount, e.g. gpu=2")]
     NoValue(String),
-    #[error("`{0}` is not a resource name (letters, digits, '_' and '-', starting with a letter)")]
+    #[error(
+        "`{0}` is not a valid resource name, expected a letter, then letters, digits, `_` and `-`"
+    )]
     BadName(String),
-    #[error("resource {0}: {1}")]
+    #[error("resource `{0}`: {1}")]
     Amount(String, AmountError),
 }
 

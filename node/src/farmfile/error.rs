@@ -125,11 +125,11 @@ pub enum Problem {
     },
     #[error("the command is empty; give at least the program to run")]
     EmptyCommand,
-    #[error("`{name}` is not a valid {what} name (use letters, digits, `_`, `.` and `-`, and not only dots)")]
+    #[error("`{name}` is not a valid {what} name, expected letters, digits, `_`, `.` and `-` (not only dots)")]
     BadName { name: String, what: &'static str },
-    #[error("the farm name `{name}`, taken from the file name, is not valid (use letters, digits, `_`, `.` and `-`), so set one with `[farm] name = \"...\"`")]
+    #[error("`{name}` (the file's name) is not a valid farm name, expected letters, digits, `_`, `.` and `-`; set one with `[farm] name = \"...\"`")]
     BadFileStem { name: String },
-    #[error("`{name}` is not a valid sweep variable name (a letter or `_`, then letters, digits or `_`)")]
+    #[error("`{name}` is not a valid sweep variable name, expected a letter or `_`, then letters, digits or `_`")]
     BadVarName { name: String },
     #[error("`{name}` is a built-in placeholder (index, stage, farm, out); choose another name for the sweep variable")]
     BuiltinVar { name: String },
@@ -137,7 +137,7 @@ pub enum Problem {
     DuplicateStage { name: String, first_line: usize },
     #[error("no stages: add at least one `[[stage]]` table with a name and a command")]
     NoStages,
-    #[error("bad range `{text}`: {problem}")]
+    #[error("`{text}` is not a valid range: {problem}")]
     Range { text: String, problem: RangeProblem },
     #[error("expected exactly one of `lines`, `list` or `range`")]
     NoSweepSource,
@@ -199,28 +199,24 @@ pub enum Problem {
     },
     #[error("dependency cycle: {path} (`a -> b` means a waits for b)")]
     Cycle { path: String },
-    #[error("`{text}` is not a duration (write e.g. \"90s\", \"10m\", \"1h 30m\", or a number of seconds): {source}")]
-    Timeout {
+    #[error("`{text}` is not a valid duration, expected e.g. \"90s\", \"10m\", \"1h 30m\" or a number of seconds such as \"90\" or 90 ({source})")]
+    Duration {
         text: String,
         #[source]
         source: humantime::DurationError,
     },
     #[error("the duration must be greater than zero")]
-    ZeroTimeout,
+    ZeroDuration,
     #[error("the list is empty; at least one exit code must count as success")]
     NoSuccessCodes,
-    #[error(
-        "`{name}` is not a resource name (letters, digits, `_` and `-`, starting with a letter)"
-    )]
+    #[error("`{name}` is not a valid resource name, expected a letter, then letters, digits, `_` and `-`")]
     ResourceName { name: String },
-    #[error("resource `{name}`: {source}")]
-    Amount {
-        name: String,
-        #[source]
-        source: AmountError,
-    },
-    #[error("`{name}` is not an environment variable name (a letter or `_`, then letters, digits or `_`)")]
+    #[error("{0}")]
+    Amount(#[source] AmountError),
+    #[error("`{name}` is not a valid environment variable name, expected a letter or `_`, then letters, digits or `_`")]
     EnvName { name: String },
+    #[error("`{value}` has no unit, so it would be {value} bytes; expected a size with its unit, e.g. \"{value}MiB\" or \"4G\" (\"{value}B\" if bytes are meant)")]
+    MemWithoutUnit { value: String },
     #[error("`{name}` is reserved: mesh sets the MESH_* variables itself")]
     EnvReserved { name: String },
 }
@@ -230,7 +226,7 @@ pub enum Problem {
 pub enum RangeProblem {
     #[error("expected `start..end` or `start..end:step`, e.g. `1..100`, `0..100:10`, `-5..5` or `0.0..1.0:0.25`")]
     Malformed,
-    #[error("empty range: the end is below the start")]
+    #[error("the end is below the start (an empty range)")]
     Empty,
     #[error("the step must be greater than zero")]
     BadStep,

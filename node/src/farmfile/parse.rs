@@ -3,7 +3,7 @@
 use std::sync::LazyLock;
 
 use mesh_protocol::farm::SweepMode;
-use mesh_protocol::resources::{parse_amount, valid_resource_name, Amount};
+use mesh_protocol::resources::{parse_amount, valid_resource_name, Amount, MEM};
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
@@ -381,32 +381,44 @@ impl Scope<'_> {
                 },
                 other => return Err(self.fail(vpos, &field, wrong_type(other, EXPECTED))),
             };
-            let amount = parse_amount(name, &text).map_err(|source| {
-                self.fail(
+            // `mem = 256` is 256 bytes, which no task means: the author
+            // thought in MiB or GiB. Zero stays allowed, as it drops a
+            // default whatever the unit.
+            if name == MEM && is_bare_number(&text) && text.trim().parse::<f64>() != Ok(0.0) {
+                return Err(self.fail(
                     vpos,
                     &field,
-                    Problem::Amount {
-                        name: name.to_string(),
-                        source,
+                    Problem::MemWithoutUnit {
+                        value: text.trim().to_string(),
                     },
-                )
-            })?;
+                ));
+            }
+            let amount = parse_amount(name, &text)
+                .map_err(|e| self.fail(vpos, &field, Problem::Amount(e)))?;
             out.push((self.at(name.to_string(), kpos), self.at(amount, vpos)));
         }
         Ok(out)
     }
 
-    /// A positive duration: `"10m"` or a number of seconds.
+    /// A positive duration: `"10m"`, or a number of seconds (`90` or `"90"`).
     fn duration(&self, v: &Spanned<DeValue<'_>>, field: &str) -> Result<At<u64>> {
         const EXPECTED: &str = "a duration such as \"10m\", or a number of seconds";
         let pos = v.span().start;
         let ms = match v.get_ref() {
+            // Digits alone are seconds, as the integer is: `"5"` and `5`
+            // mean the same, as the message for a bad duration promises.
+            DeValue::String(s)
+                if !s.trim().is_empty() && s.trim().bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                let secs = s.trim().parse::<u64>().unwrap_or(u64::MAX);
+                secs.saturating_mul(1000)
+            }
             DeValue::String(s) => {
                 let d = humantime::parse_duration(s).map_err(|source| {
                     self.fail(
                         pos,
                         field,
-                        Problem::Timeout {
+                        Problem::Duration {
                             text: s.to_string(),
                             source,
                         },
@@ -417,14 +429,20 @@ impl Scope<'_> {
             DeValue::Integer(_) => {
                 let secs = self.integer(v, field, EXPECTED)?;
                 let secs = u64::try_from(secs.v)
-                    .map_err(|_| self.fail(pos, field, Problem::ZeroTimeout))?;
+                    .map_err(|_| self.fail(pos, field, Problem::ZeroDuration))?;
                 secs.saturating_mul(1000)
             }
             other => return Err(self.fail(pos, field, wrong_type(other, EXPECTED))),
         };
         if ms == 0 {
-            return Err(self.fail(pos, field, Problem::ZeroTimeout));
+            return Err(self.fail(pos, field, Problem::ZeroDuration));
         }
         Ok(self.at(ms, pos))
     }
+}
+
+/// Digits and dots alone: a number written without a unit.
+fn is_bare_number(text: &str) -> bool {
+    let t = text.trim();
+    t.bytes().any(|b| b.is_ascii_digit()) && t.bytes().all(|b| b.is_ascii_digit() || b == b'.')
 }

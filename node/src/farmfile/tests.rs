@@ -576,3 +576,95 @@ fn every_example_loads() {
         }
     }
 }
+
+#[test]
+fn a_string_of_digits_is_a_number_of_seconds_in_every_duration_field() {
+    let (_dir, def) = good(
+        r#"
+[defaults]
+expected = " 30 "
+
+[[stage]]
+name = "s"
+command = ["true"]
+timeout = "5"
+"#,
+        &[],
+    );
+    assert_eq!(def.stages[0].timeout_ms, Some(5_000), "as `timeout = 5`");
+    assert_eq!(def.stages[0].expected_ms, Some(30_000));
+    let err = bad(
+        "[[stage]]\nname = \"s\"\ncommand = [\"true\"]\ntimeout = \"0\"\n",
+        &[],
+    );
+    assert!(err.to_string().contains("greater than zero"), "{err}");
+    // What is refused is said with the forms that are accepted, digits included.
+    let err = bad(
+        "[[stage]]\nname = \"s\"\ncommand = [\"true\"]\nexpected = \"5 parsecs\"\n",
+        &[],
+    );
+    assert_eq!(err.field(), Some("stage.expected"));
+    assert!(
+        err.to_string()
+            .contains("a number of seconds such as \"90\" or 90"),
+        "{err}"
+    );
+}
+
+#[test]
+fn mem_needs_a_unit_except_zero_which_drops_a_default() {
+    for value in ["256", "\"256\"", "0.5", "\"1.5\""] {
+        let farm = format!(
+            "[[stage]]\nname = \"s\"\ncommand = [\"true\"]\nresources = {{ mem = {value} }}\n"
+        );
+        let err = bad(&farm, &[]);
+        assert_eq!((err.line(), err.column()), (Some(4), Some(21)), "{err}");
+        assert_eq!(err.field(), Some("stage.resources.mem"));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("has no unit") && msg.contains("\"4G\""),
+            "{msg}"
+        );
+    }
+    let (_dir, def) = good(
+        r#"
+[defaults]
+resources = { mem = "256MiB" }
+
+[[stage]]
+name = "bytes"
+command = ["true"]
+resources = { mem = "300B" }
+
+[[stage]]
+name = "none"
+command = ["true"]
+resources = { mem = 0 }
+"#,
+        &[],
+    );
+    assert_eq!(def.stages[0].resources.to_string(), "cpu=1,mem=300B");
+    assert_eq!(def.stages[1].resources.to_string(), "cpu=1");
+    // Other resources are counts, and take bare numbers.
+    good(
+        "[[stage]]\nname = \"s\"\ncommand = [\"true\"]\nresources = { cpu = 2, token = \"3\" }\n",
+        &[],
+    );
+}
+
+#[test]
+fn literal_braces_reach_the_shell_line() {
+    let (_dir, def) = good(
+        r#"
+[[stage]]
+name = "s"
+sweep.f = { list = ["a.txt"] }
+shell = "awk '{{print $1}}' {f}; echo ${{HOME}}"
+"#,
+        &[],
+    );
+    assert_eq!(
+        def.expand(TaskRef::new(0, 0)).command,
+        Command::Shell("awk '{print $1}' a.txt; echo ${HOME}".into())
+    );
+}
