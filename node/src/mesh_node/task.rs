@@ -176,6 +176,7 @@ impl Node {
                 key: None,
                 duration_ms: 0,
                 logs: 0,
+                stderr_line: None,
             },
             Vec::new(),
         );

@@ -811,7 +811,7 @@ fn a_remote_engine_stops_a_stage_too() {
     );
     let mut claimed = 0;
     loop {
-        let batch = e.claim(0, 3, &mut |_| true);
+        let batch = e.claim(0, 3, &mut |_, _| true);
         if batch.is_empty() {
             break;
         }
