@@ -140,6 +140,16 @@ impl Engine {
             .as_ref()
     }
 
+    /// The farm's stopped stages, with why.
+    pub fn stage_stops(&self, farm: FarmSlot) -> Vec<(u32, Stop)> {
+        let f = &self.farms[farm.0 as usize];
+        f.stages
+            .iter()
+            .enumerate()
+            .filter_map(|(s, st)| Some((s as u32, st.stopped.clone()?)))
+            .collect()
+    }
+
     /// True while a stage may still stop: its ended attempts so far all
     /// failed the same way, and `max_fails` applies. A driver holds back
     /// its failures' messages meanwhile, to say one stop instead.
