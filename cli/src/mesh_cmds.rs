@@ -540,9 +540,12 @@ fn print_farm(v: &FarmView) {
     for u in &v.unplaceable {
         eprintln!("  unplaceable: {u}");
     }
+    for s in &v.stopped {
+        eprintln!("  {s}");
+    }
     if c.stopped > 0 {
         eprintln!(
-            "  {} stopped: their stage's first tasks all failed the same way (see max_fails in docs/farm-file.md); submit the farm again once the cause is fixed",
+            "  {} tasks stopped with their stage: submit the farm again once the cause is fixed",
             c.stopped
         );
     }

@@ -33,6 +33,10 @@ pub struct FarmView {
     /// The first failures, as `task (attempt N on node): reason`.
     pub failures: Vec<String>,
     pub unplaceable: Vec<String>,
+    /// Stages stopped because their first tasks all failed the same way,
+    /// as `stage ... stopped after ...` lines.
+    #[serde(default)]
+    pub stopped: Vec<String>,
     /// The node that is the farm's home (its outputs go there).
     #[serde(default)]
     pub home: String,
@@ -116,6 +120,11 @@ impl FarmView {
                         f.task, f.attempt, s.host, f.reason
                     )
                 })
+                .collect(),
+            stopped: s
+                .stages
+                .iter()
+                .filter_map(|st| st.stopped.clone())
                 .collect(),
             home: s.host.clone(),
             ..FarmView::default()

@@ -198,13 +198,15 @@ fn run_to_stop(s: &Sandbox) {
             && why.ends_with("(set max_fails to change this)"),
         "{why}"
     );
-    // Said once, and no task's failure besides.
-    let said: Vec<&str> = r
+    // Warned of before it ran; then said once, and no task's failure besides.
+    let (warned, said): (Vec<&str>, Vec<&str>) = r
         .stderr
         .lines()
         .filter(|l| l.contains("wrapper.sh"))
-        .collect();
+        .partition(|l| l.starts_with("warning: "));
     assert_eq!(said, [why], "{}", r.stderr);
+    assert_eq!(warned.len(), 1, "{}", r.stderr);
+    assert!(warned[0].ends_with("run as `./wrapper.sh`"), "{}", r.stderr);
     assert!(!r.stderr.contains("task solve/"), "{}", r.stderr);
 }
 
@@ -254,6 +256,7 @@ fn a_stage_that_cannot_start_stops_with_one_line_and_runs_whole_once_fixed() {
     );
     let r = s.mesh(&["run", "farm.toml", "--json"]);
     r.expect_code(0);
+    assert!(!r.stderr.contains("warning:"), "{}", r.stderr);
     assert_eq!(r.json()["counts"]["done"], 21);
     assert_eq!(s.read("count.txt").trim(), "20");
 }

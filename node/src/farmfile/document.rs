@@ -154,6 +154,7 @@ impl Src<'_> {
         let mut stages = Vec::with_capacity(raw.len());
         let mut deps = Vec::with_capacity(raw.len());
         let mut outputs_at = Vec::with_capacity(raw.len());
+        let mut command_at = Vec::with_capacity(raw.len());
         for (label, header, fields) in raw {
             outputs_at.push(
                 fields
@@ -162,6 +163,7 @@ impl Src<'_> {
                     .and_then(|o| o.first())
                     .map(|o| (o.pos, o.dflt)),
             );
+            command_at.push(fields.command.as_ref().map(|c| (c.pos, c.dflt)));
             let scope = self.scope(Ctx::Stage(label), false);
             let (stage, dep) = scope.stage(fields, header)?;
             stages.push(stage);
@@ -170,7 +172,8 @@ impl Src<'_> {
 
         // Pass 3: dependencies, which need every stage's name and task count.
         self.resolve_deps(&mut stages, &deps)?;
-        let warnings = self.shared_outputs(&stages, &outputs_at);
+        let mut warnings = self.shared_outputs(&stages, &outputs_at);
+        warnings.extend(self.missing_programs(&stages, &command_at));
         Ok(Loaded {
             name,
             stages,

@@ -50,6 +50,108 @@ fn warnings(farm: &str) -> Vec<FarmWarning> {
     }
 }
 
+/// The warnings of `farm.toml` in a folder that also holds `files`
+/// (names ending in `.sh` are made executable).
+fn warnings_in(farm: &str, files: &[(&str, &str)]) -> Vec<FarmWarning> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (name, text) in files {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        if name.ends_with(".sh") {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+    }
+    let path = dir.path().join("farm.toml");
+    std::fs::write(&path, farm).expect("write farm");
+    match load_with_warnings(&path, &opts("/tmp/mesh-test-out")) {
+        Ok((_, w)) => w,
+        Err(e) => panic!("farm should load, got: {e}"),
+    }
+}
+
+#[test]
+fn a_program_that_is_not_on_path_is_warned_of_with_the_fix() {
+    const SCRIPT: (&str, &str) = ("wrapper.sh", "#!/bin/sh\n");
+    let farm = |command: &str, rest: &str| {
+        format!(
+            "[farm]\nname = \"f\"\n[[stage]]\nname = \"solve\"\ncommand = {command}\nsweep.i = {{ range = \"1..20\" }}\n{rest}"
+        )
+    };
+    // The issue's farm: the script is in the farm's folder, without `./`.
+    let w = warnings_in(&farm(r#"["wrapper.sh", "{i}"]"#, ""), &[SCRIPT]);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!((w[0].line, w[0].field.as_str()), (5, "stage.command"));
+    assert_eq!(
+        w[0].message,
+        "stage `solve` runs `wrapper.sh`, which is not on PATH: the one in the farm's folder is run as `./wrapper.sh`"
+    );
+    // Tasks in folders of their own reach it only as an input.
+    let w = warnings_in(
+        &farm(r#"["wrapper.sh"]"#, "workdir = \"runs/{index}\"\n"),
+        &[SCRIPT],
+    );
+    assert!(
+        w[0].message
+            .contains("list it in `inputs` and write `./wrapper.sh`"),
+        "{w:?}"
+    );
+    // Nowhere at all.
+    let w = warnings_in(&farm(r#"["no-such-program-here"]"#, ""), &[]);
+    assert!(
+        w[0].message
+            .ends_with("which is not on PATH, so its tasks will not start"),
+        "{w:?}"
+    );
+    // A relative path that is not where the tasks run, or not executable.
+    let w = warnings_in(&farm(r#"["./solver"]"#, ""), &[]);
+    assert!(
+        w[0].message
+            .contains("neither in the folder its tasks run in nor one of their inputs"),
+        "{w:?}"
+    );
+    let w = warnings_in(&farm(r#"["./run.py"]"#, ""), &[("run.py", "print(1)\n")]);
+    assert!(
+        w[0].message.contains("`./run.py`, which is not executable"),
+        "{w:?}"
+    );
+    // From [defaults], the line and field are there.
+    let w = warnings_in(
+        "[defaults]\ncommand = [\"wrapper.sh\"]\n[[stage]]\nname = \"solve\"\n",
+        &[SCRIPT],
+    );
+    assert_eq!(
+        (w[0].line, w[0].field.as_str()),
+        (2, "defaults.command"),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn programs_tasks_can_start_are_not_warned_of() {
+    const SCRIPT: (&str, &str) = ("wrapper.sh", "#!/bin/sh\n");
+    for stage in [
+        // On PATH, and in the farm's folder with `./`.
+        "command = [\"true\"]",
+        "command = [\"./wrapper.sh\"]",
+        // Staged as an input into each task's folder.
+        "command = [\"./wrapper.sh\", \"{i}\"]\nworkdir = \"runs/{index}\"\ninputs = [\"wrapper.sh\"]",
+        // What a shell line runs, a program named by a placeholder, a
+        // PATH of the stage's own, and a program an earlier stage may make.
+        "shell = \"wrapper.sh {i}\"",
+        "command = [\"{i}\"]",
+        "command = [\"wrapper.sh\"]\nenv = { PATH = \"/opt/tools/bin\" }",
+        "command = [\"./made-by-build\"]\nafter = [\"build\"]",
+        "command = [\"./made-by-build\"]\nworkdir = \"runs/{index}\"",
+    ] {
+        let farm = format!(
+            "[[stage]]\nname = \"build\"\nshell = \"true\"\n[[stage]]\nname = \"solve\"\nsweep.i = {{ range = \"1..3\" }}\n{stage}\n"
+        );
+        let w = warnings_in(&farm, &[SCRIPT]);
+        assert!(w.is_empty(), "{stage}: {w:?}");
+    }
+}
+
 #[test]
 fn outputs_from_a_folder_tasks_share_are_warned_of() {
     // The new user's farm: 30 tasks writing o.txt where they all run.

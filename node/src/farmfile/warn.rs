@@ -1,6 +1,9 @@
-//! Warnings: what in a farm file is valid but likely a mistake, such as outputs collected from a folder that tasks running at once share.
+//! Warnings: what in a farm file is valid but likely a mistake, such as outputs collected from a folder that tasks running at once share, or a program that is nowhere to be found.
 
-use mesh_protocol::farm::{Part, StageDef, Var};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use mesh_protocol::farm::{CommandTemplate, Part, StageDef, Var};
 
 use super::Src;
 
@@ -113,6 +116,110 @@ impl Src<'_> {
         }
         out
     }
+}
+
+impl Src<'_> {
+    /// Stages whose `command` names a program their tasks cannot start:
+    /// a bare name that is not on PATH (a script in the farm's folder
+    /// needs `./`), or a relative path that is neither in the folder the
+    /// tasks run in nor one of their inputs, or not executable. Every
+    /// task fails alike then, and `max_fails` stops the stage; this says
+    /// so before anything runs. Only a `command` whose program has no
+    /// placeholder; a `shell` line is the shell's to resolve.
+    pub(super) fn missing_programs(
+        &self,
+        stages: &[StageDef],
+        command_at: &[Option<(usize, bool)>],
+    ) -> Vec<FarmWarning> {
+        let mut out = Vec::new();
+        for (s, at) in stages.iter().zip(command_at) {
+            let (CommandTemplate::Argv(argv), Some((pos, dflt))) = (&s.command, at) else {
+                continue;
+            };
+            let Some(program) = argv.first().filter(|p| p.is_static()) else {
+                continue;
+            };
+            // The stage's own PATH is for its tasks, not for this machine.
+            if s.env.iter().any(|(k, _)| k == "PATH") {
+                continue;
+            }
+            let Some(message) = self.program_problem(s, &program.literal_text()) else {
+                continue;
+            };
+            out.push(FarmWarning {
+                file: self.file.to_string(),
+                line: self.line_col(*pos).0,
+                field: if *dflt {
+                    "defaults.command".into()
+                } else {
+                    "stage.command".into()
+                },
+                message: format!("stage `{}` runs {message}", s.name),
+            });
+        }
+        out
+    }
+
+    /// What keeps the tasks of `s` from starting `program`, if anything.
+    fn program_problem(&self, s: &StageDef, program: &str) -> Option<String> {
+        let relative = program.trim_start_matches("./");
+        let input = s
+            .inputs
+            .iter()
+            .any(|i| i.is_static() && i.literal_text().trim_start_matches("./") == relative);
+        let in_farm = self.root.join(relative);
+        if !program.contains('/') {
+            if which::which(program).is_ok() {
+                return None;
+            }
+            let here = in_farm.is_file() && (s.workdir.is_none() || input);
+            let fix = if here {
+                format!(": the one in the farm's folder is run as `./{program}`")
+            } else if in_farm.is_file() {
+                format!(
+                    ": to run the one in the farm's folder, list it in `inputs` and write `./{program}`"
+                )
+            } else {
+                ", so its tasks will not start".to_string()
+            };
+            return Some(format!("`{program}`, which is not on PATH{fix}"));
+        }
+        if Path::new(program).is_absolute() {
+            // Another machine may have it where this one does not.
+            return None;
+        }
+        // Where the tasks run, when the file can tell: the farm's folder
+        // or one folder for all. A stage after others may run what they
+        // made.
+        let folder = match &s.workdir {
+            None => Some(self.root.to_path_buf()),
+            Some(w) if w.is_static() => Some(self.root.join(w.literal_text())),
+            Some(_) => None,
+        };
+        let found = if input {
+            Some(in_farm)
+        } else {
+            folder
+                .as_ref()
+                .map(|f| f.join(relative))
+                .filter(|p| p.is_file())
+        };
+        let made_before = !s.after.is_empty() || !s.after_each.is_empty();
+        match found {
+            Some(p) if !executable(&p) => Some(format!(
+                "`{program}`, which is not executable, so its tasks will not start (`chmod +x {relative}`, or run it with `sh`)"
+            )),
+            Some(_) => None,
+            None if folder.is_none() || made_before => None,
+            None => Some(format!(
+                "`{program}`, which is neither in the folder its tasks run in nor one of their inputs, so its tasks will not start"
+            )),
+        }
+    }
+}
+
+fn executable(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o111 != 0)
 }
 
 /// A placeholder that differs from task to task of a stage.

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use mesh_protocol::engine::Stop;
 use mesh_protocol::farm::FarmDef;
 use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId};
 use mesh_protocol::wire::{FarmSummary, FoundFarm};
@@ -10,7 +11,7 @@ use tokio::sync::mpsc;
 
 use super::{farm_display_id, Node};
 use crate::control::ControlResponse;
-use crate::task_words::describe_end;
+use crate::task_words::{describe_end, describe_stop};
 use crate::view::{DataView, FarmView};
 
 /// Failures kept per farm for `mesh wait` and `status`.
@@ -60,6 +61,7 @@ impl Origin {
                     .collect(),
                 failures: Vec::new(),
                 unplaceable: Vec::new(),
+                stopped: Vec::new(),
                 home: String::new(),
                 duplicates: 0,
                 data: DataView::default(),
@@ -95,6 +97,7 @@ impl Node {
         let failed: Vec<Entry> = r.log.failures().take(FAILURES_SHOWN).cloned().collect();
         let failures = self.describe_failures(&r.spec, &failed);
         let unplaceable = describe_unplaceable(&r.spec.def, &p.unplaceable);
+        let stopped = describe_stops(&r.spec.def, &p.stopped);
         let home = self.label_of(r.home_of.node);
         let out = r.out_dir().to_string();
         let (home_bytes, coming) = self.transfers.home_bytes(farm);
@@ -136,6 +139,7 @@ impl Node {
         o.view.finished = p.finished;
         o.view.duplicates = p.duplicates;
         o.view.unplaceable = unplaceable;
+        o.view.stopped = stopped;
         o.view.failures = failures;
         if ended {
             // Written down before anyone waiting hears of the end: a
@@ -161,6 +165,7 @@ impl Node {
         v.finished = f.progress.finished;
         v.duplicates = f.progress.duplicates;
         v.unplaceable = describe_unplaceable(&f.spec.def, &f.progress.unplaceable);
+        v.stopped = describe_stops(&f.spec.def, &f.progress.stopped);
         v.failures = self.describe_failures(&f.spec, &f.failures);
         v.home = self.label_of(f.home.node);
         if let Some(r) = self.peer.replica(f.spec.id).filter(|r| r.home) {
@@ -200,6 +205,20 @@ fn describe_unplaceable(def: &FarmDef, stages: &[(u32, String)]) -> Vec<String> 
                 .get(*s as usize)
                 .map_or("?", |st| st.name.as_str());
             format!("stage {name} fits no node of the mesh: {reason}")
+        })
+        .collect()
+}
+
+/// Stages stopped by `max_fails`, as users read them.
+fn describe_stops(def: &FarmDef, stops: &[(u32, Stop)]) -> Vec<String> {
+    stops
+        .iter()
+        .map(|(s, stop)| {
+            let name = def
+                .stages
+                .get(*s as usize)
+                .map_or("?", |st| st.name.as_str());
+            describe_stop(name, stop)
         })
         .collect()
 }

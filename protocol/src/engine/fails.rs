@@ -140,9 +140,20 @@ impl Engine {
             .as_ref()
     }
 
+    /// The farm's stopped stages, with why.
+    pub fn stage_stops(&self, farm: FarmSlot) -> Vec<(u32, Stop)> {
+        let f = &self.farms[farm.0 as usize];
+        f.stages
+            .iter()
+            .enumerate()
+            .filter_map(|(s, st)| Some((s as u32, st.stopped.clone()?)))
+            .collect()
+    }
+
     /// True while a stage may still stop: its ended attempts so far all
-    /// failed the same way, and `max_fails` applies. A driver holds back
-    /// its failures' messages meanwhile, to say one stop instead.
+    /// failed the same way, `max_fails` applies, and its tasks and retries
+    /// make that many attempts. A driver holds back its failures'
+    /// messages meanwhile, to say one stop instead.
     pub fn stage_may_stop(&self, farm: FarmSlot, stage: u32) -> bool {
         let f = &self.farms[farm.0 as usize];
         let (Some(st), Some(def)) = (
@@ -151,7 +162,11 @@ impl Engine {
         ) else {
             return false;
         };
-        def.max_fails > 0 && st.stopped.is_none() && st.streak.open()
+        let attempts = u64::from(def.len()) * (1 + u64::from(def.retries));
+        def.max_fails > 0
+            && attempts >= u64::from(def.max_fails)
+            && st.stopped.is_none()
+            && st.streak.open()
     }
 
     /// A task of the stage succeeded: it is never stopped in this run, and

@@ -741,10 +741,18 @@ fn max_fails_is_set_per_stage_and_zero_turns_it_off() {
 fn a_stage_with_nothing_left_to_start_is_not_stopped() {
     let mut e = Engine::new(parse_resources("cpu=8").unwrap());
     let slot = e.add_farm(0, farm(vec![stage("a", 6)]), vec![], &AddOptions::default());
+    assert!(e.stage_may_stop(slot, 0));
     let (ran, other) = run_all(&mut e, |t, _| cannot_start(t.index));
     assert_eq!(ran.len(), 6);
     assert!(stops(&other).is_empty());
     assert_eq!(e.progress(slot).failed, 6);
+    // One whose tasks and retries make fewer attempts than max_fails
+    // never stops: a driver need not hold its failures back.
+    let mut small = stage("small", 2);
+    small.retries = 1;
+    let mut e = Engine::new(parse_resources("cpu=8").unwrap());
+    let slot = e.add_farm(0, farm(vec![small]), vec![], &AddOptions::default());
+    assert!(!e.stage_may_stop(slot, 0));
 }
 
 #[test]

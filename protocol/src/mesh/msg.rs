@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::allocs::{AllocBook, AllocCmd};
-use crate::engine::{Counts, Order, TaskEnd, TaskResult, Verdict};
+use crate::engine::{Counts, Order, Stop, TaskEnd, TaskResult, Verdict};
 use crate::farm::{FarmDef, TaskRef};
 use crate::resources::Resources;
 
@@ -426,6 +426,9 @@ pub struct FarmProgress {
     pub duplicates: u64,
     /// Stages that fit no node of the mesh (their tasks are failed), and why.
     pub unplaceable: Vec<(u32, String)>,
+    /// Stages stopped because their first tasks all failed the same way
+    /// (`max_fails`), and why.
+    pub stopped: Vec<(u32, Stop)>,
 }
 
 /// A coordinator that wrote a farm's log, the order it hands each stage's
@@ -460,9 +463,11 @@ pub struct SyncMsg {
     pub stages: Vec<Counts>,
     /// Every task of the farm is over.
     pub finished: bool,
-    /// See [`FarmProgress::duplicates`] and [`FarmProgress::unplaceable`].
+    /// See [`FarmProgress::duplicates`], [`FarmProgress::unplaceable`]
+    /// and [`FarmProgress::stopped`].
     pub duplicates: u64,
     pub unplaceable: Vec<(u32, String)>,
+    pub stopped: Vec<(u32, Stop)>,
     /// The order the coordinator hands each stage's tasks out in, and the
     /// other live nodes it has keep a copy: a holder says both when it
     /// offers its copy (see [`Writer`]).

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::msg::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId, TaskRun};
-use crate::engine::{Counts, Millis, Order, RecordState, TaskEnd, TaskRecord};
+use crate::engine::{Counts, Millis, Order, RecordState, Stop, TaskEnd, TaskRecord};
 use crate::farm::{FarmDef, TaskRef};
 
 /// Entries in the order they were added, with each task's latest one indexed.
@@ -321,6 +321,8 @@ pub struct Replica {
     pub duplicates: u64,
     /// Stages that fit no node, and why, as the coordinator says.
     pub unplaceable: Vec<(u32, String)>,
+    /// Stages stopped (`max_fails`), and why, as the coordinator says.
+    pub stopped: Vec<(u32, Stop)>,
     /// On the home: tasks whose outputs are here.
     pub collected: FxHashSet<TaskRef>,
     /// On the home: done tasks whose outputs are not here yet, and the order
@@ -384,6 +386,7 @@ impl Replica {
             over: false,
             duplicates: 0,
             unplaceable: Vec::new(),
+            stopped: Vec::new(),
             collected: FxHashSet::default(),
             missing: FxHashMap::default(),
             missing_on: FxHashMap::default(),
@@ -541,6 +544,7 @@ impl Replica {
             finished: self.finished(),
             duplicates: self.duplicates,
             unplaceable: self.unplaceable.clone(),
+            stopped: self.stopped.clone(),
         }
     }
 }

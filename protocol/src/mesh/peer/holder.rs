@@ -310,6 +310,7 @@ impl Holdings {
                 }
             }
             r.unplaceable = m.unplaceable;
+            r.stopped = m.stopped;
             r.order = m.order;
             r.holders = m.holders;
             r.counts = m.counts;

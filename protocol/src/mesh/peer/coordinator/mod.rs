@@ -413,6 +413,7 @@ impl Coord {
                 .filter(|(s, _)| self.engine.unplaceable(f.slot, *s))
                 .cloned()
                 .collect(),
+            stopped: self.engine.stage_stops(f.slot),
             finished: counts.finished(),
             counts,
             stages: self.engine.stage_progress(f.slot),

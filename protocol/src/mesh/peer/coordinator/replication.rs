@@ -105,6 +105,7 @@ struct SyncHead {
     home: Home,
     duplicates: u64,
     unplaceable: Vec<(u32, String)>,
+    stopped: Vec<(u32, engine::Stop)>,
     counts: engine::Counts,
     stages: Vec<engine::Counts>,
     order: Vec<Order>,
@@ -127,6 +128,7 @@ impl SyncHead {
             stages: self.stages.clone(),
             duplicates: self.duplicates,
             unplaceable: self.unplaceable.clone(),
+            stopped: self.stopped.clone(),
             order: self.order.clone(),
             holders: self.holders.clone(),
         }
@@ -542,6 +544,7 @@ impl Coord {
                         home: f.home,
                         duplicates: f.duplicates,
                         unplaceable,
+                        stopped: self.engine.stage_stops(f.slot),
                         counts: counts.clone(),
                         stages: self.engine.stage_progress(f.slot),
                         order: f.order.clone(),
