@@ -12,6 +12,7 @@ use mesh_protocol::resources::{format_bytes, parse_amount, MEM};
 
 use crate::args;
 use crate::mesh_cmds::ask;
+use crate::out::{out, outln};
 
 #[derive(Subcommand)]
 pub enum AllocArgs {
@@ -117,7 +118,7 @@ pub fn alloc(to: &Target, args: AllocArgs) -> Result<ExitCode> {
         AllocArgs::List { json } => {
             let book = book(to)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&book)?);
+                outln!("{}", serde_json::to_string_pretty(&book)?);
             } else {
                 list(&book);
             }
@@ -131,7 +132,7 @@ pub fn alloc(to: &Target, args: AllocArgs) -> Result<ExitCode> {
             let jobs: Vec<_> = book.jobs.iter().filter(|j| j.job.queue == queue).collect();
             if json {
                 let v = serde_json::json!({ "queue": q, "jobs": jobs });
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 info(q, &jobs);
             }
@@ -155,10 +156,10 @@ pub fn alloc(to: &Target, args: AllocArgs) -> Result<ExitCode> {
                 .collect();
             let events = &events[events.len().saturating_sub(last)..];
             if json {
-                println!("{}", serde_json::to_string_pretty(events)?);
+                outln!("{}", serde_json::to_string_pretty(events)?);
             } else {
                 for e in events {
-                    println!("{}", event_line(e));
+                    outln!("{}", event_line(e));
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -239,7 +240,7 @@ fn add(to: &Target, a: AddArgs) -> Result<ExitCode> {
     if a.dry_run {
         let mut c = ask(to, &ControlRequest::AllocScript(def))?;
         match c.recv() {
-            Some(Ok(ControlResponse::Script(s))) => print!("{s}"),
+            Some(Ok(ControlResponse::Script(s))) => out!("{s}"),
             other => bail!("unexpected answer from the node: {other:?}"),
         }
         return Ok(ExitCode::SUCCESS);
@@ -247,7 +248,7 @@ fn add(to: &Target, a: AddArgs) -> Result<ExitCode> {
     let name = def.name.clone();
     let book = send(to, AllocCmd::Add(def))?;
     if let Some(q) = book.queue(&name) {
-        println!("added allocation queue `{name}`: {}", shape(&q.def));
+        outln!("added allocation queue `{name}`: {}", shape(&q.def));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -260,7 +261,7 @@ fn change(to: &Target, cmd: AllocCmd) -> Result<ExitCode> {
         AllocCmd::Add(d) => format!("added `{}`", d.name),
     };
     send(to, cmd)?;
-    println!("{what}");
+    outln!("{what}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -320,12 +321,19 @@ fn shape(d: &QueueDef) -> String {
 
 fn list(book: &AllocBook) {
     if book.queues.is_empty() {
-        println!("no allocation queues (add one with `mesh alloc add slurm --time 1h --cores 8`)");
+        outln!("no allocation queues (add one with `mesh alloc add slurm --time 1h --cores 8`)");
         return;
     }
-    println!(
+    outln!(
         "{:<14} {:<6} {:>9} {:>6} {:>5} {:>8} {:>7} {:>8}  STATE",
-        "QUEUE", "SYSTEM", "WALLTIME", "CORES", "GPUS", "MIN..MAX", "QUEUED", "RUNNING"
+        "QUEUE",
+        "SYSTEM",
+        "WALLTIME",
+        "CORES",
+        "GPUS",
+        "MIN..MAX",
+        "QUEUED",
+        "RUNNING"
     );
     for q in &book.queues {
         let d = &q.def;
@@ -334,7 +342,7 @@ fn list(book: &AllocBook) {
                 .filter(|j| j.job.queue == d.name && j.job.state == s)
                 .count()
         };
-        println!(
+        outln!(
             "{:<14} {:<6} {:>9} {:>6} {:>5} {:>8} {:>7} {:>8}  {}",
             d.name,
             match d.system {
@@ -356,27 +364,30 @@ fn list(book: &AllocBook) {
 
 fn info(q: &mesh_protocol::mesh::AllocQueue, jobs: &[&mesh_protocol::mesh::AllocJob]) {
     let d = &q.def;
-    println!("queue `{}`: {}", d.name, shape(d));
+    outln!("queue `{}`: {}", d.name, shape(d));
     match &q.paused {
-        Some(w) => println!("paused: {w} (`mesh alloc resume {}`)", d.name),
-        None => println!("active"),
+        Some(w) => outln!("paused: {w} (`mesh alloc resume {}`)", d.name),
+        None => outln!("active"),
     }
     for line in &d.directives {
-        println!("directive: {line}");
+        outln!("directive: {line}");
     }
     for line in &d.prologue {
-        println!("prologue: {line}");
+        outln!("prologue: {line}");
     }
     if jobs.is_empty() {
-        println!("no jobs yet");
+        outln!("no jobs yet");
         return;
     }
-    println!(
+    outln!(
         "{:<22} {:<8} {:<6} {:<20} ENDED",
-        "JOB", "STATE", "JOINED", "SUBMITTED"
+        "JOB",
+        "STATE",
+        "JOINED",
+        "SUBMITTED"
     );
     for j in jobs {
-        println!(
+        outln!(
             "{:<22} {:<8} {:<6} {:<20} {}",
             j.job.id,
             match j.job.state {
