@@ -5,7 +5,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use mesh_node::control::{ControlRequest, ControlResponse, Target};
+use mesh_node::batch;
+use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse, Target};
+use mesh_node::keys;
 use mesh_protocol::alloc::{BatchSystem, JobState, QueueDef};
 use mesh_protocol::mesh::{AllocBook, AllocCmd, AllocEvent};
 use mesh_protocol::resources::{format_bytes, parse_amount, MEM};
@@ -195,23 +197,25 @@ fn add(to: &Target, a: AddArgs) -> Result<ExitCode> {
                 .whole(),
         ),
     };
-    let book = book(to)?;
-    let name = match a.name {
-        Some(n) => {
-            if n.is_empty()
-                || !n
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
-                bail!("--name {n:?}: use letters, digits, `-` and `_`");
-            }
-            n
+    if let Some(n) = &a.name {
+        if n.is_empty()
+            || !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            bail!("--name {n:?}: use letters, digits, `-` and `_`");
         }
+    }
+    let base = match system {
+        BatchSystem::Slurm => "slurm",
+        BatchSystem::Pbs => "pbs",
+    };
+    let name = match a.name {
+        Some(n) => n,
+        // A dry run adds nothing, so no name it could take is taken.
+        None if a.dry_run => base.to_string(),
         None => {
-            let base = match system {
-                BatchSystem::Slurm => "slurm",
-                BatchSystem::Pbs => "pbs",
-            };
+            let book = book(to)?;
             (1..)
                 .map(|i| {
                     if i == 1 {
@@ -238,11 +242,7 @@ fn add(to: &Target, a: AddArgs) -> Result<ExitCode> {
         ..QueueDef::new(&name, system, a.time.as_secs(), a.cores)
     };
     if a.dry_run {
-        let mut c = ask(to, &ControlRequest::AllocScript(def))?;
-        match c.recv() {
-            Some(Ok(ControlResponse::Script(s))) => out!("{s}"),
-            other => bail!("unexpected answer from the node: {other:?}"),
-        }
+        out!("{}", dry_run(to, def)?);
         return Ok(ExitCode::SUCCESS);
     }
     let name = def.name.clone();
@@ -251,6 +251,38 @@ fn add(to: &Target, a: AddArgs) -> Result<ExitCode> {
         outln!("added allocation queue `{name}`: {}", shape(&q.def));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The script a job of `def` would run: as the node here (or at
+/// --mesh) writes it, or, with no node running here, built from the
+/// flags and the state folder, the mesh's address left as a placeholder.
+fn dry_run(to: &Target, def: QueueDef) -> Result<String> {
+    let state = match Client::request(to, &ControlRequest::AllocScript(def.clone())) {
+        Ok(mut c) => {
+            return match c.recv() {
+                Some(Ok(ControlResponse::Script(s))) => Ok(s),
+                other => bail!("unexpected answer from the node: {other:?}"),
+            }
+        }
+        Err(ControlError::NoNode(state)) => state,
+        Err(e) => return Err(e.into()),
+    };
+    // What the node here would use: the key in its state folder, and this binary.
+    let key = state.join(keys::PSK_FILE);
+    let tag = keys::load_psk(&key)
+        .map(|psk| keys::mesh_tag(&psk))
+        .unwrap_or_else(|_| batch::NO_NODE_TAG.into());
+    let launch = batch::Launch::new(
+        std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "mesh".into()),
+        batch::NO_NODE_JOIN.into(),
+        key.display().to_string(),
+        &state,
+        &def.name,
+        tag,
+    );
+    Ok(batch::script_without_node(&def, &launch))
 }
 
 fn change(to: &Target, cmd: AllocCmd) -> Result<ExitCode> {
