@@ -5,13 +5,16 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use mesh_node::control::{ControlRequest, ControlResponse, Target};
+use mesh_node::batch;
+use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse, Target};
+use mesh_node::keys;
 use mesh_protocol::alloc::{BatchSystem, JobState, QueueDef};
 use mesh_protocol::mesh::{AllocBook, AllocCmd, AllocEvent};
 use mesh_protocol::resources::{format_bytes, parse_amount, MEM};
 
 use crate::args;
 use crate::mesh_cmds::ask;
+use crate::out::{out, outln};
 
 #[derive(Subcommand)]
 pub enum AllocArgs {
@@ -117,7 +120,7 @@ pub fn alloc(to: &Target, args: AllocArgs) -> Result<ExitCode> {
         AllocArgs::List { json } => {
             let book = book(to)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&book)?);
+                outln!("{}", serde_json::to_string_pretty(&book)?);
             } else {
                 list(&book);
             }
@@ -131,7 +134,7 @@ pub fn alloc(to: &Target, args: AllocArgs) -> Result<ExitCode> {
             let jobs: Vec<_> = book.jobs.iter().filter(|j| j.job.queue == queue).collect();
             if json {
                 let v = serde_json::json!({ "queue": q, "jobs": jobs });
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 info(q, &jobs);
             }
@@ -155,10 +158,10 @@ pub fn alloc(to: &Target, args: AllocArgs) -> Result<ExitCode> {
                 .collect();
             let events = &events[events.len().saturating_sub(last)..];
             if json {
-                println!("{}", serde_json::to_string_pretty(events)?);
+                outln!("{}", serde_json::to_string_pretty(events)?);
             } else {
                 for e in events {
-                    println!("{}", event_line(e));
+                    outln!("{}", event_line(e));
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -194,23 +197,25 @@ fn add(to: &Target, a: AddArgs) -> Result<ExitCode> {
                 .whole(),
         ),
     };
-    let book = book(to)?;
-    let name = match a.name {
-        Some(n) => {
-            if n.is_empty()
-                || !n
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
-                bail!("--name {n:?}: use letters, digits, `-` and `_`");
-            }
-            n
+    if let Some(n) = &a.name {
+        if n.is_empty()
+            || !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            bail!("--name {n:?}: use letters, digits, `-` and `_`");
         }
+    }
+    let base = match system {
+        BatchSystem::Slurm => "slurm",
+        BatchSystem::Pbs => "pbs",
+    };
+    let name = match a.name {
+        Some(n) => n,
+        // A dry run adds nothing, so no name it could take is taken.
+        None if a.dry_run => base.to_string(),
         None => {
-            let base = match system {
-                BatchSystem::Slurm => "slurm",
-                BatchSystem::Pbs => "pbs",
-            };
+            let book = book(to)?;
             (1..)
                 .map(|i| {
                     if i == 1 {
@@ -237,19 +242,47 @@ fn add(to: &Target, a: AddArgs) -> Result<ExitCode> {
         ..QueueDef::new(&name, system, a.time.as_secs(), a.cores)
     };
     if a.dry_run {
-        let mut c = ask(to, &ControlRequest::AllocScript(def))?;
-        match c.recv() {
-            Some(Ok(ControlResponse::Script(s))) => print!("{s}"),
-            other => bail!("unexpected answer from the node: {other:?}"),
-        }
+        out!("{}", dry_run(to, def)?);
         return Ok(ExitCode::SUCCESS);
     }
     let name = def.name.clone();
     let book = send(to, AllocCmd::Add(def))?;
     if let Some(q) = book.queue(&name) {
-        println!("added allocation queue `{name}`: {}", shape(&q.def));
+        outln!("added allocation queue `{name}`: {}", shape(&q.def));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The script a job of `def` would run: as the node here (or at
+/// --mesh) writes it, or, with no node running here, built from the
+/// flags and the state folder, the mesh's address left as a placeholder.
+fn dry_run(to: &Target, def: QueueDef) -> Result<String> {
+    let state = match Client::request(to, &ControlRequest::AllocScript(def.clone())) {
+        Ok(mut c) => {
+            return match c.recv() {
+                Some(Ok(ControlResponse::Script(s))) => Ok(s),
+                other => bail!("unexpected answer from the node: {other:?}"),
+            }
+        }
+        Err(ControlError::NoNode(state)) => state,
+        Err(e) => return Err(e.into()),
+    };
+    // What the node here would use: the key in its state folder, and this binary.
+    let key = state.join(keys::PSK_FILE);
+    let tag = keys::load_psk(&key)
+        .map(|psk| keys::mesh_tag(&psk))
+        .unwrap_or_else(|_| batch::NO_NODE_TAG.into());
+    let launch = batch::Launch::new(
+        std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "mesh".into()),
+        batch::NO_NODE_JOIN.into(),
+        key.display().to_string(),
+        &state,
+        &def.name,
+        tag,
+    );
+    Ok(batch::script_without_node(&def, &launch))
 }
 
 fn change(to: &Target, cmd: AllocCmd) -> Result<ExitCode> {
@@ -260,7 +293,7 @@ fn change(to: &Target, cmd: AllocCmd) -> Result<ExitCode> {
         AllocCmd::Add(d) => format!("added `{}`", d.name),
     };
     send(to, cmd)?;
-    println!("{what}");
+    outln!("{what}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -320,12 +353,19 @@ fn shape(d: &QueueDef) -> String {
 
 fn list(book: &AllocBook) {
     if book.queues.is_empty() {
-        println!("no allocation queues (add one with `mesh alloc add slurm --time 1h --cores 8`)");
+        outln!("no allocation queues (add one with `mesh alloc add slurm --time 1h --cores 8`)");
         return;
     }
-    println!(
+    outln!(
         "{:<14} {:<6} {:>9} {:>6} {:>5} {:>8} {:>7} {:>8}  STATE",
-        "QUEUE", "SYSTEM", "WALLTIME", "CORES", "GPUS", "MIN..MAX", "QUEUED", "RUNNING"
+        "QUEUE",
+        "SYSTEM",
+        "WALLTIME",
+        "CORES",
+        "GPUS",
+        "MIN..MAX",
+        "QUEUED",
+        "RUNNING"
     );
     for q in &book.queues {
         let d = &q.def;
@@ -334,7 +374,7 @@ fn list(book: &AllocBook) {
                 .filter(|j| j.job.queue == d.name && j.job.state == s)
                 .count()
         };
-        println!(
+        outln!(
             "{:<14} {:<6} {:>9} {:>6} {:>5} {:>8} {:>7} {:>8}  {}",
             d.name,
             match d.system {
@@ -356,27 +396,30 @@ fn list(book: &AllocBook) {
 
 fn info(q: &mesh_protocol::mesh::AllocQueue, jobs: &[&mesh_protocol::mesh::AllocJob]) {
     let d = &q.def;
-    println!("queue `{}`: {}", d.name, shape(d));
+    outln!("queue `{}`: {}", d.name, shape(d));
     match &q.paused {
-        Some(w) => println!("paused: {w} (`mesh alloc resume {}`)", d.name),
-        None => println!("active"),
+        Some(w) => outln!("paused: {w} (`mesh alloc resume {}`)", d.name),
+        None => outln!("active"),
     }
     for line in &d.directives {
-        println!("directive: {line}");
+        outln!("directive: {line}");
     }
     for line in &d.prologue {
-        println!("prologue: {line}");
+        outln!("prologue: {line}");
     }
     if jobs.is_empty() {
-        println!("no jobs yet");
+        outln!("no jobs yet");
         return;
     }
-    println!(
+    outln!(
         "{:<22} {:<8} {:<6} {:<20} ENDED",
-        "JOB", "STATE", "JOINED", "SUBMITTED"
+        "JOB",
+        "STATE",
+        "JOINED",
+        "SUBMITTED"
     );
     for j in jobs {
-        println!(
+        outln!(
             "{:<22} {:<8} {:<6} {:<20} {}",
             j.job.id,
             match j.job.state {

@@ -3,6 +3,7 @@
 mod alloc_cmd;
 mod args;
 mod mesh_cmds;
+mod out;
 mod show;
 mod sim_cmd;
 mod watch;
@@ -22,7 +23,7 @@ use mesh_protocol::Resources;
 
 /// Exit codes, documented in the README.
 pub(crate) const EXIT_FAILED_TASKS: u8 = 1;
-const EXIT_BAD_INPUT: u8 = 2;
+pub(crate) const EXIT_BAD_INPUT: u8 = 2;
 const EXIT_INTERRUPTED: u8 = 130;
 
 /// mimalloc instead of glibc's malloc: the simulator and a node's engine
@@ -610,7 +611,7 @@ fn run(
     if output.json {
         let mut v = serde_json::to_value(&status)?;
         v["mesh_cpu_ms"] = serde_json::json!(self_cpu_ms());
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        out::outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         show::summary(&status, Path::new(&status.out), obs.said_stops());
     }

@@ -14,23 +14,24 @@ use mesh_node::mesh_node::{run_node, Multiaddr, NodeOptions};
 use mesh_node::view::{short_id, FarmView, MeshStatus, NodeState, NodeView, BUSIEST_SHOWN};
 use mesh_protocol::mesh::Config;
 
+use crate::out::outln;
 use crate::{args, node_resources, show, NodeArgs, EXIT_FAILED_TASKS};
 use mesh_protocol::resources::format_bytes;
 
 pub fn init(state: &Path) -> Result<ExitCode> {
     let r = mesh_node::keys::init(state)?;
     if r.psk_created {
-        println!("created {} (the mesh secret)", r.psk_path.display());
+        outln!("created {} (the mesh secret)", r.psk_path.display());
     } else {
-        println!("kept the existing {}", r.psk_path.display());
+        outln!("kept the existing {}", r.psk_path.display());
     }
-    println!("mesh key fingerprint {}", r.psk_fingerprint);
-    println!(
+    outln!("mesh key fingerprint {}", r.psk_fingerprint);
+    outln!(
         "node identity {} ({})",
         r.peer_id,
         r.identity_path.display()
     );
-    println!(
+    outln!(
         "to let another machine in, copy {} into its state folder",
         r.psk_path.display()
     );
@@ -186,9 +187,9 @@ pub fn submit(
     let id = match c.recv() {
         Some(Ok(ControlResponse::Submitted { farm, tasks })) => {
             if json {
-                println!("{}", serde_json::json!({ "farm": farm, "tasks": tasks }));
+                outln!("{}", serde_json::json!({ "farm": farm, "tasks": tasks }));
             } else {
-                println!("{farm}");
+                outln!("{farm}");
             }
             farm
         }
@@ -197,7 +198,7 @@ pub fn submit(
         Some(Err(e)) => return Err(e.into()),
         None => bail!("the node closed the connection before accepting the farm"),
     };
-    let _ = std::io::stdout().flush();
+    let _ = crate::out::stdout().flush();
     if wait {
         return follow(to, &id, json);
     }
@@ -299,7 +300,7 @@ pub fn logs(
                     all_out.extend(stdout);
                     all_err.extend(stderr);
                 } else {
-                    std::io::stdout().write_all(&stdout)?;
+                    crate::out::stdout().write_all(&stdout)?;
                     std::io::stderr().write_all(&stderr)?;
                 }
                 last = (node, attempt);
@@ -321,7 +322,7 @@ pub fn logs(
             "stdout": String::from_utf8_lossy(&all_out),
             "stderr": String::from_utf8_lossy(&all_err),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     }
     Ok(Some(ExitCode::SUCCESS))
 }
@@ -352,18 +353,21 @@ pub fn print_list(
 ) -> Result<()> {
     if json {
         let v = serde_json::json!({ "mesh": mesh, "local": local });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     if mesh.is_empty() {
-        println!("no mesh farms yet (submit one with `mesh submit farm.toml`)");
+        outln!("no mesh farms yet (submit one with `mesh submit farm.toml`)");
     } else {
-        println!(
+        outln!(
             "{:<28} {:<10} {:>16} {:>8}  HOME",
-            "MESH FARM", "STATE", "DONE/TOTAL", "FAILED"
+            "MESH FARM",
+            "STATE",
+            "DONE/TOTAL",
+            "FAILED"
         );
         for f in mesh {
-            println!(
+            outln!(
                 "{:<28} {:<10} {:>16} {:>8}  {}",
                 f.id,
                 if f.finished { "finished" } else { "running" },
@@ -374,7 +378,7 @@ pub fn print_list(
         }
     }
     if !local.is_empty() {
-        println!();
+        outln!();
         crate::show::list(local, false)?;
     }
     Ok(())
@@ -420,17 +424,17 @@ pub fn farm_status(to: &Target, farm: &str, json: bool) -> Result<bool> {
     match c.recv() {
         Some(Ok(ControlResponse::Farm(v))) => {
             if json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 let state = if v.finished { "finished" } else { "running" };
-                println!("farm {} ({state}), home {}", v.id, v.home);
+                outln!("farm {} ({state}), home {}", v.id, v.home);
                 for (name, c) in &v.stages {
                     let stopped = if c.stopped > 0 {
                         format!(", {} stopped", c.stopped)
                     } else {
                         String::new()
                     };
-                    println!(
+                    outln!(
                         "  {name}: {}/{} done, {} running, {} failed, {} skipped{stopped}",
                         c.done, c.total, c.running, c.failed, c.skipped
                     );
@@ -514,7 +518,7 @@ fn follow(to: &Target, farm: &str, json: bool) -> Result<ExitCode> {
         )
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_farm(&v);
     }
@@ -569,7 +573,7 @@ pub fn cancel(to: &Target, farm: &str) -> Result<ExitCode> {
     )?;
     match c.recv() {
         Some(Ok(ControlResponse::Cancelled { farm })) => {
-            println!("cancelled {farm}");
+            outln!("cancelled {farm}");
             Ok(ExitCode::SUCCESS)
         }
         Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
@@ -617,7 +621,7 @@ pub enum Show {
 /// `here` names the node that answered: "this node", or the one at `--mesh`.
 pub fn print_status(s: &MeshStatus, json: bool, show: &Show, here: &str) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(s)?);
+        outln!("{}", serde_json::to_string_pretty(s)?);
         return Ok(());
     }
     match show {
@@ -633,7 +637,7 @@ pub fn print_status(s: &MeshStatus, json: bool, show: &Show, here: &str) -> Resu
                 .collect();
             match picked.as_slice() {
                 [one] if name.is_some() => print_node(s, one, here),
-                [] => println!("no node matches"),
+                [] => outln!("no node matches"),
                 many => print_node_lines(many, here),
             }
         }
@@ -643,13 +647,13 @@ pub fn print_status(s: &MeshStatus, json: bool, show: &Show, here: &str) -> Resu
 }
 
 fn print_latency(s: &MeshStatus, here: &str) {
-    println!(
+    outln!(
         "latency over the mesh ({} nodes answered):",
         s.nodes.iter().filter(|n| n.cpus.is_some()).count()
     );
     show::latency_table(&s.latency, "  ");
     for n in &s.nodes {
-        println!(
+        outln!(
             "node {}{}:",
             n.id,
             if n.local {
@@ -659,7 +663,7 @@ fn print_latency(s: &MeshStatus, here: &str) {
             }
         );
         if n.latency.is_empty() {
-            println!("  did not answer in time");
+            outln!("  did not answer in time");
         } else {
             show::latency_table(&n.latency, "  ");
         }
@@ -685,21 +689,21 @@ fn print_glance(s: &MeshStatus, here: &str) {
         .iter()
         .find(|n| n.local)
         .map_or("", |n| short_id(&n.id));
-    println!(
+    outln!(
         "coordinator {} (term {}) · {} node(s) · {here} …{me}",
         s.coordinator.as_deref().unwrap_or("not elected yet"),
         s.term,
         g.nodes
     );
     if let Some(why) = &s.unheard {
-        println!("  ({why}: the other nodes as this one last heard them)");
+        outln!("  ({why}: the other nodes as this one last heard them)");
     }
     let behind = if g.behind > 0 {
         format!(" · {} behind (cannot keep up: CPU, network)", g.behind)
     } else {
         String::new()
     };
-    println!("  nodes     {}{behind}", g.states_words());
+    outln!("  nodes     {}{behind}", g.states_words());
     if !g.resources.is_empty() {
         let used: Vec<String> = g
             .resources
@@ -713,21 +717,19 @@ fn print_glance(s: &MeshStatus, here: &str) {
                 )
             })
             .collect();
-        println!("  in use    {}", used.join(" · "));
+        outln!("  in use    {}", used.join(" · "));
     }
     let (least, median, most) = g.tasks_spread;
-    println!(
-        "  tasks     per node, running and queued: least {least}, median {median}, most {most}"
-    );
+    outln!("  tasks     per node, running and queued: least {least}, median {median}, most {most}");
     if !g.busiest.is_empty() {
-        println!("  busiest   {}", g.busiest_words());
+        outln!("  busiest   {}", g.busiest_words());
     }
     if let Some((least, median, most)) = g.load_spread {
-        println!("  machines  load least {least:.2}, median {median:.2}, most {most:.2}");
+        outln!("  machines  load least {least:.2}, median {median:.2}, most {most:.2}");
     }
     if !g.gpus.is_empty() {
         let gpus: Vec<String> = g.gpus.iter().map(|(m, c)| format!("{c} × {m}")).collect();
-        println!("  gpus      {}", gpus.join(" · "));
+        outln!("  gpus      {}", gpus.join(" · "));
     }
     if !g.short_of_files.is_empty() {
         let ids: Vec<String> = g
@@ -736,21 +738,27 @@ fn print_glance(s: &MeshStatus, here: &str) {
             .take(BUSIEST_SHOWN)
             .map(|id| format!("…{}", short_id(id)))
             .collect();
-        println!(
+        outln!(
             "  files     {} node(s) with an open-file limit too low for {} nodes: {} (raise it: `ulimit -Hn`, or LimitNOFILE=)",
             g.short_of_files.len(),
             g.nodes,
             ids.join(", ")
         );
     }
-    println!("  (every node: `mesh status --nodes`, with --busy, --idle or --name ID)");
+    outln!("  (every node: `mesh status --nodes`, with --busy, --idle or --name ID)");
 }
 
 /// A line per node.
 fn print_node_lines(nodes: &[&NodeView], here: &str) {
-    println!(
+    outln!(
         "{:<10} {:<14} {:>4} {:>5}  {:<13} {:<19} {:>6}  gpus",
-        "node", "state", "run", "queue", "cpu in use", "memory", "load"
+        "node",
+        "state",
+        "run",
+        "queue",
+        "cpu in use",
+        "memory",
+        "load"
     );
     for n in nodes {
         let mark = match (n.coordinator, n.local) {
@@ -771,7 +779,7 @@ fn print_node_lines(nodes: &[&NodeView], here: &str) {
             _ => String::new(),
         };
         let load = n.load.map_or(String::new(), |l| format!("{l:.2}"));
-        println!(
+        outln!(
             "…{:<9} {:<14} {:>4} {:>5}  {cpu:<13} {mem:<19} {load:>6}  {}{mark}",
             short_id(&n.id),
             n.state().word(),
@@ -790,9 +798,9 @@ fn print_node(s: &MeshStatus, n: &NodeView, here: &str) {
         (false, true) => format!(" [{here}]"),
         _ => String::new(),
     };
-    println!("  {}{role}", n.id);
+    outln!("  {}{role}", n.id);
     if let Some(a) = n.addrs.first() {
-        println!("    address   {a}");
+        outln!("    address   {a}");
     }
     if n.job.is_some() || n.drains_in_s.is_some() {
         let drains = n.drains_in_s.map_or(String::new(), |s| {
@@ -802,7 +810,7 @@ fn print_node(s: &MeshStatus, n: &NodeView, here: &str) {
             )
         });
         match &n.job {
-            Some(j) => println!(
+            Some(j) => outln!(
                 "    batch job {j}{}",
                 if drains.is_empty() {
                     String::new()
@@ -810,10 +818,10 @@ fn print_node(s: &MeshStatus, n: &NodeView, here: &str) {
                     format!(", {drains}")
                 }
             ),
-            None => println!("    {drains}"),
+            None => outln!("    {drains}"),
         }
     }
-    println!(
+    outln!(
         "    resources {} (in use: {})",
         n.resources.total,
         if n.resources.used.is_empty() {
@@ -822,7 +830,7 @@ fn print_node(s: &MeshStatus, n: &NodeView, here: &str) {
             &n.resources.used
         }
     );
-    println!("    tasks     {} running, {} queued", n.running, n.queued);
+    outln!("    tasks     {} running, {} queued", n.running, n.queued);
     if !n.gpus.is_empty() {
         let gpus: Vec<String> = n
             .gpus
@@ -835,10 +843,10 @@ fn print_node(s: &MeshStatus, n: &NodeView, here: &str) {
                 }
             })
             .collect();
-        println!("    gpus      {}", gpus.join(", "));
+        outln!("    gpus      {}", gpus.join(", "));
     }
     if n.health > 0 {
-        println!(
+        outln!(
             "    behind    local health {} of 8: it cannot keep up (CPU, network), and waits longer before it calls others dead",
             n.health
         );
@@ -848,7 +856,7 @@ fn print_node(s: &MeshStatus, n: &NodeView, here: &str) {
         was: n.files_max,
     };
     if n.files_max > 0 && files.short_for(s.nodes.len()) {
-        println!(
+        outln!(
             "    files     open-file limit {}: too low for a mesh of {} nodes (raise it: `ulimit -Hn`, or LimitNOFILE=)",
             n.files_max,
             s.nodes.len()
@@ -861,10 +869,10 @@ fn print_node(s: &MeshStatus, n: &NodeView, here: &str) {
             }
             _ => String::new(),
         };
-        println!("    machine   load {load:.2} on {cpus} cores{mem}");
+        outln!("    machine   load {load:.2} on {cpus} cores{mem}");
     }
     if let Some(b) = n.held_bytes.filter(|&b| b > 0) {
-        println!(
+        outln!(
             "    holds     {} of outputs until their farms' homes have them",
             format_bytes(b)
         );
@@ -874,7 +882,7 @@ fn print_node(s: &MeshStatus, n: &NodeView, here: &str) {
 /// The farms whose home is the node that answered.
 fn print_farms(s: &MeshStatus) {
     if s.farms.is_empty() {
-        println!("no farms submitted on this node");
+        outln!("no farms submitted on this node");
     }
     for f in &s.farms {
         let state = if f.finished {
@@ -884,9 +892,13 @@ fn print_farms(s: &MeshStatus) {
         } else {
             "waiting for the coordinator"
         };
-        println!(
+        outln!(
             "farm {} ({state}): {}/{} done, {} running, {} failed",
-            f.id, f.counts.done, f.counts.total, f.counts.running, f.counts.failed
+            f.id,
+            f.counts.done,
+            f.counts.total,
+            f.counts.running,
+            f.counts.failed
         );
     }
 }

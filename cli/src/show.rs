@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use crate::out::outln;
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mesh_node::farmfile::FarmWarning;
@@ -260,7 +261,7 @@ fn ago(ms: u64) -> String {
 }
 
 pub fn list(all: &[FarmStatus], json: bool) -> Result<()> {
-    let mut out = io::stdout().lock();
+    let mut out = crate::out::stdout();
     if json {
         writeln!(out, "{}", serde_json::to_string_pretty(all)?)?;
         return Ok(());
@@ -290,7 +291,7 @@ pub fn list(all: &[FarmStatus], json: bool) -> Result<()> {
 }
 
 pub fn status(s: &FarmStatus, json: bool) -> Result<()> {
-    let mut out = io::stdout().lock();
+    let mut out = crate::out::stdout();
     if json {
         writeln!(out, "{}", serde_json::to_string_pretty(s)?)?;
         return Ok(());
@@ -371,7 +372,7 @@ pub fn warn(warnings: &[FarmWarning]) {
 }
 
 pub fn check(def: &FarmDef, warnings: &[FarmWarning], show: u32, json: bool) -> Result<()> {
-    let mut out = io::stdout().lock();
+    let mut out = crate::out::stdout();
     let sample = |s: u32| -> Vec<String> {
         let n = def.stages[s as usize].len().min(show);
         (0..n)
@@ -483,7 +484,7 @@ pub fn logs(
             "stdout": stdout.as_deref().map(String::from_utf8_lossy),
             "stderr": stderr.as_deref().map(String::from_utf8_lossy),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
     if stdout.is_none() && stderr.is_none() {
@@ -494,7 +495,7 @@ pub fn logs(
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(o) = stdout {
-        io::stdout().write_all(&o)?;
+        crate::out::stdout().write_all(&o)?;
     }
     if let Some(e) = stderr {
         io::stderr().write_all(&e)?;
@@ -504,12 +505,17 @@ pub fn logs(
 
 /// Latency percentiles as a table, one kind per line.
 pub fn latency_table(rows: &[mesh_protocol::observe::LatencySummary], indent: &str) {
-    println!(
+    outln!(
         "{indent}{:<16} {:>9} {:>10} {:>10} {:>10} {:>10}",
-        "", "count", "p50", "p90", "p99", "max"
+        "",
+        "count",
+        "p50",
+        "p90",
+        "p99",
+        "max"
     );
     for r in rows {
-        println!(
+        outln!(
             "{indent}{:<16} {:>9} {:>10} {:>10} {:>10} {:>10}",
             r.name,
             r.count,

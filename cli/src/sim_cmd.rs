@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use mesh_sim::{load_scenario, parse_durations, NodeGroup, SimConfig};
 
+use crate::out::{out, outln};
 use crate::{args, EXIT_FAILED_TASKS};
 
 #[derive(clap::Args)]
@@ -79,9 +80,9 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", report.summary());
+        out!("{}", report.summary());
     }
     Ok(ExitCode::SUCCESS)
 }

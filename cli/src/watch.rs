@@ -57,12 +57,12 @@ pub fn watch(
                 (usize::from(cols), usize::from(rows)),
             );
             term.clear_screen()?;
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::out::stdout();
             out.write_all(text.as_bytes())?;
             out.flush()?;
         } else {
             // Plain lines, each stage's only when it changed: a log to keep.
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::out::stdout();
             for f in &frame.farms {
                 for (stage, c) in &f.stages {
                     let rate = rates.rate(&f.id, stage, c.ended(), now);

@@ -31,6 +31,60 @@ pub struct Launch {
     pub tag: String,
 }
 
+impl Launch {
+    /// A job of queue `queue` whose node joins `join`, for a mesh node
+    /// with state folder `state`: each job's node keeps its state under
+    /// `alloc/nodes/` there, and the batch system writes under
+    /// `alloc/<queue>/`.
+    pub fn new(
+        mesh: String,
+        join: String,
+        key: String,
+        state: &Path,
+        queue: &str,
+        tag: String,
+    ) -> Launch {
+        let alloc = state.join("alloc");
+        Launch {
+            mesh,
+            join,
+            key,
+            state_root: alloc.join("nodes").display().to_string(),
+            log_dir: alloc.join(queue).display().to_string(),
+            tag,
+        }
+    }
+}
+
+/// What a script printed with no node running (`mesh alloc add
+/// --dry-run`) has in place of the mesh's addresses, which only a
+/// running node knows.
+pub const NO_NODE_JOIN: &str = "ADDR";
+/// What it has in place of the mesh's part of job names when the mesh
+/// key cannot be read.
+pub const NO_NODE_TAG: &str = "mesh-TAG";
+
+/// [`script`] as printed with no node running: what only a node (or the
+/// mesh key) knows is a placeholder, and a comment under the first line
+/// says which and what to put there.
+pub fn script_without_node(q: &QueueDef, l: &Launch) -> String {
+    let s = script(q, l);
+    let (first, rest) = s.split_once('\n').unwrap_or((&s, ""));
+    let mut note = format!(
+        "# Printed without a running node: {NO_NODE_JOIN} stands for the address of a node\n\
+         # of the mesh (comma-separated, as `mesh node` prints it). With a node running\n\
+         # (or with --mesh ADDR), `mesh alloc add --dry-run` prints it filled in.\n"
+    );
+    if l.tag == NO_NODE_TAG {
+        let _ = writeln!(
+            note,
+            "# {NO_NODE_TAG} stands for the mesh's tag (from its key, {}: `mesh init` creates it).",
+            l.key
+        );
+    }
+    format!("{first}\n{note}{rest}")
+}
+
 /// A job's name: the mesh (`tag`, from its key) and the queue, so that a
 /// coordinator elected after one that died finds the jobs it submitted in
 /// `squeue`/`qstat`, whether or not they reached the book.
@@ -672,6 +726,41 @@ mod tests {
         );
         expect("pbs-full.sh", &script(&full(BatchSystem::Pbs), &launch()));
         expect("pbs-bare.sh", &script(&bare(BatchSystem::Pbs), &launch()));
+    }
+
+    #[test]
+    fn a_script_printed_without_a_node_says_what_stands_in_for_the_mesh() {
+        let l = Launch::new(
+            "/opt/mesh".into(),
+            NO_NODE_JOIN.into(),
+            "/home/ada/.local/share/mesh/mesh.key".into(),
+            Path::new("/home/ada/.local/share/mesh"),
+            "cpu",
+            NO_NODE_TAG.into(),
+        );
+        for system in [BatchSystem::Slurm, BatchSystem::Pbs] {
+            let s = script_without_node(&bare(system), &l);
+            assert!(
+                s.starts_with("#!/bin/bash\n# Printed without a running node: ADDR stands for"),
+                "{s}"
+            );
+            assert!(s.contains("join \"ADDR\""), "{s}");
+            assert!(s.contains("# mesh-TAG stands for the mesh's tag"), "{s}");
+            assert!(s.contains("mesh-TAG-cpu"), "the job's name: {s}");
+            assert!(
+                s.contains("/home/ada/.local/share/mesh/alloc/nodes/"),
+                "{s}"
+            );
+            // The rest is the script a node would submit.
+            let (_, note_and_rest) = s.split_once('\n').unwrap();
+            assert!(note_and_rest.ends_with(&script(&bare(system), &l).split_once('\n').unwrap().1));
+        }
+        let tagged = Launch {
+            tag: "mesh-5f0c9a1e".into(),
+            ..l
+        };
+        let s = script_without_node(&bare(BatchSystem::Slurm), &tagged);
+        assert!(!s.contains("mesh-TAG"), "{s}");
     }
 
     #[test]

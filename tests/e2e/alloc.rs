@@ -468,3 +468,47 @@ fn a_job_of_this_mesh_missing_from_the_book_is_adopted_from_squeue_and_given_bac
     let b = book();
     assert_eq!(b["jobs"].as_array().map(Vec::len), Some(1), "{b}");
 }
+
+#[test]
+fn a_dry_run_prints_the_job_script_without_a_node() {
+    let sb = sandbox();
+    let add = [
+        "alloc",
+        "add",
+        "slurm",
+        "--time",
+        "1h",
+        "--cores",
+        "4",
+        "--mem",
+        "8G",
+        "--dry-run",
+    ];
+    let r = sb.mesh(&add);
+    r.expect_code(0);
+    let state = sb.state().display().to_string();
+    for want in [
+        "#!/bin/bash\n# Printed without a running node: ADDR stands for",
+        "#SBATCH --cpus-per-task=4",
+        "#SBATCH --mem=8192M",
+        "join \"ADDR\"",
+        &format!("--key \"{state}/mesh.key\""),
+        &format!("--state-dir \"{state}/alloc/nodes/"),
+        // No mesh.key yet: the job's name has a placeholder too, said so.
+        "#SBATCH --job-name=mesh-TAG-slurm",
+        "# mesh-TAG stands for the mesh's tag",
+    ] {
+        assert!(r.stdout.contains(want), "no {want:?} in\n{}", r.stdout);
+    }
+    assert!(!sb.exists("state/alloc"), "a dry run changes nothing");
+    // With the key, the job's name is the mesh's own.
+    sb.mesh(&["init"]).expect_code(0);
+    let r = sb.mesh(&add);
+    r.expect_code(0);
+    assert!(!r.stdout.contains("mesh-TAG"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("#SBATCH --job-name=mesh-"),
+        "{}",
+        r.stdout
+    );
+}

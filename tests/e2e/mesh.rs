@@ -1101,3 +1101,46 @@ fn a_second_node_on_a_port_a_node_listens_on_is_refused() {
     );
     assert!(!r.stdout.contains("listening"), "{}", r.stdout);
 }
+
+#[test]
+fn a_reader_that_quits_early_ends_each_printing_command_quietly_with_status_0() {
+    let sb = sandbox();
+    sb.write(
+        "farm.toml",
+        "[[stage]]\nname = \"s\"\nsweep.i = { range = \"1..3\" }\nshell = \"echo {i}\"\n",
+    );
+    // `mesh run` farms, no node.
+    sb.mesh(&["run", "farm.toml", "-q"]).expect_code(0);
+    let quiet = |r: mesh_tests::Run, args: &[&str]| {
+        assert_eq!(
+            (r.code, r.stderr.as_str()),
+            (Some(0), ""),
+            "mesh {args:?} | (a reader gone)"
+        );
+    };
+    for args in [
+        &["list"][..],
+        &["status"],
+        &["status", "--json"],
+        &["logs", "s/0"],
+        &["check", "farm.toml"],
+    ] {
+        quiet(sb.mesh_unread(args), args);
+    }
+    // A node's views of the mesh, and a mesh farm.
+    let c = Cluster::start(&sb, &["cpu=2"], &[]);
+    let r = c.mesh(0, &["submit", "farm.toml"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    c.mesh(0, &["wait", &id]).expect_code(0);
+    for args in [
+        &["status"][..],
+        &["status", "--nodes"],
+        &["list"],
+        &["watch", &id],
+        &["logs", "s/0", "--farm", &id],
+        &["alloc", "list"],
+    ] {
+        quiet(c.mesh_unread(0, args), args);
+    }
+}

@@ -102,3 +102,26 @@ fn protocol_reads_no_clock_and_no_global_rng() {
         }
     }
 }
+
+/// The README's farm is the sweep example, which the tests run: what a
+/// reader copies from the front page works as shown.
+#[test]
+fn the_readme_farm_is_the_sweep_example() {
+    let readme = fs::read_to_string(root().join("README.md")).unwrap();
+    let example = fs::read_to_string(root().join("examples/sweep/farm.toml")).unwrap();
+    let shown = readme
+        .split_once("## A farm\n")
+        .and_then(|(_, rest)| rest.split_once("```toml\n"))
+        .and_then(|(_, rest)| rest.split_once("```\n"))
+        .map(|(block, _)| block)
+        .expect("README.md has a ```toml block under `## A farm`");
+    // The example's leading comments say how to run it; the README says that itself.
+    let file = example
+        .split_once("\n[farm]\n")
+        .map(|(_, rest)| format!("[farm]\n{rest}"))
+        .expect("the example has a [farm] table after its comments");
+    assert_eq!(
+        shown, file,
+        "README.md's farm differs from examples/sweep/farm.toml"
+    );
+}

@@ -195,6 +195,13 @@ impl Sandbox {
         }
     }
 
+    /// Runs mesh with its stdout a pipe nobody reads (as `mesh ... | head`
+    /// once `head` has quit): the read end is closed before mesh starts,
+    /// so its first write to stdout finds the reader gone.
+    pub fn mesh_unread(&self, args: &[&str]) -> Run {
+        unread(self.command(args))
+    }
+
     /// Starts mesh in the background with these variables in its environment.
     pub fn spawn_env(&self, args: &[&str], env: &[(&str, &str)]) -> Background {
         let mut c = self.command(args);
@@ -601,6 +608,27 @@ impl Cluster {
             .expect("start mesh");
         Background { child: Some(child) }.wait()
     }
+
+    /// As [`Sandbox::mesh_unread`], against node `i`'s state folder.
+    pub fn mesh_unread(&self, i: usize, args: &[&str]) -> Run {
+        unread(mesh_command(
+            &self.bin,
+            args,
+            &self.root,
+            &self.nodes[i].state,
+        ))
+    }
+}
+
+/// Runs `c` (bounded) with its stdout a pipe whose reader is already gone.
+fn unread(mut c: Command) -> Run {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    c.stdout(Stdio::from(writer));
+    Background {
+        child: Some(c.spawn().expect("start mesh")),
+    }
+    .wait()
 }
 
 /// How many other nodes a node's output says it sees now: those it said

@@ -99,17 +99,16 @@ impl Node {
             .take(JOIN_ADDRS)
             .collect::<Vec<_>>()
             .join(",");
-        let alloc = self.state.join("alloc");
-        batch::Launch {
-            mesh: std::env::current_exe()
+        batch::Launch::new(
+            std::env::current_exe()
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|_| "mesh".into()),
             join,
-            key: self.alloc.key_path.display().to_string(),
-            state_root: alloc.join("nodes").display().to_string(),
-            log_dir: alloc.join(queue).display().to_string(),
-            tag: self.alloc.tag.clone(),
-        }
+            self.alloc.key_path.display().to_string(),
+            &self.state,
+            queue,
+            self.alloc.tag.clone(),
+        )
     }
 
     /// Answers the `mesh alloc` changes this node's book now shows, and
