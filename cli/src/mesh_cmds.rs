@@ -436,7 +436,11 @@ pub fn farm_status(to: &Target, farm: &str, json: bool) -> Result<bool> {
                     };
                     outln!(
                         "  {name}: {}/{} done, {} running, {} failed, {} skipped{stopped}",
-                        c.done, c.total, c.running, c.failed, c.skipped
+                        c.done,
+                        c.total,
+                        c.running,
+                        c.failed,
+                        c.skipped
                     );
                 }
                 print_farm(&v);

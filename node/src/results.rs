@@ -54,6 +54,11 @@ impl Results {
         self.places.truncate(PLACES_MAX);
     }
 
+    /// The newest place whose files are all still there unchanged.
+    pub fn whole(&self) -> Option<&Place> {
+        self.places.iter().find(|p| p.intact())
+    }
+
     /// Makes `dir` hold the outputs of this key, from a place whose files
     /// are all still there unchanged: none to do when `dir` is that place,
     /// else each file linked (or copied) into `dir`. False when no place is
@@ -99,6 +104,18 @@ impl Place {
         Ok(Place {
             dir: dir.to_string_lossy().into_owned(),
             files,
+        })
+    }
+
+    /// What a success left in `dir`: its files stamped, or none at all
+    /// for a task that has no outputs (its folder is not looked at).
+    pub fn left(dir: &Path, outputs: bool) -> io::Result<Place> {
+        if outputs {
+            return Place::of(dir);
+        }
+        Ok(Place {
+            dir: dir.to_string_lossy().into_owned(),
+            files: Vec::new(),
         })
     }
 

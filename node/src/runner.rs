@@ -769,15 +769,7 @@ impl Driver {
     fn remember(&mut self, task: TaskRef, key: &[u8; 32]) {
         let stage = self.def.stage(task);
         let dir = self.out.join(&stage.name).join(task.index.to_string());
-        let place = if stage.outputs.is_empty() {
-            Ok(results::Place {
-                dir: dir.to_string_lossy().into_owned(),
-                files: Vec::new(),
-            })
-        } else {
-            results::Place::of(&dir)
-        };
-        let place = match place {
+        let place = match results::Place::left(&dir, !stage.outputs.is_empty()) {
             Ok(p) => p,
             Err(e) => {
                 tracing::info!(dir = %dir.display(), "outputs not written down for reuse: {e}");
@@ -785,8 +777,12 @@ impl Driver {
             }
         };
         let name = results::meta_name(key);
+        // With no outputs any place will do: the one written down is not
+        // read first (a read per task of a farm of `true`s).
         let mut res = match self.store.meta(self.key, &name) {
-            Ok(Some(b)) => postcard::from_bytes::<Results>(&b).unwrap_or_default(),
+            Ok(Some(b)) if !place.files.is_empty() => {
+                postcard::from_bytes::<Results>(&b).unwrap_or_default()
+            }
             _ => Results::default(),
         };
         res.add(place);

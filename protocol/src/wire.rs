@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::farm::TaskRef;
-use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId};
+use crate::mesh::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId, OutputFile};
 use crate::observe::Observation;
 use crate::pieces::Pieces;
 
@@ -83,6 +83,10 @@ pub enum Request {
     /// status`, `mesh watch` and the dashboard ask the coordinator this,
     /// one request, rather than each node.
     Nodes,
+    /// Which of these content keys the node keeps the outputs of, whole:
+    /// asked by a node a farm is submitted to, of the homes of earlier
+    /// farms of the same name, to reuse what they made.
+    Kept { keys: Vec<[u8; 32]> },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -109,6 +113,9 @@ pub enum Response {
     /// Answer to [`Request::Nodes`]: each node's peer id and last beat,
     /// the coordinator's own first.
     Nodes(Vec<(String, std::sync::Arc<crate::mesh::Beat>)>),
+    /// Answer to [`Request::Kept`]: each key kept whole here with its
+    /// outputs, which the node serves by hash from then on.
+    Kept(Vec<([u8; 32], Vec<OutputFile>)>),
     Error(String),
 }
 

@@ -307,6 +307,14 @@ fn a_farm_submitted_again_on_a_mesh_reuses_every_result_into_its_new_folder() {
         .collect();
     assert!(reused.contains(&13), "a farm says 13 reused: {farms}");
 
+    // From another node: the earlier farm's home gives what it keeps.
+    let out = sb.path().join("d").to_string_lossy().to_string();
+    let r = c.mesh(2, &["submit", "farm/farm.toml", "--out", &out, "--wait"]);
+    r.expect_code(0);
+    assert!(r.stderr.contains("(13 reused"), "{}", r.stderr);
+    assert_eq!(runs(&runs_dir), 13, "no task ran again on another node");
+    assert_whole("d");
+
     // --rerun: every task runs.
     submit("c", &["--rerun"]);
     assert_eq!(runs(&runs_dir), 26);

@@ -26,9 +26,13 @@ impl Node {
                 let origin = self.me;
                 let tx = self.tx.clone();
                 let rerun = crate::results::rerun_stages(&def, rerun.as_deref());
-                // Hashing inputs reads files: off the loop.
+                // Hashing inputs reads files, and every task's key is
+                // worked out (a million tasks take seconds): off the loop.
                 tokio::task::spawn_blocking(move || {
-                    let spec = make_spec(*def, &file, origin);
+                    let spec = make_spec(*def, &file, origin).map(|spec| {
+                        let keys = super::reuse::task_keys(&spec);
+                        (spec, keys)
+                    });
                     let _ = tx.send(Cmd::Submit(spec, rerun, reply));
                 });
             }

@@ -608,15 +608,11 @@ impl Node {
                     let _ = reply.send(ControlResponse::Error(e));
                 }
                 Ok(spec) => {
-                    self.serve_inputs(&spec);
-                    let reused = self.reusable(&spec, &rerun);
-                    let mut o = Origin::new(&spec);
-                    o.submit_reply = Some(reply);
-                    self.origins.insert(spec.id, o);
-                    let now = self.now();
-                    self.peer.submit(now, spec, reused);
+                    self.serve_inputs(&spec.0);
+                    self.submit_reusing(spec, &rerun, reply);
                 }
             },
+            Cmd::SubmitReused(spec, reused, reply) => self.submit_now(*spec, reused, reply),
             Cmd::Batch(done) => {
                 let now = self.now();
                 match done {

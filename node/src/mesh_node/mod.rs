@@ -31,7 +31,9 @@ use libp2p::request_response::ResponseChannel;
 use libp2p::{PeerId, Swarm};
 use mesh_protocol::engine::Outcome;
 use mesh_protocol::farm::TaskRef;
-use mesh_protocol::mesh::{Assigned, Config, FarmId, FarmSpec, Msg, NodeId, OutputFile, Peer};
+use mesh_protocol::mesh::{
+    Assigned, Config, Entry, FarmId, FarmSpec, Msg, NodeId, OutputFile, Peer,
+};
 use mesh_protocol::wire::{FoundFarm, Request, Response};
 use mesh_protocol::Resources;
 use mesh_store::{MeshState, SledStore, StoreError};
@@ -137,8 +139,15 @@ enum Cmd {
     /// A farm to submit, its inputs hashed, and per stage whether its
     /// earlier results may be reused (not when `--rerun` names it).
     Submit(
-        Result<FarmSpec, String>,
+        Result<(FarmSpec, reuse::TaskKeys), String>,
         Vec<bool>,
+        mpsc::UnboundedSender<ControlResponse>,
+    ),
+    /// A farm to submit once the homes of earlier farms of its name said
+    /// which of its tasks' results they keep: with those, as entries.
+    SubmitReused(
+        Box<FarmSpec>,
+        Vec<Entry>,
         mpsc::UnboundedSender<ControlResponse>,
     ),
     /// A batch command (`mesh alloc`) ended.

@@ -7,21 +7,38 @@
 //! the order of their dependencies, and each task whose key is written
 //! down, with its outputs still there unchanged, is done from the start:
 //! its outputs linked (or copied) into the new farm's folder, its entry
-//! sent with the submission.
+//! sent with the submission. Keys not kept here are asked of the other
+//! nodes that were homes of farms of the same name (as this node and the
+//! coordinator know them): what they keep is done from the start too, its
+//! outputs brought here as those of any task run elsewhere (and the task
+//! run again should that node be gone before they come).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
+use std::time::Duration;
 
 use mesh_protocol::farm::{
     content_key, deps_digest, has_deps, key_with_deps, stage_digest, FarmDef, TaskRef,
 };
-use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, OutputFile};
+use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId, OutputFile};
+use mesh_protocol::wire::{Request, Response};
 use mesh_store::{mesh::NODE_KEY, Store, Write};
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
 
 use super::staging::input_hash;
-use super::Node;
+use super::swarm::request;
+use super::views::Origin;
+use super::{Cmd, Node};
+use crate::control::ControlResponse;
 use crate::results::{meta_name, Place, Results};
+
+/// How long a submission waits for the coordinator's list of farms, and
+/// for each earlier home's answer, before it goes on without them.
+const KEPT_WAIT: Duration = Duration::from_secs(5);
+/// Earlier homes of a farm's name asked at most (each is asked for every
+/// key not kept here).
+const HOMES_ASKED: usize = 16;
 
 /// What the home keeps of a content key: where its outputs were left, and
 /// the outputs themselves (their hashes and modes travel with the entry).
@@ -40,7 +57,11 @@ impl Node {
         };
         let def = &r.spec.def;
         let out = Path::new(r.out_dir());
-        let mut batch = Vec::new();
+        let mut batch = vec![Write::Meta {
+            farm: NODE_KEY,
+            name: name_meta(&def.name),
+            value: vec![1],
+        }];
         for e in r.log.current() {
             let Entry::Done {
                 task,
@@ -54,18 +75,11 @@ impl Node {
             let dir = out
                 .join(&def.stage(*task).name)
                 .join(task.index.to_string());
-            let place = if outputs.is_empty() {
-                Place {
-                    dir: dir.to_string_lossy().into_owned(),
-                    files: Vec::new(),
-                }
-            } else {
-                match Place::of(&dir) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        tracing::info!(dir = %dir.display(), "outputs not written down for reuse: {e}");
-                        continue;
-                    }
+            let place = match Place::left(&dir, !outputs.is_empty()) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::info!(dir = %dir.display(), "outputs not written down for reuse: {e}");
+                    continue;
                 }
             };
             let name = meta_name(key);
@@ -81,65 +95,38 @@ impl Node {
         self.write_kept(batch);
     }
 
-    /// The tasks of a farm about to be submitted here that were done
-    /// before with the same content key (stages `rerun` marks left out),
-    /// their outputs put in the farm's folder: entries done from the start.
-    pub(super) fn reusable(&mut self, spec: &FarmSpec, rerun: &[bool]) -> Vec<Entry> {
-        let def = &spec.def;
-        let out = Path::new(&def.out);
-        let mut keys: HashMap<TaskRef, [u8; 32]> = HashMap::new();
-        let mut digests: HashMap<u32, [u8; 32]> = HashMap::new();
-        let mut entries = Vec::new();
+    /// Submits a farm handed to this node, with the tasks done before
+    /// (stages `rerun` marks left out) as done from the start: those whose
+    /// results this node kept, their outputs put in the farm's folder, and
+    /// then those the homes of earlier farms of its name keep, which this
+    /// node, the farm's home, brings from them as any output. A home that
+    /// does not answer in time costs reruns, never the submission.
+    pub(super) fn submit_reusing(
+        &mut self,
+        (spec, keys): (FarmSpec, TaskKeys),
+        rerun: &[bool],
+        reply: mpsc::UnboundedSender<ControlResponse>,
+    ) {
+        // Nothing of a farm of this name kept here: no look-up per task.
+        let any_here = self.kept_name(&spec.def.name);
+        let mut reused = Vec::new();
+        let mut wanted = Vec::new();
         let mut batch = Vec::new();
-        for s in dependency_order(def) {
-            if rerun.get(s as usize).copied().unwrap_or(false) {
+        let out = Path::new(&spec.def.out);
+        for (s, stage_keys) in keys.iter().enumerate() {
+            if rerun.get(s).copied().unwrap_or(false) {
                 continue;
             }
-            let stage = &def.stages[s as usize];
-            // A whole-stage dependency counts only once every task of it was reused.
-            for &d in &stage.after {
-                let len = def.stages[d as usize].len();
-                if !digests.contains_key(&d)
-                    && (0..len).all(|i| keys.contains_key(&TaskRef::new(d, i)))
-                {
-                    digests.insert(d, stage_digest(def, d, |t| keys.get(&t).copied()));
-                }
-            }
-            if stage.after.iter().any(|d| !digests.contains_key(d)) {
-                continue;
-            }
-            for i in 0..stage.len() {
-                let t = TaskRef::new(s, i);
-                if stage
-                    .after_each
-                    .iter()
-                    .any(|&d| !keys.contains_key(&TaskRef::new(d, i)))
-                {
-                    continue;
-                }
-                let hashes: Vec<[u8; 32]> = def
-                    .expand(t)
-                    .inputs
-                    .iter()
-                    .map(|p| input_hash(spec, p))
-                    .collect();
-                let mut key = content_key(
-                    &def.name,
-                    &def.task_name(t),
-                    &def.expand_for_key(t),
-                    &stage.resources,
-                    &hashes,
-                );
-                if has_deps(def, s) {
-                    let deps = deps_digest(def, t, |d| digests[&d], |d| keys.get(&d).copied());
-                    key = key_with_deps(&key, &deps);
-                }
-                let name = meta_name(&key);
-                let Some(mut kept) = self.kept(&name) else {
+            let stage = &spec.def.stages[s];
+            for (i, key) in stage_keys.iter().enumerate() {
+                let t = TaskRef::new(s as u32, i as u32);
+                let name = meta_name(key);
+                let Some(mut kept) = any_here.then(|| self.kept(&name)).flatten() else {
+                    wanted.push((t, *key));
                     continue;
                 };
                 let dir = out.join(&stage.name).join(i.to_string());
-                let (reused, changed) = kept.places.reuse(&dir).unwrap_or_else(|e| {
+                let (here, changed) = kept.places.reuse(&dir).unwrap_or_else(|e| {
                     tracing::info!(dir = %dir.display(), "earlier outputs not reused: {e}");
                     (false, true)
                 });
@@ -150,20 +137,106 @@ impl Node {
                         value: postcard::to_stdvec(&kept).expect("plain data"),
                     });
                 }
-                if reused {
-                    keys.insert(t, key);
-                    entries.push(Entry::Done {
-                        task: t,
-                        key: Some(Box::new(key)),
-                        node: self.me,
-                        attempt: 0,
-                        outputs: kept.outputs.into(),
-                    });
+                if here {
+                    reused.push(done_before(t, *key, self.me, kept.outputs));
+                } else {
+                    wanted.push((t, *key));
                 }
             }
         }
         self.write_kept(batch);
-        entries
+        let homes = self.earlier_homes(&spec.def.name);
+        let coordinator = self.peer.coordinator().filter(|c| *c != self.me);
+        if wanted.is_empty() || (homes.is_empty() && coordinator.is_none()) {
+            self.submit_now(spec, reused, reply);
+            return;
+        }
+        let tx = self.tx.clone();
+        let (me, name) = (self.me, spec.def.name.clone());
+        tokio::spawn(async move {
+            let mut homes = homes;
+            if let Some(c) = coordinator {
+                let asked = tokio::time::timeout(KEPT_WAIT, request(&tx, c, Request::ListFarms));
+                if let Ok(Ok(Response::Farms(farms))) = asked.await {
+                    homes.extend(
+                        farms
+                            .iter()
+                            .filter(|f| f.name == name && f.home.node != me)
+                            .map(|f| f.home.node),
+                    );
+                }
+            }
+            let keys: Vec<[u8; 32]> = wanted.iter().map(|(_, k)| *k).collect();
+            let asks = homes.into_iter().take(HOMES_ASKED).map(|h| {
+                let (tx, keys) = (tx.clone(), keys.clone());
+                async move {
+                    let asked = request(&tx, h, Request::Kept { keys });
+                    (h, tokio::time::timeout(KEPT_WAIT, asked).await)
+                }
+            });
+            let mut found: HashMap<[u8; 32], (NodeId, Vec<OutputFile>)> = HashMap::new();
+            for (h, answer) in futures::future::join_all(asks).await {
+                if let Ok(Ok(Response::Kept(kept))) = answer {
+                    for (k, outputs) in kept {
+                        found.entry(k).or_insert((h, outputs));
+                    }
+                }
+            }
+            for (t, k) in wanted {
+                if let Some((h, outputs)) = found.get(&k) {
+                    reused.push(done_before(t, k, *h, outputs.clone()));
+                }
+            }
+            let _ = tx.send(Cmd::SubmitReused(Box::new(spec), reused, reply));
+        });
+    }
+
+    /// Hands the farm to the peer: it becomes its home, with these tasks done.
+    pub(super) fn submit_now(
+        &mut self,
+        spec: FarmSpec,
+        reused: Vec<Entry>,
+        reply: mpsc::UnboundedSender<ControlResponse>,
+    ) {
+        let mut o = Origin::new(&spec);
+        o.submit_reply = Some(reply);
+        self.origins.insert(spec.id, o);
+        let now = self.now();
+        self.peer.submit(now, spec, reused);
+    }
+
+    /// Answers [`Request::Kept`]: the keys whose outputs this node keeps
+    /// whole, each with its outputs, served by hash from now on.
+    pub(super) fn kept_here(&self, keys: &[[u8; 32]]) -> Vec<([u8; 32], Vec<OutputFile>)> {
+        let mut out = Vec::new();
+        for key in keys {
+            let Some(kept) = self.kept(&meta_name(key)) else {
+                continue;
+            };
+            let Some(place) = kept.places.whole() else {
+                continue;
+            };
+            for o in &kept.outputs {
+                self.transfers
+                    .serve_file(o.hash, Path::new(&place.dir).join(&o.path));
+            }
+            out.push((*key, kept.outputs));
+        }
+        out
+    }
+
+    /// The other nodes this node knows were the home of a farm named `name`.
+    fn earlier_homes(&self, name: &str) -> BTreeSet<NodeId> {
+        self.summaries()
+            .into_iter()
+            .filter(|f| f.name == name && f.home.node != self.me)
+            .map(|f| f.home.node)
+            .collect()
+    }
+
+    /// Whether this node kept the results of a farm named `name`.
+    fn kept_name(&self, name: &str) -> bool {
+        matches!(self.store.meta(NODE_KEY, &name_meta(name)), Ok(Some(_)))
     }
 
     fn kept(&self, name: &str) -> Option<Kept> {
@@ -180,6 +253,74 @@ impl Node {
         if let Err(e) = self.store.write(batch).and_then(|()| self.store.flush()) {
             tracing::warn!("results not written down for reuse: {e}");
         }
+    }
+}
+
+/// Every task's content key as the coordinator records it (its own key
+/// and, for a task with dependencies, theirs: see `farm::key_with_deps`),
+/// per stage in index order: all made from the farm's definition and the
+/// hashes of its inputs, dependencies first.
+pub(super) fn task_keys(spec: &FarmSpec) -> TaskKeys {
+    let def = &spec.def;
+    let mut keys: Vec<Vec<[u8; 32]>> = vec![Vec::new(); def.stages.len()];
+    let mut digests: HashMap<u32, [u8; 32]> = HashMap::new();
+    for s in dependency_order(def) {
+        let stage = &def.stages[s as usize];
+        for &d in &stage.after {
+            let k = &keys[d as usize];
+            digests.insert(
+                d,
+                stage_digest(def, d, |t| k.get(t.index as usize).copied()),
+            );
+        }
+        let mut made = Vec::with_capacity(stage.len() as usize);
+        for i in 0..stage.len() {
+            let t = TaskRef::new(s, i);
+            let hashes: Vec<[u8; 32]> = def
+                .expand(t)
+                .inputs
+                .iter()
+                .map(|p| input_hash(spec, p))
+                .collect();
+            let mut key = content_key(
+                &def.name,
+                &def.task_name(t),
+                &def.expand_for_key(t),
+                &stage.resources,
+                &hashes,
+            );
+            if has_deps(def, s) {
+                let deps = deps_digest(
+                    def,
+                    t,
+                    |d| digests[&d],
+                    |d| keys[d.stage as usize].get(d.index as usize).copied(),
+                );
+                key = key_with_deps(&key, &deps);
+            }
+            made.push(key);
+        }
+        keys[s as usize] = made;
+    }
+    keys
+}
+
+/// Each task's content key, per stage in index order.
+pub(super) type TaskKeys = Vec<Vec<[u8; 32]>>;
+
+/// The name under which a node notes that it kept results of farms named `name`.
+fn name_meta(name: &str) -> String {
+    format!("kept-name/{name}")
+}
+
+/// The entry of a task done before: attempt 0, counted as reused.
+fn done_before(task: TaskRef, key: [u8; 32], node: NodeId, outputs: Vec<OutputFile>) -> Entry {
+    Entry::Done {
+        task,
+        key: Some(Box::new(key)),
+        node,
+        attempt: 0,
+        outputs: outputs.into(),
     }
 }
 

@@ -364,6 +364,10 @@ impl Node {
                 let resp = Response::Farms(self.summaries());
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
             }
+            Request::Kept { keys } => {
+                let resp = Response::Kept(self.kept_here(&keys));
+                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+            }
             Request::FindFarm { query } => {
                 let resp = match self.find_known(&query).map(|f| self.found(f)) {
                     Ok(Some(f)) => Response::Farm(Box::new(f)),

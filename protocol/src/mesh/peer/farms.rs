@@ -118,14 +118,16 @@ impl Peer {
 
     /// A farm submitted on this node, which becomes its home. `reused`:
     /// its tasks done before (in an earlier farm, with the same content
-    /// key), whose outputs the driver has put in place here already: they
-    /// are done from the start, and collected.
+    /// key): they are done from the start. Those whose entry names this
+    /// node have their outputs in place here already (the driver put them
+    /// there); those of other nodes are brought from them.
     pub fn submit(&mut self, now: Millis, spec: FarmSpec, reused: Vec<Entry>) {
         let spec = Arc::new(spec);
         self.specs.insert(spec.id, spec.clone());
         self.out.persist(Persist::Farm(spec.clone()));
         let home = self.holdings.submitted(self.node.id, spec.clone());
-        self.holdings.reused(spec.id, &reused, &mut self.out);
+        self.holdings
+            .reused(self.node.id, spec.id, &reused, &mut self.out);
         if let Some(c) = self.node.election.leader().node {
             // Not the coordinator yet: offered again until accepted, with
             // what the copy here knows (the reused tasks among it).

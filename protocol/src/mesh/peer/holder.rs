@@ -90,28 +90,29 @@ impl Holdings {
         home
     }
 
-    /// On the home of a farm just submitted: these tasks were done before
-    /// and their outputs are in place here already.
-    pub(super) fn reused(&mut self, farm: FarmId, entries: &[Entry], out: &mut Out) {
+    /// On the home of a farm just submitted: these tasks were done before.
+    /// The outputs of those this node (`me`) kept are in place here
+    /// already; those of the others are brought from them as any output.
+    pub(super) fn reused(&mut self, me: NodeId, farm: FarmId, entries: &[Entry], out: &mut Out) {
         let Some(r) = self.replicas.get_mut(&farm) else {
             return;
         };
-        let mut tasks = Vec::with_capacity(entries.len());
+        let mut here = Vec::with_capacity(entries.len());
         for e in entries {
-            if r.add(e.clone()) {
+            let mine = matches!(e, Entry::Done { node, .. } if *node == me);
+            if r.add(e.clone()) && mine {
                 r.collect(e.task());
-                tasks.push(e.task());
+                here.push(e.task());
             }
         }
-        if tasks.is_empty() {
-            return;
-        }
         out.persist_entries(farm, entries.to_vec(), true);
-        out.persist(Persist::Collected {
-            farm,
-            home: r.home_of,
-            tasks,
-        });
+        if !here.is_empty() {
+            out.persist(Persist::Collected {
+                farm,
+                home: r.home_of,
+                tasks: here,
+            });
+        }
     }
 
     /// This node becomes the farm's home: a claim above the last, every
