@@ -320,3 +320,63 @@ fn a_farm_submitted_again_on_a_mesh_reuses_every_result_into_its_new_folder() {
     assert_eq!(runs(&runs_dir), 26);
     assert_whole("c");
 }
+
+/// examples/pipeline's shape: `analyze/i` reads `simulate/i`'s output.
+const PIPELINE: &str = r#"
+[farm]
+name = "pipe"
+
+[defaults]
+workdir = "runs/{stage}/{index}"
+
+[[stage]]
+name = "simulate"
+sweep.n = { range = "1..6" }
+shell = "sleep 0.3; echo $(({n} * {n})) > sim.dat"
+outputs = ["sim.dat"]
+
+[[stage]]
+name = "analyze"
+sweep.n = { range = "1..6" }
+after_each = "simulate"
+shell = "echo n={n} sq=$(cat {out}/simulate/{index}/sim.dat) > stats.txt"
+outputs = ["stats.txt"]
+
+[[stage]]
+name = "report"
+after = ["analyze"]
+shell = "cat {out}/analyze/*/stats.txt > summary.txt"
+outputs = ["summary.txt"]
+"#;
+
+#[test]
+fn a_pipeline_on_a_mesh_ends_every_time_with_every_stage_reading_what_it_depends_on() {
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2"; 3], &[]);
+    sb.write("farm/farm.toml", PIPELINE);
+    // The home's tasks that read outputs run there; the home must be
+    // offered them even when the other nodes took every upstream task and
+    // the home had nothing to do (once, a farm in four waited for ever).
+    for k in 0..5 {
+        let out = sb
+            .path()
+            .join(format!("out{k}"))
+            .to_string_lossy()
+            .to_string();
+        c.mesh(
+            0,
+            &[
+                "submit",
+                "farm/farm.toml",
+                "--out",
+                &out,
+                "--wait",
+                "--rerun",
+            ],
+        )
+        .expect_code(0);
+        let summary = sb.read(&format!("out{k}/report/0/summary.txt"));
+        let want: String = (1..=6).map(|n| format!("n={n} sq={}\n", n * n)).collect();
+        assert_eq!(summary, want, "farm {k}");
+    }
+}

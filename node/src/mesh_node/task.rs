@@ -21,6 +21,7 @@ impl Node {
     pub(super) fn start(&mut self, task: Assigned, grant: Grant) {
         let mut found = 0;
         if !self.deps_here(&task, &mut found) {
+            tracing::debug!(farm = %task.farm, task = ?task.task, found, "waits for its dependencies' outputs");
             self.waiting_deps.push((task, grant, found));
             return;
         }

@@ -39,6 +39,14 @@ impl Coord {
             if backlog == 0 {
                 return;
             }
+            // Tasks that run on their farm's home only (see `CoordFarm::pins`)
+            // may become ready with no change to the backlog (it counts the
+            // tasks of a stage waiting on another element-wise), and the
+            // nodes that report meanwhile cannot take them: the home is
+            // asked at every assignment while its farm has such tasks.
+            for f in self.farms.values().filter(|f| f.pinning) {
+                self.hungry.insert(f.home.node);
+            }
             self.hungry.iter().copied().collect()
         };
         // Near the end of some work, a task queued behind a busy node's
