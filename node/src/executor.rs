@@ -241,6 +241,10 @@ impl Drop for Report {
     }
 }
 
+/// Times a start that failed with ETXTBSY is tried again, a little later
+/// each time (about a second in all).
+const TEXT_BUSY_TRIES: u64 = 20;
+
 async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
     let cwd = match &l.spec.workdir {
         Some(w) => l.root.join(w),
@@ -332,7 +336,19 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
     for (k, v) in &l.spec.env {
         cmd.env(k, v);
     }
-    let spawned = cmd.spawn();
+    let mut spawned = cmd.spawn();
+    // A program written here a moment ago (an input staged, fetched or
+    // linked) may still be open for writing in a child that another thread
+    // was forking meanwhile: it keeps the descriptor until its own exec, and
+    // exec of the program fails with ETXTBSY until then.
+    let mut tries = 0u64;
+    while tries < TEXT_BUSY_TRIES
+        && matches!(&spawned, Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ETXTBSY as i32))
+    {
+        tries += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(5 * tries)).await;
+        spawned = cmd.spawn();
+    }
     // The command holds this side's copies of the pipes' write ends: they
     // must close for the reads to end when the task's side does.
     drop(cmd);
