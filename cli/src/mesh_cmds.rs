@@ -888,6 +888,11 @@ fn print_farms(s: &MeshStatus) {
     if s.farms.is_empty() {
         outln!("no farms submitted on this node");
     }
+    // A farm's tasks handed to nodes are queued there or running; only the
+    // nodes know which, for all their farms together: split exactly when one
+    // farm is going, and otherwise said as handed out.
+    let going = s.farms.iter().filter(|f| !f.finished).count();
+    let running: u64 = s.nodes.iter().map(|n| u64::from(n.running)).sum();
     for f in &s.farms {
         let state = if f.finished {
             "finished"
@@ -896,12 +901,18 @@ fn print_farms(s: &MeshStatus) {
         } else {
             "waiting for the coordinator"
         };
+        let placed = f.counts.running;
+        let on_nodes = if going == 1 && !f.finished {
+            let r = running.min(placed);
+            format!("{r} running, {} queued on nodes", placed - r)
+        } else {
+            format!("{placed} running or queued on nodes")
+        };
         outln!(
-            "farm {} ({state}): {}/{} done, {} running, {} failed",
+            "farm {} ({state}): {}/{} done, {on_nodes}, {} failed",
             f.id,
             f.counts.done,
             f.counts.total,
-            f.counts.running,
             f.counts.failed
         );
     }
