@@ -93,13 +93,17 @@ impl Results {
 impl Place {
     /// Every file of `dir`, stamped (none when it does not exist).
     pub fn of(dir: &Path) -> io::Result<Place> {
-        let mut files = Vec::new();
+        let mut found = Vec::new();
         match fs::metadata(dir) {
-            Ok(m) if m.is_dir() => walk(dir, dir, &mut files)?,
+            Ok(m) if m.is_dir() => walk(dir, dir, &mut found)?,
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
+        let mut files = found
+            .into_iter()
+            .map(|(rel, p)| stamp(&p, rel))
+            .collect::<io::Result<Vec<Stamp>>>()?;
         files.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(Place {
             dir: dir.to_string_lossy().into_owned(),
@@ -163,7 +167,8 @@ fn stamp(path: &Path, rel: String) -> io::Result<Stamp> {
     })
 }
 
-fn walk(base: &Path, dir: &Path, out: &mut Vec<Stamp>) -> io::Result<()> {
+/// Every file under `dir`, with its path relative to `base`.
+pub fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> io::Result<()> {
     for e in fs::read_dir(dir)? {
         let e = e?;
         let p: PathBuf = e.path();
@@ -175,7 +180,7 @@ fn walk(base: &Path, dir: &Path, out: &mut Vec<Stamp>) -> io::Result<()> {
                 .unwrap_or(&p)
                 .to_string_lossy()
                 .into_owned();
-            out.push(stamp(&p, rel)?);
+            out.push((rel, p));
         }
     }
     Ok(())

@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use super::transfer::{self, hash_file, keep_pieces, Transfers};
 use super::{Cmd, Node};
+use crate::results::walk;
 
 pub(super) use super::transfer::NO_SUCH_FILE;
 
@@ -415,22 +416,4 @@ async fn fetch_any(
         return Err("no other node is connected".into());
     }
     Err(format!("no node could give it ({})", why.join("; ")))
-}
-
-fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> io::Result<()> {
-    for e in fs::read_dir(dir)? {
-        let e = e?;
-        let p = e.path();
-        if e.file_type()?.is_dir() {
-            walk(base, &p, out)?;
-        } else {
-            let rel = p
-                .strip_prefix(base)
-                .unwrap_or(&p)
-                .to_string_lossy()
-                .into_owned();
-            out.push((rel, p));
-        }
-    }
-    Ok(())
 }
