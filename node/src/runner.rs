@@ -16,9 +16,7 @@ use mesh_protocol::engine::{
     Action, AddOptions, Counts, Engine, Event, FarmSlot, KillReason, Outcome, Persist, RecordState,
     Stop, TaskResult, Verdict,
 };
-use mesh_protocol::farm::{
-    content_key, deps_digest, has_deps, key_with_deps, stage_digest, FarmDef,
-};
+use mesh_protocol::farm::{deps_digest, has_deps, key_with_deps, stage_digest, FarmDef};
 use mesh_protocol::mesh::FarmId;
 use mesh_protocol::{Resources, TaskRef};
 use mesh_store::{FarmKey, JournalEntry, JournalEvent, SledStore, Store, StoreError, Write};
@@ -648,13 +646,7 @@ impl Driver {
         let mut spec = def.expand(task);
         let hashes: Vec<[u8; 32]> = spec.inputs.iter().map(|i| self.input_hash(i)).collect();
         let task_id = def.task_name(task);
-        let mut key = content_key(
-            &def.name,
-            &task_id,
-            &def.expand_for_key(task),
-            &stage.resources,
-            &hashes,
-        );
+        let mut key = def.own_key(task, &task_id, &hashes);
         if has_deps(&def, task.stage) {
             key = key_with_deps(&key, &self.deps_digest(task)?);
         }

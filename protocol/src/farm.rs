@@ -529,6 +529,20 @@ impl FarmDef {
         self.expand_with_out(t, OUT_IN_KEY)
     }
 
+    /// Task `t`'s own content key (see [`content_key`]), its id `task_id`
+    /// (`<stage>/<index>`) and the blake3 of each of its inputs given:
+    /// what the node that runs it and a home looking for earlier results
+    /// both make. A task with dependencies adds theirs ([`key_with_deps`]).
+    pub fn own_key(&self, t: TaskRef, task_id: &str, input_hashes: &[[u8; 32]]) -> [u8; 32] {
+        content_key(
+            &self.name,
+            task_id,
+            &self.expand_for_key(t),
+            &self.stage(t).resources,
+            input_hashes,
+        )
+    }
+
     fn expand_with_out(&self, t: TaskRef, out: &str) -> TaskSpec {
         let stage = self.stage(t);
         let binding = stage.sweep.binding(t.index);

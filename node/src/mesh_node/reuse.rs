@@ -17,9 +17,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::time::Duration;
 
-use mesh_protocol::farm::{
-    content_key, deps_digest, has_deps, key_with_deps, stage_digest, FarmDef, TaskRef,
-};
+use mesh_protocol::farm::{deps_digest, has_deps, key_with_deps, stage_digest, FarmDef, TaskRef};
 use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId, OutputFile};
 use mesh_protocol::wire::{Request, Response};
 use mesh_store::{mesh::NODE_KEY, Store, Write};
@@ -282,13 +280,7 @@ pub(super) fn task_keys(spec: &FarmSpec) -> TaskKeys {
                 .iter()
                 .map(|p| input_hash(spec, p))
                 .collect();
-            let mut key = content_key(
-                &def.name,
-                &def.task_name(t),
-                &def.expand_for_key(t),
-                &stage.resources,
-                &hashes,
-            );
+            let mut key = def.own_key(t, &def.task_name(t), &hashes);
             if has_deps(def, s) {
                 let deps = deps_digest(
                     def,

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use mesh_protocol::engine::{Grant, KillReason, Outcome, TaskResult};
-use mesh_protocol::farm::content_key;
 use mesh_protocol::mesh::{Assigned, FarmSpec, NodeId, OutputFile};
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
@@ -54,13 +53,7 @@ impl Node {
         let hashes: Vec<[u8; 32]> = tspec.inputs.iter().map(|i| input_hash(&spec, i)).collect();
         let task_id = def.task_name(task.task);
         // The task's own key; the coordinator adds what it depends on (see `farm::key_with_deps`).
-        let key = content_key(
-            &def.name,
-            &task_id,
-            &def.expand_for_key(task.task),
-            &stage.resources,
-            &hashes,
-        );
+        let key = def.own_key(task.task, &task_id, &hashes);
         executor::resolve_program(&mut self.programs, &mut tspec);
         let local = spec.origin == self.me;
         let farm_dir = self.state.join("work").join(task.farm.to_string());
