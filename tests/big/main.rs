@@ -117,7 +117,9 @@ fn a_seed_with_a_limit_of_128_open_files_takes_200_joiners_into_one_mesh() {
     for _ in 1..n {
         c.add_joiner(Some(&addr), "cpu=1", &[]);
     }
-    let one = wait_until(Duration::from_secs(300), || {
+    // As long as any mass start: on a loaded 2-core machine 200 debug
+    // nodes have taken 259 s here, and more than 300 s in CI.
+    let one = wait_until(Duration::from_secs(mesh_tests::START_MANY_WAIT_S), || {
         let lines: Vec<Vec<String>> = c.nodes.iter().map(|nd| nd.lines()).collect();
         let first = follows(&lines[0]);
         first.is_some()
@@ -128,7 +130,11 @@ fn a_seed_with_a_limit_of_128_open_files_takes_200_joiners_into_one_mesh() {
     let behind: Vec<usize> = (0..n)
         .filter(|&i| sees(&c.nodes[i].lines()) < n - 1)
         .collect();
-    assert!(one, "not one mesh after 300 s; behind: {behind:?}");
+    assert!(
+        one,
+        "not one mesh after {} s; behind: {behind:?}",
+        mesh_tests::START_MANY_WAIT_S
+    );
     for i in 0..n {
         assert_eq!(
             c.nodes[i].wait_exit(Duration::ZERO),

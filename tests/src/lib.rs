@@ -385,8 +385,9 @@ pub struct Cluster {
     pub env: Vec<(String, String)>,
 }
 
-/// How long [`Cluster::start_many`] waits for every node to see every other.
-const START_MANY_WAIT_S: u64 = 420;
+/// How long [`Cluster::start_many`] (and a test starting a mesh of hundreds
+/// its own way) waits for every node to see every other.
+pub const START_MANY_WAIT_S: u64 = 420;
 
 impl Cluster {
     /// Starts `resources.len()` nodes: the first with `mesh node`, the others
