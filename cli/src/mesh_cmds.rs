@@ -557,6 +557,12 @@ fn print_farm(v: &FarmView) {
             c.stopped
         );
     }
+    if v.redone > 0 {
+        eprintln!(
+            "  {} done task(s) ran again: the only copy of their outputs went with a node",
+            v.redone
+        );
+    }
     if v.duplicates > 0 {
         eprintln!(
             "  {} task(s) ran again after a fault (a node thought dead, a partition) and completed twice; the first result counts",

@@ -44,6 +44,9 @@ pub struct FarmView {
     /// completed twice; the first result counts.
     #[serde(default)]
     pub duplicates: u64,
+    /// Done tasks run again: the only copy of their outputs went with a node.
+    #[serde(default)]
+    pub redone: u64,
     /// Outputs coming home (a mesh farm, on its home).
     #[serde(default)]
     pub data: DataView,

@@ -518,7 +518,7 @@ impl FarmDef {
     }
 
     pub fn expand(&self, t: TaskRef) -> TaskSpec {
-        self.expand_with_out(t, &self.out)
+        self.expand_in(t, &self.out)
     }
 
     /// The task as its content key sees it: `{out}` left as written, so the
@@ -526,7 +526,7 @@ impl FarmDef {
     /// reads there is its dependencies' outputs, which the key covers by
     /// their own keys).
     pub fn expand_for_key(&self, t: TaskRef) -> TaskSpec {
-        self.expand_with_out(t, OUT_IN_KEY)
+        self.expand_in(t, OUT_IN_KEY)
     }
 
     /// Task `t`'s own content key (see [`content_key`]), its id `task_id`
@@ -543,7 +543,10 @@ impl FarmDef {
         )
     }
 
-    fn expand_with_out(&self, t: TaskRef, out: &str) -> TaskSpec {
+    /// Task `t` with `{out}` standing for `out`: a node other than the
+    /// farm's home runs it in a folder of its own, where it has put the
+    /// outputs the task depends on.
+    pub fn expand_in(&self, t: TaskRef, out: &str) -> TaskSpec {
         let stage = self.stage(t);
         let binding = stage.sweep.binding(t.index);
         let cx = RenderCx {

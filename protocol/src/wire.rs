@@ -17,11 +17,11 @@ use crate::observe::Observation;
 use crate::pieces::Pieces;
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 13;
+pub const PROTOCOL_VERSION: u32 = 14;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
-pub const REQUEST_PROTOCOL: &str = "/mesh/req/10";
+pub const REQUEST_PROTOCOL: &str = "/mesh/req/11";
 /// The stream that carries messages for a peer's engine, in order.
-pub const PEER_PROTOCOL: &str = "/mesh/peer/9";
+pub const PEER_PROTOCOL: &str = "/mesh/peer/10";
 /// A file's bytes, one stream per file: the receiver opens it.
 pub const DATA_PROTOCOL: &str = "/mesh/data/1";
 /// No single request, response or frame of messages may be larger.
@@ -87,6 +87,10 @@ pub enum Request {
     /// asked by a node a farm is submitted to, of the homes of earlier
     /// farms of the same name, to reuse what they made.
     Kept { keys: Vec<[u8; 32]> },
+    /// The outputs of what a task depends on, asked of the coordinator by a
+    /// node about to run it off the farm's home: they are put in that
+    /// node's own `{out}` folder first.
+    DepOutputs { farm: FarmId, task: TaskRef },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -116,7 +120,23 @@ pub enum Response {
     /// Answer to [`Request::Kept`]: each key kept whole here with its
     /// outputs, which the node serves by hash from then on.
     Kept(Vec<([u8; 32], Vec<OutputFile>)>),
+    /// Answer to [`Request::DepOutputs`].
+    DepOutputs(DepOutputs),
     Error(String),
+}
+
+/// The outputs of the tasks one task depends on, as the farm's log has
+/// them (see [`Request::DepOutputs`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct DepOutputs {
+    /// Each done dependency that left outputs, with the node that ran it
+    /// (and keeps them until the home has them).
+    pub done: Vec<(TaskRef, NodeId, Vec<OutputFile>)>,
+    /// Dependencies not done now (a run lost with its node, made again):
+    /// the asker waits and asks again.
+    pub waiting: u64,
+    /// The farm's home, which has every output once it is collected.
+    pub home: Option<NodeId>,
 }
 
 /// A farm as the coordinator knows it, for a node that does not hold it.

@@ -3,6 +3,7 @@
 //! One test binary (see cli/Cargo.toml) so the binary under test is built once.
 
 mod alloc;
+mod apart;
 mod browser;
 mod dashboard;
 mod data;

@@ -383,6 +383,19 @@ pub struct Cluster {
     places: Vec<(Option<String>, String)>,
     /// Set in every node's environment (a batch system's settings).
     pub env: Vec<(String, String)>,
+    /// Folders nodes other than the first do not see (see [`Cluster::start_apart`]).
+    hidden: Vec<PathBuf>,
+}
+
+/// Whether nodes can be started each in a mount namespace of its own
+/// (`unshare -m`, as root): machines that share no file system.
+pub fn apart_possible() -> bool {
+    nix::unistd::geteuid().is_root()
+        && which("unshare").is_some()
+        && Command::new("unshare")
+            .args(["-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt"])
+            .status()
+            .is_ok_and(|s| s.success())
 }
 
 /// How long [`Cluster::start_many`] (and a test starting a mesh of hundreds
@@ -405,7 +418,24 @@ impl Cluster {
         extra: &[&str],
         places: &[(Option<String>, String)],
     ) -> Cluster {
-        Cluster::start_in(sandbox, resources, extra, places, Vec::new())
+        Cluster::start_in(sandbox, resources, extra, places, Vec::new(), Vec::new())
+    }
+
+    /// As [`Cluster::start`], every node but the first in a mount namespace
+    /// of its own where each of `hidden` is an empty tmpfs: the submitter's
+    /// farm and output folders are on its machine only, as on a cluster
+    /// with no shared file system. Needs [`apart_possible`].
+    pub fn start_apart(
+        sandbox: &Sandbox,
+        resources: &[&str],
+        extra: &[&str],
+        hidden: &[&Path],
+    ) -> Cluster {
+        for h in hidden {
+            fs::create_dir_all(h).expect("mkdir");
+        }
+        let hidden = hidden.iter().map(|h| h.to_path_buf()).collect();
+        Cluster::start_in(sandbox, resources, extra, &[], Vec::new(), hidden)
     }
 
     /// As [`Cluster::start`], with `env` in every node's environment.
@@ -415,7 +445,7 @@ impl Cluster {
         extra: &[&str],
         env: Vec<(String, String)>,
     ) -> Cluster {
-        Cluster::start_in(sandbox, resources, extra, &[], env)
+        Cluster::start_in(sandbox, resources, extra, &[], env, Vec::new())
     }
 
     fn start_in(
@@ -424,6 +454,7 @@ impl Cluster {
         extra: &[&str],
         places: &[(Option<String>, String)],
         env: Vec<(String, String)>,
+        hidden: Vec<PathBuf>,
     ) -> Cluster {
         let root = sandbox.path().to_path_buf();
         let bin = sandbox.bin.clone();
@@ -447,6 +478,7 @@ impl Cluster {
             root,
             places,
             env,
+            hidden,
         };
         for (i, r) in resources.iter().enumerate() {
             let state = c.root.join(format!("n{i}"));
@@ -477,7 +509,7 @@ impl Cluster {
     /// `joined` lines, see [`sees`]): asking each node's status would be N²
     /// requests on a big mesh.
     pub fn start_many(sandbox: &Sandbox, n: usize, resources: &str, extra: &[&str]) -> Cluster {
-        let mut c = Cluster::start_in(sandbox, &[resources], extra, &[], Vec::new());
+        let mut c = Cluster::start_in(sandbox, &[resources], extra, &[], Vec::new(), Vec::new());
         let addr = c.nodes[0].address();
         for _ in 1..n {
             c.add_joiner(Some(&addr), resources, extra);
@@ -561,11 +593,26 @@ impl Cluster {
             args.extend(["--resources", resources]);
         }
         args.extend(extra);
-        let exe = if ns.is_some() {
+        let mut exe = if ns.is_some() {
             PathBuf::from("ip")
         } else {
             self.bin.clone()
         };
+        let mounts: String = self
+            .hidden
+            .iter()
+            .map(|h| format!("mount -t tmpfs tmpfs '{}' && ", h.display()))
+            .collect();
+        let script = format!("{mounts}exec \"$0\" \"$@\"");
+        let exe_text = exe.to_string_lossy().into_owned();
+        if i > 0 && !self.hidden.is_empty() {
+            // `sh -c SCRIPT EXE ARGS...`: the node is exec'd in the new
+            // namespace, keeping its pid, once the folders are hidden.
+            let mut wrapped = vec!["-m", "sh", "-c", &script, &exe_text];
+            wrapped.extend(args);
+            args = wrapped;
+            exe = PathBuf::from("unshare");
+        }
         let node = NodeProc::start_with(&exe, &self.root, state, &args, &self.env);
         node.address();
         node

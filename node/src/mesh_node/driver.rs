@@ -321,6 +321,7 @@ impl Node {
         }
         self.peer.restore_held(held);
         self.ask_about_held();
+        self.serve_home_outputs();
         if let Some(book) = MeshState::load_allocs(&self.store)? {
             self.peer.restore_allocs(book);
         }
@@ -401,9 +402,13 @@ impl Node {
             } => self.fetch_outputs(farm, task, from, outputs),
             Action::Forget { farm } => {
                 self.held_count.set(None);
-                let dir = self.state.join("held").join(farm.to_string());
+                // What it kept for the home, and its own folder for the
+                // farm (the dependencies put there, the inputs).
+                let held = self.state.join("held").join(farm.to_string());
+                let work = self.state.join("work").join(farm.to_string());
                 tokio::task::spawn_blocking(move || {
-                    let _ = fs::remove_dir_all(dir);
+                    let _ = fs::remove_dir_all(held);
+                    let _ = fs::remove_dir_all(work);
                 });
             }
             Action::FetchInputs { farm } => self.fetch_inputs(farm),
@@ -516,6 +521,7 @@ impl Node {
                         self.recorder
                             .ended(seq, slot, failed, crate::state::unix_ms());
                     }
+                    self.serve_outputs(task.farm, task.task, &outputs);
                     ended.push((task, outcome, outputs));
                 }
                 other => self.on_cmd(other),
@@ -527,7 +533,7 @@ impl Node {
         }
     }
 
-    fn on_cmd(&mut self, cmd: Cmd) {
+    pub(super) fn on_cmd(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Finished(..) => unreachable!("ended tasks are taken together by on_cmds"),
             Cmd::Peer(peer, msgs) => {
@@ -542,6 +548,15 @@ impl Node {
             Cmd::Fetched(farm, task, r) => {
                 if let Err(e) = &r {
                     tracing::info!(%farm, ?task, "outputs not brought home yet: {e}");
+                }
+                if r.is_ok() {
+                    let outputs = self.peer.replica(farm).and_then(|r| match r.log.get(task) {
+                        Some(mesh_protocol::mesh::Entry::Done { outputs, .. }) => Some(outputs.clone()),
+                        _ => None,
+                    });
+                    if let Some(o) = outputs {
+                        self.serve_outputs(farm, task, &o);
+                    }
                 }
                 let got = match &r {
                     Ok(()) => Fetched::Here,
@@ -595,6 +610,7 @@ impl Node {
                 }
             }
             Cmd::Request { to, req, reply } => self.send(to, req, Some(reply)),
+            Cmd::AskCoordinator { req, reply } => self.to_coordinator(req, reply),
             Cmd::Respond(channel, resp) => {
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
             }

@@ -37,6 +37,7 @@ impl Node {
         req: Request,
     ) -> Result<Response, oneshot::Receiver<Response>> {
         match req {
+            Request::DepOutputs { farm, task } => Ok(self.dep_outputs(farm, task)),
             Request::WhereRan { farm, task } => {
                 let (node, running) = match self.peer.where_ran(farm, task) {
                     Some((n, r)) => (Some(n), r),

@@ -9,6 +9,7 @@
 
 mod allocs;
 mod commands;
+mod deps;
 mod driver;
 mod links;
 mod logs;
@@ -127,6 +128,11 @@ enum Cmd {
     Launched(Assigned, Live),
     Request {
         to: NodeId,
+        req: Request,
+        reply: oneshot::Sender<Result<Response, String>>,
+    },
+    /// A request for whichever node coordinates now.
+    AskCoordinator {
         req: Request,
         reply: oneshot::Sender<Result<Response, String>>,
     },

@@ -332,7 +332,7 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
     Ok(())
 }
 
-fn file_hash(path: &Path) -> io::Result<[u8; 32]> {
+pub(super) fn file_hash(path: &Path) -> io::Result<[u8; 32]> {
     let mut h = blake3::Hasher::new();
     h.update_reader(fs::File::open(path)?)?;
     Ok(*h.finalize().as_bytes())
@@ -374,30 +374,36 @@ pub(super) async fn fetch_input(
     if dest.is_file() {
         return set_mode(dest, mode);
     }
+    place_cached(&cached, dest, mode)
+}
+
+/// Puts a file this node keeps by hash (`cached`) at `dest`, with `mode`:
+/// linked where that leaves every other link's mode alone, else copied.
+pub(super) fn place_cached(cached: &Path, dest: &Path, mode: u32) -> Result<(), String> {
     if let Some(dir) = dest.parent() {
         fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
     // A link shares the cached file's mode, which other inputs of the same
     // contents may want otherwise: linked only when the mode is the same.
     let linkable = mode == 0
-        || match fs::metadata(&cached) {
+        || match fs::metadata(cached) {
             Ok(m) if mode_of(&m) == mode => true,
             // Linked nowhere yet: the cached copy may take this mode.
             Ok(m) if m.nlink() == 1 => {
-                fs::set_permissions(&cached, fs::Permissions::from_mode(mode)).is_ok()
+                fs::set_permissions(cached, fs::Permissions::from_mode(mode)).is_ok()
             }
             _ => false,
         };
-    let linked = linkable && fs::hard_link(&cached, dest).is_ok();
+    let linked = linkable && fs::hard_link(cached, dest).is_ok();
     if !linked && !dest.is_file() {
-        fs::copy(&cached, dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
+        fs::copy(cached, dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
     }
     set_mode(dest, mode)
 }
 
 /// Fetches a file by its blake3 hash from the first of `sources` that has
 /// it, into this node's cache (its pieces kept beside it, to serve it on).
-async fn fetch_any(
+pub(super) async fn fetch_any(
     t: &Arc<Transfers>,
     tx: &mpsc::UnboundedSender<Cmd>,
     sources: &[NodeId],

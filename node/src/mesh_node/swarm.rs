@@ -340,7 +340,7 @@ impl Node {
                 let resp = Response::Observed(Box::new(self.observation(since)));
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
             }
-            Request::WhereRan { .. } | Request::TaskLog { .. } => {
+            Request::WhereRan { .. } | Request::TaskLog { .. } | Request::DepOutputs { .. } => {
                 let tx = self.tx.clone();
                 match self.local_answer(req) {
                     Ok(r) => {

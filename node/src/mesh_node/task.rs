@@ -5,10 +5,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use mesh_protocol::engine::{Grant, KillReason, Outcome, TaskResult};
+use mesh_protocol::farm::reads_outputs;
 use mesh_protocol::mesh::{Assigned, FarmSpec, NodeId, OutputFile};
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 
+use super::deps::{place_deps, DepsPlace};
 use super::staging::{fetch_input, hold_outputs, input_file, input_hash, manifest};
 use super::transfer::Transfers;
 use super::{Cmd, Node};
@@ -49,14 +51,21 @@ impl Node {
             .insert((task.farm, task.task), (seq, self.recorder.slot(seq)));
         let def = &spec.def;
         let stage = def.stage(task.task);
-        let mut tspec = def.expand(task.task);
+        let local = spec.origin == self.me;
+        let farm_dir = self.state.join("work").join(task.farm.to_string());
+        // Off the home, `{out}` is this node's own folder for the farm,
+        // where what the task depends on is put before it starts.
+        let farm_out = farm_dir.join("out");
+        let mut tspec = if local {
+            def.expand(task.task)
+        } else {
+            def.expand_in(task.task, &farm_out.to_string_lossy())
+        };
         let hashes: Vec<[u8; 32]> = tspec.inputs.iter().map(|i| input_hash(&spec, i)).collect();
         let task_id = def.task_name(task.task);
         // The task's own key; the coordinator adds what it depends on (see `farm::key_with_deps`).
         let key = def.own_key(task.task, &task_id, &hashes);
         executor::resolve_program(&mut self.programs, &mut tspec);
-        let local = spec.origin == self.me;
-        let farm_dir = self.state.join("work").join(task.farm.to_string());
         let (root, out_dir) = if local {
             (
                 PathBuf::from(&def.root),
@@ -65,10 +74,11 @@ impl Node {
                     .join(task.task.index.to_string()),
             )
         } else {
+            // Apart from `{out}`, whose globs see dependencies only.
             (
                 farm_dir.join("root"),
                 farm_dir
-                    .join("out")
+                    .join("runs")
                     .join(&stage.name)
                     .join(format!("{}.{}", task.task.index, task.attempt)),
             )
@@ -96,12 +106,20 @@ impl Node {
         let held = self.state.join("held").join(task.farm.to_string());
         let sources = self.sources(task.farm);
         let transfers = self.transfers.clone();
+        let deps = (!local && reads_outputs(def, task.task.stage)).then(|| DepsPlace {
+            farm: task.farm,
+            task: task.task,
+            me: self.me,
+            out: farm_out,
+            cache: cache.clone(),
+            held: held.clone(),
+        });
         tokio::spawn(async move {
             let (outcome, outputs) = run_task(
                 launch,
                 spec,
                 task,
-                (local, sources, transfers),
+                (local, sources, transfers, deps),
                 (cache, held),
                 tx.clone(),
             )
@@ -184,7 +202,7 @@ async fn run_task(
     launch: Launch,
     spec: Arc<FarmSpec>,
     task: Assigned,
-    (local, sources, transfers): (bool, Vec<NodeId>, Arc<Transfers>),
+    (local, sources, transfers, deps): (bool, Vec<NodeId>, Arc<Transfers>, Option<DepsPlace>),
     (cache, held): (PathBuf, PathBuf),
     tx: mpsc::UnboundedSender<Cmd>,
 ) -> (Outcome, Vec<OutputFile>) {
@@ -206,6 +224,11 @@ async fn run_task(
         // no workdir and no inputs still runs in it.
         if let Err(e) = fs::create_dir_all(&launch.root) {
             return fail(format!("cannot create {}: {e}", launch.root.display()));
+        }
+        if let Some(p) = &deps {
+            if let Err(e) = place_deps(&transfers, &tx, &spec, p).await {
+                return fail(e);
+            }
         }
         for input in &launch.spec.inputs {
             let file = input_file(&spec, input).map_or(([0; 32], 0), |i| (i.hash, i.mode));

@@ -64,6 +64,7 @@ impl Origin {
                 stopped: Vec::new(),
                 home: String::new(),
                 duplicates: 0,
+                redone: 0,
                 data: DataView::default(),
             },
             waiters: Vec::new(),
@@ -138,6 +139,7 @@ impl Node {
         let ended = p.finished && !o.view.finished;
         o.view.finished = p.finished;
         o.view.duplicates = p.duplicates;
+        o.view.redone = p.redone;
         o.view.unplaceable = unplaceable;
         o.view.stopped = stopped;
         o.view.failures = failures;
@@ -164,6 +166,7 @@ impl Node {
         }
         v.finished = f.progress.finished;
         v.duplicates = f.progress.duplicates;
+        v.redone = f.progress.redone;
         v.unplaceable = describe_unplaceable(&f.spec.def, &f.progress.unplaceable);
         v.stopped = describe_stops(&f.spec.def, &f.progress.stopped);
         v.failures = self.describe_failures(&f.spec, &f.failures);
@@ -232,6 +235,7 @@ pub(super) fn summary_view(f: &FarmSummary, labels: &HashMap<NodeId, String>) ->
         finished: f.progress.finished,
         counts: f.progress.counts.clone(),
         duplicates: f.progress.duplicates,
+        redone: f.progress.redone,
         home: labels
             .get(&f.home.node)
             .cloned()

@@ -424,6 +424,9 @@ pub struct FarmProgress {
     /// Runs that completed a task already done (only after a fault: a node
     /// declared dead that was alive, a partition); the first result counts.
     pub duplicates: u64,
+    /// Done tasks run again because the only copy of their outputs went
+    /// with a node before the home (or a task that needed them) had it.
+    pub redone: u64,
     /// Stages that fit no node of the mesh (their tasks are failed), and why.
     pub unplaceable: Vec<(u32, String)>,
     /// Stages stopped because their first tasks all failed the same way

@@ -201,6 +201,11 @@ impl FarmLog {
         self.done
     }
 
+    /// Runs whose outputs were lost, and so ran again.
+    pub fn redone_count(&self) -> u64 {
+        self.redone.len() as u64
+    }
+
     /// Each task's current entry, in the order they were added.
     pub fn current(&self) -> impl Iterator<Item = &Entry> {
         self.entries
@@ -543,6 +548,7 @@ impl Replica {
             stages: self.stages.clone(),
             finished: self.finished(),
             duplicates: self.duplicates,
+            redone: self.log.redone_count(),
             unplaceable: self.unplaceable.clone(),
             stopped: self.stopped.clone(),
         }

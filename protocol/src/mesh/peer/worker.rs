@@ -359,10 +359,7 @@ impl Worker {
                 continue;
             };
             let req = &spec.def.stages[a.task.stage as usize].resources;
-            // Placed on the farm's home for the outputs it reads: it stays.
-            if crate::farm::reads_outputs(&spec.def, a.task.stage)
-                || !room(total, &load, req, Prefetch::Percent(STEAL_PREFETCH_PERCENT))
-            {
+            if !room(total, &load, req, Prefetch::Percent(STEAL_PREFETCH_PERCENT)) {
                 i += 1;
                 continue;
             }

@@ -22,7 +22,7 @@ use crate::engine::{
     self, AddOptions, Engine, FarmSlot, KillReason, Millis, Order, Outcome, TaskRecord, TaskResult,
     Verdict,
 };
-use crate::farm::{deps_digest, has_deps, key_with_deps, reads_outputs, stage_digest, TaskRef};
+use crate::farm::{deps_digest, has_deps, key_with_deps, stage_digest, TaskRef};
 use crate::observe::Latency;
 use crate::resources::Resources;
 use crate::tally::Tally;
@@ -91,9 +91,6 @@ struct CoordFarm {
     /// The digest of each `after` stage's keys its dependents' keys were
     /// made with (see `farm::deps_digest`), until the log changes in that stage.
     stage_digests: FxHashMap<u32, [u8; 32]>,
-    /// Some stage's tasks run on the home only (see `pins`): placement
-    /// looks no further for farms without.
-    pinning: bool,
 }
 
 impl CoordFarm {
@@ -109,11 +106,6 @@ impl CoordFarm {
         copies.sort_unstable();
         copies.dedup();
         copies
-    }
-
-    /// Tasks of `stage` run on the farm's home only (see `farm::reads_outputs`).
-    fn pins(&self, stage: u32) -> bool {
-        self.pinning && reads_outputs(&self.spec.def, stage)
     }
 
     /// Adds an entry to the log (see [`FarmLog::add`]).
@@ -288,7 +280,6 @@ impl Coord {
         for e in entries {
             log.add(e);
         }
-        let pinning = (0..spec.def.stages.len() as u32).any(|s| reads_outputs(&spec.def, s));
         self.slots.push(spec.id);
         let home = Home {
             epoch: 0,
@@ -311,7 +302,6 @@ impl Coord {
             order,
             apart: None,
             stage_digests: FxHashMap::default(),
-            pinning,
         })
     }
 
@@ -407,6 +397,7 @@ impl Coord {
         let p = FarmProgress {
             farm,
             duplicates: f.duplicates,
+            redone: f.log.redone_count(),
             unplaceable: f
                 .unplaceable
                 .iter()

@@ -39,14 +39,6 @@ impl Coord {
             if backlog == 0 {
                 return;
             }
-            // Tasks that run on their farm's home only (see `CoordFarm::pins`)
-            // may become ready with no change to the backlog (it counts the
-            // tasks of a stage waiting on another element-wise), and the
-            // nodes that report meanwhile cannot take them: the home is
-            // asked at every assignment while its farm has such tasks.
-            for f in self.farms.values().filter(|f| f.pinning) {
-                self.hungry.insert(f.home.node);
-            }
             self.hungry.iter().copied().collect()
         };
         // Near the end of some work, a task queued behind a busy node's
@@ -97,18 +89,10 @@ impl Coord {
             let cap =
                 queue_max.min(claims_max.unwrap_or_else(|| claims_cap(total) + depth as usize));
             let mut taken = Vec::new();
-            let (farms, slots) = (&self.farms, &self.slots);
             let claimed = self.engine.claim(
                 now,
                 batch_max.min(cap.saturating_sub(*count)),
-                &mut |(slot, s), stage| {
-                    // A task that reads its dependencies' outputs runs on
-                    // the farm's home, the one node sure to have them all
-                    // (and only once they are there: see the node's `start`).
-                    let f = &farms[&slots[slot.0 as usize]];
-                    if f.home.node != node && f.pins(s) {
-                        return false;
-                    }
+                &mut |_, stage| {
                     if deadline.is_some_and(|d| !fits_before_walltime(now, d, stage.expected_ms, 0))
                     {
                         return false;

@@ -1,0 +1,232 @@
+//! Data that follows the graph: a task run off its farm's home finds what it depends on at `{out}/<stage>/<index>/<file>` in a folder of this node's own, put there from the nodes that made it or the home, checked by hash.
+//!
+//! The coordinator's log says, for each dependency, which node ran it and
+//! the blake3 of each file it left ([`Request::DepOutputs`]). That node
+//! keeps them until the farm's home has them all, and the home has them
+//! from then on: either may give them. A dependency whose only copy went
+//! with its node is made again (the home finds it lost and the coordinator
+//! runs it again): the task waits for that run, and never starts with a
+//! file missing.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mesh_protocol::farm::TaskRef;
+use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId, OutputFile};
+use mesh_protocol::wire::{DepOutputs, Request, Response};
+use tokio::sync::{mpsc, oneshot};
+
+use super::staging::{fetch_any, file_hash, place_cached};
+use super::transfer::Transfers;
+use super::{Cmd, Node};
+
+/// How long a task waits for what it depends on (a run made again after
+/// its node died, a coordinator being elected) before it fails for it.
+const DEPS_WAIT: Duration = Duration::from_secs(600);
+
+impl Node {
+    /// Answers [`Request::DepOutputs`] from the farm's log as this node has
+    /// it: the coordinator's, or a copy's.
+    pub(super) fn dep_outputs(&self, farm: FarmId, task: TaskRef) -> Response {
+        let (log, home) = match (self.peer.coordinated_log(farm), self.peer.replica(farm)) {
+            (Some(log), _) => (
+                log,
+                self.peer.coordinated_farm(farm, 0).map(|(h, ..)| h.node),
+            ),
+            (None, Some(r)) => (&r.log, Some(r.home_of.node)),
+            (None, None) => return Response::Error(format!("farm {farm} is not known here")),
+        };
+        let Some(spec) = self.peer.spec(farm) else {
+            return Response::Error(format!("farm {farm} is not known here"));
+        };
+        let def = &spec.def;
+        let mut answer = DepOutputs {
+            home,
+            ..DepOutputs::default()
+        };
+        let mut n = 0;
+        while let Some(d) = def.dependency(task, n) {
+            n += 1;
+            if def.stage(d).outputs.is_empty() {
+                continue;
+            }
+            match log.get(d) {
+                Some(Entry::Done { node, outputs, .. }) => {
+                    answer.done.push((d, *node, outputs.to_vec()));
+                }
+                _ => answer.waiting += 1,
+            }
+        }
+        Response::DepOutputs(answer)
+    }
+
+    /// Asks the coordinator, whichever node it is now.
+    pub(super) fn to_coordinator(
+        &mut self,
+        req: Request,
+        reply: oneshot::Sender<Result<Response, String>>,
+    ) {
+        match self.peer.coordinator() {
+            Some(to) => self.on_cmd(Cmd::Request { to, req, reply }),
+            None => {
+                let _ = reply.send(Err("no coordinator is elected yet".into()));
+            }
+        }
+    }
+}
+
+/// Where a task's dependencies come from, and where they go.
+pub(super) struct DepsPlace {
+    pub(super) farm: FarmId,
+    pub(super) task: TaskRef,
+    pub(super) me: NodeId,
+    /// This node's `{out}` for the farm.
+    pub(super) out: PathBuf,
+    pub(super) cache: PathBuf,
+    /// The outputs this node made for the farm, by hash.
+    pub(super) held: PathBuf,
+}
+
+/// Puts every output `p.task` depends on under `p.out`, from this node's
+/// own, its cache, the node that made it or the home; waits (asking
+/// again) while a dependency is being made again. Bytes fetched from
+/// other nodes are counted by the transfers.
+pub(super) async fn place_deps(
+    t: &Arc<Transfers>,
+    tx: &mpsc::UnboundedSender<Cmd>,
+    spec: &FarmSpec,
+    p: &DepsPlace,
+) -> Result<(), String> {
+    let until = tokio::time::Instant::now() + DEPS_WAIT;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let why = match ask(tx, p.farm, p.task).await {
+            Ok(deps) if deps.waiting == 0 => match place_all(t, tx, spec, p, &deps).await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            },
+            Ok(deps) => format!("{} of its dependencies are being made again", deps.waiting),
+            Err(e) => e,
+        };
+        if tokio::time::Instant::now() + pause >= until {
+            return Err(format!("the outputs it depends on: {why}"));
+        }
+        tracing::debug!(farm = %p.farm, task = ?p.task, "dependencies not here yet ({why}); again in {pause:?}");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn ask(
+    tx: &mpsc::UnboundedSender<Cmd>,
+    farm: FarmId,
+    task: TaskRef,
+) -> Result<DepOutputs, String> {
+    let (reply, rx) = oneshot::channel();
+    tx.send(Cmd::AskCoordinator {
+        req: Request::DepOutputs { farm, task },
+        reply,
+    })
+    .map_err(|_| "the node is stopping".to_string())?;
+    match rx.await {
+        Ok(Ok(Response::DepOutputs(d))) => Ok(d),
+        Ok(Ok(Response::Error(e))) | Ok(Err(e)) => Err(e),
+        Ok(Ok(_)) => Err("an unexpected answer from the coordinator".into()),
+        Err(_) => Err("the node is stopping".into()),
+    }
+}
+
+async fn place_all(
+    t: &Arc<Transfers>,
+    tx: &mpsc::UnboundedSender<Cmd>,
+    spec: &FarmSpec,
+    p: &DepsPlace,
+    deps: &DepOutputs,
+) -> Result<(), String> {
+    for (d, node, outputs) in &deps.done {
+        let dir = p
+            .out
+            .join(&spec.def.stage(*d).name)
+            .join(d.index.to_string());
+        let mut sources = vec![*node];
+        sources.extend(deps.home.filter(|h| h != node && *h != p.me));
+        sources.retain(|s| *s != p.me);
+        for o in outputs {
+            let dest = dir.join(&o.path);
+            let hex = blake3::Hash::from(o.hash).to_hex().to_string();
+            // Made here: kept by hash among this node's outputs of the farm.
+            let own = p.held.join(&hex);
+            let cached = p.cache.join(&hex);
+            let (d2, o2, c2, h) = (dest.clone(), own.clone(), cached.clone(), o.hash);
+            let here = tokio::task::spawn_blocking(move || in_place(&d2, &[&o2, &c2], &h)).await;
+            if here.unwrap_or(false) {
+                continue;
+            }
+            let from = if own.is_file() {
+                own
+            } else {
+                if !cached.is_file() {
+                    fetch_any(t, tx, &sources, p.farm, o.hash, &cached)
+                        .await
+                        .map_err(|e| format!("{}/{}/{}: {e}", spec.def.stage(*d).name, d.index, o.path))?;
+                }
+                cached
+            };
+            let (from, dest2, mode) = (from.clone(), dest.clone(), o.mode);
+            tokio::task::spawn_blocking(move || {
+                // Another attempt's file of the same name, made before a
+                // dependency ran again, gives way.
+                let _ = fs::remove_file(&dest2);
+                place_cached(&from, &dest2, mode)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `dest` is already the file of this hash, put there for another
+/// task of the farm on this node: a link to where this node keeps it, or
+/// a copy with these contents. Another file of the name (an earlier run of
+/// a dependency made again since) is not.
+fn in_place(dest: &Path, of: &[&Path], hash: &[u8; 32]) -> bool {
+    let Ok(m) = fs::metadata(dest) else {
+        return false;
+    };
+    of.iter()
+        .any(|p| fs::metadata(p).is_ok_and(|o| o.ino() == m.ino() && o.dev() == m.dev()))
+        || file_hash(dest).is_ok_and(|h| h == *hash)
+}
+
+impl Node {
+    /// On the home: serves a task's outputs from the farm's output folder,
+    /// by hash, to nodes whose tasks depend on them (after the node that
+    /// made them is gone, the home is the one left with them).
+    pub(super) fn serve_outputs(&self, farm: FarmId, task: TaskRef, outputs: &[OutputFile]) {
+        let Some(r) = self.peer.replica(farm).filter(|r| r.home) else {
+            return;
+        };
+        let dir = PathBuf::from(r.out_dir())
+            .join(&r.spec.def.stage(task).name)
+            .join(task.index.to_string());
+        for o in outputs {
+            self.transfers.serve_file(o.hash, dir.join(&o.path));
+        }
+    }
+
+    /// At start: the outputs of every farm this node is the home of that
+    /// are here, served again (see `serve_outputs`).
+    pub(super) fn serve_home_outputs(&self) {
+        for r in self.peer.replicas().filter(|r| r.home) {
+            for &t in &r.collected {
+                if let Some(Entry::Done { outputs, .. }) = r.log.get(t) {
+                    self.serve_outputs(r.id(), t, outputs);
+                }
+            }
+        }
+    }
+}
