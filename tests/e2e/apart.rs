@@ -160,3 +160,38 @@ fn a_node_killed_while_it_holds_outputs_others_need_costs_reruns_not_results() {
     assert!(redone.is_some(), "no count of reruns: {}", w.stdout);
     eprintln!("redone after the kill: {redone:?}");
 }
+
+#[test]
+fn the_submitter_killed_mid_graph_and_the_farm_resumed_on_another_node_brings_every_output_there() {
+    let sb = sandbox();
+    let Some(mut c) = apart(&sb, 3, "cpu=2") else {
+        return;
+    };
+    let n = 16;
+    sb.write("farm/farm.toml", &chain(n, "0.5"));
+    let out = sb.path().join("out").to_string_lossy().to_string();
+    let r = c.mesh(0, &["submit", "farm/farm.toml", "--out", &out]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    let done = |c: &Cluster, i: usize| {
+        c.mesh(i, &["status", &id, "--json"]).json()["counts"]["done"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || done(&c, 0) >= 6),
+        "the farm did not get going"
+    );
+    c.kill(0);
+    // Another node, which never saw the farm's folder, takes it over into
+    // a folder of its own.
+    let resumed = sb.path().join("resumed").to_string_lossy().to_string();
+    c.mesh(1, &["resume", &id, "--out", &resumed]).expect_code(0);
+    let r = c.mesh(1, &["wait", &id]);
+    r.expect_code(0);
+    assert_eq!(sb.read("resumed/c/0/all.txt"), chain_result(n), "{}", r.stderr);
+    for i in 0..n {
+        assert_eq!(sb.read(&format!("resumed/a/{i}/x.txt")), format!("a{i}\n"));
+        assert_eq!(sb.read(&format!("resumed/b/{i}/y.txt")), format!("a{i}b\n"));
+    }
+}
