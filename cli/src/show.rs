@@ -419,6 +419,21 @@ pub fn check(def: &FarmDef, warnings: &[FarmWarning], show: u32, json: bool) -> 
         for &a in &s.after_each {
             deps.push(format!("after each {}", def.stages[a as usize].name));
         }
+        for (e, d) in s.deps.iter().enumerate() {
+            let up = &def.stages[d.stage as usize];
+            let how = match &d.on {
+                mesh_protocol::graph::DepOn::Keyed { down, .. } => {
+                    let names: Vec<&str> = down
+                        .iter()
+                        .map(|&v| s.sweep.vars[v as usize].name.as_str())
+                        .collect();
+                    format!("by {}", names.join(", "))
+                }
+                mesh_protocol::graph::DepOn::Listed { .. } => "as listed".to_string(),
+            };
+            let edges = def.graph().stages[i][e].ups.items_len();
+            deps.push(format!("after {} {how} ({edges} edges)", up.name));
+        }
         let deps = if deps.is_empty() {
             String::new()
         } else {

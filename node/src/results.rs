@@ -202,12 +202,7 @@ pub fn rerun_stages(def: &FarmDef, rerun: Option<&[String]>) -> Vec<bool> {
     while grew {
         grew = false;
         for (i, s) in def.stages.iter().enumerate() {
-            if !marked[i]
-                && s.after
-                    .iter()
-                    .chain(&s.after_each)
-                    .any(|&d| marked[d as usize])
-            {
+            if !marked[i] && s.upstream().any(|d| marked[d as usize]) {
                 marked[i] = true;
                 grew = true;
             }

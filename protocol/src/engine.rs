@@ -69,6 +69,9 @@ struct StageState {
     ready: VecDeque<u32>,
     /// Whole-stage dependencies not yet complete.
     waiting_on: u32,
+    /// Per task, the tasks it waits for by a keyed or listed dependency
+    /// that are not done (empty for a stage with none).
+    waiting: Vec<u32>,
     /// Whole-stage dependencies all complete (and none failed).
     open: bool,
     /// Every task was done once: the stages waiting on it were told (a
@@ -168,6 +171,9 @@ struct FarmState {
     /// For each stage, the stages that wait on it as a whole / element-wise.
     dependents: Vec<Vec<u32>>,
     dependents_each: Vec<Vec<u32>>,
+    /// For each stage, the (stage, edge) pairs that wait on some of its
+    /// tasks by a keyed or listed dependency.
+    dependents_by: Vec<Vec<(u32, usize)>>,
     cancelled: bool,
     finished_emitted: bool,
 }
@@ -328,7 +334,7 @@ impl Engine {
                 }
             }
             st.rewind();
-            if st.open && !f.def.stages[s].after_each.is_empty() {
+            if st.open && per_task(&f.def.stages[s]) {
                 let ready = ready_each(f, s, 0..f.stages[s].status.len());
                 f.stages[s].ready.extend(ready);
             }
@@ -349,7 +355,22 @@ impl Engine {
         while let Some((s, idx)) = work.pop() {
             let whole = f.dependents[s as usize].iter().map(|&d| (d, None));
             let each = f.dependents_each[s as usize].iter().map(|&d| (d, idx));
-            let deps: Vec<(u32, Option<u32>)> = whole.chain(each).collect();
+            let mut deps: Vec<(u32, Option<u32>)> = whole.chain(each).collect();
+            if !f.dependents_by[s as usize].is_empty() {
+                let g = f.def.graph().clone();
+                for &(d, e) in &f.dependents_by[s as usize] {
+                    match idx {
+                        Some(j) => deps.extend(
+                            g.stages[d as usize][e]
+                                .downs
+                                .get(j as usize)
+                                .iter()
+                                .map(|&k| (d, Some(k))),
+                        ),
+                        None => deps.push((d, None)),
+                    }
+                }
+            }
             for (d, at) in deps {
                 let ds = d as usize;
                 let range = match at {
@@ -366,7 +387,7 @@ impl Engine {
                     f.stages[ds].set(i, PENDING);
                 }
                 if f.stages[ds].open {
-                    if f.def.stages[ds].after_each.is_empty() {
+                    if !per_task(&f.def.stages[ds]) {
                         f.stages[ds].rewind();
                     } else {
                         let ready = ready_each(f, ds, back.into_iter());
@@ -423,6 +444,7 @@ impl Engine {
         let n = def.stages.len();
         let mut dependents = vec![Vec::new(); n];
         let mut dependents_each = vec![Vec::new(); n];
+        let mut dependents_by = vec![Vec::new(); n];
         for (i, s) in def.stages.iter().enumerate() {
             for &d in &s.after {
                 dependents[d as usize].push(i as u32);
@@ -430,7 +452,15 @@ impl Engine {
             for &d in &s.after_each {
                 dependents_each[d as usize].push(i as u32);
             }
+            for (e, dep) in s.deps.iter().enumerate() {
+                dependents_by[dep.stage as usize].push((i as u32, e));
+            }
         }
+        let graph = if def.stages.iter().any(|s| !s.deps.is_empty()) {
+            Some(def.graph().clone())
+        } else {
+            None
+        };
         let stages = def
             .stages
             .iter()
@@ -445,6 +475,7 @@ impl Engine {
                     walked: vec![(0, 0)],
                     ready: VecDeque::new(),
                     waiting_on: s.after.len() as u32,
+                    waiting: Vec::new(),
                     open: false,
                     complete: false,
                     unplaceable: false,
@@ -465,6 +496,7 @@ impl Engine {
             order,
             dependents,
             dependents_each,
+            dependents_by,
             cancelled: false,
             finished_emitted: false,
         });
@@ -544,6 +576,31 @@ impl Engine {
             }
         }
 
+        if let Some(g) = &graph {
+            // What each task waits for, from what is done now.
+            let f = &mut self.farms[slot.0 as usize];
+            for (s, edges) in g.stages.iter().enumerate() {
+                if edges.is_empty() {
+                    continue;
+                }
+                let waiting = (0..f.stages[s].status.len())
+                    .map(|i| {
+                        edges
+                            .iter()
+                            .map(|e| {
+                                let up = &f.stages[e.up_stage as usize].status;
+                                e.ups
+                                    .get(i)
+                                    .iter()
+                                    .filter(|&&j| up[j as usize] != DONE)
+                                    .count() as u32
+                            })
+                            .sum()
+                    })
+                    .collect();
+                f.stages[s].waiting = waiting;
+            }
+        }
         self.check_placeable(slot);
         let nstages = self.farms[slot.0 as usize].stages.len();
         for s in 0..nstages as u32 {
@@ -622,8 +679,7 @@ impl Engine {
             return;
         }
         f.stages[s as usize].open = true;
-        let each = &f.def.stages[s as usize].after_each;
-        if each.is_empty() {
+        if !per_task(&f.def.stages[s as usize]) {
             return;
         }
         let ready = ready_each(f, s as usize, 0..f.stages[s as usize].status.len());
@@ -754,14 +810,25 @@ impl Engine {
         let i = task.index as usize;
         for d in f.dependents_each[s].clone() {
             let ds = d as usize;
-            if f.stages[ds].open
-                && f.stages[ds].status[i] == PENDING
-                && f.def.stages[ds]
-                    .after_each
-                    .iter()
-                    .all(|&e| f.stages[e as usize].status[i] == DONE)
-            {
+            if f.stages[ds].open && f.stages[ds].status[i] == PENDING && each_done(f, ds, i) {
                 f.stages[ds].ready.push_back(task.index);
+            }
+        }
+        if !f.dependents_by[s].is_empty() {
+            let g = f.def.graph().clone();
+            for &(d, e) in &f.dependents_by[s] {
+                let ds = d as usize;
+                for &k in g.stages[ds][e].downs.get(i) {
+                    let w = &mut f.stages[ds].waiting[k as usize];
+                    *w = w.saturating_sub(1);
+                    if *w == 0
+                        && f.stages[ds].open
+                        && f.stages[ds].status[k as usize] == PENDING
+                        && each_done(f, ds, k as usize)
+                    {
+                        f.stages[ds].ready.push_back(k);
+                    }
+                }
             }
         }
         let complete = f.stages[s].counts.done == f.stages[s].counts.total;
@@ -790,6 +857,26 @@ impl Engine {
             for d in f.dependents_each[s as usize].clone() {
                 if skip_pending(&mut f.stages[d as usize], idx) {
                     work.push((d, idx));
+                }
+            }
+            if f.dependents_by[s as usize].is_empty() {
+                continue;
+            }
+            let g = f.def.graph().clone();
+            for (d, e) in f.dependents_by[s as usize].clone() {
+                match idx {
+                    Some(j) => {
+                        for &k in g.stages[d as usize][e].downs.get(j as usize) {
+                            if skip_pending(&mut f.stages[d as usize], Some(k)) {
+                                work.push((d, Some(k)));
+                            }
+                        }
+                    }
+                    None => {
+                        if skip_pending(&mut f.stages[d as usize], None) {
+                            work.push((d, None));
+                        }
+                    }
                 }
             }
         }
@@ -859,7 +946,7 @@ impl Engine {
 
     fn next_ready(&mut self, fi: usize, s: u32) -> Option<u32> {
         let f = &mut self.farms[fi];
-        let by_cursor = f.def.stages[s as usize].after_each.is_empty();
+        let by_cursor = !per_task(&f.def.stages[s as usize]);
         let st = &mut f.stages[s as usize];
         while let Some(i) = st.ready.pop_front() {
             if st.status[i as usize] == PENDING {
@@ -953,7 +1040,7 @@ impl Engine {
     /// asking again stays cheap.
     fn has_ready(&mut self, fi: usize, s: u32) -> bool {
         let f = &mut self.farms[fi];
-        let by_cursor = f.def.stages[s as usize].after_each.is_empty();
+        let by_cursor = !per_task(&f.def.stages[s as usize]);
         let st = &mut f.stages[s as usize];
         while let Some(&i) = st.ready.front() {
             if st.status[i as usize] == PENDING {
@@ -1094,6 +1181,15 @@ impl Engine {
         }
         st.set(i, PENDING);
         st.ready.push_front(task.index);
+        if !f.dependents_by[task.stage as usize].is_empty() {
+            // Done again later, it lets them go again (see `on_done`).
+            let g = f.def.graph().clone();
+            for &(d, e) in &f.dependents_by[task.stage as usize] {
+                for &k in g.stages[d as usize][e].downs.get(i) {
+                    f.stages[d as usize].waiting[k as usize] += 1;
+                }
+            }
+        }
         true
     }
 
@@ -1289,12 +1385,8 @@ impl Engine {
 /// dependencies are all done: ready once the stage is open.
 /// In the stage's order (see `Engine::reorder`), given `indices` ascending.
 fn ready_each(f: &FarmState, s: usize, indices: impl Iterator<Item = usize>) -> Vec<u32> {
-    let each = &f.def.stages[s].after_each;
     let mut ready: Vec<u32> = indices
-        .filter(|&i| {
-            f.stages[s].status[i] == PENDING
-                && each.iter().all(|&d| f.stages[d as usize].status[i] == DONE)
-        })
+        .filter(|&i| f.stages[s].status[i] == PENDING && each_done(f, s, i))
         .map(|i| i as u32)
         .collect();
     let (order, len) = (&f.stages[s].order, f.stages[s].status.len() as u32);
@@ -1302,6 +1394,22 @@ fn ready_each(f: &FarmState, s: usize, indices: impl Iterator<Item = usize>) -> 
         ready.sort_unstable_by_key(|&i| order.rank(i, len));
     }
     ready
+}
+
+/// Whether a stage's tasks become ready one by one (element-wise, keyed or
+/// listed dependencies), rather than all at once when the stage opens.
+pub(crate) fn per_task(def: &StageDef) -> bool {
+    !def.after_each.is_empty() || !def.deps.is_empty()
+}
+
+/// Whether what task `i` of stage `s` waits for task by task is done: its
+/// element-wise pairs, and its keyed and listed dependencies.
+fn each_done(f: &FarmState, s: usize, i: usize) -> bool {
+    f.def.stages[s]
+        .after_each
+        .iter()
+        .all(|&e| f.stages[e as usize].status[i] == DONE)
+        && f.stages[s].waiting.get(i).is_none_or(|&w| w == 0)
 }
 
 /// Task `i` of stage `s` can never run: a stage it waits on whole has a
@@ -1319,6 +1427,15 @@ fn doomed(f: &FarmState, s: usize, i: usize) -> bool {
                 FAILED | SKIPPED | CANCELLED | HELD
             )
         })
+        || (!def.deps.is_empty()
+            && f.def.graph().stages[s].iter().any(|e| {
+                e.ups.get(i).iter().any(|&j| {
+                    matches!(
+                        f.stages[e.up_stage as usize].status[j as usize],
+                        FAILED | SKIPPED | CANCELLED | HELD
+                    )
+                })
+            }))
 }
 
 /// Skips the pending tasks of a stage (one index, or all). True when any changed.
@@ -1345,7 +1462,7 @@ fn priority_order(def: &FarmDef) -> Vec<u32> {
     // The loader rejects cycles, so n rounds of relaxation reach the fixpoint.
     for _ in 0..n {
         for (i, s) in def.stages.iter().enumerate() {
-            for &d in s.after.iter().chain(&s.after_each) {
+            for d in s.upstream() {
                 depth[i] = depth[i].max(depth[d as usize] + 1);
             }
         }

@@ -43,6 +43,9 @@ pub struct FarmDef {
     /// Absolute output folder (`{out}`).
     pub out: String,
     pub stages: Vec<StageDef>,
+    /// The per-task dependencies expanded, once asked for.
+    #[serde(skip)]
+    pub graph: crate::graph::GraphCache,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -75,6 +78,8 @@ pub struct StageDef {
     pub after: Vec<u32>,
     /// Element-wise dependencies: task `i` waits for task `i` of these stages.
     pub after_each: Vec<u32>,
+    /// Per-task dependencies by rule: keyed or listed (see [`crate::graph`]).
+    pub deps: Vec<crate::graph::Dep>,
 }
 
 impl StageDef {
@@ -100,11 +105,21 @@ impl StageDef {
             success_codes: vec![0],
             after: vec![],
             after_each: vec![],
+            deps: vec![],
         }
     }
 
     pub fn len(&self) -> u32 {
         self.sweep.len() as u32
+    }
+
+    /// Every stage this one depends on in any way (a stage may appear twice).
+    pub fn upstream(&self) -> impl Iterator<Item = u32> + '_ {
+        self.after
+            .iter()
+            .chain(&self.after_each)
+            .copied()
+            .chain(self.deps.iter().map(|d| d.stage))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -581,9 +596,10 @@ const OUT_IN_KEY: &str = "{out}";
 
 impl FarmDef {
     /// The `n`-th of the tasks `t` waits for: every task of each `after`
-    /// stage, then task `t.index` of each `after_each` stage, in the order
-    /// the farm names them; None past the last. Indexed rather than
-    /// iterated, so a caller that waits for them can go on from where it was.
+    /// stage, then task `t.index` of each `after_each` stage, then those of
+    /// each keyed or listed dependency, in the order the farm names them;
+    /// None past the last. Indexed rather than iterated, so a caller that
+    /// waits for them can go on from where it was.
     pub fn dependency(&self, t: TaskRef, mut n: u64) -> Option<TaskRef> {
         let stage = self.stage(t);
         for &s in &stage.after {
@@ -593,8 +609,18 @@ impl FarmDef {
             }
             n -= len;
         }
-        let s = *stage.after_each.get(usize::try_from(n).ok()?)?;
-        Some(TaskRef::new(s, t.index))
+        if let Some(&s) = stage.after_each.get(usize::try_from(n).ok()?) {
+            return Some(TaskRef::new(s, t.index));
+        }
+        n -= stage.after_each.len() as u64;
+        for e in 0..stage.deps.len() {
+            let (s, ups) = self.ups(t, e);
+            if n < ups.len() as u64 {
+                return Some(TaskRef::new(s, ups[n as usize]));
+            }
+            n -= ups.len() as u64;
+        }
+        None
     }
 }
 
@@ -624,6 +650,15 @@ pub fn deps_digest(
         // counts as such, not as any particular result.
         h.update(&key_of(TaskRef::new(s, t.index)).unwrap_or([0; 32]));
     }
+    for e in 0..stage.deps.len() {
+        let (s, ups) = def.ups(t, e);
+        h.update(b"by");
+        h.update(&s.to_le_bytes());
+        h.update(&(ups.len() as u64).to_le_bytes());
+        for &j in ups {
+            h.update(&key_of(TaskRef::new(s, j)).unwrap_or([0; 32]));
+        }
+    }
     *h.finalize().as_bytes()
 }
 
@@ -641,8 +676,7 @@ pub fn key_with_deps(own: &[u8; 32], deps: &[u8; 32]) -> [u8; 32] {
 
 /// True when tasks of stage `s` depend on others, and so have a key made by [`key_with_deps`].
 pub fn has_deps(def: &FarmDef, s: u32) -> bool {
-    let st = &def.stages[s as usize];
-    !st.after.is_empty() || !st.after_each.is_empty()
+    def.stages[s as usize].upstream().next().is_some()
 }
 
 /// True when tasks of stage `s` depend on tasks that leave outputs, which
@@ -650,10 +684,8 @@ pub fn has_deps(def: &FarmDef, s: u32) -> bool {
 /// those outputs are (see `Coord::assign`).
 pub fn reads_outputs(def: &FarmDef, s: u32) -> bool {
     let st = &def.stages[s as usize];
-    st.after
-        .iter()
-        .chain(&st.after_each)
-        .any(|&d| !def.stages[d as usize].outputs.is_empty())
+    st.upstream()
+        .any(|d| !def.stages[d as usize].outputs.is_empty())
 }
 
 /// The digest of every task's key of stage `s`, in index order (see [`deps_digest`]).

@@ -6,6 +6,7 @@
 pub mod alloc;
 pub mod engine;
 pub mod farm;
+pub mod graph;
 pub mod mesh;
 pub mod observe;
 pub mod pieces;

@@ -194,6 +194,7 @@ mod tests {
 
     fn farm(n: u64, retries: u32) -> FarmDef {
         FarmDef {
+            graph: Default::default(),
             name: "sim".into(),
             root: "/".into(),
             out: "/out".into(),

@@ -25,7 +25,11 @@ fn apart(sb: &Sandbox, n: usize, resources: &str) -> Option<Cluster> {
 /// The nodes that ran a stage's tasks, as the tasks wrote them down.
 fn nodes_of(sb: &Sandbox, stage: &str, n: u32) -> BTreeSet<String> {
     (0..n)
-        .map(|i| sb.read(&format!("out/{stage}/{i}/node.txt")).trim().to_string())
+        .map(|i| {
+            sb.read(&format!("out/{stage}/{i}/node.txt"))
+                .trim()
+                .to_string()
+        })
         .collect()
 }
 
@@ -41,7 +45,14 @@ fn the_example_pipeline_comes_home_whole_from_three_nodes_that_share_no_file_sys
     for _ in 0..2 {
         let r = c.mesh(
             0,
-            &["submit", "farm/farm.toml", "--out", &out, "--wait", "--rerun"],
+            &[
+                "submit",
+                "farm/farm.toml",
+                "--out",
+                &out,
+                "--wait",
+                "--rerun",
+            ],
         );
         r.expect_code(0);
         let summary = sb.read("out/report/0/summary.txt");
@@ -186,10 +197,16 @@ fn the_submitter_killed_mid_graph_and_the_farm_resumed_on_another_node_brings_ev
     // Another node, which never saw the farm's folder, takes it over into
     // a folder of its own.
     let resumed = sb.path().join("resumed").to_string_lossy().to_string();
-    c.mesh(1, &["resume", &id, "--out", &resumed]).expect_code(0);
+    c.mesh(1, &["resume", &id, "--out", &resumed])
+        .expect_code(0);
     let r = c.mesh(1, &["wait", &id]);
     r.expect_code(0);
-    assert_eq!(sb.read("resumed/c/0/all.txt"), chain_result(n), "{}", r.stderr);
+    assert_eq!(
+        sb.read("resumed/c/0/all.txt"),
+        chain_result(n),
+        "{}",
+        r.stderr
+    );
     for i in 0..n {
         assert_eq!(sb.read(&format!("resumed/a/{i}/x.txt")), format!("a{i}\n"));
         assert_eq!(sb.read(&format!("resumed/b/{i}/y.txt")), format!("a{i}b\n"));

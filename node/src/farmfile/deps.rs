@@ -1,15 +1,44 @@
 //! Dependencies between stages: `after` and `after_each` names resolved to stage positions, with unknown stages, mismatched counts and cycles reported where they were written.
 
-use mesh_protocol::farm::StageDef;
+use mesh_protocol::farm::{StageDef, Template};
+use mesh_protocol::graph::{Dep, DepOn};
 
 use super::error::Problem;
-use super::locate::{At, Ctx};
+use super::locate::{At, Ctx, Scope};
+use super::parse::RawAfter;
 use super::{Result, Src};
 
 /// A stage's dependency names, kept until every stage's task count is known.
 pub(super) struct Deps {
     pub(super) after: Vec<At<String>>,
     pub(super) after_each: Vec<At<String>>,
+    /// Keyed and listed dependencies, in the order written.
+    pub(super) by: Vec<RawAfter>,
+}
+
+/// The position of sweep variable `name` in `stage`, or an error saying
+/// which variables it has.
+fn var_of(scope: &Scope<'_>, stage: &StageDef, name: &At<String>, field: &str) -> Result<u32> {
+    match stage.sweep.vars.iter().position(|v| v.name == name.v) {
+        Some(p) => Ok(p as u32),
+        None => {
+            let known: Vec<&str> = stage.sweep.vars.iter().map(|v| v.name.as_str()).collect();
+            Err(scope.fail(
+                name.pos,
+                field,
+                Problem::Dependency(format!(
+                    "stage `{}` has no sweep variable `{}` (its variables: {})",
+                    stage.name,
+                    name.v,
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                )),
+            ))
+        }
+    }
 }
 
 impl Src<'_> {
@@ -19,8 +48,13 @@ impl Src<'_> {
         let mut edges: Vec<Vec<(usize, usize, &'static str)>> = vec![Vec::new(); stages.len()];
         for (i, dep) in deps.iter().enumerate() {
             let scope = self.scope(Ctx::Stage(format!("stage `{}`", names[i])), false);
-            for (field, list) in [("after", &dep.after), ("after_each", &dep.after_each)] {
-                for target in list {
+            let by_names: Vec<At<String>> = dep.by.iter().map(|b| b.stage.clone()).collect();
+            for (field, list) in [
+                ("after", &dep.after),
+                ("after_each", &dep.after_each),
+                ("after.stage", &by_names),
+            ] {
+                for (n, target) in list.iter().enumerate() {
                     let Some(t) = names.iter().position(|n| *n == target.v) else {
                         let others: Vec<&str> = names
                             .iter()
@@ -61,6 +95,15 @@ impl Src<'_> {
                             },
                         ));
                     }
+                    if field == "after.stage" {
+                        let on = dep_on(&scope, &stages[i], &stages[t], &dep.by[n])?;
+                        stages[i].deps.push(Dep {
+                            stage: t as u32,
+                            on,
+                        });
+                        edges[i].push((t, target.pos, "after"));
+                        continue;
+                    }
                     let list = if field == "after" {
                         &mut stages[i].after
                     } else {
@@ -84,6 +127,36 @@ impl Src<'_> {
         }
         Ok(())
     }
+}
+
+/// How a keyed or listed `after` entry chooses the tasks of `up` that
+/// each task of `this` waits for.
+fn dep_on(scope: &Scope<'_>, this: &StageDef, up: &StageDef, raw: &RawAfter) -> Result<DepOn> {
+    if let Some(tasks) = &raw.tasks {
+        let vars: Vec<&str> = this.sweep.vars.iter().map(|v| v.name.as_str()).collect();
+        let t = Template::parse(&tasks.v, &vars)
+            .map_err(|e| scope.fail_at(tasks, "after.tasks", Problem::Template(e)))?;
+        let var = match &raw.var {
+            Some(m) => Some(var_of(scope, up, m, "after.match")?),
+            None => None,
+        };
+        return Ok(DepOn::Listed { tasks: t, var });
+    }
+    let pairs = raw.by.as_deref().unwrap_or_default();
+    if pairs.is_empty() {
+        return Err(scope.fail(
+            raw.pos,
+            "after.by",
+            Problem::Dependency("`by` names no sweep variable to match on".into()),
+        ));
+    }
+    let mut down = Vec::with_capacity(pairs.len());
+    let mut upv = Vec::with_capacity(pairs.len());
+    for (d, u) in pairs {
+        down.push(var_of(scope, this, d, "after.by")?);
+        upv.push(var_of(scope, up, u, "after.by")?);
+    }
+    Ok(DepOn::Keyed { down, up: upv })
 }
 
 /// Finds a cycle in the stage graph; returns its stages (first repeated at

@@ -21,6 +21,8 @@ pub(super) struct Loaded {
     pub(super) name: String,
     pub(super) stages: Vec<StageDef>,
     pub(super) warnings: Vec<FarmWarning>,
+    /// The keyed and listed dependencies expanded: checked here, kept.
+    pub(super) graph: mesh_protocol::graph::Graph,
 }
 
 impl Src<'_> {
@@ -150,37 +152,92 @@ impl Src<'_> {
             raw.push((label, *header, fields.with_defaults(&defaults)));
         }
 
-        // Pass 2: each stage on its own.
-        let mut stages = Vec::with_capacity(raw.len());
-        let mut deps = Vec::with_capacity(raw.len());
-        let mut outputs_at = Vec::with_capacity(raw.len());
-        let mut command_at = Vec::with_capacity(raw.len());
-        for (label, header, fields) in raw {
-            outputs_at.push(
-                fields
-                    .outputs
-                    .as_ref()
-                    .and_then(|o| o.first())
-                    .map(|o| (o.pos, o.dflt)),
-            );
-            command_at.push(fields.command.as_ref().map(|c| (c.pos, c.dflt)));
+        // Pass 2: each stage on its own; one with `after_each` and no sweep
+        // takes the sweep of the first stage it pairs with, so it comes
+        // after that one (a cycle of them is left to pass 3 to report).
+        let names: Vec<String> = raw
+            .iter()
+            .map(|(_, _, f)| f.name.as_ref().map(|n| n.v.clone()).unwrap_or_default())
+            .collect();
+        let source: Vec<Option<usize>> = raw
+            .iter()
+            .map(|(_, _, f)| match (&f.sweep, &f.after_each) {
+                (None, Some(each)) => each
+                    .first()
+                    .and_then(|e| names.iter().position(|n| *n == e.v)),
+                _ => None,
+            })
+            .collect();
+        let mut order: Vec<usize> = Vec::with_capacity(raw.len());
+        let mut placed = vec![false; raw.len()];
+        while order.len() < raw.len() {
+            let before = order.len();
+            for i in 0..raw.len() {
+                if !placed[i] && source[i].is_none_or(|s| placed[s] || s == i) {
+                    placed[i] = true;
+                    order.push(i);
+                }
+            }
+            if order.len() == before {
+                order.extend((0..raw.len()).filter(|&i| !placed[i]));
+                break;
+            }
+        }
+        let mut slots: Vec<Option<Resolved>> = (0..raw.len()).map(|_| None).collect();
+        let mut raw: Vec<Option<(String, usize, super::parse::Fields)>> =
+            raw.into_iter().map(Some).collect();
+        for &i in &order {
+            let (label, header, fields) = raw[i].take().expect("each stage once");
+            let outputs = fields
+                .outputs
+                .as_ref()
+                .and_then(|o| o.first())
+                .map(|o| (o.pos, o.dflt));
+            let command = fields.command.as_ref().map(|c| (c.pos, c.dflt));
+            let inherited = source[i]
+                .and_then(|s| slots[s].as_ref())
+                .map(|(st, ..)| st.sweep.clone());
             let scope = self.scope(Ctx::Stage(label), false);
-            let (stage, dep) = scope.stage(fields, header)?;
+            let (stage, dep) = scope.stage(fields, header, inherited.as_ref())?;
+            slots[i] = Some((stage, dep, outputs, command));
+        }
+        let mut stages = Vec::with_capacity(slots.len());
+        let mut deps = Vec::with_capacity(slots.len());
+        let mut outputs_at = Vec::with_capacity(slots.len());
+        let mut command_at = Vec::with_capacity(slots.len());
+        for (stage, dep, outputs, command) in slots.into_iter().flatten() {
             stages.push(stage);
             deps.push(dep);
+            outputs_at.push(outputs);
+            command_at.push(command);
         }
 
         // Pass 3: dependencies, which need every stage's name and task count.
         self.resolve_deps(&mut stages, &deps)?;
+        let graph =
+            mesh_protocol::graph::Graph::build_parts(&name, &stages).map_err(|(s, n, e)| {
+                let scope = self.scope(Ctx::Stage(format!("stage `{}`", stages[s].name)), false);
+                scope.fail(deps[s].by[n].pos, "after", Problem::Dependency(e))
+            })?;
         let mut warnings = self.shared_outputs(&stages, &outputs_at);
         warnings.extend(self.missing_programs(&stages, &command_at));
         Ok(Loaded {
             name,
             stages,
             warnings,
+            graph,
         })
     }
 }
+
+/// A stage resolved on its own, with where its first output and its
+/// command were written (for warnings about them).
+type Resolved = (
+    StageDef,
+    super::deps::Deps,
+    Option<(usize, bool)>,
+    Option<(usize, bool)>,
+);
 
 const STAGES_EXPECTED: &str = "an array of tables, written `[[stage]]`";
 

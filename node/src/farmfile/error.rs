@@ -188,6 +188,8 @@ pub enum Problem {
     },
     #[error("unknown stage `{name}` (stages: {stages})")]
     UnknownStage { name: String, stages: String },
+    #[error("{0}")]
+    Dependency(String),
     #[error("stage `{name}` cannot wait for itself")]
     SelfDependency { name: String },
     #[error("`after_each` pairs tasks one to one, but stage `{this}` has {this_count} tasks and stage `{other}` has {other_count}")]

@@ -96,6 +96,7 @@ pub fn load_str_with_warnings(
         None => absolute(&Path::new("mesh-out").join(&loaded.name))?,
     };
     let def = FarmDef {
+        graph: mesh_protocol::graph::GraphCache::ready(loaded.graph),
         name: loaded.name,
         root: utf8(&file, &root)?,
         out: utf8(&file, &out)?,

@@ -62,6 +62,21 @@ pub(super) struct Fields {
     pub(super) success_codes: Option<At<Vec<i32>>>,
     pub(super) after: Option<Vec<At<String>>>,
     pub(super) after_each: Option<Vec<At<String>>>,
+    /// `after` entries written as tables: keyed or listed dependencies.
+    pub(super) after_by: Vec<RawAfter>,
+}
+
+/// An `after` entry written as a table: `{ stage = "split", by = ["chrom"] }`
+/// (keyed), `{ stage = "project", tasks = "{a} {b}", match = "img" }`
+/// (listed), or `{ stage = "a" }` (the whole stage).
+#[derive(Clone, Debug)]
+pub(super) struct RawAfter {
+    pub(super) stage: At<String>,
+    /// Pairs of this stage's variable and the upstream's of the same value.
+    pub(super) by: Option<Vec<(At<String>, At<String>)>>,
+    pub(super) tasks: Option<At<String>>,
+    pub(super) var: Option<At<String>>,
+    pub(super) pos: usize,
 }
 
 impl Fields {
@@ -287,22 +302,112 @@ impl Scope<'_> {
                     }
                     f.success_codes = Some(self.at(codes, vpos));
                 }
-                "after" | "after_each" => {
+                "after" => {
+                    let (names, by) = self.after(v)?;
+                    f.after = Some(names);
+                    f.after_by = by;
+                }
+                "after_each" => {
                     let names = match v.get_ref() {
                         DeValue::String(s) => vec![self.at(s.to_string(), vpos)],
                         _ => self.strings(v, k, "a stage name or an array of stage names")?,
                     };
-                    if k == "after" {
-                        f.after = Some(names);
-                    } else {
-                        f.after_each = Some(names);
-                    }
+                    f.after_each = Some(names);
                 }
                 // `allowed` only lists the fields matched above.
                 _ => return Err(self.unknown(kpos, k, allowed)),
             }
         }
         Ok(f)
+    }
+
+    /// `after`: a stage name, or an array of stage names and tables.
+    fn after(&self, v: &Spanned<DeValue<'_>>) -> Result<(Vec<At<String>>, Vec<RawAfter>)> {
+        const EXPECTED: &str = "a stage name, or an array of stage names and tables such as { stage = \"split\", by = [\"chrom\"] }";
+        let items = match v.get_ref() {
+            DeValue::String(s) => {
+                return Ok((vec![self.at(s.to_string(), v.span().start)], vec![]))
+            }
+            DeValue::Array(items) => items,
+            other => return Err(self.fail(v.span().start, "after", wrong_type(other, EXPECTED))),
+        };
+        let (mut names, mut by) = (Vec::new(), Vec::new());
+        for item in items.iter() {
+            let pos = item.span().start;
+            let table = match item.get_ref() {
+                DeValue::String(s) => {
+                    names.push(self.at(s.to_string(), pos));
+                    continue;
+                }
+                DeValue::Table(t) => t,
+                other => return Err(self.fail(pos, "after", wrong_type(other, EXPECTED))),
+            };
+            let mut raw = RawAfter {
+                stage: self.at(String::new(), pos),
+                by: None,
+                tasks: None,
+                var: None,
+                pos,
+            };
+            let mut stage = None;
+            for (key, value) in table.iter() {
+                let field = format!("after.{}", key.get_ref());
+                match key.get_ref().as_ref() {
+                    "stage" => stage = Some(self.string(value, &field)?),
+                    "tasks" => raw.tasks = Some(self.string(value, &field)?),
+                    "match" => raw.var = Some(self.string(value, &field)?),
+                    "by" => {
+                        raw.by = Some(match value.get_ref() {
+                            DeValue::Table(t) => t
+                                .iter()
+                                .map(|(k, up)| {
+                                    let down = self.at(k.get_ref().to_string(), k.span().start);
+                                    Ok((down, self.string(up, &field)?))
+                                })
+                                .collect::<Result<_>>()?,
+                            _ => self
+                                .strings(value, &field, "an array of sweep variable names, or a table of this stage's variable = the other stage's")?
+                                .into_iter()
+                                .map(|n| (n.clone(), n))
+                                .collect(),
+                        })
+                    }
+                    _ => {
+                        return Err(self.unknown(
+                            key.span().start,
+                            key.get_ref(),
+                            &["stage", "by", "tasks", "match"],
+                        ))
+                    }
+                }
+            }
+            let Some(stage) = stage else {
+                return Err(self.fail(pos, "after", Problem::MissingField { name: "stage" }));
+            };
+            raw.stage = stage;
+            match (&raw.by, &raw.tasks, &raw.var) {
+                (None, None, None) => names.push(raw.stage),
+                (Some(_), Some(t), _) => return Err(self.fail(
+                    t.pos,
+                    "after.tasks",
+                    Problem::Dependency(
+                        "`by` and `tasks` are two ways of choosing the tasks waited for; give one"
+                            .into(),
+                    ),
+                )),
+                (_, None, Some(m)) => {
+                    return Err(self.fail(
+                        m.pos,
+                        "after.match",
+                        Problem::Dependency(
+                            "`match` says what the words of `tasks` are; give `tasks` too".into(),
+                        ),
+                    ))
+                }
+                _ => by.push(raw),
+            }
+        }
+        Ok((names, by))
     }
 
     fn env(&self, v: &Spanned<DeValue<'_>>) -> Result<Vec<(At<String>, At<String>)>> {

@@ -13,7 +13,14 @@ use super::Result;
 
 impl Scope<'_> {
     /// Resolves a merged stage: sweep, templates, paths and resources.
-    pub(super) fn stage(&self, f: Fields, header: usize) -> Result<(StageDef, Deps)> {
+    /// `inherited`: the sweep of the stage it pairs with element-wise, for
+    /// a stage with `after_each` and no sweep of its own.
+    pub(super) fn stage(
+        &self,
+        f: Fields,
+        header: usize,
+        inherited: Option<&Sweep>,
+    ) -> Result<(StageDef, Deps)> {
         let Some(name) = f.name else {
             return Err(self.fail(header, "name", Problem::MissingField { name: "name" }));
         };
@@ -21,7 +28,10 @@ impl Scope<'_> {
             return Err(self.fail(header, "command", Problem::MissingCommand));
         };
 
-        let sweep = self.stage_sweep(f.sweep.as_ref(), f.sweep_mode.as_ref())?;
+        let sweep = match (f.sweep.as_ref(), inherited) {
+            (None, Some(s)) => s.clone(),
+            _ => self.stage_sweep(f.sweep.as_ref(), f.sweep_mode.as_ref())?,
+        };
         let var_names: Vec<&str> = sweep.vars.iter().map(|v| v.name.as_str()).collect();
 
         let command = match &command.v {
@@ -80,6 +90,7 @@ impl Scope<'_> {
         }
 
         let stage = StageDef {
+            deps: Vec::new(),
             name: name.v,
             command,
             sweep,
@@ -99,6 +110,7 @@ impl Scope<'_> {
         let deps = Deps {
             after: f.after.unwrap_or_default(),
             after_each: f.after_each.unwrap_or_default(),
+            by: f.after_by,
         };
         Ok((stage, deps))
     }

@@ -770,3 +770,93 @@ shell = "awk '{{print $1}}' {f}; echo ${{HOME}}"
         Command::Shell("awk '{print $1}' a.txt; echo ${HOME}".into())
     );
 }
+
+const KEYED: &str = r#"
+[[stage]]
+name = "split"
+sweep.chrom = { list = ["1", "2"] }
+sweep.part = { range = "0..2" }
+shell = "true"
+
+[[stage]]
+name = "merge"
+sweep.c = { list = ["2", "1"] }
+after = [{ stage = "split", by = { c = "chrom" } }]
+shell = "echo {c}"
+
+[[stage]]
+name = "check"
+after_each = "merge"
+shell = "echo {c} {index}"
+
+[[stage]]
+name = "pair"
+sweep.l = { list = ["1"] }
+after = ["check", { stage = "merge", tasks = "{l} 2", match = "c" }]
+shell = "true"
+"#;
+
+#[test]
+fn keyed_listed_and_inherited_dependencies_load_into_the_tasks_they_name() {
+    let (_d, def) = good(KEYED, &[]);
+    // merge/0 is c=2: split tasks with chrom 2 are 3, 4, 5.
+    let deps = |t: TaskRef| -> Vec<TaskRef> {
+        (0..).map_while(|n| def.dependency(t, n)).collect()
+    };
+    assert_eq!(
+        deps(TaskRef::new(1, 0)),
+        vec![TaskRef::new(0, 3), TaskRef::new(0, 4), TaskRef::new(0, 5)]
+    );
+    // check takes merge's sweep, and pairs with it.
+    assert_eq!(def.stages[2].sweep.vars[0].name, "c");
+    assert_eq!(def.stages[2].len(), 2);
+    match def.expand(TaskRef::new(2, 1)).command {
+        Command::Shell(s) => assert_eq!(s, "echo 1 1"),
+        other => panic!("{other:?}"),
+    }
+    // pair waits for all of check, then merge's c=1 and c=2 (1 and 0).
+    assert_eq!(
+        deps(TaskRef::new(3, 0)),
+        vec![
+            TaskRef::new(2, 0),
+            TaskRef::new(2, 1),
+            TaskRef::new(1, 0),
+            TaskRef::new(1, 1)
+        ]
+    );
+}
+
+#[test]
+fn a_bad_keyed_or_listed_dependency_is_an_error_at_its_line_and_field() {
+    let cases = [
+        (
+            KEYED.replace("by = { c = \"chrom\" }", "by = [\"c\"]"),
+            "farm.toml:11:",
+            "field `after.by`: stage `split` has no sweep variable `c` (its variables: chrom, part)",
+        ),
+        (
+            KEYED.replace("tasks = \"{l} 2\"", "tasks = \"{l} 7\""),
+            "farm.toml:22:",
+            "field `after`: listed from stage `merge`: task 0 names `7`, which no task has",
+        ),
+        (
+            KEYED.replace("match = \"c\"", "match = \"c\", by = [\"l\"]"),
+            "farm.toml:22:",
+            "field `after.tasks`: `by` and `tasks` are two ways of choosing the tasks waited for; give one",
+        ),
+        (
+            KEYED.replace("list = [\"2\", \"1\"]", "list = [\"8\", \"9\"]"),
+            "farm.toml:11:",
+            "keyed on stage `split`: no task's key matches a task of that stage",
+        ),
+        (
+            KEYED.replace("{ stage = \"split\", by", "{ stage = \"splat\", by"),
+            "farm.toml:11:",
+            "unknown stage `splat`",
+        ),
+    ];
+    for (farm, at, says) in cases {
+        let e = bad(&farm, &[]).to_string();
+        assert!(e.contains(at) && e.contains(says), "wanted {at} … {says}, got: {e}");
+    }
+}

@@ -70,7 +70,7 @@ impl Src<'_> {
                 }
                 if !std::mem::replace(&mut seen[i], true) {
                     let s = &stages[i];
-                    todo.extend(s.after.iter().chain(&s.after_each).map(|&t| t as usize));
+                    todo.extend(s.upstream().map(|t| t as usize));
                 }
             }
             false
@@ -204,7 +204,7 @@ impl Src<'_> {
                 .map(|f| f.join(relative))
                 .filter(|p| p.is_file())
         };
-        let made_before = !s.after.is_empty() || !s.after_each.is_empty();
+        let made_before = s.upstream().next().is_some();
         match found {
             Some(p) if !executable(&p) => Some(format!(
                 "`{program}`, which is not executable, so its tasks will not start (`chmod +x {relative}`, or run it with `sh`)"

@@ -64,7 +64,7 @@ impl Node {
     }
 
     /// Asks the coordinator, whichever node it is now.
-    pub(super) fn to_coordinator(
+    pub(super) fn ask_of_coordinator(
         &mut self,
         req: Request,
         reply: oneshot::Sender<Result<Response, String>>,
@@ -171,7 +171,9 @@ async fn place_all(
                 if !cached.is_file() {
                     fetch_any(t, tx, &sources, p.farm, o.hash, &cached)
                         .await
-                        .map_err(|e| format!("{}/{}/{}: {e}", spec.def.stage(*d).name, d.index, o.path))?;
+                        .map_err(|e| {
+                            format!("{}/{}/{}: {e}", spec.def.stage(*d).name, d.index, o.path)
+                        })?;
                 }
                 cached
             };

@@ -551,7 +551,9 @@ impl Node {
                 }
                 if r.is_ok() {
                     let outputs = self.peer.replica(farm).and_then(|r| match r.log.get(task) {
-                        Some(mesh_protocol::mesh::Entry::Done { outputs, .. }) => Some(outputs.clone()),
+                        Some(mesh_protocol::mesh::Entry::Done { outputs, .. }) => {
+                            Some(outputs.clone())
+                        }
                         _ => None,
                     });
                     if let Some(o) = outputs {
@@ -610,7 +612,7 @@ impl Node {
                 }
             }
             Cmd::Request { to, req, reply } => self.send(to, req, Some(reply)),
-            Cmd::AskCoordinator { req, reply } => self.to_coordinator(req, reply),
+            Cmd::AskCoordinator { req, reply } => self.ask_of_coordinator(req, reply),
             Cmd::Respond(channel, resp) => {
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
             }

@@ -325,13 +325,7 @@ fn dependency_order(def: &FarmDef) -> Vec<u32> {
     while order.len() < n {
         let before = order.len();
         for (s, stage) in def.stages.iter().enumerate() {
-            if !placed[s]
-                && stage
-                    .after
-                    .iter()
-                    .chain(&stage.after_each)
-                    .all(|&d| placed[d as usize])
-            {
+            if !placed[s] && stage.upstream().all(|d| placed[d as usize]) {
                 placed[s] = true;
                 order.push(s as u32);
             }

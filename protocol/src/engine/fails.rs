@@ -185,7 +185,7 @@ impl Engine {
             }
         }
         st.rewind();
-        if st.open && !f.def.stages[s].after_each.is_empty() {
+        if st.open && super::per_task(&f.def.stages[s]) {
             let ready = ready_each(f, s, 0..f.stages[s].status.len());
             f.stages[s].ready.extend(ready);
         }

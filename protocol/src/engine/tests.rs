@@ -1,7 +1,8 @@
 //! Engine tests: scripted scenarios and random operation sequences with invariants checked.
 
 use super::*;
-use crate::farm::{CommandTemplate, StageDef, Sweep, Template};
+use crate::farm::{CommandTemplate, StageDef, Sweep, SweepMode, SweepVar, Template, Values};
+use crate::graph::{Dep, DepOn};
 use crate::resources::parse_resources;
 use proptest::prelude::*;
 
@@ -15,6 +16,7 @@ fn stage(name: &str, n: u64) -> StageDef {
 
 fn farm(stages: Vec<StageDef>) -> Arc<FarmDef> {
     Arc::new(FarmDef {
+        graph: Default::default(),
         name: "f".into(),
         root: "/r".into(),
         out: "/o".into(),
@@ -142,6 +144,71 @@ fn element_wise_and_whole_stage_dependencies() {
         live.extend(more);
     }
     assert!(c_started);
+}
+
+/// A merge per key waits for its key's tasks only: it starts while the
+/// other key's tasks still run, and a failure skips its own key's merge.
+#[test]
+fn a_keyed_gather_starts_with_its_own_key_and_a_failure_skips_only_its_key() {
+    let vals = |v: &[&str]| Values::List(v.iter().map(|s| s.to_string()).collect());
+    let split = StageDef::new(
+        "split",
+        CommandTemplate::Argv(vec![Template::literal("true")]),
+        Sweep {
+            vars: vec![
+                SweepVar {
+                    name: "k".into(),
+                    values: vals(&["x", "y"]),
+                },
+                SweepVar {
+                    name: "j".into(),
+                    values: vals(&["0", "1", "2"]),
+                },
+            ],
+            mode: SweepMode::Product,
+        },
+    );
+    let mut merge = StageDef::new(
+        "merge",
+        CommandTemplate::Argv(vec![Template::literal("true")]),
+        Sweep {
+            vars: vec![SweepVar {
+                name: "k".into(),
+                values: vals(&["x", "y"]),
+            }],
+            mode: SweepMode::Product,
+        },
+    );
+    merge.deps = vec![Dep {
+        stage: 0,
+        on: DepOn::Keyed {
+            down: vec![0],
+            up: vec![0],
+        },
+    }];
+    let mut e = Engine::new(parse_resources("cpu=8").unwrap());
+    let slot = e.add_farm(0, farm(vec![split, merge]), vec![], &AddOptions::default());
+    let (starts, _) = drain(&mut e);
+    assert_eq!(starts.len(), 6, "every split task, no merge");
+    // Key x is split/0..3: done, merge/0 starts while y's run.
+    for s in starts.iter().filter(|s| s.1.index < 3) {
+        e.task_finished(1, s.0, s.1, s.2, ok());
+    }
+    let (s2, _) = drain(&mut e);
+    assert_eq!(
+        s2.iter().map(|s| s.1).collect::<Vec<_>>(),
+        vec![TaskRef::new(1, 0)]
+    );
+    // One of y's fails: merge/1 is skipped, the rest end.
+    let y: Vec<_> = starts.iter().filter(|s| s.1.index >= 3).collect();
+    e.task_finished(2, y[0].0, y[0].1, y[0].2, fail());
+    for s in &y[1..] {
+        e.task_finished(2, s.0, s.1, s.2, ok());
+    }
+    e.task_finished(3, s2[0].0, s2[0].1, s2[0].2, ok());
+    let p = e.stage_progress(slot);
+    assert_eq!((p[1].done, p[1].skipped), (1, 1));
+    assert!(e.progress(slot).finished());
 }
 
 #[test]
@@ -889,8 +956,14 @@ proptest! {
         b.resources = parse_resources("cpu=1,gpu=0.5").unwrap();
         let mut c = stage("c", 2);
         c.after = vec![1];
+        // Each task of d waits for a's task of its index and a/0.
+        let mut d = stage("d", n);
+        d.deps = vec![Dep {
+            stage: 0,
+            on: DepOn::Listed { tasks: Template::parse("{i} 0", &["i"]).unwrap(), var: None },
+        }];
         let mut e = Engine::new(parse_resources(&format!("cpu={cpus},gpu=1")).unwrap());
-        let slot = e.add_farm(0, farm(vec![a, b, c]), vec![], &AddOptions::default());
+        let slot = e.add_farm(0, farm(vec![a, b, c, d]), vec![], &AddOptions::default());
         // Tasks of the first index up may have started: the orders from
         // now on.
         e.reorder(slot, &orders);
@@ -900,6 +973,10 @@ proptest! {
             let (starts, _) = drain(e);
             for (f, t, att, _) in starts {
                 assert!(!live.iter().any(|l| l.1 == t), "{t:?} started while live");
+                if t.stage == 3 {
+                    let a = &e.farms[f.0 as usize].stages[0].status;
+                    assert!(a[t.index as usize] == DONE && a[0] == DONE, "{t:?} started before a/{} and a/0", t.index);
+                }
                 live.push((f, t, att));
             }
         };

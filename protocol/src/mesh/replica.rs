@@ -565,6 +565,7 @@ mod tests {
 
     fn replica() -> Replica {
         let def = FarmDef {
+            graph: Default::default(),
             name: "f".into(),
             root: "/".into(),
             out: "/out".into(),

@@ -59,6 +59,7 @@ impl Plan {
                 fails.push(s.fail_rate > 0.0 && rng.random::<f64>() < s.fail_rate);
             }
             stages.push(StageDef {
+                deps: Vec::new(),
                 resources: parse_resources(&s.resources).map_err(|e| conf(e.to_string()))?,
                 retries: s.retries,
                 // The tasks a scenario fails are drawn at random, and the
@@ -78,6 +79,7 @@ impl Plan {
             });
         }
         let def = FarmDef {
+            graph: Default::default(),
             name: cfg.name.clone(),
             root: "/".into(),
             out: "/out".into(),

@@ -1,0 +1,510 @@
+//! A farm's per-task dependencies (keyed and listed, see [`DepOn`]) worked out from its sweeps into compact tables: for each edge, which upstream tasks each task waits for, and which tasks each upstream task lets go.
+//!
+//! A farm file says these dependencies by rule (a key of sweep variables,
+//! a template naming parents), never edge by edge. They are expanded once
+//! per farm into two index tables an edge (`Csr`: offsets and items,
+//! 4 bytes each), so a million-task farm costs some megabytes, and the
+//! engine asks "who does task i wait for" and "whom does task j release"
+//! in constant time.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use serde::{Deserialize, Serialize};
+
+use crate::farm::{FarmDef, RenderCx, StageDef, Sweep, TaskRef, Template};
+
+/// A dependency on some of another stage's tasks, chosen per task.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Dep {
+    /// The stage depended on.
+    pub stage: u32,
+    pub on: DepOn,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum DepOn {
+    /// The upstream tasks whose values of variables `up` equal this task's
+    /// values of variables `down` (positions in each stage's sweep, pair by
+    /// pair): fan-in and fan-out per key, their product, and pairs by key
+    /// of stages of any sizes.
+    Keyed { down: Vec<u32>, up: Vec<u32> },
+    /// The upstream tasks named by the words (split at whitespace and
+    /// commas) of `tasks` as rendered for this task: indices, or values of
+    /// the upstream's variable `var`.
+    Listed { tasks: Template, var: Option<u32> },
+}
+
+/// A table of lists: list `i` is `items[offsets[i]..offsets[i + 1]]`.
+#[derive(Clone, Debug, Default)]
+pub struct Csr {
+    offsets: Vec<u32>,
+    items: Vec<u32>,
+}
+
+impl Csr {
+    pub fn get(&self, i: usize) -> &[u32] {
+        match (self.offsets.get(i), self.offsets.get(i + 1)) {
+            (Some(&a), Some(&b)) => &self.items[a as usize..b as usize],
+            _ => &[],
+        }
+    }
+
+    /// The lists made by `lists`, one per index `0..n`.
+    fn build(n: usize, mut lists: impl FnMut(usize, &mut Vec<u32>)) -> Csr {
+        let mut offsets = Vec::with_capacity(n + 1);
+        let mut items = Vec::new();
+        offsets.push(0);
+        for i in 0..n {
+            lists(i, &mut items);
+            offsets.push(items.len() as u32);
+        }
+        Csr { offsets, items }
+    }
+
+    /// The same relation read the other way: for each of `m` targets, the
+    /// sources that list it.
+    fn transpose(&self, m: usize) -> Csr {
+        let mut counts = vec![0u32; m + 1];
+        for &t in &self.items {
+            counts[t as usize + 1] += 1;
+        }
+        for k in 1..=m {
+            counts[k] += counts[k - 1];
+        }
+        let mut items = vec![0u32; self.items.len()];
+        let mut at = counts.clone();
+        for src in 0..self.offsets.len().saturating_sub(1) {
+            for &t in self.get(src) {
+                items[at[t as usize] as usize] = src as u32;
+                at[t as usize] += 1;
+            }
+        }
+        Csr {
+            offsets: counts,
+            items,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        (self.offsets.len() + self.items.len()) * 4
+    }
+
+    /// The number of items over all lists (edges, for a dependency).
+    pub fn items_len(&self) -> usize {
+        self.items.len()
+    }
+}
+
+/// One expanded [`Dep`] of a stage.
+#[derive(Clone, Debug, Default)]
+pub struct Edge {
+    /// The stage depended on.
+    pub up_stage: u32,
+    /// Per task of the stage: the upstream tasks it waits for.
+    pub ups: Csr,
+    /// Per upstream task: the tasks of the stage waiting for it.
+    pub downs: Csr,
+}
+
+/// Every stage's expanded [`Dep`]s, in the order the stage lists them.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub stages: Vec<Vec<Edge>>,
+}
+
+impl Graph {
+    /// Expands every stage's `deps`. An error names the stage and says what
+    /// is wrong (a word that is no task, a key that matches nothing).
+    pub fn build(def: &FarmDef) -> Result<Graph, String> {
+        Graph::build_parts(&def.name, &def.stages)
+            .map_err(|(s, _, e)| format!("stage `{}`: {e}", def.stages[s].name))
+    }
+
+    /// As [`Graph::build`], from a farm's name and stages; an error gives
+    /// the stage and which of its `deps` it is about.
+    pub fn build_parts(
+        name: &str,
+        stages_def: &[StageDef],
+    ) -> Result<Graph, (usize, usize, String)> {
+        let mut stages = Vec::with_capacity(stages_def.len());
+        for (s, stage) in stages_def.iter().enumerate() {
+            let mut edges = Vec::with_capacity(stage.deps.len());
+            for (n, dep) in stage.deps.iter().enumerate() {
+                let Some(up) = stages_def.get(dep.stage as usize) else {
+                    return Err((s, n, "it depends on a stage that is not there".into()));
+                };
+                let ups = match &dep.on {
+                    DepOn::Keyed { down, up: up_vars } => {
+                        keyed(&stage.sweep, down, &up.sweep, up_vars)
+                            .map_err(|e| (s, n, format!("keyed on stage `{}`: {e}", up.name)))?
+                    }
+                    DepOn::Listed { tasks, var } => listed(name, stage, tasks, up, *var)
+                        .map_err(|e| (s, n, format!("listed from stage `{}`: {e}", up.name)))?,
+                };
+                let downs = ups.transpose(up.len() as usize);
+                edges.push(Edge {
+                    up_stage: dep.stage,
+                    ups,
+                    downs,
+                });
+            }
+            stages.push(edges);
+        }
+        Ok(Graph { stages })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.stages
+            .iter()
+            .flatten()
+            .map(|e| e.ups.bytes() + e.downs.bytes())
+            .sum()
+    }
+}
+
+/// A farm's [`Graph`], built the first time it is asked for and kept with
+/// the farm (never sent or stored: any node builds the same one).
+#[derive(Clone, Default)]
+pub struct GraphCache(OnceLock<Arc<Graph>>);
+
+impl GraphCache {
+    /// A cache holding `g` already (the loader built it to check the farm).
+    pub fn ready(g: Graph) -> GraphCache {
+        GraphCache(OnceLock::from(Arc::new(g)))
+    }
+
+    pub fn get_or_build(&self, def: &FarmDef) -> &Arc<Graph> {
+        self.0.get_or_init(|| {
+            // The loader built it once to check it: a farm that got this far
+            // builds, and an error here is a farm made by hand (tests).
+            Arc::new(Graph::build(def).unwrap_or_else(|e| panic!("a farm's dependencies: {e}")))
+        })
+    }
+}
+
+impl PartialEq for GraphCache {
+    /// Derived from the farm: two equal farms have equal graphs.
+    fn eq(&self, _: &GraphCache) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for GraphCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GraphCache")
+    }
+}
+
+impl Sweep {
+    /// The position of task `index`'s value of variable `var` in that
+    /// variable's values.
+    pub fn value_index(&self, index: u32, var: usize) -> u64 {
+        match self.mode {
+            crate::farm::SweepMode::Zip => index as u64,
+            crate::farm::SweepMode::Product => {
+                let below: u64 = self.vars[var + 1..]
+                    .iter()
+                    .map(|v| v.values.len().max(1))
+                    .product();
+                (index as u64 / below) % self.vars[var].values.len().max(1)
+            }
+        }
+    }
+}
+
+/// Each value of a variable, by its text, to its first position.
+fn positions(sweep: &Sweep, var: usize) -> HashMap<String, u64> {
+    let values = &sweep.vars[var].values;
+    let mut m = HashMap::with_capacity(values.len() as usize);
+    for i in 0..values.len() {
+        m.entry(values.get(i)).or_insert(i);
+    }
+    m
+}
+
+fn keyed(down: &Sweep, down_vars: &[u32], up: &Sweep, up_vars: &[u32]) -> Result<Csr, String> {
+    // A key is the upstream positions of the values, in mixed radix: each
+    // side's task is keyed without making a string per task.
+    let radix: Vec<u64> = up_vars
+        .iter()
+        .map(|&v| up.vars[v as usize].values.len().max(1))
+        .collect();
+    if radix
+        .iter()
+        .try_fold(1u64, |a, &r| a.checked_mul(r))
+        .is_none()
+    {
+        return Err("too many combinations of the key's values".into());
+    }
+    // This stage's values as positions among the upstream's (None: a value
+    // upstream has not), per variable of the key.
+    let mapped: Vec<Vec<Option<u64>>> = down_vars
+        .iter()
+        .zip(up_vars)
+        .map(|(&dv, &uv)| {
+            let at = positions(up, uv as usize);
+            let values = &down.vars[dv as usize].values;
+            (0..values.len())
+                .map(|i| at.get(&values.get(i)).copied())
+                .collect()
+        })
+        .collect();
+    let up_n = up.len() as u32;
+    let mut by_key: Vec<(u64, u32)> = (0..up_n)
+        .map(|j| {
+            let mut key = 0u64;
+            for (k, &uv) in up_vars.iter().enumerate() {
+                key = key * radix[k] + up.value_index(j, uv as usize);
+            }
+            (key, j)
+        })
+        .collect();
+    by_key.sort_unstable();
+    let down_n = down.len() as usize;
+    let mut matched = false;
+    let csr = Csr::build(down_n, |i, items| {
+        let mut key = 0u64;
+        for (k, &dv) in down_vars.iter().enumerate() {
+            match mapped[k][down.value_index(i as u32, dv as usize) as usize] {
+                Some(p) => key = key * radix[k] + p,
+                None => return,
+            }
+        }
+        let from = by_key.partition_point(|&(k, _)| k < key);
+        let to = by_key.partition_point(|&(k, _)| k <= key);
+        items.extend(by_key[from..to].iter().map(|&(_, j)| j));
+        matched |= to > from;
+    });
+    if !matched && down_n > 0 && up_n > 0 {
+        return Err("no task's key matches a task of that stage (do the values agree?)".into());
+    }
+    Ok(csr)
+}
+
+fn listed(
+    farm: &str,
+    stage: &StageDef,
+    tasks: &Template,
+    up: &StageDef,
+    var: Option<u32>,
+) -> Result<Csr, String> {
+    let by_value: Option<HashMap<String, Vec<u32>>> = var.map(|v| {
+        let mut m: HashMap<String, Vec<u32>> = HashMap::new();
+        for j in 0..up.len() {
+            let value = up.sweep.vars[v as usize]
+                .values
+                .get(up.sweep.value_index(j, v as usize));
+            m.entry(value).or_default().push(j);
+        }
+        m
+    });
+    let mut err = None;
+    let csr = Csr::build(stage.len() as usize, |i, items| {
+        if err.is_some() {
+            return;
+        }
+        let binding = stage.sweep.binding(i as u32);
+        let cx = RenderCx {
+            farm,
+            stage: &stage.name,
+            out: "",
+            index: i as u32,
+            binding: &binding,
+        };
+        let words = tasks.render(&cx);
+        let start = items.len();
+        for w in words
+            .split(|c: char| c.is_whitespace() || c == ',')
+            .filter(|w| !w.is_empty())
+        {
+            match &by_value {
+                Some(m) => match m.get(w) {
+                    Some(js) => items.extend(js),
+                    None => {
+                        err = Some(format!("task {i} names `{w}`, which no task has"));
+                        return;
+                    }
+                },
+                None => match w.parse::<u32>() {
+                    Ok(j) if j < up.len() => items.push(j),
+                    _ => {
+                        err = Some(format!(
+                            "task {i} names `{w}`, not a task index (0 to {})",
+                            up.len().saturating_sub(1)
+                        ));
+                        return;
+                    }
+                },
+            }
+        }
+        items[start..].sort_unstable();
+        let mut k = start;
+        for r in start..items.len() {
+            if r == start || items[r] != items[k - 1] {
+                items[k] = items[r];
+                k += 1;
+            }
+        }
+        items.truncate(k);
+    });
+    match err {
+        Some(e) => Err(e),
+        None => Ok(csr),
+    }
+}
+
+impl FarmDef {
+    /// The farm's expanded per-task dependencies (see [`Graph`]).
+    pub fn graph(&self) -> &Arc<Graph> {
+        self.graph.get_or_build(self)
+    }
+
+    /// The tasks of `edge`'s upstream stage that task `t` waits for.
+    pub fn ups(&self, t: TaskRef, edge: usize) -> (u32, &[u32]) {
+        let e = &self.graph().stages[t.stage as usize][edge];
+        (e.up_stage, e.ups.get(t.index as usize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::farm::{CommandTemplate, StageDef, SweepMode, SweepVar, Values};
+
+    fn list(vals: &[&str]) -> Values {
+        Values::List(vals.iter().map(|v| v.to_string()).collect())
+    }
+
+    fn sweep(vars: &[(&str, &[&str])]) -> Sweep {
+        Sweep {
+            vars: vars
+                .iter()
+                .map(|(n, v)| SweepVar {
+                    name: n.to_string(),
+                    values: list(v),
+                })
+                .collect(),
+            mode: SweepMode::Product,
+        }
+    }
+
+    fn farm(stages: Vec<StageDef>) -> FarmDef {
+        FarmDef {
+            name: "f".into(),
+            root: "/".into(),
+            out: "/out".into(),
+            stages,
+            graph: GraphCache::default(),
+        }
+    }
+
+    fn stage(name: &str, sw: Sweep) -> StageDef {
+        StageDef::new(name, CommandTemplate::Shell(Template::literal("true")), sw)
+    }
+
+    #[test]
+    fn a_keyed_gather_waits_for_its_own_key_only_and_a_transpose_for_its_cell() {
+        // split: sample x chrom; merge: one per chrom; cell: sample x chrom
+        // of another order, keyed on both.
+        let split = stage(
+            "split",
+            sweep(&[("sample", &["s1", "s2", "s3"]), ("chrom", &["1", "2"])]),
+        );
+        let mut merge = stage("merge", sweep(&[("chrom", &["2", "1"])]));
+        merge.deps.push(Dep {
+            stage: 0,
+            on: DepOn::Keyed {
+                down: vec![0],
+                up: vec![1],
+            },
+        });
+        let mut cell = stage(
+            "cell",
+            sweep(&[("chrom", &["1", "2"]), ("sample", &["s3", "s1", "s2"])]),
+        );
+        cell.deps.push(Dep {
+            stage: 0,
+            on: DepOn::Keyed {
+                down: vec![0, 1],
+                up: vec![1, 0],
+            },
+        });
+        let f = farm(vec![split, merge, cell]);
+        // merge/0 is chrom 2: split tasks 1, 3, 5.
+        assert_eq!(f.ups(TaskRef::new(1, 0), 0), (0, &[1, 3, 5][..]));
+        assert_eq!(f.ups(TaskRef::new(1, 1), 0), (0, &[0, 2, 4][..]));
+        // cell/1 is chrom 1, sample s1: split task 0.
+        assert_eq!(f.ups(TaskRef::new(2, 1), 0).1, &[0]);
+        // cell/3 is chrom 2, sample s3: split task 5.
+        assert_eq!(f.ups(TaskRef::new(2, 3), 0).1, &[5]);
+        let g = f.graph();
+        assert_eq!(g.stages[1][0].downs.get(3), &[0]);
+        assert_eq!(g.stages[2][0].downs.get(0), &[1]);
+    }
+
+    #[test]
+    fn a_listed_dependency_reads_indices_or_values_and_a_bad_word_is_an_error() {
+        let img = stage("project", sweep(&[("img", &["a", "b", "c"])]));
+        let mut diff = stage(
+            "diff",
+            Sweep {
+                vars: vec![
+                    SweepVar {
+                        name: "l".into(),
+                        values: list(&["a", "b"]),
+                    },
+                    SweepVar {
+                        name: "r".into(),
+                        values: list(&["b", "c"]),
+                    },
+                ],
+                mode: SweepMode::Zip,
+            },
+        );
+        diff.deps.push(Dep {
+            stage: 0,
+            on: DepOn::Listed {
+                tasks: Template::parse("{l} {r}", &["l", "r"]).unwrap(),
+                var: Some(0),
+            },
+        });
+        let mut by_index = stage("sum", sweep(&[("k", &["x"])]));
+        by_index.deps.push(Dep {
+            stage: 0,
+            on: DepOn::Listed {
+                tasks: Template::literal("2, 0 2"),
+                var: None,
+            },
+        });
+        let f = farm(vec![img.clone(), diff, by_index]);
+        assert_eq!(f.ups(TaskRef::new(1, 0), 0).1, &[0, 1]);
+        assert_eq!(f.ups(TaskRef::new(1, 1), 0).1, &[1, 2]);
+        assert_eq!(f.ups(TaskRef::new(2, 0), 0).1, &[0, 2]);
+        let mut bad = stage("bad", sweep(&[]));
+        bad.deps.push(Dep {
+            stage: 0,
+            on: DepOn::Listed {
+                tasks: Template::literal("3"),
+                var: None,
+            },
+        });
+        let e = Graph::build(&farm(vec![img, bad])).unwrap_err();
+        assert!(e.contains("`3`, not a task index (0 to 2)"), "{e}");
+    }
+
+    #[test]
+    fn a_key_that_matches_nothing_is_an_error() {
+        let a = stage("a", sweep(&[("x", &["1", "2"])]));
+        let mut b = stage("b", sweep(&[("x", &["3"])]));
+        b.deps.push(Dep {
+            stage: 0,
+            on: DepOn::Keyed {
+                down: vec![0],
+                up: vec![0],
+            },
+        });
+        let e = Graph::build(&farm(vec![a, b])).unwrap_err();
+        assert!(e.contains("no task's key matches"), "{e}");
+    }
+}
