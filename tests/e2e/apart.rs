@@ -212,3 +212,55 @@ fn the_submitter_killed_mid_graph_and_the_farm_resumed_on_another_node_brings_ev
         assert_eq!(sb.read(&format!("resumed/b/{i}/y.txt")), format!("a{i}b\n"));
     }
 }
+
+/// Three stages by key: a piece per (chrom, part), a merge per chrom of
+/// that chrom's pieces, and a check per merge that takes its sweep.
+const KEYED: &str = r#"
+[farm]
+name = "keyed"
+
+[defaults]
+workdir = "runs/{stage}/{index}"
+
+[[stage]]
+name = "split"
+sweep.chrom = { list = ["1", "2", "3", "4"] }
+sweep.part = { range = "0..4" }
+shell = "sleep 0.2; echo {chrom}.{part} > piece.txt; echo $MESH_NODE > node.txt"
+outputs = ["piece.txt", "node.txt"]
+
+[[stage]]
+name = "merge"
+sweep.chrom = { list = ["4", "3", "2", "1"] }
+after = [{ stage = "split", by = ["chrom"] }]
+shell = "cat {out}/split/*/piece.txt | grep '^{chrom}[.]' | sort > merged.txt; echo $MESH_NODE > node.txt"
+outputs = ["merged.txt", "node.txt"]
+
+[[stage]]
+name = "check"
+after_each = "merge"
+shell = "echo {chrom} $(wc -l < {out}/merge/{index}/merged.txt) > n.txt; echo $MESH_NODE > node.txt"
+outputs = ["n.txt", "node.txt"]
+"#;
+
+#[test]
+fn a_keyed_graph_comes_home_whole_from_nodes_that_share_no_file_system() {
+    let sb = sandbox();
+    let Some(c) = apart(&sb, 3, "cpu=2") else {
+        return;
+    };
+    sb.write("farm/farm.toml", KEYED);
+    let out = sb.path().join("out").to_string_lossy().to_string();
+    let r = c.mesh(0, &["submit", "farm/farm.toml", "--out", &out, "--wait"]);
+    r.expect_code(0);
+    for (i, chrom) in ["4", "3", "2", "1"].iter().enumerate() {
+        let want: String = (0..=4).map(|p| format!("{chrom}.{p}\n")).collect();
+        assert_eq!(sb.read(&format!("out/merge/{i}/merged.txt")), want, "{}", r.stderr);
+        assert_eq!(sb.read(&format!("out/check/{i}/n.txt")), format!("{chrom} 5\n"));
+    }
+    let ran: BTreeSet<String> = nodes_of(&sb, "merge", 4)
+        .into_iter()
+        .chain(nodes_of(&sb, "check", 4))
+        .collect();
+    eprintln!("merge and check ran on {} nodes", ran.len());
+}
