@@ -84,6 +84,22 @@ impl Recorder {
         }
     }
 
+    /// When the run of `task`'s `attempt` started and ended (Unix ms),
+    /// while it is in the record. Looked for from the newest: asked just
+    /// after a run ends, it is among the last few.
+    pub fn run_times(
+        &self,
+        farm: FarmId,
+        task: TaskRef,
+        attempt: u32,
+    ) -> (Option<u64>, Option<u64>) {
+        self.runs
+            .iter()
+            .rev()
+            .find(|r| r.farm == farm && r.task == task && r.attempt == attempt)
+            .map_or((None, None), |r| (Some(r.start), r.end))
+    }
+
     /// The slot a run is in, while it is in the record.
     pub fn slot(&self, seq: u64) -> Option<u32> {
         let first = self.runs.front().map_or(0, |r| r.seq);

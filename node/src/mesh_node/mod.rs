@@ -10,6 +10,7 @@
 mod allocs;
 mod commands;
 mod driver;
+mod feed;
 mod links;
 mod logs;
 mod queries;
@@ -152,6 +153,8 @@ enum Cmd {
     ),
     /// A batch command (`mesh alloc`) ended.
     Batch(batch::Done),
+    /// More of a farm's log for its followers (see `feed.rs`).
+    Feed(FarmId),
 }
 
 /// A node's state, owned by its loop; each module of this folder is an
