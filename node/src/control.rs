@@ -121,13 +121,19 @@ pub enum ControlRequest {
     Hello { api: u32 },
     /// A farm file's text, checked by this node as `mesh check` checks a
     /// file (the same located errors), and submitted unless `check`.
-    /// `file` names it in messages and its folder is the farm's folder;
-    /// `out` is absolute. Answered with a [`ControlResponse::Warning`] per
-    /// warning, then `Submitted` (or `Checked`), or `Invalid`.
+    /// `file` names it in messages and its folder is the farm's folder.
+    /// The outputs go to `out`, taken from `cwd` when relative, by default
+    /// `mesh-out/<name>` there, as the command line's `--out` from the
+    /// folder it runs in (`cwd` defaults to the farm's folder). Answered
+    /// with a [`ControlResponse::Warning`] per warning, then `Submitted`
+    /// (or `Checked`), or `Invalid`.
     SubmitFarm {
         toml: String,
         file: String,
-        out: String,
+        #[serde(default)]
+        out: Option<String>,
+        #[serde(default)]
+        cwd: Option<String>,
         #[serde(default)]
         rerun: Option<Vec<String>>,
         #[serde(default)]
@@ -199,6 +205,8 @@ pub enum ControlResponse {
     /// A farm file checked and not submitted (`SubmitFarm` with `check`).
     Checked {
         name: String,
+        /// Where its outputs would go.
+        out: String,
         tasks: u64,
         /// Each stage with its number of tasks.
         stages: Vec<(String, u64)>,

@@ -1,7 +1,7 @@
 //! The control socket: one JSON request a connection, answered by this node's loop (submit, wait, cancel, status, farm, list, logs, alloc, resume, and the client API's hello, farm text, task events and task lists).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mesh_protocol::wire::{FoundFarm, Request, Response};
@@ -154,6 +154,7 @@ impl Node {
                 toml,
                 file,
                 out,
+                cwd,
                 rerun,
                 check,
             } => {
@@ -162,12 +163,14 @@ impl Node {
                 // Reading params files, hashing inputs and working out
                 // every task's key take their time: off the loop.
                 tokio::task::spawn_blocking(move || {
-                    let Some(def) = load_farm(&toml, &file, out, rerun.as_deref(), &reply) else {
+                    let Some(def) = load_farm(&toml, &file, (out, cwd), rerun.as_deref(), &reply)
+                    else {
                         return;
                     };
                     if check {
                         let _ = reply.send(ControlResponse::Checked {
                             name: def.name.clone(),
+                            out: def.out.clone(),
                             tasks: def.task_count(),
                             stages: def
                                 .stages
@@ -267,20 +270,36 @@ impl Node {
 fn load_farm(
     toml: &str,
     file: &str,
-    out: String,
+    (out, cwd): (Option<String>, Option<String>),
     rerun: Option<&[String]>,
     reply: &mpsc::UnboundedSender<ControlResponse>,
 ) -> Option<mesh_protocol::farm::FarmDef> {
-    let opts = LoadOptions {
-        out: Some(out.into()),
+    let file_path = Path::new(file);
+    // The client's folder, not this node's: the command line's `--out`
+    // (and its default) are taken from where it runs.
+    let cwd = match cwd {
+        Some(c) => PathBuf::from(c),
+        None => file_path
+            .parent()
+            .map_or_else(|| PathBuf::from("/"), Path::to_path_buf),
     };
-    let (def, warnings) = match farmfile::load_str_with_warnings(Path::new(file), toml, &opts) {
+    let opts = LoadOptions {
+        out: out.map(|o| cwd.join(o)),
+    };
+    let (mut def, warnings) = match farmfile::load_str_with_warnings(file_path, toml, &opts) {
         Ok(d) => d,
         Err(e) => {
             let _ = reply.send(invalid(file, &e));
             return None;
         }
     };
+    if opts.out.is_none() {
+        def.out = cwd
+            .join("mesh-out")
+            .join(&def.name)
+            .to_string_lossy()
+            .into_owned();
+    }
     for w in warnings {
         let _ = reply.send(ControlResponse::Warning(w.to_string()));
     }
