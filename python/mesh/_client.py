@@ -1,5 +1,6 @@
 """Clients of a node: on this machine, through a mesh, or a throwaway one."""
 
+import collections
 import os
 import re
 import shlex
@@ -164,7 +165,7 @@ class Client:
                 print("warning: %s" % w, file=sys.stderr)
         return Run(self, v["farm"], total=v["tasks"], warnings=warnings)
 
-    def map(self, command, *iterables, name=None, out=None, shell=False, stage="map", **stage_options):
+    def map(self, command, *iterables, name=None, out=None, root=None, shell=False, stage="map", **stage_options):
         """One task per element of the iterables (zipped, as Python's ``map``).
 
         ``command``: a command line, split as a shell would (no shell runs
@@ -173,7 +174,9 @@ class Client:
         (for the only one, with one iterable); the farm file's
         placeholders, ``{index}``, ``{out}``, work too. Any other keyword
         is a stage option (``resources=``, ``workdir=``, ``inputs=``,
-        ``outputs=``, ``env=``, ``retries=``, ...). Returns the :class:`Run`.
+        ``outputs=``, ``env=``, ``retries=``, ...). ``name``, ``out`` and
+        ``root`` are the farm's (see :class:`Farm`); the stage is ``map``.
+        Returns the :class:`Run`.
         """
         if not iterables:
             raise ValueError("map needs at least one iterable of values")
@@ -196,7 +199,7 @@ class Client:
         extra_sweep = stage_options.pop("sweep", None)
         if extra_sweep:
             sweep.update(extra_sweep)
-        farm = Farm(name or _map_name(fields), out=out)
+        farm = Farm(name or _map_name(fields), out=out, root=root)
         farm.stage(stage, sweep=sweep, sweep_mode="zip" if len(sweep) > 1 else None, **fields, **stage_options)
         return self.submit(farm)
 
@@ -281,8 +284,9 @@ def farms(**connect_args):
 class LocalNode(Client):
     """A throwaway node (see :func:`local`); stopped by :meth:`stop`."""
 
-    def __init__(self, proc, state_dir, tmp, address, lines):
+    def __init__(self, proc, state_dir, tmp, address, lines, reader):
         self.proc = proc
+        self._reader = reader
         self.state_dir = state_dir
         self.address = address
         self._tmp = tmp
@@ -304,6 +308,8 @@ class LocalNode(Client):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        self._reader.join(timeout=5)
+        p.stdout.close()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -378,7 +384,8 @@ def local(cpus=None, resources=None, state_dir=None, binary=None, listen="/ip4/1
         if tmp is not None:
             tmp.cleanup()
         raise
-    lines = []
+    # The node's lines, the last of them: a node may run for days.
+    lines = collections.deque(maxlen=1000)
     seen = threading.Event()
 
     def read():
@@ -388,28 +395,31 @@ def local(cpus=None, resources=None, state_dir=None, binary=None, listen="/ip4/1
                 seen.set()
         seen.set()
 
-    threading.Thread(target=read, daemon=True).start()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     deadline = time.monotonic() + start_within
     address = None
     try:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 time.sleep(0.1)
-                raise MeshError("the node exited (code %s): %s" % (proc.returncode, "\n".join(lines[-20:])))
+                raise MeshError("the node exited (code %s): %s" % (proc.returncode, "\n".join(list(lines)[-20:])))
             if seen.wait(0.05) and address is None:
                 address = next((l.split(" listening on ", 1)[1] for l in lines if " listening on " in l), None)
             if address is not None:
                 try:
-                    return LocalNode(proc, state_dir, tmp, address, lines)
+                    return LocalNode(proc, state_dir, tmp, address, lines, reader)
                 except MeshError as e:
                     if "no mesh node is running" not in str(e):
                         raise
             time.sleep(0.05)
-        raise MeshError("the node did not start within %s s: %s" % (start_within, "\n".join(lines[-20:])))
+        raise MeshError("the node did not start within %s s: %s" % (start_within, "\n".join(list(lines)[-20:])))
     except BaseException:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        reader.join(timeout=5)
+        proc.stdout.close()
         if tmp is not None:
             tmp.cleanup()
         raise
