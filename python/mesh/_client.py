@@ -171,7 +171,8 @@ class Client:
         ``command``: a command line, split as a shell would (no shell runs
         it unless ``shell=True``), or a list of arguments; ``{0}``, ``{1}``...
         stand for the element of each iterable, and ``{}`` for the next one
-        (for the only one, with one iterable); the farm file's
+        (for the only one, with one iterable), in the command and in
+        ``workdir``, ``inputs``, ``outputs`` and ``env``; the farm file's
         placeholders, ``{index}``, ``{out}``, work too. Any other keyword
         is a stage option (``resources=``, ``workdir=``, ``inputs=``,
         ``outputs=``, ``env=``, ``retries=``, ...). ``name``, ``out`` and
@@ -195,6 +196,10 @@ class Client:
         else:
             argv = shlex.split(command) if isinstance(command, str) else list(command)
             fields = {"command": [_positional(os.fspath(a) if isinstance(a, os.PathLike) else str(a), names) for a in argv]}
+        # `{0}` in a workdir or an output names the same value as in the command.
+        for k in ("workdir", "inputs", "outputs", "env"):
+            if k in stage_options:
+                stage_options[k] = _positional_in(stage_options[k], names)
         sweep = dict(zip(names, lists))
         extra_sweep = stage_options.pop("sweep", None)
         if extra_sweep:
@@ -248,6 +253,16 @@ def _positional(text, names):
         return "{%s}" % names[i]
 
     return _PLACE.sub(sub, text)
+
+
+def _positional_in(v, names):
+    if isinstance(v, str):
+        return _positional(v, names)
+    if isinstance(v, (list, tuple)):
+        return [_positional_in(x, names) for x in v]
+    if isinstance(v, dict):
+        return {k: _positional_in(x, names) for k, x in v.items()}
+    return v
 
 
 def _map_name(fields):
