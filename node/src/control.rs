@@ -118,7 +118,9 @@ pub enum ControlRequest {
     /// A client outside this build says which control API it speaks
     /// ([`CONTROL_API`]); answered with [`ControlResponse::Hello`], or an
     /// error naming both versions.
-    Hello { api: u32 },
+    Hello {
+        api: u32,
+    },
     /// A farm file's text, checked by this node as `mesh check` checks a
     /// file (the same located errors), and submitted unless `check`.
     /// `file` names it in messages and its folder is the farm's folder.
@@ -142,7 +144,9 @@ pub enum ControlRequest {
     /// Each task of a farm whose home is this node, once, as it ends for
     /// good with its outputs home ([`ControlResponse::Task`]), from the
     /// first; then `Finished`.
-    Events { farm: String },
+    Events {
+        farm: String,
+    },
     /// The tasks of a farm this node holds that are `done`, `failed`, or
     /// `unfinished` (none of those yet), or all of them; at most `limit`.
     Tasks {
@@ -337,7 +341,10 @@ impl Client {
 
     /// The node's next answer; `None` once it has said everything.
     pub fn recv(&mut self) -> Option<Result<ControlResponse, ControlError>> {
-        Some(self.recv_line()?.and_then(|l| Ok(serde_json::from_str(&l)?)))
+        Some(
+            self.recv_line()?
+                .and_then(|l| Ok(serde_json::from_str(&l)?)),
+        )
     }
 
     /// The node's next answer as the line it sent.

@@ -244,6 +244,19 @@ mod tests {
     }
 
     #[test]
+    fn a_runs_times_are_found_by_its_task_and_attempt() {
+        let mut r = Recorder::default();
+        let a = r.started(FarmId(1), task(0), 1, 100);
+        let b = r.started(FarmId(1), task(0), 2, 200);
+        r.ended(a, None, true, 150);
+        assert_eq!(r.run_times(FarmId(1), task(0), 1), (Some(100), Some(150)));
+        assert_eq!(r.run_times(FarmId(1), task(0), 2), (Some(200), None));
+        r.ended(b, None, false, 250);
+        assert_eq!(r.run_times(FarmId(1), task(0), 2), (Some(200), Some(250)));
+        assert_eq!(r.run_times(FarmId(2), task(0), 1), (None, None));
+    }
+
+    #[test]
     fn meminfo_reads_total_and_available() {
         let s = "MemTotal:       16384 kB\nMemFree:  100 kB\nMemAvailable:    8192 kB\n";
         assert_eq!(meminfo(s), (Some(16384 * 1024), Some(8192 * 1024)));

@@ -319,7 +319,9 @@ fn load_farm(
 fn invalid(file: &str, e: &FarmFileError) -> ControlResponse {
     ControlResponse::Invalid {
         message: e.to_string(),
-        file: e.invalid().map_or_else(|| file.to_string(), |i| i.file.clone()),
+        file: e
+            .invalid()
+            .map_or_else(|| file.to_string(), |i| i.file.clone()),
         line: e.line(),
         column: e.column(),
         field: e.field().map(str::to_string),
@@ -392,4 +394,72 @@ where
     }
     // A stream's end must be said, or the other side waits for more.
     let _ = write.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(
+        dir: &Path,
+        toml: &str,
+        out: Option<&str>,
+        cwd: Option<&str>,
+    ) -> (Option<mesh_protocol::farm::FarmDef>, Vec<ControlResponse>) {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let file = dir.join("f.toml");
+        let def = load_farm(
+            toml,
+            file.to_str().expect("utf-8"),
+            (out.map(str::to_string), cwd.map(str::to_string)),
+            None,
+            &tx,
+        );
+        let mut said = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            said.push(r);
+        }
+        (def, said)
+    }
+
+    const FARM: &str = "[farm]\nname = \"f\"\n[[stage]]\nname = \"s\"\ncommand = [\"true\"]\n";
+
+    #[test]
+    fn a_farms_outputs_go_where_the_client_runs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let (def, _) = load(d, FARM, None, Some("/home/me/work"));
+        assert_eq!(def.expect("valid").out, "/home/me/work/mesh-out/f");
+        let (def, _) = load(d, FARM, Some("res"), Some("/home/me/work"));
+        assert_eq!(def.expect("valid").out, "/home/me/work/res");
+        let (def, _) = load(d, FARM, Some("/abs/o"), Some("/home/me/work"));
+        assert_eq!(def.expect("valid").out, "/abs/o");
+        // No folder given: the farm's own.
+        let (def, _) = load(d, FARM, None, None);
+        assert_eq!(
+            def.expect("valid").out,
+            d.join("mesh-out/f").to_str().expect("utf-8")
+        );
+    }
+
+    #[test]
+    fn a_mistake_is_answered_located() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bad = FARM.replace("command", "comand");
+        let (def, said) = load(dir.path(), &bad, None, None);
+        assert!(def.is_none());
+        match &said[..] {
+            [ControlResponse::Invalid {
+                message,
+                line,
+                field,
+                ..
+            }] => {
+                assert_eq!(*line, Some(5));
+                assert_eq!(field.as_deref(), Some("stage.comand"));
+                assert!(message.contains("f.toml:5:1: stage `s`"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

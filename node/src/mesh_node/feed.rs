@@ -261,3 +261,34 @@ impl Node {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_task_is_said_once_across_stages_and_words() {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let mut f = Feed {
+            reply: tx,
+            read: 0,
+            said: vec![vec![0; 2], vec![0; 1]],
+            waiting: HashSet::new(),
+        };
+        for t in [
+            TaskRef::new(0, 0),
+            TaskRef::new(0, 63),
+            TaskRef::new(0, 64),
+            TaskRef::new(1, 5),
+        ] {
+            assert!(!f.said(t));
+            assert!(f.say_once(t), "{t:?} is new");
+            assert!(f.said(t));
+            assert!(!f.say_once(t), "{t:?} is said once");
+        }
+        assert!(!f.said(TaskRef::new(0, 1)));
+        // A task the farm does not have is never said.
+        assert!(!f.say_once(TaskRef::new(2, 0)));
+        assert!(!f.say_once(TaskRef::new(1, 64)));
+    }
+}
