@@ -57,10 +57,7 @@ class Client:
         self._hello()
 
     def _hello(self):
-        try:
-            a = _proto.ask(self._t, {"Hello": {"api": _proto.API}}, within=self._within)
-        except _proto.ProtocolError:
-            raise
+        a = _proto.ask(self._t, {"Hello": {"api": _proto.API}}, within=self._within)
         k = _proto.kind(a)
         if k == "Hello":
             self.node = a["Hello"]["node"]

@@ -17,6 +17,10 @@ import time
 
 from ._errors import MeshError, ProtocolError
 
+
+class Lost(MeshError):
+    """The node could not be reached, or the connection ended before its last answer."""
+
 #: The control API this package speaks (docs/api.md). A node of another
 #: API refuses the package's hello, naming both.
 API = 1
@@ -52,6 +56,11 @@ def last(answer):
     if k == "Log":
         return bool(answer["Log"].get("done"))
     return k in _LAST
+
+
+def unreachable(error):
+    """An error the relay says for a node it cannot reach (see ``mesh control-pipe``)."""
+    return error.startswith(("cannot reach the mesh at", "no mesh node is running", "talking to the node at"))
 
 
 class _Lines:
@@ -113,7 +122,7 @@ class SocketTransport(Transport):
             s.connect(self.path)
         except (FileNotFoundError, ConnectionRefusedError):
             s.close()
-            raise MeshError(
+            raise Lost(
                 "no mesh node is running with state folder %s: start one with "
                 "`mesh node` (or `mesh join ADDR`), or use mesh.local() for a "
                 "throwaway node" % self.state_dir
@@ -272,7 +281,7 @@ class Exchange:
         if line is None:
             why = self._conn.why_ended()
             self.close()
-            raise MeshError("%s: %s" % (self._transport.describe(), why))
+            raise Lost("%s: %s" % (self._transport.describe(), why))
         try:
             answer = json.loads(line)
         except ValueError:

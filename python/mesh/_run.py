@@ -229,38 +229,50 @@ class Run:
     def __repr__(self):
         return "<mesh.Run %s>" % self.id
 
-    def as_completed(self, progress=None, timeout=None):
+    def as_completed(self, progress=None, timeout=None, reconnect=60):
         """Each task once, as it ends for good (done with its outputs home,
         or failed), in the order they end; the last when the farm is over.
 
         ``progress``: a tqdm bar (default: where tqdm is installed and
         stderr is a terminal or a notebook). ``timeout``: seconds to wait
-        for the next task before :class:`TimeoutError`.
+        for the next task before :class:`TimeoutError`. ``reconnect``:
+        seconds to keep trying when the node goes away (restarted on its
+        state folder, it carries on with the farm): the tasks it says
+        again are not yielded twice.
         """
         bar = _Bar(progress, self.total, self.id)
         said = set()
         failed = 0
+        lost_at = None
         try:
-            with self.client._exchange({"Events": {"farm": self.id}}) as x:
-                while True:
-                    a = x.next_answer(within=timeout)
-                    if a is None:
-                        raise MeshError("%s: the node stopped following the farm" % self.id)
-                    k = _proto.kind(a)
-                    if k == "Task":
-                        t = Task(self, a["Task"])
-                        if t.task in said:
-                            continue
-                        said.add(t.task)
-                        if t.state == "failed":
-                            failed += 1
-                        bar.to(len(said), failed)
-                        yield t
-                    elif k == "Finished":
-                        self._last = Progress(a["Finished"])
-                        return
-                    elif k == "Error":
-                        raise MeshError(a["Error"])
+            while True:
+                try:
+                    with self.client._exchange({"Events": {"farm": self.id}}) as x:
+                        while True:
+                            a = x.next_answer(within=timeout)
+                            lost_at = None
+                            k = _proto.kind(a)
+                            if k == "Task":
+                                t = Task(self, a["Task"])
+                                if t.task in said:
+                                    continue
+                                said.add(t.task)
+                                if t.state == "failed":
+                                    failed += 1
+                                bar.to(len(said), failed)
+                                yield t
+                            elif k == "Finished":
+                                return
+                            elif k == "Error":
+                                if _proto.unreachable(a["Error"]):
+                                    raise _proto.Lost(a["Error"])
+                                raise MeshError(a["Error"])
+                except _proto.Lost:
+                    now = time.monotonic()
+                    lost_at = lost_at or now
+                    if now - lost_at >= reconnect:
+                        raise
+                    time.sleep(0.5)
         finally:
             bar.close()
 

@@ -142,6 +142,28 @@ class OneNode(InFolder):
         self.assertEqual((checked["tasks"], checked["stages"]), (3, {"s": 3}))
 
 
+class Restart(InFolder):
+    def test_as_completed_carries_on_through_a_restart_of_the_node(self):
+        state = os.path.join(self.dir, "state")
+        first = mesh.local(cpus=2, state_dir=state, start_within=WAIT_S)
+        self.addCleanup(first.stop)
+        run = first.map("sh -c 'sleep 0.3; echo {} > r.txt'", range(12), workdir="w/{index}", outputs=["r.txt"])
+        got = []
+        again = None
+        for t in run.as_completed(timeout=WAIT_S, reconnect=WAIT_S):
+            got.append(t.index)
+            with open(t.output) as f:
+                self.assertEqual(f.read().strip(), str(t.index))
+            if len(got) == 3:
+                first.proc.kill()  # as a power cut: no goodbye
+                first.proc.wait()
+                again = mesh.local(cpus=2, state_dir=state, start_within=WAIT_S)
+                self.addCleanup(again.stop)
+        self.assertIsNotNone(again)
+        self.assertEqual(sorted(got), list(range(12)), "every task once, across the restart")
+        self.assertTrue(run.wait(timeout=WAIT_S).ok)
+
+
 def _good():
     f = mesh.Farm("good")
     f.stage("s", command=["echo", "{x}"], sweep={"x": range(3)})
