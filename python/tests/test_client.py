@@ -110,6 +110,12 @@ class OneNode(InFolder):
             run.wait(timeout=WAIT_S)
         self.assertIn("exit code 3", str(e.exception))
         self.assertEqual([x.task for x in run.tasks(state="failed")], ["map/0"])
+        # Resumed on its home, it is followed as before; into another folder
+        # once over, it is refused with where its outputs are.
+        self.assertIs(run.resume(), run)
+        with self.assertRaises(mesh.MeshError) as e:
+            run.resume(out="elsewhere")
+        self.assertIn("has finished", str(e.exception))
 
     def test_a_bad_farm_gets_the_located_words_of_mesh_check(self):
         c = self.node(cpus=1)
