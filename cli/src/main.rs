@@ -202,6 +202,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: alloc_cmd::AllocArgs,
     },
+    /// Relay one control request, a JSON line on stdin, to the node (this
+    /// machine's, or the one at --mesh) and its answers, JSON lines, to
+    /// stdout: how a client without libp2p (the Python package) reaches a
+    /// mesh from a machine that runs no node. See docs/api.md.
+    #[command(hide = true)]
+    ControlPipe,
     /// Show a task's stdout and stderr (TASK is <stage>/<index>, e.g. solve/3).
     Logs {
         #[arg(value_parser = args::name)]
@@ -415,6 +421,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
         } => mesh_cmds::submit(&to, &farm, out, (wait, rerun), json),
         Cmd::Wait { farm, json } => mesh_cmds::wait(&to, &farm, json),
         Cmd::Cancel { farm } => mesh_cmds::cancel(&to, &farm),
+        Cmd::ControlPipe => mesh_cmds::control_pipe(&to),
         Cmd::Watch {
             farm,
             every,

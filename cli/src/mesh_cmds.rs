@@ -163,6 +163,40 @@ pub(crate) fn ask(to: &Target, req: &ControlRequest) -> Result<Client> {
     })
 }
 
+/// `mesh control-pipe`: one request from stdin to the node, its answers
+/// to stdout as they come, each line as the node wrote it (this build
+/// reads neither, so a client of another API version hears the node's own
+/// refusal). A node that cannot be reached is said as the node says an
+/// error, `{"Error": "..."}`, so the client reads one kind of answer.
+pub fn control_pipe(to: &Target) -> Result<ExitCode> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("reading the request from standard input")?;
+    if line.trim().is_empty() {
+        bail!("control-pipe: no request on standard input (one JSON line, see docs/api.md)");
+    }
+    let said = |r: ControlResponse| -> Result<ExitCode> {
+        outln!("{}", serde_json::to_string(&r)?);
+        Ok(ExitCode::from(EXIT_FAILED_TASKS))
+    };
+    let mut c = match Client::request_line(to, line.into_bytes()) {
+        Ok(c) => c,
+        Err(e) => return said(ControlResponse::Error(e.to_string())),
+    };
+    while let Some(l) = c.recv_line() {
+        match l {
+            Ok(l) => {
+                let mut out = crate::out::stdout();
+                writeln!(out, "{l}")?;
+                out.flush()?;
+            }
+            Err(e) => return said(ControlResponse::Error(e.to_string())),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn submit(
     to: &Target,
     farm: &Path,

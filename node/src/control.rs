@@ -29,6 +29,14 @@ use serde::{Deserialize, Serialize};
 /// name instead of misreading a request.
 pub const CONTROL_PROTOCOL: &str = concat!("/mesh/control/", env!("CARGO_PKG_VERSION"));
 
+/// The version of the documented control API (docs/api.md): the requests
+/// and answers a client outside this build (the Python package) may use,
+/// with the shapes written there. Raised when one of them changes shape;
+/// a client says its version first ([`ControlRequest::Hello`]) and a node
+/// of another version answers with an error that names both, instead of
+/// misreading what follows.
+pub const CONTROL_API: u32 = 1;
+
 /// Which node a command talks to.
 #[derive(Clone, Debug)]
 pub enum Target {
@@ -107,6 +115,47 @@ pub enum ControlRequest {
     Allocs,
     /// The batch script a queue would submit from this node (`--dry-run`).
     AllocScript(QueueDef),
+    /// A client outside this build says which control API it speaks
+    /// ([`CONTROL_API`]); answered with [`ControlResponse::Hello`], or an
+    /// error naming both versions.
+    Hello {
+        api: u32,
+    },
+    /// A farm file's text, checked by this node as `mesh check` checks a
+    /// file (the same located errors), and submitted unless `check`.
+    /// `file` names it in messages and its folder is the farm's folder.
+    /// The outputs go to `out`, taken from `cwd` when relative, by default
+    /// `mesh-out/<name>` there, as the command line's `--out` from the
+    /// folder it runs in (`cwd` defaults to the farm's folder). Answered
+    /// with a [`ControlResponse::Warning`] per warning, then `Submitted`
+    /// (or `Checked`), or `Invalid`.
+    SubmitFarm {
+        toml: String,
+        file: String,
+        #[serde(default)]
+        out: Option<String>,
+        #[serde(default)]
+        cwd: Option<String>,
+        #[serde(default)]
+        rerun: Option<Vec<String>>,
+        #[serde(default)]
+        check: bool,
+    },
+    /// Each task of a farm whose home is this node, once, as it ends for
+    /// good with its outputs home ([`ControlResponse::Task`]), from the
+    /// first; then `Finished`.
+    Events {
+        farm: String,
+    },
+    /// The tasks of a farm this node holds that are `done`, `failed`, or
+    /// `unfinished` (none of those yet), or all of them; at most `limit`.
+    Tasks {
+        farm: String,
+        #[serde(default)]
+        state: Option<String>,
+        #[serde(default)]
+        limit: Option<u64>,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -147,6 +196,70 @@ pub enum ControlResponse {
     Allocs(Box<AllocBook>),
     Script(String),
     Error(String),
+    /// The node speaks the client's control API.
+    Hello {
+        api: u32,
+        /// The node's build (`mesh --version`).
+        version: String,
+        /// Its peer id.
+        node: String,
+    },
+    /// Something valid in a farm file but likely a mistake (as `mesh check` warns).
+    Warning(String),
+    /// A farm file checked and not submitted (`SubmitFarm` with `check`).
+    Checked {
+        name: String,
+        /// Where its outputs would go.
+        out: String,
+        tasks: u64,
+        /// Each stage with its number of tasks.
+        stages: Vec<(String, u64)>,
+    },
+    /// A farm file with a mistake: the located words of `mesh check`,
+    /// and where, when it is about the file's content.
+    Invalid {
+        message: String,
+        file: String,
+        line: Option<usize>,
+        column: Option<usize>,
+        field: Option<String>,
+    },
+    /// A task that ended for good (see [`ControlRequest::Events`]).
+    Task(Box<TaskEvent>),
+    Tasks(Vec<TaskEvent>),
+}
+
+/// A task of a farm as a client sees it: where it stands, and once it
+/// ended, how, where it ran, and where its outputs are on the home.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskEvent {
+    /// `<stage>/<index>`.
+    pub task: String,
+    pub stage: String,
+    pub index: u32,
+    /// Its sweep values, by variable, in the stage's order.
+    pub params: indexmap::IndexMap<String, String>,
+    /// `done`, `failed`, or `unfinished` (in a `Tasks` answer only).
+    pub state: String,
+    /// The exit code, where it is known: a failure's, or 0 for a task
+    /// done in a stage whose only success code is 0.
+    pub exit_code: Option<i32>,
+    /// The signal that killed it.
+    pub signal: Option<i32>,
+    /// Why it failed, in the words of `mesh status`.
+    pub reason: Option<String>,
+    /// The node that ran it (its peer id).
+    pub node: Option<String>,
+    /// Which attempt ended so; 0 for a result reused from an earlier farm.
+    pub attempt: u32,
+    /// When that attempt started and ended (Unix ms), where the node
+    /// answering ran it itself; `None` for a run on another node.
+    pub start_ms: Option<u64>,
+    pub end_ms: Option<u64>,
+    /// When the node answering had it (Unix ms): the result and its outputs home.
+    pub at_ms: u64,
+    /// Its outputs, absolute paths on the farm's home.
+    pub outputs: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -181,15 +294,24 @@ enum Lines {
 impl Client {
     /// Sends one request to the node `to`.
     pub fn request(to: &Target, req: &ControlRequest) -> Result<Client, ControlError> {
+        Client::request_line(to, serde_json::to_vec(req)?)
+    }
+
+    /// Sends one request already written as JSON (a relay passes on what
+    /// a client wrote, read or not by this build: `mesh control-pipe`).
+    pub fn request_line(to: &Target, mut line: Vec<u8>) -> Result<Client, ControlError> {
+        if line.last() != Some(&b'\n') {
+            line.push(b'\n');
+        }
         match to {
-            Target::Local(state) => Client::local(state, req),
+            Target::Local(state) => Client::local(state, &line),
             Target::Remote { addr, key } => Ok(Client {
-                lines: Lines::Remote(remote::request(addr, key, req)?),
+                lines: Lines::Remote(remote::request(addr, key, line)?),
             }),
         }
     }
 
-    fn local(state: &Path, req: &ControlRequest) -> Result<Client, ControlError> {
+    fn local(state: &Path, line: &[u8]) -> Result<Client, ControlError> {
         let path = socket_path(state);
         let mut stream = match UnixStream::connect(&path) {
             Ok(s) => s,
@@ -208,9 +330,7 @@ impl Client {
                 })
             }
         };
-        let mut line = serde_json::to_vec(req)?;
-        line.push(b'\n');
-        stream.write_all(&line).map_err(|source| ControlError::Io {
+        stream.write_all(line).map_err(|source| ControlError::Io {
             path: path.display().to_string(),
             source,
         })?;
@@ -221,20 +341,22 @@ impl Client {
 
     /// The node's next answer; `None` once it has said everything.
     pub fn recv(&mut self) -> Option<Result<ControlResponse, ControlError>> {
+        Some(
+            self.recv_line()?
+                .and_then(|l| Ok(serde_json::from_str(&l)?)),
+        )
+    }
+
+    /// The node's next answer as the line it sent.
+    pub fn recv_line(&mut self) -> Option<Result<String, ControlError>> {
         let line = match &mut self.lines {
             Lines::Local(l) => l.next()?,
             Lines::Remote(rx) => rx.recv().ok()?,
         };
-        let line = match line {
-            Ok(l) => l,
-            Err(source) => {
-                return Some(Err(ControlError::Io {
-                    path: "control connection".into(),
-                    source,
-                }))
-            }
-        };
-        Some(serde_json::from_str(&line).map_err(ControlError::from))
+        Some(line.map_err(|source| ControlError::Io {
+            path: "control connection".into(),
+            source,
+        }))
     }
 }
 
@@ -252,7 +374,7 @@ mod remote {
     use libp2p::swarm::SwarmEvent;
     use libp2p::{ping, Multiaddr, PeerId, StreamProtocol};
 
-    use super::{ControlError, ControlRequest, CONTROL_PROTOCOL};
+    use super::{ControlError, CONTROL_PROTOCOL};
     use crate::{keys, net};
 
     /// How long the dial may take.
@@ -267,11 +389,9 @@ mod remote {
     pub(super) fn request(
         addr: &Multiaddr,
         key: &Path,
-        req: &ControlRequest,
+        line: Vec<u8>,
     ) -> Result<mpsc::Receiver<io::Result<String>>, ControlError> {
         let psk = keys::load_psk(key)?;
-        let mut line = serde_json::to_vec(req)?;
-        line.push(b'\n');
         let unreachable = |why: String| ControlError::Unreachable {
             addr: addr.to_string(),
             why,

@@ -84,6 +84,22 @@ impl Recorder {
         }
     }
 
+    /// When the run of `task`'s `attempt` started and ended (Unix ms),
+    /// while it is in the record. Looked for from the newest: asked just
+    /// after a run ends, it is among the last few.
+    pub fn run_times(
+        &self,
+        farm: FarmId,
+        task: TaskRef,
+        attempt: u32,
+    ) -> (Option<u64>, Option<u64>) {
+        self.runs
+            .iter()
+            .rev()
+            .find(|r| r.farm == farm && r.task == task && r.attempt == attempt)
+            .map_or((None, None), |r| (Some(r.start), r.end))
+    }
+
     /// The slot a run is in, while it is in the record.
     pub fn slot(&self, seq: u64) -> Option<u32> {
         let first = self.runs.front().map_or(0, |r| r.seq);
@@ -225,6 +241,19 @@ mod tests {
         r.ended(long, Some(0), false, 99_999);
         let s = r.started(FarmId(1), task(1), 2, 100_000);
         assert_eq!(r.slot(s), Some(0));
+    }
+
+    #[test]
+    fn a_runs_times_are_found_by_its_task_and_attempt() {
+        let mut r = Recorder::default();
+        let a = r.started(FarmId(1), task(0), 1, 100);
+        let b = r.started(FarmId(1), task(0), 2, 200);
+        r.ended(a, None, true, 150);
+        assert_eq!(r.run_times(FarmId(1), task(0), 1), (Some(100), Some(150)));
+        assert_eq!(r.run_times(FarmId(1), task(0), 2), (Some(200), None));
+        r.ended(b, None, false, 250);
+        assert_eq!(r.run_times(FarmId(1), task(0), 2), (Some(200), Some(250)));
+        assert_eq!(r.run_times(FarmId(2), task(0), 1), (None, None));
     }
 
     #[test]

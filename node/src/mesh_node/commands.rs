@@ -1,6 +1,7 @@
-//! The control socket: one JSON request a connection, answered by this node's loop (submit, wait, cancel, status, farm, list, logs, alloc, resume).
+//! The control socket: one JSON request a connection, answered by this node's loop (submit, wait, cancel, status, farm, list, logs, alloc, resume, and the client API's hello, farm text, task events and task lists).
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mesh_protocol::wire::{FoundFarm, Request, Response};
@@ -13,7 +14,8 @@ use super::swarm::request;
 use super::views::{summary_view, Origin};
 use super::{farm_display_id, Cmd, Node};
 use crate::batch;
-use crate::control::{ControlRequest, ControlResponse};
+use crate::control::{ControlRequest, ControlResponse, CONTROL_API};
+use crate::farmfile::{self, FarmFileError, LoadOptions};
 
 impl Node {
     pub(super) fn on_control(
@@ -134,6 +136,73 @@ impl Node {
                 }
                 _ => self.ask_coordinator(farm, Asked::Resume(out, reply)),
             },
+            ControlRequest::Hello { api } => {
+                let version = env!("CARGO_PKG_VERSION").to_string();
+                let _ = reply.send(if api == CONTROL_API {
+                    ControlResponse::Hello {
+                        api,
+                        version,
+                        node: self.swarm.local_peer_id().to_string(),
+                    }
+                } else {
+                    ControlResponse::Error(format!(
+                        "this node (mesh {version}) speaks control API {CONTROL_API} and the client speaks {api}: use the client of this mesh's version (pip install its python/ folder), or a mesh of the client's"
+                    ))
+                });
+            }
+            ControlRequest::SubmitFarm {
+                toml,
+                file,
+                out,
+                cwd,
+                rerun,
+                check,
+            } => {
+                let origin = self.me;
+                let tx = self.tx.clone();
+                // Reading params files, hashing inputs and working out
+                // every task's key take their time: off the loop.
+                tokio::task::spawn_blocking(move || {
+                    let Some(def) = load_farm(&toml, &file, (out, cwd), rerun.as_deref(), &reply)
+                    else {
+                        return;
+                    };
+                    if check {
+                        let _ = reply.send(ControlResponse::Checked {
+                            name: def.name.clone(),
+                            out: def.out.clone(),
+                            tasks: def.task_count(),
+                            stages: def
+                                .stages
+                                .iter()
+                                .map(|s| (s.name.clone(), u64::from(s.len())))
+                                .collect(),
+                        });
+                        return;
+                    }
+                    let rerun = crate::results::rerun_stages(&def, rerun.as_deref());
+                    let spec = make_spec(def, &file, origin).map(|spec| {
+                        let keys = super::reuse::task_keys(&spec);
+                        (spec, keys)
+                    });
+                    let _ = tx.send(Cmd::Submit(spec, rerun, reply));
+                });
+            }
+            ControlRequest::Events { farm } => match self.find_farm(&farm) {
+                Ok(fid) => self.follow_tasks(fid, reply),
+                Err(e) => {
+                    let _ = reply.send(ControlResponse::Error(e));
+                }
+            },
+            ControlRequest::Tasks { farm, state, limit } => {
+                let r = self
+                    .find_known(&farm)
+                    .and_then(|fid| self.tasks_in(fid, state.as_deref(), limit));
+                let _ = reply.send(match r {
+                    Ok(tasks) => ControlResponse::Tasks(tasks),
+                    Err(e) => ControlResponse::Error(e),
+                });
+            }
         }
     }
 
@@ -196,6 +265,69 @@ impl Node {
     }
 }
 
+/// A farm file's text checked as `mesh check` checks a file: its warnings
+/// said, and `None` once its mistake or an unknown `--rerun` stage is.
+fn load_farm(
+    toml: &str,
+    file: &str,
+    (out, cwd): (Option<String>, Option<String>),
+    rerun: Option<&[String]>,
+    reply: &mpsc::UnboundedSender<ControlResponse>,
+) -> Option<mesh_protocol::farm::FarmDef> {
+    let file_path = Path::new(file);
+    // The client's folder, not this node's: the command line's `--out`
+    // (and its default) are taken from where it runs.
+    let cwd = match cwd {
+        Some(c) => PathBuf::from(c),
+        None => file_path
+            .parent()
+            .map_or_else(|| PathBuf::from("/"), Path::to_path_buf),
+    };
+    let opts = LoadOptions {
+        out: out.map(|o| cwd.join(o)),
+    };
+    let (mut def, warnings) = match farmfile::load_str_with_warnings(file_path, toml, &opts) {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = reply.send(invalid(file, &e));
+            return None;
+        }
+    };
+    if opts.out.is_none() {
+        def.out = cwd
+            .join("mesh-out")
+            .join(&def.name)
+            .to_string_lossy()
+            .into_owned();
+    }
+    for w in warnings {
+        let _ = reply.send(ControlResponse::Warning(w.to_string()));
+    }
+    for n in rerun.unwrap_or_default() {
+        if def.stage_index(n).is_none() {
+            let all: Vec<&str> = def.stages.iter().map(|s| s.name.as_str()).collect();
+            let _ = reply.send(ControlResponse::Error(format!(
+                "rerun {n}: the farm has no such stage (stages: {})",
+                all.join(", ")
+            )));
+            return None;
+        }
+    }
+    Some(def)
+}
+
+fn invalid(file: &str, e: &FarmFileError) -> ControlResponse {
+    ControlResponse::Invalid {
+        message: e.to_string(),
+        file: e
+            .invalid()
+            .map_or_else(|| file.to_string(), |i| i.file.clone()),
+        line: e.line(),
+        column: e.column(),
+        field: e.field().map(str::to_string),
+    }
+}
+
 /// Serves the control requests that come on libp2p streams (`mesh --mesh
 /// ADDR` from a machine that runs no node) as the control socket's.
 pub(super) async fn accept_control(
@@ -252,10 +384,82 @@ where
                 | ControlResponse::List(_)
                 | ControlResponse::Resumed { .. }
                 | ControlResponse::Log { done: true, .. }
+                | ControlResponse::Hello { .. }
+                | ControlResponse::Checked { .. }
+                | ControlResponse::Invalid { .. }
+                | ControlResponse::Tasks(_)
         ) {
             break;
         }
     }
     // A stream's end must be said, or the other side waits for more.
     let _ = write.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(
+        dir: &Path,
+        toml: &str,
+        out: Option<&str>,
+        cwd: Option<&str>,
+    ) -> (Option<mesh_protocol::farm::FarmDef>, Vec<ControlResponse>) {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let file = dir.join("f.toml");
+        let def = load_farm(
+            toml,
+            file.to_str().expect("utf-8"),
+            (out.map(str::to_string), cwd.map(str::to_string)),
+            None,
+            &tx,
+        );
+        let mut said = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            said.push(r);
+        }
+        (def, said)
+    }
+
+    const FARM: &str = "[farm]\nname = \"f\"\n[[stage]]\nname = \"s\"\ncommand = [\"true\"]\n";
+
+    #[test]
+    fn a_farms_outputs_go_where_the_client_runs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let (def, _) = load(d, FARM, None, Some("/home/me/work"));
+        assert_eq!(def.expect("valid").out, "/home/me/work/mesh-out/f");
+        let (def, _) = load(d, FARM, Some("res"), Some("/home/me/work"));
+        assert_eq!(def.expect("valid").out, "/home/me/work/res");
+        let (def, _) = load(d, FARM, Some("/abs/o"), Some("/home/me/work"));
+        assert_eq!(def.expect("valid").out, "/abs/o");
+        // No folder given: the farm's own.
+        let (def, _) = load(d, FARM, None, None);
+        assert_eq!(
+            def.expect("valid").out,
+            d.join("mesh-out/f").to_str().expect("utf-8")
+        );
+    }
+
+    #[test]
+    fn a_mistake_is_answered_located() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bad = FARM.replace("command", "comand");
+        let (def, said) = load(dir.path(), &bad, None, None);
+        assert!(def.is_none());
+        match &said[..] {
+            [ControlResponse::Invalid {
+                message,
+                line,
+                field,
+                ..
+            }] => {
+                assert_eq!(*line, Some(5));
+                assert_eq!(field.as_deref(), Some("stage.comand"));
+                assert!(message.contains("f.toml:5:1: stage `s`"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

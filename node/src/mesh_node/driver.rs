@@ -567,6 +567,7 @@ impl Node {
                 };
                 let now = self.now();
                 self.peer.fetched(now, farm, task, got);
+                self.feed(farm, Some(task));
             }
             Cmd::InputsFetched(farm, r) => {
                 if let Err(e) = &r {
@@ -631,6 +632,7 @@ impl Node {
                 }
             },
             Cmd::SubmitReused(spec, reused, reply) => self.submit_now(*spec, reused, reply),
+            Cmd::Feed(farm) => self.feed(farm, None),
             Cmd::Batch(done) => {
                 let now = self.now();
                 match done {

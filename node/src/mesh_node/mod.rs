@@ -11,6 +11,7 @@ mod allocs;
 mod commands;
 mod deps;
 mod driver;
+mod feed;
 mod links;
 mod logs;
 mod queries;
@@ -158,6 +159,8 @@ enum Cmd {
     ),
     /// A batch command (`mesh alloc`) ended.
     Batch(batch::Done),
+    /// More of a farm's log for its followers (see `feed.rs`).
+    Feed(FarmId),
 }
 
 /// A node's state, owned by its loop; each module of this folder is an

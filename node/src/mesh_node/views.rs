@@ -22,6 +22,8 @@ pub(super) struct Origin {
     pub(super) view: FarmView,
     pub(super) waiters: Vec<mpsc::UnboundedSender<ControlResponse>>,
     pub(super) submit_reply: Option<mpsc::UnboundedSender<ControlResponse>>,
+    /// Clients following the farm's tasks one by one (see `feed.rs`).
+    pub(super) feeds: Vec<super::feed::Feed>,
     /// When the bytes still to come were last counted, and the bytes home
     /// then (the rate is over the time between two counts).
     data_counted: Option<(Instant, u64)>,
@@ -69,6 +71,7 @@ impl Origin {
             },
             waiters: Vec::new(),
             submit_reply: None,
+            feeds: Vec::new(),
             data_counted: None,
         }
     }
@@ -148,6 +151,8 @@ impl Node {
             // submission right after it reuses what it made.
             self.remember_results(farm);
         }
+        // Followers of single tasks hear of each before anyone hears the end.
+        self.feed(farm, None);
         if let Some(o) = self.origins.get_mut(&farm) {
             o.notify();
         }

@@ -1,0 +1,294 @@
+//! Tasks for clients one by one (the Python package's `as_completed` and `tasks`): each task of a farm said once, when it ended for good and, done, its outputs are home.
+//!
+//! A follower reads the home's copy of the farm's log from its start, so
+//! one that comes late hears every task that ended before it came, and one
+//! that comes early hears each as it ends. A done task is held back until
+//! its outputs are in the home's folder: what a client is told is done, it
+//! can open. A task is said once whatever the log says of it again (a done
+//! repeated for holders, a done after a failure once a partition heals).
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use mesh_protocol::engine::TaskEnd;
+use mesh_protocol::mesh::{Entry, FarmId, Replica};
+use mesh_protocol::TaskRef;
+use tokio::sync::mpsc;
+
+use super::Node;
+use crate::control::{ControlResponse, TaskEvent};
+use crate::task_words::describe_end;
+
+/// Entries of the log read in one turn of the loop for one follower: a
+/// follower of a finished million-task farm is fed over many turns, not
+/// in one that holds up the node.
+const READ_PER_TURN_MAX: usize = 4096;
+
+/// One client following a farm's tasks.
+pub(super) struct Feed {
+    reply: mpsc::UnboundedSender<ControlResponse>,
+    /// How far the farm's log has been read.
+    read: u64,
+    /// Tasks said, a bit each, per stage.
+    said: Vec<Vec<u64>>,
+    /// Done tasks whose outputs are not home yet.
+    waiting: HashSet<TaskRef>,
+}
+
+impl Feed {
+    fn new(r: &Replica, reply: mpsc::UnboundedSender<ControlResponse>) -> Feed {
+        Feed {
+            reply,
+            read: 0,
+            said: r
+                .spec
+                .def
+                .stages
+                .iter()
+                .map(|s| vec![0; (s.len() as usize).div_ceil(64)])
+                .collect(),
+            waiting: HashSet::new(),
+        }
+    }
+
+    /// Marks `t` said; false when it was already.
+    fn say_once(&mut self, t: TaskRef) -> bool {
+        let Some(word) = self
+            .said
+            .get_mut(t.stage as usize)
+            .and_then(|s| s.get_mut(t.index as usize / 64))
+        else {
+            return false;
+        };
+        let bit = 1u64 << (t.index % 64);
+        let fresh = *word & bit == 0;
+        *word |= bit;
+        fresh
+    }
+
+    fn said(&self, t: TaskRef) -> bool {
+        self.said
+            .get(t.stage as usize)
+            .and_then(|s| s.get(t.index as usize / 64))
+            .is_some_and(|w| w & (1u64 << (t.index % 64)) != 0)
+    }
+}
+
+impl Node {
+    /// A client follows the tasks of `farm`, whose home is this node.
+    pub(super) fn follow_tasks(
+        &mut self,
+        farm: FarmId,
+        reply: mpsc::UnboundedSender<ControlResponse>,
+    ) {
+        let Some(r) = self.peer.replica(farm) else {
+            let _ = reply.send(ControlResponse::Error(
+                "this node keeps no copy of the farm's log".into(),
+            ));
+            return;
+        };
+        let feed = Feed::new(r, reply);
+        if let Some(o) = self.origins.get_mut(&farm) {
+            o.feeds.push(feed);
+        }
+        self.feed(farm, None);
+    }
+
+    /// Tells the farm's followers what ended since they last heard: on
+    /// every change to the farm's progress here, and with `fetched` when
+    /// that task's outputs came home. Once the farm is over, the last
+    /// tasks are said and then its end.
+    pub(super) fn feed(&mut self, farm: FarmId, fetched: Option<TaskRef>) {
+        let Some(r) = self.peer.replica(farm) else {
+            return;
+        };
+        let Some(o) = self.origins.get_mut(&farm) else {
+            return;
+        };
+        if o.feeds.is_empty() {
+            return;
+        }
+        let mut feeds = std::mem::take(&mut o.feeds);
+        let finished = o.view.finished.then(|| o.view.clone());
+        let mut more = false;
+        for f in &mut feeds {
+            if let Some(t) = fetched {
+                if r.outputs_here(t) && f.waiting.remove(&t) && f.say_once(t) {
+                    let _ = f.reply.send(self.task_said(r, t));
+                }
+            }
+            let entries = r.log.slice(f.read, READ_PER_TURN_MAX);
+            f.read += entries.len() as u64;
+            more |= f.read < r.log.len();
+            for e in entries {
+                let t = e.task();
+                if f.said(t) {
+                    continue;
+                }
+                match r.log.get(t) {
+                    Some(Entry::Done { .. }) if !r.outputs_here(t) => {
+                        f.waiting.insert(t);
+                    }
+                    Some(Entry::Done { .. } | Entry::Failed { .. }) => {
+                        f.waiting.remove(&t);
+                        f.say_once(t);
+                        let _ = f.reply.send(self.task_said(r, t));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let (Some(view), false) = (finished, more) {
+            // Over: every output is home, so whatever still waits is said.
+            for f in &mut feeds {
+                let mut last: Vec<TaskRef> = f.waiting.drain().collect();
+                last.sort_unstable();
+                for t in last {
+                    if f.say_once(t) {
+                        let _ = f.reply.send(self.task_said(r, t));
+                    }
+                }
+                let _ = f.reply.send(ControlResponse::Finished(view.clone()));
+            }
+            feeds.clear();
+        }
+        feeds.retain(|f| !f.reply.is_closed());
+        if let Some(o) = self.origins.get_mut(&farm) {
+            o.feeds = feeds;
+        }
+        if more {
+            // The rest of a long log in the next turns of the loop.
+            let tx = self.tx.clone();
+            let _ = tx.send(super::Cmd::Feed(farm));
+        }
+    }
+
+    fn task_said(&self, r: &Replica, t: TaskRef) -> ControlResponse {
+        ControlResponse::Task(Box::new(self.task_event(r, t)))
+    }
+
+    /// Task `t` of the farm of `r`, as a client sees it.
+    pub(super) fn task_event(&self, r: &Replica, t: TaskRef) -> TaskEvent {
+        let def = &r.spec.def;
+        let stage = def.stage(t);
+        let mut ev = TaskEvent {
+            task: def.task_name(t),
+            stage: stage.name.clone(),
+            index: t.index,
+            params: def.binding(t).into_iter().collect(),
+            state: "unfinished".into(),
+            at_ms: crate::state::unix_ms(),
+            ..TaskEvent::default()
+        };
+        match r.log.get(t) {
+            Some(Entry::Done {
+                node,
+                attempt,
+                outputs,
+                ..
+            }) => {
+                ev.state = "done".into();
+                ev.exit_code = (stage.success_codes == [0] && *attempt > 0).then_some(0);
+                ev.node = Some(self.label_of(*node));
+                ev.attempt = *attempt;
+                let dir = Path::new(r.out_dir())
+                    .join(&stage.name)
+                    .join(t.index.to_string());
+                ev.outputs = outputs
+                    .iter()
+                    .map(|f| dir.join(&f.path).to_string_lossy().into_owned())
+                    .collect();
+                if *node == self.me {
+                    (ev.start_ms, ev.end_ms) = self.recorder.run_times(r.id(), t, *attempt);
+                }
+            }
+            Some(Entry::Failed {
+                node, attempt, end, ..
+            }) => {
+                ev.state = "failed".into();
+                match **end {
+                    TaskEnd::Exited(c) => ev.exit_code = Some(c),
+                    TaskEnd::Signaled(s) => ev.signal = Some(s),
+                    _ => {}
+                }
+                ev.reason = Some(describe_end(end));
+                ev.node = Some(self.label_of(*node));
+                ev.attempt = *attempt;
+                if *node == self.me {
+                    (ev.start_ms, ev.end_ms) = self.recorder.run_times(r.id(), t, *attempt);
+                }
+            }
+            _ => {}
+        }
+        ev
+    }
+
+    /// The tasks of a farm this node holds, `done`, `failed` or
+    /// `unfinished` (all with none), in task order, at most `limit`.
+    pub(super) fn tasks_in(
+        &self,
+        farm: FarmId,
+        state: Option<&str>,
+        limit: Option<u64>,
+    ) -> Result<Vec<TaskEvent>, String> {
+        if let Some(s) = state.filter(|s| !matches!(*s, "done" | "failed" | "unfinished")) {
+            return Err(format!(
+                "no task state `{s}`: ask for done, failed or unfinished"
+            ));
+        }
+        let r = self
+            .peer
+            .replica(farm)
+            .ok_or("this node keeps no copy of the farm's log: ask its home")?;
+        let limit = limit.unwrap_or(u64::MAX);
+        let mut out = Vec::new();
+        for (s, stage) in r.spec.def.stages.iter().enumerate() {
+            for i in 0..stage.len() {
+                if out.len() as u64 >= limit {
+                    return Ok(out);
+                }
+                let t = TaskRef::new(s as u32, i);
+                let is = match r.log.get(t) {
+                    Some(Entry::Done { .. }) => "done",
+                    Some(Entry::Failed { .. }) => "failed",
+                    _ => "unfinished",
+                };
+                if state.is_none_or(|want| want == is) {
+                    out.push(self.task_event(r, t));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_task_is_said_once_across_stages_and_words() {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let mut f = Feed {
+            reply: tx,
+            read: 0,
+            said: vec![vec![0; 2], vec![0; 1]],
+            waiting: HashSet::new(),
+        };
+        for t in [
+            TaskRef::new(0, 0),
+            TaskRef::new(0, 63),
+            TaskRef::new(0, 64),
+            TaskRef::new(1, 5),
+        ] {
+            assert!(!f.said(t));
+            assert!(f.say_once(t), "{t:?} is new");
+            assert!(f.said(t));
+            assert!(!f.say_once(t), "{t:?} is said once");
+        }
+        assert!(!f.said(TaskRef::new(0, 1)));
+        // A task the farm does not have is never said.
+        assert!(!f.say_once(TaskRef::new(2, 0)));
+        assert!(!f.say_once(TaskRef::new(1, 64)));
+    }
+}

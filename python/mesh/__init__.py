@@ -1,0 +1,42 @@
+"""mesh for Python: build a farm, submit it to a mesh node, read each task's result as it lands.
+
+    import mesh
+
+    with mesh.local(cpus=4) as client:          # or mesh.connect(), mesh.connect(mesh=ADDR, key=...)
+        run = client.map("./solve.sh {}", [0.1, 0.2, 0.3], outputs=["result.txt"],
+                         workdir="runs/{index}", inputs=["solve.sh"])
+        for t in run.as_completed():
+            print(t.params, open(t.output).read())
+
+The protocol under it and every call are in docs/api.md.
+"""
+
+from ._client import Client, LocalNode, connect, default_state_dir, farms, local
+from ._errors import FarmError, FarmFailed, MeshError, ProtocolError, TaskFailed
+from ._farm import Farm, Stage, lines
+from ._proto import API
+from ._run import FarmInfo, Progress, Run, Task
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "API",
+    "Client",
+    "Farm",
+    "FarmError",
+    "FarmFailed",
+    "FarmInfo",
+    "LocalNode",
+    "MeshError",
+    "Progress",
+    "ProtocolError",
+    "Run",
+    "Stage",
+    "Task",
+    "TaskFailed",
+    "connect",
+    "default_state_dir",
+    "farms",
+    "lines",
+    "local",
+]

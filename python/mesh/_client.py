@@ -1,0 +1,437 @@
+"""Clients of a node: on this machine, through a mesh, or a throwaway one."""
+
+import collections
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from . import _proto
+from ._errors import FarmError, MeshError, ProtocolError
+from ._farm import Farm
+from ._run import Run, FarmInfo
+
+#: Seconds a node has to answer the hello, and any request answered at once.
+ANSWER_WITHIN_S = 30
+
+
+def default_state_dir():
+    """The state folder the ``mesh`` command uses: ``$MESH_STATE_DIR``, else
+    the user's data folder (``$XDG_DATA_HOME/mesh``, ``~/.local/share/mesh``;
+    ``~/Library/Application Support/mesh`` on macOS)."""
+    d = os.environ.get("MESH_STATE_DIR")
+    if d:
+        return os.path.abspath(d)
+    if sys.platform == "darwin":
+        return os.path.expanduser("~/Library/Application Support/mesh")
+    xdg = os.environ.get("XDG_DATA_HOME")
+    if xdg and os.path.isabs(xdg):
+        return os.path.join(xdg, "mesh")
+    return os.path.expanduser("~/.local/share/mesh")
+
+
+def mesh_binary(binary=None):
+    """The ``mesh`` program: ``binary``, ``$MESH_BIN``, or ``mesh`` on PATH."""
+    b = binary or os.environ.get("MESH_BIN") or shutil.which("mesh")
+    if not b:
+        raise MeshError(
+            "cannot find the mesh program: put it on PATH (cargo install --path cli), or set MESH_BIN"
+        )
+    return b
+
+
+class Client:
+    """A connection to a node (see :func:`connect`)."""
+
+    def __init__(self, transport, within=ANSWER_WITHIN_S):
+        self._t = transport
+        self._within = within
+        self.node = None
+        self.version = None
+        self._hello()
+
+    def _hello(self):
+        a = _proto.ask(self._t, {"Hello": {"api": _proto.API}}, within=self._within)
+        k = _proto.kind(a)
+        if k == "Hello":
+            self.node = a["Hello"]["node"]
+            self.version = a["Hello"]["version"]
+            return
+        if k == "Error":
+            e = a["Error"]
+            if "unknown variant" in e and "Hello" in e:
+                raise ProtocolError(
+                    "%s is older than the control API %d this package speaks: use a mesh "
+                    "of this package's version (%s)" % (self._t.describe(), _proto.API, e)
+                )
+            if "control API" in e:
+                raise ProtocolError(e)
+            raise MeshError(e)
+        raise ProtocolError("%s answered the hello with %s" % (self._t.describe(), k))
+
+    # ----- requests -----
+
+    def _ask(self, request, expect):
+        a = _proto.ask(self._t, request, within=self._within)
+        return self._expect(a, expect)
+
+    def _expect(self, a, expect):
+        k = _proto.kind(a)
+        if k == expect:
+            return a[k]
+        if k == "Error":
+            raise MeshError(a["Error"])
+        raise ProtocolError("expected %s from the node, got %s" % (expect, k))
+
+    def _exchange(self, request, first_within=ANSWER_WITHIN_S):
+        return _proto.Exchange(self._t, request, first_within=first_within)
+
+    def _farm_request(self, farm, check=False, rerun=None):
+        req = {
+            "toml": farm.to_toml(),
+            "file": farm.file,
+            "out": farm.out,
+            "cwd": os.getcwd(),
+            "check": check,
+        }
+        if rerun is not None:
+            req["rerun"] = [rerun] if isinstance(rerun, str) else list(rerun)
+        return {"SubmitFarm": req}
+
+    def _farm_answer(self, farm, request):
+        warnings = []
+        # Reading a big params file and hashing inputs take their time
+        # before the node answers: no deadline on the first line.
+        with self._exchange(request, first_within=None) as x:
+            for a in x:
+                k = _proto.kind(a)
+                if k == "Warning":
+                    warnings.append(a["Warning"])
+                    continue
+                if k == "Invalid":
+                    i = a["Invalid"]
+                    raise FarmError(
+                        i["message"],
+                        file=i.get("file"),
+                        line=i.get("line"),
+                        column=i.get("column"),
+                        field=i.get("field"),
+                        text=None if farm._text is not None else farm.to_toml(),
+                    )
+                if k == "Error":
+                    raise MeshError("the node refused the farm: %s" % a["Error"])
+                return k, a[k], warnings
+        raise MeshError("the node closed the connection before answering")
+
+    def check(self, farm):
+        """Has the node check a farm, as ``mesh check`` does; runs nothing.
+
+        Returns ``{"name", "out", "tasks", "stages", "warnings"}``; a mistake
+        raises :class:`FarmError`.
+        """
+        k, v, warnings = self._farm_answer(farm, self._farm_request(farm, check=True))
+        if k != "Checked":
+            raise ProtocolError("expected Checked from the node, got %s" % k)
+        v = dict(v)
+        v["stages"] = dict(v["stages"])
+        v["warnings"] = warnings
+        return v
+
+    def submit(self, farm, rerun=None, warn=True):
+        """Submits a :class:`Farm` (or a farm file's path); returns its :class:`Run`.
+
+        The node checks it first: a mistake raises :class:`FarmError` and
+        nothing runs. ``rerun``: stages (or ``True`` for all) run again even
+        where earlier results could be reused.
+        """
+        if isinstance(farm, (str, os.PathLike)):
+            farm = Farm.from_toml(farm)
+        if rerun is True:
+            rerun = []
+        k, v, warnings = self._farm_answer(farm, self._farm_request(farm, rerun=rerun))
+        if k != "Submitted":
+            raise ProtocolError("expected Submitted from the node, got %s" % k)
+        if warn:
+            for w in warnings:
+                print("warning: %s" % w, file=sys.stderr)
+        return Run(self, v["farm"], total=v["tasks"], warnings=warnings)
+
+    def map(self, command, *iterables, name=None, out=None, root=None, shell=False, stage="map", **stage_options):
+        """One task per element of the iterables (zipped, as Python's ``map``).
+
+        ``command``: a command line, split as a shell would (no shell runs
+        it unless ``shell=True``), or a list of arguments; ``{0}``, ``{1}``...
+        stand for the element of each iterable, and ``{}`` for the next one
+        (for the only one, with one iterable), in the command and in
+        ``workdir``, ``inputs``, ``outputs`` and ``env``; the farm file's
+        placeholders, ``{index}``, ``{out}``, work too. Any other keyword
+        is a stage option (``resources=``, ``workdir=``, ``inputs=``,
+        ``outputs=``, ``env=``, ``retries=``, ...). ``name``, ``out`` and
+        ``root`` are the farm's (see :class:`Farm`); the stage is ``map``.
+        Returns the :class:`Run`.
+        """
+        if not iterables:
+            raise ValueError("map needs at least one iterable of values")
+        lists = [list(it) if not isinstance(it, range) else it for it in iterables]
+        n = len(lists[0])
+        for i, l in enumerate(lists[1:], 1):
+            if len(l) != n:
+                raise ValueError("map's iterables differ in length: 0 has %d values, %d has %d" % (n, i, len(l)))
+        if n == 0:
+            raise ValueError("map of nothing: the iterables are empty")
+        names = ["arg%d" % i for i in range(len(lists))]
+        if shell:
+            if not isinstance(command, str):
+                raise TypeError("with shell=True the command is one line")
+            fields = {"shell": _positional(command, names)}
+        else:
+            argv = shlex.split(command) if isinstance(command, str) else list(command)
+            fields = {"command": [_positional(os.fspath(a) if isinstance(a, os.PathLike) else str(a), names) for a in argv]}
+        # `{0}` in a workdir or an output names the same value as in the command.
+        for k in ("workdir", "inputs", "outputs", "env"):
+            if k in stage_options:
+                stage_options[k] = _positional_in(stage_options[k], names)
+        sweep = dict(zip(names, lists))
+        extra_sweep = stage_options.pop("sweep", None)
+        if extra_sweep:
+            sweep.update(extra_sweep)
+        farm = Farm(name or _map_name(fields), out=out, root=root)
+        farm.stage(stage, sweep=sweep, sweep_mode="zip" if len(sweep) > 1 else None, **fields, **stage_options)
+        return self.submit(farm)
+
+    def run(self, farm):
+        """The :class:`Run` of a farm submitted earlier (its id, id prefix or name)."""
+        v = self._ask({"Farm": {"farm": farm}}, "Farm")
+        return Run(self, v["id"], total=v["counts"]["total"])
+
+    def farms(self):
+        """Every farm of the mesh this node or its coordinator knows, in short."""
+        return [FarmInfo(v) for v in self._ask("List", "List")]
+
+    def status(self):
+        """The mesh as ``mesh status --json`` shows it (a dict)."""
+        return self._ask("Status", "Status")
+
+    def close(self):
+        """Nothing stays open between requests; here for ``with``."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<mesh.Client %s, node %s>" % (self._t.describe(), self.node)
+
+
+_PLACE = re.compile(r"\{\{|\}\}|\{(\d*)\}")
+
+
+def _positional(text, names):
+    """``{}`` and ``{N}`` as the sweep variables ``{argN}``; every other brace as written.
+
+    ``{}`` counts on as in ``str.format``, except that with one iterable
+    each ``{}`` is its element."""
+    auto = iter(range(len(names))) if len(names) > 1 else iter(lambda: 0, None)
+
+    def sub(m):
+        if m.group(0) in ("{{", "}}"):
+            return m.group(0)
+        i = int(m.group(1)) if m.group(1) else next(auto, len(names))
+        if i >= len(names):
+            raise ValueError("%r names value %d, but map has %d iterables" % (text, i, len(names)))
+        return "{%s}" % names[i]
+
+    return _PLACE.sub(sub, text)
+
+
+def _positional_in(v, names):
+    if isinstance(v, str):
+        return _positional(v, names)
+    if isinstance(v, (list, tuple)):
+        return [_positional_in(x, names) for x in v]
+    if isinstance(v, dict):
+        return {k: _positional_in(x, names) for k, x in v.items()}
+    return v
+
+
+def _map_name(fields):
+    words = fields.get("command") or shlex.split(fields.get("shell", "map"))
+    prog = os.path.basename(words[0]) if words else "map"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", prog).strip(".-") or "map"
+    return name
+
+
+def connect(state_dir=None, mesh=None, key=None, binary=None, within=ANSWER_WITHIN_S):
+    """A :class:`Client` of a node.
+
+    ``connect()``: the node on this machine (``state_dir``, default the
+    one ``mesh`` uses). ``connect(mesh="/ip4/10.0.0.5/tcp/7070", key=PATH)``:
+    a node of a mesh, from a machine that runs none, through the ``mesh``
+    binary as a relay (``binary``, ``$MESH_BIN`` or on PATH); ``key``: the
+    mesh secret (default: mesh.key in the state folder).
+    """
+    mesh = mesh or None
+    if mesh is not None:
+        if key is None:
+            key = os.environ.get("MESH_KEY") or os.path.join(state_dir or default_state_dir(), "mesh.key")
+        t = _proto.PipeTransport(mesh_binary(binary), mesh, os.path.abspath(os.path.expanduser(key)))
+    else:
+        t = _proto.SocketTransport(state_dir or default_state_dir())
+    return Client(t, within=within)
+
+
+def farms(**connect_args):
+    """Every farm of the mesh, as :meth:`Client.farms` (``connect()`` first)."""
+    return connect(**connect_args).farms()
+
+
+class LocalNode(Client):
+    """A throwaway node (see :func:`local`); stopped by :meth:`stop`."""
+
+    def __init__(self, proc, state_dir, tmp, address, lines, reader):
+        self.proc = proc
+        self._reader = reader
+        self.state_dir = state_dir
+        self.address = address
+        self._tmp = tmp
+        self._log = lines
+        super().__init__(_proto.SocketTransport(state_dir))
+
+    @property
+    def log(self):
+        """What the node has printed."""
+        return list(self._log)
+
+    def stop(self):
+        """Stops the node (its tasks with it) and removes its state folder."""
+        p = self.proc
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._reader.join(timeout=5)
+        p.stdout.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def close(self):
+        self.stop()
+
+
+def _die_with_parent():
+    """In the child, before exec: on Linux, a SIGTERM when this process dies,
+    so a node of a Python killed outright does not outlive it."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            PR_SET_PDEATHSIG = 1
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except Exception:
+            pass
+
+
+def local(cpus=None, resources=None, state_dir=None, binary=None, listen="/ip4/127.0.0.1/tcp/0", join=None, key=None, args=(), start_within=60):
+    """Starts a node on this machine for a notebook or a test; a :class:`Client` of it.
+
+    Use it with ``with``: the node stops (its running tasks too) at the end,
+    and its state folder (a temporary one unless ``state_dir``) goes. ``cpus``:
+    the cores it offers (default: all); ``resources``: more, as
+    ``mesh node --resources`` takes them (``"gpu=1,token=4"`` or a dict).
+    ``join``: the address of a node whose mesh it joins, with ``key`` the
+    mesh secret's file.
+    """
+    b = mesh_binary(binary)
+    tmp = None
+    if state_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="mesh-local-")
+        state_dir = tmp.name
+    state_dir = os.path.abspath(state_dir)
+    os.makedirs(state_dir, exist_ok=True)
+    env = dict(os.environ)
+    for v in ("MESH_ADDR", "MESH_KEY", "MESH_STATE_DIR"):
+        env.pop(v, None)
+    try:
+        if key is not None:
+            shutil.copyfile(key, os.path.join(state_dir, "mesh.key"))
+            os.chmod(os.path.join(state_dir, "mesh.key"), 0o600)
+        elif not os.path.exists(os.path.join(state_dir, "mesh.key")):
+            r = subprocess.run([b, "--state-dir", state_dir, "init"], env=env, capture_output=True, text=True, timeout=start_within)
+            if r.returncode != 0:
+                raise MeshError("mesh init failed: %s" % r.stderr.strip())
+        res = []
+        if cpus is not None:
+            res.append("cpu=%s" % cpus)
+        if isinstance(resources, dict):
+            res += ["%s=%s" % kv for kv in resources.items()]
+        elif resources:
+            res.append(resources)
+        cmd = [b, "--state-dir", state_dir]
+        cmd += ["join", join] if join else ["node"]
+        cmd += ["--listen", listen]
+        if res:
+            cmd += ["--resources", ",".join(res)]
+        cmd += list(args)
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+    except BaseException:
+        if tmp is not None:
+            tmp.cleanup()
+        raise
+    # The node's lines, the last of them: a node may run for days.
+    lines = collections.deque(maxlen=1000)
+    seen = threading.Event()
+
+    def read():
+        for raw in proc.stdout:
+            lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+            if " listening on " in lines[-1]:
+                seen.set()
+        seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + start_within
+    address = None
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                time.sleep(0.1)
+                raise MeshError("the node exited (code %s): %s" % (proc.returncode, "\n".join(list(lines)[-20:])))
+            if seen.wait(0.05) and address is None:
+                address = next((l.split(" listening on ", 1)[1] for l in lines if " listening on " in l), None)
+            if address is not None:
+                try:
+                    return LocalNode(proc, state_dir, tmp, address, lines, reader)
+                except MeshError as e:
+                    if "no mesh node is running" not in str(e):
+                        raise
+            time.sleep(0.05)
+        raise MeshError("the node did not start within %s s: %s" % (start_within, "\n".join(list(lines)[-20:])))
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=5)
+        proc.stdout.close()
+        if tmp is not None:
+            tmp.cleanup()
+        raise

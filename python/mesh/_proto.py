@@ -1,0 +1,312 @@
+"""The control protocol: one JSON request a connection, answered by JSON lines.
+
+Two ways to a node (docs/api.md): its control socket, ``<state>/node.sock``,
+on the machine it runs on; and, from a machine that runs no node, the
+``mesh`` binary as a relay (``mesh --mesh ADDR --mesh-key KEY
+control-pipe``), which carries one request's lines over the mesh's own
+authenticated connection. Every read has a deadline where an answer is due
+at once, so a node that says nothing is an error, never a hang.
+"""
+
+import json
+import os
+import select
+import socket
+import subprocess
+import time
+
+from ._errors import MeshError, ProtocolError
+
+
+class Lost(MeshError):
+    """The node could not be reached, or the connection ended before its last answer."""
+
+#: The control API this package speaks (docs/api.md). A node of another
+#: API refuses the package's hello, naming both.
+API = 1
+
+#: Answers after which the node says nothing more on a connection.
+_LAST = {
+    "Finished",
+    "Error",
+    "Submitted",
+    "Status",
+    "Cancelled",
+    "Farm",
+    "List",
+    "Resumed",
+    "Hello",
+    "Checked",
+    "Invalid",
+    "Tasks",
+}
+
+
+def kind(answer):
+    """The variant of an answer: ``{"Submitted": {...}}`` is ``Submitted``."""
+    if isinstance(answer, dict) and len(answer) == 1:
+        return next(iter(answer))
+    if isinstance(answer, str):
+        return answer
+    raise ProtocolError("the node sent an answer of no known shape: %r" % (answer,))
+
+
+def last(answer):
+    k = kind(answer)
+    if k == "Log":
+        return bool(answer["Log"].get("done"))
+    return k in _LAST
+
+
+def unreachable(error):
+    """An error the relay says for a node it cannot reach (see ``mesh control-pipe``)."""
+    return error.startswith(("cannot reach the mesh at", "no mesh node is running", "talking to the node at"))
+
+
+class _Lines:
+    """Lines read from a file descriptor, each before a deadline."""
+
+    def __init__(self, fd, read):
+        self._fd = fd
+        self._read = read
+        self._buf = b""
+        self._eof = False
+
+    def readline(self, deadline=None):
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line, self._buf = self._buf[:nl], self._buf[nl + 1 :]
+                return line
+            if self._eof:
+                line, self._buf = self._buf, b""
+                return line or None
+            wait = None
+            if deadline is not None:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    raise TimeoutError("the node did not answer in time")
+            ready, _, _ = select.select([self._fd], [], [], wait)
+            if not ready:
+                continue
+            chunk = self._read(1 << 16)
+            if not chunk:
+                self._eof = True
+            else:
+                self._buf += chunk
+
+
+class Transport:
+    """How to open a connection to a node."""
+
+    def open(self):
+        raise NotImplementedError
+
+    def describe(self):
+        raise NotImplementedError
+
+
+class SocketTransport(Transport):
+    """The control socket of a node on this machine."""
+
+    def __init__(self, state_dir):
+        self.state_dir = os.path.abspath(os.path.expanduser(state_dir))
+        self.path = os.path.join(self.state_dir, "node.sock")
+
+    def describe(self):
+        return "the node with state folder %s" % self.state_dir
+
+    def open(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            s.close()
+            raise Lost(
+                "no mesh node is running with state folder %s: start one with "
+                "`mesh node` (or `mesh join ADDR`), or use mesh.local() for a "
+                "throwaway node" % self.state_dir
+            ) from None
+        except OSError as e:
+            s.close()
+            raise MeshError("cannot reach %s: %s" % (self.describe(), e)) from None
+        return _SocketConn(s)
+
+
+class _SocketConn:
+    def __init__(self, sock):
+        self._sock = sock
+        self._lines = _Lines(sock.fileno(), sock.recv)
+
+    def send(self, data):
+        self._sock.sendall(data)
+
+    def readline(self, deadline):
+        return self._lines.readline(deadline)
+
+    def why_ended(self):
+        return "the node closed the connection"
+
+    def close(self):
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+class PipeTransport(Transport):
+    """A node of a mesh reached through the ``mesh`` binary as a relay."""
+
+    def __init__(self, binary, addr, key):
+        self.binary = binary
+        self.addr = addr
+        self.key = key
+
+    def describe(self):
+        return "the mesh at %s" % self.addr
+
+    def open(self):
+        args = [self.binary, "--mesh", self.addr]
+        if self.key is not None:
+            args += ["--mesh-key", self.key]
+        args.append("control-pipe")
+        env = dict(os.environ)
+        for v in ("MESH_ADDR", "MESH_KEY", "MESH_LOG"):
+            env.pop(v, None)
+        try:
+            p = subprocess.Popen(
+                args,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+            )
+        except OSError as e:
+            raise MeshError("cannot run %s: %s" % (self.binary, e)) from None
+        return _PipeConn(p)
+
+
+class _PipeConn:
+    def __init__(self, proc):
+        self._p = proc
+        fd = proc.stdout.fileno()
+        self._lines = _Lines(fd, lambda n: os.read(fd, n))
+
+    def send(self, data):
+        try:
+            self._p.stdin.write(data)
+            self._p.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    def readline(self, deadline):
+        return self._lines.readline(deadline)
+
+    def why_ended(self):
+        try:
+            self._p.wait(timeout=5)
+            err = self._p.stderr.read().decode("utf-8", "replace").strip()
+        except subprocess.TimeoutExpired:
+            err = ""
+        if "unrecognized subcommand" in err:
+            return (
+                "%s has no control-pipe: it is older than this package; use "
+                "the mesh binary of this package's version" % self._p.args[0]
+            )
+        return err or "the relay to the mesh ended without an answer"
+
+    def close(self):
+        if self._p.poll() is None:
+            self._p.terminate()
+            try:
+                self._p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._p.kill()
+                self._p.wait()
+        for f in (self._p.stdout, self._p.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class Exchange:
+    """One request and its answers, read one by one.
+
+    ``first_within``: seconds the node has to say its first line (None:
+    no limit, for an answer that comes when work is done); later lines
+    may take as long as they take.
+    """
+
+    def __init__(self, transport, request, first_within=None):
+        self._transport = transport
+        self._conn = transport.open()
+        self._done = False
+        self._first = True
+        self._first_within = first_within
+        try:
+            self._conn.send((json.dumps(request) + "\n").encode("utf-8"))
+        except OSError as e:
+            self.close()
+            raise MeshError("cannot send to %s: %s" % (transport.describe(), e)) from None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        a = self.next_answer()
+        if a is None:
+            raise StopIteration
+        return a
+
+    def next_answer(self, within=None):
+        """The next answer, ``None`` after the last. ``within``: seconds."""
+        if self._done:
+            return None
+        deadline = None
+        if within is not None:
+            deadline = time.monotonic() + within
+        elif self._first and self._first_within is not None:
+            deadline = time.monotonic() + self._first_within
+        try:
+            line = self._conn.readline(deadline)
+        except TimeoutError:
+            if within is not None:
+                raise
+            self.close()
+            raise MeshError(
+                "%s said nothing within %s s" % (self._transport.describe(), self._first_within)
+            ) from None
+        self._first = False
+        if line is None:
+            why = self._conn.why_ended()
+            self.close()
+            raise Lost("%s: %s" % (self._transport.describe(), why))
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            self.close()
+            raise ProtocolError(
+                "%s sent something that is not JSON: %r" % (self._transport.describe(), line[:200])
+            ) from None
+        if last(answer):
+            self.close()
+        return answer
+
+    def close(self):
+        if not self._done:
+            self._done = True
+            self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def ask(transport, request, within=60):
+    """The one answer to a request that is answered at once."""
+    with Exchange(transport, request, first_within=within) as x:
+        a = x.next_answer()
+        return a

@@ -1,0 +1,358 @@
+"""A submitted farm (:class:`Run`), its tasks (:class:`Task`) and its progress."""
+
+import os
+import sys
+import time
+
+from . import _proto
+from ._errors import FarmFailed, MeshError, TaskFailed
+
+
+def _stamp(ms):
+    return None if ms is None else ms / 1000.0
+
+
+class Task:
+    """A task of a run, as the farm's home knows it.
+
+    ``task`` (``"solve/3"``), ``stage``, ``index``, ``params`` (its sweep
+    values, by variable), ``state`` (``"done"``, ``"failed"``, or
+    ``"unfinished"`` in :meth:`Run.tasks`), ``exit_code``, ``signal``,
+    ``reason`` (why it failed), ``node`` (the peer id that ran it),
+    ``attempt``, ``start`` and ``end`` (Unix seconds, where the node the
+    client talks to ran it; ``None`` otherwise), ``at`` (when the home had
+    it), ``outputs`` (absolute paths on the home).
+    """
+
+    __slots__ = (
+        "run",
+        "task",
+        "stage",
+        "index",
+        "params",
+        "state",
+        "exit_code",
+        "signal",
+        "reason",
+        "node",
+        "attempt",
+        "start",
+        "end",
+        "at",
+        "outputs",
+    )
+
+    def __init__(self, run, ev):
+        self.run = run
+        self.task = ev["task"]
+        self.stage = ev["stage"]
+        self.index = ev["index"]
+        self.params = dict(ev.get("params") or {})
+        self.state = ev["state"]
+        self.exit_code = ev.get("exit_code")
+        self.signal = ev.get("signal")
+        self.reason = ev.get("reason")
+        self.node = ev.get("node")
+        self.attempt = ev.get("attempt", 0)
+        self.start = _stamp(ev.get("start_ms"))
+        self.end = _stamp(ev.get("end_ms"))
+        self.at = _stamp(ev.get("at_ms"))
+        self.outputs = list(ev.get("outputs") or [])
+
+    @property
+    def ok(self):
+        return self.state == "done"
+
+    @property
+    def output(self):
+        """The first output's path (``None`` when it made none)."""
+        return self.outputs[0] if self.outputs else None
+
+    @property
+    def duration(self):
+        """Seconds it ran, where known."""
+        if self.start is None or self.end is None:
+            return None
+        return self.end - self.start
+
+    def result(self):
+        """Its outputs' paths; :class:`TaskFailed` when it did not succeed."""
+        if self.state != "done":
+            raise TaskFailed(self)
+        return self.outputs
+
+    def logs(self, attempt=None):
+        """``(stdout, stderr)`` as bytes, from the node that ran it."""
+        out, err = [], []
+        req = {
+            "Logs": {
+                "farm": self.run.id,
+                "task": self.task,
+                "attempt": attempt,
+                "follow": False,
+            }
+        }
+        with self.run.client._exchange(req) as x:
+            for a in x:
+                k = _proto.kind(a)
+                if k == "Error":
+                    raise MeshError("logs of %s: %s" % (self.task, a["Error"]))
+                if k != "Log":
+                    raise MeshError("logs of %s: unexpected answer %s" % (self.task, k))
+                out.append(bytes(a["Log"]["stdout"]))
+                err.append(bytes(a["Log"]["stderr"]))
+        return b"".join(out), b"".join(err)
+
+    def stdout(self, attempt=None):
+        """What it wrote to stdout (text; see :meth:`logs` for bytes)."""
+        return self.logs(attempt)[0].decode("utf-8", "replace")
+
+    def stderr(self, attempt=None):
+        """What it wrote to stderr (text)."""
+        return self.logs(attempt)[1].decode("utf-8", "replace")
+
+    def __repr__(self):
+        extra = ""
+        if self.state == "failed":
+            extra = ": %s" % self.reason
+        return "<mesh.Task %s %s%s>" % (self.task, self.state, extra)
+
+
+class Progress:
+    """Where a farm stands: counts over its tasks, and per stage.
+
+    ``total``, ``done`` (``cached`` of them reused from earlier farms),
+    ``running`` (placed on nodes), ``failed``, ``skipped``, ``cancelled``,
+    ``stopped``, ``queued``; ``finished``; ``stages`` (name -> counts dict);
+    ``failures`` (the first, in words); ``out`` (its outputs' folder on the
+    home) and ``home`` (the home's peer id).
+    """
+
+    def __init__(self, view):
+        self.view = view
+        self.id = view["id"]
+        self.name = view.get("name")
+        c = view.get("counts", {})
+        self.total = c.get("total", 0)
+        self.done = c.get("done", 0)
+        self.cached = c.get("cached", 0)
+        self.running = c.get("running", 0)
+        self.failed = c.get("failed", 0)
+        self.skipped = c.get("skipped", 0)
+        self.cancelled = c.get("cancelled", 0)
+        self.stopped = c.get("stopped", 0)
+        self.finished = bool(view.get("finished"))
+        self.stages = {name: counts for name, counts in view.get("stages", [])}
+        self.failures = list(view.get("failures", []))
+        self.stopped_words = list(view.get("stopped", []))
+        self.unplaceable = list(view.get("unplaceable", []))
+        self.out = view.get("out")
+        self.home = view.get("home")
+
+    @property
+    def queued(self):
+        return max(
+            0,
+            self.total - self.done - self.running - self.failed - self.skipped - self.cancelled - self.stopped,
+        )
+
+    @property
+    def ended(self):
+        """Tasks that are over: done, failed, skipped or cancelled."""
+        return self.done + self.failed + self.skipped + self.cancelled
+
+    @property
+    def ok(self):
+        return self.finished and self.done == self.total
+
+    def __repr__(self):
+        return "<mesh.Progress %s: %d/%d done, %d running, %d failed%s>" % (
+            self.id,
+            self.done,
+            self.total,
+            self.running,
+            self.failed,
+            ", finished" if self.finished else "",
+        )
+
+
+class FarmInfo(Progress):
+    """A farm as :func:`mesh.farms` lists it, in short."""
+
+    def __repr__(self):
+        return "<mesh.FarmInfo %s: %s, %d/%d done, home %s>" % (
+            self.id,
+            "finished" if self.finished else "running",
+            self.done,
+            self.total,
+            self.home,
+        )
+
+
+class _Bar:
+    """A tqdm bar where tqdm is installed and someone sees it, else nothing."""
+
+    def __init__(self, show, total, desc):
+        self._bar = None
+        if show is None:
+            show = sys.stderr.isatty() or "ipykernel" in sys.modules
+        if not show:
+            return
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            return
+        self._bar = tqdm(total=total, desc=desc, unit="task")
+
+    def to(self, n, failed=None):
+        if self._bar is not None:
+            self._bar.update(n - self._bar.n)
+            if failed:
+                self._bar.set_postfix(failed=failed, refresh=False)
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class Run:
+    """A farm submitted to a node: follow it, wait for it, cancel it."""
+
+    def __init__(self, client, farm_id, total=None, warnings=()):
+        self.client = client
+        #: The farm's id (``name-1a2b3c4d``), as ``mesh status`` shows it.
+        self.id = farm_id
+        self.total = total
+        self.warnings = list(warnings)
+
+    def __repr__(self):
+        return "<mesh.Run %s>" % self.id
+
+    def as_completed(self, progress=None, timeout=None, reconnect=60):
+        """Each task once, as it ends for good (done with its outputs home,
+        or failed), in the order they end; the last when the farm is over.
+
+        ``progress``: a tqdm bar (default: where tqdm is installed and
+        stderr is a terminal or a notebook). ``timeout``: seconds to wait
+        for the next task before :class:`TimeoutError`. ``reconnect``:
+        seconds to keep trying when the node goes away (restarted on its
+        state folder, it carries on with the farm): the tasks it says
+        again are not yielded twice.
+        """
+        bar = _Bar(progress, self.total, self.id)
+        said = set()
+        failed = 0
+        lost_at = None
+        try:
+            while True:
+                try:
+                    with self.client._exchange({"Events": {"farm": self.id}}) as x:
+                        while True:
+                            a = x.next_answer(within=timeout)
+                            lost_at = None
+                            k = _proto.kind(a)
+                            if k == "Task":
+                                t = Task(self, a["Task"])
+                                if t.task in said:
+                                    continue
+                                said.add(t.task)
+                                if t.state == "failed":
+                                    failed += 1
+                                bar.to(len(said), failed)
+                                yield t
+                            elif k == "Finished":
+                                return
+                            elif k == "Error":
+                                if _proto.unreachable(a["Error"]):
+                                    raise _proto.Lost(a["Error"])
+                                raise MeshError(a["Error"])
+                except _proto.Lost:
+                    now = time.monotonic()
+                    lost_at = lost_at or now
+                    if now - lost_at >= reconnect:
+                        raise
+                    time.sleep(0.5)
+        finally:
+            bar.close()
+
+    def __iter__(self):
+        return self.as_completed()
+
+    def wait(self, timeout=None, raise_on_error=True, progress=None):
+        """Waits for the farm to end; its final :class:`Progress`.
+
+        ``timeout``: seconds, then :class:`TimeoutError` (the farm goes on).
+        ``raise_on_error``: :class:`FarmFailed` when not every task succeeded.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bar = None
+        final = None
+        try:
+            with self.client._exchange({"Wait": {"farm": self.id}}) as x:
+                while True:
+                    within = None
+                    if deadline is not None:
+                        within = max(0.0, deadline - time.monotonic())
+                    try:
+                        a = x.next_answer(within=within)
+                    except TimeoutError:
+                        raise TimeoutError("%s did not end within %s s" % (self.id, timeout)) from None
+                    if a is None:
+                        raise MeshError("%s: the node stopped following the farm" % self.id)
+                    k = _proto.kind(a)
+                    if k == "Progress":
+                        p = Progress(a["Progress"])
+                        if bar is None:
+                            bar = _Bar(progress, p.total, self.id)
+                        bar.to(p.ended, p.failed)
+                    elif k == "Finished":
+                        final = Progress(a["Finished"])
+                        if bar is not None:
+                            bar.to(final.ended, final.failed)
+                        break
+                    elif k == "Error":
+                        raise MeshError(a["Error"])
+        finally:
+            if bar is not None:
+                bar.close()
+        if raise_on_error and not final.ok:
+            raise FarmFailed(final)
+        return final
+
+    def gather(self, timeout=None):
+        """Waits for the farm, then every task in order (stage, index)."""
+        self.wait(timeout=timeout, raise_on_error=False, progress=False)
+        return self.tasks()
+
+    def cancel(self):
+        """Stops the farm: nothing new starts and running tasks are killed."""
+        self.client._ask({"Cancel": {"farm": self.id}}, "Cancelled")
+
+    def progress(self):
+        """Where the farm stands now (:class:`Progress`)."""
+        return Progress(self.client._ask({"Farm": {"farm": self.id}}, "Farm"))
+
+    def tasks(self, state=None, limit=None):
+        """Its tasks, in order: all, or those ``"done"``, ``"failed"`` or
+        ``"unfinished"`` (not ended yet, or never to run: skipped,
+        cancelled, stopped); at most ``limit``."""
+        req = {"Tasks": {"farm": self.id, "state": state, "limit": limit}}
+        return [Task(self, ev) for ev in self.client._ask(req, "Tasks")]
+
+    def resume(self, out=None):
+        """Makes the node the client talks to the farm's home (its old home is
+        gone for good, or the outputs are wanted elsewhere): every output
+        is brought to ``out`` there. Nothing finished runs again."""
+        if out is not None:
+            out = os.path.abspath(os.fspath(out))
+            os.makedirs(out, exist_ok=True)
+        v = self.client._ask({"Resume": {"farm": self.id, "out": out}}, "Resumed")
+        self.id = v["farm"]
+        self.total = v["total"]
+        return self
+
+    def logs(self, task, attempt=None):
+        """``(stdout, stderr)`` of a task by its id (``"solve/3"``)."""
+        ev = {"task": task, "stage": task.rsplit("/", 1)[0], "index": 0, "state": "unfinished"}
+        return Task(self, ev).logs(attempt)

@@ -1,0 +1,302 @@
+"""The Python client against real nodes: map and as_completed, cancel, a failing task's stderr, a bad farm, a 2-node mesh, the protocol's version."""
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+import nodes
+from nodes import WAIT_S, mesh
+
+
+class InFolder(unittest.TestCase):
+    """Each test in a fresh folder, which farms take as theirs."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="mesh-py-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.was = os.getcwd()
+        os.chdir(self.dir)
+        self.addCleanup(os.chdir, self.was)
+
+    def node(self, cpus=2, join=None):
+        n = nodes.start(cpus=cpus, join=join)
+        self.addCleanup(n.stop)
+        return n
+
+
+class OneNode(InFolder):
+    def test_a_map_of_100_gives_every_result_once_in_the_order_they_end(self):
+        c = self.node(cpus=2)
+        # Task 0 takes longest: it ends after tasks given out after it.
+        run = c.map(
+            "sh -c 'if [ {index} = 0 ]; then sleep 1.5; fi; echo $(( {} * 2 )) > r.txt'",
+            range(100),
+            workdir="w/{index}",
+            outputs=["r.txt"],
+        )
+        self.assertEqual(run.total, 100)
+        seen = []
+        for t in run.as_completed(timeout=WAIT_S):
+            self.assertEqual(t.state, "done", t)
+            self.assertEqual(t.exit_code, 0)
+            self.assertEqual(t.node, c.node)
+            self.assertEqual(len(t.outputs), 1)
+            # Yielded only once its output is home: it can be read now.
+            with open(t.output) as f:
+                self.assertEqual(f.read().strip(), str(int(t.params["arg0"]) * 2))
+            self.assertEqual(t.params["arg0"], str(t.index))
+            self.assertIsNotNone(t.start)
+            self.assertLessEqual(t.start, t.end)
+            seen.append(t)
+        self.assertEqual(sorted(t.index for t in seen), list(range(100)), "every task once")
+        ats = [t.at for t in seen]
+        self.assertEqual(ats, sorted(ats), "in the order the home had them")
+        self.assertGreater([t.index for t in seen].index(0), 1, "task 0 ended after others")
+        p = run.wait(timeout=WAIT_S)
+        self.assertTrue(p.ok)
+        self.assertEqual((p.done, p.total), (100, 100))
+        self.assertEqual(os.path.dirname(os.path.dirname(os.path.dirname(seen[0].output))), os.path.join(self.dir, "mesh-out", "sh"))
+        # A follower that comes after the end hears every task too.
+        again = [t.index for t in run.as_completed(timeout=WAIT_S)]
+        self.assertEqual(sorted(again), list(range(100)))
+        self.assertEqual(len(run.tasks(state="done")), 100)
+        self.assertEqual(run.tasks(state="failed"), [])
+        self.assertIn(run.id, [f.id for f in c.farms()])
+
+    def test_cancel_mid_farm(self):
+        c = self.node(cpus=2)
+        run = c.map("sleep {}", [30] * 20)
+        self.assertTrue(nodes.wait_until(lambda: run.progress().running > 0), run.progress())
+        t0 = time.monotonic()
+        run.cancel()
+        p = run.wait(timeout=WAIT_S, raise_on_error=False)
+        self.assertLess(time.monotonic() - t0, 25, "the running sleeps were killed")
+        self.assertTrue(p.finished)
+        self.assertEqual(p.done, 0)
+        self.assertGreater(p.cancelled, 0, p.view)
+        with self.assertRaises(mesh.FarmFailed):
+            run.wait(timeout=WAIT_S)
+        self.assertEqual(len(run.tasks(state="unfinished")), 20)
+        # as_completed of a cancelled farm ends, with nothing done to say.
+        self.assertEqual([t for t in run.as_completed(timeout=WAIT_S) if t.ok], [])
+
+    def test_a_failing_task_says_its_exit_code_and_stderr(self):
+        c = self.node(cpus=2)
+        run = c.map(
+            ["sh", "-c", 'echo "out {}"; echo "no such case: {}" >&2; exit {}'],
+            ["a"],
+            ["b"],
+            [3],
+            max_fails=0,
+        )
+        got = list(run.as_completed(timeout=WAIT_S))
+        self.assertEqual(len(got), 1)
+        t = got[0]
+        self.assertEqual(t.state, "failed")
+        self.assertFalse(t.ok)
+        self.assertEqual(t.exit_code, 3)
+        self.assertIn("exit code 3", t.reason)
+        self.assertEqual(t.stderr(), "no such case: b\n")
+        self.assertEqual(t.stdout(), "out a\n")
+        with self.assertRaises(mesh.TaskFailed) as e:
+            t.result()
+        self.assertIn("map/0", str(e.exception))
+        with self.assertRaises(mesh.FarmFailed) as e:
+            run.wait(timeout=WAIT_S)
+        self.assertIn("exit code 3", str(e.exception))
+        self.assertEqual([x.task for x in run.tasks(state="failed")], ["map/0"])
+        # Resumed on its home, it is followed as before; into another folder
+        # once over, it is refused with where its outputs are.
+        self.assertIs(run.resume(), run)
+        with self.assertRaises(mesh.MeshError) as e:
+            run.resume(out="elsewhere")
+        self.assertIn("has finished", str(e.exception))
+
+    def test_a_bad_farm_gets_the_located_words_of_mesh_check(self):
+        c = self.node(cpus=1)
+        f = mesh.Farm("bad")
+        solve = f.stage("solve", command=["echo", "{x}"], sweep={"x": [1, 2]})
+        f.stage("report", shell="cat {out}/solve/*/r.txt", after=solve, workdr="w")
+        with self.assertRaises(mesh.FarmError) as e:
+            c.submit(f)
+        err = e.exception
+        self.assertEqual(err.field, "stage.workdr")
+        self.assertEqual(err.line, f.to_toml().splitlines().index('workdr = "w"') + 1)
+        self.assertEqual(err.file, os.path.join(self.dir, "bad.toml"))
+        self.assertIn("did you mean `workdir`", str(err))
+        self.assertIn('| workdr = "w"', str(err), "the line is shown")
+        # A file on disk: its own name and line, as `mesh check` says them.
+        with open("farm.toml", "w") as fh:
+            fh.write('[farm]\nname = "f"\n\n[[stage]]\nname = "report"\nafter = ["solv"]\nshell = "true"\n')
+        with self.assertRaises(mesh.FarmError) as e:
+            c.submit("farm.toml")
+        self.assertTrue(
+            str(e.exception).startswith(
+                "%s:6:10: stage `report`, field `after`: unknown stage `solv`" % os.path.join(self.dir, "farm.toml")
+            ),
+            e.exception,
+        )
+        self.assertEqual((e.exception.line, e.exception.column), (6, 10))
+        self.assertEqual(c.farms(), [], "nothing was submitted")
+        # What checks passes runs.
+        checked = c.check(_good())
+        self.assertEqual((checked["tasks"], checked["stages"]), (3, {"s": 3}))
+
+
+class Restart(InFolder):
+    def test_as_completed_carries_on_through_a_restart_of_the_node(self):
+        state = os.path.join(self.dir, "state")
+        first = mesh.local(cpus=2, state_dir=state, start_within=WAIT_S)
+        self.addCleanup(first.stop)
+        run = first.map("sh -c 'sleep 0.3; echo {} > r.txt'", range(12), workdir="w/{index}", outputs=["r.txt"])
+        got = []
+        again = None
+        for t in run.as_completed(timeout=WAIT_S, reconnect=WAIT_S):
+            got.append(t.index)
+            with open(t.output) as f:
+                self.assertEqual(f.read().strip(), str(t.index))
+            if len(got) == 3:
+                first.proc.kill()  # as a power cut: no goodbye
+                first.proc.wait()
+                again = mesh.local(cpus=2, state_dir=state, start_within=WAIT_S)
+                self.addCleanup(again.stop)
+        self.assertIsNotNone(again)
+        self.assertEqual(sorted(got), list(range(12)), "every task once, across the restart")
+        self.assertTrue(run.wait(timeout=WAIT_S).ok)
+
+
+def _good():
+    f = mesh.Farm("good")
+    f.stage("s", command=["echo", "{x}"], sweep={"x": range(3)})
+    return f
+
+
+class TwoNodes(InFolder):
+    def test_every_result_comes_home_to_the_submitting_node(self):
+        first = self.node(cpus=1)
+        second = self.node(cpus=1, join=first)
+        self.assertTrue(
+            nodes.wait_until(lambda: len(first.status()["nodes"]) == 2 and len(second.status()["nodes"]) == 2),
+            "the nodes did not see each other",
+        )
+        # Submitted on the node that joined: it is the home.
+        run = second.map(
+            "sh -c 'sleep 0.2; echo {} > r.txt'",
+            range(20),
+            workdir="w/{index}",
+            outputs=["r.txt"],
+        )
+        out = os.path.join(self.dir, "mesh-out", "sh")
+        ran_on = set()
+        got = []
+        for t in run.as_completed(timeout=WAIT_S):
+            self.assertTrue(t.ok, t)
+            ran_on.add(t.node)
+            self.assertTrue(t.output.startswith(out + os.sep), t.output)
+            with open(t.output) as f:
+                self.assertEqual(f.read().strip(), str(t.index))
+            got.append(t.index)
+        self.assertEqual(sorted(got), list(range(20)))
+        self.assertEqual(ran_on, {first.node, second.node}, "both nodes ran tasks")
+        p = run.wait(timeout=WAIT_S)
+        self.assertEqual(p.home, second.node)
+        # The logs of a task that ran on the other node come from there.
+        remote = next(t for t in run.tasks(state="done") if t.node == first.node)
+        self.assertEqual(remote.stdout(), "")
+
+    def test_a_machine_with_no_node_reaches_the_mesh_through_the_mesh_binary(self):
+        first = self.node(cpus=2)
+        c = mesh.connect(mesh=first.address, key=os.path.join(first.state_dir, "mesh.key"))
+        self.assertEqual(c.node, first.node)
+        run = c.map("echo {}", ["x", "y", "z"])
+        got = {t.params["arg0"]: t.stdout() for t in run.as_completed(timeout=WAIT_S)}
+        self.assertEqual(got, {"x": "x\n", "y": "y\n", "z": "z\n"})
+        self.assertTrue(run.wait(timeout=WAIT_S).ok)
+        # A wrong key is said, not waited on forever.
+        bad = os.path.join(self.dir, "other.key")
+        subprocess.run([nodes.mesh_bin(), "--state-dir", os.path.join(self.dir, "other"), "init"], check=True, capture_output=True)
+        shutil.copy(os.path.join(self.dir, "other", "mesh.key"), bad)
+        os.chmod(bad, 0o600)
+        t0 = time.monotonic()
+        with self.assertRaises(mesh.MeshError):
+            mesh.connect(mesh=first.address, key=bad)
+        self.assertLess(time.monotonic() - t0, 60)
+
+
+class Protocol(InFolder):
+    def test_another_api_version_is_a_clear_error(self):
+        c = self.node(cpus=1)
+        was = mesh._proto.API
+        mesh._proto.API = was + 1
+        try:
+            t0 = time.monotonic()
+            with self.assertRaises(mesh.ProtocolError) as e:
+                mesh.connect(state_dir=c.state_dir)
+            self.assertLess(time.monotonic() - t0, 10)
+        finally:
+            mesh._proto.API = was
+        words = str(e.exception)
+        self.assertIn("control API %d" % was, words)
+        self.assertIn("client speaks %d" % (was + 1), words)
+
+    def test_a_node_older_than_the_api_is_named_so(self):
+        with FakeNode(self.dir, b'{"Error":"bad request: unknown variant `Hello`, expected one of `Submit`, `Wait`"}\n') as f:
+            with self.assertRaises(mesh.ProtocolError) as e:
+                mesh.connect(state_dir=f.dir)
+        self.assertIn("older than the control API", str(e.exception))
+
+    def test_a_node_that_says_nothing_is_an_error_not_a_hang(self):
+        with FakeNode(self.dir, None) as f:
+            t0 = time.monotonic()
+            with self.assertRaises(mesh.MeshError) as e:
+                mesh.connect(state_dir=f.dir, within=1)
+            self.assertLess(time.monotonic() - t0, 10)
+        self.assertIn("said nothing within 1 s", str(e.exception))
+
+    def test_no_node_is_said_with_what_to_do(self):
+        with self.assertRaises(mesh.MeshError) as e:
+            mesh.connect(state_dir=os.path.join(self.dir, "none"))
+        self.assertIn("no mesh node is running", str(e.exception))
+
+
+class FakeNode:
+    """A control socket that answers every request with ``answer`` (None: never)."""
+
+    def __init__(self, root, answer):
+        self.dir = os.path.join(root, "fake")
+        os.makedirs(self.dir)
+        self.answer = answer
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(os.path.join(self.dir, "node.sock"))
+        self.sock.listen(4)
+        self.conns = []
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            conn.recv(1 << 16)
+            if self.answer is not None:
+                conn.sendall(self.answer)
+                conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
