@@ -1,5 +1,7 @@
-//! A million-task range sweep: time from start to the first task running, and
-//! peak memory per task, each against a one-task farm measured in the same run.
+//! A million-task range sweep, and a million tasks with keyed dependencies
+//! (a merge per key of that key's tasks): time from start to the first task
+//! running, and peak memory per task, each against a one-task farm measured
+//! in the same run.
 //!
 //! The peak covers start-up and the first tasks (the expansion, the stores,
 //! the per-task state) and the growth while tasks complete; the store's cache
@@ -12,13 +14,18 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mesh_benches::{knob, report, save, write_range_farm};
+use mesh_benches::{knob, report, save, write_keyed_farm, write_range_farm};
 use mesh_sim::peak_rss_bytes;
 
 /// Starts a farm whose tasks mark `first` once, lets it run for `run_for`;
 /// returns (time to first task, peak RSS, tasks done by then).
-fn probe(mesh: &str, dir: &Path, n: u64, run_for: Duration) -> (Duration, u64, u64) {
-    let farm = write_range_farm(dir, n, "[\"sh\", \"-c\", \"[ -e first ] || : > first\"]");
+fn probe(mesh: &str, dir: &Path, n: u64, keyed: bool, run_for: Duration) -> (Duration, u64, u64) {
+    let mark = "[\"sh\", \"-c\", \"[ -e first ] || : > first\"]";
+    let farm = if keyed {
+        write_keyed_farm(dir, n, mark)
+    } else {
+        write_range_farm(dir, n, mark)
+    };
     let start = Instant::now();
     let mut child = mesh_benches::user_env(&mut Command::new(mesh))
         .args(["run", farm.to_str().unwrap(), "--quiet"])
@@ -70,10 +77,15 @@ fn main() {
     let mesh = env!("CARGO_BIN_EXE_mesh");
     println!("million: a {n}-task range sweep, run for {run_secs}s, against a 1-task farm");
     let small_dir = tempfile::tempdir().expect("temp dir");
-    let (small_first, small_peak, _) = probe(mesh, small_dir.path(), 1, Duration::from_secs(1));
+    let (small_first, small_peak, _) =
+        probe(mesh, small_dir.path(), 1, false, Duration::from_secs(1));
     let big_dir = tempfile::tempdir().expect("temp dir");
     let (big_first, big_peak, big_done) =
-        probe(mesh, big_dir.path(), n, Duration::from_secs(run_secs));
+        probe(mesh, big_dir.path(), n, false, Duration::from_secs(run_secs));
+    let keyed_dir = tempfile::tempdir().expect("temp dir");
+    let (keyed_first, keyed_peak, _) =
+        probe(mesh, keyed_dir.path(), n, true, Duration::from_secs(run_secs.min(10)));
+    let keyed_per_task = keyed_peak as f64 / n as f64;
     let per_task = big_peak as f64 / n as f64;
     let marginal = big_peak.saturating_sub(small_peak) as f64 / n as f64;
     let results = vec![
@@ -124,6 +136,18 @@ fn main() {
             big_done as f64,
             "tasks",
             None,
+        ),
+        report(
+            &format!("{n} tasks, keyed dependencies: start to first task"),
+            keyed_first.as_secs_f64(),
+            "s",
+            Some(("<=", 2.0, keyed_first.as_secs_f64() <= 2.0)),
+        ),
+        report(
+            "keyed: peak RSS per task",
+            keyed_per_task,
+            "bytes",
+            Some(("<=", 200.0, keyed_per_task <= 200.0)),
         ),
     ];
     save("million", &results);

@@ -120,6 +120,26 @@ pub fn write_range_farm(dir: &Path, n: u64, command: &str) -> std::path::PathBuf
     p
 }
 
+/// A farm of about `n` tasks with keyed dependencies: `split` is
+/// 1,000 keys × the rest, `merge` one task per key waiting for that key's
+/// tasks of `split` (1000Genome's shape, at size).
+pub fn write_keyed_farm(dir: &Path, n: u64, command: &str) -> std::path::PathBuf {
+    let keys = 1000.min(n.max(2) / 2);
+    let parts = (n.saturating_sub(keys) / keys).max(1);
+    let p = dir.join("farm.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "[farm]\nname = \"bench\"\n\n[[stage]]\nname = \"split\"\ncommand = {command}\n\
+             sweep.key = {{ range = \"1..{keys}\" }}\nsweep.part = {{ range = \"1..{parts}\" }}\n\n\
+             [[stage]]\nname = \"merge\"\ncommand = [\"true\"]\nsweep.key = {{ range = \"1..{keys}\" }}\n\
+             after = [{{ stage = \"split\", by = [\"key\"] }}]\n"
+        ),
+    )
+    .expect("write farm");
+    p
+}
+
 /// Prints one result line and returns it as JSON for the summary.
 pub fn report(
     name: &str,
