@@ -80,11 +80,21 @@ fn main() {
     let (small_first, small_peak, _) =
         probe(mesh, small_dir.path(), 1, false, Duration::from_secs(1));
     let big_dir = tempfile::tempdir().expect("temp dir");
-    let (big_first, big_peak, big_done) =
-        probe(mesh, big_dir.path(), n, false, Duration::from_secs(run_secs));
+    let (big_first, big_peak, big_done) = probe(
+        mesh,
+        big_dir.path(),
+        n,
+        false,
+        Duration::from_secs(run_secs),
+    );
     let keyed_dir = tempfile::tempdir().expect("temp dir");
-    let (keyed_first, keyed_peak, _) =
-        probe(mesh, keyed_dir.path(), n, true, Duration::from_secs(run_secs.min(10)));
+    let (keyed_first, keyed_peak, _) = probe(
+        mesh,
+        keyed_dir.path(),
+        n,
+        true,
+        Duration::from_secs(run_secs.min(10)),
+    );
     let keyed_per_task = keyed_peak as f64 / n as f64;
     let per_task = big_peak as f64 / n as f64;
     let marginal = big_peak.saturating_sub(small_peak) as f64 / n as f64;

@@ -40,6 +40,10 @@ pub use vocab::{
 /// Milliseconds on the driver's clock.
 pub type Millis = u64;
 
+/// How many of a stage's ready tasks are looked at for one whose inputs
+/// are where it would go: a bounded cost per task handed out.
+const NEAR_LOOK: usize = 32;
+
 /// What a remote engine reports as its own resources.
 static EMPTY: Resources = Resources::EMPTY;
 
@@ -894,6 +898,7 @@ impl Engine {
                 matches!(placement, Placement::Local(pool) if pool.can_grant(&stage.resources))
             },
             &mut |_, _, _| {},
+            &mut |_, _| false,
         );
     }
 
@@ -907,6 +912,7 @@ impl Engine {
         max: usize,
         take: &mut Take,
         started: &mut dyn FnMut(FarmSlot, TaskRef, u32),
+        near: &mut dyn FnMut(FarmSlot, TaskRef) -> bool,
     ) {
         if self.interrupted {
             return;
@@ -932,7 +938,7 @@ impl Engine {
                     if !take(&self.placement, (slot, s), &f.def.stages[s as usize]) {
                         break;
                     }
-                    let Some(index) = self.next_ready(fi, s) else {
+                    let Some(index) = self.next_ready(fi, s, &mut |t| near(slot, t)) else {
                         break;
                     };
                     let task = TaskRef::new(s, index);
@@ -944,10 +950,28 @@ impl Engine {
         }
     }
 
-    fn next_ready(&mut self, fi: usize, s: u32) -> Option<u32> {
+    /// The next task of stage `s` to hand out: of the first few ready one
+    /// by one, one that `near` prefers (its inputs are where it is going),
+    /// else the first.
+    fn next_ready(
+        &mut self,
+        fi: usize,
+        s: u32,
+        near: &mut dyn FnMut(TaskRef) -> bool,
+    ) -> Option<u32> {
         let f = &mut self.farms[fi];
         let by_cursor = !per_task(&f.def.stages[s as usize]);
         let st = &mut f.stages[s as usize];
+        if !by_cursor {
+            let found = st
+                .ready
+                .iter()
+                .take(NEAR_LOOK)
+                .position(|&i| st.status[i as usize] == PENDING && near(TaskRef::new(s, i)));
+            if let Some(at) = found {
+                return st.ready.remove(at);
+            }
+        }
         while let Some(i) = st.ready.pop_front() {
             if st.status[i as usize] == PENDING {
                 return Some(i);
@@ -1025,12 +1049,25 @@ impl Engine {
         max: usize,
         take: &mut dyn FnMut((FarmSlot, u32), &StageDef) -> bool,
     ) -> Vec<(FarmSlot, TaskRef, u32)> {
+        self.claim_near(now, max, take, &mut |_, _| false)
+    }
+
+    /// As [`Engine::claim`], handing out first, of the tasks ready one by
+    /// one, those `near` says would find their inputs where they go.
+    pub fn claim_near(
+        &mut self,
+        now: Millis,
+        max: usize,
+        take: &mut dyn FnMut((FarmSlot, u32), &StageDef) -> bool,
+        near: &mut dyn FnMut(FarmSlot, TaskRef) -> bool,
+    ) -> Vec<(FarmSlot, TaskRef, u32)> {
         let mut out = Vec::new();
         self.hand_out(
             now,
             max,
             &mut |_, slot, stage| take(slot, stage),
             &mut |s, t, a| out.push((s, t, a)),
+            near,
         );
         out
     }

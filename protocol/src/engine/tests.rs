@@ -1002,3 +1002,28 @@ proptest! {
         prop_assert_eq!(e.free(), e.total());
     }
 }
+
+/// Of the tasks ready one by one, one whose inputs are where it would go
+/// is handed out first; with none such, the order is as before.
+#[test]
+fn a_claim_prefers_the_ready_task_whose_inputs_are_near() {
+    let mut b = stage("b", 4);
+    b.after_each = vec![0];
+    let mut e = Engine::remote(vec![parse_resources("cpu=8").unwrap()]);
+    let slot = e.add_farm(
+        0,
+        farm(vec![stage("a", 4), b]),
+        vec![],
+        &AddOptions::default(),
+    );
+    let a = e.claim(0, 4, &mut |_, _| true);
+    for (f, t, att) in &a {
+        e.task_finished(1, *f, *t, *att, ok());
+    }
+    let near = |i: u32| move |_: FarmSlot, t: TaskRef| t == TaskRef::new(1, i);
+    let got = e.claim_near(2, 1, &mut |_, _| true, &mut near(2));
+    assert_eq!(got[0].1, TaskRef::new(1, 2));
+    let got = e.claim_near(2, 1, &mut |_, _| true, &mut |_, _| false);
+    assert_eq!(got[0].1, TaskRef::new(1, 0));
+    assert_eq!(e.progress(slot).running, 2);
+}

@@ -7,7 +7,13 @@ use super::super::Node;
 use super::Coord;
 use crate::alloc::fits_before_walltime;
 use crate::engine::Millis;
+use crate::farm::{reads_outputs, TaskRef};
 use crate::resources::Resources;
+
+/// How many of a task's dependencies placement looks at to find the node
+/// that made them (an element-wise pair is the first; a gather's are many,
+/// and made everywhere).
+const NEAR_DEPS: u64 = 4;
 
 /// The coordinator's own node, which it places work on like any other.
 pub(in super::super) struct Local<'a> {
@@ -89,7 +95,18 @@ impl Coord {
             let cap =
                 queue_max.min(claims_max.unwrap_or_else(|| claims_cap(total) + depth as usize));
             let mut taken = Vec::new();
-            let claimed = self.engine.claim(
+            let (farms, slots) = (&self.farms, &self.slots);
+            // A task whose dependencies' outputs this node made goes to it
+            // before others: they are there already, nothing is fetched.
+            let mut near = |slot: crate::engine::FarmSlot, t: TaskRef| {
+                let f = &farms[&slots[slot.0 as usize]];
+                let def = &f.spec.def;
+                reads_outputs(def, t.stage)
+                    && (0..NEAR_DEPS).map_while(|n| def.dependency(t, n)).any(
+                        |d| matches!(f.log.get(d), Some(Entry::Done { node: n, .. }) if *n == node),
+                    )
+            };
+            let claimed = self.engine.claim_near(
                 now,
                 batch_max.min(cap.saturating_sub(*count)),
                 &mut |_, stage| {
@@ -115,6 +132,7 @@ impl Coord {
                     load.give(req);
                     true
                 },
+                &mut near,
             );
             *count += claimed.len();
             let full = *count >= cap || claimed.is_empty();
