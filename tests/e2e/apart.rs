@@ -255,8 +255,16 @@ fn a_keyed_graph_comes_home_whole_from_nodes_that_share_no_file_system() {
     r.expect_code(0);
     for (i, chrom) in ["4", "3", "2", "1"].iter().enumerate() {
         let want: String = (0..=4).map(|p| format!("{chrom}.{p}\n")).collect();
-        assert_eq!(sb.read(&format!("out/merge/{i}/merged.txt")), want, "{}", r.stderr);
-        assert_eq!(sb.read(&format!("out/check/{i}/n.txt")), format!("{chrom} 5\n"));
+        assert_eq!(
+            sb.read(&format!("out/merge/{i}/merged.txt")),
+            want,
+            "{}",
+            r.stderr
+        );
+        assert_eq!(
+            sb.read(&format!("out/check/{i}/n.txt")),
+            format!("{chrom} 5\n")
+        );
     }
     let ran: BTreeSet<String> = nodes_of(&sb, "merge", 4)
         .into_iter()
