@@ -800,9 +800,7 @@ shell = "true"
 fn keyed_listed_and_inherited_dependencies_load_into_the_tasks_they_name() {
     let (_d, def) = good(KEYED, &[]);
     // merge/0 is c=2: split tasks with chrom 2 are 3, 4, 5.
-    let deps = |t: TaskRef| -> Vec<TaskRef> {
-        (0..).map_while(|n| def.dependency(t, n)).collect()
-    };
+    let deps = |t: TaskRef| -> Vec<TaskRef> { (0..).map_while(|n| def.dependency(t, n)).collect() };
     assert_eq!(
         deps(TaskRef::new(1, 0)),
         vec![TaskRef::new(0, 3), TaskRef::new(0, 4), TaskRef::new(0, 5)]
@@ -857,6 +855,9 @@ fn a_bad_keyed_or_listed_dependency_is_an_error_at_its_line_and_field() {
     ];
     for (farm, at, says) in cases {
         let e = bad(&farm, &[]).to_string();
-        assert!(e.contains(at) && e.contains(says), "wanted {at} … {says}, got: {e}");
+        assert!(
+            e.contains(at) && e.contains(says),
+            "wanted {at} … {says}, got: {e}"
+        );
     }
 }
