@@ -11,7 +11,9 @@
 //!   over a greedy list schedule of the same graph at those slots,
 //!   simulated here with the engine's order (the deepest stage first,
 //!   then the order tasks became ready; target at most 1.02). The same
-//!   simulation in plain ready order (FIFO) is printed beside it.
+//!   simulation in plain ready order (FIFO), and upstream tasks first
+//!   (by their depth in the graph, as Dask's order of submission does),
+//!   are printed beside it.
 //!
 //! Makespans are the wall time of `mesh run` (start to exit, the farm's
 //! loading included). The graph is the farm's, loaded with mesh's loader
@@ -103,10 +105,11 @@ fn main() {
         );
         let tasks = sim.len();
         let few = ((work / (2.0 * cp)).ceil() as usize).max(1);
-        let greedy = sim.greedy(few, true);
-        let fifo = sim.greedy(few, false);
+        let greedy = sim.greedy(few, Order::DeepestStage);
+        let fifo = sim.greedy(few, Order::Ready);
+        let upstream = sim.greedy(few, Order::Upstream);
         println!(
-            "\n{name}: {tasks} tasks, {} edges, x {scale:.5}: critical path {cp:.2} s, {work:.1} s of work; at {few} slots greedy {greedy:.2} s (FIFO {fifo:.2} s)",
+            "\n{name}: {tasks} tasks, {} edges, x {scale:.5}: critical path {cp:.2} s, {work:.1} s of work; at {few} slots greedy {greedy:.2} s (FIFO {fifo:.2} s, upstream first {upstream:.2} s)",
             imported["edges"]
         );
         for (slots, bound, what, target) in [
@@ -270,6 +273,18 @@ impl Trace {
     }
 }
 
+/// Which ready task a list schedule starts first.
+#[derive(Clone, Copy)]
+enum Order {
+    /// The engine's: the stage with the deepest chain of stages above it,
+    /// then the order tasks became ready.
+    DeepestStage,
+    /// The order tasks became ready.
+    Ready,
+    /// The task with the shortest chain of tasks above it.
+    Upstream,
+}
+
 /// The farm's graph as a list of tasks with durations, for list schedules.
 struct Sim {
     secs: Vec<f64>,
@@ -277,6 +292,8 @@ struct Sim {
     children: Vec<Vec<usize>>,
     /// The engine's order of stages: the deepest dependency chain first.
     rank: Vec<(Reverse<usize>, u32)>,
+    /// Per task, the longest chain of tasks above it.
+    level: Vec<usize>,
 }
 
 impl Sim {
@@ -323,10 +340,18 @@ impl Sim {
                 children[p].push(t);
             }
         }
+        // Tasks come stage by stage, and stages after those they wait for.
+        let mut level = vec![0usize; refs.len()];
+        for t in 0..refs.len() {
+            for &p in &parents[t] {
+                level[t] = level[t].max(level[p] + 1);
+            }
+        }
         Sim {
             secs,
             parents,
             children,
+            level,
             rank: refs
                 .iter()
                 .map(|t| (Reverse(depth[t.stage as usize]), t.stage))
@@ -339,24 +364,20 @@ impl Sim {
     }
 
     fn critical_path(&self) -> f64 {
-        self.greedy(self.len(), true)
+        self.greedy(self.len(), Order::Ready)
     }
 
     /// A greedy list schedule on `slots` slots: whenever a slot is free,
-    /// the first ready task starts, by the engine's order of stages (then
-    /// the order tasks became ready) or, with `by_stage` false, in the order
-    /// tasks became ready alone. The makespan, in seconds.
-    fn greedy(&self, slots: usize, by_stage: bool) -> f64 {
+    /// the first ready task in `order` starts. The makespan, in seconds.
+    fn greedy(&self, slots: usize, order: Order) -> f64 {
         let n = self.len();
         let mut waiting: Vec<usize> = self.parents.iter().map(Vec::len).collect();
-        let mut ready: BTreeSet<((Reverse<usize>, u32), u64, usize)> = BTreeSet::new();
+        let mut ready: BTreeSet<((Reverse<usize>, usize), u64, usize)> = BTreeSet::new();
         let mut seq = 0u64;
-        let key = |t: usize| {
-            if by_stage {
-                self.rank[t]
-            } else {
-                (Reverse(0), 0)
-            }
+        let key = |t: usize| match order {
+            Order::DeepestStage => (self.rank[t].0, self.rank[t].1 as usize),
+            Order::Ready => (Reverse(0), 0),
+            Order::Upstream => (Reverse(0), self.level[t]),
         };
         for t in (0..n).filter(|&t| waiting[t] == 0) {
             ready.insert((key(t), seq, t));

@@ -111,77 +111,15 @@ impl Scale {
 
 impl Plan {
     pub fn new(trace: &Trace) -> Plan {
-        let order = topo_order(trace);
-        let mut level = vec![0usize; trace.tasks.len()];
-        for &t in &order {
-            for &p in &trace.tasks[t].parents {
-                level[t] = level[t].max(level[p] + 1);
-            }
-        }
-        let (kinds, kind_of) = kinds(trace);
-        let split = cyclic_kinds(trace, &kind_of, kinds.len());
-        // A stage is a kind, or for a kind whose tasks wait for each other
-        // (through other kinds or not), a kind at one level of the graph:
-        // a stage cannot wait for itself.
-        let mut stage_key: HashMap<(usize, usize), usize> = HashMap::new();
-        let mut groups: Vec<(usize, usize, Vec<usize>)> = Vec::new();
-        for t in 0..trace.tasks.len() {
-            let k = kind_of[t];
-            let key = (k, if split[k] { level[t] } else { 0 });
-            let g = *stage_key.entry(key).or_insert_with(|| {
-                groups.push((k, key.1, Vec::new()));
-                groups.len() - 1
-            });
-            groups[g].2.push(t);
-        }
-        let mut group_of = vec![0usize; trace.tasks.len()];
-        for (g, (_, _, ts)) in groups.iter().enumerate() {
-            for &t in ts {
-                group_of[t] = g;
-            }
-        }
-        // Stages in dependency order, ties by where their first task is in the trace.
-        let mut ups: Vec<HashSet<usize>> = vec![HashSet::new(); groups.len()];
-        for (t, task) in trace.tasks.iter().enumerate() {
-            for &p in &task.parents {
-                ups[group_of[t]].insert(group_of[p]);
-            }
-        }
-        let mut downs: Vec<Vec<usize>> = vec![Vec::new(); groups.len()];
-        let mut waiting: Vec<usize> = vec![0; groups.len()];
-        for (g, u) in ups.iter().enumerate() {
-            waiting[g] = u.len();
-            for &x in u {
-                downs[x].push(g);
-            }
-        }
-        let mut heap: BinaryHeap<Reverse<(usize, usize)>> = groups
-            .iter()
-            .enumerate()
-            .filter(|(g, _)| waiting[*g] == 0)
-            .map(|(g, (_, _, ts))| Reverse((ts[0], g)))
-            .collect();
-        let mut stage_order = Vec::with_capacity(groups.len());
-        while let Some(Reverse((_, g))) = heap.pop() {
-            stage_order.push(g);
-            for &d in &downs[g] {
-                waiting[d] -= 1;
-                if waiting[d] == 0 {
-                    heap.push(Reverse((groups[d].2[0], d)));
-                }
-            }
-        }
-        debug_assert_eq!(
-            stage_order.len(),
-            groups.len(),
-            "the stage graph is acyclic"
-        );
-
+        let (kinds, groups) = groups(trace);
+        let stage_order = dependency_order(trace, &groups);
         let names = stage_names(&kinds, &groups, &stage_order);
         let mut stages: Vec<Stage> = Vec::with_capacity(groups.len());
         let mut place = vec![(0usize, 0u32); trace.tasks.len()];
         for (s, &g) in stage_order.iter().enumerate() {
-            let (k, _, ts) = &groups[g];
+            let Group {
+                kind, tasks: ts, ..
+            } = &groups[g];
             let cores: Vec<f64> = ts
                 .iter()
                 .map(|&t| trace.tasks[t].cores.unwrap_or(1.0))
@@ -190,7 +128,7 @@ impl Plan {
             let mem_bytes = ts.iter().filter_map(|&t| trace.tasks[t].mem_bytes).max();
             stages.push(Stage {
                 name: names[s].clone(),
-                kind: kinds[*k].clone(),
+                kind: kinds[*kind].clone(),
                 tasks: ts.clone(),
                 deps: Vec::new(),
                 cpu,
@@ -610,7 +548,9 @@ impl Plan {
         let _ = writeln!(o, "resources = {{ {res} }}");
         let mut sh = String::from("set -e\n");
         if reads {
-            sh.push_str("for f in {reads}; do cat \"{out}/$f\"; done > /dev/null\n");
+            // One `cat` for them all, however many: a process costs more
+            // than reading the bytes of a scaled-down file.
+            sh.push_str("(cd \"{out}\" && exec cat {reads} /dev/null) > /dev/null\n");
         }
         if !input_entries.is_empty() {
             let _ = writeln!(sh, "cat {} > /dev/null", input_entries.join(" "));
@@ -636,6 +576,84 @@ impl Plan {
 /// The file read by a task that has no farm-folder input, in a stage whose
 /// other tasks have some (a stage's `inputs` has one entry per slot).
 pub const NONE_INPUT: &str = ".none";
+
+/// A stage to be: the tasks of one kind, or for a kind whose tasks wait
+/// for each other (a stage cannot wait for itself), of one kind at one
+/// level of the graph.
+struct Group {
+    kind: usize,
+    level: usize,
+    tasks: Vec<usize>,
+}
+
+/// The kinds, and the tasks grouped into stages to be, in the trace's order.
+fn groups(trace: &Trace) -> (Vec<String>, Vec<Group>) {
+    let mut level = vec![0usize; trace.tasks.len()];
+    for t in topo_order(trace) {
+        for &p in &trace.tasks[t].parents {
+            level[t] = level[t].max(level[p] + 1);
+        }
+    }
+    let (kinds, kind_of) = kinds(trace);
+    let split = cyclic_kinds(trace, &kind_of, kinds.len());
+    let mut at: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut groups: Vec<Group> = Vec::new();
+    for (t, &kind) in kind_of.iter().enumerate() {
+        let level = if split[kind] { level[t] } else { 0 };
+        let g = *at.entry((kind, level)).or_insert_with(|| {
+            groups.push(Group {
+                kind,
+                level,
+                tasks: Vec::new(),
+            });
+            groups.len() - 1
+        });
+        groups[g].tasks.push(t);
+    }
+    (kinds, groups)
+}
+
+/// Groups in an order where each comes after those it waits for, ties by
+/// where their first task is in the trace.
+fn dependency_order(trace: &Trace, groups: &[Group]) -> Vec<usize> {
+    let mut group_of = vec![0usize; trace.tasks.len()];
+    for (g, group) in groups.iter().enumerate() {
+        for &t in &group.tasks {
+            group_of[t] = g;
+        }
+    }
+    let mut ups: Vec<HashSet<usize>> = vec![HashSet::new(); groups.len()];
+    for (t, task) in trace.tasks.iter().enumerate() {
+        for &p in &task.parents {
+            ups[group_of[t]].insert(group_of[p]);
+        }
+    }
+    let mut downs: Vec<Vec<usize>> = vec![Vec::new(); groups.len()];
+    let mut waiting: Vec<usize> = ups.iter().map(HashSet::len).collect();
+    for (g, u) in ups.iter().enumerate() {
+        for &x in u {
+            downs[x].push(g);
+        }
+    }
+    let mut heap: BinaryHeap<Reverse<(usize, usize)>> = (0..groups.len())
+        .filter(|&g| waiting[g] == 0)
+        .map(|g| Reverse((groups[g].tasks[0], g)))
+        .collect();
+    let mut order = Vec::with_capacity(groups.len());
+    while let Some(Reverse((_, g))) = heap.pop() {
+        order.push(g);
+        for &d in &downs[g] {
+            waiting[d] -= 1;
+            if waiting[d] == 0 {
+                heap.push(Reverse((groups[d].tasks[0], d)));
+            }
+        }
+    }
+    // Kinds that wait for each other were split by level, so the groups
+    // form no cycle.
+    debug_assert_eq!(order.len(), groups.len(), "the groups form no cycle");
+    order
+}
 
 /// Tasks in an order where each comes after its parents (the trace is
 /// acyclic), ties in the trace's order.
@@ -831,11 +849,7 @@ fn strongly_connected(edges: &[Vec<usize>]) -> Vec<Vec<usize>> {
 /// Stage names: the kind made safe, without a dotted prefix every kind
 /// shares (Nextflow's `NFCORE_SAREK.SAREK.`), `-2`, `-3` for the later
 /// levels of a kind split by level, each unique.
-fn stage_names(
-    kinds: &[String],
-    groups: &[(usize, usize, Vec<usize>)],
-    order: &[usize],
-) -> Vec<String> {
+fn stage_names(kinds: &[String], groups: &[Group], order: &[usize]) -> Vec<String> {
     let safe: Vec<String> = kinds.iter().map(|k| safe_name(k)).collect();
     let cut = common_dotted_prefix(&safe);
     let short: Vec<String> = safe.iter().map(|s| safe_name(&s[cut..])).collect();
@@ -843,10 +857,10 @@ fn stage_names(
     let mut parts: HashMap<usize, usize> = HashMap::new();
     // The parts of a kind split by level are numbered in level order.
     let mut by_level: Vec<usize> = order.to_vec();
-    by_level.sort_by_key(|&g| (groups[g].0, groups[g].1));
+    by_level.sort_by_key(|&g| (groups[g].kind, groups[g].level));
     let mut name_of: HashMap<usize, String> = HashMap::new();
     for &g in &by_level {
-        let k = groups[g].0;
+        let k = groups[g].kind;
         let n = parts.entry(k).or_insert(0);
         *n += 1;
         let want = if *n == 1 {
