@@ -37,7 +37,7 @@ pub struct WfArgs {
     /// The trace (JSON).
     #[arg(value_parser = args::path)]
     trace: PathBuf,
-    /// The farm folder to write (default ./<trace file name without .json>); it must not exist or be empty.
+    /// The farm folder to write (default ./<trace file name without .json>): a new or empty one.
     #[arg(short = 'o', long = "out", value_name = "DIR", value_parser = args::path)]
     dir: Option<PathBuf>,
     /// Each task sleeps its recorded runtime times this.
