@@ -2,6 +2,7 @@
 
 mod alloc_cmd;
 mod args;
+mod import;
 mod mesh_cmds;
 mod out;
 mod show;
@@ -90,6 +91,11 @@ enum Cmd {
         node: NodeArgs,
         #[command(flatten)]
         output: OutputArgs,
+    },
+    /// Write a runnable farm folder from a recorded workflow.
+    Import {
+        #[command(subcommand)]
+        from: import::ImportFrom,
     },
     /// Check a farm file and show what it would run, without running anything.
     Check {
@@ -407,6 +413,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Import { from } => import::import(&from),
         Cmd::Init => mesh_cmds::init(state.root()),
         Cmd::Alloc { cmd } => alloc_cmd::alloc(&to, cmd),
         Cmd::Sim { args } => sim_cmd::sim(&args),
@@ -514,6 +521,7 @@ fn local_only(cmd: &Cmd) -> Option<&'static str> {
     match cmd {
         Cmd::Run { .. } => Some("run"),
         Cmd::Check { .. } => Some("check"),
+        Cmd::Import { .. } => Some("import"),
         Cmd::Sim { .. } => Some("sim"),
         Cmd::Init => Some("init"),
         Cmd::Node { .. } => Some("node"),

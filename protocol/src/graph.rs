@@ -213,14 +213,17 @@ impl Sweep {
     }
 }
 
-/// Each value of a variable, by its text, to its first position.
-fn positions(sweep: &Sweep, var: usize) -> HashMap<String, u64> {
+/// Each value of a variable, by its text, to its first position; and per
+/// position, the first position of the same text (a zip or a lines file
+/// may repeat a value, and tasks with equal values share a key).
+fn positions(sweep: &Sweep, var: usize) -> (HashMap<String, u64>, Vec<u64>) {
     let values = &sweep.vars[var].values;
     let mut m = HashMap::with_capacity(values.len() as usize);
+    let mut first = Vec::with_capacity(values.len() as usize);
     for i in 0..values.len() {
-        m.entry(values.get(i)).or_insert(i);
+        first.push(*m.entry(values.get(i)).or_insert(i));
     }
-    m
+    (m, first)
 }
 
 fn keyed(down: &Sweep, down_vars: &[u32], up: &Sweep, up_vars: &[u32]) -> Result<Csr, String> {
@@ -237,25 +240,27 @@ fn keyed(down: &Sweep, down_vars: &[u32], up: &Sweep, up_vars: &[u32]) -> Result
     {
         return Err("too many combinations of the key's values".into());
     }
-    // This stage's values as positions among the upstream's (None: a value
-    // upstream has not), per variable of the key.
-    let mapped: Vec<Vec<Option<u64>>> = down_vars
+    // Per variable of the key: the upstream's first position of each of its
+    // values, and this stage's values as such positions (None: a value
+    // upstream has not).
+    let (firsts, mapped): (Vec<Vec<u64>>, Vec<Vec<Option<u64>>>) = down_vars
         .iter()
         .zip(up_vars)
         .map(|(&dv, &uv)| {
-            let at = positions(up, uv as usize);
+            let (at, first) = positions(up, uv as usize);
             let values = &down.vars[dv as usize].values;
-            (0..values.len())
+            let mapped = (0..values.len())
                 .map(|i| at.get(&values.get(i)).copied())
-                .collect()
+                .collect();
+            (first, mapped)
         })
-        .collect();
+        .unzip();
     let up_n = up.len() as u32;
     let mut by_key: Vec<(u64, u32)> = (0..up_n)
         .map(|j| {
             let mut key = 0u64;
             for (k, &uv) in up_vars.iter().enumerate() {
-                key = key * radix[k] + up.value_index(j, uv as usize);
+                key = key * radix[k] + firsts[k][up.value_index(j, uv as usize) as usize];
             }
             (key, j)
         })
@@ -491,6 +496,30 @@ mod tests {
         });
         let e = Graph::build(&farm(vec![img, bad])).unwrap_err();
         assert!(e.contains("`3`, not a task index (0 to 2)"), "{e}");
+    }
+
+    #[test]
+    fn a_key_repeated_in_a_zip_matches_every_task_that_has_it() {
+        // A zip (or a lines file) may repeat a value: every task with it is
+        // of that key, not only the first.
+        let mut a = stage(
+            "a",
+            sweep(&[("x", &["1", "1", "2"]), ("y", &["a", "b", "c"])]),
+        );
+        a.sweep.mode = SweepMode::Zip;
+        let mut b = stage("b", sweep(&[("x", &["2", "1", "1"])]));
+        b.deps.push(Dep {
+            stage: 0,
+            on: DepOn::Keyed {
+                down: vec![0],
+                up: vec![0],
+            },
+        });
+        let f = farm(vec![a, b]);
+        assert_eq!(f.ups(TaskRef::new(1, 0), 0).1, &[2]);
+        assert_eq!(f.ups(TaskRef::new(1, 1), 0).1, &[0, 1]);
+        assert_eq!(f.ups(TaskRef::new(1, 2), 0).1, &[0, 1]);
+        assert_eq!(f.graph().stages[1][0].downs.get(1), &[1, 2]);
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod browser;
 mod dashboard;
 mod data;
 mod heal;
+mod import;
 mod input;
 mod mesh;
 mod remote;
