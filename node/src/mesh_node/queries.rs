@@ -12,6 +12,11 @@ use tokio::sync::mpsc;
 use super::logs::LogAsk;
 use super::swarm::request;
 use super::views::FAILURES_SHOWN;
+
+/// How long a question about a farm this node does not hold waits for a
+/// coordinator to answer: longer than a dead one takes to be found dead
+/// and another elected.
+const FIND_WAIT: Duration = Duration::from_secs(60);
 use super::{farm_display_id, Cmd, Node};
 use crate::control::ControlResponse;
 use crate::view::{FarmView, MeshStatus, NodeView, Observed};
@@ -130,16 +135,40 @@ impl Node {
     /// Asks the coordinator about a farm this node does not hold.
     pub(super) fn ask_coordinator(&mut self, query: String, asked: Asked) {
         let tx = self.tx.clone();
-        let Some(c) = self.peer.coordinator().filter(|c| *c != self.me) else {
+        if self.peer.coordinator() == Some(self.me) {
             let why = format!("no farm `{query}` is known to this mesh (see `mesh status`)");
             self.answer(Err(why), asked);
             return;
-        };
+        }
         tokio::spawn(async move {
-            let r = match request(&tx, c, Request::FindFarm { query }).await {
-                Ok(Response::Farm(f)) => Ok(*f),
-                Ok(_) => Err("unexpected answer from the coordinator".into()),
-                Err(e) => Err(e),
+            // The coordinator may be the node that just died (`mesh resume`
+            // on another node right after): asked again, of whichever node
+            // coordinates, until one answers.
+            let until = tokio::time::Instant::now() + FIND_WAIT;
+            let mut pause = Duration::from_millis(250);
+            let r = loop {
+                let (reply, rx) = tokio::sync::oneshot::channel();
+                let req = Request::FindFarm {
+                    query: query.clone(),
+                };
+                if tx.send(Cmd::AskCoordinator { req, reply }).is_err() {
+                    break Err("the node is stopping".to_string());
+                }
+                let why = match rx.await {
+                    Ok(Ok(Response::Farm(f))) => break Ok(*f),
+                    Ok(Ok(Response::Error(e))) => break Err(e),
+                    Ok(Ok(_)) => break Err("unexpected answer from the coordinator".into()),
+                    Ok(Err(e)) => e,
+                    Err(_) => break Err("the node is stopping".into()),
+                };
+                if tokio::time::Instant::now() + pause >= until {
+                    break Err(format!(
+                        "no coordinator answered for {} s ({why}); see `mesh status`",
+                        FIND_WAIT.as_secs()
+                    ));
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
             };
             let _ = tx.send(Cmd::Found(Box::new(r), asked));
         });
