@@ -243,6 +243,15 @@ impl Peer {
         action
     }
 
+    /// Every action at once, in order, into `into` (which must be empty):
+    /// the buffers are swapped, so no action is moved one by one. For a
+    /// driver that steps many peers (the simulator), that keeps `into`'s
+    /// capacity in bounds as `poll_action` would.
+    pub fn take_actions(&mut self, into: &mut std::collections::VecDeque<Action>) {
+        debug_assert!(into.is_empty(), "take_actions into a queue with actions left");
+        std::mem::swap(&mut self.out.actions, into);
+    }
+
     pub fn has_actions(&self) -> bool {
         !self.out.actions.is_empty()
     }
