@@ -525,12 +525,12 @@ impl Worker {
             outputs,
             stderr_line: outcome.stderr_line,
         };
-        if ok {
+        let same_task = |a: &Assigned| a.farm == task.farm && a.task == task.task;
+        // Looked for before the queue is rebuilt: nearly always there is none.
+        if ok && self.queue.iter().any(same_task) {
             // Other attempts of this task queued here meanwhile are done by this run.
-            let (same, rest): (Vec<Assigned>, Vec<Assigned>) = self
-                .queue
-                .drain(..)
-                .partition(|a| a.farm == task.farm && a.task == task.task);
+            let (same, rest): (Vec<Assigned>, Vec<Assigned>) =
+                self.queue.drain(..).partition(same_task);
             self.queue = rest.into();
             for a in same {
                 self.report(Report {
@@ -577,6 +577,17 @@ impl Worker {
         }
         let reports = std::mem::take(&mut self.reports_out);
         let prefetch = self.depth;
+        if reports.len() <= batch_max {
+            // One message, as nearly always: the reports move into it
+            // rather than being copied (each holds its outputs' list).
+            leader.send(out, |term| Msg::Report {
+                term,
+                reports,
+                at: now,
+                prefetch,
+            });
+            return;
+        }
         for chunk in reports.chunks(batch_max) {
             leader.send(out, |term| Msg::Report {
                 term,
