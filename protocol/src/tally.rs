@@ -102,6 +102,16 @@ impl<K: Hash + Eq, V, G: Hash + Eq + Copy> Tally<K, V, G> {
         std::mem::take(&mut self.touched)
     }
 
+    /// Hands back what [`Tally::take_touched`] gave, emptied, to collect
+    /// the next step's groups in: checked after every step, a buffer
+    /// taken and grown again each time was an allocation a step.
+    pub fn recycle_touched(&mut self, mut done: Vec<G>) {
+        if self.touched.is_empty() {
+            done.clear();
+            self.touched = done;
+        }
+    }
+
     /// The counts against a pass over every entry.
     pub fn recount(&self) -> Result<(), String> {
         let mut counts: FxHashMap<G, usize> = FxHashMap::default();

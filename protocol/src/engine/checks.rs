@@ -60,7 +60,7 @@ impl Engine {
         let mut touched = self.running.take_touched();
         touched.sort_unstable();
         touched.dedup();
-        for (f, s) in touched {
+        for &(f, s) in &touched {
             let live = self.running.in_group(&(f, s)) as u64;
             let counted = self
                 .farms
@@ -74,6 +74,7 @@ impl Engine {
                 ));
             }
         }
+        self.running.recycle_touched(touched);
         Ok(())
     }
 

@@ -11,7 +11,7 @@ impl Sim<'_> {
         to: usize,
         gen: u32,
         from: u32,
-        msg: Msg,
+        msg: Box<Msg>,
     ) -> Result<(), SimError> {
         let now = self.now;
         let nd = &mut self.nodes[to];
@@ -47,7 +47,7 @@ impl Sim<'_> {
             }
         }
         let from = self.nodes[from as usize].id;
-        self.step(to, |p| p.handle_message(now, from, msg))
+        self.step(to, |p| p.handle_message(now, from, *msg))
     }
 
     pub(super) fn stalled(&self, n: usize) -> bool {

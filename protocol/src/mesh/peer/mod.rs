@@ -243,6 +243,19 @@ impl Peer {
         action
     }
 
+    /// Every action at once, in order, into `into` (which must be empty):
+    /// the queues are swapped, so no action is moved one by one (the
+    /// simulator steps a peer five million times a run). The peer keeps
+    /// `into`'s buffer: a driver that hands back one grown by a burst
+    /// should drop it first, as `poll_action` does.
+    pub fn take_actions(&mut self, into: &mut std::collections::VecDeque<Action>) {
+        debug_assert!(
+            into.is_empty(),
+            "take_actions into a queue with actions left"
+        );
+        std::mem::swap(&mut self.out.actions, into);
+    }
+
     pub fn has_actions(&self) -> bool {
         !self.out.actions.is_empty()
     }

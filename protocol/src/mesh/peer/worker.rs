@@ -264,10 +264,21 @@ impl Worker {
         }
         let mut i = 0;
         let mut late = Vec::new();
+        // The stage whose request did not fit: nothing is given back during
+        // the scan, so its other tasks will not fit either. A full node
+        // (most of them, most of the time) scans its whole queue at every
+        // end and assignment, each task looked up and tried.
+        let mut no_room: Option<(FarmId, u32)> = None;
         // Skipping a task that does not fit now lets smaller ones behind it
         // run; the scan is bounded so a long queue costs little.
         while i < self.queue.len() && i < 64 {
             let a = self.queue[i];
+            // With a deadline, a task that would end too late leaves the
+            // queue whether or not it fits: then each is looked at.
+            if self.deadline.is_none() && no_room == Some((a.farm, a.task.stage)) {
+                i += 1;
+                continue;
+            }
             if self.running.contains_key(&(a.farm, a.task)) {
                 // Handed here again while another attempt runs (two
                 // coordinators across a partition): it waits for that run,
@@ -291,6 +302,7 @@ impl Worker {
                 continue;
             }
             let Some(grant) = self.pool.grant(&stage.resources) else {
+                no_room = Some((a.farm, a.task.stage));
                 i += 1;
                 continue;
             };
@@ -522,12 +534,12 @@ impl Worker {
             outputs,
             stderr_line: outcome.stderr_line,
         };
-        if ok {
+        let same_task = |a: &Assigned| a.farm == task.farm && a.task == task.task;
+        // Looked for before the queue is rebuilt: nearly always there is none.
+        if ok && self.queue.iter().any(same_task) {
             // Other attempts of this task queued here meanwhile are done by this run.
-            let (same, rest): (Vec<Assigned>, Vec<Assigned>) = self
-                .queue
-                .drain(..)
-                .partition(|a| a.farm == task.farm && a.task == task.task);
+            let (same, rest): (Vec<Assigned>, Vec<Assigned>) =
+                self.queue.drain(..).partition(same_task);
             self.queue = rest.into();
             for a in same {
                 self.report(Report {
@@ -574,6 +586,17 @@ impl Worker {
         }
         let reports = std::mem::take(&mut self.reports_out);
         let prefetch = self.depth;
+        if reports.len() <= batch_max {
+            // One message, as nearly always: the reports move into it
+            // rather than being copied (each holds its outputs' list).
+            leader.send(out, |term| Msg::Report {
+                term,
+                reports,
+                at: now,
+                prefetch,
+            });
+            return;
+        }
         for chunk in reports.chunks(batch_max) {
             leader.send(out, |term| Msg::Report {
                 term,

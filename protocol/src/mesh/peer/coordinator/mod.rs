@@ -937,7 +937,7 @@ impl Coord {
         let mut touched = self.claims.take_touched();
         touched.sort_unstable();
         touched.dedup();
-        for n in touched {
+        for &n in &touched {
             let claimed = self.claims.in_group(&n);
             let booked = self.load.get(&n).map_or(0, |(_, k)| *k);
             if claimed != booked {
@@ -946,6 +946,7 @@ impl Coord {
                 ));
             }
         }
+        self.claims.recycle_touched(touched);
         Ok(())
     }
 

@@ -47,6 +47,12 @@ impl Coord {
             }
             self.hungry.iter().copied().collect()
         };
+        if nodes.is_empty() {
+            // Most steps of a busy coordinator (a home's fetches, beats,
+            // its own runs) leave no node hungry: nothing to weigh.
+            self.drain(out);
+            return;
+        }
         // Near the end of some work, a task queued behind a busy node's
         // running ones may wait for a long one while a slot idles elsewhere:
         // such tasks go only to free slots. Before that, no node queues
@@ -94,7 +100,6 @@ impl Coord {
             let (load, count) = self.load.entry(node).or_default();
             let cap =
                 queue_max.min(claims_max.unwrap_or_else(|| claims_cap(total) + depth as usize));
-            let mut taken = Vec::new();
             let (farms, slots) = (&self.farms, &self.slots);
             // A task whose dependencies' outputs this node made goes to it
             // before others: they are there already, nothing is fetched.
@@ -136,6 +141,7 @@ impl Coord {
             );
             *count += claimed.len();
             let full = *count >= cap || claimed.is_empty();
+            let mut taken = Vec::with_capacity(claimed.len());
             for (slot, task, attempt) in claimed {
                 self.claims.insert((slot, task), (node, attempt, now));
                 taken.push(Assigned {

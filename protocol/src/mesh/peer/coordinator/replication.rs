@@ -480,13 +480,18 @@ impl Coord {
     /// Acknowledges the reports whose entries are now durable on enough holders.
     pub(in super::super) fn release_acks(&mut self, cx: &Node, out: &mut Out) {
         let mut acks: BTreeMap<NodeId, Vec<Assigned>> = BTreeMap::new();
-        let upto: Vec<(FarmId, u64)> = self
-            .slots
-            .iter()
-            .map(|fid| (*fid, Coord::replicated(&self.farms[fid], cx)))
-            .collect();
-        for (fid, upto) in upto {
-            let f = self.farms.get_mut(&fid).expect("slots and farms agree");
+        for fid in &self.slots {
+            let f = self.farms.get_mut(fid).expect("slots and farms agree");
+            let Some(&(first, ..)) = f.waiting.front() else {
+                continue;
+            };
+            // Asked after every report, and nearly always answered no until
+            // the holders acknowledge the next sync: no holder has the
+            // first entry waiting (no member looked up for that).
+            if cx.holders_needed() > 0 && f.holders.iter().all(|h| h.acked < first) {
+                continue;
+            }
+            let upto = Coord::replicated(f, cx);
             while f.waiting.front().is_some_and(|(seq, ..)| *seq <= upto) {
                 let (_, node, a) = f.waiting.pop_front().expect("checked");
                 acks.entry(node).or_default().push(a);
@@ -523,8 +528,15 @@ impl Coord {
                 f.finished_sent = finished;
             }
             let mut head = None;
+            let len = f.log.len();
             for i in 0..f.holders.len() {
                 let h = &f.holders[i];
+                // Between progress rounds most steps have nothing for a
+                // holder: asked first, before whether it is live (a member
+                // lookup at every step of a busy coordinator).
+                if !(progress || finished || len.saturating_sub(h.sent) >= SYNC_BATCH as u64) {
+                    continue;
+                }
                 // This node streams to itself only where it keeps a copy.
                 let live = if h.node == cx.id {
                     keeps_here(*fid)
