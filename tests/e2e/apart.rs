@@ -131,6 +131,24 @@ fn a_chain_runs_its_dependent_stages_off_the_home_and_reads_every_output() {
     assert!(gone, "a node kept its folder for the farm after its end");
 }
 
+/// Submits a chain of `n` (see [`chain`]) on node 0, the home, and
+/// returns its id once `done` of its tasks are done.
+fn chain_going(sb: &Sandbox, c: &Cluster, n: u32, done: u64) -> String {
+    sb.write("farm/farm.toml", &chain(n, "0.5"));
+    let out = sb.path().join("out").to_string_lossy().to_string();
+    let r = c.mesh(0, &["submit", "farm/farm.toml", "--out", &out]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    let going = wait_until(Duration::from_secs(60), || {
+        c.mesh(0, &["status", &id, "--json"]).json()["counts"]["done"]
+            .as_u64()
+            .unwrap_or(0)
+            >= done
+    });
+    assert!(going, "the farm did not get going");
+    id
+}
+
 #[test]
 fn a_node_killed_while_it_holds_outputs_others_need_costs_reruns_not_results() {
     let sb = sandbox();
@@ -138,20 +156,7 @@ fn a_node_killed_while_it_holds_outputs_others_need_costs_reruns_not_results() {
         return;
     };
     let n = 24;
-    sb.write("farm/farm.toml", &chain(n, "0.5"));
-    let out = sb.path().join("out").to_string_lossy().to_string();
-    let r = c.mesh(0, &["submit", "farm/farm.toml", "--out", &out]);
-    r.expect_code(0);
-    let id = r.stdout.trim().to_string();
-    let done = |c: &Cluster| {
-        c.mesh(0, &["status", &id, "--json"]).json()["counts"]["done"]
-            .as_u64()
-            .unwrap_or(0)
-    };
-    assert!(
-        wait_until(Duration::from_secs(60), || done(&c) >= 8),
-        "the farm did not get going"
-    );
+    let id = chain_going(&sb, &c, n, 8);
     // A node that ran some of `a` (and keeps what it made until the home
     // has it) dies with its tasks and its outputs.
     c.kill(1);
@@ -179,20 +184,7 @@ fn the_submitter_killed_mid_graph_and_the_farm_resumed_on_another_node_brings_ev
         return;
     };
     let n = 16;
-    sb.write("farm/farm.toml", &chain(n, "0.5"));
-    let out = sb.path().join("out").to_string_lossy().to_string();
-    let r = c.mesh(0, &["submit", "farm/farm.toml", "--out", &out]);
-    r.expect_code(0);
-    let id = r.stdout.trim().to_string();
-    let done = |c: &Cluster, i: usize| {
-        c.mesh(i, &["status", &id, "--json"]).json()["counts"]["done"]
-            .as_u64()
-            .unwrap_or(0)
-    };
-    assert!(
-        wait_until(Duration::from_secs(60), || done(&c, 0) >= 6),
-        "the farm did not get going"
-    );
+    let id = chain_going(&sb, &c, n, 6);
     c.kill(0);
     // Another node, which never saw the farm's folder, takes it over into
     // a folder of its own.
