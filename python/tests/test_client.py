@@ -117,6 +117,13 @@ class OneNode(InFolder):
             run.resume(out="elsewhere")
         self.assertIn("has finished", str(e.exception))
 
+    def test_a_success_other_than_0_says_its_exit_code(self):
+        c = self.node(cpus=2)
+        run = c.map(["sh", "-c", "exit {}"], [0, 3], success_codes=[0, 3])
+        got = {t.index: t for t in run.as_completed(timeout=WAIT_S)}
+        self.assertTrue(all(t.ok for t in got.values()), got)
+        self.assertEqual({i: t.exit_code for i, t in got.items()}, {0: 0, 1: 3})
+
     def test_a_bad_farm_gets_the_located_words_of_mesh_check(self):
         c = self.node(cpus=1)
         f = mesh.Farm("bad")
@@ -197,6 +204,12 @@ class TwoNodes(InFolder):
         for t in run.as_completed(timeout=WAIT_S):
             self.assertTrue(t.ok, t)
             ran_on.add(t.node)
+            # When it ran, on whichever node: the farm's log carries it.
+            self.assertIsNotNone(t.start, t)
+            self.assertIsNotNone(t.end, t)
+            self.assertGreaterEqual(t.duration, 0.2, t)
+            self.assertLessEqual(t.end, t.at, t)
+            self.assertEqual(t.exit_code, 0, t)
             self.assertTrue(t.output.startswith(out + os.sep), t.output)
             with open(t.output) as f:
                 self.assertEqual(f.read().strip(), str(t.index))

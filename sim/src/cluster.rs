@@ -1185,6 +1185,7 @@ impl<'a> Sim<'a> {
             result,
             key: None,
             duration_ms: self.now - r.start,
+            ended_ms: 0,
             logs: 0,
             stderr_line: None,
         };

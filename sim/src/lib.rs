@@ -147,6 +147,7 @@ pub fn run_one_node(
                 result: TaskResult::Exited(exit(task, attempt)),
                 key: None,
                 duration_ms: duration(task),
+                ended_ms: 0,
                 logs: 0,
                 stderr_line: None,
             };

@@ -188,7 +188,10 @@ impl Node {
                 ..
             }) => {
                 ev.state = "done".into();
-                ev.exit_code = (stage.success_codes == [0] && *attempt > 0).then_some(0);
+                ev.exit_code = r.log.get(t).and_then(|e| e.ran()?.exit_code).or(
+                    // A run that counts exited 0 when only 0 counts.
+                    (stage.success_codes == [0] && *attempt > 0).then_some(0),
+                );
                 ev.node = Some(self.label_of(*node));
                 ev.attempt = *attempt;
                 let dir = Path::new(r.out_dir())
@@ -198,9 +201,6 @@ impl Node {
                     .iter()
                     .map(|f| dir.join(&f.path).to_string_lossy().into_owned())
                     .collect();
-                if *node == self.me {
-                    (ev.start_ms, ev.end_ms) = self.recorder.run_times(r.id(), t, *attempt);
-                }
             }
             Some(Entry::Failed {
                 node, attempt, end, ..
@@ -214,11 +214,16 @@ impl Node {
                 ev.reason = Some(describe_end(end));
                 ev.node = Some(self.label_of(*node));
                 ev.attempt = *attempt;
-                if *node == self.me {
-                    (ev.start_ms, ev.end_ms) = self.recorder.run_times(r.id(), t, *attempt);
-                }
             }
             _ => {}
+        }
+        if let Some(e) = r.log.get(t) {
+            (ev.start_ms, ev.end_ms) = match e.ran() {
+                Some(ran) => (Some(ran.started_ms()), Some(ran.ended_ms)),
+                // Not in the log (a copy restored from its records after a
+                // restart keeps no times): what this node saw, if it ran it.
+                None => self.recorder.run_times(r.id(), t, ev.attempt),
+            };
         }
         ev
     }

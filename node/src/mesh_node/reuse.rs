@@ -313,6 +313,7 @@ fn done_before(task: TaskRef, key: [u8; 32], node: NodeId, outputs: Vec<OutputFi
         node,
         attempt: 0,
         outputs: outputs.into(),
+        ran: None,
     }
 }
 

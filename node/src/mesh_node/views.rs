@@ -191,6 +191,7 @@ impl Node {
                     attempt,
                     node,
                     end,
+                    ..
                 } => Some(format!(
                     "{} (attempt {attempt} on {}): {}",
                     spec.def.task_name(*task),

@@ -29,6 +29,7 @@ fn ok() -> Outcome {
         result: TaskResult::Exited(0),
         key: None,
         duration_ms: 1,
+        ended_ms: 0,
         logs: 0,
         stderr_line: None,
     }

@@ -86,6 +86,10 @@ pub struct Outcome {
     pub result: TaskResult,
     pub key: Option<[u8; 32]>,
     pub duration_ms: u64,
+    /// When it ended, in ms since the Unix epoch by the clock of the node
+    /// that ran it; 0 where that is not known (the simulator). The engine
+    /// reads no clock: it is carried to the farm's log for its users.
+    pub ended_ms: u64,
     pub logs: u8,
     /// The first line a failed attempt wrote to stderr, when it wrote one
     /// (see [`first_line`]): what tells one failure from another besides

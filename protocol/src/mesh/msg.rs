@@ -350,6 +350,8 @@ pub struct Report {
     pub result: TaskResult,
     pub key: Option<[u8; 32]>,
     pub duration_ms: u64,
+    /// See [`crate::engine::Outcome::ended_ms`].
+    pub ended_ms: u64,
     /// The outputs of a successful attempt, kept on the node that ran it.
     pub outputs: Vec<OutputFile>,
     /// See [`crate::engine::Outcome::stderr_line`]: the coordinator's
@@ -377,6 +379,9 @@ pub enum Entry {
         /// entry (a vector each was a third of a 1,000-node simulation's
         /// memory). Encoded as a vector.
         outputs: Arc<[OutputFile]>,
+        /// When the run that counts ran, by its node's clock: what a client
+        /// following the farm is told. Boxed and absent in the simulator.
+        ran: Option<Box<Ran>>,
     },
     /// Failed for good, with the reason.
     Failed {
@@ -384,6 +389,7 @@ pub enum Entry {
         attempt: u32,
         node: NodeId,
         end: Box<TaskEnd>,
+        ran: Option<Box<Ran>>,
     },
     /// The outputs of `node`'s run (`attempt`) of a done task are lost with
     /// that node (gone for longer than the home waits, or it has them no
@@ -395,7 +401,45 @@ pub enum Entry {
     },
 }
 
+/// When a run ended and how long it took, in ms, by the clock of the node
+/// that ran it: the start and end a client of the farm is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ran {
+    pub ended_ms: u64,
+    pub duration_ms: u64,
+    /// Its exit code, when it exited (a stage may count more than 0 a success).
+    pub exit_code: Option<i32>,
+}
+
+impl Ran {
+    /// From a report: none when its node did not say when it ended.
+    pub fn of(r: &Report) -> Option<Box<Ran>> {
+        (r.ended_ms != 0).then(|| {
+            Box::new(Ran {
+                ended_ms: r.ended_ms,
+                duration_ms: r.duration_ms,
+                exit_code: match r.result {
+                    TaskResult::Exited(c) => Some(c),
+                    _ => None,
+                },
+            })
+        })
+    }
+
+    pub fn started_ms(&self) -> u64 {
+        self.ended_ms.saturating_sub(self.duration_ms)
+    }
+}
+
 impl Entry {
+    /// When the run it records ran, where that is known.
+    pub fn ran(&self) -> Option<&Ran> {
+        match self {
+            Entry::Done { ran, .. } | Entry::Failed { ran, .. } => ran.as_deref(),
+            Entry::Redo { .. } => None,
+        }
+    }
+
     pub fn task(&self) -> TaskRef {
         match self {
             Entry::Done { task, .. } | Entry::Failed { task, .. } | Entry::Redo { task, .. } => {

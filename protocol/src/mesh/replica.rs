@@ -259,6 +259,7 @@ pub fn record_entry(task: TaskRef, r: &TaskRecord) -> Option<Entry> {
             node: NodeId(0),
             attempt: r.attempt,
             outputs: Arc::default(),
+            ran: None,
         }),
         RecordState::Failed => Some(Entry::Failed {
             task,
@@ -269,6 +270,7 @@ pub fn record_entry(task: TaskRef, r: &TaskRecord) -> Option<Entry> {
                     .clone()
                     .unwrap_or(TaskEnd::Error("no reason was recorded".into())),
             ),
+            ran: None,
         }),
         _ => None,
     }
@@ -598,6 +600,7 @@ mod tests {
                 size: 1,
                 mode: 0o644,
             }]),
+            ran: None,
         }
     }
 

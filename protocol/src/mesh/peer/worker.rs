@@ -457,6 +457,7 @@ impl Worker {
                 result: TaskResult::Error("cancelled".into()),
                 key: None,
                 duration_ms: 0,
+                ended_ms: 0,
                 outputs: Vec::new(),
                 stderr_line: None,
             });
@@ -531,6 +532,7 @@ impl Worker {
             result,
             key: outcome.key,
             duration_ms: outcome.duration_ms,
+            ended_ms: outcome.ended_ms,
             outputs,
             stderr_line: outcome.stderr_line,
         };

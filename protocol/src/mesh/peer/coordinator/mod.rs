@@ -190,9 +190,10 @@ pub(super) struct Coord {
     /// with the assignment that answers it.
     echo: FxHashMap<NodeId, Millis>,
     /// The node whose report the engine is handling, to name it in
-    /// failures, and the outputs it reported.
+    /// failures, and the outputs it reported and when the run was.
     reporter: Option<NodeId>,
     outputs: Arc<[OutputFile]>,
+    ran: Option<Box<Ran>>,
     /// The record the engine just wrote for a task, for the entry that follows.
     last_key: Option<[u8; 32]>,
     /// Tells holders apart this coordinator's log from any other's (a
@@ -228,6 +229,7 @@ impl Coord {
             echo: FxHashMap::default(),
             reporter: None,
             outputs: Arc::default(),
+            ran: None,
             last_key: None,
             log_id,
             sync_seq: 0,
@@ -497,12 +499,14 @@ impl Coord {
                                 node,
                                 attempt,
                                 outputs: std::mem::take(&mut self.outputs),
+                                ran: self.ran.take(),
                             }),
                             Verdict::Failed => Some(Entry::Failed {
                                 task,
                                 attempt,
                                 node,
                                 end: Box::new(end),
+                                ran: self.ran.take(),
                             }),
                             Verdict::Retry => {
                                 sends.push((
@@ -632,6 +636,7 @@ impl Coord {
                 k => k,
             };
             self.reporter = Some(from);
+            self.ran = Ran::of(&r);
             self.outputs = r.outputs.into();
             self.engine.task_finished(
                 now,
@@ -642,6 +647,7 @@ impl Coord {
                     result: r.result,
                     key,
                     duration_ms: r.duration_ms,
+                    ended_ms: 0,
                     logs: 0,
                     stderr_line: r.stderr_line,
                 },
@@ -651,6 +657,7 @@ impl Coord {
             self.drain(out);
             self.reporter = None;
             self.outputs = Arc::default();
+            self.ran = None;
             let f = self.farms.get_mut(&r.task.farm).expect("checked above");
             if f.log.len() > before {
                 // Acknowledged once the entry is durable on enough holders:
