@@ -185,27 +185,28 @@ fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fi
     let addr = c.nodes[0].address();
     c.add_joiner(Some(&addr), "cpu=1", &["--http", "127.0.0.1:0"]);
     let watcher = n - 1;
-    let joined = wait_until(Duration::from_secs(120), || {
-        sees(&c.nodes[watcher].lines()) >= n - 1
+    // The last joiner is the one the mesh hears of last: it submits once
+    // it follows a coordinator that lists it.
+    let mut coordinator = None;
+    let joined = wait_until(Duration::from_secs(mesh_tests::START_MANY_WAIT_S), || {
+        if sees(&c.nodes[watcher].lines()) < n - 1 {
+            return false;
+        }
+        coordinator = c.status(watcher)["coordinator"].as_str().map(String::from);
+        let at = coordinator
+            .as_deref()
+            .and_then(|id| c.nodes.iter().position(|p| p.peer_id() == id));
+        let listed = at.map_or(0, |i| {
+            c.status(i)["nodes"].as_array().map_or(0, |a| a.len())
+        });
+        if listed < n {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        listed >= n
     });
-    assert!(joined, "the last node does not see the mesh");
-    // Some of the nodes busy, the rest idle.
-    sb.write("farm.toml", &slow_farm(120, "30"));
-    c.mesh(watcher, &["submit", "farm.toml", "--out", "out"])
-        .expect_code(0);
-    let mut running = 0;
-    let submitted = std::time::Instant::now();
-    let busy = wait_until(Duration::from_secs(120), || {
-        running = c.mesh(watcher, &["status", "--json"]).json()["nodes"]
-            .as_array()
-            .map_or(0, |v| {
-                v.iter().filter(|n| n["running"].as_u64() > Some(0)).count()
-            });
-        running >= 30
-    });
-    if !busy {
-        // What a user would look at: the mesh at a glance, the farm, and
-        // what the coordinator and the home said last.
+    // What a user would look at when the farm does not go: the mesh at a
+    // glance, the farms, and what the coordinator and the home said last.
+    let explain = |what: &str| -> String {
         let glance = c.mesh(watcher, &["status"]).stdout;
         let farms = c.mesh(watcher, &["status", "--json"]).json()["farms"].to_string();
         let coordinator = follows(&c.nodes[watcher].lines()).unwrap_or_default();
@@ -218,12 +219,44 @@ fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fi
             .iter()
             .position(|p| p.peer_id() == coordinator)
             .map_or_else(|| "(not among the nodes)".to_string(), tail);
-        panic!(
-            "the farm did not spread: {running} nodes running tasks\n{glance}\nfarms: {farms}\n\
-             coordinator {coordinator}:\n{coord}\nhome:\n{}",
+        format!(
+            "{what}\n{glance}\nfarms: {farms}\ncoordinator {coordinator}:\n{coord}\nhome:\n{}",
             tail(watcher)
-        );
-    }
+        )
+    };
+    assert!(
+        joined,
+        "{}",
+        explain(&format!(
+            "the last node does not see the mesh, or its coordinator ({coordinator:?}) does not list it"
+        ))
+    );
+    // Some of the nodes busy, the rest idle.
+    sb.write("farm.toml", &slow_farm(120, "30"));
+    let submit = c
+        .mesh_start(watcher, &["submit", "farm.toml", "--out", "out"])
+        .wait_within(Duration::from_secs(300));
+    let Some(submit) = submit else {
+        panic!("{}", explain("the submission was not accepted in 300 s"));
+    };
+    submit.expect_code(0);
+    let mut running = 0;
+    let submitted = std::time::Instant::now();
+    let busy = wait_until(Duration::from_secs(120), || {
+        running = c.mesh(watcher, &["status", "--json"]).json()["nodes"]
+            .as_array()
+            .map_or(0, |v| {
+                v.iter().filter(|n| n["running"].as_u64() > Some(0)).count()
+            });
+        running >= 30
+    });
+    assert!(
+        busy,
+        "{}",
+        explain(&format!(
+            "the farm did not spread: {running} nodes running tasks"
+        ))
+    );
 
     eprintln!(
         "{running} nodes running tasks {:.1} s after the submission",

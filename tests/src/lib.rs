@@ -77,7 +77,16 @@ impl Background {
     }
 
     /// Waits for the process to end (bounded) and returns its output.
-    pub fn wait(mut self) -> Run {
+    pub fn wait(self) -> Run {
+        match self.wait_within(COMMAND_TIMEOUT) {
+            Some(r) => r,
+            None => panic!("mesh did not exit within {COMMAND_TIMEOUT:?}"),
+        }
+    }
+
+    /// Waits at most `limit` for the process to end: its output, or none
+    /// when it had to be killed.
+    pub fn wait_within(mut self, limit: Duration) -> Option<Run> {
         let mut child = self.child.take().expect("child is live");
         // Drain the pipes while waiting: a command that prints more than a
         // pipe holds would otherwise block forever on a full pipe.
@@ -109,18 +118,18 @@ impl Background {
         std::thread::spawn(move || {
             let _ = tx.send(child.wait());
         });
-        let status = match rx.recv_timeout(COMMAND_TIMEOUT) {
+        let status = match rx.recv_timeout(limit) {
             Ok(s) => s.expect("wait for mesh"),
             Err(_) => {
                 let _ = kill(pid, Signal::SIGKILL);
-                panic!("mesh did not exit within {COMMAND_TIMEOUT:?}");
+                return None;
             }
         };
-        Run {
+        Some(Run {
             code: status.code(),
             stdout: out.join().expect("stdout reader"),
             stderr: err.join().expect("stderr reader"),
-        }
+        })
     }
 }
 
@@ -659,10 +668,15 @@ impl Cluster {
 
     /// Runs a mesh command against node `i`'s state folder.
     pub fn mesh(&self, i: usize, args: &[&str]) -> Run {
+        self.mesh_start(i, args).wait()
+    }
+
+    /// Starts a mesh command against node `i`'s state folder.
+    pub fn mesh_start(&self, i: usize, args: &[&str]) -> Background {
         let child = mesh_command(&self.bin, args, &self.root, &self.nodes[i].state)
             .spawn()
             .expect("start mesh");
-        Background { child: Some(child) }.wait()
+        Background { child: Some(child) }
     }
 
     /// As [`Sandbox::mesh_unread`], against node `i`'s state folder.
