@@ -430,6 +430,14 @@ pub fn check(def: &FarmDef, warnings: &[FarmWarning], show: u32, json: bool) -> 
                     format!("by {}", names.join(", "))
                 }
                 mesh_protocol::graph::DepOn::Listed { .. } => "as listed".to_string(),
+                mesh_protocol::graph::DepOn::Grown { per } => {
+                    let file = s.sweep.grown().map_or("", |g| g.file.as_str());
+                    deps.push(format!(
+                        "grown from each {} task: a task per line of its {file} (at most {per})",
+                        up.name
+                    ));
+                    continue;
+                }
             };
             let edges = def.graph().stages[i][e].ups.items_len();
             deps.push(format!("after {} {how} ({edges} edges)", up.name));
@@ -439,13 +447,11 @@ pub fn check(def: &FarmDef, warnings: &[FarmWarning], show: u32, json: bool) -> 
         } else {
             format!(", {}", deps.join(", "))
         };
-        writeln!(
-            out,
-            "  stage {}: {} tasks, {}{deps}",
-            s.name,
-            s.len(),
-            s.resources
-        )?;
+        let tasks = match s.sweep.grown() {
+            Some(_) => format!("up to {} tasks", s.len()),
+            None => format!("{} tasks", s.len()),
+        };
+        writeln!(out, "  stage {}: {tasks}, {}{deps}", s.name, s.resources)?;
         for (j, cmd) in sample(i as u32).iter().enumerate() {
             writeln!(out, "    {}/{j}: {cmd}", s.name)?;
         }

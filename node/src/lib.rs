@@ -6,6 +6,7 @@ pub mod dash;
 pub mod executor;
 pub mod farmfile;
 pub mod gpus;
+pub mod grown;
 pub mod keys;
 pub mod limits;
 pub mod mesh_node;

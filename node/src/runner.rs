@@ -643,7 +643,23 @@ impl Driver {
     ) -> Result<Option<Launch>, RunError> {
         let def = self.def.clone();
         let stage = def.stage(task);
-        let mut spec = def.expand(task);
+        let mut spec = match crate::grown::line(&def, task, &self.out) {
+            Ok(None) => def.expand(task),
+            Ok(Some(line)) => def.expand_line_in(task, &def.out, &line),
+            Err(e) => {
+                let outcome = Outcome {
+                    result: TaskResult::Error(e),
+                    key: None,
+                    duration_ms: 0,
+                    ended_ms: 0,
+                    grew: None,
+                    logs: 0,
+                    stderr_line: None,
+                };
+                engine.task_finished(0, self.slot, task, attempt, outcome);
+                return Ok(None);
+            }
+        };
         let hashes: Vec<[u8; 32]> = spec.inputs.iter().map(|i| self.input_hash(i)).collect();
         let task_id = def.task_name(task);
         let mut key = def.own_key(task, &task_id, &hashes);
@@ -662,6 +678,8 @@ impl Driver {
                     key: Some(key),
                     duration_ms: 0,
                     ended_ms: 0,
+                    // Its outputs are back in place: what it grew is read again.
+                    grew: crate::grown::count(&def, task, &out_dir).ok().flatten(),
                     logs: 0,
                     stderr_line: None,
                 },
@@ -804,17 +822,28 @@ impl Driver {
         if self.live.get(&f.task).is_some_and(|(a, _)| *a == f.attempt) {
             self.live.remove(&f.task);
         }
-        if matches!(f.result, TaskResult::Exited(c) if self.def.stage(f.task).success_codes.contains(&c))
-        {
+        let codes = &self.def.stage(f.task).success_codes;
+        let mut result = f.result;
+        let mut grew = None;
+        if matches!(result, TaskResult::Exited(c) if codes.contains(&c)) {
+            let dir = self
+                .out
+                .join(&self.def.stage(f.task).name)
+                .join(f.task.index.to_string());
+            match crate::grown::count(&self.def, f.task, &dir) {
+                Ok(n) => grew = n,
+                Err(e) => result = TaskResult::Error(e),
+            }
+        }
+        let failed = match result {
+            TaskResult::Exited(c) => !codes.contains(&c),
+            TaskResult::Cached => false,
+            _ => true,
+        };
+        if !failed {
             self.remember(f.task, &f.key);
         }
         if let (Some(sh), Some((seq, slot, at))) = (&self.shared, self.runs.remove(&f.task)) {
-            let codes = &self.def.stage(f.task).success_codes;
-            let failed = match f.result {
-                TaskResult::Exited(c) => !codes.contains(&c),
-                TaskResult::Cached => false,
-                _ => true,
-            };
             let mut sh = sh.lock().expect("not poisoned");
             sh.recorder.ended(seq, slot, failed, unix_ms());
             sh.latency
@@ -826,10 +855,11 @@ impl Driver {
             f.task,
             f.attempt,
             Outcome {
-                result: f.result,
+                result,
                 key: Some(f.key),
                 duration_ms: f.duration_ms,
                 ended_ms: 0,
+                grew,
                 logs: f.logs,
                 stderr_line: f.stderr_line,
             },

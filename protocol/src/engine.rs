@@ -22,6 +22,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 use crate::farm::{FarmDef, StageDef, TaskRef};
+use crate::graph::DepOn;
 pub use crate::pool::Grant;
 use crate::pool::Pool;
 use crate::resources::{Amount, Resources};
@@ -56,6 +57,9 @@ const SKIPPED: u8 = 4;
 const CANCELLED: u8 = 5;
 /// Held by a stage that stopped (`max_fails`); pending again on resume.
 const HELD: u8 = 6;
+/// A place of a grown stage that its source task's file left empty: no
+/// task, counted nowhere (the stage's total drops by one).
+const VOID: u8 = 7;
 
 struct StageState {
     status: Vec<u8>,
@@ -150,6 +154,16 @@ impl StageState {
         if let Some(c) = self.counter(to) {
             *c += 1;
         }
+    }
+
+    /// Place `i`, still waiting, holds no task after all (see [`VOID`]).
+    fn void(&mut self, i: usize) -> bool {
+        if self.status.get(i) != Some(&PENDING) {
+            return false;
+        }
+        self.status[i] = VOID;
+        self.counts.total -= 1;
+        true
     }
 
     fn counter(&mut self, status: u8) -> Option<&mut u64> {
@@ -507,6 +521,7 @@ impl Engine {
 
         // Restore records first, then derive readiness from the whole picture.
         let mut failed = Vec::new();
+        let mut grew = Vec::new();
         for (t, rec) in restored {
             if rec.run != opts.run {
                 continue;
@@ -526,6 +541,9 @@ impl Engine {
                     st.set(i, DONE);
                     if rec.end == Some(TaskEnd::Cached) {
                         st.counts.cached += 1;
+                    }
+                    if let Some(lines) = rec.grew {
+                        grew.push((t, lines));
                     }
                 }
                 RecordState::Failed
@@ -580,6 +598,11 @@ impl Engine {
             }
         }
 
+        for (t, lines) in grew {
+            // Which places of the stages grown from it hold tasks, before
+            // anything is counted complete.
+            void_places(&mut self.farms[slot.0 as usize], t, lines);
+        }
         if let Some(g) = &graph {
             // What each task waits for, from what is done now.
             let f = &mut self.farms[slot.0 as usize];
@@ -769,6 +792,7 @@ impl Engine {
             key: outcome.key,
             duration_ms: outcome.duration_ms,
             logs: outcome.logs,
+            grew: outcome.grew,
         };
         self.actions
             .push_back(Action::Persist(Persist::Task { farm, task, record }));
@@ -785,6 +809,7 @@ impl Engine {
                 if outcome.result == TaskResult::Cached {
                     st.counts.cached += 1;
                 }
+                self.void_grown(farm, task, outcome.grew);
                 self.on_done(farm, task);
             }
             Verdict::Retry => {
@@ -835,9 +860,18 @@ impl Engine {
                 }
             }
         }
-        let complete = f.stages[s].counts.done == f.stages[s].counts.total;
-        if complete && !std::mem::replace(&mut f.stages[s].complete, true) {
-            for d in f.dependents[s].clone() {
+        self.check_complete(farm, task.stage);
+        self.succeeded(farm, task);
+    }
+
+    /// Stage `s` is complete once every task it has is done: the stages
+    /// waiting for all of it open.
+    fn check_complete(&mut self, farm: FarmSlot, s: u32) {
+        let f = &mut self.farms[farm.0 as usize];
+        let st = &mut f.stages[s as usize];
+        let complete = st.counts.done == st.counts.total;
+        if complete && !std::mem::replace(&mut st.complete, true) {
+            for d in f.dependents[s as usize].clone() {
                 let st = &mut self.farms[farm.0 as usize].stages[d as usize];
                 st.waiting_on -= 1;
                 if st.waiting_on == 0 {
@@ -845,9 +879,26 @@ impl Engine {
                 }
             }
         }
-        self.succeeded(farm, task);
     }
 
+    /// `task` ended for good, and its file holds `lines` lines (none: not
+    /// counted, or it failed): the places of each stage grown from it past
+    /// its last line hold no task. Before its dependents are let go, so no
+    /// such place is ever handed out.
+    fn void_grown(&mut self, farm: FarmSlot, task: TaskRef, lines: Option<u32>) {
+        // Not counted (a run that could not say): every place stays, and
+        // one past the file's end fails saying so where it runs.
+        let Some(lines) = lines else {
+            return;
+        };
+        let changed = void_places(&mut self.farms[farm.0 as usize], task, lines);
+        for d in &changed {
+            self.check_complete(farm, *d);
+        }
+        if !changed.is_empty() {
+            self.check_finished(farm);
+        }
+    }
     /// Marks what can no longer run because `stage` (task `index`, or all of it) failed.
     fn fail_dependents(&mut self, farm: FarmSlot, stage: u32, index: Option<u32>) {
         let mut work = vec![(stage, index)];
@@ -960,25 +1011,31 @@ impl Engine {
         near: &mut dyn FnMut(TaskRef) -> bool,
     ) -> Option<u32> {
         let f = &mut self.farms[fi];
-        let by_cursor = !per_task(&f.def.stages[s as usize]);
-        let st = &mut f.stages[s as usize];
+        let si = s as usize;
+        let by_cursor = !per_task(&f.def.stages[si]);
+        // Not while something it depends on is being made again: it is
+        // readied again when that is done (see `on_done`).
+        let go = |f: &FarmState, i: u32| {
+            f.stages[si].status[i as usize] == PENDING
+                && (by_cursor || each_done(f, si, i as usize))
+        };
         if !by_cursor {
-            let found = st
+            let found = f.stages[si]
                 .ready
                 .iter()
                 .take(NEAR_LOOK)
-                .position(|&i| st.status[i as usize] == PENDING && near(TaskRef::new(s, i)));
+                .position(|&i| go(f, i) && near(TaskRef::new(s, i)));
             if let Some(at) = found {
-                return st.ready.remove(at);
+                return f.stages[si].ready.remove(at);
             }
         }
-        while let Some(i) = st.ready.pop_front() {
-            if st.status[i as usize] == PENDING {
+        while let Some(i) = f.stages[si].ready.pop_front() {
+            if go(f, i) {
                 return Some(i);
             }
         }
         if by_cursor {
-            return st.next_by_fronts(true);
+            return f.stages[si].next_by_fronts(true);
         }
         None
     }
@@ -1001,6 +1058,7 @@ impl Engine {
             key: None,
             duration_ms: 0,
             logs: 0,
+            grew: None,
         };
         self.actions
             .push_back(Action::Persist(Persist::Task { farm, task, record }));
@@ -1105,7 +1163,15 @@ impl Engine {
     /// recorded it is gone): done here too, when it is waiting to run.
     /// False when it is claimed or has ended: then the claim's report, or
     /// what is recorded, stands.
-    pub fn mark_done(&mut self, now: Millis, farm: FarmSlot, task: TaskRef) -> bool {
+    /// `grew`: what its run found for the stages grown from it (see
+    /// [`Outcome::grew`]).
+    pub fn mark_done(
+        &mut self,
+        now: Millis,
+        farm: FarmSlot,
+        task: TaskRef,
+        grew: Option<u32>,
+    ) -> bool {
         let f = &mut self.farms[farm.0 as usize];
         let Some(st) = f.stages.get_mut(task.stage as usize) else {
             return false;
@@ -1122,6 +1188,7 @@ impl Engine {
             // What was skipped because it failed runs after all.
             self.revive_dependents(farm, task.stage, Some(task.index));
         }
+        self.void_grown(farm, task, grew);
         self.on_done(farm, task);
         self.fill(now);
         self.check_finished(farm);
@@ -1266,6 +1333,7 @@ impl Engine {
             key: None,
             duration_ms: 0,
             logs: 0,
+            grew: None,
         };
         self.actions
             .push_back(Action::Persist(Persist::Task { farm, task, record }));
@@ -1287,7 +1355,11 @@ impl Engine {
             _ if st.stopped.is_some() => st.set(i, HELD),
             _ => {
                 st.set(i, PENDING);
-                st.ready.push_front(task.index);
+                // Back once what it waits for is done again, if something
+                // it depends on is being made again (see `on_done`).
+                if each_done(f, task.stage as usize, i) {
+                    f.stages[task.stage as usize].ready.push_front(task.index);
+                }
             }
         }
         self.fill(now);
@@ -1473,6 +1545,27 @@ fn doomed(f: &FarmState, s: usize, i: usize) -> bool {
                     )
                 })
             }))
+}
+
+/// The places of each stage grown from task `t` past the `lines` lines its
+/// file has hold no task (see [`VOID`]); the stages where any did.
+fn void_places(f: &mut FarmState, t: TaskRef, lines: u32) -> Vec<u32> {
+    let mut changed = Vec::new();
+    for &(d, e) in &f.dependents_by[t.stage as usize] {
+        let DepOn::Grown { per } = f.def.stages[d as usize].deps[e].on else {
+            continue;
+        };
+        let first = u64::from(t.index) * u64::from(per);
+        let st = &mut f.stages[d as usize];
+        let mut any = false;
+        for i in first + u64::from(lines.min(per))..first + u64::from(per) {
+            any |= st.void(i as usize);
+        }
+        if any {
+            changed.push(d);
+        }
+    }
+    changed
 }
 
 /// Skips the pending tasks of a stage (one index, or all). True when any changed.

@@ -175,12 +175,32 @@ impl Sweep {
     }
 
     /// Number of tasks; saturates above `STAGE_TASKS_MAX` so callers can reject it.
+    /// A grown sweep counts `per` places for each task of its source stage.
     pub fn len(&self) -> u64 {
-        match self.mode {
-            SweepMode::Product => self.vars.iter().fold(1u64, |acc, v| {
+        let (vars, per) = self.split_grown();
+        let fixed = match self.mode {
+            SweepMode::Product => vars.iter().fold(1u64, |acc, v| {
                 acc.saturating_mul(v.values.len()).min(STAGE_TASKS_MAX + 1)
             }),
-            SweepMode::Zip => self.vars.first().map(|v| v.values.len()).unwrap_or(1),
+            SweepMode::Zip => vars.first().map(|v| v.values.len()).unwrap_or(1),
+        };
+        fixed.saturating_mul(per).min(STAGE_TASKS_MAX + 1)
+    }
+
+    /// The grown variable, when this sweep has one (always last).
+    pub fn grown(&self) -> Option<&Grown> {
+        match &self.vars.last()?.values {
+            Values::Grown(g) => Some(g),
+            _ => None,
+        }
+    }
+
+    /// The variables known before the farm runs, and how many tasks each
+    /// of their combinations stands for (1, or a grown sweep's `per`).
+    fn split_grown(&self) -> (&[SweepVar], u64) {
+        match self.grown() {
+            Some(g) => (&self.vars[..self.vars.len() - 1], u64::from(g.per)),
+            None => (&self.vars, 1),
         }
     }
 
@@ -188,18 +208,29 @@ impl Sweep {
         self.len() == 0
     }
 
-    /// The value of each variable for task `index`, in variable order.
+    /// The value of each variable for task `index`, in variable order. A
+    /// grown variable's value is known only where the task runs: here it
+    /// is its line's number (`line 3`); see [`FarmDef::expand_line_in`].
     pub fn binding(&self, index: u32) -> Vec<String> {
         let mut out = vec![String::new(); self.vars.len()];
+        let (vars, per) = self.split_grown();
+        let index = match self.grown() {
+            Some(_) => {
+                let line = u64::from(index) % per;
+                out[vars.len()] = format!("line {}", line + 1);
+                (u64::from(index) / per) as u32
+            }
+            None => index,
+        };
         match self.mode {
             SweepMode::Zip => {
-                for (slot, var) in out.iter_mut().zip(&self.vars) {
+                for (slot, var) in out.iter_mut().zip(vars) {
                     *slot = var.values.get(index as u64);
                 }
             }
             SweepMode::Product => {
                 let mut rest = index as u64;
-                for (slot, var) in out.iter_mut().zip(&self.vars).rev() {
+                for (slot, var) in out.iter_mut().zip(vars).rev() {
                     let n = var.values.len().max(1);
                     *slot = var.values.get(rest % n);
                     rest /= n;
@@ -214,6 +245,21 @@ impl Sweep {
 pub struct SweepVar {
     pub name: String,
     pub values: Values,
+}
+
+/// A sweep variable whose values are the lines of a file that each task
+/// of another stage writes: that task's tasks here, one per line, made
+/// when it ends (run-time fan-out). The stage has the other stage's
+/// variables too, each task those of the task it grew from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grown {
+    /// The stage whose tasks write the file.
+    pub from: u32,
+    /// The file, relative to such a task's folder (one of its outputs).
+    pub file: String,
+    /// Places kept for each task of `from`: its file has at most this many
+    /// lines. Task `i` is line `i % per` of task `i / per`'s file.
+    pub per: u32,
 }
 
 /// The values of one sweep variable.
@@ -234,6 +280,9 @@ pub enum Values {
         count: u64,
         decimals: u32,
     },
+    /// Lines found as the farm runs (see [`Grown`]); always a sweep's last
+    /// variable.
+    Grown(Grown),
 }
 
 impl Values {
@@ -259,6 +308,7 @@ impl Values {
             Values::List(v) => v.len() as u64,
             Values::Lines { ends, .. } => ends.len() as u64,
             Values::Range { count, .. } => *count,
+            Values::Grown(g) => u64::from(g.per),
         }
     }
 
@@ -280,6 +330,7 @@ impl Values {
                 decimals,
                 ..
             } => format_scaled(start + step * i as i64, *decimals),
+            Values::Grown(_) => format!("line {}", i + 1),
         }
     }
 
@@ -296,6 +347,10 @@ impl Values {
             }
             Values::Range { .. } => {
                 // Numbers never contain path separators or `..`; nothing to visit.
+            }
+            Values::Grown(_) => {
+                // Not known before the farm runs: a line is checked where
+                // its task runs (see `FarmDef::expand_line_in`).
             }
         }
     }
@@ -562,14 +617,48 @@ impl FarmDef {
     /// farm's home runs it in a folder of its own, where it has put the
     /// outputs the task depends on.
     pub fn expand_in(&self, t: TaskRef, out: &str) -> TaskSpec {
+        self.expand_bound(t, out, &self.stage(t).sweep.binding(t.index))
+    }
+
+    /// Task `t` of a grown stage with its line's text, `line`, read where
+    /// it runs from the file of the task it grew from (see [`Grown`]).
+    pub fn expand_line_in(&self, t: TaskRef, out: &str, line: &str) -> TaskSpec {
+        let mut binding = self.stage(t).sweep.binding(t.index);
+        if let Some(last) = binding.last_mut() {
+            *last = line.to_string();
+        }
+        self.expand_bound(t, out, &binding)
+    }
+
+    /// Where task `t` of a grown stage finds its value: the task it grew
+    /// from, the file (relative to that task's folder under `{out}`) and
+    /// which line of it (from 0).
+    pub fn grown_source(&self, t: TaskRef) -> Option<(TaskRef, &str, u32)> {
+        let g = self.stage(t).sweep.grown()?;
+        let up = TaskRef::new(g.from, t.index / g.per);
+        Some((up, g.file.as_str(), t.index % g.per))
+    }
+
+    /// The file whose lines grow another stage from each task of stage
+    /// `s`, and the most lines it may have (the loader makes every stage
+    /// grown from `s` name the same file).
+    pub fn grows(&self, s: u32) -> Option<(&str, u32)> {
+        self.stages
+            .iter()
+            .filter_map(|st| st.sweep.grown())
+            .filter(|g| g.from == s)
+            .map(|g| (g.file.as_str(), g.per))
+            .reduce(|a, b| (a.0, a.1.min(b.1)))
+    }
+
+    fn expand_bound(&self, t: TaskRef, out: &str, binding: &[String]) -> TaskSpec {
         let stage = self.stage(t);
-        let binding = stage.sweep.binding(t.index);
         let cx = RenderCx {
             farm: &self.name,
             stage: &stage.name,
             out,
             index: t.index,
-            binding: &binding,
+            binding,
         };
         let command = match &stage.command {
             CommandTemplate::Argv(args) => {

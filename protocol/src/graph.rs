@@ -33,6 +33,9 @@ pub enum DepOn {
     /// commas) of `tasks` as rendered for this task: indices, or values of
     /// the upstream's variable `var`.
     Listed { tasks: Template, var: Option<u32> },
+    /// Task `i` of a grown stage waits for the task it grew from, `i / per`
+    /// (see [`crate::farm::Grown`]): the loader adds it, never the user.
+    Grown { per: u32 },
 }
 
 /// A table of lists: list `i` is `items[offsets[i]..offsets[i + 1]]`.
@@ -141,6 +144,10 @@ impl Graph {
                     }
                     DepOn::Listed { tasks, var } => listed(name, stage, tasks, up, *var)
                         .map_err(|e| (s, n, format!("listed from stage `{}`: {e}", up.name)))?,
+                    DepOn::Grown { per } => {
+                        let per = (*per).max(1);
+                        Csr::build(stage.len() as usize, |i, items| items.push(i as u32 / per))
+                    }
                 };
                 let downs = ups.transpose(up.len() as usize);
                 edges.push(Edge {

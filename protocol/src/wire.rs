@@ -118,8 +118,9 @@ pub enum Response {
     /// the coordinator's own first.
     Nodes(Vec<(String, std::sync::Arc<crate::mesh::Beat>)>),
     /// Answer to [`Request::Kept`]: each key kept whole here with its
-    /// outputs, which the node serves by hash from then on.
-    Kept(Vec<([u8; 32], Vec<OutputFile>)>),
+    /// outputs, which the node serves by hash from then on, and what its
+    /// run grew (see [`crate::engine::Outcome::grew`]).
+    Kept(Vec<([u8; 32], Vec<OutputFile>, Option<u32>)>),
     /// Answer to [`Request::DepOutputs`].
     DepOutputs(DepOutputs),
     Error(String),

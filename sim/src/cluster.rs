@@ -1186,6 +1186,7 @@ impl<'a> Sim<'a> {
             key: None,
             duration_ms: self.now - r.start,
             ended_ms: 0,
+            grew: None,
             logs: 0,
             stderr_line: None,
         };

@@ -148,6 +148,7 @@ pub fn run_one_node(
                 key: None,
                 duration_ms: duration(task),
                 ended_ms: 0,
+                grew: None,
                 logs: 0,
                 stderr_line: None,
             };

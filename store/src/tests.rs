@@ -14,6 +14,7 @@ fn rec(state: RecordState, attempt: u32) -> TaskRecord {
         key: Some([7; 32]),
         duration_ms: 12,
         logs: 1,
+        grew: None,
     }
 }
 

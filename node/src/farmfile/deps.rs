@@ -14,6 +14,8 @@ pub(super) struct Deps {
     pub(super) after_each: Vec<At<String>>,
     /// Keyed and listed dependencies, in the order written.
     pub(super) by: Vec<RawAfter>,
+    /// The stage a grown sweep variable grows from (`from = "stage"`).
+    pub(super) grown: Option<At<String>>,
 }
 
 /// The position of sweep variable `name` in `stage`, or an error saying
@@ -116,6 +118,7 @@ impl Src<'_> {
                 }
             }
         }
+        self.resolve_grown(stages, deps, &names, &mut edges)?;
         if let Some((cycle, pos, field)) = find_cycle(&edges) {
             let path = cycle
                 .iter()
@@ -124,6 +127,89 @@ impl Src<'_> {
                 .join(" -> ");
             let scope = self.scope(Ctx::Stage(format!("stage `{}`", names[cycle[0]])), false);
             return Err(scope.fail(pos, field, Problem::Cycle { path }));
+        }
+        Ok(())
+    }
+
+    /// Each grown stage waits, task by task, for the task it grows from;
+    /// that stage keeps outputs, and every stage grown from it reads the
+    /// same file.
+    fn resolve_grown(
+        &self,
+        stages: &mut [StageDef],
+        deps: &[Deps],
+        names: &[String],
+        edges: &mut [Vec<(usize, usize, &'static str)>],
+    ) -> Result<()> {
+        for (i, dep) in deps.iter().enumerate() {
+            let Some(from) = &dep.grown else {
+                continue;
+            };
+            let scope = self.scope(Ctx::Stage(format!("stage `{}`", names[i])), false);
+            let var = stages[i]
+                .sweep
+                .vars
+                .last()
+                .map(|v| v.name.clone())
+                .unwrap_or_default();
+            let field = format!("sweep.{var}.from");
+            // The loader gave the stage the sweep of the stage it names, so
+            // that stage is known here.
+            let Some(t) = names.iter().position(|n| *n == from.v) else {
+                return Err(scope.fail(
+                    from.pos,
+                    &field,
+                    Problem::Dependency(format!("no stage `{}`", from.v)),
+                ));
+            };
+            if t == i {
+                return Err(scope.fail(
+                    from.pos,
+                    &field,
+                    Problem::SelfDependency {
+                        name: names[i].clone(),
+                    },
+                ));
+            }
+            let (file, per) = {
+                let Some(mesh_protocol::farm::Values::Grown(g)) =
+                    stages[i].sweep.vars.last_mut().map(|v| &mut v.values)
+                else {
+                    continue;
+                };
+                g.from = t as u32;
+                (g.file.clone(), g.per)
+            };
+            if stages[t].outputs.is_empty() {
+                return Err(scope.fail(
+                    from.pos,
+                    &field,
+                    Problem::GrownFromNoOutputs {
+                        from: names[t].clone(),
+                        file,
+                    },
+                ));
+            }
+            let other = stages.iter().enumerate().find_map(|(j, s)| {
+                let g = s.sweep.grown()?;
+                (j != i && g.from == t as u32 && g.file != file).then(|| (j, g.file.clone()))
+            });
+            if let Some((j, other_file)) = other {
+                return Err(scope.fail(
+                    from.pos,
+                    &field,
+                    Problem::GrownTwoFiles {
+                        from: names[t].clone(),
+                        other: names[j].clone(),
+                        other_file,
+                    },
+                ));
+            }
+            stages[i].deps.push(Dep {
+                stage: t as u32,
+                on: DepOn::Grown { per },
+            });
+            edges[i].push((t, from.pos, "sweep"));
         }
         Ok(())
     }

@@ -159,15 +159,34 @@ impl Src<'_> {
             .iter()
             .map(|(_, _, f)| f.name.as_ref().map(|n| n.v.clone()).unwrap_or_default())
             .collect();
-        let source: Vec<Option<usize>> = raw
-            .iter()
-            .map(|(_, _, f)| match (&f.sweep, &f.after_each) {
-                (None, Some(each)) => each
+        // A stage grown from another's file takes that stage's sweep too.
+        let mut source: Vec<Option<usize>> = Vec::with_capacity(raw.len());
+        for (label, _, f) in &raw {
+            let grown = f.sweep.as_ref().and_then(|v| {
+                v.v.iter()
+                    .find_map(|v| v.from.as_ref().map(|s| (v.name(), s)))
+            });
+            source.push(match (&f.sweep, &f.after_each, grown) {
+                (_, _, Some((var, from))) => match names.iter().position(|n| *n == from.v) {
+                    Some(p) => Some(p),
+                    None => {
+                        let scope = self.scope(Ctx::Stage(label.clone()), false);
+                        return Err(scope.fail(
+                            from.pos,
+                            &format!("sweep.{var}.from"),
+                            Problem::UnknownStage {
+                                name: from.v.clone(),
+                                stages: names.join(", "),
+                            },
+                        ));
+                    }
+                },
+                (None, Some(each), None) => each
                     .first()
                     .and_then(|e| names.iter().position(|n| *n == e.v)),
                 _ => None,
-            })
-            .collect();
+            });
+        }
         let mut order: Vec<usize> = Vec::with_capacity(raw.len());
         let mut placed = vec![false; raw.len()];
         while order.len() < raw.len() {

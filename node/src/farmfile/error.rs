@@ -141,6 +141,22 @@ pub enum Problem {
     Range { text: String, problem: RangeProblem },
     #[error("expected exactly one of `lines`, `list` or `range`")]
     NoSweepSource,
+    #[error("`max` is for a variable grown from another stage's file: give `from = \"stage\"` and `lines = \"file\"` with it")]
+    MaxWithoutFrom,
+    #[error("a variable grown from another stage takes its values from `lines = \"file\"`, the file each of that stage's tasks writes")]
+    GrownNeedsLines,
+    #[error("expected the name of a file inside each task's folder (no `..`, not absolute)")]
+    GrownFile,
+    #[error("a grown variable is its stage's only one: the stage has the variables of stage `{from}` already, each task those of the task it grew from (remove the others)")]
+    GrownNotAlone { from: String },
+    #[error("stage `{from}` keeps no outputs, so none of its files reach the tasks grown from it: add `{file}` to its `outputs`")]
+    GrownFromNoOutputs { from: String, file: String },
+    #[error("stage `{from}` already grows stage `{other}` from `{other_file}`: every stage grown from it reads the same file")]
+    GrownTwoFiles {
+        from: String,
+        other: String,
+        other_file: String,
+    },
     #[error("`{second}` given after `{first}`; a sweep variable takes exactly one of `lines`, `list` or `range`")]
     TwoSweepSources {
         first: &'static str,

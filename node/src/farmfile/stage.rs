@@ -28,10 +28,36 @@ impl Scope<'_> {
             return Err(self.fail(header, "command", Problem::MissingCommand));
         };
 
-        let sweep = match (f.sweep.as_ref(), inherited) {
-            (None, Some(s)) => s.clone(),
+        let grown = f
+            .sweep
+            .as_ref()
+            .and_then(|vars| vars.v.iter().find(|v| v.from.is_some()).map(|g| (vars, g)));
+        let sweep = match (f.sweep.as_ref(), inherited, grown) {
+            (_, Some(base), Some((vars, g))) => {
+                let from = g.from.clone().expect("found by it").v;
+                if vars.v.len() > 1 {
+                    return Err(self.fail_at(vars, "sweep", Problem::GrownNotAlone { from }));
+                }
+                if base.grown().is_some() {
+                    return Err(self.fail_at(
+                        vars,
+                        &format!("sweep.{}.from", g.name()),
+                        Problem::Dependency(format!(
+                            "stage `{from}` is grown itself: a stage grows only from one whose tasks are known before the farm runs"
+                        )),
+                    ));
+                }
+                let mut sweep = base.clone();
+                sweep.vars.extend(g.grown_var());
+                if sweep.len() > mesh_protocol::farm::STAGE_TASKS_MAX {
+                    return Err(self.fail_at(vars, "sweep", Problem::TooManyTasks));
+                }
+                sweep
+            }
+            (None, Some(s), None) => s.clone(),
             _ => self.stage_sweep(f.sweep.as_ref(), f.sweep_mode.as_ref())?,
         };
+        let grown_from = grown.and_then(|(_, g)| g.from.clone());
         let var_names: Vec<&str> = sweep.vars.iter().map(|v| v.name.as_str()).collect();
 
         let command = match &command.v {
@@ -111,6 +137,7 @@ impl Scope<'_> {
             after: f.after.unwrap_or_default(),
             after_each: f.after_each.unwrap_or_default(),
             by: f.after_by,
+            grown: grown_from,
         };
         Ok((stage, deps))
     }

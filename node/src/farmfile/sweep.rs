@@ -1,6 +1,6 @@
 //! Sweep variables: their sources (parameter files, lists, ranges) and how they combine into a stage's `Sweep`.
 
-use mesh_protocol::farm::{Sweep, SweepMode, SweepVar, Values, STAGE_TASKS_MAX};
+use mesh_protocol::farm::{Grown, Sweep, SweepMode, SweepVar, Values, STAGE_TASKS_MAX};
 use toml::de::DeValue;
 use toml::Spanned;
 
@@ -11,7 +11,11 @@ use super::Result;
 /// Decimals beyond this would overflow the scaled `i64` range for ordinary magnitudes.
 pub(super) const RANGE_DECIMALS_MAX: u32 = 9;
 
-const SWEEP_FIELDS: &[&str] = &["lines", "list", "range"];
+const SWEEP_FIELDS: &[&str] = &["lines", "list", "range", "from", "max"];
+
+/// A grown variable's places per task of the stage it grows from, unless
+/// its `max` says otherwise.
+pub(super) const GROWN_MAX_DEFAULT: u32 = 1000;
 
 /// A name a variable may have (a sweep's, or the environment's): a letter
 /// or `_`, then letters, digits and `_`.
@@ -28,6 +32,24 @@ const BUILTINS: &[&str] = &["index", "stage", "farm", "out"];
 pub(super) struct RawVar {
     name: String,
     values: At<Values>,
+    /// For a grown variable (`from = "stage"`): the stage, by name; its
+    /// index in `Values::Grown` is set once every stage is known.
+    pub(super) from: Option<At<String>>,
+}
+
+impl RawVar {
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The grown variable's sweep variable, the stage named in `from`
+    /// still to be resolved (see [`RawVar::from`]).
+    pub(super) fn grown_var(&self) -> Option<SweepVar> {
+        matches!(self.values.v, Values::Grown(_)).then(|| SweepVar {
+            name: self.name.clone(),
+            values: self.values.v.clone(),
+        })
+    }
 }
 
 impl Scope<'_> {
@@ -65,6 +87,7 @@ impl Scope<'_> {
                 "a table: `{ lines = \"file\" }`, `{ list = [...] }` or `{ range = \"a..b\" }`",
             )?;
             let mut source: Option<(&'static str, &Spanned<DeValue<'_>>)> = None;
+            let (mut from, mut max) = (None, None);
             for (sk, sv) in entries.iter() {
                 let kind = match SWEEP_FIELDS.iter().find(|f| **f == &**sk.get_ref()) {
                     Some(kind) => *kind,
@@ -77,6 +100,29 @@ impl Scope<'_> {
                         ))
                     }
                 };
+                match kind {
+                    "from" => {
+                        from = Some(self.string(sv, &format!("{field}.from"))?);
+                        continue;
+                    }
+                    "max" => {
+                        let expected = "a whole number of lines, at least 1";
+                        let m = self.integer(sv, &format!("{field}.max"), expected)?;
+                        let Some(n) = u32::try_from(m.v).ok().filter(|n| *n > 0) else {
+                            return Err(self.fail(
+                                m.pos,
+                                &format!("{field}.max"),
+                                Problem::OutOfRange {
+                                    value: m.v.to_string(),
+                                    expected,
+                                },
+                            ));
+                        };
+                        max = Some(n);
+                        continue;
+                    }
+                    _ => {}
+                }
                 if let Some((first, _)) = source {
                     return Err(self.fail(
                         sk.span().start,
@@ -92,6 +138,31 @@ impl Scope<'_> {
             let Some((kind, sv)) = source else {
                 return Err(self.fail(spec.span().start, &field, Problem::NoSweepSource));
             };
+            if from.is_none() && max.is_some() {
+                return Err(self.fail(spec.span().start, &field, Problem::MaxWithoutFrom));
+            }
+            if let Some(stage) = &from {
+                if kind != "lines" {
+                    return Err(self.fail(stage.pos, &field, Problem::GrownNeedsLines));
+                }
+                let file = self.string(sv, &format!("{field}.lines"))?;
+                if !mesh_protocol::farm::path_stays_inside(&file.v) || file.v.is_empty() {
+                    return Err(self.fail(file.pos, &format!("{field}.lines"), Problem::GrownFile));
+                }
+                vars.push(RawVar {
+                    name: name.to_string(),
+                    values: self.at(
+                        Values::Grown(Grown {
+                            from: u32::MAX,
+                            file: file.v,
+                            per: max.unwrap_or(GROWN_MAX_DEFAULT),
+                        }),
+                        key.span().start,
+                    ),
+                    from,
+                });
+                continue;
+            }
             let values = match kind {
                 "lines" => self.lines(sv, &field)?,
                 "list" => self.list(sv, &field)?,
@@ -103,6 +174,7 @@ impl Scope<'_> {
             vars.push(RawVar {
                 name: name.to_string(),
                 values: self.at(values, key.span().start),
+                from: None,
             });
         }
         Ok(self.at(vars, v.span().start))

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mesh_protocol::farm::TaskRef;
-use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId, OutputFile};
+use mesh_protocol::mesh::{void_place, Entry, FarmId, FarmSpec, NodeId, OutputFile};
 use mesh_protocol::wire::{DepOutputs, Request, Response};
 use tokio::sync::{mpsc, oneshot};
 
@@ -26,6 +26,18 @@ use super::{Cmd, Node};
 /// How long a task waits for what it depends on (a run made again after
 /// its node died, a coordinator being elected) before it fails for it.
 const DEPS_WAIT: Duration = Duration::from_secs(600);
+/// How long a task holds its slot waiting for a dependency being made
+/// again before it goes back to the coordinator: the slot may be the one
+/// that run needs (a submitter killed mid-graph left every worker's slots
+/// to tasks waiting for its lost outputs).
+const REMADE_HOLD: Duration = Duration::from_secs(3);
+
+/// Why the outputs a task depends on are not in place.
+pub(super) enum NotPlaced {
+    /// Some are being made again: the task goes back, unstarted.
+    Remade,
+    Failed(String),
+}
 
 impl Node {
     /// Answers [`Request::DepOutputs`] from the farm's log as this node has
@@ -50,7 +62,7 @@ impl Node {
         let mut n = 0;
         while let Some(d) = def.dependency(task, n) {
             n += 1;
-            if def.stage(d).outputs.is_empty() {
+            if def.stage(d).outputs.is_empty() || void_place(def, log, d) {
                 continue;
             }
             match log.get(d) {
@@ -99,8 +111,9 @@ pub(super) async fn place_deps(
     tx: &mpsc::UnboundedSender<Cmd>,
     spec: &FarmSpec,
     p: &DepsPlace,
-) -> Result<(), String> {
-    let until = tokio::time::Instant::now() + DEPS_WAIT;
+) -> Result<(), NotPlaced> {
+    let start = tokio::time::Instant::now();
+    let until = start + DEPS_WAIT;
     let mut pause = Duration::from_millis(100);
     loop {
         let why = match ask(tx, p.farm, p.task).await {
@@ -108,11 +121,14 @@ pub(super) async fn place_deps(
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             },
+            Ok(_) if start.elapsed() >= REMADE_HOLD => return Err(NotPlaced::Remade),
             Ok(deps) => format!("{} of its dependencies are being made again", deps.waiting),
             Err(e) => e,
         };
         if tokio::time::Instant::now() + pause >= until {
-            return Err(format!("the outputs it depends on: {why}"));
+            return Err(NotPlaced::Failed(format!(
+                "the outputs it depends on: {why}"
+            )));
         }
         tracing::debug!(farm = %p.farm, task = ?p.task, "dependencies not here yet ({why}); again in {pause:?}");
         tokio::time::sleep(pause).await;

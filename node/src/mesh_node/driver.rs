@@ -614,6 +614,7 @@ impl Node {
             }
             Cmd::Request { to, req, reply } => self.send(to, req, Some(reply)),
             Cmd::AskCoordinator { req, reply } => self.ask_of_coordinator(req, reply),
+            Cmd::GiveBack(task) => self.peer.give_back(task),
             Cmd::Respond(channel, resp) => {
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
             }

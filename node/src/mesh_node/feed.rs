@@ -219,10 +219,10 @@ impl Node {
         }
         if let Some(e) = r.log.get(t) {
             (ev.start_ms, ev.end_ms) = match e.ran() {
-                Some(ran) => (Some(ran.started_ms()), Some(ran.ended_ms)),
+                Some(ran) if ran.ended_ms != 0 => (ran.started_ms(), Some(ran.ended_ms)),
                 // Not in the log (a copy restored from its records after a
                 // restart keeps no times): what this node saw, if it ran it.
-                None => self.recorder.run_times(r.id(), t, ev.attempt),
+                _ => self.recorder.run_times(r.id(), t, ev.attempt),
             };
         }
         ev
@@ -253,6 +253,14 @@ impl Node {
                     return Ok(out);
                 }
                 let t = TaskRef::new(s as u32, i);
+                if let Some((up, _, k)) = r.spec.def.grown_source(t) {
+                    // A place of a grown stage is a task once the task it
+                    // grows from found that many lines.
+                    let lines = r.log.get(up).and_then(|e| e.ran()?.grew);
+                    if lines.is_none_or(|n| k >= n) {
+                        continue;
+                    }
+                }
                 let is = match r.log.get(t) {
                     Some(Entry::Done { .. }) => "done",
                     Some(Entry::Failed { .. }) => "failed",

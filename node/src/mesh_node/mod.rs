@@ -127,6 +127,10 @@ enum Cmd {
     /// The coordinator's answer about a farm this node does not hold.
     Found(Box<Result<FoundFarm, String>>, Asked),
     Launched(Assigned, Live),
+    /// A task that waited here for a dependency being made again goes back
+    /// to the coordinator unstarted (its `Finished` follows): its slot is
+    /// free for the run it waits for.
+    GiveBack(Assigned),
     Request {
         to: NodeId,
         req: Request,

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use mesh_protocol::farm::{deps_digest, has_deps, key_with_deps, stage_digest, FarmDef, TaskRef};
-use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId, OutputFile};
+use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId, OutputFile, Ran};
 use mesh_protocol::wire::{Request, Response};
 use mesh_store::{mesh::NODE_KEY, Store, Write};
 use serde::{Deserialize, Serialize};
@@ -44,6 +44,8 @@ const HOMES_ASKED: usize = 16;
 struct Kept {
     places: Results,
     outputs: Vec<OutputFile>,
+    /// What its run grew (see `Outcome::grew`), for the stages grown from it.
+    grew: Option<u32>,
 }
 
 impl Node {
@@ -65,6 +67,7 @@ impl Node {
                 task,
                 key: Some(key),
                 outputs,
+                ran,
                 ..
             } = e
             else {
@@ -84,6 +87,7 @@ impl Node {
             let mut kept = self.kept(&name).unwrap_or_default();
             kept.places.add(place);
             kept.outputs = outputs.to_vec();
+            kept.grew = ran.as_ref().and_then(|r| r.grew);
             batch.push(Write::Meta {
                 farm: NODE_KEY,
                 name,
@@ -136,7 +140,7 @@ impl Node {
                     });
                 }
                 if here {
-                    reused.push(done_before(t, *key, self.me, kept.outputs));
+                    reused.push(done_before(t, *key, self.me, kept.outputs, kept.grew));
                 } else {
                     wanted.push((t, *key));
                 }
@@ -172,17 +176,18 @@ impl Node {
                     (h, tokio::time::timeout(KEPT_WAIT, asked).await)
                 }
             });
-            let mut found: HashMap<[u8; 32], (NodeId, Vec<OutputFile>)> = HashMap::new();
+            let mut found: HashMap<[u8; 32], (NodeId, Vec<OutputFile>, Option<u32>)> =
+                HashMap::new();
             for (h, answer) in futures::future::join_all(asks).await {
                 if let Ok(Ok(Response::Kept(kept))) = answer {
-                    for (k, outputs) in kept {
-                        found.entry(k).or_insert((h, outputs));
+                    for (k, outputs, grew) in kept {
+                        found.entry(k).or_insert((h, outputs, grew));
                     }
                 }
             }
             for (t, k) in wanted {
-                if let Some((h, outputs)) = found.get(&k) {
-                    reused.push(done_before(t, k, *h, outputs.clone()));
+                if let Some((h, outputs, grew)) = found.get(&k) {
+                    reused.push(done_before(t, k, *h, outputs.clone(), *grew));
                 }
             }
             let _ = tx.send(Cmd::SubmitReused(Box::new(spec), reused, reply));
@@ -205,7 +210,10 @@ impl Node {
 
     /// Answers [`Request::Kept`]: the keys whose outputs this node keeps
     /// whole, each with its outputs, served by hash from now on.
-    pub(super) fn kept_here(&self, keys: &[[u8; 32]]) -> Vec<([u8; 32], Vec<OutputFile>)> {
+    pub(super) fn kept_here(
+        &self,
+        keys: &[[u8; 32]],
+    ) -> Vec<([u8; 32], Vec<OutputFile>, Option<u32>)> {
         let mut out = Vec::new();
         for key in keys {
             let Some(kept) = self.kept(&meta_name(key)) else {
@@ -218,7 +226,7 @@ impl Node {
                 self.transfers
                     .serve_file(o.hash, Path::new(&place.dir).join(&o.path));
             }
-            out.push((*key, kept.outputs));
+            out.push((*key, kept.outputs, kept.grew));
         }
         out
     }
@@ -305,15 +313,29 @@ fn name_meta(name: &str) -> String {
     format!("kept-name/{name}")
 }
 
-/// The entry of a task done before: attempt 0, counted as reused.
-fn done_before(task: TaskRef, key: [u8; 32], node: NodeId, outputs: Vec<OutputFile>) -> Entry {
+/// The entry of a task done before: attempt 0, counted as reused, with
+/// what it grew.
+fn done_before(
+    task: TaskRef,
+    key: [u8; 32],
+    node: NodeId,
+    outputs: Vec<OutputFile>,
+    grew: Option<u32>,
+) -> Entry {
     Entry::Done {
         task,
         key: Some(Box::new(key)),
         node,
         attempt: 0,
         outputs: outputs.into(),
-        ran: None,
+        ran: grew.map(|grew| {
+            Box::new(Ran {
+                ended_ms: 0,
+                duration_ms: 0,
+                exit_code: None,
+                grew: Some(grew),
+            })
+        }),
     }
 }
 

@@ -1,16 +1,17 @@
 //! Running a task on this node: its launch put together from the farm's definition, its inputs put in place, the executor, and its outputs kept.
 
+use std::collections::HashMap;
 use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use mesh_protocol::engine::{Grant, KillReason, Outcome, TaskResult};
 use mesh_protocol::farm::reads_outputs;
-use mesh_protocol::mesh::{Assigned, FarmSpec, NodeId, OutputFile};
+use mesh_protocol::mesh::{void_place, Assigned, FarmSpec, NodeId, OutputFile};
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 
-use super::deps::{place_deps, DepsPlace};
+use super::deps::{place_deps, DepsPlace, NotPlaced};
 use super::staging::{fetch_input, hold_outputs, input_file, input_hash, manifest};
 use super::transfer::Transfers;
 use super::{Cmd, Node};
@@ -36,6 +37,7 @@ impl Node {
                     key: None,
                     duration_ms: 0,
                     ended_ms: crate::state::unix_ms(),
+                    grew: None,
                     logs: 0,
                     stderr_line: None,
                 },
@@ -140,7 +142,7 @@ impl Node {
             return true;
         };
         while let Some(d) = r.spec.def.dependency(task.task, *found) {
-            if !r.outputs_here(d) {
+            if !r.outputs_here(d) && !void_place(&r.spec.def, &r.log, d) {
                 return false;
             }
             *found += 1;
@@ -189,6 +191,7 @@ impl Node {
                 key: None,
                 duration_ms: 0,
                 ended_ms: crate::state::unix_ms(),
+                grew: None,
                 logs: 0,
                 stderr_line: None,
             },
@@ -201,7 +204,7 @@ impl Node {
 /// One attempt on this node: fetch inputs, run, and keep the outputs of a
 /// remote farm's task (content-addressed, in `held`) until its home has them.
 async fn run_task(
-    launch: Launch,
+    mut launch: Launch,
     spec: Arc<FarmSpec>,
     task: Assigned,
     (local, sources, transfers, deps): (bool, Vec<NodeId>, Arc<Transfers>, Option<DepsPlace>),
@@ -216,6 +219,7 @@ async fn run_task(
                 key: Some(key),
                 duration_ms: 0,
                 ended_ms: crate::state::unix_ms(),
+                grew: None,
                 logs: 0,
                 stderr_line: None,
             },
@@ -229,8 +233,13 @@ async fn run_task(
             return fail(format!("cannot create {}: {e}", launch.root.display()));
         }
         if let Some(p) = &deps {
-            if let Err(e) = place_deps(&transfers, &tx, &spec, p).await {
-                return fail(e);
+            match place_deps(&transfers, &tx, &spec, p).await {
+                Ok(()) => {}
+                Err(NotPlaced::Failed(e)) => return fail(e),
+                Err(NotPlaced::Remade) => {
+                    let _ = tx.send(Cmd::GiveBack(task));
+                    return fail("given back: what it depends on is being made again".into());
+                }
             }
         }
         for input in &launch.spec.inputs {
@@ -250,6 +259,22 @@ async fn run_task(
             }
         }
     }
+    // A task of a grown stage: its value is a line of what the task it grew
+    // from wrote, which is under `{out}` here now, as any dependency's.
+    let out_root = match &deps {
+        Some(p) => p.out.clone(),
+        None => PathBuf::from(&spec.def.out),
+    };
+    match crate::grown::line(&spec.def, task.task, &out_root) {
+        Ok(Some(line)) => {
+            launch.spec = spec
+                .def
+                .expand_line_in(task.task, &out_root.to_string_lossy(), &line);
+            executor::resolve_program(&mut HashMap::new(), &mut launch.spec);
+        }
+        Ok(None) => {}
+        Err(e) => return fail(e),
+    }
     let out_dir = launch.out_dir.clone();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Finished>();
     let live = executor::launch(launch, done_tx);
@@ -262,9 +287,18 @@ async fn run_task(
         key: Some(f.key),
         duration_ms: f.duration_ms,
         ended_ms: crate::state::unix_ms(),
+        grew: None,
         logs: f.logs,
         stderr_line: f.stderr_line,
     };
+    if matches!(outcome.result, TaskResult::Exited(c)
+        if spec.def.stage(task.task).success_codes.contains(&c))
+    {
+        match crate::grown::count(&spec.def, task.task, &out_dir) {
+            Ok(n) => outcome.grew = n,
+            Err(e) => outcome.result = TaskResult::Error(e),
+        }
+    }
     let mut outputs = Vec::new();
     if local && out_dir.exists() {
         // Run on the home: the outputs are in place. Their manifest still

@@ -1,6 +1,6 @@
 //! The engine's invariant checks, in three costs: what every step may afford, a pass over the live runs, and an audit of every task.
 
-use super::{Counts, Engine, Placement, CANCELLED, DONE, FAILED, HELD, RUNNING, SKIPPED};
+use super::{Counts, Engine, Placement, CANCELLED, DONE, FAILED, HELD, RUNNING, SKIPPED, VOID};
 
 impl Engine {
     /// Checks the engine's invariants that are cheap enough for every step
@@ -98,6 +98,7 @@ impl Engine {
                 };
                 for &s in &st.status {
                     match s {
+                        VOID => c.total -= 1,
                         RUNNING => c.running += 1,
                         DONE => c.done += 1,
                         FAILED => c.failed += 1,

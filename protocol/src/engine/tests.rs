@@ -30,6 +30,7 @@ fn ok() -> Outcome {
         key: None,
         duration_ms: 1,
         ended_ms: 0,
+        grew: None,
         logs: 0,
         stderr_line: None,
     }
@@ -145,6 +146,114 @@ fn element_wise_and_whole_stage_dependencies() {
         live.extend(more);
     }
     assert!(c_started);
+}
+
+/// A stage grown from `up`'s files: `per` places per task of `up`, then a
+/// gather of it all.
+fn grown_farm(up: u64, per: u32) -> Arc<FarmDef> {
+    let mut grown = stage("grown", 1);
+    grown.sweep = Sweep {
+        vars: vec![
+            SweepVar {
+                name: "i".into(),
+                values: Values::Range {
+                    start: 0,
+                    step: 1,
+                    count: up,
+                    decimals: 0,
+                },
+            },
+            SweepVar {
+                name: "line".into(),
+                values: Values::Grown(crate::farm::Grown {
+                    from: 0,
+                    file: "lines.txt".into(),
+                    per,
+                }),
+            },
+        ],
+        mode: SweepMode::Product,
+    };
+    grown.deps = vec![Dep {
+        stage: 0,
+        on: DepOn::Grown { per },
+    }];
+    let mut gather = stage("gather", 1);
+    gather.after = vec![1];
+    let mut up_stage = stage("up", up);
+    up_stage.outputs = vec![Template::literal("lines.txt")];
+    farm(vec![up_stage, grown, gather])
+}
+
+/// Only the lines found are tasks: the places past them are counted
+/// nowhere, a task that found none grows nothing, and the gather starts
+/// once the tasks that exist are done; restored from records, the engine
+/// knows the same tasks.
+#[test]
+fn a_grown_stage_has_a_task_per_line_found_and_its_gather_waits_for_those_only() {
+    let def = grown_farm(3, 4);
+    assert_eq!(def.stages[1].len(), 12);
+    let mut e = Engine::new(parse_resources("cpu=16").unwrap());
+    let slot = e.add_farm(0, def.clone(), vec![], &AddOptions::default());
+    let (starts, actions) = drain(&mut e);
+    assert_eq!(starts.len(), 3, "only `up` runs before it ends");
+    let mut records = Vec::new();
+    let grew = [2u32, 0, 4];
+    for (s, n) in starts.iter().zip(grew) {
+        e.task_finished(
+            1,
+            s.0,
+            s.1,
+            s.2,
+            Outcome {
+                grew: Some(n),
+                ..ok()
+            },
+        );
+    }
+    let (grown, more) = drain(&mut e);
+    let mut got: Vec<u32> = grown.iter().map(|s| s.1.index).collect();
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        vec![0, 1, 8, 9, 10, 11],
+        "lines 0-1 of up/0 and 0-3 of up/2"
+    );
+    assert_eq!(e.stage_progress(slot)[1].total, 6);
+    for s in &grown[..5] {
+        e.task_finished(2, s.0, s.1, s.2, ok());
+    }
+    assert!(
+        drain(&mut e).0.is_empty(),
+        "the gather waits for the last grown task"
+    );
+    e.task_finished(3, grown[5].0, grown[5].1, grown[5].2, ok());
+    let (gather, _) = drain(&mut e);
+    assert_eq!(
+        gather.iter().map(|s| s.1).collect::<Vec<_>>(),
+        vec![TaskRef::new(2, 0)]
+    );
+    e.audit().unwrap();
+    for a in actions.into_iter().chain(more) {
+        if let Action::Persist(Persist::Task { task, record, .. }) = a {
+            records.push((task, record));
+        }
+    }
+    // The records of `up` say what each grew; restored, the same places
+    // are tasks, and the grown ones run again (their ends were not kept here).
+    let done: Vec<(TaskRef, TaskRecord)> = records
+        .into_iter()
+        .filter(|(t, r)| t.stage == 0 && r.state == RecordState::Done)
+        .collect();
+    assert_eq!(done.len(), 3);
+    let mut e = Engine::new(parse_resources("cpu=16").unwrap());
+    let slot = e.add_farm(0, def, done, &AddOptions::default());
+    let (again, _) = drain(&mut e);
+    let mut got: Vec<u32> = again.iter().map(|s| s.1.index).collect();
+    got.sort_unstable();
+    assert_eq!(got, vec![0, 1, 8, 9, 10, 11]);
+    assert_eq!(e.stage_progress(slot)[1].total, 6);
+    e.audit().unwrap();
 }
 
 /// A merge per key waits for its key's tasks only: it starts while the
@@ -264,7 +373,7 @@ fn a_done_that_wins_over_a_failure_revives_what_the_failure_skipped() {
 
     // The other side finished a/0: b/0 waits on nothing that failed; c
     // waits on all of b, and b/1 is still skipped.
-    assert!(e.mark_done(2, slot, t(0, 0)));
+    assert!(e.mark_done(2, slot, t(0, 0), None));
     e.audit().unwrap();
     let st = |e: &Engine| e.stage_progress(slot);
     assert_eq!((st(&e)[1].skipped, st(&e)[2].skipped), (1, 1));
@@ -280,7 +389,7 @@ fn a_done_that_wins_over_a_failure_revives_what_the_failure_skipped() {
     assert_eq!((p.done, p.failed, p.skipped), (2, 1, 2), "{p:?}");
 
     // Then a/1 too: b/1 and c run, and the farm ends with everything done.
-    assert!(e.mark_done(4, slot, t(0, 1)));
+    assert!(e.mark_done(4, slot, t(0, 1), None));
     e.audit().unwrap();
     for _ in 0..3 {
         for (f, task, att) in e.claim(5, 10, &mut |_, _| true) {

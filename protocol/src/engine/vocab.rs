@@ -33,6 +33,9 @@ pub struct TaskRecord {
     pub duration_ms: u64,
     /// Which log files the last attempt wrote (bit 0 stdout, bit 1 stderr).
     pub logs: u8,
+    /// See [`Outcome::grew`]: kept so a restored engine knows which of a
+    /// grown stage's tasks exist.
+    pub grew: Option<u32>,
 }
 
 impl TaskRecord {
@@ -49,6 +52,7 @@ impl TaskRecord {
             key: None,
             duration_ms: 0,
             logs: 0,
+            grew: None,
         }
     }
 }
@@ -90,6 +94,10 @@ pub struct Outcome {
     /// that ran it; 0 where that is not known (the simulator). The engine
     /// reads no clock: it is carried to the farm's log for its users.
     pub ended_ms: u64,
+    /// How many lines the file that grows another stage from this task
+    /// has (see [`crate::farm::Grown`]), counted where it ran; none for a
+    /// task of a stage that grows none.
+    pub grew: Option<u32>,
     pub logs: u8,
     /// The first line a failed attempt wrote to stderr, when it wrote one
     /// (see [`first_line`]): what tells one failure from another besides

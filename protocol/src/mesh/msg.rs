@@ -352,6 +352,8 @@ pub struct Report {
     pub duration_ms: u64,
     /// See [`crate::engine::Outcome::ended_ms`].
     pub ended_ms: u64,
+    /// See [`crate::engine::Outcome::grew`].
+    pub grew: Option<u32>,
     /// The outputs of a successful attempt, kept on the node that ran it.
     pub outputs: Vec<OutputFile>,
     /// See [`crate::engine::Outcome::stderr_line`]: the coordinator's
@@ -409,12 +411,16 @@ pub struct Ran {
     pub duration_ms: u64,
     /// Its exit code, when it exited (a stage may count more than 0 a success).
     pub exit_code: Option<i32>,
+    /// See [`crate::engine::Outcome::grew`]: which of a grown stage's
+    /// tasks exist, replicated with the rest of the farm.
+    pub grew: Option<u32>,
 }
 
 impl Ran {
-    /// From a report: none when its node did not say when it ended.
+    /// From a report: none when its node said neither when it ended nor
+    /// what it grew.
     pub fn of(r: &Report) -> Option<Box<Ran>> {
-        (r.ended_ms != 0).then(|| {
+        (r.ended_ms != 0 || r.grew.is_some()).then(|| {
             Box::new(Ran {
                 ended_ms: r.ended_ms,
                 duration_ms: r.duration_ms,
@@ -422,12 +428,14 @@ impl Ran {
                     TaskResult::Exited(c) => Some(c),
                     _ => None,
                 },
+                grew: r.grew,
             })
         })
     }
 
-    pub fn started_ms(&self) -> u64 {
-        self.ended_ms.saturating_sub(self.duration_ms)
+    /// Where its node said when it ended (0: not said).
+    pub fn started_ms(&self) -> Option<u64> {
+        (self.ended_ms != 0).then(|| self.ended_ms.saturating_sub(self.duration_ms))
     }
 }
 

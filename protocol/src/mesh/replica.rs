@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::msg::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId, TaskRun};
+use super::msg::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId, Ran, TaskRun};
 use crate::engine::{Counts, Millis, Order, RecordState, Stop, TaskEnd, TaskRecord};
 use crate::farm::{FarmDef, TaskRef};
 
@@ -221,13 +221,28 @@ impl FarmLog {
     }
 }
 
+/// Whether task `t`, of a grown stage, is no task after all: the task it
+/// grows from is done and found fewer lines than `t`'s (see
+/// [`crate::farm::Grown`]). What depends on it does not wait for it.
+pub fn void_place(def: &FarmDef, log: &FarmLog, t: TaskRef) -> bool {
+    let Some((up, _, line)) = def.grown_source(t) else {
+        return false;
+    };
+    log.get(up)
+        .and_then(|e| e.ran()?.grew)
+        .is_some_and(|n| line >= n)
+}
+
 /// The engine record that stands for an entry in a node's store, so a
 /// node that becomes coordinator restores its engine from its copy.
 pub fn entry_record(e: &Entry) -> TaskRecord {
     match e {
-        Entry::Done { key, attempt, .. } => TaskRecord {
+        Entry::Done {
+            key, attempt, ran, ..
+        } => TaskRecord {
             key: key.as_deref().copied(),
             attempt: *attempt,
+            grew: ran.as_ref().and_then(|r| r.grew),
             // Attempt 0: never run in this farm, its result reused from an
             // earlier one (see `Peer::submit`), and counted as such.
             end: (*attempt == 0).then_some(TaskEnd::Cached),
@@ -259,7 +274,15 @@ pub fn record_entry(task: TaskRef, r: &TaskRecord) -> Option<Entry> {
             node: NodeId(0),
             attempt: r.attempt,
             outputs: Arc::default(),
-            ran: None,
+            // What it grew decides which tasks of a grown stage exist.
+            ran: r.grew.map(|grew| {
+                Box::new(Ran {
+                    ended_ms: 0,
+                    duration_ms: r.duration_ms,
+                    exit_code: None,
+                    grew: Some(grew),
+                })
+            }),
         }),
         RecordState::Failed => Some(Entry::Failed {
             task,

@@ -312,6 +312,13 @@ impl Peer {
         self.tasks_finished(now, vec![(task, outcome, outputs)]);
     }
 
+    /// A task this node started goes back to the coordinator unstarted when
+    /// it is reported over: nothing is counted against it (what it depends
+    /// on is being made again, and waiting here would keep that run's slot).
+    pub fn give_back(&mut self, task: Assigned) {
+        self.worker.give_back(task);
+    }
+
     /// Tasks that ended at about the same time, as one step: their results
     /// go to the coordinator as one report, and its answer is one assignment.
     pub fn tasks_finished(

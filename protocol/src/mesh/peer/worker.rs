@@ -415,6 +415,15 @@ impl Worker {
         self.timers.peek().map(|Reverse((t, ..))| *t)
     }
 
+    /// See `Peer::give_back`: its end, when reported, releases it.
+    pub(super) fn give_back(&mut self, task: Assigned) {
+        if let Some(r) = self.running.get_mut(&(task.farm, task.task)) {
+            if r.attempt == task.attempt && r.killed.is_none() {
+                r.killed = Some(KillReason::Interrupt);
+            }
+        }
+    }
+
     /// Stops this node's tasks (Ctrl-C): running ones are killed, queued ones given back.
     pub(super) fn interrupt(&mut self, out: &mut Out, leader: Leader) {
         self.interrupted = true;
@@ -458,6 +467,7 @@ impl Worker {
                 key: None,
                 duration_ms: 0,
                 ended_ms: 0,
+                grew: None,
                 outputs: Vec::new(),
                 stderr_line: None,
             });
@@ -533,6 +543,7 @@ impl Worker {
             key: outcome.key,
             duration_ms: outcome.duration_ms,
             ended_ms: outcome.ended_ms,
+            grew: outcome.grew,
             outputs,
             stderr_line: outcome.stderr_line,
         };

@@ -648,6 +648,7 @@ impl Coord {
                     key,
                     duration_ms: r.duration_ms,
                     ended_ms: 0,
+                    grew: r.grew,
                     logs: 0,
                     stderr_line: r.stderr_line,
                 },

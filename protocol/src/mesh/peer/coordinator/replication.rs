@@ -340,7 +340,8 @@ impl Coord {
             if f.add_entry(e.clone()) {
                 match &e {
                     Entry::Done { .. } => {
-                        self.engine.mark_done(now, f.slot, e.task());
+                        let grew = e.ran().and_then(|r| r.grew);
+                        self.engine.mark_done(now, f.slot, e.task(), grew);
                     }
                     Entry::Redo { .. } => {
                         self.engine.redo(f.slot, e.task());
