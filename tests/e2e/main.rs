@@ -7,6 +7,7 @@ mod apart;
 mod browser;
 mod dashboard;
 mod data;
+mod export;
 mod heal;
 mod import;
 mod input;
