@@ -434,7 +434,7 @@ mod tests {
     }
 
     #[test]
-    fn edges_are_the_farms_each_once_and_unrun_tasks_have_no_execution() {
+    fn edges_are_the_farms_each_once_and_only_recorded_runs_are_executed() {
         let mut f = FarmFacts::new(farm(), "f-1".into(), 0);
         f.tasks[0][0] = TaskFacts {
             ended: Ended::Done,
@@ -453,6 +453,16 @@ mod tests {
             outputs: vec![("o.txt".into(), 9)],
             ..TaskFacts::default()
         };
+        f.tasks[1][0] = TaskFacts {
+            ended: Ended::Failed,
+            node: Some("n3".into()),
+            attempt: 2,
+            start_ms: Some(2_000),
+            runtime_ms: Some(100),
+            exit_code: Some(3),
+            reason: Some("exit code 3".into()),
+            ..TaskFacts::default()
+        };
         f.machines = vec![Machine::of(
             "n1",
             &mesh_protocol::resources::parse_resources("cpu=2.5,mem=1KiB").unwrap(),
@@ -460,7 +470,7 @@ mod tests {
         let (v, w) = trace(&f);
         assert_eq!(w.tasks, 5);
         assert_eq!(w.edges, 2 + 2 * 2);
-        assert_eq!(w.timed, 1);
+        assert_eq!(w.timed, 2);
         let tasks = v["workflow"]["specification"]["tasks"].as_array().unwrap();
         assert_eq!(tasks[2]["id"], "gather.0");
         assert_eq!(tasks[2]["parents"], json!(["make#20it.0", "make#20it.1"]));
@@ -474,7 +484,13 @@ mod tests {
             json!(["gather.0", "each.0", "each.1"])
         );
         let e = &v["workflow"]["execution"];
+        // From the first start to the last end, the failure's included.
         assert_eq!(e["makespanInSeconds"], 1.5);
+        let failed = &e["tasks"][1];
+        assert_eq!(failed["id"], "gather.0");
+        assert_eq!(failed["exitCode"], 3);
+        assert_eq!(failed["failed"], "exit code 3");
+        assert!(e["tasks"][0].get("failed").is_none());
         assert_eq!(e["executedAt"], "1970-01-01T00:00:01.000Z");
         assert_eq!(e["tasks"][0]["endedAt"], "1970-01-01T00:00:02.500Z");
         assert_eq!(
@@ -483,9 +499,20 @@ mod tests {
         );
         assert_eq!(e["tasks"][0]["coreCount"], 1.0);
         // 2.5 cores is no whole number of cores.
+        // n3 is not among the machines given: its name alone.
         assert_eq!(
             e["machines"],
-            json!([{"nodeName": "n1", "memoryInBytes": 1024}])
+            json!([{"nodeName": "n1", "memoryInBytes": 1024}, {"nodeName": "n3"}])
+        );
+        let whole = Machine::of(
+            "m",
+            &mesh_protocol::resources::parse_resources("cpu=4").unwrap(),
+        );
+        assert_eq!((whole.cores, whole.mem_bytes), (Some(4), None));
+        let said = v["description"].as_str().unwrap();
+        assert!(
+            said.contains("2 done (1 of them reused from an earlier run, with no run of their own here), 1 failed, 2 unfinished"),
+            "{said}"
         );
     }
 
