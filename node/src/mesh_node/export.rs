@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mesh_protocol::engine::TaskEnd;
-use mesh_protocol::mesh::{Beat, Entry, FarmId, Replica};
+use mesh_protocol::mesh::{Beat, Entry, FarmId, NodeId, Replica};
 use mesh_protocol::wire::{Request, Response};
 use mesh_protocol::TaskRef;
 use tokio::sync::mpsc;
@@ -54,10 +54,12 @@ impl Node {
             farm_display_id(&r.spec.def.name, fid),
             crate::state::unix_ms(),
         );
+        // A few nodes run a farm's many tasks: each named once.
+        let mut labels: HashMap<NodeId, String> = HashMap::new();
         for (s, stage) in r.spec.def.stages.iter().enumerate() {
             for i in 0..stage.len() {
                 let t = TaskRef::new(s as u32, i);
-                facts.tasks[s][i as usize] = self.task_facts(r, fid, t);
+                facts.tasks[s][i as usize] = self.task_facts(r, fid, t, &mut labels);
             }
         }
         let spec = r.spec.clone();
@@ -93,8 +95,15 @@ impl Node {
     /// What the farm's log says of task `t`: the run that counts, with its
     /// times where the log has them (a copy restored after a restart keeps
     /// none: then what this node saw, if it ran it).
-    fn task_facts(&self, r: &Replica, fid: FarmId, t: TaskRef) -> TaskFacts {
+    fn task_facts(
+        &self,
+        r: &Replica,
+        fid: FarmId,
+        t: TaskRef,
+        labels: &mut HashMap<NodeId, String>,
+    ) -> TaskFacts {
         let mut f = TaskFacts::default();
+        let mut label = |n: NodeId| labels.entry(n).or_insert_with(|| self.label_of(n)).clone();
         let Some(e) = r.log.get(t) else {
             return f;
         };
@@ -106,7 +115,7 @@ impl Node {
                 ..
             } => {
                 f.ended = Ended::Done;
-                f.node = Some(self.label_of(*node));
+                f.node = Some(label(*node));
                 f.attempt = *attempt;
                 f.outputs = outputs.iter().map(|o| (o.path.clone(), o.size)).collect();
                 // A run that counts exited 0 when only 0 counts.
@@ -116,7 +125,7 @@ impl Node {
                 node, attempt, end, ..
             } => {
                 f.ended = Ended::Failed;
-                f.node = Some(self.label_of(*node));
+                f.node = Some(label(*node));
                 f.attempt = *attempt;
                 f.reason = Some(describe_end(end));
                 if let TaskEnd::Exited(c) = **end {
