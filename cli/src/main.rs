@@ -2,6 +2,7 @@
 
 mod alloc_cmd;
 mod args;
+mod export_cmd;
 mod import;
 mod mesh_cmds;
 mod out;
@@ -96,6 +97,16 @@ enum Cmd {
     Import {
         #[command(subcommand)]
         from: import::ImportFrom,
+    },
+    /// Write a farm, finished or running, as a WfCommons trace (WfFormat 1.5): its tasks,
+    /// their dependencies, runs, files and machines (see docs/export.md).
+    Export {
+        /// Farm id, id prefix or name (see `mesh list`).
+        #[arg(value_parser = args::name)]
+        farm: String,
+        /// Write the trace to this file (default: standard output).
+        #[arg(short = 'o', long = "out", value_name = "FILE", value_parser = args::path)]
+        out: Option<PathBuf>,
     },
     /// Check a farm file and show what it would run, without running anything.
     Check {
@@ -414,6 +425,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Import { from } => import::import(&from),
+        Cmd::Export { farm, out } => export_cmd::export(&to, &state, &farm, out.as_deref()),
         Cmd::Init => mesh_cmds::init(state.root()),
         Cmd::Alloc { cmd } => alloc_cmd::alloc(&to, cmd),
         Cmd::Sim { args } => sim_cmd::sim(&args),

@@ -156,6 +156,11 @@ pub enum ControlRequest {
         #[serde(default)]
         limit: Option<u64>,
     },
+    /// A farm this node keeps a copy of, as a WfCommons trace (WfFormat
+    /// 1.5, see docs/export.md): answered with [`ControlResponse::Trace`].
+    Export {
+        farm: String,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -227,6 +232,8 @@ pub enum ControlResponse {
     /// A task that ended for good (see [`ControlRequest::Events`]).
     Task(Box<TaskEvent>),
     Tasks(Vec<TaskEvent>),
+    /// A farm as a WfCommons trace: the JSON document itself.
+    Trace(Box<serde_json::Value>),
 }
 
 /// A task of a farm as a client sees it: where it stands, and once it

@@ -4,6 +4,7 @@ pub mod batch;
 pub mod control;
 pub mod dash;
 pub mod executor;
+pub mod export;
 pub mod farmfile;
 pub mod gpus;
 pub mod grown;

@@ -1111,3 +1111,97 @@ pub fn inspect(state: &StateDir, id: &str) -> Result<(Counts, Vec<StageStatus>),
     }
     Ok((engine.progress(slot), stage_statuses(&def, &engine, slot)))
 }
+
+/// A farm that is not running, as `mesh export` writes it: each task of
+/// its last run from its record (how long it ran, how it ended), its
+/// outputs as the store wrote them down for reuse, the run's start and
+/// length from its snapshot, and this machine with what the run offered.
+/// A record keeps no start time: the tasks' runs have none. Fails with
+/// `AlreadyRunning` while a process holds the farm.
+pub fn export(state: &StateDir, id: &str) -> Result<crate::export::FarmFacts, RunError> {
+    use crate::export::{Ended, FarmFacts, Machine};
+    use mesh_protocol::engine::TaskEnd;
+    let store = open_store(state, id)?;
+    let key = farm_key(id);
+    let def = store
+        .def(key)?
+        .ok_or_else(|| RunError::NoDefinition(id.to_string()))?;
+    let run = stored_run(&store, key)?;
+    let status = state.read_status(id);
+    let host = status.as_ref().map_or_else(hostname, |s| s.host.clone());
+    let offered = store
+        .meta(key, META_RESOURCES)?
+        .and_then(|b| mesh_protocol::resources::parse_resources(&String::from_utf8_lossy(&b)).ok())
+        .unwrap_or_default();
+    let out = PathBuf::from(&def.out);
+    let mut facts = FarmFacts::new(def, id.to_string(), unix_ms());
+    for (t, rec) in store.tasks(key)? {
+        // An earlier run's record is what that run did, not this one.
+        if rec.run != run {
+            continue;
+        }
+        let stage = &facts.def.stages[t.stage as usize];
+        let dir = out.join(&stage.name).join(t.index.to_string());
+        let Some(f) = facts
+            .tasks
+            .get_mut(t.stage as usize)
+            .and_then(|s| s.get_mut(t.index as usize))
+        else {
+            continue;
+        };
+        f.ended = match rec.state {
+            RecordState::Done => Ended::Done,
+            RecordState::Failed => Ended::Failed,
+            _ => continue,
+        };
+        f.node = Some(host.clone());
+        f.attempt = rec.attempt;
+        f.grew = rec.grew;
+        match &rec.end {
+            Some(TaskEnd::Exited(c)) => {
+                f.exit_code = Some(*c);
+                f.runtime_ms = Some(rec.duration_ms);
+            }
+            Some(TaskEnd::Signaled(_) | TaskEnd::TimedOut { .. }) => {
+                f.runtime_ms = Some(rec.duration_ms);
+            }
+            // Reused from an earlier run: it did not run in this one.
+            Some(TaskEnd::Cached) => f.attempt = 0,
+            _ => {}
+        }
+        if f.ended == Ended::Failed {
+            f.reason = rec.end.as_ref().map(describe_end);
+        }
+        if let (Ended::Done, Some(k)) = (f.ended, rec.key) {
+            let res = store
+                .meta(key, &results::meta_name(&k))?
+                .and_then(|b| postcard::from_bytes::<Results>(&b).ok())
+                .unwrap_or_default();
+            let want = dir.to_string_lossy();
+            if let Some(p) = res.places.iter().find(|p| p.dir == want) {
+                f.outputs = p.files.iter().map(|s| (s.path.clone(), s.size)).collect();
+            }
+        }
+    }
+    let root = PathBuf::from(&facts.def.root);
+    for (s, stage) in facts.def.stages.iter().enumerate() {
+        if stage.inputs.is_empty() {
+            continue;
+        }
+        for i in 0..stage.len() {
+            for input in facts.def.expand(TaskRef::new(s as u32, i)).inputs {
+                if facts.input_sizes.contains_key(&input) {
+                    continue;
+                }
+                if let Ok(m) = fs::metadata(root.join(&input)) {
+                    if m.is_file() {
+                        facts.input_sizes.insert(input, m.len());
+                    }
+                }
+            }
+        }
+    }
+    facts.machines = vec![Machine::of(&host, &offered)];
+    facts.span = status.map(|s| (s.started_at_ms, s.elapsed_ms));
+    Ok(facts)
+}

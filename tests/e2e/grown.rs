@@ -87,6 +87,21 @@ fn mesh_run_grows_a_task_per_line_and_the_gather_reads_each_once() {
     // Task `i` of `annotate` is line `i % 8` of `assemble/(i / 8)`'s file.
     assert_eq!(s.read("mesh-out/mag/annotate/25/ann.txt"), "d bin.d.2\n");
     assert!(!Path::new(&s.path().join("mesh-out/mag/annotate/3")).exists());
+    // Exported, it has the tasks that were made, the gather's parents those.
+    let id = r.json()["id"].as_str().expect("an id").to_string();
+    let trace = s.mesh(&["export", &id]);
+    trace.expect_code(0);
+    let tasks = trace.json()["workflow"]["specification"]["tasks"].clone();
+    let tasks = tasks.as_array().expect("tasks");
+    assert_eq!(tasks.len() as u64, tasks_made());
+    let report = tasks
+        .iter()
+        .find(|t| t["id"] == "report.0")
+        .expect("report");
+    assert_eq!(
+        report["parents"].as_array().map(Vec::len),
+        Some(want().len())
+    );
 }
 
 #[test]

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::sandbox;
 
 /// The traces, with the tasks and edges their README counts.
-const TRACES: [(&str, usize, usize); 6] = [
+pub(crate) const TRACES: [(&str, usize, usize); 6] = [
     ("1000genome-chameleon-4ch-100k-001", 104, 152),
     ("epigenomics-chameleon-hep-3seq-50k-001", 445, 550),
     ("montage-chameleon-dss-05d-001", 58, 114),
@@ -21,7 +21,7 @@ const TRACES: [(&str, usize, usize); 6] = [
 ];
 
 /// ../shared/workflows from the project's root, when this checkout has it.
-fn traces() -> Option<PathBuf> {
+pub(crate) fn traces() -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workflows");
     if dir.join(format!("{}.json", TRACES[0].0)).is_file() {
         Some(dir)
@@ -37,13 +37,13 @@ fn traces() -> Option<PathBuf> {
 /// What the trace says, read here on its own (schema 1.5): per task id,
 /// its parents' ids (`parents` and `children` united, as the importer
 /// reads them) and its output files' sizes.
-struct Recorded {
-    ids: Vec<String>,
-    parents: HashMap<String, HashSet<String>>,
-    outputs: HashMap<String, Vec<u64>>,
+pub(crate) struct Recorded {
+    pub(crate) ids: Vec<String>,
+    pub(crate) parents: HashMap<String, HashSet<String>>,
+    pub(crate) outputs: HashMap<String, Vec<u64>>,
 }
 
-fn recorded(path: &Path) -> Recorded {
+pub(crate) fn recorded(path: &Path) -> Recorded {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("read trace"))
         .expect("trace is JSON");
     let spec = &v["workflow"]["specification"];
@@ -85,7 +85,7 @@ fn recorded(path: &Path) -> Recorded {
     r
 }
 
-fn import(sb: &Sandbox, trace: &Path, dir: &str, extra: &[&str]) -> Value {
+pub(crate) fn import(sb: &Sandbox, trace: &Path, dir: &str, extra: &[&str]) -> Value {
     let trace = trace.to_string_lossy();
     let mut args = vec!["import", "wfformat", &trace, "-o", dir, "--json"];
     args.extend_from_slice(extra);
@@ -95,7 +95,7 @@ fn import(sb: &Sandbox, trace: &Path, dir: &str, extra: &[&str]) -> Value {
 }
 
 /// Each task of the farm in `dir`, by the trace id its `id` variable holds.
-fn tasks_by_id(def: &mesh_protocol::farm::FarmDef) -> HashMap<String, TaskRef> {
+pub(crate) fn tasks_by_id(def: &mesh_protocol::farm::FarmDef) -> HashMap<String, TaskRef> {
     let mut by_id = HashMap::new();
     for (s, stage) in def.stages.iter().enumerate() {
         for i in 0..stage.len() {

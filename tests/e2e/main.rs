@@ -7,6 +7,7 @@ mod apart;
 mod browser;
 mod dashboard;
 mod data;
+mod export;
 mod grown;
 mod heal;
 mod import;

@@ -1,4 +1,4 @@
-//! The control socket: one JSON request a connection, answered by this node's loop (submit, wait, cancel, status, farm, list, logs, alloc, resume, and the client API's hello, farm text, task events and task lists).
+//! The control socket: one JSON request a connection, answered by this node's loop (submit, wait, cancel, status, farm, list, logs, alloc, resume, export, and the client API's hello, farm text, task events and task lists).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -203,6 +203,7 @@ impl Node {
                     Err(e) => ControlResponse::Error(e),
                 });
             }
+            ControlRequest::Export { farm } => self.export(&farm, reply),
         }
     }
 
@@ -388,6 +389,7 @@ where
                 | ControlResponse::Checked { .. }
                 | ControlResponse::Invalid { .. }
                 | ControlResponse::Tasks(_)
+                | ControlResponse::Trace(_)
         ) {
             break;
         }

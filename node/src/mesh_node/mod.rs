@@ -11,6 +11,7 @@ mod allocs;
 mod commands;
 mod deps;
 mod driver;
+mod export;
 mod feed;
 mod links;
 mod logs;
