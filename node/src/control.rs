@@ -259,8 +259,9 @@ pub struct TaskEvent {
     pub node: Option<String>,
     /// Which attempt ended so; 0 for a result reused from an earlier farm.
     pub attempt: u32,
-    /// When that attempt started and ended (Unix ms), where the node
-    /// answering ran it itself; `None` for a run on another node.
+    /// When that attempt started and ended (Unix ms, by the clock of the
+    /// node that ran it, from the farm's log); `None` where the log does
+    /// not say (a task reused from an earlier farm).
     pub start_ms: Option<u64>,
     pub end_ms: Option<u64>,
     /// When the node answering had it (Unix ms): the result and its outputs home.
