@@ -26,6 +26,17 @@
 //! LocalCluster of the same slots, timed from the first submit to the last
 //! result (the cluster's start not counted).
 //!
+//! Four nodes (as root, where `unshare -m` works): each trace again with
+//! its files, written at their recorded sizes scaled so that all of a
+//! trace's files come to `MESH_BENCH_TRACES_MB` (100) MB, on 4 nodes of
+//! `ceil(few / 4)` slots each, every node but the submitter in a mount
+//! namespace of its own without the farm's and the outputs' folders (so
+//! every byte a task reads off the home comes over the network), against
+//! the same farm on one node of 4 times the slots (target at most 1.15).
+//! Both are `mesh submit --wait` to a running node, timed to its exit;
+//! beside it, the bytes the nodes received (`mesh status --latency`)
+//! against the bytes of every output the farm made, which must come home.
+//!
 //! `MESH_BENCH_TRACES` (a comma-separated list of substrings) picks traces.
 //!
 //! `cargo bench -p mesh-cli --bench traces`
@@ -37,6 +48,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use mesh_benches::{knob, report, save, use_user_env, user_env};
+use mesh_tests::{apart_possible, Cluster, Sandbox};
 use mesh_node::farmfile::{self, LoadOptions};
 use mesh_protocol::farm::{FarmDef, TaskRef};
 use serde_json::Value;
@@ -144,7 +156,123 @@ fn main() {
             }
         }
     }
+    if apart_possible() {
+        for path in &traces {
+            results.extend(four_nodes(mesh, path, cp_secs));
+        }
+    } else {
+        println!("\nfour nodes apart: skipped (needs root and `unshare -m`)");
+    }
     save("traces", &results);
+}
+
+/// The trace with its files on 4 nodes that share no file system, against
+/// one node of as many slots: the reports.
+fn four_nodes(mesh: &str, path: &Path, cp_secs: f64) -> Vec<Value> {
+    let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+    let trace = Trace::read(path);
+    let scale = cp_secs / trace.critical_path(1.0);
+    let work = trace.runtime.iter().sum::<f64>() * scale;
+    let few = ((work / (2.0 * trace.critical_path(scale))).ceil() as usize).max(4);
+    let per_node = few.div_ceil(4);
+    let size_scale = knob("MESH_BENCH_TRACES_MB", 100) as f64 * 1e6 / trace.bytes.max(1.0);
+    let sb = Sandbox::new(mesh);
+    let farm_dir = sb.path().join("farm");
+    let o = user_env(&mut Command::new(mesh))
+        .args(["import", "wfformat"])
+        .arg(path)
+        .arg("-o")
+        .arg(&farm_dir)
+        .args([
+            "--time-scale",
+            &scale.to_string(),
+            "--size-scale",
+            &size_scale.to_string(),
+        ])
+        .output()
+        .expect("run mesh import");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let farm = farm_dir.join("farm.toml");
+    let tasks = trace.runtime.len();
+    // The memory the traces recorded is declared, whatever this machine has.
+    let one = {
+        let res = format!("cpu={},mem=4096GiB", 4 * per_node);
+        let c = Cluster::start(&sb, &[res.as_str()], &[]);
+        let (took, _) = submit_wait(&sb, &c, &farm, "out-one", tasks);
+        took
+    };
+    let out = sb.path().join("out");
+    let hidden: [&Path; 2] = [&farm_dir, &out];
+    let res = format!("cpu={per_node},mem=4096GiB");
+    let c = Cluster::start_apart(&sb, &[res.as_str(); 4], &[], &hidden);
+    let (four, status) = submit_wait(&sb, &c, &farm, "out", tasks);
+    let moved: u64 = status["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| n["counters"]["bytes_received"].as_u64().unwrap_or(0))
+        .sum();
+    let made = folder_bytes(&out);
+    let ratio = four / one;
+    println!(
+        "\n{name} with its files ({:.1} MB of outputs), 4 nodes of {per_node} slots apart: {four:.2} s; \
+         1 node of {} slots: {one:.2} s; {ratio:.3}; received over the network {:.1} MB ({:.2} of the outputs)",
+        made as f64 / 1e6,
+        4 * per_node,
+        moved as f64 / 1e6,
+        moved as f64 / made.max(1) as f64
+    );
+    vec![
+        report(
+            &format!("{name}: 4 nodes apart / 1 node, {} slots, with files", 4 * per_node),
+            ratio,
+            "ratio",
+            Some(("<=", 1.15, ratio <= 1.15)),
+        ),
+        report(
+            &format!("{name}: bytes received by the 4 nodes / bytes of outputs"),
+            moved as f64 / made.max(1) as f64,
+            "ratio",
+            None,
+        ),
+    ]
+}
+
+/// `mesh submit --wait` of `farm` on node 0 of `c` into `out`: its wall
+/// time, and node 0's `mesh status --latency --json` after.
+fn submit_wait(sb: &Sandbox, c: &Cluster, farm: &Path, out: &str, tasks: usize) -> (f64, Value) {
+    let out = sb.path().join(out).to_string_lossy().into_owned();
+    let start = Instant::now();
+    let r = c.mesh(
+        0,
+        &["submit", &farm.to_string_lossy(), "--out", &out, "--wait", "--json"],
+    );
+    let took = start.elapsed().as_secs_f64();
+    r.expect_code(0);
+    let done: u64 = r
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["counts"]["done"].as_u64())
+        .next_back()
+        .unwrap_or(0);
+    assert_eq!(done, tasks as u64, "{}", r.stdout);
+    (took, c.mesh(0, &["status", "--latency", "--json"]).json())
+}
+
+/// The bytes of every file under `dir`.
+fn folder_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => folder_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// `mesh run` of the farm on `slots` cores; its wall time.
@@ -213,6 +341,8 @@ fn run_dask(py: &str, trace: &Path, scale: f64, slots: usize) -> Result<f64, Str
 struct Trace {
     runtime: Vec<f64>,
     parents: Vec<Vec<usize>>,
+    /// The bytes of all its files.
+    bytes: f64,
 }
 
 impl Trace {
@@ -243,8 +373,15 @@ impl Trace {
                 parents[at[c.as_str().unwrap()]].insert(i);
             }
         }
+        let bytes = v["workflow"]["specification"]["files"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f["sizeInBytes"].as_f64())
+            .sum();
         Trace {
             runtime,
+            bytes,
             parents: parents
                 .into_iter()
                 .map(|p| p.into_iter().collect())
