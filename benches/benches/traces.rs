@@ -48,9 +48,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use mesh_benches::{knob, report, save, use_user_env, user_env};
-use mesh_tests::{apart_possible, Cluster, Sandbox};
 use mesh_node::farmfile::{self, LoadOptions};
 use mesh_protocol::farm::{FarmDef, TaskRef};
+use mesh_tests::{apart_possible, Cluster, Sandbox};
 use serde_json::Value;
 
 fn main() {
@@ -224,7 +224,10 @@ fn four_nodes(mesh: &str, path: &Path, cp_secs: f64) -> Vec<Value> {
     );
     vec![
         report(
-            &format!("{name}: 4 nodes apart / 1 node, {} slots, with files", 4 * per_node),
+            &format!(
+                "{name}: 4 nodes apart / 1 node, {} slots, with files",
+                4 * per_node
+            ),
             ratio,
             "ratio",
             Some(("<=", 1.15, ratio <= 1.15)),
@@ -245,7 +248,14 @@ fn submit_wait(sb: &Sandbox, c: &Cluster, farm: &Path, out: &str, tasks: usize) 
     let start = Instant::now();
     let r = c.mesh(
         0,
-        &["submit", &farm.to_string_lossy(), "--out", &out, "--wait", "--json"],
+        &[
+            "submit",
+            &farm.to_string_lossy(),
+            "--out",
+            &out,
+            "--wait",
+            "--json",
+        ],
     );
     let took = start.elapsed().as_secs_f64();
     r.expect_code(0);

@@ -404,9 +404,14 @@ pub fn check(def: &FarmDef, warnings: &[FarmWarning], show: u32, json: bool) -> 
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
     }
+    let up_to = if def.stages.iter().any(|s| s.sweep.grown().is_some()) {
+        "up to "
+    } else {
+        ""
+    };
     writeln!(
         out,
-        "farm {}: {} tasks, outputs in {}",
+        "farm {}: {up_to}{} tasks, outputs in {}",
         def.name,
         def.task_count(),
         def.out

@@ -210,14 +210,15 @@ impl Sweep {
 
     /// The value of each variable for task `index`, in variable order. A
     /// grown variable's value is known only where the task runs: here it
-    /// is its line's number (`line 3`); see [`FarmDef::expand_line_in`].
+    /// is its line's number (`<line 3 of found.txt>`); see
+    /// [`FarmDef::expand_line_in`].
     pub fn binding(&self, index: u32) -> Vec<String> {
         let mut out = vec![String::new(); self.vars.len()];
         let (vars, per) = self.split_grown();
         let index = match self.grown() {
             Some(_) => {
                 let line = u64::from(index) % per;
-                out[vars.len()] = format!("line {}", line + 1);
+                out[vars.len()] = self.vars[vars.len()].values.get(line);
                 (u64::from(index) / per) as u32
             }
             None => index,
@@ -330,7 +331,7 @@ impl Values {
                 decimals,
                 ..
             } => format_scaled(start + step * i as i64, *decimals),
-            Values::Grown(_) => format!("line {}", i + 1),
+            Values::Grown(g) => format!("<line {} of {}>", i + 1, g.file),
         }
     }
 

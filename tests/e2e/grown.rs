@@ -254,3 +254,28 @@ fn the_submitter_killed_mid_growth_and_the_farm_resumed_on_another_node_grows_th
     assert_eq!(w.json()["counts"]["done"], tasks_made(), "{}", w.stdout);
     assert_eq!(s.lines("resumed/report/0/all.txt"), want(), "{}", w.stderr);
 }
+
+#[test]
+fn the_grown_example_checks_a_prime_per_line_found() {
+    let s = sandbox();
+    let example = include_str!("../../examples/grown/farm.toml");
+    s.write("farm.toml", example);
+    let check = s.mesh(&["check", "farm.toml"]);
+    check.expect_code(0);
+    assert!(
+        check.stdout.contains("farm grown: up to 131 tasks")
+            && check.stdout.contains("<line 1 of found.txt> (block 0)"),
+        "{}",
+        check.stdout
+    );
+    s.mesh(&["run", "farm.toml", "--resources", "cpu=2"])
+        .expect_code(0);
+    let primes: Vec<u64> = (2..125u64)
+        .filter(|n| (2..*n).take_while(|d| d * d <= *n).all(|d| n % d != 0))
+        .collect();
+    let want: Vec<String> = primes
+        .iter()
+        .map(|p| format!("{p} (block {}) squared is {}", p / 25, p * p))
+        .collect();
+    assert_eq!(s.lines("mesh-out/grown/summary/0/primes.txt"), want);
+}
