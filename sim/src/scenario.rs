@@ -494,16 +494,13 @@ impl SimConfig {
 
     /// Checks everything a run would trip over, with messages that name the field.
     pub fn validate(&self) -> Result<(), SimError> {
+        self.validate_stages()?;
+        self.validate_cluster()
+    }
+
+    /// Checks the farm's stages.
+    fn validate_stages(&self) -> Result<(), SimError> {
         let bad = |m: String| Err(SimError::Config(m));
-        let n = self.node_count();
-        if n == 0 {
-            return bad("a scenario needs at least one node".into());
-        }
-        for (i, g) in self.nodes.iter().enumerate() {
-            if let Err(e) = mesh_protocol::resources::parse_resources(&g.resources) {
-                return bad(format!("nodes[{i}].resources {:?}: {e}", g.resources));
-            }
-        }
         if self.stages.is_empty() {
             return bad("a scenario needs at least one stage".into());
         }
@@ -553,6 +550,22 @@ impl SimConfig {
                         s.name
                     ));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks everything but the stages: the nodes, the network, the
+    /// queues and the faults (a recorded workflow brings its own farm).
+    pub fn validate_cluster(&self) -> Result<(), SimError> {
+        let bad = |m: String| Err(SimError::Config(m));
+        let n = self.node_count();
+        if n == 0 {
+            return bad("a scenario needs at least one node".into());
+        }
+        for (i, g) in self.nodes.iter().enumerate() {
+            if let Err(e) = mesh_protocol::resources::parse_resources(&g.resources) {
+                return bad(format!("nodes[{i}].resources {:?}: {e}", g.resources));
             }
         }
         if let Err(e) = parse_durations(&self.latency) {
