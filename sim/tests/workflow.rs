@@ -215,3 +215,20 @@ fn a_workload_whose_parts_disagree_is_refused() {
         "{e}"
     );
 }
+
+#[test]
+fn idle_nodes_take_work_that_becomes_ready_task_by_task() {
+    // The posts become ready one by one as their work tasks end: idle
+    // nodes must hear of them, and steal what queued behind busy ones,
+    // for the makespan to stay near an ideal list scheduler's.
+    let wl = fan(32);
+    for nodes in [4, 8] {
+        let r = run(&wl, &cluster(nodes, None));
+        assert!(
+            (r.makespan as f64) < 1.15 * r.greedy as f64,
+            "{nodes} nodes: makespan {} against greedy {}",
+            r.makespan,
+            r.greedy
+        );
+    }
+}
