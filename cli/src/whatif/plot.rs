@@ -157,7 +157,15 @@ fn busy(view: &View<'_>, nodes: usize, r: &SimReport, area: &Area<'_>) -> Drawn 
         } else {
             "node".into()
         })
-        .y_label_formatter(&|y| format!("{:.0}", y * band as f64))
+        // Ticks on whole rows only: a label between two would name either.
+        .y_labels((rows + 1).min(17))
+        .y_label_formatter(&|y| {
+            if y.fract() == 0.0 {
+                format!("{:.0}", y * band as f64)
+            } else {
+                String::new()
+            }
+        })
         .draw()?;
     let w = t.bucket_ms as f64 / 3_600_000.0 * scale;
     let mut cells = Vec::new();
