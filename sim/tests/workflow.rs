@@ -170,7 +170,14 @@ fn the_same_seed_replays_the_same_report_and_jitter_follows_the_seed() {
 #[test]
 fn more_nodes_are_never_faster_than_the_critical_path_and_help_a_wide_graph() {
     let wl = fan(32);
-    let rows = sweep(&wl, &cluster(1, Some(125e6)), &[1, 2, 4, 8, 16], 1, |_, _| {}).unwrap();
+    let rows = sweep(
+        &wl,
+        &cluster(1, Some(125e6)),
+        &[1, 2, 4, 8, 16],
+        1,
+        |_, _| {},
+    )
+    .unwrap();
     let cp = wl.critical_path_ms();
     for r in &rows {
         assert!(r.makespan_p50_ms >= cp, "{} nodes: {r:?}", r.nodes);
@@ -191,7 +198,9 @@ fn the_fewest_nodes_for_a_deadline_meet_it() {
     let one = row(&wl, &base, 1, 1, |_| {}).unwrap().makespan_p50_ms;
     let deadline = one / 3;
     let s = fewest_nodes(&wl, &base, deadline, 1, |_, _| {}).unwrap();
-    let n = s.nodes.expect("a wide graph meets a third of one node's time");
+    let n = s
+        .nodes
+        .expect("a wide graph meets a third of one node's time");
     let met = s.tried.iter().find(|r| r.nodes == n).unwrap();
     assert!(met.makespan_p90_ms <= deadline);
     assert!(s
@@ -208,8 +217,7 @@ fn the_fewest_nodes_for_a_deadline_meet_it() {
 fn a_workload_whose_parts_disagree_is_refused() {
     let mut wl = fan(4);
     wl.parents[1] = vec![3];
-    let e = run_workload(&cluster(2, None).config(&wl), &wl, &cluster(2, None).replay)
-        .unwrap_err();
+    let e = run_workload(&cluster(2, None).config(&wl), &wl, &cluster(2, None).replay).unwrap_err();
     assert!(
         matches!(&e, SimError::Config(m) if m.contains("does not come before")),
         "{e}"
