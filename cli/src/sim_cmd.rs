@@ -4,21 +4,23 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use mesh_sim::{load_scenario, parse_durations, NodeGroup, SimConfig};
+use mesh_sim::{load_scenario, parse_durations, SimConfig};
 
 use crate::out::{out, outln};
 use crate::{args, EXIT_FAILED_TASKS};
 
 #[derive(clap::Args)]
 pub struct SimArgs {
-    /// A scenario file (TOML, see sim/scenarios/); the flags below override it.
+    /// A scenario file (TOML, see sim/scenarios/); the flags below override
+    /// it. With --workflow, its nodes, allocation queues, network and
+    /// knobs are the cluster, and the workflow is its farm.
     #[arg(value_parser = args::path)]
     pub scenario: Option<PathBuf>,
     /// Replay a recorded workflow (a WfCommons trace, WfFormat 1.4 to 1.6)
     /// instead of a scenario's farm: its graph, runtimes, cores, memory
     /// and file sizes, through the real peers (see docs/sim.md).
     #[arg(long, value_name = "TRACE.json", value_parser = args::path,
-          conflicts_with_all = ["scenario", "tasks", "durations"])]
+          conflicts_with_all = ["tasks", "durations"])]
     pub workflow: Option<PathBuf>,
     /// Simulated nodes (default 100, or the scenario's); with a scenario, its
     /// node groups are scaled to this many nodes in the same proportions.
@@ -33,11 +35,17 @@ pub struct SimArgs {
     #[arg(long)]
     pub durations: Option<String>,
     /// With --workflow: cores of each node.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..), requires = "workflow")]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..),
+          requires = "workflow", conflicts_with = "scenario")]
     pub cores_per_node: u32,
     /// With --workflow: memory of each node, e.g. `64G` (default 4 GiB a
     /// core, and at least the largest task's).
-    #[arg(long, value_name = "SIZE", requires = "workflow")]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        requires = "workflow",
+        conflicts_with = "scenario"
+    )]
     pub mem_per_node: Option<String>,
     /// With --workflow: each task takes its recorded runtime times this.
     #[arg(long, value_name = "S", default_value_t = 1.0, value_parser = args::factor, requires = "workflow")]
@@ -95,7 +103,7 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
         cfg.seed = s;
     }
     if let Some(n) = nodes {
-        scale_nodes(&mut cfg.nodes, n);
+        cfg.scale_nodes(n);
     }
     if let Some(t) = args.tasks {
         if let Some(stage) = cfg.stages.first_mut() {
@@ -133,26 +141,4 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
         out!("{}", report.summary());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Scales node groups to `n` nodes in total, keeping their proportions (each group keeps at least one node).
-fn scale_nodes(groups: &mut Vec<NodeGroup>, n: usize) {
-    let total: usize = groups.iter().map(|g| g.count).sum();
-    if total == 0 || groups.is_empty() {
-        return;
-    }
-    let mut left = n;
-    let last = groups.len() - 1;
-    for (i, g) in groups.iter_mut().enumerate() {
-        let c = if i == last {
-            left
-        } else {
-            (g.count * n / total)
-                .max(1)
-                .min(left.saturating_sub(last - i))
-        };
-        g.count = c;
-        left -= c;
-    }
-    groups.retain(|g| g.count > 0);
 }

@@ -451,6 +451,30 @@ impl SimConfig {
         }
     }
 
+    /// Scales the node groups to `n` nodes in all, keeping their
+    /// proportions (each group keeps at least one node).
+    pub fn scale_nodes(&mut self, n: usize) {
+        let groups = &mut self.nodes;
+        let total: usize = groups.iter().map(|g| g.count).sum();
+        if total == 0 || groups.is_empty() {
+            return;
+        }
+        let mut left = n;
+        let last = groups.len() - 1;
+        for (i, g) in groups.iter_mut().enumerate() {
+            let c = if i == last {
+                left
+            } else {
+                (g.count * n / total)
+                    .max(1)
+                    .min(left.saturating_sub(last - i))
+            };
+            g.count = c;
+            left -= c;
+        }
+        groups.retain(|g| g.count > 0);
+    }
+
     /// How many nodes the groups add up to.
     pub fn node_count(&self) -> usize {
         self.nodes.iter().map(|g| g.count).sum()

@@ -158,7 +158,7 @@ pub struct Replay {
     pub jitter: f64,
 }
 
-/// A cluster of identical nodes for a what-if run.
+/// The cluster of a what-if run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WhatIf {
     pub seed: u64,
@@ -167,23 +167,47 @@ pub struct WhatIf {
     pub node: String,
     pub replay: Replay,
     pub steal: bool,
+    /// A scenario whose cluster is used instead (its node groups scaled
+    /// to `nodes`, its allocation queues, network and knobs; its stages
+    /// are not used).
+    pub cluster: Option<SimConfig>,
 }
 
 impl WhatIf {
-    /// The scenario: `nodes` nodes up from the start, the farm submitted by
-    /// the first at once, messages taking the links' latency, no faults.
+    /// The scenario: `nodes` nodes up from the start (or the scenario's,
+    /// scaled), the farm submitted by the first at once, messages taking
+    /// the links' latency (or the scenario's), no faults.
     pub fn config(&self, wl: &Workload) -> SimConfig {
-        let mut cfg = SimConfig::simple(self.seed, self.nodes, &self.node, 1, "1");
+        let mut cfg = match &self.cluster {
+            Some(c) => {
+                let mut c = c.clone();
+                c.seed = self.seed;
+                c.scale_nodes(self.nodes);
+                c.steal &= self.steal;
+                c
+            }
+            None => {
+                let mut c = SimConfig::simple(self.seed, self.nodes, &self.node, 1, "1");
+                c.steal = self.steal;
+                c.latency = self.replay.links.latency_ms.max(1).to_string();
+                c
+            }
+        };
         cfg.name = wl.def.name.clone();
         cfg.stages.clear();
-        cfg.steal = self.steal;
-        cfg.latency = self.replay.links.latency_ms.max(1).to_string();
         // A what-if asks how long the farm takes; the mesh is one
         // throughout a fault-free run, and a look every virtual second
         // at thousands of nodes for hours of virtual time costs more than
         // the run.
         cfg.one_mesh = false;
-        cfg.max_time_ms = time_limit(wl, &self.replay, self.nodes);
+        let batch = cfg
+            .alloc
+            .iter()
+            .map(|a| a.max as usize * a.nodes_per_job as usize)
+            .sum::<usize>();
+        cfg.max_time_ms = cfg
+            .max_time_ms
+            .max(time_limit(wl, &self.replay, self.nodes + batch));
         cfg
     }
 }
@@ -243,6 +267,8 @@ pub struct RunNumbers {
     /// An ideal list scheduler's makespan on these nodes: no latency, no
     /// transfers, durations unknown (as to mesh).
     pub greedy_ms: u64,
+    /// With allocation queues: the node-hours their batch jobs held.
+    pub batch_node_hours: f64,
 }
 
 impl RunNumbers {
@@ -257,6 +283,7 @@ impl RunNumbers {
             steals: r.steals,
             lower_bound_ms: r.lower_bound,
             greedy_ms: r.greedy,
+            batch_node_hours: r.alloc.as_ref().map_or(0.0, |a| a.node_ms as f64 / 3.6e6),
         }
     }
 }
@@ -271,7 +298,7 @@ pub struct Row {
     pub makespan_p90_ms: u64,
     /// Mean over the runs.
     pub utilization: f64,
-    /// Nodes held for the median makespan.
+    /// Nodes held for the median makespan, and the batch jobs' (their mean).
     pub node_hours: f64,
     /// The critical path over the median makespan: near 1, the graph
     /// alone explains the makespan and more nodes cannot help.
@@ -332,7 +359,8 @@ pub fn row(
         makespan_p50_ms: p50,
         makespan_p90_ms: quantile(&makespans, 0.9),
         utilization: runs.iter().map(|r| r.utilization).sum::<f64>() / runs.len() as f64,
-        node_hours: nodes as f64 * p50 as f64 / 3_600_000.0,
+        node_hours: nodes as f64 * p50 as f64 / 3_600_000.0
+            + runs.iter().map(|r| r.batch_node_hours).sum::<f64>() / runs.len() as f64,
         critical_share: wl.critical_path_ms() as f64 / p50.max(1) as f64,
         runs,
     })

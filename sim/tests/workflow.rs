@@ -2,7 +2,7 @@
 
 use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
 use mesh_sim::workflow::{fewest_nodes, row, sweep, Read};
-use mesh_sim::{run_workload, Links, Replay, SimError, WhatIf, Workload};
+use mesh_sim::{run_workload, Links, Replay, SimConfig, SimError, WhatIf, Workload};
 
 const MB: u64 = 1_000_000;
 
@@ -93,6 +93,7 @@ fn cluster(nodes: usize, bytes_per_s: Option<f64>) -> WhatIf {
             jitter: 0.0,
         },
         steal: true,
+        cluster: None,
     }
 }
 
@@ -239,4 +240,52 @@ fn idle_nodes_take_work_that_becomes_ready_task_by_task() {
             r.greedy
         );
     }
+}
+
+#[test]
+fn a_workflow_runs_on_an_allocation_queues_batch_nodes() {
+    use mesh_sim::scenario::AllocSpec;
+    let mut wl = fan(16);
+    // As `mesh sim --workflow` does with queues: each stage expects its
+    // longest task, so none starts on a node that drains before it ends.
+    let offsets = wl.offsets();
+    for (s, st) in wl.def.stages.iter_mut().enumerate() {
+        let o = offsets[s];
+        st.expected_ms = wl.runtime_ms[o..o + st.len() as usize]
+            .iter()
+            .copied()
+            .max();
+    }
+    let mut cluster_cfg = SimConfig::simple(1, 1, "cpu=2", 1, "1");
+    cluster_cfg.alloc = vec![AllocSpec {
+        name: "cpu".into(),
+        cores: 8,
+        gpus: 0,
+        mem: None,
+        nodes_per_job: 1,
+        walltime_ms: 600_000,
+        drain_margin_ms: None,
+        min: 0,
+        max: 4,
+        idle_timeout_ms: 60_000,
+        start_delay: "uniform:5000..20000".into(),
+        reject_rate: 0.0,
+        add_at_ms: 0,
+    }];
+    let w = WhatIf {
+        cluster: Some(cluster_cfg),
+        ..cluster(1, Some(125e6))
+    };
+    let r = row(&wl, &w, 1, 1, |r| {
+        let a = r.alloc.as_ref().expect("the queue's report");
+        assert!(a.started > 0, "{a:?}");
+    })
+    .unwrap();
+    let run = &r.runs[0];
+    assert_eq!(run.tasks_done, 34);
+    assert!(run.batch_node_hours > 0.0);
+    assert!(r.node_hours > run.batch_node_hours);
+    assert!(r.makespan_p50_ms >= wl.critical_path_ms());
+    // One 2-core node alone takes at least half the work.
+    assert!(r.makespan_p50_ms < wl.work_ms() / 2, "{r:?}");
 }

@@ -387,3 +387,42 @@ fn a_schema_1_4_trace_replays_too() {
     let two = rows[1]["makespan_p50_ms"].as_u64().unwrap();
     assert!((40_000..=42_100).contains(&two), "{two}");
 }
+
+#[test]
+fn a_scenario_with_an_allocation_queue_is_the_cluster() {
+    let Some(dir) = traces() else { return };
+    let sb = sandbox();
+    let path = dir.join("epigenomics-chameleon-hep-3seq-50k-001.json");
+    let scenario = format!(
+        "{}/../sim/scenarios/cluster.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let r = sb.mesh(&[
+        "sim",
+        &scenario,
+        "--workflow",
+        &path.to_string_lossy(),
+        "--json",
+    ]);
+    r.expect_code(0);
+    let v = r.json();
+    assert_eq!(v["cluster"]["alloc"], 1);
+    let row = &v["rows"][0];
+    assert_eq!(row["nodes"], 1, "the scenario's one node");
+    assert_eq!(row["runs"][0]["tasks_done"], 445);
+    assert!(
+        row["runs"][0]["batch_node_hours"].as_f64().unwrap() > 0.0,
+        "{row}"
+    );
+    // The scenario says what each node has.
+    let r = sb.mesh(&[
+        "sim",
+        &scenario,
+        "--workflow",
+        &path.to_string_lossy(),
+        "--cores-per-node",
+        "8",
+    ]);
+    r.expect_code(2);
+    assert!(r.stderr.contains("--cores-per-node"), "{}", r.stderr);
+}

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use mesh_node::farmfile::{self, LoadOptions};
+use mesh_protocol::resources::{CPU, MEM};
+use mesh_protocol::Resources;
 use mesh_sim::workflow::Read;
 use mesh_sim::Workload;
 
@@ -159,6 +161,43 @@ impl Loaded {
             }
         }
         Ok(())
+    }
+
+    /// Refuses a cluster where some task fits no node (nor any queue's).
+    pub fn check_fits_any(&self, machines: &[Resources]) -> Result<()> {
+        for t in &self.trace.tasks {
+            let cores = t.cores.unwrap_or(1.0);
+            let fits = machines.iter().any(|m| {
+                m.get(CPU).0 as f64 >= cores * 1000.0
+                    && t.mem_bytes.is_none_or(|b| m.get(MEM).whole() >= b)
+            });
+            if !fits {
+                bail!(
+                    "{}: task `{}` ({cores} cores{}) fits no node of the scenario, nor any queue's",
+                    self.source,
+                    t.id,
+                    t.mem_bytes
+                        .map(|b| format!(", {b} bytes of memory"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Each stage's `expected`: its longest task's runtime times `factor`.
+    pub fn expect_longest(&mut self, factor: f64) {
+        let wl = &mut self.workload;
+        let offsets = wl.offsets();
+        for (s, st) in wl.def.stages.iter_mut().enumerate() {
+            let o = offsets[s];
+            let longest = wl.runtime_ms[o..o + st.len() as usize]
+                .iter()
+                .copied()
+                .max()
+                .unwrap_or(0);
+            st.expected_ms = Some(((longest as f64 * factor).ceil() as u64).max(1));
+        }
     }
 
     /// The most memory a task recorded.

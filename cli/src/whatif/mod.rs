@@ -8,9 +8,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use mesh_node::view::bytes;
-use mesh_protocol::resources::{parse_amount, MEM};
+use mesh_protocol::resources::{parse_amount, parse_resources, MEM};
+use mesh_protocol::Resources;
 use mesh_sim::workflow::{fewest_nodes, sweep, Row, Search};
-use mesh_sim::{Links, Replay, SimError, SimReport, WhatIf};
+use mesh_sim::{load_scenario, Links, Replay, SimConfig, SimError, SimReport, WhatIf};
 use serde_json::json;
 
 use crate::out::outln;
@@ -25,7 +26,11 @@ const DEFAULT_COUNTS: [usize; 5] = [4, 8, 16, 32, 64];
 const MEM_PER_CORE: u64 = 4 << 30;
 
 pub fn run(args: &SimArgs, path: &std::path::Path) -> Result<ExitCode> {
-    let loaded = load::load(path, args.time_scale)?;
+    let mut loaded = load::load(path, args.time_scale)?;
+    let cluster = match &args.scenario {
+        Some(p) => Some(load_scenario(p).with_context(|| format!("scenario {}", p.display()))?),
+        None => None,
+    };
     let cores = args.cores_per_node;
     let mem = match &args.mem_per_node {
         Some(m) => parse_amount(MEM, m)
@@ -34,7 +39,24 @@ pub fn run(args: &SimArgs, path: &std::path::Path) -> Result<ExitCode> {
         // Enough for the largest task, whatever the cores.
         None => (u64::from(cores) * MEM_PER_CORE).max(loaded.most_mem()),
     };
-    loaded.check_fits(cores, mem)?;
+    match &cluster {
+        Some(c) => {
+            let mut machines: Vec<Resources> = Vec::new();
+            for g in &c.nodes {
+                machines.push(parse_resources(&g.resources).map_err(|e| anyhow::anyhow!("{e}"))?);
+            }
+            machines.extend(c.alloc.iter().map(|a| a.node_resources()));
+            loaded.check_fits_any(&machines)?;
+            if !c.alloc.is_empty() {
+                // A batch node drains before its walltime: the what-if
+                // knows each task's runtime, so each stage says how long
+                // its longest may take (`expected`), as a user would, and
+                // stays off nodes that would not finish it.
+                loaded.expect_longest(1.0 + args.jitter);
+            }
+        }
+        None => loaded.check_fits(cores, mem)?,
+    }
     let base = WhatIf {
         seed: args.seed.unwrap_or(1),
         nodes: 1,
@@ -47,6 +69,7 @@ pub fn run(args: &SimArgs, path: &std::path::Path) -> Result<ExitCode> {
             jitter: args.jitter,
         },
         steal: !args.no_steal,
+        cluster: cluster.clone(),
     };
     // The seed comes first, so a run that goes wrong can be replayed.
     eprintln!("mesh sim: seed {}", base.seed);
@@ -54,10 +77,11 @@ pub fn run(args: &SimArgs, path: &std::path::Path) -> Result<ExitCode> {
     let repeat = args.repeat.max(1) as usize;
     // First run of each count, for the pictures.
     let mut reports: BTreeMap<usize, SimReport> = BTreeMap::new();
-    let counts: Vec<usize> = match (&args.nodes, args.deadline) {
-        (Some(n), _) => n.0.clone(),
-        (None, Some(_)) => Vec::new(),
-        (None, None) => DEFAULT_COUNTS.to_vec(),
+    let counts: Vec<usize> = match (&args.nodes, args.deadline, &cluster) {
+        (Some(n), ..) => n.0.clone(),
+        (None, Some(_), _) => Vec::new(),
+        (None, None, Some(c)) => vec![c.node_count()],
+        (None, None, None) => DEFAULT_COUNTS.to_vec(),
     };
     let answer = (|| -> Result<(Vec<Row>, Option<Search>), SimError> {
         let rows = sweep(wl, &base, &counts, repeat, |n, r| {
@@ -95,6 +119,7 @@ pub fn run(args: &SimArgs, path: &std::path::Path) -> Result<ExitCode> {
         repeat,
         rows: &rows,
         search: search.as_ref(),
+        cluster: cluster.as_ref(),
     };
     // The run drawn: the deadline's answer, else the first count asked.
     let drawn = search
@@ -132,6 +157,7 @@ pub(crate) struct View<'a> {
     repeat: usize,
     rows: &'a [Row],
     search: Option<&'a Search>,
+    cluster: Option<&'a SimConfig>,
 }
 
 impl View<'_> {
@@ -175,6 +201,8 @@ impl View<'_> {
                 "bandwidth_bytes_per_s": self.base.replay.links.bytes_per_s,
                 "latency_ms": self.base.replay.links.latency_ms,
                 "steal": self.base.steal,
+                "scenario": self.args.scenario.as_ref().map(|p| p.display().to_string()),
+                "alloc": self.cluster.map(|c| c.alloc.len()),
             },
             "seed": self.base.seed,
             "repeat": self.repeat,
@@ -224,10 +252,37 @@ impl View<'_> {
         } else {
             String::new()
         };
+        let nodes = match self.cluster {
+            Some(c) => {
+                let groups: Vec<String> = c
+                    .nodes
+                    .iter()
+                    .map(|g| format!("{} x {}", g.count, g.resources))
+                    .collect();
+                let queues: Vec<String> = c
+                    .alloc
+                    .iter()
+                    .map(|a| {
+                        format!(
+                            ", queue {} of up to {} jobs of {} cores",
+                            a.name, a.max, a.cores
+                        )
+                    })
+                    .collect();
+                format!(
+                    "the scenario's nodes ({}, scaled){}",
+                    groups.join(", "),
+                    queues.concat()
+                )
+            }
+            None => format!(
+                "nodes of {} cores and {}",
+                self.args.cores_per_node,
+                bytes(self.mem)
+            ),
+        };
         outln!(
-            "  nodes of {} cores and {}; links {links}, {} ms; seed {}, {} run{} per count{jitter}",
-            self.args.cores_per_node,
-            bytes(self.mem),
+            "  {nodes}; links {links}, {} ms; seed {}, {} run{} per count{jitter}",
             self.base.replay.links.latency_ms,
             self.base.seed,
             self.repeat,
