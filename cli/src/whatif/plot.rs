@@ -47,6 +47,8 @@ fn counts(view: &View<'_>, left: &Area<'_>, right: &Area<'_>) -> Drawn {
     } else {
         (lo / 2.0, hi * 2.0)
     };
+    // Ticks at the counts simulated, not at a log scale's round numbers.
+    let ticks: Vec<f64> = rows.iter().map(|r| r.nodes as f64).collect();
     let cp = hours(view.loaded.workload.critical_path_ms());
     let top = rows
         .iter()
@@ -60,7 +62,10 @@ fn counts(view: &View<'_>, left: &Area<'_>, right: &Area<'_>) -> Drawn {
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(55)
-        .build_cartesian_2d((lo..hi).log_scale(), 0.0..top * scale)?;
+        .build_cartesian_2d(
+            (lo..hi).log_scale().with_key_points(ticks.clone()),
+            0.0..top * scale,
+        )?;
     chart
         .configure_mesh()
         .x_desc("nodes")
@@ -104,7 +109,7 @@ fn counts(view: &View<'_>, left: &Area<'_>, right: &Area<'_>) -> Drawn {
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(55)
-        .build_cartesian_2d((lo..hi).log_scale(), 0.0..100.0)?;
+        .build_cartesian_2d((lo..hi).log_scale().with_key_points(ticks), 0.0..100.0)?;
     chart
         .configure_mesh()
         .x_desc("nodes")
@@ -157,11 +162,11 @@ fn busy(view: &View<'_>, nodes: usize, r: &SimReport, area: &Area<'_>) -> Drawn 
         } else {
             "node".into()
         })
-        // Ticks on whole rows only: a label between two would name either.
+        // Ticks where rows start, each naming the row above it; none between.
         .y_labels((rows + 1).min(17))
         .y_label_formatter(&|y| {
-            if y.fract() == 0.0 {
-                format!("{:.0}", y * band as f64)
+            if y.fract() == 0.0 && (*y as usize) < rows {
+                format!("{}", *y as usize * band)
             } else {
                 String::new()
             }
