@@ -290,6 +290,10 @@ impl View<'_> {
         );
         let rows = self.all_rows();
         let many = self.repeat > 1;
+        if rows.is_empty() {
+            self.print_search();
+            return;
+        }
         let head = if many {
             format!("{:>13}  {:>13}", "makespan p50", "p90")
         } else {
@@ -323,6 +327,11 @@ impl View<'_> {
                 bytes(moved)
             );
         }
+        self.print_search();
+    }
+
+    fn print_search(&self) {
+        let many = self.repeat > 1;
         if let Some(s) = self.search {
             let tried: Vec<String> = s.tried.iter().map(|r| r.nodes.to_string()).collect();
             let which = if many { "p90 makespan" } else { "makespan" };
