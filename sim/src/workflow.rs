@@ -9,7 +9,7 @@
 //! over simulated links ([`Links`]). [`sweep`] and [`fewest_nodes`] are
 //! the questions, each answer a set of such runs.
 
-use mesh_protocol::farm::{FarmDef, TaskRef};
+use mesh_protocol::farm::FarmDef;
 
 use crate::report::SimReport;
 use crate::scenario::SimConfig;
@@ -61,12 +61,6 @@ impl Workload {
                 o
             })
             .collect()
-    }
-
-    pub fn task_ref(&self, g: usize) -> TaskRef {
-        let offsets = self.offsets();
-        let s = offsets.partition_point(|&o| o <= g) - 1;
-        TaskRef::new(s as u32, (g - offsets[s]) as u32)
     }
 
     /// Every task's runtime added up: the makespan on one core.
@@ -130,7 +124,8 @@ pub(crate) fn chain(durations: &[u64], parents: &[Vec<u32>]) -> u64 {
 pub struct Links {
     /// Bytes per second; `None`: transfers take no time at all.
     pub bytes_per_s: Option<f64>,
-    /// One way, in ms; also every message's latency in the run.
+    /// One way, in ms; also every message's latency in the run, unless a
+    /// scenario says its own (`WhatIf::cluster`).
     pub latency_ms: u64,
 }
 
