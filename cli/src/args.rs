@@ -89,6 +89,104 @@ pub fn peers(s: &str) -> Result<Peers, String> {
     Ok(Peers(out))
 }
 
+/// Node counts, in the order given.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeCounts(pub Vec<usize>);
+
+/// Node counts: one, or several comma-separated (`4,8,16`), each at least 1.
+pub fn node_counts(s: &str) -> Result<NodeCounts, String> {
+    filled(s, "a number of nodes, or several such as 4,8,16")?;
+    let mut out = Vec::new();
+    for (i, n) in s.split(',').enumerate() {
+        match n.trim().parse::<usize>() {
+            Ok(v) if v > 0 => out.push(v),
+            _ if n.trim().is_empty() => {
+                return Err(format!("entry {} of the list `{s}` is {UNSET}", i + 1))
+            }
+            _ => {
+                return Err(format!(
+                    "expected a number of nodes from 1 up, or several such as 4,8,16, got `{}`",
+                    n.trim()
+                ))
+            }
+        }
+    }
+    Ok(NodeCounts(out))
+}
+
+/// Bytes per second; `None`: transfers take no time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bandwidth(pub Option<f64>);
+
+/// A rate of a link: `125MB/s`, `1Gbit/s`, `10G` (bytes), `inf` (free),
+/// in bytes per second (`None` for `inf`). Units are decimal (`MB`) or
+/// binary (`MiB`); bits end in `bit`.
+pub fn bandwidth(s: &str) -> Result<Bandwidth, String> {
+    rate(s).map(Bandwidth)
+}
+
+fn rate(s: &str) -> Result<Option<f64>, String> {
+    filled(s, "a bandwidth such as 125MB/s or 1Gbit/s")?;
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("inf") {
+        return Ok(None);
+    }
+    let bad = || {
+        format!(
+            "expected a bandwidth such as 125MB/s, 1Gbit/s, 10G or inf (transfers take no time), got `{t}`"
+        )
+    };
+    let body = t.strip_suffix("/s").unwrap_or(t);
+    let split = body
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E'))
+        .unwrap_or(body.len());
+    let (num, unit) = body.split_at(split);
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    let unit = unit.trim();
+    let (unit, bits) = match unit.len().checked_sub(3).map(|i| unit.split_at(i)) {
+        Some((u, b)) if b.eq_ignore_ascii_case("bit") => (u, true),
+        _ => (unit.strip_suffix('B').unwrap_or(unit), false),
+    };
+    let scale = match unit.to_ascii_lowercase().as_str() {
+        "" => 1.0,
+        "k" => 1e3,
+        "m" => 1e6,
+        "g" => 1e9,
+        "t" => 1e12,
+        "ki" => 1024.0,
+        "mi" => 1024.0 * 1024.0,
+        "gi" => 1024.0 * 1024.0 * 1024.0,
+        "ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(bad()),
+    };
+    let bytes = v * scale / if bits { 8.0 } else { 1.0 };
+    if bytes.is_finite() && bytes > 0.0 {
+        Ok(Some(bytes))
+    } else {
+        Err(bad())
+    }
+}
+
+/// A share from 0 up to, not including, 1 (`--jitter 0.2`).
+pub fn share(s: &str) -> Result<f64, String> {
+    filled(s, "a number from 0 to below 1, e.g. 0.2")?;
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..1.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "expected a number from 0 to below 1, e.g. 0.2, got `{s}`"
+        )),
+    }
+}
+
+/// A scale factor above zero (`--time-scale 0.01`).
+pub fn factor(s: &str) -> Result<f64, String> {
+    filled(s, "a number above 0, e.g. 0.01")?;
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("expected a number above 0, e.g. 0.01, got `{s}`")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,5 +224,27 @@ mod tests {
             assert!(seconds(bad).is_err(), "{bad}");
         }
         assert_eq!(seconds("0.2").unwrap(), 0.2);
+    }
+
+    #[test]
+    fn node_lists_bandwidths_and_shares() {
+        assert_eq!(node_counts("4, 8,16").unwrap().0, vec![4, 8, 16]);
+        assert_eq!(node_counts("3").unwrap().0, vec![3]);
+        for bad in ["0", "4,,8", "x", "-1"] {
+            assert!(node_counts(bad).is_err(), "{bad}");
+        }
+        assert_eq!(rate("125MB/s").unwrap(), Some(125e6));
+        assert_eq!(rate("1Gbit/s").unwrap(), Some(125e6));
+        assert_eq!(rate("10G").unwrap(), Some(10e9));
+        assert_eq!(rate("1MiB/s").unwrap(), Some(1048576.0));
+        assert_eq!(rate("500").unwrap(), Some(500.0));
+        assert_eq!(bandwidth("inf").unwrap(), Bandwidth(None));
+        for bad in ["0", "fast", "1Qb/s", "-5MB/s"] {
+            assert!(bandwidth(bad).is_err(), "{bad}");
+        }
+        assert_eq!(share("0.2").unwrap(), 0.2);
+        assert!(share("1").is_err());
+        assert!(factor("0").is_err());
+        assert_eq!(factor("0.01").unwrap(), 0.01);
     }
 }

@@ -9,6 +9,7 @@ mod out;
 mod show;
 mod sim_cmd;
 mod watch;
+mod whatif;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};

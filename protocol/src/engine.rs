@@ -166,6 +166,21 @@ impl StageState {
         true
     }
 
+    /// Its tasks that could be handed out now. Of a stage readied task by
+    /// task, only those its ready list holds (at most): the others wait
+    /// for their dependencies, and counting them kept a coordinator from
+    /// ever finding its backlog empty while any later task of a workflow
+    /// waited, so idle nodes were never told of newly ready work, nor
+    /// stole queued work.
+    fn ready_count(&self, def: &StageDef) -> u64 {
+        let queued = self.counts.queued();
+        if per_task(def) {
+            queued.min(self.ready.len() as u64)
+        } else {
+            queued
+        }
+    }
+
     fn counter(&mut self, status: u8) -> Option<&mut u64> {
         let c = &mut self.counts;
         match status {
@@ -243,7 +258,7 @@ fn waiting_stages(farms: &[FarmState]) -> impl Iterator<Item = (&StageDef, u64)>
         .filter(|f| !f.cancelled)
         .flat_map(|f| f.stages.iter().zip(&f.def.stages))
         .filter_map(|(st, def)| {
-            let q = st.counts.queued();
+            let q = st.ready_count(def);
             (st.open && !st.unplaceable && q > 0).then_some((def, q))
         })
 }
@@ -1232,9 +1247,9 @@ impl Engine {
         self.farms
             .iter()
             .filter(|f| !f.cancelled)
-            .flat_map(|f| f.stages.iter())
-            .filter(|st| st.open && !st.unplaceable)
-            .map(|st| st.counts.queued())
+            .flat_map(|f| f.stages.iter().zip(&f.def.stages))
+            .filter(|(st, _)| st.open && !st.unplaceable)
+            .map(|(st, def)| st.ready_count(def))
             .sum()
     }
 

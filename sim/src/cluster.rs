@@ -47,12 +47,17 @@ use crate::dist::{parse_durations, Dist};
 use crate::queue::Calendar;
 use crate::report::{Execution, SimReport, Timeline, Traffic};
 use crate::scenario::SimConfig;
+use crate::workflow::{Links, Read, Replay, Workload};
 use crate::SimError;
 
 /// The simulated farm's id.
 const FARM: FarmId = FarmId(1);
 /// Most executions kept for the picture.
 const SAMPLE_MAX: usize = 2000;
+/// The stream of per-task draws of a workflow's runtimes (see `mix`).
+const JITTER: u64 = 0x6a17;
+/// No node ran the task (yet).
+const NOWHERE: u32 = u32::MAX;
 
 /// Whether a stage asking `req` fits a machine of `total` at all.
 fn fits(total: &Resources, req: &Resources) -> bool {
@@ -73,7 +78,24 @@ fn mix(seed: u64, a: u64, b: u64) -> u64 {
 /// Runs a scenario to its end and reports what happened.
 pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
     cfg.validate()?;
-    let plan = Plan::new(cfg)?;
+    run_planned(cfg, Plan::new)
+}
+
+/// Runs a recorded workflow on the cluster of a checked scenario.
+pub(crate) fn run_workload(
+    cfg: &SimConfig,
+    wl: &Workload,
+    replay: &Replay,
+) -> Result<SimReport, SimError> {
+    run_planned(cfg, |cfg| Plan::for_workload(cfg, wl, replay))
+}
+
+/// Runs the farm `plan` makes of a checked scenario.
+fn run_planned(
+    cfg: &SimConfig,
+    plan: impl FnOnce(&SimConfig) -> Result<Plan, SimError>,
+) -> Result<SimReport, SimError> {
+    let plan = plan(cfg)?;
     let mut sim = Sim::new(cfg, plan);
     sim.schedule_scenario();
     let wall = Instant::now();
@@ -305,6 +327,16 @@ struct Sim<'a> {
     not_one_mesh: Option<String>,
     /// The longest a message waited in a slow node's queue.
     slow_wait_ms: Millis,
+    /// Per task: the node whose run of it first succeeded (where its
+    /// files are), for a workflow's transfers.
+    ran_on: Vec<u32>,
+    /// (node, file) of a workflow's files each node has brought: a node
+    /// brings a file once.
+    brought: FxHashSet<(u32, u32)>,
+    /// Per node: when a workflow's inputs are there (`None`: not asked yet).
+    inputs_at: FxHashMap<u32, Millis>,
+    moved_bytes: u64,
+    stage_in_ms: u64,
 }
 
 impl<'a> Sim<'a> {
@@ -358,6 +390,15 @@ impl<'a> Sim<'a> {
             one_mesh_at: None,
             not_one_mesh: None,
             slow_wait_ms: 0,
+            ran_on: if plan.io.is_some() {
+                vec![NOWHERE; tasks]
+            } else {
+                Vec::new()
+            },
+            brought: FxHashSet::default(),
+            inputs_at: FxHashMap::default(),
+            moved_bytes: 0,
+            stage_in_ms: 0,
             batch: batch::Batch::new(cfg),
             plan,
         }
@@ -1110,7 +1151,8 @@ impl<'a> Sim<'a> {
         let gen = nd.gen;
         self.live[g] += 1;
         self.executions += 1;
-        let at = self.now + self.plan.durations[g] as u64;
+        let stage_in = self.stage_in(n, g);
+        let at = self.now + stage_in + self.plan.durations[g] as u64;
         self.push(
             at,
             Ev::TaskEnd {
@@ -1121,6 +1163,64 @@ impl<'a> Sim<'a> {
             },
         );
         Ok(())
+    }
+
+    /// How long a workflow's task takes to bring the files it reads from
+    /// its parents' nodes to node `n`, one source after another; each
+    /// file comes once per node. Zero for a scenario's farm.
+    fn stage_in(&mut self, n: usize, g: usize) -> Millis {
+        if self.plan.io.is_none() {
+            return 0;
+        }
+        let inputs = self.inputs_wait(n);
+        let Some(io) = &self.plan.io else {
+            return 0;
+        };
+        let mut sources: Vec<u32> = Vec::new();
+        let mut bytes = 0;
+        for &Read {
+            from,
+            file,
+            bytes: b,
+        } in &io.reads[g]
+        {
+            let src = self.ran_on[from as usize];
+            if src == n as u32 || src == NOWHERE || !self.brought.insert((n as u32, file)) {
+                continue;
+            }
+            bytes += b;
+            if !sources.contains(&src) {
+                sources.push(src);
+            }
+        }
+        let ms = inputs + io.links.transfer_ms(sources.len(), bytes);
+        self.moved_bytes += bytes;
+        self.stage_in_ms += ms;
+        ms
+    }
+
+    /// How long a task starting now on node `n` waits for a workflow's
+    /// inputs (the files no task makes): every node but the submitter,
+    /// which has them, brings them all from it before its first task, as
+    /// a real node does for a farm with inputs; the node's later tasks
+    /// wait for the same transfer.
+    fn inputs_wait(&mut self, n: usize) -> Millis {
+        let Some(io) = &self.plan.io else {
+            return 0;
+        };
+        if n == self.cfg.submit_node || io.input_bytes == 0 {
+            return 0;
+        }
+        let at = match self.inputs_at.get(&(n as u32)) {
+            Some(&at) => at,
+            None => {
+                self.moved_bytes += io.input_bytes;
+                let at = self.now + io.links.transfer_ms(1, io.input_bytes);
+                self.inputs_at.insert(n as u32, at);
+                at
+            }
+        };
+        at.saturating_sub(self.now)
     }
 
     /// The process is killed: it ends now, with a signal.
@@ -1172,6 +1272,9 @@ impl<'a> Sim<'a> {
             if !fail {
                 self.ok_done[g] = true;
                 self.makespan = self.makespan.max(self.now);
+                if self.ran_on.get(g) == Some(&NOWHERE) {
+                    self.ran_on[g] = n as u32;
+                }
             }
         }
         let result = if !completed {
@@ -1280,6 +1383,8 @@ impl<'a> Sim<'a> {
             one_mesh_ms: self.one_mesh_since,
             coordinators: self.coordinators.iter().copied().collect(),
             slow_wait_ms: self.slow_wait_ms,
+            moved_bytes: self.moved_bytes,
+            stage_in_ms: self.stage_in_ms,
             timeline: std::mem::take(&mut self.timeline),
             sample: std::mem::take(&mut self.sample),
         }

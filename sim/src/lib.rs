@@ -17,11 +17,13 @@ pub mod dist;
 mod queue;
 pub mod report;
 pub mod scenario;
+pub mod workflow;
 
 pub use cluster::run;
 pub use dist::{parse_durations, Dist, DistError};
 pub use report::{SimReport, Timeline, Traffic};
 pub use scenario::{load_scenario, parse_scenario, NodeGroup, SimConfig};
+pub use workflow::{run_workload, Links, Replay, WhatIf, Workload};
 
 /// Why a simulated run did not produce a report.
 #[derive(Debug, Clone, PartialEq)]

@@ -83,6 +83,14 @@ pub struct SimReport {
     /// The longest a message waited in a slow node's queue (`[[slow]]`).
     #[serde(default)]
     pub slow_wait_ms: u64,
+    /// A recorded workflow's bytes moved between nodes: the files tasks
+    /// read from their parents' nodes, and the farm's inputs each node
+    /// brought.
+    #[serde(default)]
+    pub moved_bytes: u64,
+    /// The time tasks spent bringing their parents' files, holding their cores.
+    #[serde(default)]
+    pub stage_in_ms: u64,
     /// For the picture: busy fraction per row and time bucket.
     pub timeline: Timeline,
     /// For the picture: a sample of executions.

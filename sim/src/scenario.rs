@@ -451,6 +451,30 @@ impl SimConfig {
         }
     }
 
+    /// Scales the node groups to `n` nodes in all, keeping their
+    /// proportions (each group keeps at least one node).
+    pub fn scale_nodes(&mut self, n: usize) {
+        let groups = &mut self.nodes;
+        let total: usize = groups.iter().map(|g| g.count).sum();
+        if total == 0 || groups.is_empty() {
+            return;
+        }
+        let mut left = n;
+        let last = groups.len() - 1;
+        for (i, g) in groups.iter_mut().enumerate() {
+            let c = if i == last {
+                left
+            } else {
+                (g.count * n / total)
+                    .max(1)
+                    .min(left.saturating_sub(last - i))
+            };
+            g.count = c;
+            left -= c;
+        }
+        groups.retain(|g| g.count > 0);
+    }
+
     /// How many nodes the groups add up to.
     pub fn node_count(&self) -> usize {
         self.nodes.iter().map(|g| g.count).sum()
@@ -494,16 +518,13 @@ impl SimConfig {
 
     /// Checks everything a run would trip over, with messages that name the field.
     pub fn validate(&self) -> Result<(), SimError> {
+        self.validate_stages()?;
+        self.validate_cluster()
+    }
+
+    /// Checks the farm's stages.
+    fn validate_stages(&self) -> Result<(), SimError> {
         let bad = |m: String| Err(SimError::Config(m));
-        let n = self.node_count();
-        if n == 0 {
-            return bad("a scenario needs at least one node".into());
-        }
-        for (i, g) in self.nodes.iter().enumerate() {
-            if let Err(e) = mesh_protocol::resources::parse_resources(&g.resources) {
-                return bad(format!("nodes[{i}].resources {:?}: {e}", g.resources));
-            }
-        }
         if self.stages.is_empty() {
             return bad("a scenario needs at least one stage".into());
         }
@@ -553,6 +574,22 @@ impl SimConfig {
                         s.name
                     ));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks everything but the stages: the nodes, the network, the
+    /// queues and the faults (a recorded workflow brings its own farm).
+    pub fn validate_cluster(&self) -> Result<(), SimError> {
+        let bad = |m: String| Err(SimError::Config(m));
+        let n = self.node_count();
+        if n == 0 {
+            return bad("a scenario needs at least one node".into());
+        }
+        for (i, g) in self.nodes.iter().enumerate() {
+            if let Err(e) = mesh_protocol::resources::parse_resources(&g.resources) {
+                return bad(format!("nodes[{i}].resources {:?}: {e}", g.resources));
             }
         }
         if let Err(e) = parse_durations(&self.latency) {

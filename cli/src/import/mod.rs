@@ -4,8 +4,8 @@
 //! same loader `mesh run` uses, and every task's dependencies are compared
 //! with its parents in the trace. Bad input writes nothing.
 
-mod plan;
-mod wfformat;
+pub(crate) mod plan;
+pub(crate) mod wfformat;
 
 #[cfg(test)]
 mod tests;
@@ -107,7 +107,7 @@ fn wfformat_cmd(a: &WfArgs) -> Result<ExitCode> {
 }
 
 /// A farm name from the trace's file name: letters, digits, `_`, `.`, `-`.
-fn farm_name(stem: &str) -> String {
+pub(crate) fn farm_name(stem: &str) -> String {
     plan::safe_name(stem).replace('+', "_")
 }
 
@@ -173,7 +173,7 @@ fn write_folder(
 
 /// Every task of the loaded farm is the trace's task the plan put there
 /// (by its `id`), and waits for exactly that task's parents.
-fn verify(def: &FarmDef, trace: &Trace, plan: &Plan) -> Result<()> {
+pub(crate) fn verify(def: &FarmDef, trace: &Trace, plan: &Plan) -> Result<()> {
     if def.stages.len() != plan.stages.len() {
         bail!("{} stages, {} planned", def.stages.len(), plan.stages.len());
     }

@@ -338,6 +338,18 @@ impl Plan {
 
     /// The farm file.
     pub fn farm_toml(&self, trace: &Trace, farm_name: &str, source: &str, scale: Scale) -> String {
+        self.toml(trace, farm_name, source, Some(scale))
+    }
+
+    /// The same farm with only its graph and resources: each task runs
+    /// `true` and touches no file. What `mesh sim --workflow` simulates,
+    /// which takes runtimes and sizes from the trace itself; loadable
+    /// without the farm folder's input files.
+    pub fn graph_toml(&self, trace: &Trace, farm_name: &str, source: &str) -> String {
+        self.toml(trace, farm_name, source, None)
+    }
+
+    fn toml(&self, trace: &Trace, farm_name: &str, source: &str, run: Option<Scale>) -> String {
         let mut o = String::new();
         let system = trace
             .system
@@ -353,20 +365,27 @@ impl Plan {
             self.tasks(),
             self.edges()
         );
-        let _ = writeln!(
-            o,
-            "# Each task sleeps its recorded runtime x {} (--time-scale), reads its input",
-            scale.time
-        );
-        let _ = writeln!(
-            o,
-            "# files and writes its output files at their recorded sizes x {} (--size-scale).",
-            scale.size
-        );
-        let _ = writeln!(
-            o,
-            "# Variable `id` is each task's id in the trace; {INPUTS_DIR}/ holds the files no task makes."
-        );
+        if let Some(scale) = run {
+            let _ = writeln!(
+                o,
+                "# Each task sleeps its recorded runtime x {} (--time-scale), reads its input",
+                scale.time
+            );
+            let _ = writeln!(
+                o,
+                "# files and writes its output files at their recorded sizes x {} (--size-scale).",
+                scale.size
+            );
+            let _ = writeln!(
+                o,
+                "# Variable `id` is each task's id in the trace; {INPUTS_DIR}/ holds the files no task makes."
+            );
+        } else {
+            let _ = writeln!(
+                o,
+                "# The graph alone: each task runs `true`; variable `id` is its id in the trace."
+            );
+        }
         let _ = writeln!(o, "\n[farm]\nname = {}", toml_str(farm_name));
         // Keys variables of upstream stages, per stage: (variable, values).
         let mut keys_up: Vec<Vec<(String, Vec<String>)>> = vec![Vec::new(); self.stages.len()];
@@ -379,18 +398,19 @@ impl Plan {
             }
         }
         for (s, stage) in self.stages.iter().enumerate() {
-            self.stage_toml(&mut o, trace, stage, &keys_up[s], scale);
+            self.stage_toml(&mut o, trace, stage, &keys_up[s], run);
         }
         o
     }
 
+    /// One stage; with `run` `None`, its graph and resources alone.
     fn stage_toml(
         &self,
         o: &mut String,
         trace: &Trace,
         stage: &Stage,
         keys_up: &[(String, Vec<String>)],
-        scale: Scale,
+        run: Option<Scale>,
     ) {
         let _ = writeln!(o, "\n[[stage]]\nname = {}", toml_str(&stage.name));
         let waits: Vec<String> = stage
@@ -428,17 +448,28 @@ impl Plan {
             "id",
             &mut stage.tasks.iter().map(|&t| trace.tasks[t].id.clone()),
         );
-        var(
-            o,
-            "secs",
-            &mut stage
-                .tasks
-                .iter()
-                .map(|&t| secs(trace.tasks[t].runtime_s * scale.time)),
-        );
+        let files = run.is_some();
+        let scale = run.unwrap_or(Scale {
+            time: 1.0,
+            size: 1.0,
+        });
+        if files {
+            var(
+                o,
+                "secs",
+                &mut stage
+                    .tasks
+                    .iter()
+                    .map(|&t| secs(trace.tasks[t].runtime_s * scale.time)),
+            );
+        }
         // Farm-folder inputs: one `inputs` entry per slot; a slot the same
         // for every task is written out, the others are variables.
-        let slots = io.iter().map(|x| x.farm.len()).max().unwrap_or(0);
+        let slots = if files {
+            io.iter().map(|x| x.farm.len()).max().unwrap_or(0)
+        } else {
+            0
+        };
         let mut input_entries = Vec::new();
         for k in 0..slots {
             let values: Vec<&str> = io
@@ -460,11 +491,11 @@ impl Plan {
                 input_entries.push(format!("{INPUTS_DIR}/{{{name}}}"));
             }
         }
-        let reads = io.iter().any(|x| !x.deps.is_empty());
+        let reads = files && io.iter().any(|x| !x.deps.is_empty());
         if reads {
             var(o, "reads", &mut io.iter().map(|x| x.deps.join(" ")));
         }
-        let writes = io.iter().any(|x| !x.outs.is_empty());
+        let writes = files && io.iter().any(|x| !x.outs.is_empty());
         if writes {
             var(
                 o,
@@ -531,7 +562,9 @@ impl Plan {
         if !after_each.is_empty() {
             let _ = writeln!(o, "after_each = [{}]", after_each.join(", "));
         }
-        let _ = writeln!(o, "workdir = \"runs/{{stage}}/{{index}}\"");
+        if files {
+            let _ = writeln!(o, "workdir = \"runs/{{stage}}/{{index}}\"");
+        }
         if !input_entries.is_empty() {
             let list: Vec<String> = input_entries.iter().map(|e| toml_str(e)).collect();
             let _ = writeln!(o, "inputs = [{}]", list.join(", "));
@@ -546,6 +579,10 @@ impl Plan {
             let _ = write!(res, ", mem = \"{m}B\"");
         }
         let _ = writeln!(o, "resources = {{ {res} }}");
+        if !files {
+            let _ = writeln!(o, "command = [\"true\"]");
+            return;
+        }
         let mut sh = String::from("set -e\n");
         if reads {
             // One `cat` for them all, however many: a process costs more

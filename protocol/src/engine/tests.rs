@@ -401,6 +401,30 @@ fn a_done_that_wins_over_a_failure_revives_what_the_failure_skipped() {
     assert!(p.finished());
 }
 
+/// The backlog is what could be handed out now: a stage readied task by
+/// task counts only its ready tasks, not those waiting for their
+/// dependencies (a coordinator that counted them never found its backlog
+/// empty, so its idle nodes neither heard of new ready work nor stole).
+#[test]
+fn the_backlog_counts_only_tasks_ready_to_hand_out() {
+    let a = stage("a", 3);
+    let mut b = stage("b", 3);
+    b.after_each = vec![0];
+    let mut e = Engine::remote(vec![parse_resources("cpu=8").unwrap()]);
+    e.add_farm(0, farm(vec![a, b]), vec![], &AddOptions::default());
+    assert_eq!(e.backlog(), 3, "a's three; b's wait for them");
+    let claimed = e.claim(0, 10, &mut |_, _| true);
+    assert_eq!((claimed.len(), e.backlog()), (3, 0));
+    let waiting: u64 = e.waiting_stages().map(|(_, q)| q).sum();
+    assert_eq!(waiting, 0, "nothing ready waits");
+    let (f, task, att) = claimed[1];
+    e.task_finished(1, f, task, att, ok());
+    assert_eq!(e.backlog(), 1, "b/1 is ready");
+    assert_eq!(e.claim(2, 10, &mut |_, _| true).len(), 1);
+    assert_eq!(e.backlog(), 0);
+    e.audit().unwrap();
+}
+
 /// A coordinator that took a farm over across a partition hands out from
 /// the last index down: what was done is skipped, tasks that become ready
 /// together go highest first, and a task handed back still goes first.

@@ -30,16 +30,48 @@ pub(super) struct Plan {
     /// See [`Plan::greedy`]: in submission order, and longest first.
     pub(super) greedy: u64,
     pub(super) longest_first: u64,
+    /// A recorded workflow's tasks' parents (task numbers, each after its
+    /// parents): its graph is per task, not the stages' `after` alone.
+    pub(super) parents: Option<Vec<Vec<u32>>>,
+    /// A recorded workflow's files and the links they move over.
+    pub(super) io: Option<Io>,
+}
+
+/// What tasks read from other nodes, and how long that takes.
+pub(super) struct Io {
+    pub(super) reads: Vec<Vec<Read>>,
+    pub(super) input_bytes: u64,
+    pub(super) links: Links,
+}
+
+/// The nodes a scenario brings: its own, those the bound counts (with
+/// every queue's `max` jobs), and those of queues that never refuse.
+type Machines = (Vec<Resources>, Vec<Resources>, Vec<Resources>);
+
+fn machines(cfg: &SimConfig) -> Result<Machines, SimError> {
+    let mut totals = Vec::new();
+    for g in &cfg.nodes {
+        let r = parse_resources(&g.resources).map_err(|e| SimError::Config(e.to_string()))?;
+        totals.extend(std::iter::repeat_n(r, g.count));
+    }
+    let mut machines = totals.clone();
+    for a in cfg.alloc.iter().filter(|a| a.reject_rate < 1.0) {
+        let n = a.max as usize * a.nodes_per_job as usize;
+        machines.extend(std::iter::repeat_n(a.node_resources(), n));
+    }
+    let queue_nodes = cfg
+        .alloc
+        .iter()
+        .filter(|a| a.reject_rate == 0.0 && a.max > 0)
+        .map(|a| a.node_resources())
+        .collect();
+    Ok((totals, machines, queue_nodes))
 }
 
 impl Plan {
     pub(super) fn new(cfg: &SimConfig) -> Result<Plan, SimError> {
         let conf = |m: String| SimError::Config(m);
-        let mut totals = Vec::new();
-        for g in &cfg.nodes {
-            let r = parse_resources(&g.resources).map_err(|e| conf(e.to_string()))?;
-            totals.extend(std::iter::repeat_n(r, g.count));
-        }
+        let (totals, machines, queue_nodes) = machines(cfg)?;
         let mut stages = Vec::new();
         let mut offsets = Vec::new();
         let mut durations = Vec::new();
@@ -92,21 +124,11 @@ impl Plan {
             def,
             inputs: vec![],
         });
-        let mut machines = totals.clone();
-        for a in cfg.alloc.iter().filter(|a| a.reject_rate < 1.0) {
-            let n = a.max as usize * a.nodes_per_job as usize;
-            machines.extend(std::iter::repeat_n(a.node_resources(), n));
-        }
-        let mut plan = Plan {
+        let plan = Plan {
             peer_cfg: cfg.peer_config(),
             totals,
             machines,
-            queue_nodes: cfg
-                .alloc
-                .iter()
-                .filter(|a| a.reject_rate == 0.0 && a.max > 0)
-                .map(|a| a.node_resources())
-                .collect(),
+            queue_nodes,
             spec,
             offsets,
             durations,
@@ -116,12 +138,71 @@ impl Plan {
             lower_bound: 0,
             greedy: 0,
             longest_first: 0,
+            parents: None,
+            io: None,
         };
-        plan.expect_ok = plan.expected();
-        plan.lower_bound = plan.bound();
-        plan.greedy = plan.greedy(false);
-        plan.longest_first = plan.greedy(true);
-        Ok(plan)
+        Ok(plan.measured())
+    }
+
+    /// The farm of a recorded workflow: its graph, its runtimes (with
+    /// jitter drawn per task from the seed), what each task reads.
+    pub(super) fn for_workload(
+        cfg: &SimConfig,
+        wl: &Workload,
+        replay: &Replay,
+    ) -> Result<Plan, SimError> {
+        let (totals, machines, queue_nodes) = machines(cfg)?;
+        let durations = wl
+            .runtime_ms
+            .iter()
+            .enumerate()
+            .map(|(g, &ms)| {
+                let factor = if replay.jitter > 0.0 {
+                    let mut rng = SmallRng::seed_from_u64(mix(cfg.seed, JITTER, g as u64));
+                    1.0 + replay.jitter * (2.0 * rng.random::<f64>() - 1.0)
+                } else {
+                    1.0
+                };
+                (ms as f64 * factor).round().min(u32::MAX as f64) as u32
+            })
+            .collect();
+        let spec = Arc::new(FarmSpec {
+            id: FARM,
+            origin: NodeId(cfg.submit_node as u64 + 1),
+            def: wl.def.clone(),
+            inputs: vec![],
+        });
+        let plan = Plan {
+            peer_cfg: cfg.peer_config(),
+            totals,
+            machines,
+            queue_nodes,
+            spec,
+            offsets: wl.offsets(),
+            durations,
+            fails: vec![false; wl.tasks()],
+            expect_ok: Vec::new(),
+            latency: parse_durations(&cfg.latency).map_err(|e| SimError::Config(e.to_string()))?,
+            lower_bound: 0,
+            greedy: 0,
+            longest_first: 0,
+            parents: Some(wl.parents.clone()),
+            io: Some(Io {
+                reads: wl.reads.clone(),
+                input_bytes: wl.input_bytes,
+                links: replay.links,
+            }),
+        };
+        Ok(plan.measured())
+    }
+
+    /// With what each task is expected to do, the bound and baselines.
+    fn measured(mut self) -> Plan {
+        self.expect_ok = self.expected();
+        self.lower_bound = self.bound();
+        self.greedy = self.greedy(false);
+        self.longest_first = self.greedy(true);
+        self
     }
 
     pub(super) fn global(&self, t: TaskRef) -> usize {
@@ -147,6 +228,23 @@ impl Plan {
     pub(super) fn expected(&self) -> Vec<bool> {
         let def = &self.spec.def;
         let mut ok = vec![true; self.durations.len()];
+        if let Some(parents) = &self.parents {
+            // Tasks come after their parents: one pass sees each parent settled.
+            for s in 0..def.stages.len() {
+                let req = &def.stages[s].resources;
+                let placeable = self
+                    .totals
+                    .iter()
+                    .chain(&self.queue_nodes)
+                    .any(|m| fits(m, req));
+                for i in 0..self.stage_len(s) {
+                    let g = self.offsets[s] + i;
+                    ok[g] =
+                        placeable && !self.fails[g] && parents[g].iter().all(|&p| ok[p as usize]);
+                }
+            }
+            return ok;
+        }
         for s in 0..def.stages.len() {
             let req = &def.stages[s].resources;
             let placeable = self
@@ -205,6 +303,13 @@ impl Plan {
                 }
             }
         }
+        if let Some(parents) = &self.parents {
+            let durations: Vec<u64> = (0..self.durations.len())
+                .map(|g| u64::from(self.durations[g]) * u64::from(self.expect_ok[g]))
+                .collect();
+            let chain = crate::workflow::chain(&durations, parents);
+            return (best.ceil() as u64).max(chain).max(1);
+        }
         // Longest chain: a task ends no sooner than its own duration after
         // every whole stage it waits on and its element-wise predecessors.
         let mut finish = vec![0u64; self.durations.len()];
@@ -253,6 +358,9 @@ impl Plan {
     /// their stage opened). How close it comes to the bound tells whether
     /// the bound itself is tight.
     pub(super) fn greedy(&self, longest_first: bool) -> u64 {
+        if let Some(parents) = &self.parents {
+            return self.greedy_dag(parents, longest_first);
+        }
         let def = &self.spec.def;
         let n = def.stages.len();
         let reqs: Vec<&Resources> = def.stages.iter().map(|s| &s.resources).collect();
@@ -361,6 +469,111 @@ impl Plan {
             } else {
                 fill(node, now, &mut free, &mut ready, &mut running);
             }
+        }
+        end.max(1)
+    }
+
+    /// [`Plan::greedy`] on a per-task graph: a task is ready once its
+    /// parents are done; of the ready tasks that fit a free node, the
+    /// first stage's first (or, with `longest_first`, the longest) starts.
+    /// Only nodes with room are filled when tasks become ready, so a run
+    /// of a thousand nodes does not look at every node per task.
+    fn greedy_dag(&self, parents: &[Vec<u32>], longest_first: bool) -> u64 {
+        let def = &self.spec.def;
+        let n = def.stages.len();
+        let total = self.durations.len();
+        let reqs: Vec<&Resources> = def.stages.iter().map(|s| &s.resources).collect();
+        let stage_of: Vec<u32> = (0..n)
+            .flat_map(|s| std::iter::repeat_n(s as u32, self.stage_len(s)))
+            .collect();
+        let mut children: Vec<Vec<u32>> = vec![Vec::new(); total];
+        let mut waiting: Vec<u32> = vec![0; total];
+        for g in (0..total).filter(|&g| self.expect_ok[g]) {
+            waiting[g] = parents[g].len() as u32;
+            for &p in &parents[g] {
+                children[p as usize].push(g as u32);
+            }
+        }
+        // Per stage: ready tasks by (key, task), smallest first.
+        let key = |g: usize| {
+            if longest_first {
+                u64::from(u32::MAX - self.durations[g])
+            } else {
+                g as u64
+            }
+        };
+        let mut ready: Vec<BinaryHeap<Reverse<(u64, u32)>>> = vec![BinaryHeap::new(); n];
+        for g in (0..total).filter(|&g| self.expect_ok[g] && waiting[g] == 0) {
+            ready[stage_of[g] as usize].push(Reverse((key(g), g as u32)));
+        }
+        let mut free = self.machines.clone();
+        // Nodes that may have room for something.
+        let mut roomy: std::collections::BTreeSet<usize> = (0..free.len()).collect();
+        let mut running: BinaryHeap<Reverse<(u64, usize, u32)>> = BinaryHeap::new();
+        let mut end = 0;
+        let fill = |node: usize,
+                    now: u64,
+                    free: &mut Vec<Resources>,
+                    ready: &mut Vec<BinaryHeap<Reverse<(u64, u32)>>>,
+                    running: &mut BinaryHeap<Reverse<(u64, usize, u32)>>|
+         -> bool {
+            loop {
+                let pick = (0..n)
+                    .filter(|&s| free[node].fits(reqs[s]))
+                    .filter_map(|s| ready[s].peek().map(|Reverse(k)| (*k, s)))
+                    .min();
+                let Some((_, s)) = pick else {
+                    return false;
+                };
+                let Reverse((_, g)) = ready[s].pop().expect("peeked");
+                free[node].take_saturating(reqs[s]);
+                running.push(Reverse((
+                    now + u64::from(self.durations[g as usize]),
+                    node,
+                    g,
+                )));
+                if ready.iter().all(BinaryHeap::is_empty) {
+                    return true;
+                }
+            }
+        };
+        let fill_roomy =
+            |now: u64,
+             roomy: &mut std::collections::BTreeSet<usize>,
+             free: &mut Vec<Resources>,
+             ready: &mut Vec<BinaryHeap<Reverse<(u64, u32)>>>,
+             running: &mut BinaryHeap<Reverse<(u64, usize, u32)>>| {
+                let mut full = Vec::new();
+                for &node in roomy.iter() {
+                    if ready.iter().all(BinaryHeap::is_empty) {
+                        break;
+                    }
+                    let emptied = fill(node, now, free, ready, running);
+                    if !reqs.iter().any(|r| free[node].fits(r)) {
+                        full.push(node);
+                    }
+                    if emptied {
+                        break;
+                    }
+                }
+                for node in full {
+                    roomy.remove(&node);
+                }
+            };
+        fill_roomy(0, &mut roomy, &mut free, &mut ready, &mut running);
+        while let Some(Reverse((at, node, g))) = running.pop() {
+            end = end.max(at);
+            let s = stage_of[g as usize] as usize;
+            free[node].give(reqs[s]);
+            roomy.insert(node);
+            for &c in &children[g as usize] {
+                let c = c as usize;
+                waiting[c] -= 1;
+                if waiting[c] == 0 {
+                    ready[stage_of[c] as usize].push(Reverse((key(c), c as u32)));
+                }
+            }
+            fill_roomy(at, &mut roomy, &mut free, &mut ready, &mut running);
         }
         end.max(1)
     }

@@ -1,0 +1,449 @@
+//! What-if runs of a recorded workflow: its exact graph, runtimes and file sizes replayed through the real peers on as many nodes as asked, and the questions asked of them (how fast on N nodes, the fewest nodes for a deadline, the spread under jitter).
+//!
+//! A [`Workload`] is what a trace says, already turned into a farm (the
+//! CLI builds it through `mesh import`'s own plan, so the graph is the
+//! one a real submission of the trace would have). [`run_workload`] runs
+//! it like any scenario: the same peers, placement, stealing and
+//! membership; each task holds its stage's resources for its recorded
+//! runtime, after bringing the files it reads from its parents' nodes
+//! over simulated links ([`Links`]). [`sweep`] and [`fewest_nodes`] are
+//! the questions, each answer a set of such runs.
+
+use mesh_protocol::farm::FarmDef;
+
+use crate::report::SimReport;
+use crate::scenario::SimConfig;
+use crate::SimError;
+
+/// One file a task reads that a parent made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Read {
+    /// The parent that made it (a task number, see [`Workload`]).
+    pub from: u32,
+    /// The file, numbered across the workflow: a node brings each once.
+    pub file: u32,
+    pub bytes: u64,
+}
+
+/// A recorded workflow as a farm to simulate. Tasks are numbered stage by
+/// stage in the farm's order (task `i` of stage `s` is `offset(s) + i`),
+/// which is an order where every task comes after its parents.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    /// The farm, with its dependency graph: what the coordinator schedules.
+    pub def: FarmDef,
+    /// Per task: its runtime in virtual ms (the recorded one, scaled).
+    pub runtime_ms: Vec<u64>,
+    /// Per task: its parents, as task numbers.
+    pub parents: Vec<Vec<u32>>,
+    /// Per task: the files it reads that its parents made.
+    pub reads: Vec<Vec<Read>>,
+    /// Bytes of the files no task makes (the farm's inputs): every node
+    /// but the submitter brings them all before its first task, as a real
+    /// node does (`Action::FetchInputs`).
+    pub input_bytes: u64,
+}
+
+impl Workload {
+    pub fn tasks(&self) -> usize {
+        self.runtime_ms.len()
+    }
+
+    /// First task number of each stage.
+    pub fn offsets(&self) -> Vec<usize> {
+        let mut at = 0;
+        self.def
+            .stages
+            .iter()
+            .map(|s| {
+                let o = at;
+                at += s.len() as usize;
+                o
+            })
+            .collect()
+    }
+
+    /// Every task's runtime added up: the makespan on one core.
+    pub fn work_ms(&self) -> u64 {
+        self.runtime_ms.iter().sum()
+    }
+
+    /// The longest chain of runtimes through the graph (no transfers): no
+    /// number of nodes finishes sooner.
+    pub fn critical_path_ms(&self) -> u64 {
+        chain(&self.runtime_ms, &self.parents)
+    }
+
+    /// Checks that the parts agree (a workload built by hand, or a bug).
+    pub fn check(&self) -> Result<(), SimError> {
+        let n = self.tasks();
+        let bad = |m: String| Err(SimError::Config(format!("workload: {m}")));
+        let farm: usize = self.def.stages.iter().map(|s| s.len() as usize).sum();
+        if farm != n || self.parents.len() != n || self.reads.len() != n {
+            return bad(format!(
+                "{farm} tasks in the farm, {n} runtimes, {} parent lists, {} read lists",
+                self.parents.len(),
+                self.reads.len()
+            ));
+        }
+        if n == 0 {
+            return bad("no tasks".into());
+        }
+        for (g, ps) in self.parents.iter().enumerate() {
+            if let Some(p) = ps.iter().find(|&&p| p as usize >= g) {
+                return bad(format!(
+                    "task {g}: parent {p} does not come before it (tasks are numbered in dependency order)"
+                ));
+            }
+            if let Some(r) = self.reads[g].iter().find(|r| !ps.contains(&r.from)) {
+                return bad(format!("task {g} reads from {}, not a parent", r.from));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The longest path through a graph given in dependency order.
+pub(crate) fn chain(durations: &[u64], parents: &[Vec<u32>]) -> u64 {
+    let mut finish = vec![0u64; durations.len()];
+    for g in 0..durations.len() {
+        let start = parents[g]
+            .iter()
+            .map(|&p| finish[p as usize])
+            .max()
+            .unwrap_or(0);
+        finish[g] = start + durations[g];
+    }
+    finish.into_iter().max().unwrap_or(0)
+}
+
+/// The links between nodes, as the simplest honest model: a file from
+/// another node takes a round trip to ask for, then its bytes at the
+/// link's bandwidth; links never share bandwidth with each other.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Links {
+    /// Bytes per second; `None`: transfers take no time at all.
+    pub bytes_per_s: Option<f64>,
+    /// One way, in ms; also every message's latency in the run, unless a
+    /// scenario says its own (`WhatIf::cluster`).
+    pub latency_ms: u64,
+}
+
+impl Links {
+    /// How long bringing `bytes` from `sources` other nodes takes, one
+    /// after another as a node's staging does.
+    pub fn transfer_ms(&self, sources: usize, bytes: u64) -> u64 {
+        let Some(bps) = self.bytes_per_s else {
+            return 0;
+        };
+        if sources == 0 && bytes == 0 {
+            return 0;
+        }
+        sources as u64 * 2 * self.latency_ms + (bytes as f64 * 1000.0 / bps).ceil() as u64
+    }
+}
+
+/// How a workload is run, besides the cluster: the links, and how far
+/// each runtime may stray from the recorded one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Replay {
+    pub links: Links,
+    /// Each runtime is the recorded one times a factor drawn uniformly
+    /// from `[1 - jitter, 1 + jitter]`, per task, from the seed.
+    pub jitter: f64,
+}
+
+/// The cluster of a what-if run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WhatIf {
+    pub seed: u64,
+    pub nodes: usize,
+    /// Each node's resources, as for `--resources` (`cpu=4,mem=16GiB`).
+    pub node: String,
+    pub replay: Replay,
+    pub steal: bool,
+    /// A scenario whose cluster is used instead (its node groups scaled
+    /// to `nodes`, its allocation queues, network and knobs; its stages
+    /// are not used).
+    pub cluster: Option<SimConfig>,
+}
+
+impl WhatIf {
+    /// The scenario: `nodes` nodes up from the start (or the scenario's,
+    /// scaled), the farm submitted by the first at once, messages taking
+    /// the links' latency (or the scenario's), no faults.
+    pub fn config(&self, wl: &Workload) -> SimConfig {
+        let mut cfg = match &self.cluster {
+            Some(c) => {
+                let mut c = c.clone();
+                c.seed = self.seed;
+                c.scale_nodes(self.nodes);
+                c.steal &= self.steal;
+                c
+            }
+            None => {
+                let mut c = SimConfig::simple(self.seed, self.nodes, &self.node, 1, "1");
+                c.steal = self.steal;
+                c.latency = self.replay.links.latency_ms.max(1).to_string();
+                c
+            }
+        };
+        cfg.name = wl.def.name.clone();
+        cfg.stages.clear();
+        // A what-if asks how long the farm takes; the mesh is one
+        // throughout a fault-free run, and a look every virtual second
+        // at thousands of nodes for hours of virtual time costs more than
+        // the run.
+        cfg.one_mesh = false;
+        let batch = cfg
+            .alloc
+            .iter()
+            .map(|a| a.max as usize * a.nodes_per_job as usize)
+            .sum::<usize>();
+        cfg.max_time_ms = cfg
+            .max_time_ms
+            .max(time_limit(wl, &self.replay, self.nodes + batch));
+        cfg
+    }
+}
+
+/// A generous virtual time limit: everything one after another on one
+/// core, every byte over the links, twice, and ten minutes.
+fn time_limit(wl: &Workload, replay: &Replay, nodes: usize) -> u64 {
+    let bytes: u64 = wl.reads.iter().flatten().map(|r| r.bytes).sum::<u64>()
+        + wl.input_bytes.saturating_mul(nodes as u64);
+    let edges: usize = wl.reads.iter().map(Vec::len).sum();
+    let moved = replay.links.transfer_ms(edges + nodes, bytes);
+    let slowest = (1.0 + replay.jitter.max(0.0)) * wl.work_ms() as f64;
+    (2.0 * (slowest + moved as f64)) as u64 + 600_000
+}
+
+/// Runs a workload on the cluster `cfg` describes (its stages are not
+/// used: the workload is the farm). Same scenario, workload, replay and
+/// seed: the same report.
+pub fn run_workload(
+    cfg: &SimConfig,
+    wl: &Workload,
+    replay: &Replay,
+) -> Result<SimReport, SimError> {
+    cfg.validate_cluster()?;
+    wl.check()?;
+    if !(0.0..1.0).contains(&replay.jitter) {
+        return Err(SimError::Config(format!(
+            "jitter {} must be from 0 to below 1",
+            replay.jitter
+        )));
+    }
+    if replay
+        .links
+        .bytes_per_s
+        .is_some_and(|b| b.is_nan() || b <= 0.0)
+    {
+        return Err(SimError::Config("bandwidth must be above 0".into()));
+    }
+    crate::cluster::run_workload(cfg, wl, replay)
+}
+
+/// One run of a sweep, in numbers.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct RunNumbers {
+    pub seed: u64,
+    pub makespan_ms: u64,
+    pub utilization: f64,
+    /// Bytes moved between nodes (parents' files and the farm's inputs).
+    pub moved_bytes: u64,
+    /// Time tasks spent bringing their files, holding their cores.
+    pub stage_in_ms: u64,
+    pub tasks_done: u64,
+    pub steals: u64,
+    /// No schedule on these nodes is shorter: the longest chain, or the
+    /// work over the cores (runtimes only, without transfers).
+    pub lower_bound_ms: u64,
+    /// An ideal list scheduler's makespan on these nodes: no latency, no
+    /// transfers, durations unknown (as to mesh).
+    pub greedy_ms: u64,
+    /// With allocation queues: the node-hours their batch jobs held.
+    pub batch_node_hours: f64,
+}
+
+impl RunNumbers {
+    pub fn of(r: &SimReport) -> RunNumbers {
+        RunNumbers {
+            seed: r.seed,
+            makespan_ms: r.makespan,
+            utilization: r.utilization,
+            moved_bytes: r.moved_bytes,
+            stage_in_ms: r.stage_in_ms,
+            tasks_done: r.tasks_done,
+            steals: r.steals,
+            lower_bound_ms: r.lower_bound,
+            greedy_ms: r.greedy,
+            batch_node_hours: r.alloc.as_ref().map_or(0.0, |a| a.node_ms as f64 / 3.6e6),
+        }
+    }
+}
+
+/// What one node count did, over its runs.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Row {
+    pub nodes: usize,
+    pub runs: Vec<RunNumbers>,
+    /// Median and 90th percentile of the runs' makespans (nearest rank).
+    pub makespan_p50_ms: u64,
+    pub makespan_p90_ms: u64,
+    /// Mean over the runs.
+    pub utilization: f64,
+    /// Nodes held for the median makespan, and the batch jobs' (their mean).
+    pub node_hours: f64,
+    /// The critical path over the median makespan: near 1, the graph
+    /// alone explains the makespan and more nodes cannot help.
+    pub critical_share: f64,
+}
+
+/// The `q`-quantile of `v` by nearest rank (`v` not empty).
+pub fn quantile(v: &[u64], q: f64) -> u64 {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
+}
+
+/// The seed of run `k` of `repeat` from the base seed: run 0 is the base.
+pub fn run_seed(seed: u64, k: usize) -> u64 {
+    seed.wrapping_add(k as u64)
+}
+
+/// `repeat` runs on `nodes` nodes, seeds `base.seed`, `+1`, ...; the
+/// report of the first is handed to `keep` (for pictures).
+pub fn row(
+    wl: &Workload,
+    base: &WhatIf,
+    nodes: usize,
+    repeat: usize,
+    mut keep: impl FnMut(SimReport),
+) -> Result<Row, SimError> {
+    let mut runs = Vec::with_capacity(repeat.max(1));
+    for k in 0..repeat.max(1) {
+        let w = WhatIf {
+            seed: run_seed(base.seed, k),
+            nodes,
+            ..base.clone()
+        };
+        let r = run_workload(&w.config(wl), wl, &w.replay)?;
+        if r.tasks_done != wl.tasks() as u64 {
+            return Err(SimError::Stuck {
+                seed: w.seed,
+                at_ms: r.makespan,
+                message: format!(
+                    "{} of {} tasks done on {nodes} nodes: {}",
+                    r.tasks_done,
+                    wl.tasks(),
+                    r.unplaceable.join("; ")
+                ),
+            });
+        }
+        runs.push(RunNumbers::of(&r));
+        if k == 0 {
+            keep(r);
+        }
+    }
+    let makespans: Vec<u64> = runs.iter().map(|r| r.makespan_ms).collect();
+    let p50 = quantile(&makespans, 0.5);
+    Ok(Row {
+        nodes,
+        makespan_p50_ms: p50,
+        makespan_p90_ms: quantile(&makespans, 0.9),
+        utilization: runs.iter().map(|r| r.utilization).sum::<f64>() / runs.len() as f64,
+        node_hours: nodes as f64 * p50 as f64 / 3_600_000.0
+            + runs.iter().map(|r| r.batch_node_hours).sum::<f64>() / runs.len() as f64,
+        critical_share: wl.critical_path_ms() as f64 / p50.max(1) as f64,
+        runs,
+    })
+}
+
+/// The rows for each node count, in the order given.
+pub fn sweep(
+    wl: &Workload,
+    base: &WhatIf,
+    counts: &[usize],
+    repeat: usize,
+    mut keep: impl FnMut(usize, SimReport),
+) -> Result<Vec<Row>, SimError> {
+    counts
+        .iter()
+        .map(|&n| row(wl, base, n, repeat, |r| keep(n, r)))
+        .collect()
+}
+
+/// The answer to "how few nodes meet this deadline".
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Search {
+    pub deadline_ms: u64,
+    /// The fewest nodes whose makespan (the 90th percentile with
+    /// repeats) met the deadline; none when no count tried did.
+    pub nodes: Option<usize>,
+    /// Every count simulated, in the order tried.
+    pub tried: Vec<Row>,
+    /// Why there is no answer, when there is none.
+    pub why_not: Option<String>,
+}
+
+/// The fewest nodes that meet `deadline_ms`: node counts doubled from 1
+/// until one meets it, then halved between the last that did not and
+/// the first that did. Makespans shrink with nodes roughly but not
+/// strictly (placement and stealing take other turns), so the answer is
+/// the fewest that met it among those tried, each a real simulation.
+/// Nothing is simulated when the critical path alone is over the deadline.
+pub fn fewest_nodes(
+    wl: &Workload,
+    base: &WhatIf,
+    deadline_ms: u64,
+    repeat: usize,
+    mut keep: impl FnMut(usize, SimReport),
+) -> Result<Search, SimError> {
+    let cp = wl.critical_path_ms();
+    let mut search = Search {
+        deadline_ms,
+        nodes: None,
+        tried: Vec::new(),
+        why_not: None,
+    };
+    if cp > deadline_ms {
+        search.why_not =
+            Some("the critical path alone is longer: no number of nodes meets it".into());
+        return Ok(search);
+    }
+    // More nodes than tasks leave some idle whatever happens.
+    let most = wl.tasks().max(1);
+    let mut meets = |n: usize, search: &mut Search| -> Result<bool, SimError> {
+        let r = row(wl, base, n, repeat, |r| keep(n, r))?;
+        let ok = r.makespan_p90_ms <= deadline_ms;
+        search.tried.push(r);
+        Ok(ok)
+    };
+    let (mut lo, mut hi) = (0usize, 1usize);
+    loop {
+        if meets(hi, &mut search)? {
+            break;
+        }
+        if hi >= most {
+            search.why_not = Some(format!(
+                "not met with {hi} nodes, one for every task: the graph and the links leave no room"
+            ));
+            return Ok(search);
+        }
+        lo = hi;
+        hi = (hi * 2).min(most);
+    }
+    // Invariant: lo missed (or is 0), hi met.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if meets(mid, &mut search)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    search.nodes = Some(hi);
+    Ok(search)
+}
