@@ -259,13 +259,13 @@ fn submit_wait(sb: &Sandbox, c: &Cluster, farm: &Path, out: &str, tasks: usize) 
     );
     let took = start.elapsed().as_secs_f64();
     r.expect_code(0);
-    let done: u64 = r
+    // The submission's line, then the farm's end as one JSON document.
+    let end: Value = r
         .stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|v| v["counts"]["done"].as_u64())
-        .next_back()
-        .unwrap_or(0);
+        .split_once('\n')
+        .and_then(|(_, rest)| serde_json::from_str(rest).ok())
+        .unwrap_or(Value::Null);
+    let done = end["counts"]["done"].as_u64().unwrap_or(0);
     assert_eq!(done, tasks as u64, "{}", r.stdout);
     (took, c.mesh(0, &["status", "--latency", "--json"]).json())
 }
