@@ -37,7 +37,8 @@
 //! beside it, the bytes the nodes received (`mesh status --latency`)
 //! against the bytes of every output the farm made, which must come home.
 //!
-//! `MESH_BENCH_TRACES` (a comma-separated list of substrings) picks traces.
+//! `MESH_BENCH_TRACES` (a comma-separated list of substrings) picks traces;
+//! `MESH_BENCH_TRACES_PART` = `one` or `four` runs one part alone.
 //!
 //! `cargo bench -p mesh-cli --bench traces`
 
@@ -83,7 +84,10 @@ fn main() {
         None => println!("Dask: skipped (no Python with `distributed`; see scripts/dask_trace.py)"),
     }
     let mut results = Vec::new();
-    for path in &traces {
+    // `MESH_BENCH_TRACES_PART`: `one` (one node) or `four` (four nodes
+    // apart) alone; both by default.
+    let part = std::env::var("MESH_BENCH_TRACES_PART").unwrap_or_default();
+    for path in traces.iter().filter(|_| part != "four") {
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
         let trace = Trace::read(path);
         let scale = cp_secs / trace.critical_path(1.0);
@@ -156,11 +160,11 @@ fn main() {
             }
         }
     }
-    if apart_possible() {
+    if part != "one" && apart_possible() {
         for path in &traces {
             results.extend(four_nodes(mesh, path, cp_secs));
         }
-    } else {
+    } else if part != "one" {
         println!("\nfour nodes apart: skipped (needs root and `unshare -m`)");
     }
     save("traces", &results);
@@ -176,36 +180,42 @@ fn four_nodes(mesh: &str, path: &Path, cp_secs: f64) -> Vec<Value> {
     let few = ((work / (2.0 * trace.critical_path(scale))).ceil() as usize).max(4);
     let per_node = few.div_ceil(4);
     let size_scale = knob("MESH_BENCH_TRACES_MB", 100) as f64 * 1e6 / trace.bytes.max(1.0);
-    let sb = Sandbox::new(mesh);
-    let farm_dir = sb.path().join("farm");
-    let o = user_env(&mut Command::new(mesh))
-        .args(["import", "wfformat"])
-        .arg(path)
-        .arg("-o")
-        .arg(&farm_dir)
-        .args([
-            "--time-scale",
-            &scale.to_string(),
-            "--size-scale",
-            &size_scale.to_string(),
-        ])
-        .output()
-        .expect("run mesh import");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let farm = farm_dir.join("farm.toml");
+    // Each run in a sandbox of its own: a node that kept the other run's
+    // results would reuse them.
+    let import = || {
+        let sb = Sandbox::new(mesh);
+        let farm_dir = sb.path().join("farm");
+        let o = user_env(&mut Command::new(mesh))
+            .args(["import", "wfformat"])
+            .arg(path)
+            .arg("-o")
+            .arg(&farm_dir)
+            .args([
+                "--time-scale",
+                &scale.to_string(),
+                "--size-scale",
+                &size_scale.to_string(),
+            ])
+            .output()
+            .expect("run mesh import");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        (sb, farm_dir)
+    };
     let tasks = trace.runtime.len();
     // The memory the traces recorded is declared, whatever this machine has.
     let one = {
+        let (sb, farm_dir) = import();
         let res = format!("cpu={},mem=4096GiB", 4 * per_node);
         let c = Cluster::start(&sb, &[res.as_str()], &[]);
-        let (took, _) = submit_wait(&sb, &c, &farm, "out-one", tasks);
+        let (took, _) = submit_wait(&sb, &c, &farm_dir.join("farm.toml"), "out", tasks);
         took
     };
+    let (sb, farm_dir) = import();
     let out = sb.path().join("out");
     let hidden: [&Path; 2] = [&farm_dir, &out];
     let res = format!("cpu={per_node},mem=4096GiB");
     let c = Cluster::start_apart(&sb, &[res.as_str(); 4], &[], &hidden);
-    let (four, status) = submit_wait(&sb, &c, &farm, "out", tasks);
+    let (four, status) = submit_wait(&sb, &c, &farm_dir.join("farm.toml"), "out", tasks);
     let moved: u64 = status["nodes"]
         .as_array()
         .into_iter()
