@@ -35,7 +35,9 @@
 //! the same farm on one node of 4 times the slots (target at most 1.15).
 //! Both are `mesh submit --wait` to a running node, timed to its exit;
 //! beside it, the bytes the nodes received (`mesh status --latency`)
-//! against the bytes of every output the farm made, which must come home.
+//! against the bytes of every output the farm made (which must come home)
+//! and of the workflow's input files (which each node running a task that
+//! reads one fetches once).
 //!
 //! `MESH_BENCH_TRACES` (a comma-separated list of substrings) picks traces;
 //! `MESH_BENCH_TRACES_PART` = `one` or `four` runs one part alone.
@@ -223,14 +225,18 @@ fn four_nodes(mesh: &str, path: &Path, cp_secs: f64) -> Vec<Value> {
         .map(|n| n["counters"]["bytes_received"].as_u64().unwrap_or(0))
         .sum();
     let made = folder_bytes(&out);
+    // The workflow's own input files, which a node fetches once for the
+    // tasks it runs that read them.
+    let inputs = folder_bytes(&farm_dir.join("inputs"));
     let ratio = four / one;
     println!(
-        "\n{name} with its files ({:.1} MB of outputs), 4 nodes of {per_node} slots apart: {four:.2} s; \
-         1 node of {} slots: {one:.2} s; {ratio:.3}; received over the network {:.1} MB ({:.2} of the outputs)",
+        "\n{name} with its files ({:.1} MB of outputs, {:.1} MB of inputs), 4 nodes of {per_node} slots apart: {four:.2} s; \
+         1 node of {} slots: {one:.2} s; {ratio:.3}; received over the network {:.1} MB ({:.2} of outputs and inputs)",
         made as f64 / 1e6,
+        inputs as f64 / 1e6,
         4 * per_node,
         moved as f64 / 1e6,
-        moved as f64 / made.max(1) as f64
+        moved as f64 / (made + inputs).max(1) as f64
     );
     vec![
         report(
@@ -243,8 +249,8 @@ fn four_nodes(mesh: &str, path: &Path, cp_secs: f64) -> Vec<Value> {
             Some(("<=", 1.15, ratio <= 1.15)),
         ),
         report(
-            &format!("{name}: bytes received by the 4 nodes / bytes of outputs"),
-            moved as f64 / made.max(1) as f64,
+            &format!("{name}: bytes received by the 4 nodes / bytes of outputs and inputs"),
+            moved as f64 / (made + inputs).max(1) as f64,
             "ratio",
             None,
         ),
