@@ -38,6 +38,9 @@
 //! `--latency MESH_BENCH_ACCURACY_LATENCY` (1ms, the simulator's least
 //! message latency; a loopback round trip is 0.4 ms). Target within 10%.
 //!
+//! `MESH_BENCH_ACCURACY_KEEP=DIR` keeps each export there
+//! (`NAME.json`, `NAME-apart.json`) for a closer look.
+//!
 //! `cargo bench -p mesh-cli --bench accuracy`
 
 use std::path::{Path, PathBuf};
@@ -110,7 +113,10 @@ fn main() {
             trace_sim / one.real
         );
         results.push(report(
-            &format!("{name}: simulated / real makespan, {NODES} x {}", shape.slots),
+            &format!(
+                "{name}: simulated / real makespan, {NODES} x {}",
+                shape.slots
+            ),
             one.ratio(),
             "ratio",
             Some(("|r - 1| <=", 0.05, (one.ratio() - 1.0).abs() <= 0.05)),
@@ -238,7 +244,13 @@ fn accuracy(
 ) -> Measured {
     let sb = Sandbox::new(mesh);
     let farm_dir = sb.path().join("farm");
-    import(mesh, path, &farm_dir, shape.scale, size_scale.unwrap_or(0.0));
+    import(
+        mesh,
+        path,
+        &farm_dir,
+        shape.scale,
+        size_scale.unwrap_or(0.0),
+    );
     let farm = farm_dir.join("farm.toml");
     let out = sb.path().join("out");
     let res = format!("cpu={},mem={MEM}", shape.slots);
@@ -286,6 +298,16 @@ fn accuracy(
         .map(|t| t["runtimeInSeconds"].as_f64().unwrap_or(0.0))
         .sum();
     let sim = simulate(mesh, &exported, shape.slots, links);
+    if let Ok(keep) = std::env::var("MESH_BENCH_ACCURACY_KEEP") {
+        let name = path.file_stem().unwrap().to_string_lossy();
+        let tail = if size_scale.is_some() { "-apart" } else { "" };
+        std::fs::create_dir_all(&keep).expect("make MESH_BENCH_ACCURACY_KEEP");
+        std::fs::copy(
+            &exported,
+            Path::new(&keep).join(format!("{name}{tail}.json")),
+        )
+        .expect("keep the export");
+    }
     let what = match size_scale {
         None => "files empty".to_string(),
         Some(z) => format!("files x {z:.2e}, nodes apart"),
