@@ -31,7 +31,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use mesh_protocol::engine::{Millis, Outcome, TaskResult};
 use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
 use mesh_protocol::mesh::{
-    Action, Assigned, Config, FarmId, FarmSpec, Fetched, Msg, NodeId, OutputFile, Peer, PeerEvent,
+    void_place, Action, Assigned, Config, FarmId, FarmSpec, Fetched, Msg, NodeId, OutputFile, Peer,
+    PeerEvent,
 };
 use mesh_protocol::resources::{parse_resources, CPU};
 use mesh_protocol::{Resources, TaskRef};
@@ -240,6 +241,12 @@ struct Node {
     /// While slow: until when (virtual microseconds) it is busy with the
     /// messages that reached it, one after another.
     busy_until_us: u64,
+    /// On a workflow's home: tasks started here that wait, holding their
+    /// resources, until the outputs they depend on are here, as a real
+    /// home waits (`deps_here` in the node); with how many of their
+    /// dependencies were found here so far.
+    /// And since when they hold them.
+    waiting: Vec<(Assigned, Resources, u64, Millis)>,
 }
 
 impl Node {
@@ -263,6 +270,7 @@ impl Node {
             job: None,
             held: Vec::new(),
             busy_until_us: 0,
+            waiting: Vec::new(),
         }
     }
 }
@@ -795,6 +803,7 @@ impl<'a> Sim<'a> {
         // What waited for a stalled process, or in a slow one's queue, goes with it.
         nd.held.clear();
         nd.busy_until_us = 0;
+        nd.waiting.clear();
         for (t, r) in runs {
             self.end_run(n, t, &r, false);
         }
@@ -835,6 +844,11 @@ impl<'a> Sim<'a> {
     }
 
     fn after_step(&mut self, n: usize) -> Result<(), SimError> {
+        // The step may have brought what a waiting task depends on (the
+        // log's sync, an output fetched home), as the node looks at every step.
+        if !self.nodes[n].waiting.is_empty() {
+            self.start_waiting(n);
+        }
         // Reused from step to step, swapped with the peer's own queue:
         // taking the actions one by one copied each (160 bytes) twice.
         let mut rest = std::mem::take(&mut self.actions);
@@ -1136,6 +1150,71 @@ impl<'a> Sim<'a> {
                 task.task
             )));
         }
+        // A real home starts a task only once the outputs it depends on
+        // are there: it learns its dependencies done from the log the
+        // coordinator syncs to it (every `progress_ms`, even to itself),
+        // then brings their outputs home. The task holds its grant
+        // meanwhile. Replayed workflows only: a scenario's farm keeps the
+        // behaviour its tests were written against.
+        if self.plan.io.is_some() {
+            let mut found = 0;
+            if !self.deps_here(n, task.task, &mut found) {
+                let now = self.now;
+                self.nodes[n].waiting.push((task, res, found, now));
+                return Ok(());
+            }
+        }
+        self.launch(n, task, res, self.now);
+        Ok(())
+    }
+
+    /// Whether every output `t` depends on is at node `n`, where `n` is
+    /// the farm's home (elsewhere a task brings its own: [`Self::stage_in`]);
+    /// `found` counts the dependencies found so far, so that a later look
+    /// goes on from there.
+    fn deps_here(&self, n: usize, t: TaskRef, found: &mut u64) -> bool {
+        let Some(r) = self.nodes[n]
+            .peer
+            .as_ref()
+            .and_then(|p| p.replica(FARM))
+            .filter(|r| r.home)
+        else {
+            return true;
+        };
+        let def = &r.spec.def;
+        while let Some(d) = def.dependency(t, *found) {
+            if !r.outputs_here(d) && !void_place(def, &r.log, d) {
+                return false;
+            }
+            *found += 1;
+        }
+        true
+    }
+
+    /// Starts the tasks waiting at node `n` whose dependencies' outputs
+    /// are all there now.
+    fn start_waiting(&mut self, n: usize) {
+        let mut waiting = std::mem::take(&mut self.nodes[n].waiting);
+        let mut ready = Vec::new();
+        waiting.retain_mut(|(task, res, found, since)| {
+            if self.deps_here(n, task.task, found) {
+                ready.push((*task, res.clone(), *since));
+                false
+            } else {
+                true
+            }
+        });
+        self.nodes[n].waiting = waiting;
+        for (task, res, since) in ready {
+            self.launch(n, task, res, since);
+        }
+    }
+
+    /// The run of a task whose resources are held (since `since`): it ends
+    /// after bringing its files and its runtime.
+    fn launch(&mut self, n: usize, task: Assigned, res: Resources, since: Millis) {
+        let g = self.plan.global(task.task);
+        let nd = &mut self.nodes[n];
         let token = self.next_token;
         self.next_token += 1;
         nd.runs.insert(
@@ -1144,7 +1223,7 @@ impl<'a> Sim<'a> {
                 attempt: task.attempt,
                 token,
                 res,
-                start: self.now,
+                start: since,
                 killed: false,
             },
         );
@@ -1162,7 +1241,6 @@ impl<'a> Sim<'a> {
                 token,
             },
         );
-        Ok(())
     }
 
     /// How long a workflow's task takes to bring the files it reads from
@@ -1226,6 +1304,35 @@ impl<'a> Sim<'a> {
     /// The process is killed: it ends now, with a signal.
     fn kill(&mut self, n: usize, task: Assigned) {
         let nd = &mut self.nodes[n];
+        if let Some(at) = nd.waiting.iter().position(|(t, ..)| *t == task) {
+            // Killed before it started: it ends now, as a real node ends
+            // one killed while it waits for its dependencies.
+            let (_, res, _, since) = nd.waiting.swap_remove(at);
+            let token = self.next_token;
+            self.next_token += 1;
+            nd.runs.insert(
+                task.task,
+                Run {
+                    attempt: task.attempt,
+                    token,
+                    res,
+                    start: since,
+                    killed: true,
+                },
+            );
+            let gen = nd.gen;
+            self.live[self.plan.global(task.task)] += 1;
+            self.push(
+                self.now,
+                Ev::TaskEnd {
+                    node: n as u32,
+                    gen,
+                    task,
+                    token,
+                },
+            );
+            return;
+        }
         let Some(r) = nd.runs.get_mut(&task.task) else {
             return;
         };
