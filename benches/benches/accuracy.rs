@@ -43,11 +43,11 @@
 //!
 //! `cargo bench -p mesh-cli --bench accuracy`
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use mesh_benches::{knob, report, save, use_user_env, user_env};
+use mesh_benches::{import_trace, knob, report, save, use_user_env, user_env, workflow_traces};
 use mesh_tests::{apart_possible, Cluster, Sandbox};
 use serde_json::Value;
 
@@ -57,31 +57,14 @@ const MEM: &str = "4096GiB";
 fn main() {
     use_user_env();
     let mesh = env!("CARGO_BIN_EXE_mesh");
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workflows");
     let cp_secs = knob("MESH_BENCH_ACCURACY_SECS", 20) as f64;
     let mb = knob("MESH_BENCH_ACCURACY_MB", 50) as f64;
     let bandwidth =
         std::env::var("MESH_BENCH_ACCURACY_BANDWIDTH").unwrap_or_else(|_| "200MB/s".into());
     let latency = std::env::var("MESH_BENCH_ACCURACY_LATENCY").unwrap_or_else(|_| "1ms".into());
-    let pick: Vec<String> = std::env::var("MESH_BENCH_ACCURACY_TRACES")
-        .unwrap_or_default()
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect();
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        println!("skipped: no WfCommons traces at {}", dir.display());
+    let Some(traces) = workflow_traces("MESH_BENCH_ACCURACY_TRACES") else {
         return;
     };
-    let mut traces: Vec<PathBuf> = entries
-        .map(|e| e.expect("read the traces' folder").path())
-        .filter(|p| {
-            p.extension().is_some_and(|e| e == "json")
-                && !p.ends_with("wfcommons-schema.json")
-                && (pick.is_empty() || pick.iter().any(|s| p.to_string_lossy().contains(s)))
-        })
-        .collect();
-    traces.sort();
     let apart = apart_possible();
     if !apart {
         println!("files apart: skipped (needs root and `unshare -m`)");
@@ -173,7 +156,7 @@ impl Shape {
         // `mesh import --json` works out the critical path and summed
         // runtime as the farm has them (an empty farm, thrown away).
         let tmp = tempfile::tempdir().expect("a temporary folder");
-        let v = import(mesh, path, &tmp.path().join("farm"), 1.0, 0.0);
+        let v = import_trace(mesh, path, &tmp.path().join("farm"), 1.0, 0.0);
         let cp_s = v["critical_path_s"]["recorded"].as_f64().expect("cp");
         let work_s = v["runtime_s"]["recorded"].as_f64().expect("runtime");
         let trace: Value =
@@ -195,26 +178,6 @@ impl Shape {
             slots,
         }
     }
-}
-
-/// `mesh import wfformat` of `trace` into `dir`: its `--json` summary.
-fn import(mesh: &str, trace: &Path, dir: &Path, time: f64, size: f64) -> Value {
-    let o = user_env(&mut Command::new(mesh))
-        .args(["import", "wfformat"])
-        .arg(trace)
-        .arg("-o")
-        .arg(dir)
-        .args([
-            "--time-scale",
-            &time.to_string(),
-            "--size-scale",
-            &size.to_string(),
-            "--json",
-        ])
-        .output()
-        .expect("run mesh import");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout).expect("mesh import --json")
 }
 
 /// One real run and its simulation.
@@ -244,7 +207,7 @@ fn accuracy(
 ) -> Measured {
     let sb = Sandbox::new(mesh);
     let farm_dir = sb.path().join("farm");
-    import(
+    import_trace(
         mesh,
         path,
         &farm_dir,

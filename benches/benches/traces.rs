@@ -46,11 +46,11 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use mesh_benches::{knob, report, save, use_user_env, user_env};
+use mesh_benches::{import_trace, knob, report, save, use_user_env, user_env, workflow_traces};
 use mesh_node::farmfile::{self, LoadOptions};
 use mesh_protocol::farm::{FarmDef, TaskRef};
 use mesh_tests::{apart_possible, Cluster, Sandbox};
@@ -59,27 +59,10 @@ use serde_json::Value;
 fn main() {
     use_user_env();
     let mesh = env!("CARGO_BIN_EXE_mesh");
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workflows");
     let cp_secs = knob("MESH_BENCH_TRACES_SECS", 15) as f64;
-    let pick: Vec<String> = std::env::var("MESH_BENCH_TRACES")
-        .unwrap_or_default()
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect();
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        println!("skipped: no WfCommons traces at {}", dir.display());
+    let Some(traces) = workflow_traces("MESH_BENCH_TRACES") else {
         return;
     };
-    let mut traces: Vec<PathBuf> = entries
-        .map(|e| e.expect("read the traces' folder").path())
-        .filter(|p| {
-            p.extension().is_some_and(|e| e == "json")
-                && !p.ends_with("wfcommons-schema.json")
-                && (pick.is_empty() || pick.iter().any(|s| p.to_string_lossy().contains(s)))
-        })
-        .collect();
-    traces.sort();
     let dask = dask_python();
     match &dask {
         Some(py) => println!("Dask: {py}"),
@@ -96,22 +79,7 @@ fn main() {
         let work = trace.runtime.iter().sum::<f64>() * scale;
         let tmp = tempfile::tempdir().expect("temp dir");
         let farm_dir = tmp.path().join("farm");
-        let o = user_env(&mut Command::new(mesh))
-            .args(["import", "wfformat"])
-            .arg(path)
-            .arg("-o")
-            .arg(&farm_dir)
-            .args([
-                "--time-scale",
-                &scale.to_string(),
-                "--size-scale",
-                "0",
-                "--json",
-            ])
-            .output()
-            .expect("run mesh import");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let imported: Value = serde_json::from_slice(&o.stdout).expect("--json");
+        let imported = import_trace(mesh, path, &farm_dir, scale, 0.0);
         let farm = farm_dir.join("farm.toml");
         let def = farmfile::load(&farm, &LoadOptions::default()).expect("the farm loads");
         let sim = Sim::new(&def);
@@ -187,20 +155,7 @@ fn four_nodes(mesh: &str, path: &Path, cp_secs: f64) -> Vec<Value> {
     let import = || {
         let sb = Sandbox::new(mesh);
         let farm_dir = sb.path().join("farm");
-        let o = user_env(&mut Command::new(mesh))
-            .args(["import", "wfformat"])
-            .arg(path)
-            .arg("-o")
-            .arg(&farm_dir)
-            .args([
-                "--time-scale",
-                &scale.to_string(),
-                "--size-scale",
-                &size_scale.to_string(),
-            ])
-            .output()
-            .expect("run mesh import");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        import_trace(mesh, path, &farm_dir, scale, size_scale);
         (sb, farm_dir)
     };
     let tasks = trace.runtime.len();

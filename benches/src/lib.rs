@@ -2,7 +2,7 @@
 
 pub mod procs;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -171,4 +171,59 @@ pub fn save(bench: &str, results: &[serde_json::Value]) {
     {
         println!("results saved to {}", path.display());
     }
+}
+
+/// The WfCommons traces in `../shared/workflows` (from the project's root),
+/// sorted: those whose path contains one of the comma-separated words of
+/// the environment variable `pick`, or all. None, said, when the folder is
+/// not there.
+pub fn workflow_traces(pick: &str) -> Option<Vec<PathBuf>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workflows");
+    let words: Vec<String> = std::env::var(pick)
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        println!("skipped: no WfCommons traces at {}", dir.display());
+        return None;
+    };
+    let mut traces: Vec<PathBuf> = entries
+        .map(|e| e.expect("read the traces' folder").path())
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "json")
+                && !p.ends_with("wfcommons-schema.json")
+                && (words.is_empty() || words.iter().any(|s| p.to_string_lossy().contains(s)))
+        })
+        .collect();
+    traces.sort();
+    Some(traces)
+}
+
+/// `mesh import wfformat` of `trace` into `dir`, runtimes x `time` and
+/// sizes x `size`: its `--json` summary.
+pub fn import_trace(
+    mesh: &str,
+    trace: &Path,
+    dir: &Path,
+    time: f64,
+    size: f64,
+) -> serde_json::Value {
+    let o = user_env(&mut Command::new(mesh))
+        .args(["import", "wfformat"])
+        .arg(trace)
+        .arg("-o")
+        .arg(dir)
+        .args([
+            "--time-scale",
+            &time.to_string(),
+            "--size-scale",
+            &size.to_string(),
+            "--json",
+        ])
+        .output()
+        .expect("run mesh import");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("mesh import --json")
 }
