@@ -1214,24 +1214,41 @@ impl<'a> Sim<'a> {
     /// after bringing its files and its runtime.
     fn launch(&mut self, n: usize, task: Assigned, res: Resources, since: Millis) {
         let g = self.plan.global(task.task);
-        let nd = &mut self.nodes[n];
+        self.executions += 1;
+        let token = self.begin_run(n, task, res, since, false);
+        let at = self.now + self.stage_in(n, g) + self.plan.durations[g] as u64;
+        self.end_at(n, task, token, at);
+    }
+
+    /// Records `task`'s run on node `n`, its resources held since `since`
+    /// (`killed`: it ends as killed); its token, for its end.
+    fn begin_run(
+        &mut self,
+        n: usize,
+        task: Assigned,
+        res: Resources,
+        since: Millis,
+        killed: bool,
+    ) -> u64 {
         let token = self.next_token;
         self.next_token += 1;
-        nd.runs.insert(
+        self.nodes[n].runs.insert(
             task.task,
             Run {
                 attempt: task.attempt,
                 token,
                 res,
                 start: since,
-                killed: false,
+                killed,
             },
         );
-        let gen = nd.gen;
-        self.live[g] += 1;
-        self.executions += 1;
-        let stage_in = self.stage_in(n, g);
-        let at = self.now + stage_in + self.plan.durations[g] as u64;
+        self.live[self.plan.global(task.task)] += 1;
+        token
+    }
+
+    /// The run of `task` (its token `token`) on node `n` ends at `at`.
+    fn end_at(&mut self, n: usize, task: Assigned, token: u64, at: Millis) {
+        let gen = self.nodes[n].gen;
         self.push(
             at,
             Ev::TaskEnd {
@@ -1308,29 +1325,8 @@ impl<'a> Sim<'a> {
             // Killed before it started: it ends now, as a real node ends
             // one killed while it waits for its dependencies.
             let (_, res, _, since) = nd.waiting.swap_remove(at);
-            let token = self.next_token;
-            self.next_token += 1;
-            nd.runs.insert(
-                task.task,
-                Run {
-                    attempt: task.attempt,
-                    token,
-                    res,
-                    start: since,
-                    killed: true,
-                },
-            );
-            let gen = nd.gen;
-            self.live[self.plan.global(task.task)] += 1;
-            self.push(
-                self.now,
-                Ev::TaskEnd {
-                    node: n as u32,
-                    gen,
-                    task,
-                    token,
-                },
-            );
+            let token = self.begin_run(n, task, res, since, true);
+            self.end_at(n, task, token, self.now);
             return;
         }
         let Some(r) = nd.runs.get_mut(&task.task) else {
@@ -1342,16 +1338,8 @@ impl<'a> Sim<'a> {
         r.killed = true;
         r.token = self.next_token;
         self.next_token += 1;
-        let (gen, token) = (nd.gen, r.token);
-        self.push(
-            self.now,
-            Ev::TaskEnd {
-                node: n as u32,
-                gen,
-                task,
-                token,
-            },
-        );
+        let token = r.token;
+        self.end_at(n, task, token, self.now);
     }
 
     fn task_end(&mut self, n: usize, gen: u32, task: Assigned, token: u64) -> Result<(), SimError> {
