@@ -12,12 +12,6 @@ use std::path::Path;
 
 use mesh_protocol::farm::{FarmDef, TaskRef, Values};
 
-/// The lines of `text` that count: as a parameter file's (`lines = ...`),
-/// one value per non-blank line, trimmed.
-fn lines(text: &str) -> Values {
-    Values::lines(text)
-}
-
 /// After task `t` succeeded with its outputs in `dir`: how many lines the
 /// file that grows other stages from it has; none when no stage grows from
 /// its stage. An error (the task fails with it) when the file is missing or
@@ -33,7 +27,9 @@ pub fn count(def: &FarmDef, t: TaskRef, dir: &Path) -> Result<Option<u32>, Strin
             path.display()
         )
     })?;
-    let n = lines(&text).len();
+    // Read as a parameter file's (`lines = ...`): a value per non-blank
+    // line, trimmed.
+    let n = Values::lines(&text).len();
     if n > u64::from(per) {
         return Err(format!(
             "its `{file}` has {n} lines, more than the {per} a stage grown from it takes \
@@ -55,7 +51,7 @@ pub fn line(def: &FarmDef, t: TaskRef, out: &Path) -> Result<Option<String>, Str
         .join(file);
     let text = std::fs::read_to_string(&path)
         .map_err(|e| format!("reading its line from {}: {e}", path.display()))?;
-    let values = lines(&text);
+    let values = Values::lines(&text);
     if u64::from(k) >= values.len() {
         return Err(format!(
             "it is line {} of {}, which has {} lines",
