@@ -1,7 +1,12 @@
 //! Meshes of many real nodes on this machine: 64 nodes lose several, the coordinator among them, mid-farm and every output comes home; 100 idle nodes for a minute declare no one dead; a seed with 128 open files takes 200 joiners; the dashboard and `mesh status` of 300 nodes at a glance.
 //!
 //! A test binary of its own, so its meshes do not share the two cores with
-//! the other end-to-end tests, and its tests run one at a time.
+//! the other end-to-end tests, and its tests run one at a time. They are
+//! ignored in `cargo test --workspace`: a debug node idles at ten times the
+//! CPU of a release one, and 300 of them ask more than two cores have (in
+//! CI the seed then went minutes without taking a connection). `.ci/run`
+//! runs them in a release build, as users run their nodes:
+//! `cargo test --release -p mesh-cli --test big -- --ignored`.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -20,6 +25,7 @@ fn sandbox() -> Sandbox {
 }
 
 #[test]
+#[ignore = "at size: run in a release build (cargo test --release -p mesh-cli --test big -- --ignored)"]
 fn sixty_four_nodes_lose_the_coordinator_and_three_others_mid_farm_and_every_output_comes_home() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let sb = sandbox();
@@ -70,6 +76,7 @@ fn sixty_four_nodes_lose_the_coordinator_and_three_others_mid_farm_and_every_out
 }
 
 #[test]
+#[ignore = "at size: run in a release build (cargo test --release -p mesh-cli --test big -- --ignored)"]
 fn a_hundred_idle_nodes_declare_no_one_dead_for_a_minute() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let sb = sandbox();
@@ -85,6 +92,7 @@ fn a_hundred_idle_nodes_declare_no_one_dead_for_a_minute() {
 }
 
 #[test]
+#[ignore = "at size: run in a release build (cargo test --release -p mesh-cli --test big -- --ignored)"]
 fn a_seed_with_a_limit_of_128_open_files_takes_200_joiners_into_one_mesh() {
     // Many systems start processes with a soft limit of 1,024 open files
     // (128 here stands in for it at a few thousand nodes). The seed's hard
@@ -175,6 +183,7 @@ fn made_up_status(n: usize) -> Observed {
 }
 
 #[test]
+#[ignore = "at size: run in a release build (cargo test --release -p mesh-cli --test big -- --ignored)"]
 fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fits_and_renders_in_under_a_second(
 ) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
