@@ -162,6 +162,22 @@ fn no_source_file_is_over_1500_lines() {
     }
 }
 
+/// ARCHITECTURE.md is a map (bird's-eye view, code map, invariants) that a
+/// reader takes in at one sitting; the design decisions and their figures
+/// live in docs/design/.
+const ARCHITECTURE_LINES_MAX: usize = 400;
+
+#[test]
+fn the_architecture_is_a_map_of_at_most_400_lines() {
+    let text = fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let lines = text.lines().count();
+    assert!(
+        lines <= ARCHITECTURE_LINES_MAX,
+        "ARCHITECTURE.md is {lines} lines, over {ARCHITECTURE_LINES_MAX}: \
+         move design and figures to docs/design/"
+    );
+}
+
 /// The README's farm is the sweep example, which the tests run: what a
 /// reader copies from the front page works as shown.
 #[test]
