@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use mesh_protocol::engine::{first_line, Grant, TaskResult};
+use mesh_protocol::engine::{first_line, Grant, KillReason, TaskResult};
 use mesh_protocol::farm::{Command, FarmDef, TaskSpec};
 use mesh_protocol::resources::MEM;
 use mesh_protocol::TaskRef;
@@ -147,11 +147,39 @@ pub struct Launch {
     pub node: String,
 }
 
+/// The signal an engine's kill sends: an interrupt lets the task end on
+/// its own within the grace period; a timeout or a cancel does not wait.
+pub fn kill_signal(reason: KillReason) -> Signal {
+    match reason {
+        KillReason::Interrupt => Signal::SIGTERM,
+        KillReason::Timeout | KillReason::Cancel => Signal::SIGKILL,
+    }
+}
+
 /// Starts `l` in the background; its end arrives on `done`.
 pub fn launch(l: Launch, done: mpsc::UnboundedSender<Finished>) -> Live {
+    let (live, attempt) = attempt(l, done);
+    tokio::spawn(attempt);
+    live
+}
+
+/// As [`launch`], on the calling thread's `LocalSet`: a node's loop starts
+/// the process in the same turn that decided to, with no wake of a worker
+/// thread in between (see `mesh_node::task`).
+pub fn launch_here(l: Launch, done: mpsc::UnboundedSender<Finished>) -> Live {
+    let (live, attempt) = attempt(l, done);
+    tokio::task::spawn_local(attempt);
+    live
+}
+
+/// One attempt from start to report, and the handle that signals it.
+fn attempt(
+    l: Launch,
+    done: mpsc::UnboundedSender<Finished>,
+) -> (Live, impl std::future::Future<Output = ()> + Send + 'static) {
     let live = Live::default();
     let handle = live.clone();
-    tokio::spawn(async move {
+    let attempt = async move {
         let started = Instant::now();
         let mut report = Report {
             done,
@@ -178,8 +206,8 @@ pub fn launch(l: Launch, done: mpsc::UnboundedSender<Finished>) -> Live {
             logs,
             stderr_line,
         );
-    });
-    live
+    };
+    (live, attempt)
 }
 
 /// The first line a failed attempt wrote to stderr (from its log's first

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_protocol::engine::{
-    Action, AddOptions, Counts, Engine, Event, FarmSlot, KillReason, Outcome, Persist, RecordState,
-    Stop, TaskResult, Verdict,
+    Action, AddOptions, Counts, Engine, Event, FarmSlot, Outcome, Persist, RecordState, Stop,
+    TaskResult, Verdict,
 };
 use mesh_protocol::farm::{deps_digest, has_deps, key_with_deps, stage_digest, FarmDef};
 use mesh_protocol::mesh::FarmId;
@@ -582,11 +582,7 @@ impl Driver {
             match a {
                 Action::Kill { task, reason, .. } => {
                     if let Some((_, live)) = self.live.get(&task) {
-                        let sig = match reason {
-                            KillReason::Interrupt => Signal::SIGTERM,
-                            KillReason::Timeout | KillReason::Cancel => Signal::SIGKILL,
-                        };
-                        live.signal(sig);
+                        live.signal(executor::kill_signal(reason));
                     }
                 }
                 Action::Emit(ev) => finished |= self.emit(engine, ev, obs),

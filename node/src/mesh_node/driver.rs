@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use libp2p::StreamProtocol;
-use mesh_protocol::engine::{KillReason, TaskResult};
+use mesh_protocol::engine::TaskResult;
 use mesh_protocol::mesh::{Action, Fetched, Msg, Peer, PeerEvent};
 use mesh_protocol::wire::{Response, DATA_PROTOCOL, PEER_PROTOCOL};
 use mesh_store::{MeshState, SledStore, Store, StoreError};
@@ -30,6 +30,7 @@ use super::{Cmd, Node, NodeError, NodeOptions};
 use crate::batch;
 use crate::control::{socket_path, ControlResponse, CONTROL_PROTOCOL};
 use crate::dash::{self, dashboard_line};
+use crate::executor;
 use crate::keys;
 use crate::net::{self, NetConfig};
 use crate::observe::Recorder;
@@ -381,10 +382,7 @@ impl Node {
                 if self.unwait(task, reason) {
                     return;
                 }
-                let sig = match reason {
-                    KillReason::Interrupt => Signal::SIGTERM,
-                    KillReason::Timeout | KillReason::Cancel => Signal::SIGKILL,
-                };
+                let sig = executor::kill_signal(reason);
                 if let Some((attempt, live, kill)) = self.live.get_mut(&(task.farm, task.task)) {
                     if *attempt == task.attempt {
                         match live {

@@ -231,7 +231,9 @@ struct Node {
 
 /// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.
 pub fn run_node(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
-    node_runtime()?.block_on(driver::drive(opts, out))
+    // The loop, and the attempts it runs on its own thread (`task::start`).
+    let here = tokio::task::LocalSet::new();
+    node_runtime()?.block_on(here.run_until(driver::drive(opts, out)))
 }
 
 /// How users name a farm: its name and the start of its mesh id.

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use mesh_protocol::engine::{Grant, KillReason, Outcome, TaskResult};
 use mesh_protocol::farm::reads_outputs;
 use mesh_protocol::mesh::{void_place, Assigned, FarmSpec, NodeId, OutputFile};
-use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 
 use super::deps::{place_deps, DepsPlace, NotPlaced};
@@ -117,18 +116,30 @@ impl Node {
             cache: cache.clone(),
             held: held.clone(),
         });
-        tokio::spawn(async move {
+        // An attempt with nothing to fetch first runs on this thread: its
+        // process starts in this turn of the loop, where a worker thread
+        // would have to be woken first. Thin tasks on 2 nodes of one slot
+        // waited 0.84 ms between one's end and the next's start that way,
+        // 0.72 ms this way. One that fetches stays on the workers, where
+        // its transfers' decryption and hashing do not hold up the loop.
+        let here = local || (deps.is_none() && launch.spec.inputs.is_empty());
+        let attempt = async move {
             let (outcome, outputs) = run_task(
                 launch,
                 spec,
                 task,
-                (local, sources, transfers, deps),
+                (local, here, sources, transfers, deps),
                 (cache, held),
                 tx.clone(),
             )
             .await;
             let _ = tx.send(Cmd::Finished(task, outcome, outputs));
-        });
+        };
+        if here {
+            tokio::task::spawn_local(attempt);
+        } else {
+            tokio::spawn(attempt);
+        }
     }
 }
 
@@ -178,10 +189,7 @@ impl Node {
             return false;
         };
         self.waiting_deps.swap_remove(at);
-        let sig = match reason {
-            KillReason::Interrupt => Signal::SIGTERM as i32,
-            KillReason::Timeout | KillReason::Cancel => Signal::SIGKILL as i32,
-        };
+        let sig = executor::kill_signal(reason) as i32;
         let now = self.now();
         self.peer.task_finished(
             now,
@@ -207,7 +215,13 @@ async fn run_task(
     mut launch: Launch,
     spec: Arc<FarmSpec>,
     task: Assigned,
-    (local, sources, transfers, deps): (bool, Vec<NodeId>, Arc<Transfers>, Option<DepsPlace>),
+    (local, here, sources, transfers, deps): (
+        bool,
+        bool,
+        Vec<NodeId>,
+        Arc<Transfers>,
+        Option<DepsPlace>,
+    ),
     (cache, held): (PathBuf, PathBuf),
     tx: mpsc::UnboundedSender<Cmd>,
 ) -> (Outcome, Vec<OutputFile>) {
@@ -277,7 +291,11 @@ async fn run_task(
     }
     let out_dir = launch.out_dir.clone();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Finished>();
-    let live = executor::launch(launch, done_tx);
+    let live = if here {
+        executor::launch_here(launch, done_tx)
+    } else {
+        executor::launch(launch, done_tx)
+    };
     let _ = tx.send(Cmd::Launched(task, live));
     let Some(f) = done_rx.recv().await else {
         return fail("the task's runner stopped".into());
