@@ -21,10 +21,9 @@ use super::commands::{accept_control, serve_control};
 use super::links::{accept_links, Links};
 use super::reach::{self, Reach, REACH_TICK};
 use super::source::MeshSource;
-use super::staging::NO_SUCH_FILE;
 use super::swarm::Outbound;
 use super::swim;
-use super::transfer::{self, accept_data, Transfers};
+use super::transfer::{self, accept_data, FetchError, Transfers};
 use super::views::Origin;
 use super::{Cmd, Node, NodeError, NodeOptions};
 use crate::batch;
@@ -562,7 +561,7 @@ impl Node {
                 }
                 let got = match &r {
                     Ok(()) => Fetched::Here,
-                    Err(e) if e.contains(NO_SUCH_FILE) => Fetched::Gone,
+                    Err(FetchError::Missing) => Fetched::Gone,
                     Err(_) => Fetched::Later,
                 };
                 let now = self.now();

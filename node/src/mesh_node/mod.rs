@@ -54,6 +54,7 @@ use links::Links;
 use queries::Asked;
 use reach::Reach;
 use swarm::Outbound;
+use transfer::FetchError;
 use views::Origin;
 
 /// Addresses as `mesh node` prints them and `mesh join` takes them.
@@ -118,9 +119,9 @@ enum Cmd {
     /// A frame of messages for the engine from a peer's stream.
     Peer(PeerId, Vec<Msg>),
     /// The home brought a task's outputs, or could not.
-    Fetched(FarmId, TaskRef, Result<(), String>),
+    Fetched(FarmId, TaskRef, Result<(), FetchError>),
     /// This node brought a farm's inputs into its cache, or could not.
-    InputsFetched(FarmId, Result<(), String>),
+    InputsFetched(FarmId, Result<(), FetchError>),
     /// A membership packet, opened (see `swim.rs`).
     Swim(Vec<u8>),
     /// A message for the engine that came as a packet (a beat), and its sender.
@@ -135,12 +136,12 @@ enum Cmd {
     Request {
         to: NodeId,
         req: Request,
-        reply: oneshot::Sender<Result<Response, String>>,
+        reply: oneshot::Sender<swarm::Answer>,
     },
     /// A request for whichever node coordinates now.
     AskCoordinator {
         req: Request,
-        reply: oneshot::Sender<Result<Response, String>>,
+        reply: oneshot::Sender<swarm::Answer>,
     },
     Respond(ResponseChannel<Response>, Response),
     /// Bytes of a farm's outputs came home (at most once a second a transfer).

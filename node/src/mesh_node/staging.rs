@@ -16,11 +16,9 @@ use mesh_protocol::farm::{path_stays_inside, FarmDef, TaskRef};
 use mesh_protocol::mesh::{FarmId, FarmSpec, InputFile, NodeId, OutputFile};
 use tokio::sync::mpsc;
 
-use super::transfer::{self, hash_file, keep_pieces, Transfers};
+use super::transfer::{self, hash_file, keep_pieces, FetchError, Transfers};
 use super::{Cmd, Node};
 use crate::results::walk;
-
-pub(super) use super::transfer::NO_SUCH_FILE;
 
 impl Node {
     /// Has the peer ask about every farm this node keeps outputs of (see
@@ -74,7 +72,10 @@ impl Node {
                     continue;
                 }
                 if let Err(e) = fetch_any(&t, &tx, &sources, farm, i.hash, &cached).await {
-                    r = Err(format!("input `{}`: {e}", i.path));
+                    r = Err(FetchError::Input {
+                        path: i.path.clone(),
+                        source: Box::new(e),
+                    });
                     break;
                 }
             }
@@ -106,11 +107,11 @@ impl Node {
         let held = (from == self.me).then(|| self.state.join("held").join(farm.to_string()));
         tokio::spawn(async move {
             let r = match (dir, held) {
-                (None, _) => Err("the farm is unknown here".to_string()),
+                (None, _) => Err(FetchError::UnknownFarm),
                 (Some(dir), Some(held)) => {
                     tokio::task::spawn_blocking(move || place_held(&held, &dir, &outputs))
                         .await
-                        .unwrap_or_else(|e| Err(e.to_string()))
+                        .unwrap_or_else(|e| Err(e.into()))
                 }
                 (Some(dir), None) => fetch_all(&t, &tx, from, farm, &dir, &outputs).await,
             };
@@ -267,12 +268,10 @@ async fn fetch_all(
     farm: FarmId,
     dir: &Path,
     outputs: &[OutputFile],
-) -> Result<(), String> {
+) -> Result<(), FetchError> {
     for o in outputs {
         let (d, o2) = (dir.to_path_buf(), o.clone());
-        let needed = tokio::task::spawn_blocking(move || output_needed(&d, &o2))
-            .await
-            .map_err(|e| e.to_string())??;
+        let needed = tokio::task::spawn_blocking(move || output_needed(&d, &o2)).await??;
         if let Some(dest) = needed {
             let got = transfer::fetch(t, tx, from, (farm, o.hash), &dest, (true, false)).await?;
             set_mode(&dest, o.mode)?;
@@ -283,9 +282,9 @@ async fn fetch_all(
 }
 
 /// Where output `o` goes under `dir`, unless it is there already.
-fn output_needed(dir: &Path, o: &OutputFile) -> Result<Option<PathBuf>, String> {
+fn output_needed(dir: &Path, o: &OutputFile) -> Result<Option<PathBuf>, FetchError> {
     if !path_stays_inside(&o.path) {
-        return Err(format!("output path `{}` leaves the task's folder", o.path));
+        return Err(FetchError::Leaves(o.path.clone()));
     }
     let dest = dir.join(&o.path);
     if dest.is_file() && file_hash(&dest).ok() == Some(o.hash) {
@@ -296,19 +295,19 @@ fn output_needed(dir: &Path, o: &OutputFile) -> Result<Option<PathBuf>, String> 
 }
 
 /// Puts outputs this node keeps in `held` into `dir` (those already there, checked, stay).
-fn place_held(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), String> {
+fn place_held(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), FetchError> {
     for o in outputs {
         let Some(dest) = output_needed(dir, o)? else {
             continue;
         };
         let src = held.join(blake3::Hash::from(o.hash).to_hex().as_str());
         if !src.is_file() {
-            return Err(NO_SUCH_FILE.into());
+            return Err(FetchError::Missing);
         }
         if let Some(d) = dest.parent() {
-            fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+            fs::create_dir_all(d).map_err(FetchError::io(FetchError::Create, d))?;
         }
-        fs::copy(&src, &dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
+        fs::copy(&src, &dest).map_err(FetchError::io(FetchError::Place, &dest))?;
         set_mode(&dest, o.mode)?;
     }
     Ok(())
@@ -320,14 +319,14 @@ fn mode_of(m: &fs::Metadata) -> u32 {
 }
 
 /// Gives `path` the permission bits it had where it was made (0: unknown, left as it is).
-fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
+fn set_mode(path: &Path, mode: u32) -> Result<(), FetchError> {
     if mode == 0 {
         return Ok(());
     }
-    let now = fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let now = fs::metadata(path).map_err(FetchError::io(FetchError::Stat, path))?;
     if mode_of(&now) != mode {
         fs::set_permissions(path, fs::Permissions::from_mode(mode))
-            .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))?;
+            .map_err(FetchError::io(FetchError::Mode, path))?;
     }
     Ok(())
 }
@@ -351,7 +350,7 @@ pub(super) async fn fetch_input(
     (hash, mode): ([u8; 32], u32),
     cache: &Path,
     dest: &Path,
-) -> Result<(), String> {
+) -> Result<(), FetchError> {
     let hex = blake3::Hash::from(hash).to_hex().to_string();
     let cached = cache.join(&hex);
     // A node that just got its first task of a farm may not know the
@@ -379,9 +378,9 @@ pub(super) async fn fetch_input(
 
 /// Puts a file this node keeps by hash (`cached`) at `dest`, with `mode`:
 /// linked where that leaves every other link's mode alone, else copied.
-pub(super) fn place_cached(cached: &Path, dest: &Path, mode: u32) -> Result<(), String> {
+pub(super) fn place_cached(cached: &Path, dest: &Path, mode: u32) -> Result<(), FetchError> {
     if let Some(dir) = dest.parent() {
-        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        fs::create_dir_all(dir).map_err(FetchError::io(FetchError::Create, dir))?;
     }
     // A link shares the cached file's mode, which other inputs of the same
     // contents may want otherwise: linked only when the mode is the same.
@@ -396,7 +395,7 @@ pub(super) fn place_cached(cached: &Path, dest: &Path, mode: u32) -> Result<(), 
         };
     let linked = linkable && fs::hard_link(cached, dest).is_ok();
     if !linked && !dest.is_file() {
-        fs::copy(cached, dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
+        fs::copy(cached, dest).map_err(FetchError::io(FetchError::Place, dest))?;
     }
     set_mode(dest, mode)
 }
@@ -410,16 +409,16 @@ pub(super) async fn fetch_any(
     farm: FarmId,
     hash: [u8; 32],
     dest: &Path,
-) -> Result<(), String> {
+) -> Result<(), FetchError> {
     let mut why = Vec::new();
     for from in sources {
         match transfer::fetch(t, tx, *from, (farm, hash), dest, (false, true)).await {
             Ok(_) => return Ok(()),
-            Err(e) => why.push(format!("{from}: {e}")),
+            Err(e) => why.push((*from, e)),
         }
     }
     if why.is_empty() {
-        return Err("no other node is connected".into());
+        return Err(FetchError::NoSource);
     }
-    Err(format!("no node could give it ({})", why.join("; ")))
+    Err(FetchError::NoneGave(why))
 }

@@ -235,7 +235,9 @@ async fn run_task(
         if let Some(p) = &deps {
             match place_deps(&transfers, &tx, &spec, p).await {
                 Ok(()) => {}
-                Err(NotPlaced::Failed(e)) => return fail(e),
+                Err(NotPlaced::Failed(e)) => {
+                    return fail(format!("the outputs it depends on: {e}"))
+                }
                 Err(NotPlaced::Remade) => {
                     let _ = tx.send(Cmd::GiveBack(task));
                     return fail("given back: what it depends on is being made again".into());
