@@ -635,17 +635,27 @@ impl Node {
             Cmd::Feed(farm) => self.feed(farm, None),
             Cmd::Batch(done) => {
                 let now = self.now();
+                // The book records a failure in words; the peer acts on
+                // success or failure alone.
                 match done {
                     batch::Done::Submitted(q, r) => {
                         if let Err(e) = &r {
                             self.say(&format!("mesh alloc: queue `{}`: {e}", q.name));
                         }
-                        self.peer.batch_submitted(now, &q, r);
+                        self.peer
+                            .batch_submitted(now, &q, r.map_err(|e| e.to_string()));
                     }
-                    batch::Done::Polled(system, r) => self.peer.batch_polled(now, system, r),
-                    batch::Done::Cancelled(job, r) => self.peer.batch_cancelled(now, &job, r),
+                    batch::Done::Polled(system, r) => {
+                        self.peer
+                            .batch_polled(now, system, r.map_err(|e| e.to_string()))
+                    }
+                    batch::Done::Cancelled(job, r) => {
+                        self.peer
+                            .batch_cancelled(now, &job, r.map_err(|e| e.to_string()))
+                    }
                     batch::Done::Listed(system, gen, r) => {
-                        self.peer.batch_listed(now, system, gen, r)
+                        self.peer
+                            .batch_listed(now, system, gen, r.map_err(|e| e.to_string()))
                     }
                 }
                 self.answer_alloc_waits();
