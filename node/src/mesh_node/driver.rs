@@ -624,7 +624,7 @@ impl Node {
             Cmd::Control(req, reply) => self.on_control(req, reply),
             Cmd::Submit(spec, rerun, reply) => match spec {
                 Err(e) => {
-                    let _ = reply.send(ControlResponse::Error(e));
+                    let _ = reply.send(ControlResponse::Error(e.to_string()));
                 }
                 Ok(spec) => {
                     self.serve_inputs(&spec.0);

@@ -127,7 +127,7 @@ enum Cmd {
     /// A message for the engine that came as a packet (a beat), and its sender.
     Packet(NodeId, Msg),
     /// The coordinator's answer about a farm this node does not hold.
-    Found(Box<Result<FoundFarm, String>>, Asked),
+    Found(Box<Result<FoundFarm, queries::QueryError>>, Asked),
     Launched(Assigned, Live),
     /// A task that waited here for a dependency being made again goes back
     /// to the coordinator unstarted (its `Finished` follows): its slot is
@@ -152,7 +152,7 @@ enum Cmd {
     /// A farm to submit, its inputs hashed, and per stage whether its
     /// earlier results may be reused (not when `--rerun` names it).
     Submit(
-        Result<(FarmSpec, reuse::TaskKeys), String>,
+        Result<(FarmSpec, reuse::TaskKeys), staging::SubmitError>,
         Vec<bool>,
         mpsc::UnboundedSender<ControlResponse>,
     ),

@@ -130,18 +130,24 @@ pub(super) fn input_hash(spec: &FarmSpec, path: &str) -> [u8; 32] {
     input_file(spec, path).map(|i| i.hash).unwrap_or([0; 32])
 }
 
+/// Why a farm could not be submitted from this node.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SubmitError {
+    /// Submitted from another machine (`mesh --mesh ADDR submit`): the
+    /// farm's files are read here, and its outputs written here.
+    #[error("this node cannot see the farm's folder {}: a farm submitted from another machine must be in a folder the node shares (on a cluster, the home or project file system)", .0.display())]
+    Unseen(PathBuf),
+    #[error("input {}: {source}", .path.display())]
+    Input { path: PathBuf, source: io::Error },
+}
+
 /// The farm as it travels: every input file the farm names, hashed.
-pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<FarmSpec, String> {
+pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<FarmSpec, SubmitError> {
     let mut seen = HashSet::new();
     let mut inputs = Vec::new();
     let root = PathBuf::from(&def.root);
     if !root.is_dir() {
-        // Submitted from another machine (`mesh --mesh ADDR submit`): the
-        // farm's files are read here, and its outputs written here.
-        return Err(format!(
-            "this node cannot see the farm's folder {}: a farm submitted from another machine must be in a folder the node shares (on a cluster, the home or project file system)",
-            root.display()
-        ));
+        return Err(SubmitError::Unseen(root));
     }
     for (s, stage) in def.stages.iter().enumerate() {
         if stage.inputs.is_empty() {
@@ -153,15 +159,14 @@ pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<Farm
                     continue;
                 }
                 let path = root.join(&input);
-                let mut f =
-                    fs::File::open(&path).map_err(|e| format!("input {}: {e}", path.display()))?;
-                let mode = f
-                    .metadata()
-                    .map(|m| mode_of(&m))
-                    .map_err(|e| format!("input {}: {e}", path.display()))?;
+                let unread = |source| SubmitError::Input {
+                    path: path.clone(),
+                    source,
+                };
+                let mut f = fs::File::open(&path).map_err(unread)?;
+                let mode = f.metadata().map(|m| mode_of(&m)).map_err(unread)?;
                 let mut h = blake3::Hasher::new();
-                h.update_reader(&mut f)
-                    .map_err(|e| format!("input {}: {e}", path.display()))?;
+                h.update_reader(&mut f).map_err(unread)?;
                 inputs.push(InputFile {
                     path: input,
                     hash: *h.finalize().as_bytes(),
