@@ -98,7 +98,7 @@ impl Node {
         let task = match parse_task(&spec.def, &ask.task) {
             Ok(t) => t,
             Err(e) => {
-                let _ = reply.send(ControlResponse::Error(e));
+                let _ = reply.send(ControlResponse::Error(e.to_string()));
                 return;
             }
         };

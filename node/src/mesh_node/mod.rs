@@ -107,8 +107,8 @@ pub enum NodeError {
     },
     #[error("cannot join {addr}: {why}")]
     Join { addr: String, why: String },
-    #[error("{0}")]
-    Dashboard(String),
+    #[error(transparent)]
+    Dashboard(#[from] crate::dash::HttpError),
     #[error(transparent)]
     Io(#[from] IoError),
 }
