@@ -651,7 +651,7 @@ impl Driver {
             Ok(Some(line)) => def.expand_line_in(task, &def.out, &line),
             Err(e) => {
                 let outcome = Outcome {
-                    result: TaskResult::Error(e),
+                    result: TaskResult::Error(e.to_string()),
                     key: None,
                     duration_ms: 0,
                     ended_ms: 0,
@@ -835,7 +835,7 @@ impl Driver {
                 .join(f.task.index.to_string());
             match crate::grown::count(&self.def, f.task, &dir) {
                 Ok(n) => grew = n,
-                Err(e) => result = TaskResult::Error(e),
+                Err(e) => result = TaskResult::Error(e.to_string()),
             }
         }
         let failed = match result {

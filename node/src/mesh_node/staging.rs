@@ -190,22 +190,37 @@ pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<Farm
     })
 }
 
+/// Why a task's outputs were not listed or kept (the task fails with it).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum KeepError {
+    #[error("cannot list outputs: {0}")]
+    List(io::Error),
+    #[error("{}: {source}", .path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("cannot create {}: {source}", .path.display())]
+    Create { path: PathBuf, source: io::Error },
+    #[error("cannot keep {}: {source}", .path.display())]
+    Keep { path: PathBuf, source: io::Error },
+}
+
 /// Every file under `dir` with its blake3 hash and size.
-pub(super) fn manifest(dir: &Path) -> Result<Vec<OutputFile>, String> {
+pub(super) fn manifest(dir: &Path) -> Result<Vec<OutputFile>, KeepError> {
     Ok(hashed(dir)?.into_iter().map(|(o, _)| o).collect())
 }
 
 /// Every file under `dir` with its blake3 hash and size, and its pieces.
-fn hashed(dir: &Path) -> Result<Vec<(OutputFile, mesh_protocol::pieces::Pieces)>, String> {
+fn hashed(dir: &Path) -> Result<Vec<(OutputFile, mesh_protocol::pieces::Pieces)>, KeepError> {
     let mut files = Vec::new();
-    walk(dir, dir, &mut files).map_err(|e| format!("cannot list outputs: {e}"))?;
+    walk(dir, dir, &mut files).map_err(KeepError::List)?;
     let mut out = Vec::new();
     for (rel, path) in files {
-        let (hash, pieces) = hash_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let unread = |source| KeepError::Read {
+            path: path.clone(),
+            source,
+        };
+        let (hash, pieces) = hash_file(&path).map_err(unread)?;
         let size = pieces.size;
-        let mode = fs::metadata(&path)
-            .map(|m| mode_of(&m))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let mode = fs::metadata(&path).map(|m| mode_of(&m)).map_err(unread)?;
         out.push((
             OutputFile {
                 path: rel,
@@ -249,16 +264,22 @@ pub(super) fn held_bytes(dir: &Path) -> u64 {
 
 /// Moves every file under `dir` into `held` under its blake3 hash; the manifest.
 /// Their pieces are written down beside them, for the transfer home.
-pub(super) fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, String> {
+pub(super) fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, KeepError> {
     let files = hashed(dir)?;
-    fs::create_dir_all(held).map_err(|e| format!("cannot create {}: {e}", held.display()))?;
+    fs::create_dir_all(held).map_err(|source| KeepError::Create {
+        path: held.to_path_buf(),
+        source,
+    })?;
     for (f, pieces) in &files {
         let path = dir.join(&f.path);
         let target = held.join(blake3::Hash::from(f.hash).to_hex().as_str());
         if !target.is_file() {
             fs::rename(&path, &target)
                 .or_else(|_| fs::copy(&path, &target).map(|_| ()))
-                .map_err(|e| format!("cannot keep {}: {e}", path.display()))?;
+                .map_err(|source| KeepError::Keep {
+                    path: path.clone(),
+                    source,
+                })?;
             keep_pieces(&target, pieces);
         }
     }

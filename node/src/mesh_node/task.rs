@@ -275,7 +275,7 @@ async fn run_task(
             executor::resolve_program(&mut HashMap::new(), &mut launch.spec);
         }
         Ok(None) => {}
-        Err(e) => return fail(e),
+        Err(e) => return fail(e.to_string()),
     }
     let out_dir = launch.out_dir.clone();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Finished>();
@@ -298,7 +298,7 @@ async fn run_task(
     {
         match crate::grown::count(&spec.def, task.task, &out_dir) {
             Ok(n) => outcome.grew = n,
-            Err(e) => outcome.result = TaskResult::Error(e),
+            Err(e) => outcome.result = TaskResult::Error(e.to_string()),
         }
     }
     let mut outputs = Vec::new();
@@ -315,11 +315,12 @@ async fn run_task(
         if let TaskResult::Exited(code) = outcome.result {
             if spec.def.stage(task.task).success_codes.contains(&code) {
                 let dir = out_dir.clone();
-                let kept = tokio::task::spawn_blocking(move || hold_outputs(&dir, &held))
-                    .await
-                    .unwrap_or_else(|e| Err(format!("keeping outputs: {e}")));
+                let kept = tokio::task::spawn_blocking(move || hold_outputs(&dir, &held)).await;
                 match kept {
-                    Ok(o) => outputs = o,
+                    Ok(Ok(o)) => outputs = o,
+                    Ok(Err(e)) => {
+                        outcome.result = TaskResult::Error(format!("keeping outputs: {e}"))
+                    }
                     Err(e) => outcome.result = TaskResult::Error(format!("keeping outputs: {e}")),
                 }
             }
