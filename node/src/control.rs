@@ -37,6 +37,28 @@ pub const CONTROL_PROTOCOL: &str = concat!("/mesh/control/", env!("CARGO_PKG_VER
 /// misreading what follows.
 pub const CONTROL_API: u32 = 1;
 
+/// The kinds of refusal a client acts on. The control API says a refusal
+/// in words (`{"Error": "..."}`, docs/api.md); an answer of its own per
+/// kind would be a new API for every client, the Python one included. So
+/// a client reads the kind from the words here, and only here, and the
+/// node's tests hold what it writes to these.
+pub mod refusal {
+    /// How every refusal about a farm the node does not know begins (it may
+    /// be a `mesh run` farm of this machine, which the client looks for).
+    pub const UNKNOWN_FARM: &str = "no farm";
+    /// How the refusal of a request the node cannot read begins (it runs an
+    /// older mesh, which knows fewer requests).
+    pub const BAD_REQUEST: &str = "bad request";
+
+    pub fn is_unknown_farm(words: &str) -> bool {
+        words.starts_with(UNKNOWN_FARM)
+    }
+
+    pub fn is_bad_request(words: &str) -> bool {
+        words.starts_with(BAD_REQUEST)
+    }
+}
+
 /// Which node a command talks to.
 #[derive(Clone, Debug)]
 pub enum Target {

@@ -14,6 +14,7 @@ use super::swarm::request;
 use super::views::{summary_view, Origin};
 use super::{farm_display_id, Cmd, Node};
 use crate::batch;
+use crate::control::refusal::BAD_REQUEST;
 use crate::control::{ControlRequest, ControlResponse, CONTROL_API};
 use crate::farmfile::{self, FarmFileError, LoadOptions};
 
@@ -360,7 +361,7 @@ where
             }
         }
         Err(e) => {
-            let _ = rtx.send(ControlResponse::Error(format!("bad request: {e}")));
+            let _ = rtx.send(ControlResponse::Error(format!("{BAD_REQUEST}: {e}")));
             drop(rtx);
         }
     }

@@ -52,6 +52,9 @@ pub(super) enum QueryError {
     NotHome(Box<QueryError>),
     #[error("no farm `{0}` is known to this mesh (see `mesh status`)")]
     NotInMesh(String),
+    /// The coordinator's answer to another node's `FindFarm`.
+    #[error("no farm `{0}` is known to this mesh")]
+    UnknownToMesh(String),
     #[error("the node is stopping")]
     Stopping,
     #[error("unexpected answer from the coordinator")]
@@ -434,5 +437,28 @@ fn match_farm(query: &str, known: &[(FarmId, String, String)]) -> Result<FarmId,
         [one] => Ok(*one),
         [] => Err(QueryError::Unknown(query.to_string())),
         _ => Err(QueryError::Ambiguous(query.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::refusal::is_unknown_farm;
+
+    #[test]
+    fn every_refusal_of_an_unknown_farm_reads_as_one_to_a_client() {
+        let q = || "nope".to_string();
+        for e in [
+            QueryError::Unknown(q()),
+            QueryError::NotInMesh(q()),
+            QueryError::UnknownToMesh(q()),
+            QueryError::NotHome(Box::new(QueryError::Unknown(q()))),
+        ] {
+            assert!(is_unknown_farm(&e.to_string()), "{e}");
+        }
+        assert!(!is_unknown_farm(&QueryError::Ambiguous(q()).to_string()));
+        assert!(!is_unknown_farm(&QueryError::NoCopy.to_string()));
+        let e = match_farm("nope", &[]).unwrap_err();
+        assert!(is_unknown_farm(&e.to_string()), "{e}");
     }
 }

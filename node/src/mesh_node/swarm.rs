@@ -13,6 +13,7 @@ use mesh_protocol::observe::Latency;
 use mesh_protocol::wire::{Request, Response};
 use tokio::sync::{mpsc, oneshot};
 
+use super::queries::QueryError;
 use super::{swim, Cmd, Node, NodeError, NodeOptions};
 use crate::keys;
 use crate::net::{self, BehaviourEvent};
@@ -392,7 +393,7 @@ impl Node {
                 let resp = match self.find_known(&query).map(|f| self.found(f)) {
                     Ok(Some(f)) => Response::Farm(Box::new(f)),
                     Ok(None) | Err(_) => {
-                        Response::Error(format!("no farm `{query}` is known to this mesh"))
+                        Response::Error(QueryError::UnknownToMesh(query).to_string())
                     }
                 };
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
