@@ -250,7 +250,8 @@ const STRING_ERRORS_ALLOWED: &[(&str, usize, &str)] = &[
 /// The `Result<_, String>`s in `text` outside its `#[cfg(test)]` module
 /// (and, with `checks`, outside invariant checks), by line.
 fn string_errors(text: &str, checks: bool) -> Vec<usize> {
-    // Cut at the module of tests written in place (`mod tests;` only names a file).
+    // Cut at the module of tests written in place (`mod tests;` only names a
+    // file); nothing follows it, as clippy's `items_after_test_module` holds.
     let marker = "\n#[cfg(test)]\nmod ";
     let cut = text.match_indices(marker).map(|(i, _)| i).find(|&i| {
         let rest = &text[i + marker.len()..];
