@@ -222,6 +222,8 @@ pub enum ControlResponse {
     },
     Allocs(Box<AllocBook>),
     Script(String),
+    /// A refusal, in words: the documented API (docs/api.md) says every
+    /// refusal so; the kinds a client acts on are read in [`refusal`].
     Error(String),
     /// The node speaks the client's control API.
     Hello {

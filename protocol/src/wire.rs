@@ -112,10 +112,7 @@ pub enum Response {
     /// Answer to [`Request::ListFarms`].
     Farms(Vec<FarmSummary>),
     /// Answer to [`Request::WhereRan`]: the node, and whether it runs it now.
-    Ran {
-        node: Option<NodeId>,
-        running: bool,
-    },
+    Ran { node: Option<NodeId>, running: bool },
     /// Answer to [`Request::TaskLog`]: what follows the offsets (bounded),
     /// and whether the task still runs there.
     Log {
@@ -135,6 +132,9 @@ pub enum Response {
     Kept(Vec<([u8; 32], Vec<OutputFile>, Option<u32>)>),
     /// Answer to [`Request::DepOutputs`].
     DepOutputs(DepOutputs),
+    /// A refusal, in the words of the node that refuses (its error types
+    /// say them), which the asker passes on; an asker that acts on a kind
+    /// gets an answer of its own (a file's is [`Refusal`]).
     Error(String),
 }
 
