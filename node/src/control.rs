@@ -309,7 +309,7 @@ pub enum ControlError {
     #[error(transparent)]
     Key(#[from] crate::keys::KeyError),
     #[error("cannot reach the mesh at {addr}: {why}")]
-    Unreachable { addr: String, why: ReachError },
+    Unreachable { addr: String, why: Box<ReachError> },
 }
 
 /// Why a control request over the mesh (`--mesh ADDR`) got no answer.
@@ -452,7 +452,7 @@ mod remote {
         let psk = keys::load_psk(key)?;
         let unreachable = |why: ReachError| ControlError::Unreachable {
             addr: addr.to_string(),
-            why,
+            why: Box::new(why),
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

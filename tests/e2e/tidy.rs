@@ -273,7 +273,7 @@ fn string_errors(text: &str, checks: bool) -> Vec<usize> {
         for (i, c) in code[from..].char_indices() {
             match c {
                 '<' | '(' | '[' => depth += 1,
-                '>' if i > 0 && code[from..].as_bytes()[i - 1] == b'-' => {} // `->`
+                '>' if i > 0 && bytes[from + i - 1] == b'-' => {} // `->`
                 '>' | ')' | ']' => depth -= 1,
                 ',' if depth == 1 => {
                     args.push(std::mem::take(&mut arg));
