@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse, Target};
+use mesh_node::control::{refusal, Client, ControlError, ControlRequest, ControlResponse, Target};
 use mesh_node::runner::{self, RunError};
 use mesh_node::state::StateDir;
 use serde_json::Value;
@@ -44,8 +44,8 @@ fn from_mesh(to: &Target, farm: &str) -> Result<Option<Value>> {
     };
     match c.recv() {
         Some(Ok(ControlResponse::Trace(t))) => Ok(Some(*t)),
-        Some(Ok(ControlResponse::Error(e))) if e.starts_with("no farm") => Ok(None),
-        Some(Ok(ControlResponse::Error(e))) if e.starts_with("bad request") => bail!(
+        Some(Ok(ControlResponse::Error(e))) if refusal::is_unknown_farm(&e) => Ok(None),
+        Some(Ok(ControlResponse::Error(e))) if refusal::is_bad_request(&e) => bail!(
             "the node does not know `mesh export` ({e}): it runs an older mesh than this command"
         ),
         Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),

@@ -561,8 +561,10 @@ pub(crate) fn dashboard(
         })?;
         Some(psk.to_string())
     };
-    mesh_node::dash::Http::new(addr, secret.as_deref().map(str::as_bytes))
-        .map_err(anyhow::Error::msg)
+    Ok(mesh_node::dash::Http::new(
+        addr,
+        secret.as_deref().map(str::as_bytes),
+    )?)
 }
 
 fn state_root(flag: Option<PathBuf>) -> Result<PathBuf> {

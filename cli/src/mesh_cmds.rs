@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse, Target};
+use mesh_node::control::{refusal, Client, ControlError, ControlRequest, ControlResponse, Target};
 use mesh_node::farmfile::{self, LoadOptions};
 use mesh_node::limits::OpenFiles;
 use mesh_node::mesh_node::{run_node, Multiaddr, NodeOptions};
@@ -288,7 +288,7 @@ pub fn resume(to: &Target, farm: &str, out: Option<&Path>, json: bool) -> Result
             }
             follow(to, &farm, json).map(Some)
         }
-        Some(Ok(ControlResponse::Error(e))) if e.starts_with("no farm") => Ok(None),
+        Some(Ok(ControlResponse::Error(e))) if refusal::is_unknown_farm(&e) => Ok(None),
         Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
         Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
         Some(Err(e)) => Err(e.into()),
@@ -342,7 +342,7 @@ pub fn logs(
                     break;
                 }
             }
-            ControlResponse::Error(e) if e.starts_with("no farm") => return Ok(None),
+            ControlResponse::Error(e) if refusal::is_unknown_farm(&e) => return Ok(None),
             ControlResponse::Error(e) => bail!("{e}"),
             other => bail!("unexpected answer from the node: {other:?}"),
         }
@@ -481,7 +481,7 @@ pub fn farm_status(to: &Target, farm: &str, json: bool) -> Result<bool> {
             }
             Ok(true)
         }
-        Some(Ok(ControlResponse::Error(e))) if e.starts_with("no farm") => Ok(false),
+        Some(Ok(ControlResponse::Error(e))) if refusal::is_unknown_farm(&e) => Ok(false),
         Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
         Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
         Some(Err(e)) => Err(e.into()),

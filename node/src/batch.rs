@@ -4,8 +4,9 @@
 //! this module only speaks the batch systems' languages.
 
 use std::fmt::Write as _;
-use std::path::Path;
-use std::process::Stdio;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use mesh_protocol::alloc::{BatchSystem, JobState, QueueDef};
@@ -314,10 +315,10 @@ pub fn submit_command(system: BatchSystem, script: &str, jobs: u32) -> Vec<Strin
 }
 
 /// The job id in what `sbatch --parsable` or `qsub` printed.
-pub fn parse_submitted(system: BatchSystem, stdout: &str) -> Result<String, String> {
+pub fn parse_submitted(system: BatchSystem, stdout: &str) -> Result<String, BatchError> {
     let line = stdout.lines().map(str::trim).find(|l| !l.is_empty());
     let Some(line) = line else {
-        return Err("the batch system printed no job id".into());
+        return Err(BatchError::NoJobId);
     };
     let id = match system {
         // `12345` or `12345;cluster`.
@@ -333,7 +334,7 @@ pub fn parse_submitted(system: BatchSystem, stdout: &str) -> Result<String, Stri
     if digits {
         Ok(id.to_string())
     } else {
-        Err(format!("not a job id: {line}"))
+        Err(BatchError::NotJobId(line.to_string()))
     }
 }
 
@@ -494,18 +495,58 @@ pub fn cancel_command(system: BatchSystem, id: &str) -> Vec<String> {
 /// How a batch operation ended, for the peer.
 #[derive(Debug)]
 pub enum Done {
-    Submitted(QueueDef, Result<Vec<String>, String>),
-    Polled(BatchSystem, Result<Vec<(String, JobState)>, String>),
-    Cancelled(String, Result<(), String>),
+    Submitted(QueueDef, Result<Vec<String>, BatchError>),
+    Polled(BatchSystem, Result<Vec<(String, JobState)>, BatchError>),
+    Cancelled(String, Result<(), BatchError>),
     /// With the `gen` of the `BatchOp::List` it answers.
-    Listed(BatchSystem, u64, Result<Vec<Listed>, String>),
+    Listed(BatchSystem, u64, Result<Vec<Listed>, BatchError>),
+}
+
+/// Why a batch operation did not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    #[error("`{program}` did not answer within {} s", COMMAND_TIMEOUT.as_secs())]
+    Timeout { program: String },
+    #[error("cannot run `{program}`: {source}")]
+    Spawn { program: String, source: io::Error },
+    /// The command ran and said no: `stderr` is what it printed.
+    #[error("`{}` failed ({}): {}", .argv.join(" "), .status, .stderr.trim())]
+    Failed {
+        argv: Vec<String>,
+        status: ExitStatus,
+        stderr: String,
+    },
+    #[error("the batch system printed no job id")]
+    NoJobId,
+    #[error("not a job id: {0}")]
+    NotJobId(String),
+    #[error("cannot create {path}: {source}")]
+    Create { path: String, source: io::Error },
+    #[error("cannot write {}: {source}", .path.display())]
+    Write { path: PathBuf, source: io::Error },
+    #[error("cannot tell this user's name")]
+    NoUser,
+}
+
+impl BatchError {
+    /// Whether the batch system said it knows none of the jobs asked of it
+    /// (SLURM forgets ended jobs after a while; PBS without job history).
+    fn jobs_unknown(&self) -> bool {
+        matches!(self, BatchError::Failed { stderr, .. } if says_unknown_job(stderr))
+    }
+}
+
+/// Whether a line a batch command printed on stderr says the job asked of
+/// it is not known: the batch system's own words, the only way it says so.
+fn says_unknown_job(line: &str) -> bool {
+    line.contains("Invalid job id") || line.contains("Unknown Job Id")
 }
 
 /// The longest a batch command may take before it counts as failed.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs a batch command; its standard output, or what went wrong.
-async fn run(argv: &[String]) -> Result<String, String> {
+async fn run(argv: &[String]) -> Result<String, BatchError> {
     let out = output(argv).await?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -515,7 +556,7 @@ async fn run(argv: &[String]) -> Result<String, String> {
 }
 
 /// Runs a batch command to its end (bounded by `COMMAND_TIMEOUT`).
-async fn output(argv: &[String]) -> Result<std::process::Output, String> {
+async fn output(argv: &[String]) -> Result<std::process::Output, BatchError> {
     let (program, args) = argv.split_first().expect("a command");
     tokio::time::timeout(
         COMMAND_TIMEOUT,
@@ -526,22 +567,21 @@ async fn output(argv: &[String]) -> Result<std::process::Output, String> {
             .output(),
     )
     .await
-    .map_err(|_| {
-        format!(
-            "`{program}` did not answer within {} s",
-            COMMAND_TIMEOUT.as_secs()
-        )
+    .map_err(|_| BatchError::Timeout {
+        program: program.clone(),
     })?
-    .map_err(|e| format!("cannot run `{program}`: {e}"))
+    .map_err(|source| BatchError::Spawn {
+        program: program.clone(),
+        source,
+    })
 }
 
-fn failed(argv: &[String], out: &std::process::Output) -> String {
-    format!(
-        "`{}` failed ({}): {}",
-        argv.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    )
+fn failed(argv: &[String], out: &std::process::Output) -> BatchError {
+    BatchError::Failed {
+        argv: argv.to_vec(),
+        status: out.status,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
 }
 
 /// Writes the queue's script into `dir` (its own folder there, where the
@@ -550,11 +590,17 @@ pub async fn submit(queue: QueueDef, jobs: u32, launch: Launch, dir: &Path) -> D
     let r = async {
         tokio::fs::create_dir_all(&launch.log_dir)
             .await
-            .map_err(|e| format!("cannot create {}: {e}", launch.log_dir))?;
+            .map_err(|source| BatchError::Create {
+                path: launch.log_dir.clone(),
+                source,
+            })?;
         let path = dir.join(format!("{}.sh", queue.name));
         tokio::fs::write(&path, script(&queue, &launch))
             .await
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            .map_err(|source| BatchError::Write {
+                path: path.clone(),
+                source,
+            })?;
         let argv = submit_command(queue.system, &path.to_string_lossy(), jobs);
         let out = run(&argv).await?;
         let id = parse_submitted(queue.system, &out)?;
@@ -569,7 +615,7 @@ pub async fn submit(queue: QueueDef, jobs: u32, launch: Launch, dir: &Path) -> D
 pub async fn poll(system: BatchSystem, jobs: Vec<String>) -> Done {
     let r = match run(&poll_command(system, &jobs)).await {
         Ok(out) => Ok(parse_states(system, &out)),
-        Err(e) if e.contains("Invalid job id") || e.contains("Unknown Job Id") => Ok(Vec::new()),
+        Err(e) if e.jobs_unknown() => Ok(Vec::new()),
         Err(e) => Err(e),
     };
     Done::Polled(system, r)
@@ -584,7 +630,7 @@ pub async fn list(system: BatchSystem, gen: u64, tag: String) -> Done {
         .map(|u| u.name)
         .or_else(|| std::env::var("USER").ok());
     let r = async {
-        let user = user.ok_or_else(|| "cannot tell this user's name".to_string())?;
+        let user = user.ok_or(BatchError::NoUser)?;
         let out = run(&list_command(system, &user)).await?;
         match system {
             BatchSystem::Slurm => Ok(parse_listed(system, &tag, &out)),
@@ -800,20 +846,41 @@ mod tests {
     #[test]
     fn submitted_ids_are_read_and_errors_are_not_taken_for_ids() {
         let s = BatchSystem::Slurm;
-        assert_eq!(parse_submitted(s, "4242\n"), Ok("4242".into()));
-        assert_eq!(parse_submitted(s, "4242;cluster-a\n"), Ok("4242".into()));
-        assert!(parse_submitted(s, "").is_err());
-        assert!(parse_submitted(s, "sbatch: error: invalid partition").is_err());
+        let id = |system, out| parse_submitted(system, out).ok();
+        assert_eq!(id(s, "4242\n"), Some("4242".into()));
+        assert_eq!(id(s, "4242;cluster-a\n"), Some("4242".into()));
+        assert!(matches!(parse_submitted(s, ""), Err(BatchError::NoJobId)));
+        assert!(matches!(
+            parse_submitted(s, "sbatch: error: invalid partition"),
+            Err(BatchError::NotJobId(_))
+        ));
         let p = BatchSystem::Pbs;
+        assert_eq!(id(p, "1234.pbs-server\n"), Some("1234.pbs-server".into()));
         assert_eq!(
-            parse_submitted(p, "1234.pbs-server\n"),
-            Ok("1234.pbs-server".into())
-        );
-        assert_eq!(
-            parse_submitted(p, "1235[].pbs-server\n"),
-            Ok("1235[].pbs-server".into())
+            id(p, "1235[].pbs-server\n"),
+            Some("1235[].pbs-server".into())
         );
         assert!(parse_submitted(p, "qsub: Unknown queue").is_err());
+    }
+
+    #[test]
+    fn a_poll_of_jobs_the_batch_system_forgot_is_told_from_other_failures() {
+        use std::os::unix::process::ExitStatusExt;
+        let failed = |stderr: &str| BatchError::Failed {
+            argv: vec!["squeue".into(), "--jobs=12".into()],
+            status: ExitStatus::from_raw(1 << 8),
+            stderr: stderr.into(),
+        };
+        let gone = failed("slurm_load_jobs error: Invalid job id specified\n");
+        assert!(gone.jobs_unknown());
+        assert!(failed("qstat: Unknown Job Id 12.server").jobs_unknown());
+        assert!(!failed("squeue: error: Unable to contact slurm controller").jobs_unknown());
+        assert!(!BatchError::NoUser.jobs_unknown());
+        // The words people see are what the batch system printed, trimmed.
+        assert_eq!(
+            gone.to_string(),
+            "`squeue --jobs=12` failed (exit status: 1): slurm_load_jobs error: Invalid job id specified"
+        );
     }
 
     #[test]

@@ -37,6 +37,28 @@ pub const CONTROL_PROTOCOL: &str = concat!("/mesh/control/", env!("CARGO_PKG_VER
 /// misreading what follows.
 pub const CONTROL_API: u32 = 1;
 
+/// The kinds of refusal a client acts on. The control API says a refusal
+/// in words (`{"Error": "..."}`, docs/api.md); an answer of its own per
+/// kind would be a new API for every client, the Python one included. So
+/// a client reads the kind from the words here, and only here, and the
+/// node's tests hold what it writes to these.
+pub mod refusal {
+    /// How every refusal about a farm the node does not know begins (it may
+    /// be a `mesh run` farm of this machine, which the client looks for).
+    pub const UNKNOWN_FARM: &str = "no farm";
+    /// How the refusal of a request the node cannot read begins (it runs an
+    /// older mesh, which knows fewer requests).
+    pub const BAD_REQUEST: &str = "bad request";
+
+    pub fn is_unknown_farm(words: &str) -> bool {
+        words.starts_with(UNKNOWN_FARM)
+    }
+
+    pub fn is_bad_request(words: &str) -> bool {
+        words.starts_with(BAD_REQUEST)
+    }
+}
+
 /// Which node a command talks to.
 #[derive(Clone, Debug)]
 pub enum Target {
@@ -200,6 +222,8 @@ pub enum ControlResponse {
     },
     Allocs(Box<AllocBook>),
     Script(String),
+    /// A refusal, in words: the documented API (docs/api.md) says every
+    /// refusal so; the kinds a client acts on are read in [`refusal`].
     Error(String),
     /// The node speaks the client's control API.
     Hello {
@@ -285,7 +309,33 @@ pub enum ControlError {
     #[error(transparent)]
     Key(#[from] crate::keys::KeyError),
     #[error("cannot reach the mesh at {addr}: {why}")]
-    Unreachable { addr: String, why: String },
+    Unreachable { addr: String, why: Box<ReachError> },
+}
+
+/// Why a control request over the mesh (`--mesh ADDR`) got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ReachError {
+    #[error("cannot start the network: {0}")]
+    Runtime(io::Error),
+    #[error(transparent)]
+    Net(#[from] crate::net::NetError),
+    /// The dial failed: its causes, as `net::explain_dial_error` says them.
+    #[error("{0}")]
+    Dial(String),
+    #[error("no answer within {} s", remote::CONNECT_WITHIN.as_secs())]
+    Silent,
+    #[error("the node there does not take {CONTROL_PROTOCOL}: it runs another version of mesh (this is {})", env!("CARGO_PKG_VERSION"))]
+    OtherVersion,
+    #[error("opening a control stream: {0}")]
+    Open(libp2p_stream::OpenStreamError),
+    #[error("sending the request: {0}")]
+    Send(io::Error),
+    #[error("reading the answer: {0}")]
+    Read(io::Error),
+    #[error("the node closed the stream without an answer")]
+    Closed,
+    #[error("the connection's thread ended")]
+    ThreadEnded,
 }
 
 /// A connection to a node, yielding its answers.
@@ -382,11 +432,11 @@ mod remote {
     use libp2p::swarm::SwarmEvent;
     use libp2p::{ping, Multiaddr, PeerId, StreamProtocol};
 
-    use super::{ControlError, CONTROL_PROTOCOL};
+    use super::{ControlError, ReachError, CONTROL_PROTOCOL};
     use crate::{keys, net};
 
     /// How long the dial may take.
-    const CONNECT_WITHIN: Duration = Duration::from_secs(15);
+    pub(super) const CONNECT_WITHIN: Duration = Duration::from_secs(15);
     /// Streams opened for one request, at most. A node takes the streams
     /// of a protocol one at a time (libp2p-stream hands each to a channel
     /// with one place) and resets one that comes while the last still
@@ -400,14 +450,14 @@ mod remote {
         line: Vec<u8>,
     ) -> Result<mpsc::Receiver<io::Result<String>>, ControlError> {
         let psk = keys::load_psk(key)?;
-        let unreachable = |why: String| ControlError::Unreachable {
+        let unreachable = |why: ReachError| ControlError::Unreachable {
             addr: addr.to_string(),
-            why,
+            why: Box::new(why),
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| unreachable(format!("cannot start the network: {e}")))?;
+            .map_err(|e| unreachable(ReachError::Runtime(e)))?;
         let (lines_tx, lines_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let addr = addr.clone();
@@ -416,10 +466,7 @@ mod remote {
                 let (control, peer, driver) =
                     match tokio::time::timeout(CONNECT_WITHIN, connect(addr, psk)).await {
                         Err(_) => {
-                            let _ = ready_tx.send(Err(format!(
-                                "no answer within {} s",
-                                CONNECT_WITHIN.as_secs()
-                            )));
+                            let _ = ready_tx.send(Err(ReachError::Silent));
                             return;
                         }
                         Ok(Err(why)) => {
@@ -449,7 +496,7 @@ mod remote {
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(lines_rx),
             Ok(Err(why)) => Err(unreachable(why)),
-            Err(_) => Err(unreachable("the connection's thread ended".into())),
+            Err(_) => Err(unreachable(ReachError::ThreadEnded)),
         }
     }
 
@@ -463,8 +510,8 @@ mod remote {
         mut control: libp2p_stream::Control,
         peer: PeerId,
         line: &[u8],
-    ) -> Result<(String, Lines), String> {
-        let mut why = String::new();
+    ) -> Result<(String, Lines), ReachError> {
+        let mut why = ReachError::Closed;
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(20 << attempt.min(5))).await;
@@ -475,25 +522,22 @@ mod remote {
             {
                 Ok(s) => s,
                 Err(libp2p_stream::OpenStreamError::UnsupportedProtocol(_)) => {
-                    return Err(format!(
-                        "the node there does not take {CONTROL_PROTOCOL}: it runs another version of mesh (this is {})",
-                        env!("CARGO_PKG_VERSION")
-                    ))
+                    return Err(ReachError::OtherVersion)
                 }
                 Err(e) => {
-                    why = format!("opening a control stream: {e}");
+                    why = ReachError::Open(e);
                     continue;
                 }
             };
             if let Err(e) = stream.write_all(line).await {
-                why = format!("sending the request: {e}");
+                why = ReachError::Send(e);
                 continue;
             }
             let mut lines = futures::io::BufReader::new(stream).lines();
             match lines.next().await {
                 Some(Ok(first)) => return Ok((first, lines)),
-                Some(Err(e)) => why = format!("reading the answer: {e}"),
-                None => why = "the node closed the stream without an answer".into(),
+                Some(Err(e)) => why = ReachError::Read(e),
+                None => why = ReachError::Closed,
             }
         }
         Err(why)
@@ -503,17 +547,17 @@ mod remote {
     async fn connect(
         addr: Multiaddr,
         psk: libp2p::pnet::PreSharedKey,
-    ) -> Result<(libp2p_stream::Control, PeerId, tokio::task::JoinHandle<()>), String> {
-        let mut swarm = net::client(psk).map_err(|e| e.to_string())?;
+    ) -> Result<(libp2p_stream::Control, PeerId, tokio::task::JoinHandle<()>), ReachError> {
+        let mut swarm = net::client(psk)?;
         let control = swarm.behaviour().streams.new_control();
         swarm
             .dial(addr.clone())
-            .map_err(|e| net::explain_dial_error(&e))?;
+            .map_err(|e| ReachError::Dial(net::explain_dial_error(&e)))?;
         let peer = loop {
             match swarm.select_next_some().await {
                 SwarmEvent::ConnectionEstablished { peer_id, .. } => break peer_id,
                 SwarmEvent::OutgoingConnectionError { error, .. } => {
-                    return Err(net::explain_dial_error(&error))
+                    return Err(ReachError::Dial(net::explain_dial_error(&error)))
                 }
                 _ => {}
             }

@@ -288,7 +288,7 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
         let r = tokio::task::spawn_blocking(move || stage(&root, &cwd2, &inputs, staged)).await;
         match r {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return (TaskResult::Error(e), 0),
+            Ok(Err(e)) => return (TaskResult::Error(e.to_string()), 0),
             Err(e) => return (TaskResult::Error(format!("staging failed: {e}")), 0),
         }
     }
@@ -442,7 +442,7 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
                 tokio::task::spawn_blocking(move || collect(&cwd2, &dest, &outputs)).await;
             match collected {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return (TaskResult::Error(e), logs),
+                Ok(Err(e)) => return (TaskResult::Error(e.to_string()), logs),
                 Err(e) => {
                     return (
                         TaskResult::Error(format!("collecting outputs failed: {e}")),
@@ -550,33 +550,65 @@ fn open_log(path: &Path) -> io::Result<fs::File> {
     }
 }
 
+/// Why an attempt's inputs were not staged or its outputs not collected:
+/// the task fails with these words.
+#[derive(Debug, thiserror::Error)]
+enum FilesError {
+    #[error("could not create workdir {}: {source}", .path.display())]
+    Workdir { path: PathBuf, source: io::Error },
+    #[error("could not create {}: {source}", .path.display())]
+    Create { path: PathBuf, source: io::Error },
+    #[error("input `{input}` does not exist (looked for {})", .path.display())]
+    NoInput { input: String, path: PathBuf },
+    #[error("could not stage input `{input}` into {}: {source}", .cwd.display())]
+    Stage {
+        input: String,
+        cwd: PathBuf,
+        source: io::Error,
+    },
+    #[error("bad output pattern `{pattern}`: {source}")]
+    Pattern {
+        pattern: String,
+        source: glob::PatternError,
+    },
+    #[error("output `{pattern}` was not produced (looked for {})", .path.display())]
+    NoOutput { pattern: String, path: PathBuf },
+    #[error("could not replace output {}: {source}", .path.display())]
+    Replace { path: PathBuf, source: io::Error },
+    #[error("could not collect output {}: {source}", .path.display())]
+    Collect { path: PathBuf, source: io::Error },
+}
+
 /// Creates the workdir and copies inputs into it, keeping their relative paths.
-fn stage(root: &Path, cwd: &Path, inputs: &[String], staged: bool) -> Result<(), String> {
+fn stage(root: &Path, cwd: &Path, inputs: &[String], staged: bool) -> Result<(), FilesError> {
     if staged {
-        fs::create_dir_all(cwd)
-            .map_err(|e| format!("could not create workdir {}: {e}", cwd.display()))?;
+        fs::create_dir_all(cwd).map_err(|source| FilesError::Workdir {
+            path: cwd.to_path_buf(),
+            source,
+        })?;
     }
     for input in inputs {
         let src = root.join(input);
         if !src.is_file() {
-            return Err(format!(
-                "input `{input}` does not exist (looked for {})",
-                src.display()
-            ));
+            return Err(FilesError::NoInput {
+                input: input.clone(),
+                path: src,
+            });
         }
         if !staged {
             continue;
         }
         let dst = cwd.join(input);
         if let Some(dir) = dst.parent() {
-            fs::create_dir_all(dir)
-                .map_err(|e| format!("could not create {}: {e}", dir.display()))?;
+            fs::create_dir_all(dir).map_err(|source| FilesError::Create {
+                path: dir.to_path_buf(),
+                source,
+            })?;
         }
-        fs::copy(&src, &dst).map_err(|e| {
-            format!(
-                "could not stage input `{input}` into {}: {e}",
-                cwd.display()
-            )
+        fs::copy(&src, &dst).map_err(|source| FilesError::Stage {
+            input: input.clone(),
+            cwd: cwd.to_path_buf(),
+            source,
         })?;
     }
     Ok(())
@@ -584,24 +616,27 @@ fn stage(root: &Path, cwd: &Path, inputs: &[String], staged: bool) -> Result<(),
 
 /// Copies outputs (paths or glob patterns, relative to the workdir) into `dest`.
 /// A plain path that is missing fails the task; a pattern may match nothing.
-fn collect(cwd: &Path, dest: &Path, outputs: &[String]) -> Result<(), String> {
+fn collect(cwd: &Path, dest: &Path, outputs: &[String]) -> Result<(), FilesError> {
     let mut made = HashSet::new();
     for pattern in outputs {
         let is_glob = pattern.contains(['*', '?', '[']);
         let matches: Vec<PathBuf> = if is_glob {
             let full = cwd.join(pattern);
             glob::glob(&full.to_string_lossy())
-                .map_err(|e| format!("bad output pattern `{pattern}`: {e}"))?
+                .map_err(|source| FilesError::Pattern {
+                    pattern: pattern.clone(),
+                    source,
+                })?
                 .filter_map(Result::ok)
                 .filter(|p| p.is_file())
                 .collect()
         } else {
             let p = cwd.join(pattern);
             if !p.is_file() {
-                return Err(format!(
-                    "output `{pattern}` was not produced (looked for {})",
-                    p.display()
-                ));
+                return Err(FilesError::NoOutput {
+                    pattern: pattern.clone(),
+                    path: p,
+                });
             }
             vec![p]
         };
@@ -610,20 +645,24 @@ fn collect(cwd: &Path, dest: &Path, outputs: &[String]) -> Result<(), String> {
             let dst = dest.join(rel);
             if let Some(dir) = dst.parent() {
                 if made.insert(dir.to_path_buf()) {
-                    fs::create_dir_all(dir)
-                        .map_err(|e| format!("could not create {}: {e}", dir.display()))?;
+                    fs::create_dir_all(dir).map_err(|source| FilesError::Create {
+                        path: dir.to_path_buf(),
+                        source,
+                    })?;
                 }
             }
             // Unlinked first, not written through: an earlier run's output
             // there may be linked into another `--out` folder (see `results`).
             match fs::remove_file(&dst) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                    return Err(format!("could not replace output {}: {e}", dst.display()))
+                Err(source) if source.kind() != io::ErrorKind::NotFound => {
+                    return Err(FilesError::Replace { path: dst, source })
                 }
                 _ => {}
             }
-            fs::copy(&src, &dst)
-                .map_err(|e| format!("could not collect output {}: {e}", src.display()))?;
+            fs::copy(&src, &dst).map_err(|source| FilesError::Collect {
+                path: src.clone(),
+                source,
+            })?;
         }
     }
     Ok(())

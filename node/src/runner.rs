@@ -87,7 +87,10 @@ struct Shared {
 struct RunSource(Arc<Mutex<Shared>>);
 
 impl dash::Source for RunSource {
-    fn observe(&self, since: HashMap<String, u64>) -> dash::BoxFuture<Result<Observed, String>> {
+    fn observe(
+        &self,
+        since: HashMap<String, u64>,
+    ) -> dash::BoxFuture<Result<Observed, dash::SourceError>> {
         let sh = self.0.lock().expect("not poisoned");
         let since = since.get(&sh.node.id).copied().unwrap_or(0);
         let status = MeshStatus {
@@ -101,7 +104,7 @@ impl dash::Source for RunSource {
         Box::pin(std::future::ready(Ok(observed)))
     }
 
-    fn farms(&self) -> dash::BoxFuture<Result<Vec<FarmView>, String>> {
+    fn farms(&self) -> dash::BoxFuture<Result<Vec<FarmView>, dash::SourceError>> {
         let sh = self.0.lock().expect("not poisoned");
         let view = FarmView::from_status(&sh.status);
         Box::pin(std::future::ready(Ok(vec![view])))
@@ -112,7 +115,7 @@ impl dash::Source for RunSource {
         _farm: String,
         task: String,
         attempt: Option<u32>,
-    ) -> dash::BoxFuture<Result<String, String>> {
+    ) -> dash::BoxFuture<Result<String, dash::SourceError>> {
         let (def, logs_dir) = {
             let sh = self.0.lock().expect("not poisoned");
             (sh.def.clone(), sh.logs_dir.clone())
@@ -122,7 +125,7 @@ impl dash::Source for RunSource {
             let stage_dir = logs_dir.join(&def.stage(t).name);
             let attempt = attempt
                 .or_else(|| executor::latest_attempt(&stage_dir, t.index))
-                .ok_or_else(|| format!("{task} has written no logs"))?;
+                .ok_or_else(|| dash::SourceError::NoLogs(task.clone()))?;
             let read = |stream| {
                 fs::read(executor::log_path(&logs_dir, &def, t, attempt, stream))
                     .unwrap_or_default()
@@ -644,7 +647,7 @@ impl Driver {
             Ok(Some(line)) => def.expand_line_in(task, &def.out, &line),
             Err(e) => {
                 let outcome = Outcome {
-                    result: TaskResult::Error(e),
+                    result: TaskResult::Error(e.to_string()),
                     key: None,
                     duration_ms: 0,
                     ended_ms: 0,
@@ -828,7 +831,7 @@ impl Driver {
                 .join(f.task.index.to_string());
             match crate::grown::count(&self.def, f.task, &dir) {
                 Ok(n) => grew = n,
-                Err(e) => result = TaskResult::Error(e),
+                Err(e) => result = TaskResult::Error(e.to_string()),
             }
         }
         let failed = match result {

@@ -10,32 +10,52 @@ use mesh_protocol::farm::FarmDef;
 use mesh_protocol::TaskRef;
 use nix::sys::signal::Signal;
 
+/// Why a task id a user gave names no task of the farm.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskIdError {
+    #[error("`{0}` is not a task id (expected <stage>/<index>, e.g. solve/3)")]
+    NoSlash(String),
+    #[error("`{task}` is not a task id: `{index}` is not an index")]
+    NotAnIndex { task: String, index: String },
+    #[error("farm {farm} has no stage `{stage}` (stages: {})", .stages.join(", "))]
+    NoStage {
+        farm: String,
+        stage: String,
+        stages: Vec<String>,
+    },
+    #[error("stage {stage} has tasks 0 to {last}; there is no {task}")]
+    PastTheEnd {
+        stage: String,
+        last: u32,
+        task: String,
+    },
+}
+
 /// `stage/index` in a farm.
-pub(crate) fn parse_task(def: &FarmDef, task: &str) -> Result<TaskRef, String> {
+pub(crate) fn parse_task(def: &FarmDef, task: &str) -> Result<TaskRef, TaskIdError> {
     let Some((stage, index)) = task.rsplit_once('/') else {
-        return Err(format!(
-            "`{task}` is not a task id (expected <stage>/<index>, e.g. solve/3)"
-        ));
+        return Err(TaskIdError::NoSlash(task.to_string()));
     };
     let Ok(index) = index.parse::<u32>() else {
-        return Err(format!(
-            "`{task}` is not a task id: `{index}` is not an index"
-        ));
+        return Err(TaskIdError::NotAnIndex {
+            task: task.to_string(),
+            index: index.to_string(),
+        });
     };
     let Some(s) = def.stages.iter().position(|s| s.name == stage) else {
-        let names: Vec<&str> = def.stages.iter().map(|s| s.name.as_str()).collect();
-        return Err(format!(
-            "farm {} has no stage `{stage}` (stages: {})",
-            def.name,
-            names.join(", ")
-        ));
+        return Err(TaskIdError::NoStage {
+            farm: def.name.clone(),
+            stage: stage.to_string(),
+            stages: def.stages.iter().map(|s| s.name.clone()).collect(),
+        });
     };
     let len = def.stages[s].len();
     if index >= len {
-        return Err(format!(
-            "stage {stage} has tasks 0 to {}; there is no {task}",
-            len.saturating_sub(1)
-        ));
+        return Err(TaskIdError::PastTheEnd {
+            stage: stage.to_string(),
+            last: len.saturating_sub(1),
+            task: task.to_string(),
+        });
     }
     Ok(TaskRef::new(s as u32, index))
 }

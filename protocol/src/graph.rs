@@ -116,12 +116,55 @@ pub struct Graph {
     pub stages: Vec<Vec<Edge>>,
 }
 
+/// A farm's dependencies that do not expand: the stage, and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("stage `{stage}`: {why}")]
+pub struct GraphError {
+    pub stage: String,
+    pub why: DepError,
+}
+
+/// What is wrong with one of a stage's `deps`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DepError {
+    #[error("it depends on a stage that is not there")]
+    NoStage,
+    #[error("keyed on stage `{up}`: {why}")]
+    Keyed { up: String, why: KeyedError },
+    #[error("listed from stage `{up}`: {why}")]
+    Listed { up: String, why: ListedError },
+}
+
+/// Why a dependency keyed by sweep variables does not expand.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KeyedError {
+    #[error("too many combinations of the key's values")]
+    TooMany,
+    #[error("no task's key matches a task of that stage (do the values agree?)")]
+    NoMatch,
+}
+
+/// Why a dependency listed per task does not expand.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ListedError {
+    #[error("task {task} names `{word}`, which no task has")]
+    NoSuchValue { task: usize, word: String },
+    #[error("task {task} names `{word}`, not a task index (0 to {last})")]
+    NotAnIndex {
+        task: usize,
+        word: String,
+        last: u32,
+    },
+}
+
 impl Graph {
     /// Expands every stage's `deps`. An error names the stage and says what
     /// is wrong (a word that is no task, a key that matches nothing).
-    pub fn build(def: &FarmDef) -> Result<Graph, String> {
-        Graph::build_parts(&def.name, &def.stages)
-            .map_err(|(s, _, e)| format!("stage `{}`: {e}", def.stages[s].name))
+    pub fn build(def: &FarmDef) -> Result<Graph, GraphError> {
+        Graph::build_parts(&def.name, &def.stages).map_err(|(s, _, why)| GraphError {
+            stage: def.stages[s].name.clone(),
+            why,
+        })
     }
 
     /// As [`Graph::build`], from a farm's name and stages; an error gives
@@ -129,21 +172,27 @@ impl Graph {
     pub fn build_parts(
         name: &str,
         stages_def: &[StageDef],
-    ) -> Result<Graph, (usize, usize, String)> {
+    ) -> Result<Graph, (usize, usize, DepError)> {
         let mut stages = Vec::with_capacity(stages_def.len());
         for (s, stage) in stages_def.iter().enumerate() {
             let mut edges = Vec::with_capacity(stage.deps.len());
             for (n, dep) in stage.deps.iter().enumerate() {
                 let Some(up) = stages_def.get(dep.stage as usize) else {
-                    return Err((s, n, "it depends on a stage that is not there".into()));
+                    return Err((s, n, DepError::NoStage));
                 };
                 let ups = match &dep.on {
                     DepOn::Keyed { down, up: up_vars } => {
-                        keyed(&stage.sweep, down, &up.sweep, up_vars)
-                            .map_err(|e| (s, n, format!("keyed on stage `{}`: {e}", up.name)))?
+                        keyed(&stage.sweep, down, &up.sweep, up_vars).map_err(|why| {
+                            let up = up.name.clone();
+                            (s, n, DepError::Keyed { up, why })
+                        })?
                     }
-                    DepOn::Listed { tasks, var } => listed(name, stage, tasks, up, *var)
-                        .map_err(|e| (s, n, format!("listed from stage `{}`: {e}", up.name)))?,
+                    DepOn::Listed { tasks, var } => {
+                        listed(name, stage, tasks, up, *var).map_err(|why| {
+                            let up = up.name.clone();
+                            (s, n, DepError::Listed { up, why })
+                        })?
+                    }
                     DepOn::Grown { per } => {
                         let per = (*per).max(1);
                         Csr::build(stage.len() as usize, |i, items| items.push(i as u32 / per))
@@ -233,7 +282,7 @@ fn positions(sweep: &Sweep, var: usize) -> (HashMap<String, u64>, Vec<u64>) {
     (m, first)
 }
 
-fn keyed(down: &Sweep, down_vars: &[u32], up: &Sweep, up_vars: &[u32]) -> Result<Csr, String> {
+fn keyed(down: &Sweep, down_vars: &[u32], up: &Sweep, up_vars: &[u32]) -> Result<Csr, KeyedError> {
     // A key is the upstream positions of the values, in mixed radix: each
     // side's task is keyed without making a string per task.
     let radix: Vec<u64> = up_vars
@@ -245,7 +294,7 @@ fn keyed(down: &Sweep, down_vars: &[u32], up: &Sweep, up_vars: &[u32]) -> Result
         .try_fold(1u64, |a, &r| a.checked_mul(r))
         .is_none()
     {
-        return Err("too many combinations of the key's values".into());
+        return Err(KeyedError::TooMany);
     }
     // Per variable of the key: the upstream's first position of each of its
     // values, and this stage's values as such positions (None: a value
@@ -289,7 +338,7 @@ fn keyed(down: &Sweep, down_vars: &[u32], up: &Sweep, up_vars: &[u32]) -> Result
         matched |= to > from;
     });
     if !matched && down_n > 0 && up_n > 0 {
-        return Err("no task's key matches a task of that stage (do the values agree?)".into());
+        return Err(KeyedError::NoMatch);
     }
     Ok(csr)
 }
@@ -300,7 +349,7 @@ fn listed(
     tasks: &Template,
     up: &StageDef,
     var: Option<u32>,
-) -> Result<Csr, String> {
+) -> Result<Csr, ListedError> {
     let by_value: Option<HashMap<String, Vec<u32>>> = var.map(|v| {
         let mut m: HashMap<String, Vec<u32>> = HashMap::new();
         for j in 0..up.len() {
@@ -334,17 +383,21 @@ fn listed(
                 Some(m) => match m.get(w) {
                     Some(js) => items.extend(js),
                     None => {
-                        err = Some(format!("task {i} names `{w}`, which no task has"));
+                        err = Some(ListedError::NoSuchValue {
+                            task: i,
+                            word: w.to_string(),
+                        });
                         return;
                     }
                 },
                 None => match w.parse::<u32>() {
                     Ok(j) if j < up.len() => items.push(j),
                     _ => {
-                        err = Some(format!(
-                            "task {i} names `{w}`, not a task index (0 to {})",
-                            up.len().saturating_sub(1)
-                        ));
+                        err = Some(ListedError::NotAnIndex {
+                            task: i,
+                            word: w.to_string(),
+                            last: up.len().saturating_sub(1),
+                        });
                         return;
                     }
                 },
@@ -502,7 +555,11 @@ mod tests {
             },
         });
         let e = Graph::build(&farm(vec![img, bad])).unwrap_err();
-        assert!(e.contains("`3`, not a task index (0 to 2)"), "{e}");
+        assert!(
+            e.to_string()
+                .ends_with("task 0 names `3`, not a task index (0 to 2)"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -541,6 +598,12 @@ mod tests {
             },
         });
         let e = Graph::build(&farm(vec![a, b])).unwrap_err();
-        assert!(e.contains("no task's key matches"), "{e}");
+        assert_eq!(
+            e.why,
+            DepError::Keyed {
+                up: "a".into(),
+                why: KeyedError::NoMatch
+            }
+        );
     }
 }

@@ -38,7 +38,7 @@ pub fn piece_count(size: u64) -> u64 {
     size.div_ceil(piece_len(size)).max(1)
 }
 
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum PieceError {
     #[error("the file's pieces do not make up its hash")]
     Pieces,

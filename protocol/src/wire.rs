@@ -17,7 +17,7 @@ use crate::observe::Observation;
 use crate::pieces::Pieces;
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 15;
+pub const PROTOCOL_VERSION: u32 = 16;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
 pub const REQUEST_PROTOCOL: &str = "/mesh/req/11";
 /// The stream that carries messages for a peer's engine, in order.
@@ -47,7 +47,19 @@ pub enum DataHead {
         pieces: Pieces,
         at: Option<String>,
     },
-    Refused(String),
+    Refused(Refusal),
+}
+
+/// Why a sender gives no file: the receiver acts on which (a file the
+/// node does not keep has its task run again; an unreadable one is asked
+/// for again later).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    #[error("no such file on this node")]
+    NoSuchFile,
+    /// `why`: the sender's I/O error, which crosses the wire as its words.
+    #[error("cannot read {path}: {why}")]
+    Unreadable { path: String, why: String },
 }
 
 /// The receiver's answer to [`DataHead::File`]: send the bytes from
@@ -100,10 +112,7 @@ pub enum Response {
     /// Answer to [`Request::ListFarms`].
     Farms(Vec<FarmSummary>),
     /// Answer to [`Request::WhereRan`]: the node, and whether it runs it now.
-    Ran {
-        node: Option<NodeId>,
-        running: bool,
-    },
+    Ran { node: Option<NodeId>, running: bool },
     /// Answer to [`Request::TaskLog`]: what follows the offsets (bounded),
     /// and whether the task still runs there.
     Log {
@@ -123,6 +132,9 @@ pub enum Response {
     Kept(Vec<([u8; 32], Vec<OutputFile>, Option<u32>)>),
     /// Answer to [`Request::DepOutputs`].
     DepOutputs(DepOutputs),
+    /// A refusal, in the words of the node that refuses (its error types
+    /// say them), which the asker passes on; an asker that acts on a kind
+    /// gets an answer of its own (a file's is [`Refusal`]).
     Error(String),
 }
 

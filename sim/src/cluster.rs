@@ -760,16 +760,13 @@ impl<'a> Sim<'a> {
         }
         if restart {
             // Whatever this node made durable before it died, read back as the node reads it.
-            let (book, farms, held) =
-                MeshState::load(&nd.store).map_err(|e| SimError::Config(e.to_string()))?;
+            let (book, farms, held) = MeshState::load(&nd.store)?;
             nd.book = book;
             for (stored, finished) in farms {
                 peer.restore_farm(stored, finished);
             }
             peer.restore_held(held);
-            if let Some(b) =
-                MeshState::load_allocs(&nd.store).map_err(|e| SimError::Config(e.to_string()))?
-            {
+            if let Some(b) = MeshState::load_allocs(&nd.store)? {
                 peer.restore_allocs(b);
             }
         }

@@ -22,21 +22,27 @@ pub mod workflow;
 pub use cluster::run;
 pub use dist::{parse_durations, Dist, DistError};
 pub use report::{SimReport, Timeline, Traffic};
-pub use scenario::{load_scenario, parse_scenario, NodeGroup, SimConfig};
-pub use workflow::{run_workload, Links, Replay, WhatIf, Workload};
+pub use scenario::{load_scenario, parse_scenario, ConfigError, NodeGroup, SimConfig};
+pub use workflow::{run_workload, Links, Replay, WhatIf, Workload, WorkloadError};
 
 /// Why a simulated run did not produce a report.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, thiserror::Error)]
 pub enum SimError {
     /// The scenario is malformed; nothing ran.
-    Config(String),
+    #[error("bad scenario: {0}")]
+    Config(#[from] ConfigError),
+    /// A crashed node's store did not read back on its restart.
+    #[error("a restarted node cannot read its store: {0}")]
+    Restart(#[from] StoreError),
     /// An invariant broke; the seed replays the run up to it.
+    #[error("invariant violated at {at_ms} ms (replay with seed {seed}): {message}")]
     Invariant {
         seed: u64,
         at_ms: u64,
         message: String,
     },
     /// Work was left when the virtual time limit (or the last event) came.
+    #[error("the run did not finish by {at_ms} ms (replay with seed {seed}): {message}")]
     Stuck {
         seed: u64,
         at_ms: u64,
@@ -44,40 +50,27 @@ pub enum SimError {
     },
 }
 
-impl std::fmt::Display for SimError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SimError::Config(m) => write!(f, "bad scenario: {m}"),
-            SimError::Invariant {
-                seed,
-                at_ms,
-                message,
-            } => write!(
-                f,
-                "invariant violated at {at_ms} ms (replay with seed {seed}): {message}"
-            ),
-            SimError::Stuck {
-                seed,
-                at_ms,
-                message,
-            } => write!(
-                f,
-                "the run did not finish by {at_ms} ms (replay with seed {seed}): {message}"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for SimError {}
-
 impl SimError {
     /// The seed that replays the failure, when it is a failure of a run.
     pub fn seed(&self) -> Option<u64> {
         match self {
-            SimError::Config(_) => None,
+            SimError::Config(_) | SimError::Restart(_) => None,
             SimError::Invariant { seed, .. } | SimError::Stuck { seed, .. } => Some(*seed),
         }
     }
+}
+
+/// Why [`run_one_node`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum OneNodeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The engine's audit: what broke.
+    #[error("{0}")]
+    Invariant(String),
+    /// The engine's counts when the events ran out with work left.
+    #[error("the simulation stopped with work left: {0}")]
+    Stuck(String),
 }
 
 use std::cmp::Reverse;
@@ -87,7 +80,7 @@ use std::sync::Arc;
 use mesh_protocol::engine::{Action, AddOptions, Engine, Millis, Outcome, Persist, TaskResult};
 use mesh_protocol::farm::FarmDef;
 use mesh_protocol::{Resources, TaskRef};
-use mesh_store::{FarmKey, MemStore, Store, Write};
+use mesh_store::{FarmKey, MemStore, Store, StoreError, Write};
 
 /// What a simulated run did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,7 +100,7 @@ pub fn run_one_node(
     resources: Resources,
     duration: impl Fn(TaskRef) -> Millis,
     exit: impl Fn(TaskRef, u32) -> i32,
-) -> Result<(Report, MemStore), String> {
+) -> Result<(Report, MemStore), OneNodeError> {
     let mut engine = Engine::new(resources);
     let mut store = MemStore::new();
     let farm_key = FarmKey(1);
@@ -131,9 +124,9 @@ pub fn run_one_node(
                 Action::Persist(Persist::Stage { .. }) | Action::Kill { .. } | Action::Emit(_) => {}
             }
         }
-        store.write(batch).map_err(|e| e.to_string())?;
-        store.flush().map_err(|e| e.to_string())?;
-        engine.audit()?;
+        store.write(batch)?;
+        store.flush()?;
+        engine.audit().map_err(OneNodeError::Invariant)?;
         let next_timer = engine.poll_timeout();
         let next_end = pending.peek().map(|Reverse((at, ..))| *at);
         let completion_first = match (next_end, next_timer) {
@@ -163,7 +156,7 @@ pub fn run_one_node(
     }
     let c = engine.progress(slot);
     if !c.finished() {
-        return Err(format!("the simulation stopped with work left: {c:?}"));
+        return Err(OneNodeError::Stuck(format!("{c:?}")));
     }
     Ok((
         Report {

@@ -91,11 +91,15 @@
 //! `max_time_ms`. The report says since when it was one mesh
 //! (`one_mesh_ms`) and which nodes ever coordinated.
 
+use std::io;
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 use mesh_protocol::mesh::Config;
+use mesh_protocol::resources::{AmountError, ResourceSpecError};
 
-use crate::dist::parse_durations;
+use crate::dist::{parse_durations, DistError};
 use crate::SimError;
 
 /// One simulated run: nodes, the farm, the network and the faults.
@@ -390,20 +394,106 @@ fn default_stage_resources() -> String {
     "cpu=1".into()
 }
 
+/// What is wrong with a scenario (or a workload); nothing ran. `at` names
+/// the field, as `stages[0] (a).durations`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {}: {source}", .path.display())]
+    Unreadable { path: PathBuf, source: io::Error },
+    /// A scenario file's mistake, with the file.
+    #[error("{}: {source}", .path.display())]
+    In {
+        path: PathBuf,
+        source: Box<ConfigError>,
+    },
+    #[error(transparent)]
+    Toml(#[from] toml::de::Error),
+    /// Durations or resources read again after the checks (they passed them).
+    #[error(transparent)]
+    Dist(#[from] DistError),
+    #[error(transparent)]
+    Spec(#[from] ResourceSpecError),
+    #[error("a scenario needs at least one stage")]
+    NoStages,
+    #[error("{at}: tasks must be from 1 to 2^32-1")]
+    Tasks { at: String },
+    #[error("{at}: {source}")]
+    Durations { at: String, source: DistError },
+    #[error("{at} {value:?}: {source}")]
+    Resources {
+        at: String,
+        value: String,
+        source: ResourceSpecError,
+    },
+    #[error("{at} {value:?}: {source}")]
+    Amount {
+        at: String,
+        value: String,
+        source: AmountError,
+    },
+    #[error("{at} must be from 0 to 1")]
+    Share { at: String },
+    #[error("{at}: it may depend only on earlier stages, not {dep:?}")]
+    Later { at: String, dep: String },
+    #[error("{at}: no stage named {dep:?}")]
+    NoStage { at: String, dep: String },
+    #[error("{at}: after_each {dep:?} needs the same number of tasks")]
+    EachCount { at: String, dep: String },
+    #[error("a scenario needs at least one node")]
+    NoNodes,
+    #[error("{at} must be at least 1")]
+    AtLeastOne { at: String },
+    #[error("{at}: min {min} is more than max {max}")]
+    MinOverMax { at: String, min: u32, max: u32 },
+    #[error("{at} must be whole seconds (a multiple of 1000), as the queue takes it")]
+    WholeSeconds { at: String },
+    #[error("{at}.walltime_ms must be longer than the drain margin ({margin_ms} ms)")]
+    Walltime { at: String, margin_ms: u64 },
+    #[error("{at}: two queues named {name:?}")]
+    TwoQueues { at: String, name: String },
+    #[error("loss must be from 0 to below 1")]
+    Loss,
+    #[error("submit_node {node} but only {nodes} nodes")]
+    SubmitNode { node: usize, nodes: usize },
+    #[error("{at}: node {node} but only {nodes} nodes")]
+    NoSuchNode {
+        at: String,
+        node: usize,
+        nodes: usize,
+    },
+    #[error("{at}: the submitting node may not leave")]
+    SubmitterLeaves { at: String },
+    #[error("{at}: until_ms must be after from_ms")]
+    Backwards { at: String },
+    #[error("{at}: a node is not introduced to itself")]
+    SelfIntroduced { at: String },
+    #[error("workload: {0}")]
+    Workload(#[from] crate::workflow::WorkloadError),
+    #[error("jitter {0} must be from 0 to below 1")]
+    Jitter(f64),
+    #[error("bandwidth must be above 0")]
+    Bandwidth,
+}
+
 /// Reads a scenario file (TOML, see the module docs) and checks it.
 pub fn load_scenario(path: impl AsRef<std::path::Path>) -> Result<SimConfig, SimError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| SimError::Config(format!("cannot read {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Unreadable {
+        path: path.to_path_buf(),
+        source,
+    })?;
     parse_scenario(&text).map_err(|e| match e {
-        SimError::Config(m) => SimError::Config(format!("{}: {m}", path.display())),
+        SimError::Config(c) => SimError::Config(ConfigError::In {
+            path: path.to_path_buf(),
+            source: Box::new(c),
+        }),
         other => other,
     })
 }
 
 /// Parses and checks a scenario given as TOML text.
 pub fn parse_scenario(text: &str) -> Result<SimConfig, SimError> {
-    let cfg: SimConfig = toml::from_str(text).map_err(|e| SimError::Config(e.to_string()))?;
+    let cfg: SimConfig = toml::from_str(text).map_err(ConfigError::from)?;
     cfg.validate()?;
     Ok(cfg)
 }
@@ -517,49 +607,42 @@ impl SimConfig {
     }
 
     /// Checks everything a run would trip over, with messages that name the field.
-    pub fn validate(&self) -> Result<(), SimError> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_stages()?;
         self.validate_cluster()
     }
 
     /// Checks the farm's stages.
-    fn validate_stages(&self) -> Result<(), SimError> {
-        let bad = |m: String| Err(SimError::Config(m));
+    fn validate_stages(&self) -> Result<(), ConfigError> {
         if self.stages.is_empty() {
-            return bad("a scenario needs at least one stage".into());
+            return Err(ConfigError::NoStages);
         }
         for (i, s) in self.stages.iter().enumerate() {
+            let at = format!("stages[{i}] ({})", s.name);
             if s.tasks == 0 || s.tasks > u32::MAX as u64 {
-                return bad(format!(
-                    "stages[{i}] ({}): tasks must be from 1 to 2^32-1",
-                    s.name
-                ));
+                return Err(ConfigError::Tasks { at });
             }
-            if let Err(e) = parse_durations(&s.durations) {
-                return bad(format!("stages[{i}] ({}).durations: {e}", s.name));
+            if let Err(source) = parse_durations(&s.durations) {
+                let at = format!("{at}.durations");
+                return Err(ConfigError::Durations { at, source });
             }
-            if let Err(e) = mesh_protocol::resources::parse_resources(&s.resources) {
-                return bad(format!(
-                    "stages[{i}] ({}).resources {:?}: {e}",
-                    s.name, s.resources
-                ));
+            if let Err(source) = mesh_protocol::resources::parse_resources(&s.resources) {
+                return Err(ConfigError::Resources {
+                    at: format!("{at}.resources"),
+                    value: s.resources.clone(),
+                    source,
+                });
             }
             if !(0.0..=1.0).contains(&s.fail_rate) {
-                return bad(format!(
-                    "stages[{i}] ({}).fail_rate must be from 0 to 1",
-                    s.name
-                ));
+                let at = format!("{at}.fail_rate");
+                return Err(ConfigError::Share { at });
             }
             for d in s.after.iter().chain(&s.after_each) {
+                let dep = d.clone();
                 match self.stages.iter().position(|t| &t.name == d) {
                     Some(j) if j < i => {}
-                    Some(_) => {
-                        return bad(format!(
-                            "stages[{i}] ({}): it may depend only on earlier stages, not {d:?}",
-                            s.name
-                        ))
-                    }
-                    None => return bad(format!("stages[{i}] ({}): no stage named {d:?}", s.name)),
+                    Some(_) => return Err(ConfigError::Later { at, dep }),
+                    None => return Err(ConfigError::NoStage { at, dep }),
                 }
             }
             for d in &s.after_each {
@@ -569,10 +652,8 @@ impl SimConfig {
                     .position(|t| &t.name == d)
                     .expect("checked");
                 if self.stages[j].tasks != s.tasks {
-                    return bad(format!(
-                        "stages[{i}] ({}): after_each {d:?} needs the same number of tasks",
-                        s.name
-                    ));
+                    let dep = d.clone();
+                    return Err(ConfigError::EachCount { at, dep });
                 }
             }
         }
@@ -581,36 +662,47 @@ impl SimConfig {
 
     /// Checks everything but the stages: the nodes, the network, the
     /// queues and the faults (a recorded workflow brings its own farm).
-    pub fn validate_cluster(&self) -> Result<(), SimError> {
-        let bad = |m: String| Err(SimError::Config(m));
+    pub fn validate_cluster(&self) -> Result<(), ConfigError> {
         let n = self.node_count();
         if n == 0 {
-            return bad("a scenario needs at least one node".into());
+            return Err(ConfigError::NoNodes);
         }
         for (i, g) in self.nodes.iter().enumerate() {
-            if let Err(e) = mesh_protocol::resources::parse_resources(&g.resources) {
-                return bad(format!("nodes[{i}].resources {:?}: {e}", g.resources));
+            if let Err(source) = mesh_protocol::resources::parse_resources(&g.resources) {
+                return Err(ConfigError::Resources {
+                    at: format!("nodes[{i}].resources"),
+                    value: g.resources.clone(),
+                    source,
+                });
             }
         }
-        if let Err(e) = parse_durations(&self.latency) {
-            return bad(format!("latency: {e}"));
+        if let Err(source) = parse_durations(&self.latency) {
+            let at = "latency".to_string();
+            return Err(ConfigError::Durations { at, source });
         }
         for (i, a) in self.alloc.iter().enumerate() {
             let at = format!("alloc[{i}] ({})", a.name);
             if a.cores == 0 {
-                return bad(format!("{at}.cores must be at least 1"));
+                let at = format!("{at}.cores");
+                return Err(ConfigError::AtLeastOne { at });
             }
             if a.nodes_per_job == 0 {
-                return bad(format!("{at}.nodes_per_job must be at least 1"));
+                let at = format!("{at}.nodes_per_job");
+                return Err(ConfigError::AtLeastOne { at });
             }
             if a.min > a.max {
-                return bad(format!("{at}: min {} is more than max {}", a.min, a.max));
+                let (min, max) = (a.min, a.max);
+                return Err(ConfigError::MinOverMax { at, min, max });
             }
             if let Some(m) = &a.mem {
-                if let Err(e) =
+                if let Err(source) =
                     mesh_protocol::resources::parse_amount(mesh_protocol::resources::MEM, m)
                 {
-                    return bad(format!("{at}.mem {m:?}: {e}"));
+                    return Err(ConfigError::Amount {
+                        at: format!("{at}.mem"),
+                        value: m.clone(),
+                        source,
+                    });
                 }
             }
             for (field, ms) in [
@@ -618,82 +710,84 @@ impl SimConfig {
                 ("idle_timeout_ms", a.idle_timeout_ms),
             ] {
                 if ms % 1000 != 0 {
-                    return bad(format!("{at}.{field} must be whole seconds (a multiple of 1000), as the queue takes it"));
+                    let at = format!("{at}.{field}");
+                    return Err(ConfigError::WholeSeconds { at });
                 }
             }
             if a.walltime_ms <= a.drain_margin() {
-                return bad(format!(
-                    "{at}.walltime_ms must be longer than the drain margin ({} ms)",
-                    a.drain_margin()
-                ));
+                let margin_ms = a.drain_margin();
+                return Err(ConfigError::Walltime { at, margin_ms });
             }
-            if let Err(e) = parse_durations(&a.start_delay) {
-                return bad(format!("{at}.start_delay: {e}"));
+            if let Err(source) = parse_durations(&a.start_delay) {
+                let at = format!("{at}.start_delay");
+                return Err(ConfigError::Durations { at, source });
             }
             if !(0.0..=1.0).contains(&a.reject_rate) {
-                return bad(format!("{at}.reject_rate must be from 0 to 1"));
+                let at = format!("{at}.reject_rate");
+                return Err(ConfigError::Share { at });
             }
             if self.alloc[..i].iter().any(|b| b.name == a.name) {
-                return bad(format!("{at}: two queues named {:?}", a.name));
+                let name = a.name.clone();
+                return Err(ConfigError::TwoQueues { at, name });
             }
         }
         if !(0.0..1.0).contains(&self.loss) {
-            return bad("loss must be from 0 to below 1".into());
+            return Err(ConfigError::Loss);
         }
         if self.submit_node >= n {
-            return bad(format!(
-                "submit_node {} but only {n} nodes",
-                self.submit_node
-            ));
+            let node = self.submit_node;
+            return Err(ConfigError::SubmitNode { node, nodes: n });
         }
-        let node_ok = |what: &str, node: usize| {
+        let node_ok = |at: String, node: usize| {
             if node >= n {
-                Err(SimError::Config(format!(
-                    "{what}: node {node} but only {n} nodes"
-                )))
+                Err(ConfigError::NoSuchNode { at, node, nodes: n })
             } else {
                 Ok(())
             }
         };
         for (i, c) in self.crashes.iter().enumerate() {
-            node_ok(&format!("crashes[{i}]"), c.node)?;
+            node_ok(format!("crashes[{i}]"), c.node)?;
         }
         for (i, l) in self.leaves.iter().enumerate() {
-            node_ok(&format!("leaves[{i}]"), l.node)?;
+            let at = format!("leaves[{i}]");
+            node_ok(at.clone(), l.node)?;
             if l.node == self.submit_node {
-                return bad(format!("leaves[{i}]: the submitting node may not leave"));
+                return Err(ConfigError::SubmitterLeaves { at });
             }
         }
         for (i, p) in self.partitions.iter().enumerate() {
+            let at = format!("partitions[{i}]");
             for &node in &p.nodes {
-                node_ok(&format!("partitions[{i}]"), node)?;
+                node_ok(at.clone(), node)?;
             }
             if p.until_ms <= p.from_ms {
-                return bad(format!("partitions[{i}]: until_ms must be after from_ms"));
+                return Err(ConfigError::Backwards { at });
             }
         }
         for (i, s) in self.stall.iter().enumerate() {
-            node_ok(&format!("stall[{i}]"), s.node)?;
+            let at = format!("stall[{i}]");
+            node_ok(at.clone(), s.node)?;
             if s.until_ms <= s.from_ms {
-                return bad(format!("stall[{i}]: until_ms must be after from_ms"));
+                return Err(ConfigError::Backwards { at });
             }
         }
         for (i, s) in self.slow.iter().enumerate() {
-            node_ok(&format!("slow[{i}]"), s.node)?;
+            let at = format!("slow[{i}]");
+            node_ok(at.clone(), s.node)?;
             if s.until_ms <= s.from_ms {
-                return bad(format!("slow[{i}]: until_ms must be after from_ms"));
+                return Err(ConfigError::Backwards { at });
             }
             if s.per_msg_us == 0 {
-                return bad(format!("slow[{i}].per_msg_us must be at least 1"));
+                let at = format!("{at}.per_msg_us");
+                return Err(ConfigError::AtLeastOne { at });
             }
         }
         for (i, s) in self.introduce.iter().enumerate() {
-            node_ok(&format!("introduce[{i}]"), s.node)?;
-            node_ok(&format!("introduce[{i}].to"), s.to)?;
+            let at = format!("introduce[{i}]");
+            node_ok(at.clone(), s.node)?;
+            node_ok(format!("{at}.to"), s.to)?;
             if s.node == s.to {
-                return bad(format!(
-                    "introduce[{i}]: a node is not introduced to itself"
-                ));
+                return Err(ConfigError::SelfIntroduced { at });
             }
         }
         Ok(())

@@ -13,7 +13,27 @@ use mesh_protocol::farm::FarmDef;
 
 use crate::report::SimReport;
 use crate::scenario::SimConfig;
-use crate::SimError;
+use crate::{ConfigError, SimError};
+
+/// Why a workload's parts do not make one farm (built by hand, or a bug).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error(
+        "{farm} tasks in the farm, {runtimes} runtimes, {parents} parent lists, {reads} read lists"
+    )]
+    Parts {
+        farm: usize,
+        runtimes: usize,
+        parents: usize,
+        reads: usize,
+    },
+    #[error("no tasks")]
+    NoTasks,
+    #[error("task {task}: parent {parent} does not come before it (tasks are numbered in dependency order)")]
+    ParentAfter { task: usize, parent: u32 },
+    #[error("task {task} reads from {from}, not a parent")]
+    NotAParent { task: usize, from: u32 },
+}
 
 /// One file a task reads that a parent made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,28 +95,27 @@ impl Workload {
     }
 
     /// Checks that the parts agree (a workload built by hand, or a bug).
-    pub fn check(&self) -> Result<(), SimError> {
+    pub fn check(&self) -> Result<(), WorkloadError> {
         let n = self.tasks();
-        let bad = |m: String| Err(SimError::Config(format!("workload: {m}")));
         let farm: usize = self.def.stages.iter().map(|s| s.len() as usize).sum();
         if farm != n || self.parents.len() != n || self.reads.len() != n {
-            return bad(format!(
-                "{farm} tasks in the farm, {n} runtimes, {} parent lists, {} read lists",
-                self.parents.len(),
-                self.reads.len()
-            ));
+            return Err(WorkloadError::Parts {
+                farm,
+                runtimes: n,
+                parents: self.parents.len(),
+                reads: self.reads.len(),
+            });
         }
         if n == 0 {
-            return bad("no tasks".into());
+            return Err(WorkloadError::NoTasks);
         }
         for (g, ps) in self.parents.iter().enumerate() {
-            if let Some(p) = ps.iter().find(|&&p| p as usize >= g) {
-                return bad(format!(
-                    "task {g}: parent {p} does not come before it (tasks are numbered in dependency order)"
-                ));
+            if let Some(&parent) = ps.iter().find(|&&p| p as usize >= g) {
+                return Err(WorkloadError::ParentAfter { task: g, parent });
             }
             if let Some(r) = self.reads[g].iter().find(|r| !ps.contains(&r.from)) {
-                return bad(format!("task {g} reads from {}, not a parent", r.from));
+                let from = r.from;
+                return Err(WorkloadError::NotAParent { task: g, from });
             }
         }
         Ok(())
@@ -227,19 +246,16 @@ pub fn run_workload(
     replay: &Replay,
 ) -> Result<SimReport, SimError> {
     cfg.validate_cluster()?;
-    wl.check()?;
+    wl.check().map_err(ConfigError::from)?;
     if !(0.0..1.0).contains(&replay.jitter) {
-        return Err(SimError::Config(format!(
-            "jitter {} must be from 0 to below 1",
-            replay.jitter
-        )));
+        return Err(ConfigError::Jitter(replay.jitter).into());
     }
     if replay
         .links
         .bytes_per_s
         .is_some_and(|b| b.is_nan() || b <= 0.0)
     {
-        return Err(SimError::Config("bandwidth must be above 0".into()));
+        return Err(ConfigError::Bandwidth.into());
     }
     crate::cluster::run_workload(cfg, wl, replay)
 }

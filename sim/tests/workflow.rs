@@ -2,7 +2,9 @@
 
 use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
 use mesh_sim::workflow::{fewest_nodes, row, sweep, Read};
-use mesh_sim::{run_workload, Links, Replay, SimConfig, SimError, WhatIf, Workload};
+use mesh_sim::{
+    run_workload, ConfigError, Links, Replay, SimConfig, SimError, WhatIf, Workload, WorkloadError,
+};
 
 const MB: u64 = 1_000_000;
 
@@ -220,7 +222,13 @@ fn a_workload_whose_parts_disagree_is_refused() {
     wl.parents[1] = vec![3];
     let e = run_workload(&cluster(2, None).config(&wl), &wl, &cluster(2, None).replay).unwrap_err();
     assert!(
-        matches!(&e, SimError::Config(m) if m.contains("does not come before")),
+        matches!(
+            &e,
+            SimError::Config(ConfigError::Workload(WorkloadError::ParentAfter {
+                task: 1,
+                parent: 3
+            }))
+        ),
         "{e}"
     );
 }

@@ -1102,6 +1102,26 @@ fn a_second_node_on_a_port_a_node_listens_on_is_refused() {
     assert!(!r.stdout.contains("listening"), "{}", r.stdout);
 }
 
+/// `mesh logs TASK | head -n 1` of a task that wrote far more than a pipe
+/// holds: mesh is still writing when `head` quits, and ends as `ls | head`
+/// does, with status 0 and nothing said.
+#[test]
+fn a_reader_that_quits_midway_through_a_long_output_ends_mesh_quietly_with_status_0() {
+    let sb = sandbox();
+    sb.write(
+        "farm.toml",
+        "[[stage]]\nname = \"s\"\nsweep.i = { range = \"1..3\" }\nshell = \"seq 200000\"\n",
+    );
+    sb.mesh(&["run", "farm.toml", "-q"]).expect_code(0);
+    let (head, r) = sb.mesh_head(&["logs", "s/0"], 1);
+    assert_eq!(head, ["1"]);
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (Some(0), ""),
+        "mesh logs s/0 | head -n 1"
+    );
+}
+
 #[test]
 fn a_reader_that_quits_early_ends_each_printing_command_quietly_with_status_0() {
     let sb = sandbox();

@@ -196,3 +196,162 @@ fn the_readme_farm_is_the_sweep_example() {
         "README.md's farm differs from examples/sweep/farm.toml"
     );
 }
+
+/// Invariant checks report what broke as a `String` (a test or the
+/// simulator shows it, and no caller acts on it): `fn check*`, `audit`
+/// and `recount` in protocol. Any other `Result<_, String>` in library code is an
+/// error its caller can only print, so it stays on this list, with why,
+/// and with how many the file has: a new one fails the test, and an
+/// entry must be lowered as they go.
+const STRING_ERRORS_ALLOWED: &[(&str, usize, &str)] = &[
+    (
+        "cli/src/args.rs",
+        13,
+        "clap's value parsers return Result<_, String>: clap's convention",
+    ),
+    (
+        "cli/src/import/mod.rs",
+        1,
+        "a clap value parser (`--scale`): clap's convention",
+    ),
+    (
+        "node/src/net.rs",
+        2,
+        "transport being rewritten (one cipher)",
+    ),
+    (
+        "protocol/src/mesh/allocs.rs",
+        4,
+        "a batch system's failure reaches the coordinator as the words the \
+         replicated allocation book records; it acts on success or failure \
+         alone (the node's BatchError says what went wrong)",
+    ),
+    (
+        "protocol/src/mesh/peer/farms.rs",
+        4,
+        "the peer's side of the same batch answers (see protocol/src/mesh/allocs.rs)",
+    ),
+    (
+        "sim/src/cluster/batch.rs",
+        1,
+        "the simulated batch system's answer, in the words the allocation book records",
+    ),
+    (
+        "sim/src/cluster/heal.rs",
+        1,
+        "`one_mesh` is a check of the simulated mesh: its words go into the report",
+    ),
+];
+
+/// The `Result<_, String>`s in `text` outside its `#[cfg(test)]` module
+/// (and, with `checks`, outside invariant checks), by line.
+fn string_errors(text: &str, checks: bool) -> Vec<usize> {
+    // Cut at the module of tests written in place (`mod tests;` only names a
+    // file); nothing follows it, as clippy's `items_after_test_module` holds.
+    let marker = "\n#[cfg(test)]\nmod ";
+    let cut = text.match_indices(marker).map(|(i, _)| i).find(|&i| {
+        let rest = &text[i + marker.len()..];
+        !rest[..rest.find('\n').unwrap_or(rest.len())]
+            .trim_end()
+            .ends_with(';')
+    });
+    let code = &text[..cut.unwrap_or(text.len())];
+    let bytes = code.as_bytes();
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("Result<").map(|i| from + i) {
+        from = at + "Result<".len();
+        if at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_') {
+            continue; // `FooResult<...>`
+        }
+        // The type's arguments, split at the commas of its own level.
+        let (mut depth, mut args, mut arg) = (1, Vec::new(), String::new());
+        for (i, c) in code[from..].char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' if i > 0 && bytes[from + i - 1] == b'-' => {} // `->`
+                '>' | ')' | ']' => depth -= 1,
+                ',' if depth == 1 => {
+                    args.push(std::mem::take(&mut arg));
+                    continue;
+                }
+                _ => {}
+            }
+            if depth == 0 {
+                break;
+            }
+            arg.push(c);
+        }
+        if !arg.trim().is_empty() {
+            args.push(arg); // not after a trailing comma
+        }
+        if args.len() != 2 || args[1].trim() != "String" {
+            continue;
+        }
+        let line_start = code[..at].rfind('\n').map_or(0, |i| i + 1);
+        let line_end = code[at..].find('\n').map_or(code.len(), |i| at + i);
+        let line = &code[line_start..line_end];
+        let check = checks
+            && ["fn check", "fn audit(", "fn recount("]
+                .iter()
+                .any(|f| line.contains(f));
+        if !check {
+            found.push(code[..at].matches('\n').count() + 1);
+        }
+    }
+    found
+}
+
+#[test]
+fn no_library_error_is_a_bare_string_outside_the_checks_and_a_short_list() {
+    let mut files = Vec::new();
+    for krate in ["protocol", "store", "node", "cli", "sim"] {
+        rust_files(&root().join(krate).join("src"), &mut files);
+    }
+    let mut wrong = Vec::new();
+    for f in files {
+        let name = f.strip_prefix(root()).unwrap_or(&f).display().to_string();
+        if f.file_name().is_some_and(|n| n == "tests.rs") {
+            continue; // a module of tests, split out of its parent
+        }
+        // The engine's and the peer's invariant checks are in protocol.
+        let checks = name.starts_with("protocol/");
+        let lines = string_errors(&fs::read_to_string(&f).unwrap(), checks);
+        let allowed = STRING_ERRORS_ALLOWED
+            .iter()
+            .find(|(a, ..)| *a == name)
+            .map_or(0, |(_, n, _)| *n);
+        if lines.len() != allowed {
+            wrong.push(format!(
+                "{name}: {} at lines {lines:?}, {allowed} allowed",
+                lines.len()
+            ));
+        }
+    }
+    for (name, ..) in STRING_ERRORS_ALLOWED {
+        assert!(
+            root().join(name).is_file(),
+            "{name} is gone: take it off STRING_ERRORS_ALLOWED"
+        );
+    }
+    assert!(
+        wrong.is_empty(),
+        "`Result<_, String>` in library code (give the error a thiserror enum that \
+         says what went wrong; an invariant check is a `fn check_*`): {wrong:#?}"
+    );
+}
+
+#[test]
+fn string_errors_are_found_where_they_hide() {
+    let text = "fn a() -> Result<(), String> {}\n\
+                fn b() -> io::Result<String> {}\n\
+                fn c() -> Result<Vec<(u8, String)>, String> {}\n\
+                fn check_x(&self) -> Result<(), String> {}\n\
+                fn d(f: Result<Box<dyn Fn() -> u8>, String>) {}\n\
+                fn e() -> Result<String, Error> {}\n\
+                fn f() -> Result<\n    Vec<u8>,\n    String,\n> {}\n\
+                #[cfg(test)]\nmod split;\nfn g() -> Result<u8, String> {}\n\
+                \n#[cfg(test)]\nmod tests { fn t() -> Result<(), String> {} }\n";
+    assert_eq!(string_errors(text, true), vec![1, 3, 5, 7, 13]);
+    assert_eq!(string_errors(text, false), vec![1, 3, 4, 5, 7, 13]);
+}

@@ -1,7 +1,7 @@
 //! Support for mesh's end-to-end tests: a sandbox folder, running the real `mesh` binary with bounded waits, cleanup.
 
 use std::fs;
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -209,6 +209,22 @@ impl Sandbox {
     /// so its first write to stdout finds the reader gone.
     pub fn mesh_unread(&self, args: &[&str]) -> Run {
         unread(self.command(args))
+    }
+
+    /// Runs mesh as `mesh ARGS | head -n LINES` does: its first `lines`
+    /// lines read, then the pipe's read end closed while mesh may still be
+    /// writing. Those lines, and how mesh ended (its stdout empty).
+    pub fn mesh_head(&self, args: &[&str], lines: usize) -> (Vec<String>, Run) {
+        let mut child = self.command(args).spawn().expect("start mesh");
+        let out = child.stdout.take().expect("piped");
+        let head = BufReader::new(out)
+            .lines()
+            .take(lines)
+            .map(|l| l.expect("a line of mesh's output"))
+            .collect();
+        // The reader is dropped here, as `head` exits: the read end closes.
+        let run = Background { child: Some(child) }.wait();
+        (head, run)
     }
 
     /// Starts mesh in the background with these variables in its environment.

@@ -38,16 +38,41 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// Where the dashboard reads: a mesh node, or `mesh run`'s loop.
 pub trait Source: Send + Sync + 'static {
     /// The status and each node's record, runs that changed after `since[node]`.
-    fn observe(&self, since: HashMap<String, u64>) -> BoxFuture<Result<Observed, String>>;
+    fn observe(&self, since: HashMap<String, u64>) -> BoxFuture<Result<Observed, SourceError>>;
     /// The farms to show, with their stages and failures, the running first.
-    fn farms(&self) -> BoxFuture<Result<Vec<FarmView>, String>>;
+    fn farms(&self) -> BoxFuture<Result<Vec<FarmView>, SourceError>>;
     /// A task's logs, stdout then stderr.
     fn logs(
         &self,
         farm: String,
         task: String,
         attempt: Option<u32>,
-    ) -> BoxFuture<Result<String, String>>;
+    ) -> BoxFuture<Result<String, SourceError>>;
+}
+
+/// Why a [`Source`] has nothing to show.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The node's control answer [`crate::control::ControlResponse::Error`], in its words.
+    #[error("{0}")]
+    Refused(String),
+    #[error("the node is stopping")]
+    Stopping,
+    #[error(transparent)]
+    Task(#[from] crate::task_words::TaskIdError),
+    /// The task as the page named it.
+    #[error("{0} has written no logs")]
+    NoLogs(String),
+}
+
+/// Why the dashboard cannot be served where it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error(
+        "a dashboard on {0} (not loopback) needs a token, derived from the mesh's \
+         mesh.key; there is none here: serve it on 127.0.0.1, or give --key"
+    )]
+    NoToken(SocketAddr),
 }
 
 /// A task's logs as the page shows them: stdout, then stderr under a rule.
@@ -73,7 +98,7 @@ pub struct Http {
 impl Http {
     /// Loopback needs no token; any other address needs the one derived
     /// from the mesh secret, so only those who hold `mesh.key` see the farm.
-    pub fn new(addr: SocketAddr, key: Option<&[u8]>) -> Result<Http, String> {
+    pub fn new(addr: SocketAddr, key: Option<&[u8]>) -> Result<Http, HttpError> {
         if addr.ip().is_loopback() {
             return Ok(Http { addr, token: None });
         }
@@ -82,10 +107,7 @@ impl Http {
                 addr,
                 token: Some(token_for(k)),
             }),
-            None => Err(format!(
-                "a dashboard on {addr} (not loopback) needs a token, derived from the mesh's \
-                 mesh.key; there is none here: serve it on 127.0.0.1, or give --key"
-            )),
+            None => Err(HttpError::NoToken(addr)),
         }
     }
 }

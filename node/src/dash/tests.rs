@@ -24,10 +24,10 @@ struct Fixed {
 }
 
 impl Source for Fixed {
-    fn observe(&self, _since: HashMap<String, u64>) -> BoxFuture<Result<Observed, String>> {
+    fn observe(&self, _since: HashMap<String, u64>) -> BoxFuture<Result<Observed, SourceError>> {
         Box::pin(std::future::ready(Ok(self.observed.clone())))
     }
-    fn farms(&self) -> BoxFuture<Result<Vec<FarmView>, String>> {
+    fn farms(&self) -> BoxFuture<Result<Vec<FarmView>, SourceError>> {
         Box::pin(std::future::ready(Ok(self.farms.clone())))
     }
     fn logs(
@@ -35,11 +35,11 @@ impl Source for Fixed {
         farm: String,
         task: String,
         _: Option<u32>,
-    ) -> BoxFuture<Result<String, String>> {
+    ) -> BoxFuture<Result<String, SourceError>> {
         let r = if task == "sim/7" {
             Ok(format!("log of {farm} {task}\n"))
         } else {
-            Err(format!("no task {task}"))
+            Err(SourceError::Refused(format!("no task {task}")))
         };
         Box::pin(std::future::ready(r))
     }

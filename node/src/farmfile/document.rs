@@ -236,7 +236,7 @@ impl Src<'_> {
         let graph =
             mesh_protocol::graph::Graph::build_parts(&name, &stages).map_err(|(s, n, e)| {
                 let scope = self.scope(Ctx::Stage(format!("stage `{}`", stages[s].name)), false);
-                scope.fail(deps[s].by[n].pos, "after", Problem::Dependency(e))
+                scope.fail(deps[s].by[n].pos, "after", Problem::Graph(e))
             })?;
         let mut warnings = self.shared_outputs(&stages, &outputs_at);
         warnings.extend(self.missing_programs(&stages, &command_at));

@@ -206,6 +206,9 @@ pub enum Problem {
     UnknownStage { name: String, stages: String },
     #[error("{0}")]
     Dependency(String),
+    /// Dependencies that read well but do not expand (see `Graph::build_parts`).
+    #[error(transparent)]
+    Graph(mesh_protocol::graph::DepError),
     #[error("stage `{name}` cannot wait for itself")]
     SelfDependency { name: String },
     #[error("`after_each` pairs tasks one to one, but stage `{this}` has {this_count} tasks and stage `{other}` has {other_count}")]

@@ -8,12 +8,13 @@ use mesh_protocol::wire::{FoundFarm, Request, Response};
 use tokio::sync::mpsc;
 
 use super::logs::LogAsk;
-use super::queries::{Ask, Asked};
+use super::queries::{Ask, Asked, QueryError};
 use super::staging::make_spec;
 use super::swarm::request;
 use super::views::{summary_view, Origin};
 use super::{farm_display_id, Cmd, Node};
 use crate::batch;
+use crate::control::refusal::BAD_REQUEST;
 use crate::control::{ControlRequest, ControlResponse, CONTROL_API};
 use crate::farmfile::{self, FarmFileError, LoadOptions};
 
@@ -40,7 +41,7 @@ impl Node {
             }
             ControlRequest::Wait { farm } => match self.find_farm(&farm) {
                 Err(e) => {
-                    let _ = reply.send(ControlResponse::Error(e));
+                    let _ = reply.send(ControlResponse::Error(e.to_string()));
                 }
                 Ok(fid) => {
                     let o = self.origins.get_mut(&fid).expect("found");
@@ -54,7 +55,7 @@ impl Node {
             },
             ControlRequest::Cancel { farm } => match self.find_farm(&farm) {
                 Err(e) => {
-                    let _ = reply.send(ControlResponse::Error(e));
+                    let _ = reply.send(ControlResponse::Error(e.to_string()));
                 }
                 Ok(fid) => {
                     let now = self.now();
@@ -191,7 +192,7 @@ impl Node {
             ControlRequest::Events { farm } => match self.find_farm(&farm) {
                 Ok(fid) => self.follow_tasks(fid, reply),
                 Err(e) => {
-                    let _ = reply.send(ControlResponse::Error(e));
+                    let _ = reply.send(ControlResponse::Error(e.to_string()));
                 }
             },
             ControlRequest::Tasks { farm, state, limit } => {
@@ -200,7 +201,7 @@ impl Node {
                     .and_then(|fid| self.tasks_in(fid, state.as_deref(), limit));
                 let _ = reply.send(match r {
                     Ok(tasks) => ControlResponse::Tasks(tasks),
-                    Err(e) => ControlResponse::Error(e),
+                    Err(e) => ControlResponse::Error(e.to_string()),
                 });
             }
             ControlRequest::Export { farm } => self.export(&farm, reply),
@@ -212,18 +213,17 @@ impl Node {
         &mut self,
         f: FoundFarm,
         out: Option<String>,
-    ) -> Result<ControlResponse, String> {
+    ) -> Result<ControlResponse, QueryError> {
         let fid = f.spec.id;
         let here = self.peer.replica(fid).filter(|r| r.home);
         let already = match (&out, here) {
             (None, Some(_)) => true,
             (Some(o), Some(r)) => o == r.out_dir(),
             (None, None) => {
-                return Err(format!(
-                    "the home of {} is {}; to collect its outputs on this node, give --out DIR",
-                    farm_display_id(&f.spec.def.name, fid),
-                    self.label_of(f.home.node)
-                ))
+                return Err(QueryError::HomeElsewhere {
+                    farm: farm_display_id(&f.spec.def.name, fid),
+                    home: self.label_of(f.home.node),
+                })
             }
             (Some(_), None) => false,
         };
@@ -233,11 +233,10 @@ impl Node {
             // a new folder would wait for them forever. (A farm that ended
             // while its home was gone has its outputs on the workers
             // still: that is what `resume --out` elsewhere is for.)
-            return Err(format!(
-                "{} has finished: every output is in {} on this node; copy that folder",
-                farm_display_id(&f.spec.def.name, fid),
-                r.out_dir()
-            ));
+            return Err(QueryError::Finished {
+                farm: farm_display_id(&f.spec.def.name, fid),
+                out: r.out_dir().to_string(),
+            });
         }
         if !already {
             let now = self.now();
@@ -362,7 +361,7 @@ where
             }
         }
         Err(e) => {
-            let _ = rtx.send(ControlResponse::Error(format!("bad request: {e}")));
+            let _ = rtx.send(ControlResponse::Error(format!("{BAD_REQUEST}: {e}")));
             drop(rtx);
         }
     }

@@ -20,7 +20,8 @@ use mesh_protocol::wire::{DepOutputs, Request, Response};
 use tokio::sync::{mpsc, oneshot};
 
 use super::staging::{fetch_any, file_hash, place_cached};
-use super::transfer::Transfers;
+use super::swarm::{Answer, RequestError};
+use super::transfer::{FetchError, Transfers};
 use super::{Cmd, Node};
 
 /// How long a task waits for what it depends on (a run made again after
@@ -36,7 +37,21 @@ const REMADE_HOLD: Duration = Duration::from_secs(3);
 pub(super) enum NotPlaced {
     /// Some are being made again: the task goes back, unstarted.
     Remade,
-    Failed(String),
+    /// Not in place within [`DEPS_WAIT`], for the last reason seen.
+    Failed(DepsError),
+}
+
+/// Why the outputs a task depends on are not in place yet.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum DepsError {
+    #[error(transparent)]
+    Ask(#[from] RequestError),
+    #[error("an unexpected answer from the coordinator")]
+    Unexpected,
+    #[error("{0} of its dependencies are being made again")]
+    Remaking(u64),
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
 }
 
 impl Node {
@@ -76,15 +91,11 @@ impl Node {
     }
 
     /// Asks the coordinator, whichever node it is now.
-    pub(super) fn ask_of_coordinator(
-        &mut self,
-        req: Request,
-        reply: oneshot::Sender<Result<Response, String>>,
-    ) {
+    pub(super) fn ask_of_coordinator(&mut self, req: Request, reply: oneshot::Sender<Answer>) {
         match self.peer.coordinator() {
             Some(to) => self.on_cmd(Cmd::Request { to, req, reply }),
             None => {
-                let _ = reply.send(Err("no coordinator is elected yet".into()));
+                let _ = reply.send(Err(RequestError::NoCoordinator));
             }
         }
     }
@@ -119,16 +130,14 @@ pub(super) async fn place_deps(
         let why = match ask(tx, p.farm, p.task).await {
             Ok(deps) if deps.waiting == 0 => match place_all(t, tx, spec, p, &deps).await {
                 Ok(()) => return Ok(()),
-                Err(e) => e,
+                Err(e) => e.into(),
             },
             Ok(_) if start.elapsed() >= REMADE_HOLD => return Err(NotPlaced::Remade),
-            Ok(deps) => format!("{} of its dependencies are being made again", deps.waiting),
+            Ok(deps) => DepsError::Remaking(deps.waiting),
             Err(e) => e,
         };
         if tokio::time::Instant::now() + pause >= until {
-            return Err(NotPlaced::Failed(format!(
-                "the outputs it depends on: {why}"
-            )));
+            return Err(NotPlaced::Failed(why));
         }
         tracing::debug!(farm = %p.farm, task = ?p.task, "dependencies not here yet ({why}); again in {pause:?}");
         tokio::time::sleep(pause).await;
@@ -140,18 +149,19 @@ async fn ask(
     tx: &mpsc::UnboundedSender<Cmd>,
     farm: FarmId,
     task: TaskRef,
-) -> Result<DepOutputs, String> {
+) -> Result<DepOutputs, DepsError> {
     let (reply, rx) = oneshot::channel();
     tx.send(Cmd::AskCoordinator {
         req: Request::DepOutputs { farm, task },
         reply,
     })
-    .map_err(|_| "the node is stopping".to_string())?;
+    .map_err(|_| RequestError::Stopping)?;
     match rx.await {
         Ok(Ok(Response::DepOutputs(d))) => Ok(d),
-        Ok(Ok(Response::Error(e))) | Ok(Err(e)) => Err(e),
-        Ok(Ok(_)) => Err("an unexpected answer from the coordinator".into()),
-        Err(_) => Err("the node is stopping".into()),
+        Ok(Ok(Response::Error(e))) => Err(RequestError::Refused(e).into()),
+        Ok(Err(e)) => Err(e.into()),
+        Ok(Ok(_)) => Err(DepsError::Unexpected),
+        Err(_) => Err(RequestError::Stopping.into()),
     }
 }
 
@@ -161,7 +171,7 @@ async fn place_all(
     spec: &FarmSpec,
     p: &DepsPlace,
     deps: &DepOutputs,
-) -> Result<(), String> {
+) -> Result<(), FetchError> {
     for (d, node, outputs) in &deps.done {
         let dir = p
             .out
@@ -187,8 +197,9 @@ async fn place_all(
                 if !cached.is_file() {
                     fetch_any(t, tx, &sources, p.farm, o.hash, &cached)
                         .await
-                        .map_err(|e| {
-                            format!("{}/{}/{}: {e}", spec.def.stage(*d).name, d.index, o.path)
+                        .map_err(|e| FetchError::Dep {
+                            output: format!("{}/{}/{}", spec.def.stage(*d).name, d.index, o.path),
+                            source: Box::new(e),
                         })?;
                 }
                 cached
@@ -200,8 +211,7 @@ async fn place_all(
                 let _ = fs::remove_file(&dest2);
                 place_cached(&from, &dest2, mode)
             })
-            .await
-            .map_err(|e| e.to_string())??;
+            .await??;
         }
     }
     Ok(())

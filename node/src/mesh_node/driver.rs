@@ -21,10 +21,9 @@ use super::commands::{accept_control, serve_control};
 use super::links::{accept_links, Links};
 use super::reach::{self, Reach, REACH_TICK};
 use super::source::MeshSource;
-use super::staging::NO_SUCH_FILE;
 use super::swarm::Outbound;
 use super::swim;
-use super::transfer::{self, accept_data, Transfers};
+use super::transfer::{self, accept_data, FetchError, Transfers};
 use super::views::Origin;
 use super::{Cmd, Node, NodeError, NodeOptions};
 use crate::batch;
@@ -560,7 +559,7 @@ impl Node {
                 }
                 let got = match &r {
                     Ok(()) => Fetched::Here,
-                    Err(e) if e.contains(NO_SUCH_FILE) => Fetched::Gone,
+                    Err(FetchError::Missing) => Fetched::Gone,
                     Err(_) => Fetched::Later,
                 };
                 let now = self.now();
@@ -623,7 +622,7 @@ impl Node {
             Cmd::Control(req, reply) => self.on_control(req, reply),
             Cmd::Submit(spec, rerun, reply) => match spec {
                 Err(e) => {
-                    let _ = reply.send(ControlResponse::Error(e));
+                    let _ = reply.send(ControlResponse::Error(e.to_string()));
                 }
                 Ok(spec) => {
                     self.serve_inputs(&spec.0);
@@ -634,17 +633,27 @@ impl Node {
             Cmd::Feed(farm) => self.feed(farm, None),
             Cmd::Batch(done) => {
                 let now = self.now();
+                // The book records a failure in words; the peer acts on
+                // success or failure alone.
                 match done {
                     batch::Done::Submitted(q, r) => {
                         if let Err(e) = &r {
                             self.say(&format!("mesh alloc: queue `{}`: {e}", q.name));
                         }
-                        self.peer.batch_submitted(now, &q, r);
+                        self.peer
+                            .batch_submitted(now, &q, r.map_err(|e| e.to_string()));
                     }
-                    batch::Done::Polled(system, r) => self.peer.batch_polled(now, system, r),
-                    batch::Done::Cancelled(job, r) => self.peer.batch_cancelled(now, &job, r),
+                    batch::Done::Polled(system, r) => {
+                        self.peer
+                            .batch_polled(now, system, r.map_err(|e| e.to_string()))
+                    }
+                    batch::Done::Cancelled(job, r) => {
+                        self.peer
+                            .batch_cancelled(now, &job, r.map_err(|e| e.to_string()))
+                    }
                     batch::Done::Listed(system, gen, r) => {
-                        self.peer.batch_listed(now, system, gen, r)
+                        self.peer
+                            .batch_listed(now, system, gen, r.map_err(|e| e.to_string()))
                     }
                 }
                 self.answer_alloc_waits();

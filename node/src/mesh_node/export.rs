@@ -32,7 +32,7 @@ impl Node {
         let fid = match self.find_known(query) {
             Ok(f) => f,
             Err(e) => {
-                let _ = reply.send(ControlResponse::Error(e));
+                let _ = reply.send(ControlResponse::Error(e.to_string()));
                 return;
             }
         };

@@ -15,6 +15,7 @@ use mesh_protocol::mesh::{Entry, FarmId, Replica};
 use mesh_protocol::TaskRef;
 use tokio::sync::mpsc;
 
+use super::queries::QueryError;
 use super::Node;
 use crate::control::{ControlResponse, TaskEvent};
 use crate::task_words::describe_end;
@@ -235,16 +236,11 @@ impl Node {
         farm: FarmId,
         state: Option<&str>,
         limit: Option<u64>,
-    ) -> Result<Vec<TaskEvent>, String> {
+    ) -> Result<Vec<TaskEvent>, QueryError> {
         if let Some(s) = state.filter(|s| !matches!(*s, "done" | "failed" | "unfinished")) {
-            return Err(format!(
-                "no task state `{s}`: ask for done, failed or unfinished"
-            ));
+            return Err(QueryError::NoSuchState(s.to_string()));
         }
-        let r = self
-            .peer
-            .replica(farm)
-            .ok_or("this node keeps no copy of the farm's log: ask its home")?;
+        let r = self.peer.replica(farm).ok_or(QueryError::NoCopy)?;
         let limit = limit.unwrap_or(u64::MAX);
         let mut out = Vec::new();
         for (s, stage) in r.spec.def.stages.iter().enumerate() {

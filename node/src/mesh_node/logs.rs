@@ -6,11 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use mesh_protocol::mesh::FarmSpec;
-use mesh_protocol::wire::{Request, Response};
+use mesh_protocol::wire::{Refusal, Request, Response};
 use tokio::sync::{mpsc, oneshot};
 
-use super::staging::NO_SUCH_FILE;
-use super::swarm::request;
+use super::swarm::{request, RequestError};
 use super::Node;
 
 /// The most of a log one answer carries (a follower asks again from there).
@@ -21,6 +20,20 @@ use crate::task_words::parse_task;
 
 /// How often `mesh logs -f` looks for more output.
 const LOG_FOLLOW_MS: u64 = 500;
+
+/// Why `mesh logs` got no (more) log from the node that ran the task.
+#[derive(Debug, thiserror::Error)]
+enum LogsError {
+    #[error(transparent)]
+    Ask(#[from] RequestError),
+    #[error("unexpected answer from the coordinator")]
+    CoordinatorAnswer,
+    #[error("unexpected answer")]
+    NodeAnswer,
+    /// The task as `mesh logs` named it.
+    #[error("{0} has not run yet")]
+    NotRun(String),
+}
 
 /// What `mesh logs` asked for.
 pub(super) struct LogAsk {
@@ -53,7 +66,7 @@ impl Node {
             } => {
                 let running = self.peer.runs(farm, task);
                 let Some(spec) = self.peer.spec(farm) else {
-                    return Ok(Response::Error(NO_SUCH_FILE.into()));
+                    return Ok(Response::Error(Refusal::NoSuchFile.to_string()));
                 };
                 let Some(stage) = spec.def.stages.get(task.stage as usize) else {
                     return Ok(Response::Error("no such stage".into()));
@@ -85,7 +98,7 @@ impl Node {
         let task = match parse_task(&spec.def, &ask.task) {
             Ok(t) => t,
             Err(e) => {
-                let _ = reply.send(ControlResponse::Error(e));
+                let _ = reply.send(ControlResponse::Error(e.to_string()));
                 return;
             }
         };
@@ -102,12 +115,12 @@ impl Node {
                     (None, Some(c)) => {
                         match request(&tx, c, Request::WhereRan { farm, task }).await? {
                             Response::Ran { node, .. } => node,
-                            _ => return Err("unexpected answer from the coordinator".to_string()),
+                            _ => return Err(LogsError::CoordinatorAnswer),
                         }
                     }
                 };
                 let Some(node) = ran else {
-                    return Err(format!("{} has not run yet", ask.task));
+                    return Err(LogsError::NotRun(ask.task));
                 };
                 let label = labels
                     .get(&node)
@@ -128,7 +141,7 @@ impl Node {
                         running,
                     } = request(&tx, node, req).await?
                     else {
-                        return Err("unexpected answer".into());
+                        return Err(LogsError::NodeAnswer);
                     };
                     offsets.0 += out.len() as u64;
                     offsets.1 += err.len() as u64;
@@ -151,7 +164,7 @@ impl Node {
             }
             .await;
             if let Err(e) = r {
-                let _ = reply.send(ControlResponse::Error(e));
+                let _ = reply.send(ControlResponse::Error(e.to_string()));
             }
         });
     }

@@ -54,6 +54,7 @@ use links::Links;
 use queries::Asked;
 use reach::Reach;
 use swarm::Outbound;
+use transfer::FetchError;
 use views::Origin;
 
 /// Addresses as `mesh node` prints them and `mesh join` takes them.
@@ -106,8 +107,8 @@ pub enum NodeError {
     },
     #[error("cannot join {addr}: {why}")]
     Join { addr: String, why: String },
-    #[error("{0}")]
-    Dashboard(String),
+    #[error(transparent)]
+    Dashboard(#[from] crate::dash::HttpError),
     #[error(transparent)]
     Io(#[from] IoError),
 }
@@ -118,15 +119,15 @@ enum Cmd {
     /// A frame of messages for the engine from a peer's stream.
     Peer(PeerId, Vec<Msg>),
     /// The home brought a task's outputs, or could not.
-    Fetched(FarmId, TaskRef, Result<(), String>),
+    Fetched(FarmId, TaskRef, Result<(), FetchError>),
     /// This node brought a farm's inputs into its cache, or could not.
-    InputsFetched(FarmId, Result<(), String>),
+    InputsFetched(FarmId, Result<(), FetchError>),
     /// A membership packet, opened (see `swim.rs`).
     Swim(Vec<u8>),
     /// A message for the engine that came as a packet (a beat), and its sender.
     Packet(NodeId, Msg),
     /// The coordinator's answer about a farm this node does not hold.
-    Found(Box<Result<FoundFarm, String>>, Asked),
+    Found(Box<Result<FoundFarm, queries::QueryError>>, Asked),
     Launched(Assigned, Live),
     /// A task that waited here for a dependency being made again goes back
     /// to the coordinator unstarted (its `Finished` follows): its slot is
@@ -135,12 +136,12 @@ enum Cmd {
     Request {
         to: NodeId,
         req: Request,
-        reply: oneshot::Sender<Result<Response, String>>,
+        reply: oneshot::Sender<swarm::Answer>,
     },
     /// A request for whichever node coordinates now.
     AskCoordinator {
         req: Request,
-        reply: oneshot::Sender<Result<Response, String>>,
+        reply: oneshot::Sender<swarm::Answer>,
     },
     Respond(ResponseChannel<Response>, Response),
     /// Bytes of a farm's outputs came home (at most once a second a transfer).
@@ -151,7 +152,7 @@ enum Cmd {
     /// A farm to submit, its inputs hashed, and per stage whether its
     /// earlier results may be reused (not when `--rerun` names it).
     Submit(
-        Result<(FarmSpec, reuse::TaskKeys), String>,
+        Result<(FarmSpec, reuse::TaskKeys), staging::SubmitError>,
         Vec<bool>,
         mpsc::UnboundedSender<ControlResponse>,
     ),

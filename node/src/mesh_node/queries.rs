@@ -10,7 +10,7 @@ use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response};
 use tokio::sync::mpsc;
 
 use super::logs::LogAsk;
-use super::swarm::request;
+use super::swarm::{request, RequestError};
 use super::views::FAILURES_SHOWN;
 
 /// How long a question about a farm this node does not hold waits for a
@@ -39,6 +39,43 @@ const COORDINATOR_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// thousand nodes' slots reads as nothing.
 const OBSERVED_MAX: usize = 16;
 
+/// Why a control request about a farm is refused: said to the client as
+/// [`ControlResponse::Error`], in these words.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum QueryError {
+    #[error("no farm `{0}` is known here")]
+    Unknown(String),
+    #[error("`{0}` matches several farms; give the full id")]
+    Ambiguous(String),
+    /// Asked of a farm whose home is this node (`wait`, `cancel`, events).
+    #[error("{0}; a farm whose home is another node is followed there, or taken over here with `mesh resume FARM --out DIR`")]
+    NotHome(Box<QueryError>),
+    #[error("no farm `{0}` is known to this mesh (see `mesh status`)")]
+    NotInMesh(String),
+    /// The coordinator's answer to another node's `FindFarm`.
+    #[error("no farm `{0}` is known to this mesh")]
+    UnknownToMesh(String),
+    #[error("the node is stopping")]
+    Stopping,
+    #[error("unexpected answer from the coordinator")]
+    Unexpected,
+    /// The coordinator's [`Response::Error`], in its words.
+    #[error("{0}")]
+    Refused(String),
+    #[error("no coordinator answered for {} s ({why}); see `mesh status`", FIND_WAIT.as_secs())]
+    NoCoordinator { why: RequestError },
+    #[error("no task state `{0}`: ask for done, failed or unfinished")]
+    NoSuchState(String),
+    #[error("this node keeps no copy of the farm's log: ask its home")]
+    NoCopy,
+    /// `mesh resume` of a farm whose home is another node, with no `--out`.
+    #[error("the home of {farm} is {home}; to collect its outputs on this node, give --out DIR")]
+    HomeElsewhere { farm: String, home: String },
+    /// `mesh resume --out` elsewhere of a farm this node is the home of and told the end of.
+    #[error("{farm} has finished: every output is in {out} on this node; copy that folder")]
+    Finished { farm: String, out: String },
+}
+
 /// What a control request about a farm not held here was waiting for.
 pub(super) enum Asked {
     Status(mpsc::UnboundedSender<ControlResponse>),
@@ -48,7 +85,7 @@ pub(super) enum Asked {
 
 impl Node {
     /// A farm by id, id prefix or name among every farm this node knows.
-    pub(super) fn find_known(&self, query: &str) -> Result<FarmId, String> {
+    pub(super) fn find_known(&self, query: &str) -> Result<FarmId, QueryError> {
         let known: Vec<(FarmId, String, String)> = self
             .peer
             .specs()
@@ -61,15 +98,13 @@ impl Node {
     }
 
     /// A farm whose home is this node.
-    pub(super) fn find_farm(&self, query: &str) -> Result<FarmId, String> {
+    pub(super) fn find_farm(&self, query: &str) -> Result<FarmId, QueryError> {
         let homes: Vec<(FarmId, String, String)> = self
             .origins
             .iter()
             .map(|(id, o)| (*id, o.view.id.clone(), o.view.name.clone()))
             .collect();
-        match_farm(query, &homes).map_err(|e| {
-            format!("{e}; a farm whose home is another node is followed there, or taken over here with `mesh resume FARM --out DIR`")
-        })
+        match_farm(query, &homes).map_err(|e| QueryError::NotHome(Box::new(e)))
     }
 
     /// Every farm this node holds or coordinates, in short.
@@ -136,8 +171,7 @@ impl Node {
     pub(super) fn ask_coordinator(&mut self, query: String, asked: Asked) {
         let tx = self.tx.clone();
         if self.peer.coordinator() == Some(self.me) {
-            let why = format!("no farm `{query}` is known to this mesh (see `mesh status`)");
-            self.answer(Err(why), asked);
+            self.answer(Err(QueryError::NotInMesh(query)), asked);
             return;
         }
         tokio::spawn(async move {
@@ -152,20 +186,17 @@ impl Node {
                     query: query.clone(),
                 };
                 if tx.send(Cmd::AskCoordinator { req, reply }).is_err() {
-                    break Err("the node is stopping".to_string());
+                    break Err(QueryError::Stopping);
                 }
                 let why = match rx.await {
                     Ok(Ok(Response::Farm(f))) => break Ok(*f),
-                    Ok(Ok(Response::Error(e))) => break Err(e),
-                    Ok(Ok(_)) => break Err("unexpected answer from the coordinator".into()),
+                    Ok(Ok(Response::Error(e))) => break Err(QueryError::Refused(e)),
+                    Ok(Ok(_)) => break Err(QueryError::Unexpected),
                     Ok(Err(e)) => e,
-                    Err(_) => break Err("the node is stopping".into()),
+                    Err(_) => break Err(QueryError::Stopping),
                 };
                 if tokio::time::Instant::now() + pause >= until {
-                    break Err(format!(
-                        "no coordinator answered for {} s ({why}); see `mesh status`",
-                        FIND_WAIT.as_secs()
-                    ));
+                    break Err(QueryError::NoCoordinator { why });
                 }
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
@@ -175,14 +206,14 @@ impl Node {
     }
 
     /// Answers a control request about a farm with what was found.
-    pub(super) fn answer(&mut self, found: Result<FoundFarm, String>, asked: Asked) {
+    pub(super) fn answer(&mut self, found: Result<FoundFarm, QueryError>, asked: Asked) {
         let f = match found {
             Ok(f) => f,
             Err(e) => {
                 let reply = match asked {
                     Asked::Status(r) | Asked::Resume(_, r) | Asked::Logs(_, r) => r,
                 };
-                let _ = reply.send(ControlResponse::Error(e));
+                let _ = reply.send(ControlResponse::Error(e.to_string()));
                 return;
             }
         };
@@ -193,7 +224,7 @@ impl Node {
             }
             Asked::Resume(out, reply) => {
                 let r = self.take_home(f, out);
-                let _ = reply.send(r.unwrap_or_else(ControlResponse::Error));
+                let _ = reply.send(r.unwrap_or_else(|e| ControlResponse::Error(e.to_string())));
             }
             Asked::Logs(ask, reply) => self.follow_logs(Arc::new(f.spec), ask, reply),
         }
@@ -387,7 +418,7 @@ fn heard(status: &MeshStatus, me: &str, beats: Vec<(String, Arc<Beat>)>) -> Vec<
 }
 
 /// A farm by its display id, name or id prefix among `known` (id, display id, name).
-fn match_farm(query: &str, known: &[(FarmId, String, String)]) -> Result<FarmId, String> {
+fn match_farm(query: &str, known: &[(FarmId, String, String)]) -> Result<FarmId, QueryError> {
     let exact: Vec<FarmId> = known
         .iter()
         .filter(|(_, id, name)| id == query || name == query)
@@ -404,7 +435,30 @@ fn match_farm(query: &str, known: &[(FarmId, String, String)]) -> Result<FarmId,
     };
     match hits.as_slice() {
         [one] => Ok(*one),
-        [] => Err(format!("no farm `{query}` is known here")),
-        _ => Err(format!("`{query}` matches several farms; give the full id")),
+        [] => Err(QueryError::Unknown(query.to_string())),
+        _ => Err(QueryError::Ambiguous(query.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::refusal::is_unknown_farm;
+
+    #[test]
+    fn every_refusal_of_an_unknown_farm_reads_as_one_to_a_client() {
+        let q = || "nope".to_string();
+        for e in [
+            QueryError::Unknown(q()),
+            QueryError::NotInMesh(q()),
+            QueryError::UnknownToMesh(q()),
+            QueryError::NotHome(Box::new(QueryError::Unknown(q()))),
+        ] {
+            assert!(is_unknown_farm(&e.to_string()), "{e}");
+        }
+        assert!(!is_unknown_farm(&QueryError::Ambiguous(q()).to_string()));
+        assert!(!is_unknown_farm(&QueryError::NoCopy.to_string()));
+        let e = match_farm("nope", &[]).unwrap_err();
+        assert!(is_unknown_farm(&e.to_string()), "{e}");
     }
 }

@@ -6,7 +6,7 @@ use tokio::sync::mpsc;
 
 use super::Cmd;
 use crate::control::{ControlRequest, ControlResponse};
-use crate::dash;
+use crate::dash::{self, SourceError};
 use crate::view::{FarmView, Observed};
 
 /// The dashboard's view of a mesh node: the control requests, asked
@@ -31,28 +31,29 @@ fn ask_node(
     rx
 }
 
-const STOPPING: &str = "the node is stopping";
-
 impl dash::Source for MeshSource {
-    fn observe(&self, since: HashMap<String, u64>) -> dash::BoxFuture<Result<Observed, String>> {
+    fn observe(
+        &self,
+        since: HashMap<String, u64>,
+    ) -> dash::BoxFuture<Result<Observed, SourceError>> {
         let mut rx = self.ask(ControlRequest::Observe { since });
         Box::pin(async move {
             match rx.recv().await {
                 Some(ControlResponse::Observed(o)) => Ok(*o),
-                Some(ControlResponse::Error(e)) => Err(e),
-                _ => Err(STOPPING.into()),
+                Some(ControlResponse::Error(e)) => Err(SourceError::Refused(e)),
+                _ => Err(SourceError::Stopping),
             }
         })
     }
 
-    fn farms(&self) -> dash::BoxFuture<Result<Vec<FarmView>, String>> {
+    fn farms(&self) -> dash::BoxFuture<Result<Vec<FarmView>, SourceError>> {
         let mut list = self.ask(ControlRequest::List);
         let tx = self.tx.clone();
         Box::pin(async move {
             let mut all = match list.recv().await {
                 Some(ControlResponse::List(v)) => v,
-                Some(ControlResponse::Error(e)) => return Err(e),
-                _ => return Err(STOPPING.into()),
+                Some(ControlResponse::Error(e)) => return Err(SourceError::Refused(e)),
+                _ => return Err(SourceError::Stopping),
             };
             // The running first, then the newest kept of the rest.
             all.sort_by_key(|f| f.finished);
@@ -79,7 +80,7 @@ impl dash::Source for MeshSource {
         farm: String,
         task: String,
         attempt: Option<u32>,
-    ) -> dash::BoxFuture<Result<String, String>> {
+    ) -> dash::BoxFuture<Result<String, SourceError>> {
         let mut rx = self.ask(ControlRequest::Logs {
             farm,
             task,
@@ -102,7 +103,7 @@ impl dash::Source for MeshSource {
                             break;
                         }
                     }
-                    Some(ControlResponse::Error(e)) => return Err(e),
+                    Some(ControlResponse::Error(e)) => return Err(SourceError::Refused(e)),
                     Some(_) => {}
                     None => break,
                 }

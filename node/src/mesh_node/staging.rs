@@ -16,11 +16,9 @@ use mesh_protocol::farm::{path_stays_inside, FarmDef, TaskRef};
 use mesh_protocol::mesh::{FarmId, FarmSpec, InputFile, NodeId, OutputFile};
 use tokio::sync::mpsc;
 
-use super::transfer::{self, hash_file, keep_pieces, Transfers};
+use super::transfer::{self, hash_file, keep_pieces, FetchError, Transfers};
 use super::{Cmd, Node};
 use crate::results::walk;
-
-pub(super) use super::transfer::NO_SUCH_FILE;
 
 impl Node {
     /// Has the peer ask about every farm this node keeps outputs of (see
@@ -74,7 +72,10 @@ impl Node {
                     continue;
                 }
                 if let Err(e) = fetch_any(&t, &tx, &sources, farm, i.hash, &cached).await {
-                    r = Err(format!("input `{}`: {e}", i.path));
+                    r = Err(FetchError::Input {
+                        path: i.path.clone(),
+                        source: Box::new(e),
+                    });
                     break;
                 }
             }
@@ -106,11 +107,11 @@ impl Node {
         let held = (from == self.me).then(|| self.state.join("held").join(farm.to_string()));
         tokio::spawn(async move {
             let r = match (dir, held) {
-                (None, _) => Err("the farm is unknown here".to_string()),
+                (None, _) => Err(FetchError::UnknownFarm),
                 (Some(dir), Some(held)) => {
                     tokio::task::spawn_blocking(move || place_held(&held, &dir, &outputs))
                         .await
-                        .unwrap_or_else(|e| Err(e.to_string()))
+                        .unwrap_or_else(|e| Err(e.into()))
                 }
                 (Some(dir), None) => fetch_all(&t, &tx, from, farm, &dir, &outputs).await,
             };
@@ -129,18 +130,24 @@ pub(super) fn input_hash(spec: &FarmSpec, path: &str) -> [u8; 32] {
     input_file(spec, path).map(|i| i.hash).unwrap_or([0; 32])
 }
 
+/// Why a farm could not be submitted from this node.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SubmitError {
+    /// Submitted from another machine (`mesh --mesh ADDR submit`): the
+    /// farm's files are read here, and its outputs written here.
+    #[error("this node cannot see the farm's folder {}: a farm submitted from another machine must be in a folder the node shares (on a cluster, the home or project file system)", .0.display())]
+    Unseen(PathBuf),
+    #[error("input {}: {source}", .path.display())]
+    Input { path: PathBuf, source: io::Error },
+}
+
 /// The farm as it travels: every input file the farm names, hashed.
-pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<FarmSpec, String> {
+pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<FarmSpec, SubmitError> {
     let mut seen = HashSet::new();
     let mut inputs = Vec::new();
     let root = PathBuf::from(&def.root);
     if !root.is_dir() {
-        // Submitted from another machine (`mesh --mesh ADDR submit`): the
-        // farm's files are read here, and its outputs written here.
-        return Err(format!(
-            "this node cannot see the farm's folder {}: a farm submitted from another machine must be in a folder the node shares (on a cluster, the home or project file system)",
-            root.display()
-        ));
+        return Err(SubmitError::Unseen(root));
     }
     for (s, stage) in def.stages.iter().enumerate() {
         if stage.inputs.is_empty() {
@@ -152,15 +159,14 @@ pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<Farm
                     continue;
                 }
                 let path = root.join(&input);
-                let mut f =
-                    fs::File::open(&path).map_err(|e| format!("input {}: {e}", path.display()))?;
-                let mode = f
-                    .metadata()
-                    .map(|m| mode_of(&m))
-                    .map_err(|e| format!("input {}: {e}", path.display()))?;
+                let unread = |source| SubmitError::Input {
+                    path: path.clone(),
+                    source,
+                };
+                let mut f = fs::File::open(&path).map_err(unread)?;
+                let mode = f.metadata().map(|m| mode_of(&m)).map_err(unread)?;
                 let mut h = blake3::Hasher::new();
-                h.update_reader(&mut f)
-                    .map_err(|e| format!("input {}: {e}", path.display()))?;
+                h.update_reader(&mut f).map_err(unread)?;
                 inputs.push(InputFile {
                     path: input,
                     hash: *h.finalize().as_bytes(),
@@ -184,22 +190,37 @@ pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<Farm
     })
 }
 
+/// Why a task's outputs were not listed or kept (the task fails with it).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum KeepError {
+    #[error("cannot list outputs: {0}")]
+    List(io::Error),
+    #[error("{}: {source}", .path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("cannot create {}: {source}", .path.display())]
+    Create { path: PathBuf, source: io::Error },
+    #[error("cannot keep {}: {source}", .path.display())]
+    Keep { path: PathBuf, source: io::Error },
+}
+
 /// Every file under `dir` with its blake3 hash and size.
-pub(super) fn manifest(dir: &Path) -> Result<Vec<OutputFile>, String> {
+pub(super) fn manifest(dir: &Path) -> Result<Vec<OutputFile>, KeepError> {
     Ok(hashed(dir)?.into_iter().map(|(o, _)| o).collect())
 }
 
 /// Every file under `dir` with its blake3 hash and size, and its pieces.
-fn hashed(dir: &Path) -> Result<Vec<(OutputFile, mesh_protocol::pieces::Pieces)>, String> {
+fn hashed(dir: &Path) -> Result<Vec<(OutputFile, mesh_protocol::pieces::Pieces)>, KeepError> {
     let mut files = Vec::new();
-    walk(dir, dir, &mut files).map_err(|e| format!("cannot list outputs: {e}"))?;
+    walk(dir, dir, &mut files).map_err(KeepError::List)?;
     let mut out = Vec::new();
     for (rel, path) in files {
-        let (hash, pieces) = hash_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let unread = |source| KeepError::Read {
+            path: path.clone(),
+            source,
+        };
+        let (hash, pieces) = hash_file(&path).map_err(unread)?;
         let size = pieces.size;
-        let mode = fs::metadata(&path)
-            .map(|m| mode_of(&m))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let mode = fs::metadata(&path).map(|m| mode_of(&m)).map_err(unread)?;
         out.push((
             OutputFile {
                 path: rel,
@@ -243,16 +264,22 @@ pub(super) fn held_bytes(dir: &Path) -> u64 {
 
 /// Moves every file under `dir` into `held` under its blake3 hash; the manifest.
 /// Their pieces are written down beside them, for the transfer home.
-pub(super) fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, String> {
+pub(super) fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, KeepError> {
     let files = hashed(dir)?;
-    fs::create_dir_all(held).map_err(|e| format!("cannot create {}: {e}", held.display()))?;
+    fs::create_dir_all(held).map_err(|source| KeepError::Create {
+        path: held.to_path_buf(),
+        source,
+    })?;
     for (f, pieces) in &files {
         let path = dir.join(&f.path);
         let target = held.join(blake3::Hash::from(f.hash).to_hex().as_str());
         if !target.is_file() {
             fs::rename(&path, &target)
                 .or_else(|_| fs::copy(&path, &target).map(|_| ()))
-                .map_err(|e| format!("cannot keep {}: {e}", path.display()))?;
+                .map_err(|source| KeepError::Keep {
+                    path: path.clone(),
+                    source,
+                })?;
             keep_pieces(&target, pieces);
         }
     }
@@ -267,12 +294,10 @@ async fn fetch_all(
     farm: FarmId,
     dir: &Path,
     outputs: &[OutputFile],
-) -> Result<(), String> {
+) -> Result<(), FetchError> {
     for o in outputs {
         let (d, o2) = (dir.to_path_buf(), o.clone());
-        let needed = tokio::task::spawn_blocking(move || output_needed(&d, &o2))
-            .await
-            .map_err(|e| e.to_string())??;
+        let needed = tokio::task::spawn_blocking(move || output_needed(&d, &o2)).await??;
         if let Some(dest) = needed {
             let got = transfer::fetch(t, tx, from, (farm, o.hash), &dest, (true, false)).await?;
             set_mode(&dest, o.mode)?;
@@ -283,9 +308,9 @@ async fn fetch_all(
 }
 
 /// Where output `o` goes under `dir`, unless it is there already.
-fn output_needed(dir: &Path, o: &OutputFile) -> Result<Option<PathBuf>, String> {
+fn output_needed(dir: &Path, o: &OutputFile) -> Result<Option<PathBuf>, FetchError> {
     if !path_stays_inside(&o.path) {
-        return Err(format!("output path `{}` leaves the task's folder", o.path));
+        return Err(FetchError::Leaves(o.path.clone()));
     }
     let dest = dir.join(&o.path);
     if dest.is_file() && file_hash(&dest).ok() == Some(o.hash) {
@@ -296,19 +321,19 @@ fn output_needed(dir: &Path, o: &OutputFile) -> Result<Option<PathBuf>, String> 
 }
 
 /// Puts outputs this node keeps in `held` into `dir` (those already there, checked, stay).
-fn place_held(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), String> {
+fn place_held(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), FetchError> {
     for o in outputs {
         let Some(dest) = output_needed(dir, o)? else {
             continue;
         };
         let src = held.join(blake3::Hash::from(o.hash).to_hex().as_str());
         if !src.is_file() {
-            return Err(NO_SUCH_FILE.into());
+            return Err(FetchError::Missing);
         }
         if let Some(d) = dest.parent() {
-            fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+            fs::create_dir_all(d).map_err(FetchError::io(FetchError::Create, d))?;
         }
-        fs::copy(&src, &dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
+        fs::copy(&src, &dest).map_err(FetchError::io(FetchError::Place, &dest))?;
         set_mode(&dest, o.mode)?;
     }
     Ok(())
@@ -320,14 +345,14 @@ fn mode_of(m: &fs::Metadata) -> u32 {
 }
 
 /// Gives `path` the permission bits it had where it was made (0: unknown, left as it is).
-fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
+fn set_mode(path: &Path, mode: u32) -> Result<(), FetchError> {
     if mode == 0 {
         return Ok(());
     }
-    let now = fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let now = fs::metadata(path).map_err(FetchError::io(FetchError::Stat, path))?;
     if mode_of(&now) != mode {
         fs::set_permissions(path, fs::Permissions::from_mode(mode))
-            .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))?;
+            .map_err(FetchError::io(FetchError::Mode, path))?;
     }
     Ok(())
 }
@@ -351,7 +376,7 @@ pub(super) async fn fetch_input(
     (hash, mode): ([u8; 32], u32),
     cache: &Path,
     dest: &Path,
-) -> Result<(), String> {
+) -> Result<(), FetchError> {
     let hex = blake3::Hash::from(hash).to_hex().to_string();
     let cached = cache.join(&hex);
     // A node that just got its first task of a farm may not know the
@@ -379,9 +404,9 @@ pub(super) async fn fetch_input(
 
 /// Puts a file this node keeps by hash (`cached`) at `dest`, with `mode`:
 /// linked where that leaves every other link's mode alone, else copied.
-pub(super) fn place_cached(cached: &Path, dest: &Path, mode: u32) -> Result<(), String> {
+pub(super) fn place_cached(cached: &Path, dest: &Path, mode: u32) -> Result<(), FetchError> {
     if let Some(dir) = dest.parent() {
-        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        fs::create_dir_all(dir).map_err(FetchError::io(FetchError::Create, dir))?;
     }
     // A link shares the cached file's mode, which other inputs of the same
     // contents may want otherwise: linked only when the mode is the same.
@@ -396,7 +421,7 @@ pub(super) fn place_cached(cached: &Path, dest: &Path, mode: u32) -> Result<(), 
         };
     let linked = linkable && fs::hard_link(cached, dest).is_ok();
     if !linked && !dest.is_file() {
-        fs::copy(cached, dest).map_err(|e| format!("cannot place {}: {e}", dest.display()))?;
+        fs::copy(cached, dest).map_err(FetchError::io(FetchError::Place, dest))?;
     }
     set_mode(dest, mode)
 }
@@ -410,16 +435,16 @@ pub(super) async fn fetch_any(
     farm: FarmId,
     hash: [u8; 32],
     dest: &Path,
-) -> Result<(), String> {
+) -> Result<(), FetchError> {
     let mut why = Vec::new();
     for from in sources {
         match transfer::fetch(t, tx, *from, (farm, hash), dest, (false, true)).await {
             Ok(_) => return Ok(()),
-            Err(e) => why.push(format!("{from}: {e}")),
+            Err(e) => why.push((*from, e)),
         }
     }
     if why.is_empty() {
-        return Err("no other node is connected".into());
+        return Err(FetchError::NoSource);
     }
-    Err(format!("no node could give it ({})", why.join("; ")))
+    Err(FetchError::NoneGave(why))
 }

@@ -13,6 +13,7 @@ use mesh_protocol::observe::Latency;
 use mesh_protocol::wire::{Request, Response};
 use tokio::sync::{mpsc, oneshot};
 
+use super::queries::QueryError;
 use super::{swim, Cmd, Node, NodeError, NodeOptions};
 use crate::keys;
 use crate::net::{self, BehaviourEvent};
@@ -21,10 +22,30 @@ use crate::net::{self, BehaviourEvent};
 const THROTTLE_FILES: usize = 0;
 const THROTTLE_REFUSED: usize = 100;
 
+/// A request's answer, as its asker gets it.
+pub(super) type Answer = Result<Response, RequestError>;
+
+/// Why a request to another node got no answer of its own.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RequestError {
+    #[error("the node is stopping")]
+    Stopping,
+    #[error("node {0} is not a member this node knows")]
+    NotMember(NodeId),
+    #[error("no coordinator is elected yet")]
+    NoCoordinator,
+    /// It did not reach the node, or no answer came back.
+    #[error(transparent)]
+    Failed(#[from] request_response::OutboundFailure),
+    /// The node answered [`Response::Error`]: its words, which crossed the wire.
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// Requests to other nodes waiting for their answers.
 #[derive(Default)]
 pub(super) struct Outbound {
-    pending: HashMap<OutboundRequestId, Option<oneshot::Sender<Result<Response, String>>>>,
+    pending: HashMap<OutboundRequestId, Option<oneshot::Sender<Answer>>>,
     /// When each request to another node left, for its round trip.
     sent_at: HashMap<OutboundRequestId, Instant>,
 }
@@ -225,7 +246,7 @@ impl Node {
         &mut self,
         to: NodeId,
         req: Request,
-        reply: Option<oneshot::Sender<Result<Response, String>>>,
+        reply: Option<oneshot::Sender<Answer>>,
     ) {
         let Some(pid) = self
             .peers
@@ -234,7 +255,7 @@ impl Node {
             .or_else(|| self.dial_member(to))
         else {
             if let Some(r) = reply {
-                let _ = r.send(Err(format!("node {to} is not a member this node knows")));
+                let _ = r.send(Err(RequestError::NotMember(to)));
             }
             return;
         };
@@ -326,7 +347,7 @@ impl Node {
             } => {
                 self.outbound.sent_at.remove(&request_id);
                 if let Some(Some(reply)) = self.outbound.pending.remove(&request_id) {
-                    let _ = reply.send(Err(error.to_string()));
+                    let _ = reply.send(Err(error.into()));
                 }
             }
             _ => {}
@@ -372,7 +393,7 @@ impl Node {
                 let resp = match self.find_known(&query).map(|f| self.found(f)) {
                     Ok(Some(f)) => Response::Farm(Box::new(f)),
                     Ok(None) | Err(_) => {
-                        Response::Error(format!("no farm `{query}` is known to this mesh"))
+                        Response::Error(QueryError::UnknownToMesh(query).to_string())
                     }
                 };
                 let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
@@ -392,17 +413,13 @@ fn join_failed(opts: &NodeOptions, why: String) -> NodeError {
     NodeError::Join { addr, why }
 }
 
-pub(super) async fn request(
-    tx: &mpsc::UnboundedSender<Cmd>,
-    to: NodeId,
-    req: Request,
-) -> Result<Response, String> {
+pub(super) async fn request(tx: &mpsc::UnboundedSender<Cmd>, to: NodeId, req: Request) -> Answer {
     let (reply, rx) = oneshot::channel();
     tx.send(Cmd::Request { to, req, reply })
-        .map_err(|_| "the node is stopping".to_string())?;
+        .map_err(|_| RequestError::Stopping)?;
     match rx.await {
-        Ok(Ok(Response::Error(e))) => Err(e),
+        Ok(Ok(Response::Error(e))) => Err(RequestError::Refused(e)),
         Ok(r) => r,
-        Err(_) => Err("the node is stopping".into()),
+        Err(_) => Err(RequestError::Stopping),
     }
 }

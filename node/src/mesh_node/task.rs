@@ -249,7 +249,9 @@ async fn run_task(
         if let Some(p) = &deps {
             match place_deps(&transfers, &tx, &spec, p).await {
                 Ok(()) => {}
-                Err(NotPlaced::Failed(e)) => return fail(e),
+                Err(NotPlaced::Failed(e)) => {
+                    return fail(format!("the outputs it depends on: {e}"))
+                }
                 Err(NotPlaced::Remade) => {
                     let _ = tx.send(Cmd::GiveBack(task));
                     return fail("given back: what it depends on is being made again".into());
@@ -287,7 +289,7 @@ async fn run_task(
             executor::resolve_program(&mut HashMap::new(), &mut launch.spec);
         }
         Ok(None) => {}
-        Err(e) => return fail(e),
+        Err(e) => return fail(e.to_string()),
     }
     let out_dir = launch.out_dir.clone();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Finished>();
@@ -314,7 +316,7 @@ async fn run_task(
     {
         match crate::grown::count(&spec.def, task.task, &out_dir) {
             Ok(n) => outcome.grew = n,
-            Err(e) => outcome.result = TaskResult::Error(e),
+            Err(e) => outcome.result = TaskResult::Error(e.to_string()),
         }
     }
     let mut outputs = Vec::new();
@@ -331,11 +333,12 @@ async fn run_task(
         if let TaskResult::Exited(code) = outcome.result {
             if spec.def.stage(task.task).success_codes.contains(&code) {
                 let dir = out_dir.clone();
-                let kept = tokio::task::spawn_blocking(move || hold_outputs(&dir, &held))
-                    .await
-                    .unwrap_or_else(|e| Err(format!("keeping outputs: {e}")));
+                let kept = tokio::task::spawn_blocking(move || hold_outputs(&dir, &held)).await;
                 match kept {
-                    Ok(o) => outputs = o,
+                    Ok(Ok(o)) => outputs = o,
+                    Ok(Err(e)) => {
+                        outcome.result = TaskResult::Error(format!("keeping outputs: {e}"))
+                    }
                     Err(e) => outcome.result = TaskResult::Error(format!("keeping outputs: {e}")),
                 }
             }

@@ -29,8 +29,8 @@ use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use libp2p::{PeerId, StreamProtocol};
 use mesh_protocol::farm::TaskRef;
 use mesh_protocol::mesh::{FarmId, NodeId};
-use mesh_protocol::pieces::{piece_count, Cv, PieceHasher, Pieces};
-use mesh_protocol::wire::{DataAsk, DataFrom, DataHead, DATA_PROTOCOL};
+use mesh_protocol::pieces::{piece_count, Cv, PieceError, PieceHasher, Pieces};
+use mesh_protocol::wire::{DataAsk, DataFrom, DataHead, Refusal, DATA_PROTOCOL};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use super::Cmd;
@@ -61,8 +61,109 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// have one place: one that came meanwhile is dropped) is opened again.
 const OPEN_TRIES: u32 = 6;
 
-/// What a node answers for a file it does not have (the home then has the task run again).
-pub(super) const NO_SUCH_FILE: &str = "no such file on this node";
+/// Why a file did not come. Only [`FetchError::Missing`] is final (the
+/// home then has the task run again); the rest are asked again later.
+/// Clone, as a second fetch of the same file shares the first's end;
+/// hence the `Arc`s around errors that are not.
+#[derive(Clone, Debug, thiserror::Error)]
+pub(super) enum FetchError {
+    /// The node asked (or this one, for what it ran itself) keeps no such file.
+    #[error("no such file on this node")]
+    Missing,
+    #[error("cannot read {path}: {why}")]
+    Unreadable { path: String, why: String },
+    #[error("the node is stopping")]
+    Stopping,
+    #[error("node {0} is not a member this node knows")]
+    NotMember(NodeId),
+    #[error("no other node is connected")]
+    NoSource,
+    /// Every source was asked: each with why it gave nothing.
+    #[error("no node could give it ({})", said(.0))]
+    NoneGave(Vec<(NodeId, FetchError)>),
+    #[error("the farm is unknown here")]
+    UnknownFarm,
+    #[error("no stream for the file: {0}")]
+    NoStream(Arc<libp2p_stream::OpenStreamError>),
+    #[error("no stream for the file in time")]
+    NoStreamInTime,
+    #[error("no answer: {0}")]
+    NoAnswer(Arc<io::Error>),
+    #[error("the node did not take the ask: {0}")]
+    NotTaken(Arc<io::Error>),
+    #[error("the stream ended: {0}")]
+    StreamEnded(Arc<io::Error>),
+    #[error("the sender stopped {0} bytes before the end (it will go on from there)")]
+    Stopped(u64),
+    #[error("the transfer was cut: {0} (it will go on from there)")]
+    Cut(Arc<io::Error>),
+    #[error(transparent)]
+    Pieces(#[from] PieceError),
+    #[error("output path `{0}` leaves the task's folder")]
+    Leaves(String),
+    #[error("cannot read {}: {}", .0.display(), .1)]
+    Read(PathBuf, #[source] Arc<io::Error>),
+    #[error("cannot create {}: {}", .0.display(), .1)]
+    Create(PathBuf, #[source] Arc<io::Error>),
+    #[error("cannot write {}: {}", .0.display(), .1)]
+    Write(PathBuf, #[source] Arc<io::Error>),
+    #[error("cannot keep {}: {}", .0.display(), .1)]
+    Keep(PathBuf, #[source] Arc<io::Error>),
+    #[error("cannot place {}: {}", .0.display(), .1)]
+    Place(PathBuf, #[source] Arc<io::Error>),
+    #[error("{}: {}", .0.display(), .1)]
+    Stat(PathBuf, #[source] Arc<io::Error>),
+    #[error("cannot set the mode of {}: {}", .0.display(), .1)]
+    Mode(PathBuf, #[source] Arc<io::Error>),
+    #[error("the fetch it waited for was dropped")]
+    Dropped,
+    /// The blocking work of a fetch panicked or was cancelled.
+    #[error("{0}")]
+    Join(Arc<tokio::task::JoinError>),
+    /// One of a farm's inputs, fetched into the cache.
+    #[error("input `{path}`: {source}")]
+    Input {
+        path: String,
+        source: Box<FetchError>,
+    },
+    /// An output a task depends on (`stage/index/path`).
+    #[error("{output}: {source}")]
+    Dep {
+        output: String,
+        source: Box<FetchError>,
+    },
+}
+
+impl FetchError {
+    /// An I/O error about `path`, as `kind` says it.
+    pub(super) fn io(
+        kind: fn(PathBuf, Arc<io::Error>) -> FetchError,
+        path: &Path,
+    ) -> impl FnOnce(io::Error) -> FetchError {
+        let path = path.to_path_buf();
+        move |e| kind(path, Arc::new(e))
+    }
+}
+
+impl From<Refusal> for FetchError {
+    fn from(r: Refusal) -> FetchError {
+        match r {
+            Refusal::NoSuchFile => FetchError::Missing,
+            Refusal::Unreadable { path, why } => FetchError::Unreadable { path, why },
+        }
+    }
+}
+
+impl From<tokio::task::JoinError> for FetchError {
+    fn from(e: tokio::task::JoinError) -> FetchError {
+        FetchError::Join(Arc::new(e))
+    }
+}
+
+fn said(why: &[(NodeId, FetchError)]) -> String {
+    let v: Vec<String> = why.iter().map(|(n, e)| format!("{n}: {e}")).collect();
+    v.join("; ")
+}
 
 /// This node's transfers, shared by the loop and the spawned work.
 pub(super) struct Transfers {
@@ -86,7 +187,7 @@ pub(super) struct Transfers {
 }
 
 /// A fetch under way, as a second fetch of the same file waits for it.
-type Landing = watch::Receiver<Option<Result<Got, String>>>;
+type Landing = watch::Receiver<Option<Result<Got, FetchError>>>;
 
 /// What this node's transfers moved, for views and tests.
 #[derive(Default)]
@@ -309,7 +410,7 @@ pub(super) async fn accept_data(mut incoming: libp2p_stream::IncomingStreams, t:
 async fn send(t: &Transfers, mut s: libp2p::Stream) -> io::Result<()> {
     let ask: DataAsk = within(SILENCE, net::read_frame(&mut s)).await?;
     let head = match t.locate(ask.farm, &ask.hash) {
-        None => Err(NO_SUCH_FILE.to_string()),
+        None => Err(Refusal::NoSuchFile),
         Some((path, own)) => {
             let aside = (!own).then(|| {
                 let hex = blake3::Hash::from(ask.hash).to_hex().to_string();
@@ -322,7 +423,10 @@ async fn send(t: &Transfers, mut s: libp2p::Stream) -> io::Result<()> {
                     .map_err(io::Error::other)?;
             match pieces {
                 Ok(pieces) => Ok((path, own, pieces)),
-                Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+                Err(e) => Err(Refusal::Unreadable {
+                    path: path.display().to_string(),
+                    why: e.to_string(),
+                }),
             }
         }
     };
@@ -421,7 +525,7 @@ pub(super) async fn fetch(
     (farm, hash): (FarmId, [u8; 32]),
     dest: &Path,
     (home, keep): (bool, bool),
-) -> Result<Got, String> {
+) -> Result<Got, FetchError> {
     // One transfer per destination: a second waits for the first.
     let mine = {
         let mut landing = lock(&t.landing);
@@ -439,7 +543,7 @@ pub(super) async fn fetch(
             let r = rx.wait_for(Option::is_some).await;
             return match r {
                 Ok(v) => v.clone().expect("some"),
-                Err(_) => Err("the fetch it waited for was dropped".into()),
+                Err(_) => Err(FetchError::Dropped),
             };
         }
         Ok(done) => Landed {
@@ -458,7 +562,7 @@ pub(super) async fn fetch(
 struct Landed<'a> {
     t: &'a Transfers,
     dest: PathBuf,
-    done: watch::Sender<Option<Result<Got, String>>>,
+    done: watch::Sender<Option<Result<Got, FetchError>>>,
 }
 
 impl Drop for Landed<'_> {
@@ -474,19 +578,24 @@ async fn fetch_here(
     (farm, hash): (FarmId, [u8; 32]),
     dest: &Path,
     (home, keep): (bool, bool),
-) -> Result<Got, String> {
-    let _turn = t.fetches.acquire().await.map_err(|e| e.to_string())?;
+) -> Result<Got, FetchError> {
+    // The semaphore is never closed: failing to acquire it means the node's end.
+    let _turn = t
+        .fetches
+        .acquire()
+        .await
+        .map_err(|_| FetchError::Stopping)?;
     let (pid_tx, pid_rx) = oneshot::channel();
     tx.send(Cmd::PeerOf(from, pid_tx))
-        .map_err(|_| "the node is stopping".to_string())?;
+        .map_err(|_| FetchError::Stopping)?;
     let pid = pid_rx
         .await
-        .map_err(|_| "the node is stopping".to_string())?
-        .ok_or_else(|| format!("node {from} is not a member this node knows"))?;
+        .map_err(|_| FetchError::Stopping)?
+        .ok_or(FetchError::NotMember(from))?;
     let (mut s, pieces, at) = ask(t, pid, farm, hash).await?;
-    pieces.check(&hash).map_err(|e| e.to_string())?;
+    pieces.check(&hash)?;
     let dir = dest.parent().unwrap_or(Path::new(".")).to_path_buf();
-    fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    fs::create_dir_all(&dir).map_err(FetchError::io(FetchError::Create, &dir))?;
     if let Some(at) = at {
         let (at, d, p) = (PathBuf::from(at), dest.to_path_buf(), pieces.clone());
         let took = tokio::task::spawn_blocking(move || take_in_place(&at, &d, &hash, &p))
@@ -505,18 +614,17 @@ async fn fetch_here(
     let part = part_path(dest);
     let (pt, pp) = (part.clone(), pieces.clone());
     let have = tokio::task::spawn_blocking(move || verified_part(&pt, &pp, &hash))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("cannot read {}: {e}", part.display()))?;
+        .await?
+        .map_err(FetchError::io(FetchError::Read, &part))?;
     if have == pieces.size && pieces.size > 0 {
         // Cut after its last byte, before its name.
         let _ = net::write_frame(&mut s, &DataFrom { offset: None }).await;
-        fs::rename(&part, dest).map_err(|e| format!("cannot keep {}: {e}", dest.display()))?;
+        fs::rename(&part, dest).map_err(FetchError::io(FetchError::Keep, dest))?;
         return Ok(Got::Sent(0));
     }
     net::write_frame(&mut s, &DataFrom { offset: Some(have) })
         .await
-        .map_err(|e| format!("the stream ended: {e}"))?;
+        .map_err(|e| FetchError::StreamEnded(Arc::new(e)))?;
     let farm_of = home.then_some(farm);
     let r = receive(t, tx, &mut s, &part, (&pieces, hash, have), farm_of).await;
     let _ = s.close().await;
@@ -524,7 +632,7 @@ async fn fetch_here(
     if keep {
         keep_pieces(dest, &pieces);
     }
-    fs::rename(&part, dest).map_err(|e| format!("cannot keep {}: {e}", dest.display()))?;
+    fs::rename(&part, dest).map_err(FetchError::io(FetchError::Keep, dest))?;
     Ok(Got::Sent(pieces.size - have))
 }
 
@@ -535,8 +643,8 @@ async fn ask(
     pid: PeerId,
     farm: FarmId,
     hash: [u8; 32],
-) -> Result<(libp2p::Stream, Pieces, Option<String>), String> {
-    let mut why = String::new();
+) -> Result<(libp2p::Stream, Pieces, Option<String>), FetchError> {
+    let mut why = None;
     for attempt in 0..OPEN_TRIES {
         if attempt > 0 {
             tokio::time::sleep(Duration::from_millis(50 << attempt.min(4))).await;
@@ -545,8 +653,8 @@ async fn ask(
         let open = control.open_stream(pid, StreamProtocol::new(DATA_PROTOCOL));
         let mut s = match tokio::time::timeout(OPEN_TIMEOUT, open).await {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(format!("no stream for the file: {e}")),
-            Err(_) => return Err("no stream for the file in time".into()),
+            Ok(Err(e)) => return Err(FetchError::NoStream(Arc::new(e))),
+            Err(_) => return Err(FetchError::NoStreamInTime),
         };
         let head = async {
             net::write_frame(&mut s, &DataAsk { farm, hash }).await?;
@@ -554,13 +662,15 @@ async fn ask(
         };
         match head.await {
             Ok(DataHead::File { pieces, at }) => return Ok((s, pieces, at)),
-            Ok(DataHead::Refused(e)) => return Err(e),
+            Ok(DataHead::Refused(r)) => return Err(r.into()),
             // Dropped before it was read: asked again on a new stream.
-            Err(e) if e.kind() != io::ErrorKind::TimedOut => why = e.to_string(),
-            Err(e) => return Err(format!("no answer: {e}")),
+            Err(e) if e.kind() != io::ErrorKind::TimedOut => why = Some(e),
+            Err(e) => return Err(FetchError::NoAnswer(Arc::new(e))),
         }
     }
-    Err(format!("the node did not take the ask: {why}"))
+    // Every try (there is at least one) that did not return left its why.
+    let why = why.unwrap_or_else(|| io::Error::other("no try"));
+    Err(FetchError::NotTaken(Arc::new(why)))
 }
 
 /// Where a file is written while it comes: beside where it goes, hidden,
@@ -610,29 +720,28 @@ async fn receive(
     part: &Path,
     (pieces, hash, have): (&Pieces, Cv, u64),
     farm: Option<FarmId>,
-) -> Result<(), String> {
+) -> Result<(), FetchError> {
     let (btx, mut brx) = mpsc::channel::<Vec<u8>>(BLOCKS_QUEUED);
     let (part_w, pieces_w) = (part.to_path_buf(), pieces.clone());
-    let writer = tokio::task::spawn_blocking(move || -> Result<(), String> {
-        let shown = part_w.display().to_string();
+    let writer = tokio::task::spawn_blocking(move || -> Result<(), FetchError> {
         let mut f = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&part_w)
-            .map_err(|e| format!("cannot write {shown}: {e}"))?;
+            .map_err(FetchError::io(FetchError::Write, &part_w))?;
         f.set_len(have)
             .and_then(|_| f.seek(SeekFrom::Start(have)).map(|_| ()))
-            .map_err(|e| format!("cannot write {shown}: {e}"))?;
+            .map_err(FetchError::io(FetchError::Write, &part_w))?;
         let mut h = PieceHasher::checking(&pieces_w, hash, have / pieces_w.piece_len());
         while let Some(block) = brx.blocking_recv() {
             if let Err(e) = h.update(&block) {
                 // What came before the bad piece stays, checked.
                 let _ = f.set_len(h.verified());
-                return Err(e.to_string());
+                return Err(e.into());
             }
             f.write_all(&block)
-                .map_err(|e| format!("cannot write {shown}: {e}"))?;
+                .map_err(FetchError::io(FetchError::Write, &part_w))?;
         }
         if h.at() < pieces_w.size {
             // Cut: what came stays, to be checked when it goes on.
@@ -641,7 +750,7 @@ async fn receive(
         let verified = h.verified();
         h.finish().map(|_| ()).map_err(|e| {
             let _ = f.set_len(verified);
-            e.to_string()
+            e.into()
         })
     });
     let mut left = pieces.size - have;
@@ -651,16 +760,12 @@ async fn receive(
         let mut buf = vec![0u8; BLOCK.min(left as usize)];
         let n = match within(SILENCE, s.read(&mut buf)).await {
             Ok(0) => {
-                r = Err(format!(
-                    "the sender stopped {left} bytes before the end (it will go on from there)"
-                ));
+                r = Err(FetchError::Stopped(left));
                 break;
             }
             Ok(n) => n,
             Err(e) => {
-                r = Err(format!(
-                    "the transfer was cut: {e} (it will go on from there)"
-                ));
+                r = Err(FetchError::Cut(Arc::new(e)));
                 break;
             }
         };
@@ -677,7 +782,7 @@ async fn receive(
     }
     drop(btx);
     t.landed(farm, pieces.size - have - left);
-    let written = writer.await.map_err(|e| e.to_string())?;
+    let written = writer.await?;
     r?;
     written
 }

@@ -78,7 +78,10 @@ pub enum TaskEnd {
     },
     /// Skipped because a task with the same content key already succeeded.
     Cached,
-    /// The task could not be started or its results not collected.
+    /// The task could not be started or its results not collected. In
+    /// words: they are what the farm's log keeps and its users read, the
+    /// engine acts on none of their kinds, and the node's error types
+    /// (`FetchError`, `FilesError`, ...) say them before they get here.
     Error(String),
     CrashLimit,
     Cancelled,
@@ -125,6 +128,7 @@ pub enum TaskResult {
     Exited(i32),
     Signaled(i32),
     Cached,
+    /// As [`TaskEnd::Error`].
     Error(String),
     /// Killed by the node that ran it for passing the stage's timeout.
     TimedOut,

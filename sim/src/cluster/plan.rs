@@ -1,6 +1,7 @@
 //! The farm a scenario describes, planned before the run: each task's duration and fate, and the lower bound and greedy baselines the makespan is measured against.
 
 use super::*;
+use crate::ConfigError;
 
 /// Everything derived from the scenario before the run: the farm, each
 /// task's duration and fate, and the lower bound.
@@ -51,7 +52,7 @@ type Machines = (Vec<Resources>, Vec<Resources>, Vec<Resources>);
 fn machines(cfg: &SimConfig) -> Result<Machines, SimError> {
     let mut totals = Vec::new();
     for g in &cfg.nodes {
-        let r = parse_resources(&g.resources).map_err(|e| SimError::Config(e.to_string()))?;
+        let r = parse_resources(&g.resources).map_err(ConfigError::from)?;
         totals.extend(std::iter::repeat_n(r, g.count));
     }
     let mut machines = totals.clone();
@@ -70,7 +71,6 @@ fn machines(cfg: &SimConfig) -> Result<Machines, SimError> {
 
 impl Plan {
     pub(super) fn new(cfg: &SimConfig) -> Result<Plan, SimError> {
-        let conf = |m: String| SimError::Config(m);
         let (totals, machines, queue_nodes) = machines(cfg)?;
         let mut stages = Vec::new();
         let mut offsets = Vec::new();
@@ -83,7 +83,7 @@ impl Plan {
                 .expect("validated") as u32
         };
         for (si, s) in cfg.stages.iter().enumerate() {
-            let dist = parse_durations(&s.durations).map_err(|e| conf(e.to_string()))?;
+            let dist = parse_durations(&s.durations).map_err(ConfigError::from)?;
             offsets.push(durations.len());
             for i in 0..s.tasks {
                 let mut rng = SmallRng::seed_from_u64(mix(cfg.seed, si as u64 + 1, i));
@@ -92,7 +92,7 @@ impl Plan {
             }
             stages.push(StageDef {
                 deps: Vec::new(),
-                resources: parse_resources(&s.resources).map_err(|e| conf(e.to_string()))?,
+                resources: parse_resources(&s.resources).map_err(ConfigError::from)?,
                 retries: s.retries,
                 // The tasks a scenario fails are drawn at random, and the
                 // plan's bound and its check that every other task ends
@@ -134,7 +134,7 @@ impl Plan {
             durations,
             fails,
             expect_ok: Vec::new(),
-            latency: parse_durations(&cfg.latency).map_err(|e| conf(e.to_string()))?,
+            latency: parse_durations(&cfg.latency).map_err(ConfigError::from)?,
             lower_bound: 0,
             greedy: 0,
             longest_first: 0,
@@ -182,7 +182,7 @@ impl Plan {
             durations,
             fails: vec![false; wl.tasks()],
             expect_ok: Vec::new(),
-            latency: parse_durations(&cfg.latency).map_err(|e| SimError::Config(e.to_string()))?,
+            latency: parse_durations(&cfg.latency).map_err(ConfigError::from)?,
             lower_bound: 0,
             greedy: 0,
             longest_first: 0,
