@@ -21,18 +21,7 @@ pub const STAGE_TASKS_MAX: u64 = u32::MAX as u64;
 /// that it costs seconds, not a stage's worth of failed attempts.
 pub const MAX_FAILS_DEFAULT: u32 = 5;
 
-/// One task: a stage (by position in the farm) and its index in that stage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct TaskRef {
-    pub stage: u32,
-    pub index: u32,
-}
-
-impl TaskRef {
-    pub fn new(stage: u32, index: u32) -> TaskRef {
-        TaskRef { stage, index }
-    }
-}
+pub use crate::ids::TaskRef;
 
 /// A farm, resolved: every sweep's values are known, every path checked.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -7,6 +7,7 @@ pub mod alloc;
 pub mod engine;
 pub mod farm;
 pub mod graph;
+pub mod ids;
 pub mod mesh;
 pub mod observe;
 pub mod pieces;

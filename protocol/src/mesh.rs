@@ -6,7 +6,17 @@ mod pace;
 mod peer;
 mod replica;
 
-pub use allocs::*;
-pub use msg::*;
-pub use peer::*;
-pub use replica::*;
+pub use allocs::{
+    AllocBook, AllocCmd, AllocEvent, AllocJob, AllocQueue, Allocs, BatchOp, Listed, POLL_MS,
+    TICK_MS,
+};
+pub use msg::{
+    Address, Assigned, Beat, Entry, Failure, FarmId, FarmProgress, FarmSpec, Home, Ident,
+    InputFile, MachineLoad, Msg, NodeId, OutputFile, Ran, Report, RosterEntry, RosterKind, SyncMsg,
+    TaskRun, Victim, Who, Writer,
+};
+pub use peer::{
+    ballot, member_hash, term_round, Action, Config, Fetched, Member, Peer, PeerEvent, Persist,
+    Stats,
+};
+pub use replica::{entry_record, record_entry, void_place, FarmLog, Replica, StoredFarm};

@@ -10,9 +10,7 @@ use crate::resources::Amount;
 /// it is probably what kills the node.
 pub const CRASHES_MAX: u32 = 3;
 
-/// Farms are numbered by the engine in the order they are added.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct FarmSlot(pub u32);
+pub use crate::ids::FarmSlot;
 
 /// What a task's durable record says; the engine's restart point.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

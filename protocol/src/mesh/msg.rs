@@ -6,28 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use super::allocs::{AllocBook, AllocCmd};
 use crate::engine::{Counts, Order, Stop, TaskEnd, TaskResult, Verdict};
-use crate::farm::{FarmDef, TaskRef};
+use crate::farm::FarmDef;
+use crate::ids::TaskRef;
+pub use crate::ids::{FarmId, NodeId};
 use crate::resources::Resources;
-
-/// A node, by a number derived from its network identity. The lowest live id coordinates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct NodeId(pub u64);
-
-impl std::fmt::Display for NodeId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
-
-/// A submitted farm, mesh-wide.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct FarmId(pub u64);
-
-impl std::fmt::Display for FarmId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
 
 /// Which node is a farm's home (where its outputs go), and since which
 /// claim: a node that takes a farm over (`mesh resume FARM --out DIR`)
