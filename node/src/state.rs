@@ -23,6 +23,25 @@ use mesh_store::FarmKey;
 /// The failed tasks a snapshot lists, at most.
 pub const SNAPSHOT_FAILED_MAX: usize = 20;
 
+/// A mesh node's folder of outputs it made for farms homed elsewhere,
+/// kept by hash until their home has them.
+pub const KEPT_DIR: &str = "kept";
+
+/// Where `KEPT_DIR` was before it had one meaning ("held" was also a
+/// farm's copies, claimed tasks and unacknowledged reports).
+const KEPT_DIR_BEFORE: &str = "held";
+
+/// Moves a state folder's kept outputs from where an older node kept
+/// them, so that none is lost (and run again) across the upgrade.
+pub fn move_kept_outputs(state: &std::path::Path) -> std::io::Result<()> {
+    let before = state.join(KEPT_DIR_BEFORE);
+    let now = state.join(KEPT_DIR);
+    if before.is_dir() && !now.exists() {
+        std::fs::rename(before, now)?;
+    }
+    Ok(())
+}
+
 #[derive(Clone, Debug)]
 pub struct StateDir {
     root: PathBuf,
@@ -273,4 +292,25 @@ pub fn unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_outputs_of_an_older_node_move_to_their_folder_and_a_newer_folder_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path();
+        std::fs::create_dir_all(state.join("held/farm")).unwrap();
+        std::fs::write(state.join("held/farm/abc"), b"output").unwrap();
+        move_kept_outputs(state).unwrap();
+        assert_eq!(std::fs::read(state.join("kept/farm/abc")).unwrap(), b"output");
+        assert!(!state.join("held").exists());
+        // Both there (an older node started on it again): nothing moves.
+        std::fs::create_dir_all(state.join("held/other")).unwrap();
+        move_kept_outputs(state).unwrap();
+        assert!(state.join("held/other").is_dir());
+        assert!(!state.join("kept/other").exists());
+    }
 }

@@ -1084,7 +1084,7 @@ impl<'a> Sim<'a> {
             let tasks: Vec<Assigned> = match &msg {
                 Msg::Assign { tasks, .. }
                 | Msg::Release { tasks, .. }
-                | Msg::Holding { tasks, .. }
+                | Msg::Claimed { tasks, .. }
                 | Msg::Stolen { tasks, .. }
                 | Msg::Moved { tasks, .. }
                 | Msg::Ack { tasks } => tasks.clone(),

@@ -69,9 +69,9 @@ fn a_coordinator_restarted_at_once_hands_out_no_task_its_workers_run() {
     // The coordinator (node 0) dies mid-farm and is back 0.3 s later,
     // before anyone calls it dead: elected again from its own store, it
     // has every task the workers run pending, and handed them out again
-    // before their `Holding` came (11 duplicate runs in 400 here). It now
+    // before their `Claimed` came (11 duplicate runs in 400 here). It now
     // waits, a round trip, for every member to say what it holds. A
-    // worker's report may overtake its `Holding`: the task it names was
+    // worker's report may overtake its `Claimed`: the task it names was
     // pending, the report was dropped (and acknowledged), and the task ran
     // again at the end of the farm (4 per run in 6 seeds of 10, and a
     // farm 1.2 s longer); a success now counts as the node's claim.
@@ -83,7 +83,7 @@ fn a_coordinator_restarted_at_once_hands_out_no_task_its_workers_run() {
 fn a_coordinator_that_never_comes_back_hands_out_no_task_its_workers_ran() {
     // The coordinator (node 0, also the farm's home) dies mid-farm for
     // good. Its successor kept no copy of the farm: it has it once a
-    // holder's offer comes, and the members' `Holding` and reports often
+    // holder's offer comes, and the members' `Claimed` and reports often
     // come first. They were dropped (and the members counted as heard), so
     // it handed out again what the workers had done and not yet had
     // acknowledged: 21 to 41 duplicate runs in 400. They are kept until

@@ -230,7 +230,7 @@ impl MeshState {
                 name: META_ALLOCS.into(),
                 value: encode(&*book),
             }),
-            Persist::Held { reports, gone } => {
+            Persist::Unacked { reports, gone } => {
                 for r in reports {
                     out.push(Write::Meta {
                         farm: NODE_KEY,

@@ -313,7 +313,7 @@ fn killing_a_worker_mid_farm_loses_nothing() {
 
 /// Files a node keeps in `<state>/held` for farms whose homes do not have them yet.
 fn held_files(node: &NodeProc) -> usize {
-    std::fs::read_dir(node.state.join("held"))
+    std::fs::read_dir(node.state.join("kept"))
         .map(|farms| {
             farms
                 .flatten()

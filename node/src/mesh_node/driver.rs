@@ -72,6 +72,9 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     fs::create_dir_all(&node_dir)
         .map_err(io_err(format!("cannot create {}", node_dir.display())))?;
     let db = node_dir.join("db");
+    crate::state::move_kept_outputs(&opts.state).map_err(io_err(
+        "cannot move this node's kept outputs to their new folder",
+    ))?;
     let damaged = |source| NodeError::Damaged {
         path: db.display().to_string(),
         source,
@@ -401,7 +404,10 @@ impl Node {
                 self.held_count.set(None);
                 // What it kept for the home, and its own folder for the
                 // farm (the dependencies put there, the inputs).
-                let held = self.state.join("held").join(farm.to_string());
+                let held = self
+                    .state
+                    .join(crate::state::KEPT_DIR)
+                    .join(farm.to_string());
                 let work = self.state.join("work").join(farm.to_string());
                 tokio::task::spawn_blocking(move || {
                     let _ = fs::remove_dir_all(held);

@@ -225,7 +225,7 @@ struct Node {
     alloc: Alloc,
     /// Stopped twice (a second Ctrl-C): no lingering.
     impatient: bool,
-    /// Bytes under `<state>/held` as last counted, and when: a status
+    /// Bytes under `<state>/kept` as last counted, and when: a status
     /// page asks every second, and a node may keep many files.
     held_count: std::cell::Cell<Option<(Instant, u64)>>,
 }

@@ -103,8 +103,12 @@ impl Node {
         }
         let tx = self.tx.clone();
         let t = self.transfers.clone();
-        // Run here before this node was the home: kept apart, in `held`.
-        let held = (from == self.me).then(|| self.state.join("held").join(farm.to_string()));
+        // Run here before this node was the home: kept apart, in `kept`.
+        let held = (from == self.me).then(|| {
+            self.state
+                .join(crate::state::KEPT_DIR)
+                .join(farm.to_string())
+        });
         tokio::spawn(async move {
             let r = match (dir, held) {
                 (None, _) => Err(FetchError::UnknownFarm),
@@ -235,9 +239,9 @@ fn hashed(dir: &Path) -> Result<Vec<(OutputFile, mesh_protocol::pieces::Pieces)>
 }
 
 /// The farms this node keeps outputs of, and their folders
-/// (`<state>/held/<farm>/`, one file per output, named by its hash).
+/// (`<state>/kept/<farm>/`, one file per output, named by its hash).
 pub(super) fn held_farms(state: &Path) -> Vec<(FarmId, PathBuf)> {
-    let Ok(dirs) = fs::read_dir(state.join("held")) else {
+    let Ok(dirs) = fs::read_dir(state.join(crate::state::KEPT_DIR)) else {
         return Vec::new();
     };
     dirs.flatten()
@@ -262,7 +266,7 @@ pub(super) fn held_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// Moves every file under `dir` into `held` under its blake3 hash; the manifest.
+/// Moves every file under `dir` into `kept` under its blake3 hash; the manifest.
 /// Their pieces are written down beside them, for the transfer home.
 pub(super) fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, KeepError> {
     let files = hashed(dir)?;
@@ -320,7 +324,7 @@ fn output_needed(dir: &Path, o: &OutputFile) -> Result<Option<PathBuf>, FetchErr
     Ok(Some(dest))
 }
 
-/// Puts outputs this node keeps in `held` into `dir` (those already there, checked, stay).
+/// Puts outputs this node keeps in `kept` into `dir` (those already there, checked, stay).
 fn place_held(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), FetchError> {
     for o in outputs {
         let Some(dest) = output_needed(dir, o)? else {

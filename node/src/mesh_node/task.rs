@@ -105,7 +105,10 @@ impl Node {
         };
         let tx = self.tx.clone();
         let cache = self.state.join("cache");
-        let held = self.state.join("held").join(task.farm.to_string());
+        let held = self
+            .state
+            .join(crate::state::KEPT_DIR)
+            .join(task.farm.to_string());
         let sources = self.sources(task.farm);
         let transfers = self.transfers.clone();
         let deps = (!local && reads_outputs(def, task.task.stage)).then(|| DepsPlace {

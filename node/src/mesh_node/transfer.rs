@@ -299,7 +299,10 @@ impl Transfers {
         }
         let hex = blake3::Hash::from(*hash).to_hex().to_string();
         [
-            self.state.join("held").join(farm.to_string()).join(&hex),
+            self.state
+                .join(crate::state::KEPT_DIR)
+                .join(farm.to_string())
+                .join(&hex),
             self.state.join("cache").join(&hex),
         ]
         .into_iter()

@@ -255,7 +255,7 @@ pub struct Beat {
     pub files_max: u64,
     /// The sender holds no task: nothing queued, running, waiting for its
     /// farm, or reported and not yet acknowledged. Its beats then stand
-    /// for the empty `Holding` it does not send every second: an idle
+    /// for the empty `Claimed` it does not send every second: an idle
     /// mesh's workers send their coordinator nothing but beats, which go
     /// as packets, so it keeps no connection open to them.
     pub idle: bool,
@@ -595,8 +595,9 @@ pub enum Msg {
     Ack { tasks: Vec<Assigned> },
     /// Worker to coordinator: I will not run these after all (queue them again).
     Release { term: u64, tasks: Vec<Assigned> },
-    /// Worker to coordinator, after a new coordinator is elected: what I hold.
-    Holding { term: u64, tasks: Vec<Assigned> },
+    /// Worker to coordinator, after a new coordinator is elected: the
+    /// tasks it has claimed (running or queued), which the coordinator adopts.
+    Claimed { term: u64, tasks: Vec<Assigned> },
     /// The home to the coordinator: these done tasks' outputs are lost with
     /// the node that kept them (gone too long); run them again.
     Redo { farm: FarmId, tasks: Vec<TaskRun> },

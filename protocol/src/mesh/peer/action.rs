@@ -50,7 +50,7 @@ pub enum Persist {
     /// Results this node reported and the coordinator has not yet
     /// acknowledged as replicated: those added or changed (`reports`), and
     /// those acknowledged since the last (`gone`).
-    Held {
+    Unacked {
         reports: Vec<Report>,
         gone: Vec<(FarmId, TaskRef)>,
     },

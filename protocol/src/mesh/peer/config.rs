@@ -47,7 +47,7 @@ pub struct Config {
     /// How long a message to a node this one has no connection to may take
     /// to arrive: the connection and its handshakes, which take seconds on
     /// a loaded machine (the node's driver gives up after this). An idle
-    /// worker's beat stands for an empty `Holding`, and an idle worker
+    /// worker's beat stands for an empty `Claimed`, and an idle worker
     /// keeps no connection to its coordinator: a claim younger than this
     /// may be in an `Assign` still on its way, not lost.
     pub connect_ms: u64,

@@ -136,7 +136,7 @@ impl Peer {
         if let Some(c) = &mut self.coord {
             c.note_depth(from, b.prefetch);
             if b.idle && follows == Some(self.node.id) {
-                // The empty `Holding` its node does not send. The node was
+                // The empty `Claimed` its node does not send. The node was
                 // idle, so the first `Assign` to it opens a connection:
                 // claims that young may still be on their way (placement
                 // on a loaded machine of 300 nodes handed the same tasks
@@ -339,7 +339,7 @@ impl Peer {
         if !holding.is_empty() {
             self.out.send(
                 node,
-                Msg::Holding {
+                Msg::Claimed {
                     term,
                     tasks: holding,
                 },

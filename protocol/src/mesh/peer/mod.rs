@@ -542,7 +542,7 @@ impl Peer {
                     c.on_release(now, tasks);
                 }
             }
-            Msg::Holding { tasks, .. } => {
+            Msg::Claimed { tasks, .. } => {
                 if let Some(c) = &mut self.coord {
                     c.on_holding(now, from, tasks, self.node.cfg.resend_ms);
                 }

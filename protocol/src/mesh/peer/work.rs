@@ -119,7 +119,7 @@ impl Peer {
             }
         } else if !tasks.is_empty() {
             // Holding nothing, this node's beats say so (`Beat::idle`).
-            self.out.send(c, Msg::Holding { term, tasks });
+            self.out.send(c, Msg::Claimed { term, tasks });
         }
         for farm in self.worker.awaited_specs() {
             self.out.send(c, Msg::GetFarm { farm });

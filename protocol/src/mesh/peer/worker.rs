@@ -659,7 +659,7 @@ impl Worker {
                 None => gone.push(key),
             }
         }
-        out.persist(Persist::Held { reports, gone });
+        out.persist(Persist::Unacked { reports, gone });
     }
 
     /// Every task this node holds for the coordinator, in a stable order:

@@ -166,17 +166,17 @@ pub(super) struct Coord {
     /// Just elected: until every member has said what it holds (each does
     /// when it follows, within a round trip), or until the time given,
     /// nothing is placed. The tasks workers run are pending in this
-    /// coordinator's engine until their `Holding` adopts them, and
+    /// coordinator's engine until their `Claimed` adopts them, and
     /// placement hands out the first pending tasks: those very ones.
     settle: Option<(Millis, FxHashSet<NodeId>)>,
     /// While settling, nodes in sight that keep a copy of a farm taken over
     /// apart from its writer, and have not offered it: each would give this
     /// side a place of its own (see `replication::Apart`).
     awaited: FxHashSet<(FarmId, NodeId)>,
-    /// What each member's last `Holding` listed of farms this coordinator
+    /// What each member's last `Claimed` listed of farms this coordinator
     /// does not have yet, adopted when the farm comes. A coordinator just
     /// elected that kept no copy of a farm has it only once a holder's
-    /// offer arrives, often after the members' `Holding`: dropping those
+    /// offer arrives, often after the members' `Claimed`: dropping those
     /// claims, and counting the members as heard, handed out the tasks
     /// they ran or had finished and not yet had acknowledged.
     held_early: FxHashMap<NodeId, Vec<Assigned>>,
@@ -610,7 +610,7 @@ impl Coord {
                 matches!(r.result, TaskResult::Exited(code) if ok_codes.contains(&code));
             if succeeded {
                 // A success of a task pending here (its report came before
-                // the node's `Holding` to a coordinator just elected) is the
+                // the node's `Claimed` to a coordinator just elected) is the
                 // node's claim: counted, rather than the task run again.
                 self.hold(now, from, r.task);
             }
@@ -753,7 +753,7 @@ impl Coord {
         if let Some((_, waiting)) = &mut self.settle {
             waiting.remove(&from);
         }
-        // Each `Holding` lists all a node holds: what it listed before is stale.
+        // Each `Claimed` lists all a node holds: what it listed before is stale.
         self.held_early.remove(&from);
         let mut early = Vec::new();
         let mut held = 0;
@@ -862,7 +862,7 @@ impl Coord {
             let moved = self.claims.update(&(slot, a.task), |claim| {
                 let ours = (claim.0, claim.1) == (from, a.attempt);
                 if ours {
-                    // The thief holds it from now: its next Holding must list it.
+                    // The thief holds it from now: its next `Claimed` must list it.
                     *claim = (to, a.attempt, now);
                 }
                 ours
