@@ -305,7 +305,10 @@ mod tests {
         std::fs::create_dir_all(state.join("held/farm")).unwrap();
         std::fs::write(state.join("held/farm/abc"), b"output").unwrap();
         move_kept_outputs(state).unwrap();
-        assert_eq!(std::fs::read(state.join("kept/farm/abc")).unwrap(), b"output");
+        assert_eq!(
+            std::fs::read(state.join("kept/farm/abc")).unwrap(),
+            b"output"
+        );
         assert!(!state.join("held").exists());
         // Both there (an older node started on it again): nothing moves.
         std::fs::create_dir_all(state.join("held/other")).unwrap();

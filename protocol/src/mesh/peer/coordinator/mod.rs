@@ -189,13 +189,6 @@ pub(super) struct Coord {
     /// The clock of each node's report handled in this step, echoed back
     /// with the assignment that answers it.
     echo: FxHashMap<NodeId, Millis>,
-    /// The node whose report the engine is handling, to name it in
-    /// failures, and the outputs it reported and when the run was.
-    reporter: Option<NodeId>,
-    outputs: Arc<[OutputFile]>,
-    ran: Option<Box<Ran>>,
-    /// The record the engine just wrote for a task, for the entry that follows.
-    last_key: Option<[u8; 32]>,
     /// Tells holders apart this coordinator's log from any other's (a
     /// restarted coordinator's log restarts at 0), and numbers its syncs.
     log_id: u64,
@@ -203,6 +196,15 @@ pub(super) struct Coord {
     next_progress: Millis,
     /// Members joined or died since the engine last saw the machines.
     machines_dirty: bool,
+}
+
+/// What a report (or a death) tells the entries its input makes: the node
+/// to name, the outputs it reported, and its run's start and end.
+#[derive(Default)]
+struct Reported {
+    node: Option<NodeId>,
+    outputs: Arc<[OutputFile]>,
+    ran: Option<Box<Ran>>,
 }
 
 impl Coord {
@@ -227,10 +229,6 @@ impl Coord {
             reports_early: FxHashMap::default(),
             depth: FxHashMap::default(),
             echo: FxHashMap::default(),
-            reporter: None,
-            outputs: Arc::default(),
-            ran: None,
-            last_key: None,
             log_id,
             sync_seq: 0,
             next_progress: now,
@@ -449,7 +447,16 @@ impl Coord {
 
     /// Turns the engine's actions into persists, messages and events.
     pub(super) fn drain(&mut self, out: &mut Out) {
+        self.drain_for(&mut Reported::default(), out);
+    }
+
+    /// Drains the engine's actions after an input that came with a
+    /// report, or a death (`by`): the entries it makes name that node, its
+    /// outputs and its run.
+    fn drain_for(&mut self, by: &mut Reported, out: &mut Out) {
         let mut sends = Vec::new();
+        // The record the engine just wrote for a task, for the entry that follows.
+        let mut last_key = None;
         while let Some(a) = self.engine.poll_action() {
             match a {
                 // A mesh farm is not resumed stage by stage: a coordinator
@@ -459,7 +466,7 @@ impl Coord {
                 engine::Action::Persist(engine::Persist::Stage { .. }) => {}
                 engine::Action::Persist(engine::Persist::Task { farm, task, record }) => {
                     let fid = self.slots[farm.0 as usize];
-                    self.last_key = record.key;
+                    last_key = record.key;
                     out.persist(Persist::Task {
                         farm: fid,
                         task,
@@ -490,23 +497,23 @@ impl Coord {
                         verdict,
                     } => {
                         let fid = self.slots[farm.0 as usize];
-                        let node = self.reporter.unwrap_or(NodeId(0));
+                        let node = by.node.unwrap_or(NodeId(0));
                         let f = self.farms.get_mut(&fid).expect("slots and farms agree");
                         let entry = match verdict {
                             Verdict::Done => Some(Entry::Done {
                                 task,
-                                key: self.last_key.map(Box::new),
+                                key: last_key.map(Box::new),
                                 node,
                                 attempt,
-                                outputs: std::mem::take(&mut self.outputs),
-                                ran: self.ran.take(),
+                                outputs: std::mem::take(&mut by.outputs),
+                                ran: by.ran.take(),
                             }),
                             Verdict::Failed => Some(Entry::Failed {
                                 task,
                                 attempt,
                                 node,
                                 end: Box::new(end),
-                                ran: self.ran.take(),
+                                ran: by.ran.take(),
                             }),
                             Verdict::Retry => {
                                 sends.push((
@@ -635,9 +642,11 @@ impl Coord {
                 }
                 k => k,
             };
-            self.reporter = Some(from);
-            self.ran = Ran::of(&r);
-            self.outputs = r.outputs.into();
+            let mut by = Reported {
+                node: Some(from),
+                ran: Ran::of(&r),
+                outputs: r.outputs.into(),
+            };
             self.engine.task_finished(
                 now,
                 slot,
@@ -654,11 +663,8 @@ impl Coord {
                 },
             );
             // The entry (and the record's Persist before it) comes out now,
-            // while the reporter and its outputs are the ones set.
-            self.drain(out);
-            self.reporter = None;
-            self.outputs = Arc::default();
-            self.ran = None;
+            // naming the reporter, its outputs and its run.
+            self.drain_for(&mut by, out);
             let f = self.farms.get_mut(&r.task.farm).expect("checked above");
             if f.log.len() > before {
                 // Acknowledged once the entry is durable on enough holders:
@@ -890,13 +896,15 @@ impl Coord {
             .collect();
         lost.sort();
         // A task that reaches the crash limit here failed on the dead node.
-        self.reporter = Some(dead);
+        let mut by = Reported {
+            node: Some(dead),
+            ..Reported::default()
+        };
         for (s, t, a) in lost {
             self.claims.remove(&(s, t));
             self.engine.lost(now, s, t, a);
-            self.drain(out);
+            self.drain_for(&mut by, out);
         }
-        self.reporter = None;
         self.copy_lost(now, dead, cx);
         self.held_early.remove(&dead);
         self.reports_early.retain(|(n, _), _| *n != dead);
