@@ -1,4 +1,4 @@
-//! One node of the mesh as a sans-IO state machine: a thin dispatcher over its roles (membership, election, coordinator, worker, stealing, holder and home, allocation).
+//! One node of the mesh as a sans-IO state machine: `Peer`, the dispatcher over its roles (membership, election, coordinator, worker, stealing, holder and home, allocation); steps that concern several roles live in the `on_*` files, named by what they answer.
 //!
 //! Every node runs a [`Peer`]. It gossips a [`Beat`] (its resources, load
 //! and whom it follows), notices dead members when their beats stop, and
@@ -43,16 +43,16 @@ mod action;
 mod allocation;
 mod config;
 mod coordinator;
+mod driver_api;
 mod election;
-mod face;
-mod farms;
 mod holder;
-mod life;
 mod membership;
+mod on_farms;
+mod on_members;
+mod on_tasks;
 mod out;
 mod placement;
 mod steal;
-mod work;
 mod worker;
 
 use std::collections::{BTreeMap, BTreeSet};
