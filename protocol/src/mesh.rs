@@ -1,12 +1,11 @@
 //! The mesh peer: membership, coordinator election, placement and stealing as one sans-IO state machine.
 
-mod allocs;
 mod msg;
 mod pace;
 mod peer;
 mod replica;
 
-pub use allocs::{
+pub use crate::alloc::book::{
     AllocBook, AllocCmd, AllocEvent, AllocJob, AllocQueue, Allocs, BatchOp, Listed, POLL_MS,
     TICK_MS,
 };

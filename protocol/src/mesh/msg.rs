@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::allocs::{AllocBook, AllocCmd};
+use crate::alloc::book::{AllocBook, AllocCmd};
 use crate::engine::{Counts, Order, Stop, TaskEnd, TaskResult, Verdict};
 use crate::farm::FarmDef;
 use crate::ids::TaskRef;

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use super::super::allocs::{AllocBook, BatchOp};
 use super::super::msg::*;
+use crate::alloc::book::{AllocBook, BatchOp};
 use crate::engine::{self, KillReason, TaskRecord};
 use crate::farm::TaskRef;
 use crate::pool::Grant;

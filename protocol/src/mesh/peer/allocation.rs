@@ -3,7 +3,6 @@
 //! The decisions themselves are `Allocs`' (`mesh/allocs.rs`) and
 //! `alloc::Scaler`'s; this room gathers their inputs from the other roles.
 
-use super::super::allocs::Allocs;
 use super::super::msg::*;
 use super::action::{Action, Persist};
 use super::coordinator::Coord;
@@ -11,6 +10,7 @@ use super::election::Leader;
 use super::membership::Membership;
 use super::out::Out;
 use super::worker::{Specs, Worker};
+use crate::alloc::book::Allocs;
 use crate::alloc::Backlog;
 use crate::engine::Millis;
 use crate::resources::{Amount, Resources, CPU, GPU};

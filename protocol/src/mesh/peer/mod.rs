@@ -61,9 +61,9 @@ use std::sync::Arc;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
-use super::allocs::{AllocBook, AllocCmd, Allocs};
 use super::msg::*;
 use super::replica::{FarmLog, Replica, StoredFarm};
+use crate::alloc::book::{AllocBook, AllocCmd, Allocs};
 use crate::alloc::{BatchSystem, JobState, QueueDef};
 use crate::engine::{self, Millis, Outcome};
 use crate::farm::TaskRef;

@@ -8,6 +8,8 @@
 //! batch system rejects, shrinking while work is still queued, submitting
 //! again and again after a failure, and walltime kills blamed on tasks.
 
+pub mod book;
+
 use serde::{Deserialize, Serialize};
 
 pub use crate::engine::Millis;
