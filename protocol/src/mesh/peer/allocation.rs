@@ -1,6 +1,6 @@
 //! The peer's side of allocation queues (`mesh alloc`): what the coordinator tells the queues (backlog by kind, which jobs' nodes have work), and the book's copies kept in step.
 //!
-//! The decisions themselves are `Allocs`' (`mesh/allocs.rs`) and
+//! The decisions themselves are `Allocs`' (`alloc/book.rs`) and
 //! `alloc::Scaler`'s; this room gathers their inputs from the other roles.
 
 use super::super::msg::*;
