@@ -1176,8 +1176,8 @@ pub(crate) mod tests {
         })
         .await
         .expect("the dial neither failed nor succeeded in time");
-        // Told by the key check, not by a handshake that times out (as a
-        // paused node's does).
+        // Told by noise's tags (and the dialer's refusal), not by a
+        // handshake that times out (as a paused node's does).
         assert!(
             started.elapsed() < HANDSHAKE_TIMEOUT,
             "{:?}",
