@@ -464,7 +464,7 @@ mod remote {
         std::thread::spawn(move || {
             runtime.block_on(async move {
                 let (control, peer, driver) =
-                    match tokio::time::timeout(CONNECT_WITHIN, connect(addr, psk)).await {
+                    match tokio::time::timeout(CONNECT_WITHIN, connect(addr, &psk)).await {
                         Err(_) => {
                             let _ = ready_tx.send(Err(ReachError::Silent));
                             return;
@@ -546,7 +546,7 @@ mod remote {
     /// Dials `addr`; the swarm is driven by a task of its own from then on.
     async fn connect(
         addr: Multiaddr,
-        psk: libp2p::pnet::PreSharedKey,
+        psk: &keys::MeshKey,
     ) -> Result<(libp2p_stream::Control, PeerId, tokio::task::JoinHandle<()>), ReachError> {
         let mut swarm = net::client(psk)?;
         let control = swarm.behaviour().streams.new_control();

@@ -11,8 +11,10 @@ use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use std::fmt;
+use std::str::FromStr;
+
 use libp2p::identity::{ed25519, Keypair};
-use libp2p::pnet::{KeyParseError, PreSharedKey};
 use libp2p::PeerId;
 use mesh_protocol::mesh::NodeId;
 use thiserror::Error;
@@ -50,6 +52,83 @@ impl KeyError {
     }
 }
 
+/// The mesh's secret: 32 random bytes, kept as the libp2p/IPFS `swarm.key`
+/// text (three lines: `/key/swarm/psk/1.0.0/`, `/base16/`, 64 hex digits).
+///
+/// Its own type since libp2p's `pnet` went (see `net.rs`): the key now
+/// enters the noise handshake and seals membership packets, both through
+/// keys derived from it, never itself.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MeshKey([u8; 32]);
+
+impl MeshKey {
+    pub fn new(bytes: [u8; 32]) -> MeshKey {
+        MeshKey(bytes)
+    }
+
+    /// A key for one use, derived from the mesh key (blake3's KDF), so the
+    /// mesh key itself is never used by two things.
+    pub fn derive(&self, context: &str) -> [u8; 32] {
+        blake3::derive_key(context, &self.0)
+    }
+
+    /// A short digest that is not the secret, for users to compare two
+    /// nodes' keys (and to name the mesh's batch jobs).
+    pub fn fingerprint(&self) -> String {
+        let d = self.derive("mesh 2026 key fingerprint");
+        d[..16].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// The unredacted key, in the `swarm.key` text `mesh.key` holds.
+impl fmt::Display for MeshKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("/key/swarm/psk/1.0.0/\n/base16/\n")?;
+        for b in &self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("\n")
+    }
+}
+
+/// Never the secret in a log.
+impl fmt::Debug for MeshKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MeshKey({})", self.fingerprint())
+    }
+}
+
+impl FromStr for MeshKey {
+    /// Why the text is not a key, as the end of a sentence.
+    type Err = &'static str;
+
+    fn from_str(text: &str) -> Result<MeshKey, &'static str> {
+        let lines: Vec<&str> = text.lines().take(3).collect();
+        let [kind, encoding, hex] = lines[..] else {
+            return Err("expected three lines: /key/swarm/psk/1.0.0/, /base16/, and 64 hex digits");
+        };
+        if kind != "/key/swarm/psk/1.0.0/" {
+            return Err("the first line is not /key/swarm/psk/1.0.0/");
+        }
+        if encoding != "/base16/" {
+            return Err("the second line is not /base16/");
+        }
+        let hex = hex.trim_end().as_bytes();
+        if hex.len() != 64 {
+            return Err("the key is not 64 hex digits");
+        }
+        if !hex.iter().all(u8::is_ascii_hexdigit) {
+            return Err("the key has a character that is not a hex digit");
+        }
+        let digit = |c: u8| (c as char).to_digit(16).expect("checked above") as u8;
+        let mut key = [0u8; 32];
+        for (byte, pair) in key.iter_mut().zip(hex.chunks(2)) {
+            *byte = digit(pair[0]) << 4 | digit(pair[1]);
+        }
+        Ok(MeshKey(key))
+    }
+}
+
 /// What `init` found and did, for `mesh init` to print.
 #[derive(Debug, Clone)]
 pub struct InitReport {
@@ -70,7 +149,7 @@ pub fn init(state_dir: &Path) -> Result<InitReport, KeyError> {
     let psk_created = if psk_path.exists() {
         false
     } else {
-        let psk = PreSharedKey::new(random_32());
+        let psk = MeshKey::new(random_32());
         match write_private(&psk_path, psk.to_string().as_bytes()) {
             Ok(()) => true,
             // Another `mesh init` won the race: theirs stands, as an existing key would.
@@ -90,7 +169,7 @@ pub fn init(state_dir: &Path) -> Result<InitReport, KeyError> {
     Ok(InitReport {
         psk_path,
         psk_created,
-        psk_fingerprint: psk.fingerprint().to_string(),
+        psk_fingerprint: psk.fingerprint(),
         identity_path,
         identity_created,
         peer_id: identity.public().to_peer_id(),
@@ -98,7 +177,7 @@ pub fn init(state_dir: &Path) -> Result<InitReport, KeyError> {
 }
 
 /// Reads the mesh key, refusing a missing, malformed or world-readable file.
-pub fn load_psk(path: &Path) -> Result<PreSharedKey, KeyError> {
+pub fn load_psk(path: &Path) -> Result<MeshKey, KeyError> {
     let text = match read_private(path) {
         Err(KeyError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Err(KeyError::MissingPsk {
@@ -111,31 +190,18 @@ pub fn load_psk(path: &Path) -> Result<PreSharedKey, KeyError> {
         path: path.to_path_buf(),
         reason: "not text".into(),
     })?;
-    text.parse().map_err(|e| KeyError::BadPsk {
+    text.parse::<MeshKey>().map_err(|e| KeyError::BadPsk {
         path: path.to_path_buf(),
-        reason: psk_parse_reason(&e).into(),
+        reason: e.into(),
     })
 }
 
 /// The mesh's name in its batch jobs' names (`mesh-` and 8 hex digits of
 /// the key's public fingerprint): the same on every node of a mesh, and
 /// different from other meshes' (another user's, or this user's next).
-pub fn mesh_tag(psk: &PreSharedKey) -> String {
-    let fp = psk.fingerprint().to_string();
+pub fn mesh_tag(psk: &MeshKey) -> String {
+    let fp = psk.fingerprint();
     format!("mesh-{}", &fp[..8])
-}
-
-/// libp2p's parse errors only print their variant names.
-fn psk_parse_reason(e: &KeyParseError) -> &'static str {
-    match e {
-        KeyParseError::InvalidKeyFile => {
-            "expected three lines: /key/swarm/psk/1.0.0/, /base16/, and 64 hex digits"
-        }
-        KeyParseError::InvalidKeyType => "the first line is not /key/swarm/psk/1.0.0/",
-        KeyParseError::InvalidKeyEncoding => "the second line is not /base16/",
-        KeyParseError::InvalidKeyLength => "the key is not 64 hex digits",
-        KeyParseError::InvalidKeyChar(_) => "the key has a character that is not a hex digit",
-    }
 }
 
 /// Reads this node's keypair, or makes one (mode 0600) on first start.
@@ -246,7 +312,7 @@ mod tests {
 
         let psk = load_psk(&first.psk_path).unwrap();
         assert_eq!(psk.to_string(), text);
-        assert_eq!(psk.fingerprint().to_string(), first.psk_fingerprint);
+        assert_eq!(psk.fingerprint(), first.psk_fingerprint);
         let id = load_or_create_identity(&state).unwrap();
         assert_eq!(id.public().to_peer_id(), first.peer_id);
     }
@@ -291,6 +357,34 @@ mod tests {
         let err = load_psk(&bad).unwrap_err();
         assert!(matches!(err, KeyError::BadPsk { .. }), "{err:?}");
         assert!(err.to_string().contains("bad.key"), "{err}");
+    }
+
+    #[test]
+    fn a_mesh_key_reads_back_what_it_writes_and_says_what_is_wrong() {
+        let key = MeshKey::new([0xab; 32]);
+        let text = key.to_string();
+        assert_eq!(
+            text,
+            format!("/key/swarm/psk/1.0.0/\n/base16/\n{}\n", "ab".repeat(32))
+        );
+        assert_eq!(text.parse::<MeshKey>(), Ok(key.clone()));
+        // Upper-case hex and no final newline, as other tools may write it.
+        let upper = format!("/key/swarm/psk/1.0.0/\n/base16/\n{}", "AB".repeat(32));
+        assert_eq!(upper.parse::<MeshKey>(), Ok(key.clone()));
+        assert_eq!(key.fingerprint().len(), 32);
+        assert_ne!(key.fingerprint(), MeshKey::new([0xac; 32]).fingerprint());
+        assert!(!format!("{key:?}").contains("abab"), "{key:?}");
+        for (bad, why) in [
+            ("hello\n", "three lines"),
+            ("/key/swarm/psk/2.0.0/\n/base16/\naa\n", "first line"),
+            ("/key/swarm/psk/1.0.0/\n/base64/\naa\n", "second line"),
+            ("/key/swarm/psk/1.0.0/\n/base16/\naa\n", "64 hex digits"),
+        ] {
+            let err = bad.parse::<MeshKey>().unwrap_err();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
+        let odd = format!("/key/swarm/psk/1.0.0/\n/base16/\n{}zz\n", "ab".repeat(31));
+        assert!(odd.parse::<MeshKey>().unwrap_err().contains("hex digit"));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The node's network layer: a libp2p swarm on TCP behind the mesh's pre-shared key, peer messages and files on streams, requests by request-response.
+//! The node's network layer: a libp2p swarm on TCP, noise bound to the mesh key, peer messages and files on streams, requests by request-response.
 //!
 //! Everything here is plumbing the node loop drives: it builds the swarm,
 //! encodes what goes on the wire (postcard, see [`mesh_protocol::wire`]) and
@@ -11,15 +11,17 @@
 //! enum the node loop matches on keeps its shape.
 
 use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use libp2p::core::muxing::StreamMuxerBox;
 use libp2p::core::transport::timeout::{TransportTimeout, TransportTimeoutError};
 use libp2p::core::transport::{Boxed, Transport};
-use libp2p::core::upgrade::Version;
+use libp2p::core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade};
 use libp2p::identity::Keypair;
-use libp2p::pnet::{PnetConfig, PnetError, PnetOutput, PreSharedKey};
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::{DialError, ListenError, NetworkBehaviour};
@@ -29,6 +31,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::keys::MeshKey;
+
 /// How long a connection with no open stream is kept. A node keeps only
 /// the connections it uses (its coordinator, and whoever it exchanges
 /// tasks or files with now; see `mesh_node/links.rs`): the rest close.
@@ -36,20 +40,16 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// For the TCP connection alone, so an unreachable address is told apart from a failed handshake.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// For the pnet, noise and yamux handshakes after TCP connects. A node that
-/// accepted the connection and says nothing for this long is paused or
-/// overloaded (a node with another mesh key says so at once: see
-/// [`KEY_CHECK`]).
+/// For the mesh's handshake after TCP connects (preamble, noise). A node
+/// that accepted the connection and says nothing for this long is paused
+/// or overloaded (a node with another mesh key or version says so at once:
+/// see [`Handshake`]).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Both sides of a connection send this, and their protocol version,
-/// right after pnet's nonces, and read the other's. It reads back only
-/// under the same key, so a node of another mesh is told at once and for
-/// certain, on both sides, where it used to look like a handshake that
-/// timed out: the same as a node that is paused, which is worth waiting
-/// for (pnet itself checks nothing: with another key, the handshakes on
-/// top of it read noise and wait for more).
-const KEY_CHECK: &[u8; 14] = b"mesh key check";
+/// What both sides of a connection send first, in clear, before the
+/// protocol version: this port speaks mesh. It is all a prober without the
+/// key reads before noise (see [`Handshake`]).
+const MAGIC: &[u8; 8] = b"mesh/p2p";
 
 #[derive(NetworkBehaviour)]
 pub struct Behaviour {
@@ -70,7 +70,7 @@ pub type Mdns = Toggle<libp2p::swarm::dummy::Behaviour>;
 
 pub struct NetConfig {
     pub listen: Vec<Multiaddr>,
-    pub psk: PreSharedKey,
+    pub psk: MeshKey,
     pub identity: Keypair,
     pub idle_timeout: Duration,
     pub request_timeout: Duration,
@@ -80,7 +80,7 @@ pub struct NetConfig {
 
 impl NetConfig {
     /// A configuration with the default timeouts.
-    pub fn new(listen: Vec<Multiaddr>, psk: PreSharedKey, identity: Keypair) -> NetConfig {
+    pub fn new(listen: Vec<Multiaddr>, psk: MeshKey, identity: Keypair) -> NetConfig {
         NetConfig {
             listen,
             psk,
@@ -168,7 +168,13 @@ pub fn build(cfg: NetConfig) -> Result<Swarm<Behaviour>, NetError> {
         check_port_free(addr)?;
     }
     let behaviour = behaviour(&cfg.identity, cfg.request_timeout, cfg.mdns)?;
-    let mut swarm = swarm(cfg.identity, cfg.psk, behaviour, cfg.idle_timeout)?;
+    let mut swarm = swarm(
+        cfg.identity,
+        &cfg.psk,
+        PROTOCOL_VERSION,
+        behaviour,
+        cfg.idle_timeout,
+    )?;
     for addr in cfg.listen {
         if let Err(source) = swarm.listen_on(addr.clone()) {
             return Err(NetError::Listen { addr, source });
@@ -189,7 +195,7 @@ pub struct ClientBehaviour {
 /// A swarm that only dials, for a command line on a machine that runs no
 /// node (`mesh --mesh ADDR ...`): the same transport behind the mesh key,
 /// a throwaway identity, and nothing but streams it opens itself.
-pub fn client(psk: PreSharedKey) -> Result<Swarm<ClientBehaviour>, NetError> {
+pub fn client(psk: &MeshKey) -> Result<Swarm<ClientBehaviour>, NetError> {
     let behaviour = ClientBehaviour {
         streams: libp2p_stream::Behaviour::new(),
         ping: ping::Behaviour::default(),
@@ -197,6 +203,7 @@ pub fn client(psk: PreSharedKey) -> Result<Swarm<ClientBehaviour>, NetError> {
     swarm(
         Keypair::generate_ed25519(),
         psk,
+        PROTOCOL_VERSION,
         behaviour,
         DEFAULT_IDLE_TIMEOUT,
     )
@@ -204,13 +211,15 @@ pub fn client(psk: PreSharedKey) -> Result<Swarm<ClientBehaviour>, NetError> {
 
 /// A swarm of `behaviour` on the mesh's transport, for a node and a
 /// command line alike; connections with no open stream close after `idle`.
+/// (`version` is [`PROTOCOL_VERSION`] but in tests of another version.)
 fn swarm<B: NetworkBehaviour>(
     identity: Keypair,
-    psk: PreSharedKey,
+    psk: &MeshKey,
+    version: u32,
     behaviour: B,
     idle: Duration,
 ) -> Result<Swarm<B>, NetError> {
-    let transport = transport(&identity, psk)?;
+    let transport = transport(&identity, psk, version)?;
     Ok(libp2p::SwarmBuilder::with_existing_identity(identity)
         .with_tokio()
         .with_other_transport(|_| transport)
@@ -223,15 +232,18 @@ fn swarm<B: NetworkBehaviour>(
         .build())
 }
 
-/// TCP, then the private-network layer, then noise and yamux.
+/// TCP, then the mesh's handshake (a clear preamble, then noise with the
+/// mesh key in its prologue: [`Handshake`]), then yamux.
 ///
-/// The pre-shared key wraps the raw TCP stream, before any libp2p protocol
-/// is spoken, so a node without the key learns nothing, not even our peer id.
+/// No multistream-select: both sides know what comes once the preamble
+/// has shown the same version, which spares its round trips and its
+/// protocol names in clear.
 fn transport(
     identity: &Keypair,
-    psk: PreSharedKey,
+    psk: &MeshKey,
+    version: u32,
 ) -> Result<Boxed<(PeerId, StreamMuxerBox)>, NetError> {
-    let noise = noise::Config::new(identity)?;
+    let handshake = Handshake::new(identity, psk, version)?;
     let connect = TransportTimeout::with_outgoing_timeout(
         tcp::tokio::Transport::new(tcp::Config::new().nodelay(true)),
         CONNECT_TIMEOUT,
@@ -246,17 +258,15 @@ fn transport(
         })
     });
     let tcp = connect
-        .and_then(move |socket, _| key_handshake(psk, socket))
-        .upgrade(Version::V1Lazy)
-        .authenticate(noise)
-        .multiplex(yamux::Config::default())
+        .and_then(move |socket, endpoint| handshake.run(socket, endpoint.is_dialer()))
         .map(|(peer, muxer), _| (peer, StreamMuxerBox::new(muxer)))
         .boxed();
     #[cfg(feature = "quic")]
     let tcp = {
-        // QUIC does its own TLS handshake on UDP and cannot be wrapped by
-        // pnet: a QUIC listener admits anyone who can reach it, mesh.key or
-        // not. Only listen on QUIC addresses on a trusted network.
+        // QUIC does its own TLS handshake on UDP, without the mesh's
+        // preamble or noise: a QUIC listener admits anyone who can reach
+        // it, mesh.key or not. Only listen on QUIC addresses on a trusted
+        // network.
         let quic = libp2p::quic::tokio::Transport::new(libp2p::quic::Config::new(identity))
             .map(|(peer, muxer), _| (peer, StreamMuxerBox::new(muxer)));
         tcp.or_transport(quic)
@@ -273,13 +283,21 @@ pub enum KeyCheckError {
     WrongKey,
     #[error("the other node speaks mesh protocol {0}, this one {PROTOCOL_VERSION}")]
     Version(u32),
+    /// What a node of protocol 16 or older sends first (pnet's nonce) reads so too.
+    #[error(
+        "the other side does not open with the mesh's handshake (a node of mesh protocol \
+         16 or older, or not a mesh node), this one speaks mesh protocol {PROTOCOL_VERSION}"
+    )]
+    NotMesh,
     #[error("no answer within {0:?}")]
     Silent(Duration),
     #[error("{0}")]
     Io(#[from] io::Error),
+    #[error("noise: {0}")]
+    Noise(noise::Error),
 }
 
-/// A failed [`key_handshake`], as the transport reports it. libp2p's
+/// A failed [`Handshake`], as the transport reports it. libp2p's
 /// `Either` errors report their inner error's source rather than the
 /// inner error, so the `KeyCheckError` is this wrapper's source, where
 /// `dial_fault` finds it (as `ConnectError` does for TCP's).
@@ -287,40 +305,176 @@ pub enum KeyCheckError {
 #[error("{0}")]
 struct KeyCheckFailed(#[source] KeyCheckError);
 
-/// pnet's nonces, then [`KEY_CHECK`] both ways: a connection that
-/// passes is of this mesh and version; one whose other side says nothing
-/// in time is told apart from one of another mesh.
-async fn key_handshake<S>(psk: PreSharedKey, socket: S) -> Result<PnetOutput<S>, KeyCheckFailed>
-where
-    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
-    let check = async move {
-        let mut s = PnetConfig::new(psk)
-            .handshake(socket)
+/// The mesh's handshake on a new TCP connection: a preamble both ways in
+/// clear ([`MAGIC`], then the protocol version), then noise's XX with a
+/// prologue derived from the mesh key, then yamux.
+///
+/// The preamble tells a node of another version (or no mesh node) at
+/// once, on both sides. The prologue binds the key into noise: both sides
+/// hash it into the handshake, and a side with another key fails to
+/// verify the first message that carries a tag (the listener's, the
+/// second), so the dialer knows for certain; it then sends a third
+/// message that cannot verify either ([`REFUSAL`]), so the listener knows
+/// at once too, rather than from a connection closed in the middle of the
+/// handshake (which a dial given up for another address also does). The
+/// prologue ends with the preamble, so what was said in clear is checked
+/// as well. What a prober without the key learns is in docs/mesh.md
+/// ("What the mesh key keeps out").
+#[derive(Clone)]
+struct Handshake {
+    noise: noise::Config,
+    /// The key's part of the prologue: derived, never the key itself.
+    bound: [u8; 32],
+    version: u32,
+}
+
+/// The dialer's third handshake message when the listener's second did not
+/// verify: the size of a real one (an encrypted static key and an empty
+/// payload's tag), all zeros, which the listener's noise refuses as it
+/// refuses a message under another key.
+const REFUSAL: [u8; 2 + 48 + 16] = {
+    let mut r = [0u8; 66];
+    r[1] = 64;
+    r
+};
+
+impl Handshake {
+    fn new(identity: &Keypair, psk: &MeshKey, version: u32) -> Result<Handshake, NetError> {
+        Ok(Handshake {
+            noise: noise::Config::new(identity)?,
+            bound: psk.derive("mesh 2026 noise prologue"),
+            version,
+        })
+    }
+
+    fn preamble(&self) -> [u8; 12] {
+        let mut p = [0u8; 12];
+        p[..8].copy_from_slice(MAGIC);
+        p[8..].copy_from_slice(&self.version.to_be_bytes());
+        p
+    }
+
+    async fn run<S>(
+        self,
+        mut socket: S,
+        dialer: bool,
+    ) -> Result<(PeerId, yamux::Muxer<noise::Output<Tap<S>>>), KeyCheckFailed>
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let check = async move {
+            let mine = self.preamble();
+            socket.write_all(&mine).await?;
+            socket.flush().await?;
+            let mut theirs = [0u8; 12];
+            socket.read_exact(&mut theirs).await?;
+            if theirs[..8] != MAGIC[..] {
+                return Err(KeyCheckError::NotMesh);
+            }
+            let version = u32::from_be_bytes(theirs[8..].try_into().expect("4 bytes"));
+            if version != self.version {
+                return Err(KeyCheckError::Version(version));
+            }
+            let mut prologue = self.bound.to_vec();
+            prologue.extend_from_slice(&mine);
+            let noise = self.noise.with_prologue(prologue);
+            let tap = Tap(Arc::new(Mutex::new(socket)));
+            let mut back = Tap(tap.0.clone());
+            let done = if dialer {
+                noise.upgrade_outbound(tap, "/noise").await
+            } else {
+                noise.upgrade_inbound(tap, "/noise").await
+            };
+            let (peer, io) = match done {
+                Ok(ok) => ok,
+                Err(e) if other_key(&e) => {
+                    if dialer {
+                        // Best effort: the listener may be gone already.
+                        let _ = back.write_all(&REFUSAL).await;
+                        let _ = back.close().await;
+                    }
+                    return Err(KeyCheckError::WrongKey);
+                }
+                Err(e) => return Err(KeyCheckError::Noise(e)),
+            };
+            drop(back);
+            // Infallible in fact: a yamux "upgrade" only wraps the stream.
+            let muxer = if dialer {
+                yamux::Config::default()
+                    .upgrade_outbound(io, "/yamux/1.0.0")
+                    .await
+            } else {
+                yamux::Config::default()
+                    .upgrade_inbound(io, "/yamux/1.0.0")
+                    .await
+            }
+            .map_err(|e| KeyCheckError::Io(io::Error::other(e)))?;
+            Ok((peer, muxer))
+        };
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, check)
             .await
-            .map_err(|e| match e {
-                PnetError::HandshakeError(e) | PnetError::IoError(e) => e,
-            })?;
-        let mut mine = [0u8; 18];
-        mine[..14].copy_from_slice(KEY_CHECK);
-        mine[14..].copy_from_slice(&PROTOCOL_VERSION.to_be_bytes());
-        s.write_all(&mine).await?;
-        s.flush().await?;
-        let mut theirs = [0u8; 18];
-        s.read_exact(&mut theirs).await?;
-        if theirs[..14] != KEY_CHECK[..] {
-            return Err(KeyCheckError::WrongKey);
-        }
-        let version = u32::from_be_bytes(theirs[14..].try_into().expect("4 bytes"));
-        if version != PROTOCOL_VERSION {
-            return Err(KeyCheckError::Version(version));
-        }
-        Ok(s)
+            .unwrap_or(Err(KeyCheckError::Silent(HANDSHAKE_TIMEOUT)))
+            .map_err(KeyCheckFailed)
+    }
+}
+
+/// A handshake message that did not verify: the other side hashed another
+/// prologue, so holds another mesh key (or sent [`REFUSAL`]).
+fn other_key(e: &noise::Error) -> bool {
+    let snow = match e {
+        noise::Error::Noise(s) => Some(s),
+        noise::Error::Io(io) => io.get_ref().and_then(|i| i.downcast_ref::<snow::Error>()),
+        _ => None,
     };
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, check)
-        .await
-        .unwrap_or(Err(KeyCheckError::Silent(HANDSHAKE_TIMEOUT)))
-        .map_err(KeyCheckFailed)
+    matches!(snow, Some(snow::Error::Decrypt))
+}
+
+/// A connection's socket shared by noise and [`Handshake`], so that a
+/// dialer whose noise failed on the key still holds the socket to send
+/// [`REFUSAL`] on (noise drops what it was given when it fails). The lock
+/// is never contended: one side at a time uses it.
+struct Tap<S>(Arc<Mutex<S>>);
+
+impl<S> Tap<S> {
+    fn get(&self) -> MutexGuard<'_, S> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tap<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.get()).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tap<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.get()).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.get()).poll_write_vectored(cx, bufs)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get()).poll_flush(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get()).poll_close(cx)
+    }
 }
 
 /// What a failed dial means for whoever wants to try again.
@@ -423,11 +577,11 @@ fn io_fault(io: &io::Error) -> DialFault {
     let check = causes(io).find_map(|c| c.downcast_ref::<KeyCheckError>());
     match check {
         Some(KeyCheckError::WrongKey) => DialFault::WrongKey,
-        Some(KeyCheckError::Version(_)) => DialFault::Version,
+        Some(KeyCheckError::Version(_) | KeyCheckError::NotMesh) => DialFault::Version,
         Some(KeyCheckError::Silent(_)) => DialFault::Silent,
-        Some(KeyCheckError::Io(_)) => DialFault::Other,
-        // The swarm's own limit on a whole dial: past the key check, the
-        // node did not finish the other handshakes in time.
+        Some(KeyCheckError::Io(_) | KeyCheckError::Noise(_)) => DialFault::Other,
+        // The swarm's own limit on a whole dial: the node did not finish
+        // the handshake in time.
         None if causes(io).any(|c| {
             matches!(
                 c.downcast_ref::<TransportTimeoutError<io::Error>>(),
@@ -512,8 +666,8 @@ pub fn check_identified(
 
 /// A dial error as a sentence, naming the cause when the handshake failed.
 ///
-/// A node of another mesh key or version is told by the key check after
-/// pnet ([`KEY_CHECK`]); a node that accepted the connection and said
+/// A node of another mesh key or version is told by the mesh's handshake
+/// ([`Handshake`]); a node that accepted the connection and said
 /// nothing in time is paused or overloaded; refused, unreachable or silent
 /// addresses fail in TCP's connect (see `ConnectError`).
 pub fn explain_dial_error(err: &DialError) -> String {
@@ -699,8 +853,8 @@ pub(crate) mod tests {
 
     const WAIT: Duration = Duration::from_secs(20);
 
-    fn psk(byte: u8) -> PreSharedKey {
-        PreSharedKey::new([byte; 32])
+    fn psk(byte: u8) -> MeshKey {
+        MeshKey::new([byte; 32])
     }
 
     #[test]
@@ -718,7 +872,7 @@ pub(crate) mod tests {
         check_port_free(&"/ip4/127.0.0.1/udp/9/quic-v1".parse().unwrap()).unwrap();
     }
 
-    fn node(key: PreSharedKey) -> Swarm<Behaviour> {
+    fn node(key: MeshKey) -> Swarm<Behaviour> {
         let listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
         build(NetConfig::new(listen, key, Keypair::generate_ed25519())).unwrap()
     }
@@ -1022,8 +1176,8 @@ pub(crate) mod tests {
         })
         .await
         .expect("the dial neither failed nor succeeded in time");
-        // Told by the key check, not by a handshake that times out (as a
-        // paused node's does).
+        // Told by noise's tags (and the dialer's refusal), not by a
+        // handshake that times out (as a paused node's does).
         assert!(
             started.elapsed() < HANDSHAKE_TIMEOUT,
             "{:?}",
@@ -1042,6 +1196,106 @@ pub(crate) mod tests {
         assert!(why.contains("another mesh key"), "{why}");
         assert_eq!(a.connected_peers().count(), 0);
         assert_eq!(b.connected_peers().count(), 0);
+    }
+
+    /// A node of this mesh's key that speaks `version` on the wire.
+    fn node_of_version(key: MeshKey, version: u32) -> Swarm<Behaviour> {
+        let identity = Keypair::generate_ed25519();
+        let behaviour = behaviour(&identity, DEFAULT_REQUEST_TIMEOUT, false).unwrap();
+        let mut swarm = swarm(identity, &key, version, behaviour, DEFAULT_IDLE_TIMEOUT).unwrap();
+        swarm
+            .listen_on("/ip4/127.0.0.1/tcp/0".parse().unwrap())
+            .unwrap();
+        swarm
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_node_of_another_version_is_told_at_once_on_both_sides_and_not_as_another_key() {
+        let (mut a, mut b) = (node(psk(6)), node_of_version(psk(6), PROTOCOL_VERSION + 1));
+        let b_addr = listen_addr(&mut b).await;
+        let started = std::time::Instant::now();
+        a.dial(b_addr).unwrap();
+        let (mut dial_error, mut refused) = (None, None);
+        timeout(WAIT, async {
+            while dial_error.is_none() || refused.is_none() {
+                tokio::select! {
+                    ev = a.select_next_some() => match ev {
+                        SwarmEvent::OutgoingConnectionError { error, .. } => dial_error = Some(error),
+                        SwarmEvent::ConnectionEstablished { .. } => panic!("connected across versions"),
+                        _ => {}
+                    },
+                    ev = b.select_next_some() => match ev {
+                        SwarmEvent::IncomingConnectionError { error, .. } => refused = Some(error),
+                        SwarmEvent::ConnectionEstablished { .. } => panic!("accepted another version"),
+                        _ => {}
+                    }
+                }
+            }
+        })
+        .await
+        .expect("the dial neither failed nor succeeded in time");
+        assert!(
+            started.elapsed() < HANDSHAKE_TIMEOUT,
+            "{:?}",
+            started.elapsed()
+        );
+        let error = dial_error.unwrap();
+        assert_eq!(dial_fault(&error), DialFault::Version);
+        let text = explain_dial_error(&error);
+        let theirs = format!("speaks mesh protocol {}", PROTOCOL_VERSION + 1);
+        assert!(
+            text.contains(&theirs) && text.contains("upgrade the older node"),
+            "{text}"
+        );
+        assert!(!text.contains("mesh.key"), "{text}");
+        let (fault, why) = listen_fault(&refused.unwrap()).expect("a fault to tell");
+        assert_eq!(fault, DialFault::Version);
+        assert!(
+            why.contains(&format!("speaks mesh protocol {PROTOCOL_VERSION}")),
+            "{why}"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_node_of_protocol_15_that_opens_with_pnet_is_of_another_version() {
+        // What a node of protocol 16 sent first: pnet's random 24-byte nonce.
+        let old = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = old.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt as _;
+            let (mut s, _) = old.accept().await.unwrap();
+            s.write_all(&[0x5a; 24]).await.unwrap();
+            // Holds the connection open, as the old node waits for our nonce.
+            tokio::time::sleep(WAIT).await;
+        });
+        let mut a = node(psk(5));
+        a.dial(
+            format!("/ip4/127.0.0.1/tcp/{port}")
+                .parse::<Multiaddr>()
+                .unwrap(),
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        let error = timeout(WAIT, async {
+            loop {
+                if let SwarmEvent::OutgoingConnectionError { error, .. } =
+                    a.select_next_some().await
+                {
+                    return error;
+                }
+            }
+        })
+        .await
+        .expect("no dial error in time");
+        assert!(
+            started.elapsed() < HANDSHAKE_TIMEOUT,
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(dial_fault(&error), DialFault::Version);
+        let text = explain_dial_error(&error);
+        assert!(text.contains("16 or older"), "{text}");
+        server.abort();
     }
 
     #[tokio::test(flavor = "current_thread")]

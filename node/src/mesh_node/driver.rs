@@ -86,7 +86,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         r => r.map_err(damaged)?,
     };
     let (listen, port_said) = reach::reuse_port(&store, &opts.listen).map_err(damaged)?;
-    let mut net_cfg = NetConfig::new(listen, psk, identity);
+    let mut net_cfg = NetConfig::new(listen, psk.clone(), identity);
     net_cfg.mdns = opts.mdns;
     let swarm = net::build(net_cfg)?;
     let mut streams = swarm.behaviour().peer_streams.new_control();

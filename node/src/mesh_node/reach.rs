@@ -6,8 +6,8 @@
 //! again, a little later each time, with a random spread so that
 //! hundreds of joiners do not come back as one burst; the user is told
 //! what is happening. Only a definite fault stops a join: a node of
-//! another mesh key or version (told for certain by the key check after
-//! pnet, see `net.rs`).
+//! another mesh key or version (told for certain by the connection's
+//! handshake, see `net.rs`).
 //!
 //! Every node remembers the addresses of the members it has seen, on disk,
 //! and keeps trying those whose node is not a member now, at an interval

@@ -20,13 +20,13 @@ use std::sync::Arc;
 use chacha20poly1305::aead::{Aead, KeyInit};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use libp2p::multiaddr::Protocol;
-use libp2p::pnet::PreSharedKey;
 use libp2p::Multiaddr;
 use mesh_protocol::mesh::{Msg, NodeId};
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 
 use super::Cmd;
+use crate::keys::MeshKey;
 
 /// Larger than any packet SWIM makes (1,400 bytes) with its seal, and
 /// than any beat sent as a datagram (`BEAT_MAX`).
@@ -54,7 +54,7 @@ pub(super) struct SwimSocket {
 }
 
 /// The key of membership packets: derived, so mesh.key itself is never used twice.
-pub(super) fn cipher(psk: &PreSharedKey) -> XChaCha20Poly1305 {
+pub(super) fn cipher(psk: &MeshKey) -> XChaCha20Poly1305 {
     let key = blake3::derive_key("mesh 2026 membership packets", psk.to_string().as_bytes());
     XChaCha20Poly1305::new(&key.into())
 }
@@ -207,13 +207,12 @@ mod tests {
     async fn a_packet_opens_only_under_the_same_mesh_key() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let key = PreSharedKey::new([7; 32]);
+        let key = MeshKey::new([7; 32]);
         let b = SwimSocket::bind(any, cipher(&key), b"b", tx).unwrap();
         let to = b.out.local_addr().unwrap();
         let (tx2, _rx2) = mpsc::unbounded_channel();
         let mut a = SwimSocket::bind(any, cipher(&key), b"a", tx2.clone()).unwrap();
-        let mut other =
-            SwimSocket::bind(any, cipher(&PreSharedKey::new([8; 32])), b"c", tx2).unwrap();
+        let mut other = SwimSocket::bind(any, cipher(&MeshKey::new([8; 32])), b"c", tx2).unwrap();
         other.send(to, b"forged");
         a.send(to, b"hello");
         let got = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
@@ -229,7 +228,7 @@ mod tests {
     async fn a_small_message_travels_as_a_packet_with_its_sender_and_a_large_one_does_not() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let key = PreSharedKey::new([7; 32]);
+        let key = MeshKey::new([7; 32]);
         let b = SwimSocket::bind(any, cipher(&key), b"b", tx).unwrap();
         let to = b.out.local_addr().unwrap();
         let (tx2, _rx2) = mpsc::unbounded_channel();
