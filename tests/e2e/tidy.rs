@@ -217,19 +217,20 @@ const STRING_ERRORS_ALLOWED: &[(&str, usize, &str)] = &[
     (
         "node/src/net.rs",
         2,
-        "transport being rewritten (one cipher)",
+        "check_version and check_identified: a peer's identify version checked, \
+         the error the end of the sentence the node logs about that peer",
     ),
     (
-        "protocol/src/mesh/allocs.rs",
+        "protocol/src/alloc/book.rs",
         4,
         "a batch system's failure reaches the coordinator as the words the \
          replicated allocation book records; it acts on success or failure \
          alone (the node's BatchError says what went wrong)",
     ),
     (
-        "protocol/src/mesh/peer/farms.rs",
+        "protocol/src/mesh/peer/on_farms.rs",
         4,
-        "the peer's side of the same batch answers (see protocol/src/mesh/allocs.rs)",
+        "the peer's side of the same batch answers (see protocol/src/alloc/book.rs)",
     ),
     (
         "sim/src/cluster/batch.rs",
