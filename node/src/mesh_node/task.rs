@@ -292,7 +292,8 @@ async fn run_task(
         Err(e) => return fail(e.to_string()),
     }
     let out_dir = launch.out_dir.clone();
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Finished>();
+    // One attempt, one report: room for it is all this channel needs.
+    let (done_tx, mut done_rx) = mpsc::channel::<Finished>(1);
     let live = if here {
         executor::launch_here(launch, done_tx)
     } else {
