@@ -75,7 +75,7 @@ impl Node {
                 BatchOp::Cancel { system, job } => batch::cancel(system, job).await,
                 BatchOp::List { system, gen } => batch::list(system, gen, tag).await,
             };
-            let _ = tx.send(Cmd::Batch(done));
+            let _ = tx.send(Cmd::Batch(done)).await;
         });
     }
 

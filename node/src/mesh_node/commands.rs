@@ -36,7 +36,7 @@ impl Node {
                         let keys = super::reuse::task_keys(&spec);
                         (spec, keys)
                     });
-                    let _ = tx.send(Cmd::Submit(spec, rerun, reply));
+                    let _ = tx.blocking_send(Cmd::Submit(spec, rerun, reply));
                 });
             }
             ControlRequest::Wait { farm } => match self.find_farm(&farm) {
@@ -186,7 +186,7 @@ impl Node {
                         let keys = super::reuse::task_keys(&spec);
                         (spec, keys)
                     });
-                    let _ = tx.send(Cmd::Submit(spec, rerun, reply));
+                    let _ = tx.blocking_send(Cmd::Submit(spec, rerun, reply));
                 });
             }
             ControlRequest::Events { farm } => match self.find_farm(&farm) {
@@ -332,7 +332,7 @@ fn invalid(file: &str, e: &FarmFileError) -> ControlResponse {
 /// ADDR` from a machine that runs no node) as the control socket's.
 pub(super) async fn accept_control(
     mut incoming: libp2p_stream::IncomingStreams,
-    tx: mpsc::UnboundedSender<Cmd>,
+    tx: mpsc::Sender<Cmd>,
 ) {
     use futures::StreamExt;
     use tokio_util::compat::FuturesAsyncReadCompatExt;
@@ -343,7 +343,7 @@ pub(super) async fn accept_control(
 }
 
 /// Serves one control connection: reads the request, forwards it to the loop, writes the answers.
-pub(super) async fn serve_control<S>(stream: S, tx: mpsc::UnboundedSender<Cmd>)
+pub(super) async fn serve_control<S>(stream: S, tx: mpsc::Sender<Cmd>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
 {
@@ -356,7 +356,7 @@ where
     let (rtx, mut rrx) = mpsc::unbounded_channel();
     match serde_json::from_str::<ControlRequest>(&line) {
         Ok(req) => {
-            if tx.send(Cmd::Control(req, rtx)).is_err() {
+            if tx.send(Cmd::Control(req, rtx)).await.is_err() {
                 return;
             }
         }

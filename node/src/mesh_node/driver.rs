@@ -49,6 +49,12 @@ const THROTTLE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Most commands (ended tasks, fetches) handled as one step of the peer.
 const CMDS_PER_STEP: usize = 256;
 
+/// Commands waiting for the loop: a few steps' worth. When it is full a
+/// sender waits (every sender is a spawned task, never the loop itself),
+/// so a slow loop slows what feeds it instead of growing a queue; a task's
+/// end is never dropped, as it holds its resources until the loop hears it.
+pub(super) const CMDS_MAX: usize = 16 * CMDS_PER_STEP;
+
 /// How long a stopping node with nothing running may stay for its results
 /// to be acknowledged and its outputs fetched; and how long without a
 /// fetch counts as the home having them all.
@@ -111,7 +117,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     fs::set_permissions(&sock, fs::Permissions::from_mode(0o600))
         .map_err(io_err(format!("cannot restrict {}", sock.display())))?;
 
-    let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
+    let (tx, mut rx) = mpsc::channel::<Cmd>(CMDS_MAX);
     tokio::spawn(accept_links(incoming, tx.clone()));
     tokio::spawn(accept_control(control_streams, tx.clone()));
     let clock = Instant::now();
@@ -171,6 +177,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         ),
         impatient: false,
         held_count: std::cell::Cell::new(None),
+        feed_more: HashSet::new(),
     };
     node.peer.set_wall_base(crate::state::unix_ms());
     node.peer.set_files_max(files.limit);
@@ -256,6 +263,12 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
                     }
                 }
                 node.on_cmds(cmds);
+            }
+            // Followers of long logs, fed a part a turn (see `feed.rs`).
+            _ = std::future::ready(()), if !node.feed_more.is_empty() => {
+                for farm in std::mem::take(&mut node.feed_more) {
+                    node.feed(farm, None);
+                }
             }
             Ok((stream, _)) = listener.accept() => {
                 tokio::spawn(serve_control(stream, tx.clone()));
@@ -630,7 +643,6 @@ impl Node {
                 }
             },
             Cmd::SubmitReused(spec, reused, reply) => self.submit_now(*spec, reused, reply),
-            Cmd::Feed(farm) => self.feed(farm, None),
             Cmd::Batch(done) => {
                 let now = self.now();
                 // The book records a failure in words; the peer acts on

@@ -158,9 +158,9 @@ impl Node {
             o.feeds = feeds;
         }
         if more {
-            // The rest of a long log in the next turns of the loop.
-            let tx = self.tx.clone();
-            let _ = tx.send(super::Cmd::Feed(farm));
+            // The rest of a long log in the next turns of the loop: not
+            // through its own channel, which it must never wait on.
+            self.feed_more.insert(farm);
         }
     }
 

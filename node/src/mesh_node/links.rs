@@ -169,7 +169,7 @@ async fn open_link(control: &mut libp2p_stream::Control, peer: PeerId) -> Option
 /// Takes every peer's stream of messages for this node's engine.
 pub(super) async fn accept_links(
     mut incoming: libp2p_stream::IncomingStreams,
-    tx: mpsc::UnboundedSender<Cmd>,
+    tx: mpsc::Sender<Cmd>,
 ) {
     while let Some((peer, stream)) = incoming.next().await {
         tokio::spawn(read_link(peer, stream, tx.clone()));
@@ -177,11 +177,11 @@ pub(super) async fn accept_links(
 }
 
 /// Hands each frame of a peer's stream to the engine, until the stream ends.
-async fn read_link(peer: PeerId, mut stream: libp2p::Stream, tx: mpsc::UnboundedSender<Cmd>) {
+async fn read_link(peer: PeerId, mut stream: libp2p::Stream, tx: mpsc::Sender<Cmd>) {
     loop {
         match net::read_frame::<_, Vec<Msg>>(&mut stream).await {
             Ok(msgs) => {
-                if tx.send(Cmd::Peer(peer, msgs)).is_err() {
+                if tx.send(Cmd::Peer(peer, msgs)).await.is_err() {
                     return;
                 }
             }
@@ -210,7 +210,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn messages_over_the_frame_limit_together_go_in_halves_and_all_arrive_in_order() {
         let p = net::tests::linked_pair().await;
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::channel(16);
         tokio::spawn(accept_links(p.b_incoming, tx));
         let (ltx, lrx) = mpsc::unbounded_channel();
         // Four messages of a third of the limit each: no frame can carry

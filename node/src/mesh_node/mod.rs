@@ -165,8 +165,6 @@ enum Cmd {
     ),
     /// A batch command (`mesh alloc`) ended.
     Batch(batch::Done),
-    /// More of a farm's log for its followers (see `feed.rs`).
-    Feed(FarmId),
 }
 
 /// A node's state, owned by its loop; each module of this folder is an
@@ -192,7 +190,7 @@ struct Node {
     outbound: Outbound,
     /// This node's streams to other nodes' engines.
     links: Links,
-    tx: mpsc::UnboundedSender<Cmd>,
+    tx: mpsc::Sender<Cmd>,
     live: HashMap<(FarmId, TaskRef), (u32, Option<Live>, bool)>,
     /// Tasks given to this node, the home of their farm, whose
     /// dependencies' outputs are not all here yet: each with its grant and
@@ -228,6 +226,9 @@ struct Node {
     /// Bytes under `<state>/held` as last counted, and when: a status
     /// page asks every second, and a node may keep many files.
     held_count: std::cell::Cell<Option<(Instant, u64)>>,
+    /// Farms whose followers have more of the log to hear, in a later
+    /// turn of the loop (see `feed.rs`).
+    feed_more: HashSet<FarmId>,
 }
 
 /// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.

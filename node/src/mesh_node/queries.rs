@@ -185,7 +185,7 @@ impl Node {
                 let req = Request::FindFarm {
                     query: query.clone(),
                 };
-                if tx.send(Cmd::AskCoordinator { req, reply }).is_err() {
+                if tx.send(Cmd::AskCoordinator { req, reply }).await.is_err() {
                     break Err(QueryError::Stopping);
                 }
                 let why = match rx.await {
@@ -201,7 +201,7 @@ impl Node {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
             };
-            let _ = tx.send(Cmd::Found(Box::new(r), asked));
+            let _ = tx.send(Cmd::Found(Box::new(r), asked)).await;
         });
     }
 

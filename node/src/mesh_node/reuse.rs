@@ -190,7 +190,7 @@ impl Node {
                     reused.push(done_before(t, k, *h, outputs.clone(), *grew));
                 }
             }
-            let _ = tx.send(Cmd::SubmitReused(Box::new(spec), reused, reply));
+            let _ = tx.send(Cmd::SubmitReused(Box::new(spec), reused, reply)).await;
         });
     }
 

@@ -372,7 +372,7 @@ impl Node {
                             let r = rx
                                 .await
                                 .unwrap_or(Response::Error("the node is stopping".into()));
-                            let _ = tx.send(Cmd::Respond(channel, r));
+                            let _ = tx.send(Cmd::Respond(channel, r)).await;
                         });
                     }
                 }
@@ -413,9 +413,10 @@ fn join_failed(opts: &NodeOptions, why: String) -> NodeError {
     NodeError::Join { addr, why }
 }
 
-pub(super) async fn request(tx: &mpsc::UnboundedSender<Cmd>, to: NodeId, req: Request) -> Answer {
+pub(super) async fn request(tx: &mpsc::Sender<Cmd>, to: NodeId, req: Request) -> Answer {
     let (reply, rx) = oneshot::channel();
     tx.send(Cmd::Request { to, req, reply })
+        .await
         .map_err(|_| RequestError::Stopping)?;
     match rx.await {
         Ok(Ok(Response::Error(e))) => Err(RequestError::Refused(e)),

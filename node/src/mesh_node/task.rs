@@ -133,7 +133,7 @@ impl Node {
                 tx.clone(),
             )
             .await;
-            let _ = tx.send(Cmd::Finished(task, outcome, outputs));
+            let _ = tx.send(Cmd::Finished(task, outcome, outputs)).await;
         };
         if here {
             tokio::task::spawn_local(attempt);
@@ -223,7 +223,7 @@ async fn run_task(
         Option<DepsPlace>,
     ),
     (cache, held): (PathBuf, PathBuf),
-    tx: mpsc::UnboundedSender<Cmd>,
+    tx: mpsc::Sender<Cmd>,
 ) -> (Outcome, Vec<OutputFile>) {
     let key = launch.key;
     let fail = |e: String| {
@@ -253,7 +253,7 @@ async fn run_task(
                     return fail(format!("the outputs it depends on: {e}"))
                 }
                 Err(NotPlaced::Remade) => {
-                    let _ = tx.send(Cmd::GiveBack(task));
+                    let _ = tx.send(Cmd::GiveBack(task)).await;
                     return fail("given back: what it depends on is being made again".into());
                 }
             }
@@ -299,7 +299,7 @@ async fn run_task(
     } else {
         executor::launch(launch, done_tx)
     };
-    let _ = tx.send(Cmd::Launched(task, live));
+    let _ = tx.send(Cmd::Launched(task, live)).await;
     let Some(f) = done_rx.recv().await else {
         return fail("the task's runner stopped".into());
     };
