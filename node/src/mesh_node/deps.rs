@@ -145,11 +145,7 @@ pub(super) async fn place_deps(
     }
 }
 
-async fn ask(
-    tx: &mpsc::Sender<Cmd>,
-    farm: FarmId,
-    task: TaskRef,
-) -> Result<DepOutputs, DepsError> {
+async fn ask(tx: &mpsc::Sender<Cmd>, farm: FarmId, task: TaskRef) -> Result<DepOutputs, DepsError> {
     let (reply, rx) = oneshot::channel();
     tx.send(Cmd::AskCoordinator {
         req: Request::DepOutputs { farm, task },

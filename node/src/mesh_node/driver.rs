@@ -643,6 +643,7 @@ impl Node {
                 }
             },
             Cmd::SubmitReused(spec, reused, reply) => self.submit_now(*spec, reused, reply),
+            Cmd::Feed(farm) => self.feed(farm, None),
             Cmd::Batch(done) => {
                 let now = self.now();
                 // The book records a failure in words; the peer acts on

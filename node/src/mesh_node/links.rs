@@ -88,11 +88,7 @@ const LINK_QUEUE_MAX: usize = 16 * LINK_BATCH;
 /// closes (five writes to the socket between two nodes, and timers).
 /// A frame that cannot be written is lost, like a message to a node that
 /// died; the stream is opened again for the next.
-async fn link(
-    mut control: libp2p_stream::Control,
-    peer: PeerId,
-    mut rx: mpsc::Receiver<Msg>,
-) {
+async fn link(mut control: libp2p_stream::Control, peer: PeerId, mut rx: mpsc::Receiver<Msg>) {
     let mut stream: Option<libp2p::Stream> = None;
     let mut frames: VecDeque<Vec<Msg>> = VecDeque::new();
     loop {

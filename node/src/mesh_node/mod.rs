@@ -17,6 +17,7 @@ mod links;
 mod logs;
 mod queries;
 mod reach;
+mod reply;
 mod reuse;
 mod source;
 mod staging;
@@ -43,7 +44,7 @@ use mesh_store::{MeshState, SledStore, StoreError};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::batch;
-use crate::control::{ControlRequest, ControlResponse};
+use crate::control::ControlRequest;
 use crate::executor::Live;
 use crate::keys;
 use crate::net::{self, Behaviour};
@@ -53,6 +54,7 @@ use allocs::Alloc;
 use links::Links;
 use queries::Asked;
 use reach::Reach;
+use reply::Reply;
 use swarm::Outbound;
 use transfer::FetchError;
 use views::Origin;
@@ -148,23 +150,21 @@ enum Cmd {
     Moved(FarmId),
     /// A transfer asks for the peer id of a node (dialled if need be).
     PeerOf(NodeId, oneshot::Sender<Option<PeerId>>),
-    Control(ControlRequest, mpsc::UnboundedSender<ControlResponse>),
+    Control(ControlRequest, Reply),
     /// A farm to submit, its inputs hashed, and per stage whether its
     /// earlier results may be reused (not when `--rerun` names it).
     Submit(
         Result<(FarmSpec, reuse::TaskKeys), staging::SubmitError>,
         Vec<bool>,
-        mpsc::UnboundedSender<ControlResponse>,
+        Reply,
     ),
     /// A farm to submit once the homes of earlier farms of its name said
     /// which of its tasks' results they keep: with those, as entries.
-    SubmitReused(
-        Box<FarmSpec>,
-        Vec<Entry>,
-        mpsc::UnboundedSender<ControlResponse>,
-    ),
+    SubmitReused(Box<FarmSpec>, Vec<Entry>, Reply),
     /// A batch command (`mesh alloc`) ended.
     Batch(batch::Done),
+    /// A follower of a farm's tasks has room again (see `feed.rs`).
+    Feed(FarmId),
 }
 
 /// A node's state, owned by its loop; each module of this folder is an

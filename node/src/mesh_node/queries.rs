@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use mesh_protocol::mesh::{Beat, Entry, FarmId, NodeId};
 use mesh_protocol::observe::{LatencyData, Observation};
 use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response};
-use tokio::sync::mpsc;
 
 use super::logs::LogAsk;
+use super::reply::Reply;
 use super::swarm::{request, RequestError};
 use super::views::FAILURES_SHOWN;
 
@@ -78,9 +78,9 @@ pub(super) enum QueryError {
 
 /// What a control request about a farm not held here was waiting for.
 pub(super) enum Asked {
-    Status(mpsc::UnboundedSender<ControlResponse>),
-    Resume(Option<String>, mpsc::UnboundedSender<ControlResponse>),
-    Logs(LogAsk, mpsc::UnboundedSender<ControlResponse>),
+    Status(Reply),
+    Resume(Option<String>, Reply),
+    Logs(LogAsk, Reply),
 }
 
 impl Node {

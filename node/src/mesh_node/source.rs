@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use tokio::sync::mpsc;
 
+use super::reply::Reply;
 use super::Cmd;
 use crate::control::{ControlRequest, ControlResponse};
 use crate::dash::{self, SourceError};
@@ -16,18 +17,18 @@ pub(super) struct MeshSource {
 }
 
 impl MeshSource {
-    fn ask(&self, req: ControlRequest) -> impl std::future::Future<Output = mpsc::UnboundedReceiver<ControlResponse>> + Send + 'static {
+    fn ask(
+        &self,
+        req: ControlRequest,
+    ) -> impl std::future::Future<Output = mpsc::Receiver<ControlResponse>> + Send + 'static {
         let tx = self.tx.clone();
         async move { ask_node(&tx, req).await }
     }
 }
 
 /// A control request to the node's loop, as the control socket sends them.
-async fn ask_node(
-    tx: &mpsc::Sender<Cmd>,
-    req: ControlRequest,
-) -> mpsc::UnboundedReceiver<ControlResponse> {
-    let (reply, rx) = mpsc::unbounded_channel();
+async fn ask_node(tx: &mpsc::Sender<Cmd>, req: ControlRequest) -> mpsc::Receiver<ControlResponse> {
+    let (reply, rx) = Reply::channel();
     let _ = tx.send(Cmd::Control(req, reply)).await;
     rx
 }
