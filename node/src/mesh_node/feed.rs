@@ -15,14 +15,13 @@ use std::sync::Arc;
 use mesh_protocol::engine::TaskEnd;
 use mesh_protocol::mesh::{Entry, FarmId, Replica};
 use mesh_protocol::TaskRef;
+use tokio::sync::mpsc;
 
 use super::queries::QueryError;
-use super::reply::Reply;
-use super::reply::REPLY_MAX;
+use super::reply::{Reply, REPLY_MAX};
 use super::{Cmd, Node};
 use crate::control::{ControlResponse, TaskEvent};
 use crate::task_words::describe_end;
-use tokio::sync::mpsc;
 
 /// Entries of the log read in one turn of the loop for one follower: a
 /// follower of a finished million-task farm is fed over many turns, not
