@@ -140,7 +140,7 @@ impl Node {
                     ControlResponse::Hello {
                         api,
                         version,
-                        node: self.swarm.local_peer_id().to_string(),
+                        node: self.net.swarm.local_peer_id().to_string(),
                     }
                 } else {
                     ControlResponse::Error(format!(

@@ -25,7 +25,7 @@ use super::swarm::Outbound;
 use super::swim;
 use super::transfer::{self, accept_data, FetchError, Transfers};
 use super::views::Origin;
-use super::{Cmd, Node, NodeError, NodeOptions};
+use super::{Cmd, Net, Node, NodeError, NodeOptions, Tasks};
 use crate::batch;
 use crate::control::{socket_path, ControlResponse, CONTROL_PROTOCOL};
 use crate::dash::{self, dashboard_line};
@@ -144,20 +144,28 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         state: opts.state.clone(),
         peer,
         me,
-        swarm,
         store,
         clock,
-        peers: HashMap::new(),
-        dialing: HashSet::new(),
-        labels: HashMap::new(),
-        swim: None,
-        swim_cipher,
+        net: Net {
+            swarm,
+            peers: HashMap::new(),
+            dialing: HashSet::new(),
+            labels: HashMap::new(),
+            swim: None,
+            swim_cipher,
+            outbound: Outbound::default(),
+            links: Links::new(streams),
+            listen_addrs: Vec::new(),
+        },
         life: crate::state::unix_ms(),
-        outbound: Outbound::default(),
-        links: Links::new(streams),
         tx: tx.clone(),
-        live: HashMap::new(),
-        waiting_deps: Vec::new(),
+        tasks: Tasks {
+            live: HashMap::new(),
+            waiting_deps: Vec::new(),
+            run_seq: HashMap::new(),
+            programs: HashMap::new(),
+            gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
+        },
         origins: HashMap::new(),
         book: MeshState::default(),
         reach,
@@ -165,12 +173,8 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         files_told: false,
         throttle: limits::Throttle::new(THROTTLE),
         transfers,
-        programs: HashMap::new(),
-        gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
-        listen_addrs: Vec::new(),
         out,
         recorder: Recorder::default(),
-        run_seq: HashMap::new(),
         alloc: Alloc::new(
             std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
             keys::mesh_tag(&psk),
@@ -242,14 +246,14 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     loop {
         node.step();
         if let Some(at) = interrupted_at {
-            if node.live.is_empty() && node.may_stop(at) {
+            if node.tasks.live.is_empty() && node.may_stop(at) {
                 break;
             }
         }
         let timer = node.peer.poll_timeout().map(|at| at_ms(clock, at));
         let grace = grace_end(interrupted_at, hard_killed);
         tokio::select! {
-            ev = node.swarm.select_next_some() => {
+            ev = node.net.swarm.select_next_some() => {
                 node.on_swarm(ev, &opts)?;
             }
             Some(cmd) = rx.recv() => {
@@ -292,7 +296,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
             }
             _ = sleep_until_opt(grace) => {
                 hard_killed = true;
-                for (_, live, _) in node.live.values() {
+                for (_, live, _) in node.tasks.live.values() {
                     if let Some(l) = live {
                         l.signal(Signal::SIGKILL);
                     }
@@ -379,23 +383,27 @@ impl Node {
         match a {
             Action::Persist(_) => unreachable!("persists are written before acting"),
             Action::Send { to, msg } => self.send_msg(to, msg),
-            Action::Swim { to, data } => match (&mut self.swim, swim::udp_target(to.at.addrs())) {
-                (Some(s), Some(addr)) => s.send(addr, &data),
-                // No socket (this node does not listen yet) or no address
-                // with a port: on a connection, if there is one.
-                _ => {
-                    if self.peers.contains_key(&to.id) {
-                        self.send_msg(to.id, Msg::Swim(data));
+            Action::Swim { to, data } => {
+                match (&mut self.net.swim, swim::udp_target(to.at.addrs())) {
+                    (Some(s), Some(addr)) => s.send(addr, &data),
+                    // No socket (this node does not listen yet) or no address
+                    // with a port: on a connection, if there is one.
+                    _ => {
+                        if self.net.peers.contains_key(&to.id) {
+                            self.send_msg(to.id, Msg::Swim(data));
+                        }
                     }
                 }
-            },
+            }
             Action::Start { task, grant } => self.start(task, grant),
             Action::Kill { task, reason } => {
                 if self.unwait(task, reason) {
                     return;
                 }
                 let sig = executor::kill_signal(reason);
-                if let Some((attempt, live, kill)) = self.live.get_mut(&(task.farm, task.task)) {
+                if let Some((attempt, live, kill)) =
+                    self.tasks.live.get_mut(&(task.farm, task.task))
+                {
                     if *attempt == task.attempt {
                         match live {
                             Some(l) => l.signal(sig),
@@ -448,7 +456,7 @@ impl Node {
             PeerEvent::MemberDown(n) => {
                 // Its writer goes with its stream; a node that comes back
                 // gets a new one with the next message.
-                self.links.forget(n);
+                self.net.links.forget(n);
                 let label = self.label_of(n);
                 self.say(&format!(
                     "mesh node {label} is gone; its tasks run elsewhere"
@@ -513,13 +521,14 @@ impl Node {
             match cmd {
                 Cmd::Finished(task, outcome, outputs) => {
                     if self
+                        .tasks
                         .live
                         .get(&(task.farm, task.task))
                         .is_some_and(|(a, ..)| *a == task.attempt)
                     {
-                        self.live.remove(&(task.farm, task.task));
+                        self.tasks.live.remove(&(task.farm, task.task));
                     }
-                    if let Some((seq, slot)) = self.run_seq.remove(&(task.farm, task.task)) {
+                    if let Some((seq, slot)) = self.tasks.run_seq.remove(&(task.farm, task.task)) {
                         let failed = !self.peer.spec(task.farm).is_some_and(|s| {
                             let codes = &s.def.stages[task.task.stage as usize].success_codes;
                             match outcome.result {
@@ -548,7 +557,7 @@ impl Node {
             Cmd::Finished(..) => unreachable!("ended tasks are taken together by on_cmds"),
             Cmd::Peer(peer, msgs) => {
                 let from = keys::node_id(&peer);
-                self.peers.insert(from, peer);
+                self.net.peers.insert(from, peer);
                 self.recorder.counters.messages_received += msgs.len() as u64;
                 let now = self.now();
                 for msg in msgs {
@@ -597,7 +606,9 @@ impl Node {
                 self.peer.handle_message(now, from, msg);
             }
             Cmd::Launched(task, live) => {
-                if let Some((attempt, slot, kill)) = self.live.get_mut(&(task.farm, task.task)) {
+                if let Some((attempt, slot, kill)) =
+                    self.tasks.live.get_mut(&(task.farm, task.task))
+                {
                     if *attempt == task.attempt {
                         if *kill {
                             live.signal(Signal::SIGKILL);
@@ -626,7 +637,12 @@ impl Node {
             Cmd::AskCoordinator { req, reply } => self.ask_of_coordinator(req, reply),
             Cmd::GiveBack(task) => self.peer.give_back(task),
             Cmd::Respond(channel, resp) => {
-                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+                let _ = self
+                    .net
+                    .swarm
+                    .behaviour_mut()
+                    .rr
+                    .send_response(channel, resp);
             }
             Cmd::Moved(farm) => self.refresh_view(farm),
             Cmd::PeerOf(node, reply) => {
@@ -678,7 +694,7 @@ impl Node {
         if at.is_some() {
             // Asked twice: stop now, whatever is left to hand over.
             self.impatient = true;
-            for (_, live, _) in self.live.values() {
+            for (_, live, _) in self.tasks.live.values() {
                 if let Some(l) = live {
                     l.signal(Signal::SIGKILL);
                 }

@@ -133,7 +133,7 @@ impl Node {
         self.peer
             .members()
             .map(|m| (m.id, m.label().to_string()))
-            .chain([(self.me, self.swarm.local_peer_id().to_string())])
+            .chain([(self.me, self.net.swarm.local_peer_id().to_string())])
             .collect()
     }
 
@@ -245,7 +245,7 @@ impl Node {
         };
         let own = self.peer.beat();
         let mut nodes = vec![view(
-            self.swarm.local_peer_id().to_string(),
+            self.net.swarm.local_peer_id().to_string(),
             self.me,
             &own,
             true,
@@ -325,7 +325,7 @@ impl Node {
             }
         };
         let mut status = self.status();
-        let me = self.swarm.local_peer_id().to_string();
+        let me = self.net.swarm.local_peer_id().to_string();
         let own = self.observation(after(&me));
         let members: HashMap<String, NodeId> = self
             .peer

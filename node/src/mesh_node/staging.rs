@@ -37,7 +37,8 @@ impl Node {
 
     /// The peer id of a node a transfer asks, dialling it if need be.
     pub(super) fn peer_of(&mut self, to: NodeId) -> Option<PeerId> {
-        self.peers
+        self.net
+            .peers
             .get(&to)
             .copied()
             .or_else(|| self.dial_member(to))
