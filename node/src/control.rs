@@ -49,6 +49,9 @@ pub mod refusal {
     /// How the refusal of a request the node cannot read begins (it runs an
     /// older mesh, which knows fewer requests).
     pub const BAD_REQUEST: &str = "bad request";
+    /// How the last answer to a reader that fell too far behind begins
+    /// (see docs/api.md): it may ask again.
+    pub const LAGGED: &str = "lagged";
 
     pub fn is_unknown_farm(words: &str) -> bool {
         words.starts_with(UNKNOWN_FARM)
@@ -56,6 +59,10 @@ pub mod refusal {
 
     pub fn is_bad_request(words: &str) -> bool {
         words.starts_with(BAD_REQUEST)
+    }
+
+    pub fn is_lagged(words: &str) -> bool {
+        words.starts_with(LAGGED)
     }
 }
 
@@ -260,6 +267,29 @@ pub enum ControlResponse {
     Trace(Box<serde_json::Value>),
 }
 
+impl ControlResponse {
+    /// An answer after which the node says nothing more on its connection.
+    pub fn is_last(&self) -> bool {
+        matches!(
+            self,
+            ControlResponse::Finished(_)
+                | ControlResponse::Error(_)
+                | ControlResponse::Submitted { .. }
+                | ControlResponse::Status(_)
+                | ControlResponse::Cancelled { .. }
+                | ControlResponse::Farm(_)
+                | ControlResponse::List(_)
+                | ControlResponse::Resumed { .. }
+                | ControlResponse::Log { done: true, .. }
+                | ControlResponse::Hello { .. }
+                | ControlResponse::Checked { .. }
+                | ControlResponse::Invalid { .. }
+                | ControlResponse::Tasks(_)
+                | ControlResponse::Trace(_)
+        )
+    }
+}
+
 /// A task of a farm as a client sees it: where it stands, and once it
 /// ended, how, where it ran, and where its outputs are on the home.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -437,6 +467,12 @@ mod remote {
 
     /// How long the dial may take.
     pub(super) const CONNECT_WITHIN: Duration = Duration::from_secs(15);
+    /// Lines of an answer read ahead of the command that reads them: the
+    /// node's own queue for the connection holds more.
+    const LINES_QUEUED: usize = 1024;
+    /// How often a full queue of lines is tried again: the stream's task
+    /// must not block its thread, which also drives the connection.
+    const LINES_RETRY: Duration = Duration::from_millis(10);
     /// Streams opened for one request, at most. A node takes the streams
     /// of a protocol one at a time (libp2p-stream hands each to a channel
     /// with one place) and resets one that comes while the last still
@@ -458,8 +494,9 @@ mod remote {
             .enable_all()
             .build()
             .map_err(|e| unreachable(ReachError::Runtime(e)))?;
-        let (lines_tx, lines_rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = mpsc::channel();
+        let (lines_tx, lines_rx) = mpsc::sync_channel(LINES_QUEUED);
+        // One word, sent once: whether the request went out.
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let addr = addr.clone();
         std::thread::spawn(move || {
             runtime.block_on(async move {
@@ -481,9 +518,9 @@ mod remote {
                     }
                     Ok((first, mut lines)) => {
                         let _ = ready_tx.send(Ok(()));
-                        if lines_tx.send(Ok(first)).is_ok() {
+                        if pass(&lines_tx, Ok(first)).await {
                             while let Some(l) = lines.next().await {
-                                if lines_tx.send(l).is_err() {
+                                if !pass(&lines_tx, l).await {
                                     break;
                                 }
                             }
@@ -497,6 +534,21 @@ mod remote {
             Ok(Ok(())) => Ok(lines_rx),
             Ok(Err(why)) => Err(unreachable(why)),
             Err(_) => Err(unreachable(ReachError::ThreadEnded)),
+        }
+    }
+
+    /// Hands a line to the command, waiting while its queue is full;
+    /// false once it stopped reading.
+    async fn pass(tx: &mpsc::SyncSender<io::Result<String>>, mut line: io::Result<String>) -> bool {
+        loop {
+            match tx.try_send(line) {
+                Ok(()) => return true,
+                Err(mpsc::TrySendError::Full(l)) => {
+                    line = l;
+                    tokio::time::sleep(LINES_RETRY).await;
+                }
+                Err(mpsc::TrySendError::Disconnected(_)) => return false,
+            }
         }
     }
 

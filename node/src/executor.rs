@@ -157,7 +157,7 @@ pub fn kill_signal(reason: KillReason) -> Signal {
 }
 
 /// Starts `l` in the background; its end arrives on `done`.
-pub fn launch(l: Launch, done: mpsc::UnboundedSender<Finished>) -> Live {
+pub fn launch(l: Launch, done: mpsc::Sender<Finished>) -> Live {
     let (live, attempt) = attempt(l, done);
     tokio::spawn(attempt);
     live
@@ -166,7 +166,7 @@ pub fn launch(l: Launch, done: mpsc::UnboundedSender<Finished>) -> Live {
 /// As [`launch`], on the calling thread's `LocalSet`: a node's loop starts
 /// the process in the same turn that decided to, with no wake of a worker
 /// thread in between (see `mesh_node::task`).
-pub fn launch_here(l: Launch, done: mpsc::UnboundedSender<Finished>) -> Live {
+pub fn launch_here(l: Launch, done: mpsc::Sender<Finished>) -> Live {
     let (live, attempt) = attempt(l, done);
     tokio::task::spawn_local(attempt);
     live
@@ -175,7 +175,7 @@ pub fn launch_here(l: Launch, done: mpsc::UnboundedSender<Finished>) -> Live {
 /// One attempt from start to report, and the handle that signals it.
 fn attempt(
     l: Launch,
-    done: mpsc::UnboundedSender<Finished>,
+    done: mpsc::Sender<Finished>,
 ) -> (Live, impl std::future::Future<Output = ()> + Send + 'static) {
     let live = Live::default();
     let handle = live.clone();
@@ -200,12 +200,14 @@ fn attempt(
         } else {
             None
         };
-        report.send(
-            result,
-            started.elapsed().as_millis() as u64,
-            logs,
-            stderr_line,
-        );
+        report
+            .send(
+                result,
+                started.elapsed().as_millis() as u64,
+                logs,
+                stderr_line,
+            )
+            .await;
     };
     (live, attempt)
 }
@@ -225,8 +227,9 @@ fn stderr_line(log: &Path) -> Option<String> {
 
 /// Reports an attempt's end exactly once, even if its future panics or is
 /// dropped: a task that never reports would hold its resources forever.
+/// So a report waits for room on a full channel rather than being lost.
 struct Report {
-    done: mpsc::UnboundedSender<Finished>,
+    done: mpsc::Sender<Finished>,
     slot: u32,
     task: TaskRef,
     attempt: u32,
@@ -235,15 +238,15 @@ struct Report {
 }
 
 impl Report {
-    fn send(
+    fn finished(
         &mut self,
         result: TaskResult,
         duration_ms: u64,
         logs: u8,
         stderr_line: Option<String>,
-    ) {
+    ) -> Finished {
         self.sent = true;
-        let _ = self.done.send(Finished {
+        Finished {
             slot: self.slot,
             task: self.task,
             attempt: self.attempt,
@@ -252,19 +255,41 @@ impl Report {
             logs,
             key: self.key,
             stderr_line,
-        });
+        }
+    }
+
+    async fn send(
+        &mut self,
+        result: TaskResult,
+        duration_ms: u64,
+        logs: u8,
+        stderr_line: Option<String>,
+    ) {
+        let f = self.finished(result, duration_ms, logs, stderr_line);
+        let _ = self.done.send(f).await;
     }
 }
 
 impl Drop for Report {
     fn drop(&mut self) {
-        if !self.sent {
-            self.send(
-                TaskResult::Error("internal error: the task's runner stopped".into()),
-                0,
-                0,
-                None,
-            );
+        if self.sent {
+            return;
+        }
+        let f = self.finished(
+            TaskResult::Error("internal error: the task's runner stopped".into()),
+            0,
+            0,
+            None,
+        );
+        // A drop cannot wait: a full channel gets the report from a task
+        // of its own. With no runtime left, nobody is there to hear it.
+        if let Err(mpsc::error::TrySendError::Full(f)) = self.done.try_send(f) {
+            let done = self.done.clone();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = done.send(f).await;
+                });
+            }
         }
     }
 }

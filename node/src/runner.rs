@@ -43,6 +43,12 @@ const PROGRESS_EVERY_MS: u64 = 100;
 const SNAPSHOT_EVERY_MS: u64 = 1000;
 /// Engine actions handled per turn of the loop before signals and messages get a look.
 const STEP_ACTIONS_MAX: usize = 4096;
+
+/// Ended attempts waiting for the loop. When it is full an attempt's
+/// report waits for room (a lost report would hold its slot forever); a
+/// step's worth of ends keeps a busy loop fed without holding more.
+const FINISHED_MAX: usize = STEP_ACTIONS_MAX;
+
 /// The longest a failure waits unsaid while its stage may still stop (its
 /// failures so far all alike): a stop says them in one line instead, but
 /// a slow stage's first failure should not wait for the next.
@@ -395,7 +401,7 @@ async fn drive(
     let _ = opts.state.write_status(&d.status);
     obs.started(&d.status);
 
-    let (tx, mut rx) = mpsc::unbounded_channel::<Finished>();
+    let (tx, mut rx) = mpsc::channel::<Finished>(FINISHED_MAX);
     let mut progress = tokio::time::interval(Duration::from_millis(PROGRESS_EVERY_MS));
     progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut last_snapshot = Instant::now();
@@ -533,7 +539,7 @@ impl Driver {
     fn step(
         &mut self,
         engine: &mut Engine,
-        tx: &mpsc::UnboundedSender<Finished>,
+        tx: &mpsc::Sender<Finished>,
         obs: &mut dyn Observer,
     ) -> Result<(bool, bool), RunError> {
         let mut finished = false;

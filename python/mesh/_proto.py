@@ -58,6 +58,11 @@ def last(answer):
     return k in _LAST
 
 
+def lagged(error):
+    """The last answer to a reader that fell too far behind the node: it may ask again."""
+    return error.startswith("lagged")
+
+
 def unreachable(error):
     """An error the relay says for a node it cannot reach (see ``mesh control-pipe``)."""
     return error.startswith(("cannot reach the mesh at", "no mesh node is running", "talking to the node at"))

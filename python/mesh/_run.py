@@ -264,6 +264,10 @@ class Run:
                             elif k == "Finished":
                                 return
                             elif k == "Error":
+                                if _proto.lagged(a["Error"]):
+                                    # Asked again, the node says every task from
+                                    # the start; those said already are skipped.
+                                    break
                                 if _proto.unreachable(a["Error"]):
                                     raise _proto.Lost(a["Error"])
                                 raise MeshError(a["Error"])

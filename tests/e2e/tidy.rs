@@ -356,3 +356,57 @@ fn string_errors_are_found_where_they_hide() {
     assert_eq!(string_errors(text, true), vec![1, 3, 5, 7, 13]);
     assert_eq!(string_errors(text, false), vec![1, 3, 4, 5, 7, 13]);
 }
+
+/// The names an unbounded queue goes by: tokio's, the futures crate's and
+/// the standard library's (whose bounded one is `sync_channel`).
+const UNBOUNDED: &[&str] = &[
+    "unbounded_channel",
+    "UnboundedSender",
+    "UnboundedReceiver",
+    "mpsc::unbounded(",
+    "mpsc::channel()",
+];
+
+/// Lines of `text` (from 1) that make or name an unbounded queue.
+fn unbounded_queues(text: &str) -> Vec<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| UNBOUNDED.iter().any(|u| l.contains(u)))
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+/// Every queue of the node has a bound, and a policy for when it is full
+/// (docs/design/node-loop.md): one that grows with a slow loop or reader
+/// holds memory nobody asked for, and hides the slowness.
+#[test]
+fn the_node_has_no_unbounded_queue() {
+    let mut files = Vec::new();
+    rust_files(&root().join("node"), &mut files);
+    let found: Vec<String> = files
+        .iter()
+        .flat_map(|f| {
+            let name = f.strip_prefix(root()).unwrap_or(f).display().to_string();
+            unbounded_queues(&fs::read_to_string(f).unwrap())
+                .into_iter()
+                .map(move |l| format!("{name}:{l}"))
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "unbounded queues in node (give each a bound, and say in \
+         docs/design/node-loop.md what happens when it is full): {found:?}"
+    );
+}
+
+#[test]
+fn unbounded_queues_are_found() {
+    let text = "let (tx, rx) = mpsc::channel(8);\n\
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();\n\
+                tx: UnboundedSender<Cmd>,\n\
+                rx: mpsc::UnboundedReceiver<Msg>,\n\
+                let (a, b) = futures::channel::mpsc::unbounded();\n\
+                let (a, b) = std::sync::mpsc::channel();\n\
+                let (a, b) = std::sync::mpsc::sync_channel(1);\n";
+    assert_eq!(unbounded_queues(text), vec![2, 3, 4, 5, 6]);
+}

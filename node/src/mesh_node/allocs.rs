@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use mesh_protocol::mesh::{AllocBook, AllocCmd, BatchOp};
-use tokio::sync::mpsc;
 
+use super::reply::Reply;
 use super::{Cmd, Node};
 use crate::batch;
 use crate::control::ControlResponse;
@@ -22,7 +22,7 @@ const ALLOC_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 struct AllocWait {
     cmd: AllocCmd,
     until: Instant,
-    reply: mpsc::UnboundedSender<ControlResponse>,
+    reply: Reply,
 }
 
 impl AllocWait {
@@ -75,7 +75,7 @@ impl Node {
                 BatchOp::Cancel { system, job } => batch::cancel(system, job).await,
                 BatchOp::List { system, gen } => batch::list(system, gen, tag).await,
             };
-            let _ = tx.send(Cmd::Batch(done));
+            let _ = tx.send(Cmd::Batch(done)).await;
         });
     }
 
@@ -136,11 +136,7 @@ impl Node {
 
     /// A change to the allocation queues: refused at once when it cannot apply, else
     /// handed to the peer and answered once this node's book shows it.
-    pub(super) fn alloc_command(
-        &mut self,
-        cmd: AllocCmd,
-        reply: mpsc::UnboundedSender<ControlResponse>,
-    ) {
+    pub(super) fn alloc_command(&mut self, cmd: AllocCmd, reply: Reply) {
         let book = self.peer.alloc_book().clone();
         let err = match &cmd {
             AllocCmd::Add(d) if book.queue(&d.name).is_some() => Some(format!(

@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::logs::LogAsk;
 use super::queries::{Ask, Asked, QueryError};
+use super::reply::Reply;
 use super::staging::make_spec;
 use super::swarm::request;
 use super::views::{summary_view, Origin};
@@ -19,11 +20,7 @@ use crate::control::{ControlRequest, ControlResponse, CONTROL_API};
 use crate::farmfile::{self, FarmFileError, LoadOptions};
 
 impl Node {
-    pub(super) fn on_control(
-        &mut self,
-        req: ControlRequest,
-        reply: mpsc::UnboundedSender<ControlResponse>,
-    ) {
+    pub(super) fn on_control(&mut self, req: ControlRequest, reply: Reply) {
         match req {
             ControlRequest::Submit { def, file, rerun } => {
                 let origin = self.me;
@@ -36,7 +33,7 @@ impl Node {
                         let keys = super::reuse::task_keys(&spec);
                         (spec, keys)
                     });
-                    let _ = tx.send(Cmd::Submit(spec, rerun, reply));
+                    let _ = tx.blocking_send(Cmd::Submit(spec, rerun, reply));
                 });
             }
             ControlRequest::Wait { farm } => match self.find_farm(&farm) {
@@ -143,7 +140,7 @@ impl Node {
                     ControlResponse::Hello {
                         api,
                         version,
-                        node: self.swarm.local_peer_id().to_string(),
+                        node: self.net.swarm.local_peer_id().to_string(),
                     }
                 } else {
                     ControlResponse::Error(format!(
@@ -186,7 +183,7 @@ impl Node {
                         let keys = super::reuse::task_keys(&spec);
                         (spec, keys)
                     });
-                    let _ = tx.send(Cmd::Submit(spec, rerun, reply));
+                    let _ = tx.blocking_send(Cmd::Submit(spec, rerun, reply));
                 });
             }
             ControlRequest::Events { farm } => match self.find_farm(&farm) {
@@ -272,7 +269,7 @@ fn load_farm(
     file: &str,
     (out, cwd): (Option<String>, Option<String>),
     rerun: Option<&[String]>,
-    reply: &mpsc::UnboundedSender<ControlResponse>,
+    reply: &Reply,
 ) -> Option<mesh_protocol::farm::FarmDef> {
     let file_path = Path::new(file);
     // The client's folder, not this node's: the command line's `--out`
@@ -332,7 +329,7 @@ fn invalid(file: &str, e: &FarmFileError) -> ControlResponse {
 /// ADDR` from a machine that runs no node) as the control socket's.
 pub(super) async fn accept_control(
     mut incoming: libp2p_stream::IncomingStreams,
-    tx: mpsc::UnboundedSender<Cmd>,
+    tx: mpsc::Sender<Cmd>,
 ) {
     use futures::StreamExt;
     use tokio_util::compat::FuturesAsyncReadCompatExt;
@@ -343,7 +340,7 @@ pub(super) async fn accept_control(
 }
 
 /// Serves one control connection: reads the request, forwards it to the loop, writes the answers.
-pub(super) async fn serve_control<S>(stream: S, tx: mpsc::UnboundedSender<Cmd>)
+pub(super) async fn serve_control<S>(stream: S, tx: mpsc::Sender<Cmd>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
 {
@@ -353,10 +350,10 @@ where
     let Ok(Some(line)) = lines.next_line().await else {
         return;
     };
-    let (rtx, mut rrx) = mpsc::unbounded_channel();
+    let (rtx, mut rrx) = Reply::channel();
     match serde_json::from_str::<ControlRequest>(&line) {
         Ok(req) => {
-            if tx.send(Cmd::Control(req, rtx)).is_err() {
+            if tx.send(Cmd::Control(req, rtx)).await.is_err() {
                 return;
             }
         }
@@ -373,23 +370,7 @@ where
         if write.write_all(&b).await.is_err() || write.flush().await.is_err() {
             break;
         }
-        if matches!(
-            resp,
-            ControlResponse::Finished(_)
-                | ControlResponse::Error(_)
-                | ControlResponse::Submitted { .. }
-                | ControlResponse::Status(_)
-                | ControlResponse::Cancelled { .. }
-                | ControlResponse::Farm(_)
-                | ControlResponse::List(_)
-                | ControlResponse::Resumed { .. }
-                | ControlResponse::Log { done: true, .. }
-                | ControlResponse::Hello { .. }
-                | ControlResponse::Checked { .. }
-                | ControlResponse::Invalid { .. }
-                | ControlResponse::Tasks(_)
-                | ControlResponse::Trace(_)
-        ) {
+        if resp.is_last() {
             break;
         }
     }
@@ -407,7 +388,7 @@ mod tests {
         out: Option<&str>,
         cwd: Option<&str>,
     ) -> (Option<mesh_protocol::farm::FarmDef>, Vec<ControlResponse>) {
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = Reply::channel();
         let file = dir.join("f.toml");
         let def = load_farm(
             toml,

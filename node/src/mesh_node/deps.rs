@@ -119,7 +119,7 @@ pub(super) struct DepsPlace {
 /// other nodes are counted by the transfers.
 pub(super) async fn place_deps(
     t: &Arc<Transfers>,
-    tx: &mpsc::UnboundedSender<Cmd>,
+    tx: &mpsc::Sender<Cmd>,
     spec: &FarmSpec,
     p: &DepsPlace,
 ) -> Result<(), NotPlaced> {
@@ -145,16 +145,13 @@ pub(super) async fn place_deps(
     }
 }
 
-async fn ask(
-    tx: &mpsc::UnboundedSender<Cmd>,
-    farm: FarmId,
-    task: TaskRef,
-) -> Result<DepOutputs, DepsError> {
+async fn ask(tx: &mpsc::Sender<Cmd>, farm: FarmId, task: TaskRef) -> Result<DepOutputs, DepsError> {
     let (reply, rx) = oneshot::channel();
     tx.send(Cmd::AskCoordinator {
         req: Request::DepOutputs { farm, task },
         reply,
     })
+    .await
     .map_err(|_| RequestError::Stopping)?;
     match rx.await {
         Ok(Ok(Response::DepOutputs(d))) => Ok(d),
@@ -167,7 +164,7 @@ async fn ask(
 
 async fn place_all(
     t: &Arc<Transfers>,
-    tx: &mpsc::UnboundedSender<Cmd>,
+    tx: &mpsc::Sender<Cmd>,
     spec: &FarmSpec,
     p: &DepsPlace,
     deps: &DepOutputs,

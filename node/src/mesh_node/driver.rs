@@ -25,7 +25,7 @@ use super::swarm::Outbound;
 use super::swim;
 use super::transfer::{self, accept_data, FetchError, Transfers};
 use super::views::Origin;
-use super::{Cmd, Node, NodeError, NodeOptions};
+use super::{Cmd, Net, Node, NodeError, NodeOptions, Tasks};
 use crate::batch;
 use crate::control::{socket_path, ControlResponse, CONTROL_PROTOCOL};
 use crate::dash::{self, dashboard_line};
@@ -48,6 +48,12 @@ const THROTTLE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Most commands (ended tasks, fetches) handled as one step of the peer.
 const CMDS_PER_STEP: usize = 256;
+
+/// Commands waiting for the loop: a few steps' worth. When it is full a
+/// sender waits (every sender is a spawned task, never the loop itself),
+/// so a slow loop slows what feeds it instead of growing a queue; a task's
+/// end is never dropped, as it holds its resources until the loop hears it.
+pub(super) const CMDS_MAX: usize = 16 * CMDS_PER_STEP;
 
 /// How long a stopping node with nothing running may stay for its results
 /// to be acknowledged and its outputs fetched; and how long without a
@@ -114,7 +120,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     fs::set_permissions(&sock, fs::Permissions::from_mode(0o600))
         .map_err(io_err(format!("cannot restrict {}", sock.display())))?;
 
-    let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
+    let (tx, mut rx) = mpsc::channel::<Cmd>(CMDS_MAX);
     tokio::spawn(accept_links(incoming, tx.clone()));
     tokio::spawn(accept_control(control_streams, tx.clone()));
     let clock = Instant::now();
@@ -141,20 +147,28 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         state: opts.state.clone(),
         peer,
         me,
-        swarm,
         store,
         clock,
-        peers: HashMap::new(),
-        dialing: HashSet::new(),
-        labels: HashMap::new(),
-        swim: None,
-        swim_cipher,
+        net: Net {
+            swarm,
+            peers: HashMap::new(),
+            dialing: HashSet::new(),
+            labels: HashMap::new(),
+            swim: None,
+            swim_cipher,
+            outbound: Outbound::default(),
+            links: Links::new(streams),
+            listen_addrs: Vec::new(),
+        },
         life: crate::state::unix_ms(),
-        outbound: Outbound::default(),
-        links: Links::new(streams),
         tx: tx.clone(),
-        live: HashMap::new(),
-        waiting_deps: Vec::new(),
+        tasks: Tasks {
+            live: HashMap::new(),
+            waiting_deps: Vec::new(),
+            run_seq: HashMap::new(),
+            programs: HashMap::new(),
+            gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
+        },
         origins: HashMap::new(),
         book: MeshState::default(),
         reach,
@@ -162,18 +176,15 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         files_told: false,
         throttle: limits::Throttle::new(THROTTLE),
         transfers,
-        programs: HashMap::new(),
-        gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
-        listen_addrs: Vec::new(),
         out,
         recorder: Recorder::default(),
-        run_seq: HashMap::new(),
         alloc: Alloc::new(
             std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
             keys::mesh_tag(&psk),
         ),
         impatient: false,
         held_count: std::cell::Cell::new(None),
+        feed_more: HashSet::new(),
     };
     node.peer.set_wall_base(crate::state::unix_ms());
     node.peer.set_files_max(files.limit);
@@ -238,14 +249,14 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     loop {
         node.step();
         if let Some(at) = interrupted_at {
-            if node.live.is_empty() && node.may_stop(at) {
+            if node.tasks.live.is_empty() && node.may_stop(at) {
                 break;
             }
         }
         let timer = node.peer.poll_timeout().map(|at| at_ms(clock, at));
         let grace = grace_end(interrupted_at, hard_killed);
         tokio::select! {
-            ev = node.swarm.select_next_some() => {
+            ev = node.net.swarm.select_next_some() => {
                 node.on_swarm(ev, &opts)?;
             }
             Some(cmd) = rx.recv() => {
@@ -259,6 +270,12 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
                     }
                 }
                 node.on_cmds(cmds);
+            }
+            // Followers of long logs, fed a part a turn (see `feed.rs`).
+            _ = std::future::ready(()), if !node.feed_more.is_empty() => {
+                for farm in std::mem::take(&mut node.feed_more) {
+                    node.feed(farm, None);
+                }
             }
             Ok((stream, _)) = listener.accept() => {
                 tokio::spawn(serve_control(stream, tx.clone()));
@@ -282,7 +299,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
             }
             _ = sleep_until_opt(grace) => {
                 hard_killed = true;
-                for (_, live, _) in node.live.values() {
+                for (_, live, _) in node.tasks.live.values() {
                     if let Some(l) = live {
                         l.signal(Signal::SIGKILL);
                     }
@@ -369,23 +386,27 @@ impl Node {
         match a {
             Action::Persist(_) => unreachable!("persists are written before acting"),
             Action::Send { to, msg } => self.send_msg(to, msg),
-            Action::Swim { to, data } => match (&mut self.swim, swim::udp_target(to.at.addrs())) {
-                (Some(s), Some(addr)) => s.send(addr, &data),
-                // No socket (this node does not listen yet) or no address
-                // with a port: on a connection, if there is one.
-                _ => {
-                    if self.peers.contains_key(&to.id) {
-                        self.send_msg(to.id, Msg::Swim(data));
+            Action::Swim { to, data } => {
+                match (&mut self.net.swim, swim::udp_target(to.at.addrs())) {
+                    (Some(s), Some(addr)) => s.send(addr, &data),
+                    // No socket (this node does not listen yet) or no address
+                    // with a port: on a connection, if there is one.
+                    _ => {
+                        if self.net.peers.contains_key(&to.id) {
+                            self.send_msg(to.id, Msg::Swim(data));
+                        }
                     }
                 }
-            },
+            }
             Action::Start { task, grant } => self.start(task, grant),
             Action::Kill { task, reason } => {
                 if self.unwait(task, reason) {
                     return;
                 }
                 let sig = executor::kill_signal(reason);
-                if let Some((attempt, live, kill)) = self.live.get_mut(&(task.farm, task.task)) {
+                if let Some((attempt, live, kill)) =
+                    self.tasks.live.get_mut(&(task.farm, task.task))
+                {
                     if *attempt == task.attempt {
                         match live {
                             Some(l) => l.signal(sig),
@@ -441,7 +462,7 @@ impl Node {
             PeerEvent::MemberDown(n) => {
                 // Its writer goes with its stream; a node that comes back
                 // gets a new one with the next message.
-                self.links.forget(n);
+                self.net.links.forget(n);
                 let label = self.label_of(n);
                 self.say(&format!(
                     "mesh node {label} is gone; its tasks run elsewhere"
@@ -506,13 +527,14 @@ impl Node {
             match cmd {
                 Cmd::Finished(task, outcome, outputs) => {
                     if self
+                        .tasks
                         .live
                         .get(&(task.farm, task.task))
                         .is_some_and(|(a, ..)| *a == task.attempt)
                     {
-                        self.live.remove(&(task.farm, task.task));
+                        self.tasks.live.remove(&(task.farm, task.task));
                     }
-                    if let Some((seq, slot)) = self.run_seq.remove(&(task.farm, task.task)) {
+                    if let Some((seq, slot)) = self.tasks.run_seq.remove(&(task.farm, task.task)) {
                         let failed = !self.peer.spec(task.farm).is_some_and(|s| {
                             let codes = &s.def.stages[task.task.stage as usize].success_codes;
                             match outcome.result {
@@ -541,7 +563,7 @@ impl Node {
             Cmd::Finished(..) => unreachable!("ended tasks are taken together by on_cmds"),
             Cmd::Peer(peer, msgs) => {
                 let from = keys::node_id(&peer);
-                self.peers.insert(from, peer);
+                self.net.peers.insert(from, peer);
                 self.recorder.counters.messages_received += msgs.len() as u64;
                 let now = self.now();
                 for msg in msgs {
@@ -590,7 +612,9 @@ impl Node {
                 self.peer.handle_message(now, from, msg);
             }
             Cmd::Launched(task, live) => {
-                if let Some((attempt, slot, kill)) = self.live.get_mut(&(task.farm, task.task)) {
+                if let Some((attempt, slot, kill)) =
+                    self.tasks.live.get_mut(&(task.farm, task.task))
+                {
                     if *attempt == task.attempt {
                         if *kill {
                             live.signal(Signal::SIGKILL);
@@ -619,7 +643,12 @@ impl Node {
             Cmd::AskCoordinator { req, reply } => self.ask_of_coordinator(req, reply),
             Cmd::GiveBack(task) => self.peer.give_back(task),
             Cmd::Respond(channel, resp) => {
-                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+                let _ = self
+                    .net
+                    .swarm
+                    .behaviour_mut()
+                    .rr
+                    .send_response(channel, resp);
             }
             Cmd::Moved(farm) => self.refresh_view(farm),
             Cmd::PeerOf(node, reply) => {
@@ -671,7 +700,7 @@ impl Node {
         if at.is_some() {
             // Asked twice: stop now, whatever is left to hand over.
             self.impatient = true;
-            for (_, live, _) in self.live.values() {
+            for (_, live, _) in self.tasks.live.values() {
                 if let Some(l) = live {
                     l.signal(Signal::SIGKILL);
                 }

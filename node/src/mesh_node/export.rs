@@ -14,8 +14,8 @@ use mesh_protocol::engine::TaskEnd;
 use mesh_protocol::mesh::{Beat, Entry, FarmId, NodeId, Replica};
 use mesh_protocol::wire::{Request, Response};
 use mesh_protocol::TaskRef;
-use tokio::sync::mpsc;
 
+use super::reply::Reply;
 use super::swarm::request;
 use super::{farm_display_id, Node};
 use crate::control::ControlResponse;
@@ -28,7 +28,7 @@ const MACHINES_WAIT: Duration = Duration::from_secs(5);
 
 impl Node {
     /// Answers `Export`: the farm `query` as a trace, or why not.
-    pub(super) fn export(&mut self, query: &str, reply: mpsc::UnboundedSender<ControlResponse>) {
+    pub(super) fn export(&mut self, query: &str, reply: Reply) {
         let fid = match self.find_known(query) {
             Ok(f) => f,
             Err(e) => {

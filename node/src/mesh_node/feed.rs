@@ -9,6 +9,8 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use mesh_protocol::engine::TaskEnd;
 use mesh_protocol::mesh::{Entry, FarmId, Replica};
@@ -16,7 +18,8 @@ use mesh_protocol::TaskRef;
 use tokio::sync::mpsc;
 
 use super::queries::QueryError;
-use super::Node;
+use super::reply::{Reply, REPLY_MAX};
+use super::{Cmd, Node};
 use crate::control::{ControlResponse, TaskEvent};
 use crate::task_words::describe_end;
 
@@ -25,19 +28,30 @@ use crate::task_words::describe_end;
 /// in one that holds up the node.
 const READ_PER_TURN_MAX: usize = 4096;
 
+/// Places of a follower's queue (`REPLY_MAX`) the log is not read into:
+/// for the tasks whose outputs come home meanwhile, and the end. A
+/// follower whose queue is fuller waits, its place in the log kept, until
+/// half of it is free; only one that takes in nothing while this many
+/// outputs come home is cut off as lagged.
+const KEEP_FREE: usize = 64;
+
 /// One client following a farm's tasks.
 pub(super) struct Feed {
-    reply: mpsc::UnboundedSender<ControlResponse>,
+    reply: Reply,
     /// How far the farm's log has been read.
     read: u64,
     /// Tasks said, a bit each, per stage.
     said: Vec<Vec<u64>>,
     /// Done tasks whose outputs are not home yet.
     waiting: HashSet<TaskRef>,
+    /// A task waits for room in its queue, to bring it back (`Cmd::Feed`).
+    stalled: Arc<AtomicBool>,
+    /// Told the end.
+    over: bool,
 }
 
 impl Feed {
-    fn new(r: &Replica, reply: mpsc::UnboundedSender<ControlResponse>) -> Feed {
+    fn new(r: &Replica, reply: Reply) -> Feed {
         Feed {
             reply,
             read: 0,
@@ -49,7 +63,24 @@ impl Feed {
                 .map(|s| vec![0; (s.len() as usize).div_ceil(64)])
                 .collect(),
             waiting: HashSet::new(),
+            stalled: Arc::new(AtomicBool::new(false)),
+            over: false,
         }
+    }
+
+    /// Brings this follower back to the loop once half its queue is free:
+    /// the loop cannot wait for its reader, a task can.
+    fn wait_room(&self, farm: FarmId, tx: &mpsc::Sender<Cmd>) {
+        if self.stalled.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let (reply, stalled, tx) = (self.reply.clone(), self.stalled.clone(), tx.clone());
+        tokio::spawn(async move {
+            if reply.wait_room(REPLY_MAX / 2).await.is_ok() {
+                stalled.store(false, Ordering::Relaxed);
+                let _ = tx.send(Cmd::Feed(farm)).await;
+            }
+        });
     }
 
     /// Marks `t` said; false when it was already.
@@ -77,11 +108,7 @@ impl Feed {
 
 impl Node {
     /// A client follows the tasks of `farm`, whose home is this node.
-    pub(super) fn follow_tasks(
-        &mut self,
-        farm: FarmId,
-        reply: mpsc::UnboundedSender<ControlResponse>,
-    ) {
+    pub(super) fn follow_tasks(&mut self, farm: FarmId, reply: Reply) {
         let Some(r) = self.peer.replica(farm) else {
             let _ = reply.send(ControlResponse::Error(
                 "this node keeps no copy of the farm's log".into(),
@@ -118,9 +145,17 @@ impl Node {
                     let _ = f.reply.send(self.task_said(r, t));
                 }
             }
-            let entries = r.log.slice(f.read, READ_PER_TURN_MAX);
+            // Each entry says at most one task: read no more than fit.
+            let room = f.reply.room().saturating_sub(KEEP_FREE);
+            let entries = r.log.slice(f.read, READ_PER_TURN_MAX.min(room));
             f.read += entries.len() as u64;
-            more |= f.read < r.log.len();
+            if f.read < r.log.len() {
+                if room < READ_PER_TURN_MAX {
+                    f.wait_room(farm, &self.tx);
+                } else {
+                    more = true;
+                }
+            }
             for e in entries {
                 let t = e.task();
                 if f.said(t) {
@@ -140,27 +175,36 @@ impl Node {
             }
         }
         if let (Some(view), false) = (finished, more) {
-            // Over: every output is home, so whatever still waits is said.
-            for f in &mut feeds {
-                let mut last: Vec<TaskRef> = f.waiting.drain().collect();
+            // Over: every output is home, so whatever still waits is said,
+            // as much as fits, to a follower that has read the whole log.
+            for f in feeds.iter_mut().filter(|f| f.read >= r.log.len()) {
+                let mut last: Vec<TaskRef> = f.waiting.iter().copied().collect();
                 last.sort_unstable();
                 for t in last {
+                    if f.reply.room() <= 1 {
+                        break;
+                    }
+                    f.waiting.remove(&t);
                     if f.say_once(t) {
                         let _ = f.reply.send(self.task_said(r, t));
                     }
                 }
-                let _ = f.reply.send(ControlResponse::Finished(view.clone()));
+                if f.waiting.is_empty() && f.reply.room() >= 1 {
+                    let _ = f.reply.send(ControlResponse::Finished(view.clone()));
+                    f.over = true;
+                } else {
+                    f.wait_room(farm, &self.tx);
+                }
             }
-            feeds.clear();
         }
-        feeds.retain(|f| !f.reply.is_closed());
+        feeds.retain(|f| !f.over && !f.reply.is_closed());
         if let Some(o) = self.origins.get_mut(&farm) {
             o.feeds = feeds;
         }
         if more {
-            // The rest of a long log in the next turns of the loop.
-            let tx = self.tx.clone();
-            let _ = tx.send(super::Cmd::Feed(farm));
+            // The rest of a long log in the next turns of the loop: not
+            // through its own channel, which it must never wait on.
+            self.feed_more.insert(farm);
         }
     }
 
@@ -277,12 +321,14 @@ mod tests {
 
     #[test]
     fn each_task_is_said_once_across_stages_and_words() {
-        let (tx, _rx) = mpsc::unbounded_channel();
+        let (tx, _rx) = Reply::channel();
         let mut f = Feed {
             reply: tx,
             read: 0,
             said: vec![vec![0; 2], vec![0; 1]],
             waiting: HashSet::new(),
+            stalled: Arc::new(AtomicBool::new(false)),
+            over: false,
         };
         for t in [
             TaskRef::new(0, 0),

@@ -2,7 +2,8 @@
 //!
 //! A task per peer ([`link`]) writes what waited together as one frame; a
 //! stream found closed is opened again once for the same frame, and a
-//! frame that cannot be written is lost, as to a node that died.
+//! frame that cannot be written is lost, as to a node that died; so is a
+//! message for a peer whose queue is full (`LINK_QUEUE_MAX`).
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -22,7 +23,7 @@ pub(super) struct Links {
     streams: libp2p_stream::Control,
     /// Messages for each peer's engine, to the task that writes them on
     /// this node's stream to that peer (see [`link`]).
-    writers: HashMap<NodeId, mpsc::UnboundedSender<Msg>>,
+    writers: HashMap<NodeId, mpsc::Sender<Msg>>,
 }
 
 impl Links {
@@ -37,14 +38,21 @@ impl Links {
     /// one when there is none or it has stopped.
     pub(super) fn send(&mut self, to: NodeId, pid: PeerId, msg: Msg) {
         let msg = match self.writers.get(&to) {
-            Some(l) => match l.send(msg) {
+            Some(l) => match l.try_send(msg) {
                 Ok(()) => return,
-                Err(mpsc::error::SendError(m)) => m,
+                // The loop cannot wait: a peer that takes nothing in for
+                // this long loses the message, as a frame that cannot be
+                // written is lost, and the protocol resends what matters.
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    tracing::debug!(%pid, "a message lost: {LINK_QUEUE_MAX} wait for that stream");
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Closed(m)) => m,
             },
             None => msg,
         };
-        let (ltx, lrx) = mpsc::unbounded_channel();
-        let _ = ltx.send(msg);
+        let (ltx, lrx) = mpsc::channel(LINK_QUEUE_MAX);
+        let _ = ltx.try_send(msg);
         tokio::spawn(link(self.streams.clone(), pid, lrx));
         self.writers.insert(to, ltx);
     }
@@ -68,6 +76,10 @@ const LINK_WRITE_TIMEOUT: std::time::Duration = net::DEFAULT_REQUEST_TIMEOUT;
 const LINK_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
 /// At most this many messages in one frame.
 const LINK_BATCH: usize = 4096;
+/// Messages waiting for one peer's stream: many full frames, more than a
+/// coordinator's busiest steps send one node, so only a stream that takes
+/// nothing in for a long time (a peer stuck, a write timing out) fills it.
+const LINK_QUEUE_MAX: usize = 16 * LINK_BATCH;
 
 /// Writes this node's messages for one peer's engine on a stream to it, in
 /// order, one frame for what waited together. A stream per peer for the
@@ -76,11 +88,7 @@ const LINK_BATCH: usize = 4096;
 /// closes (five writes to the socket between two nodes, and timers).
 /// A frame that cannot be written is lost, like a message to a node that
 /// died; the stream is opened again for the next.
-async fn link(
-    mut control: libp2p_stream::Control,
-    peer: PeerId,
-    mut rx: mpsc::UnboundedReceiver<Msg>,
-) {
+async fn link(mut control: libp2p_stream::Control, peer: PeerId, mut rx: mpsc::Receiver<Msg>) {
     let mut stream: Option<libp2p::Stream> = None;
     let mut frames: VecDeque<Vec<Msg>> = VecDeque::new();
     loop {
@@ -169,7 +177,7 @@ async fn open_link(control: &mut libp2p_stream::Control, peer: PeerId) -> Option
 /// Takes every peer's stream of messages for this node's engine.
 pub(super) async fn accept_links(
     mut incoming: libp2p_stream::IncomingStreams,
-    tx: mpsc::UnboundedSender<Cmd>,
+    tx: mpsc::Sender<Cmd>,
 ) {
     while let Some((peer, stream)) = incoming.next().await {
         tokio::spawn(read_link(peer, stream, tx.clone()));
@@ -177,11 +185,11 @@ pub(super) async fn accept_links(
 }
 
 /// Hands each frame of a peer's stream to the engine, until the stream ends.
-async fn read_link(peer: PeerId, mut stream: libp2p::Stream, tx: mpsc::UnboundedSender<Cmd>) {
+async fn read_link(peer: PeerId, mut stream: libp2p::Stream, tx: mpsc::Sender<Cmd>) {
     loop {
         match net::read_frame::<_, Vec<Msg>>(&mut stream).await {
             Ok(msgs) => {
-                if tx.send(Cmd::Peer(peer, msgs)).is_err() {
+                if tx.send(Cmd::Peer(peer, msgs)).await.is_err() {
                     return;
                 }
             }
@@ -210,14 +218,14 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn messages_over_the_frame_limit_together_go_in_halves_and_all_arrive_in_order() {
         let p = net::tests::linked_pair().await;
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::channel(16);
         tokio::spawn(accept_links(p.b_incoming, tx));
-        let (ltx, lrx) = mpsc::unbounded_channel();
+        let (ltx, lrx) = mpsc::channel(16);
         // Four messages of a third of the limit each: no frame can carry
         // them all, two can.
         let big = "x".repeat(MESSAGE_MAX / 3);
         for i in 0..4 {
-            ltx.send(Msg::Refused {
+            ltx.try_send(Msg::Refused {
                 farm: FarmId(i),
                 reason: big.clone(),
             })

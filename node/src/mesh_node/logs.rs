@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use mesh_protocol::mesh::FarmSpec;
 use mesh_protocol::wire::{Refusal, Request, Response};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
+use super::reply::Reply;
 use super::swarm::{request, RequestError};
 use super::Node;
 
@@ -89,12 +90,7 @@ impl Node {
     /// Sends a task's logs to `mesh logs`, from the node that ran it (asking
     /// the coordinator which, when this node does not know); with `follow`,
     /// more as they come until the task is over there.
-    pub(super) fn follow_logs(
-        &mut self,
-        spec: Arc<FarmSpec>,
-        ask: LogAsk,
-        reply: mpsc::UnboundedSender<ControlResponse>,
-    ) {
+    pub(super) fn follow_logs(&mut self, spec: Arc<FarmSpec>, ask: LogAsk, reply: Reply) {
         let task = match parse_task(&spec.def, &ask.task) {
             Ok(t) => t,
             Err(e) => {
@@ -147,13 +143,17 @@ impl Node {
                     offsets.1 += err.len() as u64;
                     let more = !out.is_empty() || !err.is_empty();
                     let done = !ask.follow || (!running && !more);
-                    let sent = reply.send(ControlResponse::Log {
-                        node: label.clone(),
-                        attempt,
-                        stdout: out,
-                        stderr: err,
-                        done,
-                    });
+                    // A task: it waits for a slow reader, which so
+                    // reads the log no faster than it can.
+                    let sent = reply
+                        .send_wait(ControlResponse::Log {
+                            node: label.clone(),
+                            attempt,
+                            stdout: out,
+                            stderr: err,
+                            done,
+                        })
+                        .await;
                     if done || sent.is_err() {
                         return Ok(());
                     }

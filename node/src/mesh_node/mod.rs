@@ -17,6 +17,7 @@ mod links;
 mod logs;
 mod queries;
 mod reach;
+mod reply;
 mod reuse;
 mod source;
 mod staging;
@@ -43,7 +44,7 @@ use mesh_store::{MeshState, SledStore, StoreError};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::batch;
-use crate::control::{ControlRequest, ControlResponse};
+use crate::control::ControlRequest;
 use crate::executor::Live;
 use crate::keys;
 use crate::net::{self, Behaviour};
@@ -53,6 +54,7 @@ use allocs::Alloc;
 use links::Links;
 use queries::Asked;
 use reach::Reach;
+use reply::Reply;
 use swarm::Outbound;
 use transfer::FetchError;
 use views::Origin;
@@ -148,24 +150,20 @@ enum Cmd {
     Moved(FarmId),
     /// A transfer asks for the peer id of a node (dialled if need be).
     PeerOf(NodeId, oneshot::Sender<Option<PeerId>>),
-    Control(ControlRequest, mpsc::UnboundedSender<ControlResponse>),
+    Control(ControlRequest, Reply),
     /// A farm to submit, its inputs hashed, and per stage whether its
     /// earlier results may be reused (not when `--rerun` names it).
     Submit(
         Result<(FarmSpec, reuse::TaskKeys), staging::SubmitError>,
         Vec<bool>,
-        mpsc::UnboundedSender<ControlResponse>,
+        Reply,
     ),
     /// A farm to submit once the homes of earlier farms of its name said
     /// which of its tasks' results they keep: with those, as entries.
-    SubmitReused(
-        Box<FarmSpec>,
-        Vec<Entry>,
-        mpsc::UnboundedSender<ControlResponse>,
-    ),
+    SubmitReused(Box<FarmSpec>, Vec<Entry>, Reply),
     /// A batch command (`mesh alloc`) ended.
     Batch(batch::Done),
-    /// More of a farm's log for its followers (see `feed.rs`).
+    /// A follower of a farm's tasks has room again (see `feed.rs`).
     Feed(FarmId),
 }
 
@@ -175,29 +173,16 @@ struct Node {
     state: PathBuf,
     peer: Peer,
     me: NodeId,
-    swarm: Swarm<Behaviour>,
     store: SledStore,
     clock: Instant,
-    peers: HashMap<NodeId, PeerId>,
-    dialing: HashSet<PeerId>,
-    /// Peer ids by node, remembered from beats so a node that is gone still has a name.
-    labels: HashMap<NodeId, String>,
-    /// Membership packets: the socket, once this node listens, and their key.
-    swim: Option<swim::SwimSocket>,
-    swim_cipher: chacha20poly1305::XChaCha20Poly1305,
+    /// The swarm, the nodes known and the streams to them.
+    net: Net,
     /// Which life of this node this is (the wall clock at start): later
     /// than any before, so the mesh tells a restart from a late packet.
     life: u64,
-    /// Requests to other nodes waiting for their answers.
-    outbound: Outbound,
-    /// This node's streams to other nodes' engines.
-    links: Links,
-    tx: mpsc::UnboundedSender<Cmd>,
-    live: HashMap<(FarmId, TaskRef), (u32, Option<Live>, bool)>,
-    /// Tasks given to this node, the home of their farm, whose
-    /// dependencies' outputs are not all here yet: each with its grant and
-    /// how many of its dependencies were found here so far (see `task.rs`).
-    waiting_deps: Vec<(Assigned, mesh_protocol::engine::Grant, u64)>,
+    tx: mpsc::Sender<Cmd>,
+    /// The attempts this node runs, and those waiting to.
+    tasks: Tasks,
     origins: HashMap<FarmId, Origin>,
     /// How the peer's persists map to the store.
     book: MeshState,
@@ -212,15 +197,9 @@ struct Node {
     throttle: crate::limits::Throttle,
     /// Files to and from other nodes.
     transfers: std::sync::Arc<transfer::Transfers>,
-    /// Bare program names and where PATH finds them.
-    programs: HashMap<String, Option<String>>,
-    /// The node's GPUs as tasks name them, by their place in its pool.
-    gpu_ids: std::sync::Arc<[String]>,
-    listen_addrs: Vec<Multiaddr>,
     out: Box<dyn FnMut(&str)>,
     /// Runs for the task stream, counters, and each live run's record.
     recorder: Recorder,
-    run_seq: HashMap<(FarmId, TaskRef), (u64, Option<u32>)>,
     /// The mesh secret's file and the changes waiting to be seen (`mesh alloc`).
     alloc: Alloc,
     /// Stopped twice (a second Ctrl-C): no lingering.
@@ -228,6 +207,42 @@ struct Node {
     /// Bytes under `<state>/kept` as last counted, and when: a status
     /// page asks every second, and a node may keep many files.
     held_count: std::cell::Cell<Option<(Instant, u64)>>,
+    /// Farms whose followers have more of the log to hear, in a later
+    /// turn of the loop (see `feed.rs`).
+    feed_more: HashSet<FarmId>,
+}
+
+/// A node's place in the network: its swarm, the nodes it knows and how
+/// it reaches them.
+struct Net {
+    swarm: Swarm<Behaviour>,
+    peers: HashMap<NodeId, PeerId>,
+    dialing: HashSet<PeerId>,
+    /// Peer ids by node, remembered from beats so a node that is gone still has a name.
+    labels: HashMap<NodeId, String>,
+    /// Membership packets: the socket, once this node listens, and their key.
+    swim: Option<swim::SwimSocket>,
+    swim_cipher: chacha20poly1305::XChaCha20Poly1305,
+    /// Requests to other nodes waiting for their answers.
+    outbound: Outbound,
+    /// This node's streams to other nodes' engines.
+    links: Links,
+    listen_addrs: Vec<Multiaddr>,
+}
+
+/// The attempts of tasks on this node: running, and waiting for what
+/// they depend on.
+struct Tasks {
+    live: HashMap<(FarmId, TaskRef), (u32, Option<Live>, bool)>,
+    /// Tasks given to this node, the home of their farm, whose
+    /// dependencies' outputs are not all here yet: each with its grant and
+    /// how many of its dependencies were found here so far (see `task.rs`).
+    waiting_deps: Vec<(Assigned, mesh_protocol::engine::Grant, u64)>,
+    run_seq: HashMap<(FarmId, TaskRef), (u64, Option<u32>)>,
+    /// Bare program names and where PATH finds them.
+    programs: HashMap<String, Option<String>>,
+    /// The node's GPUs as tasks name them, by their place in its pool.
+    gpu_ids: std::sync::Arc<[String]>,
 }
 
 /// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.

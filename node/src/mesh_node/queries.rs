@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use mesh_protocol::mesh::{Beat, Entry, FarmId, NodeId};
 use mesh_protocol::observe::{LatencyData, Observation};
 use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response};
-use tokio::sync::mpsc;
 
 use super::logs::LogAsk;
+use super::reply::Reply;
 use super::swarm::{request, RequestError};
 use super::views::FAILURES_SHOWN;
 
@@ -78,9 +78,9 @@ pub(super) enum QueryError {
 
 /// What a control request about a farm not held here was waiting for.
 pub(super) enum Asked {
-    Status(mpsc::UnboundedSender<ControlResponse>),
-    Resume(Option<String>, mpsc::UnboundedSender<ControlResponse>),
-    Logs(LogAsk, mpsc::UnboundedSender<ControlResponse>),
+    Status(Reply),
+    Resume(Option<String>, Reply),
+    Logs(LogAsk, Reply),
 }
 
 impl Node {
@@ -133,7 +133,7 @@ impl Node {
         self.peer
             .members()
             .map(|m| (m.id, m.label().to_string()))
-            .chain([(self.me, self.swarm.local_peer_id().to_string())])
+            .chain([(self.me, self.net.swarm.local_peer_id().to_string())])
             .collect()
     }
 
@@ -185,7 +185,7 @@ impl Node {
                 let req = Request::FindFarm {
                     query: query.clone(),
                 };
-                if tx.send(Cmd::AskCoordinator { req, reply }).is_err() {
+                if tx.send(Cmd::AskCoordinator { req, reply }).await.is_err() {
                     break Err(QueryError::Stopping);
                 }
                 let why = match rx.await {
@@ -201,7 +201,7 @@ impl Node {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
             };
-            let _ = tx.send(Cmd::Found(Box::new(r), asked));
+            let _ = tx.send(Cmd::Found(Box::new(r), asked)).await;
         });
     }
 
@@ -245,7 +245,7 @@ impl Node {
         };
         let own = self.peer.beat();
         let mut nodes = vec![view(
-            self.swarm.local_peer_id().to_string(),
+            self.net.swarm.local_peer_id().to_string(),
             self.me,
             &own,
             true,
@@ -325,7 +325,7 @@ impl Node {
             }
         };
         let mut status = self.status();
-        let me = self.swarm.local_peer_id().to_string();
+        let me = self.net.swarm.local_peer_id().to_string();
         let own = self.observation(after(&me));
         let members: HashMap<String, NodeId> = self
             .peer

@@ -256,7 +256,7 @@ impl Node {
             let s = &mut self.reach.seeds[i];
             s.dialing = true;
             let addr = s.addr.clone();
-            if let Err(e) = self.swarm.dial(addr) {
+            if let Err(e) = self.net.swarm.dial(addr) {
                 let s = &mut self.reach.seeds[i];
                 s.dialing = false;
                 let max = if joined {
@@ -273,7 +273,7 @@ impl Node {
             let Some(pid) = peer_of(&addr) else {
                 continue;
             };
-            if self.is_member_or_linked(pid) || self.dialing.contains(&pid) {
+            if self.is_member_or_linked(pid) || self.net.dialing.contains(&pid) {
                 self.reach.tries.remove(&addr);
                 continue;
             }
@@ -292,8 +292,8 @@ impl Node {
             let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(pid)
                 .addresses(vec![a])
                 .build();
-            if self.swarm.dial(opts).is_ok() {
-                self.dialing.insert(pid);
+            if self.net.swarm.dial(opts).is_ok() {
+                self.net.dialing.insert(pid);
             }
         }
     }
@@ -301,7 +301,7 @@ impl Node {
     /// A member now, or connected (a connection up is being introduced, or
     /// its node is in the mesh and SWIM will say so).
     fn is_member_or_linked(&self, pid: PeerId) -> bool {
-        self.swarm.is_connected(&pid) || self.peer.address_of(keys::node_id(&pid)).is_some()
+        self.net.swarm.is_connected(&pid) || self.peer.address_of(keys::node_id(&pid)).is_some()
     }
 
     /// A connection this node dialled is up: to a join address, it has

@@ -22,13 +22,12 @@ use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId, OutputFile, Ran};
 use mesh_protocol::wire::{Request, Response};
 use mesh_store::{mesh::NODE_KEY, Store, Write};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 
+use super::reply::Reply;
 use super::staging::input_hash;
 use super::swarm::request;
 use super::views::Origin;
 use super::{Cmd, Node};
-use crate::control::ControlResponse;
 use crate::results::{meta_name, Place, Results};
 
 /// How long a submission waits for the coordinator's list of farms, and
@@ -107,7 +106,7 @@ impl Node {
         &mut self,
         (spec, keys): (FarmSpec, TaskKeys),
         rerun: &[bool],
-        reply: mpsc::UnboundedSender<ControlResponse>,
+        reply: Reply,
     ) {
         // Nothing of a farm of this name kept here: no look-up per task.
         let any_here = self.kept_name(&spec.def.name);
@@ -190,17 +189,14 @@ impl Node {
                     reused.push(done_before(t, k, *h, outputs.clone(), *grew));
                 }
             }
-            let _ = tx.send(Cmd::SubmitReused(Box::new(spec), reused, reply));
+            let _ = tx
+                .send(Cmd::SubmitReused(Box::new(spec), reused, reply))
+                .await;
         });
     }
 
     /// Hands the farm to the peer: it becomes its home, with these tasks done.
-    pub(super) fn submit_now(
-        &mut self,
-        spec: FarmSpec,
-        reused: Vec<Entry>,
-        reply: mpsc::UnboundedSender<ControlResponse>,
-    ) {
+    pub(super) fn submit_now(&mut self, spec: FarmSpec, reused: Vec<Entry>, reply: Reply) {
         let mut o = Origin::new(&spec);
         o.submit_reply = Some(reply);
         self.origins.insert(spec.id, o);

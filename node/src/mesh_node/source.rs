@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use tokio::sync::mpsc;
 
+use super::reply::Reply;
 use super::Cmd;
 use crate::control::{ControlRequest, ControlResponse};
 use crate::dash::{self, SourceError};
@@ -12,22 +13,23 @@ use crate::view::{FarmView, Observed};
 /// The dashboard's view of a mesh node: the control requests, asked
 /// through the node's loop like the control socket's.
 pub(super) struct MeshSource {
-    pub(super) tx: mpsc::UnboundedSender<Cmd>,
+    pub(super) tx: mpsc::Sender<Cmd>,
 }
 
 impl MeshSource {
-    fn ask(&self, req: ControlRequest) -> mpsc::UnboundedReceiver<ControlResponse> {
-        ask_node(&self.tx, req)
+    fn ask(
+        &self,
+        req: ControlRequest,
+    ) -> impl std::future::Future<Output = mpsc::Receiver<ControlResponse>> + Send + 'static {
+        let tx = self.tx.clone();
+        async move { ask_node(&tx, req).await }
     }
 }
 
 /// A control request to the node's loop, as the control socket sends them.
-fn ask_node(
-    tx: &mpsc::UnboundedSender<Cmd>,
-    req: ControlRequest,
-) -> mpsc::UnboundedReceiver<ControlResponse> {
-    let (reply, rx) = mpsc::unbounded_channel();
-    let _ = tx.send(Cmd::Control(req, reply));
+async fn ask_node(tx: &mpsc::Sender<Cmd>, req: ControlRequest) -> mpsc::Receiver<ControlResponse> {
+    let (reply, rx) = Reply::channel();
+    let _ = tx.send(Cmd::Control(req, reply)).await;
     rx
 }
 
@@ -36,8 +38,9 @@ impl dash::Source for MeshSource {
         &self,
         since: HashMap<String, u64>,
     ) -> dash::BoxFuture<Result<Observed, SourceError>> {
-        let mut rx = self.ask(ControlRequest::Observe { since });
+        let rx = self.ask(ControlRequest::Observe { since });
         Box::pin(async move {
+            let mut rx = rx.await;
             match rx.recv().await {
                 Some(ControlResponse::Observed(o)) => Ok(*o),
                 Some(ControlResponse::Error(e)) => Err(SourceError::Refused(e)),
@@ -47,9 +50,10 @@ impl dash::Source for MeshSource {
     }
 
     fn farms(&self) -> dash::BoxFuture<Result<Vec<FarmView>, SourceError>> {
-        let mut list = self.ask(ControlRequest::List);
+        let list = self.ask(ControlRequest::List);
         let tx = self.tx.clone();
         Box::pin(async move {
+            let mut list = list.await;
             let mut all = match list.recv().await {
                 Some(ControlResponse::List(v)) => v,
                 Some(ControlResponse::Error(e)) => return Err(SourceError::Refused(e)),
@@ -65,7 +69,8 @@ impl dash::Source for MeshSource {
                     ControlRequest::Farm {
                         farm: short.id.clone(),
                     },
-                );
+                )
+                .await;
                 match rx.recv().await {
                     Some(ControlResponse::Farm(v)) => views.push(*v),
                     _ => views.push(short),
@@ -81,13 +86,14 @@ impl dash::Source for MeshSource {
         task: String,
         attempt: Option<u32>,
     ) -> dash::BoxFuture<Result<String, SourceError>> {
-        let mut rx = self.ask(ControlRequest::Logs {
+        let rx = self.ask(ControlRequest::Logs {
             farm,
             task,
             attempt,
             follow: false,
         });
         Box::pin(async move {
+            let mut rx = rx.await;
             let (mut out, mut err) = (Vec::new(), Vec::new());
             loop {
                 match rx.recv().await {

@@ -37,7 +37,8 @@ impl Node {
 
     /// The peer id of a node a transfer asks, dialling it if need be.
     pub(super) fn peer_of(&mut self, to: NodeId) -> Option<PeerId> {
-        self.peers
+        self.net
+            .peers
             .get(&to)
             .copied()
             .or_else(|| self.dial_member(to))
@@ -79,7 +80,7 @@ impl Node {
                     break;
                 }
             }
-            let _ = tx.send(Cmd::InputsFetched(farm, r));
+            let _ = tx.send(Cmd::InputsFetched(farm, r)).await;
         });
     }
 
@@ -120,7 +121,7 @@ impl Node {
                 (Some(dir), None) => fetch_all(&t, &tx, from, farm, &dir, &outputs).await,
             };
             t.end_task(farm, task);
-            let _ = tx.send(Cmd::Fetched(farm, task, r));
+            let _ = tx.send(Cmd::Fetched(farm, task, r)).await;
         });
     }
 }
@@ -293,7 +294,7 @@ pub(super) fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, K
 /// Brings every output of a task from `from` into `dir`, each checked by hash.
 async fn fetch_all(
     t: &Arc<Transfers>,
-    tx: &mpsc::UnboundedSender<Cmd>,
+    tx: &mpsc::Sender<Cmd>,
     from: NodeId,
     farm: FarmId,
     dir: &Path,
@@ -374,7 +375,7 @@ const INPUT_WAIT: Duration = Duration::from_secs(60);
 /// the first of `sources` that has it.
 pub(super) async fn fetch_input(
     t: &Arc<Transfers>,
-    tx: &mpsc::UnboundedSender<Cmd>,
+    tx: &mpsc::Sender<Cmd>,
     sources: &[NodeId],
     farm: FarmId,
     (hash, mode): ([u8; 32], u32),
@@ -434,7 +435,7 @@ pub(super) fn place_cached(cached: &Path, dest: &Path, mode: u32) -> Result<(), 
 /// it, into this node's cache (its pieces kept beside it, to serve it on).
 pub(super) async fn fetch_any(
     t: &Arc<Transfers>,
-    tx: &mpsc::UnboundedSender<Cmd>,
+    tx: &mpsc::Sender<Cmd>,
     sources: &[NodeId],
     farm: FarmId,
     hash: [u8; 32],

@@ -58,23 +58,23 @@ impl Node {
     ) -> Result<(), NodeError> {
         match ev {
             SwarmEvent::NewListenAddr { address, .. } => {
-                let id = *self.swarm.local_peer_id();
+                let id = *self.net.swarm.local_peer_id();
                 self.say(&format!("mesh node {id} listening on {address}"));
-                if self.listen_addrs.is_empty() {
+                if self.net.listen_addrs.is_empty() {
                     if let Some(port) = net::tcp_port(&address) {
                         self.remember_port(port);
                     }
                 }
                 self.bind_swim(&address, opts);
-                self.listen_addrs.push(address);
+                self.net.listen_addrs.push(address);
                 self.update_address();
             }
             SwarmEvent::ConnectionEstablished {
                 peer_id, endpoint, ..
             } => {
-                self.dialing.remove(&peer_id);
+                self.net.dialing.remove(&peer_id);
                 let node = keys::node_id(&peer_id);
-                self.peers.insert(node, peer_id);
+                self.net.peers.insert(node, peer_id);
                 if endpoint.is_dialer() {
                     self.reached(peer_id, endpoint.get_remote_address());
                 }
@@ -97,11 +97,11 @@ impl Node {
             } => {
                 // Membership decides who is dead (beats stop); the connection
                 // is redialled from the next beat if the node is still there.
-                self.peers.remove(&keys::node_id(&peer_id));
+                self.net.peers.remove(&keys::node_id(&peer_id));
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                 if let Some(p) = peer_id {
-                    self.dialing.remove(&p);
+                    self.net.dialing.remove(&p);
                 }
                 self.dial_failed(&error)?;
             }
@@ -123,7 +123,7 @@ impl Node {
                 info,
                 ..
             })) => {
-                if let Err(e) = net::check_identified(&mut self.swarm, peer_id, &info) {
+                if let Err(e) = net::check_identified(&mut self.net.swarm, peer_id, &info) {
                     self.say(&format!("refused {e}"));
                     if !self.reach.joined() {
                         return Err(join_failed(opts, e));
@@ -142,12 +142,12 @@ impl Node {
             #[cfg(feature = "mdns")]
             SwarmEvent::Behaviour(BehaviourEvent::Mdns(libp2p::mdns::Event::Discovered(found))) => {
                 for (peer, addr) in found {
-                    if !self.swarm.is_connected(&peer) && self.dialing.insert(peer) {
+                    if !self.net.swarm.is_connected(&peer) && self.net.dialing.insert(peer) {
                         let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
                             .addresses(vec![addr])
                             .build();
-                        if self.swarm.dial(opts).is_err() {
-                            self.dialing.remove(&peer);
+                        if self.net.swarm.dial(opts).is_err() {
+                            self.net.dialing.remove(&peer);
                         }
                     }
                 }
@@ -183,8 +183,9 @@ impl Node {
     }
 
     fn update_address(&mut self) {
-        let id = *self.swarm.local_peer_id();
+        let id = *self.net.swarm.local_peer_id();
         let addrs: Vec<String> = self
+            .net
             .listen_addrs
             .iter()
             .filter(|a| {
@@ -202,7 +203,7 @@ impl Node {
     /// the first TCP port this node listens on (so a member's address says
     /// both), on the IP it was asked to listen on.
     fn bind_swim(&mut self, address: &Multiaddr, opts: &NodeOptions) {
-        if self.swim.is_some() {
+        if self.net.swim.is_some() {
             return;
         }
         let Some(at) = swim::udp_target(&[address.to_string()]) else {
@@ -217,11 +218,11 @@ impl Node {
         let seed = format!("{} {} {}", self.me, self.life, std::process::id());
         match swim::SwimSocket::bind(
             bind,
-            self.swim_cipher.clone(),
+            self.net.swim_cipher.clone(),
             seed.as_bytes(),
             self.tx.clone(),
         ) {
-            Ok(s) => self.swim = Some(s),
+            Ok(s) => self.net.swim = Some(s),
             Err(e) => self.say(&format!(
                 "cannot take membership packets on UDP {bind}: {e}; \
                  members reach this node only over its connections"
@@ -231,14 +232,15 @@ impl Node {
 
     pub(super) fn label_of(&self, n: NodeId) -> String {
         if n == self.me {
-            return self.swarm.local_peer_id().to_string();
+            return self.net.swarm.local_peer_id().to_string();
         }
-        self.peers
+        self.net
+            .peers
             .get(&n)
             .map(|p| p.to_string())
             .or_else(|| self.peer.address_of(n).map(|(l, _)| l.to_owned()))
             .filter(|l| !l.is_empty())
-            .or_else(|| self.labels.get(&n).cloned())
+            .or_else(|| self.net.labels.get(&n).cloned())
             .unwrap_or_else(|| n.to_string())
     }
 
@@ -249,6 +251,7 @@ impl Node {
         reply: Option<oneshot::Sender<Answer>>,
     ) {
         let Some(pid) = self
+            .net
             .peers
             .get(&to)
             .copied()
@@ -259,9 +262,9 @@ impl Node {
             }
             return;
         };
-        let id = self.swarm.behaviour_mut().rr.send_request(&pid, req);
+        let id = self.net.swarm.behaviour_mut().rr.send_request(&pid, req);
         self.sent(id);
-        self.outbound.pending.insert(id, reply);
+        self.net.outbound.pending.insert(id, reply);
     }
 
     /// A message for a peer's engine, on this node's stream to it: what a
@@ -274,14 +277,14 @@ impl Node {
                 .peer
                 .address_of(to)
                 .and_then(|(_, addrs)| swim::udp_target(addrs));
-            if let (Some(s), Some(at)) = (&mut self.swim, at) {
+            if let (Some(s), Some(at)) = (&mut self.net.swim, at) {
                 if s.send_msg(at, self.me, &msg) {
                     self.recorder.counters.messages_sent += 1;
                     return;
                 }
             }
         }
-        let pid = match self.peers.get(&to).copied() {
+        let pid = match self.net.peers.get(&to).copied() {
             Some(pid) => pid,
             None => match self.dial_member(to) {
                 Some(pid) => pid,
@@ -289,7 +292,7 @@ impl Node {
             },
         };
         self.recorder.counters.messages_sent += 1;
-        self.links.send(to, pid, msg);
+        self.net.links.send(to, pid, msg);
     }
 
     /// Connects to a member this node has no connection to, at the
@@ -302,13 +305,13 @@ impl Node {
         if addrs.is_empty() {
             return None;
         }
-        self.labels.entry(to).or_insert_with(|| pid.to_string());
-        if !self.swarm.is_connected(&pid) && !self.dialing.contains(&pid) {
+        self.net.labels.entry(to).or_insert_with(|| pid.to_string());
+        if !self.net.swarm.is_connected(&pid) && !self.net.dialing.contains(&pid) {
             let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(pid)
                 .addresses(addrs)
                 .build();
-            if self.swarm.dial(opts).is_ok() {
-                self.dialing.insert(pid);
+            if self.net.swarm.dial(opts).is_ok() {
+                self.net.dialing.insert(pid);
             }
         }
         Some(pid)
@@ -316,7 +319,7 @@ impl Node {
 
     fn sent(&mut self, id: OutboundRequestId) {
         self.recorder.counters.messages_sent += 1;
-        self.outbound.sent_at.insert(id, Instant::now());
+        self.net.outbound.sent_at.insert(id, Instant::now());
     }
 
     fn on_rr(&mut self, ev: request_response::Event<Request, Response>) {
@@ -326,18 +329,18 @@ impl Node {
                     request, channel, ..
                 } => {
                     let from = keys::node_id(&peer);
-                    self.peers.insert(from, peer);
+                    self.net.peers.insert(from, peer);
                     self.on_request(request, channel);
                 }
                 request_response::Message::Response {
                     request_id,
                     response,
                 } => {
-                    if let Some(at) = self.outbound.sent_at.remove(&request_id) {
+                    if let Some(at) = self.net.outbound.sent_at.remove(&request_id) {
                         let us = at.elapsed().as_micros() as u64;
                         self.peer.record_latency(Latency::MessageRtt, us);
                     }
-                    if let Some(Some(reply)) = self.outbound.pending.remove(&request_id) {
+                    if let Some(Some(reply)) = self.net.outbound.pending.remove(&request_id) {
                         let _ = reply.send(Ok(response));
                     }
                 }
@@ -345,8 +348,8 @@ impl Node {
             request_response::Event::OutboundFailure {
                 request_id, error, ..
             } => {
-                self.outbound.sent_at.remove(&request_id);
-                if let Some(Some(reply)) = self.outbound.pending.remove(&request_id) {
+                self.net.outbound.sent_at.remove(&request_id);
+                if let Some(Some(reply)) = self.net.outbound.pending.remove(&request_id) {
                     let _ = reply.send(Err(error.into()));
                 }
             }
@@ -359,35 +362,55 @@ impl Node {
         match req {
             Request::Observe { since } => {
                 let resp = Response::Observed(Box::new(self.observation(since)));
-                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+                let _ = self
+                    .net
+                    .swarm
+                    .behaviour_mut()
+                    .rr
+                    .send_response(channel, resp);
             }
             Request::WhereRan { .. } | Request::TaskLog { .. } | Request::DepOutputs { .. } => {
                 let tx = self.tx.clone();
                 match self.local_answer(req) {
                     Ok(r) => {
-                        let _ = self.swarm.behaviour_mut().rr.send_response(channel, r);
+                        let _ = self.net.swarm.behaviour_mut().rr.send_response(channel, r);
                     }
                     Err(rx) => {
                         tokio::spawn(async move {
                             let r = rx
                                 .await
                                 .unwrap_or(Response::Error("the node is stopping".into()));
-                            let _ = tx.send(Cmd::Respond(channel, r));
+                            let _ = tx.send(Cmd::Respond(channel, r)).await;
                         });
                     }
                 }
             }
             Request::Nodes => {
                 let resp = Response::Nodes(self.peer.node_beats());
-                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+                let _ = self
+                    .net
+                    .swarm
+                    .behaviour_mut()
+                    .rr
+                    .send_response(channel, resp);
             }
             Request::ListFarms => {
                 let resp = Response::Farms(self.summaries());
-                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+                let _ = self
+                    .net
+                    .swarm
+                    .behaviour_mut()
+                    .rr
+                    .send_response(channel, resp);
             }
             Request::Kept { keys } => {
                 let resp = Response::Kept(self.kept_here(&keys));
-                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+                let _ = self
+                    .net
+                    .swarm
+                    .behaviour_mut()
+                    .rr
+                    .send_response(channel, resp);
             }
             Request::FindFarm { query } => {
                 let resp = match self.find_known(&query).map(|f| self.found(f)) {
@@ -396,7 +419,12 @@ impl Node {
                         Response::Error(QueryError::UnknownToMesh(query).to_string())
                     }
                 };
-                let _ = self.swarm.behaviour_mut().rr.send_response(channel, resp);
+                let _ = self
+                    .net
+                    .swarm
+                    .behaviour_mut()
+                    .rr
+                    .send_response(channel, resp);
             }
         }
     }
@@ -413,9 +441,10 @@ fn join_failed(opts: &NodeOptions, why: String) -> NodeError {
     NodeError::Join { addr, why }
 }
 
-pub(super) async fn request(tx: &mpsc::UnboundedSender<Cmd>, to: NodeId, req: Request) -> Answer {
+pub(super) async fn request(tx: &mpsc::Sender<Cmd>, to: NodeId, req: Request) -> Answer {
     let (reply, rx) = oneshot::channel();
     tx.send(Cmd::Request { to, req, reply })
+        .await
         .map_err(|_| RequestError::Stopping)?;
     match rx.await {
         Ok(Ok(Response::Error(e))) => Err(RequestError::Refused(e)),

@@ -69,7 +69,7 @@ impl SwimSocket {
         addr: SocketAddr,
         cipher: XChaCha20Poly1305,
         seed: &[u8],
-        tx: mpsc::UnboundedSender<Cmd>,
+        tx: mpsc::Sender<Cmd>,
     ) -> io::Result<SwimSocket> {
         let std_sock = std::net::UdpSocket::bind(addr)?;
         std_sock.set_nonblocking(true)?;
@@ -138,7 +138,7 @@ impl SwimSocket {
 /// Opens what arrives and hands it to the loop; anything that does not
 /// open under the key (another mesh, noise), or does not read as what
 /// its first byte says, is dropped.
-async fn receive(sock: Arc<UdpSocket>, cipher: XChaCha20Poly1305, tx: mpsc::UnboundedSender<Cmd>) {
+async fn receive(sock: Arc<UdpSocket>, cipher: XChaCha20Poly1305, tx: mpsc::Sender<Cmd>) {
     let mut buf = vec![0u8; PACKET_MAX];
     loop {
         let n = match sock.recv_from(&mut buf).await {
@@ -164,7 +164,7 @@ async fn receive(sock: Arc<UdpSocket>, cipher: XChaCha20Poly1305, tx: mpsc::Unbo
             },
             _ => continue,
         };
-        if tx.send(cmd).is_err() {
+        if tx.send(cmd).await.is_err() {
             return;
         }
     }
@@ -205,12 +205,12 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_packet_opens_only_under_the_same_mesh_key() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::channel(16);
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let key = MeshKey::new([7; 32]);
         let b = SwimSocket::bind(any, cipher(&key), b"b", tx).unwrap();
         let to = b.out.local_addr().unwrap();
-        let (tx2, _rx2) = mpsc::unbounded_channel();
+        let (tx2, _rx2) = mpsc::channel(16);
         let mut a = SwimSocket::bind(any, cipher(&key), b"a", tx2.clone()).unwrap();
         let mut other = SwimSocket::bind(any, cipher(&MeshKey::new([8; 32])), b"c", tx2).unwrap();
         other.send(to, b"forged");
@@ -226,12 +226,12 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_small_message_travels_as_a_packet_with_its_sender_and_a_large_one_does_not() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::channel(16);
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let key = MeshKey::new([7; 32]);
         let b = SwimSocket::bind(any, cipher(&key), b"b", tx).unwrap();
         let to = b.out.local_addr().unwrap();
-        let (tx2, _rx2) = mpsc::unbounded_channel();
+        let (tx2, _rx2) = mpsc::channel(16);
         let mut a = SwimSocket::bind(any, cipher(&key), b"a", tx2).unwrap();
         let big = Msg::Refused {
             farm: mesh_protocol::mesh::FarmId(1),

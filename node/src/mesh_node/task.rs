@@ -23,7 +23,7 @@ impl Node {
         let mut found = 0;
         if !self.deps_here(&task, &mut found) {
             tracing::debug!(farm = %task.farm, task = ?task.task, found, "waits for its dependencies' outputs");
-            self.waiting_deps.push((task, grant, found));
+            self.tasks.waiting_deps.push((task, grant, found));
             return;
         }
         let Some(spec) = self.peer.spec(task.farm).cloned() else {
@@ -44,12 +44,14 @@ impl Node {
             );
             return;
         };
-        self.live
+        self.tasks
+            .live
             .insert((task.farm, task.task), (task.attempt, None, false));
         let seq =
             self.recorder
                 .started(task.farm, task.task, task.attempt, crate::state::unix_ms());
-        self.run_seq
+        self.tasks
+            .run_seq
             .insert((task.farm, task.task), (seq, self.recorder.slot(seq)));
         let def = &spec.def;
         let stage = def.stage(task.task);
@@ -67,7 +69,7 @@ impl Node {
         let task_id = def.task_name(task.task);
         // The task's own key; the coordinator adds what it depends on (see `farm::key_with_deps`).
         let key = def.own_key(task.task, &task_id, &hashes);
-        executor::resolve_program(&mut self.programs, &mut tspec);
+        executor::resolve_program(&mut self.tasks.programs, &mut tspec);
         let (root, out_dir) = if local {
             (
                 PathBuf::from(&def.root),
@@ -100,8 +102,8 @@ impl Node {
             out_dir,
             stdout_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "out"),
             stderr_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "err"),
-            gpu_ids: self.gpu_ids.clone(),
-            node: self.swarm.local_peer_id().to_string(),
+            gpu_ids: self.tasks.gpu_ids.clone(),
+            node: self.net.swarm.local_peer_id().to_string(),
         };
         let tx = self.tx.clone();
         let cache = self.state.join("cache");
@@ -136,7 +138,7 @@ impl Node {
                 tx.clone(),
             )
             .await;
-            let _ = tx.send(Cmd::Finished(task, outcome, outputs));
+            let _ = tx.send(Cmd::Finished(task, outcome, outputs)).await;
         };
         if here {
             tokio::task::spawn_local(attempt);
@@ -166,11 +168,11 @@ impl Node {
 
     /// Starts the tasks whose dependencies' outputs have all come.
     pub(super) fn start_ready(&mut self) {
-        if self.waiting_deps.is_empty() {
+        if self.tasks.waiting_deps.is_empty() {
             return;
         }
         let mut ready = Vec::new();
-        let mut waiting = std::mem::take(&mut self.waiting_deps);
+        let mut waiting = std::mem::take(&mut self.tasks.waiting_deps);
         waiting.retain_mut(|(task, grant, found)| {
             if self.deps_here(task, found) {
                 ready.push((*task, grant.clone()));
@@ -179,7 +181,7 @@ impl Node {
                 true
             }
         });
-        self.waiting_deps = waiting;
+        self.tasks.waiting_deps = waiting;
         for (task, grant) in ready {
             self.start(task, grant);
         }
@@ -188,10 +190,15 @@ impl Node {
     /// A task killed while it waited for its dependencies' outputs ends as
     /// its process would have, never having started. False when it was not waiting.
     pub(super) fn unwait(&mut self, task: Assigned, reason: KillReason) -> bool {
-        let Some(at) = self.waiting_deps.iter().position(|(t, ..)| *t == task) else {
+        let Some(at) = self
+            .tasks
+            .waiting_deps
+            .iter()
+            .position(|(t, ..)| *t == task)
+        else {
             return false;
         };
-        self.waiting_deps.swap_remove(at);
+        self.tasks.waiting_deps.swap_remove(at);
         let sig = executor::kill_signal(reason) as i32;
         let now = self.now();
         self.peer.task_finished(
@@ -226,7 +233,7 @@ async fn run_task(
         Option<DepsPlace>,
     ),
     (cache, held): (PathBuf, PathBuf),
-    tx: mpsc::UnboundedSender<Cmd>,
+    tx: mpsc::Sender<Cmd>,
 ) -> (Outcome, Vec<OutputFile>) {
     let key = launch.key;
     let fail = |e: String| {
@@ -256,7 +263,7 @@ async fn run_task(
                     return fail(format!("the outputs it depends on: {e}"))
                 }
                 Err(NotPlaced::Remade) => {
-                    let _ = tx.send(Cmd::GiveBack(task));
+                    let _ = tx.send(Cmd::GiveBack(task)).await;
                     return fail("given back: what it depends on is being made again".into());
                 }
             }
@@ -295,13 +302,14 @@ async fn run_task(
         Err(e) => return fail(e.to_string()),
     }
     let out_dir = launch.out_dir.clone();
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Finished>();
+    // One attempt, one report: room for it is all this channel needs.
+    let (done_tx, mut done_rx) = mpsc::channel::<Finished>(1);
     let live = if here {
         executor::launch_here(launch, done_tx)
     } else {
         executor::launch(launch, done_tx)
     };
-    let _ = tx.send(Cmd::Launched(task, live));
+    let _ = tx.send(Cmd::Launched(task, live)).await;
     let Some(f) = done_rx.recv().await else {
         return fail("the task's runner stopped".into());
     };

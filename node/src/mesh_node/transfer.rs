@@ -523,7 +523,7 @@ async fn within<T>(
 /// pieces beside it (a cached input this node may serve in turn).
 pub(super) async fn fetch(
     t: &Arc<Transfers>,
-    tx: &mpsc::UnboundedSender<Cmd>,
+    tx: &mpsc::Sender<Cmd>,
     from: NodeId,
     (farm, hash): (FarmId, [u8; 32]),
     dest: &Path,
@@ -576,7 +576,7 @@ impl Drop for Landed<'_> {
 
 async fn fetch_here(
     t: &Arc<Transfers>,
-    tx: &mpsc::UnboundedSender<Cmd>,
+    tx: &mpsc::Sender<Cmd>,
     from: NodeId,
     (farm, hash): (FarmId, [u8; 32]),
     dest: &Path,
@@ -590,6 +590,7 @@ async fn fetch_here(
         .map_err(|_| FetchError::Stopping)?;
     let (pid_tx, pid_rx) = oneshot::channel();
     tx.send(Cmd::PeerOf(from, pid_tx))
+        .await
         .map_err(|_| FetchError::Stopping)?;
     let pid = pid_rx
         .await
@@ -718,7 +719,7 @@ fn verified_part(part: &Path, pieces: &Pieces, hash: &Cv) -> io::Result<u64> {
 /// The bytes from `have` to the end, checked and written as they come.
 async fn receive(
     t: &Transfers,
-    tx: &mpsc::UnboundedSender<Cmd>,
+    tx: &mpsc::Sender<Cmd>,
     s: &mut libp2p::Stream,
     part: &Path,
     (pieces, hash, have): (&Pieces, Cv, u64),
@@ -777,7 +778,9 @@ async fn receive(
         t.count_home(farm, n as u64);
         if let Some(farm) = farm.filter(|_| told.elapsed() >= PROGRESS_EVERY) {
             told = Instant::now();
-            let _ = tx.send(Cmd::Moved(farm));
+            // Full: this progress is dropped; the next one, or the
+            // fetch's end, says as much.
+            let _ = tx.try_send(Cmd::Moved(farm));
         }
         if btx.send(buf).await.is_err() {
             break;

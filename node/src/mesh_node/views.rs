@@ -7,8 +7,8 @@ use mesh_protocol::engine::Stop;
 use mesh_protocol::farm::FarmDef;
 use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId};
 use mesh_protocol::wire::{FarmSummary, FoundFarm};
-use tokio::sync::mpsc;
 
+use super::reply::Reply;
 use super::{farm_display_id, Node};
 use crate::control::ControlResponse;
 use crate::task_words::{describe_end, describe_stop};
@@ -20,8 +20,8 @@ pub(super) const FAILURES_SHOWN: usize = 50;
 /// A farm submitted here, as `mesh wait` and `status` show it.
 pub(super) struct Origin {
     pub(super) view: FarmView,
-    pub(super) waiters: Vec<mpsc::UnboundedSender<ControlResponse>>,
-    pub(super) submit_reply: Option<mpsc::UnboundedSender<ControlResponse>>,
+    pub(super) waiters: Vec<Reply>,
+    pub(super) submit_reply: Option<Reply>,
     /// Clients following the farm's tasks one by one (see `feed.rs`).
     pub(super) feeds: Vec<super::feed::Feed>,
     /// When the bytes still to come were last counted, and the bytes home
@@ -82,7 +82,9 @@ impl Origin {
             let r = if view.finished {
                 w.send(ControlResponse::Finished(view.clone()))
             } else {
-                w.send(ControlResponse::Progress(view.clone()))
+                // The next one, or the end, says as much: a slow
+                // reader misses some and is not cut off.
+                w.offer(ControlResponse::Progress(view.clone()))
             };
             r.is_ok() && !view.finished
         });
