@@ -1151,24 +1151,26 @@ pub(crate) mod tests {
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
     }
 
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_dial_with_another_mesh_key_fails_at_once_on_both_sides_and_names_the_key() {
-        let (mut a, mut b) = (node(psk(3)), node(psk(4)));
-        let b_addr = listen_addr(&mut b).await;
-        let started = std::time::Instant::now();
-        a.dial(b_addr).unwrap();
+    /// Drives `a`'s dial of `b` until it failed on both sides: the
+    /// dialer's error and the listener's; connected at all (`how`) fails
+    /// the test.
+    async fn both_fail(
+        a: &mut Swarm<Behaviour>,
+        b: &mut Swarm<Behaviour>,
+        how: &str,
+    ) -> (DialError, ListenError) {
         let (mut dial_error, mut refused) = (None, None);
         timeout(WAIT, async {
             while dial_error.is_none() || refused.is_none() {
                 tokio::select! {
                     ev = a.select_next_some() => match ev {
                         SwarmEvent::OutgoingConnectionError { error, .. } => dial_error = Some(error),
-                        SwarmEvent::ConnectionEstablished { .. } => panic!("connected with the wrong key"),
+                        SwarmEvent::ConnectionEstablished { .. } => panic!("connected {how}"),
                         _ => {}
                     },
                     ev = b.select_next_some() => match ev {
                         SwarmEvent::IncomingConnectionError { error, .. } => refused = Some(error),
-                        SwarmEvent::ConnectionEstablished { .. } => panic!("accepted a peer with the wrong key"),
+                        SwarmEvent::ConnectionEstablished { .. } => panic!("accepted a peer {how}"),
                         _ => {}
                     }
                 }
@@ -1176,6 +1178,16 @@ pub(crate) mod tests {
         })
         .await
         .expect("the dial neither failed nor succeeded in time");
+        (dial_error.unwrap(), refused.unwrap())
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_dial_with_another_mesh_key_fails_at_once_on_both_sides_and_names_the_key() {
+        let (mut a, mut b) = (node(psk(3)), node(psk(4)));
+        let b_addr = listen_addr(&mut b).await;
+        let started = std::time::Instant::now();
+        a.dial(b_addr).unwrap();
+        let (dial_error, refused) = both_fail(&mut a, &mut b, "with the wrong key").await;
         // Told by noise's tags (and the dialer's refusal), not by a
         // handshake that times out (as a paused node's does).
         assert!(
@@ -1183,7 +1195,7 @@ pub(crate) mod tests {
             "{:?}",
             started.elapsed()
         );
-        let error = dial_error.unwrap();
+        let error = dial_error;
         assert_eq!(dial_fault(&error), DialFault::WrongKey);
         assert!(!dial_fault(&error).transient());
         let text = explain_dial_error(&error);
@@ -1191,7 +1203,7 @@ pub(crate) mod tests {
             text.contains("another mesh key") && text.contains("mesh.key"),
             "{text}"
         );
-        let (fault, why) = listen_fault(&refused.unwrap()).expect("a fault to tell");
+        let (fault, why) = listen_fault(&refused).expect("a fault to tell");
         assert_eq!(fault, DialFault::WrongKey);
         assert!(why.contains("another mesh key"), "{why}");
         assert_eq!(a.connected_peers().count(), 0);
@@ -1215,31 +1227,13 @@ pub(crate) mod tests {
         let b_addr = listen_addr(&mut b).await;
         let started = std::time::Instant::now();
         a.dial(b_addr).unwrap();
-        let (mut dial_error, mut refused) = (None, None);
-        timeout(WAIT, async {
-            while dial_error.is_none() || refused.is_none() {
-                tokio::select! {
-                    ev = a.select_next_some() => match ev {
-                        SwarmEvent::OutgoingConnectionError { error, .. } => dial_error = Some(error),
-                        SwarmEvent::ConnectionEstablished { .. } => panic!("connected across versions"),
-                        _ => {}
-                    },
-                    ev = b.select_next_some() => match ev {
-                        SwarmEvent::IncomingConnectionError { error, .. } => refused = Some(error),
-                        SwarmEvent::ConnectionEstablished { .. } => panic!("accepted another version"),
-                        _ => {}
-                    }
-                }
-            }
-        })
-        .await
-        .expect("the dial neither failed nor succeeded in time");
+        let (dial_error, refused) = both_fail(&mut a, &mut b, "across versions").await;
         assert!(
             started.elapsed() < HANDSHAKE_TIMEOUT,
             "{:?}",
             started.elapsed()
         );
-        let error = dial_error.unwrap();
+        let error = dial_error;
         assert_eq!(dial_fault(&error), DialFault::Version);
         let text = explain_dial_error(&error);
         let theirs = format!("speaks mesh protocol {}", PROTOCOL_VERSION + 1);
@@ -1248,7 +1242,7 @@ pub(crate) mod tests {
             "{text}"
         );
         assert!(!text.contains("mesh.key"), "{text}");
-        let (fault, why) = listen_fault(&refused.unwrap()).expect("a fault to tell");
+        let (fault, why) = listen_fault(&refused).expect("a fault to tell");
         assert_eq!(fault, DialFault::Version);
         assert!(
             why.contains(&format!("speaks mesh protocol {PROTOCOL_VERSION}")),

@@ -643,12 +643,7 @@ impl Node {
             Cmd::AskCoordinator { req, reply } => self.ask_of_coordinator(req, reply),
             Cmd::GiveBack(task) => self.peer.give_back(task),
             Cmd::Respond(channel, resp) => {
-                let _ = self
-                    .net
-                    .swarm
-                    .behaviour_mut()
-                    .rr
-                    .send_response(channel, resp);
+                self.respond(channel, resp);
             }
             Cmd::Moved(farm) => self.refresh_view(farm),
             Cmd::PeerOf(node, reply) => {

@@ -357,23 +357,29 @@ impl Node {
         }
     }
 
+    /// Answers another node's request; the answer to one that has gone
+    /// meanwhile is dropped, as it would be on the way.
+    pub(super) fn respond(&mut self, channel: ResponseChannel<Response>, resp: Response) {
+        let _ = self
+            .net
+            .swarm
+            .behaviour_mut()
+            .rr
+            .send_response(channel, resp);
+    }
+
     fn on_request(&mut self, req: Request, channel: ResponseChannel<Response>) {
         self.recorder.counters.messages_received += 1;
         match req {
             Request::Observe { since } => {
                 let resp = Response::Observed(Box::new(self.observation(since)));
-                let _ = self
-                    .net
-                    .swarm
-                    .behaviour_mut()
-                    .rr
-                    .send_response(channel, resp);
+                self.respond(channel, resp);
             }
             Request::WhereRan { .. } | Request::TaskLog { .. } | Request::DepOutputs { .. } => {
                 let tx = self.tx.clone();
                 match self.local_answer(req) {
                     Ok(r) => {
-                        let _ = self.net.swarm.behaviour_mut().rr.send_response(channel, r);
+                        self.respond(channel, r);
                     }
                     Err(rx) => {
                         tokio::spawn(async move {
@@ -387,30 +393,15 @@ impl Node {
             }
             Request::Nodes => {
                 let resp = Response::Nodes(self.peer.node_beats());
-                let _ = self
-                    .net
-                    .swarm
-                    .behaviour_mut()
-                    .rr
-                    .send_response(channel, resp);
+                self.respond(channel, resp);
             }
             Request::ListFarms => {
                 let resp = Response::Farms(self.summaries());
-                let _ = self
-                    .net
-                    .swarm
-                    .behaviour_mut()
-                    .rr
-                    .send_response(channel, resp);
+                self.respond(channel, resp);
             }
             Request::Kept { keys } => {
                 let resp = Response::Kept(self.kept_here(&keys));
-                let _ = self
-                    .net
-                    .swarm
-                    .behaviour_mut()
-                    .rr
-                    .send_response(channel, resp);
+                self.respond(channel, resp);
             }
             Request::FindFarm { query } => {
                 let resp = match self.find_known(&query).map(|f| self.found(f)) {
@@ -419,12 +410,7 @@ impl Node {
                         Response::Error(QueryError::UnknownToMesh(query).to_string())
                     }
                 };
-                let _ = self
-                    .net
-                    .swarm
-                    .behaviour_mut()
-                    .rr
-                    .send_response(channel, resp);
+                self.respond(channel, resp);
             }
         }
     }
