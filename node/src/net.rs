@@ -1151,14 +1151,17 @@ pub(crate) mod tests {
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
     }
 
-    /// Drives `a`'s dial of `b` until it failed on both sides: the
-    /// dialer's error and the listener's; connected at all (`how`) fails
-    /// the test.
-    async fn both_fail(
-        a: &mut Swarm<Behaviour>,
-        b: &mut Swarm<Behaviour>,
+    /// `a` dials `b` until the dial failed on both sides, within the
+    /// handshake's timeout: the dialer's error and the listener's;
+    /// connected at all (`how`) fails the test.
+    async fn dial_fails(
+        mut a: Swarm<Behaviour>,
+        mut b: Swarm<Behaviour>,
         how: &str,
     ) -> (DialError, ListenError) {
+        let b_addr = listen_addr(&mut b).await;
+        let started = std::time::Instant::now();
+        a.dial(b_addr).unwrap();
         let (mut dial_error, mut refused) = (None, None);
         timeout(WAIT, async {
             while dial_error.is_none() || refused.is_none() {
@@ -1178,24 +1181,21 @@ pub(crate) mod tests {
         })
         .await
         .expect("the dial neither failed nor succeeded in time");
-        (dial_error.unwrap(), refused.unwrap())
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_dial_with_another_mesh_key_fails_at_once_on_both_sides_and_names_the_key() {
-        let (mut a, mut b) = (node(psk(3)), node(psk(4)));
-        let b_addr = listen_addr(&mut b).await;
-        let started = std::time::Instant::now();
-        a.dial(b_addr).unwrap();
-        let (dial_error, refused) = both_fail(&mut a, &mut b, "with the wrong key").await;
-        // Told by noise's tags (and the dialer's refusal), not by a
-        // handshake that times out (as a paused node's does).
         assert!(
             started.elapsed() < HANDSHAKE_TIMEOUT,
             "{:?}",
             started.elapsed()
         );
-        let error = dial_error;
+        assert_eq!(a.connected_peers().count(), 0);
+        assert_eq!(b.connected_peers().count(), 0);
+        (dial_error.unwrap(), refused.unwrap())
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_dial_with_another_mesh_key_fails_at_once_on_both_sides_and_names_the_key() {
+        // Told by noise's tags (and the dialer's refusal), not by a
+        // handshake that times out (as a paused node's does).
+        let (error, refused) = dial_fails(node(psk(3)), node(psk(4)), "with the wrong key").await;
         assert_eq!(dial_fault(&error), DialFault::WrongKey);
         assert!(!dial_fault(&error).transient());
         let text = explain_dial_error(&error);
@@ -1206,8 +1206,6 @@ pub(crate) mod tests {
         let (fault, why) = listen_fault(&refused).expect("a fault to tell");
         assert_eq!(fault, DialFault::WrongKey);
         assert!(why.contains("another mesh key"), "{why}");
-        assert_eq!(a.connected_peers().count(), 0);
-        assert_eq!(b.connected_peers().count(), 0);
     }
 
     /// A node of this mesh's key that speaks `version` on the wire.
@@ -1223,17 +1221,8 @@ pub(crate) mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_node_of_another_version_is_told_at_once_on_both_sides_and_not_as_another_key() {
-        let (mut a, mut b) = (node(psk(6)), node_of_version(psk(6), PROTOCOL_VERSION + 1));
-        let b_addr = listen_addr(&mut b).await;
-        let started = std::time::Instant::now();
-        a.dial(b_addr).unwrap();
-        let (dial_error, refused) = both_fail(&mut a, &mut b, "across versions").await;
-        assert!(
-            started.elapsed() < HANDSHAKE_TIMEOUT,
-            "{:?}",
-            started.elapsed()
-        );
-        let error = dial_error;
+        let b = node_of_version(psk(6), PROTOCOL_VERSION + 1);
+        let (error, refused) = dial_fails(node(psk(6)), b, "across versions").await;
         assert_eq!(dial_fault(&error), DialFault::Version);
         let text = explain_dial_error(&error);
         let theirs = format!("speaks mesh protocol {}", PROTOCOL_VERSION + 1);
