@@ -1151,6 +1151,28 @@ pub(crate) mod tests {
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
     }
 
+    /// `a` dials a plain TCP listener on 127.0.0.1:`port` (not a node):
+    /// the dial's error.
+    async fn dial_error_from(a: &mut Swarm<Behaviour>, port: u16) -> DialError {
+        a.dial(
+            format!("/ip4/127.0.0.1/tcp/{port}")
+                .parse::<Multiaddr>()
+                .unwrap(),
+        )
+        .unwrap();
+        timeout(WAIT, async {
+            loop {
+                if let SwarmEvent::OutgoingConnectionError { error, .. } =
+                    a.select_next_some().await
+                {
+                    return error;
+                }
+            }
+        })
+        .await
+        .expect("no dial error in time")
+    }
+
     /// `a` dials `b` until the dial failed on both sides, within the
     /// handshake's timeout: the dialer's error and the listener's;
     /// connected at all (`how`) fails the test.
@@ -1252,24 +1274,8 @@ pub(crate) mod tests {
             tokio::time::sleep(WAIT).await;
         });
         let mut a = node(psk(5));
-        a.dial(
-            format!("/ip4/127.0.0.1/tcp/{port}")
-                .parse::<Multiaddr>()
-                .unwrap(),
-        )
-        .unwrap();
         let started = std::time::Instant::now();
-        let error = timeout(WAIT, async {
-            loop {
-                if let SwarmEvent::OutgoingConnectionError { error, .. } =
-                    a.select_next_some().await
-                {
-                    return error;
-                }
-            }
-        })
-        .await
-        .expect("no dial error in time");
+        let error = dial_error_from(&mut a, port).await;
         assert!(
             started.elapsed() < HANDSHAKE_TIMEOUT,
             "{:?}",
@@ -1287,23 +1293,7 @@ pub(crate) mod tests {
         let paused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = paused.local_addr().unwrap().port();
         let mut a = node(psk(5));
-        a.dial(
-            format!("/ip4/127.0.0.1/tcp/{port}")
-                .parse::<Multiaddr>()
-                .unwrap(),
-        )
-        .unwrap();
-        let error = timeout(WAIT, async {
-            loop {
-                if let SwarmEvent::OutgoingConnectionError { error, .. } =
-                    a.select_next_some().await
-                {
-                    return error;
-                }
-            }
-        })
-        .await
-        .expect("no dial error in time");
+        let error = dial_error_from(&mut a, port).await;
         assert_eq!(dial_fault(&error), DialFault::Silent);
         assert!(dial_fault(&error).transient());
         let text = explain_dial_error(&error);
@@ -1320,23 +1310,7 @@ pub(crate) mod tests {
             .local_addr()
             .unwrap()
             .port();
-        a.dial(
-            format!("/ip4/127.0.0.1/tcp/{port}")
-                .parse::<Multiaddr>()
-                .unwrap(),
-        )
-        .unwrap();
-        let error = timeout(WAIT, async {
-            loop {
-                if let SwarmEvent::OutgoingConnectionError { error, .. } =
-                    a.select_next_some().await
-                {
-                    return error;
-                }
-            }
-        })
-        .await
-        .expect("no dial error in time");
+        let error = dial_error_from(&mut a, port).await;
         let text = explain_dial_error(&error);
         assert!(!text.contains("mesh.key"), "{text}");
         assert!(text.contains(&port.to_string()), "{text}");
