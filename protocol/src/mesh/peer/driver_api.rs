@@ -5,7 +5,7 @@ use super::*;
 impl Peer {
     /// This node's machine as measured now, told in its beats.
     pub fn set_machine(&mut self, machine: Option<MachineLoad>) {
-        self.machine = machine;
+        self.said.machine = machine;
     }
 
     /// Every member as this node last heard it (its beat; an empty one for
@@ -25,12 +25,12 @@ impl Peer {
 
     /// This node's GPUs (how tasks name each, and its model), told in its beats.
     pub fn set_gpus(&mut self, gpus: Vec<(String, String)>) {
-        self.gpus = gpus;
+        self.said.gpus = gpus;
     }
 
     /// This node's open-file limit, told in its beats.
     pub fn set_files_max(&mut self, limit: u64) {
-        self.files_max = limit;
+        self.said.files_max = limit;
     }
 
     /// This node was started to join a mesh at an address the user gave:

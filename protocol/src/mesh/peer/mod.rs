@@ -1,4 +1,4 @@
-//! One node of the mesh as a sans-IO state machine: `Peer`, the dispatcher over its roles (membership, election, coordinator, worker, stealing, holder and home, allocation); steps that concern several roles live in the `on_*` files, named by what they answer.
+//! One node of the mesh as a sans-IO state machine: `Peer`, the dispatcher over its roles (membership, election, coordinator, worker, stealing, holder and home, allocation); steps that concern several roles are functions in the `on_*` files, named by their event, over the roles they borrow.
 //!
 //! Every node runs a [`Peer`]. It gossips a [`Beat`] (its resources, load
 //! and whom it follows), notices dead members when their beats stop, and
@@ -12,9 +12,7 @@
 //! peers when they run dry.
 //!
 //! Each role is a module that owns the state only it uses; `Peer` routes
-//! inputs to them, and where one event concerns several roles (a member
-//! dies, a coordinator is elected, a farm is submitted) says here in which
-//! order they hear of it:
+//! inputs to them:
 //!
 //! - `membership.rs`: who is alive (members, their last beat, who died).
 //! - `election.rs`: whom this node follows, in which term.
@@ -26,14 +24,26 @@
 //! - `allocation.rs`: inputs to the allocation queues, and the book's copies.
 //! - `out.rs`: what a step produces (actions, messages to itself, counters).
 //!
-//! This file holds the `Peer`, its inputs and the routing of messages
-//! (`dispatch_msg`); the dispatcher's own steps, where one event reaches
-//! several roles, are `impl Peer` blocks by concern: `life.rs`
-//! (membership and election: beats, members up and down, following and
-//! becoming coordinator), `work.rs` (assignments, holdings sent again,
-//! starts and steals), `farms.rs` (submissions, copies, the home's
-//! outputs, cancels, batch answers) and `face.rs` (what the driver and
-//! status pages read and set, and the invariant checks).
+//! This file holds the `Peer`, its inputs and their routing: each input
+//! (a message in `dispatch_msg`, a timeout, a call of the driver) goes to
+//! the role it concerns or, where one event reaches several roles, to a
+//! function named by the event that borrows only the roles it touches
+//! and says in which order they hear of it:
+//!
+//! - `on_members.rs`: a beat heard, members up or dead, a heartbeat, an
+//!   election round, a coordinator followed or elected.
+//! - `on_tasks.rs`: tasks assigned, a resend due, a steal asked or
+//!   answered, and the coordinator's draining and placing.
+//! - `on_farms.rs`: a farm submitted, offered, copied or cancelled, a home
+//!   taken, inputs arrived, kept outputs told, the allocation queues.
+//! - `borrows.rs`: the views of several roles lent to those functions
+//!   where one borrows many at once (`Roles`, for the steps that tell
+//!   this node's beat, which speaks of every role).
+//! - `driver_api.rs`: what the driver and status pages read and set, and
+//!   the invariant checks.
+//!
+//! No step hands context to another through the peer's fields: what one
+//! part of a step tells the next goes as an argument.
 //!
 //! Like the engine it does no I/O and reads no clock: the driver feeds it
 //! messages, finished tasks and the time, and carries out its [`Action`]s in
@@ -41,6 +51,7 @@
 
 mod action;
 mod allocation;
+mod borrows;
 mod config;
 mod coordinator;
 mod driver_api;
@@ -77,6 +88,7 @@ pub use election::{ballot, term_round};
 pub use membership::{member_hash, Member};
 pub use out::Stats;
 
+use borrows::{Roles, Told, Working};
 use coordinator::Coord;
 use election::{Election, Vote};
 use holder::Holdings;
@@ -138,16 +150,25 @@ pub struct Peer {
     /// Allocation queues: this node's copy, and the coordinator's loop.
     allocs: Allocs,
     next_resend: Millis,
-    /// Farms whose outputs this node found in its state when it started,
-    /// until their homes say they are collected, and when it next asks.
-    kept: BTreeSet<FarmId>,
-    next_keeps: Millis,
-    /// On the coordinator: the members with the most tasks queued, as
-    /// of the last look at the members, told to every worker it answers.
-    victims: Vec<Victim>,
+    kept: Kept,
+    said: Said,
     out: Out,
     /// The time of the latest input (for beats, which take none).
     clock: Millis,
+}
+
+/// Farms whose outputs this node found in its state when it started,
+/// until their homes say they are collected, and when it next asks.
+struct Kept {
+    farms: BTreeSet<FarmId>,
+    next_ask: Millis,
+}
+
+/// What this node tells of itself in its beats that no role owns.
+struct Said {
+    /// On the coordinator: the members with the most tasks queued, as
+    /// of the last look at the members, told to every worker it answers.
+    victims: Vec<Victim>,
     /// This node's open-file limit, as its driver says (0: not known).
     files_max: u64,
     /// This node's GPUs (id, model), as its driver found them.
@@ -176,14 +197,18 @@ impl Peer {
             holdings: Holdings::default(),
             allocs: Allocs::default(),
             next_resend: now + cfg.resend_ms,
-            kept: BTreeSet::new(),
-            next_keeps: now,
-            victims: Vec::new(),
+            kept: Kept {
+                farms: BTreeSet::new(),
+                next_ask: now,
+            },
+            said: Said {
+                victims: Vec::new(),
+                files_max: 0,
+                gpus: Vec::new(),
+                machine: None,
+            },
             out: Out::new(id),
             clock: now,
-            files_max: 0,
-            gpus: Vec::new(),
-            machine: None,
             node: Node {
                 id,
                 started_at: now,
@@ -220,7 +245,7 @@ impl Peer {
             .members
             .introduce(now, id, label, addrs, &mut self.out);
         self.node.election.introduced(id);
-        self.member_changes(now);
+        on_members::members_changed(&mut self.roles(), now);
         self.pump(now);
     }
 
@@ -228,7 +253,7 @@ impl Peer {
     pub fn handle_swim(&mut self, now: Millis, data: &[u8]) {
         self.woke(now);
         self.node.members.handle_swim(now, data, &mut self.out);
-        self.member_changes(now);
+        on_members::members_changed(&mut self.roles(), now);
         self.pump(now);
     }
 
@@ -338,9 +363,10 @@ impl Peer {
                 leader,
             );
         }
-        self.start_queued(now);
+        let mut w = self.working();
+        w.start_queued(now);
         // Running dry: steal now rather than at the next beat.
-        self.try_steal(now);
+        w.try_steal(now);
         self.pump(now);
     }
 
@@ -373,32 +399,35 @@ impl Peer {
         self.woke(now);
         self.worker.fire_timers(now, &mut self.out);
         self.node.members.fire_timers(now, &mut self.out);
-        self.member_changes(now);
+        on_members::members_changed(&mut self.roles(), now);
         if self.node.members.beat_due(now, self.node.cfg.heartbeat_ms) {
-            // Stages that stopped running here stop counting.
-            self.worker.update_depth(now, self.node.cfg.queue_max);
-            self.node.members.upkeep(now, &mut self.out);
-            self.member_changes(now);
-            self.elect(now);
-            if self.coord.is_some() {
-                self.victims = self.find_victims();
-            }
-            let interval = self.report_interval();
-            if self.node.members.report_due(now, interval) {
-                self.report();
-            }
-            self.try_steal(now);
+            on_members::heartbeat_due(&mut self.roles(), now);
         }
         if now >= self.next_resend {
             self.next_resend = now + self.node.cfg.resend_ms;
-            self.resend(now);
+            on_tasks::resend_due(&mut self.roles(), now);
         }
         self.steal.expire(now, self.node.cfg.steal_timeout_ms);
         if self.coord.as_ref().is_some_and(|c| c.progress_due(now)) {
-            self.sync_holders(now, true);
+            on_farms::sync_holders(
+                now,
+                true,
+                &self.node,
+                self.coord.as_mut(),
+                &self.holdings,
+                &mut self.out,
+            );
         }
         if self.coord.is_some() && self.allocs.poll_timeout().is_some_and(|t| now >= t) {
-            self.alloc_tick(now);
+            on_farms::allocs_due(
+                now,
+                &self.node,
+                &mut self.coord,
+                &mut self.allocs,
+                &self.worker,
+                &self.specs,
+                &mut self.out,
+            );
         }
         self.pump(now);
     }
@@ -416,15 +445,20 @@ impl Peer {
         while let Some((from, msg)) = self.out.inbox.pop_front() {
             self.dispatch_msg(now, from, msg);
         }
-        self.coord_drain();
-        self.assign(now);
+        self.drain_and_assign(now);
         // Assignments to this node itself arrive through the inbox.
         while let Some((from, msg)) = self.out.inbox.pop_front() {
             self.dispatch_msg(now, from, msg);
-            self.coord_drain();
-            self.assign(now);
+            self.drain_and_assign(now);
         }
-        self.sync_holders(now, false);
+        on_farms::sync_holders(
+            now,
+            false,
+            &self.node,
+            self.coord.as_mut(),
+            &self.holdings,
+            &mut self.out,
+        );
         // Holders' answers to this node itself.
         while let Some((from, msg)) = self.out.inbox.pop_front() {
             self.dispatch_msg(now, from, msg);
@@ -432,12 +466,26 @@ impl Peer {
         self.worker.persist_held(&mut self.out);
     }
 
+    /// On the coordinator: what its engines decided goes out, then ready
+    /// tasks go to nodes with room.
+    fn drain_and_assign(&mut self, now: Millis) {
+        on_tasks::drain(self.coord.as_mut(), &mut self.out);
+        on_tasks::assign(
+            now,
+            &self.node,
+            self.coord.as_mut(),
+            &self.allocs,
+            &self.worker,
+            &mut self.out,
+        );
+    }
+
     pub(super) fn dispatch_msg(&mut self, now: Millis, from: NodeId, msg: Msg) {
         match msg {
-            Msg::Beat(b) => self.on_beat(now, from, b),
+            Msg::Beat(b) => on_members::beat_heard(&mut self.roles(), now, from, b),
             Msg::Swim(data) => {
                 self.node.members.handle_swim(now, &data, &mut self.out);
-                self.member_changes(now);
+                on_members::members_changed(&mut self.roles(), now);
             }
             Msg::Roster {
                 kind,
@@ -447,31 +495,39 @@ impl Peer {
                 self.node
                     .members
                     .on_roster(now, from, kind, digest, members, &mut self.out);
-                self.member_changes(now);
+                on_members::members_changed(&mut self.roles(), now);
             }
-            Msg::Alloc(cmd) => {
-                if self.coord.is_some() {
-                    let term = self.node.election.term();
-                    let (ops, changed) = self.allocs.command(now, term, *cmd);
-                    self.out.actions.extend(ops.into_iter().map(Action::Batch));
-                    if changed {
-                        self.allocs_changed();
-                    }
-                }
-            }
+            Msg::Alloc(cmd) => on_farms::alloc_asked(
+                now,
+                *cmd,
+                &self.node,
+                self.coord.as_mut(),
+                &mut self.allocs,
+                &mut self.out,
+            ),
             Msg::Allocs(book) => {
-                if self.allocs.adopt(book) {
-                    let book = self.allocs.book().clone();
-                    self.out.persist(Persist::Allocs(book));
-                    self.machines_changed();
-                }
+                on_farms::book_heard(book, self.coord.as_mut(), &mut self.allocs, &mut self.out)
             }
             Msg::Submit {
                 farm,
                 entries,
                 home,
                 writer,
-            } => self.on_submit(now, from, farm, entries, home, writer),
+            } => on_farms::farm_offered(
+                now,
+                from,
+                farm,
+                entries,
+                home,
+                writer,
+                &self.node,
+                self.coord.as_mut(),
+                &self.allocs,
+                &self.worker,
+                &mut self.specs,
+                &mut self.holdings,
+                &mut self.out,
+            ),
             Msg::Offer { farm, entries } => {
                 if let Some(c) = &mut self.coord {
                     c.on_offer(now, from, farm, entries, &mut self.out);
@@ -479,29 +535,17 @@ impl Peer {
             }
             Msg::Accepted { farm, tasks } => self.holdings.on_accepted(farm, tasks, &mut self.out),
             Msg::Refused { farm, reason } => self.holdings.on_refused(farm, reason, &mut self.out),
-            Msg::Replicate { farm, term } => {
-                if term < self.node.election.term() {
-                    return;
-                }
-                let id = farm.id;
-                if self.holdings.replicate(self.node.id, &farm) {
-                    self.specs.insert(id, farm.clone());
-                    self.out.persist(Persist::Farm(farm.clone()));
-                }
-                // The copy counts once the farm's inputs are here too.
-                if self
-                    .holdings
-                    .want_inputs(self.node.id, &farm, &mut self.out)
-                    && !self.holdings.wants_inputs(id)
-                {
-                    self.out.send(from, Msg::Replicated { farm: id });
-                }
-            }
+            Msg::Replicate { farm, term } => on_farms::copy_asked(
+                from,
+                farm,
+                term,
+                &self.node,
+                &mut self.specs,
+                &mut self.holdings,
+                &mut self.out,
+            ),
             Msg::Replicated { farm } => {
-                if let Some(c) = &mut self.coord {
-                    c.has_copy(farm, from);
-                }
-                self.accept_ready();
+                on_farms::copy_made(from, farm, &self.node, self.coord.as_mut(), &mut self.out)
             }
             Msg::Sync(m) => {
                 self.holdings
@@ -518,11 +562,23 @@ impl Peer {
                 }
             }
             Msg::Collected { farm } => {
-                self.kept.remove(&farm);
+                self.kept.farms.remove(&farm);
                 self.out.push(Action::Forget { farm });
             }
-            Msg::Keeps { node, farms } => self.on_keeps(from, node, farms),
-            Msg::Assign { term, tasks, echo } => self.on_assign(now, from, term, tasks, echo),
+            Msg::Keeps { node, farms } => on_farms::keeps_told(
+                from,
+                node,
+                farms,
+                self.coord.is_some(),
+                &self.node,
+                &self.holdings,
+                &self.specs,
+                &mut self.kept,
+                &mut self.out,
+            ),
+            Msg::Assign { term, tasks, echo } => {
+                on_tasks::tasks_assigned(&mut self.roles(), now, from, term, tasks, echo)
+            }
             Msg::Report {
                 reports,
                 at,
@@ -556,8 +612,9 @@ impl Peer {
                 let id = spec.id;
                 self.specs.insert(id, spec);
                 if self.worker.spec_arrived(id) {
-                    self.start_queued(now);
-                    self.try_steal(now);
+                    let mut w = self.working();
+                    w.start_queued(now);
+                    w.try_steal(now);
                 }
             }
             Msg::Steal {
@@ -565,14 +622,33 @@ impl Peer {
                 total,
                 load,
                 max,
-            } => self.on_steal(from, id, total, load, max),
-            Msg::Stolen { id, tasks } => self.on_stolen(now, from, id, tasks),
+            } => on_tasks::steal_asked(
+                from,
+                id,
+                total,
+                load,
+                max,
+                &mut self.worker,
+                &self.specs,
+                self.node.election.leader(),
+                &mut self.out,
+            ),
+            Msg::Stolen { id, tasks } => {
+                on_tasks::steal_answered(&mut self.working(), now, from, id, tasks)
+            }
             Msg::Moved { to, tasks, .. } => {
                 if let Some(c) = &mut self.coord {
                     c.on_moved(now, from, to, tasks);
                 }
             }
-            Msg::Cancel { farm } => self.on_cancel(from, farm),
+            Msg::Cancel { farm } => on_farms::farm_cancelled(
+                from,
+                farm,
+                &self.node,
+                self.coord.as_mut(),
+                &mut self.worker,
+                &mut self.out,
+            ),
             Msg::Failure(f) => self.out.emit(PeerEvent::Failure(f)),
         }
     }

@@ -1,4 +1,4 @@
-//! Farms through the roles: submissions, copies kept and restored, the home's outputs, cancels, and the allocation queues' batch answers.
+//! Farms through the roles, one function per event (a farm offered, submitted or cancelled, a home taken, inputs arrived, the allocation queues changed, kept outputs told), each over the roles it borrows; and the driver's calls that bring them.
 
 use super::*;
 
@@ -6,7 +6,7 @@ impl Peer {
     /// The book kept in this node's store, at startup.
     pub fn restore_allocs(&mut self, book: AllocBook) {
         self.allocs.restore(book);
-        self.machines_changed();
+        on_members::machines_changed(self.coord.as_mut());
     }
 
     /// A user's change to the allocation queues, sent to the coordinator.
@@ -77,10 +77,8 @@ impl Peer {
         self.pump(now);
     }
 
-    /// The coordinator changed the book: durable here, and sent to everyone.
     pub(super) fn allocs_changed(&mut self) {
-        allocation::changed(&self.allocs, &self.node.members, &mut self.out);
-        self.machines_changed();
+        allocs_changed(&self.node, &self.allocs, self.coord.as_mut(), &mut self.out);
     }
 
     // ----- farms -----
@@ -109,10 +107,10 @@ impl Peer {
     /// away, so it asks their homes (through its coordinator), at its
     /// next resend and then every `KEEPS_EVERY_MS`, until each says so.
     pub fn restore_kept(&mut self, farms: impl IntoIterator<Item = FarmId>) {
-        let before = self.kept.len();
-        self.kept.extend(farms);
-        if self.kept.len() > before {
-            self.next_keeps = 0;
+        let before = self.kept.farms.len();
+        self.kept.farms.extend(farms);
+        if self.kept.farms.len() > before {
+            self.kept.next_ask = 0;
         }
     }
 
@@ -122,17 +120,14 @@ impl Peer {
     /// node have their outputs in place here already (the driver put them
     /// there); those of other nodes are brought from them.
     pub fn submit(&mut self, now: Millis, spec: FarmSpec, reused: Vec<Entry>) {
-        let spec = Arc::new(spec);
-        self.specs.insert(spec.id, spec.clone());
-        self.out.persist(Persist::Farm(spec.clone()));
-        let home = self.holdings.submitted(self.node.id, spec.clone());
-        self.holdings
-            .reused(self.node.id, spec.id, &reused, &mut self.out);
-        if let Some(c) = self.node.election.leader().node {
-            // Not the coordinator yet: offered again until accepted, with
-            // what the copy here knows (the reused tasks among it).
-            coordinator::offer(&mut self.out, c, spec, reused, home, None);
-        }
+        farm_submitted(
+            spec,
+            reused,
+            &self.node,
+            &mut self.specs,
+            &mut self.holdings,
+            &mut self.out,
+        );
         self.pump(now);
     }
 
@@ -140,15 +135,7 @@ impl Peer {
     /// user wants the outputs elsewhere): every output is brought to
     /// `out`, and the farm is offered to the coordinator with the new claim.
     pub fn take_home(&mut self, now: Millis, spec: Arc<FarmSpec>, out: String) {
-        let id = spec.id;
-        if !self.holdings.keeps(id) {
-            self.specs.insert(id, spec.clone());
-            self.out.persist(Persist::Farm(spec.clone()));
-        }
-        self.holdings
-            .claim_home(self.node.id, spec, out, &mut self.out);
-        self.resend(now);
-        self.home_progress(id);
+        home_taken(&mut self.roles(), now, spec, out);
         self.pump(now);
     }
 
@@ -177,144 +164,299 @@ impl Peer {
     pub fn inputs_ready(&mut self, now: Millis, farm: FarmId, ok: bool) {
         // When not, asked again at the next resend, from whoever has them then.
         if ok && self.holdings.inputs_came(farm) {
-            self.inputs_here(farm);
+            inputs_arrived(
+                farm,
+                &self.node,
+                &self.holdings,
+                self.coord.as_mut(),
+                &mut self.out,
+            );
             self.pump(now);
         }
     }
+}
 
-    pub(super) fn inputs_here(&mut self, farm: FarmId) {
-        self.holdings
-            .copy_complete(farm, &mut self.out, self.node.election.leader());
-        if let Some(c) = &mut self.coord {
-            c.has_copy(farm, self.node.id);
-        }
-        self.accept_ready();
+/// The coordinator changed the book: durable here, and sent to everyone.
+pub(super) fn allocs_changed(
+    node: &Node,
+    allocs: &Allocs,
+    coord: Option<&mut Coord>,
+    out: &mut Out,
+) {
+    allocation::changed(allocs, &node.members, out);
+    on_members::machines_changed(coord);
+}
+
+/// The allocation queues' loop is due on the coordinator.
+pub(super) fn allocs_due(
+    now: Millis,
+    node: &Node,
+    coord: &mut Option<Coord>,
+    allocs: &mut Allocs,
+    worker: &Worker,
+    specs: &Specs,
+    out: &mut Out,
+) {
+    let Some(c) = coord.as_ref() else { return };
+    let changed = allocation::tick(
+        allocs,
+        now,
+        node.election.term(),
+        node.cfg.dead_after_ms,
+        (c, &node.members, worker, specs),
+        out,
+    );
+    if changed {
+        allocs_changed(node, allocs, coord.as_mut(), out);
     }
+}
 
-    pub(super) fn alloc_tick(&mut self, now: Millis) {
-        let Some(c) = &self.coord else { return };
-        let changed = allocation::tick(
-            &mut self.allocs,
-            now,
-            self.node.election.term(),
-            self.node.cfg.dead_after_ms,
-            (c, &self.node.members, &self.worker, &self.specs),
-            &mut self.out,
-        );
+/// A user's change to the allocation queues reached the coordinator.
+pub(super) fn alloc_asked(
+    now: Millis,
+    cmd: AllocCmd,
+    node: &Node,
+    coord: Option<&mut Coord>,
+    allocs: &mut Allocs,
+    out: &mut Out,
+) {
+    if coord.is_some() {
+        let (ops, changed) = allocs.command(now, node.election.term(), cmd);
+        out.actions.extend(ops.into_iter().map(Action::Batch));
         if changed {
-            self.allocs_changed();
+            allocs_changed(node, allocs, coord, out);
         }
     }
+}
 
-    pub(super) fn ensure_holders(&mut self, now: Millis) {
-        if let Some(c) = &mut self.coord {
-            c.ensure_holders(now, &self.node, &mut self.out);
-        }
+/// The coordinator's book of the allocation queues: adopted if newer.
+pub(super) fn book_heard(
+    book: Arc<AllocBook>,
+    coord: Option<&mut Coord>,
+    allocs: &mut Allocs,
+    out: &mut Out,
+) {
+    if allocs.adopt(book) {
+        out.persist(Persist::Allocs(allocs.book().clone()));
+        on_members::machines_changed(coord);
     }
+}
 
-    pub(super) fn accept_ready(&mut self) {
-        if let Some(c) = &mut self.coord {
-            c.accept_ready(&self.node, &mut self.out);
-        }
+/// The coordinator asks this node to keep a copy of a farm: taken, and
+/// said to be complete once the farm's inputs are here too.
+pub(super) fn copy_asked(
+    from: NodeId,
+    farm: Arc<FarmSpec>,
+    term: u64,
+    node: &Node,
+    specs: &mut Specs,
+    holdings: &mut Holdings,
+    out: &mut Out,
+) {
+    if term < node.election.term() {
+        return;
     }
-
-    pub(super) fn sync_holders(&mut self, now: Millis, progress: bool) {
-        if let Some(c) = &mut self.coord {
-            let holdings = &self.holdings;
-            c.sync_holders(
-                now,
-                progress,
-                |f| holdings.keeps(f),
-                &self.node,
-                &mut self.out,
-            );
-        }
+    let id = farm.id;
+    if holdings.replicate(node.id, &farm) {
+        specs.insert(id, farm.clone());
+        out.persist(Persist::Farm(farm.clone()));
     }
-
-    /// A holder offers a farm: taken over if it is new here, merged if not.
-    pub(super) fn on_submit(
-        &mut self,
-        now: Millis,
-        from: NodeId,
-        farm: Arc<FarmSpec>,
-        entries: Vec<Entry>,
-        home: Home,
-        writer: Option<Writer>,
-    ) {
-        self.sync_machines();
-        let Some(c) = &mut self.coord else {
-            // Not (or no longer) the coordinator: the holder resends to the right one.
-            return;
-        };
-        if c.has_farm(farm.id) {
-            c.resubmitted(now, from, farm.id, entries, home, &mut self.out);
-            return;
-        }
-        self.specs.insert(farm.id, farm.clone());
-        self.out.persist(Persist::Farm(farm.clone()));
-        self.out.persist_entries(farm.id, entries.clone(), true);
-        let spec = farm.clone();
-        let keep = c.take_farm(now, from, farm, entries, home, writer, &self.node);
-        c.report_early(now, spec.id, &self.node, &mut self.out);
-        if keep
-            && self
-                .holdings
-                .want_inputs(self.node.id, &spec, &mut self.out)
-        {
-            self.inputs_here(spec.id);
-        }
-        self.coord_drain();
-        self.ensure_holders(now);
-        self.accept_ready();
+    if holdings.want_inputs(node.id, &farm, out) && !holdings.wants_inputs(id) {
+        out.send(from, Msg::Replicated { farm: id });
     }
+}
 
-    /// The home's claim of a farm and what it redid: its progress shown,
-    /// and the end announced once every output is there.
-    pub(super) fn home_progress(&mut self, farm: FarmId) {
-        self.holdings.home_progress(farm, &self.node, &mut self.out);
+/// A holder's copy of `farm` is complete: a farm waiting for it may be accepted.
+pub(super) fn copy_made(
+    from: NodeId,
+    farm: FarmId,
+    node: &Node,
+    mut coord: Option<&mut Coord>,
+    out: &mut Out,
+) {
+    if let Some(c) = coord.as_deref_mut() {
+        c.has_copy(farm, from);
     }
+    accept_ready(node, coord, out);
+}
 
-    pub(super) fn on_cancel(&mut self, from: NodeId, farm: FarmId) {
-        if let Some(c) = &mut self.coord {
-            c.cancel(farm, &mut self.out);
-        }
-        if self.node.election.coordinator() == Some(from) || from == self.node.id {
-            self.worker.cancel(farm, &mut self.out);
-        }
+/// A farm submitted here, which makes this node its home: kept, and
+/// offered to the coordinator until accepted.
+fn farm_submitted(
+    spec: FarmSpec,
+    reused: Vec<Entry>,
+    node: &Node,
+    specs: &mut Specs,
+    holdings: &mut Holdings,
+    out: &mut Out,
+) {
+    let spec = Arc::new(spec);
+    specs.insert(spec.id, spec.clone());
+    out.persist(Persist::Farm(spec.clone()));
+    let home = holdings.submitted(node.id, spec.clone());
+    holdings.reused(node.id, spec.id, &reused, out);
+    if let Some(c) = node.election.leader().node {
+        // Not the coordinator yet: offered again until accepted, with
+        // what the copy here knows (the reused tasks among it).
+        coordinator::offer(out, c, spec, reused, home, None);
     }
+}
 
-    /// Sends again what has not been acknowledged: reports, offers of
-    /// farms, requests for farm specs, log entries to holders, fetches of
-    /// outputs; and tells the coordinator what this node holds, so claims
-    /// whose messages were lost are found.
-    /// `node` keeps outputs of `farms`: a home tells it which it may let
-    /// go; the coordinator, asked by the node itself, passes the rest on to
-    /// their homes (once: a home that is not one any more drops them).
-    pub(super) fn on_keeps(&mut self, from: NodeId, node: NodeId, farms: Vec<FarmId>) {
-        let me = self.node.id;
-        let mut homes: BTreeMap<NodeId, Vec<FarmId>> = BTreeMap::new();
-        for farm in farms {
-            let home = match self.holdings.get(farm) {
-                Some(r) if r.home => {
-                    if r.announced {
-                        if node == me {
-                            self.kept.remove(&farm);
-                            self.out.push(Action::Forget { farm });
-                        } else {
-                            self.out.send(node, Msg::Collected { farm });
-                        }
+/// This node claims a farm's home: its outputs are brought here, and the
+/// claim goes out with the next offer, sent now.
+fn home_taken(r: &mut Roles, now: Millis, spec: Arc<FarmSpec>, dir: String) {
+    let id = spec.id;
+    if !r.holdings.keeps(id) {
+        r.specs.insert(id, spec.clone());
+        r.out.persist(Persist::Farm(spec.clone()));
+    }
+    r.holdings.claim_home(r.node.id, spec, dir, r.out);
+    on_tasks::resend_due(r, now);
+    // Its progress shown, and the end announced once every output is there.
+    r.holdings.home_progress(id, r.node, r.out);
+}
+
+/// A copy of `farm` here is complete (its inputs came): the coordinator
+/// counts it, here or when told, and a farm waiting for it may be accepted.
+pub(super) fn inputs_arrived(
+    farm: FarmId,
+    node: &Node,
+    holdings: &Holdings,
+    mut coord: Option<&mut Coord>,
+    out: &mut Out,
+) {
+    holdings.copy_complete(farm, out, node.election.leader());
+    if let Some(c) = coord.as_deref_mut() {
+        c.has_copy(farm, node.id);
+    }
+    accept_ready(node, coord, out);
+}
+
+/// On the coordinator: farms held by too few nodes get copies made.
+pub(super) fn ensure_holders(now: Millis, node: &Node, coord: Option<&mut Coord>, out: &mut Out) {
+    if let Some(c) = coord {
+        c.ensure_holders(now, node, out);
+    }
+}
+
+/// On the coordinator: farms now kept by enough nodes are accepted.
+pub(super) fn accept_ready(node: &Node, coord: Option<&mut Coord>, out: &mut Out) {
+    if let Some(c) = coord {
+        c.accept_ready(node, out);
+    }
+}
+
+/// On the coordinator: each farm's log streamed to its holders (and,
+/// with `progress`, its progress to its home).
+pub(super) fn sync_holders(
+    now: Millis,
+    progress: bool,
+    node: &Node,
+    coord: Option<&mut Coord>,
+    holdings: &Holdings,
+    out: &mut Out,
+) {
+    if let Some(c) = coord {
+        c.sync_holders(now, progress, |f| holdings.keeps(f), node, out);
+    }
+}
+
+/// A holder offers a farm: taken over if it is new here, merged if not.
+#[allow(clippy::too_many_arguments)] // each role named: a view would lend it more than it touches
+pub(super) fn farm_offered(
+    now: Millis,
+    from: NodeId,
+    farm: Arc<FarmSpec>,
+    entries: Vec<Entry>,
+    home: Home,
+    writer: Option<Writer>,
+    node: &Node,
+    coord: Option<&mut Coord>,
+    allocs: &Allocs,
+    worker: &Worker,
+    specs: &mut Specs,
+    holdings: &mut Holdings,
+    out: &mut Out,
+) {
+    let Some(c) = coord else {
+        // Not (or no longer) the coordinator: the holder resends to the right one.
+        return;
+    };
+    on_members::sync_machines(Some(&mut *c), allocs, worker, &node.members);
+    if c.has_farm(farm.id) {
+        c.resubmitted(now, from, farm.id, entries, home, out);
+        return;
+    }
+    specs.insert(farm.id, farm.clone());
+    out.persist(Persist::Farm(farm.clone()));
+    out.persist_entries(farm.id, entries.clone(), true);
+    let spec = farm.clone();
+    let keep = c.take_farm(now, from, farm, entries, home, writer, node);
+    c.report_early(now, spec.id, node, out);
+    if keep && holdings.want_inputs(node.id, &spec, out) {
+        inputs_arrived(spec.id, node, holdings, Some(&mut *c), out);
+    }
+    c.drain(out);
+    c.ensure_holders(now, node, out);
+    c.accept_ready(node, out);
+}
+
+/// The coordinator, or this node itself, stops a farm: its engine and
+/// the tasks queued or running here.
+pub(super) fn farm_cancelled(
+    from: NodeId,
+    farm: FarmId,
+    node: &Node,
+    coord: Option<&mut Coord>,
+    worker: &mut Worker,
+    out: &mut Out,
+) {
+    if let Some(c) = coord {
+        c.cancel(farm, out);
+    }
+    if node.election.coordinator() == Some(from) || from == node.id {
+        worker.cancel(farm, out);
+    }
+}
+
+/// `node` keeps outputs of `farms`: a home tells it which it may let
+/// go; the coordinator, asked by the node itself, passes the rest on to
+/// their homes (once: a home that is not one any more drops them).
+#[allow(clippy::too_many_arguments)] // each role named: a view would lend it more than it touches
+pub(super) fn keeps_told(
+    from: NodeId,
+    node: NodeId,
+    farms: Vec<FarmId>,
+    coordinating: bool,
+    cx: &Node,
+    holdings: &Holdings,
+    specs: &Specs,
+    kept: &mut Kept,
+    out: &mut Out,
+) {
+    let me = cx.id;
+    let mut homes: BTreeMap<NodeId, Vec<FarmId>> = BTreeMap::new();
+    for farm in farms {
+        let home = match holdings.get(farm) {
+            Some(r) if r.home => {
+                if r.announced {
+                    if node == me {
+                        kept.farms.remove(&farm);
+                        out.push(Action::Forget { farm });
+                    } else {
+                        out.send(node, Msg::Collected { farm });
                     }
-                    continue;
                 }
-                Some(r) => Some(r.home_of.node),
-                None => self.specs.get(&farm).map(|s| s.origin),
-            };
-            if let Some(h) = home.filter(|&h| h != me && from == node && self.coord.is_some()) {
-                homes.entry(h).or_default().push(farm);
+                continue;
             }
+            Some(r) => Some(r.home_of.node),
+            None => specs.get(&farm).map(|s| s.origin),
+        };
+        if let Some(h) = home.filter(|&h| h != me && from == node && coordinating) {
+            homes.entry(h).or_default().push(farm);
         }
-        for (home, farms) in homes {
-            self.out.send(home, Msg::Keeps { node, farms });
-        }
+    }
+    for (home, farms) in homes {
+        out.send(home, Msg::Keeps { node, farms });
     }
 }
