@@ -32,10 +32,12 @@
 //!
 //! - `on_members.rs`: a beat heard, members up or dead, a heartbeat, an
 //!   election round, a coordinator followed or elected.
-//! - `on_tasks.rs`: tasks assigned, a resend due, a steal asked or
-//!   answered, and the coordinator's draining and placing.
-//! - `on_farms.rs`: a farm submitted, offered, copied or cancelled, a home
-//!   taken, inputs arrived, kept outputs told, the allocation queues.
+//! - `on_tasks.rs`: tasks assigned, a farm's definition arrived, a resend
+//!   due, a steal asked or answered, and the coordinator's draining and
+//!   placing.
+//! - `on_farms.rs`: a farm submitted, offered, copied, cancelled or
+//!   collected, a home taken, inputs arrived, kept outputs told, the
+//!   allocation queues.
 //! - `borrows.rs`: the views of several roles lent to those functions
 //!   where one borrows many at once (`Roles`, for the steps that tell
 //!   this node's beat, which speaks of every role).
@@ -562,8 +564,7 @@ impl Peer {
                 }
             }
             Msg::Collected { farm } => {
-                self.kept.farms.remove(&farm);
-                self.out.push(Action::Forget { farm });
+                on_farms::farm_collected(farm, &mut self.kept, &mut self.out)
             }
             Msg::Keeps { node, farms } => on_farms::keeps_told(
                 from,
@@ -611,11 +612,7 @@ impl Peer {
             Msg::Farm(spec) => {
                 let id = spec.id;
                 self.specs.insert(id, spec);
-                if self.worker.spec_arrived(id) {
-                    let mut w = self.working();
-                    w.start_queued(now);
-                    w.try_steal(now);
-                }
+                on_tasks::spec_arrived(&mut self.working(), now, id);
             }
             Msg::Steal {
                 id,

@@ -1,4 +1,4 @@
-//! Farms through the roles, one function per event (a farm offered, submitted or cancelled, a home taken, inputs arrived, the allocation queues changed, kept outputs told), each over the roles it borrows; and the driver's calls that bring them.
+//! Farms through the roles, one function per event (a farm offered, submitted, copied, cancelled or collected, a home taken, inputs arrived, kept outputs told, the allocation queues changed), each over the roles it borrows; and the driver's calls that bring them.
 
 use super::*;
 
@@ -419,6 +419,13 @@ pub(super) fn farm_cancelled(
     }
 }
 
+/// The home of a farm whose outputs this node keeps has them all: the
+/// driver may let them go.
+pub(super) fn farm_collected(farm: FarmId, kept: &mut Kept, out: &mut Out) {
+    kept.farms.remove(&farm);
+    out.push(Action::Forget { farm });
+}
+
 /// `node` keeps outputs of `farms`: a home tells it which it may let
 /// go; the coordinator, asked by the node itself, passes the rest on to
 /// their homes (once: a home that is not one any more drops them).
@@ -441,8 +448,7 @@ pub(super) fn keeps_told(
             Some(r) if r.home => {
                 if r.announced {
                     if node == me {
-                        kept.farms.remove(&farm);
-                        out.push(Action::Forget { farm });
+                        farm_collected(farm, kept, out);
                     } else {
                         out.send(node, Msg::Collected { farm });
                     }

@@ -10,6 +10,7 @@ impl Peer {
 }
 
 impl Told<'_> {
+    /// This node's beat as of now.
     pub(super) fn beat(&self) -> Beat {
         let (node, worker, said, clock) = (self.node, self.worker, self.said, self.clock);
         // Only allocation queues read it: a mesh without any pays nothing.

@@ -1,4 +1,4 @@
-//! Work through the roles, one function per event (tasks assigned, a resend due, a queue piled up, a steal asked or answered), each over the roles it borrows.
+//! Work through the roles, one function per event (tasks assigned, a farm's definition arrived, a resend due, a queue piled up, a steal asked or answered), each over the roles it borrows; and the coordinator's draining and placing.
 
 use super::*;
 
@@ -200,6 +200,15 @@ impl Working<'_> {
             backlog,
             self.out,
         );
+    }
+}
+
+/// A farm's definition this node asked for came: tasks that waited for
+/// it may start, and a node still dry steals.
+pub(super) fn spec_arrived(w: &mut Working, now: Millis, farm: FarmId) {
+    if w.worker.spec_arrived(farm) {
+        w.start_queued(now);
+        w.try_steal(now);
     }
 }
 
