@@ -41,7 +41,7 @@ impl Node {
                     let _ = reply.send(ControlResponse::Error(e.to_string()));
                 }
                 Ok(fid) => {
-                    let o = self.origins.get_mut(&fid).expect("found");
+                    let o = self.home.farms.get_mut(&fid).expect("found");
                     let _ = reply.send(ControlResponse::Progress(o.view.clone()));
                     if o.view.finished {
                         let _ = reply.send(ControlResponse::Finished(o.view.clone()));
@@ -57,7 +57,7 @@ impl Node {
                 Ok(fid) => {
                     let now = self.now();
                     self.peer.cancel(now, fid);
-                    let id = self.origins[&fid].view.id.clone();
+                    let id = self.home.farms[&fid].view.id.clone();
                     let _ = reply.send(ControlResponse::Cancelled { farm: id });
                 }
             },
@@ -246,12 +246,12 @@ impl Node {
         o.view.out = r.out_dir().to_string();
         let out = o.view.out.clone();
         let id = o.view.id.clone();
-        if let Some(old) = self.origins.remove(&fid) {
+        if let Some(old) = self.home.farms.remove(&fid) {
             o.waiters = old.waiters;
         }
-        self.origins.insert(fid, o);
+        self.home.farms.insert(fid, o);
         self.refresh_view(fid);
-        let v = &self.origins[&fid].view;
+        let v = &self.home.farms[&fid].view;
         Ok(ControlResponse::Resumed {
             farm: id,
             out,
