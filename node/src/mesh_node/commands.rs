@@ -14,7 +14,7 @@ use super::staging::make_spec;
 use super::swarm::request;
 use super::views::{summary_view, Origin};
 use super::{farm_display_id, Cmd, Node};
-use crate::batch;
+use crate::alloc::script;
 use crate::control::refusal::BAD_REQUEST;
 use crate::control::{ControlRequest, ControlResponse, CONTROL_API};
 use crate::farmfile::{self, FarmFileError, LoadOptions};
@@ -125,7 +125,7 @@ impl Node {
             }
             ControlRequest::AllocScript(def) => {
                 let launch = self.launch(&def.name);
-                let _ = reply.send(ControlResponse::Script(batch::script(&def, &launch)));
+                let _ = reply.send(ControlResponse::Script(script::script(&def, &launch)));
             }
             ControlRequest::Resume { farm, out } => match self.find_known(&farm) {
                 Ok(fid) if self.peer.replica(fid).is_some() => {

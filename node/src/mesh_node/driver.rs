@@ -16,7 +16,7 @@ use nix::sys::signal::Signal;
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 
-use super::allocs::Alloc;
+use super::alloc::Alloc;
 use super::commands::{accept_control, serve_control};
 use super::links::{accept_links, Links};
 use super::reach::{self, Reach, REACH_TICK};
@@ -26,7 +26,7 @@ use super::swim;
 use super::transfer::{self, accept_data, FetchError, Transfers};
 use super::views::Origin;
 use super::{Cmd, Disk, Home, Net, Node, NodeError, NodeOptions, Tasks, User};
-use crate::batch;
+use crate::alloc::batch;
 use crate::control::{socket_path, ControlResponse, CONTROL_PROTOCOL};
 use crate::dash::{self, dashboard_line};
 use crate::executor;

@@ -7,7 +7,7 @@
 //! inputs, fetching and serving files, running tasks) happens in spawned
 //! futures that come back to the loop through one channel.
 
-mod allocs;
+mod alloc;
 mod commands;
 mod deps;
 mod driver;
@@ -43,14 +43,14 @@ use mesh_protocol::Resources;
 use mesh_store::{MeshState, SledStore, Store, StoreError};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::batch;
+use crate::alloc::batch;
 use crate::control::ControlRequest;
 use crate::executor::Live;
 use crate::keys;
 use crate::net::{self, Behaviour};
 use crate::observe::Recorder;
 use crate::{node_runtime, IoError};
-use allocs::Alloc;
+use alloc::Alloc;
 use links::Links;
 use queries::Asked;
 use reach::Reach;
