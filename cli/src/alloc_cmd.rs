@@ -5,7 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use mesh_node::batch;
+use mesh_node::alloc::script;
 use mesh_node::control::{Client, ControlError, ControlRequest, ControlResponse, Target};
 use mesh_node::keys;
 use mesh_protocol::alloc::{BatchSystem, JobState, QueueDef};
@@ -271,18 +271,18 @@ fn dry_run(to: &Target, def: QueueDef) -> Result<String> {
     let key = state.join(keys::PSK_FILE);
     let tag = keys::load_psk(&key)
         .map(|psk| keys::mesh_tag(&psk))
-        .unwrap_or_else(|_| batch::NO_NODE_TAG.into());
-    let launch = batch::Launch::new(
+        .unwrap_or_else(|_| script::NO_NODE_TAG.into());
+    let launch = script::Launch::new(
         std::env::current_exe()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| "mesh".into()),
-        batch::NO_NODE_JOIN.into(),
+        script::NO_NODE_JOIN.into(),
         key.display().to_string(),
         &state,
         &def.name,
         tag,
     );
-    Ok(batch::script_without_node(&def, &launch))
+    Ok(script::script_without_node(&def, &launch))
 }
 
 fn change(to: &Target, cmd: AllocCmd) -> Result<ExitCode> {

@@ -1,6 +1,6 @@
 //! The real mesh node: farm loading, the process executor, durable state, and the loop that drives the engine.
 
-pub mod batch;
+pub mod alloc;
 pub mod control;
 pub mod dash;
 pub mod executor;

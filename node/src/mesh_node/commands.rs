@@ -14,7 +14,7 @@ use super::staging::make_spec;
 use super::swarm::request;
 use super::views::{summary_view, Origin};
 use super::{farm_display_id, Cmd, Node};
-use crate::batch;
+use crate::alloc::script;
 use crate::control::refusal::BAD_REQUEST;
 use crate::control::{ControlRequest, ControlResponse, CONTROL_API};
 use crate::farmfile::{self, FarmFileError, LoadOptions};
@@ -41,7 +41,7 @@ impl Node {
                     let _ = reply.send(ControlResponse::Error(e.to_string()));
                 }
                 Ok(fid) => {
-                    let o = self.origins.get_mut(&fid).expect("found");
+                    let o = self.home.farms.get_mut(&fid).expect("found");
                     let _ = reply.send(ControlResponse::Progress(o.view.clone()));
                     if o.view.finished {
                         let _ = reply.send(ControlResponse::Finished(o.view.clone()));
@@ -57,7 +57,7 @@ impl Node {
                 Ok(fid) => {
                     let now = self.now();
                     self.peer.cancel(now, fid);
-                    let id = self.origins[&fid].view.id.clone();
+                    let id = self.home.farms[&fid].view.id.clone();
                     let _ = reply.send(ControlResponse::Cancelled { farm: id });
                 }
             },
@@ -125,7 +125,7 @@ impl Node {
             }
             ControlRequest::AllocScript(def) => {
                 let launch = self.launch(&def.name);
-                let _ = reply.send(ControlResponse::Script(batch::script(&def, &launch)));
+                let _ = reply.send(ControlResponse::Script(script::script(&def, &launch)));
             }
             ControlRequest::Resume { farm, out } => match self.find_known(&farm) {
                 Ok(fid) if self.peer.replica(fid).is_some() => {
@@ -246,12 +246,12 @@ impl Node {
         o.view.out = r.out_dir().to_string();
         let out = o.view.out.clone();
         let id = o.view.id.clone();
-        if let Some(old) = self.origins.remove(&fid) {
+        if let Some(old) = self.home.farms.remove(&fid) {
             o.waiters = old.waiters;
         }
-        self.origins.insert(fid, o);
+        self.home.farms.insert(fid, o);
         self.refresh_view(fid);
-        let v = &self.origins[&fid].view;
+        let v = &self.home.farms[&fid].view;
         Ok(ControlResponse::Resumed {
             farm: id,
             out,

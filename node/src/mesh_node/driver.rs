@@ -16,7 +16,7 @@ use nix::sys::signal::Signal;
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 
-use super::allocs::Alloc;
+use super::alloc::Alloc;
 use super::commands::{accept_control, serve_control};
 use super::links::{accept_links, Links};
 use super::reach::{self, Reach, REACH_TICK};
@@ -25,8 +25,8 @@ use super::swarm::Outbound;
 use super::swim;
 use super::transfer::{self, accept_data, FetchError, Transfers};
 use super::views::Origin;
-use super::{Cmd, Net, Node, NodeError, NodeOptions, Tasks};
-use crate::batch;
+use super::{Cmd, Disk, Home, Net, Node, NodeError, NodeOptions, Tasks, User};
+use crate::alloc::batch;
 use crate::control::{socket_path, ControlResponse, CONTROL_PROTOCOL};
 use crate::dash::{self, dashboard_line};
 use crate::executor;
@@ -147,8 +147,14 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         state: opts.state.clone(),
         peer,
         me,
-        store,
+        life: crate::state::unix_ms(),
         clock,
+        tx: tx.clone(),
+        disk: Disk {
+            store,
+            book: MeshState::default(),
+            held_count: std::cell::Cell::new(None),
+        },
         net: Net {
             swarm,
             peers: HashMap::new(),
@@ -159,9 +165,8 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
             outbound: Outbound::default(),
             links: Links::new(streams),
             listen_addrs: Vec::new(),
+            reach,
         },
-        life: crate::state::unix_ms(),
-        tx: tx.clone(),
         tasks: Tasks {
             live: HashMap::new(),
             waiting_deps: Vec::new(),
@@ -169,22 +174,23 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
             programs: HashMap::new(),
             gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
         },
-        origins: HashMap::new(),
-        book: MeshState::default(),
-        reach,
-        files,
-        files_told: false,
-        throttle: limits::Throttle::new(THROTTLE),
+        home: Home {
+            farms: HashMap::new(),
+            feed_more: HashSet::new(),
+        },
+        user: User {
+            out,
+            files,
+            files_told: false,
+            throttle: limits::Throttle::new(THROTTLE),
+            impatient: false,
+        },
         transfers,
-        out,
         recorder: Recorder::default(),
         alloc: Alloc::new(
             std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
             keys::mesh_tag(&psk),
         ),
-        impatient: false,
-        held_count: std::cell::Cell::new(None),
-        feed_more: HashSet::new(),
     };
     node.peer.set_wall_base(crate::state::unix_ms());
     node.peer.set_files_max(files.limit);
@@ -214,7 +220,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     if let Some(line) = port_said {
         node.say(&line);
     }
-    if node.reach.remembers_any() {
+    if node.net.reach.remembers_any() {
         node.say("rejoining the mesh through the members this node remembers");
     }
     if let Some(addr) = opts.http {
@@ -272,8 +278,8 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
                 node.on_cmds(cmds);
             }
             // Followers of long logs, fed a part a turn (see `feed.rs`).
-            _ = std::future::ready(()), if !node.feed_more.is_empty() => {
-                for farm in std::mem::take(&mut node.feed_more) {
+            _ = std::future::ready(()), if !node.home.feed_more.is_empty() => {
+                for farm in std::mem::take(&mut node.home.feed_more) {
                     node.feed(farm, None);
                 }
             }
@@ -307,7 +313,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
             }
         }
     }
-    node.store.sync()?;
+    node.disk.store.sync()?;
     let _ = fs::remove_file(&sock);
     Ok(())
 }
@@ -318,21 +324,21 @@ impl Node {
     }
 
     pub(super) fn say(&mut self, line: &str) {
-        (self.out)(line);
+        (self.user.out)(line);
     }
 
     /// Reloads the farms kept in the store: this node's own submissions go
     /// to the coordinator again, with what is known done.
     fn restore(&mut self) -> Result<(), NodeError> {
-        let (book, farms, held) = MeshState::load(&self.store)?;
-        self.book = book;
+        let (book, farms, held) = MeshState::load(&self.disk.store)?;
+        self.disk.book = book;
         for (stored, finished) in farms {
             let spec = stored.spec.clone();
             if spec.origin == self.me {
                 self.serve_inputs(&spec);
                 let mut o = Origin::new(&spec);
                 o.view.accepted = true;
-                self.origins.insert(spec.id, o);
+                self.home.farms.insert(spec.id, o);
             }
             self.peer.restore_farm(stored, finished);
             if spec.origin == self.me {
@@ -342,7 +348,7 @@ impl Node {
         self.peer.restore_held(held);
         self.ask_about_held();
         self.serve_home_outputs();
-        if let Some(book) = MeshState::load_allocs(&self.store)? {
+        if let Some(book) = MeshState::load_allocs(&self.disk.store)? {
             self.peer.restore_allocs(book);
         }
         Ok(())
@@ -359,7 +365,7 @@ impl Node {
                     break;
                 };
                 match a {
-                    Action::Persist(p) => self.book.writes(p, &mut batch),
+                    Action::Persist(p) => self.disk.book.writes(p, &mut batch),
                     other => acts.push(other),
                 }
             }
@@ -367,7 +373,7 @@ impl Node {
                 return;
             }
             if !batch.is_empty() {
-                let r = self.store.write(batch).and_then(|()| self.store.flush());
+                let r = self.disk.write_flushed(batch);
                 if let Err(e) = r {
                     // Acting on what is not durable would break the
                     // promises the peer makes; stop here.
@@ -422,7 +428,7 @@ impl Node {
                 outputs,
             } => self.fetch_outputs(farm, task, from, outputs),
             Action::Forget { farm } => {
-                self.held_count.set(None);
+                self.disk.held_count.set(None);
                 // What it kept for the home, and its own folder for the
                 // farm (the dependencies put there, the inputs).
                 let held = self
@@ -448,14 +454,14 @@ impl Node {
                 self.say(&format!("mesh node {label} joined"));
                 self.member_seen();
                 let size = self.peer.member_count() + 1;
-                if !self.files_told && self.files.short_for(size) {
-                    self.files_told = true;
+                if !self.user.files_told && self.user.files.short_for(size) {
+                    self.user.files_told = true;
                     self.say(&format!(
                         "this mesh has {size} nodes, more than this node's open-file limit ({}) \
                          leaves room for if it must talk to all at once (as a coordinator, or a \
                          home fetching outputs, may): raise it (`ulimit -Hn`, or LimitNOFILE= in \
                          a systemd unit)",
-                        self.files.limit
+                        self.user.files.limit
                     ));
                 }
             }
@@ -478,7 +484,7 @@ impl Node {
                 self.ask_about_held();
             }
             PeerEvent::Accepted { farm, tasks } => {
-                if let Some(o) = self.origins.get_mut(&farm) {
+                if let Some(o) = self.home.farms.get_mut(&farm) {
                     o.view.accepted = true;
                     if let Some(r) = o.submit_reply.take() {
                         let _ = r.send(ControlResponse::Submitted {
@@ -489,7 +495,7 @@ impl Node {
                 }
             }
             PeerEvent::Refused { farm, reason } => {
-                if let Some(mut o) = self.origins.remove(&farm) {
+                if let Some(mut o) = self.home.farms.remove(&farm) {
                     if let Some(r) = o.submit_reply.take() {
                         let _ = r.send(ControlResponse::Error(reason));
                     }
@@ -694,7 +700,7 @@ impl Node {
     fn interrupt(&mut self, at: &mut Option<Instant>) {
         if at.is_some() {
             // Asked twice: stop now, whatever is left to hand over.
-            self.impatient = true;
+            self.user.impatient = true;
             for (_, live, _) in self.tasks.live.values() {
                 if let Some(l) = live {
                     l.signal(Signal::SIGKILL);
@@ -714,7 +720,7 @@ impl Node {
     /// never comes back for them: leaving earlier would run those tasks again.
     fn may_stop(&self, since: Instant) -> bool {
         let now = Instant::now();
-        if self.impatient || now >= since + LINGER_MAX {
+        if self.user.impatient || now >= since + LINGER_MAX {
             return true;
         }
         let last = self.transfers.quiet_since().map_or(since, |t| t.max(since));

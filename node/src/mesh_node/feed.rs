@@ -116,7 +116,7 @@ impl Node {
             return;
         };
         let feed = Feed::new(r, reply);
-        if let Some(o) = self.origins.get_mut(&farm) {
+        if let Some(o) = self.home.farms.get_mut(&farm) {
             o.feeds.push(feed);
         }
         self.feed(farm, None);
@@ -130,7 +130,7 @@ impl Node {
         let Some(r) = self.peer.replica(farm) else {
             return;
         };
-        let Some(o) = self.origins.get_mut(&farm) else {
+        let Some(o) = self.home.farms.get_mut(&farm) else {
             return;
         };
         if o.feeds.is_empty() {
@@ -198,13 +198,13 @@ impl Node {
             }
         }
         feeds.retain(|f| !f.over && !f.reply.is_closed());
-        if let Some(o) = self.origins.get_mut(&farm) {
+        if let Some(o) = self.home.farms.get_mut(&farm) {
             o.feeds = feeds;
         }
         if more {
             // The rest of a long log in the next turns of the loop: not
             // through its own channel, which it must never wait on.
-            self.feed_more.insert(farm);
+            self.home.feed_more.insert(farm);
         }
     }
 

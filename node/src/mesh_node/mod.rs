@@ -7,7 +7,7 @@
 //! inputs, fetching and serving files, running tasks) happens in spawned
 //! futures that come back to the loop through one channel.
 
-mod allocs;
+mod alloc;
 mod commands;
 mod deps;
 mod driver;
@@ -40,17 +40,17 @@ use mesh_protocol::mesh::{
 };
 use mesh_protocol::wire::{FoundFarm, Request, Response};
 use mesh_protocol::Resources;
-use mesh_store::{MeshState, SledStore, StoreError};
+use mesh_store::{MeshState, SledStore, Store, StoreError};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::batch;
+use crate::alloc::batch;
 use crate::control::ControlRequest;
 use crate::executor::Live;
 use crate::keys;
 use crate::net::{self, Behaviour};
 use crate::observe::Recorder;
 use crate::{node_runtime, IoError};
-use allocs::Alloc;
+use alloc::Alloc;
 use links::Links;
 use queries::Asked;
 use reach::Reach;
@@ -168,26 +168,67 @@ enum Cmd {
 }
 
 /// A node's state, owned by its loop; each module of this folder is an
-/// `impl Node` block over it.
+/// `impl Node` block over it. Its parts are grouped by what they are for,
+/// so that a method can hold one part while it changes another.
 struct Node {
     state: PathBuf,
     peer: Peer,
     me: NodeId,
-    store: SledStore,
-    clock: Instant,
-    /// The swarm, the nodes known and the streams to them.
-    net: Net,
     /// Which life of this node this is (the wall clock at start): later
     /// than any before, so the mesh tells a restart from a late packet.
     life: u64,
+    clock: Instant,
     tx: mpsc::Sender<Cmd>,
+    /// The store and the outputs kept on disk.
+    disk: Disk,
+    /// The swarm, the nodes known, the streams to them and how they are reached.
+    net: Net,
     /// The attempts this node runs, and those waiting to.
     tasks: Tasks,
-    origins: HashMap<FarmId, Origin>,
+    /// The farms submitted here, and the clients that follow them.
+    home: Home,
+    /// What the person running this node hears, and how they asked it to stop.
+    user: User,
+    /// Files to and from other nodes.
+    transfers: std::sync::Arc<transfer::Transfers>,
+    /// Runs for the task stream, counters, and each live run's record.
+    recorder: Recorder,
+    /// The mesh secret's file and the changes waiting to be seen (`mesh alloc`).
+    alloc: Alloc,
+}
+
+/// What a node keeps on disk: the store, how the peer's persists map to
+/// it, and the size of the outputs it keeps for farms' homes.
+struct Disk {
+    store: SledStore,
     /// How the peer's persists map to the store.
     book: MeshState,
-    /// The join addresses and remembered members, tried until they answer.
-    reach: Reach,
+    /// Bytes under `<state>/kept` as last counted, and when: a status
+    /// page asks every second, and a node may keep many files.
+    held_count: std::cell::Cell<Option<(Instant, u64)>>,
+}
+
+impl Disk {
+    /// Writes `batch` and flushes it, so that what follows may count on it.
+    fn write_flushed(&mut self, batch: Vec<mesh_store::Write>) -> Result<(), StoreError> {
+        self.store.write(batch)?;
+        self.store.flush()
+    }
+}
+
+/// The farms this node is the home of (those submitted here): what users
+/// see of them and who waits on or follows them.
+struct Home {
+    farms: HashMap<FarmId, Origin>,
+    /// Farms whose followers have more of the log to hear, in a later
+    /// turn of the loop (see `feed.rs`).
+    feed_more: HashSet<FarmId>,
+}
+
+/// The person running this node: the lines they see, kept few, and
+/// whether they asked it twice to stop.
+struct User {
+    out: Box<dyn FnMut(&str)>,
     /// This process's open-file limit, and whether this node has said
     /// the mesh outgrew it.
     files: crate::limits::OpenFiles,
@@ -195,21 +236,8 @@ struct Node {
     /// Lines about what others do to this node (connections refused), at
     /// most one of a kind so often.
     throttle: crate::limits::Throttle,
-    /// Files to and from other nodes.
-    transfers: std::sync::Arc<transfer::Transfers>,
-    out: Box<dyn FnMut(&str)>,
-    /// Runs for the task stream, counters, and each live run's record.
-    recorder: Recorder,
-    /// The mesh secret's file and the changes waiting to be seen (`mesh alloc`).
-    alloc: Alloc,
     /// Stopped twice (a second Ctrl-C): no lingering.
     impatient: bool,
-    /// Bytes under `<state>/kept` as last counted, and when: a status
-    /// page asks every second, and a node may keep many files.
-    held_count: std::cell::Cell<Option<(Instant, u64)>>,
-    /// Farms whose followers have more of the log to hear, in a later
-    /// turn of the loop (see `feed.rs`).
-    feed_more: HashSet<FarmId>,
 }
 
 /// A node's place in the network: its swarm, the nodes it knows and how
@@ -228,6 +256,8 @@ struct Net {
     /// This node's streams to other nodes' engines.
     links: Links,
     listen_addrs: Vec<Multiaddr>,
+    /// The join addresses and remembered members, tried until they answer.
+    reach: Reach,
 }
 
 /// The attempts of tasks on this node: running, and waiting for what

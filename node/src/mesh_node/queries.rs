@@ -100,7 +100,8 @@ impl Node {
     /// A farm whose home is this node.
     pub(super) fn find_farm(&self, query: &str) -> Result<FarmId, QueryError> {
         let homes: Vec<(FarmId, String, String)> = self
-            .origins
+            .home
+            .farms
             .iter()
             .map(|(id, o)| (*id, o.view.id.clone(), o.view.name.clone()))
             .collect();
@@ -255,7 +256,7 @@ impl Node {
                 .members()
                 .map(|m| view(m.label().to_string(), m.id, m.beat(), false)),
         );
-        let mut farms: Vec<FarmView> = self.origins.values().map(|o| o.view.clone()).collect();
+        let mut farms: Vec<FarmView> = self.home.farms.values().map(|o| o.view.clone()).collect();
         farms.sort_by(|a, b| a.id.cmp(&b.id));
         MeshStatus {
             nodes,
@@ -293,7 +294,7 @@ impl Node {
     /// Bytes of outputs kept here for other nodes' farms, counted again
     /// at most every few seconds.
     fn held_bytes(&self) -> u64 {
-        if let Some((at, bytes)) = self.held_count.get() {
+        if let Some((at, bytes)) = self.disk.held_count.get() {
             if at.elapsed() < HELD_RECOUNT {
                 return bytes;
             }
@@ -302,7 +303,7 @@ impl Node {
             .iter()
             .map(|(_, dir)| super::staging::held_bytes(dir))
             .sum();
-        self.held_count.set(Some((Instant::now(), bytes)));
+        self.disk.held_count.set(Some((Instant::now(), bytes)));
         bytes
     }
 

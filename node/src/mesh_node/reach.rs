@@ -239,45 +239,46 @@ impl Node {
     /// remembered members that are not members now.
     pub(super) fn reach_out(&mut self) {
         let now = Instant::now();
-        if std::mem::take(&mut self.reach.stale) {
+        if std::mem::take(&mut self.net.reach.stale) {
             self.remember_peers();
         }
-        let joined = self.reach.joined;
+        let joined = self.net.reach.joined;
         // Once in, a join address is one more remembered member: tried,
         // more seldom, only while its node is not a member.
-        for i in 0..self.reach.seeds.len() {
-            let s = &self.reach.seeds[i];
+        for i in 0..self.net.reach.seeds.len() {
+            let s = &self.net.reach.seeds[i];
             if s.wrong || s.dialing || now < s.backoff.next {
                 continue;
             }
             if s.peer.is_some_and(|p| self.is_member_or_linked(p)) {
                 continue;
             }
-            let s = &mut self.reach.seeds[i];
+            let s = &mut self.net.reach.seeds[i];
             s.dialing = true;
             let addr = s.addr.clone();
             if let Err(e) = self.net.swarm.dial(addr) {
-                let s = &mut self.reach.seeds[i];
+                let s = &mut self.net.reach.seeds[i];
                 s.dialing = false;
                 let max = if joined {
                     KNOWN_WAIT_MAX
                 } else {
                     JOIN_WAIT_MAX
                 };
-                s.backoff.tried(now, max, &mut self.reach.rng);
+                s.backoff.tried(now, max, &mut self.net.reach.rng);
                 tracing::info!("cannot dial a join address: {e}");
             }
         }
-        for k in 0..self.reach.known.len() {
-            let addr = self.reach.known[k].addr.clone();
+        for k in 0..self.net.reach.known.len() {
+            let addr = self.net.reach.known[k].addr.clone();
             let Some(pid) = peer_of(&addr) else {
                 continue;
             };
             if self.is_member_or_linked(pid) || self.net.dialing.contains(&pid) {
-                self.reach.tries.remove(&addr);
+                self.net.reach.tries.remove(&addr);
                 continue;
             }
             let b = self
+                .net
                 .reach
                 .tries
                 .entry(addr.clone())
@@ -285,7 +286,7 @@ impl Node {
             if now < b.next {
                 continue;
             }
-            b.tried(now, KNOWN_WAIT_MAX, &mut self.reach.rng);
+            b.tried(now, KNOWN_WAIT_MAX, &mut self.net.reach.rng);
             let Ok(a) = addr.parse::<Multiaddr>() else {
                 continue;
             };
@@ -307,9 +308,9 @@ impl Node {
     /// A connection this node dialled is up: to a join address, it has
     /// reached the mesh.
     pub(super) fn reached(&mut self, peer: PeerId, remote: &Multiaddr) {
-        self.reach.joined = true;
+        self.net.reach.joined = true;
         let remote = bare(remote);
-        for s in &mut self.reach.seeds {
+        for s in &mut self.net.reach.seeds {
             if bare(&s.addr) == remote {
                 s.peer = Some(peer);
                 s.dialing = false;
@@ -325,20 +326,26 @@ impl Node {
     pub(super) fn dial_failed(&mut self, error: &DialError) -> Result<(), NodeError> {
         let attempts = net::dial_attempts(error);
         let now = Instant::now();
-        let max = if self.reach.joined {
+        let max = if self.net.reach.joined {
             KNOWN_WAIT_MAX
         } else {
             JOIN_WAIT_MAX
         };
         for (addr, ..) in &attempts {
             let at = bare(addr);
-            for s in self.reach.seeds.iter_mut().filter(|s| bare(&s.addr) == at) {
+            for s in self
+                .net
+                .reach
+                .seeds
+                .iter_mut()
+                .filter(|s| bare(&s.addr) == at)
+            {
                 if std::mem::take(&mut s.dialing) {
-                    s.backoff.tried(now, max, &mut self.reach.rng);
+                    s.backoff.tried(now, max, &mut self.net.reach.rng);
                 }
             }
         }
-        if self.reach.joined {
+        if self.net.reach.joined {
             for (addr, _, cause) in &attempts {
                 tracing::info!("dial of {addr} failed: {cause}");
             }
@@ -346,14 +353,21 @@ impl Node {
         }
         for (addr, fault, cause) in attempts {
             let at = bare(&addr);
-            let Some(i) = self.reach.seeds.iter().position(|s| bare(&s.addr) == at) else {
+            let Some(i) = self
+                .net
+                .reach
+                .seeds
+                .iter()
+                .position(|s| bare(&s.addr) == at)
+            else {
                 tracing::info!("dial of {addr} failed: {cause}");
                 continue;
             };
             if !fault.transient() {
-                self.reach.seeds[i].wrong = true;
-                let first = *self.reach.first_wrong.get_or_insert_with(Instant::now);
-                if self.reach.seeds.iter().all(|s| s.wrong) || first.elapsed() >= WRONG_KEY_MAX {
+                self.net.reach.seeds[i].wrong = true;
+                let first = *self.net.reach.first_wrong.get_or_insert_with(Instant::now);
+                if self.net.reach.seeds.iter().all(|s| s.wrong) || first.elapsed() >= WRONG_KEY_MAX
+                {
                     return Err(NodeError::Join {
                         addr: addr.to_string(),
                         why: cause,
@@ -364,7 +378,7 @@ impl Node {
                 ));
                 continue;
             }
-            let s = &self.reach.seeds[i];
+            let s = &self.net.reach.seeds[i];
             let secs = s.backoff.next.saturating_duration_since(now).as_secs_f64();
             let what = match fault {
                 DialFault::Silent => format!("no answer from {addr} yet ({cause})"),
@@ -384,7 +398,7 @@ impl Node {
             name: META_PORT.into(),
             value: postcard::to_stdvec(&port).unwrap_or_default(),
         };
-        if let Err(e) = self.store.write(vec![w]).and_then(|()| self.store.flush()) {
+        if let Err(e) = self.disk.write_flushed(vec![w]) {
             tracing::warn!("cannot keep the port it listens on: {e}");
         }
     }
@@ -393,10 +407,10 @@ impl Node {
     /// first at once: a node stopped right after joining still finds its
     /// mesh when it starts again).
     pub(super) fn member_seen(&mut self) {
-        if self.reach.known.is_empty() {
+        if self.net.reach.known.is_empty() {
             self.remember_peers();
         } else {
-            self.reach.stale = true;
+            self.net.reach.stale = true;
         }
     }
 
@@ -419,7 +433,7 @@ impl Node {
                 seen_ms: now_ms,
             })
             .collect();
-        let mut older: Vec<Known> = std::mem::take(&mut self.reach.known)
+        let mut older: Vec<Known> = std::mem::take(&mut self.net.reach.known)
             .into_iter()
             .filter(|k| {
                 now_ms.saturating_sub(k.seen_ms) < FORGET_AFTER_MS
@@ -433,19 +447,20 @@ impl Node {
             }
             known.push(k);
         }
-        self.reach
+        self.net
+            .reach
             .tries
             .retain(|a, _| known.iter().any(|k| &k.addr == a));
-        self.reach.known = known;
+        self.net.reach.known = known;
         let w = Write::Meta {
             farm: NODE_KEY,
             name: META_REACH.into(),
-            value: postcard::to_stdvec(&self.reach.known).unwrap_or_default(),
+            value: postcard::to_stdvec(&self.net.reach.known).unwrap_or_default(),
         };
         // Flushed now: an idle node persists nothing else, and one killed
         // before its next flush would start again knowing no peer (on a
         // new port, as `mesh node` listens by default, as a mesh of one).
-        if let Err(e) = self.store.write(vec![w]).and_then(|()| self.store.flush()) {
+        if let Err(e) = self.disk.write_flushed(vec![w]) {
             tracing::warn!("cannot keep the peers' addresses: {e}");
         }
     }

@@ -199,7 +199,7 @@ impl Node {
     pub(super) fn submit_now(&mut self, spec: FarmSpec, reused: Vec<Entry>, reply: Reply) {
         let mut o = Origin::new(&spec);
         o.submit_reply = Some(reply);
-        self.origins.insert(spec.id, o);
+        self.home.farms.insert(spec.id, o);
         let now = self.now();
         self.peer.submit(now, spec, reused);
     }
@@ -238,11 +238,14 @@ impl Node {
 
     /// Whether this node kept the results of a farm named `name`.
     fn kept_name(&self, name: &str) -> bool {
-        matches!(self.store.meta(NODE_KEY, &name_meta(name)), Ok(Some(_)))
+        matches!(
+            self.disk.store.meta(NODE_KEY, &name_meta(name)),
+            Ok(Some(_))
+        )
     }
 
     fn kept(&self, name: &str) -> Option<Kept> {
-        let bytes = self.store.meta(NODE_KEY, name).ok()??;
+        let bytes = self.disk.store.meta(NODE_KEY, name).ok()??;
         postcard::from_bytes(&bytes).ok()
     }
 
@@ -252,7 +255,7 @@ impl Node {
         if batch.is_empty() {
             return;
         }
-        if let Err(e) = self.store.write(batch).and_then(|()| self.store.flush()) {
+        if let Err(e) = self.disk.write_flushed(batch) {
             tracing::warn!("results not written down for reuse: {e}");
         }
     }

@@ -125,7 +125,7 @@ impl Node {
             })) => {
                 if let Err(e) = net::check_identified(&mut self.net.swarm, peer_id, &info) {
                     self.say(&format!("refused {e}"));
-                    if !self.reach.joined() {
+                    if !self.net.reach.joined() {
                         return Err(join_failed(opts, e));
                     }
                 }
@@ -159,7 +159,7 @@ impl Node {
 
     /// Says `line` unless a line of its kind was said lately.
     pub(super) fn throttled(&mut self, kind: usize, line: &str) {
-        if let Some(text) = self.throttle.line(kind, Instant::now(), line) {
+        if let Some(text) = self.user.throttle.line(kind, Instant::now(), line) {
             self.say(&text);
         }
     }
@@ -174,7 +174,7 @@ impl Node {
                 "cannot take a connection: out of open files ({in_use} open, limit {}); \
                  the node that tried will try again. Raise the limit (`ulimit -Hn`, or \
                  LimitNOFILE= in a systemd unit)",
-                self.files.limit
+                self.user.files.limit
             );
             self.throttled(THROTTLE_FILES, &line);
         } else {

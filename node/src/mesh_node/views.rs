@@ -107,7 +107,7 @@ impl Node {
         let home = self.label_of(r.home_of.node);
         let out = r.out_dir().to_string();
         let (home_bytes, coming) = self.transfers.home_bytes(farm);
-        let Some(o) = self.origins.get_mut(&farm) else {
+        let Some(o) = self.home.farms.get_mut(&farm) else {
             return;
         };
         let now = Instant::now();
@@ -155,7 +155,7 @@ impl Node {
         }
         // Followers of single tasks hear of each before anyone hears the end.
         self.feed(farm, None);
-        if let Some(o) = self.origins.get_mut(&farm) {
+        if let Some(o) = self.home.farms.get_mut(&farm) {
             o.notify();
         }
     }

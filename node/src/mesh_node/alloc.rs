@@ -1,4 +1,4 @@
-//! `mesh alloc` on this node: batch operations run off the loop, how a batch job's node starts, and changes to the allocation queues answered once this node's copy of the book shows them.
+//! `mesh alloc` on this node: batch operations run off the loop, how a batch job's node starts, and changes to the allocation queues answered once this node's copy of the book shows them; the scripts and batch commands it runs are `node/src/alloc/`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -7,7 +7,7 @@ use mesh_protocol::mesh::{AllocBook, AllocCmd, BatchOp};
 
 use super::reply::Reply;
 use super::{Cmd, Node};
-use crate::batch;
+use crate::alloc::{batch, script};
 use crate::control::ControlResponse;
 
 /// How many of the mesh's addresses a batch job's node is given to join.
@@ -81,7 +81,7 @@ impl Node {
 
     /// How a job of queue `queue` starts its node: this binary, joining
     /// this node, with this node's key; state and output under `alloc/`.
-    pub(super) fn launch(&self, queue: &str) -> batch::Launch {
+    pub(super) fn launch(&self, queue: &str) -> script::Launch {
         // This node, then a few members: a job that starts after this node
         // is gone still finds the mesh.
         let beat = self.peer.beat();
@@ -99,7 +99,7 @@ impl Node {
             .take(JOIN_ADDRS)
             .collect::<Vec<_>>()
             .join(",");
-        batch::Launch::new(
+        script::Launch::new(
             std::env::current_exe()
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|_| "mesh".into()),
