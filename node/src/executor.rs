@@ -163,15 +163,6 @@ pub fn launch(l: Launch, done: mpsc::Sender<Finished>) -> Live {
     live
 }
 
-/// As [`launch`], on the calling thread's `LocalSet`: a node's loop starts
-/// the process in the same turn that decided to, with no wake of a worker
-/// thread in between (see `mesh_node::task`).
-pub fn launch_here(l: Launch, done: mpsc::Sender<Finished>) -> Live {
-    let (live, attempt) = attempt(l, done);
-    tokio::task::spawn_local(attempt);
-    live
-}
-
 /// One attempt from start to report, and the handle that signals it.
 fn attempt(
     l: Launch,

@@ -40,32 +40,23 @@ pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> IoErr
 }
 
 /// The single-threaded runtime a farm run or a node drives its loop on.
+///
+/// A node is one thread, as HyperQueue's workers and Dask's event loop
+/// are: a task's pipes, its end, the loop's timers and the messages of its
+/// connections all wake that thread, and nothing crosses threads between
+/// one thin task's end and the next one's start. With the connections on
+/// worker threads beside the loop (one core left to it), 4,000 `true` on
+/// 2 nodes of one slot took 1.12-1.43 of `mesh run`'s time, 1.00-1.05 on
+/// one thread; and files moved no faster (1 GiB node to node 307-431 MB/s,
+/// 495-542 on one thread, round trips during it p50 0.5-6.3 ms against
+/// 1.6-1.8 ms). Hashing and disk writes of transfers still go to blocking
+/// threads. See docs/design/node-loop.md.
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, IoError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(io_err("cannot start the runtime"))
 }
-
-/// A mesh node's runtime: its loop runs on the calling thread (`block_on`),
-/// and what it spawns, the swarm's connections among them (each one's
-/// encryption and multiplexing), on a few worker threads. On one thread,
-/// a file going home at full speed had the loop wait behind its
-/// encryption: messages' round trips went from 0.5 ms to 15 ms (p50). A
-/// core is left to the loop: on 2 cores, 2 workers beside it cost thin
-/// tasks on 2 nodes 1.36 of `mesh run`'s time, 1 worker 1.25.
-pub(crate) fn node_runtime() -> Result<tokio::runtime::Runtime, IoError> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cores.saturating_sub(1).clamp(1, NODE_WORKERS_MAX))
-        .enable_all()
-        .build()
-        .map_err(io_err("cannot start the runtime"))
-}
-
-/// Worker threads of a node's runtime at most: enough for a few transfers
-/// at once, whatever the machine's size.
-const NODE_WORKERS_MAX: usize = 4;
 
 /// After Ctrl-C, tasks get this long to exit on SIGTERM before SIGKILL.
 const INTERRUPT_GRACE_MS: u64 = 3000;

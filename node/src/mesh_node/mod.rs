@@ -49,7 +49,7 @@ use crate::executor::Live;
 use crate::keys;
 use crate::net::{self, Behaviour};
 use crate::observe::Recorder;
-use crate::{node_runtime, IoError};
+use crate::{runtime, IoError};
 use alloc::Alloc;
 use links::Links;
 use queries::Asked;
@@ -277,9 +277,7 @@ struct Tasks {
 
 /// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.
 pub fn run_node(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
-    // The loop, and the attempts it runs on its own thread (`task::start`).
-    let here = tokio::task::LocalSet::new();
-    node_runtime()?.block_on(here.run_until(driver::drive(opts, out)))
+    runtime()?.block_on(driver::drive(opts, out))
 }
 
 /// How users name a farm: its name and the start of its mesh id.

@@ -121,30 +121,19 @@ impl Node {
             cache: cache.clone(),
             held: held.clone(),
         });
-        // An attempt with nothing to fetch first runs on this thread: its
-        // process starts in this turn of the loop, where a worker thread
-        // would have to be woken first. Thin tasks on 2 nodes of one slot
-        // waited 0.84 ms between one's end and the next's start that way,
-        // 0.72 ms this way. One that fetches stays on the workers, where
-        // its transfers' decryption and hashing do not hold up the loop.
-        let here = local || (deps.is_none() && launch.spec.inputs.is_empty());
         let attempt = async move {
             let (outcome, outputs) = run_task(
                 launch,
                 spec,
                 task,
-                (local, here, sources, transfers, deps),
+                (local, sources, transfers, deps),
                 (cache, held),
                 tx.clone(),
             )
             .await;
             let _ = tx.send(Cmd::Finished(task, outcome, outputs)).await;
         };
-        if here {
-            tokio::task::spawn_local(attempt);
-        } else {
-            tokio::spawn(attempt);
-        }
+        tokio::spawn(attempt);
     }
 }
 
@@ -225,8 +214,7 @@ async fn run_task(
     mut launch: Launch,
     spec: Arc<FarmSpec>,
     task: Assigned,
-    (local, here, sources, transfers, deps): (
-        bool,
+    (local, sources, transfers, deps): (
         bool,
         Vec<NodeId>,
         Arc<Transfers>,
@@ -304,11 +292,7 @@ async fn run_task(
     let out_dir = launch.out_dir.clone();
     // One attempt, one report: room for it is all this channel needs.
     let (done_tx, mut done_rx) = mpsc::channel::<Finished>(1);
-    let live = if here {
-        executor::launch_here(launch, done_tx)
-    } else {
-        executor::launch(launch, done_tx)
-    };
+    let live = executor::launch(launch, done_tx);
     let _ = tx.send(Cmd::Launched(task, live)).await;
     let Some(f) = done_rx.recv().await else {
         return fail("the task's runner stopped".into());
