@@ -214,12 +214,7 @@ async fn run_task(
     mut launch: Launch,
     spec: Arc<FarmSpec>,
     task: Assigned,
-    (local, sources, transfers, deps): (
-        bool,
-        Vec<NodeId>,
-        Arc<Transfers>,
-        Option<DepsPlace>,
-    ),
+    (local, sources, transfers, deps): (bool, Vec<NodeId>, Arc<Transfers>, Option<DepsPlace>),
     (cache, held): (PathBuf, PathBuf),
     tx: mpsc::Sender<Cmd>,
 ) -> (Outcome, Vec<OutputFile>) {
