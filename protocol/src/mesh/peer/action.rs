@@ -75,7 +75,10 @@ pub enum PeerEvent {
         farm: FarmId,
         reason: String,
     },
-    Progress(FarmProgress),
+    /// Boxed: unboxed it was the largest thing a peer says (168 bytes),
+    /// and made every [`Action`] that large, each moved several times
+    /// between the peer and its driver.
+    Progress(Box<FarmProgress>),
     Failure(Failure),
     Unplaceable {
         farm: FarmId,
@@ -133,6 +136,10 @@ pub enum Action {
     Batch(BatchOp),
     Emit(PeerEvent),
 }
+
+// Every action is moved from the peer's queue to its driver: what keeps
+// it small is what it boxes (see `PeerEvent::Progress`).
+const _: () = assert!(std::mem::size_of::<Action>() <= 120);
 
 /// How a home's fetch of a task's outputs ([`Action::Fetch`]) ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -546,7 +546,7 @@ impl Holdings {
                 out.send(n, Msg::Collected { farm });
             }
         }
-        out.emit(PeerEvent::Progress(p));
+        out.emit(PeerEvent::Progress(Box::new(p)));
     }
 
     // ----- resending -----

@@ -91,7 +91,7 @@ pub use membership::{member_hash, Member};
 pub use out::Stats;
 
 use borrows::{Roles, Told, Working};
-use coordinator::Coord;
+use coordinator::{Coord, Echoes};
 use election::{Election, Vote};
 use holder::Holdings;
 use membership::Membership;
@@ -444,14 +444,16 @@ impl Peer {
             &mut self.out,
             self.node.election.leader(),
         );
+        // Local to the step, so that no report's clock outlives it.
+        let mut echo = Echoes::default();
         while let Some((from, msg)) = self.out.inbox.pop_front() {
-            self.dispatch_msg(now, from, msg);
+            self.dispatch_msg(now, from, msg, &mut echo);
         }
-        self.drain_and_assign(now);
+        self.drain_and_assign(now, std::mem::take(&mut echo));
         // Assignments to this node itself arrive through the inbox.
         while let Some((from, msg)) = self.out.inbox.pop_front() {
-            self.dispatch_msg(now, from, msg);
-            self.drain_and_assign(now);
+            self.dispatch_msg(now, from, msg, &mut echo);
+            self.drain_and_assign(now, std::mem::take(&mut echo));
         }
         on_farms::sync_holders(
             now,
@@ -461,16 +463,17 @@ impl Peer {
             &self.holdings,
             &mut self.out,
         );
-        // Holders' answers to this node itself.
+        // Holders' answers to this node itself (no reports to echo: a
+        // coordinator's own are not).
         while let Some((from, msg)) = self.out.inbox.pop_front() {
-            self.dispatch_msg(now, from, msg);
+            self.dispatch_msg(now, from, msg, &mut echo);
         }
         self.worker.persist_held(&mut self.out);
     }
 
     /// On the coordinator: what its engines decided goes out, then ready
     /// tasks go to nodes with room.
-    fn drain_and_assign(&mut self, now: Millis) {
+    fn drain_and_assign(&mut self, now: Millis, echo: Echoes) {
         on_tasks::drain(self.coord.as_mut(), &mut self.out);
         on_tasks::assign(
             now,
@@ -478,11 +481,14 @@ impl Peer {
             self.coord.as_mut(),
             &self.allocs,
             &self.worker,
+            echo,
             &mut self.out,
         );
     }
 
-    pub(super) fn dispatch_msg(&mut self, now: Millis, from: NodeId, msg: Msg) {
+    /// One message, adding a worker's report's clock to `echo`, this
+    /// step's (see [`Echoes`]).
+    pub(super) fn dispatch_msg(&mut self, now: Millis, from: NodeId, msg: Msg, echo: &mut Echoes) {
         match msg {
             Msg::Beat(b) => on_members::beat_heard(&mut self.roles(), now, from, b),
             Msg::Swim(data) => {
@@ -588,7 +594,8 @@ impl Peer {
             } => {
                 if let Some(c) = &mut self.coord {
                     if from != self.node.id {
-                        c.note_report(from, prefetch, at);
+                        c.note_report(from, prefetch);
+                        echo.insert(from, at);
                     }
                     c.on_report(now, from, reports, &self.node, &mut self.out);
                 }

@@ -54,13 +54,16 @@ pub(super) fn drain(coord: Option<&mut Coord>, out: &mut Out) {
 }
 
 /// On the coordinator: ready tasks handed to nodes with room, once the
-/// members have said what they hold.
+/// members have said what they hold. A coordinator still settling assigns
+/// nothing, and this step's `echo` goes with the step.
+#[allow(clippy::too_many_arguments)] // each role named: a view would lend it more than it touches
 pub(super) fn assign(
     now: Millis,
     node: &Node,
     coord: Option<&mut Coord>,
     allocs: &Allocs,
     worker: &Worker,
+    echo: coordinator::Echoes,
     out: &mut Out,
 ) {
     let Some(c) = coord else { return };
@@ -73,7 +76,7 @@ pub(super) fn assign(
         depth: worker.depth(),
         deadline: worker.deadline(),
     };
-    c.assign(now, node, me, out);
+    c.assign(now, node, me, echo, out);
 }
 
 /// Sends again what has not been acknowledged: reports, offers of

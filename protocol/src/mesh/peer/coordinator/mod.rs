@@ -27,7 +27,7 @@ use crate::observe::Latency;
 use crate::resources::Resources;
 use crate::tally::Tally;
 
-pub(super) use placement::Local;
+pub(super) use placement::{Echoes, Local};
 pub(super) use replication::{offer, OFFER_MAX, SYNC_WINDOW};
 
 /// A node that holds a copy of a farm, as the coordinator streams it the farm's log.
@@ -186,9 +186,6 @@ pub(super) struct Coord {
     reports_early: FxHashMap<(NodeId, Assigned), Report>,
     /// Each node's prefetch depth, as it last said (reports and beats).
     depth: FxHashMap<NodeId, u32>,
-    /// The clock of each node's report handled in this step, echoed back
-    /// with the assignment that answers it.
-    echo: FxHashMap<NodeId, Millis>,
     /// Tells holders apart this coordinator's log from any other's (a
     /// restarted coordinator's log restarts at 0), and numbers its syncs.
     log_id: u64,
@@ -228,7 +225,6 @@ impl Coord {
             held_early: FxHashMap::default(),
             reports_early: FxHashMap::default(),
             depth: FxHashMap::default(),
-            echo: FxHashMap::default(),
             log_id,
             sync_seq: 0,
             next_progress: now,
@@ -375,10 +371,10 @@ impl Coord {
         self.hungry.insert(node);
     }
 
-    /// A worker's report: its depth, and its clock to echo with the answer.
-    pub(super) fn note_report(&mut self, from: NodeId, prefetch: u32, at: Millis) {
+    /// A worker's report: its depth. Its clock is the step's to echo (see
+    /// [`Echoes`]), not the coordinator's to keep.
+    pub(super) fn note_report(&mut self, from: NodeId, prefetch: u32) {
         self.depth.insert(from, prefetch);
-        self.echo.insert(from, at);
     }
 
     pub(super) fn progress(&self, farm: FarmId) -> Option<engine::Counts> {

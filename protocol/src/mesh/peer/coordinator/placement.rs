@@ -15,6 +15,12 @@ use crate::resources::Resources;
 /// and made everywhere).
 const NEAR_DEPS: u64 = 4;
 
+/// The clock of each worker's report handled in one step, echoed back with
+/// the assignment that answers it. A step's own: an assignment in a later
+/// step (after a new coordinator settles, say) did not answer that report,
+/// and echoing it would count the wait between as the report's round trip.
+pub(in super::super) type Echoes = rustc_hash::FxHashMap<NodeId, Millis>;
+
 /// The coordinator's own node, which it places work on like any other.
 pub(in super::super) struct Local<'a> {
     pub(in super::super) total: &'a Resources,
@@ -23,13 +29,18 @@ pub(in super::super) struct Local<'a> {
 }
 
 impl Coord {
-    /// Hands ready tasks to nodes with room.
-    pub(in super::super) fn assign(&mut self, now: Millis, cx: &Node, me: Local, out: &mut Out) {
+    /// Hands ready tasks to nodes with room, each answering its node's
+    /// report of this step with that report's clock (`echo`).
+    pub(in super::super) fn assign(
+        &mut self,
+        now: Millis,
+        cx: &Node,
+        me: Local,
+        mut echo: Echoes,
+        out: &mut Out,
+    ) {
         let cfg = &cx.cfg;
         let fixed = cfg.prefetch_percent;
-        // Echoes are for this step's assignments only: an assignment
-        // that comes later did not answer that report.
-        let mut echo = std::mem::take(&mut self.echo);
         let batch_max = cfg.batch_max;
         let queue_max = cfg.queue_max;
         let claims_max = cfg.node_claims_max;
