@@ -26,12 +26,9 @@ impl Peer {
         queue: &QueueDef,
         result: Result<Vec<String>, String>,
     ) {
-        self.woke(now);
-        let term = self.node.election.term();
-        if self.coord.is_some() && self.allocs.submitted(now, term, queue, result) {
-            self.allocs_changed();
-        }
-        self.pump(now);
+        self.batch_answered(now, |allocs, term| {
+            allocs.submitted(now, term, queue, result)
+        });
     }
 
     /// The batch system's answer to [`BatchOp::Poll`](super::super::BatchOp::Poll): the state of each
@@ -42,12 +39,7 @@ impl Peer {
         system: BatchSystem,
         result: Result<Vec<(String, JobState)>, String>,
     ) {
-        self.woke(now);
-        let term = self.node.election.term();
-        if self.coord.is_some() && self.allocs.polled(now, term, system, result) {
-            self.allocs_changed();
-        }
-        self.pump(now);
+        self.batch_answered(now, |allocs, term| allocs.polled(now, term, system, result));
     }
 
     /// The batch system's answer to [`BatchOp::List`](super::super::BatchOp::List):
@@ -59,19 +51,22 @@ impl Peer {
         gen: u64,
         result: Result<Vec<super::super::Listed>, String>,
     ) {
-        self.woke(now);
-        let term = self.node.election.term();
-        if self.coord.is_some() && self.allocs.listed(now, term, system, gen, result) {
-            self.allocs_changed();
-        }
-        self.pump(now);
+        self.batch_answered(now, |allocs, term| {
+            allocs.listed(now, term, system, gen, result)
+        });
     }
 
     /// The batch system's answer to [`BatchOp::Cancel`](super::super::BatchOp::Cancel).
     pub fn batch_cancelled(&mut self, now: Millis, job: &str, result: Result<(), String>) {
+        self.batch_answered(now, |allocs, term| allocs.cancelled(now, term, job, result));
+    }
+
+    /// A batch system's answer, heard by the allocation queues in this
+    /// term (only on the coordinator; elsewhere it is dropped unread).
+    fn batch_answered(&mut self, now: Millis, heard: impl FnOnce(&mut Allocs, u64) -> bool) {
         self.woke(now);
         let term = self.node.election.term();
-        if self.coord.is_some() && self.allocs.cancelled(now, term, job, result) {
+        if self.coord.is_some() && heard(&mut self.allocs, term) {
             self.allocs_changed();
         }
         self.pump(now);
