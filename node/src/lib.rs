@@ -50,7 +50,7 @@ pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> IoErr
 /// one thread; and files moved no faster (1 GiB node to node 307-431 MB/s,
 /// 495-542 on one thread, round trips during it p50 0.5-6.3 ms against
 /// 1.6-1.8 ms). Hashing and disk writes of transfers still go to blocking
-/// threads. See docs/design/node-loop.md.
+/// threads. See docs/design/data.md.
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, IoError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
