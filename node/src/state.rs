@@ -27,6 +27,11 @@ pub const SNAPSHOT_FAILED_MAX: usize = 20;
 /// kept by hash until their home has them.
 pub const KEPT_DIR: &str = "kept";
 
+/// Where a node keeps its outputs of `farm` for the farm's home.
+pub fn kept_dir(state: &Path, farm: mesh_protocol::mesh::FarmId) -> PathBuf {
+    state.join(KEPT_DIR).join(farm.to_string())
+}
+
 /// Where `KEPT_DIR` was before it had one meaning ("held" was also a
 /// farm's copies, claimed tasks and unacknowledged reports).
 const KEPT_DIR_BEFORE: &str = "held";

@@ -431,10 +431,7 @@ impl Node {
                 self.disk.held_count.set(None);
                 // What it kept for the home, and its own folder for the
                 // farm (the dependencies put there, the inputs).
-                let held = self
-                    .state
-                    .join(crate::state::KEPT_DIR)
-                    .join(farm.to_string());
+                let held = crate::state::kept_dir(&self.state, farm);
                 let work = self.state.join("work").join(farm.to_string());
                 tokio::task::spawn_blocking(move || {
                     let _ = fs::remove_dir_all(held);

@@ -105,11 +105,7 @@ impl Node {
         let tx = self.tx.clone();
         let t = self.transfers.clone();
         // Run here before this node was the home: kept apart, in `kept`.
-        let held = (from == self.me).then(|| {
-            self.state
-                .join(crate::state::KEPT_DIR)
-                .join(farm.to_string())
-        });
+        let held = (from == self.me).then(|| crate::state::kept_dir(&self.state, farm));
         tokio::spawn(async move {
             let r = match (dir, held) {
                 (None, _) => Err(FetchError::UnknownFarm),

@@ -107,10 +107,7 @@ impl Node {
         };
         let tx = self.tx.clone();
         let cache = self.state.join("cache");
-        let held = self
-            .state
-            .join(crate::state::KEPT_DIR)
-            .join(task.farm.to_string());
+        let held = crate::state::kept_dir(&self.state, task.farm);
         let sources = self.sources(task.farm);
         let transfers = self.transfers.clone();
         let deps = (!local && reads_outputs(def, task.task.stage)).then(|| DepsPlace {

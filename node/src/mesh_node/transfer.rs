@@ -299,10 +299,7 @@ impl Transfers {
         }
         let hex = blake3::Hash::from(*hash).to_hex().to_string();
         [
-            self.state
-                .join(crate::state::KEPT_DIR)
-                .join(farm.to_string())
-                .join(&hex),
+            crate::state::kept_dir(&self.state, farm).join(&hex),
             self.state.join("cache").join(&hex),
         ]
         .into_iter()
