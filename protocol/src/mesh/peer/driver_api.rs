@@ -171,6 +171,7 @@ impl Peer {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.worker
             .check_bounds()
+            .and_then(|()| self.node.members.check())
             .map_err(|e| format!("node {}: {e}", self.node.id))?;
         self.check_coord_counts()
     }
