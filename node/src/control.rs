@@ -12,6 +12,7 @@
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
 
@@ -86,6 +87,52 @@ impl Target {
 /// The socket's path in a state folder.
 pub fn socket_path(state: &Path) -> PathBuf {
     state.join("node.sock")
+}
+
+/// How long a command waits for a node that is starting here to open its
+/// socket (its store and network come first; on a cluster's shared file
+/// system, opening the store can take seconds).
+const START_WAIT: Duration = Duration::from_secs(60);
+
+/// A node starting on a state folder, from its first step until its
+/// control socket listens: `node.starting` holds its process id, so a
+/// command run at once after it (`mesh join ADDR & mesh submit ...` in a
+/// batch script) waits for the node instead of saying none runs. Removed
+/// when dropped, if it is still this process's.
+pub struct Starting(PathBuf);
+
+impl Starting {
+    pub fn mark(state: &Path) -> Starting {
+        let path = state.join("node.starting");
+        // Best effort: a node that cannot write its state folder fails
+        // right after, with a clearer error.
+        let _ = std::fs::write(&path, format!("{}\n", std::process::id()));
+        Starting(path)
+    }
+
+    /// Whether a live process is starting a node on `state`.
+    fn under_way(state: &Path) -> bool {
+        let pid = std::fs::read_to_string(state.join("node.starting"))
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+            .filter(|&p| p > 0);
+        pid.is_some_and(|p| {
+            matches!(
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None),
+                Ok(()) | Err(nix::errno::Errno::EPERM)
+            )
+        })
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        let mine = std::fs::read_to_string(&self.0)
+            .is_ok_and(|t| t.trim() == std::process::id().to_string());
+        if mine {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -401,21 +448,27 @@ impl Client {
 
     fn local(state: &Path, line: &[u8]) -> Result<Client, ControlError> {
         let path = socket_path(state);
-        let mut stream = match UnixStream::connect(&path) {
-            Ok(s) => s,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
-                ) =>
-            {
-                return Err(ControlError::NoNode(state.to_path_buf()))
-            }
-            Err(source) => {
-                return Err(ControlError::Io {
-                    path: path.display().to_string(),
-                    source,
-                })
+        let until = Instant::now() + START_WAIT;
+        let mut stream = loop {
+            match UnixStream::connect(&path) {
+                Ok(s) => break s,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                    ) =>
+                {
+                    if !Starting::under_way(state) || Instant::now() >= until {
+                        return Err(ControlError::NoNode(state.to_path_buf()));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(source) => {
+                    return Err(ControlError::Io {
+                        path: path.display().to_string(),
+                        source,
+                    })
+                }
             }
         };
         stream.write_all(line).map_err(|source| ControlError::Io {

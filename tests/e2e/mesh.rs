@@ -392,6 +392,51 @@ fn submit_without_a_node_says_what_to_do() {
 }
 
 #[test]
+fn a_command_run_while_its_node_starts_waits_for_the_node() {
+    // A batch script's `mesh join ADDR &` and then at once `mesh submit`:
+    // the node marks itself (its process id in node.starting) from its
+    // first step until its control socket listens.
+    let sb = sandbox();
+    sb.mesh(&["init"]).expect_code(0);
+    sb.write(
+        "farm.toml",
+        "[farm]\nname = \"x\"\n[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n",
+    );
+    let marker = sb.state().join("node.starting");
+    let sleeper = || {
+        std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep")
+    };
+    // A mark whose process is gone (killed while it started) is no node.
+    let mut gone = sleeper();
+    std::fs::write(&marker, format!("{}\n", gone.id())).expect("mark");
+    gone.kill().expect("kill");
+    gone.wait().expect("reap");
+    let r = sb.mesh(&["submit", "farm.toml"]);
+    r.expect_code(2);
+    assert!(r.stderr.contains("no mesh node is running"), "{}", r.stderr);
+    // A node still opening its store and network: the command waits.
+    let mut starting = sleeper();
+    std::fs::write(&marker, format!("{}\n", starting.id())).expect("mark");
+    let submit = sb.spawn(&["submit", "farm.toml", "--wait"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let node = NodeProc::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_mesh")),
+        sb.path(),
+        &sb.state(),
+        &["node", "--listen", "/ip4/127.0.0.1/tcp/0"],
+    );
+    let r = submit.wait();
+    let _ = starting.kill();
+    let _ = starting.wait();
+    r.expect_code(0);
+    assert!(!marker.exists(), "the node's mark is gone once it listens");
+    drop(node);
+}
+
+#[test]
 fn killing_the_coordinator_mid_farm_elects_another_and_the_farm_finishes() {
     let sb = sandbox();
     let c = Cluster::start(

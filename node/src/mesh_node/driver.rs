@@ -27,7 +27,7 @@ use super::transfer::{self, accept_data, FetchError, Transfers};
 use super::views::Origin;
 use super::{Cmd, Disk, Home, Net, Node, NodeError, NodeOptions, Tasks, User};
 use crate::alloc::batch;
-use crate::control::{socket_path, ControlResponse, CONTROL_PROTOCOL};
+use crate::control::{socket_path, ControlResponse, Starting, CONTROL_PROTOCOL};
 use crate::dash::{self, dashboard_line};
 use crate::executor;
 use crate::keys;
@@ -68,6 +68,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     let files = limits::raise_open_files().map_err(io_err("cannot read the open-file limit"))?;
     fs::create_dir_all(&opts.state)
         .map_err(io_err(format!("cannot create {}", opts.state.display())))?;
+    let starting = Starting::mark(&opts.state);
     let psk = keys::load_psk(&opts.key)?;
     let dash_key = psk.to_string();
     let swim_cipher = swim::cipher(&psk);
@@ -119,6 +120,7 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         .map_err(io_err(format!("cannot listen on {}", sock.display())))?;
     fs::set_permissions(&sock, fs::Permissions::from_mode(0o600))
         .map_err(io_err(format!("cannot restrict {}", sock.display())))?;
+    drop(starting);
 
     let (tx, mut rx) = mpsc::channel::<Cmd>(CMDS_MAX);
     tokio::spawn(accept_links(incoming, tx.clone()));
