@@ -25,6 +25,10 @@ class Lost(MeshError):
 #: API refuses the package's hello, naming both.
 API = 1
 
+#: How long a connection waits for a node that is starting on its state
+#: folder to open its socket (as the command line waits).
+START_WAIT_S = 60.0
+
 #: Answers after which the node says nothing more on a connection.
 _LAST = {
     "Finished",
@@ -122,20 +126,44 @@ class SocketTransport(Transport):
         return "the node with state folder %s" % self.state_dir
 
     def open(self):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # A node that is starting here (its process id in node.starting,
+        # until its socket listens) is waited for, as the command line does.
+        until = time.monotonic() + START_WAIT_S
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(self.path)
+                return _SocketConn(s)
+            except (FileNotFoundError, ConnectionRefusedError):
+                s.close()
+                if self._starting() and time.monotonic() < until:
+                    time.sleep(0.02)
+                    continue
+                raise Lost(
+                    "no mesh node is running with state folder %s: start one with "
+                    "`mesh node` (or `mesh join ADDR`), or use mesh.local() for a "
+                    "throwaway node" % self.state_dir
+                ) from None
+            except OSError as e:
+                s.close()
+                raise MeshError("cannot reach %s: %s" % (self.describe(), e)) from None
+
+    def _starting(self):
+        """Whether a live process is starting a node on this state folder."""
         try:
-            s.connect(self.path)
-        except (FileNotFoundError, ConnectionRefusedError):
-            s.close()
-            raise Lost(
-                "no mesh node is running with state folder %s: start one with "
-                "`mesh node` (or `mesh join ADDR`), or use mesh.local() for a "
-                "throwaway node" % self.state_dir
-            ) from None
-        except OSError as e:
-            s.close()
-            raise MeshError("cannot reach %s: %s" % (self.describe(), e)) from None
-        return _SocketConn(s)
+            with open(os.path.join(self.state_dir, "node.starting")) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            return False
+        if pid <= 0:
+            return False
+        try:
+            os.kill(pid, 0)
+        except PermissionError:
+            return True
+        except OSError:
+            return False
+        return True
 
 
 class _SocketConn:

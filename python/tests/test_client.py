@@ -258,7 +258,7 @@ class Protocol(InFolder):
         self.assertIn("client speaks %d" % (was + 1), words)
 
     def test_a_node_older_than_the_api_is_named_so(self):
-        with FakeNode(self.dir, b'{"Error":"bad request: unknown variant `Hello`, expected one of `Submit`, `Wait`"}\n') as f:
+        with FakeNode(self.dir, OLDER) as f:
             with self.assertRaises(mesh.ProtocolError) as e:
                 mesh.connect(state_dir=f.dir)
         self.assertIn("older than the control API", str(e.exception))
@@ -271,10 +271,47 @@ class Protocol(InFolder):
             self.assertLess(time.monotonic() - t0, 10)
         self.assertIn("said nothing within 1 s", str(e.exception))
 
+    def test_a_node_still_starting_is_waited_for(self):
+        # As a node marks itself from its first step until its socket
+        # listens: a live process's id in node.starting.
+        starting = subprocess.Popen(["sleep", "30"])
+        self.addCleanup(starting.wait)
+        self.addCleanup(starting.kill)
+        state = os.path.join(self.dir, "fake")
+        os.makedirs(state)
+        marker = os.path.join(state, "node.starting")
+        with open(marker, "w") as f:
+            f.write("%d\n" % starting.pid)
+        fakes = []
+        self.addCleanup(lambda: [f.__exit__() for f in fakes])
+        later = threading.Timer(0.5, lambda: fakes.append(FakeNode(self.dir, OLDER)))
+        later.start()
+        self.addCleanup(later.cancel)
+        # Reached once its socket is there: the node's own answer, not
+        # "no mesh node is running".
+        with self.assertRaises(mesh.ProtocolError) as e:
+            mesh.connect(state_dir=state)
+        self.assertIn("older than the control API", str(e.exception))
+        # The process gone, the mark is stale: no node is starting.
+        starting.kill()
+        starting.wait()
+        other = os.path.join(self.dir, "stale")
+        os.makedirs(other)
+        shutil.copy(marker, other)
+        t0 = time.monotonic()
+        with self.assertRaises(mesh.MeshError) as e:
+            mesh.connect(state_dir=other)
+        self.assertIn("no mesh node is running", str(e.exception))
+        self.assertLess(time.monotonic() - t0, 10)
+
     def test_no_node_is_said_with_what_to_do(self):
         with self.assertRaises(mesh.MeshError) as e:
             mesh.connect(state_dir=os.path.join(self.dir, "none"))
         self.assertIn("no mesh node is running", str(e.exception))
+
+
+#: What a node older than the control API answers the client's hello.
+OLDER = b'{"Error":"bad request: unknown variant `Hello`, expected one of `Submit`, `Wait`"}\n'
 
 
 class FakeNode:
@@ -282,7 +319,7 @@ class FakeNode:
 
     def __init__(self, root, answer):
         self.dir = os.path.join(root, "fake")
-        os.makedirs(self.dir)
+        os.makedirs(self.dir, exist_ok=True)
         self.answer = answer
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.bind(os.path.join(self.dir, "node.sock"))
