@@ -89,6 +89,11 @@ pub fn socket_path(state: &Path) -> PathBuf {
     state.join("node.sock")
 }
 
+/// Where a node starting on a state folder marks itself (see [`Starting`]).
+fn starting_path(state: &Path) -> PathBuf {
+    state.join("node.starting")
+}
+
 /// How long a command waits for a node that is starting here to open its
 /// socket (its store and network come first; on a cluster's shared file
 /// system, opening the store can take seconds).
@@ -103,7 +108,7 @@ pub struct Starting(PathBuf);
 
 impl Starting {
     pub fn mark(state: &Path) -> Starting {
-        let path = state.join("node.starting");
+        let path = starting_path(state);
         // Best effort: a node that cannot write its state folder fails
         // right after, with a clearer error.
         let _ = std::fs::write(&path, format!("{}\n", std::process::id()));
@@ -112,16 +117,12 @@ impl Starting {
 
     /// Whether a live process is starting a node on `state`.
     fn under_way(state: &Path) -> bool {
-        let pid = std::fs::read_to_string(state.join("node.starting"))
+        std::fs::read_to_string(starting_path(state))
             .ok()
-            .and_then(|t| t.trim().parse::<i32>().ok())
-            .filter(|&p| p > 0);
-        pid.is_some_and(|p| {
-            matches!(
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None),
-                Ok(()) | Err(nix::errno::Errno::EPERM)
-            )
-        })
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            // 0 and what overflows a pid_t would signal a process group.
+            .filter(|&p| (1..=i32::MAX as u32).contains(&p))
+            .is_some_and(crate::state::pid_alive)
     }
 }
 

@@ -283,7 +283,7 @@ pub fn hostname() -> String {
         .unwrap_or_default()
 }
 
-fn pid_alive(pid: u32) -> bool {
+pub(crate) fn pid_alive(pid: u32) -> bool {
     // Signal 0 checks existence; EPERM means it exists under another user.
     match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
         Ok(()) => true,

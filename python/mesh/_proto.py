@@ -121,6 +121,7 @@ class SocketTransport(Transport):
     def __init__(self, state_dir):
         self.state_dir = os.path.abspath(os.path.expanduser(state_dir))
         self.path = os.path.join(self.state_dir, "node.sock")
+        self.starting_path = os.path.join(self.state_dir, "node.starting")
 
     def describe(self):
         return "the node with state folder %s" % self.state_dir
@@ -151,7 +152,7 @@ class SocketTransport(Transport):
     def _starting(self):
         """Whether a live process is starting a node on this state folder."""
         try:
-            with open(os.path.join(self.state_dir, "node.starting")) as f:
+            with open(self.starting_path) as f:
                 pid = int(f.read().strip())
         except (OSError, ValueError):
             return False
