@@ -99,6 +99,11 @@ fn starting_path(state: &Path) -> PathBuf {
 /// system, opening the store can take seconds).
 const START_WAIT: Duration = Duration::from_secs(60);
 
+/// How long a command waits for a node process of its state folder that
+/// has not marked itself yet to do so (its exec and first step; see
+/// `launched.rs`). With no such process, a command answers at once.
+const LAUNCH_WAIT: Duration = Duration::from_secs(10);
+
 /// A node starting on a state folder, from its first step until its
 /// control socket listens: `node.starting` holds its process id, so a
 /// command run at once after it (`mesh join ADDR & mesh submit ...` in a
@@ -450,6 +455,7 @@ impl Client {
     fn local(state: &Path, line: &[u8]) -> Result<Client, ControlError> {
         let path = socket_path(state);
         let until = Instant::now() + START_WAIT;
+        let launched_until = Instant::now() + LAUNCH_WAIT;
         let mut stream = loop {
             match UnixStream::connect(&path) {
                 Ok(s) => break s,
@@ -459,7 +465,16 @@ impl Client {
                         io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
                     ) =>
                 {
-                    if !Starting::under_way(state) || Instant::now() >= until {
+                    let now = Instant::now();
+                    let waiting = if Starting::under_way(state) {
+                        now < until
+                    } else {
+                        // Not marked yet: a node process of this folder is
+                        // given a moment to mark itself, no more, so one
+                        // hung before its first step is not waited on.
+                        now < launched_until && crate::launched::node_process_on(state)
+                    };
+                    if !waiting {
                         return Err(ControlError::NoNode(state.to_path_buf()));
                     }
                     std::thread::sleep(Duration::from_millis(20));

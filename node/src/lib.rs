@@ -9,6 +9,7 @@ pub mod farmfile;
 pub mod gpus;
 pub mod grown;
 pub mod keys;
+mod launched;
 pub mod limits;
 pub mod mesh_node;
 pub mod net;

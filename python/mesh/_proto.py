@@ -29,6 +29,12 @@ API = 1
 #: folder to open its socket (as the command line waits).
 START_WAIT_S = 60.0
 
+#: How long a connection waits for a ``mesh node`` or ``mesh join`` process
+#: of its state folder that has not marked itself starting yet (between its
+#: exec and its first step; see node/src/launched.rs). With no such process,
+#: a connection fails at once.
+LAUNCH_WAIT_S = 10.0
+
 #: Answers after which the node says nothing more on a connection.
 _LAST = {
     "Finished",
@@ -130,6 +136,7 @@ class SocketTransport(Transport):
         # A node that is starting here (its process id in node.starting,
         # until its socket listens) is waited for, as the command line does.
         until = time.monotonic() + START_WAIT_S
+        launched_until = time.monotonic() + LAUNCH_WAIT_S
         while True:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -137,7 +144,12 @@ class SocketTransport(Transport):
                 return _SocketConn(s)
             except (FileNotFoundError, ConnectionRefusedError):
                 s.close()
-                if self._starting() and time.monotonic() < until:
+                now = time.monotonic()
+                if self._starting():
+                    waiting = now < until
+                else:
+                    waiting = now < launched_until and _node_process_on(self.state_dir)
+                if waiting:
                     time.sleep(0.02)
                     continue
                 raise Lost(
@@ -165,6 +177,75 @@ class SocketTransport(Transport):
         except OSError:
             return False
         return True
+
+
+def _node_process_on(state_dir):
+    """Whether a ``mesh node`` or ``mesh join`` process of this state folder
+    lives (Linux's /proc; elsewhere, never): one that has not marked itself
+    starting yet. As node/src/launched.rs, which says why."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return False
+    ours = os.path.realpath(state_dir)
+    for pid in pids:
+        if int(pid) == os.getpid():
+            continue
+        theirs = _node_state("/proc/" + pid)
+        if theirs is None:
+            continue
+        if theirs == "" or os.path.realpath(theirs) == ours:
+            return True
+    return False
+
+
+def _node_state(proc_dir):
+    """The state folder of the process at ``proc_dir`` if it is a mesh node,
+    '' when it is one whose folder cannot be told, else None."""
+    try:
+        with open(proc_dir + "/cmdline", "rb") as f:
+            args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return None
+    if not args or os.path.basename(args[0]) != "mesh":
+        return None
+    flag = command = None
+    rest = iter(args[1:])
+    for a in rest:
+        if a == "--state-dir":
+            flag = next(rest, None)
+        elif a.startswith("--state-dir="):
+            flag = a[len("--state-dir="):]
+        elif not a.startswith("-") and command is None:
+            command = a
+    if command not in ("node", "join"):
+        return None
+    try:
+        cwd = os.readlink(proc_dir + "/cwd")
+    except OSError:
+        cwd = None
+    try:
+        with open(proc_dir + "/environ", "rb") as f:
+            env = dict(
+                kv.decode(errors="replace").split("=", 1)
+                for kv in f.read().split(b"\0")
+                if b"=" in kv
+            )
+    except OSError:
+        env = None
+    state = flag or (env or {}).get("MESH_STATE_DIR") or None
+    if state is None:
+        if env is None:
+            return ""
+        data = env.get("XDG_DATA_HOME")
+        if not data or not os.path.isabs(data):
+            if not env.get("HOME"):
+                return None
+            data = os.path.join(env["HOME"], ".local/share")
+        state = os.path.join(data, "mesh")
+    if os.path.isabs(state):
+        return state
+    return os.path.join(cwd, state) if cwd else ""
 
 
 class _SocketConn:

@@ -1,0 +1,134 @@
+//! A node process that has been started on a state folder but has not yet marked itself there: found in `/proc` by its command line.
+//!
+//! `mesh node &` followed at once by `mesh submit` is README's quick start
+//! and every batch script's first two lines. The node marks itself
+//! (`node.starting`) at its first step, but between the shell's fork and
+//! that step lie the exec, the loader and the argument parser: milliseconds
+//! on a quiet machine, more on a loaded one, and there a command found no
+//! socket, no mark, and said no node runs (7 tries in 8 in one series). A
+//! command that finds neither now looks for a `mesh node` or `mesh join`
+//! process of this state folder, and waits a bounded time for its mark.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+
+/// Whether a process that runs `mesh node` or `mesh join` on `state` is
+/// alive (Linux's `/proc`; elsewhere, never). A process whose state folder
+/// cannot be read (another user's) counts as one of this folder only when
+/// its command line names it.
+pub(crate) fn node_process_on(state: &Path) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    let me = std::process::id();
+    procs.flatten().any(|p| {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            return false;
+        };
+        pid != me && node_state(&p.path()).is_some_and(|s| same_folder(&s, state))
+    })
+}
+
+/// The state folder of the process at `/proc/<pid>` if it is a mesh node.
+fn node_state(proc_dir: &Path) -> Option<PathBuf> {
+    let cmdline = std::fs::read(proc_dir.join("cmdline")).ok()?;
+    let args: Vec<OsString> = cmdline
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| OsString::from_vec(a.to_vec()))
+        .collect();
+    let (program, rest) = args.split_first()?;
+    if Path::new(program).file_name()? != "mesh" {
+        return None;
+    }
+    let mut flag = None;
+    let mut command = None;
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        let a = a.to_str()?;
+        if a == "--state-dir" {
+            flag = it.next().map(PathBuf::from);
+        } else if let Some(v) = a.strip_prefix("--state-dir=") {
+            flag = Some(PathBuf::from(v));
+        } else if !a.starts_with('-') && command.is_none() {
+            command = Some(a.to_string());
+        }
+    }
+    if !matches!(command.as_deref(), Some("node" | "join")) {
+        return None;
+    }
+    let cwd = std::fs::read_link(proc_dir.join("cwd")).ok();
+    let env = std::fs::read(proc_dir.join("environ")).ok();
+    let var = |name: &str| -> Option<PathBuf> {
+        let prefix = format!("{name}=");
+        env.as_ref()?
+            .split(|&b| b == 0)
+            .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
+            .filter(|v| !v.is_empty())
+            .map(|v| PathBuf::from(OsString::from_vec(v.to_vec())))
+    };
+    // As `mesh`'s own `state_root`: the flag, then its variable, then the
+    // user's data folder (dirs' rule on Linux).
+    let state = match flag.or_else(|| var("MESH_STATE_DIR")) {
+        Some(p) => p,
+        None if env.is_none() => return Some(PathBuf::new()),
+        None => var("XDG_DATA_HOME")
+            .filter(|p| p.is_absolute())
+            .or_else(|| var("HOME").map(|h| h.join(".local/share")))?
+            .join("mesh"),
+    };
+    Some(match (state.is_absolute(), cwd) {
+        (true, _) => state,
+        (false, Some(cwd)) => cwd.join(state),
+        // A relative folder from a process whose folder is hidden: unknown.
+        (false, None) => PathBuf::new(),
+    })
+}
+
+/// Whether two spellings of a state folder are one folder. An empty path is
+/// a folder that could not be told, taken as this one: waiting a little
+/// longer for a node is better than saying none runs while one starts.
+fn same_folder(theirs: &Path, ours: &Path) -> bool {
+    if theirs.as_os_str().is_empty() {
+        return true;
+    }
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    canon(theirs) == canon(ours)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_process_is_found_by_its_state_folder_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("st");
+        std::fs::create_dir_all(&state).unwrap();
+        let other = dir.path().join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        assert!(!node_process_on(&state));
+        // A stand-in with a node's command line, `mesh -s -- --state-dir
+        // DIR node`: a shell that `exec -a` names `mesh`, reading what it
+        // runs (a sleep, then more, so it stays this process) from its input.
+        let mut child = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "exec -a mesh bash -s -- --state-dir {} node <<< 'sleep 10; :'",
+                state.display()
+            ))
+            .spawn()
+            .unwrap();
+        let found = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            node_process_on(&state)
+        });
+        let elsewhere = node_process_on(&other);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(found, "the node process of this folder is found");
+        assert!(!elsewhere, "a node of another folder is not this one's");
+        assert!(!node_process_on(&state), "a process gone is no node");
+    }
+}
