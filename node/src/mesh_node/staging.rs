@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -140,6 +140,8 @@ pub(super) enum SubmitError {
     Unseen(PathBuf),
     #[error("input {}: {source}", .path.display())]
     Input { path: PathBuf, source: io::Error },
+    #[error("the operating system gave no random bytes for the farm's id: {0}")]
+    Random(rand::rngs::SysError),
 }
 
 /// The farm as it travels: every input file the farm names, hashed.
@@ -176,19 +178,35 @@ pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<Farm
             }
         }
     }
-    let mut h = blake3::Hasher::new();
-    h.update(&origin.0.to_be_bytes());
-    h.update(file.as_bytes());
-    h.update(&crate::state::unix_ms().to_be_bytes());
-    let id = FarmId(u64::from_be_bytes(
-        h.finalize().as_bytes()[..8].try_into().expect("8 bytes"),
-    ));
+    let id = new_farm_id(origin, file)?;
     Ok(FarmSpec {
         id,
         origin,
         def,
         inputs,
     })
+}
+
+/// A farm id of its own for every submission. The origin, the file and the
+/// clock alone collided: a loop of Python maps of one name, or parallel
+/// submissions of one file, land in the same millisecond with the same
+/// synthetic path, and a second farm of an id already held was taken for the
+/// first. So the id draws 128 bits from the operating system as well; the
+/// rest only makes an id easier to tell apart when read.
+fn new_farm_id(origin: NodeId, file: &str) -> Result<FarmId, SubmitError> {
+    use rand::TryRng;
+    let mut nonce = [0u8; 16];
+    rand::rngs::SysRng
+        .try_fill_bytes(&mut nonce)
+        .map_err(SubmitError::Random)?;
+    let mut h = blake3::Hasher::new();
+    h.update(&origin.0.to_be_bytes());
+    h.update(file.as_bytes());
+    h.update(&crate::state::unix_ms().to_be_bytes());
+    h.update(&nonce);
+    Ok(FarmId(u64::from_be_bytes(
+        h.finalize().as_bytes()[..8].try_into().expect("8 bytes"),
+    )))
 }
 
 /// Why a task's outputs were not listed or kept (the task fails with it).
@@ -305,7 +323,15 @@ async fn fetch_all(
             tracing::debug!(%farm, path = %o.path, ?got, "output home");
         }
     }
-    Ok(())
+    let (d, outputs) = (dir.to_path_buf(), outputs.to_vec());
+    tokio::task::spawn_blocking(move || only_outputs(&d, &outputs)).await?
+}
+
+/// Leaves in a task's folder under `{out}` what its run made and nothing
+/// else: a file an earlier run of it left there goes (see `results::prune`).
+pub(super) fn only_outputs(dir: &Path, outputs: &[OutputFile]) -> Result<(), FetchError> {
+    let keep = outputs.iter().map(|o| o.path.as_str()).collect();
+    crate::results::prune(dir, &keep).map_err(FetchError::io(FetchError::Place, dir))
 }
 
 /// Where output `o` goes under `dir`, unless it is there already.
@@ -337,7 +363,7 @@ fn place_held(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), Fet
         fs::copy(&src, &dest).map_err(FetchError::io(FetchError::Place, &dest))?;
         set_mode(&dest, o.mode)?;
     }
-    Ok(())
+    only_outputs(dir, outputs)
 }
 
 /// A file's permission bits, as they travel (see `InputFile::mode`).
@@ -404,25 +430,15 @@ pub(super) async fn fetch_input(
 }
 
 /// Puts a file this node keeps by hash (`cached`) at `dest`, with `mode`:
-/// linked where that leaves every other link's mode alone, else copied.
+/// a copy of its own (see `results::put`), never a link to the kept file,
+/// which a task or a user writing to `dest` would change under its hash
+/// for every later farm that takes it.
 pub(super) fn place_cached(cached: &Path, dest: &Path, mode: u32) -> Result<(), FetchError> {
     if let Some(dir) = dest.parent() {
         fs::create_dir_all(dir).map_err(FetchError::io(FetchError::Create, dir))?;
     }
-    // A link shares the cached file's mode, which other inputs of the same
-    // contents may want otherwise: linked only when the mode is the same.
-    let linkable = mode == 0
-        || match fs::metadata(cached) {
-            Ok(m) if mode_of(&m) == mode => true,
-            // Linked nowhere yet: the cached copy may take this mode.
-            Ok(m) if m.nlink() == 1 => {
-                fs::set_permissions(cached, fs::Permissions::from_mode(mode)).is_ok()
-            }
-            _ => false,
-        };
-    let linked = linkable && fs::hard_link(cached, dest).is_ok();
-    if !linked && !dest.is_file() {
-        fs::copy(cached, dest).map_err(FetchError::io(FetchError::Place, dest))?;
+    if !dest.is_file() {
+        crate::results::put(cached, dest).map_err(FetchError::io(FetchError::Place, dest))?;
     }
     set_mode(dest, mode)
 }
