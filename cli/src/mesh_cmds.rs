@@ -218,19 +218,24 @@ pub fn submit(
             rerun,
         },
     )?;
-    let id = match c.recv() {
-        Some(Ok(ControlResponse::Submitted { farm, tasks })) => {
-            if json {
-                outln!("{}", serde_json::json!({ "farm": farm, "tasks": tasks }));
-            } else {
-                outln!("{farm}");
+    let id = loop {
+        match c.recv() {
+            Some(Ok(ControlResponse::Submitted { farm, tasks })) => {
+                if json {
+                    outln!("{}", serde_json::json!({ "farm": farm, "tasks": tasks }));
+                } else {
+                    outln!("{farm}");
+                }
+                break farm;
             }
-            farm
+            // Said before the farm is accepted (outputs of tasks no longer
+            // in the farm set aside); the answer follows.
+            Some(Ok(ControlResponse::Warning(w))) => eprintln!("mesh: {w}"),
+            Some(Ok(ControlResponse::Error(e))) => bail!("the node refused the farm: {e}"),
+            Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
+            Some(Err(e)) => return Err(e.into()),
+            None => bail!("the node closed the connection before accepting the farm"),
         }
-        Some(Ok(ControlResponse::Error(e))) => bail!("the node refused the farm: {e}"),
-        Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
-        Some(Err(e)) => return Err(e.into()),
-        None => bail!("the node closed the connection before accepting the farm"),
     };
     let _ = crate::out::stdout().flush();
     if wait {

@@ -181,6 +181,10 @@ impl Observer for Progress {
         self.say(line);
     }
 
+    fn set_aside(&mut self, line: &str) {
+        self.say(line);
+    }
+
     fn interrupting(&mut self) {
         self.say("stopping: killing running tasks (Ctrl-C again to kill at once)");
     }

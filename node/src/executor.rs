@@ -145,6 +145,9 @@ pub struct Launch {
     pub gpu_ids: std::sync::Arc<[String]>,
     /// The mesh node running the task (its peer id), shown to it as `MESH_NODE`; empty outside a mesh.
     pub node: String,
+    /// The folder it sees as `{out}`, made before it starts and removed
+    /// once it ends; `None` for a task that cannot see `{out}`.
+    pub view: Option<crate::task_view::TaskView>,
 }
 
 /// The signal an engine's kill sends: an interrupt lets the task end on
@@ -165,7 +168,7 @@ pub fn launch(l: Launch, done: mpsc::Sender<Finished>) -> Live {
 
 /// One attempt from start to report, and the handle that signals it.
 fn attempt(
-    l: Launch,
+    mut l: Launch,
     done: mpsc::Sender<Finished>,
 ) -> (Live, impl std::future::Future<Output = ()> + Send + 'static) {
     let live = Live::default();
@@ -181,6 +184,9 @@ fn attempt(
             sent: false,
         };
         let (result, logs) = run(&l, &handle).await;
+        if let Some(view) = l.view.take() {
+            let _ = tokio::task::spawn_blocking(move || view.remove()).await;
+        }
         let failed = match result {
             TaskResult::Exited(c) => !l.success_codes.contains(&c),
             TaskResult::Signaled(_) => true,
@@ -294,6 +300,30 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
         Some(w) => l.root.join(w),
         None => l.root.clone(),
     };
+    // What the outputs' patterns match before the task runs, staging
+    // included: what it does not make or change is an earlier run's.
+    let before = if l.spec.outputs.iter().any(|p| is_pattern(p)) {
+        let (cwd2, outputs) = (cwd.clone(), l.spec.outputs.clone());
+        tokio::task::spawn_blocking(move || matched_before(&cwd2, &outputs))
+            .await
+            .unwrap_or_default()
+    } else {
+        HashMap::new()
+    };
+    if let Some(view) = &l.view {
+        let view = view.clone();
+        let built = tokio::task::spawn_blocking(move || view.build()).await;
+        match built {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return (TaskResult::Error(e.to_string()), 0),
+            Err(e) => {
+                return (
+                    TaskResult::Error(format!("making the task's view failed: {e}")),
+                    0,
+                )
+            }
+        }
+    }
     if l.spec.workdir.is_some() || !l.spec.inputs.is_empty() {
         let (root, cwd2, inputs, staged) = (
             l.root.clone(),
@@ -455,7 +485,7 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
         if l.success_codes.contains(&code) && !l.spec.outputs.is_empty() {
             let (cwd2, dest, outputs) = (cwd.clone(), l.out_dir.clone(), l.spec.outputs.clone());
             let collected =
-                tokio::task::spawn_blocking(move || collect(&cwd2, &dest, &outputs)).await;
+                tokio::task::spawn_blocking(move || collect(&cwd2, &dest, &outputs, &before)).await;
             match collected {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return (TaskResult::Error(e.to_string()), logs),
@@ -630,12 +660,54 @@ fn stage(root: &Path, cwd: &Path, inputs: &[String], staged: bool) -> Result<(),
     Ok(())
 }
 
-/// Copies outputs (paths or glob patterns, relative to the workdir) into `dest`.
-/// A plain path that is missing fails the task; a pattern may match nothing.
-fn collect(cwd: &Path, dest: &Path, outputs: &[String]) -> Result<(), FilesError> {
+fn is_pattern(output: &str) -> bool {
+    output.contains(['*', '?', '['])
+}
+
+/// A file as it was: the same inode, size and modification time is a file
+/// nobody wrote since.
+type Seen = (u64, u64, i64, i64);
+
+fn seen(m: &fs::Metadata) -> Seen {
+    use std::os::unix::fs::MetadataExt;
+    (m.ino(), m.size(), m.mtime(), m.mtime_nsec())
+}
+
+/// Every file the output patterns match in `cwd` before the task runs.
+fn matched_before(cwd: &Path, outputs: &[String]) -> HashMap<PathBuf, Seen> {
+    let mut found = HashMap::new();
+    for pattern in outputs.iter().filter(|p| is_pattern(p)) {
+        let Ok(paths) = glob::glob(&cwd.join(pattern).to_string_lossy()) else {
+            continue;
+        };
+        for p in paths.flatten() {
+            if let Ok(m) = fs::metadata(&p) {
+                if m.is_file() {
+                    found.insert(p, seen(&m));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Copies outputs (paths or glob patterns, relative to the workdir) into
+/// `dest`, which then holds them and nothing else: what an earlier run
+/// left there goes. A plain path that is missing fails the task; a pattern
+/// may match nothing, and collects only the files this run made or changed
+/// (`before` is what it matched before the run): a file an earlier run
+/// left in the workdir (a chromosome dropped from the farm) is not this
+/// run's output.
+fn collect(
+    cwd: &Path,
+    dest: &Path,
+    outputs: &[String],
+    before: &HashMap<PathBuf, Seen>,
+) -> Result<(), FilesError> {
     let mut made = HashSet::new();
+    let mut kept = HashSet::new();
     for pattern in outputs {
-        let is_glob = pattern.contains(['*', '?', '[']);
+        let is_glob = is_pattern(pattern);
         let matches: Vec<PathBuf> = if is_glob {
             let full = cwd.join(pattern);
             glob::glob(&full.to_string_lossy())
@@ -644,7 +716,9 @@ fn collect(cwd: &Path, dest: &Path, outputs: &[String]) -> Result<(), FilesError
                     source,
                 })?
                 .filter_map(Result::ok)
-                .filter(|p| p.is_file())
+                .filter(|p| {
+                    fs::metadata(p).is_ok_and(|m| m.is_file() && before.get(p) != Some(&seen(&m)))
+                })
                 .collect()
         } else {
             let p = cwd.join(pattern);
@@ -679,7 +753,12 @@ fn collect(cwd: &Path, dest: &Path, outputs: &[String]) -> Result<(), FilesError
                 path: src.clone(),
                 source,
             })?;
+            kept.insert(rel.to_string_lossy().into_owned());
         }
     }
-    Ok(())
+    let keep = kept.iter().map(String::as_str).collect();
+    crate::results::prune(dest, &keep).map_err(|source| FilesError::Replace {
+        path: dest.to_path_buf(),
+        source,
+    })
 }

@@ -17,6 +17,7 @@ pub mod observe;
 pub mod results;
 pub mod runner;
 pub mod state;
+pub mod task_view;
 pub mod task_words;
 pub mod view;
 

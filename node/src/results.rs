@@ -7,6 +7,7 @@
 //! kept per key (the same farm sent to several `--out` folders), newest
 //! first.
 
+use std::collections::HashSet;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -82,6 +83,8 @@ impl Results {
             put(&src, &dst)?;
             placed.push(stamp(&dst, f.path.clone())?);
         }
+        // What an earlier run left in `dir` is not this key's output.
+        prune(dir, &from.files.iter().map(|f| f.path.as_str()).collect())?;
         self.add(Place {
             dir: want.into_owned(),
             files: placed,
@@ -131,10 +134,13 @@ impl Place {
     }
 }
 
-/// Puts `src` at `dst` as a file of its own name: a hard link where the file
-/// system allows (the mode and contents are the source's), else a copy
-/// (which keeps the mode). What was at `dst` is unlinked first, never
-/// written through: it may be another folder's link to the same file.
+/// Puts `src` at `dst` as a file of its own: a copy, which keeps the mode
+/// (`copy_file_range`, so a file system that can share extents, such as
+/// btrfs or XFS, does so without writing the bytes again). Never a hard
+/// link: a user who edits one `--out`'s results in place would change every
+/// other folder's, and the place a later reuse copies from. What was at
+/// `dst` is unlinked first, never written through: it may be a link that
+/// an older mesh made.
 pub fn put(src: &Path, dst: &Path) -> io::Result<()> {
     if let Some(d) = dst.parent() {
         fs::create_dir_all(d)?;
@@ -144,9 +150,7 @@ pub fn put(src: &Path, dst: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    if fs::hard_link(src, dst).is_err() {
-        fs::copy(src, dst)?;
-    }
+    fs::copy(src, dst)?;
     Ok(())
 }
 
@@ -184,6 +188,137 @@ pub fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> io::Re
         }
     }
     Ok(())
+}
+
+/// Removes every file under `dir` that `keep` (paths relative to `dir`) does
+/// not name, and the folders that leaves empty: a task's output folder
+/// holds what its last run made and nothing of an earlier one (a
+/// chromosome dropped from the farm once stayed beside the new ones, and a
+/// gather read it). A missing `dir` is empty already.
+pub fn prune(dir: &Path, keep: &HashSet<&str>) -> io::Result<()> {
+    let mut found = Vec::new();
+    match walk(dir, dir, &mut found) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    let mut emptied = HashSet::new();
+    for (rel, path) in found {
+        if !keep.contains(rel.as_str()) {
+            fs::remove_file(&path)?;
+            if let Some(parent) = path.parent().filter(|p| *p != dir) {
+                emptied.insert(parent.to_path_buf());
+            }
+        }
+    }
+    // Deepest first; a folder that still holds something stays.
+    let mut emptied: Vec<PathBuf> = emptied.into_iter().collect();
+    emptied.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for d in emptied {
+        let mut at = d.as_path();
+        while at != dir && at.starts_with(dir) && fs::remove_dir(at).is_ok() {
+            match at.parent() {
+                Some(p) => at = p,
+                None => break,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes a task's output folder before it runs again (none is fine).
+pub fn remove_folder(dir: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// The folder under `out` where outputs of tasks no longer in the farm are
+/// set aside: hidden, so no glob over `{out}` meets it, and one per run, so
+/// nothing set aside earlier is overwritten.
+pub const SET_ASIDE_DIR: &str = ".mesh-set-aside";
+
+/// Moves out of `out` the output folders of tasks the farm no longer has: a
+/// stage that is gone, or an index past its stage's last task (a sweep cut
+/// from 8 lines to 6), to `<out>/.mesh-set-aside/<when>/<stage>/<index>`
+/// (`<when>` in UTC, to the millisecond).
+/// Never deleted: a user finds them there. Returns where they went and how
+/// many task folders, or `None` when nothing was stale.
+///
+/// A grown stage keeps every index below its most possible tasks: how many
+/// it has is known only once it runs.
+pub fn set_aside_stale(
+    out: &Path,
+    def: &FarmDef,
+    when_ms: u64,
+) -> io::Result<Option<(PathBuf, u64)>> {
+    let entries = match fs::read_dir(out) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_millis(when_ms);
+    let aside = out
+        .join(SET_ASIDE_DIR)
+        .join(humantime::format_rfc3339_millis(when).to_string());
+    let mut moved = 0u64;
+    let move_to = |from: &Path, rel: &Path| -> io::Result<()> {
+        let to = aside.join(rel);
+        if let Some(p) = to.parent() {
+            fs::create_dir_all(p)?;
+        }
+        fs::rename(from, &to)
+    };
+    for e in entries {
+        let e = e?;
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with('.') || !e.file_type()?.is_dir() {
+            continue;
+        }
+        let Some(stage) = def.stages.iter().find(|s| s.name == name) else {
+            // A whole stage that is gone: every task folder in it.
+            for t in fs::read_dir(e.path())? {
+                let t = t?;
+                if t.file_type()?.is_dir() && is_index(&t.file_name()) {
+                    move_to(&t.path(), &Path::new(name).join(t.file_name()))?;
+                    moved += 1;
+                }
+            }
+            let _ = fs::remove_dir(e.path());
+            continue;
+        };
+        let len = stage.sweep.len();
+        for t in fs::read_dir(e.path())? {
+            let t = t?;
+            let index = t.file_name().to_str().and_then(|n| n.parse::<u64>().ok());
+            if t.file_type()?.is_dir()
+                && is_index(&t.file_name())
+                && index.is_some_and(|i| i >= len)
+            {
+                move_to(&t.path(), &Path::new(name).join(t.file_name()))?;
+                moved += 1;
+            }
+        }
+    }
+    Ok((moved > 0).then_some((aside, moved)))
+}
+
+/// What a user is told of outputs set aside.
+pub fn set_aside_line(n: u64, to: &Path) -> String {
+    let s = if n == 1 { "" } else { "s" };
+    format!(
+        "moved the outputs of {n} task{s} no longer in the farm to {}",
+        to.display()
+    )
+}
+
+/// A task folder's name: an index, as mesh writes it (`0`, `17`).
+fn is_index(name: &std::ffi::OsStr) -> bool {
+    name.to_str().is_some_and(|n| {
+        !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'))
+    })
 }
 
 /// Per stage, whether `--rerun` names it or a stage it depends on
@@ -259,6 +394,24 @@ mod tests {
         put(&src, &dst).unwrap();
         assert_eq!(fs::read_to_string(&dst).unwrap(), "new");
         assert_eq!(fs::read_to_string(&other).unwrap(), "kept");
+    }
+
+    #[test]
+    fn a_put_file_is_its_own_so_editing_it_leaves_the_source_alone() {
+        use std::io::Write;
+        let t = tempfile::tempdir().unwrap();
+        let (src, dst) = (t.path().join("e1/o.txt"), t.path().join("e2/o.txt"));
+        write(&src, "made\n");
+        put(&src, &dst).unwrap();
+        fs::OpenOptions::new()
+            .append(true)
+            .open(&dst)
+            .unwrap()
+            .write_all(b"tampered\n")
+            .unwrap();
+        assert_eq!(fs::read_to_string(&src).unwrap(), "made\n");
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(fs::metadata(&src).unwrap().nlink(), 1);
     }
 
     #[test]

@@ -31,6 +31,7 @@ use crate::state::{
     farm_identity, farm_key, hostname, unix_ms, FailedTask, FarmStatus, RunState, StageStatus,
     StateDir, StateError, SNAPSHOT_FAILED_MAX,
 };
+use crate::task_view::TaskView;
 use crate::task_words::{describe_end, describe_stop, parse_task};
 use crate::view::{FarmView, MeshStatus, NodeView, Observed, ResourceUse, ResourceView};
 use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
@@ -151,6 +152,8 @@ pub trait Observer {
     fn stage_stopped(&mut self, _line: &str) {}
     /// A stopped stage goes on (a task of it succeeded after all).
     fn stage_resumed(&mut self, _line: &str) {}
+    /// Outputs of tasks no longer in the farm were moved out of its folder.
+    fn set_aside(&mut self, _line: &str) {}
     fn interrupting(&mut self) {}
 }
 
@@ -320,6 +323,22 @@ async fn drive(
     } else {
         Vec::new()
     };
+    if !resumed {
+        // `{out}` holds the farm as it is now: a sweep cut short, a stage
+        // gone, leave it (never deleted; see `results::set_aside_stale`).
+        let out = Path::new(&def.out);
+        match results::set_aside_stale(out, &def, started_at_ms) {
+            Ok(Some((to, n))) => obs.set_aside(&results::set_aside_line(n, &to)),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(io_err(format!(
+                    "cannot set aside the outputs of tasks no longer in the farm, in {}",
+                    out.display()
+                ))(e)
+                .into())
+            }
+        }
+    }
 
     let def = Arc::new(def);
     let mut engine = Engine::new(opts.resources.clone());
@@ -342,6 +361,7 @@ async fn drive(
         logs_dir: opts.state.logs_dir(&id),
         root: PathBuf::from(&def.root),
         out: PathBuf::from(&def.out),
+        views_dir: opts.state.farm_dir(&id).join("views"),
         gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
         input_hashes: HashMap::new(),
         stage_digests: HashMap::new(),
@@ -499,6 +519,8 @@ struct Driver {
     logs_dir: PathBuf,
     root: PathBuf,
     out: PathBuf,
+    /// Where each attempt that can see `{out}` has its own view of it.
+    views_dir: PathBuf,
     gpu_ids: Arc<[String]>,
     /// blake3 of each input file, read once per run.
     input_hashes: HashMap<String, [u8; 32]>,
@@ -648,9 +670,24 @@ impl Driver {
     ) -> Result<Option<Launch>, RunError> {
         let def = self.def.clone();
         let stage = def.stage(task);
+        // A task that can see `{out}` sees a folder of its own there, with
+        // exactly what it depends on (see `task_view`).
+        let view = stage.reads_out().then(|| TaskView {
+            dir: self
+                .views_dir
+                .join(&stage.name)
+                .join(format!("{}.{attempt}", task.index)),
+            base: self.out.clone(),
+            def: self.def.clone(),
+            task,
+        });
+        let seen_out = match &view {
+            Some(v) => v.dir.to_string_lossy().into_owned(),
+            None => def.out.clone(),
+        };
         let mut spec = match crate::grown::line(&def, task, &self.out) {
-            Ok(None) => def.expand(task),
-            Ok(Some(line)) => def.expand_line_in(task, &def.out, &line),
+            Ok(None) => def.expand_in(task, &seen_out),
+            Ok(Some(line)) => def.expand_line_in(task, &seen_out, &line),
             Err(e) => {
                 let outcome = Outcome {
                     result: TaskResult::Error(e.to_string()),
@@ -691,6 +728,12 @@ impl Driver {
             );
             return Ok(None);
         }
+        // It runs again: what its folder holds is an earlier run's, which a
+        // failure must not leave standing as its result (as Snakemake
+        // removes a job's outputs before it runs).
+        if let Err(e) = results::remove_folder(&out_dir) {
+            tracing::info!(dir = %out_dir.display(), "an earlier run's outputs stay: {e}");
+        }
         executor::resolve_program(&mut self.programs, &mut spec);
         Ok(Some(Launch {
             slot: self.slot.0,
@@ -708,6 +751,7 @@ impl Driver {
             stderr_log: executor::log_path(&self.logs_dir, &def, task, attempt, "err"),
             gpu_ids: self.gpu_ids.clone(),
             node: String::new(),
+            view,
         }))
     }
 

@@ -37,6 +37,14 @@ pub struct FarmDef {
     pub graph: crate::graph::GraphCache,
 }
 
+/// So a holder of a farm's definition, bare or in a submission, can lend it
+/// where only the definition is read (a task's view of `{out}`).
+impl AsRef<FarmDef> for FarmDef {
+    fn as_ref(&self) -> &FarmDef {
+        self
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StageDef {
     pub name: String,
@@ -100,6 +108,18 @@ impl StageDef {
 
     pub fn len(&self) -> u32 {
         self.sweep.len() as u32
+    }
+
+    /// Whether a task of this stage can see `{out}`: its command or an
+    /// environment value names it. Only such a task is given a folder that
+    /// shows what it depends on.
+    pub fn reads_out(&self) -> bool {
+        let names_out = |t: &Template| t.parts.iter().any(|p| *p == Part::Var(Var::Out));
+        let command = match &self.command {
+            CommandTemplate::Argv(args) => args.iter().any(names_out),
+            CommandTemplate::Shell(line) => names_out(line),
+        };
+        command || self.env.iter().any(|(_, v)| names_out(v))
     }
 
     /// Every stage this one depends on in any way (a stage may appear twice).

@@ -18,6 +18,7 @@ use crate::alloc::script;
 use crate::control::refusal::BAD_REQUEST;
 use crate::control::{ControlRequest, ControlResponse, CONTROL_API};
 use crate::farmfile::{self, FarmFileError, LoadOptions};
+use mesh_protocol::farm::FarmDef;
 
 impl Node {
     pub(super) fn on_control(&mut self, req: ControlRequest, reply: Reply) {
@@ -29,6 +30,7 @@ impl Node {
                 // Hashing inputs reads files, and every task's key is
                 // worked out (a million tasks take seconds): off the loop.
                 tokio::task::spawn_blocking(move || {
+                    set_aside_stale(&def, &reply);
                     let spec = make_spec(*def, &file, origin).map(|spec| {
                         let keys = super::reuse::task_keys(&spec);
                         (spec, keys)
@@ -179,6 +181,7 @@ impl Node {
                         return;
                     }
                     let rerun = crate::results::rerun_stages(&def, rerun.as_deref());
+                    set_aside_stale(&def, &reply);
                     let spec = make_spec(def, &file, origin).map(|spec| {
                         let keys = super::reuse::task_keys(&spec);
                         (spec, keys)
@@ -444,4 +447,21 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+}
+
+/// Moves the outputs of tasks no longer in the farm out of its `{out}`
+/// before it runs, and tells the submitter where (see
+/// `results::set_aside_stale`). A folder that cannot be tidied is said, and
+/// the farm goes on: its own tasks see only what they depend on anyway.
+fn set_aside_stale(def: &FarmDef, reply: &Reply) {
+    let out = Path::new(&def.out);
+    let line = match crate::results::set_aside_stale(out, def, crate::state::unix_ms()) {
+        Ok(Some((to, n))) => crate::results::set_aside_line(n, &to),
+        Ok(None) => return,
+        Err(e) => format!(
+            "the outputs of tasks no longer in the farm stay in {}: {e}",
+            out.display()
+        ),
+    };
+    let _ = reply.send(ControlResponse::Warning(line));
 }

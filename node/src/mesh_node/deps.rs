@@ -210,6 +210,17 @@ async fn place_all(
             })
             .await??;
         }
+        // A file an earlier run of the dependency made, and this one did
+        // not, is not what it made: a task's view shows the folder whole.
+        let (keep, d2): (Vec<String>, _) = (
+            outputs.iter().map(|o| o.path.clone()).collect(),
+            dir.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            crate::results::prune(&d2, &keep.iter().map(String::as_str).collect())
+        })
+        .await?
+        .map_err(FetchError::io(FetchError::Place, &dir))?;
     }
     Ok(())
 }

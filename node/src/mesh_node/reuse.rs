@@ -115,14 +115,30 @@ impl Node {
         let mut batch = Vec::new();
         let out = Path::new(&spec.def.out);
         for (s, stage_keys) in keys.iter().enumerate() {
+            let stage = &spec.def.stages[s];
+            // A task that runs again here: what its folder holds is an
+            // earlier run's, which a failure must not leave standing as its
+            // result. (No folder for the stage: nothing to look at per task.)
+            let earlier = out.join(&stage.name).is_dir();
+            let forget = |i: usize| {
+                let dir = out.join(&stage.name).join(i.to_string());
+                if let Err(e) = crate::results::remove_folder(&dir) {
+                    tracing::info!(dir = %dir.display(), "an earlier run's outputs stay: {e}");
+                }
+            };
             if rerun.get(s).copied().unwrap_or(false) {
+                if earlier {
+                    (0..stage_keys.len()).for_each(forget);
+                }
                 continue;
             }
-            let stage = &spec.def.stages[s];
             for (i, key) in stage_keys.iter().enumerate() {
                 let t = TaskRef::new(s as u32, i as u32);
                 let name = meta_name(key);
                 let Some(mut kept) = any_here.then(|| self.kept(&name)).flatten() else {
+                    if earlier {
+                        forget(i);
+                    }
                     wanted.push((t, *key));
                     continue;
                 };
@@ -141,6 +157,9 @@ impl Node {
                 if here {
                     reused.push(done_before(t, *key, self.me, kept.outputs, kept.grew));
                 } else {
+                    if earlier {
+                        forget(i);
+                    }
                     wanted.push((t, *key));
                 }
             }

@@ -15,6 +15,7 @@ use super::staging::{fetch_input, hold_outputs, input_file, input_hash, manifest
 use super::transfer::Transfers;
 use super::{Cmd, Node};
 use crate::executor::{self, Finished, Launch};
+use crate::task_view::TaskView;
 
 impl Node {
     /// Starts one task: here directly when this node submitted the farm,
@@ -60,10 +61,27 @@ impl Node {
         // Off the home, `{out}` is this node's own folder for the farm,
         // where what the task depends on is put before it starts.
         let farm_out = farm_dir.join("out");
-        let mut tspec = if local {
-            def.expand(task.task)
-        } else {
-            def.expand_in(task.task, &farm_out.to_string_lossy())
+        // A task that can see `{out}` sees a folder of its own there, with
+        // exactly the outputs it depends on (see `task_view`), made from
+        // the farm's output folder on its home, from this node's own
+        // folder for the farm elsewhere.
+        let view = stage.reads_out().then(|| TaskView {
+            dir: farm_dir
+                .join("views")
+                .join(&stage.name)
+                .join(format!("{}.{}", task.task.index, task.attempt)),
+            base: if local {
+                PathBuf::from(&def.out)
+            } else {
+                farm_out.clone()
+            },
+            def: spec.clone(),
+            task: task.task,
+        });
+        let mut tspec = match &view {
+            Some(v) => def.expand_in(task.task, &v.dir.to_string_lossy()),
+            None if local => def.expand(task.task),
+            None => def.expand_in(task.task, &farm_out.to_string_lossy()),
         };
         let hashes: Vec<[u8; 32]> = tspec.inputs.iter().map(|i| input_hash(&spec, i)).collect();
         let task_id = def.task_name(task.task);
@@ -104,6 +122,7 @@ impl Node {
             stderr_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "err"),
             gpu_ids: self.tasks.gpu_ids.clone(),
             node: self.net.swarm.local_peer_id().to_string(),
+            view,
         };
         let tx = self.tx.clone();
         let cache = self.state.join("cache");
@@ -273,9 +292,10 @@ async fn run_task(
     };
     match crate::grown::line(&spec.def, task.task, &out_root) {
         Ok(Some(line)) => {
+            let seen_out = launch.view.as_ref().map_or(&out_root, |v| &v.dir);
             launch.spec = spec
                 .def
-                .expand_line_in(task.task, &out_root.to_string_lossy(), &line);
+                .expand_line_in(task.task, &seen_out.to_string_lossy(), &line);
             executor::resolve_program(&mut HashMap::new(), &mut launch.spec);
         }
         Ok(None) => {}

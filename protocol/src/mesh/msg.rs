@@ -30,6 +30,12 @@ pub struct FarmSpec {
     pub inputs: Vec<InputFile>,
 }
 
+impl AsRef<FarmDef> for FarmSpec {
+    fn as_ref(&self) -> &FarmDef {
+        &self.def
+    }
+}
+
 /// One input file of a farm, as its submitter serves it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputFile {
