@@ -7,6 +7,7 @@ mod apart;
 mod browser;
 mod dashboard;
 mod data;
+mod exact;
 mod export;
 mod grown;
 mod heal;
