@@ -305,6 +305,48 @@ pub fn set_aside_stale(
     Ok((moved > 0).then_some((aside, moved)))
 }
 
+/// The name of a stage's manifest under `<out>/<stage>/`.
+pub const MANIFEST: &str = "tasks.tsv";
+
+/// Writes `<out>/<stage>/tasks.tsv` for each stage that leaves outputs: a
+/// header (`index` and the sweep's variables) and a line per task, its
+/// index and its values, so a user can tell which folder holds which
+/// values (folders keep index names; a task is known by its values).
+/// Tabs, newlines and backslashes in values are written `\t`, `\n`,
+/// `\\`. A grown stage has none: its values are known as it runs.
+pub fn write_manifests(out: &Path, def: &FarmDef) -> io::Result<()> {
+    use std::io::Write as _;
+    for stage in &def.stages {
+        if stage.outputs.is_empty() || stage.sweep.grown().is_some() {
+            continue;
+        }
+        let dir = out.join(&stage.name);
+        fs::create_dir_all(&dir)?;
+        let tmp = dir.join(format!(".{MANIFEST}.tmp"));
+        let mut w = io::BufWriter::new(fs::File::create(&tmp)?);
+        let escape = |v: &str| {
+            v.replace('\\', "\\\\")
+                .replace('\t', "\\t")
+                .replace('\n', "\\n")
+        };
+        write!(w, "index")?;
+        for v in &stage.sweep.vars {
+            write!(w, "\t{}", escape(&v.name))?;
+        }
+        writeln!(w)?;
+        for i in 0..stage.len() {
+            write!(w, "{i}")?;
+            for value in stage.sweep.binding(i) {
+                write!(w, "\t{}", escape(&value))?;
+            }
+            writeln!(w)?;
+        }
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        fs::rename(&tmp, dir.join(MANIFEST))?;
+    }
+    Ok(())
+}
+
 /// What a user is told of outputs set aside.
 pub fn set_aside_line(n: u64, to: &Path) -> String {
     let s = if n == 1 { "" } else { "s" };

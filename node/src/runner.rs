@@ -338,6 +338,11 @@ async fn drive(
                 .into())
             }
         }
+        results::write_manifests(out, &def).map_err(io_err(format!(
+            "cannot write which task is which ({}) in {}",
+            results::MANIFEST,
+            out.display()
+        )))?;
     }
 
     let def = Arc::new(def);
@@ -704,7 +709,7 @@ impl Driver {
         };
         let hashes: Vec<[u8; 32]> = spec.inputs.iter().map(|i| self.input_hash(i)).collect();
         let task_id = def.task_name(task);
-        let mut key = def.own_key(task, &task_id, &hashes);
+        let mut key = def.own_key(task, &hashes);
         if has_deps(&def, task.stage) {
             key = key_with_deps(&key, &self.deps_digest(task)?);
         }

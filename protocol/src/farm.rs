@@ -510,7 +510,10 @@ impl Template {
         for p in &self.parts {
             match p {
                 Part::Lit(l) => s.push_str(l),
-                Part::Var(Var::Index) => s.push_str(&cx.index.to_string()),
+                Part::Var(Var::Index) => match cx.index {
+                    Some(i) => s.push_str(&i.to_string()),
+                    None => s.push_str("{index}"),
+                },
                 Part::Var(Var::Stage) => s.push_str(cx.stage),
                 Part::Var(Var::Farm) => s.push_str(cx.farm),
                 Part::Var(Var::Out) => s.push_str(cx.out),
@@ -542,7 +545,9 @@ pub struct RenderCx<'a> {
     pub farm: &'a str,
     pub stage: &'a str,
     pub out: &'a str,
-    pub index: u32,
+    /// None renders `{index}` as written (a content key: see
+    /// [`FarmDef::expand_for_key`]).
+    pub index: Option<u32>,
     pub binding: &'a [String],
 }
 
@@ -604,23 +609,66 @@ impl FarmDef {
     /// The task as its content key sees it: `{out}` left as written, so the
     /// same work sent to another `--out` folder has the same key (what a task
     /// reads there is its dependencies' outputs, which the key covers by
-    /// their own keys).
+    /// their own keys); and `{index}` left as written, so a task known by
+    /// its values (see [`FarmDef::task_identity`]) is the same work at
+    /// another index (a line deleted above it): what it reads at
+    /// `{out}/<stage>/{index}` is its `after_each` pair's outputs, whose
+    /// key the key covers, and its outputs move with it. A grown stage's
+    /// tasks are known by index, which then counts.
     pub fn expand_for_key(&self, t: TaskRef) -> TaskSpec {
-        self.expand_in(t, OUT_IN_KEY)
+        let binding = self.stage(t).sweep.binding(t.index);
+        let index = self.stage(t).sweep.grown().map(|_| t.index);
+        self.expand_at(t, OUT_IN_KEY, &binding, index)
     }
 
-    /// Task `t`'s own content key (see [`content_key`]), its id `task_id`
-    /// (`<stage>/<index>`) and the blake3 of each of its inputs given:
-    /// what the node that runs it and a home looking for earlier results
-    /// both make. A task with dependencies adds theirs ([`key_with_deps`]).
-    pub fn own_key(&self, t: TaskRef, task_id: &str, input_hashes: &[[u8; 32]]) -> [u8; 32] {
+    /// Task `t`'s own content key (see [`content_key`]), with the blake3 of
+    /// each of its inputs given: what the node that runs it and a home
+    /// looking for earlier results both make. A task with dependencies adds
+    /// theirs ([`key_with_deps`]).
+    pub fn own_key(&self, t: TaskRef, input_hashes: &[[u8; 32]]) -> [u8; 32] {
         content_key(
             &self.name,
-            task_id,
+            &self.task_identity(t),
             &self.expand_for_key(t),
             &self.stage(t).resources,
             input_hashes,
         )
+    }
+
+    /// What a task is, for its content key: its stage's name and its
+    /// values, each with which repeat of that value it is (see
+    /// [`crate::graph::Ordinals`]), not its index or its stage's place in
+    /// the file, as Snakemake keys a job on its wildcards. So a line
+    /// inserted or deleted above it, or a stage moved or added, changes
+    /// nothing of it; what uses `{index}` sees it in its command, which
+    /// the key covers too. A grown stage's values are known only where it
+    /// runs: its tasks are known by index.
+    pub fn task_identity(&self, t: TaskRef) -> String {
+        use std::fmt::Write as _;
+        let stage = self.stage(t);
+        let mut id = String::new();
+        let mut part = |tag: &str, text: &str| {
+            let _ = write!(id, "{tag}{}:{text};", text.len());
+        };
+        part("stage", &stage.name);
+        if stage.sweep.grown().is_some() {
+            part("index", &t.index.to_string());
+            return id;
+        }
+        let ordinals = self.graph.ordinals(self);
+        for (v, (var, value)) in stage
+            .sweep
+            .vars
+            .iter()
+            .zip(stage.sweep.binding(t.index))
+            .enumerate()
+        {
+            part("var", &var.name);
+            part("value", &value);
+            let at = stage.sweep.value_index(t.index, v);
+            part("repeat", &ordinals.of(t.stage, v, at).to_string());
+        }
+        id
     }
 
     /// Task `t` with `{out}` standing for `out`: a node other than the
@@ -662,12 +710,16 @@ impl FarmDef {
     }
 
     fn expand_bound(&self, t: TaskRef, out: &str, binding: &[String]) -> TaskSpec {
+        self.expand_at(t, out, binding, Some(t.index))
+    }
+
+    fn expand_at(&self, t: TaskRef, out: &str, binding: &[String], index: Option<u32>) -> TaskSpec {
         let stage = self.stage(t);
         let cx = RenderCx {
             farm: &self.name,
             stage: &stage.name,
             out,
-            index: t.index,
+            index,
             binding,
         };
         let command = match &stage.command {
@@ -737,14 +789,21 @@ pub fn deps_digest(
 ) -> [u8; 32] {
     let stage = def.stage(t);
     let mut h = blake3::Hasher::new();
+    // Stages by name, not by their place in the file: a stage moved or
+    // added above changes no key.
+    let name = |h: &mut blake3::Hasher, s: u32| {
+        let n = def.stages[s as usize].name.as_bytes();
+        h.update(&(n.len() as u64).to_le_bytes());
+        h.update(n);
+    };
     for &s in &stage.after {
         h.update(b"after");
-        h.update(&s.to_le_bytes());
+        name(&mut h, s);
         h.update(&stage_digest(s));
     }
     for &s in &stage.after_each {
         h.update(b"each");
-        h.update(&s.to_le_bytes());
+        name(&mut h, s);
         // A dependency done with no key of its own (known done from elsewhere)
         // counts as such, not as any particular result.
         h.update(&key_of(TaskRef::new(s, t.index)).unwrap_or([0; 32]));
@@ -752,7 +811,7 @@ pub fn deps_digest(
     for e in 0..stage.deps.len() {
         let (s, ups) = def.ups(t, e);
         h.update(b"by");
-        h.update(&s.to_le_bytes());
+        name(&mut h, s);
         h.update(&(ups.len() as u64).to_le_bytes());
         for &j in ups {
             h.update(&key_of(TaskRef::new(s, j)).unwrap_or([0; 32]));
@@ -801,8 +860,8 @@ pub fn stage_digest(
 }
 
 /// A task's content key: blake3 over everything the task can observe: its
-/// identity (farm, `<stage>/<index>`, which it sees as MESH_FARM and
-/// MESH_TASK_ID), expanded command (with `{out}` as written: see
+/// identity (the farm's name, which it sees as MESH_FARM, and what
+/// [`FarmDef::task_identity`] says: its stage and values), expanded command (with `{out}` as written: see
 /// [`FarmDef::expand_for_key`]), environment, workdir, resources and the
 /// contents of its inputs (given as their blake3 hashes, in the order of
 /// `spec.inputs`). What it depends on is added by [`key_with_deps`]. Equal
@@ -810,7 +869,7 @@ pub fn stage_digest(
 /// share one, even with equal commands.
 pub fn content_key(
     farm: &str,
-    task_id: &str,
+    identity: &str,
     spec: &TaskSpec,
     resources: &Resources,
     input_hashes: &[[u8; 32]],
@@ -823,7 +882,7 @@ pub fn content_key(
         h.update(bytes);
     };
     field(b"farm", farm.as_bytes());
-    field(b"task", task_id.as_bytes());
+    field(b"task", identity.as_bytes());
     if let Some(w) = &spec.workdir {
         field(b"wd", w.as_bytes());
     }
@@ -933,7 +992,7 @@ mod tests {
             farm: "f",
             stage: "solve",
             out: "/o",
-            index: 3,
+            index: Some(3),
             binding: &b,
         };
         assert_eq!(t.render(&cx), "runs/solve/3/7-{lit}");

@@ -219,15 +219,21 @@ impl Graph {
     }
 }
 
-/// A farm's [`Graph`], built the first time it is asked for and kept with
-/// the farm (never sent or stored: any node builds the same one).
+/// A farm's tables derived from its definition, each built the first time
+/// it is asked for and kept with the farm (never sent or stored: any node
+/// builds the same ones): its [`Graph`], and the [`Ordinals`] of its
+/// sweeps' values.
 #[derive(Clone, Default)]
-pub struct GraphCache(OnceLock<Arc<Graph>>);
+pub struct GraphCache(OnceLock<Arc<Graph>>, OnceLock<Arc<Ordinals>>);
 
 impl GraphCache {
     /// A cache holding `g` already (the loader built it to check the farm).
     pub fn ready(g: Graph) -> GraphCache {
-        GraphCache(OnceLock::from(Arc::new(g)))
+        GraphCache(OnceLock::from(Arc::new(g)), OnceLock::new())
+    }
+
+    pub fn ordinals(&self, def: &FarmDef) -> &Arc<Ordinals> {
+        self.1.get_or_init(|| Arc::new(Ordinals::build(def)))
     }
 
     pub fn get_or_build(&self, def: &FarmDef) -> &Arc<Graph> {
@@ -236,6 +242,58 @@ impl GraphCache {
             // builds, and an error here is a farm made by hand (tests).
             Arc::new(Graph::build(def).unwrap_or_else(|e| panic!("a farm's dependencies: {e}")))
         })
+    }
+}
+
+/// For each sweep variable that repeats a value, which repeat of its value
+/// each position is (0 for the first `x`, 1 for the second...): what tells
+/// two tasks of equal values apart in their content keys, without their
+/// index (see `FarmDef::task_identity`). A variable whose values are all
+/// different (every range, most lists) keeps nothing.
+#[derive(Debug, Default)]
+pub struct Ordinals {
+    stages: Vec<Vec<Option<Box<[u32]>>>>,
+}
+
+impl Ordinals {
+    pub fn build(def: &FarmDef) -> Ordinals {
+        let stages = def
+            .stages
+            .iter()
+            .map(|st| {
+                st.sweep
+                    .vars
+                    .iter()
+                    .map(|v| match v.values {
+                        crate::farm::Values::List(_) | crate::farm::Values::Lines { .. } => {
+                            let mut seen: HashMap<String, u32> = HashMap::new();
+                            let mut ords = Vec::with_capacity(v.values.len() as usize);
+                            let mut repeats = false;
+                            v.values.for_each(|x| {
+                                let n = seen.entry(x.to_string()).or_insert(0);
+                                repeats |= *n > 0;
+                                ords.push(*n);
+                                *n += 1;
+                            });
+                            repeats.then(|| ords.into_boxed_slice())
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .collect();
+        Ordinals { stages }
+    }
+
+    /// Which repeat of its value position `at` of variable `var` of stage
+    /// `s` is.
+    pub fn of(&self, s: u32, var: usize, at: u64) -> u32 {
+        self.stages
+            .get(s as usize)
+            .and_then(|vars| vars.get(var))
+            .and_then(|o| o.as_ref())
+            .and_then(|o| o.get(at as usize).copied())
+            .unwrap_or(0)
     }
 }
 
@@ -370,7 +428,7 @@ fn listed(
             farm,
             stage: &stage.name,
             out: "",
-            index: i as u32,
+            index: Some(i as u32),
             binding: &binding,
         };
         let words = tasks.render(&cx);

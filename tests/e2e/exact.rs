@@ -312,3 +312,76 @@ fn the_quick_start_reaches_its_node_every_time_and_no_node_is_said_at_once() {
         assert_eq!(r.code, Some(0), "try {i}: {}", r.stderr);
     }
 }
+
+/// A parameter a line, a gather of them all, and a check per parameter.
+const BY_VALUE: &str = r#"
+[farm]
+name = "byvalue"
+
+[[stage]]
+name = "a"
+sweep.x = { lines = "params.txt" }
+workdir = "w/{stage}/{index}"
+shell = "echo {x} > r.txt"
+outputs = ["r.txt"]
+
+[[stage]]
+name = "check"
+after_each = ["a"]
+workdir = "w/{stage}/{index}"
+shell = "cat {out}/a/{index}/r.txt > c.txt"
+outputs = ["c.txt"]
+
+[[stage]]
+name = "gather"
+after = ["a"]
+workdir = "w/{stage}"
+shell = "cat {out}/a/*/r.txt | sort -n | tr '\\n' ' ' > all.txt"
+outputs = ["all.txt"]
+"#;
+
+fn counts(r: &mesh_tests::Run) -> (u64, u64) {
+    let j = r.json();
+    (
+        j["counts"]["done"].as_u64().expect("done"),
+        j["counts"]["cached"].as_u64().expect("cached"),
+    )
+}
+
+#[test]
+fn a_task_is_known_by_its_values_so_a_deleted_line_or_a_moved_stage_reruns_only_what_changed() {
+    let sb = sandbox();
+    sb.write("farm.toml", BY_VALUE);
+    let lines: Vec<String> = (1..=20).map(|i| format!("{i}\n")).collect();
+    sb.write("params.txt", &lines.concat());
+    let run = || {
+        let r = sb.mesh(&["run", "farm.toml", "--json"]);
+        r.expect_code(0);
+        counts(&r)
+    };
+    assert_eq!(run(), (41, 0));
+    // The first line deleted: 19 values unchanged, each `a` and `check`
+    // reused where its value now is; only the gather reads something new.
+    sb.write("params.txt", &lines[1..].concat());
+    assert_eq!(run(), (39, 38));
+    for i in 0..19 {
+        assert_eq!(
+            sb.read(&format!("mesh-out/byvalue/a/{i}/r.txt")),
+            format!("{}\n", i + 2)
+        );
+        assert_eq!(
+            sb.read(&format!("mesh-out/byvalue/check/{i}/c.txt")),
+            format!("{}\n", i + 2)
+        );
+    }
+    let all: Vec<String> = (2..=20).map(|i| format!("{i} ")).collect();
+    assert_eq!(sb.read("mesh-out/byvalue/gather/0/all.txt"), all.concat());
+    // Stages moved, and one added above them: nothing of theirs runs.
+    let moved = BY_VALUE.replace("[farm]\nname = \"byvalue\"\n", "");
+    let (head, a_stage) = moved.split_at(moved.find("[[stage]]\nname = \"check\"").unwrap());
+    let reordered = format!(
+        "[farm]\nname = \"byvalue\"\n\n[[stage]]\nname = \"new\"\nshell = \"true\"\n\n{a_stage}\n{head}"
+    );
+    sb.write("farm.toml", &reordered);
+    assert_eq!(run(), (40, 39), "only the new stage runs");
+}

@@ -451,17 +451,26 @@ mod tests {
 
 /// Moves the outputs of tasks no longer in the farm out of its `{out}`
 /// before it runs, and tells the submitter where (see
-/// `results::set_aside_stale`). A folder that cannot be tidied is said, and
+/// `results::set_aside_stale`); writes each stage's `tasks.tsv`. A folder that cannot be tidied is said, and
 /// the farm goes on: its own tasks see only what they depend on anyway.
 fn set_aside_stale(def: &FarmDef, reply: &Reply) {
     let out = Path::new(&def.out);
     let line = match crate::results::set_aside_stale(out, def, crate::state::unix_ms()) {
-        Ok(Some((to, n))) => crate::results::set_aside_line(n, &to),
-        Ok(None) => return,
-        Err(e) => format!(
+        Ok(Some((to, n))) => Some(crate::results::set_aside_line(n, &to)),
+        Ok(None) => None,
+        Err(e) => Some(format!(
             "the outputs of tasks no longer in the farm stay in {}: {e}",
             out.display()
-        ),
+        )),
     };
-    let _ = reply.send(ControlResponse::Warning(line));
+    if let Some(line) = line {
+        let _ = reply.send(ControlResponse::Warning(line));
+    }
+    if let Err(e) = crate::results::write_manifests(out, def) {
+        let _ = reply.send(ControlResponse::Warning(format!(
+            "which task is which ({}) is not written in {}: {e}",
+            crate::results::MANIFEST,
+            out.display()
+        )));
+    }
 }

@@ -306,7 +306,7 @@ pub(super) fn task_keys(spec: &FarmSpec) -> TaskKeys {
                 .iter()
                 .map(|p| input_hash(spec, p))
                 .collect();
-            let mut key = def.own_key(t, &def.task_name(t), &hashes);
+            let mut key = def.own_key(t, &hashes);
             if has_deps(def, s) {
                 let deps = deps_digest(
                     def,

@@ -86,7 +86,7 @@ impl Node {
         let hashes: Vec<[u8; 32]> = tspec.inputs.iter().map(|i| input_hash(&spec, i)).collect();
         let task_id = def.task_name(task.task);
         // The task's own key; the coordinator adds what it depends on (see `farm::key_with_deps`).
-        let key = def.own_key(task.task, &task_id, &hashes);
+        let key = def.own_key(task.task, &hashes);
         executor::resolve_program(&mut self.tasks.programs, &mut tspec);
         let (root, out_dir) = if local {
             (
