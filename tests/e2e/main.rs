@@ -19,6 +19,7 @@ mod right;
 mod run;
 mod sim;
 mod tidy;
+mod told;
 mod whatif;
 
 use mesh_tests::Sandbox;

@@ -374,6 +374,10 @@ pub enum Entry {
         node: NodeId,
         end: Box<TaskEnd>,
         ran: Option<Box<Ran>>,
+        /// See [`crate::engine::Outcome::stderr_line`]: the cause every
+        /// holder shows beside the end, as the log file stays on the node
+        /// that ran it.
+        stderr_line: Option<Box<str>>,
     },
     /// The outputs of `node`'s run (`attempt`) of a done task are lost with
     /// that node (gone for longer than the home waits, or it has them no
