@@ -73,3 +73,76 @@ fn a_failure_says_its_first_stderr_line_on_a_mesh() {
     let r = c.mesh(0, &["status", &id]);
     assert!(r.stderr.contains(CAUSE), "{}{}", r.stdout, r.stderr);
 }
+
+#[test]
+fn a_name_two_farms_share_means_the_newest_and_logs_find_the_farm_on_a_node() {
+    let sb = sandbox();
+    sb.write(
+        "farm.toml",
+        "[farm]\nname = \"pk\"\n\n[[stage]]\nname = \"say\"\nshell = \"echo said {i}\"\nsweep.i = { range = \"0..1\" }\n",
+    );
+    let c = Cluster::start(&sb, &["cpu=2"], &[]);
+    let first = c.mesh(0, &["submit", "farm.toml", "--wait"]);
+    first.expect_code(0);
+    // No --farm: the node's newest farm with a stage `say`.
+    let r = c.mesh(0, &["logs", "say/1"]);
+    r.expect_code(0);
+    assert_eq!(r.stdout, "said 1\n", "{}", r.stderr);
+    let a = c.mesh(0, &["submit", "farm.toml"]);
+    a.expect_code(0);
+    let b = c.mesh(0, &["submit", "farm.toml"]);
+    b.expect_code(0);
+    let newest = b.stdout.trim();
+    assert_ne!(a.stdout.trim(), newest);
+    for args in [&["status", "pk", "--json"][..], &["wait", "pk", "--json"]] {
+        let r = c.mesh(0, args);
+        r.expect_code(0);
+        assert_eq!(r.json()["id"], newest, "{args:?}: {}", r.stdout);
+    }
+}
+
+/// A farm whose tasks wait for `go` beside it (so a run can be killed mid-way).
+fn waiting_farm(sb: &mesh_tests::Sandbox, name: &str) -> String {
+    let go = sb.path().join("go");
+    format!(
+        "[farm]\nname = \"{name}\"\n\n[[stage]]\nname = \"t\"\nshell = \"while [ ! -e {} ]; do sleep 0.1; done\"\nsweep.i = {{ range = \"0..1\" }}\n",
+        go.display()
+    )
+}
+
+#[test]
+fn plain_resume_takes_the_crashed_farm_of_this_folder_not_a_newer_one_elsewhere() {
+    let sb = sandbox();
+    sb.write("farm.toml", &waiting_farm(&sb, "here"));
+    sb.write(
+        "other/farm.toml",
+        "[farm]\nname = \"there\"\n\n[[stage]]\nname = \"t\"\nshell = \"echo same >&2; exit 1\"\nsweep.i = { range = \"0..9\" }\nmax_fails = 2\n",
+    );
+    let run = sb.spawn(&["run", "farm.toml"]);
+    let started = wait_until(Duration::from_secs(20), || {
+        let v = sb.mesh(&["status", "here", "--json"]);
+        v.code == Some(0) && v.json()["counts"]["running"].as_u64() > Some(0)
+    });
+    assert!(started, "the farm never started a task");
+    // Killed and not yet reaped: its pid still answers, as a zombie.
+    run.signal(nix::sys::signal::Signal::SIGKILL);
+    let v = sb.mesh(&["status", "here", "--json"]).json();
+    assert_eq!(v["state"], "crashed", "{v}");
+    // A newer farm of another folder, stopped by max_fails.
+    let r = sb.mesh(&["run", "other/farm.toml", "--json"]);
+    assert_eq!(r.json()["state"], "stopped", "{}", r.stdout);
+    sb.write("go", "");
+    let r = sb.mesh(&["resume", "--json"]);
+    r.expect_code(0);
+    let v = r.json();
+    assert_eq!(v["name"], "here", "{v}");
+    assert_eq!(v["state"], "done", "{v}");
+    drop(run);
+    // Nothing of this folder left to resume: the other folder's farm is
+    // named, not resumed.
+    let r = sb.mesh(&["resume"]);
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("there-"), "{}", r.stderr);
+    let v = sb.mesh(&["status", "there", "--json"]).json();
+    assert_eq!(v["state"], "stopped", "{v}");
+}

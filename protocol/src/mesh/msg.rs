@@ -28,6 +28,10 @@ pub struct FarmSpec {
     pub origin: NodeId,
     pub def: FarmDef,
     pub inputs: Vec<InputFile>,
+    /// When its submitter made it, in ms since the Unix epoch by the
+    /// submitter's clock (0: not known): of the farms a name matches, a
+    /// command that names one means the newest.
+    pub submitted_ms: u64,
 }
 
 /// One input file of a farm, as its submitter serves it.

@@ -613,6 +613,7 @@ mod tests {
                 origin: HOME,
                 def,
                 inputs: vec![],
+                submitted_ms: 0,
             }),
             HOME,
         )
