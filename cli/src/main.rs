@@ -375,7 +375,12 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             }
             let target = match farm.as_deref() {
                 Some(q) => state.find(Some(q))?,
-                None => state.most_recent_resumable(retry_failed)?,
+                None => {
+                    let here = std::env::current_dir()
+                        .and_then(|d| d.canonicalize())
+                        .context("cannot read the current folder")?;
+                    state.most_recent_resumable(retry_failed, &here)?
+                }
             };
             if target.state == RunState::Running {
                 bail!(
@@ -516,6 +521,10 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
                 }
             } else if remote {
                 bail!("with --mesh, name the task's farm: `mesh logs {task} --farm FARM`");
+            } else if let Some(code) = mesh_cmds::logs(&to, "", &task, attempt, follow, json)? {
+                // A node runs here: the newest farm it knows with the task's
+                // stage. None such: a farm of `mesh run`.
+                return Ok(code);
             }
             let s = state.find(farm.as_deref())?;
             show::logs(&state, &s, &task, attempt, json)

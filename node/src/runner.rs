@@ -32,7 +32,7 @@ use crate::state::{
     StateDir, StateError, SNAPSHOT_FAILED_MAX,
 };
 use crate::task_view::TaskView;
-use crate::task_words::{describe_end, describe_stop, parse_task};
+use crate::task_words::{describe_failure, describe_stop, parse_task};
 use crate::view::{FarmView, MeshStatus, NodeView, Observed, ResourceUse, ResourceView};
 use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
 use mesh_protocol::observe::{Latencies, Latency};
@@ -926,13 +926,14 @@ impl Driver {
                 task,
                 attempt,
                 end,
+                stderr_line,
                 verdict,
                 ..
             } => {
                 let stage = task.stage;
                 if matches!(verdict, Verdict::Failed | Verdict::Retry | Verdict::Stopped) {
                     let name = self.def.task_name(task);
-                    let reason = describe_end(&end);
+                    let reason = describe_failure(&end, stderr_line.as_deref());
                     tracing::info!(farm = %self.id, task = %name, attempt, %reason, ?verdict, "task failed");
                     let failure = Unsaid {
                         task: name,
@@ -1224,7 +1225,10 @@ pub fn export(state: &StateDir, id: &str) -> Result<crate::export::FarmFacts, Ru
             _ => {}
         }
         if f.ended == Ended::Failed {
-            f.reason = rec.end.as_ref().map(describe_end);
+            f.reason = rec
+                .end
+                .as_ref()
+                .map(|end| describe_failure(end, rec.stderr_line.as_deref().map(String::as_str)));
         }
         if let (Ended::Done, Some(k)) = (f.ended, rec.key) {
             let res = store

@@ -123,6 +123,11 @@ pub enum StateError {
         "no unfinished farm to resume (see `mesh list`; `mesh resume FARM` resumes a given one)"
     )]
     NothingToResume,
+    /// Unfinished farms there are, of farm files in other folders.
+    #[error(
+        "no unfinished farm of a farm file in {folder}; elsewhere: {ids} (`mesh resume FARM` resumes one of them)"
+    )]
+    NoneHere { folder: String, ids: String },
     #[error(
         "no unfinished farm to resume; farm {id} finished with {failed} failed tasks: `mesh resume {id} --retry-failed` runs them again"
     )]
@@ -214,50 +219,70 @@ impl StateDir {
         if let Some(s) = all.iter().find(|s| s.id == q) {
             return Ok(s.clone());
         }
-        let hits: Vec<&FarmStatus> = all
-            .iter()
-            .filter(|s| s.id.starts_with(q) || s.name == q)
-            .collect();
+        // A name several farms share (files of one name in several folders)
+        // means the most recent, whatever other ids it begins: `all` is
+        // newest first.
+        if let Some(s) = all.iter().find(|s| s.name == q) {
+            return Ok(s.clone());
+        }
+        let hits: Vec<&FarmStatus> = all.iter().filter(|s| s.id.starts_with(q)).collect();
         match hits.as_slice() {
             [] => Err(StateError::NoMatch(q.to_string())),
             [one] => Ok((*one).clone()),
-            many => {
-                // Several farm files share a name: the most recent wins only if the query is the name.
-                if many.iter().all(|s| s.name == q) {
-                    return Ok(many[0].clone());
-                }
-                Err(StateError::Ambiguous {
-                    query: q.to_string(),
-                    ids: many
-                        .iter()
-                        .map(|s| s.id.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })
-            }
+            many => Err(StateError::Ambiguous {
+                query: q.to_string(),
+                ids: many
+                    .iter()
+                    .map(|s| s.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
         }
     }
 
-    /// The farm `mesh resume` continues by default: the most recent one that
-    /// stopped unfinished, a stage stopped included (or, with `failed_too`,
-    /// that ended with failures).
-    pub fn most_recent_resumable(&self, failed_too: bool) -> Result<FarmStatus, StateError> {
+    /// The farm `mesh resume` continues by default: the most recent one of
+    /// a farm file in `folder` (the command's own folder) that stopped
+    /// unfinished, a stage stopped included (or, with `failed_too`, that
+    /// ended with failures). A farm of another folder is never taken
+    /// unasked: it is named, for `mesh resume FARM`.
+    pub fn most_recent_resumable(
+        &self,
+        failed_too: bool,
+        folder: &Path,
+    ) -> Result<FarmStatus, StateError> {
         let all = self.list()?;
-        if let Some(s) = all.iter().find(|s| {
+        let here = |s: &&FarmStatus| Path::new(&s.file).parent() == Some(folder);
+        let resumable = |s: &&FarmStatus| {
             matches!(
                 s.state,
                 RunState::Interrupted | RunState::Crashed | RunState::Stopped
             ) || (failed_too && s.state == RunState::Failed)
-        }) {
+        };
+        if let Some(s) = all.iter().filter(here).find(resumable) {
             return Ok(s.clone());
         }
-        match all.iter().find(|s| s.state == RunState::Failed) {
-            Some(f) => Err(StateError::OnlyFailed {
+        if let Some(f) = all
+            .iter()
+            .filter(here)
+            .find(|s| s.state == RunState::Failed)
+        {
+            return Err(StateError::OnlyFailed {
                 id: f.id.clone(),
                 failed: f.counts.failed,
-            }),
-            None => Err(StateError::NothingToResume),
+            });
         }
+        let elsewhere: Vec<&str> = all
+            .iter()
+            .filter(resumable)
+            .map(|s| s.id.as_str())
+            .collect();
+        if elsewhere.is_empty() {
+            return Err(StateError::NothingToResume);
+        }
+        Err(StateError::NoneHere {
+            folder: folder.display().to_string(),
+            ids: elsewhere.join(", "),
+        })
     }
 }
 
@@ -285,10 +310,27 @@ pub fn hostname() -> String {
 
 pub(crate) fn pid_alive(pid: u32) -> bool {
     // Signal 0 checks existence; EPERM means it exists under another user.
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
+    let exists = match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
         Ok(()) => true,
         Err(e) => e == nix::errno::Errno::EPERM,
-    }
+    };
+    // A killed process is a zombie until its parent reaps it, which a
+    // shell or a test may do a while later: it answers signal 0, but its
+    // farm is as crashed as it will ever be.
+    exists && !is_zombie(pid)
+}
+
+/// Whether /proc says `pid` has exited and waits to be reaped (state Z or
+/// X); false where /proc cannot tell.
+fn is_zombie(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The command name, in parentheses, may hold spaces: the state follows
+    // the last parenthesis.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| matches!(state, "Z" | "X" | "x"))
 }
 
 /// Wall-clock milliseconds since the Unix epoch.

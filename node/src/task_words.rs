@@ -83,6 +83,17 @@ pub fn describe_end(end: &TaskEnd) -> String {
     }
 }
 
+/// A task's end with its cause: the first line it wrote to stderr beside
+/// the end (`exit code 1: solver diverged at step 17`), so a failure reads
+/// whole wherever it is shown, without `mesh logs`.
+pub fn describe_failure(end: &TaskEnd, stderr_line: Option<&str>) -> String {
+    let said = describe_end(end);
+    match (end, stderr_line) {
+        (TaskEnd::Cached | TaskEnd::Cancelled | TaskEnd::CrashLimit, _) | (_, None) => said,
+        (_, Some(line)) => format!("{said}: {line}"),
+    }
+}
+
 /// A stage's stop (`max_fails`) in words: why, and how to change it.
 pub fn describe_stop(stage: &str, stop: &Stop) -> String {
     let what = if stop.attempts == stop.tasks {
@@ -93,11 +104,7 @@ pub fn describe_stop(stage: &str, stop: &Stop) -> String {
             stop.attempts, stop.tasks
         )
     };
-    let end = describe_end(&stop.end);
-    let cause = match (&stop.end, &stop.stderr_line) {
-        (TaskEnd::Exited(_) | TaskEnd::Signaled(_), Some(line)) => format!("{end}: {line}"),
-        _ => end,
-    };
+    let cause = describe_failure(&stop.end, stop.stderr_line.as_deref());
     format!(
         "stage `{stage}` stopped after {what} failed the same way: {cause} (set max_fails to change this)"
     )

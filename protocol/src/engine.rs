@@ -594,6 +594,7 @@ impl Engine {
                             task: t,
                             attempt,
                             end: TaskEnd::CrashLimit,
+                            stderr_line: None,
                             verdict: Verdict::Failed,
                         }));
                     } else {
@@ -798,6 +799,12 @@ impl Engine {
                 (RecordState::Failed, Verdict::Failed)
             }
         };
+        // A success's stderr says no cause: only a failure keeps its line.
+        let stderr_line = if success {
+            None
+        } else {
+            outcome.stderr_line.clone()
+        };
         let record = TaskRecord {
             run: f.run,
             state,
@@ -809,6 +816,7 @@ impl Engine {
             duration_ms: outcome.duration_ms,
             logs: outcome.logs,
             grew: outcome.grew,
+            stderr_line: stderr_line.clone().map(Box::new),
         };
         self.actions
             .push_back(Action::Persist(Persist::Task { farm, task, record }));
@@ -817,6 +825,7 @@ impl Engine {
             task,
             attempt,
             end,
+            stderr_line,
             verdict,
         }));
         match verdict {
@@ -1141,6 +1150,7 @@ impl Engine {
             duration_ms: 0,
             logs: 0,
             grew: None,
+            stderr_line: None,
         };
         self.actions
             .push_back(Action::Persist(Persist::Task { farm, task, record }));
@@ -1152,6 +1162,7 @@ impl Engine {
                     task,
                     attempt,
                     end: TaskEnd::CrashLimit,
+                    stderr_line: None,
                     verdict: Verdict::Failed,
                 }));
                 self.fail_dependents(farm, task.stage, Some(task.index));

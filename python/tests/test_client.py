@@ -100,12 +100,14 @@ class OneNode(InFolder):
         self.assertEqual(t.state, "failed")
         self.assertFalse(t.ok)
         self.assertEqual(t.exit_code, 3)
-        self.assertIn("exit code 3", t.reason)
+        self.assertEqual(t.reason, "exit code 3: no such case: b")
         self.assertEqual(t.stderr(), "no such case: b\n")
         self.assertEqual(t.stdout(), "out a\n")
         with self.assertRaises(mesh.TaskFailed) as e:
             t.result()
         self.assertIn("map/0", str(e.exception))
+        # The cause, not only the code, without asking for the logs.
+        self.assertIn("exit code 3: no such case: b", str(e.exception))
         with self.assertRaises(mesh.FarmFailed) as e:
             run.wait(timeout=WAIT_S)
         self.assertIn("exit code 3", str(e.exception))

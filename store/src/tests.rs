@@ -15,6 +15,7 @@ fn rec(state: RecordState, attempt: u32) -> TaskRecord {
         duration_ms: 12,
         logs: 1,
         grew: None,
+        stderr_line: None,
     }
 }
 

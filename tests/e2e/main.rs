@@ -20,6 +20,7 @@ mod right;
 mod run;
 mod sim;
 mod tidy;
+mod told;
 mod whatif;
 
 use mesh_tests::Sandbox;

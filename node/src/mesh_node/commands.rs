@@ -112,10 +112,19 @@ impl Node {
                     attempt,
                     follow,
                 };
-                match self.find_known(&farm) {
+                // No farm named: the newest with the task's stage.
+                let found = if farm.is_empty() {
+                    self.find_for_task(&ask.task)
+                } else {
+                    self.find_known(&farm)
+                };
+                match found {
                     Ok(fid) => {
                         let spec = self.peer.spec(fid).cloned().expect("known");
                         self.follow_logs(spec, ask, reply);
+                    }
+                    Err(e) if farm.is_empty() => {
+                        let _ = reply.send(ControlResponse::Error(e.to_string()));
                     }
                     Err(_) => self.ask_coordinator(farm, Asked::Logs(ask, reply)),
                 }

@@ -20,7 +20,7 @@ use super::swarm::request;
 use super::{farm_display_id, Node};
 use crate::control::ControlResponse;
 use crate::export::{self, Ended, FarmFacts, Machine, TaskFacts};
-use crate::task_words::describe_end;
+use crate::task_words::describe_failure;
 
 /// How long the coordinator has to say which nodes it hears (and what
 /// they offer); past that, the machines are those this node hears.
@@ -123,12 +123,16 @@ impl Node {
                 f.exit_code = (r.spec.def.stage(t).success_codes == [0]).then_some(0);
             }
             Entry::Failed {
-                node, attempt, end, ..
+                node,
+                attempt,
+                end,
+                stderr_line,
+                ..
             } => {
                 f.ended = Ended::Failed;
                 f.node = Some(label(*node));
                 f.attempt = *attempt;
-                f.reason = Some(describe_end(end));
+                f.reason = Some(describe_failure(end, stderr_line.as_deref()));
                 if let TaskEnd::Exited(c) = **end {
                     f.exit_code = Some(c);
                 }

@@ -21,7 +21,7 @@ use super::queries::QueryError;
 use super::reply::{Reply, REPLY_MAX};
 use super::{Cmd, Node};
 use crate::control::{ControlResponse, TaskEvent};
-use crate::task_words::describe_end;
+use crate::task_words::describe_failure;
 
 /// Entries of the log read in one turn of the loop for one follower: a
 /// follower of a finished million-task farm is fed over many turns, not
@@ -248,7 +248,11 @@ impl Node {
                     .collect();
             }
             Some(Entry::Failed {
-                node, attempt, end, ..
+                node,
+                attempt,
+                end,
+                stderr_line,
+                ..
             }) => {
                 ev.state = "failed".into();
                 match **end {
@@ -256,7 +260,7 @@ impl Node {
                     TaskEnd::Signaled(s) => ev.signal = Some(s),
                     _ => {}
                 }
-                ev.reason = Some(describe_end(end));
+                ev.reason = Some(describe_failure(end, stderr_line.as_deref()));
                 ev.node = Some(self.label_of(*node));
                 ev.attempt = *attempt;
             }

@@ -45,6 +45,9 @@ const OBSERVED_MAX: usize = 16;
 pub(super) enum QueryError {
     #[error("no farm `{0}` is known here")]
     Unknown(String),
+    /// `mesh logs TASK` with no farm named, and no farm known here has its stage.
+    #[error("no farm known here has a task {0}")]
+    NoFarmWith(String),
     #[error("`{0}` matches several farms; give the full id")]
     Ambiguous(String),
     /// Asked of a farm whose home is this node (`wait`, `cancel`, events).
@@ -86,24 +89,47 @@ pub(super) enum Asked {
 impl Node {
     /// A farm by id, id prefix or name among every farm this node knows.
     pub(super) fn find_known(&self, query: &str) -> Result<FarmId, QueryError> {
-        let known: Vec<(FarmId, String, String)> = self
+        let known: Vec<Known> = self
             .peer
             .specs()
             .map(|s| {
                 let name = s.def.name.clone();
-                (s.id, farm_display_id(&name, s.id), name)
+                Known {
+                    id: s.id,
+                    shown: farm_display_id(&name, s.id),
+                    name,
+                    submitted_ms: s.submitted_ms,
+                }
             })
             .collect();
         match_farm(query, &known)
     }
 
+    /// The farm `mesh logs TASK` means when it names none: the newest this
+    /// node knows with a stage of that name, as a farm's name means its
+    /// newest farm.
+    pub(super) fn find_for_task(&self, task: &str) -> Result<FarmId, QueryError> {
+        let stage = task.rsplit_once('/').map_or(task, |(s, _)| s);
+        self.peer
+            .specs()
+            .filter(|s| s.def.stages.iter().any(|st| st.name == stage))
+            .max_by_key(|s| (s.submitted_ms, s.id))
+            .map(|s| s.id)
+            .ok_or_else(|| QueryError::NoFarmWith(task.to_string()))
+    }
+
     /// A farm whose home is this node.
     pub(super) fn find_farm(&self, query: &str) -> Result<FarmId, QueryError> {
-        let homes: Vec<(FarmId, String, String)> = self
+        let homes: Vec<Known> = self
             .home
             .farms
             .iter()
-            .map(|(id, o)| (*id, o.view.id.clone(), o.view.name.clone()))
+            .map(|(id, o)| Known {
+                id: *id,
+                shown: o.view.id.clone(),
+                name: o.view.name.clone(),
+                submitted_ms: self.peer.spec(*id).map_or(0, |s| s.submitted_ms),
+            })
             .collect();
         match_farm(query, &homes).map_err(|e| QueryError::NotHome(Box::new(e)))
     }
@@ -418,22 +444,35 @@ fn heard(status: &MeshStatus, me: &str, beats: Vec<(String, Arc<Beat>)>) -> Vec<
         .collect()
 }
 
-/// A farm by its display id, name or id prefix among `known` (id, display id, name).
-fn match_farm(query: &str, known: &[(FarmId, String, String)]) -> Result<FarmId, QueryError> {
-    let exact: Vec<FarmId> = known
+/// A farm a query may name: its id, as shown, its name, and when it was submitted.
+struct Known {
+    id: FarmId,
+    shown: String,
+    name: String,
+    submitted_ms: u64,
+}
+
+/// A farm by its display id, name or id prefix among `known`. A name
+/// several farms share (a farm file submitted again) means the newest of
+/// them, as it does for `mesh run`'s farms: the one a user just submitted.
+/// An id prefix that several ids share is ambiguous.
+fn match_farm(query: &str, known: &[Known]) -> Result<FarmId, QueryError> {
+    if let Some(k) = known.iter().find(|k| k.shown == query) {
+        return Ok(k.id);
+    }
+    // The tie-break on the id keeps the choice the same on every node.
+    let newest = known
         .iter()
-        .filter(|(_, id, name)| id == query || name == query)
-        .map(|(f, ..)| *f)
+        .filter(|k| k.name == query)
+        .max_by_key(|k| (k.submitted_ms, k.id));
+    if let Some(k) = newest {
+        return Ok(k.id);
+    }
+    let hits: Vec<FarmId> = known
+        .iter()
+        .filter(|k| k.shown.starts_with(query))
+        .map(|k| k.id)
         .collect();
-    let hits = if exact.is_empty() {
-        known
-            .iter()
-            .filter(|(_, id, _)| id.starts_with(query))
-            .map(|(f, ..)| *f)
-            .collect()
-    } else {
-        exact
-    };
     match hits.as_slice() {
         [one] => Ok(*one),
         [] => Err(QueryError::Unknown(query.to_string())),
@@ -454,6 +493,7 @@ mod tests {
             QueryError::NotInMesh(q()),
             QueryError::UnknownToMesh(q()),
             QueryError::NotHome(Box::new(QueryError::Unknown(q()))),
+            QueryError::NoFarmWith(q()),
         ] {
             assert!(is_unknown_farm(&e.to_string()), "{e}");
         }
@@ -461,5 +501,28 @@ mod tests {
         assert!(!is_unknown_farm(&QueryError::NoCopy.to_string()));
         let e = match_farm("nope", &[]).unwrap_err();
         assert!(is_unknown_farm(&e.to_string()), "{e}");
+    }
+
+    #[test]
+    fn a_name_several_farms_share_means_the_newest_and_a_shared_prefix_is_ambiguous() {
+        let k = |id: u64, name: &str, shown: &str, at: u64| Known {
+            id: FarmId(id),
+            shown: shown.into(),
+            name: name.into(),
+            submitted_ms: at,
+        };
+        let known = [
+            k(1, "pk", "pk-aa11", 100),
+            k(2, "pk", "pk-aa22", 300),
+            k(3, "pk", "pk-bb33", 200),
+            k(4, "pkx", "pkx-cc44", 400),
+        ];
+        assert_eq!(match_farm("pk", &known).unwrap(), FarmId(2));
+        assert_eq!(match_farm("pk-aa11", &known).unwrap(), FarmId(1));
+        assert_eq!(match_farm("pk-b", &known).unwrap(), FarmId(3));
+        assert!(matches!(
+            match_farm("pk-aa", &known),
+            Err(QueryError::Ambiguous(_))
+        ));
     }
 }

@@ -184,6 +184,7 @@ pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<Farm
         origin,
         def,
         inputs,
+        submitted_ms: crate::state::unix_ms(),
     })
 }
 

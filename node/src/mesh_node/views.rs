@@ -11,7 +11,7 @@ use mesh_protocol::wire::{FarmSummary, FoundFarm};
 use super::reply::Reply;
 use super::{farm_display_id, Node};
 use crate::control::ControlResponse;
-use crate::task_words::{describe_end, describe_stop};
+use crate::task_words::{describe_failure, describe_stop};
 use crate::view::{DataView, FarmView};
 
 /// Failures kept per farm for `mesh wait` and `status`.
@@ -193,12 +193,13 @@ impl Node {
                     attempt,
                     node,
                     end,
+                    stderr_line,
                     ..
                 } => Some(format!(
                     "{} (attempt {attempt} on {}): {}",
                     spec.def.task_name(*task),
                     self.label_of(*node),
-                    describe_end(end)
+                    describe_failure(end, stderr_line.as_deref())
                 )),
                 _ => None,
             })

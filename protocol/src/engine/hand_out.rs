@@ -131,6 +131,7 @@ impl Engine {
             duration_ms: 0,
             logs: 0,
             grew: None,
+            stderr_line: None,
         };
         self.actions
             .push_back(Action::Persist(Persist::Task { farm, task, record }));

@@ -34,6 +34,11 @@ pub struct TaskRecord {
     /// See [`Outcome::grew`]: kept so a restored engine knows which of a
     /// grown stage's tasks exist.
     pub grew: Option<u32>,
+    /// See [`Outcome::stderr_line`]: kept with a failed attempt's end, so
+    /// whoever reads the record later says the cause, not just the code.
+    /// Boxed twice: a record rides in every persist action, which is kept
+    /// small (see the mesh peer's `Action`), and most records have none.
+    pub stderr_line: Option<Box<String>>,
 }
 
 impl TaskRecord {
@@ -51,6 +56,7 @@ impl TaskRecord {
             duration_ms: 0,
             logs: 0,
             grew: None,
+            stderr_line: None,
         }
     }
 }
@@ -176,6 +182,8 @@ pub enum Event {
         task: TaskRef,
         attempt: u32,
         end: TaskEnd,
+        /// See [`Outcome::stderr_line`].
+        stderr_line: Option<String>,
         /// What follows: done, retried, failed for good, ...
         verdict: Verdict,
     },

@@ -28,6 +28,10 @@ pub struct FarmSpec {
     pub origin: NodeId,
     pub def: FarmDef,
     pub inputs: Vec<InputFile>,
+    /// When its submitter made it, in ms since the Unix epoch by the
+    /// submitter's clock (0: not known): of the farms a name matches, a
+    /// command that names one means the newest.
+    pub submitted_ms: u64,
 }
 
 impl AsRef<FarmDef> for FarmSpec {
@@ -380,6 +384,10 @@ pub enum Entry {
         node: NodeId,
         end: Box<TaskEnd>,
         ran: Option<Box<Ran>>,
+        /// See [`crate::engine::Outcome::stderr_line`]: the cause every
+        /// holder shows beside the end, as the log file stays on the node
+        /// that ran it.
+        stderr_line: Option<Box<str>>,
     },
     /// The outputs of `node`'s run (`attempt`) of a done task are lost with
     /// that node (gone for longer than the home waits, or it has them no

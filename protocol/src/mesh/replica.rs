@@ -248,10 +248,16 @@ pub fn entry_record(e: &Entry) -> TaskRecord {
             end: (*attempt == 0).then_some(TaskEnd::Cached),
             ..TaskRecord::known_done(1)
         },
-        Entry::Failed { attempt, end, .. } => TaskRecord {
+        Entry::Failed {
+            attempt,
+            end,
+            stderr_line,
+            ..
+        } => TaskRecord {
             state: RecordState::Failed,
             attempt: *attempt,
             end: Some((**end).clone()),
+            stderr_line: stderr_line.as_deref().map(|l| Box::new(l.to_string())),
             ..TaskRecord::known_done(1)
         },
         // The attempt stays counted, so the run again is a later attempt
@@ -294,6 +300,7 @@ pub fn record_entry(task: TaskRef, r: &TaskRecord) -> Option<Entry> {
                     .unwrap_or(TaskEnd::Error("no reason was recorded".into())),
             ),
             ran: None,
+            stderr_line: r.stderr_line.as_deref().map(|l| Box::from(l.as_str())),
         }),
         _ => None,
     }
@@ -606,6 +613,7 @@ mod tests {
                 origin: HOME,
                 def,
                 inputs: vec![],
+                submitted_ms: 0,
             }),
             HOME,
         )

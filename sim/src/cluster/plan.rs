@@ -123,6 +123,7 @@ impl Plan {
             origin,
             def,
             inputs: vec![],
+            submitted_ms: 0,
         });
         let plan = Plan {
             peer_cfg: cfg.peer_config(),
@@ -171,6 +172,7 @@ impl Plan {
             origin: NodeId(cfg.submit_node as u64 + 1),
             def: wl.def.clone(),
             inputs: vec![],
+            submitted_ms: 0,
         });
         let plan = Plan {
             peer_cfg: cfg.peer_config(),

@@ -490,6 +490,7 @@ impl Coord {
                         task,
                         attempt,
                         end,
+                        stderr_line,
                         verdict,
                     } => {
                         let fid = self.slots[farm.0 as usize];
@@ -510,6 +511,7 @@ impl Coord {
                                 node,
                                 end: Box::new(end),
                                 ran: by.ran.take(),
+                                stderr_line: stderr_line.map(String::into_boxed_str),
                             }),
                             Verdict::Retry => {
                                 sends.push((
