@@ -20,6 +20,7 @@ use mesh_protocol::alloc::QueueDef;
 use mesh_protocol::farm::FarmDef;
 use mesh_protocol::mesh::{AllocBook, AllocCmd};
 
+use crate::launched::Launch;
 use crate::view::{FarmView, MeshStatus, Observed};
 use libp2p::Multiaddr;
 use serde::{Deserialize, Serialize};
@@ -103,6 +104,10 @@ const START_WAIT: Duration = Duration::from_secs(60);
 /// has not marked itself yet to do so (its exec and first step; see
 /// `launched.rs`). With no such process, a command answers at once.
 const LAUNCH_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a command waits on a process caught in the middle of an exec,
+/// which may be a node (see `launched.rs`).
+const EXEC_WAIT: Duration = Duration::from_secs(1);
 
 /// A node starting on a state folder, from its first step until its
 /// control socket listens: `node.starting` holds its process id, so a
@@ -456,6 +461,7 @@ impl Client {
         let path = socket_path(state);
         let until = Instant::now() + START_WAIT;
         let launched_until = Instant::now() + LAUNCH_WAIT;
+        let exec_until = Instant::now() + EXEC_WAIT;
         let mut stream = loop {
             match UnixStream::connect(&path) {
                 Ok(s) => break s,
@@ -471,8 +477,14 @@ impl Client {
                     } else {
                         // Not marked yet: a node process of this folder is
                         // given a moment to mark itself, no more, so one
-                        // hung before its first step is not waited on.
-                        now < launched_until && crate::launched::node_process_on(state)
+                        // hung before its first step is not waited on; a
+                        // process caught in its exec, a moment to show
+                        // what it runs.
+                        match crate::launched::node_process_on(state) {
+                            Launch::Node => now < launched_until,
+                            Launch::Exec => now < exec_until,
+                            Launch::None => false,
+                        }
                     };
                     if !waiting {
                         return Err(ControlError::NoNode(state.to_path_buf()));

@@ -7,32 +7,84 @@
 //! on a quiet machine, more on a loaded one, and there a command found no
 //! socket, no mark, and said no node runs (7 tries in 8 in one series). A
 //! command that finds neither now looks for a `mesh node` or `mesh join`
-//! process of this state folder, and waits a bounded time for its mark.
+//! process of this state folder, and waits a bounded time for its mark;
+//! and for a process caught in the middle of an exec (no arguments to read
+//! yet), a shorter time for its arguments.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
-/// Whether a process that runs `mesh node` or `mesh join` on `state` is
-/// alive (Linux's `/proc`; elsewhere, never). A process whose state folder
-/// cannot be read (another user's) counts as one of this folder only when
-/// its command line names it.
-pub(crate) fn node_process_on(state: &Path) -> bool {
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    let me = std::process::id();
-    procs.flatten().any(|p| {
-        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            return false;
-        };
-        pid != me && node_state(&p.path()).is_some_and(|s| same_folder(&s, state))
-    })
+/// What `/proc` shows of a node starting on a state folder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Launch {
+    /// No process that may be one.
+    None,
+    /// A process in the middle of an exec, whose program and arguments
+    /// cannot be read yet (the parent of a `vfork`, as Python's
+    /// `subprocess` does, runs on from there): perhaps a node.
+    Exec,
+    /// A `mesh node` or `mesh join` process of this folder.
+    Node,
 }
 
-/// The state folder of the process at `/proc/<pid>` if it is a mesh node.
-fn node_state(proc_dir: &Path) -> Option<PathBuf> {
+/// Whether a process that runs `mesh node` or `mesh join` on `state` is
+/// alive (Linux's `/proc`; elsewhere, never), or one in the middle of an
+/// exec that may be. A process whose state folder cannot be read
+/// (another user's) counts as one of this folder only when its command
+/// line names it.
+pub(crate) fn node_process_on(state: &Path) -> Launch {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Launch::None;
+    };
+    let me = std::process::id();
+    let mut seen = Launch::None;
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        match node_state(&p.path()) {
+            Some(Seen::Node(s)) if same_folder(&s, state) => return Launch::Node,
+            Some(Seen::Exec) => seen = Launch::Exec,
+            _ => {}
+        }
+    }
+    seen
+}
+
+enum Seen {
+    /// A mesh node of this folder (empty: a folder that cannot be told).
+    Node(PathBuf),
+    Exec,
+}
+
+/// Whether the process at `/proc/<pid>` shows no arguments while it is
+/// neither a kernel thread (its parent `kthreadd`, pid 2) nor a zombie:
+/// one in the middle of an exec.
+fn in_exec(proc_dir: &Path) -> bool {
+    let Ok(stat) = std::fs::read_to_string(proc_dir.join("stat")) else {
+        return false;
+    };
+    // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
+    let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return false;
+    };
+    let mut fields = after.split_whitespace();
+    let (state, ppid) = (fields.next(), fields.next());
+    let pid = stat.split_whitespace().next();
+    !matches!(state, Some("Z" | "X" | "x")) && ppid != Some("2") && ppid != Some("0") && pid != Some("2")
+}
+
+/// The state folder of the process at `/proc/<pid>` if it is a mesh node,
+/// or whether it is in the middle of an exec.
+fn node_state(proc_dir: &Path) -> Option<Seen> {
     let cmdline = std::fs::read(proc_dir.join("cmdline")).ok()?;
+    if cmdline.is_empty() {
+        return in_exec(proc_dir).then_some(Seen::Exec);
+    }
     let args: Vec<OsString> = cmdline
         .split(|&b| b == 0)
         .filter(|a| !a.is_empty())
@@ -72,18 +124,18 @@ fn node_state(proc_dir: &Path) -> Option<PathBuf> {
     // user's data folder (dirs' rule on Linux).
     let state = match flag.or_else(|| var("MESH_STATE_DIR")) {
         Some(p) => p,
-        None if env.is_none() => return Some(PathBuf::new()),
+        None if env.is_none() => return Some(Seen::Node(PathBuf::new())),
         None => var("XDG_DATA_HOME")
             .filter(|p| p.is_absolute())
             .or_else(|| var("HOME").map(|h| h.join(".local/share")))?
             .join("mesh"),
     };
-    Some(match (state.is_absolute(), cwd) {
+    Some(Seen::Node(match (state.is_absolute(), cwd) {
         (true, _) => state,
         (false, Some(cwd)) => cwd.join(state),
         // A relative folder from a process whose folder is hidden: unknown.
         (false, None) => PathBuf::new(),
-    })
+    }))
 }
 
 /// Whether two spellings of a state folder are one folder. An empty path is
@@ -108,7 +160,7 @@ mod tests {
         std::fs::create_dir_all(&state).unwrap();
         let other = dir.path().join("other");
         std::fs::create_dir_all(&other).unwrap();
-        assert!(!node_process_on(&state));
+        assert_ne!(node_process_on(&state), Launch::Node);
         // A stand-in with a node's command line, `mesh -s -- --state-dir
         // DIR node`: a shell that `exec -a` names `mesh`, reading what it
         // runs (a sleep, then more, so it stays this process) from its input.
@@ -122,13 +174,13 @@ mod tests {
             .unwrap();
         let found = (0..200).any(|_| {
             std::thread::sleep(std::time::Duration::from_millis(10));
-            node_process_on(&state)
+            node_process_on(&state) == Launch::Node
         });
-        let elsewhere = node_process_on(&other);
+        let elsewhere = node_process_on(&other) == Launch::Node;
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(found, "the node process of this folder is found");
         assert!(!elsewhere, "a node of another folder is not this one's");
-        assert!(!node_process_on(&state), "a process gone is no node");
+        assert_ne!(node_process_on(&state), Launch::Node, "a process gone is no node");
     }
 }

@@ -134,24 +134,31 @@ impl Place {
     }
 }
 
+/// How a copy [`put`] is making ends its name until it is renamed.
+const PUT_SUFFIX: &str = ".mesh-put";
+
 /// Puts `src` at `dst` as a file of its own: a copy, which keeps the mode
 /// (`copy_file_range`, so a file system that can share extents, such as
 /// btrfs or XFS, does so without writing the bytes again). Never a hard
 /// link: a user who edits one `--out`'s results in place would change every
-/// other folder's, and the place a later reuse copies from. What was at
-/// `dst` is unlinked first, never written through: it may be a link that
-/// an older mesh made.
+/// other folder's, and the place a later reuse copies from. The copy is
+/// made beside `dst` under a name of its own and renamed over it, so a
+/// reader (another task of the node placing the same dependency, a grown
+/// task reading its line) sees the old file or the whole new one, never a
+/// half-written one; what was at `dst` is replaced, never written through.
 pub fn put(src: &Path, dst: &Path) -> io::Result<()> {
+    static PUTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     if let Some(d) = dst.parent() {
         fs::create_dir_all(d)?;
     }
-    match fs::remove_file(dst) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+    let n = PUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = dst.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dst.with_file_name(format!(".{name}.{}.{n}{PUT_SUFFIX}", std::process::id()));
+    let copied = fs::copy(src, &tmp).and_then(|_| fs::rename(&tmp, dst));
+    if copied.is_err() {
+        let _ = fs::remove_file(&tmp);
     }
-    fs::copy(src, dst)?;
-    Ok(())
+    copied
 }
 
 fn stamp(path: &Path, rel: String) -> io::Result<Stamp> {
@@ -171,11 +178,15 @@ fn stamp(path: &Path, rel: String) -> io::Result<Stamp> {
     })
 }
 
-/// Every file under `dir`, with its path relative to `base`.
+/// Every file under `dir`, with its path relative to `base`; a copy that
+/// [`put`] is still making is none.
 pub fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> io::Result<()> {
     for e in fs::read_dir(dir)? {
         let e = e?;
         let p: PathBuf = e.path();
+        if e.file_name().to_string_lossy().ends_with(PUT_SUFFIX) {
+            continue;
+        }
         if e.file_type()?.is_dir() {
             walk(base, &p, out)?;
         } else {

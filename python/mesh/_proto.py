@@ -35,6 +35,10 @@ START_WAIT_S = 60.0
 #: a connection fails at once.
 LAUNCH_WAIT_S = 10.0
 
+#: How long a connection waits on a process caught in the middle of an
+#: exec, which may be a node.
+EXEC_WAIT_S = 1.0
+
 #: Answers after which the node says nothing more on a connection.
 _LAST = {
     "Finished",
@@ -137,6 +141,7 @@ class SocketTransport(Transport):
         # until its socket listens) is waited for, as the command line does.
         until = time.monotonic() + START_WAIT_S
         launched_until = time.monotonic() + LAUNCH_WAIT_S
+        exec_until = time.monotonic() + EXEC_WAIT_S
         while True:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -148,7 +153,10 @@ class SocketTransport(Transport):
                 if self._starting():
                     waiting = now < until
                 else:
-                    waiting = now < launched_until and _node_process_on(self.state_dir)
+                    seen = _node_process_on(self.state_dir)
+                    waiting = (seen == "node" and now < launched_until) or (
+                        seen == "exec" and now < exec_until
+                    )
                 if waiting:
                     time.sleep(0.02)
                     continue
@@ -179,24 +187,47 @@ class SocketTransport(Transport):
         return True
 
 
+#: What /proc shows of a process in the middle of an exec (no arguments yet).
+_EXEC = object()
+
+
 def _node_process_on(state_dir):
-    """Whether a ``mesh node`` or ``mesh join`` process of this state folder
-    lives (Linux's /proc; elsewhere, never): one that has not marked itself
-    starting yet. As node/src/launched.rs, which says why."""
+    """"node" when a ``mesh node`` or ``mesh join`` process of this state
+    folder lives (Linux's /proc; elsewhere, never): one that has not marked
+    itself starting yet; "exec" when a process in the middle of an exec may
+    be one (the parent of a vfork, as ``subprocess`` does, runs on from
+    there); else None. As node/src/launched.rs, which says why."""
     try:
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
-        return False
+        return None
     ours = os.path.realpath(state_dir)
+    seen = None
     for pid in pids:
         if int(pid) == os.getpid():
             continue
         theirs = _node_state("/proc/" + pid)
         if theirs is None:
             continue
-        if theirs == "" or os.path.realpath(theirs) == ours:
-            return True
-    return False
+        if theirs is _EXEC:
+            seen = "exec"
+        elif theirs == "" or os.path.realpath(theirs) == ours:
+            return "node"
+    return seen
+
+
+def _in_exec(proc_dir):
+    """No arguments, and neither a kernel thread (parent 2) nor a zombie."""
+    try:
+        with open(proc_dir + "/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(")") + 1:].split()
+    if len(fields) < 2:
+        return False
+    pid = stat.split(" ", 1)[0]
+    return fields[0] not in ("Z", "X", "x") and fields[1] not in ("0", "2") and pid != "2"
 
 
 def _node_state(proc_dir):
@@ -205,6 +236,8 @@ def _node_state(proc_dir):
     try:
         with open(proc_dir + "/cmdline", "rb") as f:
             args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        if not args:
+            return _EXEC if _in_exec(proc_dir) else None
     except OSError:
         return None
     if not args or os.path.basename(args[0]) != "mesh":

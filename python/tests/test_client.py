@@ -68,6 +68,18 @@ class OneNode(InFolder):
         self.assertEqual(run.tasks(state="failed"), [])
         self.assertIn(run.id, [f.id for f in c.farms()])
 
+    def test_a_map_per_item_in_a_loop_gives_each_its_own_farm_and_result(self):
+        # A Dask user's `submit` in a loop: one map of one item each, all of
+        # one name, sent within the same milliseconds. Their farm ids once
+        # collided: 63 ids for 100 maps, and 37 results another input's.
+        c = self.node(cpus=2)
+        runs = [c.map("expr {} + 1", [i], name="one") for i in range(100)]
+        self.assertEqual(len({r.id for r in runs}), 100, "a farm for each map")
+        for i, r in enumerate(runs):
+            self.assertTrue(r.wait(timeout=WAIT_S).ok, r)
+            (t,) = r.tasks()
+            self.assertEqual(t.stdout().strip(), str(i + 1), "map %d's own result" % i)
+
     def test_cancel_mid_farm(self):
         c = self.node(cpus=2)
         run = c.map("sleep {}", [30] * 20)
@@ -305,6 +317,25 @@ class Protocol(InFolder):
             mesh.connect(state_dir=other)
         self.assertIn("no mesh node is running", str(e.exception))
         self.assertLess(time.monotonic() - t0, 10)
+
+    def test_a_node_started_in_the_background_is_reached_at_once(self):
+        # `subprocess.Popen(["mesh", "node", ...])` and at once connect, as
+        # README's `mesh node &` then a command: before the node's first
+        # step it has no socket and no mark yet, only its process.
+        key_dir = os.path.join(self.dir, "st")
+        subprocess.run([nodes.mesh_bin(), "--state-dir", key_dir, "init"], check=True, capture_output=True)
+        for _ in range(5):
+            p = subprocess.Popen(
+                [nodes.mesh_bin(), "--state-dir", key_dir, "node", "--listen", "/ip4/127.0.0.1/tcp/0"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                c = mesh.connect(state_dir=key_dir)
+                self.assertTrue(c.node)
+            finally:
+                p.terminate()
+                p.wait(timeout=WAIT_S)
 
     def test_no_node_is_said_with_what_to_do(self):
         with self.assertRaises(mesh.MeshError) as e:

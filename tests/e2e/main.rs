@@ -14,6 +14,7 @@ mod heal;
 mod import;
 mod input;
 mod mesh;
+mod oracle;
 mod remote;
 mod resume;
 mod right;

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
+pub mod oracle;
+
 /// The longest any single mesh command may take in a test.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 

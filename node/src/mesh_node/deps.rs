@@ -19,7 +19,7 @@ use mesh_protocol::mesh::{void_place, Entry, FarmId, FarmSpec, NodeId, OutputFil
 use mesh_protocol::wire::{DepOutputs, Request, Response};
 use tokio::sync::{mpsc, oneshot};
 
-use super::staging::{fetch_any, file_hash, place_cached};
+use super::staging::{fetch_any, file_hash, replace_with};
 use super::swarm::{Answer, RequestError};
 use super::transfer::{FetchError, Transfers};
 use super::{Cmd, Node};
@@ -202,13 +202,10 @@ async fn place_all(
                 cached
             };
             let (from, dest2, mode) = (from.clone(), dest.clone(), o.mode);
-            tokio::task::spawn_blocking(move || {
-                // Another attempt's file of the same name, made before a
-                // dependency ran again, gives way.
-                let _ = fs::remove_file(&dest2);
-                place_cached(&from, &dest2, mode)
-            })
-            .await??;
+            // Another attempt's file of the same name, made before a
+            // dependency ran again, gives way: replaced whole, so another
+            // task here reading it meanwhile sees one or the other.
+            tokio::task::spawn_blocking(move || replace_with(&from, &dest2, mode)).await??;
         }
         // A file an earlier run of the dependency made, and this one did
         // not, is not what it made: a task's view shows the folder whole.

@@ -444,6 +444,13 @@ pub(super) fn place_cached(cached: &Path, dest: &Path, mode: u32) -> Result<(), 
     set_mode(dest, mode)
 }
 
+/// Puts a copy of `cached` at `dest` with `mode`, replacing what is there
+/// whole (see `results::put`).
+pub(super) fn replace_with(cached: &Path, dest: &Path, mode: u32) -> Result<(), FetchError> {
+    crate::results::put(cached, dest).map_err(FetchError::io(FetchError::Place, dest))?;
+    set_mode(dest, mode)
+}
+
 /// Fetches a file by its blake3 hash from the first of `sources` that has
 /// it, into this node's cache (its pieces kept beside it, to serve it on).
 pub(super) async fn fetch_any(
