@@ -75,7 +75,10 @@ fn in_exec(proc_dir: &Path) -> bool {
     let mut fields = after.split_whitespace();
     let (state, ppid) = (fields.next(), fields.next());
     let pid = stat.split_whitespace().next();
-    !matches!(state, Some("Z" | "X" | "x")) && ppid != Some("2") && ppid != Some("0") && pid != Some("2")
+    !matches!(state, Some("Z" | "X" | "x"))
+        && ppid != Some("2")
+        && ppid != Some("0")
+        && pid != Some("2")
 }
 
 /// The state folder of the process at `/proc/<pid>` if it is a mesh node,
@@ -181,6 +184,10 @@ mod tests {
         child.wait().unwrap();
         assert!(found, "the node process of this folder is found");
         assert!(!elsewhere, "a node of another folder is not this one's");
-        assert_ne!(node_process_on(&state), Launch::Node, "a process gone is no node");
+        assert_ne!(
+            node_process_on(&state),
+            Launch::Node,
+            "a process gone is no node"
+        );
     }
 }

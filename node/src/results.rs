@@ -93,6 +93,54 @@ impl Results {
     }
 }
 
+impl Results {
+    /// The place at `from` now is at `to`: the folder is moved there when
+    /// it is still whole (false, and nothing moved, when it is not, or when
+    /// this key has no place at `from`).
+    pub fn moved(&mut self, from: &Path, to: &Path) -> io::Result<bool> {
+        let want = from.to_string_lossy();
+        let Some(p) = self.places.iter_mut().find(|p| p.dir == want) else {
+            return Ok(false);
+        };
+        if !p.intact() {
+            return Ok(false);
+        }
+        if let Some(parent) = to.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        fs::rename(from, to)?;
+        p.dir = to.to_string_lossy().into_owned();
+        Ok(true)
+    }
+
+    /// The place at `from` was moved to `to` by someone else (outputs set
+    /// aside): written down there.
+    pub fn renamed(&mut self, from: &Path, to: &Path) -> bool {
+        let want = from.to_string_lossy();
+        match self.places.iter_mut().find(|p| p.dir == want) {
+            Some(p) => {
+                p.dir = to.to_string_lossy().into_owned();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The name under which a farm's store says which content key's result a
+/// folder holds (see the runner's `keep_aside`).
+pub fn holder_name(dir: &Path) -> String {
+    format!(
+        "holds/{}",
+        blake3::hash(dir.as_os_str().as_encoded_bytes()).to_hex()
+    )
+}
+
+/// Where a run keeps aside, until it ends, results it is about to replace
+/// that another task of the farm is now known by: under `out`, so a folder
+/// moves there by a rename.
+pub const STASH_DIR: &str = ".mesh-stash";
+
 impl Place {
     /// Every file of `dir`, stamped (none when it does not exist).
     pub fn of(dir: &Path) -> io::Result<Place> {
@@ -259,11 +307,7 @@ pub const SET_ASIDE_DIR: &str = ".mesh-set-aside";
 ///
 /// A grown stage keeps every index below its most possible tasks: how many
 /// it has is known only once it runs.
-pub fn set_aside_stale(
-    out: &Path,
-    def: &FarmDef,
-    when_ms: u64,
-) -> io::Result<Option<(PathBuf, u64)>> {
+pub fn set_aside_stale(out: &Path, def: &FarmDef, when_ms: u64) -> io::Result<Option<SetAside>> {
     let entries = match fs::read_dir(out) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -273,13 +317,15 @@ pub fn set_aside_stale(
     let aside = out
         .join(SET_ASIDE_DIR)
         .join(humantime::format_rfc3339_millis(when).to_string());
-    let mut moved = 0u64;
-    let move_to = |from: &Path, rel: &Path| -> io::Result<()> {
+    let mut moves = Vec::new();
+    let mut move_to = |from: &Path, rel: &Path| -> io::Result<()> {
         let to = aside.join(rel);
         if let Some(p) = to.parent() {
             fs::create_dir_all(p)?;
         }
-        fs::rename(from, &to)
+        fs::rename(from, &to)?;
+        moves.push((from.to_path_buf(), to));
+        Ok(())
     };
     for e in entries {
         let e = e?;
@@ -294,7 +340,6 @@ pub fn set_aside_stale(
                 let t = t?;
                 if t.file_type()?.is_dir() && is_index(&t.file_name()) {
                     move_to(&t.path(), &Path::new(name).join(t.file_name()))?;
-                    moved += 1;
                 }
             }
             let _ = fs::remove_dir(e.path());
@@ -309,11 +354,17 @@ pub fn set_aside_stale(
                 && index.is_some_and(|i| i >= len)
             {
                 move_to(&t.path(), &Path::new(name).join(t.file_name()))?;
-                moved += 1;
             }
         }
     }
-    Ok((moved > 0).then_some((aside, moved)))
+    Ok((!moves.is_empty()).then_some(SetAside { to: aside, moves }))
+}
+
+/// Task folders set aside: where, and each one's old and new path.
+#[derive(Debug)]
+pub struct SetAside {
+    pub to: PathBuf,
+    pub moves: Vec<(PathBuf, PathBuf)>,
 }
 
 /// The name of a stage's manifest under `<out>/<stage>/`.

@@ -328,7 +328,12 @@ async fn drive(
         // gone, leave it (never deleted; see `results::set_aside_stale`).
         let out = Path::new(&def.out);
         match results::set_aside_stale(out, &def, started_at_ms) {
-            Ok(Some((to, n))) => obs.set_aside(&results::set_aside_line(n, &to)),
+            Ok(Some(aside)) => {
+                let n = aside.moves.len() as u64;
+                obs.set_aside(&results::set_aside_line(n, &aside.to));
+                // Still results: a sweep grown back reuses them from there.
+                set_aside_places(&mut store, key, &aside)?;
+            }
             Ok(None) => {}
             Err(e) => {
                 return Err(io_err(format!(
@@ -373,6 +378,9 @@ async fn drive(
         rerun: results::rerun_stages(&def, opts.rerun.as_deref()),
         pending: Vec::new(),
         unwritten: HashMap::new(),
+        unwritten_meta: HashMap::new(),
+        stash_dir: PathBuf::from(&def.out).join(results::STASH_DIR),
+        stashed: 0,
         programs: HashMap::new(),
         live: HashMap::new(),
         unsaid: HashMap::new(),
@@ -504,6 +512,13 @@ async fn drive(
         },
     })])?;
     d.store.sync()?;
+    if d.status.state != RunState::Interrupted {
+        // What was kept aside for this run and not taken again is an
+        // earlier result of no task of the farm any more.
+        if let Err(e) = results::remove_folder(&d.stash_dir) {
+            tracing::info!(dir = %d.stash_dir.display(), "results kept aside stay: {e}");
+        }
+    }
     opts.state
         .write_status(&d.status)
         .map_err(io_err("cannot write the status snapshot"))?;
@@ -540,6 +555,12 @@ struct Driver {
     /// the same step as its dependency's end reads the key from here, as the
     /// store has only the record before.
     unwritten: HashMap<TaskRef, [u8; 32]>,
+    /// The same for the entries (results, holders) the batch writes.
+    unwritten_meta: HashMap<String, Vec<u8>>,
+    /// Where results kept aside for this run go (see `keep_aside`), and
+    /// how many went.
+    stash_dir: PathBuf,
+    stashed: u64,
     /// Bare program names and where PATH finds them (None: not found; exec reports it).
     programs: HashMap<String, Option<String>>,
     live: HashMap<TaskRef, (u32, Live)>,
@@ -594,6 +615,7 @@ impl Driver {
         if !batch.is_empty() {
             self.store.write(batch)?;
             self.unwritten.clear();
+            self.unwritten_meta.clear();
             self.store.flush()?;
         }
         // Persisted; now act. Starts first: kills and emits never concern a task started in this step.
@@ -714,6 +736,12 @@ impl Driver {
             key = key_with_deps(&key, &self.deps_digest(task)?);
         }
         let out_dir = self.out.join(&stage.name).join(task.index.to_string());
+        if !stage.outputs.is_empty() {
+            // What the folder holds may be the result another task of this
+            // farm is known by now (a line inserted above it moved it to
+            // another index): kept aside before anything replaces it.
+            self.keep_aside(&out_dir, &key)?;
+        }
         if !self.rerun[task.stage as usize] && self.reuse(&key, &out_dir)? {
             engine.task_finished(
                 0,
@@ -807,7 +835,7 @@ impl Driver {
     /// (put there from where they were left, when that was elsewhere).
     fn reuse(&mut self, key: &[u8; 32], dir: &Path) -> Result<bool, RunError> {
         let name = results::meta_name(key);
-        let Some(bytes) = self.store.meta(self.key, &name)? else {
+        let Some(bytes) = self.meta(&name)? else {
             return Ok(false);
         };
         let Ok(mut res) = postcard::from_bytes::<Results>(&bytes) else {
@@ -821,13 +849,68 @@ impl Driver {
             }
         };
         if changed {
-            self.pending.push(Write::Meta {
-                farm: self.key,
-                name,
-                value: postcard::to_stdvec(&res).expect("plain data"),
-            });
+            self.put_meta(name, postcard::to_stdvec(&res).expect("plain data"));
+        }
+        if reused && res.places.first().is_some_and(|p| !p.files.is_empty()) {
+            self.put_meta(results::holder_name(dir), key.to_vec());
         }
         Ok(reused)
+    }
+
+    /// A farm's store entry, as the batch being made leaves it.
+    fn meta(&self, name: &str) -> Result<Option<Vec<u8>>, RunError> {
+        if let Some(v) = self.unwritten_meta.get(name) {
+            return Ok(Some(v.clone()));
+        }
+        Ok(self.store.meta(self.key, name)?)
+    }
+
+    fn put_meta(&mut self, name: String, value: Vec<u8>) {
+        self.unwritten_meta.insert(name.clone(), value.clone());
+        self.pending.push(Write::Meta {
+            farm: self.key,
+            name,
+            value,
+        });
+    }
+
+    /// Before `dir` is replaced by the result of `key` (put there, or run):
+    /// when it holds, whole, the result of another key, that result moves
+    /// to this farm's stash and is written down there, so the task now
+    /// known by that key (at another index) takes it from there. Only for
+    /// this run: the stash is emptied when the run ends.
+    fn keep_aside(&mut self, dir: &Path, key: &[u8; 32]) -> Result<(), RunError> {
+        let Some(held) = self.meta(&results::holder_name(dir))? else {
+            return Ok(());
+        };
+        let Ok(other) = <[u8; 32]>::try_from(held.as_slice()) else {
+            return Ok(());
+        };
+        if other == *key {
+            return Ok(());
+        }
+        let name = results::meta_name(&other);
+        let Some(mut res) = self
+            .meta(&name)?
+            .and_then(|b| postcard::from_bytes::<Results>(&b).ok())
+        else {
+            return Ok(());
+        };
+        self.stashed += 1;
+        // Named by the run's start too: a resumed run adds to what the
+        // interrupted one kept aside.
+        let to = self
+            .stash_dir
+            .join(format!("{}-{}", self.status.started_at_ms, self.stashed));
+        match res.moved(dir, &to) {
+            Ok(true) => {
+                self.put_meta(name, postcard::to_stdvec(&res).expect("plain data"));
+                self.put_meta(results::holder_name(&to), other.to_vec());
+            }
+            Ok(false) => {}
+            Err(e) => tracing::info!(dir = %dir.display(), "an earlier result not kept aside: {e}"),
+        }
+        Ok(())
     }
 
     /// Writes down where a success left its outputs, for a later run's [`Driver::reuse`].
@@ -844,18 +927,16 @@ impl Driver {
         let name = results::meta_name(key);
         // With no outputs any place will do: the one written down is not
         // read first (a read per task of a farm of `true`s).
-        let mut res = match self.store.meta(self.key, &name) {
-            Ok(Some(b)) if !place.files.is_empty() => {
-                postcard::from_bytes::<Results>(&b).unwrap_or_default()
-            }
+        let files = !place.files.is_empty();
+        let mut res = match self.meta(&name) {
+            Ok(Some(b)) if files => postcard::from_bytes::<Results>(&b).unwrap_or_default(),
             _ => Results::default(),
         };
         res.add(place);
-        self.pending.push(Write::Meta {
-            farm: self.key,
-            name,
-            value: postcard::to_stdvec(&res).expect("plain data"),
-        });
+        self.put_meta(name, postcard::to_stdvec(&res).expect("plain data"));
+        if files {
+            self.put_meta(results::holder_name(&dir), key.to_vec());
+        }
     }
 
     fn input_hash(&mut self, input: &str) -> [u8; 32] {
@@ -1103,6 +1184,46 @@ impl Driver {
 }
 
 /// The latest run number of a farm (0 before its first).
+/// Writes down where the results in folders set aside are now.
+fn set_aside_places(
+    store: &mut SledStore,
+    farm: FarmKey,
+    aside: &results::SetAside,
+) -> Result<(), RunError> {
+    let mut batch = Vec::new();
+    for (from, to) in &aside.moves {
+        let Some(held) = store.meta(farm, &results::holder_name(from))? else {
+            continue;
+        };
+        let Ok(key) = <[u8; 32]>::try_from(held.as_slice()) else {
+            continue;
+        };
+        let name = results::meta_name(&key);
+        let Some(mut res) = store
+            .meta(farm, &name)?
+            .and_then(|b| postcard::from_bytes::<Results>(&b).ok())
+        else {
+            continue;
+        };
+        if res.renamed(from, to) {
+            batch.push(Write::Meta {
+                farm,
+                name,
+                value: postcard::to_stdvec(&res).expect("plain data"),
+            });
+            batch.push(Write::Meta {
+                farm,
+                name: results::holder_name(to),
+                value: key.to_vec(),
+            });
+        }
+    }
+    if !batch.is_empty() {
+        store.write(batch)?;
+    }
+    Ok(())
+}
+
 fn stored_run(store: &SledStore, key: FarmKey) -> Result<u32, RunError> {
     Ok(store
         .meta(key, META_RUN)?

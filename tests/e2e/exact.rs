@@ -376,6 +376,21 @@ fn a_task_is_known_by_its_values_so_a_deleted_line_or_a_moved_stage_reruns_only_
     }
     let all: Vec<String> = (2..=20).map(|i| format!("{i} ")).collect();
     assert_eq!(sb.read("mesh-out/byvalue/gather/0/all.txt"), all.concat());
+    // A line inserted at the top: every other task moves up one index,
+    // each taking its earlier result with it.
+    sb.write("params.txt", &format!("0\n{}", lines[1..].concat()));
+    assert_eq!(run(), (41, 38));
+    for i in 1..20 {
+        assert_eq!(
+            sb.read(&format!("mesh-out/byvalue/a/{i}/r.txt")),
+            format!("{}\n", i + 1)
+        );
+        assert_eq!(
+            sb.read(&format!("mesh-out/byvalue/check/{i}/c.txt")),
+            format!("{}\n", i + 1)
+        );
+    }
+    assert_eq!(sb.read("mesh-out/byvalue/a/0/r.txt"), "0\n");
     // Stages moved, and one added above them: nothing of theirs runs.
     let moved = BY_VALUE.replace("[farm]\nname = \"byvalue\"\n", "");
     let (head, a_stage) = moved.split_at(moved.find("[[stage]]\nname = \"check\"").unwrap());
@@ -383,5 +398,5 @@ fn a_task_is_known_by_its_values_so_a_deleted_line_or_a_moved_stage_reruns_only_
         "[farm]\nname = \"byvalue\"\n\n[[stage]]\nname = \"new\"\nshell = \"true\"\n\n{a_stage}\n{head}"
     );
     sb.write("farm.toml", &reordered);
-    assert_eq!(run(), (40, 39), "only the new stage runs");
+    assert_eq!(run(), (42, 41), "only the new stage runs");
 }

@@ -465,7 +465,10 @@ mod tests {
 fn set_aside_stale(def: &FarmDef, reply: &Reply) {
     let out = Path::new(&def.out);
     let line = match crate::results::set_aside_stale(out, def, crate::state::unix_ms()) {
-        Ok(Some((to, n))) => Some(crate::results::set_aside_line(n, &to)),
+        Ok(Some(aside)) => Some(crate::results::set_aside_line(
+            aside.moves.len() as u64,
+            &aside.to,
+        )),
         Ok(None) => None,
         Err(e) => Some(format!(
             "the outputs of tasks no longer in the farm stay in {}: {e}",
