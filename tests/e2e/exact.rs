@@ -257,16 +257,38 @@ shell = "sleep 0.2; echo {i} > o.txt"
 outputs = ["o.txt"]
 "#;
 
+/// Each task writes where its farm shows it `{out}` (a folder named by
+/// the farm's id), pauses, and reads it back: in a workdir two farms share,
+/// another farm's task writing meanwhile is seen.
+const OWN: &str = r#"
+[farm]
+name = "own"
+
+[[stage]]
+name = "t"
+sweep.i = { range = "0..3" }
+workdir = "w/{stage}/{index}"
+shell = "echo {out} > o.txt; sleep 0.2; cat o.txt > p.txt"
+outputs = ["p.txt"]
+"#;
+
 #[test]
 fn parallel_submissions_of_one_file_are_each_their_own_farm_with_all_their_outputs() {
     let sb = sandbox();
     sb.mesh(&["init"]).expect_code(0);
-    sb.write("farm.toml", FOUR);
+    sb.write("farm.toml", OWN);
     let node = mesh_tests::NodeProc::start(
         std::path::Path::new(env!("CARGO_BIN_EXE_mesh")),
         sb.path(),
         &sb.state(),
-        &["node", "--listen", "/ip4/127.0.0.1/tcp/0"],
+        // Room for every farm's task of an index at once.
+        &[
+            "node",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--resources",
+            "cpu=8",
+        ],
     );
     let subs: Vec<_> = (0..8)
         .map(|k| sb.spawn(&["submit", "farm.toml", "--out", &format!("out{k}"), "--wait"]))
@@ -275,14 +297,17 @@ fn parallel_submissions_of_one_file_are_each_their_own_farm_with_all_their_outpu
     for (k, s) in subs.into_iter().enumerate() {
         let r = s.wait();
         r.expect_code(0);
-        ids.insert(r.stdout.lines().next().unwrap_or_default().to_string());
+        let id = r.stdout.lines().next().unwrap_or_default().to_string();
+        // `own-1a2b3c4d`: the start of the farm's id, which names its folder.
+        let hex = id.rsplit('-').next().unwrap_or_default().to_string();
         for i in 0..4 {
-            assert_eq!(
-                sb.read(&format!("out{k}/t/{i}/o.txt")),
-                format!("{i}\n"),
-                "out{k} holds every output of its own farm"
+            let p = sb.read(&format!("out{k}/t/{i}/p.txt"));
+            assert!(
+                p.contains(&format!("/work/{hex}")),
+                "out{k}/t/{i} is its own farm's ({id}), not another's: {p}"
             );
         }
+        ids.insert(id);
     }
     assert_eq!(ids.len(), 8, "eight farms: {ids:?}");
     drop(node);

@@ -172,6 +172,8 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
         tasks: Tasks {
             live: HashMap::new(),
             waiting_deps: Vec::new(),
+            workdirs: HashMap::new(),
+            workdir_of: HashMap::new(),
             run_seq: HashMap::new(),
             programs: HashMap::new(),
             gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
@@ -538,6 +540,7 @@ impl Node {
                         .is_some_and(|(a, ..)| *a == task.attempt)
                     {
                         self.tasks.live.remove(&(task.farm, task.task));
+                        self.workdir_freed(task.farm, task.task);
                     }
                     if let Some((seq, slot)) = self.tasks.run_seq.remove(&(task.farm, task.task)) {
                         let failed = !self.peer.spec(task.farm).is_some_and(|s| {

@@ -269,6 +269,13 @@ struct Tasks {
     /// how many of its dependencies were found here so far (see `task.rs`).
     waiting_deps: Vec<(Assigned, mesh_protocol::engine::Grant, u64)>,
     run_seq: HashMap<(FarmId, TaskRef), (u64, Option<u32>)>,
+    /// The workdirs in the farm folders of farms submitted here that tasks
+    /// run in now, with the farm and how many; and each such task's.
+    /// Two farms of one file (submitted at once, into two `--out`s) share
+    /// their workdirs: a task of one waits while one of the other runs in
+    /// the same folder, or each could collect the other's files.
+    workdirs: HashMap<PathBuf, (FarmId, u32)>,
+    workdir_of: HashMap<(FarmId, TaskRef), PathBuf>,
     /// Bare program names and where PATH finds them.
     programs: HashMap<String, Option<String>>,
     /// The node's GPUs as tasks name them, by their place in its pool.

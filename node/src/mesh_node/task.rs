@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use mesh_protocol::engine::{Grant, KillReason, Outcome, TaskResult};
 use mesh_protocol::farm::reads_outputs;
-use mesh_protocol::mesh::{void_place, Assigned, FarmSpec, NodeId, OutputFile};
+use mesh_protocol::mesh::{void_place, Assigned, FarmId, FarmSpec, NodeId, OutputFile};
+use mesh_protocol::TaskRef;
 use tokio::sync::mpsc;
 
 use super::deps::{place_deps, DepsPlace, NotPlaced};
@@ -22,11 +23,12 @@ impl Node {
     /// otherwise after fetching its inputs, with its outputs sent back after.
     pub(super) fn start(&mut self, task: Assigned, grant: Grant) {
         let mut found = 0;
-        if !self.deps_here(&task, &mut found) {
-            tracing::debug!(farm = %task.farm, task = ?task.task, found, "waits for its dependencies' outputs");
+        if !self.deps_here(&task, &mut found) || self.workdir_taken(&task) {
+            tracing::debug!(farm = %task.farm, task = ?task.task, found, "waits for its dependencies' outputs or its workdir");
             self.tasks.waiting_deps.push((task, grant, found));
             return;
         }
+        self.workdir_taken_by(&task);
         let Some(spec) = self.peer.spec(task.farm).cloned() else {
             let now = self.now();
             self.peer.task_finished(
@@ -171,6 +173,55 @@ impl Node {
         true
     }
 
+    /// The folder a task of a farm submitted here runs in, when its stage
+    /// gives it a workdir in the farm's folder (elsewhere each farm has a
+    /// folder of its own on the node).
+    fn home_workdir(&self, task: &Assigned) -> Option<PathBuf> {
+        let spec = self.peer.spec(task.farm)?;
+        if spec.origin != self.me {
+            return None;
+        }
+        let def = &spec.def;
+        def.stage(task.task).workdir.as_ref()?;
+        let w = def.expand(task.task).workdir?;
+        Some(PathBuf::from(&def.root).join(w))
+    }
+
+    /// Whether a task of another farm runs now in the folder `task` would.
+    fn workdir_taken(&self, task: &Assigned) -> bool {
+        self.home_workdir(task).is_some_and(|w| {
+            self.tasks
+                .workdirs
+                .get(&w)
+                .is_some_and(|(farm, n)| *farm != task.farm && *n > 0)
+        })
+    }
+
+    fn workdir_taken_by(&mut self, task: &Assigned) {
+        if let Some(w) = self.home_workdir(task) {
+            let e = self
+                .tasks
+                .workdirs
+                .entry(w.clone())
+                .or_insert((task.farm, 0));
+            e.1 += 1;
+            self.tasks.workdir_of.insert((task.farm, task.task), w);
+        }
+    }
+
+    /// A task's attempt ended: its workdir is free for another farm's.
+    pub(super) fn workdir_freed(&mut self, farm: FarmId, task: TaskRef) {
+        let Some(w) = self.tasks.workdir_of.remove(&(farm, task)) else {
+            return;
+        };
+        if let Some(e) = self.tasks.workdirs.get_mut(&w) {
+            e.1 = e.1.saturating_sub(1);
+            if e.1 == 0 {
+                self.tasks.workdirs.remove(&w);
+            }
+        }
+    }
+
     /// Starts the tasks whose dependencies' outputs have all come.
     pub(super) fn start_ready(&mut self) {
         if self.tasks.waiting_deps.is_empty() {
@@ -179,7 +230,7 @@ impl Node {
         let mut ready = Vec::new();
         let mut waiting = std::mem::take(&mut self.tasks.waiting_deps);
         waiting.retain_mut(|(task, grant, found)| {
-            if self.deps_here(task, found) {
+            if self.deps_here(task, found) && !self.workdir_taken(task) {
                 ready.push((*task, grant.clone()));
                 false
             } else {
