@@ -611,6 +611,14 @@ fn print_farm(v: &FarmView) {
     for f in &v.failures {
         eprintln!("  failed: {f}");
     }
+    if c.skipped > 0 {
+        // A failure reads `solve/3 (attempt 1 on ...): ...`: its task first.
+        let names = v
+            .failures
+            .iter()
+            .filter_map(|f| f.split_whitespace().next());
+        eprintln!("  {}", crate::show::skipped_line(c.skipped, names));
+    }
 }
 
 pub fn cancel(to: &Target, farm: &str) -> Result<ExitCode> {

@@ -225,6 +225,12 @@ pub fn summary(s: &FarmStatus, out: &Path, stops_said: bool) {
     for f in &s.failed {
         eprintln!("  failed {} (attempt {}): {}", f.task, f.attempt, f.reason);
     }
+    if c.skipped > 0 {
+        eprintln!(
+            "  {}",
+            skipped_line(c.skipped, s.failed.iter().map(|f| f.task.as_str()))
+        );
+    }
     if !s.failed.is_empty() {
         if let Some(first) = s.failed.iter().find(|f| f.attempt > 0) {
             eprintln!(
@@ -251,6 +257,22 @@ pub fn summary(s: &FarmStatus, out: &Path, stops_said: bool) {
             s.id
         ),
         _ => {}
+    }
+}
+
+/// Why tasks were skipped: what they depend on failed (or was skipped in
+/// turn), naming the first failures.
+pub fn skipped_line<'a>(n: u64, failed: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = failed.take(3).collect();
+    let which = if names.is_empty() {
+        "a task that failed".to_string()
+    } else {
+        names.join(", ")
+    };
+    if n == 1 {
+        format!("skipped 1 task: it depends on {which} (or on a task skipped for it), and runs once that succeeds")
+    } else {
+        format!("skipped {n} tasks: they depend on {which} (or on tasks skipped for it), and run once that succeeds")
     }
 }
 

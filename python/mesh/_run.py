@@ -81,8 +81,22 @@ class Task:
             raise TaskFailed(self)
         return self.outputs
 
+    @property
+    def reused(self):
+        """Done from the start: an earlier farm's result of the same
+        content key, put in this farm's folder instead of run again."""
+        return self.state == "done" and self.attempt == 0
+
     def logs(self, attempt=None):
-        """``(stdout, stderr)`` as bytes, from the node that ran it."""
+        """``(stdout, stderr)`` as bytes, from the node that ran it. A
+        reused task did not run in this farm: :class:`MeshError` says so
+        (its outputs are in ``outputs``), rather than an empty log."""
+        if self.reused and attempt is None:
+            raise MeshError(
+                "logs of %s: it did not run in farm %s; its result was reused from an "
+                "earlier farm with the same content key (its outputs: %s), whose "
+                "`mesh logs` have what it wrote" % (self.task, self.run.id, self.outputs)
+            )
         out, err = [], []
         req = {
             "Logs": {

@@ -36,6 +36,13 @@ fn a_failure_says_its_first_stderr_line_in_mesh_run() {
         "the summary says the cause:\n{}",
         r.stderr
     );
+    assert!(
+        r.stderr.contains(
+            "skipped 1 task: it depends on solve/3 (or on a task skipped for it), and runs once that succeeds"
+        ),
+        "the skipped plot is explained:\n{}",
+        r.stderr
+    );
     let v = s.mesh(&["status", "--json"]).json();
     assert_eq!(v["failed"][0]["reason"], CAUSE, "{v}");
     let r = s.mesh(&["status"]);
@@ -55,6 +62,11 @@ fn a_failure_says_its_first_stderr_line_on_a_mesh() {
     assert!(
         r.stderr.contains(CAUSE) || r.stdout.contains(CAUSE),
         "{r:?}"
+    );
+    assert!(
+        r.stderr.contains("skipped 1 task: it depends on solve/3"),
+        "{}",
+        r.stderr
     );
     // Every node says it, whichever ran the task: it crossed the wire.
     for i in 0..2 {

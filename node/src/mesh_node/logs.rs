@@ -32,7 +32,7 @@ enum LogsError {
     #[error("unexpected answer")]
     NodeAnswer,
     /// The task as `mesh logs` named it.
-    #[error("{0} has not run yet")]
+    #[error("{0} has not run: it is still to run, or it was skipped because a task it depends on failed (`mesh status FARM` says which)")]
     NotRun(String),
 }
 
