@@ -425,3 +425,57 @@ fn a_task_is_known_by_its_values_so_a_deleted_line_or_a_moved_stage_reruns_only_
     sb.write("farm.toml", &reordered);
     assert_eq!(run(), (42, 41), "only the new stage runs");
 }
+
+#[test]
+fn on_a_mesh_too_a_deleted_or_inserted_line_reruns_only_what_changed() {
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2"; 2], &[]);
+    sb.write("farm/farm.toml", BY_VALUE);
+    let lines: Vec<String> = (1..=20).map(|i| format!("{i}\n")).collect();
+    sb.write("farm/params.txt", &lines.concat());
+    let out = sb.path().join("out").to_string_lossy().to_string();
+    let submit = || -> u64 {
+        let r = c.mesh(
+            0,
+            &[
+                "submit",
+                "farm/farm.toml",
+                "--out",
+                &out,
+                "--wait",
+                "--json",
+            ],
+        );
+        r.expect_code(0);
+        // The farm's id, then its end: the last of the JSON values.
+        let v = serde_json::Deserializer::from_str(&r.stdout)
+            .into_iter::<serde_json::Value>()
+            .filter_map(Result::ok)
+            .last()
+            .unwrap_or_else(|| panic!("no JSON: {}", r.stdout));
+        v["counts"]["cached"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("counts.cached: {v}"))
+    };
+    assert_eq!(submit(), 0);
+    sb.write("farm/params.txt", &lines[1..].concat());
+    assert_eq!(
+        submit(),
+        38,
+        "19 a and 19 check reused where their values are now"
+    );
+    sb.write("farm/params.txt", &format!("0\n{}", lines[1..].concat()));
+    assert_eq!(submit(), 38, "the same after a line inserted at the top");
+    for i in 1..20 {
+        assert_eq!(sb.read(&format!("out/a/{i}/r.txt")), format!("{}\n", i + 1));
+        assert_eq!(
+            sb.read(&format!("out/check/{i}/c.txt")),
+            format!("{}\n", i + 1)
+        );
+    }
+    let all: Vec<String> = (0..=20)
+        .filter(|i| *i != 1)
+        .map(|i| format!("{i} "))
+        .collect();
+    assert_eq!(sb.read("out/gather/0/all.txt"), all.concat());
+}

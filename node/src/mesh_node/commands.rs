@@ -30,7 +30,7 @@ impl Node {
                 // Hashing inputs reads files, and every task's key is
                 // worked out (a million tasks take seconds): off the loop.
                 tokio::task::spawn_blocking(move || {
-                    set_aside_stale(&def, &reply);
+                    write_manifests(&def, &reply);
                     let spec = make_spec(*def, &file, origin).map(|spec| {
                         let keys = super::reuse::task_keys(&spec);
                         (spec, keys)
@@ -190,7 +190,7 @@ impl Node {
                         return;
                     }
                     let rerun = crate::results::rerun_stages(&def, rerun.as_deref());
-                    set_aside_stale(&def, &reply);
+                    write_manifests(&def, &reply);
                     let spec = make_spec(def, &file, origin).map(|spec| {
                         let keys = super::reuse::task_keys(&spec);
                         (spec, keys)
@@ -458,26 +458,11 @@ mod tests {
     }
 }
 
-/// Moves the outputs of tasks no longer in the farm out of its `{out}`
-/// before it runs, and tells the submitter where (see
-/// `results::set_aside_stale`); writes each stage's `tasks.tsv`. A folder that cannot be tidied is said, and
-/// the farm goes on: its own tasks see only what they depend on anyway.
-fn set_aside_stale(def: &FarmDef, reply: &Reply) {
+/// Writes each stage's `tasks.tsv` before the farm runs (see
+/// `results::write_manifests`); a folder that cannot take it is said, and
+/// the farm goes on.
+fn write_manifests(def: &FarmDef, reply: &Reply) {
     let out = Path::new(&def.out);
-    let line = match crate::results::set_aside_stale(out, def, crate::state::unix_ms()) {
-        Ok(Some(aside)) => Some(crate::results::set_aside_line(
-            aside.moves.len() as u64,
-            &aside.to,
-        )),
-        Ok(None) => None,
-        Err(e) => Some(format!(
-            "the outputs of tasks no longer in the farm stay in {}: {e}",
-            out.display()
-        )),
-    };
-    if let Some(line) = line {
-        let _ = reply.send(ControlResponse::Warning(line));
-    }
     if let Err(e) = crate::results::write_manifests(out, def) {
         let _ = reply.send(ControlResponse::Warning(format!(
             "which task is which ({}) is not written in {}: {e}",

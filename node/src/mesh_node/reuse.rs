@@ -14,7 +14,7 @@
 //! run again should that node be gone before they come).
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use mesh_protocol::farm::{deps_digest, has_deps, key_with_deps, stage_digest, FarmDef, TaskRef};
@@ -28,6 +28,7 @@ use super::staging::input_hash;
 use super::swarm::request;
 use super::views::Origin;
 use super::{Cmd, Node};
+use crate::control::ControlResponse;
 use crate::results::{meta_name, Place, Results};
 
 /// How long a submission waits for the coordinator's list of farms, and
@@ -114,35 +115,88 @@ impl Node {
         let mut wanted = Vec::new();
         let mut batch = Vec::new();
         let out = Path::new(&spec.def.out);
+        // What this node keeps for each task, first, and which folder of
+        // `out` holds which task's result: a line inserted above tasks
+        // moves each to the next index, where the folder it is put in may
+        // hold, whole, the result the next task is known by now.
+        let mut found: HashMap<TaskRef, Kept> = HashMap::new();
+        let mut holder: HashMap<PathBuf, TaskRef> = HashMap::new();
+        if any_here {
+            for (s, stage_keys) in keys.iter().enumerate() {
+                if rerun.get(s).copied().unwrap_or(false) {
+                    continue;
+                }
+                for (i, key) in stage_keys.iter().enumerate() {
+                    let t = TaskRef::new(s as u32, i as u32);
+                    if let Some(kept) = self.kept(&meta_name(key)) {
+                        for p in &kept.places.places {
+                            holder.insert(PathBuf::from(&p.dir), t);
+                        }
+                        found.insert(t, kept);
+                    }
+                }
+            }
+        }
+        // `out` holds the farm as it is now: a sweep cut short, a stage
+        // gone, leave it (see `results::set_aside_stale`); what they hold
+        // stays a result where it went (a sweep grown back takes it).
+        match crate::results::set_aside_stale(out, &spec.def, crate::state::unix_ms()) {
+            Ok(Some(set)) => {
+                for (from, to) in &set.moves {
+                    if let Some(t) = holder.remove(from) {
+                        if let Some(kept) = found.get_mut(&t) {
+                            kept.places.renamed(from, to);
+                        }
+                        holder.insert(to.clone(), t);
+                    }
+                }
+                let n = set.moves.len() as u64;
+                let _ = reply.send(ControlResponse::Warning(crate::results::set_aside_line(
+                    n, &set.to,
+                )));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let _ = reply.send(ControlResponse::Warning(format!(
+                    "the outputs of tasks no longer in the farm stay in {}: {e}",
+                    out.display()
+                )));
+            }
+        }
+        let mut aside = Aside {
+            holder,
+            stash: out.join(crate::results::STASH_DIR),
+            stashed: 0,
+        };
         for (s, stage_keys) in keys.iter().enumerate() {
             let stage = &spec.def.stages[s];
             // A task that runs again here: what its folder holds is an
             // earlier run's, which a failure must not leave standing as its
             // result. (No folder for the stage: nothing to look at per task.)
             let earlier = out.join(&stage.name).is_dir();
-            let forget = |i: usize| {
-                let dir = out.join(&stage.name).join(i.to_string());
-                if let Err(e) = crate::results::remove_folder(&dir) {
-                    tracing::info!(dir = %dir.display(), "an earlier run's outputs stay: {e}");
-                }
-            };
+            let dir_of = |i: usize| out.join(&stage.name).join(i.to_string());
             if rerun.get(s).copied().unwrap_or(false) {
                 if earlier {
-                    (0..stage_keys.len()).for_each(forget);
+                    for i in 0..stage_keys.len() {
+                        let t = TaskRef::new(s as u32, i as u32);
+                        aside.forget(t, &dir_of(i), &keys, &mut found);
+                    }
                 }
                 continue;
             }
             for (i, key) in stage_keys.iter().enumerate() {
                 let t = TaskRef::new(s as u32, i as u32);
                 let name = meta_name(key);
-                let Some(mut kept) = any_here.then(|| self.kept(&name)).flatten() else {
+                let dir = dir_of(i);
+                if !found.contains_key(&t) {
                     if earlier {
-                        forget(i);
+                        aside.forget(t, &dir, &keys, &mut found);
                     }
                     wanted.push((t, *key));
                     continue;
-                };
-                let dir = out.join(&stage.name).join(i.to_string());
+                }
+                aside.keep(t, &dir, &keys, &mut found);
+                let mut kept = found.remove(&t).expect("found above");
                 let (here, changed) = kept.places.reuse(&dir).unwrap_or_else(|e| {
                     tracing::info!(dir = %dir.display(), "earlier outputs not reused: {e}");
                     (false, true)
@@ -158,10 +212,16 @@ impl Node {
                     reused.push(done_before(t, *key, self.me, kept.outputs, kept.grew));
                 } else {
                     if earlier {
-                        forget(i);
+                        aside.forget(t, &dir, &keys, &mut found);
                     }
                     wanted.push((t, *key));
                 }
+            }
+        }
+        // What was kept aside and not taken is no task's of this farm.
+        if aside.stashed > 0 {
+            if let Err(e) = crate::results::remove_folder(&aside.stash) {
+                tracing::info!(dir = %aside.stash.display(), "results kept aside stay: {e}");
             }
         }
         self.write_kept(batch);
@@ -355,6 +415,66 @@ fn done_before(
             })
         }),
     }
+}
+
+/// Results a submission is about to put in folders that hold, whole, the
+/// result another of its tasks is known by now: moved to the stash first,
+/// for that task to take.
+struct Aside {
+    /// Which task's kept result each folder holds.
+    holder: HashMap<PathBuf, TaskRef>,
+    stash: PathBuf,
+    stashed: u64,
+}
+
+impl Aside {
+    /// Before `dir` takes task `t`'s result.
+    fn keep(
+        &mut self,
+        t: TaskRef,
+        dir: &Path,
+        keys: &TaskKeys,
+        found: &mut HashMap<TaskRef, Kept>,
+    ) {
+        let Some(&other) = self.holder.get(dir) else {
+            return;
+        };
+        if other == t || keys_of(keys, other) == keys_of(keys, t) {
+            return;
+        }
+        let Some(kept) = found.get_mut(&other) else {
+            return;
+        };
+        self.stashed += 1;
+        let to = self.stash.join(self.stashed.to_string());
+        match kept.places.moved(dir, &to) {
+            Ok(true) => {
+                self.holder.remove(dir);
+                self.holder.insert(to, other);
+            }
+            Ok(false) => {}
+            Err(e) => tracing::info!(dir = %dir.display(), "an earlier result not kept aside: {e}"),
+        }
+    }
+
+    /// Before `dir` is emptied for task `t` to run.
+    fn forget(
+        &mut self,
+        t: TaskRef,
+        dir: &Path,
+        keys: &TaskKeys,
+        found: &mut HashMap<TaskRef, Kept>,
+    ) {
+        self.keep(t, dir, keys, found);
+        if let Err(e) = crate::results::remove_folder(dir) {
+            tracing::info!(dir = %dir.display(), "an earlier run's outputs stay: {e}");
+        }
+    }
+}
+
+/// Task `t`'s key among a submission's.
+fn keys_of(keys: &TaskKeys, t: TaskRef) -> Option<[u8; 32]> {
+    keys.get(t.stage as usize)?.get(t.index as usize).copied()
 }
 
 /// The farm's stages, each after every stage it depends on.
