@@ -1,8 +1,9 @@
 //! What a task's own view of `{out}` costs a gather: a farm of many tasks that each leave an output, and one gather over all of them, with the gather reading them through its view against reading the farm's folder itself, in the same run.
 //!
 //! `MESH_BENCH_VIEW` (100,000) tasks `echo {i} > r.txt`, then a gather
-//! `cat .../make/*/r.txt | wc -l`. Two farms, alike but for the gather's
-//! line: one reads `{out}/make/*/r.txt` (its view: a folder per task it
+//! `printf '%s\n' .../make/*/r.txt | xargs cat | wc -l` (the shell's own
+//! `printf`, as 100,000 paths are more than one command's arguments may
+//! be). Two farms, alike but for the gather's line: one reads `{out}/make/*/r.txt` (its view: a folder per task it
 //! depends on, a link per file, made before it starts), the other the
 //! same glob under the farm's output folder given as a plain path (no
 //! `{out}` in its line, so no view: what every gather did before). Each
@@ -35,7 +36,7 @@ outputs = ["r.txt"]
 name = "gather"
 after = ["make"]
 workdir = "w/gather"
-shell = "cat {gather_reads}/make/*/r.txt | wc -l > n.txt"
+shell = "printf '%s\\n' {gather_reads}/make/*/r.txt | xargs cat | wc -l > n.txt"
 outputs = ["n.txt"]
 "#,
         last = n - 1
