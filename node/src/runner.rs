@@ -594,7 +594,6 @@ impl Driver {
         let mut batch = Vec::new();
         let mut acts = Vec::new();
         let mut launches = Vec::new();
-        batch.append(&mut self.pending);
         for _ in 0..STEP_ACTIONS_MAX {
             let Some(a) = engine.poll_action() else { break };
             match a {
@@ -612,6 +611,11 @@ impl Driver {
                 other => acts.push(other),
             }
         }
+        // Results written down since the last step and by this one's
+        // starts (reuses, results kept aside): all in this batch, as the
+        // entries it leaves unwritten are read from `unwritten_meta` only
+        // until it is written.
+        batch.append(&mut self.pending);
         if !batch.is_empty() {
             self.store.write(batch)?;
             self.unwritten.clear();

@@ -48,16 +48,14 @@ fn report(what: &str, ran: usize, f: &Figures, fails: &[Failure], secs: f64) {
         f.reused,
         fails.len()
     );
-    for x in fails.iter().take(4) {
-        eprintln!("{}", x.report);
-    }
-    if fails.len() > 4 {
-        let seeds: Vec<&str> = fails
-            .iter()
-            .skip(4)
-            .map(|x| x.report.split_whitespace().nth(2).unwrap_or("?"))
-            .collect();
-        eprintln!("more failing seeds: {}", seeds.join(" "));
+    // Every failing seed with its kinds; in full, the first of each kind.
+    let mut shown = std::collections::BTreeSet::new();
+    for x in fails {
+        let first_line = x.report.lines().next().unwrap_or("");
+        eprintln!("{first_line} {:?}", x.kinds);
+        if x.kinds.iter().any(|k| shown.insert(*k)) {
+            eprintln!("{}", x.report);
+        }
     }
 }
 
