@@ -226,6 +226,36 @@ fn stamp(path: &Path, rel: String) -> io::Result<Stamp> {
     })
 }
 
+/// Removes under `dir` the copies [`put`] began in a process that is gone
+/// (killed before it renamed them); those of a live one are still coming.
+fn remove_stale_puts(dir: &Path) -> io::Result<()> {
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            remove_stale_puts(&e.path())?;
+            continue;
+        }
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let Some(rest) = name.strip_suffix(PUT_SUFFIX) else {
+            continue;
+        };
+        // `.<name>.<pid>.<n>.mesh-put`
+        let pid = rest.rsplit('.').nth(1).and_then(|p| p.parse::<u32>().ok());
+        let gone = pid.is_some_and(|p| {
+            p != std::process::id()
+                && (p == 0 || p > i32::MAX as u32 || !crate::state::pid_alive(p))
+        });
+        if gone {
+            match fs::remove_file(e.path()) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every file under `dir`, with its path relative to `base`; a copy that
 /// [`put`] is still making is none.
 pub fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> io::Result<()> {
@@ -261,6 +291,7 @@ pub fn prune(dir: &Path, keep: &HashSet<&str>) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
     }
+    remove_stale_puts(dir)?;
     let mut emptied = HashSet::new();
     for (rel, path) in found {
         if !keep.contains(rel.as_str()) {

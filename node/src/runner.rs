@@ -343,12 +343,13 @@ async fn drive(
                 .into())
             }
         }
-        results::write_manifests(out, &def).map_err(io_err(format!(
-            "cannot write which task is which ({}) in {}",
-            results::MANIFEST,
-            out.display()
-        )))?;
     }
+    // On a resume too: a run killed while it wrote them left them half done.
+    results::write_manifests(Path::new(&def.out), &def).map_err(io_err(format!(
+        "cannot write which task is which ({}) in {}",
+        results::MANIFEST,
+        def.out
+    )))?;
 
     let def = Arc::new(def);
     let mut engine = Engine::new(opts.resources.clone());

@@ -321,31 +321,54 @@ impl Farm {
             if cols.iter().any(|c| c.is_empty()) {
                 return Err(format!("{}: a sweep with no values", st.name));
             }
-            let rows: Vec<Vec<String>> = if cols.is_empty() {
+            // Each task as the position of its value in each variable's
+            // list: a task is known by its values, each with which repeat
+            // of that value in its variable's list it is.
+            let at: Vec<Vec<usize>> = if cols.is_empty() {
                 vec![Vec::new()]
             } else if self.zip_of(s) && cols.len() > 1 {
                 if cols.iter().any(|c| c.len() != cols[0].len()) {
                     return Err(format!("{}: zip of unequal lengths", st.name));
                 }
-                (0..cols[0].len())
-                    .map(|i| cols.iter().map(|c| c[i].clone()).collect())
-                    .collect()
+                (0..cols[0].len()).map(|i| vec![i; cols.len()]).collect()
             } else {
-                let mut rows = vec![Vec::new()];
+                let mut at = vec![Vec::new()];
                 for c in &cols {
-                    rows = rows
+                    at = at
                         .into_iter()
-                        .flat_map(|r: Vec<String>| {
-                            c.iter().map(move |x| {
+                        .flat_map(|r: Vec<usize>| {
+                            (0..c.len()).map(move |x| {
                                 let mut r = r.clone();
-                                r.push(x.clone());
+                                r.push(x);
                                 r
                             })
                         })
                         .collect();
                 }
-                rows
+                at
             };
+            let col_reps: Vec<Vec<usize>> = cols
+                .iter()
+                .map(|c| {
+                    let mut seen: HashMap<&String, usize> = HashMap::new();
+                    c.iter()
+                        .map(|x| {
+                            let n = seen.entry(x).or_insert(0);
+                            *n += 1;
+                            *n - 1
+                        })
+                        .collect()
+                })
+                .collect();
+            let rows: Vec<Vec<String>> = at
+                .iter()
+                .map(|r| {
+                    r.iter()
+                        .enumerate()
+                        .map(|(v, &p)| cols[v][p].clone())
+                        .collect()
+                })
+                .collect();
             for &t in &st.after_each {
                 if ex.tasks[t].len() != rows.len() {
                     return Err(format!("{}: after_each of unequal lengths", st.name));
@@ -353,12 +376,13 @@ impl Farm {
             }
             let names: Vec<String> = vars.iter().map(|v| v.name.clone()).collect();
             let mut tasks = Vec::new();
-            let mut repeats: HashMap<Vec<String>, usize> = HashMap::new();
             let mut keyed_edges = vec![0usize; st.keyed.len()];
             for (i, values) in rows.iter().enumerate() {
-                let rep = repeats.entry(values.clone()).or_insert(0);
-                let repeat = *rep;
-                *rep += 1;
+                let repeat: Vec<usize> = at[i]
+                    .iter()
+                    .enumerate()
+                    .map(|(v, &p)| col_reps[v][p])
+                    .collect();
                 let mut deps = BTreeSet::new();
                 let mut dep_key: Vec<(String, String, Vec<u64>)> = Vec::new();
                 for &t in &st.after {
@@ -631,6 +655,10 @@ pub struct History<'a> {
     outs: Vec<PathBuf>,
     /// (out, stage name, index) -> what it holds.
     held: BTreeMap<(usize, String, usize), Held>,
+    /// Folders of tasks no longer in the farm, set aside under
+    /// `<out>/.mesh-set-aside/`: still their keys' results while whole (a
+    /// sweep grown back takes them).
+    aside: Vec<(PathBuf, Held)>,
     /// Which outs were run, and with which farm (stage names and task counts).
     shape: BTreeMap<usize, BTreeMap<String, usize>>,
     /// Every `seen.txt` a run of a key produced.
@@ -674,6 +702,7 @@ impl<'a> History<'a> {
             runlog,
             outs,
             held: BTreeMap::new(),
+            aside: Vec::new(),
             shape: BTreeMap::new(),
             contents: HashMap::new(),
             done: Vec::new(),
@@ -1104,6 +1133,16 @@ impl<'a> History<'a> {
                 keys.insert(h.key);
             }
         }
+        for (dir, h) in &self.aside {
+            let whole = h.files.iter().all(|(f, size, mtime, _)| {
+                fs::metadata(dir.join(f)).is_ok_and(|m| {
+                    m.len() == *size && m.mtime() * 1_000_000_000 + m.mtime_nsec() == *mtime
+                })
+            });
+            if whole {
+                keys.insert(h.key);
+            }
+        }
         keys
     }
 
@@ -1300,6 +1339,30 @@ impl<'a> History<'a> {
         }
         // The files: id.txt exactly; seen.txt exactly for a key that had to
         // run, else one this key's runs wrote, the same up to indices.
+        // Folders of tasks the farm no longer has went to the newest
+        // `.mesh-set-aside/<when>/` that has them.
+        let mut whens: Vec<PathBuf> = fs::read_dir(dir.join(".mesh-set-aside"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        whens.sort();
+        for ((o, stage, index), h) in &self.held {
+            let gone = want.get(stage).is_none_or(|n| index >= n);
+            if *o != out || !gone {
+                continue;
+            }
+            let rel = Path::new(stage).join(index.to_string());
+            if let Some(at) = whens
+                .iter()
+                .rev()
+                .map(|w| w.join(&rel))
+                .find(|p| p.is_dir())
+            {
+                self.aside.push((at, h.clone()));
+            }
+        }
         self.held.retain(|(o, ..), _| *o != out);
         for (s, tasks) in ex.tasks.iter().enumerate() {
             let name = self.farm.stages[s].name.clone();
