@@ -184,9 +184,6 @@ fn attempt(
             sent: false,
         };
         let (result, logs) = run(&l, &handle).await;
-        if let Some(view) = l.view.take() {
-            let _ = tokio::task::spawn_blocking(move || view.remove()).await;
-        }
         let failed = match result {
             TaskResult::Exited(c) => !l.success_codes.contains(&c),
             TaskResult::Signaled(_) => true,
@@ -205,6 +202,11 @@ fn attempt(
                 stderr_line,
             )
             .await;
+        // After the report: what depends on the task need not wait for its
+        // view of `{out}` to go (a gather's is a folder per dependency).
+        if let Some(view) = l.view.take() {
+            let _ = tokio::task::spawn_blocking(move || view.remove()).await;
+        }
     };
     (live, attempt)
 }

@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use mesh_tests::oracle::{run_many, Failure, Figures, Plant};
-use mesh_tests::{apart_possible, Cluster, Sandbox};
+use mesh_tests::{apart_possible, Cluster};
 
 use crate::sandbox;
 
@@ -121,6 +121,3 @@ fn oracle_catches_a_planted_bug() {
         );
     }
 }
-
-#[allow(dead_code)]
-fn _sandbox_type(_: Sandbox) {}
