@@ -540,8 +540,9 @@ impl Node {
                         .is_some_and(|(a, ..)| *a == task.attempt)
                     {
                         self.tasks.live.remove(&(task.farm, task.task));
-                        self.workdir_freed(task.farm, task.task);
                     }
+                    // Whichever attempt it was: each holds its workdir.
+                    self.workdir_freed(&task);
                     if let Some((seq, slot)) = self.tasks.run_seq.remove(&(task.farm, task.task)) {
                         let failed = !self.peer.spec(task.farm).is_some_and(|s| {
                             let codes = &s.def.stages[task.task.stage as usize].success_codes;

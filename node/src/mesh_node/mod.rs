@@ -275,7 +275,7 @@ struct Tasks {
     /// their workdirs: a task of one waits while one of the other runs in
     /// the same folder, or each could collect the other's files.
     workdirs: HashMap<PathBuf, (FarmId, u32)>,
-    workdir_of: HashMap<(FarmId, TaskRef), PathBuf>,
+    workdir_of: HashMap<(FarmId, TaskRef, u32), PathBuf>,
     /// Bare program names and where PATH finds them.
     programs: HashMap<String, Option<String>>,
     /// The node's GPUs as tasks name them, by their place in its pool.

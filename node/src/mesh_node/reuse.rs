@@ -209,6 +209,13 @@ impl Node {
                     });
                 }
                 if here {
+                    // Served from where they are now: a file of these
+                    // contents was served from another folder before (a
+                    // line inserted above moved this task to a new index),
+                    // which may hold another task's now.
+                    for o in &kept.outputs {
+                        self.transfers.serve_file(o.hash, dir.join(&o.path));
+                    }
                     reused.push(done_before(t, *key, self.me, kept.outputs, kept.grew));
                 } else {
                     if earlier {

@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use mesh_protocol::engine::{Grant, KillReason, Outcome, TaskResult};
 use mesh_protocol::farm::reads_outputs;
-use mesh_protocol::mesh::{void_place, Assigned, FarmId, FarmSpec, NodeId, OutputFile};
-use mesh_protocol::TaskRef;
+use mesh_protocol::mesh::{void_place, Assigned, FarmSpec, NodeId, OutputFile};
 use tokio::sync::mpsc;
 
 use super::deps::{place_deps, DepsPlace, NotPlaced};
@@ -28,7 +27,6 @@ impl Node {
             self.tasks.waiting_deps.push((task, grant, found));
             return;
         }
-        self.workdir_taken_by(&task);
         let Some(spec) = self.peer.spec(task.farm).cloned() else {
             let now = self.now();
             self.peer.task_finished(
@@ -47,6 +45,7 @@ impl Node {
             );
             return;
         };
+        self.workdir_taken_by(&task);
         self.tasks
             .live
             .insert((task.farm, task.task), (task.attempt, None, false));
@@ -205,13 +204,19 @@ impl Node {
                 .entry(w.clone())
                 .or_insert((task.farm, 0));
             e.1 += 1;
-            self.tasks.workdir_of.insert((task.farm, task.task), w);
+            self.tasks
+                .workdir_of
+                .insert((task.farm, task.task, task.attempt), w);
         }
     }
 
     /// A task's attempt ended: its workdir is free for another farm's.
-    pub(super) fn workdir_freed(&mut self, farm: FarmId, task: TaskRef) {
-        let Some(w) = self.tasks.workdir_of.remove(&(farm, task)) else {
+    pub(super) fn workdir_freed(&mut self, task: &Assigned) {
+        let Some(w) = self
+            .tasks
+            .workdir_of
+            .remove(&(task.farm, task.task, task.attempt))
+        else {
             return;
         };
         if let Some(e) = self.tasks.workdirs.get_mut(&w) {
