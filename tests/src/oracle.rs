@@ -1121,29 +1121,14 @@ impl<'a> History<'a> {
 
     /// Keys some remembered folder holds with its files unchanged on disk.
     fn intact_keys(&self) -> BTreeSet<u64> {
-        let mut keys = BTreeSet::new();
-        for ((out, stage, index), h) in &self.held {
-            let dir = self.outs[*out].join(stage).join(index.to_string());
-            let whole = h.files.iter().all(|(f, size, mtime, _)| {
-                fs::metadata(dir.join(f)).is_ok_and(|m| {
-                    m.len() == *size && m.mtime() * 1_000_000_000 + m.mtime_nsec() == *mtime
-                })
-            });
-            if whole {
-                keys.insert(h.key);
-            }
-        }
-        for (dir, h) in &self.aside {
-            let whole = h.files.iter().all(|(f, size, mtime, _)| {
-                fs::metadata(dir.join(f)).is_ok_and(|m| {
-                    m.len() == *size && m.mtime() * 1_000_000_000 + m.mtime_nsec() == *mtime
-                })
-            });
-            if whole {
-                keys.insert(h.key);
-            }
-        }
-        keys
+        let held = self.held.iter().map(|((out, stage, index), h)| {
+            (self.outs[*out].join(stage).join(index.to_string()), h)
+        });
+        let aside = self.aside.iter().map(|(dir, h)| (dir.clone(), h));
+        held.chain(aside)
+            .filter(|(dir, h)| whole(dir, h))
+            .map(|(_, h)| h.key)
+            .collect()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1453,6 +1438,15 @@ impl<'a> History<'a> {
             }
         }
     }
+}
+
+/// Whether `dir` still holds the files of `h` untouched (size and
+/// modification time, the test mesh makes).
+fn whole(dir: &Path, h: &Held) -> bool {
+    h.files.iter().all(|(f, size, mtime, _)| {
+        fs::metadata(dir.join(f))
+            .is_ok_and(|m| m.len() == *size && m.mtime() * 1_000_000_000 + m.mtime_nsec() == *mtime)
+    })
 }
 
 fn refs(v: &[String]) -> Vec<&str> {
