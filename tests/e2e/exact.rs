@@ -29,7 +29,7 @@ name = "merge"
 sweep.sample = { list = ["a", "b", "c", "d"] }
 after = [{ stage = "sim", by = ["sample"] }]
 workdir = "w/{stage}/{index}"
-shell = "cat {out}/sim/*/part.txt | sort > merged.txt; find {out} -type l | wc -l > seen.txt"
+shell = "cat {out}/sim/*/part.txt | sort > merged.txt; find {out} -name part.txt | wc -l > seen.txt"
 outputs = ["merged.txt", "seen.txt"]
 "#;
 

@@ -87,8 +87,13 @@ fn a_change_upstream_reruns_every_dependent_and_earlier_results_are_reused_in_an
     // And back: the first folder's results are still known.
     assert_eq!(cached(&run(&[])), 7);
 
-    // Outputs deleted by hand are not trusted: that task runs again.
+    // An output deleted by hand in one folder is put back from another
+    // that still holds it whole; deleted in both, that task runs again.
     std::fs::remove_file(sb.path().join("mesh-out/stale/run/1/r.txt")).unwrap();
+    assert_eq!(cached(&run(&[])), 7);
+    assert_current(&sb, "mesh-out/stale", &["10", "20", "70"]);
+    std::fs::remove_file(sb.path().join("mesh-out/stale/run/1/r.txt")).unwrap();
+    std::fs::remove_file(sb.path().join("elsewhere/run/1/r.txt")).unwrap();
     assert_eq!(cached(&run(&[])), 6);
     assert_current(&sb, "mesh-out/stale", &["10", "20", "70"]);
 
