@@ -114,7 +114,7 @@ impl StageDef {
     /// environment value names it. Only such a task is given a folder that
     /// shows what it depends on.
     pub fn reads_out(&self) -> bool {
-        let names_out = |t: &Template| t.parts.iter().any(|p| *p == Part::Var(Var::Out));
+        let names_out = |t: &Template| t.parts.contains(&Part::Var(Var::Out));
         let command = match &self.command {
             CommandTemplate::Argv(args) => args.iter().any(names_out),
             CommandTemplate::Shell(line) => names_out(line),

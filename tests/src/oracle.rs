@@ -23,28 +23,23 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
 use crate::{Cluster, Run, Sandbox};
 
-/// splitmix64: small, seeded, the same everywhere.
+/// A seeded generator (rand's `SmallRng`): a seed replays a history.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(SmallRng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x6d65_7368_6f72_6163)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        Rng(SmallRng::seed_from_u64(seed))
     }
 
     /// 0..n (n > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.random_range(0..n)
     }
 
     /// True with probability `p` percent.
@@ -1266,7 +1261,7 @@ impl<'a> History<'a> {
                         .position(|x| x.name == n)
                         .expect("a stage");
                     let text = fs::read_to_string(t.path()).unwrap_or_default();
-                    let mut want_tsv = format!("index");
+                    let mut want_tsv = "index".to_string();
                     for v in &ex.names[sidx] {
                         let _ = write!(want_tsv, "\t{v}");
                     }

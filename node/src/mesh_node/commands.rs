@@ -390,6 +390,20 @@ where
     let _ = write.shutdown().await;
 }
 
+/// Writes each stage's `tasks.tsv` before the farm runs (see
+/// `results::write_manifests`); a folder that cannot take it is said, and
+/// the farm goes on.
+fn write_manifests(def: &FarmDef, reply: &Reply) {
+    let out = Path::new(&def.out);
+    if let Err(e) = crate::results::write_manifests(out, def) {
+        let _ = reply.send(ControlResponse::Warning(format!(
+            "which task is which ({}) is not written in {}: {e}",
+            crate::results::MANIFEST,
+            out.display()
+        )));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,19 +469,5 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-    }
-}
-
-/// Writes each stage's `tasks.tsv` before the farm runs (see
-/// `results::write_manifests`); a folder that cannot take it is said, and
-/// the farm goes on.
-fn write_manifests(def: &FarmDef, reply: &Reply) {
-    let out = Path::new(&def.out);
-    if let Err(e) = crate::results::write_manifests(out, def) {
-        let _ = reply.send(ControlResponse::Warning(format!(
-            "which task is which ({}) is not written in {}: {e}",
-            crate::results::MANIFEST,
-            out.display()
-        )));
     }
 }

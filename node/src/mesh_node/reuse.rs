@@ -85,6 +85,7 @@ impl Node {
             };
             let name = meta_name(key);
             let mut kept = self.kept(&name).unwrap_or_default();
+            let files = !place.files.is_empty();
             kept.places.add(place);
             kept.outputs = outputs.to_vec();
             kept.grew = ran.as_ref().and_then(|r| r.grew);
@@ -93,8 +94,53 @@ impl Node {
                 name,
                 value: postcard::to_stdvec(&kept).expect("plain data"),
             });
+            if files {
+                // Which key this folder holds: set aside when the farm no
+                // longer has its task, it stays that key's result.
+                batch.push(Write::Meta {
+                    farm: NODE_KEY,
+                    name: crate::results::holder_name(&dir),
+                    value: key.to_vec(),
+                });
+            }
         }
         self.write_kept(batch);
+    }
+
+    /// Folders of tasks a submission no longer has, moved aside: the
+    /// results of other farms' keys they held are written down where they
+    /// went (a sweep grown back reuses them).
+    fn kept_set_aside(&self, moves: &[(PathBuf, PathBuf)], batch: &mut Vec<Write>) {
+        for (from, to) in moves {
+            let Some(held) = self
+                .disk
+                .store
+                .meta(NODE_KEY, &crate::results::holder_name(from))
+                .ok()
+                .flatten()
+            else {
+                continue;
+            };
+            let Ok(key) = <[u8; 32]>::try_from(held.as_slice()) else {
+                continue;
+            };
+            let name = meta_name(&key);
+            let Some(mut kept) = self.kept(&name) else {
+                continue;
+            };
+            if kept.places.renamed(from, to) {
+                batch.push(Write::Meta {
+                    farm: NODE_KEY,
+                    name,
+                    value: postcard::to_stdvec(&kept).expect("plain data"),
+                });
+                batch.push(Write::Meta {
+                    farm: NODE_KEY,
+                    name: crate::results::holder_name(to),
+                    value: key.to_vec(),
+                });
+            }
+        }
     }
 
     /// Submits a farm handed to this node, with the tasks done before
@@ -142,14 +188,19 @@ impl Node {
         // stays a result where it went (a sweep grown back takes it).
         match crate::results::set_aside_stale(out, &spec.def, crate::state::unix_ms()) {
             Ok(Some(set)) => {
+                let mut elsewhere = Vec::new();
                 for (from, to) in &set.moves {
-                    if let Some(t) = holder.remove(from) {
-                        if let Some(kept) = found.get_mut(&t) {
-                            kept.places.renamed(from, to);
+                    match holder.remove(from) {
+                        Some(t) => {
+                            if let Some(kept) = found.get_mut(&t) {
+                                kept.places.renamed(from, to);
+                            }
+                            holder.insert(to.clone(), t);
                         }
-                        holder.insert(to.clone(), t);
+                        None => elsewhere.push((from.clone(), to.clone())),
                     }
                 }
+                self.kept_set_aside(&elsewhere, &mut batch);
                 let n = set.moves.len() as u64;
                 let _ = reply.send(ControlResponse::Warning(crate::results::set_aside_line(
                     n, &set.to,
@@ -215,6 +266,13 @@ impl Node {
                     // which may hold another task's now.
                     for o in &kept.outputs {
                         self.transfers.serve_file(o.hash, dir.join(&o.path));
+                    }
+                    if !kept.outputs.is_empty() {
+                        batch.push(Write::Meta {
+                            farm: NODE_KEY,
+                            name: crate::results::holder_name(&dir),
+                            value: key.to_vec(),
+                        });
                     }
                     reused.push(done_before(t, *key, self.me, kept.outputs, kept.grew));
                 } else {
