@@ -550,6 +550,26 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_begun_by_a_process_that_is_gone_is_pruned_and_a_live_ones_stays() {
+        // The oracle's seed 17: `mesh run` SIGKILLed while it put a reused
+        // output left `.seen.txt.<pid>.<n>.mesh-put` beside the outputs.
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("s1/0");
+        write(&dir.join("seen.txt"), "kept");
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let stale = dir.join(format!(".seen.txt.{gone_pid}.1{PUT_SUFFIX}"));
+        let live = dir.join(format!(".id.txt.{}.2{PUT_SUFFIX}", std::process::id()));
+        write(&stale, "half");
+        write(&live, "coming");
+        prune(&dir, &["seen.txt"].into_iter().collect()).unwrap();
+        assert!(!stale.exists(), "a dead process's copy goes");
+        assert!(live.exists(), "this process's copy is still coming");
+        assert_eq!(fs::read_to_string(dir.join("seen.txt")).unwrap(), "kept");
+    }
+
+    #[test]
     fn an_executable_output_stays_executable_when_put() {
         use std::os::unix::fs::PermissionsExt;
         let t = tempfile::tempdir().unwrap();

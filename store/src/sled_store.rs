@@ -56,6 +56,15 @@ enum WalRecord {
         key: Vec<u8>,
         value: Vec<u8>,
     },
+    /// A farm's definition, encoded: in the log with the run it starts, so
+    /// a process killed as it starts a run leaves both or neither (with the
+    /// definition in sled alone, a kill between the log's write and
+    /// sled's flush left the new run's number over the old definition, and
+    /// `mesh resume` ran the old farm as the new run; found by the oracle).
+    Def {
+        farm: FarmKey,
+        def: Vec<u8>,
+    },
 }
 
 pub struct SledStore {
@@ -72,6 +81,7 @@ pub struct SledStore {
     over_tasks: HashMap<(FarmKey, TaskRef), TaskRecord>,
     over_journal: Vec<(u64, JournalEntry)>,
     over_meta: HashMap<Vec<u8>, Vec<u8>>,
+    over_defs: HashMap<FarmKey, Vec<u8>>,
     /// The chunk read last: a re-run looks tasks up in order, chunk by chunk.
     last_chunk: RefCell<Option<([u8; 16], Chunk)>>,
     next_seq: u64,
@@ -123,6 +133,7 @@ impl SledStore {
             over_tasks: HashMap::new(),
             over_journal: Vec::new(),
             over_meta: HashMap::new(),
+            over_defs: HashMap::new(),
             last_chunk: RefCell::new(None),
             next_seq,
             sled_dirty: false,
@@ -172,6 +183,9 @@ impl SledStore {
             WalRecord::Meta { key, value } => {
                 self.over_meta.insert(key, value);
             }
+            WalRecord::Def { farm, def } => {
+                self.over_defs.insert(farm, def);
+            }
         }
     }
 
@@ -188,8 +202,11 @@ impl SledStore {
     /// Folds the log into sled, makes sled durable, and empties the log.
     pub fn checkpoint(&mut self) -> Result<()> {
         self.flush_pending()?;
-        if self.over_tasks.is_empty() && self.over_journal.is_empty() && self.over_meta.is_empty() {
+        if self.overlay_len() == 0 {
             return Ok(());
+        }
+        for (farm, def) in self.over_defs.drain() {
+            self.defs.insert(farm.0.to_be_bytes(), def)?;
         }
         let mut meta = sled::Batch::default();
         for (key, value) in self.over_meta.drain() {
@@ -247,7 +264,10 @@ impl SledStore {
     }
 
     fn overlay_len(&self) -> usize {
-        self.over_tasks.len() + self.over_journal.len() + self.over_meta.len()
+        self.over_tasks.len()
+            + self.over_journal.len()
+            + self.over_meta.len()
+            + self.over_defs.len()
     }
 }
 
@@ -300,8 +320,16 @@ impl Store for SledStore {
                     self.append(WalRecord::Journal { seq, entry });
                 }
                 Write::Def { farm, def } => {
-                    self.defs.insert(farm.0.to_be_bytes(), encode(&*def))?;
-                    self.sled_dirty = true;
+                    let def = encode(&*def);
+                    if def.len() <= WAL_RECORD_BYTES_MAX / 2 {
+                        self.append(WalRecord::Def { farm, def });
+                    } else {
+                        // Too large for a log record: into sled, made
+                        // durable before the log's records of this batch
+                        // (see `flush`).
+                        self.defs.insert(farm.0.to_be_bytes(), def)?;
+                        self.sled_dirty = true;
+                    }
                 }
                 Write::Meta { farm, name, value } => self.append(WalRecord::Meta {
                     key: meta_key(farm, &name),
@@ -313,11 +341,11 @@ impl Store for SledStore {
     }
 
     fn flush(&mut self) -> Result<()> {
-        self.flush_pending()?;
         if self.sled_dirty {
             self.db.flush()?;
             self.sled_dirty = false;
         }
+        self.flush_pending()?;
         if self.overlay_len() >= CHECKPOINT_RECORDS {
             self.checkpoint()?;
         }
@@ -333,6 +361,9 @@ impl Store for SledStore {
     }
 
     fn def(&self, farm: FarmKey) -> Result<Option<FarmDef>> {
+        if let Some(v) = self.over_defs.get(&farm) {
+            return decode("farm definition", v).map(Some);
+        }
         self.defs
             .get(farm.0.to_be_bytes())?
             .map(|v| decode("farm definition", &v))

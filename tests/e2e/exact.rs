@@ -479,3 +479,109 @@ fn on_a_mesh_too_a_deleted_or_inserted_line_reruns_only_what_changed() {
         .collect();
     assert_eq!(sb.read("out/gather/0/all.txt"), all.concat());
 }
+
+/// The oracle's seed 36 on three nodes: a stage shrunk by a line, a task of
+/// another moved to a new index and reused there, and dependents off the
+/// home that fetch its outputs from the home.
+fn seed36(order: &[&str], bump: bool) -> String {
+    let probe = |ids: &str, pre: &str| {
+        format!(
+            "{pre}echo '{{stage}} {ids}' > id.txt; (cd {{out}} && find . -name id.txt | LC_ALL=C sort | while read f; do echo \"$f $(cat $f)\"; done) > seen.txt"
+        )
+    };
+    let stage = |name: &str| -> String {
+        let (sweep, after, shell) = match name {
+            "s1" => (
+                "sweep.v = { lines = \"p0.txt\" }",
+                "after = [\"s0\"]",
+                probe("v={v}", ""),
+            ),
+            "s2" => (
+                "sweep.w = { lines = \"p1.txt\" }",
+                "after = [\"s0\"]",
+                probe("w={w}", ""),
+            ),
+            "s3" => (
+                "sweep.w = { range = \"1..1\" }\nsweep.v = { lines = \"p1.txt\" }",
+                "after = [\"s1\", { stage = \"s2\", by = [\"w\"] }]",
+                probe("w={w} v={v}", ""),
+            ),
+            _ => (
+                "sweep.w = { list = [\"a\", \"3\"] }\nsweep.u = { range = \"1..2\" }",
+                "",
+                probe("w={w} u={u}", if bump { ": v1; " } else { "" }),
+            ),
+        };
+        format!(
+            "[[stage]]\nname = \"{name}\"\n{sweep}\n{after}\nworkdir = \"w/{{stage}}/{{index}}\"\noutputs = [\"id.txt\", \"seen.txt\"]\nshell = '''{shell}'''\n"
+        )
+    };
+    let stages: Vec<String> = order.iter().map(|s| stage(s)).collect();
+    format!("[farm]\nname = \"orc36\"\n\n{}", stages.join("\n"))
+}
+
+#[test]
+fn a_task_moved_to_a_new_index_serves_its_outputs_to_dependents_off_the_home() {
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2"; 3], &[]);
+    sb.write("farm/p0.txt", "b\n2\nc\n1\nc\n");
+    sb.write("farm/p1.txt", "2\nb\n2\n1\n");
+    let out = sb.path().join("out").to_string_lossy().to_string();
+    let submit = || {
+        c.mesh(0, &["submit", "farm/farm.toml", "--out", &out, "--wait"])
+            .expect_code(0);
+    };
+    sb.write("farm/farm.toml", &seed36(&["s0", "s1", "s2", "s3"], false));
+    submit();
+    sb.write("farm/farm.toml", &seed36(&["s1", "s2", "s3", "s0"], false));
+    submit();
+    sb.write("farm/farm.toml", &seed36(&["s1", "s2", "s3", "s0"], true));
+    submit();
+    sb.write("farm/p0.txt", "b\nc\n1\nc\n");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(sb.path().join("out/s3/0/id.txt"))
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"x\n").unwrap();
+    drop(f);
+    // Once, its dependents waited for ever for a file served from the
+    // folder the task had left.
+    submit();
+    for (i, v) in ["b", "c", "1", "c"].iter().enumerate() {
+        assert_eq!(
+            sb.read(&format!("out/s1/{i}/id.txt")),
+            format!("s1 v={v}\n")
+        );
+    }
+    let seen = sb.read("out/s3/0/seen.txt");
+    assert_eq!(
+        seen.lines().filter(|l| l.contains("./s1/")).count(),
+        4,
+        "{seen}"
+    );
+}
+
+#[test]
+fn on_a_mesh_a_folder_set_aside_is_still_its_result_when_the_value_comes_back() {
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2"], &[]);
+    sb.write(
+        "farm/farm.toml",
+        "[farm]\nname = \"back\"\n[[stage]]\nname = \"s1\"\nsweep.u = { lines = \"p0.txt\" }\nworkdir = \"w/{stage}/{index}\"\nshell = \"echo {u} > r.txt\"\noutputs = [\"r.txt\"]\n",
+    );
+    let submit = |out: &str| -> String {
+        let out = sb.path().join(out).to_string_lossy().to_string();
+        let r = c.mesh(0, &["submit", "farm/farm.toml", "--out", &out, "--wait"]);
+        r.expect_code(0);
+        r.stderr
+    };
+    sb.write("farm/p0.txt", "c\nb\n3\n");
+    submit("o0");
+    sb.write("farm/p0.txt", "c\nb\n");
+    assert!(submit("o0").contains("moved the outputs of 1 task no longer in the farm"));
+    // `3` is back, first: its result is the one set aside in o0.
+    sb.write("farm/p0.txt", "3\nb\n");
+    let said = submit("o1");
+    assert!(said.contains("(2 reused"), "{said}");
+    assert_eq!(sb.read("o1/s1/0/r.txt"), "3\n");
+}
