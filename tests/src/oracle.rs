@@ -659,6 +659,10 @@ pub struct History<'a> {
     /// Every `seen.txt` a run of a key produced.
     contents: HashMap<u64, BTreeSet<String>>,
     done: Vec<String>,
+    /// The number of the farm's last run that mesh wrote down (`--json`'s
+    /// `run`): a resume that reports it again resumed that run, as the
+    /// killed one was not written down yet.
+    last_run: u64,
     pub figures: Figures,
 }
 
@@ -701,6 +705,7 @@ impl<'a> History<'a> {
             shape: BTreeMap::new(),
             contents: HashMap::new(),
             done: Vec::new(),
+            last_run: 0,
             figures: Figures::default(),
         }
     }
@@ -955,6 +960,7 @@ impl<'a> History<'a> {
                     errors.push(("mesh failed", format!("{}\n{}", r.stdout, r.stderr)));
                 } else {
                     cached = counted(&r);
+                    self.last_run = run_of(&r).unwrap_or(self.last_run);
                 }
             }
             (Op::Kill { out, ms, resume }, Mode::One(sb)) => {
@@ -975,7 +981,11 @@ impl<'a> History<'a> {
                     let went = serde_json::from_str::<serde_json::Value>(&r.stdout)
                         .ok()
                         .and_then(|j| j["out"].as_str().map(PathBuf::from));
-                    if *resume && r.code == Some(0) && went.as_deref() != Some(&*self.outs[*out]) {
+                    let same_run = run_of(&r).is_some_and(|n| n <= self.last_run);
+                    if *resume
+                        && r.code == Some(0)
+                        && (went.as_deref() != Some(&*self.outs[*out]) || same_run)
+                    {
                         // Killed before the run was written down: resume
                         // finds the last run, finished; run it again.
                         if std::env::var_os("MESH_ORACLE_VERBOSE").is_some() {
@@ -989,11 +999,14 @@ impl<'a> History<'a> {
                             "mesh failed",
                             format!("after the kill: {}\n{}", r.stdout, r.stderr),
                         ));
+                    } else {
+                        self.last_run = run_of(&r).unwrap_or(self.last_run);
                     }
                 } else {
                     killed_part = None;
                     intact_after_kill = None;
                     cached = counted(&k);
+                    self.last_run = run_of(&k).unwrap_or(self.last_run);
                 }
             }
             (Op::Run { out }, Mode::Mesh(_, c)) => {
@@ -1446,6 +1459,13 @@ fn whole(dir: &Path, h: &Held) -> bool {
 
 fn refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
+}
+
+/// The run number `--json` reports.
+fn run_of(r: &Run) -> Option<u64> {
+    serde_json::from_str::<serde_json::Value>(&r.stdout)
+        .ok()
+        .and_then(|j| j["run"].as_u64())
 }
 
 fn counted(r: &Run) -> Option<u64> {
