@@ -1100,28 +1100,23 @@ impl<'a> History<'a> {
     }
 
     fn run_args(&self, out: usize) -> Vec<String> {
-        let farm = self.farm_dir.join("farm.toml");
-        let out = &self.outs[out];
-        [
-            "run",
-            &*farm.to_string_lossy(),
-            "--out",
-            &*out.to_string_lossy(),
-            "--json",
-        ]
-        .map(String::from)
-        .to_vec()
+        self.args("run", out, "--json")
     }
 
     fn submit_args(&self, out: usize) -> Vec<String> {
+        self.args("submit", out, "--wait")
+    }
+
+    /// `mesh VERB <farm file> --out <out> LAST`.
+    fn args(&self, verb: &str, out: usize, last: &str) -> Vec<String> {
         let farm = self.farm_dir.join("farm.toml");
         let out = &self.outs[out];
         [
-            "submit",
+            verb,
             &*farm.to_string_lossy(),
             "--out",
             &*out.to_string_lossy(),
-            "--wait",
+            last,
         ]
         .map(String::from)
         .to_vec()
