@@ -159,8 +159,12 @@ fn eta(c: &Counts, rate: f64) -> String {
 }
 
 fn plain_line(f: &FarmView, stage: &str, c: &Counts, rate: f64) -> String {
+    let skipped = match c.skipped {
+        0 => String::new(),
+        n => format!(", {n} skipped"),
+    };
     format!(
-        "{}/{stage}: {}/{} done, {} running, {} queued, {} failed, {rate:.1}/s, {}",
+        "{}/{stage}: {}/{} done, {} running, {} queued, {} failed{skipped}, {rate:.1}/s, {}",
         f.id,
         c.done,
         c.total,
@@ -231,13 +235,17 @@ fn render(
             continue;
         }
         let state = if f.finished { "finished" } else { "running" };
+        let skipped = match f.counts.skipped {
+            0 => String::new(),
+            n => format!(", {n} skipped"),
+        };
         let text = format!(
-            "farm {} {state}  {}/{} done, {} failed",
+            "farm {} {state}  {}/{} done, {} failed{skipped}",
             f.id, f.counts.done, f.counts.total, f.counts.failed
         );
         body.push((
             format!(
-                "{} {}  {}/{} done, {} failed",
+                "{} {}  {}/{} done, {} failed{skipped}",
                 bold.apply_to(format!("farm {}", f.id)),
                 dim.apply_to(state),
                 f.counts.done,
@@ -307,6 +315,15 @@ fn render(
                     format!("  ✗ {line}"),
                 ));
             }
+        }
+        if f.counts.skipped > 0 && body.len() < room {
+            // A failure reads `solve/3 (attempt 1 on ...): ...`: its task first.
+            let names = f
+                .failures
+                .iter()
+                .filter_map(|l| l.split_whitespace().next());
+            let t = format!("  {}", crate::show::skipped_line(f.counts.skipped, names));
+            body.push((dim.apply_to(&t).to_string(), t));
         }
     }
     if hidden > 0 && body.len() < room {

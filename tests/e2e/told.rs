@@ -68,6 +68,14 @@ fn a_failure_says_its_first_stderr_line_on_a_mesh() {
         "{}",
         r.stderr
     );
+    // `mesh watch` of the ended farm (plain lines, not on a terminal)
+    // counts the skipped task in its stage's line.
+    let w = c.mesh(1, &["watch", &id]);
+    let said = format!("{}{}", w.stdout, w.stderr);
+    assert!(
+        said.contains("plot: 4/5 done, 0 running, 0 queued, 0 failed, 1 skipped"),
+        "{said}"
+    );
     // Every node says it, whichever ran the task: it crossed the wire.
     for i in 0..2 {
         let ok = wait_until(Duration::from_secs(10), || {
