@@ -188,6 +188,10 @@ impl Node {
 
     /// Whether a task of another farm runs now in the folder `task` would.
     fn workdir_taken(&self, task: &Assigned) -> bool {
+        // Nothing runs in a workdir of the farm folder: no task to expand.
+        if self.tasks.workdirs.is_empty() {
+            return false;
+        }
         self.home_workdir(task).is_some_and(|w| {
             self.tasks
                 .workdirs
