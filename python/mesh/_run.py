@@ -89,14 +89,10 @@ class Task:
 
     def logs(self, attempt=None):
         """``(stdout, stderr)`` as bytes, from the node that ran it. A
-        reused task did not run in this farm: :class:`MeshError` says so
-        (its outputs are in ``outputs``), rather than an empty log."""
-        if self.reused and attempt is None:
-            raise MeshError(
-                "logs of %s: it did not run in farm %s; its result was reused from an "
-                "earlier farm with the same content key (its outputs: %s), whose "
-                "`mesh logs` have what it wrote" % (self.task, self.run.id, self.outputs)
-            )
+        reused task did not run in this farm: its logs are those of the run
+        that made its outputs, where its home wrote that down; else
+        :class:`MeshError` says where its outputs came from, rather than
+        an empty log."""
         out, err = [], []
         req = {
             "Logs": {
@@ -110,6 +106,12 @@ class Task:
             for a in x:
                 k = _proto.kind(a)
                 if k == "Error":
+                    if self.reused and attempt is None:
+                        raise MeshError(
+                            "logs of %s: it did not run in farm %s; its result was reused from an "
+                            "earlier farm with the same content key (its outputs: %s), and that "
+                            "run's logs could not be read: %s" % (self.task, self.run.id, self.outputs, a["Error"])
+                        )
                     raise MeshError("logs of %s: %s" % (self.task, a["Error"]))
                 if k != "Log":
                     raise MeshError("logs of %s: unexpected answer %s" % (self.task, k))

@@ -80,6 +80,20 @@ class OneNode(InFolder):
             (t,) = r.tasks()
             self.assertEqual(t.stdout().strip(), str(i + 1), "map %d's own result" % i)
 
+    def test_a_reused_task_shows_the_logs_of_the_run_that_made_its_outputs(self):
+        c = self.node(cpus=2)
+        cmd = "sh -c 'echo made {} at $$; echo warned {} >&2; echo {} > r.txt'"
+        first = c.map(cmd, ["a", "b"], name="same", workdir="w/{index}", outputs=["r.txt"])
+        self.assertTrue(first.wait(timeout=WAIT_S).ok)
+        said = {t.index: (t.stdout(), t.stderr()) for t in first.tasks()}
+        self.assertTrue(said[0][0].startswith("made a at "), said)
+        again = c.map(cmd, ["a", "b"], name="same", workdir="w/{index}", outputs=["r.txt"])
+        self.assertTrue(again.wait(timeout=WAIT_S).ok)
+        for t in again.tasks():
+            self.assertTrue(t.reused, t)
+            # The very lines of the first run (its pid among them), not ''.
+            self.assertEqual((t.stdout(), t.stderr()), said[t.index])
+
     def test_cancel_mid_farm(self):
         c = self.node(cpus=2)
         run = c.map("sleep {}", [30] * 20)

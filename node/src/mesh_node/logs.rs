@@ -98,8 +98,19 @@ impl Node {
                 return;
             }
         };
-        let farm = spec.id;
-        let known = self.peer.where_ran(farm, task);
+        // A task reused from an earlier farm did not run in this one: its
+        // logs are those of the run that made its outputs.
+        let (farm, task, known, attempt) = match self.reused_from(spec.id, task) {
+            Some(r) if ask.attempt.is_none() => {
+                (r.farm, r.task, Some((r.node, false)), Some(r.attempt))
+            }
+            _ => (
+                spec.id,
+                task,
+                self.peer.where_ran(spec.id, task),
+                ask.attempt,
+            ),
+        };
         let coordinator = self.peer.coordinator();
         let tx = self.tx.clone();
         let labels = self.labels_now();
@@ -127,7 +138,7 @@ impl Node {
                     let req = Request::TaskLog {
                         farm,
                         task,
-                        attempt: ask.attempt,
+                        attempt,
                         offsets,
                     };
                     let Response::Log {

@@ -46,6 +46,20 @@ struct Kept {
     outputs: Vec<OutputFile>,
     /// What its run grew (see `Outcome::grew`), for the stages grown from it.
     grew: Option<u32>,
+    /// The run that made these outputs, whose logs a task reusing them
+    /// shows (`mesh logs`, Python's `t.stdout()`). None for results
+    /// brought from another home.
+    ran: Option<RanAt>,
+}
+
+/// Where a kept result was made: the farm, its task, the attempt and the
+/// node whose log folder has what that run wrote.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub(super) struct RanAt {
+    pub(super) farm: FarmId,
+    pub(super) task: TaskRef,
+    pub(super) attempt: u32,
+    pub(super) node: NodeId,
 }
 
 impl Node {
@@ -68,7 +82,8 @@ impl Node {
                 key: Some(key),
                 outputs,
                 ran,
-                ..
+                node,
+                attempt,
             } = e
             else {
                 continue;
@@ -89,6 +104,16 @@ impl Node {
             kept.places.add(place);
             kept.outputs = outputs.to_vec();
             kept.grew = ran.as_ref().and_then(|r| r.grew);
+            // A reused task (attempt 0) did not run: the run that made
+            // its outputs stays the one written down.
+            if *attempt > 0 {
+                kept.ran = Some(RanAt {
+                    farm,
+                    task: *task,
+                    attempt: *attempt,
+                    node: *node,
+                });
+            }
             batch.push(Write::Meta {
                 farm: NODE_KEY,
                 name,
@@ -386,6 +411,22 @@ impl Node {
             self.disk.store.meta(NODE_KEY, &name_meta(name)),
             Ok(Some(_))
         )
+    }
+
+    /// The run whose outputs a task of `farm` reused, as this node (its
+    /// home) wrote it down: None for a task that ran in `farm`, or whose
+    /// result came from another home.
+    pub(super) fn reused_from(&self, farm: FarmId, task: TaskRef) -> Option<RanAt> {
+        let r = self.peer.replica(farm)?;
+        let key = match r.log.get(task)? {
+            Entry::Done {
+                key: Some(key),
+                attempt: 0,
+                ..
+            } => **key,
+            _ => return None,
+        };
+        self.kept(&meta_name(&key))?.ran
     }
 
     fn kept(&self, name: &str) -> Option<Kept> {
