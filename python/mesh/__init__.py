@@ -14,6 +14,7 @@ The protocol under it and every call are in docs/api.md.
 from ._client import Client, LocalNode, connect, default_state_dir, farms, local
 from ._errors import FarmError, FarmFailed, MeshError, ProtocolError, TaskFailed
 from ._farm import Farm, Stage, lines
+from ._functions import DoneAndNotDone, Executor, Future, RemoteTraceback, as_completed, progress, wait
 from ._proto import API
 from ._run import FarmInfo, Progress, Run, Task
 
@@ -22,6 +23,13 @@ __version__ = "0.1.0"
 __all__ = [
     "API",
     "Client",
+    "DoneAndNotDone",
+    "Executor",
+    "Future",
+    "RemoteTraceback",
+    "as_completed",
+    "progress",
+    "wait",
     "Farm",
     "FarmError",
     "FarmFailed",

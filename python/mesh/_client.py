@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 
 from . import _proto
 from ._errors import FarmError, MeshError, ProtocolError
@@ -49,11 +50,17 @@ def mesh_binary(binary=None):
 class Client:
     """A connection to a node (see :func:`connect`)."""
 
-    def __init__(self, transport, within=ANSWER_WITHIN_S):
+    def __init__(self, transport, within=ANSWER_WITHIN_S, python=None):
         self._t = transport
         self._within = within
         self.node = None
         self.version = None
+        #: The Python that runs this client's functions on the nodes
+        #: (default: this interpreter's path where a node has it, else
+        #: ``python3``).
+        self.python = python
+        self._fns = None
+        self._fns_lock = threading.Lock()
         self._hello()
 
     def _hello(self):
@@ -143,7 +150,56 @@ class Client:
         v["warnings"] = warnings
         return v
 
-    def submit(self, farm, rerun=None, warn=True):
+    def submit(self, fn, *args, key=None, pure=True, resources=None, retries=None, priority=0, **kwargs):
+        """Runs ``fn(*args, **kwargs)`` on the mesh: its :class:`Future`, as
+        Dask's ``client.submit``. Futures among the arguments (in lists,
+        tuples and dicts too) are its dependencies: it runs once they are
+        done, with their values. ``key``: the call's name (default: the
+        function's name and a hash of the call); ``pure``: the same call
+        gives the same future, and its value is reused from an earlier
+        farm where one is kept; ``resources``: what the task holds
+        (``{"gpu": 1}``); ``retries``: failures allowed.
+
+        Given a :class:`Farm` or a farm file's path, submits the farm
+        (``rerun=``, ``warn=``) and returns its :class:`Run`.
+        """
+        if isinstance(fn, (Farm, str, os.PathLike)):
+            if args:
+                raise TypeError("submit(farm) takes no more arguments")
+            return self._submit_farm(fn, **kwargs)
+        return self._functions().call(fn, args, kwargs, key=key, pure=pure, resources=resources, retries=retries, priority=priority)
+
+    def _functions(self):
+        with self._fns_lock:
+            if self._fns is None:
+                from ._functions import Functions
+
+                state = getattr(self._t, "state_dir", None)
+                if state is None:
+                    raise MeshError(
+                        "Python functions need a node on this machine (mesh.connect() or mesh.local()): "
+                        "their calls and values are files of its farms' folder"
+                    )
+                root = os.path.join(state, "functions", uuid.uuid4().hex[:16])
+                os.makedirs(root, exist_ok=True)
+                self._fns = Functions(self, root, self.python)
+            return self._fns
+
+    def gather(self, futures, errors="raise"):
+        """The values of futures (one, or lists, tuples and dicts of them,
+        in the same shape), as Dask's ``client.gather``."""
+        from ._functions import gather
+
+        return gather(futures, errors=errors)
+
+    def get_executor(self, **defaults):
+        """A :class:`concurrent.futures.Executor` whose calls run on the
+        mesh, each with ``defaults`` (``resources=``, ``retries=``, ...)."""
+        from ._functions import Executor
+
+        return Executor(self, **defaults)
+
+    def _submit_farm(self, farm, rerun=None, warn=True):
         """Submits a :class:`Farm` (or a farm file's path); returns its :class:`Run`.
 
         The node checks it first: a mistake raises :class:`FarmError` and
@@ -165,6 +221,11 @@ class Client:
     def map(self, command, *iterables, name=None, out=None, root=None, shell=False, stage="map", **stage_options):
         """One task per element of the iterables (zipped, as Python's ``map``).
 
+        Given a function, ``map(fn, *iterables, key=None, pure=True,
+        resources=None, retries=None)`` is a list of :class:`Future`, one
+        per element, as Dask's ``client.map``; ``key`` may be a list of
+        keys. Given a command, it is one farm:
+
         ``command``: a command line, split as a shell would (no shell runs
         it unless ``shell=True``), or a list of arguments; ``{0}``, ``{1}``...
         stand for the element of each iterable, and ``{}`` for the next one
@@ -176,6 +237,8 @@ class Client:
         ``root`` are the farm's (see :class:`Farm`); the stage is ``map``.
         Returns the :class:`Run`.
         """
+        if callable(command):
+            return self._map_function(command, iterables, name=name, **stage_options)
         if not iterables:
             raise ValueError("map needs at least one iterable of values")
         lists = [list(it) if not isinstance(it, range) else it for it in iterables]
@@ -205,6 +268,24 @@ class Client:
         farm.stage(stage, sweep=sweep, sweep_mode="zip" if len(sweep) > 1 else None, **fields, **stage_options)
         return self.submit(farm)
 
+    def _map_function(self, fn, iterables, name=None, key=None, pure=True, resources=None, retries=None, priority=0, **kwargs):
+        if not iterables:
+            raise ValueError("map needs at least one iterable of values")
+        calls = list(zip(*[list(it) for it in iterables]))
+        if isinstance(key, (list, tuple)):
+            if len(key) != len(calls):
+                raise ValueError("map has %d keys for %d calls" % (len(key), len(calls)))
+            keys = list(key)
+        elif isinstance(key, str):
+            keys = ["%s-%d" % (key, i) for i in range(len(calls))]
+        else:
+            keys = [None] * len(calls)
+        fns = self._functions()
+        return [
+            fns.call(fn, a, kwargs, key=k, pure=pure, resources=resources, retries=retries, priority=priority)
+            for a, k in zip(calls, keys)
+        ]
+
     def run(self, farm):
         """The :class:`Run` of a farm submitted earlier (its id, id prefix or name)."""
         v = self._ask({"Farm": {"farm": farm}}, "Farm")
@@ -219,7 +300,9 @@ class Client:
         return self._ask("Status", "Status")
 
     def close(self):
-        """Nothing stays open between requests; here for ``with``."""
+        """Stops sending calls; nothing else stays open between requests."""
+        if self._fns is not None:
+            self._fns.close()
 
     def __enter__(self):
         return self
@@ -269,14 +352,15 @@ def _map_name(fields):
     return name
 
 
-def connect(state_dir=None, mesh=None, key=None, binary=None, within=ANSWER_WITHIN_S):
+def connect(state_dir=None, mesh=None, key=None, binary=None, within=ANSWER_WITHIN_S, python=None):
     """A :class:`Client` of a node.
 
     ``connect()``: the node on this machine (``state_dir``, default the
     one ``mesh`` uses). ``connect(mesh="/ip4/10.0.0.5/tcp/7070", key=PATH)``:
     a node of a mesh, from a machine that runs none, through the ``mesh``
     binary as a relay (``binary``, ``$MESH_BIN`` or on PATH); ``key``: the
-    mesh secret (default: mesh.key in the state folder).
+    mesh secret (default: mesh.key in the state folder). ``python``: the
+    Python that runs this client's functions on the nodes.
     """
     mesh = mesh or None
     if mesh is not None:
@@ -285,7 +369,7 @@ def connect(state_dir=None, mesh=None, key=None, binary=None, within=ANSWER_WITH
         t = _proto.PipeTransport(mesh_binary(binary), mesh, os.path.abspath(os.path.expanduser(key)))
     else:
         t = _proto.SocketTransport(state_dir or default_state_dir())
-    return Client(t, within=within)
+    return Client(t, within=within, python=python)
 
 
 def farms(**connect_args):
@@ -296,14 +380,14 @@ def farms(**connect_args):
 class LocalNode(Client):
     """A throwaway node (see :func:`local`); stopped by :meth:`stop`."""
 
-    def __init__(self, proc, state_dir, tmp, address, lines, reader):
+    def __init__(self, proc, state_dir, tmp, address, lines, reader, python=None):
         self.proc = proc
         self._reader = reader
         self.state_dir = state_dir
         self.address = address
         self._tmp = tmp
         self._log = lines
-        super().__init__(_proto.SocketTransport(state_dir))
+        super().__init__(_proto.SocketTransport(state_dir), python=python)
 
     @property
     def log(self):
@@ -312,6 +396,8 @@ class LocalNode(Client):
 
     def stop(self):
         """Stops the node (its tasks with it) and removes its state folder."""
+        if self._fns is not None:
+            self._fns.close()
         p = self.proc
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -343,7 +429,7 @@ def _die_with_parent():
             pass
 
 
-def local(cpus=None, resources=None, state_dir=None, binary=None, listen="/ip4/127.0.0.1/tcp/0", join=None, key=None, args=(), start_within=60):
+def local(cpus=None, resources=None, state_dir=None, binary=None, listen="/ip4/127.0.0.1/tcp/0", join=None, key=None, args=(), start_within=60, python=None):
     """Starts a node on this machine for a notebook or a test; a :class:`Client` of it.
 
     Use it with ``with``: the node stops (its running tasks too) at the end,
@@ -420,7 +506,7 @@ def local(cpus=None, resources=None, state_dir=None, binary=None, listen="/ip4/1
                 address = next((l.split(" listening on ", 1)[1] for l in lines if " listening on " in l), None)
             if address is not None:
                 try:
-                    return LocalNode(proc, state_dir, tmp, address, lines, reader)
+                    return LocalNode(proc, state_dir, tmp, address, lines, reader, python=python)
                 except MeshError as e:
                     if "no mesh node is running" not in str(e):
                         raise

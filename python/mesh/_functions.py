@@ -1,0 +1,607 @@
+"""Python functions on the mesh: Dask's futures, each call a task of a farm of calls.
+
+``client.submit(f, x)`` pickles the call with cloudpickle (a future among
+its arguments as its key, a dependency) and queues it; a thread of the
+client sends what is queued, a few milliseconds' worth at a time, as one
+farm: a stage per depth of the calls' dependencies among themselves, each
+call a task whose sweep value is its key, which waits (a listed
+dependency, by key) for exactly the calls it was given futures of. Each
+task runs ``_worker.py`` on its call in a Python of the client's version,
+and its value is its output, ``result-KEY.pkl``, brought home as any
+output; a task's view of ``{out}`` holds exactly its dependencies' values.
+A call whose function and arguments pickle to the same bytes has the same
+key and the same content key, so a client that comes back gets a finished
+value again without running it (``pure=True``, as Dask's).
+"""
+
+import base64
+import collections
+import concurrent.futures as cf
+import hashlib
+import io
+import os
+import pickle
+import re
+import shutil
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
+
+from . import _worker
+from ._errors import MeshError
+from ._farm import Farm
+
+#: How long the sender waits after the first call of a batch for more
+#: (a loop of submits), in seconds.
+LINGER_S = 0.005
+#: The farm name of every batch of calls: a key kept by an earlier farm of
+#: this name is reused (see docs/python.md).
+FARM_NAME = "python"
+
+_NAME = re.compile(r"[^A-Za-z0-9_]+")
+
+
+def _cloudpickle():
+    try:
+        import cloudpickle
+    except ImportError:
+        raise MeshError("Python functions on the mesh need cloudpickle: pip install cloudpickle") from None
+    return cloudpickle
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised where the call ran: the
+    ``__cause__`` of the exception re-raised at the client."""
+
+    def __init__(self, tb):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self):
+        return self.tb
+
+
+class _Unread:
+    """A value not read yet: where it is in the home's folder."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path):
+        self.path = path
+
+
+class Future(cf.Future):
+    """The value of a function call on the mesh, as a Dask future.
+
+    It is a :class:`concurrent.futures.Future` too, so
+    ``concurrent.futures.wait`` and ``as_completed`` take it.
+    """
+
+    def __init__(self, fns, key, deps):
+        super().__init__()
+        #: The call's key: ``name-hash`` of its pickled function and arguments.
+        self.key = key
+        self._fns = fns
+        self._deps = deps
+        self._body = None
+        self._opts = None
+        self._run = None
+        self._path = None
+        self.task_name = None
+        self._read = threading.Lock()
+        self.task = None
+
+    @property
+    def status(self):
+        """``"pending"``, ``"finished"``, ``"error"`` or ``"cancelled"``, as Dask says."""
+        with self._condition:
+            if self._state in (CANCELLED, CANCELLED_AND_NOTIFIED):
+                return "cancelled"
+            if self._state != FINISHED:
+                return "pending"
+            return "error" if self._exception is not None else "finished"
+
+    def result(self, timeout=None):
+        """The function's value; its exception raised here, with the remote
+        traceback as the cause. ``timeout``: seconds, then ``TimeoutError``."""
+        v = super().result(timeout)
+        if isinstance(v, _Unread):
+            with self._read:
+                if isinstance(self._result, _Unread):
+                    with open(self._result.path, "rb") as f:
+                        self._result = pickle.load(f)
+                v = self._result
+        return v
+
+    def cancel(self):
+        """Cancels this call (a running task is killed); False once it has ended."""
+        with self._condition:
+            if self._state == FINISHED:
+                return False
+            if self._state in (CANCELLED, CANCELLED_AND_NOTIFIED):
+                return True
+            self._state = CANCELLED_AND_NOTIFIED
+            self._condition.notify_all()
+            for w in self._waiters:
+                w.add_cancelled(self)
+        self._fns._cancelled(self)
+        self._invoke_callbacks()
+        return True
+
+    def logs(self):
+        """``(stdout, stderr)`` as bytes of the task that ran the call."""
+        self.exception()
+        if self.task is None:
+            raise MeshError("%s did not run as a task" % self.key)
+        return self.task.logs()
+
+    def __repr__(self):
+        return "<mesh.Future: %s, key: %s>" % (self.status, self.key)
+
+    def _settle(self, value=None, exc=None):
+        with self._condition:
+            if self._state in (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED):
+                return
+        if exc is not None:
+            self.set_exception(exc)
+        else:
+            self.set_result(value)
+
+
+def _futures_in(v, out):
+    """Futures anywhere in ``v`` (lists, tuples, sets, dicts), for ``gather``."""
+    if isinstance(v, Future):
+        out.append(v)
+    elif isinstance(v, (list, tuple, set, frozenset)):
+        for x in v:
+            _futures_in(x, out)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _futures_in(x, out)
+    return out
+
+
+def _replace(v, values):
+    if isinstance(v, Future):
+        return values[v.key]
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return type(v)(_replace(x, values) for x in v)
+    if isinstance(v, dict):
+        return {k: _replace(x, values) for k, x in v.items()}
+    return v
+
+
+def _name_of(fn):
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return _NAME.sub("_", name).strip("_") or "call"
+
+
+def _remote_error(task):
+    """The exception a failed call raised, from its task's stderr."""
+    try:
+        _, err = task.logs()
+    except MeshError as e:
+        return MeshError("%s failed (%s); its log could not be read: %s" % (task.task, task.reason, e))
+    text = err.decode("utf-8", "replace")
+    head, sep, mark = text.rpartition(_worker.EXCEPTION_MARK)
+    if sep and mark.strip():
+        try:
+            exc = pickle.loads(base64.b64decode(mark.strip()))
+        except Exception:
+            exc = None
+        if isinstance(exc, BaseException):
+            tb = head.split("\n", 1)[1] if "\n" in head else head
+            exc.__cause__ = RemoteTraceback(tb.rstrip())
+            if hasattr(exc, "add_note"):
+                exc.add_note("raised on node %s, task %s of farm %s:\n%s" % (task.node, task.task, task.run.id, tb.rstrip()))
+            return exc
+    return MeshError("%s failed: %s\n%s" % (task.task, task.reason, text.strip()))
+
+
+class Functions:
+    """A client's calls: queued, sent in batches, and followed to their values."""
+
+    def __init__(self, client, root, python):
+        self.client = client
+        self.root = root
+        self.python = python
+        self.cv = threading.Condition()
+        self.queue = collections.OrderedDict()
+        self.by_key = {}
+        self.closed = False
+        self.batches = 0
+        self.sender = None
+        self.runs = {}
+
+    # ----- calls -----
+
+    def call(self, fn, args, kwargs, key=None, pure=True, resources=None, retries=None, priority=0):
+        if not callable(fn):
+            raise TypeError("submit takes a function, not %r" % (fn,))
+        cp = _cloudpickle()
+        deps = {}
+
+        class Pickler(cp.CloudPickler):
+            def persistent_id(self, obj):
+                if isinstance(obj, Future):
+                    if obj._fns is not fns:
+                        raise MeshError("future %s is of another client" % obj.key)
+                    deps[obj.key] = obj
+                    return (_worker.FUTURE, obj.key)
+                return None
+
+        fns = self
+        buf = io.BytesIO()
+        try:
+            Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((fn, tuple(args), dict(kwargs)))
+        except Exception as e:
+            raise TypeError("cannot send %s to the mesh: its function or an argument does not pickle: %s: %s" % (_name_of(fn), type(e).__name__, e)) from e
+        body = buf.getvalue()
+        opts = (tuple(sorted((resources or {}).items())), retries)
+        if key is None:
+            if pure:
+                h = hashlib.blake2b(body, digest_size=16)
+                h.update(repr(opts).encode())
+                key = "%s-%s" % (_name_of(fn), h.hexdigest())
+            else:
+                key = "%s-%s" % (_name_of(fn), uuid.uuid4().hex)
+        elif not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", key) or ".." in key:
+            raise ValueError("a key is letters, digits, `_`, `.` and `-`, not %r" % (key,))
+        with self.cv:
+            if self.closed:
+                raise MeshError("the client is closed")
+            old = self.by_key.get(key)
+            if old is not None and old.status != "cancelled" and pure:
+                return old
+            f = Future(self, key, list(deps.values()))
+            f._body = _worker.MAGIC + (b"%d.%d\n" % sys.version_info[:2]) + body
+            f._opts = opts
+            self.by_key[key] = f
+            self.queue[key] = f
+            self._start_sender()
+            self.cv.notify_all()
+        return f
+
+    def _cancelled(self, f):
+        with self.cv:
+            queued = self.queue.pop(f.key, None) is not None
+            run = f._run
+            self.cv.notify_all()
+        if queued or run is None:
+            return
+        # A farm whose every call is cancelled is cancelled: its running
+        # tasks are killed.
+        if all(x.cancelled() or x.done() for x in self.runs.get(run.id, {}).values()):
+            try:
+                run.cancel()
+            except MeshError:
+                pass
+
+    def close(self):
+        with self.cv:
+            self.closed = True
+            self.cv.notify_all()
+
+    # ----- sending -----
+
+    def _start_sender(self):
+        if self.sender is None or not self.sender.is_alive():
+            self.sender = threading.Thread(target=self._send_loop, name="mesh-send", daemon=True)
+            self.sender.start()
+
+    def _send_loop(self):
+        while True:
+            with self.cv:
+                while not self.closed and not self._ready_any():
+                    self.cv.wait(1.0)
+                if self.closed and not self.queue:
+                    return
+            time.sleep(LINGER_S)
+            with self.cv:
+                batch, failed = self._take()
+            for f, exc in failed:
+                f._settle(exc=exc)
+            if batch:
+                try:
+                    self._send(batch)
+                except BaseException as e:
+                    for f in batch:
+                        f._settle(exc=e)
+            if self.closed:
+                return
+
+    def _ready_any(self):
+        return any(self._state_of_deps(f, ()) != "wait" for f in self.queue.values())
+
+    def _state_of_deps(self, f, batch_keys):
+        for d in f._deps:
+            if d.key in batch_keys:
+                continue
+            s = d.status
+            if s == "pending":
+                return "wait"
+            if s in ("error", "cancelled"):
+                return "fail"
+        return "go"
+
+    def _take(self):
+        batch, failed, keys = [], [], set()
+        for key in list(self.queue):
+            f = self.queue[key]
+            s = self._state_of_deps(f, keys)
+            if s == "wait":
+                continue
+            del self.queue[key]
+            if s == "fail":
+                bad = next(d for d in f._deps if d.status in ("error", "cancelled"))
+                exc = bad.exception(0) if bad.status == "error" else cf.CancelledError("%s was cancelled" % bad.key)
+                failed.append((f, exc))
+                continue
+            batch.append(f)
+            keys.add(key)
+        return batch, failed
+
+    def _send(self, batch):
+        self.batches += 1
+        seq = self.batches
+        calls = os.path.join(self.root, "calls")
+        os.makedirs(calls, exist_ok=True)
+        shutil.copyfile(_worker.__file__, os.path.join(self.root, "mesh_worker.py"))
+        in_batch = {f.key for f in batch}
+        level = {}
+        groups = collections.OrderedDict()
+        for f in batch:
+            up = [d for d in f._deps if d.key in in_batch]
+            earlier = [d for d in f._deps if d.key not in in_batch]
+            level[f.key] = 1 + max((level[d.key] for d in up), default=-1)
+            with open(os.path.join(calls, f.key + ".pkl"), "wb") as w:
+                w.write(f._body)
+            if earlier:
+                vals = {}
+                for d in earlier:
+                    with open(d._path, "rb") as r:
+                        vals[d.key] = r.read()
+                with open(os.path.join(calls, f.key + ".vals"), "wb") as w:
+                    pickle.dump(vals, w)
+            g = (level[f.key], f._opts, bool(earlier))
+            groups.setdefault(g, []).append(f)
+        farm = Farm(FARM_NAME, out=os.path.join(self.root, "out", "b%d" % seq), root=self.root)
+        stage_of = {}
+        python = self.python or sys.executable
+        for n, ((lvl, (res, retries), vals), fs) in enumerate(groups.items()):
+            name = "f%d-%d" % (lvl, n)
+            for i, f in enumerate(fs):
+                stage_of[f.key] = name
+                f.task_name = "%s/%d" % (name, i)
+            sweep = {"id": [f.key for f in fs]}
+            after = []
+            for u in sorted({stage_of[d.key] for f in fs for d in f._deps if d.key in in_batch}):
+                var = "on_" + u.replace("-", "_")
+                sweep[var] = [" ".join(d.key for d in f._deps if stage_of.get(d.key) == u and d.key in in_batch) for f in fs]
+                after.append({"stage": u, "tasks": "{%s}" % var, "match": "id"})
+            inputs = ["mesh_worker.py", "calls/{id}.pkl"]
+            if vals:
+                inputs.append("calls/{id}.vals")
+            opts = {}
+            if res:
+                opts["resources"] = dict(res)
+            if retries is not None:
+                opts["retries"] = retries
+            if after:
+                opts["after"] = after
+            farm.stage(
+                name,
+                command=[
+                    "sh",
+                    "-c",
+                    'p="$0"; [ -x "$p" ] || p=python3; exec "$p" mesh_worker.py calls/"$1".pkl "$1" "$2"',
+                    python,
+                    "{id}",
+                    "{out}",
+                ],
+                sweep=sweep,
+                sweep_mode="zip" if len(sweep) > 1 else None,
+                workdir="w/{id}",
+                inputs=inputs,
+                outputs=[_worker.result_name("{id}")],
+                **opts,
+            )
+        run = self.client.submit(farm, warn=False)
+        by_key = {f.key: f for f in batch}
+        with self.cv:
+            for f in batch:
+                f._run = run
+            self.runs[run.id] = by_key
+        t = threading.Thread(target=self._follow, args=(run, by_key), name="mesh-follow", daemon=True)
+        t.start()
+
+    def _follow(self, run, by_key):
+        try:
+            for t in run.as_completed(progress=False):
+                f = by_key.get(t.params.get("id"))
+                if f is None:
+                    continue
+                f.task = t
+                if t.state == "done":
+                    f._path = t.output
+                    f._settle(_Unread(t.output))
+                else:
+                    f._settle(exc=_remote_error(t))
+                with self.cv:
+                    self.cv.notify_all()
+            left = [f for f in by_key.values() if not f.done()]
+            if left:
+                unfinished = {t.params.get("id"): t for t in run.tasks(state="unfinished")}
+                for f in left:
+                    bad = next((d for d in f._deps if d.status == "error"), None)
+                    if bad is not None:
+                        f._settle(exc=bad.exception(0))
+                    else:
+                        t = unfinished.get(f.key)
+                        f._settle(exc=cf.CancelledError("%s did not run: its farm %s stopped%s" % (f.key, run.id, "" if t is None else " (%s)" % t.state)))
+        except BaseException as e:
+            for f in by_key.values():
+                f._settle(exc=MeshError("following farm %s: %s" % (run.id, e)))
+        finally:
+            with self.cv:
+                self.cv.notify_all()
+
+
+def gather(futures, errors="raise"):
+    """The values of ``futures`` (a future, or lists, tuples and dicts of
+    them), in the same shape. ``errors="raise"``: the first exception is
+    raised; ``"skip"``: failed ones are left out (of lists)."""
+    fs = _futures_in(futures, [])
+    values = {}
+    for f in fs:
+        try:
+            values[f.key] = f.result()
+        except BaseException:
+            if errors == "raise":
+                raise
+            if errors != "skip":
+                raise ValueError("errors is 'raise' or 'skip', not %r" % (errors,)) from None
+    if errors == "skip" and isinstance(futures, (list, tuple)):
+        futures = type(futures)(x for x in futures if not isinstance(x, Future) or x.key in values)
+    return _replace(futures, values)
+
+
+class as_completed:
+    """Futures as they end (with ``with_results=True``: ``(future,
+    value)`` pairs), as Dask's; ``.add(future)`` adds one while iterating."""
+
+    def __init__(self, futures=(), with_results=False, raise_errors=True):
+        self._cv = threading.Condition()
+        self._ended = collections.deque()
+        self._pending = set()
+        self._with_results = with_results
+        self._raise = raise_errors
+        for f in futures:
+            self.add(f)
+
+    def add(self, future):
+        with self._cv:
+            self._pending.add(future)
+        future.add_done_callback(self._ended_one)
+
+    def update(self, futures):
+        for f in futures:
+            self.add(f)
+
+    def _ended_one(self, f):
+        with self._cv:
+            if f in self._pending:
+                self._pending.discard(f)
+                self._ended.append(f)
+                self._cv.notify_all()
+
+    def count(self):
+        with self._cv:
+            return len(self._pending) + len(self._ended)
+
+    def is_empty(self):
+        return self.count() == 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._cv:
+            while not self._ended:
+                if not self._pending:
+                    raise StopIteration
+                self._cv.wait()
+            f = self._ended.popleft()
+        if self._with_results:
+            try:
+                return f, f.result()
+            except BaseException as e:
+                if self._raise:
+                    raise
+                return f, e
+        return f
+
+
+DoneAndNotDone = collections.namedtuple("DoneAndNotDone", "done not_done")
+
+
+def wait(futures, timeout=None, return_when="ALL_COMPLETED"):
+    """Waits as Dask's ``wait``: ``(done, not_done)`` sets; ``return_when``
+    is ``"ALL_COMPLETED"``, ``"FIRST_COMPLETED"`` or ``"FIRST_EXCEPTION"``.
+    ``timeout``: seconds, then ``TimeoutError`` (as Dask, unlike
+    ``concurrent.futures.wait``)."""
+    if isinstance(futures, Future):
+        futures = [futures]
+    r = cf.wait(list(futures), timeout=timeout, return_when=return_when)
+    if return_when == "ALL_COMPLETED" and r.not_done:
+        raise TimeoutError("%d of %d futures not done within %s s" % (len(r.not_done), len(r.done) + len(r.not_done), timeout))
+    return DoneAndNotDone(r.done, r.not_done)
+
+
+def progress(futures, file=None):
+    """Shows how many of ``futures`` are done until all are (a tqdm bar
+    where tqdm is installed, else a line on stderr); returns them."""
+    fs = list(futures.values() if isinstance(futures, dict) else futures)
+    file = file or sys.stderr
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        tqdm = None
+    bar = tqdm(total=len(fs), unit="task", file=file) if tqdm else None
+    n = 0
+    for _ in cf.as_completed(fs):
+        n += 1
+        if bar is not None:
+            bar.update(1)
+        else:
+            file.write("\r%d/%d done" % (n, len(fs)))
+            file.flush()
+    if bar is not None:
+        bar.close()
+    else:
+        file.write("\n")
+    return futures
+
+
+class Executor(cf.Executor):
+    """A :class:`concurrent.futures.Executor` over a client's calls:
+    ``submit`` and ``map`` as the standard library's, each call a task
+    with ``defaults`` (``resources=``, ``retries=``, ``pure=``)."""
+
+    def __init__(self, client, **defaults):
+        self._client = client
+        self._defaults = defaults
+        self._shutdown = False
+        self._futures = set()
+
+    def submit(self, fn, /, *args, **kwargs):
+        if self._shutdown:
+            raise RuntimeError("cannot submit after shutdown")
+        f = self._client._functions().call(fn, args, kwargs, **self._defaults)
+        self._futures.add(f)
+        return f
+
+    def map(self, fn, *iterables, timeout=None, chunksize=1):
+        fs = [self.submit(fn, *a) for a in zip(*iterables)]
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def results():
+            try:
+                for f in fs:
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    yield f.result(left)
+            finally:
+                for f in fs:
+                    f.cancel()
+
+        return results()
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        self._shutdown = True
+        if cancel_futures:
+            for f in self._futures:
+                f.cancel()
+        if wait:
+            cf.wait(list(self._futures))

@@ -1,0 +1,121 @@
+"""Runs one Python function call on a node: ``python _worker.py CALL OUT``.
+
+It is shipped with each farm of function calls as an input, so a node
+needs a Python with cloudpickle, not this package. It reads the call the
+client pickled (a header with the client's Python first), with the
+values of the futures it was given read from their result files (under the
+task's ``{out}``, where exactly its dependencies are, or beside it for a
+value of an earlier farm), calls the function, and writes the value to
+``result-KEY.pkl``, an output of the task. An exception is said on stderr:
+its type and message on the first line (the cause `mesh status` shows and
+failing fast compares), the traceback, and last a line with the pickled
+exception for the client to raise.
+"""
+
+import base64
+import glob
+import io
+import os
+import pickle
+import sys
+import traceback
+
+#: The first line of a call file: this magic, the client's major.minor.
+MAGIC = b"mesh-call 1 "
+#: The line on stderr after which the pickled exception follows.
+EXCEPTION_MARK = "mesh-exception: "
+#: Exit codes: the call raised; this Python cannot run the call.
+RAISED = 1
+REFUSED = 3
+
+
+#: What a future given as an argument is pickled as (its persistent id):
+#: this tag and the future's key.
+FUTURE = "mesh-future"
+
+
+def result_name(key):
+    return "result-%s.pkl" % key
+
+
+def _find(key, out):
+    name = result_name(key)
+    found = glob.glob(os.path.join(glob.escape(out), "*", "*", name))
+    if not found:
+        raise LookupError("the value of future %s is not under %s: it is not among this task's dependencies" % (key, out))
+    return found[0]
+
+
+def _loads(body, out, given):
+    """The call, each future in it replaced by its value: from ``given``
+    (the values of an earlier farm's futures, sent with the call), else
+    its result file under ``out``."""
+    values = {}
+
+    class Unpickler(pickle.Unpickler):
+        def persistent_load(self, pid):
+            tag, key = pid
+            if tag != FUTURE:
+                raise pickle.UnpicklingError("unknown persistent id %r" % (pid,))
+            if key in given:
+                values[key] = pickle.loads(given.pop(key))
+            if key not in values:
+                with open(_find(key, out), "rb") as f:
+                    values[key] = pickle.load(f)
+            return values[key]
+
+    return Unpickler(io.BytesIO(body)).load()
+
+
+def _refuse(words):
+    sys.stderr.write(words + "\n")
+    sys.stderr.flush()
+    sys.exit(REFUSED)
+
+
+def main(argv):
+    call_path, key, out = argv[1], argv[2], argv[3]
+    with open(call_path, "rb") as f:
+        head = f.readline()
+        body = f.read()
+    if not head.startswith(MAGIC):
+        _refuse("%s is not a call a mesh client wrote" % call_path)
+    theirs = head[len(MAGIC) :].strip().decode()
+    ours = "%d.%d" % sys.version_info[:2]
+    if theirs != ours:
+        _refuse(
+            "python %s here (%s) cannot run a call pickled by the client's python %s: "
+            "give the nodes the same major.minor (`python=` on the client)" % (ours, sys.executable, theirs)
+        )
+    try:
+        import cloudpickle
+    except ImportError:
+        _refuse("cloudpickle is not installed in the python here (%s): pip install cloudpickle" % sys.executable)
+    try:
+        given = {}
+        if os.path.exists(call_path[: -len(".pkl")] + ".vals"):
+            with open(call_path[: -len(".pkl")] + ".vals", "rb") as f:
+                given = pickle.load(f)
+        fn, args, kwargs = _loads(body, out, given)
+        value = fn(*args, **kwargs)
+        data = cloudpickle.dumps(value)
+    except BaseException as e:  # noqa: B902 - the client gets whatever it raised
+        sys.stdout.flush()
+        first = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+        sys.stderr.write((first[-1] if first else type(e).__name__) + "\n")
+        traceback.print_exc()
+        try:
+            mark = base64.b64encode(cloudpickle.dumps(e)).decode()
+        except Exception:
+            mark = ""
+        sys.stderr.write(EXCEPTION_MARK + mark + "\n")
+        sys.stderr.flush()
+        sys.exit(RAISED)
+    tmp = result_name(key) + ".part"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, result_name(key))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
