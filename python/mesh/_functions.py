@@ -40,6 +40,9 @@ LINGER_S = 0.005
 #: this name is reused (see docs/python.md).
 FARM_NAME = "python"
 
+#: The major.minor written in each call: the node's Python must be the same.
+PYTHON_VERSION = "%d.%d" % sys.version_info[:2]
+
 _NAME = re.compile(r"[^A-Za-z0-9_]+")
 
 
@@ -178,6 +181,28 @@ def _name_of(fn):
     return _NAME.sub("_", name).strip("_") or "call"
 
 
+def _installed_paths():
+    import sysconfig
+
+    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(os.path.realpath(p) + os.sep for p in paths if p)
+
+
+def _by_value(cp, fn):
+    """A function of the user's own module (a file beside the script, not
+    installed) goes by value, as one of ``__main__`` does: a node need not
+    have that file, nor the script's folder on its path."""
+    m = sys.modules.get(getattr(fn, "__module__", None) or "")
+    f = getattr(m, "__file__", None)
+    if m is None or f is None or m.__name__ == "__main__" or m.__name__.startswith("mesh."):
+        return
+    if not os.path.realpath(f).startswith(_installed_paths()):
+        try:
+            cp.register_pickle_by_value(m)
+        except (ValueError, AttributeError):
+            pass
+
+
 def _remote_error(task):
     """The exception a failed call raised, from its task's stderr."""
     try:
@@ -232,6 +257,7 @@ class Functions:
                     return (_worker.FUTURE, obj.key)
                 return None
 
+        _by_value(cp, fn)
         fns = self
         buf = io.BytesIO()
         try:
@@ -256,7 +282,7 @@ class Functions:
             if old is not None and old.status != "cancelled" and pure:
                 return old
             f = Future(self, key, list(deps.values()))
-            f._body = _worker.MAGIC + (b"%d.%d\n" % sys.version_info[:2]) + body
+            f._body = _worker.MAGIC + PYTHON_VERSION.encode() + b"\n" + body
             f._opts = opts
             self.by_key[key] = f
             self.queue[key] = f
@@ -433,14 +459,14 @@ class Functions:
                     self.cv.notify_all()
             left = [f for f in by_key.values() if not f.done()]
             if left:
-                unfinished = {t.params.get("id"): t for t in run.tasks(state="unfinished")}
+                p = run.progress()
+                why = "; ".join(p.stopped_words or p.failures) or "its farm %s ended without running it" % run.id
                 for f in left:
                     bad = next((d for d in f._deps if d.status == "error"), None)
                     if bad is not None:
                         f._settle(exc=bad.exception(0))
                     else:
-                        t = unfinished.get(f.key)
-                        f._settle(exc=cf.CancelledError("%s did not run: its farm %s stopped%s" % (f.key, run.id, "" if t is None else " (%s)" % t.state)))
+                        f._settle(exc=MeshError("%s did not run: %s" % (f.key, why)))
         except BaseException as e:
             for f in by_key.values():
                 f._settle(exc=MeshError("following farm %s: %s" % (run.id, e)))

@@ -1,7 +1,11 @@
 """Real mesh nodes for the tests: the binary cargo built, on 127.0.0.1, OS-picked ports, always stopped."""
 
 import os
+import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -27,17 +31,43 @@ def mesh_bin():
     return b
 
 
-def start(cpus=2, join=None):
-    """A node of ``cpus`` cores; joining ``join`` (a LocalNode) when given."""
+def start(cpus=2, join=None, hide=(), python=None, resources=None):
+    """A node of ``cpus`` cores; joining ``join`` (a LocalNode) when given;
+    in a mount namespace of its own with an empty tmpfs over each folder of
+    ``hide`` (another machine, which does not see them: see apart_possible)."""
     os.environ["MESH_BIN"] = mesh_bin()
+    binary = None
+    if hide:
+        binary = _hiding(hide)
     if join is None:
-        return mesh.local(cpus=cpus, start_within=WAIT_S)
+        return mesh.local(cpus=cpus, resources=resources, start_within=WAIT_S, binary=binary, python=python)
     return mesh.local(
         cpus=cpus,
+        resources=resources,
         join=join.address,
         key=os.path.join(join.state_dir, "mesh.key"),
         start_within=WAIT_S,
+        binary=binary,
+        python=python,
     )
+
+
+def apart_possible():
+    """Whether a node can run in a mount namespace of its own (root, ``unshare -m``)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    r = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt"], capture_output=True)
+    return r.returncode == 0
+
+
+def _hiding(folders):
+    """A program that runs the mesh binary in a new mount namespace with ``folders`` hidden."""
+    mounts = "".join("mount -t tmpfs tmpfs %s && " % shlex.quote(f) for f in folders)
+    fd, path = tempfile.mkstemp(prefix="mesh-apart-", suffix=".sh")
+    with os.fdopen(fd, "w") as f:
+        f.write("#!/bin/sh\nexec unshare -m sh -c %s %s \"$@\"\n" % (shlex.quote(mounts + 'exec "$0" "$@"'), shlex.quote(mesh_bin())))
+    os.chmod(path, 0o755)
+    return path
 
 
 def wait_until(cond, limit=WAIT_S, every=0.05):

@@ -66,6 +66,39 @@ impl Node {
     /// On the home of a farm that just ended: writes down where each done
     /// task's outputs are, by its content key.
     pub(super) fn remember_results(&mut self, farm: FarmId) {
+        self.remember(farm, None, true);
+    }
+
+    /// On the home of a farm that runs: writes down the results of the
+    /// tasks whose outputs came home since it last looked, so a client
+    /// that comes back (a notebook restarted) reuses them while the farm
+    /// still runs. A cache: not flushed, as a lost one costs a rerun.
+    pub(super) fn remember_landed(&mut self, farm: FarmId) {
+        let Some(r) = self.peer.replica(farm).filter(|r| r.home) else {
+            return;
+        };
+        let Some(o) = self.home.farms.get_mut(&farm) else {
+            return;
+        };
+        let len = r.log.len();
+        let mut tasks = std::mem::take(&mut o.remember_wait);
+        tasks.extend(
+            r.log
+                .slice(o.remembered, (len - o.remembered.min(len)) as usize)
+                .iter()
+                .filter(|e| matches!(e, Entry::Done { .. }))
+                .map(Entry::task),
+        );
+        o.remembered = len;
+        let (here, wait): (Vec<TaskRef>, Vec<TaskRef>) =
+            tasks.into_iter().partition(|t| r.outputs_here(*t));
+        o.remember_wait = wait;
+        if !here.is_empty() {
+            self.remember(farm, Some(&here), false);
+        }
+    }
+
+    fn remember(&mut self, farm: FarmId, only: Option<&[TaskRef]>, flush: bool) {
         let Some(r) = self.peer.replica(farm).filter(|r| r.home) else {
             return;
         };
@@ -76,7 +109,11 @@ impl Node {
             name: name_meta(&def.name),
             value: vec![1],
         }];
-        for e in r.log.current() {
+        let entries: Box<dyn Iterator<Item = &Entry>> = match only {
+            Some(ts) => Box::new(ts.iter().filter_map(|t| r.log.get(*t))),
+            None => Box::new(r.log.current()),
+        };
+        for e in entries {
             let Entry::Done {
                 task,
                 key: Some(key),
@@ -129,7 +166,11 @@ impl Node {
                 });
             }
         }
-        self.write_kept(batch);
+        if flush {
+            self.write_kept(batch);
+        } else if let Err(e) = self.disk.store.write(batch) {
+            tracing::warn!("results not written down for reuse: {e}");
+        }
     }
 
     /// Folders of tasks a submission no longer has, moved aside: the

@@ -27,6 +27,11 @@ pub(super) struct Origin {
     /// When the bytes still to come were last counted, and the bytes home
     /// then (the rate is over the time between two counts).
     data_counted: Option<(Instant, u64)>,
+    /// How far into the log results are written down for reuse as they
+    /// land (see `reuse.rs`), and the done tasks whose outputs were not
+    /// home yet then.
+    pub(super) remembered: u64,
+    pub(super) remember_wait: Vec<mesh_protocol::ids::TaskRef>,
 }
 
 /// The bytes still to come are counted again at most this often (over
@@ -73,6 +78,8 @@ impl Origin {
             submit_reply: None,
             feeds: Vec::new(),
             data_counted: None,
+            remembered: 0,
+            remember_wait: Vec::new(),
         }
     }
 
@@ -152,6 +159,8 @@ impl Node {
             // Written down before anyone waiting hears of the end: a
             // submission right after it reuses what it made.
             self.remember_results(farm);
+        } else {
+            self.remember_landed(farm);
         }
         // Followers of single tasks hear of each before anyone hears the end.
         self.feed(farm, None);

@@ -1,0 +1,262 @@
+"""Python functions on real nodes, as Dask's futures: values and exceptions back, futures as arguments, cancel, kills, a client that comes back."""
+
+import concurrent.futures as cf
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import unittest
+
+import nodes
+from nodes import WAIT_S, mesh
+from test_client import InFolder
+
+
+def inc(x):
+    return x + 1
+
+
+def add(*xs):
+    return sum(xs)
+
+
+def slow_square(x):
+    time.sleep(0.3)
+    return x * x
+
+
+class Functions(InFolder):
+    def test_submit_a_lambda_and_get_its_value(self):
+        c = self.node(cpus=2)
+        f = c.submit(lambda x: x + 1, 10)
+        self.assertIsInstance(f, mesh.Future)
+        self.assertTrue(f.key.startswith("lambda-"), f.key)
+        self.assertEqual(f.result(timeout=WAIT_S), 11)
+        self.assertEqual(f.status, "finished")
+        self.assertTrue(f.done())
+        # Values come back as they were: not text.
+        g = c.submit(lambda: {"a": [1, 2.5], "b": (None, b"\x00")})
+        self.assertEqual(g.result(timeout=WAIT_S), {"a": [1, 2.5], "b": (None, b"\x00")})
+        # The same call is the same future, as Dask's pure calls.
+        self.assertIs(c.submit(inc, 1), c.submit(inc, 1))
+        self.assertIsNot(c.submit(inc, 1, pure=False), c.submit(inc, 1, pure=False))
+
+    def test_a_map_gives_every_value_once_as_completed_and_gathered(self):
+        c = self.node(cpus=2)
+        fs = c.map(inc, range(60))
+        self.assertEqual(len(fs), 60)
+        seen = []
+        for f, v in mesh.as_completed(fs, with_results=True):
+            seen.append((f.key, v))
+        self.assertEqual(sorted(v for _, v in seen), list(range(1, 61)), "each value exactly once")
+        self.assertEqual(len({k for k, _ in seen}), 60)
+        self.assertEqual(c.gather(fs), list(range(1, 61)))
+        self.assertEqual(c.gather({"a": fs[0], "b": [fs[1], (fs[2],)]}), {"a": 1, "b": [2, (3,)]})
+        # as_completed takes more while it runs.
+        ac = mesh.as_completed([c.submit(inc, 100)])
+        got = []
+        for f in ac:
+            got.append(f.result())
+            if len(got) == 1:
+                ac.add(c.submit(inc, 200))
+        self.assertEqual(got, [101, 201])
+        done, not_done = mesh.wait(c.map(inc, [7, 8]), timeout=WAIT_S)
+        self.assertEqual((sorted(f.result() for f in done), not_done), ([8, 9], set()))
+
+    def test_a_remote_exception_is_raised_here_with_its_type_and_traceback(self):
+        c = self.node(cpus=2)
+
+        def solve(x):
+            if x == 3:
+                raise ValueError("solver diverged at step %d" % (17 + x))
+            return x
+
+        fs = c.map(solve, range(6))
+        with self.assertRaises(ValueError) as e:
+            fs[3].result(timeout=WAIT_S)
+        self.assertEqual(str(e.exception), "solver diverged at step 20")
+        self.assertIsInstance(e.exception.__cause__, mesh.RemoteTraceback)
+        self.assertIn("in solve", str(e.exception.__cause__))
+        self.assertIn('raise ValueError("solver diverged', str(e.exception.__cause__))
+        self.assertEqual(fs[3].status, "error")
+        self.assertIsInstance(fs[3].exception(), ValueError)
+        self.assertEqual([f.result() for i, f in enumerate(fs) if i != 3], [0, 1, 2, 4, 5])
+        # What it said is kept: the task's logs, as `mesh logs` reads them.
+        out, err = fs[3].logs()
+        self.assertIn(b"ValueError: solver diverged at step 20", err)
+        self.assertEqual(fs[3].task.reason, "exit code 1: ValueError: solver diverged at step 20")
+        # A dependent of a failed call gets its exception, as in Dask.
+        with self.assertRaises(ValueError):
+            c.submit(inc, fs[3]).result(timeout=WAIT_S)
+
+    def test_a_missing_module_is_raised_and_stops_the_stage(self):
+        c = self.node(cpus=2)
+
+        def uses(x):
+            import mesh_no_such_module  # noqa: F401
+
+            return x
+
+        fs = c.map(uses, range(30))
+        with self.assertRaises(ModuleNotFoundError):
+            fs[0].result(timeout=WAIT_S)
+        mesh.wait(fs, timeout=WAIT_S)
+        errors = [f.exception() for f in fs]
+        ran = [e for e in errors if isinstance(e, ModuleNotFoundError)]
+        self.assertTrue(all(e is not None for e in errors))
+        self.assertLess(len(ran), 30, "failing fast: not every call ran")
+        stopped = [e for e in errors if not isinstance(e, ModuleNotFoundError)]
+        self.assertIn("failed the same way", str(stopped[0]))
+
+    def test_an_argument_that_does_not_pickle_is_refused_at_once(self):
+        c = self.node(cpus=2)
+        with self.assertRaises(TypeError) as e:
+            c.submit(inc, threading.Lock())
+        self.assertIn("does not pickle", str(e.exception))
+
+    def test_a_python_of_another_version_is_refused_with_both_versions(self):
+        c = self.node(cpus=2)
+        was = mesh._functions.PYTHON_VERSION
+        mesh._functions.PYTHON_VERSION = "2.7"
+        try:
+            f = c.submit(inc, 5)
+        finally:
+            mesh._functions.PYTHON_VERSION = was
+        with self.assertRaises(mesh.MeshError) as e:
+            f.result(timeout=WAIT_S)
+        here = "%d.%d" % sys.version_info[:2]
+        self.assertIn("python %s here" % here, str(e.exception))
+        self.assertIn("client's python 2.7", str(e.exception))
+
+    def test_cancel_one_future_mid_map_and_the_others_finish(self):
+        c = self.node(cpus=2)
+
+        def nap(x):
+            time.sleep(0.4 if x else 60)
+            return x
+
+        fs = c.map(nap, range(8))
+        self.assertTrue(nodes.wait_until(lambda: fs[0]._run is not None))
+        time.sleep(1)
+        self.assertTrue(fs[0].cancel())
+        self.assertTrue(fs[0].cancelled())
+        self.assertEqual(fs[0].status, "cancelled")
+        with self.assertRaises(cf.CancelledError):
+            fs[0].result()
+        t0 = time.monotonic()
+        self.assertEqual([f.result(timeout=WAIT_S) for f in fs[1:]], list(range(1, 8)))
+        self.assertLess(time.monotonic() - t0, 40, "the 60 s call stopped holding its core")
+        self.assertFalse(fs[1].cancel(), "an ended call is not cancelled")
+
+    def test_a_chain_and_a_fan_in_of_futures(self):
+        c = self.node(cpus=2)
+        x = c.submit(inc, 1)
+        y = c.submit(inc, x)
+        z = c.submit(add, x, y, [x][0])
+        parts = c.map(inc, range(10))
+        total = c.submit(lambda ps, k: sum(ps) * k["k"], parts, {"k": y})
+        self.assertEqual(z.result(timeout=WAIT_S), 2 + 3 + 2)
+        self.assertEqual(total.result(timeout=WAIT_S), 55 * 3)
+        # A future done in an earlier farm, given to a later call.
+        self.assertEqual(c.submit(add, z, 100).result(timeout=WAIT_S), 107)
+
+    def test_concurrent_futures_over_the_executor(self):
+        c = self.node(cpus=2)
+        with c.get_executor() as ex:
+            fs = [ex.submit(slow_square, i) for i in range(6)]
+            self.assertEqual(sorted(f.result() for f in cf.as_completed(fs, timeout=WAIT_S)), [i * i for i in range(6)])
+            done, _ = cf.wait(fs, timeout=WAIT_S)
+            self.assertEqual(len(done), 6)
+            self.assertEqual(list(ex.map(inc, range(5))), [1, 2, 3, 4, 5])
+
+    def test_resources_per_call_are_held(self):
+        # Seeds 000/001: experiments that each hold one TOKEN, of which the
+        # node has 2, on 4 cores.
+        n = nodes.start(cpus=4, resources={"TOKEN": 2})
+        self.addCleanup(n.stop)
+
+        def stamp(x):
+            t = time.time()
+            time.sleep(0.5)
+            return (t, time.time())
+
+        fs = n.map(stamp, range(6), resources={"TOKEN": 1})
+        spans = sorted(f.result(timeout=WAIT_S) for f in fs)
+        most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+        self.assertEqual(most, 2, spans)
+
+    def test_a_client_killed_mid_map_and_a_new_one_gets_every_finished_value_back(self):
+        c = self.node(cpus=2)
+        # A notebook's cell, run, killed, and run again as it is.
+        script = os.path.join(self.dir, "notebook.py")
+        with open(script, "w") as f:
+            f.write(
+                textwrap.dedent(
+                    """
+                    import sys, time
+                    sys.path.insert(0, %r)
+                    import mesh
+                    def slow_square(x):
+                        time.sleep(0.3)
+                        return x * x
+                    c = mesh.connect(state_dir=%r)
+                    fs = c.map(slow_square, range(20))
+                    for f in mesh.as_completed(fs):
+                        print("done", f.result(), f.task.reused, flush=True)
+                    """
+                )
+                % (os.path.join(nodes.REPO, "python"), c.state_dir)
+            )
+        p = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, text=True)
+        first = [p.stdout.readline().split() for _ in range(4)]
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        p.stdout.close()
+        self.assertEqual([w[0] for w in first], ["done"] * 4)
+        r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=WAIT_S)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        said = [w.split() for w in r.stdout.splitlines()]
+        self.assertEqual(sorted(int(w[1]) for w in said), sorted(i * i for i in range(20)), "every value, once")
+        reused = {int(w[1]) for w in said if w[2] == "True"}
+        self.assertTrue({int(w[1]) for w in first} <= reused, "what ended before the kill came back without running: %s" % said)
+        self.assertLess(len(reused), 20, "the rest ran")
+
+
+class TwoNodes(InFolder):
+    def test_futures_as_arguments_across_two_nodes_that_share_no_folder(self):
+        first = self.node(cpus=1)
+        hide = [first.state_dir, self.dir] if nodes.apart_possible() else []
+        second = nodes.start(cpus=1, join=first, hide=hide)
+        self.addCleanup(second.stop)
+        self.assertTrue(nodes.wait_until(lambda: len(first.status()["nodes"]) == 2))
+
+        def where(x):
+            import socket
+
+            time.sleep(0.3)
+            return (x, os.getpid())
+
+        xs = first.map(where, range(8))
+        chain = first.submit(lambda ps: [p for p, _ in ps], xs)
+        fan = first.submit(add, *[first.submit(lambda p: p[0], x) for x in xs])
+        self.assertEqual(chain.result(timeout=WAIT_S), list(range(8)))
+        self.assertEqual(fan.result(timeout=WAIT_S), sum(range(8)))
+        ran_on = {f.task.node for f in xs}
+        self.assertEqual(len(ran_on), 2, "both nodes ran calls")
+
+    def test_a_node_killed_mid_map_loses_no_value(self):
+        first = self.node(cpus=1)
+        second = nodes.start(cpus=2, join=first)
+        self.addCleanup(second.stop)
+        self.assertTrue(nodes.wait_until(lambda: len(first.status()["nodes"]) == 2))
+        fs = first.map(slow_square, range(30))
+        self.assertTrue(nodes.wait_until(lambda: sum(f.done() for f in fs) >= 3))
+        second.proc.send_signal(signal.SIGKILL)
+        self.assertEqual(first.gather(fs), [i * i for i in range(30)])
+
+
+if __name__ == "__main__":
+    unittest.main()
