@@ -255,6 +255,11 @@ pub(crate) struct NodeArgs {
     /// node prints (derived from mesh.key).
     #[arg(long, value_name = "ADDR")]
     pub(crate) http: Option<std::net::SocketAddr>,
+    /// The Python that runs every `python` task here (Python functions from
+    /// `import mesh`), in warm workers; default: the interpreter the farm
+    /// names where this machine has it, else `python3`.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) python: Option<String>,
 }
 
 #[derive(Args)]
@@ -635,6 +640,7 @@ fn run(
         None => None,
     };
     let (resources, gpus) = node_resources(node)?;
+    warm_workers(state.root(), node);
     let opts = RunOptions {
         state: state.clone(),
         resources,
@@ -659,6 +665,17 @@ fn run(
         RunState::Interrupted => ExitCode::from(EXIT_INTERRUPTED),
         _ => ExitCode::from(EXIT_FAILED_TASKS),
     })
+}
+
+/// Warm Python workers for `python` tasks; without them (a state folder
+/// that cannot take the worker's script) each runs as a process of its own.
+pub(crate) fn warm_workers(state: &Path, node: &NodeArgs) {
+    if let Err(e) = mesh_node::warm::init(state, node.python.clone()) {
+        eprintln!(
+            "warning: no warm Python workers (cannot write {}: {e}): python tasks start an interpreter each",
+            state.join("warm.py").display()
+        );
+    }
 }
 
 /// CPU time this process has used (user + system), in milliseconds.

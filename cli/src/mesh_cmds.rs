@@ -109,6 +109,7 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Vec<Multiaddr>) -> Result<Exi
     }
     // GPUs are found here; a count given in --resources takes that many.
     let (resources, gpus) = node_resources(&flags.node)?;
+    crate::warm_workers(state, &flags.node);
     let config = Config {
         dead_after_ms: flags.dead_after_ms,
         join_wait_ms: flags.dead_after_ms.min(1500),

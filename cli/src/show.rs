@@ -405,6 +405,7 @@ pub fn check(def: &FarmDef, warnings: &[FarmWarning], show: u32, json: bool) -> 
             .map(|i| match def.expand(TaskRef::new(s, i)).command {
                 Command::Argv(a) => a.join(" "),
                 Command::Shell(sh) => format!("sh -c {sh:?}"),
+                Command::Python(a) => a.join(" "),
             })
             .collect()
     };

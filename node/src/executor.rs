@@ -344,6 +344,33 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
         return (TaskResult::Signaled(Signal::SIGKILL as i32), 0);
     }
 
+    let env = task_env(l, &cwd);
+    let (result, logs) = match &l.spec.command {
+        Command::Python(argv) => run_warm(l, live, argv, &cwd, &env).await,
+        _ => spawn(l, live, &cwd, &env).await,
+    };
+    if let TaskResult::Exited(code) = result {
+        if l.success_codes.contains(&code) && !l.spec.outputs.is_empty() {
+            let (cwd2, dest, outputs) = (cwd.clone(), l.out_dir.clone(), l.spec.outputs.clone());
+            let collected =
+                tokio::task::spawn_blocking(move || collect(&cwd2, &dest, &outputs, &before)).await;
+            match collected {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return (TaskResult::Error(e.to_string()), logs),
+                Err(e) => {
+                    return (
+                        TaskResult::Error(format!("collecting outputs failed: {e}")),
+                        logs,
+                    )
+                }
+            }
+        }
+    }
+    (result, logs)
+}
+
+/// Runs the task as a process of its own, and waits for it.
+async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) -> (TaskResult, u8) {
     let mut cmd = match &l.spec.command {
         Command::Argv(argv) => {
             let mut c = std::process::Command::new(&argv[0]);
@@ -353,6 +380,11 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
         Command::Shell(s) => {
             let mut c = std::process::Command::new("/bin/sh");
             c.arg("-c").arg(s);
+            c
+        }
+        Command::Python(argv) => {
+            let mut c = std::process::Command::new(crate::warm::interpreter(&argv[0]));
+            c.args(&argv[1..]);
             c
         }
     };
@@ -368,50 +400,14 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
         }
     };
     let ((out_r, out_w), (err_r, err_w)) = pipes;
-    cmd.current_dir(&cwd)
+    cmd.current_dir(cwd)
         .stdin(stdin)
         .stdout(out_w)
         .stderr(err_w)
         // Its own group, so a timeout or cancel kills everything it started;
         // std does this with posix_spawn, no fork-and-exec closure needed.
         .process_group(0)
-        .env("MESH_FARM", &l.farm_name)
-        .env("MESH_TASK_ID", &l.task_id)
-        .env("MESH_ATTEMPT", l.attempt.to_string())
-        .env("MESH_WORKDIR", &cwd)
-        .env("MESH_OUT", &l.out_dir);
-    if !l.node.is_empty() {
-        cmd.env("MESH_NODE", &l.node);
-    }
-    for (k, v) in l.grant.resources.iter() {
-        let value = if k == MEM {
-            v.whole().to_string()
-        } else {
-            v.to_plain()
-        };
-        cmd.env(
-            format!("MESH_RESOURCE_{}", k.to_ascii_uppercase().replace('-', "_")),
-            value,
-        );
-    }
-    if !l.grant.gpus.is_empty() || !l.gpu_ids.is_empty() {
-        let ids: Vec<String> = l
-            .grant
-            .gpus
-            .iter()
-            .map(|&g| {
-                l.gpu_ids
-                    .get(g as usize)
-                    .cloned()
-                    .unwrap_or_else(|| g.to_string())
-            })
-            .collect();
-        cmd.env("CUDA_VISIBLE_DEVICES", ids.join(","));
-        cmd.env("MESH_GPUS", ids.join(","));
-    }
-    for (k, v) in &l.spec.env {
-        cmd.env(k, v);
-    }
+        .envs(env.iter().map(|(k, v)| (k, v)));
     let mut spawned = cmd.spawn();
     // A program written here a moment ago (an input staged, fetched or
     // linked) may still be open for writing in a child that another thread
@@ -434,6 +430,7 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
             let what = match &l.spec.command {
                 Command::Argv(a) => a[0].clone(),
                 Command::Shell(_) => "/bin/sh".to_string(),
+                Command::Python(a) => crate::warm::interpreter(&a[0]),
             };
             return (
                 TaskResult::Error(format!(
@@ -483,24 +480,106 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
         },
         Err(e) => TaskResult::Error(format!("waiting for the task failed: {e}")),
     };
-    if let TaskResult::Exited(code) = result {
-        if l.success_codes.contains(&code) && !l.spec.outputs.is_empty() {
-            let (cwd2, dest, outputs) = (cwd.clone(), l.out_dir.clone(), l.spec.outputs.clone());
-            let collected =
-                tokio::task::spawn_blocking(move || collect(&cwd2, &dest, &outputs, &before)).await;
-            match collected {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return (TaskResult::Error(e.to_string()), logs),
-                Err(e) => {
-                    return (
-                        TaskResult::Error(format!("collecting outputs failed: {e}")),
-                        logs,
-                    )
-                }
-            }
+    (result, logs)
+}
+
+/// Runs a `python` task in a warm worker of its interpreter (see
+/// `warm.rs`); where the node has none set up (a test's executor), as a
+/// process of its own.
+async fn run_warm(
+    l: &Launch,
+    live: &Live,
+    argv: &[String],
+    cwd: &Path,
+    env: &[(String, String)],
+) -> (TaskResult, u8) {
+    let gpus = env
+        .iter()
+        .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
+        .map(|(_, v)| v.as_str());
+    if let Some(dir) = l.stdout_log.parent() {
+        if let Err(e) = tokio::fs::create_dir_all(dir).await {
+            return (
+                TaskResult::Error(format!("could not make the log folder {}: {e}", dir.display())),
+                0,
+            );
         }
     }
+    let ran = crate::warm::run(
+        argv,
+        cwd,
+        env,
+        (&l.stdout_log, &l.stderr_log),
+        gpus,
+        |pid| {
+            live.pgid.store(pid, Ordering::SeqCst);
+            if live.kill_asked.load(Ordering::SeqCst) && pid > 0 {
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        },
+    )
+    .await;
+    let logs = log_bits(&l.stdout_log, &l.stderr_log);
+    let result = match ran {
+        Ok(crate::warm::Ended::Exited(c)) => TaskResult::Exited(c),
+        Ok(crate::warm::Ended::Died(s)) => match (s.code(), s.signal()) {
+            (Some(c), _) => TaskResult::Exited(c),
+            (None, Some(sig)) => TaskResult::Signaled(sig),
+            (None, None) => TaskResult::Error("the Python worker ended without an exit status".into()),
+        },
+        Err(crate::warm::WarmError::NotSetUp) => return spawn(l, live, cwd, env).await,
+        Err(e) => TaskResult::Error(e.to_string()),
+    };
     (result, logs)
+}
+
+/// Which logs a task run in a worker wrote (the worker writes them itself).
+fn log_bits(out: &Path, err: &Path) -> u8 {
+    let wrote = |p: &Path| fs::metadata(p).map(|m| m.len() > 0).unwrap_or(false);
+    (wrote(out) as u8 * LOG_STDOUT) | (wrote(err) as u8 * LOG_STDERR)
+}
+
+/// What a task finds in its environment besides the node's: who it is,
+/// what it was granted, its GPUs, then its stage's `env`.
+fn task_env(l: &Launch, cwd: &Path) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("MESH_FARM".to_string(), l.farm_name.clone()),
+        ("MESH_TASK_ID".to_string(), l.task_id.clone()),
+        ("MESH_ATTEMPT".to_string(), l.attempt.to_string()),
+        ("MESH_WORKDIR".to_string(), cwd.to_string_lossy().into_owned()),
+        ("MESH_OUT".to_string(), l.out_dir.to_string_lossy().into_owned()),
+    ];
+    if !l.node.is_empty() {
+        env.push(("MESH_NODE".to_string(), l.node.clone()));
+    }
+    for (k, v) in l.grant.resources.iter() {
+        let value = if k == MEM {
+            v.whole().to_string()
+        } else {
+            v.to_plain()
+        };
+        env.push((
+            format!("MESH_RESOURCE_{}", k.to_ascii_uppercase().replace('-', "_")),
+            value,
+        ));
+    }
+    if !l.grant.gpus.is_empty() || !l.gpu_ids.is_empty() {
+        let ids: Vec<String> = l
+            .grant
+            .gpus
+            .iter()
+            .map(|&g| {
+                l.gpu_ids
+                    .get(g as usize)
+                    .cloned()
+                    .unwrap_or_else(|| g.to_string())
+            })
+            .collect();
+        env.push(("CUDA_VISIBLE_DEVICES".to_string(), ids.join(",")));
+        env.push(("MESH_GPUS".to_string(), ids.join(",")));
+    }
+    env.extend(l.spec.env.iter().cloned());
+    env
 }
 
 /// A pipe for a task's stdout or stderr: this side's read end, ready for

@@ -390,6 +390,10 @@ fn command(c: &Command) -> Value {
             None => return json!({}),
         },
         Command::Shell(text) => ("/bin/sh", vec!["-c", text]),
+        Command::Python(argv) => match argv.split_first() {
+            Some((p, rest)) => (p.as_str(), rest.iter().map(String::as_str).collect()),
+            None => return json!({}),
+        },
     };
     let mut v = json!({
         "arguments": args.into_iter().filter(|a| !a.is_empty()).collect::<Vec<_>>(),

@@ -20,6 +20,7 @@ pub mod state;
 pub mod task_view;
 pub mod task_words;
 pub mod view;
+pub mod warm;
 
 use std::io;
 

@@ -118,6 +118,7 @@ impl StageDef {
         let command = match &self.command {
             CommandTemplate::Argv(args) => args.iter().any(names_out),
             CommandTemplate::Shell(line) => names_out(line),
+            CommandTemplate::Python(args) => args.iter().any(names_out),
         };
         command || self.env.iter().any(|(_, v)| names_out(v))
     }
@@ -142,6 +143,10 @@ pub enum CommandTemplate {
     Argv(Vec<Template>),
     /// Run with `/bin/sh -c`.
     Shell(Template),
+    /// A Python interpreter, a script and its arguments, run as `Argv`
+    /// would be, by a warm worker of that interpreter where the node keeps
+    /// one (see `node/src/warm.rs`).
+    Python(Vec<Template>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -556,6 +561,8 @@ pub struct RenderCx<'a> {
 pub enum Command {
     Argv(Vec<String>),
     Shell(String),
+    /// See [`CommandTemplate::Python`].
+    Python(Vec<String>),
 }
 
 /// One task, expanded from its stage: everything needed to run it.
@@ -727,6 +734,9 @@ impl FarmDef {
                 Command::Argv(args.iter().map(|a| a.render(&cx)).collect())
             }
             CommandTemplate::Shell(s) => Command::Shell(s.render(&cx)),
+            CommandTemplate::Python(args) => {
+                Command::Python(args.iter().map(|a| a.render(&cx)).collect())
+            }
         };
         TaskSpec {
             command,
@@ -893,6 +903,13 @@ pub fn content_key(
             }
         }
         Command::Shell(s) => field(b"sh", s.as_bytes()),
+        // The interpreter is where it is on each machine: the script, its
+        // arguments and its inputs are what the result is of.
+        Command::Python(args) => {
+            for a in args.iter().skip(1) {
+                field(b"py", a.as_bytes());
+            }
+        }
     }
     let mut env: Vec<_> = spec.env.iter().collect();
     env.sort();

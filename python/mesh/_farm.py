@@ -135,6 +135,7 @@ def _sweep_value(x):
 _ORDER = [
     "command",
     "shell",
+    "python",
     "sweep_mode",
     "workdir",
     "inputs",
@@ -245,8 +246,8 @@ class Farm:
             raise ValueError(
                 "farm %s was read from %s and is submitted as written: edit the file" % (self.name, self._file)
             )
-        if (command is None) == (shell is None):
-            raise ValueError("stage %s: give command=[...] or shell=\"...\" (one of them)" % name)
+        if (command is None) + (shell is None) + ("python" not in more) != 2:
+            raise ValueError("stage %s: give command=[...], shell=\"...\" or python=[...] (one of them)" % name)
         fields = {}
         if command is not None:
             if isinstance(command, str):

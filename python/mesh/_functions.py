@@ -419,14 +419,9 @@ class Functions:
                 opts["after"] = after
             farm.stage(
                 name,
-                command=[
-                    "sh",
-                    "-c",
-                    'p="$0"; [ -x "$p" ] || p=python3; exec "$p" mesh_worker.py calls/"$1".pkl "$1" "$2"',
-                    python,
-                    "{id}",
-                    "{out}",
-                ],
+                # Run by a warm worker of that Python on each node (or the
+                # node's --python, or python3 where it has no such path).
+                python=[python, "mesh_worker.py", "calls/{id}.pkl", "{id}", "{out}"],
                 sweep=sweep,
                 sweep_mode="zip" if len(sweep) > 1 else None,
                 workdir="w/{id}",

@@ -111,8 +111,10 @@ pub enum Problem {
     MissingField { name: &'static str },
     #[error("missing field `command` (or `shell`): a stage needs something to run")]
     MissingCommand,
-    #[error("both `command` and `shell` are given; a stage takes exactly one of them")]
+    #[error("more than one of `command`, `shell` and `python` is given; a stage takes exactly one of them")]
     CommandAndShell,
+    #[error("`python` takes the interpreter and then a script: [\"python3\", \"script.py\", ...]")]
+    PythonScript,
     #[error("invalid type: {found}, expected {expected}")]
     WrongType {
         found: String,

@@ -23,6 +23,7 @@ pub(super) static STAGE_FIELDS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
 pub(super) const DEFAULT_FIELDS: &[&str] = &[
     "command",
     "shell",
+    "python",
     "sweep",
     "sweep_mode",
     "workdir",
@@ -41,6 +42,7 @@ pub(super) const DEFAULT_FIELDS: &[&str] = &[
 pub(super) enum RawCommand {
     Argv(Vec<At<String>>),
     Shell(At<String>),
+    Python(Vec<At<String>>),
 }
 
 /// One stage's (or `[defaults]`') fields, type-checked but not yet resolved.
@@ -221,7 +223,7 @@ impl Scope<'_> {
             }
             match k {
                 "name" => f.name = Some(self.string(v, k)?),
-                "command" | "shell" => {
+                "command" | "shell" | "python" => {
                     if f.command.is_some() {
                         return Err(self.fail(kpos, k, Problem::CommandAndShell));
                     }
@@ -235,6 +237,16 @@ impl Scope<'_> {
                             return Err(self.fail(vpos, k, Problem::EmptyCommand));
                         }
                         RawCommand::Argv(argv)
+                    } else if k == "python" {
+                        let argv = self.strings(
+                            v,
+                            k,
+                            "an array of strings: a Python interpreter, a script and its arguments",
+                        )?;
+                        if argv.len() < 2 {
+                            return Err(self.fail(vpos, k, Problem::PythonScript));
+                        }
+                        RawCommand::Python(argv)
                     } else {
                         let line = self.string(v, k)?;
                         if line.v.trim().is_empty() {

@@ -69,6 +69,11 @@ impl Scope<'_> {
             RawCommand::Shell(line) => {
                 CommandTemplate::Shell(self.template(line, "shell", &var_names)?)
             }
+            RawCommand::Python(args) => CommandTemplate::Python(
+                args.iter()
+                    .map(|a| self.template(a, "python", &var_names))
+                    .collect::<Result<_>>()?,
+            ),
         };
         let workdir = match &f.workdir {
             Some(w) => Some(self.path_template(w, "workdir", &sweep)?),

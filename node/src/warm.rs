@@ -1,0 +1,228 @@
+//! Warm Python workers: a task whose stage says `python` runs in an interpreter kept alive between tasks, so a thin task pays no interpreter start and no re-import.
+//!
+//! A worker is `python warm.py` (the script embedded here, written once
+//! into the node's state folder), one task at a time: the node writes the
+//! task (script, arguments, folder, environment, log files) as a line on
+//! its stdin and reads its exit code back. Workers are kept per
+//! interpreter and per set of GPUs (`CUDA_VISIBLE_DEVICES` counts only
+//! when a process starts), taken by a task for its run, given back after
+//! it, and stopped after `IDLE_MAX` unused. Each is its own process group:
+//! a kill of the task (a timeout, a cancel) kills the worker and all it
+//! started, and the next task gets a fresh one.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+/// The worker's own code.
+const SCRIPT: &str = include_str!("warm.py");
+/// A worker unused this long is stopped.
+const IDLE_MAX: Duration = Duration::from_secs(60);
+/// Idle workers kept per interpreter and GPU set, at most.
+const IDLE_PER_KIND: usize = 64;
+
+/// Where the script is, and which Python a node's `--python` says.
+struct Setup {
+    script: PathBuf,
+    python: Option<String>,
+}
+
+static SETUP: OnceLock<Setup> = OnceLock::new();
+static IDLE: OnceLock<Mutex<HashMap<Kind, Vec<Worker>>>> = OnceLock::new();
+
+/// What makes workers interchangeable.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Kind {
+    python: String,
+    gpus: Option<String>,
+}
+
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    used: Instant,
+}
+
+#[derive(Serialize)]
+struct Request<'a> {
+    argv: &'a [String],
+    cwd: &'a Path,
+    env: HashMap<&'a str, &'a str>,
+    out: &'a Path,
+    err: &'a Path,
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    code: i32,
+}
+
+/// Makes warm workers possible on this node: the script is written into
+/// `state`; `python` (the node's `--python`) runs every Python task.
+pub fn init(state: &Path, python: Option<String>) -> io::Result<()> {
+    if SETUP.get().is_some() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(state)?;
+    let script = state.join("warm.py");
+    let tmp = state.join(format!(".warm.py.{}", std::process::id()));
+    std::fs::write(&tmp, SCRIPT)?;
+    std::fs::rename(&tmp, &script)?;
+    let _ = SETUP.set(Setup { script, python });
+    Ok(())
+}
+
+/// The interpreter a task's `python` command runs in here: the node's
+/// `--python`, else the one it names where this machine has it (a path
+/// that exists, or a name on PATH), else `python3`.
+pub fn interpreter(named: &str) -> String {
+    if let Some(p) = SETUP.get().and_then(|s| s.python.clone()) {
+        return p;
+    }
+    let here = if named.contains('/') {
+        Path::new(named).is_file()
+    } else {
+        which::which(named).is_ok()
+    };
+    if here {
+        named.to_string()
+    } else {
+        "python3".to_string()
+    }
+}
+
+/// How a run in a worker ended.
+pub enum Ended {
+    Exited(i32),
+    /// The worker died (killed, or the script ended its process); the
+    /// status it died with.
+    Died(std::process::ExitStatus),
+}
+
+/// Why a task could not run in a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum WarmError {
+    #[error("warm Python workers are not set up on this node")]
+    NotSetUp,
+    #[error("could not start `{python}`: {source}")]
+    Start { python: String, source: io::Error },
+    #[error("talking to the Python worker: {0}")]
+    Pipe(#[from] io::Error),
+}
+
+/// Runs `argv` (`[python, script, args...]`) in a warm worker; `started`
+/// is told the worker's process id (its group's) before the task runs.
+pub async fn run(
+    argv: &[String],
+    cwd: &Path,
+    env: &[(String, String)],
+    logs: (&Path, &Path),
+    gpus: Option<&str>,
+    started: impl FnOnce(i32),
+) -> Result<Ended, WarmError> {
+    let setup = SETUP.get().ok_or(WarmError::NotSetUp)?;
+    let kind = Kind {
+        python: interpreter(&argv[0]),
+        gpus: gpus.map(str::to_string),
+    };
+    let mut w = match take(&kind) {
+        Some(w) => w,
+        None => start(&kind, &setup.script)?,
+    };
+    started(w.child.id().map(|p| p as i32).unwrap_or(0));
+    let req = Request {
+        argv: &argv[1..],
+        cwd,
+        env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+        out: logs.0,
+        err: logs.1,
+    };
+    let mut line = serde_json::to_vec(&req).map_err(io::Error::other)?;
+    line.push(b'\n');
+    let mut answer = String::new();
+    let talked = async {
+        w.stdin.write_all(&line).await?;
+        w.stdin.flush().await?;
+        w.stdout.read_line(&mut answer).await
+    }
+    .await;
+    match talked {
+        Ok(n) if n > 0 => {
+            let a: Answer = serde_json::from_str(&answer).map_err(io::Error::other)?;
+            w.used = Instant::now();
+            give_back(kind, w);
+            Ok(Ended::Exited(a.code))
+        }
+        // The worker is gone: killed with the task, or the script ended
+        // the process itself.
+        _ => {
+            let _ = w.child.start_kill();
+            let status = w.child.wait().await?;
+            Ok(Ended::Died(status))
+        }
+    }
+}
+
+fn start(kind: &Kind, script: &Path) -> Result<Worker, WarmError> {
+    let mut cmd = tokio::process::Command::new(&kind.python);
+    cmd.arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(g) = &kind.gpus {
+        cmd.env("CUDA_VISIBLE_DEVICES", g);
+    }
+    let mut child = cmd.spawn().map_err(|source| WarmError::Start {
+        python: kind.python.clone(),
+        source,
+    })?;
+    let stdin = child.stdin.take().expect("piped");
+    let stdout = BufReader::new(child.stdout.take().expect("piped"));
+    Ok(Worker {
+        child,
+        stdin,
+        stdout,
+        used: Instant::now(),
+    })
+}
+
+fn idle() -> std::sync::MutexGuard<'static, HashMap<Kind, Vec<Worker>>> {
+    IDLE.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// An idle worker of this kind that is still alive; stale ones go.
+fn take(kind: &Kind) -> Option<Worker> {
+    let mut idle = idle();
+    let now = Instant::now();
+    for ws in idle.values_mut() {
+        // Dropped: killed (kill_on_drop) and reaped by the runtime.
+        ws.retain(|w| now.duration_since(w.used) < IDLE_MAX);
+    }
+    let ws = idle.get_mut(kind)?;
+    while let Some(mut w) = ws.pop() {
+        if matches!(w.child.try_wait(), Ok(None)) {
+            return Some(w);
+        }
+    }
+    None
+}
+
+fn give_back(kind: Kind, w: Worker) {
+    let mut idle = idle();
+    let ws = idle.entry(kind).or_default();
+    if ws.len() < IDLE_PER_KIND {
+        ws.push(w);
+    }
+}
