@@ -171,9 +171,12 @@ enum Cmd {
         json: bool,
     },
     /// Stop a submitted farm: nothing new starts, running tasks are killed.
+    /// With tasks (`solve/3`): only those, and what depends on them is skipped.
     Cancel {
         #[arg(value_parser = args::name)]
         farm: String,
+        /// Tasks of the farm to cancel, as `mesh status` names them (`solve/3`).
+        tasks: Vec<String>,
     },
     /// With a node running: every node, the coordinator and the farms; otherwise a farm's
     /// progress per stage (default: the most recent farm).
@@ -450,7 +453,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             json,
         } => mesh_cmds::submit(&to, &farm, out, (wait, rerun), json),
         Cmd::Wait { farm, json } => mesh_cmds::wait(&to, &farm, json),
-        Cmd::Cancel { farm } => mesh_cmds::cancel(&to, &farm),
+        Cmd::Cancel { farm, tasks } => mesh_cmds::cancel(&to, &farm, &tasks),
         Cmd::ControlPipe => mesh_cmds::control_pipe(&to),
         Cmd::Watch {
             farm,

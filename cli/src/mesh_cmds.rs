@@ -622,23 +622,37 @@ fn print_farm(v: &FarmView) {
     }
 }
 
-pub fn cancel(to: &Target, farm: &str) -> Result<ExitCode> {
-    let mut c = ask(
-        to,
-        &ControlRequest::Cancel {
-            farm: farm.to_string(),
-        },
-    )?;
-    match c.recv() {
-        Some(Ok(ControlResponse::Cancelled { farm })) => {
-            outln!("cancelled {farm}");
-            Ok(ExitCode::SUCCESS)
+pub fn cancel(to: &Target, farm: &str, tasks: &[String]) -> Result<ExitCode> {
+    let asks: Vec<(ControlRequest, String)> = if tasks.is_empty() {
+        vec![(
+            ControlRequest::Cancel {
+                farm: farm.to_string(),
+            },
+            String::new(),
+        )]
+    } else {
+        tasks
+            .iter()
+            .map(|t| {
+                let req = ControlRequest::CancelTask {
+                    farm: farm.to_string(),
+                    task: t.clone(),
+                };
+                (req, format!(" {t}"))
+            })
+            .collect()
+    };
+    for (req, what) in asks {
+        let mut c = ask(to, &req)?;
+        match c.recv() {
+            Some(Ok(ControlResponse::Cancelled { farm })) => outln!("cancelled {farm}{what}"),
+            Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+            Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
+            Some(Err(e)) => bail!(e),
+            None => bail!("the node closed the connection"),
         }
-        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
-        Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
-        Some(Err(e)) => Err(e.into()),
-        None => bail!("the node closed the connection"),
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The mesh's status from the local node, or `None` when no node runs here;

@@ -164,6 +164,12 @@ pub enum ControlRequest {
     Cancel {
         farm: String,
     },
+    /// One task of a farm (`"solve/3"`): it does not start, or is killed;
+    /// the tasks that depend on it are skipped. Answered `Cancelled`.
+    CancelTask {
+        farm: String,
+        task: String,
+    },
     /// The mesh's nodes as the coordinator hears them (one request to
     /// it, whatever the mesh's size), and this node's own measures.
     Status,

@@ -500,7 +500,10 @@ async fn run_warm(
     if let Some(dir) = l.stdout_log.parent() {
         if let Err(e) = tokio::fs::create_dir_all(dir).await {
             return (
-                TaskResult::Error(format!("could not make the log folder {}: {e}", dir.display())),
+                TaskResult::Error(format!(
+                    "could not make the log folder {}: {e}",
+                    dir.display()
+                )),
                 0,
             );
         }
@@ -525,7 +528,9 @@ async fn run_warm(
         Ok(crate::warm::Ended::Died(s)) => match (s.code(), s.signal()) {
             (Some(c), _) => TaskResult::Exited(c),
             (None, Some(sig)) => TaskResult::Signaled(sig),
-            (None, None) => TaskResult::Error("the Python worker ended without an exit status".into()),
+            (None, None) => {
+                TaskResult::Error("the Python worker ended without an exit status".into())
+            }
         },
         Err(crate::warm::WarmError::NotSetUp) => return spawn(l, live, cwd, env).await,
         Err(e) => TaskResult::Error(e.to_string()),
@@ -546,8 +551,14 @@ fn task_env(l: &Launch, cwd: &Path) -> Vec<(String, String)> {
         ("MESH_FARM".to_string(), l.farm_name.clone()),
         ("MESH_TASK_ID".to_string(), l.task_id.clone()),
         ("MESH_ATTEMPT".to_string(), l.attempt.to_string()),
-        ("MESH_WORKDIR".to_string(), cwd.to_string_lossy().into_owned()),
-        ("MESH_OUT".to_string(), l.out_dir.to_string_lossy().into_owned()),
+        (
+            "MESH_WORKDIR".to_string(),
+            cwd.to_string_lossy().into_owned(),
+        ),
+        (
+            "MESH_OUT".to_string(),
+            l.out_dir.to_string_lossy().into_owned(),
+        ),
     ];
     if !l.node.is_empty() {
         env.push(("MESH_NODE".to_string(), l.node.clone()));

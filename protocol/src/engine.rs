@@ -849,6 +849,11 @@ impl Engine {
             }
             Verdict::Cancelled => {
                 st.set(i, CANCELLED);
+                // One task cancelled, not its farm: what waits for it
+                // would wait for ever.
+                if !self.farms[farm.0 as usize].cancelled {
+                    self.fail_dependents(farm, task.stage, Some(task.index));
+                }
             }
         }
         if let Some(stop) = stop {
@@ -1241,6 +1246,49 @@ impl Engine {
             st.ready.clear();
         }
         self.kill_all(Some(farm), KillReason::Cancel);
+        self.check_finished(farm);
+    }
+
+    /// Whether the whole farm was cancelled.
+    pub fn cancelled(&self, farm: FarmSlot) -> bool {
+        self.farms.get(farm.0 as usize).is_some_and(|f| f.cancelled)
+    }
+
+    /// Cancels one task: it does not start, or, running, is killed; the
+    /// tasks that depend on it are skipped, as after a failure. A task
+    /// that ended already is left as it is.
+    pub fn cancel_task(&mut self, farm: FarmSlot, task: TaskRef) {
+        let Some(f) = self.farms.get_mut(farm.0 as usize) else {
+            return;
+        };
+        let Some(st) = f.stages.get_mut(task.stage as usize) else {
+            return;
+        };
+        let i = task.index as usize;
+        match st.status.get(i).copied() {
+            Some(PENDING | HELD) => {
+                st.set(i, CANCELLED);
+                st.ready.retain(|&x| x != task.index);
+                self.fail_dependents(farm, task.stage, Some(task.index));
+            }
+            Some(RUNNING) => {
+                let killed = self.running.update(&(farm, task), |r| {
+                    r.killed.is_none().then(|| {
+                        r.killed = Some(KillReason::Cancel);
+                        r.attempt
+                    })
+                });
+                if let Some(Some(attempt)) = killed {
+                    self.actions.push_back(Action::Kill {
+                        farm,
+                        task,
+                        attempt,
+                        reason: KillReason::Cancel,
+                    });
+                }
+            }
+            _ => {}
+        }
         self.check_finished(farm);
     }
 

@@ -297,13 +297,12 @@ class Functions:
             self.cv.notify_all()
         if queued or run is None:
             return
-        # A farm whose every call is cancelled is cancelled: its running
-        # tasks are killed.
-        if all(x.cancelled() or x.done() for x in self.runs.get(run.id, {}).values()):
-            try:
-                run.cancel()
-            except MeshError:
-                pass
+        # Killed where it runs, or dropped where it waits; the calls given
+        # its future are skipped by the node, and raise CancelledError here.
+        try:
+            run.cancel_task(f.task_name)
+        except MeshError:
+            pass
 
     def close(self):
         with self.cv:
@@ -457,8 +456,10 @@ class Functions:
                 p = run.progress()
                 why = "; ".join(p.stopped_words or p.failures) or "its farm %s ended without running it" % run.id
                 for f in left:
-                    bad = next((d for d in f._deps if d.status == "error"), None)
-                    if bad is not None:
+                    bad = next((d for d in f._deps if d.status in ("error", "cancelled")), None)
+                    if bad is not None and bad.status == "cancelled":
+                        f._settle(exc=cf.CancelledError("%s was cancelled, and %s needs its value" % (bad.key, f.key)))
+                    elif bad is not None:
                         f._settle(exc=bad.exception(0))
                     else:
                         f._settle(exc=MeshError("%s did not run: %s" % (f.key, why)))

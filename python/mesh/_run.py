@@ -349,6 +349,11 @@ class Run:
         """Stops the farm: nothing new starts and running tasks are killed."""
         self.client._ask({"Cancel": {"farm": self.id}}, "Cancelled")
 
+    def cancel_task(self, task):
+        """Stops one task (``"solve/3"``): it does not start, or is killed;
+        the tasks that depend on it are skipped. The rest go on."""
+        self.client._ask({"CancelTask": {"farm": self.id, "task": task}}, "Cancelled")
+
     def progress(self):
         """Where the farm stands now (:class:`Progress`)."""
         return Progress(self.client._ask({"Farm": {"farm": self.id}}, "Farm"))

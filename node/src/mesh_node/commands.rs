@@ -63,6 +63,31 @@ impl Node {
                     let _ = reply.send(ControlResponse::Cancelled { farm: id });
                 }
             },
+            ControlRequest::CancelTask { farm, task } => {
+                let found = self
+                    .find_farm(&farm)
+                    .map_err(|e| e.to_string())
+                    .and_then(|fid| {
+                        let spec = self
+                            .peer
+                            .spec(fid)
+                            .ok_or_else(|| format!("farm {farm} is not held here"))?;
+                        let t = crate::task_words::parse_task(&spec.def, &task)
+                            .map_err(|e| e.to_string())?;
+                        Ok((fid, t))
+                    });
+                match found {
+                    Err(e) => {
+                        let _ = reply.send(ControlResponse::Error(e));
+                    }
+                    Ok((fid, t)) => {
+                        let now = self.now();
+                        self.peer.cancel_task(now, fid, t);
+                        let id = self.home.farms[&fid].view.id.clone();
+                        let _ = reply.send(ControlResponse::Cancelled { farm: id });
+                    }
+                }
+            }
             ControlRequest::Status => self.gather(HashMap::new(), Ask::Coordinator, move |o| {
                 let _ = reply.send(ControlResponse::Status(Box::new(o.status)));
             }),

@@ -1048,9 +1048,17 @@ fn a_remote_engine_stops_a_stage_too() {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Finish { pick: usize, code: i32 },
+    Finish {
+        pick: usize,
+        code: i32,
+    },
     Tick(u64),
     Cancel,
+    /// One task of stage `stage % 4`, index `index % n`: a client's future.
+    CancelTask {
+        stage: u32,
+        index: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -1058,6 +1066,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (any::<usize>(), prop_oneof![3 => Just(0), 1 => Just(1), 1 => Just(2)]).prop_map(|(pick, code)| Op::Finish { pick, code }),
         2 => (1u64..200).prop_map(Op::Tick),
         1 => Just(Op::Cancel),
+        2 => (any::<u32>(), any::<u32>()).prop_map(|(stage, index)| Op::CancelTask { stage, index }),
     ]
 }
 
@@ -1127,6 +1136,11 @@ proptest! {
                     e.handle_timeout(now);
                 }
                 Op::Cancel => e.cancel(slot),
+                Op::CancelTask { stage, index } => {
+                    let s = stage % 4;
+                    let len = if s == 2 { 2 } else { n as u32 };
+                    e.cancel_task(slot, TaskRef::new(s, index % len));
+                }
             }
             collect(&mut e, &mut live);
         }

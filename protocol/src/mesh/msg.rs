@@ -645,4 +645,7 @@ pub enum Msg {
     Alloc(Box<AllocCmd>),
     /// The allocation book, to a node that holds an older one.
     Allocs(Arc<AllocBook>),
+    /// Anyone to coordinator, and coordinator to the worker that has it:
+    /// stop this one task (a client's future cancelled), not its farm.
+    CancelTask { farm: FarmId, task: TaskRef },
 }

@@ -653,6 +653,15 @@ impl Peer {
                 &mut self.worker,
                 &mut self.out,
             ),
+            Msg::CancelTask { farm, task } => on_farms::task_cancelled(
+                from,
+                farm,
+                task,
+                &self.node,
+                self.coord.as_mut(),
+                &mut self.worker,
+                &mut self.out,
+            ),
             Msg::Failure(f) => self.out.emit(PeerEvent::Failure(f)),
         }
     }

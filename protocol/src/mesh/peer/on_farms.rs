@@ -154,6 +154,15 @@ impl Peer {
         self.pump(now);
     }
 
+    /// Asks the coordinator to stop one task of a farm.
+    pub fn cancel_task(&mut self, now: Millis, farm: FarmId, task: TaskRef) {
+        self.node
+            .election
+            .leader()
+            .send(&mut self.out, |_| Msg::CancelTask { farm, task });
+        self.pump(now);
+    }
+
     /// The farm's inputs (none, or every one) are here: a copy held here
     /// now counts, and a farm waiting for that may be accepted.
     pub fn inputs_ready(&mut self, now: Millis, farm: FarmId, ok: bool) {
@@ -411,6 +420,24 @@ pub(super) fn farm_cancelled(
     }
     if node.election.coordinator() == Some(from) || from == node.id {
         worker.cancel(farm, out);
+    }
+}
+
+/// The coordinator, or this node itself, stops one task.
+pub(super) fn task_cancelled(
+    from: NodeId,
+    farm: FarmId,
+    task: TaskRef,
+    node: &Node,
+    coord: Option<&mut Coord>,
+    worker: &mut Worker,
+    out: &mut Out,
+) {
+    if let Some(c) = coord {
+        c.cancel_task(farm, task, out);
+    }
+    if node.election.coordinator() == Some(from) || from == node.id {
+        worker.cancel_task(farm, task, out);
     }
 }
 

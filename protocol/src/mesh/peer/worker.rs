@@ -454,6 +454,42 @@ impl Worker {
         }
     }
 
+    /// The coordinator cancelled one task: dropped if it waits here,
+    /// killed if it runs. The engine hears of it as of a cancelled farm's.
+    pub(super) fn cancel_task(&mut self, farm: FarmId, task: TaskRef, out: &mut Out) {
+        if let Some(at) = self
+            .queue
+            .iter()
+            .position(|a| a.farm == farm && a.task == task)
+        {
+            let a = self.queue.remove(at).expect("found");
+            self.report(Report {
+                task: a,
+                result: TaskResult::Error("cancelled".into()),
+                key: None,
+                duration_ms: 0,
+                ended_ms: 0,
+                grew: None,
+                outputs: Vec::new(),
+                stderr_line: None,
+            });
+            return;
+        }
+        if let Some(r) = self.running.get_mut(&(farm, task)) {
+            if r.killed.is_none() {
+                r.killed = Some(KillReason::Cancel);
+                out.push(Action::Kill {
+                    task: Assigned {
+                        farm,
+                        task,
+                        attempt: r.attempt,
+                    },
+                    reason: KillReason::Cancel,
+                });
+            }
+        }
+    }
+
     /// The coordinator cancelled `farm`: drops what waits here and kills
     /// what runs. The engine hears of each.
     pub(super) fn cancel(&mut self, farm: FarmId, out: &mut Out) {

@@ -474,12 +474,13 @@ impl Coord {
                 } => {
                     if reason == KillReason::Cancel {
                         if let Some((node, ..)) = self.claims.get(&(farm, task)) {
-                            sends.push((
-                                *node,
-                                Msg::Cancel {
-                                    farm: self.slots[farm.0 as usize],
-                                },
-                            ));
+                            let fid = self.slots[farm.0 as usize];
+                            let msg = if self.engine.cancelled(farm) {
+                                Msg::Cancel { farm: fid }
+                            } else {
+                                Msg::CancelTask { farm: fid, task }
+                            };
+                            sends.push((*node, msg));
                         }
                     }
                 }
@@ -919,6 +920,16 @@ impl Coord {
         if let Some(f) = self.farms.get(&farm) {
             let slot = f.slot;
             self.engine.cancel(slot);
+            self.drain(out);
+        }
+    }
+
+    /// Stops one task of a farm: the engine kills it where it runs, or
+    /// drops it from what waits.
+    pub(super) fn cancel_task(&mut self, farm: FarmId, task: TaskRef, out: &mut Out) {
+        if let Some(f) = self.farms.get(&farm) {
+            let slot = f.slot;
+            self.engine.cancel_task(slot, task);
             self.drain(out);
         }
     }
