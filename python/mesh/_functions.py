@@ -261,7 +261,7 @@ class Functions:
         fns = self
         buf = io.BytesIO()
         try:
-            Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((fn, tuple(args), dict(kwargs)))
+            Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((fn, tuple(args), dict(kwargs), os.getcwd()))
         except Exception as e:
             raise TypeError("cannot send %s to the mesh: its function or an argument does not pickle: %s: %s" % (_name_of(fn), type(e).__name__, e)) from e
         body = buf.getvalue()

@@ -91,12 +91,20 @@ def main(argv):
         import cloudpickle
     except ImportError:
         _refuse("cloudpickle is not installed in the python here (%s): pip install cloudpickle" % sys.executable)
+    home = os.getcwd()
     try:
         given = {}
         if os.path.exists(call_path[: -len(".pkl")] + ".vals"):
             with open(call_path[: -len(".pkl")] + ".vals", "rb") as f:
                 given = pickle.load(f)
-        fn, args, kwargs = _loads(body, out, given)
+        fn, args, kwargs, cwd = _loads(body, out, given)
+        # Where the client ran, where this machine has that folder (the
+        # same machine, a shared file system): relative paths and $PWD
+        # mean there what they meant to the client, as on a Dask worker
+        # started in the job's folder. Else the task's own folder.
+        if cwd and os.path.isdir(cwd):
+            os.chdir(cwd)
+            os.environ["PWD"] = cwd
         value = fn(*args, **kwargs)
         data = cloudpickle.dumps(value)
     except BaseException as e:  # noqa: B902 - the client gets whatever it raised
@@ -111,10 +119,10 @@ def main(argv):
         sys.stderr.write(EXCEPTION_MARK + mark + "\n")
         sys.stderr.flush()
         sys.exit(RAISED)
-    tmp = result_name(key) + ".part"
+    tmp = os.path.join(home, result_name(key) + ".part")
     with open(tmp, "wb") as f:
         f.write(data)
-    os.replace(tmp, result_name(key))
+    os.replace(tmp, os.path.join(home, result_name(key)))
 
 
 if __name__ == "__main__":
