@@ -281,10 +281,11 @@ class Client:
         else:
             keys = [None] * len(calls)
         fns = self._functions()
-        return [
-            fns.call(fn, a, kwargs, key=k, pure=pure, resources=resources, retries=retries, priority=priority)
-            for a, k in zip(calls, keys)
-        ]
+        with fns.hold():
+            return [
+                fns.call(fn, a, kwargs, key=k, pure=pure, resources=resources, retries=retries, priority=priority)
+                for a, k in zip(calls, keys)
+            ]
 
     def run(self, farm):
         """The :class:`Run` of a farm submitted earlier (its id, id prefix or name)."""

@@ -22,24 +22,29 @@ import io
 import os
 import pickle
 import re
-import shutil
 import sys
 import threading
 import time
 import uuid
+import weakref
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 
 from . import _worker
 from ._errors import MeshError
 from ._farm import Farm
 
-#: How long the sender waits after the first call of a batch for more
-#: (a loop of submits), in seconds.
-LINGER_S = 0.005
+#: How long the sender waits after the first call of a batch for more, in
+#: seconds: none, as a lone submit wants its value soon; calls made while
+#: a batch is being sent go in the next (a loop of submits), and a map's
+#: go in one (see `Functions.holding`).
+LINGER_S = 0.0
 #: The farm name of every batch of calls: a key kept by an earlier farm of
 #: this name is reused (see docs/python.md).
 FARM_NAME = "python"
 
+#: Calls run in warm workers (a stage's ``python``); False starts an
+#: interpreter per call (a stage's ``command``), for benchmarks.
+WARM = True
 #: The major.minor written in each call: the node's Python must be the same.
 PYTHON_VERSION = "%d.%d" % sys.version_info[:2]
 
@@ -234,11 +239,13 @@ class Functions:
         self.python = python
         self.cv = threading.Condition()
         self.queue = collections.OrderedDict()
-        self.by_key = {}
+        self.by_key = weakref.WeakValueDictionary()
         self.closed = False
         self.batches = 0
         self.sender = None
         self.runs = {}
+        #: Maps making their calls: the sender waits for them to finish.
+        self.holding = 0
 
     # ----- calls -----
 
@@ -278,8 +285,10 @@ class Functions:
         with self.cv:
             if self.closed:
                 raise MeshError("the client is closed")
+            # A key names one call: the same call again (pure), or a key
+            # given twice, is the same future, as in Dask.
             old = self.by_key.get(key)
-            if old is not None and old.status != "cancelled" and pure:
+            if old is not None and old.status != "cancelled":
                 return old
             f = Future(self, key, list(deps.values()))
             f._body = _worker.MAGIC + PYTHON_VERSION.encode() + b"\n" + body
@@ -289,6 +298,22 @@ class Functions:
             self._start_sender()
             self.cv.notify_all()
         return f
+
+    def hold(self):
+        """``with fns.hold():`` the calls made in it go in one batch."""
+        fns = self
+
+        class Hold:
+            def __enter__(self):
+                with fns.cv:
+                    fns.holding += 1
+
+            def __exit__(self, *exc):
+                with fns.cv:
+                    fns.holding -= 1
+                    fns.cv.notify_all()
+
+        return Hold()
 
     def _cancelled(self, f):
         with self.cv:
@@ -319,11 +344,12 @@ class Functions:
     def _send_loop(self):
         while True:
             with self.cv:
-                while not self.closed and not self._ready_any():
+                while not self.closed and (self.holding or not self._ready_any()):
                     self.cv.wait(1.0)
                 if self.closed and not self.queue:
                     return
-            time.sleep(LINGER_S)
+            if LINGER_S:
+                time.sleep(LINGER_S)
             with self.cv:
                 batch, failed = self._take()
             for f, exc in failed:
@@ -373,7 +399,7 @@ class Functions:
         seq = self.batches
         calls = os.path.join(self.root, "calls")
         os.makedirs(calls, exist_ok=True)
-        shutil.copyfile(_worker.__file__, os.path.join(self.root, "mesh_worker.py"))
+        self._put_worker()
         in_batch = {f.key for f in batch}
         level = {}
         groups = collections.OrderedDict()
@@ -383,6 +409,8 @@ class Functions:
             level[f.key] = 1 + max((level[d.key] for d in up), default=-1)
             with open(os.path.join(calls, f.key + ".pkl"), "wb") as w:
                 w.write(f._body)
+            # On disk now: a pending future keeps its key, not its call.
+            f._body = None
             if earlier:
                 vals = {}
                 for d in earlier:
@@ -416,14 +444,20 @@ class Functions:
                 opts["retries"] = retries
             if after:
                 opts["after"] = after
+            # `{out}` (a view of exactly its dependencies, made per task)
+            # only for calls given futures of this farm.
+            argv = [python, "mesh_worker.py", "calls/{id}.pkl", "{id}", "{out}" if after else "-"]
+            run_as = {"python" if WARM else "command": argv}
             farm.stage(
                 name,
                 # Run by a warm worker of that Python on each node (or the
                 # node's --python, or python3 where it has no such path).
-                python=[python, "mesh_worker.py", "calls/{id}.pkl", "{id}", "{out}"],
+                **run_as,
                 sweep=sweep,
                 sweep_mode="zip" if len(sweep) > 1 else None,
-                workdir="w/{id}",
+                # No folder per call: it runs in the farm's folder (on
+                # another node, its copy of the inputs), where its result's
+                # name is its own.
                 inputs=inputs,
                 outputs=[_worker.result_name("{id}")],
                 **opts,
@@ -436,6 +470,24 @@ class Functions:
             self.runs[run.id] = by_key
         t = threading.Thread(target=self._follow, args=(run, by_key), name="mesh-follow", daemon=True)
         t.start()
+
+    def _put_worker(self):
+        """The worker script beside the calls, once: tasks of an earlier
+        batch run it from there while this one is sent, so it is never
+        rewritten in place (a run reading it half written would do nothing)."""
+        dst = os.path.join(self.root, "mesh_worker.py")
+        with open(_worker.__file__, "rb") as f:
+            text = f.read()
+        try:
+            with open(dst, "rb") as f:
+                if f.read() == text:
+                    return
+        except FileNotFoundError:
+            pass
+        tmp = "%s.%d.part" % (dst, os.getpid())
+        with open(tmp, "wb") as f:
+            f.write(text)
+        os.replace(tmp, dst)
 
     def _follow(self, run, by_key):
         try:
@@ -606,7 +658,8 @@ class Executor(cf.Executor):
         return f
 
     def map(self, fn, *iterables, timeout=None, chunksize=1):
-        fs = [self.submit(fn, *a) for a in zip(*iterables)]
+        with self._client._functions().hold():
+            fs = [self.submit(fn, *a) for a in zip(*iterables)]
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def results():

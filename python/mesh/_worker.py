@@ -40,7 +40,7 @@ def result_name(key):
 
 def _find(key, out):
     name = result_name(key)
-    found = glob.glob(os.path.join(glob.escape(out), "*", "*", name))
+    found = [] if out == "-" else glob.glob(os.path.join(glob.escape(out), "*", "*", name))
     if not found:
         raise LookupError("the value of future %s is not under %s: it is not among this task's dependencies" % (key, out))
     return found[0]

@@ -1,0 +1,173 @@
+"""Benchmark: Python functions on mesh against Dask distributed, in the same run.
+
+    python python/tests/bench_functions.py [--tasks 10000] [--bin target/release/mesh] [--only NAME]
+
+Needs dask[distributed] and numpy in the Python that runs it (a venv:
+``pip install "dask[distributed]" numpy cloudpickle``). Each figure:
+
+- ``thin``: N ``inc`` calls, ``map`` then ``gather``, on ``mesh.local(cpus=2)``
+  against Dask's ``LocalCluster(n_workers=2, threads_per_worker=1)``, both
+  started before the clock; the ratio mesh / Dask (target <= 0.3).
+- ``first``: ``submit(inc, i).result()`` on a warm node, the median of 30.
+- ``numpy``: 1,000 calls that import numpy and return an array's sum, with
+  warm workers against an interpreter started per call.
+- ``two``: 2,000 ``time.sleep(0.005)`` calls on 2 nodes of 1 core against
+  one node of 2 (target <= 1.10).
+- ``memory``: 100,000 pending futures: bytes per future at the client, and
+  the node's resident memory per task against a command sweep of as many.
+"""
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+import mesh  # noqa: E402
+import mesh._functions  # noqa: E402
+
+
+def inc(x):
+    return x + 1
+
+
+def nap(x):
+    time.sleep(0.005)
+    return x
+
+
+def numpy_sum(n):
+    import numpy as np
+
+    return int(np.arange(n).sum())
+
+
+def timed(f):
+    t0 = time.monotonic()
+    v = f()
+    return time.monotonic() - t0, v
+
+
+def thin(n):
+    from dask.distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, Client(cluster) as dc:
+        dc.submit(inc, -1).result()
+        dask_s, got = timed(lambda: dc.gather(dc.map(inc, range(n))))
+        assert got == list(range(1, n + 1))
+    with mesh.local(cpus=2) as c:
+        c.submit(inc, -1).result()
+        mesh_s, got = timed(lambda: c.gather(c.map(inc, range(n))))
+        assert got == list(range(1, n + 1))
+    print("thin: %d inc calls: mesh %.2f s (%.3f ms a call), Dask %.2f s (%.3f ms): ratio %.3f (target <= 0.3)" % (n, mesh_s, mesh_s / n * 1e3, dask_s, dask_s / n * 1e3, mesh_s / dask_s))
+
+
+def first():
+    with mesh.local(cpus=2) as c:
+        for i in range(5):
+            c.submit(inc, 10_000 + i).result()
+        times = []
+        for i in range(30):
+            t0 = time.monotonic()
+            c.submit(inc, i).result()
+            times.append(time.monotonic() - t0)
+    print("first: submit(...).result() on a warm node: median %.1f ms, min %.1f ms (target <= 5 ms)" % (statistics.median(times) * 1e3, min(times) * 1e3))
+
+
+def numpy_calls(n=1000):
+    with mesh.local(cpus=2) as c:
+        c.submit(numpy_sum, 10).result()
+        warm_s, got = timed(lambda: c.gather(c.map(numpy_sum, range(n), pure=False)))
+        mesh._functions.WARM = False
+        try:
+            cold_s, got2 = timed(lambda: c.gather(c.map(numpy_sum, range(n), pure=False)))
+        finally:
+            mesh._functions.WARM = True
+    assert got == got2
+    print("numpy: %d calls: warm workers %.2f s, an interpreter a call %.2f s: %.1fx faster" % (n, warm_s, cold_s, cold_s / warm_s))
+
+
+def two(n=2000):
+    with mesh.local(cpus=2) as one:
+        one.submit(nap, -1).result()
+        one_s, _ = timed(lambda: one.gather(one.map(nap, range(n))))
+    with mesh.local(cpus=1) as a:
+        with mesh.local(cpus=1, join=a.address, key=os.path.join(a.state_dir, "mesh.key")) as b:
+            deadline = time.monotonic() + 60
+            while len(a.status()["nodes"]) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            a.submit(nap, -1).result()
+            two_s, fs = timed(lambda: a.map(nap, range(n)))
+            t0 = time.monotonic()
+            a.gather(fs)
+            two_s += time.monotonic() - t0
+            on = {f.task.node for f in fs}
+            assert b.node in on
+    print("two: %d sleep(0.005) calls: 2 nodes of 1 core %.2f s (ran on %d), 1 node of 2 %.2f s: ratio %.3f (target <= 1.10)" % (n, two_s, len(on), one_s, two_s / one_s))
+
+
+def rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def hold(x):
+    if x == 0:
+        time.sleep(300)
+    return x
+
+
+def memory(n=100_000):
+    with mesh.local(cpus=1) as c:
+        c.submit(inc, 0).result()
+        # One core, held by the first call: the others wait at the node.
+        gc.collect()
+        tracemalloc.start()
+        before_node = rss_kib(c.proc.pid)
+        fs = c.map(hold, range(n))
+        while any(f._run is None for f in fs[-1:]):
+            time.sleep(0.2)
+        cur, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        time.sleep(2)
+        node_fn = rss_kib(c.proc.pid) - before_node
+        for r in {f._run.id: f._run for f in fs}.values():
+            r.cancel()
+        del fs
+    with mesh.local(cpus=1) as c:
+        before = rss_kib(c.proc.pid)
+        folder = tempfile.mkdtemp(prefix="mesh-bench-sweep-")
+        run = c.map("sleep 300", range(n), root=folder, out=os.path.join(folder, "out"))
+        time.sleep(2)
+        node_sweep = rss_kib(c.proc.pid) - before
+        run.cancel()
+    print(
+        "memory: %d pending futures: %.0f bytes a future at the client; at the node %.0f bytes a call against %.0f a sweep's task"
+        % (n, cur / n, node_fn * 1024 / n, node_sweep * 1024 / n)
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", type=int, default=10_000)
+    ap.add_argument("--bin", default=os.path.join(REPO, "target", "release", "mesh"))
+    ap.add_argument("--only", default=None)
+    a = ap.parse_args()
+    os.environ["MESH_BIN"] = os.path.abspath(a.bin)
+    for name, f in [("thin", lambda: thin(a.tasks)), ("first", first), ("numpy", numpy_calls), ("two", two), ("memory", memory)]:
+        if a.only in (None, name):
+            f()
+
+
+if __name__ == "__main__":
+    main()
