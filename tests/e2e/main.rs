@@ -22,6 +22,7 @@ mod run;
 mod sim;
 mod tidy;
 mod told;
+mod warm;
 mod whatif;
 
 use mesh_tests::Sandbox;

@@ -111,8 +111,11 @@ pub enum Problem {
     MissingField { name: &'static str },
     #[error("missing field `command` (or `shell`): a stage needs something to run")]
     MissingCommand,
-    #[error("more than one of `command`, `shell` and `python` is given; a stage takes exactly one of them")]
-    CommandAndShell,
+    #[error("both `{first}` and `{second}` are given; a stage takes exactly one of `command`, `shell` and `python`")]
+    CommandAndShell {
+        first: &'static str,
+        second: &'static str,
+    },
     #[error("`python` takes the interpreter and then a script: [\"python3\", \"script.py\", ...]")]
     PythonScript,
     #[error("invalid type: {found}, expected {expected}")]

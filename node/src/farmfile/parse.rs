@@ -224,8 +224,18 @@ impl Scope<'_> {
             match k {
                 "name" => f.name = Some(self.string(v, k)?),
                 "command" | "shell" | "python" => {
-                    if f.command.is_some() {
-                        return Err(self.fail(kpos, k, Problem::CommandAndShell));
+                    if let Some(first) = &f.command {
+                        let first = match first.v {
+                            RawCommand::Argv(_) => "command",
+                            RawCommand::Shell(_) => "shell",
+                            RawCommand::Python(_) => "python",
+                        };
+                        let second = match k {
+                            "command" => "command",
+                            "shell" => "shell",
+                            _ => "python",
+                        };
+                        return Err(self.fail(kpos, k, Problem::CommandAndShell { first, second }));
                     }
                     let cmd = if k == "command" {
                         let argv = self.strings(
