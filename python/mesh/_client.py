@@ -38,11 +38,17 @@ def default_state_dir():
 
 
 def mesh_binary(binary=None):
-    """The ``mesh`` program: ``binary``, ``$MESH_BIN``, or ``mesh`` on PATH."""
+    """The ``mesh`` program: ``binary``, ``$MESH_BIN``, ``mesh`` on PATH, or
+    the one ``pip install`` put beside this Python (a venv not activated)."""
     b = binary or os.environ.get("MESH_BIN") or shutil.which("mesh")
     if not b:
+        beside = os.path.join(os.path.dirname(sys.executable), "mesh")
+        if os.access(beside, os.X_OK):
+            b = beside
+    if not b:
         raise MeshError(
-            "cannot find the mesh program: put it on PATH (cargo install --path cli), or set MESH_BIN"
+            "cannot find the mesh program: pip install ./python brings it, or put it on PATH "
+            "(cargo install --path cli), or set MESH_BIN"
         )
     return b
 
