@@ -38,6 +38,8 @@ from ._farm import Farm
 #: a batch is being sent go in the next (a loop of submits), and a map's
 #: go in one (see `Functions.holding`).
 LINGER_S = 0.0
+#: Pickled arguments up to this size ride in the farm (base64) instead of a file.
+INLINE_MAX = 768
 #: The farm name of every batch of calls: a key kept by an earlier farm of
 #: this name is reused (see docs/python.md).
 FARM_NAME = "python"
@@ -94,6 +96,8 @@ class Future(cf.Future):
         self._fns = fns
         self._deps = deps
         self._body = None
+        self._fn = None
+        self._args = None
         self._opts = None
         self._run = None
         self._path = None
@@ -156,6 +160,15 @@ class Future(cf.Future):
             self.set_exception(exc)
         else:
             self.set_result(value)
+
+
+def _put_file(path, data):
+    """``data`` at ``path``, whole or not at all (a task of an earlier batch
+    may be reading it)."""
+    tmp = "%s.%d.part" % (path, os.getpid())
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 def _futures_in(v, out):
@@ -246,6 +259,12 @@ class Functions:
         self.runs = {}
         #: Maps making their calls: the sender waits for them to finish.
         self.holding = 0
+        #: The worker script is in `root` (this client's own folder).
+        self.worker_put = False
+        #: Functions pickled, by id (with the function, so the id stays its).
+        self.fn_cache = {}
+        #: Functions written to `root/fns`, by hash.
+        self.fns_put = set()
 
     # ----- calls -----
 
@@ -264,18 +283,19 @@ class Functions:
                     return (_worker.FUTURE, obj.key)
                 return None
 
-        _by_value(cp, fn)
         fns = self
+        fn_hash, fn_bytes = self._pickled_function(cp, fn)
         buf = io.BytesIO()
         try:
-            Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((fn, tuple(args), dict(kwargs), os.getcwd()))
+            Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((tuple(args), dict(kwargs), os.getcwd()))
         except Exception as e:
-            raise TypeError("cannot send %s to the mesh: its function or an argument does not pickle: %s: %s" % (_name_of(fn), type(e).__name__, e)) from e
+            raise TypeError("cannot send %s to the mesh: an argument does not pickle: %s: %s" % (_name_of(fn), type(e).__name__, e)) from e
         body = buf.getvalue()
         opts = (tuple(sorted((resources or {}).items())), retries)
         if key is None:
             if pure:
-                h = hashlib.blake2b(body, digest_size=16)
+                h = hashlib.blake2b(fn_hash.encode(), digest_size=16)
+                h.update(body)
                 h.update(repr(opts).encode())
                 key = "%s-%s" % (_name_of(fn), h.hexdigest())
             else:
@@ -291,13 +311,31 @@ class Functions:
             if old is not None and old.status != "cancelled":
                 return old
             f = Future(self, key, list(deps.values()))
-            f._body = _worker.MAGIC + PYTHON_VERSION.encode() + b"\n" + body
+            f._body = body
+            f._fn = (fn_hash, fn_bytes)
             f._opts = opts
             self.by_key[key] = f
             self.queue[key] = f
             self._start_sender()
             self.cv.notify_all()
         return f
+
+    def _pickled_function(self, cp, fn):
+        """The function's pickle (the client's Python first) and its hash,
+        made once per function: a map's calls share one file of it."""
+        got = self.fn_cache.get(id(fn))
+        if got is not None and got[0] is fn:
+            return got[1], got[2]
+        _by_value(cp, fn)
+        try:
+            data = _worker.MAGIC + PYTHON_VERSION.encode() + b"\n" + cp.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            raise TypeError("cannot send %s to the mesh: the function does not pickle: %s: %s" % (_name_of(fn), type(e).__name__, e)) from e
+        h = hashlib.blake2b(data, digest_size=16).hexdigest()
+        if len(self.fn_cache) >= 64:
+            self.fn_cache.clear()
+        self.fn_cache[id(fn)] = (fn, h, data)
+        return h, data
 
     def hold(self):
         """``with fns.hold():`` the calls made in it go in one batch."""
@@ -399,6 +437,7 @@ class Functions:
         seq = self.batches
         calls = os.path.join(self.root, "calls")
         os.makedirs(calls, exist_ok=True)
+        os.makedirs(os.path.join(self.root, "fns"), exist_ok=True)
         self._put_worker()
         in_batch = {f.key for f in batch}
         level = {}
@@ -407,10 +446,22 @@ class Functions:
             up = [d for d in f._deps if d.key in in_batch]
             earlier = [d for d in f._deps if d.key not in in_batch]
             level[f.key] = 1 + max((level[d.key] for d in up), default=-1)
-            with open(os.path.join(calls, f.key + ".pkl"), "wb") as w:
-                w.write(f._body)
-            # On disk now: a pending future keeps its key, not its call.
+            fn_hash, fn_bytes = f._fn
+            if fn_hash not in self.fns_put:
+                _put_file(os.path.join(self.root, "fns", fn_hash + ".pkl"), fn_bytes)
+                self.fns_put.add(fn_hash)
+            # Arguments ride in the farm itself where they are small (a
+            # file made per call was most of a thin call's cost here).
+            inline = len(f._body) <= INLINE_MAX
+            if inline:
+                f._args = base64.b64encode(f._body).decode()
+            else:
+                with open(os.path.join(calls, f.key + ".pkl"), "wb") as w:
+                    w.write(f._body)
+                f._args = None
+            # Sent now: a pending future keeps its key, not its call.
             f._body = None
+            f._fn = (fn_hash, None)
             if earlier:
                 vals = {}
                 for d in earlier:
@@ -418,23 +469,29 @@ class Functions:
                         vals[d.key] = r.read()
                 with open(os.path.join(calls, f.key + ".vals"), "wb") as w:
                     pickle.dump(vals, w)
-            g = (level[f.key], f._opts, bool(earlier))
+            g = (level[f.key], f._opts, bool(earlier), inline)
             groups.setdefault(g, []).append(f)
         farm = Farm(FARM_NAME, out=os.path.join(self.root, "out", "b%d" % seq), root=self.root)
         stage_of = {}
         python = self.python or sys.executable
-        for n, ((lvl, (res, retries), vals), fs) in enumerate(groups.items()):
+        for n, ((lvl, (res, retries), vals, inline), fs) in enumerate(groups.items()):
             name = "f%d-%d" % (lvl, n)
             for i, f in enumerate(fs):
                 stage_of[f.key] = name
                 f.task_name = "%s/%d" % (name, i)
-            sweep = {"id": [f.key for f in fs]}
+            sweep = {"id": [f.key for f in fs], "fn": [f._fn[0] for f in fs]}
+            if inline:
+                sweep["args"] = [f._args for f in fs]
+                for f in fs:
+                    f._args = None
             after = []
             for u in sorted({stage_of[d.key] for f in fs for d in f._deps if d.key in in_batch}):
                 var = "on_" + u.replace("-", "_")
                 sweep[var] = [" ".join(d.key for d in f._deps if stage_of.get(d.key) == u and d.key in in_batch) for f in fs]
                 after.append({"stage": u, "tasks": "{%s}" % var, "match": "id"})
-            inputs = ["mesh_worker.py", "calls/{id}.pkl"]
+            inputs = ["mesh_worker.py", "fns/{fn}.pkl"]
+            if not inline:
+                inputs.append("calls/{id}.pkl")
             if vals:
                 inputs.append("calls/{id}.vals")
             opts = {}
@@ -446,7 +503,7 @@ class Functions:
                 opts["after"] = after
             # `{out}` (a view of exactly its dependencies, made per task)
             # only for calls given futures of this farm.
-            argv = [python, "mesh_worker.py", "calls/{id}.pkl", "{id}", "{out}" if after else "-"]
+            argv = [python, "mesh_worker.py", "fns/{fn}.pkl", "{args}" if inline else "@calls/{id}.pkl", "{id}", "{out}" if after else "-"]
             run_as = {"python" if WARM else "command": argv}
             farm.stage(
                 name,
@@ -475,12 +532,15 @@ class Functions:
         """The worker script beside the calls, once: tasks of an earlier
         batch run it from there while this one is sent, so it is never
         rewritten in place (a run reading it half written would do nothing)."""
+        if self.worker_put:
+            return
         dst = os.path.join(self.root, "mesh_worker.py")
         with open(_worker.__file__, "rb") as f:
             text = f.read()
         try:
             with open(dst, "rb") as f:
                 if f.read() == text:
+                    self.worker_put = True
                     return
         except FileNotFoundError:
             pass
@@ -488,6 +548,7 @@ class Functions:
         with open(tmp, "wb") as f:
             f.write(text)
         os.replace(tmp, dst)
+        self.worker_put = True
 
     def _follow(self, run, by_key):
         try:

@@ -1,9 +1,10 @@
-"""Runs one Python function call on a node: ``python _worker.py CALL OUT``.
+"""Runs one Python function call on a node: ``python mesh_worker.py FN ARGS KEY OUT``.
 
 It is shipped with each farm of function calls as an input, so a node
-needs a Python with cloudpickle, not this package. It reads the call the
-client pickled (a header with the client's Python first), with the
-values of the futures it was given read from their result files (under the
+needs a Python with cloudpickle, not this package. It reads the function
+the client pickled (``FN``, a file with the client's Python first) and
+its arguments (``ARGS``: base64, or ``@file``), with the values of the
+futures it was given read from their result files (under the
 task's ``{out}``, where exactly its dependencies are, or beside it for a
 value of an earlier farm), calls the function, and writes the value to
 ``result-KEY.pkl``, an output of the task. An exception is said on stderr:
@@ -73,13 +74,13 @@ def _refuse(words):
     sys.exit(REFUSED)
 
 
-def main(argv):
-    call_path, key, out = argv[1], argv[2], argv[3]
-    with open(call_path, "rb") as f:
+def _read_function(path):
+    """The function the client pickled, after the header that names its Python."""
+    with open(path, "rb") as f:
         head = f.readline()
         body = f.read()
     if not head.startswith(MAGIC):
-        _refuse("%s is not a call a mesh client wrote" % call_path)
+        _refuse("%s is not a function a mesh client wrote" % path)
     theirs = head[len(MAGIC) :].strip().decode()
     ours = "%d.%d" % sys.version_info[:2]
     if theirs != ours:
@@ -87,17 +88,30 @@ def main(argv):
             "python %s here (%s) cannot run a call pickled by the client's python %s: "
             "give the nodes the same major.minor (`python=` on the client)" % (ours, sys.executable, theirs)
         )
+    return body
+
+
+def main(argv):
+    fn_path, args, key, out = argv[1], argv[2], argv[3], argv[4]
+    fn_body = _read_function(fn_path)
     try:
         import cloudpickle
     except ImportError:
         _refuse("cloudpickle is not installed in the python here (%s): pip install cloudpickle" % sys.executable)
     home = os.getcwd()
     try:
+        if args.startswith("@"):
+            with open(args[1:], "rb") as f:
+                body = f.read()
+        else:
+            body = base64.b64decode(args)
         given = {}
-        if os.path.exists(call_path[: -len(".pkl")] + ".vals"):
-            with open(call_path[: -len(".pkl")] + ".vals", "rb") as f:
+        vals = os.path.join("calls", key + ".vals")
+        if os.path.exists(vals):
+            with open(vals, "rb") as f:
                 given = pickle.load(f)
-        fn, args, kwargs, cwd = _loads(body, out, given)
+        fn = pickle.loads(fn_body)
+        args, kwargs, cwd = _loads(body, out, given)
         # Where the client ran, where this machine has that folder (the
         # same machine, a shared file system): relative paths and $PWD
         # mean there what they meant to the client, as on a Dask worker
@@ -106,7 +120,7 @@ def main(argv):
             os.chdir(cwd)
             os.environ["PWD"] = cwd
         value = fn(*args, **kwargs)
-        data = cloudpickle.dumps(value)
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL) if _plain(value) else cloudpickle.dumps(value)
     except BaseException as e:  # noqa: B902 - the client gets whatever it raised
         sys.stdout.flush()
         first = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
@@ -123,6 +137,11 @@ def main(argv):
     with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, os.path.join(home, result_name(key)))
+
+
+def _plain(v):
+    """Values the standard pickle writes as well as cloudpickle, and faster."""
+    return type(v) in (int, float, str, bytes, bool, type(None))
 
 
 if __name__ == "__main__":
