@@ -144,16 +144,19 @@ def memory(n=100_000):
         for r in {f._run.id: f._run for f in fs}.values():
             r.cancel()
         del fs
-    with mesh.local(cpus=1) as c:
-        before = rss_kib(c.proc.pid)
-        folder = tempfile.mkdtemp(prefix="mesh-bench-sweep-")
-        run = c.map("sleep 300", range(n), root=folder, out=os.path.join(folder, "out"))
-        time.sleep(2)
-        node_sweep = rss_kib(c.proc.pid) - before
-        run.cancel()
+    sweeps = []
+    for values in (range(n), ["%040x" % (i * 2654435761) for i in range(n)]):
+        with mesh.local(cpus=1) as c:
+            before = rss_kib(c.proc.pid)
+            folder = tempfile.mkdtemp(prefix="mesh-bench-sweep-")
+            run = c.map("sleep 300 {}", values, root=folder, out=os.path.join(folder, "out"))
+            time.sleep(2)
+            sweeps.append(rss_kib(c.proc.pid) - before)
+            run.cancel()
     print(
-        "memory: %d pending futures: %.0f bytes a future at the client; at the node %.0f bytes a call against %.0f a sweep's task"
-        % (n, cur / n, node_fn * 1024 / n, node_sweep * 1024 / n)
+        "memory: %d pending futures: %.0f bytes a future at the client; at the node %.0f bytes a call, "
+        "against %.0f a task of a range sweep and %.0f of a list of 40-character values"
+        % (n, cur / n, node_fn * 1024 / n, sweeps[0] * 1024 / n, sweeps[1] * 1024 / n)
     )
 
 
