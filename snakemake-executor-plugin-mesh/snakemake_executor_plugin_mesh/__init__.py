@@ -11,9 +11,11 @@ workflow's tasks; each job's output is written to
 ``.snakemake/mesh_logs/<rule>/<jobid>.log`` and is in ``mesh logs`` too.
 """
 
+import asyncio
 import os
 import shlex
-import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import AsyncGenerator, List, Optional
 
@@ -104,8 +106,11 @@ class Executor(RemoteExecutor):
         self.farm_name = s.farm_name
         self.batches = 0
         self.logdir = os.path.abspath(os.path.join(".snakemake", "mesh_logs"))
-        # Runs by id, and how many of their jobs are still active.
+        # Runs by id.
         self.runs = {}
+        # Set when a task of ours ends: the status check comes then, not
+        # after Snakemake's poll interval (10 s by default).
+        self._ended = threading.Event()
 
     def run_job(self, job: JobExecutorInterface):
         self.run_jobs([job])
@@ -140,6 +145,7 @@ class Executor(RemoteExecutor):
                 self.report_job_error(SubmittedJobInfo(job), msg="the mesh refused the jobs: %s" % e)
             return
         self.runs[run.id] = run
+        threading.Thread(target=self._follow, args=(run,), name="mesh-follow", daemon=True).start()
         for job in jobs:
             task = where[id(job)]
             self.report_job_submission(SubmittedJobInfo(job, external_jobid="%s %s" % (run.id, task), aux={"run": run, "task": task}))
@@ -178,6 +184,27 @@ class Executor(RemoteExecutor):
                     # how it ended, and the log, say more.
                     how = "exit code %s" % t.exit_code if t.exit_code is not None else (t.reason or "failed")
                     self.report_job_error(j, msg="mesh task %s of %s ended with %s" % (t.task, rid, how), aux_logs=[log] if log else [])
+
+    def _follow(self, run):
+        """Wakes the status checks as each task of ``run`` ends."""
+        try:
+            for _ in run.as_completed(progress=False):
+                self._ended.set()
+        except self._mesh.MeshError:
+            pass
+        self._ended.set()
+
+    async def sleep(self):
+        """Until a task ended, or Snakemake's poll interval at most."""
+        # The status thread starts before __post_init__ has run.
+        ended = self.__dict__.get("_ended")
+        if ended is None:
+            await asyncio.sleep(0.05)
+            return
+        deadline = time.monotonic() + self.next_seconds_between_status_checks
+        while not ended.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        ended.clear()
 
     def _keep_log(self, j, t):
         """The task's stdout and stderr where Snakemake users look for a job's log."""
