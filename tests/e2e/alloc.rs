@@ -161,8 +161,8 @@ fn mesh_alloc_scales_a_real_slurm_out_and_in_and_walltimes_fail_no_task() {
     let n0 = sb.path().canonicalize().expect("sandbox").join("n0");
     for want in [
         format!("--output={}/alloc/cpu/", n0.display()),
-        format!("--state-dir \"{}/alloc/nodes/", n0.display()),
-        format!("--key \"{}/mesh.key\"", n0.display()),
+        format!("--state-dir {}/alloc/nodes/", n0.display()),
+        format!("--key {}/mesh.key ", n0.display()),
     ] {
         assert!(dry.stdout.contains(&want), "no {want} in\n{}", dry.stdout);
     }
@@ -491,9 +491,9 @@ fn a_dry_run_prints_the_job_script_without_a_node() {
         "#!/bin/bash\n# Printed without a running node: ADDR stands for",
         "#SBATCH --cpus-per-task=4",
         "#SBATCH --mem=8192M",
-        "join \"ADDR\"",
-        &format!("--key \"{state}/mesh.key\""),
-        &format!("--state-dir \"{state}/alloc/nodes/"),
+        "join ADDR ",
+        &format!("--key {state}/mesh.key "),
+        &format!("--state-dir {state}/alloc/nodes/"),
         // No mesh.key yet: the job's name has a placeholder too, said so.
         "#SBATCH --job-name=mesh-TAG-slurm",
         "# mesh-TAG stands for the mesh's tag",

@@ -164,15 +164,26 @@ fn body(
     } else {
         format!("{run} ")
     };
-    let _ = writeln!(
-        out,
-        "{run}sh -c 'exec \"{mesh}\" --state-dir \"{root}/{job}-{rank}\" join \"{join}\" --key \"{key}\" --listen /ip4/0.0.0.0/tcp/0 --resources \"{resources}\" --walltime {time}s'",
-        mesh = l.mesh,
-        root = l.state_root,
-        join = l.join,
-        key = l.key,
+    // The node's command is run by a shell of its own on each node of the
+    // job (its rank and job id are that shell's to expand), so it is
+    // quoted twice: each path as a word of it, then the whole as a word
+    // of the script's line. A path holding a space, a quote, a `$` or a
+    // backtick stays that path.
+    let inner = format!(
+        "exec {mesh} --state-dir {root}/\"{job}-{rank}\" join {join} --key {key} --listen /ip4/0.0.0.0/tcp/0 --resources \"{resources}\" --walltime {time}s",
+        mesh = quote(&l.mesh),
+        root = quote(&l.state_root),
+        join = quote(&l.join),
+        key = quote(&l.key),
         time = q.time_limit_s,
     );
+    let _ = writeln!(out, "{run}sh -c {}", quote(&inner));
+}
+
+/// `word` as one word of a POSIX shell line (shlex); a NUL, which no
+/// path or address holds, is dropped.
+fn quote(word: &str) -> String {
+    shlex::try_quote(word).map_or_else(|_| quote(&word.replace('\0', "")), |q| q.into_owned())
 }
 
 fn slurm(q: &QueueDef, l: &Launch) -> String {
@@ -308,6 +319,84 @@ mod tests {
         }
     }
 
+    /// A state folder, key and binary whose paths hold a space, a quote, a
+    /// `$` and a backtick: bash reads the script, and the node's command
+    /// gets each path as it is, with its job's id and rank filled in.
+    #[test]
+    fn paths_with_quotes_dollars_and_spaces_stay_whole_in_a_job_script() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let odd = dir.path().join("it's a $HOME `x` dir");
+        std::fs::create_dir_all(&odd).expect("odd dir");
+        // Stands in for the mesh binary: says its arguments, a line each.
+        let fake = odd.join("mesh");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done\n",
+        )
+        .expect("fake");
+        std::os::unix::fs::PermissionsExt::set_mode(
+            &mut std::fs::metadata(&fake).unwrap().permissions(),
+            0o755,
+        );
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let l = Launch {
+            mesh: fake.display().to_string(),
+            join: "/ip4/10.0.0.5/tcp/7070".into(),
+            key: odd.join("mesh.key").display().to_string(),
+            state_root: odd.join("nodes").display().to_string(),
+            log_dir: odd.join("logs").display().to_string(),
+            tag: "mesh-5f0c9a1e".into(),
+        };
+        for system in [BatchSystem::Slurm, BatchSystem::Pbs] {
+            let s = script(&bare(system), &l);
+            let checked = std::process::Command::new("bash")
+                .args(["-n", "-c", &s])
+                .output()
+                .expect("bash");
+            assert!(
+                checked.status.success(),
+                "bash -n: {}\n{s}",
+                String::from_utf8_lossy(&checked.stderr)
+            );
+        }
+        // The node's line, run as srun would run it on rank 0 of job 7.
+        let s = script(&bare(BatchSystem::Slurm), &l);
+        let line = s
+            .lines()
+            .last()
+            .unwrap()
+            .trim_start_matches("srun --ntasks-per-node=1 ");
+        let out = std::process::Command::new("bash")
+            .args(["-c", line])
+            .env("SLURM_JOB_ID", "7")
+            .env("SLURM_PROCID", "0")
+            .env("SLURM_CPUS_PER_TASK", "2")
+            .output()
+            .expect("run the line");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let args: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(String::from)
+            .collect();
+        let after = |flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .map(|i| args[i + 1].clone())
+        };
+        assert_eq!(
+            after("--state-dir"),
+            Some(format!("{}/7-0", l.state_root)),
+            "{args:?}"
+        );
+        assert_eq!(after("--key"), Some(l.key.clone()), "{args:?}");
+        assert_eq!(after("--resources"), Some("cpu=2".into()), "{args:?}");
+    }
+
     #[test]
     fn every_path_in_a_script_is_absolute_whatever_the_node_was_given() {
         let l = Launch {
@@ -414,7 +503,7 @@ mod tests {
                 s.starts_with("#!/bin/bash\n# Printed without a running node: ADDR stands for"),
                 "{s}"
             );
-            assert!(s.contains("join \"ADDR\""), "{s}");
+            assert!(s.contains("join ADDR "), "{s}");
             assert!(s.contains("# mesh-TAG stands for the mesh's tag"), "{s}");
             assert!(s.contains("mesh-TAG-cpu"), "the job's name: {s}");
             assert!(

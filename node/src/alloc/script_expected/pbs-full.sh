@@ -13,4 +13,4 @@ set -eu
 export MESH_ALLOC_JOB="$PBS_JOBID"
 module load cuda/12
 export OMP_NUM_THREADS=1
-pbsdsh -u -- sh -c 'exec "/home/ada/bin/mesh" --state-dir "/scratch/ada/mesh/$PBS_JOBID-$PBS_VNODENUM" join "/ip4/10.0.0.5/tcp/7070/p2p/12D3KooWExample" --key "/home/ada/.local/share/mesh/mesh.key" --listen /ip4/0.0.0.0/tcp/0 --resources "cpu=$NCPUS,mem=65536MiB,gpu=2" --walltime 5400s'
+pbsdsh -u -- sh -c 'exec /home/ada/bin/mesh --state-dir /scratch/ada/mesh/"$PBS_JOBID-$PBS_VNODENUM" join /ip4/10.0.0.5/tcp/7070/p2p/12D3KooWExample --key /home/ada/.local/share/mesh/mesh.key --listen /ip4/0.0.0.0/tcp/0 --resources "cpu=$NCPUS,mem=65536MiB,gpu=2" --walltime 5400s'

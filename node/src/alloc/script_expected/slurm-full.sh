@@ -18,4 +18,4 @@ export MESH_ALLOC_JOB="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY
 export MESH_ALLOC_JOB="${MESH_ALLOC_JOB:-$SLURM_JOB_ID}"
 module load cuda/12
 export OMP_NUM_THREADS=1
-srun --ntasks-per-node=1 sh -c 'exec "/home/ada/bin/mesh" --state-dir "/scratch/ada/mesh/$SLURM_JOB_ID-$SLURM_PROCID" join "/ip4/10.0.0.5/tcp/7070/p2p/12D3KooWExample" --key "/home/ada/.local/share/mesh/mesh.key" --listen /ip4/0.0.0.0/tcp/0 --resources "cpu=$SLURM_CPUS_PER_TASK,mem=${SLURM_MEM_PER_NODE}MiB,gpu=2" --walltime 5400s'
+srun --ntasks-per-node=1 sh -c 'exec /home/ada/bin/mesh --state-dir /scratch/ada/mesh/"$SLURM_JOB_ID-$SLURM_PROCID" join /ip4/10.0.0.5/tcp/7070/p2p/12D3KooWExample --key /home/ada/.local/share/mesh/mesh.key --listen /ip4/0.0.0.0/tcp/0 --resources "cpu=$SLURM_CPUS_PER_TASK,mem=${SLURM_MEM_PER_NODE}MiB,gpu=2" --walltime 5400s'
