@@ -191,6 +191,14 @@ class Client:
                 self._fns = Functions(self, root, self.python)
             return self._fns
 
+    def futures(self, farm):
+        """The futures of a farm of Python calls submitted earlier, by any
+        client (its id, as ``future._run.id`` or ``mesh status`` shows it):
+        a dict by key, done ones with their values, the rest resolving as
+        they end. A script that died gets its results back this way, or by
+        submitting the same calls again (``pure=True``)."""
+        return self._functions().of_farm(self.run(farm))
+
     def gather(self, futures, errors="raise"):
         """The values of futures (one, or lists, tuples and dicts of them,
         in the same shape), as Dask's ``client.gather``."""

@@ -528,6 +528,34 @@ class Functions:
         t = threading.Thread(target=self._follow, args=(run, by_key), name="mesh-follow", daemon=True)
         t.start()
 
+    def of_farm(self, run):
+        """Futures of the calls of a farm submitted earlier, by key: done
+        ones with their values, failed ones with their exceptions, the rest
+        followed as they end."""
+        got, waiting = {}, {}
+        for t in run.tasks():
+            key = t.params.get("id")
+            if not key:
+                continue
+            f = Future(self, key, [])
+            f._run, f.task, f.task_name = run, t, t.task
+            if t.state == "done":
+                f._path = t.output
+                f._settle(_Unread(t.output))
+            elif t.state == "failed":
+                f._settle(exc=_remote_error(t))
+            else:
+                waiting[key] = f
+            got[key] = f
+            with self.cv:
+                if self.by_key.get(key) is None:
+                    self.by_key[key] = f
+        if waiting:
+            with self.cv:
+                self.runs[run.id] = waiting
+            threading.Thread(target=self._follow, args=(run, waiting), name="mesh-follow", daemon=True).start()
+        return got
+
     def _put_worker(self):
         """The worker script beside the calls, once: tasks of an earlier
         batch run it from there while this one is sent, so it is never

@@ -195,6 +195,28 @@ class Functions(InFolder):
         most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
         self.assertEqual(most, 2, spans)
 
+    def test_another_client_gets_a_farms_futures_by_key(self):
+        c = self.node(cpus=2)
+
+        def half(x):
+            if x == 3:
+                raise ArithmeticError("three")
+            return x / 2
+
+        fs = c.map(half, range(6))
+        mesh.wait(fs, timeout=WAIT_S)
+        farm = fs[0]._run.id
+        other = mesh.connect(state_dir=c.state_dir)
+        got = other.futures(farm)
+        self.assertEqual(set(got), {f.key for f in fs})
+        for f in fs:
+            g = got[f.key]
+            if f.key == fs[3].key:
+                with self.assertRaises(ArithmeticError):
+                    g.result(timeout=WAIT_S)
+            else:
+                self.assertEqual(g.result(timeout=WAIT_S), f.result())
+
     def test_a_client_killed_mid_map_and_a_new_one_gets_every_finished_value_back(self):
         c = self.node(cpus=2)
         # A notebook's cell, run, killed, and run again as it is.
