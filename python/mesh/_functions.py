@@ -33,11 +33,6 @@ from . import _worker
 from ._errors import MeshError
 from ._farm import Farm
 
-#: How long the sender waits after the first call of a batch for more, in
-#: seconds: none, as a lone submit wants its value soon; calls made while
-#: a batch is being sent go in the next (a loop of submits), and a map's
-#: go in one (see `Functions.holding`).
-LINGER_S = 0.0
 #: Pickled arguments up to this size ride in the farm (base64) instead of a file.
 INLINE_MAX = 768
 #: The farm name of every batch of calls: a key kept by an earlier farm of
@@ -162,6 +157,28 @@ class Future(cf.Future):
             self.set_result(value)
 
 
+def _settle_from(f, t):
+    """``f`` ended as its task ``t`` did: done, its value where the task's
+    output is; failed, the exception the call raised."""
+    f.task = t
+    if t.state == "done":
+        f._path = t.output
+        f._settle(_Unread(t.output))
+    else:
+        f._settle(exc=_remote_error(t))
+
+
+def _dep_failure(f):
+    """What ``f`` raises for a future it was given that failed (its
+    exception) or was cancelled; None while none did."""
+    for d in f._deps:
+        if d.status == "error":
+            return d.exception(0)
+        if d.status == "cancelled":
+            return cf.CancelledError("%s was cancelled, and %s needs its value" % (d.key, f.key))
+    return None
+
+
 def _put_file(path, data):
     """``data`` at ``path``, whole or not at all (a task of an earlier batch
     may be reading it)."""
@@ -256,7 +273,6 @@ class Functions:
         self.closed = False
         self.batches = 0
         self.sender = None
-        self.runs = {}
         #: Maps making their calls: the sender waits for them to finish.
         self.holding = 0
         #: The worker script is in `root` (this client's own folder).
@@ -386,8 +402,9 @@ class Functions:
                     self.cv.wait(1.0)
                 if self.closed and not self.queue:
                     return
-            if LINGER_S:
-                time.sleep(LINGER_S)
+            # No waiting for more: a lone submit wants its value soon; calls
+            # made while a batch is sent go in the next (a loop of submits),
+            # and a map's in one (see `holding`).
             with self.cv:
                 batch, failed = self._take()
             for f, exc in failed:
@@ -424,9 +441,7 @@ class Functions:
                 continue
             del self.queue[key]
             if s == "fail":
-                bad = next(d for d in f._deps if d.status in ("error", "cancelled"))
-                exc = bad.exception(0) if bad.status == "error" else cf.CancelledError("%s was cancelled" % bad.key)
-                failed.append((f, exc))
+                failed.append((f, _dep_failure(f)))
                 continue
             batch.append(f)
             keys.add(key)
@@ -524,7 +539,6 @@ class Functions:
         with self.cv:
             for f in batch:
                 f._run = run
-            self.runs[run.id] = by_key
         t = threading.Thread(target=self._follow, args=(run, by_key), name="mesh-follow", daemon=True)
         t.start()
 
@@ -538,12 +552,9 @@ class Functions:
             if not key:
                 continue
             f = Future(self, key, [])
-            f._run, f.task, f.task_name = run, t, t.task
-            if t.state == "done":
-                f._path = t.output
-                f._settle(_Unread(t.output))
-            elif t.state == "failed":
-                f._settle(exc=_remote_error(t))
+            f._run, f.task_name = run, t.task
+            if t.state in ("done", "failed"):
+                _settle_from(f, t)
             else:
                 waiting[key] = f
             got[key] = f
@@ -551,8 +562,6 @@ class Functions:
                 if self.by_key.get(key) is None:
                     self.by_key[key] = f
         if waiting:
-            with self.cv:
-                self.runs[run.id] = waiting
             threading.Thread(target=self._follow, args=(run, waiting), name="mesh-follow", daemon=True).start()
         return got
 
@@ -562,20 +571,8 @@ class Functions:
         rewritten in place (a run reading it half written would do nothing)."""
         if self.worker_put:
             return
-        dst = os.path.join(self.root, "mesh_worker.py")
         with open(_worker.__file__, "rb") as f:
-            text = f.read()
-        try:
-            with open(dst, "rb") as f:
-                if f.read() == text:
-                    self.worker_put = True
-                    return
-        except FileNotFoundError:
-            pass
-        tmp = "%s.%d.part" % (dst, os.getpid())
-        with open(tmp, "wb") as f:
-            f.write(text)
-        os.replace(tmp, dst)
+            _put_file(os.path.join(self.root, "mesh_worker.py"), f.read())
         self.worker_put = True
 
     def _follow(self, run, by_key):
@@ -584,12 +581,7 @@ class Functions:
                 f = by_key.get(t.params.get("id"))
                 if f is None:
                     continue
-                f.task = t
-                if t.state == "done":
-                    f._path = t.output
-                    f._settle(_Unread(t.output))
-                else:
-                    f._settle(exc=_remote_error(t))
+                _settle_from(f, t)
                 with self.cv:
                     self.cv.notify_all()
             left = [f for f in by_key.values() if not f.done()]
@@ -597,13 +589,7 @@ class Functions:
                 p = run.progress()
                 why = "; ".join(p.stopped_words or p.failures) or "its farm %s ended without running it" % run.id
                 for f in left:
-                    bad = next((d for d in f._deps if d.status in ("error", "cancelled")), None)
-                    if bad is not None and bad.status == "cancelled":
-                        f._settle(exc=cf.CancelledError("%s was cancelled, and %s needs its value" % (bad.key, f.key)))
-                    elif bad is not None:
-                        f._settle(exc=bad.exception(0))
-                    else:
-                        f._settle(exc=MeshError("%s did not run: %s" % (f.key, why)))
+                    f._settle(exc=_dep_failure(f) or MeshError("%s did not run: %s" % (f.key, why)))
         except BaseException as e:
             for f in by_key.values():
                 f._settle(exc=MeshError("following farm %s: %s" % (run.id, e)))

@@ -106,8 +106,6 @@ class Executor(RemoteExecutor):
         self.farm_name = s.farm_name
         self.batches = 0
         self.logdir = os.path.abspath(os.path.join(".snakemake", "mesh_logs"))
-        # Runs by id.
-        self.runs = {}
         # Set when a task of ours ends: the status check comes then, not
         # after Snakemake's poll interval (10 s by default).
         self._ended = threading.Event()
@@ -144,7 +142,6 @@ class Executor(RemoteExecutor):
             for job in jobs:
                 self.report_job_error(SubmittedJobInfo(job), msg="the mesh refused the jobs: %s" % e)
             return
-        self.runs[run.id] = run
         threading.Thread(target=self._follow, args=(run,), name="mesh-follow", daemon=True).start()
         for job in jobs:
             task = where[id(job)]
