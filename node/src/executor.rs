@@ -497,17 +497,6 @@ async fn run_warm(
         .iter()
         .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
         .map(|(_, v)| v.as_str());
-    if let Some(dir) = l.stdout_log.parent() {
-        if let Err(e) = tokio::fs::create_dir_all(dir).await {
-            return (
-                TaskResult::Error(format!(
-                    "could not make the log folder {}: {e}",
-                    dir.display()
-                )),
-                0,
-            );
-        }
-    }
     let ran = crate::warm::run(
         argv,
         cwd,

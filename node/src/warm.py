@@ -57,6 +57,9 @@ def keep(f, fd, path):
     if size == 0:
         return
     os.lseek(fd, 0, os.SEEK_SET)
+    # The log's folder is made by the first log written in it, as the
+    # node makes it for a task of its own (most thin tasks write none).
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as dst:
         while True:
             chunk = os.read(fd, 1 << 20)
@@ -111,8 +114,8 @@ def main():
             try:
                 keep(f, fd, path)
             except OSError:
-                # The log's folder gone (the farm cancelled meanwhile):
-                # the task's end stands; its words are lost with it.
+                # A log that cannot be written (a full disk): the task's
+                # end stands; its words are lost with it.
                 pass
         os.dup2(null, 1)
         os.dup2(null, 2)

@@ -1245,7 +1245,7 @@ impl Engine {
             }
             st.ready.clear();
         }
-        self.kill_all(Some(farm), KillReason::Cancel);
+        self.kill_where(|f, _| f == farm, KillReason::Cancel);
         self.check_finished(farm);
     }
 
@@ -1271,22 +1271,7 @@ impl Engine {
                 st.ready.retain(|&x| x != task.index);
                 self.fail_dependents(farm, task.stage, Some(task.index));
             }
-            Some(RUNNING) => {
-                let killed = self.running.update(&(farm, task), |r| {
-                    r.killed.is_none().then(|| {
-                        r.killed = Some(KillReason::Cancel);
-                        r.attempt
-                    })
-                });
-                if let Some(Some(attempt)) = killed {
-                    self.actions.push_back(Action::Kill {
-                        farm,
-                        task,
-                        attempt,
-                        reason: KillReason::Cancel,
-                    });
-                }
-            }
+            Some(RUNNING) => self.kill_where(|f, t| f == farm && t == task, KillReason::Cancel),
             _ => {}
         }
         self.check_finished(farm);
@@ -1296,14 +1281,15 @@ impl Engine {
     /// killed and recorded as interrupted, nothing new starts.
     pub fn interrupt(&mut self) {
         self.interrupted = true;
-        self.kill_all(None, KillReason::Interrupt);
+        self.kill_where(|_, _| true, KillReason::Interrupt);
     }
 
-    fn kill_all(&mut self, only: Option<FarmSlot>, reason: KillReason) {
+    /// Kills the running tasks `pick` names that no kill was sent yet.
+    fn kill_where(&mut self, pick: impl Fn(FarmSlot, TaskRef) -> bool, reason: KillReason) {
         let mut victims: Vec<_> = self
             .running
             .iter_mut()
-            .filter(|((f, _), r)| only.is_none_or(|o| o == *f) && r.killed.is_none())
+            .filter(|((f, t), r)| pick(*f, *t) && r.killed.is_none())
             .map(|((f, t), r)| {
                 r.killed = Some(reason);
                 (*f, *t, r.attempt)

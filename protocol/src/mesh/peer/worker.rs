@@ -457,44 +457,19 @@ impl Worker {
     /// The coordinator cancelled one task: dropped if it waits here,
     /// killed if it runs. The engine hears of it as of a cancelled farm's.
     pub(super) fn cancel_task(&mut self, farm: FarmId, task: TaskRef, out: &mut Out) {
-        if let Some(at) = self
-            .queue
-            .iter()
-            .position(|a| a.farm == farm && a.task == task)
-        {
-            let a = self.queue.remove(at).expect("found");
-            self.report(Report {
-                task: a,
-                result: TaskResult::Error("cancelled".into()),
-                key: None,
-                duration_ms: 0,
-                ended_ms: 0,
-                grew: None,
-                outputs: Vec::new(),
-                stderr_line: None,
-            });
-            return;
-        }
-        if let Some(r) = self.running.get_mut(&(farm, task)) {
-            if r.killed.is_none() {
-                r.killed = Some(KillReason::Cancel);
-                out.push(Action::Kill {
-                    task: Assigned {
-                        farm,
-                        task,
-                        attempt: r.attempt,
-                    },
-                    reason: KillReason::Cancel,
-                });
-            }
-        }
+        self.cancel_where(|f, t| f == farm && t == task, out);
     }
 
     /// The coordinator cancelled `farm`: drops what waits here and kills
     /// what runs. The engine hears of each.
     pub(super) fn cancel(&mut self, farm: FarmId, out: &mut Out) {
+        self.cancel_where(|f, _| f == farm, out);
+    }
+
+    /// Drops the tasks `pick` names that wait here and kills those that run.
+    fn cancel_where(&mut self, pick: impl Fn(FarmId, TaskRef) -> bool, out: &mut Out) {
         let (gone, keep): (Vec<Assigned>, Vec<Assigned>) =
-            self.queue.drain(..).partition(|a| a.farm == farm);
+            self.queue.drain(..).partition(|a| pick(a.farm, a.task));
         self.queue = keep.into();
         for a in gone {
             self.report(Report {
@@ -510,7 +485,7 @@ impl Worker {
         }
         let mut kill = Vec::new();
         for ((f, t), r) in &mut self.running {
-            if *f == farm && r.killed.is_none() {
+            if pick(*f, *t) && r.killed.is_none() {
                 r.killed = Some(KillReason::Cancel);
                 kill.push(Assigned {
                     farm: *f,
