@@ -41,6 +41,18 @@ pub fn duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("expected a duration such as 90s, 5m or 1h: {e}"))
 }
 
+/// A duration above zero, e.g. a deadline from now.
+pub fn positive_duration(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "expected a duration above zero such as 6h or 2days, got `{}`",
+            s.trim()
+        ));
+    }
+    Ok(d)
+}
+
 /// Seconds between refreshes: a positive number.
 pub fn seconds(s: &str) -> Result<f64, String> {
     filled(s, "a number of seconds")?;

@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use mesh_sim::{load_scenario, parse_durations, SimConfig};
 
 use crate::out::{out, outln};
+use crate::whatif::span;
 use crate::{args, EXIT_FAILED_TASKS};
 
 #[derive(clap::Args)]
@@ -31,7 +32,8 @@ pub struct SimArgs {
     /// Tasks of the farm (default 10000, or the scenario's first stage).
     #[arg(long)]
     pub tasks: Option<u64>,
-    /// How long tasks run: `zipf:1.2`, `uniform:5..20` (ms), `bimodal:10,500,0.1`, `exp:40`, `12`.
+    /// How long tasks run: `uniform:5m..20m`, `exp:90s`, `zipf:1.2`, `bimodal:10s,5m,0.1`,
+    /// `2m`; a bare number is milliseconds.
     #[arg(long)]
     pub durations: Option<String>,
     /// With --workflow: cores of each node.
@@ -57,8 +59,9 @@ pub struct SimArgs {
     /// With --workflow: one way across the network, for messages and files.
     #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = args::duration, requires = "workflow")]
     pub latency: std::time::Duration,
-    /// With --workflow: find the fewest nodes whose makespan meets this (`6h`).
-    #[arg(long, value_name = "DURATION", value_parser = args::duration, requires = "workflow")]
+    /// Find the fewest nodes whose makespan meets this (`6h`, `2days`):
+    /// of the trace's nodes with --workflow, else of the scenario's mix.
+    #[arg(long, value_name = "DURATION", value_parser = args::positive_duration)]
     pub deadline: Option<std::time::Duration>,
     /// With --workflow: runs per node count, seeds SEED, SEED+1, ...; the
     /// table gives the median and 90th percentile makespan.
@@ -119,6 +122,9 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
     if args.no_steal {
         cfg.steal = false;
     }
+    if let Some(d) = args.deadline {
+        return deadline(&cfg, d.as_millis() as u64, args.json);
+    }
     // The seed comes first, so a run that goes wrong can be replayed.
     eprintln!("mesh sim: seed {}", cfg.seed);
     let report = match mesh_sim::run(&cfg) {
@@ -141,4 +147,149 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
         out!("{}", report.summary());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The most nodes a deadline's search simulates (the simulator's tested size).
+const NODES_MOST: usize = 10_000;
+
+/// One node count tried for a deadline.
+#[derive(serde::Serialize)]
+struct Tried {
+    nodes: usize,
+    makespan_ms: u64,
+    utilization: f64,
+    node_hours: f64,
+    meets: bool,
+}
+
+/// `--deadline` over a scenario's (or the flags') farm: the fewest nodes of
+/// the scenario's mix that finish it in time, each count a simulation.
+/// The search starts where the cores could just hold the mean work by
+/// then: fewer nodes cannot meet it, and each simulation of a long farm
+/// costs its nodes times its virtual time.
+fn deadline(cfg: &SimConfig, deadline_ms: u64, json: bool) -> Result<ExitCode> {
+    let from = cfg.nodes_for_work(deadline_ms);
+    let tasks: u64 = cfg.stages.iter().map(|s| s.tasks).sum();
+    // More nodes than tasks leave some idle whatever happens.
+    let most = (tasks.max(1) as usize).max(from);
+    if from > NODES_MOST {
+        bail!(
+            "the deadline {} needs at least {from} nodes just to hold the farm's mean work; \
+             mesh sim simulates at most {NODES_MOST}",
+            span(deadline_ms)
+        );
+    }
+    let most = most.min(NODES_MOST);
+    eprintln!("mesh sim: seed {}", cfg.seed);
+    let mut tried: Vec<Tried> = Vec::new();
+    let mut shape = String::new();
+    let found = mesh_sim::workflow::fewest(from, most, |n| -> Result<bool, mesh_sim::SimError> {
+        let mut c = cfg.clone();
+        c.scale_nodes(n);
+        let r = mesh_sim::run(&c)?;
+        let meets = r.tasks_done == tasks && r.makespan <= deadline_ms;
+        if shape.is_empty() {
+            shape = node_shape(&r.node_shapes);
+        }
+        tried.push(Tried {
+            nodes: n,
+            makespan_ms: r.makespan,
+            utilization: r.utilization,
+            node_hours: n as f64 * r.makespan as f64 / 3_600_000.0,
+            meets,
+        });
+        Ok(meets)
+    });
+    let found = match found {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            if let Some(seed) = e.seed() {
+                eprintln!("replay: mesh sim ... --seed {seed}");
+            }
+            return Ok(ExitCode::from(EXIT_FAILED_TASKS));
+        }
+    };
+    let why_not = found.is_none().then(|| {
+        format!(
+            "not met with {most} nodes, a node for every task: the longest tasks alone take longer"
+        )
+    });
+    if json {
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "deadline_ms": deadline_ms,
+                "nodes": found,
+                "node": shape,
+                "tried": tried,
+                "why_not": why_not,
+            }))?
+        );
+    } else {
+        let stages: Vec<String> = cfg
+            .stages
+            .iter()
+            .map(|s| format!("{} tasks of {} ({})", s.tasks, s.durations, s.resources))
+            .collect();
+        outln!("farm: {}", stages.join(", then "));
+        outln!(
+            "nodes of {shape}; searched from {from} node{}, the fewest whose cores hold the mean work by then",
+            if from == 1 { "" } else { "s" }
+        );
+        outln!(
+            "{:>6}  {:>13}  {:>11}  {:>10}  meets",
+            "nodes",
+            "makespan",
+            "utilization",
+            "node-hours"
+        );
+        let mut rows: Vec<&Tried> = tried.iter().collect();
+        rows.sort_by_key(|t| t.nodes);
+        for t in rows {
+            outln!(
+                "{:>6}  {:>13}  {:>10.1}%  {:>10.2}  {}",
+                t.nodes,
+                span(t.makespan_ms),
+                t.utilization * 100.0,
+                t.node_hours,
+                if t.meets { "yes" } else { "no" }
+            );
+        }
+        let order: Vec<String> = tried.iter().map(|t| t.nodes.to_string()).collect();
+        match found {
+            Some(n) => {
+                let t = tried.iter().find(|t| t.nodes == n).expect("tried");
+                outln!(
+                    "deadline {}: {n} nodes meet it (makespan {}); tried {}",
+                    span(deadline_ms),
+                    span(t.makespan_ms),
+                    order.join(", ")
+                );
+            }
+            None => outln!(
+                "deadline {}: {} (tried {})",
+                span(deadline_ms),
+                why_not.as_deref().unwrap_or_default(),
+                order.join(", ")
+            ),
+        }
+    }
+    Ok(if found.is_some() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_FAILED_TASKS)
+    })
+}
+
+/// `cpu=4` or `8 of cpu=4, 4 of cpu=8,gpu=1`: what a node of the mix is.
+fn node_shape(shapes: &[(usize, String)]) -> String {
+    match shapes {
+        [(_, one)] => one.clone(),
+        many => many
+            .iter()
+            .map(|(n, r)| format!("{n} of {r}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
 }

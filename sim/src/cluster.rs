@@ -345,6 +345,11 @@ struct Sim<'a> {
     inputs_at: FxHashMap<u32, Millis>,
     moved_bytes: u64,
     stage_in_ms: u64,
+    /// The latest end of a task run begun so far, and of the scenario's
+    /// scripted events: without a time limit, a run with work left is
+    /// stuck once [`crate::QUIET_MS`] pass beyond both.
+    busy_until: Millis,
+    scripted_until: Millis,
 }
 
 impl<'a> Sim<'a> {
@@ -407,6 +412,8 @@ impl<'a> Sim<'a> {
             inputs_at: FxHashMap::default(),
             moved_bytes: 0,
             stage_in_ms: 0,
+            busy_until: 0,
+            scripted_until: scripted_until(cfg),
             batch: batch::Batch::new(cfg),
             plan,
         }
@@ -481,7 +488,11 @@ impl<'a> Sim<'a> {
 
     fn run_loop(&mut self) -> Result<(), SimError> {
         while let Some((at, ev)) = self.queue.pop() {
-            if at > self.cfg.max_time_ms {
+            let limit = self
+                .cfg
+                .max_time_ms
+                .unwrap_or_else(|| self.busy_until.max(self.scripted_until) + crate::QUIET_MS);
+            if at > limit {
                 if self.finished && (!self.cfg.one_mesh || self.one_mesh_at.is_some()) {
                     // Done; only batch jobs were still to give back.
                     return Ok(());
@@ -511,45 +522,65 @@ impl<'a> Sim<'a> {
     }
 
     fn stuck_reason(&self) -> String {
+        let why = match self.cfg.max_time_ms {
+            Some(ms) => format!("the scenario's time limit (max_time_ms = {ms}) came with"),
+            None => format!(
+                "nothing started or ended for {} with",
+                crate::report::duration(crate::QUIET_MS)
+            ),
+        };
         if self.finished {
             return format!(
-                "the farm is over but the mesh is not one: {}",
+                "{why} the farm over but the mesh not one: {}",
                 self.not_one_mesh.as_deref().unwrap_or("not looked at")
             );
         }
-        let missing: Vec<usize> = (0..self.ok_done.len())
+        let left: Vec<usize> = (0..self.ok_done.len())
             .filter(|&g| self.plan.expect_ok[g] && !self.ok_done[g])
-            .take(5)
             .collect();
+        let mut words = format!(
+            "{why} {} of {} tasks not done (the first: {})",
+            left.len(),
+            self.ok_done.len(),
+            left.iter()
+                .take(3)
+                .map(|&g| self.plan.task_name(g))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         let coord = self.alive.iter().find_map(|&n| {
             let p = self.nodes[n as usize].peer.as_ref()?;
             Some((p.id(), p.coordinated_progress(FARM)?))
         });
-        let home = self.nodes[self.cfg.submit_node]
+        match coord {
+            Some((id, c)) => words += &format!(
+                "; its coordinator, node {}, counts {} done, {} running, {} waiting, {} failed, {} skipped",
+                id.0,
+                c.done,
+                c.running,
+                c.queued(),
+                c.failed,
+                c.skipped
+            ),
+            None => words += "; no live node coordinates it",
+        }
+        if let Some(r) = self.nodes[self.cfg.submit_node]
             .peer
             .as_ref()
             .and_then(|p| p.replica(FARM))
-            .map(|r| {
-                let missing: Vec<_> = r.missing().take(3).cloned().collect();
-                format!(
-                    "home: told over {}, {} of the log, {} outputs missing (first {missing:?}), {} being fetched, {} runs redone and not back ({:?}), coordinator {:?}",
-                    r.over,
-                    r.next,
-                    r.missing_count(),
-                    r.fetching.len(),
-                    r.redo.len(),
-                    r.redo.values().next().map(|run| (run, r.log.get(run.task))),
-                    self.nodes[self.cfg.submit_node].peer.as_ref().and_then(|p| p.coordinator()),
-                )
-            });
-        format!(
-            "work left at the time limit: {} tasks never succeeded (first: {:?}); coordinator view {:?}; {home:?}",
-            (0..self.ok_done.len())
-                .filter(|&g| self.plan.expect_ok[g] && !self.ok_done[g])
-                .count(),
-            missing,
-            coord
-        )
+        {
+            words += &format!(
+                "; its home has {} of its log, {} outputs missing, {} being fetched, {} runs redone and not back",
+                r.next,
+                r.missing_count(),
+                r.fetching.len(),
+                r.redo.len(),
+            );
+        }
+        if !self.unplaceable.is_empty() {
+            words += &format!("; {}", self.unplaceable.join("; "));
+        }
+        words
     }
 
     fn handle(&mut self, ev: Ev) -> Result<(), SimError> {
@@ -1245,6 +1276,7 @@ impl<'a> Sim<'a> {
 
     /// The run of `task` (its token `token`) on node `n` ends at `at`.
     fn end_at(&mut self, n: usize, task: Assigned, token: u64, at: Millis) {
+        self.busy_until = self.busy_until.max(at);
         let gen = self.nodes[n].gen;
         self.push(
             at,
@@ -1431,6 +1463,7 @@ impl<'a> Sim<'a> {
             name: self.cfg.name.clone(),
             seed: self.cfg.seed,
             nodes: self.nodes.len(),
+            node_shapes: node_shapes(self.nodes.iter().map(|n| &n.total)),
             tasks,
             makespan,
             lower_bound: self.plan.lower_bound,
@@ -1486,4 +1519,58 @@ impl<'a> Sim<'a> {
 /// Debugging aid: `MESH_SIM_TRACE=<task index>` prints every message about that task.
 fn trace_task() -> Option<u32> {
     std::env::var("MESH_SIM_TRACE").ok()?.parse().ok()
+}
+
+/// How many nodes offer each set of resources, in the order first seen.
+fn node_shapes<'r>(totals: impl Iterator<Item = &'r Resources>) -> Vec<(usize, String)> {
+    let mut shapes: Vec<(usize, String)> = Vec::new();
+    for t in totals {
+        let r = t.to_string();
+        match shapes.iter_mut().find(|(_, s)| *s == r) {
+            Some((n, _)) => *n += 1,
+            None => shapes.push((1, r)),
+        }
+    }
+    shapes
+}
+
+/// When the last event the scenario scripts happens: nodes joining, the
+/// submit, crashes and restarts, leaves, partitions, stalls, slow spells
+/// and introductions. A quiet stretch before it is the script's, not a
+/// stuck run's.
+fn scripted_until(cfg: &SimConfig) -> Millis {
+    let joins = cfg.nodes.iter().map(|g| g.join_at_ms);
+    let crashes = cfg
+        .crashes
+        .iter()
+        .map(|c| c.at_ms + c.restart_after_ms.unwrap_or(0));
+    let leaves = cfg.leaves.iter().map(|l| l.at_ms);
+    let partitions = cfg.partitions.iter().map(|p| p.until_ms);
+    let stalls = cfg.stall.iter().map(|s| s.until_ms);
+    let slow = cfg.slow.iter().map(|s| s.until_ms);
+    let introduce = cfg.introduce.iter().map(|i| i.at_ms);
+    joins
+        .chain(crashes)
+        .chain(leaves)
+        .chain(partitions)
+        .chain(stalls)
+        .chain(slow)
+        .chain(introduce)
+        .chain([cfg.submit_at_ms])
+        .max()
+        .unwrap_or(0)
+        + alloc_grace(cfg)
+}
+
+/// With allocation queues, a farm may wait with nothing running while a
+/// job sits in the batch queue, or until an idle job is given back.
+fn alloc_grace(cfg: &SimConfig) -> Millis {
+    cfg.alloc
+        .iter()
+        .map(|a| {
+            let delay = crate::parse_durations(&a.start_delay).map_or(0, |d| d.max());
+            delay + a.idle_timeout_ms
+        })
+        .max()
+        .unwrap_or(0)
 }

@@ -1,11 +1,13 @@
 //! Distributions of durations and latencies, written as short strings in scenarios.
 //!
-//! Syntax (every amount is in virtual milliseconds):
+//! Syntax (an amount is a duration such as `250ms`, `20s`, `5m` or `1h 30m`,
+//! or a bare number of virtual milliseconds):
 //!
 //! | text                   | meaning                                                    |
 //! |------------------------|------------------------------------------------------------|
 //! | `12` or `fixed:12`     | always 12                                                  |
 //! | `uniform:5..20`        | an integer from 5 to 20, both included, equally likely     |
+//! | `uniform:5m..20m`      | the same from 5 to 20 minutes, in whole milliseconds       |
 //! | `zipf:1.2`             | k with probability ∝ k^-1.2 for k in 1..=1000              |
 //! | `zipf:1.2,5000`        | the same over 1..=5000                                     |
 //! | `bimodal:10,500,0.1`   | 500 with probability 0.1, otherwise 10                     |
@@ -53,13 +55,14 @@ pub fn parse_durations(text: &str) -> Result<Dist, DistError> {
     let err = |why: &str| {
         DistError(format!(
             "bad distribution {t:?}: {why} (expected e.g. `10`, `uniform:5..20`, `zipf:1.2`, \
-             `zipf:1.2,5000`, `bimodal:10,500,0.1` or `exp:40`; amounts in ms)"
+             `zipf:1.2,5000`, `bimodal:10,500,0.1` or `exp:40`; an amount is a duration \
+             such as `250ms`, `20s`, `5m` or `1h 30m`, or a bare number of ms)"
         ))
     };
     let int = |s: &str, what: &str| -> Result<u64, DistError> {
-        s.trim().parse::<u64>().map_err(|_| {
+        amount_ms(s).ok_or_else(|| {
             err(&format!(
-                "{what} {:?} is not a whole number of ms",
+                "{what} {:?} is neither a duration nor a whole number of ms",
                 s.trim()
             ))
         })
@@ -131,7 +134,10 @@ pub fn parse_durations(text: &str) -> Result<Dist, DistError> {
             })
         }
         "exp" => {
-            let m = float(args, "the mean")?;
+            let m = match amount_ms(args) {
+                Some(ms) if has_unit(args) => ms as f64,
+                _ => float(args, "the mean")?,
+            };
             if m < 0.0 {
                 return Err(err("the mean must not be negative"));
             }
@@ -139,6 +145,21 @@ pub fn parse_durations(text: &str) -> Result<Dist, DistError> {
         }
         other => Err(err(&format!("unknown kind {other:?}"))),
     }
+}
+
+/// An amount: a bare whole number of milliseconds, or a duration with
+/// its unit (`250ms`, `20s`, `5m`, `1h 30m`), in whole milliseconds.
+fn amount_ms(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if let Ok(ms) = s.parse::<u64>() {
+        return Some(ms);
+    }
+    let d = humantime::parse_duration(s).ok()?;
+    u64::try_from(d.as_millis()).ok()
+}
+
+fn has_unit(s: &str) -> bool {
+    s.trim().ends_with(|c: char| c.is_ascii_alphabetic())
 }
 
 impl Dist {
@@ -166,6 +187,29 @@ impl Dist {
                 let u: f64 = rng.random::<f64>();
                 (-(1.0 - u).ln() * m) as u64
             }
+        }
+    }
+
+    /// The mean of a draw.
+    pub fn mean(&self) -> f64 {
+        match self {
+            Dist::Fixed(v) => *v as f64,
+            Dist::Uniform(a, b) => (*a + *b) as f64 / 2.0,
+            Dist::Zipf { cdf, .. } => {
+                let mut before = 0.0;
+                let mut sum = 0.0;
+                for (k, &c) in cdf.iter().enumerate() {
+                    sum += (k + 1) as f64 * (c - before);
+                    before = c;
+                }
+                sum
+            }
+            Dist::Bimodal {
+                short,
+                long,
+                p_long,
+            } => *long as f64 * p_long + *short as f64 * (1.0 - p_long),
+            Dist::Exp(m) => *m,
         }
     }
 
@@ -203,7 +247,39 @@ mod tests {
             }
         ));
         assert_eq!(parse_durations("zipf:1.2,50").unwrap().max(), 50);
-        for bad in ["", "uniform:9..2", "zipf:0", "bimodal:1,2", "gauss:3", "x"] {
+        assert_eq!(
+            parse_durations("uniform:5m..20m").unwrap().mean(),
+            750_000.0
+        );
+        assert_eq!(parse_durations("bimodal:10,500,0.1").unwrap().mean(), 59.0);
+        let z = parse_durations("zipf:1,2").unwrap().mean();
+        assert!((z - 4.0 / 3.0).abs() < 1e-9, "{z}");
+        assert_eq!(
+            parse_durations("uniform:5m..20m").unwrap(),
+            Dist::Uniform(300_000, 1_200_000)
+        );
+        assert_eq!(parse_durations("1h 30m").unwrap(), Dist::Fixed(5_400_000));
+        assert_eq!(parse_durations("fixed:250ms").unwrap(), Dist::Fixed(250));
+        assert_eq!(parse_durations("exp:2s").unwrap(), Dist::Exp(2000.0));
+        assert_eq!(parse_durations("exp:2.5").unwrap(), Dist::Exp(2.5));
+        assert!(matches!(
+            parse_durations("bimodal:10s,5m,0.1").unwrap(),
+            Dist::Bimodal {
+                short: 10_000,
+                long: 300_000,
+                ..
+            }
+        ));
+        for bad in [
+            "",
+            "uniform:9..2",
+            "uniform:20m..5m",
+            "uniform:5q..20m",
+            "zipf:0",
+            "bimodal:1,2",
+            "gauss:3",
+            "x",
+        ] {
             let e = parse_durations(bad).unwrap_err().to_string();
             assert!(e.contains("expected e.g."), "{bad}: {e}");
         }

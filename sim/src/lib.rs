@@ -19,6 +19,11 @@ pub mod report;
 pub mod scenario;
 pub mod workflow;
 
+/// Without a time limit (`max_time_ms`), how long a run may pass with no
+/// task started or ended, after its last task's end and its last scripted
+/// event, before it is stuck: ten virtual minutes.
+pub const QUIET_MS: u64 = 600_000;
+
 pub use cluster::run;
 pub use dist::{parse_durations, Dist, DistError};
 pub use report::{SimReport, Timeline, Traffic};
@@ -42,7 +47,10 @@ pub enum SimError {
         message: String,
     },
     /// Work was left when the virtual time limit (or the last event) came.
-    #[error("the run did not finish by {at_ms} ms (replay with seed {seed}): {message}")]
+    #[error(
+        "the run did not finish: {message}; stopped at {} of virtual time (replay with seed {seed})",
+        report::duration(*at_ms)
+    )]
     Stuck {
         seed: u64,
         at_ms: u64,

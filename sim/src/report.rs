@@ -12,6 +12,10 @@ pub struct SimReport {
     pub name: String,
     pub seed: u64,
     pub nodes: usize,
+    /// Those nodes by what each offers (`cpu=4,mem=16G`), in the order
+    /// first seen: how many of each.
+    #[serde(default)]
+    pub node_shapes: Vec<(usize, String)>,
     pub tasks: u64,
     /// Virtual ms from the submission to the end of the last task that succeeded.
     pub makespan: u64,
@@ -272,8 +276,23 @@ fn mean_per_interval(changes: &[(u64, u32)], end: u64, k: u64) -> (u64, Vec<f64>
     (width, mean)
 }
 
+/// `4, cpu=4 each` or `12: 8 of cpu=4, 4 of cpu=8,gpu=1`.
+pub(crate) fn shapes(nodes: usize, shapes: &[(usize, String)]) -> String {
+    match shapes {
+        [] => nodes.to_string(),
+        [(_, one)] => format!("{nodes}, {one} each"),
+        many => format!(
+            "{nodes}: {}",
+            many.iter()
+                .map(|(n, r)| format!("{n} of {r}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 /// `45 s`, `2 min 30 s`, `1 h 30 min`: a time a user reads at a glance.
-fn duration(ms: u64) -> String {
+pub(crate) fn duration(ms: u64) -> String {
     let s = ms / 1000;
     match (s / 3600, s % 3600 / 60, s % 60) {
         (0, 0, s) => format!("{s} s"),
@@ -358,7 +377,7 @@ impl SimReport {
     /// The headline numbers on one line each, as `mesh sim` prints them.
     pub fn summary(&self) -> String {
         format!(
-            "seed {}\nmakespan {} ms\nlower bound {} ms\nratio {:.3}\n\
+            "seed {}\nnodes {}\nmakespan {} ms ({})\nlower bound {} ms\nratio {:.3}\n\
              greedy without latency {} ms (ratio {:.3}; mesh / greedy {:.3})\n\
              longest first, knowing durations {} ms (ratio {:.3})\nutilization {:.1}%\n\
              steals {} ({} tasks, {} asked)\nmessages {} ({} lost)\n\
@@ -367,7 +386,9 @@ impl SimReport {
              tasks {} done, {} failed, {} executions\nprefetch depth {}\n\
              events {} ({:.0}/s; {:.1} s, peak memory {})\none mesh since {} ms; coordinated: {}\nlongest wait at a slow node {} ms\n",
             self.seed,
+            shapes(self.nodes, &self.node_shapes),
             self.makespan,
+            duration(self.makespan),
             self.lower_bound,
             self.ratio,
             self.greedy,

@@ -10,7 +10,9 @@
 //! latency = "uniform:1..3"     # per message, same syntax as durations
 //! loss = 0.0                   # probability that any one message is dropped
 //! submit_at_ms = 0             # when node `submit_node` submits the farm
-//! max_time_ms = 600000         # virtual time limit: a run still busy then is stuck
+//! max_time_ms = 600000         # virtual time limit: a run still busy then is stuck (default:
+//!                              # none; stuck when nothing starts or ends for 10 min past the
+//!                              # last task's end and the last scripted event)
 //! one_mesh = true              # the end check below (default on)
 //!
 //! [[nodes]]                    # a group of identical nodes; node indices count from 0 in file order
@@ -88,7 +90,8 @@
 //! one coordinator, one of them, in one term, and each knows every other as
 //! a member. The mesh is looked at every virtual second; once the farm is
 //! over, the run goes on until it is one mesh, and is stuck if it is not by
-//! `max_time_ms`. The report says since when it was one mesh
+//! `max_time_ms` (or, without one, 10 virtual minutes after the last task
+//! and the last scripted event). The report says since when it was one mesh
 //! (`one_mesh_ms`) and which nodes ever coordinated.
 
 use std::io;
@@ -97,7 +100,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use mesh_protocol::mesh::Config;
-use mesh_protocol::resources::{AmountError, ResourceSpecError};
+use mesh_protocol::resources::{parse_resources, AmountError, ResourceSpecError, CPU};
 
 use crate::dist::{parse_durations, DistError};
 use crate::SimError;
@@ -125,9 +128,12 @@ pub struct SimConfig {
     pub submit_node: usize,
     #[serde(default)]
     pub submit_at_ms: u64,
-    /// A run with work left at this virtual time is reported stuck.
-    #[serde(default = "default_max_time")]
-    pub max_time_ms: u64,
+    /// A run with work left at this virtual time is reported stuck. None:
+    /// no fixed limit; a run is stuck once nothing has started or ended for
+    /// [`crate::QUIET_MS`] past its last task's end and its last scripted
+    /// event (a farm of days runs its days).
+    #[serde(default)]
+    pub max_time_ms: Option<u64>,
     /// Every invariant of the stepped peer is checked after every step on
     /// what the step changed (nothing free beyond its total; its pool
     /// against its grants; as coordinator, the claims of each node whose
@@ -387,9 +393,6 @@ fn default_start_delay() -> String {
 fn default_latency() -> String {
     "uniform:1..3".into()
 }
-fn default_max_time() -> u64 {
-    600_000
-}
 fn default_stage_resources() -> String {
     "cpu=1".into()
 }
@@ -526,7 +529,7 @@ impl SimConfig {
             loss: 0.0,
             submit_node: 0,
             submit_at_ms: 0,
-            max_time_ms: default_max_time(),
+            max_time_ms: None,
             check_every: 0,
             outputs: true,
             crashes: vec![],
@@ -563,6 +566,31 @@ impl SimConfig {
             left -= c;
         }
         groups.retain(|g| g.count > 0);
+    }
+
+    /// The fewest nodes of these groups' mix whose cores could hold the
+    /// stages' mean work (tasks × mean duration × cores each) within
+    /// `deadline_ms`, less a twentieth for the draws: fewer cannot meet
+    /// it, so a search for the fewest that do starts here.
+    pub fn nodes_for_work(&self, deadline_ms: u64) -> usize {
+        let cpu = |text: &str| parse_resources(text).map_or(1.0, |r| r.get(CPU).0 as f64 / 1000.0);
+        let count = self.node_count().max(1) as f64;
+        let per_node = self
+            .nodes
+            .iter()
+            .map(|g| g.count as f64 * cpu(&g.resources))
+            .sum::<f64>()
+            / count;
+        let work: f64 = self
+            .stages
+            .iter()
+            .map(|s| {
+                let mean = parse_durations(&s.durations).map_or(0.0, |d| d.mean());
+                s.tasks as f64 * mean * cpu(&s.resources)
+            })
+            .sum();
+        let least = 0.95 * work / (deadline_ms.max(1) as f64 * per_node.max(0.001));
+        (least.floor() as usize).max(1)
     }
 
     /// How many nodes the groups add up to.

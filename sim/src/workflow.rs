@@ -219,9 +219,13 @@ impl WhatIf {
             .iter()
             .map(|a| a.max as usize * a.nodes_per_job as usize)
             .sum::<usize>();
-        cfg.max_time_ms = cfg
-            .max_time_ms
-            .max(time_limit(wl, &self.replay, self.nodes + batch));
+        // A what-if's limit stays one derived from the work (as it was
+        // before runs had none): its reports do not move.
+        cfg.max_time_ms = Some(cfg.max_time_ms.unwrap_or(crate::QUIET_MS).max(time_limit(
+            wl,
+            &self.replay,
+            self.nodes + batch,
+        )));
         cfg
     }
 }
@@ -437,29 +441,44 @@ pub fn fewest_nodes(
         search.tried.push(r);
         Ok(ok)
     };
-    let (mut lo, mut hi) = (0usize, 1usize);
+    let nodes = fewest(1, most, |n| meets(n, &mut search))?;
+    search.nodes = nodes;
+    if search.nodes.is_none() {
+        search.why_not = Some(format!(
+            "not met with {most} nodes, one for every task: the graph and the links leave no room"
+        ));
+    }
+    Ok(search)
+}
+
+/// The fewest node counts from `from` to `most` for which `meets` holds:
+/// counts doubled from `from` until one meets it, then halved between the
+/// last that did not and the first that did (`from - 1` is taken to miss
+/// unasked). None when `most` does not. `meets` is asked each count once.
+pub fn fewest<E>(
+    from: usize,
+    most: usize,
+    mut meets: impl FnMut(usize) -> Result<bool, E>,
+) -> Result<Option<usize>, E> {
+    let (mut lo, mut hi) = (from.max(1) - 1, from.clamp(1, most.max(1)));
     loop {
-        if meets(hi, &mut search)? {
+        if meets(hi)? {
             break;
         }
         if hi >= most {
-            search.why_not = Some(format!(
-                "not met with {hi} nodes, one for every task: the graph and the links leave no room"
-            ));
-            return Ok(search);
+            return Ok(None);
         }
         lo = hi;
         hi = (hi * 2).min(most);
     }
-    // Invariant: lo missed (or is 0), hi met.
+    // Invariant: lo missed (or was never asked), hi met.
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if meets(mid, &mut search)? {
+        if meets(mid)? {
             hi = mid;
         } else {
             lo = mid;
         }
     }
-    search.nodes = Some(hi);
-    Ok(search)
+    Ok(Some(hi))
 }

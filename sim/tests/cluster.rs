@@ -361,10 +361,42 @@ fn the_same_seed_gives_the_same_report() {
 #[test]
 fn violations_name_the_seed() {
     let mut cfg = SimConfig::simple(99, 1, "cpu=1", 10, "1000");
-    cfg.max_time_ms = 2000;
+    cfg.max_time_ms = Some(2000);
     let e = run(&cfg).unwrap_err();
     assert!(matches!(e, SimError::Stuck { seed: 99, .. }), "{e}");
     assert!(e.to_string().contains("seed 99"), "{e}");
+}
+
+#[test]
+fn a_farm_of_hours_runs_its_hours_and_one_that_cannot_finish_says_why_in_words() {
+    // 10 tasks of 5 min on 2 one-core nodes: 25 min of virtual time, past
+    // the 10 min that once was every run's limit.
+    let cfg = SimConfig::simple(3, 2, "cpu=1", 10, "uniform:4m..5m");
+    let r = ok(&cfg);
+    assert_eq!(r.tasks_done, 10);
+    assert!(r.makespan > 20 * 60_000, "{}", r.makespan);
+    assert_eq!(r.node_shapes, vec![(2, "cpu=1".to_string())]);
+    assert!(
+        r.summary().contains("nodes 2, cpu=1 each"),
+        "{}",
+        r.summary()
+    );
+
+    let mut cut = cfg.clone();
+    cut.max_time_ms = Some(6 * 60_000);
+    let e = run(&cut).unwrap_err().to_string();
+    for words in [
+        "the run did not finish",
+        "time limit (max_time_ms = 360000)",
+        "of 10 tasks not done (the first: ",
+        "its coordinator, node ",
+        "replay with seed 3",
+    ] {
+        assert!(e.contains(words), "{words:?} not in: {e}");
+    }
+    for dump in ["Counts {", "NodeId(", "Some(("] {
+        assert!(!e.contains(dump), "a Debug dump in: {e}");
+    }
 }
 
 /// 1000 nodes, 100k tasks: `cargo test --release -p mesh-sim -- --ignored --nocapture`.

@@ -78,3 +78,63 @@ fn bad_sim_flags_are_explained() {
     r.expect_code(2);
     assert!(r.stderr.contains("no-such.toml"), "{}", r.stderr);
 }
+
+#[test]
+fn a_deadline_finds_the_fewest_nodes_for_a_farm_of_minutes() {
+    let sb = sandbox();
+    // 40 tasks of 2 min, one core each, on nodes of 4 cores: 20 min on one
+    // node and its start-up, 10 on two.
+    let args = &[
+        "sim",
+        "--tasks",
+        "40",
+        "--durations",
+        "2m",
+        "--deadline",
+        "15m",
+        "--json",
+    ];
+    let r = sb.mesh(args);
+    r.expect_code(0);
+    let v = r.json();
+    assert_eq!(v["nodes"], 2, "{v}");
+    assert_eq!(v["node"], "cpu=4", "{v}");
+    let tried = v["tried"].as_array().unwrap();
+    let one = tried.iter().find(|t| t["nodes"] == 1).expect("1 tried");
+    assert_eq!(one["meets"], false, "{v}");
+    assert!(one["makespan_ms"].as_u64().unwrap() >= 20 * 60_000, "{v}");
+    // Words for people, and a deadline no count meets says so, exit 1.
+    let r = sb.mesh(&[
+        "sim",
+        "--tasks",
+        "4",
+        "--durations",
+        "10m",
+        "--deadline",
+        "5m",
+    ]);
+    r.expect_code(1);
+    assert!(
+        r.stdout.contains("deadline 5m 00s: not met"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("nodes of cpu=4"), "{}", r.stdout);
+    // A report names its nodes' shape, and durations take units.
+    let r = sb.mesh(&[
+        "sim",
+        "--nodes",
+        "3",
+        "--tasks",
+        "6",
+        "--durations",
+        "uniform:1m..2m",
+    ]);
+    r.expect_code(0);
+    assert!(r.stdout.contains("nodes 3, cpu=4 each"), "{}", r.stdout);
+    for bad in [&["--deadline", "0s"][..], &["--deadline", "soon"]] {
+        let r = sb.mesh(&[&["sim", "--tasks", "4"][..], bad].concat());
+        r.expect_code(2);
+        assert!(r.stderr.contains("--deadline"), "{}", r.stderr);
+    }
+}

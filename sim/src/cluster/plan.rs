@@ -211,6 +211,12 @@ impl Plan {
         self.offsets[t.stage as usize] + t.index as usize
     }
 
+    /// Task `g` as a user names it: `stage/index`.
+    pub(super) fn task_name(&self, g: usize) -> String {
+        let s = self.offsets.partition_point(|&o| o <= g).saturating_sub(1);
+        format!("{}/{}", self.spec.def.stages[s].name, g - self.offsets[s])
+    }
+
     pub(super) fn stage_len(&self, s: usize) -> usize {
         self.offsets
             .get(s + 1)
