@@ -1,6 +1,5 @@
 //! `mesh export FARM [-o FILE]`: a farm, finished or running, as a WfCommons trace (WfFormat 1.5), the inverse of `mesh import wfformat`: from the node that keeps a copy of it, or with no node here, from this machine's `mesh run` store.
 
-use std::fs;
 use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
@@ -69,30 +68,16 @@ fn from_store(state: &StateDir, farm: &str) -> Result<Value> {
 
 /// Writes `text` to `path` whole or not at all: beside it first, then renamed.
 fn write_file(path: &Path, text: &str) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
     if path.is_dir() {
         bail!(
             "{} is a folder: give a file to write, e.g. -o trace.json",
             path.display()
         );
     }
-    let name = path
-        .file_name()
-        .map_or_else(|| "trace".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(".{name}.exporting-{}", std::process::id()));
-    let written = (|| -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
+    let written = mesh_node::state::write_atomic(path, |w| {
+        w.write_all(text.as_bytes())?;
+        w.write_all(b"\n")
+    });
     written.with_context(|| format!("cannot write {}", path.display()))
 }
 

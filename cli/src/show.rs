@@ -296,23 +296,21 @@ pub fn list(all: &[FarmStatus], json: bool) -> Result<()> {
         writeln!(out, "no farms yet (start one with `mesh run farm.toml`)")?;
         return Ok(());
     }
-    writeln!(
-        out,
-        "{:<28} {:<12} {:>4} {:>16} {:>8} {:>10}",
-        "FARM", "STATE", "RUN", "DONE/TOTAL", "FAILED", "UPDATED"
-    )?;
+    let mut t = table(
+        &["FARM", "STATE", "RUN", "DONE/TOTAL", "FAILED", "UPDATED"],
+        2,
+    );
     for s in all {
-        writeln!(
-            out,
-            "{:<28} {:<12} {:>4} {:>16} {:>8} {:>10}",
-            s.id,
-            state_word(s.state),
-            s.run,
+        t.add_row(vec![
+            s.id.clone(),
+            state_word(s.state).to_string(),
+            s.run.to_string(),
             format!("{}/{}", s.counts.done, s.counts.total),
-            s.counts.failed,
-            ago(s.updated_at_ms)
-        )?;
+            s.counts.failed.to_string(),
+            ago(s.updated_at_ms),
+        ]);
     }
+    writeln!(out, "{}", lines(&t))?;
     Ok(())
 }
 
@@ -345,26 +343,26 @@ pub fn status(s: &FarmStatus, json: bool) -> Result<()> {
         counts_line(&s.counts)
     )?;
     writeln!(out)?;
-    writeln!(
-        out,
-        "{:<20} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}",
-        "STAGE", "TOTAL", "DONE", "RUNNING", "FAILED", "SKIPPED", "QUEUED", "STOPPED"
-    )?;
+    let mut t = table(
+        &[
+            "STAGE", "TOTAL", "DONE", "RUNNING", "FAILED", "SKIPPED", "QUEUED", "STOPPED",
+        ],
+        1,
+    );
     for st in &s.stages {
         let c = &st.counts;
-        writeln!(
-            out,
-            "{:<20} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}",
-            st.name,
-            c.total,
-            c.done,
-            c.running,
-            c.failed,
-            c.skipped,
-            c.queued(),
-            c.stopped
-        )?;
+        t.add_row(vec![
+            st.name.clone(),
+            c.total.to_string(),
+            c.done.to_string(),
+            c.running.to_string(),
+            c.failed.to_string(),
+            c.skipped.to_string(),
+            c.queued().to_string(),
+            c.stopped.to_string(),
+        ]);
     }
+    writeln!(out, "{}", lines(&t))?;
     let stops: Vec<&str> = s
         .stages
         .iter()
@@ -558,26 +556,46 @@ pub fn logs(
 
 /// Latency percentiles as a table, one kind per line.
 pub fn latency_table(rows: &[mesh_protocol::observe::LatencySummary], indent: &str) {
-    outln!(
-        "{indent}{:<16} {:>9} {:>10} {:>10} {:>10} {:>10}",
-        "",
-        "count",
-        "p50",
-        "p90",
-        "p99",
-        "max"
-    );
+    let mut t = table(&["", "count", "p50", "p90", "p99", "max"], 1);
     for r in rows {
-        outln!(
-            "{indent}{:<16} {:>9} {:>10} {:>10} {:>10} {:>10}",
-            r.name,
-            r.count,
+        t.add_row(vec![
+            r.name.clone(),
+            r.count.to_string(),
             ms(r.p50_ms),
             ms(r.p90_ms),
             ms(r.p99_ms),
-            ms(r.max_ms)
-        );
+            ms(r.max_ms),
+        ]);
     }
+    for line in lines(&t).lines() {
+        outln!("{indent}{line}");
+    }
+}
+
+/// A plain table, each column as wide as its widest cell (a long farm or
+/// stage name widens its column instead of pushing the rest out of
+/// line), columns from `right` on aligned right, as numbers are.
+fn table(header: &[&str], right: usize) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_style(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
+        .set_header(header.to_vec());
+    let last = header.len().saturating_sub(1);
+    for (i, c) in t.column_iter_mut().enumerate() {
+        c.set_padding((0, if i < last { 2 } else { 0 }));
+        if i >= right {
+            c.set_cell_alignment(comfy_table::CellAlignment::Right);
+        }
+    }
+    t
+}
+
+/// A table's lines without the blanks its cells leave at their ends.
+fn lines(t: &comfy_table::Table) -> String {
+    t.lines()
+        .map(|l| l.trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Milliseconds for people: `0.42 ms`, `12.3 ms`, `2.31 s`.

@@ -415,27 +415,26 @@ pub fn write_manifests(out: &Path, def: &FarmDef) -> io::Result<()> {
         }
         let dir = out.join(&stage.name);
         fs::create_dir_all(&dir)?;
-        let tmp = dir.join(format!(".{MANIFEST}.tmp"));
-        let mut w = io::BufWriter::new(fs::File::create(&tmp)?);
-        let escape = |v: &str| {
-            v.replace('\\', "\\\\")
-                .replace('\t', "\\t")
-                .replace('\n', "\\n")
-        };
-        write!(w, "index")?;
-        for v in &stage.sweep.vars {
-            write!(w, "\t{}", escape(&v.name))?;
-        }
-        writeln!(w)?;
-        for i in 0..stage.len() {
-            write!(w, "{i}")?;
-            for value in stage.sweep.binding(i) {
-                write!(w, "\t{}", escape(&value))?;
+        crate::state::write_atomic(&dir.join(MANIFEST), |w| {
+            let escape = |v: &str| {
+                v.replace('\\', "\\\\")
+                    .replace('\t', "\\t")
+                    .replace('\n', "\\n")
+            };
+            write!(w, "index")?;
+            for v in &stage.sweep.vars {
+                write!(w, "\t{}", escape(&v.name))?;
             }
             writeln!(w)?;
-        }
-        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        fs::rename(&tmp, dir.join(MANIFEST))?;
+            for i in 0..stage.len() {
+                write!(w, "{i}")?;
+                for value in stage.sweep.binding(i) {
+                    write!(w, "\t{}", escape(&value))?;
+                }
+                writeln!(w)?;
+            }
+            Ok(())
+        })?;
     }
     Ok(())
 }

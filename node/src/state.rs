@@ -12,7 +12,7 @@
 //! snapshot then, and the database itself once the farm is not running.
 
 use std::fs;
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use mesh_protocol::engine::Counts;
@@ -167,13 +167,8 @@ impl StateDir {
 
     /// Writes the snapshot atomically (a reader never sees half of it).
     pub fn write_status(&self, s: &FarmStatus) -> io::Result<()> {
-        let path = self.status_path(&s.id);
-        let tmp = path.with_extension("json.tmp");
-        fs::write(
-            &tmp,
-            serde_json::to_vec_pretty(s).map_err(io::Error::other)?,
-        )?;
-        fs::rename(tmp, path)
+        let bytes = serde_json::to_vec_pretty(s).map_err(io::Error::other)?;
+        write_atomic(&self.status_path(&s.id), |w| w.write_all(&bytes))
     }
 
     /// The snapshot, with a `running` farm whose process is gone shown as crashed.
@@ -363,4 +358,29 @@ mod tests {
         assert!(state.join("held/other").is_dir());
         assert!(!state.join("kept/other").exists());
     }
+}
+
+/// Writes a file whole or not at all: into a temporary file beside it,
+/// on the disk (fsync), then named, so that neither a reader nor a crash
+/// ever finds half of it, or, after a power cut, an empty file by its name.
+pub fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&mut io::BufWriter<&fs::File>) -> io::Result<()>,
+) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    // As a file made with the usual umask would be, not tempfile's 0600:
+    // a farm's tables and snapshots are read by the user's group too.
+    let tmp = tempfile::Builder::new()
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .tempfile_in(dir)?;
+    let mut w = io::BufWriter::new(tmp.as_file());
+    write(&mut w)?;
+    w.flush()?;
+    drop(w);
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }

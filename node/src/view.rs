@@ -83,18 +83,7 @@ impl DataView {
 
 /// Bytes for people: `512 B`, `3.4 MiB`, `1.2 GiB`.
 pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    bytesize::ByteSize::b(n).to_string()
 }
 
 impl FarmView {

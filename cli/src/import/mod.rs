@@ -158,7 +158,8 @@ fn write_folder(
                 .with_context(|| format!("cannot write {}", p.display()))?;
         }
         let farm = tmp.join("farm.toml");
-        fs::write(&farm, toml).with_context(|| format!("cannot write {}", farm.display()))?;
+        mesh_node::state::write_atomic(&farm, |w| std::io::Write::write_all(w, toml.as_bytes()))
+            .with_context(|| format!("cannot write {}", farm.display()))?;
         check(&farm)?;
         if dir.exists() {
             fs::remove_dir(dir).with_context(|| format!("cannot replace {}", dir.display()))?;

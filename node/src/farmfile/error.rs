@@ -268,28 +268,11 @@ pub enum RangeProblem {
 fn did_you_mean(name: &str, allowed: &[&str]) -> String {
     allowed
         .iter()
-        .map(|a| (edit_distance(name, a), *a))
+        .map(|a| (strsim::levenshtein(name, a), *a))
         .filter(|(d, a)| *d * 2 <= a.len())
         .min()
         .map(|(_, a)| format!(" (did you mean `{a}`?)"))
         .unwrap_or_default()
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diag = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let next = (diag + usize::from(ca != *cb))
-                .min(row[j] + 1)
-                .min(row[j + 1] + 1);
-            diag = row[j + 1];
-            row[j + 1] = next;
-        }
-    }
-    row[b.len()]
 }
 
 fn quoted_list(items: &[&str]) -> String {
