@@ -336,30 +336,6 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kept_outputs_of_an_older_node_move_to_their_folder_and_a_newer_folder_is_left_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let state = dir.path();
-        std::fs::create_dir_all(state.join("held/farm")).unwrap();
-        std::fs::write(state.join("held/farm/abc"), b"output").unwrap();
-        move_kept_outputs(state).unwrap();
-        assert_eq!(
-            std::fs::read(state.join("kept/farm/abc")).unwrap(),
-            b"output"
-        );
-        assert!(!state.join("held").exists());
-        // Both there (an older node started on it again): nothing moves.
-        std::fs::create_dir_all(state.join("held/other")).unwrap();
-        move_kept_outputs(state).unwrap();
-        assert!(state.join("held/other").is_dir());
-        assert!(!state.join("kept/other").exists());
-    }
-}
-
 /// Writes a file whole or not at all: into a temporary file beside it,
 /// on the disk (fsync), then named, so that neither a reader nor a crash
 /// ever finds half of it, or, after a power cut, an empty file by its name.
@@ -383,4 +359,28 @@ pub fn write_atomic(
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_outputs_of_an_older_node_move_to_their_folder_and_a_newer_folder_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path();
+        std::fs::create_dir_all(state.join("held/farm")).unwrap();
+        std::fs::write(state.join("held/farm/abc"), b"output").unwrap();
+        move_kept_outputs(state).unwrap();
+        assert_eq!(
+            std::fs::read(state.join("kept/farm/abc")).unwrap(),
+            b"output"
+        );
+        assert!(!state.join("held").exists());
+        // Both there (an older node started on it again): nothing moves.
+        std::fs::create_dir_all(state.join("held/other")).unwrap();
+        move_kept_outputs(state).unwrap();
+        assert!(state.join("held/other").is_dir());
+        assert!(!state.join("kept/other").exists());
+    }
 }
