@@ -7,6 +7,7 @@ mod import;
 mod mesh_cmds;
 mod out;
 mod show;
+mod sim_args;
 mod sim_cmd;
 mod watch;
 mod whatif;
@@ -129,7 +130,7 @@ enum Cmd {
     /// Simulate a farm on many virtual nodes: makespan against the lower bound, steals, messages.
     Sim {
         #[command(flatten)]
-        args: sim_cmd::SimArgs,
+        args: sim_args::SimArgs,
     },
     /// Create the mesh secret (mesh.key) and this node's identity in the state folder.
     Init,

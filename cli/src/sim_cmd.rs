@@ -1,93 +1,14 @@
 //! `mesh sim`: run a load-imbalance scenario on the simulator and print what it measured.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use mesh_sim::{load_scenario, parse_durations, SimConfig};
 
 use crate::out::{out, outln};
+use crate::sim_args::SimArgs;
 use crate::whatif::span;
-use crate::{args, EXIT_FAILED_TASKS};
-
-#[derive(clap::Args)]
-pub struct SimArgs {
-    /// A scenario file (TOML, see sim/scenarios/); the flags below override
-    /// it. With --workflow, its nodes, allocation queues, network and
-    /// knobs are the cluster, and the workflow is its farm.
-    #[arg(value_parser = args::path)]
-    pub scenario: Option<PathBuf>,
-    /// Replay a recorded workflow (a WfCommons trace, WfFormat 1.4 to 1.6)
-    /// instead of a scenario's farm: its graph, runtimes, cores, memory
-    /// and file sizes, through the real peers (see docs/sim.md).
-    #[arg(long, value_name = "TRACE.json", value_parser = args::path,
-          conflicts_with_all = ["tasks", "durations"])]
-    pub workflow: Option<PathBuf>,
-    /// Simulated nodes (default 100, or the scenario's); with a scenario, its
-    /// node groups are scaled to this many nodes in the same proportions.
-    /// With --workflow, one count or several (`4,8,16`), a simulation each
-    /// (default 4,8,16,32,64).
-    #[arg(long, value_name = "N[,N...]", value_parser = args::node_counts)]
-    pub nodes: Option<args::NodeCounts>,
-    /// Tasks of the farm (default 10000, or the scenario's first stage).
-    #[arg(long)]
-    pub tasks: Option<u64>,
-    /// How long tasks run: `uniform:5m..20m`, `exp:90s`, `zipf:1.2`, `bimodal:10s,5m,0.1`,
-    /// `2m`; a bare number is milliseconds.
-    #[arg(long)]
-    pub durations: Option<String>,
-    /// With --workflow: cores of each node.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..),
-          requires = "workflow", conflicts_with = "scenario")]
-    pub cores_per_node: u32,
-    /// With --workflow: memory of each node, e.g. `64G` (default 4 GiB a
-    /// core, and at least the largest task's).
-    #[arg(
-        long,
-        value_name = "SIZE",
-        requires = "workflow",
-        conflicts_with = "scenario"
-    )]
-    pub mem_per_node: Option<String>,
-    /// With --workflow: each task takes its recorded runtime times this.
-    #[arg(long, value_name = "S", default_value_t = 1.0, value_parser = args::factor, requires = "workflow")]
-    pub time_scale: f64,
-    /// With --workflow: each link's bandwidth (`125MB/s`, `10Gbit/s`, or
-    /// `inf` for transfers that take no time).
-    #[arg(long, value_name = "RATE", default_value = "1Gbit/s", value_parser = args::bandwidth, requires = "workflow")]
-    pub bandwidth: args::Bandwidth,
-    /// With --workflow: one way across the network, for messages and files.
-    #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = args::duration, requires = "workflow")]
-    pub latency: std::time::Duration,
-    /// Find the fewest nodes whose makespan meets this (`6h`, `2days`):
-    /// of the trace's nodes with --workflow, else of the scenario's mix.
-    #[arg(long, value_name = "DURATION", value_parser = args::positive_duration)]
-    pub deadline: Option<std::time::Duration>,
-    /// With --workflow: runs per node count, seeds SEED, SEED+1, ...; the
-    /// table gives the median and 90th percentile makespan.
-    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "workflow")]
-    pub repeat: u32,
-    /// With --workflow: each runtime is its recorded one times a factor
-    /// drawn from [1 - J, 1 + J] per task and run.
-    #[arg(long, value_name = "J", default_value_t = 0.0, value_parser = args::share, requires = "workflow")]
-    pub jitter: f64,
-    /// With --workflow: draw makespan and utilization against nodes, and
-    /// each node's busy cores over one run.
-    #[arg(long, value_name = "FILE.svg", value_parser = args::path, requires = "workflow")]
-    pub plot: Option<PathBuf>,
-    /// Everything random follows from it (default: the scenario's, or 1).
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Turn work stealing off, to compare.
-    #[arg(long)]
-    pub no_steal: bool,
-    /// Print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Draw utilization over time per node and a sample of the task stream.
-    #[arg(long, value_name = "FILE", value_parser = args::path)]
-    pub svg: Option<PathBuf>,
-}
+use crate::EXIT_FAILED_TASKS;
 
 pub fn sim(args: &SimArgs) -> Result<ExitCode> {
     if let Some(trace) = &args.workflow {
@@ -183,7 +104,7 @@ fn deadline(cfg: &SimConfig, deadline_ms: u64, json: bool) -> Result<ExitCode> {
     eprintln!("mesh sim: seed {}", cfg.seed);
     let mut tried: Vec<Tried> = Vec::new();
     let mut shape = String::new();
-    let found = mesh_sim::workflow::fewest(from, most, |n| -> Result<bool, mesh_sim::SimError> {
+    let found = mesh_sim::whatif::fewest(from, most, |n| -> Result<bool, mesh_sim::SimError> {
         let mut c = cfg.clone();
         c.scale_nodes(n);
         let r = mesh_sim::run(&c)?;

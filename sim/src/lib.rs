@@ -17,6 +17,7 @@ pub mod dist;
 mod queue;
 pub mod report;
 pub mod scenario;
+pub mod whatif;
 pub mod workflow;
 
 /// Without a time limit (`max_time_ms`), how long a run may pass with no
@@ -28,7 +29,8 @@ pub use cluster::run;
 pub use dist::{parse_durations, Dist, DistError};
 pub use report::{SimReport, Timeline, Traffic};
 pub use scenario::{load_scenario, parse_scenario, ConfigError, NodeGroup, SimConfig};
-pub use workflow::{run_workload, Links, Replay, WhatIf, Workload, WorkloadError};
+pub use whatif::{run_workload, WhatIf};
+pub use workflow::{Links, Replay, Workload, WorkloadError};
 
 /// Why a simulated run did not produce a report.
 #[derive(Debug, thiserror::Error)]

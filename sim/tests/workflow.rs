@@ -1,7 +1,8 @@
 //! Recorded workflows through the real peers: makespans between the critical path and the serial sum, transfers that cost time, exact replay, jitter, and the fewest nodes for a deadline.
 
 use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
-use mesh_sim::workflow::{fewest_nodes, row, sweep, Read};
+use mesh_sim::whatif::{fewest_nodes, row, sweep};
+use mesh_sim::workflow::Read;
 use mesh_sim::{
     run_workload, ConfigError, Links, Replay, SimConfig, SimError, WhatIf, Workload, WorkloadError,
 };

@@ -5,6 +5,7 @@
 mod alloc;
 mod apart;
 mod browser;
+mod circles;
 mod dashboard;
 mod data;
 mod exact;

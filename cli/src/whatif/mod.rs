@@ -10,12 +10,12 @@ use anyhow::{Context, Result};
 use mesh_node::view::bytes;
 use mesh_protocol::resources::{parse_amount, parse_resources, MEM};
 use mesh_protocol::Resources;
-use mesh_sim::workflow::{fewest_nodes, sweep, Row, Search};
+use mesh_sim::whatif::{fewest_nodes, sweep, Row, Search};
 use mesh_sim::{load_scenario, Links, Replay, SimConfig, SimError, SimReport, WhatIf};
 use serde_json::json;
 
 use crate::out::outln;
-use crate::sim_cmd::SimArgs;
+use crate::sim_args::SimArgs;
 use crate::EXIT_FAILED_TASKS;
 
 pub use load::Loaded;

@@ -8,7 +8,8 @@ use mesh_protocol::wire::{FoundFarm, Request, Response};
 use tokio::sync::mpsc;
 
 use super::logs::LogAsk;
-use super::queries::{Ask, Asked, QueryError};
+use super::queries::{Ask, Asked};
+use super::refusals::QueryError;
 use super::reply::Reply;
 use super::staging::make_spec;
 use super::swarm::request;

@@ -19,8 +19,8 @@ use mesh_protocol::mesh::{void_place, Entry, FarmId, FarmSpec, NodeId, OutputFil
 use mesh_protocol::wire::{DepOutputs, Request, Response};
 use tokio::sync::{mpsc, oneshot};
 
+use super::refusals::{Answer, RequestError};
 use super::staging::{fetch_any, file_hash, replace_with};
-use super::swarm::{Answer, RequestError};
 use super::transfer::{FetchError, Transfers};
 use super::{Cmd, Node};
 

@@ -17,7 +17,7 @@ use mesh_protocol::mesh::{Entry, FarmId, Replica};
 use mesh_protocol::TaskRef;
 use tokio::sync::mpsc;
 
-use super::queries::QueryError;
+use super::refusals::QueryError;
 use super::reply::{Reply, REPLY_MAX};
 use super::{Cmd, Node};
 use crate::control::{ControlResponse, TaskEvent};

@@ -9,8 +9,9 @@ use mesh_protocol::mesh::FarmSpec;
 use mesh_protocol::wire::{Refusal, Request, Response};
 use tokio::sync::oneshot;
 
+use super::refusals::RequestError;
 use super::reply::Reply;
-use super::swarm::{request, RequestError};
+use super::swarm::request;
 use super::Node;
 
 /// The most of a log one answer carries (a follower asks again from there).

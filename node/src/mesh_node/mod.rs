@@ -17,6 +17,7 @@ mod links;
 mod logs;
 mod queries;
 mod reach;
+mod refusals;
 mod reply;
 mod reuse;
 mod source;
@@ -129,7 +130,7 @@ enum Cmd {
     /// A message for the engine that came as a packet (a beat), and its sender.
     Packet(NodeId, Msg),
     /// The coordinator's answer about a farm this node does not hold.
-    Found(Box<Result<FoundFarm, queries::QueryError>>, Asked),
+    Found(Box<Result<FoundFarm, refusals::QueryError>>, Asked),
     Launched(Assigned, Live),
     /// A task that waited here for a dependency being made again goes back
     /// to the coordinator unstarted (its `Finished` follows): its slot is
@@ -138,12 +139,12 @@ enum Cmd {
     Request {
         to: NodeId,
         req: Request,
-        reply: oneshot::Sender<swarm::Answer>,
+        reply: oneshot::Sender<refusals::Answer>,
     },
     /// A request for whichever node coordinates now.
     AskCoordinator {
         req: Request,
-        reply: oneshot::Sender<swarm::Answer>,
+        reply: oneshot::Sender<refusals::Answer>,
     },
     Respond(ResponseChannel<Response>, Response),
     /// Bytes of a farm's outputs came home (at most once a second a transfer).

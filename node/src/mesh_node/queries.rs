@@ -9,14 +9,11 @@ use mesh_protocol::observe::{LatencyData, Observation};
 use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response};
 
 use super::logs::LogAsk;
+use super::refusals::{QueryError, FIND_WAIT};
 use super::reply::Reply;
-use super::swarm::{request, RequestError};
+use super::swarm::request;
 use super::views::FAILURES_SHOWN;
 
-/// How long a question about a farm this node does not hold waits for a
-/// coordinator to answer: longer than a dead one takes to be found dead
-/// and another elected.
-const FIND_WAIT: Duration = Duration::from_secs(60);
 use super::{farm_display_id, Cmd, Node};
 use crate::control::ControlResponse;
 use crate::view::{FarmView, MeshStatus, NodeView, Observed};
@@ -38,46 +35,6 @@ const COORDINATOR_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// nodes (and this one): each is a request a second, and a chart of a
 /// thousand nodes' slots reads as nothing.
 const OBSERVED_MAX: usize = 16;
-
-/// Why a control request about a farm is refused: said to the client as
-/// [`ControlResponse::Error`], in these words.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum QueryError {
-    #[error("no farm `{0}` is known here")]
-    Unknown(String),
-    /// `mesh logs TASK` with no farm named, and no farm known here has its stage.
-    #[error("no farm known here has a task {0}")]
-    NoFarmWith(String),
-    #[error("`{0}` matches several farms; give the full id")]
-    Ambiguous(String),
-    /// Asked of a farm whose home is this node (`wait`, `cancel`, events).
-    #[error("{0}; a farm whose home is another node is followed there, or taken over here with `mesh resume FARM --out DIR`")]
-    NotHome(Box<QueryError>),
-    #[error("no farm `{0}` is known to this mesh (see `mesh status`)")]
-    NotInMesh(String),
-    /// The coordinator's answer to another node's `FindFarm`.
-    #[error("no farm `{0}` is known to this mesh")]
-    UnknownToMesh(String),
-    #[error("the node is stopping")]
-    Stopping,
-    #[error("unexpected answer from the coordinator")]
-    Unexpected,
-    /// The coordinator's [`Response::Error`], in its words.
-    #[error("{0}")]
-    Refused(String),
-    #[error("no coordinator answered for {} s ({why}); see `mesh status`", FIND_WAIT.as_secs())]
-    NoCoordinator { why: RequestError },
-    #[error("no task state `{0}`: ask for done, failed or unfinished")]
-    NoSuchState(String),
-    #[error("this node keeps no copy of the farm's log: ask its home")]
-    NoCopy,
-    /// `mesh resume` of a farm whose home is another node, with no `--out`.
-    #[error("the home of {farm} is {home}; to collect its outputs on this node, give --out DIR")]
-    HomeElsewhere { farm: String, home: String },
-    /// `mesh resume --out` elsewhere of a farm this node is the home of and told the end of.
-    #[error("{farm} has finished: every output is in {out} on this node; copy that folder")]
-    Finished { farm: String, out: String },
-}
 
 /// What a control request about a farm not held here was waiting for.
 pub(super) enum Asked {

@@ -13,7 +13,7 @@ use mesh_protocol::observe::Latency;
 use mesh_protocol::wire::{Request, Response};
 use tokio::sync::{mpsc, oneshot};
 
-use super::queries::QueryError;
+use super::refusals::{Answer, QueryError, RequestError};
 use super::{swim, Cmd, Node, NodeError, NodeOptions};
 use crate::keys;
 use crate::net::{self, BehaviourEvent};
@@ -23,25 +23,6 @@ const THROTTLE_FILES: usize = 0;
 const THROTTLE_REFUSED: usize = 100;
 
 /// A request's answer, as its asker gets it.
-pub(super) type Answer = Result<Response, RequestError>;
-
-/// Why a request to another node got no answer of its own.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum RequestError {
-    #[error("the node is stopping")]
-    Stopping,
-    #[error("node {0} is not a member this node knows")]
-    NotMember(NodeId),
-    #[error("no coordinator is elected yet")]
-    NoCoordinator,
-    /// It did not reach the node, or no answer came back.
-    #[error(transparent)]
-    Failed(#[from] request_response::OutboundFailure),
-    /// The node answered [`Response::Error`]: its words, which crossed the wire.
-    #[error("{0}")]
-    Refused(String),
-}
-
 /// Requests to other nodes waiting for their answers.
 #[derive(Default)]
 pub(super) struct Outbound {
