@@ -53,6 +53,35 @@ pub fn positive_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A deadline: a duration from now (`6h`, `2days 4h`), or a date and time
+/// (`2026-12-04 18:00:00`, UTC; or RFC 3339 with its offset), as the time
+/// left until then. One in the past is refused, with the time now.
+pub fn deadline(s: &str) -> Result<Duration, String> {
+    filled(
+        s,
+        "a duration such as 6h, or a date and time such as 2026-12-04 18:00:00",
+    )?;
+    let t = s.trim();
+    if let Ok(d) = humantime::parse_duration(t) {
+        return positive_duration(t).map(|_| d);
+    }
+    let at = humantime::parse_rfc3339_weak(t)
+        .or_else(|_| humantime::parse_rfc3339_weak(&format!("{t}:00")))
+        .map_err(|_| {
+            format!(
+                "expected a duration such as 6h or 2days, or a date and time such as \
+                 2026-12-04 18:00:00 (UTC), got `{t}`"
+            )
+        })?;
+    let now = std::time::SystemTime::now();
+    at.duration_since(now).map_err(|_| {
+        format!(
+            "the deadline {t} is in the past: it is {} UTC now",
+            humantime::format_rfc3339_seconds(now)
+        )
+    })
+}
+
 /// Seconds between refreshes: a positive number.
 pub fn seconds(s: &str) -> Result<f64, String> {
     filled(s, "a number of seconds")?;

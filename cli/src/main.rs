@@ -443,7 +443,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
         Cmd::Export { farm, out } => export_cmd::export(&to, &state, &farm, out.as_deref()),
         Cmd::Init => mesh_cmds::init(state.root()),
         Cmd::Alloc { cmd } => alloc_cmd::alloc(&to, cmd),
-        Cmd::Sim { args } => sim_cmd::sim(&args),
+        Cmd::Sim { args } => sim_cmd::sim(&args, &to),
         Cmd::Node { flags } => mesh_cmds::node(state.root(), &flags, Vec::new()),
         Cmd::Join { peer, flags } => mesh_cmds::node(state.root(), &flags, peer.0),
         Cmd::Submit {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use crate::args;
 
 #[derive(clap::Args)]
+#[command(group = clap::ArgGroup::new("replay").args(["workflow", "farm"]))]
 pub struct SimArgs {
     /// A scenario file (TOML, see sim/scenarios/); the flags below override
     /// it. With --workflow, its nodes, allocation queues, network and
@@ -17,6 +18,12 @@ pub struct SimArgs {
     #[arg(long, value_name = "TRACE.json", value_parser = args::path,
           conflicts_with_all = ["tasks", "durations"])]
     pub workflow: Option<PathBuf>,
+    /// A farm of this mesh, running or finished, simulated from where it
+    /// stands now: what is done stays done, what runs goes on for what is
+    /// left of it, and each stage's runtimes are drawn from its finished
+    /// tasks. Times in the table count from now (see docs/sim.md).
+    #[arg(long, value_name = "FARM", conflicts_with_all = ["workflow", "scenario", "tasks", "durations"])]
+    pub farm: Option<String>,
     /// Simulated nodes (default 100, or the scenario's); with a scenario, its
     /// node groups are scaled to this many nodes in the same proportions.
     /// With --workflow, one count or several (`4,8,16`), a simulation each
@@ -30,44 +37,47 @@ pub struct SimArgs {
     /// `2m`; a bare number is milliseconds.
     #[arg(long)]
     pub durations: Option<String>,
-    /// With --workflow: cores of each node.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..),
-          requires = "workflow", conflicts_with = "scenario")]
-    pub cores_per_node: u32,
+    /// With --workflow: cores of each node (default 4); with --farm, the
+    /// mesh's nodes' own unless said.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..),
+          requires = "replay", conflicts_with = "scenario")]
+    pub cores_per_node: Option<u32>,
     /// With --workflow: memory of each node, e.g. `64G` (default 4 GiB a
     /// core, and at least the largest task's).
     #[arg(
         long,
         value_name = "SIZE",
-        requires = "workflow",
+        requires = "replay",
         conflicts_with = "scenario"
     )]
     pub mem_per_node: Option<String>,
     /// With --workflow: each task takes its recorded runtime times this.
-    #[arg(long, value_name = "S", default_value_t = 1.0, value_parser = args::factor, requires = "workflow")]
+    #[arg(long, value_name = "S", default_value_t = 1.0, value_parser = args::factor, requires = "replay")]
     pub time_scale: f64,
     /// With --workflow: each link's bandwidth (`125MB/s`, `10Gbit/s`, or
     /// `inf` for transfers that take no time).
-    #[arg(long, value_name = "RATE", default_value = "1Gbit/s", value_parser = args::bandwidth, requires = "workflow")]
+    #[arg(long, value_name = "RATE", default_value = "1Gbit/s", value_parser = args::bandwidth, requires = "replay")]
     pub bandwidth: args::Bandwidth,
     /// With --workflow: one way across the network, for messages and files.
-    #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = args::duration, requires = "workflow")]
+    #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = args::duration, requires = "replay")]
     pub latency: std::time::Duration,
-    /// Find the fewest nodes whose makespan meets this (`6h`, `2days`):
-    /// of the trace's nodes with --workflow, else of the scenario's mix.
-    #[arg(long, value_name = "DURATION", value_parser = args::positive_duration)]
+    /// Find the fewest nodes that finish by then: a duration from now
+    /// (`6h`, `2days`) or a date and time (`2026-12-04 18:00`, UTC); nodes
+    /// of the trace's or the mesh's shape with --workflow or --farm, else
+    /// of the scenario's mix.
+    #[arg(long, value_name = "WHEN", value_parser = args::deadline)]
     pub deadline: Option<std::time::Duration>,
     /// With --workflow: runs per node count, seeds SEED, SEED+1, ...; the
     /// table gives the median and 90th percentile makespan.
-    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "workflow")]
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "replay")]
     pub repeat: u32,
     /// With --workflow: each runtime is its recorded one times a factor
     /// drawn from [1 - J, 1 + J] per task and run.
-    #[arg(long, value_name = "J", default_value_t = 0.0, value_parser = args::share, requires = "workflow")]
+    #[arg(long, value_name = "J", default_value_t = 0.0, value_parser = args::share, requires = "replay")]
     pub jitter: f64,
     /// With --workflow: draw makespan and utilization against nodes, and
     /// each node's busy cores over one run.
-    #[arg(long, value_name = "FILE.svg", value_parser = args::path, requires = "workflow")]
+    #[arg(long, value_name = "FILE.svg", value_parser = args::path, requires = "replay")]
     pub plot: Option<PathBuf>,
     /// Everything random follows from it (default: the scenario's, or 1).
     #[arg(long)]

@@ -9,10 +9,14 @@ use crate::out::{out, outln};
 use crate::sim_args::SimArgs;
 use crate::whatif::span;
 use crate::EXIT_FAILED_TASKS;
+use mesh_node::control::Target;
 
-pub fn sim(args: &SimArgs) -> Result<ExitCode> {
+pub fn sim(args: &SimArgs, to: &Target) -> Result<ExitCode> {
     if let Some(trace) = &args.workflow {
         return crate::whatif::run(args, trace);
+    }
+    if let Some(farm) = &args.farm {
+        return crate::whatif::farm::run(args, to, farm);
     }
     let nodes = match args.nodes.as_ref().map(|n| &n.0[..]) {
         Some([n]) => Some(*n),

@@ -132,6 +132,26 @@ fn a_deadline_finds_the_fewest_nodes_for_a_farm_of_minutes() {
     ]);
     r.expect_code(0);
     assert!(r.stdout.contains("nodes 3, cpu=4 each"), "{}", r.stdout);
+    let r = sb.mesh(&["sim", "--tasks", "4", "--deadline", "2020-01-01 00:00:00"]);
+    r.expect_code(2);
+    assert!(
+        r.stderr.contains("is in the past: it is 20"),
+        "{}",
+        r.stderr
+    );
+    // A date and time ahead is the time left until then.
+    let r = sb.mesh(&[
+        "sim",
+        "--tasks",
+        "40",
+        "--durations",
+        "2m",
+        "--deadline",
+        "2999-01-01 00:00",
+        "--json",
+    ]);
+    r.expect_code(0);
+    assert_eq!(r.json()["nodes"], 1, "{}", r.stdout);
     for bad in [&["--deadline", "0s"][..], &["--deadline", "soon"]] {
         let r = sb.mesh(&[&["sim", "--tasks", "4"][..], bad].concat());
         r.expect_code(2);

@@ -426,3 +426,89 @@ fn a_scenario_with_an_allocation_queue_is_the_cluster() {
     r.expect_code(2);
     assert!(r.stderr.contains("--cores-per-node"), "{}", r.stderr);
 }
+
+#[test]
+fn a_farm_half_done_on_two_nodes_is_simulated_from_where_it_stands_to_within_a_tenth() {
+    use mesh_tests::{wait_until, Cluster};
+    use std::time::Duration;
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2", "cpu=2"], &[]);
+    // 8 tasks of 1 s, then 12 of 3 s on 4 slots: 2 s, then three rounds of 3 s.
+    sb.write(
+        "two.toml",
+        r#"
+[farm]
+name = "two"
+
+[[stage]]
+name = "short"
+sweep.i = { range = "0..7" }
+shell = "sleep 1"
+
+[[stage]]
+name = "long"
+after = ["short"]
+sweep.i = { range = "0..11" }
+shell = "sleep 3"
+"#,
+    );
+    let started = c.mesh_start(0, &["submit", "two.toml", "--out", "two-out", "--wait"]);
+    let done_of = |stage: &str| -> u64 {
+        let r = c.mesh(0, &["status", "two", "--json"]);
+        let v: Value = serde_json::from_str(&r.stdout).unwrap_or(json!({}));
+        v["stages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s[0] == stage)
+            .map_or(0, |s| s[1]["done"].as_u64().unwrap_or(0))
+    };
+    // Half done: the short stage and the first round of the long one.
+    assert!(
+        wait_until(Duration::from_secs(60), || done_of("long") >= 4),
+        "the first round of the long stage did not end"
+    );
+    let r = c.mesh(0, &["sim", "--farm", "two", "--json"]);
+    r.expect_code(0);
+    let v = r.json();
+    let farm = &v["farm"];
+    assert_eq!(farm["nodes"], 2, "{v}");
+    assert!(farm["done"].as_u64().unwrap() >= 12, "{v}");
+    assert!(farm["stages_guessed"].as_array().unwrap().is_empty(), "{v}");
+    let now = farm["now_ms"].as_u64().unwrap();
+    let predicted = farm["rows"][0]["finish_p50_ms"].as_u64().unwrap();
+    started.wait().expect_code(0);
+    // The real finish: the last task's end, as the farm's log has it.
+    let r = c.mesh(0, &["export", "two"]);
+    r.expect_code(0);
+    let trace: Value = serde_json::from_str(&r.stdout).unwrap();
+    let last = trace["workflow"]["execution"]["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["endedAt"].as_str())
+        .map(|at| {
+            humantime::parse_rfc3339(at)
+                .unwrap()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64
+        })
+        .max()
+        .unwrap();
+    let real = last.saturating_sub(now);
+    let off = (predicted as f64 - real as f64).abs() / real as f64;
+    eprintln!("from half done: predicted {predicted} ms, took {real} ms");
+    let unknown = c.mesh(0, &["sim", "--farm", "no-such-farm"]);
+    unknown.expect_code(2);
+    assert!(
+        unknown.stderr.contains("no-such-farm"),
+        "{}",
+        unknown.stderr
+    );
+    assert!(
+        off <= 0.10,
+        "predicted {predicted} ms from now, took {real} ms ({:.1}% off): {v}",
+        off * 100.0
+    );
+}

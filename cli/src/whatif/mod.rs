@@ -1,5 +1,6 @@
 //! `mesh sim --workflow TRACE.json`: what a recorded workflow would take on a mesh of N nodes, the fewest nodes for a deadline, and the spread under jitter, each answer a set of simulations of the real peers.
 
+pub mod farm;
 mod load;
 mod plot;
 
@@ -26,18 +27,50 @@ const DEFAULT_COUNTS: [usize; 5] = [4, 8, 16, 32, 64];
 const MEM_PER_CORE: u64 = 4 << 30;
 
 pub fn run(args: &SimArgs, path: &std::path::Path) -> Result<ExitCode> {
-    let mut loaded = load::load(path, args.time_scale)?;
+    let loaded = load::load(path, args.time_scale)?;
+    answer(args, loaded, None)
+}
+
+/// A farm of the mesh as it stands (`mesh sim --farm`): the nodes it has
+/// now, and what is done, running and waiting.
+pub(crate) struct Standing {
+    pub farm: String,
+    /// Unix ms when its state was read: the rows' times count from it.
+    pub now_ms: u64,
+    pub done: usize,
+    pub running: usize,
+    pub waiting: usize,
+    pub nodes: usize,
+    pub cores: u32,
+    pub mem: u64,
+    /// Stages with no finished task, whose runtimes came from the others'.
+    pub guessed: Vec<String>,
+}
+
+/// Simulates `loaded` as asked: its table, or the fewest nodes for a
+/// deadline; `standing` when it is what is left of a farm of the mesh.
+pub(crate) fn answer(
+    args: &SimArgs,
+    mut loaded: Loaded,
+    standing: Option<Standing>,
+) -> Result<ExitCode> {
     let cluster = match &args.scenario {
         Some(p) => Some(load_scenario(p).with_context(|| format!("scenario {}", p.display()))?),
         None => None,
     };
-    let cores = args.cores_per_node;
+    let cores = args
+        .cores_per_node
+        .or(standing.as_ref().map(|s| s.cores))
+        .unwrap_or(4);
     let mem = match &args.mem_per_node {
         Some(m) => parse_amount(MEM, m)
             .map_err(|e| anyhow::anyhow!("--mem-per-node {m:?}: {e}"))?
             .whole(),
-        // Enough for the largest task, whatever the cores.
-        None => (u64::from(cores) * MEM_PER_CORE).max(loaded.most_mem()),
+        None => match &standing {
+            Some(s) if s.mem > 0 && args.cores_per_node.is_none() => s.mem,
+            // Enough for the largest task, whatever the cores.
+            _ => (u64::from(cores) * MEM_PER_CORE).max(loaded.most_mem()),
+        },
     };
     match &cluster {
         Some(c) => {
@@ -81,7 +114,10 @@ pub fn run(args: &SimArgs, path: &std::path::Path) -> Result<ExitCode> {
         (Some(n), ..) => n.0.clone(),
         (None, Some(_), _) => Vec::new(),
         (None, None, Some(c)) => vec![c.node_count()],
-        (None, None, None) => DEFAULT_COUNTS.to_vec(),
+        (None, None, None) => match &standing {
+            Some(s) => vec![s.nodes.max(1)],
+            None => DEFAULT_COUNTS.to_vec(),
+        },
     };
     let answer = (|| -> Result<(Vec<Row>, Option<Search>), SimError> {
         let rows = sweep(wl, &base, &counts, repeat, |n, r| {
@@ -115,7 +151,9 @@ pub fn run(args: &SimArgs, path: &std::path::Path) -> Result<ExitCode> {
         loaded: &loaded,
         args,
         base: &base,
+        cores,
         mem,
+        standing: standing.as_ref(),
         repeat,
         rows: &rows,
         search: search.as_ref(),
@@ -153,7 +191,9 @@ pub(crate) struct View<'a> {
     loaded: &'a Loaded,
     args: &'a SimArgs,
     base: &'a WhatIf,
+    cores: u32,
     mem: u64,
+    standing: Option<&'a Standing>,
     repeat: usize,
     rows: &'a [Row],
     search: Option<&'a Search>,
@@ -178,7 +218,7 @@ impl View<'_> {
         let l = self.loaded;
         let t = &l.trace;
         let wl = &l.workload;
-        json!({
+        let mut v = json!({
             "workflow": {
                 "trace": l.source,
                 "name": t.name,
@@ -195,7 +235,7 @@ impl View<'_> {
                 "untimed_tasks": l.untimed,
             },
             "cluster": {
-                "cores_per_node": self.args.cores_per_node,
+                "cores_per_node": self.cores,
                 "mem_per_node": self.mem,
                 "node": self.base.node,
                 "bandwidth_bytes_per_s": self.base.replay.links.bytes_per_s,
@@ -209,13 +249,62 @@ impl View<'_> {
             "jitter": self.base.replay.jitter,
             "rows": self.rows,
             "deadline": self.search,
-        })
+        });
+        if let Some(st) = self.standing {
+            // From now: what a script or the Python client reads.
+            let rows: Vec<serde_json::Value> = self
+                .all_rows()
+                .iter()
+                .map(|r| {
+                    json!({
+                        "nodes": r.nodes,
+                        "finish_p50_ms": r.makespan_p50_ms,
+                        "finish_p90_ms": r.makespan_p90_ms,
+                        "finish_p50_at_ms": st.now_ms + r.makespan_p50_ms,
+                        "finish_p90_at_ms": st.now_ms + r.makespan_p90_ms,
+                        "utilization": r.utilization,
+                        "node_hours": r.node_hours,
+                    })
+                })
+                .collect();
+            v["farm"] = json!({
+                "id": st.farm,
+                "now_ms": st.now_ms,
+                "done": st.done,
+                "running": st.running,
+                "waiting": st.waiting,
+                "nodes": st.nodes,
+                "stages_guessed": st.guessed,
+                "rows": rows,
+            });
+        }
+        v
     }
 
     fn print(&self) {
         let l = self.loaded;
         let t = &l.trace;
         let wl = &l.workload;
+        if let Some(st) = self.standing {
+            outln!(
+                "farm {} as it stands at {} UTC: {} done, {} running, {} waiting; the mesh has {} node{} of {} cores",
+                st.farm,
+                clock(st.now_ms),
+                st.done,
+                st.running,
+                st.waiting,
+                st.nodes,
+                if st.nodes == 1 { "" } else { "s" },
+                st.cores,
+            );
+            if !st.guessed.is_empty() {
+                outln!(
+                    "  no task of {} has finished yet: their runtimes are drawn from the other stages'",
+                    st.guessed.join(", ")
+                );
+            }
+            outln!("  times below count from then, for what is left:");
+        }
         let system = t
             .system
             .as_deref()
@@ -275,11 +364,7 @@ impl View<'_> {
                     queues.concat()
                 )
             }
-            None => format!(
-                "nodes of {} cores and {}",
-                self.args.cores_per_node,
-                bytes(self.mem)
-            ),
+            None => format!("nodes of {} cores and {}", self.cores, bytes(self.mem)),
         };
         outln!(
             "  {nodes}; links {links}, {} ms; seed {}, {} run{} per count{jitter}",
@@ -307,7 +392,7 @@ impl View<'_> {
             "critical share",
             "moved"
         );
-        for r in rows {
+        for r in &rows {
             let ms = if many {
                 format!(
                     "{:>13}  {:>13}",
@@ -328,6 +413,17 @@ impl View<'_> {
             );
         }
         self.print_search();
+        if let Some(st) = self.standing {
+            for r in &rows {
+                outln!(
+                    "on {} node{}: finished at about {} UTC (p50), {} (p90)",
+                    r.nodes,
+                    if r.nodes == 1 { "" } else { "s" },
+                    clock(st.now_ms + r.makespan_p50_ms),
+                    clock(st.now_ms + r.makespan_p90_ms),
+                );
+            }
+        }
     }
 
     fn print_search(&self) {
@@ -361,6 +457,13 @@ impl View<'_> {
 }
 
 /// Virtual milliseconds for people: `850 ms`, `42.5 s`, `12m 05s`, `3h 20m`.
+/// Unix ms as a UTC date and time: `2026-12-04 18:05:00`.
+fn clock(unix_ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(unix_ms);
+    let s = humantime::format_rfc3339_seconds(t).to_string();
+    s.get(..19).unwrap_or(&s).replace('T', " ")
+}
+
 pub(crate) fn span(ms: u64) -> String {
     if ms < 1000 {
         format!("{ms} ms")

@@ -3,7 +3,12 @@
 use super::*;
 
 impl Sim<'_> {
-    pub(super) fn start_task(&mut self, n: usize, task: Assigned, res: Resources) -> Result<(), SimError> {
+    pub(super) fn start_task(
+        &mut self,
+        n: usize,
+        task: Assigned,
+        res: Resources,
+    ) -> Result<(), SimError> {
         let g = self.plan.global(task.task);
         let want = &self.plan.spec.def.stages[task.task.stage as usize].resources;
         if &res != want {
@@ -226,7 +231,13 @@ impl Sim<'_> {
         self.end_at(n, task, token, self.now);
     }
 
-    pub(super) fn task_end(&mut self, n: usize, gen: u32, task: Assigned, token: u64) -> Result<(), SimError> {
+    pub(super) fn task_end(
+        &mut self,
+        n: usize,
+        gen: u32,
+        task: Assigned,
+        token: u64,
+    ) -> Result<(), SimError> {
         let nd = &mut self.nodes[n];
         if nd.gen != gen || nd.runs.get(&task.task).is_none_or(|r| r.token != token) {
             return Ok(());

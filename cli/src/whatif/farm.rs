@@ -1,0 +1,319 @@
+//! `mesh sim --farm FARM`: a farm of the mesh simulated from where it stands. Its graph comes as `mesh export` writes it; what is done is left out, a running task goes on for what is left of a runtime drawn longer than it has run, and a waiting task takes a runtime drawn from its stage's finished tasks.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use mesh_node::control::{Client, ControlRequest, ControlResponse, Target, TaskEvent};
+use mesh_node::mesh_node::farm_display_id;
+use mesh_node::view::{FarmView, Observed};
+use mesh_protocol::resources::{parse_resources, CPU, MEM};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use serde_json::{json, Value};
+
+use super::Standing;
+use crate::sim_args::SimArgs;
+
+pub fn run(args: &SimArgs, to: &Target, farm: &str) -> Result<ExitCode> {
+    let view = match ask(to, ControlRequest::Farm { farm: farm.into() })? {
+        ControlResponse::Farm(v) => *v,
+        other => bail!("unexpected answer from the node: {other:?}"),
+    };
+    let trace = match ask(
+        to,
+        ControlRequest::Export {
+            farm: view.id.clone(),
+        },
+    )? {
+        ControlResponse::Trace(t) => *t,
+        other => bail!("unexpected answer from the node: {other:?}"),
+    };
+    let tasks = match ask(
+        to,
+        ControlRequest::Tasks {
+            farm: view.id.clone(),
+            state: None,
+            limit: None,
+        },
+    )? {
+        ControlResponse::Tasks(t) => t,
+        other => bail!("unexpected answer from the node: {other:?}"),
+    };
+    let observed = match ask(
+        to,
+        ControlRequest::Observe {
+            since: HashMap::new(),
+        },
+    )? {
+        ControlResponse::Observed(o) => *o,
+        other => bail!("unexpected answer from the node: {other:?}"),
+    };
+    let now_ms = mesh_node::state::unix_ms();
+    let mut rng = SmallRng::seed_from_u64(args.seed.unwrap_or(1));
+    let left = what_is_left(&view, &trace, &tasks, &observed, &mut rng)?;
+    if left.tasks == 0 {
+        bail!(
+            "{} has nothing left to run: {} done, {} failed (see `mesh status {}`)",
+            view.id,
+            view.counts.done,
+            view.counts.failed,
+            view.id
+        );
+    }
+    let (nodes, cores, mem) = mesh_shape(&observed);
+    let mut file = tempfile::Builder::new()
+        .prefix(&format!("{}.", view.id))
+        .suffix(".json")
+        .tempfile()
+        .context("cannot write the farm's trace for the simulator")?;
+    serde_json::to_writer(&mut file, &left.trace)?;
+    file.flush()?;
+    let mut loaded = super::load::load(file.path(), args.time_scale)?;
+    loaded.source = format!("{} (what is left of it)", view.id);
+    let standing = Standing {
+        farm: view.id.clone(),
+        now_ms,
+        done: left.done,
+        running: left.running,
+        waiting: left.tasks - left.running,
+        nodes,
+        cores,
+        mem,
+        guessed: left.guessed,
+    };
+    super::answer(args, loaded, Some(standing))
+}
+
+/// One request to the node, answered once; a refusal in its words.
+fn ask(to: &Target, req: ControlRequest) -> Result<ControlResponse> {
+    let mut c = Client::request(to, &req)?;
+    match c.recv() {
+        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+        Some(Ok(r)) => Ok(r),
+        Some(Err(e)) => Err(e.into()),
+        None => bail!("the node closed the connection without an answer"),
+    }
+}
+
+/// What is left of a farm, as a trace the what-if reads.
+struct Left {
+    trace: Value,
+    tasks: usize,
+    done: usize,
+    running: usize,
+    /// Stages none of whose tasks has finished.
+    guessed: Vec<String>,
+}
+
+fn what_is_left(
+    view: &FarmView,
+    trace: &Value,
+    tasks: &[TaskEvent],
+    observed: &Observed,
+    rng: &mut SmallRng,
+) -> Result<Left> {
+    let spec = trace["workflow"]["specification"]["tasks"]
+        .as_array()
+        .context("the farm's trace has no tasks")?;
+    let exec: Vec<Value> = trace["workflow"]["execution"]["tasks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    // A task by its stage and index, as the trace's id ends (`stage.3`).
+    let place = |t: &Value| -> Option<(String, u32)> {
+        let id = t["id"].as_str()?;
+        let index = id.rsplit('.').next()?.parse().ok()?;
+        Some((t["category"].as_str()?.to_string(), index))
+    };
+    let mut ended: HashSet<(String, u32)> = tasks
+        .iter()
+        .filter(|t| t.state != "unfinished")
+        .map(|t| (t.stage.clone(), t.index))
+        .collect();
+    let mut done = tasks.iter().filter(|t| t.state == "done").count();
+    // Each stage's finished runtimes, and what its tasks ask for.
+    let category: HashMap<&str, &str> = spec
+        .iter()
+        .filter_map(|t| Some((t["id"].as_str()?, t["category"].as_str()?)))
+        .collect();
+    let mut runtimes: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut asks: HashMap<String, Value> = HashMap::new();
+    for e in &exec {
+        let Some(stage) = e["id"].as_str().and_then(|id| category.get(id)) else {
+            continue;
+        };
+        let mut ask = json!({});
+        for k in ["coreCount", "memoryInBytes"] {
+            if !e[k].is_null() {
+                ask[k] = e[k].clone();
+            }
+        }
+        asks.entry(stage.to_string()).or_insert(ask);
+        if e.get("failed").is_none() {
+            if let Some(r) = e["runtimeInSeconds"].as_f64() {
+                runtimes.entry(stage.to_string()).or_default().push(r);
+            }
+        }
+    }
+    let timed: HashSet<(String, u32)> = exec
+        .iter()
+        .filter_map(|e| {
+            let id = e["id"].as_str()?;
+            Some((
+                category.get(id)?.to_string(),
+                id.rsplit('.').next()?.parse().ok()?,
+            ))
+        })
+        .collect();
+    // Running here now, each with how long it has run (by its node's clock).
+    let stage_names: Vec<&str> = view.stages.iter().map(|(n, _)| n.as_str()).collect();
+    let mut running: HashMap<(String, u32), f64> = HashMap::new();
+    for (_, o) in &observed.nodes {
+        for r in &o.runs {
+            if farm_display_id(&view.name, r.farm) != view.id {
+                continue;
+            }
+            let Some(stage) = stage_names.get(r.task.stage as usize) else {
+                continue;
+            };
+            let at = (stage.to_string(), r.task.index);
+            match r.end {
+                None => {
+                    let ran = o.unix_ms.saturating_sub(r.start) as f64 / 1000.0;
+                    running.insert(at, ran);
+                }
+                // Ended well where it ran, and perhaps not yet in the copy
+                // of the log asked: done all the same, and its runtime counts.
+                Some(end) if !r.failed => {
+                    if !timed.contains(&at) {
+                        let ran = end.saturating_sub(r.start) as f64 / 1000.0;
+                        runtimes.entry(at.0.clone()).or_default().push(ran);
+                    }
+                    if ended.insert(at) {
+                        done += 1;
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let all: Vec<f64> = runtimes.values().flatten().copied().collect();
+    if all.is_empty() {
+        bail!(
+            "no task of {} has finished yet: there is no runtime to draw the rest from; \
+             ask again once some have",
+            view.id
+        );
+    }
+    let kept: Vec<&Value> = spec
+        .iter()
+        .filter(|t| place(t).is_some_and(|p| !ended.contains(&p)))
+        .collect();
+    let kept_ids: HashSet<&str> = kept.iter().filter_map(|t| t["id"].as_str()).collect();
+    let mut guessed = BTreeMap::new();
+    let mut new_spec = Vec::with_capacity(kept.len());
+    let mut new_exec = Vec::with_capacity(kept.len());
+    let mut produced: HashSet<String> = HashSet::new();
+    for t in &kept {
+        for f in t["outputFiles"].as_array().into_iter().flatten() {
+            produced.extend(f.as_str().map(String::from));
+        }
+    }
+    let mut is_running = 0;
+    for t in kept {
+        let (stage, index) = place(t).expect("kept by place");
+        let pool = match runtimes.get(&stage) {
+            Some(r) => r,
+            None => {
+                guessed.insert(stage.clone(), ());
+                &all
+            }
+        };
+        let runtime = match running.get(&(stage.clone(), index)) {
+            // What is left of a runtime longer than it has run so far; one
+            // that ran past every finished one is about to end.
+            Some(&ran) => {
+                is_running += 1;
+                let longer: Vec<f64> = pool.iter().copied().filter(|&r| r > ran).collect();
+                if longer.is_empty() {
+                    0.0
+                } else {
+                    longer[rng.random_range(0..longer.len())] - ran
+                }
+            }
+            None => pool[rng.random_range(0..pool.len())],
+        };
+        let keep_id = |v: &Value| v.as_str().is_some_and(|id| kept_ids.contains(id));
+        let mut s = t.clone();
+        for k in ["parents", "children"] {
+            let ids: Vec<Value> = t[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|v| keep_id(v))
+                .cloned()
+                .collect();
+            s[k] = Value::Array(ids);
+        }
+        // Files made by what is done are where they are; those to be made
+        // move as the trace says.
+        let inputs: Vec<Value> = t["inputFiles"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f.as_str().is_some_and(|f| produced.contains(f)))
+            .cloned()
+            .collect();
+        s["inputFiles"] = Value::Array(inputs);
+        new_spec.push(s);
+        let mut e = asks.get(&stage).cloned().unwrap_or_else(|| json!({}));
+        e["id"] = t["id"].clone();
+        e["runtimeInSeconds"] = json!(runtime);
+        new_exec.push(e);
+    }
+    let files: Vec<Value> = trace["workflow"]["specification"]["files"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["id"].as_str().is_some_and(|id| produced.contains(id)))
+        .cloned()
+        .collect();
+    let tasks_left = new_spec.len();
+    let mut out = trace.clone();
+    out["workflow"] = json!({
+        "specification": {"tasks": new_spec, "files": files},
+        "execution": {
+            "makespanInSeconds": 0.0,
+            "executedAt": trace["createdAt"].clone(),
+            "tasks": new_exec,
+        },
+    });
+    Ok(Left {
+        trace: out,
+        tasks: tasks_left,
+        done,
+        running: is_running,
+        guessed: guessed.into_keys().collect(),
+    })
+}
+
+/// How many nodes the mesh has now, and the cores and memory of the
+/// commonest kind among them.
+fn mesh_shape(observed: &Observed) -> (usize, u32, u64) {
+    let mut kinds: BTreeMap<(u32, u64), usize> = BTreeMap::new();
+    for n in &observed.status.nodes {
+        let Ok(r) = parse_resources(&n.resources.total) else {
+            continue;
+        };
+        let cores = (r.get(CPU).0 / 1000).max(1) as u32;
+        *kinds.entry((cores, r.get(MEM).whole())).or_default() += 1;
+    }
+    let ((cores, mem), _) = kinds
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(k, n)| (*k, *n))
+        .unwrap_or(((1, 0), 0));
+    (observed.status.nodes.len(), cores, mem)
+}
