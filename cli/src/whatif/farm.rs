@@ -199,14 +199,33 @@ fn what_is_left(
             }
         }
     }
-    let all: Vec<f64> = runtimes.values().flatten().copied().collect();
-    if all.is_empty() {
+    // Each stage's runtimes from its finished tasks and, as lower bounds,
+    // its running ones: early finishers alone would say a stage is shorter
+    // than it is.
+    let mut ran_so_far: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for ((stage, _), &ran) in &running {
+        ran_so_far.entry(stage.clone()).or_default().push(ran);
+    }
+    let none = Vec::new();
+    let estimate = |stage: &str| {
+        Runtimes::estimate(
+            runtimes.get(stage).unwrap_or(&none),
+            ran_so_far.get(stage).unwrap_or(&none),
+        )
+    };
+    let all_done: Vec<f64> = runtimes.values().flatten().copied().collect();
+    let all_running: Vec<f64> = ran_so_far.values().flatten().copied().collect();
+    let Some(all) = Runtimes::estimate(&all_done, &all_running) else {
         bail!(
             "no task of {} has finished yet: there is no runtime to draw the rest from; \
              ask again once some have",
             view.id
         );
-    }
+    };
+    let by_stage: BTreeMap<&str, Runtimes> = stage_names
+        .iter()
+        .filter_map(|s| Some((*s, estimate(s)?)))
+        .collect();
     let kept: Vec<&Value> = spec
         .iter()
         .filter(|t| place(t).is_some_and(|p| !ended.contains(&p)))
@@ -224,7 +243,7 @@ fn what_is_left(
     let mut is_running = 0;
     for t in kept {
         let (stage, index) = place(t).expect("kept by place");
-        let pool = match runtimes.get(&stage) {
+        let pool = match by_stage.get(stage.as_str()) {
             Some(r) => r,
             None => {
                 guessed.insert(stage.clone(), ());
@@ -232,18 +251,12 @@ fn what_is_left(
             }
         };
         let runtime = match running.get(&(stage.clone(), index)) {
-            // What is left of a runtime longer than it has run so far; one
-            // that ran past every finished one is about to end.
+            // What is left of a runtime longer than it has run so far.
             Some(&ran) => {
                 is_running += 1;
-                let longer: Vec<f64> = pool.iter().copied().filter(|&r| r > ran).collect();
-                if longer.is_empty() {
-                    0.0
-                } else {
-                    longer[rng.random_range(0..longer.len())] - ran
-                }
+                pool.draw(rng, Some(ran)) - ran
             }
-            None => pool[rng.random_range(0..pool.len())],
+            None => pool.draw(rng, None),
         };
         let keep_id = |v: &Value| v.as_str().is_some_and(|id| kept_ids.contains(id));
         let mut s = t.clone();
@@ -299,6 +312,72 @@ fn what_is_left(
     })
 }
 
+/// A stage's runtimes as Kaplan and Meier estimate them from its finished
+/// tasks and, cut short, its running ones (each has run at least so long):
+/// each runtime seen with its probability; what the running ones leave
+/// over sits at the longest of them.
+struct Runtimes {
+    at: Vec<f64>,
+    mass: Vec<f64>,
+}
+
+impl Runtimes {
+    /// None without a finished runtime to go on.
+    fn estimate(done: &[f64], running: &[f64]) -> Option<Runtimes> {
+        if done.is_empty() {
+            return None;
+        }
+        // Ends before cuts at the same time, as the estimator has them.
+        let mut seen: Vec<(f64, bool)> = done.iter().map(|&t| (t, true)).collect();
+        seen.extend(running.iter().map(|&t| (t, false)));
+        seen.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+        let (mut at, mut mass) = (Vec::new(), Vec::new());
+        let mut left = 1.0;
+        let mut at_risk = seen.len() as f64;
+        for &(t, ended) in &seen {
+            if ended {
+                let m = left / at_risk;
+                at.push(t);
+                mass.push(m);
+                left -= m;
+            }
+            at_risk -= 1.0;
+        }
+        if left > 1e-12 {
+            at.push(seen.last().map_or(0.0, |s| s.0));
+            mass.push(left);
+        }
+        Some(Runtimes { at, mass })
+    }
+
+    /// A runtime drawn, longer than `above` when given (one that has run
+    /// past every runtime seen is about to end: `above` itself).
+    fn draw(&self, rng: &mut SmallRng, above: Option<f64>) -> f64 {
+        let fits = |t: f64| above.is_none_or(|a| t > a);
+        let total: f64 = self
+            .at
+            .iter()
+            .zip(&self.mass)
+            .filter(|(t, _)| fits(**t))
+            .map(|(_, m)| m)
+            .sum();
+        if total <= 0.0 {
+            return above.unwrap_or(0.0);
+        }
+        let mut u = rng.random::<f64>() * total;
+        for (&t, &m) in self.at.iter().zip(&self.mass) {
+            if !fits(t) {
+                continue;
+            }
+            if u < m {
+                return t;
+            }
+            u -= m;
+        }
+        above.unwrap_or(0.0).max(*self.at.last().unwrap_or(&0.0))
+    }
+}
+
 /// How many nodes the mesh has now, and the cores and memory of the
 /// commonest kind among them.
 fn mesh_shape(observed: &Observed) -> (usize, u32, u64) {
@@ -316,4 +395,32 @@ fn mesh_shape(observed: &Observed) -> (usize, u32, u64) {
         .map(|(k, n)| (*k, *n))
         .unwrap_or(((1, 0), 0));
     (observed.status.nodes.len(), cores, mem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_tasks_weigh_as_runtimes_at_least_so_long() {
+        // Two ended at 1 s and 2 s; one has run 3 s and goes on.
+        let r = Runtimes::estimate(&[2.0, 1.0], &[3.0]).unwrap();
+        assert_eq!(r.at, vec![1.0, 2.0, 3.0]);
+        for m in &r.mass {
+            assert!((m - 1.0 / 3.0).abs() < 1e-9, "{:?}", r.mass);
+        }
+        let mut rng = SmallRng::seed_from_u64(1);
+        for _ in 0..20 {
+            assert_eq!(r.draw(&mut rng, Some(2.5)), 3.0);
+            assert!(r.at.contains(&r.draw(&mut rng, None)));
+        }
+        // Past everything seen: about to end.
+        assert_eq!(r.draw(&mut rng, Some(9.0)), 9.0);
+        // Nothing finished: nothing to go on.
+        assert!(Runtimes::estimate(&[], &[4.0]).is_none());
+        // Only ends: each as often as it was seen.
+        let plain = Runtimes::estimate(&[1.0, 1.0, 4.0, 2.0], &[]).unwrap();
+        assert_eq!(plain.at, vec![1.0, 1.0, 2.0, 4.0]);
+        assert!((plain.mass.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+    }
 }
