@@ -2,37 +2,31 @@
 
 use std::time::{Duration, Instant};
 
-use mesh_tests::{follows, sees, slow_farm, wait_until, Cluster, NodeProc};
+use mesh_tests::{
+    describe_statuses, follows, one_mesh_of, slow_farm, wait_until, Cluster, NodeProc,
+};
 use nix::sys::signal::Signal;
 
 use crate::sandbox;
 
-/// Every node of `c` (but those in `except`) sees `n - 1` others and
-/// follows the same coordinator.
-fn one_mesh(c: &Cluster, except: &[usize]) -> bool {
-    let nodes: Vec<&NodeProc> = (0..c.nodes.len())
-        .filter(|i| !except.contains(i))
-        .map(|i| &c.nodes[i])
-        .collect();
-    let n = nodes.len();
-    let lines: Vec<Vec<String>> = nodes.iter().map(|nd| nd.lines()).collect();
-    let coords: Vec<Option<String>> = lines.iter().map(|l| follows(l)).collect();
-    coords[0].is_some()
-        && coords.iter().all(|c| c == &coords[0])
-        && lines.iter().all(|l| sees(l) >= n - 1)
-}
-
-/// What each node (but those in `except`) last said: whom it follows and
-/// how many it sees, for a failure's message.
-fn describe(c: &Cluster, except: &[usize]) -> String {
+/// The answers of every node of `c` (but those in `except`) to `mesh status --json`.
+fn statuses(c: &Cluster, except: &[usize]) -> Vec<serde_json::Value> {
     (0..c.nodes.len())
         .filter(|i| !except.contains(i))
-        .map(|i| {
-            let l = c.nodes[i].lines();
-            format!("node {i}: follows {:?}, sees {}", follows(&l), sees(&l))
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+        .map(|i| c.status(i))
+        .collect()
+}
+
+/// Every node of `c` (but those in `except`) follows the same coordinator,
+/// which hears them all: asked of the nodes.
+fn one_mesh(c: &Cluster, except: &[usize]) -> bool {
+    let s = statuses(c, except);
+    one_mesh_of(&s, s.len())
+}
+
+/// What each node (but those in `except`) says, for a failure's message.
+fn describe(c: &Cluster, except: &[usize]) -> String {
+    describe_statuses(&statuses(c, except))
 }
 
 #[test]
@@ -91,10 +85,14 @@ fn two_meshes_of_one_key_become_one_when_a_node_of_one_joins_the_other_and_its_f
     c.add_joiner(Some(&b), "cpu=2", &[]);
     c.add_joiner(Some(&b), "cpu=2", &[]);
     let formed = wait_until(Duration::from_secs(30), || {
-        (3..6).all(|i| sees(&c.nodes[i].lines()) >= 2)
+        one_mesh_of(&statuses(&c, &[0, 1, 2]), 3) && one_mesh_of(&statuses(&c, &[3, 4, 5]), 3)
     });
     assert!(formed, "mesh B did not form:\n{}", describe(&c, &[]));
-    assert_ne!(follows(&c.nodes[0].lines()), follows(&c.nodes[3].lines()));
+    assert_ne!(
+        c.status(0)["coordinator"],
+        c.status(3)["coordinator"],
+        "two meshes, two coordinators"
+    );
     let tasks = 300;
     sb.write("farm.toml", &slow_farm(tasks, "0.3"));
     let r = c.mesh(1, &["submit", "farm.toml", "--out", "out"]);
@@ -240,12 +238,19 @@ fn four_nodes_on_ports_the_system_picked_all_killed_and_restarted_are_one_mesh_a
     for i in 1..4 {
         nodes.push(start(i, &seed));
     }
-    let formed = |nodes: &[NodeProc]| {
-        let lines: Vec<Vec<String>> = nodes.iter().map(|n| n.lines()).collect();
-        let c0 = follows(&lines[0]);
-        c0.is_some() && lines.iter().all(|l| sees(l) >= 3 && follows(l) == c0)
+    // Asked of the nodes: after all restart, a node may follow the
+    // coordinator its store remembers without printing a line about it.
+    let statuses = || -> Vec<serde_json::Value> {
+        states
+            .iter()
+            .map(|s| {
+                let r = sb.mesh(&["--state-dir", &s.to_string_lossy(), "status", "--json"]);
+                serde_json::from_str(&r.stdout).unwrap_or(serde_json::Value::Null)
+            })
+            .collect()
     };
-    assert!(wait_until(Duration::from_secs(60), || formed(&nodes)));
+    let formed = || one_mesh_of(&statuses(), 4);
+    assert!(wait_until(Duration::from_secs(60), formed));
     let tasks = 200;
     sb.write("farm.toml", &slow_farm(tasks, "0.2"));
     let submit = sb.mesh(&[
@@ -274,9 +279,14 @@ fn four_nodes_on_ports_the_system_picked_all_killed_and_restarted_are_one_mesh_a
     }
     let mut nodes: Vec<NodeProc> = (0..4).map(|i| start(i, &seed)).collect();
     assert_eq!(nodes[0].address(), seed, "the first node's port changed");
-    let again = wait_until(Duration::from_secs(60), || formed(&nodes));
+    let again = wait_until(Duration::from_secs(60), formed);
     let said: Vec<String> = nodes.iter().map(|n| n.lines().join("\n")).collect();
-    assert!(again, "not one mesh again:\n{}", said.join("\n---\n"));
+    assert!(
+        again,
+        "not one mesh again: {}\n{}",
+        describe_statuses(&statuses()),
+        said.join("\n---\n")
+    );
     let r = sb.mesh(&[
         "--state-dir",
         &states[3].to_string_lossy(),

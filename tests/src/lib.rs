@@ -749,6 +749,37 @@ pub fn hold_port(addr: &str) -> std::net::TcpListener {
     std::net::TcpListener::bind(("127.0.0.1", port)).expect("the old port is free")
 }
 
+/// Whether the nodes whose `mesh status --json` answers are `statuses` are
+/// one mesh of `n`: each answered, each follows the same coordinator, and
+/// that coordinator hears `n` nodes. Asked of the nodes, not read from
+/// what they printed: a node restored from its store may follow its old
+/// coordinator without a line saying so.
+pub fn one_mesh_of(statuses: &[serde_json::Value], n: usize) -> bool {
+    let Some(c) = statuses.first().and_then(|s| s["coordinator"].as_str()) else {
+        return false;
+    };
+    statuses.iter().all(|s| {
+        s["coordinator"].as_str() == Some(c) && s["nodes"].as_array().is_some_and(|a| a.len() >= n)
+    })
+}
+
+/// What each status says, for a failure's message: whom it follows and
+/// how many nodes its coordinator hears.
+pub fn describe_statuses(statuses: &[serde_json::Value]) -> String {
+    statuses
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            format!(
+                "node {i}: follows {}, its coordinator hears {} nodes",
+                s["coordinator"],
+                s["nodes"].as_array().map_or(0, Vec::len)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Whom a node's output says it follows now: the peer id of its last
 /// `coordinator is …` line.
 pub fn follows<S: AsRef<str>>(lines: &[S]) -> Option<String> {
