@@ -75,9 +75,15 @@ common_settings = CommonSettings(
 )
 
 
-def _task_resources(job):
-    """A job's resources as a mesh task asks them."""
-    res = {"cpu": max(1, int(job.threads or 1))}
+def _task_resources(job, most_cpu=None):
+    """A job's resources as a mesh task asks them. A group job's threads
+    are its parallel components' summed, which may be more cores than any
+    node has: it asks for the largest node's (``most_cpu``), and its
+    Snakemake runs the components in that node's slots."""
+    cpu = max(1, int(job.threads or 1))
+    if job.is_group() and most_cpu:
+        cpu = min(cpu, most_cpu)
+    res = {"cpu": cpu}
     r = dict(job.resources.items()) if job.resources else {}
     mem = r.get("mem_mb")
     if isinstance(mem, (int, float)) and mem > 0:
@@ -120,8 +126,9 @@ class Executor(RemoteExecutor):
         mesh = self._mesh
         farm = mesh.Farm(self.farm_name, out=os.path.join(".snakemake", "mesh", "b%d" % self.batches), root=self.workflow.workdir_init)
         shapes = {}
+        most_cpu = self._most_cpu() if any(j.is_group() for j in jobs) else None
         for job in jobs:
-            res = _task_resources(job)
+            res = _task_resources(job, most_cpu)
             shapes.setdefault(tuple(sorted(res.items())), []).append(job)
         where = {}
         for n, (shape, js) in enumerate(shapes.items()):
@@ -146,6 +153,23 @@ class Executor(RemoteExecutor):
         for job in jobs:
             task = where[id(job)]
             self.report_job_submission(SubmittedJobInfo(job, external_jobid="%s %s" % (run.id, task), aux={"run": run, "task": task}))
+
+    def _most_cpu(self):
+        """The cores of the mesh's largest node now (None if unknown)."""
+        try:
+            nodes = self.client.status().get("nodes", [])
+        except self._mesh.MeshError:
+            return None
+        most = 0
+        for n in nodes:
+            for part in str(n.get("resources", {}).get("total", "")).split(","):
+                name, _, value = part.partition("=")
+                if name == "cpu":
+                    try:
+                        most = max(most, int(float(value)))
+                    except ValueError:
+                        pass
+        return most or None
 
     async def check_active_jobs(self, active_jobs: List[SubmittedJobInfo]) -> AsyncGenerator[SubmittedJobInfo, None]:
         by_run = {}
@@ -192,14 +216,16 @@ class Executor(RemoteExecutor):
         self._ended.set()
 
     async def sleep(self):
-        """Until a task ended, or Snakemake's poll interval at most."""
+        """Until a task ended or the executor shuts down, or Snakemake's poll interval at most."""
         # The status thread starts before __post_init__ has run.
         ended = self.__dict__.get("_ended")
         if ended is None:
             await asyncio.sleep(0.05)
             return
         deadline = time.monotonic() + self.next_seconds_between_status_checks
-        while not ended.is_set() and time.monotonic() < deadline:
+        # Nor past shutdown: Snakemake joins this thread before it exits,
+        # and the last poll interval would keep a finished workflow open.
+        while not ended.is_set() and self.wait and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         ended.clear()
 

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 import mesh  # noqa: E402
 
 WAIT_S = 300
-OUTPUTS = ["sq/a.txt", "sq/b.txt", "sq/c.txt", "sq/d.txt", "summary.txt", "parts/p1.txt", "parts/p2.txt", "parts/p3.txt", "up/p1.txt", "up/p2.txt", "up/p3.txt", "agg.txt"]
+OUTPUTS = ["sq/a.txt", "sq/b.txt", "sq/c.txt", "sq/d.txt", "summary.txt", "parts/p1.txt", "parts/p2.txt", "parts/p3.txt", "up/p1.txt", "up/p2.txt", "up/p3.txt", "agg.txt", "once/a.txt", "once/b.txt", "twice/a.txt", "twice/b.txt"]
 
 
 def snakemake_env():
@@ -78,7 +78,8 @@ class Plugin(unittest.TestCase):
         self.same_outputs(ref, d)
         # Every job ran as a task of the workflow's farms, on the node.
         farms = [f for f in n.farms() if f.name == "snakemake"]
-        self.assertEqual(sum(f.done for f in farms), 10, farms)  # 4 square, gather, split, 3 upper, agg
+        # 4 square, gather, split, 3 upper, agg, and a group job (once, twice) per sample.
+        self.assertEqual(sum(f.done for f in farms), 12, farms)
         # Snakemake's own up-to-date check: a second run sends nothing.
         before = len(n.farms())
         r = snakemake(d, "--executor", "mesh", "--jobs", "4", "--mesh-state-dir", n.state_dir)
