@@ -101,7 +101,14 @@ fn main() {
     let at = state.to_string_lossy().into_owned();
     let per_job = run(
         "mesh",
-        &["--executor", "mesh", "--jobs", "1000", "--mesh-state-dir", &at],
+        &[
+            "--executor",
+            "mesh",
+            "--jobs",
+            "1000",
+            "--mesh-state-dir",
+            &at,
+        ],
         &[],
     );
     let g = format!("g={group}");
@@ -130,7 +137,12 @@ fn main() {
     );
     let results = vec![
         report("snakemake --cores 2", cores, "s", None),
-        report("snakemake, a SLURM job per job (cluster-generic, sbatch)", sbatch, "s", None),
+        report(
+            "snakemake, a SLURM job per job (cluster-generic, sbatch)",
+            sbatch,
+            "s",
+            None,
+        ),
         report(
             "snakemake --executor mesh, a task per job / a SLURM job per job",
             per_job / sbatch,

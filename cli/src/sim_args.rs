@@ -16,13 +16,13 @@ pub struct SimArgs {
     /// instead of a scenario's farm: its graph, runtimes, cores, memory
     /// and file sizes, through the real peers (see docs/sim.md).
     #[arg(long, value_name = "TRACE.json", value_parser = args::path,
-          conflicts_with_all = ["tasks", "durations"])]
+          conflicts_with = "durations")]
     pub workflow: Option<PathBuf>,
     /// A farm of this mesh, running or finished, simulated from where it
     /// stands now: what is done stays done, what runs goes on for what is
     /// left of it, and each stage's runtimes are drawn from its finished
     /// tasks. Times in the table count from now (see docs/sim.md).
-    #[arg(long, value_name = "FARM", conflicts_with_all = ["workflow", "scenario", "tasks", "durations"])]
+    #[arg(long, value_name = "FARM", conflicts_with_all = ["workflow", "scenario", "durations"])]
     pub farm: Option<String>,
     /// Simulated nodes (default 100, or the scenario's); with a scenario, its
     /// node groups are scaled to this many nodes in the same proportions.
@@ -31,7 +31,11 @@ pub struct SimArgs {
     #[arg(long, value_name = "N[,N...]", value_parser = args::node_counts)]
     pub nodes: Option<args::NodeCounts>,
     /// Tasks of the farm (default 10000, or the scenario's first stage).
-    #[arg(long)]
+    /// With --workflow or --farm: the workflow with about this many tasks,
+    /// each stage of more than one task scaled in proportion (a stage of
+    /// one stays one), runtimes drawn per stage; with --farm, from a
+    /// fresh start rather than from where the farm stands.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub tasks: Option<u64>,
     /// How long tasks run: `uniform:5m..20m`, `exp:90s`, `zipf:1.2`, `bimodal:10s,5m,0.1`,
     /// `2m`; a bare number is milliseconds.

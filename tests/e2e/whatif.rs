@@ -499,6 +499,14 @@ shell = "sleep 3"
     let real = last.saturating_sub(now);
     let off = (predicted as f64 - real as f64).abs() / real as f64;
     eprintln!("from half done: predicted {predicted} ms, took {real} ms");
+    // Tasks like this farm's, twice as many, from a fresh start: both
+    // stages scaled, and longer than the farm itself took.
+    let r = c.mesh(0, &["sim", "--farm", "two", "--tasks", "40", "--json"]);
+    r.expect_code(0);
+    let twice = r.json();
+    assert_eq!(twice["workflow"]["tasks"], 40, "{twice}");
+    assert_eq!(twice["workflow"]["stages"], 2, "{twice}");
+    assert!(twice["farm"].is_null(), "{twice}");
     let unknown = c.mesh(0, &["sim", "--farm", "no-such-farm"]);
     unknown.expect_code(2);
     assert!(
@@ -511,4 +519,54 @@ shell = "sleep 3"
         "predicted {predicted} ms from now, took {real} ms ({:.1}% off): {v}",
         off * 100.0
     );
+}
+
+#[test]
+fn tasks_scale_a_traces_sweeps_in_proportion_and_keep_its_merges_single() {
+    let Some(dir) = traces() else { return };
+    let sb = sandbox();
+    let path = dir.join("1000genome-chameleon-4ch-100k-001.json");
+    let p = path.to_string_lossy();
+    let base = &[
+        "sim",
+        "--workflow",
+        &p,
+        "--nodes",
+        "4",
+        "--time-scale",
+        "0.01",
+        "--json",
+    ];
+    let one = sb.mesh(base);
+    one.expect_code(0);
+    let one = one.json();
+    let scaled = sb.mesh(&[&base[..], &["--tasks", "1000"]].concat());
+    scaled.expect_code(0);
+    let v = scaled.json();
+    let (n, n0) = (
+        v["workflow"]["tasks"].as_u64().unwrap(),
+        one["workflow"]["tasks"].as_u64().unwrap(),
+    );
+    assert!((990..=1010).contains(&n), "{n} tasks");
+    // The same stages; work in proportion to the tasks (runtimes drawn).
+    assert_eq!(v["workflow"]["stages"], one["workflow"]["stages"]);
+    let (w, w0) = (
+        v["workflow"]["work_ms"].as_f64().unwrap(),
+        one["workflow"]["work_ms"].as_f64().unwrap(),
+    );
+    let ratio = (w / w0) / (n as f64 / n0 as f64);
+    assert!(
+        (0.8..1.25).contains(&ratio),
+        "work x{:.2} for tasks x{:.2}",
+        w / w0,
+        n as f64 / n0 as f64
+    );
+    // More work on the same nodes takes longer.
+    assert!(
+        v["rows"][0]["makespan_p50_ms"].as_u64() > one["rows"][0]["makespan_p50_ms"].as_u64(),
+        "{v}"
+    );
+    // Seeded: the same again.
+    let again = sb.mesh(&[&base[..], &["--tasks", "1000"]].concat()).json();
+    assert_eq!(again["rows"], v["rows"]);
 }

@@ -52,7 +52,8 @@ pub fn run(args: &SimArgs, to: &Target, farm: &str) -> Result<ExitCode> {
     };
     let now_ms = mesh_node::state::unix_ms();
     let mut rng = SmallRng::seed_from_u64(args.seed.unwrap_or(1));
-    let left = what_is_left(&view, &trace, &tasks, &observed, &mut rng)?;
+    let whole = args.tasks.is_some();
+    let left = what_is_left(&view, &trace, &tasks, &observed, &mut rng, whole)?;
     if left.tasks == 0 {
         bail!(
             "{} has nothing left to run: {} done, {} failed (see `mesh status {}`)",
@@ -70,6 +71,14 @@ pub fn run(args: &SimArgs, to: &Target, farm: &str) -> Result<ExitCode> {
         .context("cannot write the farm's trace for the simulator")?;
     serde_json::to_writer(&mut file, &left.trace)?;
     file.flush()?;
+    if let Some(n) = args.tasks {
+        // Tasks like this farm's, N of them, from a fresh start.
+        let seed = args.seed.unwrap_or(1);
+        let mut loaded =
+            super::load::load_scaled(file.path(), args.time_scale, Some((n as usize, seed)))?;
+        loaded.source = format!("{} scaled to about {n} tasks", view.id);
+        return super::answer(args, loaded, None);
+    }
     let mut loaded = super::load::load(file.path(), args.time_scale)?;
     loaded.source = format!("{} (what is left of it)", view.id);
     let standing = Standing {
@@ -107,12 +116,15 @@ struct Left {
     guessed: Vec<String>,
 }
 
+/// `whole`: every task of the farm, as if it started now: a task that ran
+/// keeps its own runtime, the others draw theirs (for `--tasks`).
 fn what_is_left(
     view: &FarmView,
     trace: &Value,
     tasks: &[TaskEvent],
     observed: &Observed,
     rng: &mut SmallRng,
+    whole: bool,
 ) -> Result<Left> {
     let spec = trace["workflow"]["specification"]["tasks"]
         .as_array()
@@ -157,6 +169,11 @@ fn what_is_left(
             }
         }
     }
+    let own: HashMap<&str, f64> = exec
+        .iter()
+        .filter(|e| e.get("failed").is_none())
+        .filter_map(|e| Some((e["id"].as_str()?, e["runtimeInSeconds"].as_f64()?)))
+        .collect();
     let timed: HashSet<(String, u32)> = exec
         .iter()
         .filter_map(|e| {
@@ -226,6 +243,10 @@ fn what_is_left(
         .iter()
         .filter_map(|s| Some((*s, estimate(s)?)))
         .collect();
+    if whole {
+        ended.clear();
+        running.clear();
+    }
     let kept: Vec<&Value> = spec
         .iter()
         .filter(|t| place(t).is_some_and(|p| !ended.contains(&p)))
@@ -256,7 +277,10 @@ fn what_is_left(
                 is_running += 1;
                 pool.draw(rng, Some(ran)) - ran
             }
-            None => pool.draw(rng, None),
+            None => match t["id"].as_str().and_then(|id| own.get(id)) {
+                Some(&r) if whole => r,
+                _ => pool.draw(rng, None),
+            },
         };
         let keep_id = |v: &Value| v.as_str().is_some_and(|id| kept_ids.contains(id));
         let mut s = t.clone();

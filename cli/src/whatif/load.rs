@@ -11,7 +11,7 @@ use mesh_sim::workflow::Read;
 use mesh_sim::Workload;
 
 use crate::import::plan::Plan;
-use crate::import::wfformat::{self, Trace};
+use crate::import::wfformat::{self, File, Task, Trace};
 use crate::import::{farm_name, verify};
 
 /// A trace, read, checked and made into a workload.
@@ -32,7 +32,17 @@ pub struct Loaded {
 /// A trace with a cycle, a parent that is no task, a negative runtime or
 /// an unknown schema is refused here, naming the task and the field.
 pub fn load(path: &Path, time_scale: f64) -> Result<Loaded> {
-    let trace = wfformat::read(path)?;
+    load_scaled(path, time_scale, None)
+}
+
+/// [`load`], with each stage of more than one task scaled in proportion
+/// so that the workflow has about `tasks` tasks (`(tasks, seed)`; see
+/// [`scale`]).
+pub fn load_scaled(path: &Path, time_scale: f64, tasks: Option<(usize, u64)>) -> Result<Loaded> {
+    let mut trace = wfformat::read(path)?;
+    if let Some((n, seed)) = tasks {
+        trace = scale(&trace, &Plan::new(&trace), n, seed);
+    }
     let plan = Plan::new(&trace);
     let stem = path
         .file_stem()
@@ -124,6 +134,162 @@ pub fn load(path: &Path, time_scale: f64) -> Result<Loaded> {
         source,
         read_bytes,
     })
+}
+
+/// The workflow with about `n` tasks, as if each of its sweeps had run
+/// over more (or fewer) values: every stage of more than one task gets
+/// its count times one factor, a stage of one task (a merge, a final
+/// step) stays one. A stage's task `i` is copy `i / k` of its task
+/// `i % k` (`k` the stage's recorded count): its parents are the same
+/// copy of each parent in a scaled stage, and every copy of each parent
+/// in a scaled stage for a task of a stage of one; files made by a copy
+/// are files of their own. Copies take runtimes drawn (seeded) from
+/// their stage's recorded ones; the recorded tasks keep theirs.
+pub fn scale(trace: &Trace, plan: &Plan, n: usize, seed: u64) -> Trace {
+    use rand::{RngExt, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let stage_of = |t: usize| plan.place[t].0;
+    let index_of = |t: usize| plan.place[t].1 as usize;
+    let k: Vec<usize> = plan.stages.iter().map(|s| s.tasks.len()).collect();
+    let singles: usize = k.iter().filter(|&&c| c == 1).count();
+    let sweeps: usize = k.iter().filter(|&&c| c > 1).sum();
+    let factor = n.saturating_sub(singles) as f64 / sweeps.max(1) as f64;
+    let m: Vec<usize> = k
+        .iter()
+        .map(|&c| {
+            if c > 1 {
+                ((c as f64 * factor).round() as usize).max(1)
+            } else {
+                1
+            }
+        })
+        .collect();
+    // Copies of task t: r with index + k * r below the stage's new count.
+    let copies = |t: usize| {
+        let (s, i) = (stage_of(t), index_of(t));
+        if i >= m[s] {
+            0
+        } else {
+            (m[s] - i).div_ceil(k[s])
+        }
+    };
+    let runtimes: Vec<Vec<f64>> = plan
+        .stages
+        .iter()
+        .map(|st| st.tasks.iter().map(|&t| trace.tasks[t].runtime_s).collect())
+        .collect();
+    let mut producer: HashMap<usize, usize> = HashMap::new();
+    for (t, task) in trace.tasks.iter().enumerate() {
+        for &f in &task.outputs {
+            producer.entry(f).or_insert(t);
+        }
+    }
+    // New positions: copy r of task t.
+    let mut at: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut order: Vec<(usize, usize)> = Vec::new();
+    for r in 0.. {
+        let before = order.len();
+        for t in 0..trace.tasks.len() {
+            if r < copies(t) {
+                at.insert((t, r), order.len());
+                order.push((t, r));
+            }
+        }
+        if order.len() == before {
+            break;
+        }
+    }
+    let mut files: Vec<File> = trace
+        .files
+        .iter()
+        .map(|f| File {
+            id: f.id.clone(),
+            size: f.size,
+            sized: f.sized,
+        })
+        .collect();
+    let mut copied: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut file_of = |f: usize, r: usize, files: &mut Vec<File>| -> usize {
+        if r == 0 {
+            return f;
+        }
+        *copied.entry((f, r)).or_insert_with(|| {
+            files.push(File {
+                id: format!("{}~{r}", trace.files[f].id),
+                size: trace.files[f].size,
+                sized: trace.files[f].sized,
+            });
+            files.len() - 1
+        })
+    };
+    let scaled = |t: usize| k[stage_of(t)] > 1;
+    let mut tasks = Vec::with_capacity(order.len());
+    for &(t, r) in &order {
+        let src = &trace.tasks[t];
+        let mut parents: Vec<usize> = Vec::new();
+        for &p in &src.parents {
+            if !scaled(p) {
+                parents.extend(at.get(&(p, 0)));
+            } else if !scaled(t) {
+                parents.extend((0..copies(p)).filter_map(|q| at.get(&(p, q))));
+            } else {
+                parents.extend(at.get(&(p, r)).or_else(|| at.get(&(p, 0))));
+            }
+        }
+        parents.sort_unstable();
+        parents.dedup();
+        // A file made by a scaled parent is its copy's; others are shared.
+        let copy_of_input = |f: usize| match producer.get(&f) {
+            Some(&p) if scaled(p) && scaled(t) && at.contains_key(&(p, r)) => r,
+            _ => 0,
+        };
+        let inputs: Vec<usize> = src
+            .inputs
+            .iter()
+            .map(|&f| {
+                let q = copy_of_input(f);
+                file_of(f, q, &mut files)
+            })
+            .collect();
+        let outputs: Vec<usize> = src
+            .outputs
+            .iter()
+            .map(|&f| file_of(f, r, &mut files))
+            .collect();
+        let pool = &runtimes[stage_of(t)];
+        let runtime_s = if r == 0 || pool.is_empty() {
+            src.runtime_s
+        } else {
+            pool[rng.random_range(0..pool.len())]
+        };
+        let suffix = |s: &str| {
+            if r == 0 {
+                s.to_string()
+            } else {
+                format!("{s}~{r}")
+            }
+        };
+        tasks.push(Task {
+            id: suffix(&src.id),
+            name: suffix(&src.name),
+            category: Some(plan.stages[stage_of(t)].kind.clone()),
+            program: src.program.clone(),
+            parents,
+            runtime_s,
+            timed: src.timed,
+            cores: src.cores,
+            mem_bytes: src.mem_bytes,
+            inputs,
+            outputs,
+        });
+    }
+    Trace {
+        name: trace.name.clone(),
+        schema: trace.schema.clone(),
+        system: trace.system.clone(),
+        tasks,
+        files,
+    }
 }
 
 impl Loaded {

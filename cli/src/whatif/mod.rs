@@ -27,7 +27,8 @@ const DEFAULT_COUNTS: [usize; 5] = [4, 8, 16, 32, 64];
 const MEM_PER_CORE: u64 = 4 << 30;
 
 pub fn run(args: &SimArgs, path: &std::path::Path) -> Result<ExitCode> {
-    let loaded = load::load(path, args.time_scale)?;
+    let scaled = args.tasks.map(|n| (n as usize, args.seed.unwrap_or(1)));
+    let loaded = load::load_scaled(path, args.time_scale, scaled)?;
     answer(args, loaded, None)
 }
 
