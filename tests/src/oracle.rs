@@ -1059,19 +1059,16 @@ impl<'a> History<'a> {
             starts(log.get(log_before..k).unwrap_or(""))
         });
         if errors.is_empty() {
-            self.check_step(
-                &ex,
-                &targets,
-                op,
-                &intact_before,
-                &intact_after_kill,
-                &ends_all,
-                &ends_killed,
-                &ends_after,
-                &starts_killed,
+            let seen = Seen {
+                intact_before: &intact_before,
+                intact_after_kill: &intact_after_kill,
+                ends_all: &ends_all,
+                ends_killed: &ends_killed,
+                ends_after: &ends_after,
+                starts_killed: &starts_killed,
                 cached,
-                &mut errors,
-            );
+            };
+            self.check_step(&ex, &targets, op, &seen, &mut errors);
         }
         if errors.is_empty() {
             return Ok(());
@@ -1134,21 +1131,23 @@ impl<'a> History<'a> {
             .collect()
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn check_step(
         &mut self,
         ex: &Expanded,
         targets: &[usize],
         op: &Op,
-        intact_before: &BTreeSet<u64>,
-        intact_after_kill: &Option<BTreeSet<u64>>,
-        ends_all: &BTreeMap<(String, usize), usize>,
-        ends_killed: &BTreeMap<(String, usize), usize>,
-        ends_after: &BTreeMap<(String, usize), usize>,
-        starts_killed: &BTreeSet<(String, usize)>,
-        cached: Option<u64>,
+        seen: &Seen,
         errors: &mut Vec<(&'static str, String)>,
     ) {
+        let Seen {
+            intact_before,
+            intact_after_kill,
+            ends_all,
+            ends_killed,
+            ends_after,
+            starts_killed,
+            cached,
+        } = *seen;
         let parallel = targets.len() > 1;
         let mut not_run = 0u64;
         // Reruns and runs, once per task (not per out).
@@ -1549,4 +1548,18 @@ pub fn run_many(
         }
     }
     (total, ran, fails)
+}
+
+/// What one step of a history left to check: the keys whose outputs were
+/// intact before it (and after a kill in it), each task's runs (in all,
+/// before a kill, after it), the runs a kill cut short, and how many tasks
+/// the run said it reused.
+struct Seen<'a> {
+    intact_before: &'a BTreeSet<u64>,
+    intact_after_kill: &'a Option<BTreeSet<u64>>,
+    ends_all: &'a BTreeMap<(String, usize), usize>,
+    ends_killed: &'a BTreeMap<(String, usize), usize>,
+    ends_after: &'a BTreeMap<(String, usize), usize>,
+    starts_killed: &'a BTreeSet<(String, usize)>,
+    cached: Option<u64>,
 }

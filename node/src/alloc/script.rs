@@ -136,22 +136,30 @@ fn header_common(out: &mut String, q: &QueueDef) {
     );
 }
 
-/// The shell that follows the header: the prologue, then the node, which
-/// drains before the walltime (`--walltime`) so that no task is killed by it.
-/// `alloc_job`: the shell expression of the job's id as the batch
+/// What a batch system's script says in its own shell words: the command
+/// that runs the node once per host (`srun ...`, or none), the node's
+/// resources as granted, its rank among the job's hosts, the job's id,
+/// and `alloc_job`, the shell expressions of the job's id as the batch
 /// system lists it (an array element's own id), which the node gossips so
 /// the coordinator knows which job it belongs to.
-#[allow(clippy::too_many_arguments)]
-fn body(
-    out: &mut String,
-    q: &QueueDef,
-    l: &Launch,
-    run: &str,
-    resources: &str,
-    rank: &str,
-    job: &str,
-    alloc_job: &[&str],
-) {
+struct Words<'a> {
+    run: &'a str,
+    resources: &'a str,
+    rank: &'a str,
+    job: &'a str,
+    alloc_job: &'a [&'a str],
+}
+
+/// The shell that follows the header: the prologue, then the node, which
+/// drains before the walltime (`--walltime`) so that no task is killed by it.
+fn body(out: &mut String, q: &QueueDef, l: &Launch, w: &Words) {
+    let Words {
+        run,
+        resources,
+        rank,
+        job,
+        alloc_job,
+    } = *w;
     let _ = writeln!(out, "set -eu");
     for line in alloc_job {
         let _ = writeln!(out, "export MESH_ALLOC_JOB=\"{line}\"");
@@ -228,19 +236,17 @@ fn slurm(q: &QueueDef, l: &Launch) -> String {
     if q.gpus > 0 {
         let _ = write!(res, ",gpu={}", q.gpus);
     }
-    body(
-        &mut s,
-        q,
-        l,
-        "srun --ntasks-per-node=1",
-        &res,
-        "$SLURM_PROCID",
-        "$SLURM_JOB_ID",
-        &[
+    let words = Words {
+        run: "srun --ntasks-per-node=1",
+        resources: &res,
+        rank: "$SLURM_PROCID",
+        job: "$SLURM_JOB_ID",
+        alloc_job: &[
             "${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
             "${MESH_ALLOC_JOB:-$SLURM_JOB_ID}",
         ],
-    );
+    };
+    body(&mut s, q, l, &words);
     s
 }
 
@@ -290,7 +296,14 @@ fn pbs(q: &QueueDef, l: &Launch) -> String {
     } else {
         "0"
     };
-    body(&mut s, q, l, run, &res, rank, "$PBS_JOBID", &["$PBS_JOBID"]);
+    let words = Words {
+        run,
+        resources: &res,
+        rank,
+        job: "$PBS_JOBID",
+        alloc_job: &["$PBS_JOBID"],
+    };
+    body(&mut s, q, l, &words);
     s
 }
 

@@ -521,21 +521,30 @@ impl Peer {
                 entries,
                 home,
                 writer,
-            } => on_farms::farm_offered(
-                now,
-                from,
-                farm,
-                entries,
-                home,
-                writer,
-                &self.node,
-                self.coord.as_mut(),
-                &self.allocs,
-                &self.worker,
-                &mut self.specs,
-                &mut self.holdings,
-                &mut self.out,
-            ),
+            } => {
+                on_members::sync_machines(
+                    self.coord.as_mut(),
+                    &self.allocs,
+                    &self.worker,
+                    &self.node.members,
+                );
+                let offered = coordinator::Offered {
+                    now,
+                    from,
+                    farm,
+                    entries,
+                    home,
+                    writer,
+                };
+                on_farms::farm_offered(
+                    offered,
+                    &self.node,
+                    self.coord.as_mut(),
+                    &mut self.specs,
+                    &mut self.holdings,
+                    &mut self.out,
+                )
+            }
             Msg::Offer { farm, entries } => {
                 if let Some(c) = &mut self.coord {
                     c.on_offer(now, from, farm, entries, &mut self.out);
@@ -573,10 +582,12 @@ impl Peer {
                 on_farms::farm_collected(farm, &mut self.kept, &mut self.out)
             }
             Msg::Keeps { node, farms } => on_farms::keeps_told(
-                from,
-                node,
-                farms,
-                self.coord.is_some(),
+                on_farms::KeepsTold {
+                    from,
+                    node,
+                    farms,
+                    coordinating: self.coord.is_some(),
+                },
                 &self.node,
                 &self.holdings,
                 &self.specs,
@@ -627,11 +638,13 @@ impl Peer {
                 load,
                 max,
             } => on_tasks::steal_asked(
-                from,
-                id,
-                total,
-                load,
-                max,
+                on_tasks::StealAsked {
+                    from,
+                    id,
+                    total,
+                    load,
+                    max,
+                },
                 &mut self.worker,
                 &self.specs,
                 self.node.election.leader(),

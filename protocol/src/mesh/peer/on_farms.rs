@@ -366,18 +366,12 @@ pub(super) fn sync_holders(
 }
 
 /// A holder offers a farm: taken over if it is new here, merged if not.
-#[allow(clippy::too_many_arguments)] // each role named: a view would lend it more than it touches
+/// (The machines the coordinator places on are brought up to date by the
+/// dispatcher first.)
 pub(super) fn farm_offered(
-    now: Millis,
-    from: NodeId,
-    farm: Arc<FarmSpec>,
-    entries: Vec<Entry>,
-    home: Home,
-    writer: Option<Writer>,
+    offered: coordinator::Offered,
     node: &Node,
     coord: Option<&mut Coord>,
-    allocs: &Allocs,
-    worker: &Worker,
     specs: &mut Specs,
     holdings: &mut Holdings,
     out: &mut Out,
@@ -386,16 +380,19 @@ pub(super) fn farm_offered(
         // Not (or no longer) the coordinator: the holder resends to the right one.
         return;
     };
-    on_members::sync_machines(Some(&mut *c), allocs, worker, &node.members);
+    let coordinator::Offered {
+        now, from, farm, ..
+    } = &offered;
+    let (now, from, farm) = (*now, *from, farm.clone());
     if c.has_farm(farm.id) {
-        c.resubmitted(now, from, farm.id, entries, home, out);
+        c.resubmitted(now, from, farm.id, offered.entries, offered.home, out);
         return;
     }
     specs.insert(farm.id, farm.clone());
     out.persist(Persist::Farm(farm.clone()));
-    out.persist_entries(farm.id, entries.clone(), true);
-    let spec = farm.clone();
-    let keep = c.take_farm(now, from, farm, entries, home, writer, node);
+    out.persist_entries(farm.id, offered.entries.clone(), true);
+    let spec = farm;
+    let keep = c.take_farm(offered, node);
     c.report_early(now, spec.id, node, out);
     if keep && holdings.want_inputs(node.id, &spec, out) {
         inputs_arrived(spec.id, node, holdings, Some(&mut *c), out);
@@ -451,18 +448,29 @@ pub(super) fn farm_collected(farm: FarmId, kept: &mut Kept, out: &mut Out) {
 /// `node` keeps outputs of `farms`: a home tells it which it may let
 /// go; the coordinator, asked by the node itself, passes the rest on to
 /// their homes (once: a home that is not one any more drops them).
-#[allow(clippy::too_many_arguments)] // each role named: a view would lend it more than it touches
+/// `Msg::Keeps` as [`keeps_told`] hears it: from whom, of which node's
+/// outputs, and whether this node coordinates.
+pub(super) struct KeepsTold {
+    pub(super) from: NodeId,
+    pub(super) node: NodeId,
+    pub(super) farms: Vec<FarmId>,
+    pub(super) coordinating: bool,
+}
+
 pub(super) fn keeps_told(
-    from: NodeId,
-    node: NodeId,
-    farms: Vec<FarmId>,
-    coordinating: bool,
+    told: KeepsTold,
     cx: &Node,
     holdings: &Holdings,
     specs: &Specs,
     kept: &mut Kept,
     out: &mut Out,
 ) {
+    let KeepsTold {
+        from,
+        node,
+        farms,
+        coordinating,
+    } = told;
     let me = cx.id;
     let mut homes: BTreeMap<NodeId, Vec<FarmId>> = BTreeMap::new();
     for farm in farms {

@@ -56,7 +56,6 @@ pub(super) fn drain(coord: Option<&mut Coord>, out: &mut Out) {
 /// On the coordinator: ready tasks handed to nodes with room, once the
 /// members have said what they hold. A coordinator still settling assigns
 /// nothing, and this step's `echo` goes with the step.
-#[allow(clippy::too_many_arguments)] // each role named: a view would lend it more than it touches
 pub(super) fn assign(
     now: Millis,
     node: &Node,
@@ -111,17 +110,13 @@ pub(super) fn resend_due(r: &mut Roles, now: Millis) {
         r.kept.next_ask = now + KEEPS_EVERY_MS;
         let farms = r.kept.farms.iter().copied().collect();
         if c == me {
-            on_farms::keeps_told(
-                me,
-                me,
+            let told = on_farms::KeepsTold {
+                from: me,
+                node: me,
                 farms,
-                r.coord.is_some(),
-                r.node,
-                r.holdings,
-                r.specs,
-                r.kept,
-                r.out,
-            );
+                coordinating: r.coord.is_some(),
+            };
+            on_farms::keeps_told(told, r.node, r.holdings, r.specs, r.kept, r.out);
         } else {
             r.out.send(c, Msg::Keeps { node: me, farms });
         }
@@ -217,18 +212,30 @@ pub(super) fn spec_arrived(w: &mut Working, now: Millis, farm: FarmId) {
 
 /// A thief asks for unstarted tasks: what fits it is given, and the
 /// coordinator told where they went.
-#[allow(clippy::too_many_arguments)] // each role named: a view would lend it more than it touches
+/// `Msg::Steal` as [`steal_asked`] hears it: the thief, its ask's id, what
+/// it offers and has in use, and the most tasks it takes.
+pub(super) struct StealAsked {
+    pub(super) from: NodeId,
+    pub(super) id: u64,
+    pub(super) total: Resources,
+    pub(super) load: Resources,
+    pub(super) max: u32,
+}
+
 pub(super) fn steal_asked(
-    from: NodeId,
-    id: u64,
-    total: Resources,
-    load: Resources,
-    max: u32,
+    asked: StealAsked,
     worker: &mut Worker,
     specs: &Specs,
     leader: election::Leader,
     out: &mut Out,
 ) {
+    let StealAsked {
+        from,
+        id,
+        total,
+        load,
+        max,
+    } = asked;
     let given = worker.give_unstarted(&total, load, max, specs, out);
     out.stats.tasks_given += given.len() as u64;
     if !given.is_empty() {

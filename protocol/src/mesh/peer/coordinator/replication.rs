@@ -68,6 +68,18 @@ pub(super) struct Apart {
     owned: BTreeSet<u32>,
 }
 
+/// A farm offered to this node as coordinator (`Msg::Submit`), as the
+/// event function and [`Coord::take_farm`] hear it: when, by whom, and
+/// what the offer carries.
+pub(in super::super) struct Offered {
+    pub(in super::super) now: Millis,
+    pub(in super::super) from: NodeId,
+    pub(in super::super) farm: Arc<FarmSpec>,
+    pub(in super::super) entries: Vec<Entry>,
+    pub(in super::super) home: Home,
+    pub(in super::super) writer: Option<Writer>,
+}
+
 impl Apart {
     /// `node`'s place among the copies, from 1.
     fn place(&self, node: NodeId) -> Option<u32> {
@@ -168,17 +180,15 @@ impl Coord {
     /// A farm new here, offered by `from`: coordinated from what it knows.
     /// True when this node must keep a copy too, once it has the farm's
     /// inputs.
-    #[allow(clippy::too_many_arguments)]
-    pub(in super::super) fn take_farm(
-        &mut self,
-        now: Millis,
-        from: NodeId,
-        farm: Arc<FarmSpec>,
-        entries: Vec<Entry>,
-        home: Home,
-        writer: Option<Writer>,
-        cx: &Node,
-    ) -> bool {
+    pub(in super::super) fn take_farm(&mut self, offered: Offered, cx: &Node) -> bool {
+        let Offered {
+            now,
+            from,
+            farm,
+            entries,
+            home,
+            writer,
+        } = offered;
         let me = cx.id;
         let stages = farm.def.stages.len();
         let another = writer.as_ref().is_some_and(|w| w.node != me);
