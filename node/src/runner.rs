@@ -1037,12 +1037,12 @@ impl Driver {
                             .or_insert_with(|| (Instant::now(), Vec::new()));
                         held.push(failure);
                     } else {
-                        self.say_held(stage, obs);
+                        self.say_withheld(stage, obs);
                         self.say(failure, obs);
                     }
                 } else if verdict == Verdict::Done && !engine.stage_may_stop(self.slot, stage) {
                     // A success: the stage is not stopping.
-                    self.say_held(stage, obs);
+                    self.say_withheld(stage, obs);
                 }
                 false
             }
@@ -1061,7 +1061,7 @@ impl Driver {
                     self.def.task_name(task)
                 );
                 obs.stage_resumed(&line);
-                self.say_held(stage, obs);
+                self.say_withheld(stage, obs);
                 false
             }
             Event::Unplaceable {
@@ -1103,7 +1103,7 @@ impl Driver {
     }
 
     /// Says the failures held for `stage`, whose stop did not come.
-    fn say_held(&mut self, stage: u32, obs: &mut dyn Observer) {
+    fn say_withheld(&mut self, stage: u32, obs: &mut dyn Observer) {
         if let Some((_, held)) = self.unsaid.remove(&stage) {
             for f in held {
                 self.say(f, obs);
@@ -1125,7 +1125,7 @@ impl Driver {
             .map(|(&s, _)| s)
             .collect();
         for s in due {
-            self.say_held(s, obs);
+            self.say_withheld(s, obs);
         }
     }
 
@@ -1138,7 +1138,7 @@ impl Driver {
             if engine.stage_stop(self.slot, s).is_some() {
                 self.unsaid.remove(&s);
             } else {
-                self.say_held(s, obs);
+                self.say_withheld(s, obs);
             }
         }
     }

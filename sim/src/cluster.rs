@@ -797,7 +797,7 @@ impl<'a> Sim<'a> {
             for (stored, finished) in farms {
                 peer.restore_farm(stored, finished);
             }
-            peer.restore_held(held);
+            peer.restore_unacked(held);
             if let Some(b) = MeshState::load_allocs(&nd.store)? {
                 peer.restore_allocs(b);
             }

@@ -349,8 +349,8 @@ impl Node {
                 self.refresh_view(spec.id);
             }
         }
-        self.peer.restore_held(held);
-        self.ask_about_held();
+        self.peer.restore_unacked(held);
+        self.ask_about_kept();
         self.serve_home_outputs();
         if let Some(book) = MeshState::load_allocs(&self.disk.store)? {
             self.peer.restore_allocs(book);
@@ -482,7 +482,7 @@ impl Node {
                 // A new coordinator may mean this node was cut off from the
                 // mesh (a partition that healed) and missed the end of a
                 // farm whose outputs it keeps: it asks again.
-                self.ask_about_held();
+                self.ask_about_kept();
             }
             PeerEvent::Accepted { farm, tasks } => {
                 if let Some(o) = self.home.farms.get_mut(&farm) {

@@ -282,7 +282,7 @@ impl Node {
                 return bytes;
             }
         }
-        let bytes = super::staging::held_farms(&self.state)
+        let bytes = super::staging::kept_farms(&self.state)
             .iter()
             .map(|(_, dir)| super::staging::held_bytes(dir))
             .sum();

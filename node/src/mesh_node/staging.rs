@@ -23,9 +23,9 @@ use crate::results::walk;
 impl Node {
     /// Has the peer ask about every farm this node keeps outputs of (see
     /// `Peer::restore_kept`): at start, and on following a new coordinator.
-    pub(super) fn ask_about_held(&mut self) {
+    pub(super) fn ask_about_kept(&mut self) {
         self.peer
-            .restore_kept(held_farms(&self.state).into_iter().map(|(f, _)| f));
+            .restore_kept(kept_farms(&self.state).into_iter().map(|(f, _)| f));
     }
 
     pub(super) fn serve_inputs(&mut self, spec: &FarmSpec) {
@@ -110,7 +110,7 @@ impl Node {
             let r = match (dir, held) {
                 (None, _) => Err(FetchError::UnknownFarm),
                 (Some(dir), Some(held)) => {
-                    tokio::task::spawn_blocking(move || place_held(&held, &dir, &outputs))
+                    tokio::task::spawn_blocking(move || place_kept(&held, &dir, &outputs))
                         .await
                         .unwrap_or_else(|e| Err(e.into()))
                 }
@@ -256,7 +256,7 @@ fn hashed(dir: &Path) -> Result<Vec<(OutputFile, mesh_protocol::pieces::Pieces)>
 
 /// The farms this node keeps outputs of, and their folders
 /// (`<state>/kept/<farm>/`, one file per output, named by its hash).
-pub(super) fn held_farms(state: &Path) -> Vec<(FarmId, PathBuf)> {
+pub(super) fn kept_farms(state: &Path) -> Vec<(FarmId, PathBuf)> {
     let Ok(dirs) = fs::read_dir(state.join(crate::state::KEPT_DIR)) else {
         return Vec::new();
     };
@@ -284,7 +284,7 @@ pub(super) fn held_bytes(dir: &Path) -> u64 {
 
 /// Moves every file under `dir` into `kept` under its blake3 hash; the manifest.
 /// Their pieces are written down beside them, for the transfer home.
-pub(super) fn hold_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, KeepError> {
+pub(super) fn keep_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, KeepError> {
     let files = hashed(dir)?;
     fs::create_dir_all(held).map_err(|source| KeepError::Create {
         path: held.to_path_buf(),
@@ -349,7 +349,7 @@ fn output_needed(dir: &Path, o: &OutputFile) -> Result<Option<PathBuf>, FetchErr
 }
 
 /// Puts outputs this node keeps in `kept` into `dir` (those already there, checked, stay).
-fn place_held(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), FetchError> {
+fn place_kept(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), FetchError> {
     for o in outputs {
         let Some(dest) = output_needed(dir, o)? else {
             continue;

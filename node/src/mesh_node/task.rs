@@ -11,7 +11,7 @@ use mesh_protocol::mesh::{void_place, Assigned, FarmSpec, NodeId, OutputFile};
 use tokio::sync::mpsc;
 
 use super::deps::{place_deps, DepsPlace, NotPlaced};
-use super::staging::{fetch_input, hold_outputs, input_file, input_hash, manifest};
+use super::staging::{fetch_input, input_file, input_hash, keep_outputs, manifest};
 use super::transfer::Transfers;
 use super::{Cmd, Node};
 use crate::executor::{self, Finished, Launch};
@@ -400,7 +400,7 @@ async fn run_task(
         if let TaskResult::Exited(code) = outcome.result {
             if spec.def.stage(task.task).success_codes.contains(&code) {
                 let dir = out_dir.clone();
-                let kept = tokio::task::spawn_blocking(move || hold_outputs(&dir, &held)).await;
+                let kept = tokio::task::spawn_blocking(move || keep_outputs(&dir, &held)).await;
                 match kept {
                     Ok(Ok(o)) => outputs = o,
                     Ok(Err(e)) => {

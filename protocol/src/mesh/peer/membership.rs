@@ -68,7 +68,7 @@ impl Identity for Ident {
 #[derive(Clone, Copy)]
 pub struct Member<'a> {
     pub id: NodeId,
-    heard: Option<&'a Told>,
+    heard: Option<&'a BeatRecord>,
     /// SWIM has it (not only a beat): its identity and address are SWIM's.
     known: bool,
     swim: &'a Swim,
@@ -79,7 +79,7 @@ pub struct Member<'a> {
 /// members have no such record, and a member costs this node only its
 /// entry in SWIM and its id here (a mesh of N nodes holds N² of them).
 #[derive(Debug)]
-pub(super) struct Told {
+pub(super) struct BeatRecord {
     beat: Arc<Beat>,
     last_seen: Millis,
     /// It sent this node a beat since this node last started watching
@@ -244,7 +244,7 @@ pub(super) struct Membership {
     /// thousand members, cold in the cache, was 1.5% of a simulated run.
     low: Vec<NodeId>,
     /// What those that beat to this node told it.
-    told: FxHashMap<NodeId, Told>,
+    told: FxHashMap<NodeId, BeatRecord>,
     /// Members declared dead, and since when (the home waits for those
     /// that keep its outputs).
     gone: FxHashMap<NodeId, Millis>,
@@ -907,7 +907,7 @@ impl Membership {
             Some(h) => h.beat.total != beat.total,
             None => beat.total != Resources::EMPTY,
         };
-        let told = Told {
+        let told = BeatRecord {
             beat,
             last_seen: now,
             direct: true,
@@ -937,7 +937,7 @@ impl Membership {
     pub(super) fn expired(&mut self, now: Millis, watch: Watch) -> Vec<NodeId> {
         self.down.retain(|id| self.members.contains(id));
         let mut dead = self.down.clone();
-        let silent = |h: &Told, limit: Millis| now.saturating_sub(h.last_seen) > limit;
+        let silent = |h: &BeatRecord, limit: Millis| now.saturating_sub(h.last_seen) > limit;
         match watch {
             Watch::Direct(limit) => {
                 // A worker silent past the limit that SWIM has alive and

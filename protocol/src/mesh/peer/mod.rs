@@ -468,7 +468,7 @@ impl Peer {
         while let Some((from, msg)) = self.out.inbox.pop_front() {
             self.dispatch_msg(now, from, msg, &mut echo);
         }
-        self.worker.persist_held(&mut self.out);
+        self.worker.persist_unacked(&mut self.out);
     }
 
     /// On the coordinator: what its engines decided goes out, then ready
@@ -619,7 +619,7 @@ impl Peer {
             }
             Msg::Claimed { tasks, .. } => {
                 if let Some(c) = &mut self.coord {
-                    c.on_holding(now, from, tasks, self.node.cfg.resend_ms);
+                    c.on_claims_listed(now, from, tasks, self.node.cfg.resend_ms);
                 }
             }
             Msg::GetFarm { farm } => {

@@ -92,8 +92,8 @@ impl Peer {
 
     /// Results this node reported before it stopped and that were not
     /// acknowledged: kept, and reported again.
-    pub fn restore_held(&mut self, reports: Vec<Report>) {
-        self.worker.restore_held(reports);
+    pub fn restore_unacked(&mut self, reports: Vec<Report>) {
+        self.worker.restore_unacked(reports);
     }
 
     /// Farms whose outputs this node keeps, found in its state at start,

@@ -46,7 +46,7 @@ pub(super) struct Worker {
     awaiting_spec: FxHashMap<FarmId, Vec<Assigned>>,
     unacked: BTreeMap<(FarmId, TaskRef), Report>,
     /// Entries of `unacked` changed since they were last persisted.
-    held_dirty: BTreeSet<(FarmId, TaskRef)>,
+    unacked_dirty: BTreeSet<(FarmId, TaskRef)>,
     /// Reports of this step, sent as one message at its end.
     reports_out: Vec<Report>,
     /// Durations and round trips measured here, and the prefetch depth
@@ -72,7 +72,7 @@ impl Worker {
             timers: BinaryHeap::new(),
             awaiting_spec: FxHashMap::default(),
             unacked: BTreeMap::new(),
-            held_dirty: BTreeSet::new(),
+            unacked_dirty: BTreeSet::new(),
             reports_out: Vec::new(),
             pace: Pace::default(),
             interrupted: false,
@@ -201,7 +201,7 @@ impl Worker {
     }
 
     /// Results reported before a restart and not acknowledged: kept, and reported again.
-    pub(super) fn restore_held(&mut self, reports: Vec<Report>) {
+    pub(super) fn restore_unacked(&mut self, reports: Vec<Report>) {
         for r in reports {
             self.unacked.insert((r.task.farm, r.task.task), r);
         }
@@ -593,7 +593,7 @@ impl Worker {
     fn report(&mut self, report: Report) {
         let key = (report.task.farm, report.task.task);
         self.unacked.insert(key, report.clone());
-        self.held_dirty.insert(key);
+        self.unacked_dirty.insert(key);
         self.reports_out.push(report);
     }
 
@@ -646,7 +646,7 @@ impl Worker {
                 .is_some_and(|r| r.task.attempt == a.attempt)
             {
                 self.unacked.remove(&(a.farm, a.task));
-                self.held_dirty.insert((a.farm, a.task));
+                self.unacked_dirty.insert((a.farm, a.task));
                 if let Some(o) = out.observed() {
                     if let Some(at) = o.started.remove(&(a.farm, a.task)) {
                         o.latency
@@ -658,13 +658,13 @@ impl Worker {
     }
 
     /// What changed among the unacknowledged results, made durable.
-    pub(super) fn persist_held(&mut self, out: &mut Out) {
-        if self.held_dirty.is_empty() {
+    pub(super) fn persist_unacked(&mut self, out: &mut Out) {
+        if self.unacked_dirty.is_empty() {
             return;
         }
         let mut reports = Vec::new();
         let mut gone = Vec::new();
-        for key in std::mem::take(&mut self.held_dirty) {
+        for key in std::mem::take(&mut self.unacked_dirty) {
             match self.unacked.get(&key) {
                 Some(r) => reports.push(r.clone()),
                 None => gone.push(key),

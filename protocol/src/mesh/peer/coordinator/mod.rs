@@ -708,7 +708,7 @@ impl Coord {
     /// or `Stolen` was lost go back to the queue. Only claims older than
     /// `grace` are given up: younger ones may still be on their way.
     /// Places nothing until `until`, or until each of `members` has said
-    /// what it holds (`on_holding`).
+    /// what it holds (`on_claims_listed`).
     pub(super) fn settle(&mut self, until: Millis, members: impl IntoIterator<Item = NodeId>) {
         let waiting: FxHashSet<NodeId> = members.into_iter().collect();
         self.settle = (!waiting.is_empty()).then_some((until, waiting));
@@ -748,7 +748,7 @@ impl Coord {
         }
     }
 
-    pub(super) fn on_holding(
+    pub(super) fn on_claims_listed(
         &mut self,
         now: Millis,
         from: NodeId,
