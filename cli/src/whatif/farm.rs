@@ -1,6 +1,6 @@
 //! `mesh sim --farm FARM`: a farm of the mesh simulated from where it stands. Its graph comes as `mesh export` writes it; what is done is left out, a running task goes on for what is left of a runtime drawn longer than it has run, and a waiting task takes a runtime drawn from its stage's finished tasks.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::Write as _;
 use std::process::ExitCode;
 
@@ -252,7 +252,7 @@ fn what_is_left(
         .filter(|t| place(t).is_some_and(|p| !ended.contains(&p)))
         .collect();
     let kept_ids: HashSet<&str> = kept.iter().filter_map(|t| t["id"].as_str()).collect();
-    let mut guessed = BTreeMap::new();
+    let mut guessed = BTreeSet::new();
     let mut new_spec = Vec::with_capacity(kept.len());
     let mut new_exec = Vec::with_capacity(kept.len());
     let mut produced: HashSet<String> = HashSet::new();
@@ -267,7 +267,7 @@ fn what_is_left(
         let pool = match by_stage.get(stage.as_str()) {
             Some(r) => r,
             None => {
-                guessed.insert(stage.clone(), ());
+                guessed.insert(stage.clone());
                 &all
             }
         };
@@ -332,7 +332,7 @@ fn what_is_left(
         tasks: tasks_left,
         done,
         running: is_running,
-        guessed: guessed.into_keys().collect(),
+        guessed: guessed.into_iter().collect(),
     })
 }
 
