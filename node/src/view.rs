@@ -236,7 +236,7 @@ impl ResourceUse {
             if kind == MEM {
                 a.whole() as f64
             } else {
-                a.0 as f64 / 1000.0
+                a.as_f64()
             }
         };
         total

@@ -37,6 +37,11 @@ impl Amount {
         self.0 / MILLI
     }
 
+    /// In units, fractions kept (`0.5` cores).
+    pub fn as_f64(self) -> f64 {
+        self.0 as f64 / MILLI as f64
+    }
+
     pub fn is_zero(self) -> bool {
         self.0 == 0
     }

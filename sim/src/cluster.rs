@@ -254,7 +254,7 @@ impl Node {
     fn new(i: usize, total: Resources) -> Node {
         Node {
             id: NodeId(i as u64 + 1),
-            cpus: total.get(CPU).0 as f64 / 1000.0,
+            cpus: total.get(CPU).as_f64(),
             total,
             peer: None,
             gen: 0,
@@ -845,7 +845,7 @@ impl<'a> Sim<'a> {
     fn end_run(&mut self, n: usize, t: TaskRef, r: &Run, completed: bool) {
         let g = self.plan.global(t);
         self.live[g] = self.live[g].saturating_sub(1);
-        let cpu = r.res.get(CPU).0 as f64 / 1000.0;
+        let cpu = r.res.get(CPU).as_f64();
         self.busy_cpu_ms += cpu * (self.now - r.start) as f64;
         if self.nodes[n].job.is_some() {
             self.batch.busy_cpu_ms += cpu * (self.now - r.start) as f64;

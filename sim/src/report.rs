@@ -280,14 +280,20 @@ fn mean_per_interval(changes: &[(u64, u32)], end: u64, k: u64) -> (u64, Vec<f64>
 pub(crate) fn shapes(nodes: usize, shapes: &[(usize, String)]) -> String {
     match shapes {
         [] => nodes.to_string(),
-        [(_, one)] => format!("{nodes}, {one} each"),
-        many => format!(
-            "{nodes}: {}",
-            many.iter()
-                .map(|(n, r)| format!("{n} of {r}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        [_] => format!("{nodes}, {} each", node_kinds(shapes)),
+        _ => format!("{nodes}: {}", node_kinds(shapes)),
+    }
+}
+
+/// What a node of the mix is: `cpu=4`, or `8 of cpu=4, 4 of cpu=8,gpu=1`.
+pub fn node_kinds(shapes: &[(usize, String)]) -> String {
+    match shapes {
+        [(_, one)] => one.clone(),
+        many => many
+            .iter()
+            .map(|(n, r)| format!("{n} of {r}"))
+            .collect::<Vec<_>>()
+            .join(", "),
     }
 }
 

@@ -573,7 +573,7 @@ impl SimConfig {
     /// `deadline_ms`, less a twentieth for the draws: fewer cannot meet
     /// it, so a search for the fewest that do starts here.
     pub fn nodes_for_work(&self, deadline_ms: u64) -> usize {
-        let cpu = |text: &str| parse_resources(text).map_or(1.0, |r| r.get(CPU).0 as f64 / 1000.0);
+        let cpu = |text: &str| parse_resources(text).map_or(1.0, |r| r.get(CPU).as_f64());
         let count = self.node_count().max(1) as f64;
         let per_node = self
             .nodes

@@ -59,13 +59,11 @@ impl WhatIf {
             .iter()
             .map(|a| a.max as usize * a.nodes_per_job as usize)
             .sum::<usize>();
-        // A what-if's limit stays one derived from the work (as it was
-        // before runs had none): its reports do not move.
-        cfg.max_time_ms = Some(cfg.max_time_ms.unwrap_or(crate::QUIET_MS).max(time_limit(
-            wl,
-            &self.replay,
-            self.nodes + batch,
-        )));
+        // A what-if's limit is derived from the work (as it was before
+        // runs had none, when the scenario's own, if longer, also held):
+        // its reports do not move.
+        let limit = time_limit(wl, &self.replay, self.nodes + batch);
+        cfg.max_time_ms = Some(cfg.max_time_ms.map_or(limit, |m| m.max(limit)));
         cfg
     }
 }
