@@ -99,35 +99,18 @@ fn main() {
     // Its first address printed: it is up.
     node.address();
     let at = state.to_string_lossy().into_owned();
-    let per_job = run(
+    let mesh_args = [
+        "--executor",
         "mesh",
-        &[
-            "--executor",
-            "mesh",
-            "--jobs",
-            "1000",
-            "--mesh-state-dir",
-            &at,
-        ],
-        &[],
-    );
+        "--jobs",
+        "1000",
+        "--mesh-state-dir",
+        &at,
+    ];
+    let per_job = run("mesh", &mesh_args, &[]);
     let g = format!("g={group}");
-    let grouped = run(
-        "mesh-groups",
-        &[
-            "--executor",
-            "mesh",
-            "--jobs",
-            "1000",
-            "--mesh-state-dir",
-            &at,
-            "--groups",
-            "touch=g",
-            "--group-components",
-            &g,
-        ],
-        &[],
-    );
+    let groups = ["--groups", "touch=g", "--group-components", &g];
+    let grouped = run("mesh-groups", &[&mesh_args[..], &groups].concat(), &[]);
     println!(
         "mesh, a task per job: {:.2} of --cores 2, {:.2} of a SLURM job per job; in group jobs of {group}: {:.2} and {:.2}",
         per_job / cores,

@@ -13,7 +13,7 @@ use mesh_protocol::mesh::{AllocBook, AllocCmd, AllocEvent};
 use mesh_protocol::resources::{format_bytes, parse_amount, MEM};
 
 use crate::args;
-use crate::mesh_cmds::ask;
+use crate::mesh_cmds::{ask, ask_once};
 use crate::out::{out, outln};
 
 #[derive(Subcommand)]
@@ -298,13 +298,9 @@ fn change(to: &Target, cmd: AllocCmd) -> Result<ExitCode> {
 }
 
 fn send(to: &Target, cmd: AllocCmd) -> Result<AllocBook> {
-    let mut c = ask(to, &ControlRequest::Alloc(cmd))?;
-    match c.recv() {
-        Some(Ok(ControlResponse::Allocs(b))) => Ok(*b),
-        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
-        Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
-        Some(Err(e)) => Err(e.into()),
-        None => bail!("the node closed the connection"),
+    match ask_once(to, &ControlRequest::Alloc(cmd))? {
+        ControlResponse::Allocs(b) => Ok(*b),
+        other => bail!("unexpected answer from the node: {other:?}"),
     }
 }
 

@@ -164,6 +164,17 @@ pub(crate) fn ask(to: &Target, req: &ControlRequest) -> Result<Client> {
     })
 }
 
+/// A request with one answer: that answer, or the node's refusal in its words.
+pub(crate) fn ask_once(to: &Target, req: &ControlRequest) -> Result<ControlResponse> {
+    let mut c = ask(to, req)?;
+    match c.recv() {
+        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+        Some(Ok(r)) => Ok(r),
+        Some(Err(e)) => Err(e.into()),
+        None => bail!("the node closed the connection"),
+    }
+}
+
 /// `mesh control-pipe`: one request from stdin to the node, its answers
 /// to stdout as they come, each line as the node wrote it (this build
 /// reads neither, so a client of another API version hears the node's own

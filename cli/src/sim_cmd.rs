@@ -7,7 +7,7 @@ use mesh_sim::{load_scenario, parse_durations, SimConfig};
 
 use crate::out::{out, outln};
 use crate::sim_args::SimArgs;
-use crate::whatif::span;
+use crate::whatif::{failed, span};
 use crate::EXIT_FAILED_TASKS;
 use mesh_node::control::Target;
 
@@ -54,13 +54,7 @@ pub fn sim(args: &SimArgs, to: &Target) -> Result<ExitCode> {
     eprintln!("mesh sim: seed {}", cfg.seed);
     let report = match mesh_sim::run(&cfg) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            if let Some(seed) = e.seed() {
-                eprintln!("replay: mesh sim ... --seed {seed}");
-            }
-            return Ok(ExitCode::from(EXIT_FAILED_TASKS));
-        }
+        Err(e) => return Ok(failed(&e, "mesh sim ...")),
     };
     if let Some(path) = &args.svg {
         std::fs::write(path, report.to_svg())
@@ -114,7 +108,7 @@ fn deadline(cfg: &SimConfig, deadline_ms: u64, json: bool) -> Result<ExitCode> {
         let r = mesh_sim::run(&c)?;
         let meets = r.tasks_done == tasks && r.makespan <= deadline_ms;
         if shape.is_empty() {
-            shape = node_shape(&r.node_shapes);
+            shape = mesh_sim::report::node_kinds(&r.node_shapes);
         }
         tried.push(Tried {
             nodes: n,
@@ -127,13 +121,7 @@ fn deadline(cfg: &SimConfig, deadline_ms: u64, json: bool) -> Result<ExitCode> {
     });
     let found = match found {
         Ok(f) => f,
-        Err(e) => {
-            eprintln!("error: {e}");
-            if let Some(seed) = e.seed() {
-                eprintln!("replay: mesh sim ... --seed {seed}");
-            }
-            return Ok(ExitCode::from(EXIT_FAILED_TASKS));
-        }
+        Err(e) => return Ok(failed(&e, "mesh sim ...")),
     };
     let why_not = found.is_none().then(|| {
         format!(
@@ -205,16 +193,4 @@ fn deadline(cfg: &SimConfig, deadline_ms: u64, json: bool) -> Result<ExitCode> {
     } else {
         ExitCode::from(EXIT_FAILED_TASKS)
     })
-}
-
-/// `cpu=4` or `8 of cpu=4, 4 of cpu=8,gpu=1`: what a node of the mix is.
-fn node_shape(shapes: &[(usize, String)]) -> String {
-    match shapes {
-        [(_, one)] => one.clone(),
-        many => many
-            .iter()
-            .map(|(n, r)| format!("{n} of {r}"))
-            .collect::<Vec<_>>()
-            .join(", "),
-    }
 }

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use mesh_node::control::{Client, ControlRequest, ControlResponse, Target, TaskEvent};
+use mesh_node::control::{ControlRequest, ControlResponse, Target, TaskEvent};
 use mesh_node::mesh_node::farm_display_id;
 use mesh_node::view::{FarmView, Observed};
 use mesh_protocol::resources::{parse_resources, CPU, MEM};
@@ -14,46 +14,49 @@ use rand::{RngExt, SeedableRng};
 use serde_json::{json, Value};
 
 use super::Standing;
+use crate::mesh_cmds::ask_once;
 use crate::sim_args::SimArgs;
 
 pub fn run(args: &SimArgs, to: &Target, farm: &str) -> Result<ExitCode> {
-    let view = match ask(to, ControlRequest::Farm { farm: farm.into() })? {
+    let view = match ask_once(to, &ControlRequest::Farm { farm: farm.into() })? {
         ControlResponse::Farm(v) => *v,
         other => bail!("unexpected answer from the node: {other:?}"),
     };
-    let trace = match ask(
+    let trace = match ask_once(
         to,
-        ControlRequest::Export {
+        &ControlRequest::Export {
             farm: view.id.clone(),
         },
     )? {
         ControlResponse::Trace(t) => *t,
         other => bail!("unexpected answer from the node: {other:?}"),
     };
-    let tasks = match ask(
-        to,
-        ControlRequest::Tasks {
+    let whole = args.tasks.is_some();
+    // From a fresh start (`--tasks`), what runs now and what each node has
+    // ended since do not count: the mesh is asked for the farm alone.
+    let (tasks, observed) = if whole {
+        (Vec::new(), None)
+    } else {
+        let req = ControlRequest::Tasks {
             farm: view.id.clone(),
             state: None,
             limit: None,
-        },
-    )? {
-        ControlResponse::Tasks(t) => t,
-        other => bail!("unexpected answer from the node: {other:?}"),
-    };
-    let observed = match ask(
-        to,
-        ControlRequest::Observe {
+        };
+        let tasks = match ask_once(to, &req)? {
+            ControlResponse::Tasks(t) => t,
+            other => bail!("unexpected answer from the node: {other:?}"),
+        };
+        let req = ControlRequest::Observe {
             since: HashMap::new(),
-        },
-    )? {
-        ControlResponse::Observed(o) => *o,
-        other => bail!("unexpected answer from the node: {other:?}"),
+        };
+        match ask_once(to, &req)? {
+            ControlResponse::Observed(o) => (tasks, Some(*o)),
+            other => bail!("unexpected answer from the node: {other:?}"),
+        }
     };
     let now_ms = mesh_node::state::unix_ms();
     let mut rng = SmallRng::seed_from_u64(args.seed.unwrap_or(1));
-    let whole = args.tasks.is_some();
-    let left = what_is_left(&view, &trace, &tasks, &observed, &mut rng, whole)?;
+    let left = what_is_left(&view, &trace, &tasks, observed.as_ref(), &mut rng, whole)?;
     if left.tasks == 0 {
         bail!(
             "{} has nothing left to run: {} done, {} failed (see `mesh status {}`)",
@@ -63,7 +66,6 @@ pub fn run(args: &SimArgs, to: &Target, farm: &str) -> Result<ExitCode> {
             view.id
         );
     }
-    let (nodes, cores, mem) = mesh_shape(&observed);
     let mut file = tempfile::Builder::new()
         .prefix(&format!("{}.", view.id))
         .suffix(".json")
@@ -81,6 +83,7 @@ pub fn run(args: &SimArgs, to: &Target, farm: &str) -> Result<ExitCode> {
     }
     let mut loaded = super::load::load(file.path(), args.time_scale)?;
     loaded.source = format!("{} (what is left of it)", view.id);
+    let (nodes, cores, mem) = observed.as_ref().map_or((0, 1, 0), mesh_shape);
     let standing = Standing {
         farm: view.id.clone(),
         now_ms,
@@ -93,17 +96,6 @@ pub fn run(args: &SimArgs, to: &Target, farm: &str) -> Result<ExitCode> {
         guessed: left.guessed,
     };
     super::answer(args, loaded, Some(standing))
-}
-
-/// One request to the node, answered once; a refusal in its words.
-fn ask(to: &Target, req: ControlRequest) -> Result<ControlResponse> {
-    let mut c = Client::request(to, &req)?;
-    match c.recv() {
-        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
-        Some(Ok(r)) => Ok(r),
-        Some(Err(e)) => Err(e.into()),
-        None => bail!("the node closed the connection without an answer"),
-    }
 }
 
 /// What is left of a farm, as a trace the what-if reads.
@@ -122,7 +114,7 @@ fn what_is_left(
     view: &FarmView,
     trace: &Value,
     tasks: &[TaskEvent],
-    observed: &Observed,
+    observed: Option<&Observed>,
     rng: &mut SmallRng,
     whole: bool,
 ) -> Result<Left> {
@@ -187,7 +179,7 @@ fn what_is_left(
     // Running here now, each with how long it has run (by its node's clock).
     let stage_names: Vec<&str> = view.stages.iter().map(|(n, _)| n.as_str()).collect();
     let mut running: HashMap<(String, u32), f64> = HashMap::new();
-    for (_, o) in &observed.nodes {
+    for (_, o) in observed.iter().flat_map(|o| &o.nodes) {
         for r in &o.runs {
             if farm_display_id(&view.name, r.farm) != view.id {
                 continue;
@@ -243,10 +235,6 @@ fn what_is_left(
         .iter()
         .filter_map(|s| Some((*s, estimate(s)?)))
         .collect();
-    if whole {
-        ended.clear();
-        running.clear();
-    }
     let kept: Vec<&Value> = spec
         .iter()
         .filter(|t| place(t).is_some_and(|p| !ended.contains(&p)))
@@ -341,8 +329,10 @@ fn what_is_left(
 /// each runtime seen with its probability; what the running ones leave
 /// over sits at the longest of them.
 struct Runtimes {
+    /// Ascending (what the running ones leave over sits at the longest).
     at: Vec<f64>,
-    mass: Vec<f64>,
+    /// The probability of a runtime up to and including each of `at`.
+    cum: Vec<f64>,
 }
 
 impl Runtimes {
@@ -355,50 +345,38 @@ impl Runtimes {
         let mut seen: Vec<(f64, bool)> = done.iter().map(|&t| (t, true)).collect();
         seen.extend(running.iter().map(|&t| (t, false)));
         seen.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
-        let (mut at, mut mass) = (Vec::new(), Vec::new());
+        let (mut at, mut cum) = (Vec::new(), Vec::new());
         let mut left = 1.0;
         let mut at_risk = seen.len() as f64;
         for &(t, ended) in &seen {
             if ended {
                 let m = left / at_risk;
                 at.push(t);
-                mass.push(m);
+                cum.push(1.0 - left + m);
                 left -= m;
             }
             at_risk -= 1.0;
         }
         if left > 1e-12 {
             at.push(seen.last().map_or(0.0, |s| s.0));
-            mass.push(left);
+            cum.push(1.0);
         }
-        Some(Runtimes { at, mass })
+        Some(Runtimes { at, cum })
     }
 
     /// A runtime drawn, longer than `above` when given (one that has run
-    /// past every runtime seen is about to end: `above` itself).
+    /// past every runtime seen is about to end: `above` itself). A draw is
+    /// two binary searches: a farm draws one per task left.
     fn draw(&self, rng: &mut SmallRng, above: Option<f64>) -> f64 {
-        let fits = |t: f64| above.is_none_or(|a| t > a);
-        let total: f64 = self
-            .at
-            .iter()
-            .zip(&self.mass)
-            .filter(|(t, _)| fits(**t))
-            .map(|(_, m)| m)
-            .sum();
-        if total <= 0.0 {
+        let from = above.map_or(0, |a| self.at.partition_point(|&t| t <= a));
+        let before = from.checked_sub(1).map_or(0.0, |i| self.cum[i]);
+        let total = self.cum.last().copied().unwrap_or(0.0) - before;
+        if from >= self.at.len() || total <= 0.0 {
             return above.unwrap_or(0.0);
         }
-        let mut u = rng.random::<f64>() * total;
-        for (&t, &m) in self.at.iter().zip(&self.mass) {
-            if !fits(t) {
-                continue;
-            }
-            if u < m {
-                return t;
-            }
-            u -= m;
-        }
-        above.unwrap_or(0.0).max(*self.at.last().unwrap_or(&0.0))
+        let u = before + rng.random::<f64>() * total;
+        let i = self.cum.partition_point(|&c| c <= u).max(from);
+        self.at[i.min(self.at.len() - 1)]
     }
 }
 
@@ -410,7 +388,7 @@ fn mesh_shape(observed: &Observed) -> (usize, u32, u64) {
         let Ok(r) = parse_resources(&n.resources.total) else {
             continue;
         };
-        let cores = (r.get(CPU).0 / 1000).max(1) as u32;
+        let cores = r.get(CPU).whole().max(1) as u32;
         *kinds.entry((cores, r.get(MEM).whole())).or_default() += 1;
     }
     let ((cores, mem), _) = kinds
@@ -430,8 +408,9 @@ mod tests {
         // Two ended at 1 s and 2 s; one has run 3 s and goes on.
         let r = Runtimes::estimate(&[2.0, 1.0], &[3.0]).unwrap();
         assert_eq!(r.at, vec![1.0, 2.0, 3.0]);
-        for m in &r.mass {
-            assert!((m - 1.0 / 3.0).abs() < 1e-9, "{:?}", r.mass);
+        let mass = masses(&r);
+        for m in &mass {
+            assert!((m - 1.0 / 3.0).abs() < 1e-9, "{mass:?}");
         }
         let mut rng = SmallRng::seed_from_u64(1);
         for _ in 0..20 {
@@ -445,6 +424,19 @@ mod tests {
         // Only ends: each as often as it was seen.
         let plain = Runtimes::estimate(&[1.0, 1.0, 4.0, 2.0], &[]).unwrap();
         assert_eq!(plain.at, vec![1.0, 1.0, 2.0, 4.0]);
-        assert!((plain.mass.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        assert!((masses(&plain).iter().sum::<f64>() - 1.0).abs() < 1e-9);
+    }
+
+    /// Each runtime's own probability.
+    fn masses(r: &Runtimes) -> Vec<f64> {
+        let mut before = 0.0;
+        r.cum
+            .iter()
+            .map(|&c| {
+                let m = c - before;
+                before = c;
+                m
+            })
+            .collect()
     }
 }

@@ -140,13 +140,7 @@ pub(crate) fn answer(
     })();
     let (rows, search) = match answer {
         Ok(a) => a,
-        Err(e) => {
-            eprintln!("error: {e}");
-            if let Some(seed) = e.seed() {
-                eprintln!("replay: mesh sim --workflow ... --seed {seed}");
-            }
-            return Ok(ExitCode::from(EXIT_FAILED_TASKS));
-        }
+        Err(e) => return Ok(failed(&e, "mesh sim --workflow ...")),
     };
     let view = View {
         loaded: &loaded,
@@ -458,6 +452,16 @@ impl View<'_> {
 }
 
 /// Virtual milliseconds for people: `850 ms`, `42.5 s`, `12m 05s`, `3h 20m`.
+/// A simulation that went wrong, said with how to replay it (`how`: the
+/// command up to its seed); the exit code for it.
+pub(crate) fn failed(e: &SimError, how: &str) -> ExitCode {
+    eprintln!("error: {e}");
+    if let Some(seed) = e.seed() {
+        eprintln!("replay: {how} --seed {seed}");
+    }
+    ExitCode::from(EXIT_FAILED_TASKS)
+}
+
 /// Unix ms as a UTC date and time: `2026-12-04 18:05:00`.
 fn clock(unix_ms: u64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(unix_ms);
