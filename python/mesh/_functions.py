@@ -19,12 +19,14 @@ import collections
 import concurrent.futures as cf
 import hashlib
 import io
+import linecache
 import os
 import pickle
 import re
 import sys
 import threading
 import time
+import types
 import uuid
 import weakref
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
@@ -238,6 +240,60 @@ def _by_value(cp, fn):
             pass
 
 
+# Where the code of each function sent came from, by name: cloudpickle
+# 3.1.3 and later send code as "<dynamic-code>" (and a node need not have
+# the file anyway), so a remote traceback's lines are found here, where
+# they were written. name -> {(file, first line, last line)}.
+_SOURCES = {}
+_DYNAMIC_FRAME = re.compile(r'^(\s*File )"<dynamic-code>"(, line (\d+), in (\S+))$')
+
+
+def _note_sources(fn):
+    """Remembers where ``fn``'s code (and its file's functions it may call,
+    sent with it by value) was written."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return
+    todo = [code]
+    for v in list(getattr(fn, "__globals__", {}).values()):
+        c = getattr(v, "__code__", None)
+        if c is not None and c.co_filename == code.co_filename:
+            todo.append(c)
+    seen = set()
+    while todo:
+        c = todo.pop()
+        if id(c) in seen:
+            continue
+        seen.add(id(c))
+        lines = [n for _, _, n in c.co_lines() if n is not None] if hasattr(c, "co_lines") else []
+        last = max(lines, default=None)
+        _SOURCES.setdefault(c.co_name, set()).add((c.co_filename, c.co_firstlineno, last))
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+
+
+def _with_sources(tb):
+    """A remote traceback with each "<dynamic-code>" frame of a function
+    sent from here named by its file, and its line of source under it."""
+    out = []
+    lines = tb.split("\n")
+    for i, line in enumerate(lines):
+        m = _DYNAMIC_FRAME.match(line)
+        if not m:
+            out.append(line)
+            continue
+        n, name = int(m.group(3)), m.group(4)
+        found = sorted(f for f, first, last in _SOURCES.get(name, ()) if first <= n and (last is None or n <= last))
+        if not found:
+            out.append(line)
+            continue
+        out.append('%s"%s"%s' % (m.group(1), found[0], m.group(2)))
+        source = linecache.getline(found[0], n).strip()
+        following = lines[i + 1] if i + 1 < len(lines) else ""
+        if source and not following.startswith(m.group(1).replace("File ", "  ")):
+            out.append("%s  %s" % (m.group(1).replace("File ", ""), source))
+    return "\n".join(out)
+
+
 def _remote_error(task):
     """The exception a failed call raised, from its task's stderr."""
     try:
@@ -252,7 +308,7 @@ def _remote_error(task):
         except Exception:
             exc = None
         if isinstance(exc, BaseException):
-            tb = head.split("\n", 1)[1] if "\n" in head else head
+            tb = _with_sources(head.split("\n", 1)[1] if "\n" in head else head)
             exc.__cause__ = RemoteTraceback(tb.rstrip())
             if hasattr(exc, "add_note"):
                 exc.add_note("raised on node %s, task %s of farm %s:\n%s" % (task.node, task.task, task.run.id, tb.rstrip()))
@@ -343,6 +399,7 @@ class Functions:
         if got is not None and got[0] is fn:
             return got[1], got[2]
         _by_value(cp, fn)
+        _note_sources(fn)
         try:
             data = _worker.MAGIC + PYTHON_VERSION.encode() + b"\n" + cp.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
