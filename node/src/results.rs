@@ -182,8 +182,9 @@ impl Place {
     }
 }
 
-/// How a copy [`put`] is making ends its name until it is renamed.
-const PUT_SUFFIX: &str = ".mesh-put";
+/// How a copy [`put`] (or [`crate::state::write_atomic`]) is making ends
+/// its name until it is renamed.
+pub(crate) const PUT_SUFFIX: &str = ".mesh-put";
 
 /// Puts `src` at `dst` as a file of its own: a copy, which keeps the mode
 /// (`copy_file_range`, so a file system that can share extents, such as
@@ -233,27 +234,46 @@ fn remove_stale_puts(dir: &Path) -> io::Result<()> {
         let e = e?;
         if e.file_type()?.is_dir() {
             remove_stale_puts(&e.path())?;
-            continue;
-        }
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        let Some(rest) = name.strip_suffix(PUT_SUFFIX) else {
-            continue;
-        };
-        // `.<name>.<pid>.<n>.mesh-put`
-        let pid = rest.rsplit('.').nth(1).and_then(|p| p.parse::<u32>().ok());
-        let gone = pid.is_some_and(|p| {
-            p != std::process::id()
-                && (p == 0 || p > i32::MAX as u32 || !crate::state::pid_alive(p))
-        });
-        if gone {
-            match fs::remove_file(e.path()) {
-                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
-                _ => {}
-            }
+        } else {
+            remove_if_stale_put(&e)?;
         }
     }
     Ok(())
+}
+
+/// Removes the copies of `dir/name` that a process now gone began and never
+/// renamed: [`crate::state::write_atomic`] calls it before it writes a
+/// file again (a stage's manifest, a farm's snapshot), so a kill mid-write
+/// leaves nothing behind once the file is written next.
+pub(crate) fn remove_stale_puts_of(dir: &Path, name: &str) -> io::Result<()> {
+    let prefix = format!(".{name}.");
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_name().to_string_lossy().starts_with(&prefix) && !e.file_type()?.is_dir() {
+            remove_if_stale_put(&e)?;
+        }
+    }
+    Ok(())
+}
+
+fn remove_if_stale_put(e: &fs::DirEntry) -> io::Result<()> {
+    let name = e.file_name();
+    let name = name.to_string_lossy();
+    let Some(rest) = name.strip_suffix(PUT_SUFFIX) else {
+        return Ok(());
+    };
+    // `.<name>.<pid>.<n>.mesh-put`
+    let pid = rest.rsplit('.').nth(1).and_then(|p| p.parse::<u32>().ok());
+    let gone = pid.is_some_and(|p| {
+        p != std::process::id() && (p == 0 || p > i32::MAX as u32 || !crate::state::pid_alive(p))
+    });
+    if !gone {
+        return Ok(());
+    }
+    match fs::remove_file(e.path()) {
+        Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+        _ => Ok(()),
+    }
 }
 
 /// Every file under `dir`, with its path relative to `base`; a copy that
@@ -566,6 +586,41 @@ mod tests {
         assert!(!stale.exists(), "a dead process's copy goes");
         assert!(live.exists(), "this process's copy is still coming");
         assert_eq!(fs::read_to_string(dir.join("seen.txt")).unwrap(), "kept");
+    }
+
+    #[test]
+    fn a_manifest_begun_by_a_process_that_is_gone_is_swept_when_the_next_run_writes_it() {
+        // The oracle's seed 2 in CI: `mesh run` SIGKILLed while it wrote
+        // tasks.tsv left a temporary file in the stage's folder for good.
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        let farm = t.path().join("farm.toml");
+        let text = "[farm]\nname = \"m\"\n[[stage]]\nname = \"s0\"\n\
+                    sweep.u = { range = \"1..3\" }\noutputs = [\"id.txt\"]\nshell = \"true\"\n";
+        let opts = crate::farmfile::LoadOptions {
+            out: Some(out.clone()),
+        };
+        let def = crate::farmfile::load_str(&farm, text, &opts).unwrap();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let stale = out.join(format!("s0/.{MANIFEST}.{gone_pid}.x1Yz9q{PUT_SUFFIX}"));
+        write(&stale, "ind");
+        write_manifests(&out, &def).unwrap();
+        let mut names: Vec<String> = fs::read_dir(out.join("s0"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [MANIFEST],
+            "the stage's folder holds its manifest alone"
+        );
+        assert_eq!(
+            fs::read_to_string(out.join("s0").join(MANIFEST)).unwrap(),
+            "index\tu\n0\t1\n1\t2\n2\t3\n"
+        );
     }
 
     #[test]

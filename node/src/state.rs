@@ -347,10 +347,17 @@ pub fn write_atomic(
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    crate::results::remove_stale_puts_of(dir, &name)?;
     // As a file made with the usual umask would be, not tempfile's 0600:
-    // a farm's tables and snapshots are read by the user's group too.
+    // a farm's tables and snapshots are read by the user's group too. Named
+    // as `results::put` names its copies, so that one a killed process left
+    // is known as unfinished, passed over by a walk and swept when the file
+    // is written next (a random `.tmpXXXX` stayed among the outputs).
     let tmp = tempfile::Builder::new()
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .prefix(&format!(".{name}.{}.", std::process::id()))
+        .suffix(crate::results::PUT_SUFFIX)
         .tempfile_in(dir)?;
     let mut w = io::BufWriter::new(tmp.as_file());
     write(&mut w)?;
