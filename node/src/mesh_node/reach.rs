@@ -306,17 +306,21 @@ impl Node {
     }
 
     /// A connection this node dialled is up: to a join address, it has
-    /// reached the mesh.
-    pub(super) fn reached(&mut self, peer: PeerId, remote: &Multiaddr) {
+    /// reached the mesh. Whether `remote` is one of the addresses this node
+    /// joins through (a join address, a peer it remembered).
+    pub(super) fn reached(&mut self, peer: PeerId, remote: &Multiaddr) -> bool {
         self.net.reach.joined = true;
         let remote = bare(remote);
+        let mut seed = false;
         for s in &mut self.net.reach.seeds {
             if bare(&s.addr) == remote {
                 s.peer = Some(peer);
                 s.dialing = false;
                 s.backoff.wait = Duration::from_secs(1);
+                seed = true;
             }
         }
+        seed
     }
 
     /// A dial failed. Before this node has reached the mesh, a join

@@ -56,9 +56,9 @@ impl Node {
                 self.net.dialing.remove(&peer_id);
                 let node = keys::node_id(&peer_id);
                 self.net.peers.insert(node, peer_id);
-                if endpoint.is_dialer() {
-                    self.reached(peer_id, endpoint.get_remote_address());
-                }
+                let seed =
+                    endpoint.is_dialer() && self.reached(peer_id, endpoint.get_remote_address());
+                let now = self.now();
                 if endpoint.is_dialer() && self.peer.address_of(node).is_none() {
                     // A node this one dialled to join (an address the user
                     // gave, a peer it knew): membership announces itself there.
@@ -66,9 +66,16 @@ impl Node {
                     if !matches!(addr.iter().last(), Some(Protocol::P2p(_))) {
                         addr.push(Protocol::P2p(peer_id));
                     }
-                    let now = self.now();
                     self.peer
                         .introduce(now, node, peer_id.to_string(), vec![addr.to_string()]);
+                } else if seed {
+                    // Reached at last, but known already from another
+                    // member's gossip (its first handshake failed while the
+                    // whole mesh restarted): it is still the node this one
+                    // joins through. Not told so, a `mesh join` node waited
+                    // for its answer for ever, and as the lowest id it was
+                    // the one to elect: no coordinator anywhere.
+                    self.peer.seed_reached(now, node);
                 }
             }
             SwarmEvent::ConnectionClosed {

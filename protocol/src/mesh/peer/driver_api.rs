@@ -40,6 +40,16 @@ impl Peer {
         self.node.election.joins_by_address();
     }
 
+    /// A node this one joins through (an address the user gave, a peer it
+    /// remembered) is connected, though membership knew it already: it
+    /// counts as introduced, so its beat answers the join (see
+    /// [`Peer::introduce`]).
+    pub fn seed_reached(&mut self, now: Millis, id: NodeId) {
+        self.woke(now);
+        self.node.election.introduced(id);
+        self.pump(now);
+    }
+
     /// How a member is reached: its label and addresses, as set by its
     /// driver (see [`Peer::set_address`]).
     pub fn address_of(&self, id: NodeId) -> Option<(&str, &[String])> {

@@ -251,3 +251,35 @@ impl Election {
         (me <= lowest).then(|| Vote::Elect(ballot(term_round(self.term) + 1, me)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn joiner_by_address() -> (Election, Membership) {
+        let mut e = Election::new(true, 1_000, 30_000);
+        e.joins_by_address();
+        (e, Membership::new(0, NodeId(1), 7, 10_000))
+    }
+
+    #[test]
+    fn a_mesh_join_node_waits_for_its_seed_however_long_and_elects_once_it_answers() {
+        let (mut e, members) = joiner_by_address();
+        let seed = NodeId(9);
+        assert!(e.round(5_000, NodeId(1), &members).is_none());
+        // Heard from a node it was never told it joins through: the beat
+        // of a node that follows nobody yet does not answer the join.
+        e.answered_by(seed);
+        assert!(e.round(3_600_000, NodeId(1), &members).is_none());
+        // The driver says the seed is reached (also when membership's
+        // gossip had named it first): its beat answers.
+        e.introduced(seed);
+        assert_eq!(e.seed(), Some(seed));
+        e.answered_by(seed);
+        assert_eq!(e.seed(), None);
+        assert!(matches!(
+            e.round(3_600_000, NodeId(1), &members),
+            Some(Vote::Elect(_))
+        ));
+    }
+}
