@@ -16,6 +16,8 @@ use std::time::UNIX_EPOCH;
 use mesh_protocol::farm::FarmDef;
 use serde::{Deserialize, Serialize};
 
+use crate::state::{remove_if_stale_put, PUT_SUFFIX};
+
 /// Places kept per key: enough for a few `--out` folders in turn.
 pub const PLACES_MAX: usize = 4;
 
@@ -182,10 +184,6 @@ impl Place {
     }
 }
 
-/// How a copy [`put`] (or [`crate::state::write_atomic`]) is making ends
-/// its name until it is renamed.
-pub(crate) const PUT_SUFFIX: &str = ".mesh-put";
-
 /// Puts `src` at `dst` as a file of its own: a copy, which keeps the mode
 /// (`copy_file_range`, so a file system that can share extents, such as
 /// btrfs or XFS, does so without writing the bytes again). Never a hard
@@ -239,41 +237,6 @@ fn remove_stale_puts(dir: &Path) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Removes the copies of `dir/name` that a process now gone began and never
-/// renamed: [`crate::state::write_atomic`] calls it before it writes a
-/// file again (a stage's manifest, a farm's snapshot), so a kill mid-write
-/// leaves nothing behind once the file is written next.
-pub(crate) fn remove_stale_puts_of(dir: &Path, name: &str) -> io::Result<()> {
-    let prefix = format!(".{name}.");
-    for e in fs::read_dir(dir)? {
-        let e = e?;
-        if e.file_name().to_string_lossy().starts_with(&prefix) && !e.file_type()?.is_dir() {
-            remove_if_stale_put(&e)?;
-        }
-    }
-    Ok(())
-}
-
-fn remove_if_stale_put(e: &fs::DirEntry) -> io::Result<()> {
-    let name = e.file_name();
-    let name = name.to_string_lossy();
-    let Some(rest) = name.strip_suffix(PUT_SUFFIX) else {
-        return Ok(());
-    };
-    // `.<name>.<pid>.<n>.mesh-put`
-    let pid = rest.rsplit('.').nth(1).and_then(|p| p.parse::<u32>().ok());
-    let gone = pid.is_some_and(|p| {
-        p != std::process::id() && (p == 0 || p > i32::MAX as u32 || !crate::state::pid_alive(p))
-    });
-    if !gone {
-        return Ok(());
-    }
-    match fs::remove_file(e.path()) {
-        Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
-        _ => Ok(()),
-    }
 }
 
 /// Every file under `dir`, with its path relative to `base`; a copy that

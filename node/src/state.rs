@@ -348,7 +348,7 @@ pub fn write_atomic(
         _ => Path::new("."),
     };
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    crate::results::remove_stale_puts_of(dir, &name)?;
+    remove_stale_puts_of(dir, &name)?;
     // As a file made with the usual umask would be, not tempfile's 0600:
     // a farm's tables and snapshots are read by the user's group too. Named
     // as `results::put` names its copies, so that one a killed process left
@@ -357,7 +357,7 @@ pub fn write_atomic(
     let tmp = tempfile::Builder::new()
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
         .prefix(&format!(".{name}.{}.", std::process::id()))
-        .suffix(crate::results::PUT_SUFFIX)
+        .suffix(PUT_SUFFIX)
         .tempfile_in(dir)?;
     let mut w = io::BufWriter::new(tmp.as_file());
     write(&mut w)?;
@@ -366,6 +366,47 @@ pub fn write_atomic(
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// How a copy that `results::put` or [`write_atomic`] is making ends its
+/// name until it is renamed: `.<name>.<pid>.<n>.mesh-put`.
+pub(crate) const PUT_SUFFIX: &str = ".mesh-put";
+
+/// Removes the copies of `dir/name` that a process now gone began and never
+/// renamed: [`write_atomic`] calls it before it writes a
+/// file again (a stage's manifest, a farm's snapshot), so a kill mid-write
+/// leaves nothing behind once the file is written next.
+pub(crate) fn remove_stale_puts_of(dir: &Path, name: &str) -> io::Result<()> {
+    let prefix = format!(".{name}.");
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_name().to_string_lossy().starts_with(&prefix) && !e.file_type()?.is_dir() {
+            remove_if_stale_put(&e)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes `e` if it is such a copy and the process making it is gone;
+/// a live process's copy is still coming.
+pub(crate) fn remove_if_stale_put(e: &fs::DirEntry) -> io::Result<()> {
+    let name = e.file_name();
+    let name = name.to_string_lossy();
+    let Some(rest) = name.strip_suffix(PUT_SUFFIX) else {
+        return Ok(());
+    };
+    // `.<name>.<pid>.<n>.mesh-put`
+    let pid = rest.rsplit('.').nth(1).and_then(|p| p.parse::<u32>().ok());
+    let gone = pid.is_some_and(|p| {
+        p != std::process::id() && (p == 0 || p > i32::MAX as u32 || !pid_alive(p))
+    });
+    if !gone {
+        return Ok(());
+    }
+    match fs::remove_file(e.path()) {
+        Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
