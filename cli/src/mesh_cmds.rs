@@ -479,6 +479,9 @@ pub fn farm_status(to: &Target, farm: &str, json: bool) -> Result<bool> {
             } else {
                 let state = if v.finished { "finished" } else { "running" };
                 outln!("farm {} ({state}), home {}", v.id, v.home);
+                if let Some(words) = v.eta_words(mesh_node::state::unix_ms()) {
+                    outln!("  {words}");
+                }
                 for (name, c) in &v.stages {
                     let stopped = if c.stopped > 0 {
                         format!(", {} stopped", c.stopped)
@@ -536,23 +539,27 @@ fn follow(to: &Target, farm: &str, json: bool) -> Result<ExitCode> {
                     });
                     b.set_position(v.counts.done + v.counts.failed + v.counts.skipped);
                     let data = v.data.words().map(|w| format!(", {w}"));
+                    let eta = v.eta_words(mesh_node::state::unix_ms());
                     b.set_message(format!(
-                        "running {} failed {}{}",
+                        "running {} failed {}{}{}",
                         v.counts.running,
                         v.counts.failed,
-                        data.unwrap_or_default()
+                        data.unwrap_or_default(),
+                        eta.map(|w| format!(", {w}")).unwrap_or_default()
                     ));
                 } else if !json && last_line.elapsed() >= Duration::from_secs(1) {
                     last_line = Instant::now();
                     let data = v.data.words().map(|w| format!(", {w}"));
+                    let eta = v.eta_words(mesh_node::state::unix_ms());
                     eprintln!(
-                        "{}: {}/{} done, {} running, {} failed{}",
+                        "{}: {}/{} done, {} running, {} failed{}{}",
                         v.id,
                         v.counts.done,
                         v.counts.total,
                         v.counts.running,
                         v.counts.failed,
-                        data.unwrap_or_default()
+                        data.unwrap_or_default(),
+                        eta.map(|w| format!(", {w}")).unwrap_or_default()
                     );
                 }
             }

@@ -132,13 +132,15 @@ impl Observer for Progress {
     fn progress(&mut self, s: &FarmStatus) {
         let c = &s.counts;
         let finished = c.ended();
+        let eta = s.eta.as_ref().map(|e| format!(" · {}", e.words(unix_ms())));
         if let Some(b) = &self.bar {
             b.set_position(finished);
             b.set_message(format!(
-                "running {} · failed {} · queued {}",
+                "running {} · failed {} · queued {}{}",
                 c.running,
                 c.failed,
-                c.queued()
+                c.queued(),
+                eta.unwrap_or_default()
             ));
             return;
         }
@@ -151,10 +153,11 @@ impl Observer for Progress {
         if due {
             self.plain_last = Some(Instant::now());
             eprintln!(
-                "progress: {finished}/{} finished · {} · {:.0}s",
+                "progress: {finished}/{} finished · {} · {:.0}s{}",
                 c.total,
                 counts_line(c),
-                s.elapsed_ms as f64 / 1000.0
+                s.elapsed_ms as f64 / 1000.0,
+                eta.unwrap_or_default()
             );
         }
     }
@@ -342,6 +345,9 @@ pub fn status(s: &FarmStatus, json: bool) -> Result<()> {
         s.counts.total,
         counts_line(&s.counts)
     )?;
+    if let Some(e) = s.eta.as_ref().filter(|_| s.state == RunState::Running) {
+        writeln!(out, "end     {}", e.words(unix_ms()))?;
+    }
     writeln!(out)?;
     let mut t = table(
         &[

@@ -302,6 +302,12 @@ fn render(
                 plain,
             ));
         }
+        if let Some(words) = f.eta_words(mesh_node::state::unix_ms()) {
+            if body.len() < room {
+                let t = format!("  {words}");
+                body.push((dim.apply_to(&t).to_string(), t));
+            }
+        }
         if let Some(words) = f.data.words() {
             if body.len() < room {
                 let t = format!("  {words}");

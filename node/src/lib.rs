@@ -3,6 +3,7 @@
 pub mod alloc;
 pub mod control;
 pub mod dash;
+pub mod eta;
 pub mod executor;
 pub mod export;
 pub mod farmfile;

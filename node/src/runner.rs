@@ -24,6 +24,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 
 use crate::dash;
+use crate::eta;
 use crate::executor::{self, Finished, Launch, Live};
 use crate::observe::Recorder;
 use crate::results::{self, Results};
@@ -403,7 +404,10 @@ async fn drive(
             counts: Counts::default(),
             stages: Vec::new(),
             failed: Vec::new(),
+            eta: None,
         },
+        runtimes: vec![(0, Vec::new()); def.stages.len()],
+        estimate_after: None,
     };
     if let Some(http) = &opts.http {
         let label = hostname();
@@ -475,6 +479,7 @@ async fn drive(
                 // crash: one fdatasync per refresh, not per task.
                 d.store.sync()?;
                 d.refresh(&engine, clock);
+                d.estimate_end(&engine);
                 obs.progress(&d.status);
                 if last_snapshot.elapsed() >= Duration::from_millis(SNAPSHOT_EVERY_MS) {
                     last_snapshot = Instant::now();
@@ -488,6 +493,7 @@ async fn drive(
 
     d.say_unsaid(&engine, obs);
     d.refresh(&engine, clock);
+    d.status.eta = None;
     let counts = d.status.counts.clone();
     d.status.state = if interrupted_at.is_some() && !counts.finished() {
         RunState::Interrupted
@@ -564,7 +570,12 @@ struct Driver {
     stashed: u64,
     /// Bare program names and where PATH finds them (None: not found; exec reports it).
     programs: HashMap<String, Option<String>>,
-    live: HashMap<TaskRef, (u32, Live)>,
+    live: HashMap<TaskRef, (u32, Live, Instant)>,
+    /// Per stage, how many of its tasks succeeded after running, and the
+    /// runtimes (ms) of some of them, for the estimate of the end.
+    runtimes: Vec<(u64, Vec<f64>)>,
+    /// The end is estimated again not before this.
+    estimate_after: Option<Instant>,
     /// Per stage that may still stop: its failures not said yet, and when
     /// the first was held (see `HOLD_SAY_MS`).
     unsaid: HashMap<u32, (Instant, Vec<Unsaid>)>,
@@ -639,12 +650,12 @@ impl Driver {
                 self.runs.insert(task, (seq, slot, Instant::now()));
             }
             let live = executor::launch(l, tx.clone());
-            self.live.insert(task, (attempt, live));
+            self.live.insert(task, (attempt, live, Instant::now()));
         }
         for a in acts {
             match a {
                 Action::Kill { task, reason, .. } => {
-                    if let Some((_, live)) = self.live.get(&task) {
+                    if let Some((_, live, _)) = self.live.get(&task) {
                         live.signal(executor::kill_signal(reason));
                     }
                 }
@@ -959,7 +970,11 @@ impl Driver {
     }
 
     fn finish(&mut self, engine: &mut Engine, now: u64, f: Finished) {
-        if self.live.get(&f.task).is_some_and(|(a, _)| *a == f.attempt) {
+        if self
+            .live
+            .get(&f.task)
+            .is_some_and(|(a, ..)| *a == f.attempt)
+        {
             self.live.remove(&f.task);
         }
         let codes = &self.def.stage(f.task).success_codes;
@@ -982,6 +997,9 @@ impl Driver {
         };
         if !failed {
             self.remember(f.task, &f.key);
+            if !matches!(result, TaskResult::Cached) {
+                self.ran_for(f.task, f.duration_ms);
+            }
         }
         if let (Some(sh), Some((seq, slot, at))) = (&self.shared, self.runs.remove(&f.task)) {
             let mut sh = sh.lock().expect("not poisoned");
@@ -1151,7 +1169,7 @@ impl Driver {
     }
 
     fn kill_all_now(&self) {
-        for (_, live) in self.live.values() {
+        for (_, live, _) in self.live.values() {
             live.signal(Signal::SIGKILL);
         }
     }
@@ -1165,6 +1183,45 @@ impl Driver {
         *at = Some(Instant::now());
         obs.interrupting();
         engine.interrupt();
+    }
+
+    /// A success's runtime, kept for the estimate of the end: every one
+    /// up to `eta::SAMPLES_MAX` a stage, then each in turn replacing one.
+    fn ran_for(&mut self, task: TaskRef, ms: u64) {
+        if let Some((seen, kept)) = self.runtimes.get_mut(task.stage as usize) {
+            if kept.len() < eta::SAMPLES_MAX {
+                kept.push(ms as f64);
+            } else {
+                kept[(*seen % eta::SAMPLES_MAX as u64) as usize] = ms as f64;
+            }
+            *seen += 1;
+        }
+    }
+
+    /// When the farm ends, as a quick simulation of what is left says, at
+    /// most every `eta::EVERY` and a share of the time (see `eta.rs`).
+    fn estimate_end(&mut self, engine: &Engine) {
+        let now = Instant::now();
+        if self.estimate_after.is_some_and(|t| now < t) {
+            return;
+        }
+        let counts: Vec<Counts> = self
+            .status
+            .stages
+            .iter()
+            .map(|s| s.counts.clone())
+            .collect();
+        let runtimes = self.runtimes.iter().map(|(_, r)| r.clone()).collect();
+        let mut stages = eta::stages_left(&self.def, &counts, runtimes, &[engine.total().clone()]);
+        for (task, (.., started)) in &self.live {
+            if let Some(s) = stages.get_mut(task.stage as usize) {
+                s.elapsed
+                    .push(now.duration_since(*started).as_millis() as f64);
+            }
+        }
+        let names = self.def.stages.iter().map(|s| s.name.as_str());
+        self.status.eta = eta::estimate(&stages, names, self.status.started_at_ms);
+        self.estimate_after = Some(Instant::now() + eta::next_after(now.elapsed()));
     }
 
     fn refresh(&mut self, engine: &Engine, clock: Instant) {

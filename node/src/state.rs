@@ -109,6 +109,10 @@ pub struct FarmStatus {
     pub counts: Counts,
     pub stages: Vec<StageStatus>,
     pub failed: Vec<FailedTask>,
+    /// When it will end, as a quick simulation of what is left says (see
+    /// `eta.rs`); none before a task has finished, or once it has ended.
+    #[serde(default)]
+    pub eta: Option<crate::eta::Eta>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -12,6 +12,7 @@ use mesh_protocol::engine::Counts;
 use mesh_protocol::mesh::Beat;
 use mesh_protocol::observe::{Counters, Latencies, LatencySummary, Observation};
 use mesh_protocol::resources::{Amount, Resources, MEM};
+
 use serde::{Deserialize, Serialize};
 
 use crate::state::FarmStatus;
@@ -50,6 +51,10 @@ pub struct FarmView {
     /// Outputs coming home (a mesh farm, on its home).
     #[serde(default)]
     pub data: DataView,
+    /// When it will end, as a quick simulation of what is left says (on
+    /// its home, once a task has finished; see `eta.rs`).
+    #[serde(default)]
+    pub eta: Option<crate::eta::Eta>,
 }
 
 /// A farm's outputs coming home, as its home sees them.
@@ -87,6 +92,13 @@ pub fn bytes(n: u64) -> String {
 }
 
 impl FarmView {
+    /// When it ends, in words, as its home last estimated it and counted
+    /// on from then (see [`crate::eta::Eta::words`]); none once it has.
+    pub fn eta_words(&self, now_ms: u64) -> Option<String> {
+        let e = self.eta.as_ref().filter(|_| !self.finished)?;
+        Some(e.words(now_ms))
+    }
+
     /// A farm of `mesh run`, from its status snapshot: this machine is its
     /// home, and failures read as a mesh farm's do.
     pub fn from_status(s: &FarmStatus) -> FarmView {
@@ -113,6 +125,7 @@ impl FarmView {
                     )
                 })
                 .collect(),
+            eta: s.eta.clone(),
             stopped: s
                 .stages
                 .iter()

@@ -34,6 +34,7 @@ from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 from . import _worker
 from ._errors import MeshError
 from ._farm import Farm
+from ._run import _in_words
 
 #: Pickled arguments up to this size ride in the farm (base64) instead of a file.
 INLINE_MAX = 768
@@ -748,7 +749,8 @@ def wait(futures, timeout=None, return_when="ALL_COMPLETED"):
 
 def progress(futures, file=None):
     """Shows how many of ``futures`` are done until all are (a tqdm bar
-    where tqdm is installed, else a line on stderr); returns them."""
+    where tqdm is installed, else a line on stderr), and when their farms
+    end as their homes estimate it; returns them."""
     fs = list(futures.values() if isinstance(futures, dict) else futures)
     file = file or sys.stderr
     try:
@@ -757,18 +759,53 @@ def progress(futures, file=None):
         tqdm = None
     bar = tqdm(total=len(fs), unit="task", file=file) if tqdm else None
     n = 0
-    for _ in cf.as_completed(fs):
+    asked = 0.0
+    ends = None
+    pending = set(fs)
+    for f in cf.as_completed(fs):
         n += 1
+        pending.discard(f)
+        if time.monotonic() - asked >= _ETA_EVERY_S:
+            asked = time.monotonic()
+            ends = _ends_at(pending)
+        when = "" if ends is None else ", ends in about %s" % _in_words(ends - time.time())
         if bar is not None:
             bar.update(1)
+            if ends is not None:
+                bar.set_postfix({"ends in": _in_words(ends - time.time())}, refresh=False)
         else:
-            file.write("\r%d/%d done" % (n, len(fs)))
+            file.write("\r%d/%d done%s" % (n, len(fs), when))
             file.flush()
     if bar is not None:
         bar.close()
     else:
         file.write("\n")
     return futures
+
+
+#: How often :func:`progress` asks the farms of its futures when they end.
+_ETA_EVERY_S = 2.0
+
+
+def _ends_at(pending):
+    """The latest p50 end (Unix seconds) of the farms that ``pending``
+    futures are calls of, as their homes estimate it; None where none has."""
+    runs = {}
+    for f in pending:
+        run = getattr(f, "_run", None)
+        if run is not None:
+            runs[run.id] = run
+    latest = None
+    for run in runs.values():
+        try:
+            at = run.progress().ends_at
+        except Exception:
+            # An estimate is a nicety: a farm the node no longer has, or a
+            # node between two answers, leaves the bar as it was.
+            continue
+        if at is not None and (latest is None or at[0] > latest):
+            latest = at[0]
+    return latest
 
 
 class Executor(cf.Executor):

@@ -141,7 +141,7 @@ class Progress:
     ``running`` (placed on nodes), ``failed``, ``skipped``, ``cancelled``,
     ``stopped``, ``queued``; ``finished``; ``stages`` (name -> counts dict);
     ``failures`` (the first, in words); ``out`` (its outputs' folder on the
-    home) and ``home`` (the home's peer id).
+    home) and ``home`` (the home's peer id); ``eta`` (see :attr:`ends_at`).
     """
 
     def __init__(self, view):
@@ -164,6 +164,28 @@ class Progress:
         self.unplaceable = list(view.get("unplaceable", []))
         self.out = view.get("out")
         self.home = view.get("home")
+        #: The home's estimate of the farm's end, a quick simulation of what
+        #: is left (``p50_ms``, ``p90_ms`` from ``at_ms``, Unix ms;
+        #: ``guessed``: stages none of whose tasks has finished), or None
+        #: until a task has finished.
+        self.eta = view.get("eta") if not self.finished else None
+
+    @property
+    def ends_at(self):
+        """When the farm ends, as Unix seconds ``(p50, p90)``: half the
+        simulated runs of what is left ended by the first, nine in ten by
+        the second. None while there is no estimate."""
+        e = self.eta
+        if not e:
+            return None
+        return ((e["at_ms"] + e["p50_ms"]) / 1000.0, (e["at_ms"] + e["p90_ms"]) / 1000.0)
+
+    @property
+    def eta_s(self):
+        """Seconds from now until the farm ends (the p50 of
+        :attr:`ends_at`); None while there is no estimate."""
+        at = self.ends_at
+        return None if at is None else max(0.0, at[0] - time.time())
 
     @property
     def queued(self):
@@ -182,13 +204,15 @@ class Progress:
         return self.finished and self.done == self.total
 
     def __repr__(self):
-        return "<mesh.Progress %s: %d/%d done, %d running, %d failed%s>" % (
+        left = self.eta_s
+        return "<mesh.Progress %s: %d/%d done, %d running, %d failed%s%s>" % (
             self.id,
             self.done,
             self.total,
             self.running,
             self.failed,
             ", finished" if self.finished else "",
+            "" if left is None else ", ends in about " + _in_words(left),
         )
 
 
@@ -203,6 +227,16 @@ class FarmInfo(Progress):
             self.total,
             self.home,
         )
+
+
+def _in_words(seconds):
+    """``2m 05s``, ``1h 10m``: how long, as a bar has room for."""
+    s = max(0, int(round(seconds)))
+    if s >= 3600:
+        return "%dh %02dm" % (s // 3600, s % 3600 // 60)
+    if s >= 60:
+        return "%dm %02ds" % (s // 60, s % 60)
+    return "%ds" % s
 
 
 class _Bar:
@@ -220,11 +254,16 @@ class _Bar:
             return
         self._bar = tqdm(total=total, desc=desc, unit="task")
 
-    def to(self, n, failed=None):
+    def to(self, n, failed=None, ends_at=None):
         if self._bar is not None:
             self._bar.update(n - self._bar.n)
+            post = {}
             if failed:
-                self._bar.set_postfix(failed=failed, refresh=False)
+                post["failed"] = failed
+            if ends_at is not None:
+                post["ends in"] = _in_words(ends_at[0] - time.time())
+            if post:
+                self._bar.set_postfix(post, refresh=False)
 
     def close(self):
         if self._bar is not None:
@@ -325,7 +364,7 @@ class Run:
                         p = Progress(a["Progress"])
                         if bar is None:
                             bar = _Bar(progress, p.total, self.id)
-                        bar.to(p.ended, p.failed)
+                        bar.to(p.ended, p.failed, p.ends_at)
                     elif k == "Finished":
                         final = Progress(a["Finished"])
                         if bar is not None:

@@ -94,6 +94,25 @@ class OneNode(InFolder):
             # The very lines of the first run (its pid among them), not ''.
             self.assertEqual((t.stdout(), t.stderr()), said[t.index])
 
+    def test_progress_says_when_the_farm_ends_from_what_is_left(self):
+        c = self.node(cpus=2)
+        # 12 tasks of 1.10 s to 1.21 s, two at a time: 7 s in all.
+        run = c.map("sleep 1.{}", list(range(10, 22)), name="eta")
+        self.assertTrue(nodes.wait_until(lambda: run.progress().done >= 4))
+        self.assertTrue(nodes.wait_until(lambda: run.progress().eta is not None, limit=10))
+        p = run.progress()
+        p50, p90 = p.ends_at
+        self.assertLessEqual(p50, p90)
+        self.assertEqual(p.eta["guessed"], [], p.eta)
+        self.assertIn("ends in about", repr(p))
+        final = run.wait(timeout=WAIT_S)
+        self.assertIsNone(final.eta, "a finished farm has no estimate")
+        ended = max(t.end for t in run.tasks())
+        # Counted from when it was made, the estimate is within 1.5 s of
+        # the end (a rate over the last seconds is too, here: the point is
+        # that it is there, refreshed, and from the farm's own runtimes).
+        self.assertLess(abs(p50 - ended), 1.5, (p.eta, ended))
+
     def test_cancel_mid_farm(self):
         c = self.node(cpus=2)
         run = c.map("sleep {}", [30] * 20)

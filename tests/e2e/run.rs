@@ -374,3 +374,67 @@ fn every_example_farm_runs() {
         );
     }
 }
+
+#[test]
+fn mesh_status_says_when_a_running_farm_ends_from_its_own_runtimes() {
+    let s = sandbox();
+    // 4 tasks of 0.4 s, then 4 of 1.2 s, one at a time: 6.4 s.
+    s.write(
+        "farm.toml",
+        r#"
+[[stage]]
+name = "short"
+sweep.i = { range = "1..4" }
+shell = "sleep 0.4"
+
+[[stage]]
+name = "long"
+after = ["short"]
+sweep.i = { range = "1..4" }
+shell = "sleep 1.2"
+"#,
+    );
+    let run = s.spawn(&["run", "farm.toml", "--resources", "cpu=1"]);
+    // Null until `mesh run` has written its first snapshot.
+    let status = || {
+        let r = s.mesh(&["status", "--json"]);
+        serde_json::from_str::<serde_json::Value>(&r.stdout).unwrap_or_default()
+    };
+    // Once a long task has run, the estimate is the farm's own.
+    let mut seen = None;
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let v = status();
+            let long_done = v["stages"][1]["counts"]["done"].as_u64().unwrap_or(0);
+            if long_done >= 1 && v["eta"]["guessed"].as_array().is_some_and(|g| g.is_empty()) {
+                seen = Some(v);
+            }
+            seen.is_some()
+        }),
+        "no estimate of the end while it ran"
+    );
+    let said = s.mesh(&["status"]).stdout;
+    run.wait().expect_code(0);
+    let v = seen.unwrap();
+    let eta = &v["eta"];
+    let (at, p50, p90) = (
+        eta["at_ms"].as_u64().unwrap(),
+        eta["p50_ms"].as_u64().unwrap(),
+        eta["p90_ms"].as_u64().unwrap(),
+    );
+    assert!(p50 <= p90, "{eta}");
+    let ended = status()["updated_at_ms"].as_u64().unwrap();
+    let left = ended.saturating_sub(at) as f64;
+    eprintln!("mesh run: estimated {p50} ms (p90 {p90}), ended {left} ms later");
+    // The long stage's tasks, each known to run 1.2 s, and the one running
+    // known to have run so long: right to within a second.
+    assert!(
+        (p50 as f64 - left).abs() <= 1000.0,
+        "estimated {p50} ms from {at}, ended {left} ms later: {eta}"
+    );
+    assert!(
+        said.contains("ends in about") || said.contains("ends any moment"),
+        "{said}"
+    );
+    assert!(status()["eta"].is_null(), "an ended farm has no estimate");
+}

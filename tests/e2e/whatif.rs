@@ -477,6 +477,10 @@ shell = "sleep 3"
     assert!(farm["stages_guessed"].as_array().unwrap().is_empty(), "{v}");
     let now = farm["now_ms"].as_u64().unwrap();
     let predicted = farm["rows"][0]["finish_p50_ms"].as_u64().unwrap();
+    // The home's own quick estimate, as `mesh status` shows it.
+    let status = c.mesh(0, &["status", "two", "--json"]);
+    let eta = serde_json::from_str::<Value>(&status.stdout).unwrap_or(json!({}))["eta"].clone();
+    let said = c.mesh(0, &["status", "two"]).stdout;
     started.wait().expect_code(0);
     // The real finish: the last task's end, as the farm's log has it.
     let r = c.mesh(0, &["export", "two"]);
@@ -499,6 +503,21 @@ shell = "sleep 3"
     let real = last.saturating_sub(now);
     let off = (predicted as f64 - real as f64).abs() / real as f64;
     eprintln!("from half done: predicted {predicted} ms, took {real} ms");
+    let (at, p50, p90) = (
+        eta["at_ms"].as_u64().expect("an estimate while it ran"),
+        eta["p50_ms"].as_u64().unwrap(),
+        eta["p90_ms"].as_u64().unwrap(),
+    );
+    assert!(p50 <= p90, "{eta}");
+    assert!(said.contains("ends in about"), "{said}");
+    // Quick, and blind to when the running tasks started: looser than the
+    // simulation of the real peers, and right in size.
+    let left = last.saturating_sub(at) as f64;
+    eprintln!("status: ends in {p50} ms (p90 {p90}), took {left} ms");
+    assert!(
+        (p50 as f64 - left).abs() <= 0.3 * left,
+        "status estimated {p50} ms, took {left} ms: {eta}"
+    );
     // Tasks like this farm's, twice as many, from a fresh start: both
     // stages scaled, and longer than the farm itself took.
     let r = c.mesh(0, &["sim", "--farm", "two", "--tasks", "40", "--json"]);

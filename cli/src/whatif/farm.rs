@@ -6,11 +6,12 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use mesh_node::control::{ControlRequest, ControlResponse, Target, TaskEvent};
+use mesh_node::eta::Runtimes;
 use mesh_node::mesh_node::farm_display_id;
 use mesh_node::view::{FarmView, Observed};
 use mesh_protocol::resources::{parse_resources, CPU, MEM};
 use rand::rngs::SmallRng;
-use rand::{RngExt, SeedableRng};
+use rand::SeedableRng;
 use serde_json::{json, Value};
 
 use super::Standing;
@@ -324,62 +325,6 @@ fn what_is_left(
     })
 }
 
-/// A stage's runtimes as Kaplan and Meier estimate them from its finished
-/// tasks and, cut short, its running ones (each has run at least so long):
-/// each runtime seen with its probability; what the running ones leave
-/// over sits at the longest of them.
-struct Runtimes {
-    /// Ascending (what the running ones leave over sits at the longest).
-    at: Vec<f64>,
-    /// The probability of a runtime up to and including each of `at`.
-    cum: Vec<f64>,
-}
-
-impl Runtimes {
-    /// None without a finished runtime to go on.
-    fn estimate(done: &[f64], running: &[f64]) -> Option<Runtimes> {
-        if done.is_empty() {
-            return None;
-        }
-        // Ends before cuts at the same time, as the estimator has them.
-        let mut seen: Vec<(f64, bool)> = done.iter().map(|&t| (t, true)).collect();
-        seen.extend(running.iter().map(|&t| (t, false)));
-        seen.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
-        let (mut at, mut cum) = (Vec::new(), Vec::new());
-        let mut left = 1.0;
-        let mut at_risk = seen.len() as f64;
-        for &(t, ended) in &seen {
-            if ended {
-                let m = left / at_risk;
-                at.push(t);
-                cum.push(1.0 - left + m);
-                left -= m;
-            }
-            at_risk -= 1.0;
-        }
-        if left > 1e-12 {
-            at.push(seen.last().map_or(0.0, |s| s.0));
-            cum.push(1.0);
-        }
-        Some(Runtimes { at, cum })
-    }
-
-    /// A runtime drawn, longer than `above` when given (one that has run
-    /// past every runtime seen is about to end: `above` itself). A draw is
-    /// two binary searches: a farm draws one per task left.
-    fn draw(&self, rng: &mut SmallRng, above: Option<f64>) -> f64 {
-        let from = above.map_or(0, |a| self.at.partition_point(|&t| t <= a));
-        let before = from.checked_sub(1).map_or(0.0, |i| self.cum[i]);
-        let total = self.cum.last().copied().unwrap_or(0.0) - before;
-        if from >= self.at.len() || total <= 0.0 {
-            return above.unwrap_or(0.0);
-        }
-        let u = before + rng.random::<f64>() * total;
-        let i = self.cum.partition_point(|&c| c <= u).max(from);
-        self.at[i.min(self.at.len() - 1)]
-    }
-}
-
 /// How many nodes the mesh has now, and the cores and memory of the
 /// commonest kind among them.
 fn mesh_shape(observed: &Observed) -> (usize, u32, u64) {
@@ -397,46 +342,4 @@ fn mesh_shape(observed: &Observed) -> (usize, u32, u64) {
         .map(|(k, n)| (*k, *n))
         .unwrap_or(((1, 0), 0));
     (observed.status.nodes.len(), cores, mem)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn running_tasks_weigh_as_runtimes_at_least_so_long() {
-        // Two ended at 1 s and 2 s; one has run 3 s and goes on.
-        let r = Runtimes::estimate(&[2.0, 1.0], &[3.0]).unwrap();
-        assert_eq!(r.at, vec![1.0, 2.0, 3.0]);
-        let mass = masses(&r);
-        for m in &mass {
-            assert!((m - 1.0 / 3.0).abs() < 1e-9, "{mass:?}");
-        }
-        let mut rng = SmallRng::seed_from_u64(1);
-        for _ in 0..20 {
-            assert_eq!(r.draw(&mut rng, Some(2.5)), 3.0);
-            assert!(r.at.contains(&r.draw(&mut rng, None)));
-        }
-        // Past everything seen: about to end.
-        assert_eq!(r.draw(&mut rng, Some(9.0)), 9.0);
-        // Nothing finished: nothing to go on.
-        assert!(Runtimes::estimate(&[], &[4.0]).is_none());
-        // Only ends: each as often as it was seen.
-        let plain = Runtimes::estimate(&[1.0, 1.0, 4.0, 2.0], &[]).unwrap();
-        assert_eq!(plain.at, vec![1.0, 1.0, 2.0, 4.0]);
-        assert!((masses(&plain).iter().sum::<f64>() - 1.0).abs() < 1e-9);
-    }
-
-    /// Each runtime's own probability.
-    fn masses(r: &Runtimes) -> Vec<f64> {
-        let mut before = 0.0;
-        r.cum
-            .iter()
-            .map(|&c| {
-                let m = c - before;
-                before = c;
-                m
-            })
-            .collect()
-    }
 }

@@ -245,6 +245,9 @@ pub struct FarmLine {
     /// Outputs coming home, in words (see `DataView::words`).
     #[serde(default)]
     pub data: Option<String>,
+    /// When it ends, in words (see `FarmView::eta_words`).
+    #[serde(default)]
+    pub eta: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -483,6 +486,7 @@ impl Model {
                 stages,
                 failures,
                 data: f.data.words(),
+                eta: f.eta_words(now),
             });
         }
         let shown: HashSet<&str> = farms.iter().map(|f| f.id.as_str()).collect();

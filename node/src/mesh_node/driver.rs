@@ -655,6 +655,7 @@ impl Node {
                 self.respond(channel, resp);
             }
             Cmd::Moved(farm) => self.refresh_view(farm),
+            Cmd::Estimated(farm, estimate, took) => self.estimated(farm, estimate, took),
             Cmd::PeerOf(node, reply) => {
                 let _ = reply.send(self.peer_of(node));
             }

@@ -149,6 +149,8 @@ enum Cmd {
     Respond(ResponseChannel<Response>, Response),
     /// Bytes of a farm's outputs came home (at most once a second a transfer).
     Moved(FarmId),
+    /// An estimate of a farm's end, and how long it took to make.
+    Estimated(FarmId, Option<crate::eta::Eta>, std::time::Duration),
     /// A transfer asks for the peer id of a node (dialled if need be).
     PeerOf(NodeId, oneshot::Sender<Option<PeerId>>),
     Control(ControlRequest, Reply),

@@ -9,10 +9,13 @@ use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId};
 use mesh_protocol::wire::{FarmSummary, FoundFarm};
 
 use super::reply::Reply;
-use super::{farm_display_id, Node};
+use super::{farm_display_id, Cmd, Node};
 use crate::control::ControlResponse;
+use crate::eta;
 use crate::task_words::{describe_failure, describe_stop};
 use crate::view::{DataView, FarmView};
+use mesh_protocol::engine::Counts;
+use mesh_protocol::resources::Resources;
 
 /// Failures kept per farm for `mesh wait` and `status`.
 pub(super) const FAILURES_SHOWN: usize = 50;
@@ -32,6 +35,9 @@ pub(super) struct Origin {
     /// home yet then.
     pub(super) remembered: u64,
     pub(super) remember_wait: Vec<mesh_protocol::ids::TaskRef>,
+    /// An estimate of its end is being made; the next is not made before.
+    estimating: bool,
+    estimate_after: Option<Instant>,
 }
 
 /// The bytes still to come are counted again at most this often (over
@@ -73,6 +79,7 @@ impl Origin {
                 duplicates: 0,
                 redone: 0,
                 data: DataView::default(),
+                eta: None,
             },
             waiters: Vec::new(),
             submit_reply: None,
@@ -80,6 +87,8 @@ impl Origin {
             data_counted: None,
             remembered: 0,
             remember_wait: Vec::new(),
+            estimating: false,
+            estimate_after: None,
         }
     }
 
@@ -162,9 +171,63 @@ impl Node {
         } else {
             self.remember_landed(farm);
         }
+        self.estimate_end(farm);
         // Followers of single tasks hear of each before anyone hears the end.
         self.feed(farm, None);
         if let Some(o) = self.home.farms.get_mut(&farm) {
+            o.notify();
+        }
+    }
+
+    /// Starts an estimate of when the farm ends, off the node's loop,
+    /// unless one is being made or was made lately (see `eta::next_after`).
+    fn estimate_end(&mut self, farm: FarmId) {
+        let now = Instant::now();
+        let nodes: Vec<Resources> = match self.home.farms.get(&farm) {
+            Some(o) if o.view.finished => {
+                if let Some(o) = self.home.farms.get_mut(&farm) {
+                    o.view.eta = None;
+                }
+                return;
+            }
+            Some(o) if !o.estimating && o.estimate_after.is_none_or(|t| now >= t) => self
+                .peer
+                .node_beats()
+                .into_iter()
+                .map(|(_, b)| b.total.clone())
+                .collect(),
+            _ => return,
+        };
+        let (Some(r), Some(o)) = (self.peer.replica(farm), self.home.farms.get_mut(&farm)) else {
+            return;
+        };
+        let counts: Vec<Counts> = o.view.stages.iter().map(|s| s.1.clone()).collect();
+        let stages = eta::stages_left(
+            &r.spec.def,
+            &counts,
+            eta::runtimes(&r.spec.def, r.log.current()),
+            &nodes,
+        );
+        let names: Vec<String> = r.spec.def.stages.iter().map(|s| s.name.clone()).collect();
+        o.estimating = true;
+        let tx = self.tx.clone();
+        let seed = farm.0;
+        tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let estimate = eta::estimate(&stages, names.iter().map(String::as_str), seed);
+            let _ = tx.blocking_send(Cmd::Estimated(farm, estimate, started.elapsed()));
+        });
+    }
+
+    /// An estimate of the farm's end is made: the views show it.
+    pub(super) fn estimated(&mut self, farm: FarmId, estimate: Option<eta::Eta>, took: Duration) {
+        let Some(o) = self.home.farms.get_mut(&farm) else {
+            return;
+        };
+        o.estimating = false;
+        o.estimate_after = Some(Instant::now() + eta::next_after(took));
+        if !o.view.finished {
+            o.view.eta = estimate;
             o.notify();
         }
     }
@@ -189,6 +252,10 @@ impl Node {
         v.home = self.label_of(f.home.node);
         if let Some(r) = self.peer.replica(f.spec.id).filter(|r| r.home) {
             v.out = r.out_dir().to_string();
+        }
+        // The home's estimate of its end (only the home makes one).
+        if let Some(here) = self.home.farms.get(&f.spec.id).filter(|_| !v.finished) {
+            v.eta = here.view.eta.clone();
         }
         o.view
     }

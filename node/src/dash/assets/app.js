@@ -210,6 +210,7 @@
       h += `<div class="card farm" data-farm="${esc(f.id)}"><div class="farm-head"><h2>${esc(f.name)}</h2>` +
         `<code>${esc(f.id)}</code><span class="muted">home <code title="${esc(f.home)}">${esc(short(f.home))}</code></span>` +
         (f.finished ? '<span class="state fin">finished</span>' : '<span class="state run">running</span>') +
+        (f.eta ? `<span class="eta">${esc(f.eta)}</span>` : '') +
         (f.data ? `<span class="muted data">${esc(f.data)}</span>` : '') + '</div>';
       h += '<div class="tablebox"><table class="stages"><thead><tr><th>stage</th><th>progress</th><th class="num">done</th><th class="num">running</th>' +
         '<th class="num">queued</th><th class="num">failed</th><th class="num">rate</th><th class="num">ETA</th></tr></thead><tbody>';
