@@ -102,7 +102,7 @@ fn cost() -> Vec<serde_json::Value> {
     };
     let mut runs = 0;
     let took = best(&mut || {
-        let e = estimate(&stages, ["a", "b"].into_iter(), 1).expect("an estimate");
+        let e = estimate(&stages, ["a", "b"].into_iter(), 0, 1).expect("an estimate");
         runs = e.runs;
     });
     let sort = best(&mut || {
@@ -113,6 +113,28 @@ fn cost() -> Vec<serde_json::Value> {
         std::hint::black_box(&v);
     });
     println!("quick estimate of 1,000,000 tasks left: {took:.0} ms ({runs} runs); sorting 1,000,000 runtimes: {sort:.0} ms");
+    // A deadline queue's plan of 100,000 tasks left that no count of jobs
+    // meets: the whole search, to --max 64.
+    let small: Vec<StageLeft> = stages
+        .iter()
+        .map(|s| StageLeft {
+            waiting: 50_000,
+            slots: 64,
+            ..s.clone()
+        })
+        .collect();
+    let one = mesh_protocol::resources::parse_resources("cpu=1").expect("cpu=1");
+    let shape = mesh_node::eta::JobShape {
+        node: mesh_protocol::resources::parse_resources("cpu=32").expect("cpu=32"),
+        nodes_per_job: 1,
+        wait_ms: 60_000,
+    };
+    let nodes = vec![mesh_protocol::resources::parse_resources("cpu=64").expect("cpu=64")];
+    let plan_ms = best(&mut || {
+        let p = mesh_node::eta::plan(&small, &[&one, &one], &nodes, &shape, 1_000, 64, 1);
+        std::hint::black_box(p);
+    });
+    println!("a deadline plan of 100,000 tasks left, searched to 64 jobs: {plan_ms:.0} ms");
     vec![
         report(
             "the quick estimate of 1,000,000 tasks left",
@@ -124,6 +146,12 @@ fn cost() -> Vec<serde_json::Value> {
             "the quick estimate / sorting 1,000,000 runtimes",
             took / sort,
             "ratio",
+            None,
+        ),
+        report(
+            "a deadline plan of 100,000 tasks left, searched to 64 jobs",
+            plan_ms,
+            "ms",
             None,
         ),
     ]

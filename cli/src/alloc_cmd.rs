@@ -106,6 +106,12 @@ pub struct AddArgs {
     /// A running job whose nodes have run nothing this long is cancelled (above --min).
     #[arg(long, default_value = "5m", value_parser = args::duration)]
     idle_timeout: Duration,
+    /// Finish the mesh's farms by then: a duration from now (`6h`) or a
+    /// date and time (`2026-12-04 18:00`, UTC). The queue then has the jobs a
+    /// simulation of what is left says meet it (re-planned every 10 s), not
+    /// those the backlog asks for, and says when --max cannot meet it.
+    #[arg(long, value_parser = args::deadline)]
+    deadline: Option<Duration>,
     /// The queue's name (default: the batch system's, numbered if taken).
     #[arg(long, value_parser = args::name)]
     name: Option<String>,
@@ -239,6 +245,9 @@ fn add(to: &Target, a: AddArgs) -> Result<ExitCode> {
         min: a.min,
         max: a.max,
         idle_timeout_s: a.idle_timeout.as_secs(),
+        deadline_ms: a
+            .deadline
+            .map(|d| mesh_node::state::unix_ms() + d.as_millis() as u64),
         ..QueueDef::new(&name, system, a.time.as_secs(), a.cores)
     };
     if a.dry_run {
@@ -314,6 +323,31 @@ fn book(to: &Target) -> Result<AllocBook> {
     }
 }
 
+/// A Unix time in ms as people read it, to the second, in UTC.
+fn unix_words(ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    format!("{} UTC", humantime::format_rfc3339_seconds(at))
+}
+
+/// What a deadline queue's latest plan said, in a line.
+fn plan_words(d: &QueueDef, p: &mesh_protocol::alloc::book::DeadlinePlan) -> String {
+    let made = unix_words(p.unix_ms);
+    match (p.extra, p.end_unix_ms) {
+        (Some(n), Some(end)) if p.meets => format!(
+            "plan ({made}): {n} job(s) beyond those whose nodes are here meet the deadline; \
+             the work ends about {} (p90)",
+            unix_words(end)
+        ),
+        (Some(n), Some(end)) => format!(
+            "plan ({made}): the deadline cannot be met within --max {}: with {n} more job(s) \
+             the work ends about {} (p90)",
+            d.max,
+            unix_words(end)
+        ),
+        _ => format!("plan ({made}): no task has finished yet to tell how long the work takes"),
+    }
+}
+
 /// What one job of a queue asks for, in a line.
 fn shape(d: &QueueDef) -> String {
     let mut s = format!(
@@ -340,6 +374,9 @@ fn shape(d: &QueueDef) -> String {
     ));
     if let Some(p) = &d.partition {
         s.push_str(&format!(", queue {p}"));
+    }
+    if let Some(at) = d.deadline_ms {
+        s.push_str(&format!(", deadline {}", unix_words(at)));
     }
     if let Some(a) = &d.account {
         s.push_str(&format!(", account {a}"));
@@ -396,6 +433,9 @@ fn info(q: &mesh_protocol::mesh::AllocQueue, jobs: &[&mesh_protocol::mesh::Alloc
     match &q.paused {
         Some(w) => outln!("paused: {w} (`mesh alloc resume {}`)", d.name),
         None => outln!("active"),
+    }
+    if let Some(p) = &q.plan {
+        outln!("{}", plan_words(d, p));
     }
     for line in &d.directives {
         outln!("directive: {line}");

@@ -1220,7 +1220,7 @@ impl Driver {
             }
         }
         let names = self.def.stages.iter().map(|s| s.name.as_str());
-        self.status.eta = eta::estimate(&stages, names, self.status.started_at_ms);
+        self.status.eta = eta::estimate(&stages, names, unix_ms(), self.status.started_at_ms);
         self.estimate_after = Some(Instant::now() + eta::next_after(now.elapsed()));
     }
 

@@ -5,6 +5,7 @@
 
 pub mod alloc;
 pub mod engine;
+pub mod eta;
 pub mod farm;
 pub mod graph;
 pub mod ids;

@@ -512,3 +512,88 @@ fn a_dry_run_prints_the_job_script_without_a_node() {
         r.stdout
     );
 }
+
+/// A queue with a deadline against a real SLURM: the jobs a simulation of
+/// what is left says meet it, not those the backlog asks for. A loose
+/// deadline the nodes there are meet submits nothing; a tight one makes
+/// the queue submit more, and says when its --max cannot meet it.
+#[test]
+fn a_deadline_queue_submits_what_the_deadline_needs_on_a_real_slurm() {
+    let sb = sandbox();
+    let Some(slurm) = slurm(&sb) else { return };
+    let env = vec![(
+        "SLURM_CONF".to_string(),
+        slurm.conf.to_string_lossy().into_owned(),
+    )];
+    let c = Cluster::start_with_env(&sb, &["cpu=1"], &["--state-dir", "n0"], env);
+    // 120 tasks of 1 s: 2 minutes on the one core there is.
+    sb.write("many.toml", &no_retries(slow_farm(120, "1")));
+    let r = c.mesh(0, &["submit", "many.toml", "--out", "many-out"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    let add = |name: &str, deadline: &str| {
+        c.mesh(
+            0,
+            &[
+                "alloc",
+                "add",
+                "slurm",
+                "--time",
+                "5m",
+                "--cores",
+                "1",
+                "--max",
+                "3",
+                "--deadline",
+                deadline,
+                "--name",
+                name,
+            ],
+        )
+        .expect_code(0);
+    };
+    add("loose", "1h");
+    add("tight", "70s");
+    let info = |q: &str| c.mesh(0, &["alloc", "info", q, "--json"]).json();
+    let planned = |q: &str| {
+        let v = info(q);
+        let extra = v["queue"]["plan"]["extra"].as_u64();
+        (extra, v["jobs"].as_array().map_or(0, |j| j.len()))
+    };
+    // Once a task has run, each queue has its plan; the tight one submits.
+    assert!(
+        wait_until(Duration::from_secs(60), || planned("tight").1 >= 2),
+        "the tight deadline submitted more than one job: {}\n{}",
+        info("tight"),
+        slurm.queue()
+    );
+    let (loose_extra, loose_jobs) = planned("loose");
+    assert_eq!(loose_extra, Some(0), "{}", info("loose"));
+    assert_eq!(
+        loose_jobs,
+        0,
+        "a loose deadline submits none: {}",
+        info("loose")
+    );
+    let said = c.mesh(0, &["alloc", "info", "tight"]).stdout;
+    assert!(said.contains("deadline"), "{said}");
+    assert!(said.contains("plan ("), "{said}");
+    let log = c.mesh(0, &["alloc", "log", "tight"]).stdout;
+    eprintln!("{log}");
+    assert!(
+        log.contains("cannot be met within --max 3") || log.contains("job(s) beyond the"),
+        "{log}"
+    );
+    let log = c.mesh(0, &["alloc", "log", "loose"]).stdout;
+    assert!(log.contains("0 job(s) beyond the 0"), "{log}");
+    // Nothing left behind.
+    c.mesh(0, &["cancel", &id]).expect_code(0);
+    for q in ["loose", "tight"] {
+        c.mesh(0, &["alloc", "remove", q]).expect_code(0);
+    }
+    assert!(
+        wait_until(Duration::from_secs(30), || slurm.queue().trim().is_empty()),
+        "{}",
+        slurm.queue()
+    );
+}

@@ -463,6 +463,7 @@ mod tests {
             min: 0,
             max: 10,
             idle_timeout_s: 300,
+            deadline_ms: None,
         }
     }
 

@@ -352,8 +352,16 @@ impl Node {
         self.peer.restore_unacked(held);
         self.ask_about_kept();
         self.serve_home_outputs();
-        if let Some(book) = MeshState::load_allocs(&self.disk.store)? {
-            self.peer.restore_allocs(book);
+        match MeshState::load_allocs(&self.disk.store) {
+            Ok(Some(book)) => self.peer.restore_allocs(book),
+            Ok(None) => {}
+            // A book an older mesh wrote, of another shape: the coordinator's
+            // comes with its beats, and its jobs are found again by listing
+            // the batch systems' (see `Allocs::listed`).
+            Err(e) => self.say(&format!(
+                "the allocation queues kept here could not be read ({e}); \
+                 the coordinator's copy is taken"
+            )),
         }
         Ok(())
     }

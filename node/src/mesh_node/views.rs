@@ -214,7 +214,8 @@ impl Node {
         let seed = farm.0;
         tokio::task::spawn_blocking(move || {
             let started = Instant::now();
-            let estimate = eta::estimate(&stages, names.iter().map(String::as_str), seed);
+            let at = crate::state::unix_ms();
+            let estimate = eta::estimate(&stages, names.iter().map(String::as_str), at, seed);
             let _ = tx.blocking_send(Cmd::Estimated(farm, estimate, started.elapsed()));
         });
     }

@@ -39,6 +39,23 @@ pub struct AllocQueue {
     pub def: QueueDef,
     /// Why submissions are stopped (`mesh alloc pause`, or failures in a row).
     pub paused: Option<String>,
+    /// A queue with a deadline: what its latest plan said.
+    pub plan: Option<DeadlinePlan>,
+}
+
+/// What a deadline queue's plan said (see `eta::plan`), for
+/// `mesh alloc info`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadlinePlan {
+    /// When it was made.
+    pub unix_ms: u64,
+    /// Jobs beyond those whose nodes are in the mesh; None while no task
+    /// has finished to draw runtimes from.
+    pub extra: Option<u32>,
+    /// Whether that many meet the deadline (if not: as many as `max` lets).
+    pub meets: bool,
+    /// When the work ends with them, as the plan's p90 says.
+    pub end_unix_ms: Option<u64>,
 }
 
 /// A job a queue submitted, and what became of it.
@@ -48,8 +65,9 @@ pub struct AllocJob {
     pub system: BatchSystem,
     pub submitted_unix_ms: u64,
     pub ended_unix_ms: Option<u64>,
-    /// A node started by this job joined the mesh.
+    /// A node started by this job joined the mesh, and when that was seen.
     pub joined: bool,
+    pub joined_unix_ms: Option<u64>,
 }
 
 impl AllocJob {
@@ -67,6 +85,7 @@ impl AllocJob {
             submitted_unix_ms: unix_ms,
             ended_unix_ms: None,
             joined: false,
+            joined_unix_ms: None,
         }
     }
 }
@@ -191,6 +210,26 @@ pub struct Allocs {
     relisted: BTreeSet<String>,
     /// Adopted jobs of queues the book no longer has, to cancel.
     orphans: Vec<(BatchSystem, String)>,
+    /// Each deadline queue's latest plan, and when the next is due.
+    plans: FxHashMap<String, Option<crate::alloc::Plan>>,
+    next_plan: Millis,
+}
+
+/// A deadline queue's plan is made again this often: the work left and
+/// its runtimes change as the farms run.
+pub const PLAN_EVERY_MS: Millis = 10_000;
+/// How long a job is taken to wait before its node joins, until one of
+/// the queue's jobs has.
+const WAIT_GUESS_MS: Millis = 60_000;
+
+/// A deadline queue to plan for: its definition, the jobs whose nodes are
+/// in the mesh, how long its jobs waited to join, and the time left.
+#[derive(Clone, Debug)]
+pub struct ToPlan {
+    pub def: QueueDef,
+    pub joined: u32,
+    pub wait_ms: Millis,
+    pub left_ms: Millis,
 }
 
 impl Allocs {
@@ -291,7 +330,11 @@ impl Allocs {
                 }
                 let e = ev(self, "added");
                 self.edit(term, |b| {
-                    b.queues.push(AllocQueue { def, paused: None });
+                    b.queues.push(AllocQueue {
+                        def,
+                        paused: None,
+                        plan: None,
+                    });
                     b.log.push_back(e);
                 });
                 self.scaler.resume(&name);
@@ -380,6 +423,7 @@ impl Allocs {
             .map(|j| j.job.id.clone())
             .collect();
         if !joined.is_empty() {
+            let wall = self.wall_base + now;
             let events: Vec<AllocEvent> = joined
                 .iter()
                 .map(|id| {
@@ -390,6 +434,7 @@ impl Allocs {
             self.edit(term, |b| {
                 for j in b.jobs.iter_mut().filter(|j| joined.contains(&j.job.id)) {
                     j.joined = true;
+                    j.joined_unix_ms = Some(wall);
                     // Its node is up: the job runs, whatever the last poll said.
                     j.job.state = JobState::Running;
                 }
@@ -512,7 +557,25 @@ impl Allocs {
                 ..j.job.clone()
             })
             .collect();
-        for d in self.scaler.decide(now, &defs, backlog, &jobs) {
+        // A deadline queue has the jobs its plan asks for beyond those
+        // whose nodes are here (none beyond `min` before a plan).
+        let targets: Vec<(String, u32)> = defs
+            .iter()
+            .filter(|d| d.deadline_ms.is_some())
+            .map(|d| {
+                let extra = self
+                    .plans
+                    .get(&d.name)
+                    .cloned()
+                    .flatten()
+                    .map_or(0, |p| p.extra);
+                (d.name.clone(), self.joined(&d.name) + extra)
+            })
+            .collect();
+        for d in self
+            .scaler
+            .decide_with(now, &defs, backlog, &jobs, &targets)
+        {
             match d {
                 Decision::Submit { queue, jobs } => {
                     let Some(q) = self.book.queue(&queue) else {
@@ -542,6 +605,109 @@ impl Allocs {
             changed = true;
         }
         (ops, changed)
+    }
+
+    /// Live jobs of `queue` whose nodes are in the mesh.
+    fn joined(&self, queue: &str) -> u32 {
+        self.book
+            .live()
+            .filter(|j| j.job.queue == queue && j.joined)
+            .count() as u32
+    }
+
+    /// On the coordinator, when plans are due (every `PLAN_EVERY_MS`): the
+    /// deadline queues to plan for.
+    pub fn to_plan(&mut self, now: Millis) -> Vec<ToPlan> {
+        if self.since.is_none() || now < self.next_plan {
+            return Vec::new();
+        }
+        self.next_plan = now + PLAN_EVERY_MS;
+        let wall = self.wall_base + now;
+        self.book
+            .queues
+            .iter()
+            .filter_map(|q| {
+                let deadline = q.def.deadline_ms?;
+                let mut waits: Vec<u64> = self
+                    .book
+                    .jobs
+                    .iter()
+                    .filter(|j| j.job.queue == q.def.name)
+                    .filter_map(|j| Some(j.joined_unix_ms?.saturating_sub(j.submitted_unix_ms)))
+                    .collect();
+                waits.sort_unstable();
+                Some(ToPlan {
+                    def: q.def.clone(),
+                    joined: self.joined(&q.def.name),
+                    wait_ms: waits.get(waits.len() / 2).copied().unwrap_or(WAIT_GUESS_MS),
+                    left_ms: deadline.saturating_sub(wall),
+                })
+            })
+            .collect()
+    }
+
+    /// The plans made for [`Allocs::to_plan`]'s queues: kept for the next
+    /// decisions, and said in the book (and its log) when what they ask
+    /// changes. True when the book changed.
+    pub fn planned(
+        &mut self,
+        now: Millis,
+        term: u64,
+        plans: Vec<(ToPlan, Option<crate::alloc::Plan>)>,
+    ) -> bool {
+        let wall = self.wall_base + now;
+        let mut said = Vec::new();
+        for (q, plan) in plans {
+            let name = q.def.name.clone();
+            let asks = |p: &Option<crate::alloc::Plan>| p.as_ref().map(|p| (p.extra, p.meets));
+            let before = self.plans.get(&name).map(asks);
+            if before != Some(asks(&plan)) {
+                let text = match &plan {
+                    None => "deadline: no task has finished yet to tell how long the work left \
+                             takes; no job beyond --min until one has"
+                        .to_string(),
+                    Some(p) if p.meets => format!(
+                        "deadline in {} s: {} job(s) beyond the {} whose nodes are here meet it \
+                         (the work ends in about {} s, p90)",
+                        q.left_ms / 1000,
+                        p.extra,
+                        q.joined,
+                        p.end_ms / 1000
+                    ),
+                    Some(p) => format!(
+                        "deadline in {} s cannot be met within --max {}: with {} more job(s) \
+                         the work ends in about {} s (p90)",
+                        q.left_ms / 1000,
+                        q.def.max,
+                        p.extra,
+                        p.end_ms / 1000
+                    ),
+                };
+                said.push(self.event(now, &name, None, text));
+            }
+            let note = DeadlinePlan {
+                unix_ms: wall,
+                extra: plan.as_ref().map(|p| p.extra),
+                meets: plan.as_ref().is_some_and(|p| p.meets),
+                end_unix_ms: plan.as_ref().map(|p| wall + p.end_ms),
+            };
+            self.plans.insert(name.clone(), plan);
+            if self.book.queue(&name).is_some_and(|aq| {
+                aq.plan.as_ref().map(|p| (p.extra, p.meets)) != Some((note.extra, note.meets))
+            }) {
+                let n = name.clone();
+                self.edit(term, move |b| {
+                    if let Some(aq) = b.queues.iter_mut().find(|aq| aq.def.name == n) {
+                        aq.plan = Some(note);
+                    }
+                });
+            }
+        }
+        let changed = !said.is_empty();
+        if changed {
+            self.edit(term, |b| b.log.extend(said));
+        }
+        changed
     }
 
     /// Notes in the log, once each, the stages (`farm/stage`, expected ms)
@@ -1095,6 +1261,69 @@ mod tests {
             .log
             .iter()
             .any(|e| e.text.contains("ended before its node joined")));
+    }
+
+    #[test]
+    fn a_deadline_queue_has_the_jobs_its_plan_asks_not_the_backlogs_and_says_so() {
+        use crate::alloc::Plan;
+        let mut a = Allocs {
+            wall_base: 1_000_000,
+            ..Allocs::default()
+        };
+        a.coordinating(Some(0));
+        let def = QueueDef {
+            deadline_ms: Some(1_000_000 + 600_000),
+            ..queue()
+        };
+        assert!(a.command(0, 1, AllocCmd::Add(def)).1);
+        let gen = a.list_gen;
+        a.listed(0, 1, BatchSystem::Slurm, gen, Ok(Vec::new()));
+        // Due at once, with the time left; not again within PLAN_EVERY_MS.
+        let due = a.to_plan(3_000);
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].left_ms, 597_000);
+        assert_eq!(due[0].wait_ms, WAIT_GUESS_MS, "no job has joined to tell");
+        assert!(a.to_plan(4_000).is_empty());
+        // Before a task has finished: said, and nothing beyond --min however
+        // much work waits.
+        assert!(a.planned(3_000, 1, vec![(due[0].clone(), None)]));
+        let (ops, _) = a.tick(3_000, 1, GRACE, work(64), &[]);
+        assert!(ops.is_empty(), "{ops:?}");
+        // A plan of 3 jobs: 3, though the backlog would ask for 8.
+        let plan = Plan {
+            extra: 3,
+            end_ms: 500_000,
+            meets: true,
+        };
+        assert!(a.planned(13_000, 1, vec![(due[0].clone(), Some(plan.clone()))]));
+        let (ops, _) = a.tick(13_000, 1, GRACE, work(64), &[]);
+        let [BatchOp::Submit { jobs: 3, .. }] = ops.as_slice() else {
+            panic!("the plan's 3 jobs: {ops:?}");
+        };
+        // The same plan again changes nothing; one that cannot meet it is said.
+        assert!(!a.planned(23_000, 1, vec![(due[0].clone(), Some(plan))]));
+        let short = Plan {
+            extra: 10,
+            end_ms: 900_000,
+            meets: false,
+        };
+        assert!(a.planned(33_000, 1, vec![(due[0].clone(), Some(short))]));
+        let said: Vec<&str> = a.book().log.iter().map(|e| e.text.as_str()).collect();
+        assert!(
+            said.iter().any(|t| t.contains("no task has finished yet")),
+            "{said:?}"
+        );
+        assert!(
+            said.iter().any(|t| t.contains("3 job(s) beyond the 0")),
+            "{said:?}"
+        );
+        assert!(
+            said.iter()
+                .any(|t| t.contains("cannot be met within --max 10")),
+            "{said:?}"
+        );
+        let note = a.book().queues[0].plan.clone().unwrap();
+        assert_eq!((note.extra, note.meets), (Some(10), false));
     }
 
     #[test]

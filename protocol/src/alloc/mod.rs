@@ -45,6 +45,10 @@ pub struct QueueDef {
     pub max: u32,
     /// A job whose nodes ran nothing this long is cancelled (above `min`).
     pub idle_timeout_s: u64,
+    /// Finish the mesh's farms by then (Unix ms): the queue has the jobs a
+    /// simulation of what is left says meet it, not those the backlog asks
+    /// for (`mesh alloc add --deadline`; see `eta::plan`).
+    pub deadline_ms: Option<u64>,
 }
 
 impl QueueDef {
@@ -67,6 +71,7 @@ impl QueueDef {
             min: 0,
             max: 10,
             idle_timeout_s: 300,
+            deadline_ms: None,
         }
     }
 
@@ -129,6 +134,18 @@ pub struct Job {
 pub struct Backlog {
     pub cores: u64,
     pub gpus: u64,
+}
+
+/// What a deadline asks of an allocation queue: how many more of its
+/// jobs than those whose nodes are in the mesh end the work left by then.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Jobs beyond those whose nodes are here: the fewest that meet the
+    /// deadline, or as many as the queue may have when none do.
+    pub extra: u32,
+    /// When the work ends with them (the p90 of the runs, ms from now).
+    pub end_ms: u64,
+    pub meets: bool,
 }
 
 /// What the caller carries out.
@@ -204,6 +221,20 @@ impl Scaler {
         queues: &[QueueDef],
         backlog: Backlog,
         jobs: &[Job],
+    ) -> Vec<Decision> {
+        self.decide_with(now, queues, backlog, jobs, &[])
+    }
+
+    /// As [`Scaler::decide`], with the jobs a queue with a deadline is to
+    /// have (`targets`, by queue: queued and running, a plan's): such a
+    /// queue grows to its target, not to what the backlog asks.
+    pub fn decide_with(
+        &mut self,
+        now: Millis,
+        queues: &[QueueDef],
+        backlog: Backlog,
+        jobs: &[Job],
+        targets: &[(String, u32)],
     ) -> Vec<Decision> {
         let mut out = Vec::new();
         // Work that queued jobs will take once they start: not asked for twice.
@@ -293,7 +324,10 @@ impl Scaler {
                 cores_left.div_ceil(cores.max(1))
             };
             let below_min = q.min.saturating_sub(count);
-            let jobs_wanted = (wanted as u32).max(below_min);
+            let jobs_wanted = match targets.iter().find(|(n, _)| *n == q.name) {
+                Some((_, target)) => target.saturating_sub(count).max(below_min),
+                None => (wanted as u32).max(below_min),
+            };
             let room = q.max.saturating_sub(count);
             let n = jobs_wanted.min(room).min(self.pace.burst);
             if n == 0 {

@@ -13,6 +13,7 @@ use super::worker::{Specs, Worker};
 use crate::alloc::book::Allocs;
 use crate::alloc::Backlog;
 use crate::engine::Millis;
+use crate::eta::{self, JobShape};
 use crate::resources::{Amount, Resources, CPU, GPU};
 
 /// The coordinator's look at its allocation queues: the backlog by
@@ -54,6 +55,28 @@ pub(super) fn tick(
     // jobs live would wait for ever on its nodes: said once, in the log.
     let long = coord.expected_stages();
     let mut changed = allocs.warn_expected(now, term, &long);
+    let due = allocs.to_plan(now);
+    if !due.is_empty() {
+        let nodes: Vec<Resources> = std::iter::once(worker.total().clone())
+            .chain(members.iter().map(|m| m.beat().total.clone()))
+            .collect();
+        let (stages, requests) = coord.stages_left(&nodes);
+        let requests: Vec<&Resources> = requests.iter().collect();
+        let plans = due
+            .into_iter()
+            .map(|q| {
+                let shape = JobShape {
+                    node: q.def.node_resources(),
+                    nodes_per_job: q.def.nodes_per_job,
+                    wait_ms: q.wait_ms,
+                };
+                let most = q.def.max.saturating_sub(q.joined);
+                let plan = eta::plan(&stages, &requests, &nodes, &shape, q.left_ms, most, now);
+                (q, plan)
+            })
+            .collect();
+        changed |= allocs.planned(now, term, plans);
+    }
     let (ops, ticked) = allocs.tick(now, term, grace, backlog, &activity);
     changed |= ticked;
     out.actions.extend(ops.into_iter().map(Action::Batch));

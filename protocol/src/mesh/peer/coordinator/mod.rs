@@ -22,6 +22,7 @@ use crate::engine::{
     self, AddOptions, Engine, FarmSlot, KillReason, Millis, Order, Outcome, TaskRecord, TaskResult,
     Verdict,
 };
+use crate::eta::StageLeft;
 use crate::farm::{deps_digest, has_deps, key_with_deps, stage_digest, TaskRef};
 use crate::observe::Latency;
 use crate::resources::Resources;
@@ -347,6 +348,33 @@ impl Coord {
             }
         }
         long
+    }
+
+    /// What is left of every unfinished farm, stage by stage (a farm's
+    /// stages after the farms before it), as the estimates of their end
+    /// see it on `nodes`; and what each stage's tasks ask for.
+    pub(super) fn stages_left(&self, nodes: &[Resources]) -> (Vec<StageLeft>, Vec<Resources>) {
+        let (mut stages, mut requests) = (Vec::new(), Vec::new());
+        let mut farms: Vec<&CoordFarm> = self
+            .farms
+            .values()
+            .filter(|f| f.accepted && !f.finished_sent)
+            .collect();
+        farms.sort_by_key(|f| f.slot.0);
+        for f in farms {
+            let def = &f.spec.def;
+            let base = stages.len();
+            let counts = self.engine.stage_progress(f.slot);
+            let runtimes = crate::eta::runtimes(def, f.log.current());
+            for mut s in crate::eta::stages_left(def, &counts, runtimes, nodes) {
+                for u in s.after.iter_mut().chain(s.after_each.iter_mut()) {
+                    *u += base;
+                }
+                stages.push(s);
+            }
+            requests.extend(def.stages.iter().map(|s| s.resources.clone()));
+        }
+        (stages, requests)
     }
 
     /// When the holders next hear of the farms' progress, while any is unfinished.
