@@ -53,9 +53,10 @@ pub fn positive_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// A deadline: a duration from now (`6h`, `2days 4h`), or a date and time
-/// (`2026-12-04 18:00:00`, UTC; or RFC 3339 with its offset), as the time
-/// left until then. One in the past is refused, with the time now.
+/// A deadline: a duration from now (`6h`, `2days 4h`), a date and time
+/// (`2026-12-04 18:00:00`, UTC; or RFC 3339 with its offset), or a weekday
+/// and time (`friday 18:00`, `FRIDAY-18:00`: the next one, UTC), as the
+/// time left until then. One in the past is refused, with the time now.
 pub fn deadline(s: &str) -> Result<Duration, String> {
     filled(
         s,
@@ -65,12 +66,16 @@ pub fn deadline(s: &str) -> Result<Duration, String> {
     if let Ok(d) = humantime::parse_duration(t) {
         return positive_duration(t).map(|_| d);
     }
+    if let Some(d) = weekday_deadline(t, chrono::Utc::now()) {
+        return Ok(d);
+    }
     let at = humantime::parse_rfc3339_weak(t)
         .or_else(|_| humantime::parse_rfc3339_weak(&format!("{t}:00")))
         .map_err(|_| {
             format!(
-                "expected a duration such as 6h or 2days, or a date and time such as \
-                 2026-12-04 18:00:00 (UTC), got `{t}`"
+                "expected a duration such as 6h or 2days, a date and time such as \
+                 2026-12-04 18:00:00 (UTC), or a weekday and time such as friday 18:00 \
+                 (UTC), got `{t}`"
             )
         })?;
     let now = std::time::SystemTime::now();
@@ -80,6 +85,28 @@ pub fn deadline(s: &str) -> Result<Duration, String> {
             humantime::format_rfc3339_seconds(now)
         )
     })
+}
+
+/// `friday 18:00` (or `fri-18:00`, any case): the time until the next such
+/// day and time after `now`, in UTC; None when `t` is not a weekday and a
+/// time.
+fn weekday_deadline(t: &str, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
+    use chrono::Datelike;
+    let (day, time) = match t.split_once([' ', '-']) {
+        Some((d, rest)) => (d, rest.trim()),
+        None => (t, "00:00"),
+    };
+    let weekday = day.parse::<chrono::Weekday>().ok()?;
+    let at = chrono::NaiveTime::parse_from_str(time, "%H:%M")
+        .or_else(|_| chrono::NaiveTime::parse_from_str(time, "%H:%M:%S"))
+        .ok()?;
+    let next = (0..=7)
+        .map(|d| now.date_naive() + chrono::Days::new(d))
+        .filter(|date| date.weekday() == weekday)
+        .map(|date| date.and_time(at).and_utc())
+        .find(|when| *when > now)
+        .expect("a weekday comes round within 8 days");
+    (next - now).to_std().ok()
 }
 
 /// Seconds between refreshes: a positive number.
@@ -241,6 +268,30 @@ mod tests {
             assert!(peers(s).unwrap_err().contains("address of a node"));
             assert!(multiaddr(s).unwrap_err().contains("expected a multiaddr"));
         }
+    }
+
+    #[test]
+    fn a_weekday_deadline_is_the_next_such_day_and_time_in_utc() {
+        use chrono::TimeZone;
+        // Saturday 2026-11-28 19:30 UTC.
+        let now = chrono::Utc
+            .with_ymd_and_hms(2026, 11, 28, 19, 30, 0)
+            .unwrap();
+        let h = |d: Option<Duration>| d.unwrap().as_secs() as f64 / 3600.0;
+        // Friday 2026-12-04 18:00: 5 days 22.5 hours on.
+        for t in ["FRIDAY-18:00", "friday 18:00", "Fri-18:00:00"] {
+            assert_eq!(h(weekday_deadline(t, now)), 142.5, "{t}");
+        }
+        // Today, later: today; today, earlier: a week on.
+        assert_eq!(h(weekday_deadline("saturday 20:00", now)), 0.5);
+        assert_eq!(h(weekday_deadline("sat-19:00", now)), 167.5);
+        // Not a weekday and a time: not this form, and said with the forms.
+        assert!(weekday_deadline("2026-12-04 18:00", now).is_none());
+        assert!(weekday_deadline("friday 25:00", now).is_none());
+        assert!(deadline("friday 25:00")
+            .unwrap_err()
+            .contains("a weekday and time such as friday 18:00"));
+        assert!(deadline("FRIDAY-18:00").is_ok());
     }
 
     #[test]
