@@ -14,6 +14,7 @@ mod grown;
 mod heal;
 mod import;
 mod input;
+mod lengths;
 mod mesh;
 mod oracle;
 mod remote;
