@@ -597,3 +597,97 @@ fn a_deadline_queue_submits_what_the_deadline_needs_on_a_real_slurm() {
         slurm.queue()
     );
 }
+
+/// snakemake#301 on a mesh: a workflow's jobs run in a few batch jobs that
+/// `mesh alloc` submits and gives back, not a batch job each. Real
+/// Snakemake (`MESH_TEST_SNAKEMAKE_PYTHON`, a Python with it and the
+/// plugin, as `.ci/run` makes) on the one-node SLURM; the node the user
+/// runs has one core and the jobs ask for two, so only the batch jobs'
+/// nodes can run them.
+#[test]
+#[ignore = "needs MESH_TEST_SNAKEMAKE_PYTHON, a Python with snakemake and the plugin; .ci/run runs it"]
+fn snakemake_jobs_run_in_a_few_batch_jobs_that_mesh_alloc_submits() {
+    let Some(python) = std::env::var_os("MESH_TEST_SNAKEMAKE_PYTHON") else {
+        eprintln!("SKIPPED: MESH_TEST_SNAKEMAKE_PYTHON names no Python with snakemake");
+        return;
+    };
+    let sb = sandbox();
+    let Some(slurm) = slurm(&sb) else { return };
+    let env = vec![(
+        "SLURM_CONF".to_string(),
+        slurm.conf.to_string_lossy().into_owned(),
+    )];
+    let c = Cluster::start_with_env(&sb, &["cpu=1"], &["--state-dir", "n0"], env);
+    c.mesh(
+        0,
+        &[
+            "alloc",
+            "add",
+            "slurm",
+            "--time",
+            "5m",
+            "--cores",
+            "2",
+            "--max",
+            "2",
+            "--idle-timeout",
+            "10s",
+            "--name",
+            "smk",
+        ],
+    )
+    .expect_code(0);
+    let jobs = 20;
+    let dir = sb.path().join("wf");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(
+        dir.join("Snakefile"),
+        format!(
+            "rule all:\n    input: expand(\"t/{{i}}.txt\", i=range({jobs}))\n\n\
+             rule work:\n    output: \"t/{{i}}.txt\"\n    threads: 2\n    \
+             shell: \"sleep 0.5; echo {{wildcards.i}} job=$SLURM_JOB_ID > {{output}}\"\n"
+        ),
+    )
+    .unwrap();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let state = sb.path().join("n0").to_string_lossy().into_owned();
+    let out = std::process::Command::new(&python)
+        .args(["-m", "snakemake", "--executor", "mesh", "--jobs", "100"])
+        .args(["--mesh-state-dir", &state, "--latency-wait", "5"])
+        .current_dir(&dir)
+        .env("SLURM_CONF", &slurm.conf)
+        .env(
+            "PYTHONPATH",
+            format!(
+                "{}:{}",
+                repo.join("snakemake-executor-plugin-mesh").display(),
+                repo.join("python").display()
+            ),
+        )
+        .env("MESH_BIN", env!("CARGO_BIN_EXE_mesh"))
+        .output()
+        .expect("run snakemake");
+    assert!(
+        out.status.success(),
+        "snakemake: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        c.mesh(0, &["alloc", "log", "smk"]).stdout
+    );
+    // Every job ran, on a node a batch job started; in few batch jobs.
+    let mut batch_jobs = std::collections::BTreeSet::new();
+    for i in 0..jobs {
+        let text = fs::read_to_string(dir.join(format!("t/{i}.txt"))).unwrap();
+        let job = text.trim().strip_prefix(&format!("{i} job=")).unwrap_or("");
+        assert!(!job.is_empty(), "job {i} ran outside a batch job: {text:?}");
+        batch_jobs.insert(job.to_string());
+    }
+    eprintln!("{jobs} Snakemake jobs ran in the batch jobs {batch_jobs:?}");
+    assert!(batch_jobs.len() <= 2, "{batch_jobs:?}");
+    // Nothing left behind once the work is done.
+    c.mesh(0, &["alloc", "remove", "smk"]).expect_code(0);
+    assert!(
+        wait_until(Duration::from_secs(30), || slurm.queue().trim().is_empty()),
+        "{}",
+        slurm.queue()
+    );
+}
