@@ -29,7 +29,6 @@ const LONG_FNS_ALLOWED: &[(&str, &str, usize)] = &[
     ("node/src/mesh_node/driver.rs", "drive", 260),
     ("node/src/mesh_node/reuse.rs", "submit_reusing", 195),
     ("node/src/runner.rs", "drive", 300),
-    ("protocol/src/alloc/book.rs", "tick", 217),
     ("protocol/src/engine.rs", "add_farm", 208),
     ("protocol/src/mesh/peer/mod.rs", "dispatch_msg", 192),
     ("sim/src/cluster.rs", "after_step", 156),

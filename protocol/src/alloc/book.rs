@@ -409,48 +409,7 @@ impl Allocs {
             return (ops, false);
         }
         self.next_tick = now + TICK_MS;
-        let mut changed = false;
-
-        // Which jobs' nodes are here, and which of those have work.
-        let mut busy: FxHashMap<&str, bool> = FxHashMap::default();
-        for (job, b) in activity {
-            *busy.entry(job.as_str()).or_default() |= *b;
-        }
-        let joined: Vec<String> = self
-            .book
-            .live()
-            .filter(|j| !j.joined && busy.contains_key(j.job.id.as_str()))
-            .map(|j| j.job.id.clone())
-            .collect();
-        if !joined.is_empty() {
-            let wall = self.wall_base + now;
-            let events: Vec<AllocEvent> = joined
-                .iter()
-                .map(|id| {
-                    let q = self.job_queue(id);
-                    self.event(now, &q, Some(id), "its node joined the mesh".into())
-                })
-                .collect();
-            self.edit(term, |b| {
-                for j in b.jobs.iter_mut().filter(|j| joined.contains(&j.job.id)) {
-                    j.joined = true;
-                    j.joined_unix_ms = Some(wall);
-                    // Its node is up: the job runs, whatever the last poll said.
-                    j.job.state = JobState::Running;
-                }
-                b.log.extend(events);
-            });
-            changed = true;
-        }
-        for j in self.book.live() {
-            let id = j.job.id.as_str();
-            if j.job.state == JobState::Running && !busy.get(id).copied().unwrap_or(false) {
-                self.idle.entry(id.to_string()).or_insert(now);
-            } else {
-                self.idle.remove(id);
-            }
-        }
-
+        let mut changed = self.note_activity(now, term, activity);
         if now < since + grace {
             // Nothing is decided, nor changed, before the newest book had
             // time to come: an edit now would outrank it.
@@ -490,7 +449,7 @@ impl Allocs {
             ops.push(BatchOp::Cancel { system, job });
         }
 
-        let live: Vec<&AllocJob> = self.book.live().collect();
+        let live: Vec<AllocJob> = self.book.live().cloned().collect();
         if self.polls_out == 0 && now >= self.next_poll && !live.is_empty() {
             self.next_poll = now + POLL_MS;
             for system in [BatchSystem::Slurm, BatchSystem::Pbs] {
@@ -507,37 +466,9 @@ impl Allocs {
         }
 
         let mut events = Vec::new();
-        // A job that runs while its node never joined (the address it joins
-        // is gone, the node cannot start) holds an allocation for nothing,
-        // work waiting or not: cancelled after the idle timeout (or
-        // `JOIN_TIMEOUT_S`, if longer).
-        let lost: Vec<(String, String, BatchSystem, u64)> = live
-            .iter()
-            .filter(|j| !j.joined && !self.cancelling.contains(&j.job.id))
-            .filter_map(|j| {
-                let since = *self.idle.get(&j.job.id)?;
-                // At least two minutes: a node starting from a slow shared
-                // filesystem takes a while to be heard.
-                let timeout = self
-                    .book
-                    .queue(&j.job.queue)?
-                    .def
-                    .idle_timeout_s
-                    .max(JOIN_TIMEOUT_S);
-                (now.saturating_sub(since) >= timeout * 1000)
-                    .then(|| (j.job.id.clone(), j.job.queue.clone(), j.system, timeout))
-            })
-            .collect();
-        for (job, queue, system, timeout) in lost {
-            events.push(self.event(
-                now,
-                &queue,
-                Some(&job),
-                format!("cancelling: running for {timeout} s and its node never joined"),
-            ));
-            self.cancelling.insert(job.clone());
-            ops.push(BatchOp::Cancel { system, job });
-        }
+        let (lost, said) = self.cancel_lost(now, &live);
+        ops.extend(lost);
+        events.extend(said);
 
         // A queue of a batch system not listed yet decides nothing (its
         // jobs may be there already); the others go on.
@@ -605,6 +536,89 @@ impl Allocs {
             changed = true;
         }
         (ops, changed)
+    }
+
+    /// Which jobs' nodes are here (`activity`: a node's job, and whether it
+    /// has work): those that just joined are booked so, and each running
+    /// job's idle time is kept. True when the book changed.
+    fn note_activity(&mut self, now: Millis, term: u64, activity: &[(String, bool)]) -> bool {
+        let mut changed = false;
+        let mut busy: FxHashMap<&str, bool> = FxHashMap::default();
+        for (job, b) in activity {
+            *busy.entry(job.as_str()).or_default() |= *b;
+        }
+        let joined: Vec<String> = self
+            .book
+            .live()
+            .filter(|j| !j.joined && busy.contains_key(j.job.id.as_str()))
+            .map(|j| j.job.id.clone())
+            .collect();
+        if !joined.is_empty() {
+            let wall = self.wall_base + now;
+            let events: Vec<AllocEvent> = joined
+                .iter()
+                .map(|id| {
+                    let q = self.job_queue(id);
+                    self.event(now, &q, Some(id), "its node joined the mesh".into())
+                })
+                .collect();
+            self.edit(term, |b| {
+                for j in b.jobs.iter_mut().filter(|j| joined.contains(&j.job.id)) {
+                    j.joined = true;
+                    j.joined_unix_ms = Some(wall);
+                    // Its node is up: the job runs, whatever the last poll said.
+                    j.job.state = JobState::Running;
+                }
+                b.log.extend(events);
+            });
+            changed = true;
+        }
+        for j in self.book.live() {
+            let id = j.job.id.as_str();
+            if j.job.state == JobState::Running && !busy.get(id).copied().unwrap_or(false) {
+                self.idle.entry(id.to_string()).or_insert(now);
+            } else {
+                self.idle.remove(id);
+            }
+        }
+
+        changed
+    }
+
+    /// Running jobs whose node never joined (the address it joins is gone,
+    /// the node cannot start): they hold an allocation for nothing, work
+    /// waiting or not, and are cancelled after the idle timeout (or
+    /// `JOIN_TIMEOUT_S`, if longer).
+    fn cancel_lost(&mut self, now: Millis, live: &[AllocJob]) -> (Vec<BatchOp>, Vec<AllocEvent>) {
+        let (mut ops, mut events) = (Vec::new(), Vec::new());
+        let lost: Vec<(String, String, BatchSystem, u64)> = live
+            .iter()
+            .filter(|j| !j.joined && !self.cancelling.contains(&j.job.id))
+            .filter_map(|j| {
+                let since = *self.idle.get(&j.job.id)?;
+                // At least two minutes: a node starting from a slow shared
+                // filesystem takes a while to be heard.
+                let timeout = self
+                    .book
+                    .queue(&j.job.queue)?
+                    .def
+                    .idle_timeout_s
+                    .max(JOIN_TIMEOUT_S);
+                (now.saturating_sub(since) >= timeout * 1000)
+                    .then(|| (j.job.id.clone(), j.job.queue.clone(), j.system, timeout))
+            })
+            .collect();
+        for (job, queue, system, timeout) in lost {
+            events.push(self.event(
+                now,
+                &queue,
+                Some(&job),
+                format!("cancelling: running for {timeout} s and its node never joined"),
+            ));
+            self.cancelling.insert(job.clone());
+            ops.push(BatchOp::Cancel { system, job });
+        }
+        (ops, events)
     }
 
     /// Live jobs of `queue` whose nodes are in the mesh.
