@@ -196,14 +196,8 @@ fn render(
     color: bool,
     (cols, rows): (usize, usize),
 ) -> String {
-    let st = |s: Style| s.force_styling(color);
-    let (green, red, blue, dim, bold) = (
-        st(Style::new().green()),
-        st(Style::new().red()),
-        st(Style::new().blue()),
-        st(Style::new().dim()),
-        st(Style::new().bold()),
-    );
+    let pal = Palette::new(color);
+    let (red, dim, bold) = (&pal.red, &pal.dim, &pal.bold);
     let cols = cols.max(40);
     // Lines with what they show when plain: each is cut to the width.
     let mut lines: Vec<(String, String)> = Vec::new();
@@ -266,41 +260,7 @@ fn render(
             if body.len() >= room {
                 continue;
             }
-            let total = c.total.max(1) as f64;
-            let pct = format!("{:>3.0}%", 100.0 * c.ended() as f64 / total);
-            let numbers = format!(
-                "{}/{} {}r {}q {}f {rate:.1}/s {}",
-                c.done,
-                c.total,
-                c.running,
-                c.queued(),
-                c.failed,
-                eta(c, rate)
-            );
-            let name: String = stage.chars().take(width).collect();
-            // The bar takes what the line leaves, between 8 and 30 cells.
-            let fixed = 2 + width + 1 + 1 + pct.len() + 2 + numbers.len();
-            let bar = cols.saturating_sub(fixed).clamp(8, BAR_WIDTH);
-            let cells = |n: u64| ((n as f64 / total) * bar as f64).round() as usize;
-            let (d, x, r) = (cells(c.done), cells(c.failed), cells(c.running));
-            let rest = bar.saturating_sub(d + x + r);
-            let plain = format!(
-                "  {name:<width$} {}{}{}{} {pct}  {numbers}",
-                "█".repeat(d),
-                "█".repeat(x),
-                "█".repeat(r),
-                "░".repeat(rest)
-            );
-            body.push((
-                format!(
-                    "  {name:<width$} {}{}{}{} {pct}  {numbers}",
-                    green.apply_to("█".repeat(d)),
-                    red.apply_to("█".repeat(x)),
-                    blue.apply_to("█".repeat(r)),
-                    dim.apply_to("░".repeat(rest)),
-                ),
-                plain,
-            ));
+            body.push(stage_line(&pal, stage, c, rate, (width, cols)));
         }
         if let Some(words) = f.eta_words(mesh_node::state::unix_ms()) {
             if body.len() < room {
@@ -338,34 +298,7 @@ fn render(
     }
     lines.extend(body);
     if let Some(m) = &frame.mesh {
-        // The mesh at a glance, a few lines at any size (a line per node
-        // filled the screen from 20 nodes on).
-        let g = m.glance();
-        let mut t = format!("nodes {}", g.states_words());
-        if g.behind > 0 {
-            t.push_str(&format!(" · {} behind", g.behind));
-        }
-        lines.push((String::new(), String::new()));
-        lines.push((bold.apply_to(&t).to_string(), t));
-        let used: Vec<String> = g
-            .resources
-            .iter()
-            .filter(|r| r.kind != mesh_protocol::resources::MEM)
-            .map(|r| format!("{} {:.0}/{:.0}", r.kind, r.used, r.total))
-            .collect();
-        let (least, median, most) = g.tasks_spread;
-        let mut t = format!(
-            "  in use {} · tasks per node {least}/{median}/{most}",
-            used.join(" · ")
-        );
-        if let Some((_, median, most)) = g.load_spread {
-            t.push_str(&format!(" · load {median:.1}/{most:.1}"));
-        }
-        lines.push((t.clone(), t));
-        if !g.busiest.is_empty() {
-            let t = format!("  busiest {}", g.busiest_words());
-            lines.push((dim.apply_to(&t).to_string(), t));
-        }
+        lines.extend(glance_lines(&pal, m));
     }
     let mut o = String::new();
     // The last row stays free: a newline there would scroll the screen.
@@ -381,4 +314,107 @@ fn render(
         o.push('\n');
     }
     o
+}
+
+/// The styles a screen is drawn in (none when `color` is off).
+struct Palette {
+    green: Style,
+    red: Style,
+    blue: Style,
+    dim: Style,
+    bold: Style,
+}
+
+impl Palette {
+    fn new(color: bool) -> Palette {
+        let st = |s: Style| s.force_styling(color);
+        Palette {
+            green: st(Style::new().green()),
+            red: st(Style::new().red()),
+            blue: st(Style::new().blue()),
+            dim: st(Style::new().dim()),
+            bold: st(Style::new().bold()),
+        }
+    }
+}
+
+/// A stage's line: its name in `width`, a bar as wide as a line of `cols`
+/// leaves (done, failed, running, left), and its numbers; styled, and plain.
+fn stage_line(
+    pal: &Palette,
+    stage: &str,
+    c: &Counts,
+    rate: f64,
+    (width, cols): (usize, usize),
+) -> (String, String) {
+    let (green, red, blue, dim) = (&pal.green, &pal.red, &pal.blue, &pal.dim);
+    let total = c.total.max(1) as f64;
+    let pct = format!("{:>3.0}%", 100.0 * c.ended() as f64 / total);
+    let numbers = format!(
+        "{}/{} {}r {}q {}f {rate:.1}/s {}",
+        c.done,
+        c.total,
+        c.running,
+        c.queued(),
+        c.failed,
+        eta(c, rate)
+    );
+    let name: String = stage.chars().take(width).collect();
+    // The bar takes what the line leaves, between 8 and 30 cells.
+    let fixed = 2 + width + 1 + 1 + pct.len() + 2 + numbers.len();
+    let bar = cols.saturating_sub(fixed).clamp(8, BAR_WIDTH);
+    let cells = |n: u64| ((n as f64 / total) * bar as f64).round() as usize;
+    let (d, x, r) = (cells(c.done), cells(c.failed), cells(c.running));
+    let rest = bar.saturating_sub(d + x + r);
+    let plain = format!(
+        "  {name:<width$} {}{}{}{} {pct}  {numbers}",
+        "█".repeat(d),
+        "█".repeat(x),
+        "█".repeat(r),
+        "░".repeat(rest)
+    );
+    (
+        format!(
+            "  {name:<width$} {}{}{}{} {pct}  {numbers}",
+            green.apply_to("█".repeat(d)),
+            red.apply_to("█".repeat(x)),
+            blue.apply_to("█".repeat(r)),
+            dim.apply_to("░".repeat(rest)),
+        ),
+        plain,
+    )
+}
+
+/// The mesh at a glance, a few lines at any size (a line per node filled
+/// the screen from 20 nodes on).
+fn glance_lines(pal: &Palette, m: &mesh_node::view::MeshStatus) -> Vec<(String, String)> {
+    let (bold, dim) = (&pal.bold, &pal.dim);
+    let mut lines = Vec::new();
+    let g = m.glance();
+    let mut t = format!("nodes {}", g.states_words());
+    if g.behind > 0 {
+        t.push_str(&format!(" · {} behind", g.behind));
+    }
+    lines.push((String::new(), String::new()));
+    lines.push((bold.apply_to(&t).to_string(), t));
+    let used: Vec<String> = g
+        .resources
+        .iter()
+        .filter(|r| r.kind != mesh_protocol::resources::MEM)
+        .map(|r| format!("{} {:.0}/{:.0}", r.kind, r.used, r.total))
+        .collect();
+    let (least, median, most) = g.tasks_spread;
+    let mut t = format!(
+        "  in use {} · tasks per node {least}/{median}/{most}",
+        used.join(" · ")
+    );
+    if let Some((_, median, most)) = g.load_spread {
+        t.push_str(&format!(" · load {median:.1}/{most:.1}"));
+    }
+    lines.push((t.clone(), t));
+    if !g.busiest.is_empty() {
+        let t = format!("  busiest {}", g.busiest_words());
+        lines.push((dim.apply_to(&t).to_string(), t));
+    }
+    lines
 }

@@ -19,7 +19,6 @@ const LONG_FNS_ALLOWED: &[(&str, &str, usize)] = &[
     ("benches/benches/sim_scale.rs", "main", 157),
     ("cli/src/import/plan.rs", "stage_toml", 196),
     ("cli/src/main.rs", "dispatch", 218),
-    ("cli/src/watch.rs", "render", 197),
     ("cli/src/whatif/farm.rs", "what_is_left", 215),
     ("cli/src/whatif/load.rs", "scale", 155),
     ("node/src/dash/metrics.rs", "encode", 204),
