@@ -9,7 +9,7 @@
 //! `MESH_BENCH_PYTHON=/path/to/venv/bin/python cargo bench -p mesh-cli --bench snakemake_slurm`
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Instant;
 
 use mesh_benches::{knob, report, save};
@@ -20,7 +20,6 @@ fn main() {
     let python = std::env::var("MESH_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let jobs = knob("MESH_BENCH_SMK_JOBS", 100);
     let group = knob("MESH_BENCH_SMK_GROUP", 50);
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let sb = Sandbox::new(mesh);
     let slurm = match Slurm::start(&sb.path().join("slurm")) {
         Ok(s) => s,
@@ -37,20 +36,9 @@ fn main() {
         let dir = sb.path().join(name);
         std::fs::create_dir_all(&dir).expect("a workflow folder");
         std::fs::write(dir.join("Snakefile"), &snakefile).expect("the Snakefile");
-        let mut c = Command::new(&python);
-        c.args(["-m", "snakemake"])
-            .args(args)
-            .current_dir(&dir)
+        let mut c = mesh_tests::snakemake(python.as_ref(), &dir, mesh);
+        c.args(args)
             .env("SLURM_CONF", &slurm.conf)
-            .env(
-                "PYTHONPATH",
-                format!(
-                    "{}:{}",
-                    repo.join("snakemake-executor-plugin-mesh").display(),
-                    repo.join("python").display()
-                ),
-            )
-            .env("MESH_BIN", mesh)
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (k, v) in env {

@@ -649,22 +649,11 @@ fn snakemake_jobs_run_in_a_few_batch_jobs_that_mesh_alloc_submits() {
         ),
     )
     .unwrap();
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let state = sb.path().join("n0").to_string_lossy().into_owned();
-    let out = std::process::Command::new(&python)
-        .args(["-m", "snakemake", "--executor", "mesh", "--jobs", "100"])
+    let out = mesh_tests::snakemake(&python, &dir, env!("CARGO_BIN_EXE_mesh"))
+        .args(["--executor", "mesh", "--jobs", "100"])
         .args(["--mesh-state-dir", &state, "--latency-wait", "5"])
-        .current_dir(&dir)
         .env("SLURM_CONF", &slurm.conf)
-        .env(
-            "PYTHONPATH",
-            format!(
-                "{}:{}",
-                repo.join("snakemake-executor-plugin-mesh").display(),
-                repo.join("python").display()
-            ),
-        )
-        .env("MESH_BIN", env!("CARGO_BIN_EXE_mesh"))
         .output()
         .expect("run snakemake");
     assert!(

@@ -265,6 +265,26 @@ fn mesh_command(bin: &Path, args: &[&str], cwd: &Path, state: &Path) -> Command 
     c
 }
 
+/// `python -m snakemake` in `dir`, with this repository's plugin and
+/// Python client on its path and `mesh` the binary they run (`python`: a
+/// Python with Snakemake installed).
+pub fn snakemake(python: &std::ffi::OsStr, dir: &Path, mesh: &str) -> Command {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut c = Command::new(python);
+    c.args(["-m", "snakemake"])
+        .current_dir(dir)
+        .env(
+            "PYTHONPATH",
+            format!(
+                "{}:{}",
+                repo.join("snakemake-executor-plugin-mesh").display(),
+                repo.join("python").display()
+            ),
+        )
+        .env("MESH_BIN", mesh);
+    c
+}
+
 /// Polls `cond` every 20 ms until it holds or `limit` passes; returns whether it held.
 pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
