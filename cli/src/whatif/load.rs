@@ -150,20 +150,7 @@ pub fn scale(trace: &Trace, plan: &Plan, n: usize, seed: u64) -> Trace {
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
     let stage_of = |t: usize| plan.place[t].0;
     let index_of = |t: usize| plan.place[t].1 as usize;
-    let k: Vec<usize> = plan.stages.iter().map(|s| s.tasks.len()).collect();
-    let singles: usize = k.iter().filter(|&&c| c == 1).count();
-    let sweeps: usize = k.iter().filter(|&&c| c > 1).sum();
-    let factor = n.saturating_sub(singles) as f64 / sweeps.max(1) as f64;
-    let m: Vec<usize> = k
-        .iter()
-        .map(|&c| {
-            if c > 1 {
-                ((c as f64 * factor).round() as usize).max(1)
-            } else {
-                1
-            }
-        })
-        .collect();
+    let (k, m) = stage_counts(plan, n);
     // Copies of task t: r with index + k * r below the stage's new count.
     let copies = |t: usize| {
         let (s, i) = (stage_of(t), index_of(t));
@@ -184,21 +171,7 @@ pub fn scale(trace: &Trace, plan: &Plan, n: usize, seed: u64) -> Trace {
             producer.entry(f).or_insert(t);
         }
     }
-    // New positions: copy r of task t.
-    let mut at: HashMap<(usize, usize), usize> = HashMap::new();
-    let mut order: Vec<(usize, usize)> = Vec::new();
-    for r in 0.. {
-        let before = order.len();
-        for t in 0..trace.tasks.len() {
-            if r < copies(t) {
-                at.insert((t, r), order.len());
-                order.push((t, r));
-            }
-        }
-        if order.len() == before {
-            break;
-        }
-    }
+    let (at, order) = positions(trace.tasks.len(), copies);
     let mut files: Vec<File> = trace
         .files
         .iter()
@@ -290,6 +263,51 @@ pub fn scale(trace: &Trace, plan: &Plan, n: usize, seed: u64) -> Trace {
         tasks,
         files,
     }
+}
+
+/// Each stage's task count now (`k`) and scaled (`m`): sweeps in
+/// proportion, so the farm has about `n` tasks; single tasks (merges)
+/// stay single.
+fn stage_counts(plan: &Plan, n: usize) -> (Vec<usize>, Vec<usize>) {
+    let k: Vec<usize> = plan.stages.iter().map(|s| s.tasks.len()).collect();
+    let singles: usize = k.iter().filter(|&&c| c == 1).count();
+    let sweeps: usize = k.iter().filter(|&&c| c > 1).sum();
+    let factor = n.saturating_sub(singles) as f64 / sweeps.max(1) as f64;
+    let m = k
+        .iter()
+        .map(|&c| {
+            if c > 1 {
+                ((c as f64 * factor).round() as usize).max(1)
+            } else {
+                1
+            }
+        })
+        .collect();
+    (k, m)
+}
+
+/// Where each copy `(task, r)` stands in the scaled trace, and the copies
+/// in that order.
+type Positions = (HashMap<(usize, usize), usize>, Vec<(usize, usize)>);
+
+/// The scaled trace's tasks in order, copy by copy (copy `r` of each of the
+/// `tasks` that has that many), and each one's position.
+fn positions(tasks: usize, copies: impl Fn(usize) -> usize) -> Positions {
+    let mut at: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut order: Vec<(usize, usize)> = Vec::new();
+    for r in 0.. {
+        let before = order.len();
+        for t in 0..tasks {
+            if r < copies(t) {
+                at.insert((t, r), order.len());
+                order.push((t, r));
+            }
+        }
+        if order.len() == before {
+            break;
+        }
+    }
+    (at, order)
 }
 
 impl Loaded {
