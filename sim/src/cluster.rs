@@ -973,23 +973,7 @@ impl<'a> Sim<'a> {
             at_ms: self.now,
             message: e,
         })?;
-        if peer.is_coordinator() {
-            self.coordinators.insert(n as u32);
-            // At most one coordinator per term among nodes that can reach each other.
-            let term = peer.term();
-            if let Some(&m) = self.coords.get(&term) {
-                let other = self.nodes[m as usize].peer.as_ref();
-                if m as usize != n
-                    && other.is_some_and(|o| o.is_coordinator() && o.term() == term)
-                    && !self.partitioned(n, m as usize)
-                {
-                    return Err(self.violation(format!(
-                        "nodes {m} and {n} both coordinate in term {term} and can reach each other"
-                    )));
-                }
-            }
-            self.coords.insert(term, n as u32);
-        }
+        self.note_coordinator(n)?;
         let nd = &mut self.nodes[n];
         let peer = nd.peer.as_ref().expect("stepped peers are up");
         let mut timer = None;
@@ -1026,6 +1010,33 @@ impl<'a> Sim<'a> {
         if let Some(c) = end {
             self.check_end(c)?;
         }
+        Ok(())
+    }
+
+    /// Node `n` coordinates after its step: noted, and at most one
+    /// coordinator per term among nodes that can reach each other.
+    fn note_coordinator(&mut self, n: usize) -> Result<(), SimError> {
+        let Some(term) = self.nodes[n]
+            .peer
+            .as_ref()
+            .filter(|p| p.is_coordinator())
+            .map(|p| p.term())
+        else {
+            return Ok(());
+        };
+        self.coordinators.insert(n as u32);
+        if let Some(&m) = self.coords.get(&term) {
+            let other = self.nodes[m as usize].peer.as_ref();
+            if m as usize != n
+                && other.is_some_and(|o| o.is_coordinator() && o.term() == term)
+                && !self.partitioned(n, m as usize)
+            {
+                return Err(self.violation(format!(
+                    "nodes {m} and {n} both coordinate in term {term} and can reach each other"
+                )));
+            }
+        }
+        self.coords.insert(term, n as u32);
         Ok(())
     }
 
