@@ -16,7 +16,7 @@ use crate::resources::{Resources, CPU};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 /// A stage's runtimes as Kaplan and Meier estimate them from its finished
 /// tasks and, cut short, its running ones (each has run at least so long):
@@ -392,7 +392,7 @@ const PLAN_DRAWS_MAX: u64 = 2_000_000;
 /// and what they do meanwhile is not counted (a plan leans to more jobs).
 pub fn plan(
     stages: &[StageLeft],
-    requests: &[&Resources],
+    requests: &[Resources],
     nodes: &[Resources],
     shape: &JobShape,
     left_ms: u64,
@@ -420,30 +420,35 @@ pub fn plan(
         let end = shape.wait_ms + quantile(&simulate(&grown, runs, seed)?, 0.9);
         Some(alone.map_or(end, |a| a.min(end)))
     };
-    let meets = |extra: u32| with(extra).map(|e| e <= left_ms);
-    if meets(0)? {
+    // Each count simulated once: the search comes back to the counts it
+    // tried (the one it keeps, the one that stopped the doubling).
+    let mut known: BTreeMap<u32, Option<u64>> = BTreeMap::new();
+    let mut end = |extra: u32| *known.entry(extra).or_insert_with(|| with(extra));
+    let alone = end(0)?;
+    if alone <= left_ms {
         return Some(Plan {
             extra: 0,
-            end_ms: with(0)?,
+            end_ms: alone,
             meets: true,
         });
     }
     // Doubling to a count that meets it (or the most), then halving back.
     let mut hi = 1u32.min(most);
-    while hi < most && !meets(hi)? {
+    while hi < most && end(hi)? > left_ms {
         hi = (hi * 2).min(most);
     }
-    if hi == 0 || !meets(hi)? {
+    let at_hi = end(hi)?;
+    if hi == 0 || at_hi > left_ms {
         return Some(Plan {
             extra: most,
-            end_ms: with(most)?,
+            end_ms: end(most)?,
             meets: false,
         });
     }
     let mut lo = hi / 2;
     while lo + 1 < hi {
         let mid = (lo + hi) / 2;
-        if meets(mid)? {
+        if end(mid)? <= left_ms {
             hi = mid;
         } else {
             lo = mid;
@@ -451,7 +456,7 @@ pub fn plan(
     }
     Some(Plan {
         extra: hi,
-        end_ms: with(hi)?,
+        end_ms: end(hi)?,
         meets: true,
     })
 }
@@ -586,8 +591,18 @@ mod tests {
             nodes_per_job: 1,
             wait_ms: 2000,
         };
-        let plan =
-            |left_ms, most| plan(&stages, &[&one], &nodes, &shape, left_ms, most, 1).unwrap();
+        let plan = |left_ms, most| {
+            plan(
+                &stages,
+                std::slice::from_ref(&one),
+                &nodes,
+                &shape,
+                left_ms,
+                most,
+                1,
+            )
+            .unwrap()
+        };
         // Loose: the node there is does it.
         assert_eq!(
             plan(60_000, 10),
@@ -608,6 +623,6 @@ mod tests {
         assert_eq!((p.extra, p.meets), (10, false), "{p:?}");
         // Nothing finished yet: no plan.
         let blind = [stage(2, 64, 0, &[])];
-        assert!(super::plan(&blind, &[&one], &nodes, &shape, 1000, 10, 1).is_none());
+        assert!(super::plan(&blind, &[one], &nodes, &shape, 1000, 10, 1).is_none());
     }
 }

@@ -61,7 +61,6 @@ pub(super) fn tick(
             .chain(members.iter().map(|m| m.beat().total.clone()))
             .collect();
         let (stages, requests) = coord.stages_left(&nodes);
-        let requests: Vec<&Resources> = requests.iter().collect();
         let plans = due
             .into_iter()
             .map(|q| {
