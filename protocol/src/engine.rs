@@ -21,8 +21,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
+use crate::farm::graph::DepOn;
 use crate::farm::{FarmDef, StageDef, TaskRef};
-use crate::graph::DepOn;
 pub use crate::pool::Grant;
 use crate::pool::Pool;
 use crate::resources::{Amount, Resources};

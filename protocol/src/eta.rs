@@ -9,8 +9,8 @@
 
 use crate::alloc::Plan;
 use crate::engine::Counts;
+use crate::farm::graph::DepOn;
 use crate::farm::FarmDef;
-use crate::graph::DepOn;
 use crate::mesh::Entry;
 use crate::resources::{Resources, CPU};
 use rand::rngs::SmallRng;

@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::resources::Resources;
 
+pub mod graph;
+
 /// The most tasks one stage may expand into.
 pub const STAGE_TASKS_MAX: u64 = u32::MAX as u64;
 
@@ -34,7 +36,7 @@ pub struct FarmDef {
     pub stages: Vec<StageDef>,
     /// The per-task dependencies expanded, once asked for.
     #[serde(skip)]
-    pub graph: crate::graph::GraphCache,
+    pub graph: graph::GraphCache,
 }
 
 /// So a holder of a farm's definition, bare or in a submission, can lend it
@@ -75,8 +77,8 @@ pub struct StageDef {
     pub after: Vec<u32>,
     /// Element-wise dependencies: task `i` waits for task `i` of these stages.
     pub after_each: Vec<u32>,
-    /// Per-task dependencies by rule: keyed or listed (see [`crate::graph`]).
-    pub deps: Vec<crate::graph::Dep>,
+    /// Per-task dependencies by rule: keyed or listed (see [`graph`]).
+    pub deps: Vec<graph::Dep>,
 }
 
 impl StageDef {
@@ -644,7 +646,7 @@ impl FarmDef {
 
     /// What a task is, for its content key: its stage's name and its
     /// values, each with which repeat of that value it is (see
-    /// [`crate::graph::Ordinals`]), not its index or its stage's place in
+    /// [`graph::Ordinals`]), not its index or its stage's place in
     /// the file, as Snakemake keys a job on its wildcards. So a line
     /// inserted or deleted above it, or a stage moved or added, changes
     /// nothing of it; what uses `{index}` sees it in its command, which

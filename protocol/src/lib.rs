@@ -7,7 +7,6 @@ pub mod alloc;
 pub mod engine;
 pub mod eta;
 pub mod farm;
-pub mod graph;
 pub mod ids;
 pub mod mesh;
 pub mod observe;
@@ -17,5 +16,5 @@ pub mod resources;
 mod tally;
 pub mod wire;
 
-pub use farm::{FarmDef, TaskRef};
+pub use farm::{graph, FarmDef, TaskRef};
 pub use resources::{Amount, Resources};

@@ -13,13 +13,6 @@ use petgraph::algo::tarjan_scc;
 use petgraph::graph::DiGraph;
 use syn::visit::Visit;
 
-/// Circles that stand today, each to be broken; an entry must still be a
-/// circle, so the list only shrinks.
-const CIRCLES_ALLOWED: &[(&str, &str)] = &[(
-    "protocol/src/farm.rs protocol/src/graph.rs",
-    "FarmDef keeps its GraphCache; moving the built graph into the engine's per-farm state breaks it",
-)];
-
 const CRATES: &[&str] = &[
     "protocol", "store", "node", "cli", "sim", "tests", "benches",
 ];
@@ -284,23 +277,10 @@ fn no_crate_imports_its_own_files_round_in_a_circle() {
     for c in CRATES {
         found.extend(circles(&root.join(c).join("src"), &root));
     }
-    let allowed: BTreeSet<&str> = CIRCLES_ALLOWED.iter().map(|(c, _)| *c).collect();
-    let new: Vec<&String> = found
-        .iter()
-        .filter(|c| !allowed.contains(c.as_str()))
-        .collect();
     assert!(
-        new.is_empty(),
+        found.is_empty(),
         "circles of imports inside a crate (move what both need into a room of its own, \
-         or let one side ask through a value it is given): {new:#?}"
-    );
-    let gone: Vec<&&str> = allowed
-        .iter()
-        .filter(|c| !found.iter().any(|f| f == **c))
-        .collect();
-    assert!(
-        gone.is_empty(),
-        "no longer circles: take them off CIRCLES_ALLOWED: {gone:?}"
+         or let one side ask through a value it is given): {found:#?}"
     );
 }
 

@@ -1,8 +1,8 @@
 //! Engine tests: scripted scenarios and random operation sequences with invariants checked.
 
 use super::*;
+use crate::farm::graph::{Dep, DepOn};
 use crate::farm::{CommandTemplate, StageDef, Sweep, SweepMode, SweepVar, Template, Values};
-use crate::graph::{Dep, DepOn};
 use crate::resources::parse_resources;
 use proptest::prelude::*;
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::farm::{FarmDef, RenderCx, StageDef, Sweep, TaskRef, Template};
+use super::{FarmDef, RenderCx, StageDef, Sweep, TaskRef, Template};
 
 /// A dependency on some of another stage's tasks, chosen per task.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -34,7 +34,7 @@ pub enum DepOn {
     /// the upstream's variable `var`.
     Listed { tasks: Template, var: Option<u32> },
     /// Task `i` of a grown stage waits for the task it grew from, `i / per`
-    /// (see [`crate::farm::Grown`]): the loader adds it, never the user.
+    /// (see [`super::Grown`]): the loader adds it, never the user.
     Grown { per: u32 },
 }
 
@@ -265,7 +265,7 @@ impl Ordinals {
                     .vars
                     .iter()
                     .map(|v| match v.values {
-                        crate::farm::Values::List(_) | crate::farm::Values::Lines { .. } => {
+                        super::Values::List(_) | super::Values::Lines { .. } => {
                             let mut seen: HashMap<String, u32> = HashMap::new();
                             let mut ords = Vec::with_capacity(v.values.len() as usize);
                             let mut repeats = false;
@@ -315,8 +315,8 @@ impl Sweep {
     /// variable's values.
     pub fn value_index(&self, index: u32, var: usize) -> u64 {
         match self.mode {
-            crate::farm::SweepMode::Zip => index as u64,
-            crate::farm::SweepMode::Product => {
+            super::SweepMode::Zip => index as u64,
+            super::SweepMode::Product => {
                 let below: u64 = self.vars[var + 1..]
                     .iter()
                     .map(|v| v.values.len().max(1))
