@@ -24,7 +24,6 @@ const LONG_FNS_ALLOWED: &[(&str, &str, usize)] = &[
     ("node/src/export.rs", "trace", 230),
     ("node/src/farmfile/document.rs", "document", 221),
     ("node/src/mesh_node/commands.rs", "on_control", 220),
-    ("node/src/mesh_node/driver.rs", "drive", 260),
     ("node/src/mesh_node/reuse.rs", "submit_reusing", 195),
     ("node/src/runner.rs", "drive", 300),
     ("protocol/src/engine.rs", "add_farm", 208),

@@ -6,7 +6,7 @@ use std::time::Instant;
 use mesh_protocol::mesh::{AllocBook, AllocCmd, BatchOp};
 
 use super::reply::Reply;
-use super::{Cmd, Node};
+use super::{Event, Node};
 use crate::alloc::{batch, script};
 use crate::control::ControlResponse;
 
@@ -58,7 +58,7 @@ impl Alloc {
 impl Node {
     /// Carries out a batch operation off the loop; its end comes back as `Cmd::Batch`.
     pub(super) fn batch(&mut self, op: BatchOp) {
-        let tx = self.tx.clone();
+        let handle = self.handle.clone();
         let launch = match &op {
             BatchOp::Submit { queue, .. } => Some(self.launch(&queue.name)),
             _ => None,
@@ -75,7 +75,7 @@ impl Node {
                 BatchOp::Cancel { system, job } => batch::cancel(system, job).await,
                 BatchOp::List { system, gen } => batch::list(system, gen, tag).await,
             };
-            let _ = tx.send(Cmd::Batch(done)).await;
+            let _ = handle.tell(Event::Batch(done)).await;
         });
     }
 

@@ -5,16 +5,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mesh_protocol::wire::{FoundFarm, Request, Response};
-use tokio::sync::mpsc;
 
 use super::logs::LogAsk;
 use super::queries::{Ask, Asked};
 use super::refusals::QueryError;
 use super::reply::Reply;
 use super::staging::make_spec;
-use super::swarm::request;
 use super::views::{summary_view, Origin};
-use super::{farm_display_id, Cmd, Node};
+use super::{farm_display_id, Event, LoopHandle, Node};
 use crate::alloc::script;
 use crate::control::refusal::BAD_REQUEST;
 use crate::control::{ControlRequest, ControlResponse, CONTROL_API};
@@ -26,7 +24,7 @@ impl Node {
         match req {
             ControlRequest::Submit { def, file, rerun } => {
                 let origin = self.me;
-                let tx = self.tx.clone();
+                let handle = self.handle.clone();
                 let rerun = crate::results::rerun_stages(&def, rerun.as_deref());
                 // Hashing inputs reads files, and every task's key is
                 // worked out (a million tasks take seconds): off the loop.
@@ -36,7 +34,7 @@ impl Node {
                         let keys = super::reuse::task_keys(&spec);
                         (spec, keys)
                     });
-                    let _ = tx.blocking_send(Cmd::Submit(spec, rerun, reply));
+                    let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
                 });
             }
             ControlRequest::Wait { farm } => match self.find_farm(&farm) {
@@ -109,12 +107,12 @@ impl Node {
                 let mine = self.summaries();
                 let labels = self.labels_now();
                 let ask = self.peer.coordinator().filter(|c| *c != self.me);
-                let tx = self.tx.clone();
+                let handle = self.handle.clone();
                 tokio::spawn(async move {
                     let mut all = mine;
                     if let Some(c) = ask {
                         if let Ok(Response::Farms(theirs)) =
-                            request(&tx, c, Request::ListFarms).await
+                            handle.request(c, Request::ListFarms).await
                         {
                             for f in theirs {
                                 if !all.iter().any(|m| m.id == f.id) {
@@ -194,7 +192,7 @@ impl Node {
                 check,
             } => {
                 let origin = self.me;
-                let tx = self.tx.clone();
+                let handle = self.handle.clone();
                 // Reading params files, hashing inputs and working out
                 // every task's key take their time: off the loop.
                 tokio::task::spawn_blocking(move || {
@@ -221,7 +219,7 @@ impl Node {
                         let keys = super::reuse::task_keys(&spec);
                         (spec, keys)
                     });
-                    let _ = tx.blocking_send(Cmd::Submit(spec, rerun, reply));
+                    let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
                 });
             }
             ControlRequest::Events { farm } => match self.find_farm(&farm) {
@@ -367,18 +365,18 @@ fn invalid(file: &str, e: &FarmFileError) -> ControlResponse {
 /// ADDR` from a machine that runs no node) as the control socket's.
 pub(super) async fn accept_control(
     mut incoming: libp2p_stream::IncomingStreams,
-    tx: mpsc::Sender<Cmd>,
+    handle: LoopHandle,
 ) {
     use futures::StreamExt;
     use tokio_util::compat::FuturesAsyncReadCompatExt;
     while let Some((peer, stream)) = incoming.next().await {
         tracing::info!("control request from {peer}");
-        tokio::spawn(serve_control(stream.compat(), tx.clone()));
+        tokio::spawn(serve_control(stream.compat(), handle.clone()));
     }
 }
 
 /// Serves one control connection: reads the request, forwards it to the loop, writes the answers.
-pub(super) async fn serve_control<S>(stream: S, tx: mpsc::Sender<Cmd>)
+pub(super) async fn serve_control<S>(stream: S, handle: LoopHandle)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
 {
@@ -391,7 +389,7 @@ where
     let (rtx, mut rrx) = Reply::channel();
     match serde_json::from_str::<ControlRequest>(&line) {
         Ok(req) => {
-            if tx.send(Cmd::Control(req, rtx)).await.is_err() {
+            if handle.control_to(req, rtx).await.is_err() {
                 return;
             }
         }

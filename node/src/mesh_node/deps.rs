@@ -17,12 +17,12 @@ use std::time::Duration;
 use mesh_protocol::farm::TaskRef;
 use mesh_protocol::mesh::{void_place, Entry, FarmId, FarmSpec, NodeId, OutputFile};
 use mesh_protocol::wire::{DepOutputs, Request, Response};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::refusals::{Answer, RequestError};
 use super::staging::{fetch_any, file_hash, replace_with};
 use super::transfer::{FetchError, Transfers};
-use super::{Cmd, Node};
+use super::{Call, LoopHandle, Node};
 
 /// How long a task waits for what it depends on (a run made again after
 /// its node died, a coordinator being elected) before it fails for it.
@@ -93,7 +93,7 @@ impl Node {
     /// Asks the coordinator, whichever node it is now.
     pub(super) fn ask_of_coordinator(&mut self, req: Request, reply: oneshot::Sender<Answer>) {
         match self.peer.coordinator() {
-            Some(to) => self.on_cmd(Cmd::Request { to, req, reply }),
+            Some(to) => self.on_call(Call::Request { to, req, reply }),
             None => {
                 let _ = reply.send(Err(RequestError::NoCoordinator));
             }
@@ -119,7 +119,7 @@ pub(super) struct DepsPlace {
 /// other nodes are counted by the transfers.
 pub(super) async fn place_deps(
     t: &Arc<Transfers>,
-    tx: &mpsc::Sender<Cmd>,
+    handle: &LoopHandle,
     spec: &FarmSpec,
     p: &DepsPlace,
 ) -> Result<(), NotPlaced> {
@@ -127,8 +127,8 @@ pub(super) async fn place_deps(
     let until = start + DEPS_WAIT;
     let mut pause = Duration::from_millis(100);
     loop {
-        let why = match ask(tx, p.farm, p.task).await {
-            Ok(deps) if deps.waiting == 0 => match place_all(t, tx, spec, p, &deps).await {
+        let why = match ask(handle, p.farm, p.task).await {
+            Ok(deps) if deps.waiting == 0 => match place_all(t, handle, spec, p, &deps).await {
                 Ok(()) => return Ok(()),
                 Err(e) => e.into(),
             },
@@ -145,26 +145,19 @@ pub(super) async fn place_deps(
     }
 }
 
-async fn ask(tx: &mpsc::Sender<Cmd>, farm: FarmId, task: TaskRef) -> Result<DepOutputs, DepsError> {
-    let (reply, rx) = oneshot::channel();
-    tx.send(Cmd::AskCoordinator {
-        req: Request::DepOutputs { farm, task },
-        reply,
-    })
-    .await
-    .map_err(|_| RequestError::Stopping)?;
-    match rx.await {
-        Ok(Ok(Response::DepOutputs(d))) => Ok(d),
-        Ok(Ok(Response::Error(e))) => Err(RequestError::Refused(e).into()),
-        Ok(Err(e)) => Err(e.into()),
-        Ok(Ok(_)) => Err(DepsError::Unexpected),
-        Err(_) => Err(RequestError::Stopping.into()),
+async fn ask(handle: &LoopHandle, farm: FarmId, task: TaskRef) -> Result<DepOutputs, DepsError> {
+    match handle
+        .ask_coordinator(Request::DepOutputs { farm, task })
+        .await?
+    {
+        Response::DepOutputs(d) => Ok(d),
+        _ => Err(DepsError::Unexpected),
     }
 }
 
 async fn place_all(
     t: &Arc<Transfers>,
-    tx: &mpsc::Sender<Cmd>,
+    handle: &LoopHandle,
     spec: &FarmSpec,
     p: &DepsPlace,
     deps: &DepOutputs,
@@ -192,7 +185,7 @@ async fn place_all(
                 own
             } else {
                 if !cached.is_file() {
-                    fetch_any(t, tx, &sources, p.farm, o.hash, &cached)
+                    fetch_any(t, handle, &sources, p.farm, o.hash, &cached)
                         .await
                         .map_err(|e| FetchError::Dep {
                             output: format!("{}/{}/{}", spec.def.stage(*d).name, d.index, o.path),

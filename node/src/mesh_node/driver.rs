@@ -1,16 +1,16 @@
-//! The node's loop: `drive` sets the node up and selects among its inputs; each step drains the peer's actions, persists first as one flushed batch, then carries out the rest; and what spawned work and control connections send back is handled here.
+//! The node's loop: `Node::open` sets the node up from its state folder, `Node::run` selects among its inputs; each step drains the peer's actions, persists first as one flushed batch, then carries out the rest (what the loop's handle brings is handled in `events.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
 use libp2p::StreamProtocol;
-use mesh_protocol::engine::TaskResult;
-use mesh_protocol::mesh::{Action, Fetched, Msg, Peer, PeerEvent};
-use mesh_protocol::wire::{Response, DATA_PROTOCOL, PEER_PROTOCOL};
+use mesh_protocol::mesh::{Action, Msg, NodeId, Peer, PeerEvent};
+use mesh_protocol::wire::{DATA_PROTOCOL, PEER_PROTOCOL};
 use mesh_store::{MeshState, SledStore, Store, StoreError};
 use nix::sys::signal::Signal;
 use tokio::net::UnixListener;
@@ -23,10 +23,9 @@ use super::reach::{self, Reach, REACH_TICK};
 use super::source::MeshSource;
 use super::swarm::Outbound;
 use super::swim;
-use super::transfer::{self, accept_data, FetchError, Transfers};
+use super::transfer::{self, accept_data, Transfers};
 use super::views::Origin;
-use super::{Cmd, Disk, Home, Net, Node, NodeError, NodeOptions, Tasks, User};
-use crate::alloc::batch;
+use super::{Cmd, Disk, Home, LoopHandle, Net, Node, NodeError, NodeOptions, Tasks, User};
 use crate::control::{socket_path, ControlResponse, Starting, CONTROL_PROTOCOL};
 use crate::dash::{self, dashboard_line};
 use crate::executor;
@@ -61,20 +60,341 @@ pub(super) const CMDS_MAX: usize = 16 * CMDS_PER_STEP;
 const LINGER_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 const FETCH_QUIET: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Runs the node until it is told to stop: set up by [`Node::open`], then [`Node::run`].
 pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
-    let (mut sigint, mut sigterm) = stop_signals()?;
-    // Before any connection: a mesh of thousands must not meet a soft
-    // limit nobody asked for (see `limits.rs`).
-    let files = limits::raise_open_files().map_err(io_err("cannot read the open-file limit"))?;
-    fs::create_dir_all(&opts.state)
-        .map_err(io_err(format!("cannot create {}", opts.state.display())))?;
-    let starting = Starting::mark(&opts.state);
-    let psk = keys::load_psk(&opts.key)?;
-    let dash_key = psk.to_string();
-    let swim_cipher = swim::cipher(&psk);
-    let identity = keys::load_or_create_identity(&opts.state)?;
-    let local = identity.public().to_peer_id();
-    let me = keys::node_id(&local);
+    let (node, inputs) = Node::open(&opts, out).await?;
+    node.run(inputs, &opts).await
+}
+
+/// What the loop selects among besides the swarm: its handle's other end,
+/// the control socket, the signals that stop it and when it drains.
+pub(super) struct Inputs {
+    rx: mpsc::Receiver<Cmd>,
+    listener: UnixListener,
+    sock: PathBuf,
+    sigint: tokio::signal::unix::Signal,
+    sigterm: tokio::signal::unix::Signal,
+    drain_at: Option<tokio::time::Instant>,
+}
+
+/// The network a node opens: its swarm, the streams it accepts, and the
+/// line to say about its port when it could not keep the one it had.
+struct Network {
+    swarm: libp2p::Swarm<net::Behaviour>,
+    streams: libp2p_stream::Control,
+    incoming: libp2p_stream::IncomingStreams,
+    control_streams: libp2p_stream::IncomingStreams,
+    data_streams: libp2p_stream::IncomingStreams,
+    transfers: Arc<Transfers>,
+    port_said: Option<String>,
+}
+
+/// What a node is made of, once opened: handed to [`Node::assemble`].
+struct Parts<'a> {
+    peer: Peer,
+    me: NodeId,
+    clock: Instant,
+    handle: LoopHandle,
+    store: SledStore,
+    swarm: libp2p::Swarm<net::Behaviour>,
+    swim_cipher: chacha20poly1305::XChaCha20Poly1305,
+    streams: libp2p_stream::Control,
+    reach: Reach,
+    transfers: Arc<Transfers>,
+    out: Box<dyn FnMut(&str)>,
+    files: limits::OpenFiles,
+    psk: &'a keys::MeshKey,
+}
+
+impl Node {
+    /// Sets the node up from its state folder: the store, the network, the
+    /// control socket and the peer, restored to where it stopped.
+    async fn open(
+        opts: &NodeOptions,
+        out: Box<dyn FnMut(&str)>,
+    ) -> Result<(Node, Inputs), NodeError> {
+        let (sigint, sigterm) = stop_signals()?;
+        // Before any connection: a mesh of thousands must not meet a soft
+        // limit nobody asked for (see `limits.rs`).
+        let files =
+            limits::raise_open_files().map_err(io_err("cannot read the open-file limit"))?;
+        fs::create_dir_all(&opts.state)
+            .map_err(io_err(format!("cannot create {}", opts.state.display())))?;
+        let starting = Starting::mark(&opts.state);
+        let psk = keys::load_psk(&opts.key)?;
+        let identity = keys::load_or_create_identity(&opts.state)?;
+        let me = keys::node_id(&identity.public().to_peer_id());
+        let (store, db) = open_store(opts)?;
+        let damaged = |source| NodeError::Damaged {
+            path: db.display().to_string(),
+            source,
+        };
+        let network = open_network(opts, &store, psk.clone(), identity).map_err(|e| match e {
+            NodeError::Store(source) => damaged(source),
+            e => e,
+        })?;
+        let (listener, sock) = control_socket(&opts.state)?;
+        drop(starting);
+
+        let (handle, rx) = LoopHandle::new(CMDS_MAX);
+        let clock = Instant::now();
+        let seed = u64::from_le_bytes(
+            blake3::hash(&crate::state::unix_ms().to_le_bytes()).as_bytes()[..8]
+                .try_into()
+                .expect("8 bytes"),
+        );
+        let reach = Reach::load(&store, &opts.join, seed).map_err(damaged)?;
+        // A node restarted on its state folder rejoins the mesh it was in, so
+        // it first listens for that mesh's coordinator like a joining node.
+        let mut peer = Peer::new(
+            0,
+            me,
+            opts.resources.clone(),
+            opts.config.clone(),
+            seed,
+            !opts.join.is_empty() || reach.remembers_any(),
+        );
+        if !opts.join.is_empty() {
+            peer.joins_by_address();
+        }
+        tokio::spawn(accept_links(network.incoming, handle.clone()));
+        tokio::spawn(accept_control(network.control_streams, handle.clone()));
+        tokio::spawn(accept_data(network.data_streams, network.transfers.clone()));
+        let parts = Parts {
+            peer,
+            me,
+            clock,
+            handle,
+            store,
+            swarm: network.swarm,
+            swim_cipher: swim::cipher(&psk),
+            streams: network.streams,
+            reach,
+            transfers: network.transfers,
+            out,
+            files,
+            psk: &psk,
+        };
+        let mut node = Node::assemble(opts, parts);
+        node.configure_peer(opts);
+        node.restore().map_err(|e| match e {
+            NodeError::Store(source) => damaged(source),
+            e => e,
+        })?;
+        node.announce(opts, network.port_said, &psk).await?;
+        let inputs = Inputs {
+            rx,
+            listener,
+            sock,
+            sigint,
+            sigterm,
+            drain_at: opts
+                .drain_after
+                .map(|d| tokio::time::Instant::from_std(clock + d)),
+        };
+        Ok((node, inputs))
+    }
+
+    /// The node, from its parts, with nothing running and no farm yet.
+    fn assemble(opts: &NodeOptions, p: Parts<'_>) -> Node {
+        Node {
+            state: opts.state.clone(),
+            peer: p.peer,
+            me: p.me,
+            life: crate::state::unix_ms(),
+            clock: p.clock,
+            handle: p.handle,
+            disk: Disk {
+                store: p.store,
+                book: MeshState::default(),
+                held_count: std::cell::Cell::new(None),
+            },
+            net: Net {
+                swarm: p.swarm,
+                peers: HashMap::new(),
+                dialing: HashSet::new(),
+                labels: HashMap::new(),
+                swim: None,
+                swim_cipher: p.swim_cipher,
+                outbound: Outbound::default(),
+                links: Links::new(p.streams),
+                listen_addrs: Vec::new(),
+                reach: p.reach,
+            },
+            tasks: Tasks {
+                live: HashMap::new(),
+                waiting_deps: Vec::new(),
+                workdirs: HashMap::new(),
+                workdir_of: HashMap::new(),
+                run_seq: HashMap::new(),
+                programs: HashMap::new(),
+                gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
+            },
+            home: Home {
+                farms: HashMap::new(),
+                feed_more: HashSet::new(),
+            },
+            user: User {
+                out: p.out,
+                files: p.files,
+                files_told: false,
+                throttle: limits::Throttle::new(THROTTLE),
+                impatient: false,
+            },
+            transfers: p.transfers,
+            recorder: Recorder::default(),
+            alloc: Alloc::new(
+                std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
+                keys::mesh_tag(p.psk),
+            ),
+        }
+    }
+
+    /// Tells the peer what this machine is and what it was started as.
+    fn configure_peer(&mut self, opts: &NodeOptions) {
+        self.peer.set_wall_base(crate::state::unix_ms());
+        self.peer.set_files_max(self.user.files.limit);
+        self.peer.set_gpus(
+            opts.gpus
+                .iter()
+                .map(|g| (g.id.clone(), g.name.clone()))
+                .collect(),
+        );
+        self.peer.set_batch_job(
+            opts.alloc_job.clone(),
+            opts.drain_after.map(|d| d.as_millis() as u64),
+        );
+        self.peer.observe();
+    }
+
+    /// Says what the person starting the node should know, and serves the
+    /// dashboard when asked to.
+    async fn announce(
+        &mut self,
+        opts: &NodeOptions,
+        port_said: Option<String>,
+        psk: &keys::MeshKey,
+    ) -> Result<(), NodeError> {
+        let files = self.user.files;
+        if files.members() < FILES_TELL_BELOW {
+            self.say(&format!(
+                "the open-file limit is {} (the system's hard limit): enough for a mesh of about {} \
+                 nodes; raise it (`ulimit -Hn`, or LimitNOFILE= in a systemd unit) for a bigger one",
+                files.limit,
+                files.members()
+            ));
+        }
+        if let Some(line) = port_said {
+            self.say(&line);
+        }
+        if self.net.reach.remembers_any() {
+            self.say("rejoining the mesh through the members this node remembers");
+        }
+        if let Some(addr) = opts.http {
+            let dash_key = psk.to_string();
+            let http =
+                dash::Http::new(addr, Some(dash_key.as_bytes())).map_err(NodeError::Dashboard)?;
+            let token = http.token.clone();
+            let source = Arc::new(MeshSource {
+                handle: self.handle.clone(),
+            });
+            let bound = dash::serve(http, source)
+                .await
+                .map_err(io_err(format!("cannot serve the dashboard on {addr}")))?;
+            self.say(&dashboard_line(bound, token.as_deref()));
+        }
+        if let Some(d) = opts.drain_after {
+            self.say(&format!(
+                "this node drains in {} (before its walltime)",
+                humantime::format_duration(std::time::Duration::from_secs(d.as_secs()))
+            ));
+        }
+        Ok(())
+    }
+
+    /// The loop: one step of the peer, then whichever input is ready,
+    /// until the node is stopped and has handed over what it must.
+    async fn run(mut self, mut inputs: Inputs, opts: &NodeOptions) -> Result<(), NodeError> {
+        // The join addresses until they answer, and remembered members that
+        // are not members now (see `reach.rs`).
+        let mut reach = tokio::time::interval(REACH_TICK);
+        reach.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The machine's load and memory, for the beats the coordinator shows.
+        let mut measure = tokio::time::interval(MEASURE_EVERY);
+        measure.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut interrupted_at: Option<Instant> = None;
+        let mut hard_killed = false;
+        let node = &mut self;
+        loop {
+            node.step();
+            if let Some(at) = interrupted_at {
+                if node.tasks.live.is_empty() && node.may_stop(at) {
+                    break;
+                }
+            }
+            let timer = node.peer.poll_timeout().map(|at| at_ms(node.clock, at));
+            let grace = grace_end(interrupted_at, hard_killed);
+            tokio::select! {
+                ev = node.net.swarm.select_next_some() => {
+                    node.on_swarm(ev, opts)?;
+                }
+                Some(cmd) = inputs.rx.recv() => {
+                    // Whatever else is ready joins this step: the tasks that
+                    // ended meanwhile go to the coordinator as one report.
+                    let mut cmds = vec![cmd];
+                    while cmds.len() < CMDS_PER_STEP {
+                        match inputs.rx.try_recv() {
+                            Ok(cmd) => cmds.push(cmd),
+                            Err(_) => break,
+                        }
+                    }
+                    node.on_cmds(cmds);
+                }
+                // Followers of long logs, fed a part a turn (see `feed.rs`).
+                _ = std::future::ready(()), if !node.home.feed_more.is_empty() => {
+                    for farm in std::mem::take(&mut node.home.feed_more) {
+                        node.feed(farm, None);
+                    }
+                }
+                Ok((stream, _)) = inputs.listener.accept() => {
+                    tokio::spawn(serve_control(stream, node.handle.clone()));
+                }
+                _ = sleep_until_opt(inputs.drain_at), if interrupted_at.is_none() => {
+                    node.say("walltime near: draining");
+                    node.interrupt(&mut interrupted_at);
+                }
+                _ = inputs.sigint.recv() => node.interrupt(&mut interrupted_at),
+                _ = inputs.sigterm.recv() => node.interrupt(&mut interrupted_at),
+                _ = sleep_until_opt(timer) => {
+                    let now = node.now();
+                    node.peer.handle_timeout(now);
+                }
+                _ = reach.tick() => {
+                    node.reach_out();
+                    node.answer_alloc_waits();
+                }
+                _ = measure.tick() => {
+                    node.peer.set_machine(crate::observe::machine().as_load());
+                }
+                _ = sleep_until_opt(grace) => {
+                    hard_killed = true;
+                    for (_, live, _) in node.tasks.live.values() {
+                        if let Some(l) = live {
+                            l.signal(Signal::SIGKILL);
+                        }
+                    }
+                }
+            }
+        }
+        self.disk.store.sync()?;
+        let _ = fs::remove_file(&inputs.sock);
+        Ok(())
+    }
+}
+
+/// The node's store in its state folder, and where it is; its kept
+/// outputs moved to where this version keeps them first.
+fn open_store(opts: &NodeOptions) -> Result<(SledStore, PathBuf), NodeError> {
     let node_dir = opts.state.join("node");
     fs::create_dir_all(&node_dir)
         .map_err(io_err(format!("cannot create {}", node_dir.display())))?;
@@ -82,18 +402,26 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     crate::state::move_kept_outputs(&opts.state).map_err(io_err(
         "cannot move this node's kept outputs to their new folder",
     ))?;
-    let damaged = |source| NodeError::Damaged {
-        path: db.display().to_string(),
-        source,
-    };
-    let store = match SledStore::open(&db) {
-        Err(StoreError::Locked { .. }) => {
-            return Err(NodeError::Busy(opts.state.display().to_string()))
-        }
-        r => r.map_err(damaged)?,
-    };
-    let (listen, port_said) = reach::reuse_port(&store, &opts.listen).map_err(damaged)?;
-    let mut net_cfg = NetConfig::new(listen, psk.clone(), identity);
+    match SledStore::open(&db) {
+        Err(StoreError::Locked { .. }) => Err(NodeError::Busy(opts.state.display().to_string())),
+        Err(source) => Err(NodeError::Damaged {
+            path: db.display().to_string(),
+            source,
+        }),
+        Ok(store) => Ok((store, db)),
+    }
+}
+
+/// The swarm on the port this node had (when it can), and the streams it
+/// accepts: the peers' engines, control requests and data.
+fn open_network(
+    opts: &NodeOptions,
+    store: &SledStore,
+    psk: keys::MeshKey,
+    identity: libp2p::identity::Keypair,
+) -> Result<Network, NodeError> {
+    let (listen, port_said) = reach::reuse_port(store, &opts.listen)?;
+    let mut net_cfg = NetConfig::new(listen, psk, identity);
     net_cfg.mdns = opts.mdns;
     let swarm = net::build(net_cfg)?;
     let mut streams = swarm.behaviour().peer_streams.new_control();
@@ -111,215 +439,26 @@ pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Resul
     let data_streams = streams
         .accept(StreamProtocol::new(DATA_PROTOCOL))
         .expect("the data protocol is accepted once");
-    tokio::spawn(accept_data(data_streams, transfers.clone()));
+    Ok(Network {
+        swarm,
+        streams,
+        incoming,
+        control_streams,
+        data_streams,
+        transfers,
+        port_said,
+    })
+}
 
-    // The control socket: owner-only, and a stale one from a dead node is replaced.
-    let sock = socket_path(&opts.state);
+/// The control socket: owner-only, and a stale one from a dead node is replaced.
+fn control_socket(state: &Path) -> Result<(UnixListener, PathBuf), NodeError> {
+    let sock = socket_path(state);
     let _ = fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock)
         .map_err(io_err(format!("cannot listen on {}", sock.display())))?;
     fs::set_permissions(&sock, fs::Permissions::from_mode(0o600))
         .map_err(io_err(format!("cannot restrict {}", sock.display())))?;
-    drop(starting);
-
-    let (tx, mut rx) = mpsc::channel::<Cmd>(CMDS_MAX);
-    tokio::spawn(accept_links(incoming, tx.clone()));
-    tokio::spawn(accept_control(control_streams, tx.clone()));
-    let clock = Instant::now();
-    let seed = u64::from_le_bytes(
-        blake3::hash(&crate::state::unix_ms().to_le_bytes()).as_bytes()[..8]
-            .try_into()
-            .expect("8 bytes"),
-    );
-    let reach = Reach::load(&store, &opts.join, seed).map_err(damaged)?;
-    // A node restarted on its state folder rejoins the mesh it was in, so
-    // it first listens for that mesh's coordinator like a joining node.
-    let mut peer = Peer::new(
-        0,
-        me,
-        opts.resources.clone(),
-        opts.config.clone(),
-        seed,
-        !opts.join.is_empty() || reach.remembers_any(),
-    );
-    if !opts.join.is_empty() {
-        peer.joins_by_address();
-    }
-    let mut node = Node {
-        state: opts.state.clone(),
-        peer,
-        me,
-        life: crate::state::unix_ms(),
-        clock,
-        tx: tx.clone(),
-        disk: Disk {
-            store,
-            book: MeshState::default(),
-            held_count: std::cell::Cell::new(None),
-        },
-        net: Net {
-            swarm,
-            peers: HashMap::new(),
-            dialing: HashSet::new(),
-            labels: HashMap::new(),
-            swim: None,
-            swim_cipher,
-            outbound: Outbound::default(),
-            links: Links::new(streams),
-            listen_addrs: Vec::new(),
-            reach,
-        },
-        tasks: Tasks {
-            live: HashMap::new(),
-            waiting_deps: Vec::new(),
-            workdirs: HashMap::new(),
-            workdir_of: HashMap::new(),
-            run_seq: HashMap::new(),
-            programs: HashMap::new(),
-            gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
-        },
-        home: Home {
-            farms: HashMap::new(),
-            feed_more: HashSet::new(),
-        },
-        user: User {
-            out,
-            files,
-            files_told: false,
-            throttle: limits::Throttle::new(THROTTLE),
-            impatient: false,
-        },
-        transfers,
-        recorder: Recorder::default(),
-        alloc: Alloc::new(
-            std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
-            keys::mesh_tag(&psk),
-        ),
-    };
-    node.peer.set_wall_base(crate::state::unix_ms());
-    node.peer.set_files_max(files.limit);
-    node.peer.set_gpus(
-        opts.gpus
-            .iter()
-            .map(|g| (g.id.clone(), g.name.clone()))
-            .collect(),
-    );
-    node.peer.set_batch_job(
-        opts.alloc_job.clone(),
-        opts.drain_after.map(|d| d.as_millis() as u64),
-    );
-    node.peer.observe();
-    node.restore().map_err(|e| match e {
-        NodeError::Store(source) => damaged(source),
-        e => e,
-    })?;
-    if files.members() < FILES_TELL_BELOW {
-        node.say(&format!(
-            "the open-file limit is {} (the system's hard limit): enough for a mesh of about {} \
-             nodes; raise it (`ulimit -Hn`, or LimitNOFILE= in a systemd unit) for a bigger one",
-            files.limit,
-            files.members()
-        ));
-    }
-    if let Some(line) = port_said {
-        node.say(&line);
-    }
-    if node.net.reach.remembers_any() {
-        node.say("rejoining the mesh through the members this node remembers");
-    }
-    if let Some(addr) = opts.http {
-        let http =
-            dash::Http::new(addr, Some(dash_key.as_bytes())).map_err(NodeError::Dashboard)?;
-        let token = http.token.clone();
-        let source = Arc::new(MeshSource { tx: tx.clone() });
-        let bound = dash::serve(http, source)
-            .await
-            .map_err(io_err(format!("cannot serve the dashboard on {addr}")))?;
-        node.say(&dashboard_line(bound, token.as_deref()));
-    }
-    // The join addresses until they answer, and remembered members that
-    // are not members now (see `reach.rs`).
-    let mut reach = tokio::time::interval(REACH_TICK);
-    reach.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The machine's load and memory, for the beats the coordinator shows.
-    let mut measure = tokio::time::interval(MEASURE_EVERY);
-    measure.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut interrupted_at: Option<Instant> = None;
-    let mut hard_killed = false;
-    let drain_at = opts
-        .drain_after
-        .map(|d| tokio::time::Instant::from_std(clock + d));
-    if let Some(d) = opts.drain_after {
-        node.say(&format!(
-            "this node drains in {} (before its walltime)",
-            humantime::format_duration(std::time::Duration::from_secs(d.as_secs()))
-        ));
-    }
-
-    loop {
-        node.step();
-        if let Some(at) = interrupted_at {
-            if node.tasks.live.is_empty() && node.may_stop(at) {
-                break;
-            }
-        }
-        let timer = node.peer.poll_timeout().map(|at| at_ms(clock, at));
-        let grace = grace_end(interrupted_at, hard_killed);
-        tokio::select! {
-            ev = node.net.swarm.select_next_some() => {
-                node.on_swarm(ev, &opts)?;
-            }
-            Some(cmd) = rx.recv() => {
-                // Whatever else is ready joins this step: the tasks that
-                // ended meanwhile go to the coordinator as one report.
-                let mut cmds = vec![cmd];
-                while cmds.len() < CMDS_PER_STEP {
-                    match rx.try_recv() {
-                        Ok(cmd) => cmds.push(cmd),
-                        Err(_) => break,
-                    }
-                }
-                node.on_cmds(cmds);
-            }
-            // Followers of long logs, fed a part a turn (see `feed.rs`).
-            _ = std::future::ready(()), if !node.home.feed_more.is_empty() => {
-                for farm in std::mem::take(&mut node.home.feed_more) {
-                    node.feed(farm, None);
-                }
-            }
-            Ok((stream, _)) = listener.accept() => {
-                tokio::spawn(serve_control(stream, tx.clone()));
-            }
-            _ = sleep_until_opt(drain_at), if interrupted_at.is_none() => {
-                node.say("walltime near: draining");
-                node.interrupt(&mut interrupted_at);
-            }
-            _ = sigint.recv() => node.interrupt(&mut interrupted_at),
-            _ = sigterm.recv() => node.interrupt(&mut interrupted_at),
-            _ = sleep_until_opt(timer) => {
-                let now = node.now();
-                node.peer.handle_timeout(now);
-            }
-            _ = reach.tick() => {
-                node.reach_out();
-                node.answer_alloc_waits();
-            }
-            _ = measure.tick() => {
-                node.peer.set_machine(crate::observe::machine().as_load());
-            }
-            _ = sleep_until_opt(grace) => {
-                hard_killed = true;
-                for (_, live, _) in node.tasks.live.values() {
-                    if let Some(l) = live {
-                        l.signal(Signal::SIGKILL);
-                    }
-                }
-            }
-        }
-    }
-    node.disk.store.sync()?;
-    let _ = fs::remove_file(&sock);
-    Ok(())
+    Ok((listener, sock))
 }
 
 impl Node {
@@ -531,181 +670,6 @@ impl Node {
                 ));
             }
             PeerEvent::Unplaceable { farm, .. } => self.refresh_view(farm),
-        }
-    }
-
-    /// Commands that were ready together; the tasks among them that
-    /// ended reach the peer as one step.
-    fn on_cmds(&mut self, cmds: Vec<Cmd>) {
-        let mut ended = Vec::new();
-        for cmd in cmds {
-            match cmd {
-                Cmd::Finished(task, outcome, outputs) => {
-                    if self
-                        .tasks
-                        .live
-                        .get(&(task.farm, task.task))
-                        .is_some_and(|(a, ..)| *a == task.attempt)
-                    {
-                        self.tasks.live.remove(&(task.farm, task.task));
-                    }
-                    // Whichever attempt it was: each holds its workdir.
-                    self.workdir_freed(&task);
-                    if let Some((seq, slot)) = self.tasks.run_seq.remove(&(task.farm, task.task)) {
-                        let failed = !self.peer.spec(task.farm).is_some_and(|s| {
-                            let codes = &s.def.stages[task.task.stage as usize].success_codes;
-                            match outcome.result {
-                                TaskResult::Exited(c) => codes.contains(&c),
-                                TaskResult::Cached => true,
-                                _ => false,
-                            }
-                        });
-                        self.recorder
-                            .ended(seq, slot, failed, crate::state::unix_ms());
-                    }
-                    self.serve_outputs(task.farm, task.task, &outputs);
-                    ended.push((task, outcome, outputs));
-                }
-                other => self.on_cmd(other),
-            }
-        }
-        if !ended.is_empty() {
-            let now = self.now();
-            self.peer.tasks_finished(now, ended);
-        }
-    }
-
-    pub(super) fn on_cmd(&mut self, cmd: Cmd) {
-        match cmd {
-            Cmd::Finished(..) => unreachable!("ended tasks are taken together by on_cmds"),
-            Cmd::Peer(peer, msgs) => {
-                let from = keys::node_id(&peer);
-                self.net.peers.insert(from, peer);
-                self.recorder.counters.messages_received += msgs.len() as u64;
-                let now = self.now();
-                for msg in msgs {
-                    self.peer.handle_message(now, from, msg);
-                }
-            }
-            Cmd::Fetched(farm, task, r) => {
-                if let Err(e) = &r {
-                    tracing::info!(%farm, ?task, "outputs not brought home yet: {e}");
-                }
-                if r.is_ok() {
-                    let outputs = self.peer.replica(farm).and_then(|r| match r.log.get(task) {
-                        Some(mesh_protocol::mesh::Entry::Done { outputs, .. }) => {
-                            Some(outputs.clone())
-                        }
-                        _ => None,
-                    });
-                    if let Some(o) = outputs {
-                        self.serve_outputs(farm, task, &o);
-                    }
-                }
-                let got = match &r {
-                    Ok(()) => Fetched::Here,
-                    Err(FetchError::Missing) => Fetched::Gone,
-                    Err(_) => Fetched::Later,
-                };
-                let now = self.now();
-                self.peer.fetched(now, farm, task, got);
-                self.feed(farm, Some(task));
-            }
-            Cmd::InputsFetched(farm, r) => {
-                if let Err(e) = &r {
-                    tracing::info!(%farm, "inputs not here yet: {e}");
-                }
-                let now = self.now();
-                self.peer.inputs_ready(now, farm, r.is_ok());
-            }
-            Cmd::Found(r, asked) => self.answer(*r, asked),
-            Cmd::Swim(data) => {
-                let now = self.now();
-                self.peer.handle_swim(now, &data);
-            }
-            Cmd::Packet(from, msg) => {
-                self.recorder.counters.messages_received += 1;
-                let now = self.now();
-                self.peer.handle_message(now, from, msg);
-            }
-            Cmd::Launched(task, live) => {
-                if let Some((attempt, slot, kill)) =
-                    self.tasks.live.get_mut(&(task.farm, task.task))
-                {
-                    if *attempt == task.attempt {
-                        if *kill {
-                            live.signal(Signal::SIGKILL);
-                        }
-                        *slot = Some(live);
-                    }
-                }
-            }
-            Cmd::Request { to, req, reply } if to == self.me => {
-                // Asked of this node itself (`mesh logs` of a task run here).
-                match self.local_answer(req) {
-                    Ok(r) => {
-                        let _ = reply.send(Ok(r));
-                    }
-                    Err(rx) => {
-                        tokio::spawn(async move {
-                            let r = rx
-                                .await
-                                .unwrap_or(Response::Error("the node is stopping".into()));
-                            let _ = reply.send(Ok(r));
-                        });
-                    }
-                }
-            }
-            Cmd::Request { to, req, reply } => self.send(to, req, Some(reply)),
-            Cmd::AskCoordinator { req, reply } => self.ask_of_coordinator(req, reply),
-            Cmd::GiveBack(task) => self.peer.give_back(task),
-            Cmd::Respond(channel, resp) => {
-                self.respond(channel, resp);
-            }
-            Cmd::Moved(farm) => self.refresh_view(farm),
-            Cmd::Estimated(farm, estimate, took) => self.estimated(farm, estimate, took),
-            Cmd::PeerOf(node, reply) => {
-                let _ = reply.send(self.peer_of(node));
-            }
-            Cmd::Control(req, reply) => self.on_control(req, reply),
-            Cmd::Submit(spec, rerun, reply) => match spec {
-                Err(e) => {
-                    let _ = reply.send(ControlResponse::Error(e.to_string()));
-                }
-                Ok(spec) => {
-                    self.serve_inputs(&spec.0);
-                    self.submit_reusing(spec, &rerun, reply);
-                }
-            },
-            Cmd::SubmitReused(spec, reused, reply) => self.submit_now(*spec, reused, reply),
-            Cmd::Feed(farm) => self.feed(farm, None),
-            Cmd::Batch(done) => {
-                let now = self.now();
-                // The book records a failure in words; the peer acts on
-                // success or failure alone.
-                match done {
-                    batch::Done::Submitted(q, r) => {
-                        if let Err(e) = &r {
-                            self.say(&format!("mesh alloc: queue `{}`: {e}", q.name));
-                        }
-                        self.peer
-                            .batch_submitted(now, &q, r.map_err(|e| e.to_string()));
-                    }
-                    batch::Done::Polled(system, r) => {
-                        self.peer
-                            .batch_polled(now, system, r.map_err(|e| e.to_string()))
-                    }
-                    batch::Done::Cancelled(job, r) => {
-                        self.peer
-                            .batch_cancelled(now, &job, r.map_err(|e| e.to_string()))
-                    }
-                    batch::Done::Listed(system, gen, r) => {
-                        self.peer
-                            .batch_listed(now, system, gen, r.map_err(|e| e.to_string()))
-                    }
-                }
-                self.answer_alloc_waits();
-            }
         }
     }
 

@@ -16,7 +16,6 @@ use mesh_protocol::wire::{Request, Response};
 use mesh_protocol::TaskRef;
 
 use super::reply::Reply;
-use super::swarm::request;
 use super::{farm_display_id, Node};
 use crate::control::ControlResponse;
 use crate::export::{self, Ended, FarmFacts, Machine, TaskFacts};
@@ -66,11 +65,11 @@ impl Node {
         let cache = self.state.join("cache");
         let mut beats: HashMap<String, Arc<Beat>> = self.peer.node_beats().into_iter().collect();
         let coordinator = self.peer.coordinator().filter(|c| *c != self.me);
-        let tx = self.tx.clone();
+        let handle = self.handle.clone();
         tokio::spawn(async move {
             if let Some(c) = coordinator {
                 if let Ok(Ok(Response::Nodes(heard))) =
-                    tokio::time::timeout(MACHINES_WAIT, request(&tx, c, Request::Nodes)).await
+                    tokio::time::timeout(MACHINES_WAIT, handle.request(c, Request::Nodes)).await
                 {
                     // The coordinator hears every node's beat; a worker
                     // hears its coordinator's alone.

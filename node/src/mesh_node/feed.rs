@@ -15,11 +15,10 @@ use std::sync::Arc;
 use mesh_protocol::engine::TaskEnd;
 use mesh_protocol::mesh::{Entry, FarmId, Replica};
 use mesh_protocol::TaskRef;
-use tokio::sync::mpsc;
 
 use super::refusals::QueryError;
 use super::reply::{Reply, REPLY_MAX};
-use super::{Cmd, Node};
+use super::{Event, LoopHandle, Node};
 use crate::control::{ControlResponse, TaskEvent};
 use crate::task_words::describe_failure;
 
@@ -70,15 +69,15 @@ impl Feed {
 
     /// Brings this follower back to the loop once half its queue is free:
     /// the loop cannot wait for its reader, a task can.
-    fn wait_room(&self, farm: FarmId, tx: &mpsc::Sender<Cmd>) {
+    fn wait_room(&self, farm: FarmId, handle: &LoopHandle) {
         if self.stalled.swap(true, Ordering::Relaxed) {
             return;
         }
-        let (reply, stalled, tx) = (self.reply.clone(), self.stalled.clone(), tx.clone());
+        let (reply, stalled, handle) = (self.reply.clone(), self.stalled.clone(), handle.clone());
         tokio::spawn(async move {
             if reply.wait_room(REPLY_MAX / 2).await.is_ok() {
                 stalled.store(false, Ordering::Relaxed);
-                let _ = tx.send(Cmd::Feed(farm)).await;
+                let _ = handle.tell(Event::Feed(farm)).await;
             }
         });
     }
@@ -151,7 +150,7 @@ impl Node {
             f.read += entries.len() as u64;
             if f.read < r.log.len() {
                 if room < READ_PER_TURN_MAX {
-                    f.wait_room(farm, &self.tx);
+                    f.wait_room(farm, &self.handle);
                 } else {
                     more = true;
                 }
@@ -193,7 +192,7 @@ impl Node {
                     let _ = f.reply.send(ControlResponse::Finished(view.clone()));
                     f.over = true;
                 } else {
-                    f.wait_room(farm, &self.tx);
+                    f.wait_room(farm, &self.handle);
                 }
             }
         }

@@ -14,7 +14,7 @@ use mesh_protocol::mesh::{Msg, NodeId};
 use mesh_protocol::wire::PEER_PROTOCOL;
 use tokio::sync::mpsc;
 
-use super::Cmd;
+use super::{Event, LoopHandle};
 use crate::net;
 
 /// This node's streams of messages to other nodes' engines.
@@ -175,21 +175,18 @@ async fn open_link(control: &mut libp2p_stream::Control, peer: PeerId) -> Option
 }
 
 /// Takes every peer's stream of messages for this node's engine.
-pub(super) async fn accept_links(
-    mut incoming: libp2p_stream::IncomingStreams,
-    tx: mpsc::Sender<Cmd>,
-) {
+pub(super) async fn accept_links(mut incoming: libp2p_stream::IncomingStreams, handle: LoopHandle) {
     while let Some((peer, stream)) = incoming.next().await {
-        tokio::spawn(read_link(peer, stream, tx.clone()));
+        tokio::spawn(read_link(peer, stream, handle.clone()));
     }
 }
 
 /// Hands each frame of a peer's stream to the engine, until the stream ends.
-async fn read_link(peer: PeerId, mut stream: libp2p::Stream, tx: mpsc::Sender<Cmd>) {
+async fn read_link(peer: PeerId, mut stream: libp2p::Stream, handle: LoopHandle) {
     loop {
         match net::read_frame::<_, Vec<Msg>>(&mut stream).await {
             Ok(msgs) => {
-                if tx.send(Cmd::Peer(peer, msgs)).await.is_err() {
+                if handle.tell(Event::Peer(peer, msgs)).await.is_err() {
                     return;
                 }
             }
@@ -212,13 +209,14 @@ mod tests {
     use tokio::time::timeout;
 
     use super::*;
+    use crate::mesh_node::Cmd;
 
     const WAIT: Duration = Duration::from_secs(60);
 
     #[tokio::test(flavor = "current_thread")]
     async fn messages_over_the_frame_limit_together_go_in_halves_and_all_arrive_in_order() {
         let p = net::tests::linked_pair().await;
-        let (tx, mut rx) = mpsc::channel(16);
+        let (tx, mut rx) = LoopHandle::new(16);
         tokio::spawn(accept_links(p.b_incoming, tx));
         let (ltx, lrx) = mpsc::channel(16);
         // Four messages of a third of the limit each: no frame can carry
@@ -235,7 +233,7 @@ mod tests {
         let (mut farms, mut frames) = (Vec::new(), 0);
         timeout(WAIT, async {
             while farms.len() < 4 {
-                if let Some(Cmd::Peer(_, msgs)) = rx.recv().await {
+                if let Some(Cmd::Event(Event::Peer(_, msgs))) = rx.recv().await {
                     frames += 1;
                     for m in msgs {
                         match m {

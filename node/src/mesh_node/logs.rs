@@ -11,7 +11,6 @@ use tokio::sync::oneshot;
 
 use super::refusals::RequestError;
 use super::reply::Reply;
-use super::swarm::request;
 use super::Node;
 
 /// The most of a log one answer carries (a follower asks again from there).
@@ -113,7 +112,7 @@ impl Node {
             ),
         };
         let coordinator = self.peer.coordinator();
-        let tx = self.tx.clone();
+        let handle = self.handle.clone();
         let labels = self.labels_now();
         tokio::spawn(async move {
             let r = async {
@@ -121,7 +120,7 @@ impl Node {
                     (Some((node, _)), _) => Some(node),
                     (None, None) => None,
                     (None, Some(c)) => {
-                        match request(&tx, c, Request::WhereRan { farm, task }).await? {
+                        match handle.request(c, Request::WhereRan { farm, task }).await? {
                             Response::Ran { node, .. } => node,
                             _ => return Err(LogsError::CoordinatorAnswer),
                         }
@@ -147,7 +146,7 @@ impl Node {
                         out,
                         err,
                         running,
-                    } = request(&tx, node, req).await?
+                    } = handle.request(node, req).await?
                     else {
                         return Err(LogsError::NodeAnswer);
                     };

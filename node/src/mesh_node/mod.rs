@@ -11,8 +11,11 @@ mod alloc;
 mod commands;
 mod deps;
 mod driver;
+mod events;
 mod export;
 mod feed;
+mod handle;
+mod inbound;
 mod links;
 mod logs;
 mod queries;
@@ -42,7 +45,7 @@ use mesh_protocol::mesh::{
 use mesh_protocol::wire::{FoundFarm, Request, Response};
 use mesh_protocol::Resources;
 use mesh_store::{MeshState, SledStore, Store, StoreError};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::alloc::batch;
 use crate::control::ControlRequest;
@@ -52,6 +55,7 @@ use crate::net::{self, Behaviour};
 use crate::observe::Recorder;
 use crate::{runtime, IoError};
 use alloc::Alloc;
+use handle::LoopHandle;
 use links::Links;
 use queries::Asked;
 use reach::Reach;
@@ -116,8 +120,15 @@ pub enum NodeError {
     Io(#[from] IoError),
 }
 
-/// What the spawned futures and control connections tell the loop.
+/// What reaches the node's loop through its [`LoopHandle`]: something
+/// that ended or arrived, or a call that waits for the loop's answer.
 enum Cmd {
+    Event(Event),
+    Call(Call),
+}
+
+/// Something that ended or arrived off the loop, for the loop to act on.
+enum Event {
     Finished(Assigned, Outcome, Vec<OutputFile>),
     /// A frame of messages for the engine from a peer's stream.
     Peer(PeerId, Vec<Msg>),
@@ -136,24 +147,12 @@ enum Cmd {
     /// to the coordinator unstarted (its `Finished` follows): its slot is
     /// free for the run it waits for.
     GiveBack(Assigned),
-    Request {
-        to: NodeId,
-        req: Request,
-        reply: oneshot::Sender<refusals::Answer>,
-    },
-    /// A request for whichever node coordinates now.
-    AskCoordinator {
-        req: Request,
-        reply: oneshot::Sender<refusals::Answer>,
-    },
-    Respond(ResponseChannel<Response>, Response),
+    /// Another node's request, answered off the loop: the answer to send.
+    Answered(ResponseChannel<Response>, Response),
     /// Bytes of a farm's outputs came home (at most once a second a transfer).
     Moved(FarmId),
     /// An estimate of a farm's end, and how long it took to make.
     Estimated(FarmId, Option<crate::eta::Eta>, std::time::Duration),
-    /// A transfer asks for the peer id of a node (dialled if need be).
-    PeerOf(NodeId, oneshot::Sender<Option<PeerId>>),
-    Control(ControlRequest, Reply),
     /// A farm to submit, its inputs hashed, and per stage whether its
     /// earlier results may be reused (not when `--rerun` names it).
     Submit(
@@ -170,6 +169,23 @@ enum Cmd {
     Feed(FarmId),
 }
 
+/// A call through the [`LoopHandle`]: the loop answers on the channel it carries.
+enum Call {
+    Request {
+        to: NodeId,
+        req: Request,
+        reply: oneshot::Sender<refusals::Answer>,
+    },
+    /// A request for whichever node coordinates now.
+    AskCoordinator {
+        req: Request,
+        reply: oneshot::Sender<refusals::Answer>,
+    },
+    /// The peer id of a node (dialled if need be), for a transfer.
+    PeerOf(NodeId, oneshot::Sender<Option<PeerId>>),
+    Control(ControlRequest, Reply),
+}
+
 /// A node's state, owned by its loop; each module of this folder is an
 /// `impl Node` block over it. Its parts are grouped by what they are for,
 /// so that a method can hold one part while it changes another.
@@ -181,7 +197,7 @@ struct Node {
     /// than any before, so the mesh tells a restart from a late packet.
     life: u64,
     clock: Instant,
-    tx: mpsc::Sender<Cmd>,
+    handle: LoopHandle,
     /// The store and the outputs kept on disk.
     disk: Disk,
     /// The swarm, the nodes known, the streams to them and how they are reached.

@@ -9,12 +9,11 @@ use mesh_protocol::observe::{LatencyData, Observation};
 use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response};
 
 use super::logs::LogAsk;
-use super::refusals::{QueryError, FIND_WAIT};
+use super::refusals::{QueryError, RequestError, FIND_WAIT};
 use super::reply::Reply;
-use super::swarm::request;
 use super::views::FAILURES_SHOWN;
 
-use super::{farm_display_id, Cmd, Node};
+use super::{farm_display_id, Event, Node};
 use crate::control::ControlResponse;
 use crate::view::{FarmView, MeshStatus, NodeView, Observed};
 
@@ -153,7 +152,7 @@ impl Node {
 
     /// Asks the coordinator about a farm this node does not hold.
     pub(super) fn ask_coordinator(&mut self, query: String, asked: Asked) {
-        let tx = self.tx.clone();
+        let handle = self.handle.clone();
         if self.peer.coordinator() == Some(self.me) {
             self.answer(Err(QueryError::NotInMesh(query)), asked);
             return;
@@ -165,19 +164,15 @@ impl Node {
             let until = tokio::time::Instant::now() + FIND_WAIT;
             let mut pause = Duration::from_millis(250);
             let r = loop {
-                let (reply, rx) = tokio::sync::oneshot::channel();
                 let req = Request::FindFarm {
                     query: query.clone(),
                 };
-                if tx.send(Cmd::AskCoordinator { req, reply }).await.is_err() {
-                    break Err(QueryError::Stopping);
-                }
-                let why = match rx.await {
-                    Ok(Ok(Response::Farm(f))) => break Ok(*f),
-                    Ok(Ok(Response::Error(e))) => break Err(QueryError::Refused(e)),
-                    Ok(Ok(_)) => break Err(QueryError::Unexpected),
-                    Ok(Err(e)) => e,
-                    Err(_) => break Err(QueryError::Stopping),
+                let why = match handle.ask_coordinator(req).await {
+                    Ok(Response::Farm(f)) => break Ok(*f),
+                    Ok(_) => break Err(QueryError::Unexpected),
+                    Err(RequestError::Refused(e)) => break Err(QueryError::Refused(e)),
+                    Err(RequestError::Stopping) => break Err(QueryError::Stopping),
+                    Err(e) => e,
                 };
                 if tokio::time::Instant::now() + pause >= until {
                     break Err(QueryError::NoCoordinator { why });
@@ -185,7 +180,7 @@ impl Node {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
             };
-            let _ = tx.send(Cmd::Found(Box::new(r), asked)).await;
+            let _ = handle.tell(Event::Found(Box::new(r), asked)).await;
         });
     }
 
@@ -317,10 +312,10 @@ impl Node {
             .map(|m| (m.label().to_string(), m.id))
             .collect();
         let coordinator = self.peer.coordinator().filter(|c| *c != self.me);
-        let tx = self.tx.clone();
+        let handle = self.handle.clone();
         tokio::spawn(async move {
             if let Some(c) = coordinator {
-                let nodes = request(&tx, c, Request::Nodes);
+                let nodes = handle.request(c, Request::Nodes);
                 match tokio::time::timeout(COORDINATOR_WAIT, nodes).await {
                     Ok(Ok(Response::Nodes(beats))) => status.nodes = heard(&status, &me, beats),
                     Ok(Ok(_)) => {
@@ -354,10 +349,10 @@ impl Node {
                 }
             };
             let asks = wanted.into_iter().map(|(label, id)| {
-                let tx = tx.clone();
+                let handle = handle.clone();
                 let since = after(&label);
                 async move {
-                    let ask = request(&tx, id, Request::Observe { since });
+                    let ask = handle.request(id, Request::Observe { since });
                     match tokio::time::timeout(ASK_WAIT, ask).await {
                         Ok(Ok(Response::Observed(o))) => Some((label, *o)),
                         _ => None,

@@ -25,9 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use super::reply::Reply;
 use super::staging::input_hash;
-use super::swarm::request;
 use super::views::Origin;
-use super::{Cmd, Node};
+use super::{Event, Node};
 use crate::control::ControlResponse;
 use crate::results::{meta_name, Place, Results};
 
@@ -362,12 +361,12 @@ impl Node {
             self.submit_now(spec, reused, reply);
             return;
         }
-        let tx = self.tx.clone();
+        let handle = self.handle.clone();
         let (me, name) = (self.me, spec.def.name.clone());
         tokio::spawn(async move {
             let mut homes = homes;
             if let Some(c) = coordinator {
-                let asked = tokio::time::timeout(KEPT_WAIT, request(&tx, c, Request::ListFarms));
+                let asked = tokio::time::timeout(KEPT_WAIT, handle.request(c, Request::ListFarms));
                 if let Ok(Ok(Response::Farms(farms))) = asked.await {
                     homes.extend(
                         farms
@@ -379,9 +378,9 @@ impl Node {
             }
             let keys: Vec<[u8; 32]> = wanted.iter().map(|(_, k)| *k).collect();
             let asks = homes.into_iter().take(HOMES_ASKED).map(|h| {
-                let (tx, keys) = (tx.clone(), keys.clone());
+                let (handle, keys) = (handle.clone(), keys.clone());
                 async move {
-                    let asked = request(&tx, h, Request::Kept { keys });
+                    let asked = handle.request(h, Request::Kept { keys });
                     (h, tokio::time::timeout(KEPT_WAIT, asked).await)
                 }
             });
@@ -399,8 +398,8 @@ impl Node {
                     reused.push(done_before(t, k, *h, outputs.clone(), *grew));
                 }
             }
-            let _ = tx
-                .send(Cmd::SubmitReused(Box::new(spec), reused, reply))
+            let _ = handle
+                .tell(Event::SubmitReused(Box::new(spec), reused, reply))
                 .await;
         });
     }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use tokio::sync::mpsc;
 
 use super::reply::Reply;
-use super::Cmd;
+use super::LoopHandle;
 use crate::control::{ControlRequest, ControlResponse};
 use crate::dash::{self, SourceError};
 use crate::view::{FarmView, Observed};
@@ -13,7 +13,7 @@ use crate::view::{FarmView, Observed};
 /// The dashboard's view of a mesh node: the control requests, asked
 /// through the node's loop like the control socket's.
 pub(super) struct MeshSource {
-    pub(super) tx: mpsc::Sender<Cmd>,
+    pub(super) handle: LoopHandle,
 }
 
 impl MeshSource {
@@ -21,16 +21,18 @@ impl MeshSource {
         &self,
         req: ControlRequest,
     ) -> impl std::future::Future<Output = mpsc::Receiver<ControlResponse>> + Send + 'static {
-        let tx = self.tx.clone();
-        async move { ask_node(&tx, req).await }
+        let handle = self.handle.clone();
+        async move { ask_node(&handle, req).await }
     }
 }
 
 /// A control request to the node's loop, as the control socket sends them.
-async fn ask_node(tx: &mpsc::Sender<Cmd>, req: ControlRequest) -> mpsc::Receiver<ControlResponse> {
-    let (reply, rx) = Reply::channel();
-    let _ = tx.send(Cmd::Control(req, reply)).await;
-    rx
+async fn ask_node(handle: &LoopHandle, req: ControlRequest) -> mpsc::Receiver<ControlResponse> {
+    match handle.control(req).await {
+        Ok(rx) => rx,
+        // The loop is gone: an answer that ends at once, as a dropped reply's.
+        Err(_) => Reply::channel().1,
+    }
 }
 
 impl dash::Source for MeshSource {
@@ -51,7 +53,7 @@ impl dash::Source for MeshSource {
 
     fn farms(&self) -> dash::BoxFuture<Result<Vec<FarmView>, SourceError>> {
         let list = self.ask(ControlRequest::List);
-        let tx = self.tx.clone();
+        let handle = self.handle.clone();
         Box::pin(async move {
             let mut list = list.await;
             let mut all = match list.recv().await {
@@ -65,7 +67,7 @@ impl dash::Source for MeshSource {
             let mut views = Vec::with_capacity(all.len());
             for short in all {
                 let mut rx = ask_node(
-                    &tx,
+                    &handle,
                     ControlRequest::Farm {
                         farm: short.id.clone(),
                     },

@@ -14,10 +14,9 @@ use std::time::Duration;
 use libp2p::PeerId;
 use mesh_protocol::farm::{path_stays_inside, FarmDef, TaskRef};
 use mesh_protocol::mesh::{FarmId, FarmSpec, InputFile, NodeId, OutputFile};
-use tokio::sync::mpsc;
 
 use super::transfer::{self, hash_file, keep_pieces, FetchError, Transfers};
-use super::{Cmd, Node};
+use super::{Event, LoopHandle, Node};
 use crate::results::walk;
 
 impl Node {
@@ -62,7 +61,7 @@ impl Node {
         };
         let sources = self.sources(farm);
         let cache = self.state.join("cache");
-        let tx = self.tx.clone();
+        let handle = self.handle.clone();
         let t = self.transfers.clone();
         tokio::spawn(async move {
             let mut r = Ok(());
@@ -72,7 +71,7 @@ impl Node {
                 if cached.is_file() {
                     continue;
                 }
-                if let Err(e) = fetch_any(&t, &tx, &sources, farm, i.hash, &cached).await {
+                if let Err(e) = fetch_any(&t, &handle, &sources, farm, i.hash, &cached).await {
                     r = Err(FetchError::Input {
                         path: i.path.clone(),
                         source: Box::new(e),
@@ -80,7 +79,7 @@ impl Node {
                     break;
                 }
             }
-            let _ = tx.send(Cmd::InputsFetched(farm, r)).await;
+            let _ = handle.tell(Event::InputsFetched(farm, r)).await;
         });
     }
 
@@ -102,7 +101,7 @@ impl Node {
             // Asked again while it comes: the transfer under way answers.
             return;
         }
-        let tx = self.tx.clone();
+        let handle = self.handle.clone();
         let t = self.transfers.clone();
         // Run here before this node was the home: kept apart, in `kept`.
         let held = (from == self.me).then(|| crate::state::kept_dir(&self.state, farm));
@@ -114,10 +113,10 @@ impl Node {
                         .await
                         .unwrap_or_else(|e| Err(e.into()))
                 }
-                (Some(dir), None) => fetch_all(&t, &tx, from, farm, &dir, &outputs).await,
+                (Some(dir), None) => fetch_all(&t, &handle, from, farm, &dir, &outputs).await,
             };
             t.end_task(farm, task);
-            let _ = tx.send(Cmd::Fetched(farm, task, r)).await;
+            let _ = handle.tell(Event::Fetched(farm, task, r)).await;
         });
     }
 }
@@ -309,7 +308,7 @@ pub(super) fn keep_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, K
 /// Brings every output of a task from `from` into `dir`, each checked by hash.
 async fn fetch_all(
     t: &Arc<Transfers>,
-    tx: &mpsc::Sender<Cmd>,
+    handle: &LoopHandle,
     from: NodeId,
     farm: FarmId,
     dir: &Path,
@@ -319,7 +318,8 @@ async fn fetch_all(
         let (d, o2) = (dir.to_path_buf(), o.clone());
         let needed = tokio::task::spawn_blocking(move || output_needed(&d, &o2)).await??;
         if let Some(dest) = needed {
-            let got = transfer::fetch(t, tx, from, (farm, o.hash), &dest, (true, false)).await?;
+            let got =
+                transfer::fetch(t, handle, from, (farm, o.hash), &dest, (true, false)).await?;
             set_mode(&dest, o.mode)?;
             tracing::debug!(%farm, path = %o.path, ?got, "output home");
         }
@@ -398,7 +398,7 @@ const INPUT_WAIT: Duration = Duration::from_secs(60);
 /// the first of `sources` that has it.
 pub(super) async fn fetch_input(
     t: &Arc<Transfers>,
-    tx: &mpsc::Sender<Cmd>,
+    handle: &LoopHandle,
     sources: &[NodeId],
     farm: FarmId,
     (hash, mode): ([u8; 32], u32),
@@ -414,7 +414,7 @@ pub(super) async fn fetch_input(
     let until = tokio::time::Instant::now() + INPUT_WAIT;
     let mut pause = Duration::from_millis(250);
     while !cached.is_file() {
-        match fetch_any(t, tx, sources, farm, hash, &cached).await {
+        match fetch_any(t, handle, sources, farm, hash, &cached).await {
             Ok(()) => break,
             Err(e) if tokio::time::Instant::now() + pause >= until => return Err(e),
             Err(e) => {
@@ -455,7 +455,7 @@ pub(super) fn replace_with(cached: &Path, dest: &Path, mode: u32) -> Result<(), 
 /// it, into this node's cache (its pieces kept beside it, to serve it on).
 pub(super) async fn fetch_any(
     t: &Arc<Transfers>,
-    tx: &mpsc::Sender<Cmd>,
+    handle: &LoopHandle,
     sources: &[NodeId],
     farm: FarmId,
     hash: [u8; 32],
@@ -463,7 +463,7 @@ pub(super) async fn fetch_any(
 ) -> Result<(), FetchError> {
     let mut why = Vec::new();
     for from in sources {
-        match transfer::fetch(t, tx, *from, (farm, hash), dest, (false, true)).await {
+        match transfer::fetch(t, handle, *from, (farm, hash), dest, (false, true)).await {
             Ok(_) => return Ok(()),
             Err(e) => why.push((*from, e)),
         }

@@ -5,16 +5,16 @@ use std::time::Instant;
 
 use libp2p::identify;
 use libp2p::multiaddr::Protocol;
-use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
+use libp2p::request_response::{self, OutboundRequestId};
 use libp2p::swarm::SwarmEvent;
 use libp2p::{ping, Multiaddr, PeerId};
 use mesh_protocol::mesh::{Msg, NodeId};
 use mesh_protocol::observe::Latency;
 use mesh_protocol::wire::{Request, Response};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use super::refusals::{Answer, QueryError, RequestError};
-use super::{swim, Cmd, Node, NodeError, NodeOptions};
+use super::refusals::{Answer, RequestError};
+use super::{swim, Node, NodeError, NodeOptions};
 use crate::keys;
 use crate::net::{self, BehaviourEvent};
 
@@ -208,7 +208,7 @@ impl Node {
             bind,
             self.net.swim_cipher.clone(),
             seed.as_bytes(),
-            self.tx.clone(),
+            self.handle.clone(),
         ) {
             Ok(s) => self.net.swim = Some(s),
             Err(e) => self.say(&format!(
@@ -344,64 +344,6 @@ impl Node {
             _ => {}
         }
     }
-
-    /// Answers another node's request; the answer to one that has gone
-    /// meanwhile is dropped, as it would be on the way.
-    pub(super) fn respond(&mut self, channel: ResponseChannel<Response>, resp: Response) {
-        let _ = self
-            .net
-            .swarm
-            .behaviour_mut()
-            .rr
-            .send_response(channel, resp);
-    }
-
-    fn on_request(&mut self, req: Request, channel: ResponseChannel<Response>) {
-        self.recorder.counters.messages_received += 1;
-        match req {
-            Request::Observe { since } => {
-                let resp = Response::Observed(Box::new(self.observation(since)));
-                self.respond(channel, resp);
-            }
-            Request::WhereRan { .. } | Request::TaskLog { .. } | Request::DepOutputs { .. } => {
-                let tx = self.tx.clone();
-                match self.local_answer(req) {
-                    Ok(r) => {
-                        self.respond(channel, r);
-                    }
-                    Err(rx) => {
-                        tokio::spawn(async move {
-                            let r = rx
-                                .await
-                                .unwrap_or(Response::Error("the node is stopping".into()));
-                            let _ = tx.send(Cmd::Respond(channel, r)).await;
-                        });
-                    }
-                }
-            }
-            Request::Nodes => {
-                let resp = Response::Nodes(self.peer.node_beats());
-                self.respond(channel, resp);
-            }
-            Request::ListFarms => {
-                let resp = Response::Farms(self.summaries());
-                self.respond(channel, resp);
-            }
-            Request::Kept { keys } => {
-                let resp = Response::Kept(self.kept_here(&keys));
-                self.respond(channel, resp);
-            }
-            Request::FindFarm { query } => {
-                let resp = match self.find_known(&query).map(|f| self.found(f)) {
-                    Ok(Some(f)) => Response::Farm(Box::new(f)),
-                    Ok(None) | Err(_) => {
-                        Response::Error(QueryError::UnknownToMesh(query).to_string())
-                    }
-                };
-                self.respond(channel, resp);
-            }
-        }
-    }
 }
 
 /// The node could not join the mesh it was pointed at.
@@ -413,16 +355,4 @@ fn join_failed(opts: &NodeOptions, why: String) -> NodeError {
         .collect::<Vec<_>>()
         .join(",");
     NodeError::Join { addr, why }
-}
-
-pub(super) async fn request(tx: &mpsc::Sender<Cmd>, to: NodeId, req: Request) -> Answer {
-    let (reply, rx) = oneshot::channel();
-    tx.send(Cmd::Request { to, req, reply })
-        .await
-        .map_err(|_| RequestError::Stopping)?;
-    match rx.await {
-        Ok(Ok(Response::Error(e))) => Err(RequestError::Refused(e)),
-        Ok(r) => r,
-        Err(_) => Err(RequestError::Stopping),
-    }
 }

@@ -23,9 +23,8 @@ use libp2p::multiaddr::Protocol;
 use libp2p::Multiaddr;
 use mesh_protocol::mesh::{Msg, NodeId};
 use tokio::net::UdpSocket;
-use tokio::sync::mpsc;
 
-use super::Cmd;
+use super::{Event, LoopHandle};
 use crate::keys::MeshKey;
 
 /// Larger than any packet SWIM makes (1,400 bytes) with its seal, and
@@ -69,7 +68,7 @@ impl SwimSocket {
         addr: SocketAddr,
         cipher: XChaCha20Poly1305,
         seed: &[u8],
-        tx: mpsc::Sender<Cmd>,
+        handle: LoopHandle,
     ) -> io::Result<SwimSocket> {
         let std_sock = std::net::UdpSocket::bind(addr)?;
         std_sock.set_nonblocking(true)?;
@@ -87,7 +86,7 @@ impl SwimSocket {
         let sock = Arc::new(UdpSocket::from_std(std_sock)?);
         let mut prefix = [0u8; 16];
         prefix.copy_from_slice(&blake3::hash(seed).as_bytes()[..16]);
-        tokio::spawn(receive(sock, cipher.clone(), tx));
+        tokio::spawn(receive(sock, cipher.clone(), handle));
         Ok(SwimSocket {
             out,
             cipher,
@@ -138,7 +137,7 @@ impl SwimSocket {
 /// Opens what arrives and hands it to the loop; anything that does not
 /// open under the key (another mesh, noise), or does not read as what
 /// its first byte says, is dropped.
-async fn receive(sock: Arc<UdpSocket>, cipher: XChaCha20Poly1305, tx: mpsc::Sender<Cmd>) {
+async fn receive(sock: Arc<UdpSocket>, cipher: XChaCha20Poly1305, handle: LoopHandle) {
     let mut buf = vec![0u8; PACKET_MAX];
     loop {
         let n = match sock.recv_from(&mut buf).await {
@@ -156,15 +155,15 @@ async fn receive(sock: Arc<UdpSocket>, cipher: XChaCha20Poly1305, tx: mpsc::Send
         let cmd = match data.first() {
             Some(&KIND_SWIM) => {
                 data.remove(0);
-                Cmd::Swim(data)
+                Event::Swim(data)
             }
             Some(&KIND_MSG) => match postcard::from_bytes::<(NodeId, Msg)>(&data[1..]) {
-                Ok((from, msg)) => Cmd::Packet(from, msg),
+                Ok((from, msg)) => Event::Packet(from, msg),
                 Err(_) => continue,
             },
             _ => continue,
         };
-        if tx.send(cmd).await.is_err() {
+        if handle.tell(cmd).await.is_err() {
             return;
         }
     }
@@ -192,6 +191,7 @@ pub(super) fn udp_target(addrs: &[String]) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mesh_node::Cmd;
 
     #[test]
     fn the_udp_port_is_the_tcp_port_of_the_first_usable_address() {
@@ -205,12 +205,12 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_packet_opens_only_under_the_same_mesh_key() {
-        let (tx, mut rx) = mpsc::channel(16);
+        let (tx, mut rx) = LoopHandle::new(16);
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let key = MeshKey::new([7; 32]);
         let b = SwimSocket::bind(any, cipher(&key), b"b", tx).unwrap();
         let to = b.out.local_addr().unwrap();
-        let (tx2, _rx2) = mpsc::channel(16);
+        let (tx2, _rx2) = LoopHandle::new(16);
         let mut a = SwimSocket::bind(any, cipher(&key), b"a", tx2.clone()).unwrap();
         let mut other = SwimSocket::bind(any, cipher(&MeshKey::new([8; 32])), b"c", tx2).unwrap();
         other.send(to, b"forged");
@@ -219,19 +219,19 @@ mod tests {
             .await
             .expect("a packet in time");
         match got {
-            Some(Cmd::Swim(data)) => assert_eq!(data, b"hello"),
+            Some(Cmd::Event(Event::Swim(data))) => assert_eq!(data, b"hello"),
             _ => panic!("expected the sealed packet"),
         }
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_small_message_travels_as_a_packet_with_its_sender_and_a_large_one_does_not() {
-        let (tx, mut rx) = mpsc::channel(16);
+        let (tx, mut rx) = LoopHandle::new(16);
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let key = MeshKey::new([7; 32]);
         let b = SwimSocket::bind(any, cipher(&key), b"b", tx).unwrap();
         let to = b.out.local_addr().unwrap();
-        let (tx2, _rx2) = mpsc::channel(16);
+        let (tx2, _rx2) = LoopHandle::new(16);
         let mut a = SwimSocket::bind(any, cipher(&key), b"a", tx2).unwrap();
         let big = Msg::Refused {
             farm: mesh_protocol::mesh::FarmId(1),
@@ -246,7 +246,7 @@ mod tests {
             .await
             .expect("a packet in time");
         match got {
-            Some(Cmd::Packet(from, msg)) => {
+            Some(Cmd::Event(Event::Packet(from, msg))) => {
                 assert_eq!(from, NodeId(5));
                 assert_eq!(msg, small);
             }

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use super::deps::{place_deps, DepsPlace, NotPlaced};
 use super::staging::{fetch_input, input_file, input_hash, keep_outputs, manifest};
 use super::transfer::Transfers;
-use super::{Cmd, Node};
+use super::{Event, LoopHandle, Node};
 use crate::executor::{self, Finished, Launch};
 use crate::task_view::TaskView;
 
@@ -125,7 +125,7 @@ impl Node {
             node: self.net.swarm.local_peer_id().to_string(),
             view,
         };
-        let tx = self.tx.clone();
+        let handle = self.handle.clone();
         let cache = self.state.join("cache");
         let held = crate::state::kept_dir(&self.state, task.farm);
         let sources = self.sources(task.farm);
@@ -145,10 +145,10 @@ impl Node {
                 task,
                 (local, sources, transfers, deps),
                 (cache, held),
-                tx.clone(),
+                handle.clone(),
             )
             .await;
-            let _ = tx.send(Cmd::Finished(task, outcome, outputs)).await;
+            let _ = handle.tell(Event::Finished(task, outcome, outputs)).await;
         };
         tokio::spawn(attempt);
     }
@@ -292,7 +292,7 @@ async fn run_task(
     task: Assigned,
     (local, sources, transfers, deps): (bool, Vec<NodeId>, Arc<Transfers>, Option<DepsPlace>),
     (cache, held): (PathBuf, PathBuf),
-    tx: mpsc::Sender<Cmd>,
+    handle: LoopHandle,
 ) -> (Outcome, Vec<OutputFile>) {
     let key = launch.key;
     let fail = |e: String| {
@@ -316,13 +316,13 @@ async fn run_task(
             return fail(format!("cannot create {}: {e}", launch.root.display()));
         }
         if let Some(p) = &deps {
-            match place_deps(&transfers, &tx, &spec, p).await {
+            match place_deps(&transfers, &handle, &spec, p).await {
                 Ok(()) => {}
                 Err(NotPlaced::Failed(e)) => {
                     return fail(format!("the outputs it depends on: {e}"))
                 }
                 Err(NotPlaced::Remade) => {
-                    let _ = tx.send(Cmd::GiveBack(task)).await;
+                    let _ = handle.tell(Event::GiveBack(task)).await;
                     return fail("given back: what it depends on is being made again".into());
                 }
             }
@@ -331,7 +331,7 @@ async fn run_task(
             let file = input_file(&spec, input).map_or(([0; 32], 0), |i| (i.hash, i.mode));
             if let Err(e) = fetch_input(
                 &transfers,
-                &tx,
+                &handle,
                 &sources,
                 spec.id,
                 file,
@@ -365,7 +365,7 @@ async fn run_task(
     // One attempt, one report: room for it is all this channel needs.
     let (done_tx, mut done_rx) = mpsc::channel::<Finished>(1);
     let live = executor::launch(launch, done_tx);
-    let _ = tx.send(Cmd::Launched(task, live)).await;
+    let _ = handle.tell(Event::Launched(task, live)).await;
     let Some(f) = done_rx.recv().await else {
         return fail("the task's runner stopped".into());
     };

@@ -31,9 +31,9 @@ use mesh_protocol::farm::TaskRef;
 use mesh_protocol::mesh::{FarmId, NodeId};
 use mesh_protocol::pieces::{piece_count, Cv, PieceError, PieceHasher, Pieces};
 use mesh_protocol::wire::{DataAsk, DataFrom, DataHead, Refusal, DATA_PROTOCOL};
-use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 
-use super::Cmd;
+use super::{Event, LoopHandle};
 use crate::net;
 
 /// A node fetches at most this many files at once; the others wait their
@@ -520,7 +520,7 @@ async fn within<T>(
 /// pieces beside it (a cached input this node may serve in turn).
 pub(super) async fn fetch(
     t: &Arc<Transfers>,
-    tx: &mpsc::Sender<Cmd>,
+    handle: &LoopHandle,
     from: NodeId,
     (farm, hash): (FarmId, [u8; 32]),
     dest: &Path,
@@ -552,7 +552,7 @@ pub(super) async fn fetch(
             done,
         },
     };
-    let r = fetch_here(t, tx, from, (farm, hash), dest, (home, keep)).await;
+    let r = fetch_here(t, handle, from, (farm, hash), dest, (home, keep)).await;
     let _ = done.done.send(Some(r.clone()));
     r
 }
@@ -573,7 +573,7 @@ impl Drop for Landed<'_> {
 
 async fn fetch_here(
     t: &Arc<Transfers>,
-    tx: &mpsc::Sender<Cmd>,
+    handle: &LoopHandle,
     from: NodeId,
     (farm, hash): (FarmId, [u8; 32]),
     dest: &Path,
@@ -585,11 +585,8 @@ async fn fetch_here(
         .acquire()
         .await
         .map_err(|_| FetchError::Stopping)?;
-    let (pid_tx, pid_rx) = oneshot::channel();
-    tx.send(Cmd::PeerOf(from, pid_tx))
-        .await
-        .map_err(|_| FetchError::Stopping)?;
-    let pid = pid_rx
+    let pid = handle
+        .peer_of(from)
         .await
         .map_err(|_| FetchError::Stopping)?
         .ok_or(FetchError::NotMember(from))?;
@@ -627,7 +624,7 @@ async fn fetch_here(
         .await
         .map_err(|e| FetchError::StreamEnded(Arc::new(e)))?;
     let farm_of = home.then_some(farm);
-    let r = receive(t, tx, &mut s, &part, (&pieces, hash, have), farm_of).await;
+    let r = receive(t, handle, &mut s, &part, (&pieces, hash, have), farm_of).await;
     let _ = s.close().await;
     r?;
     if keep {
@@ -716,7 +713,7 @@ fn verified_part(part: &Path, pieces: &Pieces, hash: &Cv) -> io::Result<u64> {
 /// The bytes from `have` to the end, checked and written as they come.
 async fn receive(
     t: &Transfers,
-    tx: &mpsc::Sender<Cmd>,
+    handle: &LoopHandle,
     s: &mut libp2p::Stream,
     part: &Path,
     (pieces, hash, have): (&Pieces, Cv, u64),
@@ -781,7 +778,7 @@ async fn receive(
             told = Instant::now();
             // Full: this progress is dropped; the next one, or the
             // fetch's end, says as much.
-            let _ = tx.try_send(Cmd::Moved(farm));
+            handle.hint(Event::Moved(farm));
         }
         if btx.send(buf).await.is_err() {
             break;

@@ -9,7 +9,7 @@ use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId};
 use mesh_protocol::wire::{FarmSummary, FoundFarm};
 
 use super::reply::Reply;
-use super::{farm_display_id, Cmd, Node};
+use super::{farm_display_id, Event, Node};
 use crate::control::ControlResponse;
 use crate::eta;
 use crate::task_words::{describe_failure, describe_stop};
@@ -210,13 +210,13 @@ impl Node {
         );
         let names: Vec<String> = r.spec.def.stages.iter().map(|s| s.name.clone()).collect();
         o.estimating = true;
-        let tx = self.tx.clone();
+        let handle = self.handle.clone();
         let seed = farm.0;
         tokio::task::spawn_blocking(move || {
             let started = Instant::now();
             let at = crate::state::unix_ms();
             let estimate = eta::estimate(&stages, names.iter().map(String::as_str), at, seed);
-            let _ = tx.blocking_send(Cmd::Estimated(farm, estimate, started.elapsed()));
+            let _ = handle.tell_blocking(Event::Estimated(farm, estimate, started.elapsed()));
         });
     }
 

@@ -1,0 +1,181 @@
+//! What the loop's handle brings, handled in the loop's turn: events that ended or arrived off the loop (tasks' ends taken together as one step of the peer), and calls answered on the channel they carry.
+
+use mesh_protocol::engine::TaskResult;
+use mesh_protocol::mesh::Fetched;
+use nix::sys::signal::Signal;
+
+use super::transfer::FetchError;
+use super::{Call, Cmd, Event, Node};
+use crate::alloc::batch;
+use crate::control::ControlResponse;
+use crate::keys;
+
+impl Node {
+    /// Commands that were ready together; the tasks among them that
+    /// ended reach the peer as one step.
+    pub(super) fn on_cmds(&mut self, cmds: Vec<Cmd>) {
+        let mut ended = Vec::new();
+        for cmd in cmds {
+            match cmd {
+                Cmd::Event(Event::Finished(task, outcome, outputs)) => {
+                    if self
+                        .tasks
+                        .live
+                        .get(&(task.farm, task.task))
+                        .is_some_and(|(a, ..)| *a == task.attempt)
+                    {
+                        self.tasks.live.remove(&(task.farm, task.task));
+                    }
+                    // Whichever attempt it was: each holds its workdir.
+                    self.workdir_freed(&task);
+                    if let Some((seq, slot)) = self.tasks.run_seq.remove(&(task.farm, task.task)) {
+                        let failed = !self.peer.spec(task.farm).is_some_and(|s| {
+                            let codes = &s.def.stages[task.task.stage as usize].success_codes;
+                            match outcome.result {
+                                TaskResult::Exited(c) => codes.contains(&c),
+                                TaskResult::Cached => true,
+                                _ => false,
+                            }
+                        });
+                        self.recorder
+                            .ended(seq, slot, failed, crate::state::unix_ms());
+                    }
+                    self.serve_outputs(task.farm, task.task, &outputs);
+                    ended.push((task, outcome, outputs));
+                }
+                Cmd::Event(ev) => self.on_event(ev),
+                Cmd::Call(call) => self.on_call(call),
+            }
+        }
+        if !ended.is_empty() {
+            let now = self.now();
+            self.peer.tasks_finished(now, ended);
+        }
+    }
+
+    /// What ended or arrived off the loop.
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Finished(..) => unreachable!("ended tasks are taken together by on_cmds"),
+            Event::Peer(peer, msgs) => {
+                let from = keys::node_id(&peer);
+                self.net.peers.insert(from, peer);
+                self.recorder.counters.messages_received += msgs.len() as u64;
+                let now = self.now();
+                for msg in msgs {
+                    self.peer.handle_message(now, from, msg);
+                }
+            }
+            Event::Fetched(farm, task, r) => {
+                if let Err(e) = &r {
+                    tracing::info!(%farm, ?task, "outputs not brought home yet: {e}");
+                }
+                if r.is_ok() {
+                    let outputs = self.peer.replica(farm).and_then(|r| match r.log.get(task) {
+                        Some(mesh_protocol::mesh::Entry::Done { outputs, .. }) => {
+                            Some(outputs.clone())
+                        }
+                        _ => None,
+                    });
+                    if let Some(o) = outputs {
+                        self.serve_outputs(farm, task, &o);
+                    }
+                }
+                let got = match &r {
+                    Ok(()) => Fetched::Here,
+                    Err(FetchError::Missing) => Fetched::Gone,
+                    Err(_) => Fetched::Later,
+                };
+                let now = self.now();
+                self.peer.fetched(now, farm, task, got);
+                self.feed(farm, Some(task));
+            }
+            Event::InputsFetched(farm, r) => {
+                if let Err(e) = &r {
+                    tracing::info!(%farm, "inputs not here yet: {e}");
+                }
+                let now = self.now();
+                self.peer.inputs_ready(now, farm, r.is_ok());
+            }
+            Event::Found(r, asked) => self.answer(*r, asked),
+            Event::Swim(data) => {
+                let now = self.now();
+                self.peer.handle_swim(now, &data);
+            }
+            Event::Packet(from, msg) => {
+                self.recorder.counters.messages_received += 1;
+                let now = self.now();
+                self.peer.handle_message(now, from, msg);
+            }
+            Event::Launched(task, live) => {
+                if let Some((attempt, slot, kill)) =
+                    self.tasks.live.get_mut(&(task.farm, task.task))
+                {
+                    if *attempt == task.attempt {
+                        if *kill {
+                            live.signal(Signal::SIGKILL);
+                        }
+                        *slot = Some(live);
+                    }
+                }
+            }
+            Event::GiveBack(task) => self.peer.give_back(task),
+            Event::Answered(channel, resp) => {
+                self.respond(channel, resp);
+            }
+            Event::Moved(farm) => self.refresh_view(farm),
+            Event::Estimated(farm, estimate, took) => self.estimated(farm, estimate, took),
+            Event::Submit(spec, rerun, reply) => match spec {
+                Err(e) => {
+                    let _ = reply.send(ControlResponse::Error(e.to_string()));
+                }
+                Ok(spec) => {
+                    self.serve_inputs(&spec.0);
+                    self.submit_reusing(spec, &rerun, reply);
+                }
+            },
+            Event::SubmitReused(spec, reused, reply) => self.submit_now(*spec, reused, reply),
+            Event::Feed(farm) => self.feed(farm, None),
+            Event::Batch(done) => {
+                let now = self.now();
+                // The book records a failure in words; the peer acts on
+                // success or failure alone.
+                match done {
+                    batch::Done::Submitted(q, r) => {
+                        if let Err(e) = &r {
+                            self.say(&format!("mesh alloc: queue `{}`: {e}", q.name));
+                        }
+                        self.peer
+                            .batch_submitted(now, &q, r.map_err(|e| e.to_string()));
+                    }
+                    batch::Done::Polled(system, r) => {
+                        self.peer
+                            .batch_polled(now, system, r.map_err(|e| e.to_string()))
+                    }
+                    batch::Done::Cancelled(job, r) => {
+                        self.peer
+                            .batch_cancelled(now, &job, r.map_err(|e| e.to_string()))
+                    }
+                    batch::Done::Listed(system, gen, r) => {
+                        self.peer
+                            .batch_listed(now, system, gen, r.map_err(|e| e.to_string()))
+                    }
+                }
+                self.answer_alloc_waits();
+            }
+        }
+    }
+
+    /// A call through the handle, answered on the channel it carries.
+    pub(super) fn on_call(&mut self, call: Call) {
+        match call {
+            Call::Request { to, req, reply } if to == self.me => self.answer_own(req, reply),
+            Call::Request { to, req, reply } => self.send(to, req, Some(reply)),
+            Call::AskCoordinator { req, reply } => self.ask_of_coordinator(req, reply),
+            Call::PeerOf(node, reply) => {
+                let _ = reply.send(self.peer_of(node));
+            }
+            Call::Control(req, reply) => self.on_control(req, reply),
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! Requests from other nodes, answered here: at once from what the node knows (its status, farms, kept results, a farm's place), or off the loop where files must be read (logs, where a task ran, what a task depends on), the answer coming back as an event.
+
+use libp2p::request_response::ResponseChannel;
+use mesh_protocol::wire::{Request, Response};
+use tokio::sync::oneshot;
+
+use super::refusals::{Answer, QueryError};
+use super::{Event, Node};
+
+impl Node {
+    /// Answers another node's request; the answer to one that has gone
+    /// meanwhile is dropped, as it would be on the way.
+    pub(super) fn respond(&mut self, channel: ResponseChannel<Response>, resp: Response) {
+        let _ = self
+            .net
+            .swarm
+            .behaviour_mut()
+            .rr
+            .send_response(channel, resp);
+    }
+
+    pub(super) fn on_request(&mut self, req: Request, channel: ResponseChannel<Response>) {
+        self.recorder.counters.messages_received += 1;
+        match req {
+            Request::Observe { since } => {
+                let resp = Response::Observed(Box::new(self.observation(since)));
+                self.respond(channel, resp);
+            }
+            Request::WhereRan { .. } | Request::TaskLog { .. } | Request::DepOutputs { .. } => {
+                let handle = self.handle.clone();
+                match self.local_answer(req) {
+                    Ok(r) => {
+                        self.respond(channel, r);
+                    }
+                    Err(rx) => {
+                        tokio::spawn(async move {
+                            let r = rx
+                                .await
+                                .unwrap_or(Response::Error("the node is stopping".into()));
+                            let _ = handle.tell(Event::Answered(channel, r)).await;
+                        });
+                    }
+                }
+            }
+            Request::Nodes => {
+                let resp = Response::Nodes(self.peer.node_beats());
+                self.respond(channel, resp);
+            }
+            Request::ListFarms => {
+                let resp = Response::Farms(self.summaries());
+                self.respond(channel, resp);
+            }
+            Request::Kept { keys } => {
+                let resp = Response::Kept(self.kept_here(&keys));
+                self.respond(channel, resp);
+            }
+            Request::FindFarm { query } => {
+                let resp = match self.find_known(&query).map(|f| self.found(f)) {
+                    Ok(Some(f)) => Response::Farm(Box::new(f)),
+                    Ok(None) | Err(_) => {
+                        Response::Error(QueryError::UnknownToMesh(query).to_string())
+                    }
+                };
+                self.respond(channel, resp);
+            }
+        }
+    }
+
+    /// A request this node made of itself (`mesh logs` of a task run
+    /// here), answered as another node's would be.
+    pub(super) fn answer_own(&mut self, req: Request, reply: oneshot::Sender<Answer>) {
+        // Asked of this node itself (`mesh logs` of a task run here).
+        match self.local_answer(req) {
+            Ok(r) => {
+                let _ = reply.send(Ok(r));
+            }
+            Err(rx) => {
+                tokio::spawn(async move {
+                    let r = rx
+                        .await
+                        .unwrap_or(Response::Error("the node is stopping".into()));
+                    let _ = reply.send(Ok(r));
+                });
+            }
+        }
+    }
+}
