@@ -374,6 +374,7 @@ pub fn quantile(ends: &[u64], q: f64) -> u64 {
 pub struct JobShape {
     /// One node of a job, and how many nodes a job has.
     pub node: Resources,
+    /// How many such nodes a job has.
     pub nodes_per_job: u32,
     /// How long a job waits before its node joins, as the queue's jobs
     /// did so far (a guess before one has).

@@ -30,11 +30,14 @@ pub struct FarmSlot(pub u32);
 /// One task: a stage (by position in the farm) and its index in that stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TaskRef {
+    /// The stage, by its position in the farm (from 0).
     pub stage: u32,
+    /// Its index in that stage (from 0).
     pub index: u32,
 }
 
 impl TaskRef {
+    /// Task `index` of stage `stage`.
     pub fn new(stage: u32, index: u32) -> TaskRef {
         TaskRef { stage, index }
     }

@@ -70,28 +70,39 @@ pub struct LatencyData {
 /// One latency in short: what `mesh status --latency` prints.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LatencySummary {
+    /// Which latency, as [`LATENCY_NAMES`] names it.
     pub name: String,
+    /// How many were recorded.
     pub count: u64,
+    /// The median, in ms (0 when none was recorded).
     pub p50_ms: f64,
+    /// The 90th percentile, in ms (0 when none was recorded).
     pub p90_ms: f64,
+    /// The 99th percentile, in ms (0 when none was recorded).
     pub p99_ms: f64,
+    /// The longest, in ms (0 when none was recorded).
     pub max_ms: f64,
+    /// The mean, in ms (0 when none was recorded).
     pub mean_ms: f64,
 }
 
 impl Latencies {
+    /// Records one latency of `kind`, in microseconds (0 counts as 1).
     pub fn record(&mut self, kind: Latency, micros: u64) {
         self.hists[kind as usize].saturating_record(micros.max(1));
     }
 
+    /// Records one latency of `kind`, in milliseconds.
     pub fn record_ms(&mut self, kind: Latency, ms: u64) {
         self.record(kind, ms.saturating_mul(1000));
     }
 
+    /// The histogram of `kind`, in microseconds.
     pub fn get(&self, kind: Latency) -> &Histogram<u64> {
         &self.hists[kind as usize]
     }
 
+    /// The values recorded, to send to another node (see [`Latencies::merge`]).
     pub fn export(&self) -> LatencyData {
         LatencyData {
             kinds: self
@@ -115,6 +126,7 @@ impl Latencies {
         }
     }
 
+    /// Each latency in short, in the order of [`Latency`].
     pub fn summaries(&self) -> Vec<LatencySummary> {
         let ms = |us: u64| us as f64 / 1000.0;
         self.hists
@@ -145,22 +157,30 @@ impl Latencies {
 /// Counters a node keeps from its start, for `/metrics` and the dashboard.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
+    /// Messages this node sent to other nodes.
     pub messages_sent: u64,
+    /// Messages this node received from other nodes.
     pub messages_received: u64,
     /// Tasks this node took from others, and gave to thieves.
     pub tasks_stolen: u64,
+    /// Tasks this node gave to thieves.
     pub tasks_given: u64,
     /// Times this node saw a new coordinator take over.
     pub failovers: u64,
+    /// Runs of tasks this node started.
     pub tasks_run: u64,
+    /// Runs on this node that ended failed.
     pub tasks_failed: u64,
     /// Bytes of files this node sent other nodes over the mesh, received
     /// from them (checked), and took in place where another node kept
     /// them on a shared file system.
     #[serde(default)]
     pub bytes_sent: u64,
+    /// Bytes of files received from other nodes, checked.
     #[serde(default)]
     pub bytes_received: u64,
+    /// Bytes of files taken in place, where another node kept them on a
+    /// shared file system.
     #[serde(default)]
     pub bytes_in_place: u64,
 }
@@ -173,14 +193,19 @@ pub struct RunRecord {
     /// When the record last changed (its start, then its end), on a counter
     /// of the node's: a reader asks for what changed after the last it saw.
     pub changed: u64,
+    /// Which farm the task is of.
     pub farm: FarmId,
+    /// Which task of the farm.
     pub task: TaskRef,
+    /// Which attempt of the task this run was.
     pub attempt: u32,
     /// Which of the node's slots it ran in (a row of the Gantt chart).
     pub slot: u32,
     /// Unix milliseconds on the node's clock.
     pub start: u64,
+    /// When it ended, as `start`; none while it runs.
     pub end: Option<u64>,
+    /// Whether it ended failed.
     pub failed: bool,
 }
 
@@ -193,13 +218,18 @@ pub struct Observation {
     /// The machine's one-minute load average and cores; memory in bytes
     /// (None where the system does not say).
     pub load: Option<f64>,
+    /// The machine's cores, all of them.
     pub cpus: u32,
+    /// Memory in use, in bytes.
     pub mem_used: Option<u64>,
+    /// All the machine's memory, in bytes.
     pub mem_total: Option<u64>,
     /// Bytes of outputs this node keeps for other nodes' farms until
     /// their homes have them (`<state>/held`).
     pub held_bytes: u64,
+    /// The node's counters since it started.
     pub counters: Counters,
+    /// The node's latency histograms.
     pub latency: LatencyData,
     /// Runs that changed after the asked-for point, oldest first.
     pub runs: Vec<RunRecord>,

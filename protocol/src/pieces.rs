@@ -24,6 +24,7 @@ pub const PIECE_MIN: u64 = 1 << 20;
 /// their hashes (32 bytes each, 128 KiB in all) travel in one message.
 pub const PIECES_MAX: u64 = 4096;
 
+/// A chaining value: the hash of one piece as a subtree of the file's tree.
 pub type Cv = [u8; 32];
 
 /// The length of each piece of a file of `size` bytes (the last may be
@@ -38,14 +39,19 @@ pub fn piece_count(size: u64) -> u64 {
     size.div_ceil(piece_len(size)).max(1)
 }
 
+/// Why a file's bytes or pieces were not taken.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum PieceError {
+    /// The chaining values sent do not merge into the file's hash.
     #[error("the file's pieces do not make up its hash")]
     Pieces,
+    /// This piece (counting from 0) arrived with bytes of another hash.
     #[error("piece {0} of the file arrived with another hash")]
     Piece(u64),
+    /// The bytes do not make up the file: too few of them, or another hash.
     #[error("the file arrived with another hash")]
     File,
+    /// More bytes arrived than the file has.
     #[error("more bytes arrived than the file has")]
     TooLong,
 }
@@ -54,7 +60,9 @@ pub enum PieceError {
 /// piece: its hash is its piece's).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pieces {
+    /// The file's size in bytes.
     pub size: u64,
+    /// Each piece's chaining value, in order (empty for a file of one piece).
     pub cvs: Vec<Cv>,
 }
 
@@ -75,6 +83,7 @@ impl Pieces {
         }
     }
 
+    /// The length of each piece but the last (see [`piece_len`]).
     pub fn piece_len(&self) -> u64 {
         piece_len(self.size)
     }

@@ -9,11 +9,14 @@ use crate::resources::{Amount, Resources, GPU, MILLI};
 /// Resources handed to one running task.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Grant {
+    /// What the task asked for, all of it held while it runs.
     pub resources: Resources,
     /// Device indices of the `gpu` resource, when it asked for any.
     pub gpus: Vec<u32>,
 }
 
+/// One machine's resources and GPU devices, handed out as grants that
+/// never drive a counter negative.
 #[derive(Clone, Debug)]
 pub struct Pool {
     total: Resources,
@@ -39,10 +42,12 @@ impl Pool {
         }
     }
 
+    /// Everything the machine offers.
     pub fn total(&self) -> &Resources {
         &self.total
     }
 
+    /// What no grant holds now.
     pub fn free(&self) -> &Resources {
         &self.free
     }
@@ -77,6 +82,8 @@ impl Pool {
         placeable_gpus(request.get(GPU)) && total.fits(request)
     }
 
+    /// Whether `request` fits now: in the free counters and, for GPUs, in
+    /// the room left on the devices.
     pub fn can_grant(&self, request: &Resources) -> bool {
         if !self.free.fits(request) {
             return false;
@@ -134,6 +141,7 @@ impl Pool {
         })
     }
 
+    /// Gives back what a grant held, counters and devices both.
     pub fn release(&mut self, grant: &Grant) {
         self.free.give(&grant.resources);
         let g = grant.resources.get(GPU).0;

@@ -26,8 +26,10 @@ pub const GPU: &str = "gpu";
 pub struct Amount(pub u64);
 
 impl Amount {
+    /// Nothing of a resource.
     pub const ZERO: Amount = Amount(0);
 
+    /// `n` whole units.
     pub fn units(n: u64) -> Amount {
         Amount(n.saturating_mul(MILLI))
     }
@@ -42,6 +44,7 @@ impl Amount {
         self.0 as f64 / MILLI as f64
     }
 
+    /// True for nothing at all.
     pub fn is_zero(self) -> bool {
         self.0 == 0
     }
@@ -71,12 +74,16 @@ impl Amount {
 /// Why a quantity could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AmountError {
+    /// Not a number (nor, for `mem`, a size).
     #[error("`{0}` is not a valid quantity, expected a number such as 2 or 0.5, or for mem a size such as 512MiB or 4G")]
     Malformed(String),
+    /// Below zero.
     #[error("`{0}` is negative, expected zero or more")]
     Negative(String),
+    /// More than three decimals: finer than a thousandth.
     #[error("`{0}` has more than three decimals, expected at most three")]
     TooPrecise(String),
+    /// A `mem` size too large to hold in thousandths of a byte.
     #[error("`{0}` is too large")]
     TooLarge(String),
 }
@@ -159,6 +166,7 @@ fn parse_milli(t: &str) -> Option<u64> {
     w.checked_mul(MILLI)?.checked_add(f)
 }
 
+/// A byte count in binary units, as people read it (`100B`, `512MiB`, `1.5GiB`).
 pub fn format_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
@@ -188,10 +196,13 @@ impl Resources {
     /// No resources; usable in constants.
     pub const EMPTY: Resources = Resources(Vec::new());
 
+    /// No resources.
     pub fn new() -> Resources {
         Resources(Vec::new())
     }
 
+    /// The vector of these named amounts: a later name overrides an earlier
+    /// one, zeros are left out.
     pub fn from_pairs<I: IntoIterator<Item = (String, Amount)>>(pairs: I) -> Resources {
         let mut r = Resources::new();
         for (k, v) in pairs {
@@ -215,6 +226,7 @@ impl Resources {
         Err(self.0.len())
     }
 
+    /// The amount of `name` (zero when it has none).
     pub fn get(&self, name: &str) -> Amount {
         match self.find(name) {
             Ok(i) => self.0[i].1,
@@ -234,10 +246,12 @@ impl Resources {
         }
     }
 
+    /// Each name and its amount, in name order (never a zero).
     pub fn iter(&self) -> impl Iterator<Item = (&str, Amount)> {
         self.0.iter().map(|(k, v)| (k.as_str(), *v))
     }
 
+    /// True when it has nothing of any resource.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -335,14 +349,18 @@ pub fn valid_resource_name(name: &str) -> bool {
         && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
 }
 
+/// Why a resource list (`cpu=4,mem=8GiB`) could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResourceSpecError {
+    /// An item with no `=amount`.
     #[error("`{0}` has no value, expected name=amount, e.g. gpu=2")]
     NoValue(String),
     #[error(
         "`{0}` is not a valid resource name, expected a letter, then letters, digits, `_` and `-`"
     )]
+    /// A name that is not a resource name (see [`valid_resource_name`]).
     BadName(String),
+    /// The named resource's amount could not be read.
     #[error("resource `{0}`: {1}")]
     Amount(String, AmountError),
 }

@@ -32,7 +32,9 @@ pub const MESSAGE_MAX: usize = 64 << 20;
 /// output (from the node that keeps it until the farm's home has it).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DataAsk {
+    /// Which farm the file belongs to.
     pub farm: FarmId,
+    /// The file's blake3 hash.
     pub hash: [u8; 32],
 }
 
@@ -44,9 +46,12 @@ pub enum DataHead {
     /// system other nodes may see (the receiver takes it from there when
     /// it sees it, with the same hash).
     File {
+        /// Its size and its pieces' chaining values (see [`Pieces`]).
         pieces: Pieces,
+        /// Where the sender keeps it, when that is on a shared file system.
         at: Option<String>,
     },
+    /// The sender gives no file, and why.
     Refused(Refusal),
 }
 
@@ -55,11 +60,17 @@ pub enum DataHead {
 /// for again later).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum Refusal {
+    /// The node keeps no file of that hash for the farm.
     #[error("no such file on this node")]
     NoSuchFile,
     /// `why`: the sender's I/O error, which crosses the wire as its words.
     #[error("cannot read {path}: {why}")]
-    Unreadable { path: String, why: String },
+    Unreadable {
+        /// Where the node keeps the file.
+        path: String,
+        /// The I/O error, in words.
+        why: String,
+    },
 }
 
 /// The receiver's answer to [`DataHead::File`]: send the bytes from
@@ -67,6 +78,7 @@ pub enum Refusal {
 /// (`None`: it has the file, or took it from `at`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DataFrom {
+    /// Where to start sending (what comes before is verified); none: send nothing.
     pub offset: Option<u64>,
 }
 
@@ -75,22 +87,38 @@ pub struct DataFrom {
 pub enum Request {
     /// A farm by id, id prefix or name, asked of the coordinator by a node
     /// that does not hold it (`mesh status FARM`, `mesh resume FARM` there).
-    FindFarm { query: String },
+    FindFarm {
+        /// An id, an id's prefix, or a name.
+        query: String,
+    },
     /// Every farm the coordinator has, in short (`mesh list` on another node).
     ListFarms,
     /// Which node runs or ran a task, asked of the coordinator (`mesh logs`).
-    WhereRan { farm: FarmId, task: TaskRef },
+    WhereRan {
+        /// Which farm the task is of.
+        farm: FarmId,
+        /// Which task.
+        task: TaskRef,
+    },
     /// A task's logs from the node that ran it, from these offsets of its
     /// stdout and stderr (`attempt`: the latest that wrote some).
     TaskLog {
+        /// Which farm the task is of.
         farm: FarmId,
+        /// Which task.
         task: TaskRef,
+        /// Which attempt's logs; none: the latest that wrote some.
         attempt: Option<u32>,
+        /// Where to start in its stdout and its stderr, in bytes.
         offsets: (u64, u64),
     },
     /// What the node measures of itself, with the task runs that changed
     /// after `since` (the dashboard's task stream, `mesh status --latency`).
-    Observe { since: u64 },
+    Observe {
+        /// The last [`RunRecord::changed`](crate::observe::RunRecord::changed)
+        /// the asker saw (0: every run kept).
+        since: u64,
+    },
     /// Every node as the coordinator last heard it (its beats): `mesh
     /// status`, `mesh watch` and the dashboard ask the coordinator this,
     /// one request, rather than each node.
@@ -98,13 +126,22 @@ pub enum Request {
     /// Which of these content keys the node keeps the outputs of, whole:
     /// asked by a node a farm is submitted to, of the homes of earlier
     /// farms of the same name, to reuse what they made.
-    Kept { keys: Vec<[u8; 32]> },
+    Kept {
+        /// The content keys asked about.
+        keys: Vec<[u8; 32]>,
+    },
     /// The outputs of what a task depends on, asked of the coordinator by a
     /// node about to run it off the farm's home: they are put in that
     /// node's own `{out}` folder first.
-    DepOutputs { farm: FarmId, task: TaskRef },
+    DepOutputs {
+        /// Which farm the task is of.
+        farm: FarmId,
+        /// The task about to run.
+        task: TaskRef,
+    },
 }
 
+/// A node's answer to a [`Request`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Response {
     /// A farm found by [`Request::FindFarm`].
@@ -112,13 +149,22 @@ pub enum Response {
     /// Answer to [`Request::ListFarms`].
     Farms(Vec<FarmSummary>),
     /// Answer to [`Request::WhereRan`]: the node, and whether it runs it now.
-    Ran { node: Option<NodeId>, running: bool },
+    Ran {
+        /// The node that runs or ran it; none when not known to have run.
+        node: Option<NodeId>,
+        /// Whether it runs there now.
+        running: bool,
+    },
     /// Answer to [`Request::TaskLog`]: what follows the offsets (bounded),
     /// and whether the task still runs there.
     Log {
+        /// The attempt whose logs these are; none when no attempt wrote any there.
         attempt: Option<u32>,
+        /// Its stdout from the asked offset on.
         out: Vec<u8>,
+        /// Its stderr from the asked offset on.
         err: Vec<u8>,
+        /// Whether the task still runs on that node.
         running: bool,
     },
     /// Answer to [`Request::Observe`].
@@ -155,8 +201,11 @@ pub struct DepOutputs {
 /// A farm as the coordinator knows it, for a node that does not hold it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FoundFarm {
+    /// The farm's definition, submitter and inputs.
     pub spec: FarmSpec,
+    /// Its home, as the coordinator knows it.
     pub home: Home,
+    /// Where it stands, as the coordinator's copy says.
     pub progress: FarmProgress,
     /// Tasks failed for good, with their reasons (the first few).
     pub failures: Vec<Entry>,
@@ -165,8 +214,12 @@ pub struct FoundFarm {
 /// A farm in short, for `mesh list`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FarmSummary {
+    /// Which farm.
     pub id: FarmId,
+    /// Its name, as its file says.
     pub name: String,
+    /// Its home, as the coordinator knows it.
     pub home: Home,
+    /// Where it stands, as the coordinator's copy says.
     pub progress: FarmProgress,
 }

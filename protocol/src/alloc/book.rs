@@ -29,6 +29,8 @@ const ENDED_KEPT: usize = 50;
 /// How often the coordinator looks at its queues, and asks the batch
 /// systems where their jobs are.
 pub const TICK_MS: Millis = 1_000;
+/// How often the coordinator polls the batch systems for its jobs (and,
+/// until a system's jobs are listed, lists them again).
 pub const POLL_MS: Millis = 5_000;
 /// The least time a running job's node has to join before the job is cancelled.
 const JOIN_TIMEOUT_S: u64 = 120;
@@ -36,6 +38,7 @@ const JOIN_TIMEOUT_S: u64 = 120;
 /// An allocation queue as the mesh keeps it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocQueue {
+    /// What the queue's jobs ask for and how many it may have.
     pub def: QueueDef,
     /// Why submissions are stopped (`mesh alloc pause`, or failures in a row).
     pub paused: Option<String>,
@@ -61,12 +64,17 @@ pub struct DeadlinePlan {
 /// A job a queue submitted, and what became of it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocJob {
+    /// The job as the scaler sees it.
     pub job: Job,
+    /// The batch system it was submitted to.
     pub system: BatchSystem,
+    /// When it was submitted (or found), by the wall clock.
     pub submitted_unix_ms: u64,
+    /// When it was seen to have ended, by the wall clock.
     pub ended_unix_ms: Option<u64>,
     /// A node started by this job joined the mesh, and when that was seen.
     pub joined: bool,
+    /// When a node of the job was seen to join, by the wall clock.
     pub joined_unix_ms: Option<u64>,
 }
 
@@ -93,9 +101,13 @@ impl AllocJob {
 /// One thing that happened to a queue, for `mesh alloc log`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocEvent {
+    /// When it happened, by the coordinator's wall clock.
     pub unix_ms: u64,
+    /// Which queue it happened to.
     pub queue: String,
+    /// The job it concerns, if one.
     pub job: Option<String>,
+    /// What happened, in words.
     pub text: String,
 }
 
@@ -104,12 +116,17 @@ pub struct AllocEvent {
 pub struct AllocBook {
     /// The coordinator term that wrote it, and its count within that term.
     pub version: (u64, u64),
+    /// The queues, in the order they were added.
     pub queues: Vec<AllocQueue>,
+    /// Jobs the queues submitted or found: those live, and the last ended
+    /// ones of each queue.
     pub jobs: Vec<AllocJob>,
+    /// What happened to the queues, oldest first (the last 500).
     pub log: VecDeque<AllocEvent>,
 }
 
 impl AllocBook {
+    /// The queue of that name, if the book has it.
     pub fn queue(&self, name: &str) -> Option<&AllocQueue> {
         self.queues.iter().find(|q| q.def.name == name)
     }
@@ -123,15 +140,22 @@ impl AllocBook {
 /// What a user asks of the queues (`mesh alloc ...`), sent to the coordinator.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AllocCmd {
+    /// Adds a queue (`mesh alloc add`); a name the book has already is left
+    /// as it is.
     Add(QueueDef),
     /// Cancels the queue's jobs (their nodes hand their tasks back) and forgets it.
     Remove {
+        /// The queue's name.
         queue: String,
     },
+    /// Stops the queue's submissions until resumed (`mesh alloc pause`).
     Pause {
+        /// The queue's name.
         queue: String,
     },
+    /// Lets a paused queue submit again, at once (`mesh alloc resume`).
     Resume {
+        /// The queue's name.
         queue: String,
     },
 }
@@ -143,22 +167,32 @@ pub enum BatchOp {
     /// `jobs` jobs of this queue (one array where there are several).
     /// Boxed: every action would pay its size.
     Submit {
+        /// The queue: what each job asks for.
         queue: Box<QueueDef>,
+        /// How many jobs.
         jobs: u32,
     },
+    /// Where these jobs are now; answered with `batch_polled`.
     Poll {
+        /// The batch system they were submitted to.
         system: BatchSystem,
+        /// Their ids.
         jobs: Vec<String>,
     },
+    /// Cancel this job; answered with `batch_cancelled`.
     Cancel {
+        /// The batch system it was submitted to.
         system: BatchSystem,
+        /// Its id.
         job: String,
     },
     /// Every job of this mesh the batch system knows, whatever the book
     /// says (the driver finds them by name: the mesh's tag and the queue).
     /// `gen` comes back with the answer.
     List {
+        /// Which batch system to list.
         system: BatchSystem,
+        /// Which coordination asked: an answer to an older one is dropped.
         gen: u64,
     },
 }
@@ -166,13 +200,16 @@ pub enum BatchOp {
 /// A job of this mesh as the batch system lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Listed {
+    /// The batch system's job id.
     pub id: String,
+    /// Where it is now.
     pub state: JobState,
     /// The queue its name says it was submitted for.
     pub queue: String,
 }
 
 impl Listed {
+    /// A job as listed: its id, state and queue.
     pub fn new(id: &str, state: JobState, queue: &str) -> Listed {
         Listed {
             id: id.to_string(),
@@ -226,17 +263,24 @@ const WAIT_GUESS_MS: Millis = 60_000;
 /// in the mesh, how long its jobs waited to join, and the time left.
 #[derive(Clone, Debug)]
 pub struct ToPlan {
+    /// The queue's definition, deadline included.
     pub def: QueueDef,
+    /// Its live jobs whose nodes are in the mesh.
     pub joined: u32,
+    /// How long its jobs waited from submission to joining (the median; a
+    /// guess of a minute until one has joined).
     pub wait_ms: Millis,
+    /// The time left until the deadline.
     pub left_ms: Millis,
 }
 
 impl Allocs {
+    /// This node's copy of the book.
     pub fn book(&self) -> &Arc<AllocBook> {
         &self.book
     }
 
+    /// The version of this node's copy (see [`AllocBook::version`]).
     pub fn version(&self) -> (u64, u64) {
         self.book.version
     }

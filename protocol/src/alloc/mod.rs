@@ -15,9 +15,12 @@ use serde::{Deserialize, Serialize};
 pub use crate::engine::Millis;
 use crate::resources::{Amount, Resources, CPU, GPU, MEM};
 
+/// Which batch system a queue's jobs are submitted to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum BatchSystem {
+    /// SLURM (`sbatch`, `squeue`, `scancel`).
     Slurm,
+    /// PBS (`qsub`, `qstat`, `qdel`).
     Pbs,
 }
 
@@ -25,16 +28,23 @@ pub enum BatchSystem {
 /// how many such jobs exist at once.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueDef {
+    /// The queue's name, unique in the mesh: its jobs' names carry it.
     pub name: String,
+    /// The batch system its jobs go to.
     pub system: BatchSystem,
     /// The job's walltime.
     pub time_limit_s: u64,
     /// Per node of the job.
     pub cores: u32,
+    /// Memory per node, in bytes (None: none asked for).
     pub mem_bytes: Option<u64>,
+    /// GPUs per node.
     pub gpus: u32,
+    /// Nodes per job.
     pub nodes_per_job: u32,
+    /// The partition (SLURM) or queue (PBS) to submit to, if not the default.
     pub partition: Option<String>,
+    /// The account to charge, if not the default.
     pub account: Option<String>,
     /// Extra lines for the script's header, as the user wrote them.
     pub directives: Vec<String>,
@@ -42,6 +52,7 @@ pub struct QueueDef {
     pub prologue: Vec<String>,
     /// Jobs (queued or running) kept at least / at most.
     pub min: u32,
+    /// See `min`: the most jobs at once.
     pub max: u32,
     /// A job whose nodes ran nothing this long is cancelled (above `min`).
     pub idle_timeout_s: u64,
@@ -111,7 +122,9 @@ impl QueueDef {
 /// Where a job is in the batch system, as last polled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JobState {
+    /// Waiting in the batch system to start.
     Queued,
+    /// Started: its nodes may have joined the mesh.
     Running,
     /// Gone from the batch system (finished, cancelled, killed at walltime, failed).
     Ended,
@@ -120,9 +133,13 @@ pub enum JobState {
 /// One submitted job of a queue.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
+    /// The batch system's job id.
     pub id: String,
+    /// The name of the queue that submitted it.
     pub queue: String,
+    /// Where it is, as last polled.
     pub state: JobState,
+    /// When it was submitted, on the driver's clock.
     pub submitted_at: Millis,
     /// Since when its nodes have run no task (None: busy, or not started).
     pub idle_since: Option<Millis>,
@@ -132,7 +149,9 @@ pub struct Job {
 /// for beyond the free capacity of the nodes there are (in whole cores and GPUs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Backlog {
+    /// Cores wanted, in whole cores.
     pub cores: u64,
+    /// GPUs wanted, in whole GPUs.
     pub gpus: u64,
 }
 
@@ -145,6 +164,7 @@ pub struct Plan {
     pub extra: u32,
     /// When the work ends with them (the p90 of the runs, ms from now).
     pub end_ms: u64,
+    /// Whether `extra` jobs meet the deadline.
     pub meets: bool,
 }
 
@@ -153,16 +173,23 @@ pub struct Plan {
 pub enum Decision {
     /// Submit `jobs` jobs of the queue (one job array where the batch system has them).
     Submit {
+        /// The queue's name.
         queue: String,
+        /// How many jobs to submit.
         jobs: u32,
     },
+    /// Cancel a job.
     Cancel {
+        /// The job's id in the batch system.
         job: String,
+        /// Why, in words for the queue's log.
         why: String,
     },
     /// The queue failed too often in a row: no more submissions until resumed.
     Pause {
+        /// The queue's name.
         queue: String,
+        /// Why, in words for the queue's log.
         why: String,
     },
 }
@@ -207,6 +234,7 @@ struct QueueState {
 /// The scaling decisions for every allocation queue of the mesh.
 #[derive(Clone, Debug, Default)]
 pub struct Scaler {
+    /// The limits on how fast each queue grows.
     pub pace: Pace,
     queues: std::collections::BTreeMap<String, QueueState>,
 }
@@ -382,10 +410,13 @@ impl Scaler {
         st.retry_at = 0;
     }
 
+    /// Stops the queue's submissions until [`Scaler::resume`] (`mesh alloc pause`,
+    /// or a book that says it is paused).
     pub fn pause(&mut self, queue: &str) {
         self.queues.entry(queue.to_string()).or_default().paused = true;
     }
 
+    /// Whether the queue's submissions are paused.
     pub fn is_paused(&self, queue: &str) -> bool {
         self.queues.get(queue).is_some_and(|s| s.paused)
     }

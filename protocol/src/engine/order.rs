@@ -10,10 +10,13 @@ use serde::{Deserialize, Serialize};
 pub struct Front {
     /// An index of the stage (taken modulo its length).
     pub start: u32,
+    /// Which way it walks.
     pub way: Way,
+    /// Its share of the stage's turns, against the other fronts' (0 counts as 1).
     pub weight: u32,
 }
 
+/// Which way a [`Front`] walks a stage's indices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Way {
     /// From the start up: the first index up when the start is 0.
@@ -57,10 +60,12 @@ impl Front {
 /// The order of one stage: its fronts (none: the first index up).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Order {
+    /// The walks the stage is handed out along, taking turns; none: the first index up.
     pub fronts: Vec<Front>,
 }
 
 impl Order {
+    /// The fronts it hands out along: [`Front::ASCENDING`] alone when it has none.
     pub fn fronts(&self) -> &[Front] {
         if self.fronts.is_empty() {
             std::slice::from_ref(&Front::ASCENDING)

@@ -18,6 +18,7 @@ pub struct TaskRecord {
     /// The run of the farm that wrote it: a new run keeps the last run's
     /// records (their content keys let it skip work) but does not restore them.
     pub run: u32,
+    /// Where the task stands.
     pub state: RecordState,
     /// Starts so far, the one recorded included (1 for the first run).
     pub attempt: u32,
@@ -27,7 +28,10 @@ pub struct TaskRecord {
     pub crashes: u32,
     /// How the last attempt ended, when it has.
     pub end: Option<TaskEnd>,
+    /// The content key the last attempt ran under: a later run skips a task
+    /// whose key already succeeded.
     pub key: Option<[u8; 32]>,
+    /// How long the last attempt ran, in ms.
     pub duration_ms: u64,
     /// Which log files the last attempt wrote (bit 0 stdout, bit 1 stderr).
     pub logs: u8,
@@ -61,23 +65,33 @@ impl TaskRecord {
     }
 }
 
+/// Where a task stands in its durable record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RecordState {
     /// Started and not known to have ended.
     Running,
     /// Stopped on purpose (Ctrl-C, SIGTERM); runs again on resume.
     Interrupted,
+    /// Succeeded, or known done from elsewhere (its content key, a
+    /// submitter's done set).
     Done,
+    /// Failed for good: no retries left, or its node died under it too often.
     Failed,
+    /// Stopped because its farm, or the task alone, was cancelled; runs again on resume.
     Cancelled,
 }
 
 /// How an attempt ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskEnd {
+    /// The process exited with this code: a success when the stage counts
+    /// the code as one.
     Exited(i32),
+    /// A signal ended the process.
     Signaled(i32),
+    /// Killed for passing the stage's timeout.
     TimedOut {
+        /// The stage's timeout, in ms.
         after_ms: u64,
     },
     /// Skipped because a task with the same content key already succeeded.
@@ -87,15 +101,20 @@ pub enum TaskEnd {
     /// engine acts on none of their kinds, and the node's error types
     /// (`FetchError`, `FilesError`, ...) say them before they get here.
     Error(String),
+    /// The node died while the task ran [`CRASHES_MAX`] times: the task is failed.
     CrashLimit,
+    /// Killed, or never started, because its farm or the task alone was cancelled.
     Cancelled,
 }
 
 /// What the driver reports when a started task is over.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
+    /// How the process ended, as the driver saw it.
     pub result: TaskResult,
+    /// The task's content key, when the driver made one.
     pub key: Option<[u8; 32]>,
+    /// How long it ran, in ms.
     pub duration_ms: u64,
     /// When it ended, in ms since the Unix epoch by the clock of the node
     /// that ran it; 0 where that is not known (the simulator). The engine
@@ -105,6 +124,7 @@ pub struct Outcome {
     /// has (see [`crate::farm::Grown`]), counted where it ran; none for a
     /// task of a stage that grows none.
     pub grew: Option<u32>,
+    /// Which log files it wrote (bit 0 stdout, bit 1 stderr).
     pub logs: u8,
     /// The first line a failed attempt wrote to stderr, when it wrote one
     /// (see [`first_line`]): what tells one failure from another besides
@@ -127,10 +147,15 @@ pub fn first_line(text: &str) -> Option<String> {
     Some(line[..end].to_string())
 }
 
+/// How a started task ended, as its driver reports it; the engine makes a
+/// [`TaskEnd`] of it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskResult {
+    /// The process exited with this code.
     Exited(i32),
+    /// A signal ended the process.
     Signaled(i32),
+    /// Not run: a task with the same content key already succeeded.
     Cached,
     /// As [`TaskEnd::Error`].
     Error(String),
@@ -138,26 +163,39 @@ pub enum TaskResult {
     TimedOut,
 }
 
+/// Why the engine asks its driver to kill a running task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KillReason {
+    /// It passed its stage's timeout.
     Timeout,
+    /// Its farm, or the task alone, was cancelled.
     Cancel,
+    /// The engine was interrupted (Ctrl-C): the task runs again on resume.
     Interrupt,
 }
 
+/// What the driver makes durable before it carries out any later action.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Persist {
+    /// A task's record changed: an attempt started or ended, or its node died
+    /// under it.
     Task {
+        /// Which farm, by its slot in the engine.
         farm: FarmSlot,
+        /// Which task of the farm.
         task: TaskRef,
+        /// Its new record, in place of the last.
         record: TaskRecord,
     },
     /// A stage stopped by its `max_fails` (`Some`), or going on again
     /// (`None`): a driver that resumes farms keeps it, so that resuming
     /// runs the stage's failed tasks again too (see [`AddOptions::retry_stages`]).
     Stage {
+        /// Which farm, by its slot in the engine.
         farm: FarmSlot,
+        /// Which stage, by its place in the farm (from 0).
         stage: u32,
+        /// Why it stopped; none when it goes on again.
         stop: Option<Stop>,
     },
 }
@@ -168,19 +206,28 @@ pub enum Persist {
 pub struct Stop {
     /// The attempts that failed so, and how many tasks they were.
     pub attempts: u32,
+    /// How many tasks those attempts were of.
     pub tasks: u32,
     /// The first of them: how it ended, and the first line it wrote to stderr.
     pub task: TaskRef,
+    /// How the first of them ended.
     pub end: TaskEnd,
+    /// The first line it wrote to stderr, if it wrote one.
     pub stderr_line: Option<String>,
 }
 
+/// What happened, for the driver to show or log; the engine needs no answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
+    /// An attempt ended, or a task was failed for crashing its node too often.
     TaskFinished {
+        /// Which farm, by its slot in the engine.
         farm: FarmSlot,
+        /// Which task of the farm.
         task: TaskRef,
+        /// Which attempt ended.
         attempt: u32,
+        /// How it ended.
         end: TaskEnd,
         /// See [`Outcome::stderr_line`].
         stderr_line: Option<String>,
@@ -189,7 +236,9 @@ pub enum Event {
     },
     /// A stage asks for more than this node has; its tasks are failed.
     Unplaceable {
+        /// Which farm, by its slot in the engine.
         farm: FarmSlot,
+        /// Which stage, by its place in the farm (from 0).
         stage: u32,
         /// (resource, asked, available)
         shortfall: Vec<(String, Amount, Amount)>,
@@ -197,63 +246,97 @@ pub enum Event {
     /// A stage stopped starting tasks (see [`Stop`]); its tasks not yet
     /// over wait for a resume, and what depends on them is skipped.
     StageStopped {
+        /// Which farm, by its slot in the engine.
         farm: FarmSlot,
+        /// Which stage, by its place in the farm (from 0).
         stage: u32,
+        /// Why it stopped.
         stop: Stop,
     },
     /// A task of a stopped stage that was running when it stopped
     /// succeeded: the stage goes on.
     StageResumed {
+        /// Which farm, by its slot in the engine.
         farm: FarmSlot,
+        /// Which stage, by its place in the farm (from 0).
         stage: u32,
+        /// The task whose success resumed it.
         task: TaskRef,
     },
+    /// Every task of the farm is over: nothing runs and nothing is left to start.
     FarmFinished {
+        /// Which farm, by its slot in the engine.
         farm: FarmSlot,
     },
 }
 
+/// What follows the end of an attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Verdict {
+    /// The task is done.
     Done,
+    /// It failed with retries left: it runs again.
     Retry,
+    /// Failed for good (no retries left): what depends on it is skipped.
     Failed,
+    /// Its farm, or the task alone, was cancelled.
     Cancelled,
+    /// Killed by an interrupt: it runs again on resume, with no retry spent.
     Interrupted,
     /// Failed, with retries left, in a stage that stopped: it waits, as
     /// the stage's tasks that did not start do, for a resume.
     Stopped,
 }
 
+/// What the engine asks of its driver, in the order it must be done.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
+    /// Make this durable before carrying out any later action.
     Persist(Persist),
+    /// Start an attempt of a task with what it was granted (a local engine
+    /// only: a remote one hands tasks out instead).
     Start {
+        /// Which farm, by its slot in the engine.
         farm: FarmSlot,
+        /// Which task of the farm.
         task: TaskRef,
+        /// Which try of the task this is, counting from 1: its end is reported
+        /// with it.
         attempt: u32,
+        /// The resources and GPU devices it may use.
         grant: Grant,
     },
+    /// Kill a running attempt; its end is reported as any other.
     Kill {
+        /// Which farm, by its slot in the engine.
         farm: FarmSlot,
+        /// Which task of the farm.
         task: TaskRef,
+        /// Which attempt to kill.
         attempt: u32,
+        /// Why: a timeout, a cancel or an interrupt.
         reason: KillReason,
     },
+    /// Tell the user (or the log) of this.
     Emit(Event),
 }
 
 /// How a farm is doing; per stage and summed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
+    /// Tasks in all.
     pub total: u64,
+    /// Tasks done, cached ones included.
     pub done: u64,
     /// Of `done`, those skipped because their content key had succeeded.
     pub cached: u64,
+    /// Tasks running (on a coordinator: handed to a node).
     pub running: u64,
+    /// Tasks failed for good.
     pub failed: u64,
     /// Not run because something they depend on failed.
     pub skipped: u64,
+    /// Tasks cancelled.
     pub cancelled: u64,
     /// Held by a stage that stopped (`max_fails`): they run on resume.
     #[serde(default)]
@@ -261,6 +344,7 @@ pub struct Counts {
 }
 
 impl Counts {
+    /// Tasks still to start: ready, or waiting for what they depend on.
     pub fn queued(&self) -> u64 {
         self.total
             - self.done
@@ -271,6 +355,7 @@ impl Counts {
             - self.stopped
     }
 
+    /// True when nothing runs and nothing is left to start.
     pub fn finished(&self) -> bool {
         self.running == 0 && self.queued() == 0
     }

@@ -16,7 +16,9 @@ use crate::resources::Resources;
 /// claims it with a higher epoch, and the highest claim wins everywhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Home {
+    /// Which claim this is: 0 for the submitter's, one more at each takeover.
     pub epoch: u64,
+    /// The node that is the home.
     pub node: NodeId,
 }
 
@@ -24,9 +26,13 @@ pub struct Home {
 /// of its input files (the submitter serves them by hash).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FarmSpec {
+    /// Which farm this is, as every node names it.
     pub id: FarmId,
+    /// The node that submitted it, its first home.
     pub origin: NodeId,
+    /// What the farm file said: stages, sweeps and templates.
     pub def: FarmDef,
+    /// Its input files, each by hash.
     pub inputs: Vec<InputFile>,
     /// When its submitter made it, in ms since the Unix epoch by the
     /// submitter's clock (0: not known): of the farms a name matches, a
@@ -45,6 +51,7 @@ impl AsRef<FarmDef> for FarmSpec {
 pub struct InputFile {
     /// Relative to the farm's root, as the task names it.
     pub path: String,
+    /// Its blake3 hash: the submitter serves it by this.
     pub hash: [u8; 32],
     /// Its permission bits (`0o7777`), which travel with it: a staged
     /// `./wrapper.sh` must stay executable on every node. 0: not known.
@@ -64,13 +71,17 @@ pub struct Ident(Arc<Who>);
 /// What an [`Ident`] says.
 #[derive(Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Who {
+    /// Which node.
     pub id: NodeId,
+    /// Which life of the node: a restart, or a rejoin after it was declared
+    /// dead, is a later one.
     pub life: u64,
     /// Set by the driver, opaque to the protocol.
     pub at: Address,
 }
 
 impl Ident {
+    /// The identity of life `life` of node `id`, known as `label`, reached at `addrs`.
     pub fn new(id: NodeId, life: u64, label: String, addrs: Vec<String>) -> Ident {
         Ident::of(Who {
             id,
@@ -169,6 +180,8 @@ static NOWHERE: std::sync::LazyLock<Address> =
     std::sync::LazyLock::new(|| Address(Arc::new(Place::default())));
 
 impl Address {
+    /// A label and the addresses to dial; both empty make the one shared empty
+    /// address (a simulated node's).
     pub fn new(label: String, addrs: Vec<String>) -> Address {
         if label.is_empty() && addrs.is_empty() {
             return NOWHERE.clone();
@@ -176,10 +189,12 @@ impl Address {
         Address(Arc::new(Place { label, addrs }))
     }
 
+    /// How the node is known on the network (its peer id).
     pub fn label(&self) -> &str {
         &self.0.label
     }
 
+    /// The addresses to dial it at.
     pub fn addrs(&self) -> &[String] {
         &self.0.addrs
     }
@@ -201,7 +216,9 @@ impl<'de> Deserialize<'de> for Address {
 /// A member that the coordinator says has tasks queued: a thief's victim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Victim {
+    /// The member with tasks queued.
     pub node: NodeId,
+    /// How many tasks it has queued, as its last beat said.
     pub queued: u32,
     /// Its prefetch depth: queued beyond this, it is overloaded.
     pub prefetch: u32,
@@ -212,19 +229,25 @@ pub struct Victim {
 /// follows, its backlog, the victims to steal from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Beat {
+    /// The sender's [`PROTOCOL_VERSION`](crate::wire::PROTOCOL_VERSION): a
+    /// beat of another version is ignored.
     pub version: u32,
     /// How the node is known on the network (its peer id) and where to reach it;
     /// set by the driver, opaque to the protocol.
     pub label: String,
+    /// The addresses to dial it at (see `label`).
     pub addrs: Vec<String>,
     /// The highest coordinator term this node knows, and who holds it.
     pub term: u64,
+    /// Who holds that term, when the node knows.
     pub coordinator: Option<NodeId>,
+    /// The resources the node offers its tasks.
     pub total: Resources,
     /// Resources held by running tasks.
     pub used: Resources,
     /// Tasks assigned here and not started: what a thief may take.
     pub queued: u32,
+    /// Tasks running on it now.
     pub running: u32,
     /// On the coordinator: tasks ready and not yet handed to anyone.
     pub backlog: u64,
@@ -257,6 +280,7 @@ pub struct Beat {
     /// within a minute there: the coordinator's allocation queues count
     /// them with the work no node has claimed.
     pub late_cores: u32,
+    /// See `late_cores`: the GPUs of those tasks.
     pub late_gpus: u32,
     /// The sender's open-file limit (0: not known): a node whose limit is
     /// lower than the mesh is large cannot talk to every member at once,
@@ -284,7 +308,9 @@ pub struct MachineLoad {
     pub load_centi: u32,
     /// Its cores, all of them (the node may offer fewer).
     pub cpus: u32,
+    /// Memory in use, in bytes.
     pub mem_used: u64,
+    /// All its memory, in bytes.
     pub mem_total: u64,
 }
 
@@ -310,8 +336,12 @@ pub enum RosterKind {
 /// One task handed to a node to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Assigned {
+    /// Which farm the task is of.
     pub farm: FarmId,
+    /// Which task of the farm.
     pub task: TaskRef,
+    /// Which try of the task this is, counting from 1: a report of an older
+    /// one is ignored.
     pub attempt: u32,
 }
 
@@ -321,7 +351,9 @@ pub struct Assigned {
 pub struct OutputFile {
     /// Relative to the task's output folder.
     pub path: String,
+    /// Its blake3 hash, by which the node keeps it and the home fetches it.
     pub hash: [u8; 32],
+    /// Its size in bytes.
     pub size: u64,
     /// Its permission bits, as for [`InputFile::mode`].
     pub mode: u32,
@@ -330,17 +362,24 @@ pub struct OutputFile {
 /// One run of a task: which node ran which attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TaskRun {
+    /// Which task ran.
     pub task: TaskRef,
+    /// The node that ran it.
     pub node: NodeId,
+    /// Which try of the task that run was.
     pub attempt: u32,
 }
 
 /// How a task's attempt ended on the node that ran it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
+    /// Which attempt of which task ended.
     pub task: Assigned,
+    /// How it ended, as the node saw it.
     pub result: TaskResult,
+    /// The attempt's content key, when its node had one.
     pub key: Option<[u8; 32]>,
+    /// How long it ran, in ms.
     pub duration_ms: u64,
     /// See [`crate::engine::Outcome::ended_ms`].
     pub ended_ms: u64,
@@ -358,7 +397,9 @@ pub struct Report {
 /// done wins over failed, so holders merge them in any order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Entry {
+    /// The task is done: the run that counts, and where its outputs are.
     Done {
+        /// Which task is done.
         task: TaskRef,
         /// The completion's content key. Boxed, as is a failure's end: a
         /// log holds an entry per task in each of its copies, and the
@@ -367,6 +408,8 @@ pub enum Entry {
         key: Option<Box<[u8; 32]>>,
         /// Who ran it (which attempt), and so holds its outputs until the home has them.
         node: NodeId,
+        /// Which attempt of the task it was; 0 when never run in this farm, its
+        /// result reused from an earlier one.
         attempt: u32,
         /// Shared: the coordinator's log, each holder's copy, the syncs
         /// between them and what is written to the store are clones of one
@@ -379,10 +422,15 @@ pub enum Entry {
     },
     /// Failed for good, with the reason.
     Failed {
+        /// Which task failed.
         task: TaskRef,
+        /// The attempt that failed last.
         attempt: u32,
+        /// The node that ran it.
         node: NodeId,
+        /// How it ended.
         end: Box<TaskEnd>,
+        /// When it ran, by its node's clock, where known (see [`Ran`]).
         ran: Option<Box<Ran>>,
         /// See [`crate::engine::Outcome::stderr_line`]: the cause every
         /// holder shows beside the end, as the log file stays on the node
@@ -393,8 +441,11 @@ pub enum Entry {
     /// that node (gone for longer than the home waits, or it has them no
     /// more): the task runs again, and that run never counts as done again.
     Redo {
+        /// Which task runs again.
         task: TaskRef,
+        /// The node whose outputs of it are lost.
         node: NodeId,
+        /// Which attempt of the task that node's run was.
         attempt: u32,
     },
 }
@@ -403,7 +454,9 @@ pub enum Entry {
 /// that ran it: the start and end a client of the farm is shown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ran {
+    /// When it ended, in ms since the Unix epoch (0: not known).
     pub ended_ms: u64,
+    /// How long it ran, in ms.
     pub duration_ms: u64,
     /// Its exit code, when it exited (a stage may count more than 0 a success).
     pub exit_code: Option<i32>,
@@ -444,6 +497,7 @@ impl Entry {
         }
     }
 
+    /// Which task the entry is of.
     pub fn task(&self) -> TaskRef {
         match self {
             Entry::Done { task, .. } | Entry::Failed { task, .. } | Entry::Redo { task, .. } => {
@@ -452,10 +506,12 @@ impl Entry {
         }
     }
 
+    /// Whether it says the task is done.
     pub fn is_done(&self) -> bool {
         matches!(self, Entry::Done { .. })
     }
 
+    /// Whether it says the task failed for good.
     pub fn is_failed(&self) -> bool {
         matches!(self, Entry::Failed { .. })
     }
@@ -464,8 +520,11 @@ impl Entry {
 /// A farm's progress, as its home shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FarmProgress {
+    /// Which farm this is the progress of.
     pub farm: FarmId,
+    /// Its tasks' counts, summed over its stages.
     pub counts: Counts,
+    /// The same counts per stage, in the farm's stage order.
     pub stages: Vec<Counts>,
     /// Every task is over and every output is home.
     pub finished: bool,
@@ -487,7 +546,10 @@ pub struct FarmProgress {
 /// nodes it had keep a copy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Writer {
+    /// The coordinator that wrote the log.
     pub node: NodeId,
+    /// The order of each stage, in stage order (stages missing: from the
+    /// first index up).
     pub order: Vec<Order>,
     /// In id order: each may be on a side of a partition of its own, and
     /// the sides keep their places apart (see [`Order::apart`]).
@@ -497,46 +559,66 @@ pub struct Writer {
 /// The coordinator's log of a farm, from position `from`, and its progress.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SyncMsg {
+    /// The coordinator's term: a holder that follows a later one ignores
+    /// the sync.
     pub term: u64,
     /// Which coordinator's log this is (a restarted one starts a new log).
     pub log: u64,
     /// Counts up with every `Sync` of this log: messages may arrive out of
     /// order, and only the newest says where the farm stands.
     pub seq: u64,
+    /// Which farm the log is of.
     pub farm: FarmId,
+    /// The log position of the first of `entries`.
     pub from: u64,
+    /// The log's entries from `from` on, in order.
     pub entries: Vec<Entry>,
     /// The log's length when sent: a holder is up to date once it has that many.
     pub len: u64,
     /// The farm's home as the coordinator knows it.
     pub home: Home,
+    /// The farm's counts, summed over its stages, as the coordinator's
+    /// engine says.
     pub counts: Counts,
+    /// The same counts per stage, in the farm's stage order.
     pub stages: Vec<Counts>,
     /// Every task of the farm is over.
     pub finished: bool,
     /// See [`FarmProgress::duplicates`], [`FarmProgress::unplaceable`]
     /// and [`FarmProgress::stopped`].
     pub duplicates: u64,
+    /// Stages that fit no node, and why (see [`FarmProgress::unplaceable`]).
     pub unplaceable: Vec<(u32, String)>,
+    /// Stages stopped by `max_fails`, and why (see [`FarmProgress::stopped`]).
     pub stopped: Vec<(u32, Stop)>,
     /// The order the coordinator hands each stage's tasks out in, and the
     /// other live nodes it has keep a copy: a holder says both when it
     /// offers its copy (see [`Writer`]).
     pub order: Vec<Order>,
+    /// The other live nodes it has keep a copy, in id order (see
+    /// [`Writer::holders`]).
     pub holders: Vec<NodeId>,
 }
 
 /// A task's attempt that failed and will be retried, for the home to show.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
+    /// Which farm the task is of.
     pub farm: FarmId,
+    /// Which task failed.
     pub task: TaskRef,
+    /// Which attempt failed.
     pub attempt: u32,
+    /// The node that ran it.
     pub node: NodeId,
+    /// How it ended.
     pub end: TaskEnd,
+    /// What follows: a retry.
     pub verdict: Verdict,
 }
 
+/// What peers say to each other (and a node to itself); each variant
+/// says who sends it to whom.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Msg {
     /// Who I am, what I hold, whom I follow: a report to the coordinator,
@@ -548,8 +630,11 @@ pub enum Msg {
     /// A roster exchange: the sender's digest of the members, and the
     /// members its SWIM has alive or suspect (empty in an `Ask`).
     Roster {
+        /// Which part of the exchange this is.
         kind: RosterKind,
+        /// The sender's digest of the members its SWIM has alive.
         digest: u64,
+        /// The members its SWIM has alive or suspect (empty in an `Ask`).
         members: Vec<RosterEntry>,
     },
     /// A holder of the farm (its submitter, or a node keeping a copy) to the
@@ -557,7 +642,10 @@ pub enum Msg {
     /// submission and again to every new coordinator, so one that does not
     /// hold the farm takes it over without re-running finished tasks.
     Submit {
+        /// The farm's definition, submitter and inputs.
         farm: Arc<FarmSpec>,
+        /// What this holder knows ended for good, as much as fits one message
+        /// (the rest follows as `Offer`).
         entries: Vec<Entry>,
         /// The farm's home as this holder knows it.
         home: Home,
@@ -566,78 +654,160 @@ pub enum Msg {
         writer: Option<Writer>,
     },
     /// More of what a holder knows of a farm, when it did not fit one `Submit`.
-    Offer { farm: FarmId, entries: Vec<Entry> },
+    Offer {
+        /// Which farm the entries are of.
+        farm: FarmId,
+        /// More of its entries, after those of the `Submit`.
+        entries: Vec<Entry>,
+    },
     /// Coordinator to submitter: the farm is durable on two nodes (one in a mesh of one).
-    Accepted { farm: FarmId, tasks: u64 },
+    Accepted {
+        /// Which farm was taken.
+        farm: FarmId,
+        /// How many tasks the farm has.
+        tasks: u64,
+    },
     /// Coordinator to submitter: the farm cannot be taken.
-    Refused { farm: FarmId, reason: String },
+    Refused {
+        /// Which farm was refused.
+        farm: FarmId,
+        /// Why, in words for the user.
+        reason: String,
+    },
     /// Coordinator to a node: hold a copy of this farm (its state follows by `Sync`).
-    Replicate { term: u64, farm: Arc<FarmSpec> },
+    Replicate {
+        /// The coordinator's term: a node that follows a later one ignores it.
+        term: u64,
+        /// The farm to keep a copy of.
+        farm: Arc<FarmSpec>,
+    },
     /// Holder to coordinator: the copy is durable.
-    Replicated { farm: FarmId },
+    Replicated {
+        /// Which farm the copy is of.
+        farm: FarmId,
+    },
     /// Coordinator to the farm's holders. Boxed: it is the largest
     /// message, and every other message would pay its size.
     Sync(Box<SyncMsg>),
     /// Holder to coordinator: every entry before `next` is durable here.
     /// `over`: it knows every task of the farm is over.
-    Synced { farm: FarmId, next: u64, over: bool },
+    Synced {
+        /// Which farm's log.
+        farm: FarmId,
+        /// The log position up to which (not included) entries are durable here.
+        next: u64,
+        /// The holder knows every task of the farm is over.
+        over: bool,
+    },
     /// The home to every node: every output of this farm is home; what
     /// was kept for it may go.
-    Collected { farm: FarmId },
+    Collected {
+        /// Which farm is collected.
+        farm: FarmId,
+    },
     /// A node that found outputs of these farms in its state at a restart
     /// (it may have been down when their ends were told) to its
     /// coordinator, and the coordinator to each farm's home: the home
     /// answers `node` with `Collected` for each whose end it told.
-    Keeps { node: NodeId, farms: Vec<FarmId> },
+    Keeps {
+        /// The node that found the outputs: the home answers it.
+        node: NodeId,
+        /// The farms it found outputs of.
+        farms: Vec<FarmId>,
+    },
     /// Coordinator to worker: run these. `echo`: the `at` of the worker's
     /// report this answers, so the worker measures its round trip.
     Assign {
+        /// The coordinator's term: a worker that follows a later one refuses
+        /// the tasks.
         term: u64,
+        /// The attempts to run, in the order to start them.
         tasks: Vec<Assigned>,
+        /// The `at` of the worker's report this answers, if it answers one.
         echo: Option<u64>,
     },
     /// Worker to coordinator: these attempts are over (any number, one
     /// message per step). `at`: the worker's clock, echoed back by the
     /// assignment that answers it; `prefetch`: the worker's depth now.
     Report {
+        /// The term of the coordinator it reports to.
         term: u64,
+        /// The attempts that are over.
         reports: Vec<Report>,
+        /// The worker's clock when it sent this, echoed by the answer.
         at: u64,
+        /// The worker's prefetch depth now.
         prefetch: u32,
     },
     /// Coordinator to worker: these reports are recorded; forget them.
-    Ack { tasks: Vec<Assigned> },
+    Ack {
+        /// The attempts whose reports are recorded.
+        tasks: Vec<Assigned>,
+    },
     /// Worker to coordinator: I will not run these after all (queue them again).
-    Release { term: u64, tasks: Vec<Assigned> },
+    Release {
+        /// The term of the coordinator it gives them back to.
+        term: u64,
+        /// The attempts given back, not started.
+        tasks: Vec<Assigned>,
+    },
     /// Worker to coordinator, after a new coordinator is elected: the
     /// tasks it has claimed (running or queued), which the coordinator adopts.
-    Claimed { term: u64, tasks: Vec<Assigned> },
+    Claimed {
+        /// The term of the new coordinator.
+        term: u64,
+        /// Every attempt the worker holds, running or queued.
+        tasks: Vec<Assigned>,
+    },
     /// The home to the coordinator: these done tasks' outputs are lost with
     /// the node that kept them (gone too long); run them again.
-    Redo { farm: FarmId, tasks: Vec<TaskRun> },
+    Redo {
+        /// Which farm the runs are of.
+        farm: FarmId,
+        /// The runs whose outputs are lost.
+        tasks: Vec<TaskRun>,
+    },
     /// Worker to coordinator: I was assigned tasks of a farm I do not know.
-    GetFarm { farm: FarmId },
+    GetFarm {
+        /// The farm whose definition it needs.
+        farm: FarmId,
+    },
     /// Coordinator to worker: the farm asked for.
     Farm(Arc<FarmSpec>),
     /// Thief to victim: give me unstarted tasks, at most `max`, as many as
     /// a node of `total` resources already holding `load` may be handed
     /// (the coordinator's rule: about 1.1x its capacity, one beyond full).
     Steal {
+        /// Which steal this is: the answer names it, so a late one is told apart.
         id: u64,
+        /// The thief's resources.
         total: Resources,
+        /// What the thief already holds of them.
         load: Resources,
+        /// The most tasks it takes.
         max: u32,
     },
     /// Victim to thief: the tasks given up (maybe none).
-    Stolen { id: u64, tasks: Vec<Assigned> },
+    Stolen {
+        /// The steal this answers (see `Steal`).
+        id: u64,
+        /// The attempts given up, now the thief's.
+        tasks: Vec<Assigned>,
+    },
     /// Victim to coordinator: these tasks of mine now belong to `to`.
     Moved {
+        /// The term of the coordinator it tells.
         term: u64,
+        /// The thief they went to.
         to: NodeId,
+        /// The attempts moved.
         tasks: Vec<Assigned>,
     },
     /// Anyone to coordinator, and coordinator to workers: stop this farm.
-    Cancel { farm: FarmId },
+    Cancel {
+        /// The farm to stop.
+        farm: FarmId,
+    },
     /// Coordinator to the home: an attempt failed and will be retried.
     Failure(Failure),
     /// Anyone to coordinator: a user's change to the allocation queues.
@@ -647,5 +817,10 @@ pub enum Msg {
     Allocs(Arc<AllocBook>),
     /// Anyone to coordinator, and coordinator to the worker that has it:
     /// stop this one task (a client's future cancelled), not its farm.
-    CancelTask { farm: FarmId, task: TaskRef },
+    CancelTask {
+        /// Which farm the task is of.
+        farm: FarmId,
+        /// The task to stop.
+        task: TaskRef,
+    },
 }

@@ -185,18 +185,22 @@ impl FarmLog {
         self.entries.len() as u64
     }
 
+    /// True when no entry was ever added.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
+    /// A task's current entry, if it has one.
     pub fn get(&self, task: TaskRef) -> Option<&Entry> {
         self.index.get(task).map(|i| &self.entries[i as usize])
     }
 
+    /// Whether the task's current entry says it is done.
     pub fn is_done(&self, task: TaskRef) -> bool {
         self.get(task).is_some_and(Entry::is_done)
     }
 
+    /// How many tasks are done.
     pub fn done_count(&self) -> u64 {
         self.done
     }
@@ -309,6 +313,7 @@ pub fn record_entry(task: TaskRef, r: &TaskRecord) -> Option<Entry> {
 /// A farm as a node keeps it from its store, to hold it again after a restart.
 #[derive(Clone, Debug)]
 pub struct StoredFarm {
+    /// The farm as it was submitted.
     pub spec: Arc<FarmSpec>,
     /// Every task record this node wrote for the farm (as coordinator or holder).
     pub records: Vec<(TaskRef, TaskRecord)>,
@@ -324,7 +329,9 @@ pub struct StoredFarm {
 /// One holder's copy of a farm.
 #[derive(Debug)]
 pub struct Replica {
+    /// The farm as it was submitted.
     pub spec: Arc<FarmSpec>,
+    /// What this copy knows ended for good (see [`FarmLog`]).
     pub log: FarmLog,
     /// This node is the farm's home: outputs come here.
     pub home: bool,
@@ -340,17 +347,23 @@ pub struct Replica {
     /// other nodes it has keep a copy, as its newest sync says (not kept
     /// on disk: a copy restored says ascending, and none, until a sync).
     pub order: Vec<Order>,
+    /// See `order`: those other nodes, in id order.
     pub holders: Vec<NodeId>,
+    /// How far this copy has applied that coordinator's log: the position
+    /// of the next entry it needs.
     pub next: u64,
     /// The newest `Sync` of that log heard, and the log's length when it
     /// said every task was over (over here once `next` reaches it).
     pub seen: u64,
+    /// The log's length when its coordinator said every task was over:
+    /// this copy is over once `next` reaches it.
     pub end_len: Option<u64>,
     /// Entries that arrived ahead of `next` (syncs overtake each other on
     /// the network), by position, applied once the gap before them fills.
     pub ahead: BTreeMap<u64, Vec<Entry>>,
     /// The coordinator's last word on progress.
     pub counts: Counts,
+    /// The same counts per stage, in the farm's stage order.
     pub stages: Vec<Counts>,
     /// The coordinator says every task is over.
     pub over: bool,
@@ -370,6 +383,8 @@ pub struct Replica {
     /// outputs lost with a node only when a node it misses is down, not over
     /// every missing output at every resend.
     missing_on: FxHashMap<NodeId, usize>,
+    /// On the home: done tasks whose outputs are still to be asked for, in
+    /// the order to fetch them.
     pub queue: VecDeque<TaskRef>,
     /// On the home: outputs asked of the driver, and when.
     pub fetching: FxHashMap<TaskRef, Millis>,
@@ -435,6 +450,7 @@ impl Replica {
         }
     }
 
+    /// Which farm this is a copy of.
     pub fn id(&self) -> FarmId {
         self.spec.id
     }
@@ -492,6 +508,7 @@ impl Replica {
         }
     }
 
+    /// On the home: the outputs of `task` are here; true if they were not before.
     pub fn collect(&mut self, task: TaskRef) -> bool {
         self.unmiss(task);
         self.collected.insert(task)
@@ -526,6 +543,7 @@ impl Replica {
         self.missing_on.keys().copied()
     }
 
+    /// How many done tasks' outputs are still to come home.
     pub fn missing_count(&self) -> usize {
         self.missing.len()
     }

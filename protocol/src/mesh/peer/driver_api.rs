@@ -69,22 +69,27 @@ impl Peer {
         self.node.members.sum()
     }
 
+    /// Which node this is.
     pub fn id(&self) -> NodeId {
         self.node.id
     }
 
+    /// The highest coordinator term this node knows.
     pub fn term(&self) -> u64 {
         self.node.election.term()
     }
 
+    /// The coordinator this node follows (itself when it coordinates), if it knows one.
     pub fn coordinator(&self) -> Option<NodeId> {
         self.node.election.coordinator()
     }
 
+    /// True while this node is the elected coordinator.
     pub fn is_coordinator(&self) -> bool {
         self.coord.is_some()
     }
 
+    /// The members this node knows alive, in id order, itself not among them.
     pub fn members(&self) -> impl Iterator<Item = Member<'_>> {
         self.node.members.iter()
     }
@@ -94,6 +99,7 @@ impl Peer {
         self.worker.depth()
     }
 
+    /// A farm's definition, when this node knows it.
     pub fn spec(&self, farm: FarmId) -> Option<&Arc<FarmSpec>> {
         self.specs.get(&farm)
     }
@@ -113,6 +119,7 @@ impl Peer {
         self.holdings.iter()
     }
 
+    /// Counters of what this node sent and stole, for the simulator and `mesh status`.
     pub fn stats(&self) -> &Stats {
         &self.out.stats
     }
@@ -138,10 +145,12 @@ impl Peer {
         }
     }
 
+    /// How many tasks wait in this node's queue, assigned and not started.
     pub fn queued(&self) -> usize {
         self.worker.queued()
     }
 
+    /// How many tasks run on this node now.
     pub fn running_count(&self) -> usize {
         self.worker.running_count()
     }

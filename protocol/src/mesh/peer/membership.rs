@@ -67,6 +67,7 @@ impl Identity for Ident {
 /// the last beat it sent here, if any.
 #[derive(Clone, Copy)]
 pub struct Member<'a> {
+    /// Which node it is.
     pub id: NodeId,
     heard: Option<&'a BeatRecord>,
     /// SWIM has it (not only a beat): its identity and address are SWIM's.

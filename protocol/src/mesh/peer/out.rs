@@ -16,13 +16,19 @@ use crate::observe::Latencies;
 /// Counters for the simulator and `mesh status`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
+    /// Messages this node sent, to itself included.
     pub messages: u64,
     /// Membership packets sent, and their bytes.
     pub swim_packets: u64,
+    /// The bytes of those packets.
     pub swim_bytes: u64,
+    /// Steals this node asked of a victim.
     pub steals_asked: u64,
+    /// Steals answered with tasks that this node took.
     pub steals_won: u64,
+    /// Tasks this node took by its steals won.
     pub tasks_stolen: u64,
+    /// Tasks this node gave up to thieves.
     pub tasks_given: u64,
 }
 
