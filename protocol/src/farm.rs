@@ -28,11 +28,15 @@ pub use crate::ids::TaskRef;
 /// A farm, resolved: every sweep's values are known, every path checked.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FarmDef {
+    /// The farm's name: what `{farm}` and `MESH_FARM` give a task, and the
+    /// default output folder, `mesh-out/<name>`.
     pub name: String,
     /// Absolute folder of the farm file; relative paths start here.
     pub root: String,
     /// Absolute output folder (`{out}`).
     pub out: String,
+    /// The stages in the farm file's order; a [`TaskRef`]'s `stage` is a place
+    /// in this list.
     pub stages: Vec<StageDef>,
     /// The per-task dependencies expanded, once asked for.
     #[serde(skip)]
@@ -48,9 +52,15 @@ impl AsRef<FarmDef> for FarmDef {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One stage of a farm: a command run once for each task of its sweep,
+/// with what its tasks read, write, take and wait for.
 pub struct StageDef {
+    /// Unique in its farm: what `{stage}` gives, and the first part of a
+    /// task's id (`<stage>/<index>`).
     pub name: String,
+    /// What each task runs, before its placeholders are filled in.
     pub command: CommandTemplate,
+    /// The variables its tasks vary over, and how they combine into tasks.
     pub sweep: Sweep,
     /// Per-task working folder relative to `root`; `None` runs in `root`.
     pub workdir: Option<Template>,
@@ -58,7 +68,10 @@ pub struct StageDef {
     pub inputs: Vec<Template>,
     /// Files or glob patterns (relative to the workdir) collected after success.
     pub outputs: Vec<Template>,
+    /// Environment variables set for each task, each value a template.
     pub env: Vec<(String, Template)>,
+    /// What each task holds of a node while it runs (one cpu unless the
+    /// farm file says otherwise).
     pub resources: Resources,
     /// Failures allowed before the task is failed for good.
     pub retries: u32,
@@ -67,6 +80,8 @@ pub struct StageDef {
     /// cannot start, a missing module): its other tasks wait for a resume
     /// instead of each failing alike. 0 turns this off.
     pub max_fails: u32,
+    /// How long one attempt may run before it is killed and counts as a
+    /// failure; `None` sets no limit.
     pub timeout_ms: Option<u64>,
     /// How long a task is expected to run (`expected = "10m"`): a node
     /// whose batch job ends sooner does not start it.
@@ -108,6 +123,7 @@ impl StageDef {
         }
     }
 
+    /// The number of tasks in the stage.
     pub fn len(&self) -> u32 {
         self.sweep.len() as u32
     }
@@ -134,12 +150,15 @@ impl StageDef {
             .chain(self.deps.iter().map(|d| d.stage))
     }
 
+    /// Whether the stage has no tasks.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A stage's command as the farm file gives it, with placeholders; a
+/// task's, filled in, is a [`Command`].
 pub enum CommandTemplate {
     /// Executed directly, no shell.
     Argv(Vec<Template>),
@@ -152,6 +171,7 @@ pub enum CommandTemplate {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// How a sweep's variables combine into tasks.
 pub enum SweepMode {
     /// Every combination; the first variable varies slowest.
     Product,
@@ -160,8 +180,13 @@ pub enum SweepMode {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// The variables a stage is swept over and how they combine into its
+/// tasks; task `i`'s values are computed from `i` when asked for.
 pub struct Sweep {
+    /// In the order the farm file gives them; templates name them by place
+    /// ([`Var::Sweep`]). A grown variable comes last.
     pub vars: Vec<SweepVar>,
+    /// Whether the variables combine as a product or a zip.
     pub mode: SweepMode,
 }
 
@@ -220,6 +245,7 @@ impl Sweep {
         }
     }
 
+    /// Whether the sweep makes no tasks.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -259,8 +285,11 @@ impl Sweep {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One variable of a sweep: its name and the values it takes.
 pub struct SweepVar {
+    /// What templates call it (`{name}`).
     pub name: String,
+    /// Its values, in order.
     pub values: Values,
 }
 
@@ -282,19 +311,26 @@ pub struct Grown {
 /// The values of one sweep variable.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Values {
+    /// Values written out in the farm file, as text, in order.
     List(Vec<String>),
     /// Lines of a parameter file, kept as one string and line end offsets
     /// (a million lines cost 4 bytes each plus their text).
     Lines {
+        /// The non-blank lines, trimmed, end to end without separators.
         text: String,
+        /// Where each line ends in `text`, in bytes.
         ends: Vec<u32>,
     },
     /// `start + i * step` for `i` in `0..count`, written with `decimals`
     /// decimals; `start` and `step` are scaled by `10^decimals`.
     Range {
+        /// The first value, times `10^decimals`.
         start: i64,
+        /// The difference between neighbouring values, times `10^decimals`.
         step: i64,
+        /// How many values.
         count: u64,
+        /// Digits written after the decimal point.
         decimals: u32,
     },
     /// Lines found as the farm runs (see [`Grown`]); always a sweep's last
@@ -320,6 +356,7 @@ impl Values {
         Values::Lines { text: kept, ends }
     }
 
+    /// How many values there are; for a grown variable, its `per` places.
     pub fn len(&self) -> u64 {
         match self {
             Values::List(v) => v.len() as u64,
@@ -329,10 +366,13 @@ impl Values {
         }
     }
 
+    /// Whether there are no values.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Value `i` (below [`Values::len`]) as text; a grown variable's is its
+    /// line's place (`<line 3 of found.txt>`).
     pub fn get(&self, i: u64) -> String {
         match self {
             Values::List(v) => v[i as usize].clone(),
@@ -392,40 +432,60 @@ fn format_scaled(v: i64, decimals: u32) -> String {
 /// What a placeholder stands for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Var {
+    /// `{index}`: the task's index in its stage.
     Index,
+    /// `{stage}`: the stage's name.
     Stage,
+    /// `{farm}`: the farm's name.
     Farm,
+    /// `{out}`: the farm's output folder, or where the node running the task
+    /// has put what it depends on (see [`FarmDef::expand_in`]).
     Out,
     /// A sweep variable, by position in the stage's sweep.
     Sweep(usize),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One piece of a template.
 pub enum Part {
+    /// Text kept as it is (`{{` and `}}` already read as braces).
     Lit(String),
+    /// A placeholder, filled in when the template is rendered.
     Var(Var),
 }
 
 /// A string with `{placeholders}`; `{{` and `}}` stand for literal braces.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Template {
+    /// Its text and placeholders, in order.
     pub parts: Vec<Part>,
 }
 
 /// Why a template could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
+    /// A placeholder that names neither a built-in nor a sweep variable of
+    /// the stage.
     // Braces in a shell line (`awk '{print $1}'`, `${HOME}`) are read as
     // a placeholder too; the escape, spelt out, is what the author needs.
     #[error("unknown placeholder `{{{name}}}` (known here: {known}); if the braces are meant literally, write `{{{{{name}}}}}`")]
-    Unknown { name: String, known: String },
+    Unknown {
+        /// The name as written between the braces.
+        name: String,
+        /// The names known there, comma-separated.
+        known: String,
+    },
+    /// A `{` with no `}` after it.
     #[error("unclosed `{{`; if the brace is meant literally, write `{{{{`")]
     Unclosed,
+    /// A single `}` outside a placeholder.
     #[error("stray `}}`; if the brace is meant literally, write `}}}}`")]
     Stray,
 }
 
 impl Template {
+    /// A template of plain text: braces in `s` are kept, not read as
+    /// placeholders.
     pub fn literal(s: &str) -> Template {
         Template {
             parts: vec![Part::Lit(s.to_string())],
@@ -508,10 +568,13 @@ impl Template {
         s
     }
 
+    /// Whether it has no placeholders, so every task gets the same text.
     pub fn is_static(&self) -> bool {
         self.parts.iter().all(|p| matches!(p, Part::Lit(_)))
     }
 
+    /// The text for the task `cx` describes, each placeholder replaced by
+    /// its value.
     pub fn render(&self, cx: &RenderCx<'_>) -> String {
         let mut s = String::new();
         for p in &self.parts {
@@ -549,19 +612,25 @@ impl fmt::Display for Template {
 
 /// What a template is rendered against: one task of one stage.
 pub struct RenderCx<'a> {
+    /// What `{farm}` becomes.
     pub farm: &'a str,
+    /// What `{stage}` becomes.
     pub stage: &'a str,
+    /// What `{out}` becomes.
     pub out: &'a str,
     /// None renders `{index}` as written (a content key: see
     /// [`FarmDef::expand_for_key`]).
     pub index: Option<u32>,
+    /// The task's sweep values in variable order (see [`Sweep::binding`]).
     pub binding: &'a [String],
 }
 
 /// The command of one task, fully expanded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
+    /// A program and its arguments, run without a shell.
     Argv(Vec<String>),
+    /// A line run with `/bin/sh -c`.
     Shell(String),
     /// See [`CommandTemplate::Python`].
     Python(Vec<String>),
@@ -570,19 +639,25 @@ pub enum Command {
 /// One task, expanded from its stage: everything needed to run it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskSpec {
+    /// What to run.
     pub command: Command,
+    /// Environment variables set for it.
     pub env: Vec<(String, String)>,
     /// Relative to the farm root; `None` runs in the root.
     pub workdir: Option<String>,
+    /// Files (relative to the farm root) copied into the workdir before it runs.
     pub inputs: Vec<String>,
+    /// Files or glob patterns (relative to the workdir) collected after success.
     pub outputs: Vec<String>,
 }
 
 impl FarmDef {
+    /// The stage task `t` belongs to.
     pub fn stage(&self, t: TaskRef) -> &StageDef {
         &self.stages[t.stage as usize]
     }
 
+    /// The place in [`FarmDef::stages`] of the stage called `name`, if any.
     pub fn stage_index(&self, name: &str) -> Option<u32> {
         self.stages
             .iter()
@@ -595,6 +670,7 @@ impl FarmDef {
         format!("{}/{}", self.stage(t).name, t.index)
     }
 
+    /// The number of tasks over all stages.
     pub fn task_count(&self) -> u64 {
         self.stages.iter().map(|s| s.len() as u64).sum()
     }
@@ -611,6 +687,7 @@ impl FarmDef {
             .collect()
     }
 
+    /// Task `t` as the farm's home runs it, `{out}` being [`FarmDef::out`].
     pub fn expand(&self, t: TaskRef) -> TaskSpec {
         self.expand_in(t, &self.out)
     }

@@ -19,23 +19,39 @@ use super::{FarmDef, RenderCx, StageDef, Sweep, TaskRef, Template};
 pub struct Dep {
     /// The stage depended on.
     pub stage: u32,
+    /// Which of its tasks each task of this stage waits for.
     pub on: DepOn,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// How a [`Dep`] chooses the upstream tasks each task waits for.
 pub enum DepOn {
     /// The upstream tasks whose values of variables `up` equal this task's
     /// values of variables `down` (positions in each stage's sweep, pair by
     /// pair): fan-in and fan-out per key, their product, and pairs by key
     /// of stages of any sizes.
-    Keyed { down: Vec<u32>, up: Vec<u32> },
+    Keyed {
+        /// This stage's key variables, as places in its sweep.
+        down: Vec<u32>,
+        /// The upstream stage's key variables, as places in its sweep.
+        up: Vec<u32>,
+    },
     /// The upstream tasks named by the words (split at whitespace and
     /// commas) of `tasks` as rendered for this task: indices, or values of
     /// the upstream's variable `var`.
-    Listed { tasks: Template, var: Option<u32> },
+    Listed {
+        /// Rendered for each task into the words that name its upstream tasks.
+        tasks: Template,
+        /// The upstream variable (its place in the sweep) whose values the
+        /// words are; `None`: the words are task indices.
+        var: Option<u32>,
+    },
     /// Task `i` of a grown stage waits for the task it grew from, `i / per`
     /// (see [`super::Grown`]): the loader adds it, never the user.
-    Grown { per: u32 },
+    Grown {
+        /// The places kept for each upstream task (see [`super::Grown`]).
+        per: u32,
+    },
 }
 
 /// A table of lists: list `i` is `items[offsets[i]..offsets[i + 1]]`.
@@ -46,6 +62,7 @@ pub struct Csr {
 }
 
 impl Csr {
+    /// List `i`; empty past the last.
     pub fn get(&self, i: usize) -> &[u32] {
         match (self.offsets.get(i), self.offsets.get(i + 1)) {
             (Some(&a), Some(&b)) => &self.items[a as usize..b as usize],
@@ -89,6 +106,7 @@ impl Csr {
         }
     }
 
+    /// The memory the table holds, in bytes.
     pub fn bytes(&self) -> usize {
         (self.offsets.len() + self.items.len()) * 4
     }
@@ -113,6 +131,7 @@ pub struct Edge {
 /// Every stage's expanded [`Dep`]s, in the order the stage lists them.
 #[derive(Clone, Debug, Default)]
 pub struct Graph {
+    /// Per stage, in farm order: one [`Edge`] for each of its `deps`.
     pub stages: Vec<Vec<Edge>>,
 }
 
@@ -120,26 +139,45 @@ pub struct Graph {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("stage `{stage}`: {why}")]
 pub struct GraphError {
+    /// The name of the stage whose `deps` do not expand.
     pub stage: String,
+    /// What is wrong with them.
     pub why: DepError,
 }
 
 /// What is wrong with one of a stage's `deps`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DepError {
+    /// A dependency names a stage index the farm does not have.
     #[error("it depends on a stage that is not there")]
     NoStage,
+    /// A dependency keyed by sweep variables that does not expand.
     #[error("keyed on stage `{up}`: {why}")]
-    Keyed { up: String, why: KeyedError },
+    Keyed {
+        /// The upstream stage's name.
+        up: String,
+        /// Why the key does not expand.
+        why: KeyedError,
+    },
+    /// A dependency listed per task that names tasks that are not there.
     #[error("listed from stage `{up}`: {why}")]
-    Listed { up: String, why: ListedError },
+    Listed {
+        /// The upstream stage's name.
+        up: String,
+        /// Why the list does not expand.
+        why: ListedError,
+    },
 }
 
 /// Why a dependency keyed by sweep variables does not expand.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum KeyedError {
+    /// The key's variables have more combinations of values upstream than a
+    /// 64-bit number can count.
     #[error("too many combinations of the key's values")]
     TooMany,
+    /// No task of the stage has a key that a task upstream has (both stages
+    /// having tasks).
     #[error("no task's key matches a task of that stage (do the values agree?)")]
     NoMatch,
 }
@@ -147,12 +185,22 @@ pub enum KeyedError {
 /// Why a dependency listed per task does not expand.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ListedError {
+    /// A word that is no value of the upstream variable.
     #[error("task {task} names `{word}`, which no task has")]
-    NoSuchValue { task: usize, word: String },
+    NoSuchValue {
+        /// The index of the task whose list has the word.
+        task: usize,
+        /// The word as rendered.
+        word: String,
+    },
+    /// A word that is not the index of an upstream task.
     #[error("task {task} names `{word}`, not a task index (0 to {last})")]
     NotAnIndex {
+        /// The index of the task whose list has the word.
         task: usize,
+        /// The word as rendered.
         word: String,
+        /// The upstream stage's last index.
         last: u32,
     },
 }
@@ -210,6 +258,7 @@ impl Graph {
         Ok(Graph { stages })
     }
 
+    /// The memory the tables of every edge hold, in bytes.
     pub fn bytes(&self) -> usize {
         self.stages
             .iter()
@@ -232,10 +281,15 @@ impl GraphCache {
         GraphCache(OnceLock::from(Arc::new(g)), OnceLock::new())
     }
 
+    /// The [`Ordinals`] of `def` (the farm holding this cache), built on first
+    /// use.
     pub fn ordinals(&self, def: &FarmDef) -> &Arc<Ordinals> {
         self.1.get_or_init(|| Arc::new(Ordinals::build(def)))
     }
 
+    /// The [`Graph`] of `def` (the farm holding this cache), built on first
+    /// use; panics if its dependencies do not expand, which a loaded farm's
+    /// always do.
     pub fn get_or_build(&self, def: &FarmDef) -> &Arc<Graph> {
         self.0.get_or_init(|| {
             // The loader built it once to check it: a farm that got this far
@@ -256,6 +310,7 @@ pub struct Ordinals {
 }
 
 impl Ordinals {
+    /// Counts the repeats of every list and lines variable of `def`.
     pub fn build(def: &FarmDef) -> Ordinals {
         let stages = def
             .stages
