@@ -21,7 +21,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
-use crate::farm::graph::DepOn;
+use crate::farm::graph::{DepOn, Graph};
 use crate::farm::{FarmDef, StageDef, TaskRef};
 pub use crate::pool::Grant;
 use crate::pool::Pool;
@@ -210,6 +210,67 @@ struct FarmState {
     dependents_by: Vec<Vec<(u32, usize)>>,
     cancelled: bool,
     finished_emitted: bool,
+}
+
+impl FarmState {
+    /// A farm's state before any record is restored: every task pending,
+    /// and who depends on each stage, by kind.
+    fn new(def: Arc<FarmDef>, run: u32) -> FarmState {
+        let n = def.stages.len();
+        let mut dependents = vec![Vec::new(); n];
+        let mut dependents_each = vec![Vec::new(); n];
+        let mut dependents_by = vec![Vec::new(); n];
+        for (i, s) in def.stages.iter().enumerate() {
+            for &d in &s.after {
+                dependents[d as usize].push(i as u32);
+            }
+            for &d in &s.after_each {
+                dependents_each[d as usize].push(i as u32);
+            }
+            for (e, dep) in s.deps.iter().enumerate() {
+                dependents_by[dep.stage as usize].push((i as u32, e));
+            }
+        }
+        let stages = def
+            .stages
+            .iter()
+            .map(|s| {
+                let len = s.len() as usize;
+                StageState {
+                    status: vec![PENDING; len],
+                    attempts: vec![0; len],
+                    failures: vec![0; len],
+                    crashes: vec![0; len],
+                    order: Order::default(),
+                    walked: vec![(0, 0)],
+                    ready: VecDeque::new(),
+                    waiting_on: s.after.len() as u32,
+                    waiting: Vec::new(),
+                    open: false,
+                    complete: false,
+                    unplaceable: false,
+                    counts: Counts {
+                        total: len as u64,
+                        ..Counts::default()
+                    },
+                    streak: fails::Streak::default(),
+                    stopped: None,
+                }
+            })
+            .collect();
+        let order = priority_order(&def);
+        FarmState {
+            def,
+            run,
+            stages,
+            order,
+            dependents,
+            dependents_each,
+            dependents_by,
+            cancelled: false,
+            finished_emitted: false,
+        }
+    }
 }
 
 struct Running {
@@ -462,6 +523,7 @@ impl Engine {
         self.farms.len()
     }
 
+    /// The definition of the farm in `slot`.
     pub fn farm(&self, slot: FarmSlot) -> &Arc<FarmDef> {
         &self.farms[slot.0 as usize].def
     }
@@ -475,67 +537,28 @@ impl Engine {
         opts: &AddOptions,
     ) -> FarmSlot {
         let slot = FarmSlot(self.farms.len() as u32);
-        let n = def.stages.len();
-        let mut dependents = vec![Vec::new(); n];
-        let mut dependents_each = vec![Vec::new(); n];
-        let mut dependents_by = vec![Vec::new(); n];
-        for (i, s) in def.stages.iter().enumerate() {
-            for &d in &s.after {
-                dependents[d as usize].push(i as u32);
-            }
-            for &d in &s.after_each {
-                dependents_each[d as usize].push(i as u32);
-            }
-            for (e, dep) in s.deps.iter().enumerate() {
-                dependents_by[dep.stage as usize].push((i as u32, e));
-            }
-        }
         let graph = if def.stages.iter().any(|s| !s.deps.is_empty()) {
             Some(def.graph().clone())
         } else {
             None
         };
-        let stages = def
-            .stages
-            .iter()
-            .map(|s| {
-                let len = s.len() as usize;
-                StageState {
-                    status: vec![PENDING; len],
-                    attempts: vec![0; len],
-                    failures: vec![0; len],
-                    crashes: vec![0; len],
-                    order: Order::default(),
-                    walked: vec![(0, 0)],
-                    ready: VecDeque::new(),
-                    waiting_on: s.after.len() as u32,
-                    waiting: Vec::new(),
-                    open: false,
-                    complete: false,
-                    unplaceable: false,
-                    counts: Counts {
-                        total: len as u64,
-                        ..Counts::default()
-                    },
-                    streak: fails::Streak::default(),
-                    stopped: None,
-                }
-            })
-            .collect();
-        let order = priority_order(&def);
-        self.farms.push(FarmState {
-            def: def.clone(),
-            run: opts.run,
-            stages,
-            order,
-            dependents,
-            dependents_each,
-            dependents_by,
-            cancelled: false,
-            finished_emitted: false,
-        });
-
+        self.farms.push(FarmState::new(def, opts.run));
         // Restore records first, then derive readiness from the whole picture.
+        let (failed, grew) = self.restore_records(slot, restored, opts);
+        self.ready_farm(now, slot, graph.as_deref(), grew, failed);
+        slot
+    }
+
+    /// Its tasks' records as the store kept them (of this run only): done
+    /// and failed ones as they were, and one that was running when the
+    /// node stopped counted as a crash, failing at `CRASHES_MAX`. Returns
+    /// the tasks failed, and the done ones that grew stages (with their lines).
+    fn restore_records(
+        &mut self,
+        slot: FarmSlot,
+        restored: impl IntoIterator<Item = (TaskRef, TaskRecord)>,
+        opts: &AddOptions,
+    ) -> (Vec<TaskRef>, Vec<(TaskRef, u32)>) {
         let mut failed = Vec::new();
         let mut grew = Vec::new();
         for (t, rec) in restored {
@@ -614,13 +637,26 @@ impl Engine {
                 RecordState::Interrupted | RecordState::Cancelled => {}
             }
         }
+        (failed, grew)
+    }
 
+    /// What each task waits for and which stages are complete or open,
+    /// from the records restored; then the failed tasks' dependents fail,
+    /// and what is ready starts.
+    fn ready_farm(
+        &mut self,
+        now: Millis,
+        slot: FarmSlot,
+        graph: Option<&Graph>,
+        grew: Vec<(TaskRef, u32)>,
+        failed: Vec<TaskRef>,
+    ) {
         for (t, lines) in grew {
             // Which places of the stages grown from it hold tasks, before
             // anything is counted complete.
             void_places(&mut self.farms[slot.0 as usize], t, lines);
         }
-        if let Some(g) = &graph {
+        if let Some(g) = graph {
             // What each task waits for, from what is done now.
             let f = &mut self.farms[slot.0 as usize];
             for (s, edges) in g.stages.iter().enumerate() {
@@ -672,7 +708,6 @@ impl Engine {
         }
         self.fill(now);
         self.check_finished(slot);
-        slot
     }
 
     /// Marks stages that can never run here as failed, with an event saying why.
@@ -1225,6 +1260,8 @@ impl Engine {
         !self.actions.is_empty()
     }
 
+    /// The next action for the driver to carry out, in order; None when
+    /// the engine has nothing more until the next event.
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
@@ -1321,10 +1358,12 @@ impl Engine {
         self.running.is_empty()
     }
 
+    /// How many task attempts are running now, over every farm.
     pub fn running_count(&self) -> usize {
         self.running.len()
     }
 
+    /// Each stage's counts of tasks by state, in the farm's stage order.
     pub fn stage_progress(&self, farm: FarmSlot) -> Vec<Counts> {
         self.farms[farm.0 as usize]
             .stages
@@ -1333,6 +1372,7 @@ impl Engine {
             .collect()
     }
 
+    /// The farm's counts of tasks by state, over all its stages.
     pub fn progress(&self, farm: FarmSlot) -> Counts {
         let mut c = Counts::default();
         for s in &self.farms[farm.0 as usize].stages {

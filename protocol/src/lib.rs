@@ -3,6 +3,8 @@
 //! Everything here is driven from outside: `mesh-node` feeds the engine real
 //! events and time, `mesh-sim` feeds it simulated ones. See ARCHITECTURE.md.
 
+#![warn(missing_docs)]
+
 pub mod alloc;
 pub mod engine;
 pub mod eta;

@@ -26,7 +26,6 @@ const LONG_FNS_ALLOWED: &[(&str, &str, usize)] = &[
     ("node/src/mesh_node/commands.rs", "on_control", 220),
     ("node/src/mesh_node/reuse.rs", "submit_reusing", 195),
     ("node/src/runner.rs", "drive", 300),
-    ("protocol/src/engine.rs", "add_farm", 208),
     ("protocol/src/mesh/peer/mod.rs", "dispatch_msg", 192),
     ("sim/src/cluster.rs", "handle", 163),
     ("tests/big/main.rs", "three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fits_and_renders_in_under_a_second", 178),

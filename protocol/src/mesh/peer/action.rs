@@ -143,7 +143,7 @@ pub enum Action {
         msg: Msg,
     },
     /// A membership packet for `to` (a datagram: it may be lost, and the
-    /// protocol expects that), handed back through [`Peer::handle_swim`].
+    /// protocol expects that), handed back through [`Peer::handle_swim`](super::Peer::handle_swim).
     Swim {
         /// Who the packet is for.
         to: Ident,
@@ -167,7 +167,7 @@ pub enum Action {
         reason: KillReason,
     },
     /// On the home: bring these outputs of a finished task from the node
-    /// that keeps them, verify them, and call [`Peer::fetched`].
+    /// that keeps them, verify them, and call [`Peer::fetched`](super::Peer::fetched).
     Fetch {
         /// Which farm the task is of.
         farm: FarmId,
@@ -184,13 +184,13 @@ pub enum Action {
         farm: FarmId,
     },
     /// Bring every input of this farm here (from its submitter or any
-    /// node that has them) and call [`Peer::inputs_ready`].
+    /// node that has them) and call [`Peer::inputs_ready`](super::Peer::inputs_ready).
     FetchInputs {
         /// Which farm's inputs to bring.
         farm: FarmId,
     },
     /// On the coordinator: ask the batch system (`mesh alloc`), and answer
-    /// with [`Peer::batch_submitted`], `batch_polled` or `batch_cancelled`.
+    /// with [`Peer::batch_submitted`](super::Peer::batch_submitted), `batch_polled` or `batch_cancelled`.
     Batch(BatchOp),
     /// Show an event to the user (or log it).
     Emit(PeerEvent),

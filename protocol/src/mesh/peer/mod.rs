@@ -139,6 +139,9 @@ impl Node {
     }
 }
 
+/// One node of a mesh as a state machine: its membership, election,
+/// worker, holdings and (when elected) coordinator, driven by its driver's
+/// calls and read back as actions.
 pub struct Peer {
     node: Node,
     rng: SmallRng,
@@ -259,6 +262,8 @@ impl Peer {
         self.pump(now);
     }
 
+    /// The next action for the driver to carry out, in order; None when
+    /// the peer has nothing more until the next call.
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
         let action = self.out.actions.pop_front();
@@ -283,6 +288,7 @@ impl Peer {
         std::mem::swap(&mut self.out.actions, into);
     }
 
+    /// Whether actions wait for the driver.
     pub fn has_actions(&self) -> bool {
         !self.out.actions.is_empty()
     }
@@ -320,6 +326,7 @@ impl Peer {
         self.pump(now);
     }
 
+    /// A message from node `from`, on a link or as a packet.
     pub fn handle_message(&mut self, now: Millis, from: NodeId, msg: Msg) {
         self.woke(now);
         self.out.inbox.push_back((from, msg));
@@ -397,6 +404,7 @@ impl Peer {
             .give_back_silent(now - last_beat, &mut self.out, self.node.election.leader());
     }
 
+    /// The time of [`poll_timeout`](Self::poll_timeout) came: the timers due fire.
     pub fn handle_timeout(&mut self, now: Millis) {
         self.woke(now);
         self.worker.fire_timers(now, &mut self.out);
