@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use mesh_protocol::engine::{
     Action, AddOptions, Counts, Engine, Event, FarmSlot, Outcome, Persist, RecordState, Stop,
-    TaskResult, Verdict,
+    TaskRecord, TaskResult, Verdict,
 };
 use mesh_protocol::farm::{deps_digest, has_deps, key_with_deps, stage_digest, FarmDef};
 use mesh_protocol::mesh::FarmId;
@@ -38,6 +38,8 @@ use crate::view::{FarmView, MeshStatus, NodeView, Observed, ResourceUse, Resourc
 use crate::{at_ms, grace_end, io_err, runtime, sleep_until_opt, stop_signals, IoError};
 use mesh_protocol::observe::{Latencies, Latency};
 use std::sync::Mutex;
+
+mod start;
 
 /// How often the observer hears about progress.
 const PROGRESS_EVERY_MS: u64 = 100;
@@ -172,25 +174,6 @@ pub enum RunError {
     Io(#[from] IoError),
 }
 
-/// Opens a farm's store, explaining who holds it when it is locked.
-fn open_store(state: &StateDir, id: &str) -> Result<SledStore, RunError> {
-    let dir = state.farm_dir(id);
-    fs::create_dir_all(&dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
-    match SledStore::open(&state.db_path(id)) {
-        Err(StoreError::Locked { .. }) => {
-            let holder = state
-                .read_status(id)
-                .map(|s| format!(" (pid {} on {})", s.pid, s.host))
-                .unwrap_or_default();
-            Err(RunError::AlreadyRunning {
-                id: id.to_string(),
-                holder,
-            })
-        }
-        r => Ok(r?),
-    }
-}
-
 const META_RUN: &str = "run";
 const META_FILE: &str = "file";
 const META_RESOURCES: &str = "resources";
@@ -199,24 +182,6 @@ const META_RESOURCES: &str = "resources";
 /// resume runs the stage whole, and `mesh status` shows it stopped.
 fn meta_stop(stage: usize) -> String {
     format!("stop.{stage}")
-}
-
-/// The stages stopped when the farm's run ended, with why.
-fn stored_stops(
-    store: &SledStore,
-    key: FarmKey,
-    def: &FarmDef,
-) -> Result<Vec<(u32, Stop)>, RunError> {
-    let mut stops = Vec::new();
-    for s in 0..def.stages.len() {
-        if let Some(b) = store.meta(key, &meta_stop(s))? {
-            // One that does not read (written by another version) is no stop.
-            if let Ok(stop) = serde_json::from_slice::<Stop>(&b) {
-                stops.push((s as u32, stop));
-            }
-        }
-    }
-    Ok(stops)
 }
 
 /// Runs (or resumes) a farm to the end, or until Ctrl-C / SIGTERM.
@@ -228,309 +193,142 @@ pub fn run_farm(
     runtime()?.block_on(async {
         // Before anything slow (opening the store, clearing a big farm's old run).
         let (sigint, sigterm) = stop_signals()?;
-        drive(start, opts, obs, sigint, sigterm).await
+        drive(start, opts, obs, (sigint, sigterm)).await
     })
 }
 
+/// The loop of `mesh run`, as the node's: [`Driver::open`] the farm's
+/// store and records the run's start, then [`Driver::run`] until the farm
+/// ends or is stopped, then [`Driver::close`].
 async fn drive(
     start: RunStart,
     opts: &RunOptions,
     obs: &mut dyn Observer,
-    mut sigint: tokio::signal::unix::Signal,
-    mut sigterm: tokio::signal::unix::Signal,
+    signals: (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
 ) -> Result<FarmStatus, RunError> {
-    let clock = Instant::now();
-    let started_at_ms = unix_ms();
-    let (id, key, def, file, mut store, resumed) = match start {
-        RunStart::New { def, file } => {
-            let (id, key) = farm_identity(&def.name, &file);
-            let store = open_store(&opts.state, &id)?;
-            (id, key, def, file, store, false)
-        }
-        RunStart::Resume { id } => {
-            let store = open_store(&opts.state, &id)?;
-            let key = farm_key(&id);
-            let def = store
-                .def(key)?
-                .ok_or_else(|| RunError::NoDefinition(id.clone()))?;
-            let file = store
-                .meta(key, META_FILE)?
-                .map(|b| PathBuf::from(String::from_utf8_lossy(&b).into_owned()))
-                .unwrap_or_default();
-            (id, key, def, file, store, true)
-        }
-    };
-    let prev_run = stored_run(&store, key)?;
-    let run = if resumed {
-        prev_run.max(1)
-    } else {
-        prev_run + 1
-    };
-    // A resumed stage that was stopped runs whole; a new run starts anew.
-    let retry_stages: Vec<u32> = if resumed {
-        stored_stops(&store, key, &def)?
-            .into_iter()
-            .map(|(s, _)| s)
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut batch: Vec<Write> = (0..def.stages.len())
-        .map(|s| Write::Meta {
-            farm: key,
-            name: meta_stop(s),
-            value: Vec::new(),
-        })
-        .collect();
-    if !resumed {
-        // Logs belong to a run: a new run starts without the last one's.
-        let logs = opts.state.logs_dir(&id);
-        if let Err(e) = fs::remove_dir_all(&logs) {
-            if e.kind() != io::ErrorKind::NotFound {
-                return Err(
-                    io_err(format!("cannot clear old logs in {}", logs.display()))(e).into(),
-                );
-            }
-        }
-        batch.push(Write::Def {
-            farm: key,
-            def: Box::new(def.clone()),
-        });
-        batch.push(Write::Meta {
-            farm: key,
-            name: META_RUN.into(),
-            value: run.to_be_bytes().to_vec(),
-        });
-        batch.push(Write::Meta {
-            farm: key,
-            name: META_FILE.into(),
-            value: file.to_string_lossy().as_bytes().to_vec(),
-        });
-    }
-    batch.push(Write::Meta {
-        farm: key,
-        name: META_RESOURCES.into(),
-        value: opts.resources.to_string().into_bytes(),
-    });
-    batch.push(Write::Journal(JournalEntry {
-        at_ms: started_at_ms,
-        farm: key,
-        event: JournalEvent::RunStarted { run, resumed },
-    }));
-    store.write(batch)?;
-    store.flush()?;
-    let restored = if resumed {
-        store.tasks(key)?
-    } else {
-        Vec::new()
-    };
-    if !resumed {
-        // `{out}` holds the farm as it is now: a sweep cut short, a stage
-        // gone, leave it (never deleted; see `results::set_aside_stale`).
-        let out = Path::new(&def.out);
-        match results::set_aside_stale(out, &def, started_at_ms) {
-            Ok(Some(aside)) => {
-                let n = aside.moves.len() as u64;
-                obs.set_aside(&results::set_aside_line(n, &aside.to));
-                // Still results: a sweep grown back reuses them from there.
-                set_aside_places(&mut store, key, &aside)?;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                return Err(io_err(format!(
-                    "cannot set aside the outputs of tasks no longer in the farm, in {}",
-                    out.display()
-                ))(e)
-                .into())
-            }
-        }
-    }
-    // On a resume too: a run killed while it wrote them left them half done.
-    results::write_manifests(Path::new(&def.out), &def).map_err(io_err(format!(
-        "cannot write which task is which ({}) in {}",
-        results::MANIFEST,
-        def.out
-    )))?;
+    let (mut d, mut engine) = Driver::open(start, opts, obs).await?;
+    let interrupted = d.run(&mut engine, opts, obs, signals).await?;
+    d.close(&engine, opts, obs, interrupted)
+}
 
-    let def = Arc::new(def);
-    let mut engine = Engine::new(opts.resources.clone());
-    let slot = engine.add_farm(
-        0,
-        def.clone(),
-        restored,
-        &AddOptions {
-            run,
-            retry_failed: opts.retry_failed,
-            retry_stages,
-        },
-    );
-    let mut d = Driver {
-        id: id.clone(),
-        key,
-        def: def.clone(),
-        slot,
-        store,
-        logs_dir: opts.state.logs_dir(&id),
-        root: PathBuf::from(&def.root),
-        out: PathBuf::from(&def.out),
-        views_dir: opts.state.farm_dir(&id).join("views"),
-        gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
-        input_hashes: HashMap::new(),
-        stage_digests: HashMap::new(),
-        rerun: results::rerun_stages(&def, opts.rerun.as_deref()),
-        pending: Vec::new(),
-        unwritten: HashMap::new(),
-        unwritten_meta: HashMap::new(),
-        stash_dir: PathBuf::from(&def.out).join(results::STASH_DIR),
-        stashed: 0,
-        programs: HashMap::new(),
-        live: HashMap::new(),
-        unsaid: HashMap::new(),
-        shared: None,
-        runs: HashMap::new(),
-        clock,
-        status: FarmStatus {
-            id: id.clone(),
-            name: def.name.clone(),
-            file: file.to_string_lossy().into_owned(),
-            out: def.out.clone(),
-            run,
-            state: RunState::Running,
-            pid: std::process::id(),
-            host: hostname(),
-            started_at_ms,
-            updated_at_ms: started_at_ms,
-            elapsed_ms: 0,
-            counts: Counts::default(),
-            stages: Vec::new(),
-            failed: Vec::new(),
-            eta: None,
-        },
-        runtimes: vec![(0, Vec::new()); def.stages.len()],
-        estimate_after: None,
-    };
-    if let Some(http) = &opts.http {
-        let label = hostname();
-        let shared = Arc::new(Mutex::new(Shared {
-            status: d.status.clone(),
-            node: NodeView {
-                id: label,
-                local: true,
-                coordinator: true,
-                ..NodeView::default()
+impl Driver {
+    /// The loop: a step of the engine, then whichever input is ready,
+    /// until the farm is over or stopped and nothing runs. Returns when
+    /// it was interrupted, if it was.
+    async fn run(
+        &mut self,
+        engine: &mut Engine,
+        opts: &RunOptions,
+        obs: &mut dyn Observer,
+        (mut sigint, mut sigterm): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+    ) -> Result<Option<Instant>, RunError> {
+        let (clock, d) = (self.clock, self);
+        let (tx, mut rx) = mpsc::channel::<Finished>(FINISHED_MAX);
+        let mut progress = tokio::time::interval(Duration::from_millis(PROGRESS_EVERY_MS));
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut last_snapshot = Instant::now();
+        let mut finished = false;
+        let mut interrupted_at: Option<Instant> = None;
+        let mut hard_killed = false;
+
+        loop {
+            let (done, more) = d.step(engine, &tx, obs)?;
+            finished |= done;
+            if (finished || interrupted_at.is_some()) && engine.idle() {
+                break;
+            }
+            let timer = engine.poll_timeout().map(|at| at_ms(clock, at));
+            let grace = grace_end(interrupted_at, hard_killed);
+            tokio::select! {
+                biased;
+                Some(first) = rx.recv() => {
+                    let now = ms_since(clock);
+                    let mut next = Some(first);
+                    // Everything that already arrived goes to the engine before one flush.
+                    while let Some(f) = next {
+                        d.finish(engine, now, f);
+                        next = rx.try_recv().ok();
+                    }
+                }
+                _ = sigint.recv() => d.interrupt(engine, &mut interrupted_at, obs),
+                _ = sigterm.recv() => d.interrupt(engine, &mut interrupted_at, obs),
+                _ = sleep_until_opt(timer) => engine.handle_timeout(ms_since(clock)),
+                _ = sleep_until_opt(grace) => {
+                    hard_killed = true;
+                    d.kill_all_now();
+                }
+                _ = progress.tick() => {
+                    d.say_held_long(engine, obs);
+                    // What progress shows as done must also survive a machine
+                    // crash: one fdatasync per refresh, not per task.
+                    d.store.sync()?;
+                    d.refresh(engine, clock);
+                    d.estimate_end(engine);
+                    obs.progress(&d.status);
+                    if last_snapshot.elapsed() >= Duration::from_millis(SNAPSHOT_EVERY_MS) {
+                        last_snapshot = Instant::now();
+                        let _ = opts.state.write_status(&d.status);
+                    }
+                }
+                // Lowest priority: with actions still queued, go round again at once.
+                _ = std::future::ready(()), if more => {}
+            }
+        }
+        Ok(interrupted_at)
+    }
+
+    /// After the loop: the run's end said, journaled and made durable, and
+    /// what was kept aside for it and not taken again removed.
+    fn close(
+        mut self,
+        engine: &Engine,
+        opts: &RunOptions,
+        obs: &mut dyn Observer,
+        interrupted_at: Option<Instant>,
+    ) -> Result<FarmStatus, RunError> {
+        let (clock, key, run) = (self.clock, self.key, self.status.run);
+        let d = &mut self;
+        d.say_unsaid(engine, obs);
+        d.refresh(engine, clock);
+        d.status.eta = None;
+        let counts = d.status.counts.clone();
+        d.status.state = if interrupted_at.is_some() && !counts.finished() {
+            RunState::Interrupted
+        } else if counts.done == counts.total {
+            RunState::Done
+        } else if counts.stopped > 0 {
+            RunState::Stopped
+        } else {
+            RunState::Failed
+        };
+        let reason = match d.status.state {
+            RunState::Interrupted => "interrupted",
+            RunState::Done => "done",
+            RunState::Stopped => "stopped",
+            _ => "failed",
+        };
+        d.store.write(vec![Write::Journal(JournalEntry {
+            at_ms: unix_ms(),
+            farm: key,
+            event: JournalEvent::RunStopped {
+                run,
+                reason: reason.into(),
             },
-            recorder: Recorder::default(),
-            latency: Latencies::default(),
-            def: def.clone(),
-            logs_dir: opts.state.logs_dir(&id),
-        }));
-        d.shared = Some(shared.clone());
-        let bound = dash::serve(http.clone(), Arc::new(RunSource(shared)))
-            .await
-            .map_err(io_err(format!(
-                "cannot serve the dashboard on {}",
-                http.addr
-            )))?;
-        if let Some(tell) = opts.on_http {
-            tell(&dash::dashboard_line(bound, http.token.as_deref()));
-        }
-    }
-    d.refresh(&engine, clock);
-    let _ = opts.state.write_status(&d.status);
-    obs.started(&d.status);
-
-    let (tx, mut rx) = mpsc::channel::<Finished>(FINISHED_MAX);
-    let mut progress = tokio::time::interval(Duration::from_millis(PROGRESS_EVERY_MS));
-    progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut last_snapshot = Instant::now();
-    let mut finished = false;
-    let mut interrupted_at: Option<Instant> = None;
-    let mut hard_killed = false;
-
-    loop {
-        let (done, more) = d.step(&mut engine, &tx, obs)?;
-        finished |= done;
-        if (finished || interrupted_at.is_some()) && engine.idle() {
-            break;
-        }
-        let timer = engine.poll_timeout().map(|at| at_ms(clock, at));
-        let grace = grace_end(interrupted_at, hard_killed);
-        tokio::select! {
-            biased;
-            Some(first) = rx.recv() => {
-                let now = ms_since(clock);
-                let mut next = Some(first);
-                // Everything that already arrived goes to the engine before one flush.
-                while let Some(f) = next {
-                    d.finish(&mut engine, now, f);
-                    next = rx.try_recv().ok();
-                }
+        })])?;
+        d.store.sync()?;
+        if d.status.state != RunState::Interrupted {
+            // What was kept aside for this run and not taken again is an
+            // earlier result of no task of the farm any more.
+            if let Err(e) = results::remove_folder(&d.stash_dir) {
+                tracing::info!(dir = %d.stash_dir.display(), "results kept aside stay: {e}");
             }
-            _ = sigint.recv() => d.interrupt(&mut engine, &mut interrupted_at, obs),
-            _ = sigterm.recv() => d.interrupt(&mut engine, &mut interrupted_at, obs),
-            _ = sleep_until_opt(timer) => engine.handle_timeout(ms_since(clock)),
-            _ = sleep_until_opt(grace) => {
-                hard_killed = true;
-                d.kill_all_now();
-            }
-            _ = progress.tick() => {
-                d.say_held_long(&engine, obs);
-                // What progress shows as done must also survive a machine
-                // crash: one fdatasync per refresh, not per task.
-                d.store.sync()?;
-                d.refresh(&engine, clock);
-                d.estimate_end(&engine);
-                obs.progress(&d.status);
-                if last_snapshot.elapsed() >= Duration::from_millis(SNAPSHOT_EVERY_MS) {
-                    last_snapshot = Instant::now();
-                    let _ = opts.state.write_status(&d.status);
-                }
-            }
-            // Lowest priority: with actions still queued, go round again at once.
-            _ = std::future::ready(()), if more => {}
         }
+        opts.state
+            .write_status(&d.status)
+            .map_err(io_err("cannot write the status snapshot"))?;
+        obs.progress(&d.status);
+        Ok(self.status)
     }
-
-    d.say_unsaid(&engine, obs);
-    d.refresh(&engine, clock);
-    d.status.eta = None;
-    let counts = d.status.counts.clone();
-    d.status.state = if interrupted_at.is_some() && !counts.finished() {
-        RunState::Interrupted
-    } else if counts.done == counts.total {
-        RunState::Done
-    } else if counts.stopped > 0 {
-        RunState::Stopped
-    } else {
-        RunState::Failed
-    };
-    let reason = match d.status.state {
-        RunState::Interrupted => "interrupted",
-        RunState::Done => "done",
-        RunState::Stopped => "stopped",
-        _ => "failed",
-    };
-    d.store.write(vec![Write::Journal(JournalEntry {
-        at_ms: unix_ms(),
-        farm: key,
-        event: JournalEvent::RunStopped {
-            run,
-            reason: reason.into(),
-        },
-    })])?;
-    d.store.sync()?;
-    if d.status.state != RunState::Interrupted {
-        // What was kept aside for this run and not taken again is an
-        // earlier result of no task of the farm any more.
-        if let Err(e) = results::remove_folder(&d.stash_dir) {
-            tracing::info!(dir = %d.stash_dir.display(), "results kept aside stay: {e}");
-        }
-    }
-    opts.state
-        .write_status(&d.status)
-        .map_err(io_err("cannot write the status snapshot"))?;
-    obs.progress(&d.status);
-    Ok(d.status)
 }
 
 fn ms_since(clock: Instant) -> u64 {
@@ -1245,54 +1043,6 @@ impl Driver {
     }
 }
 
-/// The latest run number of a farm (0 before its first).
-/// Writes down where the results in folders set aside are now.
-fn set_aside_places(
-    store: &mut SledStore,
-    farm: FarmKey,
-    aside: &results::SetAside,
-) -> Result<(), RunError> {
-    let mut batch = Vec::new();
-    for (from, to) in &aside.moves {
-        let Some(held) = store.meta(farm, &results::holder_name(from))? else {
-            continue;
-        };
-        let Ok(key) = <[u8; 32]>::try_from(held.as_slice()) else {
-            continue;
-        };
-        let name = results::meta_name(&key);
-        let Some(mut res) = store
-            .meta(farm, &name)?
-            .and_then(|b| postcard::from_bytes::<Results>(&b).ok())
-        else {
-            continue;
-        };
-        if res.renamed(from, to) {
-            batch.push(Write::Meta {
-                farm,
-                name,
-                value: postcard::to_stdvec(&res).expect("plain data"),
-            });
-            batch.push(Write::Meta {
-                farm,
-                name: results::holder_name(to),
-                value: key.to_vec(),
-            });
-        }
-    }
-    if !batch.is_empty() {
-        store.write(batch)?;
-    }
-    Ok(())
-}
-
-fn stored_run(store: &SledStore, key: FarmKey) -> Result<u32, RunError> {
-    Ok(store
-        .meta(key, META_RUN)?
-        .and_then(|b| b.try_into().ok().map(u32::from_be_bytes))
-        .unwrap_or(0))
-}
-
 /// A failure not said yet (see `Driver::unsaid`).
 struct Unsaid {
     task: String,
@@ -1445,4 +1195,48 @@ pub fn export(state: &StateDir, id: &str) -> Result<crate::export::FarmFacts, Ru
     facts.machines = vec![Machine::of(&host, &offered)];
     facts.span = status.map(|s| (s.started_at_ms, s.elapsed_ms));
     Ok(facts)
+}
+
+/// Opens a farm's store, explaining who holds it when it is locked.
+fn open_store(state: &StateDir, id: &str) -> Result<SledStore, RunError> {
+    let dir = state.farm_dir(id);
+    fs::create_dir_all(&dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
+    match SledStore::open(&state.db_path(id)) {
+        Err(StoreError::Locked { .. }) => {
+            let holder = state
+                .read_status(id)
+                .map(|s| format!(" (pid {} on {})", s.pid, s.host))
+                .unwrap_or_default();
+            Err(RunError::AlreadyRunning {
+                id: id.to_string(),
+                holder,
+            })
+        }
+        r => Ok(r?),
+    }
+}
+
+/// The stages stopped when the farm's run ended, with why.
+fn stored_stops(
+    store: &SledStore,
+    key: FarmKey,
+    def: &FarmDef,
+) -> Result<Vec<(u32, Stop)>, RunError> {
+    let mut stops = Vec::new();
+    for s in 0..def.stages.len() {
+        if let Some(b) = store.meta(key, &meta_stop(s))? {
+            // One that does not read (written by another version) is no stop.
+            if let Ok(stop) = serde_json::from_slice::<Stop>(&b) {
+                stops.push((s as u32, stop));
+            }
+        }
+    }
+    Ok(stops)
+}
+
+fn stored_run(store: &SledStore, key: FarmKey) -> Result<u32, RunError> {
+    Ok(store
+        .meta(key, META_RUN)?
+        .and_then(|b| b.try_into().ok().map(u32::from_be_bytes))
+        .unwrap_or(0))
 }

@@ -23,70 +23,29 @@ impl Node {
     pub(super) fn on_control(&mut self, req: ControlRequest, reply: Reply) {
         match req {
             ControlRequest::Submit { def, file, rerun } => {
-                let origin = self.me;
-                let handle = self.handle.clone();
-                let rerun = crate::results::rerun_stages(&def, rerun.as_deref());
-                // Hashing inputs reads files, and every task's key is
-                // worked out (a million tasks take seconds): off the loop.
-                tokio::task::spawn_blocking(move || {
-                    write_manifests(&def, &reply);
-                    let spec = make_spec(*def, &file, origin).map(|spec| {
-                        let keys = super::reuse::task_keys(&spec);
-                        (spec, keys)
-                    });
-                    let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
-                });
+                self.submit_loaded(*def, file, rerun, reply)
             }
-            ControlRequest::Wait { farm } => match self.find_farm(&farm) {
-                Err(e) => {
-                    let _ = reply.send(ControlResponse::Error(e.to_string()));
-                }
-                Ok(fid) => {
-                    let o = self.home.farms.get_mut(&fid).expect("found");
-                    let _ = reply.send(ControlResponse::Progress(o.view.clone()));
-                    if o.view.finished {
-                        let _ = reply.send(ControlResponse::Finished(o.view.clone()));
-                    } else {
-                        o.waiters.push(reply);
-                    }
-                }
-            },
-            ControlRequest::Cancel { farm } => match self.find_farm(&farm) {
-                Err(e) => {
-                    let _ = reply.send(ControlResponse::Error(e.to_string()));
-                }
-                Ok(fid) => {
-                    let now = self.now();
-                    self.peer.cancel(now, fid);
-                    let id = self.home.farms[&fid].view.id.clone();
-                    let _ = reply.send(ControlResponse::Cancelled { farm: id });
-                }
-            },
-            ControlRequest::CancelTask { farm, task } => {
-                let found = self
-                    .find_farm(&farm)
-                    .map_err(|e| e.to_string())
-                    .and_then(|fid| {
-                        let spec = self
-                            .peer
-                            .spec(fid)
-                            .ok_or_else(|| format!("farm {farm} is not held here"))?;
-                        let t = crate::task_words::parse_task(&spec.def, &task)
-                            .map_err(|e| e.to_string())?;
-                        Ok((fid, t))
-                    });
-                match found {
-                    Err(e) => {
-                        let _ = reply.send(ControlResponse::Error(e));
-                    }
-                    Ok((fid, t)) => {
-                        let now = self.now();
-                        self.peer.cancel_task(now, fid, t);
-                        let id = self.home.farms[&fid].view.id.clone();
-                        let _ = reply.send(ControlResponse::Cancelled { farm: id });
-                    }
-                }
-            }
+            ControlRequest::SubmitFarm {
+                toml,
+                file,
+                out,
+                cwd,
+                rerun,
+                check,
+            } => self.submit_text(
+                FarmText {
+                    toml,
+                    file,
+                    out,
+                    cwd,
+                    rerun,
+                    check,
+                },
+                reply,
+            ),
+            ControlRequest::Wait { farm } => self.wait_for(&farm, reply),
+            ControlRequest::Cancel { farm } => self.cancel_farm(&farm, reply),
+            ControlRequest::CancelTask { farm, task } => self.cancel_one(&farm, &task, reply),
             ControlRequest::Status => self.gather(HashMap::new(), Ask::Coordinator, move |o| {
                 let _ = reply.send(ControlResponse::Status(Box::new(o.status)));
             }),
@@ -103,56 +62,21 @@ impl Node {
                 },
                 Err(_) => self.ask_coordinator(farm, Asked::Status(reply)),
             },
-            ControlRequest::List => {
-                let mine = self.summaries();
-                let labels = self.labels_now();
-                let ask = self.peer.coordinator().filter(|c| *c != self.me);
-                let handle = self.handle.clone();
-                tokio::spawn(async move {
-                    let mut all = mine;
-                    if let Some(c) = ask {
-                        if let Ok(Response::Farms(theirs)) =
-                            handle.request(c, Request::ListFarms).await
-                        {
-                            for f in theirs {
-                                if !all.iter().any(|m| m.id == f.id) {
-                                    all.push(f);
-                                }
-                            }
-                        }
-                    }
-                    let views = all.iter().map(|f| summary_view(f, &labels)).collect();
-                    let _ = reply.send(ControlResponse::List(views));
-                });
-            }
+            ControlRequest::List => self.list_farms(reply),
             ControlRequest::Logs {
                 farm,
                 task,
                 attempt,
                 follow,
-            } => {
-                let ask = LogAsk {
+            } => self.logs_of(
+                farm,
+                LogAsk {
                     task,
                     attempt,
                     follow,
-                };
-                // No farm named: the newest with the task's stage.
-                let found = if farm.is_empty() {
-                    self.find_for_task(&ask.task)
-                } else {
-                    self.find_known(&farm)
-                };
-                match found {
-                    Ok(fid) => {
-                        let spec = self.peer.spec(fid).cloned().expect("known");
-                        self.follow_logs(spec, ask, reply);
-                    }
-                    Err(e) if farm.is_empty() => {
-                        let _ = reply.send(ControlResponse::Error(e.to_string()));
-                    }
-                    Err(_) => self.ask_coordinator(farm, Asked::Logs(ask, reply)),
-                }
-            }
+                },
+                reply,
+            ),
             ControlRequest::Alloc(cmd) => self.alloc_command(cmd, reply),
             ControlRequest::Allocs => {
                 let book = self.peer.alloc_book();
@@ -170,57 +94,7 @@ impl Node {
                 _ => self.ask_coordinator(farm, Asked::Resume(out, reply)),
             },
             ControlRequest::Hello { api } => {
-                let version = env!("CARGO_PKG_VERSION").to_string();
-                let _ = reply.send(if api == CONTROL_API {
-                    ControlResponse::Hello {
-                        api,
-                        version,
-                        node: self.net.swarm.local_peer_id().to_string(),
-                    }
-                } else {
-                    ControlResponse::Error(format!(
-                        "this node (mesh {version}) speaks control API {CONTROL_API} and the client speaks {api}: use the client of this mesh's version (pip install its python/ folder), or a mesh of the client's"
-                    ))
-                });
-            }
-            ControlRequest::SubmitFarm {
-                toml,
-                file,
-                out,
-                cwd,
-                rerun,
-                check,
-            } => {
-                let origin = self.me;
-                let handle = self.handle.clone();
-                // Reading params files, hashing inputs and working out
-                // every task's key take their time: off the loop.
-                tokio::task::spawn_blocking(move || {
-                    let Some(def) = load_farm(&toml, &file, (out, cwd), rerun.as_deref(), &reply)
-                    else {
-                        return;
-                    };
-                    if check {
-                        let _ = reply.send(ControlResponse::Checked {
-                            name: def.name.clone(),
-                            out: def.out.clone(),
-                            tasks: def.task_count(),
-                            stages: def
-                                .stages
-                                .iter()
-                                .map(|s| (s.name.clone(), u64::from(s.len())))
-                                .collect(),
-                        });
-                        return;
-                    }
-                    let rerun = crate::results::rerun_stages(&def, rerun.as_deref());
-                    write_manifests(&def, &reply);
-                    let spec = make_spec(def, &file, origin).map(|spec| {
-                        let keys = super::reuse::task_keys(&spec);
-                        (spec, keys)
-                    });
-                    let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
-                });
+                let _ = reply.send(self.hello(api));
             }
             ControlRequest::Events { farm } => match self.find_farm(&farm) {
                 Ok(fid) => self.follow_tasks(fid, reply),
@@ -238,6 +112,181 @@ impl Node {
                 });
             }
             ControlRequest::Export { farm } => self.export(&farm, reply),
+        }
+    }
+
+    /// A farm the client loaded (`mesh submit` on this machine): its inputs
+    /// hashed and every task's key worked out off the loop (a million tasks
+    /// take seconds), then submitted.
+    fn submit_loaded(
+        &mut self,
+        def: FarmDef,
+        file: String,
+        rerun: Option<Vec<String>>,
+        reply: Reply,
+    ) {
+        let origin = self.me;
+        let handle = self.handle.clone();
+        let rerun = crate::results::rerun_stages(&def, rerun.as_deref());
+        tokio::task::spawn_blocking(move || {
+            write_manifests(&def, &reply);
+            let spec = make_spec(def, &file, origin).map(|spec| {
+                let keys = super::reuse::task_keys(&spec);
+                (spec, keys)
+            });
+            let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
+        });
+    }
+
+    /// A farm file's text (the Python client, `mesh --mesh ADDR submit`):
+    /// loaded, checked or submitted off the loop, as reading its params
+    /// files, hashing inputs and working out every task's key take their time.
+    fn submit_text(&mut self, f: FarmText, reply: Reply) {
+        let origin = self.me;
+        let handle = self.handle.clone();
+        tokio::task::spawn_blocking(move || {
+            let Some(def) = load_farm(&f.toml, &f.file, (f.out, f.cwd), f.rerun.as_deref(), &reply)
+            else {
+                return;
+            };
+            if f.check {
+                let _ = reply.send(ControlResponse::Checked {
+                    name: def.name.clone(),
+                    out: def.out.clone(),
+                    tasks: def.task_count(),
+                    stages: def
+                        .stages
+                        .iter()
+                        .map(|s| (s.name.clone(), u64::from(s.len())))
+                        .collect(),
+                });
+                return;
+            }
+            let rerun = crate::results::rerun_stages(&def, f.rerun.as_deref());
+            write_manifests(&def, &reply);
+            let spec = make_spec(def, &f.file, origin).map(|spec| {
+                let keys = super::reuse::task_keys(&spec);
+                (spec, keys)
+            });
+            let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
+        });
+    }
+
+    /// The farm's progress now, then its end when it comes.
+    fn wait_for(&mut self, farm: &str, reply: Reply) {
+        match self.find_farm(farm) {
+            Err(e) => {
+                let _ = reply.send(ControlResponse::Error(e.to_string()));
+            }
+            Ok(fid) => {
+                let o = self.home.farms.get_mut(&fid).expect("found");
+                let _ = reply.send(ControlResponse::Progress(o.view.clone()));
+                if o.view.finished {
+                    let _ = reply.send(ControlResponse::Finished(o.view.clone()));
+                } else {
+                    o.waiters.push(reply);
+                }
+            }
+        }
+    }
+
+    fn cancel_farm(&mut self, farm: &str, reply: Reply) {
+        match self.find_farm(farm) {
+            Err(e) => {
+                let _ = reply.send(ControlResponse::Error(e.to_string()));
+            }
+            Ok(fid) => {
+                let now = self.now();
+                self.peer.cancel(now, fid);
+                let id = self.home.farms[&fid].view.id.clone();
+                let _ = reply.send(ControlResponse::Cancelled { farm: id });
+            }
+        }
+    }
+
+    /// One task of a farm submitted here, named as users name it (`stage/3`).
+    fn cancel_one(&mut self, farm: &str, task: &str, reply: Reply) {
+        let found = self
+            .find_farm(farm)
+            .map_err(|e| e.to_string())
+            .and_then(|fid| {
+                let spec = self
+                    .peer
+                    .spec(fid)
+                    .ok_or_else(|| format!("farm {farm} is not held here"))?;
+                let t =
+                    crate::task_words::parse_task(&spec.def, task).map_err(|e| e.to_string())?;
+                Ok((fid, t))
+            });
+        match found {
+            Err(e) => {
+                let _ = reply.send(ControlResponse::Error(e));
+            }
+            Ok((fid, t)) => {
+                let now = self.now();
+                self.peer.cancel_task(now, fid, t);
+                let id = self.home.farms[&fid].view.id.clone();
+                let _ = reply.send(ControlResponse::Cancelled { farm: id });
+            }
+        }
+    }
+
+    /// The farms this node is the home of, and those the coordinator knows.
+    fn list_farms(&mut self, reply: Reply) {
+        let mine = self.summaries();
+        let labels = self.labels_now();
+        let ask = self.peer.coordinator().filter(|c| *c != self.me);
+        let handle = self.handle.clone();
+        tokio::spawn(async move {
+            let mut all = mine;
+            if let Some(c) = ask {
+                if let Ok(Response::Farms(theirs)) = handle.request(c, Request::ListFarms).await {
+                    for f in theirs {
+                        if !all.iter().any(|m| m.id == f.id) {
+                            all.push(f);
+                        }
+                    }
+                }
+            }
+            let views = all.iter().map(|f| summary_view(f, &labels)).collect();
+            let _ = reply.send(ControlResponse::List(views));
+        });
+    }
+
+    /// A task's logs: of a farm held here, or found through the coordinator.
+    fn logs_of(&mut self, farm: String, ask: LogAsk, reply: Reply) {
+        // No farm named: the newest with the task's stage.
+        let found = if farm.is_empty() {
+            self.find_for_task(&ask.task)
+        } else {
+            self.find_known(&farm)
+        };
+        match found {
+            Ok(fid) => {
+                let spec = self.peer.spec(fid).cloned().expect("known");
+                self.follow_logs(spec, ask, reply);
+            }
+            Err(e) if farm.is_empty() => {
+                let _ = reply.send(ControlResponse::Error(e.to_string()));
+            }
+            Err(_) => self.ask_coordinator(farm, Asked::Logs(ask, reply)),
+        }
+    }
+
+    /// The answer to a client's hello: this node, or why the client's API
+    /// is not this node's.
+    fn hello(&self, api: u32) -> ControlResponse {
+        let version = env!("CARGO_PKG_VERSION").to_string();
+        if api == CONTROL_API {
+            ControlResponse::Hello {
+                api,
+                version,
+                node: self.net.swarm.local_peer_id().to_string(),
+            }
+        } else {
+            ControlResponse::Error(format!(
+                "this node (mesh {version}) speaks control API {CONTROL_API} and the client speaks {api}: use the client of this mesh's version (pip install its python/ folder), or a mesh of the client's"
+            ))
         }
     }
 
@@ -426,6 +475,18 @@ fn write_manifests(def: &FarmDef, reply: &Reply) {
             out.display()
         )));
     }
+}
+
+/// A farm file's text as a client sends it, with where it is read from
+/// and what the client asks of it.
+struct FarmText {
+    toml: String,
+    file: String,
+    out: Option<String>,
+    cwd: Option<String>,
+    rerun: Option<Vec<String>>,
+    /// Only loaded and checked, not submitted.
+    check: bool,
 }
 
 #[cfg(test)]
