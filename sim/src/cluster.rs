@@ -39,6 +39,7 @@ use mesh_protocol::{Resources, TaskRef};
 use mesh_store::{MemStore, MeshState, Store};
 
 mod batch;
+mod events;
 mod heal;
 mod plan;
 mod runs;
@@ -638,22 +639,7 @@ impl<'a> Sim<'a> {
                 let id = self.nodes[t].id;
                 self.step(n, |p| p.introduce(now, id, String::new(), Vec::new()))
             }
-            Ev::MeshCheck => {
-                match self.one_mesh() {
-                    Ok(()) => {
-                        self.one_mesh_since.get_or_insert(now);
-                        self.one_mesh_at = Some(now);
-                        self.not_one_mesh = None;
-                    }
-                    Err(why) => {
-                        self.one_mesh_since = None;
-                        self.one_mesh_at = None;
-                        self.not_one_mesh = Some(why);
-                    }
-                }
-                self.push(now + MESH_CHECK_MS, Ev::MeshCheck);
-                Ok(())
-            }
+            Ev::MeshCheck => self.check_one_mesh(),
             Ev::Timer { node, gen } => {
                 let nd = &mut self.nodes[node as usize];
                 if nd.gen != gen || nd.timer != Some(now) || nd.peer.is_none() {
@@ -668,29 +654,7 @@ impl<'a> Sim<'a> {
                 task,
                 token,
             } => self.task_end(node as usize, gen, task, token),
-            Ev::Submit => {
-                let n = self.cfg.submit_node;
-                let spec = (*self.plan.spec).clone();
-                let Some(peer) = &self.nodes[n].peer else {
-                    return Err(self.violation("the submitting node is down at submit time".into()));
-                };
-                // A script runs `mesh alloc add` to its answer (the node's
-                // book shows the queue), then `mesh submit`: a farm never
-                // finds its queues missing, and fails no stage they fit.
-                let book = peer.alloc_book();
-                if self
-                    .cfg
-                    .alloc
-                    .iter()
-                    .any(|a| a.add_at_ms <= self.cfg.submit_at_ms && book.queue(&a.name).is_none())
-                {
-                    self.push(now + 100, Ev::Submit);
-                    return Ok(());
-                }
-                self.submitted_at = now;
-                self.traffic_before = self.traffic;
-                self.step(n, |p| p.submit(now, spec, Vec::new()))
-            }
+            Ev::Submit => self.submit_farm(),
             Ev::Crash(n) => {
                 self.stop_node(n as usize, true);
                 Ok(())
@@ -729,22 +693,7 @@ impl<'a> Sim<'a> {
                 gen,
                 from,
                 task,
-            } => {
-                if self.nodes[home as usize].gen != gen {
-                    return Ok(());
-                }
-                // The outputs came if the node keeping them was up, not
-                // stalled, and reachable the whole way.
-                let got = if self.nodes[from as usize].peer.is_some()
-                    && !self.stalled(from as usize)
-                    && !self.partitioned(home as usize, from as usize)
-                {
-                    Fetched::Here
-                } else {
-                    Fetched::Later
-                };
-                self.step(home as usize, |p| p.fetched(now, FARM, task, got))
-            }
+            } => self.fetched_home(home, gen, from, task),
         }
     }
 

@@ -207,7 +207,7 @@ impl Node {
             disk: Disk {
                 store: p.store,
                 book: MeshState::default(),
-                held_count: std::cell::Cell::new(None),
+                kept_count: std::cell::Cell::new(None),
             },
             net: Net {
                 swarm: p.swarm,
@@ -579,7 +579,7 @@ impl Node {
                 outputs,
             } => self.fetch_outputs(farm, task, from, outputs),
             Action::Forget { farm } => {
-                self.disk.held_count.set(None);
+                self.disk.kept_count.set(None);
                 // What it kept for the home, and its own folder for the
                 // farm (the dependencies put there, the inputs).
                 let held = crate::state::kept_dir(&self.state, farm);

@@ -224,7 +224,7 @@ struct Disk {
     book: MeshState,
     /// Bytes under `<state>/kept` as last counted, and when: a status
     /// page asks every second, and a node may keep many files.
-    held_count: std::cell::Cell<Option<(Instant, u64)>>,
+    kept_count: std::cell::Cell<Option<(Instant, u64)>>,
 }
 
 impl Disk {

@@ -265,23 +265,23 @@ impl Node {
         self.transfers.stats.count(&mut counters);
         o.counters = counters;
         o.beat = Some(Box::new(self.peer.beat()));
-        o.held_bytes = self.held_bytes();
+        o.held_bytes = self.kept_bytes();
         o
     }
 
     /// Bytes of outputs kept here for other nodes' farms, counted again
     /// at most every few seconds.
-    fn held_bytes(&self) -> u64 {
-        if let Some((at, bytes)) = self.disk.held_count.get() {
+    fn kept_bytes(&self) -> u64 {
+        if let Some((at, bytes)) = self.disk.kept_count.get() {
             if at.elapsed() < HELD_RECOUNT {
                 return bytes;
             }
         }
         let bytes = super::staging::kept_farms(&self.state)
             .iter()
-            .map(|(_, dir)| super::staging::held_bytes(dir))
+            .map(|(_, dir)| super::staging::kept_bytes(dir))
             .sum();
-        self.disk.held_count.set(Some((Instant::now(), bytes)));
+        self.disk.kept_count.set(Some((Instant::now(), bytes)));
         bytes
     }
 

@@ -230,55 +230,8 @@ impl Node {
         // `out` holds which task's result: a line inserted above tasks
         // moves each to the next index, where the folder it is put in may
         // hold, whole, the result the next task is known by now.
-        let mut found: HashMap<TaskRef, Kept> = HashMap::new();
-        let mut holder: HashMap<PathBuf, TaskRef> = HashMap::new();
-        if any_here {
-            for (s, stage_keys) in keys.iter().enumerate() {
-                if rerun.get(s).copied().unwrap_or(false) {
-                    continue;
-                }
-                for (i, key) in stage_keys.iter().enumerate() {
-                    let t = TaskRef::new(s as u32, i as u32);
-                    if let Some(kept) = self.kept(&meta_name(key)) {
-                        for p in &kept.places.places {
-                            holder.insert(PathBuf::from(&p.dir), t);
-                        }
-                        found.insert(t, kept);
-                    }
-                }
-            }
-        }
-        // `out` holds the farm as it is now: a sweep cut short, a stage
-        // gone, leave it (see `results::set_aside_stale`); what they hold
-        // stays a result where it went (a sweep grown back takes it).
-        match crate::results::set_aside_stale(out, &spec.def, crate::state::unix_ms()) {
-            Ok(Some(set)) => {
-                let mut elsewhere = Vec::new();
-                for (from, to) in &set.moves {
-                    match holder.remove(from) {
-                        Some(t) => {
-                            if let Some(kept) = found.get_mut(&t) {
-                                kept.places.renamed(from, to);
-                            }
-                            holder.insert(to.clone(), t);
-                        }
-                        None => elsewhere.push((from.clone(), to.clone())),
-                    }
-                }
-                self.kept_set_aside(&elsewhere, &mut batch);
-                let n = set.moves.len() as u64;
-                let _ = reply.send(ControlResponse::Warning(crate::results::set_aside_line(
-                    n, &set.to,
-                )));
-            }
-            Ok(None) => {}
-            Err(e) => {
-                let _ = reply.send(ControlResponse::Warning(format!(
-                    "the outputs of tasks no longer in the farm stay in {}: {e}",
-                    out.display()
-                )));
-            }
-        }
+        let (mut found, mut holder) = self.kept_for(&keys, rerun, any_here);
+        self.set_aside_for(&spec.def, (&mut holder, &mut found), &mut batch, &reply);
         let mut aside = Aside {
             holder,
             stash: out.join(crate::results::STASH_DIR),
@@ -361,6 +314,94 @@ impl Node {
             self.submit_now(spec, reused, reply);
             return;
         }
+        self.reuse_from_homes(spec, (reused, wanted), homes, coordinator, reply);
+    }
+
+    /// What this node keeps for each task of the farm (none of a stage
+    /// run again), and which folder of `out` holds which task's result: a
+    /// line inserted above tasks moves each to the next index, where the
+    /// folder it is put in may hold, whole, the result the next task is
+    /// known by now.
+    fn kept_for(
+        &self,
+        keys: &TaskKeys,
+        rerun: &[bool],
+        any_here: bool,
+    ) -> (HashMap<TaskRef, Kept>, HashMap<PathBuf, TaskRef>) {
+        let mut found: HashMap<TaskRef, Kept> = HashMap::new();
+        let mut holder: HashMap<PathBuf, TaskRef> = HashMap::new();
+        if any_here {
+            for (s, stage_keys) in keys.iter().enumerate() {
+                if rerun.get(s).copied().unwrap_or(false) {
+                    continue;
+                }
+                for (i, key) in stage_keys.iter().enumerate() {
+                    let t = TaskRef::new(s as u32, i as u32);
+                    if let Some(kept) = self.kept(&meta_name(key)) {
+                        for p in &kept.places.places {
+                            holder.insert(PathBuf::from(&p.dir), t);
+                        }
+                        found.insert(t, kept);
+                    }
+                }
+            }
+        }
+        (found, holder)
+    }
+
+    /// `out` holds the farm as it is now: a sweep cut short, a stage gone,
+    /// leave it (see `results::set_aside_stale`); what they hold stays a
+    /// result where it went (a sweep grown back takes it), and the
+    /// folders that move are followed in `holder` and `found`.
+    fn set_aside_for(
+        &mut self,
+        def: &FarmDef,
+        (holder, found): (&mut HashMap<PathBuf, TaskRef>, &mut HashMap<TaskRef, Kept>),
+        batch: &mut Vec<Write>,
+        reply: &Reply,
+    ) {
+        let out = Path::new(&def.out);
+        match crate::results::set_aside_stale(out, def, crate::state::unix_ms()) {
+            Ok(Some(set)) => {
+                let mut elsewhere = Vec::new();
+                for (from, to) in &set.moves {
+                    match holder.remove(from) {
+                        Some(t) => {
+                            if let Some(kept) = found.get_mut(&t) {
+                                kept.places.renamed(from, to);
+                            }
+                            holder.insert(to.clone(), t);
+                        }
+                        None => elsewhere.push((from.clone(), to.clone())),
+                    }
+                }
+                self.kept_set_aside(&elsewhere, batch);
+                let n = set.moves.len() as u64;
+                let _ = reply.send(ControlResponse::Warning(crate::results::set_aside_line(
+                    n, &set.to,
+                )));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let _ = reply.send(ControlResponse::Warning(format!(
+                    "the outputs of tasks no longer in the farm stay in {}: {e}",
+                    out.display()
+                )));
+            }
+        }
+    }
+
+    /// The tasks not kept here, asked of the homes of earlier farms of
+    /// the name (and those the coordinator knows): the farm is submitted
+    /// with whatever they keep, off the loop.
+    fn reuse_from_homes(
+        &self,
+        spec: FarmSpec,
+        (mut reused, wanted): (Vec<Entry>, Vec<(TaskRef, [u8; 32])>),
+        homes: BTreeSet<NodeId>,
+        coordinator: Option<NodeId>,
+        reply: Reply,
+    ) {
         let handle = self.handle.clone();
         let (me, name) = (self.me, spec.def.name.clone());
         tokio::spawn(async move {

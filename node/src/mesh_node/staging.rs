@@ -267,8 +267,8 @@ pub(super) fn kept_farms(state: &Path) -> Vec<(FarmId, PathBuf)> {
         .collect()
 }
 
-/// Bytes of the files in `dir` (a farm's held outputs).
-pub(super) fn held_bytes(dir: &Path) -> u64 {
+/// Bytes of the files in `dir` (a farm's kept outputs).
+pub(super) fn kept_bytes(dir: &Path) -> u64 {
     fs::read_dir(dir)
         .map(|files| {
             files

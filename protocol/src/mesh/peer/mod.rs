@@ -494,9 +494,47 @@ impl Peer {
         );
     }
 
-    /// One message, adding a worker's report's clock to `echo`, this
-    /// step's (see [`Echoes`]).
+    /// One message from `from`, to the roles it is for: membership and the
+    /// allocation queues, farms (submission, copies, cancels), or tasks
+    /// (assignments, reports, steals), a worker's report's clock added to
+    /// `echo`, this step's (see [`Echoes`]). Each kind is named here, so a
+    /// new message is routed on purpose.
     pub(super) fn dispatch_msg(&mut self, now: Millis, from: NodeId, msg: Msg, echo: &mut Echoes) {
+        match msg {
+            m @ (Msg::Beat(_)
+            | Msg::Swim(_)
+            | Msg::Roster { .. }
+            | Msg::Alloc(_)
+            | Msg::Allocs(_)) => self.members_msg(now, from, m),
+            m @ (Msg::Submit { .. }
+            | Msg::Offer { .. }
+            | Msg::Accepted { .. }
+            | Msg::Refused { .. }
+            | Msg::Replicate { .. }
+            | Msg::Replicated { .. }
+            | Msg::Sync(_)
+            | Msg::Redo { .. }
+            | Msg::Synced { .. }
+            | Msg::Collected { .. }
+            | Msg::Keeps { .. }
+            | Msg::GetFarm { .. }
+            | Msg::Farm(_)
+            | Msg::Cancel { .. }
+            | Msg::CancelTask { .. }) => self.farm_msg(now, from, m),
+            m @ (Msg::Assign { .. }
+            | Msg::Report { .. }
+            | Msg::Ack { .. }
+            | Msg::Release { .. }
+            | Msg::Claimed { .. }
+            | Msg::Steal { .. }
+            | Msg::Stolen { .. }
+            | Msg::Moved { .. }
+            | Msg::Failure(_)) => self.task_msg(now, from, m, echo),
+        }
+    }
+
+    /// Membership and the allocation queues.
+    fn members_msg(&mut self, now: Millis, from: NodeId, msg: Msg) {
         match msg {
             Msg::Beat(b) => on_members::beat_heard(&mut self.roles(), now, from, b),
             Msg::Swim(data) => {
@@ -524,6 +562,13 @@ impl Peer {
             Msg::Allocs(book) => {
                 on_farms::book_heard(book, self.coord.as_mut(), &mut self.allocs, &mut self.out)
             }
+            _ => unreachable!("dispatch_msg routes only membership messages here"),
+        }
+    }
+
+    /// A farm's submission, copies, sync and cancels.
+    fn farm_msg(&mut self, now: Millis, from: NodeId, msg: Msg) {
+        match msg {
             Msg::Submit {
                 farm,
                 entries,
@@ -602,6 +647,40 @@ impl Peer {
                 &mut self.kept,
                 &mut self.out,
             ),
+            Msg::GetFarm { farm } => {
+                if let Some(spec) = self.specs.get(&farm).cloned() {
+                    self.out.send(from, Msg::Farm(spec));
+                }
+            }
+            Msg::Farm(spec) => {
+                let id = spec.id;
+                self.specs.insert(id, spec);
+                on_tasks::spec_arrived(&mut self.working(), now, id);
+            }
+            Msg::Cancel { farm } => on_farms::farm_cancelled(
+                from,
+                farm,
+                &self.node,
+                self.coord.as_mut(),
+                &mut self.worker,
+                &mut self.out,
+            ),
+            Msg::CancelTask { farm, task } => on_farms::task_cancelled(
+                from,
+                farm,
+                task,
+                &self.node,
+                self.coord.as_mut(),
+                &mut self.worker,
+                &mut self.out,
+            ),
+            _ => unreachable!("dispatch_msg routes only farm messages here"),
+        }
+    }
+
+    /// Tasks: assignments, reports and their acks, claims, steals.
+    fn task_msg(&mut self, now: Millis, from: NodeId, msg: Msg, echo: &mut Echoes) {
+        match msg {
             Msg::Assign { term, tasks, echo } => {
                 on_tasks::tasks_assigned(&mut self.roles(), now, from, term, tasks, echo)
             }
@@ -630,16 +709,6 @@ impl Peer {
                     c.on_claims_listed(now, from, tasks, self.node.cfg.resend_ms);
                 }
             }
-            Msg::GetFarm { farm } => {
-                if let Some(spec) = self.specs.get(&farm).cloned() {
-                    self.out.send(from, Msg::Farm(spec));
-                }
-            }
-            Msg::Farm(spec) => {
-                let id = spec.id;
-                self.specs.insert(id, spec);
-                on_tasks::spec_arrived(&mut self.working(), now, id);
-            }
             Msg::Steal {
                 id,
                 total,
@@ -666,24 +735,8 @@ impl Peer {
                     c.on_moved(now, from, to, tasks);
                 }
             }
-            Msg::Cancel { farm } => on_farms::farm_cancelled(
-                from,
-                farm,
-                &self.node,
-                self.coord.as_mut(),
-                &mut self.worker,
-                &mut self.out,
-            ),
-            Msg::CancelTask { farm, task } => on_farms::task_cancelled(
-                from,
-                farm,
-                task,
-                &self.node,
-                self.coord.as_mut(),
-                &mut self.worker,
-                &mut self.out,
-            ),
             Msg::Failure(f) => self.out.emit(PeerEvent::Failure(f)),
+            _ => unreachable!("dispatch_msg routes only task messages here"),
         }
     }
 }

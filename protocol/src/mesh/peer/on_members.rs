@@ -52,7 +52,7 @@ impl Told<'_> {
             late_cores,
             late_gpus,
             files_max: said.files_max,
-            idle: worker.holds_nothing(),
+            idle: worker.claims_nothing(),
             gpus: said.gpus.clone(),
             machine: said.machine,
         }
@@ -376,7 +376,7 @@ pub(super) fn coordinator_followed(r: &mut Roles, now: Millis, term: u64, node: 
         ask_beat(r, node);
     }
     // Whatever the old coordinator knew, tell the new one.
-    let holding = r.worker.holding();
+    let holding = r.worker.claimed();
     if !holding.is_empty() {
         r.out.send(
             node,

@@ -122,7 +122,7 @@ pub(super) fn resend_due(r: &mut Roles, now: Millis) {
         }
     }
     let term = leader.term;
-    let tasks = r.worker.holding();
+    let tasks = r.worker.claimed();
     if c == me {
         // The coordinator checks its own claims on itself the same way:
         // a steal whose answer to it was lost leaves a claim nobody holds.

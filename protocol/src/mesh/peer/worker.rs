@@ -673,17 +673,18 @@ impl Worker {
         out.persist(Persist::Unacked { reports, gone });
     }
 
-    /// Every task this node holds for the coordinator, in a stable order:
-    /// queued, running, waiting for its farm's spec, reported and not acknowledged.
-    /// Nothing `holding` would list.
-    pub(super) fn holds_nothing(&self) -> bool {
+    /// Nothing [`claimed`](Self::claimed) would list.
+    pub(super) fn claims_nothing(&self) -> bool {
         self.queue.is_empty()
             && self.running.is_empty()
             && self.awaiting_spec.is_empty()
             && self.unacked.is_empty()
     }
 
-    pub(super) fn holding(&self) -> Vec<Assigned> {
+    /// Every task this node holds a claim on for the coordinator, in a
+    /// stable order: queued, running, waiting for its farm's spec, reported
+    /// and not acknowledged.
+    pub(super) fn claimed(&self) -> Vec<Assigned> {
         let mut v: Vec<Assigned> = self
             .queue
             .iter()

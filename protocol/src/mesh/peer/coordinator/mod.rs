@@ -646,7 +646,7 @@ impl Coord {
                 // A success of a task pending here (its report came before
                 // the node's `Claimed` to a coordinator just elected) is the
                 // node's claim: counted, rather than the task run again.
-                self.hold(now, from, r.task);
+                self.owns_claim(now, from, r.task);
             }
             if let Some((owner, attempt, _)) = self.claims.get(&(slot, t)).copied() {
                 if attempt == r.task.attempt {
@@ -793,7 +793,7 @@ impl Coord {
         for a in &tasks {
             if !self.farms.contains_key(&a.farm) {
                 early.push(*a);
-            } else if self.hold(now, from, *a) {
+            } else if self.owns_claim(now, from, *a) {
                 held += 1;
             }
         }
@@ -835,7 +835,7 @@ impl Coord {
 
     /// Whether `from` holds the claim on `a` now: it did, or the engine,
     /// which had the task pending, lets it adopt the claim.
-    fn hold(&mut self, now: Millis, from: NodeId, a: Assigned) -> bool {
+    fn owns_claim(&mut self, now: Millis, from: NodeId, a: Assigned) -> bool {
         let Some(f) = self.farms.get(&a.farm) else {
             return false;
         };
@@ -862,7 +862,7 @@ impl Coord {
             let (now_known, rest): (Vec<Assigned>, Vec<Assigned>) =
                 list.into_iter().partition(|a| a.farm == farm);
             for a in now_known {
-                self.hold(now, node, a);
+                self.owns_claim(now, node, a);
             }
             if !rest.is_empty() {
                 self.held_early.insert(node, rest);
