@@ -15,7 +15,6 @@ const FN_LINES_MAX: usize = 150;
 /// Functions over the cap today, by file and name, with their length now:
 /// an entry may not grow, and must go once its function is within the cap.
 const LONG_FNS_ALLOWED: &[(&str, &str, usize)] = &[
-    ("benches/benches/idle.rs", "main", 198),
     ("cli/src/import/plan.rs", "stage_toml", 196),
     ("cli/src/main.rs", "dispatch", 218),
     ("cli/src/whatif/farm.rs", "what_is_left", 215),
