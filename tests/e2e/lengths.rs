@@ -28,7 +28,6 @@ const LONG_FNS_ALLOWED: &[(&str, &str, usize)] = &[
     ("protocol/src/engine.rs", "add_farm", 208),
     ("protocol/src/mesh/peer/mod.rs", "dispatch_msg", 192),
     ("sim/src/cluster.rs", "handle", 163),
-    ("tests/big/main.rs", "three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fits_and_renders_in_under_a_second", 178),
     ("tests/src/oracle.rs", "check_out", 187),
     ("tests/src/oracle.rs", "expand", 152),
     ("tests/src/oracle.rs", "step", 161),
