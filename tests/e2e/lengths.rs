@@ -28,9 +28,6 @@ const LONG_FNS_ALLOWED: &[(&str, &str, usize)] = &[
     ("protocol/src/engine.rs", "add_farm", 208),
     ("protocol/src/mesh/peer/mod.rs", "dispatch_msg", 192),
     ("sim/src/cluster.rs", "handle", 163),
-    ("tests/src/oracle.rs", "check_out", 187),
-    ("tests/src/oracle.rs", "expand", 152),
-    ("tests/src/oracle.rs", "step", 161),
 ];
 
 struct Lengths<'a> {
