@@ -15,7 +15,6 @@ const FN_LINES_MAX: usize = 150;
 /// Functions over the cap today, by file and name, with their length now:
 /// an entry may not grow, and must go once its function is within the cap.
 const LONG_FNS_ALLOWED: &[(&str, &str, usize)] = &[
-    ("cli/src/main.rs", "dispatch", 218),
     ("node/src/dash/metrics.rs", "encode", 204),
     ("node/src/export.rs", "trace", 230),
     ("node/src/farmfile/document.rs", "document", 221),
