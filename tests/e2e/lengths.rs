@@ -15,7 +15,6 @@ const FN_LINES_MAX: usize = 150;
 /// Functions over the cap today, by file and name, with their length now:
 /// an entry may not grow, and must go once its function is within the cap.
 const LONG_FNS_ALLOWED: &[(&str, &str, usize)] = &[
-    ("node/src/dash/metrics.rs", "encode", 204),
     ("node/src/mesh_node/commands.rs", "on_control", 220),
     ("node/src/mesh_node/driver.rs", "drive", 260),
     ("node/src/mesh_node/reuse.rs", "submit_reusing", 195),
