@@ -65,7 +65,14 @@ fn per_node_per_s(traffic: &Value, key: &str, nodes: usize) -> f64 {
 
 fn main() {
     let mut results = Vec::new();
+    at_the_defaults(&mut results);
+    as_the_mesh_grows(&mut results);
+    save("sim_scale", &results);
+}
 
+/// Part 1: a thousand nodes and a million tasks at the command line's
+/// defaults, in fresh processes: events per second, wall time, peak memory.
+fn at_the_defaults(results: &mut Vec<Value>) {
     println!("sim_scale: mesh sim --nodes 1000 --tasks 1000000 --durations zipf:1.2, defaults");
     let repeat = knob("MESH_BENCH_SIM_REPEAT", 3).max(1) as usize;
     let mut runs: Vec<(f64, f64, u64)> = Vec::new();
@@ -115,7 +122,12 @@ fn main() {
         "MB",
         None,
     ));
+}
 
+/// Part 2: each size of `MESH_BENCH_SCALE_NODES`, a formed mesh at work: a
+/// node's traffic against the smallest size's, the makespan against
+/// greedy, wall time, and peak memory per member pair.
+fn as_the_mesh_grows(results: &mut Vec<Value>) {
     let sizes: Vec<usize> = std::env::var("MESH_BENCH_SCALE_NODES")
         .unwrap_or_else(|_| "100,1000,2000,4000,10000".into())
         .split(',')
@@ -218,5 +230,4 @@ fn main() {
             }
         }
     }
-    save("sim_scale", &results);
 }

@@ -366,57 +366,15 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             node,
             output,
         } => {
-            let mesh_farm = match farm.as_deref() {
-                Some(q) => Some(q.to_string()),
-                None => mesh_cmds::unfinished_home_farm(&to)?,
-            };
-            if let Some(q) = mesh_farm.as_deref() {
-                if let Some(code) = mesh_cmds::resume(&to, q, out.as_deref(), output.json)? {
-                    return Ok(code);
-                }
-                if remote {
-                    return Err(no_mesh_farm(q));
-                }
-            } else if remote {
-                bail!("no unfinished farm has the node at --mesh as its home; name the farm to resume");
-            } else if out.is_some() {
-                bail!("--out is for a mesh farm: name it (`mesh resume FARM --out DIR`)");
+            if let Some(code) = resume_on_mesh(&to, farm.as_deref(), out.as_deref(), output.json)? {
+                return Ok(code);
             }
-            let target = match farm.as_deref() {
-                Some(q) => state.find(Some(q))?,
-                None => {
-                    let here = std::env::current_dir()
-                        .and_then(|d| d.canonicalize())
-                        .context("cannot read the current folder")?;
-                    state.most_recent_resumable(retry_failed, &here)?
-                }
-            };
-            if target.state == RunState::Running {
-                bail!(
-                    "farm {} is running (pid {} on {}); nothing to resume",
-                    target.id,
-                    target.pid,
-                    target.host
-                );
-            }
-            if target.state.is_finished() && !retry_failed {
-                eprintln!(
-                    "farm {} already finished ({}); use --retry-failed to run its failed tasks again",
-                    target.id,
-                    show::state_word(target.state)
-                );
-            }
+            let id = farm_to_resume(&state, farm.as_deref(), retry_failed)?;
             let again = Again {
                 retry_failed,
                 rerun: None,
             };
-            run(
-                RunStart::Resume { id: target.id },
-                &state,
-                &node,
-                again,
-                &output,
-            )
+            run(RunStart::Resume { id }, &state, &node, again, &output)
         }
         Cmd::Check {
             farm,
@@ -470,48 +428,16 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             idle,
             name,
         } => {
-            match farm.as_deref() {
-                // With a node running here, the mesh is what status shows.
-                None => {
-                    if let Some(s) = mesh_cmds::status(&to, latency)? {
-                        let here = if remote {
-                            "the node at --mesh"
-                        } else {
-                            "this node"
-                        };
-                        let show = if latency {
-                            mesh_cmds::Show::Latency
-                        } else if nodes || busy || idle || name.is_some() {
-                            mesh_cmds::Show::Nodes { busy, idle, name }
-                        } else {
-                            mesh_cmds::Show::Glance
-                        };
-                        mesh_cmds::print_status(&s, json, &show, here)?;
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                }
-                Some(q) => {
-                    if mesh_cmds::farm_status(&to, q, json)? {
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    if remote {
-                        return Err(no_mesh_farm(q));
-                    }
-                }
+            let show = if latency {
+                mesh_cmds::Show::Latency
+            } else if nodes || busy || idle || name.is_some() {
+                mesh_cmds::Show::Nodes { busy, idle, name }
+            } else {
+                mesh_cmds::Show::Glance
+            };
+            if !status_on_mesh(&to, farm.as_deref(), json, &show)? {
+                status_here(&state, farm.as_deref(), json)?;
             }
-            let mut s = state.find(farm.as_deref())?;
-            if s.state != RunState::Running {
-                // Not running: the store has the exact picture (a snapshot may lag a crash).
-                match runner::inspect(&state, &s.id) {
-                    Ok((counts, stages)) => {
-                        s.counts = counts;
-                        s.stages = stages;
-                    }
-                    Err(RunError::AlreadyRunning { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            show::status(&s, json)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Logs {
@@ -539,6 +465,119 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             show::logs(&state, &s, &task, attempt, json)
         }
     }
+}
+
+/// `mesh resume` of a mesh farm: `farm`, or the newest unfinished one
+/// whose home is the node; `None` where there is none such and the farm
+/// is one of `mesh run` on this machine.
+fn resume_on_mesh(
+    to: &Target,
+    farm: Option<&str>,
+    out: Option<&Path>,
+    json: bool,
+) -> Result<Option<ExitCode>> {
+    let mesh_farm = match farm {
+        Some(q) => Some(q.to_string()),
+        None => mesh_cmds::unfinished_home_farm(to)?,
+    };
+    let remote = !to.is_local();
+    if let Some(q) = mesh_farm.as_deref() {
+        if let Some(code) = mesh_cmds::resume(to, q, out, json)? {
+            return Ok(Some(code));
+        }
+        if remote {
+            return Err(no_mesh_farm(q));
+        }
+    } else if remote {
+        bail!("no unfinished farm has the node at --mesh as its home; name the farm to resume");
+    } else if out.is_some() {
+        bail!("--out is for a mesh farm: name it (`mesh resume FARM --out DIR`)");
+    }
+    Ok(None)
+}
+
+/// The `mesh run` farm of this machine to resume: `farm`, or the most
+/// recent one started in this folder that has something left to run
+/// (failed tasks count with `retry_failed`).
+fn farm_to_resume(state: &StateDir, farm: Option<&str>, retry_failed: bool) -> Result<String> {
+    let target = match farm {
+        Some(q) => state.find(Some(q))?,
+        None => {
+            let here = std::env::current_dir()
+                .and_then(|d| d.canonicalize())
+                .context("cannot read the current folder")?;
+            state.most_recent_resumable(retry_failed, &here)?
+        }
+    };
+    if target.state == RunState::Running {
+        bail!(
+            "farm {} is running (pid {} on {}); nothing to resume",
+            target.id,
+            target.pid,
+            target.host
+        );
+    }
+    if target.state.is_finished() && !retry_failed {
+        eprintln!(
+            "farm {} already finished ({}); use --retry-failed to run its failed tasks again",
+            target.id,
+            show::state_word(target.state)
+        );
+    }
+    Ok(target.id)
+}
+
+/// `mesh status` from the node: the mesh (with a node running here, the
+/// mesh is what status shows), or `farm` where the mesh has it; false
+/// where the farm is one of `mesh run` on this machine.
+fn status_on_mesh(
+    to: &Target,
+    farm: Option<&str>,
+    json: bool,
+    show: &mesh_cmds::Show,
+) -> Result<bool> {
+    let remote = !to.is_local();
+    match farm {
+        None => {
+            let latency = matches!(show, mesh_cmds::Show::Latency);
+            if let Some(s) = mesh_cmds::status(to, latency)? {
+                let here = if remote {
+                    "the node at --mesh"
+                } else {
+                    "this node"
+                };
+                mesh_cmds::print_status(&s, json, show, here)?;
+                return Ok(true);
+            }
+        }
+        Some(q) => {
+            if mesh_cmds::farm_status(to, q, json)? {
+                return Ok(true);
+            }
+            if remote {
+                return Err(no_mesh_farm(q));
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// `mesh status` of a `mesh run` farm of this machine: `farm`, or the most
+/// recent one.
+fn status_here(state: &StateDir, farm: Option<&str>, json: bool) -> Result<()> {
+    let mut s = state.find(farm)?;
+    if s.state != RunState::Running {
+        // Not running: the store has the exact picture (a snapshot may lag a crash).
+        match runner::inspect(state, &s.id) {
+            Ok((counts, stages)) => {
+                s.counts = counts;
+                s.stages = stages;
+            }
+            Err(RunError::AlreadyRunning { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    show::status(&s, json)
 }
 
 /// With `--mesh`, a farm the mesh does not know is an error: there is no

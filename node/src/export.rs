@@ -10,7 +10,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, UNIX_EPOCH};
 
-use mesh_protocol::farm::{Command, FarmDef, TaskRef};
+use mesh_protocol::farm::{Command, FarmDef, TaskRef, TaskSpec};
 use mesh_protocol::resources::{Resources, CPU, MEM, MILLI};
 use serde_json::{json, Map, Value};
 
@@ -174,48 +174,8 @@ pub fn trace(f: &FarmFacts) -> (Value, Written) {
         }
     }
 
-    // Files: each output under its task's folder, as in the home's output
-    // folder; each farm input by its path in the farm's folder.
-    let out_id = |t: TaskRef, path: &str| {
-        escape(
-            &format!("{}/{}/{path}", def.stage(t).name, t.index),
-            FILE_ID_CHARS,
-        )
-    };
-    let mut output_ids: HashSet<String> = HashSet::new();
-    let mut files: Vec<Value> = Vec::new();
-    for &t in &all {
-        for (path, size) in &f.task(t).outputs {
-            let fid = out_id(t, path);
-            if output_ids.insert(fid.clone()) {
-                files.push(json!({"id": fid, "sizeInBytes": size}));
-            }
-        }
-    }
     let specs: Vec<_> = all.iter().map(|&t| def.expand(t)).collect();
-    let mut input_ids: HashMap<&str, String> = HashMap::new();
-    let mut input_files: Vec<Value> = Vec::new();
-    for spec in &specs {
-        for path in &spec.inputs {
-            if input_ids.contains_key(path.as_str()) {
-                continue;
-            }
-            let mut fid = escape(path, FILE_ID_CHARS);
-            if output_ids.contains(&fid) {
-                // An input whose path in the farm's folder is also a task's
-                // output folder and name: kept apart.
-                fid.push_str("#input");
-            }
-            match f.input_sizes.get(path) {
-                Some(size) => input_files.push(json!({"id": fid, "sizeInBytes": size})),
-                None => w.no_size += 1,
-            }
-            input_ids.insert(path, fid);
-        }
-    }
-    w.files = (input_ids.len() + output_ids.len()) as u64;
-    input_files.append(&mut files);
-    let files = input_files;
+    let files = Files::of(f, &all, &specs, &mut w);
 
     let mut spec_tasks = Vec::with_capacity(all.len());
     let mut exec_tasks = Vec::new();
@@ -223,18 +183,6 @@ pub fn trace(f: &FarmFacts) -> (Value, Written) {
     let (mut first, mut last) = (u64::MAX, 0u64);
     for ((&t, ps), spec) in all.iter().zip(&parents).zip(&specs) {
         let facts = f.task(t);
-        let mut inputs: Vec<String> = spec
-            .inputs
-            .iter()
-            .map(|p| input_ids[p.as_str()].clone())
-            .collect();
-        // What mesh puts in place for a task: every output of the tasks it
-        // waits for.
-        for &p in ps {
-            inputs.extend(f.task(p).outputs.iter().map(|(path, _)| out_id(p, path)));
-        }
-        let mut seen = HashSet::new();
-        inputs.retain(|i| seen.insert(i.clone()));
         let kids = children.get(&t).map_or(&[][..], Vec::as_slice);
         w.edges += ps.len() as u64;
         spec_tasks.push(json!({
@@ -243,52 +191,35 @@ pub fn trace(f: &FarmFacts) -> (Value, Written) {
             "category": def.stage(t).name,
             "parents": ps.iter().map(|&p| id(p)).collect::<Vec<_>>(),
             "children": kids.iter().map(|&c| id(c)).collect::<Vec<_>>(),
-            "inputFiles": inputs,
-            "outputFiles": facts.outputs.iter().map(|(path, _)| out_id(t, path)).collect::<Vec<_>>(),
+            "inputFiles": files.inputs_of(f, spec, ps),
+            "outputFiles": facts.outputs.iter().map(|(path, _)| output_id(def, t, path)).collect::<Vec<_>>(),
         }));
         let Some(runtime_ms) = facts.runtime_ms else {
             continue;
         };
-        let mut e = Map::new();
-        e.insert("id".into(), id(t).into());
-        e.insert("runtimeInSeconds".into(), json!(runtime_ms as f64 / 1000.0));
         if let Some(start) = facts.start_ms {
-            e.insert("executedAt".into(), timestamp(start).into());
-            e.insert("endedAt".into(), timestamp(start + runtime_ms).into());
             first = first.min(start);
             last = last.max(start + runtime_ms);
         }
-        e.insert("command".into(), command(&spec.command));
-        let asked = &def.stage(t).resources;
-        let cpu = asked.get(CPU).0;
-        // WfFormat's least is one core: a fraction of one is left unsaid.
-        if cpu >= MILLI {
-            e.insert("coreCount".into(), json!(cpu as f64 / MILLI as f64));
-        }
-        let mem = asked.get(MEM).whole();
-        if mem > 0 {
-            e.insert("memoryInBytes".into(), json!(mem));
-        }
         if let Some(node) = &facts.node {
-            e.insert("machines".into(), json!([node]));
             ran_on.insert(node);
         }
-        if let Some(c) = facts.exit_code {
-            e.insert("exitCode".into(), c.into());
-        }
-        if facts.ended == Ended::Failed {
-            let why = facts.reason.clone().unwrap_or_else(|| "failed".into());
-            e.insert("failed".into(), why.into());
-        }
-        exec_tasks.push(Value::Object(e));
+        let run = Run {
+            id: id(t),
+            facts,
+            runtime_ms,
+            command: &spec.command,
+            asked: &def.stage(t).resources,
+        };
+        exec_tasks.push(run.to_json());
     }
     w.tasks = all.len() as u64;
     w.timed = exec_tasks.len() as u64;
 
     let mut workflow = Map::new();
     let mut specification = json!({"tasks": spec_tasks});
-    if !files.is_empty() {
-        specification["files"] = Value::Array(files);
+    if !files.list.is_empty() {
+        specification["files"] = Value::Array(files.list);
     }
     workflow.insert("specification".into(), specification);
     // A makespan and a start are required of an execution: a farm none of
@@ -299,28 +230,7 @@ pub fn trace(f: &FarmFacts) -> (Value, Written) {
         f.span
     };
     if let (false, Some((start, span_ms))) = (exec_tasks.is_empty(), span) {
-        let mut machines: Vec<Value> = Vec::new();
-        let mut named: HashSet<&str> = HashSet::new();
-        for m in f
-            .machines
-            .iter()
-            .filter(|m| ran_on.contains(m.name.as_str()))
-        {
-            if !named.insert(&m.name) {
-                continue;
-            }
-            let mut v = json!({"nodeName": m.name});
-            if let Some(c) = m.cores {
-                v["cpu"] = json!({"coreCount": c});
-            }
-            if let Some(b) = m.mem_bytes {
-                v["memoryInBytes"] = json!(b);
-            }
-            machines.push(v);
-        }
-        let mut rest: Vec<&str> = ran_on.difference(&named).copied().collect();
-        rest.sort_unstable();
-        machines.extend(rest.into_iter().map(|n| json!({"nodeName": n})));
+        let machines = machines(f, &ran_on);
         w.machines = machines.len() as u64;
         let mut execution = json!({
             "makespanInSeconds": span_ms as f64 / 1000.0,
@@ -333,20 +243,9 @@ pub fn trace(f: &FarmFacts) -> (Value, Written) {
         workflow.insert("execution".into(), execution);
     }
 
-    let count = |ended: Ended| all.iter().filter(|&&t| f.task(t).ended == ended).count();
-    let (done, failed, unfinished) = (count(Ended::Done), count(Ended::Failed), count(Ended::Not));
-    let reused = all
-        .iter()
-        .filter(|&&t| f.task(t).ended == Ended::Done && f.task(t).attempt == 0)
-        .count();
     let trace = json!({
         "name": def.name,
-        "description": format!(
-            "mesh farm {}: {} tasks in {} stages; {done} done ({reused} of them reused from an earlier run, with no run of their own here), {failed} failed, {unfinished} unfinished. Exported by mesh export.",
-            f.id,
-            all.len(),
-            def.stages.len(),
-        ),
+        "description": description(f, &all),
         "createdAt": timestamp(f.now_ms),
         "schemaVersion": SCHEMA_VERSION,
         "runtimeSystem": {
@@ -356,6 +255,179 @@ pub fn trace(f: &FarmFacts) -> (Value, Written) {
         "workflow": workflow,
     });
     (trace, w)
+}
+
+/// The id of an output of task `t`: its path under the task's folder, as
+/// in the home's output folder.
+fn output_id(def: &FarmDef, t: TaskRef, path: &str) -> String {
+    escape(
+        &format!("{}/{}/{path}", def.stage(t).name, t.index),
+        FILE_ID_CHARS,
+    )
+}
+
+/// The trace's files: each output under its task's folder, each farm
+/// input by its path in the farm's folder.
+struct Files<'a> {
+    /// The inputs whose size is known here, then the outputs.
+    list: Vec<Value>,
+    /// Each input's id, by its path in the farm's folder.
+    input_ids: HashMap<&'a str, String>,
+}
+
+impl<'a> Files<'a> {
+    /// Of the tasks `all`, expanded in `specs`; counted in `w`.
+    fn of(f: &FarmFacts, all: &[TaskRef], specs: &'a [TaskSpec], w: &mut Written) -> Files<'a> {
+        let mut output_ids: HashSet<String> = HashSet::new();
+        let mut outputs: Vec<Value> = Vec::new();
+        for &t in all {
+            for (path, size) in &f.task(t).outputs {
+                let fid = output_id(&f.def, t, path);
+                if output_ids.insert(fid.clone()) {
+                    outputs.push(json!({"id": fid, "sizeInBytes": size}));
+                }
+            }
+        }
+        let mut input_ids: HashMap<&str, String> = HashMap::new();
+        let mut list: Vec<Value> = Vec::new();
+        for spec in specs {
+            for path in &spec.inputs {
+                if input_ids.contains_key(path.as_str()) {
+                    continue;
+                }
+                let mut fid = escape(path, FILE_ID_CHARS);
+                if output_ids.contains(&fid) {
+                    // An input whose path in the farm's folder is also a task's
+                    // output folder and name: kept apart.
+                    fid.push_str("#input");
+                }
+                match f.input_sizes.get(path) {
+                    Some(size) => list.push(json!({"id": fid, "sizeInBytes": size})),
+                    None => w.no_size += 1,
+                }
+                input_ids.insert(path, fid);
+            }
+        }
+        w.files = (input_ids.len() + output_ids.len()) as u64;
+        list.append(&mut outputs);
+        Files { list, input_ids }
+    }
+
+    /// The ids of a task's input files: its farm inputs (in `spec`), then
+    /// what mesh puts in place for it, every output of the tasks it waits
+    /// for (`parents`); each once.
+    fn inputs_of(&self, f: &FarmFacts, spec: &TaskSpec, parents: &[TaskRef]) -> Vec<String> {
+        let mut inputs: Vec<String> = spec
+            .inputs
+            .iter()
+            .map(|p| self.input_ids[p.as_str()].clone())
+            .collect();
+        for &p in parents {
+            inputs.extend(
+                f.task(p)
+                    .outputs
+                    .iter()
+                    .map(|(path, _)| output_id(&f.def, p, path)),
+            );
+        }
+        let mut seen = HashSet::new();
+        inputs.retain(|i| seen.insert(i.clone()));
+        inputs
+    }
+}
+
+/// A task's recorded run.
+struct Run<'a> {
+    /// The task's id in the trace.
+    id: &'a str,
+    facts: &'a TaskFacts,
+    runtime_ms: u64,
+    command: &'a Command,
+    /// What its stage asks for.
+    asked: &'a Resources,
+}
+
+impl Run<'_> {
+    /// As WfFormat's execution has it.
+    fn to_json(&self) -> Value {
+        let facts = self.facts;
+        let mut e = Map::new();
+        e.insert("id".into(), self.id.into());
+        e.insert(
+            "runtimeInSeconds".into(),
+            json!(self.runtime_ms as f64 / 1000.0),
+        );
+        if let Some(start) = facts.start_ms {
+            e.insert("executedAt".into(), timestamp(start).into());
+            e.insert("endedAt".into(), timestamp(start + self.runtime_ms).into());
+        }
+        e.insert("command".into(), command(self.command));
+        let cpu = self.asked.get(CPU).0;
+        // WfFormat's least is one core: a fraction of one is left unsaid.
+        if cpu >= MILLI {
+            e.insert("coreCount".into(), json!(cpu as f64 / MILLI as f64));
+        }
+        let mem = self.asked.get(MEM).whole();
+        if mem > 0 {
+            e.insert("memoryInBytes".into(), json!(mem));
+        }
+        if let Some(node) = &facts.node {
+            e.insert("machines".into(), json!([node]));
+        }
+        if let Some(c) = facts.exit_code {
+            e.insert("exitCode".into(), c.into());
+        }
+        if facts.ended == Ended::Failed {
+            let why = facts.reason.clone().unwrap_or_else(|| "failed".into());
+            e.insert("failed".into(), why.into());
+        }
+        Value::Object(e)
+    }
+}
+
+/// The machines that ran the farm's tasks (`ran_on`): each named once, with
+/// what it offered where that is known, the others by name alone.
+fn machines(f: &FarmFacts, ran_on: &HashSet<&str>) -> Vec<Value> {
+    let mut machines: Vec<Value> = Vec::new();
+    let mut named: HashSet<&str> = HashSet::new();
+    for m in f
+        .machines
+        .iter()
+        .filter(|m| ran_on.contains(m.name.as_str()))
+    {
+        if !named.insert(&m.name) {
+            continue;
+        }
+        let mut v = json!({"nodeName": m.name});
+        if let Some(c) = m.cores {
+            v["cpu"] = json!({"coreCount": c});
+        }
+        if let Some(b) = m.mem_bytes {
+            v["memoryInBytes"] = json!(b);
+        }
+        machines.push(v);
+    }
+    let mut rest: Vec<&str> = ran_on.difference(&named).copied().collect();
+    rest.sort_unstable();
+    machines.extend(rest.into_iter().map(|n| json!({"nodeName": n})));
+    machines
+}
+
+/// The trace's description: the farm, and its tasks (`all`) counted by
+/// how they stand.
+fn description(f: &FarmFacts, all: &[TaskRef]) -> String {
+    let count = |ended: Ended| all.iter().filter(|&&t| f.task(t).ended == ended).count();
+    let (done, failed, unfinished) = (count(Ended::Done), count(Ended::Failed), count(Ended::Not));
+    let reused = all
+        .iter()
+        .filter(|&&t| f.task(t).ended == Ended::Done && f.task(t).attempt == 0)
+        .count();
+    format!(
+        "mesh farm {}: {} tasks in {} stages; {done} done ({reused} of them reused from an earlier run, with no run of their own here), {failed} failed, {unfinished} unfinished. Exported by mesh export.",
+        f.id,
+        all.len(),
+        f.def.stages.len(),
+    )
 }
 
 /// What WfFormat lets a task id hold (it names parents and children).

@@ -8,6 +8,7 @@
 //! runs them in a release build, as users run their nodes:
 //! `cargo test --release -p mesh-cli --test big -- --ignored`.
 
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -213,30 +214,13 @@ fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fi
         }
         listed >= n
     });
-    // What a user would look at when the farm does not go: the mesh at a
-    // glance, the farms, and what the coordinator and the home said last.
-    let explain = |what: &str| -> String {
-        let glance = c.mesh(watcher, &["status"]).stdout;
-        let farms = c.mesh(watcher, &["status", "--json"]).json()["farms"].to_string();
-        let coordinator = follows(&c.nodes[watcher].lines()).unwrap_or_default();
-        let tail = |i: usize| {
-            let lines = c.nodes[i].lines();
-            lines[lines.len().saturating_sub(40)..].join("\n")
-        };
-        let coord = c
-            .nodes
-            .iter()
-            .position(|p| p.peer_id() == coordinator)
-            .map_or_else(|| "(not among the nodes)".to_string(), tail);
-        format!(
-            "{what}\n{glance}\nfarms: {farms}\ncoordinator {coordinator}:\n{coord}\nhome:\n{}",
-            tail(watcher)
-        )
-    };
     assert!(
         joined,
         "{}",
-        explain(&format!(
+        explain(
+            &c,
+            watcher,
+            &format!(
             "the last node does not see the mesh, or its coordinator ({coordinator:?}) does not list it"
         ))
     );
@@ -246,7 +230,10 @@ fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fi
         .mesh_start(watcher, &["submit", "farm.toml", "--out", "out"])
         .wait_within(Duration::from_secs(300));
     let Some(submit) = submit else {
-        panic!("{}", explain("the submission was not accepted in 300 s"));
+        panic!(
+            "{}",
+            explain(&c, watcher, "the submission was not accepted in 300 s")
+        );
     };
     submit.expect_code(0);
     let mut running = 0;
@@ -262,9 +249,11 @@ fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fi
     assert!(
         busy,
         "{}",
-        explain(&format!(
-            "the farm did not spread: {running} nodes running tasks"
-        ))
+        explain(
+            &c,
+            watcher,
+            &format!("the farm did not spread: {running} nodes running tasks")
+        )
     );
 
     eprintln!(
@@ -272,7 +261,40 @@ fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fi
         submitted.elapsed().as_secs_f64()
     );
 
-    // `mesh status`: a screenful; `--nodes`: every node, a line each.
+    status_fits_a_screenful(&c, watcher, n);
+
+    let Some((chromium, driver)) = browser else {
+        return;
+    };
+    let url = browser::dashboard_url(&c.nodes[watcher].lines()).expect("a dashboard address");
+    dashboard_fits_and_renders(&chromium, &driver, &url, n);
+}
+
+/// What a user would look at when the farm does not go: the mesh at a
+/// glance, the farms, and what the coordinator and the home (`watcher`)
+/// said last.
+fn explain(c: &Cluster, watcher: usize, what: &str) -> String {
+    let glance = c.mesh(watcher, &["status"]).stdout;
+    let farms = c.mesh(watcher, &["status", "--json"]).json()["farms"].to_string();
+    let coordinator = follows(&c.nodes[watcher].lines()).unwrap_or_default();
+    let tail = |i: usize| {
+        let lines = c.nodes[i].lines();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    };
+    let coord = c
+        .nodes
+        .iter()
+        .position(|p| p.peer_id() == coordinator)
+        .map_or_else(|| "(not among the nodes)".to_string(), tail);
+    format!(
+        "{what}\n{glance}\nfarms: {farms}\ncoordinator {coordinator}:\n{coord}\nhome:\n{}",
+        tail(watcher)
+    )
+}
+
+/// `mesh status` of the `n` nodes: a screenful; `--nodes`: every node, a
+/// line each; `--busy`: only those with tasks.
+fn status_fits_a_screenful(c: &Cluster, watcher: usize, n: usize) {
     let glance = c.mesh(watcher, &["status"]);
     glance.expect_code(0);
     let lines = glance.stdout.lines().count();
@@ -300,19 +322,19 @@ fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fi
         "{busy_lines}"
     );
     eprintln!("mesh status at {n} nodes: {lines} lines");
+}
 
-    let Some((chromium, driver)) = browser else {
-        return;
-    };
-    let url = browser::dashboard_url(&c.nodes[watcher].lines()).expect("a dashboard address");
+/// The dashboard at `url`, of `n` nodes, and of a thousand made up: every
+/// node in the heat map, rendered in under a second, fitting the screen.
+fn dashboard_fits_and_renders(chromium: &Path, driver: &Path, url: &str, n: usize) {
     let shots = browser::screenshots();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let b = browser::Browser::start(&chromium, &driver).await;
-        let first = b.open(&url).await;
+        let b = browser::Browser::start(chromium, driver).await;
+        let first = b.open(url).await;
         let start = std::time::Instant::now();
         while b.body_data("heatCells").await != Some(n as u64)
             && start.elapsed() < Duration::from_secs(20)
@@ -334,7 +356,7 @@ fn three_hundred_nodes_at_a_glance_status_in_a_screenful_and_a_dashboard_that_fi
         assert!(shown[1].as_u64() >= Some(30), "busy nodes coloured: {shown}");
         let size = b.update_bytes().await;
         for size in [(1400, 900), (390, 844)] {
-            b.shot_fits(&url, "mesh", size, &shots, "300-nodes-").await;
+            b.shot_fits(url, "mesh", size, &shots, "300-nodes-").await;
         }
         // At a thousand nodes, as a coordinator would describe them.
         let mut model = mesh_node::dash::view::Model::default();

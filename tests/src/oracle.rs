@@ -136,6 +136,23 @@ fn hash_of(parts: &impl Hash) -> u64 {
     h.finish()
 }
 
+/// Per variable's list of values, per value: which repeat of that value in
+/// the list it is (0 for its first).
+fn repeats(cols: &[Vec<String>]) -> Vec<Vec<usize>> {
+    cols.iter()
+        .map(|c| {
+            let mut seen: HashMap<&String, usize> = HashMap::new();
+            c.iter()
+                .map(|x| {
+                    let n = seen.entry(x).or_insert(0);
+                    *n += 1;
+                    *n - 1
+                })
+                .collect()
+        })
+        .collect()
+}
+
 fn gen_values(rng: &mut Rng, n: usize) -> Vec<String> {
     (0..n).map(|_| rng.pick(&POOL).to_string()).collect()
 }
@@ -302,6 +319,35 @@ impl Farm {
         st.zip
     }
 
+    /// Each task of stage `s` as the position of its value in each
+    /// variable's list (`cols`): a zip pairs them, else every combination;
+    /// an error where mesh must refuse the sweep.
+    fn positions(&self, s: usize, cols: &[Vec<String>]) -> Result<Vec<Vec<usize>>, String> {
+        if cols.is_empty() {
+            return Ok(vec![Vec::new()]);
+        }
+        if self.zip_of(s) && cols.len() > 1 {
+            if cols.iter().any(|c| c.len() != cols[0].len()) {
+                return Err(format!("{}: zip of unequal lengths", self.stages[s].name));
+            }
+            return Ok((0..cols[0].len()).map(|i| vec![i; cols.len()]).collect());
+        }
+        let mut at = vec![Vec::new()];
+        for c in cols {
+            at = at
+                .into_iter()
+                .flat_map(|r: Vec<usize>| {
+                    (0..c.len()).map(move |x| {
+                        let mut r = r.clone();
+                        r.push(x);
+                        r
+                    })
+                })
+                .collect();
+        }
+        Ok(at)
+    }
+
     /// Every task with its values, dependencies, key and what it must see;
     /// an error where mesh must refuse the farm.
     pub fn expand(&self, plant: Plant) -> Result<Expanded, String> {
@@ -316,45 +362,10 @@ impl Farm {
             if cols.iter().any(|c| c.is_empty()) {
                 return Err(format!("{}: a sweep with no values", st.name));
             }
-            // Each task as the position of its value in each variable's
-            // list: a task is known by its values, each with which repeat
-            // of that value in its variable's list it is.
-            let at: Vec<Vec<usize>> = if cols.is_empty() {
-                vec![Vec::new()]
-            } else if self.zip_of(s) && cols.len() > 1 {
-                if cols.iter().any(|c| c.len() != cols[0].len()) {
-                    return Err(format!("{}: zip of unequal lengths", st.name));
-                }
-                (0..cols[0].len()).map(|i| vec![i; cols.len()]).collect()
-            } else {
-                let mut at = vec![Vec::new()];
-                for c in &cols {
-                    at = at
-                        .into_iter()
-                        .flat_map(|r: Vec<usize>| {
-                            (0..c.len()).map(move |x| {
-                                let mut r = r.clone();
-                                r.push(x);
-                                r
-                            })
-                        })
-                        .collect();
-                }
-                at
-            };
-            let col_reps: Vec<Vec<usize>> = cols
-                .iter()
-                .map(|c| {
-                    let mut seen: HashMap<&String, usize> = HashMap::new();
-                    c.iter()
-                        .map(|x| {
-                            let n = seen.entry(x).or_insert(0);
-                            *n += 1;
-                            *n - 1
-                        })
-                        .collect()
-                })
-                .collect();
+            // A task is known by its values, each with which repeat of that
+            // value in its variable's list it is.
+            let at = self.positions(s, &cols)?;
+            let col_reps = repeats(&cols);
             let rows: Vec<Vec<String>> = at
                 .iter()
                 .map(|r| {
@@ -1040,20 +1051,7 @@ impl<'a> History<'a> {
             )
         };
         if std::env::var_os("MESH_ORACLE_VERBOSE").is_some() {
-            eprintln!(
-                "{}ran: {:?}\nkilled part: {:?}",
-                self.farm.describe(&self.runlog),
-                ends_all,
-                ends_killed
-            );
-            for (s, tasks) in ex.tasks.iter().enumerate() {
-                for (i, t) in tasks.iter().enumerate() {
-                    eprintln!(
-                        "  {}/{i} key {:016x} {}",
-                        self.farm.stages[s].name, t.key, t.id
-                    );
-                }
-            }
+            self.say_what_ran(&ex, &ends_all, &ends_killed);
         }
         let starts_killed = killed_part.map_or(BTreeSet::new(), |k| {
             starts(log.get(log_before..k).unwrap_or(""))
@@ -1073,6 +1071,35 @@ impl<'a> History<'a> {
         if errors.is_empty() {
             return Ok(());
         }
+        Err(self.failure(&errors))
+    }
+
+    /// The farm, what each task ran, and each task's key, for
+    /// `MESH_ORACLE_VERBOSE`.
+    fn say_what_ran(
+        &self,
+        ex: &Expanded,
+        ends_all: &BTreeMap<(String, usize), usize>,
+        ends_killed: &BTreeMap<(String, usize), usize>,
+    ) {
+        eprintln!(
+            "{}ran: {:?}\nkilled part: {:?}",
+            self.farm.describe(&self.runlog),
+            ends_all,
+            ends_killed
+        );
+        for (s, tasks) in ex.tasks.iter().enumerate() {
+            for (i, t) in tasks.iter().enumerate() {
+                eprintln!(
+                    "  {}/{i} key {:016x} {}",
+                    self.farm.stages[s].name, t.key, t.id
+                );
+            }
+        }
+    }
+
+    /// The step's wrong results, with all it takes to see and replay them.
+    fn failure(&self, errors: &[(&'static str, String)]) -> Failure {
         let kinds = errors.iter().map(|e| e.0).collect();
         let mut report = format!(
             "oracle: seed {} ({}) failed at step {} after: {}\n",
@@ -1093,7 +1120,7 @@ impl<'a> History<'a> {
             "replay: MESH_ORACLE_SEED={} cargo test -p mesh-cli --test e2e oracle -- --nocapture",
             self.seed
         );
-        Err(Failure { kinds, report })
+        Failure { kinds, report }
     }
 
     fn run_args(&self, out: usize) -> Vec<String> {
@@ -1242,115 +1269,11 @@ impl<'a> History<'a> {
         for (s, tasks) in ex.tasks.iter().enumerate() {
             want.insert(self.farm.stages[s].name.clone(), tasks.len());
         }
-        // The folders: exactly the current tasks'.
-        let mut stages_found = BTreeSet::new();
-        for e in fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if n == ".mesh-set-aside" {
-                continue;
-            }
-            if !want.contains_key(&n) {
-                errors.push((
-                    "stale folder",
-                    format!("out{out} has `{n}`, no stage of the farm"),
-                ));
-                continue;
-            }
-            stages_found.insert(n.clone());
-            let count = want[&n];
-            for t in fs::read_dir(e.path()).into_iter().flatten().flatten() {
-                let tn = t.file_name().to_string_lossy().into_owned();
-                if tn == "tasks.tsv" {
-                    let sidx = self
-                        .farm
-                        .stages
-                        .iter()
-                        .position(|x| x.name == n)
-                        .expect("a stage");
-                    let text = fs::read_to_string(t.path()).unwrap_or_default();
-                    let mut want_tsv = "index".to_string();
-                    for v in &ex.names[sidx] {
-                        let _ = write!(want_tsv, "\t{v}");
-                    }
-                    want_tsv.push('\n');
-                    for (i, task) in ex.tasks[sidx].iter().enumerate() {
-                        let _ = write!(want_tsv, "{i}");
-                        for v in &task.values {
-                            let _ = write!(want_tsv, "\t{v}");
-                        }
-                        want_tsv.push('\n');
-                    }
-                    if text != want_tsv {
-                        errors.push((
-                            "wrong manifest",
-                            format!("out{out}/{n}/tasks.tsv is {text:?}, wanted {want_tsv:?}"),
-                        ));
-                    }
-                    continue;
-                }
-                match tn.parse::<usize>() {
-                    Ok(i) if i < count && tn == i.to_string() => {
-                        let mut files: Vec<String> = fs::read_dir(t.path())
-                            .into_iter()
-                            .flatten()
-                            .flatten()
-                            .map(|f| {
-                                let kind = match f.file_type() {
-                                    Ok(k) if k.is_file() => "",
-                                    Ok(k) if k.is_symlink() => " (a link)",
-                                    _ => " (not a file)",
-                                };
-                                format!("{}{kind}", f.file_name().to_string_lossy())
-                            })
-                            .collect();
-                        files.sort();
-                        if files != ["id.txt", "seen.txt"] {
-                            errors
-                                .push(("stale files", format!("out{out}/{n}/{i} holds {files:?}")));
-                        }
-                    }
-                    _ => errors.push((
-                        "stale folder",
-                        format!("out{out}/{n}/{tn} is no task of the farm ({count} tasks)"),
-                    )),
-                }
-            }
-        }
-        for n in want.keys() {
-            if !stages_found.contains(n) {
-                errors.push((
-                    "missing output",
-                    format!("out{out} has no folder for stage {n}"),
-                ));
-            }
-        }
+        self.check_folders(ex, out, &want, errors);
+        self.follow_set_aside(out, &want);
+        self.held.retain(|(o, ..), _| *o != out);
         // The files: id.txt exactly; seen.txt exactly for a key that had to
         // run, else one this key's runs wrote, the same up to indices.
-        // Folders of tasks the farm no longer has went to the newest
-        // `.mesh-set-aside/<when>/` that has them.
-        let mut whens: Vec<PathBuf> = fs::read_dir(dir.join(".mesh-set-aside"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
-        whens.sort();
-        for ((o, stage, index), h) in &self.held {
-            let gone = want.get(stage).is_none_or(|n| index >= n);
-            if *o != out || !gone {
-                continue;
-            }
-            let rel = Path::new(stage).join(index.to_string());
-            if let Some(at) = whens
-                .iter()
-                .rev()
-                .map(|w| w.join(&rel))
-                .find(|p| p.is_dir())
-            {
-                self.aside.push((at, h.clone()));
-            }
-        }
-        self.held.retain(|(o, ..), _| *o != out);
         for (s, tasks) in ex.tasks.iter().enumerate() {
             let name = self.farm.stages[s].name.clone();
             for (i, t) in tasks.iter().enumerate() {
@@ -1416,6 +1339,117 @@ impl<'a> History<'a> {
         self.shape.insert(out, want);
     }
 
+    /// The folders of `out`: exactly the current tasks' (`want`: each
+    /// stage's task count), each with its two files alone, and each
+    /// stage's `tasks.tsv` as the model lists its tasks.
+    fn check_folders(
+        &self,
+        ex: &Expanded,
+        out: usize,
+        want: &BTreeMap<String, usize>,
+        errors: &mut Vec<(&'static str, String)>,
+    ) {
+        let dir = &self.outs[out];
+        let mut stages_found = BTreeSet::new();
+        for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n == ".mesh-set-aside" {
+                continue;
+            }
+            if !want.contains_key(&n) {
+                errors.push((
+                    "stale folder",
+                    format!("out{out} has `{n}`, no stage of the farm"),
+                ));
+                continue;
+            }
+            stages_found.insert(n.clone());
+            let count = want[&n];
+            for t in fs::read_dir(e.path()).into_iter().flatten().flatten() {
+                let tn = t.file_name().to_string_lossy().into_owned();
+                if tn == "tasks.tsv" {
+                    let sidx = self
+                        .farm
+                        .stages
+                        .iter()
+                        .position(|x| x.name == n)
+                        .expect("a stage");
+                    let text = fs::read_to_string(t.path()).unwrap_or_default();
+                    let want_tsv = manifest(&ex.names[sidx], &ex.tasks[sidx]);
+                    if text != want_tsv {
+                        errors.push((
+                            "wrong manifest",
+                            format!("out{out}/{n}/tasks.tsv is {text:?}, wanted {want_tsv:?}"),
+                        ));
+                    }
+                    continue;
+                }
+                match tn.parse::<usize>() {
+                    Ok(i) if i < count && tn == i.to_string() => {
+                        let mut files: Vec<String> = fs::read_dir(t.path())
+                            .into_iter()
+                            .flatten()
+                            .flatten()
+                            .map(|f| {
+                                let kind = match f.file_type() {
+                                    Ok(k) if k.is_file() => "",
+                                    Ok(k) if k.is_symlink() => " (a link)",
+                                    _ => " (not a file)",
+                                };
+                                format!("{}{kind}", f.file_name().to_string_lossy())
+                            })
+                            .collect();
+                        files.sort();
+                        if files != ["id.txt", "seen.txt"] {
+                            errors
+                                .push(("stale files", format!("out{out}/{n}/{i} holds {files:?}")));
+                        }
+                    }
+                    _ => errors.push((
+                        "stale folder",
+                        format!("out{out}/{n}/{tn} is no task of the farm ({count} tasks)"),
+                    )),
+                }
+            }
+        }
+        for n in want.keys() {
+            if !stages_found.contains(n) {
+                errors.push((
+                    "missing output",
+                    format!("out{out} has no folder for stage {n}"),
+                ));
+            }
+        }
+    }
+
+    /// Folders of `out`'s tasks the farm no longer has (`want`: each
+    /// stage's task count) went to the newest `.mesh-set-aside/<when>/`
+    /// that has them: what they hold is remembered there.
+    fn follow_set_aside(&mut self, out: usize, want: &BTreeMap<String, usize>) {
+        let mut whens: Vec<PathBuf> = fs::read_dir(self.outs[out].join(".mesh-set-aside"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        whens.sort();
+        for ((o, stage, index), h) in &self.held {
+            let gone = want.get(stage).is_none_or(|n| index >= n);
+            if *o != out || !gone {
+                continue;
+            }
+            let rel = Path::new(stage).join(index.to_string());
+            if let Some(at) = whens
+                .iter()
+                .rev()
+                .map(|w| w.join(&rel))
+                .find(|p| p.is_dir())
+            {
+                self.aside.push((at, h.clone()));
+            }
+        }
+    }
+
     /// An out no step wrote to holds what it held.
     fn check_untouched(&self, out: usize, errors: &mut Vec<(&'static str, String)>) {
         for ((o, stage, index), h) in &self.held {
@@ -1431,6 +1465,24 @@ impl<'a> History<'a> {
             }
         }
     }
+}
+
+/// A stage's `tasks.tsv`: a header of its variables (`names`), then each
+/// task's index and values.
+fn manifest(names: &[String], tasks: &[Task]) -> String {
+    let mut tsv = "index".to_string();
+    for v in names {
+        let _ = write!(tsv, "\t{v}");
+    }
+    tsv.push('\n');
+    for (i, task) in tasks.iter().enumerate() {
+        let _ = write!(tsv, "{i}");
+        for v in &task.values {
+            let _ = write!(tsv, "\t{v}");
+        }
+        tsv.push('\n');
+    }
+    tsv
 }
 
 /// Whether `dir` still holds the files of `h` untouched (size and

@@ -412,41 +412,12 @@ impl Plan {
         keys_up: &[(String, Vec<String>)],
         run: Option<Scale>,
     ) {
-        let _ = writeln!(o, "\n[[stage]]\nname = {}", toml_str(&stage.name));
-        let waits: Vec<String> = stage
-            .deps
-            .iter()
-            .map(|d| {
-                format!(
-                    "{} {} ({} edges)",
-                    d.form.word(),
-                    self.stages[d.up].name,
-                    d.edges
-                )
-            })
-            .collect();
-        let _ = writeln!(
-            o,
-            "# {} task{} of kind `{}`{}",
-            stage.tasks.len(),
-            if stage.tasks.len() == 1 { "" } else { "s" },
-            stage.kind,
-            if waits.is_empty() {
-                String::new()
-            } else {
-                format!("; {}", waits.join(", "))
-            }
-        );
-        let _ = writeln!(o, "sweep_mode = \"zip\"");
+        self.stage_header(o, stage);
         let io: Vec<&TaskIo> = stage.tasks.iter().map(|&t| &self.io[t]).collect();
-        let var = |o: &mut String, name: &str, values: &mut dyn Iterator<Item = String>| {
-            let vs: Vec<String> = values.map(|v| toml_str(&v)).collect();
-            let _ = writeln!(o, "sweep.{name} = {{ list = [{}] }}", vs.join(", "));
-        };
-        var(
+        sweep_var(
             o,
             "id",
-            &mut stage.tasks.iter().map(|&t| trace.tasks[t].id.clone()),
+            stage.tasks.iter().map(|&t| trace.tasks[t].id.clone()),
         );
         let files = run.is_some();
         let scale = run.unwrap_or(Scale {
@@ -454,53 +425,30 @@ impl Plan {
             size: 1.0,
         });
         if files {
-            var(
+            sweep_var(
                 o,
                 "secs",
-                &mut stage
+                stage
                     .tasks
                     .iter()
                     .map(|&t| secs(trace.tasks[t].runtime_s * scale.time)),
             );
         }
-        // Farm-folder inputs: one `inputs` entry per slot; a slot the same
-        // for every task is written out, the others are variables.
-        let slots = if files {
-            io.iter().map(|x| x.farm.len()).max().unwrap_or(0)
+        let input_entries = if files {
+            farm_inputs(o, &io)
         } else {
-            0
+            Vec::new()
         };
-        let mut input_entries = Vec::new();
-        for k in 0..slots {
-            let values: Vec<&str> = io
-                .iter()
-                .map(|x| {
-                    // A task with fewer files reads its last one again, or
-                    // the empty file when it has none.
-                    x.farm
-                        .get(k)
-                        .or(x.farm.last())
-                        .map_or(NONE_INPUT, String::as_str)
-                })
-                .collect();
-            if values.iter().all(|v| *v == values[0]) {
-                input_entries.push(format!("{INPUTS_DIR}/{}", values[0]));
-            } else {
-                let name = format!("in{k}");
-                var(o, &name, &mut values.iter().map(|v| v.to_string()));
-                input_entries.push(format!("{INPUTS_DIR}/{{{name}}}"));
-            }
-        }
         let reads = files && io.iter().any(|x| !x.deps.is_empty());
         if reads {
-            var(o, "reads", &mut io.iter().map(|x| x.deps.join(" ")));
+            sweep_var(o, "reads", io.iter().map(|x| x.deps.join(" ")));
         }
         let writes = files && io.iter().any(|x| !x.outs.is_empty());
         if writes {
-            var(
+            sweep_var(
                 o,
                 "names",
-                &mut io.iter().map(|x| {
+                io.iter().map(|x| {
                     x.outs
                         .iter()
                         .map(|(n, _)| n.as_str())
@@ -508,10 +456,10 @@ impl Plan {
                         .join(" ")
                 }),
             );
-            var(
+            sweep_var(
                 o,
                 "sizes",
-                &mut io.iter().map(|x| {
+                io.iter().map(|x| {
                     x.outs
                         .iter()
                         .map(|(_, b)| scale.bytes(*b).to_string())
@@ -520,41 +468,9 @@ impl Plan {
                 }),
             );
         }
-        let mut after = Vec::new();
-        let mut after_each = Vec::new();
-        for d in &stage.deps {
-            let up = &self.stages[d.up];
-            match &d.form {
-                Form::Whole => after.push(toml_str(&up.name)),
-                Form::Each => after_each.push(toml_str(&up.name)),
-                Form::Listed => {
-                    let name = format!("pa_{}", up.ident);
-                    var(
-                        o,
-                        &name,
-                        &mut d
-                            .ups
-                            .iter()
-                            .map(|l| l.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")),
-                    );
-                    after.push(format!(
-                        "{{ stage = {}, tasks = \"{{{name}}}\" }}",
-                        toml_str(&up.name)
-                    ));
-                }
-                Form::Keyed { down, .. } => {
-                    let mine = format!("key_{}", up.ident);
-                    let theirs = format!("key_{}", stage.ident);
-                    var(o, &mine, &mut down.iter().map(|b| key_word(*b, "none")));
-                    after.push(format!(
-                        "{{ stage = {}, by = {{ {mine} = \"{theirs}\" }} }}",
-                        toml_str(&up.name)
-                    ));
-                }
-            }
-        }
+        let (after, after_each) = self.waits(o, stage);
         for (name, values) in keys_up {
-            var(o, name, &mut values.iter().cloned());
+            sweep_var(o, name, values.iter().cloned());
         }
         if !after.is_empty() {
             let _ = writeln!(o, "after = [{}]", after.join(", "));
@@ -583,21 +499,77 @@ impl Plan {
             let _ = writeln!(o, "command = [\"true\"]");
             return;
         }
-        let mut sh = String::from("set -e\n");
-        if reads {
-            // One `cat` for them all, however many: a process costs more
-            // than reading the bytes of a scaled-down file.
-            sh.push_str("(cd \"{out}\" && exec cat {reads} /dev/null) > /dev/null\n");
-        }
-        if !input_entries.is_empty() {
-            let _ = writeln!(sh, "cat {} > /dev/null", input_entries.join(" "));
-        }
-        sh.push_str("sleep {secs}\n");
-        if writes {
-            sh.push_str("set -- {sizes}\n");
-            sh.push_str("for f in {names}; do head -c \"$1\" /dev/zero > \"$f\"; shift; done\n");
-        }
+        let sh = shell(reads, &input_entries, writes);
         let _ = writeln!(o, "shell = '''\n{sh}'''");
+    }
+
+    /// A stage's table header, and a comment on its tasks and what they
+    /// wait for.
+    fn stage_header(&self, o: &mut String, stage: &Stage) {
+        let _ = writeln!(o, "\n[[stage]]\nname = {}", toml_str(&stage.name));
+        let waits: Vec<String> = stage
+            .deps
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} {} ({} edges)",
+                    d.form.word(),
+                    self.stages[d.up].name,
+                    d.edges
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            o,
+            "# {} task{} of kind `{}`{}",
+            stage.tasks.len(),
+            if stage.tasks.len() == 1 { "" } else { "s" },
+            stage.kind,
+            if waits.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", waits.join(", "))
+            }
+        );
+        let _ = writeln!(o, "sweep_mode = \"zip\"");
+    }
+
+    /// What a stage waits for: its `after` and `after_each` entries, with
+    /// the variables a listed or keyed dependency reads written to `o`.
+    fn waits(&self, o: &mut String, stage: &Stage) -> (Vec<String>, Vec<String>) {
+        let mut after = Vec::new();
+        let mut after_each = Vec::new();
+        for d in &stage.deps {
+            let up = &self.stages[d.up];
+            match &d.form {
+                Form::Whole => after.push(toml_str(&up.name)),
+                Form::Each => after_each.push(toml_str(&up.name)),
+                Form::Listed => {
+                    let name = format!("pa_{}", up.ident);
+                    sweep_var(
+                        o,
+                        &name,
+                        d.ups
+                            .iter()
+                            .map(|l| l.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")),
+                    );
+                    after.push(format!(
+                        "{{ stage = {}, tasks = \"{{{name}}}\" }}",
+                        toml_str(&up.name)
+                    ));
+                }
+                Form::Keyed { down, .. } => {
+                    let mine = format!("key_{}", up.ident);
+                    let theirs = format!("key_{}", stage.ident);
+                    sweep_var(o, &mine, down.iter().map(|b| key_word(*b, "none")));
+                    after.push(format!(
+                        "{{ stage = {}, by = {{ {mine} = \"{theirs}\" }} }}",
+                        toml_str(&up.name)
+                    ));
+                }
+            }
+        }
+        (after, after_each)
     }
 
     /// Whether a stage reads the empty file (a task with no farm-folder
@@ -608,6 +580,62 @@ impl Plan {
             counts.contains(&0) && counts.iter().any(|&c| c > 0)
         })
     }
+}
+
+/// A sweep variable of the stage: `sweep.<name> = { list = [...] }`.
+fn sweep_var(o: &mut String, name: &str, values: impl Iterator<Item = String>) {
+    let vs: Vec<String> = values.map(|v| toml_str(&v)).collect();
+    let _ = writeln!(o, "sweep.{name} = {{ list = [{}] }}", vs.join(", "));
+}
+
+/// The stage's farm-folder inputs (of its tasks' `io`): one `inputs` entry
+/// per slot; a slot the same for every task is written out, the others
+/// are variables, written to `o`.
+fn farm_inputs(o: &mut String, io: &[&TaskIo]) -> Vec<String> {
+    let slots = io.iter().map(|x| x.farm.len()).max().unwrap_or(0);
+    let mut input_entries = Vec::new();
+    for k in 0..slots {
+        let values: Vec<&str> = io
+            .iter()
+            .map(|x| {
+                // A task with fewer files reads its last one again, or
+                // the empty file when it has none.
+                x.farm
+                    .get(k)
+                    .or(x.farm.last())
+                    .map_or(NONE_INPUT, String::as_str)
+            })
+            .collect();
+        if values.iter().all(|v| *v == values[0]) {
+            input_entries.push(format!("{INPUTS_DIR}/{}", values[0]));
+        } else {
+            let name = format!("in{k}");
+            sweep_var(o, &name, values.iter().map(|v| v.to_string()));
+            input_entries.push(format!("{INPUTS_DIR}/{{{name}}}"));
+        }
+    }
+    input_entries
+}
+
+/// A task's shell script: it reads what its parents made (`reads`) and its
+/// farm-folder inputs (`input_entries`), sleeps its runtime, and writes its
+/// outputs at their sizes (`writes`).
+fn shell(reads: bool, input_entries: &[String], writes: bool) -> String {
+    let mut sh = String::from("set -e\n");
+    if reads {
+        // One `cat` for them all, however many: a process costs more
+        // than reading the bytes of a scaled-down file.
+        sh.push_str("(cd \"{out}\" && exec cat {reads} /dev/null) > /dev/null\n");
+    }
+    if !input_entries.is_empty() {
+        let _ = writeln!(sh, "cat {} > /dev/null", input_entries.join(" "));
+    }
+    sh.push_str("sleep {secs}\n");
+    if writes {
+        sh.push_str("set -- {sizes}\n");
+        sh.push_str("for f in {names}; do head -c \"$1\" /dev/zero > \"$f\"; shift; done\n");
+    }
+    sh
 }
 
 /// The file read by a task that has no farm-folder input, in a stage whose

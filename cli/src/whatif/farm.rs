@@ -126,89 +126,16 @@ fn what_is_left(
         .as_array()
         .cloned()
         .unwrap_or_default();
-    // A task by its stage and index, as the trace's id ends (`stage.3`).
-    let place = |t: &Value| -> Option<(String, u32)> {
-        let id = t["id"].as_str()?;
-        let index = id.rsplit('.').next()?.parse().ok()?;
-        Some((t["category"].as_str()?.to_string(), index))
-    };
-    let mut ended: HashSet<(String, u32)> = tasks
-        .iter()
-        .filter(|t| t.state != "unfinished")
-        .map(|t| (t.stage.clone(), t.index))
-        .collect();
-    let mut done = tasks.iter().filter(|t| t.state == "done").count();
-    // Each stage's finished runtimes, and what its tasks ask for.
-    let category: HashMap<&str, &str> = spec
-        .iter()
-        .filter_map(|t| Some((t["id"].as_str()?, t["category"].as_str()?)))
-        .collect();
-    let mut runtimes: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    let mut asks: HashMap<String, Value> = HashMap::new();
-    for e in &exec {
-        let Some(stage) = e["id"].as_str().and_then(|id| category.get(id)) else {
-            continue;
-        };
-        let mut ask = json!({});
-        for k in ["coreCount", "memoryInBytes"] {
-            if !e[k].is_null() {
-                ask[k] = e[k].clone();
-            }
-        }
-        asks.entry(stage.to_string()).or_insert(ask);
-        if e.get("failed").is_none() {
-            if let Some(r) = e["runtimeInSeconds"].as_f64() {
-                runtimes.entry(stage.to_string()).or_default().push(r);
-            }
-        }
-    }
-    let own: HashMap<&str, f64> = exec
-        .iter()
-        .filter(|e| e.get("failed").is_none())
-        .filter_map(|e| Some((e["id"].as_str()?, e["runtimeInSeconds"].as_f64()?)))
-        .collect();
-    let timed: HashSet<(String, u32)> = exec
-        .iter()
-        .filter_map(|e| {
-            let id = e["id"].as_str()?;
-            Some((
-                category.get(id)?.to_string(),
-                id.rsplit('.').next()?.parse().ok()?,
-            ))
-        })
-        .collect();
-    // Running here now, each with how long it has run (by its node's clock).
+    let mut recorded = Recorded::of(spec, &exec);
+    let mut progress = Progress::of(tasks);
     let stage_names: Vec<&str> = view.stages.iter().map(|(n, _)| n.as_str()).collect();
-    let mut running: HashMap<(String, u32), f64> = HashMap::new();
-    for (_, o) in observed.iter().flat_map(|o| &o.nodes) {
-        for r in &o.runs {
-            if farm_display_id(&view.name, r.farm) != view.id {
-                continue;
-            }
-            let Some(stage) = stage_names.get(r.task.stage as usize) else {
-                continue;
-            };
-            let at = (stage.to_string(), r.task.index);
-            match r.end {
-                None => {
-                    let ran = o.unix_ms.saturating_sub(r.start) as f64 / 1000.0;
-                    running.insert(at, ran);
-                }
-                // Ended well where it ran, and perhaps not yet in the copy
-                // of the log asked: done all the same, and its runtime counts.
-                Some(end) if !r.failed => {
-                    if !timed.contains(&at) {
-                        let ran = end.saturating_sub(r.start) as f64 / 1000.0;
-                        runtimes.entry(at.0.clone()).or_default().push(ran);
-                    }
-                    if ended.insert(at) {
-                        done += 1;
-                    }
-                }
-                Some(_) => {}
-            }
-        }
-    }
+    progress.observe(view, &stage_names, observed, &mut recorded);
+    let Progress {
+        ended,
+        done,
+        running,
+    } = progress;
+    let runtimes = &recorded.runtimes;
     // Each stage's runtimes from its finished tasks and, as lower bounds,
     // its running ones: early finishers alone would say a stage is shorter
     // than it is.
@@ -266,35 +193,17 @@ fn what_is_left(
                 is_running += 1;
                 pool.draw(rng, Some(ran)) - ran
             }
-            None => match t["id"].as_str().and_then(|id| own.get(id)) {
+            None => match t["id"].as_str().and_then(|id| recorded.own.get(id)) {
                 Some(&r) if whole => r,
                 _ => pool.draw(rng, None),
             },
         };
-        let keep_id = |v: &Value| v.as_str().is_some_and(|id| kept_ids.contains(id));
-        let mut s = t.clone();
-        for k in ["parents", "children"] {
-            let ids: Vec<Value> = t[k]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|v| keep_id(v))
-                .cloned()
-                .collect();
-            s[k] = Value::Array(ids);
-        }
-        // Files made by what is done are where they are; those to be made
-        // move as the trace says.
-        let inputs: Vec<Value> = t["inputFiles"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|f| f.as_str().is_some_and(|f| produced.contains(f)))
+        new_spec.push(spec_left(t, &kept_ids, &produced));
+        let mut e = recorded
+            .asks
+            .get(&stage)
             .cloned()
-            .collect();
-        s["inputFiles"] = Value::Array(inputs);
-        new_spec.push(s);
-        let mut e = asks.get(&stage).cloned().unwrap_or_else(|| json!({}));
+            .unwrap_or_else(|| json!({}));
         e["id"] = t["id"].clone();
         e["runtimeInSeconds"] = json!(runtime);
         new_exec.push(e);
@@ -323,6 +232,171 @@ fn what_is_left(
         running: is_running,
         guessed: guessed.into_iter().collect(),
     })
+}
+
+/// A task by its stage and index, as the trace's id ends (`stage.3`).
+fn place(t: &Value) -> Option<(String, u32)> {
+    let id = t["id"].as_str()?;
+    let index = id.rsplit('.').next()?.parse().ok()?;
+    Some((t["category"].as_str()?.to_string(), index))
+}
+
+/// A task left, as the trace specifies it: its parents and children
+/// among the tasks left (`kept`), and of its inputs those that tasks left
+/// make (`produced`). Files made by what is done are where they are; those
+/// to be made move as the trace says.
+fn spec_left(t: &Value, kept: &HashSet<&str>, produced: &HashSet<String>) -> Value {
+    let keep_id = |v: &Value| v.as_str().is_some_and(|id| kept.contains(id));
+    let mut s = t.clone();
+    for k in ["parents", "children"] {
+        let ids: Vec<Value> = t[k]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|v| keep_id(v))
+            .cloned()
+            .collect();
+        s[k] = Value::Array(ids);
+    }
+    let inputs: Vec<Value> = t["inputFiles"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f.as_str().is_some_and(|f| produced.contains(f)))
+        .cloned()
+        .collect();
+    s["inputFiles"] = Value::Array(inputs);
+    s
+}
+
+/// What the farm's trace recorded of its runs.
+struct Recorded<'a> {
+    /// Each stage's finished runtimes.
+    runtimes: BTreeMap<String, Vec<f64>>,
+    /// What each stage's tasks ask for (cores, memory).
+    asks: HashMap<String, Value>,
+    /// Each finished task's own runtime, by its id.
+    own: HashMap<&'a str, f64>,
+    /// The tasks with a recorded run, by stage and index.
+    timed: HashSet<(String, u32)>,
+}
+
+impl<'a> Recorded<'a> {
+    /// From the trace's specification (`spec`, for each task's stage) and
+    /// execution (`exec`).
+    fn of(spec: &[Value], exec: &'a [Value]) -> Recorded<'a> {
+        let category: HashMap<&str, &str> = spec
+            .iter()
+            .filter_map(|t| Some((t["id"].as_str()?, t["category"].as_str()?)))
+            .collect();
+        let mut runtimes: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let mut asks: HashMap<String, Value> = HashMap::new();
+        for e in exec {
+            let Some(stage) = e["id"].as_str().and_then(|id| category.get(id)) else {
+                continue;
+            };
+            let mut ask = json!({});
+            for k in ["coreCount", "memoryInBytes"] {
+                if !e[k].is_null() {
+                    ask[k] = e[k].clone();
+                }
+            }
+            asks.entry(stage.to_string()).or_insert(ask);
+            if e.get("failed").is_none() {
+                if let Some(r) = e["runtimeInSeconds"].as_f64() {
+                    runtimes.entry(stage.to_string()).or_default().push(r);
+                }
+            }
+        }
+        let own = exec
+            .iter()
+            .filter(|e| e.get("failed").is_none())
+            .filter_map(|e| Some((e["id"].as_str()?, e["runtimeInSeconds"].as_f64()?)))
+            .collect();
+        let timed = exec
+            .iter()
+            .filter_map(|e| {
+                let id = e["id"].as_str()?;
+                Some((
+                    category.get(id)?.to_string(),
+                    id.rsplit('.').next()?.parse().ok()?,
+                ))
+            })
+            .collect();
+        Recorded {
+            runtimes,
+            asks,
+            own,
+            timed,
+        }
+    }
+}
+
+/// Where the farm's tasks stand now, by stage and index.
+struct Progress {
+    /// Those ended (done or failed for good).
+    ended: HashSet<(String, u32)>,
+    /// How many of them are done.
+    done: usize,
+    /// Those running here now, each with how long it has run (by its
+    /// node's clock).
+    running: HashMap<(String, u32), f64>,
+}
+
+impl Progress {
+    /// As the farm's log has them.
+    fn of(tasks: &[TaskEvent]) -> Progress {
+        Progress {
+            ended: tasks
+                .iter()
+                .filter(|t| t.state != "unfinished")
+                .map(|t| (t.stage.clone(), t.index))
+                .collect(),
+            done: tasks.iter().filter(|t| t.state == "done").count(),
+            running: HashMap::new(),
+        }
+    }
+
+    /// What the nodes say of their runs of the farm: those running, and
+    /// those ended well that the log may not have yet (their runtimes go
+    /// to `recorded`).
+    fn observe(
+        &mut self,
+        view: &FarmView,
+        stage_names: &[&str],
+        observed: Option<&Observed>,
+        recorded: &mut Recorded,
+    ) {
+        for (_, o) in observed.iter().flat_map(|o| &o.nodes) {
+            for r in &o.runs {
+                if farm_display_id(&view.name, r.farm) != view.id {
+                    continue;
+                }
+                let Some(stage) = stage_names.get(r.task.stage as usize) else {
+                    continue;
+                };
+                let at = (stage.to_string(), r.task.index);
+                match r.end {
+                    None => {
+                        let ran = o.unix_ms.saturating_sub(r.start) as f64 / 1000.0;
+                        self.running.insert(at, ran);
+                    }
+                    // Ended well where it ran, and perhaps not yet in the copy
+                    // of the log asked: done all the same, and its runtime counts.
+                    Some(end) if !r.failed => {
+                        if !recorded.timed.contains(&at) {
+                            let ran = end.saturating_sub(r.start) as f64 / 1000.0;
+                            recorded.runtimes.entry(at.0.clone()).or_default().push(ran);
+                        }
+                        if self.ended.insert(at) {
+                            self.done += 1;
+                        }
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+    }
 }
 
 /// How many nodes the mesh has now, and the cores and memory of the

@@ -55,156 +55,19 @@ impl Src<'_> {
                 other => return Err(top.unknown(key.span().start, other, TOP_FIELDS)),
             }
         }
-
-        let name = match farm_name {
-            Some(n) => {
-                if !valid_name(&n.v) {
-                    return Err(self.scope(Ctx::Farm, false).fail(
-                        n.pos,
-                        "name",
-                        Problem::BadName {
-                            name: n.v,
-                            what: "farm",
-                        },
-                    ));
-                }
-                n.v
-            }
-            None => {
-                let stem = path
-                    .file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                if !valid_name(&stem) {
-                    return Err(top.fail(0, "farm.name", Problem::BadFileStem { name: stem }));
-                }
-                stem
-            }
-        };
-
-        let tables: Vec<(&DeTable<'_>, usize)> = match stage_list {
-            None => Vec::new(),
-            Some(list) => match list.get_ref() {
-                DeValue::Array(items) => {
-                    let mut tables = Vec::with_capacity(items.len());
-                    for item in items.iter() {
-                        match item.get_ref() {
-                            DeValue::Table(t) => tables.push((t, item.span().start)),
-                            other => {
-                                return Err(top.fail(
-                                    item.span().start,
-                                    "stage",
-                                    wrong_type(other, STAGES_EXPECTED),
-                                ))
-                            }
-                        }
-                    }
-                    tables
-                }
-                other => {
-                    return Err(top.fail(
-                        list.span().start,
-                        "stage",
-                        wrong_type(other, STAGES_EXPECTED),
-                    ))
-                }
-            },
-        };
-        if tables.is_empty() {
-            let pos = stage_list.map(|l| l.span().start).unwrap_or(0);
-            return Err(top.fail(pos, "stage", Problem::NoStages));
-        }
+        let name = self.farm_name(farm_name, path)?;
+        let tables = self.stage_tables(stage_list)?;
 
         // Pass 1: every stage's fields and name, so dependencies can refer forward.
-        let mut raw = Vec::with_capacity(tables.len());
-        let mut seen: HashMap<String, usize> = HashMap::new();
-        for (number, (table, header)) in tables.iter().enumerate() {
-            let label = stage_label(table, number + 1);
-            let scope = self.scope(Ctx::Stage(label.clone()), false);
-            let fields = scope.fields(table, STAGE_FIELDS.as_slice())?;
-            let name = match &fields.name {
-                Some(n) => n.clone(),
-                None => {
-                    return Err(scope.fail(*header, "name", Problem::MissingField { name: "name" }))
-                }
-            };
-            if !valid_name(&name.v) {
-                return Err(scope.fail(
-                    name.pos,
-                    "name",
-                    Problem::BadName {
-                        name: name.v,
-                        what: "stage",
-                    },
-                ));
-            }
-            if let Some(first) = seen.get(&name.v) {
-                return Err(scope.fail(
-                    name.pos,
-                    "name",
-                    Problem::DuplicateStage {
-                        name: name.v,
-                        first_line: self.line_col(*first).0,
-                    },
-                ));
-            }
-            seen.insert(name.v.clone(), name.pos);
-            raw.push((label, *header, fields.with_defaults(&defaults)));
-        }
+        let raw = self.read_stages(&tables, &defaults)?;
 
         // Pass 2: each stage on its own; one with `after_each` and no sweep
         // takes the sweep of the first stage it pairs with, so it comes
         // after that one (a cycle of them is left to pass 3 to report).
-        let names: Vec<String> = raw
-            .iter()
-            .map(|(_, _, f)| f.name.as_ref().map(|n| n.v.clone()).unwrap_or_default())
-            .collect();
-        // A stage grown from another's file takes that stage's sweep too.
-        let mut source: Vec<Option<usize>> = Vec::with_capacity(raw.len());
-        for (label, _, f) in &raw {
-            let grown = f.sweep.as_ref().and_then(|v| {
-                v.v.iter()
-                    .find_map(|v| v.from.as_ref().map(|s| (v.name(), s)))
-            });
-            source.push(match (&f.sweep, &f.after_each, grown) {
-                (_, _, Some((var, from))) => match names.iter().position(|n| *n == from.v) {
-                    Some(p) => Some(p),
-                    None => {
-                        let scope = self.scope(Ctx::Stage(label.clone()), false);
-                        return Err(scope.fail(
-                            from.pos,
-                            &format!("sweep.{var}.from"),
-                            Problem::UnknownStage {
-                                name: from.v.clone(),
-                                stages: names.join(", "),
-                            },
-                        ));
-                    }
-                },
-                (None, Some(each), None) => each
-                    .first()
-                    .and_then(|e| names.iter().position(|n| *n == e.v)),
-                _ => None,
-            });
-        }
-        let mut order: Vec<usize> = Vec::with_capacity(raw.len());
-        let mut placed = vec![false; raw.len()];
-        while order.len() < raw.len() {
-            let before = order.len();
-            for i in 0..raw.len() {
-                if !placed[i] && source[i].is_none_or(|s| placed[s] || s == i) {
-                    placed[i] = true;
-                    order.push(i);
-                }
-            }
-            if order.len() == before {
-                order.extend((0..raw.len()).filter(|&i| !placed[i]));
-                break;
-            }
-        }
+        let source = self.sweep_sources(&raw)?;
+        let order = sweep_order(&source);
         let mut slots: Vec<Option<Resolved>> = (0..raw.len()).map(|_| None).collect();
-        let mut raw: Vec<Option<(String, usize, super::parse::Fields)>> =
-            raw.into_iter().map(Some).collect();
+        let mut raw: Vec<Option<RawStage>> = raw.into_iter().map(Some).collect();
         for &i in &order {
             let (label, header, fields) = raw[i].take().expect("each stage once");
             let outputs = fields
@@ -247,7 +110,188 @@ impl Src<'_> {
             graph,
         })
     }
+
+    /// The farm's name: `[farm] name`, else the file's name without its
+    /// extension.
+    fn farm_name(&self, farm_name: Option<At<String>>, path: &Path) -> Result<String> {
+        match farm_name {
+            Some(n) => {
+                if !valid_name(&n.v) {
+                    return Err(self.scope(Ctx::Farm, false).fail(
+                        n.pos,
+                        "name",
+                        Problem::BadName {
+                            name: n.v,
+                            what: "farm",
+                        },
+                    ));
+                }
+                Ok(n.v)
+            }
+            None => {
+                let stem = path
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if !valid_name(&stem) {
+                    let top = self.scope(Ctx::Top, false);
+                    return Err(top.fail(0, "farm.name", Problem::BadFileStem { name: stem }));
+                }
+                Ok(stem)
+            }
+        }
+    }
+
+    /// The `[[stage]]` tables, each with where it starts: at least one.
+    fn stage_tables<'v, 'i>(
+        &self,
+        stage_list: Option<&'v Spanned<DeValue<'i>>>,
+    ) -> Result<Vec<(&'v DeTable<'i>, usize)>> {
+        let top = self.scope(Ctx::Top, false);
+        let tables: Vec<(&DeTable<'_>, usize)> = match stage_list {
+            None => Vec::new(),
+            Some(list) => match list.get_ref() {
+                DeValue::Array(items) => {
+                    let mut tables = Vec::with_capacity(items.len());
+                    for item in items.iter() {
+                        match item.get_ref() {
+                            DeValue::Table(t) => tables.push((t, item.span().start)),
+                            other => {
+                                return Err(top.fail(
+                                    item.span().start,
+                                    "stage",
+                                    wrong_type(other, STAGES_EXPECTED),
+                                ))
+                            }
+                        }
+                    }
+                    tables
+                }
+                other => {
+                    return Err(top.fail(
+                        list.span().start,
+                        "stage",
+                        wrong_type(other, STAGES_EXPECTED),
+                    ))
+                }
+            },
+        };
+        if tables.is_empty() {
+            let pos = stage_list.map(|l| l.span().start).unwrap_or(0);
+            return Err(top.fail(pos, "stage", Problem::NoStages));
+        }
+        Ok(tables)
+    }
+
+    /// Pass 1: each stage's fields over `defaults`, with a valid name no
+    /// other stage has.
+    fn read_stages(
+        &self,
+        tables: &[(&DeTable<'_>, usize)],
+        defaults: &Fields,
+    ) -> Result<Vec<RawStage>> {
+        let mut raw = Vec::with_capacity(tables.len());
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (number, (table, header)) in tables.iter().enumerate() {
+            let label = stage_label(table, number + 1);
+            let scope = self.scope(Ctx::Stage(label.clone()), false);
+            let fields = scope.fields(table, STAGE_FIELDS.as_slice())?;
+            let name = match &fields.name {
+                Some(n) => n.clone(),
+                None => {
+                    return Err(scope.fail(*header, "name", Problem::MissingField { name: "name" }))
+                }
+            };
+            if !valid_name(&name.v) {
+                return Err(scope.fail(
+                    name.pos,
+                    "name",
+                    Problem::BadName {
+                        name: name.v,
+                        what: "stage",
+                    },
+                ));
+            }
+            if let Some(first) = seen.get(&name.v) {
+                return Err(scope.fail(
+                    name.pos,
+                    "name",
+                    Problem::DuplicateStage {
+                        name: name.v,
+                        first_line: self.line_col(*first).0,
+                    },
+                ));
+            }
+            seen.insert(name.v.clone(), name.pos);
+            raw.push((label, *header, fields.with_defaults(defaults)));
+        }
+        Ok(raw)
+    }
+
+    /// Per stage, the stage whose sweep it takes: the one it is grown from,
+    /// else with `after_each` and no sweep of its own, the first it pairs
+    /// with.
+    fn sweep_sources(&self, raw: &[RawStage]) -> Result<Vec<Option<usize>>> {
+        let names: Vec<String> = raw
+            .iter()
+            .map(|(_, _, f)| f.name.as_ref().map(|n| n.v.clone()).unwrap_or_default())
+            .collect();
+        // A stage grown from another's file takes that stage's sweep too.
+        let mut source: Vec<Option<usize>> = Vec::with_capacity(raw.len());
+        for (label, _, f) in raw {
+            let grown = f.sweep.as_ref().and_then(|v| {
+                v.v.iter()
+                    .find_map(|v| v.from.as_ref().map(|s| (v.name(), s)))
+            });
+            source.push(match (&f.sweep, &f.after_each, grown) {
+                (_, _, Some((var, from))) => match names.iter().position(|n| *n == from.v) {
+                    Some(p) => Some(p),
+                    None => {
+                        let scope = self.scope(Ctx::Stage(label.clone()), false);
+                        return Err(scope.fail(
+                            from.pos,
+                            &format!("sweep.{var}.from"),
+                            Problem::UnknownStage {
+                                name: from.v.clone(),
+                                stages: names.join(", "),
+                            },
+                        ));
+                    }
+                },
+                (None, Some(each), None) => each
+                    .first()
+                    .and_then(|e| names.iter().position(|n| *n == e.v)),
+                _ => None,
+            });
+        }
+        Ok(source)
+    }
 }
+
+/// The order to resolve the stages in: each after the stage it takes its
+/// sweep from (`source`), those in a cycle last, as they come.
+fn sweep_order(source: &[Option<usize>]) -> Vec<usize> {
+    let mut order: Vec<usize> = Vec::with_capacity(source.len());
+    let mut placed = vec![false; source.len()];
+    while order.len() < source.len() {
+        let before = order.len();
+        for i in 0..source.len() {
+            if !placed[i] && source[i].is_none_or(|s| placed[s] || s == i) {
+                placed[i] = true;
+                order.push(i);
+            }
+        }
+        if order.len() == before {
+            order.extend((0..source.len()).filter(|&i| !placed[i]));
+            break;
+        }
+    }
+    order
+}
+
+/// A stage as pass 1 reads it: its label, where its table starts, and its
+/// fields over the defaults.
+type RawStage = (String, usize, Fields);
 
 /// A stage resolved on its own, with where its first output and its
 /// command were written (for warnings about them).
