@@ -64,19 +64,23 @@ impl Results {
 
     /// Makes `dir` hold the outputs of this key, from a place whose files
     /// are all still there unchanged: none to do when `dir` is that place,
-    /// else each file linked (or copied) into `dir`. False when no place is
-    /// whole any more: the task must run again. `changed` tells whether the
-    /// places were updated (a new one written down, or stale ones dropped).
-    pub fn reuse(&mut self, dir: &Path) -> io::Result<(bool, bool)> {
+    /// else each file linked (or copied) into `dir`.
+    pub fn reuse(&mut self, dir: &Path) -> io::Result<Reused> {
         let before = self.places.len();
         self.places.retain(Place::intact);
         let changed = self.places.len() != before;
         let want = dir.to_string_lossy();
         if self.places.iter().any(|p| p.dir == want) {
-            return Ok((true, changed));
+            return Ok(Reused {
+                here: true,
+                changed,
+            });
         }
         let Some(from) = self.places.first().cloned() else {
-            return Ok((false, changed));
+            return Ok(Reused {
+                here: false,
+                changed,
+            });
         };
         let mut placed = Vec::with_capacity(from.files.len());
         for f in &from.files {
@@ -91,8 +95,31 @@ impl Results {
             dir: want.into_owned(),
             files: placed,
         });
-        Ok((true, true))
+        Ok(Reused {
+            here: true,
+            changed: true,
+        })
     }
+}
+
+/// What [`Results::reuse`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reused {
+    /// The outputs are in the folder: false when no place was whole any
+    /// more, and the task must run again.
+    pub here: bool,
+    /// The places were updated (a new one written down, or stale ones
+    /// dropped): to be written down again.
+    pub changed: bool,
+}
+
+impl Reused {
+    /// Not reused, and the places to be written down again (they could
+    /// not be read or checked).
+    pub const FAILED: Reused = Reused {
+        here: false,
+        changed: true,
+    };
 }
 
 impl Results {
@@ -480,10 +507,23 @@ mod tests {
         write(&a.join("logs/x.log"), "log");
         let mut r = Results::default();
         r.add(Place::of(&a).unwrap());
-        assert_eq!(r.reuse(&a).unwrap(), (true, false), "already in place");
+        assert_eq!(
+            r.reuse(&a).unwrap(),
+            Reused {
+                here: true,
+                changed: false
+            },
+            "already in place"
+        );
 
         let b = t.path().join("b/solve/0");
-        assert_eq!(r.reuse(&b).unwrap(), (true, true));
+        assert_eq!(
+            r.reuse(&b).unwrap(),
+            Reused {
+                here: true,
+                changed: true
+            }
+        );
         assert_eq!(fs::read_to_string(b.join("r.txt")).unwrap(), "10");
         assert_eq!(fs::read_to_string(b.join("logs/x.log")).unwrap(), "log");
         assert_eq!(r.places.len(), 2);
@@ -493,7 +533,7 @@ mod tests {
         write(&a.join("r.txt"), "70");
         fs::remove_file(b.join("r.txt")).unwrap();
         let c = t.path().join("c/solve/0");
-        assert_eq!(r.reuse(&c).unwrap(), (false, true));
+        assert_eq!(r.reuse(&c).unwrap(), Reused::FAILED);
         assert!(r.places.is_empty());
     }
 

@@ -232,7 +232,10 @@ impl Driver {
         let mut hard_killed = false;
 
         loop {
-            let (done, more) = d.step(engine, &tx, obs)?;
+            let Stepped {
+                finished: done,
+                more,
+            } = d.step(engine, &tx, obs)?;
             finished |= done;
             if (finished || interrupted_at.is_some()) && engine.idle() {
                 break;
@@ -386,9 +389,16 @@ struct Driver {
     clock: Instant,
 }
 
+/// What a step of the driver left: whether the farm finished, and whether
+/// more actions wait (the loop goes round again at once).
+struct Stepped {
+    finished: bool,
+    more: bool,
+}
+
 impl Driver {
     /// Drains up to `STEP_ACTIONS_MAX` engine actions: persists as one durable
-    /// batch, then acts. Returns (farm finished, more actions are waiting).
+    /// batch, then acts.
     ///
     /// A start whose content key already succeeded is answered here, with no
     /// process and no flush of its own, so a re-run of a finished million-task
@@ -399,7 +409,7 @@ impl Driver {
         engine: &mut Engine,
         tx: &mpsc::Sender<Finished>,
         obs: &mut dyn Observer,
-    ) -> Result<(bool, bool), RunError> {
+    ) -> Result<Stepped, RunError> {
         let mut finished = false;
         let mut batch = Vec::new();
         let mut acts = Vec::new();
@@ -461,7 +471,10 @@ impl Driver {
                 Action::Persist(_) | Action::Start { .. } => unreachable!("handled while draining"),
             }
         }
-        Ok((finished, engine.has_actions()))
+        Ok(Stepped {
+            finished,
+            more: engine.has_actions(),
+        })
     }
 
     fn persist(&mut self, p: Persist, batch: &mut Vec<Write>) {
@@ -655,13 +668,13 @@ impl Driver {
         let Ok(mut res) = postcard::from_bytes::<Results>(&bytes) else {
             return Ok(false);
         };
-        let (reused, changed) = match res.reuse(dir) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::info!(dir = %dir.display(), "earlier outputs not reused: {e}");
-                (false, true)
-            }
-        };
+        let results::Reused {
+            here: reused,
+            changed,
+        } = res.reuse(dir).unwrap_or_else(|e| {
+            tracing::info!(dir = %dir.display(), "earlier outputs not reused: {e}");
+            results::Reused::FAILED
+        });
         if changed {
             self.put_meta(name, postcard::to_stdvec(&res).expect("plain data"));
         }

@@ -266,10 +266,11 @@ impl Node {
                 }
                 aside.keep(t, &dir, &keys, &mut found);
                 let mut kept = found.remove(&t).expect("found above");
-                let (here, changed) = kept.places.reuse(&dir).unwrap_or_else(|e| {
-                    tracing::info!(dir = %dir.display(), "earlier outputs not reused: {e}");
-                    (false, true)
-                });
+                let crate::results::Reused { here, changed } =
+                    kept.places.reuse(&dir).unwrap_or_else(|e| {
+                        tracing::info!(dir = %dir.display(), "earlier outputs not reused: {e}");
+                        crate::results::Reused::FAILED
+                    });
                 if changed {
                     batch.push(Write::Meta {
                         farm: NODE_KEY,

@@ -15,7 +15,7 @@ use libp2p::PeerId;
 use mesh_protocol::farm::{path_stays_inside, FarmDef, TaskRef};
 use mesh_protocol::mesh::{FarmId, FarmSpec, InputFile, NodeId, OutputFile};
 
-use super::transfer::{self, hash_file, keep_pieces, FetchError, Transfers};
+use super::transfer::{self, hash_file, keep_pieces, FetchError, Fetching, Transfers};
 use super::{Event, LoopHandle, Node};
 use crate::results::walk;
 
@@ -319,7 +319,7 @@ async fn fetch_all(
         let needed = tokio::task::spawn_blocking(move || output_needed(&d, &o2)).await??;
         if let Some(dest) = needed {
             let got =
-                transfer::fetch(t, handle, from, (farm, o.hash), &dest, (true, false)).await?;
+                transfer::fetch(t, handle, from, (farm, o.hash), &dest, Fetching::Home).await?;
             set_mode(&dest, o.mode)?;
             tracing::debug!(%farm, path = %o.path, ?got, "output home");
         }
@@ -463,7 +463,7 @@ pub(super) async fn fetch_any(
 ) -> Result<(), FetchError> {
     let mut why = Vec::new();
     for from in sources {
-        match transfer::fetch(t, handle, *from, (farm, hash), dest, (false, true)).await {
+        match transfer::fetch(t, handle, *from, (farm, hash), dest, Fetching::Cached).await {
             Ok(_) => return Ok(()),
             Err(e) => why.push((*from, e)),
         }

@@ -514,17 +514,26 @@ async fn within<T>(
 
 // ----- the receiver -----
 
+/// What a file is fetched as, which says what is done with it beside
+/// bringing it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fetching {
+    /// An output coming home: counted in the farm's progress.
+    Home,
+    /// An input for this node's cache: its pieces are written beside it,
+    /// so this node may serve it in turn.
+    Cached,
+}
+
 /// Brings the file `hash` of `farm` from node `from` to `dest`, checked,
-/// going on from what an earlier cut transfer left there. `home`: an
-/// output coming home (counted in the farm's progress); `keep`: write its
-/// pieces beside it (a cached input this node may serve in turn).
+/// going on from what an earlier cut transfer left there.
 pub(super) async fn fetch(
     t: &Arc<Transfers>,
     handle: &LoopHandle,
     from: NodeId,
     (farm, hash): (FarmId, [u8; 32]),
     dest: &Path,
-    (home, keep): (bool, bool),
+    what: Fetching,
 ) -> Result<Got, FetchError> {
     // One transfer per destination: a second waits for the first.
     let mine = {
@@ -552,7 +561,7 @@ pub(super) async fn fetch(
             done,
         },
     };
-    let r = fetch_here(t, handle, from, (farm, hash), dest, (home, keep)).await;
+    let r = fetch_here(t, handle, from, (farm, hash), dest, what).await;
     let _ = done.done.send(Some(r.clone()));
     r
 }
@@ -577,8 +586,9 @@ async fn fetch_here(
     from: NodeId,
     (farm, hash): (FarmId, [u8; 32]),
     dest: &Path,
-    (home, keep): (bool, bool),
+    what: Fetching,
 ) -> Result<Got, FetchError> {
+    let keep = what == Fetching::Cached;
     // The semaphore is never closed: failing to acquire it means the node's end.
     let _turn = t
         .fetches
@@ -623,7 +633,7 @@ async fn fetch_here(
     net::write_frame(&mut s, &DataFrom { offset: Some(have) })
         .await
         .map_err(|e| FetchError::StreamEnded(Arc::new(e)))?;
-    let farm_of = home.then_some(farm);
+    let farm_of = (what == Fetching::Home).then_some(farm);
     let r = receive(t, handle, &mut s, &part, (&pieces, hash, have), farm_of).await;
     let _ = s.close().await;
     r?;
