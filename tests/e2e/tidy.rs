@@ -228,7 +228,7 @@ const STRING_ERRORS_ALLOWED: &[(&str, usize, &str)] = &[
          alone (the node's BatchError says what went wrong)",
     ),
     (
-        "protocol/src/mesh/peer/on_farms.rs",
+        "protocol/src/mesh/peer/driver_api.rs",
         4,
         "the peer's side of the same batch answers (see protocol/src/alloc/book.rs)",
     ),

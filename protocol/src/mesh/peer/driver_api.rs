@@ -1,26 +1,69 @@
-//! What a peer's driver and the status pages read of it (members, farms, counters, latencies), the knobs they set, and its invariant checks.
+//! `Peer`'s whole driver API, ordered as quinn orders `Connection`'s: construction and setup (`new`, `set_*`, `restore_*`), what the driver polls for output (actions, the next timeout), what it feeds in (messages, membership, timeouts, its answers to actions, the user's commands), what it and the status pages read, and the invariant checks.
 
 use super::*;
 
 impl Peer {
+    // ----- construction and setup: who this node is, its knobs, what its store kept -----
+
+    /// A node with these resources. `joining`: it was pointed at an existing
+    /// mesh, so it waits to hear a coordinator before electing itself.
+    pub fn new(
+        now: Millis,
+        id: NodeId,
+        total: Resources,
+        cfg: Config,
+        seed: u64,
+        joining: bool,
+    ) -> Peer {
+        Peer {
+            rng: SmallRng::seed_from_u64(seed ^ id.0),
+            specs: Specs::default(),
+            coord: None,
+            worker: Worker::new(total),
+            steal: Stealing::new(),
+            holdings: Holdings::default(),
+            allocs: Allocs::default(),
+            next_resend: now + cfg.resend_ms,
+            kept: Kept {
+                farms: BTreeSet::new(),
+                next_ask: now,
+            },
+            said: Said {
+                victims: Vec::new(),
+                files_max: 0,
+                gpus: Vec::new(),
+                machine: None,
+            },
+            out: Out::new(id),
+            clock: now,
+            node: Node {
+                id,
+                started_at: now,
+                members: Membership::new(now, id, seed ^ id.0.rotate_left(17), cfg.dead_after_ms),
+                election: Election::new(
+                    joining,
+                    now + cfg.join_wait_ms,
+                    now + cfg.join_wait_ms.max(JOIN_ALONE_MS),
+                ),
+                cfg,
+            },
+        }
+    }
+
+    /// How this node is known on the network (in its membership packets
+    /// and beats), and which life of it this is: later than any before it
+    /// on this node (the wall clock at start does).
+    pub fn set_address(&mut self, now: Millis, label: String, addrs: Vec<String>, life: u64) {
+        self.woke(now);
+        self.node
+            .members
+            .set_address(now, label, addrs, life, &mut self.out);
+        self.pump(now);
+    }
+
     /// This node's machine as measured now, told in its beats.
     pub fn set_machine(&mut self, machine: Option<MachineLoad>) {
         self.said.machine = machine;
-    }
-
-    /// Every member as this node last heard it (its beat; an empty one for
-    /// a member known only by SWIM), with its label; this node first. On
-    /// the coordinator, every worker's own report.
-    pub fn node_beats(&self) -> Vec<(String, Arc<Beat>)> {
-        let own = (self.node.members.label().to_owned(), Arc::new(self.beat()));
-        std::iter::once(own)
-            .chain(
-                self.node
-                    .members
-                    .iter()
-                    .map(|m| (m.label().to_owned(), m.beat_arc())),
-            )
-            .collect()
     }
 
     /// This node's GPUs (how tasks name each, and its model), told in its beats.
@@ -33,11 +76,192 @@ impl Peer {
         self.said.files_max = limit;
     }
 
+    /// The unix time, in ms, at this peer's clock zero: the times of the
+    /// allocation log (the peer reads no clock).
+    pub fn set_wall_base(&mut self, unix_ms: u64) {
+        self.allocs.wall_base = unix_ms;
+    }
+
+    /// This node runs in batch job `job` (`mesh join --alloc-job`), and
+    /// drains at `deadline` (its walltime less a margin): it starts only
+    /// tasks expected to end before then, and the coordinator hands it no
+    /// others.
+    pub fn set_batch_job(&mut self, job: Option<String>, deadline: Option<Millis>) {
+        self.worker.set_batch_job(job, deadline);
+    }
+
     /// This node was started to join a mesh at an address the user gave:
     /// until a node there says whom it follows, it never runs alone (see
     /// `Election`).
     pub fn joins_by_address(&mut self) {
         self.node.election.joins_by_address();
+    }
+
+    /// Starts measuring latencies (see [`Latency`]).
+    pub fn observe(&mut self) {
+        self.out.observed.get_or_insert_with(Box::default);
+    }
+
+    /// The book kept in this node's store, at startup.
+    pub fn restore_allocs(&mut self, book: AllocBook) {
+        self.allocs.restore(book);
+        on_members::machines_changed(self.coord.as_mut());
+    }
+
+    /// A farm found in this node's store at startup: held again (and
+    /// offered to the coordinator until it is over), and coordinated here
+    /// if this node is elected. `finished`: it was over here, with these counts.
+    pub fn restore_farm(
+        &mut self,
+        stored: StoredFarm,
+        finished: Option<(engine::Counts, Vec<engine::Counts>)>,
+    ) {
+        self.specs.insert(stored.spec.id, stored.spec.clone());
+        self.holdings.restore(self.node.id, stored, finished);
+    }
+
+    /// Results this node reported before it stopped and that were not
+    /// acknowledged: kept, and reported again.
+    pub fn restore_unacked(&mut self, reports: Vec<Report>) {
+        self.worker.restore_unacked(reports);
+    }
+
+    /// Farms whose outputs this node keeps, found in its state at start,
+    /// or when it follows a new coordinator (it may have been cut off from
+    /// the rest): their ends may have been told while it was down or
+    /// away, so it asks their homes (through its coordinator), at its
+    /// next resend and then every `KEEPS_EVERY_MS`, until each says so.
+    pub fn restore_kept(&mut self, farms: impl IntoIterator<Item = FarmId>) {
+        let before = self.kept.farms.len();
+        self.kept.farms.extend(farms);
+        if self.kept.farms.len() > before {
+            self.kept.next_ask = 0;
+        }
+    }
+
+    // ----- what the driver polls for output: actions, in order, and the next timeout -----
+
+    /// The next action for the driver to carry out, in order; None when
+    /// the peer has nothing more until the next call.
+    #[must_use]
+    pub fn poll_action(&mut self) -> Option<Action> {
+        let action = self.out.actions.pop_front();
+        if action.is_none() && self.out.actions.capacity() > 64 {
+            // A burst (every member coming up while a mesh forms) would
+            // otherwise leave its capacity behind at every node for good.
+            self.out.actions = std::collections::VecDeque::new();
+        }
+        action
+    }
+
+    /// Every action at once, in order, into `into` (which must be empty):
+    /// the queues are swapped, so no action is moved one by one (the
+    /// simulator steps a peer five million times a run). The peer keeps
+    /// `into`'s buffer: a driver that hands back one grown by a burst
+    /// should drop it first, as `poll_action` does.
+    pub fn take_actions(&mut self, into: &mut std::collections::VecDeque<Action>) {
+        debug_assert!(
+            into.is_empty(),
+            "take_actions into a queue with actions left"
+        );
+        std::mem::swap(&mut self.out.actions, into);
+    }
+
+    /// Whether actions wait for the driver.
+    pub fn has_actions(&self) -> bool {
+        !self.out.actions.is_empty()
+    }
+
+    /// When the peer next needs [`Peer::handle_timeout`].
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        let mut at = self.node.members.next_beat().min(self.next_resend);
+        if let Some(t) = self.node.members.next_timer() {
+            at = at.min(t);
+        }
+        if let Some(t) = self.worker.next_timer() {
+            at = at.min(t);
+        }
+        if let Some(t) = self.steal.poll_timeout(self.node.cfg.steal_timeout_ms) {
+            at = at.min(t);
+        }
+        if let Some(c) = &self.coord {
+            if let Some(t) = c.poll_timeout() {
+                at = at.min(t);
+            }
+            if let Some(t) = self.allocs.poll_timeout() {
+                at = at.min(t);
+            }
+        }
+        Some(at)
+    }
+
+    // ----- what the driver feeds in: messages, membership, the clock -----
+
+    /// A message from node `from`, on a link or as a packet.
+    pub fn handle_message(&mut self, now: Millis, from: NodeId, msg: Msg) {
+        self.woke(now);
+        self.out.inbox.push_back((from, msg));
+        self.pump(now);
+    }
+
+    /// A membership packet ([`Action::Swim`]) from another node.
+    pub fn handle_swim(&mut self, now: Millis, data: &[u8]) {
+        self.woke(now);
+        self.node.members.handle_swim(now, data, &mut self.out);
+        on_members::members_changed(&mut self.roles(), now);
+        self.pump(now);
+    }
+
+    /// The time of [`poll_timeout`](Self::poll_timeout) came: the timers due fire.
+    pub fn handle_timeout(&mut self, now: Millis) {
+        self.woke(now);
+        self.worker.fire_timers(now, &mut self.out);
+        self.node.members.fire_timers(now, &mut self.out);
+        on_members::members_changed(&mut self.roles(), now);
+        if self.node.members.beat_due(now, self.node.cfg.heartbeat_ms) {
+            on_members::heartbeat_due(&mut self.roles(), now);
+        }
+        if now >= self.next_resend {
+            self.next_resend = now + self.node.cfg.resend_ms;
+            on_tasks::resend_due(&mut self.roles(), now);
+        }
+        self.steal.expire(now, self.node.cfg.steal_timeout_ms);
+        if self.coord.as_ref().is_some_and(|c| c.progress_due(now)) {
+            on_farms::sync_holders(
+                now,
+                true,
+                &self.node,
+                self.coord.as_mut(),
+                &self.holdings,
+                &mut self.out,
+            );
+        }
+        if self.coord.is_some() && self.allocs.poll_timeout().is_some_and(|t| now >= t) {
+            on_farms::allocs_due(
+                now,
+                &self.node,
+                &mut self.coord,
+                &mut self.allocs,
+                &self.worker,
+                &self.specs,
+                &mut self.out,
+            );
+        }
+        self.pump(now);
+    }
+
+    /// A node to join the mesh through (an address the user gave, or a
+    /// peer this node knew before it restarted): this node announces
+    /// itself there and learns the members from it.
+    pub fn introduce(&mut self, now: Millis, id: NodeId, label: String, addrs: Vec<String>) {
+        self.woke(now);
+        self.node
+            .members
+            .introduce(now, id, label, addrs, &mut self.out);
+        self.node.election.introduced(id);
+        on_members::members_changed(&mut self.roles(), now);
+        self.pump(now);
     }
 
     /// A node this one joins through (an address the user gave, a peer it
@@ -50,24 +274,193 @@ impl Peer {
         self.pump(now);
     }
 
-    /// How a member is reached: its label and addresses, as set by its
-    /// driver (see [`Peer::set_address`]).
-    pub fn address_of(&self, id: NodeId) -> Option<(&str, &[String])> {
-        self.node.members.address_of(id)
+    /// Records a latency measured by the driver (a message's round trip).
+    pub fn record_latency(&mut self, kind: Latency, micros: u64) {
+        if let Some(o) = self.out.observed() {
+            o.latency.record(kind, micros);
+        }
     }
 
-    /// How many members this node knows alive.
-    pub fn member_count(&self) -> usize {
-        self.node.members.len()
+    // ----- what the driver feeds in: its answers to actions -----
+
+    /// A task this node started is over (its process exited, or it never
+    /// started). `outputs`: what a successful attempt left, kept here until
+    /// the farm's home has it.
+    pub fn task_finished(
+        &mut self,
+        now: Millis,
+        task: Assigned,
+        outcome: Outcome,
+        outputs: Vec<OutputFile>,
+    ) {
+        self.tasks_finished(now, vec![(task, outcome, outputs)]);
     }
 
-    /// A sum over the members this node knows alive of
-    /// [`member_hash`]`(id)`: two nodes whose sums plus their own
-    /// `member_hash` are equal know the same nodes (a check of a whole
-    /// mesh at O(N), not O(N²)).
-    pub fn members_sum(&self) -> u64 {
-        self.node.members.sum()
+    /// Tasks that ended at about the same time, as one step: their results
+    /// go to the coordinator as one report, and its answer is one assignment.
+    pub fn tasks_finished(
+        &mut self,
+        now: Millis,
+        ended: Vec<(Assigned, Outcome, Vec<OutputFile>)>,
+    ) {
+        self.woke(now);
+        let leader = self.node.election.leader();
+        for one in ended {
+            self.worker.finish_one(
+                now,
+                one,
+                &self.specs,
+                self.node.cfg.queue_max,
+                &mut self.out,
+                leader,
+            );
+        }
+        let mut w = self.working();
+        w.start_queued(now);
+        // Running dry: steal now rather than at the next beat.
+        w.try_steal(now);
+        self.pump(now);
     }
+
+    /// A task this node started goes back to the coordinator unstarted when
+    /// it is reported over: nothing is counted against it (what it depends
+    /// on is being made again, and waiting here would keep that run's slot).
+    pub fn give_back(&mut self, task: Assigned) {
+        self.worker.give_back(task);
+    }
+
+    /// On the home: the outputs of `task` asked for by [`Action::Fetch`]
+    /// are here and verified, or could not be brought (tried again later).
+    pub fn fetched(&mut self, now: Millis, farm: FarmId, task: TaskRef, got: Fetched) {
+        if self
+            .holdings
+            .fetched(now, farm, task, got, &self.node, &mut self.out)
+        {
+            self.pump(now);
+        }
+    }
+
+    /// The farm's inputs (none, or every one) are here: a copy held here
+    /// now counts, and a farm waiting for that may be accepted.
+    pub fn inputs_ready(&mut self, now: Millis, farm: FarmId, ok: bool) {
+        // When not, asked again at the next resend, from whoever has them then.
+        if ok && self.holdings.inputs_came(farm) {
+            on_farms::inputs_arrived(
+                farm,
+                &self.node,
+                &self.holdings,
+                self.coord.as_mut(),
+                &mut self.out,
+            );
+            self.pump(now);
+        }
+    }
+
+    /// The batch system's answer to [`BatchOp::Submit`](super::super::BatchOp::Submit): the job ids.
+    pub fn batch_submitted(
+        &mut self,
+        now: Millis,
+        queue: &QueueDef,
+        result: Result<Vec<String>, String>,
+    ) {
+        self.batch_answered(now, |allocs, term| {
+            allocs.submitted(now, term, queue, result)
+        });
+    }
+
+    /// The batch system's answer to [`BatchOp::Poll`](super::super::BatchOp::Poll): the state of each
+    /// job it still lists.
+    pub fn batch_polled(
+        &mut self,
+        now: Millis,
+        system: BatchSystem,
+        result: Result<Vec<(String, JobState)>, String>,
+    ) {
+        self.batch_answered(now, |allocs, term| allocs.polled(now, term, system, result));
+    }
+
+    /// The batch system's answer to [`BatchOp::List`](super::super::BatchOp::List):
+    /// every job of this mesh it knows.
+    pub fn batch_listed(
+        &mut self,
+        now: Millis,
+        system: BatchSystem,
+        gen: u64,
+        result: Result<Vec<super::super::Listed>, String>,
+    ) {
+        self.batch_answered(now, |allocs, term| {
+            allocs.listed(now, term, system, gen, result)
+        });
+    }
+
+    /// The batch system's answer to [`BatchOp::Cancel`](super::super::BatchOp::Cancel).
+    pub fn batch_cancelled(&mut self, now: Millis, job: &str, result: Result<(), String>) {
+        self.batch_answered(now, |allocs, term| allocs.cancelled(now, term, job, result));
+    }
+
+    // ----- what the driver feeds in: the user's commands -----
+
+    /// A farm submitted on this node, which becomes its home. `reused`:
+    /// its tasks done before (in an earlier farm, with the same content
+    /// key): they are done from the start. Those whose entry names this
+    /// node have their outputs in place here already (the driver put them
+    /// there); those of other nodes are brought from them.
+    pub fn submit(&mut self, now: Millis, spec: FarmSpec, reused: Vec<Entry>) {
+        on_farms::farm_submitted(
+            spec,
+            reused,
+            &self.node,
+            &mut self.specs,
+            &mut self.holdings,
+            &mut self.out,
+        );
+        self.pump(now);
+    }
+
+    /// Asks the coordinator to stop a farm.
+    pub fn cancel(&mut self, now: Millis, farm: FarmId) {
+        self.node
+            .election
+            .leader()
+            .send(&mut self.out, |_| Msg::Cancel { farm });
+        self.pump(now);
+    }
+
+    /// Asks the coordinator to stop one task of a farm.
+    pub fn cancel_task(&mut self, now: Millis, farm: FarmId, task: TaskRef) {
+        self.node
+            .election
+            .leader()
+            .send(&mut self.out, |_| Msg::CancelTask { farm, task });
+        self.pump(now);
+    }
+
+    /// This node becomes the farm's home (its old home is gone, or the
+    /// user wants the outputs elsewhere): every output is brought to
+    /// `out`, and the farm is offered to the coordinator with the new claim.
+    pub fn take_home(&mut self, now: Millis, spec: Arc<FarmSpec>, out: String) {
+        on_farms::home_taken(&mut self.roles(), now, spec, out);
+        self.pump(now);
+    }
+
+    /// A user's change to the allocation queues, sent to the coordinator.
+    pub fn alloc_command(&mut self, now: Millis, cmd: AllocCmd) {
+        self.woke(now);
+        self.node
+            .election
+            .leader()
+            .send(&mut self.out, |_| Msg::Alloc(Box::new(cmd)));
+        self.pump(now);
+    }
+
+    /// Stops this node's tasks (Ctrl-C): running ones are killed, queued ones given back.
+    pub fn interrupt(&mut self, now: Millis) {
+        self.worker
+            .interrupt(&mut self.out, self.node.election.leader());
+        self.pump(now);
+    }
+
+    // ----- what the driver and status pages read: this node and its members -----
 
     /// Which node this is.
     pub fn id(&self) -> NodeId {
@@ -89,60 +482,53 @@ impl Peer {
         self.coord.is_some()
     }
 
+    /// This node's own beat, as it would gossip it now.
+    pub fn beat(&self) -> Beat {
+        self.told().beat()
+    }
+
+    /// Every member as this node last heard it (its beat; an empty one for
+    /// a member known only by SWIM), with its label; this node first. On
+    /// the coordinator, every worker's own report.
+    pub fn node_beats(&self) -> Vec<(String, Arc<Beat>)> {
+        let own = (self.node.members.label().to_owned(), Arc::new(self.beat()));
+        std::iter::once(own)
+            .chain(
+                self.node
+                    .members
+                    .iter()
+                    .map(|m| (m.label().to_owned(), m.beat_arc())),
+            )
+            .collect()
+    }
+
     /// The members this node knows alive, in id order, itself not among them.
     pub fn members(&self) -> impl Iterator<Item = Member<'_>> {
         self.node.members.iter()
     }
 
+    /// How many members this node knows alive.
+    pub fn member_count(&self) -> usize {
+        self.node.members.len()
+    }
+
+    /// A sum over the members this node knows alive of
+    /// [`member_hash`]`(id)`: two nodes whose sums plus their own
+    /// `member_hash` are equal know the same nodes (a check of a whole
+    /// mesh at O(N), not O(N²)).
+    pub fn members_sum(&self) -> u64 {
+        self.node.members.sum()
+    }
+
+    /// How a member is reached: its label and addresses, as set by its
+    /// driver (see [`Peer::set_address`]).
+    pub fn address_of(&self, id: NodeId) -> Option<(&str, &[String])> {
+        self.node.members.address_of(id)
+    }
+
     /// How many tasks this node wants queued beyond those it runs now.
     pub fn prefetch_depth(&self) -> u32 {
         self.worker.depth()
-    }
-
-    /// A farm's definition, when this node knows it.
-    pub fn spec(&self, farm: FarmId) -> Option<&Arc<FarmSpec>> {
-        self.specs.get(&farm)
-    }
-
-    /// The progress of a farm this node holds, as it would show it.
-    pub fn progress(&self, farm: FarmId) -> Option<FarmProgress> {
-        self.holdings.get(farm).map(|r| r.progress())
-    }
-
-    /// A farm this node holds a copy of.
-    pub fn replica(&self, farm: FarmId) -> Option<&Replica> {
-        self.holdings.get(farm)
-    }
-
-    /// Every farm this node holds a copy of.
-    pub fn replicas(&self) -> impl Iterator<Item = &Replica> {
-        self.holdings.iter()
-    }
-
-    /// Counters of what this node sent and stole, for the simulator and `mesh status`.
-    pub fn stats(&self) -> &Stats {
-        &self.out.stats
-    }
-
-    /// Starts measuring latencies (see [`Latency`]).
-    pub fn observe(&mut self) {
-        self.out.observed.get_or_insert_with(Box::default);
-    }
-
-    /// The latencies measured since `observe`, and the coordinator
-    /// changes seen.
-    pub fn latencies(&self) -> Option<(&Latencies, u64)> {
-        self.out
-            .observed
-            .as_deref()
-            .map(|o| (&o.latency, o.failovers))
-    }
-
-    /// Records a latency measured by the driver (a message's round trip).
-    pub fn record_latency(&mut self, kind: Latency, micros: u64) {
-        if let Some(o) = self.out.observed() {
-            o.latency.record(kind, micros);
-        }
     }
 
     /// How many tasks wait in this node's queue, assigned and not started.
@@ -160,28 +546,97 @@ impl Peer {
         self.worker.idle()
     }
 
-    // ----- allocation queues (`mesh alloc`) -----
+    /// Counters of what this node sent and stole, for the simulator and `mesh status`.
+    pub fn stats(&self) -> &Stats {
+        &self.out.stats
+    }
+
+    /// The latencies measured since `observe`, and the coordinator
+    /// changes seen.
+    pub fn latencies(&self) -> Option<(&Latencies, u64)> {
+        self.out
+            .observed
+            .as_deref()
+            .map(|o| (&o.latency, o.failovers))
+    }
+
+    // ----- what the driver and status pages read: farms and the allocation queues -----
+
+    /// A farm's definition, when this node knows it.
+    pub fn spec(&self, farm: FarmId) -> Option<&Arc<FarmSpec>> {
+        self.specs.get(&farm)
+    }
+
+    /// Every farm whose definition this node has.
+    pub fn specs(&self) -> impl Iterator<Item = &Arc<FarmSpec>> {
+        self.specs.values()
+    }
+
+    /// The progress of a farm this node holds, as it would show it.
+    pub fn progress(&self, farm: FarmId) -> Option<FarmProgress> {
+        self.holdings.get(farm).map(|r| r.progress())
+    }
+
+    /// A farm this node holds a copy of.
+    pub fn replica(&self, farm: FarmId) -> Option<&Replica> {
+        self.holdings.get(farm)
+    }
+
+    /// Every farm this node holds a copy of.
+    pub fn replicas(&self) -> impl Iterator<Item = &Replica> {
+        self.holdings.iter()
+    }
+
+    /// Farms this node coordinates.
+    pub fn coordinated(&self) -> Vec<FarmId> {
+        self.coord
+            .as_ref()
+            .map_or(Vec::new(), |c| c.slots().to_vec())
+    }
+
+    /// The coordinator's view of a farm's progress, when this node coordinates it.
+    pub fn coordinated_progress(&self, farm: FarmId) -> Option<engine::Counts> {
+        self.coord.as_ref()?.progress(farm)
+    }
+
+    /// A farm this node coordinates, as the coordinator knows it: its home,
+    /// progress and first `failures_max` failures.
+    pub fn coordinated_farm(
+        &self,
+        farm: FarmId,
+        failures_max: usize,
+    ) -> Option<(Home, FarmProgress, Vec<Entry>)> {
+        self.coord.as_ref()?.farm_view(farm, failures_max)
+    }
+
+    /// The log of a farm this node coordinates.
+    pub fn coordinated_log(&self, farm: FarmId) -> Option<&FarmLog> {
+        self.coord.as_ref()?.log(farm)
+    }
+
+    /// Which node runs a task now (true), or ran it to its end, as far as
+    /// this node knows (as coordinator, or from its copy of the farm).
+    pub fn where_ran(&self, farm: FarmId, task: TaskRef) -> Option<(NodeId, bool)> {
+        if self.worker.runs(farm, task) {
+            return Some((self.node.id, true));
+        }
+        if let Some(r) = self.coord.as_ref().and_then(|c| c.where_ran(farm, task)) {
+            return Some(r);
+        }
+        self.holdings.get(farm).and_then(|r| ended_on(&r.log, task))
+    }
+
+    /// Whether this node runs the task now.
+    pub fn runs(&self, farm: FarmId, task: TaskRef) -> bool {
+        self.worker.runs(farm, task)
+    }
 
     /// The allocation queues and their jobs, as this node last heard.
     pub fn alloc_book(&self) -> &Arc<AllocBook> {
         self.allocs.book()
     }
 
-    /// The unix time, in ms, at this peer's clock zero: the times of the
-    /// allocation log (the peer reads no clock).
-    pub fn set_wall_base(&mut self, unix_ms: u64) {
-        self.allocs.wall_base = unix_ms;
-    }
-
-    /// This node runs in batch job `job` (`mesh join --alloc-job`), and
-    /// drains at `deadline` (its walltime less a margin): it starts only
-    /// tasks expected to end before then, and the coordinator hands it no
-    /// others.
-    pub fn set_batch_job(&mut self, job: Option<String>, deadline: Option<Millis>) {
-        self.worker.set_batch_job(job, deadline);
-    }
-
-    // ----- checks -----
+    // ----- checks (the simulator's and the tests') -----
 
     /// Checks the peer's invariants that are cheap enough for every step of
     /// the simulator (no pass over tasks): nothing free beyond its total,
@@ -241,56 +696,5 @@ impl Peer {
             Some(c) => c.engine().audit(),
             None => Ok(()),
         }
-    }
-
-    // ----- what a node answers about farms -----
-
-    /// The coordinator's view of a farm's progress, when this node coordinates it.
-    pub fn coordinated_progress(&self, farm: FarmId) -> Option<engine::Counts> {
-        self.coord.as_ref()?.progress(farm)
-    }
-
-    /// Which node runs a task now (true), or ran it to its end, as far as
-    /// this node knows (as coordinator, or from its copy of the farm).
-    pub fn where_ran(&self, farm: FarmId, task: TaskRef) -> Option<(NodeId, bool)> {
-        if self.worker.runs(farm, task) {
-            return Some((self.node.id, true));
-        }
-        if let Some(r) = self.coord.as_ref().and_then(|c| c.where_ran(farm, task)) {
-            return Some(r);
-        }
-        self.holdings.get(farm).and_then(|r| ended_on(&r.log, task))
-    }
-
-    /// Whether this node runs the task now.
-    pub fn runs(&self, farm: FarmId, task: TaskRef) -> bool {
-        self.worker.runs(farm, task)
-    }
-
-    /// Every farm whose definition this node has.
-    pub fn specs(&self) -> impl Iterator<Item = &Arc<FarmSpec>> {
-        self.specs.values()
-    }
-
-    /// A farm this node coordinates, as the coordinator knows it: its home,
-    /// progress and first `failures_max` failures.
-    pub fn coordinated_farm(
-        &self,
-        farm: FarmId,
-        failures_max: usize,
-    ) -> Option<(Home, FarmProgress, Vec<Entry>)> {
-        self.coord.as_ref()?.farm_view(farm, failures_max)
-    }
-
-    /// The log of a farm this node coordinates.
-    pub fn coordinated_log(&self, farm: FarmId) -> Option<&FarmLog> {
-        self.coord.as_ref()?.log(farm)
-    }
-
-    /// Farms this node coordinates.
-    pub fn coordinated(&self) -> Vec<FarmId> {
-        self.coord
-            .as_ref()
-            .map_or(Vec::new(), |c| c.slots().to_vec())
     }
 }

@@ -24,7 +24,8 @@
 //! - `allocation.rs`: inputs to the allocation queues, and the book's copies.
 //! - `out.rs`: what a step produces (actions, messages to itself, counters).
 //!
-//! This file holds the `Peer`, its inputs and their routing: each input
+//! This file holds the `Peer` and the routing of its inputs (the driver's
+//! calls themselves are in `driver_api.rs`): each input
 //! (a message in `dispatch_msg`, a timeout, a call of the driver) goes to
 //! the role it concerns or, where one event reaches several roles, to a
 //! function named by the event that borrows only the roles it touches
@@ -41,8 +42,9 @@
 //! - `borrows.rs`: the views of several roles lent to those functions
 //!   where one borrows many at once (`Roles`, for the steps that tell
 //!   this node's beat, which speaks of every role).
-//! - `driver_api.rs`: what the driver and status pages read and set, and
-//!   the invariant checks.
+//! - `driver_api.rs`: the driver's whole API (every `pub fn` of `Peer`),
+//!   in the order of quinn's `Connection`: construction and setup, what
+//!   the driver polls, what it feeds in, what it reads, and the checks.
 //!
 //! No step hands context to another through the peer's fields: what one
 //! part of a step tells the next goes as an argument.
@@ -183,201 +185,7 @@ struct Said {
 }
 
 impl Peer {
-    /// A node with these resources. `joining`: it was pointed at an existing
-    /// mesh, so it waits to hear a coordinator before electing itself.
-    pub fn new(
-        now: Millis,
-        id: NodeId,
-        total: Resources,
-        cfg: Config,
-        seed: u64,
-        joining: bool,
-    ) -> Peer {
-        Peer {
-            rng: SmallRng::seed_from_u64(seed ^ id.0),
-            specs: Specs::default(),
-            coord: None,
-            worker: Worker::new(total),
-            steal: Stealing::new(),
-            holdings: Holdings::default(),
-            allocs: Allocs::default(),
-            next_resend: now + cfg.resend_ms,
-            kept: Kept {
-                farms: BTreeSet::new(),
-                next_ask: now,
-            },
-            said: Said {
-                victims: Vec::new(),
-                files_max: 0,
-                gpus: Vec::new(),
-                machine: None,
-            },
-            out: Out::new(id),
-            clock: now,
-            node: Node {
-                id,
-                started_at: now,
-                members: Membership::new(now, id, seed ^ id.0.rotate_left(17), cfg.dead_after_ms),
-                election: Election::new(
-                    joining,
-                    now + cfg.join_wait_ms,
-                    now + cfg.join_wait_ms.max(JOIN_ALONE_MS),
-                ),
-                cfg,
-            },
-        }
-    }
-
-    // ----- what the driver and status pages read -----
-
-    /// How this node is known on the network (in its membership packets
-    /// and beats), and which life of it this is: later than any before it
-    /// on this node (the wall clock at start does).
-    pub fn set_address(&mut self, now: Millis, label: String, addrs: Vec<String>, life: u64) {
-        self.woke(now);
-        self.node
-            .members
-            .set_address(now, label, addrs, life, &mut self.out);
-        self.pump(now);
-    }
-
-    /// A node to join the mesh through (an address the user gave, or a
-    /// peer this node knew before it restarted): this node announces
-    /// itself there and learns the members from it.
-    pub fn introduce(&mut self, now: Millis, id: NodeId, label: String, addrs: Vec<String>) {
-        self.woke(now);
-        self.node
-            .members
-            .introduce(now, id, label, addrs, &mut self.out);
-        self.node.election.introduced(id);
-        on_members::members_changed(&mut self.roles(), now);
-        self.pump(now);
-    }
-
-    /// A membership packet ([`Action::Swim`]) from another node.
-    pub fn handle_swim(&mut self, now: Millis, data: &[u8]) {
-        self.woke(now);
-        self.node.members.handle_swim(now, data, &mut self.out);
-        on_members::members_changed(&mut self.roles(), now);
-        self.pump(now);
-    }
-
-    /// The next action for the driver to carry out, in order; None when
-    /// the peer has nothing more until the next call.
-    #[must_use]
-    pub fn poll_action(&mut self) -> Option<Action> {
-        let action = self.out.actions.pop_front();
-        if action.is_none() && self.out.actions.capacity() > 64 {
-            // A burst (every member coming up while a mesh forms) would
-            // otherwise leave its capacity behind at every node for good.
-            self.out.actions = std::collections::VecDeque::new();
-        }
-        action
-    }
-
-    /// Every action at once, in order, into `into` (which must be empty):
-    /// the queues are swapped, so no action is moved one by one (the
-    /// simulator steps a peer five million times a run). The peer keeps
-    /// `into`'s buffer: a driver that hands back one grown by a burst
-    /// should drop it first, as `poll_action` does.
-    pub fn take_actions(&mut self, into: &mut std::collections::VecDeque<Action>) {
-        debug_assert!(
-            into.is_empty(),
-            "take_actions into a queue with actions left"
-        );
-        std::mem::swap(&mut self.out.actions, into);
-    }
-
-    /// Whether actions wait for the driver.
-    pub fn has_actions(&self) -> bool {
-        !self.out.actions.is_empty()
-    }
-
-    /// When the peer next needs [`Peer::handle_timeout`].
-    #[must_use]
-    pub fn poll_timeout(&self) -> Option<Millis> {
-        let mut at = self.node.members.next_beat().min(self.next_resend);
-        if let Some(t) = self.node.members.next_timer() {
-            at = at.min(t);
-        }
-        if let Some(t) = self.worker.next_timer() {
-            at = at.min(t);
-        }
-        if let Some(t) = self.steal.poll_timeout(self.node.cfg.steal_timeout_ms) {
-            at = at.min(t);
-        }
-        if let Some(c) = &self.coord {
-            if let Some(t) = c.poll_timeout() {
-                at = at.min(t);
-            }
-            if let Some(t) = self.allocs.poll_timeout() {
-                at = at.min(t);
-            }
-        }
-        Some(at)
-    }
-
-    // ----- the driver's inputs -----
-
-    /// Stops this node's tasks (Ctrl-C): running ones are killed, queued ones given back.
-    pub fn interrupt(&mut self, now: Millis) {
-        self.worker
-            .interrupt(&mut self.out, self.node.election.leader());
-        self.pump(now);
-    }
-
-    /// A message from node `from`, on a link or as a packet.
-    pub fn handle_message(&mut self, now: Millis, from: NodeId, msg: Msg) {
-        self.woke(now);
-        self.out.inbox.push_back((from, msg));
-        self.pump(now);
-    }
-
-    /// A task this node started is over (its process exited, or it never
-    /// started). `outputs`: what a successful attempt left, kept here until
-    /// the farm's home has it.
-    pub fn task_finished(
-        &mut self,
-        now: Millis,
-        task: Assigned,
-        outcome: Outcome,
-        outputs: Vec<OutputFile>,
-    ) {
-        self.tasks_finished(now, vec![(task, outcome, outputs)]);
-    }
-
-    /// A task this node started goes back to the coordinator unstarted when
-    /// it is reported over: nothing is counted against it (what it depends
-    /// on is being made again, and waiting here would keep that run's slot).
-    pub fn give_back(&mut self, task: Assigned) {
-        self.worker.give_back(task);
-    }
-
-    /// Tasks that ended at about the same time, as one step: their results
-    /// go to the coordinator as one report, and its answer is one assignment.
-    pub fn tasks_finished(
-        &mut self,
-        now: Millis,
-        ended: Vec<(Assigned, Outcome, Vec<OutputFile>)>,
-    ) {
-        self.woke(now);
-        let leader = self.node.election.leader();
-        for one in ended {
-            self.worker.finish_one(
-                now,
-                one,
-                &self.specs,
-                self.node.cfg.queue_max,
-                &mut self.out,
-                leader,
-            );
-        }
-        let mut w = self.working();
-        w.start_queued(now);
-        // Running dry: steal now rather than at the next beat.
-        w.try_steal(now);
-        self.pump(now);
-    }
+    // ----- what every input does first -----
 
     /// Called first by every input: a node silent for about the death
     /// timeout (stopped, or starved of CPU) may have been declared dead by
@@ -402,44 +210,6 @@ impl Peer {
         self.node.members.refresh(now, self.node.cfg.heartbeat_ms);
         self.worker
             .give_back_silent(now - last_beat, &mut self.out, self.node.election.leader());
-    }
-
-    /// The time of [`poll_timeout`](Self::poll_timeout) came: the timers due fire.
-    pub fn handle_timeout(&mut self, now: Millis) {
-        self.woke(now);
-        self.worker.fire_timers(now, &mut self.out);
-        self.node.members.fire_timers(now, &mut self.out);
-        on_members::members_changed(&mut self.roles(), now);
-        if self.node.members.beat_due(now, self.node.cfg.heartbeat_ms) {
-            on_members::heartbeat_due(&mut self.roles(), now);
-        }
-        if now >= self.next_resend {
-            self.next_resend = now + self.node.cfg.resend_ms;
-            on_tasks::resend_due(&mut self.roles(), now);
-        }
-        self.steal.expire(now, self.node.cfg.steal_timeout_ms);
-        if self.coord.as_ref().is_some_and(|c| c.progress_due(now)) {
-            on_farms::sync_holders(
-                now,
-                true,
-                &self.node,
-                self.coord.as_mut(),
-                &self.holdings,
-                &mut self.out,
-            );
-        }
-        if self.coord.is_some() && self.allocs.poll_timeout().is_some_and(|t| now >= t) {
-            on_farms::allocs_due(
-                now,
-                &self.node,
-                &mut self.coord,
-                &mut self.allocs,
-                &self.worker,
-                &self.specs,
-                &mut self.out,
-            );
-        }
-        self.pump(now);
     }
 
     // ----- the message loop -----

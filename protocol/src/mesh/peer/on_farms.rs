@@ -1,69 +1,15 @@
-//! Farms through the roles, one function per event (a farm offered, submitted, copied, cancelled or collected, a home taken, inputs arrived, kept outputs told, the allocation queues changed), each over the roles it borrows; and the driver's calls that bring them.
+//! Farms through the roles, one function per event (a farm offered, submitted, copied, cancelled or collected, a home taken, inputs arrived, kept outputs told, the allocation queues changed), each over the roles it borrows, and the peer's side of the batch system's answers (the driver's calls that bring them are in `driver_api.rs`).
 
 use super::*;
 
 impl Peer {
-    /// The book kept in this node's store, at startup.
-    pub fn restore_allocs(&mut self, book: AllocBook) {
-        self.allocs.restore(book);
-        on_members::machines_changed(self.coord.as_mut());
-    }
-
-    /// A user's change to the allocation queues, sent to the coordinator.
-    pub fn alloc_command(&mut self, now: Millis, cmd: AllocCmd) {
-        self.woke(now);
-        self.node
-            .election
-            .leader()
-            .send(&mut self.out, |_| Msg::Alloc(Box::new(cmd)));
-        self.pump(now);
-    }
-
-    /// The batch system's answer to [`BatchOp::Submit`](super::super::BatchOp::Submit): the job ids.
-    pub fn batch_submitted(
-        &mut self,
-        now: Millis,
-        queue: &QueueDef,
-        result: Result<Vec<String>, String>,
-    ) {
-        self.batch_answered(now, |allocs, term| {
-            allocs.submitted(now, term, queue, result)
-        });
-    }
-
-    /// The batch system's answer to [`BatchOp::Poll`](super::super::BatchOp::Poll): the state of each
-    /// job it still lists.
-    pub fn batch_polled(
-        &mut self,
-        now: Millis,
-        system: BatchSystem,
-        result: Result<Vec<(String, JobState)>, String>,
-    ) {
-        self.batch_answered(now, |allocs, term| allocs.polled(now, term, system, result));
-    }
-
-    /// The batch system's answer to [`BatchOp::List`](super::super::BatchOp::List):
-    /// every job of this mesh it knows.
-    pub fn batch_listed(
-        &mut self,
-        now: Millis,
-        system: BatchSystem,
-        gen: u64,
-        result: Result<Vec<super::super::Listed>, String>,
-    ) {
-        self.batch_answered(now, |allocs, term| {
-            allocs.listed(now, term, system, gen, result)
-        });
-    }
-
-    /// The batch system's answer to [`BatchOp::Cancel`](super::super::BatchOp::Cancel).
-    pub fn batch_cancelled(&mut self, now: Millis, job: &str, result: Result<(), String>) {
-        self.batch_answered(now, |allocs, term| allocs.cancelled(now, term, job, result));
-    }
-
     /// A batch system's answer, heard by the allocation queues in this
     /// term (only on the coordinator; elsewhere it is dropped unread).
-    fn batch_answered(&mut self, now: Millis, heard: impl FnOnce(&mut Allocs, u64) -> bool) {
+    pub(super) fn batch_answered(
+        &mut self,
+        now: Millis,
+        heard: impl FnOnce(&mut Allocs, u64) -> bool,
+    ) {
         self.woke(now);
         let term = self.node.election.term();
         if self.coord.is_some() && heard(&mut self.allocs, term) {
@@ -74,109 +20,6 @@ impl Peer {
 
     pub(super) fn allocs_changed(&mut self) {
         allocs_changed(&self.node, &self.allocs, self.coord.as_mut(), &mut self.out);
-    }
-
-    // ----- farms -----
-
-    /// A farm found in this node's store at startup: held again (and
-    /// offered to the coordinator until it is over), and coordinated here
-    /// if this node is elected. `finished`: it was over here, with these counts.
-    pub fn restore_farm(
-        &mut self,
-        stored: StoredFarm,
-        finished: Option<(engine::Counts, Vec<engine::Counts>)>,
-    ) {
-        self.specs.insert(stored.spec.id, stored.spec.clone());
-        self.holdings.restore(self.node.id, stored, finished);
-    }
-
-    /// Results this node reported before it stopped and that were not
-    /// acknowledged: kept, and reported again.
-    pub fn restore_unacked(&mut self, reports: Vec<Report>) {
-        self.worker.restore_unacked(reports);
-    }
-
-    /// Farms whose outputs this node keeps, found in its state at start,
-    /// or when it follows a new coordinator (it may have been cut off from
-    /// the rest): their ends may have been told while it was down or
-    /// away, so it asks their homes (through its coordinator), at its
-    /// next resend and then every `KEEPS_EVERY_MS`, until each says so.
-    pub fn restore_kept(&mut self, farms: impl IntoIterator<Item = FarmId>) {
-        let before = self.kept.farms.len();
-        self.kept.farms.extend(farms);
-        if self.kept.farms.len() > before {
-            self.kept.next_ask = 0;
-        }
-    }
-
-    /// A farm submitted on this node, which becomes its home. `reused`:
-    /// its tasks done before (in an earlier farm, with the same content
-    /// key): they are done from the start. Those whose entry names this
-    /// node have their outputs in place here already (the driver put them
-    /// there); those of other nodes are brought from them.
-    pub fn submit(&mut self, now: Millis, spec: FarmSpec, reused: Vec<Entry>) {
-        farm_submitted(
-            spec,
-            reused,
-            &self.node,
-            &mut self.specs,
-            &mut self.holdings,
-            &mut self.out,
-        );
-        self.pump(now);
-    }
-
-    /// This node becomes the farm's home (its old home is gone, or the
-    /// user wants the outputs elsewhere): every output is brought to
-    /// `out`, and the farm is offered to the coordinator with the new claim.
-    pub fn take_home(&mut self, now: Millis, spec: Arc<FarmSpec>, out: String) {
-        home_taken(&mut self.roles(), now, spec, out);
-        self.pump(now);
-    }
-
-    /// On the home: the outputs of `task` asked for by [`Action::Fetch`]
-    /// are here and verified, or could not be brought (tried again later).
-    pub fn fetched(&mut self, now: Millis, farm: FarmId, task: TaskRef, got: Fetched) {
-        if self
-            .holdings
-            .fetched(now, farm, task, got, &self.node, &mut self.out)
-        {
-            self.pump(now);
-        }
-    }
-
-    /// Asks the coordinator to stop a farm.
-    pub fn cancel(&mut self, now: Millis, farm: FarmId) {
-        self.node
-            .election
-            .leader()
-            .send(&mut self.out, |_| Msg::Cancel { farm });
-        self.pump(now);
-    }
-
-    /// Asks the coordinator to stop one task of a farm.
-    pub fn cancel_task(&mut self, now: Millis, farm: FarmId, task: TaskRef) {
-        self.node
-            .election
-            .leader()
-            .send(&mut self.out, |_| Msg::CancelTask { farm, task });
-        self.pump(now);
-    }
-
-    /// The farm's inputs (none, or every one) are here: a copy held here
-    /// now counts, and a farm waiting for that may be accepted.
-    pub fn inputs_ready(&mut self, now: Millis, farm: FarmId, ok: bool) {
-        // When not, asked again at the next resend, from whoever has them then.
-        if ok && self.holdings.inputs_came(farm) {
-            inputs_arrived(
-                farm,
-                &self.node,
-                &self.holdings,
-                self.coord.as_mut(),
-                &mut self.out,
-            );
-            self.pump(now);
-        }
     }
 }
 
@@ -286,7 +129,7 @@ pub(super) fn copy_made(
 
 /// A farm submitted here, which makes this node its home: kept, and
 /// offered to the coordinator until accepted.
-fn farm_submitted(
+pub(super) fn farm_submitted(
     spec: FarmSpec,
     reused: Vec<Entry>,
     node: &Node,
@@ -308,7 +151,7 @@ fn farm_submitted(
 
 /// This node claims a farm's home: its outputs are brought here, and the
 /// claim goes out with the next offer, sent now.
-fn home_taken(r: &mut Roles, now: Millis, spec: Arc<FarmSpec>, dir: String) {
+pub(super) fn home_taken(r: &mut Roles, now: Millis, spec: Arc<FarmSpec>, dir: String) {
     let id = spec.id;
     if !r.holdings.keeps(id) {
         r.specs.insert(id, spec.clone());

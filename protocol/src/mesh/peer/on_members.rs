@@ -2,13 +2,6 @@
 
 use super::*;
 
-impl Peer {
-    /// This node's own beat, as it would gossip it now.
-    pub fn beat(&self) -> Beat {
-        self.told().beat()
-    }
-}
-
 impl Told<'_> {
     /// This node's beat as of now.
     pub(super) fn beat(&self) -> Beat {
