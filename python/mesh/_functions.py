@@ -542,17 +542,21 @@ class Functions:
                         vals[d.key] = r.read()
                 with open(os.path.join(calls, f.key + ".vals"), "wb") as w:
                     pickle.dump(vals, w)
-            g = (level[f.key], f._opts, bool(earlier), inline)
+            # A stage per function too: its file is named in the stage,
+            # not repeated in a sweep value per call (a map of 100,000
+            # calls kept 100,000 copies of its name at the node).
+            g = (level[f.key], f._opts, bool(earlier), inline, fn_hash)
             groups.setdefault(g, []).append(f)
         farm = Farm(FARM_NAME, out=os.path.join(self.root, "out", "b%d" % seq), root=self.root)
         stage_of = {}
         python = self.python or sys.executable
-        for n, ((lvl, (res, retries), vals, inline), fs) in enumerate(groups.items()):
+        for n, ((lvl, (res, retries), vals, inline, fn_hash), fs) in enumerate(groups.items()):
             name = "f%d-%d" % (lvl, n)
             for i, f in enumerate(fs):
                 stage_of[f.key] = name
                 f.task_name = "%s/%d" % (name, i)
-            sweep = {"id": [f.key for f in fs], "fn": [f._fn[0] for f in fs]}
+            fn_file = "fns/%s.pkl" % fn_hash
+            sweep = {"id": [f.key for f in fs]}
             if inline:
                 sweep["args"] = [f._args for f in fs]
                 for f in fs:
@@ -562,7 +566,7 @@ class Functions:
                 var = "on_" + u.replace("-", "_")
                 sweep[var] = [" ".join(d.key for d in f._deps if stage_of.get(d.key) == u and d.key in in_batch) for f in fs]
                 after.append({"stage": u, "tasks": "{%s}" % var, "match": "id"})
-            inputs = ["mesh_worker.py", "fns/{fn}.pkl"]
+            inputs = ["mesh_worker.py", fn_file]
             if not inline:
                 inputs.append("calls/{id}.pkl")
             if vals:
@@ -576,7 +580,7 @@ class Functions:
                 opts["after"] = after
             # `{out}` (a view of exactly its dependencies, made per task)
             # only for calls given futures of this farm.
-            argv = [python, "mesh_worker.py", "fns/{fn}.pkl", "{args}" if inline else "@calls/{id}.pkl", "{id}", "{out}" if after else "-"]
+            argv = [python, "mesh_worker.py", fn_file, "{args}" if inline else "@calls/{id}.pkl", "{id}", "{out}" if after else "-"]
             run_as = {"python" if WARM else "command": argv}
             farm.stage(
                 name,
