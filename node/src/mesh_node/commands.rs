@@ -18,6 +18,7 @@ use crate::control::refusal::BAD_REQUEST;
 use crate::control::{ControlRequest, ControlResponse, CONTROL_API};
 use crate::farmfile::{self, FarmFileError, LoadOptions};
 use mesh_protocol::farm::FarmDef;
+use mesh_protocol::mesh::NodeId;
 
 impl Node {
     pub(super) fn on_control(&mut self, req: ControlRequest, reply: Reply) {
@@ -127,14 +128,8 @@ impl Node {
     ) {
         let origin = self.me;
         let handle = self.handle.clone();
-        let rerun = crate::results::rerun_stages(&def, rerun.as_deref());
         tokio::task::spawn_blocking(move || {
-            write_manifests(&def, &reply);
-            let spec = make_spec(def, &file, origin).map(|spec| {
-                let keys = super::reuse::task_keys(&spec);
-                (spec, keys)
-            });
-            let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
+            prepare_submit(&handle, def, &file, origin, rerun.as_deref(), reply)
         });
     }
 
@@ -162,13 +157,7 @@ impl Node {
                 });
                 return;
             }
-            let rerun = crate::results::rerun_stages(&def, f.rerun.as_deref());
-            write_manifests(&def, &reply);
-            let spec = make_spec(def, &f.file, origin).map(|spec| {
-                let keys = super::reuse::task_keys(&spec);
-                (spec, keys)
-            });
-            let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
+            prepare_submit(&handle, def, &f.file, origin, f.rerun.as_deref(), reply);
         });
     }
 
@@ -461,6 +450,26 @@ where
     }
     // A stream's end must be said, or the other side waits for more.
     let _ = write.shutdown().await;
+}
+
+/// Off the loop, for either way a farm comes in: each stage's manifest
+/// written, the inputs hashed and every task's key worked out, then the
+/// farm handed to the loop to submit.
+fn prepare_submit(
+    handle: &LoopHandle,
+    def: FarmDef,
+    file: &str,
+    origin: NodeId,
+    rerun: Option<&[String]>,
+    reply: Reply,
+) {
+    let rerun = crate::results::rerun_stages(&def, rerun);
+    write_manifests(&def, &reply);
+    let spec = make_spec(def, file, origin).map(|spec| {
+        let keys = super::reuse::task_keys(&spec);
+        (spec, keys)
+    });
+    let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
 }
 
 /// Writes each stage's `tasks.tsv` before the farm runs (see

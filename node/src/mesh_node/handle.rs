@@ -90,7 +90,7 @@ impl LoopHandle {
         req: ControlRequest,
     ) -> Result<mpsc::Receiver<ControlResponse>, LoopGone> {
         let (reply, rx) = Reply::channel();
-        self.call(Call::Control(req, reply)).await?;
+        self.control_to(req, reply).await?;
         Ok(rx)
     }
 

@@ -69,7 +69,6 @@ impl Node {
     /// A request this node made of itself (`mesh logs` of a task run
     /// here), answered as another node's would be.
     pub(super) fn answer_own(&mut self, req: Request, reply: oneshot::Sender<Answer>) {
-        // Asked of this node itself (`mesh logs` of a task run here).
         match self.local_answer(req) {
             Ok(r) => {
                 let _ = reply.send(Ok(r));
