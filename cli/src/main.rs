@@ -347,7 +347,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             node,
             output,
         } => {
-            let (def, warnings) = farmfile::load_with_warnings(&farm, &LoadOptions { out })?;
+            let (def, warnings) = farmfile::load_with_warnings(&farm, &LoadOptions::to(out))?;
             show::warn(&warnings);
             check_stages(&def, rerun.as_deref())?;
             let file = farm
@@ -382,7 +382,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             show,
             json,
         } => {
-            let (def, warnings) = farmfile::load_with_warnings(&farm, &LoadOptions { out })?;
+            let (def, warnings) = farmfile::load_with_warnings(&farm, &LoadOptions::to(out))?;
             if !json {
                 show::warn(&warnings);
             }

@@ -216,7 +216,7 @@ pub fn submit(
     (wait, rerun): (bool, Option<Vec<String>>),
     json: bool,
 ) -> Result<ExitCode> {
-    let (def, warnings) = farmfile::load_with_warnings(farm, &LoadOptions { out })?;
+    let (def, warnings) = farmfile::load_with_warnings(farm, &LoadOptions::to(out))?;
     crate::show::warn(&warnings);
     crate::check_stages(&def, rerun.as_deref())?;
     let file = farm

@@ -233,6 +233,25 @@ pub enum ControlRequest {
         rerun: Option<Vec<String>>,
         #[serde(default)]
         check: bool,
+        /// The farm is open: `Grow` adds stages to it while it runs, and
+        /// it ends only once closed (a client's calls, a workflow's jobs).
+        #[serde(default)]
+        open: bool,
+    },
+    /// Adds stages to an open farm whose home is this node: `toml` is a
+    /// farm file of the new stages only (its `[farm]` table is not read),
+    /// which may depend on the farm's stages by name; `file` names it in
+    /// messages, and its folder must be the farm's. `close`: nothing more
+    /// comes, and the farm ends once its tasks do (`toml` may be empty).
+    /// Answered as `SubmitFarm` is, `Submitted` once the new stages are
+    /// durable.
+    Grow {
+        farm: String,
+        #[serde(default)]
+        toml: String,
+        file: String,
+        #[serde(default)]
+        close: bool,
     },
     /// Each task of a farm whose home is this node, once, as it ends for
     /// good with its outputs home ([`ControlResponse::Task`]), from the

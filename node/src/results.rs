@@ -602,6 +602,7 @@ mod tests {
                     sweep.u = { range = \"1..3\" }\noutputs = [\"id.txt\"]\nshell = \"true\"\n";
         let opts = crate::farmfile::LoadOptions {
             out: Some(out.clone()),
+            ..Default::default()
         };
         let def = crate::farmfile::load_str(&farm, text, &opts).unwrap();
         let mut gone = std::process::Command::new("true").spawn().unwrap();

@@ -28,6 +28,9 @@ pub struct FarmView {
     pub file: String,
     pub out: String,
     pub accepted: bool,
+    /// Stages may still be added (an open farm, see `ControlRequest::Grow`).
+    #[serde(default)]
+    pub open: bool,
     pub finished: bool,
     pub counts: Counts,
     pub stages: Vec<(String, Counts)>,

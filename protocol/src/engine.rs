@@ -30,6 +30,7 @@ use crate::tally::Tally;
 
 mod checks;
 mod fails;
+mod grow;
 mod hand_out;
 mod order;
 mod vocab;
@@ -210,6 +211,9 @@ struct FarmState {
     dependents_by: Vec<Vec<(u32, usize)>>,
     cancelled: bool,
     finished_emitted: bool,
+    /// More stages may come (see `Engine::extend_farm`): not finished
+    /// while its tasks are, until closed.
+    open: bool,
 }
 
 impl FarmState {
@@ -269,6 +273,7 @@ impl FarmState {
             dependents_by,
             cancelled: false,
             finished_emitted: false,
+            open: false,
         }
     }
 }
@@ -542,7 +547,9 @@ impl Engine {
         } else {
             None
         };
-        self.farms.push(FarmState::new(def, opts.run));
+        let mut state = FarmState::new(def, opts.run);
+        state.open = opts.open;
+        self.farms.push(state);
         // Restore records first, then derive readiness from the whole picture.
         let (failed, grew) = self.restore_records(slot, restored, opts);
         self.ready_farm(now, slot, graph.as_deref(), grew, failed);
@@ -657,31 +664,9 @@ impl Engine {
             void_places(&mut self.farms[slot.0 as usize], t, lines);
         }
         if let Some(g) = graph {
-            // What each task waits for, from what is done now.
-            let f = &mut self.farms[slot.0 as usize];
-            for (s, edges) in g.stages.iter().enumerate() {
-                if edges.is_empty() {
-                    continue;
-                }
-                let waiting = (0..f.stages[s].status.len())
-                    .map(|i| {
-                        edges
-                            .iter()
-                            .map(|e| {
-                                let up = &f.stages[e.up_stage as usize].status;
-                                e.ups
-                                    .get(i)
-                                    .iter()
-                                    .filter(|&&j| up[j as usize] != DONE)
-                                    .count() as u32
-                            })
-                            .sum()
-                    })
-                    .collect();
-                f.stages[s].waiting = waiting;
-            }
+            grow::count_waiting(&mut self.farms[slot.0 as usize], g, 0);
         }
-        self.check_placeable(slot);
+        self.check_placeable(slot, 0);
         let nstages = self.farms[slot.0 as usize].stages.len();
         for s in 0..nstages as u32 {
             let f = &mut self.farms[slot.0 as usize];
@@ -710,11 +695,12 @@ impl Engine {
         self.check_finished(slot);
     }
 
-    /// Marks stages that can never run here as failed, with an event saying why.
-    fn check_placeable(&mut self, slot: FarmSlot) {
+    /// Marks stages (from stage `from` on) that can never run here as
+    /// failed, with an event saying why.
+    fn check_placeable(&mut self, slot: FarmSlot, from: usize) {
         let f = &self.farms[slot.0 as usize];
         let mut bad = Vec::new();
-        for (s, stage) in f.def.stages.iter().enumerate() {
+        for (s, stage) in f.def.stages.iter().enumerate().skip(from) {
             let shortfall = match &self.placement {
                 Placement::Local(pool) => Pool::never_fits(pool.total(), &stage.resources),
                 Placement::Remote(machines) => {
@@ -1346,7 +1332,7 @@ impl Engine {
     fn check_finished(&mut self, farm: FarmSlot) {
         let c = self.progress(farm);
         let f = &mut self.farms[farm.0 as usize];
-        if !f.finished_emitted && c.finished() {
+        if !f.finished_emitted && !f.open && c.finished() {
             f.finished_emitted = true;
             self.actions
                 .push_back(Action::Emit(Event::FarmFinished { farm }));

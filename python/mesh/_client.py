@@ -105,13 +105,14 @@ class Client:
     def _exchange(self, request, first_within=ANSWER_WITHIN_S):
         return _proto.Exchange(self._t, request, first_within=first_within)
 
-    def _farm_request(self, farm, check=False, rerun=None):
+    def _farm_request(self, farm, check=False, rerun=None, open=False):
         req = {
             "toml": farm.to_toml(),
             "file": farm.file,
             "out": farm.out,
             "cwd": os.getcwd(),
             "check": check,
+            "open": open,
         }
         if rerun is not None:
             req["rerun"] = [rerun] if isinstance(rerun, str) else list(rerun)
@@ -213,18 +214,20 @@ class Client:
 
         return Executor(self, **defaults)
 
-    def _submit_farm(self, farm, rerun=None, warn=True):
+    def _submit_farm(self, farm, rerun=None, warn=True, open=False):
         """Submits a :class:`Farm` (or a farm file's path); returns its :class:`Run`.
 
         The node checks it first: a mistake raises :class:`FarmError` and
         nothing runs. ``rerun``: stages (or ``True`` for all) run again even
-        where earlier results could be reused.
+        where earlier results could be reused. ``open``: the farm takes
+        more stages while it runs (:meth:`Run.grow`), and ends once closed
+        (:meth:`Run.close`).
         """
         if isinstance(farm, (str, os.PathLike)):
             farm = Farm.from_toml(farm)
         if rerun is True:
             rerun = []
-        k, v, warnings = self._farm_answer(farm, self._farm_request(farm, rerun=rerun))
+        k, v, warnings = self._farm_answer(farm, self._farm_request(farm, rerun=rerun, open=open))
         if k != "Submitted":
             raise ProtocolError("expected Submitted from the node, got %s" % k)
         if warn:

@@ -41,6 +41,13 @@ INLINE_MAX = 768
 #: The farm name of every batch of calls: a key kept by an earlier farm of
 #: this name is reused (see docs/python.md).
 FARM_NAME = "python"
+#: Batches one open farm takes before the client closes it and opens
+#: another: each batch is a generation of the farm's spec, sent whole to
+#: the nodes that keep a copy, so one farm of many thousand batches would
+#: cost the square of its size.
+FARM_BATCHES = 256
+#: How often the calls of an open farm that ended without running are looked for.
+WATCH_S = 0.5
 
 #: Calls run in warm workers (a stage's ``python``); False starts an
 #: interpreter per call (a stage's ``command``), for benchmarks.
@@ -338,6 +345,11 @@ class Functions:
         self.fn_cache = {}
         #: Functions written to `root/fns`, by hash.
         self.fns_put = set()
+        #: The client's open farm (one grows by a batch at a time), the
+        #: batches it took, and its calls by key, which one thread follows.
+        self.open_run = None
+        self.open_batches = 0
+        self.open_calls = {}
 
     # ----- calls -----
 
@@ -445,6 +457,26 @@ class Functions:
         with self.cv:
             self.closed = True
             self.cv.notify_all()
+            sender = self.sender
+        if sender is not None and sender is not threading.current_thread():
+            sender.join(timeout=30)
+        self._close_open()
+
+    def _close_open(self):
+        """Closes the open farm: it ends once its calls do (nothing is
+        cancelled), and its follower with it."""
+        with self.cv:
+            run, self.open_run = self.open_run, None
+        if run is not None:
+            try:
+                run.close()
+            except MeshError:
+                pass
+
+    def _in_open(self, d):
+        """Whether future ``d`` was sent to the open farm the next batch
+        grows (not to one the next batch leaves for a new one)."""
+        return d._run is not None and d._run is self.open_run and self.open_batches < FARM_BATCHES
 
     # ----- sending -----
 
@@ -484,6 +516,9 @@ class Functions:
             if d.key in batch_keys:
                 continue
             s = d.status
+            if s == "pending" and self._in_open(d):
+                # Sent to the farm this batch grows: a dependency there.
+                continue
             if s == "pending":
                 return "wait"
             if s in ("error", "cancelled"):
@@ -515,9 +550,14 @@ class Functions:
         in_batch = {f.key for f in batch}
         level = {}
         groups = collections.OrderedDict()
+        if self.open_run is not None and self.open_batches >= FARM_BATCHES:
+            self._close_open()
         for f in batch:
             up = [d for d in f._deps if d.key in in_batch]
-            earlier = [d for d in f._deps if d.key not in in_batch]
+            # Futures of the open farm are its tasks: dependencies by
+            # key, their values moving node to node; others' values ride
+            # in a file sent with the call.
+            earlier = [d for d in f._deps if d.key not in in_batch and not self._in_open(d)]
             level[f.key] = 1 + max((level[d.key] for d in up), default=-1)
             fn_hash, fn_bytes = f._fn
             if fn_hash not in self.fns_put:
@@ -547,11 +587,16 @@ class Functions:
             # calls kept 100,000 copies of its name at the node).
             g = (level[f.key], f._opts, bool(earlier), inline, fn_hash)
             groups.setdefault(g, []).append(f)
-        farm = Farm(FARM_NAME, out=os.path.join(self.root, "out", "b%d" % seq), root=self.root)
+        farm = Farm(FARM_NAME, out=os.path.join(self.root, "out"), root=self.root)
         stage_of = {}
+        for f in batch:
+            for d in f._deps:
+                if d.key not in in_batch and self._in_open(d):
+                    stage_of[d.key] = d.task_name.split("/", 1)[0]
         python = self.python or sys.executable
         for n, ((lvl, (res, retries), vals, inline, fn_hash), fs) in enumerate(groups.items()):
-            name = "f%d-%d" % (lvl, n)
+            # Unique in the open farm, which holds every batch's stages.
+            name = "f%d-%d" % (seq, n)
             for i, f in enumerate(fs):
                 stage_of[f.key] = name
                 f.task_name = "%s/%d" % (name, i)
@@ -562,9 +607,9 @@ class Functions:
                 for f in fs:
                     f._args = None
             after = []
-            for u in sorted({stage_of[d.key] for f in fs for d in f._deps if d.key in in_batch}):
+            for u in sorted({stage_of[d.key] for f in fs for d in f._deps if d.key in stage_of}):
                 var = "on_" + u.replace("-", "_")
-                sweep[var] = [" ".join(d.key for d in f._deps if stage_of.get(d.key) == u and d.key in in_batch) for f in fs]
+                sweep[var] = [" ".join(d.key for d in f._deps if stage_of.get(d.key) == u) for f in fs]
                 after.append({"stage": u, "tasks": "{%s}" % var, "match": "id"})
             inputs = ["mesh_worker.py", fn_file]
             if not inline:
@@ -596,13 +641,26 @@ class Functions:
                 outputs=[_worker.result_name("{id}")],
                 **opts,
             )
-        run = self.client.submit(farm, warn=False)
-        by_key = {f.key: f for f in batch}
         with self.cv:
+            run = self.open_run
+            calls = self.open_calls if run is not None else {}
+            for f in batch:
+                calls[f.key] = f
+        if run is None:
+            run = self.client.submit(farm, warn=False, open=True)
+            with self.cv:
+                self.open_run, self.open_batches, self.open_calls = run, 0, calls
+            got = collections.Counter()
+            t = threading.Thread(target=self._follow, args=(run, calls, got), name="mesh-follow", daemon=True)
+            t.start()
+            w = threading.Thread(target=self._watch_unrun, args=(run, calls, got), name="mesh-watch", daemon=True)
+            w.start()
+        else:
+            run.grow(farm, warn=False)
+        with self.cv:
+            self.open_batches += 1
             for f in batch:
                 f._run = run
-        t = threading.Thread(target=self._follow, args=(run, by_key), name="mesh-follow", daemon=True)
-        t.start()
 
     def of_farm(self, run):
         """Futures of the calls of a farm submitted earlier, by key: done
@@ -637,9 +695,12 @@ class Functions:
             _put_file(os.path.join(self.root, "mesh_worker.py"), f.read())
         self.worker_put = True
 
-    def _follow(self, run, by_key):
+    def _follow(self, run, by_key, got=None):
         try:
             for t in run.as_completed(progress=False):
+                if got is not None:
+                    with self.cv:
+                        got[t.task.split("/", 1)[0]] += 1
                 f = by_key.get(t.params.get("id"))
                 if f is None:
                     continue
@@ -656,6 +717,42 @@ class Functions:
             for f in by_key.values():
                 f._settle(exc=MeshError("following farm %s: %s" % (run.id, e)))
         finally:
+            with self.cv:
+                self.cv.notify_all()
+
+
+    def _watch_unrun(self, run, calls, got):
+        """Settles the calls of an open farm that end without running:
+        skipped (a future they were given failed), held by a stage that
+        stopped, cancelled. Their farm does not end while open, and only
+        its end told the follower of them; so once a stage has nothing
+        left to run and every task it ran was told, what is still pending
+        of it did not run."""
+        while True:
+            time.sleep(WATCH_S)
+            with self.cv:
+                pending = [f for f in list(calls.values()) if not f.done() and f.task_name]
+                if not pending and self.open_run is not run:
+                    return
+            if not pending:
+                continue
+            try:
+                p = run.progress()
+            except MeshError:
+                continue
+            if p.finished:
+                return
+            why = "; ".join(p.stopped_words or p.failures) or "its stage ended without running it"
+            for f in pending:
+                stage = f.task_name.split("/", 1)[0]
+                c = p.stages.get(stage)
+                if c is None or c["running"] or c["done"] + c["failed"] + c["skipped"] + c["cancelled"] + c["stopped"] < c["total"]:
+                    continue
+                with self.cv:
+                    told = got[stage]
+                if told < c["done"] + c["failed"]:
+                    continue
+                f._settle(exc=_dep_failure(f) or MeshError("%s did not run: %s" % (f.key, why)))
             with self.cv:
                 self.cv.notify_all()
 

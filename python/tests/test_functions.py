@@ -276,6 +276,35 @@ class TwoNodes(InFolder):
         ran_on = {f.task.node for f in xs}
         self.assertEqual(len(ran_on), 2, "both nodes ran calls")
 
+    def test_calls_submitted_in_a_loop_grow_one_open_farm_across_two_nodes(self):
+        first = self.node(cpus=1)
+        hide = [first.state_dir, self.dir] if nodes.apart_possible() else []
+        second = nodes.start(cpus=1, join=first, hide=hide)
+        self.addCleanup(second.stop)
+        self.assertTrue(nodes.wait_until(lambda: len(first.status()["nodes"]) == 2))
+        # A submit at a time, as a loop of a user's does: each goes out on
+        # its own, given the future of the one before (not done yet).
+        chain = first.submit(inc, 0)
+        links = [chain]
+        for i in range(12):
+            chain = first.submit(add, chain, i)
+            links.append(chain)
+            time.sleep(0.02)
+        parts = [first.submit(slow_square, i) for i in range(10)]
+        total = first.submit(add, *parts)
+        self.assertEqual(chain.result(timeout=WAIT_S), 1 + sum(range(12)))
+        self.assertEqual(total.result(timeout=WAIT_S), sum(i * i for i in range(10)))
+        runs = {f._run.id for f in links + parts + [total]}
+        self.assertEqual(len(runs), 1, "every call in the client's one open farm: %s" % runs)
+        run = chain._run
+        p = run.progress()
+        self.assertGreater(len(p.stages), 3, "the farm grew a stage per batch: %s" % list(p.stages))
+        self.assertEqual((p.done, p.total), (24, 24))
+        self.assertFalse(p.finished, "open: not over while the client may add more")
+        self.assertEqual(len({f.task.node for f in links + parts}), 2, "both nodes ran calls")
+        first._functions()._close_open()
+        self.assertTrue(nodes.wait_until(lambda: run.progress().finished), "closed: over")
+
     def test_a_node_killed_mid_map_loses_no_value(self):
         first = self.node(cpus=1)
         second = nodes.start(cpus=2, join=first)

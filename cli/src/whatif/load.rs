@@ -64,6 +64,7 @@ pub fn load_scaled(path: &Path, time_scale: f64, tasks: Option<(usize, u64)>) ->
         &toml,
         &LoadOptions {
             out: Some(folder.join("mesh-out")),
+            ..LoadOptions::default()
         },
     )
     .context("the farm made of the trace does not load (a bug in mesh sim)")?;

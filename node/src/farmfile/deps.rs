@@ -18,6 +18,18 @@ pub(super) struct Deps {
     pub(super) grown: Option<At<String>>,
 }
 
+impl Deps {
+    /// A stage that names no other (one of an open farm's, resolved already).
+    pub(super) fn none() -> Deps {
+        Deps {
+            after: Vec::new(),
+            after_each: Vec::new(),
+            by: Vec::new(),
+            grown: None,
+        }
+    }
+}
+
 /// The position of sweep variable `name` in `stage`, or an error saying
 /// which variables it has.
 fn var_of(scope: &Scope<'_>, stage: &StageDef, name: &At<String>, field: &str) -> Result<u32> {

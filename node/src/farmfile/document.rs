@@ -7,6 +7,7 @@ use mesh_protocol::farm::StageDef;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
+use super::deps::Deps;
 use super::error::{wrong_type, Problem};
 use super::locate::{At, Ctx};
 use super::parse::{Fields, DEFAULT_FIELDS, STAGE_FIELDS};
@@ -94,6 +95,13 @@ impl Src<'_> {
             command_at.push(command);
         }
 
+        // The stages of the farm this file grows come first, their
+        // dependencies resolved already.
+        let n0 = self.before.len();
+        if n0 > 0 {
+            stages.splice(0..0, self.before.iter().cloned());
+            deps.splice(0..0, (0..n0).map(|_| Deps::none()));
+        }
         // Pass 3: dependencies, which need every stage's name and task count.
         self.resolve_deps(&mut stages, &deps)?;
         let graph =
@@ -101,6 +109,9 @@ impl Src<'_> {
                 let scope = self.scope(Ctx::Stage(format!("stage `{}`", stages[s].name)), false);
                 scope.fail(deps[s].by[n].pos, "after", Problem::Graph(e))
             })?;
+        // The stages there already were warned of when they came.
+        outputs_at.splice(0..0, (0..n0).map(|_| None));
+        command_at.splice(0..0, (0..n0).map(|_| None));
         let mut warnings = self.shared_outputs(&stages, &outputs_at);
         warnings.extend(self.missing_programs(&stages, &command_at));
         Ok(Loaded {
@@ -210,6 +221,16 @@ impl Src<'_> {
                         name: name.v,
                         what: "stage",
                     },
+                ));
+            }
+            if self.before.iter().any(|s| s.name == name.v) {
+                return Err(scope.fail(
+                    name.pos,
+                    "name",
+                    Problem::Dependency(format!(
+                        "stage `{}` is in the farm already: a farm grows by stages of new names",
+                        name.v
+                    )),
                 ));
             }
             if let Some(first) = seen.get(&name.v) {

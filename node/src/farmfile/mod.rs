@@ -40,6 +40,19 @@ use locate::syntax_error;
 pub struct LoadOptions {
     /// The output folder (`--out`); `None` means `<cwd>/mesh-out/<farm name>`.
     pub out: Option<PathBuf>,
+    /// The stages of an open farm the file's stages are added to: they
+    /// come first, unchanged, and the file's may depend on them.
+    pub before: Vec<mesh_protocol::farm::StageDef>,
+}
+
+impl LoadOptions {
+    /// A farm of its own (no stages before its file's) with outputs in `out`.
+    pub fn to(out: Option<PathBuf>) -> LoadOptions {
+        LoadOptions {
+            out,
+            before: Vec::new(),
+        }
+    }
 }
 
 /// Reads and checks the farm file at `path`.
@@ -89,6 +102,7 @@ pub fn load_str_with_warnings(
         file: &file,
         text,
         root: &root,
+        before: &opts.before,
     };
     let loaded = src.document(&doc, path)?;
     let out = match &opts.out {
@@ -111,6 +125,7 @@ struct Src<'a> {
     file: &'a str,
     text: &'a str,
     root: &'a Path,
+    before: &'a [mesh_protocol::farm::StageDef],
 }
 
 type Result<T, E = FarmFileError> = std::result::Result<T, E>;

@@ -6,6 +6,7 @@ use mesh_protocol::farm::{Command, Sweep, TaskRef};
 fn opts(out: &str) -> LoadOptions {
     LoadOptions {
         out: Some(PathBuf::from(out)),
+        ..LoadOptions::default()
     }
 }
 

@@ -33,6 +33,7 @@ impl Node {
                 cwd,
                 rerun,
                 check,
+                open,
             } => self.submit_text(
                 FarmText {
                     toml,
@@ -41,9 +42,16 @@ impl Node {
                     cwd,
                     rerun,
                     check,
+                    open,
                 },
                 reply,
             ),
+            ControlRequest::Grow {
+                farm,
+                toml,
+                file,
+                close,
+            } => self.grow_farm(&farm, Growth { toml, file, close }, reply),
             ControlRequest::Wait { farm } => self.wait_for(&farm, reply),
             ControlRequest::Cancel { farm } => self.cancel_farm(&farm, reply),
             ControlRequest::CancelTask { farm, task } => self.cancel_one(&farm, &task, reply),
@@ -129,7 +137,14 @@ impl Node {
         let origin = self.me;
         let handle = self.handle.clone();
         tokio::task::spawn_blocking(move || {
-            prepare_submit(&handle, def, &file, origin, rerun.as_deref(), reply)
+            prepare_submit(
+                &handle,
+                def,
+                (&file, false),
+                origin,
+                rerun.as_deref(),
+                reply,
+            )
         });
     }
 
@@ -157,7 +172,8 @@ impl Node {
                 });
                 return;
             }
-            prepare_submit(&handle, def, &f.file, origin, f.rerun.as_deref(), reply);
+            let how = (f.file.as_str(), f.open);
+            prepare_submit(&handle, def, how, origin, f.rerun.as_deref(), reply);
         });
     }
 
@@ -356,6 +372,7 @@ fn load_farm(
     };
     let opts = LoadOptions {
         out: out.map(|o| cwd.join(o)),
+        ..LoadOptions::default()
     };
     let (mut def, warnings) = match farmfile::load_str_with_warnings(file_path, toml, &opts) {
         Ok(d) => d,
@@ -387,7 +404,7 @@ fn load_farm(
     Some(def)
 }
 
-fn invalid(file: &str, e: &FarmFileError) -> ControlResponse {
+pub(super) fn invalid(file: &str, e: &FarmFileError) -> ControlResponse {
     ControlResponse::Invalid {
         message: e.to_string(),
         file: e
@@ -458,14 +475,15 @@ where
 fn prepare_submit(
     handle: &LoopHandle,
     def: FarmDef,
-    file: &str,
+    (file, open): (&str, bool),
     origin: NodeId,
     rerun: Option<&[String]>,
     reply: Reply,
 ) {
     let rerun = crate::results::rerun_stages(&def, rerun);
     write_manifests(&def, &reply);
-    let spec = make_spec(def, file, origin).map(|spec| {
+    let spec = make_spec(def, file, origin).map(|mut spec| {
+        spec.open = open;
         let keys = super::reuse::task_keys(&spec);
         (spec, keys)
     });
@@ -475,7 +493,7 @@ fn prepare_submit(
 /// Writes each stage's `tasks.tsv` before the farm runs (see
 /// `results::write_manifests`); a folder that cannot take it is said, and
 /// the farm goes on.
-fn write_manifests(def: &FarmDef, reply: &Reply) {
+pub(super) fn write_manifests(def: &FarmDef, reply: &Reply) {
     let out = Path::new(&def.out);
     if let Err(e) = crate::results::write_manifests(out, def) {
         let _ = reply.send(ControlResponse::Warning(format!(
@@ -488,6 +506,13 @@ fn write_manifests(def: &FarmDef, reply: &Reply) {
 
 /// A farm file's text as a client sends it, with where it is read from
 /// and what the client asks of it.
+/// What a `Grow` request brings (see `ControlRequest::Grow`), to `grow.rs`.
+pub(super) struct Growth {
+    pub(super) toml: String,
+    pub(super) file: String,
+    pub(super) close: bool,
+}
+
 struct FarmText {
     toml: String,
     file: String,
@@ -496,6 +521,8 @@ struct FarmText {
     rerun: Option<Vec<String>>,
     /// Only loaded and checked, not submitted.
     check: bool,
+    /// See `ControlRequest::SubmitFarm`.
+    open: bool,
 }
 
 #[cfg(test)]

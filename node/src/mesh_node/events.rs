@@ -125,6 +125,7 @@ impl Node {
             }
             Event::Moved(farm) => self.refresh_view(farm),
             Event::Estimated(farm, estimate, took) => self.estimated(farm, estimate, took),
+            Event::Grow(spec, reply) => self.grown(spec, reply),
             Event::Submit(spec, rerun, reply) => match spec {
                 Err(e) => {
                     let _ = reply.send(ControlResponse::Error(e.to_string()));

@@ -84,13 +84,15 @@ impl Feed {
 
     /// Marks `t` said; false when it was already.
     fn say_once(&mut self, t: TaskRef) -> bool {
-        let Some(word) = self
-            .said
-            .get_mut(t.stage as usize)
-            .and_then(|s| s.get_mut(t.index as usize / 64))
-        else {
-            return false;
-        };
+        let (s, w) = (t.stage as usize, t.index as usize / 64);
+        // A stage added to an open farm since the follower came.
+        if self.said.len() <= s {
+            self.said.resize(s + 1, Vec::new());
+        }
+        if self.said[s].len() <= w {
+            self.said[s].resize(w + 1, 0);
+        }
+        let word = &mut self.said[s][w];
         let bit = 1u64 << (t.index % 64);
         let fresh = *word & bit == 0;
         *word |= bit;

@@ -14,6 +14,7 @@ mod driver;
 mod events;
 mod export;
 mod feed;
+mod grow;
 mod handle;
 mod inbound;
 mod links;
@@ -155,6 +156,8 @@ enum Event {
     Estimated(FarmId, Option<crate::eta::Eta>, std::time::Duration),
     /// A farm to submit, its inputs hashed, and per stage whether its
     /// earlier results may be reused (not when `--rerun` names it).
+    /// An open farm's next generation, made off the loop, to offer.
+    Grow(Result<FarmSpec, grow::GrowError>, Reply),
     Submit(
         Result<(FarmSpec, reuse::TaskKeys), staging::SubmitError>,
         Vec<bool>,

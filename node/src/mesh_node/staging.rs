@@ -145,13 +145,33 @@ pub(super) enum SubmitError {
 
 /// The farm as it travels: every input file the farm names, hashed.
 pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<FarmSpec, SubmitError> {
-    let mut seen = HashSet::new();
-    let mut inputs = Vec::new();
     let root = PathBuf::from(&def.root);
     if !root.is_dir() {
         return Err(SubmitError::Unseen(root));
     }
-    for (s, stage) in def.stages.iter().enumerate() {
+    let inputs = hash_inputs(&def, 0, &mut HashSet::new())?;
+    let id = new_farm_id(origin, file)?;
+    Ok(FarmSpec {
+        id,
+        origin,
+        def,
+        inputs,
+        submitted_ms: crate::state::unix_ms(),
+        gen: 0,
+        open: false,
+    })
+}
+
+/// The input files the stages of `def` from stage `from` on name, each
+/// once (`seen`: those listed already), hashed.
+pub(super) fn hash_inputs(
+    def: &FarmDef,
+    from: usize,
+    seen: &mut HashSet<String>,
+) -> Result<Vec<InputFile>, SubmitError> {
+    let mut inputs = Vec::new();
+    let root = PathBuf::from(&def.root);
+    for (s, stage) in def.stages.iter().enumerate().skip(from) {
         if stage.inputs.is_empty() {
             continue;
         }
@@ -177,14 +197,7 @@ pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<Farm
             }
         }
     }
-    let id = new_farm_id(origin, file)?;
-    Ok(FarmSpec {
-        id,
-        origin,
-        def,
-        inputs,
-        submitted_ms: crate::state::unix_ms(),
-    })
+    Ok(inputs)
 }
 
 /// A farm id of its own for every submission. The origin, the file and the

@@ -54,6 +54,7 @@ impl Origin {
                 file: String::new(),
                 out: def.out.clone(),
                 accepted: false,
+                open: spec.open,
                 finished: false,
                 counts: mesh_protocol::engine::Counts {
                     total: def.task_count(),
@@ -153,10 +154,16 @@ impl Node {
         o.view.out = out;
         o.view.counts = p.counts.clone();
         for (i, c) in p.stages.iter().enumerate() {
-            if let Some(s) = o.view.stages.get_mut(i) {
-                s.1 = c.clone();
+            match o.view.stages.get_mut(i) {
+                Some(s) => s.1 = c.clone(),
+                // A stage added to an open farm.
+                None => o
+                    .view
+                    .stages
+                    .push((r.spec.def.stages[i].name.clone(), c.clone())),
             }
         }
+        o.view.open = r.spec.open;
         let ended = p.finished && !o.view.finished;
         o.view.finished = p.finished;
         o.view.duplicates = p.duplicates;

@@ -199,6 +199,7 @@ impl Driver {
                 run,
                 retry_failed: opts.retry_failed,
                 retry_stages,
+                open: false,
             },
         );
         let mut d = Driver {

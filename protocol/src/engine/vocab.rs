@@ -390,4 +390,6 @@ pub struct AddOptions {
     /// stage runs it whole: its failures were the stage's (a program
     /// missing), not each task's.
     pub retry_stages: Vec<u32>,
+    /// The farm is open: more stages may come (see `Engine::extend_farm`).
+    pub open: bool,
 }

@@ -38,6 +38,25 @@ pub struct FarmSpec {
     /// submitter's clock (0: not known): of the farms a name matches, a
     /// command that names one means the newest.
     pub submitted_ms: u64,
+    /// Which generation of the farm this is, from 0: an open farm grows
+    /// by generations, each the one before with stages added at the end
+    /// (see [`FarmSpec::grows_into`]). Of two copies, the higher wins.
+    pub gen: u32,
+    /// More stages may still come: the farm is not over when its tasks
+    /// are, until a generation that closes it.
+    pub open: bool,
+}
+
+impl FarmSpec {
+    /// Whether `next` may replace this generation: a later one, of the
+    /// same farm, whose stages begin with these unchanged (so every
+    /// task, log entry and claim of this one means the same there).
+    pub fn grows_into(&self, next: &FarmSpec) -> bool {
+        next.id == self.id
+            && next.gen > self.gen
+            && next.def.stages.len() >= self.def.stages.len()
+            && next.def.stages[..self.def.stages.len()] == self.def.stages[..]
+    }
 }
 
 impl AsRef<FarmDef> for FarmSpec {
@@ -685,6 +704,8 @@ pub enum Msg {
     Replicated {
         /// Which farm the copy is of.
         farm: FarmId,
+        /// The generation of the farm's spec the copy holds.
+        gen: u32,
     },
     /// Coordinator to the farm's holders. Boxed: it is the largest
     /// message, and every other message would pay its size.

@@ -455,6 +455,32 @@ impl Replica {
         self.spec.id
     }
 
+    /// The farm grew (see [`FarmSpec::grows_into`]): its later generation
+    /// taken, with counts for its new stages. False (nothing changed) when
+    /// `spec` is not a later generation of this copy's.
+    pub fn grow(&mut self, spec: Arc<FarmSpec>) -> bool {
+        if !self.spec.grows_into(&spec) {
+            return false;
+        }
+        let old = self.spec.def.stages.len();
+        for s in &spec.def.stages[old..] {
+            let total = u64::from(s.len());
+            self.stages.push(Counts {
+                total,
+                ..Counts::default()
+            });
+            self.counts.total += total;
+        }
+        if spec.def.stages.len() > old || spec.open {
+            // More to run: over only when a coordinator says so again.
+            self.over = false;
+            self.end_len = None;
+            self.announced = false;
+        }
+        self.spec = spec;
+        true
+    }
+
     /// Where this node puts the farm's outputs when it is the home.
     pub fn out_dir(&self) -> &str {
         self.out.as_deref().unwrap_or(&self.spec.def.out)
@@ -632,6 +658,8 @@ mod tests {
                 def,
                 inputs: vec![],
                 submitted_ms: 0,
+                gen: 0,
+                open: false,
             }),
             HOME,
         )

@@ -124,6 +124,8 @@ impl Plan {
             def,
             inputs: vec![],
             submitted_ms: 0,
+            gen: 0,
+            open: false,
         });
         let plan = Plan {
             peer_cfg: cfg.peer_config(),
@@ -173,6 +175,8 @@ impl Plan {
             def: wl.def.clone(),
             inputs: vec![],
             submitted_ms: 0,
+            gen: 0,
+            open: false,
         });
         let plan = Plan {
             peer_cfg: cfg.peer_config(),

@@ -417,6 +417,22 @@ impl Peer {
         self.pump(now);
     }
 
+    /// A farm submitted on this node grew: `spec` is its next generation
+    /// (see [`FarmSpec::grows_into`]), offered to the coordinator, and
+    /// said `Accepted` once durable as a farm is. False, and nothing
+    /// done, when it is not the next generation of a farm whose home is here.
+    pub fn grow(&mut self, now: Millis, spec: FarmSpec) -> bool {
+        let grew = on_farms::farm_grew(
+            spec,
+            &self.node,
+            &mut self.specs,
+            &mut self.holdings,
+            &mut self.out,
+        );
+        self.pump(now);
+        grew
+    }
+
     /// Asks the coordinator to stop a farm.
     pub fn cancel(&mut self, now: Millis, farm: FarmId) {
         self.node

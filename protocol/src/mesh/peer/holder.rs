@@ -148,16 +148,29 @@ impl Holdings {
     }
 
     /// The coordinator asks this node to keep a copy of `farm`. True when
-    /// the copy is new here.
+    /// the copy is new here, or a later generation of the one here.
     pub(super) fn replicate(&mut self, me: NodeId, farm: &Arc<FarmSpec>) -> bool {
-        if self.replicas.contains_key(&farm.id) {
-            return false;
+        if let Some(r) = self.replicas.get_mut(&farm.id) {
+            return r.grow(farm.clone());
         }
         let mut r = Replica::new(farm.clone(), me);
         // The coordinator that asked for the copy has it.
         r.accepted = true;
         self.replicas.insert(farm.id, r);
         true
+    }
+
+    /// A farm submitted here grew (see [`FarmSpec::grows_into`]): its
+    /// copy here takes the new generation, unaccepted until the
+    /// coordinator has it. The claim to offer it with, or `None` when
+    /// `spec` is not a later generation of a farm this node is home of.
+    pub(super) fn grew(&mut self, spec: Arc<FarmSpec>) -> Option<Home> {
+        let r = self.replicas.get_mut(&spec.id).filter(|r| r.home)?;
+        if !r.grow(spec) {
+            return None;
+        }
+        r.accepted = false;
+        Some(r.home_of)
     }
 
     pub(super) fn on_accepted(&mut self, farm: FarmId, tasks: u64, out: &mut Out) {
@@ -215,8 +228,9 @@ impl Holdings {
 
     /// This node's copy (not the home's) counts now: the coordinator hears.
     pub(super) fn copy_complete(&self, farm: FarmId, out: &mut Out, leader: Leader) {
-        if self.replicas.get(&farm).is_some_and(|r| !r.home) {
-            leader.send(out, |_| Msg::Replicated { farm });
+        if let Some(r) = self.replicas.get(&farm).filter(|r| !r.home) {
+            let gen = r.spec.gen;
+            leader.send(out, |_| Msg::Replicated { farm, gen });
         }
     }
 

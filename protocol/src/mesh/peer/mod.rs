@@ -99,7 +99,7 @@ use holder::Holdings;
 use membership::Membership;
 use out::Out;
 use steal::{Answer, Stealing};
-use worker::{Specs, Worker};
+use worker::{keep_spec, Specs, Worker};
 
 /// How long a node restarted on its state folder waits for the members it
 /// remembers to say whom they follow before it may elect itself (see
@@ -384,9 +384,13 @@ impl Peer {
                 &mut self.holdings,
                 &mut self.out,
             ),
-            Msg::Replicated { farm } => {
-                on_farms::copy_made(from, farm, &self.node, self.coord.as_mut(), &mut self.out)
-            }
+            Msg::Replicated { farm, gen } => on_farms::copy_made(
+                from,
+                (farm, gen),
+                &self.node,
+                self.coord.as_mut(),
+                &mut self.out,
+            ),
             Msg::Sync(m) => {
                 self.holdings
                     .on_sync(now, from, *m, &self.node, &mut self.out);
@@ -424,7 +428,7 @@ impl Peer {
             }
             Msg::Farm(spec) => {
                 let id = spec.id;
-                self.specs.insert(id, spec);
+                keep_spec(&mut self.specs, &spec);
                 on_tasks::spec_arrived(&mut self.working(), now, id);
             }
             Msg::Cancel { farm } => on_farms::farm_cancelled(

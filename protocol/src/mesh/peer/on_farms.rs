@@ -105,24 +105,25 @@ pub(super) fn copy_asked(
     }
     let id = farm.id;
     if holdings.replicate(node.id, &farm) {
-        specs.insert(id, farm.clone());
+        keep_spec(specs, &farm);
         out.persist(Persist::Farm(farm.clone()));
     }
     if holdings.want_inputs(node.id, &farm, out) && !holdings.wants_inputs(id) {
-        out.send(from, Msg::Replicated { farm: id });
+        let gen = holdings.get(id).map_or(farm.gen, |r| r.spec.gen);
+        out.send(from, Msg::Replicated { farm: id, gen });
     }
 }
 
 /// A holder's copy of `farm` is complete: a farm waiting for it may be accepted.
 pub(super) fn copy_made(
     from: NodeId,
-    farm: FarmId,
+    (farm, gen): (FarmId, u32),
     node: &Node,
     mut coord: Option<&mut Coord>,
     out: &mut Out,
 ) {
     if let Some(c) = coord.as_deref_mut() {
-        c.has_copy(farm, from);
+        c.has_copy(farm, from, gen);
     }
     accept_ready(node, coord, out);
 }
@@ -138,7 +139,7 @@ pub(super) fn farm_submitted(
     out: &mut Out,
 ) {
     let spec = Arc::new(spec);
-    specs.insert(spec.id, spec.clone());
+    keep_spec(specs, &spec);
     out.persist(Persist::Farm(spec.clone()));
     let home = holdings.submitted(node.id, spec.clone());
     holdings.reused(node.id, spec.id, &reused, out);
@@ -147,6 +148,28 @@ pub(super) fn farm_submitted(
         // what the copy here knows (the reused tasks among it).
         coordinator::offer(out, c, spec, reused, home, None);
     }
+}
+
+/// A farm this node is home of grew: the later generation kept, and
+/// offered to the coordinator until accepted. False when `spec` is not a
+/// later generation of a farm whose home is here.
+pub(super) fn farm_grew(
+    spec: FarmSpec,
+    node: &Node,
+    specs: &mut Specs,
+    holdings: &mut Holdings,
+    out: &mut Out,
+) -> bool {
+    let spec = Arc::new(spec);
+    let Some(home) = holdings.grew(spec.clone()) else {
+        return false;
+    };
+    keep_spec(specs, &spec);
+    out.persist(Persist::Farm(spec.clone()));
+    if let Some(c) = node.election.leader().node {
+        coordinator::offer(out, c, spec, Vec::new(), home, None);
+    }
+    true
 }
 
 /// This node claims a farm's home: its outputs are brought here, and the
@@ -174,7 +197,8 @@ pub(super) fn inputs_arrived(
 ) {
     holdings.copy_complete(farm, out, node.election.leader());
     if let Some(c) = coord.as_deref_mut() {
-        c.has_copy(farm, node.id);
+        let gen = holdings.get(farm).map_or(0, |r| r.spec.gen);
+        c.has_copy(farm, node.id, gen);
     }
     accept_ready(node, coord, out);
 }
@@ -228,7 +252,12 @@ pub(super) fn farm_offered(
     } = &offered;
     let (now, from, farm) = (*now, *from, farm.clone());
     if c.has_farm(farm.id) {
+        if c.grow(now, from, &farm, node, out) {
+            keep_spec(specs, &farm);
+            out.persist(Persist::Farm(farm.clone()));
+        }
         c.resubmitted(now, from, farm.id, offered.entries, offered.home, out);
+        c.accept_ready(node, out);
         return;
     }
     specs.insert(farm.id, farm.clone());

@@ -204,7 +204,7 @@ impl Working<'_> {
 /// A farm's definition this node asked for came: tasks that waited for
 /// it may start, and a node still dry steals.
 pub(super) fn spec_arrived(w: &mut Working, now: Millis, farm: FarmId) {
-    if w.worker.spec_arrived(farm) {
+    if w.worker.spec_arrived(farm, w.specs) {
         w.start_queued(now);
         w.try_steal(now);
     }

@@ -32,6 +32,26 @@ struct Run {
 /// Farm definitions this node knows, by id (shared by every role).
 pub(super) type Specs = FxHashMap<FarmId, Arc<FarmSpec>>;
 
+/// Keeps `spec` unless as late a generation of its farm is here already
+/// (an open farm's copies cross on the network). True when kept.
+pub(super) fn keep_spec(specs: &mut Specs, spec: &Arc<FarmSpec>) -> bool {
+    match specs.get(&spec.id) {
+        Some(have) if have.gen >= spec.gen => false,
+        _ => {
+            specs.insert(spec.id, spec.clone());
+            true
+        }
+    }
+}
+
+/// Whether the spec here says what `a` runs: a task of a stage added to
+/// an open farm since needs its later generation.
+fn spec_knows(specs: &Specs, a: &Assigned) -> bool {
+    specs
+        .get(&a.farm)
+        .is_some_and(|s| (a.task.stage as usize) < s.def.stages.len())
+}
+
 pub(super) struct Worker {
     pool: Pool,
     queue: VecDeque<Assigned>,
@@ -229,7 +249,7 @@ impl Worker {
         if let Some(o) = out.observed() {
             o.arrived.insert((a.farm, a.task), now);
         }
-        if specs.contains_key(&a.farm) {
+        if spec_knows(specs, &a) {
             self.queue.push_back(a);
         } else {
             let first = !self.awaiting_spec.contains_key(&a.farm);
@@ -240,15 +260,21 @@ impl Worker {
         }
     }
 
-    /// The spec of `farm` came: what waited for it is queued. True if anything did.
-    pub(super) fn spec_arrived(&mut self, farm: FarmId) -> bool {
-        match self.awaiting_spec.remove(&farm) {
-            Some(waiting) => {
-                self.queue.extend(waiting);
-                true
-            }
-            None => false,
+    /// The spec of `farm` came: what waited for it is queued, but for
+    /// tasks of stages it does not have yet (an older generation overtook
+    /// the one asked for), which wait on. True if anything was queued.
+    pub(super) fn spec_arrived(&mut self, farm: FarmId, specs: &Specs) -> bool {
+        let Some(waiting) = self.awaiting_spec.remove(&farm) else {
+            return false;
+        };
+        let (known, still): (Vec<Assigned>, Vec<Assigned>) =
+            waiting.into_iter().partition(|a| spec_knows(specs, a));
+        if !still.is_empty() {
+            self.awaiting_spec.insert(farm, still);
         }
+        let any = !known.is_empty();
+        self.queue.extend(known);
+        any
     }
 
     /// Starts queued tasks, in order, while they fit.

@@ -5,6 +5,7 @@
 //! acknowledging workers once their results are durable on enough of
 //! them, in `replication.rs`.
 
+mod grow;
 mod placement;
 mod replication;
 
@@ -92,6 +93,10 @@ struct CoordFarm {
     /// The digest of each `after` stage's keys its dependents' keys were
     /// made with (see `farm::deps_digest`), until the log changes in that stage.
     stage_digests: FxHashMap<u32, [u8; 32]>,
+    /// The latest generation of the spec said `Accepted`, and the holders
+    /// that said they keep the generation after it (see `grow.rs`).
+    gen_accepted: u32,
+    grown_copies: BTreeSet<NodeId>,
 }
 
 impl CoordFarm {
@@ -241,6 +246,7 @@ impl Coord {
         // from the first index up.
         let f = self.add_farm(now, stored.spec, stored.records, stored.entries, Vec::new());
         f.accepted = true;
+        f.gen_accepted = f.spec.gen;
         if let Some(h) = home {
             f.home = f.home.max(h);
         }
@@ -267,6 +273,7 @@ impl Coord {
             records,
             &AddOptions {
                 run: 1,
+                open: spec.open,
                 ..AddOptions::default()
             },
         );
@@ -299,6 +306,8 @@ impl Coord {
             order,
             apart: None,
             stage_digests: FxHashMap::default(),
+            gen_accepted: 0,
+            grown_copies: BTreeSet::new(),
         })
     }
 
@@ -429,7 +438,7 @@ impl Coord {
                 .cloned()
                 .collect(),
             stopped: self.engine.stage_stops(f.slot),
-            finished: counts.finished(),
+            finished: counts.finished() && !self.engine.is_open(f.slot),
             counts,
             stages: self.engine.stage_progress(f.slot),
         };

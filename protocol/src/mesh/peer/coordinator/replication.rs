@@ -119,6 +119,8 @@ struct SyncHead {
     unplaceable: Vec<(u32, String)>,
     stopped: Vec<(u32, engine::Stop)>,
     counts: engine::Counts,
+    /// Every task is over and no more will come (an open farm is never).
+    finished: bool,
     stages: Vec<engine::Counts>,
     order: Vec<Order>,
     holders: Vec<NodeId>,
@@ -135,7 +137,7 @@ impl SyncHead {
             entries,
             len: self.len,
             home: self.home,
-            finished: self.counts.finished(),
+            finished: self.finished,
             counts: self.counts.clone(),
             stages: self.stages.clone(),
             duplicates: self.duplicates,
@@ -403,10 +405,13 @@ impl Coord {
     }
 
     /// `node` keeps the farm's definition and inputs durably.
-    pub(in super::super) fn has_copy(&mut self, farm: FarmId, node: NodeId) {
+    pub(in super::super) fn has_copy(&mut self, farm: FarmId, node: NodeId, gen: u32) {
         if let Some(f) = self.farms.get_mut(&farm) {
             if let Some(h) = f.holders.iter_mut().find(|h| h.node == node) {
                 h.has_spec = true;
+            }
+            if gen >= f.spec.gen {
+                f.grown_copies.insert(node);
             }
         }
     }
@@ -456,9 +461,11 @@ impl Coord {
                 ready.push(*fid);
             }
         }
+        self.accept_grown(cx, out);
         for fid in ready {
             let f = self.farms.get_mut(&fid).expect("listed above");
             f.accepted = true;
+            f.gen_accepted = f.spec.gen;
             let tasks = f.spec.def.task_count();
             let to: Vec<NodeId> = f
                 .holders
@@ -532,7 +539,7 @@ impl Coord {
         for fid in &self.slots {
             let f = self.farms.get_mut(fid).expect("slots and farms agree");
             let counts = self.engine.progress(f.slot);
-            let finished = counts.finished();
+            let finished = counts.finished() && !self.engine.is_open(f.slot);
             let news = (progress || finished) && f.counts_sent.as_ref() != Some(&counts);
             if news {
                 f.counts_sent = Some(counts.clone());
@@ -569,6 +576,7 @@ impl Coord {
                         unplaceable,
                         stopped: self.engine.stage_stops(f.slot),
                         counts: counts.clone(),
+                        finished,
                         stages: self.engine.stage_progress(f.slot),
                         order: f.order.clone(),
                         holders: f.copies(cx.id, |n| cx.members.contains(n)),

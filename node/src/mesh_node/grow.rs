@@ -1,0 +1,168 @@
+//! An open farm grows at its home: the stages a client adds loaded against the farm's own, their inputs hashed off the loop, and the next generation of its spec offered to the coordinator (see `docs/design/open-farm.md`).
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use mesh_protocol::mesh::FarmSpec;
+
+use super::commands::{invalid, write_manifests, Growth};
+use super::reply::Reply;
+use super::staging::hash_inputs;
+use super::{Event, Node};
+use crate::control::ControlResponse;
+use crate::farmfile::{self, LoadOptions};
+
+/// Why an open farm did not grow.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum GrowError {
+    #[error("{0}")]
+    Unknown(String),
+    #[error("farm {0}: not held here")]
+    NotHeld(String),
+    #[error("farm {0} has its home on another node: a farm grows on the node it was submitted to")]
+    HomeElsewhere(String),
+    #[error("farm {0} is closed: a farm takes stages only while open (submitted with `open`, not closed since)")]
+    Closed(String),
+    #[error(
+        "{file}: the stages added to a farm must be in its folder {root} (this file is in {here})"
+    )]
+    Folder {
+        file: String,
+        root: String,
+        here: String,
+    },
+    #[error("{0}")]
+    Input(#[from] super::staging::SubmitError),
+}
+
+impl Node {
+    /// Adds a client's stages to an open farm whose home is here, or closes it.
+    pub(super) fn grow_farm(&mut self, farm: &str, g: Growth, reply: Reply) {
+        let spec = match self.growable(farm) {
+            Ok(spec) => spec,
+            Err(e) => {
+                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                return;
+            }
+        };
+        let handle = self.handle.clone();
+        tokio::task::spawn_blocking(move || {
+            let next = next_generation(&spec, &g, &reply);
+            if let Some(next) = next {
+                let _ = handle.tell_blocking(Event::Grow(next, reply));
+            }
+        });
+    }
+
+    /// The spec of the open farm `farm` names, when its home is here.
+    fn growable(&self, farm: &str) -> Result<Arc<FarmSpec>, GrowError> {
+        let fid = self
+            .find_known(farm)
+            .map_err(|e| GrowError::Unknown(e.to_string()))?;
+        let spec = self
+            .peer
+            .spec(fid)
+            .cloned()
+            .ok_or_else(|| GrowError::NotHeld(farm.to_string()))?;
+        let home_here =
+            self.home.farms.contains_key(&fid) && self.peer.replica(fid).is_some_and(|r| r.home);
+        if !home_here {
+            return Err(GrowError::HomeElsewhere(farm.to_string()));
+        }
+        if !spec.open {
+            return Err(GrowError::Closed(farm.to_string()));
+        }
+        Ok(spec)
+    }
+
+    /// The next generation of an open farm, made off the loop: offered
+    /// to the coordinator, and answered `Submitted` once durable.
+    pub(super) fn grown(&mut self, next: Result<FarmSpec, GrowError>, reply: Reply) {
+        let next = match next {
+            Ok(next) => next,
+            Err(e) => {
+                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                return;
+            }
+        };
+        let id = next.id;
+        self.serve_inputs(&next);
+        let now = self.now();
+        let stages: Vec<String> = next.def.stages.iter().map(|s| s.name.clone()).collect();
+        let open = next.open;
+        if !self.peer.grow(now, next) {
+            let _ = reply.send(ControlResponse::Error(
+                "the farm grew or closed meanwhile (another client's stages came first): send again"
+                    .to_string(),
+            ));
+            return;
+        }
+        if let Some(o) = self.home.farms.get_mut(&id) {
+            for name in stages.into_iter().skip(o.view.stages.len()) {
+                o.view.stages.push((name, Default::default()));
+            }
+            o.view.open = open;
+            if let Some(earlier) = o.submit_reply.replace(reply) {
+                let _ = earlier.send(ControlResponse::Error(
+                    "the farm grew again before this growth was durable".to_string(),
+                ));
+            }
+        }
+        self.refresh_view(id);
+    }
+}
+
+/// `spec` with the stages of `g` added (none when it closes the farm
+/// only), their inputs hashed; `None` once its mistake is said.
+fn next_generation(
+    spec: &FarmSpec,
+    g: &Growth,
+    reply: &Reply,
+) -> Option<Result<FarmSpec, GrowError>> {
+    let mut def = spec.def.clone();
+    if !g.toml.trim().is_empty() {
+        let opts = LoadOptions {
+            out: Some(Path::new(&spec.def.out).to_path_buf()),
+            before: spec.def.stages.clone(),
+        };
+        let (grown, warnings) =
+            match farmfile::load_str_with_warnings(Path::new(&g.file), &g.toml, &opts) {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = reply.send(invalid(&g.file, &e));
+                    return None;
+                }
+            };
+        if grown.root != def.root {
+            return Some(Err(GrowError::Folder {
+                file: g.file.clone(),
+                root: def.root.clone(),
+                here: grown.root,
+            }));
+        }
+        for w in warnings {
+            let _ = reply.send(ControlResponse::Warning(w.to_string()));
+        }
+        def.stages = grown.stages;
+        def.graph = grown.graph;
+    }
+    let old = spec.def.stages.len();
+    let mut seen: HashSet<String> = spec.inputs.iter().map(|i| i.path.clone()).collect();
+    let added = match hash_inputs(&def, old, &mut seen) {
+        Ok(added) => added,
+        Err(e) => return Some(Err(e.into())),
+    };
+    if def.stages.len() > old {
+        write_manifests(&def, reply);
+    }
+    let mut inputs = spec.inputs.clone();
+    inputs.extend(added);
+    Some(Ok(FarmSpec {
+        def,
+        inputs,
+        gen: spec.gen + 1,
+        open: !g.close,
+        ..spec.clone()
+    }))
+}

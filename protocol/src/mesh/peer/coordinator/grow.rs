@@ -1,0 +1,88 @@
+//! An open farm grows on the coordinator: a later generation of its spec taken into the engine, sent to the farm's holders, and said `Accepted` to its home once durable on as many nodes as a farm is.
+
+use std::sync::Arc;
+
+use super::super::super::msg::*;
+use super::super::super::replica::entry_record;
+use super::super::out::Out;
+use super::super::Node;
+use super::Coord;
+use crate::engine::Millis;
+
+impl Coord {
+    /// `spec`, offered by `from`, is a later generation of a farm this
+    /// coordinator has (see [`FarmSpec::grows_into`]): the engine takes
+    /// its new stages, restoring what the log already says of them (a
+    /// coordinator elected after they were added may have heard their
+    /// ends from a holder first), and every other holder is sent it. True
+    /// when it grew; false for a copy as old as the one here, or older.
+    pub(in super::super) fn grow(
+        &mut self,
+        now: Millis,
+        from: NodeId,
+        spec: &Arc<FarmSpec>,
+        cx: &Node,
+        out: &mut Out,
+    ) -> bool {
+        let Some(f) = self.farms.get_mut(&spec.id) else {
+            return false;
+        };
+        if !f.spec.grows_into(spec) {
+            return false;
+        }
+        let old = f.spec.def.stages.len() as u32;
+        let restored: Vec<_> = f
+            .log
+            .current()
+            .filter(|e| e.task().stage >= old)
+            .map(|e| (e.task(), entry_record(e)))
+            .collect();
+        f.spec = spec.clone();
+        let def = Arc::new(spec.def.clone());
+        self.engine.extend_farm(now, f.slot, def, restored);
+        self.engine.set_open(f.slot, spec.open);
+        f.finished_sent = false;
+        f.counts_sent = None;
+        // The node that offered it and this one have it; the others are
+        // asked to keep it, and say so with its generation.
+        f.grown_copies.clear();
+        f.grown_copies.insert(from);
+        f.grown_copies.insert(cx.id);
+        let term = cx.election.term();
+        for h in &f.holders {
+            if h.node != from && h.node != cx.id {
+                out.send(
+                    h.node,
+                    Msg::Replicate {
+                        term,
+                        farm: spec.clone(),
+                    },
+                );
+            }
+        }
+        self.drain(out);
+        true
+    }
+
+    /// Farms accepted before whose latest generation is now durable on
+    /// enough live holders: their home hears `Accepted` again.
+    pub(super) fn accept_grown(&mut self, cx: &Node, out: &mut Out) {
+        let need = cx.holders_needed() + 1;
+        for (&fid, f) in &mut self.farms {
+            if !f.accepted || f.gen_accepted >= f.spec.gen {
+                continue;
+            }
+            let have = f
+                .holders
+                .iter()
+                .filter(|h| h.has_spec && f.grown_copies.contains(&h.node) && cx.live(h.node))
+                .count();
+            if have < need {
+                continue;
+            }
+            f.gen_accepted = f.spec.gen;
+            let tasks = f.spec.def.task_count();
+            out.send(f.home.node, Msg::Accepted { farm: fid, tasks });
+        }
+    }
+}
