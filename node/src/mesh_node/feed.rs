@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use mesh_protocol::engine::TaskEnd;
+use mesh_protocol::farm::FarmDef;
 use mesh_protocol::mesh::{Entry, FarmId, Replica};
 use mesh_protocol::TaskRef;
 
@@ -51,19 +52,24 @@ pub(super) struct Feed {
 
 impl Feed {
     fn new(r: &Replica, reply: Reply) -> Feed {
-        Feed {
+        let mut f = Feed {
             reply,
             read: 0,
-            said: r
-                .spec
-                .def
-                .stages
-                .iter()
-                .map(|s| vec![0; (s.len() as usize).div_ceil(64)])
-                .collect(),
+            said: Vec::new(),
             waiting: HashSet::new(),
             stalled: Arc::new(AtomicBool::new(false)),
             over: false,
+        };
+        f.fit(&r.spec.def);
+        f
+    }
+
+    /// Room to mark the tasks of every stage of `def` said: those of an
+    /// open farm's stages added since this follower came too.
+    fn fit(&mut self, def: &FarmDef) {
+        let known = self.said.len().min(def.stages.len());
+        for s in &def.stages[known..] {
+            self.said.push(vec![0; (s.len() as usize).div_ceil(64)]);
         }
     }
 
@@ -84,15 +90,13 @@ impl Feed {
 
     /// Marks `t` said; false when it was already.
     fn say_once(&mut self, t: TaskRef) -> bool {
-        let (s, w) = (t.stage as usize, t.index as usize / 64);
-        // A stage added to an open farm since the follower came.
-        if self.said.len() <= s {
-            self.said.resize(s + 1, Vec::new());
-        }
-        if self.said[s].len() <= w {
-            self.said[s].resize(w + 1, 0);
-        }
-        let word = &mut self.said[s][w];
+        let Some(word) = self
+            .said
+            .get_mut(t.stage as usize)
+            .and_then(|s| s.get_mut(t.index as usize / 64))
+        else {
+            return false;
+        };
         let bit = 1u64 << (t.index % 64);
         let fresh = *word & bit == 0;
         *word |= bit;
@@ -141,6 +145,7 @@ impl Node {
         let finished = o.view.finished.then(|| o.view.clone());
         let mut more = false;
         for f in &mut feeds {
+            f.fit(&r.spec.def);
             if let Some(t) = fetched {
                 if r.outputs_here(t) && f.waiting.remove(&t) && f.say_once(t) {
                     let _ = f.reply.send(self.task_said(r, t));
