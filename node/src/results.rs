@@ -600,10 +600,7 @@ mod tests {
         let farm = t.path().join("farm.toml");
         let text = "[farm]\nname = \"m\"\n[[stage]]\nname = \"s0\"\n\
                     sweep.u = { range = \"1..3\" }\noutputs = [\"id.txt\"]\nshell = \"true\"\n";
-        let opts = crate::farmfile::LoadOptions {
-            out: Some(out.clone()),
-            ..Default::default()
-        };
+        let opts = crate::farmfile::LoadOptions::to(Some(out.clone()));
         let def = crate::farmfile::load_str(&farm, text, &opts).unwrap();
         let mut gone = std::process::Command::new("true").spawn().unwrap();
         let gone_pid = gone.id();

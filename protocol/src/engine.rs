@@ -220,6 +220,26 @@ impl FarmState {
     /// A farm's state before any record is restored: every task pending,
     /// and who depends on each stage, by kind.
     fn new(def: Arc<FarmDef>, run: u32) -> FarmState {
+        let mut f = FarmState {
+            def: def.clone(),
+            run,
+            stages: def.stages.iter().map(StageState::new).collect(),
+            order: Vec::new(),
+            dependents: Vec::new(),
+            dependents_each: Vec::new(),
+            dependents_by: Vec::new(),
+            cancelled: false,
+            finished_emitted: false,
+            open: false,
+        };
+        f.link(def);
+        f
+    }
+
+    /// Takes `def` as the farm's definition (the one it has, or one that
+    /// grew from it): who depends on each stage, by kind, and the order
+    /// the stages are offered slots in, worked out from it.
+    fn link(&mut self, def: Arc<FarmDef>) {
         let n = def.stages.len();
         let mut dependents = vec![Vec::new(); n];
         let mut dependents_each = vec![Vec::new(); n];
@@ -235,45 +255,37 @@ impl FarmState {
                 dependents_by[dep.stage as usize].push((i as u32, e));
             }
         }
-        let stages = def
-            .stages
-            .iter()
-            .map(|s| {
-                let len = s.len() as usize;
-                StageState {
-                    status: vec![PENDING; len],
-                    attempts: vec![0; len],
-                    failures: vec![0; len],
-                    crashes: vec![0; len],
-                    order: Order::default(),
-                    walked: vec![(0, 0)],
-                    ready: VecDeque::new(),
-                    waiting_on: s.after.len() as u32,
-                    waiting: Vec::new(),
-                    open: false,
-                    complete: false,
-                    unplaceable: false,
-                    counts: Counts {
-                        total: len as u64,
-                        ..Counts::default()
-                    },
-                    streak: fails::Streak::default(),
-                    stopped: None,
-                }
-            })
-            .collect();
-        let order = priority_order(&def);
-        FarmState {
-            def,
-            run,
-            stages,
-            order,
-            dependents,
-            dependents_each,
-            dependents_by,
-            cancelled: false,
-            finished_emitted: false,
+        self.order = priority_order(&def);
+        self.dependents = dependents;
+        self.dependents_each = dependents_each;
+        self.dependents_by = dependents_by;
+        self.def = def;
+    }
+}
+
+impl StageState {
+    /// A stage's state before any record is restored: every task pending.
+    fn new(s: &StageDef) -> StageState {
+        let len = s.len() as usize;
+        StageState {
+            status: vec![PENDING; len],
+            attempts: vec![0; len],
+            failures: vec![0; len],
+            crashes: vec![0; len],
+            order: Order::default(),
+            walked: vec![(0, 0)],
+            ready: VecDeque::new(),
+            waiting_on: s.after.len() as u32,
+            waiting: Vec::new(),
             open: false,
+            complete: false,
+            unplaceable: false,
+            counts: Counts {
+                total: len as u64,
+                ..Counts::default()
+            },
+            streak: fails::Streak::default(),
+            stopped: None,
         }
     }
 }
@@ -1330,9 +1342,9 @@ impl Engine {
     }
 
     fn check_finished(&mut self, farm: FarmSlot) {
-        let c = self.progress(farm);
+        let over = self.over(farm, &self.progress(farm));
         let f = &mut self.farms[farm.0 as usize];
-        if !f.finished_emitted && !f.open && c.finished() {
+        if !f.finished_emitted && over {
             f.finished_emitted = true;
             self.actions
                 .push_back(Action::Emit(Event::FarmFinished { farm }));

@@ -136,7 +136,7 @@ class Client:
                         line=i.get("line"),
                         column=i.get("column"),
                         field=i.get("field"),
-                        text=None if farm._text is not None else farm.to_toml(),
+                        text=None if farm is None or farm._text is not None else farm.to_toml(),
                     )
                 if k == "Error":
                     raise MeshError("the node refused the farm: %s" % a["Error"])
@@ -227,13 +227,20 @@ class Client:
             farm = Farm.from_toml(farm)
         if rerun is True:
             rerun = []
-        k, v, warnings = self._farm_answer(farm, self._farm_request(farm, rerun=rerun, open=open))
+        v, warnings = self._farm_submitted(farm, self._farm_request(farm, rerun=rerun, open=open), warn)
+        return Run(self, v["farm"], total=v["tasks"], warnings=warnings)
+
+    def _farm_submitted(self, farm, request, warn):
+        """A request that submits or grows a farm (``farm``: its stages,
+        ``None`` for a close): its ``Submitted`` answer and the warnings
+        before it, said on stderr with ``warn``."""
+        k, v, warnings = self._farm_answer(farm, request)
         if k != "Submitted":
             raise ProtocolError("expected Submitted from the node, got %s" % k)
         if warn:
             for w in warnings:
                 print("warning: %s" % w, file=sys.stderr)
-        return Run(self, v["farm"], total=v["tasks"], warnings=warnings)
+        return v, warnings
 
     def map(self, command, *iterables, name=None, out=None, root=None, shell=False, stage="map", **stage_options):
         """One task per element of the iterables (zipped, as Python's ``map``).

@@ -5,7 +5,7 @@ import sys
 import time
 
 from . import _proto
-from ._errors import FarmFailed, MeshError, ProtocolError, TaskFailed
+from ._errors import FarmFailed, MeshError, TaskFailed
 
 
 def _stamp(ms):
@@ -393,28 +393,14 @@ class Run:
         folder) to this open farm while it runs; they may depend on its
         stages by name. Returns once they are durable, as a submit does."""
         req = {"Grow": {"farm": self.id, "toml": farm.to_toml(), "file": farm.file}}
-        k, v, warnings = self.client._farm_answer(farm, req)
-        if k != "Submitted":
-            raise ProtocolError("expected Submitted from the node, got %s" % k)
-        if warn:
-            for w in warnings:
-                print("warning: %s" % w, file=sys.stderr)
+        v, warnings = self.client._farm_submitted(farm, req, warn)
         self.total = v["tasks"]
         self.warnings.extend(warnings)
 
     def close(self):
         """No more stages come to this open farm: it ends once its tasks do."""
         req = {"Grow": {"farm": self.id, "toml": "", "file": "", "close": True}}
-        with self.client._exchange(req, first_within=None) as x:
-            for a in x:
-                k = _proto.kind(a)
-                if k == "Submitted":
-                    return
-                if k == "Error":
-                    raise MeshError(a["Error"])
-                if k != "Warning":
-                    raise ProtocolError("expected Submitted from the node, got %s" % k)
-        raise MeshError("the node closed the connection before answering")
+        self.client._farm_submitted(None, req, warn=False)
 
     def cancel_task(self, task):
         """Stops one task (``"solve/3"``): it does not start, or is killed;

@@ -255,12 +255,18 @@ class Functions(InFolder):
 
 
 class TwoNodes(InFolder):
-    def test_futures_as_arguments_across_two_nodes_that_share_no_folder(self):
+    def two_nodes_apart(self):
+        """A client's node of one core, and a second of one joined to it that
+        does not see the first's folders (where mount namespaces can be made)."""
         first = self.node(cpus=1)
         hide = [first.state_dir, self.dir] if nodes.apart_possible() else []
         second = nodes.start(cpus=1, join=first, hide=hide)
         self.addCleanup(second.stop)
         self.assertTrue(nodes.wait_until(lambda: len(first.status()["nodes"]) == 2))
+        return first
+
+    def test_futures_as_arguments_across_two_nodes_that_share_no_folder(self):
+        first = self.two_nodes_apart()
 
         def where(x):
             import socket
@@ -277,11 +283,7 @@ class TwoNodes(InFolder):
         self.assertEqual(len(ran_on), 2, "both nodes ran calls")
 
     def test_calls_submitted_in_a_loop_grow_one_open_farm_across_two_nodes(self):
-        first = self.node(cpus=1)
-        hide = [first.state_dir, self.dir] if nodes.apart_possible() else []
-        second = nodes.start(cpus=1, join=first, hide=hide)
-        self.addCleanup(second.stop)
-        self.assertTrue(nodes.wait_until(lambda: len(first.status()["nodes"]) == 2))
+        first = self.two_nodes_apart()
         # A submit at a time, as a loop of a user's does: each goes out on
         # its own, given the future of the one before (not done yet).
         chain = first.submit(inc, 0)

@@ -62,10 +62,7 @@ pub fn load_scaled(path: &Path, time_scale: f64, tasks: Option<(usize, u64)>) ->
     let def = farmfile::load_str(
         &farm,
         &toml,
-        &LoadOptions {
-            out: Some(folder.join("mesh-out")),
-            ..LoadOptions::default()
-        },
+        &LoadOptions::to(Some(folder.join("mesh-out"))),
     )
     .context("the farm made of the trace does not load (a bug in mesh sim)")?;
     verify(&def, &trace, &plan)

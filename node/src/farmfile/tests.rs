@@ -4,10 +4,7 @@ use super::*;
 use mesh_protocol::farm::{Command, Sweep, TaskRef};
 
 fn opts(out: &str) -> LoadOptions {
-    LoadOptions {
-        out: Some(PathBuf::from(out)),
-        ..LoadOptions::default()
-    }
+    LoadOptions::to(Some(PathBuf::from(out)))
 }
 
 /// Writes `files` into a fresh folder and loads `farm.toml` from it.

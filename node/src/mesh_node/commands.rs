@@ -370,10 +370,7 @@ fn load_farm(
             .parent()
             .map_or_else(|| PathBuf::from("/"), Path::to_path_buf),
     };
-    let opts = LoadOptions {
-        out: out.map(|o| cwd.join(o)),
-        ..LoadOptions::default()
-    };
+    let opts = LoadOptions::to(out.map(|o| cwd.join(o)));
     let (mut def, warnings) = match farmfile::load_str_with_warnings(file_path, toml, &opts) {
         Ok(d) => d,
         Err(e) => {

@@ -89,8 +89,6 @@ impl Node {
         let id = next.id;
         self.serve_inputs(&next);
         let now = self.now();
-        let stages: Vec<String> = next.def.stages.iter().map(|s| s.name.clone()).collect();
-        let open = next.open;
         if !self.peer.grow(now, next) {
             let _ = reply.send(ControlResponse::Error(
                 "the farm grew or closed meanwhile (another client's stages came first): send again"
@@ -99,16 +97,13 @@ impl Node {
             return;
         }
         if let Some(o) = self.home.farms.get_mut(&id) {
-            for name in stages.into_iter().skip(o.view.stages.len()) {
-                o.view.stages.push((name, Default::default()));
-            }
-            o.view.open = open;
             if let Some(earlier) = o.submit_reply.replace(reply) {
                 let _ = earlier.send(ControlResponse::Error(
                     "the farm grew again before this growth was durable".to_string(),
                 ));
             }
         }
+        // Its new stages, and whether it is open, shown.
         self.refresh_view(id);
     }
 }

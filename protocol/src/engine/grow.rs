@@ -8,15 +8,18 @@
 use std::sync::Arc;
 
 use super::{
-    AddOptions, Engine, FarmSlot, FarmState, Millis, TaskRecord, CANCELLED, DONE, FAILED, SKIPPED,
+    AddOptions, Counts, Engine, FarmSlot, FarmState, Millis, StageState, TaskRecord, CANCELLED,
+    DONE, FAILED, SKIPPED,
 };
 use crate::farm::graph::Graph;
 use crate::farm::{FarmDef, TaskRef};
 
 impl Engine {
-    /// Whether more stages may still come to the farm in `slot`.
-    pub fn is_open(&self, slot: FarmSlot) -> bool {
-        self.farms[slot.0 as usize].open
+    /// Whether the farm in `slot`, whose [`Engine::progress`] is
+    /// `counts`, is over: every task ended, and no more will come (an
+    /// open farm is never over).
+    pub fn over(&self, slot: FarmSlot, counts: &Counts) -> bool {
+        !self.farms[slot.0 as usize].open && counts.finished()
     }
 
     /// Opens or closes the farm in `slot`: an open farm is not finished
@@ -44,15 +47,10 @@ impl Engine {
         let f = &mut self.farms[slot.0 as usize];
         let old = f.stages.len();
         debug_assert!(def.stages.len() >= old && def.stages[..old] == f.def.stages[..]);
-        let mut grown = FarmState::new(def.clone(), f.run);
-        for (new, kept) in grown.stages.iter_mut().zip(f.stages.drain(..)) {
-            *new = kept;
-        }
-        grown.cancelled = f.cancelled;
-        grown.finished_emitted = f.finished_emitted;
-        grown.open = f.open;
+        f.stages
+            .extend(def.stages[old..].iter().map(StageState::new));
+        f.link(def.clone());
         let run = f.run;
-        *f = grown;
         if def.stages.len() == old {
             return;
         }

@@ -6,7 +6,7 @@ use crate::farm::{CommandTemplate, StageDef, Sweep, SweepMode, SweepVar, Templat
 use crate::resources::parse_resources;
 use proptest::prelude::*;
 
-fn stage(name: &str, n: u64) -> StageDef {
+pub(super) fn stage(name: &str, n: u64) -> StageDef {
     StageDef::new(
         name,
         CommandTemplate::Argv(vec![Template::literal("true")]),
@@ -14,7 +14,7 @@ fn stage(name: &str, n: u64) -> StageDef {
     )
 }
 
-fn farm(stages: Vec<StageDef>) -> Arc<FarmDef> {
+pub(super) fn farm(stages: Vec<StageDef>) -> Arc<FarmDef> {
     Arc::new(FarmDef {
         graph: Default::default(),
         name: "f".into(),
@@ -24,7 +24,7 @@ fn farm(stages: Vec<StageDef>) -> Arc<FarmDef> {
     })
 }
 
-fn ok() -> Outcome {
+pub(super) fn ok() -> Outcome {
     Outcome {
         result: TaskResult::Exited(0),
         key: None,
@@ -36,7 +36,7 @@ fn ok() -> Outcome {
     }
 }
 
-fn fail() -> Outcome {
+pub(super) fn fail() -> Outcome {
     Outcome {
         result: TaskResult::Exited(1),
         ..ok()

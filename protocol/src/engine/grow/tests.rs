@@ -1,41 +1,10 @@
 //! A farm that grows while it runs: stages added mid-run and after what they depend on ended, a failure upstream, records restored, and the close.
 
-use std::sync::Arc;
-
+use super::super::tests::{fail, farm, ok, stage};
 use super::super::*;
 use crate::farm::graph::{Dep, DepOn};
-use crate::farm::{CommandTemplate, FarmDef, StageDef, Sweep, TaskRef, Template};
+use crate::farm::{StageDef, TaskRef, Template};
 use crate::resources::parse_resources;
-
-fn stage(name: &str, n: u64) -> StageDef {
-    StageDef::new(
-        name,
-        CommandTemplate::Argv(vec![Template::literal("true")]),
-        Sweep::range("i", n),
-    )
-}
-
-fn farm(stages: Vec<StageDef>) -> Arc<FarmDef> {
-    Arc::new(FarmDef {
-        graph: Default::default(),
-        name: "f".into(),
-        root: "/r".into(),
-        out: "/o".into(),
-        stages,
-    })
-}
-
-fn outcome(code: i32) -> Outcome {
-    Outcome {
-        result: TaskResult::Exited(code),
-        key: None,
-        duration_ms: 1,
-        ended_ms: 0,
-        grew: None,
-        logs: 0,
-        stderr_line: None,
-    }
-}
 
 /// The tasks started since last asked, and whether the farm was said finished.
 fn drain(e: &mut Engine) -> (Vec<(FarmSlot, TaskRef, u32)>, bool) {
@@ -84,7 +53,7 @@ fn an_open_farm_grows_mid_run_and_finishes_only_when_closed() {
     let (starts, _) = drain(&mut e);
     assert_eq!(starts.len(), 3);
     // a/0 ends before the stage that waits on it comes.
-    e.task_finished(1, slot, starts[0].1, starts[0].2, outcome(0));
+    e.task_finished(1, slot, starts[0].1, starts[0].2, ok());
     let (more, finished) = drain(&mut e);
     assert!(more.is_empty() && !finished);
     e.extend_farm(2, slot, farm(vec![a.clone(), each_of("b", 0, 3)]), vec![]);
@@ -94,18 +63,18 @@ fn an_open_farm_grows_mid_run_and_finishes_only_when_closed() {
         vec![TaskRef::new(1, 0)],
         "b/0 starts at once: a/0 is done; b/1 and b/2 wait"
     );
-    e.task_finished(3, slot, starts[1].1, starts[1].2, outcome(0));
+    e.task_finished(3, slot, starts[1].1, starts[1].2, ok());
     let (b1, _) = drain(&mut e);
     assert_eq!(
         b1.iter().map(|s| s.1).collect::<Vec<_>>(),
         vec![TaskRef::new(1, 1)]
     );
     for (f, t, att) in [starts[2]].into_iter().chain(b).chain(b1) {
-        e.task_finished(4, f, t, att, outcome(0));
+        e.task_finished(4, f, t, att, ok());
     }
     let (b2, _) = drain(&mut e);
     assert_eq!(b2.len(), 1);
-    e.task_finished(5, b2[0].0, b2[0].1, b2[0].2, outcome(0));
+    e.task_finished(5, b2[0].0, b2[0].1, b2[0].2, ok());
     let (_, finished) = drain(&mut e);
     let p = e.progress(slot);
     assert_eq!((p.done, p.total), (6, 6));
@@ -124,8 +93,8 @@ fn a_stage_added_after_a_failure_upstream_skips_what_depended_on_it() {
     let a = stage("a", 2);
     let slot = e.add_farm(0, farm(vec![a.clone()]), vec![], &open());
     let (starts, _) = drain(&mut e);
-    e.task_finished(1, slot, starts[0].1, starts[0].2, outcome(0));
-    e.task_finished(1, slot, starts[1].1, starts[1].2, outcome(1));
+    e.task_finished(1, slot, starts[0].1, starts[0].2, ok());
+    e.task_finished(1, slot, starts[1].1, starts[1].2, fail());
     drain(&mut e);
     let mut whole = stage("c", 1);
     whole.after = vec![0];

@@ -438,7 +438,7 @@ impl Coord {
                 .cloned()
                 .collect(),
             stopped: self.engine.stage_stops(f.slot),
-            finished: counts.finished() && !self.engine.is_open(f.slot),
+            finished: self.engine.over(f.slot, &counts),
             counts,
             stages: self.engine.stage_progress(f.slot),
         };

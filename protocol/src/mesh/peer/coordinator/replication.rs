@@ -539,7 +539,7 @@ impl Coord {
         for fid in &self.slots {
             let f = self.farms.get_mut(fid).expect("slots and farms agree");
             let counts = self.engine.progress(f.slot);
-            let finished = counts.finished() && !self.engine.is_open(f.slot);
+            let finished = self.engine.over(f.slot, &counts);
             let news = (progress || finished) && f.counts_sent.as_ref() != Some(&counts);
             if news {
                 f.counts_sent = Some(counts.clone());
