@@ -17,9 +17,11 @@ use crate::farm::{FarmDef, TaskRef};
 impl Engine {
     /// Whether the farm in `slot`, whose [`Engine::progress`] is
     /// `counts`, is over: every task ended, and no more will come (an
-    /// open farm is never over).
+    /// open farm is over only once cancelled: what it takes after is
+    /// cancelled too).
     pub fn over(&self, slot: FarmSlot, counts: &Counts) -> bool {
-        !self.farms[slot.0 as usize].open && counts.finished()
+        let f = &self.farms[slot.0 as usize];
+        (!f.open || f.cancelled) && counts.finished()
     }
 
     /// Opens or closes the farm in `slot`: an open farm is not finished

@@ -138,3 +138,18 @@ fn a_grown_stage_restores_its_records_and_a_cancelled_farm_runs_nothing_new() {
     e.extend_farm(2, slot, farm(vec![a, stage("b", 2), stage("c", 4)]), vec![]);
     assert_eq!(e.stage_progress(slot)[2].cancelled, 4);
 }
+
+#[test]
+fn an_open_farm_cancelled_is_over_without_being_closed() {
+    let mut e = Engine::new(parse_resources("cpu=8").unwrap());
+    let slot = e.add_farm(0, farm(vec![stage("a", 3)]), vec![], &open());
+    let (starts, _) = drain(&mut e);
+    e.task_finished(1, slot, starts[0].1, starts[0].2, ok());
+    e.cancel(slot);
+    // The two still running are killed; their ends come back.
+    for &(f, t, att) in &starts[1..] {
+        e.task_finished(2, f, t, att, fail());
+    }
+    let (_, finished) = drain(&mut e);
+    assert!(finished, "cancelled: over, open or not");
+}
