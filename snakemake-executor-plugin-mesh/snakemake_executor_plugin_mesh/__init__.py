@@ -1,11 +1,12 @@
-"""snakemake --executor mesh: each job a task of a mesh, submitted in batches, its state read in one query a farm.
+"""snakemake --executor mesh: each job a task of the workflow's one open farm, grown a batch at a time, its state read in one query a poll.
 
-Snakemake hands the executor the jobs that are ready (``run_jobs``); each
-batch goes to the node as one farm of shell tasks, a stage per resource
+Snakemake hands the executor the jobs that are ready (``run_jobs``); the
+workflow run has one open farm on the node (docs/design/open-farm.md),
+and each batch grows it by stages of shell tasks, a stage per resource
 shape (a job's ``threads``, ``mem_mb``, ``gpu`` and custom resources), each
 task one job's command (``python -m snakemake ... --mode remote``, as for
-any remote executor). The jobs' states come from one ``Tasks`` query per
-farm per poll. Snakemake decides what is up to date, so the mesh runs
+any remote executor); the farm is closed when the workflow ends. The
+jobs' states come from one ``Tasks`` query per poll. Snakemake decides what is up to date, so the mesh runs
 every job it is given (no reuse of earlier results). Ctrl-C cancels the
 workflow's tasks; each job's output is written to
 ``.snakemake/mesh_logs/<rule>/<jobid>.log`` and is in ``mesh logs`` too.
@@ -111,6 +112,8 @@ class Executor(RemoteExecutor):
             raise WorkflowError("cannot reach a mesh node: %s" % e) from None
         self.farm_name = s.farm_name
         self.batches = 0
+        #: The workflow run's open farm, made by the first batch.
+        self.run = None
         self.logdir = os.path.abspath(os.path.join(".snakemake", "mesh_logs"))
         # Set when a task of ours ends: the status check comes then, not
         # after Snakemake's poll interval (10 s by default).
@@ -124,7 +127,7 @@ class Executor(RemoteExecutor):
             self.run_job_pre(job)
         self.batches += 1
         mesh = self._mesh
-        farm = mesh.Farm(self.farm_name, out=os.path.join(".snakemake", "mesh", "b%d" % self.batches), root=self.workflow.workdir_init)
+        farm = mesh.Farm(self.farm_name, out=os.path.join(".snakemake", "mesh"), root=self.workflow.workdir_init)
         shapes = {}
         most_cpu = self._most_cpu() if any(j.is_group() for j in jobs) else None
         for job in jobs:
@@ -132,7 +135,8 @@ class Executor(RemoteExecutor):
             shapes.setdefault(tuple(sorted(res.items())), []).append(job)
         where = {}
         for n, (shape, js) in enumerate(shapes.items()):
-            name = "jobs%d" % n
+            # Unique in the open farm, which holds every batch's stages.
+            name = "jobs%d-%d" % (self.batches, n)
             farm.stage(
                 name,
                 shell="{cmd}",
@@ -143,13 +147,18 @@ class Executor(RemoteExecutor):
             for i, j in enumerate(js):
                 where[id(j)] = "%s/%d" % (name, i)
         try:
-            # Snakemake has decided these must run: nothing is reused.
-            run = self.client.submit(farm, rerun=True, warn=False)
+            if self.run is None:
+                # Snakemake has decided these must run: nothing is reused.
+                run = self.client.submit(farm, rerun=True, warn=False, open=True)
+                threading.Thread(target=self._follow, args=(run,), name="mesh-follow", daemon=True).start()
+                self.run = run
+            else:
+                run = self.run
+                run.grow(farm, warn=False)
         except mesh.MeshError as e:
             for job in jobs:
                 self.report_job_error(SubmittedJobInfo(job), msg="the mesh refused the jobs: %s" % e)
             return
-        threading.Thread(target=self._follow, args=(run,), name="mesh-follow", daemon=True).start()
         for job in jobs:
             task = where[id(job)]
             self.report_job_submission(SubmittedJobInfo(job, external_jobid="%s %s" % (run.id, task), aux={"run": run, "task": task}))
@@ -253,6 +262,15 @@ class Executor(RemoteExecutor):
                 run.cancel()
             except self._mesh.MeshError as e:
                 self.logger.warning("mesh: cancelling %s: %s" % (rid, e))
+
+    def shutdown(self):
+        super().shutdown()
+        # The workflow takes no more jobs: its farm ends once its tasks do.
+        if self.run is not None:
+            try:
+                self.run.close()
+            except self._mesh.MeshError as e:
+                self.logger.warning("mesh: closing %s: %s" % (self.run.id, e))
 
     def get_job_exec_prefix(self, job: JobExecutorInterface):
         if self.workflow.storage_settings.assume_common_workdir:

@@ -80,6 +80,11 @@ class Plugin(unittest.TestCase):
         farms = [f for f in n.farms() if f.name == "snakemake"]
         # 4 square, gather, split, 3 upper, agg, and a group job (once, twice) per sample.
         self.assertEqual(sum(f.done for f in farms), 12, farms)
+        self.assertEqual(len(farms), 1, "the workflow run's jobs in one open farm: %s" % farms)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(f.finished for f in n.farms() if f.name == "snakemake"):
+            time.sleep(0.2)
+        self.assertTrue(all(f.finished for f in n.farms() if f.name == "snakemake"), "closed when the workflow ended")
         # Snakemake's own up-to-date check: a second run sends nothing.
         before = len(n.farms())
         r = snakemake(d, "--executor", "mesh", "--jobs", "4", "--mesh-state-dir", n.state_dir)
