@@ -540,7 +540,11 @@ impl Coord {
             let f = self.farms.get_mut(fid).expect("slots and farms agree");
             let counts = self.engine.progress(f.slot);
             let finished = self.engine.over(f.slot, &counts);
-            let news = (progress || finished) && f.counts_sent.as_ref() != Some(&counts);
+            // Nothing runs or waits: what ended goes out at once, not with
+            // the next round, over or not (an open farm's client waits on
+            // it: a lone call's value came 200 ms late, at the round).
+            let settled = counts.finished();
+            let news = (progress || settled) && f.counts_sent.as_ref() != Some(&counts);
             if news {
                 f.counts_sent = Some(counts.clone());
                 f.finished_sent = finished;
@@ -552,7 +556,7 @@ impl Coord {
                 // Between progress rounds most steps have nothing for a
                 // holder: asked first, before whether it is live (a member
                 // lookup at every step of a busy coordinator).
-                if !(progress || finished || len.saturating_sub(h.sent) >= SYNC_BATCH as u64) {
+                if !(progress || settled || len.saturating_sub(h.sent) >= SYNC_BATCH as u64) {
                     continue;
                 }
                 // This node streams to itself only where it keeps a copy.
@@ -584,10 +588,10 @@ impl Coord {
                 });
                 let h = &mut f.holders[i];
                 // Entries go out with the progress round, or at once when a
-                // batch is full or the farm is over: one sync per round
+                // batch is full or nothing is left to run: one sync per round
                 // rather than one per completion (each costs a message and
                 // an answer; only the workers' acknowledgements wait for it).
-                let due = progress || finished || f.log.len() - h.sent >= SYNC_BATCH as u64;
+                let due = progress || settled || f.log.len() - h.sent >= SYNC_BATCH as u64;
                 let mut sent_any = false;
                 while due && h.sent < f.log.len() && h.sent - h.acked.min(h.sent) < SYNC_WINDOW {
                     let entries = f.log.slice(h.sent, SYNC_BATCH).to_vec();
