@@ -13,7 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-use mesh_protocol::farm::FarmDef;
+use mesh_protocol::farm::{FarmDef, StageDef};
 use serde::{Deserialize, Serialize};
 
 use crate::state::{remove_if_stale_put, PUT_SUFFIX};
@@ -417,9 +417,9 @@ pub const MANIFEST: &str = "tasks.tsv";
 /// values (folders keep index names; a task is known by its values).
 /// Tabs, newlines and backslashes in values are written `\t`, `\n`,
 /// `\\`. A grown stage has none: its values are known as it runs.
-pub fn write_manifests(out: &Path, def: &FarmDef) -> io::Result<()> {
+pub fn write_manifests(out: &Path, stages: &[StageDef]) -> io::Result<()> {
     use std::io::Write as _;
-    for stage in &def.stages {
+    for stage in stages {
         if stage.outputs.is_empty() || stage.sweep.grown().is_some() {
             continue;
         }
@@ -607,7 +607,7 @@ mod tests {
         gone.wait().unwrap();
         let stale = out.join(format!("s0/.{MANIFEST}.{gone_pid}.x1Yz9q{PUT_SUFFIX}"));
         write(&stale, "ind");
-        write_manifests(&out, &def).unwrap();
+        write_manifests(&out, &def.stages).unwrap();
         let mut names: Vec<String> = fs::read_dir(out.join("s0"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -17,7 +17,7 @@ use crate::alloc::script;
 use crate::control::refusal::BAD_REQUEST;
 use crate::control::{ControlRequest, ControlResponse, CONTROL_API};
 use crate::farmfile::{self, FarmFileError, LoadOptions};
-use mesh_protocol::farm::FarmDef;
+use mesh_protocol::farm::{FarmDef, StageDef};
 use mesh_protocol::mesh::NodeId;
 
 impl Node {
@@ -478,7 +478,7 @@ fn prepare_submit(
     reply: Reply,
 ) {
     let rerun = crate::results::rerun_stages(&def, rerun);
-    write_manifests(&def, &reply);
+    write_manifests(&def.out, &def.stages, &reply);
     let spec = make_spec(def, file, origin).map(|mut spec| {
         spec.open = open;
         let keys = super::reuse::task_keys(&spec);
@@ -487,12 +487,13 @@ fn prepare_submit(
     let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
 }
 
-/// Writes each stage's `tasks.tsv` before the farm runs (see
+/// Writes the `tasks.tsv` of each of `stages` (a farm's, or those added
+/// to an open farm) in `out` before they run (see
 /// `results::write_manifests`); a folder that cannot take it is said, and
 /// the farm goes on.
-pub(super) fn write_manifests(def: &FarmDef, reply: &Reply) {
-    let out = Path::new(&def.out);
-    if let Err(e) = crate::results::write_manifests(out, def) {
+pub(super) fn write_manifests(out: &str, stages: &[StageDef], reply: &Reply) {
+    let out = Path::new(out);
+    if let Err(e) = crate::results::write_manifests(out, stages) {
         let _ = reply.send(ControlResponse::Warning(format!(
             "which task is which ({}) is not written in {}: {e}",
             crate::results::MANIFEST,

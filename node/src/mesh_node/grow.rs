@@ -148,9 +148,7 @@ fn next_generation(
         Ok(added) => added,
         Err(e) => return Some(Err(e.into())),
     };
-    if def.stages.len() > old {
-        write_manifests(&def, reply);
-    }
+    write_manifests(&def.out, &def.stages[old..], reply);
     let mut inputs = spec.inputs.clone();
     inputs.extend(added);
     Some(Ok(FarmSpec {

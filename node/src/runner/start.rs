@@ -143,7 +143,7 @@ impl Opened {
             }
         }
         // On a resume too: a run killed while it wrote them left them half done.
-        results::write_manifests(Path::new(&def.out), def).map_err(io_err(format!(
+        results::write_manifests(Path::new(&def.out), &def.stages).map_err(io_err(format!(
             "cannot write which task is which ({}) in {}",
             results::MANIFEST,
             def.out
