@@ -257,16 +257,17 @@ class Functions(InFolder):
 class TwoNodes(InFolder):
     def two_nodes_apart(self):
         """A client's node of one core, and a second of one joined to it that
-        does not see the first's folders (where mount namespaces can be made)."""
+        does not see the first's folders (where mount namespaces can be made):
+        the client, and the second node."""
         first = self.node(cpus=1)
         hide = [first.state_dir, self.dir] if nodes.apart_possible() else []
         second = nodes.start(cpus=1, join=first, hide=hide)
         self.addCleanup(second.stop)
         self.assertTrue(nodes.wait_until(lambda: len(first.status()["nodes"]) == 2))
-        return first
+        return first, second
 
     def test_futures_as_arguments_across_two_nodes_that_share_no_folder(self):
-        first = self.two_nodes_apart()
+        first, _ = self.two_nodes_apart()
 
         def where(x):
             import socket
@@ -283,7 +284,7 @@ class TwoNodes(InFolder):
         self.assertEqual(len(ran_on), 2, "both nodes ran calls")
 
     def test_calls_submitted_in_a_loop_grow_one_open_farm_across_two_nodes(self):
-        first = self.two_nodes_apart()
+        first, _ = self.two_nodes_apart()
         # A submit at a time, as a loop of a user's does: each goes out on
         # its own, given the future of the one before (not done yet).
         chain = first.submit(inc, 0)
@@ -306,6 +307,21 @@ class TwoNodes(InFolder):
         self.assertEqual(len({f.task.node for f in links + parts}), 2, "both nodes ran calls")
         first._functions()._close_open()
         self.assertTrue(nodes.wait_until(lambda: run.progress().finished), "closed: over")
+
+    def test_a_node_killed_while_the_open_farm_grows_loses_no_value(self):
+        first, second = self.two_nodes_apart()
+        # A submit at a time, each given the future before it; the other
+        # node (the coordinator or a worker) is killed a third of the way.
+        fs, chain = [], None
+        for i in range(30):
+            fs.append(first.submit(slow_square, i))
+            chain = first.submit(add, 0 if chain is None else chain, fs[-1])
+            if i == 10:
+                second.proc.send_signal(signal.SIGKILL)
+            time.sleep(0.02)
+        self.assertEqual(first.gather(fs), [i * i for i in range(30)])
+        self.assertEqual(chain.result(timeout=WAIT_S), sum(i * i for i in range(30)))
+        self.assertEqual(len({f._run.id for f in fs}), 1, "one open farm through the kill")
 
     def test_a_node_killed_mid_map_loses_no_value(self):
         first = self.node(cpus=1)
