@@ -171,6 +171,12 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Close an open farm (a Python client's or a Snakemake run's, its client
+    /// gone): it takes no more stages, and ends once its tasks do.
+    Close {
+        #[arg(value_parser = args::name)]
+        farm: String,
+    },
     /// Stop a submitted farm: nothing new starts, running tasks are killed.
     /// With tasks (`solve/3`): only those, and what depends on them is skipped.
     Cancel {
@@ -413,6 +419,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
         } => mesh_cmds::submit(&to, &farm, out, (wait, rerun), json),
         Cmd::Wait { farm, json } => mesh_cmds::wait(&to, &farm, json),
         Cmd::Cancel { farm, tasks } => mesh_cmds::cancel(&to, &farm, &tasks),
+        Cmd::Close { farm } => mesh_cmds::close(&to, &farm),
         Cmd::ControlPipe => mesh_cmds::control_pipe(&to),
         Cmd::Watch {
             farm,

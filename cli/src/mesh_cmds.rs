@@ -421,7 +421,7 @@ pub fn print_list(
             outln!(
                 "{:<28} {:<10} {:>16} {:>8}  {}",
                 f.id,
-                if f.finished { "finished" } else { "running" },
+                f.state_word(),
                 format!("{}/{}", f.counts.done, f.counts.total),
                 f.counts.failed,
                 f.home
@@ -477,8 +477,7 @@ pub fn farm_status(to: &Target, farm: &str, json: bool) -> Result<bool> {
             if json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                let state = if v.finished { "finished" } else { "running" };
-                outln!("farm {} ({state}), home {}", v.id, v.home);
+                outln!("farm {} ({}), home {}", v.id, v.state_word(), v.home);
                 if let Some(words) = v.eta_words(mesh_node::state::unix_ms()) {
                     outln!("  {words}");
                 }
@@ -637,6 +636,31 @@ fn print_farm(v: &FarmView) {
             .iter()
             .filter_map(|f| f.split_whitespace().next());
         eprintln!("  {}", crate::show::skipped_line(c.skipped, names));
+    }
+}
+
+/// Closes an open farm (a Python client's, a Snakemake run's, whose
+/// client is gone): it takes no more stages, and ends once its tasks do.
+pub fn close(to: &Target, farm: &str) -> Result<ExitCode> {
+    let req = ControlRequest::Grow {
+        farm: farm.to_string(),
+        toml: String::new(),
+        file: String::new(),
+        close: true,
+    };
+    let mut c = ask(to, &req)?;
+    loop {
+        match c.recv() {
+            Some(Ok(ControlResponse::Submitted { farm, .. })) => {
+                outln!("closed {farm}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            Some(Ok(ControlResponse::Warning(_))) => continue,
+            Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+            Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
+            Some(Err(e)) => bail!(e),
+            None => bail!("the node closed the connection"),
+        }
     }
 }
 
@@ -980,10 +1004,8 @@ fn print_farms(s: &MeshStatus) {
     let going = s.farms.iter().filter(|f| !f.finished).count();
     let running: u64 = s.nodes.iter().map(|n| u64::from(n.running)).sum();
     for f in &s.farms {
-        let state = if f.finished {
-            "finished"
-        } else if f.accepted {
-            "running"
+        let state = if f.finished || f.accepted {
+            f.state_word()
         } else {
             "waiting for the coordinator"
         };

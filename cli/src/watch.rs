@@ -228,7 +228,7 @@ fn render(
             hidden += 1;
             continue;
         }
-        let state = if f.finished { "finished" } else { "running" };
+        let state = f.state_word();
         let skipped = match f.counts.skipped {
             0 => String::new(),
             n => format!(", {n} skipped"),

@@ -95,6 +95,18 @@ pub fn bytes(n: u64) -> String {
 }
 
 impl FarmView {
+    /// Its state in a word: `finished`, `open` (still taking stages, see
+    /// `ControlRequest::Grow`), or `running`.
+    pub fn state_word(&self) -> &'static str {
+        if self.finished {
+            "finished"
+        } else if self.open {
+            "open"
+        } else {
+            "running"
+        }
+    }
+
     /// When it ends, in words, as its home last estimated it and counted
     /// on from then (see [`crate::eta::Eta::words`]); none once it has.
     pub fn eta_words(&self, now_ms: u64) -> Option<String> {

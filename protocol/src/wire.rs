@@ -19,7 +19,7 @@ use crate::pieces::Pieces;
 /// Bumped whenever a message changes shape; peers with another version are refused.
 pub const PROTOCOL_VERSION: u32 = 21;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
-pub const REQUEST_PROTOCOL: &str = "/mesh/req/11";
+pub const REQUEST_PROTOCOL: &str = "/mesh/req/12";
 /// The stream that carries messages for a peer's engine, in order.
 pub const PEER_PROTOCOL: &str = "/mesh/peer/10";
 /// A file's bytes, one stream per file: the receiver opens it.
@@ -222,4 +222,6 @@ pub struct FarmSummary {
     pub home: Home,
     /// Where it stands, as the coordinator's copy says.
     pub progress: FarmProgress,
+    /// It still takes stages (see [`crate::mesh::FarmSpec::open`]).
+    pub open: bool,
 }

@@ -16,6 +16,7 @@ mod import;
 mod input;
 mod lengths;
 mod mesh;
+mod open;
 mod oracle;
 mod remote;
 mod resume;

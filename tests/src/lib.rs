@@ -709,6 +709,30 @@ impl Cluster {
         self.mesh_start(i, args).wait()
     }
 
+    /// One control request (a JSON line, see docs/api.md) to node `i`,
+    /// through `mesh control-pipe` as the Python client sends it: its
+    /// answers, a JSON value each.
+    pub fn control(&self, i: usize, request: &serde_json::Value) -> Vec<serde_json::Value> {
+        use std::io::Write as _;
+        let mut child = mesh_command(
+            &self.bin,
+            &["control-pipe"],
+            &self.root,
+            &self.nodes[i].state,
+        )
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("start mesh control-pipe");
+        let mut stdin = child.stdin.take().expect("piped");
+        writeln!(stdin, "{request}").expect("write the request");
+        drop(stdin);
+        let run = Background { child: Some(child) }.wait();
+        run.stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    }
+
     /// Starts a mesh command against node `i`'s state folder.
     pub fn mesh_start(&self, i: usize, args: &[&str]) -> Background {
         let child = mesh_command(&self.bin, args, &self.root, &self.nodes[i].state)

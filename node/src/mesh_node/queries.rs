@@ -101,11 +101,13 @@ impl Node {
         ids.into_iter()
             .filter_map(|id| {
                 let (home, progress, _) = self.standing(id, 0)?;
+                let spec = self.peer.spec(id)?;
                 Some(FarmSummary {
                     id,
-                    name: self.peer.spec(id)?.def.name.clone(),
+                    name: spec.def.name.clone(),
                     home,
                     progress,
+                    open: spec.open,
                 })
             })
             .collect()

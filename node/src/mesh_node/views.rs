@@ -325,6 +325,7 @@ pub(super) fn summary_view(f: &FarmSummary, labels: &HashMap<NodeId, String>) ->
         id: farm_display_id(&f.name, f.id),
         name: f.name.clone(),
         accepted: true,
+        open: f.open,
         finished: f.progress.finished,
         counts: f.progress.counts.clone(),
         duplicates: f.progress.duplicates,

@@ -1,0 +1,124 @@
+//! An open farm on real nodes, through the control API as any client sends it: grown while it runs, its coordinator SIGKILLed between growths, not over while open, then closed; every output home and right.
+
+use std::time::Duration;
+
+use mesh_tests::{wait_until, Cluster};
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+
+use super::sandbox;
+
+const FIRST: &str = r#"
+[farm]
+name = "grow"
+
+[[stage]]
+name = "a"
+sweep.i = { range = "0..4" }
+workdir = "w/{stage}/{index}"
+shell = "sleep 0.3; echo {i} > r.txt"
+outputs = ["r.txt"]
+"#;
+
+/// Added once `a` runs: each task reads the output of `a`'s of its index.
+const SECOND: &str = r#"
+[[stage]]
+name = "b"
+sweep.i = { range = "0..4" }
+after = [{ stage = "a", tasks = "{i}", match = "i" }]
+workdir = "w/{stage}/{index}"
+shell = "echo $(cat {out}/a/{index}/r.txt) {i} > r.txt"
+outputs = ["r.txt"]
+"#;
+
+/// Added after the coordinator is gone: a gather of every `b`.
+const THIRD: &str = r#"
+[[stage]]
+name = "c"
+after = ["b"]
+workdir = "w/{stage}"
+shell = "cat {out}/b/*/r.txt | sort -n > all.txt"
+outputs = ["all.txt"]
+"#;
+
+/// The `Submitted` answer among a request's answers: the farm's id and its task count.
+fn submitted(answers: &[Value]) -> (String, u64) {
+    let s = answers
+        .iter()
+        .find_map(|a| a.get("Submitted"))
+        .unwrap_or_else(|| panic!("not submitted: {answers:?}"));
+    (
+        s["farm"].as_str().expect("farm").to_string(),
+        s["tasks"].as_u64().expect("tasks"),
+    )
+}
+
+#[test]
+fn an_open_farm_grows_across_a_coordinator_kill_and_ends_once_closed() {
+    let sb = sandbox();
+    let c = Cluster::start(
+        &sb,
+        &["cpu=2", "cpu=2", "cpu=2"],
+        &["--dead-after-ms", "1500"],
+    );
+    let coordinator = c.status(0)["coordinator"].as_str().unwrap().to_string();
+    assert_eq!(
+        coordinator,
+        c.nodes[0].peer_id(),
+        "the first node coordinates"
+    );
+    let file = |name: &str| sb.path().join(name).to_string_lossy().into_owned();
+    let cwd = sb.path().to_string_lossy().into_owned();
+    let (id, tasks) = submitted(&c.control(
+        2,
+        &json!({"SubmitFarm": {"toml": FIRST, "file": file("first.toml"), "out": "grow-out", "cwd": cwd, "open": true}}),
+    ));
+    assert_eq!(tasks, 5);
+    let (_, tasks) = submitted(&c.control(
+        2,
+        &json!({"Grow": {"farm": id, "toml": SECOND, "file": file("second.toml")}}),
+    ));
+    assert_eq!(tasks, 10, "a's and b's");
+    c.nodes[0].signal(Signal::SIGKILL);
+    // Durable once a new coordinator has it.
+    let (_, tasks) = submitted(&c.control(
+        2,
+        &json!({"Grow": {"farm": id, "toml": THIRD, "file": file("third.toml")}}),
+    ));
+    assert_eq!(tasks, 11);
+    let farm = || c.mesh(2, &["status", &id, "--json"]).json();
+    let ran = wait_until(Duration::from_secs(60), || {
+        farm()["counts"]["done"].as_u64() == Some(11)
+    });
+    assert!(ran, "every task done: {}", farm());
+    let f = farm();
+    assert_eq!(
+        (f["open"].as_bool(), f["finished"].as_bool()),
+        (Some(true), Some(false)),
+        "open: not over: {f}"
+    );
+    // A stage name it has is refused, and nothing changes.
+    let again = c.control(
+        2,
+        &json!({"Grow": {"farm": id, "toml": THIRD, "file": file("third.toml")}}),
+    );
+    assert!(
+        again.iter().all(|a| a.get("Submitted").is_none()),
+        "{again:?}"
+    );
+    c.mesh(2, &["close", &id]).expect_code(0);
+    c.mesh(2, &["wait", &id]).expect_code(0);
+    for i in 0..5 {
+        assert_eq!(sb.read(&format!("grow-out/a/{i}/r.txt")), format!("{i}\n"));
+        assert_eq!(
+            sb.read(&format!("grow-out/b/{i}/r.txt")),
+            format!("{i} {i}\n")
+        );
+    }
+    let all: String = (0..5).map(|i| format!("{i} {i}\n")).collect();
+    assert_eq!(sb.read("grow-out/c/0/all.txt"), all);
+    assert_ne!(
+        c.status(2)["coordinator"].as_str(),
+        Some(coordinator.as_str())
+    );
+}
