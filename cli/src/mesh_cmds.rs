@@ -647,6 +647,7 @@ pub fn close(to: &Target, farm: &str) -> Result<ExitCode> {
         toml: String::new(),
         file: String::new(),
         close: true,
+        rerun: true,
     };
     let mut c = ask(to, &req)?;
     loop {

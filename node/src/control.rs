@@ -243,6 +243,8 @@ pub enum ControlRequest {
     /// which may depend on the farm's stages by name; `file` names it in
     /// messages, and its folder must be the farm's. `close`: nothing more
     /// comes, and the farm ends once its tasks do (`toml` may be empty).
+    /// An added task whose result this node keeps (by content key, see
+    /// `SubmitFarm`) is done from the start unless `rerun`.
     /// Answered as `SubmitFarm` is, `Submitted` once the new stages are
     /// durable.
     Grow {
@@ -252,6 +254,11 @@ pub enum ControlRequest {
         file: String,
         #[serde(default)]
         close: bool,
+        /// Run every added task, reusing no earlier result (as `SubmitFarm`
+        /// with every stage in `rerun`): a workflow manager's jobs, which it
+        /// decided must run.
+        #[serde(default)]
+        rerun: bool,
     },
     /// Each task of a farm whose home is this node, once, as it ends for
     /// good with its outputs home ([`ControlResponse::Task`]), from the

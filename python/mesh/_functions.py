@@ -649,6 +649,9 @@ class Functions:
         if run is None:
             run = self.client.submit(farm, warn=False, open=True)
             with self.cv:
+                # Before the follower can settle any of them.
+                for f in batch:
+                    f._run = run
                 self.open_run, self.open_batches, self.open_calls = run, 0, calls
             got = collections.Counter()
             t = threading.Thread(target=self._follow, args=(run, calls, got), name="mesh-follow", daemon=True)
@@ -656,11 +659,12 @@ class Functions:
             w = threading.Thread(target=self._watch_unrun, args=(run, calls, got), name="mesh-watch", daemon=True)
             w.start()
         else:
+            with self.cv:
+                for f in batch:
+                    f._run = run
             run.grow(farm, warn=False)
         with self.cv:
             self.open_batches += 1
-            for f in batch:
-                f._run = run
 
     def of_farm(self, run):
         """Futures of the calls of a farm submitted earlier, by key: done

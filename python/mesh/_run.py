@@ -388,11 +388,13 @@ class Run:
         """Stops the farm: nothing new starts and running tasks are killed."""
         self.client._ask({"Cancel": {"farm": self.id}}, "Cancelled")
 
-    def grow(self, farm, warn=True):
+    def grow(self, farm, warn=True, rerun=False):
         """Adds the stages of ``farm`` (a :class:`Farm` in this farm's
         folder) to this open farm while it runs; they may depend on its
-        stages by name. Returns once they are durable, as a submit does."""
-        req = {"Grow": {"farm": self.id, "toml": farm.to_toml(), "file": farm.file}}
+        stages by name. Returns once they are durable, as a submit does.
+        A task whose result the node keeps is done from the start, unless
+        ``rerun``."""
+        req = {"Grow": {"farm": self.id, "toml": farm.to_toml(), "file": farm.file, "rerun": rerun}}
         v, warnings = self.client._farm_submitted(farm, req, warn)
         self.total = v["tasks"]
         self.warnings.extend(warnings)

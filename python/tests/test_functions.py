@@ -253,6 +253,39 @@ class Functions(InFolder):
         self.assertTrue({int(w[1]) for w in first} <= reused, "what ended before the kill came back without running: %s" % said)
         self.assertLess(len(reused), 20, "the rest ran")
 
+    def test_a_loop_of_submits_run_again_is_reused_call_by_call(self):
+        c = self.node(cpus=2)
+        # Each call waited for before the next: a batch, a growth of the
+        # client's open farm, each.
+        script = os.path.join(self.dir, "loop.py")
+        with open(script, "w") as f:
+            f.write(
+                textwrap.dedent(
+                    """
+                    import sys
+                    sys.path.insert(0, %r)
+                    import mesh
+                    def square(x):
+                        return x * x
+                    with mesh.connect(state_dir=%r) as c:
+                        for i in range(8):
+                            f = c.submit(square, i)
+                            print(f.result(), f.task.reused, f._run.id, flush=True)
+                    """
+                )
+                % (os.path.join(nodes.REPO, "python"), c.state_dir)
+            )
+        runs = []
+        for _ in range(2):
+            r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=WAIT_S)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            runs.append([w.split() for w in r.stdout.splitlines()])
+        first, again = runs
+        self.assertEqual([int(w[0]) for w in again], [i * i for i in range(8)])
+        self.assertEqual([w[1] for w in first], ["False"] * 8, "the first run ran every call")
+        self.assertEqual([w[1] for w in again], ["True"] * 8, "run again, every call reused, in its first batch or a growth: %s" % again)
+        self.assertEqual(len({w[2] for w in again}), 1, "one open farm")
+
 
 class TwoNodes(InFolder):
     def two_nodes_apart(self):

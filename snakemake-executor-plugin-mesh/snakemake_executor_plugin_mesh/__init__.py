@@ -154,7 +154,8 @@ class Executor(RemoteExecutor):
                 self.run = run
             else:
                 run = self.run
-                run.grow(farm, warn=False)
+                # Nor here: Snakemake decided these must run.
+                run.grow(farm, warn=False, rerun=True)
         except mesh.MeshError as e:
             for job in jobs:
                 self.report_job_error(SubmittedJobInfo(job), msg="the mesh refused the jobs: %s" % e)

@@ -51,7 +51,17 @@ impl Node {
                 toml,
                 file,
                 close,
-            } => self.grow_farm(&farm, Growth { toml, file, close }, reply),
+                rerun,
+            } => self.grow_farm(
+                &farm,
+                Growth {
+                    toml,
+                    file,
+                    close,
+                    rerun,
+                },
+                reply,
+            ),
             ControlRequest::Wait { farm } => self.wait_for(&farm, reply),
             ControlRequest::Cancel { farm } => self.cancel_farm(&farm, reply),
             ControlRequest::CancelTask { farm, task } => self.cancel_one(&farm, &task, reply),
@@ -509,6 +519,7 @@ pub(super) struct Growth {
     pub(super) toml: String,
     pub(super) file: String,
     pub(super) close: bool,
+    pub(super) rerun: bool,
 }
 
 struct FarmText {

@@ -8,6 +8,7 @@ use mesh_protocol::mesh::FarmSpec;
 
 use super::commands::{invalid, write_manifests, Growth};
 use super::reply::Reply;
+use super::reuse::{task_keys, TaskKeys};
 use super::staging::hash_inputs;
 use super::{Event, Node};
 use crate::control::ControlResponse;
@@ -78,8 +79,12 @@ impl Node {
 
     /// The next generation of an open farm, made off the loop: offered
     /// to the coordinator, and answered `Submitted` once durable.
-    pub(super) fn grown(&mut self, next: Result<FarmSpec, GrowError>, reply: Reply) {
-        let next = match next {
+    pub(super) fn grown(
+        &mut self,
+        next: Result<(FarmSpec, Option<TaskKeys>), GrowError>,
+        reply: Reply,
+    ) {
+        let (next, keys) = match next {
             Ok(next) => next,
             Err(e) => {
                 let _ = reply.send(ControlResponse::Error(e.to_string()));
@@ -88,8 +93,10 @@ impl Node {
         };
         let id = next.id;
         self.serve_inputs(&next);
+        let from = self.peer.spec(id).map_or(0, |s| s.def.stages.len());
+        let reused = keys.map_or_else(Vec::new, |k| self.reused_in_growth(&next, &k, from));
         let now = self.now();
-        if !self.peer.grow(now, next) {
+        if !self.peer.grow(now, next, reused) {
             let _ = reply.send(ControlResponse::Error(
                 "the farm grew or closed meanwhile (another client's stages came first): send again"
                     .to_string(),
@@ -114,7 +121,7 @@ fn next_generation(
     spec: &FarmSpec,
     g: &Growth,
     reply: &Reply,
-) -> Option<Result<FarmSpec, GrowError>> {
+) -> Option<Result<(FarmSpec, Option<TaskKeys>), GrowError>> {
     let mut def = spec.def.clone();
     if !g.toml.trim().is_empty() {
         let opts = LoadOptions {
@@ -151,11 +158,14 @@ fn next_generation(
     write_manifests(&def.out, &def.stages[old..], reply);
     let mut inputs = spec.inputs.clone();
     inputs.extend(added);
-    Some(Ok(FarmSpec {
+    let next = FarmSpec {
         def,
         inputs,
         gen: spec.gen + 1,
         open: !g.close,
         ..spec.clone()
-    }))
+    };
+    // Worked out here, off the loop: every task's key, as a submission's.
+    let keys = (!g.rerun && next.def.stages.len() > old).then(|| task_keys(&next));
+    Some(Ok((next, keys)))
 }

@@ -157,7 +157,11 @@ enum Event {
     /// A farm to submit, its inputs hashed, and per stage whether its
     /// earlier results may be reused (not when `--rerun` names it).
     /// An open farm's next generation, made off the loop, to offer.
-    Grow(Result<FarmSpec, grow::GrowError>, Reply),
+    /// With each task's key unless its tasks all run (`rerun`).
+    Grow(
+        Result<(FarmSpec, Option<reuse::TaskKeys>), grow::GrowError>,
+        Reply,
+    ),
     Submit(
         Result<(FarmSpec, reuse::TaskKeys), staging::SubmitError>,
         Vec<bool>,

@@ -255,7 +255,6 @@ impl Node {
             }
             for (i, key) in stage_keys.iter().enumerate() {
                 let t = TaskRef::new(s as u32, i as u32);
-                let name = meta_name(key);
                 let dir = dir_of(i);
                 if !found.contains_key(&t) {
                     if earlier {
@@ -265,35 +264,9 @@ impl Node {
                     continue;
                 }
                 aside.keep(t, &dir, &keys, &mut found);
-                let mut kept = found.remove(&t).expect("found above");
-                let crate::results::Reused { here, changed } =
-                    kept.places.reuse(&dir).unwrap_or_else(|e| {
-                        tracing::info!(dir = %dir.display(), "earlier outputs not reused: {e}");
-                        crate::results::Reused::FAILED
-                    });
-                if changed {
-                    batch.push(Write::Meta {
-                        farm: NODE_KEY,
-                        name,
-                        value: postcard::to_stdvec(&kept).expect("plain data"),
-                    });
-                }
-                if here {
-                    // Served from where they are now: a file of these
-                    // contents was served from another folder before (a
-                    // line inserted above moved this task to a new index),
-                    // which may hold another task's now.
-                    for o in &kept.outputs {
-                        self.transfers.serve_file(o.hash, dir.join(&o.path));
-                    }
-                    if !kept.outputs.is_empty() {
-                        batch.push(Write::Meta {
-                            farm: NODE_KEY,
-                            name: crate::results::holder_name(&dir),
-                            value: key.to_vec(),
-                        });
-                    }
-                    reused.push(done_before(t, *key, self.me, kept.outputs, kept.grew));
+                let kept = found.remove(&t).expect("found above");
+                if let Some(done) = self.reuse_kept((t, key), &dir, kept, &mut batch) {
+                    reused.push(done);
                 } else {
                     if earlier {
                         aside.forget(t, &dir, &keys, &mut found);
@@ -316,6 +289,79 @@ impl Node {
             return;
         }
         self.reuse_from_homes(spec, (reused, wanted), homes, coordinator, reply);
+    }
+
+    /// The outputs `kept` for task `t` (known by `key`) put in `dir`, and
+    /// served from there: the task done from the start, or `None` when
+    /// they could not be put there (it runs). What changed of the
+    /// record is written with `batch`.
+    fn reuse_kept(
+        &mut self,
+        (t, key): (TaskRef, &[u8; 32]),
+        dir: &Path,
+        mut kept: Kept,
+        batch: &mut Vec<Write>,
+    ) -> Option<Entry> {
+        let crate::results::Reused { here, changed } = kept.places.reuse(dir).unwrap_or_else(|e| {
+            tracing::info!(dir = %dir.display(), "earlier outputs not reused: {e}");
+            crate::results::Reused::FAILED
+        });
+        if changed {
+            batch.push(Write::Meta {
+                farm: NODE_KEY,
+                name: meta_name(key),
+                value: postcard::to_stdvec(&kept).expect("plain data"),
+            });
+        }
+        if !here {
+            return None;
+        }
+        // Served from where they are now: a file of these contents was
+        // served from another folder before (a line inserted above moved
+        // this task to a new index), which may hold another task's now.
+        for o in &kept.outputs {
+            self.transfers.serve_file(o.hash, dir.join(&o.path));
+        }
+        if !kept.outputs.is_empty() {
+            batch.push(Write::Meta {
+                farm: NODE_KEY,
+                name: crate::results::holder_name(dir),
+                value: key.to_vec(),
+            });
+        }
+        Some(done_before(t, *key, self.me, kept.outputs, kept.grew))
+    }
+
+    /// The tasks of an open farm's added stages (from stage `from` on)
+    /// whose results this node keeps, put in place and done from the
+    /// start, as a farm submitted again reuses them; their outputs'
+    /// folders are the farm's own, new with their stages, so nothing is
+    /// set aside. Results kept by other homes are not asked for.
+    pub(super) fn reused_in_growth(
+        &mut self,
+        spec: &FarmSpec,
+        keys: &TaskKeys,
+        from: usize,
+    ) -> Vec<Entry> {
+        let mut reused = Vec::new();
+        if !self.kept_name(&spec.def.name) {
+            return reused;
+        }
+        let mut batch = Vec::new();
+        let out = Path::new(&spec.def.out);
+        for (s, stage_keys) in keys.iter().enumerate().skip(from) {
+            let stage = out.join(&spec.def.stages[s].name);
+            for (i, key) in stage_keys.iter().enumerate() {
+                let Some(kept) = self.kept(&meta_name(key)) else {
+                    continue;
+                };
+                let t = TaskRef::new(s as u32, i as u32);
+                let dir = stage.join(i.to_string());
+                reused.extend(self.reuse_kept((t, key), &dir, kept, &mut batch));
+            }
+        }
+        self.write_kept(batch);
+        reused
     }
 
     /// What this node keeps for each task of the farm (none of a stage

@@ -419,11 +419,13 @@ impl Peer {
 
     /// A farm submitted on this node grew: `spec` is its next generation
     /// (see [`FarmSpec::grows_into`]), offered to the coordinator, and
-    /// said `Accepted` once durable as a farm is. False, and nothing
-    /// done, when it is not the next generation of a farm whose home is here.
-    pub fn grow(&mut self, now: Millis, spec: FarmSpec) -> bool {
+    /// said `Accepted` once durable as a farm is. `reused`: tasks of its
+    /// new stages done before, as [`Peer::submit`] takes them. False, and
+    /// nothing done, when it is not the next generation of a farm whose
+    /// home is here.
+    pub fn grow(&mut self, now: Millis, spec: FarmSpec, reused: Vec<Entry>) -> bool {
         let grew = on_farms::farm_grew(
-            spec,
+            (spec, reused),
             &self.node,
             &mut self.specs,
             &mut self.holdings,

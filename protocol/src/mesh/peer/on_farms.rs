@@ -154,7 +154,7 @@ pub(super) fn farm_submitted(
 /// offered to the coordinator until accepted. False when `spec` is not a
 /// later generation of a farm whose home is here.
 pub(super) fn farm_grew(
-    spec: FarmSpec,
+    (spec, reused): (FarmSpec, Vec<Entry>),
     node: &Node,
     specs: &mut Specs,
     holdings: &mut Holdings,
@@ -166,8 +166,9 @@ pub(super) fn farm_grew(
     };
     keep_spec(specs, &spec);
     out.persist(Persist::Farm(spec.clone()));
+    holdings.reused(node.id, spec.id, &reused, out);
     if let Some(c) = node.election.leader().node {
-        coordinator::offer(out, c, spec, Vec::new(), home, None);
+        coordinator::offer(out, c, spec, reused, home, None);
     }
     true
 }
