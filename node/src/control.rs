@@ -412,6 +412,10 @@ pub struct TaskEvent {
     pub at_ms: u64,
     /// Its outputs, absolute paths on the farm's home.
     pub outputs: Vec<String>,
+    /// Its outputs whose bytes rode with its report instead (a Python
+    /// call's small value), base64 by path: no file on the home.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub values: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, thiserror::Error)]

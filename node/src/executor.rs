@@ -100,6 +100,9 @@ pub struct Finished {
     pub key: [u8; 32],
     /// See [`mesh_protocol::engine::Outcome::stderr_line`].
     pub stderr_line: Option<String>,
+    /// Outputs the task handed back instead of writing them (see
+    /// [`Launch::hand`]): name and bytes, no file made for them.
+    pub handed: Vec<(String, Vec<u8>)>,
 }
 
 /// Handle on a live task, for killing it.
@@ -148,6 +151,10 @@ pub struct Launch {
     /// The folder it sees as `{out}`, made before it starts and removed
     /// once it ends; `None` for a task that cannot see `{out}`.
     pub view: Option<crate::task_view::TaskView>,
+    /// The most bytes an output a `python` task hands back to its warm
+    /// worker may have (0: none is taken): such an output, one of its
+    /// plain output paths, is no file but rides with the report.
+    pub hand: usize,
 }
 
 /// The signal an engine's kill sends: an interrupt lets the task end on
@@ -182,8 +189,10 @@ fn attempt(
             attempt: l.attempt,
             key: l.key,
             sent: false,
+            handed: Vec::new(),
         };
-        let (result, logs) = run(&l, &handle).await;
+        let (result, logs, handed) = run(&l, &handle).await;
+        report.handed = handed;
         let failed = match result {
             TaskResult::Exited(c) => !l.success_codes.contains(&c),
             TaskResult::Signaled(_) => true,
@@ -234,6 +243,7 @@ struct Report {
     attempt: u32,
     key: [u8; 32],
     sent: bool,
+    handed: Vec<(String, Vec<u8>)>,
 }
 
 impl Report {
@@ -254,6 +264,7 @@ impl Report {
             logs,
             key: self.key,
             stderr_line,
+            handed: std::mem::take(&mut self.handed),
         }
     }
 
@@ -297,7 +308,7 @@ impl Drop for Report {
 /// each time (about a second in all).
 const TEXT_BUSY_TRIES: u64 = 20;
 
-async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
+async fn run(l: &Launch, live: &Live) -> (TaskResult, u8, Vec<(String, Vec<u8>)>) {
     let cwd = match &l.spec.workdir {
         Some(w) => l.root.join(w),
         None => l.root.clone(),
@@ -317,11 +328,12 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
         let built = tokio::task::spawn_blocking(move || view.build()).await;
         match built {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => return (TaskResult::Error(e.to_string()), 0),
+            Ok(Err(e)) => return (TaskResult::Error(e.to_string()), 0, Vec::new()),
             Err(e) => {
                 return (
                     TaskResult::Error(format!("making the task's view failed: {e}")),
                     0,
+                    Vec::new(),
                 )
             }
         }
@@ -336,37 +348,71 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8) {
         let r = tokio::task::spawn_blocking(move || stage(&root, &cwd2, &inputs, staged)).await;
         match r {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return (TaskResult::Error(e.to_string()), 0),
-            Err(e) => return (TaskResult::Error(format!("staging failed: {e}")), 0),
+            Ok(Err(e)) => return (TaskResult::Error(e.to_string()), 0, Vec::new()),
+            Err(e) => {
+                return (
+                    TaskResult::Error(format!("staging failed: {e}")),
+                    0,
+                    Vec::new(),
+                )
+            }
         }
     }
     if live.kill_asked.load(Ordering::SeqCst) {
-        return (TaskResult::Signaled(Signal::SIGKILL as i32), 0);
+        return (TaskResult::Signaled(Signal::SIGKILL as i32), 0, Vec::new());
     }
 
     let env = task_env(l, &cwd);
-    let (result, logs) = match &l.spec.command {
+    let (result, logs, mut handed) = match &l.spec.command {
         Command::Python(argv) => run_warm(l, live, argv, &cwd, &env).await,
-        _ => spawn(l, live, &cwd, &env).await,
+        _ => {
+            let (result, logs) = spawn(l, live, &cwd, &env).await;
+            (result, logs, Vec::new())
+        }
     };
+    // Only what it says it makes is taken, once, and only when it succeeded.
+    handed.retain(|(name, _)| l.spec.outputs.contains(name));
+    handed.dedup_by(|a, b| a.0 == b.0);
     if let TaskResult::Exited(code) = result {
-        if l.success_codes.contains(&code) && !l.spec.outputs.is_empty() {
-            let (cwd2, dest, outputs) = (cwd.clone(), l.out_dir.clone(), l.spec.outputs.clone());
-            let collected =
-                tokio::task::spawn_blocking(move || collect(&cwd2, &dest, &outputs, &before)).await;
+        if !l.success_codes.contains(&code) {
+            handed.clear();
+        } else if !l.spec.outputs.is_empty() {
+            let (cwd2, dest) = (cwd.clone(), l.out_dir.clone());
+            let outputs: Vec<String> = l
+                .spec
+                .outputs
+                .iter()
+                .filter(|o| !handed.iter().any(|(name, _)| name == *o))
+                .cloned()
+                .collect();
+            let collected = tokio::task::spawn_blocking(move || {
+                if outputs.is_empty() {
+                    // All handed back: nothing to collect, and no folder
+                    // made for them (an earlier run's files there go).
+                    return crate::results::prune(&dest, &HashSet::new()).map_err(|source| {
+                        FilesError::Replace {
+                            path: dest.clone(),
+                            source,
+                        }
+                    });
+                }
+                collect(&cwd2, &dest, &outputs, &before)
+            })
+            .await;
             match collected {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return (TaskResult::Error(e.to_string()), logs),
+                Ok(Err(e)) => return (TaskResult::Error(e.to_string()), logs, Vec::new()),
                 Err(e) => {
                     return (
                         TaskResult::Error(format!("collecting outputs failed: {e}")),
                         logs,
+                        Vec::new(),
                     )
                 }
             }
         }
     }
-    (result, logs)
+    (result, logs, handed)
 }
 
 /// Runs the task as a process of its own, and waits for it.
@@ -492,7 +538,7 @@ async fn run_warm(
     argv: &[String],
     cwd: &Path,
     env: &[(String, String)],
-) -> (TaskResult, u8) {
+) -> (TaskResult, u8, Vec<(String, Vec<u8>)>) {
     let gpus = env
         .iter()
         .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
@@ -501,7 +547,7 @@ async fn run_warm(
         argv,
         cwd,
         env,
-        (&l.stdout_log, &l.stderr_log),
+        ((&l.stdout_log, &l.stderr_log), l.hand),
         gpus,
         |pid| {
             live.pgid.store(pid, Ordering::SeqCst);
@@ -512,8 +558,12 @@ async fn run_warm(
     )
     .await;
     let logs = log_bits(&l.stdout_log, &l.stderr_log);
+    let mut handed = Vec::new();
     let result = match ran {
-        Ok(crate::warm::Ended::Exited(c)) => TaskResult::Exited(c),
+        Ok(crate::warm::Ended::Exited(c, h)) => {
+            handed = h;
+            TaskResult::Exited(c)
+        }
         Ok(crate::warm::Ended::Died(s)) => match (s.code(), s.signal()) {
             (Some(c), _) => TaskResult::Exited(c),
             (None, Some(sig)) => TaskResult::Signaled(sig),
@@ -521,10 +571,13 @@ async fn run_warm(
                 TaskResult::Error("the Python worker ended without an exit status".into())
             }
         },
-        Err(crate::warm::WarmError::NotSetUp) => return spawn(l, live, cwd, env).await,
+        Err(crate::warm::WarmError::NotSetUp) => {
+            let (result, logs) = spawn(l, live, cwd, env).await;
+            return (result, logs, Vec::new());
+        }
         Err(e) => TaskResult::Error(e.to_string()),
     };
-    (result, logs)
+    (result, logs, handed)
 }
 
 /// Which logs a task run in a worker wrote (the worker writes them itself).

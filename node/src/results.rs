@@ -221,6 +221,15 @@ impl Place {
 /// task reading its line) sees the old file or the whole new one, never a
 /// half-written one; what was at `dst` is replaced, never written through.
 pub fn put(src: &Path, dst: &Path) -> io::Result<()> {
+    put_with(dst, |tmp| fs::copy(src, tmp).map(|_| ()))
+}
+
+/// Puts `data` at `dst` as [`put`] puts a copy: whole or not at all.
+pub fn put_bytes(data: &[u8], dst: &Path) -> io::Result<()> {
+    put_with(dst, |tmp| fs::write(tmp, data))
+}
+
+fn put_with(dst: &Path, write: impl FnOnce(&Path) -> io::Result<()>) -> io::Result<()> {
     static PUTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     if let Some(d) = dst.parent() {
         fs::create_dir_all(d)?;
@@ -228,11 +237,11 @@ pub fn put(src: &Path, dst: &Path) -> io::Result<()> {
     let n = PUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = dst.file_name().unwrap_or_default().to_string_lossy();
     let tmp = dst.with_file_name(format!(".{name}.{}.{n}{PUT_SUFFIX}", std::process::id()));
-    let copied = fs::copy(src, &tmp).and_then(|_| fs::rename(&tmp, dst));
-    if copied.is_err() {
+    let written = write(&tmp).and_then(|_| fs::rename(&tmp, dst));
+    if written.is_err() {
         let _ = fs::remove_file(&tmp);
     }
-    copied
+    written
 }
 
 fn stamp(path: &Path, rel: String) -> io::Result<Stamp> {

@@ -612,6 +612,8 @@ impl Driver {
             gpu_ids: self.gpu_ids.clone(),
             node: String::new(),
             view,
+            // `mesh run` keeps every output as a file of its folder.
+            hand: 0,
         }))
     }
 

@@ -6,8 +6,12 @@ the script as `python script args...` would (as `__main__`, with argv and
 its folder on sys.path, stdin empty, stdout and stderr the task's log
 files, in `cwd` with `env` added to the node's environment), so modules it
 imported stay imported for the next, and answers one line: {"code": N},
-the exit code a process would have had.
+the exit code a process would have had, and {"handed": {name: base64}},
+the outputs the script handed back with `mesh_warm.hand` instead of
+writing them (at most `hand` bytes each, kept only when it exits 0).
 """
+
+import base64
 
 import builtins
 import json
@@ -15,22 +19,26 @@ import os
 import sys
 import traceback
 
-#: Scripts compiled, by their text: a script run again is not compiled
-#: again (compiling was two thirds of a thin task's time here).
+#: Scripts compiled, by the file they were read from (its device, inode,
+#: size and modification time: a file rewritten is another): a script run
+#: again is not read and compiled again (compiling was two thirds of a
+#: thin task's time here).
 _CODE = {}
 _CODE_MAX = 64
 
 
 def run_script(path):
     """Runs the script at ``path`` as ``__main__``, as ``python path`` would."""
-    with open(path, "rb") as f:
-        text = f.read()
-    code = _CODE.get(text)
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    code = _CODE.get(key)
     if code is None:
+        with open(path, "rb") as f:
+            text = f.read()
         code = compile(text, path, "exec", dont_inherit=True)
         if len(_CODE) >= _CODE_MAX:
             _CODE.clear()
-        _CODE[text] = code
+        _CODE[key] = code
     main = type(sys)("__main__")
     main.__file__ = path
     main.__builtins__ = builtins
@@ -40,6 +48,54 @@ def run_script(path):
         exec(code, main.__dict__)
     finally:
         sys.modules["__main__"] = saved
+
+
+class Hand:
+    """What a script may hand back instead of writing a file: the module
+    ``mesh_warm`` a script run here finds in ``sys.modules``."""
+
+    def __init__(self):
+        self.max = 0
+        self.handed = {}
+
+    def hand(self, name, data):
+        """Takes ``data`` as the task's output ``name`` if it is small
+        enough to ride with the task's report; False when the script must
+        write it as a file."""
+        if self.max <= 0 or len(data) > self.max:
+            return False
+        self.handed[name] = bytes(data)
+        return True
+
+
+class Env:
+    """The node's environment, and what one request adds to it: set and
+    undone key by key, the whole of it put back only when a script changed
+    more (clearing and refilling ``os.environ`` per task was half of a thin
+    task's time here)."""
+
+    def __init__(self):
+        self.base = dict(os.environ)
+        # CPython's own encoded copy, compared whole at C speed.
+        self.raw = getattr(os.environ, "_data", None)
+        self.base_raw = dict(self.raw) if isinstance(self.raw, dict) else None
+        self.added = ()
+
+    def enter(self, env):
+        os.environ.update(env)
+        # PWD too: a script may set it where it changes folder.
+        self.added = list(env) + ["PWD"]
+
+    def leave(self):
+        for k in self.added:
+            if k in self.base:
+                os.environ[k] = self.base[k]
+            else:
+                os.environ.pop(k, None)
+        self.added = ()
+        if self.base_raw is None or self.raw != self.base_raw:
+            os.environ.clear()
+            os.environ.update(self.base)
 
 
 def scratch():
@@ -52,10 +108,11 @@ def scratch():
 
 
 def keep(f, fd, path):
-    """The task's output on ``fd`` (its scratch ``f``) as its log at ``path``, if any."""
+    """The task's output on ``fd`` (its scratch ``f``) as its log at
+    ``path``, if any; whether there was any."""
     size = os.lseek(fd, 0, os.SEEK_CUR)
     if size == 0:
-        return
+        return False
     os.lseek(fd, 0, os.SEEK_SET)
     # The log's folder is made by the first log written in it, as the
     # node makes it for a task of its own (most thin tasks write none).
@@ -66,6 +123,7 @@ def keep(f, fd, path):
             if not chunk:
                 break
             dst.write(chunk)
+    return True
 
 
 def main():
@@ -74,25 +132,34 @@ def main():
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
-    base_env = dict(os.environ)
+    env = Env()
     base_path = list(sys.path[1:])
     home = os.getcwd()
     logs = (scratch(), scratch())
+    written = [False, False]
+    hand = Hand()
+    warm = type(sys)("mesh_warm")
+    warm.hand = hand.hand
+    #: What a script keeps between its runs in this worker (the Python
+    #: calls' worker keeps the functions it unpickled).
+    warm.cache = {}
     for line in requests:
         req = json.loads(line)
-        for f, fd in zip(logs, (1, 2)):
-            os.ftruncate(f.fileno(), 0)
-            os.lseek(f.fileno(), 0, os.SEEK_SET)
+        hand.max = req.get("hand", 0)
+        hand.handed = {}
+        for i, (f, fd) in enumerate(zip(logs, (1, 2))):
+            if written[i]:
+                os.ftruncate(f.fileno(), 0)
+                os.lseek(f.fileno(), 0, os.SEEK_SET)
             os.dup2(f.fileno(), fd)
         code = 0
         try:
             os.chdir(req["cwd"])
-            os.environ.clear()
-            os.environ.update(base_env)
-            os.environ.update(req["env"])
+            env.enter(req["env"])
             argv = req["argv"]
             sys.argv = list(argv)
             sys.path[:] = [os.path.dirname(os.path.abspath(argv[0]))] + base_path
+            sys.modules["mesh_warm"] = warm
             run_script(argv[0])
         except SystemExit as e:
             if e.code is None:
@@ -110,17 +177,21 @@ def main():
             sys.stderr.flush()
         except Exception:
             pass
-        for f, fd, path in zip(logs, (1, 2), (req["out"], req["err"])):
+        for i, (f, fd, path) in enumerate(zip(logs, (1, 2), (req["out"], req["err"]))):
             try:
-                keep(f, fd, path)
+                written[i] = keep(f, fd, path)
             except OSError:
                 # A log that cannot be written (a full disk): the task's
                 # end stands; its words are lost with it.
-                pass
+                written[i] = True
         os.dup2(null, 1)
         os.dup2(null, 2)
         os.chdir(home)
-        answers.write(json.dumps({"code": code}).encode() + b"\n")
+        env.leave()
+        answer = {"code": code}
+        if code == 0 and hand.handed:
+            answer["handed"] = {k: base64.b64encode(v).decode() for k, v in hand.handed.items()}
+        answers.write(json.dumps(answer).encode() + b"\n")
 
 
 if __name__ == "__main__":

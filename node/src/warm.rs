@@ -3,7 +3,9 @@
 //! A worker is `python warm.py` (the script embedded here, written once
 //! into the node's state folder), one task at a time: the node writes the
 //! task (script, arguments, folder, environment, log files) as a line on
-//! its stdin and reads its exit code back. Workers are kept per
+//! its stdin and reads its exit code back, with the small outputs the
+//! script handed back instead of writing files (a Python call's value:
+//! a file made per call was most of a thin call's cost). Workers are kept per
 //! interpreter and per set of GPUs (`CUDA_VISIBLE_DEVICES` counts only
 //! when a process starts), taken by a task for its run, given back after
 //! it, and stopped after `IDLE_MAX` unused. Each is its own process group:
@@ -58,11 +60,16 @@ struct Request<'a> {
     env: HashMap<&'a str, &'a str>,
     out: &'a Path,
     err: &'a Path,
+    /// The most bytes an output handed back may have.
+    hand: usize,
 }
 
 #[derive(Deserialize)]
 struct Answer {
     code: i32,
+    /// Outputs handed back, base64 by name.
+    #[serde(default)]
+    handed: HashMap<String, String>,
 }
 
 /// Makes warm workers possible on this node: the script is written into
@@ -101,7 +108,8 @@ pub fn interpreter(named: &str) -> String {
 
 /// How a run in a worker ended.
 pub enum Ended {
-    Exited(i32),
+    /// Its exit code, and the outputs it handed back (name, bytes).
+    Exited(i32, Vec<(String, Vec<u8>)>),
     /// The worker died (killed, or the script ended its process); the
     /// status it died with.
     Died(std::process::ExitStatus),
@@ -116,15 +124,18 @@ pub enum WarmError {
     Start { python: String, source: io::Error },
     #[error("talking to the Python worker: {0}")]
     Pipe(#[from] io::Error),
+    #[error("the Python worker handed back `{0}` unreadable")]
+    Handed(String),
 }
 
 /// Runs `argv` (`[python, script, args...]`) in a warm worker; `started`
 /// is told the worker's process id (its group's) before the task runs.
+/// The script may hand back outputs of up to `hand` bytes.
 pub async fn run(
     argv: &[String],
     cwd: &Path,
     env: &[(String, String)],
-    logs: (&Path, &Path),
+    (logs, hand): ((&Path, &Path), usize),
     gpus: Option<&str>,
     started: impl FnOnce(i32),
 ) -> Result<Ended, WarmError> {
@@ -144,6 +155,7 @@ pub async fn run(
         env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
         out: logs.0,
         err: logs.1,
+        hand,
     };
     let mut line = serde_json::to_vec(&req).map_err(io::Error::other)?;
     line.push(b'\n');
@@ -159,7 +171,15 @@ pub async fn run(
             let a: Answer = serde_json::from_str(&answer).map_err(io::Error::other)?;
             w.used = Instant::now();
             give_back(kind, w);
-            Ok(Ended::Exited(a.code))
+            let mut handed = Vec::with_capacity(a.handed.len());
+            for (name, b64) in a.handed {
+                use base64::Engine as _;
+                match base64::engine::general_purpose::STANDARD.decode(b64) {
+                    Ok(bytes) if hand > 0 && bytes.len() <= hand => handed.push((name, bytes)),
+                    _ => return Err(WarmError::Handed(name)),
+                }
+            }
+            Ok(Ended::Exited(a.code, handed))
         }
         // The worker is gone: killed with the task, or the script ended
         // the process itself.

@@ -10,9 +10,9 @@ pub use crate::alloc::book::{
     TICK_MS,
 };
 pub use msg::{
-    Address, Assigned, Beat, Entry, Failure, FarmId, FarmProgress, FarmSpec, Home, Ident,
-    InputFile, MachineLoad, Msg, NodeId, OutputFile, Ran, Report, RosterEntry, RosterKind, SyncMsg,
-    TaskRun, Victim, Who, Writer,
+    files_to_bring, Address, Assigned, Beat, Entry, Failure, FarmId, FarmProgress, FarmSpec, Home,
+    Ident, InputFile, MachineLoad, Msg, NodeId, OutputFile, Ran, Report, RosterEntry, RosterKind,
+    SyncMsg, TaskRun, Victim, Who, Writer,
 };
 pub use peer::{
     ballot, member_hash, term_round, Action, Config, Fetched, Member, Peer, PeerEvent, Persist,

@@ -17,9 +17,9 @@ use crate::observe::Observation;
 use crate::pieces::Pieces;
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 21;
+pub const PROTOCOL_VERSION: u32 = 22;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
-pub const REQUEST_PROTOCOL: &str = "/mesh/req/12";
+pub const REQUEST_PROTOCOL: &str = "/mesh/req/13";
 /// The stream that carries messages for a peer's engine, in order.
 pub const PEER_PROTOCOL: &str = "/mesh/peer/10";
 /// A file's bytes, one stream per file: the receiver opens it.

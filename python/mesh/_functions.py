@@ -79,12 +79,20 @@ class RemoteTraceback(Exception):
 
 
 class _Unread:
-    """A value not read yet: where it is in the home's folder."""
+    """A value not unpickled yet: its bytes, which rode with the task's
+    report, or where it is in the home's folder."""
 
-    __slots__ = ("path",)
+    __slots__ = ("path", "data")
 
-    def __init__(self, path):
+    def __init__(self, path, data=None):
         self.path = path
+        self.data = data
+
+    def bytes(self):
+        if self.data is not None:
+            return self.data
+        with open(self.path, "rb") as f:
+            return f.read()
 
 
 class Future(cf.Future):
@@ -105,7 +113,7 @@ class Future(cf.Future):
         self._args = None
         self._opts = None
         self._run = None
-        self._path = None
+        self._value = None
         self.task_name = None
         self._read = threading.Lock()
         self.task = None
@@ -127,8 +135,7 @@ class Future(cf.Future):
         if isinstance(v, _Unread):
             with self._read:
                 if isinstance(self._result, _Unread):
-                    with open(self._result.path, "rb") as f:
-                        self._result = pickle.load(f)
+                    self._result = pickle.loads(self._result.bytes())
                 v = self._result
         return v
 
@@ -172,8 +179,9 @@ def _settle_from(f, t):
     output is; failed, the exception the call raised."""
     f.task = t
     if t.state == "done":
-        f._path = t.output
-        f._settle(_Unread(t.output))
+        data = t.values.get(_worker.result_name(f.key))
+        f._value = _Unread(t.output, data)
+        f._settle(f._value)
     else:
         f._settle(exc=_remote_error(t))
 
@@ -578,8 +586,7 @@ class Functions:
             if earlier:
                 vals = {}
                 for d in earlier:
-                    with open(d._path, "rb") as r:
-                        vals[d.key] = r.read()
+                    vals[d.key] = d._value.bytes()
                 with open(os.path.join(calls, f.key + ".vals"), "wb") as w:
                     pickle.dump(vals, w)
             # A stage per function too: its file is named in the stage,

@@ -1,5 +1,6 @@
 """A submitted farm (:class:`Run`), its tasks (:class:`Task`) and its progress."""
 
+import base64
 import os
 import sys
 import time
@@ -21,7 +22,9 @@ class Task:
     ``reason`` (why it failed), ``node`` (the peer id that ran it),
     ``attempt``, ``start`` and ``end`` (Unix seconds, where the node the
     client talks to ran it; ``None`` otherwise), ``at`` (when the home had
-    it), ``outputs`` (absolute paths on the home).
+    it), ``outputs`` (absolute paths on the home), ``values`` (the outputs
+    whose bytes rode with its report instead of being files: a function
+    call's small value; bytes by output name).
     """
 
     __slots__ = (
@@ -40,6 +43,7 @@ class Task:
         "end",
         "at",
         "outputs",
+        "values",
     )
 
     def __init__(self, run, ev):
@@ -58,6 +62,7 @@ class Task:
         self.end = _stamp(ev.get("end_ms"))
         self.at = _stamp(ev.get("at_ms"))
         self.outputs = list(ev.get("outputs") or [])
+        self.values = {k: base64.b64decode(v) for k, v in (ev.get("values") or {}).items()}
 
     @property
     def ok(self):

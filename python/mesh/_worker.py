@@ -7,7 +7,9 @@ its arguments (``ARGS``: base64, or ``@file``), with the values of the
 futures it was given read from their result files (under the
 task's ``{out}``, where exactly its dependencies are, or beside it for a
 value of an earlier farm), calls the function, and writes the value to
-``result-KEY.pkl``, an output of the task. An exception is said on stderr:
+``result-KEY.pkl``, an output of the task; in a node's warm worker a
+small value is handed back to the node instead (``mesh_warm.hand``) and
+rides with the task's report, no file made. An exception is said on stderr:
 its type and message on the first line (the cause `mesh status` shows and
 failing fast compares), the traceback, and last a line with the pickled
 exception for the client to raise.
@@ -29,6 +31,9 @@ EXCEPTION_MARK = "mesh-exception: "
 RAISED = 1
 REFUSED = 3
 
+
+#: Functions a warm worker keeps unpickled, at most.
+FUNCTIONS_KEPT = 64
 
 #: What a future given as an argument is pickled as (its persistent id):
 #: this tag and the future's key.
@@ -53,19 +58,21 @@ def _loads(body, out, given):
     its result file under ``out``."""
     values = {}
 
-    class Unpickler(pickle.Unpickler):
-        def persistent_load(self, pid):
-            tag, key = pid
-            if tag != FUTURE:
-                raise pickle.UnpicklingError("unknown persistent id %r" % (pid,))
-            if key in given:
-                values[key] = pickle.loads(given.pop(key))
-            if key not in values:
-                with open(_find(key, out), "rb") as f:
-                    values[key] = pickle.load(f)
-            return values[key]
+    def persistent_load(pid):
+        tag, key = pid
+        if tag != FUTURE:
+            raise pickle.UnpicklingError("unknown persistent id %r" % (pid,))
+        if key in given:
+            values[key] = pickle.loads(given.pop(key))
+        if key not in values:
+            with open(_find(key, out), "rb") as f:
+                values[key] = pickle.load(f)
+        return values[key]
 
-    return Unpickler(io.BytesIO(body)).load()
+    # An instance's hook, not a class made per call (a thin call's cost).
+    u = pickle.Unpickler(io.BytesIO(body))
+    u.persistent_load = persistent_load
+    return u.load()
 
 
 def _refuse(words):
@@ -91,9 +98,21 @@ def _read_function(path):
     return body
 
 
+def _function_key(path):
+    """What a function unpickled from ``path`` is kept by in a warm worker:
+    the file it came from (a file rewritten is another)."""
+    st = os.stat(path)
+    return ("mesh-function", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def main(argv):
     fn_path, args, key, out = argv[1], argv[2], argv[3], argv[4]
-    fn_body = _read_function(fn_path)
+    warm = sys.modules.get("mesh_warm")
+    # A node's warm worker keeps what it unpickled between calls.
+    cache = getattr(warm, "cache", {})
+    fn_key = _function_key(fn_path)
+    fn = cache.get(fn_key)
+    fn_body = _read_function(fn_path) if fn is None else None
     try:
         import cloudpickle
     except ImportError:
@@ -110,7 +129,11 @@ def main(argv):
         if os.path.exists(vals):
             with open(vals, "rb") as f:
                 given = pickle.load(f)
-        fn = pickle.loads(fn_body)
+        if fn is None:
+            fn = pickle.loads(fn_body)
+            if len(cache) >= FUNCTIONS_KEPT:
+                cache.clear()
+            cache[fn_key] = fn
         args, kwargs, cwd = _loads(body, out, given)
         # Where the client ran, where this machine has that folder (the
         # same machine, a shared file system): relative paths and $PWD
@@ -133,6 +156,8 @@ def main(argv):
         sys.stderr.write(EXCEPTION_MARK + mark + "\n")
         sys.stderr.flush()
         sys.exit(RAISED)
+    if warm is not None and warm.hand(result_name(key), data):
+        return
     tmp = os.path.join(home, result_name(key) + ".part")
     with open(tmp, "wb") as f:
         f.write(data)

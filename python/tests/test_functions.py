@@ -170,6 +170,22 @@ class Functions(InFolder):
         # A future done in an earlier farm, given to a later call.
         self.assertEqual(c.submit(add, z, 100).result(timeout=WAIT_S), 107)
 
+    def test_small_values_come_with_the_report_and_big_ones_as_files(self):
+        c = self.node(cpus=2)
+        fs = c.map(inc, range(20))
+        big = c.submit(lambda n: "x" * n, 100_000)
+        self.assertEqual(c.gather(fs), list(range(1, 21)))
+        self.assertEqual(len(big.result(timeout=WAIT_S)), 100_000)
+
+        def results():
+            return sorted(f for _, _, names in os.walk(c.state_dir) for f in names if f.startswith("result-"))
+
+        # No file per call: only the value too big to ride is one.
+        self.assertEqual(set(results()), {"result-%s.pkl" % big.key}, results())
+        # A call given small values reads them as files where it runs.
+        self.assertEqual(c.submit(lambda a, b, s: a + b + len(s), fs[0], fs[1], big).result(timeout=WAIT_S), 100_003)
+        self.assertIn("result-%s.pkl" % fs[0].key, results())
+
     def test_concurrent_futures_over_the_executor(self):
         c = self.node(cpus=2)
         with c.get_executor() as ex:

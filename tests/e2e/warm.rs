@@ -1,4 +1,10 @@
-//! `python` stages: a script run in a Python worker the node keeps warm, with the exit codes, logs, outputs and kills of a process of its own.
+//! `python` stages: a script run in a Python worker the node keeps warm, with the exit codes, logs, outputs, environment and kills of a process of its own; small outputs it hands back ride with the task's report and are files only where a task reads them.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use mesh_tests::{wait_until, Cluster};
+use serde_json::{json, Value};
 
 use super::sandbox;
 
@@ -9,7 +15,11 @@ import os, sys, time
 runs = sys.modules.setdefault("mesh_test_runs", type(sys)("mesh_test_runs"))
 runs.n = getattr(runs, "n", 0) + 1
 i = int(sys.argv[1])
-print("task", i, "pid", os.getpid(), "run", runs.n, "cwd", os.path.basename(os.getcwd()), "farm", os.environ["MESH_FARM"])
+print("task", i, "pid", os.getpid(), "run", runs.n, "cwd", os.path.basename(os.getcwd()), "farm", os.environ["MESH_FARM"],
+      "leak", os.environ.get("MESH_TEST_LEAK", "none"))
+# What a run changes in its environment is not the next run's.
+os.environ["MESH_TEST_LEAK"] = str(i)
+os.environ["MESH_FARM"] = "changed"
 if i == 3:
     print("bad input 3", file=sys.stderr)
     sys.exit(4)
@@ -57,6 +67,7 @@ max_fails = 0
         // In its own folder, with its farm's environment, as a process.
         assert_eq!(words[7], i.to_string(), "{}", log.stdout);
         assert_eq!(words[9], "warm", "{}", log.stdout);
+        assert_eq!(words[11], "none", "{}", log.stdout);
         pids.insert(words[3].to_string());
         if words[5] != "1" {
             reused += 1;
@@ -95,4 +106,109 @@ max_fails = 0
     assert!(log.stderr.contains("ValueError: six"), "{}", log.stderr);
     // A task that said nothing on stderr leaves no empty log behind.
     assert!(s.mesh(&["logs", "py/0"]).stdout.contains("task 0"));
+}
+
+/// Hands its value back where it can (`mesh_warm`, as the Python client's
+/// calls do), else writes it; task 5's is too big to ride.
+const HAND: &str = r#"
+import sys, time
+import mesh_warm
+i = int(sys.argv[1])
+time.sleep(0.3)
+data = b"x" * 5000 if i == 5 else b"value %d\n" % i
+if not mesh_warm.hand("v.txt", data):
+    with open("v.txt", "wb") as f:
+        f.write(data)
+"#;
+
+const HAND_FARM: &str = r#"
+[farm]
+name = "hand"
+
+[[stage]]
+name = "a"
+python = ["python3", "hand.py", "{i}"]
+sweep.i = { range = "0..5" }
+workdir = "w/{index}"
+inputs = ["hand.py"]
+outputs = ["v.txt"]
+
+[[stage]]
+name = "b"
+after = ["a"]
+workdir = "w/b"
+shell = "cat {out}/a/*/v.txt > all.txt"
+outputs = ["all.txt"]
+"#;
+
+#[test]
+fn small_values_handed_back_ride_with_the_report_and_are_files_where_a_task_reads_them() {
+    let sb = sandbox();
+    sb.write("hand.py", HAND);
+    sb.write("farm.toml", HAND_FARM);
+    let mut c = Cluster::start(&sb, &["cpu=1", "cpu=1"], &[]);
+    let out = sb.path().join("out");
+    let r = c.mesh(1, &["submit", "farm.toml", "--out", &out.to_string_lossy()]);
+    r.expect_code(0);
+    let id = r.stdout.lines().next().unwrap_or_default().to_string();
+    c.mesh(1, &["wait", &id]).expect_code(0);
+    let mut want = String::new();
+    for i in 0..5 {
+        want.push_str(&format!("value {i}\n"));
+    }
+    want.push_str(&"x".repeat(5000));
+    let all = sb.read("out/b/0/all.txt");
+    assert!(
+        all == want,
+        "the gather read every value: {} bytes, {:?}...{:?}",
+        all.len(),
+        &all[..all.len().min(60)],
+        &all[all.len().saturating_sub(20)..]
+    );
+    let answers = c.control(
+        1,
+        &json!({"Tasks": {"farm": id, "state": "done", "limit": null}}),
+    );
+    let tasks: Vec<Value> = answers
+        .iter()
+        .find_map(|a| a.get("Tasks"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_else(|| panic!("no tasks: {answers:?}"));
+    let mut nodes = std::collections::BTreeSet::new();
+    for t in tasks.iter().filter(|t| t["stage"] == "a") {
+        let i = t["index"].as_u64().expect("index");
+        nodes.insert(t["node"].as_str().unwrap_or("").to_string());
+        if i == 5 {
+            assert_eq!(t["outputs"].as_array().map(Vec::len), Some(1), "{t}");
+            assert!(t.get("values").is_none(), "too big to ride: {t}");
+            continue;
+        }
+        assert_eq!(t["outputs"], json!([]), "no file on the home: {t}");
+        let v = t["values"]["v.txt"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{t}"));
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(v)
+            .expect("base64");
+        assert_eq!(bytes, format!("value {i}\n").into_bytes(), "{t}");
+    }
+    assert_eq!(nodes.len(), 2, "values came from both nodes: {nodes:?}");
+    // Kept by the coordinator's log: after the home restarts, still there.
+    c.kill(1);
+    c.restart(1, "cpu=1", &[]);
+    let back = wait_until(Duration::from_secs(30), || {
+        c.control(
+            1,
+            &json!({"Tasks": {"farm": id, "state": "done", "limit": null}}),
+        )
+        .iter()
+        .find_map(|a| a.get("Tasks"))
+        .and_then(Value::as_array)
+        .is_some_and(|ts| {
+            ts.iter()
+                .any(|t| t["task"] == "a/3" && t["values"]["v.txt"].as_str().is_some())
+        })
+    });
+    assert!(back, "the home restarted without the values it had");
 }

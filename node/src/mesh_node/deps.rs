@@ -20,7 +20,7 @@ use mesh_protocol::wire::{DepOutputs, Request, Response};
 use tokio::sync::oneshot;
 
 use super::refusals::{Answer, RequestError};
-use super::staging::{fetch_any, file_hash, replace_with};
+use super::staging::{fetch_any, file_hash, place_riding, replace_with};
 use super::transfer::{FetchError, Transfers};
 use super::{Call, LoopHandle, Node};
 
@@ -172,6 +172,11 @@ async fn place_all(
         sources.retain(|s| *s != p.me);
         for o in outputs {
             let dest = dir.join(&o.path);
+            if o.rides() {
+                let (o2, d2) = (o.clone(), dest.clone());
+                tokio::task::spawn_blocking(move || place_riding(&o2, &d2)).await??;
+                continue;
+            }
             let hex = blake3::Hash::from(o.hash).to_hex().to_string();
             // Made here: kept by hash among this node's outputs of the farm.
             let own = p.held.join(&hex);
@@ -239,7 +244,8 @@ impl Node {
         let dir = PathBuf::from(r.out_dir())
             .join(&r.spec.def.stage(task).name)
             .join(task.index.to_string());
-        for o in outputs {
+        // One that rode with the log is no file here: it goes with the log.
+        for o in outputs.iter().filter(|o| !o.rides()) {
             self.transfers.serve_file(o.hash, dir.join(&o.path));
         }
     }

@@ -248,10 +248,18 @@ impl Node {
                 let dir = Path::new(r.out_dir())
                     .join(&stage.name)
                     .join(t.index.to_string());
-                ev.outputs = outputs
-                    .iter()
-                    .map(|f| dir.join(&f.path).to_string_lossy().into_owned())
-                    .collect();
+                for f in outputs.iter() {
+                    match &f.data {
+                        Some(data) => {
+                            use base64::Engine as _;
+                            let b64 = base64::engine::general_purpose::STANDARD.encode(data);
+                            ev.values.insert(f.path.clone(), b64);
+                        }
+                        None => ev
+                            .outputs
+                            .push(dir.join(&f.path).to_string_lossy().into_owned()),
+                    }
+                }
             }
             Some(Entry::Failed {
                 node,

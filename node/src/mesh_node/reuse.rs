@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use mesh_protocol::farm::{deps_digest, has_deps, key_with_deps, stage_digest, FarmDef, TaskRef};
-use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId, OutputFile, Ran};
+use mesh_protocol::mesh::{files_to_bring, Entry, FarmId, FarmSpec, NodeId, OutputFile, Ran};
 use mesh_protocol::wire::{Request, Response};
 use mesh_store::{mesh::NODE_KEY, Store, Write};
 use serde::{Deserialize, Serialize};
@@ -127,7 +127,9 @@ impl Node {
             let dir = out
                 .join(&def.stage(*task).name)
                 .join(task.index.to_string());
-            let place = match Place::left(&dir, !outputs.is_empty()) {
+            // Outputs that rode with the log are kept with the key, not
+            // in a folder.
+            let place = match Place::left(&dir, files_to_bring(outputs)) {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::info!(dir = %dir.display(), "outputs not written down for reuse: {e}");
@@ -319,10 +321,10 @@ impl Node {
         // Served from where they are now: a file of these contents was
         // served from another folder before (a line inserted above moved
         // this task to a new index), which may hold another task's now.
-        for o in &kept.outputs {
+        for o in kept.outputs.iter().filter(|o| !o.rides()) {
             self.transfers.serve_file(o.hash, dir.join(&o.path));
         }
-        if !kept.outputs.is_empty() {
+        if files_to_bring(&kept.outputs) {
             batch.push(Write::Meta {
                 farm: NODE_KEY,
                 name: crate::results::holder_name(dir),
@@ -515,7 +517,7 @@ impl Node {
             let Some(place) = kept.places.whole() else {
                 continue;
             };
-            for o in &kept.outputs {
+            for o in kept.outputs.iter().filter(|o| !o.rides()) {
                 self.transfers
                     .serve_file(o.hash, Path::new(&place.dir).join(&o.path));
             }

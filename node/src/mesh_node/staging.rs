@@ -259,6 +259,7 @@ fn hashed(dir: &Path) -> Result<Vec<(OutputFile, mesh_protocol::pieces::Pieces)>
                 hash,
                 size,
                 mode,
+                data: None,
             },
             pieces,
         ));
@@ -327,7 +328,8 @@ async fn fetch_all(
     dir: &Path,
     outputs: &[OutputFile],
 ) -> Result<(), FetchError> {
-    for o in outputs {
+    // One that rode with the log is no file to bring.
+    for o in outputs.iter().filter(|o| !o.rides()) {
         let (d, o2) = (dir.to_path_buf(), o.clone());
         let needed = tokio::task::spawn_blocking(move || output_needed(&d, &o2)).await??;
         if let Some(dest) = needed {
@@ -363,7 +365,7 @@ fn output_needed(dir: &Path, o: &OutputFile) -> Result<Option<PathBuf>, FetchErr
 
 /// Puts outputs this node keeps in `kept` into `dir` (those already there, checked, stay).
 fn place_kept(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), FetchError> {
-    for o in outputs {
+    for o in outputs.iter().filter(|o| !o.rides()) {
         let Some(dest) = output_needed(dir, o)? else {
             continue;
         };
@@ -455,6 +457,19 @@ pub(super) fn place_cached(cached: &Path, dest: &Path, mode: u32) -> Result<(), 
         crate::results::put(cached, dest).map_err(FetchError::io(FetchError::Place, dest))?;
     }
     set_mode(dest, mode)
+}
+
+/// Puts an output whose bytes rode with the log (see
+/// [`OutputFile::rides`]) at `dest` as a file, for a task that reads it:
+/// left as it is when the file there has its hash, else replaced whole.
+pub(super) fn place_riding(o: &OutputFile, dest: &Path) -> Result<(), FetchError> {
+    let Some(data) = &o.data else {
+        return Ok(());
+    };
+    if !file_hash(dest).is_ok_and(|h| h == o.hash) {
+        crate::results::put_bytes(data, dest).map_err(FetchError::io(FetchError::Place, dest))?;
+    }
+    set_mode(dest, o.mode)
 }
 
 /// Puts a copy of `cached` at `dest` with `mode`, replacing what is there

@@ -7,15 +7,21 @@ use std::sync::Arc;
 
 use mesh_protocol::engine::{Grant, KillReason, Outcome, TaskResult};
 use mesh_protocol::farm::reads_outputs;
-use mesh_protocol::mesh::{void_place, Assigned, FarmSpec, NodeId, OutputFile};
+use mesh_protocol::mesh::{void_place, Assigned, Entry, FarmSpec, NodeId, OutputFile};
 use tokio::sync::mpsc;
 
 use super::deps::{place_deps, DepsPlace, NotPlaced};
-use super::staging::{fetch_input, input_file, input_hash, keep_outputs, manifest};
+use super::staging::{fetch_input, input_file, input_hash, keep_outputs, manifest, place_riding};
 use super::transfer::Transfers;
 use super::{Event, LoopHandle, Node};
 use crate::executor::{self, Finished, Launch};
 use crate::task_view::TaskView;
+
+/// The most bytes an output handed back by a warm Python worker may have
+/// to ride with the task's report and the farm's log instead of being a
+/// file (a number, a short string, a small tuple: a Python call's value);
+/// every copy of the log holds it, so it stays small.
+pub(super) const RIDES_MAX: usize = 1024;
 
 impl Node {
     /// Starts one task: here directly when this node submitted the farm,
@@ -124,12 +130,18 @@ impl Node {
             gpu_ids: self.tasks.gpu_ids.clone(),
             node: self.net.swarm.local_peer_id().to_string(),
             view,
+            hand: RIDES_MAX,
         };
         let handle = self.handle.clone();
         let cache = self.state.join("cache");
         let held = crate::state::kept_dir(&self.state, task.farm);
         let sources = self.sources(task.farm);
         let transfers = self.transfers.clone();
+        let riding = if local && reads_outputs(def, task.task.stage) {
+            self.riding_deps(&task)
+        } else {
+            Vec::new()
+        };
         let deps = (!local && reads_outputs(def, task.task.stage)).then(|| DepsPlace {
             farm: task.farm,
             task: task.task,
@@ -144,7 +156,7 @@ impl Node {
                 spec,
                 task,
                 (local, sources, transfers, deps),
-                (cache, held),
+                (cache, held, riding),
                 handle.clone(),
             )
             .await;
@@ -155,6 +167,33 @@ impl Node {
 }
 
 impl Node {
+    /// On a farm's home: the outputs `task` depends on whose bytes rode
+    /// with the log, each with where it goes in the farm's output folder,
+    /// to be put there as files before it runs.
+    fn riding_deps(&self, task: &Assigned) -> Vec<(PathBuf, OutputFile)> {
+        let mut riding = Vec::new();
+        let Some(r) = self.peer.replica(task.farm).filter(|r| r.home) else {
+            return riding;
+        };
+        let def = &r.spec.def;
+        let mut n = 0;
+        while let Some(d) = def.dependency(task.task, n) {
+            n += 1;
+            if let Some(Entry::Done { outputs, .. }) = r.log.get(d) {
+                let dir = PathBuf::from(&def.out)
+                    .join(&def.stage(d).name)
+                    .join(d.index.to_string());
+                riding.extend(
+                    outputs
+                        .iter()
+                        .filter(|o| o.rides())
+                        .map(|o| (dir.join(&o.path), o.clone())),
+                );
+            }
+        }
+        riding
+    }
+
     /// On a farm's home: true once every output of the tasks `task`
     /// depends on is here and verified, so that it never reads a folder of
     /// outputs still coming (a gather once read 19 of 20). `found` counts
@@ -291,7 +330,7 @@ async fn run_task(
     spec: Arc<FarmSpec>,
     task: Assigned,
     (local, sources, transfers, deps): (bool, Vec<NodeId>, Arc<Transfers>, Option<DepsPlace>),
-    (cache, held): (PathBuf, PathBuf),
+    (cache, held, riding): (PathBuf, PathBuf, Vec<(PathBuf, OutputFile)>),
     handle: LoopHandle,
 ) -> (Outcome, Vec<OutputFile>) {
     let key = launch.key;
@@ -344,6 +383,19 @@ async fn run_task(
             }
         }
     }
+    if !riding.is_empty() {
+        let placed = tokio::task::spawn_blocking(move || {
+            riding
+                .iter()
+                .try_for_each(|(dest, o)| place_riding(o, dest))
+        })
+        .await;
+        match placed {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return fail(format!("the outputs it depends on: {e}")),
+            Err(e) => return fail(format!("the outputs it depends on: {e}")),
+        }
+    }
     // A task of a grown stage: its value is a line of what the task it grew
     // from wrote, which is under `{out}` here now, as any dependency's.
     let out_root = match &deps {
@@ -386,14 +438,14 @@ async fn run_task(
             Err(e) => outcome.result = TaskResult::Error(e.to_string()),
         }
     }
-    let mut outputs = Vec::new();
+    let mut outputs: Vec<OutputFile> = f.handed.into_iter().map(riding_output).collect();
     if local && out_dir.exists() {
         // Run on the home: the outputs are in place. Their manifest still
         // goes into the farm's state, so a node that takes the farm over
         // knows what to bring (or to run again, when they are gone).
         let dir = out_dir.clone();
         if let Ok(Ok(m)) = tokio::task::spawn_blocking(move || manifest(&dir)).await {
-            outputs = m;
+            outputs.extend(m);
         }
     }
     if !local && out_dir.exists() {
@@ -402,7 +454,7 @@ async fn run_task(
                 let dir = out_dir.clone();
                 let kept = tokio::task::spawn_blocking(move || keep_outputs(&dir, &held)).await;
                 match kept {
-                    Ok(Ok(o)) => outputs = o,
+                    Ok(Ok(o)) => outputs.extend(o),
                     Ok(Err(e)) => {
                         outcome.result = TaskResult::Error(format!("keeping outputs: {e}"))
                     }
@@ -413,4 +465,15 @@ async fn run_task(
         let _ = tokio::task::spawn_blocking(move || fs::remove_dir_all(out_dir)).await;
     }
     (outcome, outputs)
+}
+
+/// An output handed back by the task, as the report carries it.
+fn riding_output((path, data): (String, Vec<u8>)) -> OutputFile {
+    OutputFile {
+        path,
+        hash: *blake3::hash(&data).as_bytes(),
+        size: data.len() as u64,
+        mode: 0o644,
+        data: Some(data.into_boxed_slice()),
+    }
 }

@@ -376,6 +376,23 @@ pub struct OutputFile {
     pub size: u64,
     /// Its permission bits, as for [`InputFile::mode`].
     pub mode: u32,
+    /// Its bytes, for a small value the task handed back instead of
+    /// writing a file (a Python call's): they ride with the report and
+    /// the log, and are a file only where a task that reads them runs.
+    pub data: Option<Box<[u8]>>,
+}
+
+impl OutputFile {
+    /// Whether its bytes ride with the log, so there is no file to bring home.
+    pub fn rides(&self) -> bool {
+        self.data.is_some()
+    }
+}
+
+/// Whether a task that left `outputs` has files for its home to bring:
+/// none, or all riding with the log, is nothing to bring.
+pub fn files_to_bring(outputs: &[OutputFile]) -> bool {
+    outputs.iter().any(|o| !o.rides())
 }
 
 /// One run of a task: which node ran which attempt.

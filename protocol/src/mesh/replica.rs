@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::msg::{Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId, Ran, TaskRun};
+use super::msg::{
+    files_to_bring, Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId, Ran, TaskRun,
+};
 use crate::engine::{Counts, Millis, Order, RecordState, Stop, TaskEnd, TaskRecord};
 use crate::farm::{FarmDef, TaskRef};
 
@@ -500,7 +502,7 @@ impl Replica {
 
     fn note(&mut self, task: TaskRef) {
         if let Some(Entry::Done { outputs, node, .. }) = self.log.get(task) {
-            if !outputs.is_empty()
+            if files_to_bring(outputs)
                 && !self.collected.contains(&task)
                 && self.missing.insert(task, *node).is_none()
             {
@@ -528,7 +530,7 @@ impl Replica {
     pub fn outputs_here(&self, task: TaskRef) -> bool {
         match self.log.get(task) {
             Some(Entry::Done { outputs, .. }) => {
-                outputs.is_empty() || self.collected.contains(&task)
+                !files_to_bring(outputs) || self.collected.contains(&task)
             }
             _ => false,
         }
@@ -676,6 +678,7 @@ mod tests {
                 hash: [index as u8; 32],
                 size: 1,
                 mode: 0o644,
+                data: None,
             }]),
             ran: None,
         }
@@ -716,6 +719,44 @@ mod tests {
         assert!(r.collect(TaskRef::new(0, 1)));
         assert_eq!(holders(&r), Vec::<u64>::new());
         assert_eq!(r.missing_count(), 0);
+    }
+
+    #[test]
+    fn outputs_that_ride_with_the_log_are_home_with_their_entry() {
+        let mut r = replica();
+        let riding = |index: u32, node: u64| {
+            let Entry::Done {
+                task,
+                key,
+                node,
+                attempt,
+                outputs,
+                ran,
+            } = done(index, node, 1)
+            else {
+                unreachable!()
+            };
+            let mut o = outputs[0].clone();
+            o.data = Some(b"7".to_vec().into_boxed_slice());
+            Entry::Done {
+                task,
+                key,
+                node,
+                attempt,
+                outputs: Arc::new([o]),
+                ran,
+            }
+        };
+        assert!(r.add(riding(0, 2)));
+        assert!(r.add(done(1, 2, 1)));
+        // The one whose value rode: nothing to bring, a task reading it
+        // may start; the other waits for its file.
+        assert!(r.outputs_here(TaskRef::new(0, 0)));
+        assert!(!r.outputs_here(TaskRef::new(0, 1)));
+        assert_eq!(r.missing_count(), 1);
+        r.recount();
+        assert_eq!(r.missing_count(), 1, "the same once worked out again");
+        assert_eq!(holders(&r), [2]);
     }
 
     #[test]

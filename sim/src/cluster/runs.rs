@@ -293,6 +293,7 @@ impl Sim<'_> {
                 hash,
                 size: 1,
                 mode: 0o644,
+                data: None,
             }]
         } else {
             Vec::new()
