@@ -123,6 +123,10 @@ pub enum StateError {
     Ambiguous { query: String, ids: String },
     #[error("no farm has run in {0} yet (start one with `mesh run farm.toml`)")]
     Empty(String),
+    /// Nothing ran, and no mesh can run there: a `mesh node` started
+    /// without `mesh init` exits at once, saying why in its own output.
+    #[error("no farm has run in {0} yet, and no mesh node runs there: it has no mesh.key (`mesh init` makes one for a new mesh, then `mesh node`; or `mesh run farm.toml` runs a farm alone)")]
+    NoMesh(String),
     #[error(
         "no unfinished farm to resume (see `mesh list`; `mesh resume FARM` resumes a given one)"
     )]
@@ -210,10 +214,14 @@ impl StateDir {
     pub fn find(&self, query: Option<&str>) -> Result<FarmStatus, StateError> {
         let all = self.list()?;
         let Some(q) = query else {
-            return all
-                .into_iter()
-                .next()
-                .ok_or_else(|| StateError::Empty(self.root.display().to_string()));
+            return all.into_iter().next().ok_or_else(|| {
+                let root = self.root.display().to_string();
+                if self.root.join(crate::keys::PSK_FILE).exists() {
+                    StateError::Empty(root)
+                } else {
+                    StateError::NoMesh(root)
+                }
+            });
         };
         if let Some(s) = all.iter().find(|s| s.id == q) {
             return Ok(s.clone());

@@ -1120,6 +1120,28 @@ fn an_unset_address_farm_or_path_is_refused_before_anything_starts() {
 }
 
 #[test]
+fn a_node_started_without_init_and_a_status_typed_at_once_both_point_at_mesh_init() {
+    // `mesh node &` then `mesh status`, as a new user types them: the
+    // node exits (its reason in its own output), and the status must not
+    // send the user to look for farms.
+    let sb = sandbox();
+    let node = sb.mesh(&["node"]);
+    node.expect_code(2);
+    assert!(node.stderr.contains("mesh init"), "{}", node.stderr);
+    let r = sb.mesh(&["status"]);
+    assert_ne!(r.code, Some(0));
+    assert!(
+        r.stderr.contains("no mesh.key") && r.stderr.contains("`mesh init`"),
+        "{}",
+        r.stderr
+    );
+    // With a mesh made, no node running says so as before.
+    sb.mesh(&["init"]).expect_code(0);
+    let r = sb.mesh(&["status"]);
+    assert!(!r.stderr.contains("no mesh.key"), "{}", r.stderr);
+}
+
+#[test]
 fn a_second_node_on_a_port_a_node_listens_on_is_refused() {
     // libp2p listens with SO_REUSEPORT: a second node of the same user on
     // the same port started, and the kernel shared the connections
