@@ -260,6 +260,14 @@ pub enum ControlRequest {
         #[serde(default)]
         rerun: bool,
     },
+    /// Holds an open farm whose home is this node open while this
+    /// connection lasts: answered `Held` now and every half second, and a
+    /// last `Held` with `open: false` once the farm is closed. When the
+    /// last connection holding it is gone (its client's process ended),
+    /// the farm is closed as `Grow` with `close` closes it.
+    Hold {
+        farm: String,
+    },
     /// Each task of a farm whose home is this node, once, as it ends for
     /// good with its outputs home ([`ControlResponse::Task`]), from the
     /// first; then `Finished`.
@@ -350,6 +358,12 @@ pub enum ControlResponse {
         column: Option<usize>,
         field: Option<String>,
     },
+    /// The farm is held (see [`ControlRequest::Hold`]); the last says it
+    /// is closed.
+    Held {
+        farm: String,
+        open: bool,
+    },
     /// A task that ended for good (see [`ControlRequest::Events`]).
     Task(Box<TaskEvent>),
     Tasks(Vec<TaskEvent>),
@@ -376,6 +390,7 @@ impl ControlResponse {
                 | ControlResponse::Invalid { .. }
                 | ControlResponse::Tasks(_)
                 | ControlResponse::Trace(_)
+                | ControlResponse::Held { open: false, .. }
         )
     }
 }

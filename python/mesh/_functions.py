@@ -655,6 +655,8 @@ class Functions:
                 calls[f.key] = f
         if run is None:
             run = self.client.submit(farm, warn=False, open=True)
+            # Closed by its home should this process die without closing it.
+            run.hold()
             with self.cv:
                 # Before the follower can settle any of them.
                 for f in batch:

@@ -3,6 +3,7 @@
 import base64
 import os
 import sys
+import threading
 import time
 
 from . import _proto
@@ -163,6 +164,8 @@ class Progress:
         self.cancelled = c.get("cancelled", 0)
         self.stopped = c.get("stopped", 0)
         self.finished = bool(view.get("finished"))
+        #: Stages may still be added (an open farm: a client's calls).
+        self.open = bool(view.get("open"))
         self.stages = {name: counts for name, counts in view.get("stages", [])}
         self.failures = list(view.get("failures", []))
         self.stopped_words = list(view.get("stopped", []))
@@ -274,6 +277,11 @@ class _Bar:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+#: How long a hold (see :meth:`Run.hold`) keeps trying to reach a node
+#: that went away.
+HOLD_RECONNECT_S = 300
 
 
 class Run:
@@ -403,6 +411,38 @@ class Run:
         v, warnings = self.client._farm_submitted(farm, req, warn)
         self.total = v["tasks"]
         self.warnings.extend(warnings)
+
+    def hold(self):
+        """Holds this open farm open while this process lives (a thread
+        keeps a connection to its home): once the last client holding it
+        is gone, killed or ended without :meth:`close`, the home closes it
+        and it ends once its tasks do, as ``mesh close`` would."""
+        t = threading.Thread(target=self._hold, name="mesh-hold", daemon=True)
+        t.start()
+
+    def _hold(self):
+        lost_at = None
+        while True:
+            try:
+                with self.client._exchange({"Hold": {"farm": self.id}}) as x:
+                    while True:
+                        a = x.next_answer()
+                        lost_at = None
+                        k = _proto.kind(a)
+                        if k == "Error" and _proto.unreachable(a["Error"]):
+                            raise _proto.Lost(a["Error"])
+                        if k != "Held" or not a["Held"]["open"]:
+                            # Closed, or not held here (anymore): nothing
+                            # more to hold.
+                            return
+            except (_proto.Lost, MeshError):
+                # The node went away (restarted on its state folder, it
+                # carries on with the farm): held again once it is back.
+                now = time.monotonic()
+                lost_at = lost_at or now
+                if now - lost_at >= HOLD_RECONNECT_S:
+                    return
+                time.sleep(0.5)
 
     def close(self):
         """No more stages come to this open farm: it ends once its tasks do."""

@@ -268,6 +268,16 @@ class Functions(InFolder):
         reused = {int(w[1]) for w in said if w[2] == "True"}
         self.assertTrue({int(w[1]) for w in first} <= reused, "what ended before the kill came back without running: %s" % said)
         self.assertLess(len(reused), 20, "the rest ran")
+        # Neither run closed its farm (one was killed, the other just
+        # ended): the node closed each once its process was gone, and each
+        # ended with its calls.
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            farms = [p for p in c.farms() if p.name == "python"]
+            if len(farms) == 2 and all(p.finished and not p.open for p in farms):
+                break
+            time.sleep(0.2)
+        self.assertEqual([(p.finished, p.open) for p in farms], [(True, False)] * 2, [p.view for p in farms])
 
     def test_a_loop_of_submits_run_again_is_reused_call_by_call(self):
         c = self.node(cpus=2)

@@ -150,6 +150,8 @@ class Executor(RemoteExecutor):
             if self.run is None:
                 # Snakemake has decided these must run: nothing is reused.
                 run = self.client.submit(farm, rerun=True, warn=False, open=True)
+                # A Snakemake killed without its shutdown: the home closes the farm.
+                run.hold()
                 threading.Thread(target=self._follow, args=(run,), name="mesh-follow", daemon=True).start()
                 self.run = run
             else:

@@ -145,6 +145,30 @@ class Plugin(unittest.TestCase):
             time.sleep(0.2)
         self.assertEqual(sum(f.running for f in n.farms()), 0, "the sleeps were killed")
 
+    def test_a_killed_snakemake_leaves_no_farm_open(self):
+        n = node(self, cpus=2)
+        d = workflow_folder(self)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "snakemake", "--executor", "mesh", "--jobs", "4", "--mesh-state-dir", n.state_dir, "slow/1.txt"],
+            cwd=d,
+            env=snakemake_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.addCleanup(lambda: p.poll() is None and p.kill())
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and sum(f.running for f in n.farms()) < 1:
+            time.sleep(0.2)
+        self.assertEqual([(f.name, f.open) for f in n.farms()], [("snakemake", True)])
+        # No shutdown runs: the node sees the workflow gone, and closes its
+        # farm (its job runs on, and the farm ends with it).
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=WAIT_S)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(f.open for f in n.farms()):
+            time.sleep(0.2)
+        self.assertEqual([(f.name, f.open, f.running) for f in n.farms()], [("snakemake", False, 1)])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -115,6 +115,7 @@ impl Node {
             ControlRequest::Hello { api } => {
                 let _ = reply.send(self.hello(api));
             }
+            ControlRequest::Hold { farm } => self.hold_farm(&farm, reply),
             ControlRequest::Events { farm } => match self.find_farm(&farm) {
                 Ok(fid) => self.follow_tasks(fid, reply),
                 Err(e) => {

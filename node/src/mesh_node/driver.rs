@@ -372,6 +372,7 @@ impl Node {
                 _ = reach.tick() => {
                     node.reach_out();
                     node.answer_alloc_waits();
+                    node.beat_holds();
                 }
                 _ = measure.tick() => {
                     node.peer.set_machine(crate::observe::machine().as_load());

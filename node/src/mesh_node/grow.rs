@@ -38,6 +38,72 @@ pub(super) enum GrowError {
 }
 
 impl Node {
+    /// Holds an open farm whose home is here open while `reply`'s
+    /// connection lasts (see `ControlRequest::Hold`).
+    pub(super) fn hold_farm(&mut self, farm: &str, reply: Reply) {
+        let fid = match self.growable(farm) {
+            Ok(spec) => spec.id,
+            Err(e) => {
+                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                return;
+            }
+        };
+        let Some(o) = self.home.farms.get_mut(&fid) else {
+            return;
+        };
+        let held = ControlResponse::Held {
+            farm: o.view.id.clone(),
+            open: true,
+        };
+        if reply.send(held).is_ok() {
+            o.holds.push(reply);
+            o.held = true;
+        }
+    }
+
+    /// Says to every connection holding an open farm that it still is:
+    /// a connection whose client is gone fails to take it (its writer
+    /// ends on the closed socket). A farm whose last hold is gone is
+    /// closed, and the holds of a farm closed otherwise are told so.
+    pub(super) fn beat_holds(&mut self) {
+        let mut gone = Vec::new();
+        for (fid, o) in self.home.farms.iter_mut().filter(|(_, o)| o.held) {
+            let open = self.peer.spec(*fid).is_some_and(|s| s.open);
+            let farm = o.view.id.clone();
+            if !open {
+                for h in o.holds.drain(..) {
+                    let _ = h.send(ControlResponse::Held {
+                        farm: farm.clone(),
+                        open: false,
+                    });
+                }
+                o.held = false;
+                continue;
+            }
+            o.holds.retain(|h| {
+                h.offer(ControlResponse::Held {
+                    farm: farm.clone(),
+                    open: true,
+                })
+                .is_ok()
+            });
+            if o.holds.is_empty() {
+                o.held = false;
+                gone.push((*fid, farm));
+            }
+        }
+        for (fid, farm) in gone {
+            tracing::info!(%fid, "the last client holding farm {farm} open is gone: it is closed");
+            let growth = Growth {
+                toml: String::new(),
+                file: String::new(),
+                close: true,
+                rerun: false,
+            };
+            self.grow_farm(&farm, growth, Reply::channel().0);
+        }
+    }
+
     /// Adds a client's stages to an open farm whose home is here, or closes it.
     pub(super) fn grow_farm(&mut self, farm: &str, g: Growth, reply: Reply) {
         let spec = match self.growable(farm) {

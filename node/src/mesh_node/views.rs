@@ -27,6 +27,10 @@ pub(super) struct Origin {
     pub(super) submit_reply: Option<Reply>,
     /// Clients following the farm's tasks one by one (see `feed.rs`).
     pub(super) feeds: Vec<super::feed::Feed>,
+    /// Connections holding the open farm open (see `grow.rs`), and whether
+    /// any has since this node started: the last one gone closes it.
+    pub(super) holds: Vec<Reply>,
+    pub(super) held: bool,
     /// When the bytes still to come were last counted, and the bytes home
     /// then (the rate is over the time between two counts).
     data_counted: Option<(Instant, u64)>,
@@ -85,6 +89,8 @@ impl Origin {
             waiters: Vec::new(),
             submit_reply: None,
             feeds: Vec::new(),
+            holds: Vec::new(),
+            held: false,
             data_counted: None,
             remembered: 0,
             remember_wait: Vec::new(),
