@@ -492,7 +492,7 @@ fn prepare_submit(
     write_manifests(&def.out, &def.stages, &reply);
     let spec = make_spec(def, file, origin).map(|mut spec| {
         spec.open = open;
-        let keys = super::reuse::task_keys(&spec);
+        let keys = super::reuse::task_keys(&spec, 0);
         (spec, keys)
     });
     let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));

@@ -232,6 +232,6 @@ fn next_generation(
         ..spec.clone()
     };
     // Worked out here, off the loop: every task's key, as a submission's.
-    let keys = (!g.rerun && next.def.stages.len() > old).then(|| task_keys(&next));
+    let keys = (!g.rerun && next.def.stages.len() > old).then(|| task_keys(&next, old));
     Some(Ok((next, keys)))
 }

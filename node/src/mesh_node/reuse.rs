@@ -579,12 +579,26 @@ impl Node {
 /// Every task's content key as the coordinator records it (its own key
 /// and, for a task with dependencies, theirs: see `farm::key_with_deps`),
 /// per stage in index order: all made from the farm's definition and the
-/// hashes of its inputs, dependencies first.
-pub(super) fn task_keys(spec: &FarmSpec) -> TaskKeys {
+/// hashes of its inputs, dependencies first. Only the stages from `from`
+/// on and those they depend on have theirs (an open farm's growth needs
+/// its new stages' keys only: working out every key of the farm at each
+/// growth made a loop of submits slower with each call); the others are
+/// empty.
+pub(super) fn task_keys(spec: &FarmSpec, from: usize) -> TaskKeys {
     let def = &spec.def;
     let mut keys: Vec<Vec<[u8; 32]>> = vec![Vec::new(); def.stages.len()];
     let mut digests: HashMap<u32, [u8; 32]> = HashMap::new();
+    let mut needed = vec![false; def.stages.len()];
+    let mut look: Vec<u32> = (from as u32..def.stages.len() as u32).collect();
+    while let Some(s) = look.pop() {
+        if !std::mem::replace(&mut needed[s as usize], true) {
+            look.extend(def.stages[s as usize].upstream());
+        }
+    }
     for s in dependency_order(def) {
+        if !needed[s as usize] {
+            continue;
+        }
         let stage = &def.stages[s as usize];
         for &d in &stage.after {
             let k = &keys[d as usize];
