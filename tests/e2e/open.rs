@@ -115,6 +115,11 @@ fn an_open_farm_grows_across_a_coordinator_kill_and_ends_once_closed() {
             format!("{i} {i}\n")
         );
     }
+    // Which task is which, written for the stages added too.
+    let manifest: String = std::iter::once("index\ti\n".to_string())
+        .chain((0..5).map(|i| format!("{i}\t{i}\n")))
+        .collect();
+    assert_eq!(sb.read("grow-out/b/tasks.tsv"), manifest);
     let all: String = (0..5).map(|i| format!("{i} {i}\n")).collect();
     assert_eq!(sb.read("grow-out/c/0/all.txt"), all);
     assert_ne!(

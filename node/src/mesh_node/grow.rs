@@ -116,8 +116,22 @@ impl Node {
         let handle = self.handle.clone();
         tokio::task::spawn_blocking(move || {
             let next = next_generation(&spec, &g, &reply);
-            if let Some(next) = next {
-                let _ = handle.tell_blocking(Event::Grow(next, reply));
+            let Some(next) = next else {
+                return;
+            };
+            // Which task is which, for a user browsing the folder: written
+            // once the growth is on its way, not before (a folder and a file
+            // per growth were half of a loop of submits' time a call).
+            let added = next.as_ref().ok().map(|(n, _)| {
+                (
+                    n.def.out.clone(),
+                    n.def.stages[spec.def.stages.len()..].to_vec(),
+                )
+            });
+            let warn = reply.clone();
+            let _ = handle.tell_blocking(Event::Grow(next, reply));
+            if let Some((out, stages)) = added {
+                write_manifests(&out, &stages, &warn);
             }
         });
     }
@@ -221,7 +235,6 @@ fn next_generation(
         Ok(added) => added,
         Err(e) => return Some(Err(e.into())),
     };
-    write_manifests(&def.out, &def.stages[old..], reply);
     let mut inputs = spec.inputs.clone();
     inputs.extend(added);
     let next = FarmSpec {
