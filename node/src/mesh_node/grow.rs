@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use mesh_protocol::mesh::FarmSpec;
 
@@ -13,6 +14,13 @@ use super::staging::hash_inputs;
 use super::{Event, Node};
 use crate::control::ControlResponse;
 use crate::farmfile::{self, LoadOptions};
+
+/// How long an open farm that was held goes without a hold before its
+/// home closes it: a client whose connection dropped holds it again
+/// within a second (`Run.hold`), one that is gone does not.
+const HOLD_GRACE: Duration = Duration::from_secs(5);
+/// How often a close not yet taken is sent again.
+const CLOSE_AGAIN: Duration = Duration::from_secs(2);
 
 /// Why an open farm did not grow.
 #[derive(Debug, thiserror::Error)]
@@ -57,18 +65,21 @@ impl Node {
         };
         if reply.send(held).is_ok() {
             o.holds.push(reply);
-            o.held = true;
+            (o.held, o.unheld_since) = (true, None);
         }
     }
 
     /// Says to every connection holding an open farm that it still is:
     /// a connection whose client is gone fails to take it (its writer
-    /// ends on the closed socket). A farm whose last hold is gone is
-    /// closed, and the holds of a farm closed otherwise are told so.
+    /// ends on the closed socket). A farm with no hold for [`HOLD_GRACE`]
+    /// is closed (the close sent again while the farm is still open: a
+    /// growth under way when the client died comes first, and refuses
+    /// it), and the holds of a farm closed or over otherwise are told so.
     pub(super) fn beat_holds(&mut self) {
-        let mut gone = Vec::new();
+        let now = Instant::now();
+        let mut close = Vec::new();
         for (fid, o) in self.home.farms.iter_mut().filter(|(_, o)| o.held) {
-            let open = self.peer.spec(*fid).is_some_and(|s| s.open);
+            let open = self.peer.spec(*fid).is_some_and(|s| s.open) && !o.view.finished;
             let farm = o.view.id.clone();
             if !open {
                 for h in o.holds.drain(..) {
@@ -77,7 +88,7 @@ impl Node {
                         open: false,
                     });
                 }
-                o.held = false;
+                (o.held, o.unheld_since, o.close_sent) = (false, None, None);
                 continue;
             }
             o.holds.retain(|h| {
@@ -87,13 +98,23 @@ impl Node {
                 })
                 .is_ok()
             });
-            if o.holds.is_empty() {
-                o.held = false;
-                gone.push((*fid, farm));
+            if !o.holds.is_empty() {
+                o.unheld_since = None;
+                continue;
+            }
+            let since = *o.unheld_since.get_or_insert(now);
+            let resend = o
+                .close_sent
+                .is_none_or(|at| now.duration_since(at) >= CLOSE_AGAIN);
+            if now.duration_since(since) >= HOLD_GRACE && resend {
+                if o.close_sent.is_none() {
+                    tracing::info!(%fid, "no client has held farm {farm} open for {HOLD_GRACE:?}: it is closed");
+                }
+                o.close_sent = Some(now);
+                close.push(farm);
             }
         }
-        for (fid, farm) in gone {
-            tracing::info!(%fid, "the last client holding farm {farm} open is gone: it is closed");
+        for farm in close {
             let growth = Growth {
                 toml: String::new(),
                 file: String::new(),

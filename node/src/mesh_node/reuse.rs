@@ -51,6 +51,13 @@ struct Kept {
     ran: Option<RanAt>,
 }
 
+impl Kept {
+    /// Its outputs all rode with the log: kept here whole, in no folder.
+    fn rides(&self) -> bool {
+        !self.outputs.is_empty() && !files_to_bring(&self.outputs)
+    }
+}
+
 /// Where a kept result was made: the farm, its task, the attempt and the
 /// node whose log folder has what that run wrote.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
@@ -139,8 +146,11 @@ impl Node {
             let name = meta_name(key);
             let mut kept = self.kept(&name).unwrap_or_default();
             let files = !place.files.is_empty();
-            kept.places.add(place);
             kept.outputs = outputs.to_vec();
+            // A folder holds it only when it left files there.
+            if !kept.rides() {
+                kept.places.add(place);
+            }
             kept.grew = ran.as_ref().and_then(|r| r.grew);
             // A reused task (attempt 0) did not run: the run that made
             // its outputs stays the one written down.
@@ -304,6 +314,10 @@ impl Node {
         mut kept: Kept,
         batch: &mut Vec<Write>,
     ) -> Option<Entry> {
+        if kept.rides() {
+            // Nothing to put in place: the bytes go with the entry.
+            return Some(done_before(t, *key, self.me, kept.outputs, kept.grew));
+        }
         let crate::results::Reused { here, changed } = kept.places.reuse(dir).unwrap_or_else(|e| {
             tracing::info!(dir = %dir.display(), "earlier outputs not reused: {e}");
             crate::results::Reused::FAILED
@@ -514,12 +528,14 @@ impl Node {
             let Some(kept) = self.kept(&meta_name(key)) else {
                 continue;
             };
-            let Some(place) = kept.places.whole() else {
-                continue;
-            };
-            for o in kept.outputs.iter().filter(|o| !o.rides()) {
-                self.transfers
-                    .serve_file(o.hash, Path::new(&place.dir).join(&o.path));
+            if !kept.rides() {
+                let Some(place) = kept.places.whole() else {
+                    continue;
+                };
+                for o in kept.outputs.iter().filter(|o| !o.rides()) {
+                    self.transfers
+                        .serve_file(o.hash, Path::new(&place.dir).join(&o.path));
+                }
             }
             out.push((*key, kept.outputs, kept.grew));
         }

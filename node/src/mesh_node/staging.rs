@@ -466,6 +466,10 @@ pub(super) fn place_riding(o: &OutputFile, dest: &Path) -> Result<(), FetchError
     let Some(data) = &o.data else {
         return Ok(());
     };
+    // Its name came in a peer's report.
+    if !path_stays_inside(&o.path) {
+        return Err(FetchError::Leaves(o.path.clone()));
+    }
     if !file_hash(dest).is_ok_and(|h| h == o.hash) {
         crate::results::put_bytes(data, dest).map_err(FetchError::io(FetchError::Place, dest))?;
     }

@@ -27,10 +27,13 @@ pub(super) struct Origin {
     pub(super) submit_reply: Option<Reply>,
     /// Clients following the farm's tasks one by one (see `feed.rs`).
     pub(super) feeds: Vec<super::feed::Feed>,
-    /// Connections holding the open farm open (see `grow.rs`), and whether
-    /// any has since this node started: the last one gone closes it.
+    /// Connections holding the open farm open (see `grow.rs`), whether
+    /// any has since this node started, since when none has, and when the
+    /// close for that was last sent.
     pub(super) holds: Vec<Reply>,
     pub(super) held: bool,
+    pub(super) unheld_since: Option<Instant>,
+    pub(super) close_sent: Option<Instant>,
     /// When the bytes still to come were last counted, and the bytes home
     /// then (the rate is over the time between two counts).
     data_counted: Option<(Instant, u64)>,
@@ -91,6 +94,8 @@ impl Origin {
             feeds: Vec::new(),
             holds: Vec::new(),
             held: false,
+            unheld_since: None,
+            close_sent: None,
             data_counted: None,
             remembered: 0,
             remember_wait: Vec::new(),
