@@ -121,12 +121,15 @@ fn a_name_two_farms_share_means_the_newest_and_logs_find_the_farm_on_a_node() {
     }
 }
 
-/// A farm whose tasks wait for `go` beside it (so a run can be killed mid-way).
+/// A farm whose tasks wait for `go` beside it (so a run can be killed
+/// mid-way), or for the sandbox to go: a task the killed run had started
+/// a moment before is no child of anything the test ends.
 fn waiting_farm(sb: &mesh_tests::Sandbox, name: &str) -> String {
     let go = sb.path().join("go");
     format!(
-        "[farm]\nname = \"{name}\"\n\n[[stage]]\nname = \"t\"\nshell = \"while [ ! -e {} ]; do sleep 0.1; done\"\nsweep.i = {{ range = \"0..1\" }}\n",
-        go.display()
+        "[farm]\nname = \"{name}\"\n\n[[stage]]\nname = \"t\"\nshell = \"while [ ! -e {} ] && [ -d {} ]; do sleep 0.1; done\"\nsweep.i = {{ range = \"0..1\" }}\n",
+        go.display(),
+        sb.path().display()
     )
 }
 
