@@ -66,6 +66,15 @@ pub mod refusal {
     pub fn is_lagged(words: &str) -> bool {
         words.starts_with(LAGGED)
     }
+
+    /// How the refusal of stages for a farm that is closed begins (its
+    /// client's hold was gone long enough, see `Hold`): a client opens
+    /// another farm for what it sends next.
+    pub const CLOSED_FARM: &str = "closed farm";
+
+    pub fn is_closed_farm(words: &str) -> bool {
+        words.starts_with(CLOSED_FARM)
+    }
 }
 
 /// Which node a command talks to.

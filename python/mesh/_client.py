@@ -14,7 +14,7 @@ import time
 import uuid
 
 from . import _proto
-from ._errors import FarmError, MeshError, ProtocolError
+from ._errors import FarmClosed, FarmError, MeshError, ProtocolError
 from ._farm import Farm
 from ._run import Run, FarmInfo
 
@@ -139,6 +139,8 @@ class Client:
                         text=None if farm is None or farm._text is not None else farm.to_toml(),
                     )
                 if k == "Error":
+                    if _proto.closed_farm(a["Error"]):
+                        raise FarmClosed("the node refused the stages: %s" % a["Error"])
                     raise MeshError("the node refused the farm: %s" % a["Error"])
                 return k, a[k], warnings
         raise MeshError("the node closed the connection before answering")

@@ -9,6 +9,11 @@ class ProtocolError(MeshError):
     """The node speaks another control API (or not the control protocol at all)."""
 
 
+class FarmClosed(MeshError):
+    """Stages sent to an open farm its home has closed (no client held it
+    for a while: see docs/api.md's ``Hold``)."""
+
+
 class FarmError(MeshError):
     """A farm the node found a mistake in; nothing of it runs.
 

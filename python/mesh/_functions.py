@@ -32,7 +32,7 @@ import weakref
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 
 from . import _worker
-from ._errors import MeshError
+from ._errors import FarmClosed, MeshError
 from ._farm import Farm
 from ._run import _in_words
 
@@ -358,6 +358,9 @@ class Functions:
         self.open_run = None
         self.open_batches = 0
         self.open_calls = {}
+        #: The open farm was closed other than by this client (see
+        #: ``Run.closed_by_home``): set by the sender alone, per batch.
+        self.open_gone = False
 
     # ----- calls -----
 
@@ -484,7 +487,7 @@ class Functions:
     def _in_open(self, d):
         """Whether future ``d`` was sent to the open farm the next batch
         grows (not to one the next batch leaves for a new one)."""
-        return d._run is not None and d._run is self.open_run and self.open_batches < FARM_BATCHES
+        return d._run is not None and d._run is self.open_run and self.open_batches < FARM_BATCHES and not self.open_gone
 
     # ----- sending -----
 
@@ -504,6 +507,9 @@ class Functions:
             # made while a batch is sent go in the next (a loop of submits),
             # and a map's in one (see `holding`).
             with self.cv:
+                # Read here only, so the batch taken and the batch sent
+                # agree on which farm its calls' futures are in.
+                self.open_gone = self.open_run is not None and self.open_run.closed_by_home
                 batch, failed = self._take()
             for f, exc in failed:
                 f._settle(exc=exc)
@@ -513,6 +519,11 @@ class Functions:
                 except BaseException as e:
                     for f in batch:
                         f._settle(exc=e)
+                    if isinstance(e, FarmClosed):
+                        # Its home closed the open farm (this client's hold
+                        # was cut for long): the next batch opens another.
+                        with self.cv:
+                            self.open_run = None
             if self.closed:
                 return
 
@@ -558,8 +569,9 @@ class Functions:
         in_batch = {f.key for f in batch}
         level = {}
         groups = collections.OrderedDict()
-        if self.open_run is not None and self.open_batches >= FARM_BATCHES:
+        if self.open_run is not None and (self.open_batches >= FARM_BATCHES or self.open_gone):
             self._close_open()
+            self.open_gone = False
         for f in batch:
             up = [d for d in f._deps if d.key in in_batch]
             # Futures of the open farm are its tasks: dependencies by

@@ -77,6 +77,12 @@ def lagged(error):
     return error.startswith("lagged")
 
 
+def closed_farm(error):
+    """Stages refused for a farm that is closed (its home closed it: no
+    client held it for a while, see docs/api.md's ``Hold``)."""
+    return error.startswith("closed farm")
+
+
 def unreachable(error):
     """An error the relay says for a node it cannot reach (see ``mesh control-pipe``)."""
     return error.startswith(("cannot reach the mesh at", "no mesh node is running", "talking to the node at"))

@@ -293,6 +293,9 @@ class Run:
         self.id = farm_id
         self.total = total
         self.warnings = list(warnings)
+        #: An open farm closed other than by this client (:meth:`hold` heard
+        #: it): a client sends what comes next to another.
+        self.closed_by_home = False
 
     def __repr__(self):
         return "<mesh.Run %s>" % self.id
@@ -434,6 +437,8 @@ class Run:
                         if k != "Held" or not a["Held"]["open"]:
                             # Closed, or not held here (anymore): nothing
                             # more to hold.
+                            if k == "Held" or (k == "Error" and _proto.closed_farm(a["Error"])):
+                                self.closed_by_home = True
                             return
             except (_proto.Lost, MeshError):
                 # The node went away (restarted on its state folder, it

@@ -186,6 +186,23 @@ class Functions(InFolder):
         self.assertEqual(c.submit(lambda a, b, s: a + b + len(s), fs[0], fs[1], big).result(timeout=WAIT_S), 100_003)
         self.assertIn("result-%s.pkl" % fs[0].key, results())
 
+    def test_a_farm_closed_under_a_client_is_left_for_a_new_one(self):
+        c = self.node(cpus=2)
+        x = c.submit(inc, 1)
+        self.assertEqual(x.result(timeout=WAIT_S), 2)
+        first = x._run
+        # Closed by someone else (`mesh close`, or its home once no hold
+        # reached it for long): the client's hold hears it.
+        first.close()
+        deadline = time.monotonic() + WAIT_S
+        while not first.closed_by_home and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertTrue(first.closed_by_home)
+        y = c.submit(inc, x)
+        z = c.submit(inc, 10)
+        self.assertEqual((y.result(timeout=WAIT_S), z.result(timeout=WAIT_S)), (3, 11))
+        self.assertIsNot(z._run, first)
+
     def test_concurrent_futures_over_the_executor(self):
         c = self.node(cpus=2)
         with c.get_executor() as ex:

@@ -31,7 +31,7 @@ pub(super) enum GrowError {
     NotHeld(String),
     #[error("farm {0} has its home on another node: a farm grows on the node it was submitted to")]
     HomeElsewhere(String),
-    #[error("farm {0} is closed: a farm takes stages only while open (submitted with `open`, not closed since)")]
+    #[error("closed farm {0}: a farm takes stages only while open (submitted with `open`, not closed since)")]
     Closed(String),
     #[error(
         "{file}: the stages added to a farm must be in its folder {root} (this file is in {here})"
@@ -268,4 +268,20 @@ fn next_generation(
     // Worked out here, off the loop: every task's key, as a submission's.
     let keys = (!g.rerun && next.def.stages.len() > old).then(|| task_keys(&next, old));
     Some(Ok((next, keys)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GrowError;
+    use crate::control::refusal::is_closed_farm;
+
+    #[test]
+    fn a_closed_farm_is_refused_in_words_a_client_reads() {
+        assert!(is_closed_farm(
+            &GrowError::Closed("python-1a2b".into()).to_string()
+        ));
+        assert!(!is_closed_farm(
+            &GrowError::NotHeld("python-1a2b".into()).to_string()
+        ));
+    }
 }
