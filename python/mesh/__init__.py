@@ -12,7 +12,7 @@ The protocol under it and every call are in docs/api.md.
 """
 
 from ._client import Client, LocalNode, connect, default_state_dir, farms, local
-from ._errors import FarmError, FarmFailed, MeshError, ProtocolError, TaskFailed
+from ._errors import FarmClosed, FarmError, FarmFailed, MeshError, ProtocolError, TaskFailed
 from ._farm import Farm, Stage, lines
 from ._functions import DoneAndNotDone, Executor, Future, RemoteTraceback, as_completed, progress, wait
 from ._proto import API
@@ -31,6 +31,7 @@ __all__ = [
     "progress",
     "wait",
     "Farm",
+    "FarmClosed",
     "FarmError",
     "FarmFailed",
     "FarmInfo",
