@@ -28,6 +28,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
+use crate::warm::Handed;
+
 /// Bytes read from a task's pipe at a time.
 const PIPE_CHUNK_BYTES: usize = 64 * 1024;
 /// How long to wait for a task's pipes to close after it exits (a
@@ -102,7 +104,7 @@ pub struct Finished {
     pub stderr_line: Option<String>,
     /// Outputs the task handed back instead of writing them (see
     /// [`Launch::hand`]): name and bytes, no file made for them.
-    pub handed: Vec<(String, Vec<u8>)>,
+    pub handed: Handed,
 }
 
 /// Handle on a live task, for killing it.
@@ -243,7 +245,7 @@ struct Report {
     attempt: u32,
     key: [u8; 32],
     sent: bool,
-    handed: Vec<(String, Vec<u8>)>,
+    handed: Handed,
 }
 
 impl Report {
@@ -308,7 +310,7 @@ impl Drop for Report {
 /// each time (about a second in all).
 const TEXT_BUSY_TRIES: u64 = 20;
 
-async fn run(l: &Launch, live: &Live) -> (TaskResult, u8, Vec<(String, Vec<u8>)>) {
+async fn run(l: &Launch, live: &Live) -> (TaskResult, u8, Handed) {
     let cwd = match &l.spec.workdir {
         Some(w) => l.root.join(w),
         None => l.root.clone(),
@@ -370,9 +372,9 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8, Vec<(String, Vec<u8>)>
             (result, logs, Vec::new())
         }
     };
-    // Only what it says it makes is taken, once, and only when it succeeded.
+    // Only what it says it makes is taken (the worker's answer names each
+    // once), and only when it succeeded.
     handed.retain(|(name, _)| l.spec.outputs.contains(name));
-    handed.dedup_by(|a, b| a.0 == b.0);
     if let TaskResult::Exited(code) = result {
         if !l.success_codes.contains(&code) {
             handed.clear();
@@ -385,20 +387,10 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8, Vec<(String, Vec<u8>)>
                 .filter(|o| !handed.iter().any(|(name, _)| name == *o))
                 .cloned()
                 .collect();
-            let collected = tokio::task::spawn_blocking(move || {
-                if outputs.is_empty() {
-                    // All handed back: nothing to collect, and no folder
-                    // made for them (an earlier run's files there go).
-                    return crate::results::prune(&dest, &HashSet::new()).map_err(|source| {
-                        FilesError::Replace {
-                            path: dest.clone(),
-                            source,
-                        }
-                    });
-                }
-                collect(&cwd2, &dest, &outputs, &before)
-            })
-            .await;
+            // All handed back: nothing is collected and no folder made, and
+            // what an earlier run left there goes, as `collect` leaves it.
+            let collected =
+                tokio::task::spawn_blocking(move || collect(&cwd2, &dest, &outputs, &before)).await;
             match collected {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return (TaskResult::Error(e.to_string()), logs, Vec::new()),
@@ -538,7 +530,7 @@ async fn run_warm(
     argv: &[String],
     cwd: &Path,
     env: &[(String, String)],
-) -> (TaskResult, u8, Vec<(String, Vec<u8>)>) {
+) -> (TaskResult, u8, Handed) {
     let gpus = env
         .iter()
         .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")

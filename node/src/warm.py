@@ -13,7 +13,6 @@ the task succeeded).
 """
 
 import base64
-
 import builtins
 import json
 import os

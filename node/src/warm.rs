@@ -106,10 +106,13 @@ pub fn interpreter(named: &str) -> String {
     }
 }
 
+/// Outputs a script handed back instead of writing them: name, bytes.
+pub type Handed = Vec<(String, Vec<u8>)>;
+
 /// How a run in a worker ended.
 pub enum Ended {
-    /// Its exit code, and the outputs it handed back (name, bytes).
-    Exited(i32, Vec<(String, Vec<u8>)>),
+    /// Its exit code, and the outputs it handed back.
+    Exited(i32, Handed),
     /// The worker died (killed, or the script ended its process); the
     /// status it died with.
     Died(std::process::ExitStatus),

@@ -520,10 +520,11 @@ class Functions:
                     for f in batch:
                         f._settle(exc=e)
                     if isinstance(e, FarmClosed):
-                        # Its home closed the open farm (this client's hold
-                        # was cut for long): the next batch opens another.
+                        # Closed as this batch was sent, before its hold
+                        # heard it: left as a hold's news would leave it.
                         with self.cv:
-                            self.open_run = None
+                            if self.open_run is not None:
+                                self.open_run.closed_by_home = True
             if self.closed:
                 return
 

@@ -29,6 +29,16 @@ def slow_square(x):
 
 
 class Functions(InFolder):
+    def client_script(self, name, c, body):
+        """A user's script in the test's folder, run as a process of its
+        own: ``body``, with ``mesh`` of this repository imported and
+        ``STATE`` the state folder of ``c``'s node."""
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write("import sys\nsys.path.insert(0, %r)\nimport mesh\nSTATE = %r\n" % (os.path.join(nodes.REPO, "python"), c.state_dir))
+            f.write(textwrap.dedent(body))
+        return path
+
     def test_submit_a_lambda_and_get_its_value(self):
         c = self.node(cpus=2)
         f = c.submit(lambda x: x + 1, 10)
@@ -253,25 +263,20 @@ class Functions(InFolder):
     def test_a_client_killed_mid_map_and_a_new_one_gets_every_finished_value_back(self):
         c = self.node(cpus=2)
         # A notebook's cell, run, killed, and run again as it is.
-        script = os.path.join(self.dir, "notebook.py")
-        with open(script, "w") as f:
-            f.write(
-                textwrap.dedent(
-                    """
-                    import sys, time
-                    sys.path.insert(0, %r)
-                    import mesh
-                    def slow_square(x):
-                        time.sleep(0.3)
-                        return x * x
-                    c = mesh.connect(state_dir=%r)
-                    fs = c.map(slow_square, range(20))
-                    for f in mesh.as_completed(fs):
-                        print("done", f.result(), f.task.reused, flush=True)
-                    """
-                )
-                % (os.path.join(nodes.REPO, "python"), c.state_dir)
-            )
+        script = self.client_script(
+            "notebook.py",
+            c,
+            """
+            import time
+            def slow_square(x):
+                time.sleep(0.3)
+                return x * x
+            c = mesh.connect(state_dir=STATE)
+            fs = c.map(slow_square, range(20))
+            for f in mesh.as_completed(fs):
+                print("done", f.result(), f.task.reused, flush=True)
+            """,
+        )
         p = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, text=True)
         first = [p.stdout.readline().split() for _ in range(4)]
         p.send_signal(signal.SIGKILL)
@@ -300,24 +305,18 @@ class Functions(InFolder):
         c = self.node(cpus=2)
         # Each call waited for before the next: a batch, a growth of the
         # client's open farm, each.
-        script = os.path.join(self.dir, "loop.py")
-        with open(script, "w") as f:
-            f.write(
-                textwrap.dedent(
-                    """
-                    import sys
-                    sys.path.insert(0, %r)
-                    import mesh
-                    def square(x):
-                        return x * x
-                    with mesh.connect(state_dir=%r) as c:
-                        for i in range(8):
-                            f = c.submit(square, i)
-                            print(f.result(), f.task.reused, f._run.id, flush=True)
-                    """
-                )
-                % (os.path.join(nodes.REPO, "python"), c.state_dir)
-            )
+        script = self.client_script(
+            "loop.py",
+            c,
+            """
+            def square(x):
+                return x * x
+            with mesh.connect(state_dir=STATE) as c:
+                for i in range(8):
+                    f = c.submit(square, i)
+                    print(f.result(), f.task.reused, f._run.id, flush=True)
+            """,
+        )
         runs = []
         for _ in range(2):
             r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=WAIT_S)

@@ -123,11 +123,13 @@ class Plugin(unittest.TestCase):
         self.assertGreater(len(ran_on), 1, "jobs ran on more than one node")
         del others
 
-    def test_ctrl_c_leaves_no_task_running(self):
+    def slow_workflow(self, targets, running):
+        """A node, and Snakemake run on it in the background for the slow
+        jobs `targets` until `running` of them run: the node and the process."""
         n = node(self, cpus=2)
         d = workflow_folder(self)
         p = subprocess.Popen(
-            [sys.executable, "-m", "snakemake", "--executor", "mesh", "--jobs", "4", "--mesh-state-dir", n.state_dir, "slow/1.txt", "slow/2.txt", "slow/3.txt"],
+            [sys.executable, "-m", "snakemake", "--executor", "mesh", "--jobs", "4", "--mesh-state-dir", n.state_dir, *targets],
             cwd=d,
             env=snakemake_env(),
             stdout=subprocess.DEVNULL,
@@ -135,8 +137,12 @@ class Plugin(unittest.TestCase):
         )
         self.addCleanup(lambda: p.poll() is None and p.kill())
         deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and sum(f.running for f in n.farms()) < 2:
+        while time.monotonic() < deadline and sum(f.running for f in n.farms()) < running:
             time.sleep(0.2)
+        return n, p
+
+    def test_ctrl_c_leaves_no_task_running(self):
+        n, p = self.slow_workflow(["slow/1.txt", "slow/2.txt", "slow/3.txt"], running=2)
         self.assertGreaterEqual(sum(f.running for f in n.farms()), 2)
         p.send_signal(signal.SIGINT)
         p.wait(timeout=WAIT_S)
@@ -146,19 +152,7 @@ class Plugin(unittest.TestCase):
         self.assertEqual(sum(f.running for f in n.farms()), 0, "the sleeps were killed")
 
     def test_a_killed_snakemake_leaves_no_farm_open(self):
-        n = node(self, cpus=2)
-        d = workflow_folder(self)
-        p = subprocess.Popen(
-            [sys.executable, "-m", "snakemake", "--executor", "mesh", "--jobs", "4", "--mesh-state-dir", n.state_dir, "slow/1.txt"],
-            cwd=d,
-            env=snakemake_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.addCleanup(lambda: p.poll() is None and p.kill())
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and sum(f.running for f in n.farms()) < 1:
-            time.sleep(0.2)
+        n, p = self.slow_workflow(["slow/1.txt"], running=1)
         self.assertEqual([(f.name, f.open) for f in n.farms()], [("snakemake", True)])
         # No shutdown runs: the node sees the workflow gone, and closes its
         # farm (its job runs on, and the farm ends with it).

@@ -141,6 +141,19 @@ shell = "cat {out}/a/*/v.txt > all.txt"
 outputs = ["all.txt"]
 "#;
 
+/// The done tasks of `farm` as node 1, its home, answers the control
+/// API's `Tasks`; None while it does not answer them.
+fn done_tasks(c: &Cluster, farm: &str) -> Option<Vec<Value>> {
+    c.control(
+        1,
+        &json!({"Tasks": {"farm": farm, "state": "done", "limit": null}}),
+    )
+    .iter()
+    .find_map(|a| a.get("Tasks"))
+    .and_then(Value::as_array)
+    .cloned()
+}
+
 #[test]
 fn small_values_handed_back_ride_with_the_report_and_are_files_where_a_task_reads_them() {
     let sb = sandbox();
@@ -165,16 +178,7 @@ fn small_values_handed_back_ride_with_the_report_and_are_files_where_a_task_read
         &all[..all.len().min(60)],
         &all[all.len().saturating_sub(20)..]
     );
-    let answers = c.control(
-        1,
-        &json!({"Tasks": {"farm": id, "state": "done", "limit": null}}),
-    );
-    let tasks: Vec<Value> = answers
-        .iter()
-        .find_map(|a| a.get("Tasks"))
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_else(|| panic!("no tasks: {answers:?}"));
+    let tasks = done_tasks(&c, &id).expect("the farm's done tasks");
     let mut nodes = std::collections::BTreeSet::new();
     for t in tasks.iter().filter(|t| t["stage"] == "a") {
         let i = t["index"].as_u64().expect("index");
@@ -198,14 +202,7 @@ fn small_values_handed_back_ride_with_the_report_and_are_files_where_a_task_read
     c.kill(1);
     c.restart(1, "cpu=1", &[]);
     let back = wait_until(Duration::from_secs(30), || {
-        c.control(
-            1,
-            &json!({"Tasks": {"farm": id, "state": "done", "limit": null}}),
-        )
-        .iter()
-        .find_map(|a| a.get("Tasks"))
-        .and_then(Value::as_array)
-        .is_some_and(|ts| {
+        done_tasks(&c, &id).is_some_and(|ts| {
             ts.iter()
                 .any(|t| t["task"] == "a/3" && t["values"]["v.txt"].as_str().is_some())
         })

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::deps::{place_deps, DepsPlace, NotPlaced};
 use super::staging::{fetch_input, input_file, input_hash, keep_outputs, manifest, place_riding};
-use super::transfer::Transfers;
+use super::transfer::{FetchError, Transfers};
 use super::{Event, LoopHandle, Node};
 use crate::executor::{self, Finished, Launch};
 use crate::task_view::TaskView;
@@ -389,11 +389,11 @@ async fn run_task(
                 .iter()
                 .try_for_each(|(dest, o)| place_riding(o, dest))
         })
-        .await;
-        match placed {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return fail(format!("the outputs it depends on: {e}")),
-            Err(e) => return fail(format!("the outputs it depends on: {e}")),
+        .await
+        .map_err(FetchError::from)
+        .and_then(|r| r);
+        if let Err(e) = placed {
+            return fail(format!("the outputs it depends on: {e}"));
         }
     }
     // A task of a grown stage: its value is a line of what the task it grew
