@@ -1,5 +1,6 @@
 """Real mesh nodes for the tests: the binary cargo built, on 127.0.0.1, OS-picked ports, always stopped."""
 
+import atexit
 import os
 import shlex
 import shutil
@@ -67,6 +68,8 @@ def _hiding(folders):
     with os.fdopen(fd, "w") as f:
         f.write("#!/bin/sh\nexec unshare -m sh -c %s %s \"$@\"\n" % (shlex.quote(mounts + 'exec "$0" "$@"'), shlex.quote(mesh_bin())))
     os.chmod(path, 0o755)
+    # Gone with the tests (one was left in /tmp per node started apart).
+    atexit.register(lambda: os.path.exists(path) and os.remove(path))
     return path
 
 
