@@ -15,6 +15,7 @@ pub mod limits;
 pub mod mesh_node;
 pub mod net;
 pub mod observe;
+mod reaper;
 pub mod results;
 pub mod runner;
 pub mod state;
