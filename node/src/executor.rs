@@ -44,6 +44,17 @@ const EXIT_POLL_MAX_MS: u64 = 1000;
 /// Times the runner yields to a task whose pipes closed before it can be reaped.
 const EXIT_YIELDS: u32 = 3;
 
+/// The variables numeric libraries (OpenMP, MKL, OpenBLAS, numexpr) size
+/// their thread pools by: each task gets its granted cores in them, as a
+/// Dask nanny sets them to its worker's threads, so that two one-core
+/// tasks do not start a pool of every core each and fight over them.
+pub const THREAD_VARS: [&str; 4] = [
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+];
+
 /// Log bits in `Finished::logs`.
 pub const LOG_STDOUT: u8 = 1;
 pub const LOG_STDERR: u8 = 2;
@@ -480,6 +491,8 @@ async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) ->
         }
     };
     let pid = child.id() as i32;
+    // Killed with the node, should it die first (see reaper.rs).
+    crate::reaper::watch(pid);
     live.pgid.store(pid, Ordering::SeqCst);
     if live.kill_asked.load(Ordering::SeqCst) {
         let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
@@ -503,6 +516,7 @@ async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) ->
         Some(s) => s,
         None => reap(&mut child, 0).await,
     };
+    crate::reaper::unwatch(pid);
     if !pipes_closed {
         // A background process of the task may hold the pipes open: stop reading after a grace.
         let _ =
@@ -531,16 +545,11 @@ async fn run_warm(
     cwd: &Path,
     env: &[(String, String)],
 ) -> (TaskResult, u8, Handed) {
-    let gpus = env
-        .iter()
-        .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
-        .map(|(_, v)| v.as_str());
     let ran = crate::warm::run(
         argv,
-        cwd,
+        (&l.root, cwd),
         env,
         ((&l.stdout_log, &l.stderr_log), l.hand),
-        gpus,
         |pid| {
             live.pgid.store(pid, Ordering::SeqCst);
             if live.kill_asked.load(Ordering::SeqCst) && pid > 0 {
@@ -608,6 +617,14 @@ fn task_env(l: &Launch, cwd: &Path) -> Vec<(String, String)> {
             value,
         ));
     }
+    let threads = task_threads(&l.grant).to_string();
+    for var in THREAD_VARS {
+        // The user's own setting, on the node or in the stage, wins.
+        let set = std::env::var_os(var).is_some() || l.spec.env.iter().any(|(k, _)| k == var);
+        if !set {
+            env.push((var.to_string(), threads.clone()));
+        }
+    }
     if !l.grant.gpus.is_empty() || !l.gpu_ids.is_empty() {
         let ids: Vec<String> = l
             .grant
@@ -625,6 +642,12 @@ fn task_env(l: &Launch, cwd: &Path) -> Vec<(String, String)> {
     }
     env.extend(l.spec.env.iter().cloned());
     env
+}
+
+/// The threads a task's numeric libraries may start: its granted cores,
+/// at least one (a task asking half a core or none still runs one).
+pub fn task_threads(grant: &Grant) -> u64 {
+    grant.resources.get("cpu").whole().max(1)
 }
 
 /// A pipe for a task's stdout or stderr: this side's read end, ready for

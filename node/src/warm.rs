@@ -6,9 +6,14 @@
 //! its stdin and reads its exit code back, with the small outputs the
 //! script handed back instead of writing files (a Python call's value:
 //! a file made per call was most of a thin call's cost). Workers are kept per
-//! interpreter and per set of GPUs (`CUDA_VISIBLE_DEVICES` counts only
-//! when a process starts), taken by a task for its run, given back after
-//! it, and stopped after `IDLE_MAX` unused. Each is its own process group:
+//! interpreter, per set of GPUs (`CUDA_VISIBLE_DEVICES` counts only
+//! when a process starts), per thread count (a numeric library sizes its
+//! pool once, at import) and per farm folder (a client's calls, or a
+//! farm's tasks, never meet modules another one imported: a package
+//! upgraded between two runs is imported anew, as a Dask cluster of each
+//! run would), taken by a task for its run, given back after it, and
+//! stopped after `IDLE_MAX` unused or once more than `idle_total_max`
+//! wait (the least recently used first). Each is its own process group:
 //! a kill of the task (a timeout, a cancel) kills the worker and all it
 //! started, and the next task gets a fresh one.
 
@@ -27,8 +32,14 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 const SCRIPT: &str = include_str!("warm.py");
 /// A worker unused this long is stopped.
 const IDLE_MAX: Duration = Duration::from_secs(60);
-/// Idle workers kept per interpreter and GPU set, at most.
+/// Idle workers kept per kind, at most.
 const IDLE_PER_KIND: usize = 64;
+
+/// Idle workers kept in all: twice the machine's cores, so that the
+/// workers of farms that ended give way to a new farm's.
+fn idle_total_max() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()) * 2
+}
 
 /// Where the script is, and which Python a node's `--python` says.
 struct Setup {
@@ -44,13 +55,25 @@ static IDLE: OnceLock<Mutex<HashMap<Kind, Vec<Worker>>>> = OnceLock::new();
 struct Kind {
     python: String,
     gpus: Option<String>,
+    /// The task's thread variables (`executor::THREAD_VARS`), as set.
+    threads: Vec<(String, String)>,
+    /// The farm's folder on this node.
+    root: PathBuf,
 }
 
 struct Worker {
     child: Child,
+    /// Its process id, its group's: watched until it is dropped.
+    pid: i32,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     used: Instant,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        crate::reaper::unwatch(self.pid);
+    }
 }
 
 #[derive(Serialize)]
@@ -131,27 +154,38 @@ pub enum WarmError {
     Handed(String),
 }
 
-/// Runs `argv` (`[python, script, args...]`) in a warm worker; `started`
-/// is told the worker's process id (its group's) before the task runs.
-/// The script may hand back outputs of up to `hand` bytes.
+/// Runs `argv` (`[python, script, args...]`) in a warm worker of the
+/// farm whose folder is `root`; `started` is told the worker's process
+/// id (its group's) before the task runs. The script may hand back
+/// outputs of up to `hand` bytes.
 pub async fn run(
     argv: &[String],
-    cwd: &Path,
+    (root, cwd): (&Path, &Path),
     env: &[(String, String)],
     (logs, hand): ((&Path, &Path), usize),
-    gpus: Option<&str>,
     started: impl FnOnce(i32),
 ) -> Result<Ended, WarmError> {
     let setup = SETUP.get().ok_or(WarmError::NotSetUp)?;
+    let gpus = env
+        .iter()
+        .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
+        .map(|(_, v)| v.clone());
+    let threads = env
+        .iter()
+        .filter(|(k, _)| crate::executor::THREAD_VARS.contains(&k.as_str()))
+        .cloned()
+        .collect();
     let kind = Kind {
         python: interpreter(&argv[0]),
-        gpus: gpus.map(str::to_string),
+        gpus,
+        threads,
+        root: root.to_path_buf(),
     };
     let mut w = match take(&kind) {
         Some(w) => w,
         None => start(&kind, &setup.script)?,
     };
-    started(w.child.id().map(|p| p as i32).unwrap_or(0));
+    started(w.pid);
     let req = Request {
         argv: &argv[1..],
         cwd,
@@ -205,14 +239,21 @@ fn start(kind: &Kind, script: &Path) -> Result<Worker, WarmError> {
     if let Some(g) = &kind.gpus {
         cmd.env("CUDA_VISIBLE_DEVICES", g);
     }
+    // Set from the start: a library may read them at import, before the
+    // first task's environment is applied.
+    cmd.envs(kind.threads.iter().map(|(k, v)| (k, v)));
     let mut child = cmd.spawn().map_err(|source| WarmError::Start {
         python: kind.python.clone(),
         source,
     })?;
     let stdin = child.stdin.take().expect("piped");
     let stdout = BufReader::new(child.stdout.take().expect("piped"));
+    let pid = child.id().map_or(0, |p| p as i32);
+    // Killed with the node, should it die first (see reaper.rs).
+    crate::reaper::watch(pid);
     Ok(Worker {
         child,
+        pid,
         stdin,
         stdout,
         used: Instant::now(),
@@ -247,5 +288,20 @@ fn give_back(kind: Kind, w: Worker) {
     let ws = idle.entry(kind).or_default();
     if ws.len() < IDLE_PER_KIND {
         ws.push(w);
+    }
+    // Over the total: the least recently used goes (dropped: killed).
+    while idle.values().map(Vec::len).sum::<usize>() > idle_total_max() {
+        let oldest = idle
+            .iter()
+            .flat_map(|(k, ws)| ws.iter().enumerate().map(move |(i, w)| (w.used, k, i)))
+            .min_by_key(|(used, ..)| *used)
+            .map(|(_, k, i)| (k.clone(), i));
+        let Some((k, i)) = oldest else { break };
+        if let Some(ws) = idle.get_mut(&k) {
+            ws.remove(i);
+            if ws.is_empty() {
+                idle.remove(&k);
+            }
+        }
     }
 }
