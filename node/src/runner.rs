@@ -896,16 +896,13 @@ impl Driver {
                 false
             }
             Event::Unplaceable {
-                stage, shortfall, ..
+                stage,
+                shortfall,
+                offered,
+                ..
             } => {
                 let name = &self.def.stages[stage as usize].name;
-                let text = shortfall
-                    .iter()
-                    .map(|(k, want, have)| {
-                        format!("{k}={} asked, {} here", want.display(k), have.display(k))
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                let text = mesh_protocol::resources::shortfall_words(&shortfall, &offered, "here");
                 obs.unplaceable(name, &text);
                 let failed = FailedTask {
                     task: format!("{name}/*"),

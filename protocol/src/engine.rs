@@ -707,6 +707,21 @@ impl Engine {
         self.check_finished(slot);
     }
 
+    /// The names of the resources any machine offers, sorted.
+    fn offered_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = match &self.placement {
+            Placement::Local(pool) => pool.total().iter().map(|(k, _)| k.to_string()).collect(),
+            Placement::Remote(m) => m
+                .list
+                .iter()
+                .flat_map(|r| r.iter().map(|(k, _)| k.to_string()))
+                .collect(),
+        };
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
     /// Marks stages (from stage `from` on) that can never run here as
     /// failed, with an event saying why.
     fn check_placeable(&mut self, slot: FarmSlot, from: usize) {
@@ -740,10 +755,12 @@ impl Engine {
                     st.set(i, FAILED);
                 }
             }
+            let offered = self.offered_names();
             self.actions.push_back(Action::Emit(Event::Unplaceable {
                 farm: slot,
                 stage: s,
                 shortfall,
+                offered,
             }));
             self.fail_dependents(slot, s, None);
         }

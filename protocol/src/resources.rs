@@ -166,6 +166,45 @@ fn parse_milli(t: &str) -> Option<u64> {
     w.checked_mul(MILLI)?.checked_add(f)
 }
 
+/// A stage's shortfall in words (`cpu=8 asked, 2 on the largest node`):
+/// `have` says where (`here`, `on the largest node`). A name asked that no
+/// machine offers is said so, with the offered name closest to it, as
+/// names are case-sensitive (`TOKEN=1 asked, no node offers TOKEN: did
+/// you mean token?`).
+pub fn shortfall_words(
+    shortfall: &[(String, Amount, Amount)],
+    offered: &[String],
+    have: &str,
+) -> String {
+    shortfall
+        .iter()
+        .map(|(k, want, got)| {
+            if offered.iter().any(|o| o == k) || k == "cpu" || k == MEM {
+                return format!("{k}={} asked, {} {have}", want.display(k), got.display(k));
+            }
+            let mut words = format!("{k}={} asked, no node offers {k}", want.display(k));
+            let closest = offered
+                .iter()
+                .map(|o| {
+                    (
+                        strsim::normalized_damerau_levenshtein(
+                            &k.to_lowercase(),
+                            &o.to_lowercase(),
+                        ),
+                        o,
+                    )
+                })
+                .filter(|(score, _)| *score >= 0.6)
+                .max_by(|a, b| a.0.total_cmp(&b.0));
+            if let Some((_, o)) = closest {
+                words.push_str(&format!(": did you mean {o}?"));
+            }
+            words
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A byte count in binary units, as people read it (`100B`, `512MiB`, `1.5GiB`).
 pub fn format_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -368,6 +407,27 @@ pub enum ResourceSpecError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shortfall_names_a_resource_no_node_offers_and_the_closest_one() {
+        let offered = vec!["cpu".to_string(), "mem".to_string(), "token".to_string()];
+        let short = |k: &str, want: u64, have: u64| {
+            (k.to_string(), Amount::units(want), Amount::units(have))
+        };
+        assert_eq!(
+            shortfall_words(&[short("cpu", 8, 2)], &offered, "on the largest node"),
+            "cpu=8 asked, 2 on the largest node"
+        );
+        assert_eq!(
+            shortfall_words(&[short("TOKEN", 1, 0)], &offered, "here"),
+            "TOKEN=1 asked, no node offers TOKEN: did you mean token?"
+        );
+        // Nothing near: no guess.
+        assert_eq!(
+            shortfall_words(&[short("license", 1, 0)], &offered, "here"),
+            "license=1 asked, no node offers license"
+        );
+    }
 
     #[test]
     fn amounts_parse_exactly() {

@@ -242,6 +242,10 @@ pub enum Event {
         stage: u32,
         /// (resource, asked, available)
         shortfall: Vec<(String, Amount, Amount)>,
+        /// The names of every resource a machine offers: a name asked
+        /// that none offers is likely mistyped (see
+        /// [`crate::resources::shortfall_words`]).
+        offered: Vec<String>,
     },
     /// A stage stopped starting tasks (see [`Stop`]); its tasks not yet
     /// over wait for a resume, and what depends on them is skipped.

@@ -591,19 +591,14 @@ impl Coord {
                         farm,
                         stage,
                         shortfall,
+                        offered,
                     } => {
                         let fid = self.slots[farm.0 as usize];
-                        let reason = shortfall
-                            .iter()
-                            .map(|(k, want, have)| {
-                                format!(
-                                    "{k}={} asked, {} on the largest node",
-                                    want.display(k),
-                                    have.display(k)
-                                )
-                            })
-                            .collect::<Vec<_>>()
-                            .join(", ");
+                        let reason = crate::resources::shortfall_words(
+                            &shortfall,
+                            &offered,
+                            "on the largest node",
+                        );
                         // Part of the farm's state the holders hear with its progress.
                         let f = self.farms.get_mut(&fid).expect("slots and farms agree");
                         f.unplaceable.retain(|(s, _)| *s != stage);
