@@ -6,6 +6,9 @@
 //! its outputs are in the home's folder: what a client is told is done, it
 //! can open. A task is said once whatever the log says of it again (a done
 //! repeated for holders, a done after a failure once a partition heals).
+//! A task of a stage that fits no node is said failed, with why, as soon
+//! as the coordinator says so: it has no entry in the log, and an open
+//! farm is never over, so nothing else would ever tell its client.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -48,6 +51,9 @@ pub(super) struct Feed {
     stalled: Arc<AtomicBool>,
     /// Told the end.
     over: bool,
+    /// Stages that fit no node, and the index from which their tasks are
+    /// still to be said failed.
+    unplaced: Vec<(u32, u32)>,
 }
 
 impl Feed {
@@ -59,6 +65,7 @@ impl Feed {
             waiting: HashSet::new(),
             stalled: Arc::new(AtomicBool::new(false)),
             over: false,
+            unplaced: Vec::new(),
         };
         f.fit(&r.spec.def);
         f
@@ -179,6 +186,9 @@ impl Node {
                     _ => {}
                 }
             }
+            if !r.unplaceable.is_empty() && !self.say_unplaced(f, r) {
+                f.wait_room(farm, &self.handle);
+            }
         }
         if let (Some(view), false) = (finished, more) {
             // Over: every output is home, so whatever still waits is said,
@@ -212,6 +222,37 @@ impl Node {
             // through its own channel, which it must never wait on.
             self.home.feed_more.insert(farm);
         }
+    }
+
+    /// Says the tasks of the stages that fit no node failed, as many as
+    /// the follower has room for; false when some are left for later.
+    fn say_unplaced(&self, f: &mut Feed, r: &Replica) -> bool {
+        for (stage, _) in &r.unplaceable {
+            let at = match f.unplaced.iter().position(|(s, _)| s == stage) {
+                Some(i) => i,
+                None => {
+                    f.unplaced.push((*stage, 0));
+                    f.unplaced.len() - 1
+                }
+            };
+            let Some(def) = r.spec.def.stages.get(*stage as usize) else {
+                continue;
+            };
+            let mut i = f.unplaced[at].1;
+            while i < def.len() {
+                if f.reply.room() <= KEEP_FREE {
+                    f.unplaced[at].1 = i;
+                    return false;
+                }
+                let t = TaskRef::new(*stage, i);
+                if r.log.get(t).is_none() && f.say_once(t) {
+                    let _ = f.reply.send(self.task_said(r, t));
+                }
+                i += 1;
+            }
+            f.unplaced[at].1 = i;
+        }
+        true
     }
 
     fn task_said(&self, r: &Replica, t: TaskRef) -> ControlResponse {
@@ -278,6 +319,15 @@ impl Node {
                 ev.node = Some(self.label_of(*node));
                 ev.attempt = *attempt;
             }
+            None => {
+                if let Some((_, why)) = r.unplaceable.iter().find(|(s, _)| *s == t.stage) {
+                    ev.state = "failed".into();
+                    ev.reason = Some(format!(
+                        "unplaceable: stage {} fits no node of the mesh: {why}",
+                        stage.name
+                    ));
+                }
+            }
             _ => {}
         }
         if let Some(e) = r.log.get(t) {
@@ -322,6 +372,7 @@ impl Node {
                 let is = match r.log.get(t) {
                     Some(Entry::Done { .. }) => "done",
                     Some(Entry::Failed { .. }) => "failed",
+                    None if r.unplaceable.iter().any(|(s, _)| *s == t.stage) => "failed",
                     _ => "unfinished",
                 };
                 if state.is_none_or(|want| want == is) {
@@ -347,6 +398,7 @@ mod tests {
             waiting: HashSet::new(),
             stalled: Arc::new(AtomicBool::new(false)),
             over: false,
+            unplaced: Vec::new(),
         };
         for t in [
             TaskRef::new(0, 0),
