@@ -273,9 +273,13 @@ pub enum ControlRequest {
     /// connection lasts: answered `Held` now and every half second, and a
     /// last `Held` with `open: false` once the farm is closed. When the
     /// last connection holding it is gone (its client's process ended),
-    /// the farm is closed as `Grow` with `close` closes it.
+    /// the farm is closed as `Grow` with `close` closes it; with
+    /// `cancel`, it is cancelled instead (its running tasks killed, none
+    /// started after): a client whose work must not outlive it.
     Hold {
         farm: String,
+        #[serde(default)]
+        cancel: bool,
     },
     /// Each task of a farm whose home is this node, once, as it ends for
     /// good with its outputs home ([`ControlResponse::Task`]), from the

@@ -31,6 +31,10 @@ pub struct FarmView {
     /// Stages may still be added (an open farm, see `ControlRequest::Grow`).
     #[serde(default)]
     pub open: bool,
+    /// A client holds it open now (see `ControlRequest::Hold`); said by
+    /// its home only. An open farm no one holds is a dead client's.
+    #[serde(default)]
+    pub held: bool,
     pub finished: bool,
     pub counts: Counts,
     pub stages: Vec<(String, Counts)>,

@@ -17,8 +17,9 @@ use crate::alloc::script;
 use crate::control::refusal::BAD_REQUEST;
 use crate::control::{ControlRequest, ControlResponse, CONTROL_API};
 use crate::farmfile::{self, FarmFileError, LoadOptions};
+use crate::view::FarmView;
 use mesh_protocol::farm::{FarmDef, StageDef};
-use mesh_protocol::mesh::NodeId;
+use mesh_protocol::mesh::{FarmId, NodeId};
 
 impl Node {
     pub(super) fn on_control(&mut self, req: ControlRequest, reply: Reply) {
@@ -115,7 +116,7 @@ impl Node {
             ControlRequest::Hello { api } => {
                 let _ = reply.send(self.hello(api));
             }
-            ControlRequest::Hold { farm } => self.hold_farm(&farm, reply),
+            ControlRequest::Hold { farm, cancel } => self.hold_farm(&farm, cancel, reply),
             ControlRequest::Events { farm } => match self.find_farm(&farm) {
                 Ok(fid) => self.follow_tasks(fid, reply),
                 Err(e) => {
@@ -251,6 +252,13 @@ impl Node {
     fn list_farms(&mut self, reply: Reply) {
         let mine = self.summaries();
         let labels = self.labels_now();
+        let held: std::collections::HashSet<FarmId> = self
+            .home
+            .farms
+            .iter()
+            .filter(|(_, o)| o.holds.iter().any(|h| !h.is_closed()))
+            .map(|(id, _)| *id)
+            .collect();
         let ask = self.peer.coordinator().filter(|c| *c != self.me);
         let handle = self.handle.clone();
         tokio::spawn(async move {
@@ -264,7 +272,13 @@ impl Node {
                     }
                 }
             }
-            let views = all.iter().map(|f| summary_view(f, &labels)).collect();
+            let views = all
+                .iter()
+                .map(|f| FarmView {
+                    held: held.contains(&f.id),
+                    ..summary_view(f, &labels)
+                })
+                .collect();
             let _ = reply.send(ControlResponse::List(views));
         });
     }
@@ -450,8 +464,12 @@ where
         return;
     };
     let (rtx, mut rrx) = Reply::channel();
+    // A hold lasts as long as its client: its end of the connection
+    // closing (the process gone) ends it at once, not at the next write.
+    let mut holding = false;
     match serde_json::from_str::<ControlRequest>(&line) {
         Ok(req) => {
+            holding = matches!(req, ControlRequest::Hold { .. });
             if handle.control_to(req, rtx).await.is_err() {
                 return;
             }
@@ -461,7 +479,17 @@ where
             drop(rtx);
         }
     }
-    while let Some(resp) = rrx.recv().await {
+    loop {
+        let resp = tokio::select! {
+            r = rrx.recv() => r,
+            l = lines.next_line(), if holding => match l {
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => None,
+            },
+        };
+        let Some(resp) = resp else {
+            break;
+        };
         let Ok(mut b) = serde_json::to_vec(&resp) else {
             break;
         };

@@ -48,7 +48,7 @@ pub(super) enum GrowError {
 impl Node {
     /// Holds an open farm whose home is here open while `reply`'s
     /// connection lasts (see `ControlRequest::Hold`).
-    pub(super) fn hold_farm(&mut self, farm: &str, reply: Reply) {
+    pub(super) fn hold_farm(&mut self, farm: &str, cancel: bool, reply: Reply) {
         let fid = match self.growable(farm) {
             Ok(spec) => spec.id,
             Err(e) => {
@@ -66,6 +66,7 @@ impl Node {
         if reply.send(held).is_ok() {
             o.holds.push(reply);
             (o.held, o.unheld_since) = (true, None);
+            o.cancel_unheld |= cancel;
         }
     }
 
@@ -78,6 +79,7 @@ impl Node {
     pub(super) fn beat_holds(&mut self) {
         let now = Instant::now();
         let mut close = Vec::new();
+        let mut cancel = Vec::new();
         for (fid, o) in self.home.farms.iter_mut().filter(|(_, o)| o.held) {
             let open = self.peer.spec(*fid).is_some_and(|s| s.open) && !o.view.finished;
             let farm = o.view.id.clone();
@@ -98,6 +100,7 @@ impl Node {
                 })
                 .is_ok()
             });
+            o.view.held = !o.holds.is_empty();
             if !o.holds.is_empty() {
                 o.unheld_since = None;
                 continue;
@@ -107,12 +110,22 @@ impl Node {
                 .close_sent
                 .is_none_or(|at| now.duration_since(at) >= CLOSE_AGAIN);
             if now.duration_since(since) >= HOLD_GRACE && resend {
+                if o.cancel_unheld {
+                    tracing::info!(%fid, "no client has held farm {farm} for {HOLD_GRACE:?}: it is cancelled, as its client asked");
+                    o.held = false;
+                    cancel.push(*fid);
+                    continue;
+                }
                 if o.close_sent.is_none() {
                     tracing::info!(%fid, "no client has held farm {farm} open for {HOLD_GRACE:?}: it is closed");
                 }
                 o.close_sent = Some(now);
                 close.push(farm);
             }
+        }
+        let at = self.now();
+        for fid in cancel {
+            self.peer.cancel(at, fid);
         }
         for farm in close {
             let growth = Growth {

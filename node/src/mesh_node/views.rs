@@ -34,6 +34,9 @@ pub(super) struct Origin {
     pub(super) held: bool,
     pub(super) unheld_since: Option<Instant>,
     pub(super) close_sent: Option<Instant>,
+    /// A hold asked for the farm to be cancelled, not closed, once no
+    /// client holds it (a Snakemake's: its jobs end with it).
+    pub(super) cancel_unheld: bool,
     /// When the bytes still to come were last counted, and the bytes home
     /// then (the rate is over the time between two counts).
     data_counted: Option<(Instant, u64)>,
@@ -62,6 +65,7 @@ impl Origin {
                 out: def.out.clone(),
                 accepted: false,
                 open: spec.open,
+                held: false,
                 finished: false,
                 counts: mesh_protocol::engine::Counts {
                     total: def.task_count(),
@@ -96,6 +100,7 @@ impl Origin {
             held: false,
             unheld_since: None,
             close_sent: None,
+            cancel_unheld: false,
             data_counted: None,
             remembered: 0,
             remember_wait: Vec::new(),
