@@ -693,11 +693,17 @@ impl Node {
 
     /// Whether a stopping node whose tasks are over may go: once the
     /// coordinator has acknowledged its results and the home has stopped
-    /// fetching outputs from it (or after `LINGER_MAX`). A batch job's node
+    /// fetching outputs from it (or after `LINGER_MAX`), at once when it is
+    /// alone. A batch job's node
     /// never comes back for them: leaving earlier would run those tasks again.
     fn may_stop(&self, since: Instant) -> bool {
         let now = Instant::now();
         if self.user.impatient || now >= since + LINGER_MAX {
+            return true;
+        }
+        // Alone in its mesh (a notebook's `mesh.local()`): no home will
+        // come to fetch from it.
+        if self.peer.member_count() == 0 && self.peer.idle() {
             return true;
         }
         let last = self.transfers.quiet_since().map_or(since, |t| t.max(since));
