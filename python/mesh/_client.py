@@ -56,7 +56,7 @@ def mesh_binary(binary=None):
 class Client:
     """A connection to a node (see :func:`connect`)."""
 
-    def __init__(self, transport, within=ANSWER_WITHIN_S, python=None):
+    def __init__(self, transport, within=ANSWER_WITHIN_S, python=None, resume=False):
         self._t = transport
         self._within = within
         self.node = None
@@ -64,9 +64,13 @@ class Client:
         #: The Python that runs this client's functions on the nodes
         #: (default: this interpreter's path where a node has it, else
         #: ``python3``).
-        self.python = python
+        self.python = _checked_python(python)
+        #: Values of earlier runs are reused and a dead client's calls
+        #: adopted (see :func:`connect`); by default, as in Dask, never.
+        self.resume = bool(resume)
         self._fns = None
         self._fns_lock = threading.Lock()
+        self._closed = False
         self._hello()
 
     def _hello(self):
@@ -180,6 +184,8 @@ class Client:
 
     def _functions(self):
         with self._fns_lock:
+            if self._closed:
+                raise MeshError("client closed")
             if self._fns is None:
                 from ._functions import Functions
 
@@ -191,7 +197,7 @@ class Client:
                     )
                 root = os.path.join(state, "functions", uuid.uuid4().hex[:16])
                 os.makedirs(root, exist_ok=True)
-                self._fns = Functions(self, root, self.python)
+                self._fns = Functions(self, root, self.python, resume=self.resume)
             return self._fns
 
     def futures(self, farm):
@@ -208,6 +214,65 @@ class Client:
         from ._functions import gather
 
         return gather(futures, errors=errors)
+
+    def scatter(self, data, broadcast=False, hash=True, direct=None, workers=None):
+        """Futures of data, as Dask's ``client.scatter``: one future for
+        one object, a list (or dict) of futures for a list (or dict) of
+        them. Each is done at once; a call given it reads the data on the
+        node it runs on, where it is brought once (by hash), however many
+        calls there use it. ``broadcast``, ``direct`` and ``workers`` are
+        taken for Dask's sake: data goes where calls need it."""
+        fns = self._functions()
+        if isinstance(data, dict):
+            return {k: fns.scatter(v, hash=hash) for k, v in data.items()}
+        if isinstance(data, (list, tuple, set, frozenset)):
+            fs = [fns.scatter(v, hash=hash) for v in data]
+            return tuple(fs) if isinstance(data, tuple) else fs
+        return fns.scatter(data, hash=hash)
+
+    def upload_file(self, filename, load=True):
+        """Ships a ``.py``, ``.zip`` or ``.egg`` to the nodes, as Dask's
+        ``client.upload_file``: every call sent from now on, on any node
+        (one that joins later too), can import it; one uploaded again is
+        imported anew. ``load`` is taken for Dask's sake: a node imports
+        it when a call does."""
+        self._functions().upload_file(filename)
+
+    def get(self, dsk, keys, resources=None, retries=None, sync=True, **kwargs):
+        """Runs a Dask graph, each task a call, and returns the values of
+        ``keys`` (a key, or lists of keys) in the same shape: Dask's
+        scheduler ``get``, so ``dask.compute(x, scheduler=client.get)``
+        and ``x.compute(scheduler=client.get)`` run on the mesh."""
+        from . import _graphs
+        from ._functions import gather
+
+        got = _graphs.futures_of(self, dsk, resources=resources, retries=retries)
+        out = _graphs.nested(keys, got)
+        return gather(out) if sync else out
+
+    def compute(self, collections, sync=False, optimize_graph=True, resources=None, retries=None, **kwargs):
+        """Futures of Dask collections' results (``dask.delayed``, a
+        ``dask.bag``...), as Dask's ``client.compute``: one for one
+        collection, a list for a list. ``sync=True``: their values."""
+        from . import _graphs
+
+        single = not isinstance(collections, (list, tuple))
+        cs = [collections] if single else list(collections)
+        out = [_graphs.computed(self, c, optimize_graph, resources, retries) for c in cs]
+        if sync:
+            out = [f.result() for f in out]
+        return out[0] if single else out
+
+    def persist(self, collections, optimize_graph=True, resources=None, retries=None, **kwargs):
+        """Dask collections whose tasks are calls under way, as Dask's
+        ``client.persist``: the same collections, each key's future in
+        its graph, for a later ``compute`` or graph to build on."""
+        from . import _graphs
+
+        single = not isinstance(collections, (list, tuple))
+        cs = [collections] if single else list(collections)
+        out = _graphs.persisted(self, cs, optimize_graph, resources, retries)
+        return out[0] if single else out
 
     def get_executor(self, **defaults):
         """A :class:`concurrent.futures.Executor` whose calls run on the
@@ -244,27 +309,33 @@ class Client:
                 print("warning: %s" % w, file=sys.stderr)
         return v, warnings
 
-    def map(self, command, *iterables, name=None, out=None, root=None, shell=False, stage="map", **stage_options):
-        """One task per element of the iterables (zipped, as Python's ``map``).
+    def map(self, command, *iterables, **options):
+        """One call or task per element of the iterables (zipped, as Python's ``map``).
 
         Given a function, ``map(fn, *iterables, key=None, pure=True,
-        resources=None, retries=None)`` is a list of :class:`Future`, one
-        per element, as Dask's ``client.map``; ``key`` may be a list of
-        keys. Given a command, it is one farm:
+        resources=None, retries=None, priority=0, batch_size=None,
+        **kwargs)`` is a list of :class:`Future`, one per element, as
+        Dask's ``client.map``: ``key`` may be a list of keys, and every
+        other keyword goes to the function, as Dask passes it.
 
-        ``command``: a command line, split as a shell would (no shell runs
-        it unless ``shell=True``), or a list of arguments; ``{0}``, ``{1}``...
-        stand for the element of each iterable, and ``{}`` for the next one
-        (for the only one, with one iterable), in the command and in
-        ``workdir``, ``inputs``, ``outputs`` and ``env``; the farm file's
-        placeholders, ``{index}``, ``{out}``, work too. Any other keyword
-        is a stage option (``resources=``, ``workdir=``, ``inputs=``,
-        ``outputs=``, ``env=``, ``retries=``, ...). ``name``, ``out`` and
-        ``root`` are the farm's (see :class:`Farm`); the stage is ``map``.
-        Returns the :class:`Run`.
+        Given a command, it is one farm, ``map(command, *iterables,
+        name=None, out=None, root=None, shell=False, stage="map",
+        **stage_options)``: ``command`` is a command line, split as a shell
+        would (no shell runs it unless ``shell=True``), or a list of
+        arguments; ``{0}``, ``{1}``... stand for the element of each
+        iterable, and ``{}`` for the next one (for the only one, with one
+        iterable), in the command and in ``workdir``, ``inputs``,
+        ``outputs`` and ``env``; the farm file's placeholders, ``{index}``,
+        ``{out}``, work too. Any other keyword is a stage option
+        (``resources=``, ``workdir=``, ``inputs=``, ``outputs=``, ``env=``,
+        ``retries=``, ...). ``name``, ``out`` and ``root`` are the farm's
+        (see :class:`Farm`); the stage is ``map``. Returns the :class:`Run`.
         """
         if callable(command):
-            return self._map_function(command, iterables, name=name, **stage_options)
+            return self._map_function(command, iterables, **options)
+        return self._map_command(command, iterables, **options)
+
+    def _map_command(self, command, iterables, name=None, out=None, root=None, shell=False, stage="map", **stage_options):
         if not iterables:
             raise ValueError("map needs at least one iterable of values")
         lists = [list(it) if not isinstance(it, range) else it for it in iterables]
@@ -294,7 +365,9 @@ class Client:
         farm.stage(stage, sweep=sweep, sweep_mode="zip" if len(sweep) > 1 else None, **fields, **stage_options)
         return self.submit(farm)
 
-    def _map_function(self, fn, iterables, name=None, key=None, pure=True, resources=None, retries=None, priority=0, **kwargs):
+    def _map_function(self, fn, iterables, key=None, pure=True, resources=None, retries=None, priority=0, batch_size=None, **kwargs):
+        # Only Dask's own keywords are the map's: everything else is the
+        # function's (`name=`, `out=`... included), as Dask passes them.
         if not iterables:
             raise ValueError("map needs at least one iterable of values")
         calls = list(zip(*[list(it) for it in iterables]))
@@ -307,11 +380,15 @@ class Client:
         else:
             keys = [None] * len(calls)
         fns = self._functions()
+        # One pickle of the function for the whole map (its globals as
+        # they are now), one batch for its calls.
+        pickled = fns.pickled_function(fn)
         with fns.hold():
-            return [
-                fns.call(fn, a, kwargs, key=k, pure=pure, resources=resources, retries=retries, priority=priority)
+            fs = [
+                fns.call(fn, a, kwargs, key=k, pure=pure, resources=resources, retries=retries, priority=priority, pickled=pickled)
                 for a, k in zip(calls, keys)
             ]
+        return fs
 
     def run(self, farm):
         """The :class:`Run` of a farm submitted earlier (its id, id prefix or name)."""
@@ -327,9 +404,13 @@ class Client:
         return self._ask("Status", "Status")
 
     def close(self):
-        """Stops sending calls; nothing else stays open between requests."""
-        if self._fns is not None:
-            self._fns.close()
+        """Stops sending calls; nothing else stays open between requests.
+        What was sent runs on; a call made after raises ``MeshError``."""
+        with self._fns_lock:
+            self._closed = True
+            fns = self._fns
+        if fns is not None:
+            fns.close()
 
     def __enter__(self):
         return self
@@ -379,7 +460,7 @@ def _map_name(fields):
     return name
 
 
-def connect(state_dir=None, mesh=None, key=None, binary=None, within=ANSWER_WITHIN_S, python=None):
+def connect(state_dir=None, mesh=None, key=None, binary=None, within=ANSWER_WITHIN_S, python=None, resume=False):
     """A :class:`Client` of a node.
 
     ``connect()``: the node on this machine (``state_dir``, default the
@@ -388,6 +469,14 @@ def connect(state_dir=None, mesh=None, key=None, binary=None, within=ANSWER_WITH
     binary as a relay (``binary``, ``$MESH_BIN`` or on PATH); ``key``: the
     mesh secret (default: mesh.key in the state folder). ``python``: the
     Python that runs this client's functions on the nodes.
+
+    ``resume``: as Dask, a client never gets a value computed by another
+    client or an earlier run. With ``resume=True`` it does: a call whose
+    function and arguments pickle to the same bytes as one the node kept
+    the value of is done at once from it, and a call still running in the
+    farm of a client that died is followed there instead of run twice. It
+    assumes the functions depend only on their arguments (no file, clock,
+    random state or global read that the call's bytes do not show).
     """
     mesh = mesh or None
     if mesh is not None:
@@ -396,7 +485,20 @@ def connect(state_dir=None, mesh=None, key=None, binary=None, within=ANSWER_WITH
         t = _proto.PipeTransport(mesh_binary(binary), mesh, os.path.abspath(os.path.expanduser(key)))
     else:
         t = _proto.SocketTransport(state_dir or default_state_dir())
-    return Client(t, within=within, python=python)
+    return Client(t, within=within, python=python, resume=resume)
+
+
+def _checked_python(python):
+    """``python=`` as given, once this machine is seen to have it: a path
+    that is a file, or a name on PATH. A Python that is not here is refused
+    at once rather than left for the nodes to replace."""
+    if python is None:
+        return None
+    p = os.fspath(python)
+    found = os.path.isfile(p) if os.sep in p else shutil.which(p) is not None
+    if not found or (os.sep in p and not os.access(p, os.X_OK)):
+        raise MeshError("python=%r: no such interpreter on this machine" % p)
+    return p
 
 
 def farms(**connect_args):
@@ -407,14 +509,14 @@ def farms(**connect_args):
 class LocalNode(Client):
     """A throwaway node (see :func:`local`); stopped by :meth:`stop`."""
 
-    def __init__(self, proc, state_dir, tmp, address, lines, reader, python=None):
+    def __init__(self, proc, state_dir, tmp, address, lines, reader, python=None, resume=False):
         self.proc = proc
         self._reader = reader
         self.state_dir = state_dir
         self.address = address
         self._tmp = tmp
         self._log = lines
-        super().__init__(_proto.SocketTransport(state_dir), python=python)
+        super().__init__(_proto.SocketTransport(state_dir), python=python, resume=resume)
 
     @property
     def log(self):
@@ -456,7 +558,7 @@ def _die_with_parent():
             pass
 
 
-def local(cpus=None, resources=None, state_dir=None, binary=None, listen="/ip4/127.0.0.1/tcp/0", join=None, key=None, args=(), start_within=60, python=None):
+def local(cpus=None, resources=None, state_dir=None, binary=None, listen="/ip4/127.0.0.1/tcp/0", join=None, key=None, args=(), start_within=60, python=None, resume=False):
     """Starts a node on this machine for a notebook or a test; a :class:`Client` of it.
 
     Use it with ``with``: the node stops (its running tasks too) at the end,
@@ -464,8 +566,11 @@ def local(cpus=None, resources=None, state_dir=None, binary=None, listen="/ip4/1
     the cores it offers (default: all); ``resources``: more, as
     ``mesh node --resources`` takes them (``"gpu=1,token=4"`` or a dict).
     ``join``: the address of a node whose mesh it joins, with ``key`` the
-    mesh secret's file.
+    mesh secret's file. ``resume``: as :func:`connect`'s (with a
+    ``state_dir`` of its own, a notebook that comes back gets the values
+    of its earlier runs).
     """
+    python = _checked_python(python)
     b = mesh_binary(binary)
     tmp = None
     if state_dir is None:
@@ -533,7 +638,7 @@ def local(cpus=None, resources=None, state_dir=None, binary=None, listen="/ip4/1
                 address = next((l.split(" listening on ", 1)[1] for l in lines if " listening on " in l), None)
             if address is not None:
                 try:
-                    return LocalNode(proc, state_dir, tmp, address, lines, reader, python=python)
+                    return LocalNode(proc, state_dir, tmp, address, lines, reader, python=python, resume=resume)
                 except MeshError as e:
                     if "no mesh node is running" not in str(e):
                         raise

@@ -10,8 +10,10 @@ task runs ``_worker.py`` on its call in a Python of the client's version,
 and its value is its output, ``result-KEY.pkl``, brought home as any
 output; a task's view of ``{out}`` holds exactly its dependencies' values.
 A call whose function and arguments pickle to the same bytes has the same
-key and the same content key, so a client that comes back gets a finished
-value again without running it (``pure=True``, as Dask's).
+key and the same content key; as in Dask, a value is shared only while a
+future of its key is held: each batch is sent with ``rerun``, so nothing
+kept by an earlier run or another client is reused, unless the client
+asked for it (``resume=True``).
 """
 
 import base64
@@ -19,6 +21,7 @@ import collections
 import concurrent.futures as cf
 import hashlib
 import io
+import json
 import linecache
 import os
 import pickle
@@ -28,13 +31,14 @@ import threading
 import time
 import types
 import uuid
+import warnings
 import weakref
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 
 from . import _worker
 from ._errors import FarmClosed, MeshError
 from ._farm import Farm
-from ._run import _in_words
+from ._run import Run, _in_words
 
 #: Pickled arguments up to this size ride in the farm (base64) instead of a file.
 INLINE_MAX = 768
@@ -112,11 +116,26 @@ class Future(cf.Future):
         self._fn = None
         self._args = None
         self._opts = None
-        self._run = None
+        #: The farm it was sent to (set by the sender; see ``_run``).
+        self._sent = None
+        #: Scattered data: its file under the client's folder, an input
+        #: of each call given this future.
+        self._scattered = None
         self._value = None
         self.task_name = None
         self._read = threading.Lock()
         self.task = None
+
+    @property
+    def _run(self):
+        """The :class:`Run` of the farm this call is in: once ``submit`` or
+        ``map`` has returned, it waits for the call to be sent (None for a
+        call that never was: given a future that failed, or scattered)."""
+        fns = self._fns
+        with fns.cv:
+            while self._sent is None and self._scattered is None and not self.done() and (self.key in fns.queue or self.key in fns.sending):
+                fns.cv.wait(0.5)
+            return self._sent
 
     @property
     def status(self):
@@ -234,6 +253,21 @@ def _name_of(fn):
     return _NAME.sub("_", name).strip("_") or "call"
 
 
+def _import_paths():
+    """Where the client's own modules are: its script's folder (what
+    Python put first on its path) and its current folder. A call runs
+    with them on its path where the node sees them, as a Dask worker
+    started beside the script has them."""
+    here = os.getcwd()
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    script = os.path.dirname(os.path.abspath(main)) if main else here
+    paths = []
+    for p in (os.path.abspath(script), here):
+        if p not in paths:
+            paths.append(p)
+    return paths
+
+
 def _installed_paths():
     import sysconfig
 
@@ -312,6 +346,9 @@ def _with_sources(tb):
 
 def _remote_error(task):
     """The exception a failed call raised, from its task's stderr."""
+    if task.attempt == 0 and task.reason:
+        # It never ran (no node can hold it): there is no log, only why.
+        return MeshError("%s did not run: %s" % (task.params.get("id") or task.task, task.reason.replace("unplaceable: ", "", 1)))
     try:
         _, err = task.logs()
     except MeshError as e:
@@ -335,7 +372,7 @@ def _remote_error(task):
 class Functions:
     """A client's calls: queued, sent in batches, and followed to their values."""
 
-    def __init__(self, client, root, python):
+    def __init__(self, client, root, python, resume=False):
         self.client = client
         self.root = root
         self.python = python
@@ -344,27 +381,39 @@ class Functions:
         self.by_key = weakref.WeakValueDictionary()
         self.closed = False
         self.batches = 0
+        #: Values kept by earlier runs are reused, and a dead client's
+        #: calls followed (``resume=True``); by default never, as Dask.
+        self.resume = resume
+        #: Farms of dead clients looked for (at the first batch).
+        self.looked_for_dead = False
+        #: Calls of a dead client's farm still to end, by key (resume).
+        self.adoptable = {}
+        #: Files given to ``upload_file``: name -> hash, in order.
+        self.uploads = collections.OrderedDict()
         self.sender = None
         #: Maps making their calls: the sender waits for them to finish.
         self.holding = 0
         #: The worker script is in `root` (this client's own folder).
         self.worker_put = False
-        #: Functions pickled, by id (with the function, so the id stays its).
-        self.fn_cache = {}
+        #: Functions whose module and sources were looked at, by id (with
+        #: the function, so the id stays its).
+        self.fn_seen = {}
         #: Functions written to `root/fns`, by hash.
         self.fns_put = set()
         #: The client's open farm (one grows by a batch at a time), the
         #: batches it took, and its calls by key, which one thread follows.
         self.open_run = None
         self.open_batches = 0
-        self.open_calls = {}
+        self.open_calls = weakref.WeakValueDictionary()
+        #: Keys of the batch being sent.
+        self.sending = set()
         #: The open farm was closed other than by this client (see
         #: ``Run.closed_by_home``): set by the sender alone, per batch.
         self.open_gone = False
 
     # ----- calls -----
 
-    def call(self, fn, args, kwargs, key=None, pure=True, resources=None, retries=None, priority=0):
+    def call(self, fn, args, kwargs, key=None, pure=True, resources=None, retries=None, priority=0, pickled=None):
         if not callable(fn):
             raise TypeError("submit takes a function, not %r" % (fn,))
         cp = _cloudpickle()
@@ -380,7 +429,7 @@ class Functions:
                 return None
 
         fns = self
-        fn_hash, fn_bytes = self._pickled_function(cp, fn)
+        fn_hash, fn_bytes = pickled or self.pickled_function(fn)
         buf = io.BytesIO()
         try:
             Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((tuple(args), dict(kwargs), os.getcwd()))
@@ -400,7 +449,7 @@ class Functions:
             raise ValueError("a key is letters, digits, `_`, `.` and `-`, not %r" % (key,))
         with self.cv:
             if self.closed:
-                raise MeshError("the client is closed")
+                raise MeshError("client closed")
             # A key names one call: the same call again (pure), or a key
             # given twice, is the same future, as in Dask.
             old = self.by_key.get(key)
@@ -416,23 +465,74 @@ class Functions:
             self.cv.notify_all()
         return f
 
-    def _pickled_function(self, cp, fn):
-        """The function's pickle (the client's Python first) and its hash,
-        made once per function: a map's calls share one file of it."""
-        got = self.fn_cache.get(id(fn))
-        if got is not None and got[0] is fn:
-            return got[1], got[2]
-        _by_value(cp, fn)
-        _note_sources(fn)
+    def pickled_function(self, fn):
+        """The function's pickle as it is now (the globals and closures it
+        captures: a global changed since the last submit is the new
+        value, as Dask sends it) and its hash, which the call's key
+        covers; a map pickles once for all its calls. First, the client's
+        Python and the folders a call imports from (see ``_worker``)."""
+        cp = _cloudpickle()
+        seen = self.fn_seen.get(id(fn))
+        if seen is None or seen is not fn:
+            _by_value(cp, fn)
+            _note_sources(fn)
+            if len(self.fn_seen) >= 64:
+                self.fn_seen.clear()
+            self.fn_seen[id(fn)] = fn
         try:
-            data = _worker.MAGIC + PYTHON_VERSION.encode() + b"\n" + cp.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+            body = cp.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
             raise TypeError("cannot send %s to the mesh: the function does not pickle: %s: %s" % (_name_of(fn), type(e).__name__, e)) from e
-        h = hashlib.blake2b(data, digest_size=16).hexdigest()
-        if len(self.fn_cache) >= 64:
-            self.fn_cache.clear()
-        self.fn_cache[id(fn)] = (fn, h, data)
-        return h, data
+        meta = json.dumps({"path": _import_paths()}).encode()
+        data = _worker.MAGIC + PYTHON_VERSION.encode() + b"\n" + meta + b"\n" + body
+        return hashlib.blake2b(data, digest_size=16).hexdigest(), data
+
+    def scatter(self, data, hash=True):
+        """A future of ``data``, done at once: its pickle is a file of the
+        client's folder, an input of each call given the future (so moved
+        to a node once, by hash, however many calls there use it)."""
+        cp = _cloudpickle()
+        try:
+            body = cp.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            raise TypeError("cannot scatter %s: it does not pickle: %s: %s" % (type(data).__name__, type(e).__name__, e)) from e
+        name = _NAME.sub("_", type(data).__name__).strip("_") or "data"
+        token = hashlib.blake2b(body, digest_size=16).hexdigest() if hash else uuid.uuid4().hex
+        key = "%s-%s" % (name, token)
+        with self.cv:
+            if self.closed:
+                raise MeshError("client closed")
+            old = self.by_key.get(key)
+            if old is not None and old._scattered is not None:
+                return old
+        d = os.path.join(self.root, "scatter")
+        os.makedirs(d, exist_ok=True)
+        rel = "scatter/%s.pkl" % key
+        if not os.path.exists(os.path.join(self.root, rel)):
+            _put_file(os.path.join(self.root, rel), body)
+        f = Future(self, key, [])
+        f._scattered = rel
+        f._settle(data)
+        with self.cv:
+            self.by_key[key] = f
+        return f
+
+    def upload_file(self, path):
+        """Ships ``path`` (a ``.py``, ``.zip`` or ``.egg``) with every call
+        sent from now on: an input of its stage, brought to each node
+        that runs one (once, by hash), where the call imports from it; a
+        module uploaded again is imported anew."""
+        name = os.path.basename(os.fspath(path))
+        if not name.endswith((".py", ".zip", ".egg")):
+            raise ValueError("upload_file takes a .py, .zip or .egg file, not %r" % name)
+        with open(path, "rb") as f:
+            data = f.read()
+        d = os.path.join(self.root, "uploads")
+        os.makedirs(d, exist_ok=True)
+        _put_file(os.path.join(d, name), data)
+        with self.cv:
+            self.uploads.pop(name, None)
+            self.uploads[name] = hashlib.blake2b(data, digest_size=16).hexdigest()
 
     def hold(self):
         """``with fns.hold():`` the calls made in it go in one batch."""
@@ -453,7 +553,7 @@ class Functions:
     def _cancelled(self, f):
         with self.cv:
             queued = self.queue.pop(f.key, None) is not None
-            run = f._run
+            run = f._sent
             self.cv.notify_all()
         if queued or run is None:
             return
@@ -487,7 +587,7 @@ class Functions:
     def _in_open(self, d):
         """Whether future ``d`` was sent to the open farm the next batch
         grows (not to one the next batch leaves for a new one)."""
-        return d._run is not None and d._run is self.open_run and self.open_batches < FARM_BATCHES and not self.open_gone
+        return d._sent is not None and d._sent is self.open_run and self.open_batches < FARM_BATCHES and not self.open_gone
 
     # ----- sending -----
 
@@ -511,20 +611,29 @@ class Functions:
                 # agree on which farm its calls' futures are in.
                 self.open_gone = self.open_run is not None and self.open_run.closed_by_home
                 batch, failed = self._take()
+                self.sending = {f.key for f in batch}
             for f, exc in failed:
                 f._settle(exc=exc)
-            if batch:
-                try:
+            try:
+                if batch:
+                    batch = self._adopt(batch)
+                if batch:
                     self._send(batch)
-                except BaseException as e:
-                    for f in batch:
-                        f._settle(exc=e)
-                    if isinstance(e, FarmClosed):
-                        # Closed as this batch was sent, before its hold
-                        # heard it: left as a hold's news would leave it.
-                        with self.cv:
-                            if self.open_run is not None:
-                                self.open_run.closed_by_home = True
+            except BaseException as e:
+                for f in batch:
+                    f._settle(exc=e)
+                if isinstance(e, FarmClosed):
+                    # Closed as this batch was sent, before its hold
+                    # heard it: left as a hold's news would leave it.
+                    with self.cv:
+                        if self.open_run is not None:
+                            self.open_run.closed_by_home = True
+            finally:
+                with self.cv:
+                    self.sending = set()
+                    self.cv.notify_all()
+            # Nor here (see `_follow`).
+            batch = failed = None
             if self.closed:
                 return
 
@@ -560,6 +669,62 @@ class Functions:
             keys.add(key)
         return batch, failed
 
+    # ----- farms of clients that died -----
+
+    def _adopt(self, batch):
+        """At the first batch, the farms of Python calls that clients which
+        are gone left running on this node (closed, not over). With
+        ``resume``, a call of the batch still to end in one of them is
+        followed there, not sent again (what ended is reused by content
+        key as the batch is sent); without, each such farm is said once.
+        The calls of ``batch`` left to send."""
+        if self.looked_for_dead:
+            return batch
+        self.looked_for_dead = True
+        try:
+            dead = [
+                i
+                for i in self.client.farms()
+                if i.name == FARM_NAME and not i.finished and not (i.open and i.held) and i.home == self.client.node and i.total > i.ended
+            ]
+        except MeshError:
+            return batch
+        for info in dead:
+            left = info.total - info.ended
+            if not self.resume:
+                warnings.warn(
+                    "farm %s of a Python client that is gone still runs %d call%s on this node: `mesh cancel %s` "
+                    "stops it; mesh.connect(resume=True) takes its calls over instead of running them again"
+                    % (info.id, left, "" if left == 1 else "s", info.id),
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            run = Run(self.client, info.id, total=info.total)
+            try:
+                tasks = run.tasks(state="unfinished")
+            except MeshError:
+                continue
+            for t in tasks:
+                key = t.params.get("id")
+                if key:
+                    self.adoptable[key] = (run, t.task)
+        if not self.adoptable:
+            return batch
+        rest, followed = [], {}
+        for f in batch:
+            got = self.adoptable.pop(f.key, None)
+            if got is None:
+                rest.append(f)
+                continue
+            run, task = got
+            with self.cv:
+                f._sent, f.task_name = run, task
+            followed.setdefault(run.id, (run, weakref.WeakValueDictionary()))[1][task] = f
+        for run, by_task in followed.values():
+            threading.Thread(target=self._follow, args=(run, by_task), name="mesh-follow", daemon=True).start()
+        return rest
+
     def _send(self, batch):
         self.batches += 1
         seq = self.batches
@@ -576,9 +741,11 @@ class Functions:
         for f in batch:
             up = [d for d in f._deps if d.key in in_batch]
             # Futures of the open farm are its tasks: dependencies by
-            # key, their values moving node to node; others' values ride
-            # in a file sent with the call.
-            earlier = [d for d in f._deps if d.key not in in_batch and not self._in_open(d)]
+            # key, their values moving node to node; scattered data is an
+            # input, moved once per node; others' values ride in a file
+            # sent with the call.
+            earlier = [d for d in f._deps if d.key not in in_batch and not self._in_open(d) and d._scattered is None]
+            scattered = tuple(sorted({d._scattered for d in f._deps if d._scattered is not None}))
             level[f.key] = 1 + max((level[d.key] for d in up), default=-1)
             fn_hash, fn_bytes = f._fn
             if fn_hash not in self.fns_put:
@@ -605,7 +772,7 @@ class Functions:
             # A stage per function too: its file is named in the stage,
             # not repeated in a sweep value per call (a map of 100,000
             # calls kept 100,000 copies of its name at the node).
-            g = (level[f.key], f._opts, bool(earlier), inline, fn_hash)
+            g = (level[f.key], f._opts, bool(earlier), inline, fn_hash, scattered)
             groups.setdefault(g, []).append(f)
         farm = Farm(FARM_NAME, out=os.path.join(self.root, "out"), root=self.root)
         stage_of = {}
@@ -614,7 +781,9 @@ class Functions:
                 if d.key not in in_batch and self._in_open(d):
                     stage_of[d.key] = d.task_name.split("/", 1)[0]
         python = self.python or sys.executable
-        for n, ((lvl, (res, retries), vals, inline, fn_hash), fs) in enumerate(groups.items()):
+        with self.cv:
+            uploads = list(self.uploads.items())
+        for n, ((lvl, (res, retries), vals, inline, fn_hash, scattered), fs) in enumerate(groups.items()):
             # Unique in the open farm, which holds every batch's stages.
             name = "f%d-%d" % (seq, n)
             for i, f in enumerate(fs):
@@ -636,6 +805,8 @@ class Functions:
                 inputs.append("calls/{id}.pkl")
             if vals:
                 inputs.append("calls/{id}.vals")
+            inputs.extend(scattered)
+            inputs.extend("uploads/%s" % u for u, _ in uploads)
             opts = {}
             if res:
                 opts["resources"] = dict(res)
@@ -643,6 +814,10 @@ class Functions:
                 opts["retries"] = retries
             if after:
                 opts["after"] = after
+            if uploads:
+                # What the worker imports anew when it changed (the files'
+                # contents are in the key already, as inputs).
+                opts["env"] = {_worker.UPLOADS_ENV: ";".join("%s=%s" % u for u in uploads)}
             # `{out}` (a view of exactly its dependencies, made per task)
             # only for calls given futures of this farm.
             argv = [python, "mesh_worker.py", fn_file, "{args}" if inline else "@calls/{id}.pkl", "{id}", "{out}" if after else "-"]
@@ -663,17 +838,22 @@ class Functions:
             )
         with self.cv:
             run = self.open_run
-            calls = self.open_calls if run is not None else {}
+            calls = self.open_calls if run is not None else weakref.WeakValueDictionary()
+            # By task, not key: a key sent again after its future was
+            # dropped is another task, and the first's end is not its value.
             for f in batch:
-                calls[f.key] = f
+                calls[f.task_name] = f
+        # As Dask: nothing an earlier run or another client made is taken,
+        # unless asked for (resume=True).
+        rerun = not self.resume
         if run is None:
-            run = self.client.submit(farm, warn=False, open=True)
+            run = self.client.submit(farm, warn=False, open=True, rerun=True if rerun else None)
             # Closed by its home should this process die without closing it.
             run.hold()
             with self.cv:
                 # Before the follower can settle any of them.
                 for f in batch:
-                    f._run = run
+                    f._sent = run
                 self.open_run, self.open_batches, self.open_calls = run, 0, calls
             got = collections.Counter()
             t = threading.Thread(target=self._follow, args=(run, calls, got), name="mesh-follow", daemon=True)
@@ -683,8 +863,8 @@ class Functions:
         else:
             with self.cv:
                 for f in batch:
-                    f._run = run
-            run.grow(farm, warn=False)
+                    f._sent = run
+            run.grow(farm, warn=False, rerun=rerun)
         with self.cv:
             self.open_batches += 1
 
@@ -698,11 +878,11 @@ class Functions:
             if not key:
                 continue
             f = Future(self, key, [])
-            f._run, f.task_name = run, t.task
+            f._sent, f.task_name = run, t.task
             if t.state in ("done", "failed"):
                 _settle_from(f, t)
             else:
-                waiting[key] = f
+                waiting[t.task] = f
             got[key] = f
             with self.cv:
                 if self.by_key.get(key) is None:
@@ -721,31 +901,38 @@ class Functions:
             _put_file(os.path.join(self.root, "mesh_worker.py"), f.read())
         self.worker_put = True
 
-    def _follow(self, run, by_key, got=None):
+    def _follow(self, run, by_task, got=None):
+        """Settles each future of ``by_task`` (task name -> future; weak:
+        a future dropped is not waited for) as its task ends."""
         try:
             for t in run.as_completed(progress=False):
                 if got is not None:
                     with self.cv:
                         got[t.task.split("/", 1)[0]] += 1
-                f = by_key.get(t.params.get("id"))
+                f = by_task.get(t.task)
                 if f is None:
                     continue
                 _settle_from(f, t)
+                # Held no longer than the user holds it: a key is shared
+                # only while a future of it is held.
+                f = None
                 with self.cv:
                     self.cv.notify_all()
-            left = [f for f in by_key.values() if not f.done()]
+            with self.cv:
+                left = [f for f in list(by_task.values()) if not f.done()]
             if left:
                 p = run.progress()
-                why = "; ".join(p.stopped_words or p.failures) or "its farm %s ended without running it" % run.id
+                why = "; ".join(p.stopped_words or p.unplaceable or p.failures) or "its farm %s ended without running it" % run.id
                 for f in left:
                     f._settle(exc=_dep_failure(f) or MeshError("%s did not run: %s" % (f.key, why)))
         except BaseException as e:
-            for f in by_key.values():
+            with self.cv:
+                left = list(by_task.values())
+            for f in left:
                 f._settle(exc=MeshError("following farm %s: %s" % (run.id, e)))
         finally:
             with self.cv:
                 self.cv.notify_all()
-
 
     def _watch_unrun(self, run, calls, got):
         """Settles the calls of an open farm that end without running:
@@ -919,7 +1106,7 @@ def _ends_at(pending):
     futures are calls of, as their homes estimate it; None where none has."""
     runs = {}
     for f in pending:
-        run = getattr(f, "_run", None)
+        run = getattr(f, "_sent", None)
         if run is not None:
             runs[run.id] = run
     latest = None

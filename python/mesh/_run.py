@@ -10,6 +10,14 @@ from . import _proto
 from ._errors import FarmFailed, MeshError, TaskFailed
 
 
+def _say(words):
+    """A line on stderr, for what a user waiting on a farm should know now."""
+    try:
+        print(words, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def _stamp(ms):
     return None if ms is None else ms / 1000.0
 
@@ -166,6 +174,9 @@ class Progress:
         self.finished = bool(view.get("finished"))
         #: Stages may still be added (an open farm: a client's calls).
         self.open = bool(view.get("open"))
+        #: A client holds it open now (said by its home, in ``farms()``):
+        #: an open farm no client holds is a dead client's.
+        self.held = bool(view.get("held"))
         self.stages = {name: counts for name, counts in view.get("stages", [])}
         self.failures = list(view.get("failures", []))
         self.stopped_words = list(view.get("stopped", []))
@@ -306,10 +317,11 @@ class Run:
 
         ``progress``: a tqdm bar (default: where tqdm is installed and
         stderr is a terminal or a notebook). ``timeout``: seconds to wait
-        for the next task before :class:`TimeoutError`. ``reconnect``:
-        seconds to keep trying when the node goes away (restarted on its
-        state folder, it carries on with the farm): the tasks it says
-        again are not yielded twice.
+        for the next task before :class:`TimeoutError` (default: as long
+        as the tasks take). ``reconnect``: seconds to keep trying when the
+        node goes away (restarted on its state folder, it carries on with
+        the farm), said at once on stderr; the tasks it says again are
+        not yielded twice.
         """
         bar = _Bar(progress, self.total, self.id)
         said = set()
@@ -318,9 +330,12 @@ class Run:
         try:
             while True:
                 try:
-                    with self.client._exchange({"Events": {"farm": self.id}}) as x:
+                    # No deadline on a task's end: a call may run for hours.
+                    with self.client._exchange({"Events": {"farm": self.id}}, first_within=None) as x:
                         while True:
                             a = x.next_answer(within=timeout)
+                            if lost_at is not None:
+                                _say("mesh: %s is back; following farm %s again" % (self.client._t.describe(), self.id))
                             lost_at = None
                             k = _proto.kind(a)
                             if k == "Task":
@@ -342,11 +357,13 @@ class Run:
                                 if _proto.unreachable(a["Error"]):
                                     raise _proto.Lost(a["Error"])
                                 raise MeshError(a["Error"])
-                except _proto.Lost:
+                except _proto.Lost as e:
                     now = time.monotonic()
-                    lost_at = lost_at or now
+                    if lost_at is None:
+                        lost_at = now
+                        _say("mesh: %s went away (%s); waiting up to %d s for it to come back" % (self.client._t.describe(), e, reconnect))
                     if now - lost_at >= reconnect:
-                        raise
+                        raise _proto.Lost("%s is gone: no answer for %d s (%s)" % (self.client._t.describe(), reconnect, e)) from None
                     time.sleep(0.5)
         finally:
             bar.close()
@@ -364,7 +381,7 @@ class Run:
         bar = None
         final = None
         try:
-            with self.client._exchange({"Wait": {"farm": self.id}}) as x:
+            with self.client._exchange({"Wait": {"farm": self.id}}, first_within=None) as x:
                 while True:
                     within = None
                     if deadline is not None:
@@ -415,19 +432,22 @@ class Run:
         self.total = v["tasks"]
         self.warnings.extend(warnings)
 
-    def hold(self):
+    def hold(self, cancel=False):
         """Holds this open farm open while this process lives (a thread
         keeps a connection to its home): once the last client holding it
         is gone, killed or ended without :meth:`close`, the home closes it
-        and it ends once its tasks do, as ``mesh close`` would."""
-        t = threading.Thread(target=self._hold, name="mesh-hold", daemon=True)
+        and it ends once its tasks do, as ``mesh close`` would; with
+        ``cancel``, the home cancels it instead (its running tasks are
+        killed, none starts after), for work that must not outlive this
+        process."""
+        t = threading.Thread(target=self._hold, args=(cancel,), name="mesh-hold", daemon=True)
         t.start()
 
-    def _hold(self):
+    def _hold(self, cancel):
         lost_at = None
         while True:
             try:
-                with self.client._exchange({"Hold": {"farm": self.id}}) as x:
+                with self.client._exchange({"Hold": {"farm": self.id, "cancel": cancel}}) as x:
                     while True:
                         a = x.next_answer()
                         lost_at = None

@@ -2,7 +2,9 @@
 
 It is shipped with each farm of function calls as an input, so a node
 needs a Python with cloudpickle, not this package. It reads the function
-the client pickled (``FN``, a file with the client's Python first) and
+the client pickled (``FN``, a file with the client's Python first, then
+the folders the client imports its own modules from, put on the path
+where this node sees them, and the files ``upload_file`` shipped) and
 its arguments (``ARGS``: base64, or ``@file``), with the values of the
 futures it was given read from their result files (under the
 task's ``{out}``, where exactly its dependencies are, or beside it for a
@@ -39,12 +41,19 @@ FUNCTIONS_KEPT = 64
 #: this tag and the future's key.
 FUTURE = "mesh-future"
 
+#: The environment variable naming the files ``upload_file`` shipped with
+#: a call (``name=hash;...``, under ``uploads/`` beside this script).
+UPLOADS_ENV = "MESHPY_UPLOADS"
+
 
 def result_name(key):
     return "result-%s.pkl" % key
 
 
-def _find(key, out):
+def _find(key, out, home):
+    scattered = os.path.join(home, "scatter", key + ".pkl")
+    if os.path.exists(scattered):
+        return scattered
     name = result_name(key)
     found = [] if out == "-" else glob.glob(os.path.join(glob.escape(out), "*", "*", name))
     if not found:
@@ -52,10 +61,11 @@ def _find(key, out):
     return found[0]
 
 
-def _loads(body, out, given):
+def _loads(body, out, given, home):
     """The call, each future in it replaced by its value: from ``given``
     (the values of an earlier farm's futures, sent with the call), else
-    its result file under ``out``."""
+    scattered data (an input of the call), else its result file under
+    ``out``."""
     values = {}
 
     def persistent_load(pid):
@@ -65,7 +75,7 @@ def _loads(body, out, given):
         if key in given:
             values[key] = pickle.loads(given.pop(key))
         if key not in values:
-            with open(_find(key, out), "rb") as f:
+            with open(_find(key, out, home), "rb") as f:
                 values[key] = pickle.load(f)
         return values[key]
 
@@ -82,9 +92,11 @@ def _refuse(words):
 
 
 def _read_function(path):
-    """The function the client pickled, after the header that names its Python."""
+    """The function the client pickled, after the header that names its
+    Python, and what the client said of it (``path``: its folders)."""
     with open(path, "rb") as f:
         head = f.readline()
+        meta = f.readline()
         body = f.read()
     if not head.startswith(MAGIC):
         _refuse("%s is not a function a mesh client wrote" % path)
@@ -95,7 +107,53 @@ def _read_function(path):
             "python %s here (%s) cannot run a call pickled by the client's python %s: "
             "give the nodes the same major.minor (`python=` on the client)" % (ours, sys.executable, theirs)
         )
-    return body
+    import json
+
+    return json.loads(meta), body
+
+
+def _import_from(meta, home, cache):
+    """The client's folders, where this node sees them, and the files it
+    uploaded, on the path (a warm worker's path is reset per call); a
+    module uploaded again is imported anew."""
+    paths = [p for p in meta.get("path", ()) if os.path.isdir(p)]
+    uploads = [u.split("=", 1) for u in os.environ.get(UPLOADS_ENV, "").split(";") if "=" in u]
+    loaded = cache.setdefault("mesh-uploads", {})
+    folder = os.path.join(home, "uploads")
+    for name, digest in uploads:
+        path = os.path.join(folder, name)
+        if name.endswith(".py"):
+            if folder not in paths:
+                paths.append(folder)
+            mods = [name[: -len(".py")]]
+        else:
+            paths.append(path)
+            mods = _modules_in(path)
+        for m in mods:
+            if loaded.get(m, digest) != digest:
+                for k in [k for k in sys.modules if k == m or k.startswith(m + ".")]:
+                    del sys.modules[k]
+            loaded[m] = digest
+    sys.path[1:1] = [p for p in paths if p not in sys.path]
+
+
+def _modules_in(archive):
+    """The top-level modules and packages of a .zip or .egg."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(archive) as z:
+            names = z.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return []
+    tops = set()
+    for n in names:
+        first = n.split("/", 1)[0]
+        if first.endswith(".py"):
+            tops.add(first[:-3])
+        elif "/" in n and not first.endswith((".egg-info", ".dist-info")) and first != "EGG-INFO":
+            tops.add(first)
+    return sorted(tops)
 
 
 def _function_key(path):
@@ -111,13 +169,18 @@ def main(argv):
     # A node's warm worker keeps what it unpickled between calls.
     cache = getattr(warm, "cache", {})
     fn_key = _function_key(fn_path)
-    fn = cache.get(fn_key)
-    fn_body = _read_function(fn_path) if fn is None else None
+    kept = cache.get(fn_key)
+    if kept is None:
+        meta, fn_body = _read_function(fn_path)
+        fn = None
+    else:
+        fn, meta = kept
+    home = os.getcwd()
+    _import_from(meta, home, cache)
     try:
         import cloudpickle
     except ImportError:
         _refuse("cloudpickle is not installed in the python here (%s): pip install cloudpickle" % sys.executable)
-    home = os.getcwd()
     try:
         if args.startswith("@"):
             with open(args[1:], "rb") as f:
@@ -132,9 +195,12 @@ def main(argv):
         if fn is None:
             fn = pickle.loads(fn_body)
             if len(cache) >= FUNCTIONS_KEPT:
+                uploads = cache.get("mesh-uploads")
                 cache.clear()
-            cache[fn_key] = fn
-        args, kwargs, cwd = _loads(body, out, given)
+                if uploads is not None:
+                    cache["mesh-uploads"] = uploads
+            cache[fn_key] = (fn, meta)
+        args, kwargs, cwd = _loads(body, out, given, home)
         # Where the client ran, where this machine has that folder (the
         # same machine, a shared file system): relative paths and $PWD
         # mean there what they meant to the client, as on a Dask worker

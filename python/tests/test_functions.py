@@ -260,7 +260,7 @@ class Functions(InFolder):
             else:
                 self.assertEqual(g.result(timeout=WAIT_S), f.result())
 
-    def test_a_client_killed_mid_map_and_a_new_one_gets_every_finished_value_back(self):
+    def test_a_client_killed_mid_map_and_one_that_resumes_gets_every_finished_value_back(self):
         c = self.node(cpus=2)
         # A notebook's cell, run, killed, and run again as it is.
         script = self.client_script(
@@ -271,7 +271,7 @@ class Functions(InFolder):
             def slow_square(x):
                 time.sleep(0.3)
                 return x * x
-            c = mesh.connect(state_dir=STATE)
+            c = mesh.connect(state_dir=STATE, resume=True)
             fs = c.map(slow_square, range(20))
             for f in mesh.as_completed(fs):
                 print("done", f.result(), f.task.reused, flush=True)
@@ -301,7 +301,7 @@ class Functions(InFolder):
             time.sleep(0.2)
         self.assertEqual([(p.finished, p.open) for p in farms], [(True, False)] * 2, [p.view for p in farms])
 
-    def test_a_loop_of_submits_run_again_is_reused_call_by_call(self):
+    def test_a_loop_of_submits_run_again_with_resume_is_reused_call_by_call(self):
         c = self.node(cpus=2)
         # Each call waited for before the next: a batch, a growth of the
         # client's open farm, each.
@@ -311,7 +311,7 @@ class Functions(InFolder):
             """
             def square(x):
                 return x * x
-            with mesh.connect(state_dir=STATE) as c:
+            with mesh.connect(state_dir=STATE, resume=True) as c:
                 for i in range(8):
                     f = c.submit(square, i)
                     print(f.result(), f.task.reused, f._run.id, flush=True)
