@@ -15,6 +15,14 @@ Needs dask[distributed] and numpy in the Python that runs it (a venv:
   one node of 2 (target <= 1.10).
 - ``memory``: 100,000 pending futures: bytes per future at the client, and
   the node's resident memory per task against a command sweep of as many.
+- ``linalg``: 1,000 calls of about 10 ms of numpy work (a 200x200 matrix
+  product and solve) against Dask's ``LocalCluster`` (target <= 1.0).
+- ``big``: a 100 MB result (bytes) brought back by ``result()``, against
+  Dask (target <= 1.5); the median of 3.
+- ``graph``: a ``dask.delayed`` graph of 10,000 small tasks with fan-in
+  (100 groups of 100 ``inc``, each summed, then the sums summed), with
+  ``dask.compute(scheduler=client.get)`` against Dask distributed's
+  ``client.compute`` (target <= 0.5).
 """
 
 import argparse
@@ -47,6 +55,74 @@ def numpy_sum(n):
     import numpy as np
 
     return int(np.arange(n).sum())
+
+
+def linalg(seed):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    a = rng.random((200, 200)) + 200 * np.eye(200)
+    b = rng.random(200)
+    x = np.linalg.solve(a @ a.T, b)
+    return float(x.sum())
+
+
+def big_bytes(n):
+    return b"x" * n
+
+
+def total(xs):
+    return sum(xs)
+
+
+def dask_cluster():
+    from dask.distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    return cluster, Client(cluster)
+
+
+def linalg_calls(n=1000):
+    cluster, dc = dask_cluster()
+    with cluster, dc:
+        dc.gather(dc.map(linalg, range(-4, 0)))
+        dask_s, want = timed(lambda: dc.gather(dc.map(linalg, range(n))))
+    with mesh.local(cpus=2) as c:
+        c.gather(c.map(linalg, range(-4, 0)))
+        mesh_s, got = timed(lambda: c.gather(c.map(linalg, range(n))))
+    assert got == want
+    print("linalg: %d calls of ~10 ms of numpy: mesh %.2f s, Dask %.2f s: ratio %.3f (target <= 1.0)" % (n, mesh_s, dask_s, mesh_s / dask_s))
+
+
+def big(n=100_000_000, runs=3):
+    cluster, dc = dask_cluster()
+    with cluster, dc:
+        dask_s = statistics.median(timed(lambda: len(dc.submit(big_bytes, n, pure=False).result()))[0] for _ in range(runs))
+    with mesh.local(cpus=2) as c:
+        c.submit(inc, 0).result()
+        mesh_s = statistics.median(timed(lambda: len(c.submit(big_bytes, n, pure=False).result()))[0] for _ in range(runs))
+    print("big: a %d MB result: mesh %.2f s, Dask %.2f s: ratio %.2f (target <= 1.5)" % (n // 1_000_000, mesh_s, dask_s, mesh_s / dask_s))
+
+
+def graph(groups=100, width=100):
+    import dask
+    from dask import delayed
+
+    def build():
+        sums = [delayed(total)([delayed(inc)(g * width + i) for i in range(width)]) for g in range(groups)]
+        return delayed(total)(sums)
+
+    want = sum(range(1, groups * width + 1))
+    cluster, dc = dask_cluster()
+    with cluster, dc:
+        dc.submit(inc, 0).result()
+        dask_s, got = timed(lambda: dc.compute(build()).result())
+        assert got == want
+    with mesh.local(cpus=2) as c:
+        c.submit(inc, 0).result()
+        mesh_s, got = timed(lambda: dask.compute(build(), scheduler=c.get)[0])
+        assert got == want
+    print("graph: %d delayed tasks with fan-in: mesh %.2f s, Dask %.2f s: ratio %.3f (target <= 0.5)" % (groups * width + groups + 1, mesh_s, dask_s, mesh_s / dask_s))
 
 
 def timed(f):
@@ -167,7 +243,17 @@ def main():
     ap.add_argument("--only", default=None)
     a = ap.parse_args()
     os.environ["MESH_BIN"] = os.path.abspath(a.bin)
-    for name, f in [("thin", lambda: thin(a.tasks)), ("first", first), ("numpy", numpy_calls), ("two", two), ("memory", memory)]:
+    benches = [
+        ("thin", lambda: thin(a.tasks)),
+        ("first", first),
+        ("numpy", numpy_calls),
+        ("two", two),
+        ("memory", memory),
+        ("linalg", linalg_calls),
+        ("big", big),
+        ("graph", graph),
+    ]
+    for name, f in benches:
         if a.only in (None, name):
             f()
 

@@ -253,6 +253,84 @@ class Trust(InFolder):
         self.assertEqual(str(e.exception), "client closed")
 
 
+def inc(x):
+    return x + 1
+
+
+def add(*xs):
+    return sum(xs)
+
+
+def pick(i, data):
+    return data[i]
+
+
+class DataAPI(InFolder):
+    def test_scatter_gives_futures_of_data_that_calls_take(self):
+        c = self.node(cpus=2)
+        data = list(range(1000))
+        [d] = c.scatter([data])
+        self.assertEqual(d.status, "finished")
+        self.assertEqual(d.result(), data)
+        self.assertEqual(c.gather(c.map(pick, [1, 999], data=d)), [1, 999])
+        # A list gives a list, a dict a dict, as in Dask; the same data the same future.
+        fs = c.scatter([1, 2, 3])
+        self.assertEqual([f.result() for f in fs], [1, 2, 3])
+        self.assertEqual(c.submit(add, *fs).result(timeout=WAIT_S), 6)
+        self.assertEqual(set(c.scatter({"a": 1, "b": 2})), {"a", "b"})
+        self.assertIs(c.scatter([data])[0], d)
+
+    def test_an_uploaded_module_is_imported_and_imported_anew_when_uploaded_again(self):
+        c = self.node(cpus=2)
+        # Not beside any script of the client's: only the upload brings it.
+        where = os.path.join(self.dir, "elsewhere")
+        os.makedirs(where)
+        path = os.path.join(where, "shipped_helper.py")
+
+        def uses(_):
+            import shipped_helper
+
+            return shipped_helper.VALUE
+
+        with open(path, "w") as f:
+            f.write("VALUE = 'one'\n")
+        with self.assertRaises(ModuleNotFoundError):
+            c.submit(uses, 0).result(timeout=WAIT_S)
+        c.upload_file(path)
+        self.assertEqual(c.submit(uses, 1).result(timeout=WAIT_S), "one")
+        with open(path, "w") as f:
+            f.write("VALUE = 'two'\n")
+        c.upload_file(path)
+        self.assertEqual(c.gather(c.map(uses, [2, 3])), ["two", "two"])
+        self.assertRaises(ValueError, c.upload_file, os.path.join(self.dir, "notes.txt"))
+
+    def test_dask_graphs_run_as_calls(self):
+        try:
+            import dask
+            import dask.bag as db
+            from dask import delayed
+        except ImportError:
+            raise unittest.SkipTest("dask is not installed")
+        c = self.node(cpus=2)
+        a = delayed(inc)(1)
+        b = delayed(inc)(a)
+        x = delayed(add)(a, b, 10)
+        self.assertEqual(dask.compute(x, scheduler=c.get), (15,))
+        self.assertEqual(x.compute(scheduler=c.get), 15)
+        f = c.compute(x)
+        self.assertIsInstance(f, mesh.Future)
+        self.assertEqual(f.result(timeout=WAIT_S), 15)
+        p = c.persist(x)
+        self.assertEqual(p.compute(scheduler=c.get), 15)
+        bag = db.from_sequence(range(10), npartitions=3).map(inc).filter(lambda v: v % 2 == 0).sum()
+        self.assertEqual(bag.compute(scheduler=c.get), sum(v for v in range(1, 11) if v % 2 == 0))
+        # Each task a call: the graph's tasks are the farm's.
+        ran = c.farms()
+        self.assertTrue(any(i.name == "python" and i.done >= 4 for i in ran), [i.view for i in ran])
+        # A graph dict, as Dask's `get` takes it.
+        self.assertEqual(c.get({"x": 1, "y": (inc, "x"), "z": (add, "x", "y")}, ["z", ["y"]]), [3, [2]])
+
+
 class LongCalls(InFolder):
     def test_a_first_call_longer_than_thirty_seconds_comes_back(self):
         c = self.node(cpus=2)
