@@ -96,7 +96,7 @@ class Plugin(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         said = r.stderr + r.stdout
         self.assertIn("Error in rule fails", said)
-        self.assertIn("ended with exit code 1", said)
+        self.assertIn("ended with exit code 3", said)
         self.assertIn("logs/bad.log", said)
         logs = os.path.join(d, ".snakemake", "mesh_logs", "fails")
         (log,) = os.listdir(logs)
