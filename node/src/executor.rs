@@ -28,7 +28,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
-use crate::warm::Handed;
+use crate::warm::{Handed, Said};
 
 /// Bytes read from a task's pipe at a time.
 const PIPE_CHUNK_BYTES: usize = 64 * 1024;
@@ -376,11 +376,11 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8, Handed) {
     }
 
     let env = task_env(l, &cwd);
-    let (result, logs, mut handed) = match &l.spec.command {
+    let (result, logs, Said { mut handed, made }) = match &l.spec.command {
         Command::Python(argv) => run_warm(l, live, argv, &cwd, &env).await,
         _ => {
             let (result, logs) = spawn(l, live, &cwd, &env).await;
-            (result, logs, Vec::new())
+            (result, logs, Said::default())
         }
     };
     // Only what it says it makes is taken (the worker's answer names each
@@ -400,8 +400,10 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8, Handed) {
                 .collect();
             // All handed back: nothing is collected and no folder made, and
             // what an earlier run left there goes, as `collect` leaves it.
-            let collected =
-                tokio::task::spawn_blocking(move || collect(&cwd2, &dest, &outputs, &before)).await;
+            let collected = tokio::task::spawn_blocking(move || {
+                collect(&cwd2, &dest, (&outputs, &made), &before)
+            })
+            .await;
             match collected {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return (TaskResult::Error(e.to_string()), logs, Vec::new()),
@@ -544,7 +546,7 @@ async fn run_warm(
     argv: &[String],
     cwd: &Path,
     env: &[(String, String)],
-) -> (TaskResult, u8, Handed) {
+) -> (TaskResult, u8, Said) {
     let ran = crate::warm::run(
         argv,
         (&l.root, cwd),
@@ -559,10 +561,10 @@ async fn run_warm(
     )
     .await;
     let logs = log_bits(&l.stdout_log, &l.stderr_log);
-    let mut handed = Vec::new();
+    let mut said = Said::default();
     let result = match ran {
-        Ok(crate::warm::Ended::Exited(c, h)) => {
-            handed = h;
+        Ok(crate::warm::Ended::Exited(c, s)) => {
+            said = s;
             TaskResult::Exited(c)
         }
         Ok(crate::warm::Ended::Died(s)) => match (s.code(), s.signal()) {
@@ -574,11 +576,11 @@ async fn run_warm(
         },
         Err(crate::warm::WarmError::NotSetUp) => {
             let (result, logs) = spawn(l, live, cwd, env).await;
-            return (result, logs, Vec::new());
+            return (result, logs, Said::default());
         }
         Err(e) => TaskResult::Error(e.to_string()),
     };
-    (result, logs, handed)
+    (result, logs, said)
 }
 
 /// Which logs a task run in a worker wrote (the worker writes them itself).
@@ -847,10 +849,13 @@ fn matched_before(cwd: &Path, outputs: &[String]) -> HashMap<PathBuf, Seen> {
 /// (`before` is what it matched before the run): a file an earlier run
 /// left in the workdir (a chromosome dropped from the farm) is not this
 /// run's output.
+/// Copies the task's outputs from `cwd` into `dest`; those `own`, made
+/// only to be outputs (a warm worker said so) are moved there instead,
+/// where the two folders are on one file system.
 fn collect(
     cwd: &Path,
     dest: &Path,
-    outputs: &[String],
+    (outputs, own): (&[String], &[String]),
     before: &HashMap<PathBuf, Seen>,
 ) -> Result<(), FilesError> {
     let mut made = HashSet::new();
@@ -898,10 +903,13 @@ fn collect(
                 }
                 _ => {}
             }
-            fs::copy(&src, &dst).map_err(|source| FilesError::Collect {
-                path: src.clone(),
-                source,
-            })?;
+            let moved = own.contains(pattern) && fs::rename(&src, &dst).is_ok();
+            if !moved {
+                fs::copy(&src, &dst).map_err(|source| FilesError::Collect {
+                    path: src.clone(),
+                    source,
+                })?;
+            }
             kept.insert(rel.to_string_lossy().into_owned());
         }
     }

@@ -9,7 +9,8 @@ imported stay imported for the next, and answers one line: {"code": N},
 the exit code a process would have had, and {"handed": {name: base64}},
 the outputs the script handed back with `mesh_warm.hand` instead of
 writing them (at most `hand` bytes each; the node keeps them only when
-the task succeeded).
+the task succeeded), and {"made": [name]}, the outputs it wrote only to
+be outputs (`mesh_warm.made`), which the node moves instead of copying.
 """
 
 import base64
@@ -68,6 +69,7 @@ class Hand:
     def __init__(self):
         self.max = 0
         self.handed = {}
+        self.made = []
 
     def hand(self, name, data):
         """Takes ``data`` as the task's output ``name`` if it is small
@@ -77,6 +79,12 @@ class Hand:
             return False
         self.handed[name] = bytes(data)
         return True
+
+    def made_file(self, name):
+        """Says that the output ``name`` was written for the node alone:
+        it may be moved where outputs go, not copied (a Python call's big
+        value, which nothing else reads)."""
+        self.made.append(name)
 
 
 class Env:
@@ -151,6 +159,7 @@ def main():
     hand = Hand()
     warm = type(sys)("mesh_warm")
     warm.hand = hand.hand
+    warm.made = hand.made_file
     #: What a script keeps between its runs in this worker (the Python
     #: calls' worker keeps the functions it unpickled).
     warm.cache = {}
@@ -158,6 +167,7 @@ def main():
         req = json.loads(line)
         hand.max = req.get("hand", 0)
         hand.handed = {}
+        hand.made = []
         for i, (f, fd) in enumerate(zip(logs, (1, 2))):
             if written[i]:
                 os.ftruncate(f.fileno(), 0)
@@ -204,6 +214,8 @@ def main():
         # a success.
         if hand.handed:
             answer["handed"] = {k: base64.b64encode(v).decode() for k, v in hand.handed.items()}
+        if hand.made:
+            answer["made"] = hand.made
         answers.write(json.dumps(answer).encode() + b"\n")
 
 

@@ -93,6 +93,9 @@ struct Answer {
     /// Outputs handed back, base64 by name.
     #[serde(default)]
     handed: HashMap<String, String>,
+    /// Outputs written only to be outputs, by name.
+    #[serde(default)]
+    made: Vec<String>,
 }
 
 /// Makes warm workers possible on this node: the script is written into
@@ -132,10 +135,19 @@ pub fn interpreter(named: &str) -> String {
 /// Outputs a script handed back instead of writing them: name, bytes.
 pub type Handed = Vec<(String, Vec<u8>)>;
 
+/// What a script said of its outputs: those it handed back, and the
+/// files it wrote only to be outputs (`mesh_warm.made`: a Python call's
+/// big value), which the node moves rather than copies.
+#[derive(Default)]
+pub struct Said {
+    pub handed: Handed,
+    pub made: Vec<String>,
+}
+
 /// How a run in a worker ended.
 pub enum Ended {
-    /// Its exit code, and the outputs it handed back.
-    Exited(i32, Handed),
+    /// Its exit code, and what it said of its outputs.
+    Exited(i32, Said),
     /// The worker died (killed, or the script ended its process); the
     /// status it died with.
     Died(std::process::ExitStatus),
@@ -216,7 +228,13 @@ pub async fn run(
                     _ => return Err(WarmError::Handed(name)),
                 }
             }
-            Ok(Ended::Exited(a.code, handed))
+            Ok(Ended::Exited(
+                a.code,
+                Said {
+                    handed,
+                    made: a.made,
+                },
+            ))
         }
         // The worker is gone: killed with the task, or the script ended
         // the process itself.

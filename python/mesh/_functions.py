@@ -98,6 +98,14 @@ class _Unread:
         with open(self.path, "rb") as f:
             return f.read()
 
+    def load(self):
+        """The value: a file's is unpickled as it is read, with no copy of
+        its bytes in memory first."""
+        if self.data is not None:
+            return pickle.loads(self.data)
+        with open(self.path, "rb") as f:
+            return pickle.load(f)
+
 
 class Future(cf.Future):
     """The value of a function call on the mesh, as a Dask future.
@@ -154,7 +162,7 @@ class Future(cf.Future):
         if isinstance(v, _Unread):
             with self._read:
                 if isinstance(self._result, _Unread):
-                    self._result = pickle.loads(self._result.bytes())
+                    self._result = self._result.load()
                 v = self._result
         return v
 

@@ -209,7 +209,13 @@ def main(argv):
             os.chdir(cwd)
             os.environ["PWD"] = cwd
         value = fn(*args, **kwargs)
-        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL) if _plain(value) else cloudpickle.dumps(value)
+        pickler = pickle if _plain(value) else cloudpickle
+        if _big(value):
+            # Straight to its file, no copy in memory first: it cannot ride.
+            data = None
+            _write(os.path.join(home, result_name(key)), lambda f: pickler.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL))
+        else:
+            data = pickler.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as e:  # noqa: B902 - the client gets whatever it raised
         sys.stdout.flush()
         first = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
@@ -222,12 +228,37 @@ def main(argv):
         sys.stderr.write(EXCEPTION_MARK + mark + "\n")
         sys.stderr.flush()
         sys.exit(RAISED)
-    if warm is not None and warm.hand(result_name(key), data):
-        return
-    tmp = os.path.join(home, result_name(key) + ".part")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, os.path.join(home, result_name(key)))
+    if data is not None:
+        if warm is not None and warm.hand(result_name(key), data):
+            return
+        _write(os.path.join(home, result_name(key)), lambda f: f.write(data))
+    # Nothing else reads it: the node may move it where outputs go.
+    made = getattr(warm, "made", None)
+    if made is not None:
+        made(result_name(key))
+
+
+def _write(path, write):
+    """A file at ``path``, whole or not at all."""
+    tmp = path + ".part"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+#: A value at least this big is pickled straight into its file.
+BIG_BYTES = 1 << 20
+
+
+def _big(v):
+    """A value known to pickle to more than ``BIG_BYTES`` without pickling it."""
+    n = v.nbytes if hasattr(v, "nbytes") and isinstance(getattr(v, "nbytes"), int) else len(v) if isinstance(v, (bytes, bytearray, str)) else 0
+    return n >= BIG_BYTES
 
 
 def _plain(v):
