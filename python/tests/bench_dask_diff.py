@@ -35,7 +35,7 @@ def main():
     ap.add_argument("--modes", default=",".join(dask_diff.MODES))
     ap.add_argument("--kinds", default=",".join(dask_diff.KINDS))
     ap.add_argument("--every-mode", action="store_true", help="each batch in every mode, not one mode per batch in turn")
-    ap.add_argument("--only", default="", help="these sessions only (indices)")
+    ap.add_argument("--only", default="", help="these sessions only: 17,42 or 25-49")
     ap.add_argument("--self-check", action="store_true", help="Dask against Dask: the generator's own determinism")
     ap.add_argument("--keep", default=None, help="keep the scripts and their folders here")
     ap.add_argument("--out", default=None, help="write the report here too")
@@ -47,7 +47,7 @@ def main():
         "kinds": [k for k in a.kinds.split(",") if k],
         "modes": [m for m in a.modes.split(",") if m],
         "batch": a.batch,
-        "only": [int(x) for x in a.only.replace(",", " ").split()],
+        "only": dask_diff.parse_only(a.only),
         "keep": a.keep,
     }
     for k in settings["kinds"]:

@@ -1307,9 +1307,11 @@ class Tally:
         return [(key, r["first"]) for key, r in self.rows.items() if r["first"] is not None]
 
 
-def reproduction(d):
+def reproduction(d, batch=None):
     """A difference's own script: its session with only the step it is of,
-    which writes its own files; with how to run it."""
+    which writes its own files; with how to run it (and, given the batch
+    size, how to run the whole script it was found in: a difference that
+    depends on what ran before shows there only)."""
     n = d.n()
     s = d.session.alone(n) if n is not None and any(st.n == n for st in d.session.steps) else d.session
     backend = d.mode
@@ -1321,6 +1323,10 @@ def reproduction(d):
     }[backend]
     head = "# seed %s, session %d, mode %s: %s\n# run, in an empty folder, with PYTHONPATH=%s MESH_BIN=<the mesh binary>: %s\n# (the Dask script differs in its client's lines: %s)\n" % (
         d.session.seed, d.session.index, d.mode, d.words(), os.path.join(REPO, "python"), how, CLIENTS["dask"][1])
+    if batch:
+        first = d.session.index // batch * batch
+        head += "# found in the script of sessions %d-%d: MESH_DIFF_SEED=%s MESH_DIFF_BATCH=%d MESH_DIFF_ONLY=%d-%d runs it again\n" % (
+            first, first + batch - 1, d.session.seed, batch, first, first + batch - 1)
     return s, head + render([s], backend, inline_files=True)
 
 
@@ -1400,7 +1406,7 @@ def settings_from_env(sessions=200, seed=61):
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ValueError("MESH_DIFF_MODES: no mode %s (modes: %s)" % (", ".join(bad), ", ".join(MODES)))
-    only = [int(x) for x in e.get("MESH_DIFF_ONLY", "").replace(",", " ").split()]
+    only = parse_only(e.get("MESH_DIFF_ONLY", ""))
     return {
         "sessions": int(e.get("MESH_DIFF_SESSIONS", sessions)),
         "seed": e.get("MESH_DIFF_SEED", str(seed)),
@@ -1410,6 +1416,18 @@ def settings_from_env(sessions=200, seed=61):
         "only": only,
         "keep": e.get("MESH_DIFF_KEEP") or None,
     }
+
+
+def parse_only(text):
+    """Session indices: ``17,42`` or ``25-49`` (both ends in), or both."""
+    out = []
+    for part in text.replace(",", " ").split():
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    return sorted(set(out))
 
 
 def mode_of(index, batch, modes):
@@ -1502,7 +1520,7 @@ def report(tally, settings, repro=True):
         out.append("")
         out.append("first difference of each mode and kind, with its step's own script:")
         for (mode, kind), d in tally.firsts():
-            s, script = reproduction(d)
+            s, script = reproduction(d, settings["batch"])
             rec = [x for x in tally.diffs if x.session is d.session and x.mode == mode]
             out.append("")
             out.append("=" * 100)

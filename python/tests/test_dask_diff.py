@@ -4,11 +4,17 @@ mesh, and their records compared.
 
     MESH_BIN=target/debug/mesh python -m unittest discover -s python/tests -p test_dask_diff.py
 
-MESH_DIFF_SESSIONS (default 200: a share of them per mode), MESH_DIFF_SEED
-(default 61), MESH_DIFF_KINDS (the step kinds, comma-separated; default
-all), MESH_DIFF_MODES (local, connect, resume, apart), MESH_DIFF_BATCH
-(sessions per script, default 20), MESH_DIFF_ONLY (session indices),
-MESH_DIFF_KEEP (a folder to keep the scripts and their folders in).
+MESH_DIFF_SESSIONS (default 200: a share of them per mode, a script of 25
+in each mode in turn), MESH_DIFF_SEED (default 61), MESH_DIFF_KINDS (the
+step kinds, comma-separated; default all), MESH_DIFF_MODES (local,
+connect, resume, apart), MESH_DIFF_BATCH (sessions per script, default
+25), MESH_DIFF_ONLY (session indices: 17,42 or 25-49), MESH_DIFF_KEEP (a
+folder to keep the scripts and their folders in), MESH_DIFF_CACHE (where
+Dask's records are kept by script, default target/dask-diff-cache; off:
+Dask runs every time), MESH_DIFF_VERBOSE=1 (each script's run as it ends).
+
+200 sessions: about 6 minutes with Dask run (two cores, others busy), 4
+with Dask's records cached; mesh's scripts are most of it.
 
 Each mode's test writes its table (per step kind: sessions compared,
 equal, differing, with the first difference) to stderr, then each kind's
