@@ -17,6 +17,7 @@ cancels the workflow's tasks; each job's output is written to
 import asyncio
 import base64
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -172,6 +173,8 @@ class Executor(RemoteExecutor):
         self.rundir = os.path.join(self.workdir, ".snakemake", "mesh", uuid.uuid4().hex[:12])
         self.out = os.path.join(self.rundir, "out")
         self._shared_parts = None
+        #: The outputs of the checkpoints that ended (every job's, elsewhere).
+        self._checkpoint_outputs = []
         # Set when a task of ours ends: the status check comes then, not
         # after Snakemake's poll interval (10 s by default).
         self._ended = threading.Event()
@@ -192,6 +195,8 @@ class Executor(RemoteExecutor):
         self._grow_lock = threading.RLock()
         #: Jobs a task runs, by task id: [SubmittedJobInfo].
         self._task_jobs = {}
+        self._terminate_set = False
+        self._cancelled = False
         self._hangup()
 
     # ----- words -----
@@ -211,6 +216,18 @@ class Executor(RemoteExecutor):
                 "or send the jobs to a node elsewhere with --mesh-address ADDR --mesh-key FILE." % where
             )
         return "snakemake --executor mesh: cannot reach %s: %s" % (self.where, e)
+
+    def _words(self, e):
+        """A client error in Snakemake users' words (not a Python user's:
+        no mesh.local() advice)."""
+        if type(e).__name__ == "Lost" or "no mesh node is running" in str(e) or "is gone" in str(e):
+            s = self.workflow.executor_settings
+            if s.address:
+                return "the mesh node at %s does not answer" % s.address
+            return "no mesh node runs with state folder %s any more" % (
+                s.state_dir or os.environ.get("MESH_STATE_DIR") or "(the default)"
+            )
+        return str(e)
 
     def _warn_once(self, name, words):
         if name not in self._warned:
@@ -243,6 +260,7 @@ class Executor(RemoteExecutor):
             ready.append(_Ready(job, res, cores, _timeout_of(job)))
         if not ready:
             return
+        self._terminate()
         with self._grow_lock:
             units, deferred = self._pack(ready, cap)
             if not self._send(units):
@@ -324,7 +342,7 @@ class Executor(RemoteExecutor):
                 # Base64: a farm file reads braces as placeholders.
                 python=[sys.executable, shared["script"], base64.b64encode(spec.encode()).decode(), shared["stage"], "b64"],
                 inputs=list(shared["inputs"]) + inputs,
-                outputs=[".mesh-out/{stage}/{index}/**"],
+                outputs=[".mesh-out/{stage}/{index}/**/*"],
                 resources=dict(res),
                 success_codes=[0, _job_script.MIXED_CODE],
                 max_fails=0,
@@ -348,7 +366,7 @@ class Executor(RemoteExecutor):
                 sweep=sweep,
                 sweep_mode="zip" if len(sweep) > 1 else None,
                 inputs=inputs,
-                outputs=[".mesh-out/{stage}/{index}/**"],
+                outputs=[".mesh-out/{stage}/{index}/**/*"],
                 resources=dict(res),
                 timeout=timeout,
                 max_fails=0,
@@ -359,8 +377,12 @@ class Executor(RemoteExecutor):
             if self.run is None:
                 # Snakemake has decided these must run: nothing is reused.
                 run = self.client.submit(farm, rerun=True, warn=False, open=True)
-                # A Snakemake killed without its shutdown: the home closes the farm.
-                run.hold()
+                # A Snakemake killed without its shutdown: the home cancels
+                # the farm where it can (a node that knows how), else closes it.
+                if "cancel" in inspect.signature(run.hold).parameters:
+                    run.hold(cancel=True)
+                else:
+                    run.hold()
                 threading.Thread(target=self._follow, args=(run,), name="mesh-follow", daemon=True).start()
                 self.run = run
             else:
@@ -401,7 +423,7 @@ class Executor(RemoteExecutor):
                 "folder at the same path (%s): run snakemake on that node's machine, or on a shared "
                 "file system it mounts.\n" % (self.where, e, self.workdir)
             )
-        return "%s refused the job: %s\n" % (self.where, e)
+        return "%s refused the job: %s\n" % (self.where, self._words(e))
 
     # ----- what a job's task is -----
 
@@ -562,12 +584,39 @@ class Executor(RemoteExecutor):
             task["wait"] = waits
         return json.dumps(task, separators=(",", ":")), inputs
 
+    def _read_too(self, job):
+        """Files a job may read besides its inputs, which a node elsewhere
+        must have too: the logs and benchmarks of the jobs that made its
+        inputs (a rule that checks a log), and the outputs of the
+        checkpoints that ended (an input function reads them, as the job's
+        own Snakemake builds its part of the DAG again)."""
+        out = list(self._checkpoint_outputs)
+        deps = getattr(getattr(self.workflow, "dag", None), "dependencies", None)
+        if deps is None:
+            return out
+        members = list(job.jobs) if job.is_group() else [job]
+        for j in members:
+            for dep in list(deps.get(j, ())):
+                if dep in members:
+                    continue
+                try:
+                    out.extend(dep.log)
+                    if dep.benchmark:
+                        out.append(dep.benchmark)
+                except AttributeError:
+                    continue
+        return out
+
     def _inputs_of(self, job):
         """The job's input files inside the workflow folder, as they are now
         (a folder's files), relative: what a node elsewhere is brought."""
         out = []
         seen = set()
-        for f in job.input:
+        try:
+            more = self._read_too(job)
+        except Exception:
+            more = []
+        for f in list(job.input) + more:
             rel = self._rel(f)
             if rel is None:
                 continue
@@ -619,7 +668,7 @@ class Executor(RemoteExecutor):
         except self._mesh.MeshError as e:
             self._follow_error = (
                 "%s has not answered for %d s (%s): the job's end is not known, and no more jobs are sent. "
-                "When the node is back, run snakemake again to go on" % (self.where, self.lost_after, e)
+                "Once a node runs there again, run snakemake again to go on" % (self.where, self.lost_after, self._words(e))
             )
         except Exception as e:  # the follower must say why it stopped
             self._follow_error = "following the workflow's farm on %s stopped: %s" % (self.where, e)
@@ -746,6 +795,9 @@ class Executor(RemoteExecutor):
         except OSError as e:
             self.report_job_error(j, msg="mesh task %s of %s: its outputs could not be put in the workflow folder: %s\n" % (t.task, t.run.id, e))
             return
+        for member in list(j.job.jobs) if j.job.is_group() else [j.job]:
+            if getattr(member, "is_checkpoint", False):
+                self._checkpoint_outputs.extend(str(f) for f in member.output if str(f) not in self._checkpoint_outputs)
         self.report_job_success(j)
 
     def _bring_home(self, t):
@@ -855,14 +907,30 @@ class Executor(RemoteExecutor):
             # Not the main thread, or no SIGHUP here.
             pass
 
+    def _terminate(self):
+        """SIGTERM (a batch job's end, `kill`) ends the workflow as Ctrl-C
+        does: its jobs cancelled at once. Snakemake's own handler (set once
+        the executor exists) would wait for the running jobs, which is
+        what a killed Snakemake must not leave behind."""
+        if self._terminate_set or threading.current_thread() is not threading.main_thread():
+            return
+        self._terminate_set = True
+        try:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+                signal.signal(signal.SIGTERM, _as_interrupt)
+        except (ValueError, AttributeError):
+            pass
+
     def cancel_jobs(self, active_jobs: List[SubmittedJobInfo]):
         run = self.run
+        self._deferred.drop()
         if run is None:
             return
+        self._cancelled = True
         try:
             run.cancel()
         except self._mesh.MeshError as e:
-            self.logger.warning("mesh: cancelling the workflow's farm %s: %s" % (run.id, e))
+            self.logger.warning("mesh: the workflow's jobs (farm %s) could not be cancelled: %s" % (run.id, self._words(e)))
 
     def cancel(self):
         # Ctrl-C twice must not end in a traceback half-way through.
@@ -874,11 +942,11 @@ class Executor(RemoteExecutor):
     def shutdown(self):
         super().shutdown()
         # The workflow takes no more jobs: its farm ends once its tasks do.
-        if self.run is not None and self._follow_error is None:
+        if self.run is not None and self._follow_error is None and not self._cancelled:
             try:
                 self.run.close()
             except self._mesh.MeshError as e:
-                self.logger.warning("mesh: closing %s: %s" % (self.run.id, e))
+                self.logger.warning("mesh: the workflow's farm %s could not be closed: %s" % (self.run.id, self._words(e)))
         _remove_empty(self.out)
 
 

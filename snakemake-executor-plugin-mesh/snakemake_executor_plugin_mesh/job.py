@@ -276,15 +276,20 @@ def key_of(job):
 
 
 def watch_jobs(results):
-    """Each job's end as the child's Snakemake decides it: a job it
-    finished (``finish_callback``, the executor plugins' interface) is
-    done unless it then failed (its outputs checked: ``_handle_error``)."""
-    try:
-        from snakemake.scheduling import job_scheduler
-
-        cls = job_scheduler.JobScheduler
-        finish, handle_error = cls.finish_callback, cls._handle_error
-    except (ImportError, AttributeError):
+    """Each job's end as the child's Snakemake decides it: a job reported
+    finished to its scheduler (``_proceed``, what an executor's
+    ``finish_callback`` is) is done unless it then failed (its outputs
+    checked: ``_handle_error``). False where this Snakemake has neither."""
+    cls = None
+    for name in ("snakemake.scheduling.job_scheduler", "snakemake.scheduler"):
+        try:
+            module = __import__(name, fromlist=["JobScheduler"])
+            cls = module.JobScheduler
+            proceed, handle_error = cls._proceed, cls._handle_error
+            break
+        except (ImportError, AttributeError):
+            cls = None
+    if cls is None:
         return False
 
     def keys(job):
@@ -293,15 +298,15 @@ def watch_jobs(results):
         except Exception:
             return []
 
-    def finish_callback(self, job, *a, **kw):
+    def _proceed(self, job, *a, **kw):
         results["ok"].update(keys(job))
-        return finish(self, job, *a, **kw)
+        return proceed(self, job, *a, **kw)
 
     def _handle_error(self, job, *a, **kw):
         results["failed"].update(keys(job))
         return handle_error(self, job, *a, **kw)
 
-    cls.finish_callback = finish_callback
+    cls._proceed = _proceed
     cls._handle_error = _handle_error
     return True
 
@@ -314,6 +319,18 @@ def stage_out(here, jobs, ok):
     if os.path.lexists(dest):
         shutil.rmtree(dest)
     dirs = []
+    for job in jobs:
+        if not ok(job):
+            continue
+        for rel in job.get("products") or []:
+            src = os.path.join(here, rel)
+            # A link comes home as the file it points to (a link to the
+            # other node's folder would point nowhere there): the file is
+            # copied in its place before its target may be moved.
+            if os.path.islink(src) and os.path.isfile(src):
+                tmp = src + ".mesh-copy"
+                shutil.copy2(src, tmp)
+                os.replace(tmp, src)
     for job in jobs:
         if not ok(job):
             for rel in job.get("logs") or []:
