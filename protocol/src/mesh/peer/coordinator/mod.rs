@@ -97,6 +97,29 @@ struct CoordFarm {
     /// that said they keep the generation after it (see `grow.rs`).
     gen_accepted: u32,
     grown_copies: BTreeSet<NodeId>,
+    /// Per stage, whether another stage depends on it (rebuilt when the
+    /// farm grows): a task of such a stage that ends may let another start,
+    /// which on the home waits for its entry there.
+    feeds: Vec<bool>,
+    /// An entry some task may wait for is in the log since the last sync:
+    /// the holders get it with this step, not with the next progress round.
+    sync_soon: bool,
+}
+
+impl CoordFarm {
+    /// Whether another stage depends on stage `s`.
+    fn feeds(&mut self, s: u32) -> bool {
+        let def = &self.spec.def;
+        if self.feeds.len() != def.stages.len() {
+            self.feeds = vec![false; def.stages.len()];
+            for st in &def.stages {
+                for u in st.upstream() {
+                    self.feeds[u as usize] = true;
+                }
+            }
+        }
+        self.feeds[s as usize]
+    }
 }
 
 impl CoordFarm {
@@ -308,6 +331,8 @@ impl Coord {
             stage_digests: FxHashMap::default(),
             gen_accepted: 0,
             grown_copies: BTreeSet::new(),
+            feeds: Vec::new(),
+            sync_soon: false,
         })
     }
 
@@ -697,6 +722,11 @@ impl Coord {
             // naming the reporter, its outputs and its run.
             self.drain_for(&mut by, out);
             let f = self.farms.get_mut(&r.task.farm).expect("checked above");
+            if succeeded && f.log.len() > before && f.feeds(t.stage) {
+                // A task that waits for it may start once the home has its
+                // entry (a chain's next link waited for the progress round).
+                f.sync_soon = true;
+            }
             if f.log.len() > before {
                 // Acknowledged once the entry is durable on enough holders:
                 // until then the worker keeps its copy.

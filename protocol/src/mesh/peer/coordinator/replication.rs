@@ -556,7 +556,11 @@ impl Coord {
                 // Between progress rounds most steps have nothing for a
                 // holder: asked first, before whether it is live (a member
                 // lookup at every step of a busy coordinator).
-                if !(progress || settled || len.saturating_sub(h.sent) >= SYNC_BATCH as u64) {
+                if !(progress
+                    || settled
+                    || f.sync_soon
+                    || len.saturating_sub(h.sent) >= SYNC_BATCH as u64)
+                {
                     continue;
                 }
                 // This node streams to itself only where it keeps a copy.
@@ -591,7 +595,8 @@ impl Coord {
                 // batch is full or nothing is left to run: one sync per round
                 // rather than one per completion (each costs a message and
                 // an answer; only the workers' acknowledgements wait for it).
-                let due = progress || settled || f.log.len() - h.sent >= SYNC_BATCH as u64;
+                let due =
+                    progress || settled || f.sync_soon || f.log.len() - h.sent >= SYNC_BATCH as u64;
                 let mut sent_any = false;
                 while due && h.sent < f.log.len() && h.sent - h.acked.min(h.sent) < SYNC_WINDOW {
                     let entries = f.log.slice(h.sent, SYNC_BATCH).to_vec();
@@ -605,6 +610,7 @@ impl Coord {
                     syncs.push((h.node, head.msg(h.sent, Vec::new())));
                 }
             }
+            f.sync_soon = false;
         }
         for (to, mut m) in syncs {
             m.term = cx.term();
