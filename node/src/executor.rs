@@ -168,6 +168,17 @@ pub struct Launch {
     /// worker may have (0: none is taken): such an output, one of its
     /// plain output paths, is no file but rides with the report.
     pub hand: usize,
+    /// The outputs of its dependencies that rode with the log, by their
+    /// path under `{out}`: a task run in a warm worker has them in memory
+    /// (`mesh_warm.riding`), no file made for them.
+    pub riding: crate::warm::Riding,
+}
+
+impl Launch {
+    /// Whether it runs in a warm Python worker (a stage's `python`).
+    pub fn warm(&self) -> bool {
+        matches!(self.spec.command, Command::Python(_))
+    }
 }
 
 /// The signal an engine's kill sends: an interrupt lets the task end on
@@ -551,7 +562,7 @@ async fn run_warm(
         argv,
         (&l.root, cwd),
         env,
-        ((&l.stdout_log, &l.stderr_log), l.hand),
+        ((&l.stdout_log, &l.stderr_log), (l.hand, &l.riding)),
         |pid| {
             live.pgid.store(pid, Ordering::SeqCst);
             if live.kill_asked.load(Ordering::SeqCst) && pid > 0 {

@@ -614,6 +614,7 @@ impl Driver {
             view,
             // `mesh run` keeps every output as a file of its folder.
             hand: 0,
+            riding: Vec::new(),
         }))
     }
 

@@ -1,7 +1,8 @@
 """A warm Python worker of a mesh node: runs scripts one after another in this interpreter.
 
 The node starts it as `python warm.py` and writes one request a line on
-its stdin: {"argv": [script, args...], "cwd", "env", "out", "err"}. It runs
+its stdin: {"argv": [script, args...], "cwd", "env", "out", "err",
+"riding"}. It runs
 the script as `python script args...` would (as `__main__`, with argv and
 its folder on sys.path, stdin empty, stdout and stderr the task's log
 files, in `cwd` with `env` added to the node's environment), so modules it
@@ -11,6 +12,8 @@ the outputs the script handed back with `mesh_warm.hand` instead of
 writing them (at most `hand` bytes each; the node keeps them only when
 the task succeeded), and {"made": [name]}, the outputs it wrote only to
 be outputs (`mesh_warm.made`), which the node moves instead of copying.
+A script finds its dependencies' outputs that rode with the log in
+`mesh_warm.riding` (bytes by their path under `{out}`), not as files.
 """
 
 import base64
@@ -168,6 +171,7 @@ def main():
         hand.max = req.get("hand", 0)
         hand.handed = {}
         hand.made = []
+        warm.riding = {k: base64.b64decode(v) for k, v in req.get("riding", {}).items()}
         for i, (f, fd) in enumerate(zip(logs, (1, 2))):
             if written[i]:
                 os.ftruncate(f.fileno(), 0)

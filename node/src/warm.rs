@@ -85,6 +85,10 @@ struct Request<'a> {
     err: &'a Path,
     /// The most bytes an output handed back may have.
     hand: usize,
+    /// The outputs of its dependencies that rode with the log, base64 by
+    /// their path under `{out}`.
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
+    riding: HashMap<&'a str, String>,
 }
 
 #[derive(Deserialize)]
@@ -135,6 +139,10 @@ pub fn interpreter(named: &str) -> String {
 /// Outputs a script handed back instead of writing them: name, bytes.
 pub type Handed = Vec<(String, Vec<u8>)>;
 
+/// A task's dependencies' outputs that rode with the log: path under
+/// `{out}`, bytes.
+pub type Riding = Vec<(String, Vec<u8>)>;
+
 /// What a script said of its outputs: those it handed back, and the
 /// files it wrote only to be outputs (`mesh_warm.made`: a Python call's
 /// big value), which the node moves rather than copies.
@@ -169,12 +177,13 @@ pub enum WarmError {
 /// Runs `argv` (`[python, script, args...]`) in a warm worker of the
 /// farm whose folder is `root`; `started` is told the worker's process
 /// id (its group's) before the task runs. The script may hand back
-/// outputs of up to `hand` bytes.
+/// outputs of up to `hand` bytes, and finds `riding` (its dependencies'
+/// outputs that rode with the log) in memory.
 pub async fn run(
     argv: &[String],
     (root, cwd): (&Path, &Path),
     env: &[(String, String)],
-    (logs, hand): ((&Path, &Path), usize),
+    (logs, (hand, riding)): ((&Path, &Path), (usize, &Riding)),
     started: impl FnOnce(i32),
 ) -> Result<Ended, WarmError> {
     let setup = SETUP.get().ok_or(WarmError::NotSetUp)?;
@@ -205,6 +214,16 @@ pub async fn run(
         out: logs.0,
         err: logs.1,
         hand,
+        riding: riding
+            .iter()
+            .map(|(path, data)| {
+                use base64::Engine as _;
+                (
+                    path.as_str(),
+                    base64::engine::general_purpose::STANDARD.encode(data),
+                )
+            })
+            .collect(),
     };
     let mut line = serde_json::to_vec(&req).map_err(io::Error::other)?;
     line.push(b'\n');

@@ -50,15 +50,41 @@ def result_name(key):
     return "result-%s.pkl" % key
 
 
-def _find(key, out, home):
-    scattered = os.path.join(home, "scatter", key + ".pkl")
-    if os.path.exists(scattered):
-        return scattered
-    name = result_name(key)
-    found = [] if out == "-" else glob.glob(os.path.join(glob.escape(out), "*", "*", name))
-    if not found:
-        raise LookupError("the value of future %s is not under %s: it is not among this task's dependencies" % (key, out))
-    return found[0]
+class _Deps:
+    """Where this call finds the values of the futures it was given: in
+    memory, those that rode with the farm's log (a warm worker's
+    ``mesh_warm.riding``), else as files under ``{out}``, looked up once."""
+
+    def __init__(self, out, home):
+        self.out = out
+        self.home = home
+        warm = sys.modules.get("mesh_warm")
+        self.riding = {p.rsplit("/", 1)[-1]: data for p, data in getattr(warm, "riding", {}).items()}
+        self.files = None
+
+    def load(self, key):
+        name = result_name(key)
+        data = self.riding.get(name)
+        if data is not None:
+            return pickle.loads(data)
+        with open(self.find(key, name), "rb") as f:
+            return pickle.load(f)
+
+    def find(self, key, name):
+        scattered = os.path.join(self.home, "scatter", key + ".pkl")
+        if os.path.exists(scattered):
+            return scattered
+        if self.files is None:
+            # One walk of {out}, not a glob per value (a gather of a
+            # hundred made a hundred walks of a hundred folders).
+            self.files = {}
+            if self.out != "-":
+                for path in glob.glob(os.path.join(glob.escape(self.out), "*", "*", "result-*.pkl")):
+                    self.files.setdefault(os.path.basename(path), path)
+        path = self.files.get(name)
+        if path is None:
+            raise LookupError("the value of future %s is not under %s: it is not among this task's dependencies" % (key, self.out))
+        return path
 
 
 def _loads(body, out, given, home):
@@ -67,6 +93,7 @@ def _loads(body, out, given, home):
     scattered data (an input of the call), else its result file under
     ``out``."""
     values = {}
+    deps = _Deps(out, home)
 
     def persistent_load(pid):
         tag, key = pid
@@ -75,8 +102,7 @@ def _loads(body, out, given, home):
         if key in given:
             values[key] = pickle.loads(given.pop(key))
         if key not in values:
-            with open(_find(key, out, home), "rb") as f:
-                values[key] = pickle.load(f)
+            values[key] = deps.load(key)
         return values[key]
 
     # An instance's hook, not a class made per call (a thin call's cost).

@@ -23,6 +23,7 @@ use super::refusals::{Answer, RequestError};
 use super::staging::{fetch_any, file_hash, place_riding, replace_with};
 use super::transfer::{FetchError, Transfers};
 use super::{Call, LoopHandle, Node};
+use crate::warm::Riding;
 
 /// How long a task waits for what it depends on (a run made again after
 /// its node died, a coordinator being elected) before it fails for it.
@@ -111,6 +112,10 @@ pub(super) struct DepsPlace {
     pub(super) cache: PathBuf,
     /// The outputs this node made for the farm, by hash.
     pub(super) held: PathBuf,
+    /// The task runs in a warm Python worker: the outputs that rode with
+    /// the log are handed to it in memory, not put in files (see
+    /// `executor::Launch::riding`).
+    pub(super) in_memory: bool,
 }
 
 /// Puts every output `p.task` depends on under `p.out`, from this node's
@@ -122,14 +127,14 @@ pub(super) async fn place_deps(
     handle: &LoopHandle,
     spec: &FarmSpec,
     p: &DepsPlace,
-) -> Result<(), NotPlaced> {
+) -> Result<Riding, NotPlaced> {
     let start = tokio::time::Instant::now();
     let until = start + DEPS_WAIT;
     let mut pause = Duration::from_millis(100);
     loop {
         let why = match ask(handle, p.farm, p.task).await {
             Ok(deps) if deps.waiting == 0 => match place_all(t, handle, spec, p, &deps).await {
-                Ok(()) => return Ok(()),
+                Ok(riding) => return Ok(riding),
                 Err(e) => e.into(),
             },
             Ok(_) if start.elapsed() >= REMADE_HOLD => return Err(NotPlaced::Remade),
@@ -161,7 +166,8 @@ async fn place_all(
     spec: &FarmSpec,
     p: &DepsPlace,
     deps: &DepOutputs,
-) -> Result<(), FetchError> {
+) -> Result<Riding, FetchError> {
+    let mut riding = Riding::new();
     for (d, node, outputs) in &deps.done {
         let dir = p
             .out
@@ -173,6 +179,13 @@ async fn place_all(
         for o in outputs {
             let dest = dir.join(&o.path);
             if o.rides() {
+                if p.in_memory {
+                    if let Some(data) = &o.data {
+                        let stage = &spec.def.stage(*d).name;
+                        riding.push((format!("{stage}/{}/{}", d.index, o.path), data.to_vec()));
+                    }
+                    continue;
+                }
                 let (o2, d2) = (o.clone(), dest.clone());
                 tokio::task::spawn_blocking(move || place_riding(&o2, &d2)).await??;
                 continue;
@@ -205,6 +218,10 @@ async fn place_all(
             // task here reading it meanwhile sees one or the other.
             tokio::task::spawn_blocking(move || replace_with(&from, &dest2, mode)).await??;
         }
+        if p.in_memory && outputs.iter().all(|o| o.rides()) {
+            // No file of it here.
+            continue;
+        }
         // A file an earlier run of the dependency made, and this one did
         // not, is not what it made: a task's view shows the folder whole.
         let (keep, d2): (Vec<String>, _) = (
@@ -217,7 +234,7 @@ async fn place_all(
         .await?
         .map_err(FetchError::io(FetchError::Place, &dir))?;
     }
-    Ok(())
+    Ok(riding)
 }
 
 /// Whether `dest` is already the file of this hash, put there for another

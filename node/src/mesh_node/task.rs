@@ -131,6 +131,7 @@ impl Node {
             node: self.net.swarm.local_peer_id().to_string(),
             view,
             hand: RIDES_MAX,
+            riding: Vec::new(),
         };
         let handle = self.handle.clone();
         let cache = self.state.join("cache");
@@ -142,6 +143,7 @@ impl Node {
         } else {
             Vec::new()
         };
+        let in_memory = launch.warm();
         let deps = (!local && reads_outputs(def, task.task.stage)).then(|| DepsPlace {
             farm: task.farm,
             task: task.task,
@@ -149,6 +151,7 @@ impl Node {
             out: farm_out,
             cache: cache.clone(),
             held: held.clone(),
+            in_memory,
         });
         let attempt = async move {
             let (outcome, outputs) = run_task(
@@ -356,7 +359,7 @@ async fn run_task(
         }
         if let Some(p) = &deps {
             match place_deps(&transfers, &handle, &spec, p).await {
-                Ok(()) => {}
+                Ok(riding) => launch.riding = riding,
                 Err(NotPlaced::Failed(e)) => {
                     return fail(format!("the outputs it depends on: {e}"))
                 }
@@ -383,7 +386,18 @@ async fn run_task(
             }
         }
     }
-    if !riding.is_empty() {
+    if !riding.is_empty() && launch.warm() {
+        // A warm worker has them in memory: no file made per value (a
+        // gather of a hundred small values made a hundred).
+        let out = PathBuf::from(&spec.def.out);
+        launch.riding = riding
+            .into_iter()
+            .filter_map(|(dest, o)| {
+                let rel = dest.strip_prefix(&out).ok()?.to_string_lossy().into_owned();
+                Some((rel, o.data?.into_vec()))
+            })
+            .collect();
+    } else if !riding.is_empty() {
         let placed = tokio::task::spawn_blocking(move || {
             riding
                 .iter()
