@@ -58,6 +58,12 @@ pub struct StageDef {
     /// Unique in its farm: what `{stage}` gives, and the first part of a
     /// task's id (`<stage>/<index>`).
     pub name: String,
+    /// What names a task for its content key in place of its stage's name
+    /// and its values (see [`FarmDef::task_identity`]): a template of its
+    /// values, for tasks whose stage is named by when it was made (an open
+    /// farm's growths: a Python client's calls), so that the same task
+    /// made in another growth has the same key.
+    pub key: Option<Template>,
     /// What each task runs, before its placeholders are filled in.
     pub command: CommandTemplate,
     /// The variables its tasks vary over, and how they combine into tasks.
@@ -105,6 +111,7 @@ impl StageDef {
         resources.set(crate::resources::CPU, crate::resources::Amount::units(1));
         StageDef {
             name: name.to_string(),
+            key: None,
             command,
             sweep,
             workdir: None,
@@ -736,6 +743,20 @@ impl FarmDef {
         let mut part = |tag: &str, text: &str| {
             let _ = write!(id, "{tag}{}:{text};", text.len());
         };
+        if let Some(key) = &stage.key {
+            // Named by the farm itself: neither the stage's name nor the
+            // names of its variables count, its command and inputs do.
+            let binding = stage.sweep.binding(t.index);
+            let cx = RenderCx {
+                farm: &self.name,
+                stage: &stage.name,
+                out: "{out}",
+                index: None,
+                binding: &binding,
+            };
+            part("key", &key.render(&cx));
+            return id;
+        }
         part("stage", &stage.name);
         if stage.sweep.grown().is_some() {
             part("index", &t.index.to_string());
@@ -879,9 +900,16 @@ pub fn deps_digest(
     let stage = def.stage(t);
     let mut h = blake3::Hasher::new();
     // Stages by name, not by their place in the file: a stage moved or
-    // added above changes no key.
+    // added above changes no key. A stage whose tasks are named by their
+    // own `key` (see `StageDef::key`) is not named by its stage: which
+    // growth made a dependency changes nothing of what depends on it.
     let name = |h: &mut blake3::Hasher, s: u32| {
-        let n = def.stages[s as usize].name.as_bytes();
+        let st = &def.stages[s as usize];
+        let n = if st.key.is_some() {
+            &b"{key}"[..]
+        } else {
+            st.name.as_bytes()
+        };
         h.update(&(n.len() as u64).to_le_bytes());
         h.update(n);
     };
@@ -1037,6 +1065,45 @@ mod tests {
                 .collect(),
             mode,
         }
+    }
+
+    #[test]
+    fn a_stage_with_a_key_names_its_tasks_by_it_not_by_its_name() {
+        let farm = |stage: &str, var: &str, key: Option<&str>| {
+            let mut st = StageDef::new(
+                stage,
+                CommandTemplate::Argv(vec![Template::literal("true")]),
+                Sweep {
+                    vars: vec![SweepVar {
+                        name: var.into(),
+                        values: list(&["call-1a2b"]),
+                    }],
+                    mode: SweepMode::Product,
+                },
+            );
+            st.key = key.map(|k| Template::parse(k, &[var]).expect("a template"));
+            FarmDef {
+                name: "python".into(),
+                root: "/".into(),
+                out: "/out".into(),
+                stages: vec![st],
+                graph: Default::default(),
+            }
+        };
+        let t = TaskRef::new(0, 0);
+        let key = |f: FarmDef| f.own_key(t, &[]);
+        // Made in two growths: the same call, the same key.
+        assert_eq!(
+            key(farm("f3-0", "id", Some("{id}"))),
+            key(farm("f7-1", "id", Some("{id}")))
+        );
+        // Without it, a stage's name is part of its tasks' keys.
+        assert_ne!(key(farm("f3-0", "id", None)), key(farm("f7-1", "id", None)));
+        // Another value, another key.
+        assert_ne!(
+            key(farm("f3-0", "id", Some("{id}"))),
+            key(farm("f3-0", "id", Some("{id}-2")))
+        );
     }
 
     #[test]

@@ -133,6 +133,7 @@ def _sweep_value(x):
 
 #: Stage fields written before the sweep, in the order the docs list them.
 _ORDER = [
+    "key",
     "command",
     "shell",
     "python",

@@ -857,6 +857,10 @@ class Functions:
             run_as = {"python" if WARM else "command": argv}
             farm.stage(
                 name,
+                # A call is named by its key, not by the batch it went in
+                # (the stage's name): the same call of a run resumed is
+                # the same task, however the calls were batched.
+                key="{id}",
                 # Run by a warm worker of that Python on each node (or the
                 # node's --python, or python3 where it has no such path).
                 **run_as,

@@ -14,7 +14,7 @@ use super::Result;
 
 /// Every stage field: its identity, everything `[defaults]` may set, its dependencies.
 pub(super) static STAGE_FIELDS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
-    let mut f = vec!["name"];
+    let mut f = vec!["name", "key"];
     f.extend_from_slice(DEFAULT_FIELDS);
     f.extend_from_slice(&["after", "after_each"]);
     f
@@ -49,6 +49,9 @@ pub(super) enum RawCommand {
 #[derive(Clone, Debug, Default)]
 pub(super) struct Fields {
     pub(super) name: Option<At<String>>,
+    /// What names a task for its content key, instead of its stage's name
+    /// and its values (a template of its values).
+    pub(super) key: Option<At<String>>,
     pub(super) command: Option<At<RawCommand>>,
     pub(super) sweep: Option<At<Vec<RawVar>>>,
     pub(super) sweep_mode: Option<At<SweepMode>>,
@@ -223,6 +226,7 @@ impl Scope<'_> {
             }
             match k {
                 "name" => f.name = Some(self.string(v, k)?),
+                "key" => f.key = Some(self.string(v, k)?),
                 "command" | "shell" | "python" => {
                     if let Some(first) = &f.command {
                         let first = match first.v {

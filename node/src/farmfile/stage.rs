@@ -79,6 +79,10 @@ impl Scope<'_> {
             Some(w) => Some(self.path_template(w, "workdir", &sweep)?),
             None => None,
         };
+        let key = match &f.key {
+            Some(k) => Some(self.template(k, "key", &var_names)?),
+            None => None,
+        };
         let mut inputs = Vec::new();
         for input in f.inputs.iter().flatten() {
             let t = self.path_template(input, "inputs", &sweep)?;
@@ -123,6 +127,7 @@ impl Scope<'_> {
         let stage = StageDef {
             deps: Vec::new(),
             name: name.v,
+            key,
             command,
             sweep,
             workdir,
