@@ -859,3 +859,30 @@ fn a_bad_keyed_or_listed_dependency_is_an_error_at_its_line_and_field() {
         );
     }
 }
+
+#[test]
+fn a_stage_key_names_its_tasks_and_is_per_stage_only() {
+    let (_d, def) = good(
+        "[farm]\nname = \"f\"\n[[stage]]\nname = \"f3-0\"\nkey = \"{id}\"\ncommand = [\"true\"]\nsweep.id = { list = [\"call-1\", \"call-2\"] }\n",
+        &[],
+    );
+    let (_d, other) = good(
+        "[farm]\nname = \"f\"\n[[stage]]\nname = \"f9-4\"\nkey = \"{id}\"\ncommand = [\"true\"]\nsweep.id = { list = [\"call-2\"] }\n",
+        &[],
+    );
+    // The same call in another growth's stage: the same key.
+    assert_eq!(
+        def.own_key(TaskRef::new(0, 1), &[]),
+        other.own_key(TaskRef::new(0, 0), &[])
+    );
+    let e = bad(
+        "[farm]\nname = \"f\"\n[defaults]\nkey = \"{id}\"\n[[stage]]\nname = \"s\"\ncommand = [\"true\"]\n",
+        &[],
+    );
+    assert!(e.to_string().contains("key"), "{e}");
+    let e = bad(
+        "[farm]\nname = \"f\"\n[[stage]]\nname = \"s\"\nkey = \"{nope}\"\ncommand = [\"true\"]\n",
+        &[],
+    );
+    assert!(e.to_string().contains("key"), "{e}");
+}
