@@ -341,7 +341,7 @@ class Executor(RemoteExecutor):
                 name,
                 # Base64: a farm file reads braces as placeholders.
                 python=[sys.executable, shared["script"], base64.b64encode(spec.encode()).decode(), shared["stage"], "b64"],
-                inputs=list(shared["inputs"]) + inputs,
+                inputs=list(shared["inputs"]) + [_literal(f) for f in inputs],
                 outputs=[".mesh-out/{stage}/{index}/**/*"],
                 resources=dict(res),
                 success_codes=[0, _job_script.MIXED_CODE],
@@ -355,7 +355,7 @@ class Executor(RemoteExecutor):
             sweep = {"job": [spec for _, spec, _ in js]}
             inputs = list(shared["inputs"])
             if count > INPUT_SLOTS_MAX:
-                inputs += js[0][2]
+                inputs += [_literal(f) for f in js[0][2]]
             else:
                 for i in range(count):
                     sweep["i%d" % i] = [ins[i] for _, _, ins in js]
@@ -825,7 +825,8 @@ class Executor(RemoteExecutor):
 
     def _failure_words(self, t, text):
         head = "mesh task %s of %s" % (t.task, t.run.id)
-        own = _EXIT_STATUS.findall(text or b"")
+        mark = re.findall(re.escape(_job_script.EXIT_MARK.encode()) + rb"(\d+)", text or b"")
+        own = mark or _EXIT_STATUS.findall(text or b"")
         if own:
             # The job's own command's code, not its Snakemake's 1.
             return "%s: the job's command ended with exit code %s." % (head, own[-1].decode())
@@ -859,8 +860,11 @@ class Executor(RemoteExecutor):
             out, err = t.logs()
         except self._mesh.MeshError:
             return None, None
+        text = out + err
         if _job_script.LOG_MARK.encode() in out:
             out = self._restore_logs(out)
+        # The script's lines to the plugin are not the job's words.
+        out = b"\n".join(line for line in out.split(b"\n") if not line.startswith(b"mesh-snakemake-"))
         d = os.path.join(self.logdir, j.job.rule.name if not j.job.is_group() else "group")
         os.makedirs(d, exist_ok=True)
         name = t.task.replace("/", "-") if several else j.job.jobid
@@ -868,7 +872,7 @@ class Executor(RemoteExecutor):
         with open(path, "wb") as f:
             f.write(out)
             f.write(err)
-        return path, out + err
+        return path, text
 
     def _restore_logs(self, out):
         mark = _job_script.LOG_MARK.encode()
@@ -958,6 +962,12 @@ def _remove_empty(top):
                 os.rmdir(d)
             except OSError:
                 pass
+
+
+def _literal(path):
+    """A path as a farm file's field takes it literally (braces doubled:
+    it reads them as placeholders)."""
+    return path.replace("{", "{{").replace("}", "}}")
 
 
 def _results(text):

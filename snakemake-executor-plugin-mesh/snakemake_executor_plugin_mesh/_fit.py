@@ -211,7 +211,7 @@ def fit(job, cap, warn):
         if name in HARD:
             most, who = cap.most(name)
             if value > most:
-                have = "no node has any" if who is None else "%s on the largest (%s)" % (words_of(name, most), who)
+                have = "no node has any" if who is None else "%s on the node with the most (%s)" % (words_of(name, most), who)
                 raise Unfit(
                     "it asks %s=%s, more than any node of the mesh has: %s; the largest node: %s"
                     % ("mem_mb" if name == "mem" else name, _asked(name, value), have, cap.largest())

@@ -46,6 +46,9 @@ WHERE_MARK = "mesh-snakemake-where "
 #: The line that says how long the jobs' Snakemake ran (seconds, its
 #: interpreter's start aside): what the plugin learns a rule's cost from.
 COST_MARK = "mesh-snakemake-cost "
+#: The line that says the exit code of the command a failed job ran (its
+#: shell line's, its script's), not its Snakemake's 1.
+EXIT_MARK = "mesh-snakemake-exit "
 #: A task of several jobs some of which failed (each said in its
 #: stdout): counted a success by its stage, so that the outputs of the
 #: others are brought home.
@@ -180,7 +183,7 @@ def warm():
     return cli
 
 
-def fork_run(cli, argv, cwd, env, results=None):
+def fork_run(cli, argv, cwd, env, results=None, several=False):
     """Snakemake's ``main(argv)`` in a child of this worker; its exit code."""
     import re
 
@@ -196,7 +199,8 @@ def fork_run(cli, argv, cwd, env, results=None):
             os.chdir(cwd)
             os.environ.update(env)
             sys.argv = ["snakemake"] + argv
-            watched = results is not None and watch_jobs(results)
+            watched = several and watch_jobs(results)
+            codes = watch_commands()
             try:
                 cli.main(argv)
                 code = 0
@@ -209,6 +213,8 @@ def fork_run(cli, argv, cwd, env, results=None):
                 code = 1
             try:
                 said = _learned(before)
+                if codes:
+                    said["exit"] = codes[-1]
                 if watched:
                     said["ok"] = sorted(results["ok"])
                     said["failed"] = sorted(results["failed"])
@@ -238,6 +244,8 @@ def fork_run(cli, argv, cwd, env, results=None):
     except ValueError:
         said = {}
     _learn(said)
+    if said.get("exit") is not None and results is not None:
+        results["exit"] = said["exit"]
     if results is not None and "ok" in said:
         results["ok"].update(said["ok"])
         results["failed"].update(said["failed"])
@@ -247,12 +255,12 @@ def fork_run(cli, argv, cwd, env, results=None):
     return os.WEXITSTATUS(status)
 
 
-def run_snakemake(stage, argv, cwd, results=None):
+def run_snakemake(stage, argv, cwd, results=None, several=False):
     env = dict(stage.get("env") or {})
     pre = stage.get("pre")
     cli = None if pre else warm()
     if cli is not None:
-        return fork_run(cli, argv, cwd, env, results)
+        return fork_run(cli, argv, cwd, env, results, several)
     # A precommand to run first (a storage plugin's install, say), or no
     # Snakemake in this interpreter: a process of its own.
     line = " ".join(shlex.quote(a) for a in [stage.get("py") or sys.executable, "-m", "snakemake"] + argv)
@@ -309,6 +317,22 @@ def watch_jobs(results):
     cls._proceed = _proceed
     cls._handle_error = _handle_error
     return True
+
+
+def watch_commands():
+    """The exit codes of the commands that failed in this process (a job's
+    shell line, its script: Snakemake raises CalledProcessError with it),
+    newest last."""
+    codes = []
+    init = subprocess.CalledProcessError.__init__
+
+    def __init__(self, returncode, *a, **kw):
+        if isinstance(returncode, int):
+            codes.append(returncode)
+        init(self, returncode, *a, **kw)
+
+    subprocess.CalledProcessError.__init__ = __init__
+    return codes
 
 
 def stage_out(here, jobs, ok):
@@ -387,8 +411,10 @@ def main(argv):
     results = {"ok": set(), "failed": set()}
     warm()
     began = time.monotonic()
-    code = run_snakemake(stage, args, cwd, results if len(jobs) > 1 else None)
+    code = run_snakemake(stage, args, cwd, results, several=len(jobs) > 1)
     sys.stdout.write("\n%s%.3f\n" % (COST_MARK, time.monotonic() - began))
+    if code != 0 and len(jobs) == 1 and results.get("exit") is not None:
+        sys.stdout.write("%s%d\n" % (EXIT_MARK, results["exit"]))
     watched = results.pop("watched", False)
 
     def ok(job):
