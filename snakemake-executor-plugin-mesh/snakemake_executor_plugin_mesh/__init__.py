@@ -16,7 +16,6 @@ cancels the workflow's tasks; each job's output is written to
 
 import asyncio
 import base64
-import hashlib
 import inspect
 import json
 import os
@@ -197,6 +196,8 @@ class Executor(RemoteExecutor):
         self._task_jobs = {}
         self._terminate_set = False
         self._cancelled = False
+        #: Deferred jobs already reported failed (their send was refused).
+        self._ended_infos = set()
         self._hangup()
 
     # ----- words -----
@@ -394,7 +395,9 @@ class Executor(RemoteExecutor):
             for unit in units:
                 for r in unit:
                     if r.info is not None:
+                        # A deferred job, counted running: no more.
                         self._forget(r.info)
+                        self._ended_infos.add(id(r.info))
                     self.report_job_error(r.info or SubmittedJobInfo(r.job), msg=words)
             return False
         for unit, task in where:
@@ -416,13 +419,8 @@ class Executor(RemoteExecutor):
                 self.active_jobs.remove(info)
 
     def _refused_words(self, e):
-        text = str(e)
-        if "cannot read" in text or "no such file" in text.lower() or "not a folder" in text or "does not exist" in text:
-            return (
-                "%s refused the job: %s. The node a workflow's jobs are sent to must see the workflow's "
-                "folder at the same path (%s): run snakemake on that node's machine, or on a shared "
-                "file system it mounts.\n" % (self.where, e, self.workdir)
-            )
+        # The node's words say what it could not do (a folder it does not
+        # see, an input it cannot read).
         return "%s refused the job: %s\n" % (self.where, self._words(e))
 
     # ----- what a job's task is -----
@@ -709,6 +707,10 @@ class Executor(RemoteExecutor):
             async with self.status_rate_limiter:
                 never = self._never_to_run([j for j in waiting if j.aux.get("task")])
         for j in waiting:
+            if id(j) in self._ended_infos:
+                # Reported failed as its deferred task was refused.
+                self._ended_infos.discard(id(j))
+                continue
             why = never.get(j.aux.get("task"))
             if why is not None:
                 self.report_job_error(j, msg=why + "\n")

@@ -22,8 +22,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import test_plugin  # noqa: E402,F401 (sets up MESH_BIN)
-from test_plugin import mesh, snakemake_env  # noqa: E402
+import smk  # noqa: E402
+from smk import mesh, snakemake_env  # noqa: E402
 
 TOUCH = """
 rule all:
@@ -74,6 +74,7 @@ def main():
         cases.append(
             ("%d touch jobs in group jobs of %d" % (a.touch, a.group), TOUCH.format(n=a.touch), ["--groups", "touch=g", "--group-components", "g=%d" % a.group], None)
         )
+    smk.mesh_bin()
     with mesh.local(cpus=2) as n:
         # The node's warm workers are started by a first workflow, as a
         # user's second run finds them.

@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import smk  # noqa: E402
-from smk import WAIT_S, mesh, node, snakemake, snakemake_env  # noqa: E402,F401
+from smk import WAIT_S, node, snakemake  # noqa: E402
 
 OUTPUTS = ["sq/a.txt", "sq/b.txt", "sq/c.txt", "sq/d.txt", "summary.txt", "parts/p1.txt", "parts/p2.txt", "parts/p3.txt", "up/p1.txt", "up/p2.txt", "up/p3.txt", "agg.txt", "once/a.txt", "once/b.txt", "twice/a.txt", "twice/b.txt"]
 
