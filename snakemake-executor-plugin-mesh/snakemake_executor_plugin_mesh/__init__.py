@@ -1,17 +1,18 @@
-"""snakemake --executor mesh: each job a task of the workflow's one open farm, grown a batch at a time.
+"""snakemake --executor mesh: a workflow's jobs as tasks of one open farm, grown as Snakemake finds jobs ready.
 
 Snakemake hands the executor the jobs that are ready (``run_jobs``); the
 workflow run has one open farm on the node (docs/design/open-farm.md),
-and each batch grows it by stages, a stage per resource shape (a job's
-``threads``, ``mem_mb``, ``gpu``, custom resources and ``runtime``), each
-task one job's command (``python -m snakemake ... --mode remote``, as for
-any remote executor); the farm is closed when the workflow ends. A job's
-asks are fitted to the mesh as ``--cores`` fits them to a machine
-(``_fit``). Jobs end in Snakemake's eyes as their tasks end (a follower
-of the farm's events), and a job the mesh cannot run (unplaceable,
-cancelled, its node gone for good) is reported failed, in words. Ctrl-C
-cancels the workflow's tasks; each job's output is written to
-``.snakemake/mesh_logs/<rule>/<jobid>.log`` and is in ``mesh logs`` too.
+grown by stages of ``python`` tasks that a node's warm Python worker runs
+with ``job.py`` (Snakemake's own remote job, forked from a Snakemake
+imported once). A job's asks are fitted to the mesh as ``--cores`` fits
+them to a machine (``_fit``); thin jobs go several to a task by their
+rule's measured cost (``_pack``); a job runs in the workflow folder where
+the node proves it sees it, else in a copy the mesh brings (``job.py``).
+Jobs end in Snakemake's eyes as their tasks end (a follower of the farm's
+events), and a job the mesh cannot run (unplaceable, cancelled, its node
+gone for good) is reported failed, in words. Ctrl-C, SIGTERM and SIGHUP
+cancel the workflow's tasks; each task's output is written to
+``.snakemake/mesh_logs/<rule>/`` and is in ``mesh logs TASK --farm FARM``.
 """
 
 import asyncio

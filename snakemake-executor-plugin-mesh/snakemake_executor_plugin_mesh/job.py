@@ -1,27 +1,37 @@
-"""One Snakemake job of `snakemake --executor mesh`, as a mesh node runs it.
+"""The jobs of one task of `snakemake --executor mesh`, as a mesh node runs them.
 
-Run as ``python job.py JOB STAGE`` by a node's warm Python worker (a
+Run as ``python job.py TASK STAGE`` by a node's warm Python worker (a
 stage's ``python`` command: the interpreter is kept between tasks), in
-the task's folder. JOB and STAGE are JSON (STAGE in base64, as a farm
-file reads braces as placeholders): the job's own arguments to
-Snakemake, and what the stage's jobs share (the workflow folder, the
-arguments every job gets, the proof of the submitter's folder).
+the task's folder. TASK and STAGE are JSON (in base64 where a farm file
+would read their braces as placeholders): the task's arguments to
+Snakemake and what its jobs make, and what the stage's tasks share (the
+workflow folder, the arguments every job gets, the proof of the
+submitter's folder, the sources archive).
 
 - **Snakemake imported once.** Snakemake's remote job (``snakemake
   --mode remote``, what every remote executor runs) runs in a child forked
-  from this worker, which imported Snakemake (and what its jobs imported)
-  before: each job starts from a clean copy of that state, not from a
-  fresh interpreter (most of a thin job's second), and exits as a process
-  of its own would, its exit code this task's.
-- **In place, or in a copy, never stale.** The job runs in the workflow
+  from this worker, which imported Snakemake, ran one small job to warm
+  up, and imports what each child imported and compiles the expressions
+  it compiled: each job starts from a clean copy of that state, not from
+  a fresh interpreter (most of a thin job's second), and exits as a
+  process of its own would, its exit code this task's.
+- **Several thin jobs, one Snakemake.** A task of several jobs (chosen by
+  the plugin) runs them in one Snakemake (``--keep-going``), takes each
+  one's end from that Snakemake's scheduler, and says each in its stdout;
+  some done and some failed is ``MIXED_CODE``, which the stage counts a
+  success so that the outputs of those done come home.
+- **In place, or in a copy, never stale.** The jobs run in the workflow
   folder only where this node sees the submitter's folder, proved by a
   nonce that the workflow's Snakemake wrote (an earlier copy of the folder
-  has no such file). Elsewhere it runs in this task's folder, where the
-  node put its declared inputs (fetched and hash-checked by the mesh) and
-  the workflow's sources (an archive, unpacked once); its outputs, logs
-  and benchmarks go to ``.mesh-out/<job>/``, which the mesh brings to the
-  workflow's folder. A failed job's logs are written to stdout, encoded,
-  for the plugin to put in place.
+  has no such file). Elsewhere they run in this task's folder, where the
+  node put their declared inputs (fetched and hash-checked by the mesh)
+  and the workflow's sources (an archive, unpacked once per node and
+  run); their outputs, logs and benchmarks go to ``.mesh-out/<task>/``,
+  which the mesh brings to the workflow's folder. A failed job's logs are
+  written to stdout, encoded, for the plugin to put in place.
+- Lines starting ``mesh-snakemake-`` in stdout are for the plugin: the
+  time Snakemake ran (a rule's cost), the failed command's exit code, each
+  job's end.
 
 Nothing here imports the plugin or mesh: a node needs Snakemake only.
 """
