@@ -55,7 +55,7 @@ static IDLE: OnceLock<Mutex<HashMap<Kind, Vec<Worker>>>> = OnceLock::new();
 struct Kind {
     python: String,
     gpus: Option<String>,
-    /// The task's thread variables (`executor::THREAD_VARS`), as set.
+    /// The task's thread variables (`OMP_NUM_THREADS`, ...), as set.
     threads: Vec<(String, String)>,
     /// The farm's folder on this node.
     root: PathBuf,
@@ -193,7 +193,7 @@ pub async fn run(
         .map(|(_, v)| v.clone());
     let threads = env
         .iter()
-        .filter(|(k, _)| crate::executor::THREAD_VARS.contains(&k.as_str()))
+        .filter(|(k, _)| k.ends_with("_NUM_THREADS"))
         .cloned()
         .collect();
     let kind = Kind {

@@ -386,29 +386,8 @@ async fn run_task(
             }
         }
     }
-    if !riding.is_empty() && launch.warm() {
-        // A warm worker has them in memory: no file made per value (a
-        // gather of a hundred small values made a hundred).
-        let out = PathBuf::from(&spec.def.out);
-        launch.riding = riding
-            .into_iter()
-            .filter_map(|(dest, o)| {
-                let rel = dest.strip_prefix(&out).ok()?.to_string_lossy().into_owned();
-                Some((rel, o.data?.into_vec()))
-            })
-            .collect();
-    } else if !riding.is_empty() {
-        let placed = tokio::task::spawn_blocking(move || {
-            riding
-                .iter()
-                .try_for_each(|(dest, o)| place_riding(o, dest))
-        })
-        .await
-        .map_err(FetchError::from)
-        .and_then(|r| r);
-        if let Err(e) = placed {
-            return fail(format!("the outputs it depends on: {e}"));
-        }
+    if let Err(e) = give_riding(&mut launch, &spec.def.out, riding).await {
+        return fail(format!("the outputs it depends on: {e}"));
     }
     // A task of a grown stage: its value is a line of what the task it grew
     // from wrote, which is under `{out}` here now, as any dependency's.
@@ -479,6 +458,38 @@ async fn run_task(
         let _ = tokio::task::spawn_blocking(move || fs::remove_dir_all(out_dir)).await;
     }
     (outcome, outputs)
+}
+
+/// On the home, the outputs a task depends on that rode with the log: in
+/// memory for a warm worker (a gather of a hundred small values made a
+/// hundred files), else as files where its `{out}` shows them.
+async fn give_riding(
+    launch: &mut Launch,
+    out: &str,
+    riding: Vec<(PathBuf, OutputFile)>,
+) -> Result<(), FetchError> {
+    if riding.is_empty() {
+        return Ok(());
+    }
+    if launch.warm() {
+        let out = PathBuf::from(out);
+        launch.riding = riding
+            .into_iter()
+            .filter_map(|(dest, o)| {
+                let rel = dest.strip_prefix(&out).ok()?.to_string_lossy().into_owned();
+                Some((rel, o.data?.into_vec()))
+            })
+            .collect();
+        return Ok(());
+    }
+    tokio::task::spawn_blocking(move || {
+        riding
+            .iter()
+            .try_for_each(|(dest, o)| place_riding(o, dest))
+    })
+    .await
+    .map_err(FetchError::from)
+    .and_then(|r| r)
 }
 
 /// An output handed back by the task, as the report carries it.

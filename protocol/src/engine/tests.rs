@@ -1,6 +1,7 @@
 //! Engine tests: scripted scenarios and random operation sequences with invariants checked.
 
 use super::*;
+use crate::resources::Amount;
 use crate::farm::graph::{Dep, DepOn};
 use crate::farm::{CommandTemplate, StageDef, Sweep, SweepMode, SweepVar, Template, Values};
 use crate::resources::parse_resources;
