@@ -439,24 +439,86 @@ pub(super) async fn fetch_input(
             }
         }
     }
-    if dest.is_file() {
-        return set_mode(dest, mode);
-    }
-    place_cached(&cached, dest, mode)
+    let dest = dest.to_path_buf();
+    tokio::task::spawn_blocking(move || put_input(&cached, &dest, hash, mode)).await?
 }
 
-/// Puts a file this node keeps by hash (`cached`) at `dest`, with `mode`:
-/// a copy of its own (see `results::put`), never a link to the kept file,
-/// which a task or a user writing to `dest` would change under its hash
-/// for every later farm that takes it.
-pub(super) fn place_cached(cached: &Path, dest: &Path, mode: u32) -> Result<(), FetchError> {
+/// Puts the input of hash `hash` at `dest` unless the file there is it
+/// already: a farm's folder on a node is shared by its tasks, and a file
+/// another task left at that path (an earlier version of the input, a
+/// Snakemake job's output of the same name) is not the input asked for.
+/// A copy of its own (see `results::put`), never a link to the cached
+/// file, which a task or a user writing to `dest` would change under its
+/// hash for every later farm that takes it.
+fn put_input(cached: &Path, dest: &Path, hash: [u8; 32], mode: u32) -> Result<(), FetchError> {
+    if placed::holds(dest, &hash) {
+        return set_mode(dest, mode);
+    }
     if let Some(dir) = dest.parent() {
         fs::create_dir_all(dir).map_err(FetchError::io(FetchError::Create, dir))?;
     }
-    if !dest.is_file() {
-        crate::results::put(cached, dest).map_err(FetchError::io(FetchError::Place, dest))?;
+    replace_with(cached, dest, mode)?;
+    placed::note(dest, hash);
+    Ok(())
+}
+
+/// What this node put where, by hash, so that a file is hashed again only
+/// when it changed (its inode, size or time), not for every task reading it.
+mod placed {
+    use std::collections::HashMap;
+    use std::os::unix::fs::MetadataExt as _;
+    use std::path::{Path, PathBuf};
+    use std::sync::{Mutex, OnceLock};
+
+    /// Files remembered, at most: past it the memo starts again.
+    const MAX: usize = 65_536;
+
+    type Seen = (u64, u64, u64, i64, i64);
+    type Memo = HashMap<PathBuf, (Seen, [u8; 32])>;
+    static MEMO: OnceLock<Mutex<Memo>> = OnceLock::new();
+
+    fn seen(path: &Path) -> Option<Seen> {
+        let m = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
+        Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
     }
-    set_mode(dest, mode)
+
+    fn memo() -> std::sync::MutexGuard<'static, Memo> {
+        MEMO.get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the file at `path` has the contents of `hash`.
+    pub(super) fn holds(path: &Path, hash: &[u8; 32]) -> bool {
+        let Some(now) = seen(path) else {
+            return false;
+        };
+        if let Some((was, h)) = memo().get(path) {
+            if *was == now {
+                return h == hash;
+            }
+        }
+        let Ok(h) = super::file_hash(path) else {
+            return false;
+        };
+        remember(path, now, h);
+        h == *hash
+    }
+
+    /// `path` was just given the contents of `hash`.
+    pub(super) fn note(path: &Path, hash: [u8; 32]) {
+        if let Some(now) = seen(path) {
+            remember(path, now, hash);
+        }
+    }
+
+    fn remember(path: &Path, now: Seen, hash: [u8; 32]) {
+        let mut m = memo();
+        if m.len() >= MAX {
+            m.clear();
+        }
+        m.insert(path.to_path_buf(), (now, hash));
+    }
 }
 
 /// Puts an output whose bytes rode with the log (see
@@ -504,4 +566,32 @@ pub(super) async fn fetch_any(
         return Err(FetchError::NoSource);
     }
     Err(FetchError::NoneGave(why))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt as _;
+
+    #[test]
+    fn an_input_replaces_what_another_task_left_at_its_path() {
+        let d = tempfile::tempdir().expect("temp dir");
+        let cached = d.path().join("cached");
+        fs::write(&cached, b"the input, as submitted").expect("write");
+        let hash = file_hash(&cached).expect("hash");
+        let dest = d.path().join("root/data/a.txt");
+        fs::create_dir_all(dest.parent().expect("parent")).expect("mkdir");
+        // An earlier version of it, left by another task of the farm.
+        fs::write(&dest, b"an older a.txt").expect("write");
+        put_input(&cached, &dest, hash, 0o644).expect("placed");
+        assert_eq!(fs::read(&dest).expect("read"), b"the input, as submitted");
+        // In place already: left as it is (same inode).
+        let ino = fs::metadata(&dest).expect("meta").ino();
+        put_input(&cached, &dest, hash, 0o644).expect("placed");
+        assert_eq!(fs::metadata(&dest).expect("meta").ino(), ino);
+        // Changed under it since: put again.
+        fs::write(&dest, b"written over by a task").expect("write");
+        put_input(&cached, &dest, hash, 0o644).expect("placed");
+        assert_eq!(fs::read(&dest).expect("read"), b"the input, as submitted");
+    }
 }
