@@ -15,7 +15,7 @@ from ._client import Client, LocalNode, connect, default_state_dir, farms, local
 from ._errors import FarmClosed, FarmError, FarmFailed, MeshError, ProtocolError, TaskFailed
 from ._farm import Farm, Stage, lines
 from ._functions import DoneAndNotDone, Executor, Future, RemoteTraceback, as_completed, progress, wait
-from ._proto import API
+from ._proto import API, NoNode
 from ._run import FarmInfo, Progress, Run, Task
 
 __version__ = "0.1.0"
@@ -37,6 +37,7 @@ __all__ = [
     "FarmInfo",
     "LocalNode",
     "MeshError",
+    "NoNode",
     "Progress",
     "ProtocolError",
     "Run",

@@ -403,6 +403,12 @@ class Client:
         """The mesh as ``mesh status --json`` shows it (a dict)."""
         return self._ask("Status", "Status")
 
+    def allocs(self):
+        """The mesh's allocation queues (``mesh alloc list``): the book the
+        node keeps a copy of, as a dict (``queues``, each with its ``def``:
+        cores, memory, GPUs, limits)."""
+        return self._ask("Allocs", "Allocs")
+
     def close(self):
         """Stops sending calls; nothing else stays open between requests.
         What was sent runs on; a call made after raises ``MeshError``."""

@@ -21,6 +21,11 @@ from ._errors import MeshError, ProtocolError
 class Lost(MeshError):
     """The node could not be reached, or the connection ended before its last answer."""
 
+
+class NoNode(Lost):
+    """No node runs with the state folder a client was given (``connect()``
+    on a machine where no ``mesh node`` or ``mesh join`` is running)."""
+
 #: The control API this package speaks (docs/api.md). A node of another
 #: API refuses the package's hello, naming both.
 API = 1
@@ -45,6 +50,7 @@ _LAST = {
     "Error",
     "Submitted",
     "Status",
+    "Allocs",
     "Cancelled",
     "Farm",
     "List",
@@ -166,7 +172,7 @@ class SocketTransport(Transport):
                 if waiting:
                     time.sleep(0.02)
                     continue
-                raise Lost(
+                raise NoNode(
                     "no mesh node is running with state folder %s: start one with "
                     "`mesh node` (or `mesh join ADDR`), or use mesh.local() for a "
                     "throwaway node" % self.state_dir

@@ -361,7 +361,7 @@ class Run:
                     now = time.monotonic()
                     if lost_at is None:
                         lost_at = now
-                        _say("mesh: %s went away (%s); waiting up to %d s for it to come back" % (self.client._t.describe(), e, reconnect))
+                        _say("mesh: %s went away; waiting up to %d s for it to come back" % (self.client._t.describe(), reconnect))
                     if now - lost_at >= reconnect:
                         raise _proto.Lost("%s is gone: no answer for %d s (%s)" % (self.client._t.describe(), reconnect, e)) from None
                     time.sleep(0.5)
