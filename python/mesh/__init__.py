@@ -15,7 +15,7 @@ from ._client import Client, LocalNode, connect, default_state_dir, farms, local
 from ._errors import FarmClosed, FarmError, FarmFailed, MeshError, ProtocolError, TaskFailed
 from ._farm import Farm, Stage, lines
 from ._functions import DoneAndNotDone, Executor, Future, RemoteTraceback, as_completed, progress, wait
-from ._proto import API, NoNode
+from ._proto import API, Lost, NoNode
 from ._run import FarmInfo, Progress, Run, Task
 
 __version__ = "0.1.0"
@@ -36,6 +36,7 @@ __all__ = [
     "FarmFailed",
     "FarmInfo",
     "LocalNode",
+    "Lost",
     "MeshError",
     "NoNode",
     "Progress",

@@ -17,7 +17,6 @@ cancel the workflow's tasks; each task's output is written to
 
 import asyncio
 import base64
-import inspect
 import json
 import os
 import re
@@ -210,7 +209,7 @@ class Executor(RemoteExecutor):
                 "snakemake --executor mesh: cannot reach the mesh node at %s (--mesh-address): %s. "
                 "Check the address `mesh node` printed there and the key (--mesh-key)." % (s.address, e)
             )
-        if type(e).__name__ == "Lost" or "no mesh node is running" in str(e):
+        if isinstance(e, self._mesh.NoNode):
             where = s.state_dir or os.environ.get("MESH_STATE_DIR") or "the default state folder"
             return (
                 "snakemake --executor mesh: no mesh node is running on this machine (state folder: %s). "
@@ -222,7 +221,7 @@ class Executor(RemoteExecutor):
     def _words(self, e):
         """A client error in Snakemake users' words (not a Python user's:
         no mesh.local() advice)."""
-        if type(e).__name__ == "Lost" or "no mesh node is running" in str(e) or "is gone" in str(e):
+        if isinstance(e, self._mesh.Lost):
             s = self.workflow.executor_settings
             if s.address:
                 return "the mesh node at %s does not answer" % s.address
@@ -380,11 +379,8 @@ class Executor(RemoteExecutor):
                 # Snakemake has decided these must run: nothing is reused.
                 run = self.client.submit(farm, rerun=True, warn=False, open=True)
                 # A Snakemake killed without its shutdown: the home cancels
-                # the farm where it can (a node that knows how), else closes it.
-                if "cancel" in inspect.signature(run.hold).parameters:
-                    run.hold(cancel=True)
-                else:
-                    run.hold()
+                # the farm, its jobs with it.
+                run.hold(cancel=True)
                 threading.Thread(target=self._follow, args=(run,), name="mesh-follow", daemon=True).start()
                 self.run = run
             else:
@@ -648,8 +644,8 @@ class Executor(RemoteExecutor):
             return self._capacity or _fit.Capacity([])
         allocs = None
         try:
-            allocs = self.client._ask("Allocs", "Allocs")
-        except Exception:
+            allocs = self.client.allocs()
+        except self._mesh.MeshError:
             pass
         self._capacity = _fit.Capacity.of_status(status, allocs)
         self._capacity_at = now
