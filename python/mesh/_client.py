@@ -383,9 +383,10 @@ class Client:
         # One pickle of the function for the whole map (its globals as
         # they are now), one batch for its calls.
         pickled = fns.pickled_function(fn)
+        cwd = os.getcwd()
         with fns.hold():
             fs = [
-                fns.call(fn, a, kwargs, key=k, pure=pure, resources=resources, retries=retries, priority=priority, pickled=pickled)
+                fns.call(fn, a, kwargs, key=k, pure=pure, resources=resources, retries=retries, priority=priority, pickled=pickled, cwd=cwd)
                 for a, k in zip(calls, keys)
             ]
         return fs

@@ -453,7 +453,7 @@ class Functions:
 
     # ----- calls -----
 
-    def call(self, fn, args, kwargs, key=None, pure=True, resources=None, retries=None, priority=0, pickled=None):
+    def call(self, fn, args, kwargs, key=None, pure=True, resources=None, retries=None, priority=0, pickled=None, cwd=None):
         if not callable(fn):
             raise TypeError("submit takes a function, not %r" % (fn,))
         fn_hash, fn_bytes = pickled or self.pickled_function(fn)
@@ -462,7 +462,7 @@ class Functions:
         p.fns, p.deps = self, {}
         deps = p.deps
         try:
-            p.dump((tuple(args), dict(kwargs), os.getcwd()))
+            p.dump((tuple(args), dict(kwargs), cwd or os.getcwd()))
         except Exception as e:
             raise TypeError("cannot send %s to the mesh: an argument does not pickle: %s: %s" % (_name_of(fn), type(e).__name__, e)) from e
         body = buf.getvalue()

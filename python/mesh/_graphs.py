@@ -15,6 +15,7 @@ as Dask's scheduler keeps a key while a future holds it.
 """
 
 import hashlib
+import os
 import re
 import sys
 
@@ -102,6 +103,7 @@ def futures_of(client, dsk, resources=None, retries=None):
     fns = client._functions()
     got = {}
     pickled = {}
+    cwd = os.getcwd()
 
     def value_of(key):
         if key in got:
@@ -142,7 +144,7 @@ def futures_of(client, dsk, resources=None, retries=None):
             p = pickled.get(id(fn))
             if p is None:
                 p = pickled[id(fn)] = fns.pickled_function(fn)
-            got[key] = fns.call(fn, args, kwargs, key=_key(key), resources=resources, retries=retries, pickled=p)
+            got[key] = fns.call(fn, args, kwargs, key=_key(key), resources=resources, retries=retries, pickled=p, cwd=cwd)
     return got
 
 
