@@ -41,7 +41,23 @@ def running(n):
 def plugins_words(out):
     """What Snakemake said, but the mesh client's own line while it waits
     for a node to come back (the client's words, for Python users)."""
-    return "\n".join(line for line in out.splitlines() if " went away (" not in line)
+    return "\n".join(line for line in out.splitlines() if " went away" not in line)
+
+
+def _cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
 
 
 def wait_for(cond, limit=WAIT_S):
@@ -284,11 +300,44 @@ class Plugin(unittest.TestCase):
         self.assertEqual([(f.name, f.open) for f in n.farms()], [("snakemake", True)])
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=WAIT_S)
-        self.assertTrue(wait_for(lambda: all(f.finished or not f.open for f in n.farms()), 30), "the farm ends or is closed")
-        if not wait_for(lambda: running(n) == 0, 10):
-            self.skipTest("the node closed the farm and let its jobs run on: it must cancel it (the node's part of issue 62)")
+        self.assertTrue(wait_for(lambda: all(f.finished for f in n.farms()), 30), "the node cancels the farm it no longer hears held")
+        self.assertTrue(wait_for(lambda: running(n) == 0, 10), "its job killed")
         time.sleep(3)
         self.assertEqual(running(n), 0, "no job starts after")
+
+    def test_a_node_killed_mid_job_takes_its_job_processes_with_it(self):
+        """A worker node SIGKILLed while its jobs run: their processes go
+        with it (they ran about 20 s on while the jobs ran again
+        elsewhere, two writers of one output)."""
+        first = node(self, cpus=1)
+        second = node(self, cpus=2, join=first)
+        smk.wait_nodes(first, 2)
+        d = workflow_folder(self)
+        p = smk.popen(d, "--executor", "mesh", "--jobs", "4", "--mesh-state-dir", first.state_dir, "slow/1.txt", "slow/2.txt", "slow/3.txt")
+        self.addCleanup(lambda: p.poll() is None and p.kill())
+
+        def under(pid):
+            out = subprocess.run(["ps", "-eo", "pid,ppid"], capture_output=True, text=True).stdout
+            rows = [tuple(map(int, l.split())) for l in out.splitlines()[1:]]
+            kids, grew = {pid}, True
+            while grew:
+                grew = False
+                for c, parent in rows:
+                    if parent in kids and c not in kids:
+                        kids.add(c)
+                        grew = True
+            return kids - {pid}
+
+        def sleeping():
+            return [k for k in under(second.proc.pid) if "sleep" in _cmdline(k)]
+
+        self.assertTrue(wait_for(sleeping), "a slow job runs on the second node")
+        theirs = under(second.proc.pid)
+        second.proc.send_signal(signal.SIGKILL)
+        second.proc.wait()
+        self.assertTrue(wait_for(lambda: not [k for k in theirs if _alive(k)], 10), "its job processes are gone")
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=WAIT_S)
 
     def test_a_stale_copy_of_the_folder_on_a_node_is_never_used(self):
         """A node sees its own old copy of the workflow folder at the same
