@@ -372,10 +372,13 @@ pub enum ControlResponse {
         field: Option<String>,
     },
     /// The farm is held (see [`ControlRequest::Hold`]); the last says it
-    /// is closed.
+    /// is closed. `gone`: nodes that left the mesh since the last `Held`
+    /// (their running tasks run again elsewhere), for the client to say.
     Held {
         farm: String,
         open: bool,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        gone: Vec<String>,
     },
     /// A task that ended for good (see [`ControlRequest::Events`]).
     Task(Box<TaskEvent>),

@@ -454,6 +454,8 @@ class Run:
                         k = _proto.kind(a)
                         if k == "Error" and _proto.unreachable(a["Error"]):
                             raise _proto.Lost(a["Error"])
+                        for node in (a.get("Held") or {}).get("gone", ()) if k == "Held" else ():
+                            _say("mesh: node %s left the mesh; any task of %s it was running runs again on another node" % (node, self.id))
                         if k != "Held" or not a["Held"]["open"]:
                             # Closed, or not held here (anymore): nothing
                             # more to hold.

@@ -5,6 +5,8 @@ that user runs it: a script run twice on a running node, a first call
 that runs longer than half a minute, a global changed between submits.
 """
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -368,13 +370,18 @@ class Dies(InFolder):
 
         self.assertTrue(nodes.wait_until(lambda: kinds() == (True, True)), "the second node runs a call and a command")
         theirs = on(second.proc.pid)
-        second.proc.send_signal(signal.SIGKILL)
-        second.proc.wait()
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):
+            second.proc.send_signal(signal.SIGKILL)
+            second.proc.wait()
 
-        def alive():
-            return [p for p in theirs if _alive(p)]
+            def alive():
+                return [p for p in theirs if _alive(p)]
 
-        self.assertTrue(nodes.wait_until(lambda: not alive(), limit=10), "still running: %s" % alive())
+            self.assertTrue(nodes.wait_until(lambda: not alive(), limit=10), "still running: %s" % alive())
+            # The client says which node went, within seconds.
+            gone = "mesh: node %s left the mesh; any task of %s it was running runs again" % (second.node, calls[0]._run.id)
+            self.assertTrue(nodes.wait_until(lambda: gone in said.getvalue(), limit=30), said.getvalue())
         for f in calls:
             f.cancel()
         run.cancel()

@@ -233,6 +233,7 @@ impl Node {
             home: Home {
                 farms: HashMap::new(),
                 feed_more: HashSet::new(),
+                gone: Vec::new(),
             },
             user: User {
                 out: p.out,
@@ -622,6 +623,11 @@ impl Node {
                 self.say(&format!(
                     "mesh node {label} is gone; its tasks run elsewhere"
                 ));
+                // Told to the clients holding farms here: a call of theirs
+                // it ran runs again (bounded: a burst of deaths says some).
+                if self.home.gone.len() < 64 {
+                    self.home.gone.push(label);
+                }
             }
             PeerEvent::Coordinator { term, node } => {
                 let label = self.label_of(node);

@@ -62,6 +62,7 @@ impl Node {
         let held = ControlResponse::Held {
             farm: o.view.id.clone(),
             open: true,
+            gone: Vec::new(),
         };
         if reply.send(held).is_ok() {
             o.holds.push(reply);
@@ -80,6 +81,7 @@ impl Node {
         let now = Instant::now();
         let mut close = Vec::new();
         let mut cancel = Vec::new();
+        let gone = std::mem::take(&mut self.home.gone);
         for (fid, o) in self.home.farms.iter_mut().filter(|(_, o)| o.held) {
             let open = self.peer.spec(*fid).is_some_and(|s| s.open) && !o.view.finished;
             let farm = o.view.id.clone();
@@ -88,6 +90,7 @@ impl Node {
                     let _ = h.send(ControlResponse::Held {
                         farm: farm.clone(),
                         open: false,
+                        gone: Vec::new(),
                     });
                 }
                 (o.held, o.unheld_since, o.close_sent) = (false, None, None);
@@ -97,6 +100,7 @@ impl Node {
                 h.offer(ControlResponse::Held {
                     farm: farm.clone(),
                     open: true,
+                    gone: gone.clone(),
                 })
                 .is_ok()
             });

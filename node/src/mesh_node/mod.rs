@@ -246,6 +246,8 @@ impl Disk {
 /// see of them and who waits on or follows them.
 struct Home {
     farms: HashMap<FarmId, Origin>,
+    /// Nodes that left the mesh since the holds last heard (see `grow.rs`).
+    gone: Vec<String>,
     /// Farms whose followers have more of the log to hear, in a later
     /// turn of the loop (see `feed.rs`).
     feed_more: HashSet<FarmId>,

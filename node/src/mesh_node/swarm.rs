@@ -56,6 +56,12 @@ impl Node {
                 self.net.dialing.remove(&peer_id);
                 let node = keys::node_id(&peer_id);
                 self.net.peers.insert(node, peer_id);
+                // Named by its peer id once it is gone too (a node that
+                // dialed this one was never dialed, so never named).
+                self.net
+                    .labels
+                    .entry(node)
+                    .or_insert_with(|| peer_id.to_string());
                 let seed =
                     endpoint.is_dialer() && self.reached(peer_id, endpoint.get_remote_address());
                 let now = self.now();
