@@ -496,7 +496,10 @@ pub fn farm_status(to: &Target, farm: &str, json: bool) -> Result<bool> {
                         c.skipped
                     );
                 }
-                print_farm(&v);
+                // On stdout with the stages above: one stream, lines apart.
+                for line in farm_lines(&v) {
+                    outln!("{line}");
+                }
             }
             Ok(true)
         }
@@ -581,7 +584,9 @@ fn follow(to: &Target, farm: &str, json: bool) -> Result<ExitCode> {
     if json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print_farm(&v);
+        for line in farm_lines(&v) {
+            eprintln!("{line}");
+        }
     }
     Ok(if v.counts.done == v.counts.total {
         ExitCode::SUCCESS
@@ -590,7 +595,9 @@ fn follow(to: &Target, farm: &str, json: bool) -> Result<ExitCode> {
     })
 }
 
-fn print_farm(v: &FarmView) {
+/// A farm's end in words: its counts, then what went wrong, a line each.
+fn farm_lines(v: &FarmView) -> Vec<String> {
+    let mut lines = Vec::new();
     let c = &v.counts;
     // Reused: done in an earlier farm with the same content key, not run again.
     let reused = if c.cached > 0 {
@@ -598,36 +605,36 @@ fn print_farm(v: &FarmView) {
     } else {
         String::new()
     };
-    eprintln!(
+    lines.push(format!(
         "{}: {} of {} done{reused}, {} failed, {} skipped, {} cancelled; outputs in {}",
         v.id, c.done, c.total, c.failed, c.skipped, c.cancelled, v.out
-    );
+    ));
     for u in &v.unplaceable {
-        eprintln!("  unplaceable: {u}");
+        lines.push(format!("  unplaceable: {u}"));
     }
     for s in &v.stopped {
-        eprintln!("  {s}");
+        lines.push(format!("  {s}"));
     }
     if c.stopped > 0 {
-        eprintln!(
+        lines.push(format!(
             "  {} tasks stopped with their stage: submit the farm again once the cause is fixed",
             c.stopped
-        );
+        ));
     }
     if v.redone > 0 {
-        eprintln!(
+        lines.push(format!(
             "  {} done task(s) ran again: the only copy of their outputs went with a node",
             v.redone
-        );
+        ));
     }
     if v.duplicates > 0 {
-        eprintln!(
+        lines.push(format!(
             "  {} task(s) ran again after a fault (a node thought dead, a partition) and completed twice; the first result counts",
             v.duplicates
-        );
+        ));
     }
     for f in &v.failures {
-        eprintln!("  failed: {f}");
+        lines.push(format!("  failed: {f}"));
     }
     if c.skipped > 0 {
         // A failure reads `solve/3 (attempt 1 on ...): ...`: its task first.
@@ -635,8 +642,9 @@ fn print_farm(v: &FarmView) {
             .failures
             .iter()
             .filter_map(|f| f.split_whitespace().next());
-        eprintln!("  {}", crate::show::skipped_line(c.skipped, names));
+        lines.push(format!("  {}", crate::show::skipped_line(c.skipped, names)));
     }
+    lines
 }
 
 /// Closes an open farm (a Python client's, a Snakemake run's, whose

@@ -610,6 +610,13 @@ fn a_farm_whose_submitter_never_comes_back_is_resumed_on_another_node_with_every
     let st = c.mesh(1, &["status", &id, "--json"]);
     st.expect_code(0);
     assert_eq!(st.json()["id"], id.as_str(), "{}", st.stdout);
+    // In words, on one stream, its counts on a line of their own.
+    let st = c.mesh(1, &["status", &id]);
+    assert!(
+        st.stdout.lines().any(|l| l.starts_with(&format!("{id}: "))),
+        "{}",
+        st.stdout
+    );
     let out = sb.path().join("resumed-out");
     let r = c.mesh(
         1,
