@@ -202,14 +202,18 @@ class Trust(InFolder):
                 print("done", f.result(), f.task.reused, f._run.id, flush=True)
             """
         plain = self.script("notebook.py", c, body)
-        # Killed 4 values in: its farm runs on.
         env = dict(os.environ, PYTHONPATH=os.path.join(nodes.REPO, "python"))
-        p = subprocess.Popen([sys.executable, plain], stdout=subprocess.PIPE, text=True, env=env)
-        first = [p.stdout.readline().split() for _ in range(4)]
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        p.stdout.close()
-        dead = first[0][3]
+
+        def killed_four_values_in():
+            """The script run and SIGKILLed once 4 values came: its farm runs on."""
+            p = subprocess.Popen([sys.executable, plain], stdout=subprocess.PIPE, text=True, env=env)
+            first = [p.stdout.readline().split() for _ in range(4)]
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            p.stdout.close()
+            return first[0][3]
+
+        dead = killed_four_values_in()
         # Run again as it is: Dask's semantics, every call runs, and the
         # user is told of the farm still running.
         r = self.run_script(plain)
@@ -221,12 +225,7 @@ class Trust(InFolder):
         self.assertIn("resume=True", r.stderr)
         # Killed again, then run with resume=True: what the dead client's
         # farm ran is reused, what it runs is followed there, not run twice.
-        p = subprocess.Popen([sys.executable, plain], stdout=subprocess.PIPE, text=True, env=env)
-        killed = [p.stdout.readline().split() for _ in range(4)]
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        p.stdout.close()
-        gone = killed[0][3]
+        gone = killed_four_values_in()
         r = self.run_script(plain, resume=True)
         said = [w.split() for w in r.stdout.splitlines()]
         self.assertEqual(sorted(int(w[1]) for w in said), sorted(i * i for i in range(24)))
