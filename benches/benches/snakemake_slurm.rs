@@ -118,7 +118,13 @@ fn main() {
             "snakemake --executor mesh, a task per job / a SLURM job per job",
             per_job / sbatch,
             "ratio",
-            Some(("<", 1.0, per_job < sbatch)),
+            Some(("<=", 0.1, per_job / sbatch <= 0.1)),
+        ),
+        report(
+            "snakemake --executor mesh, a task per job / --cores 2",
+            per_job / cores,
+            "ratio",
+            Some(("<=", 1.5, per_job / cores <= 1.5)),
         ),
         report(
             &format!("snakemake --executor mesh, group jobs of {group} / --cores 2"),
