@@ -1,10 +1,10 @@
 //! Engine tests: scripted scenarios and random operation sequences with invariants checked.
 
 use super::*;
-use crate::resources::Amount;
 use crate::farm::graph::{Dep, DepOn};
 use crate::farm::{CommandTemplate, StageDef, Sweep, SweepMode, SweepVar, Template, Values};
 use crate::resources::parse_resources;
+use crate::resources::Amount;
 use proptest::prelude::*;
 
 pub(super) fn stage(name: &str, n: u64) -> StageDef {
