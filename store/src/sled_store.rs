@@ -92,22 +92,20 @@ impl SledStore {
     /// Opens (or creates) the store in folder `path`, replaying its log.
     /// Fails with [`StoreError::Locked`] while another process has it open.
     pub fn open(path: &Path) -> Result<SledStore> {
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(CACHE_BYTES)
-            // No background flusher: we flush when we choose, and
-            // concurrent flushes can deadlock in sled 0.34.
-            .flush_every_ms(None)
-            .mode(sled::Mode::HighThroughput)
-            .open()
-            .map_err(|e| match e {
-                sled::Error::Io(ref io) if io.to_string().contains("could not acquire lock") => {
-                    StoreError::Locked {
-                        path: path.display().to_string(),
-                    }
-                }
-                e => StoreError::Db(e),
-            })?;
+        let db = match open_db(path) {
+            // sled 0.34 counts a half-written `snap.*.generating` among its
+            // snapshots and, when it sorts last, refuses the whole database
+            // as corrupt (spacejam/sled#1527). A node killed while sled
+            // wrote one is that case. Such a file is unfinished by
+            // construction (it is renamed only once synced), so dropping it
+            // leaves the last whole snapshot and the log, as before the kill.
+            Err(StoreError::Db(sled::Error::Corruption { .. }))
+                if drop_unfinished_snapshots(path) > 0 =>
+            {
+                open_db(path)?
+            }
+            r => r?,
+        };
         // sled's lock (held above) also guards the log: no one else writes it.
         let wal_path = path.join("mesh.wal");
         let meta = db.open_tree("meta")?;
@@ -283,6 +281,44 @@ fn chunk_key(farm: FarmKey, stage: u32, chunk: u32) -> [u8; 16] {
 }
 
 /// The chunk stored under `key` in `tasks`, or an empty one.
+fn open_db(path: &Path) -> Result<sled::Db> {
+    sled::Config::new()
+        .path(path)
+        .cache_capacity(CACHE_BYTES)
+        // No background flusher: we flush when we choose, and
+        // concurrent flushes can deadlock in sled 0.34.
+        .flush_every_ms(None)
+        .mode(sled::Mode::HighThroughput)
+        .open()
+        .map_err(|e| match e {
+            sled::Error::Io(ref io) if io.to_string().contains("could not acquire lock") => {
+                StoreError::Locked {
+                    path: path.display().to_string(),
+                }
+            }
+            e => StoreError::Db(e),
+        })
+}
+
+/// Removes sled's unfinished snapshot files in `path`; how many went.
+fn drop_unfinished_snapshots(path: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return 0;
+    };
+    let mut dropped = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.")
+            && name.ends_with(".generating")
+            && std::fs::remove_file(e.path()).is_ok()
+        {
+            dropped += 1;
+        }
+    }
+    dropped
+}
+
 fn load_chunk(tasks: &sled::Tree, key: [u8; 16]) -> Result<Chunk> {
     match tasks.get(key)? {
         Some(v) => decode("task records", &v),

@@ -90,8 +90,9 @@ fn a_failure_says_its_first_stderr_line_on_a_mesh() {
             c.mesh(i, &["status", &id, "--json"]).stdout
         );
     }
+    // `mesh status FARM` is asked for, so its answer is on stdout.
     let r = c.mesh(0, &["status", &id]);
-    assert!(r.stderr.contains(CAUSE), "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains(CAUSE), "{}{}", r.stdout, r.stderr);
 }
 
 #[test]
