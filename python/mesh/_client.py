@@ -532,6 +532,7 @@ class LocalNode(Client):
 
     def stop(self):
         """Stops the node (its tasks with it) and removes its state folder."""
+        self._stopping = True
         if self._fns is not None:
             self._fns.close()
         p = self.proc

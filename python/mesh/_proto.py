@@ -120,7 +120,11 @@ class _Lines:
             ready, _, _ = select.select([self._fd], [], [], wait)
             if not ready:
                 continue
-            chunk = self._read(1 << 16)
+            try:
+                chunk = self._read(1 << 16)
+            except ConnectionResetError:
+                # The node went mid-answer: as the end of the connection.
+                chunk = b""
             if not chunk:
                 self._eof = True
             else:

@@ -358,6 +358,9 @@ class Run:
                                     raise _proto.Lost(a["Error"])
                                 raise MeshError(a["Error"])
                 except _proto.Lost as e:
+                    if getattr(self.client, "_stopping", False):
+                        # mesh.local() closing: its node goes on purpose.
+                        raise MeshError("client closed") from None
                     now = time.monotonic()
                     if lost_at is None:
                         lost_at = now

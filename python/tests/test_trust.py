@@ -254,6 +254,28 @@ class Trust(InFolder):
         self.assertEqual(str(e.exception), "client closed")
 
 
+    def test_a_local_mesh_closed_with_calls_running_stops_them_at_once_and_quietly(self):
+        # A notebook cell interrupted, or a script's `with` left early: Dask's
+        # LocalCluster closes at once; so does the node, saying nothing of
+        # "going away" (it goes on purpose) and leaving no worker behind.
+        path = os.path.join(self.dir, "early.py")
+        with open(path, "w") as f:
+            f.write(textwrap.dedent("""
+                import os, time, mesh
+                def slow(x):
+                    time.sleep(60)
+                    return os.getpid()
+                t0 = time.monotonic()
+                with mesh.local(cpus=2) as c:
+                    fs = c.map(slow, range(6))
+                    time.sleep(1.5)
+                print(round(time.monotonic() - t0, 2))
+            """))
+        r = self.run_script(path)
+        self.assertLess(float(r.stdout.strip()), 10, "the calls sleep 60 s: it waited for them")
+        self.assertEqual(r.stderr.strip(), "", "closing said something")
+
+
 def inc(x):
     return x + 1
 

@@ -708,8 +708,9 @@ impl Node {
             return true;
         }
         // Alone in its mesh (a notebook's `mesh.local()`): no home will
-        // come to fetch from it.
-        if self.peer.member_count() == 0 && self.peer.idle() {
+        // come to fetch from it, and no node can take what is queued here
+        // (it stays queued in the farm, for this node's next start).
+        if self.peer.member_count() == 0 && self.peer.reported() {
             return true;
         }
         let last = self.transfers.quiet_since().map_or(since, |t| t.max(since));

@@ -564,6 +564,12 @@ impl Peer {
         self.worker.idle()
     }
 
+    /// True when nothing runs here and every result has been acknowledged;
+    /// tasks may still be queued here.
+    pub fn reported(&self) -> bool {
+        self.worker.reported()
+    }
+
     /// Counters of what this node sent and stole, for the simulator and `mesh status`.
     pub fn stats(&self) -> &Stats {
         &self.out.stats

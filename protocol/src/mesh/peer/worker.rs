@@ -190,7 +190,13 @@ impl Worker {
 
     /// True when nothing runs here and nothing waits to be reported.
     pub(super) fn idle(&self) -> bool {
-        self.running.is_empty() && self.queue.is_empty() && self.unacked.is_empty()
+        self.reported() && self.queue.is_empty()
+    }
+
+    /// True when nothing runs here and every result has been acknowledged
+    /// (tasks may still be queued here).
+    pub(super) fn reported(&self) -> bool {
+        self.running.is_empty() && self.unacked.is_empty()
     }
 
     /// Something is queued here or waits for its farm's spec: stealing
