@@ -943,13 +943,18 @@ class Functions:
         a future dropped is not waited for) as its task ends."""
         try:
             for t in run.as_completed(progress=False):
-                if got is not None:
-                    with self.cv:
-                        got[t.task.split("/", 1)[0]] += 1
                 f = by_task.get(t.task)
-                if f is None:
-                    continue
-                _settle_from(f, t)
+                try:
+                    if f is not None:
+                        _settle_from(f, t)
+                finally:
+                    # Told only once settled: `_watch_unrun` takes a call
+                    # of a stage whose every task was told for one that
+                    # did not run, and a failed call's exception takes a
+                    # moment to read.
+                    if got is not None:
+                        with self.cv:
+                            got[t.task.split("/", 1)[0]] += 1
                 # Held no longer than the user holds it: a key is shared
                 # only while a future of it is held.
                 f = None
