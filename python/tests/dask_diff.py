@@ -26,7 +26,16 @@ Mesh modes (``MODES``):
   reuse the values of the ``resume`` steps' calls;
 - ``apart``: ``mesh.connect()`` to the first of 3 nodes, the two others in
   mount namespaces of their own with an empty tmpfs over the sessions'
-  folders and the first node's state folder (root and ``unshare -m``).
+  folders and the first node's state folder (root and ``unshare -m``);
+- ``killed`` and ``killed_resume``: the script (``mesh.connect()``, and
+  ``mesh.connect(resume=True)``) SIGKILLed 2 s into its run, then run
+  again whole, as a user does: the second run's values against Dask's.
+
+A ``node_killed`` step SIGKILLs a node mid-map: under Dask a worker
+process (its nanny starts another), under mesh in mode ``apart`` one of
+the two other nodes (the harness starts a node in its place after the
+script); in the modes of one node there is no other node to kill, and
+the map runs whole.
 
 ``python/tests/test_dask_diff.py`` runs 200 sessions in the Python suite;
 ``python/tests/bench_dask_diff.py`` runs many more. Sessions go several to
@@ -72,13 +81,22 @@ KINDS = [
     "write_file",
     "rerun",
     "resume",
+    "node_killed",
 ]
 
 #: The mesh modes; a batch of sessions runs in one of them (in turn), or in
 #: each (``every_mode``).
-MODES = ["local", "connect", "resume", "apart"]
+MODES = ["local", "connect", "resume", "apart", "killed", "killed_resume"]
 #: Modes whose script runs twice against the same node.
 TWICE = ("connect", "resume")
+#: Modes whose script is SIGKILLed mid-way (a client killed), then run
+#: again whole, as a user runs it again: its second run is compared.
+KILLED = ("killed", "killed_resume")
+#: Seconds into the first run of a KILLED mode's script that it is killed.
+KILL_AFTER_S = 2.0
+#: Modes whose second run may take values of the first (resume=True): only
+#: what depends on the calls' arguments alone is compared there.
+RESUMING = ("resume", "killed_resume")
 
 #: Seconds a script waits for any one value (``result(timeout=T)``).
 WAIT_S = 15
@@ -215,10 +233,11 @@ def session_done(index, t0):
 #: What docs/python.md's "What differs from Dask" says a mode does
 #: otherwise, by step kind: not compared there. On nodes that do not see
 #: the client's folder (apart), a file a call writes is on the node that
-#: ran it, as it would be on a Dask worker of another machine: the files
-#: written and what the client reads of them are not compared, the paths
-#: the calls return are.
-DOCUMENTED = {"apart": {"write_file"}}
+#: ran it, and a file of the client's folder a call reads is not there,
+#: as on a Dask worker of another machine: the files written, what the
+#: client reads of them, and what calls read of the client's files are
+#: not compared; the paths the calls return are.
+DOCUMENTED = {"apart": {"write_file", "file_reread", "rerun"}}
 
 #: How each backend's script starts its client: (imports, with-statement).
 CLIENTS = {
@@ -230,7 +249,38 @@ CLIENTS = {
     "connect": ("import mesh\nfrom mesh import as_completed, wait", "with mesh.connect() as client:"),
     "resume": ("import mesh\nfrom mesh import as_completed, wait", "with mesh.connect(resume=True) as client:"),
     "apart": ("import mesh\nfrom mesh import as_completed, wait", "with mesh.connect() as client:"),
+    "killed": ("import mesh\nfrom mesh import as_completed, wait", "with mesh.connect() as client:"),
+    "killed_resume": ("import mesh\nfrom mesh import as_completed, wait", "with mesh.connect(resume=True) as client:"),
 }
+
+#: How each backend's script kills a node mid-map (``node_killed``).
+KILLERS = {
+    "dask": '''\
+def kill_a_node(client):
+    """SIGKILLs one of the cluster's worker processes (its nanny starts
+    another, and the calls it ran run again)."""
+    import signal
+    pids = client.run(os.getpid)
+    os.kill(max(pids.values()), signal.SIGKILL)
+''',
+    "apart": '''\
+def kill_a_node(client):
+    """SIGKILLs one of the nodes other than the client's (the harness says
+    which in $MESH_DIFF_VICTIMS, and starts another after the script)."""
+    import signal
+    for pid in os.environ.get("MESH_DIFF_VICTIMS", "").split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+            return
+        except ProcessLookupError:
+            continue
+''',
+}
+#: The modes of one node: no node but the client's own to kill.
+KILLERS_NONE = '''\
+def kill_a_node(client):
+    """One node, the client's own: no other to kill."""
+'''
 
 # ---------------------------------------------------------------------------
 # The generator.
@@ -864,6 +914,26 @@ def gen_resume(rng, st):
     st.reuse[st.label("calls")] = True
 
 
+def gen_node_killed(rng, st):
+    p = st.p
+    k = rng.randint(1, 99)
+    st.define(
+        """
+        def %(p)sslow(x):
+            time.sleep(0.25)
+            return x * x + %(k)d
+        """
+        % {"p": p, "k": k}
+    )
+    n = rng.randint(6, 10)
+    st.do("fs = client.map(%sslow, range(%d))" % (p, n))
+    st.do("until(lambda: sum(f.done() for f in fs) >= 2)")
+    st.do("kill_a_node(client)")
+    st.obs("values", "client.gather(fs)")
+    st.do("t = client.submit(sum, fs)")
+    st.obs("total", "t.result(timeout=T)")
+
+
 GENERATORS = {k: globals()["gen_" + k] for k in KINDS}
 
 
@@ -927,6 +997,8 @@ def render(sessions, backend, inline_files=False):
     if any(st.top_physics for s in sessions for st in s.steps):
         out += ["", "import physics"]
     out += ["", PRELUDE % {"wait": WAIT_S, "pause": PAUSE_S}]
+    if any(st.kind == "node_killed" for s in sessions for st in s.steps):
+        out += ["", KILLERS.get(backend, KILLERS_NONE)]
     for s in sessions:
         for st in s.steps:
             out += ["", "# session %d, step %d: %s" % (s.index, st.n, st.kind)]
@@ -1195,7 +1267,7 @@ def compare(mode, session, dask_runs, mesh_runs):
     each run, mesh's against Dask's, and across the runs."""
     diffs = []
     documented = {st for st in session.steps if st.kind in DOCUMENTED.get(mode, ())}
-    volatile = session.volatile if mode == "resume" else set().union(*[st.volatile for st in documented])
+    volatile = session.volatile if mode in RESUMING else set().union(*[st.volatile for st in documented])
     recs = []
     for run, (d, m) in enumerate(zip(dask_runs, mesh_runs), 1):
         dr = d.records.get(session.index)
@@ -1221,12 +1293,19 @@ def compare(mode, session, dask_runs, mesh_runs):
                 continue
             if dv != mv:
                 diffs.append(Difference(mode, session, _kind_of(label), label, dv, mv, run))
-        if mode != "resume" and "write_file" not in DOCUMENTED.get(mode, ()) and any(st.kind == "write_file" for st in session.steps):
+        if mode not in RESUMING and "write_file" not in DOCUMENTED.get(mode, ()) and any(st.kind == "write_file" for st in session.steps):
             mine = "s%d_" % session.index
             df = {k: v for k, v in d.files.items() if k.startswith(mine)}
             mf = {k: v for k, v in m.files.items() if k.startswith(mine)}
             if df != mf:
                 diffs.append(Difference(mode, session, "write_file", "write_file.files", df, mf, run))
+    if mode == "killed" and recs and recs[0][1] is not None:
+        # The run after a killed one: nothing from the killed run's calls.
+        for st in session.steps:
+            for label in st.reuse:
+                got = recs[0][1].get("meta", {}).get(label)
+                if got and any(got):
+                    diffs.append(Difference(mode, session, st.kind, label, None, got, 1, "without resume=True, %d of %d calls came from the killed run (reused: %s)" % (got.count(True), len(got), got)))
     if len(recs) == 2 and all(r is not None for pair in recs for r in pair):
         (d1, m1), (d2, m2) = recs
         # Random values: the second run's against the first's.
@@ -1335,6 +1414,8 @@ def reproduction(d, batch=None):
         "connect": "a node running (mesh node &), then: python session.py; python session.py",
         "resume": "a node running (mesh node &), then: python session.py; python session.py",
         "apart": "mesh.connect() to the first of 3 nodes, two of which do not see this folder; python session.py",
+        "killed": "a node running (mesh node &), then: timeout -s KILL %s python session.py; python session.py" % KILL_AFTER_S,
+        "killed_resume": "a node running (mesh node &), then: timeout -s KILL %s python session.py; python session.py" % KILL_AFTER_S,
     }[backend]
     head = "# seed %s, session %d, mode %s: %s\n# run, in an empty folder, with PYTHONPATH=%s MESH_BIN=<the mesh binary>: %s\n# (the Dask script differs in its client's lines: %s)\n" % (
         d.session.seed, d.session.index, d.mode, d.words(), os.path.join(REPO, "python"), how, CLIENTS["dask"][1])
@@ -1363,7 +1444,7 @@ class Meshes:
     def state_dir(self, mode):
         import nodes
 
-        if mode in ("connect", "resume"):
+        if mode in ("connect", "resume") + KILLED:
             if self.connect_node is None:
                 self.connect_node = nodes.start(cpus=2)
             return self.connect_node.state_dir
@@ -1385,6 +1466,34 @@ class Meshes:
                 self.apart_nodes = got
             return self.apart_nodes[0].state_dir
         return None
+
+    def victims(self, mode):
+        """The pids of the nodes a ``node_killed`` step may kill: in mode
+        apart, the two that are not the client's."""
+        if mode != "apart" or not self.apart_nodes:
+            return ""
+        return " ".join(str(n.proc.pid) for n in self.apart_nodes[1:])
+
+    def heal(self, mode):
+        """Starts a node in place of each the script killed."""
+        import nodes
+
+        if mode != "apart" or not self.apart_nodes:
+            return 0
+        first = self.apart_nodes[0]
+        started = 0
+        for i, n in enumerate(self.apart_nodes):
+            if i == 0 or n.proc.poll() is None:
+                continue
+            started += 1
+            try:
+                n.stop()
+            except Exception:
+                pass
+            self.apart_nodes[i] = nodes.start(cpus=1, join=first, hide=[first.state_dir, self.apart_root])
+        if not nodes.wait_until(lambda: len(first.status()["nodes"]) == 3):
+            raise RuntimeError("the node started in place of a killed one did not join: %s" % first.status()["nodes"])
+        return started
 
     def folder(self, mode, name):
         return os.path.join(self.apart_root if mode == "apart" else self.root, name)
@@ -1479,9 +1588,28 @@ def run_batch(meshes, mode, sessions, name, log=None, self_check=False):
     lay_out(dfolder, sessions, "dask")
     lay_out(mfolder, sessions, "dask" if self_check else mode)
     denv = script_env()
-    menv = script_env({"MESH_STATE_DIR": state} if state else None)
+    extra = {"MESH_STATE_DIR": state} if state else {}
+    extra["MESH_DIFF_VICTIMS"] = meshes.victims(mode)
+    menv = script_env(extra)
     timeout = script_timeout(sessions)
     druns, mruns = [], []
+    if mode in KILLED:
+        # A client killed mid-way, its script run again whole (the same
+        # files): the second run against Dask's one.
+        first = run_script(mfolder, menv, KILL_AFTER_S)
+        # The inputs as they were: the script edits some of its own files
+        # (file_reread), and Dask's run started from them.
+        shutil.rmtree(os.path.join(mfolder, "flags"), ignore_errors=True)
+        put_files(mfolder, sessions, 1)
+        druns.append(dask_run(dfolder, sessions, 1, denv, timeout))
+        mruns.append(run_script(mfolder, menv, timeout))
+        d, m = druns[-1], mruns[-1]
+        log("  %s: %s killed after %.1f s (%d records), run again %.1f s (rc %s, %d records); dask %s" % (
+            name, mode, first.seconds, len(first.records), m.seconds, m.rc, len(m.records), "cached" if d.cached else "%.1f s" % d.seconds))
+        for s in sessions:
+            tally.add(mode, s, compare(mode, s, druns, mruns))
+        tally.seconds[mode] += time.monotonic() - t0
+        return tally
     # Dask's second run is needed for what changes between runs; with
     # resume=True only what does not is compared, against its first.
     for run in range(1, 3 if twice else 2):
@@ -1493,9 +1621,11 @@ def run_batch(meshes, mode, sessions, name, log=None, self_check=False):
         else:
             druns.append(druns[0])
         mruns.append(run_script(mfolder, menv, timeout))
+        healed = meshes.heal(mode)
         d, m = druns[-1], mruns[-1]
-        log("  %s run %d: dask %s (rc %s, %d records), %s %.1f s (rc %s, %d records)" % (
-            name, run, "cached" if d.cached else "%.1f s" % d.seconds, d.rc, len(d.records), mode, m.seconds, m.rc, len(m.records)))
+        log("  %s run %d: dask %s (rc %s, %d records), %s %.1f s (rc %s, %d records)%s" % (
+            name, run, "cached" if d.cached else "%.1f s" % d.seconds, d.rc, len(d.records), mode, m.seconds, m.rc, len(m.records),
+            ", %d killed node(s) started again" % healed if healed else ""))
     for s in sessions:
         tally.add(mode, s, compare(mode, s, druns, mruns))
     tally.seconds[mode] += time.monotonic() - t0

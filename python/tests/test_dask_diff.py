@@ -7,7 +7,7 @@ mesh, and their records compared.
 MESH_DIFF_SESSIONS (default 200: a share of them per mode, a script of 25
 in each mode in turn), MESH_DIFF_SEED (default 61), MESH_DIFF_KINDS (the
 step kinds, comma-separated; default all), MESH_DIFF_MODES (local,
-connect, resume, apart), MESH_DIFF_BATCH (sessions per script, default
+connect, resume, apart, killed, killed_resume), MESH_DIFF_BATCH (sessions per script, default
 25), MESH_DIFF_ONLY (session indices: 17,42 or 25-49), MESH_DIFF_KEEP (a
 folder to keep the scripts and their folders in), MESH_DIFF_CACHE (where
 Dask's records are kept by script, default target/dask-diff-cache; off:
@@ -101,6 +101,16 @@ class Connect(_Diff):
 class Apart(_Diff):
     def test_sessions_on_three_nodes_two_of_which_do_not_see_the_folder_give_what_dask_gives(self):
         self.compare_mode("apart")
+
+
+class Killed(_Diff):
+    """A client SIGKILLed mid-script, the script run again whole."""
+
+    def test_a_script_killed_and_run_again_gives_what_dask_gives(self):
+        self.compare_mode("killed")
+
+    def test_a_script_killed_and_run_again_with_resume_gives_what_dask_gives(self):
+        self.compare_mode("killed_resume")
 
 
 if __name__ == "__main__":
