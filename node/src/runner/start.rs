@@ -121,9 +121,11 @@ impl Opened {
         } else {
             Vec::new()
         };
-        if !resumed {
+        {
             // `{out}` holds the farm as it is now: a sweep cut short, a stage
             // gone, leave it (never deleted; see `results::set_aside_stale`).
+            // On a resume too: a run killed after it recorded the farm and
+            // before this left them in place (the oracle's seed 55).
             let out = Path::new(&def.out);
             match results::set_aside_stale(out, def, started_at_ms) {
                 Ok(Some(aside)) => {
