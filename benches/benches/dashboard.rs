@@ -1,4 +1,4 @@
-//! The cost of watching: `mesh run` of N `true` tasks serving the dashboard with one client on its event stream, over the same run without; and the size of one update of a million-task farm.
+//! The cost of watching: `mesh run` of N `true` tasks serving the dashboard with one client on its event stream, over the same run without; the size of one update of a million-task farm, and its page's first render in a headless browser.
 //!
 //! The client is `curl -N` on `/api/events`: it takes every update as a
 //! page would, without a browser's own CPU on this machine's cores.
@@ -14,6 +14,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use mesh_benches::{knob, median, ncpu, report, save, user_env, write_range_farm};
+
+#[path = "../../tests/e2e/browser.rs"]
+#[allow(dead_code)]
+mod browser;
 
 /// Starts `mesh run` on `farm` (with `--http` when `http`); returns the
 /// child and, with `--http`, the dashboard's address once printed.
@@ -110,6 +114,18 @@ fn main() {
     let farm = write_range_farm(dir.path(), 1_000_000, "[\"true\"]");
     let (mut child, url) = start(dir.path(), &farm, true);
     let url = url.expect("an address");
+    // The page's first render, on the farm's busiest moment (its start),
+    // where chromium is installed: the 1 s a user waits at most.
+    let first_render = browser::installed().map(|(chromium, driver)| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                let b = browser::Browser::start(&chromium, &driver).await;
+                b.open(&url).await
+            })
+    });
     let mut sizes = Vec::new();
     let until = Instant::now() + Duration::from_secs(watch_s);
     while Instant::now() < until {
@@ -136,7 +152,7 @@ fn main() {
         metrics.stdout.len() as f64 / 1024.0
     );
 
-    let results = vec![
+    let mut results = vec![
         report("mesh run wall, no dashboard", p.as_secs_f64(), "s", None),
         report(
             "mesh run wall, dashboard watched",
@@ -157,5 +173,14 @@ fn main() {
             Some(("<=", 64.0, biggest <= 64.0 && !sizes.is_empty())),
         ),
     ];
+    if let Some(ms) = first_render {
+        println!("  million-task farm: first render in a headless browser {ms} ms");
+        results.push(report(
+            "page first render, 1M-task farm",
+            ms as f64,
+            "ms",
+            Some(("<=", 1000.0, ms <= 1000)),
+        ));
+    }
     save("dashboard", &results);
 }

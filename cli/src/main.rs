@@ -236,10 +236,14 @@ enum Cmd {
     /// mesh from a machine that runs no node. See docs/api.md.
     #[command(hide = true)]
     ControlPipe,
-    /// Show a task's stdout and stderr (TASK is <stage>/<index>, e.g. solve/3).
+    /// Show a task's stdout and stderr: `mesh logs [FARM] TASK` (TASK is
+    /// <stage>/<index>, e.g. solve/3).
     Logs {
-        #[arg(value_parser = args::name)]
-        task: String,
+        /// TASK, or FARM when a TASK follows.
+        #[arg(value_parser = args::name, value_name = "[FARM] TASK")]
+        first: String,
+        #[arg(value_parser = args::name, hide = true)]
+        second: Option<String>,
         /// Farm id, id prefix or name (default: the most recent farm).
         #[arg(long, value_parser = args::name)]
         farm: Option<String>,
@@ -448,12 +452,14 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Logs {
-            task,
+            first,
+            second,
             farm,
             attempt,
             follow,
             json,
         } => {
+            let (farm, task) = logs_names(first, second, farm)?;
             if let Some(f) = farm.as_deref() {
                 if let Some(code) = mesh_cmds::logs(&to, f, &task, attempt, follow, json)? {
                     return Ok(code);
@@ -462,7 +468,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
                     return Err(no_mesh_farm(f));
                 }
             } else if remote {
-                bail!("with --mesh, name the task's farm: `mesh logs {task} --farm FARM`");
+                bail!("with --mesh, name the task's farm: `mesh logs FARM {task}`");
             } else if let Some(code) = mesh_cmds::logs(&to, "", &task, attempt, follow, json)? {
                 // A node runs here: the newest farm it knows with the task's
                 // stage. None such: a farm of `mesh run`.
@@ -739,6 +745,28 @@ fn self_cpu_ms() -> u64 {
         }
         Err(_) => 0,
     }
+}
+
+/// The farm and task `mesh logs` names: `[FARM] TASK`, or `TASK --farm FARM`.
+fn logs_names(
+    first: String,
+    second: Option<String>,
+    farm: Option<String>,
+) -> Result<(Option<String>, String)> {
+    let (farm, task) = match second {
+        Some(task) if farm.is_some() => bail!(
+            "the farm is named twice (`{first}` and --farm): `mesh logs {first} {task}` is enough"
+        ),
+        Some(task) => (Some(first), task),
+        None => (farm, first),
+    };
+    if !task.contains('/') {
+        let farm_hint = farm.as_deref().unwrap_or(&task);
+        bail!(
+            "`{task}` is not a task: TASK is <stage>/<index>, e.g. `mesh logs {farm_hint} solve/3`; `mesh status {farm_hint}` lists a farm's stages and failures"
+        );
+    }
+    Ok((farm, task))
 }
 
 #[cfg(test)]

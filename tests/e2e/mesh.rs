@@ -1008,6 +1008,19 @@ shell = 'echo "about to fail" >&2; exit 3'
     }
     let r = c.mesh(0, &["logs", "bad/0", "--farm", &id]);
     assert_eq!(r.stderr, "about to fail\n");
+    // `mesh logs FARM TASK`, as users (and Snakemake's errors) write it.
+    let r = c.mesh(1, &["logs", &id, "bad/0"]);
+    assert_eq!(r.stderr, "about to fail\n");
+    // A farm alone is not a task: said so, with the form that works.
+    let r = c.mesh(1, &["logs", &id]);
+    r.expect_code(2);
+    assert!(
+        r.stderr.contains(&format!(
+            "is not a task: TASK is <stage>/<index>, e.g. `mesh logs {id} solve/3`"
+        )),
+        "{}",
+        r.stderr
+    );
     // Every node lists the farm, with its home.
     for i in 0..3 {
         let r = c.mesh(i, &["list", "--json"]);
