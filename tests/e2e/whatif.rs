@@ -477,9 +477,21 @@ shell = "sleep 3"
     assert!(farm["stages_guessed"].as_array().unwrap().is_empty(), "{v}");
     let now = farm["now_ms"].as_u64().unwrap();
     let predicted = farm["rows"][0]["finish_p50_ms"].as_u64().unwrap();
-    // The home's own quick estimate, as `mesh status` shows it.
-    let status = c.mesh(0, &["status", "two", "--json"]);
-    let eta = serde_json::from_str::<Value>(&status.stdout).unwrap_or(json!({}))["eta"].clone();
+    // The home's own quick estimate, as `mesh status` shows it, once it
+    // has taken in the long stage's first round: its counts can be a few
+    // ms ahead of the estimate that follows them (made off the loop).
+    let eta_now = || {
+        let status = c.mesh(0, &["status", "two", "--json"]);
+        serde_json::from_str::<Value>(&status.stdout).unwrap_or(json!({}))["eta"].clone()
+    };
+    let mut eta = eta_now();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            eta = eta_now();
+            eta["guessed"].as_array().is_some_and(|g| g.is_empty())
+        }),
+        "the estimate still guesses a stage 4 of whose tasks are done: {eta}"
+    );
     let said = c.mesh(0, &["status", "two"]).stdout;
     started.wait().expect_code(0);
     // The real finish: the last task's end, as the farm's log has it.
