@@ -114,53 +114,48 @@ fn sled_store_keeps_the_contract() {
     contract(&mut SledStore::open(&dir.path().join("db")).unwrap());
 }
 
+/// A sled store at `path` holding one done task, open.
+fn one_done(path: &std::path::Path) -> SledStore {
+    let mut s = SledStore::open(path).unwrap();
+    s.write(vec![Write::Task {
+        farm: FarmKey(4),
+        task: TaskRef::new(1, 7),
+        record: rec(RecordState::Done, 1),
+    }])
+    .unwrap();
+    s.flush().unwrap();
+    s
+}
+
+/// Whether the store at `path` opens with `one_done`'s task in it.
+fn has_one_done(path: &std::path::Path) -> bool {
+    let s = SledStore::open(path).unwrap();
+    s.task(FarmKey(4), TaskRef::new(1, 7)).unwrap() == Some(rec(RecordState::Done, 1))
+}
+
 #[test]
 fn sled_store_survives_reopen_and_refuses_a_second_opener() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     {
-        let mut s = SledStore::open(&path).unwrap();
-        s.write(vec![Write::Task {
-            farm: FarmKey(4),
-            task: TaskRef::new(1, 7),
-            record: rec(RecordState::Done, 1),
-        }])
-        .unwrap();
-        s.flush().unwrap();
+        let _s = one_done(&path);
         assert!(matches!(
             SledStore::open(&path),
             Err(StoreError::Locked { .. })
         ));
     }
-    let s = SledStore::open(&path).unwrap();
-    assert_eq!(
-        s.task(FarmKey(4), TaskRef::new(1, 7)).unwrap(),
-        Some(rec(RecordState::Done, 1))
-    );
+    assert!(has_one_done(&path));
 }
 
 #[test]
 fn a_snapshot_half_written_when_the_node_was_killed_costs_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
-    {
-        let mut s = SledStore::open(&path).unwrap();
-        s.write(vec![Write::Task {
-            farm: FarmKey(4),
-            task: TaskRef::new(1, 7),
-            record: rec(RecordState::Done, 1),
-        }])
-        .unwrap();
-        s.flush().unwrap();
-    }
+    drop(one_done(&path));
     // What a SIGKILL while sled writes a snapshot leaves: the file it
     // renames only once whole, still empty, sorting after every snapshot.
     std::fs::write(path.join("snap.FFFFFFFFFFFFFFFF.generating"), b"").unwrap();
-    let s = SledStore::open(&path).unwrap();
-    assert_eq!(
-        s.task(FarmKey(4), TaskRef::new(1, 7)).unwrap(),
-        Some(rec(RecordState::Done, 1))
-    );
+    assert!(has_one_done(&path));
     assert!(!path.join("snap.FFFFFFFFFFFFFFFF.generating").exists());
 }
 
