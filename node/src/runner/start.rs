@@ -121,27 +121,25 @@ impl Opened {
         } else {
             Vec::new()
         };
-        {
-            // `{out}` holds the farm as it is now: a sweep cut short, a stage
-            // gone, leave it (never deleted; see `results::set_aside_stale`).
-            // On a resume too: a run killed after it recorded the farm and
-            // before this left them in place (the oracle's seed 55).
-            let out = Path::new(&def.out);
-            match results::set_aside_stale(out, def, started_at_ms) {
-                Ok(Some(aside)) => {
-                    let n = aside.moves.len() as u64;
-                    obs.set_aside(&results::set_aside_line(n, &aside.to));
-                    // Still results: a sweep grown back reuses them from there.
-                    set_aside_places(store, key, &aside)?;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    return Err(io_err(format!(
-                        "cannot set aside the outputs of tasks no longer in the farm, in {}",
-                        out.display()
-                    ))(e)
-                    .into())
-                }
+        // `{out}` holds the farm as it is now: a sweep cut short, a stage
+        // gone, leave it (never deleted; see `results::set_aside_stale`).
+        // On a resume too: a run killed after it recorded the farm and
+        // before this left them in place (the oracle's seed 55).
+        let out = Path::new(&def.out);
+        match results::set_aside_stale(out, def, started_at_ms) {
+            Ok(Some(aside)) => {
+                let n = aside.moves.len() as u64;
+                obs.set_aside(&results::set_aside_line(n, &aside.to));
+                // Still results: a sweep grown back reuses them from there.
+                set_aside_places(store, key, &aside)?;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Err(io_err(format!(
+                    "cannot set aside the outputs of tasks no longer in the farm, in {}",
+                    out.display()
+                ))(e)
+                .into())
             }
         }
         // On a resume too: a run killed while it wrote them left them half done.
