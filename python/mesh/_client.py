@@ -68,6 +68,9 @@ class Client:
         #: Values of earlier runs are reused and a dead client's calls
         #: adopted (see :func:`connect`); by default, as in Dask, never.
         self.resume = bool(resume)
+        #: The client stops its own node (``mesh.local()`` closing): a
+        #: follower that loses it says nothing of its going.
+        self._stopping = False
         self._fns = None
         self._fns_lock = threading.Lock()
         self._closed = False

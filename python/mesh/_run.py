@@ -358,7 +358,7 @@ class Run:
                                     raise _proto.Lost(a["Error"])
                                 raise MeshError(a["Error"])
                 except _proto.Lost as e:
-                    if getattr(self.client, "_stopping", False):
+                    if self.client._stopping:
                         # mesh.local() closing: its node goes on purpose.
                         raise MeshError("client closed") from None
                     now = time.monotonic()
