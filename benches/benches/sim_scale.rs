@@ -23,6 +23,14 @@
 //!    at most 12 GB), that peak over N², and what a member pair costs:
 //!    the growth of the peak over the first size of a million tasks, per
 //!    pair added (every simulated node holds every other as a member).
+//! 3. `sim/scenarios/mass-crash.toml` at its 10,000 nodes: a mass start,
+//!    2,000 tasks at 60 s and the coordinator killed for good at 62 s.
+//!    Every task home, one mesh at the end around another coordinator
+//!    (asserted, as sim/tests/scale.rs does at 2,000 nodes in CI); wall
+//!    time and peak memory. Memory-bound (10⁸ members), so its wall time
+//!    follows what the machine's neighbours do to its caches: 7.5 to 33
+//!    minutes seen on this 2-core machine. `MESH_BENCH_MASS_CRASH=0`
+//!    leaves it out.
 //!
 //! `cargo bench -p mesh-cli --bench sim_scale`
 
@@ -67,6 +75,9 @@ fn main() {
     let mut results = Vec::new();
     at_the_defaults(&mut results);
     as_the_mesh_grows(&mut results);
+    if knob("MESH_BENCH_MASS_CRASH", 1) != 0 {
+        mass_crash(&mut results);
+    }
     save("sim_scale", &results);
 }
 
@@ -230,4 +241,46 @@ fn as_the_mesh_grows(results: &mut Vec<Value>) {
             }
         }
     }
+}
+
+/// Part 3: the mass start that loses its coordinator, at the scenario's
+/// 10,000 nodes, in a fresh process.
+fn mass_crash(results: &mut Vec<Value>) {
+    let scenario = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../sim/scenarios/mass-crash.toml"
+    );
+    println!("sim_scale: mesh sim sim/scenarios/mass-crash.toml (10,000 nodes)");
+    let (r, wall, peak) = sim(&[scenario]);
+    let coordinators: Vec<u64> = r["coordinators"]
+        .as_array()
+        .expect("coordinators in the report")
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    println!(
+        "  {} events, {wall:.0} s, peak {:.2} GB; {} of 2000 tasks done, one mesh since {} ms, coordinated by {coordinators:?}",
+        r["events"],
+        peak as f64 / 1e9,
+        r["tasks_done"],
+        r["one_mesh_ms"]
+    );
+    assert_eq!(r["tasks_done"].as_u64(), Some(2000), "every task home");
+    assert!(r["one_mesh_ms"].is_u64(), "one mesh at the end");
+    assert!(
+        coordinators.contains(&0) && coordinators.iter().any(|&c| c != 0),
+        "node 0 coordinated, and another after it died: {coordinators:?}"
+    );
+    results.push(report(
+        "mass crash, 10,000 nodes: wall time",
+        wall,
+        "s",
+        None,
+    ));
+    results.push(report(
+        "mass crash, 10,000 nodes: peak memory",
+        peak as f64 / 1e9,
+        "GB",
+        None,
+    ));
 }
