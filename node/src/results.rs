@@ -385,13 +385,28 @@ pub fn set_aside_stale(out: &Path, def: &FarmDef, when_ms: u64) -> io::Result<Op
             continue;
         }
         let Some(stage) = def.stages.iter().find(|s| s.name == name) else {
-            // A whole stage that is gone: every task folder in it.
+            // A whole stage that is gone: every task folder in it, and its
+            // manifest with them (it says which values each folder held);
+            // left behind, it kept the stage's folder in `{out}`.
+            let mut folders = 0;
             for t in fs::read_dir(e.path())? {
                 let t = t?;
                 if t.file_type()?.is_dir() && is_index(&t.file_name()) {
                     move_to(&t.path(), &Path::new(name).join(t.file_name()))?;
+                    folders += 1;
                 }
             }
+            let manifest = e.path().join(MANIFEST);
+            if manifest.is_file() {
+                if folders > 0 {
+                    fs::rename(&manifest, aside.join(name).join(MANIFEST))?;
+                } else {
+                    // It describes no folder: mesh wrote it, nothing is lost.
+                    fs::remove_file(&manifest)?;
+                }
+            }
+            // A user's own files keep the folder (never deleted).
+            remove_stale_puts(&e.path())?;
             let _ = fs::remove_dir(e.path());
             continue;
         };
@@ -631,6 +646,55 @@ mod tests {
             fs::read_to_string(out.join("s0").join(MANIFEST)).unwrap(),
             "index\tu\n0\t1\n1\t2\n2\t3\n"
         );
+    }
+
+    #[test]
+    fn a_stage_removed_from_the_farm_leaves_no_folder_in_out() {
+        // Issue 65: its task folders went aside, its tasks.tsv stayed and
+        // kept `{out}/s1`, a stage the farm no longer has.
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        let farm = t.path().join("farm.toml");
+        let stage = |n: &str| {
+            format!(
+                "[[stage]]\nname = \"{n}\"\nsweep.u = {{ range = \"1..2\" }}\n\
+                 outputs = [\"id.txt\"]\nshell = \"true\"\n"
+            )
+        };
+        let opts = crate::farmfile::LoadOptions::to(Some(out.clone()));
+        let load = |stages: &[&str]| {
+            let text = format!(
+                "[farm]\nname = \"m\"\n{}",
+                stages.iter().map(|n| stage(n)).collect::<String>()
+            );
+            crate::farmfile::load_str(&farm, &text, &opts).unwrap()
+        };
+        let before = load(&["s0", "s1", "s2"]);
+        write_manifests(&out, &before.stages).unwrap();
+        for s in ["s0", "s1"] {
+            for i in 0..2 {
+                write(&out.join(format!("{s}/{i}/id.txt")), &format!("{s}.{i}"));
+            }
+        }
+        // s2 never ran: its manifest alone. s3 is no stage mesh wrote, but
+        // holds a user's notes.
+        write(&out.join("s3/notes.txt"), "mine");
+        let after = load(&["s0"]);
+        let aside = set_aside_stale(&out, &after, 0).unwrap().expect("s1 set aside");
+        assert_eq!(aside.moves.len(), 2, "two task folders");
+        let mut left: Vec<String> = fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [SET_ASIDE_DIR, "s0", "s3"], "{{out}} holds the farm as it is");
+        assert_eq!(
+            fs::read_to_string(aside.to.join("s1").join(MANIFEST)).unwrap(),
+            "index\tu\n0\t1\n1\t2\n",
+            "the manifest went with the folders it describes"
+        );
+        assert_eq!(fs::read_to_string(aside.to.join("s1/1/id.txt")).unwrap(), "s1.1");
+        assert_eq!(fs::read_to_string(out.join("s3/notes.txt")).unwrap(), "mine");
     }
 
     #[test]
