@@ -582,9 +582,10 @@ fn status_here(state: &StateDir, farm: Option<&str>, json: bool) -> Result<()> {
     if s.state != RunState::Running {
         // Not running: the store has the exact picture (a snapshot may lag a crash).
         match runner::inspect(state, &s.id) {
-            Ok((counts, stages)) => {
-                s.counts = counts;
-                s.stages = stages;
+            Ok(i) => {
+                s.counts = i.counts;
+                s.stages = i.stages;
+                s.used = i.used;
             }
             Err(RunError::AlreadyRunning { .. }) => {}
             Err(e) => return Err(e.into()),

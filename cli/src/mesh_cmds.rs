@@ -500,6 +500,9 @@ pub fn farm_status(to: &Target, farm: &str, json: bool) -> Result<bool> {
                 for line in farm_lines(&v) {
                     outln!("{line}");
                 }
+                for line in crate::show::used_lines(&v.used) {
+                    outln!("  {line}");
+                }
             }
             Ok(true)
         }

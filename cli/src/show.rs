@@ -390,7 +390,29 @@ pub fn status(s: &FarmStatus, json: bool) -> Result<()> {
             )?;
         }
     }
+    let used = used_lines(&s.used);
+    if !used.is_empty() {
+        writeln!(out)?;
+        for line in used {
+            writeln!(out, "{line}")?;
+        }
+    }
     Ok(())
+}
+
+/// What each stage's tasks used, a line a stage, then what that says of
+/// their asks (see `mesh_node::used`): `mesh status FARM`, here or on a mesh.
+pub fn used_lines(used: &[mesh_node::used::StageUse]) -> Vec<String> {
+    let mut lines: Vec<String> = used
+        .iter()
+        .map(|u| format!("used    {}: {}", u.stage, u.words()))
+        .collect();
+    lines.extend(
+        used.iter()
+            .flat_map(|u| u.hints())
+            .map(|h| format!("hint    {h}")),
+    );
+    lines
 }
 
 /// `mesh check`: what a farm file expands to.

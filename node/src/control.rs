@@ -447,6 +447,10 @@ pub struct TaskEvent {
     /// call's small value), base64 by path: no file on the home.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub values: std::collections::BTreeMap<String, String>,
+    /// What the run that counts used (CPU ms, peak resident bytes, bytes
+    /// read and written, killed for memory), where its node measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<mesh_protocol::engine::Usage>,
 }
 
 #[derive(Debug, thiserror::Error)]

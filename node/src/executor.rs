@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use mesh_protocol::engine::{first_line, Grant, KillReason, TaskResult};
+use mesh_protocol::engine::{first_line, Grant, KillReason, TaskResult, Usage};
 use mesh_protocol::farm::{Command, FarmDef, TaskSpec};
 use mesh_protocol::resources::MEM;
 use mesh_protocol::TaskRef;
@@ -113,6 +113,8 @@ pub struct Finished {
     pub key: [u8; 32],
     /// See [`mesh_protocol::engine::Outcome::stderr_line`].
     pub stderr_line: Option<String>,
+    /// What it used (see `usage.rs`); none where it never started.
+    pub usage: Option<Usage>,
     /// Outputs the task handed back instead of writing them (see
     /// [`Launch::hand`]): name and bytes, no file made for them.
     pub handed: Handed,
@@ -214,15 +216,27 @@ fn attempt(
             key: l.key,
             sent: false,
             handed: Vec::new(),
+            usage: None,
         };
-        let (result, logs, handed) = run(&l, &handle).await;
+        let Ended {
+            result,
+            logs,
+            handed,
+            usage,
+        } = run(&l, &handle).await;
         report.handed = handed;
+        report.usage = usage;
         let failed = match result {
             TaskResult::Exited(c) => !l.success_codes.contains(&c),
             TaskResult::Signaled(_) => true,
             _ => false,
         };
-        let stderr_line = if failed && logs & LOG_STDERR != 0 {
+        let oom = usage
+            .filter(|u| u.oom)
+            .map(|u| oom_words(u.peak_rss, l.grant.resources.get(MEM).whole()));
+        let stderr_line = if oom.is_some() {
+            oom
+        } else if failed && logs & LOG_STDERR != 0 {
             stderr_line(&l.stderr_log)
         } else {
             None
@@ -242,6 +256,31 @@ fn attempt(
         }
     };
     (live, attempt)
+}
+
+/// Why a task killed for memory was: its peak against its ask. It stands
+/// where the first line of its stderr would, so every view says it.
+fn oom_words(peak: u64, asked: u64) -> String {
+    use crate::view::bytes;
+    if asked > 0 && peak > asked {
+        // Killed here, past its ask (see usage.rs).
+        format!(
+            "out of memory: it held {}, more than the {} it asked for (mem)",
+            bytes(peak),
+            bytes(asked)
+        )
+    } else if asked > 0 {
+        format!(
+            "out of memory: the kernel killed it holding {} of the {} it asked for (mem)",
+            bytes(peak),
+            bytes(asked)
+        )
+    } else {
+        format!(
+            "out of memory: the kernel killed it holding {}; it asked for no memory (mem)",
+            bytes(peak)
+        )
+    }
 }
 
 /// The first line a failed attempt wrote to stderr (from its log's first
@@ -268,6 +307,7 @@ struct Report {
     key: [u8; 32],
     sent: bool,
     handed: Handed,
+    usage: Option<Usage>,
 }
 
 impl Report {
@@ -289,6 +329,7 @@ impl Report {
             key: self.key,
             stderr_line,
             handed: std::mem::take(&mut self.handed),
+            usage: self.usage.take(),
         }
     }
 
@@ -332,7 +373,33 @@ impl Drop for Report {
 /// each time (about a second in all).
 const TEXT_BUSY_TRIES: u64 = 20;
 
-async fn run(l: &Launch, live: &Live) -> (TaskResult, u8, Handed) {
+/// How an attempt went, as [`run`] tells [`attempt`].
+struct Ended {
+    result: TaskResult,
+    logs: u8,
+    handed: Handed,
+    /// What its process used, when one ran.
+    usage: Option<Usage>,
+}
+
+impl Ended {
+    /// Ended with `result` and nothing handed back.
+    fn with(result: TaskResult, logs: u8, usage: Option<Usage>) -> Ended {
+        Ended {
+            result,
+            logs,
+            handed: Vec::new(),
+            usage,
+        }
+    }
+
+    /// Could not start, or its results could not be taken.
+    fn error(message: String, logs: u8, usage: Option<Usage>) -> Ended {
+        Ended::with(TaskResult::Error(message), logs, usage)
+    }
+}
+
+async fn run(l: &Launch, live: &Live) -> Ended {
     let cwd = match &l.spec.workdir {
         Some(w) => l.root.join(w),
         None => l.root.clone(),
@@ -352,14 +419,8 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8, Handed) {
         let built = tokio::task::spawn_blocking(move || view.build()).await;
         match built {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => return (TaskResult::Error(e.to_string()), 0, Vec::new()),
-            Err(e) => {
-                return (
-                    TaskResult::Error(format!("making the task's view failed: {e}")),
-                    0,
-                    Vec::new(),
-                )
-            }
+            Ok(Err(e)) => return Ended::error(e.to_string(), 0, None),
+            Err(e) => return Ended::error(format!("making the task's view failed: {e}"), 0, None),
         }
     }
     if l.spec.workdir.is_some() || !l.spec.inputs.is_empty() {
@@ -372,28 +433,25 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8, Handed) {
         let r = tokio::task::spawn_blocking(move || stage(&root, &cwd2, &inputs, staged)).await;
         match r {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return (TaskResult::Error(e.to_string()), 0, Vec::new()),
-            Err(e) => {
-                return (
-                    TaskResult::Error(format!("staging failed: {e}")),
-                    0,
-                    Vec::new(),
-                )
-            }
+            Ok(Err(e)) => return Ended::error(e.to_string(), 0, None),
+            Err(e) => return Ended::error(format!("staging failed: {e}"), 0, None),
         }
     }
     if live.kill_asked.load(Ordering::SeqCst) {
-        return (TaskResult::Signaled(Signal::SIGKILL as i32), 0, Vec::new());
+        return Ended::with(TaskResult::Signaled(Signal::SIGKILL as i32), 0, None);
     }
 
     let env = task_env(l, &cwd);
-    let (result, logs, Said { mut handed, made }) = match &l.spec.command {
+    let (ended, made) = match &l.spec.command {
         Command::Python(argv) => run_warm(l, live, argv, &cwd, &env).await,
-        _ => {
-            let (result, logs) = spawn(l, live, &cwd, &env).await;
-            (result, logs, Said::default())
-        }
+        _ => (spawn(l, live, &cwd, &env).await, Vec::new()),
     };
+    let Ended {
+        result,
+        logs,
+        mut handed,
+        usage,
+    } = ended;
     // Only what it says it makes is taken (the worker's answer names each
     // once), and only when it succeeded.
     handed.retain(|(name, _)| l.spec.outputs.contains(name));
@@ -417,22 +475,23 @@ async fn run(l: &Launch, live: &Live) -> (TaskResult, u8, Handed) {
             .await;
             match collected {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return (TaskResult::Error(e.to_string()), logs, Vec::new()),
+                Ok(Err(e)) => return Ended::error(e.to_string(), logs, usage),
                 Err(e) => {
-                    return (
-                        TaskResult::Error(format!("collecting outputs failed: {e}")),
-                        logs,
-                        Vec::new(),
-                    )
+                    return Ended::error(format!("collecting outputs failed: {e}"), logs, usage)
                 }
             }
         }
     }
-    (result, logs, handed)
+    Ended {
+        result,
+        logs,
+        handed,
+        usage,
+    }
 }
 
 /// Runs the task as a process of its own, and waits for it.
-async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) -> (TaskResult, u8) {
+async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) -> Ended {
     let mut cmd = match &l.spec.command {
         Command::Argv(argv) => {
             let mut c = std::process::Command::new(&argv[0]);
@@ -453,11 +512,10 @@ async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) ->
     let (pipes, stdin) = match (task_pipe(), task_pipe(), dev_null()) {
         (Ok(out), Ok(err), Ok(stdin)) => ((out, err), stdin),
         (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => {
-            return (
-                TaskResult::Error(format!(
-                    "could not set up the task's stdin and output pipes: {e}"
-                )),
+            return Ended::error(
+                format!("could not set up the task's stdin and output pipes: {e}"),
                 0,
+                None,
             )
         }
     };
@@ -494,12 +552,10 @@ async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) ->
                 Command::Shell(_) => "/bin/sh".to_string(),
                 Command::Python(a) => crate::warm::interpreter(&a[0]),
             };
-            return (
-                TaskResult::Error(format!(
-                    "could not start `{what}` in {}: {e}",
-                    cwd.display()
-                )),
+            return Ended::error(
+                format!("could not start `{what}` in {}: {e}", cwd.display()),
                 0,
+                None,
             );
         }
     };
@@ -518,16 +574,17 @@ async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) ->
         tokio::join!(out, err);
     };
     tokio::pin!(pipes);
+    let mut meter = crate::usage::Meter::start(pid, l.grant.resources.get(MEM).whole());
     let exited = tokio::select! {
         // The common case: the task's end closes its pipes, and it is
         // reaped then, without a descriptor or a registration of its own.
         _ = &mut pipes => None,
-        s = reap(&mut child, EXIT_POLL_FIRST_MS) => Some(s),
+        s = reap(&mut child, EXIT_POLL_FIRST_MS, &mut meter) => Some(s),
     };
     let pipes_closed = exited.is_none();
-    let status = match exited {
+    let (status, mut usage) = match exited {
         Some(s) => s,
-        None => reap(&mut child, 0).await,
+        None => reap(&mut child, 0, &mut meter).await,
     };
     crate::reaper::unwatch(pid);
     if !pipes_closed {
@@ -545,7 +602,13 @@ async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) ->
         },
         Err(e) => TaskResult::Error(format!("waiting for the task failed: {e}")),
     };
-    (result, logs)
+    // A SIGKILL mesh sent (a timeout, a cancel) is not the kernel's.
+    let killed = result == TaskResult::Signaled(Signal::SIGKILL as i32)
+        && !live.kill_asked.load(Ordering::SeqCst);
+    if let Some(u) = usage.as_mut() {
+        u.oom &= killed;
+    }
+    Ended::with(result, logs, usage)
 }
 
 /// Runs a `python` task in a warm worker of its interpreter (see
@@ -557,7 +620,7 @@ async fn run_warm(
     argv: &[String],
     cwd: &Path,
     env: &[(String, String)],
-) -> (TaskResult, u8, Said) {
+) -> (Ended, Vec<String>) {
     let ran = crate::warm::run(
         argv,
         (&l.root, cwd),
@@ -586,12 +649,20 @@ async fn run_warm(
             }
         },
         Err(crate::warm::WarmError::NotSetUp) => {
-            let (result, logs) = spawn(l, live, cwd, env).await;
-            return (result, logs, Said::default());
+            return (spawn(l, live, cwd, env).await, Vec::new());
         }
         Err(e) => TaskResult::Error(e.to_string()),
     };
-    (result, logs, said)
+    let Said { handed, made } = said;
+    // A call in a warm worker is not measured yet: the worker's own use
+    // would have to be told apart from the call's.
+    let ended = Ended {
+        result,
+        logs,
+        handed,
+        usage: None,
+    };
+    (ended, made)
 }
 
 /// Which logs a task run in a worker wrote (the worker writes them itself).
@@ -692,11 +763,18 @@ fn dev_null() -> io::Result<fs::File> {
 /// closes its files a moment before it can be reaped). Otherwise first after
 /// `first_ms`, then at doubling intervals: how a task is found that ended
 /// while something it started still holds its pipes.
-async fn reap(child: &mut std::process::Child, first_ms: u64) -> io::Result<ExitStatus> {
+/// Waits for the task's leader to exit, looking at what its tree uses at
+/// each wake, and reads what it used once it has exited and before it is
+/// reaped (see `usage.rs`): `None` where that could not be read.
+async fn reap(
+    child: &mut std::process::Child,
+    first_ms: u64,
+    meter: &mut crate::usage::Meter,
+) -> (io::Result<ExitStatus>, Option<Usage>) {
     if first_ms == 0 {
         for _ in 0..EXIT_YIELDS {
-            if let Some(s) = child.try_wait()? {
-                return Ok(s);
+            if let Some(ended) = reap_exited(child, meter) {
+                return ended;
             }
             // An exiting process runs for microseconds between closing
             // its files and becoming reapable: let it, before any timer.
@@ -707,11 +785,37 @@ async fn reap(child: &mut std::process::Child, first_ms: u64) -> io::Result<Exit
     loop {
         if wait_ms > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
+            if meter.sample() {
+                // Past its memory ask (see usage.rs): the whole group goes.
+                let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            }
         }
-        if let Some(s) = child.try_wait()? {
-            return Ok(s);
+        if let Some(ended) = reap_exited(child, meter) {
+            return ended;
         }
         wait_ms = (wait_ms * 2).clamp(1, EXIT_POLL_MAX_MS);
+    }
+}
+
+/// Reaps the leader if it has exited, what it used read first.
+fn reap_exited(
+    child: &mut std::process::Child,
+    meter: &crate::usage::Meter,
+) -> Option<(io::Result<ExitStatus>, Option<Usage>)> {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let pid = Pid::from_raw(child.id() as i32);
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    let usage = match waitid(Id::Pid(pid), flags) {
+        Ok(WaitStatus::StillAlive) => return None,
+        // A zombie now: its counts, its waited children's included, stay
+        // readable until it is reaped.
+        Ok(_) => Some(meter.finish()),
+        Err(_) => None,
+    };
+    match child.try_wait() {
+        Ok(Some(s)) => Some((Ok(s), usage)),
+        Ok(None) => None,
+        Err(e) => Some((Err(e), None)),
     }
 }
 

@@ -10,6 +10,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, UNIX_EPOCH};
 
+use mesh_protocol::engine::Usage;
 use mesh_protocol::farm::{Command, FarmDef, TaskRef, TaskSpec};
 use mesh_protocol::resources::{Resources, CPU, MEM, MILLI};
 use serde_json::{json, Map, Value};
@@ -47,6 +48,8 @@ pub struct TaskFacts {
     /// The lines it found for the stages grown from it (see
     /// `mesh_protocol::farm::Grown`): which of their places are tasks.
     pub grew: Option<u32>,
+    /// What the run that counts used, where its machine measured it.
+    pub usage: Option<Usage>,
 }
 
 /// A machine that ran tasks, with what it offered the farm.
@@ -367,9 +370,19 @@ impl Run<'_> {
         if cpu >= MILLI {
             e.insert("coreCount".into(), json!(cpu as f64 / MILLI as f64));
         }
-        let mem = self.asked.get(MEM).whole();
-        if mem > 0 {
-            e.insert("memoryInBytes".into(), json!(mem));
+        // WfFormat's memory, CPU and bytes are what the task used, as
+        // measured; a task no one measured says none of them (its ask is
+        // not what it used).
+        if let Some(u) = facts.usage {
+            if u.peak_rss > 0 {
+                e.insert("memoryInBytes".into(), json!(u.peak_rss));
+            }
+            if self.runtime_ms > 0 {
+                let pct = u.cpu_ms as f64 * 100.0 / self.runtime_ms as f64;
+                e.insert("avgCPU".into(), json!((pct * 10.0).round() / 10.0));
+            }
+            e.insert("readBytes".into(), json!(u.read_bytes));
+            e.insert("writtenBytes".into(), json!(u.written_bytes));
         }
         if let Some(node) = &facts.node {
             e.insert("machines".into(), json!([node]));

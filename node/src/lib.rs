@@ -21,6 +21,8 @@ pub mod runner;
 pub mod state;
 pub mod task_view;
 pub mod task_words;
+pub mod usage;
+pub mod used;
 pub mod view;
 pub mod warm;
 

@@ -680,21 +680,33 @@ mod tests {
         // holds a user's notes.
         write(&out.join("s3/notes.txt"), "mine");
         let after = load(&["s0"]);
-        let aside = set_aside_stale(&out, &after, 0).unwrap().expect("s1 set aside");
+        let aside = set_aside_stale(&out, &after, 0)
+            .unwrap()
+            .expect("s1 set aside");
         assert_eq!(aside.moves.len(), 2, "two task folders");
         let mut left: Vec<String> = fs::read_dir(&out)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         left.sort();
-        assert_eq!(left, [SET_ASIDE_DIR, "s0", "s3"], "{{out}} holds the farm as it is");
+        assert_eq!(
+            left,
+            [SET_ASIDE_DIR, "s0", "s3"],
+            "{{out}} holds the farm as it is"
+        );
         assert_eq!(
             fs::read_to_string(aside.to.join("s1").join(MANIFEST)).unwrap(),
             "index\tu\n0\t1\n1\t2\n",
             "the manifest went with the folders it describes"
         );
-        assert_eq!(fs::read_to_string(aside.to.join("s1/1/id.txt")).unwrap(), "s1.1");
-        assert_eq!(fs::read_to_string(out.join("s3/notes.txt")).unwrap(), "mine");
+        assert_eq!(
+            fs::read_to_string(aside.to.join("s1/1/id.txt")).unwrap(),
+            "s1.1"
+        );
+        assert_eq!(
+            fs::read_to_string(out.join("s3/notes.txt")).unwrap(),
+            "mine"
+        );
     }
 
     #[test]

@@ -551,6 +551,7 @@ impl Driver {
                     grew: None,
                     logs: 0,
                     stderr_line: None,
+                    usage: None,
                 };
                 engine.task_finished(0, self.slot, task, attempt, outcome);
                 return Ok(None);
@@ -584,6 +585,7 @@ impl Driver {
                     grew: crate::grown::count(&def, task, &out_dir).ok().flatten(),
                     logs: 0,
                     stderr_line: None,
+                    usage: None,
                 },
             );
             return Ok(None);
@@ -834,6 +836,7 @@ impl Driver {
                 grew,
                 logs: f.logs,
                 stderr_line: f.stderr_line,
+                usage: f.usage,
             },
         );
     }
@@ -1082,7 +1085,7 @@ fn stage_statuses(def: &FarmDef, engine: &Engine, slot: FarmSlot) -> Vec<StageSt
 
 /// A farm that is not running, read from its store: exact counts, as resume
 /// would see them. Fails with `AlreadyRunning` while a process holds it.
-pub fn inspect(state: &StateDir, id: &str) -> Result<(Counts, Vec<StageStatus>), RunError> {
+pub fn inspect(state: &StateDir, id: &str) -> Result<Inspected, RunError> {
     let store = open_store(state, id)?;
     let key = farm_key(id);
     let def = store
@@ -1093,6 +1096,20 @@ pub fn inspect(state: &StateDir, id: &str) -> Result<(Counts, Vec<StageStatus>),
         .and_then(|b| mesh_protocol::resources::parse_resources(&String::from_utf8_lossy(&b)).ok())
         .unwrap_or_default();
     let run = stored_run(&store, key)?;
+    let records = store.tasks(key)?;
+    // The last run's tasks that ended for good, as measured where they ran.
+    let used = crate::used::by_stage(
+        &def,
+        records.iter().filter_map(|(t, r)| {
+            let ended = matches!(r.state, RecordState::Done | RecordState::Failed);
+            (ended && r.run == run).then_some(())?;
+            Some(crate::used::Measured {
+                stage: t.stage,
+                runtime_ms: r.duration_ms,
+                usage: *r.usage.as_deref()?,
+            })
+        }),
+    );
     let mut engine = Engine::new(resources);
     // Interrupted first, so restoring starts nothing.
     engine.interrupt();
@@ -1100,7 +1117,7 @@ pub fn inspect(state: &StateDir, id: &str) -> Result<(Counts, Vec<StageStatus>),
     let slot = engine.add_farm(
         0,
         def.clone(),
-        store.tasks(key)?,
+        records,
         &AddOptions {
             run,
             ..AddOptions::default()
@@ -1110,7 +1127,19 @@ pub fn inspect(state: &StateDir, id: &str) -> Result<(Counts, Vec<StageStatus>),
     for (s, stop) in stored_stops(&store, key, &def)? {
         engine.stop_stage(slot, s, stop);
     }
-    Ok((engine.progress(slot), stage_statuses(&def, &engine, slot)))
+    Ok(Inspected {
+        counts: engine.progress(slot),
+        stages: stage_statuses(&def, &engine, slot),
+        used,
+    })
+}
+
+/// A farm that is not running, as its store has it.
+pub struct Inspected {
+    pub counts: Counts,
+    pub stages: Vec<StageStatus>,
+    /// What each stage's tasks of the last run used.
+    pub used: Vec<crate::used::StageUse>,
 }
 
 /// A farm that is not running, as `mesh export` writes it: each task of
@@ -1158,6 +1187,7 @@ pub fn export(state: &StateDir, id: &str) -> Result<crate::export::FarmFacts, Ru
         f.node = Some(host.clone());
         f.attempt = rec.attempt;
         f.grew = rec.grew;
+        f.usage = rec.usage.as_deref().copied();
         match &rec.end {
             Some(TaskEnd::Exited(c)) => {
                 f.exit_code = Some(*c);

@@ -113,6 +113,10 @@ pub struct FarmStatus {
     /// `eta.rs`); none before a task has finished, or once it has ended.
     #[serde(default)]
     pub eta: Option<crate::eta::Eta>,
+    /// What each stage's finished tasks used (see `used.rs`), read from
+    /// the store by `mesh status` once the run is over.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub used: Vec<crate::used::StageUse>,
 }
 
 #[derive(Debug, thiserror::Error)]

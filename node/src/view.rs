@@ -62,6 +62,11 @@ pub struct FarmView {
     /// its home, once a task has finished; see `eta.rs`).
     #[serde(default)]
     pub eta: Option<crate::eta::Eta>,
+    /// What each stage's finished tasks used against their asks (see
+    /// `used.rs`), where the node answering holds the farm's log; only in
+    /// answers to `mesh status FARM`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub used: Vec<crate::used::StageUse>,
 }
 
 /// A farm's outputs coming home, as its home sees them.

@@ -38,7 +38,8 @@ mod vocab;
 pub use order::{Front, Order, Way};
 pub use vocab::{
     first_line, Action, AddOptions, Counts, Event, FarmSlot, KillReason, Outcome, Persist,
-    RecordState, Stop, TaskEnd, TaskRecord, TaskResult, Verdict, CRASHES_MAX, STDERR_LINE_MAX,
+    RecordState, Stop, TaskEnd, TaskRecord, TaskResult, Usage, Verdict, CRASHES_MAX,
+    STDERR_LINE_MAX,
 };
 
 /// Milliseconds on the driver's clock.
@@ -775,6 +776,7 @@ impl Engine {
             logs: outcome.logs,
             grew: outcome.grew,
             stderr_line: stderr_line.clone().map(Box::new),
+            usage: outcome.usage.map(Box::new),
         };
         self.actions
             .push_back(Action::Persist(Persist::Task { farm, task, record }));
@@ -1114,6 +1116,7 @@ impl Engine {
             logs: 0,
             grew: None,
             stderr_line: None,
+            usage: None,
         };
         self.actions
             .push_back(Action::Persist(Persist::Task { farm, task, record }));

@@ -156,6 +156,7 @@ pub fn run_one_node(
                 grew: None,
                 logs: 0,
                 stderr_line: None,
+                usage: None,
             };
             engine.task_finished(now, slot, task, attempt, outcome);
         } else if let Some(timer) = next_timer {

@@ -16,6 +16,7 @@ fn rec(state: RecordState, attempt: u32) -> TaskRecord {
         logs: 1,
         grew: None,
         stderr_line: None,
+        usage: None,
     }
 }
 

@@ -107,6 +107,7 @@ impl Node {
             return f;
         };
         f.grew = e.ran().and_then(|r| r.grew);
+        f.usage = e.ran().and_then(|r| r.usage);
         match e {
             Entry::Done {
                 node,

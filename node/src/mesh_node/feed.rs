@@ -331,6 +331,7 @@ impl Node {
             _ => {}
         }
         if let Some(e) = r.log.get(t) {
+            ev.usage = e.ran().and_then(|ran| ran.usage);
             (ev.start_ms, ev.end_ms) = match e.ran() {
                 Some(ran) if ran.ended_ms != 0 => (ran.started_ms(), Some(ran.ended_ms)),
                 // Not in the log (a copy restored from its records after a

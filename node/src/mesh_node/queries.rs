@@ -200,7 +200,19 @@ impl Node {
         };
         match asked {
             Asked::Status(reply) => {
-                let view = self.found_view(&f);
+                let mut view = self.found_view(&f);
+                if let Some(r) = self.peer.replica(f.spec.id) {
+                    // Each task's run that counts, done or failed for good.
+                    let runs = r.log.current().filter_map(|e| {
+                        let ran = e.ran()?;
+                        Some(crate::used::Measured {
+                            stage: e.task().stage,
+                            runtime_ms: ran.duration_ms,
+                            usage: ran.usage?,
+                        })
+                    });
+                    view.used = crate::used::by_stage(&r.spec.def, runs);
+                }
                 let _ = reply.send(ControlResponse::Farm(Box::new(view)));
             }
             Asked::Resume(out, reply) => {

@@ -678,6 +678,7 @@ fn done_before(
                 duration_ms: 0,
                 exit_code: None,
                 grew: Some(grew),
+                usage: None,
             })
         }),
     }

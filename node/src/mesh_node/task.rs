@@ -46,6 +46,7 @@ impl Node {
                     grew: None,
                     logs: 0,
                     stderr_line: None,
+                    usage: None,
                 },
                 Vec::new(),
             );
@@ -319,6 +320,7 @@ impl Node {
                 grew: None,
                 logs: 0,
                 stderr_line: None,
+                usage: None,
             },
             Vec::new(),
         );
@@ -347,6 +349,7 @@ async fn run_task(
                 grew: None,
                 logs: 0,
                 stderr_line: None,
+                usage: None,
             },
             Vec::new(),
         )
@@ -422,6 +425,7 @@ async fn run_task(
         grew: None,
         logs: f.logs,
         stderr_line: f.stderr_line,
+        usage: f.usage,
     };
     if matches!(outcome.result, TaskResult::Exited(c)
         if spec.def.stage(task.task).success_codes.contains(&c))

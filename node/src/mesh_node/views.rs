@@ -92,6 +92,7 @@ impl Origin {
                 redone: 0,
                 data: DataView::default(),
                 eta: None,
+                used: Vec::new(),
             },
             waiters: Vec::new(),
             submit_reply: None,

@@ -243,6 +243,7 @@ impl Driver {
                 stages: Vec::new(),
                 failed: Vec::new(),
                 eta: None,
+                used: Vec::new(),
             },
             runtimes: vec![(0, Vec::new()); def.stages.len()],
             estimate_after: None,

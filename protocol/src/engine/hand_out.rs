@@ -132,6 +132,7 @@ impl Engine {
             logs: 0,
             grew: None,
             stderr_line: None,
+            usage: None,
         };
         self.actions
             .push_back(Action::Persist(Persist::Task { farm, task, record }));

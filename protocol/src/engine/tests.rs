@@ -34,6 +34,7 @@ pub(super) fn ok() -> Outcome {
         grew: None,
         logs: 0,
         stderr_line: None,
+        usage: None,
     }
 }
 

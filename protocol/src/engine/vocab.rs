@@ -43,6 +43,9 @@ pub struct TaskRecord {
     /// Boxed twice: a record rides in every persist action, which is kept
     /// small (see the mesh peer's `Action`), and most records have none.
     pub stderr_line: Option<Box<String>>,
+    /// See [`Outcome::usage`]: what the last attempt used. Boxed as
+    /// `stderr_line` is; none where it was not measured.
+    pub usage: Option<Box<Usage>>,
 }
 
 impl TaskRecord {
@@ -61,6 +64,7 @@ impl TaskRecord {
             logs: 0,
             grew: None,
             stderr_line: None,
+            usage: None,
         }
     }
 }
@@ -130,6 +134,27 @@ pub struct Outcome {
     /// (see [`first_line`]): what tells one failure from another besides
     /// its exit code, for `max_fails`. The engine cannot read logs.
     pub stderr_line: Option<String>,
+    /// What it used, as the driver measured it; none where it was not
+    /// measured (the simulator, a task that never started).
+    pub usage: Option<Usage>,
+}
+
+/// What an attempt used, as the node that ran it measured it: carried
+/// with its report to the farm's log, for `mesh status`, `mesh logs`,
+/// `mesh export` and the asks' hints. A few bytes (varints).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// User and system CPU time of its processes, children included, in ms.
+    pub cpu_ms: u64,
+    /// The most resident memory its processes held at once, in bytes (0:
+    /// it ended before anyone looked).
+    pub peak_rss: u64,
+    /// Bytes its processes read through read calls.
+    pub read_bytes: u64,
+    /// Bytes its processes wrote through write calls.
+    pub written_bytes: u64,
+    /// The kernel killed it for want of memory.
+    pub oom: bool,
 }
 
 /// The longest [`Outcome::stderr_line`] kept, in bytes.

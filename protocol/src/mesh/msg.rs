@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::alloc::book::{AllocBook, AllocCmd};
-use crate::engine::{Counts, Order, Stop, TaskEnd, TaskResult, Verdict};
+use crate::engine::{Counts, Order, Stop, TaskEnd, TaskResult, Usage, Verdict};
 use crate::farm::FarmDef;
 use crate::ids::TaskRef;
 pub use crate::ids::{FarmId, NodeId};
@@ -426,6 +426,8 @@ pub struct Report {
     /// See [`crate::engine::Outcome::stderr_line`]: the coordinator's
     /// engine tells failures apart by it.
     pub stderr_line: Option<String>,
+    /// See [`crate::engine::Outcome::usage`].
+    pub usage: Option<Usage>,
 }
 
 /// A fact about one task of a farm that every holder of the farm keeps:
@@ -499,13 +501,15 @@ pub struct Ran {
     /// See [`crate::engine::Outcome::grew`]: which of a grown stage's
     /// tasks exist, replicated with the rest of the farm.
     pub grew: Option<u32>,
+    /// What the run used (see [`Usage`]), where its node measured it.
+    pub usage: Option<Usage>,
 }
 
 impl Ran {
     /// From a report: none when its node said neither when it ended nor
     /// what it grew.
     pub fn of(r: &Report) -> Option<Box<Ran>> {
-        (r.ended_ms != 0 || r.grew.is_some()).then(|| {
+        (r.ended_ms != 0 || r.grew.is_some() || r.usage.is_some()).then(|| {
             Box::new(Ran {
                 ended_ms: r.ended_ms,
                 duration_ms: r.duration_ms,
@@ -514,6 +518,7 @@ impl Ran {
                     _ => None,
                 },
                 grew: r.grew,
+                usage: r.usage,
             })
         })
     }

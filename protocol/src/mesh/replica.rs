@@ -249,6 +249,7 @@ pub fn entry_record(e: &Entry) -> TaskRecord {
             key: key.as_deref().copied(),
             attempt: *attempt,
             grew: ran.as_ref().and_then(|r| r.grew),
+            usage: ran.as_ref().and_then(|r| r.usage).map(Box::new),
             // Attempt 0: never run in this farm, its result reused from an
             // earlier one (see `Peer::submit`), and counted as such.
             end: (*attempt == 0).then_some(TaskEnd::Cached),
@@ -258,12 +259,14 @@ pub fn entry_record(e: &Entry) -> TaskRecord {
             attempt,
             end,
             stderr_line,
+            ran,
             ..
         } => TaskRecord {
             state: RecordState::Failed,
             attempt: *attempt,
             end: Some((**end).clone()),
             stderr_line: stderr_line.as_deref().map(|l| Box::new(l.to_string())),
+            usage: ran.as_ref().and_then(|r| r.usage).map(Box::new),
             ..TaskRecord::known_done(1)
         },
         // The attempt stays counted, so the run again is a later attempt
@@ -286,15 +289,9 @@ pub fn record_entry(task: TaskRef, r: &TaskRecord) -> Option<Entry> {
             node: NodeId(0),
             attempt: r.attempt,
             outputs: Arc::default(),
-            // What it grew decides which tasks of a grown stage exist.
-            ran: r.grew.map(|grew| {
-                Box::new(Ran {
-                    ended_ms: 0,
-                    duration_ms: r.duration_ms,
-                    exit_code: None,
-                    grew: Some(grew),
-                })
-            }),
+            // What it grew decides which tasks of a grown stage exist;
+            // what it used is shown.
+            ran: stored_ran(r),
         }),
         RecordState::Failed => Some(Entry::Failed {
             task,
@@ -305,11 +302,24 @@ pub fn record_entry(task: TaskRef, r: &TaskRecord) -> Option<Entry> {
                     .clone()
                     .unwrap_or(TaskEnd::Error("no reason was recorded".into())),
             ),
-            ran: None,
+            ran: stored_ran(r),
             stderr_line: r.stderr_line.as_deref().map(|l| Box::from(l.as_str())),
         }),
         _ => None,
     }
+}
+
+/// What a stored record keeps of its run: what it grew and used.
+fn stored_ran(r: &TaskRecord) -> Option<Box<Ran>> {
+    (r.grew.is_some() || r.usage.is_some()).then(|| {
+        Box::new(Ran {
+            ended_ms: 0,
+            duration_ms: r.duration_ms,
+            exit_code: None,
+            grew: r.grew,
+            usage: r.usage.as_deref().copied(),
+        })
+    })
 }
 
 /// A farm as a node keeps it from its store, to hold it again after a restart.

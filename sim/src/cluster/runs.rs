@@ -282,6 +282,7 @@ impl Sim<'_> {
             grew: None,
             logs: 0,
             stderr_line: None,
+            usage: None,
         };
         // Every successful task leaves one output, kept on this node until
         // the home fetches it.

@@ -197,8 +197,9 @@ pub enum Action {
 }
 
 // Every action is moved from the peer's queue to its driver: what keeps
-// it small is what it boxes (see `PeerEvent::Progress`).
-const _: () = assert!(std::mem::size_of::<Action>() <= 120);
+// it small is what it boxes (see `PeerEvent::Progress`). A task's record
+// (the largest, in `Persist::Task`) boxes its stderr line and its usage.
+const _: () = assert!(std::mem::size_of::<Action>() <= 128);
 
 /// How a home's fetch of a task's outputs ([`Action::Fetch`]) ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -513,6 +513,7 @@ impl Worker {
                 grew: None,
                 outputs: Vec::new(),
                 stderr_line: None,
+                usage: None,
             });
         }
         let mut kill = Vec::new();
@@ -589,6 +590,7 @@ impl Worker {
             grew: outcome.grew,
             outputs,
             stderr_line: outcome.stderr_line,
+            usage: outcome.usage,
         };
         let same_task = |a: &Assigned| a.farm == task.farm && a.task == task.task;
         // Looked for before the queue is rebuilt: nearly always there is none.

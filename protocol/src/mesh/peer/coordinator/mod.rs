@@ -716,6 +716,7 @@ impl Coord {
                     grew: r.grew,
                     logs: 0,
                     stderr_line: r.stderr_line,
+                    usage: r.usage,
                 },
             );
             // The entry (and the record's Persist before it) comes out now,

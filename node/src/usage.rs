@@ -1,0 +1,197 @@
+//! What a task used: CPU time, peak memory of its process tree, bytes read and written, read from `/proc` while it runs and once it has exited.
+//!
+//! CPU time and bytes are exact: they are read from the task's leader
+//! once it has exited and before it is reaped (`waitid` with `WNOWAIT`
+//! leaves it a zombie), when its `/proc/<pid>/stat` and `/proc/<pid>/io`
+//! count itself and every descendant it waited for, as `time` and `sacct`
+//! do. Bytes are those of its read and write calls, as Nextflow's `rchar`
+//! and `wchar`. Peak memory is sampled: at each look the resident memory
+//! of every process in the tree is summed, and each process's own
+//! high-water mark (`VmHWM`, which the kernel keeps exactly) is a floor,
+//! so a tree whose biggest process is alive at a look is right, and only
+//! a short-lived child that peaks and dies between two looks is missed.
+//! Looks come at the times the executor asks whether the task has ended
+//! (10 ms after it starts, then at doubling intervals up to a second).
+//!
+//! A task that asked for memory (`mem`) and whose tree holds more than
+//! that at a look is killed, as SLURM kills a job past `--mem`: placement
+//! counted on its ask, and a task that takes more starves its neighbours
+//! or has the kernel kill one of them, or the node. Its words then say so,
+//! with its peak and its ask.
+//!
+//! No cgroup is made: it would need root, and would count the page cache
+//! a task's writes leave as its memory, where users and `sacct` mean its
+//! resident set.
+
+use std::fs;
+
+use mesh_protocol::engine::Usage;
+
+/// Follows one task's process tree from its leader.
+pub struct Meter {
+    pid: i32,
+    /// The largest sum of resident memory seen over the tree, in bytes.
+    peak: u64,
+    /// The kernel's count of processes it killed for memory, at the start.
+    oom_kills: Option<u64>,
+    /// The memory the task asked for, in bytes (0: none asked, no limit).
+    limit: u64,
+    /// The tree held more than `limit` at a look: the task is killed.
+    over: bool,
+}
+
+/// One kibibyte: `/proc`'s memory figures are in kB (KiB).
+const KIB: u64 = 1024;
+/// At most this many processes are followed in a task's tree at one look,
+/// so a fork bomb costs the node a bounded walk.
+const TREE_MAX: usize = 4096;
+
+impl Meter {
+    /// Starts following the task whose leader is `pid`, which asked for
+    /// `limit` bytes of memory (0: none).
+    pub fn start(pid: i32, limit: u64) -> Meter {
+        Meter {
+            pid,
+            peak: 0,
+            oom_kills: oom_kills(),
+            limit,
+            over: false,
+        }
+    }
+
+    /// Whether a look found the tree holding more memory than it asked for.
+    pub fn over(&self) -> bool {
+        self.over
+    }
+
+    /// The memory the task asked for, in bytes (0: none).
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// One look at the tree: its resident memory now, and each process's
+    /// own high-water mark. True when it holds more than it asked for.
+    pub fn sample(&mut self) -> bool {
+        let mut rss = 0;
+        let mut hwm_max = 0;
+        let mut stack = vec![self.pid];
+        let mut seen = 0;
+        while let Some(pid) = stack.pop() {
+            seen += 1;
+            if seen > TREE_MAX {
+                break;
+            }
+            let Some((now, hwm)) = memory(pid) else {
+                continue;
+            };
+            rss += now;
+            hwm_max = hwm_max.max(hwm);
+            children(pid, &mut stack);
+        }
+        self.peak = self.peak.max(rss).max(hwm_max);
+        if self.limit > 0 && rss > self.limit {
+            self.over = true;
+        }
+        self.over
+    }
+
+    /// What the task used, read from its leader after it exited and before
+    /// it is reaped (a zombie still has its counts). `oom` says that it
+    /// passed its ask, or that the kernel killed some process for memory
+    /// while the task ran: its caller keeps it only when the task itself
+    /// ended by a SIGKILL that no timeout or cancel sent.
+    pub fn finish(&self) -> Usage {
+        let (read_bytes, written_bytes) = io(self.pid);
+        let oom = self.over || matches!((self.oom_kills, oom_kills()), (Some(a), Some(b)) if b > a);
+        Usage {
+            cpu_ms: cpu_ms(self.pid),
+            peak_rss: self.peak,
+            read_bytes,
+            written_bytes,
+            oom,
+        }
+    }
+}
+
+/// A process's resident memory now and its high-water mark, in bytes.
+fn memory(pid: i32) -> Option<(u64, u64)> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb = |key: &str| {
+        status.lines().find_map(|l| {
+            l.strip_prefix(key)?
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+    };
+    Some((kb("VmRSS:")? * KIB, kb("VmHWM:").unwrap_or(0) * KIB))
+}
+
+/// Pushes the children of every thread of `pid` on `stack`.
+fn children(pid: i32, stack: &mut Vec<i32>) {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    for t in tasks.flatten() {
+        if let Ok(text) = fs::read_to_string(t.path().join("children")) {
+            stack.extend(
+                text.split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+}
+
+/// User and system CPU time of `pid` and of the children it waited for, in ms.
+fn cpu_ms(pid: i32) -> u64 {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // The command name may hold spaces and parentheses: fields start after the last `)`.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    // Fields 14 to 17 of proc(5), utime, stime, cutime and cstime, counted
+    // from the state (field 3, the first here).
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    ticks * 1000 / clock_ticks()
+}
+
+/// Clock ticks a second, as `/proc` counts CPU time.
+fn clock_ticks() -> u64 {
+    use nix::unistd::{sysconf, SysconfVar};
+    match sysconf(SysconfVar::CLK_TCK) {
+        Ok(Some(t)) if t > 0 => t as u64,
+        _ => 100,
+    }
+}
+
+/// Bytes `pid` (and the children it waited for) read and wrote through
+/// its read and write calls (`rchar`, `wchar`): what it asked for, on any
+/// file system. The block layer's counts (`read_bytes`) say 0 for a file
+/// on tmpfs or NFS, and for a reread the page cache serves.
+fn io(pid: i32) -> (u64, u64) {
+    let Ok(text) = fs::read_to_string(format!("/proc/{pid}/io")) else {
+        return (0, 0);
+    };
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (field("rchar:"), field("wchar:"))
+}
+
+/// The kernel's count of processes killed for want of memory, since boot.
+fn oom_kills() -> Option<u64> {
+    let text = fs::read_to_string("/proc/vmstat").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+}
