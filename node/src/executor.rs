@@ -37,10 +37,13 @@ const PIPE_CHUNK_BYTES: usize = 64 * 1024;
 const PIPE_DRAIN_MS: u64 = 500;
 /// While its pipes are open, whether a task has ended is asked first after
 /// this long, then at doubling intervals up to `EXIT_POLL_MAX_MS`: only a
-/// task whose pipes something else holds is found that way, and a node
-/// with many long tasks wakes for each about once a second.
+/// task whose pipes something else holds is found that way. Each wake
+/// also looks at what the task's processes hold (see usage.rs), so the
+/// longest interval is how long a peak of memory may go unseen: a node
+/// with many long tasks wakes for each four times a second, some 50 µs of
+/// reading `/proc` each time.
 const EXIT_POLL_FIRST_MS: u64 = 10;
-const EXIT_POLL_MAX_MS: u64 = 1000;
+const EXIT_POLL_MAX_MS: u64 = 250;
 /// Times the runner yields to a task whose pipes closed before it can be reaped.
 const EXIT_YIELDS: u32 = 3;
 

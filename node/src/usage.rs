@@ -11,7 +11,8 @@
 //! so a tree whose biggest process is alive at a look is right, and only
 //! a short-lived child that peaks and dies between two looks is missed.
 //! Looks come at the times the executor asks whether the task has ended
-//! (10 ms after it starts, then at doubling intervals up to a second).
+//! (10 ms after it starts, then at doubling intervals up to 250 ms): a
+//! peak held for less than that between two looks may be missed.
 //!
 //! A task that asked for memory (`mem`) and whose tree holds more than
 //! that at a look is killed, as SLURM kills a job past `--mem`: placement

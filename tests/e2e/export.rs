@@ -49,7 +49,7 @@ outputs = ["all.dat"]
 const SEED_BYTES: usize = 1234;
 
 /// WfFormat's schema, from ../shared/workflows (`None`, said, without it).
-fn schema() -> Option<jsonschema::Validator> {
+pub(crate) fn schema() -> Option<jsonschema::Validator> {
     let dir = traces()?;
     let text = std::fs::read_to_string(dir.join("wfcommons-schema.json")).expect("read schema");
     let schema: Value = serde_json::from_str(&text).expect("the schema is JSON");
@@ -61,7 +61,7 @@ fn schema() -> Option<jsonschema::Validator> {
     )
 }
 
-fn assert_valid(v: &jsonschema::Validator, trace: &Value, what: &str) {
+pub(crate) fn assert_valid(v: &jsonschema::Validator, trace: &Value, what: &str) {
     let errors: Vec<String> = v
         .iter_errors(trace)
         .take(10)

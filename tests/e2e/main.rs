@@ -25,6 +25,7 @@ mod run;
 mod sim;
 mod tidy;
 mod told;
+mod used;
 mod warm;
 mod whatif;
 
