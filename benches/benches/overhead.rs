@@ -1,5 +1,7 @@
 //! Per-task overhead: N tasks of `true` through `mesh run` against `xargs -P ncpu`
-//! and against a minimal Rust spawn loop (the floor), measured in one run.
+//! and against a minimal Rust spawn loop (the floor), measured in one run;
+//! and `mesh run` with what each task used left unmeasured (`MESH_MEASURE=0`),
+//! so the cost of measuring is the ratio of the two, each against xargs.
 //!
 //! All three run their tasks in the same environment: the user's, without
 //! what cargo adds (see `user_env`).
@@ -21,6 +23,7 @@ fn main() {
     println!("overhead: {n} tasks of `true`, {p} at a time, median of {repeat}");
 
     let (mut xargs, mut mesh_t, mut floor, mut cpu_ms) = (vec![], vec![], vec![], vec![]);
+    let mut unmeasured = Vec::new();
     let mut floor_cpu_ms = Vec::new();
     for _ in 0..repeat {
         xargs.push(time(
@@ -31,23 +34,31 @@ fn main() {
         let before = self_cpu();
         floor.push(spawn_loop(n as usize, p));
         floor_cpu_ms.push((self_cpu() - before).as_secs_f64() * 1000.0);
-        let dir = tempfile::tempdir().expect("temp dir");
-        let farm = write_range_farm(dir.path(), n, "[\"true\"]");
-        let start = std::time::Instant::now();
-        let out = user_env(&mut Command::new(mesh))
-            .args([
-                "run",
-                farm.to_str().unwrap(),
-                "--json",
-                "--quiet",
-                "--resources",
-                &format!("cpu={p}"),
-            ])
-            .env("MESH_STATE_DIR", dir.path().join("state"))
-            .current_dir(dir.path())
-            .output()
-            .expect("run mesh");
-        mesh_t.push(start.elapsed());
+        let run = |measure: &str| {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let farm = write_range_farm(dir.path(), n, "[\"true\"]");
+            let start = std::time::Instant::now();
+            let out = user_env(&mut Command::new(mesh))
+                .args([
+                    "run",
+                    farm.to_str().unwrap(),
+                    "--json",
+                    "--quiet",
+                    "--resources",
+                    &format!("cpu={p}"),
+                ])
+                .env("MESH_STATE_DIR", dir.path().join("state"))
+                .env("MESH_MEASURE", measure)
+                .current_dir(dir.path())
+                .output()
+                .expect("run mesh");
+            (start.elapsed(), out)
+        };
+        let (took, off) = run("0");
+        assert!(off.status.success(), "mesh failed unmeasured");
+        unmeasured.push(took);
+        let (took, out) = run("1");
+        mesh_t.push(took);
         println!(
             "  sample: xargs {:.3}s floor {:.3}s mesh {:.3}s",
             xargs.last().unwrap().as_secs_f64(),
@@ -64,6 +75,8 @@ fn main() {
         cpu_ms.push(v["mesh_cpu_ms"].as_f64().unwrap_or(0.0));
     }
     let (x, m, f) = (median(xargs), median(mesh_t), median(floor));
+    let u = median(unmeasured);
+    let measuring = m.as_secs_f64() / u.as_secs_f64();
     cpu_ms.sort_by(f64::total_cmp);
     let cpu = cpu_ms[cpu_ms.len() / 2];
     floor_cpu_ms.sort_by(f64::total_cmp);
@@ -73,6 +86,25 @@ fn main() {
         report("xargs wall", x.as_secs_f64(), "s", None),
         report("spawn-loop floor wall", f.as_secs_f64(), "s", None),
         report("mesh run wall", m.as_secs_f64(), "s", None),
+        report(
+            "mesh run wall, tasks unmeasured (MESH_MEASURE=0)",
+            u.as_secs_f64(),
+            "s",
+            None,
+        ),
+        report(
+            "unmeasured / xargs wall ratio",
+            u.as_secs_f64() / x.as_secs_f64(),
+            "",
+            None,
+        ),
+        // What measuring each task's CPU, memory and bytes costs.
+        report(
+            "measured / unmeasured wall ratio",
+            measuring,
+            "",
+            Some(("<=", 1.03, measuring <= 1.03)),
+        ),
         report(
             "mesh / xargs wall ratio",
             ratio,

@@ -808,12 +808,17 @@ fn reap_exited(
     use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
     let pid = Pid::from_raw(child.id() as i32);
     let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
-    let usage = match waitid(Id::Pid(pid), flags) {
-        Ok(WaitStatus::StillAlive) => return None,
-        // A zombie now: its counts, its waited children's included, stay
-        // readable until it is reaped.
-        Ok(_) => Some(meter.finish()),
-        Err(_) => None,
+    let usage = if meter.on() {
+        match waitid(Id::Pid(pid), flags) {
+            Ok(WaitStatus::StillAlive) => return None,
+            // A zombie now: its counts, its waited children's included,
+            // stay readable until it is reaped.
+            Ok(WaitStatus::Signaled(_, Signal::SIGKILL, _)) => Some(meter.finish(true)),
+            Ok(_) => Some(meter.finish(false)),
+            Err(_) => None,
+        }
+    } else {
+        None
     };
     match child.try_wait() {
         Ok(Some(s)) => Some((Ok(s), usage)),

@@ -39,6 +39,16 @@ pub struct Meter {
     limit: u64,
     /// The tree held more than `limit` at a look: the task is killed.
     over: bool,
+    /// Off where the node's environment says `MESH_MEASURE=0`.
+    on: bool,
+}
+
+/// Whether tasks are measured: unless the node's environment has
+/// `MESH_MEASURE=0`, which also lifts the memory limit (and lets the
+/// overhead bench weigh what measuring costs).
+fn measuring() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MESH_MEASURE").is_none_or(|v| v != "0"))
 }
 
 /// One kibibyte: `/proc`'s memory figures are in kB (KiB).
@@ -51,13 +61,20 @@ impl Meter {
     /// Starts following the task whose leader is `pid`, which asked for
     /// `limit` bytes of memory (0: none).
     pub fn start(pid: i32, limit: u64) -> Meter {
+        let on = measuring();
         Meter {
             pid,
             peak: 0,
-            oom_kills: oom_kills(),
+            oom_kills: if on { oom_kills_lately() } else { None },
             limit,
             over: false,
+            on,
         }
+    }
+
+    /// Whether it measures at all (see `measuring`).
+    pub fn on(&self) -> bool {
+        self.on
     }
 
     /// Whether a look found the tree holding more memory than it asked for.
@@ -73,6 +90,9 @@ impl Meter {
     /// One look at the tree: its resident memory now, and each process's
     /// own high-water mark. True when it holds more than it asked for.
     pub fn sample(&mut self) -> bool {
+        if !self.on {
+            return false;
+        }
         let mut rss = 0;
         let mut hwm_max = 0;
         let mut stack = vec![self.pid];
@@ -97,13 +117,14 @@ impl Meter {
     }
 
     /// What the task used, read from its leader after it exited and before
-    /// it is reaped (a zombie still has its counts). `oom` says that it
-    /// passed its ask, or that the kernel killed some process for memory
-    /// while the task ran: its caller keeps it only when the task itself
-    /// ended by a SIGKILL that no timeout or cancel sent.
-    pub fn finish(&self) -> Usage {
+    /// it is reaped (a zombie still has its counts). `sigkilled`: its
+    /// leader died of SIGKILL. `oom` says that it passed its ask, or that
+    /// it was SIGKILLed while the kernel killed some process for memory:
+    /// its caller keeps it only where no timeout or cancel sent the kill.
+    pub fn finish(&self, sigkilled: bool) -> Usage {
         let (read_bytes, written_bytes) = io(self.pid);
-        let oom = self.over || matches!((self.oom_kills, oom_kills()), (Some(a), Some(b)) if b > a);
+        let oom = self.over
+            || (sigkilled && matches!((self.oom_kills, oom_kills()), (Some(a), Some(b)) if b > a));
         Usage {
             cpu_ms: cpu_ms(self.pid),
             peak_rss: self.peak,
@@ -195,4 +216,24 @@ fn oom_kills() -> Option<u64> {
     let text = fs::read_to_string("/proc/vmstat").ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+}
+
+/// [`oom_kills`] as read at most a second ago: a task's start takes it
+/// from here, as reading `/proc/vmstat` (some 180 lines) for each of many
+/// short tasks cost more than running them. A kill up to a second before
+/// a task started may so be laid at its door, only if it then dies of a
+/// SIGKILL no one in mesh sent.
+fn oom_kills_lately() -> Option<u64> {
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+    static LATELY: Mutex<Option<(Instant, Option<u64>)>> = Mutex::new(None);
+    let mut lately = LATELY.lock().unwrap_or_else(|e| e.into_inner());
+    match *lately {
+        Some((at, count)) if at.elapsed() < Duration::from_secs(1) => count,
+        _ => {
+            let count = oom_kills();
+            *lately = Some((Instant::now(), count));
+            count
+        }
+    }
 }
