@@ -16,7 +16,7 @@ from ._errors import FarmClosed, FarmError, FarmFailed, MeshError, ProtocolError
 from ._farm import Farm, Stage, lines
 from ._functions import DoneAndNotDone, Executor, Future, RemoteTraceback, as_completed, progress, wait
 from ._proto import API, Lost, NoNode
-from ._run import FarmInfo, Progress, Run, Task
+from ._run import FarmInfo, Progress, Run, Task, Usage
 
 __version__ = "0.1.0"
 
@@ -45,6 +45,7 @@ __all__ = [
     "Stage",
     "Task",
     "TaskFailed",
+    "Usage",
     "connect",
     "default_state_dir",
     "farms",

@@ -22,6 +22,38 @@ def _stamp(ms):
     return None if ms is None else ms / 1000.0
 
 
+class Usage:
+    """What a task's run used, as the node that ran it measured it.
+
+    ``cpu`` (seconds of CPU, user and system, its child processes
+    included), ``peak_memory`` (the most resident memory its processes
+    held at once, in bytes; 0 where it ended before a look),
+    ``read_bytes`` and ``written_bytes`` (through its read and write
+    calls), ``oom`` (killed for want of memory: past its ``mem`` ask, or
+    by the kernel).
+    """
+
+    __slots__ = ("cpu", "peak_memory", "read_bytes", "written_bytes", "oom")
+
+    def __init__(self, u):
+        self.cpu = u.get("cpu_ms", 0) / 1000.0
+        self.peak_memory = u.get("peak_rss", 0)
+        self.read_bytes = u.get("read_bytes", 0)
+        self.written_bytes = u.get("written_bytes", 0)
+        self.oom = bool(u.get("oom", False))
+
+    def __repr__(self):
+        mib = 1 << 20
+        oom = ", out of memory" if self.oom else ""
+        return "Usage(cpu=%.2fs, peak_memory=%.1fMiB, read=%.1fMiB, written=%.1fMiB%s)" % (
+            self.cpu,
+            self.peak_memory / mib,
+            self.read_bytes / mib,
+            self.written_bytes / mib,
+            oom,
+        )
+
+
 class Task:
     """A task of a run, as the farm's home knows it.
 
@@ -33,7 +65,9 @@ class Task:
     client talks to ran it; ``None`` otherwise), ``at`` (when the home had
     it), ``outputs`` (absolute paths on the home), ``values`` (the outputs
     whose bytes rode with its report instead of being files: a function
-    call's small value; bytes by output name).
+    call's small value; bytes by output name), ``usage`` (a :class:`Usage`:
+    its CPU, peak memory and bytes, where its node measured them; ``None``
+    for a result reused from an earlier farm or a call in a warm worker).
     """
 
     __slots__ = (
@@ -53,6 +87,7 @@ class Task:
         "at",
         "outputs",
         "values",
+        "usage",
     )
 
     def __init__(self, run, ev):
@@ -72,6 +107,7 @@ class Task:
         self.at = _stamp(ev.get("at_ms"))
         self.outputs = list(ev.get("outputs") or [])
         self.values = {k: base64.b64decode(v) for k, v in (ev.get("values") or {}).items()}
+        self.usage = Usage(ev["usage"]) if ev.get("usage") else None
 
     @property
     def ok(self):

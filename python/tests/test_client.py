@@ -94,6 +94,23 @@ class OneNode(InFolder):
             # The very lines of the first run (its pid among them), not ''.
             self.assertEqual((t.stdout(), t.stderr()), said[t.index])
 
+    def test_each_task_says_what_it_used(self):
+        c = self.node(cpus=2)
+        hold = "import time; x = bytearray({} << 20); x[::4096] = bytes(len(x) // 4096); time.sleep(1)"
+        run = c.map('python3 -c "%s"' % hold, [64, 160], name="hold")
+        self.assertTrue(run.wait(timeout=WAIT_S).ok)
+        peaks = {}
+        for t in run.tasks():
+            self.assertIsInstance(t.usage, mesh.Usage, t)
+            self.assertFalse(t.usage.oom)
+            self.assertGreater(t.usage.read_bytes, 0, "python reads its modules")
+            self.assertLess(t.usage.cpu, t.duration + 0.05)
+            peaks[int(t.params["arg0"])] = t.usage.peak_memory / (1 << 20)
+        for mib, peak in peaks.items():
+            # The interpreter's own 8-20 MiB on top of what it holds.
+            self.assertTrue(mib <= peak <= mib * 1.1 + 20, (mib, peak))
+        self.assertIn("peak_memory=", repr(t.usage))
+
     def test_progress_says_when_the_farm_ends_from_what_is_left(self):
         c = self.node(cpus=2)
         # 12 tasks of 1.10 s to 1.21 s, two at a time: 7 s in all.

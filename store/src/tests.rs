@@ -105,6 +105,39 @@ fn contract(s: &mut dyn Store) {
 }
 
 #[test]
+fn a_tasks_usage_survives_reopen_in_a_few_bytes() {
+    // Issue 63: a 1M-task farm's log keeps each task's figures.
+    let usage = mesh_protocol::engine::Usage {
+        cpu_ms: 61_234,
+        peak_rss: 215 << 20,
+        read_bytes: 1_700_000,
+        written_bytes: 52_428_800,
+        oom: false,
+    };
+    let with = TaskRecord {
+        usage: Some(Box::new(usage)),
+        ..rec(RecordState::Done, 1)
+    };
+    let added = encode(&with).len() - encode(&rec(RecordState::Done, 1)).len();
+    assert!(added <= 16, "the figures cost {added} bytes a task");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    {
+        let mut s = SledStore::open(&path).unwrap();
+        s.write(vec![Write::Task {
+            farm: FarmKey(1),
+            task: TaskRef::new(0, 0),
+            record: with.clone(),
+        }])
+        .unwrap();
+        s.flush().unwrap();
+    }
+    let s = SledStore::open(&path).unwrap();
+    let got = s.task(FarmKey(1), TaskRef::new(0, 0)).unwrap().unwrap();
+    assert_eq!(got.usage.as_deref(), Some(&usage));
+}
+
+#[test]
 fn mem_store_keeps_the_contract() {
     contract(&mut MemStore::new());
 }
