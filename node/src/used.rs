@@ -9,7 +9,11 @@ use mesh_protocol::farm::FarmDef;
 use mesh_protocol::resources::{CPU, MEM};
 use serde::{Deserialize, Serialize};
 
-use crate::view::bytes;
+/// Bytes for people, as `view::bytes` says them (`310.4 MiB`); not
+/// imported from there, as the views hold these figures.
+fn bytes(n: u64) -> String {
+    bytesize::ByteSize::b(n).to_string()
+}
 
 /// A stage's measured runs, summed up.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
