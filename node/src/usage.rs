@@ -14,11 +14,12 @@
 //! (10 ms after it starts, then at doubling intervals up to 250 ms): a
 //! peak held for less than that between two looks may be missed.
 //!
-//! A task that asked for memory (`mem`) and whose tree holds more than
-//! that at a look is killed, as SLURM kills a job past `--mem`: placement
-//! counted on its ask, and a task that takes more starves its neighbours
-//! or has the kernel kill one of them, or the node. Its words then say so,
-//! with its peak and its ask.
+//! On a node whose environment has `MESH_ENFORCE_MEM=1`, a task that
+//! asked for memory (`mem`) and whose tree holds more than that at a look
+//! is killed, as SLURM kills a job past `--mem`: placement counted on its
+//! ask, and a task that takes more starves its neighbours or has the
+//! kernel kill one of them, or the node. Its words then say so, with its
+//! peak and its ask.
 //!
 //! No cgroup is made: it would need root, and would count the page cache
 //! a task's writes leave as its memory, where users and `sacct` mean its
@@ -35,7 +36,7 @@ pub struct Meter {
     peak: u64,
     /// The kernel's count of processes it killed for memory, at the start.
     oom_kills: Option<u64>,
-    /// The memory the task asked for, in bytes (0: none asked, no limit).
+    /// The memory the task may hold, in bytes (0: no limit).
     limit: u64,
     /// The tree held more than `limit` at a look: the task is killed.
     over: bool,
@@ -44,11 +45,20 @@ pub struct Meter {
 }
 
 /// Whether tasks are measured: unless the node's environment has
-/// `MESH_MEASURE=0`, which also lifts the memory limit (and lets the
-/// overhead bench weigh what measuring costs).
+/// `MESH_MEASURE=0` (which lets the overhead bench weigh what measuring
+/// costs).
 fn measuring() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("MESH_MEASURE").is_none_or(|v| v != "0"))
+}
+
+/// Whether a task past its memory ask is killed: where the node's
+/// environment has `MESH_ENFORCE_MEM=1`. Off by default, as HyperQueue and
+/// Snakemake leave an ask a scheduling hint (an imported trace's asks,
+/// scaled down, are far below what a shell holds); SLURM users turn it on.
+fn enforcing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MESH_ENFORCE_MEM").is_some_and(|v| v == "1"))
 }
 
 /// One kibibyte: `/proc`'s memory figures are in kB (KiB).
@@ -59,9 +69,11 @@ const TREE_MAX: usize = 4096;
 
 impl Meter {
     /// Starts following the task whose leader is `pid`, which asked for
-    /// `limit` bytes of memory (0: none).
-    pub fn start(pid: i32, limit: u64) -> Meter {
+    /// `asked` bytes of memory (0: none), its limit where the node
+    /// enforces asks.
+    pub fn start(pid: i32, asked: u64) -> Meter {
         let on = measuring();
+        let limit = if on && enforcing() { asked } else { 0 };
         Meter {
             pid,
             peak: 0,
@@ -80,11 +92,6 @@ impl Meter {
     /// Whether a look found the tree holding more memory than it asked for.
     pub fn over(&self) -> bool {
         self.over
-    }
-
-    /// The memory the task asked for, in bytes (0: none).
-    pub fn limit(&self) -> u64 {
-        self.limit
     }
 
     /// One look at the tree: its resident memory now, and each process's

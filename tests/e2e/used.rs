@@ -1,4 +1,4 @@
-//! What each task used (issue 63): on three real nodes, a task that holds 200 MiB, one that spins a core for a second of CPU, one that writes 50 MiB, one whose child does the holding, and one past its memory ask; their figures come home, `mesh status FARM` says them per stage, the task events carry them, `mesh export` writes them as WfFormat's measured fields, and the task past its ask is killed with its peak and its ask in words.
+//! What each task used (issue 63): on three real nodes that enforce memory asks, a task that holds 200 MiB, one that spins a core for a second of CPU, one that writes 50 MiB, one whose child does the holding, and one past its memory ask; their figures come home, `mesh status FARM` says them per stage, the task events carry them, `mesh export` writes them as WfFormat's measured fields, and the task past its ask is killed with its peak and its ask in words.
 
 use std::collections::BTreeSet;
 
@@ -58,10 +58,12 @@ import time; time.sleep(5)
 fn each_tasks_cpu_memory_and_bytes_come_home_from_three_nodes_and_a_task_past_its_ask_is_killed_saying_so(
 ) {
     let sb = sandbox();
-    let c = Cluster::start(
+    // Nodes that hold tasks to their memory asks, as SLURM does.
+    let c = Cluster::start_with_env(
         &sb,
         &["cpu=1,mem=1GiB", "cpu=1,mem=1GiB", "cpu=1,mem=1GiB"],
         &[],
+        vec![("MESH_ENFORCE_MEM".into(), "1".into())],
     );
     sb.write("used/farm.toml", USED);
     let r = c.mesh(0, &["submit", "used/farm.toml", "--wait"]);
