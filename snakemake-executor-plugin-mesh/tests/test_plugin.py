@@ -287,7 +287,9 @@ class Plugin(unittest.TestCase):
         for sig in (signal.SIGHUP, signal.SIGTERM):
             n, p, _ = self.slow_workflow(["slow/1.txt", "slow/2.txt", "slow/3.txt", "slow/4.txt"], 2)
             p.send_signal(sig)
-            p.communicate(timeout=60)
+            # A bound, not a speed: as the Ctrl-C test waits (a loaded CI
+            # machine once took over 60 s to see Snakemake out).
+            p.communicate(timeout=WAIT_S)
             self.assertTrue(wait_for(lambda: running(n) == 0, 10), "%s: no job runs on" % sig.name)
             time.sleep(3)
             self.assertEqual(running(n), 0, "%s: no job starts after" % sig.name)
