@@ -765,10 +765,10 @@ fn dev_null() -> io::Result<fs::File> {
 /// `first_ms` 0, its pipes have closed: it has exited or is about to (it
 /// closes its files a moment before it can be reaped). Otherwise first after
 /// `first_ms`, then at doubling intervals: how a task is found that ended
-/// while something it started still holds its pipes.
-/// Waits for the task's leader to exit, looking at what its tree uses at
-/// each wake, and reads what it used once it has exited and before it is
-/// reaped (see `usage.rs`): `None` where that could not be read.
+/// while something it started still holds its pipes. Each wake looks at
+/// what the task's tree holds (and kills it past its memory limit), and
+/// what it used is read once it has exited, before it is reaped (see
+/// `usage.rs`): `None` where that could not be read.
 async fn reap(
     child: &mut std::process::Child,
     first_ms: u64,

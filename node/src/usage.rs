@@ -89,11 +89,6 @@ impl Meter {
         self.on
     }
 
-    /// Whether a look found the tree holding more memory than it asked for.
-    pub fn over(&self) -> bool {
-        self.over
-    }
-
     /// One look at the tree: its resident memory now, and each process's
     /// own high-water mark. True when it holds more than it asked for.
     pub fn sample(&mut self) -> bool {
