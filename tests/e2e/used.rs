@@ -9,20 +9,27 @@ use crate::sandbox;
 
 const MIB: f64 = (1u64 << 20) as f64;
 
+/// A Python process that holds `mib` MiB (each page touched) for `secs` s.
+fn holding(mib: u32, secs: u32) -> String {
+    format!(
+        "python3 -c \"x = bytearray({mib} << 20); x[::4096] = bytes(len(x) // 4096); \
+         import time; time.sleep({secs})\""
+    )
+}
+
 /// One task per kind of use. `spin` counts its own CPU time, so a loaded
 /// machine stretches its run, not its second of CPU. What holds memory
 /// holds it for a second: memory is looked at every 250 ms at most.
-const USED: &str = r#"
+fn farm() -> String {
+    let (hold, hog) = (holding(200, 1), holding(300, 5));
+    format!(
+        r#"
 [farm]
 name = "used"
 
 [[stage]]
 name = "hold"
-shell = '''python3 -c "
-x = bytearray(200 << 20)
-for i in range(0, len(x), 4096): x[i] = 1
-import time; time.sleep(1)
-"'''
+shell = '''{hold}'''
 
 [[stage]]
 name = "spin"
@@ -38,21 +45,15 @@ shell = 'head -c 52428800 /dev/zero > big.bin; rm big.bin'
 
 [[stage]]
 name = "child"
-shell = '''sh -c 'python3 -c "
-x = bytearray(200 << 20)
-for i in range(0, len(x), 4096): x[i] = 1
-import time; time.sleep(1)
-"'; true'''
+shell = '''sh -c '{hold}'; true'''
 
 [[stage]]
 name = "hog"
-resources = { mem = "100MiB" }
-shell = '''python3 -c "
-x = bytearray(300 << 20)
-for i in range(0, len(x), 4096): x[i] = 1
-import time; time.sleep(5)
-"'''
-"#;
+resources = {{ mem = "100MiB" }}
+shell = '''{hog}'''
+"#
+    )
+}
 
 #[test]
 fn each_tasks_cpu_memory_and_bytes_come_home_from_three_nodes_and_a_task_past_its_ask_is_killed_saying_so(
@@ -65,7 +66,7 @@ fn each_tasks_cpu_memory_and_bytes_come_home_from_three_nodes_and_a_task_past_it
         &[],
         vec![("MESH_ENFORCE_MEM".into(), "1".into())],
     );
-    sb.write("used/farm.toml", USED);
+    sb.write("used/farm.toml", &farm());
     let r = c.mesh(0, &["submit", "used/farm.toml", "--wait"]);
     // The hog fails; the rest succeed.
     r.expect_code(1);
