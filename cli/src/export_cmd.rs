@@ -13,11 +13,7 @@ use serde_json::Value;
 use crate::out::outln;
 
 pub fn export(to: &Target, state: &StateDir, farm: &str, out: Option<&Path>) -> Result<ExitCode> {
-    let trace = match from_mesh(to, farm)? {
-        Some(t) => t,
-        None if !to.is_local() => bail!("the mesh knows no farm `{farm}` (see `mesh list`)"),
-        None => from_store(state, farm)?,
-    };
+    let trace = trace(to, state, farm)?;
     let text = serde_json::to_string_pretty(&trace)?;
     match out {
         None => outln!("{text}"),
@@ -28,6 +24,16 @@ pub fn export(to: &Target, state: &StateDir, farm: &str, out: Option<&Path>) -> 
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The farm's trace: from the node, or with none here (or a node that
+/// does not know the farm) from this machine's `mesh run` store.
+pub fn trace(to: &Target, state: &StateDir, farm: &str) -> Result<Value> {
+    match from_mesh(to, farm)? {
+        Some(t) => Ok(t),
+        None if !to.is_local() => bail!("the mesh knows no farm `{farm}` (see `mesh list`)"),
+        None => from_store(state, farm),
+    }
 }
 
 /// The trace from the node, `None` when there is none here or the mesh
@@ -67,7 +73,7 @@ fn from_store(state: &StateDir, farm: &str) -> Result<Value> {
 }
 
 /// Writes `text` to `path` whole or not at all: beside it first, then renamed.
-fn write_file(path: &Path, text: &str) -> Result<()> {
+pub fn write_file(path: &Path, text: &str) -> Result<()> {
     if path.is_dir() {
         bail!(
             "{} is a folder: give a file to write, e.g. -o trace.json",

@@ -6,6 +6,7 @@ mod export_cmd;
 mod import;
 mod mesh_cmds;
 mod out;
+mod report;
 mod show;
 mod sim_args;
 mod sim_cmd;
@@ -107,6 +108,17 @@ enum Cmd {
         #[arg(value_parser = args::name)]
         farm: String,
         /// Write the trace to this file (default: standard output).
+        #[arg(short = 'o', long = "out", value_name = "FILE", value_parser = args::path)]
+        out: Option<PathBuf>,
+    },
+    /// Write one HTML page of a farm, finished or running: its timeline per node
+    /// and slot, what each stage used against its asks, failures, data moved,
+    /// and its end as estimated (see docs/report.md).
+    Report {
+        /// Farm id, id prefix or name (see `mesh list`).
+        #[arg(value_parser = args::name)]
+        farm: String,
+        /// Write the page to this file (default: FARM-ID-report.html here; `-`: standard output).
         #[arg(short = 'o', long = "out", value_name = "FILE", value_parser = args::path)]
         out: Option<PathBuf>,
     },
@@ -409,6 +421,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
         }
         Cmd::Import { from } => import::import(&from),
         Cmd::Export { farm, out } => export_cmd::export(&to, &state, &farm, out.as_deref()),
+        Cmd::Report { farm, out } => report::report(&to, &state, &farm, out.as_deref()),
         Cmd::Init => mesh_cmds::init(state.root()),
         Cmd::Alloc { cmd } => alloc_cmd::alloc(&to, cmd),
         Cmd::Sim { args } => sim_cmd::sim(&args, &to),

@@ -338,6 +338,7 @@ pub fn logs(
     };
     let (mut all_out, mut all_err) = (Vec::new(), Vec::new());
     let mut last = (String::new(), None);
+    let mut figures = None;
     while let Some(r) = c.recv() {
         match r? {
             ControlResponse::Log {
@@ -346,7 +347,9 @@ pub fn logs(
                 stdout,
                 stderr,
                 done,
+                used,
             } => {
+                figures = used.or(figures);
                 if json {
                     all_out.extend(stdout);
                     all_err.extend(stderr);
@@ -372,8 +375,11 @@ pub fn logs(
             "attempt": last.1,
             "stdout": String::from_utf8_lossy(&all_out),
             "stderr": String::from_utf8_lossy(&all_err),
+            "used": figures,
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        crate::show::task_used(task, last.1, Some(&last.0), figures.as_ref());
     }
     Ok(Some(ExitCode::SUCCESS))
 }
@@ -464,49 +470,56 @@ pub fn unfinished_home_farm(to: &Target) -> Result<Option<String>> {
 /// it, from any node. False when no node runs here or the mesh knows no
 /// such farm (then it is a farm of `mesh run`).
 pub fn farm_status(to: &Target, farm: &str, json: bool) -> Result<bool> {
+    let Some(v) = farm_view(to, farm)? else {
+        return Ok(false);
+    };
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        outln!("farm {} ({}), home {}", v.id, v.state_word(), v.home);
+        if let Some(words) = v.eta_words(mesh_node::state::unix_ms()) {
+            outln!("  {words}");
+        }
+        for (name, c) in &v.stages {
+            let stopped = if c.stopped > 0 {
+                format!(", {} stopped", c.stopped)
+            } else {
+                String::new()
+            };
+            outln!(
+                "  {name}: {}/{} done, {} running, {} failed, {} skipped{stopped}",
+                c.done,
+                c.total,
+                c.running,
+                c.failed,
+                c.skipped
+            );
+        }
+        // On stdout with the stages above: one stream, lines apart.
+        for line in farm_lines(&v) {
+            outln!("{line}");
+        }
+        for line in crate::show::used_lines(&v.used) {
+            outln!("  {line}");
+        }
+    }
+    Ok(true)
+}
+
+/// A mesh farm's view from the node (`mesh status FARM --json`'s);
+/// `None` with no node here or where the mesh does not know the farm.
+pub fn farm_view(to: &Target, farm: &str) -> Result<Option<Box<FarmView>>> {
     let req = ControlRequest::Farm {
         farm: farm.to_string(),
     };
     let mut c = match Client::request(to, &req) {
         Ok(c) => c,
-        Err(ControlError::NoNode(_)) => return Ok(false),
+        Err(ControlError::NoNode(_)) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     match c.recv() {
-        Some(Ok(ControlResponse::Farm(v))) => {
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                outln!("farm {} ({}), home {}", v.id, v.state_word(), v.home);
-                if let Some(words) = v.eta_words(mesh_node::state::unix_ms()) {
-                    outln!("  {words}");
-                }
-                for (name, c) in &v.stages {
-                    let stopped = if c.stopped > 0 {
-                        format!(", {} stopped", c.stopped)
-                    } else {
-                        String::new()
-                    };
-                    outln!(
-                        "  {name}: {}/{} done, {} running, {} failed, {} skipped{stopped}",
-                        c.done,
-                        c.total,
-                        c.running,
-                        c.failed,
-                        c.skipped
-                    );
-                }
-                // On stdout with the stages above: one stream, lines apart.
-                for line in farm_lines(&v) {
-                    outln!("{line}");
-                }
-                for line in crate::show::used_lines(&v.used) {
-                    outln!("  {line}");
-                }
-            }
-            Ok(true)
-        }
-        Some(Ok(ControlResponse::Error(e))) if refusal::is_unknown_farm(&e) => Ok(false),
+        Some(Ok(ControlResponse::Farm(v))) => Ok(Some(v)),
+        Some(Ok(ControlResponse::Error(e))) if refusal::is_unknown_farm(&e) => Ok(None),
         Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
         Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
         Some(Err(e)) => Err(e.into()),

@@ -1,7 +1,7 @@
 //! Everything the CLI draws: the progress bar, summaries, tables, logs.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -415,6 +415,25 @@ pub fn used_lines(used: &[mesh_node::used::StageUse]) -> Vec<String> {
     lines
 }
 
+/// After a task's logs, where a person reads them (stderr is a terminal,
+/// so a redirected stderr holds the task's alone): what its run used.
+pub fn task_used(
+    task: &str,
+    attempt: Option<u32>,
+    node: Option<&str>,
+    used: Option<&mesh_node::used::TaskUsed>,
+) {
+    let Some(u) = used else { return };
+    if !io::stderr().is_terminal() {
+        return;
+    }
+    let on = node.map(|n| format!(" on {n}")).unwrap_or_default();
+    let attempt = attempt
+        .map(|a| format!(", attempt {a}"))
+        .unwrap_or_default();
+    eprintln!("── {task}{attempt}{on}: {}", u.words());
+}
+
 /// `mesh check`: what a farm file expands to.
 /// Prints a farm file's warnings on stderr, one a line.
 pub fn warn(warnings: &[FarmWarning]) {
@@ -546,6 +565,7 @@ pub fn logs(
         );
     }
     let dir = state.logs_dir(&s.id).join(stage);
+    let given = attempt;
     let attempt = match attempt {
         Some(a) => Some(a),
         None => mesh_node::executor::latest_attempt(&dir, index),
@@ -555,6 +575,12 @@ pub fn logs(
         fs::read(dir.join(format!("{index}.{a}.{stream}"))).ok()
     };
     let (stdout, stderr) = (read("out"), read("err"));
+    // What the run that counts used, where the store can be read (not
+    // while the run holds it); for the latest attempt only.
+    let used = match mesh_node::runner::task_used(state, &s.id, stage, index) {
+        Ok(u) if given.is_none() => u,
+        _ => None,
+    };
     if json {
         let v = serde_json::json!({
             "farm": s.id,
@@ -562,6 +588,7 @@ pub fn logs(
             "attempt": attempt,
             "stdout": stdout.as_deref().map(String::from_utf8_lossy),
             "stderr": stderr.as_deref().map(String::from_utf8_lossy),
+            "used": used,
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
@@ -579,6 +606,7 @@ pub fn logs(
     if let Some(e) = stderr {
         io::stderr().write_all(&e)?;
     }
+    task_used(task, attempt, None, used.as_ref());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -24,6 +24,11 @@ pub struct SimArgs {
     /// tasks. Times in the table count from now (see docs/sim.md).
     #[arg(long, value_name = "FARM", conflicts_with_all = ["workflow", "scenario", "durations"])]
     pub farm: Option<String>,
+    /// With --farm: each stage's memory ask set to the most a task of it
+    /// used (see `mesh status FARM`), for "with asks set to what was used,
+    /// 20 nodes finish in ..."; stages with no measured task keep their ask.
+    #[arg(long, requires = "farm")]
+    pub asks_used: bool,
     /// Simulated nodes (default 100, or the scenario's); with a scenario, its
     /// node groups are scaled to this many nodes in the same proportions.
     /// With --workflow, one count or several (`4,8,16`), a simulation each

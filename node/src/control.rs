@@ -328,6 +328,10 @@ pub enum ControlResponse {
         stdout: Vec<u8>,
         stderr: Vec<u8>,
         done: bool,
+        /// What the task's run that counts used, with the last answer, where
+        /// the node answering holds the farm's log and the run was measured.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        used: Option<crate::used::TaskUsed>,
     },
     /// This node is the farm's home now; `mesh wait` follows it.
     Resumed {

@@ -54,6 +54,35 @@ impl Eta {
     }
 }
 
+/// One estimate of a farm's end, kept for `mesh report`'s history of
+/// them: when it was made and the ends it gave (Unix ms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Estimated {
+    pub at_ms: u64,
+    pub p50_end_ms: u64,
+    pub p90_end_ms: u64,
+}
+
+/// Estimates kept of a farm: a long farm's history is thinned to every
+/// other one when full, so it spans the whole run at a coarser step.
+const HISTORY_MAX: usize = 256;
+
+/// Adds `e` to a farm's `history` of estimates.
+pub fn remember(history: &mut Vec<Estimated>, e: &Eta) {
+    if history.len() >= HISTORY_MAX {
+        let mut i = 0;
+        history.retain(|_| {
+            i += 1;
+            i % 2 == 1
+        });
+    }
+    history.push(Estimated {
+        at_ms: e.at_ms,
+        p50_end_ms: e.at_ms + e.p50_ms,
+        p90_end_ms: e.at_ms + e.p90_ms,
+    });
+}
+
 /// A farm's end is estimated again at most this often, and so that the
 /// estimates take at most one part in `SHARE` of a core (a million-task
 /// farm's takes a few tenths of a second).
@@ -86,4 +115,30 @@ pub fn estimate<'a>(
         cost_ms: started.elapsed().as_millis() as u64,
         guessed: guessed(stages, names),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_history_is_thinned_and_keeps_its_first_and_newest() {
+        let mut h = Vec::new();
+        for at in 0..1000u64 {
+            let e = Eta {
+                p50_ms: 10,
+                p90_ms: 20,
+                at_ms: at,
+                ..Eta::default()
+            };
+            remember(&mut h, &e);
+            assert!(h.len() <= HISTORY_MAX);
+        }
+        assert_eq!(h[0].at_ms, 0);
+        assert_eq!(
+            h.last().map(|e| (e.at_ms, e.p50_end_ms, e.p90_end_ms)),
+            Some((999, 1009, 1019))
+        );
+        assert!(h.windows(2).all(|w| w[0].at_ms < w[1].at_ms));
+    }
 }

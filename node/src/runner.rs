@@ -1035,6 +1035,9 @@ impl Driver {
         }
         let names = self.def.stages.iter().map(|s| s.name.as_str());
         self.status.eta = eta::estimate(&stages, names, unix_ms(), self.status.started_at_ms);
+        if let Some(e) = &self.status.eta {
+            eta::remember(&mut self.status.eta_history, e);
+        }
         self.estimate_after = Some(Instant::now() + eta::next_after(now.elapsed()));
     }
 
@@ -1140,6 +1143,35 @@ pub struct Inspected {
     pub stages: Vec<StageStatus>,
     /// What each stage's tasks of the last run used.
     pub used: Vec<crate::used::StageUse>,
+}
+
+/// What task `index` of stage `stage` used in the farm's last run, where
+/// it ended and was measured. Fails with `AlreadyRunning` while a process
+/// holds the farm.
+pub fn task_used(
+    state: &StateDir,
+    id: &str,
+    stage: &str,
+    index: u32,
+) -> Result<Option<crate::used::TaskUsed>, RunError> {
+    let store = open_store(state, id)?;
+    let key = farm_key(id);
+    let Some(def) = store.def(key)? else {
+        return Ok(None);
+    };
+    let Some(s) = def.stages.iter().position(|st| st.name == stage) else {
+        return Ok(None);
+    };
+    let run = stored_run(&store, key)?;
+    let task = TaskRef::new(s as u32, index);
+    Ok(store.tasks(key)?.into_iter().find_map(|(t, r)| {
+        let ended = matches!(r.state, RecordState::Done | RecordState::Failed);
+        (t == task && ended && r.run == run).then_some(())?;
+        Some(crate::used::TaskUsed {
+            runtime_ms: r.duration_ms,
+            usage: *r.usage.as_deref()?,
+        })
+    }))
 }
 
 /// A farm that is not running, as `mesh export` writes it: each task of

@@ -113,6 +113,9 @@ pub struct FarmStatus {
     /// `eta.rs`); none before a task has finished, or once it has ended.
     #[serde(default)]
     pub eta: Option<crate::eta::Eta>,
+    /// The estimates of its end so far, oldest first (for `mesh report`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub eta_history: Vec<crate::eta::Estimated>,
     /// What each stage's finished tasks used (see `used.rs`), read from
     /// the store by `mesh status` once the run is over.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

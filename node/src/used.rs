@@ -38,6 +38,46 @@ pub struct StageUse {
     /// What each task of the stage asks: memory in bytes (0: no ask), cores.
     pub mem_asked: u64,
     pub cpu_asked: f64,
+    /// Runs per bucket of runtime (upper bounds `RUNTIME_BUCKETS_S`, then
+    /// one unbounded) and of peak memory (`PEAK_BUCKETS`), each bucket its
+    /// own count, with the sums: Prometheus's histograms per stage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtime_buckets: Vec<u64>,
+    #[serde(default)]
+    pub runtime_sum_ms: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peak_buckets: Vec<u64>,
+    #[serde(default)]
+    pub peak_sum: u64,
+}
+
+/// Upper bounds of the runtime buckets, in seconds: a tenth of a second to
+/// a day.
+pub const RUNTIME_BUCKETS_S: [f64; 14] = [
+    0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0,
+];
+/// Upper bounds of the peak memory buckets, in bytes: 16 MiB to 64 GiB.
+pub const PEAK_BUCKETS: [u64; 11] = [
+    16 << 20,
+    64 << 20,
+    128 << 20,
+    256 << 20,
+    512 << 20,
+    1 << 30,
+    2 << 30,
+    4 << 30,
+    8 << 30,
+    16 << 30,
+    64 << 30,
+];
+
+/// Each value's bucket among `bounds` (the last, past every bound), counted.
+fn buckets(values: &[u64], bounds: &[u64]) -> Vec<u64> {
+    let mut n = vec![0; bounds.len() + 1];
+    for &v in values {
+        n[bounds.partition_point(|&b| b < v)] += 1;
+    }
+    n
 }
 
 /// A run that counts toward its stage's figures.
@@ -94,6 +134,13 @@ pub fn by_stage(def: &FarmDef, runs: impl Iterator<Item = Measured>) -> Vec<Stag
                 oom: v.iter().filter(|r| r.1.oom).count() as u64,
                 mem_asked: stage.resources.get(MEM).whole(),
                 cpu_asked: stage.resources.get(CPU).as_f64(),
+                runtime_buckets: buckets(
+                    &runtimes,
+                    &RUNTIME_BUCKETS_S.map(|s| (s * 1000.0) as u64),
+                ),
+                runtime_sum_ms: wall,
+                peak_buckets: buckets(&peaks, &PEAK_BUCKETS),
+                peak_sum: peaks.iter().sum(),
             }
         })
         .collect()
@@ -190,6 +237,41 @@ impl StageUse {
     }
 }
 
+/// What one task's run that counts used, for `mesh logs FARM TASK`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskUsed {
+    pub runtime_ms: u64,
+    pub usage: Usage,
+}
+
+impl TaskUsed {
+    /// In a line: `ran 41.20 s · CPU 96% · peak memory 290.1 MiB · read
+    /// 1.2 MiB, wrote 80.3 MiB`, and `· killed for want of memory` where so.
+    pub fn words(&self) -> String {
+        let u = &self.usage;
+        let cpu = if self.runtime_ms > 0 {
+            format!(
+                " · CPU {:.0}%",
+                u.cpu_ms as f64 * 100.0 / self.runtime_ms as f64
+            )
+        } else {
+            String::new()
+        };
+        let oom = if u.oom {
+            " · killed for want of memory"
+        } else {
+            ""
+        };
+        format!(
+            "ran {}{cpu} · peak memory {} · read {}, wrote {}{oom}",
+            secs(self.runtime_ms),
+            bytes(u.peak_rss),
+            bytes(u.read_bytes),
+            bytes(u.written_bytes)
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +297,28 @@ mod tests {
                 oom: false,
             },
         }
+    }
+
+    #[test]
+    fn runs_fall_in_the_buckets_prometheus_reads() {
+        let runs = [
+            run(50, 0, 10),
+            run(100, 0, 16),
+            run(101, 0, 17),
+            run(99_000_000, 0, 100_000),
+        ];
+        let u = &by_stage(&def("mem = \"1GiB\""), runs.into_iter())[0];
+        // 50 and 100 ms are at most 0.1 s; 101 ms in the 0.5 s bucket; the
+        // longest past a day.
+        assert_eq!(u.runtime_buckets[..2], [2, 1]);
+        assert_eq!(u.runtime_buckets.last(), Some(&1));
+        assert_eq!(u.runtime_buckets.iter().sum::<u64>(), 4);
+        assert_eq!(u.runtime_sum_ms, 99_000_251);
+        // 10 and 16 MiB at most 16 MiB, 17 in the 64 MiB bucket, 100,000
+        // MiB past 64 GiB.
+        assert_eq!(u.peak_buckets[..2], [2, 1]);
+        assert_eq!(u.peak_buckets.last(), Some(&1));
+        assert_eq!(u.peak_sum, (10 + 16 + 17 + 100_000) << 20);
     }
 
     #[test]

@@ -62,11 +62,27 @@ pub struct FarmView {
     /// its home, once a task has finished; see `eta.rs`).
     #[serde(default)]
     pub eta: Option<crate::eta::Eta>,
+    /// Its home's estimates of its end so far, oldest first (kept in the
+    /// home's memory, for `mesh report`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub eta_history: Vec<crate::eta::Estimated>,
     /// What each stage's finished tasks used against their asks (see
     /// `used.rs`), where the node answering holds the farm's log; only in
     /// answers to `mesh status FARM`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub used: Vec<crate::used::StageUse>,
+    /// What each stage's tasks ask for, in stage order; only in answers to
+    /// `mesh status FARM` (`mesh sim --farm` places its tasks by them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asks: Vec<StageAsk>,
+}
+
+/// What a stage's tasks each ask for: memory in bytes (0: no ask) and cores.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageAsk {
+    pub stage: String,
+    pub mem: u64,
+    pub cpu: f64,
 }
 
 /// A farm's outputs coming home, as its home sees them.

@@ -56,6 +56,7 @@ async fn shown(c: &fantoccini::Client) -> Value {
             stages: [...document.querySelectorAll('.stage')].map(e => ({
                 stage: e.dataset.stage, done: +e.dataset.done, total: +e.dataset.total })),
             bars: document.querySelectorAll('#stream-svg rect.bar').length,
+            used: document.querySelectorAll('tr.stage td[data-runtime-p50-ms]').length,
             updates: +(document.body.dataset.updates || 0),
         };"#,
         vec![],
@@ -148,6 +149,16 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
         );
         assert!(after["updates"].as_u64() > before["updates"].as_u64());
         assert!(after["bars"].as_u64() > Some(0));
+        // What the finished tasks used, per stage (issue 63).
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) && after["used"].as_u64() == Some(0) {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            after = shown(&b.client).await;
+        }
+        assert!(
+            after["used"].as_u64() > Some(0),
+            "a stage says what its tasks used: {after}"
+        );
 
         // Every view fits the window, on a desktop and on a phone.
         for size in [(1400, 900), (390, 844)] {

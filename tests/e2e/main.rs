@@ -19,6 +19,7 @@ mod mesh;
 mod open;
 mod oracle;
 mod remote;
+mod report;
 mod resume;
 mod right;
 mod run;

@@ -1,4 +1,4 @@
-//! What each task used (issue 63): on three real nodes that enforce memory asks, a task that holds 200 MiB, one that spins a core for a second of CPU, one that writes 50 MiB, one whose child does the holding, and one past its memory ask; their figures come home, `mesh status FARM` says them per stage, the task events carry them, `mesh export` writes them as WfFormat's measured fields, and the task past its ask is killed with its peak and its ask in words.
+//! What each task used (issue 63): on three real nodes that enforce memory asks, a task that holds 200 MiB, one that spins a core for a second of CPU, one that writes 50 MiB, one whose child does the holding, and one past its memory ask; their figures come home, `mesh status FARM` says them per stage, the task events carry them, `mesh export` writes them as WfFormat's measured fields, the task past its ask is killed with its peak and its ask in words, and `mesh report`'s page says the same figures.
 
 use std::collections::BTreeSet;
 
@@ -153,4 +153,12 @@ fn each_tasks_cpu_memory_and_bytes_come_home_from_three_nodes_and_a_task_past_it
         machines.iter().all(|m| peers.contains(*m)),
         "{machines:?} are the mesh's nodes"
     );
+
+    // `mesh report`: one page whose figures are the status's.
+    let page = sb.path().join("used/report.html");
+    let r = c.mesh(0, &["report", &id, "-o", page.to_str().unwrap()]);
+    r.expect_code(0);
+    let html = std::fs::read_to_string(&page).expect("the report");
+    assert!(html.contains("<svg"), "pictures in the page");
+    crate::report::opens_and_says_what_status_says(&page, &v, "report-used.png");
 }

@@ -601,3 +601,72 @@ fn tasks_scale_a_traces_sweeps_in_proportion_and_keep_its_merges_single() {
     let again = sb.mesh(&[&base[..], &["--tasks", "1000"]].concat()).json();
     assert_eq!(again["rows"], v["rows"]);
 }
+
+#[test]
+fn asks_set_to_what_was_used_run_more_at_once_in_the_what_if() {
+    use mesh_tests::Cluster;
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=4,mem=2GiB"], &[]);
+    // Each task asks 1 GiB and holds a few MiB: two at once where four
+    // cores could run four.
+    sb.write(
+        "asks.toml",
+        r#"
+[farm]
+name = "asks"
+
+[[stage]]
+name = "work"
+sweep.i = { range = "0..5" }
+resources = { mem = "1GiB" }
+shell = "sleep 1"
+"#,
+    );
+    c.mesh(0, &["submit", "asks.toml", "--wait"]).expect_code(0);
+    let sim = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "sim",
+            "--farm",
+            "asks",
+            "--tasks",
+            "24",
+            "--nodes",
+            "2",
+            "--cores-per-node",
+            "4",
+            "--mem-per-node",
+            "2GiB",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let r = c.mesh(0, &args);
+        r.expect_code(0);
+        r.json()
+    };
+    let makespan = |v: &Value| {
+        v["rows"][0]["makespan_p50_ms"]
+            .as_u64()
+            .expect("a makespan")
+    };
+    let (asked, used) = (sim(&[]), sim(&["--asks-used"]));
+    eprintln!(
+        "24 tasks on 2 nodes: {} ms as asked, {} ms as used",
+        makespan(&asked),
+        makespan(&used)
+    );
+    // Six rounds of two at once a node as asked; three of four as used.
+    assert!(
+        (makespan(&used) as f64) < 0.7 * makespan(&asked) as f64,
+        "as used {used}, as asked {asked}"
+    );
+    // The report says what the asks became.
+    let r = c.mesh(0, &["sim", "--farm", "asks", "--asks-used", "--tasks", "8"]);
+    r.expect_code(0);
+    assert!(
+        r.stdout
+            .contains("memory asks set to what the tasks used: work ")
+            && r.stdout.contains("MiB (asks 1.0 GiB)"),
+        "{}",
+        r.stdout
+    );
+}

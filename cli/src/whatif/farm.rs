@@ -57,7 +57,15 @@ pub fn run(args: &SimArgs, to: &Target, farm: &str) -> Result<ExitCode> {
     };
     let now_ms = mesh_node::state::unix_ms();
     let mut rng = SmallRng::seed_from_u64(args.seed.unwrap_or(1));
-    let left = what_is_left(&view, &trace, &tasks, observed.as_ref(), &mut rng, whole)?;
+    let left = what_is_left(
+        &view,
+        &trace,
+        &tasks,
+        observed.as_ref(),
+        &mut rng,
+        whole,
+        args.asks_used,
+    )?;
     if left.tasks == 0 {
         bail!(
             "{} has nothing left to run: {} done, {} failed (see `mesh status {}`)",
@@ -79,7 +87,11 @@ pub fn run(args: &SimArgs, to: &Target, farm: &str) -> Result<ExitCode> {
         let seed = args.seed.unwrap_or(1);
         let mut loaded =
             super::load::load_scaled(file.path(), args.time_scale, Some((n as usize, seed)))?;
-        loaded.source = format!("{} scaled to about {n} tasks", view.id);
+        loaded.source = format!(
+            "{} scaled to about {n} tasks{}",
+            view.id,
+            asks_note(args, &view)
+        );
         return super::answer(args, loaded, None);
     }
     let mut loaded = super::load::load(file.path(), args.time_scale)?;
@@ -118,6 +130,7 @@ fn what_is_left(
     observed: Option<&Observed>,
     rng: &mut SmallRng,
     whole: bool,
+    asks_used: bool,
 ) -> Result<Left> {
     let spec = trace["workflow"]["specification"]["tasks"]
         .as_array()
@@ -127,6 +140,7 @@ fn what_is_left(
         .cloned()
         .unwrap_or_default();
     let mut recorded = Recorded::of(spec, &exec);
+    recorded.asks = asks(view, asks_used);
     let mut progress = Progress::of(tasks);
     let stage_names: Vec<&str> = view.stages.iter().map(|(n, _)| n.as_str()).collect();
     progress.observe(view, &stage_names, observed, &mut recorded);
@@ -234,6 +248,72 @@ fn what_is_left(
     })
 }
 
+/// What each stage's tasks ask for, as the simulator reads a trace's
+/// runs (`coreCount`, `memoryInBytes`): the farm's asks, or with
+/// `used` the most memory a measured task of the stage held (the trace's
+/// `memoryInBytes` is what each run used, not what it asked).
+fn asks(view: &FarmView, used: bool) -> HashMap<String, Value> {
+    view.asks
+        .iter()
+        .map(|a| {
+            let mut ask = json!({});
+            if a.cpu >= 1.0 {
+                ask["coreCount"] = json!(a.cpu);
+            }
+            let held = view
+                .used
+                .iter()
+                .find(|u| u.stage == a.stage && u.peak_max > 0)
+                .map(|u| u.peak_max);
+            let mem = match held {
+                Some(m) if used => m,
+                _ => a.mem,
+            };
+            if mem > 0 {
+                ask["memoryInBytes"] = json!(mem);
+            }
+            (a.stage.clone(), ask)
+        })
+        .collect()
+}
+
+/// With `--asks-used`, what the asks became, for the report's first line.
+fn asks_note(args: &SimArgs, view: &FarmView) -> String {
+    if !args.asks_used {
+        return String::new();
+    }
+    let words = asks_used_words(view);
+    if words.is_empty() {
+        "; its own asks: no task has a measured peak memory yet".into()
+    } else {
+        format!(
+            "; memory asks set to what the tasks used: {}",
+            words.join(", ")
+        )
+    }
+}
+
+/// The asks `--asks-used` puts in place of the farm's, in words: `solve
+/// 310.4 MiB (asks 4.0 GiB)`; stages with no measured run keep theirs.
+fn asks_used_words(view: &FarmView) -> Vec<String> {
+    let bytes = mesh_node::view::bytes;
+    view.asks
+        .iter()
+        .filter_map(|a| {
+            let u = view
+                .used
+                .iter()
+                .find(|u| u.stage == a.stage && u.peak_max > 0)?;
+            let asked = if a.mem > 0 {
+                format!("asks {}", bytes(a.mem))
+            } else {
+                "asks no memory".to_string()
+            };
+            Some(format!("{} {} ({asked})", a.stage, bytes(u.peak_max)))
+        })
+        .collect()
+}
+
 /// A task by its stage and index, as the trace's id ends (`stage.3`).
 fn place(t: &Value) -> Option<(String, u32)> {
     let id = t["id"].as_str()?;
@@ -290,18 +370,10 @@ impl<'a> Recorded<'a> {
             .filter_map(|t| Some((t["id"].as_str()?, t["category"].as_str()?)))
             .collect();
         let mut runtimes: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        let mut asks: HashMap<String, Value> = HashMap::new();
         for e in exec {
             let Some(stage) = e["id"].as_str().and_then(|id| category.get(id)) else {
                 continue;
             };
-            let mut ask = json!({});
-            for k in ["coreCount", "memoryInBytes"] {
-                if !e[k].is_null() {
-                    ask[k] = e[k].clone();
-                }
-            }
-            asks.entry(stage.to_string()).or_insert(ask);
             if e.get("failed").is_none() {
                 if let Some(r) = e["runtimeInSeconds"].as_f64() {
                     runtimes.entry(stage.to_string()).or_default().push(r);
@@ -325,7 +397,7 @@ impl<'a> Recorded<'a> {
             .collect();
         Recorded {
             runtimes,
-            asks,
+            asks: HashMap::new(),
             own,
             timed,
         }

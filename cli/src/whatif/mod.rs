@@ -298,6 +298,7 @@ impl View<'_> {
                     st.guessed.join(", ")
                 );
             }
+
             outln!("  times below count from then, for what is left:");
         }
         let system = t

@@ -6,6 +6,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
+use crate::used::{PEAK_BUCKETS, RUNTIME_BUCKETS_S};
 use crate::view::{FarmView, MeshStatus, Observed};
 use mesh_protocol::observe::Latency;
 use mesh_protocol::observe::{Latencies, LATENCY_NAMES};
@@ -78,6 +79,7 @@ fn counters(
 impl prometheus_client::collector::Collector for Snapshot {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         encode_tasks(&mut enc, &self.farms)?;
+        encode_used(&mut enc, &self.farms)?;
         let Some(o) = &self.observed else {
             return Ok(());
         };
@@ -116,6 +118,73 @@ fn encode_tasks(enc: &mut DescriptorEncoder, farms: &[FarmView]) -> Result<(), s
         }
     }
     gauges(enc, "mesh_tasks", "Tasks by farm, stage and state", &tasks)
+}
+
+/// One histogram per labels: its sum, count and each bucket's own count.
+type Histogram = (Labels, f64, u64, Vec<(f64, u64)>);
+
+fn histograms(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: &[Histogram],
+) -> Result<(), std::fmt::Error> {
+    if values.is_empty() {
+        return Ok(());
+    }
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, sum, count, buckets) in values {
+        m.encode_family(labels)?
+            .encode_histogram::<Labels>(*sum, *count, buckets, None)?;
+    }
+    Ok(())
+}
+
+/// What finished tasks used, per farm and stage (see `used.rs`): runtime
+/// and peak memory as histograms.
+fn encode_used(enc: &mut DescriptorEncoder, farms: &[FarmView]) -> Result<(), std::fmt::Error> {
+    let stages = || {
+        farms
+            .iter()
+            .flat_map(|f| f.used.iter().map(move |u| (f, u)))
+    };
+    let labels = |f: &FarmView, u: &crate::used::StageUse| -> Labels {
+        vec![("farm", f.id.clone()), ("stage", u.stage.clone())]
+    };
+    let runtimes: Vec<Histogram> = stages()
+        .map(|(f, u)| {
+            let bounds = RUNTIME_BUCKETS_S.iter().copied().chain([f64::INFINITY]);
+            let buckets = bounds.zip(u.runtime_buckets.iter().copied()).collect();
+            (
+                labels(f, u),
+                u.runtime_sum_ms as f64 / 1000.0,
+                u.runs,
+                buckets,
+            )
+        })
+        .collect();
+    histograms(
+        enc,
+        "mesh_task_runtime_seconds",
+        "How long each finished task's run that counts took, per farm and stage",
+        &runtimes,
+    )?;
+    let peaks: Vec<Histogram> = stages()
+        .map(|(f, u)| {
+            let bounds = PEAK_BUCKETS
+                .iter()
+                .map(|&b| b as f64)
+                .chain([f64::INFINITY]);
+            let buckets = bounds.zip(u.peak_buckets.iter().copied()).collect();
+            (labels(f, u), u.peak_sum as f64, u.runs, buckets)
+        })
+        .collect();
+    histograms(
+        enc,
+        "mesh_task_peak_memory_bytes",
+        "The peak resident memory of each finished task's run that counts, per farm and stage",
+        &peaks,
+    )
 }
 
 /// The coordinator's term, and what each node runs, holds and has.

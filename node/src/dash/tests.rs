@@ -132,6 +132,15 @@ fn fixture(nodes: usize, runs: u64, tasks: u64, failures: usize) -> Fixed {
             })
             .collect(),
         home: id(1),
+        used: vec![crate::used::StageUse {
+            stage: "sim".into(),
+            runs: 3,
+            runtime_buckets: vec![0, 0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            runtime_sum_ms: 9_000,
+            peak_buckets: vec![1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            peak_sum: 100 << 20,
+            ..crate::used::StageUse::default()
+        }],
         ..FarmView::default()
     };
     Fixed {
@@ -315,6 +324,31 @@ fn metrics_parse_as_prometheus_text() {
                 );
             }
             other => panic!("latency is not a histogram: {other:?}"),
+        }
+        // What finished tasks used, per farm and stage.
+        let sim = [("farm", "sweep-abcdef01"), ("stage", "sim")];
+        match find("mesh_task_runtime_seconds", &sim) {
+            Value::Histogram(h) => {
+                let upto = |le: f64| {
+                    h.iter()
+                        .find(|b| (b.less_than - le).abs() < 1e-9)
+                        .unwrap()
+                        .count
+                };
+                assert_eq!((upto(0.5), upto(1.0), upto(5.0)), (0.0, 1.0, 3.0));
+            }
+            other => panic!("runtime is not a histogram: {other:?}"),
+        }
+        match find("mesh_task_peak_memory_bytes", &sim) {
+            Value::Histogram(h) => {
+                let mib16 = h
+                    .iter()
+                    .find(|b| b.less_than == (16u64 << 20) as f64)
+                    .unwrap();
+                assert_eq!(mib16.count, 1.0);
+                assert_eq!(h.iter().map(|b| b.count).fold(0.0, f64::max), 3.0);
+            }
+            other => panic!("peak memory is not a histogram: {other:?}"),
         }
     });
 }

@@ -248,6 +248,9 @@ pub struct FarmLine {
     /// When it ends, in words (see `FarmView::eta_words`).
     #[serde(default)]
     pub eta: Option<String>,
+    /// The hints on its stages' asks, as `mesh status FARM` gives them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hints: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -263,6 +266,23 @@ pub struct StageLine {
     /// Tasks ended per second, recently.
     pub rate: f64,
     pub eta_s: Option<f64>,
+    /// What its finished tasks used (see `used.rs`), once one was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used: Option<StageUsed>,
+}
+
+/// A stage's figures as the dashboard shows them: runtime p50, CPU as a
+/// share of one core, peak memory p50 and max against the ask (bytes; 0:
+/// no ask).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StageUsed {
+    pub runs: u64,
+    pub runtime_p50_ms: u64,
+    pub cpu_pct: f64,
+    pub peak_p50: u64,
+    pub peak_max: u64,
+    pub mem_asked: u64,
+    pub oom: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -467,7 +487,17 @@ impl Model {
             let mut stages = Vec::new();
             for (name, c) in &f.stages {
                 let rate = self.rates.rate(&f.id, name, c.ended(), now);
-                stages.push(stage_line(name, c, rate));
+                let mut line = stage_line(name, c, rate);
+                line.used = f.used.iter().find(|u| &u.stage == name).map(|u| StageUsed {
+                    runs: u.runs,
+                    runtime_p50_ms: u.runtime_p50_ms,
+                    cpu_pct: u.cpu_pct,
+                    peak_p50: u.peak_p50,
+                    peak_max: u.peak_max,
+                    mem_asked: u.mem_asked,
+                    oom: u.oom,
+                });
+                stages.push(line);
             }
             let failures = f
                 .failures
@@ -487,6 +517,7 @@ impl Model {
                 failures,
                 data: f.data.words(),
                 eta: f.eta_words(now),
+                hints: f.used.iter().flat_map(|u| u.hints()).collect(),
             });
         }
         let shown: HashSet<&str> = farms.iter().map(|f| f.id.as_str()).collect();
@@ -663,6 +694,7 @@ fn stage_line(name: &str, c: &Counts, rate: f64) -> StageLine {
         cancelled: c.cancelled,
         rate,
         eta_s: eta_s(c, rate),
+        used: None,
     }
 }
 

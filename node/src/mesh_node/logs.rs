@@ -111,6 +111,19 @@ impl Node {
                 ask.attempt,
             ),
         };
+        // The run that counts, as the farm's log here has it (the latest
+        // attempt's, when no attempt was named).
+        let used = self
+            .peer
+            .replica(farm)
+            .filter(|_| ask.attempt.is_none())
+            .and_then(|r| r.log.get(task).and_then(|e| e.ran().cloned()))
+            .and_then(|ran| {
+                Some(crate::used::TaskUsed {
+                    runtime_ms: ran.duration_ms,
+                    usage: ran.usage?,
+                })
+            });
         let coordinator = self.peer.coordinator();
         let handle = self.handle.clone();
         let labels = self.labels_now();
@@ -163,6 +176,7 @@ impl Node {
                             stdout: out,
                             stderr: err,
                             done,
+                            used: used.filter(|_| done),
                         })
                         .await;
                     if done || sent.is_err() {

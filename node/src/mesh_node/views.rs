@@ -48,6 +48,9 @@ pub(super) struct Origin {
     /// An estimate of its end is being made; the next is not made before.
     estimating: bool,
     estimate_after: Option<Instant>,
+    /// Its estimates so far: in `mesh status FARM`'s answer only, not in
+    /// every view the dashboard and `mesh list` send.
+    eta_history: Vec<eta::Estimated>,
 }
 
 /// The bytes still to come are counted again at most this often (over
@@ -92,7 +95,9 @@ impl Origin {
                 redone: 0,
                 data: DataView::default(),
                 eta: None,
+                eta_history: Vec::new(),
                 used: Vec::new(),
+                asks: Vec::new(),
             },
             waiters: Vec::new(),
             submit_reply: None,
@@ -107,6 +112,7 @@ impl Origin {
             remember_wait: Vec::new(),
             estimating: false,
             estimate_after: None,
+            eta_history: Vec::new(),
         }
     }
 
@@ -252,6 +258,9 @@ impl Node {
         o.estimating = false;
         o.estimate_after = Some(Instant::now() + eta::next_after(took));
         if !o.view.finished {
+            if let Some(e) = &estimate {
+                eta::remember(&mut o.eta_history, e);
+            }
             o.view.eta = estimate;
             o.notify();
         }
@@ -275,12 +284,26 @@ impl Node {
         v.stopped = describe_stops(&f.spec.def, &f.progress.stopped);
         v.failures = self.describe_failures(&f.spec, &f.failures);
         v.home = self.label_of(f.home.node);
+        v.asks = f
+            .spec
+            .def
+            .stages
+            .iter()
+            .map(|s| crate::view::StageAsk {
+                stage: s.name.clone(),
+                mem: s.resources.get(mesh_protocol::resources::MEM).whole(),
+                cpu: s.resources.get(mesh_protocol::resources::CPU).as_f64(),
+            })
+            .collect();
         if let Some(r) = self.peer.replica(f.spec.id).filter(|r| r.home) {
             v.out = r.out_dir().to_string();
         }
         // The home's estimate of its end (only the home makes one).
-        if let Some(here) = self.home.farms.get(&f.spec.id).filter(|_| !v.finished) {
-            v.eta = here.view.eta.clone();
+        if let Some(here) = self.home.farms.get(&f.spec.id) {
+            if !v.finished {
+                v.eta = here.view.eta.clone();
+            }
+            v.eta_history = here.eta_history.clone();
         }
         o.view
     }

@@ -243,6 +243,7 @@ impl Driver {
                 stages: Vec::new(),
                 failed: Vec::new(),
                 eta: None,
+                eta_history: Vec::new(),
                 used: Vec::new(),
             },
             runtimes: vec![(0, Vec::new()); def.stages.len()],

@@ -16,6 +16,13 @@
   const num = (v, d = 2) => (fin(v) ? String(Math.round(v * 10 ** d) / 10 ** d) : '—');
   const int = (v) => (fin(v) ? Math.round(v).toLocaleString('en-US') : '—');
   const gib = (b) => (fin(b) ? (b / GIB).toFixed(b >= 100 * GIB ? 0 : 1) : '—');
+  const bytes = (b) => {
+    if (!fin(b)) return '—';
+    const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+    let i = 0;
+    while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
+    return (i ? b.toFixed(1) : String(b)) + ' ' + u[i];
+  };
   const tip = $('tip');
   const clock = (ms) => new Date(ms).toLocaleTimeString('en-GB', { hour12: false });
 
@@ -202,6 +209,16 @@
   }
 
   // ---------------------------------------------------------------- farms
+  // What a stage's finished tasks used (mesh status FARM's `used` line).
+  function usedCells(u) {
+    if (!u) return '<td class="num">—</td><td class="num">—</td><td class="num">—</td>';
+    const ask = u.mem_asked ? ` of ${bytes(u.mem_asked)}` : '';
+    const oom = u.oom ? ` <span class="oom" title="killed for want of memory">${int(u.oom)} OOM</span>` : '';
+    return `<td class="num" data-runtime-p50-ms="${u.runtime_p50_ms}">${u.runtime_p50_ms < 10000 ? num(u.runtime_p50_ms / 1000, 2) + 's' : dur(u.runtime_p50_ms / 1000)}</td>` +
+      `<td class="num">${num(u.cpu_pct, 0)}%</td>` +
+      `<td class="num" data-peak-max="${u.peak_max}">${bytes(u.peak_p50)} / ${bytes(u.peak_max)}${ask}${oom}</td>`;
+  }
+
   function renderFarms(d) {
     const farms = d.farms || [];
     if (!farms.length) return '<p class="muted">no farms</p>';
@@ -213,7 +230,9 @@
         (f.eta ? `<span class="eta">${esc(f.eta)}</span>` : '') +
         (f.data ? `<span class="muted data">${esc(f.data)}</span>` : '') + '</div>';
       h += '<div class="tablebox"><table class="stages"><thead><tr><th>stage</th><th>progress</th><th class="num">done</th><th class="num">running</th>' +
-        '<th class="num">queued</th><th class="num">failed</th><th class="num">rate</th><th class="num">ETA</th></tr></thead><tbody>';
+        '<th class="num">queued</th><th class="num">failed</th><th class="num">rate</th><th class="num">ETA</th>' +
+        '<th class="num" title="median runtime of its finished tasks">runtime</th><th class="num" title="CPU time over runtime, in % of one core">CPU</th>' +
+        '<th class="num" title="peak resident memory: median / largest, of the memory asked">peak memory</th></tr></thead><tbody>';
       for (const s of f.stages || []) {
         const t = s.total || 0;
         const other = (s.skipped || 0) + (s.cancelled || 0);
@@ -226,9 +245,11 @@
           `<i class="q" style="width:${pc(s.queued)}"></i></div></td>` +
           `<td class="num">${int(s.done)}/${int(t)}</td><td class="num">${int(s.running)}</td><td class="num">${int(s.queued)}</td>` +
           `<td class="num">${int(s.failed)}${other ? ` <span class="muted" title="skipped ${s.skipped || 0}, cancelled ${s.cancelled || 0}">+${other}</span>` : ''}</td>` +
-          `<td class="num">${fin(s.rate) ? num(s.rate, 1) + '/s' : '—'}</td><td class="num">${dur(s.eta_s)}</td></tr>`;
+          `<td class="num">${fin(s.rate) ? num(s.rate, 1) + '/s' : '—'}</td><td class="num">${dur(s.eta_s)}</td>` +
+          usedCells(s.used) + '</tr>';
       }
       h += '</tbody></table></div>';
+      for (const hint of f.hints || []) h += `<p class="hint">${esc(hint)}</p>`;
       const fl = f.failures || [];
       if (fl.length) {
         h += `<h3>failures (${fl.length})</h3><ul class="failures">`;
