@@ -286,6 +286,17 @@ pub(crate) struct NodeArgs {
     /// names where this machine has it, else `python3`.
     #[arg(long, value_name = "PATH")]
     pub(crate) python: Option<String>,
+    /// Kill a task whose processes hold more memory than its `mem` ask, as
+    /// SLURM does past `--mem`, saying its peak and its ask (default: an
+    /// ask places tasks and is not a limit). Also `MESH_ENFORCE_MEM=1`.
+    #[arg(long)]
+    pub(crate) enforce_mem: bool,
+    /// Measure each task in a cgroup of its own where this node may make
+    /// one (root, cgroup v1): exact CPU and peak memory over every process
+    /// it had, at some cost per task (default: its process tree, sampled
+    /// from /proc). Also `MESH_CGROUPS=1`.
+    #[arg(long)]
+    pub(crate) cgroups: bool,
 }
 
 #[derive(Args)]
@@ -740,6 +751,11 @@ fn run(
 /// Warm Python workers for `python` tasks; without them (a state folder
 /// that cannot take the worker's script) each runs as a process of its own.
 pub(crate) fn warm_workers(state: &Path, node: &NodeArgs) {
+    // How tasks are measured is settled (and a cgroup made) before the first.
+    mesh_node::cgroup::init(node.cgroups);
+    if node.enforce_mem {
+        mesh_node::usage::enforce_mem();
+    }
     if let Err(e) = mesh_node::warm::init(state, node.python.clone()) {
         eprintln!(
             "warning: no warm Python workers (cannot write {}: {e}): python tasks start an interpreter each",

@@ -890,14 +890,15 @@ fn print_glance(s: &MeshStatus, here: &str) {
 /// A line per node.
 fn print_node_lines(nodes: &[&NodeView], here: &str) {
     outln!(
-        "{:<10} {:<14} {:>4} {:>5}  {:<13} {:<19} {:>6}  gpus",
+        "{:<10} {:<14} {:>4} {:>5}  {:<13} {:<19} {:>6}  {:<9}  gpus",
         "node",
         "state",
         "run",
         "queue",
         "cpu in use",
         "memory",
-        "load"
+        "load",
+        "measures"
     );
     for n in nodes {
         let mark = match (n.coordinator, n.local) {
@@ -918,8 +919,9 @@ fn print_node_lines(nodes: &[&NodeView], here: &str) {
             _ => String::new(),
         };
         let load = n.load.map_or(String::new(), |l| format!("{l:.2}"));
+        let measures = n.measure.map_or("", |m| m.word());
         outln!(
-            "…{:<9} {:<14} {:>4} {:>5}  {cpu:<13} {mem:<19} {load:>6}  {}{mark}",
+            "…{:<9} {:<14} {:>4} {:>5}  {cpu:<13} {mem:<19} {load:>6}  {measures:<9}  {}{mark}",
             short_id(&n.id),
             n.state().word(),
             n.running,
@@ -970,6 +972,9 @@ fn print_node(s: &MeshStatus, n: &NodeView, here: &str) {
         }
     );
     outln!("    tasks     {} running, {} queued", n.running, n.queued);
+    if let Some(m) = n.measure {
+        outln!("    measures  what each task uses with {}", m.words());
+    }
     if !n.gpus.is_empty() {
         let gpus: Vec<String> = n
             .gpus

@@ -42,8 +42,8 @@ const PIPE_DRAIN_MS: u64 = 500;
 /// longest interval is how long a peak of memory may go unseen: a node
 /// with many long tasks wakes for each four times a second, some 50 µs of
 /// reading `/proc` each time.
-const EXIT_POLL_FIRST_MS: u64 = 10;
-const EXIT_POLL_MAX_MS: u64 = 250;
+pub(crate) const EXIT_POLL_FIRST_MS: u64 = 10;
+pub(crate) const EXIT_POLL_MAX_MS: u64 = 250;
 /// Times the runner yields to a task whose pipes closed before it can be reaped.
 const EXIT_YIELDS: u32 = 3;
 
@@ -531,7 +531,23 @@ async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) ->
         // std does this with posix_spawn, no fork-and-exec closure needed.
         .process_group(0)
         .envs(env.iter().map(|(k, v)| (k, v)));
-    let mut spawned = cmd.spawn();
+    // Born in a cgroup of its own where the node makes them (cgroup.rs).
+    let group = if crate::usage::measuring() {
+        crate::cgroup::Group::take()
+    } else {
+        None
+    };
+    let spawn = |mut cmd: std::process::Command| match &group {
+        Some(g) => g.spawn_in(move || {
+            let spawned = cmd.spawn();
+            (cmd, spawned)
+        }),
+        None => {
+            let spawned = cmd.spawn();
+            (cmd, spawned)
+        }
+    };
+    let (mut cmd, mut spawned) = spawn(cmd);
     // A program written here a moment ago (an input staged, fetched or
     // linked) may still be open for writing in a child that another thread
     // was forking meanwhile: it keeps the descriptor until its own exec, and
@@ -542,7 +558,7 @@ async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) ->
     {
         tries += 1;
         tokio::time::sleep(std::time::Duration::from_millis(5 * tries)).await;
-        spawned = cmd.spawn();
+        (cmd, spawned) = spawn(cmd);
     }
     // The command holds this side's copies of the pipes' write ends: they
     // must close for the reads to end when the task's side does.
@@ -577,7 +593,7 @@ async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) ->
         tokio::join!(out, err);
     };
     tokio::pin!(pipes);
-    let mut meter = crate::usage::Meter::start(pid, l.grant.resources.get(MEM).whole());
+    let mut meter = crate::usage::Meter::start(pid, l.grant.resources.get(MEM).whole(), group);
     let exited = tokio::select! {
         // The common case: the task's end closes its pipes, and it is
         // reaped then, without a descriptor or a registration of its own.
@@ -629,6 +645,7 @@ async fn run_warm(
         (&l.root, cwd),
         env,
         ((&l.stdout_log, &l.stderr_log), (l.hand, &l.riding)),
+        l.grant.resources.get(MEM).whole(),
         |pid| {
             live.pgid.store(pid, Ordering::SeqCst);
             if live.kill_asked.load(Ordering::SeqCst) && pid > 0 {
@@ -639,31 +656,36 @@ async fn run_warm(
     .await;
     let logs = log_bits(&l.stdout_log, &l.stderr_log);
     let mut said = Said::default();
-    let result = match ran {
-        Ok(crate::warm::Ended::Exited(c, s)) => {
+    let (result, mut usage) = match ran {
+        Ok(crate::warm::Ended::Exited(c, s, u)) => {
             said = s;
-            TaskResult::Exited(c)
+            (TaskResult::Exited(c), u)
         }
-        Ok(crate::warm::Ended::Died(s)) => match (s.code(), s.signal()) {
-            (Some(c), _) => TaskResult::Exited(c),
-            (None, Some(sig)) => TaskResult::Signaled(sig),
-            (None, None) => {
-                TaskResult::Error("the Python worker ended without an exit status".into())
-            }
+        Ok(crate::warm::Ended::Died(s, u)) => match (s.code(), s.signal()) {
+            (Some(c), _) => (TaskResult::Exited(c), u),
+            (None, Some(sig)) => (TaskResult::Signaled(sig), u),
+            (None, None) => (
+                TaskResult::Error("the Python worker ended without an exit status".into()),
+                u,
+            ),
         },
         Err(crate::warm::WarmError::NotSetUp) => {
             return (spawn(l, live, cwd, env).await, Vec::new());
         }
-        Err(e) => TaskResult::Error(e.to_string()),
+        Err(e) => (TaskResult::Error(e.to_string()), None),
     };
+    // As for a task of its own: a SIGKILL mesh sent is not the kernel's.
+    let killed = result == TaskResult::Signaled(Signal::SIGKILL as i32)
+        && !live.kill_asked.load(Ordering::SeqCst);
+    if let Some(u) = usage.as_mut() {
+        u.oom &= killed;
+    }
     let Said { handed, made } = said;
-    // A call in a warm worker is not measured yet: the worker's own use
-    // would have to be told apart from the call's.
     let ended = Ended {
         result,
         logs,
         handed,
-        usage: None,
+        usage,
     };
     (ended, made)
 }

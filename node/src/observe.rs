@@ -171,6 +171,7 @@ impl Machine {
             cpus: self.cpus,
             mem_used: self.mem_used?,
             mem_total: self.mem_total?,
+            measure: crate::cgroup::method(),
         })
     }
 }

@@ -21,11 +21,18 @@
 //! kernel kill one of them, or the node. Its words then say so, with its
 //! peak and its ask.
 //!
+//! A call in a warm Python worker (see `warm.rs`) is measured by the
+//! worker itself, its own use before the call apart (`warm.py` reads its
+//! counts around the call and resets its high-water mark as it begins);
+//! [`Call`] adds what the processes the call started held, looked at as
+//! a task's tree is, and reads a worker that died in a call.
+//!
 //! No cgroup is made: it would need root, and would count the page cache
 //! a task's writes leave as its memory, where users and `sacct` mean its
 //! resident set.
 
 use std::fs;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use mesh_protocol::engine::Usage;
 
@@ -42,23 +49,36 @@ pub struct Meter {
     over: bool,
     /// Off where the node's environment says `MESH_MEASURE=0`.
     on: bool,
+    /// The task's own cgroup, where the node makes them (see cgroup.rs):
+    /// its CPU, high-water mark and kills for memory, exact.
+    group: Option<crate::cgroup::Group>,
 }
 
 /// Whether tasks are measured: unless the node's environment has
 /// `MESH_MEASURE=0` (which lets the overhead bench weigh what measuring
 /// costs).
-fn measuring() -> bool {
+pub(crate) fn measuring() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("MESH_MEASURE").is_none_or(|v| v != "0"))
 }
 
+/// `mesh node --enforce-mem` (or `mesh run --enforce-mem`): as
+/// `MESH_ENFORCE_MEM=1`.
+static ENFORCE: AtomicBool = AtomicBool::new(false);
+
+/// Holds tasks to their memory asks from now on (see `enforcing`).
+pub fn enforce_mem() {
+    ENFORCE.store(true, Ordering::Relaxed);
+}
+
 /// Whether a task past its memory ask is killed: where the node's
-/// environment has `MESH_ENFORCE_MEM=1`. Off by default, as HyperQueue and
+/// environment has `MESH_ENFORCE_MEM=1` (or `--enforce-mem`). Off by default, as HyperQueue and
 /// Snakemake leave an ask a scheduling hint (an imported trace's asks,
 /// scaled down, are far below what a shell holds); SLURM users turn it on.
 fn enforcing() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("MESH_ENFORCE_MEM").is_some_and(|v| v == "1"))
+    ENFORCE.load(Ordering::Relaxed)
+        || *ON.get_or_init(|| std::env::var_os("MESH_ENFORCE_MEM").is_some_and(|v| v == "1"))
 }
 
 /// One kibibyte: `/proc`'s memory figures are in kB (KiB).
@@ -71,16 +91,22 @@ impl Meter {
     /// Starts following the task whose leader is `pid`, which asked for
     /// `asked` bytes of memory (0: none), its limit where the node
     /// enforces asks.
-    pub fn start(pid: i32, asked: u64) -> Meter {
+    pub fn start(pid: i32, asked: u64, group: Option<crate::cgroup::Group>) -> Meter {
         let on = measuring();
         let limit = if on && enforcing() { asked } else { 0 };
         Meter {
             pid,
             peak: 0,
-            oom_kills: if on { oom_kills_lately() } else { None },
+            // The task's cgroup counts its kills for memory itself.
+            oom_kills: if on && group.is_none() {
+                oom_kills_lately()
+            } else {
+                None
+            },
             limit,
             over: false,
             on,
+            group,
         }
     }
 
@@ -95,23 +121,9 @@ impl Meter {
         if !self.on {
             return false;
         }
-        let mut rss = 0;
-        let mut hwm_max = 0;
-        let mut stack = vec![self.pid];
-        let mut seen = 0;
-        while let Some(pid) = stack.pop() {
-            seen += 1;
-            if seen > TREE_MAX {
-                break;
-            }
-            let Some((now, hwm)) = memory(pid) else {
-                continue;
-            };
-            rss += now;
-            hwm_max = hwm_max.max(hwm);
-            children(pid, &mut stack);
-        }
-        self.peak = self.peak.max(rss).max(hwm_max);
+        let l = look(self.pid);
+        let rss = l.root_rss + l.rest_rss;
+        self.peak = self.peak.max(rss).max(l.root_hwm).max(l.rest_hwm);
         if self.limit > 0 && rss > self.limit {
             self.over = true;
         }
@@ -125,16 +137,172 @@ impl Meter {
     /// its caller keeps it only where no timeout or cancel sent the kill.
     pub fn finish(&self, sigkilled: bool) -> Usage {
         let (read_bytes, written_bytes) = io(self.pid);
-        let oom = self.over
-            || (sigkilled && matches!((self.oom_kills, oom_kills()), (Some(a), Some(b)) if b > a));
+        // Asked only of a task SIGKILLed: no other died for memory.
+        let killed_for_memory = sigkilled
+            && match &self.group {
+                Some(g) => g.oom_killed(),
+                None => matches!((self.oom_kills, oom_kills()), (Some(a), Some(b)) if b > a),
+            };
+        // A cgroup's CPU counts every process the task ever had, those it
+        // did not wait for too; its high-water mark, the peaks between looks.
+        let group = self.group.as_ref();
         Usage {
-            cpu_ms: cpu_ms(self.pid),
-            peak_rss: self.peak,
+            cpu_ms: group
+                .and_then(|g| g.cpu_ms())
+                .unwrap_or_else(|| cpu_ms(self.pid)),
+            peak_rss: self.peak.max(
+                group
+                    .and_then(|g| g.peak(read_bytes + written_bytes))
+                    .unwrap_or(0),
+            ),
             read_bytes,
             written_bytes,
-            oom,
+            oom: self.over || killed_for_memory,
         }
     }
+}
+
+/// Follows one call in a warm Python worker (see `warm.rs`), whose
+/// worker is `pid`. The worker tells what the call used itself (`warm.py`
+/// reads its own counts around it, its memory above what it held when
+/// the call began); what is looked at here is the processes the call
+/// started (a Snakemake job's shell and the tools it runs), as a task's
+/// tree is, and the worker's own high-water mark, for a call that killed
+/// its worker before it could tell. Where the node enforces memory asks,
+/// a call whose worker holds more than it held before the call by more
+/// than its ask, its processes included, is killed with its worker.
+pub struct Call {
+    pid: i32,
+    /// What the worker held when it last answered, in bytes.
+    held: u64,
+    /// The memory the call may hold, in bytes (0: no limit).
+    limit: u64,
+    /// It held more than `limit` at a look: it is killed.
+    over: bool,
+    /// The most the worker's descendants held at one look, in bytes.
+    children: u64,
+    /// The worker's high-water mark at the last look: the worker resets
+    /// it as each call begins, so it is the call's.
+    worker_hwm: u64,
+    /// The kernel's count of processes it killed for memory, at the start.
+    oom_kills: Option<u64>,
+    on: bool,
+}
+
+/// What a warm worker had used in all when it last answered, as it told:
+/// what a call's figures are counted from when the worker dies in it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub cpu_ms: u64,
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+    /// Its resident memory, in bytes.
+    pub rss: u64,
+}
+
+impl Call {
+    /// Starts following a call in the worker `pid`, which held `held`
+    /// bytes when it last answered (0: a fresh worker, whose own memory
+    /// counts against the ask, as a task's interpreter's does), for a
+    /// task that asked for `asked` bytes (0: none).
+    pub fn start(pid: i32, held: u64, asked: u64) -> Call {
+        let on = measuring();
+        Call {
+            pid,
+            held,
+            limit: if on && enforcing() { asked } else { 0 },
+            over: false,
+            children: 0,
+            worker_hwm: 0,
+            oom_kills: if on { oom_kills_lately() } else { None },
+            on,
+        }
+    }
+
+    /// Whether it measures at all (see `measuring`).
+    pub fn on(&self) -> bool {
+        self.on
+    }
+
+    /// One look at the worker and the processes under it. True when the
+    /// call holds more than it asked for.
+    pub fn sample(&mut self) -> bool {
+        if !self.on {
+            return false;
+        }
+        let l = look(self.pid);
+        self.children = self.children.max(l.rest_rss).max(l.rest_hwm);
+        self.worker_hwm = self.worker_hwm.max(l.root_hwm);
+        if self.limit > 0 && l.root_rss.saturating_sub(self.held) + l.rest_rss > self.limit {
+            self.over = true;
+        }
+        self.over
+    }
+
+    /// What the call used: what the worker told of itself, and the most
+    /// the processes it started held at a look, added to its peak.
+    pub fn told(&self, worker: Usage) -> Usage {
+        Usage {
+            peak_rss: worker.peak_rss + self.children,
+            ..worker
+        }
+    }
+
+    /// What a call used whose worker died in it (killed with the task,
+    /// past its ask, by the kernel, or a script that ended the process):
+    /// read from the dead worker before it is reaped, less `before`, what
+    /// it had used when it last answered (none for a fresh worker: its
+    /// start counts, as a task's own process's does). Its memory is as of
+    /// the last look. `oom` as [`Meter::finish`] says it.
+    pub fn died(&self, sigkilled: bool, before: Option<Totals>) -> Usage {
+        let b = before.unwrap_or_default();
+        let (read, written) = io(self.pid);
+        Usage {
+            cpu_ms: cpu_ms(self.pid).saturating_sub(b.cpu_ms),
+            peak_rss: self.worker_hwm.saturating_sub(b.rss) + self.children,
+            read_bytes: read.saturating_sub(b.read_bytes),
+            written_bytes: written.saturating_sub(b.written_bytes),
+            oom: self.over
+                || (sigkilled
+                    && matches!((self.oom_kills, oom_kills()), (Some(a), Some(b)) if b > a)),
+        }
+    }
+}
+
+/// What one look at a process tree found, in bytes.
+#[derive(Default)]
+struct Look {
+    /// The root's resident memory and its high-water mark.
+    root_rss: u64,
+    root_hwm: u64,
+    /// The resident memory of the rest of the tree, summed, and the
+    /// largest high-water mark among them.
+    rest_rss: u64,
+    rest_hwm: u64,
+}
+
+/// Walks the tree under `pid` (none where `pid` is gone).
+fn look(pid: i32) -> Look {
+    let mut l = Look::default();
+    let mut stack = vec![pid];
+    let mut seen = 0;
+    while let Some(p) = stack.pop() {
+        seen += 1;
+        if seen > TREE_MAX {
+            break;
+        }
+        let Some((now, hwm)) = memory(p) else {
+            continue;
+        };
+        if p == pid {
+            (l.root_rss, l.root_hwm) = (now, hwm);
+        } else {
+            l.rest_rss += now;
+            l.rest_hwm = l.rest_hwm.max(hwm);
+        }
+        children(p, &mut stack);
+    }
+    l
 }
 
 /// A process's resident memory now and its high-water mark, in bytes.
@@ -237,5 +405,88 @@ fn oom_kills_lately() -> Option<u64> {
             *lately = Some((Instant::now(), count));
             count
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::{Child, Command};
+    use std::time::Duration;
+
+    use nix::sys::wait::{waitid, Id, WaitPidFlag};
+    use nix::unistd::Pid;
+
+    use super::*;
+
+    /// `script` in a group of its own, as a worker is.
+    fn sh(script: &str) -> Child {
+        use std::os::unix::process::CommandExt;
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .process_group(0)
+            .spawn()
+            .expect("sh")
+    }
+
+    /// Kills `worker`'s group, and so what it started.
+    fn kill(worker: &Child) {
+        use nix::sys::signal::{killpg, Signal};
+        let _ = killpg(Pid::from_raw(worker.id() as i32), Signal::SIGKILL);
+    }
+
+    /// A warm worker's own use is its own to tell; what the processes a
+    /// call started held is looked at and added.
+    #[test]
+    fn a_call_adds_what_the_processes_it_started_held_to_what_its_worker_told() {
+        const MIB: u64 = 1 << 20;
+        let mut worker = sh(
+            "python3 -c 'x = bytearray(64 << 20); x[::4096] = bytes(len(x) // 4096); \
+             import time; time.sleep(3)'; true",
+        );
+        let mut call = Call::start(worker.id() as i32, 0, 0);
+        for _ in 0..15 {
+            std::thread::sleep(Duration::from_millis(100));
+            call.sample();
+        }
+        let told = call.told(Usage {
+            cpu_ms: 5,
+            peak_rss: MIB,
+            ..Usage::default()
+        });
+        kill(&worker);
+        let _ = worker.wait();
+        // The child's 64 MiB and its interpreter; not the shell's own.
+        assert!((65 * MIB..100 * MIB).contains(&told.peak_rss), "{told:?}");
+        assert_eq!(told.cpu_ms, 5);
+    }
+
+    /// A worker killed in a call is read dead, less what it had used when
+    /// it last answered.
+    #[test]
+    fn a_call_whose_worker_died_is_read_from_the_dead_worker() {
+        let mut worker = sh("while :; do :; done");
+        let pid = worker.id() as i32;
+        let call = Call::start(pid, 0, 0);
+        // A loaded machine stretches its run, not its CPU.
+        for _ in 0..300 {
+            if cpu_ms(pid) >= 300 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        kill(&worker);
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT;
+        waitid(Id::Pid(Pid::from_raw(pid)), flags).expect("dead, unreaped");
+        let all = call.died(true, None);
+        let before = Totals {
+            cpu_ms: 100,
+            ..Totals::default()
+        };
+        let since = call.died(true, Some(before));
+        let _ = worker.wait();
+        assert!(all.cpu_ms >= 300, "{all:?}");
+        assert_eq!(since.cpu_ms, all.cpu_ms - 100);
+        assert!(!all.oom, "no kill for memory: {all:?}");
     }
 }

@@ -204,6 +204,9 @@ pub struct NodeView {
     pub mem_used: Option<u64>,
     #[serde(default)]
     pub mem_total: Option<u64>,
+    /// How it measures what its tasks use (absent when it did not answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measure: Option<mesh_protocol::observe::Measure>,
     #[serde(default)]
     pub counters: Option<Counters>,
     /// Each resource in use against the node's total.
@@ -263,6 +266,7 @@ impl NodeView {
             self.cpus = Some(m.cpus);
             self.mem_used = Some(m.mem_used);
             self.mem_total = Some(m.mem_total);
+            self.measure = Some(m.measure);
         }
         self.gpus = b
             .gpus

@@ -14,12 +14,22 @@ the task succeeded), and {"made": [name]}, the outputs it wrote only to
 be outputs (`mesh_warm.made`), which the node moves instead of copying.
 A script finds its dependencies' outputs that rode with the log in
 `mesh_warm.riding` (bytes by their path under `{out}`), not as files.
+
+Each run is measured (unless the node's environment says
+`MESH_MEASURE=0`), the worker's own use before it apart: {"used":
+[cpu_ms, peak, read, written]}, its CPU time (user and system, and that
+of the children it waited for), the most resident memory it held above
+what the worker held when it began, and the bytes of its read and write
+calls; and {"worker": [cpu_ms, read, written, rss]}, the worker's totals
+after it, what the node subtracts from a dead worker's counts when a run
+kills its worker. The processes a run starts are looked at by the node.
 """
 
 import base64
 import builtins
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -120,6 +130,103 @@ class Env:
             os.environ.update(self.base)
 
 
+class Meter:
+    """What one run uses, read from the kernel's counts before and after it.
+
+    CPU and bytes are exact: ``getrusage`` of the worker and of the
+    children it waited for, ``rchar`` and ``wchar`` of ``/proc/self/io``
+    (which count waited children too). Memory: the worker's high-water
+    mark is reset to what it holds as the run begins (``5`` written to
+    ``/proc/self/clear_refs``, Linux 4.0 and later), and read after it,
+    so the run's peak is the mark less what was held before. The mark is
+    read only when the run took a page fault: a run that faulted no page
+    in cannot have held more than it began with, and reading
+    ``/proc/self/status`` was half of what measuring a thin run cost.
+    """
+
+    def __init__(self):
+        self.on = os.environ.get("MESH_MEASURE") != "0"
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        # Kept open: opening them was most of measuring's cost. Where one
+        # cannot be opened or read, its figures are 0.
+        self.io, self.statm, self.status, self.clear = (self._open(n, m) for n, m in (("io", os.O_RDONLY), ("statm", os.O_RDONLY), ("status", os.O_RDONLY), ("clear_refs", os.O_WRONLY)))
+        self.before = None
+        self.totals = [0, 0, 0, 0]
+
+    @staticmethod
+    def _open(name, mode):
+        try:
+            return os.open("/proc/self/" + name, mode)
+        except OSError:
+            return -1
+
+    def start(self, getrusage=resource.getrusage, pread=os.pread):
+        """Reads the counts as a run begins (a measuring cost per run: as
+        few calls as will do)."""
+        if not self.on:
+            return
+        try:
+            held = int(pread(self.statm, 64, 0).split(None, 2)[1]) * self.page
+        except (OSError, ValueError, IndexError):
+            held = 0
+        try:
+            os.write(self.clear, b"5")
+            mark = None
+        except OSError:
+            # Not reset: the mark is the worker's own since it started,
+            # the run's only if it rises past it.
+            mark = self._marks()[0]
+        s = getrusage(resource.RUSAGE_SELF)
+        c = getrusage(resource.RUSAGE_CHILDREN)
+        try:
+            text = pread(self.io, 64, 0)
+            io = text.split(None, 4)
+            # The kernel counts a read once done: this one's own bytes
+            # are in the next count.
+            read, wrote = int(io[1]) + len(text), int(io[3])
+        except (OSError, ValueError, IndexError):
+            read = wrote = 0
+        self.before = (s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime, s.ru_minflt + s.ru_majflt, read, wrote, held, mark)
+
+    def _marks(self):
+        """The worker's high-water mark and resident memory now, in bytes."""
+        try:
+            st = os.pread(self.status, 4096, 0)
+        except OSError:
+            st = b""
+        out = []
+        for key in (b"VmHWM:", b"VmRSS:"):
+            i = st.find(key)
+            out.append(int(st[i + len(key) : st.index(b"kB", i)]) * 1024 if i >= 0 else 0)
+        return out
+
+    def end(self, getrusage=resource.getrusage, pread=os.pread):
+        """What the run used, as the answer's "used"; None when off."""
+        if self.before is None:
+            return None
+        cpu0, faults0, read0, wrote0, held, mark = self.before
+        self.before = None
+        s = getrusage(resource.RUSAGE_SELF)
+        c = getrusage(resource.RUSAGE_CHILDREN)
+        try:
+            io = pread(self.io, 64, 0).split(None, 4)
+            read, wrote = int(io[1]), int(io[3])
+        except (OSError, ValueError, IndexError):
+            read, wrote = read0, wrote0
+        peak, rss = 0, held
+        if s.ru_minflt + s.ru_majflt != faults0:
+            hwm, rss = self._marks()
+            peak = max(0, (hwm if mark is None or hwm > mark else rss) - held)
+        cpu = round((s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime) * 1000)
+        self.totals = [cpu, read, wrote, rss]
+        return [max(0, cpu - round(cpu0 * 1000)), peak, read - read0, wrote - wrote0]
+
+    def copied(self, n):
+        """The worker read and wrote ``n`` bytes of the run's logs after it."""
+        self.totals[1] += n
+        self.totals[2] += n
+
+
 def scratch():
     """A file of this worker's, unnamed: what a task writes goes there
     first, and becomes its log only if there is any (most thin tasks say
@@ -131,10 +238,10 @@ def scratch():
 
 def keep(f, fd, path):
     """The task's output on ``fd`` (its scratch ``f``) as its log at
-    ``path``, if any; whether there was any."""
+    ``path``, if any; how many bytes there were (0: none)."""
     size = os.lseek(fd, 0, os.SEEK_CUR)
     if size == 0:
-        return False
+        return 0
     os.lseek(fd, 0, os.SEEK_SET)
     # The log's folder is made by the first log written in it, as the
     # node makes it for a task of its own (most thin tasks write none).
@@ -145,7 +252,17 @@ def keep(f, fd, path):
             if not chunk:
                 break
             dst.write(chunk)
-    return True
+    return size
+
+
+def measure(step):
+    """A step of measuring, whose failure (a count unreadable, a
+    descriptor of the worker's a script closed) costs the run its figures,
+    never its end."""
+    try:
+        return step()
+    except Exception:
+        return None
 
 
 def main():
@@ -158,8 +275,9 @@ def main():
     base_path = list(sys.path[1:])
     home = os.getcwd()
     logs = (scratch(), scratch())
-    written = [False, False]
+    written = [0, 0]
     hand = Hand()
+    meter = Meter()
     warm = type(sys)("mesh_warm")
     warm.hand = hand.hand
     warm.made = hand.made_file
@@ -178,6 +296,7 @@ def main():
                 os.lseek(f.fileno(), 0, os.SEEK_SET)
             os.dup2(f.fileno(), fd)
         code = 0
+        measure(meter.start)
         try:
             os.chdir(req["cwd"])
             env.enter(req["env"])
@@ -202,9 +321,11 @@ def main():
             sys.stderr.flush()
         except Exception:
             pass
+        used = measure(meter.end)
         for i, (f, fd, path) in enumerate(zip(logs, (1, 2), (req["out"], req["err"]))):
             try:
                 written[i] = keep(f, fd, path)
+                meter.copied(written[i])
             except OSError:
                 # A log that cannot be written (a full disk): the task's
                 # end stands; its words are lost with it.
@@ -220,6 +341,9 @@ def main():
             answer["handed"] = {k: base64.b64encode(v).decode() for k, v in hand.handed.items()}
         if hand.made:
             answer["made"] = hand.made
+        if used is not None:
+            answer["used"] = used
+            answer["worker"] = meter.totals
         answers.write(json.dumps(answer).encode() + b"\n")
 
 

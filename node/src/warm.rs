@@ -24,9 +24,12 @@ use std::process::Stdio;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use mesh_protocol::engine::Usage;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
+
+use crate::usage::Totals;
 
 /// The worker's own code.
 const SCRIPT: &str = include_str!("warm.py");
@@ -34,6 +37,10 @@ const SCRIPT: &str = include_str!("warm.py");
 const IDLE_MAX: Duration = Duration::from_secs(60);
 /// Idle workers kept per kind, at most.
 const IDLE_PER_KIND: usize = 64;
+/// How long a worker sent SIGKILL is given to be dead before what it used
+/// is read, in ms: it is read only dead, when its counts include
+/// everything it did.
+const DEATH_WAIT_MS: u32 = 100;
 
 /// Idle workers kept in all: twice the machine's cores, so that the
 /// workers of farms that ended give way to a new farm's.
@@ -68,6 +75,8 @@ struct Worker {
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     used: Instant,
+    /// What it had used in all when it last answered (see `usage::Call`).
+    totals: Option<Totals>,
 }
 
 impl Drop for Worker {
@@ -100,6 +109,13 @@ struct Answer {
     /// Outputs written only to be outputs, by name.
     #[serde(default)]
     made: Vec<String>,
+    /// What the run used itself: CPU ms, peak memory above what the
+    /// worker held before it, bytes read, bytes written (none where the
+    /// node does not measure).
+    used: Option<[u64; 4]>,
+    /// The worker's totals after it: CPU ms, bytes read, bytes written,
+    /// resident memory.
+    worker: Option<[u64; 4]>,
 }
 
 /// Makes warm workers possible on this node: the script is written into
@@ -152,13 +168,15 @@ pub struct Said {
     pub made: Vec<String>,
 }
 
-/// How a run in a worker ended.
+/// How a run in a worker ended, with what it used (see `usage::Call`):
+/// none where the node does not measure, or a dead worker could not be
+/// read.
 pub enum Ended {
     /// Its exit code, and what it said of its outputs.
-    Exited(i32, Said),
+    Exited(i32, Said, Option<Usage>),
     /// The worker died (killed, or the script ended its process); the
     /// status it died with.
-    Died(std::process::ExitStatus),
+    Died(std::process::ExitStatus, Option<Usage>),
 }
 
 /// Why a task could not run in a worker.
@@ -178,12 +196,14 @@ pub enum WarmError {
 /// farm whose folder is `root`; `started` is told the worker's process
 /// id (its group's) before the task runs. The script may hand back
 /// outputs of up to `hand` bytes, and finds `riding` (its dependencies'
-/// outputs that rode with the log) in memory.
+/// outputs that rode with the log) in memory. `asked`: the memory the
+/// task asked for, in bytes (see `usage::Call`).
 pub async fn run(
     argv: &[String],
     (root, cwd): (&Path, &Path),
     env: &[(String, String)],
     (logs, (hand, riding)): ((&Path, &Path), (usize, &Riding)),
+    asked: u64,
     started: impl FnOnce(i32),
 ) -> Result<Ended, WarmError> {
     let setup = SETUP.get().ok_or(WarmError::NotSetUp)?;
@@ -228,15 +248,37 @@ pub async fn run(
     let mut line = serde_json::to_vec(&req).map_err(io::Error::other)?;
     line.push(b'\n');
     let mut answer = String::new();
-    let talked = async {
+    let held = w.totals.map_or(0, |t| t.rss);
+    let mut meter = crate::usage::Call::start(w.pid, held, asked);
+    let talk = async {
         w.stdin.write_all(&line).await?;
         w.stdin.flush().await?;
         w.stdout.read_line(&mut answer).await
-    }
-    .await;
+    };
+    let talked = tokio::select! {
+        t = talk => t,
+        never = looks(&mut meter, w.pid) => match never {},
+    };
     match talked {
         Ok(n) if n > 0 => {
             let a: Answer = serde_json::from_str(&answer).map_err(io::Error::other)?;
+            let usage = a.used.map(|[cpu_ms, peak_rss, read_bytes, written_bytes]| {
+                meter.told(Usage {
+                    cpu_ms,
+                    peak_rss,
+                    read_bytes,
+                    written_bytes,
+                    oom: false,
+                })
+            });
+            w.totals = a
+                .worker
+                .map(|[cpu_ms, read_bytes, written_bytes, rss]| Totals {
+                    cpu_ms,
+                    read_bytes,
+                    written_bytes,
+                    rss,
+                });
             w.used = Instant::now();
             give_back(kind, w);
             let mut handed = Vec::with_capacity(a.handed.len());
@@ -253,16 +295,58 @@ pub async fn run(
                     handed,
                     made: a.made,
                 },
+                usage,
             ))
         }
         // The worker is gone: killed with the task, or the script ended
         // the process itself.
         _ => {
             let _ = w.child.start_kill();
+            let usage = match meter.on() {
+                true => exited(w.pid).await.map(|k| meter.died(k, w.totals)),
+                false => None,
+            };
             let status = w.child.wait().await?;
-            Ok(Ended::Died(status))
+            Ok(Ended::Died(status, usage))
         }
     }
+}
+
+/// Looks at a call's worker and what it started while the call runs, at
+/// the times the executor looks at a task of its own (10 ms after the
+/// start, then at doubling intervals up to 250 ms): a thin call is never
+/// looked at, and costs no read of `/proc` here. A call past its ask
+/// (see `usage::Call`) is killed with its worker's group.
+async fn looks(meter: &mut crate::usage::Call, pid: i32) -> std::convert::Infallible {
+    use crate::executor::{EXIT_POLL_FIRST_MS, EXIT_POLL_MAX_MS};
+    use nix::sys::signal::{killpg, Signal};
+    let mut wait_ms = EXIT_POLL_FIRST_MS;
+    loop {
+        tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+        if meter.sample() && pid > 0 {
+            let _ = killpg(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        wait_ms = (wait_ms * 2).min(EXIT_POLL_MAX_MS);
+    }
+}
+
+/// Waits for a worker that was sent SIGKILL to have exited, leaving it
+/// unreaped so that its counts can still be read: whether SIGKILL is what
+/// it died of. None where it is not dead within `DEATH_WAIT_MS` (a process
+/// stuck in the kernel), or cannot be asked.
+async fn exited(pid: i32) -> Option<bool> {
+    use nix::sys::signal::Signal;
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    for _ in 0..DEATH_WAIT_MS {
+        match waitid(Id::Pid(nix::unistd::Pid::from_raw(pid)), flags) {
+            Ok(WaitStatus::StillAlive) => tokio::time::sleep(Duration::from_millis(1)).await,
+            Ok(WaitStatus::Signaled(_, Signal::SIGKILL, _)) => return Some(true),
+            Ok(_) => return Some(false),
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 fn start(kind: &Kind, script: &Path) -> Result<Worker, WarmError> {
@@ -294,6 +378,7 @@ fn start(kind: &Kind, script: &Path) -> Result<Worker, WarmError> {
         stdin,
         stdout,
         used: Instant::now(),
+        totals: None,
     })
 }
 

@@ -186,6 +186,16 @@ class Future(cf.Future):
             self._invoke_callbacks()
         return True
 
+    @property
+    def usage(self):
+        """What the call used, as the node that ran it measured it: its
+        task's :class:`Usage` (CPU, peak memory above what its warm worker
+        held before it, bytes read and written). ``None`` until it ended,
+        and for a call that did not run (its value reused from an earlier
+        farm, or scattered)."""
+        t = self.task
+        return t.usage if t is not None else None
+
     def logs(self):
         """``(stdout, stderr)`` as bytes of the task that ran the call."""
         self.exception()

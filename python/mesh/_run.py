@@ -27,7 +27,8 @@ class Usage:
 
     ``cpu`` (seconds of CPU, user and system, its child processes
     included), ``peak_memory`` (the most resident memory its processes
-    held at once, in bytes; 0 where it ended before a look),
+    held at once, in bytes; 0 where it ended before a look; for a call
+    in a warm worker, what it held above what the worker held before it),
     ``read_bytes`` and ``written_bytes`` (through its read and write
     calls), ``oom`` (killed for want of memory: past its ``mem`` ask, or
     by the kernel).
@@ -67,7 +68,7 @@ class Task:
     whose bytes rode with its report instead of being files: a function
     call's small value; bytes by output name), ``usage`` (a :class:`Usage`:
     its CPU, peak memory and bytes, where its node measured them; ``None``
-    for a result reused from an earlier farm or a call in a warm worker).
+    for a result reused from an earlier farm).
     """
 
     __slots__ = (

@@ -28,6 +28,40 @@ def slow_square(x):
     return x * x
 
 
+def ballast(mib):
+    """Leaves ``mib`` MiB held in its warm worker, for the calls after it."""
+    sys.modules["mesh_warm"].cache["ballast"] = b"\1" * (mib << 20)
+    time.sleep(0.5)
+
+
+def hold(mib):
+    """Holds ``mib`` MiB, every page touched, then lets it go."""
+    x = bytearray(mib << 20)
+    x[::4096] = bytes(len(x) // 4096)
+    return len(x)
+
+
+def spin(s):
+    """Spins a core for ``s`` s of its own CPU (a loaded machine stretches
+    the wall time, not the CPU)."""
+    t0 = time.process_time()
+    while time.process_time() - t0 < s:
+        pass
+
+
+def write(path, mib):
+    with open(path, "wb") as f:
+        for _ in range(mib):
+            f.write(b"\0" * (1 << 20))
+    os.remove(path)
+
+
+def hold_in_a_child(mib):
+    """A child process that holds ``mib`` MiB for a second: as a Snakemake
+    job's shell runs a tool."""
+    subprocess.run([sys.executable, "-c", "import time; x = bytearray(%d << 20); x[::4096] = bytes(len(x) // 4096); time.sleep(1)" % mib], check=True)
+
+
 class Functions(InFolder):
     def client_script(self, name, c, body):
         """A user's script in the test's folder, run as a process of its
@@ -53,6 +87,32 @@ class Functions(InFolder):
         # The same call is the same future, as Dask's pure calls.
         self.assertIs(c.submit(inc, 1), c.submit(inc, 1))
         self.assertIsNot(c.submit(inc, 1, pure=False), c.submit(inc, 1, pure=False))
+
+    def test_each_call_says_what_it_used_its_workers_own_apart(self):
+        c = self.node(cpus=2)
+        # Two warm workers first, each holding 100 MiB a call left behind:
+        # what a later call held is counted above what its worker held.
+        c.gather(c.map(ballast, [100, 100], pure=False))
+        held = c.submit(hold, 200)
+        spun = c.submit(spin, 1.0)
+        wrote = c.submit(write, os.path.join(self.dir, "big.bin"), 50)
+        child = c.submit(hold_in_a_child, 200)
+        thin = c.submit(inc, 1)
+        for f in (held, spun, wrote, child, thin):
+            f.result(timeout=WAIT_S)
+            self.assertIsInstance(f.usage, mesh.Usage, f)
+            self.assertIs(f.usage, f.task.usage)
+            self.assertFalse(f.usage.oom)
+        mib = 1 << 20
+        self.assertTrue(180 <= held.usage.peak_memory / mib <= 220, held.usage)
+        self.assertTrue(0.8 <= spun.usage.cpu <= 1.3, spun.usage)
+        self.assertGreaterEqual(wrote.usage.written_bytes, 50 * mib, wrote.usage)
+        # The child's 200 MiB and its interpreter, looked at by the node.
+        self.assertTrue(200 <= child.usage.peak_memory / mib <= 240, child.usage)
+        self.assertGreater(child.usage.cpu, 0, child.usage)
+        # A thin call: none of its worker's 100 MiB, little CPU.
+        self.assertLess(thin.usage.peak_memory, 10 * mib, thin.usage)
+        self.assertLess(thin.usage.cpu, 0.2, thin.usage)
 
     def test_a_map_gives_every_value_once_as_completed_and_gathered(self):
         c = self.node(cpus=2)

@@ -209,3 +209,134 @@ fn small_values_handed_back_ride_with_the_report_and_are_files_where_a_task_read
     });
     assert!(back, "the home restarted without the values it had");
 }
+
+/// One kind of use per task, by its argument. `ballast` leaves 100 MiB
+/// held in its worker (in `sys.modules`, as a module's cache would), so
+/// the tasks after it run in a worker that holds it already.
+const USE: &str = r#"
+import os, subprocess, sys, time
+what = sys.argv[1]
+print("ballast" if "mesh_test_ballast" in sys.modules else "fresh")
+if what == "ballast":
+    m = sys.modules.setdefault("mesh_test_ballast", type(sys)("mesh_test_ballast"))
+    m.held = b"\1" * (100 << 20)
+elif what == "hold" or what == "hog":
+    x = bytearray((200 if what == "hold" else 300) << 20)
+    x[::4096] = bytes(len(x) // 4096)
+    time.sleep(0 if what == "hold" else 5)
+elif what == "spin" or what == "forever":
+    t0 = time.process_time()
+    while what == "forever" or time.process_time() - t0 < 1.0:
+        pass
+elif what == "write":
+    with open("big.bin", "wb") as f:
+        for _ in range(50):
+            f.write(b"\0" * (1 << 20))
+    os.remove("big.bin")
+elif what == "child":
+    subprocess.run([sys.executable, "-c", "import time; x = bytearray(200 << 20); x[::4096] = bytes(len(x) // 4096); time.sleep(1)"], check=True)
+"#;
+
+const USE_FARM: &str = r#"
+[farm]
+name = "use"
+
+[[stage]]
+name = "ballast"
+python = ["python3", "use.py", "ballast"]
+inputs = ["use.py"]
+
+[[stage]]
+name = "use"
+after = ["ballast"]
+python = ["python3", "use.py", "{what}"]
+sweep.what = { list = ["hold", "spin", "write", "child"] }
+workdir = "w/{index}"
+inputs = ["use.py"]
+
+[[stage]]
+name = "late"
+after = ["use"]
+python = ["python3", "use.py", "forever"]
+inputs = ["use.py"]
+timeout = "2s"
+max_fails = 0
+
+[[stage]]
+name = "hog"
+after = ["use"]
+python = ["python3", "use.py", "hog"]
+inputs = ["use.py"]
+resources = { mem = "100MiB" }
+max_fails = 0
+"#;
+
+#[test]
+fn a_python_task_says_what_it_used_apart_from_what_its_warm_worker_held_before_it() {
+    let s = sandbox();
+    s.write("use.py", USE);
+    s.write("farm.toml", USE_FARM);
+    // One at a time: every task runs in the worker the first one started
+    // (but for the one after a kill). Asks are held to, as SLURM does.
+    let r = s
+        .spawn_env(
+            &["run", "farm.toml", "--resources", "cpu=1,mem=1GiB"],
+            &[("MESH_ENFORCE_MEM", "1")],
+        )
+        .wait();
+    r.expect_code(1);
+    for i in 0..4 {
+        let log = s.mesh(&["logs", &format!("use/{i}")]);
+        assert_eq!(
+            log.stdout.trim(),
+            "ballast",
+            "use/{i} ran in the worker that holds 100 MiB"
+        );
+    }
+    s.mesh(&["export", "use", "-o", "use.json"]).expect_code(0);
+    let trace: Value = serde_json::from_str(&s.read("use.json")).expect("JSON");
+    let runs = trace["workflow"]["execution"]["tasks"]
+        .as_array()
+        .expect("the runs")
+        .clone();
+    let run = |id: &str| -> Value {
+        runs.iter()
+            .find(|t| t["id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {runs:?}"))
+            .clone()
+    };
+    let mib =
+        |t: &Value, k: &str| t[k].as_f64().unwrap_or_else(|| panic!("{k} in {t}")) / 1048576.0;
+    let cpu_s =
+        |t: &Value| t["avgCPU"].as_f64().unwrap() / 100.0 * t["runtimeInSeconds"].as_f64().unwrap();
+    // 200 MiB above the worker's 100, within a tenth.
+    let hold = mib(&run("use.0"), "memoryInBytes");
+    assert!((180.0..=220.0).contains(&hold), "hold: {hold} MiB");
+    let spin = cpu_s(&run("use.1"));
+    assert!((0.8..=1.3).contains(&spin), "spin: {spin} s of CPU");
+    let wrote = mib(&run("use.2"), "writtenBytes");
+    assert!((50.0..51.0).contains(&wrote), "write: {wrote} MiB");
+    // The child's 200 MiB and its interpreter, looked at by the node.
+    let child = mib(&run("use.3"), "memoryInBytes");
+    assert!((200.0..=240.0).contains(&child), "child: {child} MiB");
+    // Killed by its timeout with its worker: counted from the dead worker,
+    // less what the worker had used before.
+    let late = run("late.0");
+    assert!(
+        late["failed"].as_str().unwrap_or("").contains("timed out"),
+        "{late}"
+    );
+    let spun = cpu_s(&late);
+    assert!(
+        (1.0..=3.0).contains(&spun),
+        "late: {spun} s of CPU ({late})"
+    );
+    // Past its ask: killed with its worker, saying so.
+    let hog = run("hog.0");
+    let why = hog["failed"].as_str().unwrap_or("");
+    assert!(
+        why.contains("out of memory: it held")
+            && why.contains("more than the 100.0 MiB it asked for (mem)"),
+        "{hog}"
+    );
+}

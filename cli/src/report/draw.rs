@@ -402,6 +402,12 @@ pub fn estimates(
             .draw_series(LineSeries::new(line(|e| e.p90_end_ms), BLUE.mix(0.4)))?
             .label("p90")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.mix(0.4)));
+        // A dot per estimate: a farm estimated once has no line to draw.
+        chart.draw_series(
+            line(|e| e.p50_end_ms)
+                .into_iter()
+                .map(|p| Circle::new(p, 2, BLUE.filled())),
+        )?;
         if let Some(e) = end {
             chart
                 .draw_series(LineSeries::new(

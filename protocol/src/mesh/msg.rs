@@ -331,6 +331,8 @@ pub struct MachineLoad {
     pub mem_used: u64,
     /// All its memory, in bytes.
     pub mem_total: u64,
+    /// How it measures what its tasks use.
+    pub measure: crate::observe::Measure,
 }
 
 /// A member in a roster: as SWIM knows it, with its incarnation and
