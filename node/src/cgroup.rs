@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Sender};
 use std::sync::{Mutex, OnceLock};
 
-use mesh_protocol::observe::Measure;
+use mesh_protocol::mesh::Measure;
 
 /// The node's own groups, where it makes them.
 #[derive(Debug)]

@@ -35,15 +35,10 @@ const PIPE_CHUNK_BYTES: usize = 64 * 1024;
 /// How long to wait for a task's pipes to close after it exits (a
 /// background child of the task may hold them open).
 const PIPE_DRAIN_MS: u64 = 500;
-/// While its pipes are open, whether a task has ended is asked first after
-/// this long, then at doubling intervals up to `EXIT_POLL_MAX_MS`: only a
-/// task whose pipes something else holds is found that way. Each wake
-/// also looks at what the task's processes hold (see usage.rs), so the
-/// longest interval is how long a peak of memory may go unseen: a node
-/// with many long tasks wakes for each four times a second, some 50 µs of
-/// reading `/proc` each time.
-pub(crate) const EXIT_POLL_FIRST_MS: u64 = 10;
-pub(crate) const EXIT_POLL_MAX_MS: u64 = 250;
+// While its pipes are open, whether a task has ended is asked at the
+// times its processes are looked at (see usage.rs): only a task whose
+// pipes something else holds is found that way.
+use crate::usage::{EXIT_POLL_FIRST_MS, EXIT_POLL_MAX_MS};
 /// Times the runner yields to a task whose pipes closed before it can be reaped.
 const EXIT_YIELDS: u32 = 3;
 

@@ -1073,7 +1073,7 @@ pub(crate) mod tests {
                     cpus: 16,
                     mem_used: 1 << 30,
                     mem_total: 8 << 30,
-                    measure: mesh_protocol::observe::Measure::CgroupV1,
+                    measure: mesh_protocol::mesh::Measure::CgroupV1,
                 }),
             })),
             Msg::Swim(vec![1, 2, 3]),

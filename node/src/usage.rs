@@ -81,6 +81,14 @@ fn enforcing() -> bool {
         || *ON.get_or_init(|| std::env::var_os("MESH_ENFORCE_MEM").is_some_and(|v| v == "1"))
 }
 
+/// A task (or a warm call) is looked at first this long after its start,
+/// then at doubling intervals up to `EXIT_POLL_MAX_MS`, when the executor
+/// also asks whether it has ended: the longest interval is how long a peak
+/// of memory may go unseen. A node with many long tasks wakes for each
+/// four times a second, some 50 µs of reading `/proc` each time.
+pub(crate) const EXIT_POLL_FIRST_MS: u64 = 10;
+pub(crate) const EXIT_POLL_MAX_MS: u64 = 250;
+
 /// One kibibyte: `/proc`'s memory figures are in kB (KiB).
 const KIB: u64 = 1024;
 /// At most this many processes are followed in a task's tree at one look,

@@ -206,7 +206,7 @@ pub struct NodeView {
     pub mem_total: Option<u64>,
     /// How it measures what its tasks use (absent when it did not answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub measure: Option<mesh_protocol::observe::Measure>,
+    pub measure: Option<mesh_protocol::mesh::Measure>,
     #[serde(default)]
     pub counters: Option<Counters>,
     /// Each resource in use against the node's total.

@@ -318,7 +318,7 @@ pub async fn run(
 /// looked at, and costs no read of `/proc` here. A call past its ask
 /// (see `usage::Call`) is killed with its worker's group.
 async fn looks(meter: &mut crate::usage::Call, pid: i32) -> std::convert::Infallible {
-    use crate::executor::{EXIT_POLL_FIRST_MS, EXIT_POLL_MAX_MS};
+    use crate::usage::{EXIT_POLL_FIRST_MS, EXIT_POLL_MAX_MS};
     use nix::sys::signal::{killpg, Signal};
     let mut wait_ms = EXIT_POLL_FIRST_MS;
     loop {

@@ -11,8 +11,8 @@ pub use crate::alloc::book::{
 };
 pub use msg::{
     files_to_bring, Address, Assigned, Beat, Entry, Failure, FarmId, FarmProgress, FarmSpec, Home,
-    Ident, InputFile, MachineLoad, Msg, NodeId, OutputFile, Ran, Report, RosterEntry, RosterKind,
-    SyncMsg, TaskRun, Victim, Who, Writer,
+    Ident, InputFile, MachineLoad, Measure, Msg, NodeId, OutputFile, Ran, Report, RosterEntry,
+    RosterKind, SyncMsg, TaskRun, Victim, Who, Writer,
 };
 pub use peer::{
     ballot, member_hash, term_round, Action, Config, Fetched, Member, Peer, PeerEvent, Persist,

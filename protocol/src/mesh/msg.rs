@@ -332,7 +332,41 @@ pub struct MachineLoad {
     /// All its memory, in bytes.
     pub mem_total: u64,
     /// How it measures what its tasks use.
-    pub measure: crate::observe::Measure,
+    pub measure: Measure,
+}
+
+/// How a node measures what its tasks use (see the node's `usage.rs` and
+/// `cgroup.rs`), for `mesh status --nodes`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Measure {
+    /// Each task's process tree, sampled from `/proc`, and its leader's
+    /// counts once it exited.
+    #[default]
+    Proc,
+    /// A cgroup v1 group (`memory`, `cpuacct`) of its own per task.
+    CgroupV1,
+    /// Not at all (`MESH_MEASURE=0`).
+    Off,
+}
+
+impl Measure {
+    /// In a word, for `mesh status --nodes`'s table.
+    pub fn word(self) -> &'static str {
+        match self {
+            Measure::Proc => "/proc",
+            Measure::CgroupV1 => "cgroup v1",
+            Measure::Off => "off",
+        }
+    }
+
+    /// In words, for `mesh status --nodes`.
+    pub fn words(self) -> &'static str {
+        match self {
+            Measure::Proc => "/proc (each task's process tree, sampled)",
+            Measure::CgroupV1 => "cgroup v1 (a memory and cpuacct group per task)",
+            Measure::Off => "off (MESH_MEASURE=0)",
+        }
+    }
 }
 
 /// A member in a roster: as SWIM knows it, with its incarnation and
