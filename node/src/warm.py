@@ -141,7 +141,13 @@ class Meter:
     so the run's peak is the mark less what was held before. The mark is
     read only when the run took a page fault: a run that faulted no page
     in cannot have held more than it began with, and reading
-    ``/proc/self/status`` was half of what measuring a thin run cost.
+    ``/proc/self/status`` cost more than all the rest.
+
+    The counts a run starts from are read as the worker waits for its
+    request, not once it has it (the node waits for no part of them), and
+    as few as will do: the children's CPU and the bytes are those the last
+    run ended with, and what the worker read and wrote itself since (its
+    logs copied, its answer), as nothing else runs between.
     """
 
     def __init__(self):
@@ -151,6 +157,12 @@ class Meter:
         # cannot be opened or read, its figures are 0.
         self.io, self.statm, self.status, self.clear = (self._open(n, m) for n, m in (("io", os.O_RDONLY), ("statm", os.O_RDONLY), ("status", os.O_RDONLY), ("clear_refs", os.O_WRONLY)))
         self.before = None
+        #: The children's CPU and [rchar, wchar] as the last run ended,
+        #: kept up to date until the next starts; None: read them anew.
+        self.children = None
+        self.after = None
+        #: Bytes read for the request: the worker's, not the run's.
+        self.request = 0
         self.totals = [0, 0, 0, 0]
 
     @staticmethod
@@ -160,40 +172,54 @@ class Meter:
         except OSError:
             return -1
 
-    def start(self, getrusage=resource.getrusage, pread=os.pread):
-        """Reads the counts as a run begins (a measuring cost per run: as
-        few calls as will do)."""
+    def _io(self, own):
+        """``[rchar, wchar]``; ``own``: with the bytes of this read of
+        them (the kernel counts a read once done: the next count says it)."""
+        try:
+            text = os.pread(self.io, 64, 0)
+            io = text.split(None, 4)
+            return [int(io[1]) + (len(text) if own else 0), int(io[3])]
+        except (OSError, ValueError, IndexError):
+            return [0, 0]
+
+    def start(self, getrusage=resource.getrusage):
         if not self.on:
             return
+        children, after = self.children, self.after
+        self.children = self.after = None
+        self.request = 0
+        # What is read and written here is the worker's too: counted in
+        # the counts the run starts from.
+        own = [0, 0]
         try:
-            held = int(pread(self.statm, 64, 0).split(None, 2)[1]) * self.page
+            text = os.pread(self.statm, 64, 0)
+            own[0] += len(text)
+            held = int(text.split(None, 2)[1]) * self.page
         except (OSError, ValueError, IndexError):
             held = 0
         try:
-            os.write(self.clear, b"5")
+            own[1] += os.write(self.clear, b"5")
             mark = None
         except OSError:
             # Not reset: the mark is the worker's own since it started,
             # the run's only if it rises past it.
-            mark = self._marks()[0]
+            mark = self._marks(own)[0]
         s = getrusage(resource.RUSAGE_SELF)
-        c = getrusage(resource.RUSAGE_CHILDREN)
-        try:
-            text = pread(self.io, 64, 0)
-            io = text.split(None, 4)
-            # The kernel counts a read once done: this one's own bytes
-            # are in the next count.
-            read, wrote = int(io[1]) + len(text), int(io[3])
-        except (OSError, ValueError, IndexError):
-            read = wrote = 0
-        self.before = (s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime, s.ru_minflt + s.ru_majflt, read, wrote, held, mark)
+        if children is None:
+            c = getrusage(resource.RUSAGE_CHILDREN)
+            children = c.ru_utime + c.ru_stime
+        read, wrote = (after[0] + own[0], after[1] + own[1]) if after else self._io(True)
+        self.before = (s.ru_utime + s.ru_stime + children, s.ru_minflt + s.ru_majflt, read, wrote, held, mark)
 
-    def _marks(self):
-        """The worker's high-water mark and resident memory now, in bytes."""
+    def _marks(self, own=None):
+        """The worker's high-water mark and resident memory now, in bytes;
+        ``own``: the bytes of this read are added to its first."""
         try:
             st = os.pread(self.status, 4096, 0)
         except OSError:
             st = b""
+        if own is not None:
+            own[0] += len(st)
         out = []
         for key in (b"VmHWM:", b"VmRSS:"):
             i = st.find(key)
@@ -209,22 +235,33 @@ class Meter:
         s = getrusage(resource.RUSAGE_SELF)
         c = getrusage(resource.RUSAGE_CHILDREN)
         try:
-            io = pread(self.io, 64, 0).split(None, 4)
+            text = pread(self.io, 64, 0)
+            io = text.split(None, 4)
             read, wrote = int(io[1]), int(io[3])
+            self.after = [read + len(text), wrote]
         except (OSError, ValueError, IndexError):
             read, wrote = read0, wrote0
+        self.children = c.ru_utime + c.ru_stime
         peak, rss = 0, held
         if s.ru_minflt + s.ru_majflt != faults0:
-            hwm, rss = self._marks()
+            hwm, rss = self._marks(self.after)
             peak = max(0, (hwm if mark is None or hwm > mark else rss) - held)
-        cpu = round((s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime) * 1000)
-        self.totals = [cpu, read, wrote, rss]
-        return [max(0, cpu - round(cpu0 * 1000)), peak, read - read0, wrote - wrote0]
+        cpu = s.ru_utime + s.ru_stime + self.children
+        self.totals = [round(cpu * 1000), read, wrote, rss]
+        return [max(0, round((cpu - cpu0) * 1000)), peak, max(0, read - read0 - self.request), max(0, wrote - wrote0)]
 
-    def copied(self, n):
-        """The worker read and wrote ``n`` bytes of the run's logs after it."""
-        self.totals[1] += n
-        self.totals[2] += n
+    def wrote(self, read, written):
+        """The worker read and wrote these bytes itself after a run (its
+        logs, its answer): the next run's counts start past them. None
+        where it is not known how many: read anew."""
+        if read is None or written is None:
+            self.after = None
+            return
+        self.totals[1] += read
+        self.totals[2] += written
+        if self.after is not None:
+            self.after[0] += read
+            self.after[1] += written
 
 
 def scratch():
@@ -284,7 +321,10 @@ def main():
     #: What a script keeps between its runs in this worker (the Python
     #: calls' worker keeps the functions it unpickled).
     warm.cache = {}
+    # Read as the worker waits for each request (see Meter).
+    measure(meter.start)
     for line in requests:
+        meter.request = len(line)
         req = json.loads(line)
         hand.max = req.get("hand", 0)
         hand.handed = {}
@@ -296,7 +336,6 @@ def main():
                 os.lseek(f.fileno(), 0, os.SEEK_SET)
             os.dup2(f.fileno(), fd)
         code = 0
-        measure(meter.start)
         try:
             os.chdir(req["cwd"])
             env.enter(req["env"])
@@ -325,11 +364,12 @@ def main():
         for i, (f, fd, path) in enumerate(zip(logs, (1, 2), (req["out"], req["err"]))):
             try:
                 written[i] = keep(f, fd, path)
-                meter.copied(written[i])
+                meter.wrote(written[i], written[i])
             except OSError:
                 # A log that cannot be written (a full disk): the task's
                 # end stands; its words are lost with it.
                 written[i] = True
+                meter.wrote(None, None)
         os.dup2(null, 1)
         os.dup2(null, 2)
         os.chdir(home)
@@ -344,7 +384,8 @@ def main():
         if used is not None:
             answer["used"] = used
             answer["worker"] = meter.totals
-        answers.write(json.dumps(answer).encode() + b"\n")
+        meter.wrote(0, answers.write(json.dumps(answer).encode() + b"\n"))
+        measure(meter.start)
 
 
 if __name__ == "__main__":
