@@ -155,7 +155,8 @@ fn quantile(v: &[u64], q: f64) -> u64 {
     v[rank - 1]
 }
 
-fn secs(ms: u64) -> String {
+/// A duration for people: `1.20 s` under ten seconds, else `4m 10s`.
+pub fn secs(ms: u64) -> String {
     if ms < 10_000 {
         format!("{:.2} s", ms as f64 / 1000.0)
     } else {

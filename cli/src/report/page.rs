@@ -25,13 +25,7 @@ fn bytes(n: u64) -> String {
     mesh_node::view::bytes(n)
 }
 
-fn secs(ms: u64) -> String {
-    if ms < 10_000 {
-        format!("{:.2} s", ms as f64 / 1000.0)
-    } else {
-        humantime::format_duration(std::time::Duration::from_secs(ms / 1000)).to_string()
-    }
-}
+use mesh_node::used::secs;
 
 /// The page for a farm.
 pub fn render(about: &About, model: &Model, made_at: &str) -> Result<String> {
