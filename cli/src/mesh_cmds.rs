@@ -486,8 +486,14 @@ pub fn farm_status(to: &Target, farm: &str, json: bool) -> Result<bool> {
             } else {
                 String::new()
             };
+            // Sent ahead to a node is not running there yet.
+            let sent = if c.queued_on_nodes > 0 {
+                format!(", {} queued on nodes", c.queued_on_nodes)
+            } else {
+                String::new()
+            };
             outln!(
-                "  {name}: {}/{} done, {} running, {} failed, {} skipped{stopped}",
+                "  {name}: {}/{} done, {} running{sent}, {} failed, {} skipped{stopped}",
                 c.done,
                 c.total,
                 c.running,
@@ -1028,29 +1034,19 @@ fn print_farms(s: &MeshStatus) {
     if s.farms.is_empty() {
         outln!("no farms submitted on this node");
     }
-    // A farm's tasks handed to nodes are queued there or running; only the
-    // nodes know which, for all their farms together: split exactly when one
-    // farm is going, and otherwise said as handed out.
-    let going = s.farms.iter().filter(|f| !f.finished).count();
-    let running: u64 = s.nodes.iter().map(|n| u64::from(n.running)).sum();
     for f in &s.farms {
         let state = if f.finished || f.accepted {
             f.state_word()
         } else {
             "waiting for the coordinator"
         };
-        let placed = f.counts.running;
-        let on_nodes = if going == 1 && !f.finished {
-            let r = running.min(placed);
-            format!("{r} running, {} queued on nodes", placed - r)
-        } else {
-            format!("{placed} running or queued on nodes")
-        };
         outln!(
-            "farm {} ({state}): {}/{} done, {on_nodes}, {} failed",
+            "farm {} ({state}): {}/{} done, {} running, {} queued on nodes, {} failed",
             f.id,
             f.counts.done,
             f.counts.total,
+            f.counts.running,
+            f.counts.queued_on_nodes,
             f.counts.failed
         );
     }

@@ -843,7 +843,7 @@ pub(crate) mod tests {
     use libp2p::swarm::SwarmEvent;
     use mesh_protocol::farm::TaskRef;
     use mesh_protocol::mesh::{
-        Beat, FarmId, Ident, MachineLoad, Msg, NodeId, RosterEntry, RosterKind, Victim,
+        Beat, FarmId, Ident, MachineLoad, Msg, NodeId, RosterEntry, RosterKind, Started, Victim,
     };
     use mesh_protocol::resources::{Amount, Resources, CPU};
     use mesh_protocol::wire::PEER_PROTOCOL;
@@ -1049,6 +1049,11 @@ pub(crate) mod tests {
                 used: resources(2),
                 queued: 4,
                 running: 2,
+                started: vec![Started {
+                    farm: FarmId(0x2643_e22c),
+                    stage: 1,
+                    tasks: 2,
+                }],
                 backlog: 100,
                 prefetch: 3,
                 job: Some("4242_1".into()),

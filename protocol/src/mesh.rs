@@ -12,7 +12,7 @@ pub use crate::alloc::book::{
 pub use msg::{
     files_to_bring, Address, Assigned, Beat, Entry, Failure, FarmId, FarmProgress, FarmSpec, Home,
     Ident, InputFile, MachineLoad, Measure, Msg, NodeId, OutputFile, Ran, Report, RosterEntry,
-    RosterKind, SyncMsg, TaskRun, Victim, Who, Writer,
+    RosterKind, Started, SyncMsg, TaskRun, Victim, Who, Writer, STARTED_MAX,
 };
 pub use peer::{
     ballot, member_hash, term_round, Action, Config, Fetched, Member, Peer, PeerEvent, Persist,

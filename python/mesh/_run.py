@@ -189,8 +189,9 @@ class Progress:
     """Where a farm stands: counts over its tasks, and per stage.
 
     ``total``, ``done`` (``cached`` of them reused from earlier farms),
-    ``running`` (placed on nodes), ``failed``, ``skipped``, ``cancelled``,
-    ``stopped``, ``queued``; ``finished``; ``stages`` (name -> counts dict);
+    ``running`` (started on nodes), ``failed``, ``skipped``, ``cancelled``,
+    ``stopped``, ``queued`` (``queued_on_nodes`` of them sent ahead to a
+    node, not started there yet); ``finished``; ``stages`` (name -> counts dict);
     ``failures`` (the first, in words); ``out`` (its outputs' folder on the
     home) and ``home`` (the home's peer id); ``eta`` (see :attr:`ends_at`).
     """
@@ -204,6 +205,9 @@ class Progress:
         self.done = c.get("done", 0)
         self.cached = c.get("cached", 0)
         self.running = c.get("running", 0)
+        #: Of ``queued``, the tasks sent ahead to a node and not started
+        #: there yet (a node is handed a few more than it runs at once).
+        self.queued_on_nodes = c.get("queued_on_nodes", 0)
         self.failed = c.get("failed", 0)
         self.skipped = c.get("skipped", 0)
         self.cancelled = c.get("cancelled", 0)

@@ -1251,3 +1251,76 @@ fn a_reader_that_quits_early_ends_each_printing_command_quietly_with_status_0() 
         quiet(c.mesh_unread(0, args), args);
     }
 }
+
+/// Issue 65: on 2 nodes of 2 slots, a farm's tasks sent ahead to a node
+/// were said to be running (`8 running` where 4 can): `mesh status FARM`,
+/// as text and JSON, and `mesh status` say them apart, each on its own line.
+#[test]
+fn tasks_sent_ahead_to_a_node_are_queued_there_not_running() {
+    let sb = sandbox();
+    sb.write(
+        "farm.toml",
+        "[farm]\nname = \"ahead\"\n[[stage]]\nname = \"s\"\n\
+         sweep.i = { range = \"0..24\" }\nshell = \"sleep 1.5\"\n",
+    );
+    let c = Cluster::start(&sb, &["cpu=2", "cpu=2"], &[]);
+    let r = c.mesh(0, &["submit", "farm.toml"]);
+    r.expect_code(0);
+    let id = r.stdout.trim().to_string();
+    // Every slot busy and more tasks sent ahead, as the nodes tell it.
+    let mut seen = serde_json::Value::Null;
+    let apart = wait_until(Duration::from_secs(30), || {
+        let r = c.mesh(0, &["status", &id, "--json"]);
+        let v = r.json();
+        let counts = &v["counts"];
+        let (running, ahead) = (
+            counts["running"].as_u64(),
+            counts["queued_on_nodes"].as_u64(),
+        );
+        assert!(running <= Some(4), "more running than the 4 slots: {v}");
+        assert_eq!(v["stages"][0][1], *counts, "one stage: {v}");
+        seen = v;
+        running == Some(4) && ahead > Some(0)
+    });
+    assert!(apart, "never 4 running and more queued on nodes: {seen}");
+    let text = c.mesh(0, &["status", &id]).stdout;
+    let stage = text
+        .lines()
+        .find(|l| l.starts_with("  s: "))
+        .unwrap_or_else(|| panic!("no line of stage s: {text}"));
+    let running: u64 = stage
+        .split(", ")
+        .find_map(|w| w.strip_suffix(" running")?.parse().ok())
+        .unwrap_or_else(|| panic!("no running count: {stage}"));
+    assert!(running <= 4, "{stage}");
+    // The mesh at a glance: the farm's line ends, then the next begins.
+    let r = c.mesh(0, &["status"]);
+    r.expect_code(0);
+    assert_eq!(r.stderr, "", "nothing on stderr to run into stdout");
+    let farm = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("farm {id} (")))
+        .unwrap_or_else(|| panic!("no line of the farm: {}", r.stdout));
+    assert!(
+        farm.ends_with(" failed")
+            && farm.contains(" running, ")
+            && farm.contains(" queued on nodes, "),
+        "{farm}"
+    );
+    assert_eq!(
+        r.stdout.lines().last(),
+        Some(farm),
+        "the farm's line is the last, whole"
+    );
+    c.mesh(0, &["wait", &id]).expect_code(0);
+    let v = c.mesh(1, &["status", &id, "--json"]).json();
+    assert_eq!(
+        (
+            v["counts"]["running"].as_u64(),
+            v["counts"]["queued_on_nodes"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{v}"
+    );
+}

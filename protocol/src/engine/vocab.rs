@@ -359,7 +359,9 @@ pub struct Counts {
     pub done: u64,
     /// Of `done`, those skipped because their content key had succeeded.
     pub cached: u64,
-    /// Tasks running (on a coordinator: handed to a node).
+    /// Tasks running. An engine counts every task it handed out; a mesh
+    /// coordinator's view moves those its nodes have not started yet
+    /// (sent ahead, see `pace.rs`) to `queued_on_nodes`.
     pub running: u64,
     /// Tasks failed for good.
     pub failed: u64,
@@ -370,10 +372,17 @@ pub struct Counts {
     /// Held by a stage that stopped (`max_fails`): they run on resume.
     #[serde(default)]
     pub stopped: u64,
+    /// Handed to a node and queued there, not started: counted in
+    /// `queued()`, not in `running`. Only a mesh coordinator's view has
+    /// them, from its nodes' beats (`Beat::started`); an engine's own
+    /// counts never do.
+    #[serde(default)]
+    pub queued_on_nodes: u64,
 }
 
 impl Counts {
-    /// Tasks still to start: ready, or waiting for what they depend on.
+    /// Tasks still to start: ready, waiting for what they depend on, or
+    /// queued on a node (`queued_on_nodes`).
     pub fn queued(&self) -> u64 {
         self.total
             - self.done
@@ -395,7 +404,8 @@ impl Counts {
         self.done + self.failed + self.skipped + self.cancelled + self.stopped
     }
 
-    pub(super) fn add(&mut self, o: &Counts) {
+    /// Adds `o`'s counts to these (a farm's, over its stages).
+    pub fn add(&mut self, o: &Counts) {
         self.total += o.total;
         self.done += o.done;
         self.cached += o.cached;
@@ -404,6 +414,15 @@ impl Counts {
         self.skipped += o.skipped;
         self.cancelled += o.cancelled;
         self.stopped += o.stopped;
+        self.queued_on_nodes += o.queued_on_nodes;
+    }
+
+    /// Of the tasks counted running (handed out), only `started` have
+    /// started where they were sent: the rest are queued on nodes.
+    pub fn split_started(&mut self, started: u64) {
+        let n = self.running.saturating_sub(started);
+        self.running -= n;
+        self.queued_on_nodes += n;
     }
 }
 

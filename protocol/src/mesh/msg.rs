@@ -268,6 +268,10 @@ pub struct Beat {
     pub queued: u32,
     /// Tasks running on it now.
     pub running: u32,
+    /// Of those, how many of each farm's stage, at most [`STARTED_MAX`]
+    /// stages (the most started first): the coordinator tells a farm's
+    /// tasks running from those only sent ahead (`Counts::queued_on_nodes`).
+    pub started: Vec<Started>,
     /// On the coordinator: tasks ready and not yet handed to anyone.
     pub backlog: u64,
     /// How many tasks this node wants queued beyond what it runs (its
@@ -318,6 +322,22 @@ pub struct Beat {
     /// The sender's machine, as its driver last measured it: shown in
     /// `mesh status` and the dashboard, which the coordinator answers.
     pub machine: Option<MachineLoad>,
+}
+
+/// The most stages a beat tells its running tasks of (`Beat::started`),
+/// so that a beat stays a packet: a node running tasks of more stages
+/// than this has the rest shown as queued on it.
+pub const STARTED_MAX: usize = 64;
+
+/// How many tasks of a farm's stage run on a node (see `Beat::started`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Started {
+    /// Which farm.
+    pub farm: FarmId,
+    /// Which of its stages, by position.
+    pub stage: u32,
+    /// How many of its tasks run there now.
+    pub tasks: u32,
 }
 
 /// A machine's load and memory.

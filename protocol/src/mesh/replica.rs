@@ -629,6 +629,7 @@ impl Replica {
             counts.done = self.log.done_count().min(counts.total);
             counts.failed = (self.log.failures().count() as u64).min(counts.total - counts.done);
             counts.running = 0;
+            counts.queued_on_nodes = 0;
         }
         FarmProgress {
             farm: self.id(),

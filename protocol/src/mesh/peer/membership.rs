@@ -1127,6 +1127,7 @@ static NO_BEAT: Beat = Beat {
     used: Resources::EMPTY,
     queued: 0,
     running: 0,
+    started: Vec::new(),
     backlog: 0,
     prefetch: 0,
     job: None,

@@ -24,6 +24,7 @@ impl Told<'_> {
             used: worker.used(),
             queued: worker.queued() as u32,
             running: worker.running_count() as u32,
+            started: worker.started(),
             backlog: self.coord.map_or(0, Coord::backlog),
             prefetch: worker.depth(),
             job: worker.job().cloned(),
@@ -141,6 +142,7 @@ pub(super) fn beat_heard(r: &mut Roles, now: Millis, from: NodeId, b: Arc<Beat>)
     r.node.election.answered_by(from);
     if let Some(c) = r.coord {
         c.note_depth(from, b.prefetch);
+        c.note_started(from, &b.started);
         if b.idle && follows == Some(me) {
             // The empty `Claimed` its node does not send. The node was
             // idle, so the first `Assign` to it opens a connection:
@@ -222,8 +224,10 @@ pub(super) fn heartbeat_due(r: &mut Roles, now: Millis) {
     r.node.members.upkeep(now, r.out);
     members_changed(r, now);
     election_due(r, now);
-    if r.coord.is_some() {
+    if let Some(c) = r.coord.as_mut() {
         r.said.victims = on_tasks::find_victims(r.node, r.worker);
+        // Its own tasks, which no beat brings it.
+        c.note_started(r.node.id, &r.worker.started());
     }
     let interval = report_interval(r.node, r.clock);
     if r.node.members.report_due(now, interval) {

@@ -184,6 +184,23 @@ impl Worker {
         self.running.len()
     }
 
+    /// The tasks running here per farm's stage, for the beat: the most
+    /// started first, at most `STARTED_MAX` stages, ties in farm and
+    /// stage order so that a beat says the same of the same tasks.
+    pub(super) fn started(&self) -> Vec<Started> {
+        let mut per: BTreeMap<(FarmId, u32), u32> = BTreeMap::new();
+        for (farm, task) in self.running.keys() {
+            *per.entry((*farm, task.stage)).or_default() += 1;
+        }
+        let mut out: Vec<Started> = per
+            .into_iter()
+            .map(|((farm, stage), tasks)| Started { farm, stage, tasks })
+            .collect();
+        out.sort_by_key(|s| Reverse(s.tasks));
+        out.truncate(STARTED_MAX);
+        out
+    }
+
     pub(super) fn runs(&self, farm: FarmId, task: TaskRef) -> bool {
         self.running.contains_key(&(farm, task))
     }

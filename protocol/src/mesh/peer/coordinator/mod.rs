@@ -215,6 +215,8 @@ pub(super) struct Coord {
     reports_early: FxHashMap<(NodeId, Assigned), Report>,
     /// Each node's prefetch depth, as it last said (reports and beats).
     depth: FxHashMap<NodeId, u32>,
+    /// What runs on each node, as its last beat said.
+    started: StartedTally,
     /// Tells holders apart this coordinator's log from any other's (a
     /// restarted coordinator's log restarts at 0), and numbers its syncs.
     log_id: u64,
@@ -222,6 +224,46 @@ pub(super) struct Coord {
     next_progress: Millis,
     /// Members joined or died since the engine last saw the machines.
     machines_dirty: bool,
+}
+
+/// The tasks each node runs per farm's stage, as its last beat said
+/// (`Beat::started`), and their sums, kept as beats come so that a
+/// farm's counts read them in a lookup per stage.
+#[derive(Default)]
+struct StartedTally {
+    by_node: FxHashMap<NodeId, Vec<Started>>,
+    sums: FxHashMap<(FarmId, u32), u64>,
+}
+
+impl StartedTally {
+    /// `node` runs `started` now (nothing: it runs nothing, or is dead).
+    fn note(&mut self, node: NodeId, started: &[Started]) {
+        let was = self.by_node.get(&node).map_or(&[][..], Vec::as_slice);
+        if was == started {
+            // Most beats: a node's tasks are those of its last beat.
+            return;
+        }
+        for s in self.by_node.remove(&node).into_iter().flatten() {
+            let key = (s.farm, s.stage);
+            let left = self.sums.get(&key).map_or(0, |n| n - u64::from(s.tasks));
+            if left == 0 {
+                self.sums.remove(&key);
+            } else {
+                self.sums.insert(key, left);
+            }
+        }
+        for s in started {
+            *self.sums.entry((s.farm, s.stage)).or_default() += u64::from(s.tasks);
+        }
+        if !started.is_empty() {
+            self.by_node.insert(node, started.to_vec());
+        }
+    }
+
+    /// How many tasks of the farm's stage the nodes said they run.
+    fn of(&self, farm: FarmId, stage: u32) -> u64 {
+        self.sums.get(&(farm, stage)).copied().unwrap_or(0)
+    }
 }
 
 /// What a report (or a death) tells the entries its input makes: the node
@@ -254,6 +296,7 @@ impl Coord {
             held_early: FxHashMap::default(),
             reports_early: FxHashMap::default(),
             depth: FxHashMap::default(),
+            started: StartedTally::default(),
             log_id,
             sync_seq: 0,
             next_progress: now,
@@ -428,6 +471,30 @@ impl Coord {
         self.depth.insert(node, depth);
     }
 
+    /// What runs on a member now, as its beat says (this node's own, as
+    /// the beat it sends says).
+    pub(super) fn note_started(&mut self, node: NodeId, started: &[Started]) {
+        self.started.note(node, started);
+    }
+
+    /// A farm's counts as users read them, summed and per stage: of the
+    /// tasks handed to nodes, those the nodes' beats say run are running,
+    /// the rest queued there. (The engine's own counts, and what the
+    /// coordinator decides by, count every task handed out as running.)
+    pub(super) fn shown_counts(
+        &self,
+        farm: FarmId,
+        slot: FarmSlot,
+    ) -> (engine::Counts, Vec<engine::Counts>) {
+        let mut stages = self.engine.stage_progress(slot);
+        let mut sum = engine::Counts::default();
+        for (stage, c) in stages.iter_mut().enumerate() {
+            c.split_started(self.started.of(farm, stage as u32));
+            sum.add(c);
+        }
+        (sum, stages)
+    }
+
     /// A node that joined may take work.
     pub(super) fn joined(&mut self, node: NodeId) {
         self.hungry.insert(node);
@@ -451,7 +518,7 @@ impl Coord {
         failures_max: usize,
     ) -> Option<(Home, FarmProgress, Vec<Entry>)> {
         let f = self.farms.get(&farm)?;
-        let counts = self.engine.progress(f.slot);
+        let (counts, stages) = self.shown_counts(farm, f.slot);
         let p = FarmProgress {
             farm,
             duplicates: f.duplicates,
@@ -465,7 +532,7 @@ impl Coord {
             stopped: self.engine.stage_stops(f.slot),
             finished: self.engine.over(f.slot, &counts),
             counts,
-            stages: self.engine.stage_progress(f.slot),
+            stages,
         };
         let failures = f.log.failures().take(failures_max).cloned().collect();
         Some((f.home, p, failures))
@@ -972,6 +1039,7 @@ impl Coord {
         self.reports_early.retain(|(n, _), _| *n != dead);
         self.load.remove(&dead);
         self.hungry.remove(&dead);
+        self.started.note(dead, &[]);
         // A holder is gone: another live node takes a copy.
         self.ensure_holders(now, cx, out);
         self.accept_ready(cx, out);

@@ -537,8 +537,8 @@ impl Coord {
         }
         let mut syncs = Vec::new();
         for fid in &self.slots {
+            let (counts, stages) = self.shown_counts(*fid, self.farms[fid].slot);
             let f = self.farms.get_mut(fid).expect("slots and farms agree");
-            let counts = self.engine.progress(f.slot);
             let finished = self.engine.over(f.slot, &counts);
             // Nothing runs or waits: what ended goes out at once, not with
             // the next round, over or not (an open farm's client waits on
@@ -585,7 +585,7 @@ impl Coord {
                         stopped: self.engine.stage_stops(f.slot),
                         counts: counts.clone(),
                         finished,
-                        stages: self.engine.stage_progress(f.slot),
+                        stages: stages.clone(),
                         order: f.order.clone(),
                         holders: f.copies(cx.id, |n| cx.members.contains(n)),
                     }
