@@ -125,6 +125,8 @@ pub struct Live {
     pgid: Arc<AtomicI32>,
     /// Set when a kill was asked for before the process existed.
     kill_asked: Arc<AtomicBool>,
+    /// What the task held and spent at its last look (see `usage.rs`).
+    pub looked: Arc<crate::usage::Looked>,
 }
 
 impl Live {
@@ -588,7 +590,12 @@ async fn spawn(l: &Launch, live: &Live, cwd: &Path, env: &[(String, String)]) ->
         tokio::join!(out, err);
     };
     tokio::pin!(pipes);
-    let mut meter = crate::usage::Meter::start(pid, l.grant.resources.get(MEM).whole(), group);
+    let mut meter = crate::usage::Meter::start(
+        pid,
+        l.grant.resources.get(MEM).whole(),
+        group,
+        live.looked.clone(),
+    );
     let exited = tokio::select! {
         // The common case: the task's end closes its pipes, and it is
         // reaped then, without a descriptor or a registration of its own.
@@ -641,6 +648,7 @@ async fn run_warm(
         env,
         ((&l.stdout_log, &l.stderr_log), (l.hand, &l.riding)),
         l.grant.resources.get(MEM).whole(),
+        live.looked.clone(),
         |pid| {
             live.pgid.store(pid, Ordering::SeqCst);
             if live.kill_asked.load(Ordering::SeqCst) && pid > 0 {

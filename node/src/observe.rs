@@ -133,6 +133,7 @@ impl Recorder {
             counters: self.counters,
             latency,
             runs,
+            running: Vec::new(),
             beat: None,
         }
     }

@@ -32,7 +32,8 @@
 //! resident set.
 
 use std::fs;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use mesh_protocol::engine::Usage;
 
@@ -52,6 +53,52 @@ pub struct Meter {
     /// The task's own cgroup, where the node makes them (see cgroup.rs):
     /// its CPU, high-water mark and kills for memory, exact.
     group: Option<crate::cgroup::Group>,
+    /// Where each look leaves what it found, for the dashboard.
+    looked: Arc<Looked>,
+}
+
+/// What a running task held and had spent at its last look, left where
+/// the node reads it for the dashboard (its executor's `Live` handle).
+#[derive(Debug, Default)]
+pub struct Looked {
+    rss: AtomicU64,
+    peak: AtomicU64,
+    /// CPU ms plus one; 0 until a look reads it.
+    cpu: AtomicU64,
+    looks: AtomicU64,
+}
+
+/// CPU time is read at a look from this one on (some 0.5 s after a start):
+/// a thin task's looks stay a read of its memory alone.
+const CPU_LOOK: u64 = 6;
+
+impl Looked {
+    /// The resident memory now, the most seen and the CPU spent: none
+    /// before the first look.
+    pub fn now(&self) -> Option<(u64, u64, Option<u64>)> {
+        if self.looks.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let cpu = self.cpu.load(Ordering::Relaxed);
+        Some((
+            self.rss.load(Ordering::Relaxed),
+            self.peak.load(Ordering::Relaxed),
+            cpu.checked_sub(1),
+        ))
+    }
+
+    /// Counts a look and says whether this one reads CPU time.
+    fn count(&self) -> bool {
+        self.looks.fetch_add(1, Ordering::Relaxed) + 1 >= CPU_LOOK
+    }
+
+    fn store(&self, rss: u64, peak: u64, cpu_ms: Option<u64>) {
+        self.rss.store(rss, Ordering::Relaxed);
+        self.peak.store(peak, Ordering::Relaxed);
+        if let Some(c) = cpu_ms {
+            self.cpu.store(c + 1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Whether tasks are measured: unless the node's environment has
@@ -99,7 +146,12 @@ impl Meter {
     /// Starts following the task whose leader is `pid`, which asked for
     /// `asked` bytes of memory (0: none), its limit where the node
     /// enforces asks.
-    pub fn start(pid: i32, asked: u64, group: Option<crate::cgroup::Group>) -> Meter {
+    pub fn start(
+        pid: i32,
+        asked: u64,
+        group: Option<crate::cgroup::Group>,
+        looked: Arc<Looked>,
+    ) -> Meter {
         let on = measuring();
         let limit = if on && enforcing() { asked } else { 0 };
         Meter {
@@ -115,6 +167,7 @@ impl Meter {
             over: false,
             on,
             group,
+            looked,
         }
     }
 
@@ -129,12 +182,20 @@ impl Meter {
         if !self.on {
             return false;
         }
-        let l = look(self.pid);
+        let with_cpu = self.looked.count();
+        // A cgroup counts its CPU in one file; the tree is read otherwise.
+        let group_cpu = match (&self.group, with_cpu) {
+            (Some(g), true) => g.cpu_ms(),
+            _ => None,
+        };
+        let l = look(self.pid, with_cpu && group_cpu.is_none());
         let rss = l.root_rss + l.rest_rss;
         self.peak = self.peak.max(rss).max(l.root_hwm).max(l.rest_hwm);
         if self.limit > 0 && rss > self.limit {
             self.over = true;
         }
+        let cpu = group_cpu.or(with_cpu.then(|| ticks_ms(l.cpu_ticks)));
+        self.looked.store(rss, self.peak, cpu);
         self.over
     }
 
@@ -195,6 +256,10 @@ pub struct Call {
     /// The kernel's count of processes it killed for memory, at the start.
     oom_kills: Option<u64>,
     on: bool,
+    /// The worker's CPU time when it last answered, in ms: what the
+    /// call's live figure is counted from.
+    cpu_before: u64,
+    looked: Arc<Looked>,
 }
 
 /// What a warm worker had used in all when it last answered, as it told:
@@ -209,15 +274,18 @@ pub struct Totals {
 }
 
 impl Call {
-    /// Starts following a call in the worker `pid`, which held `held`
-    /// bytes when it last answered (0: a fresh worker, whose own memory
-    /// counts against the ask, as a task's interpreter's does), for a
-    /// task that asked for `asked` bytes (0: none).
-    pub fn start(pid: i32, held: u64, asked: u64) -> Call {
+    /// Starts following a call in the worker `pid`, which had used
+    /// `before` when it last answered (none: a fresh worker, whose own
+    /// memory counts against the ask, as a task's interpreter's does), for
+    /// a task that asked for `asked` bytes (0: none).
+    pub fn start(pid: i32, before: Option<Totals>, asked: u64, looked: Arc<Looked>) -> Call {
         let on = measuring();
+        let before = before.unwrap_or_default();
         Call {
             pid,
-            held,
+            held: before.rss,
+            cpu_before: before.cpu_ms,
+            looked,
             limit: if on && enforcing() { asked } else { 0 },
             over: false,
             children: 0,
@@ -238,12 +306,17 @@ impl Call {
         if !self.on {
             return false;
         }
-        let l = look(self.pid);
+        let with_cpu = self.looked.count();
+        let l = look(self.pid, with_cpu);
         self.children = self.children.max(l.rest_rss).max(l.rest_hwm);
         self.worker_hwm = self.worker_hwm.max(l.root_hwm);
-        if self.limit > 0 && l.root_rss.saturating_sub(self.held) + l.rest_rss > self.limit {
+        let rss = l.root_rss.saturating_sub(self.held) + l.rest_rss;
+        if self.limit > 0 && rss > self.limit {
             self.over = true;
         }
+        let peak = self.worker_hwm.saturating_sub(self.held) + self.children;
+        let cpu = with_cpu.then(|| ticks_ms(l.cpu_ticks).saturating_sub(self.cpu_before));
+        self.looked.store(rss, peak.max(rss), cpu);
         self.over
     }
 
@@ -287,10 +360,14 @@ struct Look {
     /// largest high-water mark among them.
     rest_rss: u64,
     rest_hwm: u64,
+    /// CPU ticks of the tree's processes (and of the children they
+    /// waited for), where asked for.
+    cpu_ticks: u64,
 }
 
-/// Walks the tree under `pid` (none where `pid` is gone).
-fn look(pid: i32) -> Look {
+/// Walks the tree under `pid` (none where `pid` is gone), reading its
+/// CPU time too where `cpu`.
+fn look(pid: i32, cpu: bool) -> Look {
     let mut l = Look::default();
     let mut stack = vec![pid];
     let mut seen = 0;
@@ -302,6 +379,9 @@ fn look(pid: i32) -> Look {
         let Some((now, hwm)) = memory(p) else {
             continue;
         };
+        if cpu {
+            l.cpu_ticks += cpu_ticks(p);
+        }
         if p == pid {
             (l.root_rss, l.root_hwm) = (now, hwm);
         } else {
@@ -346,6 +426,15 @@ fn children(pid: i32, stack: &mut Vec<i32>) {
 
 /// User and system CPU time of `pid` and of the children it waited for, in ms.
 fn cpu_ms(pid: i32) -> u64 {
+    ticks_ms(cpu_ticks(pid))
+}
+
+fn ticks_ms(ticks: u64) -> u64 {
+    ticks * 1000 / clock_ticks()
+}
+
+/// [`cpu_ms`] in the kernel's clock ticks.
+fn cpu_ticks(pid: i32) -> u64 {
     let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0;
     };
@@ -355,13 +444,11 @@ fn cpu_ms(pid: i32) -> u64 {
     };
     // Fields 14 to 17 of proc(5), utime, stime, cutime and cstime, counted
     // from the state (field 3, the first here).
-    let ticks: u64 = rest
-        .split_whitespace()
+    rest.split_whitespace()
         .skip(11)
         .take(4)
         .filter_map(|f| f.parse::<u64>().ok())
-        .sum();
-    ticks * 1000 / clock_ticks()
+        .sum()
 }
 
 /// Clock ticks a second, as `/proc` counts CPU time.
@@ -452,7 +539,7 @@ mod tests {
             "python3 -c 'x = bytearray(64 << 20); x[::4096] = bytes(len(x) // 4096); \
              import time; time.sleep(3)'; true",
         );
-        let mut call = Call::start(worker.id() as i32, 0, 0);
+        let mut call = Call::start(worker.id() as i32, None, 0, Default::default());
         for _ in 0..15 {
             std::thread::sleep(Duration::from_millis(100));
             call.sample();
@@ -475,7 +562,7 @@ mod tests {
     fn a_call_whose_worker_died_is_read_from_the_dead_worker() {
         let mut worker = sh("while :; do :; done");
         let pid = worker.id() as i32;
-        let call = Call::start(pid, 0, 0);
+        let call = Call::start(pid, None, 0, Default::default());
         // A loaded machine stretches its run, not its CPU.
         for _ in 0..300 {
             if cpu_ms(pid) >= 300 {
@@ -496,5 +583,40 @@ mod tests {
         assert!(all.cpu_ms >= 300, "{all:?}");
         assert_eq!(since.cpu_ms, all.cpu_ms - 100);
         assert!(!all.oom, "no kill for memory: {all:?}");
+    }
+
+    /// A running task's looks are left for the dashboard: what its tree
+    /// holds now, and from the sixth look on the CPU it has spent (a
+    /// child's, which its shell has not waited for yet, included).
+    #[test]
+    fn a_running_tasks_looks_say_what_it_holds_and_has_spent_so_far() {
+        const MIB: u64 = 1 << 20;
+        let mut task = sh(
+            "python3 -c 'x = bytearray(48 << 20); x[::4096] = bytes(len(x) // 4096); \
+             import time; t = time.process_time(); \
+             exec(\"while time.process_time() - t < 0.4: pass\"); time.sleep(30)'; true",
+        );
+        let pid = task.id() as i32;
+        let looked = Arc::new(Looked::default());
+        let mut meter = Meter::start(pid, 0, None, looked.clone());
+        assert_eq!(looked.now(), None, "nothing before the first look");
+        // Until the child holds its memory and has spun (a loaded machine
+        // stretches both), a look each 100 ms.
+        let mut seen = None;
+        for _ in 0..300 {
+            std::thread::sleep(Duration::from_millis(100));
+            meter.sample();
+            seen = looked.now();
+            if matches!(seen, Some((rss, _, Some(cpu))) if rss >= 48 * MIB && cpu >= 400) {
+                break;
+            }
+        }
+        kill(&task);
+        let _ = task.wait();
+        let (rss, peak, cpu) = seen.expect("looked");
+        assert!((48 * MIB..90 * MIB).contains(&rss), "holds {rss} B");
+        assert!(peak >= rss, "{peak} < {rss}");
+        let cpu = cpu.expect("CPU read from the sixth look");
+        assert!((400..5000).contains(&cpu), "{cpu} ms");
     }
 }

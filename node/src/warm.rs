@@ -197,13 +197,15 @@ pub enum WarmError {
 /// id (its group's) before the task runs. The script may hand back
 /// outputs of up to `hand` bytes, and finds `riding` (its dependencies'
 /// outputs that rode with the log) in memory. `asked`: the memory the
-/// task asked for, in bytes (see `usage::Call`).
+/// task asked for, in bytes (see `usage::Call`); its looks at the
+/// running call are left in `looked`.
 pub async fn run(
     argv: &[String],
     (root, cwd): (&Path, &Path),
     env: &[(String, String)],
     (logs, (hand, riding)): ((&Path, &Path), (usize, &Riding)),
     asked: u64,
+    looked: std::sync::Arc<crate::usage::Looked>,
     started: impl FnOnce(i32),
 ) -> Result<Ended, WarmError> {
     let setup = SETUP.get().ok_or(WarmError::NotSetUp)?;
@@ -248,8 +250,7 @@ pub async fn run(
     let mut line = serde_json::to_vec(&req).map_err(io::Error::other)?;
     line.push(b'\n');
     let mut answer = String::new();
-    let held = w.totals.map_or(0, |t| t.rss);
-    let mut meter = crate::usage::Call::start(w.pid, held, asked);
+    let mut meter = crate::usage::Call::start(w.pid, w.totals, asked, looked);
     let talk = async {
         w.stdin.write_all(&line).await?;
         w.stdin.flush().await?;

@@ -185,6 +185,25 @@ pub struct Counters {
     pub bytes_in_place: u64,
 }
 
+/// A running task's figures at its executor's last look: a run of the
+/// task stream, found by its farm, task and attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunningUse {
+    /// The farm, task and attempt of the run.
+    pub farm: FarmId,
+    /// Which task of the farm.
+    pub task: TaskRef,
+    /// Which attempt of the task.
+    pub attempt: u32,
+    /// Resident memory of its process tree now, in bytes.
+    pub rss: u64,
+    /// The most its tree held at a look, in bytes.
+    pub peak: u64,
+    /// CPU time its tree has spent (user and system), in ms; none until
+    /// the executor reads it (from half a second in, see `usage.rs`).
+    pub cpu_ms: Option<u64>,
+}
+
 /// One run of a task on a node, for the task stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunRecord {
@@ -233,6 +252,10 @@ pub struct Observation {
     pub latency: LatencyData,
     /// Runs that changed after the asked-for point, oldest first.
     pub runs: Vec<RunRecord>,
+    /// What each task running on the node holds and has spent so far, as
+    /// its executor last looked (sent whole each time: it changes at each
+    /// look, and a node runs a bounded number at once).
+    pub running: Vec<RunningUse>,
     /// The node's beat (its resources and load): only its coordinator
     /// hears it otherwise.
     pub beat: Option<Box<crate::mesh::Beat>>,

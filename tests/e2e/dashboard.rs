@@ -28,6 +28,19 @@ after = ["work"]
 shell = "true"
 "#;
 
+/// Two tasks that hold 120 MiB each (every page touched) for a while:
+/// what the running tasks' table shows.
+const HEAVY: &str = r#"
+[farm]
+name = "heavy"
+
+[[stage]]
+name = "hold"
+sweep.i = { range = "0..1" }
+shell = '''python3 -c "x = bytearray(120 << 20); x[::4096] = bytes(len(x) // 4096); import time; time.sleep(60)"'''
+resources = { mem = "1GiB" }
+"#;
+
 /// A million thin tasks, one in 50 failing.
 const MILLION: &str = r#"
 [farm]
@@ -57,6 +70,7 @@ async fn shown(c: &fantoccini::Client) -> Value {
                 stage: e.dataset.stage, done: +e.dataset.done, total: +e.dataset.total })),
             bars: document.querySelectorAll('#stream-svg rect.bar').length,
             used: document.querySelectorAll('tr.stage td[data-runtime-p50-ms]').length,
+            running: [...document.querySelectorAll('tr.run-task')].map(e => +e.dataset.peak),
             updates: +(document.body.dataset.updates || 0),
         };"#,
         vec![],
@@ -82,6 +96,9 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
         c.nodes[1].lines().join("\n")
     );
     let url = url.expect("found");
+    // Submitted first, so that its tasks are not queued behind a million.
+    sb.write("heavy.toml", HEAVY);
+    c.mesh(0, &["submit", "heavy.toml"]).expect_code(0);
     // A million tasks: the page must stay small and quick whatever the farm.
     sb.write("million.toml", MILLION);
     c.mesh(0, &["submit", "million.toml"]).expect_code(0);
@@ -105,7 +122,9 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(20)
             && (before["bars"].as_u64() == Some(0)
-                || before["stages"].as_array().is_none_or(|s| s.is_empty())
+                || before["stages"]
+                    .as_array()
+                    .is_none_or(|s| !s.iter().any(|s| s["stage"] == "work"))
                 || before["nodes"].as_array().is_none_or(|n| n.len() < 2))
         {
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -125,7 +144,10 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
                 .and_then(|s| s["done"].as_u64())
                 .unwrap_or(0)
         };
-        let work = &before["stages"].as_array().expect("stages")[0];
+        let work = before["stages"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["stage"] == "work"))
+            .expect("the work stage");
         assert_eq!(work["total"], 1_000_000, "{before}");
         let size = b.update_bytes().await;
         assert!(
@@ -158,6 +180,26 @@ fn the_dashboard_in_a_browser_shows_nodes_progress_and_the_task_stream_advancing
         assert!(
             after["used"].as_u64() > Some(0),
             "a stage says what its tasks used: {after}"
+        );
+        // And what each running task holds now, as its node looked.
+        let mib = 1u64 << 20;
+        let held = |v: &Value| {
+            v["running"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|p| p.as_u64() >= Some(120 * mib)))
+        };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) && !held(&after) {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            after = shown(&b.client).await;
+        }
+        let peaks: Vec<u64> = after["running"]
+            .as_array()
+            .map(|r| r.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default();
+        assert!(
+            peaks.iter().any(|&p| (120 * mib..=150 * mib).contains(&p)),
+            "a running task holding 120 MiB is shown with its memory: {peaks:?} bytes"
         );
 
         // Every view fits the window, on a desktop and on a phone.

@@ -518,3 +518,70 @@ fn a_long_run_that_ends_after_shorter_ones_is_seen_ending() {
     );
     assert_eq!(v.stream.bars.iter().filter(|b| b.4 == 1).count(), 1);
 }
+
+/// A running task's figures reach the page with its lane, its stage by
+/// name and its stage's ask; its CPU share is counted from its start at
+/// first, then between two looks; a task that is not running is not shown.
+#[test]
+fn running_tasks_are_shown_with_what_they_hold_and_their_cpu_share() {
+    use mesh_protocol::observe::RunningUse;
+    const MIB: u64 = 1 << 20;
+    let mut rec = crate::observe::Recorder::default();
+    let farm = FarmId(0xabcd_ef01 << 32);
+    rec.started(farm, TaskRef::new(0, 4), 1, NOW - 9000);
+    rec.started(farm, TaskRef::new(0, 7), 2, NOW - 10_000);
+    let ended = rec.started(farm, TaskRef::new(0, 5), 1, NOW - 8000);
+    rec.ended(ended, None, false, NOW - 1000);
+    let mut f = fixture(1, 0, 10, 0);
+    f.farms[0].asks = vec![crate::view::StageAsk {
+        stage: "sim".into(),
+        mem: 1 << 30,
+        cpu: 1.0,
+    }];
+    let figures = |task: u32, attempt: u32, rss: u64, cpu_ms: Option<u64>| RunningUse {
+        farm,
+        task: TaskRef::new(0, task),
+        attempt,
+        rss,
+        peak: rss + MIB,
+        cpu_ms,
+    };
+    let mut model = Model::default();
+    let mut poll = |at: u64, running: Vec<RunningUse>| {
+        let mut o = rec.observation(0, Default::default(), at);
+        o.running = running;
+        f.observed.nodes[0].1 = o;
+        model.update(at, &f.observed, &f.farms)
+    };
+    let v = poll(
+        NOW,
+        vec![
+            figures(7, 2, 40 * MIB, Some(5000)),
+            figures(4, 1, 300 * MIB, None),
+            // Ended: its figures came late, and are not shown.
+            figures(5, 1, 900 * MIB, Some(1)),
+        ],
+    );
+    let lines: Vec<_> = v.running.iter().map(|r| (r.task, r.attempt)).collect();
+    assert_eq!(lines, vec![(4, 1), (7, 2)], "the heaviest first");
+    let (heavy, light) = (&v.running[0], &v.running[1]);
+    assert_eq!(
+        (heavy.farm.as_str(), heavy.stage.as_str()),
+        ("sweep-abcdef01", "sim")
+    );
+    assert_eq!(
+        (heavy.rss, heavy.peak, heavy.mem_asked),
+        (300 * MIB, 301 * MIB, 1 << 30)
+    );
+    assert_eq!(heavy.cpu_pct, None, "no CPU read yet");
+    assert_eq!(heavy.slot, 0);
+    assert_eq!((light.slot, light.start), (1, NOW - 10_000));
+    // 5 s of CPU over its 10 s: half a core.
+    assert_eq!(light.cpu_pct, Some(50.0));
+    // Then 1.5 s more in the second since: a core and a half.
+    let v = poll(NOW + 1000, vec![figures(7, 2, 41 * MIB, Some(6500))]);
+    assert_eq!(v.running.len(), 1);
+    assert_eq!(v.running[0].cpu_pct, Some(150.0));
+    let json: serde_json::Value = serde_json::from_str(&v.to_json()).expect("json");
+    assert_eq!(json["running"][0]["rss"], 41 * MIB);
+}

@@ -4,14 +4,17 @@
 //! and a heat map of a digit per node (the table of nodes is paged from
 //! the server, `node_page`), `FARMS_MAX` farms with `FAILURES_MAX`
 //! failures each, `BARS_MAX` runs of the last `WINDOW_MS` in the task
-//! stream and `SERIES_MAX` points over time. A million-task farm costs the
+//! stream, `RUNNING_MAX` running tasks' figures and `SERIES_MAX` points
+//! over time. A million-task farm costs the
 //! page what a hundred-task one does, and a thousand nodes about a
 //! kilobyte more than ten.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use mesh_protocol::engine::Counts;
-use mesh_protocol::observe::{LatencySummary, RunRecord};
+use mesh_protocol::mesh::FarmId;
+use mesh_protocol::observe::{LatencySummary, RunRecord, RunningUse};
+use mesh_protocol::TaskRef;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +30,8 @@ pub const PAGE_MAX: usize = 200;
 pub const FARMS_MAX: usize = 12;
 pub const FAILURES_MAX: usize = 20;
 pub const BARS_MAX: usize = 1500;
+/// Running tasks whose figures are sent: those holding the most memory.
+pub const RUNNING_MAX: usize = 64;
 /// The task stream shows the last minute.
 pub const WINDOW_MS: u64 = 60_000;
 /// Five minutes of one point a second.
@@ -46,6 +51,9 @@ pub struct DashView {
     pub series: Series,
     pub events: Vec<EventLine>,
     pub latency: Vec<LatencySummary>,
+    /// Running tasks' figures as their executors last looked, those
+    /// holding the most memory first.
+    pub running: Vec<RunningLine>,
 }
 
 /// The mesh as a heat map: a cell per node, the nodes in the order of
@@ -292,6 +300,29 @@ pub struct FailureLine {
     pub logs: Option<String>,
 }
 
+/// A running task as its node last looked at it: found in the task
+/// stream by its node and slot.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RunningLine {
+    pub node: String,
+    pub slot: u32,
+    pub farm: String,
+    pub stage: String,
+    /// The task's number in its stage, and its attempt.
+    pub task: u32,
+    pub attempt: u32,
+    /// Unix ms (the observer's clock) it started at.
+    pub start: u64,
+    /// Its share of one core since the last look (since its start at the
+    /// first), in %; none until its node reads its CPU.
+    pub cpu_pct: Option<f64>,
+    /// Resident memory of its tree now, and the most seen, in bytes.
+    pub rss: u64,
+    pub peak: u64,
+    /// The memory its stage asks for a task, in bytes (0: none).
+    pub mem_asked: u64,
+}
+
 /// The task stream: bars are `[lane, start, end, stage, failed]`, times
 /// in ms after `t0`, `end` null while running.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -353,7 +384,12 @@ pub struct Model {
     farms_seen: HashMap<String, bool>,
     coordinator: Option<String>,
     farm_names: HashMap<u64, (String, Vec<String>)>,
+    /// Running tasks' last figures, by node, farm, task and attempt, with
+    /// the observer's time they arrived at: what a CPU share is counted from.
+    running: HashMap<RunKey, (RunningUse, u64)>,
 }
+
+type RunKey = (String, FarmId, TaskRef, u32);
 
 impl Model {
     /// Where each node's runs are to be read from (what changed after).
@@ -412,6 +448,7 @@ impl Model {
             self.bars.retain(|_, b| b.run.start >= nth);
         }
 
+        let running = self.running_lines(now, obs, farms);
         let nodes_total = status.nodes.len();
         let farm_lines = self.farm_lines(now, farms);
         let stream = self.stream(t0, now);
@@ -428,6 +465,80 @@ impl Model {
             series,
             events: self.events.iter().cloned().collect(),
             latency: status.latency.clone(),
+            running,
+        }
+    }
+
+    /// The running tasks' figures, each found in the stream by its run,
+    /// as the nodes that answered this time told them.
+    fn running_lines(&mut self, now: u64, obs: &Observed, farms: &[FarmView]) -> Vec<RunningLine> {
+        let runs: HashMap<RunKey, (u32, u64)> = self
+            .bars
+            .iter()
+            .filter(|(_, b)| b.run.end.is_none())
+            .map(|((node, _), b)| {
+                let r = &b.run;
+                ((node.clone(), r.farm, r.task, r.attempt), (r.slot, r.start))
+            })
+            .collect();
+        let mut lines = Vec::new();
+        let mut next = HashMap::new();
+        for (node, o) in &obs.nodes {
+            for u in &o.running {
+                let key = (node.clone(), u.farm, u.task, u.attempt);
+                let Some(&(slot, start)) = runs.get(&key) else {
+                    continue;
+                };
+                // A share of the CPU since the last figures came, or since
+                // the task started.
+                let since = match self.running.get(&key) {
+                    Some((was, at)) if was.cpu_ms.is_some() && *at < now => {
+                        was.cpu_ms.map(|c| (c, *at))
+                    }
+                    _ => Some((0, start)),
+                };
+                let cpu_pct = u.cpu_ms.zip(since).and_then(|(c, (c0, t0))| {
+                    (now > t0).then(|| c.saturating_sub(c0) as f64 * 100.0 / (now - t0) as f64)
+                });
+                let (farm, stage) = self.stage_name(u.farm, u.task.stage);
+                let mem_asked = farms
+                    .iter()
+                    .find(|f| f.id == farm)
+                    .and_then(|f| f.asks.iter().find(|a| a.stage == stage))
+                    .map_or(0, |a| a.mem);
+                lines.push(RunningLine {
+                    node: node.clone(),
+                    slot,
+                    farm,
+                    stage,
+                    task: u.task.index,
+                    attempt: u.attempt,
+                    start,
+                    cpu_pct,
+                    rss: u.rss,
+                    peak: u.peak,
+                    mem_asked,
+                });
+                next.insert(key, (*u, now));
+            }
+        }
+        self.running = next;
+        lines.sort_by(|a, b| b.peak.cmp(&a.peak).then(a.start.cmp(&b.start)));
+        lines.truncate(RUNNING_MAX);
+        lines
+    }
+
+    /// A run's farm and stage by name, where the farm is known.
+    fn stage_name(&self, farm: FarmId, stage: u32) -> (String, String) {
+        match self.farm_names.get(&(farm.0 >> 32)) {
+            Some((id, names)) => (
+                id.clone(),
+                names
+                    .get(stage as usize)
+                    .cloned()
+                    .unwrap_or_else(|| "?".into()),
+            ),
+            None => (farm.to_string(), stage.to_string()),
         }
     }
 
@@ -553,14 +664,8 @@ impl Model {
             }];
             let key = (r.farm.0, r.task.stage);
             let stage = *stage_of.entry(key).or_insert_with(|| {
-                let name = match self.farm_names.get(&(r.farm.0 >> 32)) {
-                    Some((farm, names)) => format!(
-                        "{farm}/{}",
-                        names.get(r.task.stage as usize).map_or("?", String::as_str)
-                    ),
-                    None => format!("{}/{}", r.farm, r.task.stage),
-                };
-                stages.push(name);
+                let (farm, stage) = self.stage_name(r.farm, r.task.stage);
+                stages.push(format!("{farm}/{stage}"));
                 stages.len() as u32 - 1
             });
             bars.push((

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_protocol::mesh::{Beat, Entry, FarmId, NodeId};
-use mesh_protocol::observe::{LatencyData, Observation};
+use mesh_protocol::observe::{LatencyData, Observation, RunningUse};
 use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response};
 
 use super::logs::LogAsk;
@@ -280,6 +280,22 @@ impl Node {
         o.counters = counters;
         o.beat = Some(Box::new(self.peer.beat()));
         o.held_bytes = self.kept_bytes();
+        o.running = self
+            .tasks
+            .live
+            .iter()
+            .filter_map(|(&(farm, task), (attempt, live, _))| {
+                let (rss, peak, cpu_ms) = live.as_ref()?.looked.now()?;
+                Some(RunningUse {
+                    farm,
+                    task,
+                    attempt: *attempt,
+                    rss,
+                    peak,
+                    cpu_ms,
+                })
+            })
+            .collect();
         o
     }
 

@@ -250,6 +250,7 @@
       }
       h += '</tbody></table></div>';
       for (const hint of f.hints || []) h += `<p class="hint">${esc(hint)}</p>`;
+      h += runningTable(d, f);
       const fl = f.failures || [];
       if (fl.length) {
         h += `<h3>failures (${fl.length})</h3><ul class="failures">`;
@@ -263,6 +264,28 @@
       h += '</div>';
     }
     return h;
+  }
+
+  // What the farm's running tasks hold now, the heaviest first (their
+  // nodes' last looks; a thin task ends before one).
+  const RUNNING_SHOWN = 8;
+  function runningTable(d, f) {
+    const rows = (d.running || []).filter((r) => r.farm === f.id);
+    if (!rows.length) return '';
+    let h = `<h3>running now (${rows.length}${rows.length >= RUNNING_SHOWN ? ', heaviest shown' : ''})</h3>` +
+      '<div class="tablebox"><table class="running"><thead><tr><th>task</th><th>on</th><th class="num">for</th>' +
+      '<th class="num" title="share of one core since the last look">CPU</th>' +
+      '<th class="num" title="resident memory of its processes now / the most seen, of the memory asked">memory</th></tr></thead><tbody>';
+    for (const r of rows.slice(0, RUNNING_SHOWN)) {
+      const ask = r.mem_asked ? ` of ${bytes(r.mem_asked)}` : '';
+      h += `<tr class="run-task" data-node="${esc(r.node)}" data-slot="${r.slot}" data-peak="${r.peak}">` +
+        `<td>${esc(r.stage)} #${int(r.task)}${r.attempt > 1 ? ` (attempt ${int(r.attempt)})` : ''}</td>` +
+        `<td><code title="${esc(r.node)}">${esc(short(r.node))}</code>/${int(r.slot)}</td>` +
+        `<td class="num">${dur(((d.at || 0) - r.start) / 1000)}</td>` +
+        `<td class="num">${r.cpu_pct == null ? '—' : num(r.cpu_pct, 0) + '%'}</td>` +
+        `<td class="num">${bytes(r.rss)} / ${bytes(r.peak)}${ask}</td></tr>`;
+    }
+    return h + '</tbody></table></div>';
   }
 
   // ---------------------------------------------------------------- stream
@@ -324,9 +347,12 @@
     if (!b) return '';
     const l = streamLanes[b[0]] || {};
     const end = b[2] == null ? null : b[2];
+    // A running bar's figures, where its node told them.
+    const r = end == null && last ? (last.running || []).find((x) => x.node === l.node && x.slot === l.slot) : null;
     return `${streamStages[b[3]] || 'stage ' + b[3]}${b[4] ? '  FAILED' : ''}\n` +
       `${short(l.node)}/${l.slot}\n` +
-      (end == null ? `running for ${dur(((streamSpan()) - b[1]) / 1000)}` : `took ${num((end - b[1]) / 1000, 2)}s`);
+      (end == null ? `running for ${dur(((streamSpan()) - b[1]) / 1000)}` : `took ${num((end - b[1]) / 1000, 2)}s`) +
+      (r ? `\nholds ${bytes(r.rss)} (most ${bytes(r.peak)})${r.cpu_pct == null ? '' : `, CPU ${num(r.cpu_pct, 0)}%`}` : '');
   }
   const streamSpan = () => (last && last.stream ? last.stream.t1 - last.stream.t0 : 0);
 
