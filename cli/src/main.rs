@@ -22,7 +22,7 @@ use clap::{Args, Parser, Subcommand};
 use mesh_node::control::Target;
 use mesh_node::farmfile::{self, LoadOptions};
 use mesh_node::runner::{self, RunError, RunOptions, RunStart};
-use mesh_node::state::{RunState, StateDir};
+use mesh_node::state::{RunState, StateDir, StateError};
 use mesh_protocol::resources::parse_resources;
 use mesh_protocol::Resources;
 
@@ -484,24 +484,63 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             json,
         } => {
             let (farm, task) = logs_names(first, second, farm)?;
-            if let Some(f) = farm.as_deref() {
-                if let Some(code) = mesh_cmds::logs(&to, f, &task, attempt, follow, json)? {
-                    return Ok(code);
-                }
-                if remote {
-                    return Err(no_mesh_farm(f));
-                }
-            } else if remote {
-                bail!("with --mesh, name the task's farm: `mesh logs FARM {task}`");
-            } else if let Some(code) = mesh_cmds::logs(&to, "", &task, attempt, follow, json)? {
-                // A node runs here: the newest farm it knows with the task's
-                // stage. None such: a farm of `mesh run`.
-                return Ok(code);
-            }
-            let s = state.find(farm.as_deref())?;
-            show::logs(&state, &s, &task, attempt, json)
+            let ask = LogsAsk {
+                farm,
+                task,
+                attempt,
+                follow,
+                json,
+            };
+            logs(&to, &state, &ask)
         }
     }
+}
+
+/// What `mesh logs` asks for, its farm and task told apart.
+struct LogsAsk {
+    farm: Option<String>,
+    task: String,
+    attempt: Option<u32>,
+    follow: bool,
+    json: bool,
+}
+
+/// `mesh logs`: from the node here (or at `--mesh`), else of a `mesh run`
+/// farm of this machine.
+fn logs(to: &Target, state: &StateDir, ask: &LogsAsk) -> Result<ExitCode> {
+    let LogsAsk {
+        farm,
+        task,
+        attempt,
+        follow,
+        json,
+    } = ask;
+    let remote = !to.is_local();
+    if remote && farm.is_none() {
+        bail!("with --mesh, name the task's farm: `mesh logs FARM {task}`");
+    }
+    // No farm named: the node here looks for the newest farm it knows
+    // with the task's stage. None such: a farm of `mesh run`.
+    let named = farm.as_deref().unwrap_or("");
+    let node_said = match mesh_cmds::logs(to, named, task, *attempt, *follow, *json)? {
+        mesh_cmds::Logs::Shown(code) => return Ok(code),
+        mesh_cmds::Logs::NoNode => None,
+        mesh_cmds::Logs::Unknown(words) => Some(words),
+    };
+    if remote {
+        return Err(no_mesh_farm(named));
+    }
+    let s = match (state.find(farm.as_deref()), node_said) {
+        (Ok(s), _) => s,
+        // A node runs here and no `mesh run` farm is found either: what
+        // the node said, not that no farm has run here.
+        (
+            Err(StateError::Empty(_) | StateError::NoMesh(_) | StateError::NoMatch(_)),
+            Some(words),
+        ) => bail!("{words}"),
+        (Err(e), _) => return Err(e.into()),
+    };
+    show::logs(state, &s, task, *attempt, *json)
 }
 
 /// `mesh resume` of a mesh farm: `farm`, or the newest unfinished one

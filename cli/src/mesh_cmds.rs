@@ -313,10 +313,21 @@ pub fn resume(to: &Target, farm: &str, out: Option<&Path>, json: bool) -> Result
     }
 }
 
+/// What `mesh logs` got of the node here.
+pub enum Logs {
+    /// The logs, printed: the command's exit code.
+    Shown(ExitCode),
+    /// No node runs here: the farm is one of `mesh run`, if any.
+    NoNode,
+    /// The node knows no such farm, or none with the task's stage: its
+    /// words, which say more than "no farm has run here" where a `mesh
+    /// run` farm is not found either.
+    Unknown(String),
+}
+
 /// `mesh logs TASK --farm FARM` with a node running here: the task's logs
 /// from the node that ran it (stdout to stdout, stderr to stderr), more
-/// as they come with `follow`. `None` when no node runs here or the mesh
-/// knows no such farm (then it is a farm of `mesh run`).
+/// as they come with `follow`.
 pub fn logs(
     to: &Target,
     farm: &str,
@@ -324,7 +335,7 @@ pub fn logs(
     attempt: Option<u32>,
     follow: bool,
     json: bool,
-) -> Result<Option<ExitCode>> {
+) -> Result<Logs> {
     let req = ControlRequest::Logs {
         farm: farm.to_string(),
         task: task.to_string(),
@@ -333,7 +344,7 @@ pub fn logs(
     };
     let mut c = match Client::request(to, &req) {
         Ok(c) => c,
-        Err(ControlError::NoNode(_)) => return Ok(None),
+        Err(ControlError::NoNode(_)) => return Ok(Logs::NoNode),
         Err(e) => return Err(e.into()),
     };
     let (mut all_out, mut all_err) = (Vec::new(), Vec::new());
@@ -362,7 +373,9 @@ pub fn logs(
                     break;
                 }
             }
-            ControlResponse::Error(e) if refusal::is_unknown_farm(&e) => return Ok(None),
+            ControlResponse::Error(e) if refusal::is_unknown_farm(&e) => {
+                return Ok(Logs::Unknown(e))
+            }
             ControlResponse::Error(e) => bail!("{e}"),
             other => bail!("unexpected answer from the node: {other:?}"),
         }
@@ -381,7 +394,7 @@ pub fn logs(
     } else {
         crate::show::task_used(task, last.1, Some(&last.0), figures.as_ref());
     }
-    Ok(Some(ExitCode::SUCCESS))
+    Ok(Logs::Shown(ExitCode::SUCCESS))
 }
 
 /// The mesh's farms, as the node here and the coordinator know them;

@@ -127,3 +127,57 @@ fn an_open_farm_grows_across_a_coordinator_kill_and_ends_once_closed() {
         Some(coordinator.as_str())
     );
 }
+
+/// Issue 65: `mesh logs` of an open farm on a running node said "no farm
+/// has run in … yet". Its tasks' logs, named every way a user names
+/// them; a task no farm has is said so by the node.
+#[test]
+fn the_logs_of_an_open_farm_are_read_from_its_running_node() {
+    let sb = sandbox();
+    let c = Cluster::start(&sb, &["cpu=2"], &[]);
+    let file = |name: &str| sb.path().join(name).to_string_lossy().into_owned();
+    let cwd = sb.path().to_string_lossy().into_owned();
+    let toml = "[farm]\nname = \"talk\"\n[[stage]]\nname = \"say\"\n\
+                sweep.i = { range = \"0..1\" }\nshell = \"echo said {i}; echo warned {i} >&2\"\n";
+    let (id, _) = submitted(&c.control(
+        0,
+        &json!({"SubmitFarm": {"toml": toml, "file": file("talk.toml"), "cwd": cwd, "open": true}}),
+    ));
+    let farm = || c.mesh(0, &["status", &id, "--json"]).json();
+    let ran = wait_until(Duration::from_secs(60), || {
+        farm()["counts"]["done"].as_u64() == Some(2)
+    });
+    assert!(ran, "{}", farm());
+    assert_eq!(farm()["open"].as_bool(), Some(true), "still open");
+    for args in [
+        &["logs", &id, "say/1"][..],
+        &["logs", "talk", "say/1"],
+        &["logs", "say/1", "--farm", &id],
+        &["logs", "say/1"],
+    ] {
+        let r = c.mesh(0, args);
+        r.expect_code(0);
+        assert_eq!(
+            (r.stdout.as_str(), r.stderr.lines().next()),
+            ("said 1\n", Some("warned 1")),
+            "mesh {args:?}"
+        );
+    }
+    // A task of no farm the node knows: the node says so, and that it is
+    // not a `mesh run` farm of this machine either.
+    let r = c.mesh(0, &["logs", "nope/0"]);
+    r.expect_code(2);
+    assert!(
+        r.stderr.contains("no farm known here has a task nope/0"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("no farm has run"), "{}", r.stderr);
+    let r = c.mesh(0, &["logs", "nope-0123abcd", "say/1"]);
+    r.expect_code(2);
+    assert!(
+        r.stderr.contains("no farm `nope-0123abcd` is known"),
+        "{}",
+        r.stderr
+    );
+}
