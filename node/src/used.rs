@@ -175,13 +175,22 @@ impl StageUse {
             String::new()
         };
         let s = if self.runs == 1 { "" } else { "s" };
+        // A task is first looked at 10 ms in (see usage.rs): a stage of
+        // quicker ones has no peak to say, which is not 0 B.
+        let peak = if self.peak_max == 0 {
+            format!("peak memory not seen (ended before a look){asked}")
+        } else {
+            format!(
+                "peak memory p50 {}, max {}{asked}",
+                bytes(self.peak_p50),
+                bytes(self.peak_max)
+            )
+        };
         format!(
-            "runtime p50 {}, p90 {} · CPU {:.0}% · peak memory p50 {}, max {}{asked} · read {}, wrote {} ({} run{s})",
+            "runtime p50 {}, p90 {} · CPU {:.0}% · {peak} · read {}, wrote {} ({} run{s})",
             secs(self.runtime_p50_ms),
             secs(self.runtime_p90_ms),
             self.cpu_pct,
-            bytes(self.peak_p50),
-            bytes(self.peak_max),
             bytes(self.read_bytes),
             bytes(self.written_bytes),
             self.runs
@@ -263,10 +272,14 @@ impl TaskUsed {
         } else {
             ""
         };
+        let peak = if u.peak_rss == 0 {
+            "not seen (ended before a look)".to_string()
+        } else {
+            bytes(u.peak_rss)
+        };
         format!(
-            "ran {}{cpu} · peak memory {} · read {}, wrote {}{oom}",
+            "ran {}{cpu} · peak memory {peak} · read {}, wrote {}{oom}",
             secs(self.runtime_ms),
-            bytes(u.peak_rss),
             bytes(u.read_bytes),
             bytes(u.written_bytes)
         )
@@ -361,5 +374,35 @@ mod tests {
         // Two runs are too few to judge an ask by.
         let few = &by_stage(&d, (0..2).map(|_| run(1000, 900, 100)))[0];
         assert!(few.hints().is_empty());
+    }
+
+    /// Tasks that end before their first look have no peak: said so, not
+    /// said to hold nothing, and no hint drawn from it.
+    #[test]
+    fn a_peak_never_seen_is_not_said_as_0_bytes() {
+        let d = def("mem = \"1GiB\"");
+        let u = &by_stage(&d, (0..4).map(|_| run(5, 2, 0)))[0];
+        let words = u.words();
+        assert!(
+            words.contains("peak memory not seen (ended before a look) of 1.0 GiB asked"),
+            "{words}"
+        );
+        assert!(!words.contains("0 B"), "{words}");
+        assert!(u.hints().is_empty(), "{:?}", u.hints());
+        let one = TaskUsed {
+            runtime_ms: 5,
+            usage: run(5, 2, 0).usage,
+        };
+        assert!(
+            one.words().contains("peak memory not seen"),
+            "{}",
+            one.words()
+        );
+        let seen = &by_stage(&d, (0..4).map(|_| run(1000, 900, 950)))[0];
+        assert!(
+            seen.words().contains("peak memory p50 950.0 MiB"),
+            "{}",
+            seen.words()
+        );
     }
 }

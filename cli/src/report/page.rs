@@ -114,7 +114,12 @@ fn stages(used: &[StageUse]) -> Markup {
                         td { (u.stage) } td { (u.runs) }
                         td { (secs(u.runtime_p50_ms)) } td { (secs(u.runtime_p90_ms)) }
                         td { (format!("{:.0}%", u.cpu_pct)) }
-                        td { (bytes(u.peak_p50)) } td { (bytes(u.peak_p99)) } td { (bytes(u.peak_max)) }
+                        @if u.peak_max > 0 {
+                            td { (bytes(u.peak_p50)) } td { (bytes(u.peak_p99)) } td { (bytes(u.peak_max)) }
+                        } @else {
+                            // Its tasks ended before their first look (see usage.rs).
+                            td colspan="3" title="its tasks ended before the first look, 10 ms in" { "not seen" }
+                        }
                         td { @if u.mem_asked > 0 { (bytes(u.mem_asked)) } @else { "—" } }
                         td { (u.cpu_asked) }
                         td { (bytes(u.read_bytes)) } td { (bytes(u.written_bytes)) } td { (u.oom) }

@@ -216,7 +216,8 @@
     const oom = u.oom ? ` <span class="oom" title="killed for want of memory">${int(u.oom)} OOM</span>` : '';
     return `<td class="num" data-runtime-p50-ms="${u.runtime_p50_ms}">${u.runtime_p50_ms < 10000 ? num(u.runtime_p50_ms / 1000, 2) + 's' : dur(u.runtime_p50_ms / 1000)}</td>` +
       `<td class="num">${num(u.cpu_pct, 0)}%</td>` +
-      `<td class="num" data-peak-max="${u.peak_max}">${bytes(u.peak_p50)} / ${bytes(u.peak_max)}${ask}${oom}</td>`;
+      `<td class="num" data-peak-max="${u.peak_max}"${u.peak_max ? '' : ' title="its tasks ended before the first look (10 ms in)"'}>` +
+      `${u.peak_max ? bytes(u.peak_p50) + ' / ' + bytes(u.peak_max) : 'not seen'}${ask}${oom}</td>`;
   }
 
   function renderFarms(d) {
