@@ -75,10 +75,13 @@ const NODES_MOST: usize = 10_000;
 #[derive(serde::Serialize)]
 struct Tried {
     nodes: usize,
-    makespan_ms: u64,
-    utilization: f64,
-    node_hours: f64,
+    /// None: given up on once still running at the deadline (see
+    /// `mesh_sim::run_within`), as `past_deadline` says.
+    makespan_ms: Option<u64>,
+    utilization: Option<f64>,
+    node_hours: Option<f64>,
     meets: bool,
+    past_deadline: bool,
 }
 
 /// `--deadline` over a scenario's (or the flags') farm: the fewest nodes of
@@ -105,17 +108,29 @@ fn deadline(cfg: &SimConfig, deadline_ms: u64, json: bool) -> Result<ExitCode> {
     let found = mesh_sim::whatif::fewest(from, most, |n| -> Result<bool, mesh_sim::SimError> {
         let mut c = cfg.clone();
         c.scale_nodes(n);
-        let r = mesh_sim::run(&c)?;
+        // A count still running at the deadline has answered: no.
+        let Some(r) = mesh_sim::run_within(&c, deadline_ms)? else {
+            tried.push(Tried {
+                nodes: n,
+                makespan_ms: None,
+                utilization: None,
+                node_hours: None,
+                meets: false,
+                past_deadline: true,
+            });
+            return Ok(false);
+        };
         let meets = r.tasks_done == tasks && r.makespan <= deadline_ms;
         if shape.is_empty() {
             shape = mesh_sim::report::node_kinds(&r.node_shapes);
         }
         tried.push(Tried {
             nodes: n,
-            makespan_ms: r.makespan,
-            utilization: r.utilization,
-            node_hours: n as f64 * r.makespan as f64 / 3_600_000.0,
+            makespan_ms: Some(r.makespan),
+            utilization: Some(r.utilization),
+            node_hours: Some(n as f64 * r.makespan as f64 / 3_600_000.0),
             meets,
+            past_deadline: false,
         });
         Ok(meets)
     });
@@ -160,12 +175,20 @@ fn deadline(cfg: &SimConfig, deadline_ms: u64, json: bool) -> Result<ExitCode> {
         let mut rows: Vec<&Tried> = tried.iter().collect();
         rows.sort_by_key(|t| t.nodes);
         for t in rows {
+            let (makespan, util, hours) = match (t.makespan_ms, t.utilization, t.node_hours) {
+                (Some(m), Some(u), Some(h)) => {
+                    (span(m), format!("{:.1}%", u * 100.0), format!("{h:.2}"))
+                }
+                // Stopped at the deadline: its end is later, by how much
+                // was not simulated.
+                _ => (format!("> {}", span(deadline_ms)), "—".into(), "—".into()),
+            };
             outln!(
-                "{:>6}  {:>13}  {:>10.1}%  {:>10.2}  {}",
+                "{:>6}  {:>13}  {:>11}  {:>10}  {}",
                 t.nodes,
-                span(t.makespan_ms),
-                t.utilization * 100.0,
-                t.node_hours,
+                makespan,
+                util,
+                hours,
                 if t.meets { "yes" } else { "no" }
             );
         }
@@ -176,7 +199,7 @@ fn deadline(cfg: &SimConfig, deadline_ms: u64, json: bool) -> Result<ExitCode> {
                 outln!(
                     "deadline {}: {n} nodes meet it (makespan {}); tried {}",
                     span(deadline_ms),
-                    span(t.makespan_ms),
+                    span(t.makespan_ms.unwrap_or_default()),
                     order.join(", ")
                 );
             }

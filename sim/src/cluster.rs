@@ -84,6 +84,23 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
     run_planned(cfg, Plan::new)
 }
 
+/// Runs a scenario as [`run`] does, but gives up once its farm is still
+/// running `past_ms` after its submission: None then. What a deadline's
+/// search asks of a node count, which a run past the deadline has
+/// answered (a count too few would otherwise run its whole long farm).
+pub fn run_within(cfg: &SimConfig, past_ms: Millis) -> Result<Option<SimReport>, SimError> {
+    cfg.validate()?;
+    let mut sim = Sim::new(cfg, Plan::new(cfg)?);
+    sim.give_up_past = Some(past_ms);
+    sim.schedule_scenario();
+    let wall = Instant::now();
+    match sim.run_loop() {
+        Ok(()) => Ok(Some(sim.report(wall.elapsed().as_secs_f64()))),
+        Err(_) if sim.gave_up => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Runs a recorded workflow on the cluster of a checked scenario.
 pub(crate) fn run_workload(
     cfg: &SimConfig,
@@ -309,6 +326,12 @@ struct Sim<'a> {
     finished: bool,
     /// When the farm was submitted (`submit_at_ms`, or once its queues are there).
     submitted_at: Millis,
+    /// See [`run_within`]; `gave_up` once it has.
+    give_up_past: Option<Millis>,
+    gave_up: bool,
+    /// Tasks not in `ok_done` yet: while any is left past the time given,
+    /// its end (and so the makespan) comes later.
+    ok_left: usize,
     unplaceable: Vec<String>,
     timeline: Timeline,
     sample: Vec<Execution>,
@@ -393,6 +416,9 @@ impl<'a> Sim<'a> {
             events: 0,
             finished: false,
             submitted_at: cfg.submit_at_ms,
+            give_up_past: None,
+            gave_up: false,
+            ok_left: tasks,
             unplaceable: Vec::new(),
             timeline,
             sample: Vec::new(),
@@ -499,6 +525,13 @@ impl<'a> Sim<'a> {
                     // Done; only batch jobs were still to give back.
                     return Ok(());
                 }
+                break;
+            }
+            if self
+                .give_up_past
+                .is_some_and(|past| self.ok_left > 0 && at > self.submitted_at + past)
+            {
+                self.gave_up = true;
                 break;
             }
             self.now = at;

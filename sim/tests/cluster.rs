@@ -407,3 +407,19 @@ fn large_run_measures_events_per_second() {
     println!("{}", r.summary());
     assert_eq!(r.tasks_done, 100_000);
 }
+
+/// A deadline's search gives up on a count once its farm is still
+/// running past the deadline: a run that ends in time is the whole run,
+/// report for report, and one whose last task ends a millisecond late is
+/// given up on.
+#[test]
+fn a_run_given_up_past_a_time_is_the_whole_run_when_it_ends_in_time_and_none_when_not() {
+    let cfg = SimConfig::simple(5, 3, "cpu=2", 300, "uniform:100..300");
+    let whole = ok(&cfg);
+    let within = mesh_sim::run_within(&cfg, whole.makespan)
+        .expect("runs")
+        .expect("ends in time");
+    assert_eq!(within.deterministic(), whole.deterministic());
+    let late = mesh_sim::run_within(&cfg, whole.makespan - 1).expect("runs");
+    assert!(late.is_none(), "its last task ends after the time given");
+}

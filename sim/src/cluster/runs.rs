@@ -260,6 +260,9 @@ impl Sim<'_> {
                 }
             }
             if !fail {
+                if !self.ok_done[g] {
+                    self.ok_left -= 1;
+                }
                 self.ok_done[g] = true;
                 self.makespan = self.makespan.max(self.now);
                 if self.ran_on.get(g) == Some(&NOWHERE) {
