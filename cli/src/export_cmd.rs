@@ -5,7 +5,9 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use mesh_node::control::{refusal, Client, ControlError, ControlRequest, ControlResponse, Target};
+use mesh_node::control::{
+    Client, ControlError, ControlRequest, ControlResponse, ErrorKind, Target,
+};
 use mesh_node::runner::{self, RunError};
 use mesh_node::state::StateDir;
 use serde_json::Value;
@@ -49,11 +51,17 @@ fn from_mesh(to: &Target, farm: &str) -> Result<Option<Value>> {
     };
     match c.recv() {
         Some(Ok(ControlResponse::Trace(t))) => Ok(Some(*t)),
-        Some(Ok(ControlResponse::Error(e))) if refusal::is_unknown_farm(&e) => Ok(None),
-        Some(Ok(ControlResponse::Error(e))) if refusal::is_bad_request(&e) => bail!(
-            "the node does not know `mesh export` ({e}): it runs an older mesh than this command"
+        Some(Ok(ControlResponse::Error {
+            kind: ErrorKind::UnknownFarm,
+            ..
+        })) => Ok(None),
+        Some(Ok(ControlResponse::Error {
+            kind: ErrorKind::BadRequest,
+            message,
+        })) => bail!(
+            "the node does not know `mesh export` ({message}): it runs an older mesh than this command"
         ),
-        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+        Some(Ok(ControlResponse::Error { message, .. })) => bail!("{message}"),
         Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
         Some(Err(e)) => Err(e.into()),
         None => bail!("the node closed the connection without an answer"),

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use mesh_node::control::{refusal, Client, ControlError, ControlRequest, ControlResponse, Target};
+use mesh_node::control::{
+    Client, ControlError, ControlRequest, ControlResponse, ErrorKind, Target,
+};
 use mesh_node::farmfile::{self, LoadOptions};
 use mesh_node::limits::OpenFiles;
 use mesh_node::mesh_node::{run_node, Multiaddr, NodeOptions};
@@ -168,7 +170,7 @@ pub(crate) fn ask(to: &Target, req: &ControlRequest) -> Result<Client> {
 pub(crate) fn ask_once(to: &Target, req: &ControlRequest) -> Result<ControlResponse> {
     let mut c = ask(to, req)?;
     match c.recv() {
-        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+        Some(Ok(ControlResponse::Error { message, .. })) => bail!("{message}"),
         Some(Ok(r)) => Ok(r),
         Some(Err(e)) => Err(e.into()),
         None => bail!("the node closed the connection"),
@@ -179,7 +181,8 @@ pub(crate) fn ask_once(to: &Target, req: &ControlRequest) -> Result<ControlRespo
 /// to stdout as they come, each line as the node wrote it (this build
 /// reads neither, so a client of another API version hears the node's own
 /// refusal). A node that cannot be reached is said as the node says an
-/// error, `{"Error": "..."}`, so the client reads one kind of answer.
+/// error, `{"Error": {"kind": "unreachable", "message": "..."}}`, so the
+/// client reads one kind of answer.
 pub fn control_pipe(to: &Target) -> Result<ExitCode> {
     let mut line = String::new();
     std::io::stdin()
@@ -194,7 +197,7 @@ pub fn control_pipe(to: &Target) -> Result<ExitCode> {
     };
     let mut c = match Client::request_line(to, line.into_bytes()) {
         Ok(c) => c,
-        Err(e) => return said(ControlResponse::Error(e.to_string())),
+        Err(e) => return said(ControlResponse::error(e.kind(), e.to_string())),
     };
     while let Some(l) = c.recv_line() {
         match l {
@@ -203,7 +206,7 @@ pub fn control_pipe(to: &Target) -> Result<ExitCode> {
                 writeln!(out, "{l}")?;
                 out.flush()?;
             }
-            Err(e) => return said(ControlResponse::Error(e.to_string())),
+            Err(e) => return said(ControlResponse::error(e.kind(), e.to_string())),
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -243,7 +246,9 @@ pub fn submit(
             // Said before the farm is accepted (outputs of tasks no longer
             // in the farm set aside); the answer follows.
             Some(Ok(ControlResponse::Warning(w))) => eprintln!("mesh: {w}"),
-            Some(Ok(ControlResponse::Error(e))) => bail!("the node refused the farm: {e}"),
+            Some(Ok(ControlResponse::Error { message, .. })) => {
+                bail!("the node refused the farm: {message}")
+            }
             Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
             Some(Err(e)) => return Err(e.into()),
             None => bail!("the node closed the connection before accepting the farm"),
@@ -305,8 +310,11 @@ pub fn resume(to: &Target, farm: &str, out: Option<&Path>, json: bool) -> Result
             }
             follow(to, &farm, json).map(Some)
         }
-        Some(Ok(ControlResponse::Error(e))) if refusal::is_unknown_farm(&e) => Ok(None),
-        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+        Some(Ok(ControlResponse::Error {
+            kind: ErrorKind::UnknownFarm,
+            ..
+        })) => Ok(None),
+        Some(Ok(ControlResponse::Error { message, .. })) => bail!("{message}"),
         Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
         Some(Err(e)) => Err(e.into()),
         None => bail!("the node closed the connection"),
@@ -373,10 +381,11 @@ pub fn logs(
                     break;
                 }
             }
-            ControlResponse::Error(e) if refusal::is_unknown_farm(&e) => {
-                return Ok(Logs::Unknown(e))
-            }
-            ControlResponse::Error(e) => bail!("{e}"),
+            ControlResponse::Error {
+                kind: ErrorKind::UnknownFarm,
+                message,
+            } => return Ok(Logs::Unknown(message)),
+            ControlResponse::Error { message, .. } => bail!("{message}"),
             other => bail!("unexpected answer from the node: {other:?}"),
         }
     }
@@ -407,7 +416,7 @@ pub fn list(to: &Target) -> Result<Option<Vec<FarmView>>> {
     };
     match c.recv() {
         Some(Ok(ControlResponse::List(v))) => Ok(Some(v)),
-        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+        Some(Ok(ControlResponse::Error { message, .. })) => bail!("{message}"),
         Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
         Some(Err(e)) => Err(e.into()),
         None => bail!("the node closed the connection"),
@@ -538,8 +547,11 @@ pub fn farm_view(to: &Target, farm: &str) -> Result<Option<Box<FarmView>>> {
     };
     match c.recv() {
         Some(Ok(ControlResponse::Farm(v))) => Ok(Some(v)),
-        Some(Ok(ControlResponse::Error(e))) if refusal::is_unknown_farm(&e) => Ok(None),
-        Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+        Some(Ok(ControlResponse::Error {
+            kind: ErrorKind::UnknownFarm,
+            ..
+        })) => Ok(None),
+        Some(Ok(ControlResponse::Error { message, .. })) => bail!("{message}"),
         Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
         Some(Err(e)) => Err(e.into()),
         None => bail!("the node closed the connection"),
@@ -604,7 +616,7 @@ fn follow(to: &Target, farm: &str, json: bool) -> Result<ExitCode> {
                 final_view = Some(v);
                 break;
             }
-            ControlResponse::Error(e) => bail!("{e}"),
+            ControlResponse::Error { message, .. } => bail!("{message}"),
             other => bail!("unexpected answer from the node: {other:?}"),
         }
     }
@@ -700,7 +712,7 @@ pub fn close(to: &Target, farm: &str) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             Some(Ok(ControlResponse::Warning(_))) => continue,
-            Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+            Some(Ok(ControlResponse::Error { message, .. })) => bail!("{message}"),
             Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
             Some(Err(e)) => bail!(e),
             None => bail!("the node closed the connection"),
@@ -732,7 +744,7 @@ pub fn cancel(to: &Target, farm: &str, tasks: &[String]) -> Result<ExitCode> {
         let mut c = ask(to, &req)?;
         match c.recv() {
             Some(Ok(ControlResponse::Cancelled { farm })) => outln!("cancelled {farm}{what}"),
-            Some(Ok(ControlResponse::Error(e))) => bail!("{e}"),
+            Some(Ok(ControlResponse::Error { message, .. })) => bail!("{message}"),
             Some(Ok(other)) => bail!("unexpected answer from the node: {other:?}"),
             Some(Err(e)) => bail!(e),
             None => bail!("the node closed the connection"),

@@ -99,7 +99,7 @@ fn read(state: &StateDir, to: &Target, farm: Option<&str>) -> Result<Frame> {
                 farms,
             })
         }
-        Ok(Some(ControlResponse::Error(e))) => bail!("{e}"),
+        Ok(Some(ControlResponse::Error { message, .. })) => bail!("{message}"),
         Ok(_) => bail!("the node sent no status"),
         Err(ControlError::NoNode(_)) => {
             let s = state.find(farm)?;
@@ -122,7 +122,7 @@ fn mesh_farms(to: &Target, farm: Option<&str>) -> Result<Vec<FarmView>> {
     let one = |q: &str| -> Result<FarmView> {
         match ask(to, &ControlRequest::Farm { farm: q.into() })? {
             Some(ControlResponse::Farm(v)) => Ok(*v),
-            Some(ControlResponse::Error(e)) => bail!("{e}"),
+            Some(ControlResponse::Error { message, .. }) => bail!("{message}"),
             _ => bail!("the node sent no farm"),
         }
     };
@@ -131,7 +131,7 @@ fn mesh_farms(to: &Target, farm: Option<&str>) -> Result<Vec<FarmView>> {
     }
     let mut list = match ask(to, &ControlRequest::List)? {
         Some(ControlResponse::List(v)) => v,
-        Some(ControlResponse::Error(e)) => bail!("{e}"),
+        Some(ControlResponse::Error { message, .. }) => bail!("{message}"),
         _ => bail!("the node sent no list"),
     };
     list.sort_by_key(|f| f.finished);

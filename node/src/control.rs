@@ -36,45 +36,43 @@ pub const CONTROL_PROTOCOL: &str = concat!("/mesh/control/", env!("CARGO_PKG_VER
 /// with the shapes written there. Raised when one of them changes shape;
 /// a client says its version first ([`ControlRequest::Hello`]) and a node
 /// of another version answers with an error that names both, instead of
-/// misreading what follows.
-pub const CONTROL_API: u32 = 1;
+/// misreading what follows. 2: a refusal says its kind ([`ErrorKind`]),
+/// where 1 said words only.
+pub const CONTROL_API: u32 = 2;
 
-/// The kinds of refusal a client acts on. The control API says a refusal
-/// in words (`{"Error": "..."}`, docs/api.md); an answer of its own per
-/// kind would be a new API for every client, the Python one included. So
-/// a client reads the kind from the words here, and only here, and the
-/// node's tests hold what it writes to these.
-pub mod refusal {
-    /// How every refusal about a farm the node does not know begins (it may
-    /// be a `mesh run` farm of this machine, which the client looks for).
-    pub const UNKNOWN_FARM: &str = "no farm";
-    /// How the refusal of a request the node cannot read begins (it runs an
-    /// older mesh, which knows fewer requests).
-    pub const BAD_REQUEST: &str = "bad request";
-    /// How the last answer to a reader that fell too far behind begins
-    /// (see docs/api.md): it may ask again.
-    pub const LAGGED: &str = "lagged";
-
-    pub fn is_unknown_farm(words: &str) -> bool {
-        words.starts_with(UNKNOWN_FARM)
-    }
-
-    pub fn is_bad_request(words: &str) -> bool {
-        words.starts_with(BAD_REQUEST)
-    }
-
-    pub fn is_lagged(words: &str) -> bool {
-        words.starts_with(LAGGED)
-    }
-
-    /// How the refusal of stages for a farm that is closed begins (its
-    /// client's hold was gone long enough, see `Hold`): a client opens
-    /// another farm for what it sends next.
-    pub const CLOSED_FARM: &str = "closed farm";
-
-    pub fn is_closed_farm(words: &str) -> bool {
-        words.starts_with(CLOSED_FARM)
-    }
+/// What kind of refusal a [`ControlResponse::Error`] is: the part of it a
+/// client acts on, so that no client reads a kind from the words (which
+/// are for people, and change). On the wire a snake_case name,
+/// `{"Error": {"kind": "unknown_farm", "message": "..."}}` (docs/api.md).
+/// A kind is added only for what some client does differently; the rest
+/// are `Refused`, shown as they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// No farm by that name or id is known (to this node, or to the mesh):
+    /// the command line looks for a `mesh run` farm of this machine instead.
+    UnknownFarm,
+    /// Stages sent to a farm that is closed (its client's hold was gone
+    /// long enough, see `Hold`): a client opens another farm for what it
+    /// sends next.
+    ClosedFarm,
+    /// The node cannot read the request: it runs an older mesh, which
+    /// knows fewer requests.
+    BadRequest,
+    /// The client's hello names a control API ([`CONTROL_API`]) the node
+    /// does not speak; the words name both.
+    OtherApi,
+    /// The last answer to a reader that fell too far behind (see
+    /// docs/api.md): it may ask again.
+    Lagged,
+    /// Said by `mesh control-pipe`, not by a node: the relay could not
+    /// reach one (a client reads it as a lost connection).
+    Unreachable,
+    /// Any other refusal, in words to show. Also what a kind this build
+    /// does not know reads as (a newer node's), so that it stays a
+    /// refusal and not an unreadable answer.
+    #[serde(other)]
+    Refused,
 }
 
 /// Which node a command talks to.
@@ -344,9 +342,11 @@ pub enum ControlResponse {
     },
     Allocs(Box<AllocBook>),
     Script(String),
-    /// A refusal, in words: the documented API (docs/api.md) says every
-    /// refusal so; the kinds a client acts on are read in [`refusal`].
-    Error(String),
+    /// A refusal: what kind, for a client to act on, and the words to show.
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
     /// The node speaks the client's control API.
     Hello {
         api: u32,
@@ -392,12 +392,20 @@ pub enum ControlResponse {
 }
 
 impl ControlResponse {
+    /// A refusal of this kind, in these words.
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> ControlResponse {
+        ControlResponse::Error {
+            kind,
+            message: message.into(),
+        }
+    }
+
     /// An answer after which the node says nothing more on its connection.
     pub fn is_last(&self) -> bool {
         matches!(
             self,
             ControlResponse::Finished(_)
-                | ControlResponse::Error(_)
+                | ControlResponse::Error { .. }
                 | ControlResponse::Submitted { .. }
                 | ControlResponse::Status(_)
                 | ControlResponse::Cancelled { .. }
@@ -473,6 +481,20 @@ pub enum ControlError {
     Key(#[from] crate::keys::KeyError),
     #[error("cannot reach the mesh at {addr}: {why}")]
     Unreachable { addr: String, why: Box<ReachError> },
+}
+
+impl ControlError {
+    /// The kind a relay (`mesh control-pipe`) says this error as: a node
+    /// not reached is `Unreachable`, which a client reads as a lost
+    /// connection; a key or an answer it cannot read is a plain refusal.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ControlError::NoNode(_)
+            | ControlError::Io { .. }
+            | ControlError::Unreachable { .. } => ErrorKind::Unreachable,
+            ControlError::Decode(_) | ControlError::Key(_) => ErrorKind::Refused,
+        }
+    }
 }
 
 /// Why a control request over the mesh (`--mesh ADDR`) got no answer.
@@ -784,5 +806,40 @@ mod remote {
             }
         });
         Ok((control, peer, driver))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ControlResponse, ErrorKind};
+
+    #[test]
+    fn a_refusal_says_its_kind_as_a_field_in_snake_case() {
+        let e = ControlResponse::error(ErrorKind::UnknownFarm, "no farm `x` is known here");
+        let line = serde_json::to_string(&e).unwrap();
+        assert_eq!(
+            line,
+            r#"{"Error":{"kind":"unknown_farm","message":"no farm `x` is known here"}}"#
+        );
+        for (kind, name) in [
+            (ErrorKind::ClosedFarm, "closed_farm"),
+            (ErrorKind::BadRequest, "bad_request"),
+            (ErrorKind::OtherApi, "other_api"),
+            (ErrorKind::Lagged, "lagged"),
+            (ErrorKind::Unreachable, "unreachable"),
+            (ErrorKind::Refused, "refused"),
+        ] {
+            assert_eq!(serde_json::to_string(&kind).unwrap(), format!("\"{name}\""));
+        }
+        assert!(e.is_last());
+    }
+
+    #[test]
+    fn a_kind_this_build_does_not_know_is_a_plain_refusal() {
+        let line = r#"{"Error":{"kind":"from_a_newer_node","message":"words"}}"#;
+        let Ok(ControlResponse::Error { kind, message }) = serde_json::from_str(line) else {
+            panic!("not read as a refusal");
+        };
+        assert_eq!((kind, message.as_str()), (ErrorKind::Refused, "words"));
     }
 }

@@ -12,7 +12,7 @@ The protocol under it and every call are in docs/api.md.
 """
 
 from ._client import Client, LocalNode, connect, default_state_dir, farms, local
-from ._errors import FarmClosed, FarmError, FarmFailed, MeshError, ProtocolError, TaskFailed
+from ._errors import FarmClosed, FarmError, FarmFailed, MeshError, ProtocolError, TaskFailed, UnknownFarm
 from ._farm import Farm, Stage, lines
 from ._functions import DoneAndNotDone, Executor, Future, RemoteTraceback, as_completed, progress, wait
 from ._proto import API, Lost, NoNode
@@ -45,6 +45,7 @@ __all__ = [
     "Stage",
     "Task",
     "TaskFailed",
+    "UnknownFarm",
     "Usage",
     "connect",
     "default_state_dir",

@@ -14,7 +14,7 @@ import time
 import uuid
 
 from . import _proto
-from ._errors import FarmClosed, FarmError, MeshError, ProtocolError
+from ._errors import FarmError, MeshError, ProtocolError
 from ._farm import Farm
 from ._run import Run, FarmInfo
 
@@ -84,15 +84,17 @@ class Client:
             self.version = a["Hello"]["version"]
             return
         if k == "Error":
-            e = a["Error"]
-            if "unknown variant" in e and "Hello" in e:
+            kind, e = _proto.refusal(a)
+            if kind is None:
+                # Words with no kind: a node of control API 1, which says
+                # so of a hello of another version, or older still, which
+                # cannot read a hello at all (`bad request: unknown variant
+                # Hello`). Either is older than this package.
                 raise ProtocolError(
                     "%s is older than the control API %d this package speaks: use a mesh "
                     "of this package's version (%s)" % (self._t.describe(), _proto.API, e)
                 )
-            if "control API" in e:
-                raise ProtocolError(e)
-            raise MeshError(e)
+            raise _proto.error(a)
         raise ProtocolError("%s answered the hello with %s" % (self._t.describe(), k))
 
     # ----- requests -----
@@ -106,7 +108,7 @@ class Client:
         if k == expect:
             return a[k]
         if k == "Error":
-            raise MeshError(a["Error"])
+            raise _proto.error(a)
         raise ProtocolError("expected %s from the node, got %s" % (expect, k))
 
     def _exchange(self, request, first_within=ANSWER_WITHIN_S):
@@ -146,9 +148,9 @@ class Client:
                         text=None if farm is None or farm._text is not None else farm.to_toml(),
                     )
                 if k == "Error":
-                    if _proto.closed_farm(a["Error"]):
-                        raise FarmClosed("the node refused the stages: %s" % a["Error"])
-                    raise MeshError("the node refused the farm: %s" % a["Error"])
+                    if _proto.refusal(a)[0] == "closed_farm":
+                        raise _proto.error(a, "the node refused the stages: ")
+                    raise _proto.error(a, "the node refused the farm: ")
                 return k, a[k], warnings
         raise MeshError("the node closed the connection before answering")
 
@@ -650,9 +652,9 @@ def local(cpus=None, resources=None, state_dir=None, binary=None, listen="/ip4/1
             if address is not None:
                 try:
                     return LocalNode(proc, state_dir, tmp, address, lines, reader, python=python, resume=resume)
-                except MeshError as e:
-                    if "no mesh node is running" not in str(e):
-                        raise
+                except _proto.NoNode:
+                    # Its socket is not there yet: asked again.
+                    pass
             time.sleep(0.05)
         raise MeshError("the node did not start within %s s: %s" % (start_within, "\n".join(list(lines)[-20:])))
     except BaseException:

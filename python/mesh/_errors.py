@@ -9,6 +9,11 @@ class ProtocolError(MeshError):
     """The node speaks another control API (or not the control protocol at all)."""
 
 
+class UnknownFarm(MeshError):
+    """The node knows no farm by that name or id (nor does its mesh's
+    coordinator, where it asked): a typo, or a farm of another mesh."""
+
+
 class FarmClosed(MeshError):
     """Stages sent to an open farm its home has closed (no client held it
     for a while: see docs/api.md's ``Hold``)."""

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import time
 
-from ._errors import MeshError, ProtocolError
+from ._errors import FarmClosed, MeshError, ProtocolError, UnknownFarm
 
 
 class Lost(MeshError):
@@ -27,8 +27,8 @@ class NoNode(Lost):
     on a machine where no ``mesh node`` or ``mesh join`` is running)."""
 
 #: The control API this package speaks (docs/api.md). A node of another
-#: API refuses the package's hello, naming both.
-API = 1
+#: API refuses the package's hello, naming both. 2: a refusal says its kind.
+API = 2
 
 #: How long a connection waits for a node that is starting on its state
 #: folder to open its socket (as the command line waits).
@@ -78,20 +78,35 @@ def last(answer):
     return k in _LAST
 
 
-def lagged(error):
-    """The last answer to a reader that fell too far behind the node: it may ask again."""
-    return error.startswith("lagged")
+#: The kinds of refusal (docs/api.md) this package answers with an
+#: exception of their own; every other kind is a plain :class:`MeshError`.
+#: ``lagged`` (a reader cut off, who may ask again) and ``unreachable`` (a
+#: relay, ``mesh control-pipe``, that reached no node: :class:`Lost` where
+#: a follower waits for its node to come back) are read where they are
+#: acted on.
+_RAISED_AS = {
+    "unknown_farm": UnknownFarm,
+    "closed_farm": FarmClosed,
+    "other_api": ProtocolError,
+}
 
 
-def closed_farm(error):
-    """Stages refused for a farm that is closed (its home closed it: no
-    client held it for a while, see docs/api.md's ``Hold``)."""
-    return error.startswith("closed farm")
+def refusal(answer):
+    """``(kind, message)`` of an ``Error`` answer, ``{"Error": {"kind":
+    "unknown_farm", "message": "..."}}``: the kind to act on, the words to
+    show. A node (or relay) of control API 1 said words only, ``{"Error":
+    "words"}``: its kind is None, and the client acts on none of it."""
+    e = answer["Error"]
+    if isinstance(e, dict):
+        return e.get("kind"), str(e.get("message", ""))
+    return None, str(e)
 
 
-def unreachable(error):
-    """An error the relay says for a node it cannot reach (see ``mesh control-pipe``)."""
-    return error.startswith(("cannot reach the mesh at", "no mesh node is running", "talking to the node at"))
+def error(answer, prefix=""):
+    """The exception an ``Error`` answer raises, chosen by its kind, with
+    its words after ``prefix``."""
+    kind, message = refusal(answer)
+    return _RAISED_AS.get(kind, MeshError)(prefix + message)
 
 
 class _Lines:

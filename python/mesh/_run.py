@@ -161,9 +161,9 @@ class Task:
                         raise MeshError(
                             "logs of %s: it did not run in farm %s; its result was reused from an "
                             "earlier farm with the same content key (its outputs: %s), and that "
-                            "run's logs could not be read: %s" % (self.task, self.run.id, self.outputs, a["Error"])
+                            "run's logs could not be read: %s" % (self.task, self.run.id, self.outputs, _proto.refusal(a)[1])
                         )
-                    raise MeshError("logs of %s: %s" % (self.task, a["Error"]))
+                    raise _proto.error(a, "logs of %s: " % self.task)
                 if k != "Log":
                     raise MeshError("logs of %s: unexpected answer %s" % (self.task, k))
                 out.append(bytes(a["Log"]["stdout"]))
@@ -391,13 +391,14 @@ class Run:
                             elif k == "Finished":
                                 return
                             elif k == "Error":
-                                if _proto.lagged(a["Error"]):
+                                kind, words = _proto.refusal(a)
+                                if kind == "lagged":
                                     # Asked again, the node says every task from
                                     # the start; those said already are skipped.
                                     break
-                                if _proto.unreachable(a["Error"]):
-                                    raise _proto.Lost(a["Error"])
-                                raise MeshError(a["Error"])
+                                if kind == "unreachable":
+                                    raise _proto.Lost(words)
+                                raise _proto.error(a)
                 except _proto.Lost as e:
                     if self.client._stopping:
                         # mesh.local() closing: its node goes on purpose.
@@ -448,7 +449,7 @@ class Run:
                             bar.to(final.ended, final.failed)
                         break
                     elif k == "Error":
-                        raise MeshError(a["Error"])
+                        raise _proto.error(a)
         finally:
             if bar is not None:
                 bar.close()
@@ -496,14 +497,15 @@ class Run:
                         a = x.next_answer()
                         lost_at = None
                         k = _proto.kind(a)
-                        if k == "Error" and _proto.unreachable(a["Error"]):
-                            raise _proto.Lost(a["Error"])
+                        kind, words = _proto.refusal(a) if k == "Error" else (None, None)
+                        if kind == "unreachable":
+                            raise _proto.Lost(words)
                         for node in (a.get("Held") or {}).get("gone", ()) if k == "Held" else ():
                             _say("mesh: node %s left the mesh; any task of %s it was running runs again on another node" % (node, self.id))
                         if k != "Held" or not a["Held"]["open"]:
                             # Closed, or not held here (anymore): nothing
                             # more to hold.
-                            if k == "Held" or (k == "Error" and _proto.closed_farm(a["Error"])):
+                            if k == "Held" or kind == "closed_farm":
                                 self.closed_by_home = True
                             return
             except (_proto.Lost, MeshError):

@@ -327,6 +327,39 @@ class Protocol(InFolder):
                 mesh.connect(state_dir=f.dir)
         self.assertIn("older than the control API", str(e.exception))
 
+    def test_a_node_of_api_1_is_older_whatever_its_words(self):
+        # API 1 said refusals as words, with no kind: its answer to a hello
+        # of another version is one, and names this package's version.
+        api1 = b'{"Error":"this node (mesh 0.1.0) speaks control API 1 and the client speaks 2: ..."}\n'
+        with FakeNode(self.dir, api1) as f:
+            with self.assertRaises(mesh.ProtocolError) as e:
+                mesh.connect(state_dir=f.dir)
+        self.assertIn("older than the control API %d" % mesh.API, str(e.exception))
+
+    def test_an_unknown_farm_is_raised_as_one_by_its_kind(self):
+        c = self.node(cpus=1)
+        with self.assertRaises(mesh.UnknownFarm) as e:
+            c.run("no-such-farm")
+        # The node's words, unchanged.
+        self.assertIn("no farm `no-such-farm` is known", str(e.exception))
+        # The kind decides, not the words: a node that says anything of
+        # kind unknown_farm is heard so, and a kind this package does not
+        # know is a plain refusal.
+        said = lambda kind: {"Error": {"kind": kind, "message": "words"}}
+        for kind, cls in [
+            ("unknown_farm", mesh.UnknownFarm),
+            ("closed_farm", mesh.FarmClosed),
+            ("other_api", mesh.ProtocolError),
+        ]:
+            self.assertIs(type(mesh._proto.error(said(kind))), cls)
+        e = mesh._proto.error(said("from_a_newer_node"))
+        self.assertIs(type(e), mesh.MeshError)
+        self.assertEqual(str(e), "words")
+        fake = b'{"Error":{"kind":"unknown_farm","message":"words of no farm"}}\n'
+        with FakeNode(self.dir, fake) as f:
+            with self.assertRaises(mesh.UnknownFarm):
+                mesh.connect(state_dir=f.dir)
+
     def test_a_node_that_says_nothing_is_an_error_not_a_hang(self):
         with FakeNode(self.dir, None) as f:
             t0 = time.monotonic()

@@ -8,7 +8,7 @@ use mesh_protocol::mesh::{AllocBook, AllocCmd, BatchOp};
 use super::reply::Reply;
 use super::{Event, Node};
 use crate::alloc::{batch, script};
-use crate::control::ControlResponse;
+use crate::control::{ControlResponse, ErrorKind};
 
 /// How many of the mesh's addresses a batch job's node is given to join.
 const JOIN_ADDRS: usize = 4;
@@ -124,8 +124,9 @@ impl Node {
                 let _ = w.reply.send(ControlResponse::Allocs(Box::new((*book).clone())));
                 false
             } else if now >= w.until {
-                let _ = w.reply.send(ControlResponse::Error(
-                    "the coordinator did not confirm the change in time (is the mesh up? `mesh status`); it may still be applied: see `mesh alloc list`".into(),
+                let _ = w.reply.send(ControlResponse::error(
+                    ErrorKind::Refused,
+                    "the coordinator did not confirm the change in time (is the mesh up? `mesh status`); it may still be applied: see `mesh alloc list`",
                 ));
                 false
             } else {
@@ -156,7 +157,7 @@ impl Node {
             _ => None,
         };
         if let Some(e) = err {
-            let _ = reply.send(ControlResponse::Error(e));
+            let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e));
             return;
         }
         let now = self.now();

@@ -14,8 +14,7 @@ use super::staging::make_spec;
 use super::views::{summary_view, Origin};
 use super::{farm_display_id, Event, LoopHandle, Node};
 use crate::alloc::script;
-use crate::control::refusal::BAD_REQUEST;
-use crate::control::{ControlRequest, ControlResponse, CONTROL_API};
+use crate::control::{ControlRequest, ControlResponse, ErrorKind, CONTROL_API};
 use crate::farmfile::{self, FarmFileError, LoadOptions};
 use crate::view::FarmView;
 use mesh_protocol::farm::{FarmDef, StageDef};
@@ -120,7 +119,7 @@ impl Node {
             ControlRequest::Events { farm } => match self.find_farm(&farm) {
                 Ok(fid) => self.follow_tasks(fid, reply),
                 Err(e) => {
-                    let _ = reply.send(ControlResponse::Error(e.to_string()));
+                    let _ = reply.send(e.said());
                 }
             },
             ControlRequest::Tasks { farm, state, limit } => {
@@ -129,7 +128,7 @@ impl Node {
                     .and_then(|fid| self.tasks_in(fid, state.as_deref(), limit));
                 let _ = reply.send(match r {
                     Ok(tasks) => ControlResponse::Tasks(tasks),
-                    Err(e) => ControlResponse::Error(e.to_string()),
+                    Err(e) => e.said(),
                 });
             }
             ControlRequest::Export { farm } => self.export(&farm, reply),
@@ -193,7 +192,7 @@ impl Node {
     fn wait_for(&mut self, farm: &str, reply: Reply) {
         match self.find_farm(farm) {
             Err(e) => {
-                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                let _ = reply.send(e.said());
             }
             Ok(fid) => {
                 let o = self.home.farms.get_mut(&fid).expect("found");
@@ -210,7 +209,7 @@ impl Node {
     fn cancel_farm(&mut self, farm: &str, reply: Reply) {
         match self.find_farm(farm) {
             Err(e) => {
-                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                let _ = reply.send(e.said());
             }
             Ok(fid) => {
                 let now = self.now();
@@ -225,19 +224,20 @@ impl Node {
     fn cancel_one(&mut self, farm: &str, task: &str, reply: Reply) {
         let found = self
             .find_farm(farm)
-            .map_err(|e| e.to_string())
+            .map_err(|e| (e.kind(), e.to_string()))
             .and_then(|fid| {
+                let refused = |e: String| (ErrorKind::Refused, e);
                 let spec = self
                     .peer
                     .spec(fid)
-                    .ok_or_else(|| format!("farm {farm} is not held here"))?;
-                let t =
-                    crate::task_words::parse_task(&spec.def, task).map_err(|e| e.to_string())?;
+                    .ok_or_else(|| refused(format!("farm {farm} is not held here")))?;
+                let t = crate::task_words::parse_task(&spec.def, task)
+                    .map_err(|e| refused(e.to_string()))?;
                 Ok((fid, t))
             });
         match found {
-            Err(e) => {
-                let _ = reply.send(ControlResponse::Error(e));
+            Err((kind, message)) => {
+                let _ = reply.send(ControlResponse::Error { kind, message });
             }
             Ok((fid, t)) => {
                 let now = self.now();
@@ -297,7 +297,7 @@ impl Node {
                 self.follow_logs(spec, ask, reply);
             }
             Err(e) if farm.is_empty() => {
-                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                let _ = reply.send(e.said());
             }
             Err(_) => self.ask_coordinator(farm, Asked::Logs(ask, reply)),
         }
@@ -314,7 +314,7 @@ impl Node {
                 node: self.net.swarm.local_peer_id().to_string(),
             }
         } else {
-            ControlResponse::Error(format!(
+            ControlResponse::error(ErrorKind::OtherApi, format!(
                 "this node (mesh {version}) speaks control API {CONTROL_API} and the client speaks {api}: use the client of this mesh's version (pip install its python/ folder), or a mesh of the client's"
             ))
         }
@@ -416,10 +416,13 @@ fn load_farm(
     for n in rerun.unwrap_or_default() {
         if def.stage_index(n).is_none() {
             let all: Vec<&str> = def.stages.iter().map(|s| s.name.as_str()).collect();
-            let _ = reply.send(ControlResponse::Error(format!(
-                "rerun {n}: the farm has no such stage (stages: {})",
-                all.join(", ")
-            )));
+            let _ = reply.send(ControlResponse::error(
+                ErrorKind::Refused,
+                format!(
+                    "rerun {n}: the farm has no such stage (stages: {})",
+                    all.join(", ")
+                ),
+            ));
             return None;
         }
     }
@@ -475,7 +478,10 @@ where
             }
         }
         Err(e) => {
-            let _ = rtx.send(ControlResponse::Error(format!("{BAD_REQUEST}: {e}")));
+            let _ = rtx.send(ControlResponse::error(
+                ErrorKind::BadRequest,
+                format!("bad request: {e}"),
+            ));
             drop(rtx);
         }
     }

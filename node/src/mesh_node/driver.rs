@@ -26,7 +26,7 @@ use super::swim;
 use super::transfer::{self, accept_data, Transfers};
 use super::views::Origin;
 use super::{Cmd, Disk, Home, LoopHandle, Net, Node, NodeError, NodeOptions, Tasks, User};
-use crate::control::{socket_path, ControlResponse, Starting, CONTROL_PROTOCOL};
+use crate::control::{socket_path, ControlResponse, ErrorKind, Starting, CONTROL_PROTOCOL};
 use crate::dash::{self, dashboard_line};
 use crate::executor;
 use crate::keys;
@@ -652,7 +652,7 @@ impl Node {
             PeerEvent::Refused { farm, reason } => {
                 if let Some(mut o) = self.home.farms.remove(&farm) {
                     if let Some(r) = o.submit_reply.take() {
-                        let _ = r.send(ControlResponse::Error(reason));
+                        let _ = r.send(ControlResponse::error(ErrorKind::Refused, reason));
                     }
                 }
             }

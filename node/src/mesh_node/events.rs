@@ -7,7 +7,7 @@ use nix::sys::signal::Signal;
 use super::transfer::FetchError;
 use super::{Call, Cmd, Event, Node};
 use crate::alloc::batch;
-use crate::control::ControlResponse;
+use crate::control::{ControlResponse, ErrorKind};
 use crate::keys;
 
 impl Node {
@@ -128,7 +128,7 @@ impl Node {
             Event::Grow(spec, reply) => self.grown(spec, reply),
             Event::Submit(spec, rerun, reply) => match spec {
                 Err(e) => {
-                    let _ = reply.send(ControlResponse::Error(e.to_string()));
+                    let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e.to_string()));
                 }
                 Ok(spec) => {
                     self.serve_inputs(&spec.0);

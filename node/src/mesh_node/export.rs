@@ -17,7 +17,7 @@ use mesh_protocol::TaskRef;
 
 use super::reply::Reply;
 use super::{farm_display_id, Node};
-use crate::control::ControlResponse;
+use crate::control::{ControlResponse, ErrorKind};
 use crate::export::{self, Ended, FarmFacts, Machine, TaskFacts};
 use crate::task_words::describe_failure;
 
@@ -31,7 +31,7 @@ impl Node {
         let fid = match self.find_known(query) {
             Ok(f) => f,
             Err(e) => {
-                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                let _ = reply.send(e.said());
                 return;
             }
         };
@@ -40,7 +40,7 @@ impl Node {
                 .found(fid)
                 .map(|f| format!(" (its home is {})", self.label_of(f.home.node)))
                 .unwrap_or_default();
-            let _ = reply.send(ControlResponse::Error(format!(
+            let _ = reply.send(ControlResponse::error(ErrorKind::Refused, format!(
                 "this node keeps no copy of the log of {}: export it on its home or a node that keeps one{home}",
                 self.peer
                     .spec(fid)
@@ -86,7 +86,9 @@ impl Node {
                 ControlResponse::Trace(Box::new(trace))
             })
             .await
-            .unwrap_or_else(|e| ControlResponse::Error(format!("writing the trace failed: {e}")));
+            .unwrap_or_else(|e| {
+                ControlResponse::error(ErrorKind::Refused, format!("writing the trace failed: {e}"))
+            });
             let _ = reply.send(answer);
         });
     }

@@ -23,7 +23,7 @@ use mesh_protocol::TaskRef;
 use super::refusals::QueryError;
 use super::reply::{Reply, REPLY_MAX};
 use super::{Event, LoopHandle, Node};
-use crate::control::{ControlResponse, TaskEvent};
+use crate::control::{ControlResponse, ErrorKind, TaskEvent};
 use crate::task_words::describe_failure;
 
 /// Entries of the log read in one turn of the loop for one follower: a
@@ -122,8 +122,9 @@ impl Node {
     /// A client follows the tasks of `farm`, whose home is this node.
     pub(super) fn follow_tasks(&mut self, farm: FarmId, reply: Reply) {
         let Some(r) = self.peer.replica(farm) else {
-            let _ = reply.send(ControlResponse::Error(
-                "this node keeps no copy of the farm's log".into(),
+            let _ = reply.send(ControlResponse::error(
+                ErrorKind::Refused,
+                "this node keeps no copy of the farm's log",
             ));
             return;
         };

@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 use mesh_protocol::mesh::FarmSpec;
 
 use super::commands::{invalid, write_manifests, Growth};
+use super::refusals::QueryError;
 use super::reply::Reply;
 use super::reuse::{task_keys, TaskKeys};
 use super::staging::hash_inputs;
 use super::{Event, Node};
-use crate::control::ControlResponse;
+use crate::control::{ControlResponse, ErrorKind};
 use crate::farmfile::{self, LoadOptions};
 
 /// How long an open farm that was held goes without a hold before its
@@ -26,7 +27,7 @@ const CLOSE_AGAIN: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub(super) enum GrowError {
     #[error("{0}")]
-    Unknown(String),
+    Unknown(#[from] QueryError),
     #[error("farm {0}: not held here")]
     NotHeld(String),
     #[error("farm {0} has its home on another node: a farm grows on the node it was submitted to")]
@@ -45,6 +46,22 @@ pub(super) enum GrowError {
     Input(#[from] super::staging::SubmitError),
 }
 
+impl GrowError {
+    /// This refusal as the client hears it: a closed farm is a kind of
+    /// its own, which a client answers by opening another.
+    fn said(&self) -> ControlResponse {
+        let kind = match self {
+            GrowError::Unknown(e) => e.kind(),
+            GrowError::Closed(_) => ErrorKind::ClosedFarm,
+            GrowError::NotHeld(_)
+            | GrowError::HomeElsewhere(_)
+            | GrowError::Folder { .. }
+            | GrowError::Input(_) => ErrorKind::Refused,
+        };
+        ControlResponse::error(kind, self.to_string())
+    }
+}
+
 impl Node {
     /// Holds an open farm whose home is here open while `reply`'s
     /// connection lasts (see `ControlRequest::Hold`).
@@ -52,7 +69,7 @@ impl Node {
         let fid = match self.growable(farm) {
             Ok(spec) => spec.id,
             Err(e) => {
-                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                let _ = reply.send(e.said());
                 return;
             }
         };
@@ -147,7 +164,7 @@ impl Node {
         let spec = match self.growable(farm) {
             Ok(spec) => spec,
             Err(e) => {
-                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                let _ = reply.send(e.said());
                 return;
             }
         };
@@ -176,9 +193,7 @@ impl Node {
 
     /// The spec of the open farm `farm` names, when its home is here.
     fn growable(&self, farm: &str) -> Result<Arc<FarmSpec>, GrowError> {
-        let fid = self
-            .find_known(farm)
-            .map_err(|e| GrowError::Unknown(e.to_string()))?;
+        let fid = self.find_known(farm).map_err(GrowError::Unknown)?;
         let spec = self
             .peer
             .spec(fid)
@@ -205,7 +220,7 @@ impl Node {
         let (next, keys) = match next {
             Ok(next) => next,
             Err(e) => {
-                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                let _ = reply.send(e.said());
                 return;
             }
         };
@@ -215,16 +230,17 @@ impl Node {
         let reused = keys.map_or_else(Vec::new, |k| self.reused_in_growth(&next, &k, from));
         let now = self.now();
         if !self.peer.grow(now, next, reused) {
-            let _ = reply.send(ControlResponse::Error(
-                "the farm grew or closed meanwhile (another client's stages came first): send again"
-                    .to_string(),
+            let _ = reply.send(ControlResponse::error(
+                ErrorKind::Refused,
+                "the farm grew or closed meanwhile (another client's stages came first): send again",
             ));
             return;
         }
         if let Some(o) = self.home.farms.get_mut(&id) {
             if let Some(earlier) = o.submit_reply.replace(reply) {
-                let _ = earlier.send(ControlResponse::Error(
-                    "the farm grew again before this growth was durable".to_string(),
+                let _ = earlier.send(ControlResponse::error(
+                    ErrorKind::Refused,
+                    "the farm grew again before this growth was durable",
                 ));
             }
         }
@@ -290,15 +306,28 @@ fn next_generation(
 #[cfg(test)]
 mod tests {
     use super::GrowError;
-    use crate::control::refusal::is_closed_farm;
+    use super::QueryError;
+    use crate::control::{ControlResponse, ErrorKind};
+
+    fn kind(e: GrowError) -> ErrorKind {
+        match e.said() {
+            ControlResponse::Error { kind, .. } => kind,
+            other => panic!("not a refusal: {other:?}"),
+        }
+    }
 
     #[test]
-    fn a_closed_farm_is_refused_in_words_a_client_reads() {
-        assert!(is_closed_farm(
-            &GrowError::Closed("python-1a2b".into()).to_string()
-        ));
-        assert!(!is_closed_farm(
-            &GrowError::NotHeld("python-1a2b".into()).to_string()
-        ));
+    fn a_closed_farm_and_an_unknown_one_are_refused_as_kinds_a_client_reads() {
+        assert_eq!(
+            kind(GrowError::Closed("python-1a2b".into())),
+            ErrorKind::ClosedFarm
+        );
+        assert_eq!(
+            kind(GrowError::NotHeld("python-1a2b".into())),
+            ErrorKind::Refused
+        );
+        let unknown = GrowError::Unknown(QueryError::Unknown("python-1a2b".into()));
+        assert_eq!(unknown.to_string(), "no farm `python-1a2b` is known here");
+        assert_eq!(kind(unknown), ErrorKind::UnknownFarm);
     }
 }

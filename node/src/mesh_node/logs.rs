@@ -15,7 +15,7 @@ use super::Node;
 
 /// The most of a log one answer carries (a follower asks again from there).
 const LOG_READ_MAX: usize = 8 << 20;
-use crate::control::ControlResponse;
+use crate::control::{ControlResponse, ErrorKind};
 use crate::executor;
 use crate::task_words::parse_task;
 
@@ -94,7 +94,7 @@ impl Node {
         let task = match parse_task(&spec.def, &ask.task) {
             Ok(t) => t,
             Err(e) => {
-                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e.to_string()));
                 return;
             }
         };
@@ -189,7 +189,7 @@ impl Node {
             }
             .await;
             if let Err(e) = r {
-                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e.to_string()));
             }
         });
     }

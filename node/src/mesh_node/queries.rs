@@ -194,7 +194,7 @@ impl Node {
                 let reply = match asked {
                     Asked::Status(r) | Asked::Resume(_, r) | Asked::Logs(_, r) => r,
                 };
-                let _ = reply.send(ControlResponse::Error(e.to_string()));
+                let _ = reply.send(e.said());
                 return;
             }
         };
@@ -217,7 +217,7 @@ impl Node {
             }
             Asked::Resume(out, reply) => {
                 let r = self.take_home(f, out);
-                let _ = reply.send(r.unwrap_or_else(|e| ControlResponse::Error(e.to_string())));
+                let _ = reply.send(r.unwrap_or_else(|e| e.said()));
             }
             Asked::Logs(ask, reply) => self.follow_logs(Arc::new(f.spec), ask, reply),
         }
@@ -465,24 +465,33 @@ fn match_farm(query: &str, known: &[Known]) -> Result<FarmId, QueryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::refusal::is_unknown_farm;
+    use crate::control::{ControlResponse, ErrorKind};
 
     #[test]
     fn every_refusal_of_an_unknown_farm_reads_as_one_to_a_client() {
         let q = || "nope".to_string();
+        let unknown = |e: &QueryError| e.kind() == ErrorKind::UnknownFarm;
         for e in [
             QueryError::Unknown(q()),
             QueryError::NotInMesh(q()),
             QueryError::UnknownToMesh(q()),
             QueryError::NotHome(Box::new(QueryError::Unknown(q()))),
             QueryError::NoFarmWith(q()),
+            // The coordinator's words to a `FindFarm`, passed on.
+            QueryError::Refused(QueryError::UnknownToMesh(q()).to_string()),
         ] {
-            assert!(is_unknown_farm(&e.to_string()), "{e}");
+            assert!(unknown(&e), "{e}");
         }
-        assert!(!is_unknown_farm(&QueryError::Ambiguous(q()).to_string()));
-        assert!(!is_unknown_farm(&QueryError::NoCopy.to_string()));
+        assert!(!unknown(&QueryError::Ambiguous(q())));
+        assert!(!unknown(&QueryError::NoCopy));
         let e = match_farm("nope", &[]).unwrap_err();
-        assert!(is_unknown_farm(&e.to_string()), "{e}");
+        assert!(unknown(&e), "{e}");
+        // Said with its words unchanged, the kind beside them.
+        let ControlResponse::Error { kind, message } = QueryError::Unknown(q()).said() else {
+            panic!("not a refusal");
+        };
+        assert_eq!(kind, ErrorKind::UnknownFarm);
+        assert_eq!(message, "no farm `nope` is known here");
     }
 
     #[test]

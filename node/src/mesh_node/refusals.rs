@@ -6,6 +6,8 @@ use libp2p::request_response;
 use mesh_protocol::mesh::NodeId;
 use mesh_protocol::wire::Response;
 
+use crate::control::{ControlResponse, ErrorKind};
+
 /// How long a question about a farm this node does not hold waits for a
 /// coordinator to answer: longer than a dead one takes to be found dead
 /// and another elected.
@@ -31,7 +33,7 @@ pub(super) enum RequestError {
 }
 
 /// Why a control request about a farm is refused: said to the client as
-/// [`ControlResponse::Error`], in these words.
+/// [`ControlResponse::Error`] of its [`kind`](QueryError::kind), in these words.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum QueryError {
     #[error("no farm `{0}` is known here")]
@@ -53,7 +55,7 @@ pub(super) enum QueryError {
     Stopping,
     #[error("unexpected answer from the coordinator")]
     Unexpected,
-    /// The coordinator's [`Response::Error`], in its words.
+    /// The coordinator's [`Response::Error`] to a `FindFarm`, in its words.
     #[error("{0}")]
     Refused(String),
     #[error("no coordinator answered for {} s ({why}); see `mesh status`", FIND_WAIT.as_secs())]
@@ -68,4 +70,33 @@ pub(super) enum QueryError {
     /// `mesh resume --out` elsewhere of a farm this node is the home of and told the end of.
     #[error("{farm} has finished: every output is in {out} on this node; copy that folder")]
     Finished { farm: String, out: String },
+}
+
+impl QueryError {
+    /// The kind a client reads this as.
+    pub(super) fn kind(&self) -> ErrorKind {
+        match self {
+            QueryError::Unknown(_)
+            | QueryError::NoFarmWith(_)
+            | QueryError::NotInMesh(_)
+            | QueryError::UnknownToMesh(_) => ErrorKind::UnknownFarm,
+            // A coordinator refuses a `FindFarm` for one reason only, a
+            // farm it does not know (`inbound.rs`): its words say which.
+            QueryError::Refused(_) => ErrorKind::UnknownFarm,
+            QueryError::NotHome(e) => e.kind(),
+            QueryError::Ambiguous(_)
+            | QueryError::Stopping
+            | QueryError::Unexpected
+            | QueryError::NoCoordinator { .. }
+            | QueryError::NoSuchState(_)
+            | QueryError::NoCopy
+            | QueryError::HomeElsewhere { .. }
+            | QueryError::Finished { .. } => ErrorKind::Refused,
+        }
+    }
+
+    /// This refusal as the client hears it.
+    pub(super) fn said(&self) -> ControlResponse {
+        ControlResponse::error(self.kind(), self.to_string())
+    }
 }

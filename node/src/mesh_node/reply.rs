@@ -13,8 +13,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::control::refusal::LAGGED;
-use crate::control::ControlResponse;
+use crate::control::{ControlResponse, ErrorKind};
 
 /// Answers waiting for one connection's writer: far more than a reader
 /// that keeps up ever has waiting (the writer sends each as it comes),
@@ -51,8 +50,8 @@ impl Reply {
         }
         let r = if self.tx.capacity() <= 1 && !r.is_last() {
             self.cut.store(true, Ordering::Relaxed);
-            ControlResponse::Error(format!(
-                "{LAGGED}: this reader fell {REPLY_MAX} answers behind the node and was cut off; ask again"
+            ControlResponse::error(ErrorKind::Lagged, format!(
+                "lagged: this reader fell {REPLY_MAX} answers behind the node and was cut off; ask again"
             ))
         } else {
             r
@@ -114,7 +113,6 @@ impl Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::refusal::is_lagged;
 
     fn progress() -> ControlResponse {
         ControlResponse::Warning("w".into())
@@ -135,7 +133,13 @@ mod tests {
             last = Some(r);
         }
         assert_eq!(n, REPLY_MAX);
-        assert!(matches!(last, Some(ControlResponse::Error(e)) if is_lagged(&e)));
+        assert!(matches!(
+            last,
+            Some(ControlResponse::Error {
+                kind: ErrorKind::Lagged,
+                ..
+            })
+        ));
         // Drained, it still hears nothing more: the lagged notice was last.
         assert!(reply.send(progress()).is_err());
         assert!(reply.is_closed());

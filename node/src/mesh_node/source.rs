@@ -45,7 +45,7 @@ impl dash::Source for MeshSource {
             let mut rx = rx.await;
             match rx.recv().await {
                 Some(ControlResponse::Observed(o)) => Ok(*o),
-                Some(ControlResponse::Error(e)) => Err(SourceError::Refused(e)),
+                Some(ControlResponse::Error { message, .. }) => Err(SourceError::Refused(message)),
                 _ => Err(SourceError::Stopping),
             }
         })
@@ -58,7 +58,9 @@ impl dash::Source for MeshSource {
             let mut list = list.await;
             let mut all = match list.recv().await {
                 Some(ControlResponse::List(v)) => v,
-                Some(ControlResponse::Error(e)) => return Err(SourceError::Refused(e)),
+                Some(ControlResponse::Error { message, .. }) => {
+                    return Err(SourceError::Refused(message))
+                }
                 _ => return Err(SourceError::Stopping),
             };
             // The running first, then the newest kept of the rest.
@@ -111,7 +113,9 @@ impl dash::Source for MeshSource {
                             break;
                         }
                     }
-                    Some(ControlResponse::Error(e)) => return Err(SourceError::Refused(e)),
+                    Some(ControlResponse::Error { message, .. }) => {
+                        return Err(SourceError::Refused(message))
+                    }
                     Some(_) => {}
                     None => break,
                 }
