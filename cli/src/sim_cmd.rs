@@ -104,7 +104,16 @@ fn deadline(cfg: &SimConfig, deadline_ms: u64, json: bool) -> Result<ExitCode> {
     let most = most.min(NODES_MOST);
     eprintln!("mesh sim: seed {}", cfg.seed);
     let mut tried: Vec<Tried> = Vec::new();
-    let mut shape = String::new();
+    // Said of the first count tried, as its report would (every count may
+    // be given up on before a report).
+    let shape = {
+        let mut c = cfg.clone();
+        c.scale_nodes(from.max(1));
+        match mesh_sim::shapes_of(&c) {
+            Ok(s) => mesh_sim::report::node_kinds(&s),
+            Err(e) => return Ok(failed(&e, "mesh sim ...")),
+        }
+    };
     let found = mesh_sim::whatif::fewest(from, most, |n| -> Result<bool, mesh_sim::SimError> {
         let mut c = cfg.clone();
         c.scale_nodes(n);
@@ -121,9 +130,6 @@ fn deadline(cfg: &SimConfig, deadline_ms: u64, json: bool) -> Result<ExitCode> {
             return Ok(false);
         };
         let meets = r.tasks_done == tasks && r.makespan <= deadline_ms;
-        if shape.is_empty() {
-            shape = mesh_sim::report::node_kinds(&r.node_shapes);
-        }
         tried.push(Tried {
             nodes: n,
             makespan_ms: Some(r.makespan),

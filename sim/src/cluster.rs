@@ -1223,6 +1223,12 @@ fn trace_task() -> Option<u32> {
     std::env::var("MESH_SIM_TRACE").ok()?.parse().ok()
 }
 
+/// A scenario's own nodes by what each offers, as its report's
+/// `node_shapes` says them, without running it.
+pub fn shapes_of(cfg: &SimConfig) -> Result<Vec<(usize, String)>, SimError> {
+    Ok(node_shapes(plan::machines(cfg)?.0.iter()))
+}
+
 /// How many nodes offer each set of resources, in the order first seen.
 fn node_shapes<'r>(totals: impl Iterator<Item = &'r Resources>) -> Vec<(usize, String)> {
     let mut shapes: Vec<(usize, String)> = Vec::new();

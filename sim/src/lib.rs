@@ -25,7 +25,7 @@ pub mod workflow;
 /// event, before it is stuck: ten virtual minutes.
 pub const QUIET_MS: u64 = 600_000;
 
-pub use cluster::{run, run_within};
+pub use cluster::{run, run_within, shapes_of};
 pub use dist::{parse_durations, Dist, DistError};
 pub use report::{SimReport, Timeline, Traffic};
 pub use scenario::{load_scenario, parse_scenario, ConfigError, NodeGroup, SimConfig};

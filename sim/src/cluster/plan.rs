@@ -49,7 +49,7 @@ pub(super) struct Io {
 /// every queue's `max` jobs), and those of queues that never refuse.
 type Machines = (Vec<Resources>, Vec<Resources>, Vec<Resources>);
 
-fn machines(cfg: &SimConfig) -> Result<Machines, SimError> {
+pub(super) fn machines(cfg: &SimConfig) -> Result<Machines, SimError> {
     let mut totals = Vec::new();
     for g in &cfg.nodes {
         let r = parse_resources(&g.resources).map_err(ConfigError::from)?;
