@@ -2,6 +2,7 @@
 
 mod alloc_cmd;
 mod args;
+mod describe_cmd;
 mod export_cmd;
 mod import;
 mod mesh_cmds;
@@ -45,7 +46,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 )]
 struct Cli {
     /// Where farms keep their state (default: the user's data folder, e.g. ~/.local/share/mesh).
-    #[arg(long, global = true, env = "MESH_STATE_DIR", value_name = "DIR", value_parser = args::path)]
+    #[arg(long, global = true, env = mesh_node::state_folder::STATE_DIR_VAR, value_name = "DIR", value_parser = args::path)]
     state_dir: Option<PathBuf>,
     /// Act on the mesh through the node at this address, from a machine that
     /// runs no node (a cluster's login node): submit, wait, status, list,
@@ -146,6 +147,12 @@ enum Cmd {
     },
     /// Create the mesh secret (mesh.key) and this node's identity in the state folder.
     Init,
+    /// Show where this mesh keeps its state here and the fields a farm file's
+    /// stage takes, in order; --json for clients (the Python package reads it).
+    Describe {
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a mesh node in the foreground; it takes farms from `mesh submit` and from other nodes.
     Node {
         #[command(flatten)]
@@ -356,7 +363,9 @@ fn describe(e: &anyhow::Error) -> String {
 }
 
 fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
-    let state = StateDir::new(state_root(cli.state_dir)?);
+    let state = StateDir::new(mesh_node::state_folder::of_this_process(
+        cli.state_dir.as_deref(),
+    )?);
     let local = local_only(&cli.command);
     let to = match cli.mesh {
         Some(_) if local.is_some() && mesh_from_env => Target::Local(state.root().to_path_buf()),
@@ -434,6 +443,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
         Cmd::Export { farm, out } => export_cmd::export(&to, &state, &farm, out.as_deref()),
         Cmd::Report { farm, out } => report::report(&to, &state, &farm, out.as_deref()),
         Cmd::Init => mesh_cmds::init(state.root()),
+        Cmd::Describe { json } => describe_cmd::describe(state.root(), json),
         Cmd::Alloc { cmd } => alloc_cmd::alloc(&to, cmd),
         Cmd::Sim { args } => sim_cmd::sim(&args, &to),
         Cmd::Node { flags } => mesh_cmds::node(state.root(), &flags, Vec::new()),
@@ -444,7 +454,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
             wait,
             rerun,
             json,
-        } => mesh_cmds::submit(&to, &farm, out, (wait, rerun), json),
+        } => mesh_cmds::submit(&to, &farm, out, wait, rerun, json),
         Cmd::Wait { farm, json } => mesh_cmds::wait(&to, &farm, json),
         Cmd::Cancel { farm, tasks } => mesh_cmds::cancel(&to, &farm, &tasks),
         Cmd::Close { farm } => mesh_cmds::close(&to, &farm),
@@ -671,6 +681,7 @@ fn local_only(cmd: &Cmd) -> Option<&'static str> {
         Cmd::Import { .. } => Some("import"),
         Cmd::Sim { .. } => Some("sim"),
         Cmd::Init => Some("init"),
+        Cmd::Describe { .. } => Some("describe"),
         Cmd::Node { .. } => Some("node"),
         Cmd::Join { .. } => Some("join"),
         _ => None,
@@ -699,21 +710,6 @@ pub(crate) fn dashboard(
         addr,
         secret.as_deref().map(str::as_bytes),
     )?)
-}
-
-fn state_root(flag: Option<PathBuf>) -> Result<PathBuf> {
-    if let Some(p) = flag {
-        // Made absolute once, here: batch job scripts, the control socket
-        // and the paths a node prints name it from wherever they are used.
-        return std::path::absolute(&p)
-            .with_context(|| format!("--state-dir {}: cannot make it absolute", p.display()));
-    }
-    match dirs::data_dir() {
-        Some(d) => Ok(d.join("mesh")),
-        None => {
-            bail!("no data folder is known for this user; pass --state-dir or set MESH_STATE_DIR")
-        }
-    }
 }
 
 /// What this node offers, and its GPUs: found here, `--resources` over them.

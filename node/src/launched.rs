@@ -115,23 +115,20 @@ fn node_state(proc_dir: &Path) -> Option<Seen> {
     }
     let cwd = std::fs::read_link(proc_dir.join("cwd")).ok();
     let env = std::fs::read(proc_dir.join("environ")).ok();
-    let var = |name: &str| -> Option<PathBuf> {
+    if env.is_none() && flag.is_none() {
+        return Some(Seen::Node(PathBuf::new()));
+    }
+    let var = |name: &str| -> Option<OsString> {
         let prefix = format!("{name}=");
         env.as_ref()?
             .split(|&b| b == 0)
             .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
-            .filter(|v| !v.is_empty())
-            .map(|v| PathBuf::from(OsString::from_vec(v.to_vec())))
+            .map(|v| OsString::from_vec(v.to_vec()))
     };
-    // As `mesh`'s own `state_root`: the flag, then its variable, then the
-    // user's data folder (dirs' rule on Linux).
-    let state = match flag.or_else(|| var("MESH_STATE_DIR")) {
+    // The rule its `mesh` followed, read from its environment.
+    let state = match flag {
         Some(p) => p,
-        None if env.is_none() => return Some(Seen::Node(PathBuf::new())),
-        None => var("XDG_DATA_HOME")
-            .filter(|p| p.is_absolute())
-            .or_else(|| var("HOME").map(|h| h.join(".local/share")))?
-            .join("mesh"),
+        None => crate::state_folder::resolve(var)?,
     };
     Some(Seen::Node(match (state.is_absolute(), cwd) {
         (true, _) => state,

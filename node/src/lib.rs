@@ -20,6 +20,7 @@ mod reaper;
 pub mod results;
 pub mod runner;
 pub mod state;
+pub mod state_folder;
 pub mod task_view;
 pub mod task_words;
 pub mod usage;

@@ -8,6 +8,7 @@ mod browser;
 mod circles;
 mod dashboard;
 mod data;
+mod describe;
 mod exact;
 mod export;
 mod grown;

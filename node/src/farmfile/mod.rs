@@ -35,6 +35,20 @@ pub use warn::FarmWarning;
 
 use locate::syntax_error;
 
+/// Every field a `[[stage]]` takes, in the order docs/farm-file.md lists
+/// them (a test holds the parser, the docs and this list together): the
+/// order the Python package writes a stage's fields in, read from
+/// `mesh describe --json` rather than copied.
+pub fn stage_fields() -> &'static [&'static str] {
+    parse::STAGE_FIELDS.as_slice()
+}
+
+/// The stage fields `[defaults]` may set: not a stage's identity (`name`,
+/// `key`) nor its dependencies.
+pub fn default_fields() -> &'static [&'static str] {
+    parse::DEFAULT_FIELDS
+}
+
 /// How to load a farm, beyond the file itself.
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {

@@ -886,3 +886,91 @@ fn a_stage_key_names_its_tasks_and_is_per_stage_only() {
     );
     assert!(e.to_string().contains("key"), "{e}");
 }
+
+/// A value of `field` that loads in a stage `b` after a stage `a`, and the
+/// stage's command fields in its place for `command`, `shell` and `python`
+/// (one command a stage).
+fn sample(field: &str) -> &'static str {
+    match field {
+        "name" => "name = \"b\"",
+        "key" => "key = \"{x}\"",
+        "command" => "command = [\"true\"]",
+        "shell" => "shell = \"true\"",
+        "python" => "python = [\"python3\", \"job.py\"]",
+        "sweep" => "sweep.x = { list = [1, 2] }",
+        "sweep_mode" => "sweep_mode = \"zip\"",
+        "workdir" => "workdir = \"w/{index}\"",
+        "inputs" => "inputs = [\"in.txt\"]",
+        "outputs" => "outputs = [\"*.out\"]",
+        "env" => "env = { A = \"1\" }",
+        "resources" => "resources = { cpu = 2, mem = \"1G\" }",
+        "retries" => "retries = 2",
+        "max_fails" => "max_fails = 0",
+        "timeout" => "timeout = \"1m\"",
+        "expected" => "expected = 30",
+        "success_codes" => "success_codes = [0, 3]",
+        "after" => "after = [\"a\"]",
+        "after_each" => "after_each = \"a\"",
+        other => panic!(
+            "stage field `{other}` is new: give it a sample here, a row in docs/farm-file.md's \
+             stage fields, and see that python/mesh writes it"
+        ),
+    }
+}
+
+#[test]
+fn every_stage_field_listed_is_read_and_no_other() {
+    let files = [("in.txt", "x\n"), ("job.py", "")];
+    for &field in stage_fields() {
+        let command = if ["command", "shell", "python"].contains(&field) {
+            ""
+        } else {
+            "command = [\"true\"]\n"
+        };
+        let name = if field == "name" {
+            ""
+        } else {
+            "name = \"b\"\n"
+        };
+        // `key` names a variable; `zip` combines two.
+        let sweep = if field == "key" || field == "sweep_mode" {
+            "sweep.x = { list = [1, 2] }\nsweep.y = { list = [3, 4] }\n"
+        } else {
+            ""
+        };
+        let farm = format!(
+            "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\nsweep.i = {{ list = [1, 2] }}\n\n\
+             [[stage]]\n{name}{command}{sweep}{}\n",
+            sample(field)
+        );
+        let (_dir, result) = load_in(&farm, &files);
+        if let Err(e) = result {
+            panic!("stage field `{field}` is listed but not read:\n{farm}\n{e}");
+        }
+    }
+    let e = bad(
+        "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\ntimeout_s = 3\n",
+        &[],
+    );
+    assert!(e.to_string().contains("unknown field `timeout_s`"), "{e}");
+    for field in default_fields() {
+        assert!(stage_fields().contains(field), "{field}");
+    }
+}
+
+#[test]
+fn the_stage_fields_are_in_the_order_the_docs_list_them() {
+    let docs = include_str!("../../../docs/farm-file.md");
+    let table = docs
+        .split("\n## Stage fields\n")
+        .nth(1)
+        .expect("docs/farm-file.md has a Stage fields section");
+    let listed: Vec<&str> = table
+        .lines()
+        .skip_while(|l| !l.starts_with("| `"))
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+        .map(|f| f.strip_suffix(".<var>").unwrap_or(f))
+        .collect();
+    assert_eq!(listed, stage_fields());
+}
