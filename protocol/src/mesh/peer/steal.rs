@@ -8,6 +8,7 @@
 
 use indexmap::IndexMap;
 use rand::rngs::SmallRng;
+use rustc_hash::FxBuildHasher;
 use rand::RngExt;
 
 use super::super::msg::*;
@@ -23,10 +24,10 @@ pub(super) struct Stealing {
     next_id: u64,
     /// Members with tasks queued, as far as this node knows (their last
     /// beat, or none once a steal there came back empty): the steal victims.
-    loaded: IndexMap<NodeId, u32>,
+    loaded: IndexMap<NodeId, u32, FxBuildHasher>,
     /// The members of `loaded` with more queued than a node of their size
     /// keeps as its prefetch: a thief with no free slot steals only there.
-    overloaded: IndexMap<NodeId, u32>,
+    overloaded: IndexMap<NodeId, u32, FxBuildHasher>,
 }
 
 /// How a thief takes a victim's answer.
@@ -47,8 +48,8 @@ impl Stealing {
         Stealing {
             asked: None,
             next_id: 1,
-            loaded: IndexMap::new(),
-            overloaded: IndexMap::new(),
+            loaded: IndexMap::default(),
+            overloaded: IndexMap::default(),
         }
     }
 
