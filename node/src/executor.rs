@@ -470,7 +470,7 @@ async fn run(l: &Launch, live: &Live) -> Ended {
             // All handed back: nothing is collected and no folder made, and
             // what an earlier run left there goes, as `collect` leaves it.
             let collected = tokio::task::spawn_blocking(move || {
-                collect(&cwd2, &dest, (&outputs, &made), &before)
+                collect(&cwd2, &dest, &outputs, &made, &before)
             })
             .await;
             match collected {
@@ -642,20 +642,23 @@ async fn run_warm(
     cwd: &Path,
     env: &[(String, String)],
 ) -> (Ended, Vec<String>) {
-    let ran = crate::warm::run(
+    let task = crate::warm::Task {
         argv,
-        (&l.root, cwd),
+        root: &l.root,
+        cwd,
         env,
-        ((&l.stdout_log, &l.stderr_log), (l.hand, &l.riding)),
-        l.grant.resources.get(MEM).whole(),
-        live.looked.clone(),
-        |pid| {
-            live.pgid.store(pid, Ordering::SeqCst);
-            if live.kill_asked.load(Ordering::SeqCst) && pid > 0 {
-                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-        },
-    )
+        stdout_log: &l.stdout_log,
+        stderr_log: &l.stderr_log,
+        hand: l.hand,
+        riding: &l.riding,
+        asked: l.grant.resources.get(MEM).whole(),
+    };
+    let ran = crate::warm::run(task, live.looked.clone(), |pid| {
+        live.pgid.store(pid, Ordering::SeqCst);
+        if live.kill_asked.load(Ordering::SeqCst) && pid > 0 {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    })
     .await;
     let logs = log_bits(&l.stdout_log, &l.stderr_log);
     let mut said = Said::default();
@@ -996,14 +999,14 @@ fn matched_before(cwd: &Path, outputs: &[String]) -> HashMap<PathBuf, Seen> {
 /// may match nothing, and collects only the files this run made or changed
 /// (`before` is what it matched before the run): a file an earlier run
 /// left in the workdir (a chromosome dropped from the farm) is not this
-/// run's output.
-/// Copies the task's outputs from `cwd` into `dest`; those `own`, made
-/// only to be outputs (a warm worker said so) are moved there instead,
-/// where the two folders are on one file system.
+/// run's output. Those `own`, made only to be outputs (a warm worker said
+/// so), are moved there instead, where the two folders are on one file
+/// system.
 fn collect(
     cwd: &Path,
     dest: &Path,
-    (outputs, own): (&[String], &[String]),
+    outputs: &[String],
+    own: &[String],
     before: &HashMap<PathBuf, Seen>,
 ) -> Result<(), FilesError> {
     let mut made = HashSet::new();

@@ -193,7 +193,7 @@ pub fn run_farm(
     runtime()?.block_on(async {
         // Before anything slow (opening the store, clearing a big farm's old run).
         let (sigint, sigterm) = stop_signals()?;
-        drive(start, opts, obs, (sigint, sigterm)).await
+        drive(start, opts, obs, sigint, sigterm).await
     })
 }
 
@@ -204,10 +204,11 @@ async fn drive(
     start: RunStart,
     opts: &RunOptions,
     obs: &mut dyn Observer,
-    signals: (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+    sigint: tokio::signal::unix::Signal,
+    sigterm: tokio::signal::unix::Signal,
 ) -> Result<FarmStatus, RunError> {
     let (mut d, mut engine) = Driver::open(start, opts, obs).await?;
-    let interrupted = d.run(&mut engine, opts, obs, signals).await?;
+    let interrupted = d.run(&mut engine, opts, obs, sigint, sigterm).await?;
     d.close(&engine, opts, obs, interrupted)
 }
 
@@ -220,7 +221,8 @@ impl Driver {
         engine: &mut Engine,
         opts: &RunOptions,
         obs: &mut dyn Observer,
-        (mut sigint, mut sigterm): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+        mut sigint: tokio::signal::unix::Signal,
+        mut sigterm: tokio::signal::unix::Signal,
     ) -> Result<Option<Instant>, RunError> {
         let (clock, d) = (self.clock, self);
         let (tx, mut rx) = mpsc::channel::<Finished>(FINISHED_MAX);

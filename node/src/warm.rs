@@ -192,22 +192,44 @@ pub enum WarmError {
     Handed(String),
 }
 
-/// Runs `argv` (`[python, script, args...]`) in a warm worker of the
-/// farm whose folder is `root`; `started` is told the worker's process
-/// id (its group's) before the task runs. The script may hand back
-/// outputs of up to `hand` bytes, and finds `riding` (its dependencies'
-/// outputs that rode with the log) in memory. `asked`: the memory the
-/// task asked for, in bytes (see `usage::Call`); its looks at the
-/// running call are left in `looked`.
+/// A task as a warm worker runs it: what the executor hands over.
+pub struct Task<'a> {
+    /// `[python, script, args...]`.
+    pub argv: &'a [String],
+    /// The farm's folder: workers are kept per folder (see `Kind`).
+    pub root: &'a Path,
+    pub cwd: &'a Path,
+    pub env: &'a [(String, String)],
+    pub stdout_log: &'a Path,
+    pub stderr_log: &'a Path,
+    /// The most bytes an output the script hands back may have.
+    pub hand: usize,
+    /// Its dependencies' outputs that rode with the log, which the script
+    /// finds in memory.
+    pub riding: &'a Riding,
+    /// The memory the task asked for, in bytes (see `usage::Call`).
+    pub asked: u64,
+}
+
+/// Runs `task` in a warm worker of its farm's folder; `started` is told
+/// the worker's process id (its group's) before the task runs, and the
+/// looks at the running call are left in `looked`.
 pub async fn run(
-    argv: &[String],
-    (root, cwd): (&Path, &Path),
-    env: &[(String, String)],
-    (logs, (hand, riding)): ((&Path, &Path), (usize, &Riding)),
-    asked: u64,
+    task: Task<'_>,
     looked: std::sync::Arc<crate::usage::Looked>,
     started: impl FnOnce(i32),
 ) -> Result<Ended, WarmError> {
+    let Task {
+        argv,
+        root,
+        cwd,
+        env,
+        stdout_log,
+        stderr_log,
+        hand,
+        riding,
+        asked,
+    } = task;
     let setup = SETUP.get().ok_or(WarmError::NotSetUp)?;
     let gpus = env
         .iter()
@@ -233,8 +255,8 @@ pub async fn run(
         argv: &argv[1..],
         cwd,
         env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
-        out: logs.0,
-        err: logs.1,
+        out: stdout_log,
+        err: stderr_log,
         hand,
         riding: riding
             .iter()
