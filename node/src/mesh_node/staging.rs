@@ -15,7 +15,7 @@ use libp2p::PeerId;
 use mesh_protocol::farm::{path_stays_inside, FarmDef, TaskRef};
 use mesh_protocol::mesh::{FarmId, FarmSpec, InputFile, NodeId, OutputFile};
 
-use super::transfer::{self, hash_file, keep_pieces, FetchError, Fetching, Transfers};
+use super::transfer::{self, hash_file, keep_pieces, Fetch, FetchError, Fetching, Transfers};
 use super::{Event, LoopHandle, Node};
 use crate::results::walk;
 
@@ -333,8 +333,14 @@ async fn fetch_all(
         let (d, o2) = (dir.to_path_buf(), o.clone());
         let needed = tokio::task::spawn_blocking(move || output_needed(&d, &o2)).await??;
         if let Some(dest) = needed {
-            let got =
-                transfer::fetch(t, handle, from, (farm, o.hash), &dest, Fetching::Home).await?;
+            let f = Fetch {
+                from,
+                farm,
+                hash: o.hash,
+                dest: &dest,
+                what: Fetching::Home,
+            };
+            let got = transfer::fetch(t, handle, f).await?;
             set_mode(&dest, o.mode)?;
             tracing::debug!(%farm, path = %o.path, ?got, "output home");
         }
@@ -409,17 +415,31 @@ pub(super) fn file_hash(path: &Path) -> io::Result<[u8; 32]> {
 /// How long a node keeps asking for an input no source could give yet.
 const INPUT_WAIT: Duration = Duration::from_secs(60);
 
-/// Puts an input in place, from this node's cache or fetched once from
-/// the first of `sources` that has it.
+/// Where the inputs of a farm's tasks come from on a node that is not
+/// its home: the first of the nodes that has each, by way of this node's
+/// cache.
+#[derive(Clone, Copy)]
+pub(super) struct InputSources<'a> {
+    pub(super) farm: FarmId,
+    pub(super) nodes: &'a [NodeId],
+    pub(super) cache: &'a Path,
+}
+
+/// Puts the input of `hash` at `dest` with `mode`, from this node's cache
+/// or fetched once from the first of its sources that has it.
 pub(super) async fn fetch_input(
     t: &Arc<Transfers>,
     handle: &LoopHandle,
-    sources: &[NodeId],
-    farm: FarmId,
-    (hash, mode): ([u8; 32], u32),
-    cache: &Path,
+    from: &InputSources<'_>,
+    hash: [u8; 32],
+    mode: u32,
     dest: &Path,
 ) -> Result<(), FetchError> {
+    let InputSources {
+        farm,
+        nodes: sources,
+        cache,
+    } = *from;
     let hex = blake3::Hash::from(hash).to_hex().to_string();
     let cached = cache.join(&hex);
     // A node that just got its first task of a farm may not know the
@@ -557,7 +577,14 @@ pub(super) async fn fetch_any(
 ) -> Result<(), FetchError> {
     let mut why = Vec::new();
     for from in sources {
-        match transfer::fetch(t, handle, *from, (farm, hash), dest, Fetching::Cached).await {
+        let f = Fetch {
+            from: *from,
+            farm,
+            hash,
+            dest,
+            what: Fetching::Cached,
+        };
+        match transfer::fetch(t, handle, f).await {
             Ok(_) => return Ok(()),
             Err(e) => why.push((*from, e)),
         }

@@ -10,8 +10,10 @@ use mesh_protocol::farm::reads_outputs;
 use mesh_protocol::mesh::{void_place, Assigned, Entry, FarmSpec, NodeId, OutputFile};
 use tokio::sync::mpsc;
 
-use super::deps::{place_deps, DepsPlace, NotPlaced};
-use super::staging::{fetch_input, input_file, input_hash, keep_outputs, manifest, place_riding};
+use super::deps::{place_deps, DepsError, DepsPlace, NotPlaced};
+use super::staging::{
+    fetch_input, input_file, input_hash, keep_outputs, manifest, place_riding, InputSources,
+};
 use super::transfer::{FetchError, Transfers};
 use super::{Event, LoopHandle, Node};
 use crate::executor::{self, Finished, Launch};
@@ -154,19 +156,23 @@ impl Node {
             held: held.clone(),
             in_memory,
         });
-        let attempt = async move {
-            let (outcome, outputs) = run_task(
-                launch,
-                spec,
-                task,
-                (local, sources, transfers, deps),
-                (cache, held, riding),
-                handle.clone(),
-            )
-            .await;
-            let _ = handle.tell(Event::Finished(task, outcome, outputs)).await;
+        let attempt = Attempt {
+            launch,
+            spec,
+            task,
+            local,
+            sources,
+            transfers,
+            deps,
+            cache,
+            held,
+            riding,
+            handle: handle.clone(),
         };
-        tokio::spawn(attempt);
+        tokio::spawn(async move {
+            let (outcome, outputs) = attempt.run().await;
+            let _ = handle.tell(Event::Finished(task, outcome, outputs)).await;
+        });
     }
 }
 
@@ -328,140 +334,201 @@ impl Node {
     }
 }
 
-/// One attempt on this node: fetch inputs, run, and keep the outputs of a
-/// remote farm's task (content-addressed, in `held`) until its home has them.
-async fn run_task(
-    mut launch: Launch,
+/// One attempt at a task on this node, with all it needs off the loop.
+struct Attempt {
+    launch: Launch,
     spec: Arc<FarmSpec>,
     task: Assigned,
-    (local, sources, transfers, deps): (bool, Vec<NodeId>, Arc<Transfers>, Option<DepsPlace>),
-    (cache, held, riding): (PathBuf, PathBuf, Vec<(PathBuf, OutputFile)>),
+    /// The farm was submitted here: its inputs are in place, and the
+    /// task's outputs stay where it wrote them.
+    local: bool,
+    /// The nodes its inputs are fetched from.
+    sources: Vec<NodeId>,
+    transfers: Arc<Transfers>,
+    /// Off the home, where the outputs it depends on are put (none: it
+    /// reads none, or runs on the home).
+    deps: Option<DepsPlace>,
+    /// This node's cache of inputs.
+    cache: PathBuf,
+    /// Where a remote farm's outputs are kept, content-addressed, until
+    /// its home has them.
+    held: PathBuf,
+    /// On the home, the outputs it depends on that rode with the log.
+    riding: Vec<(PathBuf, OutputFile)>,
     handle: LoopHandle,
-) -> (Outcome, Vec<OutputFile>) {
-    let key = launch.key;
-    let fail = |e: String| {
-        (
-            Outcome {
-                result: TaskResult::Error(e),
-                key: Some(key),
-                duration_ms: 0,
-                ended_ms: crate::state::unix_ms(),
-                grew: None,
-                logs: 0,
-                stderr_line: None,
-                usage: None,
-            },
-            Vec::new(),
-        )
-    };
-    if !local {
-        // The farm's folder here stands in for the submitter's: a task with
-        // no workdir and no inputs still runs in it.
-        if let Err(e) = fs::create_dir_all(&launch.root) {
-            return fail(format!("cannot create {}: {e}", launch.root.display()));
-        }
-        if let Some(p) = &deps {
-            match place_deps(&transfers, &handle, &spec, p).await {
-                Ok(riding) => launch.riding = riding,
-                Err(NotPlaced::Failed(e)) => {
-                    return fail(format!("the outputs it depends on: {e}"))
-                }
-                Err(NotPlaced::Remade) => {
-                    let _ = handle.tell(Event::GiveBack(task)).await;
-                    return fail("given back: what it depends on is being made again".into());
-                }
-            }
-        }
-        for input in &launch.spec.inputs {
-            let file = input_file(&spec, input).map_or(([0; 32], 0), |i| (i.hash, i.mode));
-            if let Err(e) = fetch_input(
-                &transfers,
-                &handle,
-                &sources,
-                spec.id,
-                file,
-                &cache,
-                &launch.root.join(input),
+}
+
+/// Why an attempt ends before its task runs, in the words of its report.
+#[derive(Debug, thiserror::Error)]
+enum NotRun {
+    #[error("cannot create {}: {source}", .dir.display())]
+    Folder {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the outputs it depends on: {0}")]
+    Deps(DepsError),
+    #[error("given back: what it depends on is being made again")]
+    Remade,
+    #[error("fetching input `{input}`: {source}")]
+    Input { input: String, source: FetchError },
+    #[error("the outputs it depends on: {0}")]
+    Riding(FetchError),
+    #[error(transparent)]
+    Grown(crate::grown::GrownError),
+}
+
+impl Attempt {
+    /// Fetches its inputs, runs it, and keeps the outputs of a remote
+    /// farm's task (in `held`) until its home has them.
+    async fn run(mut self) -> (Outcome, Vec<OutputFile>) {
+        let key = self.launch.key;
+        let fail = |e: String| {
+            (
+                Outcome {
+                    result: TaskResult::Error(e),
+                    key: Some(key),
+                    duration_ms: 0,
+                    ended_ms: crate::state::unix_ms(),
+                    grew: None,
+                    logs: 0,
+                    stderr_line: None,
+                    usage: None,
+                },
+                Vec::new(),
             )
-            .await
-            {
-                return fail(format!("fetching input `{input}`: {e}"));
+        };
+        if let Err(e) = self.put_in_place().await {
+            return fail(e.to_string());
+        }
+        let Attempt {
+            launch,
+            spec,
+            task,
+            local,
+            held,
+            handle,
+            ..
+        } = self;
+        let out_dir = launch.out_dir.clone();
+        // One attempt, one report: room for it is all this channel needs.
+        let (done_tx, mut done_rx) = mpsc::channel::<Finished>(1);
+        let live = executor::launch(launch, done_tx);
+        let _ = handle.tell(Event::Launched(task, live)).await;
+        let Some(f) = done_rx.recv().await else {
+            return fail("the task's runner stopped".into());
+        };
+        let mut outcome = Outcome {
+            result: f.result,
+            key: Some(f.key),
+            duration_ms: f.duration_ms,
+            ended_ms: crate::state::unix_ms(),
+            grew: None,
+            logs: f.logs,
+            stderr_line: f.stderr_line,
+            usage: f.usage,
+        };
+        if matches!(outcome.result, TaskResult::Exited(c)
+            if spec.def.stage(task.task).success_codes.contains(&c))
+        {
+            match crate::grown::count(&spec.def, task.task, &out_dir) {
+                Ok(n) => outcome.grew = n,
+                Err(e) => outcome.result = TaskResult::Error(e.to_string()),
             }
         }
-    }
-    if let Err(e) = give_riding(&mut launch, &spec.def.out, riding).await {
-        return fail(format!("the outputs it depends on: {e}"));
-    }
-    // A task of a grown stage: its value is a line of what the task it grew
-    // from wrote, which is under `{out}` here now, as any dependency's.
-    let out_root = match &deps {
-        Some(p) => p.out.clone(),
-        None => PathBuf::from(&spec.def.out),
-    };
-    match crate::grown::line(&spec.def, task.task, &out_root) {
-        Ok(Some(line)) => {
-            let seen_out = launch.view.as_ref().map_or(&out_root, |v| &v.dir);
-            launch.spec = spec
-                .def
-                .expand_line_in(task.task, &seen_out.to_string_lossy(), &line);
-            executor::resolve_program(&mut HashMap::new(), &mut launch.spec);
+        let mut outputs: Vec<OutputFile> = f.handed.into_iter().map(riding_output).collect();
+        if local && out_dir.exists() {
+            // Run on the home: the outputs are in place. Their manifest still
+            // goes into the farm's state, so a node that takes the farm over
+            // knows what to bring (or to run again, when they are gone).
+            let dir = out_dir.clone();
+            if let Ok(Ok(m)) = tokio::task::spawn_blocking(move || manifest(&dir)).await {
+                outputs.extend(m);
+            }
         }
-        Ok(None) => {}
-        Err(e) => return fail(e.to_string()),
-    }
-    let out_dir = launch.out_dir.clone();
-    // One attempt, one report: room for it is all this channel needs.
-    let (done_tx, mut done_rx) = mpsc::channel::<Finished>(1);
-    let live = executor::launch(launch, done_tx);
-    let _ = handle.tell(Event::Launched(task, live)).await;
-    let Some(f) = done_rx.recv().await else {
-        return fail("the task's runner stopped".into());
-    };
-    let mut outcome = Outcome {
-        result: f.result,
-        key: Some(f.key),
-        duration_ms: f.duration_ms,
-        ended_ms: crate::state::unix_ms(),
-        grew: None,
-        logs: f.logs,
-        stderr_line: f.stderr_line,
-        usage: f.usage,
-    };
-    if matches!(outcome.result, TaskResult::Exited(c)
-        if spec.def.stage(task.task).success_codes.contains(&c))
-    {
-        match crate::grown::count(&spec.def, task.task, &out_dir) {
-            Ok(n) => outcome.grew = n,
-            Err(e) => outcome.result = TaskResult::Error(e.to_string()),
-        }
-    }
-    let mut outputs: Vec<OutputFile> = f.handed.into_iter().map(riding_output).collect();
-    if local && out_dir.exists() {
-        // Run on the home: the outputs are in place. Their manifest still
-        // goes into the farm's state, so a node that takes the farm over
-        // knows what to bring (or to run again, when they are gone).
-        let dir = out_dir.clone();
-        if let Ok(Ok(m)) = tokio::task::spawn_blocking(move || manifest(&dir)).await {
-            outputs.extend(m);
-        }
-    }
-    if !local && out_dir.exists() {
-        if let TaskResult::Exited(code) = outcome.result {
-            if spec.def.stage(task.task).success_codes.contains(&code) {
-                let dir = out_dir.clone();
-                let kept = tokio::task::spawn_blocking(move || keep_outputs(&dir, &held)).await;
-                match kept {
-                    Ok(Ok(o)) => outputs.extend(o),
-                    Ok(Err(e)) => {
-                        outcome.result = TaskResult::Error(format!("keeping outputs: {e}"))
+        if !local && out_dir.exists() {
+            if let TaskResult::Exited(code) = outcome.result {
+                if spec.def.stage(task.task).success_codes.contains(&code) {
+                    let dir = out_dir.clone();
+                    let kept = tokio::task::spawn_blocking(move || keep_outputs(&dir, &held)).await;
+                    match kept {
+                        Ok(Ok(o)) => outputs.extend(o),
+                        Ok(Err(e)) => {
+                            outcome.result = TaskResult::Error(format!("keeping outputs: {e}"))
+                        }
+                        Err(e) => {
+                            outcome.result = TaskResult::Error(format!("keeping outputs: {e}"))
+                        }
                     }
-                    Err(e) => outcome.result = TaskResult::Error(format!("keeping outputs: {e}")),
                 }
             }
+            let _ = tokio::task::spawn_blocking(move || fs::remove_dir_all(out_dir)).await;
         }
-        let _ = tokio::task::spawn_blocking(move || fs::remove_dir_all(out_dir)).await;
+        (outcome, outputs)
     }
-    (outcome, outputs)
+
+    /// What the task reads put where it reads it: off the home, its
+    /// folder, the outputs it depends on and its inputs; on the home, the
+    /// outputs that rode with the log; then a grown stage's line.
+    async fn put_in_place(&mut self) -> Result<(), NotRun> {
+        let (launch, spec, task) = (&mut self.launch, &self.spec, self.task);
+        if !self.local {
+            // The farm's folder here stands in for the submitter's: a task with
+            // no workdir and no inputs still runs in it.
+            fs::create_dir_all(&launch.root).map_err(|source| NotRun::Folder {
+                dir: launch.root.clone(),
+                source,
+            })?;
+            if let Some(p) = &self.deps {
+                match place_deps(&self.transfers, &self.handle, spec, p).await {
+                    Ok(riding) => launch.riding = riding,
+                    Err(NotPlaced::Failed(e)) => return Err(NotRun::Deps(e)),
+                    Err(NotPlaced::Remade) => {
+                        let _ = self.handle.tell(Event::GiveBack(task)).await;
+                        return Err(NotRun::Remade);
+                    }
+                }
+            }
+            let from = InputSources {
+                farm: spec.id,
+                nodes: &self.sources,
+                cache: &self.cache,
+            };
+            for input in &launch.spec.inputs {
+                let (hash, mode) =
+                    input_file(spec, input).map_or(([0; 32], 0), |i| (i.hash, i.mode));
+                let dest = launch.root.join(input);
+                fetch_input(&self.transfers, &self.handle, &from, hash, mode, &dest)
+                    .await
+                    .map_err(|source| NotRun::Input {
+                        input: input.clone(),
+                        source,
+                    })?;
+            }
+        }
+        let riding = std::mem::take(&mut self.riding);
+        give_riding(launch, &spec.def.out, riding)
+            .await
+            .map_err(NotRun::Riding)?;
+        // A task of a grown stage: its value is a line of what the task it grew
+        // from wrote, which is under `{out}` here now, as any dependency's.
+        let out_root = match &self.deps {
+            Some(p) => p.out.clone(),
+            None => PathBuf::from(&spec.def.out),
+        };
+        match crate::grown::line(&spec.def, task.task, &out_root) {
+            Ok(Some(line)) => {
+                let seen_out = launch.view.as_ref().map_or(&out_root, |v| &v.dir);
+                launch.spec =
+                    spec.def
+                        .expand_line_in(task.task, &seen_out.to_string_lossy(), &line);
+                executor::resolve_program(&mut HashMap::new(), &mut launch.spec);
+            }
+            Ok(None) => {}
+            Err(e) => return Err(NotRun::Grown(e)),
+        }
+        Ok(())
+    }
 }
 
 /// On the home, the outputs a task depends on that rode with the log: in

@@ -525,16 +525,25 @@ pub(super) enum Fetching {
     Cached,
 }
 
-/// Brings the file `hash` of `farm` from node `from` to `dest`, checked,
-/// going on from what an earlier cut transfer left there.
+/// A file to bring from another node: which (by its farm and hash), from
+/// which node, where it goes, and what for.
+#[derive(Clone, Copy)]
+pub(super) struct Fetch<'a> {
+    pub(super) from: NodeId,
+    pub(super) farm: FarmId,
+    pub(super) hash: [u8; 32],
+    pub(super) dest: &'a Path,
+    pub(super) what: Fetching,
+}
+
+/// Brings the file `f` asks for, checked, going on from what an earlier
+/// cut transfer left where it goes.
 pub(super) async fn fetch(
     t: &Arc<Transfers>,
     handle: &LoopHandle,
-    from: NodeId,
-    (farm, hash): (FarmId, [u8; 32]),
-    dest: &Path,
-    what: Fetching,
+    f: Fetch<'_>,
 ) -> Result<Got, FetchError> {
+    let dest = f.dest;
     // One transfer per destination: a second waits for the first.
     let mine = {
         let mut landing = lock(&t.landing);
@@ -561,7 +570,7 @@ pub(super) async fn fetch(
             done,
         },
     };
-    let r = fetch_here(t, handle, from, (farm, hash), dest, what).await;
+    let r = fetch_here(t, handle, f).await;
     let _ = done.done.send(Some(r.clone()));
     r
 }
@@ -583,11 +592,15 @@ impl Drop for Landed<'_> {
 async fn fetch_here(
     t: &Arc<Transfers>,
     handle: &LoopHandle,
-    from: NodeId,
-    (farm, hash): (FarmId, [u8; 32]),
-    dest: &Path,
-    what: Fetching,
+    f: Fetch<'_>,
 ) -> Result<Got, FetchError> {
+    let Fetch {
+        from,
+        farm,
+        hash,
+        dest,
+        what,
+    } = f;
     let keep = what == Fetching::Cached;
     // The semaphore is never closed: failing to acquire it means the node's end.
     let _turn = t
@@ -634,7 +647,14 @@ async fn fetch_here(
         .await
         .map_err(|e| FetchError::StreamEnded(Arc::new(e)))?;
     let farm_of = (what == Fetching::Home).then_some(farm);
-    let r = receive(t, handle, &mut s, &part, (&pieces, hash, have), farm_of).await;
+    let rest = Rest {
+        part: &part,
+        pieces: &pieces,
+        hash,
+        have,
+        farm: farm_of,
+    };
+    let r = receive(t, handle, &mut s, rest).await;
     let _ = s.close().await;
     r?;
     if keep {
@@ -720,15 +740,33 @@ fn verified_part(part: &Path, pieces: &Pieces, hash: &Cv) -> io::Result<u64> {
     Ok(good)
 }
 
-/// The bytes from `have` to the end, checked and written as they come.
+/// What is left to come of a file: the part file it is written to, the
+/// pieces (of the file of `hash`) it is checked against as it comes, and
+/// how much of it the part holds checked already.
+struct Rest<'a> {
+    part: &'a Path,
+    pieces: &'a Pieces,
+    hash: Cv,
+    have: u64,
+    /// The farm whose output comes home, whose bytes are counted and shown
+    /// coming (none: an input for the cache).
+    farm: Option<FarmId>,
+}
+
+/// The bytes from `rest.have` to the end, checked and written as they come.
 async fn receive(
     t: &Transfers,
     handle: &LoopHandle,
     s: &mut libp2p::Stream,
-    part: &Path,
-    (pieces, hash, have): (&Pieces, Cv, u64),
-    farm: Option<FarmId>,
+    rest: Rest<'_>,
 ) -> Result<(), FetchError> {
+    let Rest {
+        part,
+        pieces,
+        hash,
+        have,
+        farm,
+    } = rest;
     let (btx, mut brx) = mpsc::channel::<Vec<u8>>(BLOCKS_QUEUED);
     let (part_w, pieces_w) = (part.to_path_buf(), pieces.clone());
     let writer = tokio::task::spawn_blocking(move || -> Result<(), FetchError> {
