@@ -148,14 +148,13 @@ impl Node {
         let origin = self.me;
         let handle = self.handle.clone();
         tokio::task::spawn_blocking(move || {
-            prepare_submit(
-                &handle,
+            let farm = Incoming {
                 def,
-                (&file, false),
-                origin,
-                rerun.as_deref(),
-                reply,
-            )
+                file: &file,
+                rerun: rerun.as_deref(),
+                open: false,
+            };
+            prepare_submit(&handle, origin, farm, reply)
         });
     }
 
@@ -166,8 +165,7 @@ impl Node {
         let origin = self.me;
         let handle = self.handle.clone();
         tokio::task::spawn_blocking(move || {
-            let Some(def) = load_farm(&f.toml, &f.file, (f.out, f.cwd), f.rerun.as_deref(), &reply)
-            else {
+            let Some(def) = load_farm(&f, &reply) else {
                 return;
             };
             if f.check {
@@ -183,8 +181,13 @@ impl Node {
                 });
                 return;
             }
-            let how = (f.file.as_str(), f.open);
-            prepare_submit(&handle, def, how, origin, f.rerun.as_deref(), reply);
+            let farm = Incoming {
+                def,
+                file: &f.file,
+                rerun: f.rerun.as_deref(),
+                open: f.open,
+            };
+            prepare_submit(&handle, origin, farm, reply);
         });
     }
 
@@ -379,23 +382,18 @@ impl Node {
 
 /// A farm file's text checked as `mesh check` checks a file: its warnings
 /// said, and `None` once its mistake or an unknown `--rerun` stage is.
-fn load_farm(
-    toml: &str,
-    file: &str,
-    (out, cwd): (Option<String>, Option<String>),
-    rerun: Option<&[String]>,
-    reply: &Reply,
-) -> Option<mesh_protocol::farm::FarmDef> {
+fn load_farm(f: &FarmText, reply: &Reply) -> Option<mesh_protocol::farm::FarmDef> {
+    let (toml, file, rerun) = (&f.toml, &f.file, f.rerun.as_deref());
     let file_path = Path::new(file);
     // The client's folder, not this node's: the command line's `--out`
     // (and its default) are taken from where it runs.
-    let cwd = match cwd {
+    let cwd = match &f.cwd {
         Some(c) => PathBuf::from(c),
         None => file_path
             .parent()
             .map_or_else(|| PathBuf::from("/"), Path::to_path_buf),
     };
-    let opts = LoadOptions::to(out.map(|o| cwd.join(o)));
+    let opts = LoadOptions::to(f.out.as_ref().map(|o| cwd.join(o)));
     let (mut def, warnings) = match farmfile::load_str_with_warnings(file_path, toml, &opts) {
         Ok(d) => d,
         Err(e) => {
@@ -511,17 +509,28 @@ where
     let _ = write.shutdown().await;
 }
 
+/// A farm as it comes in, loaded: by the client (`mesh submit` on this
+/// machine) or here from its text.
+struct Incoming<'a> {
+    def: FarmDef,
+    /// The farm file it was loaded from.
+    file: &'a str,
+    /// The stages run again whatever was done before (`--rerun`).
+    rerun: Option<&'a [String]>,
+    /// See `ControlRequest::SubmitFarm`.
+    open: bool,
+}
+
 /// Off the loop, for either way a farm comes in: each stage's manifest
 /// written, the inputs hashed and every task's key worked out, then the
-/// farm handed to the loop to submit.
-fn prepare_submit(
-    handle: &LoopHandle,
-    def: FarmDef,
-    (file, open): (&str, bool),
-    origin: NodeId,
-    rerun: Option<&[String]>,
-    reply: Reply,
-) {
+/// farm handed to the loop to submit, with `origin` its home.
+fn prepare_submit(handle: &LoopHandle, origin: NodeId, farm: Incoming<'_>, reply: Reply) {
+    let Incoming {
+        def,
+        file,
+        rerun,
+        open,
+    } = farm;
     let rerun = crate::results::rerun_stages(&def, rerun);
     write_manifests(&def.out, &def.stages, &reply);
     let spec = make_spec(def, file, origin).map(|mut spec| {
@@ -547,8 +556,6 @@ pub(super) fn write_manifests(out: &str, stages: &[StageDef], reply: &Reply) {
     }
 }
 
-/// A farm file's text as a client sends it, with where it is read from
-/// and what the client asks of it.
 /// What a `Grow` request brings (see `ControlRequest::Grow`), to `grow.rs`.
 pub(super) struct Growth {
     pub(super) toml: String,
@@ -557,6 +564,8 @@ pub(super) struct Growth {
     pub(super) rerun: bool,
 }
 
+/// A farm file's text as a client sends it, with where it is read from
+/// and what the client asks of it.
 struct FarmText {
     toml: String,
     file: String,
@@ -581,13 +590,16 @@ mod tests {
     ) -> (Option<mesh_protocol::farm::FarmDef>, Vec<ControlResponse>) {
         let (tx, mut rx) = Reply::channel();
         let file = dir.join("f.toml");
-        let def = load_farm(
-            toml,
-            file.to_str().expect("utf-8"),
-            (out.map(str::to_string), cwd.map(str::to_string)),
-            None,
-            &tx,
-        );
+        let text = FarmText {
+            toml: toml.to_string(),
+            file: file.to_str().expect("utf-8").to_string(),
+            out: out.map(str::to_string),
+            cwd: cwd.map(str::to_string),
+            rerun: None,
+            check: true,
+            open: false,
+        };
+        let def = load_farm(&text, &tx);
         let mut said = Vec::new();
         while let Ok(r) = rx.try_recv() {
             said.push(r);

@@ -130,9 +130,9 @@ impl Node {
                 Err(e) => {
                     let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e.to_string()));
                 }
-                Ok(spec) => {
-                    self.serve_inputs(&spec.0);
-                    self.submit_reusing(spec, &rerun, reply);
+                Ok((spec, keys)) => {
+                    self.serve_inputs(&spec);
+                    self.submit_reusing(spec, keys, &rerun, reply);
                 }
             },
             Event::SubmitReused(spec, reused, reply) => self.submit_now(*spec, reused, reply),

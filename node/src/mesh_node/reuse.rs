@@ -51,6 +51,23 @@ struct Kept {
     ran: Option<RanAt>,
 }
 
+/// What this node keeps of a farm's tasks, as a submission finds it: each
+/// task's kept result, and which folder of the farm's `out` holds which
+/// task's result.
+struct KeptHere {
+    tasks: HashMap<TaskRef, Kept>,
+    holder: HashMap<PathBuf, TaskRef>,
+}
+
+/// A farm on its way in whose earlier results are being looked for: the
+/// tasks done from the start so far, and those whose results are still
+/// wanted, by content key.
+struct Reusing {
+    spec: FarmSpec,
+    reused: Vec<Entry>,
+    wanted: Vec<(TaskRef, [u8; 32])>,
+}
+
 impl Kept {
     /// Its outputs all rode with the log: kept here whole, in no folder.
     fn rides(&self) -> bool {
@@ -228,7 +245,8 @@ impl Node {
     /// does not answer in time costs reruns, never the submission.
     pub(super) fn submit_reusing(
         &mut self,
-        (spec, keys): (FarmSpec, TaskKeys),
+        spec: FarmSpec,
+        keys: TaskKeys,
         rerun: &[bool],
         reply: Reply,
     ) {
@@ -242,8 +260,12 @@ impl Node {
         // `out` holds which task's result: a line inserted above tasks
         // moves each to the next index, where the folder it is put in may
         // hold, whole, the result the next task is known by now.
-        let (mut found, mut holder) = self.kept_for(&keys, rerun, any_here);
-        self.set_aside_for(&spec.def, (&mut holder, &mut found), &mut batch, &reply);
+        let mut here = self.kept_for(&keys, rerun, any_here);
+        self.set_aside_for(&spec.def, &mut here, &mut batch, &reply);
+        let KeptHere {
+            tasks: mut found,
+            holder,
+        } = here;
         let mut aside = Aside {
             holder,
             stash: out.join(crate::results::STASH_DIR),
@@ -277,7 +299,7 @@ impl Node {
                 }
                 aside.keep(t, &dir, &keys, &mut found);
                 let kept = found.remove(&t).expect("found above");
-                if let Some(done) = self.reuse_kept((t, key), &dir, kept, &mut batch) {
+                if let Some(done) = self.reuse_kept(t, key, &dir, kept, &mut batch) {
                     reused.push(done);
                 } else {
                     if earlier {
@@ -300,7 +322,12 @@ impl Node {
             self.submit_now(spec, reused, reply);
             return;
         }
-        self.reuse_from_homes(spec, (reused, wanted), homes, coordinator, reply);
+        let farm = Reusing {
+            spec,
+            reused,
+            wanted,
+        };
+        self.reuse_from_homes(farm, homes, coordinator, reply);
     }
 
     /// The outputs `kept` for task `t` (known by `key`) put in `dir`, and
@@ -309,7 +336,8 @@ impl Node {
     /// record is written with `batch`.
     fn reuse_kept(
         &mut self,
-        (t, key): (TaskRef, &[u8; 32]),
+        t: TaskRef,
+        key: &[u8; 32],
         dir: &Path,
         mut kept: Kept,
         batch: &mut Vec<Write>,
@@ -373,7 +401,7 @@ impl Node {
                 };
                 let t = TaskRef::new(s as u32, i as u32);
                 let dir = stage.join(i.to_string());
-                reused.extend(self.reuse_kept((t, key), &dir, kept, &mut batch));
+                reused.extend(self.reuse_kept(t, key, &dir, kept, &mut batch));
             }
         }
         self.write_kept(batch);
@@ -385,12 +413,7 @@ impl Node {
     /// line inserted above tasks moves each to the next index, where the
     /// folder it is put in may hold, whole, the result the next task is
     /// known by now.
-    fn kept_for(
-        &self,
-        keys: &TaskKeys,
-        rerun: &[bool],
-        any_here: bool,
-    ) -> (HashMap<TaskRef, Kept>, HashMap<PathBuf, TaskRef>) {
+    fn kept_for(&self, keys: &TaskKeys, rerun: &[bool], any_here: bool) -> KeptHere {
         let mut found: HashMap<TaskRef, Kept> = HashMap::new();
         let mut holder: HashMap<PathBuf, TaskRef> = HashMap::new();
         if any_here {
@@ -409,20 +432,27 @@ impl Node {
                 }
             }
         }
-        (found, holder)
+        KeptHere {
+            tasks: found,
+            holder,
+        }
     }
 
     /// `out` holds the farm as it is now: a sweep cut short, a stage gone,
     /// leave it (see `results::set_aside_stale`); what they hold stays a
     /// result where it went (a sweep grown back takes it), and the
-    /// folders that move are followed in `holder` and `found`.
+    /// folders that move are followed in `here`.
     fn set_aside_for(
         &mut self,
         def: &FarmDef,
-        (holder, found): (&mut HashMap<PathBuf, TaskRef>, &mut HashMap<TaskRef, Kept>),
+        here: &mut KeptHere,
         batch: &mut Vec<Write>,
         reply: &Reply,
     ) {
+        let KeptHere {
+            tasks: found,
+            holder,
+        } = here;
         let out = Path::new(&def.out);
         match crate::results::set_aside_stale(out, def, crate::state::unix_ms()) {
             Ok(Some(set)) => {
@@ -459,12 +489,16 @@ impl Node {
     /// with whatever they keep, off the loop.
     fn reuse_from_homes(
         &self,
-        spec: FarmSpec,
-        (mut reused, wanted): (Vec<Entry>, Vec<(TaskRef, [u8; 32])>),
+        farm: Reusing,
         homes: BTreeSet<NodeId>,
         coordinator: Option<NodeId>,
         reply: Reply,
     ) {
+        let Reusing {
+            spec,
+            mut reused,
+            wanted,
+        } = farm;
         let handle = self.handle.clone();
         let (me, name) = (self.me, spec.def.name.clone());
         tokio::spawn(async move {
