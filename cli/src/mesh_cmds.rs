@@ -216,7 +216,8 @@ pub fn submit(
     to: &Target,
     farm: &Path,
     out: Option<PathBuf>,
-    (wait, rerun): (bool, Option<Vec<String>>),
+    wait: bool,
+    rerun: Option<Vec<String>>,
     json: bool,
 ) -> Result<ExitCode> {
     let (def, warnings) = farmfile::load_with_warnings(farm, &LoadOptions::to(out))?;

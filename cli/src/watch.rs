@@ -54,7 +54,8 @@ pub fn watch(
                 &mut rates,
                 now,
                 color,
-                (usize::from(cols), usize::from(rows)),
+                usize::from(cols),
+                usize::from(rows),
             );
             term.clear_screen()?;
             let mut out = crate::out::stdout();
@@ -194,7 +195,8 @@ fn render(
     rates: &mut StageRates,
     now: u64,
     color: bool,
-    (cols, rows): (usize, usize),
+    cols: usize,
+    rows: usize,
 ) -> String {
     let pal = Palette::new(color);
     let (red, dim, bold) = (&pal.red, &pal.dim, &pal.bold);
@@ -260,7 +262,7 @@ fn render(
             if body.len() >= room {
                 continue;
             }
-            body.push(stage_line(&pal, stage, c, rate, (width, cols)));
+            body.push(stage_line(&pal, stage, c, rate, width, cols));
         }
         if let Some(words) = f.eta_words(mesh_node::state::unix_ms()) {
             if body.len() < room {
@@ -345,7 +347,8 @@ fn stage_line(
     stage: &str,
     c: &Counts,
     rate: f64,
-    (width, cols): (usize, usize),
+    width: usize,
+    cols: usize,
 ) -> (String, String) {
     let (green, red, blue, dim) = (&pal.green, &pal.red, &pal.blue, &pal.dim);
     let total = c.total.max(1) as f64;

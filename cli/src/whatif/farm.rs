@@ -57,15 +57,13 @@ pub fn run(args: &SimArgs, to: &Target, farm: &str) -> Result<ExitCode> {
     };
     let now_ms = mesh_node::state::unix_ms();
     let mut rng = SmallRng::seed_from_u64(args.seed.unwrap_or(1));
-    let left = what_is_left(
-        &view,
-        &trace,
-        &tasks,
-        observed.as_ref(),
-        &mut rng,
-        whole,
-        args.asks_used,
-    )?;
+    let told = Told {
+        view: &view,
+        trace: &trace,
+        tasks: &tasks,
+        observed: observed.as_ref(),
+    };
+    let left = what_is_left(&told, &mut rng, whole, args.asks_used)?;
     if left.tasks == 0 {
         bail!(
             "{} has nothing left to run: {} done, {} failed (see `mesh status {}`)",
@@ -121,17 +119,24 @@ struct Left {
     guessed: Vec<String>,
 }
 
+/// What the node told of a farm: its view, its trace, its tasks' events
+/// and what the mesh observed (neither of those from a fresh start).
+struct Told<'a> {
+    view: &'a FarmView,
+    trace: &'a Value,
+    tasks: &'a [TaskEvent],
+    observed: Option<&'a Observed>,
+}
+
 /// `whole`: every task of the farm, as if it started now: a task that ran
 /// keeps its own runtime, the others draw theirs (for `--tasks`).
-fn what_is_left(
-    view: &FarmView,
-    trace: &Value,
-    tasks: &[TaskEvent],
-    observed: Option<&Observed>,
-    rng: &mut SmallRng,
-    whole: bool,
-    asks_used: bool,
-) -> Result<Left> {
+fn what_is_left(told: &Told<'_>, rng: &mut SmallRng, whole: bool, asks_used: bool) -> Result<Left> {
+    let Told {
+        view,
+        trace,
+        tasks,
+        observed,
+    } = *told;
     let spec = trace["workflow"]["specification"]["tasks"]
         .as_array()
         .context("the farm's trace has no tasks")?;
