@@ -436,7 +436,11 @@ impl Attempt {
                 Err(e) => outcome.result = TaskResult::Error(e.to_string()),
             }
         }
-        let mut outputs: Vec<OutputFile> = f.handed.into_iter().map(riding_output).collect();
+        let mut outputs: Vec<OutputFile> = f
+            .handed
+            .into_iter()
+            .map(|(path, data)| riding_output(path, data))
+            .collect();
         if local && out_dir.exists() {
             // Run on the home: the outputs are in place. Their manifest still
             // goes into the farm's state, so a node that takes the farm over
@@ -564,7 +568,7 @@ async fn give_riding(
 }
 
 /// An output handed back by the task, as the report carries it.
-fn riding_output((path, data): (String, Vec<u8>)) -> OutputFile {
+fn riding_output(path: String, data: Vec<u8>) -> OutputFile {
     OutputFile {
         path,
         hash: *blake3::hash(&data).as_bytes(),
