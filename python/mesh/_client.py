@@ -14,6 +14,7 @@ import time
 import uuid
 
 from . import _proto
+from ._binary import describe, mesh_binary
 from ._errors import FarmError, MeshError, ProtocolError
 from ._farm import Farm
 from ._run import Run, FarmInfo
@@ -22,43 +23,22 @@ from ._run import Run, FarmInfo
 ANSWER_WITHIN_S = 30
 
 
-def default_state_dir():
-    """The state folder the ``mesh`` command uses: ``$MESH_STATE_DIR``, else
-    the user's data folder (``$XDG_DATA_HOME/mesh``, ``~/.local/share/mesh``;
-    ``~/Library/Application Support/mesh`` on macOS)."""
-    d = os.environ.get("MESH_STATE_DIR")
-    if d:
-        return os.path.abspath(d)
-    if sys.platform == "darwin":
-        return os.path.expanduser("~/Library/Application Support/mesh")
-    xdg = os.environ.get("XDG_DATA_HOME")
-    if xdg and os.path.isabs(xdg):
-        return os.path.join(xdg, "mesh")
-    return os.path.expanduser("~/.local/share/mesh")
-
-
-def mesh_binary(binary=None):
-    """The ``mesh`` program: ``binary``, ``$MESH_BIN``, ``mesh`` on PATH, or
-    the one ``pip install`` put beside this Python (a venv not activated)."""
-    b = binary or os.environ.get("MESH_BIN") or shutil.which("mesh")
-    if not b:
-        beside = os.path.join(os.path.dirname(sys.executable), "mesh")
-        if os.access(beside, os.X_OK):
-            b = beside
-    if not b:
-        raise MeshError(
-            "cannot find the mesh program: pip install ./python brings it, or put it on PATH "
-            "(cargo install --path cli), or set MESH_BIN"
-        )
-    return b
+def default_state_dir(binary=None):
+    """The state folder the ``mesh`` command uses here, as it says
+    (``mesh describe --json``): ``$MESH_STATE_DIR``, else the user's data
+    folder's ``mesh``. ``binary``: as :func:`mesh_binary` finds it."""
+    return describe(binary)["state_dir"]
 
 
 class Client:
     """A connection to a node (see :func:`connect`)."""
 
-    def __init__(self, transport, within=ANSWER_WITHIN_S, python=None, resume=False):
+    def __init__(self, transport, within=ANSWER_WITHIN_S, python=None, resume=False, binary=None):
         self._t = transport
         self._within = within
+        #: The ``mesh`` program whose farm text this client writes (the
+        #: order of a stage's fields); None: :func:`mesh_binary`'s.
+        self._binary = binary
         self.node = None
         self.version = None
         #: The Python that runs this client's functions on the nodes
@@ -116,7 +96,7 @@ class Client:
 
     def _farm_request(self, farm, check=False, rerun=None, open=False):
         req = {
-            "toml": farm.to_toml(),
+            "toml": farm.to_toml(binary=self._binary),
             "file": farm.file,
             "out": farm.out,
             "cwd": os.getcwd(),
@@ -145,7 +125,7 @@ class Client:
                         line=i.get("line"),
                         column=i.get("column"),
                         field=i.get("field"),
-                        text=None if farm is None or farm._text is not None else farm.to_toml(),
+                        text=None if farm is None or farm._text is not None else farm.to_toml(binary=self._binary),
                     )
                 if k == "Error":
                     if _proto.refusal(a)[0] == "closed_farm":
@@ -493,11 +473,11 @@ def connect(state_dir=None, mesh=None, key=None, binary=None, within=ANSWER_WITH
     mesh = mesh or None
     if mesh is not None:
         if key is None:
-            key = os.environ.get("MESH_KEY") or os.path.join(state_dir or default_state_dir(), "mesh.key")
+            key = os.environ.get("MESH_KEY") or os.path.join(state_dir or default_state_dir(binary), "mesh.key")
         t = _proto.PipeTransport(mesh_binary(binary), mesh, os.path.abspath(os.path.expanduser(key)))
     else:
-        t = _proto.SocketTransport(state_dir or default_state_dir())
-    return Client(t, within=within, python=python, resume=resume)
+        t = _proto.SocketTransport(state_dir or default_state_dir(binary))
+    return Client(t, within=within, python=python, resume=resume, binary=binary)
 
 
 def _checked_python(python):
@@ -521,14 +501,14 @@ def farms(**connect_args):
 class LocalNode(Client):
     """A throwaway node (see :func:`local`); stopped by :meth:`stop`."""
 
-    def __init__(self, proc, state_dir, tmp, address, lines, reader, python=None, resume=False):
+    def __init__(self, proc, state_dir, tmp, address, lines, reader, python=None, resume=False, binary=None):
         self.proc = proc
         self._reader = reader
         self.state_dir = state_dir
         self.address = address
         self._tmp = tmp
         self._log = lines
-        super().__init__(_proto.SocketTransport(state_dir), python=python, resume=resume)
+        super().__init__(_proto.SocketTransport(state_dir), python=python, resume=resume, binary=binary)
 
     @property
     def log(self):
@@ -651,7 +631,9 @@ def local(cpus=None, resources=None, state_dir=None, binary=None, listen="/ip4/1
                 address = next((l.split(" listening on ", 1)[1] for l in lines if " listening on " in l), None)
             if address is not None:
                 try:
-                    return LocalNode(proc, state_dir, tmp, address, lines, reader, python=python, resume=resume)
+                    return LocalNode(
+                        proc, state_dir, tmp, address, lines, reader, python=python, resume=resume, binary=b
+                    )
                 except _proto.NoNode:
                     # Its socket is not there yet: asked again.
                     pass

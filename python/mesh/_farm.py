@@ -11,6 +11,8 @@ import math
 import os
 import re
 
+from ._binary import describe
+
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -131,28 +133,6 @@ def _sweep_value(x):
     return str(x)
 
 
-#: Stage fields written before the sweep, in the order the docs list them.
-_ORDER = [
-    "key",
-    "command",
-    "shell",
-    "python",
-    "sweep_mode",
-    "workdir",
-    "inputs",
-    "outputs",
-    "env",
-    "resources",
-    "retries",
-    "max_fails",
-    "timeout",
-    "expected",
-    "success_codes",
-    "after",
-    "after_each",
-]
-
-
 class Stage:
     """A stage of a :class:`Farm`; pass it as ``after=`` of a later stage."""
 
@@ -164,10 +144,16 @@ class Stage:
     def __repr__(self):
         return "<mesh.Stage %s>" % self.name
 
-    def toml(self):
+    def toml(self, binary=None):
+        """The stage as farm text: its fields in the order the docs list
+        them, as the ``mesh`` program (``binary``, else :func:`mesh_binary`'s)
+        says, then any it does not know (a newer node's, say), then the sweep."""
+        return self._toml(describe(binary)["stage_fields"])
+
+    def _toml(self, order):
         out = ["[[stage]]", "name = %s" % toml_string(self.name)]
-        keys = [k for k in _ORDER if k in self.fields]
-        keys += [k for k in self.fields if k not in _ORDER]
+        keys = [k for k in order if k in self.fields]
+        keys += [k for k in self.fields if k not in order]
         for k in keys:
             out.append("%s = %s" % (toml_key(k), toml_value(self.fields[k])))
         for var, src in self.sweep.items():
@@ -286,10 +272,12 @@ class Farm:
         self.stages.append(s)
         return s
 
-    def to_toml(self):
-        """The farm file this farm is."""
+    def to_toml(self, binary=None):
+        """The farm file this farm is (``binary``: the ``mesh`` program that
+        says the order of a stage's fields, see :meth:`Stage.toml`)."""
         if self._text is not None:
             return self._text
+        order = describe(binary)["stage_fields"] if self.stages else ()
         out = ["[farm]", "name = %s" % toml_string(self.name), ""]
         if self.defaults:
             out.append("[defaults]")
@@ -297,14 +285,14 @@ class Farm:
                 out.append("%s = %s" % (toml_key(k), toml_value(v)))
             out.append("")
         for s in self.stages:
-            out.append(s.toml())
+            out.append(s._toml(order))
             out.append("")
         return "\n".join(out)
 
-    def save(self, path):
+    def save(self, path, binary=None):
         """Writes the farm file (to run it with ``mesh run`` or ``mesh submit``)."""
         with open(path, "w", encoding="utf-8") as f:
-            f.write(self.to_toml())
+            f.write(self.to_toml(binary=binary))
 
     @property
     def file(self):

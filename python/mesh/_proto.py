@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 
+from ._binary import describe
 from ._errors import FarmClosed, MeshError, ProtocolError, UnknownFarm
 
 
@@ -297,19 +298,19 @@ def _node_state(proc_dir):
             )
     except OSError:
         env = None
-    state = flag or (env or {}).get("MESH_STATE_DIR") or None
-    if state is None:
-        if env is None:
-            return ""
-        data = env.get("XDG_DATA_HOME")
-        if not data or not os.path.isabs(data):
-            if not env.get("HOME"):
-                return None
-            data = os.path.join(env["HOME"], ".local/share")
-        state = os.path.join(data, "mesh")
-    if os.path.isabs(state):
-        return state
-    return os.path.join(cwd, state) if cwd else ""
+    if flag:
+        if os.path.isabs(flag):
+            return flag
+        return os.path.join(cwd, flag) if cwd else ""
+    if env is None or cwd is None:
+        return ""
+    # The rule its `mesh` followed, as the binary says it in its environment
+    # and folder. One that cannot say is a folder not told, waited for a
+    # little as one may be ours.
+    try:
+        return describe(env=env, cwd=cwd)["state_dir"]
+    except MeshError:
+        return ""
 
 
 class _SocketConn:

@@ -472,7 +472,7 @@ class Run:
         stages by name. Returns once they are durable, as a submit does.
         A task whose result the node keeps is done from the start, unless
         ``rerun``."""
-        req = {"Grow": {"farm": self.id, "toml": farm.to_toml(), "file": farm.file, "rerun": rerun}}
+        req = {"Grow": {"farm": self.id, "toml": farm.to_toml(binary=self.client._binary), "file": farm.file, "rerun": rerun}}
         v, warnings = self.client._farm_submitted(farm, req, warn)
         self.total = v["tasks"]
         self.warnings.extend(warnings)

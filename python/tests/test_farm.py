@@ -16,6 +16,11 @@ except ImportError:  # Python < 3.11: the text is checked as written
     tomllib = None
 
 
+def setUpModule():
+    # A farm's text has its stage fields in the order the binary says.
+    os.environ.setdefault("MESH_BIN", nodes.mesh_bin())
+
+
 def parsed(text):
     if tomllib is None:
         raise unittest.SkipTest("tomllib is Python 3.11+")
