@@ -41,6 +41,26 @@ pub fn duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("expected a duration such as 90s, 5m or 1h: {e}"))
 }
 
+/// How long a search may take to answer: a duration above zero, or `none`.
+#[derive(Clone, Copy, Debug)]
+pub struct SearchTime(Option<Duration>);
+
+impl SearchTime {
+    pub fn within(self) -> Option<Duration> {
+        self.0
+    }
+}
+
+/// `30s`, `10m`, or `none` for as long as it takes.
+pub fn search_time(s: &str) -> Result<SearchTime, String> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        return Ok(SearchTime(None));
+    }
+    positive_duration(s)
+        .map(|d| SearchTime(Some(d)))
+        .map_err(|e| format!("{e}, or `none`"))
+}
+
 /// A duration above zero, e.g. a deadline from now.
 pub fn positive_duration(s: &str) -> Result<Duration, String> {
     let d = duration(s)?;

@@ -11,6 +11,7 @@ mod report;
 mod show;
 mod sim_args;
 mod sim_cmd;
+mod sim_deadline;
 mod watch;
 mod whatif;
 

@@ -76,6 +76,13 @@ pub struct SimArgs {
     /// of the scenario's mix.
     #[arg(long, value_name = "WHEN", value_parser = args::deadline)]
     pub deadline: Option<std::time::Duration>,
+    /// With --deadline (not --workflow or --farm): how long the search may
+    /// take to answer (`30s`, `10m`, or `none`). Past it, the counts still
+    /// simulating are stopped and the search says what it knows: which
+    /// count it could not finish, the fewest that met and the most that
+    /// missed so far (exit 3).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = args::search_time, requires = "deadline")]
+    pub search_time: args::SearchTime,
     /// With --workflow: runs per node count, seeds SEED, SEED+1, ...; the
     /// table gives the median and 90th percentile makespan.
     #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "replay")]

@@ -59,6 +59,8 @@ const FARM: FarmId = FarmId(1);
 const SAMPLE_MAX: usize = 2000;
 /// The stream of per-task draws of a workflow's runtimes (see `mix`).
 const JITTER: u64 = 0x6a17;
+/// How many events a run bounded in wall-clock time steps between looks at the clock.
+const WALL_EVERY: u64 = 1 << 14;
 /// No node ran the task (yet).
 const NOWHERE: u32 = u32::MAX;
 
@@ -89,16 +91,60 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
 /// search asks of a node count, which a run past the deadline has
 /// answered (a count too few would otherwise run its whole long farm).
 pub fn run_within(cfg: &SimConfig, past_ms: Millis) -> Result<Option<SimReport>, SimError> {
+    Ok(match run_bounded(cfg, past_ms, None)? {
+        Within::Ended(r) => Some(*r),
+        Within::Past | Within::OutOfTime { .. } => None,
+    })
+}
+
+/// How a run bounded by [`run_bounded`] ended.
+#[derive(Debug)]
+pub enum Within {
+    /// Its farm ended in time: the whole run, report for report as [`run`].
+    Ended(Box<SimReport>),
+    /// Its farm was still running past the time given: it ends later.
+    Past,
+    /// The wall-clock time given ran out first, this far into the
+    /// run's virtual time (counted from the farm's submission): the
+    /// answer is not known.
+    OutOfTime { at_ms: Millis },
+}
+
+/// [`run_within`], and stopped once the wall clock reaches `stop`: a
+/// search with a time to answer in says which count it could not finish
+/// rather than overrunning it.
+pub fn run_bounded(
+    cfg: &SimConfig,
+    past_ms: Millis,
+    stop: Option<Instant>,
+) -> Result<Within, SimError> {
     cfg.validate()?;
     let mut sim = Sim::new(cfg, Plan::new(cfg)?);
     sim.give_up_past = Some(past_ms);
+    sim.stop_wall = stop;
     sim.schedule_scenario();
     let wall = Instant::now();
     match sim.run_loop() {
-        Ok(()) => Ok(Some(sim.report(wall.elapsed().as_secs_f64()))),
-        Err(_) if sim.gave_up => Ok(None),
+        Ok(()) => Ok(Within::Ended(Box::new(
+            sim.report(wall.elapsed().as_secs_f64()),
+        ))),
+        Err(_) if sim.out_of_time => Ok(Within::OutOfTime {
+            at_ms: sim.now.saturating_sub(sim.submitted_at),
+        }),
+        Err(_) if sim.gave_up => Ok(Within::Past),
         Err(e) => Err(e),
     }
+}
+
+/// The baselines of a scenario's farm on its nodes, without running it:
+/// the lower bound and greedy list scheduling's makespan (see
+/// [`SimReport::greedy`]), each a pass over the planned tasks. A deadline's
+/// search starts where greedy meets it: the mesh comes within a few
+/// percent of greedy, and each simulation of a long farm costs minutes.
+pub fn baselines(cfg: &SimConfig) -> Result<(Millis, Millis), SimError> {
+    cfg.validate()?;
+    let plan = Plan::new(cfg)?;
+    Ok((plan.lower_bound, plan.greedy))
 }
 
 /// Runs a recorded workflow on the cluster of a checked scenario.
@@ -329,6 +375,10 @@ struct Sim<'a> {
     /// See [`run_within`]; `gave_up` once it has.
     give_up_past: Option<Millis>,
     gave_up: bool,
+    /// See [`run_bounded`]; `out_of_time` once it came, looked at every
+    /// `WALL_EVERY` events (a look at the clock costs more than an event).
+    stop_wall: Option<Instant>,
+    out_of_time: bool,
     /// Tasks not in `ok_done` yet: while any is left past the time given,
     /// its end (and so the makespan) comes later.
     ok_left: usize,
@@ -418,6 +468,8 @@ impl<'a> Sim<'a> {
             submitted_at: cfg.submit_at_ms,
             give_up_past: None,
             gave_up: false,
+            stop_wall: None,
+            out_of_time: false,
             ok_left: tasks,
             unplaceable: Vec::new(),
             timeline,
@@ -532,6 +584,12 @@ impl<'a> Sim<'a> {
                 .is_some_and(|past| self.ok_left > 0 && at > self.submitted_at + past)
             {
                 self.gave_up = true;
+                break;
+            }
+            if self.events.is_multiple_of(WALL_EVERY)
+                && self.stop_wall.is_some_and(|s| Instant::now() >= s)
+            {
+                self.out_of_time = true;
                 break;
             }
             self.now = at;

@@ -17,6 +17,7 @@ pub mod dist;
 mod queue;
 pub mod report;
 pub mod scenario;
+pub mod search;
 pub mod whatif;
 pub mod workflow;
 
@@ -25,7 +26,7 @@ pub mod workflow;
 /// event, before it is stuck: ten virtual minutes.
 pub const QUIET_MS: u64 = 600_000;
 
-pub use cluster::{run, run_within, shapes_of};
+pub use cluster::{baselines, run, run_bounded, run_within, shapes_of, Within};
 pub use dist::{parse_durations, Dist, DistError};
 pub use report::{SimReport, Timeline, Traffic};
 pub use scenario::{load_scenario, parse_scenario, ConfigError, NodeGroup, SimConfig};

@@ -423,3 +423,30 @@ fn a_run_given_up_past_a_time_is_the_whole_run_when_it_ends_in_time_and_none_whe
     let late = mesh_sim::run_within(&cfg, whole.makespan - 1).expect("runs");
     assert!(late.is_none(), "its last task ends after the time given");
 }
+
+/// A search with a time to answer in stops a count whose simulation
+/// outlasts it, saying how far into the farm it got; with time enough the
+/// bounded run is the whole run. And greedy's baseline, where the search
+/// starts, is the one the run's report gives.
+#[test]
+fn a_run_out_of_wall_time_says_how_far_it_got_and_with_time_enough_is_the_whole_run() {
+    use mesh_sim::Within;
+    use std::time::{Duration, Instant};
+    let cfg = SimConfig::simple(5, 3, "cpu=2", 300, "uniform:100..300");
+    let whole = ok(&cfg);
+    let far = Instant::now() + Duration::from_secs(3600);
+    match mesh_sim::run_bounded(&cfg, whole.makespan, Some(far)).expect("runs") {
+        Within::Ended(r) => assert_eq!(r.deterministic(), whole.deterministic()),
+        other => panic!("ends in time: {other:?}"),
+    }
+    assert!(matches!(
+        mesh_sim::run_bounded(&cfg, whole.makespan - 1, Some(far)).expect("runs"),
+        Within::Past
+    ));
+    match mesh_sim::run_bounded(&cfg, whole.makespan, Some(Instant::now())).expect("runs") {
+        Within::OutOfTime { at_ms } => assert!(at_ms < whole.makespan, "{at_ms}"),
+        other => panic!("out of time at once: {other:?}"),
+    }
+    let (bound, greedy) = mesh_sim::baselines(&cfg).expect("plans");
+    assert_eq!((bound, greedy), (whole.lower_bound, whole.greedy));
+}

@@ -108,6 +108,13 @@ fn a_deadline_finds_the_fewest_nodes_for_a_farm_of_minutes() {
     assert!(one["makespan_ms"].is_null(), "{v}");
     let two = tried.iter().find(|t| t["nodes"] == 2).expect("2 tried");
     assert!(two["makespan_ms"].as_u64().unwrap() <= 15 * 60_000, "{v}");
+    // Searched from where greedy list scheduling meets it: 8 slots, five
+    // rounds of 2 min. The guess and the count below it settle it.
+    assert_eq!(v["greedy"]["nodes"], 2, "{v}");
+    assert_eq!(v["greedy"]["makespan_ms"], 10 * 60_000, "{v}");
+    assert_eq!(v["searched_from"], 2, "{v}");
+    assert_eq!(tried.len(), 2, "{v}");
+    assert_eq!(v["answered"], true, "{v}");
     // Words for people, and a deadline no count meets says so, exit 1.
     let r = sb.mesh(&[
         "sim",
@@ -157,9 +164,56 @@ fn a_deadline_finds_the_fewest_nodes_for_a_farm_of_minutes() {
     ]);
     r.expect_code(0);
     assert_eq!(r.json()["nodes"], 1, "{}", r.stdout);
-    for bad in [&["--deadline", "0s"][..], &["--deadline", "soon"]] {
+    // Out of time to answer: the counts still simulating are stopped,
+    // and the search says which and what it knows, exit 3.
+    let r = sb.mesh(&[
+        "sim",
+        "--tasks",
+        "40",
+        "--durations",
+        "2m",
+        "--deadline",
+        "15m",
+        "--search-time",
+        "1ms",
+    ]);
+    r.expect_code(3);
+    assert!(
+        r.stdout.contains("not answered within 1ms (--search-time)")
+            && r.stdout.contains("did not finish simulating")
+            && r.stdout.contains("not finished"),
+        "{}",
+        r.stdout
+    );
+    let r = sb.mesh(&[&args[..], &["--search-time", "1ms"]].concat());
+    r.expect_code(3);
+    let v = r.json();
+    assert_eq!(v["answered"], false, "{v}");
+    assert!(v["nodes"].is_null(), "{v}");
+    let stopped = v["not_finished"].as_array().unwrap();
+    assert!(stopped.iter().any(|n| n == 2), "{v}");
+    let two = v["tried"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["nodes"] == 2)
+        .expect("2 tried");
+    assert_eq!(two["finished"], false, "{v}");
+    let r = sb.mesh(&[&args[..], &["--search-time", "none"]].concat());
+    r.expect_code(0);
+    assert_eq!(r.json()["nodes"], 2, "{}", r.stdout);
+    for (bad, flag) in [
+        (&["--deadline", "0s"][..], "--deadline"),
+        (&["--deadline", "soon"], "--deadline"),
+        (
+            &["--deadline", "1h", "--search-time", "0s"],
+            "--search-time",
+        ),
+        // Without a deadline there is no search to bound.
+        (&["--search-time", "1m"], "--deadline"),
+    ] {
         let r = sb.mesh(&[&["sim", "--tasks", "4"][..], bad].concat());
         r.expect_code(2);
-        assert!(r.stderr.contains("--deadline"), "{}", r.stderr);
+        assert!(r.stderr.contains(flag), "{}", r.stderr);
     }
 }
