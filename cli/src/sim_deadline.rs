@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use mesh_sim::search::{fewest_near, Verdict};
+use mesh_sim::search::{fewest_near, Found, Verdict};
 use mesh_sim::{SimConfig, SimError, Within};
 
 use crate::out::outln;
@@ -108,34 +108,95 @@ pub(crate) fn deadline(ask: &Ask) -> Result<ExitCode> {
         Ok(f) => f,
         Err(e) => return Ok(failed(&e, "mesh sim ...")),
     };
-    let elapsed = started.elapsed();
-    let stopped = !found.unknown.is_empty();
-    let why_not = (found.nodes.is_none() && !stopped).then(|| {
-        format!(
-            "not met with {most} nodes, a node for every task: the longest tasks alone take longer"
-        )
-    });
-    let within = ask.within.map_or("as long as it takes".into(), |d| {
-        humantime::format_duration(d).to_string()
-    });
+    let answer = Answer {
+        ask,
+        shape,
+        from,
+        most,
+        greedy,
+        guess,
+        tried,
+        elapsed: started.elapsed(),
+        found,
+    };
     if ask.json {
+        answer.json()?;
+    } else {
+        answer.words();
+    }
+    Ok(answer.exit())
+}
+
+/// What a search found, to be said.
+struct Answer<'a> {
+    ask: &'a Ask<'a>,
+    /// A node's resources.
+    shape: String,
+    /// Fewer nodes than this cannot hold the mean work by the deadline.
+    from: usize,
+    most: usize,
+    /// Where greedy list scheduling meets it, and its makespan there.
+    greedy: Option<(usize, u64)>,
+    guess: usize,
+    tried: Vec<Tried>,
+    elapsed: Duration,
+    found: Found,
+}
+
+impl Answer<'_> {
+    /// Ran out of time before the fewest count was settled (a count
+    /// stopped above a meet whose count below missed settles nothing).
+    fn stopped(&self) -> bool {
+        let f = &self.found;
+        let settled = match f.nodes {
+            Some(n) => n == f.misses + 1,
+            None => f.misses >= self.most,
+        };
+        !f.unknown.is_empty() && !settled
+    }
+
+    fn why_not(&self) -> Option<String> {
+        (self.found.nodes.is_none() && !self.stopped()).then(|| {
+            format!(
+                "not met with {} nodes, a node for every task: the longest tasks alone take longer",
+                self.most
+            )
+        })
+    }
+
+    fn exit(&self) -> ExitCode {
+        match (self.found.nodes, self.stopped()) {
+            (_, true) => ExitCode::from(EXIT_NOT_ANSWERED),
+            (Some(_), false) => ExitCode::SUCCESS,
+            (None, false) => ExitCode::from(EXIT_FAILED_TASKS),
+        }
+    }
+
+    fn json(&self) -> Result<()> {
+        let greedy = self
+            .greedy
+            .map(|(n, m)| serde_json::json!({"nodes": n, "makespan_ms": m}));
         outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
-                "deadline_ms": deadline_ms,
-                "nodes": found.nodes,
-                "node": shape,
-                "tried": tried,
-                "why_not": why_not,
-                "greedy": greedy.map(|(n, m)| serde_json::json!({"nodes": n, "makespan_ms": m})),
-                "searched_from": guess,
-                "search_ms": elapsed.as_millis() as u64,
-                "answered": !stopped,
-                "misses": found.misses,
-                "not_finished": found.unknown,
+                "deadline_ms": self.ask.deadline_ms,
+                "nodes": self.found.nodes,
+                "node": self.shape,
+                "tried": self.tried,
+                "why_not": self.why_not(),
+                "greedy": greedy,
+                "searched_from": self.guess,
+                "search_ms": self.elapsed.as_millis() as u64,
+                "answered": !self.stopped(),
+                "misses": self.found.misses,
+                "not_finished": self.found.unknown,
             }))?
         );
-    } else {
+        Ok(())
+    }
+
+    fn words(&self) {
+        let (cfg, deadline_ms) = (self.ask.cfg, self.ask.deadline_ms);
         let stages: Vec<String> = cfg
             .stages
             .iter()
@@ -143,22 +204,26 @@ pub(crate) fn deadline(ask: &Ask) -> Result<ExitCode> {
             .collect();
         outln!("farm: {}", stages.join(", then "));
         outln!(
-            "nodes of {shape}; fewer than {from} cannot hold the mean work by then; {}",
-            match greedy {
+            "nodes of {}; fewer than {} cannot hold the mean work by then; {}",
+            self.shape,
+            self.from,
+            match self.greedy {
                 Some((n, m)) => format!(
                     "greedy list scheduling meets it with {n} (makespan {}), searched from there",
                     span(m)
                 ),
-                None => format!("greedy list scheduling misses it even with {most}"),
+                None => format!("greedy list scheduling misses it even with {}", self.most),
             }
         );
-        table(&tried, deadline_ms);
-        let order: Vec<String> = tried.iter().map(|t| t.nodes.to_string()).collect();
+        table(&self.tried, deadline_ms);
+        let order: Vec<String> = self.tried.iter().map(|t| t.nodes.to_string()).collect();
         let order = order.join(", ");
-        let took = span(elapsed.as_millis() as u64);
-        match (found.nodes, stopped) {
+        let took = span(self.elapsed.as_millis() as u64);
+        let f = &self.found;
+        match (f.nodes, self.stopped()) {
+            (_, true) => outln!("deadline {}: {}", span(deadline_ms), self.not_answered()),
             (Some(n), false) => {
-                let t = tried.iter().find(|t| t.nodes == n).expect("tried");
+                let t = self.tried.iter().find(|t| t.nodes == n).expect("tried");
                 outln!(
                     "deadline {}: {n} nodes meet it (makespan {}); tried {order} in {took}",
                     span(deadline_ms),
@@ -168,38 +233,34 @@ pub(crate) fn deadline(ask: &Ask) -> Result<ExitCode> {
             (None, false) => outln!(
                 "deadline {}: {} (tried {order} in {took})",
                 span(deadline_ms),
-                why_not.as_deref().unwrap_or_default(),
+                self.why_not().unwrap_or_default(),
             ),
-            (nodes, true) => {
-                let unknown: Vec<String> = found.unknown.iter().map(|n| n.to_string()).collect();
-                let known = match nodes {
-                    Some(n) => format!(
-                        "{n} nodes meet it, {} miss it; fewer than {n} not settled",
-                        found.misses
-                    ),
-                    None if found.misses >= from => format!("{} nodes miss it", found.misses),
-                    None => "nothing settled".into(),
-                };
-                outln!(
-                    "deadline {}: not answered within {within} (--search-time): {} \
-                     node{} did not finish simulating; {known}. Give it more time, \
-                     e.g. --search-time 30m, for the simulated answer",
-                    span(deadline_ms),
-                    unknown.join(" and "),
-                    if unknown.len() == 1 && unknown[0] == "1" {
-                        ""
-                    } else {
-                        "s"
-                    },
-                );
-            }
         }
     }
-    Ok(match (found.nodes, stopped) {
-        (Some(_), false) => ExitCode::SUCCESS,
-        (None, false) => ExitCode::from(EXIT_FAILED_TASKS),
-        (_, true) => ExitCode::from(EXIT_NOT_ANSWERED),
-    })
+
+    /// Which counts did not finish, and what is known without them.
+    fn not_answered(&self) -> String {
+        let f = &self.found;
+        let within = self.ask.within.map_or("as long as it takes".into(), |d| {
+            humantime::format_duration(d).to_string()
+        });
+        let unknown: Vec<String> = f.unknown.iter().map(|n| n.to_string()).collect();
+        let known = match f.nodes {
+            Some(n) => format!(
+                "{n} nodes meet it, {} miss it; between them not settled",
+                f.misses
+            ),
+            None if f.misses >= self.from => format!("{} nodes miss it", f.misses),
+            None => "nothing settled".into(),
+        };
+        format!(
+            "not answered within {within} (--search-time): {} node{} did not finish \
+             simulating; {known}. Give it more time, e.g. --search-time 30m, for the \
+             simulated answer",
+            unknown.join(" and "),
+            if unknown == ["1"] { "" } else { "s" },
+        )
+    }
 }
 
 /// The fewest nodes with which greedy list scheduling meets the deadline
