@@ -210,7 +210,7 @@ class Executor(RemoteExecutor):
                 "Check the address `mesh node` printed there and the key (--mesh-key)." % (s.address, e)
             )
         if isinstance(e, self._mesh.NoNode):
-            where = s.state_dir or os.environ.get("MESH_STATE_DIR") or "the default state folder"
+            where = self._state_dir_words()
             return (
                 "snakemake --executor mesh: no mesh node is running on this machine (state folder: %s). "
                 "Start one with `mesh node &` (and `mesh join ADDR &` on other machines), "
@@ -225,10 +225,19 @@ class Executor(RemoteExecutor):
             s = self.workflow.executor_settings
             if s.address:
                 return "the mesh node at %s does not answer" % s.address
-            return "no mesh node runs with state folder %s any more" % (
-                s.state_dir or os.environ.get("MESH_STATE_DIR") or "(the default)"
-            )
+            return "no mesh node runs with state folder %s any more" % self._state_dir_words()
         return str(e)
+
+    def _state_dir_words(self):
+        """The node's state folder: --mesh-state-dir, else the one `mesh`
+        says it uses here (asked by the client when it connected)."""
+        s = self.workflow.executor_settings
+        if s.state_dir:
+            return s.state_dir
+        try:
+            return self._mesh.default_state_dir()
+        except self._mesh.MeshError as e:
+            return "(the default, which %s)" % e
 
     def _warn_once(self, name, words):
         if name not in self._warned:
