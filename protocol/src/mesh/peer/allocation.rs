@@ -9,7 +9,7 @@ use super::coordinator::Coord;
 use super::election::Leader;
 use super::membership::Membership;
 use super::out::Out;
-use super::worker::{Specs, Worker};
+use super::Coordinating;
 use crate::alloc::book::Allocs;
 use crate::alloc::Backlog;
 use crate::engine::Millis;
@@ -18,16 +18,16 @@ use crate::resources::{Amount, Resources, CPU, GPU};
 
 /// The coordinator's look at its allocation queues: the backlog by
 /// kind, which nodes the jobs started and whether they have work. True
-/// when the book changed.
-pub(super) fn tick(
-    allocs: &mut Allocs,
-    now: Millis,
-    term: u64,
-    grace: Millis,
-    parts: (&Coord, &Membership, &Worker, &Specs),
-    out: &mut Out,
-) -> bool {
-    let (coord, members, worker, specs) = parts;
+/// when the book changed (never on a node that does not coordinate).
+pub(super) fn tick(cx: &mut Coordinating, now: Millis) -> bool {
+    let Some(coord) = cx.coord.as_ref() else {
+        return false;
+    };
+    let (members, worker, specs) = (&cx.node.members, cx.worker, cx.specs);
+    let (allocs, out) = (&mut *cx.allocs, &mut *cx.out);
+    let term = cx.node.election.term();
+    // How long a new coordinator listens before it decides.
+    let grace = cx.node.cfg.dead_after_ms;
     let mut backlog = backlog(allocs, coord);
     // Work nodes claimed that cannot start within a minute where it is
     // queued: the new nodes steal it once they are up.

@@ -1,4 +1,4 @@
-//! The views the dispatcher lends to steps that borrow several roles at once, where naming each as an argument would say no more: what a beat tells (`Told`), every role for the steps that tell it (`Roles`), and a worker's side (`Working`).
+//! The views the dispatcher lends to steps that borrow several roles at once, where naming each as an argument would say no more: what a beat tells (`Told`), every role for the steps that tell it (`Roles`), a worker's side (`Working`), and the coordinator's where it weighs the machines (`Coordinating`).
 
 use super::*;
 
@@ -20,7 +20,7 @@ pub(super) struct Told<'a> {
 /// speaks of every role (see `Told`) as of the moment it is sent, between
 /// the changes of the step, so these steps borrow every role at once;
 /// every other step borrows only the roles it names, or a worker's side
-/// (`Working`).
+/// (`Working`), or the coordinator's (`Coordinating`).
 pub(super) struct Roles<'a> {
     pub(super) node: &'a mut Node,
     pub(super) coord: &'a mut Option<Coord>,
@@ -76,6 +76,20 @@ pub(super) struct Working<'a> {
     pub(super) out: &'a mut Out,
 }
 
+/// The coordinator's side of a step that weighs the machines there are
+/// and those that may come: ready tasks placed, and the allocation
+/// queues' loop. Both read this node's worker as one of the machines;
+/// the loop changes the queues' book, and reads the farms' definitions
+/// for the work queued here that cannot start soon.
+pub(super) struct Coordinating<'a> {
+    pub(super) node: &'a Node,
+    pub(super) coord: &'a mut Option<Coord>,
+    pub(super) allocs: &'a mut Allocs,
+    pub(super) worker: &'a Worker,
+    pub(super) specs: &'a Specs,
+    pub(super) out: &'a mut Out,
+}
+
 impl Peer {
     /// Every role, borrowed for a step that tells this node's beat (see `Roles`).
     pub(super) fn roles(&mut self) -> Roles<'_> {
@@ -104,6 +118,17 @@ impl Peer {
             allocs: &self.allocs,
             said: &self.said,
             clock: self.clock,
+        }
+    }
+
+    pub(super) fn coordinating(&mut self) -> Coordinating<'_> {
+        Coordinating {
+            node: &self.node,
+            coord: &mut self.coord,
+            allocs: &mut self.allocs,
+            worker: &self.worker,
+            specs: &self.specs,
+            out: &mut self.out,
         }
     }
 

@@ -238,15 +238,7 @@ impl Peer {
             );
         }
         if self.coord.is_some() && self.allocs.poll_timeout().is_some_and(|t| now >= t) {
-            on_farms::allocs_due(
-                now,
-                &self.node,
-                &mut self.coord,
-                &mut self.allocs,
-                &self.worker,
-                &self.specs,
-                &mut self.out,
-            );
+            on_farms::allocs_due(&mut self.coordinating(), now);
         }
         self.pump(now);
     }
@@ -304,16 +296,14 @@ impl Peer {
         ended: Vec<(Assigned, Outcome, Vec<OutputFile>)>,
     ) {
         self.woke(now);
-        let leader = self.node.election.leader();
-        for one in ended {
-            self.worker.finish_one(
-                now,
-                one,
-                &self.specs,
-                self.node.cfg.queue_max,
-                &mut self.out,
-                leader,
-            );
+        for (task, outcome, outputs) in ended {
+            let ended = Ended {
+                task,
+                outcome,
+                outputs,
+            };
+            self.worker
+                .finish_one(now, ended, &self.node, &self.specs, &mut self.out);
         }
         let mut w = self.working();
         w.start_queued(now);
@@ -332,9 +322,10 @@ impl Peer {
     /// On the home: the outputs of `task` asked for by [`Action::Fetch`]
     /// are here and verified, or could not be brought (tried again later).
     pub fn fetched(&mut self, now: Millis, farm: FarmId, task: TaskRef, got: Fetched) {
+        let answered = FetchAnswered { farm, task, got };
         if self
             .holdings
-            .fetched(now, farm, task, got, &self.node, &mut self.out)
+            .fetched(now, answered, &self.node, &mut self.out)
         {
             self.pump(now);
         }
@@ -425,7 +416,8 @@ impl Peer {
     /// home is here.
     pub fn grow(&mut self, now: Millis, spec: FarmSpec, reused: Vec<Entry>) -> bool {
         let grew = on_farms::farm_grew(
-            (spec, reused),
+            spec,
+            reused,
             &self.node,
             &mut self.specs,
             &mut self.holdings,

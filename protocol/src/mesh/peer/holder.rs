@@ -18,6 +18,15 @@ use crate::farm::TaskRef;
 const FETCHES_MAX: usize = 64;
 const FETCH_RETRY_RESENDS: u64 = 30;
 
+/// The driver's answer to an [`Action::Fetch`], as
+/// [`Holdings::fetched`] hears it: the farm, the task whose outputs were
+/// asked for, and whether they came.
+pub(super) struct FetchAnswered {
+    pub(super) farm: FarmId,
+    pub(super) task: TaskRef,
+    pub(super) got: Fetched,
+}
+
 #[derive(Default)]
 pub(super) struct Holdings {
     /// Farms this node holds a copy of (it submitted them, or keeps them
@@ -374,12 +383,11 @@ impl Holdings {
     pub(super) fn fetched(
         &mut self,
         now: Millis,
-        farm: FarmId,
-        task: TaskRef,
-        got: Fetched,
+        answered: FetchAnswered,
         cx: &Node,
         out: &mut Out,
     ) -> bool {
+        let FetchAnswered { farm, task, got } = answered;
         let Some(r) = self.replicas.get_mut(&farm) else {
             return false;
         };

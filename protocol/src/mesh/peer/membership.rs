@@ -222,6 +222,16 @@ const LATE_MS: Millis = 200;
 /// lowest but two (a dead coordinator and one passed over).
 const LOW: usize = 3;
 
+/// `Msg::Roster` as [`Membership::on_roster`] hears it: the member that
+/// sent it, whether it asks, answers or closes the exchange, the digest
+/// of the members it knows, and those it tells of.
+pub(super) struct RosterHeard {
+    pub(super) from: NodeId,
+    pub(super) kind: RosterKind,
+    pub(super) digest: u64,
+    pub(super) members: Vec<RosterEntry>,
+}
+
 pub(super) struct Membership {
     me: NodeId,
     swim: Swim,
@@ -496,15 +506,13 @@ impl Membership {
     }
 
     /// A roster message from `from`: merged, and answered as its kind asks.
-    pub(super) fn on_roster(
-        &mut self,
-        now: Millis,
-        from: NodeId,
-        kind: RosterKind,
-        digest: u64,
-        members: Vec<RosterEntry>,
-        out: &mut Out,
-    ) {
+    pub(super) fn on_roster(&mut self, now: Millis, heard: RosterHeard, out: &mut Out) {
+        let RosterHeard {
+            from,
+            kind,
+            digest,
+            members,
+        } = heard;
         if !members.is_empty() {
             // Not told on by SWIM: it is news to this node only (what is
             // news to the mesh, SWIM spreads itself). Fails only on a

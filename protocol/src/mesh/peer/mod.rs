@@ -92,14 +92,14 @@ pub use election::{ballot, term_round};
 pub use membership::{member_hash, Member};
 pub use out::Stats;
 
-use borrows::{Roles, Told, Working};
+use borrows::{Coordinating, Roles, Told, Working};
 use coordinator::{Coord, Echoes};
 use election::{Election, Vote};
-use holder::Holdings;
-use membership::Membership;
+use holder::{FetchAnswered, Holdings};
+use membership::{Membership, RosterHeard};
 use out::Out;
 use steal::{Answer, Stealing};
-use worker::{keep_spec, Specs, Worker};
+use worker::{keep_spec, Ended, Specs, Worker};
 
 /// How long a node restarted on its state folder waits for the members it
 /// remembers to say whom they follow before it may elect itself (see
@@ -253,15 +253,7 @@ impl Peer {
     /// tasks go to nodes with room.
     fn drain_and_assign(&mut self, now: Millis, echo: Echoes) {
         on_tasks::drain(self.coord.as_mut(), &mut self.out);
-        on_tasks::assign(
-            now,
-            &self.node,
-            self.coord.as_mut(),
-            &self.allocs,
-            &self.worker,
-            echo,
-            &mut self.out,
-        );
+        on_tasks::assign(&mut self.coordinating(), now, echo);
     }
 
     /// One message from `from`, to the roles it is for: membership and the
@@ -316,9 +308,13 @@ impl Peer {
                 digest,
                 members,
             } => {
-                self.node
-                    .members
-                    .on_roster(now, from, kind, digest, members, &mut self.out);
+                let heard = RosterHeard {
+                    from,
+                    kind,
+                    digest,
+                    members,
+                };
+                self.node.members.on_roster(now, heard, &mut self.out);
                 on_members::members_changed(&mut self.roles(), now);
             }
             Msg::Alloc(cmd) => on_farms::alloc_asked(
@@ -376,9 +372,7 @@ impl Peer {
             Msg::Accepted { farm, tasks } => self.holdings.on_accepted(farm, tasks, &mut self.out),
             Msg::Refused { farm, reason } => self.holdings.on_refused(farm, reason, &mut self.out),
             Msg::Replicate { farm, term } => on_farms::copy_asked(
-                from,
-                farm,
-                term,
+                on_farms::CopyAsked { from, farm, term },
                 &self.node,
                 &mut self.specs,
                 &mut self.holdings,
@@ -386,7 +380,8 @@ impl Peer {
             ),
             Msg::Replicated { farm, gen } => on_farms::copy_made(
                 from,
-                (farm, gen),
+                farm,
+                gen,
                 &self.node,
                 self.coord.as_mut(),
                 &mut self.out,
@@ -402,7 +397,13 @@ impl Peer {
             }
             Msg::Synced { farm, next, over } => {
                 if let Some(c) = &mut self.coord {
-                    c.on_synced(from, farm, next, over, &self.node, &mut self.out);
+                    let acked = coordinator::SyncAcked {
+                        from,
+                        farm,
+                        next,
+                        over,
+                    };
+                    c.on_synced(acked, &self.node, &mut self.out);
                 }
             }
             Msg::Collected { farm } => {
@@ -440,9 +441,7 @@ impl Peer {
                 &mut self.out,
             ),
             Msg::CancelTask { farm, task } => on_farms::task_cancelled(
-                from,
-                farm,
-                task,
+                on_farms::CancelAsked { from, farm, task },
                 &self.node,
                 self.coord.as_mut(),
                 &mut self.worker,

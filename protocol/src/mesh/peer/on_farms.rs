@@ -35,26 +35,9 @@ pub(super) fn allocs_changed(
 }
 
 /// The allocation queues' loop is due on the coordinator.
-pub(super) fn allocs_due(
-    now: Millis,
-    node: &Node,
-    coord: &mut Option<Coord>,
-    allocs: &mut Allocs,
-    worker: &Worker,
-    specs: &Specs,
-    out: &mut Out,
-) {
-    let Some(c) = coord.as_ref() else { return };
-    let changed = allocation::tick(
-        allocs,
-        now,
-        node.election.term(),
-        node.cfg.dead_after_ms,
-        (c, &node.members, worker, specs),
-        out,
-    );
-    if changed {
-        allocs_changed(node, allocs, coord.as_mut(), out);
+pub(super) fn allocs_due(cx: &mut Coordinating, now: Millis) {
+    if allocation::tick(cx, now) {
+        allocs_changed(cx.node, cx.allocs, cx.coord.as_mut(), cx.out);
     }
 }
 
@@ -89,17 +72,24 @@ pub(super) fn book_heard(
     }
 }
 
+/// `Msg::Replicate` as [`copy_asked`] hears it: the coordinator that
+/// asks, the farm, and the term it asks in.
+pub(super) struct CopyAsked {
+    pub(super) from: NodeId,
+    pub(super) farm: Arc<FarmSpec>,
+    pub(super) term: u64,
+}
+
 /// The coordinator asks this node to keep a copy of a farm: taken, and
 /// said to be complete once the farm's inputs are here too.
 pub(super) fn copy_asked(
-    from: NodeId,
-    farm: Arc<FarmSpec>,
-    term: u64,
+    asked: CopyAsked,
     node: &Node,
     specs: &mut Specs,
     holdings: &mut Holdings,
     out: &mut Out,
 ) {
+    let CopyAsked { from, farm, term } = asked;
     if term < node.election.term() {
         return;
     }
@@ -117,7 +107,8 @@ pub(super) fn copy_asked(
 /// A holder's copy of `farm` is complete: a farm waiting for it may be accepted.
 pub(super) fn copy_made(
     from: NodeId,
-    (farm, gen): (FarmId, u32),
+    farm: FarmId,
+    gen: u32,
     node: &Node,
     mut coord: Option<&mut Coord>,
     out: &mut Out,
@@ -154,7 +145,8 @@ pub(super) fn farm_submitted(
 /// offered to the coordinator until accepted. False when `spec` is not a
 /// later generation of a farm whose home is here.
 pub(super) fn farm_grew(
-    (spec, reused): (FarmSpec, Vec<Entry>),
+    spec: FarmSpec,
+    reused: Vec<Entry>,
     node: &Node,
     specs: &mut Specs,
     holdings: &mut Holdings,
@@ -257,7 +249,7 @@ pub(super) fn farm_offered(
             keep_spec(specs, &farm);
             out.persist(Persist::Farm(farm.clone()));
         }
-        c.resubmitted(now, from, farm.id, offered.entries, offered.home, out);
+        c.resubmitted(offered, out);
         c.accept_ready(node, out);
         return;
     }
@@ -293,16 +285,23 @@ pub(super) fn farm_cancelled(
     }
 }
 
+/// `Msg::CancelTask` as [`task_cancelled`] hears it: who stops the
+/// task (the coordinator, or this node itself), and which.
+pub(super) struct CancelAsked {
+    pub(super) from: NodeId,
+    pub(super) farm: FarmId,
+    pub(super) task: TaskRef,
+}
+
 /// The coordinator, or this node itself, stops one task.
 pub(super) fn task_cancelled(
-    from: NodeId,
-    farm: FarmId,
-    task: TaskRef,
+    asked: CancelAsked,
     node: &Node,
     coord: Option<&mut Coord>,
     worker: &mut Worker,
     out: &mut Out,
 ) {
+    let CancelAsked { from, farm, task } = asked;
     if let Some(c) = coord {
         c.cancel_task(farm, task, out);
     }

@@ -56,26 +56,18 @@ pub(super) fn drain(coord: Option<&mut Coord>, out: &mut Out) {
 /// On the coordinator: ready tasks handed to nodes with room, once the
 /// members have said what they hold. A coordinator still settling assigns
 /// nothing, and this step's `echo` goes with the step.
-pub(super) fn assign(
-    now: Millis,
-    node: &Node,
-    coord: Option<&mut Coord>,
-    allocs: &Allocs,
-    worker: &Worker,
-    echo: coordinator::Echoes,
-    out: &mut Out,
-) {
-    let Some(c) = coord else { return };
-    on_members::sync_machines(Some(&mut *c), allocs, worker, &node.members);
+pub(super) fn assign(cx: &mut Coordinating, now: Millis, echo: coordinator::Echoes) {
+    let Some(c) = cx.coord.as_mut() else { return };
+    on_members::sync_machines(Some(&mut *c), cx.allocs, cx.worker, &cx.node.members);
     if c.settling(now) {
         return;
     }
     let me = coordinator::Local {
-        total: worker.total(),
-        depth: worker.depth(),
-        deadline: worker.deadline(),
+        total: cx.worker.total(),
+        depth: cx.worker.depth(),
+        deadline: cx.worker.deadline(),
     };
-    c.assign(now, node, me, echo, out);
+    c.assign(now, cx.node, me, echo, cx.out);
 }
 
 /// Sends again what has not been acknowledged: reports, offers of
@@ -180,25 +172,6 @@ impl Working<'_> {
         self.worker
             .start_queued(now, self.specs, self.out, self.node.election.leader());
     }
-
-    /// A steal, if this node runs dry and one is worth it.
-    pub(super) fn try_steal(&mut self, now: Millis) {
-        let (coord, members, leader) =
-            (self.coord, &self.node.members, self.node.election.leader());
-        let backlog = || match (coord, leader.node) {
-            (Some(c), _) => c.backlog(),
-            (None, Some(c)) => members.get(c).map_or(0, |m| m.beat().backlog),
-            (None, None) => 0,
-        };
-        self.steal.try_steal(
-            now,
-            &self.node.cfg,
-            self.rng,
-            self.worker,
-            backlog,
-            self.out,
-        );
-    }
 }
 
 /// A farm's definition this node asked for came: tasks that waited for
@@ -257,8 +230,7 @@ pub(super) fn steal_answered(
     id: u64,
     tasks: Vec<Assigned>,
 ) {
-    let interrupted = w.worker.interrupted();
-    match w.steal.answered(now, from, id, &tasks, interrupted, w.out) {
+    match w.take_answer(now, from, id, &tasks) {
         Answer::Ignored => {}
         // Try another.
         Answer::Empty => w.try_steal(now),

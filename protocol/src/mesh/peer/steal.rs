@@ -7,14 +7,11 @@
 //! (`Worker::give_unstarted`).
 
 use indexmap::IndexMap;
-use rand::rngs::SmallRng;
-use rustc_hash::FxBuildHasher;
 use rand::RngExt;
+use rustc_hash::FxBuildHasher;
 
 use super::super::msg::*;
-use super::out::Out;
-use super::worker::Worker;
-use super::Config;
+use super::Working;
 use crate::engine::Millis;
 use crate::observe::Latency;
 
@@ -106,35 +103,36 @@ impl Stealing {
             }
         }
     }
+}
 
+/// A thief's side of a steal, which reads the worker it steals for and
+/// whom it follows.
+impl Working<'_> {
     /// Asks a loaded member for queued tasks when this node has nothing
     /// queued (its own queue runs first) and the coordinator nothing left
     /// to hand out (`backlog`, asked only then). A node with a free slot
     /// asks any member with a queue; a full one asks only overloaded
     /// members, for its next task, so the ordinary one-task prefetch does
     /// not hop from full node to full node.
-    pub(super) fn try_steal(
-        &mut self,
-        now: Millis,
-        cfg: &Config,
-        rng: &mut SmallRng,
-        worker: &Worker,
-        backlog: impl FnOnce() -> u64,
-        out: &mut Out,
-    ) {
-        if !cfg.steal || worker.interrupted() || self.asked.is_some() || worker.has_waiting() {
+    pub(super) fn try_steal(&mut self, now: Millis) {
+        let cfg = &self.node.cfg;
+        if !cfg.steal
+            || self.worker.interrupted()
+            || self.steal.asked.is_some()
+            || self.worker.has_waiting()
+        {
             // Tasks waiting for their farm's spec are queued too: stealing
             // more before they start would hoard.
             return;
         }
-        if backlog() > 0 {
+        if self.backlog() > 0 {
             // The coordinator still has work to hand out; it will.
             return;
         }
-        let victims = if worker.full() {
-            &self.overloaded
+        let victims = if self.worker.full() {
+            &self.steal.overloaded
         } else {
-            &self.loaded
+            &self.steal.loaded
         };
         let n = victims.len();
         if n == 0 {
@@ -142,21 +140,21 @@ impl Stealing {
         }
         // Two random choices: nearly as good as asking the most loaded, and
         // thieves do not all pile onto the same victim.
-        let (i, j) = (rng.random_range(0..n), rng.random_range(0..n));
+        let (i, j) = (self.rng.random_range(0..n), self.rng.random_range(0..n));
         let (a, b) = (
             victims.get_index(i).expect("in range"),
             victims.get_index(j).expect("in range"),
         );
         let victim = if b.1 > a.1 { *b.0 } else { *a.0 };
-        let id = self.next_id;
-        self.next_id += 1;
-        self.asked = Some((id, victim, now));
-        out.stats.steals_asked += 1;
-        let total = worker.total().clone();
+        let id = self.steal.next_id;
+        self.steal.next_id += 1;
+        self.steal.asked = Some((id, victim, now));
+        self.out.stats.steals_asked += 1;
+        let total = self.worker.total().clone();
         // Nothing is queued here (checked above): the load is what runs.
-        let load = worker.used();
+        let load = self.worker.used();
         let max = cfg.batch_max as u32;
-        out.send(
+        self.out.send(
             victim,
             Msg::Steal {
                 id,
@@ -167,33 +165,43 @@ impl Stealing {
         );
     }
 
-    /// The answer of `from` to steal `id`, with `tasks`.
-    pub(super) fn answered(
+    /// What the coordinator has left to hand out: its engine's, on the
+    /// coordinator, or what its last beat said.
+    fn backlog(&self) -> u64 {
+        match (self.coord, self.node.election.leader().node) {
+            (Some(c), _) => c.backlog(),
+            (None, Some(c)) => self.node.members.get(c).map_or(0, |m| m.beat().backlog),
+            (None, None) => 0,
+        }
+    }
+
+    /// How this thief takes the answer of `from` to steal `id`, with `tasks`.
+    pub(super) fn take_answer(
         &mut self,
         now: Millis,
         from: NodeId,
         id: u64,
         tasks: &[Assigned],
-        interrupted: bool,
-        out: &mut Out,
     ) -> Answer {
-        let current = matches!(self.asked, Some((sid, v, _)) if sid == id && v == from);
+        let steal = &mut *self.steal;
+        let out = &mut *self.out;
+        let current = matches!(steal.asked, Some((sid, v, _)) if sid == id && v == from);
         if current {
-            if let (Some(o), Some((_, _, asked))) = (out.observed(), self.asked) {
+            if let (Some(o), Some((_, _, asked))) = (out.observed(), steal.asked) {
                 o.latency
                     .record_ms(Latency::StealRtt, now.saturating_sub(asked));
             }
-            self.asked = None;
+            steal.asked = None;
         }
         if tasks.is_empty() {
             if current {
                 // Nothing to take there until its next beat says otherwise.
-                self.note_queued(from, 0, 0);
+                steal.note_queued(from, 0, 0);
                 return Answer::Empty;
             }
             return Answer::Ignored;
         }
-        if !current || interrupted {
+        if !current || self.worker.interrupted() {
             return Answer::Stale;
         }
         out.stats.steals_won += 1;

@@ -12,6 +12,7 @@ use super::action::{Action, PeerEvent, Persist};
 use super::election::Leader;
 use super::out::Out;
 use super::placement::{room, Prefetch, STEAL_PREFETCH_PERCENT};
+use super::Node;
 use crate::alloc::fits_before_walltime;
 use crate::engine::{self, KillReason, Millis, Outcome, TaskResult};
 use crate::farm::TaskRef;
@@ -50,6 +51,14 @@ fn spec_knows(specs: &Specs, a: &Assigned) -> bool {
     specs
         .get(&a.farm)
         .is_some_and(|s| (a.task.stage as usize) < s.def.stages.len())
+}
+
+/// A run this node started that is over, as the driver tells it: the
+/// attempt, how it went, and the outputs it left here.
+pub(super) struct Ended {
+    pub(super) task: Assigned,
+    pub(super) outcome: Outcome,
+    pub(super) outputs: Vec<OutputFile>,
 }
 
 pub(super) struct Worker {
@@ -558,12 +567,16 @@ impl Worker {
     pub(super) fn finish_one(
         &mut self,
         now: Millis,
-        (task, outcome, outputs): (Assigned, Outcome, Vec<OutputFile>),
+        ended: Ended,
+        cx: &Node,
         specs: &Specs,
-        queue_max: usize,
         out: &mut Out,
-        leader: Leader,
     ) {
+        let Ended {
+            task,
+            outcome,
+            outputs,
+        } = ended;
         let key = (task.farm, task.task);
         match self.running.get(&key) {
             Some(r) if r.attempt == task.attempt => {}
@@ -581,12 +594,12 @@ impl Worker {
             );
             self.pace
                 .finished(now, task.farm, stage, slots, outcome.duration_ms);
-            self.update_depth(now, queue_max);
+            self.update_depth(now, cx.cfg.queue_max);
         }
         if run.killed == Some(KillReason::Interrupt) {
             // Stopped on purpose, not failed: it goes back to the queue,
             // and no retry is spent on it.
-            leader.send(out, |term| Msg::Release {
+            cx.leader().send(out, |term| Msg::Release {
                 term,
                 tasks: vec![task],
             });

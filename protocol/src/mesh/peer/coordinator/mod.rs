@@ -30,7 +30,7 @@ use crate::resources::Resources;
 use crate::tally::Tally;
 
 pub(super) use placement::{Echoes, Local};
-pub(super) use replication::{offer, Offered, OFFER_MAX, SYNC_WINDOW};
+pub(super) use replication::{offer, Offered, SyncAcked, OFFER_MAX, SYNC_WINDOW};
 
 /// A node that holds a copy of a farm, as the coordinator streams it the farm's log.
 struct Holder {

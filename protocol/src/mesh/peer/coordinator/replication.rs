@@ -69,8 +69,8 @@ pub(super) struct Apart {
 }
 
 /// A farm offered to this node as coordinator (`Msg::Submit`), as the
-/// event function and [`Coord::take_farm`] hear it: when, by whom, and
-/// what the offer carries.
+/// event function, [`Coord::take_farm`] and [`Coord::resubmitted`] hear
+/// it: when, by whom, and what the offer carries.
 pub(in super::super) struct Offered {
     pub(in super::super) now: Millis,
     pub(in super::super) from: NodeId,
@@ -78,6 +78,16 @@ pub(in super::super) struct Offered {
     pub(in super::super) entries: Vec<Entry>,
     pub(in super::super) home: Home,
     pub(in super::super) writer: Option<Writer>,
+}
+
+/// `Msg::Synced` as [`Coord::on_synced`] hears it: the holder, the farm,
+/// the first entry it does not have durably, and whether it knows every
+/// task of the farm is over.
+pub(in super::super) struct SyncAcked {
+    pub(in super::super) from: NodeId,
+    pub(in super::super) farm: FarmId,
+    pub(in super::super) next: u64,
+    pub(in super::super) over: bool,
 }
 
 impl Apart {
@@ -152,15 +162,16 @@ impl SyncHead {
 impl Coord {
     /// A holder offers a farm the coordinator has: a higher home claim is
     /// taken, and what the holder knows is merged.
-    pub(in super::super) fn resubmitted(
-        &mut self,
-        now: Millis,
-        from: NodeId,
-        farm: FarmId,
-        entries: Vec<Entry>,
-        home: Home,
-        out: &mut Out,
-    ) {
+    pub(in super::super) fn resubmitted(&mut self, offered: Offered, out: &mut Out) {
+        let Offered {
+            now,
+            from,
+            farm,
+            entries,
+            home,
+            ..
+        } = offered;
+        let farm = farm.id;
         self.awaited.remove(&(farm, from));
         let f = self.farms.get_mut(&farm).expect("checked by the caller");
         if let Some(apart) = &mut f.apart {
@@ -621,15 +632,13 @@ impl Coord {
     }
 
     /// A holder has every entry before `next` durably.
-    pub(in super::super) fn on_synced(
-        &mut self,
-        from: NodeId,
-        farm: FarmId,
-        next: u64,
-        over: bool,
-        cx: &Node,
-        out: &mut Out,
-    ) {
+    pub(in super::super) fn on_synced(&mut self, acked: SyncAcked, cx: &Node, out: &mut Out) {
+        let SyncAcked {
+            from,
+            farm,
+            next,
+            over,
+        } = acked;
         let Some(f) = self.farms.get_mut(&farm) else {
             return;
         };
