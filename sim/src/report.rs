@@ -111,6 +111,67 @@ pub struct Traffic {
     pub swim_messages: u64,
     pub swim_bytes: u64,
     pub span_ms: u64,
+    /// The messages by kind: which of the peers' timers and exchanges
+    /// the traffic comes from (beats and SWIM while nothing changes).
+    #[serde(default)]
+    pub by_kind: ByKind,
+}
+
+/// How many kinds of message there are.
+const KINDS: usize = mesh_protocol::mesh::Msg::KINDS.len();
+
+/// Messages counted per kind ([`mesh_protocol::mesh::Msg::kind`]); a map
+/// of kind to count (those counted) in JSON.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ByKind(pub [u64; KINDS]);
+
+impl Default for ByKind {
+    fn default() -> ByKind {
+        ByKind([0; KINDS])
+    }
+}
+
+impl ByKind {
+    /// The kinds counted, most first (ties in the order of the kinds).
+    pub fn most_first(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<(&'static str, u64)> = mesh_protocol::mesh::Msg::KINDS
+            .iter()
+            .zip(self.0)
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| (*k, n))
+            .collect();
+        v.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+        v
+    }
+}
+
+impl Serialize for ByKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let counted = self.most_first();
+        let mut m = s.serialize_map(Some(counted.len()))?;
+        for (k, n) in counted {
+            m.serialize_entry(k, &n)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for ByKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ByKind, D::Error> {
+        let m = std::collections::BTreeMap::<String, u64>::deserialize(d)?;
+        let mut k = ByKind::default();
+        for (name, n) in m {
+            // A kind this build does not know (a report of another version) is left out.
+            if let Some(i) = mesh_protocol::mesh::Msg::KINDS
+                .iter()
+                .position(|&x| x == name)
+            {
+                k.0[i] = n;
+            }
+        }
+        Ok(k)
+    }
 }
 
 impl Traffic {
@@ -119,6 +180,7 @@ impl Traffic {
             .unwrap_or(0) as u64;
         self.messages += 1;
         self.bytes += size;
+        self.by_kind.0[msg.kind()] += 1;
         use mesh_protocol::mesh::Msg;
         if matches!(msg, Msg::Swim(_) | Msg::Roster { .. }) {
             self.swim_messages += 1;
@@ -134,6 +196,9 @@ impl Traffic {
             swim_messages: self.swim_messages - earlier.swim_messages,
             swim_bytes: self.swim_bytes - earlier.swim_bytes,
             span_ms: 0,
+            by_kind: ByKind(std::array::from_fn(|i| {
+                self.by_kind.0[i] - earlier.by_kind.0[i]
+            })),
         }
     }
 
@@ -143,13 +208,27 @@ impl Traffic {
     }
 
     fn describe(&self, nodes: usize) -> String {
+        // The four kinds most sent: the steady traffic a long run steps
+        // through one message at a time, and where it comes from.
+        let most: Vec<String> = self
+            .by_kind
+            .most_first()
+            .into_iter()
+            .take(4)
+            .map(|(k, n)| format!("{k} {:.1}", self.per_node_per_s(n, nodes)))
+            .collect();
         format!(
-            "{:.1} messages, {:.0} bytes; of them membership {:.1}, {:.0} bytes (over {} ms)",
+            "{:.1} messages, {:.0} bytes; of them membership {:.1}, {:.0} bytes (over {} ms){}",
             self.per_node_per_s(self.messages, nodes),
             self.per_node_per_s(self.bytes, nodes),
             self.per_node_per_s(self.swim_messages, nodes),
             self.per_node_per_s(self.swim_bytes, nodes),
-            self.span_ms
+            self.span_ms,
+            if most.is_empty() {
+                String::new()
+            } else {
+                format!("; most sent: {}", most.join(", "))
+            }
         )
     }
 }

@@ -40,6 +40,25 @@ fn sim_prints_its_seed_first_and_the_report_keys() {
     assert_eq!(v["duplicates"], 0);
     assert_eq!(v["tasks_done"], 500);
     assert!(v["ratio"].as_f64().unwrap() >= 1.0);
+    // The farm's messages by kind add up to them all, the tasks' own
+    // (assignments and reports) among them, and the line for people
+    // names the kinds most sent.
+    let farm = &v["traffic_farm"];
+    let kinds = farm["by_kind"].as_object().expect("by kind");
+    let sum: u64 = kinds.values().map(|n| n.as_u64().unwrap()).sum();
+    assert_eq!(sum, farm["messages"].as_u64().unwrap(), "{farm}");
+    assert!(
+        kinds["report"].as_u64().unwrap() > 0 && kinds["assign"].as_u64().unwrap() > 0,
+        "{farm}"
+    );
+    let words = sb.mesh(&args[..args.len() - 1]);
+    assert!(
+        words.stdout.lines().any(
+            |l| l.starts_with("per node per s during the farm:") && l.contains("; most sent: ")
+        ),
+        "{}",
+        words.stdout
+    );
     // The same seed replays the same run.
     let again = sb.mesh(args);
     assert_eq!(again.json()["makespan"], v["makespan"]);

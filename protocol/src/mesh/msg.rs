@@ -923,3 +923,75 @@ pub enum Msg {
         task: TaskRef,
     },
 }
+
+impl Msg {
+    /// Every kind of message by name, indexed by [`Msg::kind`]: what the
+    /// simulator counts its traffic by, to say which of the peers' timers
+    /// and exchanges the messages of a run come from.
+    pub const KINDS: [&'static str; 29] = [
+        "beat",
+        "swim",
+        "roster",
+        "submit",
+        "offer",
+        "accepted",
+        "refused",
+        "replicate",
+        "replicated",
+        "sync",
+        "synced",
+        "collected",
+        "keeps",
+        "assign",
+        "report",
+        "ack",
+        "release",
+        "claimed",
+        "redo",
+        "get_farm",
+        "farm",
+        "steal",
+        "stolen",
+        "moved",
+        "cancel",
+        "failure",
+        "alloc",
+        "allocs",
+        "cancel_task",
+    ];
+
+    /// This message's kind, an index into [`Msg::KINDS`].
+    pub fn kind(&self) -> usize {
+        match self {
+            Msg::Beat(_) => 0,
+            Msg::Swim(_) => 1,
+            Msg::Roster { .. } => 2,
+            Msg::Submit { .. } => 3,
+            Msg::Offer { .. } => 4,
+            Msg::Accepted { .. } => 5,
+            Msg::Refused { .. } => 6,
+            Msg::Replicate { .. } => 7,
+            Msg::Replicated { .. } => 8,
+            Msg::Sync(_) => 9,
+            Msg::Synced { .. } => 10,
+            Msg::Collected { .. } => 11,
+            Msg::Keeps { .. } => 12,
+            Msg::Assign { .. } => 13,
+            Msg::Report { .. } => 14,
+            Msg::Ack { .. } => 15,
+            Msg::Release { .. } => 16,
+            Msg::Claimed { .. } => 17,
+            Msg::Redo { .. } => 18,
+            Msg::GetFarm { .. } => 19,
+            Msg::Farm(_) => 20,
+            Msg::Steal { .. } => 21,
+            Msg::Stolen { .. } => 22,
+            Msg::Moved { .. } => 23,
+            Msg::Cancel { .. } => 24,
+            Msg::Failure(_) => 25,
+            Msg::Alloc(_) => 26,
+            Msg::Allocs(_) => 27,
+            Msg::CancelTask { .. } => 28,
+        }
+    }
+}
