@@ -131,15 +131,13 @@ fn cost() -> Vec<serde_json::Value> {
     };
     let nodes = vec![mesh_protocol::resources::parse_resources("cpu=64").expect("cpu=64")];
     let plan_ms = best(&mut || {
-        let p = mesh_node::eta::plan(
-            &small,
-            &[one.clone(), one.clone()],
-            &nodes,
-            &shape,
-            1_000,
-            64,
-            1,
-        );
+        let requests = [one.clone(), one.clone()];
+        let work = mesh_node::eta::WorkLeft {
+            stages: &small,
+            requests: &requests,
+            nodes: &nodes,
+        };
+        let p = mesh_node::eta::plan(work, &shape, 1_000, 64, 1);
         std::hint::black_box(p);
     });
     println!("a deadline plan of 100,000 tasks left, searched to 64 jobs: {plan_ms:.0} ms");

@@ -381,25 +381,36 @@ pub struct JobShape {
     pub wait_ms: u64,
 }
 
+/// What a plan is made for: what is left of the farms, and the nodes
+/// there are to run it.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkLeft<'a> {
+    /// What is left of each stage.
+    pub stages: &'a [StageLeft],
+    /// What one task of each stage asks, in the order of `stages`: how
+    /// many fit the nodes a plan adds.
+    pub requests: &'a [Resources],
+    /// The nodes there are.
+    pub nodes: &'a [Resources],
+}
+
 /// Draws in all the simulations of one plan at most: a plan looks at a
 /// dozen counts of jobs.
 const PLAN_DRAWS_MAX: u64 = 2_000_000;
 
-/// The fewest jobs of `shape` beyond the nodes there are (`nodes`) that end
-/// what is left (`stages`, each asking `requests`) within `left_ms`, at
-/// most `most`; None while no task has finished to draw runtimes from, or
-/// while a stage fits no node even with the jobs. A job's node is counted
-/// from when it would join: until then the nodes there are run alone,
-/// and what they do meanwhile is not counted (a plan leans to more jobs).
-pub fn plan(
-    stages: &[StageLeft],
-    requests: &[Resources],
-    nodes: &[Resources],
-    shape: &JobShape,
-    left_ms: u64,
-    most: u32,
-    seed: u64,
-) -> Option<Plan> {
+/// The fewest jobs of `shape` beyond the nodes there are (`work.nodes`)
+/// that end what is left (`work.stages`, each asking its `work.requests`)
+/// within `left_ms`, at most `most`; None while no task has finished to
+/// draw runtimes from, or while a stage fits no node even with the jobs.
+/// A job's node is counted from when it would join: until then the nodes
+/// there are run alone, and what they do meanwhile is not counted (a plan
+/// leans to more jobs).
+pub fn plan(work: WorkLeft, shape: &JobShape, left_ms: u64, most: u32, seed: u64) -> Option<Plan> {
+    let WorkLeft {
+        stages,
+        requests,
+        nodes,
+    } = work;
     let tasks: u64 = stages.iter().map(|s| s.waiting + s.running).sum();
     let runs = (PLAN_DRAWS_MAX / (tasks.max(1) * 12)).clamp(1, 5) as u32;
     let alone = simulate(stages, runs, seed).map(|e| quantile(&e, 0.9));
@@ -592,18 +603,12 @@ mod tests {
             nodes_per_job: 1,
             wait_ms: 2000,
         };
-        let plan = |left_ms, most| {
-            plan(
-                &stages,
-                std::slice::from_ref(&one),
-                &nodes,
-                &shape,
-                left_ms,
-                most,
-                1,
-            )
-            .unwrap()
+        let work = WorkLeft {
+            stages: &stages,
+            requests: std::slice::from_ref(&one),
+            nodes: &nodes,
         };
+        let plan = |left_ms, most| plan(work, &shape, left_ms, most, 1).unwrap();
         // Loose: the node there is does it.
         assert_eq!(
             plan(60_000, 10),
@@ -624,6 +629,10 @@ mod tests {
         assert_eq!((p.extra, p.meets), (10, false), "{p:?}");
         // Nothing finished yet: no plan.
         let blind = [stage(2, 64, 0, &[])];
-        assert!(super::plan(&blind, &[one], &nodes, &shape, 1000, 10, 1).is_none());
+        let work = WorkLeft {
+            stages: &blind,
+            ..work
+        };
+        assert!(super::plan(work, &shape, 1000, 10, 1).is_none());
     }
 }

@@ -13,7 +13,7 @@ use super::Coordinating;
 use crate::alloc::book::Allocs;
 use crate::alloc::Backlog;
 use crate::engine::Millis;
-use crate::eta::{self, JobShape};
+use crate::eta::{self, JobShape, WorkLeft};
 use crate::resources::{Amount, Resources, CPU, GPU};
 
 /// The coordinator's look at its allocation queues: the backlog by
@@ -61,6 +61,11 @@ pub(super) fn tick(cx: &mut Coordinating, now: Millis) -> bool {
             .chain(members.iter().map(|m| m.beat().total.clone()))
             .collect();
         let (stages, requests) = coord.stages_left(&nodes);
+        let work = WorkLeft {
+            stages: &stages,
+            requests: &requests,
+            nodes: &nodes,
+        };
         let plans = due
             .into_iter()
             .map(|q| {
@@ -70,7 +75,7 @@ pub(super) fn tick(cx: &mut Coordinating, now: Millis) -> bool {
                     wait_ms: q.wait_ms,
                 };
                 let most = q.def.max.saturating_sub(q.joined);
-                let plan = eta::plan(&stages, &requests, &nodes, &shape, q.left_ms, most, now);
+                let plan = eta::plan(work, &shape, q.left_ms, most, now);
                 (q, plan)
             })
             .collect();
