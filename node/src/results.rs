@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
 use mesh_protocol::farm::{FarmDef, StageDef};
+use mesh_protocol::home;
 use serde::{Deserialize, Serialize};
 
 use crate::state::{remove_if_stale_put, PUT_SUFFIX};
@@ -355,11 +356,10 @@ pub const SET_ASIDE_DIR: &str = ".mesh-set-aside";
 /// Never deleted: a user finds them there. Returns where they went and how
 /// many task folders, or `None` when nothing was stale.
 ///
-/// A grown stage keeps every index below its most possible tasks: how many
-/// it has is known only once it runs.
+/// Which ones is `home::set_aside`'s to say, from what is found here.
 pub fn set_aside_stale(out: &Path, def: &FarmDef, when_ms: u64) -> io::Result<Option<SetAside>> {
-    let entries = match fs::read_dir(out) {
-        Ok(e) => e,
+    let found = match found_in(out) {
+        Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
@@ -368,61 +368,63 @@ pub fn set_aside_stale(out: &Path, def: &FarmDef, when_ms: u64) -> io::Result<Op
         .join(SET_ASIDE_DIR)
         .join(humantime::format_rfc3339_millis(when).to_string());
     let mut moves = Vec::new();
-    let mut move_to = |from: &Path, rel: &Path| -> io::Result<()> {
-        let to = aside.join(rel);
-        if let Some(p) = to.parent() {
-            fs::create_dir_all(p)?;
-        }
-        fs::rename(from, &to)?;
-        moves.push((from.to_path_buf(), to));
-        Ok(())
-    };
-    for e in entries {
-        let e = e?;
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with('.') || !e.file_type()?.is_dir() {
-            continue;
-        }
-        let Some(stage) = def.stages.iter().find(|s| s.name == name) else {
-            // A whole stage that is gone: every task folder in it, and its
-            // manifest with them (it says which values each folder held);
-            // left behind, it kept the stage's folder in `{out}`.
-            let mut folders = 0;
-            for t in fs::read_dir(e.path())? {
-                let t = t?;
-                if t.file_type()?.is_dir() && is_index(&t.file_name()) {
-                    move_to(&t.path(), &Path::new(name).join(t.file_name()))?;
-                    folders += 1;
-                }
+    for stale in home::set_aside(def, &found) {
+        let stage = out.join(&stale.stage);
+        for name in &stale.folders {
+            let (from, to) = (stage.join(name), aside.join(&stale.stage).join(name));
+            if let Some(p) = to.parent() {
+                fs::create_dir_all(p)?;
             }
-            let manifest = e.path().join(MANIFEST);
-            if manifest.is_file() {
-                if folders > 0 {
-                    fs::rename(&manifest, aside.join(name).join(MANIFEST))?;
-                } else {
-                    // It describes no folder: mesh wrote it, nothing is lost.
-                    fs::remove_file(&manifest)?;
-                }
-            }
+            fs::rename(&from, &to)?;
+            moves.push((from, to));
+        }
+        match stale.manifest {
+            home::Manifest::Stays => {}
+            home::Manifest::Moves => fs::rename(
+                stage.join(MANIFEST),
+                aside.join(&stale.stage).join(MANIFEST),
+            )?,
+            home::Manifest::Removed => fs::remove_file(stage.join(MANIFEST))?,
+        }
+        if stale.gone {
             // A user's own files keep the folder (never deleted).
-            remove_stale_puts(&e.path())?;
-            let _ = fs::remove_dir(e.path());
-            continue;
-        };
-        let len = stage.sweep.len();
-        for t in fs::read_dir(e.path())? {
-            let t = t?;
-            let index = t.file_name().to_str().and_then(|n| n.parse::<u64>().ok());
-            if t.file_type()?.is_dir()
-                && is_index(&t.file_name())
-                && index.is_some_and(|i| i >= len)
-            {
-                move_to(&t.path(), &Path::new(name).join(t.file_name()))?;
-            }
+            remove_stale_puts(&stage)?;
+            let _ = fs::remove_dir(&stage);
         }
     }
     Ok((!moves.is_empty()).then_some(SetAside { to: aside, moves }))
+}
+
+/// What `out` holds, as `home::set_aside` decides from: each folder the
+/// home looks at, with the folders in it and whether it has a manifest.
+/// Names that are not UTF-8 are no task's or stage's, and not listed.
+fn found_in(out: &Path) -> io::Result<Vec<home::Folder>> {
+    let mut found = Vec::new();
+    for e in fs::read_dir(out)? {
+        let e = e?;
+        let Ok(name) = e.file_name().into_string() else {
+            continue;
+        };
+        if !home::looked_at(&name) || !e.file_type()?.is_dir() {
+            continue;
+        }
+        let mut folders = Vec::new();
+        for t in fs::read_dir(e.path())? {
+            let t = t?;
+            if t.file_type()?.is_dir() {
+                if let Ok(n) = t.file_name().into_string() {
+                    folders.push(n);
+                }
+            }
+        }
+        let manifest = e.path().join(MANIFEST).is_file();
+        found.push(home::Folder {
+            name,
+            folders,
+            manifest,
+        });
+    }
+    Ok(found)
 }
 
 /// Task folders set aside: where, and each one's old and new path.
@@ -482,37 +484,9 @@ pub fn set_aside_line(n: u64, to: &Path) -> String {
     )
 }
 
-/// A task folder's name: an index, as mesh writes it (`0`, `17`).
-fn is_index(name: &std::ffi::OsStr) -> bool {
-    name.to_str().is_some_and(|n| {
-        !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'))
-    })
-}
-
-/// Per stage, whether `--rerun` names it or a stage it depends on
-/// (directly or not): what they read is made again, so they run again too.
-pub fn rerun_stages(def: &FarmDef, rerun: Option<&[String]>) -> Vec<bool> {
-    let Some(names) = rerun else {
-        return vec![false; def.stages.len()];
-    };
-    let mut marked: Vec<bool> = def
-        .stages
-        .iter()
-        .map(|s| names.is_empty() || names.contains(&s.name))
-        .collect();
-    // Stages may name any other as a dependency: go round until nothing changes.
-    let mut grew = true;
-    while grew {
-        grew = false;
-        for (i, s) in def.stages.iter().enumerate() {
-            if !marked[i] && s.upstream().any(|d| marked[d as usize]) {
-                marked[i] = true;
-                grew = true;
-            }
-        }
-    }
-    marked
-}
+/// Per stage, whether `--rerun` names it or a stage it depends on (see
+/// `home::rerun_stages`).
+pub use mesh_protocol::home::rerun_stages;
 
 #[cfg(test)]
 mod tests {

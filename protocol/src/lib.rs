@@ -9,6 +9,7 @@ pub mod alloc;
 pub mod engine;
 pub mod eta;
 pub mod farm;
+pub mod home;
 pub mod ids;
 pub mod mesh;
 pub mod observe;

@@ -17,7 +17,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use mesh_protocol::farm::{deps_digest, has_deps, key_with_deps, stage_digest, FarmDef, TaskRef};
+use mesh_protocol::farm::{FarmDef, TaskRef};
+use mesh_protocol::home;
+pub(super) use mesh_protocol::home::TaskKeys;
 use mesh_protocol::mesh::{files_to_bring, Entry, FarmId, FarmSpec, NodeId, OutputFile, Ran};
 use mesh_protocol::wire::{Request, Response};
 use mesh_store::{mesh::NODE_KEY, Store, Write};
@@ -626,65 +628,12 @@ impl Node {
     }
 }
 
-/// Every task's content key as the coordinator records it (its own key
-/// and, for a task with dependencies, theirs: see `farm::key_with_deps`),
-/// per stage in index order: all made from the farm's definition and the
-/// hashes of its inputs, dependencies first. Only the stages from `from`
-/// on and those they depend on have theirs (an open farm's growth needs
-/// its new stages' keys only: working out every key of the farm at each
-/// growth made a loop of submits slower with each call); the others are
-/// empty.
+/// Every task's content key as the coordinator records it, from the
+/// stages from `from` on (see `home::task_keys`): the inputs' hashes are
+/// the submission's.
 pub(super) fn task_keys(spec: &FarmSpec, from: usize) -> TaskKeys {
-    let def = &spec.def;
-    let mut keys: Vec<Vec<[u8; 32]>> = vec![Vec::new(); def.stages.len()];
-    let mut digests: HashMap<u32, [u8; 32]> = HashMap::new();
-    let mut needed = vec![false; def.stages.len()];
-    let mut look: Vec<u32> = (from as u32..def.stages.len() as u32).collect();
-    while let Some(s) = look.pop() {
-        if !std::mem::replace(&mut needed[s as usize], true) {
-            look.extend(def.stages[s as usize].upstream());
-        }
-    }
-    for s in dependency_order(def) {
-        if !needed[s as usize] {
-            continue;
-        }
-        let stage = &def.stages[s as usize];
-        for &d in &stage.after {
-            let k = &keys[d as usize];
-            digests.insert(
-                d,
-                stage_digest(def, d, |t| k.get(t.index as usize).copied()),
-            );
-        }
-        let mut made = Vec::with_capacity(stage.len() as usize);
-        for i in 0..stage.len() {
-            let t = TaskRef::new(s, i);
-            let hashes: Vec<[u8; 32]> = def
-                .expand(t)
-                .inputs
-                .iter()
-                .map(|p| input_hash(spec, p))
-                .collect();
-            let mut key = def.own_key(t, &hashes);
-            if has_deps(def, s) {
-                let deps = deps_digest(
-                    def,
-                    t,
-                    |d| digests[&d],
-                    |d| keys[d.stage as usize].get(d.index as usize).copied(),
-                );
-                key = key_with_deps(&key, &deps);
-            }
-            made.push(key);
-        }
-        keys[s as usize] = made;
-    }
-    keys
+    home::task_keys(&spec.def, from, |p| input_hash(spec, p))
 }
-
-/// Each task's content key, per stage in index order.
-pub(super) type TaskKeys = Vec<Vec<[u8; 32]>>;
 
 /// The name under which a node notes that it kept results of farms named `name`.
 fn name_meta(name: &str) -> String {
@@ -776,25 +725,4 @@ impl Aside {
 /// Task `t`'s key among a submission's.
 fn keys_of(keys: &TaskKeys, t: TaskRef) -> Option<[u8; 32]> {
     keys.get(t.stage as usize)?.get(t.index as usize).copied()
-}
-
-/// The farm's stages, each after every stage it depends on.
-fn dependency_order(def: &FarmDef) -> Vec<u32> {
-    let n = def.stages.len();
-    let mut placed = vec![false; n];
-    let mut order = Vec::with_capacity(n);
-    // The farm file refuses cycles: each round places at least one stage.
-    while order.len() < n {
-        let before = order.len();
-        for (s, stage) in def.stages.iter().enumerate() {
-            if !placed[s] && stage.upstream().all(|d| placed[d as usize]) {
-                placed[s] = true;
-                order.push(s as u32);
-            }
-        }
-        if order.len() == before {
-            break;
-        }
-    }
-    order
 }
