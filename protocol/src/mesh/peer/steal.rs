@@ -25,6 +25,10 @@ pub(super) struct Stealing {
     /// The members of `loaded` with more queued than a node of their size
     /// keeps as its prefetch: a thief with no free slot steals only there.
     overloaded: IndexMap<NodeId, u32, FxBuildHasher>,
+    /// The coordinator's last word on the victims, while nothing else
+    /// changed them since: the same word again (every beat of a steady
+    /// farm) leaves them as they are rather than rebuilding both maps.
+    said: Option<Vec<Victim>>,
 }
 
 /// How a thief takes a victim's answer.
@@ -47,12 +51,18 @@ impl Stealing {
             next_id: 1,
             loaded: IndexMap::default(),
             overloaded: IndexMap::default(),
+            said: None,
         }
     }
 
     /// What this node believes `node` holds queued, beyond `spare` its own
     /// prefetch: keeps the two victim indices in step.
     pub(super) fn note_queued(&mut self, node: NodeId, queued: u32, spare: usize) {
+        self.said = None;
+        self.note(node, queued, spare);
+    }
+
+    fn note(&mut self, node: NodeId, queued: u32, spare: usize) {
         if queued > 0 {
             self.loaded.insert(node, queued);
         } else {
@@ -68,11 +78,18 @@ impl Stealing {
     /// The coordinator's word on who has tasks queued: the victims from
     /// now on (none but these), never this node itself.
     pub(super) fn set_victims(&mut self, me: NodeId, victims: &[Victim]) {
+        if self.said.as_deref() == Some(victims) {
+            return;
+        }
         self.loaded.clear();
         self.overloaded.clear();
         for v in victims.iter().filter(|v| v.node != me) {
-            self.note_queued(v.node, v.queued, v.prefetch as usize);
+            self.note(v.node, v.queued, v.prefetch as usize);
         }
+        let mut said = self.said.take().unwrap_or_default();
+        said.clear();
+        said.extend_from_slice(victims);
+        self.said = Some(said);
     }
 
     /// No member is known to have tasks queued.
