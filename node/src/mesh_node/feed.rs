@@ -10,13 +10,13 @@
 //! as the coordinator says so: it has no entry in the log, and an open
 //! farm is never over, so nothing else would ever tell its client.
 
-use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use mesh_protocol::engine::TaskEnd;
 use mesh_protocol::farm::FarmDef;
+use mesh_protocol::home::{Seen, Told};
 use mesh_protocol::mesh::{Entry, FarmId, Replica};
 use mesh_protocol::TaskRef;
 
@@ -38,46 +38,32 @@ const READ_PER_TURN_MAX: usize = 4096;
 /// outputs come home is cut off as lagged.
 const KEEP_FREE: usize = 64;
 
-/// One client following a farm's tasks.
+/// One client following a farm's tasks: what it was told is `home`'s
+/// `Told`, which says what to tell it next.
 pub(super) struct Feed {
     reply: Reply,
-    /// How far the farm's log has been read.
-    read: u64,
-    /// Tasks said, a bit each, per stage.
-    said: Vec<Vec<u64>>,
-    /// Done tasks whose outputs are not home yet.
-    waiting: HashSet<TaskRef>,
+    told: Told,
     /// A task waits for room in its queue, to bring it back (`Cmd::Feed`).
     stalled: Arc<AtomicBool>,
     /// Told the end.
     over: bool,
-    /// Stages that fit no node, and the index from which their tasks are
-    /// still to be said failed.
-    unplaced: Vec<(u32, u32)>,
 }
 
 impl Feed {
     fn new(r: &Replica, reply: Reply) -> Feed {
         let mut f = Feed {
             reply,
-            read: 0,
-            said: Vec::new(),
-            waiting: HashSet::new(),
+            told: Told::default(),
             stalled: Arc::new(AtomicBool::new(false)),
             over: false,
-            unplaced: Vec::new(),
         };
         f.fit(&r.spec.def);
         f
     }
 
-    /// Room to mark the tasks of every stage of `def` said: those of an
-    /// open farm's stages added since this follower came too.
+    /// Room to mark the tasks of every stage of `def` said.
     fn fit(&mut self, def: &FarmDef) {
-        let known = self.said.len().min(def.stages.len());
-        for s in &def.stages[known..] {
-            self.said.push(vec![0; (s.len() as usize).div_ceil(64)]);
-        }
+        self.told.fit(def.stages.iter().map(|s| s.len()));
     }
 
     /// Brings this follower back to the loop once half its queue is free:
@@ -93,28 +79,6 @@ impl Feed {
                 let _ = handle.tell(Event::Feed(farm)).await;
             }
         });
-    }
-
-    /// Marks `t` said; false when it was already.
-    fn say_once(&mut self, t: TaskRef) -> bool {
-        let Some(word) = self
-            .said
-            .get_mut(t.stage as usize)
-            .and_then(|s| s.get_mut(t.index as usize / 64))
-        else {
-            return false;
-        };
-        let bit = 1u64 << (t.index % 64);
-        let fresh = *word & bit == 0;
-        *word |= bit;
-        fresh
-    }
-
-    fn said(&self, t: TaskRef) -> bool {
-        self.said
-            .get(t.stage as usize)
-            .and_then(|s| s.get(t.index as usize / 64))
-            .is_some_and(|w| w & (1u64 << (t.index % 64)) != 0)
     }
 }
 
@@ -155,15 +119,15 @@ impl Node {
         for f in &mut feeds {
             f.fit(&r.spec.def);
             if let Some(t) = fetched {
-                if r.outputs_here(t) && f.waiting.remove(&t) && f.say_once(t) {
+                if f.told.came_home(t, r.outputs_here(t)) {
                     let _ = f.reply.send(self.task_said(r, t));
                 }
             }
             // Each entry says at most one task: read no more than fit.
             let room = f.reply.room().saturating_sub(KEEP_FREE);
-            let entries = r.log.slice(f.read, READ_PER_TURN_MAX.min(room));
-            f.read += entries.len() as u64;
-            if f.read < r.log.len() {
+            let entries = r.log.slice(f.told.read, READ_PER_TURN_MAX.min(room));
+            f.told.read += entries.len() as u64;
+            if f.told.read < r.log.len() {
                 if room < READ_PER_TURN_MAX {
                     f.wait_room(farm, &self.handle);
                 } else {
@@ -172,19 +136,15 @@ impl Node {
             }
             for e in entries {
                 let t = e.task();
-                if f.said(t) {
-                    continue;
-                }
-                match r.log.get(t) {
-                    Some(Entry::Done { .. }) if !r.outputs_here(t) => {
-                        f.waiting.insert(t);
-                    }
-                    Some(Entry::Done { .. } | Entry::Failed { .. }) => {
-                        f.waiting.remove(&t);
-                        f.say_once(t);
-                        let _ = f.reply.send(self.task_said(r, t));
-                    }
-                    _ => {}
+                let seen = match r.log.get(t) {
+                    Some(Entry::Done { .. }) => Seen::Done {
+                        home: r.outputs_here(t),
+                    },
+                    Some(Entry::Failed { .. }) => Seen::Failed,
+                    _ => Seen::Open,
+                };
+                if f.told.read_entry(t, seen) {
+                    let _ = f.reply.send(self.task_said(r, t));
                 }
             }
             if !r.unplaceable.is_empty() && !self.say_unplaced(f, r) {
@@ -194,19 +154,12 @@ impl Node {
         if let (Some(view), false) = (finished, more) {
             // Over: every output is home, so whatever still waits is said,
             // as much as fits, to a follower that has read the whole log.
-            for f in feeds.iter_mut().filter(|f| f.read >= r.log.len()) {
-                let mut last: Vec<TaskRef> = f.waiting.iter().copied().collect();
-                last.sort_unstable();
+            for f in feeds.iter_mut().filter(|f| f.told.read >= r.log.len()) {
+                let (last, end) = f.told.last(f.reply.room());
                 for t in last {
-                    if f.reply.room() <= 1 {
-                        break;
-                    }
-                    f.waiting.remove(&t);
-                    if f.say_once(t) {
-                        let _ = f.reply.send(self.task_said(r, t));
-                    }
+                    let _ = f.reply.send(self.task_said(r, t));
                 }
-                if f.waiting.is_empty() && f.reply.room() >= 1 {
+                if end {
                     let _ = f.reply.send(ControlResponse::Finished(view.clone()));
                     f.over = true;
                 } else {
@@ -228,32 +181,18 @@ impl Node {
     /// Says the tasks of the stages that fit no node failed, as many as
     /// the follower has room for; false when some are left for later.
     fn say_unplaced(&self, f: &mut Feed, r: &Replica) -> bool {
-        for (stage, _) in &r.unplaceable {
-            let at = match f.unplaced.iter().position(|(s, _)| s == stage) {
-                Some(i) => i,
-                None => {
-                    f.unplaced.push((*stage, 0));
-                    f.unplaced.len() - 1
-                }
-            };
-            let Some(def) = r.spec.def.stages.get(*stage as usize) else {
-                continue;
-            };
-            let mut i = f.unplaced[at].1;
-            while i < def.len() {
-                if f.reply.room() <= KEEP_FREE {
-                    f.unplaced[at].1 = i;
-                    return false;
-                }
-                let t = TaskRef::new(*stage, i);
-                if r.log.get(t).is_none() && f.say_once(t) {
-                    let _ = f.reply.send(self.task_said(r, t));
-                }
-                i += 1;
-            }
-            f.unplaced[at].1 = i;
+        let stages: Vec<(u32, Option<u32>)> = r
+            .unplaceable
+            .iter()
+            .map(|(s, _)| (*s, r.spec.def.stages.get(*s as usize).map(|d| d.len())))
+            .collect();
+        let (tell, all) = f.told.unplaced(&stages, f.reply.room(), KEEP_FREE, |t| {
+            r.log.get(t).is_some()
+        });
+        for t in tell {
+            let _ = f.reply.send(self.task_said(r, t));
         }
-        true
+        all
     }
 
     fn task_said(&self, r: &Replica, t: TaskRef) -> ControlResponse {
@@ -383,39 +322,5 @@ impl Node {
             }
         }
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_task_is_said_once_across_stages_and_words() {
-        let (tx, _rx) = Reply::channel();
-        let mut f = Feed {
-            reply: tx,
-            read: 0,
-            said: vec![vec![0; 2], vec![0; 1]],
-            waiting: HashSet::new(),
-            stalled: Arc::new(AtomicBool::new(false)),
-            over: false,
-            unplaced: Vec::new(),
-        };
-        for t in [
-            TaskRef::new(0, 0),
-            TaskRef::new(0, 63),
-            TaskRef::new(0, 64),
-            TaskRef::new(1, 5),
-        ] {
-            assert!(!f.said(t));
-            assert!(f.say_once(t), "{t:?} is new");
-            assert!(f.said(t));
-            assert!(!f.say_once(t), "{t:?} is said once");
-        }
-        assert!(!f.said(TaskRef::new(0, 1)));
-        // A task the farm does not have is never said.
-        assert!(!f.say_once(TaskRef::new(2, 0)));
-        assert!(!f.say_once(TaskRef::new(1, 64)));
     }
 }

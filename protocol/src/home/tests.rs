@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use proptest::prelude::*;
 
 use super::*;
-use crate::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
+use crate::farm::{CommandTemplate, FarmDef, StageDef, Sweep, TaskRef, Template};
 
 fn stage(name: &str, n: u64, after: &[u32]) -> StageDef {
     let mut s = StageDef::new(
@@ -219,4 +219,121 @@ proptest! {
             prop_assert_eq!(&some[s], &before[s]);
         }
     }
+}
+
+#[test]
+fn each_task_is_said_once_across_stages_and_words() {
+    let mut f = Told::default();
+    f.fit([100, 10]);
+    for t in [
+        TaskRef::new(0, 0),
+        TaskRef::new(0, 63),
+        TaskRef::new(0, 64),
+        TaskRef::new(1, 5),
+    ] {
+        assert!(!f.said(t));
+        assert!(f.say_once(t), "{t:?} is new");
+        assert!(f.said(t));
+        assert!(!f.say_once(t), "{t:?} is said once");
+    }
+    assert!(!f.said(TaskRef::new(0, 1)));
+    // A task the farm does not have is never said.
+    assert!(!f.say_once(TaskRef::new(2, 0)));
+    assert!(!f.say_once(TaskRef::new(1, 64)));
+}
+
+/// What happens to a farm's log as a follower reads it: a task ends done
+/// (its outputs home or not) or failed, or its outputs come home.
+#[derive(Clone, Debug)]
+enum Happens {
+    Done(u32, bool),
+    Failed(u32),
+    Home(u32),
+}
+
+fn happens() -> impl Strategy<Value = Happens> {
+    prop_oneof![
+        (0u32..20, any::<bool>()).prop_map(|(i, h)| Happens::Done(i, h)),
+        (0u32..20).prop_map(Happens::Failed),
+        (0u32..20).prop_map(Happens::Home),
+    ]
+}
+
+proptest! {
+    /// A follower is told each task once, a done one never before its
+    /// outputs are home, and, once the farm is over and it has room,
+    /// every task that ended, before the end and never after it.
+    #[test]
+    fn each_ended_task_is_told_once_and_a_done_one_only_once_home(
+        log in proptest::collection::vec(happens(), 0..60),
+        room in 2usize..40,
+    ) {
+        let mut f = Told::default();
+        f.fit([20]);
+        // The log's last word on each task, and which outputs are home.
+        let mut is: std::collections::HashMap<u32, Seen> = Default::default();
+        let mut home: HashSet<u32> = HashSet::new();
+        let mut told: Vec<u32> = Vec::new();
+        for h in &log {
+            let (i, tell) = match *h {
+                Happens::Done(i, h) => {
+                    if h { home.insert(i); }
+                    // Done wins over failed.
+                    is.insert(i, Seen::Done { home: home.contains(&i) });
+                    (i, f.read_entry(TaskRef::new(0, i), Seen::Done { home: home.contains(&i) }))
+                }
+                Happens::Failed(i) => {
+                    let seen = *is.entry(i).or_insert(Seen::Failed);
+                    let seen = match seen {
+                        Seen::Done { .. } => Seen::Done { home: home.contains(&i) },
+                        s => s,
+                    };
+                    (i, f.read_entry(TaskRef::new(0, i), seen))
+                }
+                Happens::Home(i) => {
+                    home.insert(i);
+                    (i, f.came_home(TaskRef::new(0, i), true))
+                }
+            };
+            if tell {
+                prop_assert!(!told.contains(&i), "task {} told twice", i);
+                if matches!(is.get(&i), Some(Seen::Done { .. })) {
+                    prop_assert!(home.contains(&i), "task {} told before its outputs came", i);
+                }
+                told.push(i);
+            }
+        }
+        // Over: every output is home.
+        let mut end = false;
+        let mut rounds = 0;
+        while !end {
+            let (last, e) = f.last(room);
+            prop_assert!(last.len() < room, "the end's place is kept");
+            for t in last {
+                prop_assert!(!told.contains(&t.index), "task {} told twice", t.index);
+                told.push(t.index);
+            }
+            end = e;
+            rounds += 1;
+            prop_assert!(rounds < 40, "the end is never told");
+        }
+        prop_assert_eq!(f.waiting(), 0);
+        let ended: HashSet<u32> = is.keys().copied().collect();
+        let told: HashSet<u32> = told.into_iter().collect();
+        prop_assert_eq!(told, ended);
+    }
+}
+
+#[test]
+fn unplaced_tasks_are_told_as_room_allows_from_where_it_stopped() {
+    let mut f = Told::default();
+    f.fit([3, 5]);
+    // Task 1/1 has an entry in the log: said by it, not here.
+    let in_log = |t: TaskRef| t == TaskRef::new(1, 1);
+    let (tell, all) = f.unplaced(&[(1, Some(5)), (7, None)], 3, 1, in_log);
+    assert_eq!(tell, vec![TaskRef::new(1, 0), TaskRef::new(1, 2)]);
+    assert!(!all);
+    let (tell, all) = f.unplaced(&[(1, Some(5)), (7, None)], 10, 1, in_log);
+    assert_eq!(tell, vec![TaskRef::new(1, 3), TaskRef::new(1, 4)]);
+    assert!(all);
 }

@@ -1,0 +1,162 @@
+//! In what order a follower of a farm is told its tasks: each once, a done one only once its outputs are home, those still waiting in task order when the farm is over, and those of stages that fit no node as failed.
+
+use std::collections::HashSet;
+
+use crate::farm::TaskRef;
+
+/// What one follower has been told of a farm, and what it waits for.
+#[derive(Clone, Debug, Default)]
+pub struct Told {
+    /// How far the farm's log has been read for it.
+    pub read: u64,
+    /// Tasks said, a bit each, per stage.
+    said: Vec<Vec<u64>>,
+    /// Done tasks whose outputs are not home yet.
+    waiting: HashSet<TaskRef>,
+    /// Stages that fit no node, and the index from which their tasks are
+    /// still to be said failed.
+    unplaced: Vec<(u32, u32)>,
+}
+
+/// What the log says of a task a follower reads, as far as the feed cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// Done, its outputs home (`home`) or not yet.
+    Done {
+        /// Its outputs are in the home's folder.
+        home: bool,
+    },
+    /// Failed for good.
+    Failed,
+    /// Neither (a later entry says more).
+    Open,
+}
+
+impl Told {
+    /// Room to mark the tasks of stages of these lengths said: those of an
+    /// open farm's stages added since the follower came too.
+    pub fn fit(&mut self, lens: impl IntoIterator<Item = u32>) {
+        for (s, len) in lens.into_iter().enumerate().skip(self.said.len()) {
+            debug_assert_eq!(s, self.said.len());
+            self.said.push(vec![0; (len as usize).div_ceil(64)]);
+        }
+    }
+
+    /// Marks `t` said; false when it was already, or the farm has no `t`.
+    pub fn say_once(&mut self, t: TaskRef) -> bool {
+        let Some(word) = self
+            .said
+            .get_mut(t.stage as usize)
+            .and_then(|s| s.get_mut(t.index as usize / 64))
+        else {
+            return false;
+        };
+        let bit = 1u64 << (t.index % 64);
+        let fresh = *word & bit == 0;
+        *word |= bit;
+        fresh
+    }
+
+    /// Whether `t` was said.
+    pub fn said(&self, t: TaskRef) -> bool {
+        self.said
+            .get(t.stage as usize)
+            .and_then(|s| s.get(t.index as usize / 64))
+            .is_some_and(|w| w & (1u64 << (t.index % 64)) != 0)
+    }
+
+    /// Task `t`'s outputs came home (`home`: they are there now): whether
+    /// to tell it now.
+    pub fn came_home(&mut self, t: TaskRef, home: bool) -> bool {
+        home && self.waiting.remove(&t) && self.say_once(t)
+    }
+
+    /// An entry of the log for `t` read, the log saying `seen` of it now:
+    /// whether to tell it now. A done task whose outputs are not home
+    /// waits for them.
+    pub fn read_entry(&mut self, t: TaskRef, seen: Seen) -> bool {
+        if self.said(t) {
+            return false;
+        }
+        match seen {
+            Seen::Done { home: false } => {
+                self.waiting.insert(t);
+                false
+            }
+            Seen::Done { home: true } | Seen::Failed => {
+                self.waiting.remove(&t);
+                self.say_once(t);
+                true
+            }
+            Seen::Open => false,
+        }
+    }
+
+    /// The farm is over and every output is home: the tasks still waiting
+    /// to tell, in task order, as many as `room` places take while one is
+    /// kept for the end; and whether the end is told after them (nothing
+    /// waits any more, and a place is left).
+    pub fn last(&mut self, mut room: usize) -> (Vec<TaskRef>, bool) {
+        let mut last: Vec<TaskRef> = self.waiting.iter().copied().collect();
+        last.sort_unstable();
+        let mut tell = Vec::new();
+        for t in last {
+            if room <= 1 {
+                break;
+            }
+            self.waiting.remove(&t);
+            if self.say_once(t) {
+                tell.push(t);
+                room -= 1;
+            }
+        }
+        (tell, self.waiting.is_empty() && room >= 1)
+    }
+
+    /// The tasks of the stages that fit no node (each with its length,
+    /// `None` for a stage the farm does not have) to tell failed, those
+    /// without an entry in the log (`in_log`), as many as `room` places
+    /// take while `keep_free` stay free; and whether all were (false: the
+    /// rest later, from where this stopped).
+    pub fn unplaced(
+        &mut self,
+        stages: &[(u32, Option<u32>)],
+        mut room: usize,
+        keep_free: usize,
+        in_log: impl Fn(TaskRef) -> bool,
+    ) -> (Vec<TaskRef>, bool) {
+        let mut tell = Vec::new();
+        for &(stage, len) in stages {
+            let at = match self.unplaced.iter().position(|(s, _)| *s == stage) {
+                Some(i) => i,
+                None => {
+                    self.unplaced.push((stage, 0));
+                    self.unplaced.len() - 1
+                }
+            };
+            let Some(len) = len else {
+                continue;
+            };
+            let mut i = self.unplaced[at].1;
+            while i < len {
+                if room <= keep_free {
+                    self.unplaced[at].1 = i;
+                    return (tell, false);
+                }
+                let t = TaskRef::new(stage, i);
+                if !in_log(t) && self.say_once(t) {
+                    tell.push(t);
+                    room -= 1;
+                }
+                i += 1;
+            }
+            self.unplaced[at].1 = i;
+        }
+        (tell, true)
+    }
+
+    /// Done tasks waiting for their outputs.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+}
