@@ -120,6 +120,11 @@ class Future(cf.Future):
         self.key = key
         self._fns = fns
         self._deps = deps
+        #: The calls given this future, while their futures live: a cancel
+        #: takes them with it.
+        self._dependents = weakref.WeakSet()
+        for d in deps:
+            d._dependents.add(self)
         self._body = None
         self._fn = None
         self._args = None
@@ -170,10 +175,29 @@ class Future(cf.Future):
         """Cancels this call, as Dask's ``cancel``: a call that waits is
         dropped, a running one killed; one that ended is forgotten (its
         value is released, ``result()`` raises ``CancelledError``, and the
-        same call submitted again runs again). True once cancelled."""
+        same call submitted again runs again). The calls given it, and
+        those given them, are cancelled with it, as Dask's scheduler cancels
+        a key's dependents: whether or not they ended, none keeps a value
+        computed from one that is gone. True once cancelled."""
+        for f in reversed(self._with_dependents()):
+            f._cancel_one()
+        return True
+
+    def _with_dependents(self):
+        """This call, then the live calls given it, then those given them,
+        each once."""
+        out, seen = [self], {id(self)}
+        for d in out:
+            for g in list(d._dependents):
+                if id(g) not in seen:
+                    seen.add(id(g))
+                    out.append(g)
+        return out
+
+    def _cancel_one(self):
         with self._condition:
             if self._state in (CANCELLED, CANCELLED_AND_NOTIFIED):
-                return True
+                return
             ended = self._state == FINISHED
             self._state = CANCELLED_AND_NOTIFIED
             self._result = self._exception = self._value = None
@@ -184,7 +208,6 @@ class Future(cf.Future):
         self._fns._cancelled(self, ended)
         if not ended:
             self._invoke_callbacks()
-        return True
 
     @property
     def usage(self):

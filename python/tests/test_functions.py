@@ -225,7 +225,9 @@ class Functions(InFolder):
         with self.assertRaises(cf.CancelledError):
             after.result(timeout=WAIT_S)
         p = fs[0]._run.progress()
-        self.assertEqual((p.cancelled, p.done), (1, 5), p.view)
+        # The call given it was cancelled with it (as Dask's), where it
+        # waited if it was sent already.
+        self.assertEqual((p.cancelled, p.done, p.skipped), (p.total - 5, 5, 0), p.view)
         # As Dask's: an ended call cancelled is forgotten, its value released.
         self.assertEqual(fs[1].result(), 1)
         self.assertTrue(fs[1].cancel())
@@ -234,6 +236,17 @@ class Functions(InFolder):
         again = c.submit(nap, 1)
         self.assertIsNot(again, fs[1], "the same call again is a new one")
         self.assertEqual(again.result(timeout=WAIT_S), 1)
+        # As Dask's scheduler: the calls given a cancelled one, and those
+        # given them, go with it, ended or not (none keeps a value made
+        # from one that is gone); a call beside them is left alone.
+        a = c.submit(inc, 10)
+        b = c.submit(inc, a)
+        e = c.submit(inc, b)
+        beside = c.submit(inc, 20)
+        self.assertEqual((e.result(timeout=WAIT_S), beside.result(timeout=WAIT_S)), (13, 21))
+        self.assertTrue(a.cancel())
+        self.assertEqual([a.status, b.status, e.status, beside.status], ["cancelled"] * 3 + ["finished"])
+        self.assertRaises(cf.CancelledError, e.result)
 
     def test_a_chain_and_a_fan_in_of_futures(self):
         c = self.node(cpus=2)
