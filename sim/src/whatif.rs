@@ -9,6 +9,7 @@
 
 use crate::report::SimReport;
 use crate::scenario::SimConfig;
+use crate::search::Verdict;
 use crate::workflow::{Replay, Workload};
 use crate::{ConfigError, SimError};
 
@@ -242,16 +243,23 @@ pub struct Search {
     pub nodes: Option<usize>,
     /// Every count simulated, in the order tried.
     pub tried: Vec<Row>,
+    /// The fewest nodes that could hold the work by the deadline at all
+    /// (see [`fewest_possible`]): fewer are not simulated.
+    pub least: usize,
     /// Why there is no answer, when there is none.
     pub why_not: Option<String>,
 }
 
-/// The fewest nodes that meet `deadline_ms`: node counts doubled from 1
-/// until one meets it, then halved between the last that did not and
-/// the first that did. Makespans shrink with nodes roughly but not
-/// strictly (placement and stealing take other turns), so the answer is
-/// the fewest that met it among those tried, each a real simulation.
-/// Nothing is simulated when the critical path alone is over the deadline.
+/// The fewest nodes that meet `deadline_ms`: counts searched from the
+/// fewest that could hold the work by then ([`fewest_possible`]), which
+/// a wide workflow on nodes of equal shape nearly meets, up by doubling
+/// steps until one meets it, then halved between the last that did not
+/// and the first that did (see [`crate::search::fewest_near`]).
+/// Makespans shrink with nodes roughly but not strictly (placement and
+/// stealing take other turns), so the answer is the fewest that met it
+/// among those tried, each a real simulation, with the count below it
+/// tried and missed or under the bound. Nothing is simulated when the
+/// critical path alone is over the deadline.
 pub fn fewest_nodes(
     wl: &Workload,
     base: &WhatIf,
@@ -260,10 +268,14 @@ pub fn fewest_nodes(
     mut keep: impl FnMut(usize, SimReport),
 ) -> Result<Search, SimError> {
     let cp = wl.critical_path_ms();
+    // More nodes than tasks leave some idle whatever happens.
+    let most = wl.tasks().max(1);
+    let least = fewest_possible(wl, base, deadline_ms).min(most);
     let mut search = Search {
         deadline_ms,
         nodes: None,
         tried: Vec::new(),
+        least,
         why_not: None,
     };
     if cp > deadline_ms {
@@ -271,22 +283,57 @@ pub fn fewest_nodes(
             Some("the critical path alone is longer: no number of nodes meets it".into());
         return Ok(search);
     }
-    // More nodes than tasks leave some idle whatever happens.
-    let most = wl.tasks().max(1);
-    let mut meets = |n: usize, search: &mut Search| -> Result<bool, SimError> {
-        let r = row(wl, base, n, repeat, |r| keep(n, r))?;
-        let ok = r.makespan_p90_ms <= deadline_ms;
-        search.tried.push(r);
-        Ok(ok)
-    };
-    let nodes = fewest(1, most, |n| meets(n, &mut search))?;
-    search.nodes = nodes;
+    let mut tried = Vec::new();
+    let found = crate::search::fewest_near(least, most, least, 1, |counts| {
+        counts
+            .iter()
+            .map(|&n| {
+                let r = row(wl, base, n, repeat, |r| keep(n, r))?;
+                let met = r.makespan_p90_ms <= deadline_ms;
+                tried.push(r);
+                Ok(if met { Verdict::Meets } else { Verdict::Misses })
+            })
+            .collect::<Result<Vec<_>, SimError>>()
+    })?;
+    search.tried = tried;
+    search.nodes = found.nodes;
     if search.nodes.is_none() {
         search.why_not = Some(format!(
             "not met with {most} nodes, one for every task: the graph and the links leave no room"
         ));
     }
     Ok(search)
+}
+
+/// Fewer nodes than this cannot finish `wl` by `deadline_ms` whatever
+/// the schedule: every task holds its stage's cores for its runtime (at
+/// least its recorded one less the jitter), and `n` nodes have `n` times
+/// a node's cores. 1 for a scenario's cluster, whose nodes differ.
+pub fn fewest_possible(wl: &Workload, base: &WhatIf, deadline_ms: u64) -> usize {
+    let cpu = mesh_protocol::resources::CPU;
+    let node_cores = match (
+        &base.cluster,
+        mesh_protocol::resources::parse_resources(&base.node),
+    ) {
+        (None, Ok(r)) => r.get(cpu).as_f64(),
+        _ => return 1,
+    };
+    if node_cores <= 0.0 || deadline_ms == 0 {
+        return 1;
+    }
+    let offsets = wl.offsets();
+    let mut core_ms = 0.0;
+    for (s, stage) in wl.def.stages.iter().enumerate() {
+        let cores = stage.resources.get(cpu).as_f64();
+        let end = offsets.get(s + 1).copied().unwrap_or(wl.tasks());
+        let ms: u64 = wl.runtime_ms[offsets[s]..end].iter().sum();
+        core_ms += ms as f64 * cores;
+    }
+    let shortest = core_ms * (1.0 - base.replay.jitter.clamp(0.0, 1.0));
+    // A thousandth off: runtimes rounded to whole virtual milliseconds
+    // must not rule out a count that the simulation would find meets it.
+    let n = (shortest / (node_cores * deadline_ms as f64) * (1.0 - 1e-3)).ceil();
+    (n as usize).max(1)
 }
 
 /// The fewest node counts from `from` to `most` for which `meets` holds:

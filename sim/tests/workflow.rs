@@ -1,7 +1,7 @@
 //! Recorded workflows through the real peers: makespans between the critical path and the serial sum, transfers that cost time, exact replay, jitter, and the fewest nodes for a deadline.
 
 use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
-use mesh_sim::whatif::{fewest_nodes, row, sweep};
+use mesh_sim::whatif::{fewest_nodes, fewest_possible, row, sweep};
 use mesh_sim::workflow::Read;
 use mesh_sim::{
     run_workload, ConfigError, Links, Replay, SimConfig, SimError, WhatIf, Workload, WorkloadError,
@@ -212,9 +212,41 @@ fn the_fewest_nodes_for_a_deadline_meet_it() {
         .iter()
         .filter(|r| r.nodes < n)
         .all(|r| r.makespan_p90_ms > deadline));
+    // The count below the answer missed, or could not hold the work; no
+    // count under that bound was simulated.
+    assert!(s.least <= n, "{s:?}");
+    assert!(
+        n - 1 < s.least || s.tried.iter().any(|r| r.nodes == n - 1),
+        "{s:?}"
+    );
+    assert!(s.tried.iter().all(|r| r.nodes >= s.least), "{s:?}");
     // Under the critical path: nothing is simulated.
     let s = fewest_nodes(&wl, &base, wl.critical_path_ms() - 1, 1, |_, _| {}).unwrap();
     assert!(s.nodes.is_none() && s.tried.is_empty(), "{s:?}");
+}
+
+#[test]
+fn fewer_nodes_than_the_work_needs_by_the_deadline_are_not_simulated() {
+    let wl = fan(32);
+    let base = cluster(1, None);
+    // Every task holds a core for its runtime: 4-core nodes hold a
+    // deadline's worth each, and a count under that cannot meet it.
+    let work = wl.work_ms();
+    let deadline = work / 10;
+    let least = fewest_possible(&wl, &base, deadline);
+    assert_eq!(least, 3, "{work} core-ms on 4 cores by {deadline} ms");
+    let short = row(&wl, &base, least - 1, 1, |_| {}).unwrap();
+    assert!(short.makespan_p90_ms > deadline, "{short:?}");
+    // Jitter may shorten every runtime: the bound takes the shortest.
+    let mut jittered = base.clone();
+    jittered.replay.jitter = 0.5;
+    assert_eq!(fewest_possible(&wl, &jittered, deadline), 2);
+    // A deadline the work fits on one node's cores many times over: one.
+    assert_eq!(fewest_possible(&wl, &base, work), 1);
+    // A scenario's cluster, whose nodes differ: no bound.
+    let mut mixed = base.clone();
+    mixed.cluster = Some(SimConfig::simple(1, 4, "cpu=2", 1, "1"));
+    assert_eq!(fewest_possible(&wl, &mixed, deadline), 1);
 }
 
 #[test]

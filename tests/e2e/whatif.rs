@@ -261,7 +261,19 @@ fn a_deadline_finds_the_fewest_nodes_and_the_plot_is_drawn() {
             .map(|r| r["makespan_p90_ms"].as_u64().unwrap())
     };
     assert!(at(n).unwrap() <= 300_000, "{d}");
-    assert!(at(n - 1).is_some_and(|m| m > 300_000), "{d}");
+    // The count below missed, or could not hold the work by then (and
+    // then was not simulated, nor any under it).
+    let least = d["least"].as_u64().expect("the bound is said") as usize;
+    assert!(
+        at(n - 1).is_some_and(|m| m > 300_000) || n - 1 < least,
+        "{d}"
+    );
+    assert!(
+        tried
+            .iter()
+            .all(|r| r["nodes"].as_u64().unwrap() as usize >= least),
+        "{d}"
+    );
     let picture = std::fs::read_to_string(&svg).unwrap();
     assert!(picture.starts_with("<svg"), "{}", &picture[..100]);
     for words in [

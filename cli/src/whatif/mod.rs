@@ -430,8 +430,14 @@ impl View<'_> {
             match s.nodes {
                 Some(n) => {
                     let r = s.tried.iter().find(|r| r.nodes == n).expect("tried");
+                    // Fewer than the bound were not simulated: say why.
+                    let below = if s.least > 1 {
+                        format!(" (fewer than {} cannot hold the work by then)", s.least)
+                    } else {
+                        String::new()
+                    };
                     outln!(
-                        "deadline {}: {n} nodes meet it ({which} {}); tried {}",
+                        "deadline {}: {n} nodes meet it ({which} {}); tried {}{below}",
                         span(s.deadline_ms),
                         span(r.makespan_p90_ms),
                         tried.join(", ")
