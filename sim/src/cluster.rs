@@ -147,6 +147,17 @@ pub fn baselines(cfg: &SimConfig) -> Result<(Millis, Millis), SimError> {
     Ok((plan.lower_bound, plan.greedy))
 }
 
+/// [`baselines`] of a recorded workflow on a checked scenario's cluster
+/// (greedy over its graph), without running it.
+pub(crate) fn workload_baselines(
+    cfg: &SimConfig,
+    wl: &Workload,
+    replay: &Replay,
+) -> Result<(Millis, Millis), SimError> {
+    let plan = Plan::for_workload(cfg, wl, replay)?;
+    Ok((plan.lower_bound, plan.greedy))
+}
+
 /// Runs a recorded workflow on the cluster of a checked scenario.
 pub(crate) fn run_workload(
     cfg: &SimConfig,

@@ -250,11 +250,11 @@ pub struct Search {
     pub why_not: Option<String>,
 }
 
-/// The fewest nodes that meet `deadline_ms`: counts searched from the
-/// fewest that could hold the work by then ([`fewest_possible`]), which
-/// a wide workflow on nodes of equal shape nearly meets, up by doubling
-/// steps until one meets it, then halved between the last that did not
-/// and the first that did (see [`crate::search::fewest_near`]).
+/// The fewest nodes that meet `deadline_ms`: counts searched from where
+/// greedy list scheduling over the graph meets it, never under the
+/// fewest that could hold the work by then ([`fewest_possible`]), up by
+/// doubling steps until one meets it, then halved between the last that
+/// did not and the first that did (see [`crate::search::fewest_near`]).
 /// Makespans shrink with nodes roughly but not strictly (placement and
 /// stealing take other turns), so the answer is the fewest that met it
 /// among those tried, each a real simulation, with the count below it
@@ -283,8 +283,12 @@ pub fn fewest_nodes(
             Some("the critical path alone is longer: no number of nodes meets it".into());
         return Ok(search);
     }
+    // Where greedy list scheduling over the graph meets it (no latency,
+    // no transfers): the mesh comes close behind, so the search starts
+    // there rather than at the bound, which a narrow graph is far above.
+    let guess = greedy_meets(wl, base, least, most, deadline_ms)?;
     let mut tried = Vec::new();
-    let found = crate::search::fewest_near(least, most, least, 1, |counts| {
+    let found = crate::search::fewest_near(least, most, guess, 1, |counts| {
         counts
             .iter()
             .map(|&n| {
@@ -303,6 +307,29 @@ pub fn fewest_nodes(
         ));
     }
     Ok(search)
+}
+
+/// The fewest nodes from `least` to `most` with which greedy list
+/// scheduling of `wl` meets `deadline_ms` (`most` when none does): a
+/// pass over the graph per count asked, milliseconds each.
+fn greedy_meets(
+    wl: &Workload,
+    base: &WhatIf,
+    least: usize,
+    most: usize,
+    deadline_ms: u64,
+) -> Result<usize, SimError> {
+    let found = fewest(least, most, |n| -> Result<bool, SimError> {
+        let w = WhatIf {
+            nodes: n,
+            ..base.clone()
+        };
+        let cfg = w.config(wl);
+        cfg.validate_cluster()?;
+        let (_, greedy) = crate::cluster::workload_baselines(&cfg, wl, &w.replay)?;
+        Ok(greedy <= deadline_ms)
+    })?;
+    Ok(found.unwrap_or(most))
 }
 
 /// Fewer nodes than this cannot finish `wl` by `deadline_ms` whatever
