@@ -32,10 +32,11 @@ import dask_diff
 
 try:
     import dask.distributed  # noqa: F401
+    import numpy  # noqa: F401  (the sessions draw their random numbers with it)
 
     NO_DASK = None
 except ImportError as e:
-    NO_DASK = "needs dask[distributed] (pip install -r python/requirements-ci.txt): %s" % e
+    NO_DASK = "needs dask[distributed] and numpy (pip install -r python/requirements-ci.txt): %s" % e
 
 SETTINGS = dask_diff.settings_from_env()
 
