@@ -102,7 +102,7 @@ fn waiting_stages(farms: &[FarmState]) -> impl Iterator<Item = (&StageDef, u64)>
     farms
         .iter()
         .filter(|f| !f.cancelled)
-        .flat_map(|f| f.stages.iter().zip(&f.def.stages))
+        .flat_map(|f| f.stages.iter().zip(f.def.stages.iter().map(|s| &**s)))
         .filter_map(|(st, def)| {
             let q = st.ready_count(def);
             (st.open && !st.unplaceable && q > 0).then_some((def, q))

@@ -8,6 +8,7 @@
 //! module is pure data and arithmetic.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -37,7 +38,7 @@ pub struct FarmDef {
     pub out: String,
     /// The stages in the farm file's order; a [`TaskRef`]'s `stage` is a place
     /// in this list.
-    pub stages: Vec<StageDef>,
+    pub stages: Vec<Arc<StageDef>>,
     /// The per-task dependencies expanded, once asked for.
     #[serde(skip)]
     pub graph: graph::GraphCache,
@@ -1086,7 +1087,7 @@ mod tests {
                 name: "python".into(),
                 root: "/".into(),
                 out: "/out".into(),
-                stages: vec![st],
+                stages: vec![Arc::new(st)],
                 graph: Default::default(),
             }
         };

@@ -207,14 +207,14 @@ mod tests {
             name: "sim".into(),
             root: "/".into(),
             out: "/out".into(),
-            stages: vec![StageDef {
+            stages: vec![std::sync::Arc::new(StageDef {
                 retries,
                 ..StageDef::new(
                     "a",
                     CommandTemplate::Argv(vec![Template::literal("true")]),
                     Sweep::range("i", n),
                 )
-            }],
+            })],
         }
     }
 

@@ -28,19 +28,22 @@ fn fan(width: u32) -> Workload {
         root: "/".into(),
         out: "/out".into(),
         stages: vec![
-            stage("split", 1),
+            stage("split", 1).into(),
             StageDef {
                 after: vec![0],
                 ..stage("work", w as u64)
-            },
+            }
+            .into(),
             StageDef {
                 after_each: vec![1],
                 ..stage("post", w as u64)
-            },
+            }
+            .into(),
             StageDef {
                 after: vec![2],
                 ..stage("merge", 1)
-            },
+            }
+            .into(),
         ],
     };
     let mut runtime_ms = vec![10_000];
@@ -292,7 +295,7 @@ fn a_workflow_runs_on_an_allocation_queues_batch_nodes() {
     let offsets = wl.offsets();
     for (s, st) in wl.def.stages.iter_mut().enumerate() {
         let o = offsets[s];
-        st.expected_ms = wl.runtime_ms[o..o + st.len() as usize]
+        std::sync::Arc::make_mut(st).expected_ms = wl.runtime_ms[o..o + st.len() as usize]
             .iter()
             .copied()
             .max();
@@ -338,6 +341,7 @@ fn chain(n: u64) -> Workload {
             after: if i == 0 { vec![] } else { vec![i as u32 - 1] },
             ..stage(&format!("s{i}"), 1)
         })
+        .map(std::sync::Arc::new)
         .collect();
     Workload {
         def: FarmDef {

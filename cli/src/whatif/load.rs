@@ -378,7 +378,8 @@ impl Loaded {
                 .copied()
                 .max()
                 .unwrap_or(0);
-            st.expected_ms = Some(((longest as f64 * factor).ceil() as u64).max(1));
+            std::sync::Arc::make_mut(st).expected_ms =
+                Some(((longest as f64 * factor).ceil() as u64).max(1));
         }
     }
 

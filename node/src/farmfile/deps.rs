@@ -2,6 +2,7 @@
 
 use mesh_protocol::farm::{StageDef, Template};
 use mesh_protocol::graph::{Dep, DepOn};
+use std::sync::Arc;
 
 use super::error::Problem;
 use super::locate::{At, Ctx, Scope};
@@ -56,7 +57,7 @@ fn var_of(scope: &Scope<'_>, stage: &StageDef, name: &At<String>, field: &str) -
 }
 
 impl Src<'_> {
-    pub(super) fn resolve_deps(&self, stages: &mut [StageDef], deps: &[Deps]) -> Result<()> {
+    pub(super) fn resolve_deps(&self, stages: &mut [Arc<StageDef>], deps: &[Deps]) -> Result<()> {
         let names: Vec<String> = stages.iter().map(|s| s.name.clone()).collect();
         // Edges (target, position, field) per stage, for the cycle search.
         let mut edges: Vec<Vec<(usize, usize, &'static str)>> = vec![Vec::new(); stages.len()];
@@ -111,17 +112,18 @@ impl Src<'_> {
                     }
                     if field == "after.stage" {
                         let on = dep_on(&scope, &stages[i], &stages[t], &dep.by[n])?;
-                        stages[i].deps.push(Dep {
+                        Arc::make_mut(&mut stages[i]).deps.push(Dep {
                             stage: t as u32,
                             on,
                         });
                         edges[i].push((t, target.pos, "after"));
                         continue;
                     }
+                    let st = Arc::make_mut(&mut stages[i]);
                     let list = if field == "after" {
-                        &mut stages[i].after
+                        &mut st.after
                     } else {
-                        &mut stages[i].after_each
+                        &mut st.after_each
                     };
                     if !list.contains(&(t as u32)) {
                         list.push(t as u32);
@@ -148,7 +150,7 @@ impl Src<'_> {
     /// same file.
     fn resolve_grown(
         &self,
-        stages: &mut [StageDef],
+        stages: &mut [Arc<StageDef>],
         deps: &[Deps],
         names: &[String],
         edges: &mut [Vec<(usize, usize, &'static str)>],
@@ -184,8 +186,11 @@ impl Src<'_> {
                 ));
             }
             let (file, per) = {
-                let Some(mesh_protocol::farm::Values::Grown(g)) =
-                    stages[i].sweep.vars.last_mut().map(|v| &mut v.values)
+                let Some(mesh_protocol::farm::Values::Grown(g)) = Arc::make_mut(&mut stages[i])
+                    .sweep
+                    .vars
+                    .last_mut()
+                    .map(|v| &mut v.values)
                 else {
                     continue;
                 };
@@ -217,7 +222,7 @@ impl Src<'_> {
                     },
                 ));
             }
-            stages[i].deps.push(Dep {
+            Arc::make_mut(&mut stages[i]).deps.push(Dep {
                 stage: t as u32,
                 on: DepOn::Grown { per },
             });

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use mesh_protocol::farm::StageDef;
 use toml::de::{DeTable, DeValue};
@@ -20,7 +21,7 @@ const FARM_FIELDS: &[&str] = &["name"];
 /// A farm file's content, checked: what a `FarmDef` takes besides its folders.
 pub(super) struct Loaded {
     pub(super) name: String,
-    pub(super) stages: Vec<StageDef>,
+    pub(super) stages: Vec<Arc<StageDef>>,
     pub(super) warnings: Vec<FarmWarning>,
     /// The keyed and listed dependencies expanded: checked here, kept.
     pub(super) graph: mesh_protocol::graph::Graph,
@@ -89,7 +90,7 @@ impl Src<'_> {
         let mut outputs_at = Vec::with_capacity(slots.len());
         let mut command_at = Vec::with_capacity(slots.len());
         for (stage, dep, outputs, command) in slots.into_iter().flatten() {
-            stages.push(stage);
+            stages.push(Arc::new(stage));
             deps.push(dep);
             outputs_at.push(outputs);
             command_at.push(command);

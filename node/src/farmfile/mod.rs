@@ -56,7 +56,7 @@ pub struct LoadOptions {
     pub out: Option<PathBuf>,
     /// The stages of an open farm the file's stages are added to: they
     /// come first, unchanged, and the file's may depend on them.
-    pub before: Vec<mesh_protocol::farm::StageDef>,
+    pub before: Vec<std::sync::Arc<mesh_protocol::farm::StageDef>>,
 }
 
 impl LoadOptions {
@@ -139,7 +139,7 @@ struct Src<'a> {
     file: &'a str,
     text: &'a str,
     root: &'a Path,
-    before: &'a [mesh_protocol::farm::StageDef],
+    before: &'a [std::sync::Arc<mesh_protocol::farm::StageDef>],
 }
 
 type Result<T, E = FarmFileError> = std::result::Result<T, E>;

@@ -2,6 +2,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use mesh_protocol::farm::{CommandTemplate, Part, StageDef, Var};
 
@@ -35,7 +36,7 @@ impl Src<'_> {
     /// is collected, silently.
     pub(super) fn shared_outputs(
         &self,
-        stages: &[StageDef],
+        stages: &[Arc<StageDef>],
         outputs_at: &[Option<(usize, bool)>],
     ) -> Vec<FarmWarning> {
         // The folder a stage's tasks all run in, when they share one.
@@ -128,7 +129,7 @@ impl Src<'_> {
     /// placeholder; a `shell` line is the shell's to resolve.
     pub(super) fn missing_programs(
         &self,
-        stages: &[StageDef],
+        stages: &[Arc<StageDef>],
         command_at: &[Option<(usize, bool)>],
     ) -> Vec<FarmWarning> {
         let mut out = Vec::new();

@@ -545,7 +545,7 @@ fn prepare_submit(handle: &LoopHandle, origin: NodeId, farm: Incoming<'_>, reply
 /// to an open farm) in `out` before they run (see
 /// `results::write_manifests`); a folder that cannot take it is said, and
 /// the farm goes on.
-pub(super) fn write_manifests(out: &str, stages: &[StageDef], reply: &Reply) {
+pub(super) fn write_manifests(out: &str, stages: &[Arc<StageDef>], reply: &Reply) {
     let out = Path::new(out);
     if let Err(e) = crate::results::write_manifests(out, stages) {
         let _ = reply.send(ControlResponse::Warning(format!(

@@ -50,7 +50,7 @@ impl Engine {
         let old = f.stages.len();
         debug_assert!(def.stages.len() >= old && def.stages[..old] == f.def.stages[..]);
         f.stages
-            .extend(def.stages[old..].iter().map(StageState::new));
+            .extend(def.stages[old..].iter().map(|s| StageState::new(s)));
         f.link(def.clone());
         let run = f.run;
         if def.stages.len() == old {

@@ -211,7 +211,7 @@ impl FarmState {
         let mut f = FarmState {
             def: def.clone(),
             run,
-            stages: def.stages.iter().map(StageState::new).collect(),
+            stages: def.stages.iter().map(|s| StageState::new(s)).collect(),
             order: Vec::new(),
             dependents: Vec::new(),
             dependents_each: Vec::new(),

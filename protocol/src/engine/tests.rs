@@ -21,7 +21,7 @@ pub(super) fn farm(stages: Vec<StageDef>) -> Arc<FarmDef> {
         name: "f".into(),
         root: "/r".into(),
         out: "/o".into(),
-        stages,
+        stages: stages.into_iter().map(std::sync::Arc::new).collect(),
     })
 }
 

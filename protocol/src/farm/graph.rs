@@ -217,15 +217,15 @@ impl Graph {
 
     /// As [`Graph::build`], from a farm's name and stages; an error gives
     /// the stage and which of its `deps` it is about.
-    pub fn build_parts(
+    pub fn build_parts<S: std::borrow::Borrow<StageDef>>(
         name: &str,
-        stages_def: &[StageDef],
+        stages_def: &[S],
     ) -> Result<Graph, (usize, usize, DepError)> {
         let mut stages = Vec::with_capacity(stages_def.len());
-        for (s, stage) in stages_def.iter().enumerate() {
+        for (s, stage) in stages_def.iter().map(|s| s.borrow()).enumerate() {
             let mut edges = Vec::with_capacity(stage.deps.len());
             for (n, dep) in stage.deps.iter().enumerate() {
-                let Some(up) = stages_def.get(dep.stage as usize) else {
+                let Some(up) = stages_def.get(dep.stage as usize).map(|u| u.borrow()) else {
                     return Err((s, n, DepError::NoStage));
                 };
                 let ups = match &dep.on {
@@ -572,7 +572,7 @@ mod tests {
             name: "f".into(),
             root: "/".into(),
             out: "/out".into(),
-            stages,
+            stages: stages.into_iter().map(std::sync::Arc::new).collect(),
             graph: GraphCache::default(),
         }
     }

@@ -24,7 +24,7 @@ fn farm(stages: Vec<StageDef>) -> FarmDef {
         name: "f".into(),
         root: "/r".into(),
         out: "/o".into(),
-        stages,
+        stages: stages.into_iter().map(std::sync::Arc::new).collect(),
     }
 }
 

@@ -55,7 +55,14 @@ impl FarmSpec {
         next.id == self.id
             && next.gen > self.gen
             && next.def.stages.len() >= self.def.stages.len()
-            && next.def.stages[..self.def.stages.len()] == self.def.stages[..]
+            // A copy of this generation shares its stages: one compared by
+            // value is a copy from elsewhere (a holder's, a message's).
+            && self
+                .def
+                .stages
+                .iter()
+                .zip(&next.def.stages)
+                .all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
     }
 }
 

@@ -658,11 +658,11 @@ mod tests {
             name: "f".into(),
             root: "/".into(),
             out: "/out".into(),
-            stages: vec![StageDef::new(
+            stages: vec![Arc::new(StageDef::new(
                 "s",
                 CommandTemplate::Argv(vec![Template::literal("true")]),
                 Sweep::range("i", 10),
-            )],
+            ))],
         };
         Replica::new(
             Arc::new(FarmSpec {

@@ -90,7 +90,7 @@ impl Plan {
                 durations.push(dist.sample(&mut rng).min(u32::MAX as u64) as u32);
                 fails.push(s.fail_rate > 0.0 && rng.random::<f64>() < s.fail_rate);
             }
-            stages.push(StageDef {
+            stages.push(Arc::new(StageDef {
                 deps: Vec::new(),
                 resources: parse_resources(&s.resources).map_err(ConfigError::from)?,
                 retries: s.retries,
@@ -108,7 +108,7 @@ impl Plan {
                     CommandTemplate::Argv(vec![Template::literal("true")]),
                     Sweep::range("i", s.tasks),
                 )
-            });
+            }));
         }
         let def = FarmDef {
             graph: Default::default(),
