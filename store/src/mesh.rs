@@ -8,7 +8,9 @@
 //!   reported and not yet acknowledged (`h/<farm>/<stage>/<index>`, one
 //!   each, so a step writes only what changed), and the allocation book
 //!   (`allocs`).
-//! - a farm's key (its id): its spec (`spec`); its task records (the
+//! - a farm's key (its id): its spec (`spec`), and each later generation
+//!   of an open farm written since as what it adds (`g/<generation before>`,
+//!   so a growth costs what it adds, not the farm's size); its task records (the
 //!   coordinator's own, or entries copied from elsewhere as records); next
 //!   to a record, for a task whose outputs are kept somewhere or that
 //!   failed, the whole entry (`e/<stage>/<index>`); its final counts once
@@ -19,9 +21,12 @@
 use std::sync::Arc;
 
 use mesh_protocol::engine::{Counts, RecordState, TaskRecord};
+use std::collections::HashMap;
+
+use mesh_protocol::farm::StageDef;
 use mesh_protocol::mesh::{
-    entry_record, record_entry, AllocBook, Entry, FarmId, FarmSpec, Home, Persist, Report,
-    StoredFarm,
+    entry_record, record_entry, AllocBook, Entry, FarmId, FarmSpec, Home, InputFile, Persist,
+    Report, StoredFarm,
 };
 use mesh_protocol::TaskRef;
 use serde::{Deserialize, Serialize};
@@ -34,6 +39,8 @@ const META_FARMS: &str = "farms";
 /// Held results, one per task: `h/<farm>/<stage>/<index>`.
 const META_HELD: &str = "h/";
 const META_SPEC: &str = "spec";
+/// A later generation of a farm written as what it adds: `g/<gen before>`.
+const META_GROWTH: &str = "g/";
 const META_FINISHED: &str = "finished";
 const META_HOME: &str = "home";
 /// The mesh's allocation queues (`mesh alloc`), as this node last heard.
@@ -53,6 +60,51 @@ fn collected_key(farm: FarmId, home: Home) -> FarmKey {
     ))
 }
 
+fn growth_meta(after: u32) -> String {
+    // Zero-padded: the store lists them in the order they apply.
+    format!("{META_GROWTH}{after:010}")
+}
+
+/// What a farm's generation adds to the one before it (see
+/// [`FarmSpec::grows_into`]): its stages and input files past those,
+/// whether it is still open, and which generation it is.
+#[derive(Serialize, Deserialize)]
+struct Growth {
+    after: u32,
+    gen: u32,
+    open: bool,
+    stages: Vec<Arc<StageDef>>,
+    inputs: Vec<InputFile>,
+}
+
+impl Growth {
+    /// `next` as what it adds to `was`, when it is `was` grown (the
+    /// stages there and their inputs unchanged, the rest the same farm).
+    fn between(was: &FarmSpec, next: &FarmSpec) -> Option<Growth> {
+        let n = was.inputs.len();
+        let same = was.grows_into(next)
+            && next.inputs.len() >= n
+            && next.inputs[..n] == was.inputs[..]
+            && (next.origin, next.submitted_ms) == (was.origin, was.submitted_ms)
+            && (&next.def.name, &next.def.root, &next.def.out)
+                == (&was.def.name, &was.def.root, &was.def.out);
+        same.then(|| Growth {
+            after: was.gen,
+            gen: next.gen,
+            open: next.open,
+            stages: next.def.stages[was.def.stages.len()..].to_vec(),
+            inputs: next.inputs[n..].to_vec(),
+        })
+    }
+
+    fn apply(self, spec: &mut FarmSpec) {
+        spec.def.stages.extend(self.stages);
+        spec.inputs.extend(self.inputs);
+        spec.gen = self.gen;
+        spec.open = self.open;
+    }
+}
+
 fn entry_meta(t: TaskRef) -> String {
     format!("e/{}/{}", t.stage, t.index)
 }
@@ -68,12 +120,16 @@ pub type Restored = (StoredFarm, Option<(Counts, Vec<Counts>)>);
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct MeshState {
     farms: Vec<FarmId>,
+    /// Each farm's spec as last written here: a later generation of it is
+    /// written as what it adds.
+    #[serde(skip)]
+    written: HashMap<FarmId, Arc<FarmSpec>>,
 }
 
 impl MeshState {
     /// Reads a node's farms and held results back.
     pub fn load<S: Store>(store: &S) -> Result<(MeshState, Vec<Restored>, Vec<Report>)> {
-        let state: MeshState = match store.meta(NODE_KEY, META_FARMS)? {
+        let mut state: MeshState = match store.meta(NODE_KEY, META_FARMS)? {
             Some(b) => decode("the node's farm list", &b)?,
             None => MeshState::default(),
         };
@@ -87,7 +143,17 @@ impl MeshState {
             let Some(b) = store.meta(key, META_SPEC)? else {
                 continue;
             };
-            let spec: FarmSpec = decode("a farm's spec", &b)?;
+            let mut spec: FarmSpec = decode("a farm's spec", &b)?;
+            for (_, b) in store.metas(key, META_GROWTH)? {
+                let g: Growth = decode("a farm's growth", &b)?;
+                // One written before the spec was written whole again
+                // describes a generation the spec has already.
+                if g.after == spec.gen {
+                    g.apply(&mut spec);
+                }
+            }
+            let spec = Arc::new(spec);
+            state.written.insert(*fid, spec.clone());
             let records = store.tasks(key)?;
             let mut entries = Vec::new();
             for (t, r) in &records {
@@ -128,7 +194,7 @@ impl MeshState {
             };
             farms.push((
                 StoredFarm {
-                    spec: Arc::new(spec),
+                    spec,
                     records,
                     entries,
                     collected,
@@ -152,11 +218,25 @@ impl MeshState {
     pub fn writes(&mut self, p: Persist, out: &mut Vec<Write>) {
         match p {
             Persist::Farm(spec) => {
-                out.push(Write::Meta {
-                    farm: FarmKey(spec.id.0),
-                    name: META_SPEC.into(),
-                    value: encode(&*spec),
+                let was = self.written.get(&spec.id);
+                if was.is_some_and(|was| Arc::ptr_eq(was, &spec)) {
+                    // Written already (as home, then as coordinator or holder).
+                    return;
+                }
+                let growth = was.and_then(|was| Growth::between(was, &spec));
+                out.push(match growth {
+                    Some(g) => Write::Meta {
+                        farm: FarmKey(spec.id.0),
+                        name: growth_meta(g.after),
+                        value: encode(&g),
+                    },
+                    None => Write::Meta {
+                        farm: FarmKey(spec.id.0),
+                        name: META_SPEC.into(),
+                        value: encode(&*spec),
+                    },
                 });
+                self.written.insert(spec.id, spec.clone());
                 if !self.farms.contains(&spec.id) {
                     self.farms.push(spec.id);
                     out.push(Write::Meta {

@@ -337,3 +337,109 @@ fn task_records_across_chunk_boundaries_survive_checkpoints() {
     let s = SledStore::open(&dir.path().join("db")).unwrap();
     assert_eq!(s.tasks(f).unwrap().len(), ids.len());
 }
+
+/// Generation `gen` of an open farm of `stages` one-task stages, with an
+/// input file per stage.
+fn open_farm(gen: u32, stages: usize, open: bool) -> std::sync::Arc<mesh_protocol::mesh::FarmSpec> {
+    use mesh_protocol::farm::{CommandTemplate, StageDef, Sweep, Template};
+    use mesh_protocol::mesh::{FarmId, FarmSpec, InputFile, NodeId};
+    let stage = |i: usize| {
+        std::sync::Arc::new(StageDef::new(
+            &format!("f{i}"),
+            CommandTemplate::Argv(vec![Template::literal("true")]),
+            Sweep::range("i", 1),
+        ))
+    };
+    std::sync::Arc::new(FarmSpec {
+        id: FarmId(9),
+        origin: NodeId(1),
+        def: FarmDef {
+            graph: Default::default(),
+            name: "python".into(),
+            root: "/r".into(),
+            out: "/r/out".into(),
+            stages: (0..stages).map(stage).collect(),
+        },
+        inputs: (0..stages)
+            .map(|i| InputFile {
+                path: format!("calls/{i}.pkl"),
+                hash: [i as u8; 32],
+                mode: 0o644,
+            })
+            .collect(),
+        submitted_ms: 5,
+        gen,
+        open,
+    })
+}
+
+/// What a step of `book` writes for `p`.
+fn writes_of(book: &mut MeshState, p: mesh_protocol::mesh::Persist) -> Vec<Write> {
+    let mut out = Vec::new();
+    book.writes(p, &mut out);
+    out
+}
+
+#[test]
+fn a_grown_farm_is_written_as_what_it_adds_and_read_back_whole() {
+    use mesh_protocol::mesh::Persist;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let meta_len = |w: &[Write], name: &str| {
+        w.iter()
+            .find_map(|w| match w {
+                Write::Meta { name: n, value, .. } if n == name => Some(value.len()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no {name} in {} writes", w.len()))
+    };
+    {
+        let mut s = SledStore::open(&path).unwrap();
+        let mut book = MeshState::default();
+        let w = writes_of(&mut book, Persist::Farm(open_farm(0, 200, true)));
+        let whole = meta_len(&w, "spec");
+        s.write(w).unwrap();
+        // Two more generations: a stage added, then closed with none.
+        let w = writes_of(&mut book, Persist::Farm(open_farm(1, 201, true)));
+        assert!(w
+            .iter()
+            .all(|w| !matches!(w, Write::Meta { name, .. } if name == "spec")));
+        let grown = meta_len(&w, "g/0000000000");
+        assert!(
+            grown * 50 < whole,
+            "a growth of one stage wrote {grown} bytes, the farm {whole}"
+        );
+        s.write(w).unwrap();
+        s.write(writes_of(
+            &mut book,
+            Persist::Farm(open_farm(2, 201, false)),
+        ))
+        .unwrap();
+        s.flush().unwrap();
+    }
+    let s = SledStore::open(&path).unwrap();
+    let (mut book, farms, _) = MeshState::load(&s).unwrap();
+    assert_eq!(farms.len(), 1);
+    let spec = &farms[0].0.spec;
+    assert_eq!(**spec, *open_farm(2, 201, false));
+    // Read back, it grows as what it adds again; a copy that is no growth
+    // of it (another folder) is written whole, and the growths written
+    // before it are not read into it.
+    let w = writes_of(&mut book, Persist::Farm(open_farm(3, 202, false)));
+    meta_len(&w, "g/0000000002");
+    let moved = std::sync::Arc::new(mesh_protocol::mesh::FarmSpec {
+        def: FarmDef {
+            out: "/elsewhere".into(),
+            ..open_farm(5, 203, false).def.clone()
+        },
+        ..(*open_farm(5, 203, false)).clone()
+    });
+    let w = writes_of(&mut book, Persist::Farm(moved.clone()));
+    meta_len(&w, "spec");
+    drop(s);
+    let mut s = SledStore::open(&path).unwrap();
+    s.write(w).unwrap();
+    s.flush().unwrap();
+    let (_, farms, _) = MeshState::load(&s).unwrap();
+    assert_eq!(*farms[0].0.spec, *moved);
+}
