@@ -10,9 +10,9 @@ pub use crate::alloc::book::{
     TICK_MS,
 };
 pub use msg::{
-    files_to_bring, Address, Assigned, Beat, Entry, Failure, FarmId, FarmProgress, FarmSpec, Home,
-    Ident, InputFile, MachineLoad, Measure, Msg, NodeId, OutputFile, Ran, Report, RosterEntry,
-    RosterKind, Started, SyncMsg, TaskRun, Victim, Who, Writer, STARTED_MAX,
+    files_to_bring, Address, Assigned, Beat, Entry, Failure, FarmId, FarmProgress, FarmSpec,
+    Growth, Home, Ident, InputFile, MachineLoad, Measure, Msg, NodeId, OutputFile, Ran, Report,
+    RosterEntry, RosterKind, SpecHeld, Started, SyncMsg, TaskRun, Victim, Who, Writer, STARTED_MAX,
 };
 pub use peer::{
     ballot, member_hash, term_round, Action, Config, Fetched, Member, Peer, PeerEvent, Persist,

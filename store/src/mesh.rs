@@ -23,10 +23,9 @@ use std::sync::Arc;
 use mesh_protocol::engine::{Counts, RecordState, TaskRecord};
 use std::collections::HashMap;
 
-use mesh_protocol::farm::StageDef;
 use mesh_protocol::mesh::{
-    entry_record, record_entry, AllocBook, Entry, FarmId, FarmSpec, Home, InputFile, Persist,
-    Report, StoredFarm,
+    entry_record, record_entry, AllocBook, Entry, FarmId, FarmSpec, Growth, Home, Persist, Report,
+    SpecHeld, StoredFarm,
 };
 use mesh_protocol::TaskRef;
 use serde::{Deserialize, Serialize};
@@ -65,44 +64,18 @@ fn growth_meta(after: u32) -> String {
     format!("{META_GROWTH}{after:010}")
 }
 
-/// What a farm's generation adds to the one before it (see
-/// [`FarmSpec::grows_into`]): its stages and input files past those,
-/// whether it is still open, and which generation it is.
-#[derive(Serialize, Deserialize)]
-struct Growth {
-    after: u32,
-    gen: u32,
-    open: bool,
-    stages: Vec<Arc<StageDef>>,
-    inputs: Vec<InputFile>,
-}
-
-impl Growth {
-    /// `next` as what it adds to `was`, when it is `was` grown (the
-    /// stages there and their inputs unchanged, the rest the same farm).
-    fn between(was: &FarmSpec, next: &FarmSpec) -> Option<Growth> {
-        let n = was.inputs.len();
-        let same = was.grows_into(next)
-            && next.inputs.len() >= n
-            && next.inputs[..n] == was.inputs[..]
-            && (next.origin, next.submitted_ms) == (was.origin, was.submitted_ms)
-            && (&next.def.name, &next.def.root, &next.def.out)
-                == (&was.def.name, &was.def.root, &was.def.out);
-        same.then(|| Growth {
-            after: was.gen,
-            gen: next.gen,
-            open: next.open,
-            stages: next.def.stages[was.def.stages.len()..].to_vec(),
-            inputs: next.inputs[n..].to_vec(),
-        })
-    }
-
-    fn apply(self, spec: &mut FarmSpec) {
-        spec.def.stages.extend(self.stages);
-        spec.inputs.extend(self.inputs);
-        spec.gen = self.gen;
-        spec.open = self.open;
-    }
+/// `next` as what it adds to `was`, when it is `was` grown: the stages
+/// there and their inputs unchanged, the rest the same farm.
+fn growth_between(was: &FarmSpec, next: &FarmSpec) -> Option<Growth> {
+    let n = was.inputs.len();
+    let same = was.grows_into(next)
+        && next.inputs.len() >= n
+        && next.inputs[..n] == was.inputs[..]
+        && (next.origin, next.submitted_ms) == (was.origin, was.submitted_ms)
+        && (&next.def.name, &next.def.root, &next.def.out)
+            == (&was.def.name, &was.def.root, &was.def.out);
+    same.then(|| Growth::since(SpecHeld::of(was), next))
+        .flatten()
 }
 
 fn entry_meta(t: TaskRef) -> String {
@@ -147,9 +120,9 @@ impl MeshState {
             for (_, b) in store.metas(key, META_GROWTH)? {
                 let g: Growth = decode("a farm's growth", &b)?;
                 // One written before the spec was written whole again
-                // describes a generation the spec has already.
-                if g.after == spec.gen {
-                    g.apply(&mut spec);
+                // grows a generation the spec has passed.
+                if let Some(next) = g.apply(&spec) {
+                    spec = next;
                 }
             }
             let spec = Arc::new(spec);
@@ -223,11 +196,11 @@ impl MeshState {
                     // Written already (as home, then as coordinator or holder).
                     return;
                 }
-                let growth = was.and_then(|was| Growth::between(was, &spec));
+                let growth = was.and_then(|was| growth_between(was, &spec));
                 out.push(match growth {
                     Some(g) => Write::Meta {
                         farm: FarmKey(spec.id.0),
-                        name: growth_meta(g.after),
+                        name: growth_meta(g.after.gen),
                         value: encode(&g),
                     },
                     None => Write::Meta {

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::alloc::book::{AllocBook, AllocCmd};
 use crate::engine::{Counts, Order, Stop, TaskEnd, TaskResult, Usage, Verdict};
-use crate::farm::FarmDef;
+use crate::farm::{FarmDef, StageDef};
 use crate::ids::TaskRef;
 pub use crate::ids::{FarmId, NodeId};
 use crate::resources::Resources;
@@ -63,6 +63,81 @@ impl FarmSpec {
                 .iter()
                 .zip(&next.def.stages)
                 .all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
+    }
+}
+
+/// How much of a farm's spec a node holds: its generation, and how many
+/// stages and input files that generation has. Stages and inputs are only
+/// ever added at the end, so this says which ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecHeld {
+    /// The generation.
+    pub gen: u32,
+    /// How many stages it has.
+    pub stages: u32,
+    /// How many input files it has.
+    pub inputs: u32,
+}
+
+impl SpecHeld {
+    /// What `spec` is.
+    pub fn of(spec: &FarmSpec) -> SpecHeld {
+        SpecHeld {
+            gen: spec.gen,
+            stages: spec.def.stages.len() as u32,
+            inputs: spec.inputs.len() as u32,
+        }
+    }
+}
+
+/// A later generation of an open farm's spec as what it adds to an
+/// earlier one: sent to a node that holds the earlier one, and written so
+/// by the store, its cost that of what was added, not of the farm.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Growth {
+    /// Which farm grew.
+    pub farm: FarmId,
+    /// The generation it grows, as the node it is for holds it.
+    pub after: SpecHeld,
+    /// The generation it makes.
+    pub gen: u32,
+    /// Whether that generation is open.
+    pub open: bool,
+    /// The stages past `after.stages`.
+    pub stages: Vec<Arc<StageDef>>,
+    /// The input files past `after.inputs`.
+    pub inputs: Vec<InputFile>,
+}
+
+impl Growth {
+    /// What `next` adds to a spec of its farm held as `after`; `None` when
+    /// `next` is no later generation with at least as much.
+    pub fn since(after: SpecHeld, next: &FarmSpec) -> Option<Growth> {
+        let (stages, inputs) = (after.stages as usize, after.inputs as usize);
+        (next.gen > after.gen && next.def.stages.len() >= stages && next.inputs.len() >= inputs)
+            .then(|| Growth {
+                farm: next.id,
+                after,
+                gen: next.gen,
+                open: next.open,
+                stages: next.def.stages[stages..].to_vec(),
+                inputs: next.inputs[inputs..].to_vec(),
+            })
+    }
+
+    /// `was` grown by this, when `was` is what it grows.
+    pub fn apply(&self, was: &FarmSpec) -> Option<FarmSpec> {
+        if was.id != self.farm || SpecHeld::of(was) != self.after {
+            return None;
+        }
+        let mut next = was.clone();
+        next.def.stages.extend(self.stages.iter().cloned());
+        // The graph of the generation before describes fewer stages.
+        next.def.graph = Default::default();
+        next.inputs.extend(self.inputs.iter().cloned());
+        next.gen = self.gen;
+        next.open = self.open;
+        Some(next)
     }
 }
 
@@ -785,6 +860,15 @@ pub enum Msg {
         /// The farm to keep a copy of.
         farm: Arc<FarmSpec>,
     },
+    /// Coordinator to a holder of a farm's earlier generation: keep its
+    /// later one, sent as what it adds (a holder that has not the
+    /// generation it grows says which it has, and is sent it whole).
+    ReplicateGrown {
+        /// As `Replicate`'s.
+        term: u64,
+        /// What the later generation adds.
+        growth: Box<Growth>,
+    },
     /// Holder to coordinator: the copy is durable.
     Replicated {
         /// Which farm the copy is of.
@@ -877,6 +961,9 @@ pub enum Msg {
     GetFarm {
         /// The farm whose definition it needs.
         farm: FarmId,
+        /// The generation of it the worker holds, if any: a later one
+        /// comes as what it adds ([`Msg::Grown`]).
+        have: Option<SpecHeld>,
     },
     /// Coordinator to worker: the farm asked for.
     Farm(Arc<FarmSpec>),
@@ -929,13 +1016,16 @@ pub enum Msg {
         /// The task to stop.
         task: TaskRef,
     },
+    /// Coordinator to worker: the farm asked for, as what its generation
+    /// adds to the one the worker holds (`GetFarm::have`).
+    Grown(Box<Growth>),
 }
 
 impl Msg {
     /// Every kind of message by name, indexed by [`Msg::kind`]: what the
     /// simulator counts its traffic by, to say which of the peers' timers
     /// and exchanges the messages of a run come from.
-    pub const KINDS: [&'static str; 29] = [
+    pub const KINDS: [&'static str; 31] = [
         "beat",
         "swim",
         "roster",
@@ -965,6 +1055,8 @@ impl Msg {
         "alloc",
         "allocs",
         "cancel_task",
+        "grown",
+        "replicate_grown",
     ];
 
     /// This message's kind, an index into [`Msg::KINDS`].
@@ -999,6 +1091,69 @@ impl Msg {
             Msg::Alloc(_) => 26,
             Msg::Allocs(_) => 27,
             Msg::CancelTask { .. } => 28,
+            Msg::Grown(_) => 29,
+            Msg::ReplicateGrown { .. } => 30,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::farm::{CommandTemplate, Sweep, Template};
+
+    /// Generation `gen` of an open farm of `n` one-task stages, each with
+    /// an input file of its own.
+    fn farm(gen: u32, n: usize) -> FarmSpec {
+        let stage = |i: usize| {
+            Arc::new(StageDef::new(
+                &format!("f{i}"),
+                CommandTemplate::Argv(vec![Template::literal("true")]),
+                Sweep::range("i", 1),
+            ))
+        };
+        FarmSpec {
+            id: FarmId(3),
+            origin: NodeId(1),
+            def: FarmDef {
+                graph: Default::default(),
+                name: "python".into(),
+                root: "/r".into(),
+                out: "/r/out".into(),
+                stages: (0..n).map(stage).collect(),
+            },
+            inputs: (0..n)
+                .map(|i| InputFile {
+                    path: format!("calls/{i}.pkl"),
+                    hash: [i as u8; 32],
+                    mode: 0o644,
+                })
+                .collect(),
+            submitted_ms: 1,
+            gen,
+            open: true,
+        }
+    }
+
+    #[test]
+    fn a_growth_carries_only_what_was_added_and_grows_only_what_it_was_made_from() {
+        let (was, next) = (farm(4, 100), farm(7, 103));
+        let g = Growth::since(SpecHeld::of(&was), &next).expect("a later generation");
+        assert_eq!((g.stages.len(), g.inputs.len(), g.gen), (3, 3, 7));
+        let whole = postcard::to_allocvec(&next).unwrap().len();
+        let sent = postcard::to_allocvec(&Msg::Grown(Box::new(g.clone())))
+            .unwrap()
+            .len();
+        assert!(
+            sent * 20 < whole,
+            "{sent} bytes sent for a {whole}-byte farm"
+        );
+        assert_eq!(g.apply(&was), Some(next.clone()));
+        // Not from another generation, however many stages it has.
+        assert_eq!(g.apply(&farm(5, 100)), None);
+        assert_eq!(g.apply(&farm(4, 101)), None);
+        // Nothing to send to a node as late, or later.
+        assert_eq!(Growth::since(SpecHeld::of(&next), &next), None);
+        assert_eq!(Growth::since(SpecHeld::of(&farm(8, 104)), &next), None);
     }
 }

@@ -273,6 +273,7 @@ impl Peer {
             | Msg::Accepted { .. }
             | Msg::Refused { .. }
             | Msg::Replicate { .. }
+            | Msg::ReplicateGrown { .. }
             | Msg::Replicated { .. }
             | Msg::Sync(_)
             | Msg::Redo { .. }
@@ -281,6 +282,7 @@ impl Peer {
             | Msg::Keeps { .. }
             | Msg::GetFarm { .. }
             | Msg::Farm(_)
+            | Msg::Grown(_)
             | Msg::Cancel { .. }
             | Msg::CancelTask { .. }) => self.farm_msg(now, from, m),
             m @ (Msg::Assign { .. }
@@ -378,6 +380,13 @@ impl Peer {
                 &mut self.holdings,
                 &mut self.out,
             ),
+            Msg::ReplicateGrown { term, growth } => on_farms::copy_grown(
+                on_farms::CopyGrown { from, growth, term },
+                &self.node,
+                &mut self.specs,
+                &mut self.holdings,
+                &mut self.out,
+            ),
             Msg::Replicated { farm, gen } => on_farms::copy_made(
                 from,
                 farm,
@@ -422,15 +431,42 @@ impl Peer {
                 &mut self.kept,
                 &mut self.out,
             ),
-            Msg::GetFarm { farm } => {
-                if let Some(spec) = self.specs.get(&farm).cloned() {
-                    self.out.send(from, Msg::Farm(spec));
+            Msg::GetFarm { farm, have } => {
+                if let Some(spec) = self.specs.get(&farm) {
+                    let grown = have.and_then(|h| Growth::since(h, spec));
+                    let msg = match grown {
+                        Some(g) => Msg::Grown(Box::new(g)),
+                        None => Msg::Farm(spec.clone()),
+                    };
+                    self.out.send(from, msg);
                 }
             }
             Msg::Farm(spec) => {
                 let id = spec.id;
                 keep_spec(&mut self.specs, &spec);
                 on_tasks::spec_arrived(&mut self.working(), now, id);
+            }
+            Msg::Grown(g) => {
+                let id = g.farm;
+                match self.specs.get(&id).and_then(|was| g.apply(was)) {
+                    Some(next) => {
+                        keep_spec(&mut self.specs, &Arc::new(next));
+                        on_tasks::spec_arrived(&mut self.working(), now, id);
+                    }
+                    // Not what it grows (a later copy came first, or the one
+                    // here is gone): the whole spec, unless one as late is here.
+                    None => {
+                        if self.specs.get(&id).is_none_or(|s| s.gen < g.gen) {
+                            self.out.send(
+                                from,
+                                Msg::GetFarm {
+                                    farm: id,
+                                    have: None,
+                                },
+                            );
+                        }
+                    }
+                }
             }
             Msg::Cancel { farm } => on_farms::farm_cancelled(
                 from,

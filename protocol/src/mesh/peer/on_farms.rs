@@ -104,6 +104,51 @@ pub(super) fn copy_asked(
     }
 }
 
+/// `Msg::ReplicateGrown` as [`copy_grown`] hears it.
+pub(super) struct CopyGrown {
+    pub(super) from: NodeId,
+    pub(super) growth: Box<Growth>,
+    pub(super) term: u64,
+}
+
+/// The coordinator asks this holder to keep a later generation, sent as
+/// what it adds: taken as a whole copy is when it grows the copy here;
+/// otherwise the coordinator hears which generation is here, and sends
+/// the later one whole.
+pub(super) fn copy_grown(
+    asked: CopyGrown,
+    node: &Node,
+    specs: &mut Specs,
+    holdings: &mut Holdings,
+    out: &mut Out,
+) {
+    let CopyGrown { from, growth, term } = asked;
+    let Some(here) = holdings.get(growth.farm).map(|r| r.spec.clone()) else {
+        return;
+    };
+    match growth.apply(&here) {
+        Some(next) => copy_asked(
+            CopyAsked {
+                from,
+                farm: Arc::new(next),
+                term,
+            },
+            node,
+            specs,
+            holdings,
+            out,
+        ),
+        None if term >= node.election.term() => out.send(
+            from,
+            Msg::Replicated {
+                farm: here.id,
+                gen: here.gen,
+            },
+        ),
+        None => {}
+    }
+}
+
 /// A holder's copy of `farm` is complete: a farm waiting for it may be accepted.
 pub(super) fn copy_made(
     from: NodeId,
@@ -114,7 +159,12 @@ pub(super) fn copy_made(
     out: &mut Out,
 ) {
     if let Some(c) = coord.as_deref_mut() {
-        c.has_copy(farm, from, gen);
+        if let Some(spec) = c.has_copy(farm, from, gen) {
+            // Its copy is of an earlier generation than the one here (a
+            // growth that did not fit it): the later one, whole.
+            let term = node.election.term();
+            out.send(from, Msg::Replicate { term, farm: spec });
+        }
     }
     accept_ready(node, coord, out);
 }

@@ -126,7 +126,7 @@ pub(super) fn resend_due(r: &mut Roles, now: Millis) {
         r.out.send(c, Msg::Claimed { term, tasks });
     }
     for farm in r.worker.awaited_specs() {
-        r.out.send(c, Msg::GetFarm { farm });
+        r.out.send(c, worker::get_farm(r.specs, farm));
     }
     // Not yet acknowledged, so maybe lost: sent again (the coordinator
     // counts each once).

@@ -45,6 +45,15 @@ pub(super) fn keep_spec(specs: &mut Specs, spec: &Arc<FarmSpec>) -> bool {
     }
 }
 
+/// Asks for `farm`'s spec, saying which generation of it is here: only
+/// what was added since comes back.
+pub(super) fn get_farm(specs: &Specs, farm: FarmId) -> Msg {
+    Msg::GetFarm {
+        farm,
+        have: specs.get(&farm).map(|s| SpecHeld::of(s)),
+    }
+}
+
 /// Whether the spec here says what `a` runs: a task of a stage added to
 /// an open farm since needs its later generation.
 fn spec_knows(specs: &Specs, a: &Assigned) -> bool {
@@ -296,7 +305,7 @@ impl Worker {
             let first = !self.awaiting_spec.contains_key(&a.farm);
             self.awaiting_spec.entry(a.farm).or_default().push(a);
             if first {
-                out.send(from, Msg::GetFarm { farm: a.farm });
+                out.send(from, get_farm(specs, a.farm));
             }
         }
     }

@@ -37,6 +37,10 @@ impl Coord {
             .filter(|e| e.task().stage >= old)
             .map(|e| (e.task(), entry_record(e)))
             .collect();
+        // Holders that have the generation this one grows are sent what
+        // it adds; the others, the whole of it.
+        let growth = Growth::since(SpecHeld::of(&f.spec), spec).map(Box::new);
+        let had = std::mem::take(&mut f.grown_copies);
         f.spec = spec.clone();
         let def = Arc::new(spec.def.clone());
         self.engine.extend_farm(now, f.slot, def, restored);
@@ -45,20 +49,24 @@ impl Coord {
         f.counts_sent = None;
         // The node that offered it and this one have it; the others are
         // asked to keep it, and say so with its generation.
-        f.grown_copies.clear();
         f.grown_copies.insert(from);
         f.grown_copies.insert(cx.id);
         let term = cx.election.term();
         for h in &f.holders {
-            if h.node != from && h.node != cx.id {
-                out.send(
-                    h.node,
-                    Msg::Replicate {
-                        term,
-                        farm: spec.clone(),
-                    },
-                );
+            if h.node == from || h.node == cx.id {
+                continue;
             }
+            let msg = match &growth {
+                Some(g) if had.contains(&h.node) => Msg::ReplicateGrown {
+                    term,
+                    growth: g.clone(),
+                },
+                _ => Msg::Replicate {
+                    term,
+                    farm: spec.clone(),
+                },
+            };
+            out.send(h.node, msg);
         }
         self.drain(out);
         true

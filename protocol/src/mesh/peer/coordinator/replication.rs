@@ -416,15 +416,25 @@ impl Coord {
     }
 
     /// `node` keeps the farm's definition and inputs durably.
-    pub(in super::super) fn has_copy(&mut self, farm: FarmId, node: NodeId, gen: u32) {
-        if let Some(f) = self.farms.get_mut(&farm) {
-            if let Some(h) = f.holders.iter_mut().find(|h| h.node == node) {
-                h.has_spec = true;
-            }
-            if gen >= f.spec.gen {
-                f.grown_copies.insert(node);
-            }
+    /// `node` says its copy of `farm` is durable at generation `gen`; the
+    /// spec to send it whole when that is older than the one here.
+    pub(in super::super) fn has_copy(
+        &mut self,
+        farm: FarmId,
+        node: NodeId,
+        gen: u32,
+    ) -> Option<Arc<FarmSpec>> {
+        let f = self.farms.get_mut(&farm)?;
+        let h = f.holders.iter_mut().find(|h| h.node == node);
+        let holder = h.is_some();
+        if let Some(h) = h {
+            h.has_spec = true;
         }
+        if gen >= f.spec.gen {
+            f.grown_copies.insert(node);
+            return None;
+        }
+        holder.then(|| f.spec.clone())
     }
 
     /// Every farm the coordinator has is held by enough live nodes: the
