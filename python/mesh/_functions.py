@@ -46,9 +46,10 @@ INLINE_MAX = 768
 #: this name is reused (see docs/python.md).
 FARM_NAME = "python"
 #: Batches one open farm takes before the client closes it and opens
-#: another: each batch is a generation of the farm's spec, sent whole to
-#: the nodes that keep a copy, so one farm of many thousand batches would
-#: cost the square of its size.
+#: another: each batch is a generation of the farm's spec, which travels
+#: as what it adds, but the node's engine still looks over every stage
+#: for some of its counts at each growth and report, so one farm of many
+#: thousand batches would cost the square of its size.
 FARM_BATCHES = 256
 #: How often the calls of an open farm that ended without running are looked for.
 WATCH_S = 0.5

@@ -9,6 +9,9 @@ Needs dask[distributed] and numpy in the Python that runs it (a venv:
   against Dask's ``LocalCluster(n_workers=2, threads_per_worker=1)``, both
   started before the clock; the ratio mesh / Dask (target <= 0.3).
 - ``first``: ``submit(inc, i).result()`` on a warm node, the median of 30.
+- ``loop``: ``submit(inc, i).result()`` 600 times, on one node and on two
+  (each keeping a copy of the farm): the median of each 50 calls, which
+  should stay flat over an open farm's growths (each call is one).
 - ``numpy``: 1,000 calls that import numpy and return an array's sum, with
   warm workers against an interpreter started per call.
 - ``two``: 2,000 ``time.sleep(0.005)`` calls on 2 nodes of 1 core against
@@ -157,6 +160,27 @@ def first():
     print("first: submit(...).result() on a warm node: median %.1f ms, min %.1f ms (target <= 5 ms)" % (statistics.median(times) * 1e3, min(times) * 1e3))
 
 
+def loop(n=600):
+    def medians(c):
+        c.submit(inc, -1).result()
+        times = []
+        for i in range(n):
+            t0 = time.monotonic()
+            assert c.submit(inc, i).result() == i + 1
+            times.append(time.monotonic() - t0)
+        return " ".join("%.1f" % (statistics.median(times[k : k + 50]) * 1e3) for k in range(0, n, 50))
+
+    with mesh.local(cpus=2) as c:
+        one = medians(c)
+    with mesh.local(cpus=1) as a:
+        with mesh.local(cpus=1, join=a.address, key=os.path.join(a.state_dir, "mesh.key")):
+            deadline = time.monotonic() + 60
+            while len(a.status()["nodes"]) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            two_nodes = medians(a)
+    print("loop: %d submit(inc, i).result(), median ms of each 50: one node %s; two nodes %s" % (n, one, two_nodes))
+
+
 def numpy_calls(n=1000):
     with mesh.local(cpus=2) as c:
         c.submit(numpy_sum, 10).result()
@@ -246,6 +270,7 @@ def main():
     benches = [
         ("thin", lambda: thin(a.tasks)),
         ("first", first),
+        ("loop", loop),
         ("numpy", numpy_calls),
         ("two", two),
         ("memory", memory),
