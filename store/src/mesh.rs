@@ -93,8 +93,9 @@ pub type Restored = (StoredFarm, Option<(Counts, Vec<Counts>)>);
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct MeshState {
     farms: Vec<FarmId>,
-    /// Each farm's spec as last written here: a later generation of it is
-    /// written as what it adds.
+    /// Each open farm's spec as last written here: a later generation of
+    /// it is written as what it adds. A closed farm grows no more, and is
+    /// not kept here.
     #[serde(skip)]
     written: HashMap<FarmId, Arc<FarmSpec>>,
 }
@@ -126,7 +127,9 @@ impl MeshState {
                 }
             }
             let spec = Arc::new(spec);
-            state.written.insert(*fid, spec.clone());
+            if spec.open {
+                state.written.insert(*fid, spec.clone());
+            }
             let records = store.tasks(key)?;
             let mut entries = Vec::new();
             for (t, r) in &records {
@@ -209,7 +212,11 @@ impl MeshState {
                         value: encode(&*spec),
                     },
                 });
-                self.written.insert(spec.id, spec.clone());
+                if spec.open {
+                    self.written.insert(spec.id, spec.clone());
+                } else {
+                    self.written.remove(&spec.id);
+                }
                 if !self.farms.contains(&spec.id) {
                     self.farms.push(spec.id);
                     out.push(Write::Meta {

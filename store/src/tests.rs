@@ -399,7 +399,7 @@ fn a_grown_farm_is_written_as_what_it_adds_and_read_back_whole() {
         let w = writes_of(&mut book, Persist::Farm(open_farm(0, 200, true)));
         let whole = meta_len(&w, "spec");
         s.write(w).unwrap();
-        // Two more generations: a stage added, then closed with none.
+        // Two more generations: a stage added, then one with none.
         let w = writes_of(&mut book, Persist::Farm(open_farm(1, 201, true)));
         assert!(w
             .iter()
@@ -410,23 +410,23 @@ fn a_grown_farm_is_written_as_what_it_adds_and_read_back_whole() {
             "a growth of one stage wrote {grown} bytes, the farm {whole}"
         );
         s.write(w).unwrap();
-        s.write(writes_of(
-            &mut book,
-            Persist::Farm(open_farm(2, 201, false)),
-        ))
-        .unwrap();
+        s.write(writes_of(&mut book, Persist::Farm(open_farm(2, 201, true))))
+            .unwrap();
         s.flush().unwrap();
     }
     let s = SledStore::open(&path).unwrap();
     let (mut book, farms, _) = MeshState::load(&s).unwrap();
     assert_eq!(farms.len(), 1);
     let spec = &farms[0].0.spec;
-    assert_eq!(**spec, *open_farm(2, 201, false));
-    // Read back, it grows as what it adds again; a copy that is no growth
-    // of it (another folder) is written whole, and the growths written
-    // before it are not read into it.
+    assert_eq!(**spec, *open_farm(2, 201, true));
+    // Read back, it grows as what it adds again; once closed it is no
+    // longer kept to be grown (a copy of it is written whole); a copy
+    // that is no growth of it (another folder) is written whole, and the
+    // growths written before it are not read into it.
     let w = writes_of(&mut book, Persist::Farm(open_farm(3, 202, false)));
     meta_len(&w, "g/0000000002");
+    let w = writes_of(&mut book, Persist::Farm(open_farm(3, 202, false)));
+    meta_len(&w, "spec");
     let moved = std::sync::Arc::new(mesh_protocol::mesh::FarmSpec {
         def: FarmDef {
             out: "/elsewhere".into(),

@@ -334,6 +334,50 @@ impl Peer {
         }
     }
 
+    /// A farm's spec asked for and sent, whole or as what it added.
+    fn spec_msg(&mut self, now: Millis, from: NodeId, msg: Msg) {
+        match msg {
+            Msg::GetFarm { farm, have } => {
+                if let Some(spec) = self.specs.get(&farm) {
+                    let grown = have.and_then(|h| Growth::since(h, spec));
+                    let msg = match grown {
+                        Some(g) => Msg::Grown(Box::new(g)),
+                        None => Msg::Farm(spec.clone()),
+                    };
+                    self.out.send(from, msg);
+                }
+            }
+            Msg::Farm(spec) => {
+                let id = spec.id;
+                keep_spec(&mut self.specs, &spec);
+                on_tasks::spec_arrived(&mut self.working(), now, id);
+            }
+            Msg::Grown(g) => {
+                let id = g.farm;
+                match self.specs.get(&id).and_then(|was| g.apply(was)) {
+                    Some(next) => {
+                        keep_spec(&mut self.specs, &Arc::new(next));
+                        on_tasks::spec_arrived(&mut self.working(), now, id);
+                    }
+                    // Not what it grows (a later copy came first, or the one
+                    // here is gone): the whole spec, unless one as late is here.
+                    None => {
+                        if self.specs.get(&id).is_none_or(|s| s.gen < g.gen) {
+                            self.out.send(
+                                from,
+                                Msg::GetFarm {
+                                    farm: id,
+                                    have: None,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+            _ => unreachable!("farm_msg routes only spec messages here"),
+        }
+    }
+
     /// A farm's submission, copies, sync and cancels.
     fn farm_msg(&mut self, now: Millis, from: NodeId, msg: Msg) {
         match msg {
@@ -431,43 +475,7 @@ impl Peer {
                 &mut self.kept,
                 &mut self.out,
             ),
-            Msg::GetFarm { farm, have } => {
-                if let Some(spec) = self.specs.get(&farm) {
-                    let grown = have.and_then(|h| Growth::since(h, spec));
-                    let msg = match grown {
-                        Some(g) => Msg::Grown(Box::new(g)),
-                        None => Msg::Farm(spec.clone()),
-                    };
-                    self.out.send(from, msg);
-                }
-            }
-            Msg::Farm(spec) => {
-                let id = spec.id;
-                keep_spec(&mut self.specs, &spec);
-                on_tasks::spec_arrived(&mut self.working(), now, id);
-            }
-            Msg::Grown(g) => {
-                let id = g.farm;
-                match self.specs.get(&id).and_then(|was| g.apply(was)) {
-                    Some(next) => {
-                        keep_spec(&mut self.specs, &Arc::new(next));
-                        on_tasks::spec_arrived(&mut self.working(), now, id);
-                    }
-                    // Not what it grows (a later copy came first, or the one
-                    // here is gone): the whole spec, unless one as late is here.
-                    None => {
-                        if self.specs.get(&id).is_none_or(|s| s.gen < g.gen) {
-                            self.out.send(
-                                from,
-                                Msg::GetFarm {
-                                    farm: id,
-                                    have: None,
-                                },
-                            );
-                        }
-                    }
-                }
-            }
+            m @ (Msg::GetFarm { .. } | Msg::Farm(_) | Msg::Grown(_)) => self.spec_msg(now, from, m),
             Msg::Cancel { farm } => on_farms::farm_cancelled(
                 from,
                 farm,
