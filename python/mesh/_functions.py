@@ -121,11 +121,16 @@ class Future(cf.Future):
         self.key = key
         self._fns = fns
         self._deps = deps
-        #: The calls given this future, while their futures live: a cancel
-        #: takes them with it.
-        self._dependents = weakref.WeakSet()
         for d in deps:
-            d._dependents.add(self)
+            # The calls given `d`, while their futures live: a cancel takes
+            # them with it. Made for the first (setdefault: one set, however
+            # many threads submit at once); most futures are given to no
+            # call, and an empty WeakSet each was a fourth of a pending
+            # future's bytes.
+            s = d.__dict__.get("_dependents")
+            if s is None:
+                s = d.__dict__.setdefault("_dependents", weakref.WeakSet())
+            s.add(self)
         self._body = None
         self._fn = None
         self._args = None
@@ -189,7 +194,7 @@ class Future(cf.Future):
         each once."""
         out, seen = [self], {id(self)}
         for d in out:
-            for g in list(d._dependents):
+            for g in list(d.__dict__.get("_dependents", ())):
                 if id(g) not in seen:
                     seen.add(id(g))
                     out.append(g)

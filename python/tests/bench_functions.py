@@ -239,7 +239,13 @@ def memory(n=100_000):
             time.sleep(0.2)
         cur, _ = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        time.sleep(2)
+        # Sent is not yet taken: the node holds the calls once its farms
+        # count them (seconds after the last is sent, at 100,000).
+        runs = {f._run.id: f._run for f in fs}.values()
+        deadline = time.monotonic() + 300
+        while sum(r.progress().total for r in runs) < n and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1)
         node_fn = rss_kib(c.proc.pid) - before_node
         for r in {f._run.id: f._run for f in fs}.values():
             r.cancel()
