@@ -29,6 +29,7 @@ Needs dask[distributed] and numpy in the Python that runs it (a venv:
 """
 
 import argparse
+import contextlib
 import gc
 import os
 import statistics
@@ -160,6 +161,18 @@ def first():
     print("first: submit(...).result() on a warm node: median %.1f ms, min %.1f ms (target <= 5 ms)" % (statistics.median(times) * 1e3, min(times) * 1e3))
 
 
+@contextlib.contextmanager
+def two_nodes():
+    """Two nodes of one core each, the second joined to the first: both
+    clients, once the first hears the second."""
+    with mesh.local(cpus=1) as a:
+        with mesh.local(cpus=1, join=a.address, key=os.path.join(a.state_dir, "mesh.key")) as b:
+            deadline = time.monotonic() + 60
+            while len(a.status()["nodes"]) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            yield a, b
+
+
 def loop(n=600):
     def medians(c):
         c.submit(inc, -1).result()
@@ -172,13 +185,9 @@ def loop(n=600):
 
     with mesh.local(cpus=2) as c:
         one = medians(c)
-    with mesh.local(cpus=1) as a:
-        with mesh.local(cpus=1, join=a.address, key=os.path.join(a.state_dir, "mesh.key")):
-            deadline = time.monotonic() + 60
-            while len(a.status()["nodes"]) < 2 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            two_nodes = medians(a)
-    print("loop: %d submit(inc, i).result(), median ms of each 50: one node %s; two nodes %s" % (n, one, two_nodes))
+    with two_nodes() as (a, _):
+        two = medians(a)
+    print("loop: %d submit(inc, i).result(), median ms of each 50: one node %s; two nodes %s" % (n, one, two))
 
 
 def numpy_calls(n=1000):
@@ -198,18 +207,14 @@ def two(n=2000):
     with mesh.local(cpus=2) as one:
         one.submit(nap, -1).result()
         one_s, _ = timed(lambda: one.gather(one.map(nap, range(n))))
-    with mesh.local(cpus=1) as a:
-        with mesh.local(cpus=1, join=a.address, key=os.path.join(a.state_dir, "mesh.key")) as b:
-            deadline = time.monotonic() + 60
-            while len(a.status()["nodes"]) < 2 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            a.submit(nap, -1).result()
-            two_s, fs = timed(lambda: a.map(nap, range(n)))
-            t0 = time.monotonic()
-            a.gather(fs)
-            two_s += time.monotonic() - t0
-            on = {f.task.node for f in fs}
-            assert b.node in on
+    with two_nodes() as (a, b):
+        a.submit(nap, -1).result()
+        two_s, fs = timed(lambda: a.map(nap, range(n)))
+        t0 = time.monotonic()
+        a.gather(fs)
+        two_s += time.monotonic() - t0
+        on = {f.task.node for f in fs}
+        assert b.node in on
     print("two: %d sleep(0.005) calls: 2 nodes of 1 core %.2f s (ran on %d), 1 node of 2 %.2f s: ratio %.3f (target <= 1.10)" % (n, two_s, len(on), one_s, two_s / one_s))
 
 
