@@ -33,7 +33,7 @@ import types
 import uuid
 import warnings
 import weakref
-from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 
 from . import _worker
 from ._errors import FarmClosed, MeshError
@@ -108,6 +108,12 @@ class _Unread:
             return pickle.load(f)
 
 
+#: Locks a value is read under (once for its future, however many threads
+#: ask): a future takes one by its id, where a lock each was bytes of
+#: every pending future.
+_READING = [threading.Lock() for _ in range(16)]
+
+
 class Future(cf.Future):
     """The value of a function call on the mesh, as a Dask future.
 
@@ -116,7 +122,16 @@ class Future(cf.Future):
     """
 
     def __init__(self, fns, key, deps):
-        super().__init__()
+        # concurrent.futures.Future's state, but for its condition: all
+        # the futures of a client share one (``result`` waits until its
+        # own future is done), where one each was half the bytes of a
+        # pending future.
+        self._condition = fns.settled
+        self._state = PENDING
+        self._result = None
+        self._exception = None
+        self._waiters = []
+        self._done_callbacks = []
         #: The call's key: ``name-hash`` of its pickled function and arguments.
         self.key = key
         self._fns = fns
@@ -142,7 +157,6 @@ class Future(cf.Future):
         self._scattered = None
         self._value = None
         self.task_name = None
-        self._read = threading.Lock()
         self.task = None
 
     @property
@@ -166,12 +180,30 @@ class Future(cf.Future):
                 return "pending"
             return "error" if self._exception is not None else "finished"
 
+    def _wait(self, timeout):
+        """Until this future is done or ``timeout`` seconds passed: the
+        condition it waits on is told of every future of its client."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._condition:
+            while self._state not in (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED):
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                self._condition.wait(left)
+
+    def exception(self, timeout=None):
+        """The exception the call raised, None when it returned: as
+        ``concurrent.futures.Future.exception``."""
+        self._wait(timeout)
+        return super().exception(0)
+
     def result(self, timeout=None):
         """The function's value; its exception raised here, with the remote
         traceback as the cause. ``timeout``: seconds, then ``TimeoutError``."""
-        v = super().result(timeout)
+        self._wait(timeout)
+        v = super().result(0)
         if isinstance(v, _Unread):
-            with self._read:
+            with _READING[id(self) % len(_READING)]:
                 if isinstance(self._result, _Unread):
                     self._result = self._result.load()
                 v = self._result
@@ -456,6 +488,11 @@ class Functions:
         self.root = root
         self.python = python
         self.cv = threading.Condition()
+        #: The condition every future of this client is settled under.
+        self.settled = threading.Condition()
+        #: Resources and retries asked, each once (a tuple a call was
+        #: bytes of each pending future).
+        self.opts_seen = {}
         self.queue = collections.OrderedDict()
         self.by_key = weakref.WeakValueDictionary()
         self.closed = False
@@ -495,7 +532,8 @@ class Functions:
     def call(self, fn, args, kwargs, key=None, pure=True, resources=None, retries=None, priority=0, pickled=None, cwd=None):
         if not callable(fn):
             raise TypeError("submit takes a function, not %r" % (fn,))
-        fn_hash, fn_bytes = pickled or self.pickled_function(fn)
+        pickled = pickled or self.pickled_function(fn)
+        fn_hash = pickled[0]
         buf = io.BytesIO()
         p = _args_pickler()(buf, protocol=pickle.HIGHEST_PROTOCOL)
         p.fns, p.deps = self, {}
@@ -506,6 +544,7 @@ class Functions:
             raise TypeError("cannot send %s to the mesh: an argument does not pickle: %s: %s" % (_name_of(fn), type(e).__name__, e)) from e
         body = buf.getvalue()
         opts = (tuple(sorted((resources or {}).items())), retries)
+        opts = self.opts_seen.setdefault(opts, opts)
         if key is None:
             if pure:
                 h = hashlib.blake2b(fn_hash.encode(), digest_size=16)
@@ -524,9 +563,9 @@ class Functions:
             old = self.by_key.get(key)
             if old is not None and old.status != "cancelled":
                 return old
-            f = Future(self, key, list(deps.values()))
+            f = Future(self, key, tuple(deps.values()))
             f._body = body
-            f._fn = (fn_hash, fn_bytes)
+            f._fn = pickled
             f._opts = opts
             self.by_key[key] = f
             self.queue[key] = f
@@ -579,7 +618,7 @@ class Functions:
         rel = "scatter/%s.pkl" % key
         if not os.path.exists(os.path.join(self.root, rel)):
             _put_file(os.path.join(self.root, rel), body)
-        f = Future(self, key, [])
+        f = Future(self, key, ())
         f._scattered = rel
         f._settle(data)
         with self.cv:
@@ -834,7 +873,7 @@ class Functions:
                 f._args = None
             # Sent now: a pending future keeps its key, not its call.
             f._body = None
-            f._fn = (fn_hash, None)
+            f._fn = None
             if earlier:
                 vals = {}
                 for d in earlier:
@@ -953,7 +992,7 @@ class Functions:
             key = t.params.get("id")
             if not key:
                 continue
-            f = Future(self, key, [])
+            f = Future(self, key, ())
             f._sent, f.task_name = run, t.task
             if t.state in ("done", "failed"):
                 _settle_from(f, t)

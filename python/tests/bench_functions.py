@@ -242,15 +242,18 @@ def memory(n=100_000):
         fs = c.map(hold, range(n))
         while any(f._run is None for f in fs[-1:]):
             time.sleep(0.2)
-        cur, _ = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
         # Sent is not yet taken: the node holds the calls once its farms
-        # count them (seconds after the last is sent, at 100,000).
+        # count them (seconds after the last is sent, at 100,000), and the
+        # client is done sending them (a future is sent before its batch's
+        # text is written and sent; both are gone after).
         runs = {f._run.id: f._run for f in fs}.values()
         deadline = time.monotonic() + 300
         while sum(r.progress().total for r in runs) < n and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(1)
+        gc.collect()
+        cur, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
         node_fn = rss_kib(c.proc.pid) - before_node
         for r in {f._run.id: f._run for f in fs}.values():
             r.cancel()

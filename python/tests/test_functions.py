@@ -28,6 +28,11 @@ def slow_square(x):
     return x * x
 
 
+def nap(s, v):
+    time.sleep(s)
+    return v
+
+
 def ballast(mib):
     """Leaves ``mib`` MiB held in its warm worker, for the calls after it."""
     sys.modules["mesh_warm"].cache["ballast"] = b"\1" * (mib << 20)
@@ -302,6 +307,24 @@ class Functions(InFolder):
             done, _ = cf.wait(fs, timeout=WAIT_S)
             self.assertEqual(len(done), 6)
             self.assertEqual(list(ex.map(inc, range(5))), [1, 2, 3, 4, 5])
+
+    def test_a_wait_on_one_call_is_kept_while_the_others_end(self):
+        # The futures of a client are settled under one condition: a call
+        # waited for wakes as each other call ends, and must wait on.
+        c = self.node(cpus=2)
+        slow = c.submit(nap, 4.0, "slow")
+        got = {}
+        waiter = threading.Thread(target=lambda: got.update(v=slow.result(timeout=WAIT_S)))
+        waiter.start()
+        fast = c.map(inc, range(30))
+        start = time.monotonic()
+        with self.assertRaises(cf.TimeoutError):
+            slow.result(timeout=1.0)
+        self.assertGreaterEqual(time.monotonic() - start, 1.0)
+        self.assertEqual(c.gather(fast), list(range(1, 31)))
+        waiter.join(WAIT_S)
+        self.assertEqual(got, {"v": "slow"})
+        self.assertIsNone(slow.exception(timeout=0))
 
     def test_resources_per_call_are_held(self):
         # Seeds 000/001: experiments that each hold one TOKEN, of which the
