@@ -32,6 +32,8 @@ use crate::{decode, encode, meta_key, FarmKey, JournalEntry, Result, Store, Stor
 const CACHE_BYTES: u64 = 32 << 20;
 /// Records held in the log before they are folded into sled.
 const CHECKPOINT_RECORDS: usize = 8 * 1024;
+/// Room kept for the log's next records once written: more is given back.
+const PENDING_KEPT_BYTES: usize = 1 << 20;
 /// A log record larger than this is corruption, not data.
 const WAL_RECORD_BYTES_MAX: usize = 16 << 20;
 /// Task records per sled key. Task ids are dense, so records are kept in
@@ -188,12 +190,19 @@ impl SledStore {
     }
 
     fn append(&mut self, rec: WalRecord) {
-        let body = postcard::to_stdvec(&rec).expect("postcard encodes plain data into a Vec");
-        self.pending
-            .extend_from_slice(&(body.len() as u32).to_le_bytes());
-        self.pending
-            .extend_from_slice(&blake3::hash(&body).as_bytes()[..4]);
-        self.pending.extend_from_slice(&body);
+        // Encoded in place behind room for its length and sum: a record
+        // of a growth of 100,000 calls is megabytes, not copied again.
+        let at = self.pending.len();
+        let mut buf = std::mem::take(&mut self.pending);
+        buf.extend_from_slice(&[0; 8]);
+        let mut buf =
+            postcard::to_extend(&rec, buf).expect("postcard encodes plain data into a Vec");
+        let body = at + 8;
+        let len = (buf.len() - body) as u32;
+        let sum = *blake3::hash(&buf[body..]).as_bytes();
+        buf[at..at + 4].copy_from_slice(&len.to_le_bytes());
+        buf[at + 4..body].copy_from_slice(&sum[..4]);
+        self.pending = buf;
         self.apply_overlay(rec);
     }
 
@@ -257,6 +266,10 @@ impl SledStore {
                 .write_all(&self.pending)
                 .map_err(|e| wal_err(&self.wal_path, e))?;
             self.pending.clear();
+            if self.pending.capacity() > PENDING_KEPT_BYTES {
+                // A big record's room is not kept for the small ones after.
+                self.pending = Vec::new();
+            }
         }
         Ok(())
     }
