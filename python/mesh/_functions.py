@@ -37,11 +37,15 @@ from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 
 from . import _worker
 from ._errors import FarmClosed, MeshError
-from ._farm import Farm
+from ._farm import Farm, lines
 from ._run import Run, _in_words
 
 #: Pickled arguments up to this size ride in the farm (base64) instead of a file.
 INLINE_MAX = 768
+#: A stage of at least this many calls has its keys and arguments in files
+#: of lines beside the farm, not in its text: the node read a kilobyte a
+#: call parsing a map's text, and holds the lines as one string.
+LINES_MIN = 64
 #: The farm name of every batch of calls: a key kept by an earlier farm of
 #: this name is reused (see docs/python.md).
 FARM_NAME = "python"
@@ -885,7 +889,6 @@ class Functions:
             # calls kept 100,000 copies of its name at the node).
             g = (level[f.key], f._opts, bool(earlier), inline, fn_hash, scattered)
             groups.setdefault(g, []).append(f)
-        farm = Farm(FARM_NAME, out=os.path.join(self.root, "out"), root=self.root)
         stage_of = {}
         for f in batch:
             for d in f._deps:
@@ -894,6 +897,35 @@ class Functions:
         python = self.python or sys.executable
         with self.cv:
             uploads = list(self.uploads.items())
+        # Files of lines this batch's farm text names: read by the node as
+        # the batch is taken, then gone.
+        put = []
+        try:
+            self._send_farm(seq, batch, groups, stage_of, python, uploads, put)
+        finally:
+            for path in put:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+
+    def _values(self, name, values, put):
+        """A sweep variable's values: the list, or for a long one the file
+        of its lines under ``calls/`` (keys and base64 hold no blank)."""
+        if len(values) < LINES_MIN:
+            return values
+        rel = "calls/" + name
+        path = os.path.join(self.root, rel)
+        with open(path, "w") as w:
+            w.write("\n".join(values))
+            w.write("\n")
+        put.append(path)
+        return lines(rel)
+
+    def _send_farm(self, seq, batch, groups, stage_of, python, uploads, put):
+        """The farm text of ``batch`` (its calls grouped in stages) sent:
+        a new open farm, or a growth of the open one."""
+        farm = Farm(FARM_NAME, out=os.path.join(self.root, "out"), root=self.root)
         for n, ((lvl, (res, retries), vals, inline, fn_hash, scattered), fs) in enumerate(groups.items()):
             # Unique in the open farm, which holds every batch's stages.
             name = "f%d-%d" % (seq, n)
@@ -901,9 +933,9 @@ class Functions:
                 stage_of[f.key] = name
                 f.task_name = "%s/%d" % (name, i)
             fn_file = "fns/%s.pkl" % fn_hash
-            sweep = {"id": [f.key for f in fs]}
+            sweep = {"id": self._values(name + ".id", [f.key for f in fs], put)}
             if inline:
-                sweep["args"] = [f._args for f in fs]
+                sweep["args"] = self._values(name + ".args", [f._args for f in fs], put)
                 for f in fs:
                     f._args = None
             after = []

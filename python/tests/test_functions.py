@@ -28,6 +28,10 @@ def slow_square(x):
     return x * x
 
 
+def add_text(a, b):
+    return "%s%s" % (a, b)
+
+
 def nap(s, v):
     time.sleep(s)
     return v
@@ -140,6 +144,21 @@ class Functions(InFolder):
         self.assertEqual(got, [101, 201])
         done, not_done = mesh.wait(c.map(inc, [7, 8]), timeout=WAIT_S)
         self.assertEqual((sorted(f.result() for f in done), not_done), ([8, 9], set()))
+
+    def test_a_long_map_and_a_map_over_its_futures_give_every_value(self):
+        # A stage of many calls names its keys and arguments in files of
+        # lines the node reads as it takes the batch: each value in its
+        # place, the files gone once the batch is taken.
+        c = self.node(cpus=2)
+        n = 300
+        words = ["w%d-" % i + "x" * (i % 7) for i in range(n)]
+        fs = c.map(add_text, words, range(n))
+        again = c.map(add_text, fs, [1000] * n)
+        self.assertEqual(c.gather(fs), ["%s%d" % (w, i) for i, w in enumerate(words)])
+        self.assertEqual(c.gather(again), ["%s%d1000" % (w, i) for i, w in enumerate(words)])
+        self.assertEqual([f.task_name.split("/")[1] for f in fs[:3]], ["0", "1", "2"])
+        root = c._fns.root
+        self.assertEqual([n for n in os.listdir(os.path.join(root, "calls")) if not n.endswith((".pkl", ".vals"))], [])
 
     def test_a_remote_exception_is_raised_here_with_its_type_and_traceback(self):
         c = self.node(cpus=2)
