@@ -148,6 +148,7 @@ pub fn node(state: &Path, flags: &NodeFlags, join: Vec<Multiaddr>) -> Result<Exi
         }),
         alloc_job: flags.alloc_job.clone().filter(|j| !j.is_empty()),
     };
+    crate::give_back_freed_memory();
     run_node(
         opts,
         Box::new(|line: &str| {
