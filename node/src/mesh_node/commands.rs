@@ -314,7 +314,7 @@ impl Node {
             ControlResponse::Hello {
                 api,
                 version,
-                node: self.net.swarm.local_peer_id().to_string(),
+                node: self.net.me_label.clone(),
             }
         } else {
             ControlResponse::error(ErrorKind::OtherApi, format!(

@@ -210,6 +210,7 @@ impl Node {
                 kept_count: std::cell::Cell::new(None),
             },
             net: Net {
+                me_label: p.swarm.local_peer_id().to_string(),
                 swarm: p.swarm,
                 peers: HashMap::new(),
                 dialing: HashSet::new(),

@@ -118,7 +118,7 @@ impl Node {
         self.peer
             .members()
             .map(|m| (m.id, m.label().to_string()))
-            .chain([(self.me, self.net.swarm.local_peer_id().to_string())])
+            .chain([(self.me, self.net.me_label.clone())])
             .collect()
     }
 
@@ -237,12 +237,7 @@ impl Node {
             v
         };
         let own = self.peer.beat();
-        let mut nodes = vec![view(
-            self.net.swarm.local_peer_id().to_string(),
-            self.me,
-            &own,
-            true,
-        )];
+        let mut nodes = vec![view(self.net.me_label.clone(), self.me, &own, true)];
         nodes.extend(
             self.peer
                 .members()
@@ -334,7 +329,7 @@ impl Node {
             }
         };
         let mut status = self.status();
-        let me = self.net.swarm.local_peer_id().to_string();
+        let me = self.net.me_label.clone();
         let own = self.observation(after(&me));
         let members: HashMap<String, NodeId> = self
             .peer

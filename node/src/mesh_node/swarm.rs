@@ -226,7 +226,7 @@ impl Node {
 
     pub(super) fn label_of(&self, n: NodeId) -> String {
         if n == self.me {
-            return self.net.swarm.local_peer_id().to_string();
+            return self.net.me_label.clone();
         }
         self.net
             .peers
