@@ -55,8 +55,6 @@ FARM_NAME = "python"
 #: for some of its counts at each growth and report, so one farm of many
 #: thousand batches would cost the square of its size.
 FARM_BATCHES = 256
-#: How often the calls of an open farm that ended without running are looked for.
-WATCH_S = 0.5
 
 #: Calls run in warm workers (a stage's ``python``); False starts an
 #: interpreter per call (a stage's ``command``), for benchmarks.
@@ -290,7 +288,9 @@ def _settle_from(f, t):
         f._value = _Unread(t.output, data)
         f._settle(f._value)
     else:
-        f._settle(exc=_remote_error(t))
+        # One that never ran (skipped, cancelled, stopped, fitting no node)
+        # raises what a future it was given raised, as in Dask.
+        f._settle(exc=(_dep_failure(f) if t.attempt == 0 else None) or _remote_error(t))
 
 
 def _dep_failure(f):
@@ -1002,11 +1002,10 @@ class Functions:
                 for f in batch:
                     f._sent = run
                 self.open_run, self.open_batches, self.open_calls = run, 0, calls
-            got = collections.Counter()
-            t = threading.Thread(target=self._follow, args=(run, calls, got), name="mesh-follow", daemon=True)
+            # One thread: the node tells a call that will not run as it
+            # tells one that ended.
+            t = threading.Thread(target=self._follow, args=(run, calls), name="mesh-follow", daemon=True)
             t.start()
-            w = threading.Thread(target=self._watch_unrun, args=(run, calls, got), name="mesh-watch", daemon=True)
-            w.start()
         else:
             with self.cv:
                 for f in batch:
@@ -1048,23 +1047,14 @@ class Functions:
             _put_file(os.path.join(self.root, "mesh_worker.py"), f.read())
         self.worker_put = True
 
-    def _follow(self, run, by_task, got=None):
+    def _follow(self, run, by_task):
         """Settles each future of ``by_task`` (task name -> future; weak:
         a future dropped is not waited for) as its task ends."""
         try:
             for t in run.as_completed(progress=False):
                 f = by_task.get(t.task)
-                try:
-                    if f is not None:
-                        _settle_from(f, t)
-                finally:
-                    # Told only once settled: `_watch_unrun` takes a call
-                    # of a stage whose every task was told for one that
-                    # did not run, and a failed call's exception takes a
-                    # moment to read.
-                    if got is not None:
-                        with self.cv:
-                            got[t.task.split("/", 1)[0]] += 1
+                if f is not None:
+                    _settle_from(f, t)
                 # Held no longer than the user holds it: a key is shared
                 # only while a future of it is held.
                 f = None
@@ -1083,43 +1073,6 @@ class Functions:
             for f in left:
                 f._settle(exc=MeshError("following farm %s: %s" % (run.id, e)))
         finally:
-            with self.cv:
-                self.cv.notify_all()
-
-    def _watch_unrun(self, run, calls, got):
-        """Settles the calls of an open farm that end without running:
-        skipped (a future they were given failed), held by a stage that
-        stopped, cancelled. Their farm does not end while open, and only
-        its end told the follower of them; so once a stage has nothing
-        left to run and every task it ran was told, what is still pending
-        of it did not run."""
-        while True:
-            # Held no longer than the user holds them (see `_follow`).
-            pending = f = None
-            time.sleep(WATCH_S)
-            with self.cv:
-                pending = [f for f in list(calls.values()) if not f.done() and f.task_name]
-                if not pending and self.open_run is not run:
-                    return
-            if not pending:
-                continue
-            try:
-                p = run.progress()
-            except MeshError:
-                continue
-            if p.finished:
-                return
-            why = "; ".join(p.stopped_words or p.failures) or "its stage ended without running it"
-            for f in pending:
-                stage = f.task_name.split("/", 1)[0]
-                c = p.stages.get(stage)
-                if c is None or c["running"] or c["done"] + c["failed"] + c["skipped"] + c["cancelled"] + c["stopped"] < c["total"]:
-                    continue
-                with self.cv:
-                    told = got[stage]
-                if told < c["done"] + c["failed"]:
-                    continue
-                f._settle(exc=_dep_failure(f) or MeshError("%s did not run: %s" % (f.key, why)))
             with self.cv:
                 self.cv.notify_all()
 

@@ -188,6 +188,29 @@ class OneNode(InFolder):
         self.assertTrue(all(t.ok for t in got.values()), got)
         self.assertEqual({i: t.exit_code for i, t in got.items()}, {0: 0, 1: 3})
 
+    def test_an_open_farms_tasks_that_will_not_run_are_told_while_it_is_open(self):
+        # An open farm is not over until closed: its follower hears of a
+        # task skipped for a failed dependency as soon as it is known, as
+        # of one that ended, not at the farm's end.
+        c = self.node(cpus=2)
+        f = mesh.Farm("grows")
+        bad = f.stage("bad", shell="exit 3", sweep={"x": [1]}, retries=0)
+        f.stage("after_bad", command=["echo", "{y}"], sweep={"y": [1, 2]}, after=bad)
+        f.stage("fine", command=["echo", "ok"])
+        run = c.submit(f, open=True)
+        got = {}
+        for t in run.as_completed(progress=False, timeout=WAIT_S):
+            got[t.task] = t
+            if len(got) == 4:
+                break
+        self.assertEqual(sorted(got), ["after_bad/0", "after_bad/1", "bad/0", "fine/0"])
+        self.assertEqual((got["fine/0"].state, got["bad/0"].state), ("done", "failed"))
+        for t in ("after_bad/0", "after_bad/1"):
+            self.assertEqual((got[t].state, got[t].attempt), ("failed", 0), got[t])
+            self.assertIn("skipped", got[t].reason)
+        self.assertFalse(run.progress().finished, "told while the farm is open")
+        run.close()
+
     def test_a_bad_farm_gets_the_located_words_of_mesh_check(self):
         c = self.node(cpus=1)
         f = mesh.Farm("bad")

@@ -833,6 +833,10 @@ class Executor(RemoteExecutor):
 
     def _failure_words(self, t, text):
         head = "mesh task %s of %s" % (t.task, t.run.id)
+        if t.attempt == 0 and t.exit_code is None and t.reason and not t.reason.startswith("unplaceable"):
+            # It never ran (cancelled, its rule's stage stopped): the node
+            # tells it so as soon as it is known.
+            return "the mesh did not run %s: %s." % (head, t.reason)
         mark = re.findall(re.escape(_job_script.EXIT_MARK.encode()) + rb"(\d+)", text or b"")
         own = mark or _EXIT_STATUS.findall(text or b"")
         if own:

@@ -25,6 +25,7 @@ use super::reply::{Reply, REPLY_MAX};
 use super::{Event, LoopHandle, Node};
 use crate::control::{ControlResponse, ErrorKind, TaskEvent};
 use crate::task_words::describe_failure;
+use crate::view::FarmView;
 
 /// Entries of the log read in one turn of the loop for one follower: a
 /// follower of a finished million-task farm is fed over many turns, not
@@ -115,6 +116,11 @@ impl Node {
         }
         let mut feeds = std::mem::take(&mut o.feeds);
         let finished = o.view.finished.then(|| o.view.clone());
+        let unrun = if r.spec.open && !o.view.finished {
+            unrun_stages(r, &o.view, &feeds)
+        } else {
+            Vec::new()
+        };
         let mut more = false;
         for f in &mut feeds {
             f.fit(&r.spec.def);
@@ -148,6 +154,9 @@ impl Node {
                 }
             }
             if !r.unplaceable.is_empty() && !self.say_unplaced(f, r) {
+                f.wait_room(farm, &self.handle);
+            }
+            if !unrun.is_empty() && !self.say_unrun(f, r, &unrun) {
                 f.wait_room(farm, &self.handle);
             }
         }
@@ -191,6 +200,26 @@ impl Node {
         });
         for t in tell {
             let _ = f.reply.send(self.task_said(r, t));
+        }
+        all
+    }
+
+    /// Says the tasks of `unrun`'s stages that did not run failed, with
+    /// why, as many as the follower has room for; false when some are
+    /// left for later.
+    fn say_unrun(&self, f: &mut Feed, r: &Replica, unrun: &[Unrun]) -> bool {
+        let stages: Vec<(u32, Option<u32>)> =
+            unrun.iter().map(|u| (u.stage, Some(u.len))).collect();
+        let (tell, all) = f.told.unrun(&stages, f.reply.room(), KEEP_FREE, |t| {
+            r.log.get(t).is_some()
+        });
+        for t in tell {
+            let mut ev = self.task_event(r, t);
+            if let Some(u) = unrun.iter().find(|u| u.stage == t.stage) {
+                ev.state = "failed".into();
+                ev.reason = Some(u.why.clone());
+            }
+            let _ = f.reply.send(ControlResponse::Task(Box::new(ev)));
         }
         all
     }
@@ -323,4 +352,53 @@ impl Node {
         }
         Ok(out)
     }
+}
+
+/// A stage of an open farm whose tasks without an entry in the log will
+/// not run, and why.
+struct Unrun {
+    stage: u32,
+    len: u32,
+    why: String,
+}
+
+/// The stages of an open farm with nothing left to run, some of it not
+/// run, whose every task that ended is in the home's log (the coordinator's
+/// counts may come before the log's entries), and not yet told to every
+/// follower.
+fn unrun_stages(r: &Replica, view: &FarmView, feeds: &[Feed]) -> Vec<Unrun> {
+    let mut out = Vec::new();
+    for (s, (name, c)) in view.stages.iter().enumerate() {
+        let Some(def) = r.spec.def.stages.get(s).filter(|d| d.name == *name) else {
+            continue;
+        };
+        let (stage, len) = (s as u32, def.len());
+        let not_run = c.skipped + c.cancelled + c.stopped;
+        if not_run == 0
+            || c.running + c.queued_on_nodes > 0
+            || c.done + c.failed + not_run < c.total
+            || feeds.iter().all(|f| f.told.unrun_told(stage, len))
+        {
+            continue;
+        }
+        let logged = (0..len)
+            .filter(|&i| r.log.get(TaskRef::new(stage, i)).is_some())
+            .count() as u64;
+        if logged < c.done + c.failed {
+            continue;
+        }
+        let stopped = format!("stage `{name}` ");
+        let why = if c.stopped > 0 {
+            match view.stopped.iter().find(|l| l.starts_with(&stopped)) {
+                Some(line) => line.clone(),
+                None => format!("stage `{name}` stopped (see max_fails)"),
+            }
+        } else if c.skipped > 0 {
+            "skipped: a task it depends on failed".to_string()
+        } else {
+            "cancelled".to_string()
+        };
+        out.push(Unrun { stage, len, why });
+    }
+    out
 }

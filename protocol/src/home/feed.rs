@@ -1,4 +1,4 @@
-//! In what order a follower of a farm is told its tasks: each once, a done one only once its outputs are home, those still waiting in task order when the farm is over, and those of stages that fit no node as failed.
+//! In what order a follower of a farm is told its tasks: each once, a done one only once its outputs are home, those still waiting in task order when the farm is over, and as failed those of stages that fit no node and those an open farm's stage will not run.
 
 use std::collections::HashSet;
 
@@ -16,6 +16,15 @@ pub struct Told {
     /// Stages that fit no node, and the index from which their tasks are
     /// still to be said failed.
     unplaced: Vec<(u32, u32)>,
+    /// Stages with nothing left to run (see [`Told::unrun`]), likewise.
+    unrun: Vec<(u32, u32)>,
+}
+
+/// Which tasks [`Told::rest`] says.
+#[derive(Clone, Copy)]
+enum Rest {
+    Unplaced,
+    Unrun,
 }
 
 /// What the log says of a task a follower reads, as far as the feed cares.
@@ -121,27 +130,64 @@ impl Told {
     pub fn unplaced(
         &mut self,
         stages: &[(u32, Option<u32>)],
+        room: usize,
+        keep_free: usize,
+        in_log: impl Fn(TaskRef) -> bool,
+    ) -> (Vec<TaskRef>, bool) {
+        self.rest(Rest::Unplaced, stages, room, keep_free, in_log)
+    }
+
+    /// As [`Told::unplaced`], the tasks of an open farm's stages that have
+    /// nothing left to run and every task that ended in the log: those
+    /// without an entry were skipped, cancelled or stopped, and an open
+    /// farm is never over, which alone would tell them.
+    pub fn unrun(
+        &mut self,
+        stages: &[(u32, Option<u32>)],
+        room: usize,
+        keep_free: usize,
+        in_log: impl Fn(TaskRef) -> bool,
+    ) -> (Vec<TaskRef>, bool) {
+        self.rest(Rest::Unrun, stages, room, keep_free, in_log)
+    }
+
+    /// Whether every task of `stage` (of `len`) was looked at by
+    /// [`Told::unrun`].
+    pub fn unrun_told(&self, stage: u32, len: u32) -> bool {
+        self.unrun.iter().any(|&(s, i)| s == stage && i >= len)
+    }
+
+    fn rest(
+        &mut self,
+        which: Rest,
+        stages: &[(u32, Option<u32>)],
         mut room: usize,
         keep_free: usize,
         in_log: impl Fn(TaskRef) -> bool,
     ) -> (Vec<TaskRef>, bool) {
+        let mut progress = std::mem::take(match which {
+            Rest::Unplaced => &mut self.unplaced,
+            Rest::Unrun => &mut self.unrun,
+        });
         let mut tell = Vec::new();
-        for &(stage, len) in stages {
-            let at = match self.unplaced.iter().position(|(s, _)| *s == stage) {
+        let mut all = true;
+        'stages: for &(stage, len) in stages {
+            let at = match progress.iter().position(|(s, _)| *s == stage) {
                 Some(i) => i,
                 None => {
-                    self.unplaced.push((stage, 0));
-                    self.unplaced.len() - 1
+                    progress.push((stage, 0));
+                    progress.len() - 1
                 }
             };
             let Some(len) = len else {
                 continue;
             };
-            let mut i = self.unplaced[at].1;
+            let mut i = progress[at].1;
             while i < len {
                 if room <= keep_free {
-                    self.unplaced[at].1 = i;
-                    return (tell, false);
+                    progress[at].1 = i;
+                    all = false;
+                    break 'stages;
                 }
                 let t = TaskRef::new(stage, i);
                 if !in_log(t) && self.say_once(t) {
@@ -150,9 +196,13 @@ impl Told {
                 }
                 i += 1;
             }
-            self.unplaced[at].1 = i;
+            progress[at].1 = i;
         }
-        (tell, true)
+        match which {
+            Rest::Unplaced => self.unplaced = progress,
+            Rest::Unrun => self.unrun = progress,
+        }
+        (tell, all)
     }
 
     /// Done tasks waiting for their outputs.
