@@ -8,7 +8,7 @@ mod feed;
 mod keys;
 mod set_aside;
 
-pub use feed::{Seen, Told};
+pub use feed::{Rest, Seen, Told};
 pub use keys::{dependency_order, rerun_stages, task_keys, TaskKeys};
 pub use set_aside::{is_index, looked_at, set_aside, Folder, Manifest, Stale};
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use mesh_protocol::engine::TaskEnd;
 use mesh_protocol::farm::FarmDef;
-use mesh_protocol::home::{Seen, Told};
+use mesh_protocol::home::{Rest, Seen, Told};
 use mesh_protocol::mesh::{Entry, FarmId, Replica};
 use mesh_protocol::TaskRef;
 
@@ -195,29 +195,42 @@ impl Node {
             .iter()
             .map(|(s, _)| (*s, r.spec.def.stages.get(*s as usize).map(|d| d.len())))
             .collect();
-        let (tell, all) = f.told.unplaced(&stages, f.reply.room(), KEEP_FREE, |t| {
-            r.log.get(t).is_some()
-        });
-        for t in tell {
-            let _ = f.reply.send(self.task_said(r, t));
-        }
-        all
+        // `task_event` says why: the coordinator's words for the stage.
+        self.say_rest(f, r, Rest::Unplaced, &stages, |_| None)
     }
 
     /// Says the tasks of `unrun`'s stages that did not run failed, with
-    /// why, as many as the follower has room for; false when some are
-    /// left for later.
+    /// why; as [`Node::say_unplaced`].
     fn say_unrun(&self, f: &mut Feed, r: &Replica, unrun: &[Unrun]) -> bool {
         let stages: Vec<(u32, Option<u32>)> =
             unrun.iter().map(|u| (u.stage, Some(u.len))).collect();
-        let (tell, all) = f.told.unrun(&stages, f.reply.room(), KEEP_FREE, |t| {
+        self.say_rest(f, r, Rest::Unrun, &stages, |stage| {
+            unrun
+                .iter()
+                .find(|u| u.stage == stage)
+                .map(|u| u.why.clone())
+        })
+    }
+
+    /// Says the tasks of `stages` without an entry in the log failed, as
+    /// `home::Told::rest` lets, `why` (by stage) their reason where it
+    /// says one; false when some are left for later.
+    fn say_rest(
+        &self,
+        f: &mut Feed,
+        r: &Replica,
+        which: Rest,
+        stages: &[(u32, Option<u32>)],
+        why: impl Fn(u32) -> Option<String>,
+    ) -> bool {
+        let (tell, all) = f.told.rest(which, stages, f.reply.room(), KEEP_FREE, |t| {
             r.log.get(t).is_some()
         });
         for t in tell {
             let mut ev = self.task_event(r, t);
-            if let Some(u) = unrun.iter().find(|u| u.stage == t.stage) {
+            if let Some(why) = why(t.stage) {
                 ev.state = "failed".into();
-                ev.reason = Some(u.why.clone());
+                ev.reason = Some(why);
             }
             let _ = f.reply.send(ControlResponse::Task(Box::new(ev)));
         }
@@ -377,7 +390,9 @@ fn unrun_stages(r: &Replica, view: &FarmView, feeds: &[Feed]) -> Vec<Unrun> {
         if not_run == 0
             || c.running + c.queued_on_nodes > 0
             || c.done + c.failed + not_run < c.total
-            || feeds.iter().all(|f| f.told.unrun_told(stage, len))
+            || feeds
+                .iter()
+                .all(|f| f.told.rest_told(Rest::Unrun, stage, len))
         {
             continue;
         }

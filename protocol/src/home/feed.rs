@@ -13,17 +13,20 @@ pub struct Told {
     said: Vec<Vec<u64>>,
     /// Done tasks whose outputs are not home yet.
     waiting: HashSet<TaskRef>,
-    /// Stages that fit no node, and the index from which their tasks are
-    /// still to be said failed.
-    unplaced: Vec<(u32, u32)>,
-    /// Stages with nothing left to run (see [`Told::unrun`]), likewise.
-    unrun: Vec<(u32, u32)>,
+    /// Stages whose tasks without an entry in the log are said failed, of
+    /// each kind, and the index from which they are still to be said.
+    rest: Vec<(Rest, u32, u32)>,
 }
 
-/// Which tasks [`Told::rest`] says.
-#[derive(Clone, Copy)]
-enum Rest {
+/// Why the tasks of a stage that have no entry in the log are said failed
+/// ([`Told::rest`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rest {
+    /// The stage fits no node.
     Unplaced,
+    /// An open farm's stage has nothing left to run and every task of it
+    /// that ended is in the log: the rest were skipped, cancelled or
+    /// stopped, and an open farm is never over, which alone would tell them.
     Unrun,
 }
 
@@ -53,17 +56,7 @@ impl Told {
 
     /// Marks `t` said; false when it was already, or the farm has no `t`.
     pub fn say_once(&mut self, t: TaskRef) -> bool {
-        let Some(word) = self
-            .said
-            .get_mut(t.stage as usize)
-            .and_then(|s| s.get_mut(t.index as usize / 64))
-        else {
-            return false;
-        };
-        let bit = 1u64 << (t.index % 64);
-        let fresh = *word & bit == 0;
-        *word |= bit;
-        fresh
+        mark(&mut self.said, t)
     }
 
     /// Whether `t` was said.
@@ -122,42 +115,12 @@ impl Told {
         (tell, self.waiting.is_empty() && room >= 1)
     }
 
-    /// The tasks of the stages that fit no node (each with its length,
-    /// `None` for a stage the farm does not have) to tell failed, those
-    /// without an entry in the log (`in_log`), as many as `room` places
-    /// take while `keep_free` stay free; and whether all were (false: the
-    /// rest later, from where this stopped).
-    pub fn unplaced(
-        &mut self,
-        stages: &[(u32, Option<u32>)],
-        room: usize,
-        keep_free: usize,
-        in_log: impl Fn(TaskRef) -> bool,
-    ) -> (Vec<TaskRef>, bool) {
-        self.rest(Rest::Unplaced, stages, room, keep_free, in_log)
-    }
-
-    /// As [`Told::unplaced`], the tasks of an open farm's stages that have
-    /// nothing left to run and every task that ended in the log: those
-    /// without an entry were skipped, cancelled or stopped, and an open
-    /// farm is never over, which alone would tell them.
-    pub fn unrun(
-        &mut self,
-        stages: &[(u32, Option<u32>)],
-        room: usize,
-        keep_free: usize,
-        in_log: impl Fn(TaskRef) -> bool,
-    ) -> (Vec<TaskRef>, bool) {
-        self.rest(Rest::Unrun, stages, room, keep_free, in_log)
-    }
-
-    /// Whether every task of `stage` (of `len`) was looked at by
-    /// [`Told::unrun`].
-    pub fn unrun_told(&self, stage: u32, len: u32) -> bool {
-        self.unrun.iter().any(|&(s, i)| s == stage && i >= len)
-    }
-
-    fn rest(
+    /// The tasks of `which` stages (each with its length, `None` for a
+    /// stage the farm does not have) to tell failed, those without an
+    /// entry in the log (`in_log`), as many as `room` places take while
+    /// `keep_free` stay free; and whether all were (false: the rest later,
+    /// from where this stopped).
+    pub fn rest(
         &mut self,
         which: Rest,
         stages: &[(u32, Option<u32>)],
@@ -165,48 +128,64 @@ impl Told {
         keep_free: usize,
         in_log: impl Fn(TaskRef) -> bool,
     ) -> (Vec<TaskRef>, bool) {
-        let mut progress = std::mem::take(match which {
-            Rest::Unplaced => &mut self.unplaced,
-            Rest::Unrun => &mut self.unrun,
-        });
         let mut tell = Vec::new();
-        let mut all = true;
-        'stages: for &(stage, len) in stages {
-            let at = match progress.iter().position(|(s, _)| *s == stage) {
+        for &(stage, len) in stages {
+            let at = match self
+                .rest
+                .iter()
+                .position(|&(w, s, _)| (w, s) == (which, stage))
+            {
                 Some(i) => i,
                 None => {
-                    progress.push((stage, 0));
-                    progress.len() - 1
+                    self.rest.push((which, stage, 0));
+                    self.rest.len() - 1
                 }
             };
             let Some(len) = len else {
                 continue;
             };
-            let mut i = progress[at].1;
+            let mut i = self.rest[at].2;
             while i < len {
                 if room <= keep_free {
-                    progress[at].1 = i;
-                    all = false;
-                    break 'stages;
+                    self.rest[at].2 = i;
+                    return (tell, false);
                 }
                 let t = TaskRef::new(stage, i);
-                if !in_log(t) && self.say_once(t) {
+                if !in_log(t) && mark(&mut self.said, t) {
                     tell.push(t);
                     room -= 1;
                 }
                 i += 1;
             }
-            progress[at].1 = i;
+            self.rest[at].2 = i;
         }
-        match which {
-            Rest::Unplaced => self.unplaced = progress,
-            Rest::Unrun => self.unrun = progress,
-        }
-        (tell, all)
+        (tell, true)
+    }
+
+    /// Whether every task of `stage` (of `len`) was looked at by
+    /// [`Told::rest`] for `which`.
+    pub fn rest_told(&self, which: Rest, stage: u32, len: u32) -> bool {
+        self.rest
+            .iter()
+            .any(|&(w, s, i)| (w, s) == (which, stage) && i >= len)
     }
 
     /// Done tasks waiting for their outputs.
     pub fn waiting(&self) -> usize {
         self.waiting.len()
     }
+}
+
+/// Marks `t` in `said`; false when it was already, or there is no `t`.
+fn mark(said: &mut [Vec<u64>], t: TaskRef) -> bool {
+    let Some(word) = said
+        .get_mut(t.stage as usize)
+        .and_then(|s| s.get_mut(t.index as usize / 64))
+    else {
+        return false;
+    };
+    let bit = 1u64 << (t.index % 64);
+    let fresh = *word & bit == 0;
+    *word |= bit;
+    fresh
 }

@@ -330,10 +330,10 @@ fn unplaced_tasks_are_told_as_room_allows_from_where_it_stopped() {
     f.fit([3, 5]);
     // Task 1/1 has an entry in the log: said by it, not here.
     let in_log = |t: TaskRef| t == TaskRef::new(1, 1);
-    let (tell, all) = f.unplaced(&[(1, Some(5)), (7, None)], 3, 1, in_log);
+    let (tell, all) = f.rest(Rest::Unplaced, &[(1, Some(5)), (7, None)], 3, 1, in_log);
     assert_eq!(tell, vec![TaskRef::new(1, 0), TaskRef::new(1, 2)]);
     assert!(!all);
-    let (tell, all) = f.unplaced(&[(1, Some(5)), (7, None)], 10, 1, in_log);
+    let (tell, all) = f.rest(Rest::Unplaced, &[(1, Some(5)), (7, None)], 10, 1, in_log);
     assert_eq!(tell, vec![TaskRef::new(1, 3), TaskRef::new(1, 4)]);
     assert!(all);
 }
@@ -344,19 +344,22 @@ fn an_open_farms_unrun_tasks_are_told_once_apart_from_the_unplaced() {
     f.fit([4, 2]);
     // 0/0 ran and is in the log; 0/1 fits no node and was said so.
     let in_log = |t: TaskRef| t == TaskRef::new(0, 0);
-    let (tell, _) = f.unplaced(&[(0, Some(2))], 10, 1, in_log);
+    let (tell, _) = f.rest(Rest::Unplaced, &[(0, Some(2))], 10, 1, in_log);
     assert_eq!(tell, vec![TaskRef::new(0, 1)]);
-    assert!(!f.unrun_told(0, 4));
-    let (tell, all) = f.unrun(&[(0, Some(4))], 2, 1, in_log);
+    assert!(!f.rest_told(Rest::Unrun, 0, 4));
+    let (tell, all) = f.rest(Rest::Unrun, &[(0, Some(4))], 2, 1, in_log);
     assert_eq!(tell, vec![TaskRef::new(0, 2)]);
-    assert!(!all && !f.unrun_told(0, 4));
-    let (tell, all) = f.unrun(&[(0, Some(4)), (1, Some(2))], 10, 1, in_log);
+    assert!(!all && !f.rest_told(Rest::Unrun, 0, 4));
+    let (tell, all) = f.rest(Rest::Unrun, &[(0, Some(4)), (1, Some(2))], 10, 1, in_log);
     assert_eq!(
         tell,
         vec![TaskRef::new(0, 3), TaskRef::new(1, 0), TaskRef::new(1, 1)]
     );
-    assert!(all && f.unrun_told(0, 4) && f.unrun_told(1, 2));
+    assert!(all && f.rest_told(Rest::Unrun, 0, 4) && f.rest_told(Rest::Unrun, 1, 2));
     // Each once, whatever asks again.
-    assert_eq!(f.unrun(&[(0, Some(4))], 10, 1, in_log).0, vec![]);
+    assert_eq!(
+        f.rest(Rest::Unrun, &[(0, Some(4))], 10, 1, in_log).0,
+        vec![]
+    );
     assert!(!f.read_entry(TaskRef::new(0, 2), Seen::Failed));
 }
