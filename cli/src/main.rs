@@ -45,11 +45,11 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// A node gives the memory it frees back to the system at once: mimalloc
 /// purges freed pages a second later (its arenas ten), and only as later
-/// allocations come by, and a node idles for long stretches after a burst (a map of 100,000
-/// calls taken and written: 595 bytes a pending call stayed resident for
-/// good, 191 given back at once). What a node holds is what SLURM counts
-/// against its job. The simulator, which allocates and frees far more,
-/// keeps the delay.
+/// allocations come by, and a node idles for long stretches after a
+/// burst (a map of 100,000 calls taken and written: 595 bytes a pending
+/// call stayed resident for good, 191 given back at once). What a node
+/// holds is what SLURM counts against its job. The simulator, which
+/// allocates and frees far more, keeps the delay.
 // The one unsafe call of the workspace: mimalloc offers no safe way to set
 // an option.
 #[allow(unsafe_code)]

@@ -430,12 +430,9 @@ async fn run(l: &Launch, live: &Live) -> Ended {
             l.spec.inputs.clone(),
             l.spec.workdir.is_some(),
         );
-        let r = if staged {
-            tokio::task::spawn_blocking(move || stage(&root, &cwd2, &inputs, staged)).await
-        } else {
-            // Only looked at, a few files: here, not on a thread of its own.
-            Ok(stage(&root, &cwd2, &inputs, staged))
-        };
+        // Inputs only looked at (no workdir to copy them into) are a few
+        // files' look: here.
+        let r = blocking_unless(!staged, move || stage(&root, &cwd2, &inputs, staged)).await;
         match r {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Ended::error(e.to_string(), 0, None),
@@ -474,14 +471,11 @@ async fn run(l: &Launch, live: &Live) -> Ended {
                 .collect();
             // All handed back: nothing is collected and no folder made, and
             // what an earlier run left there goes, as `collect` leaves it.
-            let collected = if outputs.is_empty() {
-                // A look at one folder, here: a thread for it and one for
-                // staging were a third of the node's time for thin calls.
-                Ok(collect(&cwd2, &dest, &outputs, &made, &before))
-            } else {
-                tokio::task::spawn_blocking(move || collect(&cwd2, &dest, &outputs, &made, &before))
-                    .await
-            };
+            // Nothing to collect is a look at one folder: here.
+            let collected = blocking_unless(outputs.is_empty(), move || {
+                collect(&cwd2, &dest, &outputs, &made, &before)
+            })
+            .await;
             match collected {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Ended::error(e.to_string(), logs, usage),
@@ -937,6 +931,20 @@ enum FilesError {
 }
 
 /// Creates the workdir and copies inputs into it, keeping their relative paths.
+/// `work` on a blocking thread, or here when it is `cheap`: a thread for
+/// each thin call's look at its inputs and one for its nothing to collect
+/// were a third of the node's time.
+async fn blocking_unless<T: Send + 'static>(
+    cheap: bool,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    if cheap {
+        Ok(work())
+    } else {
+        tokio::task::spawn_blocking(work).await
+    }
+}
+
 fn stage(root: &Path, cwd: &Path, inputs: &[String], staged: bool) -> Result<(), FilesError> {
     if staged {
         fs::create_dir_all(cwd).map_err(|source| FilesError::Workdir {
