@@ -293,4 +293,8 @@ def _plain(v):
 
 
 if __name__ == "__main__":
+    # In a node's warm worker the next call runs main again, not this file.
+    _warm = sys.modules.get("mesh_warm")
+    if _warm is not None:
+        _warm.again = main
     main(sys.argv)

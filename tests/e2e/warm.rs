@@ -108,6 +108,68 @@ max_fails = 0
     assert!(s.mesh(&["logs", "py/0"]).stdout.contains("task 0"));
 }
 
+/// Counts the times its file is run in this worker, and says so through
+/// `mesh_warm.again` that a later run of it calls `main` instead.
+const AGAIN: &str = r#"
+import os, sys
+warm = sys.modules["mesh_warm"]
+warm.loads = getattr(warm, "loads", 0) + 1
+def main(argv):
+    print(argv[1], "pid", os.getpid(), "loads", warm.loads, "given", os.environ.get("TEST_GIVEN", "none"))
+warm.again = main
+main(sys.argv)
+"#;
+
+#[test]
+fn a_warm_run_sees_only_its_own_tasks_environment_and_a_script_may_be_run_again_by_its_main() {
+    let s = sandbox();
+    s.write("again.py", AGAIN);
+    s.write(
+        "farm.toml",
+        r#"
+[farm]
+name = "again"
+
+[[stage]]
+name = "a"
+python = ["python3", "again.py", "a{i}"]
+sweep.i = { range = "0..2" }
+env = { TEST_GIVEN = "a{i}" }
+inputs = ["again.py"]
+
+[[stage]]
+name = "b"
+after = ["a"]
+python = ["python3", "again.py", "b{i}"]
+sweep.i = { range = "0..2" }
+inputs = ["again.py"]
+"#,
+    );
+    s.mesh(&["run", "farm.toml", "--resources", "cpu=1"])
+        .expect_code(0);
+    let words = |t: &str| -> Vec<String> {
+        let log = s.mesh(&["logs", t]);
+        log.stdout.split_whitespace().map(String::from).collect()
+    };
+    let a0 = words("a/0");
+    let mut loads = Vec::new();
+    for (t, given) in [
+        ("a/0", "a0"),
+        ("a/1", "a1"),
+        ("b/0", "none"),
+        ("b/1", "none"),
+    ] {
+        let w = words(t);
+        assert_eq!(w.len(), 7, "{t}: {w:?}");
+        // A key the task before was given and this one was not is unset.
+        assert_eq!(w[6], given, "{t}: {w:?}");
+        assert_eq!(w[2], a0[2], "one warm worker ran them all: {t}: {w:?}");
+        loads.push(w[4].clone());
+    }
+    // Its file ran once; every later run was its main, in that module.
+    assert_eq!(loads, ["1", "1", "1", "1"]);
+}
+
 /// Hands its value back where it can (`mesh_warm`, as the Python client's
 /// calls do), else writes it; task 5's is too big to ride.
 const HAND: &str = r#"
