@@ -64,7 +64,7 @@ impl Feed {
 
     /// Room to mark the tasks of every stage of `def` said.
     fn fit(&mut self, def: &FarmDef) {
-        self.told.fit(def.stages.iter().map(|s| s.len()));
+        self.told.fit(def.stages.len(), |s| def.stages[s].len());
     }
 
     /// Brings this follower back to the loop once half its queue is free:
@@ -382,17 +382,22 @@ struct Unrun {
 fn unrun_stages(r: &Replica, view: &FarmView, feeds: &[Feed]) -> Vec<Unrun> {
     let mut out = Vec::new();
     for (s, (name, c)) in view.stages.iter().enumerate() {
-        let Some(def) = r.spec.def.stages.get(s).filter(|d| d.name == *name) else {
-            continue;
-        };
-        let (stage, len) = (s as u32, def.len());
+        // The counts first: an open farm grown by many batches has many
+        // stages, few of them not run, and this is looked at each refresh.
         let not_run = c.skipped + c.cancelled + c.stopped;
         if not_run == 0
             || c.running + c.queued_on_nodes > 0
             || c.done + c.failed + not_run < c.total
-            || feeds
-                .iter()
-                .all(|f| f.told.rest_told(Rest::Unrun, stage, len))
+        {
+            continue;
+        }
+        let Some(def) = r.spec.def.stages.get(s).filter(|d| d.name == *name) else {
+            continue;
+        };
+        let (stage, len) = (s as u32, def.len());
+        if feeds
+            .iter()
+            .all(|f| f.told.rest_told(Rest::Unrun, stage, len))
         {
             continue;
         }

@@ -117,7 +117,9 @@ impl Origin {
     }
 
     fn notify(&mut self) {
-        let view = self.view.clone();
+        // Cloned for each waiter only: an open farm grown by many batches
+        // has a long list of stages, and most farms have no waiter.
+        let view = &self.view;
         self.waiters.retain(|w| {
             let r = if view.finished {
                 w.send(ControlResponse::Finished(view.clone()))

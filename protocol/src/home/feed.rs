@@ -45,12 +45,13 @@ pub enum Seen {
 }
 
 impl Told {
-    /// Room to mark the tasks of stages of these lengths said: those of an
-    /// open farm's stages added since the follower came too.
-    pub fn fit(&mut self, lens: impl IntoIterator<Item = u32>) {
-        for (s, len) in lens.into_iter().enumerate().skip(self.said.len()) {
-            debug_assert_eq!(s, self.said.len());
-            self.said.push(vec![0; (len as usize).div_ceil(64)]);
+    /// Room to mark said the tasks of a farm's `stages`, stage `s` of
+    /// `len(s)` tasks: those of an open farm's stages added since the
+    /// follower came too. Only the stages past those fitted before are
+    /// asked their length: a growth costs what it adds, not the farm.
+    pub fn fit(&mut self, stages: usize, len: impl Fn(usize) -> u32) {
+        for s in self.said.len()..stages {
+            self.said.push(vec![0; (len(s) as usize).div_ceil(64)]);
         }
     }
 

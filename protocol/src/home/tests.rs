@@ -224,7 +224,7 @@ proptest! {
 #[test]
 fn each_task_is_said_once_across_stages_and_words() {
     let mut f = Told::default();
-    f.fit([100, 10]);
+    f.fit(2, |s| [100, 10][s]);
     for t in [
         TaskRef::new(0, 0),
         TaskRef::new(0, 63),
@@ -269,7 +269,7 @@ proptest! {
         room in 2usize..40,
     ) {
         let mut f = Told::default();
-        f.fit([20]);
+        f.fit(1, |s| [20][s]);
         // The log's last word on each task, and which outputs are home.
         let mut is: std::collections::HashMap<u32, Seen> = Default::default();
         let mut home: HashSet<u32> = HashSet::new();
@@ -327,7 +327,7 @@ proptest! {
 #[test]
 fn unplaced_tasks_are_told_as_room_allows_from_where_it_stopped() {
     let mut f = Told::default();
-    f.fit([3, 5]);
+    f.fit(2, |s| [3, 5][s]);
     // Task 1/1 has an entry in the log: said by it, not here.
     let in_log = |t: TaskRef| t == TaskRef::new(1, 1);
     let (tell, all) = f.rest(Rest::Unplaced, &[(1, Some(5)), (7, None)], 3, 1, in_log);
@@ -341,7 +341,7 @@ fn unplaced_tasks_are_told_as_room_allows_from_where_it_stopped() {
 #[test]
 fn an_open_farms_unrun_tasks_are_told_once_apart_from_the_unplaced() {
     let mut f = Told::default();
-    f.fit([4, 2]);
+    f.fit(2, |s| [4, 2][s]);
     // 0/0 ran and is in the log; 0/1 fits no node and was said so.
     let in_log = |t: TaskRef| t == TaskRef::new(0, 0);
     let (tell, _) = f.rest(Rest::Unplaced, &[(0, Some(2))], 10, 1, in_log);
