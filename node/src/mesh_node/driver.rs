@@ -657,7 +657,7 @@ impl Node {
                     }
                 }
             }
-            PeerEvent::Progress(p) => self.refresh_view(p.farm),
+            PeerEvent::Progress(farm) => self.refresh_view(farm),
             PeerEvent::Silent { ms, released } => self.say(&format!(
                 "this node was silent for {ms} ms (stopped or starved): the mesh may have \
                  declared it dead, so its {released} queued tasks go back to the coordinator"

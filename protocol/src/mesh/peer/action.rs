@@ -106,10 +106,11 @@ pub enum PeerEvent {
         /// Why, in words for the user.
         reason: String,
     },
-    /// Boxed: unboxed it was the largest thing a peer says (168 bytes),
-    /// and made every [`Action`] that large, each moved several times
-    /// between the peer and its driver.
-    Progress(Box<FarmProgress>),
+    /// On the home: the farm's progress changed ([`Peer::progress`](super::Peer::progress)
+    /// says it). Only its id: the progress of an open farm grown by
+    /// thousands of batches is long, and the driver reads it when it
+    /// shows it.
+    Progress(FarmId),
     /// On the home: an attempt failed and will be retried.
     Failure(Failure),
     /// On the home: a stage fits no node of the mesh, so its tasks are failed.
@@ -197,7 +198,7 @@ pub enum Action {
 }
 
 // Every action is moved from the peer's queue to its driver: what keeps
-// it small is what it boxes (see `PeerEvent::Progress`). A task's record
+// it small is what it boxes or leaves to be read (see `PeerEvent::Progress`). A task's record
 // (the largest, in `Persist::Task`) boxes its stderr line and its usage.
 const _: () = assert!(std::mem::size_of::<Action>() <= 128);
 

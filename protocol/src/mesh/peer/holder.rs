@@ -338,7 +338,9 @@ impl Holdings {
             r.order = m.order;
             r.holders = m.holders;
             r.counts = m.counts;
-            r.stages = m.stages;
+            // Into the list there, not in place of it: its room stays for
+            // the stages a growth adds (each growth copied the whole list).
+            r.stages.clone_from(&m.stages);
             r.duplicates = r.duplicates.max(m.duplicates);
             r.end_len = m.finished.then_some(m.len);
             if r.home && r.announced && !m.finished {
@@ -555,8 +557,7 @@ impl Holdings {
         let Some(r) = self.replicas.get_mut(&farm) else {
             return;
         };
-        let p = r.progress();
-        if p.finished && !r.announced {
+        if r.finished() && !r.announced {
             r.announced = true;
             out.persist(Persist::Finished {
                 farm,
@@ -568,7 +569,7 @@ impl Holdings {
                 out.send(n, Msg::Collected { farm });
             }
         }
-        out.emit(PeerEvent::Progress(Box::new(p)));
+        out.emit(PeerEvent::Progress(farm));
     }
 
     // ----- resending -----

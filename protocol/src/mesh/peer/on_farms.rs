@@ -295,11 +295,12 @@ pub(super) fn farm_offered(
     } = &offered;
     let (now, from, farm) = (*now, *from, farm.clone());
     if c.has_farm(farm.id) {
-        if c.grow(now, from, &farm, node, out) {
+        let grew = c.grow(now, from, &farm, node, out);
+        if grew {
             keep_spec(specs, &farm);
             out.persist(Persist::Farm(farm.clone()));
         }
-        c.resubmitted(offered, out);
+        c.resubmitted(offered, grew, out);
         c.accept_ready(node, out);
         return;
     }

@@ -41,6 +41,10 @@ impl Coord {
         // it adds; the others, the whole of it.
         let growth = Growth::since(SpecHeld::of(&f.spec), spec).map(Box::new);
         let had = std::mem::take(&mut f.grown_copies);
+        f.tasks += spec.def.stages[old as usize..]
+            .iter()
+            .map(|s| u64::from(s.len()))
+            .sum::<u64>();
         f.spec = spec.clone();
         let def = Arc::new(spec.def.clone());
         self.engine.extend_farm(now, f.slot, def, restored);
@@ -89,8 +93,13 @@ impl Coord {
                 continue;
             }
             f.gen_accepted = f.spec.gen;
-            let tasks = f.spec.def.task_count();
-            out.send(f.home.node, Msg::Accepted { farm: fid, tasks });
+            out.send(
+                f.home.node,
+                Msg::Accepted {
+                    farm: fid,
+                    tasks: f.tasks,
+                },
+            );
         }
     }
 }

@@ -64,6 +64,10 @@ struct CoordFarm {
     /// When this coordinator took the farm.
     since: Millis,
     spec: Arc<FarmSpec>,
+    /// The tasks `spec` has, counted as it comes and grows: every stage
+    /// summed at each growth of an open farm of thousands of batches was
+    /// a twentieth of its cost.
+    tasks: u64,
     /// Accepted: durable on enough nodes (see `Config::replicas`).
     accepted: bool,
     /// Every task that ended for good, in order: streamed to the holders.
@@ -359,6 +363,7 @@ impl Coord {
             since: now,
             home,
             slot,
+            tasks: spec.def.task_count(),
             spec,
             accepted: false,
             log,

@@ -159,10 +159,21 @@ impl SyncHead {
     }
 }
 
+/// Where the log streamed to a holder whose offer is merged starts again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    /// From its first entry: the holder (re)started or lost track.
+    Anew,
+    /// From where it was: the holder offers a later generation it made.
+    Keep,
+}
+
 impl Coord {
     /// A holder offers a farm the coordinator has: a higher home claim is
-    /// taken, and what the holder knows is merged.
-    pub(in super::super) fn resubmitted(&mut self, offered: Offered, out: &mut Out) {
+    /// taken, and what the holder knows is merged. `grew`: the offer was
+    /// a later generation, which the holder that made it offers as it
+    /// grows, not because it restarted or lost track of the log.
+    pub(in super::super) fn resubmitted(&mut self, offered: Offered, grew: bool, out: &mut Out) {
         let Offered {
             now,
             from,
@@ -187,7 +198,8 @@ impl Coord {
             f.counts_sent = None;
             f.finished_sent = false;
         }
-        self.merge(now, from, farm, entries, out);
+        let stream = if grew { Stream::Keep } else { Stream::Anew };
+        self.merge(now, from, farm, entries, stream, out);
     }
 
     /// A farm new here, offered by `from`: coordinated from what it knows.
@@ -331,18 +343,20 @@ impl Coord {
         out: &mut Out,
     ) {
         if self.farms.contains_key(&farm) {
-            self.merge(now, from, farm, entries, out);
+            self.merge(now, from, farm, entries, Stream::Anew, out);
         }
     }
 
     /// Folds a holder's entries into a farm the coordinator has (what it
-    /// did not know is recorded and streamed to the others) and answers it.
+    /// did not know is recorded and streamed to the others) and answers it;
+    /// `stream` says where the log streamed to it starts again.
     fn merge(
         &mut self,
         now: Millis,
         from: NodeId,
         farm: FarmId,
         entries: Vec<Entry>,
+        stream: Stream,
         out: &mut Out,
     ) {
         let f = self.farms.get_mut(&farm).expect("checked by the caller");
@@ -374,13 +388,22 @@ impl Coord {
                 new.push(e);
             }
         }
-        // A holder offers a farm the coordinator has when it (re)started
-        // or lost track: it gets the whole log again, and the progress.
-        f.holders.retain(|h| h.node != from);
-        f.holders.push(Holder::new(from, true));
-        f.counts_sent = None;
-        f.finished_sent = false;
-        let (accepted, tasks) = (f.accepted, f.spec.def.task_count());
+        match f.holders.iter_mut().find(|h| h.node == from) {
+            // A growth: the log streams on from where it was (sent again
+            // whole, each growth cost the square of the farm's growths).
+            // A holder that lost its copy says so by what it acknowledges.
+            Some(h) if stream == Stream::Keep => h.has_spec = true,
+            _ => {
+                // A holder offers a farm the coordinator has when it
+                // (re)started or lost track: it gets the whole log again,
+                // and the progress.
+                f.holders.retain(|h| h.node != from);
+                f.holders.push(Holder::new(from, true));
+                f.counts_sent = None;
+                f.finished_sent = false;
+            }
+        }
+        let (accepted, tasks) = (f.accepted, f.tasks);
         out.persist_entries(farm, new, true);
         self.drain(out);
         if accepted {
@@ -487,7 +510,7 @@ impl Coord {
             let f = self.farms.get_mut(&fid).expect("listed above");
             f.accepted = true;
             f.gen_accepted = f.spec.gen;
-            let tasks = f.spec.def.task_count();
+            let tasks = f.tasks;
             let to: Vec<NodeId> = f
                 .holders
                 .iter()
