@@ -19,18 +19,6 @@ pub(super) struct Deps {
     pub(super) grown: Option<At<String>>,
 }
 
-impl Deps {
-    /// A stage that names no other (one of an open farm's, resolved already).
-    pub(super) fn none() -> Deps {
-        Deps {
-            after: Vec::new(),
-            after_each: Vec::new(),
-            by: Vec::new(),
-            grown: None,
-        }
-    }
-}
-
 /// The position of sweep variable `name` in `stage`, or an error saying
 /// which variables it has.
 fn var_of(scope: &Scope<'_>, stage: &StageDef, name: &At<String>, field: &str) -> Result<u32> {
@@ -57,12 +45,20 @@ fn var_of(scope: &Scope<'_>, stage: &StageDef, name: &At<String>, field: &str) -
 }
 
 impl Src<'_> {
+    /// `deps` are those of the last of `stages`: the stages before them
+    /// are those of the farm this file grows, resolved when they came, and
+    /// looked at here only as what the new ones name (an open farm grown
+    /// by thousands of batches copied every name at each growth).
     pub(super) fn resolve_deps(&self, stages: &mut [Arc<StageDef>], deps: &[Deps]) -> Result<()> {
-        let names: Vec<String> = stages.iter().map(|s| s.name.clone()).collect();
+        let n0 = stages.len() - deps.len();
         // Edges (target, position, field) per stage, for the cycle search.
         let mut edges: Vec<Vec<(usize, usize, &'static str)>> = vec![Vec::new(); stages.len()];
-        for (i, dep) in deps.iter().enumerate() {
-            let scope = self.scope(Ctx::Stage(format!("stage `{}`", names[i])), false);
+        for (k, dep) in deps.iter().enumerate() {
+            let i = n0 + k;
+            if dep.after.is_empty() && dep.after_each.is_empty() && dep.by.is_empty() {
+                continue;
+            }
+            let scope = self.scope(Ctx::Stage(format!("stage `{}`", stages[i].name)), false);
             let by_names: Vec<At<String>> = dep.by.iter().map(|b| b.stage.clone()).collect();
             for (field, list) in [
                 ("after", &dep.after),
@@ -70,11 +66,11 @@ impl Src<'_> {
                 ("after.stage", &by_names),
             ] {
                 for (n, target) in list.iter().enumerate() {
-                    let Some(t) = names.iter().position(|n| *n == target.v) else {
-                        let others: Vec<&str> = names
+                    let Some(t) = stages.iter().position(|s| s.name == target.v) else {
+                        let others: Vec<&str> = stages
                             .iter()
-                            .filter(|n| **n != names[i])
-                            .map(String::as_str)
+                            .filter(|s| s.name != stages[i].name)
+                            .map(|s| s.name.as_str())
                             .collect();
                         return Err(scope.fail(
                             target.pos,
@@ -94,7 +90,7 @@ impl Src<'_> {
                             target.pos,
                             field,
                             Problem::SelfDependency {
-                                name: names[i].clone(),
+                                name: stages[i].name.clone(),
                             },
                         ));
                     }
@@ -103,9 +99,9 @@ impl Src<'_> {
                             target.pos,
                             field,
                             Problem::CountMismatch {
-                                this: names[i].clone(),
+                                this: stages[i].name.clone(),
                                 this_count: stages[i].len(),
-                                other: names[t].clone(),
+                                other: stages[t].name.clone(),
                                 other_count: stages[t].len(),
                             },
                         ));
@@ -132,14 +128,17 @@ impl Src<'_> {
                 }
             }
         }
-        self.resolve_grown(stages, deps, &names, &mut edges)?;
+        self.resolve_grown(stages, deps, &mut edges)?;
         if let Some((cycle, pos, field)) = find_cycle(&edges) {
             let path = cycle
                 .iter()
-                .map(|&s| names[s].as_str())
+                .map(|&s| stages[s].name.as_str())
                 .collect::<Vec<_>>()
                 .join(" -> ");
-            let scope = self.scope(Ctx::Stage(format!("stage `{}`", names[cycle[0]])), false);
+            let scope = self.scope(
+                Ctx::Stage(format!("stage `{}`", stages[cycle[0]].name)),
+                false,
+            );
             return Err(scope.fail(pos, field, Problem::Cycle { path }));
         }
         Ok(())
@@ -152,14 +151,15 @@ impl Src<'_> {
         &self,
         stages: &mut [Arc<StageDef>],
         deps: &[Deps],
-        names: &[String],
         edges: &mut [Vec<(usize, usize, &'static str)>],
     ) -> Result<()> {
-        for (i, dep) in deps.iter().enumerate() {
+        let n0 = stages.len() - deps.len();
+        for (k, dep) in deps.iter().enumerate() {
+            let i = n0 + k;
             let Some(from) = &dep.grown else {
                 continue;
             };
-            let scope = self.scope(Ctx::Stage(format!("stage `{}`", names[i])), false);
+            let scope = self.scope(Ctx::Stage(format!("stage `{}`", stages[i].name)), false);
             let var = stages[i]
                 .sweep
                 .vars
@@ -169,7 +169,7 @@ impl Src<'_> {
             let field = format!("sweep.{var}.from");
             // The loader gave the stage the sweep of the stage it names, so
             // that stage is known here.
-            let Some(t) = names.iter().position(|n| *n == from.v) else {
+            let Some(t) = stages.iter().position(|s| s.name == from.v) else {
                 return Err(scope.fail(
                     from.pos,
                     &field,
@@ -181,7 +181,7 @@ impl Src<'_> {
                     from.pos,
                     &field,
                     Problem::SelfDependency {
-                        name: names[i].clone(),
+                        name: stages[i].name.clone(),
                     },
                 ));
             }
@@ -202,7 +202,7 @@ impl Src<'_> {
                     from.pos,
                     &field,
                     Problem::GrownFromNoOutputs {
-                        from: names[t].clone(),
+                        from: stages[t].name.clone(),
                         file,
                     },
                 ));
@@ -216,8 +216,8 @@ impl Src<'_> {
                     from.pos,
                     &field,
                     Problem::GrownTwoFiles {
-                        from: names[t].clone(),
-                        other: names[j].clone(),
+                        from: stages[t].name.clone(),
+                        other: stages[j].name.clone(),
                         other_file,
                     },
                 ));

@@ -8,7 +8,6 @@ use mesh_protocol::farm::StageDef;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use super::deps::Deps;
 use super::error::{wrong_type, Problem};
 use super::locate::{At, Ctx};
 use super::parse::{Fields, DEFAULT_FIELDS, STAGE_FIELDS};
@@ -101,14 +100,18 @@ impl Src<'_> {
         let n0 = self.before.len();
         if n0 > 0 {
             stages.splice(0..0, self.before.iter().cloned());
-            deps.splice(0..0, (0..n0).map(|_| Deps::none()));
         }
         // Pass 3: dependencies, which need every stage's name and task count.
         self.resolve_deps(&mut stages, &deps)?;
         let graph =
             mesh_protocol::graph::Graph::build_parts(&name, &stages).map_err(|(s, n, e)| {
                 let scope = self.scope(Ctx::Stage(format!("stage `{}`", stages[s].name)), false);
-                scope.fail(deps[s].by[n].pos, "after", Problem::Graph(e))
+                // Only a new stage's can fail: those before built when they came.
+                let pos = s
+                    .checked_sub(n0)
+                    .and_then(|k| deps.get(k)?.by.get(n))
+                    .map_or(0, |b| b.pos);
+                scope.fail(pos, "after", Problem::Graph(e))
             })?;
         // The stages there already were warned of when they came.
         outputs_at.splice(0..0, (0..n0).map(|_| None));
