@@ -54,7 +54,15 @@ impl Engine {
                     }
                     let st = &self.farms[fi].stages[s as usize];
                     // Ready before `take`: it may reserve what it accepts.
-                    if st.unplaceable || !st.open || !self.has_ready(fi, s) {
+                    // A stage with no task left to start is passed by its
+                    // counts (an open farm grown by thousands of batches
+                    // has as many stages, nearly all done, and this runs
+                    // at every step).
+                    if st.unplaceable
+                        || !st.open
+                        || st.counts.queued() == 0
+                        || !self.has_ready(fi, s)
+                    {
                         break;
                     }
                     let f = &self.farms[fi];
