@@ -160,9 +160,7 @@ class Env:
 
     def leave(self):
         if self.entered is None:
-            # No encoded copy to compare (not CPython): undo key by key.
-            for k in self.on:
-                self._put_back(k)
+            # No encoded copy to compare (not CPython): all of it put back.
             self.on = {}
             os.environ.clear()
             os.environ.update(self.base)
