@@ -297,8 +297,11 @@ elif what == "forever":
     while True:
         spent = time.process_time() - t0
         if spent - said >= 0.05:
-            with open("spent.txt", "w") as f:
+            # Renamed into place: a kill between the open and the write
+            # must not leave the file empty.
+            with open("spent.tmp", "w") as f:
                 f.write("%.3f" % spent)
+            os.replace("spent.tmp", "spent.txt")
             said = spent
 elif what == "write":
     with open("big.bin", "wb") as f:
