@@ -1,4 +1,4 @@
-//! An open farm grown batch by batch between two real peers: what each growth costs the coordinator and the home, counted in the log entries the coordinator streams.
+//! An open farm grown batch by batch between real peers: what each growth costs the coordinator and the home, counted in the log entries the coordinator streams, and a growth lost on its way to a holder.
 //!
 //! A Python client's loop of `submit(...).result()`, or Snakemake's jobs
 //! found ready one batch at a time, grows one open farm by a stage each
@@ -11,40 +11,49 @@ use std::sync::Arc;
 
 use mesh_protocol::engine::{Outcome, TaskResult};
 use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
-use mesh_protocol::mesh::{Action, Config, FarmId, FarmSpec, Msg, NodeId, Peer};
+use mesh_protocol::mesh::{Action, Config, FarmId, FarmSpec, Msg, NodeId, Peer, PeerEvent};
 use mesh_protocol::resources::parse_resources;
 use mesh_protocol::Resources;
 
 const FARM: FarmId = FarmId(7);
 
-/// Two peers of a mesh: node 1 founded it and coordinates, node 2 joined
-/// it and is the home of the farms submitted to it.
+/// Peers of a mesh: node 1 founded it and coordinates, node 2 joined it
+/// and is the home of the farms submitted to it, any others joined too.
 struct Mesh {
     peers: Vec<Peer>,
     now: u64,
     /// Log entries the coordinator streamed to the home in its syncs.
     synced_to_home: u64,
+    /// The next growth sent to this node is lost on the way.
+    lose_growth_to: Option<NodeId>,
+    /// The home heard its farm (or its latest growth) durable this often.
+    accepted: u64,
 }
 
 impl Mesh {
-    fn new() -> Mesh {
+    fn new(nodes: u64, cfg: Config) -> Mesh {
         let res: Resources = parse_resources("cpu=2").expect("resources");
         let mut peers = Vec::new();
-        for id in 1..=2u64 {
-            let mut p = Peer::new(0, NodeId(id), res.clone(), Config::default(), id, id > 1);
+        for id in 1..=nodes {
+            let mut p = Peer::new(0, NodeId(id), res.clone(), cfg.clone(), id, id > 1);
             p.set_address(0, format!("n{id}"), Vec::new(), 1 << 32);
+            if id > 1 {
+                p.joins_by_address();
+                p.introduce(0, NodeId(1), "n1".into(), Vec::new());
+            }
             peers.push(p);
         }
-        peers[1].joins_by_address();
-        peers[1].introduce(0, NodeId(1), "n1".into(), Vec::new());
         let mut m = Mesh {
             peers,
             now: 0,
             synced_to_home: 0,
+            lose_growth_to: None,
+            accepted: 0,
         };
+        let others = nodes as usize - 1;
         m.run_until(60_000, |m| {
             m.peers.iter().all(|p| p.coordinator() == Some(NodeId(1)))
-                && m.peers[0].member_count() >= 1
+                && m.peers.iter().all(|p| p.member_count() >= others)
         });
         m
     }
@@ -84,6 +93,12 @@ impl Mesh {
                             if let (NodeId(2), Msg::Sync(s)) = (to, &msg) {
                                 self.synced_to_home += s.entries.len() as u64;
                             }
+                            if matches!(msg, Msg::ReplicateGrown { .. })
+                                && self.lose_growth_to == Some(to)
+                            {
+                                self.lose_growth_to = None;
+                                continue;
+                            }
                             self.peers[to.0 as usize - 1].handle_message(now, from, msg);
                         }
                         Action::Swim { to, data } => {
@@ -103,6 +118,7 @@ impl Mesh {
                             self.peers[i].task_finished(now, task, outcome, Vec::new());
                         }
                         Action::FetchInputs { farm } => self.peers[i].inputs_ready(now, farm, true),
+                        Action::Emit(PeerEvent::Accepted { .. }) if i == 1 => self.accepted += 1,
                         _ => {}
                     }
                 }
@@ -150,7 +166,7 @@ fn done_on_home(m: &Mesh, tasks: u64) -> bool {
 
 #[test]
 fn each_growth_of_an_open_farm_streams_the_home_only_the_entries_it_lacks() {
-    let mut m = Mesh::new();
+    let mut m = Mesh::new(2, Config::default());
     let mut stages = vec![stage("s0", 1)];
     let now = m.now;
     m.peers[1].submit(now, spec(stages.clone(), 0), Vec::new());
@@ -177,4 +193,36 @@ fn each_growth_of_an_open_farm_streams_the_home_only_the_entries_it_lacks() {
     );
     let log = &m.peers[1].replica(FARM).expect("the home's copy").log;
     assert_eq!(log.done_count(), tasks);
+}
+
+#[test]
+fn a_growth_lost_on_its_way_to_a_holder_is_sent_again_and_the_home_hears_it_durable() {
+    // Three copies of every farm: the home's, the coordinator's and node
+    // 3's, so no growth is durable before node 3 keeps it.
+    let cfg = Config {
+        replicas: 3,
+        ..Config::default()
+    };
+    let mut m = Mesh::new(3, cfg);
+    let mut stages = vec![stage("s0", 1)];
+    let now = m.now;
+    m.peers[1].submit(now, spec(stages.clone(), 0), Vec::new());
+    m.run_until(10_000, |m| m.accepted == 1 && done_on_home(m, 1));
+    for g in 1..=3u64 {
+        stages.push(stage(&format!("s{g}"), 1));
+        // The second growth never reaches node 3 the first time.
+        if g == 2 {
+            m.lose_growth_to = Some(NodeId(3));
+        }
+        let now = m.now;
+        assert!(m.peers[1].grow(now, spec(stages.clone(), g as u32), Vec::new()));
+        m.run_until(20_000, |m| m.accepted == g + 1);
+        // Said durable only once node 3 keeps it too.
+        let held = m.peers[2].replica(FARM).expect("node 3's copy");
+        assert_eq!(held.spec.gen, g as u32, "growth {g} said durable");
+        assert_eq!(m.lose_growth_to, None, "growth {g} was sent as a growth");
+        m.run_until(10_000, |m| done_on_home(m, g + 1));
+    }
+    let held = m.peers[2].replica(FARM).expect("node 3's copy");
+    assert_eq!(held.spec.def.stages.len(), 4);
 }

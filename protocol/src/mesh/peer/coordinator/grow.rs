@@ -55,6 +55,7 @@ impl Coord {
         // asked to keep it, and say so with its generation.
         f.grown_copies.insert(from);
         f.grown_copies.insert(cx.id);
+        f.grown_at = now;
         let term = cx.election.term();
         for h in &f.holders {
             if h.node == from || h.node == cx.id {

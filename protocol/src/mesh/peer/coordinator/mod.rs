@@ -97,10 +97,12 @@ struct CoordFarm {
     /// The digest of each `after` stage's keys its dependents' keys were
     /// made with (see `farm::deps_digest`), until the log changes in that stage.
     stage_digests: FxHashMap<u32, [u8; 32]>,
-    /// The latest generation of the spec said `Accepted`, and the holders
-    /// that said they keep the generation after it (see `grow.rs`).
+    /// The latest generation of the spec said `Accepted`, the holders
+    /// that said they keep the generation after it (see `grow.rs`), and
+    /// when that generation was last sent to the holders lacking it.
     gen_accepted: u32,
     grown_copies: BTreeSet<NodeId>,
+    grown_at: Millis,
     /// Per stage, whether another stage depends on it (rebuilt when the
     /// farm grows): a task of such a stage that ends may let another start,
     /// which on the home waits for its entry there.
@@ -379,6 +381,7 @@ impl Coord {
             stage_digests: FxHashMap::default(),
             gen_accepted: 0,
             grown_copies: BTreeSet::new(),
+            grown_at: 0,
             feeds: Vec::new(),
             sync_soon: false,
         })

@@ -403,7 +403,9 @@ impl Coord {
                 f.finished_sent = false;
             }
         }
-        let (accepted, tasks) = (f.accepted, f.tasks);
+        // A growth is said durable once its own copies are (accept_grown),
+        // not because the generation before it was.
+        let (accepted, tasks) = (f.accepted && f.gen_accepted >= f.spec.gen, f.tasks);
         out.persist_entries(farm, new, true);
         self.drain(out);
         if accepted {
@@ -715,6 +717,21 @@ impl Coord {
                     // Asked to keep a copy and not heard from: again.
                     h.at = now;
                     asks.push((h.node, f.spec.clone()));
+                }
+            }
+            if f.accepted && f.gen_accepted < f.spec.gen && now >= f.grown_at + grace {
+                // A growth not said kept by a holder that keeps the farm
+                // (lost on the way, or the holder was down): the farm
+                // whole, as the holder's generation is not known here.
+                f.grown_at = now;
+                for h in &f.holders {
+                    if h.has_spec
+                        && h.node != cx.id
+                        && cx.members.contains(h.node)
+                        && !f.grown_copies.contains(&h.node)
+                    {
+                        asks.push((h.node, f.spec.clone()));
+                    }
                 }
             }
         }
