@@ -191,6 +191,8 @@ pub(super) struct FarmState {
     pub(super) stages: Vec<StageState>,
     /// Stages in the order they are offered slots: deepest first, so results flow.
     pub(super) order: Vec<u32>,
+    /// Each stage's deepest chain of stages it waits for (see `extend_depths`).
+    depth: Vec<u32>,
     /// For each stage, the stages that wait on it as a whole / element-wise.
     pub(super) dependents: Vec<Vec<u32>>,
     pub(super) dependents_each: Vec<Vec<u32>>,
@@ -213,6 +215,7 @@ impl FarmState {
             run,
             stages: def.stages.iter().map(|s| StageState::new(s)).collect(),
             order: Vec::new(),
+            depth: Vec::new(),
             dependents: Vec::new(),
             dependents_each: Vec::new(),
             dependents_by: Vec::new(),
@@ -226,27 +229,28 @@ impl FarmState {
 
     /// Takes `def` as the farm's definition (the one it has, or one that
     /// grew from it): who depends on each stage, by kind, and the order
-    /// the stages are offered slots in, worked out from it.
+    /// the stages are offered slots in, worked out for the stages it adds
+    /// (a stage there already waits on none of them, so what was worked
+    /// out for it stands: a growth costs what it adds, not the farm).
     pub(super) fn link(&mut self, def: Arc<FarmDef>) {
-        let n = def.stages.len();
-        let mut dependents = vec![Vec::new(); n];
-        let mut dependents_each = vec![Vec::new(); n];
-        let mut dependents_by = vec![Vec::new(); n];
-        for (i, s) in def.stages.iter().enumerate() {
+        let (old, n) = (self.dependents.len(), def.stages.len());
+        debug_assert!(old <= n);
+        self.dependents.resize(n, Vec::new());
+        self.dependents_each.resize(n, Vec::new());
+        self.dependents_by.resize(n, Vec::new());
+        for (i, s) in def.stages.iter().enumerate().skip(old) {
             for &d in &s.after {
-                dependents[d as usize].push(i as u32);
+                self.dependents[d as usize].push(i as u32);
             }
             for &d in &s.after_each {
-                dependents_each[d as usize].push(i as u32);
+                self.dependents_each[d as usize].push(i as u32);
             }
             for (e, dep) in s.deps.iter().enumerate() {
-                dependents_by[dep.stage as usize].push((i as u32, e));
+                self.dependents_by[dep.stage as usize].push((i as u32, e));
             }
         }
-        self.order = priority_order(&def);
-        self.dependents = dependents;
-        self.dependents_each = dependents_each;
-        self.dependents_by = dependents_by;
+        extend_depths(&def, &mut self.depth);
+        extend_order(&mut self.order, &self.depth, old);
         self.def = def;
     }
 }
@@ -351,39 +355,76 @@ pub(super) fn skip_pending(st: &mut StageState, index: Option<u32>) -> bool {
 
 /// Stages ordered deepest dependency chain first, so downstream work (and
 /// the results users wait for) goes ahead of more upstream work.
-pub(super) fn priority_order(def: &FarmDef) -> Vec<u32> {
-    let n = def.stages.len();
-    // Each stage's depth once every stage it waits for has its own (Kahn's
-    // order): linear, where relaxing n times over every stage cost the
-    // square of an open farm's stages at each of its growths.
-    let mut depth = vec![0usize; n];
-    let mut waits = vec![0u32; n];
-    let mut downstream = vec![Vec::new(); n];
-    for (i, s) in def.stages.iter().enumerate() {
+#[cfg(test)]
+fn priority_order(def: &FarmDef) -> Vec<u32> {
+    let (mut depth, mut order) = (Vec::new(), Vec::new());
+    extend_depths(def, &mut depth);
+    extend_order(&mut order, &depth, 0);
+    order
+}
+
+/// Extends `depth`, each stage's deepest chain of stages it waits for,
+/// known for the stages before, to every stage of `def`. The stages added
+/// wait for any before them and for each other in any file order: Kahn's
+/// order over those, linear in what was added (relaxing n times over every
+/// stage cost the square of an open farm's stages at each of its growths).
+fn extend_depths(def: &FarmDef, depth: &mut Vec<u32>) {
+    let (old, n) = (depth.len(), def.stages.len());
+    depth.resize(n, 0);
+    let mut waits = vec![0u32; n - old];
+    let mut downstream = vec![Vec::new(); n - old];
+    for (i, s) in def.stages.iter().enumerate().skip(old) {
         for d in s.upstream() {
-            waits[i] += 1;
-            downstream[d as usize].push(i as u32);
-        }
-    }
-    let mut ready: Vec<u32> = (0..n as u32).filter(|&i| waits[i as usize] == 0).collect();
-    while let Some(u) = ready.pop() {
-        for &i in &downstream[u as usize] {
-            let i = i as usize;
-            depth[i] = depth[i].max(depth[u as usize] + 1);
-            waits[i] -= 1;
-            if waits[i] == 0 {
-                ready.push(i as u32);
+            let d = d as usize;
+            if d < old {
+                depth[i] = depth[i].max(depth[d] + 1);
+            } else {
+                waits[i - old] += 1;
+                downstream[d - old].push(i);
             }
         }
     }
-    let mut order: Vec<u32> = (0..n as u32).collect();
-    order.sort_by_key(|&i| (Reverse(depth[i as usize]), i));
-    order
+    let mut ready: Vec<usize> = (old..n).filter(|&i| waits[i - old] == 0).collect();
+    while let Some(u) = ready.pop() {
+        for &i in &downstream[u - old] {
+            depth[i] = depth[i].max(depth[u] + 1);
+            waits[i - old] -= 1;
+            if waits[i - old] == 0 {
+                ready.push(i);
+            }
+        }
+    }
+}
+
+/// `order` (the first `old` stages, deepest first, ties by index) with
+/// the stages past them merged in by the same rule.
+fn extend_order(order: &mut Vec<u32>, depth: &[u32], old: usize) {
+    let key = |i: u32| (Reverse(depth[i as usize]), i);
+    let mut added: Vec<u32> = (old as u32..depth.len() as u32).collect();
+    added.sort_by_key(|&i| key(i));
+    if order.is_empty() {
+        *order = added;
+        return;
+    }
+    let mut merged = Vec::with_capacity(order.len() + added.len());
+    let (mut a, mut b) = (order.iter().peekable(), added.into_iter().peekable());
+    while let (Some(&&x), Some(&y)) = (a.peek(), b.peek()) {
+        if key(x) <= key(y) {
+            merged.push(x);
+            a.next();
+        } else {
+            merged.push(y);
+            b.next();
+        }
+    }
+    merged.extend(a);
+    merged.extend(b);
+    *order = merged;
 }
 
 #[cfg(test)]
 mod tests {
-    use super::priority_order;
+    use super::{extend_depths, extend_order, priority_order};
     use crate::engine::tests::farm;
     use crate::farm::{CommandTemplate, StageDef, Sweep, Template};
     use proptest::prelude::*;
@@ -403,24 +444,29 @@ mod tests {
 
     proptest! {
         /// Stages in any file order, each waiting for any earlier-ranked
-        /// ones: deepest first, ties by index, as the chains say.
+        /// ones: deepest first, ties by index, as the chains say; and the
+        /// same when the farm grew to them in pieces (cut before each
+        /// stage in `cuts`, a stage waiting on none that came after it).
         #[test]
-        fn stages_go_deepest_chain_first(
-            (rank, edges) in (1usize..40).prop_flat_map(|n| (
+        fn stages_go_deepest_chain_first_grown_or_whole(
+            (rank, edges, cuts) in (1usize..40).prop_flat_map(|n| (
                 Just((0..n).collect::<Vec<usize>>()).prop_shuffle(),
                 prop::collection::vec((0..n, 0..n), 0..120),
+                prop::collection::btree_set(1..n.max(2), 0..5),
             )),
         ) {
             // A random rank per stage makes the graph acyclic whatever the
             // file order: an edge goes from lower rank to higher.
             let n = rank.len();
+            let cuts: Vec<usize> = cuts.into_iter().filter(|&c| c < n).collect();
+            let piece = |i: usize| cuts.iter().filter(|&&c| c <= i).count();
             let mut ups = vec![Vec::new(); n];
             for (a, b) in edges {
-                if rank[a] < rank[b] {
+                if rank[a] < rank[b] && piece(a) <= piece(b) {
                     ups[b].push(a as u32);
                 }
             }
-            let stages = ups
+            let stages: Vec<StageDef> = ups
                 .iter()
                 .enumerate()
                 .map(|(i, us)| StageDef {
@@ -435,7 +481,14 @@ mod tests {
             let depth = depths(&ups);
             let mut want: Vec<u32> = (0..n as u32).collect();
             want.sort_by_key(|&i| (std::cmp::Reverse(depth[i as usize]), i));
-            prop_assert_eq!(priority_order(&farm(stages)), want);
+            prop_assert_eq!(&priority_order(&farm(stages.clone())), &want);
+            let (mut depth, mut order) = (Vec::new(), Vec::new());
+            for end in cuts.iter().copied().chain([n]) {
+                let old = depth.len();
+                extend_depths(&farm(stages[..end].to_vec()), &mut depth);
+                extend_order(&mut order, &depth, old);
+            }
+            prop_assert_eq!(order, want);
         }
     }
 }
