@@ -103,8 +103,8 @@ impl Src<'_> {
         }
         // Pass 3: dependencies, which need every stage's name and task count.
         self.resolve_deps(&mut stages, &deps)?;
-        let graph =
-            mesh_protocol::graph::Graph::build_parts(&name, &stages).map_err(|(s, n, e)| {
+        let graph = mesh_protocol::graph::Graph::build_after(self.before_graph, &name, &stages)
+            .map_err(|(s, n, e)| {
                 let scope = self.scope(Ctx::Stage(format!("stage `{}`", stages[s].name)), false);
                 // Only a new stage's can fail: those before built when they came.
                 let pos = s

@@ -57,6 +57,9 @@ pub struct LoadOptions {
     /// The stages of an open farm the file's stages are added to: they
     /// come first, unchanged, and the file's may depend on them.
     pub before: Vec<std::sync::Arc<mesh_protocol::farm::StageDef>>,
+    /// The dependency graph of `before` when built: its edges are taken as
+    /// they are, so a growth's check costs what it adds.
+    pub before_graph: Option<std::sync::Arc<mesh_protocol::graph::Graph>>,
 }
 
 impl LoadOptions {
@@ -65,6 +68,7 @@ impl LoadOptions {
         LoadOptions {
             out,
             before: Vec::new(),
+            before_graph: None,
         }
     }
 }
@@ -117,6 +121,7 @@ pub fn load_str_with_warnings(
         text,
         root: &root,
         before: &opts.before,
+        before_graph: opts.before_graph.as_deref(),
     };
     let loaded = src.document(&doc, path)?;
     let out = match &opts.out {
@@ -140,6 +145,7 @@ struct Src<'a> {
     text: &'a str,
     root: &'a Path,
     before: &'a [std::sync::Arc<mesh_protocol::farm::StageDef>],
+    before_graph: Option<&'a mesh_protocol::graph::Graph>,
 }
 
 type Result<T, E = FarmFileError> = std::result::Result<T, E>;

@@ -261,6 +261,7 @@ fn next_generation(
         let opts = LoadOptions {
             out: Some(Path::new(&spec.def.out).to_path_buf()),
             before: spec.def.stages.clone(),
+            before_graph: spec.def.graph.built().cloned(),
         };
         let (grown, warnings) =
             match farmfile::load_str_with_warnings(Path::new(&g.file), &g.toml, &opts) {

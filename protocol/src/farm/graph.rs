@@ -131,8 +131,9 @@ pub struct Edge {
 /// Every stage's expanded [`Dep`]s, in the order the stage lists them.
 #[derive(Clone, Debug, Default)]
 pub struct Graph {
-    /// Per stage, in farm order: one [`Edge`] for each of its `deps`.
-    pub stages: Vec<Vec<Edge>>,
+    /// Per stage, in farm order: one [`Edge`] for each of its `deps`
+    /// (shared with the graph of each later generation of an open farm).
+    pub stages: Vec<Arc<[Edge]>>,
 }
 
 /// A farm's dependencies that do not expand: the stage, and what is wrong.
@@ -221,8 +222,25 @@ impl Graph {
         name: &str,
         stages_def: &[S],
     ) -> Result<Graph, (usize, usize, DepError)> {
+        Graph::build_after(None, name, stages_def)
+    }
+
+    /// As [`Graph::build_parts`], taking the edges of the stages `before`
+    /// has as they are: those of the generation an open farm grew from,
+    /// whose stages come first unchanged (a stage's edges depend on it and
+    /// the stages it waits for, all before it). A growth costs what it adds.
+    pub fn build_after<S: std::borrow::Borrow<StageDef>>(
+        before: Option<&Graph>,
+        name: &str,
+        stages_def: &[S],
+    ) -> Result<Graph, (usize, usize, DepError)> {
         let mut stages = Vec::with_capacity(stages_def.len());
-        for (s, stage) in stages_def.iter().map(|s| s.borrow()).enumerate() {
+        if let Some(b) = before {
+            debug_assert!(b.stages.len() <= stages_def.len());
+            stages.extend(b.stages.iter().take(stages_def.len()).cloned());
+        }
+        let old = stages.len();
+        for (s, stage) in stages_def.iter().map(|s| s.borrow()).enumerate().skip(old) {
             let mut edges = Vec::with_capacity(stage.deps.len());
             for (n, dep) in stage.deps.iter().enumerate() {
                 let Some(up) = stages_def.get(dep.stage as usize).map(|u| u.borrow()) else {
@@ -253,7 +271,7 @@ impl Graph {
                     downs,
                 });
             }
-            stages.push(edges);
+            stages.push(edges.into());
         }
         Ok(Graph { stages })
     }
@@ -262,7 +280,7 @@ impl Graph {
     pub fn bytes(&self) -> usize {
         self.stages
             .iter()
-            .flatten()
+            .flat_map(|s| s.iter())
             .map(|e| e.ups.bytes() + e.downs.bytes())
             .sum()
     }
@@ -271,14 +289,31 @@ impl Graph {
 /// A farm's tables derived from its definition, each built the first time
 /// it is asked for and kept with the farm (never sent or stored: any node
 /// builds the same ones): its [`Graph`], and the [`Ordinals`] of its
-/// sweeps' values.
+/// sweeps' values. A later generation of an open farm keeps the graph of
+/// the one it grew from, whose edges its own are built on.
 #[derive(Clone, Default)]
-pub struct GraphCache(OnceLock<Arc<Graph>>, OnceLock<Arc<Ordinals>>);
+pub struct GraphCache(
+    OnceLock<Arc<Graph>>,
+    OnceLock<Arc<Ordinals>>,
+    Option<Arc<Graph>>,
+);
 
 impl GraphCache {
     /// A cache holding `g` already (the loader built it to check the farm).
     pub fn ready(g: Graph) -> GraphCache {
-        GraphCache(OnceLock::from(Arc::new(g)), OnceLock::new())
+        GraphCache(OnceLock::from(Arc::new(g)), OnceLock::new(), None)
+    }
+
+    /// The cache of a later generation of the farm `before` is the cache
+    /// of: nothing built, the graph before kept to build on.
+    pub fn after(before: &GraphCache) -> GraphCache {
+        let seed = before.0.get().or(before.2.as_ref()).cloned();
+        GraphCache(OnceLock::new(), OnceLock::new(), seed)
+    }
+
+    /// The [`Graph`], when built already.
+    pub fn built(&self) -> Option<&Arc<Graph>> {
+        self.0.get()
     }
 
     /// The [`Ordinals`] of `def` (the farm holding this cache), built on first
@@ -294,7 +329,11 @@ impl GraphCache {
         self.0.get_or_init(|| {
             // The loader built it once to check it: a farm that got this far
             // builds, and an error here is a farm made by hand (tests).
-            Arc::new(Graph::build(def).unwrap_or_else(|e| panic!("a farm's dependencies: {e}")))
+            let g = Graph::build_after(self.2.as_deref(), &def.name, &def.stages);
+            Arc::new(g.unwrap_or_else(|(s, _, why)| {
+                let stage = def.stages[s].name.clone();
+                panic!("a farm's dependencies: {}", GraphError { stage, why })
+            }))
         })
     }
 }
@@ -619,6 +658,15 @@ mod tests {
         let g = f.graph();
         assert_eq!(g.stages[1][0].downs.get(3), &[0]);
         assert_eq!(g.stages[2][0].downs.get(0), &[1]);
+        // Grown stage by stage, each generation's edges taken as they
+        // were: the same tables, the earlier ones shared, not rebuilt.
+        let mut grown = Graph::build_parts(&f.name, &f.stages[..1]).expect("one stage");
+        for n in 2..=3 {
+            grown = Graph::build_after(Some(&grown), &f.name, &f.stages[..n]).expect("grown");
+        }
+        assert_eq!(format!("{grown:?}"), format!("{g:?}"));
+        let again = Graph::build_after(Some(&grown), &f.name, &f.stages).expect("same");
+        assert!(Arc::ptr_eq(&again.stages[2], &grown.stages[2]));
     }
 
     #[test]

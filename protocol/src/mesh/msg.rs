@@ -132,8 +132,9 @@ impl Growth {
         }
         let mut next = was.clone();
         next.def.stages.extend(self.stages.iter().cloned());
-        // The graph of the generation before describes fewer stages.
-        next.def.graph = Default::default();
+        // The graph of the generation before describes fewer stages: the
+        // next one's is built on it.
+        next.def.graph = crate::farm::graph::GraphCache::after(&was.def.graph);
         next.inputs.extend(self.inputs.iter().cloned());
         next.gen = self.gen;
         next.open = self.open;
