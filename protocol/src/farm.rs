@@ -809,9 +809,12 @@ impl FarmDef {
     /// `s`, and the most lines it may have (the loader makes every stage
     /// grown from `s` name the same file).
     pub fn grows(&self, s: u32) -> Option<(&str, u32)> {
-        self.stages
+        // The grown stages are listed once per generation: asked at every
+        // task's end, going over every stage cost an open farm's size.
+        self.graph
+            .grown(self)
             .iter()
-            .filter_map(|st| st.sweep.grown())
+            .filter_map(|&g| self.stages[g as usize].sweep.grown())
             .filter(|g| g.from == s)
             .map(|g| (g.file.as_str(), g.per))
             .reduce(|a, b| (a.0, a.1.min(b.1)))

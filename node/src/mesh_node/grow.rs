@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mesh_protocol::graph::GraphCache;
 use mesh_protocol::mesh::FarmSpec;
 
 use super::commands::{invalid, write_manifests, Growth};
@@ -282,7 +283,9 @@ fn next_generation(
             let _ = reply.send(ControlResponse::Warning(w.to_string()));
         }
         def.stages = grown.stages;
-        def.graph = grown.graph;
+        // The loader's graph, and the tables of the generation before to
+        // build the others on.
+        def.graph = GraphCache::after(&spec.def.graph).with_graph(grown.graph.built().cloned());
     }
     let old = spec.def.stages.len();
     let mut seen: HashSet<String> = spec.inputs.iter().map(|i| i.path.clone()).collect();

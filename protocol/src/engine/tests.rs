@@ -1,7 +1,7 @@
 //! Engine tests: scripted scenarios and random operation sequences with invariants checked.
 
 use super::*;
-use crate::farm::graph::{Dep, DepOn};
+use crate::farm::graph::{Dep, DepOn, GraphCache};
 use crate::farm::{CommandTemplate, StageDef, Sweep, SweepMode, SweepVar, Template, Values};
 use crate::resources::parse_resources;
 use crate::resources::Amount;
@@ -185,6 +185,28 @@ fn grown_farm(up: u64, per: u32) -> Arc<FarmDef> {
     let mut up_stage = stage("up", up);
     up_stage.outputs = vec![Template::literal("lines.txt")];
     farm(vec![up_stage, grown, gather])
+}
+
+/// The stages grown from a stage's files, asked at each of its tasks' ends,
+/// are listed once per generation of an open farm, each built on the list
+/// before: a growth that adds a grown stage is found, one that adds none
+/// keeps it.
+#[test]
+fn a_grown_stage_added_by_a_growth_is_found_from_the_generation_before() {
+    let whole = grown_farm(3, 4);
+    let generation = |n: usize, before: Option<&FarmDef>| FarmDef {
+        stages: whole.stages[..n].to_vec(),
+        graph: before.map_or_else(Default::default, |b| GraphCache::after(&b.graph)),
+        ..(*whole).clone()
+    };
+    let first = generation(1, None);
+    assert_eq!(first.grows(0), None);
+    let second = generation(2, Some(&first));
+    assert_eq!(second.grows(0), Some(("lines.txt", 4)));
+    assert_eq!(second.grows(1), None);
+    let third = generation(3, Some(&second));
+    assert_eq!(third.grows(0), Some(("lines.txt", 4)));
+    assert_eq!(third.graph.grown(&third), &[1]);
 }
 
 /// Only the lines found are tasks: the places past them are counted

@@ -288,48 +288,94 @@ impl Graph {
 
 /// A farm's tables derived from its definition, each built the first time
 /// it is asked for and kept with the farm (never sent or stored: any node
-/// builds the same ones): its [`Graph`], and the [`Ordinals`] of its
-/// sweeps' values. A later generation of an open farm keeps the graph of
-/// the one it grew from, whose edges its own are built on.
+/// builds the same ones): its [`Graph`], the [`Ordinals`] of its sweeps'
+/// values, and which stages are grown. A later generation of an open farm
+/// keeps the tables of the one it grew from, which its own are built on:
+/// a generation costs what it adds.
 #[derive(Clone, Default)]
-pub struct GraphCache(
-    OnceLock<Arc<Graph>>,
-    OnceLock<Arc<Ordinals>>,
-    Option<Arc<Graph>>,
-);
+pub struct GraphCache {
+    graph: OnceLock<Arc<Graph>>,
+    ordinals: OnceLock<Arc<Ordinals>>,
+    /// Of the first `.0` stages, those grown (see [`super::Grown`]).
+    grown: OnceLock<(usize, Arc<[u32]>)>,
+    before: Option<Box<Before>>,
+}
+
+/// The tables of the generation a farm grew from, to build on.
+#[derive(Clone)]
+struct Before {
+    graph: Option<Arc<Graph>>,
+    grown: Option<(usize, Arc<[u32]>)>,
+}
 
 impl GraphCache {
     /// A cache holding `g` already (the loader built it to check the farm).
     pub fn ready(g: Graph) -> GraphCache {
-        GraphCache(OnceLock::from(Arc::new(g)), OnceLock::new(), None)
+        GraphCache {
+            graph: OnceLock::from(Arc::new(g)),
+            ..GraphCache::default()
+        }
     }
 
     /// The cache of a later generation of the farm `before` is the cache
-    /// of: nothing built, the graph before kept to build on.
+    /// of: nothing built, the tables before kept to build on.
     pub fn after(before: &GraphCache) -> GraphCache {
-        let seed = before.0.get().or(before.2.as_ref()).cloned();
-        GraphCache(OnceLock::new(), OnceLock::new(), seed)
+        let was = before.before.as_deref();
+        let graph = before.graph.get().or(was.and_then(|b| b.graph.as_ref()));
+        let grown = before.grown.get().or(was.and_then(|b| b.grown.as_ref()));
+        GraphCache {
+            before: Some(Box::new(Before {
+                graph: graph.cloned(),
+                grown: grown.cloned(),
+            })),
+            ..GraphCache::default()
+        }
+    }
+
+    /// This cache with `g` (when built) as its graph.
+    pub fn with_graph(mut self, g: Option<Arc<Graph>>) -> GraphCache {
+        if let Some(g) = g {
+            self.graph = OnceLock::from(g);
+        }
+        self
     }
 
     /// The [`Graph`], when built already.
     pub fn built(&self) -> Option<&Arc<Graph>> {
-        self.0.get()
+        self.graph.get()
+    }
+
+    /// The stages of `def` (the farm holding this cache) that are grown,
+    /// ascending.
+    pub fn grown(&self, def: &FarmDef) -> &[u32] {
+        let (_, list) = self.grown.get_or_init(|| {
+            let seed = self.before.as_ref().and_then(|b| b.grown.as_ref());
+            let (from, mut list) = seed.map_or((0, Vec::new()), |(n, l)| (*n, l.to_vec()));
+            for (s, st) in def.stages.iter().enumerate().skip(from) {
+                if st.sweep.grown().is_some() {
+                    list.push(s as u32);
+                }
+            }
+            (def.stages.len(), list.into())
+        });
+        list
     }
 
     /// The [`Ordinals`] of `def` (the farm holding this cache), built on first
     /// use.
     pub fn ordinals(&self, def: &FarmDef) -> &Arc<Ordinals> {
-        self.1.get_or_init(|| Arc::new(Ordinals::build(def)))
+        self.ordinals.get_or_init(|| Arc::new(Ordinals::build(def)))
     }
 
     /// The [`Graph`] of `def` (the farm holding this cache), built on first
     /// use; panics if its dependencies do not expand, which a loaded farm's
     /// always do.
     pub fn get_or_build(&self, def: &FarmDef) -> &Arc<Graph> {
-        self.0.get_or_init(|| {
+        self.graph.get_or_init(|| {
             // The loader built it once to check it: a farm that got this far
             // builds, and an error here is a farm made by hand (tests).
-            let g = Graph::build_after(self.2.as_deref(), &def.name, &def.stages);
+            let before = self.before.as_ref().and_then(|b| b.graph.as_deref());
+            let g = Graph::build_after(before, &def.name, &def.stages);
             Arc::new(g.unwrap_or_else(|(s, _, why)| {
                 let stage = def.stages[s].name.clone();
                 panic!("a farm's dependencies: {}", GraphError { stage, why })
