@@ -66,7 +66,9 @@ impl Src<'_> {
                 ("after.stage", &by_names),
             ] {
                 for (n, target) in list.iter().enumerate() {
-                    let Some(t) = stages.iter().position(|s| s.name == target.v) else {
+                    // From the end: names are the farm's own, and a growth's
+                    // stages mostly wait for the latest (an open farm's calls).
+                    let Some(t) = stages.iter().rposition(|s| s.name == target.v) else {
                         let others: Vec<&str> = stages
                             .iter()
                             .filter(|s| s.name != stages[i].name)

@@ -86,7 +86,7 @@ impl Src<'_> {
         }
         let mut stages = Vec::with_capacity(slots.len());
         let mut deps = Vec::with_capacity(slots.len());
-        let mut outputs_at = Vec::with_capacity(slots.len());
+        let mut outputs_at: Vec<_> = Vec::with_capacity(slots.len());
         let mut command_at = Vec::with_capacity(slots.len());
         for (stage, dep, outputs, command) in slots.into_iter().flatten() {
             stages.push(Arc::new(stage));
@@ -114,10 +114,8 @@ impl Src<'_> {
                 scope.fail(pos, "after", Problem::Graph(e))
             })?;
         // The stages there already were warned of when they came.
-        outputs_at.splice(0..0, (0..n0).map(|_| None));
-        command_at.splice(0..0, (0..n0).map(|_| None));
-        let mut warnings = self.shared_outputs(&stages, &outputs_at);
-        warnings.extend(self.missing_programs(&stages, &command_at));
+        let mut warnings = self.shared_outputs(&stages, n0, &outputs_at);
+        warnings.extend(self.missing_programs(&stages[n0..], &command_at));
         Ok(Loaded {
             name,
             stages,

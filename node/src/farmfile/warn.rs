@@ -37,31 +37,29 @@ impl Src<'_> {
     pub(super) fn shared_outputs(
         &self,
         stages: &[Arc<StageDef>],
+        from: usize,
         outputs_at: &[Option<(usize, bool)>],
     ) -> Vec<FarmWarning> {
         // The folder a stage's tasks all run in, when they share one.
-        let shared: Vec<Option<String>> = stages
-            .iter()
-            .map(|s| {
-                if s.outputs.is_empty() {
-                    return None;
-                }
-                match &s.workdir {
-                    None => Some(String::new()),
-                    Some(w) if w.parts.iter().all(|p| !per_task(p)) => Some(
-                        w.parts
-                            .iter()
-                            .map(|p| match p {
-                                Part::Lit(l) => l.clone(),
-                                Part::Var(Var::Stage) => s.name.clone(),
-                                Part::Var(v) => format!("{v:?}"),
-                            })
-                            .collect(),
-                    ),
-                    Some(_) => None,
-                }
-            })
-            .collect();
+        let shared = |s: &StageDef| -> Option<String> {
+            if s.outputs.is_empty() {
+                return None;
+            }
+            match &s.workdir {
+                None => Some(String::new()),
+                Some(w) if w.parts.iter().all(|p| !per_task(p)) => Some(
+                    w.parts
+                        .iter()
+                        .map(|p| match p {
+                            Part::Lit(l) => l.clone(),
+                            Part::Var(Var::Stage) => s.name.clone(),
+                            Part::Var(v) => format!("{v:?}"),
+                        })
+                        .collect(),
+                ),
+                Some(_) => None,
+            }
+        };
         let reaches = |from: usize, to: usize| {
             let mut seen = vec![false; stages.len()];
             let mut todo = vec![from];
@@ -77,8 +75,13 @@ impl Src<'_> {
             false
         };
         let mut out = Vec::new();
-        for (i, s) in stages.iter().enumerate() {
-            let (Some(folder), Some((pos, dflt))) = (&shared[i], outputs_at[i]) else {
+        // Only the stages this file adds: those there before were warned
+        // of when they came.
+        for (i, s) in stages.iter().enumerate().skip(from) {
+            let Some((pos, dflt)) = outputs_at[i - from] else {
+                continue;
+            };
+            let Some(folder) = shared(s) else {
                 continue;
             };
             let fix =
@@ -94,9 +97,9 @@ impl Src<'_> {
                     s.name,
                     s.len()
                 )
-            } else if let Some(j) = (0..i)
-                .find(|&j| shared[j].as_ref() == Some(folder) && !reaches(i, j) && !reaches(j, i))
-            {
+            } else if let Some(j) = (0..i).find(|&j| {
+                shared(&stages[j]).as_ref() == Some(&folder) && !reaches(i, j) && !reaches(j, i)
+            }) {
                 format!(
                     "stages `{}` and `{}` collect outputs from {place} and may run at the same time (neither is after the other), so outputs can come home mixed or empty; {fix}",
                     stages[j].name, s.name
