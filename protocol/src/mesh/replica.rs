@@ -43,6 +43,8 @@ pub struct FarmLog {
 struct TaskIndex {
     dense: Vec<Vec<u32>>,
     sparse: FxHashMap<TaskRef, u32>,
+    /// One past the highest stage of any task indexed.
+    top: u32,
 }
 
 /// No entry yet, in the dense part.
@@ -62,6 +64,7 @@ impl TaskIndex {
     }
 
     fn insert(&mut self, t: TaskRef, i: u32) {
+        self.top = self.top.max(t.stage + 1);
         match self
             .dense
             .get_mut(t.stage as usize)
@@ -90,6 +93,7 @@ impl FarmLog {
                     .map(|s| vec![NO_ENTRY; s.len() as usize])
                     .collect(),
                 sparse: FxHashMap::default(),
+                top: 0,
             },
             ..FarmLog::default()
         }
@@ -218,6 +222,25 @@ impl FarmLog {
             .iter()
             .enumerate()
             .filter(|(i, e)| self.index.get(e.task()) == Some(*i as u32))
+            .map(|(_, e)| e)
+    }
+
+    /// The current entries of the tasks of stage `stage` and after: none,
+    /// without a look at the log, past the highest stage any entry is of
+    /// (a growth's new stages, but where a coordinator elected after them
+    /// heard their ends first).
+    pub fn current_from(&self, stage: u32) -> impl Iterator<Item = &Entry> {
+        let n = if self.index.top > stage {
+            self.entries.len()
+        } else {
+            0
+        };
+        self.entries[..n]
+            .iter()
+            .enumerate()
+            .filter(move |(i, e)| {
+                e.task().stage >= stage && self.index.get(e.task()) == Some(*i as u32)
+            })
             .map(|(_, e)| e)
     }
 
@@ -693,6 +716,26 @@ mod tests {
             }]),
             ran: None,
         }
+    }
+
+    /// The entries of stages a farm grows by, which a coordinator may
+    /// hear before the growth: found past the stages declared, none past
+    /// the highest stage any entry is of.
+    #[test]
+    fn the_current_entries_from_a_stage_on_are_those_of_its_tasks_and_later() {
+        let mut log = FarmLog::for_farm(&replica().spec.def);
+        for (stage, index) in [(0, 1), (2, 0), (2, 0), (3, 4)] {
+            let mut e = done(index, 2, 1);
+            if let Entry::Done { task, .. } = &mut e {
+                task.stage = stage;
+            }
+            log.add(e);
+        }
+        let from = |s: u32| -> Vec<TaskRef> { log.current_from(s).map(Entry::task).collect() };
+        assert_eq!(from(0).len(), 3);
+        assert_eq!(from(1), [TaskRef::new(2, 0), TaskRef::new(3, 4)]);
+        assert_eq!(from(3), [TaskRef::new(3, 4)]);
+        assert!(from(4).is_empty());
     }
 
     fn holders(r: &Replica) -> Vec<u64> {

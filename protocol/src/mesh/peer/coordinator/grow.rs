@@ -34,8 +34,7 @@ impl Coord {
         let old = f.spec.def.stages.len() as u32;
         let restored: Vec<_> = f
             .log
-            .current()
-            .filter(|e| e.task().stage >= old)
+            .current_from(old)
             .map(|e| (e.task(), entry_record(e)))
             .collect();
         // Holders that have the generation this one grows are sent what
