@@ -121,6 +121,7 @@ impl Engine {
         }
         st.ready.clear();
         st.stopped = Some(stop.clone());
+        f.stops += 1;
         self.actions.push_back(Action::Persist(Persist::Stage {
             farm,
             stage,
@@ -143,6 +144,15 @@ impl Engine {
     /// The farm's stopped stages, with why.
     pub fn stage_stops(&self, farm: FarmSlot) -> Vec<(u32, Stop)> {
         let f = &self.farms[farm.0 as usize];
+        debug_assert_eq!(
+            f.stops as usize,
+            f.stages.iter().filter(|s| s.stopped.is_some()).count()
+        );
+        if f.stops == 0 {
+            // Asked at every sync: not a look at every stage of an open
+            // farm grown by thousands of batches.
+            return Vec::new();
+        }
         f.stages
             .iter()
             .enumerate()
@@ -179,6 +189,7 @@ impl Engine {
         if st.stopped.take().is_none() {
             return;
         }
+        f.stops -= 1;
         for i in 0..st.status.len() {
             if st.status[i] == HELD {
                 st.set(i, PENDING);

@@ -200,6 +200,8 @@ pub(super) struct FarmState {
     /// tasks by a keyed or listed dependency.
     pub(super) dependents_by: Vec<Vec<(u32, usize)>>,
     pub(super) cancelled: bool,
+    /// How many of its stages are stopped (see `Engine::stop_stage`).
+    pub(super) stops: u32,
     pub(super) finished_emitted: bool,
     /// More stages may come (see `Engine::extend_farm`): not finished
     /// while its tasks are, until closed.
@@ -220,6 +222,7 @@ impl FarmState {
             dependents_each: Vec::new(),
             dependents_by: Vec::new(),
             cancelled: false,
+            stops: 0,
             finished_emitted: false,
             open: false,
         };
