@@ -1035,10 +1035,10 @@ impl Engine {
     }
 
     fn check_finished(&mut self, farm: FarmSlot) {
-        let f = &self.farms[farm.0 as usize];
         // An open farm is not over whatever its counts (summing them went
         // over every stage of a farm grown by thousands of batches).
-        let over = (!f.open || f.cancelled) && self.over(farm, &self.progress(farm));
+        let over =
+            self.farms[farm.0 as usize].takes_no_more() && self.over(farm, &self.progress(farm));
         let f = &mut self.farms[farm.0 as usize];
         if !f.finished_emitted && over {
             f.finished_emitted = true;

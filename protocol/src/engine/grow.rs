@@ -20,8 +20,7 @@ impl Engine {
     /// open farm is over only once cancelled: what it takes after is
     /// cancelled too).
     pub fn over(&self, slot: FarmSlot, counts: &Counts) -> bool {
-        let f = &self.farms[slot.0 as usize];
-        (!f.open || f.cancelled) && counts.finished()
+        self.farms[slot.0 as usize].takes_no_more() && counts.finished()
     }
 
     /// Opens or closes the farm in `slot`: an open farm is not finished

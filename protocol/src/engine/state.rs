@@ -230,6 +230,12 @@ impl FarmState {
         f
     }
 
+    /// No stage will be added: closed, or cancelled (what an open farm
+    /// takes after that is cancelled too).
+    pub(super) fn takes_no_more(&self) -> bool {
+        !self.open || self.cancelled
+    }
+
     /// Takes `def` as the farm's definition (the one it has, or one that
     /// grew from it): who depends on each stage, by kind, and the order
     /// the stages are offered slots in, worked out for the stages it adds
