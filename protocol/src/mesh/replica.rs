@@ -218,11 +218,7 @@ impl FarmLog {
 
     /// Each task's current entry, in the order they were added.
     pub fn current(&self) -> impl Iterator<Item = &Entry> {
-        self.entries
-            .iter()
-            .enumerate()
-            .filter(|(i, e)| self.index.get(e.task()) == Some(*i as u32))
-            .map(|(_, e)| e)
+        self.current_from(0)
     }
 
     /// The current entries of the tasks of stage `stage` and after: none,
