@@ -5,7 +5,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_protocol::graph::GraphCache;
 use mesh_protocol::mesh::FarmSpec;
 
 use super::commands::{invalid, write_manifests, Growth};
@@ -285,7 +284,7 @@ fn next_generation(
         def.stages = grown.stages;
         // The loader's graph, and the tables of the generation before to
         // build the others on.
-        def.graph = GraphCache::after(&spec.def.graph).with_graph(grown.graph.built().cloned());
+        def.graph = grown.graph.built_on(&spec.def.graph);
     }
     let old = spec.def.stages.len();
     let mut seen: HashSet<String> = spec.inputs.iter().map(|i| i.path.clone()).collect();

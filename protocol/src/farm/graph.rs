@@ -320,6 +320,13 @@ impl GraphCache {
     /// The cache of a later generation of the farm `before` is the cache
     /// of: nothing built, the tables before kept to build on.
     pub fn after(before: &GraphCache) -> GraphCache {
+        GraphCache::default().built_on(before)
+    }
+
+    /// This cache of a later generation of the farm `before` is the cache
+    /// of, keeping what it built and, for what it has not, the tables
+    /// before (or those they were to be built on).
+    pub fn built_on(self, before: &GraphCache) -> GraphCache {
         let was = before.before.as_deref();
         let graph = before.graph.get().or(was.and_then(|b| b.graph.as_ref()));
         let grown = before.grown.get().or(was.and_then(|b| b.grown.as_ref()));
@@ -328,16 +335,8 @@ impl GraphCache {
                 graph: graph.cloned(),
                 grown: grown.cloned(),
             })),
-            ..GraphCache::default()
+            ..self
         }
-    }
-
-    /// This cache with `g` (when built) as its graph.
-    pub fn with_graph(mut self, g: Option<Arc<Graph>>) -> GraphCache {
-        if let Some(g) = g {
-            self.graph = OnceLock::from(g);
-        }
-        self
     }
 
     /// The [`Graph`], when built already.

@@ -8,7 +8,6 @@ use super::super::out::Out;
 use super::super::Node;
 use super::Coord;
 use crate::engine::Millis;
-use crate::farm::graph::GraphCache;
 
 impl Coord {
     /// `spec`, offered by `from`, is a later generation of a farm this
@@ -47,10 +46,8 @@ impl Coord {
             .sum::<u64>();
         f.spec = spec.clone();
         let mut def = spec.def.clone();
-        if def.graph.built().is_none() {
-            // Sent, not made here: built on the graph before when needed.
-            def.graph = GraphCache::after(&self.engine.farm(f.slot).graph);
-        }
+        // Sent, its tables not made here: built on those before when needed.
+        def.graph = def.graph.built_on(&self.engine.farm(f.slot).graph);
         let def = Arc::new(def);
         self.engine.extend_farm(now, f.slot, def, restored);
         self.engine.set_open(f.slot, spec.open);
