@@ -35,7 +35,7 @@ use crate::keys::MeshKey;
 
 /// How long a connection with no open stream is kept. A node keeps only
 /// the connections it uses (its coordinator, and whoever it exchanges
-/// tasks or files with now; see `mesh_node/links.rs`): the rest close.
+/// tasks or files with now; see `mesh_node/net/links.rs`): the rest close.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// For the TCP connection alone, so an unreachable address is told apart from a failed handshake.

@@ -428,3 +428,67 @@ fn no_function_is_let_off_taking_too_many_arguments() {
     }
     assert!(found.is_empty(), "let off too_many_arguments: {found:?}");
 }
+
+/// The lines of `text` (1-based) where a room of the node reaches past its
+/// own state: the `Peer`, or a part of the `Node` the loop owns (comments
+/// aside; `Event::Peer`, the frames a link reads for the loop, is no `Peer`).
+fn reaches_past_its_room(text: &str) -> Vec<usize> {
+    let words = [
+        "impl Node",
+        "Node {",
+        "self.peer.",
+        "self.peer,",
+        "self.home",
+        "self.tasks",
+        "self.disk",
+        "self.user",
+        "self.recorder",
+    ];
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+        .filter(|(_, l)| {
+            let l = l.replace("Event::Peer", "");
+            words.iter().any(|w| l.contains(w))
+                || l.split(|c: char| !c.is_alphanumeric() && c != '_')
+                    .any(|w| w == "Peer")
+        })
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+/// The node's net room (`node/src/mesh_node/net/`) owns the swarm, the
+/// links, membership packets and reach; it reads membership through
+/// `Members` and says what it wants done as `NetOut` values. Its fields
+/// are private, so the compiler keeps the loop out; this keeps the room
+/// out of the loop's parts.
+#[test]
+fn the_net_room_reaches_no_peer_and_no_part_of_the_node() {
+    let mut files = Vec::new();
+    rust_files(&root().join("node/src/mesh_node/net"), &mut files);
+    assert!(files.len() >= 4, "the net room's files: {files:?}");
+    let mut found = Vec::new();
+    for f in files {
+        for line in reaches_past_its_room(&fs::read_to_string(&f).unwrap()) {
+            found.push(format!("{}:{line}", f.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the net room reaches past itself: {found:?}"
+    );
+}
+
+#[test]
+fn reaches_past_a_room_are_found() {
+    let text = "use mesh_protocol::mesh::{Msg, Peer};\n\
+                // the `Peer` in a comment\n\
+                let id: PeerId = p;\n\
+                impl Node {\n\
+                self.peer.introduce(now, n);\n\
+                self.peers.insert(n, p);\n\
+                self.home.farms.clear();\n\
+                fn f(p: &Peer) {}\n\
+                handle.tell(Event::Peer(peer, msgs));\n";
+    assert_eq!(reaches_past_its_room(text), vec![1, 4, 5, 7, 8]);
+}

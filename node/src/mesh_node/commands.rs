@@ -314,7 +314,7 @@ impl Node {
             ControlResponse::Hello {
                 api,
                 version,
-                node: self.net.me_label.clone(),
+                node: self.net.me_label().to_owned(),
             }
         } else {
             ControlResponse::error(ErrorKind::OtherApi, format!(

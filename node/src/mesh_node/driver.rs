@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::StreamExt;
 use libp2p::StreamProtocol;
-use mesh_protocol::mesh::{Action, Msg, NodeId, Peer, PeerEvent};
+use mesh_protocol::mesh::{Action, NodeId, Peer, PeerEvent};
+use mesh_protocol::observe::Latency;
 use mesh_protocol::wire::{DATA_PROTOCOL, PEER_PROTOCOL};
 use mesh_store::{MeshState, SledStore, Store, StoreError};
 use nix::sys::signal::Signal;
@@ -18,11 +18,8 @@ use tokio::sync::mpsc;
 
 use super::alloc::Alloc;
 use super::commands::{accept_control, serve_control};
-use super::links::{accept_links, Links};
-use super::reach::{self, Reach, REACH_TICK};
+use super::net::{self, accept_links, NetOut, NetParts, Reach, REACH_TICK};
 use super::source::MeshSource;
-use super::swarm::Outbound;
-use super::swim;
 use super::transfer::{self, accept_data, Transfers};
 use super::views::Origin;
 use super::{Cmd, Disk, Home, LoopHandle, Net, Node, NodeError, NodeOptions, Tasks, User};
@@ -30,7 +27,7 @@ use crate::control::{socket_path, ControlResponse, ErrorKind, Starting, CONTROL_
 use crate::dash::{self, dashboard_line};
 use crate::executor;
 use crate::keys;
-use crate::net::{self, NetConfig};
+use crate::net::NetConfig;
 use crate::observe::Recorder;
 use crate::task_words::describe_end;
 use crate::{at_ms, grace_end, io_err, limits, sleep_until_opt, stop_signals};
@@ -80,7 +77,7 @@ pub(super) struct Inputs {
 /// The network a node opens: its swarm, the streams it accepts, and the
 /// line to say about its port when it could not keep the one it had.
 struct Network {
-    swarm: libp2p::Swarm<net::Behaviour>,
+    swarm: libp2p::Swarm<crate::net::Behaviour>,
     streams: libp2p_stream::Control,
     incoming: libp2p_stream::IncomingStreams,
     control_streams: libp2p_stream::IncomingStreams,
@@ -96,7 +93,7 @@ struct Parts<'a> {
     clock: Instant,
     handle: LoopHandle,
     store: SledStore,
-    swarm: libp2p::Swarm<net::Behaviour>,
+    swarm: libp2p::Swarm<crate::net::Behaviour>,
     swim_cipher: chacha20poly1305::XChaCha20Poly1305,
     streams: libp2p_stream::Control,
     reach: Reach,
@@ -167,7 +164,7 @@ impl Node {
             handle,
             store,
             swarm: network.swarm,
-            swim_cipher: swim::cipher(&psk),
+            swim_cipher: net::swim_cipher(&psk),
             streams: network.streams,
             reach,
             transfers: network.transfers,
@@ -197,31 +194,30 @@ impl Node {
 
     /// The node, from its parts, with nothing running and no farm yet.
     fn assemble(opts: &NodeOptions, p: Parts<'_>) -> Node {
+        let life = crate::state::unix_ms();
         Node {
             state: opts.state.clone(),
             peer: p.peer,
             me: p.me,
-            life: crate::state::unix_ms(),
+            life,
             clock: p.clock,
-            handle: p.handle,
+            handle: p.handle.clone(),
             disk: Disk {
                 store: p.store,
                 book: MeshState::default(),
                 kept_count: std::cell::Cell::new(None),
             },
-            net: Net {
-                me_label: p.swarm.local_peer_id().to_string(),
+            net: Net::new(NetParts {
                 swarm: p.swarm,
-                peers: HashMap::new(),
-                dialing: HashSet::new(),
-                labels: HashMap::new(),
-                swim: None,
+                streams: p.streams,
                 swim_cipher: p.swim_cipher,
-                outbound: Outbound::default(),
-                links: Links::new(p.streams),
-                listen_addrs: Vec::new(),
                 reach: p.reach,
-            },
+                me: p.me,
+                life,
+                handle: p.handle,
+                files_limit: p.files.limit,
+                throttle: limits::Throttle::new(THROTTLE),
+            }),
             tasks: Tasks {
                 live: HashMap::new(),
                 waiting_deps: Vec::new(),
@@ -240,7 +236,6 @@ impl Node {
                 out: p.out,
                 files: p.files,
                 files_told: false,
-                throttle: limits::Throttle::new(THROTTLE),
                 impatient: false,
             },
             transfers: p.transfers,
@@ -289,7 +284,7 @@ impl Node {
         if let Some(line) = port_said {
             self.say(&line);
         }
-        if self.net.reach.remembers_any() {
+        if self.net.remembers_any() {
             self.say("rejoining the mesh through the members this node remembers");
         }
         if let Some(addr) = opts.http {
@@ -337,8 +332,10 @@ impl Node {
             let timer = node.peer.poll_timeout().map(|at| at_ms(node.clock, at));
             let grace = grace_end(interrupted_at, hard_killed);
             tokio::select! {
-                ev = node.net.swarm.select_next_some() => {
-                    node.on_swarm(ev, opts)?;
+                ev = node.net.next_event() => {
+                    let r = node.net.on_swarm(ev, opts, &node.peer);
+                    node.net_acts();
+                    r?;
                 }
                 Some(cmd) = inputs.rx.recv() => {
                     // Whatever else is ready joins this step: the tasks that
@@ -372,7 +369,8 @@ impl Node {
                     node.peer.handle_timeout(now);
                 }
                 _ = reach.tick() => {
-                    node.reach_out();
+                    node.net.reach_out(&node.peer);
+                    node.net_acts();
                     node.answer_alloc_waits();
                     node.beat_holds();
                 }
@@ -423,10 +421,10 @@ fn open_network(
     psk: keys::MeshKey,
     identity: libp2p::identity::Keypair,
 ) -> Result<Network, NodeError> {
-    let (listen, port_said) = reach::reuse_port(store, &opts.listen)?;
+    let (listen, port_said) = net::reuse_port(store, &opts.listen)?;
     let mut net_cfg = NetConfig::new(listen, psk, identity);
     net_cfg.mdns = opts.mdns;
-    let swarm = net::build(net_cfg)?;
+    let swarm = crate::net::build(net_cfg)?;
     let mut streams = swarm.behaviour().peer_streams.new_control();
     let incoming = streams
         .accept(StreamProtocol::new(PEER_PROTOCOL))
@@ -471,6 +469,35 @@ impl Node {
 
     pub(super) fn say(&mut self, line: &str) {
         (self.user.out)(line);
+    }
+
+    /// How users know node `n`: its peer id.
+    pub(super) fn label_of(&self, n: NodeId) -> String {
+        self.net.label_of(n, &self.peer)
+    }
+
+    /// Carries out what the net room wants done, in its order.
+    fn net_acts(&mut self) {
+        while let Some(o) = self.net.poll() {
+            let now = self.now();
+            match o {
+                NetOut::Say(line) => self.say(&line),
+                NetOut::Keep { write, what } => {
+                    if let Err(e) = self.disk.write_flushed(vec![write]) {
+                        tracing::warn!("cannot keep {what}: {e}");
+                    }
+                }
+                NetOut::Introduce { node, label, addrs } => {
+                    self.peer.introduce(now, node, label, addrs)
+                }
+                NetOut::SeedReached(node) => self.peer.seed_reached(now, node),
+                NetOut::Rtt(us) => self.peer.record_latency(Latency::MessageRtt, us),
+                NetOut::Address { label, addrs } => {
+                    self.peer.set_address(now, label, addrs, self.life)
+                }
+                NetOut::Request(req, channel) => self.on_request(req, channel),
+            }
+        }
     }
 
     /// Reloads the farms kept in the store: this node's own submissions go
@@ -545,19 +572,8 @@ impl Node {
     fn act(&mut self, a: Action) {
         match a {
             Action::Persist(_) => unreachable!("persists are written before acting"),
-            Action::Send { to, msg } => self.send_msg(to, msg),
-            Action::Swim { to, data } => {
-                match (&mut self.net.swim, swim::udp_target(to.at.addrs())) {
-                    (Some(s), Some(addr)) => s.send(addr, &data),
-                    // No socket (this node does not listen yet) or no address
-                    // with a port: on a connection, if there is one.
-                    _ => {
-                        if self.net.peers.contains_key(&to.id) {
-                            self.send_msg(to.id, Msg::Swim(data));
-                        }
-                    }
-                }
-            }
+            Action::Send { to, msg } => self.net.send_msg(to, msg, &self.peer),
+            Action::Swim { to, data } => self.net.swim(to.id, to.at.addrs(), data, &self.peer),
             Action::Start { task, grant } => self.start(task, grant),
             Action::Kill { task, reason } => {
                 if self.unwait(task, reason) {
@@ -603,7 +619,8 @@ impl Node {
             PeerEvent::MemberUp(n) => {
                 let label = self.label_of(n);
                 self.say(&format!("mesh node {label} joined"));
-                self.member_seen();
+                self.net.member_seen(&self.peer);
+                self.net_acts();
                 let size = self.peer.member_count() + 1;
                 if !self.user.files_told && self.user.files.short_for(size) {
                     self.user.files_told = true;
@@ -617,9 +634,7 @@ impl Node {
                 }
             }
             PeerEvent::MemberDown(n) => {
-                // Its writer goes with its stream; a node that comes back
-                // gets a new one with the next message.
-                self.net.links.forget(n);
+                self.net.forget(n);
                 let label = self.label_of(n);
                 self.say(&format!(
                     "mesh node {label} is gone; its tasks run elsewhere"

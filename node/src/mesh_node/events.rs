@@ -59,7 +59,7 @@ impl Node {
             Event::Finished(..) => unreachable!("ended tasks are taken together by on_cmds"),
             Event::Peer(peer, msgs) => {
                 let from = keys::node_id(&peer);
-                self.net.peers.insert(from, peer);
+                self.net.heard(from, peer);
                 self.recorder.counters.messages_received += msgs.len() as u64;
                 let now = self.now();
                 for msg in msgs {
@@ -121,7 +121,7 @@ impl Node {
             }
             Event::GiveBack(task) => self.peer.give_back(task),
             Event::Answered(channel, resp) => {
-                self.respond(channel, resp);
+                self.net.respond(channel, resp);
             }
             Event::Moved(farm) => self.refresh_view(farm),
             Event::Estimated(farm, estimate, took) => self.estimated(farm, estimate, took),
@@ -171,7 +171,7 @@ impl Node {
     pub(super) fn on_call(&mut self, call: Call) {
         match call {
             Call::Request { to, req, reply } if to == self.me => self.answer_own(req, reply),
-            Call::Request { to, req, reply } => self.send(to, req, Some(reply)),
+            Call::Request { to, req, reply } => self.net.send(to, req, Some(reply), &self.peer),
             Call::AskCoordinator { req, reply } => self.ask_of_coordinator(req, reply),
             Call::PeerOf(node, reply) => {
                 let _ = reply.send(self.peer_of(node));

@@ -8,29 +8,18 @@ use super::refusals::{Answer, QueryError};
 use super::{Event, Node};
 
 impl Node {
-    /// Answers another node's request; the answer to one that has gone
-    /// meanwhile is dropped, as it would be on the way.
-    pub(super) fn respond(&mut self, channel: ResponseChannel<Response>, resp: Response) {
-        let _ = self
-            .net
-            .swarm
-            .behaviour_mut()
-            .rr
-            .send_response(channel, resp);
-    }
-
     pub(super) fn on_request(&mut self, req: Request, channel: ResponseChannel<Response>) {
         self.recorder.counters.messages_received += 1;
         match req {
             Request::Observe { since } => {
                 let resp = Response::Observed(Box::new(self.observation(since)));
-                self.respond(channel, resp);
+                self.net.respond(channel, resp);
             }
             Request::WhereRan { .. } | Request::TaskLog { .. } | Request::DepOutputs { .. } => {
                 let handle = self.handle.clone();
                 match self.local_answer(req) {
                     Ok(r) => {
-                        self.respond(channel, r);
+                        self.net.respond(channel, r);
                     }
                     Err(rx) => {
                         tokio::spawn(async move {
@@ -44,15 +33,15 @@ impl Node {
             }
             Request::Nodes => {
                 let resp = Response::Nodes(self.peer.node_beats());
-                self.respond(channel, resp);
+                self.net.respond(channel, resp);
             }
             Request::ListFarms => {
                 let resp = Response::Farms(self.summaries());
-                self.respond(channel, resp);
+                self.net.respond(channel, resp);
             }
             Request::Kept { keys } => {
                 let resp = Response::Kept(self.kept_here(&keys));
-                self.respond(channel, resp);
+                self.net.respond(channel, resp);
             }
             Request::FindFarm { query } => {
                 let resp = match self.find_known(&query).map(|f| self.found(f)) {
@@ -61,7 +50,7 @@ impl Node {
                         Response::Error(QueryError::UnknownToMesh(query).to_string())
                     }
                 };
-                self.respond(channel, resp);
+                self.net.respond(channel, resp);
             }
         }
     }

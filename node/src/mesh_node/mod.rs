@@ -17,17 +17,14 @@ mod feed;
 mod grow;
 mod handle;
 mod inbound;
-mod links;
 mod logs;
+mod net;
 mod queries;
-mod reach;
 mod refusals;
 mod reply;
 mod reuse;
 mod source;
 mod staging;
-mod swarm;
-mod swim;
 mod task;
 mod transfer;
 mod views;
@@ -37,7 +34,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use libp2p::request_response::ResponseChannel;
-use libp2p::{PeerId, Swarm};
+use libp2p::PeerId;
 use mesh_protocol::engine::Outcome;
 use mesh_protocol::farm::TaskRef;
 use mesh_protocol::mesh::{
@@ -52,16 +49,13 @@ use crate::alloc::batch;
 use crate::control::ControlRequest;
 use crate::executor::Live;
 use crate::keys;
-use crate::net::{self, Behaviour};
 use crate::observe::Recorder;
 use crate::{runtime, IoError};
 use alloc::Alloc;
 use handle::LoopHandle;
-use links::Links;
+use net::Net;
 use queries::Asked;
-use reach::Reach;
 use reply::Reply;
-use swarm::Outbound;
 use transfer::FetchError;
 use views::Origin;
 
@@ -102,7 +96,7 @@ pub enum NodeError {
     #[error(transparent)]
     Key(#[from] keys::KeyError),
     #[error(transparent)]
-    Net(#[from] net::NetError),
+    Net(#[from] crate::net::NetError),
     #[error("state store: {0}")]
     Store(#[from] StoreError),
     #[error("another mesh node already uses the state folder {0}")]
@@ -261,34 +255,8 @@ struct User {
     /// the mesh outgrew it.
     files: crate::limits::OpenFiles,
     files_told: bool,
-    /// Lines about what others do to this node (connections refused), at
-    /// most one of a kind so often.
-    throttle: crate::limits::Throttle,
     /// Stopped twice (a second Ctrl-C): no lingering.
     impatient: bool,
-}
-
-/// A node's place in the network: its swarm, the nodes it knows and how
-/// it reaches them.
-struct Net {
-    swarm: Swarm<Behaviour>,
-    /// This node's peer id as text, said with every task it runs (base58
-    /// each time was a percent of a thin call's cost).
-    me_label: String,
-    peers: HashMap<NodeId, PeerId>,
-    dialing: HashSet<PeerId>,
-    /// Peer ids by node, remembered from beats so a node that is gone still has a name.
-    labels: HashMap<NodeId, String>,
-    /// Membership packets: the socket, once this node listens, and their key.
-    swim: Option<swim::SwimSocket>,
-    swim_cipher: chacha20poly1305::XChaCha20Poly1305,
-    /// Requests to other nodes waiting for their answers.
-    outbound: Outbound,
-    /// This node's streams to other nodes' engines.
-    links: Links,
-    listen_addrs: Vec<Multiaddr>,
-    /// The join addresses and remembered members, tried until they answer.
-    reach: Reach,
 }
 
 /// The attempts of tasks on this node: running, and waiting for what
@@ -311,6 +279,18 @@ struct Tasks {
     programs: HashMap<String, Option<String>>,
     /// The node's GPUs as tasks name them, by their place in its pool.
     gpu_ids: std::sync::Arc<[String]>,
+}
+
+impl net::Members for Peer {
+    fn address_of(&self, n: NodeId) -> Option<(&str, &[String])> {
+        Peer::address_of(self, n)
+    }
+
+    fn addresses(&self) -> Vec<String> {
+        self.members()
+            .flat_map(|m| m.addrs().iter().cloned())
+            .collect()
+    }
 }
 
 /// Runs a node until SIGINT or SIGTERM; `out` hears the lines a user sees.

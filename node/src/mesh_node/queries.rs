@@ -118,7 +118,7 @@ impl Node {
         self.peer
             .members()
             .map(|m| (m.id, m.label().to_string()))
-            .chain([(self.me, self.net.me_label.clone())])
+            .chain([(self.me, self.net.me_label().to_owned())])
             .collect()
     }
 
@@ -237,7 +237,7 @@ impl Node {
             v
         };
         let own = self.peer.beat();
-        let mut nodes = vec![view(self.net.me_label.clone(), self.me, &own, true)];
+        let mut nodes = vec![view(self.net.me_label().to_owned(), self.me, &own, true)];
         nodes.extend(
             self.peer
                 .members()
@@ -258,6 +258,7 @@ impl Node {
     /// What this node measures of itself, with its runs that changed after `since`.
     pub(super) fn observation(&self, since: u64) -> Observation {
         let mut counters = self.recorder.counters;
+        counters.messages_sent = self.net.sent();
         let stats = self.peer.stats();
         counters.tasks_stolen = stats.tasks_stolen;
         counters.tasks_given = stats.tasks_given;
@@ -329,7 +330,7 @@ impl Node {
             }
         };
         let mut status = self.status();
-        let me = self.net.me_label.clone();
+        let me = self.net.me_label().to_owned();
         let own = self.observation(after(&me));
         let members: HashMap<String, NodeId> = self
             .peer

@@ -36,11 +36,7 @@ impl Node {
 
     /// The peer id of a node a transfer asks, dialling it if need be.
     pub(super) fn peer_of(&mut self, to: NodeId) -> Option<PeerId> {
-        self.net
-            .peers
-            .get(&to)
-            .copied()
-            .or_else(|| self.dial_member(to))
+        self.net.peer_of(to, &self.peer)
     }
 
     /// Nodes to ask for a farm's files, in order: its submitter, the

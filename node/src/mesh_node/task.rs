@@ -131,7 +131,7 @@ impl Node {
             stdout_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "out"),
             stderr_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "err"),
             gpu_ids: self.tasks.gpu_ids.clone(),
-            node: self.net.me_label.clone(),
+            node: self.net.me_label().to_owned(),
             view,
             hand: RIDES_MAX,
             riding: Vec::new(),

@@ -33,8 +33,9 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::{Node, NodeError};
+use super::{Members, Net, NetOut};
 use crate::keys;
+use crate::mesh_node::NodeError;
 use crate::net::{self, DialFault};
 
 /// Where the remembered members are kept (the node's meta).
@@ -65,7 +66,7 @@ const KNOWN_MAX: usize = 64;
 /// first did (the others never answered).
 const WRONG_KEY_MAX: Duration = Duration::from_secs(120);
 /// How often the addresses due are dialled.
-pub(super) const REACH_TICK: Duration = Duration::from_millis(500);
+pub(in crate::mesh_node) const REACH_TICK: Duration = Duration::from_millis(500);
 
 /// One remembered member address (with its `/p2p/` peer id), and when
 /// this node last saw it a member (wall clock, ms).
@@ -111,7 +112,7 @@ struct Seed {
 }
 
 /// What this node does to find its mesh and stay in it.
-pub(super) struct Reach {
+pub(in crate::mesh_node) struct Reach {
     seeds: Vec<Seed>,
     known: Vec<Known>,
     tries: HashMap<String, Backoff>,
@@ -128,7 +129,7 @@ pub(super) struct Reach {
 
 impl Reach {
     /// The join addresses, and the members remembered in `store`.
-    pub(super) fn load(
+    pub(in crate::mesh_node) fn load(
         store: &SledStore,
         join: &[Multiaddr],
         seed: u64,
@@ -177,7 +178,7 @@ impl Reach {
     }
 
     /// This node remembers members it has seen (it was in a mesh).
-    pub(super) fn remembers_any(&self) -> bool {
+    pub(in crate::mesh_node) fn remembers_any(&self) -> bool {
         !self.known.is_empty()
     }
 
@@ -191,7 +192,7 @@ impl Reach {
 /// last listened on, when that is free, and the line that says so. The
 /// others remember a node by its address: a mesh whose nodes all restart
 /// at once on new ports would find no one, and come back as meshes of one.
-pub(super) fn reuse_port(
+pub(in crate::mesh_node) fn reuse_port(
     store: &SledStore,
     listen: &[Multiaddr],
 ) -> Result<(Vec<Multiaddr>, Option<String>), StoreError> {
@@ -234,51 +235,50 @@ fn bare(addr: &Multiaddr) -> Multiaddr {
         .collect()
 }
 
-impl Node {
+impl Net {
     /// Dials what is due: the join addresses until they answer, and the
     /// remembered members that are not members now.
-    pub(super) fn reach_out(&mut self) {
+    pub(in crate::mesh_node) fn reach_out(&mut self, members: &dyn Members) {
         let now = Instant::now();
-        if std::mem::take(&mut self.net.reach.stale) {
-            self.remember_peers();
+        if std::mem::take(&mut self.reach.stale) {
+            self.remember_peers(members);
         }
-        let joined = self.net.reach.joined;
+        let joined = self.reach.joined;
         // Once in, a join address is one more remembered member: tried,
         // more seldom, only while its node is not a member.
-        for i in 0..self.net.reach.seeds.len() {
-            let s = &self.net.reach.seeds[i];
+        for i in 0..self.reach.seeds.len() {
+            let s = &self.reach.seeds[i];
             if s.wrong || s.dialing || now < s.backoff.next {
                 continue;
             }
-            if s.peer.is_some_and(|p| self.is_member_or_linked(p)) {
+            if s.peer.is_some_and(|p| self.is_member_or_linked(p, members)) {
                 continue;
             }
-            let s = &mut self.net.reach.seeds[i];
+            let s = &mut self.reach.seeds[i];
             s.dialing = true;
             let addr = s.addr.clone();
-            if let Err(e) = self.net.swarm.dial(addr) {
-                let s = &mut self.net.reach.seeds[i];
+            if let Err(e) = self.swarm.dial(addr) {
+                let s = &mut self.reach.seeds[i];
                 s.dialing = false;
                 let max = if joined {
                     KNOWN_WAIT_MAX
                 } else {
                     JOIN_WAIT_MAX
                 };
-                s.backoff.tried(now, max, &mut self.net.reach.rng);
+                s.backoff.tried(now, max, &mut self.reach.rng);
                 tracing::info!("cannot dial a join address: {e}");
             }
         }
-        for k in 0..self.net.reach.known.len() {
-            let addr = self.net.reach.known[k].addr.clone();
+        for k in 0..self.reach.known.len() {
+            let addr = self.reach.known[k].addr.clone();
             let Some(pid) = peer_of(&addr) else {
                 continue;
             };
-            if self.is_member_or_linked(pid) || self.net.dialing.contains(&pid) {
-                self.net.reach.tries.remove(&addr);
+            if self.is_member_or_linked(pid, members) || self.dialing.contains(&pid) {
+                self.reach.tries.remove(&addr);
                 continue;
             }
             let b = self
-                .net
                 .reach
                 .tries
                 .entry(addr.clone())
@@ -286,33 +286,33 @@ impl Node {
             if now < b.next {
                 continue;
             }
-            b.tried(now, KNOWN_WAIT_MAX, &mut self.net.reach.rng);
+            b.tried(now, KNOWN_WAIT_MAX, &mut self.reach.rng);
             let Ok(a) = addr.parse::<Multiaddr>() else {
                 continue;
             };
             let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(pid)
                 .addresses(vec![a])
                 .build();
-            if self.net.swarm.dial(opts).is_ok() {
-                self.net.dialing.insert(pid);
+            if self.swarm.dial(opts).is_ok() {
+                self.dialing.insert(pid);
             }
         }
     }
 
     /// A member now, or connected (a connection up is being introduced, or
     /// its node is in the mesh and SWIM will say so).
-    fn is_member_or_linked(&self, pid: PeerId) -> bool {
-        self.net.swarm.is_connected(&pid) || self.peer.address_of(keys::node_id(&pid)).is_some()
+    fn is_member_or_linked(&self, pid: PeerId, members: &dyn Members) -> bool {
+        self.swarm.is_connected(&pid) || members.address_of(keys::node_id(&pid)).is_some()
     }
 
     /// A connection this node dialled is up: to a join address, it has
     /// reached the mesh. Whether `remote` is one of the addresses this node
     /// joins through (a join address, a peer it remembered).
     pub(super) fn reached(&mut self, peer: PeerId, remote: &Multiaddr) -> bool {
-        self.net.reach.joined = true;
+        self.reach.joined = true;
         let remote = bare(remote);
         let mut seed = false;
-        for s in &mut self.net.reach.seeds {
+        for s in &mut self.reach.seeds {
             if bare(&s.addr) == remote {
                 s.peer = Some(peer);
                 s.dialing = false;
@@ -330,26 +330,20 @@ impl Node {
     pub(super) fn dial_failed(&mut self, error: &DialError) -> Result<(), NodeError> {
         let attempts = net::dial_attempts(error);
         let now = Instant::now();
-        let max = if self.net.reach.joined {
+        let max = if self.reach.joined {
             KNOWN_WAIT_MAX
         } else {
             JOIN_WAIT_MAX
         };
         for (addr, ..) in &attempts {
             let at = bare(addr);
-            for s in self
-                .net
-                .reach
-                .seeds
-                .iter_mut()
-                .filter(|s| bare(&s.addr) == at)
-            {
+            for s in self.reach.seeds.iter_mut().filter(|s| bare(&s.addr) == at) {
                 if std::mem::take(&mut s.dialing) {
-                    s.backoff.tried(now, max, &mut self.net.reach.rng);
+                    s.backoff.tried(now, max, &mut self.reach.rng);
                 }
             }
         }
-        if self.net.reach.joined {
+        if self.reach.joined {
             for (addr, _, cause) in &attempts {
                 tracing::info!("dial of {addr} failed: {cause}");
             }
@@ -357,39 +351,32 @@ impl Node {
         }
         for (addr, fault, cause) in attempts {
             let at = bare(&addr);
-            let Some(i) = self
-                .net
-                .reach
-                .seeds
-                .iter()
-                .position(|s| bare(&s.addr) == at)
-            else {
+            let Some(i) = self.reach.seeds.iter().position(|s| bare(&s.addr) == at) else {
                 tracing::info!("dial of {addr} failed: {cause}");
                 continue;
             };
             if !fault.transient() {
-                self.net.reach.seeds[i].wrong = true;
-                let first = *self.net.reach.first_wrong.get_or_insert_with(Instant::now);
-                if self.net.reach.seeds.iter().all(|s| s.wrong) || first.elapsed() >= WRONG_KEY_MAX
-                {
+                self.reach.seeds[i].wrong = true;
+                let first = *self.reach.first_wrong.get_or_insert_with(Instant::now);
+                if self.reach.seeds.iter().all(|s| s.wrong) || first.elapsed() >= WRONG_KEY_MAX {
                     return Err(NodeError::Join {
                         addr: addr.to_string(),
                         why: cause,
                     });
                 }
-                self.say(&format!(
+                self.say(format!(
                     "cannot join through {addr}: {cause}; trying the other addresses"
                 ));
                 continue;
             }
-            let s = &self.net.reach.seeds[i];
+            let s = &self.reach.seeds[i];
             let secs = s.backoff.next.saturating_duration_since(now).as_secs_f64();
             let what = match fault {
                 DialFault::Silent => format!("no answer from {addr} yet ({cause})"),
                 DialFault::Unreachable => format!("cannot reach {addr} yet ({cause})"),
                 _ => format!("cannot join through {addr} yet ({cause})"),
             };
-            self.say(&format!("{what}; trying again in {secs:.0} s"));
+            self.say(format!("{what}; trying again in {secs:.0} s"));
         }
         Ok(())
     }
@@ -402,31 +389,28 @@ impl Node {
             name: META_PORT.into(),
             value: postcard::to_stdvec(&port).unwrap_or_default(),
         };
-        if let Err(e) = self.disk.write_flushed(vec![w]) {
-            tracing::warn!("cannot keep the port it listens on: {e}");
-        }
+        self.out.push_back(NetOut::Keep {
+            write: w,
+            what: "the port it listens on",
+        });
     }
 
     /// A member came up: its address is remembered with the next tick (the
     /// first at once: a node stopped right after joining still finds its
     /// mesh when it starts again).
-    pub(super) fn member_seen(&mut self) {
-        if self.net.reach.known.is_empty() {
-            self.remember_peers();
+    pub(in crate::mesh_node) fn member_seen(&mut self, members: &dyn Members) {
+        if self.reach.known.is_empty() {
+            self.remember_peers(members);
         } else {
-            self.net.reach.stale = true;
+            self.reach.stale = true;
         }
     }
 
     /// Keeps the addresses of the members, the oldest forgotten first, so
     /// a restart (or a mesh this one was split from) finds them again.
-    pub(super) fn remember_peers(&mut self) {
+    fn remember_peers(&mut self, members: &dyn Members) {
         let now_ms = crate::state::unix_ms();
-        let mut addrs: Vec<String> = self
-            .peer
-            .members()
-            .flat_map(|m| m.addrs().iter().cloned())
-            .collect();
+        let mut addrs = members.addresses();
         addrs.sort();
         addrs.dedup();
         addrs.truncate(KNOWN_MAX);
@@ -437,7 +421,7 @@ impl Node {
                 seen_ms: now_ms,
             })
             .collect();
-        let mut older: Vec<Known> = std::mem::take(&mut self.net.reach.known)
+        let mut older: Vec<Known> = std::mem::take(&mut self.reach.known)
             .into_iter()
             .filter(|k| {
                 now_ms.saturating_sub(k.seen_ms) < FORGET_AFTER_MS
@@ -451,22 +435,22 @@ impl Node {
             }
             known.push(k);
         }
-        self.net
-            .reach
+        self.reach
             .tries
             .retain(|a, _| known.iter().any(|k| &k.addr == a));
-        self.net.reach.known = known;
+        self.reach.known = known;
         let w = Write::Meta {
             farm: NODE_KEY,
             name: META_REACH.into(),
-            value: postcard::to_stdvec(&self.net.reach.known).unwrap_or_default(),
+            value: postcard::to_stdvec(&self.reach.known).unwrap_or_default(),
         };
         // Flushed now: an idle node persists nothing else, and one killed
         // before its next flush would start again knowing no peer (on a
         // new port, as `mesh node` listens by default, as a mesh of one).
-        if let Err(e) = self.disk.write_flushed(vec![w]) {
-            tracing::warn!("cannot keep the peers' addresses: {e}");
-        }
+        self.out.push_back(NetOut::Keep {
+            write: w,
+            what: "the peers' addresses",
+        });
     }
 }
 

@@ -24,8 +24,8 @@ use libp2p::Multiaddr;
 use mesh_protocol::mesh::{Msg, NodeId};
 use tokio::net::UdpSocket;
 
-use super::{Event, LoopHandle};
 use crate::keys::MeshKey;
+use crate::mesh_node::{Event, LoopHandle};
 
 /// Larger than any packet SWIM makes (1,400 bytes) with its seal, and
 /// than any beat sent as a datagram (`BEAT_MAX`).
@@ -53,7 +53,7 @@ pub(super) struct SwimSocket {
 }
 
 /// The key of membership packets: derived, so mesh.key itself is never used twice.
-pub(super) fn cipher(psk: &MeshKey) -> XChaCha20Poly1305 {
+pub(in crate::mesh_node) fn cipher(psk: &MeshKey) -> XChaCha20Poly1305 {
     let key = blake3::derive_key("mesh 2026 membership packets", psk.to_string().as_bytes());
     XChaCha20Poly1305::new(&key.into())
 }

@@ -14,7 +14,7 @@ use mesh_protocol::mesh::{Msg, NodeId};
 use mesh_protocol::wire::PEER_PROTOCOL;
 use tokio::sync::mpsc;
 
-use super::{Event, LoopHandle};
+use crate::mesh_node::{Event, LoopHandle};
 use crate::net;
 
 /// This node's streams of messages to other nodes' engines.
@@ -175,7 +175,10 @@ async fn open_link(control: &mut libp2p_stream::Control, peer: PeerId) -> Option
 }
 
 /// Takes every peer's stream of messages for this node's engine.
-pub(super) async fn accept_links(mut incoming: libp2p_stream::IncomingStreams, handle: LoopHandle) {
+pub(in crate::mesh_node) async fn accept_links(
+    mut incoming: libp2p_stream::IncomingStreams,
+    handle: LoopHandle,
+) {
     while let Some((peer, stream)) = incoming.next().await {
         tokio::spawn(read_link(peer, stream, handle.clone()));
     }
