@@ -10,7 +10,7 @@ use super::logs::LogAsk;
 use super::queries::{Ask, Asked};
 use super::refusals::QueryError;
 use super::reply::Reply;
-use super::staging::make_spec;
+use super::runs::make_spec;
 use super::views::{summary_view, Origin};
 use super::{farm_display_id, Event, LoopHandle, Node};
 use crate::alloc::script;

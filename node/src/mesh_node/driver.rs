@@ -19,16 +19,14 @@ use tokio::sync::mpsc;
 use super::alloc::Alloc;
 use super::commands::{accept_control, serve_control};
 use super::net::{self, accept_links, NetOut, NetParts, Reach, REACH_TICK};
+use super::runs::{self, accept_data, Runs, RunsOut, RunsParts, Transfers};
 use super::source::MeshSource;
-use super::transfer::{self, accept_data, Transfers};
 use super::views::Origin;
-use super::{Cmd, Disk, Home, LoopHandle, Net, Node, NodeError, NodeOptions, Tasks, User};
+use super::{Cmd, Disk, Home, LoopHandle, Net, Node, NodeError, NodeOptions, User};
 use crate::control::{socket_path, ControlResponse, ErrorKind, Starting, CONTROL_PROTOCOL};
 use crate::dash::{self, dashboard_line};
-use crate::executor;
 use crate::keys;
 use crate::net::NetConfig;
-use crate::observe::Recorder;
 use crate::task_words::describe_end;
 use crate::{at_ms, grace_end, io_err, limits, sleep_until_opt, stop_signals};
 
@@ -195,6 +193,7 @@ impl Node {
     /// The node, from its parts, with nothing running and no farm yet.
     fn assemble(opts: &NodeOptions, p: Parts<'_>) -> Node {
         let life = crate::state::unix_ms();
+        let me_label = p.swarm.local_peer_id().to_string();
         Node {
             state: opts.state.clone(),
             peer: p.peer,
@@ -214,19 +213,18 @@ impl Node {
                 reach: p.reach,
                 me: p.me,
                 life,
-                handle: p.handle,
+                handle: p.handle.clone(),
                 files_limit: p.files.limit,
                 throttle: limits::Throttle::new(THROTTLE),
             }),
-            tasks: Tasks {
-                live: HashMap::new(),
-                waiting_deps: Vec::new(),
-                workdirs: HashMap::new(),
-                workdir_of: HashMap::new(),
-                run_seq: HashMap::new(),
-                programs: HashMap::new(),
+            runs: Runs::new(RunsParts {
+                state: opts.state.clone(),
+                me: p.me,
+                me_label,
+                handle: p.handle,
+                transfers: p.transfers,
                 gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
-            },
+            }),
             home: Home {
                 farms: HashMap::new(),
                 feed_more: HashSet::new(),
@@ -238,8 +236,6 @@ impl Node {
                 files_told: false,
                 impatient: false,
             },
-            transfers: p.transfers,
-            recorder: Recorder::default(),
             alloc: Alloc::new(
                 std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
                 keys::mesh_tag(p.psk),
@@ -325,7 +321,7 @@ impl Node {
         loop {
             node.step();
             if let Some(at) = interrupted_at {
-                if node.tasks.live.is_empty() && node.may_stop(at) {
+                if node.runs.idle() && node.may_stop(at) {
                     break;
                 }
             }
@@ -379,11 +375,7 @@ impl Node {
                 }
                 _ = sleep_until_opt(grace) => {
                     hard_killed = true;
-                    for (_, live, _) in node.tasks.live.values() {
-                        if let Some(l) = live {
-                            l.signal(Signal::SIGKILL);
-                        }
-                    }
+                    node.runs.signal_all(Signal::SIGKILL);
                 }
             }
         }
@@ -434,7 +426,7 @@ fn open_network(
         .expect("the control protocol is accepted once");
     let transfers = Arc::new(Transfers::new(
         opts.state.clone(),
-        opts.shared_fs || transfer::shared_fs(&opts.state),
+        opts.shared_fs || runs::shared_fs(&opts.state),
         streams.clone(),
     ));
     let data_streams = streams
@@ -476,6 +468,25 @@ impl Node {
         self.net.label_of(n, &self.peer)
     }
 
+    /// Tells the peer of the attempts the runs room ended without a process.
+    fn runs_acts(&mut self) {
+        while let Some(o) = self.runs.poll() {
+            match o {
+                RunsOut::Ended(task, outcome) => {
+                    let now = self.now();
+                    self.peer.task_finished(now, task, outcome, Vec::new());
+                }
+            }
+        }
+    }
+
+    /// Has the peer ask about every farm this node keeps outputs of (see
+    /// `Peer::restore_kept`): at start, and on following a new coordinator.
+    pub(super) fn ask_about_kept(&mut self) {
+        self.peer
+            .restore_kept(runs::kept_farms(&self.state).into_iter().map(|(f, _)| f));
+    }
+
     /// Carries out what the net room wants done, in its order.
     fn net_acts(&mut self) {
         while let Some(o) = self.net.poll() {
@@ -508,7 +519,7 @@ impl Node {
         for (stored, finished) in farms {
             let spec = stored.spec.clone();
             if spec.origin == self.me {
-                self.serve_inputs(&spec);
+                self.runs.serve_inputs(&spec);
                 let mut o = Origin::new(&spec);
                 o.view.accepted = true;
                 self.home.farms.insert(spec.id, o);
@@ -520,7 +531,7 @@ impl Node {
         }
         self.peer.restore_unacked(held);
         self.ask_about_kept();
-        self.serve_home_outputs();
+        self.runs.serve_home_outputs(&self.peer);
         match MeshState::load_allocs(&self.disk.store) {
             Ok(Some(book)) => self.peer.restore_allocs(book),
             Ok(None) => {}
@@ -537,7 +548,8 @@ impl Node {
 
     /// Drains the peer's actions: persists first, as one flushed batch, then the rest in order.
     fn step(&mut self) {
-        self.start_ready();
+        self.runs.start_ready(&self.peer);
+        self.runs_acts();
         loop {
             let mut batch = Vec::new();
             let mut acts = Vec::new();
@@ -565,6 +577,7 @@ impl Node {
             }
             for a in acts {
                 self.act(a);
+                self.runs_acts();
             }
         }
     }
@@ -574,29 +587,16 @@ impl Node {
             Action::Persist(_) => unreachable!("persists are written before acting"),
             Action::Send { to, msg } => self.net.send_msg(to, msg, &self.peer),
             Action::Swim { to, data } => self.net.swim(to.id, to.at.addrs(), data, &self.peer),
-            Action::Start { task, grant } => self.start(task, grant),
-            Action::Kill { task, reason } => {
-                if self.unwait(task, reason) {
-                    return;
-                }
-                let sig = executor::kill_signal(reason);
-                if let Some((attempt, live, kill)) =
-                    self.tasks.live.get_mut(&(task.farm, task.task))
-                {
-                    if *attempt == task.attempt {
-                        match live {
-                            Some(l) => l.signal(sig),
-                            None => *kill = true,
-                        }
-                    }
-                }
-            }
+            Action::Start { task, grant } => self.runs.start(task, grant, &self.peer),
+            Action::Kill { task, reason } => self.runs.kill(task, reason),
             Action::Fetch {
                 farm,
                 task,
                 from,
                 outputs,
-            } => self.fetch_outputs(farm, task, from, outputs),
+            } => self
+                .runs
+                .fetch_outputs(farm, task, from, outputs, &self.peer),
             Action::Forget { farm } => {
                 self.disk.kept_count.set(None);
                 // What it kept for the home, and its own folder for the
@@ -608,7 +608,7 @@ impl Node {
                     let _ = fs::remove_dir_all(work);
                 });
             }
-            Action::FetchInputs { farm } => self.fetch_inputs(farm),
+            Action::FetchInputs { farm } => self.runs.fetch_inputs(farm, &self.peer),
             Action::Batch(op) => self.batch(op),
             Action::Emit(ev) => self.emit(ev),
         }
@@ -700,11 +700,7 @@ impl Node {
         if at.is_some() {
             // Asked twice: stop now, whatever is left to hand over.
             self.user.impatient = true;
-            for (_, live, _) in self.tasks.live.values() {
-                if let Some(l) = live {
-                    l.signal(Signal::SIGKILL);
-                }
-            }
+            self.runs.signal_all(Signal::SIGKILL);
             return;
         }
         *at = Some(Instant::now());
@@ -729,7 +725,11 @@ impl Node {
         if self.peer.member_count() == 0 && self.peer.reported() {
             return true;
         }
-        let last = self.transfers.quiet_since().map_or(since, |t| t.max(since));
+        let last = self
+            .runs
+            .transfers()
+            .quiet_since()
+            .map_or(since, |t| t.max(since));
         self.peer.idle() && now >= last + FETCH_QUIET
     }
 }

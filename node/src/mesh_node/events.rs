@@ -1,16 +1,33 @@
 //! What the loop's handle brings, handled in the loop's turn: events that ended or arrived off the loop (tasks' ends taken together as one step of the peer), and calls answered on the channel they carry.
 
-use mesh_protocol::engine::TaskResult;
-use mesh_protocol::mesh::Fetched;
-use nix::sys::signal::Signal;
+use libp2p::PeerId;
+use mesh_protocol::mesh::{Fetched, NodeId};
+use mesh_protocol::wire::Request;
+use tokio::sync::oneshot;
 
-use super::transfer::FetchError;
+use super::refusals::{Answer, RequestError};
+use super::runs::FetchError;
 use super::{Call, Cmd, Event, Node};
 use crate::alloc::batch;
 use crate::control::{ControlResponse, ErrorKind};
 use crate::keys;
 
 impl Node {
+    /// Asks the coordinator, whichever node it is now.
+    fn ask_of_coordinator(&mut self, req: Request, reply: oneshot::Sender<Answer>) {
+        match self.peer.coordinator() {
+            Some(to) => self.on_call(Call::Request { to, req, reply }),
+            None => {
+                let _ = reply.send(Err(RequestError::NoCoordinator));
+            }
+        }
+    }
+
+    /// The peer id of a node a transfer asks, dialling it if need be.
+    fn peer_of(&mut self, to: NodeId) -> Option<PeerId> {
+        self.net.peer_of(to, &self.peer)
+    }
+
     /// Commands that were ready together; the tasks among them that
     /// ended reach the peer as one step.
     pub(super) fn on_cmds(&mut self, cmds: Vec<Cmd>) {
@@ -18,29 +35,7 @@ impl Node {
         for cmd in cmds {
             match cmd {
                 Cmd::Event(Event::Finished(task, outcome, outputs)) => {
-                    if self
-                        .tasks
-                        .live
-                        .get(&(task.farm, task.task))
-                        .is_some_and(|(a, ..)| *a == task.attempt)
-                    {
-                        self.tasks.live.remove(&(task.farm, task.task));
-                    }
-                    // Whichever attempt it was: each holds its workdir.
-                    self.workdir_freed(&task);
-                    if let Some((seq, slot)) = self.tasks.run_seq.remove(&(task.farm, task.task)) {
-                        let failed = !self.peer.spec(task.farm).is_some_and(|s| {
-                            let codes = &s.def.stages[task.task.stage as usize].success_codes;
-                            match outcome.result {
-                                TaskResult::Exited(c) => codes.contains(&c),
-                                TaskResult::Cached => true,
-                                _ => false,
-                            }
-                        });
-                        self.recorder
-                            .ended(seq, slot, failed, crate::state::unix_ms());
-                    }
-                    self.serve_outputs(task.farm, task.task, &outputs);
+                    self.runs.ended(&task, &outcome, &outputs, &self.peer);
                     ended.push((task, outcome, outputs));
                 }
                 Cmd::Event(ev) => self.on_event(ev),
@@ -60,7 +55,7 @@ impl Node {
             Event::Peer(peer, msgs) => {
                 let from = keys::node_id(&peer);
                 self.net.heard(from, peer);
-                self.recorder.counters.messages_received += msgs.len() as u64;
+                self.runs.count_received(msgs.len() as u64);
                 let now = self.now();
                 for msg in msgs {
                     self.peer.handle_message(now, from, msg);
@@ -78,7 +73,7 @@ impl Node {
                         _ => None,
                     });
                     if let Some(o) = outputs {
-                        self.serve_outputs(farm, task, &o);
+                        self.runs.serve_outputs(farm, task, &o, &self.peer);
                     }
                 }
                 let got = match &r {
@@ -103,22 +98,11 @@ impl Node {
                 self.peer.handle_swim(now, &data);
             }
             Event::Packet(from, msg) => {
-                self.recorder.counters.messages_received += 1;
+                self.runs.count_received(1);
                 let now = self.now();
                 self.peer.handle_message(now, from, msg);
             }
-            Event::Launched(task, live) => {
-                if let Some((attempt, slot, kill)) =
-                    self.tasks.live.get_mut(&(task.farm, task.task))
-                {
-                    if *attempt == task.attempt {
-                        if *kill {
-                            live.signal(Signal::SIGKILL);
-                        }
-                        *slot = Some(live);
-                    }
-                }
-            }
+            Event::Launched(task, live) => self.runs.launched(task, live),
             Event::GiveBack(task) => self.peer.give_back(task),
             Event::Answered(channel, resp) => {
                 self.net.respond(channel, resp);
@@ -131,7 +115,7 @@ impl Node {
                     let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e.to_string()));
                 }
                 Ok((spec, keys)) => {
-                    self.serve_inputs(&spec);
+                    self.runs.serve_inputs(&spec);
                     self.submit_reusing(spec, keys, &rerun, reply);
                 }
             },

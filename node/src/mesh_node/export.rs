@@ -154,7 +154,7 @@ impl Node {
             // Not said in the log (a copy restored from the store's
             // records keeps no times): what this node saw, if it ran it.
             _ => {
-                if let (Some(start), Some(end)) = self.recorder.run_times(fid, t, f.attempt) {
+                if let (Some(start), Some(end)) = self.runs.record().run_times(fid, t, f.attempt) {
                     f.start_ms = Some(start);
                     f.runtime_ms = Some(end.saturating_sub(start));
                 }

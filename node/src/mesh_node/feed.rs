@@ -318,7 +318,7 @@ impl Node {
                 Some(ran) if ran.ended_ms != 0 => (ran.started_ms(), Some(ran.ended_ms)),
                 // Not in the log (a copy restored from its records after a
                 // restart keeps no times): what this node saw, if it ran it.
-                _ => self.recorder.run_times(r.id(), t, ev.attempt),
+                _ => self.runs.record().run_times(r.id(), t, ev.attempt),
             };
         }
         ev

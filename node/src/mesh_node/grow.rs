@@ -11,7 +11,7 @@ use super::commands::{invalid, write_manifests, Growth};
 use super::refusals::QueryError;
 use super::reply::Reply;
 use super::reuse::{task_keys, TaskKeys};
-use super::staging::hash_inputs;
+use super::runs::hash_inputs;
 use super::{Event, Node};
 use crate::control::{ControlResponse, ErrorKind};
 use crate::farmfile::{self, LoadOptions};
@@ -43,7 +43,7 @@ pub(super) enum GrowError {
         here: String,
     },
     #[error("{0}")]
-    Input(#[from] super::staging::SubmitError),
+    Input(#[from] super::runs::SubmitError),
 }
 
 impl GrowError {
@@ -225,7 +225,7 @@ impl Node {
             }
         };
         let id = next.id;
-        self.serve_inputs(&next);
+        self.runs.serve_inputs(&next);
         let from = self.peer.spec(id).map_or(0, |s| s.def.stages.len());
         let reused = keys.map_or_else(Vec::new, |k| self.reused_in_growth(&next, &k, from));
         let now = self.now();

@@ -9,7 +9,7 @@ use super::{Event, Node};
 
 impl Node {
     pub(super) fn on_request(&mut self, req: Request, channel: ResponseChannel<Response>) {
-        self.recorder.counters.messages_received += 1;
+        self.runs.count_received(1);
         match req {
             Request::Observe { since } => {
                 let resp = Response::Observed(Box::new(self.observation(since)));

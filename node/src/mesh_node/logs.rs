@@ -5,8 +5,9 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::Arc;
 
-use mesh_protocol::mesh::FarmSpec;
-use mesh_protocol::wire::{Refusal, Request, Response};
+use mesh_protocol::farm::TaskRef;
+use mesh_protocol::mesh::{void_place, Entry, FarmId, FarmSpec};
+use mesh_protocol::wire::{DepOutputs, Refusal, Request, Response};
 use tokio::sync::oneshot;
 
 use super::refusals::RequestError;
@@ -44,6 +45,41 @@ pub(super) struct LogAsk {
 }
 
 impl Node {
+    /// Answers [`Request::DepOutputs`] from the farm's log as this node has
+    /// it: the coordinator's, or a copy's.
+    pub(super) fn dep_outputs(&self, farm: FarmId, task: TaskRef) -> Response {
+        let (log, home) = match (self.peer.coordinated_log(farm), self.peer.replica(farm)) {
+            (Some(log), _) => (
+                log,
+                self.peer.coordinated_farm(farm, 0).map(|(h, ..)| h.node),
+            ),
+            (None, Some(r)) => (&r.log, Some(r.home_of.node)),
+            (None, None) => return Response::Error(format!("farm {farm} is not known here")),
+        };
+        let Some(spec) = self.peer.spec(farm) else {
+            return Response::Error(format!("farm {farm} is not known here"));
+        };
+        let def = &spec.def;
+        let mut answer = DepOutputs {
+            home,
+            ..DepOutputs::default()
+        };
+        let mut n = 0;
+        while let Some(d) = def.dependency(task, n) {
+            n += 1;
+            if def.stage(d).outputs.is_empty() || void_place(def, log, d) {
+                continue;
+            }
+            match log.get(d) {
+                Some(Entry::Done { node, outputs, .. }) => {
+                    answer.done.push((d, *node, outputs.to_vec()));
+                }
+                _ => answer.waiting += 1,
+            }
+        }
+        Response::DepOutputs(answer)
+    }
+
     /// Answers a request about a task's run from what this node has: at
     /// once, or (reading files) through the returned channel.
     pub(super) fn local_answer(

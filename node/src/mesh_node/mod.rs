@@ -9,7 +9,6 @@
 
 mod alloc;
 mod commands;
-mod deps;
 mod driver;
 mod events;
 mod export;
@@ -23,10 +22,8 @@ mod queries;
 mod refusals;
 mod reply;
 mod reuse;
+mod runs;
 mod source;
-mod staging;
-mod task;
-mod transfer;
 mod views;
 
 use std::collections::{HashMap, HashSet};
@@ -49,14 +46,13 @@ use crate::alloc::batch;
 use crate::control::ControlRequest;
 use crate::executor::Live;
 use crate::keys;
-use crate::observe::Recorder;
 use crate::{runtime, IoError};
 use alloc::Alloc;
 use handle::LoopHandle;
 use net::Net;
 use queries::Asked;
 use reply::Reply;
-use transfer::FetchError;
+use runs::{FetchError, Runs};
 use views::Origin;
 
 /// Addresses as `mesh node` prints them and `mesh join` takes them.
@@ -157,7 +153,7 @@ enum Event {
         Reply,
     ),
     Submit(
-        Result<(FarmSpec, reuse::TaskKeys), staging::SubmitError>,
+        Result<(FarmSpec, reuse::TaskKeys), runs::SubmitError>,
         Vec<bool>,
         Reply,
     ),
@@ -204,15 +200,13 @@ struct Node {
     /// The swarm, the nodes known, the streams to them and how they are reached.
     net: Net,
     /// The attempts this node runs, and those waiting to.
-    tasks: Tasks,
+    /// The attempts this node runs and those waiting to, the files they
+    /// move, and the record of their runs.
+    runs: Runs,
     /// The farms submitted here, and the clients that follow them.
     home: Home,
     /// What the person running this node hears, and how they asked it to stop.
     user: User,
-    /// Files to and from other nodes.
-    transfers: std::sync::Arc<transfer::Transfers>,
-    /// Runs for the task stream, counters, and each live run's record.
-    recorder: Recorder,
     /// The mesh secret's file and the changes waiting to be seen (`mesh alloc`).
     alloc: Alloc,
 }
@@ -259,28 +253,6 @@ struct User {
     impatient: bool,
 }
 
-/// The attempts of tasks on this node: running, and waiting for what
-/// they depend on.
-struct Tasks {
-    live: HashMap<(FarmId, TaskRef), (u32, Option<Live>, bool)>,
-    /// Tasks given to this node, the home of their farm, whose
-    /// dependencies' outputs are not all here yet: each with its grant and
-    /// how many of its dependencies were found here so far (see `task.rs`).
-    waiting_deps: Vec<(Assigned, mesh_protocol::engine::Grant, u64)>,
-    run_seq: HashMap<(FarmId, TaskRef), (u64, Option<u32>)>,
-    /// The workdirs in the farm folders of farms submitted here that tasks
-    /// run in now, with the farm and how many; and each such task's.
-    /// Two farms of one file (submitted at once, into two `--out`s) share
-    /// their workdirs: a task of one waits while one of the other runs in
-    /// the same folder, or each could collect the other's files.
-    workdirs: HashMap<PathBuf, (FarmId, u32)>,
-    workdir_of: HashMap<(FarmId, TaskRef, u32), PathBuf>,
-    /// Bare program names and where PATH finds them.
-    programs: HashMap<String, Option<String>>,
-    /// The node's GPUs as tasks name them, by their place in its pool.
-    gpu_ids: std::sync::Arc<[String]>,
-}
-
 impl net::Members for Peer {
     fn address_of(&self, n: NodeId) -> Option<(&str, &[String])> {
         Peer::address_of(self, n)
@@ -290,6 +262,28 @@ impl net::Members for Peer {
         self.members()
             .flat_map(|m| m.addrs().iter().cloned())
             .collect()
+    }
+}
+
+impl runs::Farms for Peer {
+    fn spec(&self, farm: FarmId) -> Option<&std::sync::Arc<FarmSpec>> {
+        Peer::spec(self, farm)
+    }
+
+    fn replica(&self, farm: FarmId) -> Option<&mesh_protocol::mesh::Replica> {
+        Peer::replica(self, farm)
+    }
+
+    fn replicas(&self) -> Box<dyn Iterator<Item = &mesh_protocol::mesh::Replica> + '_> {
+        Box::new(Peer::replicas(self))
+    }
+
+    fn coordinator(&self) -> Option<NodeId> {
+        Peer::coordinator(self)
+    }
+
+    fn member_ids(&self) -> Vec<NodeId> {
+        self.members().map(|m| m.id).collect()
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_protocol::mesh::{Beat, Entry, FarmId, NodeId};
-use mesh_protocol::observe::{LatencyData, Observation, RunningUse};
+use mesh_protocol::observe::{LatencyData, Observation};
 use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response};
 
 use super::logs::LogAsk;
@@ -257,41 +257,24 @@ impl Node {
 
     /// What this node measures of itself, with its runs that changed after `since`.
     pub(super) fn observation(&self, since: u64) -> Observation {
-        let mut counters = self.recorder.counters;
-        counters.messages_sent = self.net.sent();
-        let stats = self.peer.stats();
-        counters.tasks_stolen = stats.tasks_stolen;
-        counters.tasks_given = stats.tasks_given;
+        let mut failovers = None;
         let latency = match self.peer.latencies() {
-            Some((l, failovers)) => {
-                counters.failovers = failovers;
+            Some((l, f)) => {
+                failovers = Some(f);
                 l.export()
             }
             None => LatencyData::default(),
         };
-        let mut o = self
-            .recorder
-            .observation(since, latency, crate::state::unix_ms());
-        self.transfers.stats.count(&mut counters);
-        o.counters = counters;
+        let mut o = self.runs.observation(since, latency);
+        let stats = self.peer.stats();
+        o.counters.messages_sent = self.net.sent();
+        o.counters.tasks_stolen = stats.tasks_stolen;
+        o.counters.tasks_given = stats.tasks_given;
+        if let Some(f) = failovers {
+            o.counters.failovers = f;
+        }
         o.beat = Some(Box::new(self.peer.beat()));
         o.held_bytes = self.kept_bytes();
-        o.running = self
-            .tasks
-            .live
-            .iter()
-            .filter_map(|(&(farm, task), (attempt, live, _))| {
-                let (rss, peak, cpu_ms) = live.as_ref()?.looked.now()?;
-                Some(RunningUse {
-                    farm,
-                    task,
-                    attempt: *attempt,
-                    rss,
-                    peak,
-                    cpu_ms,
-                })
-            })
-            .collect();
         o
     }
 
@@ -303,9 +286,9 @@ impl Node {
                 return bytes;
             }
         }
-        let bytes = super::staging::kept_farms(&self.state)
+        let bytes = super::runs::kept_farms(&self.state)
             .iter()
-            .map(|(_, dir)| super::staging::kept_bytes(dir))
+            .map(|(_, dir)| super::runs::kept_bytes(dir))
             .sum();
         self.disk.kept_count.set(Some((Instant::now(), bytes)));
         bytes

@@ -26,7 +26,7 @@ use mesh_store::{mesh::NODE_KEY, Store, Write};
 use serde::{Deserialize, Serialize};
 
 use super::reply::Reply;
-use super::staging::input_hash;
+use super::runs::input_hash;
 use super::views::Origin;
 use super::{Event, Node};
 use crate::control::ControlResponse;
@@ -366,7 +366,7 @@ impl Node {
         // served from another folder before (a line inserted above moved
         // this task to a new index), which may hold another task's now.
         for o in kept.outputs.iter().filter(|o| !o.rides()) {
-            self.transfers.serve_file(o.hash, dir.join(&o.path));
+            self.runs.transfers().serve_file(o.hash, dir.join(&o.path));
         }
         if files_to_bring(&kept.outputs) {
             batch.push(Write::Meta {
@@ -569,7 +569,8 @@ impl Node {
                     continue;
                 };
                 for o in kept.outputs.iter().filter(|o| !o.rides()) {
-                    self.transfers
+                    self.runs
+                        .transfers()
                         .serve_file(o.hash, Path::new(&place.dir).join(&o.path));
                 }
             }

@@ -148,7 +148,7 @@ impl Node {
         let stopped = describe_stops(&r.spec.def, &p.stopped);
         let home = self.label_of(r.home_of.node);
         let out = r.out_dir().to_string();
-        let (home_bytes, coming) = self.transfers.home_bytes(farm);
+        let (home_bytes, coming) = self.runs.transfers().home_bytes(farm);
         let Some(o) = self.home.farms.get_mut(&farm) else {
             return;
         };

@@ -15,54 +15,39 @@ use super::staging::{
     fetch_input, input_file, input_hash, keep_outputs, manifest, place_riding, InputSources,
 };
 use super::transfer::{FetchError, Transfers};
-use super::{Event, LoopHandle, Node};
+use super::{Farms, Runs};
 use crate::executor::{self, Finished, Launch};
+use crate::mesh_node::{Event, LoopHandle};
 use crate::task_view::TaskView;
 
 /// The most bytes an output handed back by a warm Python worker may have
 /// to ride with the task's report and the farm's log instead of being a
 /// file (a number, a short string, a small tuple: a Python call's value);
 /// every copy of the log holds it, so it stays small.
-pub(super) const RIDES_MAX: usize = 1024;
+pub(in crate::mesh_node) const RIDES_MAX: usize = 1024;
 
-impl Node {
+impl Runs {
     /// Starts one task: here directly when this node submitted the farm,
     /// otherwise after fetching its inputs, with its outputs sent back after.
-    pub(super) fn start(&mut self, task: Assigned, grant: Grant) {
+    pub(in crate::mesh_node) fn start(&mut self, task: Assigned, grant: Grant, farms: &dyn Farms) {
         let mut found = 0;
-        if !self.deps_here(&task, &mut found) || self.workdir_taken(&task) {
+        if !self.deps_here(&task, &mut found, farms) || self.workdir_taken(&task, farms) {
             tracing::debug!(farm = %task.farm, task = ?task.task, found, "waits for its dependencies' outputs or its workdir");
-            self.tasks.waiting_deps.push((task, grant, found));
+            self.waiting_deps.push((task, grant, found));
             return;
         }
-        let Some(spec) = self.peer.spec(task.farm).cloned() else {
-            let now = self.now();
-            self.peer.task_finished(
-                now,
-                task,
-                Outcome {
-                    result: TaskResult::Error("the farm's definition is not on this node".into()),
-                    key: None,
-                    duration_ms: 0,
-                    ended_ms: crate::state::unix_ms(),
-                    grew: None,
-                    logs: 0,
-                    stderr_line: None,
-                    usage: None,
-                },
-                Vec::new(),
-            );
+        let Some(spec) = farms.spec(task.farm).cloned() else {
+            let why = "the farm's definition is not on this node";
+            self.end_unrun(task, TaskResult::Error(why.into()));
             return;
         };
-        self.workdir_taken_by(&task);
-        self.tasks
-            .live
+        self.workdir_taken_by(&task, farms);
+        self.live
             .insert((task.farm, task.task), (task.attempt, None, false));
         let seq =
             self.recorder
                 .started(task.farm, task.task, task.attempt, crate::state::unix_ms());
-        self.tasks
-            .run_seq
+        self.run_seq
             .insert((task.farm, task.task), (seq, self.recorder.slot(seq)));
         let def = &spec.def;
         let stage = def.stage(task.task);
@@ -97,7 +82,7 @@ impl Node {
         let task_id = def.task_name(task.task);
         // The task's own key; the coordinator adds what it depends on (see `farm::key_with_deps`).
         let key = def.own_key(task.task, &hashes);
-        executor::resolve_program(&mut self.tasks.programs, &mut tspec);
+        executor::resolve_program(&mut self.programs, &mut tspec);
         let (root, out_dir) = if local {
             (
                 PathBuf::from(&def.root),
@@ -130,8 +115,8 @@ impl Node {
             out_dir,
             stdout_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "out"),
             stderr_log: executor::log_path(&logs_dir, def, task.task, task.attempt, "err"),
-            gpu_ids: self.tasks.gpu_ids.clone(),
-            node: self.net.me_label().to_owned(),
+            gpu_ids: self.gpu_ids.clone(),
+            node: self.me_label.clone(),
             view,
             hand: RIDES_MAX,
             riding: Vec::new(),
@@ -139,10 +124,10 @@ impl Node {
         let handle = self.handle.clone();
         let cache = self.state.join("cache");
         let held = crate::state::kept_dir(&self.state, task.farm);
-        let sources = self.sources(task.farm);
+        let sources = self.sources(task.farm, farms);
         let transfers = self.transfers.clone();
         let riding = if local && reads_outputs(def, task.task.stage) {
-            self.riding_deps(&task)
+            self.riding_deps(&task, farms)
         } else {
             Vec::new()
         };
@@ -176,13 +161,13 @@ impl Node {
     }
 }
 
-impl Node {
+impl Runs {
     /// On a farm's home: the outputs `task` depends on whose bytes rode
     /// with the log, each with where it goes in the farm's output folder,
     /// to be put there as files before it runs.
-    fn riding_deps(&self, task: &Assigned) -> Vec<(PathBuf, OutputFile)> {
+    fn riding_deps(&self, task: &Assigned, farms: &dyn Farms) -> Vec<(PathBuf, OutputFile)> {
         let mut riding = Vec::new();
-        let Some(r) = self.peer.replica(task.farm).filter(|r| r.home) else {
+        let Some(r) = farms.replica(task.farm).filter(|r| r.home) else {
             return riding;
         };
         let def = &r.spec.def;
@@ -208,8 +193,8 @@ impl Node {
     /// depends on is here and verified, so that it never reads a folder of
     /// outputs still coming (a gather once read 19 of 20). `found` counts
     /// the dependencies found here so far: a later look goes on from there.
-    fn deps_here(&self, task: &Assigned, found: &mut u64) -> bool {
-        let Some(r) = self.peer.replica(task.farm).filter(|r| r.home) else {
+    fn deps_here(&self, task: &Assigned, found: &mut u64, farms: &dyn Farms) -> bool {
+        let Some(r) = farms.replica(task.farm).filter(|r| r.home) else {
             return true;
         };
         while let Some(d) = r.spec.def.dependency(task.task, *found) {
@@ -224,8 +209,8 @@ impl Node {
     /// The folder a task of a farm submitted here runs in, when its stage
     /// gives it a workdir in the farm's folder (elsewhere each farm has a
     /// folder of its own on the node).
-    fn home_workdir(&self, task: &Assigned) -> Option<PathBuf> {
-        let spec = self.peer.spec(task.farm)?;
+    fn home_workdir(&self, task: &Assigned, farms: &dyn Farms) -> Option<PathBuf> {
+        let spec = farms.spec(task.farm)?;
         if spec.origin != self.me {
             return None;
         }
@@ -236,29 +221,23 @@ impl Node {
     }
 
     /// Whether a task of another farm runs now in the folder `task` would.
-    fn workdir_taken(&self, task: &Assigned) -> bool {
+    fn workdir_taken(&self, task: &Assigned, farms: &dyn Farms) -> bool {
         // Nothing runs in a workdir of the farm folder: no task to expand.
-        if self.tasks.workdirs.is_empty() {
+        if self.workdirs.is_empty() {
             return false;
         }
-        self.home_workdir(task).is_some_and(|w| {
-            self.tasks
-                .workdirs
+        self.home_workdir(task, farms).is_some_and(|w| {
+            self.workdirs
                 .get(&w)
                 .is_some_and(|(farm, n)| *farm != task.farm && *n > 0)
         })
     }
 
-    fn workdir_taken_by(&mut self, task: &Assigned) {
-        if let Some(w) = self.home_workdir(task) {
-            let e = self
-                .tasks
-                .workdirs
-                .entry(w.clone())
-                .or_insert((task.farm, 0));
+    fn workdir_taken_by(&mut self, task: &Assigned, farms: &dyn Farms) {
+        if let Some(w) = self.home_workdir(task, farms) {
+            let e = self.workdirs.entry(w.clone()).or_insert((task.farm, 0));
             e.1 += 1;
-            self.tasks
-                .workdir_of
+            self.workdir_of
                 .insert((task.farm, task.task, task.attempt), w);
         }
     }
@@ -266,70 +245,49 @@ impl Node {
     /// A task's attempt ended: its workdir is free for another farm's.
     pub(super) fn workdir_freed(&mut self, task: &Assigned) {
         let Some(w) = self
-            .tasks
             .workdir_of
             .remove(&(task.farm, task.task, task.attempt))
         else {
             return;
         };
-        if let Some(e) = self.tasks.workdirs.get_mut(&w) {
+        if let Some(e) = self.workdirs.get_mut(&w) {
             e.1 = e.1.saturating_sub(1);
             if e.1 == 0 {
-                self.tasks.workdirs.remove(&w);
+                self.workdirs.remove(&w);
             }
         }
     }
 
     /// Starts the tasks whose dependencies' outputs have all come.
-    pub(super) fn start_ready(&mut self) {
-        if self.tasks.waiting_deps.is_empty() {
+    pub(in crate::mesh_node) fn start_ready(&mut self, farms: &dyn Farms) {
+        if self.waiting_deps.is_empty() {
             return;
         }
         let mut ready = Vec::new();
-        let mut waiting = std::mem::take(&mut self.tasks.waiting_deps);
+        let mut waiting = std::mem::take(&mut self.waiting_deps);
         waiting.retain_mut(|(task, grant, found)| {
-            if self.deps_here(task, found) && !self.workdir_taken(task) {
+            if self.deps_here(task, found, farms) && !self.workdir_taken(task, farms) {
                 ready.push((*task, grant.clone()));
                 false
             } else {
                 true
             }
         });
-        self.tasks.waiting_deps = waiting;
+        self.waiting_deps = waiting;
         for (task, grant) in ready {
-            self.start(task, grant);
+            self.start(task, grant, farms);
         }
     }
 
     /// A task killed while it waited for its dependencies' outputs ends as
     /// its process would have, never having started. False when it was not waiting.
     pub(super) fn unwait(&mut self, task: Assigned, reason: KillReason) -> bool {
-        let Some(at) = self
-            .tasks
-            .waiting_deps
-            .iter()
-            .position(|(t, ..)| *t == task)
-        else {
+        let Some(at) = self.waiting_deps.iter().position(|(t, ..)| *t == task) else {
             return false;
         };
-        self.tasks.waiting_deps.swap_remove(at);
+        self.waiting_deps.swap_remove(at);
         let sig = executor::kill_signal(reason) as i32;
-        let now = self.now();
-        self.peer.task_finished(
-            now,
-            task,
-            Outcome {
-                result: TaskResult::Signaled(sig),
-                key: None,
-                duration_ms: 0,
-                ended_ms: crate::state::unix_ms(),
-                grew: None,
-                logs: 0,
-                stderr_line: None,
-                usage: None,
-            },
-            Vec::new(),
-        );
+        self.end_unrun(task, TaskResult::Signaled(sig));
         true
     }
 }

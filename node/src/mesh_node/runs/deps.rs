@@ -15,14 +15,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mesh_protocol::farm::TaskRef;
-use mesh_protocol::mesh::{void_place, Entry, FarmId, FarmSpec, NodeId, OutputFile};
+use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId, OutputFile};
 use mesh_protocol::wire::{DepOutputs, Request, Response};
-use tokio::sync::oneshot;
 
-use super::refusals::{Answer, RequestError};
 use super::staging::{fetch_any, file_hash, place_riding, replace_with};
 use super::transfer::{FetchError, Transfers};
-use super::{Call, LoopHandle, Node};
+use super::{Farms, Runs};
+use crate::mesh_node::refusals::RequestError;
+use crate::mesh_node::LoopHandle;
 use crate::warm::Riding;
 
 /// How long a task waits for what it depends on (a run made again after
@@ -35,7 +35,7 @@ const DEPS_WAIT: Duration = Duration::from_secs(600);
 const REMADE_HOLD: Duration = Duration::from_secs(3);
 
 /// Why the outputs a task depends on are not in place.
-pub(super) enum NotPlaced {
+pub(in crate::mesh_node) enum NotPlaced {
     /// Some are being made again: the task goes back, unstarted.
     Remade,
     /// Not in place within [`DEPS_WAIT`], for the last reason seen.
@@ -44,7 +44,7 @@ pub(super) enum NotPlaced {
 
 /// Why the outputs a task depends on are not in place yet.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum DepsError {
+pub(in crate::mesh_node) enum DepsError {
     #[error(transparent)]
     Ask(#[from] RequestError),
     #[error("an unexpected answer from the coordinator")]
@@ -55,74 +55,27 @@ pub(super) enum DepsError {
     Fetch(#[from] FetchError),
 }
 
-impl Node {
-    /// Answers [`Request::DepOutputs`] from the farm's log as this node has
-    /// it: the coordinator's, or a copy's.
-    pub(super) fn dep_outputs(&self, farm: FarmId, task: TaskRef) -> Response {
-        let (log, home) = match (self.peer.coordinated_log(farm), self.peer.replica(farm)) {
-            (Some(log), _) => (
-                log,
-                self.peer.coordinated_farm(farm, 0).map(|(h, ..)| h.node),
-            ),
-            (None, Some(r)) => (&r.log, Some(r.home_of.node)),
-            (None, None) => return Response::Error(format!("farm {farm} is not known here")),
-        };
-        let Some(spec) = self.peer.spec(farm) else {
-            return Response::Error(format!("farm {farm} is not known here"));
-        };
-        let def = &spec.def;
-        let mut answer = DepOutputs {
-            home,
-            ..DepOutputs::default()
-        };
-        let mut n = 0;
-        while let Some(d) = def.dependency(task, n) {
-            n += 1;
-            if def.stage(d).outputs.is_empty() || void_place(def, log, d) {
-                continue;
-            }
-            match log.get(d) {
-                Some(Entry::Done { node, outputs, .. }) => {
-                    answer.done.push((d, *node, outputs.to_vec()));
-                }
-                _ => answer.waiting += 1,
-            }
-        }
-        Response::DepOutputs(answer)
-    }
-
-    /// Asks the coordinator, whichever node it is now.
-    pub(super) fn ask_of_coordinator(&mut self, req: Request, reply: oneshot::Sender<Answer>) {
-        match self.peer.coordinator() {
-            Some(to) => self.on_call(Call::Request { to, req, reply }),
-            None => {
-                let _ = reply.send(Err(RequestError::NoCoordinator));
-            }
-        }
-    }
-}
-
 /// Where a task's dependencies come from, and where they go.
-pub(super) struct DepsPlace {
-    pub(super) farm: FarmId,
-    pub(super) task: TaskRef,
-    pub(super) me: NodeId,
+pub(in crate::mesh_node) struct DepsPlace {
+    pub(in crate::mesh_node) farm: FarmId,
+    pub(in crate::mesh_node) task: TaskRef,
+    pub(in crate::mesh_node) me: NodeId,
     /// This node's `{out}` for the farm.
-    pub(super) out: PathBuf,
-    pub(super) cache: PathBuf,
+    pub(in crate::mesh_node) out: PathBuf,
+    pub(in crate::mesh_node) cache: PathBuf,
     /// The outputs this node made for the farm, by hash.
-    pub(super) held: PathBuf,
+    pub(in crate::mesh_node) held: PathBuf,
     /// The task runs in a warm Python worker: the outputs that rode with
     /// the log are handed to it in memory, not put in files (see
     /// `executor::Launch::riding`).
-    pub(super) in_memory: bool,
+    pub(in crate::mesh_node) in_memory: bool,
 }
 
 /// Puts every output `p.task` depends on under `p.out`, from this node's
 /// own, its cache, the node that made it or the home; waits (asking
 /// again) while a dependency is being made again. Bytes fetched from
 /// other nodes are counted by the transfers.
-pub(super) async fn place_deps(
+pub(in crate::mesh_node) async fn place_deps(
     t: &Arc<Transfers>,
     handle: &LoopHandle,
     spec: &FarmSpec,
@@ -250,12 +203,18 @@ fn in_place(dest: &Path, of: &[&Path], hash: &[u8; 32]) -> bool {
         || file_hash(dest).is_ok_and(|h| h == *hash)
 }
 
-impl Node {
+impl Runs {
     /// On the home: serves a task's outputs from the farm's output folder,
     /// by hash, to nodes whose tasks depend on them (after the node that
     /// made them is gone, the home is the one left with them).
-    pub(super) fn serve_outputs(&self, farm: FarmId, task: TaskRef, outputs: &[OutputFile]) {
-        let Some(r) = self.peer.replica(farm).filter(|r| r.home) else {
+    pub(in crate::mesh_node) fn serve_outputs(
+        &self,
+        farm: FarmId,
+        task: TaskRef,
+        outputs: &[OutputFile],
+        farms: &dyn Farms,
+    ) {
+        let Some(r) = farms.replica(farm).filter(|r| r.home) else {
             return;
         };
         let dir = PathBuf::from(r.out_dir())
@@ -269,11 +228,11 @@ impl Node {
 
     /// At start: the outputs of every farm this node is the home of that
     /// are here, served again (see `serve_outputs`).
-    pub(super) fn serve_home_outputs(&self) {
-        for r in self.peer.replicas().filter(|r| r.home) {
+    pub(in crate::mesh_node) fn serve_home_outputs(&self, farms: &dyn Farms) {
+        for r in farms.replicas().filter(|r| r.home) {
             for &t in &r.collected {
                 if let Some(Entry::Done { outputs, .. }) = r.log.get(t) {
-                    self.serve_outputs(r.id(), t, outputs);
+                    self.serve_outputs(r.id(), t, outputs, farms);
                 }
             }
         }

@@ -11,51 +11,39 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use libp2p::PeerId;
 use mesh_protocol::farm::{path_stays_inside, FarmDef, TaskRef};
 use mesh_protocol::mesh::{FarmId, FarmSpec, InputFile, NodeId, OutputFile};
 
 use super::transfer::{self, hash_file, keep_pieces, Fetch, FetchError, Fetching, Transfers};
-use super::{Event, LoopHandle, Node};
+use super::{Farms, Runs};
+use crate::mesh_node::{Event, LoopHandle};
 use crate::results::walk;
 
-impl Node {
-    /// Has the peer ask about every farm this node keeps outputs of (see
-    /// `Peer::restore_kept`): at start, and on following a new coordinator.
-    pub(super) fn ask_about_kept(&mut self) {
-        self.peer
-            .restore_kept(kept_farms(&self.state).into_iter().map(|(f, _)| f));
-    }
-
-    pub(super) fn serve_inputs(&mut self, spec: &FarmSpec) {
+impl Runs {
+    pub(in crate::mesh_node) fn serve_inputs(&mut self, spec: &FarmSpec) {
         let root = PathBuf::from(&spec.def.root);
         for i in &spec.inputs {
             self.transfers.serve_file(i.hash, root.join(&i.path));
         }
     }
 
-    /// The peer id of a node a transfer asks, dialling it if need be.
-    pub(super) fn peer_of(&mut self, to: NodeId) -> Option<PeerId> {
-        self.net.peer_of(to, &self.peer)
-    }
-
     /// Nodes to ask for a farm's files, in order: its submitter, the
     /// coordinator (which keeps a copy), then every other member.
-    pub(super) fn sources(&self, farm: FarmId) -> Vec<NodeId> {
-        let mut v: Vec<NodeId> = self.peer.spec(farm).map(|s| s.origin).into_iter().collect();
-        v.extend(self.peer.coordinator());
-        v.extend(self.peer.members().map(|m| m.id));
+    pub(in crate::mesh_node) fn sources(&self, farm: FarmId, farms: &dyn Farms) -> Vec<NodeId> {
+        let mut v: Vec<NodeId> = farms.spec(farm).map(|s| s.origin).into_iter().collect();
+        v.extend(farms.coordinator());
+        v.extend(farms.member_ids());
         let mut seen = HashSet::new();
         v.retain(|n| *n != self.me && seen.insert(*n));
         v
     }
 
     /// Brings every input of a farm this node keeps a copy of into its cache.
-    pub(super) fn fetch_inputs(&mut self, farm: FarmId) {
-        let Some(spec) = self.peer.spec(farm).cloned() else {
+    pub(in crate::mesh_node) fn fetch_inputs(&mut self, farm: FarmId, farms: &dyn Farms) {
+        let Some(spec) = farms.spec(farm).cloned() else {
             return;
         };
-        let sources = self.sources(farm);
+        let sources = self.sources(farm, farms);
         let cache = self.state.join("cache");
         let handle = self.handle.clone();
         let t = self.transfers.clone();
@@ -80,14 +68,15 @@ impl Node {
     }
 
     /// Brings a task's outputs home from the node that keeps them.
-    pub(super) fn fetch_outputs(
+    pub(in crate::mesh_node) fn fetch_outputs(
         &mut self,
         farm: FarmId,
         task: TaskRef,
         from: NodeId,
         outputs: Arc<[OutputFile]>,
+        farms: &dyn Farms,
     ) {
-        let dir = self.peer.replica(farm).map(|r| {
+        let dir = farms.replica(farm).map(|r| {
             let stage = &r.spec.def.stage(task).name;
             PathBuf::from(r.out_dir())
                 .join(stage)
@@ -118,17 +107,20 @@ impl Node {
 }
 
 /// The farm's input at `path`, as its submitter listed it.
-pub(super) fn input_file<'a>(spec: &'a FarmSpec, path: &str) -> Option<&'a InputFile> {
+pub(in crate::mesh_node) fn input_file<'a>(
+    spec: &'a FarmSpec,
+    path: &str,
+) -> Option<&'a InputFile> {
     spec.inputs.iter().find(|i| i.path == path)
 }
 
-pub(super) fn input_hash(spec: &FarmSpec, path: &str) -> [u8; 32] {
+pub(in crate::mesh_node) fn input_hash(spec: &FarmSpec, path: &str) -> [u8; 32] {
     input_file(spec, path).map(|i| i.hash).unwrap_or([0; 32])
 }
 
 /// Why a farm could not be submitted from this node.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum SubmitError {
+pub(in crate::mesh_node) enum SubmitError {
     /// Submitted from another machine (`mesh --mesh ADDR submit`): the
     /// farm's files are read here, and its outputs written here.
     #[error("this node cannot see the farm's folder {}: a farm submitted from another machine must be in a folder the node shares (on a cluster, the home or project file system)", .0.display())]
@@ -140,7 +132,11 @@ pub(super) enum SubmitError {
 }
 
 /// The farm as it travels: every input file the farm names, hashed.
-pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<FarmSpec, SubmitError> {
+pub(in crate::mesh_node) fn make_spec(
+    def: FarmDef,
+    file: &str,
+    origin: NodeId,
+) -> Result<FarmSpec, SubmitError> {
     let root = PathBuf::from(&def.root);
     if !root.is_dir() {
         return Err(SubmitError::Unseen(root));
@@ -160,7 +156,7 @@ pub(super) fn make_spec(def: FarmDef, file: &str, origin: NodeId) -> Result<Farm
 
 /// The input files the stages of `def` from stage `from` on name, each
 /// once (`seen`: those listed already), hashed.
-pub(super) fn hash_inputs(
+pub(in crate::mesh_node) fn hash_inputs(
     def: &FarmDef,
     from: usize,
     seen: &mut HashSet<String>,
@@ -220,7 +216,7 @@ fn new_farm_id(origin: NodeId, file: &str) -> Result<FarmId, SubmitError> {
 
 /// Why a task's outputs were not listed or kept (the task fails with it).
 #[derive(Debug, thiserror::Error)]
-pub(super) enum KeepError {
+pub(in crate::mesh_node) enum KeepError {
     #[error("cannot list outputs: {0}")]
     List(io::Error),
     #[error("{}: {source}", .path.display())]
@@ -232,7 +228,7 @@ pub(super) enum KeepError {
 }
 
 /// Every file under `dir` with its blake3 hash and size.
-pub(super) fn manifest(dir: &Path) -> Result<Vec<OutputFile>, KeepError> {
+pub(in crate::mesh_node) fn manifest(dir: &Path) -> Result<Vec<OutputFile>, KeepError> {
     Ok(hashed(dir)?.into_iter().map(|(o, _)| o).collect())
 }
 
@@ -265,7 +261,7 @@ fn hashed(dir: &Path) -> Result<Vec<(OutputFile, mesh_protocol::pieces::Pieces)>
 
 /// The farms this node keeps outputs of, and their folders
 /// (`<state>/kept/<farm>/`, one file per output, named by its hash).
-pub(super) fn kept_farms(state: &Path) -> Vec<(FarmId, PathBuf)> {
+pub(in crate::mesh_node) fn kept_farms(state: &Path) -> Vec<(FarmId, PathBuf)> {
     let Ok(dirs) = fs::read_dir(state.join(crate::state::KEPT_DIR)) else {
         return Vec::new();
     };
@@ -278,7 +274,7 @@ pub(super) fn kept_farms(state: &Path) -> Vec<(FarmId, PathBuf)> {
 }
 
 /// Bytes of the files in `dir` (a farm's kept outputs).
-pub(super) fn kept_bytes(dir: &Path) -> u64 {
+pub(in crate::mesh_node) fn kept_bytes(dir: &Path) -> u64 {
     fs::read_dir(dir)
         .map(|files| {
             files
@@ -293,7 +289,10 @@ pub(super) fn kept_bytes(dir: &Path) -> u64 {
 
 /// Moves every file under `dir` into `kept` under its blake3 hash; the manifest.
 /// Their pieces are written down beside them, for the transfer home.
-pub(super) fn keep_outputs(dir: &Path, held: &Path) -> Result<Vec<OutputFile>, KeepError> {
+pub(in crate::mesh_node) fn keep_outputs(
+    dir: &Path,
+    held: &Path,
+) -> Result<Vec<OutputFile>, KeepError> {
     let files = hashed(dir)?;
     fs::create_dir_all(held).map_err(|source| KeepError::Create {
         path: held.to_path_buf(),
@@ -347,7 +346,10 @@ async fn fetch_all(
 
 /// Leaves in a task's folder under `{out}` what its run made and nothing
 /// else: a file an earlier run of it left there goes (see `results::prune`).
-pub(super) fn only_outputs(dir: &Path, outputs: &[OutputFile]) -> Result<(), FetchError> {
+pub(in crate::mesh_node) fn only_outputs(
+    dir: &Path,
+    outputs: &[OutputFile],
+) -> Result<(), FetchError> {
     let keep = outputs.iter().map(|o| o.path.as_str()).collect();
     crate::results::prune(dir, &keep).map_err(FetchError::io(FetchError::Place, dir))
 }
@@ -402,7 +404,7 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), FetchError> {
     Ok(())
 }
 
-pub(super) fn file_hash(path: &Path) -> io::Result<[u8; 32]> {
+pub(in crate::mesh_node) fn file_hash(path: &Path) -> io::Result<[u8; 32]> {
     let mut h = blake3::Hasher::new();
     h.update_reader(fs::File::open(path)?)?;
     Ok(*h.finalize().as_bytes())
@@ -415,15 +417,15 @@ const INPUT_WAIT: Duration = Duration::from_secs(60);
 /// its home: the first of the nodes that has each, by way of this node's
 /// cache.
 #[derive(Clone, Copy)]
-pub(super) struct InputSources<'a> {
-    pub(super) farm: FarmId,
-    pub(super) nodes: &'a [NodeId],
-    pub(super) cache: &'a Path,
+pub(in crate::mesh_node) struct InputSources<'a> {
+    pub(in crate::mesh_node) farm: FarmId,
+    pub(in crate::mesh_node) nodes: &'a [NodeId],
+    pub(in crate::mesh_node) cache: &'a Path,
 }
 
 /// Puts the input of `hash` at `dest` with `mode`, from this node's cache
 /// or fetched once from the first of its sources that has it.
-pub(super) async fn fetch_input(
+pub(in crate::mesh_node) async fn fetch_input(
     t: &Arc<Transfers>,
     handle: &LoopHandle,
     from: &InputSources<'_>,
@@ -505,7 +507,7 @@ mod placed {
     }
 
     /// Whether the file at `path` has the contents of `hash`.
-    pub(super) fn holds(path: &Path, hash: &[u8; 32]) -> bool {
+    pub(in crate::mesh_node) fn holds(path: &Path, hash: &[u8; 32]) -> bool {
         let Some(now) = seen(path) else {
             return false;
         };
@@ -522,7 +524,7 @@ mod placed {
     }
 
     /// `path` was just given the contents of `hash`.
-    pub(super) fn note(path: &Path, hash: [u8; 32]) {
+    pub(in crate::mesh_node) fn note(path: &Path, hash: [u8; 32]) {
         if let Some(now) = seen(path) {
             remember(path, now, hash);
         }
@@ -540,7 +542,7 @@ mod placed {
 /// Puts an output whose bytes rode with the log (see
 /// [`OutputFile::rides`]) at `dest` as a file, for a task that reads it:
 /// left as it is when the file there has its hash, else replaced whole.
-pub(super) fn place_riding(o: &OutputFile, dest: &Path) -> Result<(), FetchError> {
+pub(in crate::mesh_node) fn place_riding(o: &OutputFile, dest: &Path) -> Result<(), FetchError> {
     let Some(data) = &o.data else {
         return Ok(());
     };
@@ -556,14 +558,18 @@ pub(super) fn place_riding(o: &OutputFile, dest: &Path) -> Result<(), FetchError
 
 /// Puts a copy of `cached` at `dest` with `mode`, replacing what is there
 /// whole (see `results::put`).
-pub(super) fn replace_with(cached: &Path, dest: &Path, mode: u32) -> Result<(), FetchError> {
+pub(in crate::mesh_node) fn replace_with(
+    cached: &Path,
+    dest: &Path,
+    mode: u32,
+) -> Result<(), FetchError> {
     crate::results::put(cached, dest).map_err(FetchError::io(FetchError::Place, dest))?;
     set_mode(dest, mode)
 }
 
 /// Fetches a file by its blake3 hash from the first of `sources` that has
 /// it, into this node's cache (its pieces kept beside it, to serve it on).
-pub(super) async fn fetch_any(
+pub(in crate::mesh_node) async fn fetch_any(
     t: &Arc<Transfers>,
     handle: &LoopHandle,
     sources: &[NodeId],

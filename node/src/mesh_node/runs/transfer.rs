@@ -33,7 +33,7 @@ use mesh_protocol::pieces::{piece_count, Cv, PieceError, PieceHasher, Pieces};
 use mesh_protocol::wire::{DataAsk, DataFrom, DataHead, Refusal, DATA_PROTOCOL};
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use super::{Event, LoopHandle};
+use crate::mesh_node::{Event, LoopHandle};
 use crate::net;
 
 /// A node fetches at most this many files at once; the others wait their
@@ -66,7 +66,7 @@ const OPEN_TRIES: u32 = 6;
 /// Clone, as a second fetch of the same file shares the first's end;
 /// hence the `Arc`s around errors that are not.
 #[derive(Clone, Debug, thiserror::Error)]
-pub(super) enum FetchError {
+pub(in crate::mesh_node) enum FetchError {
     /// The node asked (or this one, for what it ran itself) keeps no such file.
     #[error("no such file on this node")]
     Missing,
@@ -136,7 +136,7 @@ pub(super) enum FetchError {
 
 impl FetchError {
     /// An I/O error about `path`, as `kind` says it.
-    pub(super) fn io(
+    pub(in crate::mesh_node) fn io(
         kind: fn(PathBuf, Arc<io::Error>) -> FetchError,
         path: &Path,
     ) -> impl FnOnce(io::Error) -> FetchError {
@@ -166,7 +166,7 @@ fn said(why: &[(NodeId, FetchError)]) -> String {
 }
 
 /// This node's transfers, shared by the loop and the spawned work.
-pub(super) struct Transfers {
+pub(in crate::mesh_node) struct Transfers {
     state: PathBuf,
     /// The files this node keeps (held outputs, its cache) are on a file
     /// system other nodes see at the same path: they are told where.
@@ -183,7 +183,7 @@ pub(super) struct Transfers {
     /// Tasks whose outputs come home now (the home asks again for those
     /// that take long: the transfer under way answers).
     tasks: Mutex<HashSet<(FarmId, TaskRef)>>,
-    pub(super) stats: Stats,
+    pub(in crate::mesh_node) stats: Stats,
 }
 
 /// A fetch under way, as a second fetch of the same file waits for it.
@@ -191,7 +191,7 @@ type Landing = watch::Receiver<Option<Result<Got, FetchError>>>;
 
 /// What this node's transfers moved, for views and tests.
 #[derive(Default)]
-pub(super) struct Stats {
+pub(in crate::mesh_node) struct Stats {
     /// Bytes sent to other nodes, and received, verified, from them.
     pub sent: AtomicU64,
     pub received: AtomicU64,
@@ -208,7 +208,7 @@ pub(super) struct Stats {
 
 impl Stats {
     /// Puts the bytes moved into a node's counters.
-    pub(super) fn count(&self, c: &mut mesh_protocol::observe::Counters) {
+    pub(in crate::mesh_node) fn count(&self, c: &mut mesh_protocol::observe::Counters) {
         c.bytes_sent = self.sent.load(Ordering::Relaxed);
         c.bytes_received = self.received.load(Ordering::Relaxed);
         c.bytes_in_place = self.in_place.load(Ordering::Relaxed);
@@ -217,7 +217,7 @@ impl Stats {
 
 /// How a fetched file came.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Got {
+pub(in crate::mesh_node) enum Got {
     /// Over the mesh: this many bytes (less than the file when it went on
     /// from what a cut transfer left).
     Sent(u64),
@@ -226,7 +226,11 @@ pub(super) enum Got {
 }
 
 impl Transfers {
-    pub(super) fn new(state: PathBuf, shared: bool, streams: libp2p_stream::Control) -> Transfers {
+    pub(in crate::mesh_node) fn new(
+        state: PathBuf,
+        shared: bool,
+        streams: libp2p_stream::Control,
+    ) -> Transfers {
         Transfers {
             state: std::path::absolute(&state).unwrap_or(state),
             shared,
@@ -240,22 +244,22 @@ impl Transfers {
         }
     }
 
-    pub(super) fn serve_file(&self, hash: [u8; 32], path: PathBuf) {
+    pub(in crate::mesh_node) fn serve_file(&self, hash: [u8; 32], path: PathBuf) {
         lock(&self.blobs).insert(hash, path);
     }
 
     /// Whether a fetch of `task`'s outputs may begin (none is under way).
-    pub(super) fn begin_task(&self, farm: FarmId, task: TaskRef) -> bool {
+    pub(in crate::mesh_node) fn begin_task(&self, farm: FarmId, task: TaskRef) -> bool {
         lock(&self.tasks).insert((farm, task))
     }
 
-    pub(super) fn end_task(&self, farm: FarmId, task: TaskRef) {
+    pub(in crate::mesh_node) fn end_task(&self, farm: FarmId, task: TaskRef) {
         lock(&self.tasks).remove(&(farm, task));
     }
 
     /// Whether this node sends or was sending a file lately (a stopping
     /// node lingers for the home).
-    pub(super) fn quiet_since(&self) -> Option<Instant> {
+    pub(in crate::mesh_node) fn quiet_since(&self) -> Option<Instant> {
         if self.stats.sending.load(Ordering::Relaxed) > 0 {
             return Some(Instant::now());
         }
@@ -282,7 +286,7 @@ impl Transfers {
     }
 
     /// Bytes of `farm`'s outputs brought home, and of files still coming.
-    pub(super) fn home_bytes(&self, farm: FarmId) -> (u64, u64) {
+    pub(in crate::mesh_node) fn home_bytes(&self, farm: FarmId) -> (u64, u64) {
         lock(&self.stats.home)
             .get(&farm)
             .copied()
@@ -310,7 +314,7 @@ impl Transfers {
 
 /// Whether `dir` is on a network file system (NFS, Lustre, GPFS, BeeGFS,
 /// CephFS, SMB): then other nodes likely see it at the same path.
-pub(super) fn shared_fs(dir: &Path) -> bool {
+pub(in crate::mesh_node) fn shared_fs(dir: &Path) -> bool {
     const NETWORK: [i64; 7] = [
         0x6969,      // NFS
         0x0BD0_0BD0, // Lustre
@@ -331,14 +335,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Where the pieces of a file kept here are written down, so that serving
 /// it does not read it twice.
-pub(super) fn pieces_path(file: &Path) -> PathBuf {
+pub(in crate::mesh_node) fn pieces_path(file: &Path) -> PathBuf {
     let mut name = file.file_name().unwrap_or_default().to_owned();
     name.push(".pieces");
     file.with_file_name(name)
 }
 
 /// Writes down a file's pieces beside it (only files of more than one piece have any).
-pub(super) fn keep_pieces(file: &Path, pieces: &Pieces) {
+pub(in crate::mesh_node) fn keep_pieces(file: &Path, pieces: &Pieces) {
     if pieces.cvs.is_empty() {
         return;
     }
@@ -348,7 +352,7 @@ pub(super) fn keep_pieces(file: &Path, pieces: &Pieces) {
 }
 
 /// A file's blake3 hash and pieces, read once.
-pub(super) fn hash_file(path: &Path) -> io::Result<(Cv, Pieces)> {
+pub(in crate::mesh_node) fn hash_file(path: &Path) -> io::Result<(Cv, Pieces)> {
     let mut f = fs::File::open(path)?;
     let size = f.metadata()?.len();
     let mut h = PieceHasher::new(size);
@@ -396,7 +400,10 @@ fn pieces_of(path: &Path, aside: Option<&Path>, hash: &Cv) -> io::Result<Pieces>
 // ----- the sender -----
 
 /// Takes every stream of files asked of this node.
-pub(super) async fn accept_data(mut incoming: libp2p_stream::IncomingStreams, t: Arc<Transfers>) {
+pub(in crate::mesh_node) async fn accept_data(
+    mut incoming: libp2p_stream::IncomingStreams,
+    t: Arc<Transfers>,
+) {
     while let Some((peer, stream)) = incoming.next().await {
         let t = t.clone();
         tokio::spawn(async move {
@@ -517,7 +524,7 @@ async fn within<T>(
 /// What a file is fetched as, which says what is done with it beside
 /// bringing it.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Fetching {
+pub(in crate::mesh_node) enum Fetching {
     /// An output coming home: counted in the farm's progress.
     Home,
     /// An input for this node's cache: its pieces are written beside it,
@@ -528,17 +535,17 @@ pub(super) enum Fetching {
 /// A file to bring from another node: which (by its farm and hash), from
 /// which node, where it goes, and what for.
 #[derive(Clone, Copy)]
-pub(super) struct Fetch<'a> {
-    pub(super) from: NodeId,
-    pub(super) farm: FarmId,
-    pub(super) hash: [u8; 32],
-    pub(super) dest: &'a Path,
-    pub(super) what: Fetching,
+pub(in crate::mesh_node) struct Fetch<'a> {
+    pub(in crate::mesh_node) from: NodeId,
+    pub(in crate::mesh_node) farm: FarmId,
+    pub(in crate::mesh_node) hash: [u8; 32],
+    pub(in crate::mesh_node) dest: &'a Path,
+    pub(in crate::mesh_node) what: Fetching,
 }
 
 /// Brings the file `f` asks for, checked, going on from what an earlier
 /// cut transfer left where it goes.
-pub(super) async fn fetch(
+pub(in crate::mesh_node) async fn fetch(
     t: &Arc<Transfers>,
     handle: &LoopHandle,
     f: Fetch<'_>,
@@ -703,7 +710,7 @@ async fn ask(
 
 /// Where a file is written while it comes: beside where it goes, hidden,
 /// and kept when the transfer is cut.
-pub(super) fn part_path(dest: &Path) -> PathBuf {
+pub(in crate::mesh_node) fn part_path(dest: &Path) -> PathBuf {
     let name = dest.file_name().unwrap_or_default().to_string_lossy();
     dest.with_file_name(format!(".{name}.part"))
 }
