@@ -535,7 +535,7 @@ fn prepare_submit(handle: &LoopHandle, origin: NodeId, farm: Incoming<'_>, reply
     write_manifests(&def.out, &def.stages, &reply);
     let spec = make_spec(def, file, origin).map(|mut spec| {
         spec.open = open;
-        let keys = super::reuse::task_keys(&spec, 0);
+        let keys = super::kept::task_keys(&spec, 0);
         (spec, keys)
     });
     let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));

@@ -217,6 +217,7 @@ impl Node {
                 files_limit: p.files.limit,
                 throttle: limits::Throttle::new(THROTTLE),
             }),
+            kept: super::kept::Kept::new(p.me, p.handle.clone()),
             runs: Runs::new(RunsParts {
                 state: opts.state.clone(),
                 me: p.me,

@@ -5,6 +5,7 @@ use mesh_protocol::mesh::{Fetched, NodeId};
 use mesh_protocol::wire::Request;
 use tokio::sync::oneshot;
 
+use super::kept::Submitting;
 use super::refusals::{Answer, RequestError};
 use super::runs::FetchError;
 use super::{Call, Cmd, Event, Node};
@@ -116,7 +117,12 @@ impl Node {
                 }
                 Ok((spec, keys)) => {
                     self.runs.serve_inputs(&spec);
-                    self.submit_reusing(spec, keys, &rerun, reply);
+                    self.submit_reusing(Submitting {
+                        spec,
+                        keys,
+                        rerun,
+                        reply,
+                    });
                 }
             },
             Event::SubmitReused(spec, reused, reply) => self.submit_now(*spec, reused, reply),

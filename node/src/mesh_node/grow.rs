@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use mesh_protocol::mesh::FarmSpec;
 
 use super::commands::{invalid, write_manifests, Growth};
+use super::kept::{task_keys, TaskKeys};
 use super::refusals::QueryError;
 use super::reply::Reply;
-use super::reuse::{task_keys, TaskKeys};
 use super::runs::hash_inputs;
 use super::{Event, Node};
 use crate::control::{ControlResponse, ErrorKind};
@@ -227,7 +227,10 @@ impl Node {
         let id = next.id;
         self.runs.serve_inputs(&next);
         let from = self.peer.spec(id).map_or(0, |s| s.def.stages.len());
-        let reused = keys.map_or_else(Vec::new, |k| self.reused_in_growth(&next, &k, from));
+        let reused = keys.map_or_else(Vec::new, |k| {
+            let (kept, mut lent) = self.lent();
+            kept.reused_in_growth(&mut lent, &next, &k, from)
+        });
         let now = self.now();
         if !self.peer.grow(now, next, reused) {
             let _ = reply.send(ControlResponse::error(

@@ -40,7 +40,8 @@ impl Node {
                 self.net.respond(channel, resp);
             }
             Request::Kept { keys } => {
-                let resp = Response::Kept(self.kept_here(&keys));
+                let (kept, mut lent) = self.lent();
+                let resp = Response::Kept(kept.kept_here(&mut lent, &keys));
                 self.net.respond(channel, resp);
             }
             Request::FindFarm { query } => {

@@ -136,7 +136,11 @@ impl Node {
         };
         // A task reused from an earlier farm did not run in this one: its
         // logs are those of the run that made its outputs.
-        let (farm, task, known, attempt) = match self.reused_from(spec.id, task) {
+        let reused = {
+            let (kept, lent) = self.lent();
+            kept.reused_from(&lent, spec.id, task)
+        };
+        let (farm, task, known, attempt) = match reused {
             Some(r) if ask.attempt.is_none() => {
                 (r.farm, r.task, Some((r.node, false)), Some(r.attempt))
             }

@@ -16,14 +16,15 @@ mod feed;
 mod grow;
 mod handle;
 mod inbound;
+mod kept;
 mod logs;
 mod net;
 mod queries;
 mod refusals;
 mod reply;
-mod reuse;
 mod runs;
 mod source;
+mod submit;
 mod views;
 
 use std::collections::{HashMap, HashSet};
@@ -149,11 +150,11 @@ enum Event {
     /// An open farm's next generation, made off the loop, to offer.
     /// With each task's key unless its tasks all run (`rerun`).
     Grow(
-        Result<(FarmSpec, Option<reuse::TaskKeys>), grow::GrowError>,
+        Result<(FarmSpec, Option<kept::TaskKeys>), grow::GrowError>,
         Reply,
     ),
     Submit(
-        Result<(FarmSpec, reuse::TaskKeys), runs::SubmitError>,
+        Result<(FarmSpec, kept::TaskKeys), runs::SubmitError>,
         Vec<bool>,
         Reply,
     ),
@@ -203,6 +204,8 @@ struct Node {
     /// The attempts this node runs and those waiting to, the files they
     /// move, and the record of their runs.
     runs: Runs,
+    /// Earlier farms' results kept here by content key, for later ones.
+    kept: kept::Kept,
     /// The farms submitted here, and the clients that follow them.
     home: Home,
     /// What the person running this node hears, and how they asked it to stop.

@@ -41,7 +41,7 @@ pub(super) struct Origin {
     /// then (the rate is over the time between two counts).
     data_counted: Option<(Instant, u64)>,
     /// How far into the log results are written down for reuse as they
-    /// land (see `reuse.rs`), and the done tasks whose outputs were not
+    /// land (see `kept/`), and the done tasks whose outputs were not
     /// home yet then.
     pub(super) remembered: u64,
     pub(super) remember_wait: Vec<mesh_protocol::ids::TaskRef>,

@@ -1,4 +1,4 @@
-//! Earlier results on a farm's home: what each finished farm left, by content key, and a new submission's tasks done before put in place instead of run again.
+//! The node's kept room: earlier results on a farm's home: what each finished farm left, by content key, and a new submission's tasks done before put in place instead of run again.
 //!
 //! The home writes down, when a farm it is the home of ends, where each
 //! done task's outputs are (see `crate::results`), under the task's content
@@ -12,6 +12,11 @@
 //! coordinator know them): what they keep is done from the start too, its
 //! outputs brought here as those of any task run elsewhere (and the task
 //! run again should that node be gone before they come).
+//!
+//! The room is [`Kept`]: the loop lends it the store, the transfers that
+//! serve what it puts in place and the farms (read-only, through
+//! [`Farms`]) as a [`Lent`]; it never touches the `Peer`. A submission it
+//! has looked at comes back to the loop to be submitted.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -22,13 +27,12 @@ use mesh_protocol::home;
 pub(super) use mesh_protocol::home::TaskKeys;
 use mesh_protocol::mesh::{files_to_bring, Entry, FarmId, FarmSpec, NodeId, OutputFile, Ran};
 use mesh_protocol::wire::{Request, Response};
-use mesh_store::{mesh::NODE_KEY, Store, Write};
+use mesh_store::{mesh::NODE_KEY, SledStore, Store, Write};
 use serde::{Deserialize, Serialize};
 
 use super::reply::Reply;
-use super::runs::input_hash;
-use super::views::Origin;
-use super::{Event, Node};
+use super::runs::{input_hash, Farms, Transfers};
+use super::{Event, LoopHandle};
 use crate::control::ControlResponse;
 use crate::results::{meta_name, Place, Results};
 
@@ -42,7 +46,7 @@ const HOMES_ASKED: usize = 16;
 /// What the home keeps of a content key: where its outputs were left, and
 /// the outputs themselves (their hashes and modes travel with the entry).
 #[derive(Debug, Default, Serialize, Deserialize)]
-struct Kept {
+struct KeptResult {
     places: Results,
     outputs: Vec<OutputFile>,
     /// What its run grew (see `Outcome::grew`), for the stages grown from it.
@@ -57,7 +61,7 @@ struct Kept {
 /// task's kept result, and which folder of the farm's `out` holds which
 /// task's result.
 struct KeptHere {
-    tasks: HashMap<TaskRef, Kept>,
+    tasks: HashMap<TaskRef, KeptResult>,
     holder: HashMap<PathBuf, TaskRef>,
 }
 
@@ -70,12 +74,39 @@ struct Reusing {
     wanted: Vec<(TaskRef, [u8; 32])>,
 }
 
-impl Kept {
+impl KeptResult {
     /// Its outputs all rode with the log: kept here whole, in no folder.
     fn rides(&self) -> bool {
         !self.outputs.is_empty() && !files_to_bring(&self.outputs)
     }
 }
+
+/// The kept room: what it needs of its own; the rest is lent.
+pub(super) struct Kept {
+    me: NodeId,
+    handle: LoopHandle,
+}
+
+/// What the loop lends the kept room for one call.
+pub(super) struct Lent<'a> {
+    pub(super) store: &'a mut SledStore,
+    pub(super) transfers: &'a Transfers,
+    pub(super) farms: &'a dyn Farms,
+}
+
+/// A farm submitted here, its inputs hashed: its tasks' keys, and per
+/// stage whether its earlier results may be reused (not when `--rerun`
+/// names it).
+pub(super) struct Submitting {
+    pub(super) spec: FarmSpec,
+    pub(super) keys: TaskKeys,
+    pub(super) rerun: Vec<bool>,
+    pub(super) reply: Reply,
+}
+
+/// A submission looked at: to submit now with the tasks done before, or
+/// (`None`) waiting for the earlier homes' answers, off the loop.
+pub(super) type Looked = Option<(FarmSpec, Vec<Entry>, Reply)>;
 
 /// Where a kept result was made: the farm, its task, the attempt and the
 /// node whose log folder has what that run wrote.
@@ -87,44 +118,22 @@ pub(super) struct RanAt {
     pub(super) node: NodeId,
 }
 
-impl Node {
-    /// On the home of a farm that just ended: writes down where each done
-    /// task's outputs are, by its content key.
-    pub(super) fn remember_results(&mut self, farm: FarmId) {
-        self.remember(farm, None, true);
+impl Kept {
+    pub(super) fn new(me: NodeId, handle: LoopHandle) -> Kept {
+        Kept { me, handle }
     }
 
-    /// On the home of a farm that runs: writes down the results of the
-    /// tasks whose outputs came home since it last looked, so a client
-    /// that comes back (a notebook restarted) reuses them while the farm
-    /// still runs. A cache: not flushed, as a lost one costs a rerun.
-    pub(super) fn remember_landed(&mut self, farm: FarmId) {
-        let Some(r) = self.peer.replica(farm).filter(|r| r.home) else {
-            return;
-        };
-        let Some(o) = self.home.farms.get_mut(&farm) else {
-            return;
-        };
-        let len = r.log.len();
-        let mut tasks = std::mem::take(&mut o.remember_wait);
-        tasks.extend(
-            r.log
-                .slice(o.remembered, (len - o.remembered.min(len)) as usize)
-                .iter()
-                .filter(|e| matches!(e, Entry::Done { .. }))
-                .map(Entry::task),
-        );
-        o.remembered = len;
-        let (here, wait): (Vec<TaskRef>, Vec<TaskRef>) =
-            tasks.into_iter().partition(|t| r.outputs_here(*t));
-        o.remember_wait = wait;
-        if !here.is_empty() {
-            self.remember(farm, Some(&here), false);
-        }
-    }
-
-    fn remember(&mut self, farm: FarmId, only: Option<&[TaskRef]>, flush: bool) {
-        let Some(r) = self.peer.replica(farm).filter(|r| r.home) else {
+    /// On the home of `farm`: writes down where each done task's outputs
+    /// are (of `only`, when given), by its content key; flushed when the
+    /// farm ended, else a cache (a lost one costs a rerun).
+    pub(super) fn remember(
+        &self,
+        lent: &mut Lent<'_>,
+        farm: FarmId,
+        only: Option<&[TaskRef]>,
+        flush: bool,
+    ) {
+        let Some(r) = lent.farms.replica(farm).filter(|r| r.home) else {
             return;
         };
         let def = &r.spec.def;
@@ -163,7 +172,7 @@ impl Node {
                 }
             };
             let name = meta_name(key);
-            let mut kept = self.kept(&name).unwrap_or_default();
+            let mut kept = kept(lent.store, &name).unwrap_or_default();
             let files = !place.files.is_empty();
             kept.outputs = outputs.to_vec();
             // A folder holds it only when it left files there.
@@ -197,8 +206,8 @@ impl Node {
             }
         }
         if flush {
-            self.write_kept(batch);
-        } else if let Err(e) = self.disk.store.write(batch) {
+            write_kept(lent.store, batch);
+        } else if let Err(e) = lent.store.write(batch) {
             tracing::warn!("results not written down for reuse: {e}");
         }
     }
@@ -206,11 +215,14 @@ impl Node {
     /// Folders of tasks a submission no longer has, moved aside: the
     /// results of other farms' keys they held are written down where they
     /// went (a sweep grown back reuses them).
-    fn kept_set_aside(&self, moves: &[(PathBuf, PathBuf)], batch: &mut Vec<Write>) {
+    fn kept_set_aside(
+        &self,
+        store: &SledStore,
+        moves: &[(PathBuf, PathBuf)],
+        batch: &mut Vec<Write>,
+    ) {
         for (from, to) in moves {
-            let Some(held) = self
-                .disk
-                .store
+            let Some(held) = store
                 .meta(NODE_KEY, &crate::results::holder_name(from))
                 .ok()
                 .flatten()
@@ -221,7 +233,7 @@ impl Node {
                 continue;
             };
             let name = meta_name(&key);
-            let Some(mut kept) = self.kept(&name) else {
+            let Some(mut kept) = kept(store, &name) else {
                 continue;
             };
             if kept.places.renamed(from, to) {
@@ -245,15 +257,25 @@ impl Node {
     /// then those the homes of earlier farms of its name keep, which this
     /// node, the farm's home, brings from them as any output. A home that
     /// does not answer in time costs reruns, never the submission.
+    ///
+    /// `homes` are the other nodes this node knows were homes of farms of
+    /// its name, `coordinator` the coordinator when it is another node.
     pub(super) fn submit_reusing(
-        &mut self,
-        spec: FarmSpec,
-        keys: TaskKeys,
-        rerun: &[bool],
-        reply: Reply,
-    ) {
+        &self,
+        lent: &mut Lent<'_>,
+        farm: Submitting,
+        homes: BTreeSet<NodeId>,
+        coordinator: Option<NodeId>,
+    ) -> Looked {
+        let Submitting {
+            spec,
+            keys,
+            rerun,
+            reply,
+        } = farm;
+        let rerun = &rerun[..];
         // Nothing of a farm of this name kept here: no look-up per task.
-        let any_here = self.kept_name(&spec.def.name);
+        let any_here = kept_name(lent.store, &spec.def.name);
         let mut reused = Vec::new();
         let mut wanted = Vec::new();
         let mut batch = Vec::new();
@@ -262,8 +284,8 @@ impl Node {
         // `out` holds which task's result: a line inserted above tasks
         // moves each to the next index, where the folder it is put in may
         // hold, whole, the result the next task is known by now.
-        let mut here = self.kept_for(&keys, rerun, any_here);
-        self.set_aside_for(&spec.def, &mut here, &mut batch, &reply);
+        let mut here = kept_for(lent.store, &keys, rerun, any_here);
+        self.set_aside_for(lent.store, &spec.def, &mut here, &mut batch, &reply);
         let KeptHere {
             tasks: mut found,
             holder,
@@ -301,7 +323,8 @@ impl Node {
                 }
                 aside.keep(t, &dir, &keys, &mut found);
                 let kept = found.remove(&t).expect("found above");
-                if let Some(done) = self.reuse_kept(t, key, &dir, kept, &mut batch) {
+                if let Some(done) = self.reuse_kept(lent.transfers, t, key, &dir, kept, &mut batch)
+                {
                     reused.push(done);
                 } else {
                     if earlier {
@@ -317,12 +340,9 @@ impl Node {
                 tracing::info!(dir = %aside.stash.display(), "results kept aside stay: {e}");
             }
         }
-        self.write_kept(batch);
-        let homes = self.earlier_homes(&spec.def.name);
-        let coordinator = self.peer.coordinator().filter(|c| *c != self.me);
+        write_kept(lent.store, batch);
         if wanted.is_empty() || (homes.is_empty() && coordinator.is_none()) {
-            self.submit_now(spec, reused, reply);
-            return;
+            return Some((spec, reused, reply));
         }
         let farm = Reusing {
             spec,
@@ -330,6 +350,7 @@ impl Node {
             wanted,
         };
         self.reuse_from_homes(farm, homes, coordinator, reply);
+        None
     }
 
     /// The outputs `kept` for task `t` (known by `key`) put in `dir`, and
@@ -337,11 +358,12 @@ impl Node {
     /// they could not be put there (it runs). What changed of the
     /// record is written with `batch`.
     fn reuse_kept(
-        &mut self,
+        &self,
+        transfers: &Transfers,
         t: TaskRef,
         key: &[u8; 32],
         dir: &Path,
-        mut kept: Kept,
+        mut kept: KeptResult,
         batch: &mut Vec<Write>,
     ) -> Option<Entry> {
         if kept.rides() {
@@ -366,7 +388,7 @@ impl Node {
         // served from another folder before (a line inserted above moved
         // this task to a new index), which may hold another task's now.
         for o in kept.outputs.iter().filter(|o| !o.rides()) {
-            self.runs.transfers().serve_file(o.hash, dir.join(&o.path));
+            transfers.serve_file(o.hash, dir.join(&o.path));
         }
         if files_to_bring(&kept.outputs) {
             batch.push(Write::Meta {
@@ -384,13 +406,14 @@ impl Node {
     /// folders are the farm's own, new with their stages, so nothing is
     /// set aside. Results kept by other homes are not asked for.
     pub(super) fn reused_in_growth(
-        &mut self,
+        &self,
+        lent: &mut Lent<'_>,
         spec: &FarmSpec,
         keys: &TaskKeys,
         from: usize,
     ) -> Vec<Entry> {
         let mut reused = Vec::new();
-        if !self.kept_name(&spec.def.name) {
+        if !kept_name(lent.store, &spec.def.name) {
             return reused;
         }
         let mut batch = Vec::new();
@@ -398,46 +421,16 @@ impl Node {
         for (s, stage_keys) in keys.iter().enumerate().skip(from) {
             let stage = out.join(&spec.def.stages[s].name);
             for (i, key) in stage_keys.iter().enumerate() {
-                let Some(kept) = self.kept(&meta_name(key)) else {
+                let Some(kept) = kept(lent.store, &meta_name(key)) else {
                     continue;
                 };
                 let t = TaskRef::new(s as u32, i as u32);
                 let dir = stage.join(i.to_string());
-                reused.extend(self.reuse_kept(t, key, &dir, kept, &mut batch));
+                reused.extend(self.reuse_kept(lent.transfers, t, key, &dir, kept, &mut batch));
             }
         }
-        self.write_kept(batch);
+        write_kept(lent.store, batch);
         reused
-    }
-
-    /// What this node keeps for each task of the farm (none of a stage
-    /// run again), and which folder of `out` holds which task's result: a
-    /// line inserted above tasks moves each to the next index, where the
-    /// folder it is put in may hold, whole, the result the next task is
-    /// known by now.
-    fn kept_for(&self, keys: &TaskKeys, rerun: &[bool], any_here: bool) -> KeptHere {
-        let mut found: HashMap<TaskRef, Kept> = HashMap::new();
-        let mut holder: HashMap<PathBuf, TaskRef> = HashMap::new();
-        if any_here {
-            for (s, stage_keys) in keys.iter().enumerate() {
-                if rerun.get(s).copied().unwrap_or(false) {
-                    continue;
-                }
-                for (i, key) in stage_keys.iter().enumerate() {
-                    let t = TaskRef::new(s as u32, i as u32);
-                    if let Some(kept) = self.kept(&meta_name(key)) {
-                        for p in &kept.places.places {
-                            holder.insert(PathBuf::from(&p.dir), t);
-                        }
-                        found.insert(t, kept);
-                    }
-                }
-            }
-        }
-        KeptHere {
-            tasks: found,
-            holder,
-        }
     }
 
     /// `out` holds the farm as it is now: a sweep cut short, a stage gone,
@@ -445,7 +438,8 @@ impl Node {
     /// result where it went (a sweep grown back takes it), and the
     /// folders that move are followed in `here`.
     fn set_aside_for(
-        &mut self,
+        &self,
+        store: &SledStore,
         def: &FarmDef,
         here: &mut KeptHere,
         batch: &mut Vec<Write>,
@@ -470,7 +464,7 @@ impl Node {
                         None => elsewhere.push((from.clone(), to.clone())),
                     }
                 }
-                self.kept_set_aside(&elsewhere, batch);
+                self.kept_set_aside(store, &elsewhere, batch);
                 let n = set.moves.len() as u64;
                 let _ = reply.send(ControlResponse::Warning(crate::results::set_aside_line(
                     n, &set.to,
@@ -544,24 +538,16 @@ impl Node {
         });
     }
 
-    /// Hands the farm to the peer: it becomes its home, with these tasks done.
-    pub(super) fn submit_now(&mut self, spec: FarmSpec, reused: Vec<Entry>, reply: Reply) {
-        let mut o = Origin::new(&spec);
-        o.submit_reply = Some(reply);
-        self.home.farms.insert(spec.id, o);
-        let now = self.now();
-        self.peer.submit(now, spec, reused);
-    }
-
     /// Answers [`Request::Kept`]: the keys whose outputs this node keeps
     /// whole, each with its outputs, served by hash from now on.
     pub(super) fn kept_here(
         &self,
+        lent: &mut Lent<'_>,
         keys: &[[u8; 32]],
     ) -> Vec<([u8; 32], Vec<OutputFile>, Option<u32>)> {
         let mut out = Vec::new();
         for key in keys {
-            let Some(kept) = self.kept(&meta_name(key)) else {
+            let Some(kept) = kept(lent.store, &meta_name(key)) else {
                 continue;
             };
             if !kept.rides() {
@@ -569,8 +555,7 @@ impl Node {
                     continue;
                 };
                 for o in kept.outputs.iter().filter(|o| !o.rides()) {
-                    self.runs
-                        .transfers()
+                    lent.transfers
                         .serve_file(o.hash, Path::new(&place.dir).join(&o.path));
                 }
             }
@@ -579,28 +564,16 @@ impl Node {
         out
     }
 
-    /// The other nodes this node knows were the home of a farm named `name`.
-    fn earlier_homes(&self, name: &str) -> BTreeSet<NodeId> {
-        self.summaries()
-            .into_iter()
-            .filter(|f| f.name == name && f.home.node != self.me)
-            .map(|f| f.home.node)
-            .collect()
-    }
-
-    /// Whether this node kept the results of a farm named `name`.
-    fn kept_name(&self, name: &str) -> bool {
-        matches!(
-            self.disk.store.meta(NODE_KEY, &name_meta(name)),
-            Ok(Some(_))
-        )
-    }
-
     /// The run whose outputs a task of `farm` reused, as this node (its
     /// home) wrote it down: None for a task that ran in `farm`, or whose
     /// result came from another home.
-    pub(super) fn reused_from(&self, farm: FarmId, task: TaskRef) -> Option<RanAt> {
-        let r = self.peer.replica(farm)?;
+    pub(super) fn reused_from(
+        &self,
+        lent: &Lent<'_>,
+        farm: FarmId,
+        task: TaskRef,
+    ) -> Option<RanAt> {
+        let r = lent.farms.replica(farm)?;
         let key = match r.log.get(task)? {
             Entry::Done {
                 key: Some(key),
@@ -609,23 +582,58 @@ impl Node {
             } => **key,
             _ => return None,
         };
-        self.kept(&meta_name(&key))?.ran
+        kept(lent.store, &meta_name(&key))?.ran
     }
+}
 
-    fn kept(&self, name: &str) -> Option<Kept> {
-        let bytes = self.disk.store.meta(NODE_KEY, name).ok()??;
-        postcard::from_bytes(&bytes).ok()
+/// Whether this node kept the results of a farm named `name`.
+fn kept_name(store: &SledStore, name: &str) -> bool {
+    matches!(store.meta(NODE_KEY, &name_meta(name)), Ok(Some(_)))
+}
+
+fn kept(store: &SledStore, name: &str) -> Option<KeptResult> {
+    let bytes = store.meta(NODE_KEY, name).ok()??;
+    postcard::from_bytes(&bytes).ok()
+}
+
+/// What is written down for reuse is a cache: a write that fails costs
+/// a rerun later, never a result, so it is said and the node goes on.
+fn write_kept(store: &mut SledStore, batch: Vec<Write>) {
+    if batch.is_empty() {
+        return;
     }
+    if let Err(e) = store.write(batch).and_then(|()| store.flush()) {
+        tracing::warn!("results not written down for reuse: {e}");
+    }
+}
 
-    /// What is written down for reuse is a cache: a write that fails costs
-    /// a rerun later, never a result, so it is said and the node goes on.
-    fn write_kept(&mut self, batch: Vec<Write>) {
-        if batch.is_empty() {
-            return;
+/// What this node keeps for each task of the farm (none of a stage
+/// run again), and which folder of `out` holds which task's result: a
+/// line inserted above tasks moves each to the next index, where the
+/// folder it is put in may hold, whole, the result the next task is
+/// known by now.
+fn kept_for(store: &SledStore, keys: &TaskKeys, rerun: &[bool], any_here: bool) -> KeptHere {
+    let mut found: HashMap<TaskRef, KeptResult> = HashMap::new();
+    let mut holder: HashMap<PathBuf, TaskRef> = HashMap::new();
+    if any_here {
+        for (s, stage_keys) in keys.iter().enumerate() {
+            if rerun.get(s).copied().unwrap_or(false) {
+                continue;
+            }
+            for (i, key) in stage_keys.iter().enumerate() {
+                let t = TaskRef::new(s as u32, i as u32);
+                if let Some(kept) = kept(store, &meta_name(key)) {
+                    for p in &kept.places.places {
+                        holder.insert(PathBuf::from(&p.dir), t);
+                    }
+                    found.insert(t, kept);
+                }
+            }
         }
-        if let Err(e) = self.disk.write_flushed(batch) {
-            tracing::warn!("results not written down for reuse: {e}");
-        }
+    }
+    KeptHere {
+        tasks: found,
+        holder,
     }
 }
 
@@ -685,7 +693,7 @@ impl Aside {
         t: TaskRef,
         dir: &Path,
         keys: &TaskKeys,
-        found: &mut HashMap<TaskRef, Kept>,
+        found: &mut HashMap<TaskRef, KeptResult>,
     ) {
         let Some(&other) = self.holder.get(dir) else {
             return;
@@ -714,7 +722,7 @@ impl Aside {
         t: TaskRef,
         dir: &Path,
         keys: &TaskKeys,
-        found: &mut HashMap<TaskRef, Kept>,
+        found: &mut HashMap<TaskRef, KeptResult>,
     ) {
         self.keep(t, dir, keys, found);
         if let Err(e) = crate::results::remove_folder(dir) {

@@ -1,0 +1,92 @@
+//! The home's side of reuse: a farm submitted here goes through the kept room (what earlier farms left, looked up and put in place) before the peer hears of it, and what a farm that runs or ended leaves is written down by it.
+
+use std::collections::BTreeSet;
+
+use mesh_protocol::farm::TaskRef;
+use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId};
+
+use super::kept::{Kept, Lent, Submitting};
+use super::reply::Reply;
+use super::views::Origin;
+use super::Node;
+
+impl Node {
+    /// The kept room, with what the loop lends it for one call.
+    pub(super) fn lent(&mut self) -> (&Kept, Lent<'_>) {
+        let lent = Lent {
+            store: &mut self.disk.store,
+            transfers: self.runs.transfers(),
+            farms: &self.peer,
+        };
+        (&self.kept, lent)
+    }
+
+    /// Submits a farm handed to this node, with the tasks done before (see
+    /// `Kept::submit_reusing`): at once, or once the earlier homes of its
+    /// name have answered (`Event::SubmitReused`).
+    pub(super) fn submit_reusing(&mut self, farm: Submitting) {
+        let homes = self.earlier_homes(&farm.spec.def.name);
+        let coordinator = self.peer.coordinator().filter(|c| *c != self.me);
+        let (kept, mut lent) = self.lent();
+        if let Some((spec, reused, reply)) =
+            kept.submit_reusing(&mut lent, farm, homes, coordinator)
+        {
+            self.submit_now(spec, reused, reply);
+        }
+    }
+
+    /// Hands the farm to the peer: it becomes its home, with these tasks done.
+    pub(super) fn submit_now(&mut self, spec: FarmSpec, reused: Vec<Entry>, reply: Reply) {
+        let mut o = Origin::new(&spec);
+        o.submit_reply = Some(reply);
+        self.home.farms.insert(spec.id, o);
+        let now = self.now();
+        self.peer.submit(now, spec, reused);
+    }
+
+    /// The other nodes this node knows were the home of a farm named `name`.
+    fn earlier_homes(&self, name: &str) -> BTreeSet<NodeId> {
+        self.summaries()
+            .into_iter()
+            .filter(|f| f.name == name && f.home.node != self.me)
+            .map(|f| f.home.node)
+            .collect()
+    }
+
+    /// On the home of a farm that just ended: writes down where each done
+    /// task's outputs are, by its content key.
+    pub(super) fn remember_results(&mut self, farm: FarmId) {
+        let (kept, mut lent) = self.lent();
+        kept.remember(&mut lent, farm, None, true);
+    }
+
+    /// On the home of a farm that runs: writes down the results of the
+    /// tasks whose outputs came home since it last looked, so a client
+    /// that comes back (a notebook restarted) reuses them while the farm
+    /// still runs. A cache: not flushed, as a lost one costs a rerun.
+    pub(super) fn remember_landed(&mut self, farm: FarmId) {
+        let Some(r) = self.peer.replica(farm).filter(|r| r.home) else {
+            return;
+        };
+        let Some(o) = self.home.farms.get_mut(&farm) else {
+            return;
+        };
+        let len = r.log.len();
+        let mut tasks = std::mem::take(&mut o.remember_wait);
+        tasks.extend(
+            r.log
+                .slice(o.remembered, (len - o.remembered.min(len)) as usize)
+                .iter()
+                .filter(|e| matches!(e, Entry::Done { .. }))
+                .map(Entry::task),
+        );
+        o.remembered = len;
+        let (here, wait): (Vec<TaskRef>, Vec<TaskRef>) =
+            tasks.into_iter().partition(|t| r.outputs_here(*t));
+        o.remember_wait = wait;
+        if !here.is_empty() {
+            let (kept, mut lent) = self.lent();
+            kept.remember(&mut lent, farm, Some(&here), false);
+        }
+    }
+}
