@@ -132,7 +132,7 @@ fn a_tasks_usage_survives_reopen_in_a_few_bytes() {
         .unwrap();
         s.flush().unwrap();
     }
-    let s = SledStore::open(&path).unwrap();
+    let s = reopen(&path);
     let got = s.task(FarmKey(1), TaskRef::new(0, 0)).unwrap().unwrap();
     assert_eq!(got.usage.as_deref(), Some(&usage));
 }
@@ -146,6 +146,26 @@ fn mem_store_keeps_the_contract() {
 fn sled_store_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
     contract(&mut SledStore::open(&dir.path().join("db")).unwrap());
+}
+
+/// The store at `path` opened again after this process dropped it. sled
+/// writes segments on threads of its own that hold the database (and its
+/// file lock) for a moment after the last handle is dropped, so under
+/// load an open at once can find it still locked (CI saw it once); a
+/// node restarted is another process, whose lock went with it.
+fn reopen(path: &std::path::Path) -> SledStore {
+    for _ in 0..100 {
+        match SledStore::open(path) {
+            Err(StoreError::Locked { .. }) => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            r => return r.unwrap(),
+        }
+    }
+    panic!(
+        "{} stayed locked for 5 s after it was dropped",
+        path.display()
+    )
 }
 
 /// A sled store at `path` holding one done task, open.
@@ -163,7 +183,7 @@ fn one_done(path: &std::path::Path) -> SledStore {
 
 /// Whether the store at `path` opens with `one_done`'s task in it.
 fn has_one_done(path: &std::path::Path) -> bool {
-    let s = SledStore::open(path).unwrap();
+    let s = reopen(path);
     s.task(FarmKey(4), TaskRef::new(1, 7)).unwrap() == Some(rec(RecordState::Done, 1))
 }
 
@@ -289,7 +309,7 @@ fn sled_store_replays_its_log_once_and_stops_at_a_torn_tail() {
     let mut torn = log.clone();
     torn.extend_from_slice(&log[..log.len() / 5]);
     std::fs::write(path.join("mesh.wal"), &torn).unwrap();
-    let s = SledStore::open(&path).unwrap();
+    let s = reopen(&path);
     assert_eq!(s.tasks(f).unwrap().len(), 3);
     assert_eq!(
         s.journal(f, 100).unwrap().len(),
@@ -334,7 +354,7 @@ fn task_records_across_chunk_boundaries_survive_checkpoints() {
         "another stage"
     );
     drop(s);
-    let s = SledStore::open(&dir.path().join("db")).unwrap();
+    let s = reopen(&dir.path().join("db"));
     assert_eq!(s.tasks(f).unwrap().len(), ids.len());
 }
 
@@ -414,7 +434,7 @@ fn a_grown_farm_is_written_as_what_it_adds_and_read_back_whole() {
             .unwrap();
         s.flush().unwrap();
     }
-    let s = SledStore::open(&path).unwrap();
+    let s = reopen(&path);
     let (mut book, farms, _) = MeshState::load(&s).unwrap();
     assert_eq!(farms.len(), 1);
     let spec = &farms[0].0.spec;
