@@ -545,16 +545,7 @@ impl Driver {
             Ok(None) => def.expand_in(task, &seen_out),
             Ok(Some(line)) => def.expand_line_in(task, &seen_out, &line),
             Err(e) => {
-                let outcome = Outcome {
-                    result: TaskResult::Error(e.to_string()),
-                    key: None,
-                    duration_ms: 0,
-                    ended_ms: 0,
-                    grew: None,
-                    logs: 0,
-                    stderr_line: None,
-                    usage: None,
-                };
+                let outcome = Outcome::unrun(TaskResult::Error(e.to_string()), None, 0);
                 engine.task_finished(0, self.slot, task, attempt, outcome);
                 return Ok(None);
             }
@@ -579,15 +570,9 @@ impl Driver {
                 task,
                 attempt,
                 Outcome {
-                    result: TaskResult::Cached,
-                    key: Some(key),
-                    duration_ms: 0,
-                    ended_ms: 0,
                     // Its outputs are back in place: what it grew is read again.
                     grew: crate::grown::count(&def, task, &out_dir).ok().flatten(),
-                    logs: 0,
-                    stderr_line: None,
-                    usage: None,
+                    ..Outcome::unrun(TaskResult::Cached, Some(key), 0)
                 },
             );
             return Ok(None);

@@ -139,6 +139,23 @@ pub struct Outcome {
     pub usage: Option<Usage>,
 }
 
+impl Outcome {
+    /// An attempt that ended without a process to time or measure: it
+    /// could not start, was killed while it waited, or was done before.
+    pub fn unrun(result: TaskResult, key: Option<[u8; 32]>, ended_ms: u64) -> Outcome {
+        Outcome {
+            result,
+            key,
+            duration_ms: 0,
+            ended_ms,
+            grew: None,
+            logs: 0,
+            stderr_line: None,
+            usage: None,
+        }
+    }
+}
+
 /// What an attempt used, as the node that ran it measured it: carried
 /// with its report to the farm's log, for `mesh status`, `mesh logs`,
 /// `mesh export` and the asks' hints. A few bytes (varints).

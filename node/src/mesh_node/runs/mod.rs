@@ -236,16 +236,7 @@ impl Runs {
 
     /// An attempt that ends without a process, with this result.
     pub(super) fn end_unrun(&mut self, task: Assigned, result: TaskResult) {
-        let outcome = Outcome {
-            result,
-            key: None,
-            duration_ms: 0,
-            ended_ms: crate::state::unix_ms(),
-            grew: None,
-            logs: 0,
-            stderr_line: None,
-            usage: None,
-        };
+        let outcome = Outcome::unrun(result, None, crate::state::unix_ms());
         self.out.push_back(RunsOut::Ended(task, outcome));
     }
 }

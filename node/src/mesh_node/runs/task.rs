@@ -342,17 +342,9 @@ impl Attempt {
     async fn run(mut self) -> (Outcome, Vec<OutputFile>) {
         let key = self.launch.key;
         let fail = |e: String| {
+            let ended_ms = crate::state::unix_ms();
             (
-                Outcome {
-                    result: TaskResult::Error(e),
-                    key: Some(key),
-                    duration_ms: 0,
-                    ended_ms: crate::state::unix_ms(),
-                    grew: None,
-                    logs: 0,
-                    stderr_line: None,
-                    usage: None,
-                },
+                Outcome::unrun(TaskResult::Error(e), Some(key), ended_ms),
                 Vec::new(),
             )
         };
