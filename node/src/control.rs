@@ -37,8 +37,9 @@ pub const CONTROL_PROTOCOL: &str = concat!("/mesh/control/", env!("CARGO_PKG_VER
 /// a client says its version first ([`ControlRequest::Hello`]) and a node
 /// of another version answers with an error that names both, instead of
 /// misreading what follows. 2: a refusal says its kind ([`ErrorKind`]),
-/// where 1 said words only.
-pub const CONTROL_API: u32 = 2;
+/// where 1 said words only; 3: a client's calls come as data
+/// ([`ControlRequest::Calls`], answered [`ControlResponse::Named`] first).
+pub const CONTROL_API: u32 = 3;
 
 /// What kind of refusal a [`ControlResponse::Error`] is: the part of it a
 /// client acts on, so that no client reads a kind from the words (which
@@ -267,6 +268,13 @@ pub enum ControlRequest {
         #[serde(default)]
         rerun: bool,
     },
+    /// A client's function calls as data (see [`crate::calls`]): added as
+    /// one growth to the open farm `farm` names, whose home is this node,
+    /// or, with `new`, opening a farm of them. Answered with `Named` (each
+    /// call's task, once its stage is made), then as `Grow` is (`Submitted`
+    /// once durable, or a refusal; a call that cannot be run as sent is
+    /// refused with its key and field, and none of the batch runs).
+    Calls(Box<crate::calls::CallBatch>),
     /// Holds an open farm whose home is this node open while this
     /// connection lasts: answered `Held` now and every half second, and a
     /// last `Held` with `open: false` once the farm is closed. When the
@@ -357,6 +365,12 @@ pub enum ControlResponse {
     },
     /// Something valid in a farm file but likely a mistake (as `mesh check` warns).
     Warning(String),
+    /// The task (`stage/index`) each call of a `Calls` batch is, in the
+    /// batch's order: said before the calls can run, so a client knows
+    /// each call's end when it is told.
+    Named {
+        tasks: Vec<String>,
+    },
     /// A farm file checked and not submitted (`SubmitFarm` with `check`).
     Checked {
         name: String,

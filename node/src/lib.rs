@@ -1,6 +1,7 @@
 //! The real mesh node: farm loading, the process executor, durable state, and the loop that drives the engine.
 
 pub mod alloc;
+pub mod calls;
 pub mod cgroup;
 pub mod control;
 pub mod dash;

@@ -134,6 +134,26 @@ class Client:
                 return k, a[k], warnings
         raise MeshError("the node closed the connection before answering")
 
+    def _calls_answer(self, request, named):
+        """A ``Calls`` request (function calls as data, see
+        ``Functions._send``): ``named`` is given each call's task as soon
+        as the node says them; the ``Submitted`` answer is returned."""
+        with self._exchange(request, first_within=None) as x:
+            for a in x:
+                k = _proto.kind(a)
+                if k == "Warning":
+                    continue
+                if k == "Named":
+                    named(a["Named"]["tasks"])
+                    continue
+                if k == "Error":
+                    # A closed farm raises FarmClosed: the sender opens another.
+                    raise _proto.error(a, "the node refused the calls: ")
+                if k != "Submitted":
+                    raise ProtocolError("expected Submitted from the node, got %s" % k)
+                return a[k]
+        raise MeshError("the node closed the connection before answering")
+
     def check(self, farm):
         """Has the node check a farm, as ``mesh check`` does; runs nothing.
 

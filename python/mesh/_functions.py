@@ -37,15 +37,10 @@ from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 
 from . import _worker
 from ._errors import FarmClosed, MeshError
-from ._farm import Farm, lines
 from ._run import Run, _in_words
 
-#: Pickled arguments up to this size ride in the farm (base64) instead of a file.
+#: Pickled arguments up to this size ride in the request (base64) instead of a file.
 INLINE_MAX = 768
-#: A stage of at least this many calls has its keys and arguments in files
-#: of lines beside the farm, not in its text: the node read a kilobyte a
-#: call parsing a map's text, and holds the lines as one string.
-LINES_MIN = 64
 #: The farm name of every batch of calls: a key kept by an earlier farm of
 #: this name is reused (see docs/python.md).
 FARM_NAME = "python"
@@ -520,6 +515,9 @@ class Functions:
         self.fn_seen = {}
         #: Functions written to `root/fns`, by hash.
         self.fns_put = set()
+        # The stages of the open farm whose calls the node has named, and
+        # the ends of its tasks told before their names were read.
+        self.named_stages, self.early = set(), {}
         #: The client's open farm (one grows by a batch at a time), the
         #: batches it took, and its calls by key, which one thread follows.
         self.open_run = None
@@ -842,39 +840,45 @@ class Functions:
 
     def _send(self, batch):
         self.batches += 1
-        seq = self.batches
         calls = os.path.join(self.root, "calls")
         os.makedirs(calls, exist_ok=True)
         os.makedirs(os.path.join(self.root, "fns"), exist_ok=True)
         self._put_worker()
-        in_batch = {f.key for f in batch}
-        level = {}
-        groups = collections.OrderedDict()
         if self.open_run is not None and (self.open_batches >= FARM_BATCHES or self.open_gone):
             self._close_open()
             self.open_gone = False
-        for f in batch:
-            up = [d for d in f._deps if d.key in in_batch]
-            # Futures of the open farm are its tasks: dependencies by
-            # key, their values moving node to node; scattered data is an
-            # input, moved once per node; others' values ride in a file
-            # sent with the call.
-            earlier = [d for d in f._deps if d.key not in in_batch and not self._in_open(d) and d._scattered is None]
-            scattered = tuple(sorted({d._scattered for d in f._deps if d._scattered is not None}))
-            level[f.key] = 1 + max((level[d.key] for d in up), default=-1)
+        # The batch as data (docs/api.md#calls): each call's key, function,
+        # arguments, dependencies, resources and retries; the node groups
+        # them into stages of the open farm.
+        place, wire = {}, []
+        for i, f in enumerate(batch):
+            # Futures of this batch and of the open farm are its tasks:
+            # dependencies, their values moving node to node; scattered
+            # data is an input, moved once per node; others' values ride
+            # in a file sent with the call.
+            deps, after, earlier = [], [], []
+            for d in f._deps:
+                if d.key in place:
+                    deps.append(place[d.key])
+                elif d._scattered is not None:
+                    continue
+                elif self._in_open(d):
+                    after.append(d.task_name)
+                else:
+                    earlier.append(d)
+            place[f.key] = i
             fn_hash, fn_bytes = f._fn
             if fn_hash not in self.fns_put:
                 _put_file(os.path.join(self.root, "fns", fn_hash + ".pkl"), fn_bytes)
                 self.fns_put.add(fn_hash)
-            # Arguments ride in the farm itself where they are small (a
-            # file made per call was most of a thin call's cost here).
-            inline = len(f._body) <= INLINE_MAX
-            if inline:
-                f._args = base64.b64encode(f._body).decode()
+            c = {"key": f.key, "function": "fns/%s.pkl" % fn_hash}
+            # Arguments ride in the request where they are small (a file
+            # made per call was most of a thin call's cost here).
+            if len(f._body) <= INLINE_MAX:
+                c["args"] = base64.b64encode(f._body).decode()
             else:
                 with open(os.path.join(calls, f.key + ".pkl"), "wb") as w:
                     w.write(f._body)
-                f._args = None
             # Sent now: a pending future keeps its key, not its call.
             f._body = None
             f._fn = None
@@ -884,117 +888,76 @@ class Functions:
                     vals[d.key] = d._value.bytes()
                 with open(os.path.join(calls, f.key + ".vals"), "wb") as w:
                     pickle.dump(vals, w)
-            # A stage per function too: its file is named in the stage,
-            # not repeated in a sweep value per call (a map of 100,000
-            # calls kept 100,000 copies of its name at the node).
-            g = (level[f.key], f._opts, bool(earlier), inline, fn_hash, scattered)
-            groups.setdefault(g, []).append(f)
-        stage_of = {}
-        for f in batch:
-            for d in f._deps:
-                if d.key not in in_batch and self._in_open(d):
-                    stage_of[d.key] = d.task_name.split("/", 1)[0]
-        python = self.python or sys.executable
+                c["vals"] = True
+            if deps:
+                c["deps"] = deps
+            if after:
+                c["after"] = after
+            scattered = sorted({d._scattered for d in f._deps if d._scattered is not None})
+            if scattered:
+                c["inputs"] = scattered
+            res, retries = f._opts
+            if res:
+                c["resources"] = dict(res)
+            if retries is not None:
+                c["retries"] = retries
+            wire.append(c)
         with self.cv:
             uploads = list(self.uploads.items())
-        # Files of lines this batch's farm text names: read by the node as
-        # the batch is taken, then gone.
-        put = []
-        try:
-            self._send_farm(seq, batch, groups, stage_of, python, uploads, put)
-        finally:
-            for path in put:
-                try:
-                    os.remove(path)
-                except OSError:
-                    pass
+        run = {
+            # Run by a warm worker of that Python on each node (or the
+            # node's --python, or python3 where it has no such path).
+            "python": self.python or sys.executable,
+            "warm": WARM,
+            "worker": "mesh_worker.py",
+            "inputs": ["uploads/%s" % u for u, _ in uploads],
+            "args_file": "calls/{id}.pkl",
+            "vals_file": "calls/{id}.vals",
+            "result": _worker.result_name("{id}"),
+        }
+        if uploads:
+            # What the worker imports anew when it changed (the files'
+            # contents are in the key already, as inputs).
+            run["env"] = [[_worker.UPLOADS_ENV, ";".join("%s=%s" % u for u in uploads)]]
+        self._send_calls(batch, run, wire)
 
-    def _values(self, name, values, put):
-        """A sweep variable's values: the list, or for a long one the file
-        of its lines under ``calls/`` (keys and base64 hold no blank)."""
-        if len(values) < LINES_MIN:
-            return values
-        rel = "calls/" + name
-        path = os.path.join(self.root, rel)
-        with open(path, "w") as w:
-            w.write("\n".join(values))
-            w.write("\n")
-        put.append(path)
-        return lines(rel)
-
-    def _send_farm(self, seq, batch, groups, stage_of, python, uploads, put):
-        """The farm text of ``batch`` (its calls grouped in stages) sent:
-        a new open farm, or a growth of the open one."""
-        farm = Farm(FARM_NAME, out=os.path.join(self.root, "out"), root=self.root)
-        for n, ((lvl, (res, retries), vals, inline, fn_hash, scattered), fs) in enumerate(groups.items()):
-            # Unique in the open farm, which holds every batch's stages.
-            name = "f%d-%d" % (seq, n)
-            for i, f in enumerate(fs):
-                stage_of[f.key] = name
-                f.task_name = "%s/%d" % (name, i)
-            fn_file = "fns/%s.pkl" % fn_hash
-            sweep = {"id": self._values(name + ".id", [f.key for f in fs], put)}
-            if inline:
-                sweep["args"] = self._values(name + ".args", [f._args for f in fs], put)
-                for f in fs:
-                    f._args = None
-            after = []
-            for u in sorted({stage_of[d.key] for f in fs for d in f._deps if d.key in stage_of}):
-                var = "on_" + u.replace("-", "_")
-                sweep[var] = [" ".join(d.key for d in f._deps if stage_of.get(d.key) == u) for f in fs]
-                after.append({"stage": u, "tasks": "{%s}" % var, "match": "id"})
-            inputs = ["mesh_worker.py", fn_file]
-            if not inline:
-                inputs.append("calls/{id}.pkl")
-            if vals:
-                inputs.append("calls/{id}.vals")
-            inputs.extend(scattered)
-            inputs.extend("uploads/%s" % u for u, _ in uploads)
-            opts = {}
-            if res:
-                opts["resources"] = dict(res)
-            if retries is not None:
-                opts["retries"] = retries
-            if after:
-                opts["after"] = after
-            if uploads:
-                # What the worker imports anew when it changed (the files'
-                # contents are in the key already, as inputs).
-                opts["env"] = {_worker.UPLOADS_ENV: ";".join("%s=%s" % u for u in uploads)}
-            # `{out}` (a view of exactly its dependencies, made per task)
-            # only for calls given futures of this farm.
-            argv = [python, "mesh_worker.py", fn_file, "{args}" if inline else "@calls/{id}.pkl", "{id}", "{out}" if after else "-"]
-            run_as = {"python" if WARM else "command": argv}
-            farm.stage(
-                name,
-                # A call is named by its key, not by the batch it went in
-                # (the stage's name): the same call of a run resumed is
-                # the same task, however the calls were batched.
-                key="{id}",
-                # Run by a warm worker of that Python on each node (or the
-                # node's --python, or python3 where it has no such path).
-                **run_as,
-                sweep=sweep,
-                sweep_mode="zip" if len(sweep) > 1 else None,
-                # No folder per call: it runs in the farm's folder (on
-                # another node, its copy of the inputs), where its result's
-                # name is its own.
-                inputs=inputs,
-                outputs=[_worker.result_name("{id}")],
-                **opts,
-            )
+    def _send_calls(self, batch, run_as, wire):
+        """``batch`` sent as ``wire`` (its calls as data): a new open farm,
+        or a growth of the open one."""
         with self.cv:
             run = self.open_run
             calls = self.open_calls if run is not None else weakref.WeakValueDictionary()
-            # By task, not key: a key sent again after its future was
-            # dropped is another task, and the first's end is not its value.
-            for f in batch:
-                calls[f.task_name] = f
         # As Dask: nothing an earlier run or another client made is taken,
         # unless asked for (resume=True).
-        rerun = not self.resume
+        req = {"run": run_as, "calls": wire, "rerun": not self.resume}
         if run is None:
-            run = self.client.submit(farm, warn=False, open=True, rerun=True if rerun else None)
+            req["new"] = {"name": FARM_NAME, "root": self.root, "out": os.path.join(self.root, "out")}
+            with self.cv:
+                # Stage names are the farm's own: a new farm's start anew.
+                self.named_stages, self.early = set(), {}
+        else:
+            req["farm"] = run.id
+
+        def named(tasks):
+            # By task, not key: a key sent again after its future was
+            # dropped is another task, and the first's end is not its value.
+            early = []
+            with self.cv:
+                for f, task in zip(batch, tasks):
+                    f.task_name = task
+                    calls[task] = f
+                    if run is not None:
+                        f._sent = run
+                    self.named_stages.add(task.split("/", 1)[0])
+                    t = self.early.pop(task, None)
+                    if t is not None:
+                        early.append((f, t))
+            for f, t in early:
+                _settle_from(f, t)
+
+        v = self.client._calls_answer({"Calls": req}, named)
+        if run is None:
+            run = Run(self.client, v["farm"], total=v["tasks"])
             # Closed by its home should this process die without closing it.
             run.hold()
             with self.cv:
@@ -1007,10 +970,7 @@ class Functions:
             t = threading.Thread(target=self._follow, args=(run, calls), name="mesh-follow", daemon=True)
             t.start()
         else:
-            with self.cv:
-                for f in batch:
-                    f._sent = run
-            run.grow(farm, warn=False, rerun=rerun)
+            run.total = v["tasks"]
         with self.cv:
             self.open_batches += 1
 
@@ -1053,6 +1013,13 @@ class Functions:
         try:
             for t in run.as_completed(progress=False):
                 f = by_task.get(t.task)
+                if f is None:
+                    with self.cv:
+                        f = by_task.get(t.task)
+                        if f is None and run is self.open_run and t.task.split("/", 1)[0] not in self.named_stages:
+                            # Ended before the node's answer naming it was
+                            # read: settled once it is (see `_send_calls`).
+                            self.early[t.task] = t
                 if f is not None:
                     _settle_from(f, t)
                 # Held no longer than the user holds it: a key is shared

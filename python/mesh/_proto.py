@@ -28,8 +28,9 @@ class NoNode(Lost):
     on a machine where no ``mesh node`` or ``mesh join`` is running)."""
 
 #: The control API this package speaks (docs/api.md). A node of another
-#: API refuses the package's hello, naming both. 2: a refusal says its kind.
-API = 2
+#: API refuses the package's hello, naming both. 2: a refusal says its kind;
+#: 3: function calls are sent as data (``Calls``, answered ``Named`` first).
+API = 3
 
 #: How long a connection waits for a node that is starting on its state
 #: folder to open its socket (as the command line waits).

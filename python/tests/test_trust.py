@@ -190,6 +190,19 @@ class Trust(InFolder):
         self.assertRaises(mesh.MeshError, n.submit(nap, f).result, 30)
         self.assertEqual(n.submit(nap, 0.1, resources={"token": 1}).result(timeout=WAIT_S), 0.1)
 
+    def test_a_call_asking_what_no_amount_is_fails_with_its_key_and_field_and_the_rest_runs(self):
+        n = nodes.start(cpus=2)
+        self.addCleanup(n.stop)
+        # The first batch opens the farm, a later one grows it: both refuse
+        # the batch in words that name the call and its field, and the
+        # client goes on.
+        for i in range(2):
+            f = n.submit(nap, 0, resources={"mem": 512}, key="nap-mem-%d" % i)
+            with self.assertRaises(mesh.MeshError) as e:
+                f.result(timeout=30)
+            self.assertIn("call nap-mem-%d: resources.mem: 512 bytes: give the unit" % i, str(e.exception))
+            self.assertEqual(n.submit(nap, 0.1, resources={"mem": "1KiB"}).result(timeout=WAIT_S), 0.1)
+
     def test_a_killed_client_run_again_says_so_or_takes_its_calls_over(self):
         c = self.node(cpus=2)
         body = """

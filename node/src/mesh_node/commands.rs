@@ -55,13 +55,24 @@ impl Node {
             } => self.grow_farm(
                 &farm,
                 Growth {
-                    toml,
-                    file,
+                    added: Added::Text { toml, file },
                     close,
                     rerun,
                 },
                 reply,
             ),
+            ControlRequest::Calls(batch) => match batch.farm.clone() {
+                Some(farm) => {
+                    let rerun = batch.rerun;
+                    let growth = Growth {
+                        added: Added::Calls(batch),
+                        close: false,
+                        rerun,
+                    };
+                    self.grow_farm(&farm, growth, reply)
+                }
+                None => self.open_with_calls(*batch, reply),
+            },
             ControlRequest::Wait { farm } => self.wait_for(&farm, reply),
             ControlRequest::Cancel { farm } => self.cancel_farm(&farm, reply),
             ControlRequest::CancelTask { farm, task } => self.cancel_one(&farm, &task, reply),
@@ -186,6 +197,36 @@ impl Node {
                 file: &f.file,
                 rerun: f.rerun.as_deref(),
                 open: f.open,
+            };
+            prepare_submit(&handle, origin, farm, reply);
+        });
+    }
+
+    /// A client's first batch of calls, as a new open farm of them
+    /// (`ControlRequest::Calls` with `new`): its stages made, each call's
+    /// task said, then submitted as a farm file's would be.
+    fn open_with_calls(&mut self, batch: crate::calls::CallBatch, reply: Reply) {
+        let origin = self.me;
+        let handle = self.handle.clone();
+        tokio::task::spawn_blocking(move || {
+            let (def, tasks) = match crate::calls::farm(&batch) {
+                Ok(made) => made,
+                Err(e) => {
+                    let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e.to_string()));
+                    return;
+                }
+            };
+            let _ = reply.send(ControlResponse::Named { tasks });
+            // Messages name the farm by a file in its folder, as a farm
+            // file submitted from there would be.
+            let file = Path::new(&def.root).join(format!("{}.toml", def.name));
+            let file = file.to_string_lossy();
+            let every: &[String] = &[];
+            let farm = Incoming {
+                def,
+                file: &file,
+                rerun: batch.rerun.then_some(every),
+                open: true,
             };
             prepare_submit(&handle, origin, farm, reply);
         });
@@ -558,10 +599,16 @@ pub(super) fn write_manifests(out: &str, stages: &[Arc<StageDef>], reply: &Reply
 
 /// What a `Grow` request brings (see `ControlRequest::Grow`), to `grow.rs`.
 pub(super) struct Growth {
-    pub(super) toml: String,
-    pub(super) file: String,
+    pub(super) added: Added,
     pub(super) close: bool,
     pub(super) rerun: bool,
+}
+
+/// The stages a growth adds: a farm file's (of the new stages only;
+/// empty for a close), or a client's calls.
+pub(super) enum Added {
+    Text { toml: String, file: String },
+    Calls(Box<crate::calls::CallBatch>),
 }
 
 /// A farm file's text as a client sends it, with where it is read from

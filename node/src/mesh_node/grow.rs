@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use mesh_protocol::mesh::FarmSpec;
 
-use super::commands::{invalid, write_manifests, Growth};
+use super::commands::{invalid, write_manifests, Added, Growth};
 use super::kept::{task_keys, TaskKeys};
 use super::refusals::QueryError;
 use super::reply::Reply;
@@ -150,8 +150,10 @@ impl Node {
         }
         for farm in close {
             let growth = Growth {
-                toml: String::new(),
-                file: String::new(),
+                added: Added::Text {
+                    toml: String::new(),
+                    file: String::new(),
+                },
                 close: true,
                 rerun: false,
             };
@@ -260,34 +262,46 @@ fn next_generation(
     reply: &Reply,
 ) -> Option<Result<(FarmSpec, Option<TaskKeys>), GrowError>> {
     let mut def = spec.def.clone();
-    if !g.toml.trim().is_empty() {
-        let opts = LoadOptions {
-            out: Some(Path::new(&spec.def.out).to_path_buf()),
-            before: spec.def.stages.clone(),
-            before_graph: spec.def.graph.built().cloned(),
-        };
-        let (grown, warnings) =
-            match farmfile::load_str_with_warnings(Path::new(&g.file), &g.toml, &opts) {
-                Ok(d) => d,
-                Err(e) => {
-                    let _ = reply.send(invalid(&g.file, &e));
-                    return None;
-                }
+    match &g.added {
+        Added::Text { toml, file } if !toml.trim().is_empty() => {
+            let opts = LoadOptions {
+                out: Some(Path::new(&spec.def.out).to_path_buf()),
+                before: spec.def.stages.clone(),
+                before_graph: spec.def.graph.built().cloned(),
             };
-        if grown.root != def.root {
-            return Some(Err(GrowError::Folder {
-                file: g.file.clone(),
-                root: def.root.clone(),
-                here: grown.root,
-            }));
+            let (grown, warnings) =
+                match farmfile::load_str_with_warnings(Path::new(file), toml, &opts) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let _ = reply.send(invalid(file, &e));
+                        return None;
+                    }
+                };
+            if grown.root != def.root {
+                return Some(Err(GrowError::Folder {
+                    file: file.clone(),
+                    root: def.root.clone(),
+                    here: grown.root,
+                }));
+            }
+            for w in warnings {
+                let _ = reply.send(ControlResponse::Warning(w.to_string()));
+            }
+            def.stages = grown.stages;
+            // The loader's graph, and the tables of the generation before to
+            // build the others on.
+            def.graph = grown.graph.built_on(&spec.def.graph);
         }
-        for w in warnings {
-            let _ = reply.send(ControlResponse::Warning(w.to_string()));
-        }
-        def.stages = grown.stages;
-        // The loader's graph, and the tables of the generation before to
-        // build the others on.
-        def.graph = grown.graph.built_on(&spec.def.graph);
+        Added::Text { .. } => {}
+        Added::Calls(batch) => match crate::calls::grow(&mut def, batch) {
+            Ok(tasks) => {
+                let _ = reply.send(ControlResponse::Named { tasks });
+            }
+            Err(e) => {
+                let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e.to_string()));
+                return None;
+            }
+        },
     }
     let old = spec.def.stages.len();
     let mut seen: HashSet<String> = spec.inputs.iter().map(|i| i.path.clone()).collect();
