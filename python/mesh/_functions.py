@@ -938,11 +938,14 @@ class Functions:
         else:
             req["farm"] = run.id
 
+        named_now = []
+
         def named(tasks):
             # By task, not key: a key sent again after its future was
             # dropped is another task, and the first's end is not its value.
             early = []
             with self.cv:
+                named_now.extend(tasks)
                 for f, task in zip(batch, tasks):
                     f.task_name = task
                     calls[task] = f
@@ -955,7 +958,16 @@ class Functions:
             for f, t in early:
                 _settle_from(f, t)
 
-        v = self.client._calls_answer({"Calls": req}, named)
+        try:
+            v = self.client._calls_answer({"Calls": req}, named)
+        except BaseException:
+            # Refused after they were named: those stages were not added,
+            # and the next batch's are named alike.
+            with self.cv:
+                for task in named_now:
+                    calls.pop(task, None)
+                self.named_stages.difference_update(t.split("/", 1)[0] for t in named_now)
+            raise
         if run is None:
             run = Run(self.client, v["farm"], total=v["tasks"])
             # Closed by its home should this process die without closing it.
