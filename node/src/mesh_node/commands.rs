@@ -23,29 +23,11 @@ use mesh_protocol::mesh::{FarmId, NodeId};
 impl Node {
     pub(super) fn on_control(&mut self, req: ControlRequest, reply: Reply) {
         match req {
-            ControlRequest::Submit { def, file, rerun } => {
-                self.submit_loaded(*def, file, rerun, reply)
+            req @ (ControlRequest::Submit { .. } | ControlRequest::SubmitFarm { .. }) => {
+                // Served from the connection (`serve_control`); here only
+                // for a caller that hands the loop any request.
+                let _ = submit_off_loop(req, &self.handle, reply);
             }
-            ControlRequest::SubmitFarm {
-                toml,
-                file,
-                out,
-                cwd,
-                rerun,
-                check,
-                open,
-            } => self.submit_text(
-                FarmText {
-                    toml,
-                    file,
-                    out,
-                    cwd,
-                    rerun,
-                    check,
-                    open,
-                },
-                reply,
-            ),
             ControlRequest::Grow {
                 farm,
                 toml,
@@ -71,7 +53,9 @@ impl Node {
                     };
                     self.grow_farm(&farm, growth, reply)
                 }
-                None => self.open_with_calls(*batch, reply),
+                None => {
+                    let _ = submit_off_loop(ControlRequest::Calls(batch), &self.handle, reply);
+                }
             },
             ControlRequest::Wait { farm } => self.wait_for(&farm, reply),
             ControlRequest::Cancel { farm } => self.cancel_farm(&farm, reply),
@@ -144,92 +128,6 @@ impl Node {
             }
             ControlRequest::Export { farm } => self.export(&farm, reply),
         }
-    }
-
-    /// A farm the client loaded (`mesh submit` on this machine): its inputs
-    /// hashed and every task's key worked out off the loop (a million tasks
-    /// take seconds), then submitted.
-    fn submit_loaded(
-        &mut self,
-        def: FarmDef,
-        file: String,
-        rerun: Option<Vec<String>>,
-        reply: Reply,
-    ) {
-        let origin = self.me;
-        let handle = self.handle.clone();
-        tokio::task::spawn_blocking(move || {
-            let farm = Incoming {
-                def,
-                file: &file,
-                rerun: rerun.as_deref(),
-                open: false,
-            };
-            prepare_submit(&handle, origin, farm, reply)
-        });
-    }
-
-    /// A farm file's text (the Python client, `mesh --mesh ADDR submit`):
-    /// loaded, checked or submitted off the loop, as reading its params
-    /// files, hashing inputs and working out every task's key take their time.
-    fn submit_text(&mut self, f: FarmText, reply: Reply) {
-        let origin = self.me;
-        let handle = self.handle.clone();
-        tokio::task::spawn_blocking(move || {
-            let Some(def) = load_farm(&f, &reply) else {
-                return;
-            };
-            if f.check {
-                let _ = reply.send(ControlResponse::Checked {
-                    name: def.name.clone(),
-                    out: def.out.clone(),
-                    tasks: def.task_count(),
-                    stages: def
-                        .stages
-                        .iter()
-                        .map(|s| (s.name.clone(), u64::from(s.len())))
-                        .collect(),
-                });
-                return;
-            }
-            let farm = Incoming {
-                def,
-                file: &f.file,
-                rerun: f.rerun.as_deref(),
-                open: f.open,
-            };
-            prepare_submit(&handle, origin, farm, reply);
-        });
-    }
-
-    /// A client's first batch of calls, as a new open farm of them
-    /// (`ControlRequest::Calls` with `new`): its stages made, each call's
-    /// task said, then submitted as a farm file's would be.
-    fn open_with_calls(&mut self, batch: crate::calls::CallBatch, reply: Reply) {
-        let origin = self.me;
-        let handle = self.handle.clone();
-        tokio::task::spawn_blocking(move || {
-            let (def, tasks) = match crate::calls::farm(&batch) {
-                Ok(made) => made,
-                Err(e) => {
-                    let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e.to_string()));
-                    return;
-                }
-            };
-            let _ = reply.send(ControlResponse::Named { tasks });
-            // Messages name the farm by a file in its folder, as a farm
-            // file submitted from there would be.
-            let file = Path::new(&def.root).join(format!("{}.toml", def.name));
-            let file = file.to_string_lossy();
-            let every: &[String] = &[];
-            let farm = Incoming {
-                def,
-                file: &file,
-                rerun: batch.rerun.then_some(every),
-                open: true,
-            };
-            prepare_submit(&handle, origin, farm, reply);
-        });
     }
 
     /// The farm's progress now, then its end when it comes.
@@ -421,6 +319,119 @@ impl Node {
     }
 }
 
+/// A request that submits a farm, served off the loop from the
+/// connection it came on: loaded (or its calls made stages), checked, its
+/// inputs hashed and every task's key worked out, then handed to the loop
+/// once (`Event::Submit`), so a submission enters the loop once. Any other
+/// request is given back, for the loop.
+pub(super) fn submit_off_loop(
+    req: ControlRequest,
+    handle: &LoopHandle,
+    reply: Reply,
+) -> Option<(ControlRequest, Reply)> {
+    let (handle, origin) = (handle.clone(), handle.me());
+    match req {
+        ControlRequest::Submit { def, file, rerun } => {
+            // A farm the client loaded (`mesh submit` on this machine): a
+            // million tasks' keys take seconds.
+            tokio::task::spawn_blocking(move || {
+                let farm = Incoming {
+                    def: *def,
+                    file: &file,
+                    rerun: rerun.as_deref(),
+                    open: false,
+                };
+                prepare_submit(&handle, origin, farm, reply)
+            });
+        }
+        ControlRequest::SubmitFarm {
+            toml,
+            file,
+            out,
+            cwd,
+            rerun,
+            check,
+            open,
+        } => {
+            let f = FarmText {
+                toml,
+                file,
+                out,
+                cwd,
+                rerun,
+                check,
+                open,
+            };
+            tokio::task::spawn_blocking(move || submit_text(&handle, origin, f, reply));
+        }
+        ControlRequest::Calls(batch) if batch.farm.is_none() => {
+            tokio::task::spawn_blocking(move || open_with_calls(&handle, origin, &batch, reply));
+        }
+        other => return Some((other, reply)),
+    }
+    None
+}
+
+/// A farm file's text (the Python client, `mesh --mesh ADDR submit`):
+/// loaded, checked or submitted, as reading its params files, hashing
+/// inputs and working out every task's key take their time.
+fn submit_text(handle: &LoopHandle, origin: NodeId, f: FarmText, reply: Reply) {
+    let Some(def) = load_farm(&f, &reply) else {
+        return;
+    };
+    if f.check {
+        let _ = reply.send(ControlResponse::Checked {
+            name: def.name.clone(),
+            out: def.out.clone(),
+            tasks: def.task_count(),
+            stages: def
+                .stages
+                .iter()
+                .map(|s| (s.name.clone(), u64::from(s.len())))
+                .collect(),
+        });
+        return;
+    }
+    let farm = Incoming {
+        def,
+        file: &f.file,
+        rerun: f.rerun.as_deref(),
+        open: f.open,
+    };
+    prepare_submit(handle, origin, farm, reply);
+}
+
+/// A client's first batch of calls, as a new open farm of them
+/// (`ControlRequest::Calls` with `new`): its stages made, each call's
+/// task said, then submitted as a farm file's would be.
+fn open_with_calls(
+    handle: &LoopHandle,
+    origin: NodeId,
+    batch: &crate::calls::CallBatch,
+    reply: Reply,
+) {
+    let (def, tasks) = match crate::calls::farm(batch) {
+        Ok(made) => made,
+        Err(e) => {
+            let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e.to_string()));
+            return;
+        }
+    };
+    let _ = reply.send(ControlResponse::Named { tasks });
+    // Messages name the farm by a file in its folder, as a farm
+    // file submitted from there would be.
+    let file = Path::new(&def.root).join(format!("{}.toml", def.name));
+    let file = file.to_string_lossy();
+    let every: &[String] = &[];
+    let farm = Incoming {
+        def,
+        file: &file,
+        rerun: batch.rerun.then_some(every),
+        open: true,
+    };
+    prepare_submit(handle, origin, farm, reply);
+}
+
 /// A farm file's text checked as `mesh check` checks a file: its warnings
 /// said, and `None` once its mistake or an unknown `--rerun` stage is.
 fn load_farm(f: &FarmText, reply: &Reply) -> Option<mesh_protocol::farm::FarmDef> {
@@ -512,8 +523,10 @@ where
     match serde_json::from_str::<ControlRequest>(&line) {
         Ok(req) => {
             holding = matches!(req, ControlRequest::Hold { .. });
-            if handle.control_to(req, rtx).await.is_err() {
-                return;
+            if let Some((req, rtx)) = submit_off_loop(req, &handle, rtx) {
+                if handle.control_to(req, rtx).await.is_err() {
+                    return;
+                }
             }
         }
         Err(e) => {

@@ -131,7 +131,7 @@ impl Node {
         let (listener, sock) = control_socket(&opts.state)?;
         drop(starting);
 
-        let (handle, rx) = LoopHandle::new(CMDS_MAX);
+        let (handle, rx) = LoopHandle::new(CMDS_MAX, me);
         let clock = Instant::now();
         let seed = u64::from_le_bytes(
             blake3::hash(&crate::state::unix_ms().to_le_bytes()).as_bytes()[..8]

@@ -18,6 +18,9 @@ use crate::control::{ControlRequest, ControlResponse};
 #[derive(Clone)]
 pub(super) struct LoopHandle {
     tx: mpsc::Sender<Cmd>,
+    /// The node the loop is: what work done off it (a submission made
+    /// ready) names as its home.
+    me: NodeId,
 }
 
 /// The loop has stopped: nothing sent reaches it any more.
@@ -28,9 +31,14 @@ impl LoopHandle {
     /// A handle and the loop's end of it, holding at most `max` commands:
     /// a sender waits when it is full (every sender is spawned work, never
     /// the loop), so a slow loop slows what feeds it.
-    pub(super) fn new(max: usize) -> (LoopHandle, mpsc::Receiver<Cmd>) {
+    pub(super) fn new(max: usize, me: NodeId) -> (LoopHandle, mpsc::Receiver<Cmd>) {
         let (tx, rx) = mpsc::channel(max);
-        (LoopHandle { tx }, rx)
+        (LoopHandle { tx, me }, rx)
+    }
+
+    /// The node whose loop this is.
+    pub(super) fn me(&self) -> NodeId {
+        self.me
     }
 
     /// Tells the loop that something ended or arrived, waiting for room:

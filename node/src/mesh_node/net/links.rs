@@ -219,7 +219,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn messages_over_the_frame_limit_together_go_in_halves_and_all_arrive_in_order() {
         let p = net::tests::linked_pair().await;
-        let (tx, mut rx) = LoopHandle::new(16);
+        let (tx, mut rx) = LoopHandle::new(16, mesh_protocol::mesh::NodeId(1));
         tokio::spawn(accept_links(p.b_incoming, tx));
         let (ltx, lrx) = mpsc::channel(16);
         // Four messages of a third of the limit each: no frame can carry

@@ -205,12 +205,12 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_packet_opens_only_under_the_same_mesh_key() {
-        let (tx, mut rx) = LoopHandle::new(16);
+        let (tx, mut rx) = LoopHandle::new(16, mesh_protocol::mesh::NodeId(1));
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let key = MeshKey::new([7; 32]);
         let b = SwimSocket::bind(any, cipher(&key), b"b", tx).unwrap();
         let to = b.out.local_addr().unwrap();
-        let (tx2, _rx2) = LoopHandle::new(16);
+        let (tx2, _rx2) = LoopHandle::new(16, mesh_protocol::mesh::NodeId(1));
         let mut a = SwimSocket::bind(any, cipher(&key), b"a", tx2.clone()).unwrap();
         let mut other = SwimSocket::bind(any, cipher(&MeshKey::new([8; 32])), b"c", tx2).unwrap();
         other.send(to, b"forged");
@@ -226,12 +226,12 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_small_message_travels_as_a_packet_with_its_sender_and_a_large_one_does_not() {
-        let (tx, mut rx) = LoopHandle::new(16);
+        let (tx, mut rx) = LoopHandle::new(16, mesh_protocol::mesh::NodeId(1));
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let key = MeshKey::new([7; 32]);
         let b = SwimSocket::bind(any, cipher(&key), b"b", tx).unwrap();
         let to = b.out.local_addr().unwrap();
-        let (tx2, _rx2) = LoopHandle::new(16);
+        let (tx2, _rx2) = LoopHandle::new(16, mesh_protocol::mesh::NodeId(1));
         let mut a = SwimSocket::bind(any, cipher(&key), b"a", tx2).unwrap();
         let big = Msg::Refused {
             farm: mesh_protocol::mesh::FarmId(1),
