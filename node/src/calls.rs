@@ -118,10 +118,12 @@ pub fn stages(
     batch: &CallBatch,
 ) -> Result<(Vec<StageDef>, Vec<String>), CallError> {
     let calls = &batch.calls;
+    checked_run(&batch.run, calls.first())?;
     let mut level = Vec::with_capacity(calls.len());
     let mut groups: HashMap<Alike<'_>, usize> = HashMap::new();
     let mut members: Vec<Group> = Vec::new();
     for (i, c) in calls.iter().enumerate() {
+        checked_call(c)?;
         let mut l = 0u32;
         for &d in &c.deps {
             let Some(&dl) = level.get(d as usize) else {
@@ -162,6 +164,25 @@ pub fn stages(
     // the levels it waits for.
     let mut order: Vec<usize> = (0..members.len()).collect();
     order.sort_by_key(|&g| members[g].level);
+    // Named by place, `c<n>`: a farm whose other stages took such a name
+    // (grown from farm text) would have two stages of one name.
+    let taken = before.iter().enumerate().find(|(i, st)| {
+        st.name
+            .strip_prefix('c')
+            .and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|n| n != *i && n >= before.len())
+    });
+    if let Some((_, st)) = taken {
+        let first = calls.first().map_or("", |c| c.key.as_str());
+        return Err(CallError {
+            key: first.to_string(),
+            field: "farm".into(),
+            why: format!(
+                "the farm has a stage `{}` of its own: calls grow a farm of calls only",
+                st.name
+            ),
+        });
+    }
     let mut stage_of_group = vec![0u32; members.len()];
     for (n, &g) in order.iter().enumerate() {
         stage_of_group[g] = u32::try_from(before.len() + n).expect("stages fit in u32");
@@ -322,7 +343,11 @@ fn resources(c: &Call) -> Result<Vec<(String, Amount)>, CallError> {
                 ))
             }
         };
-        if name == MEM && text.trim().parse::<f64>().is_ok_and(|x| x != 0.0) {
+        // As the loader reads `mem = 256`: bytes no task means.
+        let t = text.trim();
+        let bare = t.bytes().any(|b| b.is_ascii_digit())
+            && t.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+        if name == MEM && bare && t.parse::<f64>() != Ok(0.0) {
             return Err(fail(
                 c,
                 &field,
@@ -333,6 +358,79 @@ fn resources(c: &Call) -> Result<Vec<(String, Amount)>, CallError> {
         out.push((name.clone(), amount));
     }
     Ok(out)
+}
+
+/// A call's key names its files (`calls/{id}.pkl`, its result) and its
+/// files are the farm folder's: as the Python client's keys and a farm
+/// file's paths are checked.
+fn checked_call(c: &Call) -> Result<(), CallError> {
+    let key_ok = c
+        .key
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && c.key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        && !c.key.contains("..");
+    if !key_ok {
+        return Err(fail(
+            c,
+            "key",
+            "letters, digits, `_`, `.` and `-` (no `..`), first a letter, digit or `_`",
+        ));
+    }
+    inside(c, "function", &c.function)?;
+    for p in &c.inputs {
+        inside(c, "inputs", p)?;
+    }
+    Ok(())
+}
+
+/// The batch's own paths, each in the farm's folder (a refusal names
+/// the batch's first call).
+fn checked_run(run: &CallRun, first: Option<&Call>) -> Result<(), CallError> {
+    let Some(c) = first else {
+        return Ok(());
+    };
+    let paths = [
+        ("run.worker", &run.worker),
+        ("run.args_file", &run.args_file),
+        ("run.vals_file", &run.vals_file),
+        ("run.result", &run.result),
+    ];
+    for (field, p) in paths {
+        inside(c, field, p)?;
+    }
+    for p in &run.inputs {
+        inside(c, "run.inputs", p)?;
+    }
+    for (k, _) in &run.env {
+        let ok = k
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !ok || k.starts_with("MESH_") {
+            return Err(fail(
+                c,
+                "run.env",
+                format!("`{k}` is not a variable a call may set"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn inside(c: &Call, field: &str, path: &str) -> Result<(), CallError> {
+    if path.trim().is_empty() || !mesh_protocol::farm::path_stays_inside(path) {
+        return Err(fail(
+            c,
+            field,
+            format!("`{path}` is not a path inside the farm's folder"),
+        ));
+    }
+    Ok(())
 }
 
 /// The stage and index of task `name` (`stage/index`) of the farm so far.
@@ -680,5 +778,35 @@ mod tests {
         assert_eq!(e.field, "resources.mem");
         assert!(e.to_string().contains("512MiB"), "{e}");
         assert_eq!(def.stages.len(), 1, "a refused growth adds nothing");
+        for (bad, field) in [("../x", "key"), ("a/b", "key"), ("", "key")] {
+            let e = farm(&batch(None, vec![call(bad, "fns/a.pkl", &[], &[])])).unwrap_err();
+            assert_eq!(e.field, field, "{bad:?}");
+        }
+        for path in ["/etc/passwd", "../up.pkl", "fns/../../x"] {
+            let e = farm(&batch(None, vec![call("a", path, &[], &[])])).unwrap_err();
+            assert_eq!(e.field, "function", "{path}");
+            let mut b = batch(None, vec![call("a", "fns/a.pkl", &[], &[])]);
+            b.run.result = path.into();
+            assert_eq!(farm(&b).unwrap_err().field, "run.result", "{path}");
+        }
+        let mut b = batch(None, vec![call("a", "fns/a.pkl", &[], &[])]);
+        b.run.env.push(("MESH_FARM".into(), "x".into()));
+        assert_eq!(farm(&b).unwrap_err().field, "run.env");
+    }
+
+    #[test]
+    fn calls_do_not_grow_a_farm_whose_own_stage_has_the_name_they_would_take() {
+        let (mut def, _) = farm(&batch(None, vec![call("a", "fns/a.pkl", &[], &[])])).unwrap();
+        let mut own = (*def.stages[0]).clone();
+        own.name = "c2".into();
+        def.stages.push(Arc::new(own));
+        def.graph = GraphCache::ready(Graph::build_parts(&def.name, &def.stages).unwrap());
+        let e = grow(
+            &mut def,
+            &batch(Some("p"), vec![call("b", "fns/a.pkl", &[], &[])]),
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "farm");
+        assert!(e.to_string().contains("`c2`"), "{e}");
     }
 }

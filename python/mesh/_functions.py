@@ -2,10 +2,11 @@
 
 ``client.submit(f, x)`` pickles the call with cloudpickle (a future among
 its arguments as its key, a dependency) and queues it; a thread of the
-client sends what is queued, a few milliseconds' worth at a time, as one
-farm: a stage per depth of the calls' dependencies among themselves, each
-call a task whose sweep value is its key, which waits (a listed
-dependency, by key) for exactly the calls it was given futures of. Each
+client sends what is queued, a few milliseconds' worth at a time, as data
+(a ``Calls`` request: each call's key, function, arguments, dependencies,
+resources, retries), which the node adds to the client's open farm as
+stages (per function and depth of dependency), each call a task named by
+its key that waits for exactly the calls it was given futures of. Each
 task runs ``_worker.py`` on its call in a Python of the client's version,
 and its value is its output, ``result-KEY.pkl``, brought home as any
 output; a task's view of ``{out}`` holds exactly its dependencies' values.
@@ -518,6 +519,7 @@ class Functions:
         # The stages of the open farm whose calls the node has named, and
         # the ends of its tasks told before their names were read.
         self.named_stages, self.early = set(), {}
+        self.farms_opened = 0
         #: The client's open farm (one grows by a batch at a time), the
         #: batches it took, and its calls by key, which one thread follows.
         self.open_run = None
@@ -545,6 +547,8 @@ class Functions:
         except Exception as e:
             raise TypeError("cannot send %s to the mesh: an argument does not pickle: %s: %s" % (_name_of(fn), type(e).__name__, e)) from e
         body = buf.getvalue()
+        if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
+            raise ValueError("retries is how many failures are allowed, a whole number >= 0, not %r" % (retries,))
         opts = (tuple(sorted((resources or {}).items())), retries)
         opts = self.opts_seen.setdefault(opts, opts)
         if key is None:
@@ -931,7 +935,12 @@ class Functions:
         # unless asked for (resume=True).
         req = {"run": run_as, "calls": wire, "rerun": not self.resume}
         if run is None:
-            req["new"] = {"name": FARM_NAME, "root": self.root, "out": os.path.join(self.root, "out")}
+            # A folder of outputs per farm: the node names a farm's stages by
+            # place (`c0`, `c1`...), as the next farm of this client does,
+            # and a farm closed after FARM_BATCHES still runs its calls.
+            self.farms_opened += 1
+            out = os.path.join(self.root, "out", str(self.farms_opened))
+            req["new"] = {"name": FARM_NAME, "root": self.root, "out": out}
             with self.cv:
                 # Stage names are the farm's own: a new farm's start anew.
                 self.named_stages, self.early = set(), {}
@@ -953,7 +962,7 @@ class Functions:
                         f._sent = run
                     self.named_stages.add(task.split("/", 1)[0])
                     t = self.early.pop(task, None)
-                    if t is not None:
+                    if t is not None and t.params.get("id", f.key) == f.key:
                         early.append((f, t))
             for f, t in early:
                 _settle_from(f, t)
@@ -1032,7 +1041,7 @@ class Functions:
                             # Ended before the node's answer naming it was
                             # read: settled once it is (see `_send_calls`).
                             self.early[t.task] = t
-                if f is not None:
+                if f is not None and t.params.get("id", f.key) == f.key:
                     _settle_from(f, t)
                 # Held no longer than the user holds it: a key is shared
                 # only while a future of it is held.

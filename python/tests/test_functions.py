@@ -28,6 +28,11 @@ def slow_square(x):
     return x * x
 
 
+def kib_of(x):
+    # Past what rides with a task's report: a file the client reads.
+    return bytes([x % 256]) * 4096
+
+
 def add_text(a, b):
     return "%s%s" % (a, b)
 
@@ -146,9 +151,9 @@ class Functions(InFolder):
         self.assertEqual((sorted(f.result() for f in done), not_done), ([8, 9], set()))
 
     def test_a_long_map_and_a_map_over_its_futures_give_every_value(self):
-        # A stage of many calls names its keys and arguments in files of
-        # lines the node reads as it takes the batch: each value in its
-        # place, the files gone once the batch is taken.
+        # A stage of many calls (their keys and arguments sent as data,
+        # kept end to end at the node): each value in its place, and no
+        # file in calls/ but the calls' own.
         c = self.node(cpus=2)
         n = 300
         words = ["w%d-" % i + "x" * (i % 7) for i in range(n)]
@@ -159,6 +164,23 @@ class Functions(InFolder):
         self.assertEqual([f.task_name.split("/")[1] for f in fs[:3]], ["0", "1", "2"])
         root = c._fns.root
         self.assertEqual([n for n in os.listdir(os.path.join(root, "calls")) if not n.endswith((".pkl", ".vals"))], [])
+
+    def test_values_of_a_farm_the_client_moved_on_from_stay_readable(self):
+        # After FARM_BATCHES batches the client opens another farm, whose
+        # stages the node names by place as it named the first's: each
+        # farm's outputs have a folder of their own.
+        c = self.node(cpus=2)
+        before = mesh._functions.FARM_BATCHES
+        mesh._functions.FARM_BATCHES = 2
+        self.addCleanup(setattr, mesh._functions, "FARM_BATCHES", before)
+        fs = []
+        for i in range(5):
+            f = c.submit(kib_of, i)
+            mesh.wait([f], timeout=WAIT_S)
+            fs.append(f)
+        self.assertEqual(len({f._run.id for f in fs}), 3)
+        self.assertEqual([f.task_name for f in fs], ["c0/0", "c1/0", "c0/0", "c1/0", "c0/0"])
+        self.assertEqual([f.result() for f in fs], [kib_of(i) for i in range(5)])
 
     def test_a_remote_exception_is_raised_here_with_its_type_and_traceback(self):
         c = self.node(cpus=2)

@@ -202,6 +202,10 @@ class Trust(InFolder):
                 f.result(timeout=30)
             self.assertIn("call nap-mem-%d: resources.mem: 512 bytes: give the unit" % i, str(e.exception))
             self.assertEqual(n.submit(nap, 0.1, resources={"mem": "1KiB"}).result(timeout=WAIT_S), 0.1)
+        # What the client can tell itself, it says at the call.
+        for bad in (-1, 1.5, "2"):
+            with self.assertRaises(ValueError):
+                n.submit(nap, 0, retries=bad)
 
     def test_a_killed_client_run_again_says_so_or_takes_its_calls_over(self):
         c = self.node(cpus=2)

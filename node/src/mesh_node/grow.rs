@@ -262,6 +262,8 @@ fn next_generation(
     reply: &Reply,
 ) -> Option<Result<(FarmSpec, Option<TaskKeys>), GrowError>> {
     let mut def = spec.def.clone();
+    // The calls' tasks, said once their inputs are found.
+    let mut named = None;
     match &g.added {
         Added::Text { toml, file } if !toml.trim().is_empty() => {
             let opts = LoadOptions {
@@ -294,9 +296,7 @@ fn next_generation(
         }
         Added::Text { .. } => {}
         Added::Calls(batch) => match crate::calls::grow(&mut def, batch) {
-            Ok(tasks) => {
-                let _ = reply.send(ControlResponse::Named { tasks });
-            }
+            Ok(tasks) => named = Some(tasks),
             Err(e) => {
                 let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e.to_string()));
                 return None;
@@ -309,6 +309,9 @@ fn next_generation(
         Ok(added) => added,
         Err(e) => return Some(Err(e.into())),
     };
+    if let Some(tasks) = named {
+        let _ = reply.send(ControlResponse::Named { tasks });
+    }
     let mut inputs = spec.inputs.clone();
     inputs.extend(added);
     let next = FarmSpec {
