@@ -107,7 +107,10 @@ class Client:
             req["rerun"] = [rerun] if isinstance(rerun, str) else list(rerun)
         return {"SubmitFarm": req}
 
-    def _farm_answer(self, farm, request):
+    def _farm_answer(self, farm, request, named=None):
+        """The answer to a request that submits or grows a farm, with the
+        warnings before it; ``named`` (a ``Calls`` request's) is given each
+        call's task as soon as the node says them."""
         warnings = []
         # Reading a big params file and hashing inputs take their time
         # before the node answers: no deadline on the first line.
@@ -116,6 +119,9 @@ class Client:
                 k = _proto.kind(a)
                 if k == "Warning":
                     warnings.append(a["Warning"])
+                    continue
+                if k == "Named" and named is not None:
+                    named(a["Named"]["tasks"])
                     continue
                 if k == "Invalid":
                     i = a["Invalid"]
@@ -132,26 +138,6 @@ class Client:
                         raise _proto.error(a, "the node refused the stages: ")
                     raise _proto.error(a, "the node refused the farm: ")
                 return k, a[k], warnings
-        raise MeshError("the node closed the connection before answering")
-
-    def _calls_answer(self, request, named):
-        """A ``Calls`` request (function calls as data, see
-        ``Functions._send``): ``named`` is given each call's task as soon
-        as the node says them; the ``Submitted`` answer is returned."""
-        with self._exchange(request, first_within=None) as x:
-            for a in x:
-                k = _proto.kind(a)
-                if k == "Warning":
-                    continue
-                if k == "Named":
-                    named(a["Named"]["tasks"])
-                    continue
-                if k == "Error":
-                    # A closed farm raises FarmClosed: the sender opens another.
-                    raise _proto.error(a, "the node refused the calls: ")
-                if k != "Submitted":
-                    raise ProtocolError("expected Submitted from the node, got %s" % k)
-                return a[k]
         raise MeshError("the node closed the connection before answering")
 
     def check(self, farm):
@@ -302,11 +288,11 @@ class Client:
         v, warnings = self._farm_submitted(farm, self._farm_request(farm, rerun=rerun, open=open), warn)
         return Run(self, v["farm"], total=v["tasks"], warnings=warnings)
 
-    def _farm_submitted(self, farm, request, warn):
+    def _farm_submitted(self, farm, request, warn, named=None):
         """A request that submits or grows a farm (``farm``: its stages,
-        ``None`` for a close): its ``Submitted`` answer and the warnings
-        before it, said on stderr with ``warn``."""
-        k, v, warnings = self._farm_answer(farm, request)
+        ``None`` for a close or calls): its ``Submitted`` answer and the
+        warnings before it, said on stderr with ``warn``."""
+        k, v, warnings = self._farm_answer(farm, request, named)
         if k != "Submitted":
             raise ProtocolError("expected Submitted from the node, got %s" % k)
         if warn:

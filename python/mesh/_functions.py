@@ -496,7 +496,6 @@ class Functions:
         self.queue = collections.OrderedDict()
         self.by_key = weakref.WeakValueDictionary()
         self.closed = False
-        self.batches = 0
         #: Values kept by earlier runs are reused, and a dead client's
         #: calls followed (``resume=True``); by default never, as Dask.
         self.resume = resume
@@ -843,7 +842,6 @@ class Functions:
         return rest
 
     def _send(self, batch):
-        self.batches += 1
         calls = os.path.join(self.root, "calls")
         os.makedirs(calls, exist_ok=True)
         os.makedirs(os.path.join(self.root, "fns"), exist_ok=True)
@@ -968,7 +966,8 @@ class Functions:
                 _settle_from(f, t)
 
         try:
-            v = self.client._calls_answer({"Calls": req}, named)
+            # A closed farm raises FarmClosed: the sender opens another.
+            v, _ = self.client._farm_submitted(None, {"Calls": req}, warn=False, named=named)
         except BaseException:
             # Refused after they were named: those stages were not added,
             # and the next batch's are named alike.
