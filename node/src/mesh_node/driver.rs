@@ -16,12 +16,12 @@ use nix::sys::signal::Signal;
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 
-use super::alloc::Alloc;
-use super::commands::{accept_control, serve_control};
+use super::home::Alloc;
+use super::home::{accept_control, serve_control};
 use super::net::{self, accept_links, NetOut, NetParts, Reach, REACH_TICK};
 use super::runs::{self, accept_data, Runs, RunsOut, RunsParts, Transfers};
 use super::source::MeshSource;
-use super::views::Origin;
+use super::home::Origin;
 use super::{Cmd, Disk, Home, LoopHandle, Net, Node, NodeError, NodeOptions, User};
 use crate::control::{socket_path, ControlResponse, ErrorKind, Starting, CONTROL_PROTOCOL};
 use crate::dash::{self, dashboard_line};

@@ -7,25 +7,17 @@
 //! inputs, fetching and serving files, running tasks) happens in spawned
 //! futures that come back to the loop through one channel.
 
-mod alloc;
-mod commands;
 mod driver;
 mod events;
-mod export;
-mod feed;
-mod grow;
 mod handle;
+mod home;
 mod inbound;
 mod kept;
-mod logs;
 mod net;
-mod queries;
 mod refusals;
 mod reply;
 mod runs;
 mod source;
-mod submit;
-mod views;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -48,13 +40,13 @@ use crate::control::ControlRequest;
 use crate::executor::Live;
 use crate::keys;
 use crate::{runtime, IoError};
-use alloc::Alloc;
+use home::Alloc;
 use handle::LoopHandle;
 use net::Net;
-use queries::Asked;
+use home::Asked;
 use reply::Reply;
 use runs::{FetchError, Runs};
-use views::Origin;
+use home::Origin;
 
 /// Addresses as `mesh node` prints them and `mesh join` takes them.
 pub use libp2p::Multiaddr;
@@ -150,7 +142,7 @@ enum Event {
     /// An open farm's next generation, made off the loop, to offer.
     /// With each task's key unless its tasks all run (`rerun`).
     Grow(
-        Result<(FarmSpec, Option<kept::TaskKeys>), grow::GrowError>,
+        Result<(FarmSpec, Option<kept::TaskKeys>), home::GrowError>,
         Reply,
     ),
     Submit(

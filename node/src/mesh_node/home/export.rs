@@ -15,8 +15,8 @@ use mesh_protocol::mesh::{Beat, Entry, FarmId, NodeId, Replica};
 use mesh_protocol::wire::{Request, Response};
 use mesh_protocol::TaskRef;
 
-use super::reply::Reply;
-use super::{farm_display_id, Node};
+use crate::mesh_node::reply::Reply;
+use crate::mesh_node::{farm_display_id, Node};
 use crate::control::{ControlResponse, ErrorKind};
 use crate::export::{self, Ended, FarmFacts, Machine, TaskFacts};
 use crate::task_words::describe_failure;
@@ -27,7 +27,7 @@ const MACHINES_WAIT: Duration = Duration::from_secs(5);
 
 impl Node {
     /// Answers `Export`: the farm `query` as a trace, or why not.
-    pub(super) fn export(&mut self, query: &str, reply: Reply) {
+    pub(in crate::mesh_node) fn export(&mut self, query: &str, reply: Reply) {
         let fid = match self.find_known(query) {
             Ok(f) => f,
             Err(e) => {

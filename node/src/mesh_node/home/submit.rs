@@ -5,14 +5,14 @@ use std::collections::BTreeSet;
 use mesh_protocol::farm::TaskRef;
 use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId};
 
-use super::kept::{Kept, Lent, Submitting};
-use super::reply::Reply;
+use crate::mesh_node::kept::{Kept, Lent, Submitting};
+use crate::mesh_node::reply::Reply;
 use super::views::Origin;
-use super::Node;
+use crate::mesh_node::Node;
 
 impl Node {
     /// The kept room, with what the loop lends it for one call.
-    pub(super) fn lent(&mut self) -> (&Kept, Lent<'_>) {
+    pub(in crate::mesh_node) fn lent(&mut self) -> (&Kept, Lent<'_>) {
         let lent = Lent {
             store: &mut self.disk.store,
             transfers: self.runs.transfers(),
@@ -24,7 +24,7 @@ impl Node {
     /// Submits a farm handed to this node, with the tasks done before (see
     /// `Kept::submit_reusing`): at once, or once the earlier homes of its
     /// name have answered (`Event::SubmitReused`).
-    pub(super) fn submit_reusing(&mut self, farm: Submitting) {
+    pub(in crate::mesh_node) fn submit_reusing(&mut self, farm: Submitting) {
         let homes = self.earlier_homes(&farm.spec.def.name);
         let coordinator = self.peer.coordinator().filter(|c| *c != self.me);
         let (kept, mut lent) = self.lent();
@@ -36,7 +36,7 @@ impl Node {
     }
 
     /// Hands the farm to the peer: it becomes its home, with these tasks done.
-    pub(super) fn submit_now(&mut self, spec: FarmSpec, reused: Vec<Entry>, reply: Reply) {
+    pub(in crate::mesh_node) fn submit_now(&mut self, spec: FarmSpec, reused: Vec<Entry>, reply: Reply) {
         let mut o = Origin::new(&spec);
         o.submit_reply = Some(reply);
         self.home.farms.insert(spec.id, o);
@@ -55,7 +55,7 @@ impl Node {
 
     /// On the home of a farm that just ended: writes down where each done
     /// task's outputs are, by its content key.
-    pub(super) fn remember_results(&mut self, farm: FarmId) {
+    pub(in crate::mesh_node) fn remember_results(&mut self, farm: FarmId) {
         let (kept, mut lent) = self.lent();
         kept.remember(&mut lent, farm, None, true);
     }
@@ -64,7 +64,7 @@ impl Node {
     /// tasks whose outputs came home since it last looked, so a client
     /// that comes back (a notebook restarted) reuses them while the farm
     /// still runs. A cache: not flushed, as a lost one costs a rerun.
-    pub(super) fn remember_landed(&mut self, farm: FarmId) {
+    pub(in crate::mesh_node) fn remember_landed(&mut self, farm: FarmId) {
         let Some(r) = self.peer.replica(farm).filter(|r| r.home) else {
             return;
         };

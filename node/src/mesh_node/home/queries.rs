@@ -9,11 +9,11 @@ use mesh_protocol::observe::{LatencyData, Observation};
 use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response};
 
 use super::logs::LogAsk;
-use super::refusals::{QueryError, RequestError, FIND_WAIT};
-use super::reply::Reply;
+use crate::mesh_node::refusals::{QueryError, RequestError, FIND_WAIT};
+use crate::mesh_node::reply::Reply;
 use super::views::FAILURES_SHOWN;
 
-use super::{farm_display_id, Event, Node};
+use crate::mesh_node::{farm_display_id, Event, Node};
 use crate::control::ControlResponse;
 use crate::view::{FarmView, MeshStatus, NodeView, Observed};
 
@@ -36,7 +36,7 @@ const COORDINATOR_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 const OBSERVED_MAX: usize = 16;
 
 /// What a control request about a farm not held here was waiting for.
-pub(super) enum Asked {
+pub(in crate::mesh_node) enum Asked {
     Status(Reply),
     Resume(Option<String>, Reply),
     Logs(LogAsk, Reply),
@@ -44,7 +44,7 @@ pub(super) enum Asked {
 
 impl Node {
     /// A farm by id, id prefix or name among every farm this node knows.
-    pub(super) fn find_known(&self, query: &str) -> Result<FarmId, QueryError> {
+    pub(in crate::mesh_node) fn find_known(&self, query: &str) -> Result<FarmId, QueryError> {
         let known: Vec<Known> = self
             .peer
             .specs()
@@ -64,7 +64,7 @@ impl Node {
     /// The farm `mesh logs TASK` means when it names none: the newest this
     /// node knows with a stage of that name, as a farm's name means its
     /// newest farm.
-    pub(super) fn find_for_task(&self, task: &str) -> Result<FarmId, QueryError> {
+    pub(in crate::mesh_node) fn find_for_task(&self, task: &str) -> Result<FarmId, QueryError> {
         let stage = task.rsplit_once('/').map_or(task, |(s, _)| s);
         self.peer
             .specs()
@@ -75,7 +75,7 @@ impl Node {
     }
 
     /// A farm whose home is this node.
-    pub(super) fn find_farm(&self, query: &str) -> Result<FarmId, QueryError> {
+    pub(in crate::mesh_node) fn find_farm(&self, query: &str) -> Result<FarmId, QueryError> {
         let homes: Vec<Known> = self
             .home
             .farms
@@ -91,7 +91,7 @@ impl Node {
     }
 
     /// Every farm this node holds or coordinates, in short.
-    pub(super) fn summaries(&self) -> Vec<FarmSummary> {
+    pub(in crate::mesh_node) fn summaries(&self) -> Vec<FarmSummary> {
         let mut ids: Vec<FarmId> = self.peer.replicas().map(|r| r.id()).collect();
         ids.extend(self.peer.coordinated());
         ids.sort();
@@ -114,7 +114,7 @@ impl Node {
     }
 
     /// Every node's peer id as this node knows it.
-    pub(super) fn labels_now(&self) -> HashMap<NodeId, String> {
+    pub(in crate::mesh_node) fn labels_now(&self) -> HashMap<NodeId, String> {
         self.peer
             .members()
             .map(|m| (m.id, m.label().to_string()))
@@ -123,7 +123,7 @@ impl Node {
     }
 
     /// What this node knows of a farm it holds or coordinates.
-    pub(super) fn found(&self, farm: FarmId) -> Option<FoundFarm> {
+    pub(in crate::mesh_node) fn found(&self, farm: FarmId) -> Option<FoundFarm> {
         let (home, progress, failures) = self.standing(farm, FAILURES_SHOWN)?;
         Some(FoundFarm {
             spec: (**self.peer.spec(farm)?).clone(),
@@ -153,7 +153,7 @@ impl Node {
     }
 
     /// Asks the coordinator about a farm this node does not hold.
-    pub(super) fn ask_coordinator(&mut self, query: String, asked: Asked) {
+    pub(in crate::mesh_node) fn ask_coordinator(&mut self, query: String, asked: Asked) {
         let handle = self.handle.clone();
         if self.peer.coordinator() == Some(self.me) {
             self.answer(Err(QueryError::NotInMesh(query)), asked);
@@ -187,7 +187,7 @@ impl Node {
     }
 
     /// Answers a control request about a farm with what was found.
-    pub(super) fn answer(&mut self, found: Result<FoundFarm, QueryError>, asked: Asked) {
+    pub(in crate::mesh_node) fn answer(&mut self, found: Result<FoundFarm, QueryError>, asked: Asked) {
         let f = match found {
             Ok(f) => f,
             Err(e) => {
@@ -256,7 +256,7 @@ impl Node {
     }
 
     /// What this node measures of itself, with its runs that changed after `since`.
-    pub(super) fn observation(&self, since: u64) -> Observation {
+    pub(in crate::mesh_node) fn observation(&self, since: u64) -> Observation {
         let mut failovers = None;
         let latency = match self.peer.latencies() {
             Some((l, f)) => {
@@ -286,9 +286,9 @@ impl Node {
                 return bytes;
             }
         }
-        let bytes = super::runs::kept_farms(&self.state)
+        let bytes = crate::mesh_node::runs::kept_farms(&self.state)
             .iter()
-            .map(|(_, dir)| super::runs::kept_bytes(dir))
+            .map(|(_, dir)| crate::mesh_node::runs::kept_bytes(dir))
             .sum();
         self.disk.kept_count.set(Some((Instant::now(), bytes)));
         bytes
@@ -298,7 +298,7 @@ impl Node {
     /// coordinator hears it (one request, whatever the mesh's size), with
     /// what the nodes `ask` names say of themselves in time (`since`: the
     /// runs each observer has seen, by node).
-    pub(super) fn gather(
+    pub(in crate::mesh_node) fn gather(
         &mut self,
         since: HashMap<String, u64>,
         ask: Ask,
@@ -378,7 +378,7 @@ impl Node {
 /// Whom a status asks, besides the coordinator, for what they measure of
 /// themselves (latencies, counters, task runs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Ask {
+pub(in crate::mesh_node) enum Ask {
     /// No one: `mesh status`, `mesh watch`.
     Coordinator,
     /// The busiest few (`OBSERVED_MAX`), for the dashboard's task stream.

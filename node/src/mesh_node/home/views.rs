@@ -8,8 +8,8 @@ use mesh_protocol::farm::FarmDef;
 use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId};
 use mesh_protocol::wire::{FarmSummary, FoundFarm};
 
-use super::reply::Reply;
-use super::{farm_display_id, Event, Node};
+use crate::mesh_node::reply::Reply;
+use crate::mesh_node::{farm_display_id, Event, Node};
 use crate::control::ControlResponse;
 use crate::eta;
 use crate::task_words::{describe_failure, describe_stop};
@@ -18,33 +18,33 @@ use mesh_protocol::engine::Counts;
 use mesh_protocol::resources::Resources;
 
 /// Failures kept per farm for `mesh wait` and `status`.
-pub(super) const FAILURES_SHOWN: usize = 50;
+pub(in crate::mesh_node) const FAILURES_SHOWN: usize = 50;
 
 /// A farm submitted here, as `mesh wait` and `status` show it.
-pub(super) struct Origin {
-    pub(super) view: FarmView,
-    pub(super) waiters: Vec<Reply>,
-    pub(super) submit_reply: Option<Reply>,
+pub(in crate::mesh_node) struct Origin {
+    pub(in crate::mesh_node) view: FarmView,
+    pub(in crate::mesh_node) waiters: Vec<Reply>,
+    pub(in crate::mesh_node) submit_reply: Option<Reply>,
     /// Clients following the farm's tasks one by one (see `feed.rs`).
-    pub(super) feeds: Vec<super::feed::Feed>,
+    pub(in crate::mesh_node) feeds: Vec<super::feed::Feed>,
     /// Connections holding the open farm open (see `grow.rs`), whether
     /// any has since this node started, since when none has, and when the
     /// close for that was last sent.
-    pub(super) holds: Vec<Reply>,
-    pub(super) held: bool,
-    pub(super) unheld_since: Option<Instant>,
-    pub(super) close_sent: Option<Instant>,
+    pub(in crate::mesh_node) holds: Vec<Reply>,
+    pub(in crate::mesh_node) held: bool,
+    pub(in crate::mesh_node) unheld_since: Option<Instant>,
+    pub(in crate::mesh_node) close_sent: Option<Instant>,
     /// A hold asked for the farm to be cancelled, not closed, once no
     /// client holds it (a Snakemake's: its jobs end with it).
-    pub(super) cancel_unheld: bool,
+    pub(in crate::mesh_node) cancel_unheld: bool,
     /// When the bytes still to come were last counted, and the bytes home
     /// then (the rate is over the time between two counts).
     data_counted: Option<(Instant, u64)>,
     /// How far into the log results are written down for reuse as they
     /// land (see `kept/`), and the done tasks whose outputs were not
     /// home yet then.
-    pub(super) remembered: u64,
-    pub(super) remember_wait: Vec<mesh_protocol::ids::TaskRef>,
+    pub(in crate::mesh_node) remembered: u64,
+    pub(in crate::mesh_node) remember_wait: Vec<mesh_protocol::ids::TaskRef>,
     /// An estimate of its end is being made; the next is not made before.
     estimating: bool,
     estimate_after: Option<Instant>,
@@ -58,7 +58,7 @@ pub(super) struct Origin {
 const DATA_COUNT_EVERY: Duration = Duration::from_secs(1);
 
 impl Origin {
-    pub(super) fn new(spec: &FarmSpec) -> Origin {
+    pub(in crate::mesh_node) fn new(spec: &FarmSpec) -> Origin {
         let def = &spec.def;
         Origin {
             view: FarmView {
@@ -135,7 +135,7 @@ impl Origin {
 
 impl Node {
     /// The home's view of a farm, from the peer's copy: counts and every failure with its reason.
-    pub(super) fn refresh_view(&mut self, farm: FarmId) {
+    pub(in crate::mesh_node) fn refresh_view(&mut self, farm: FarmId) {
         let Some(p) = self.peer.progress(farm) else {
             return;
         };
@@ -253,7 +253,7 @@ impl Node {
     }
 
     /// An estimate of the farm's end is made: the views show it.
-    pub(super) fn estimated(&mut self, farm: FarmId, estimate: Option<eta::Eta>, took: Duration) {
+    pub(in crate::mesh_node) fn estimated(&mut self, farm: FarmId, estimate: Option<eta::Eta>, took: Duration) {
         let Some(o) = self.home.farms.get_mut(&farm) else {
             return;
         };
@@ -269,7 +269,7 @@ impl Node {
     }
 
     /// A farm's view from what a node that holds it said.
-    pub(super) fn found_view(&self, f: &FoundFarm) -> FarmView {
+    pub(in crate::mesh_node) fn found_view(&self, f: &FoundFarm) -> FarmView {
         let mut o = Origin::new(&f.spec);
         let v = &mut o.view;
         v.accepted = true;
@@ -362,7 +362,7 @@ fn describe_stops(def: &FarmDef, stops: &[(u32, Stop)]) -> Vec<String> {
 }
 
 /// A farm in short as `mesh list` shows it.
-pub(super) fn summary_view(f: &FarmSummary, labels: &HashMap<NodeId, String>) -> FarmView {
+pub(in crate::mesh_node) fn summary_view(f: &FarmSummary, labels: &HashMap<NodeId, String>) -> FarmView {
     FarmView {
         id: farm_display_id(&f.name, f.id),
         name: f.name.clone(),

@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use mesh_protocol::mesh::{AllocBook, AllocCmd, BatchOp};
 
-use super::reply::Reply;
-use super::{Event, Node};
+use crate::mesh_node::reply::Reply;
+use crate::mesh_node::{Event, Node};
 use crate::alloc::{batch, script};
 use crate::control::{ControlResponse, ErrorKind};
 
@@ -37,7 +37,7 @@ impl AllocWait {
 }
 
 /// What `mesh alloc` keeps on a node.
-pub(super) struct Alloc {
+pub(in crate::mesh_node) struct Alloc {
     /// The mesh secret's file, named in the scripts of `mesh alloc`.
     key_path: PathBuf,
     /// The mesh's part of its jobs' names (`keys::mesh_tag`).
@@ -46,7 +46,7 @@ pub(super) struct Alloc {
 }
 
 impl Alloc {
-    pub(super) fn new(key_path: PathBuf, tag: String) -> Alloc {
+    pub(in crate::mesh_node) fn new(key_path: PathBuf, tag: String) -> Alloc {
         Alloc {
             key_path,
             tag,
@@ -57,7 +57,7 @@ impl Alloc {
 
 impl Node {
     /// Carries out a batch operation off the loop; its end comes back as `Cmd::Batch`.
-    pub(super) fn batch(&mut self, op: BatchOp) {
+    pub(in crate::mesh_node) fn batch(&mut self, op: BatchOp) {
         let handle = self.handle.clone();
         let launch = match &op {
             BatchOp::Submit { queue, .. } => Some(self.launch(&queue.name)),
@@ -81,7 +81,7 @@ impl Node {
 
     /// How a job of queue `queue` starts its node: this binary, joining
     /// this node, with this node's key; state and output under `alloc/`.
-    pub(super) fn launch(&self, queue: &str) -> script::Launch {
+    pub(in crate::mesh_node) fn launch(&self, queue: &str) -> script::Launch {
         // This node, then a few members: a job that starts after this node
         // is gone still finds the mesh.
         let beat = self.peer.beat();
@@ -113,7 +113,7 @@ impl Node {
 
     /// Answers the `mesh alloc` changes this node's book now shows, and
     /// those that waited too long.
-    pub(super) fn answer_alloc_waits(&mut self) {
+    pub(in crate::mesh_node) fn answer_alloc_waits(&mut self) {
         if self.alloc.waits.is_empty() {
             return;
         }
@@ -137,7 +137,7 @@ impl Node {
 
     /// A change to the allocation queues: refused at once when it cannot apply, else
     /// handed to the peer and answered once this node's book shows it.
-    pub(super) fn alloc_command(&mut self, cmd: AllocCmd, reply: Reply) {
+    pub(in crate::mesh_node) fn alloc_command(&mut self, cmd: AllocCmd, reply: Reply) {
         let book = self.peer.alloc_book().clone();
         let err = match &cmd {
             AllocCmd::Add(d) if book.queue(&d.name).is_some() => Some(format!(

@@ -20,9 +20,9 @@ use mesh_protocol::home::{Rest, Seen, Told};
 use mesh_protocol::mesh::{Entry, FarmId, Replica};
 use mesh_protocol::TaskRef;
 
-use super::refusals::QueryError;
-use super::reply::{Reply, REPLY_MAX};
-use super::{Event, LoopHandle, Node};
+use crate::mesh_node::refusals::QueryError;
+use crate::mesh_node::reply::{Reply, REPLY_MAX};
+use crate::mesh_node::{Event, LoopHandle, Node};
 use crate::control::{ControlResponse, ErrorKind, TaskEvent};
 use crate::task_words::describe_failure;
 use crate::view::FarmView;
@@ -41,7 +41,7 @@ const KEEP_FREE: usize = 64;
 
 /// One client following a farm's tasks: what it was told is `home`'s
 /// `Told`, which says what to tell it next.
-pub(super) struct Feed {
+pub(in crate::mesh_node) struct Feed {
     reply: Reply,
     told: Told,
     /// A task waits for room in its queue, to bring it back (`Cmd::Feed`).
@@ -85,7 +85,7 @@ impl Feed {
 
 impl Node {
     /// A client follows the tasks of `farm`, whose home is this node.
-    pub(super) fn follow_tasks(&mut self, farm: FarmId, reply: Reply) {
+    pub(in crate::mesh_node) fn follow_tasks(&mut self, farm: FarmId, reply: Reply) {
         let Some(r) = self.peer.replica(farm) else {
             let _ = reply.send(ControlResponse::error(
                 ErrorKind::Refused,
@@ -104,7 +104,7 @@ impl Node {
     /// every change to the farm's progress here, and with `fetched` when
     /// that task's outputs came home. Once the farm is over, the last
     /// tasks are said and then its end.
-    pub(super) fn feed(&mut self, farm: FarmId, fetched: Option<TaskRef>) {
+    pub(in crate::mesh_node) fn feed(&mut self, farm: FarmId, fetched: Option<TaskRef>) {
         let Some(r) = self.peer.replica(farm) else {
             return;
         };
@@ -242,7 +242,7 @@ impl Node {
     }
 
     /// Task `t` of the farm of `r`, as a client sees it.
-    pub(super) fn task_event(&self, r: &Replica, t: TaskRef) -> TaskEvent {
+    pub(in crate::mesh_node) fn task_event(&self, r: &Replica, t: TaskRef) -> TaskEvent {
         let def = &r.spec.def;
         let stage = def.stage(t);
         let mut ev = TaskEvent {
@@ -326,7 +326,7 @@ impl Node {
 
     /// The tasks of a farm this node holds, `done`, `failed` or
     /// `unfinished` (all with none), in task order, at most `limit`.
-    pub(super) fn tasks_in(
+    pub(in crate::mesh_node) fn tasks_in(
         &self,
         farm: FarmId,
         state: Option<&str>,

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use mesh_protocol::mesh::FarmSpec;
 
 use super::commands::{invalid, write_manifests, Added, Growth};
-use super::kept::{task_keys, TaskKeys};
-use super::refusals::QueryError;
-use super::reply::Reply;
-use super::runs::hash_inputs;
-use super::{Event, Node};
+use crate::mesh_node::kept::{task_keys, TaskKeys};
+use crate::mesh_node::refusals::QueryError;
+use crate::mesh_node::reply::Reply;
+use crate::mesh_node::runs::hash_inputs;
+use crate::mesh_node::{Event, Node};
 use crate::control::{ControlResponse, ErrorKind};
 use crate::farmfile::{self, LoadOptions};
 
@@ -25,7 +25,7 @@ const CLOSE_AGAIN: Duration = Duration::from_secs(2);
 
 /// Why an open farm did not grow.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum GrowError {
+pub(in crate::mesh_node) enum GrowError {
     #[error("{0}")]
     Unknown(#[from] QueryError),
     #[error("farm {0}: not held here")]
@@ -43,7 +43,7 @@ pub(super) enum GrowError {
         here: String,
     },
     #[error("{0}")]
-    Input(#[from] super::runs::SubmitError),
+    Input(#[from] crate::mesh_node::runs::SubmitError),
 }
 
 impl GrowError {
@@ -65,7 +65,7 @@ impl GrowError {
 impl Node {
     /// Holds an open farm whose home is here open while `reply`'s
     /// connection lasts (see `ControlRequest::Hold`).
-    pub(super) fn hold_farm(&mut self, farm: &str, cancel: bool, reply: Reply) {
+    pub(in crate::mesh_node) fn hold_farm(&mut self, farm: &str, cancel: bool, reply: Reply) {
         let fid = match self.growable(farm) {
             Ok(spec) => spec.id,
             Err(e) => {
@@ -94,7 +94,7 @@ impl Node {
     /// is closed (the close sent again while the farm is still open: a
     /// growth under way when the client died comes first, and refuses
     /// it), and the holds of a farm closed or over otherwise are told so.
-    pub(super) fn beat_holds(&mut self) {
+    pub(in crate::mesh_node) fn beat_holds(&mut self) {
         let now = Instant::now();
         let mut close = Vec::new();
         let mut cancel = Vec::new();
@@ -162,7 +162,7 @@ impl Node {
     }
 
     /// Adds a client's stages to an open farm whose home is here, or closes it.
-    pub(super) fn grow_farm(&mut self, farm: &str, g: Growth, reply: Reply) {
+    pub(in crate::mesh_node) fn grow_farm(&mut self, farm: &str, g: Growth, reply: Reply) {
         let spec = match self.growable(farm) {
             Ok(spec) => spec,
             Err(e) => {
@@ -214,7 +214,7 @@ impl Node {
 
     /// The next generation of an open farm, made off the loop: offered
     /// to the coordinator, and answered `Submitted` once durable.
-    pub(super) fn grown(
+    pub(in crate::mesh_node) fn grown(
         &mut self,
         next: Result<(FarmSpec, Option<TaskKeys>), GrowError>,
         reply: Reply,

@@ -10,9 +10,9 @@ use mesh_protocol::mesh::{void_place, Entry, FarmId, FarmSpec};
 use mesh_protocol::wire::{DepOutputs, Refusal, Request, Response};
 use tokio::sync::oneshot;
 
-use super::refusals::RequestError;
-use super::reply::Reply;
-use super::Node;
+use crate::mesh_node::refusals::RequestError;
+use crate::mesh_node::reply::Reply;
+use crate::mesh_node::Node;
 
 /// The most of a log one answer carries (a follower asks again from there).
 const LOG_READ_MAX: usize = 8 << 20;
@@ -38,16 +38,16 @@ enum LogsError {
 }
 
 /// What `mesh logs` asked for.
-pub(super) struct LogAsk {
-    pub(super) task: String,
-    pub(super) attempt: Option<u32>,
-    pub(super) follow: bool,
+pub(in crate::mesh_node) struct LogAsk {
+    pub(in crate::mesh_node) task: String,
+    pub(in crate::mesh_node) attempt: Option<u32>,
+    pub(in crate::mesh_node) follow: bool,
 }
 
 impl Node {
     /// Answers [`Request::DepOutputs`] from the farm's log as this node has
     /// it: the coordinator's, or a copy's.
-    pub(super) fn dep_outputs(&self, farm: FarmId, task: TaskRef) -> Response {
+    pub(in crate::mesh_node) fn dep_outputs(&self, farm: FarmId, task: TaskRef) -> Response {
         let (log, home) = match (self.peer.coordinated_log(farm), self.peer.replica(farm)) {
             (Some(log), _) => (
                 log,
@@ -82,7 +82,7 @@ impl Node {
 
     /// Answers a request about a task's run from what this node has: at
     /// once, or (reading files) through the returned channel.
-    pub(super) fn local_answer(
+    pub(in crate::mesh_node) fn local_answer(
         &self,
         req: Request,
     ) -> Result<Response, oneshot::Receiver<Response>> {
@@ -126,7 +126,7 @@ impl Node {
     /// Sends a task's logs to `mesh logs`, from the node that ran it (asking
     /// the coordinator which, when this node does not know); with `follow`,
     /// more as they come until the task is over there.
-    pub(super) fn follow_logs(&mut self, spec: Arc<FarmSpec>, ask: LogAsk, reply: Reply) {
+    pub(in crate::mesh_node) fn follow_logs(&mut self, spec: Arc<FarmSpec>, ask: LogAsk, reply: Reply) {
         let task = match parse_task(&spec.def, &ask.task) {
             Ok(t) => t,
             Err(e) => {

@@ -8,11 +8,11 @@ use mesh_protocol::wire::{FoundFarm, Request, Response};
 
 use super::logs::LogAsk;
 use super::queries::{Ask, Asked};
-use super::refusals::QueryError;
-use super::reply::Reply;
-use super::runs::make_spec;
+use crate::mesh_node::refusals::QueryError;
+use crate::mesh_node::reply::Reply;
+use crate::mesh_node::runs::make_spec;
 use super::views::{summary_view, Origin};
-use super::{farm_display_id, Event, LoopHandle, Node};
+use crate::mesh_node::{farm_display_id, Event, LoopHandle, Node};
 use crate::alloc::script;
 use crate::control::{ControlRequest, ControlResponse, ErrorKind, CONTROL_API};
 use crate::farmfile::{self, FarmFileError, LoadOptions};
@@ -21,7 +21,7 @@ use mesh_protocol::farm::{FarmDef, StageDef};
 use mesh_protocol::mesh::{FarmId, NodeId};
 
 impl Node {
-    pub(super) fn on_control(&mut self, req: ControlRequest, reply: Reply) {
+    pub(in crate::mesh_node) fn on_control(&mut self, req: ControlRequest, reply: Reply) {
         match req {
             req @ (ControlRequest::Submit { .. } | ControlRequest::SubmitFarm { .. }) => {
                 // Served from the connection (`serve_control`); here only
@@ -263,7 +263,7 @@ impl Node {
     }
 
     /// Makes this node the farm's home (`mesh resume FARM --out DIR`).
-    pub(super) fn take_home(
+    pub(in crate::mesh_node) fn take_home(
         &mut self,
         f: FoundFarm,
         out: Option<String>,
@@ -324,7 +324,7 @@ impl Node {
 /// inputs hashed and every task's key worked out, then handed to the loop
 /// once (`Event::Submit`), so a submission enters the loop once. Any other
 /// request is given back, for the loop.
-pub(super) fn submit_off_loop(
+pub(in crate::mesh_node) fn submit_off_loop(
     req: ControlRequest,
     handle: &LoopHandle,
     reply: Reply,
@@ -479,7 +479,7 @@ fn load_farm(f: &FarmText, reply: &Reply) -> Option<mesh_protocol::farm::FarmDef
     Some(def)
 }
 
-pub(super) fn invalid(file: &str, e: &FarmFileError) -> ControlResponse {
+pub(in crate::mesh_node) fn invalid(file: &str, e: &FarmFileError) -> ControlResponse {
     ControlResponse::Invalid {
         message: e.to_string(),
         file: e
@@ -493,7 +493,7 @@ pub(super) fn invalid(file: &str, e: &FarmFileError) -> ControlResponse {
 
 /// Serves the control requests that come on libp2p streams (`mesh --mesh
 /// ADDR` from a machine that runs no node) as the control socket's.
-pub(super) async fn accept_control(
+pub(in crate::mesh_node) async fn accept_control(
     mut incoming: libp2p_stream::IncomingStreams,
     handle: LoopHandle,
 ) {
@@ -506,7 +506,7 @@ pub(super) async fn accept_control(
 }
 
 /// Serves one control connection: reads the request, forwards it to the loop, writes the answers.
-pub(super) async fn serve_control<S>(stream: S, handle: LoopHandle)
+pub(in crate::mesh_node) async fn serve_control<S>(stream: S, handle: LoopHandle)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
 {
@@ -589,7 +589,7 @@ fn prepare_submit(handle: &LoopHandle, origin: NodeId, farm: Incoming<'_>, reply
     write_manifests(&def.out, &def.stages, &reply);
     let spec = make_spec(def, file, origin).map(|mut spec| {
         spec.open = open;
-        let keys = super::kept::task_keys(&spec, 0);
+        let keys = crate::mesh_node::kept::task_keys(&spec, 0);
         (spec, keys)
     });
     let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
@@ -599,7 +599,7 @@ fn prepare_submit(handle: &LoopHandle, origin: NodeId, farm: Incoming<'_>, reply
 /// to an open farm) in `out` before they run (see
 /// `results::write_manifests`); a folder that cannot take it is said, and
 /// the farm goes on.
-pub(super) fn write_manifests(out: &str, stages: &[Arc<StageDef>], reply: &Reply) {
+pub(in crate::mesh_node) fn write_manifests(out: &str, stages: &[Arc<StageDef>], reply: &Reply) {
     let out = Path::new(out);
     if let Err(e) = crate::results::write_manifests(out, stages) {
         let _ = reply.send(ControlResponse::Warning(format!(
@@ -611,15 +611,15 @@ pub(super) fn write_manifests(out: &str, stages: &[Arc<StageDef>], reply: &Reply
 }
 
 /// What a `Grow` request brings (see `ControlRequest::Grow`), to `grow.rs`.
-pub(super) struct Growth {
-    pub(super) added: Added,
-    pub(super) close: bool,
-    pub(super) rerun: bool,
+pub(in crate::mesh_node) struct Growth {
+    pub(in crate::mesh_node) added: Added,
+    pub(in crate::mesh_node) close: bool,
+    pub(in crate::mesh_node) rerun: bool,
 }
 
 /// The stages a growth adds: a farm file's (of the new stages only;
 /// empty for a close), or a client's calls.
-pub(super) enum Added {
+pub(in crate::mesh_node) enum Added {
     Text { toml: String, file: String },
     Calls(Box<crate::calls::CallBatch>),
 }
