@@ -1,7 +1,7 @@
 //! A farm written as a WfCommons trace (WfFormat 1.5): its task graph from its definition, each task's run as mesh recorded it, and the machines that ran them (`mesh export`).
 //!
 //! Both kinds of farm come here as [`FarmFacts`]: a mesh farm from a
-//! node's copy of its replicated log (`mesh_node/export.rs`), a `mesh run`
+//! node's copy of its replicated log (`mesh_node/home/export.rs`), a `mesh run`
 //! farm from its store ([`crate::runner::export`]). Nothing is made up:
 //! what was not recorded (the run of a task reused from an earlier farm, a
 //! file whose size this node cannot see) is left out where WfFormat lets a

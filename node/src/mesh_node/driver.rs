@@ -1,6 +1,5 @@
 //! The node's loop: `Node::open` sets the node up from its state folder, `Node::run` selects among its inputs; each step drains the peer's actions, persists first as one flushed batch, then carries out the rest (what the loop's handle brings is handled in `events.rs`).
 
-use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -16,14 +15,13 @@ use nix::sys::signal::Signal;
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 
-use super::home::Alloc;
 use super::home::{accept_control, serve_control};
+use super::home::{Alloc, Home, HomeOut, Lent};
 use super::net::{self, accept_links, NetOut, NetParts, Reach, REACH_TICK};
 use super::runs::{self, accept_data, Runs, RunsOut, RunsParts, Transfers};
 use super::source::MeshSource;
-use super::home::Origin;
-use super::{Cmd, Disk, Home, LoopHandle, Net, Node, NodeError, NodeOptions, User};
-use crate::control::{socket_path, ControlResponse, ErrorKind, Starting, CONTROL_PROTOCOL};
+use super::{Cmd, Disk, LoopHandle, Net, Node, NodeError, NodeOptions, User};
+use crate::control::{socket_path, Starting, CONTROL_PROTOCOL};
 use crate::dash::{self, dashboard_line};
 use crate::keys;
 use crate::net::NetConfig;
@@ -226,21 +224,16 @@ impl Node {
                 transfers: p.transfers,
                 gpu_ids: opts.gpus.iter().map(|g| g.id.clone()).collect(),
             }),
-            home: Home {
-                farms: HashMap::new(),
-                feed_more: HashSet::new(),
-                gone: Vec::new(),
-            },
+            home: Home::new(Alloc::new(
+                std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
+                keys::mesh_tag(p.psk),
+            )),
             user: User {
                 out: p.out,
                 files: p.files,
                 files_told: false,
                 impatient: false,
             },
-            alloc: Alloc::new(
-                std::path::absolute(&opts.key).unwrap_or_else(|_| opts.key.clone()),
-                keys::mesh_tag(p.psk),
-            ),
         }
     }
 
@@ -347,10 +340,8 @@ impl Node {
                     node.on_cmds(cmds);
                 }
                 // Followers of long logs, fed a part a turn (see `feed.rs`).
-                _ = std::future::ready(()), if !node.home.feed_more.is_empty() => {
-                    for farm in std::mem::take(&mut node.home.feed_more) {
-                        node.feed(farm, None);
-                    }
+                _ = std::future::ready(()), if node.home.feeding() => {
+                    node.at_home(|h, m| h.feed_more(m));
                 }
                 Ok((stream, _)) = inputs.listener.accept() => {
                     tokio::spawn(serve_control(stream, node.handle.clone()));
@@ -368,8 +359,10 @@ impl Node {
                 _ = reach.tick() => {
                     node.net.reach_out(&node.peer);
                     node.net_acts();
-                    node.answer_alloc_waits();
-                    node.beat_holds();
+                    node.at_home(|h, m| {
+                        h.allocs.answer_waits(m);
+                        h.beat_holds(m);
+                    });
                 }
                 _ = measure.tick() => {
                     node.peer.set_machine(crate::observe::machine().as_load());
@@ -469,6 +462,48 @@ impl Node {
         self.net.label_of(n, &self.peer)
     }
 
+    /// Calls the home room with what it is lent, then hands the peer what
+    /// it wants done.
+    pub(super) fn at_home<R>(&mut self, f: impl FnOnce(&mut Home, &mut Lent<'_>) -> R) -> R {
+        let mut lent = Lent {
+            mesh: &self.peer,
+            net: &self.net,
+            runs: &mut self.runs,
+            kept: &self.kept,
+            disk: &mut self.disk,
+            state: &self.state,
+            handle: &self.handle,
+            me: self.me,
+        };
+        let r = f(&mut self.home, &mut lent);
+        self.home_acts();
+        r
+    }
+
+    /// Carries out what the home room wants done, in its order.
+    fn home_acts(&mut self) {
+        while let Some(o) = self.home.poll() {
+            let now = self.now();
+            match o {
+                HomeOut::Submit(spec, reused) => self.peer.submit(now, spec, reused),
+                HomeOut::Grow(spec, reused) => {
+                    let farm = spec.id;
+                    let grew = self.peer.grow(now, spec, reused);
+                    debug_assert!(grew, "the home offers only a farm's next generation");
+                    self.at_home(|h, m| h.refresh_view(m, farm));
+                }
+                HomeOut::Cancel(farm) => self.peer.cancel(now, farm),
+                HomeOut::CancelTask(farm, task) => self.peer.cancel_task(now, farm, task),
+                HomeOut::TakeHome { spec, out, reply } => {
+                    let farm = spec.id;
+                    self.peer.take_home(now, spec, out);
+                    self.at_home(|h, m| h.resumed(m, farm, false, reply));
+                }
+                HomeOut::Alloc(cmd) => self.peer.alloc_command(now, cmd),
+            }
+        }
+    }
+
     /// Tells the peer of the attempts the runs room ended without a process.
     fn runs_acts(&mut self) {
         while let Some(o) = self.runs.poll() {
@@ -521,13 +556,11 @@ impl Node {
             let spec = stored.spec.clone();
             if spec.origin == self.me {
                 self.runs.serve_inputs(&spec);
-                let mut o = Origin::new(&spec);
-                o.view.accepted = true;
-                self.home.farms.insert(spec.id, o);
+                self.home.restored(&spec);
             }
             self.peer.restore_farm(stored, finished);
             if spec.origin == self.me {
-                self.refresh_view(spec.id);
+                self.at_home(|h, m| h.refresh_view(m, spec.id));
             }
         }
         self.peer.restore_unacked(held);
@@ -610,7 +643,7 @@ impl Node {
                 });
             }
             Action::FetchInputs { farm } => self.runs.fetch_inputs(farm, &self.peer),
-            Action::Batch(op) => self.batch(op),
+            Action::Batch(op) => self.at_home(|h, m| h.allocs.batch(m, op)),
             Action::Emit(ev) => self.emit(ev),
         }
     }
@@ -640,11 +673,7 @@ impl Node {
                 self.say(&format!(
                     "mesh node {label} is gone; its tasks run elsewhere"
                 ));
-                // Told to the clients holding farms here: a call of theirs
-                // it ran runs again (bounded: a burst of deaths says some).
-                if self.home.gone.len() < 64 {
-                    self.home.gone.push(label);
-                }
+                self.home.member_gone(label);
             }
             PeerEvent::Coordinator { term, node } => {
                 let label = self.label_of(node);
@@ -655,25 +684,9 @@ impl Node {
                 // farm whose outputs it keeps: it asks again.
                 self.ask_about_kept();
             }
-            PeerEvent::Accepted { farm, tasks } => {
-                if let Some(o) = self.home.farms.get_mut(&farm) {
-                    o.view.accepted = true;
-                    if let Some(r) = o.submit_reply.take() {
-                        let _ = r.send(ControlResponse::Submitted {
-                            farm: o.view.id.clone(),
-                            tasks,
-                        });
-                    }
-                }
-            }
-            PeerEvent::Refused { farm, reason } => {
-                if let Some(mut o) = self.home.farms.remove(&farm) {
-                    if let Some(r) = o.submit_reply.take() {
-                        let _ = r.send(ControlResponse::error(ErrorKind::Refused, reason));
-                    }
-                }
-            }
-            PeerEvent::Progress(farm) => self.refresh_view(farm),
+            PeerEvent::Accepted { farm, tasks } => self.home.accepted(farm, tasks),
+            PeerEvent::Refused { farm, reason } => self.home.refused(farm, reason),
+            PeerEvent::Progress(farm) => self.at_home(|h, m| h.refresh_view(m, farm)),
             PeerEvent::Silent { ms, released } => self.say(&format!(
                 "this node was silent for {ms} ms (stopped or starved): the mesh may have \
                  declared it dead, so its {released} queued tasks go back to the coordinator"
@@ -693,7 +706,7 @@ impl Node {
                     f.attempt
                 ));
             }
-            PeerEvent::Unplaceable { farm, .. } => self.refresh_view(farm),
+            PeerEvent::Unplaceable { farm, .. } => self.at_home(|h, m| h.refresh_view(m, farm)),
         }
     }
 

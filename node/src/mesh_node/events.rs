@@ -84,7 +84,7 @@ impl Node {
                 };
                 let now = self.now();
                 self.peer.fetched(now, farm, task, got);
-                self.feed(farm, Some(task));
+                self.at_home(|h, m| h.feed(m, farm, Some(task)));
             }
             Event::InputsFetched(farm, r) => {
                 if let Err(e) = &r {
@@ -93,7 +93,7 @@ impl Node {
                 let now = self.now();
                 self.peer.inputs_ready(now, farm, r.is_ok());
             }
-            Event::Found(r, asked) => self.answer(*r, asked),
+            Event::Found(r, asked) => self.at_home(|h, m| h.answer(m, *r, asked)),
             Event::Swim(data) => {
                 let now = self.now();
                 self.peer.handle_swim(now, &data);
@@ -108,25 +108,28 @@ impl Node {
             Event::Answered(channel, resp) => {
                 self.net.respond(channel, resp);
             }
-            Event::Moved(farm) => self.refresh_view(farm),
-            Event::Estimated(farm, estimate, took) => self.estimated(farm, estimate, took),
-            Event::Grow(spec, reply) => self.grown(spec, reply),
+            Event::Moved(farm) => self.at_home(|h, m| h.refresh_view(m, farm)),
+            Event::Estimated(farm, estimate, took) => self.home.estimated(farm, estimate, took),
+            Event::Grow(spec, reply) => self.at_home(|h, m| h.grown(m, spec, reply)),
             Event::Submit(spec, rerun, reply) => match spec {
                 Err(e) => {
                     let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e.to_string()));
                 }
                 Ok((spec, keys)) => {
                     self.runs.serve_inputs(&spec);
-                    self.submit_reusing(Submitting {
+                    let farm = Submitting {
                         spec,
                         keys,
                         rerun,
                         reply,
-                    });
+                    };
+                    self.at_home(|h, m| h.submit_reusing(m, farm));
                 }
             },
-            Event::SubmitReused(spec, reused, reply) => self.submit_now(*spec, reused, reply),
-            Event::Feed(farm) => self.feed(farm, None),
+            Event::SubmitReused(spec, reused, reply) => {
+                self.at_home(|h, _| h.submit_now(*spec, reused, reply))
+            }
+            Event::Feed(farm) => self.at_home(|h, m| h.feed(m, farm, None)),
             Event::Batch(done) => {
                 let now = self.now();
                 // The book records a failure in words; the peer acts on
@@ -152,7 +155,7 @@ impl Node {
                             .batch_listed(now, system, gen, r.map_err(|e| e.to_string()))
                     }
                 }
-                self.answer_alloc_waits();
+                self.at_home(|h, m| h.allocs.answer_waits(m));
             }
         }
     }
@@ -166,7 +169,7 @@ impl Node {
             Call::PeerOf(node, reply) => {
                 let _ = reply.send(self.peer_of(node));
             }
-            Call::Control(req, reply) => self.on_control(req, reply),
+            Call::Control(req, reply) => self.at_home(|h, m| h.on_control(m, req, reply)),
         }
     }
 }

@@ -5,19 +5,20 @@ use mesh_protocol::wire::{Request, Response};
 use tokio::sync::oneshot;
 
 use super::refusals::{Answer, QueryError};
-use super::{Event, Node};
+use super::{home, Event, Node};
 
 impl Node {
     pub(super) fn on_request(&mut self, req: Request, channel: ResponseChannel<Response>) {
         self.runs.count_received(1);
         match req {
             Request::Observe { since } => {
-                let resp = Response::Observed(Box::new(self.observation(since)));
+                let resp =
+                    Response::Observed(Box::new(self.at_home(|_, m| home::observation(m, since))));
                 self.net.respond(channel, resp);
             }
             Request::WhereRan { .. } | Request::TaskLog { .. } | Request::DepOutputs { .. } => {
                 let handle = self.handle.clone();
-                match self.local_answer(req) {
+                match self.at_home(|_, m| home::local_answer(m, req)) {
                     Ok(r) => {
                         self.net.respond(channel, r);
                     }
@@ -32,20 +33,25 @@ impl Node {
                 }
             }
             Request::Nodes => {
-                let resp = Response::Nodes(self.peer.node_beats());
+                let resp = Response::Nodes(self.at_home(|_, m| m.mesh.node_beats()));
                 self.net.respond(channel, resp);
             }
             Request::ListFarms => {
-                let resp = Response::Farms(self.summaries());
+                let resp = Response::Farms(self.at_home(|_, m| home::summaries(m)));
                 self.net.respond(channel, resp);
             }
             Request::Kept { keys } => {
-                let (kept, mut lent) = self.lent();
-                let resp = Response::Kept(kept.kept_here(&mut lent, &keys));
+                let kept = self.at_home(|_, m| {
+                    let (kept, mut lent) = home::kept_lent(m);
+                    kept.kept_here(&mut lent, &keys)
+                });
+                let resp = Response::Kept(kept);
                 self.net.respond(channel, resp);
             }
             Request::FindFarm { query } => {
-                let resp = match self.find_known(&query).map(|f| self.found(f)) {
+                let found =
+                    self.at_home(|_, m| home::find_known(m, &query).map(|f| home::found(m, f)));
+                let resp = match found {
                     Ok(Some(f)) => Response::Farm(Box::new(f)),
                     Ok(None) | Err(_) => {
                         Response::Error(QueryError::UnknownToMesh(query).to_string())
@@ -59,7 +65,7 @@ impl Node {
     /// A request this node made of itself (`mesh logs` of a task run
     /// here), answered as another node's would be.
     pub(super) fn answer_own(&mut self, req: Request, reply: oneshot::Sender<Answer>) {
-        match self.local_answer(req) {
+        match self.at_home(|_, m| home::local_answer(m, req)) {
             Ok(r) => {
                 let _ = reply.send(Ok(r));
             }

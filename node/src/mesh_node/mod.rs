@@ -19,8 +19,8 @@ mod reply;
 mod runs;
 mod source;
 
-use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use libp2p::request_response::ResponseChannel;
@@ -28,8 +28,10 @@ use libp2p::PeerId;
 use mesh_protocol::engine::Outcome;
 use mesh_protocol::farm::TaskRef;
 use mesh_protocol::mesh::{
-    Assigned, Config, Entry, FarmId, FarmSpec, Msg, NodeId, OutputFile, Peer,
+    AllocBook, Assigned, Beat, Config, Entry, FarmId, FarmLog, FarmProgress, FarmSpec, Member, Msg,
+    NodeId, OutputFile, Peer, Stats,
 };
+use mesh_protocol::observe::Latencies;
 use mesh_protocol::wire::{FoundFarm, Request, Response};
 use mesh_protocol::Resources;
 use mesh_store::{MeshState, SledStore, Store, StoreError};
@@ -40,13 +42,11 @@ use crate::control::ControlRequest;
 use crate::executor::Live;
 use crate::keys;
 use crate::{runtime, IoError};
-use home::Alloc;
 use handle::LoopHandle;
-use net::Net;
 use home::Asked;
+use net::Net;
 use reply::Reply;
 use runs::{FetchError, Runs};
-use home::Origin;
 
 /// Addresses as `mesh node` prints them and `mesh join` takes them.
 pub use libp2p::Multiaddr;
@@ -199,11 +199,9 @@ struct Node {
     /// Earlier farms' results kept here by content key, for later ones.
     kept: kept::Kept,
     /// The farms submitted here, and the clients that follow them.
-    home: Home,
+    home: home::Home,
     /// What the person running this node hears, and how they asked it to stop.
     user: User,
-    /// The mesh secret's file and the changes waiting to be seen (`mesh alloc`).
-    alloc: Alloc,
 }
 
 /// What a node keeps on disk: the store, how the peer's persists map to
@@ -223,17 +221,6 @@ impl Disk {
         self.store.write(batch)?;
         self.store.flush()
     }
-}
-
-/// The farms this node is the home of (those submitted here): what users
-/// see of them and who waits on or follows them.
-struct Home {
-    farms: HashMap<FarmId, Origin>,
-    /// Nodes that left the mesh since the holds last heard (see `grow.rs`).
-    gone: Vec<String>,
-    /// Farms whose followers have more of the log to hear, in a later
-    /// turn of the loop (see `feed.rs`).
-    feed_more: HashSet<FarmId>,
 }
 
 /// The person running this node: the lines they see, kept few, and
@@ -261,7 +248,7 @@ impl net::Members for Peer {
 }
 
 impl runs::Farms for Peer {
-    fn spec(&self, farm: FarmId) -> Option<&std::sync::Arc<FarmSpec>> {
+    fn spec(&self, farm: FarmId) -> Option<&Arc<FarmSpec>> {
         Peer::spec(self, farm)
     }
 
@@ -279,6 +266,55 @@ impl runs::Farms for Peer {
 
     fn member_ids(&self) -> Vec<NodeId> {
         self.members().map(|m| m.id).collect()
+    }
+}
+
+impl home::Mesh for Peer {
+    fn specs(&self) -> Box<dyn Iterator<Item = &Arc<FarmSpec>> + '_> {
+        Box::new(Self::specs(self))
+    }
+    fn members(&self) -> Box<dyn Iterator<Item = Member<'_>> + '_> {
+        Box::new(Self::members(self))
+    }
+    fn coordinated(&self) -> Vec<FarmId> {
+        Self::coordinated(self)
+    }
+    fn coordinated_farm(
+        &self,
+        farm: FarmId,
+        failures_max: usize,
+    ) -> Option<(mesh_protocol::mesh::Home, FarmProgress, Vec<Entry>)> {
+        Self::coordinated_farm(self, farm, failures_max)
+    }
+    fn coordinated_log(&self, farm: FarmId) -> Option<&FarmLog> {
+        Self::coordinated_log(self, farm)
+    }
+    fn progress(&self, farm: FarmId) -> Option<FarmProgress> {
+        Self::progress(self, farm)
+    }
+    fn where_ran(&self, farm: FarmId, task: TaskRef) -> Option<(NodeId, bool)> {
+        Self::where_ran(self, farm, task)
+    }
+    fn runs(&self, farm: FarmId, task: TaskRef) -> bool {
+        Self::runs(self, farm, task)
+    }
+    fn beat(&self) -> Beat {
+        Self::beat(self)
+    }
+    fn node_beats(&self) -> Vec<(String, Arc<Beat>)> {
+        Self::node_beats(self)
+    }
+    fn term(&self) -> u64 {
+        Self::term(self)
+    }
+    fn stats(&self) -> &Stats {
+        Self::stats(self)
+    }
+    fn latencies(&self) -> Option<(&Latencies, u64)> {
+        Self::latencies(self)
+    }
+    fn alloc_book(&self) -> &Arc<AllocBook> {
+        Self::alloc_book(self)
     }
 }
 

@@ -1,14 +1,15 @@
 //! `mesh alloc` on this node: batch operations run off the loop, how a batch job's node starts, and changes to the allocation queues answered once this node's copy of the book shows them; the scripts and batch commands it runs are `node/src/alloc/`.
 
+use super::{Home, HomeOut, Lent};
 use std::path::PathBuf;
 use std::time::Instant;
 
 use mesh_protocol::mesh::{AllocBook, AllocCmd, BatchOp};
 
-use crate::mesh_node::reply::Reply;
-use crate::mesh_node::{Event, Node};
 use crate::alloc::{batch, script};
 use crate::control::{ControlResponse, ErrorKind};
+use crate::mesh_node::reply::Reply;
+use crate::mesh_node::Event;
 
 /// How many of the mesh's addresses a batch job's node is given to join.
 const JOIN_ADDRS: usize = 4;
@@ -55,16 +56,16 @@ impl Alloc {
     }
 }
 
-impl Node {
+impl Alloc {
     /// Carries out a batch operation off the loop; its end comes back as `Cmd::Batch`.
-    pub(in crate::mesh_node) fn batch(&mut self, op: BatchOp) {
-        let handle = self.handle.clone();
+    pub(in crate::mesh_node) fn batch(&self, m: &Lent<'_>, op: BatchOp) {
+        let handle = m.handle.clone();
         let launch = match &op {
-            BatchOp::Submit { queue, .. } => Some(self.launch(&queue.name)),
+            BatchOp::Submit { queue, .. } => Some(self.launch(m, &queue.name)),
             _ => None,
         };
-        let dir = self.state.join("alloc");
-        let tag = self.alloc.tag.clone();
+        let dir = m.state.join("alloc");
+        let tag = self.tag.clone();
         tokio::spawn(async move {
             let done = match op {
                 BatchOp::Submit { queue, jobs } => {
@@ -81,10 +82,10 @@ impl Node {
 
     /// How a job of queue `queue` starts its node: this binary, joining
     /// this node, with this node's key; state and output under `alloc/`.
-    pub(in crate::mesh_node) fn launch(&self, queue: &str) -> script::Launch {
+    pub(in crate::mesh_node) fn launch(&self, m: &Lent<'_>, queue: &str) -> script::Launch {
         // This node, then a few members: a job that starts after this node
         // is gone still finds the mesh.
-        let beat = self.peer.beat();
+        let beat = m.mesh.beat();
         let loopback = |a: &&String| a.starts_with("/ip4/127.") || a.starts_with("/ip6/::1/");
         let pick = |addrs: &[String]| {
             addrs
@@ -95,7 +96,7 @@ impl Node {
         };
         let join = pick(&beat.addrs)
             .into_iter()
-            .chain(self.peer.members().filter_map(|m| pick(m.addrs())))
+            .chain(m.mesh.members().filter_map(|m| pick(m.addrs())))
             .take(JOIN_ADDRS)
             .collect::<Vec<_>>()
             .join(",");
@@ -104,22 +105,22 @@ impl Node {
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|_| "mesh".into()),
             join,
-            self.alloc.key_path.display().to_string(),
-            &self.state,
+            self.key_path.display().to_string(),
+            m.state,
             queue,
-            self.alloc.tag.clone(),
+            self.tag.clone(),
         )
     }
 
     /// Answers the `mesh alloc` changes this node's book now shows, and
     /// those that waited too long.
-    pub(in crate::mesh_node) fn answer_alloc_waits(&mut self) {
-        if self.alloc.waits.is_empty() {
+    pub(in crate::mesh_node) fn answer_waits(&mut self, m: &Lent<'_>) {
+        if self.waits.is_empty() {
             return;
         }
-        let book = self.peer.alloc_book().clone();
+        let book = m.mesh.alloc_book().clone();
         let now = Instant::now();
-        self.alloc.waits.retain(|w| {
+        self.waits.retain(|w| {
             if w.done(&book) {
                 let _ = w.reply.send(ControlResponse::Allocs(Box::new((*book).clone())));
                 false
@@ -134,11 +135,18 @@ impl Node {
             }
         });
     }
+}
 
+impl Home {
     /// A change to the allocation queues: refused at once when it cannot apply, else
     /// handed to the peer and answered once this node's book shows it.
-    pub(in crate::mesh_node) fn alloc_command(&mut self, cmd: AllocCmd, reply: Reply) {
-        let book = self.peer.alloc_book().clone();
+    pub(in crate::mesh_node) fn alloc_command(
+        &mut self,
+        m: &mut Lent<'_>,
+        cmd: AllocCmd,
+        reply: Reply,
+    ) {
+        let book = m.mesh.alloc_book().clone();
         let err = match &cmd {
             AllocCmd::Add(d) if book.queue(&d.name).is_some() => Some(format!(
                 "there is already a queue `{}` (`mesh alloc remove {}` first)",
@@ -151,7 +159,7 @@ impl Node {
                     "no allocation queue `{queue}` (see `mesh alloc list`)"
                 ))
             }
-            _ if self.peer.coordinator().is_none() => {
+            _ if m.mesh.coordinator().is_none() => {
                 Some("the mesh has no coordinator yet; try again in a moment".into())
             }
             _ => None,
@@ -160,12 +168,11 @@ impl Node {
             let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e));
             return;
         }
-        let now = self.now();
-        self.alloc.waits.push(AllocWait {
+        self.allocs.waits.push(AllocWait {
             cmd: cmd.clone(),
             until: Instant::now() + ALLOC_WAIT,
             reply,
         });
-        self.peer.alloc_command(now, cmd);
+        self.out.push_back(HomeOut::Alloc(cmd));
     }
 }

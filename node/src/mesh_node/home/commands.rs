@@ -1,5 +1,9 @@
 //! The control socket: one JSON request a connection, answered by this node's loop (submit, wait, cancel, status, farm, list, logs, alloc, resume, export, and the client API's hello, farm text, task events and task lists).
 
+use super::feed::tasks_in;
+use super::labels_now;
+use super::queries::{find_for_task, find_known, found, summaries};
+use super::{label_of, Home, HomeOut, Lent};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,25 +12,30 @@ use mesh_protocol::wire::{FoundFarm, Request, Response};
 
 use super::logs::LogAsk;
 use super::queries::{Ask, Asked};
-use crate::mesh_node::refusals::QueryError;
-use crate::mesh_node::reply::Reply;
-use crate::mesh_node::runs::make_spec;
 use super::views::{summary_view, Origin};
-use crate::mesh_node::{farm_display_id, Event, LoopHandle, Node};
 use crate::alloc::script;
 use crate::control::{ControlRequest, ControlResponse, ErrorKind, CONTROL_API};
 use crate::farmfile::{self, FarmFileError, LoadOptions};
+use crate::mesh_node::refusals::QueryError;
+use crate::mesh_node::reply::Reply;
+use crate::mesh_node::runs::make_spec;
+use crate::mesh_node::{farm_display_id, Event, LoopHandle};
 use crate::view::FarmView;
 use mesh_protocol::farm::{FarmDef, StageDef};
 use mesh_protocol::mesh::{FarmId, NodeId};
 
-impl Node {
-    pub(in crate::mesh_node) fn on_control(&mut self, req: ControlRequest, reply: Reply) {
+impl Home {
+    pub(in crate::mesh_node) fn on_control(
+        &mut self,
+        m: &mut Lent<'_>,
+        req: ControlRequest,
+        reply: Reply,
+    ) {
         match req {
             req @ (ControlRequest::Submit { .. } | ControlRequest::SubmitFarm { .. }) => {
                 // Served from the connection (`serve_control`); here only
                 // for a caller that hands the loop any request.
-                let _ = submit_off_loop(req, &self.handle, reply);
+                let _ = submit_off_loop(req, m.handle, reply);
             }
             ControlRequest::Grow {
                 farm,
@@ -35,6 +44,7 @@ impl Node {
                 close,
                 rerun,
             } => self.grow_farm(
+                m,
                 &farm,
                 Growth {
                     added: Added::Text { toml, file },
@@ -51,38 +61,39 @@ impl Node {
                         close: false,
                         rerun,
                     };
-                    self.grow_farm(&farm, growth, reply)
+                    self.grow_farm(m, &farm, growth, reply)
                 }
                 None => {
-                    let _ = submit_off_loop(ControlRequest::Calls(batch), &self.handle, reply);
+                    let _ = submit_off_loop(ControlRequest::Calls(batch), m.handle, reply);
                 }
             },
-            ControlRequest::Wait { farm } => self.wait_for(&farm, reply),
-            ControlRequest::Cancel { farm } => self.cancel_farm(&farm, reply),
-            ControlRequest::CancelTask { farm, task } => self.cancel_one(&farm, &task, reply),
-            ControlRequest::Status => self.gather(HashMap::new(), Ask::Coordinator, move |o| {
+            ControlRequest::Wait { farm } => self.wait_for(m, &farm, reply),
+            ControlRequest::Cancel { farm } => self.cancel_farm(m, &farm, reply),
+            ControlRequest::CancelTask { farm, task } => self.cancel_one(m, &farm, &task, reply),
+            ControlRequest::Status => self.gather(m, HashMap::new(), Ask::Coordinator, move |o| {
                 let _ = reply.send(ControlResponse::Status(Box::new(o.status)));
             }),
-            ControlRequest::StatusEvery => self.gather(HashMap::new(), Ask::Every, move |o| {
+            ControlRequest::StatusEvery => self.gather(m, HashMap::new(), Ask::Every, move |o| {
                 let _ = reply.send(ControlResponse::Status(Box::new(o.status)));
             }),
-            ControlRequest::Observe { since } => self.gather(since, Ask::Busiest, move |o| {
+            ControlRequest::Observe { since } => self.gather(m, since, Ask::Busiest, move |o| {
                 let _ = reply.send(ControlResponse::Observed(Box::new(o)));
             }),
-            ControlRequest::Farm { farm } => match self.find_known(&farm) {
-                Ok(fid) => match self.found(fid) {
-                    Some(f) => self.answer(Ok(f), Asked::Status(reply)),
-                    None => self.ask_coordinator(farm, Asked::Status(reply)),
+            ControlRequest::Farm { farm } => match find_known(m, &farm) {
+                Ok(fid) => match found(m, fid) {
+                    Some(f) => self.answer(m, Ok(f), Asked::Status(reply)),
+                    None => self.ask_coordinator(m, farm, Asked::Status(reply)),
                 },
-                Err(_) => self.ask_coordinator(farm, Asked::Status(reply)),
+                Err(_) => self.ask_coordinator(m, farm, Asked::Status(reply)),
             },
-            ControlRequest::List => self.list_farms(reply),
+            ControlRequest::List => self.list_farms(m, reply),
             ControlRequest::Logs {
                 farm,
                 task,
                 attempt,
                 follow,
             } => self.logs_of(
+                m,
                 farm,
                 LogAsk {
                     task,
@@ -91,53 +102,52 @@ impl Node {
                 },
                 reply,
             ),
-            ControlRequest::Alloc(cmd) => self.alloc_command(cmd, reply),
+            ControlRequest::Alloc(cmd) => self.alloc_command(m, cmd, reply),
             ControlRequest::Allocs => {
-                let book = self.peer.alloc_book();
+                let book = m.mesh.alloc_book();
                 let _ = reply.send(ControlResponse::Allocs(Box::new((**book).clone())));
             }
             ControlRequest::AllocScript(def) => {
-                let launch = self.launch(&def.name);
+                let launch = self.allocs.launch(m, &def.name);
                 let _ = reply.send(ControlResponse::Script(script::script(&def, &launch)));
             }
-            ControlRequest::Resume { farm, out } => match self.find_known(&farm) {
-                Ok(fid) if self.peer.replica(fid).is_some() => {
-                    let found = self.found(fid).expect("held here");
-                    self.answer(Ok(found), Asked::Resume(out, reply));
+            ControlRequest::Resume { farm, out } => match find_known(m, &farm) {
+                Ok(fid) if m.mesh.replica(fid).is_some() => {
+                    let found = found(m, fid).expect("held here");
+                    self.answer(m, Ok(found), Asked::Resume(out, reply));
                 }
-                _ => self.ask_coordinator(farm, Asked::Resume(out, reply)),
+                _ => self.ask_coordinator(m, farm, Asked::Resume(out, reply)),
             },
             ControlRequest::Hello { api } => {
-                let _ = reply.send(self.hello(api));
+                let _ = reply.send(hello(m, api));
             }
-            ControlRequest::Hold { farm, cancel } => self.hold_farm(&farm, cancel, reply),
-            ControlRequest::Events { farm } => match self.find_farm(&farm) {
-                Ok(fid) => self.follow_tasks(fid, reply),
+            ControlRequest::Hold { farm, cancel } => self.hold_farm(m, &farm, cancel, reply),
+            ControlRequest::Events { farm } => match self.find_farm(m, &farm) {
+                Ok(fid) => self.follow_tasks(m, fid, reply),
                 Err(e) => {
                     let _ = reply.send(e.said());
                 }
             },
             ControlRequest::Tasks { farm, state, limit } => {
-                let r = self
-                    .find_known(&farm)
-                    .and_then(|fid| self.tasks_in(fid, state.as_deref(), limit));
+                let r =
+                    find_known(m, &farm).and_then(|fid| tasks_in(m, fid, state.as_deref(), limit));
                 let _ = reply.send(match r {
                     Ok(tasks) => ControlResponse::Tasks(tasks),
                     Err(e) => e.said(),
                 });
             }
-            ControlRequest::Export { farm } => self.export(&farm, reply),
+            ControlRequest::Export { farm } => self.export(m, &farm, reply),
         }
     }
 
     /// The farm's progress now, then its end when it comes.
-    fn wait_for(&mut self, farm: &str, reply: Reply) {
-        match self.find_farm(farm) {
+    fn wait_for(&mut self, m: &mut Lent<'_>, farm: &str, reply: Reply) {
+        match self.find_farm(m, farm) {
             Err(e) => {
                 let _ = reply.send(e.said());
             }
             Ok(fid) => {
-                let o = self.home.farms.get_mut(&fid).expect("found");
+                let o = self.farms.get_mut(&fid).expect("found");
                 let _ = reply.send(ControlResponse::Progress(o.view.clone()));
                 if o.view.finished {
                     let _ = reply.send(ControlResponse::Finished(o.view.clone()));
@@ -148,29 +158,28 @@ impl Node {
         }
     }
 
-    fn cancel_farm(&mut self, farm: &str, reply: Reply) {
-        match self.find_farm(farm) {
+    fn cancel_farm(&mut self, m: &mut Lent<'_>, farm: &str, reply: Reply) {
+        match self.find_farm(m, farm) {
             Err(e) => {
                 let _ = reply.send(e.said());
             }
             Ok(fid) => {
-                let now = self.now();
-                self.peer.cancel(now, fid);
-                let id = self.home.farms[&fid].view.id.clone();
+                self.out.push_back(HomeOut::Cancel(fid));
+                let id = self.farms[&fid].view.id.clone();
                 let _ = reply.send(ControlResponse::Cancelled { farm: id });
             }
         }
     }
 
     /// One task of a farm submitted here, named as users name it (`stage/3`).
-    fn cancel_one(&mut self, farm: &str, task: &str, reply: Reply) {
+    fn cancel_one(&mut self, m: &mut Lent<'_>, farm: &str, task: &str, reply: Reply) {
         let found = self
-            .find_farm(farm)
+            .find_farm(m, farm)
             .map_err(|e| (e.kind(), e.to_string()))
             .and_then(|fid| {
                 let refused = |e: String| (ErrorKind::Refused, e);
-                let spec = self
-                    .peer
+                let spec = m
+                    .mesh
                     .spec(fid)
                     .ok_or_else(|| refused(format!("farm {farm} is not held here")))?;
                 let t = crate::task_words::parse_task(&spec.def, task)
@@ -182,27 +191,25 @@ impl Node {
                 let _ = reply.send(ControlResponse::Error { kind, message });
             }
             Ok((fid, t)) => {
-                let now = self.now();
-                self.peer.cancel_task(now, fid, t);
-                let id = self.home.farms[&fid].view.id.clone();
+                self.out.push_back(HomeOut::CancelTask(fid, t));
+                let id = self.farms[&fid].view.id.clone();
                 let _ = reply.send(ControlResponse::Cancelled { farm: id });
             }
         }
     }
 
     /// The farms this node is the home of, and those the coordinator knows.
-    fn list_farms(&mut self, reply: Reply) {
-        let mine = self.summaries();
-        let labels = self.labels_now();
+    fn list_farms(&mut self, m: &mut Lent<'_>, reply: Reply) {
+        let mine = summaries(m);
+        let labels = labels_now(m);
         let held: std::collections::HashSet<FarmId> = self
-            .home
             .farms
             .iter()
             .filter(|(_, o)| o.holds.iter().any(|h| !h.is_closed()))
             .map(|(id, _)| *id)
             .collect();
-        let ask = self.peer.coordinator().filter(|c| *c != self.me);
-        let handle = self.handle.clone();
+        let ask = m.mesh.coordinator().filter(|c| *c != m.me);
+        let handle = m.handle.clone();
         tokio::spawn(async move {
             let mut all = mine;
             if let Some(c) = ask {
@@ -226,58 +233,46 @@ impl Node {
     }
 
     /// A task's logs: of a farm held here, or found through the coordinator.
-    fn logs_of(&mut self, farm: String, ask: LogAsk, reply: Reply) {
+    fn logs_of(&mut self, m: &mut Lent<'_>, farm: String, ask: LogAsk, reply: Reply) {
         // No farm named: the newest with the task's stage.
         let found = if farm.is_empty() {
-            self.find_for_task(&ask.task)
+            find_for_task(m, &ask.task)
         } else {
-            self.find_known(&farm)
+            find_known(m, &farm)
         };
         match found {
             Ok(fid) => {
-                let spec = self.peer.spec(fid).cloned().expect("known");
-                self.follow_logs(spec, ask, reply);
+                let spec = m.mesh.spec(fid).cloned().expect("known");
+                self.follow_logs(m, spec, ask, reply);
             }
             Err(e) if farm.is_empty() => {
                 let _ = reply.send(e.said());
             }
-            Err(_) => self.ask_coordinator(farm, Asked::Logs(ask, reply)),
+            Err(_) => self.ask_coordinator(m, farm, Asked::Logs(ask, reply)),
         }
     }
 
-    /// The answer to a client's hello: this node, or why the client's API
-    /// is not this node's.
-    fn hello(&self, api: u32) -> ControlResponse {
-        let version = env!("CARGO_PKG_VERSION").to_string();
-        if api == CONTROL_API {
-            ControlResponse::Hello {
-                api,
-                version,
-                node: self.net.me_label().to_owned(),
-            }
-        } else {
-            ControlResponse::error(ErrorKind::OtherApi, format!(
-                "this node (mesh {version}) speaks control API {CONTROL_API} and the client speaks {api}: use the client of this mesh's version (pip install its python/ folder), or a mesh of the client's"
-            ))
-        }
-    }
-
-    /// Makes this node the farm's home (`mesh resume FARM --out DIR`).
+    /// Makes this node the farm's home (`mesh resume FARM --out DIR`):
+    /// answered at once when it is already, else once the peer has taken it.
     pub(in crate::mesh_node) fn take_home(
         &mut self,
+        m: &mut Lent<'_>,
         f: FoundFarm,
         out: Option<String>,
-    ) -> Result<ControlResponse, QueryError> {
+        reply: Reply,
+    ) {
         let fid = f.spec.id;
-        let here = self.peer.replica(fid).filter(|r| r.home);
+        let here = m.mesh.replica(fid).filter(|r| r.home);
         let already = match (&out, here) {
             (None, Some(_)) => true,
             (Some(o), Some(r)) => o == r.out_dir(),
             (None, None) => {
-                return Err(QueryError::HomeElsewhere {
+                let e = QueryError::HomeElsewhere {
                     farm: farm_display_id(&f.spec.def.name, fid),
-                    home: self.label_of(f.home.node),
-                })
+                    home: label_of(m, f.home.node),
+                };
+                let _ = reply.send(e.said());
+                return;
             }
             (Some(_), None) => false,
         };
@@ -287,35 +282,67 @@ impl Node {
             // a new folder would wait for them forever. (A farm that ended
             // while its home was gone has its outputs on the workers
             // still: that is what `resume --out` elsewhere is for.)
-            return Err(QueryError::Finished {
+            let e = QueryError::Finished {
                 farm: farm_display_id(&f.spec.def.name, fid),
                 out: r.out_dir().to_string(),
-            });
+            };
+            let _ = reply.send(e.said());
+            return;
         }
-        if !already {
-            let now = self.now();
-            let out = out.expect("checked above");
-            self.peer.take_home(now, Arc::new(f.spec.clone()), out);
+        match out.filter(|_| !already) {
+            Some(out) => self.out.push_back(HomeOut::TakeHome {
+                spec: Arc::new(f.spec),
+                out,
+                reply,
+            }),
+            None => self.resumed(m, fid, true, reply),
         }
-        let r = self.peer.replica(fid).expect("held now");
+    }
+
+    /// Answers `mesh resume` once this node is the farm's home.
+    pub(in crate::mesh_node) fn resumed(
+        &mut self,
+        m: &mut Lent<'_>,
+        fid: FarmId,
+        already: bool,
+        reply: Reply,
+    ) {
+        let r = m.mesh.replica(fid).expect("held now");
         let mut o = Origin::new(&r.spec);
         o.view.accepted = true;
         o.view.out = r.out_dir().to_string();
         let out = o.view.out.clone();
         let id = o.view.id.clone();
-        if let Some(old) = self.home.farms.remove(&fid) {
+        if let Some(old) = self.farms.remove(&fid) {
             o.waiters = old.waiters;
         }
-        self.home.farms.insert(fid, o);
-        self.refresh_view(fid);
-        let v = &self.home.farms[&fid].view;
-        Ok(ControlResponse::Resumed {
+        self.farms.insert(fid, o);
+        self.refresh_view(m, fid);
+        let v = &self.farms[&fid].view;
+        let _ = reply.send(ControlResponse::Resumed {
             farm: id,
             out,
             done: v.counts.done,
             total: v.counts.total,
             already,
-        })
+        });
+    }
+}
+
+/// The answer to a client's hello: this node, or why the client's API
+/// is not this node's.
+fn hello(m: &Lent<'_>, api: u32) -> ControlResponse {
+    let version = env!("CARGO_PKG_VERSION").to_string();
+    if api == CONTROL_API {
+        ControlResponse::Hello {
+            api,
+            version,
+            node: m.net.me_label().to_owned(),
+        }
+    } else {
+        ControlResponse::error(ErrorKind::OtherApi, format!(
+            "this node (mesh {version}) speaks control API {CONTROL_API} and the client speaks {api}: use the client of this mesh's version (pip install its python/ folder), or a mesh of the client's"
+        ))
     }
 }
 

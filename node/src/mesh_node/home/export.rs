@@ -5,6 +5,8 @@
 //! one request to it; the files' sizes are read and the trace is written
 //! off the loop, so a large farm does not hold the node up.
 
+use super::queries::{find_known, found};
+use super::{label_of, Home, Lent};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,34 +17,33 @@ use mesh_protocol::mesh::{Beat, Entry, FarmId, NodeId, Replica};
 use mesh_protocol::wire::{Request, Response};
 use mesh_protocol::TaskRef;
 
-use crate::mesh_node::reply::Reply;
-use crate::mesh_node::{farm_display_id, Node};
 use crate::control::{ControlResponse, ErrorKind};
 use crate::export::{self, Ended, FarmFacts, Machine, TaskFacts};
+use crate::mesh_node::farm_display_id;
+use crate::mesh_node::reply::Reply;
 use crate::task_words::describe_failure;
 
 /// How long the coordinator has to say which nodes it hears (and what
 /// they offer); past that, the machines are those this node hears.
 const MACHINES_WAIT: Duration = Duration::from_secs(5);
 
-impl Node {
+impl Home {
     /// Answers `Export`: the farm `query` as a trace, or why not.
-    pub(in crate::mesh_node) fn export(&mut self, query: &str, reply: Reply) {
-        let fid = match self.find_known(query) {
+    pub(in crate::mesh_node) fn export(&mut self, m: &mut Lent<'_>, query: &str, reply: Reply) {
+        let fid = match find_known(m, query) {
             Ok(f) => f,
             Err(e) => {
                 let _ = reply.send(e.said());
                 return;
             }
         };
-        let Some(r) = self.peer.replica(fid) else {
-            let home = self
-                .found(fid)
-                .map(|f| format!(" (its home is {})", self.label_of(f.home.node)))
+        let Some(r) = m.mesh.replica(fid) else {
+            let home = found(m, fid)
+                .map(|f| format!(" (its home is {})", label_of(m, f.home.node)))
                 .unwrap_or_default();
             let _ = reply.send(ControlResponse::error(ErrorKind::Refused, format!(
                 "this node keeps no copy of the log of {}: export it on its home or a node that keeps one{home}",
-                self.peer
+                m.mesh
                     .spec(fid)
                     .map_or_else(|| fid.to_string(), |s| farm_display_id(&s.def.name, fid))
             )));
@@ -58,14 +59,14 @@ impl Node {
         for (s, stage) in r.spec.def.stages.iter().enumerate() {
             for i in 0..stage.len() {
                 let t = TaskRef::new(s as u32, i);
-                facts.tasks[s][i as usize] = self.task_facts(r, fid, t, &mut labels);
+                facts.tasks[s][i as usize] = task_facts(m, r, fid, t, &mut labels);
             }
         }
         let spec = r.spec.clone();
-        let cache = self.state.join("cache");
-        let mut beats: HashMap<String, Arc<Beat>> = self.peer.node_beats().into_iter().collect();
-        let coordinator = self.peer.coordinator().filter(|c| *c != self.me);
-        let handle = self.handle.clone();
+        let cache = m.state.join("cache");
+        let mut beats: HashMap<String, Arc<Beat>> = m.mesh.node_beats().into_iter().collect();
+        let coordinator = m.mesh.coordinator().filter(|c| *c != m.me);
+        let handle = m.handle.clone();
         tokio::spawn(async move {
             if let Some(c) = coordinator {
                 if let Ok(Ok(Response::Nodes(heard))) =
@@ -92,76 +93,76 @@ impl Node {
             let _ = reply.send(answer);
         });
     }
+}
 
-    /// What the farm's log says of task `t`: the run that counts, with its
-    /// times where the log has them (a copy restored after a restart keeps
-    /// none: then what this node saw, if it ran it).
-    fn task_facts(
-        &self,
-        r: &Replica,
-        fid: FarmId,
-        t: TaskRef,
-        labels: &mut HashMap<NodeId, String>,
-    ) -> TaskFacts {
-        let mut f = TaskFacts::default();
-        let mut label = |n: NodeId| labels.entry(n).or_insert_with(|| self.label_of(n)).clone();
-        let Some(e) = r.log.get(t) else {
-            return f;
-        };
-        f.grew = e.ran().and_then(|r| r.grew);
-        f.usage = e.ran().and_then(|r| r.usage);
-        match e {
-            Entry::Done {
-                node,
-                attempt,
-                outputs,
-                ..
-            } => {
-                f.ended = Ended::Done;
-                f.node = Some(label(*node));
-                f.attempt = *attempt;
-                f.outputs = outputs.iter().map(|o| (o.path.clone(), o.size)).collect();
-                // A run that counts exited 0 when only 0 counts.
-                f.exit_code = (r.spec.def.stage(t).success_codes == [0]).then_some(0);
-            }
-            Entry::Failed {
-                node,
-                attempt,
-                end,
-                stderr_line,
-                ..
-            } => {
-                f.ended = Ended::Failed;
-                f.node = Some(label(*node));
-                f.attempt = *attempt;
-                f.reason = Some(describe_failure(end, stderr_line.as_deref()));
-                if let TaskEnd::Exited(c) = **end {
-                    f.exit_code = Some(c);
-                }
-            }
-            Entry::Redo { .. } => return f,
+/// What the farm's log says of task `t`: the run that counts, with its
+/// times where the log has them (a copy restored after a restart keeps
+/// none: then what this node saw, if it ran it).
+fn task_facts(
+    m: &Lent<'_>,
+    r: &Replica,
+    fid: FarmId,
+    t: TaskRef,
+    labels: &mut HashMap<NodeId, String>,
+) -> TaskFacts {
+    let mut f = TaskFacts::default();
+    let mut label = |n: NodeId| labels.entry(n).or_insert_with(|| label_of(m, n)).clone();
+    let Some(e) = r.log.get(t) else {
+        return f;
+    };
+    f.grew = e.ran().and_then(|r| r.grew);
+    f.usage = e.ran().and_then(|r| r.usage);
+    match e {
+        Entry::Done {
+            node,
+            attempt,
+            outputs,
+            ..
+        } => {
+            f.ended = Ended::Done;
+            f.node = Some(label(*node));
+            f.attempt = *attempt;
+            f.outputs = outputs.iter().map(|o| (o.path.clone(), o.size)).collect();
+            // A run that counts exited 0 when only 0 counts.
+            f.exit_code = (r.spec.def.stage(t).success_codes == [0]).then_some(0);
         }
-        if f.attempt == 0 {
-            // Reused from an earlier farm: it did not run in this one.
-            return f;
-        }
-        match e.ran() {
-            Some(ran) if ran.ended_ms != 0 => {
-                f.start_ms = ran.started_ms();
-                f.runtime_ms = Some(ran.duration_ms);
-                f.exit_code = ran.exit_code.or(f.exit_code);
-            }
-            // Not said in the log (a copy restored from the store's
-            // records keeps no times): what this node saw, if it ran it.
-            _ => {
-                if let (Some(start), Some(end)) = self.runs.record().run_times(fid, t, f.attempt) {
-                    f.start_ms = Some(start);
-                    f.runtime_ms = Some(end.saturating_sub(start));
-                }
+        Entry::Failed {
+            node,
+            attempt,
+            end,
+            stderr_line,
+            ..
+        } => {
+            f.ended = Ended::Failed;
+            f.node = Some(label(*node));
+            f.attempt = *attempt;
+            f.reason = Some(describe_failure(end, stderr_line.as_deref()));
+            if let TaskEnd::Exited(c) = **end {
+                f.exit_code = Some(c);
             }
         }
-        f
+        Entry::Redo { .. } => return f,
     }
+    if f.attempt == 0 {
+        // Reused from an earlier farm: it did not run in this one.
+        return f;
+    }
+    match e.ran() {
+        Some(ran) if ran.ended_ms != 0 => {
+            f.start_ms = ran.started_ms();
+            f.runtime_ms = Some(ran.duration_ms);
+            f.exit_code = ran.exit_code.or(f.exit_code);
+        }
+        // Not said in the log (a copy restored from the store's
+        // records keeps no times): what this node saw, if it ran it.
+        _ => {
+            if let (Some(start), Some(end)) = m.runs.record().run_times(fid, t, f.attempt) {
+                f.start_ms = Some(start);
+                f.runtime_ms = Some(end.saturating_sub(start));
+            }
+        }
+    }
+    f
 }
 
 /// The size of each of the farm's inputs, where this node can see it: in

@@ -10,6 +10,7 @@
 //! as the coordinator says so: it has no entry in the log, and an open
 //! farm is never over, so nothing else would ever tell its client.
 
+use super::{label_of, Home, Lent};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,10 +21,10 @@ use mesh_protocol::home::{Rest, Seen, Told};
 use mesh_protocol::mesh::{Entry, FarmId, Replica};
 use mesh_protocol::TaskRef;
 
+use crate::control::{ControlResponse, ErrorKind, TaskEvent};
 use crate::mesh_node::refusals::QueryError;
 use crate::mesh_node::reply::{Reply, REPLY_MAX};
-use crate::mesh_node::{Event, LoopHandle, Node};
-use crate::control::{ControlResponse, ErrorKind, TaskEvent};
+use crate::mesh_node::{Event, LoopHandle};
 use crate::task_words::describe_failure;
 use crate::view::FarmView;
 
@@ -83,10 +84,27 @@ impl Feed {
     }
 }
 
-impl Node {
+impl Home {
+    /// Whether followers of long logs wait for their next part.
+    pub(in crate::mesh_node) fn feeding(&self) -> bool {
+        !self.feed_more.is_empty()
+    }
+
+    /// Feeds the followers of long logs their next part (a turn each).
+    pub(in crate::mesh_node) fn feed_more(&mut self, m: &mut Lent<'_>) {
+        for farm in std::mem::take(&mut self.feed_more) {
+            self.feed(m, farm, None);
+        }
+    }
+
     /// A client follows the tasks of `farm`, whose home is this node.
-    pub(in crate::mesh_node) fn follow_tasks(&mut self, farm: FarmId, reply: Reply) {
-        let Some(r) = self.peer.replica(farm) else {
+    pub(in crate::mesh_node) fn follow_tasks(
+        &mut self,
+        m: &mut Lent<'_>,
+        farm: FarmId,
+        reply: Reply,
+    ) {
+        let Some(r) = m.mesh.replica(farm) else {
             let _ = reply.send(ControlResponse::error(
                 ErrorKind::Refused,
                 "this node keeps no copy of the farm's log",
@@ -94,21 +112,26 @@ impl Node {
             return;
         };
         let feed = Feed::new(r, reply);
-        if let Some(o) = self.home.farms.get_mut(&farm) {
+        if let Some(o) = self.farms.get_mut(&farm) {
             o.feeds.push(feed);
         }
-        self.feed(farm, None);
+        self.feed(m, farm, None);
     }
 
     /// Tells the farm's followers what ended since they last heard: on
     /// every change to the farm's progress here, and with `fetched` when
     /// that task's outputs came home. Once the farm is over, the last
     /// tasks are said and then its end.
-    pub(in crate::mesh_node) fn feed(&mut self, farm: FarmId, fetched: Option<TaskRef>) {
-        let Some(r) = self.peer.replica(farm) else {
+    pub(in crate::mesh_node) fn feed(
+        &mut self,
+        m: &mut Lent<'_>,
+        farm: FarmId,
+        fetched: Option<TaskRef>,
+    ) {
+        let Some(r) = m.mesh.replica(farm) else {
             return;
         };
-        let Some(o) = self.home.farms.get_mut(&farm) else {
+        let Some(o) = self.farms.get_mut(&farm) else {
             return;
         };
         if o.feeds.is_empty() {
@@ -126,7 +149,7 @@ impl Node {
             f.fit(&r.spec.def);
             if let Some(t) = fetched {
                 if f.told.came_home(t, r.outputs_here(t)) {
-                    let _ = f.reply.send(self.task_said(r, t));
+                    let _ = f.reply.send(task_said(m, r, t));
                 }
             }
             // Each entry says at most one task: read no more than fit.
@@ -135,7 +158,7 @@ impl Node {
             f.told.read += entries.len() as u64;
             if f.told.read < r.log.len() {
                 if room < READ_PER_TURN_MAX {
-                    f.wait_room(farm, &self.handle);
+                    f.wait_room(farm, m.handle);
                 } else {
                     more = true;
                 }
@@ -150,14 +173,14 @@ impl Node {
                     _ => Seen::Open,
                 };
                 if f.told.read_entry(t, seen) {
-                    let _ = f.reply.send(self.task_said(r, t));
+                    let _ = f.reply.send(task_said(m, r, t));
                 }
             }
-            if !r.unplaceable.is_empty() && !self.say_unplaced(f, r) {
-                f.wait_room(farm, &self.handle);
+            if !r.unplaceable.is_empty() && !say_unplaced(m, f, r) {
+                f.wait_room(farm, m.handle);
             }
-            if !unrun.is_empty() && !self.say_unrun(f, r, &unrun) {
-                f.wait_room(farm, &self.handle);
+            if !unrun.is_empty() && !say_unrun(m, f, r, &unrun) {
+                f.wait_room(farm, m.handle);
             }
         }
         if let (Some(view), false) = (finished, more) {
@@ -166,205 +189,204 @@ impl Node {
             for f in feeds.iter_mut().filter(|f| f.told.read >= r.log.len()) {
                 let (last, end) = f.told.last(f.reply.room());
                 for t in last {
-                    let _ = f.reply.send(self.task_said(r, t));
+                    let _ = f.reply.send(task_said(m, r, t));
                 }
                 if end {
                     let _ = f.reply.send(ControlResponse::Finished(view.clone()));
                     f.over = true;
                 } else {
-                    f.wait_room(farm, &self.handle);
+                    f.wait_room(farm, m.handle);
                 }
             }
         }
         feeds.retain(|f| !f.over && !f.reply.is_closed());
-        if let Some(o) = self.home.farms.get_mut(&farm) {
+        if let Some(o) = self.farms.get_mut(&farm) {
             o.feeds = feeds;
         }
         if more {
             // The rest of a long log in the next turns of the loop: not
             // through its own channel, which it must never wait on.
-            self.home.feed_more.insert(farm);
+            self.feed_more.insert(farm);
         }
     }
+}
 
-    /// Says the tasks of the stages that fit no node failed, as many as
-    /// the follower has room for; false when some are left for later.
-    fn say_unplaced(&self, f: &mut Feed, r: &Replica) -> bool {
-        let stages: Vec<(u32, Option<u32>)> = r
-            .unplaceable
+/// Says the tasks of the stages that fit no node failed, as many as
+/// the follower has room for; false when some are left for later.
+fn say_unplaced(m: &Lent<'_>, f: &mut Feed, r: &Replica) -> bool {
+    let stages: Vec<(u32, Option<u32>)> = r
+        .unplaceable
+        .iter()
+        .map(|(s, _)| (*s, r.spec.def.stages.get(*s as usize).map(|d| d.len())))
+        .collect();
+    // `task_event` says why: the coordinator's words for the stage.
+    say_rest(m, f, r, Rest::Unplaced, &stages, |_| None)
+}
+
+/// Says the tasks of `unrun`'s stages that did not run failed, with
+/// why; as [`say_unplaced`].
+fn say_unrun(m: &Lent<'_>, f: &mut Feed, r: &Replica, unrun: &[Unrun]) -> bool {
+    let stages: Vec<(u32, Option<u32>)> = unrun.iter().map(|u| (u.stage, Some(u.len))).collect();
+    say_rest(m, f, r, Rest::Unrun, &stages, |stage| {
+        unrun
             .iter()
-            .map(|(s, _)| (*s, r.spec.def.stages.get(*s as usize).map(|d| d.len())))
-            .collect();
-        // `task_event` says why: the coordinator's words for the stage.
-        self.say_rest(f, r, Rest::Unplaced, &stages, |_| None)
-    }
+            .find(|u| u.stage == stage)
+            .map(|u| u.why.clone())
+    })
+}
 
-    /// Says the tasks of `unrun`'s stages that did not run failed, with
-    /// why; as [`Node::say_unplaced`].
-    fn say_unrun(&self, f: &mut Feed, r: &Replica, unrun: &[Unrun]) -> bool {
-        let stages: Vec<(u32, Option<u32>)> =
-            unrun.iter().map(|u| (u.stage, Some(u.len))).collect();
-        self.say_rest(f, r, Rest::Unrun, &stages, |stage| {
-            unrun
-                .iter()
-                .find(|u| u.stage == stage)
-                .map(|u| u.why.clone())
-        })
-    }
-
-    /// Says the tasks of `stages` without an entry in the log failed, as
-    /// `home::Told::rest` lets, `why` (by stage) their reason where it
-    /// says one; false when some are left for later.
-    fn say_rest(
-        &self,
-        f: &mut Feed,
-        r: &Replica,
-        which: Rest,
-        stages: &[(u32, Option<u32>)],
-        why: impl Fn(u32) -> Option<String>,
-    ) -> bool {
-        let (tell, all) = f.told.rest(which, stages, f.reply.room(), KEEP_FREE, |t| {
-            r.log.get(t).is_some()
-        });
-        for t in tell {
-            let mut ev = self.task_event(r, t);
-            if let Some(why) = why(t.stage) {
-                ev.state = "failed".into();
-                ev.reason = Some(why);
-            }
-            let _ = f.reply.send(ControlResponse::Task(Box::new(ev)));
+/// Says the tasks of `stages` without an entry in the log failed, as
+/// `home::Told::rest` lets, `why` (by stage) their reason where it
+/// says one; false when some are left for later.
+fn say_rest(
+    m: &Lent<'_>,
+    f: &mut Feed,
+    r: &Replica,
+    which: Rest,
+    stages: &[(u32, Option<u32>)],
+    why: impl Fn(u32) -> Option<String>,
+) -> bool {
+    let (tell, all) = f.told.rest(which, stages, f.reply.room(), KEEP_FREE, |t| {
+        r.log.get(t).is_some()
+    });
+    for t in tell {
+        let mut ev = task_event(m, r, t);
+        if let Some(why) = why(t.stage) {
+            ev.state = "failed".into();
+            ev.reason = Some(why);
         }
-        all
+        let _ = f.reply.send(ControlResponse::Task(Box::new(ev)));
     }
+    all
+}
 
-    fn task_said(&self, r: &Replica, t: TaskRef) -> ControlResponse {
-        ControlResponse::Task(Box::new(self.task_event(r, t)))
+fn task_said(m: &Lent<'_>, r: &Replica, t: TaskRef) -> ControlResponse {
+    ControlResponse::Task(Box::new(task_event(m, r, t)))
+}
+
+/// Task `t` of the farm of `r`, as a client sees it.
+pub(in crate::mesh_node) fn task_event(m: &Lent<'_>, r: &Replica, t: TaskRef) -> TaskEvent {
+    let def = &r.spec.def;
+    let stage = def.stage(t);
+    let mut ev = TaskEvent {
+        task: def.task_name(t),
+        stage: stage.name.clone(),
+        index: t.index,
+        params: def.binding(t).into_iter().collect(),
+        state: "unfinished".into(),
+        at_ms: crate::state::unix_ms(),
+        ..TaskEvent::default()
+    };
+    match r.log.get(t) {
+        Some(Entry::Done {
+            node,
+            attempt,
+            outputs,
+            ..
+        }) => {
+            ev.state = "done".into();
+            ev.exit_code = r.log.get(t).and_then(|e| e.ran()?.exit_code).or(
+                // A run that counts exited 0 when only 0 counts.
+                (stage.success_codes == [0] && *attempt > 0).then_some(0),
+            );
+            ev.node = Some(label_of(m, *node));
+            ev.attempt = *attempt;
+            let dir = Path::new(r.out_dir())
+                .join(&stage.name)
+                .join(t.index.to_string());
+            for f in outputs.iter() {
+                match &f.data {
+                    Some(data) => {
+                        use base64::Engine as _;
+                        let b64 = base64::engine::general_purpose::STANDARD.encode(data);
+                        ev.values.insert(f.path.clone(), b64);
+                    }
+                    None => ev
+                        .outputs
+                        .push(dir.join(&f.path).to_string_lossy().into_owned()),
+                }
+            }
+        }
+        Some(Entry::Failed {
+            node,
+            attempt,
+            end,
+            stderr_line,
+            ..
+        }) => {
+            ev.state = "failed".into();
+            match **end {
+                TaskEnd::Exited(c) => ev.exit_code = Some(c),
+                TaskEnd::Signaled(s) => ev.signal = Some(s),
+                _ => {}
+            }
+            ev.reason = Some(describe_failure(end, stderr_line.as_deref()));
+            ev.node = Some(label_of(m, *node));
+            ev.attempt = *attempt;
+        }
+        None => {
+            if let Some((_, why)) = r.unplaceable.iter().find(|(s, _)| *s == t.stage) {
+                ev.state = "failed".into();
+                ev.reason = Some(format!(
+                    "unplaceable: stage {} fits no node of the mesh: {why}",
+                    stage.name
+                ));
+            }
+        }
+        _ => {}
     }
-
-    /// Task `t` of the farm of `r`, as a client sees it.
-    pub(in crate::mesh_node) fn task_event(&self, r: &Replica, t: TaskRef) -> TaskEvent {
-        let def = &r.spec.def;
-        let stage = def.stage(t);
-        let mut ev = TaskEvent {
-            task: def.task_name(t),
-            stage: stage.name.clone(),
-            index: t.index,
-            params: def.binding(t).into_iter().collect(),
-            state: "unfinished".into(),
-            at_ms: crate::state::unix_ms(),
-            ..TaskEvent::default()
+    if let Some(e) = r.log.get(t) {
+        ev.usage = e.ran().and_then(|ran| ran.usage);
+        (ev.start_ms, ev.end_ms) = match e.ran() {
+            Some(ran) if ran.ended_ms != 0 => (ran.started_ms(), Some(ran.ended_ms)),
+            // Not in the log (a copy restored from its records after a
+            // restart keeps no times): what this node saw, if it ran it.
+            _ => m.runs.record().run_times(r.id(), t, ev.attempt),
         };
-        match r.log.get(t) {
-            Some(Entry::Done {
-                node,
-                attempt,
-                outputs,
-                ..
-            }) => {
-                ev.state = "done".into();
-                ev.exit_code = r.log.get(t).and_then(|e| e.ran()?.exit_code).or(
-                    // A run that counts exited 0 when only 0 counts.
-                    (stage.success_codes == [0] && *attempt > 0).then_some(0),
-                );
-                ev.node = Some(self.label_of(*node));
-                ev.attempt = *attempt;
-                let dir = Path::new(r.out_dir())
-                    .join(&stage.name)
-                    .join(t.index.to_string());
-                for f in outputs.iter() {
-                    match &f.data {
-                        Some(data) => {
-                            use base64::Engine as _;
-                            let b64 = base64::engine::general_purpose::STANDARD.encode(data);
-                            ev.values.insert(f.path.clone(), b64);
-                        }
-                        None => ev
-                            .outputs
-                            .push(dir.join(&f.path).to_string_lossy().into_owned()),
-                    }
-                }
-            }
-            Some(Entry::Failed {
-                node,
-                attempt,
-                end,
-                stderr_line,
-                ..
-            }) => {
-                ev.state = "failed".into();
-                match **end {
-                    TaskEnd::Exited(c) => ev.exit_code = Some(c),
-                    TaskEnd::Signaled(s) => ev.signal = Some(s),
-                    _ => {}
-                }
-                ev.reason = Some(describe_failure(end, stderr_line.as_deref()));
-                ev.node = Some(self.label_of(*node));
-                ev.attempt = *attempt;
-            }
-            None => {
-                if let Some((_, why)) = r.unplaceable.iter().find(|(s, _)| *s == t.stage) {
-                    ev.state = "failed".into();
-                    ev.reason = Some(format!(
-                        "unplaceable: stage {} fits no node of the mesh: {why}",
-                        stage.name
-                    ));
-                }
-            }
-            _ => {}
-        }
-        if let Some(e) = r.log.get(t) {
-            ev.usage = e.ran().and_then(|ran| ran.usage);
-            (ev.start_ms, ev.end_ms) = match e.ran() {
-                Some(ran) if ran.ended_ms != 0 => (ran.started_ms(), Some(ran.ended_ms)),
-                // Not in the log (a copy restored from its records after a
-                // restart keeps no times): what this node saw, if it ran it.
-                _ => self.runs.record().run_times(r.id(), t, ev.attempt),
-            };
-        }
-        ev
     }
+    ev
+}
 
-    /// The tasks of a farm this node holds, `done`, `failed` or
-    /// `unfinished` (all with none), in task order, at most `limit`.
-    pub(in crate::mesh_node) fn tasks_in(
-        &self,
-        farm: FarmId,
-        state: Option<&str>,
-        limit: Option<u64>,
-    ) -> Result<Vec<TaskEvent>, QueryError> {
-        if let Some(s) = state.filter(|s| !matches!(*s, "done" | "failed" | "unfinished")) {
-            return Err(QueryError::NoSuchState(s.to_string()));
-        }
-        let r = self.peer.replica(farm).ok_or(QueryError::NoCopy)?;
-        let limit = limit.unwrap_or(u64::MAX);
-        let mut out = Vec::new();
-        for (s, stage) in r.spec.def.stages.iter().enumerate() {
-            for i in 0..stage.len() {
-                if out.len() as u64 >= limit {
-                    return Ok(out);
-                }
-                let t = TaskRef::new(s as u32, i);
-                if let Some((up, _, k)) = r.spec.def.grown_source(t) {
-                    // A place of a grown stage is a task once the task it
-                    // grows from found that many lines.
-                    let lines = r.log.get(up).and_then(|e| e.ran()?.grew);
-                    if lines.is_none_or(|n| k >= n) {
-                        continue;
-                    }
-                }
-                let is = match r.log.get(t) {
-                    Some(Entry::Done { .. }) => "done",
-                    Some(Entry::Failed { .. }) => "failed",
-                    None if r.unplaceable.iter().any(|(s, _)| *s == t.stage) => "failed",
-                    _ => "unfinished",
-                };
-                if state.is_none_or(|want| want == is) {
-                    out.push(self.task_event(r, t));
+/// The tasks of a farm this node holds, `done`, `failed` or
+/// `unfinished` (all with none), in task order, at most `limit`.
+pub(in crate::mesh_node) fn tasks_in(
+    m: &Lent<'_>,
+    farm: FarmId,
+    state: Option<&str>,
+    limit: Option<u64>,
+) -> Result<Vec<TaskEvent>, QueryError> {
+    if let Some(s) = state.filter(|s| !matches!(*s, "done" | "failed" | "unfinished")) {
+        return Err(QueryError::NoSuchState(s.to_string()));
+    }
+    let r = m.mesh.replica(farm).ok_or(QueryError::NoCopy)?;
+    let limit = limit.unwrap_or(u64::MAX);
+    let mut out = Vec::new();
+    for (s, stage) in r.spec.def.stages.iter().enumerate() {
+        for i in 0..stage.len() {
+            if out.len() as u64 >= limit {
+                return Ok(out);
+            }
+            let t = TaskRef::new(s as u32, i);
+            if let Some((up, _, k)) = r.spec.def.grown_source(t) {
+                // A place of a grown stage is a task once the task it
+                // grows from found that many lines.
+                let lines = r.log.get(up).and_then(|e| e.ran()?.grew);
+                if lines.is_none_or(|n| k >= n) {
+                    continue;
                 }
             }
+            let is = match r.log.get(t) {
+                Some(Entry::Done { .. }) => "done",
+                Some(Entry::Failed { .. }) => "failed",
+                None if r.unplaceable.iter().any(|(s, _)| *s == t.stage) => "failed",
+                _ => "unfinished",
+            };
+            if state.is_none_or(|want| want == is) {
+                out.push(task_event(m, r, t));
+            }
         }
-        Ok(out)
     }
+    Ok(out)
 }
 
 /// A stage of an open farm whose tasks without an entry in the log will

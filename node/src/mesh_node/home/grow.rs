@@ -1,5 +1,8 @@
 //! An open farm grows at its home: the stages a client adds loaded against the farm's own, their inputs hashed off the loop, and the next generation of its spec offered to the coordinator (see `docs/design/open-farm.md`).
 
+use super::kept_lent;
+use super::queries::find_known;
+use super::{Home, HomeOut, Lent};
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -8,13 +11,13 @@ use std::time::{Duration, Instant};
 use mesh_protocol::mesh::FarmSpec;
 
 use super::commands::{invalid, write_manifests, Added, Growth};
+use crate::control::{ControlResponse, ErrorKind};
+use crate::farmfile::{self, LoadOptions};
 use crate::mesh_node::kept::{task_keys, TaskKeys};
 use crate::mesh_node::refusals::QueryError;
 use crate::mesh_node::reply::Reply;
 use crate::mesh_node::runs::hash_inputs;
-use crate::mesh_node::{Event, Node};
-use crate::control::{ControlResponse, ErrorKind};
-use crate::farmfile::{self, LoadOptions};
+use crate::mesh_node::Event;
 
 /// How long an open farm that was held goes without a hold before its
 /// home closes it: a client whose connection dropped holds it again
@@ -62,18 +65,24 @@ impl GrowError {
     }
 }
 
-impl Node {
+impl Home {
     /// Holds an open farm whose home is here open while `reply`'s
     /// connection lasts (see `ControlRequest::Hold`).
-    pub(in crate::mesh_node) fn hold_farm(&mut self, farm: &str, cancel: bool, reply: Reply) {
-        let fid = match self.growable(farm) {
+    pub(in crate::mesh_node) fn hold_farm(
+        &mut self,
+        m: &mut Lent<'_>,
+        farm: &str,
+        cancel: bool,
+        reply: Reply,
+    ) {
+        let fid = match self.growable(m, farm) {
             Ok(spec) => spec.id,
             Err(e) => {
                 let _ = reply.send(e.said());
                 return;
             }
         };
-        let Some(o) = self.home.farms.get_mut(&fid) else {
+        let Some(o) = self.farms.get_mut(&fid) else {
             return;
         };
         let held = ControlResponse::Held {
@@ -94,13 +103,13 @@ impl Node {
     /// is closed (the close sent again while the farm is still open: a
     /// growth under way when the client died comes first, and refuses
     /// it), and the holds of a farm closed or over otherwise are told so.
-    pub(in crate::mesh_node) fn beat_holds(&mut self) {
+    pub(in crate::mesh_node) fn beat_holds(&mut self, m: &mut Lent<'_>) {
         let now = Instant::now();
         let mut close = Vec::new();
         let mut cancel = Vec::new();
-        let gone = std::mem::take(&mut self.home.gone);
-        for (fid, o) in self.home.farms.iter_mut().filter(|(_, o)| o.held) {
-            let open = self.peer.spec(*fid).is_some_and(|s| s.open) && !o.view.finished;
+        let gone = std::mem::take(&mut self.gone);
+        for (fid, o) in self.farms.iter_mut().filter(|(_, o)| o.held) {
+            let open = m.mesh.spec(*fid).is_some_and(|s| s.open) && !o.view.finished;
             let farm = o.view.id.clone();
             if !open {
                 for h in o.holds.drain(..) {
@@ -144,10 +153,7 @@ impl Node {
                 close.push(farm);
             }
         }
-        let at = self.now();
-        for fid in cancel {
-            self.peer.cancel(at, fid);
-        }
+        self.out.extend(cancel.into_iter().map(HomeOut::Cancel));
         for farm in close {
             let growth = Growth {
                 added: Added::Text {
@@ -157,20 +163,26 @@ impl Node {
                 close: true,
                 rerun: false,
             };
-            self.grow_farm(&farm, growth, Reply::channel().0);
+            self.grow_farm(m, &farm, growth, Reply::channel().0);
         }
     }
 
     /// Adds a client's stages to an open farm whose home is here, or closes it.
-    pub(in crate::mesh_node) fn grow_farm(&mut self, farm: &str, g: Growth, reply: Reply) {
-        let spec = match self.growable(farm) {
+    pub(in crate::mesh_node) fn grow_farm(
+        &mut self,
+        m: &mut Lent<'_>,
+        farm: &str,
+        g: Growth,
+        reply: Reply,
+    ) {
+        let spec = match self.growable(m, farm) {
             Ok(spec) => spec,
             Err(e) => {
                 let _ = reply.send(e.said());
                 return;
             }
         };
-        let handle = self.handle.clone();
+        let handle = m.handle.clone();
         tokio::task::spawn_blocking(move || {
             let next = next_generation(&spec, &g, &reply);
             let Some(next) = next else {
@@ -194,15 +206,15 @@ impl Node {
     }
 
     /// The spec of the open farm `farm` names, when its home is here.
-    fn growable(&self, farm: &str) -> Result<Arc<FarmSpec>, GrowError> {
-        let fid = self.find_known(farm).map_err(GrowError::Unknown)?;
-        let spec = self
-            .peer
+    fn growable(&self, m: &Lent<'_>, farm: &str) -> Result<Arc<FarmSpec>, GrowError> {
+        let fid = find_known(m, farm).map_err(GrowError::Unknown)?;
+        let spec = m
+            .mesh
             .spec(fid)
             .cloned()
             .ok_or_else(|| GrowError::NotHeld(farm.to_string()))?;
         let home_here =
-            self.home.farms.contains_key(&fid) && self.peer.replica(fid).is_some_and(|r| r.home);
+            self.farms.contains_key(&fid) && m.mesh.replica(fid).is_some_and(|r| r.home);
         if !home_here {
             return Err(GrowError::HomeElsewhere(farm.to_string()));
         }
@@ -216,6 +228,7 @@ impl Node {
     /// to the coordinator, and answered `Submitted` once durable.
     pub(in crate::mesh_node) fn grown(
         &mut self,
+        m: &mut Lent<'_>,
         next: Result<(FarmSpec, Option<TaskKeys>), GrowError>,
         reply: Reply,
     ) {
@@ -227,21 +240,27 @@ impl Node {
             }
         };
         let id = next.id;
-        self.runs.serve_inputs(&next);
-        let from = self.peer.spec(id).map_or(0, |s| s.def.stages.len());
+        m.runs.serve_inputs(&next);
+        let from = m.mesh.spec(id).map_or(0, |s| s.def.stages.len());
         let reused = keys.map_or_else(Vec::new, |k| {
-            let (kept, mut lent) = self.lent();
+            let (kept, mut lent) = kept_lent(m);
             kept.reused_in_growth(&mut lent, &next, &k, from)
         });
-        let now = self.now();
-        if !self.peer.grow(now, next, reused) {
+        let grows = m
+            .mesh
+            .replica(id)
+            .filter(|r| r.home)
+            .is_some_and(|r| r.spec.grows_into(&next));
+        if !grows {
             let _ = reply.send(ControlResponse::error(
                 ErrorKind::Refused,
                 "the farm grew or closed meanwhile (another client's stages came first): send again",
             ));
             return;
         }
-        if let Some(o) = self.home.farms.get_mut(&id) {
+        // Its new stages, and whether it is open, shown once the peer has it.
+        self.out.push_back(HomeOut::Grow(next, reused));
+        if let Some(o) = self.farms.get_mut(&id) {
             if let Some(earlier) = o.submit_reply.replace(reply) {
                 let _ = earlier.send(ControlResponse::error(
                     ErrorKind::Refused,
@@ -249,8 +268,6 @@ impl Node {
                 ));
             }
         }
-        // Its new stages, and whether it is open, shown.
-        self.refresh_view(id);
     }
 }
 

@@ -1,5 +1,8 @@
 //! Task logs for `mesh logs` and the dashboard: read on the node that ran the task, found through the coordinator, and followed while the task runs.
 
+use super::kept_lent;
+use super::labels_now;
+use super::{Home, Lent};
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
@@ -12,7 +15,6 @@ use tokio::sync::oneshot;
 
 use crate::mesh_node::refusals::RequestError;
 use crate::mesh_node::reply::Reply;
-use crate::mesh_node::Node;
 
 /// The most of a log one answer carries (a follower asks again from there).
 const LOG_READ_MAX: usize = 8 << 20;
@@ -44,89 +46,17 @@ pub(in crate::mesh_node) struct LogAsk {
     pub(in crate::mesh_node) follow: bool,
 }
 
-impl Node {
-    /// Answers [`Request::DepOutputs`] from the farm's log as this node has
-    /// it: the coordinator's, or a copy's.
-    pub(in crate::mesh_node) fn dep_outputs(&self, farm: FarmId, task: TaskRef) -> Response {
-        let (log, home) = match (self.peer.coordinated_log(farm), self.peer.replica(farm)) {
-            (Some(log), _) => (
-                log,
-                self.peer.coordinated_farm(farm, 0).map(|(h, ..)| h.node),
-            ),
-            (None, Some(r)) => (&r.log, Some(r.home_of.node)),
-            (None, None) => return Response::Error(format!("farm {farm} is not known here")),
-        };
-        let Some(spec) = self.peer.spec(farm) else {
-            return Response::Error(format!("farm {farm} is not known here"));
-        };
-        let def = &spec.def;
-        let mut answer = DepOutputs {
-            home,
-            ..DepOutputs::default()
-        };
-        let mut n = 0;
-        while let Some(d) = def.dependency(task, n) {
-            n += 1;
-            if def.stage(d).outputs.is_empty() || void_place(def, log, d) {
-                continue;
-            }
-            match log.get(d) {
-                Some(Entry::Done { node, outputs, .. }) => {
-                    answer.done.push((d, *node, outputs.to_vec()));
-                }
-                _ => answer.waiting += 1,
-            }
-        }
-        Response::DepOutputs(answer)
-    }
-
-    /// Answers a request about a task's run from what this node has: at
-    /// once, or (reading files) through the returned channel.
-    pub(in crate::mesh_node) fn local_answer(
-        &self,
-        req: Request,
-    ) -> Result<Response, oneshot::Receiver<Response>> {
-        match req {
-            Request::DepOutputs { farm, task } => Ok(self.dep_outputs(farm, task)),
-            Request::WhereRan { farm, task } => {
-                let (node, running) = match self.peer.where_ran(farm, task) {
-                    Some((n, r)) => (Some(n), r),
-                    None => (None, false),
-                };
-                Ok(Response::Ran { node, running })
-            }
-            Request::TaskLog {
-                farm,
-                task,
-                attempt,
-                offsets,
-            } => {
-                let running = self.peer.runs(farm, task);
-                let Some(spec) = self.peer.spec(farm) else {
-                    return Ok(Response::Error(Refusal::NoSuchFile.to_string()));
-                };
-                let Some(stage) = spec.def.stages.get(task.stage as usize) else {
-                    return Ok(Response::Error("no such stage".into()));
-                };
-                let dir = self
-                    .state
-                    .join("logs")
-                    .join(farm.to_string())
-                    .join(&stage.name);
-                let (tx, rx) = oneshot::channel();
-                tokio::task::spawn_blocking(move || {
-                    let _ = tx.send(read_log(&dir, task.index, attempt, offsets, running));
-                });
-                Err(rx)
-            }
-            _ => Ok(Response::Error("not asked of a node itself".into())),
-        }
-    }
-
+impl Home {
     /// Sends a task's logs to `mesh logs`, from the node that ran it (asking
     /// the coordinator which, when this node does not know); with `follow`,
     /// more as they come until the task is over there.
-    pub(in crate::mesh_node) fn follow_logs(&mut self, spec: Arc<FarmSpec>, ask: LogAsk, reply: Reply) {
+    pub(in crate::mesh_node) fn follow_logs(
+        &mut self,
+        m: &mut Lent<'_>,
+        spec: Arc<FarmSpec>,
+        ask: LogAsk,
+        reply: Reply,
+    ) {
         let task = match parse_task(&spec.def, &ask.task) {
             Ok(t) => t,
             Err(e) => {
@@ -137,24 +67,19 @@ impl Node {
         // A task reused from an earlier farm did not run in this one: its
         // logs are those of the run that made its outputs.
         let reused = {
-            let (kept, lent) = self.lent();
+            let (kept, lent) = kept_lent(m);
             kept.reused_from(&lent, spec.id, task)
         };
         let (farm, task, known, attempt) = match reused {
             Some(r) if ask.attempt.is_none() => {
                 (r.farm, r.task, Some((r.node, false)), Some(r.attempt))
             }
-            _ => (
-                spec.id,
-                task,
-                self.peer.where_ran(spec.id, task),
-                ask.attempt,
-            ),
+            _ => (spec.id, task, m.mesh.where_ran(spec.id, task), ask.attempt),
         };
         // The run that counts, as the farm's log here has it (the latest
         // attempt's, when no attempt was named).
-        let used = self
-            .peer
+        let used = m
+            .mesh
             .replica(farm)
             .filter(|_| ask.attempt.is_none())
             .and_then(|r| r.log.get(task).and_then(|e| e.ran().cloned()))
@@ -164,9 +89,9 @@ impl Node {
                     usage: ran.usage?,
                 })
             });
-        let coordinator = self.peer.coordinator();
-        let handle = self.handle.clone();
-        let labels = self.labels_now();
+        let coordinator = m.mesh.coordinator();
+        let handle = m.handle.clone();
+        let labels = labels_now(m);
         tokio::spawn(async move {
             let r = async {
                 let ran = match (known, coordinator) {
@@ -232,6 +157,81 @@ impl Node {
                 let _ = reply.send(ControlResponse::error(ErrorKind::Refused, e.to_string()));
             }
         });
+    }
+}
+
+/// Answers [`Request::DepOutputs`] from the farm's log as this node has
+/// it: the coordinator's, or a copy's.
+pub(in crate::mesh_node) fn dep_outputs(m: &Lent<'_>, farm: FarmId, task: TaskRef) -> Response {
+    let (log, home) = match (m.mesh.coordinated_log(farm), m.mesh.replica(farm)) {
+        (Some(log), _) => (log, m.mesh.coordinated_farm(farm, 0).map(|(h, ..)| h.node)),
+        (None, Some(r)) => (&r.log, Some(r.home_of.node)),
+        (None, None) => return Response::Error(format!("farm {farm} is not known here")),
+    };
+    let Some(spec) = m.mesh.spec(farm) else {
+        return Response::Error(format!("farm {farm} is not known here"));
+    };
+    let def = &spec.def;
+    let mut answer = DepOutputs {
+        home,
+        ..DepOutputs::default()
+    };
+    let mut n = 0;
+    while let Some(d) = def.dependency(task, n) {
+        n += 1;
+        if def.stage(d).outputs.is_empty() || void_place(def, log, d) {
+            continue;
+        }
+        match log.get(d) {
+            Some(Entry::Done { node, outputs, .. }) => {
+                answer.done.push((d, *node, outputs.to_vec()));
+            }
+            _ => answer.waiting += 1,
+        }
+    }
+    Response::DepOutputs(answer)
+}
+
+/// Answers a request about a task's run from what this node has: at
+/// once, or (reading files) through the returned channel.
+pub(in crate::mesh_node) fn local_answer(
+    m: &Lent<'_>,
+    req: Request,
+) -> Result<Response, oneshot::Receiver<Response>> {
+    match req {
+        Request::DepOutputs { farm, task } => Ok(dep_outputs(m, farm, task)),
+        Request::WhereRan { farm, task } => {
+            let (node, running) = match m.mesh.where_ran(farm, task) {
+                Some((n, r)) => (Some(n), r),
+                None => (None, false),
+            };
+            Ok(Response::Ran { node, running })
+        }
+        Request::TaskLog {
+            farm,
+            task,
+            attempt,
+            offsets,
+        } => {
+            let running = m.mesh.runs(farm, task);
+            let Some(spec) = m.mesh.spec(farm) else {
+                return Ok(Response::Error(Refusal::NoSuchFile.to_string()));
+            };
+            let Some(stage) = spec.def.stages.get(task.stage as usize) else {
+                return Ok(Response::Error("no such stage".into()));
+            };
+            let dir = m
+                .state
+                .join("logs")
+                .join(farm.to_string())
+                .join(&stage.name);
+            let (tx, rx) = oneshot::channel();
+            tokio::task::spawn_blocking(move || {
+                let _ = tx.send(read_log(&dir, task.index, attempt, offsets, running));
+            });
+            Err(rx)
+        }
+        _ => Ok(Response::Error("not asked of a node itself".into())),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Queries about the mesh and its farms: the status (with what each node says of itself), farms this node holds or coordinates, and those found by asking the coordinator.
 
+use super::{label_of, Home, Lent};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,12 +10,12 @@ use mesh_protocol::observe::{LatencyData, Observation};
 use mesh_protocol::wire::{FarmSummary, FoundFarm, Request, Response};
 
 use super::logs::LogAsk;
+use super::views::FAILURES_SHOWN;
 use crate::mesh_node::refusals::{QueryError, RequestError, FIND_WAIT};
 use crate::mesh_node::reply::Reply;
-use super::views::FAILURES_SHOWN;
 
-use crate::mesh_node::{farm_display_id, Event, Node};
 use crate::control::ControlResponse;
+use crate::mesh_node::{farm_display_id, Event};
 use crate::view::{FarmView, MeshStatus, NodeView, Observed};
 
 /// How long a count of the outputs kept here stands.
@@ -42,121 +43,36 @@ pub(in crate::mesh_node) enum Asked {
     Logs(LogAsk, Reply),
 }
 
-impl Node {
-    /// A farm by id, id prefix or name among every farm this node knows.
-    pub(in crate::mesh_node) fn find_known(&self, query: &str) -> Result<FarmId, QueryError> {
-        let known: Vec<Known> = self
-            .peer
-            .specs()
-            .map(|s| {
-                let name = s.def.name.clone();
-                Known {
-                    id: s.id,
-                    shown: farm_display_id(&name, s.id),
-                    name,
-                    submitted_ms: s.submitted_ms,
-                }
-            })
-            .collect();
-        match_farm(query, &known)
-    }
-
-    /// The farm `mesh logs TASK` means when it names none: the newest this
-    /// node knows with a stage of that name, as a farm's name means its
-    /// newest farm.
-    pub(in crate::mesh_node) fn find_for_task(&self, task: &str) -> Result<FarmId, QueryError> {
-        let stage = task.rsplit_once('/').map_or(task, |(s, _)| s);
-        self.peer
-            .specs()
-            .filter(|s| s.def.stages.iter().any(|st| st.name == stage))
-            .max_by_key(|s| (s.submitted_ms, s.id))
-            .map(|s| s.id)
-            .ok_or_else(|| QueryError::NoFarmWith(task.to_string()))
-    }
-
+impl Home {
     /// A farm whose home is this node.
-    pub(in crate::mesh_node) fn find_farm(&self, query: &str) -> Result<FarmId, QueryError> {
+    pub(in crate::mesh_node) fn find_farm(
+        &self,
+        m: &Lent<'_>,
+        query: &str,
+    ) -> Result<FarmId, QueryError> {
         let homes: Vec<Known> = self
-            .home
             .farms
             .iter()
             .map(|(id, o)| Known {
                 id: *id,
                 shown: o.view.id.clone(),
                 name: o.view.name.clone(),
-                submitted_ms: self.peer.spec(*id).map_or(0, |s| s.submitted_ms),
+                submitted_ms: m.mesh.spec(*id).map_or(0, |s| s.submitted_ms),
             })
             .collect();
         match_farm(query, &homes).map_err(|e| QueryError::NotHome(Box::new(e)))
     }
 
-    /// Every farm this node holds or coordinates, in short.
-    pub(in crate::mesh_node) fn summaries(&self) -> Vec<FarmSummary> {
-        let mut ids: Vec<FarmId> = self.peer.replicas().map(|r| r.id()).collect();
-        ids.extend(self.peer.coordinated());
-        ids.sort();
-        ids.dedup();
-        // In short: no copy of the farm's definition (a sweep's parameters
-        // may be megabytes) nor of its failures.
-        ids.into_iter()
-            .filter_map(|id| {
-                let (home, progress, _) = self.standing(id, 0)?;
-                let spec = self.peer.spec(id)?;
-                Some(FarmSummary {
-                    id,
-                    name: spec.def.name.clone(),
-                    home,
-                    progress,
-                    open: spec.open,
-                })
-            })
-            .collect()
-    }
-
-    /// Every node's peer id as this node knows it.
-    pub(in crate::mesh_node) fn labels_now(&self) -> HashMap<NodeId, String> {
-        self.peer
-            .members()
-            .map(|m| (m.id, m.label().to_string()))
-            .chain([(self.me, self.net.me_label().to_owned())])
-            .collect()
-    }
-
-    /// What this node knows of a farm it holds or coordinates.
-    pub(in crate::mesh_node) fn found(&self, farm: FarmId) -> Option<FoundFarm> {
-        let (home, progress, failures) = self.standing(farm, FAILURES_SHOWN)?;
-        Some(FoundFarm {
-            spec: (**self.peer.spec(farm)?).clone(),
-            home,
-            progress,
-            failures,
-        })
-    }
-
-    /// Where a farm this node holds or coordinates stands: its home, its
-    /// progress and its first `failures_max` failures.
-    fn standing(
-        &self,
-        farm: FarmId,
-        failures_max: usize,
-    ) -> Option<(
-        mesh_protocol::mesh::Home,
-        mesh_protocol::mesh::FarmProgress,
-        Vec<Entry>,
-    )> {
-        if let Some(s) = self.peer.coordinated_farm(farm, failures_max) {
-            return Some(s);
-        }
-        let r = self.peer.replica(farm)?;
-        let failures = r.log.failures().take(failures_max).cloned().collect();
-        Some((r.home_of, r.progress(), failures))
-    }
-
     /// Asks the coordinator about a farm this node does not hold.
-    pub(in crate::mesh_node) fn ask_coordinator(&mut self, query: String, asked: Asked) {
-        let handle = self.handle.clone();
-        if self.peer.coordinator() == Some(self.me) {
-            self.answer(Err(QueryError::NotInMesh(query)), asked);
+    pub(in crate::mesh_node) fn ask_coordinator(
+        &mut self,
+        m: &mut Lent<'_>,
+        query: String,
+        asked: Asked,
+    ) {
+        let handle = m.handle.clone();
+        if m.mesh.coordinator() == Some(m.me) {
+            self.answer(m, Err(QueryError::NotInMesh(query)), asked);
             return;
         }
         tokio::spawn(async move {
@@ -187,7 +103,12 @@ impl Node {
     }
 
     /// Answers a control request about a farm with what was found.
-    pub(in crate::mesh_node) fn answer(&mut self, found: Result<FoundFarm, QueryError>, asked: Asked) {
+    pub(in crate::mesh_node) fn answer(
+        &mut self,
+        m: &mut Lent<'_>,
+        found: Result<FoundFarm, QueryError>,
+        asked: Asked,
+    ) {
         let f = match found {
             Ok(f) => f,
             Err(e) => {
@@ -200,8 +121,8 @@ impl Node {
         };
         match asked {
             Asked::Status(reply) => {
-                let mut view = self.found_view(&f);
-                if let Some(r) = self.peer.replica(f.spec.id) {
+                let mut view = self.found_view(m, &f);
+                if let Some(r) = m.mesh.replica(f.spec.id) {
                     // Each task's run that counts, done or failed for good.
                     let runs = r.log.current().filter_map(|e| {
                         let ran = e.ran()?;
@@ -216,15 +137,14 @@ impl Node {
                 let _ = reply.send(ControlResponse::Farm(Box::new(view)));
             }
             Asked::Resume(out, reply) => {
-                let r = self.take_home(f, out);
-                let _ = reply.send(r.unwrap_or_else(|e| e.said()));
+                self.take_home(m, f, out, reply);
             }
-            Asked::Logs(ask, reply) => self.follow_logs(Arc::new(f.spec), ask, reply),
+            Asked::Logs(ask, reply) => self.follow_logs(m, Arc::new(f.spec), ask, reply),
         }
     }
 
-    fn status(&self) -> MeshStatus {
-        let coordinator = self.peer.coordinator();
+    fn status(&self, m: &Lent<'_>) -> MeshStatus {
+        let coordinator = m.mesh.coordinator();
         // Every node, this one included, as its beat describes it.
         let view = |id: String, node: NodeId, b: &Beat, local: bool| {
             let mut v = NodeView {
@@ -236,62 +156,23 @@ impl Node {
             v.describe(b);
             v
         };
-        let own = self.peer.beat();
-        let mut nodes = vec![view(self.net.me_label().to_owned(), self.me, &own, true)];
+        let own = m.mesh.beat();
+        let mut nodes = vec![view(m.net.me_label().to_owned(), m.me, &own, true)];
         nodes.extend(
-            self.peer
+            m.mesh
                 .members()
                 .map(|m| view(m.label().to_string(), m.id, m.beat(), false)),
         );
-        let mut farms: Vec<FarmView> = self.home.farms.values().map(|o| o.view.clone()).collect();
+        let mut farms: Vec<FarmView> = self.farms.values().map(|o| o.view.clone()).collect();
         farms.sort_by(|a, b| a.id.cmp(&b.id));
         MeshStatus {
             nodes,
-            coordinator: coordinator.map(|c| self.label_of(c)),
-            term: mesh_protocol::mesh::term_round(self.peer.term()),
+            coordinator: coordinator.map(|c| label_of(m, c)),
+            term: mesh_protocol::mesh::term_round(m.mesh.term()),
             farms,
             latency: Vec::new(),
             unheard: None,
         }
-    }
-
-    /// What this node measures of itself, with its runs that changed after `since`.
-    pub(in crate::mesh_node) fn observation(&self, since: u64) -> Observation {
-        let mut failovers = None;
-        let latency = match self.peer.latencies() {
-            Some((l, f)) => {
-                failovers = Some(f);
-                l.export()
-            }
-            None => LatencyData::default(),
-        };
-        let mut o = self.runs.observation(since, latency);
-        let stats = self.peer.stats();
-        o.counters.messages_sent = self.net.sent();
-        o.counters.tasks_stolen = stats.tasks_stolen;
-        o.counters.tasks_given = stats.tasks_given;
-        if let Some(f) = failovers {
-            o.counters.failovers = f;
-        }
-        o.beat = Some(Box::new(self.peer.beat()));
-        o.held_bytes = self.kept_bytes();
-        o
-    }
-
-    /// Bytes of outputs kept here for other nodes' farms, counted again
-    /// at most every few seconds.
-    fn kept_bytes(&self) -> u64 {
-        if let Some((at, bytes)) = self.disk.kept_count.get() {
-            if at.elapsed() < HELD_RECOUNT {
-                return bytes;
-            }
-        }
-        let bytes = crate::mesh_node::runs::kept_farms(&self.state)
-            .iter()
-            .map(|(_, dir)| crate::mesh_node::runs::kept_bytes(dir))
-            .sum();
-        self.disk.kept_count.set(Some((Instant::now(), bytes)));
-        bytes
     }
 
     /// The mesh's status, handed to `done`: every node as the
@@ -300,6 +181,7 @@ impl Node {
     /// runs each observer has seen, by node).
     pub(in crate::mesh_node) fn gather(
         &mut self,
+        m: &mut Lent<'_>,
         since: HashMap<String, u64>,
         ask: Ask,
         done: impl FnOnce(Observed) + Send + 'static,
@@ -312,16 +194,16 @@ impl Node {
                 since.get(label).copied().unwrap_or(0)
             }
         };
-        let mut status = self.status();
-        let me = self.net.me_label().to_owned();
-        let own = self.observation(after(&me));
-        let members: HashMap<String, NodeId> = self
-            .peer
+        let mut status = self.status(m);
+        let me = m.net.me_label().to_owned();
+        let own = observation(m, after(&me));
+        let members: HashMap<String, NodeId> = m
+            .mesh
             .members()
             .map(|m| (m.label().to_string(), m.id))
             .collect();
-        let coordinator = self.peer.coordinator().filter(|c| *c != self.me);
-        let handle = self.handle.clone();
+        let coordinator = m.mesh.coordinator().filter(|c| *c != m.me);
+        let handle = m.handle.clone();
         tokio::spawn(async move {
             if let Some(c) = coordinator {
                 let nodes = handle.request(c, Request::Nodes);
@@ -373,6 +255,129 @@ impl Node {
             done(Observed::new(status, nodes));
         });
     }
+}
+
+/// A farm by id, id prefix or name among every farm this node knows.
+pub(in crate::mesh_node) fn find_known(m: &Lent<'_>, query: &str) -> Result<FarmId, QueryError> {
+    let known: Vec<Known> = m
+        .mesh
+        .specs()
+        .map(|s| {
+            let name = s.def.name.clone();
+            Known {
+                id: s.id,
+                shown: farm_display_id(&name, s.id),
+                name,
+                submitted_ms: s.submitted_ms,
+            }
+        })
+        .collect();
+    match_farm(query, &known)
+}
+
+/// The farm `mesh logs TASK` means when it names none: the newest this
+/// node knows with a stage of that name, as a farm's name means its
+/// newest farm.
+pub(in crate::mesh_node) fn find_for_task(m: &Lent<'_>, task: &str) -> Result<FarmId, QueryError> {
+    let stage = task.rsplit_once('/').map_or(task, |(s, _)| s);
+    m.mesh
+        .specs()
+        .filter(|s| s.def.stages.iter().any(|st| st.name == stage))
+        .max_by_key(|s| (s.submitted_ms, s.id))
+        .map(|s| s.id)
+        .ok_or_else(|| QueryError::NoFarmWith(task.to_string()))
+}
+
+/// Every farm this node holds or coordinates, in short.
+pub(in crate::mesh_node) fn summaries(m: &Lent<'_>) -> Vec<FarmSummary> {
+    let mut ids: Vec<FarmId> = m.mesh.replicas().map(|r| r.id()).collect();
+    ids.extend(m.mesh.coordinated());
+    ids.sort();
+    ids.dedup();
+    // In short: no copy of the farm's definition (a sweep's parameters
+    // may be megabytes) nor of its failures.
+    ids.into_iter()
+        .filter_map(|id| {
+            let (home, progress, _) = standing(m, id, 0)?;
+            let spec = m.mesh.spec(id)?;
+            Some(FarmSummary {
+                id,
+                name: spec.def.name.clone(),
+                home,
+                progress,
+                open: spec.open,
+            })
+        })
+        .collect()
+}
+
+/// What this node knows of a farm it holds or coordinates.
+pub(in crate::mesh_node) fn found(m: &Lent<'_>, farm: FarmId) -> Option<FoundFarm> {
+    let (home, progress, failures) = standing(m, farm, FAILURES_SHOWN)?;
+    Some(FoundFarm {
+        spec: (**m.mesh.spec(farm)?).clone(),
+        home,
+        progress,
+        failures,
+    })
+}
+
+/// Where a farm this node holds or coordinates stands: its home, its
+/// progress and its first `failures_max` failures.
+fn standing(
+    m: &Lent<'_>,
+    farm: FarmId,
+    failures_max: usize,
+) -> Option<(
+    mesh_protocol::mesh::Home,
+    mesh_protocol::mesh::FarmProgress,
+    Vec<Entry>,
+)> {
+    if let Some(s) = m.mesh.coordinated_farm(farm, failures_max) {
+        return Some(s);
+    }
+    let r = m.mesh.replica(farm)?;
+    let failures = r.log.failures().take(failures_max).cloned().collect();
+    Some((r.home_of, r.progress(), failures))
+}
+
+/// What this node measures of itself, with its runs that changed after `since`.
+pub(in crate::mesh_node) fn observation(m: &Lent<'_>, since: u64) -> Observation {
+    let mut failovers = None;
+    let latency = match m.mesh.latencies() {
+        Some((l, f)) => {
+            failovers = Some(f);
+            l.export()
+        }
+        None => LatencyData::default(),
+    };
+    let mut o = m.runs.observation(since, latency);
+    let stats = m.mesh.stats();
+    o.counters.messages_sent = m.net.sent();
+    o.counters.tasks_stolen = stats.tasks_stolen;
+    o.counters.tasks_given = stats.tasks_given;
+    if let Some(f) = failovers {
+        o.counters.failovers = f;
+    }
+    o.beat = Some(Box::new(m.mesh.beat()));
+    o.held_bytes = kept_bytes(m);
+    o
+}
+
+/// Bytes of outputs kept here for other nodes' farms, counted again
+/// at most every few seconds.
+fn kept_bytes(m: &Lent<'_>) -> u64 {
+    if let Some((at, bytes)) = m.disk.kept_count.get() {
+        if at.elapsed() < HELD_RECOUNT {
+            return bytes;
+        }
+    }
+    let bytes = crate::mesh_node::runs::kept_farms(m.state)
+        .iter()
+        .map(|(_, dir)| crate::mesh_node::runs::kept_bytes(dir))
+        .sum();
+    m.disk.kept_count.set(Some((Instant::now(), bytes)));
+    bytes
 }
 
 /// Whom a status asks, besides the coordinator, for what they measure of

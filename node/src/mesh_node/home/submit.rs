@@ -5,29 +5,20 @@ use std::collections::BTreeSet;
 use mesh_protocol::farm::TaskRef;
 use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId};
 
-use crate::mesh_node::kept::{Kept, Lent, Submitting};
-use crate::mesh_node::reply::Reply;
+use super::queries::summaries;
 use super::views::Origin;
-use crate::mesh_node::Node;
+use super::{kept_lent, Home, HomeOut, Lent};
+use crate::mesh_node::kept::Submitting;
+use crate::mesh_node::reply::Reply;
 
-impl Node {
-    /// The kept room, with what the loop lends it for one call.
-    pub(in crate::mesh_node) fn lent(&mut self) -> (&Kept, Lent<'_>) {
-        let lent = Lent {
-            store: &mut self.disk.store,
-            transfers: self.runs.transfers(),
-            farms: &self.peer,
-        };
-        (&self.kept, lent)
-    }
-
+impl Home {
     /// Submits a farm handed to this node, with the tasks done before (see
     /// `Kept::submit_reusing`): at once, or once the earlier homes of its
     /// name have answered (`Event::SubmitReused`).
-    pub(in crate::mesh_node) fn submit_reusing(&mut self, farm: Submitting) {
-        let homes = self.earlier_homes(&farm.spec.def.name);
-        let coordinator = self.peer.coordinator().filter(|c| *c != self.me);
-        let (kept, mut lent) = self.lent();
+    pub(in crate::mesh_node) fn submit_reusing(&mut self, m: &mut Lent<'_>, farm: Submitting) {
+        let homes = earlier_homes(m, &farm.spec.def.name);
+        let coordinator = m.mesh.coordinator().filter(|c| *c != m.me);
+        let (kept, mut lent) = kept_lent(m);
         if let Some((spec, reused, reply)) =
             kept.submit_reusing(&mut lent, farm, homes, coordinator)
         {
@@ -36,27 +27,22 @@ impl Node {
     }
 
     /// Hands the farm to the peer: it becomes its home, with these tasks done.
-    pub(in crate::mesh_node) fn submit_now(&mut self, spec: FarmSpec, reused: Vec<Entry>, reply: Reply) {
+    pub(in crate::mesh_node) fn submit_now(
+        &mut self,
+        spec: FarmSpec,
+        reused: Vec<Entry>,
+        reply: Reply,
+    ) {
         let mut o = Origin::new(&spec);
         o.submit_reply = Some(reply);
-        self.home.farms.insert(spec.id, o);
-        let now = self.now();
-        self.peer.submit(now, spec, reused);
-    }
-
-    /// The other nodes this node knows were the home of a farm named `name`.
-    fn earlier_homes(&self, name: &str) -> BTreeSet<NodeId> {
-        self.summaries()
-            .into_iter()
-            .filter(|f| f.name == name && f.home.node != self.me)
-            .map(|f| f.home.node)
-            .collect()
+        self.farms.insert(spec.id, o);
+        self.out.push_back(HomeOut::Submit(spec, reused));
     }
 
     /// On the home of a farm that just ended: writes down where each done
     /// task's outputs are, by its content key.
-    pub(in crate::mesh_node) fn remember_results(&mut self, farm: FarmId) {
-        let (kept, mut lent) = self.lent();
+    pub(in crate::mesh_node) fn remember_results(&mut self, m: &mut Lent<'_>, farm: FarmId) {
+        let (kept, mut lent) = kept_lent(m);
         kept.remember(&mut lent, farm, None, true);
     }
 
@@ -64,11 +50,11 @@ impl Node {
     /// tasks whose outputs came home since it last looked, so a client
     /// that comes back (a notebook restarted) reuses them while the farm
     /// still runs. A cache: not flushed, as a lost one costs a rerun.
-    pub(in crate::mesh_node) fn remember_landed(&mut self, farm: FarmId) {
-        let Some(r) = self.peer.replica(farm).filter(|r| r.home) else {
+    pub(in crate::mesh_node) fn remember_landed(&mut self, m: &mut Lent<'_>, farm: FarmId) {
+        let Some(r) = m.mesh.replica(farm).filter(|r| r.home) else {
             return;
         };
-        let Some(o) = self.home.farms.get_mut(&farm) else {
+        let Some(o) = self.farms.get_mut(&farm) else {
             return;
         };
         let len = r.log.len();
@@ -85,8 +71,17 @@ impl Node {
             tasks.into_iter().partition(|t| r.outputs_here(*t));
         o.remember_wait = wait;
         if !here.is_empty() {
-            let (kept, mut lent) = self.lent();
+            let (kept, mut lent) = kept_lent(m);
             kept.remember(&mut lent, farm, Some(&here), false);
         }
     }
+}
+
+/// The other nodes this node knows were the home of a farm named `name`.
+fn earlier_homes(m: &Lent<'_>, name: &str) -> BTreeSet<NodeId> {
+    summaries(m)
+        .into_iter()
+        .filter(|f| f.name == name && f.home.node != m.me)
+        .map(|f| f.home.node)
+        .collect()
 }

@@ -1,5 +1,6 @@
 //! Farms as users see them: the view of each farm whose home is this node (`Origin`, kept fresh for `mesh wait` and `status`), and views of farms found elsewhere or listed in short.
 
+use super::{label_of, Home, Lent};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -8,10 +9,10 @@ use mesh_protocol::farm::FarmDef;
 use mesh_protocol::mesh::{Entry, FarmId, FarmSpec, NodeId};
 use mesh_protocol::wire::{FarmSummary, FoundFarm};
 
-use crate::mesh_node::reply::Reply;
-use crate::mesh_node::{farm_display_id, Event, Node};
 use crate::control::ControlResponse;
 use crate::eta;
+use crate::mesh_node::reply::Reply;
+use crate::mesh_node::{farm_display_id, Event};
 use crate::task_words::{describe_failure, describe_stop};
 use crate::view::{DataView, FarmView};
 use mesh_protocol::engine::Counts;
@@ -133,23 +134,23 @@ impl Origin {
     }
 }
 
-impl Node {
+impl Home {
     /// The home's view of a farm, from the peer's copy: counts and every failure with its reason.
-    pub(in crate::mesh_node) fn refresh_view(&mut self, farm: FarmId) {
-        let Some(p) = self.peer.progress(farm) else {
+    pub(in crate::mesh_node) fn refresh_view(&mut self, m: &mut Lent<'_>, farm: FarmId) {
+        let Some(p) = m.mesh.progress(farm) else {
             return;
         };
-        let Some(r) = self.peer.replica(farm) else {
+        let Some(r) = m.mesh.replica(farm) else {
             return;
         };
         let failed: Vec<Entry> = r.log.failures().take(FAILURES_SHOWN).cloned().collect();
-        let failures = self.describe_failures(&r.spec, &failed);
+        let failures = describe_failures(m, &r.spec, &failed);
         let unplaceable = describe_unplaceable(&r.spec.def, &p.unplaceable);
         let stopped = describe_stops(&r.spec.def, &p.stopped);
-        let home = self.label_of(r.home_of.node);
+        let home = label_of(m, r.home_of.node);
         let out = r.out_dir().to_string();
-        let (home_bytes, coming) = self.runs.transfers().home_bytes(farm);
-        let Some(o) = self.home.farms.get_mut(&farm) else {
+        let (home_bytes, coming) = m.runs.transfers().home_bytes(farm);
+        let Some(o) = self.farms.get_mut(&farm) else {
             return;
         };
         let now = Instant::now();
@@ -199,38 +200,38 @@ impl Node {
         if ended {
             // Written down before anyone waiting hears of the end: a
             // submission right after it reuses what it made.
-            self.remember_results(farm);
+            self.remember_results(m, farm);
         } else {
-            self.remember_landed(farm);
+            self.remember_landed(m, farm);
         }
-        self.estimate_end(farm);
+        self.estimate_end(m, farm);
         // Followers of single tasks hear of each before anyone hears the end.
-        self.feed(farm, None);
-        if let Some(o) = self.home.farms.get_mut(&farm) {
+        self.feed(m, farm, None);
+        if let Some(o) = self.farms.get_mut(&farm) {
             o.notify();
         }
     }
 
     /// Starts an estimate of when the farm ends, off the node's loop,
     /// unless one is being made or was made lately (see `eta::next_after`).
-    fn estimate_end(&mut self, farm: FarmId) {
+    fn estimate_end(&mut self, m: &mut Lent<'_>, farm: FarmId) {
         let now = Instant::now();
-        let nodes: Vec<Resources> = match self.home.farms.get(&farm) {
+        let nodes: Vec<Resources> = match self.farms.get(&farm) {
             Some(o) if o.view.finished => {
-                if let Some(o) = self.home.farms.get_mut(&farm) {
+                if let Some(o) = self.farms.get_mut(&farm) {
                     o.view.eta = None;
                 }
                 return;
             }
-            Some(o) if !o.estimating && o.estimate_after.is_none_or(|t| now >= t) => self
-                .peer
+            Some(o) if !o.estimating && o.estimate_after.is_none_or(|t| now >= t) => m
+                .mesh
                 .node_beats()
                 .into_iter()
                 .map(|(_, b)| b.total.clone())
                 .collect(),
             _ => return,
         };
-        let (Some(r), Some(o)) = (self.peer.replica(farm), self.home.farms.get_mut(&farm)) else {
+        let (Some(r), Some(o)) = (m.mesh.replica(farm), self.farms.get_mut(&farm)) else {
             return;
         };
         let counts: Vec<Counts> = o.view.stages.iter().map(|s| s.1.clone()).collect();
@@ -242,7 +243,7 @@ impl Node {
         );
         let names: Vec<String> = r.spec.def.stages.iter().map(|s| s.name.clone()).collect();
         o.estimating = true;
-        let handle = self.handle.clone();
+        let handle = m.handle.clone();
         let seed = farm.0;
         tokio::task::spawn_blocking(move || {
             let started = Instant::now();
@@ -253,8 +254,13 @@ impl Node {
     }
 
     /// An estimate of the farm's end is made: the views show it.
-    pub(in crate::mesh_node) fn estimated(&mut self, farm: FarmId, estimate: Option<eta::Eta>, took: Duration) {
-        let Some(o) = self.home.farms.get_mut(&farm) else {
+    pub(in crate::mesh_node) fn estimated(
+        &mut self,
+        farm: FarmId,
+        estimate: Option<eta::Eta>,
+        took: Duration,
+    ) {
+        let Some(o) = self.farms.get_mut(&farm) else {
             return;
         };
         o.estimating = false;
@@ -269,7 +275,7 @@ impl Node {
     }
 
     /// A farm's view from what a node that holds it said.
-    pub(in crate::mesh_node) fn found_view(&self, f: &FoundFarm) -> FarmView {
+    pub(in crate::mesh_node) fn found_view(&self, m: &Lent<'_>, f: &FoundFarm) -> FarmView {
         let mut o = Origin::new(&f.spec);
         let v = &mut o.view;
         v.accepted = true;
@@ -284,8 +290,8 @@ impl Node {
         v.redone = f.progress.redone;
         v.unplaceable = describe_unplaceable(&f.spec.def, &f.progress.unplaceable);
         v.stopped = describe_stops(&f.spec.def, &f.progress.stopped);
-        v.failures = self.describe_failures(&f.spec, &f.failures);
-        v.home = self.label_of(f.home.node);
+        v.failures = describe_failures(m, &f.spec, &f.failures);
+        v.home = label_of(m, f.home.node);
         v.asks = f
             .spec
             .def
@@ -297,11 +303,11 @@ impl Node {
                 cpu: s.resources.get(mesh_protocol::resources::CPU).as_f64(),
             })
             .collect();
-        if let Some(r) = self.peer.replica(f.spec.id).filter(|r| r.home) {
+        if let Some(r) = m.mesh.replica(f.spec.id).filter(|r| r.home) {
             v.out = r.out_dir().to_string();
         }
         // The home's estimate of its end (only the home makes one).
-        if let Some(here) = self.home.farms.get(&f.spec.id) {
+        if let Some(here) = self.farms.get(&f.spec.id) {
             if !v.finished {
                 v.eta = here.view.eta.clone();
             }
@@ -309,28 +315,28 @@ impl Node {
         }
         o.view
     }
+}
 
-    fn describe_failures(&self, spec: &FarmSpec, entries: &[Entry]) -> Vec<String> {
-        entries
-            .iter()
-            .filter_map(|e| match e {
-                Entry::Failed {
-                    task,
-                    attempt,
-                    node,
-                    end,
-                    stderr_line,
-                    ..
-                } => Some(format!(
-                    "{} (attempt {attempt} on {}): {}",
-                    spec.def.task_name(*task),
-                    self.label_of(*node),
-                    describe_failure(end, stderr_line.as_deref())
-                )),
-                _ => None,
-            })
-            .collect()
-    }
+fn describe_failures(m: &Lent<'_>, spec: &FarmSpec, entries: &[Entry]) -> Vec<String> {
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Failed {
+                task,
+                attempt,
+                node,
+                end,
+                stderr_line,
+                ..
+            } => Some(format!(
+                "{} (attempt {attempt} on {}): {}",
+                spec.def.task_name(*task),
+                label_of(m, *node),
+                describe_failure(end, stderr_line.as_deref())
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Stages that fit no node, as users read them.
@@ -362,7 +368,10 @@ fn describe_stops(def: &FarmDef, stops: &[(u32, Stop)]) -> Vec<String> {
 }
 
 /// A farm in short as `mesh list` shows it.
-pub(in crate::mesh_node) fn summary_view(f: &FarmSummary, labels: &HashMap<NodeId, String>) -> FarmView {
+pub(in crate::mesh_node) fn summary_view(
+    f: &FarmSummary,
+    labels: &HashMap<NodeId, String>,
+) -> FarmView {
     FarmView {
         id: farm_display_id(&f.name, f.id),
         name: f.name.clone(),
