@@ -102,11 +102,19 @@ fn waiting_stages(farms: &[FarmState]) -> impl Iterator<Item = (&StageDef, u64)>
     farms
         .iter()
         .filter(|f| !f.cancelled)
-        .flat_map(|f| f.stages.iter().zip(f.def.stages.iter().map(|s| &**s)))
+        .flat_map(live_stages)
         .filter_map(|(st, def)| {
             let q = st.ready_count(def);
             (st.open && !st.unplaceable && q > 0).then_some((def, q))
         })
+}
+
+/// The stages of `f` that may not be settled, with their definitions:
+/// the others have nothing to hand out.
+fn live_stages(f: &FarmState) -> impl Iterator<Item = (&StageState, &StageDef)> {
+    f.live
+        .iter()
+        .map(move |&s| (&f.stages[s as usize], &*f.def.stages[s as usize]))
 }
 
 /// How many tasks asking for `req` a machine of `total` runs at once; a
@@ -228,6 +236,7 @@ impl Engine {
                 if back.is_empty() {
                     continue;
                 }
+                f.touch(d);
                 for &i in &back {
                     f.stages[ds].set(i, PENDING);
                 }
@@ -719,7 +728,7 @@ impl Engine {
         grew: Option<u32>,
     ) -> bool {
         let f = &mut self.farms[farm.0 as usize];
-        let Some(st) = f.stages.get_mut(task.stage as usize) else {
+        let Some(st) = f.stages.get(task.stage as usize) else {
             return false;
         };
         let i = task.index as usize;
@@ -729,6 +738,8 @@ impl Engine {
             Some(&FAILED) => true,
             _ => return false,
         };
+        f.touch(task.stage);
+        let st = &mut f.stages[task.stage as usize];
         st.set(i, DONE);
         if failed {
             // What was skipped because it failed runs after all.
@@ -778,7 +789,7 @@ impl Engine {
         self.farms
             .iter()
             .filter(|f| !f.cancelled)
-            .flat_map(|f| f.stages.iter().zip(&f.def.stages))
+            .flat_map(live_stages)
             .filter(|(st, _)| st.open && !st.unplaceable)
             .map(|(st, def)| st.ready_count(def))
             .sum()
@@ -822,13 +833,15 @@ impl Engine {
     /// done. The coordinator hands it out again; a local engine never redoes.
     pub fn redo(&mut self, farm: FarmSlot, task: TaskRef) -> bool {
         let f = &mut self.farms[farm.0 as usize];
-        let Some(st) = f.stages.get_mut(task.stage as usize) else {
+        let Some(st) = f.stages.get(task.stage as usize) else {
             return false;
         };
         let i = task.index as usize;
         if st.status.get(i) != Some(&DONE) || f.cancelled {
             return false;
         }
+        f.touch(task.stage);
+        let st = &mut f.stages[task.stage as usize];
         st.set(i, PENDING);
         st.ready.push_front(task.index);
         if !f.dependents_by[task.stage as usize].is_empty() {
@@ -1057,6 +1070,11 @@ impl Engine {
         self.running.len()
     }
 
+    /// How many stages the farm has.
+    pub fn stage_count(&self, farm: FarmSlot) -> usize {
+        self.farms[farm.0 as usize].stages.len()
+    }
+
     /// Each stage's counts of tasks by state, in the farm's stage order.
     pub fn stage_progress(&self, farm: FarmSlot) -> Vec<Counts> {
         self.farms[farm.0 as usize]
@@ -1064,6 +1082,34 @@ impl Engine {
             .iter()
             .map(|s| s.counts.clone())
             .collect()
+    }
+
+    /// Each stage of `farm` that may not be settled, with its counts, in
+    /// stage order; those settled are then passed by later calls (and by
+    /// the passes over ready work) until a task of theirs runs again. A
+    /// stage's last counts are visited once it has settled.
+    pub fn live_counts(&mut self, farm: FarmSlot, mut visit: impl FnMut(u32, &Counts)) {
+        let f = &mut self.farms[farm.0 as usize];
+        let mut settled = Vec::new();
+        for &s in &f.live {
+            let st = &f.stages[s as usize];
+            visit(s, &st.counts);
+            if st.settled() {
+                settled.push(s);
+            }
+        }
+        for s in settled {
+            f.live.remove(&s);
+            f.stages[s as usize].passed = true;
+        }
+    }
+
+    /// The stages of `farm` passed over as settled, with their counts: for checks.
+    pub fn settled_counts(&self, farm: FarmSlot) -> impl Iterator<Item = (u32, &Counts)> {
+        let f = &self.farms[farm.0 as usize];
+        (0..f.stages.len() as u32)
+            .filter(|s| !f.live.contains(s))
+            .map(|s| (s, &f.stages[s as usize].counts))
     }
 
     /// The farm's counts of tasks by state, over all its stages.

@@ -144,13 +144,13 @@ fn spec(stages: Vec<Arc<StageDef>>, gen: u32) -> FarmSpec {
     FarmSpec {
         id: FARM,
         origin: NodeId(2),
-        def: FarmDef {
+        def: Arc::new(FarmDef {
             graph: Default::default(),
             name: "calls".into(),
             root: "/".into(),
             out: "/out".into(),
             stages,
-        },
+        }),
         inputs: Vec::new(),
         submitted_ms: 0,
         gen,

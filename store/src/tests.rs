@@ -373,13 +373,13 @@ fn open_farm(gen: u32, stages: usize, open: bool) -> std::sync::Arc<mesh_protoco
     std::sync::Arc::new(FarmSpec {
         id: FarmId(9),
         origin: NodeId(1),
-        def: FarmDef {
+        def: std::sync::Arc::new(FarmDef {
             graph: Default::default(),
             name: "python".into(),
             root: "/r".into(),
             out: "/r/out".into(),
             stages: (0..stages).map(stage).collect(),
-        },
+        }),
         inputs: (0..stages)
             .map(|i| InputFile {
                 path: format!("calls/{i}.pkl"),
@@ -448,10 +448,10 @@ fn a_grown_farm_is_written_as_what_it_adds_and_read_back_whole() {
     let w = writes_of(&mut book, Persist::Farm(open_farm(3, 202, false)));
     meta_len(&w, "spec");
     let moved = std::sync::Arc::new(mesh_protocol::mesh::FarmSpec {
-        def: FarmDef {
+        def: std::sync::Arc::new(FarmDef {
             out: "/elsewhere".into(),
-            ..open_farm(5, 203, false).def.clone()
-        },
+            ..(*open_farm(5, 203, false).def).clone()
+        }),
         ..(*open_farm(5, 203, false)).clone()
     });
     let w = writes_of(&mut book, Persist::Farm(moved.clone()));

@@ -289,9 +289,6 @@ impl home::Mesh for Peer {
     fn coordinated_log(&self, farm: FarmId) -> Option<&FarmLog> {
         Self::coordinated_log(self, farm)
     }
-    fn progress(&self, farm: FarmId) -> Option<FarmProgress> {
-        Self::progress(self, farm)
-    }
     fn where_ran(&self, farm: FarmId, task: TaskRef) -> Option<(NodeId, bool)> {
         Self::where_ran(self, farm, task)
     }

@@ -109,6 +109,11 @@ impl Engine {
                     }
                 }
                 let k = &st.counts;
+                if !f.live.contains(&(si as u32)) && !st.settled() {
+                    return Err(format!(
+                        "farm {fi} stage {si}: {k:?} not settled, but passed over as if it were"
+                    ));
+                }
                 if c.stopped > 0 && st.stopped.is_none() {
                     return Err(format!(
                         "farm {fi} stage {si}: {} tasks held, but the stage is not stopped",

@@ -50,6 +50,7 @@ impl Engine {
         debug_assert!(def.stages.len() >= old && def.stages[..old] == f.def.stages[..]);
         f.stages
             .extend(def.stages[old..].iter().map(|s| StageState::new(s)));
+        f.live.extend(old as u32..def.stages.len() as u32);
         f.link(def.clone());
         let run = f.run;
         if def.stages.len() == old {

@@ -23,6 +23,7 @@ impl Engine {
         }
         for (fi, s) in back {
             let f = &mut self.farms[fi];
+            f.touch(s as u32);
             let st = &mut f.stages[s];
             st.unplaceable = false;
             for i in 0..st.status.len() {

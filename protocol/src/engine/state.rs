@@ -5,7 +5,7 @@
 //! stage hold no task) are answered here, from the state alone.
 
 use std::cmp::Reverse;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use super::{fails, Counts, Order, Stop};
@@ -56,6 +56,9 @@ pub(super) struct StageState {
     pub(super) streak: fails::Streak,
     /// Why it stopped, while it is stopped.
     pub(super) stopped: Option<Stop>,
+    /// Found settled and passed over (see [`FarmState::live`]): no task of
+    /// it changes before the farm takes it back ([`FarmState::touch`]).
+    pub(super) passed: bool,
 }
 
 impl StageState {
@@ -81,6 +84,7 @@ impl StageState {
             },
             streak: fails::Streak::default(),
             stopped: None,
+            passed: false,
         }
     }
     /// The stage's order, its fronts from their starts again (what they
@@ -136,6 +140,10 @@ impl StageState {
     /// counters agree with the statuses by construction: checking that
     /// after every step would cost a scan of every task.
     pub(super) fn set(&mut self, i: usize, to: u8) {
+        debug_assert!(
+            !self.passed,
+            "a task of a stage passed over as settled changes: touch the stage first"
+        );
         let from = std::mem::replace(&mut self.status[i], to);
         if let Some(c) = self.counter(from) {
             *c -= 1;
@@ -153,6 +161,13 @@ impl StageState {
         self.status[i] = VOID;
         self.counts.total -= 1;
         true
+    }
+
+    /// Every task has ended for good (done, failed, skipped or cancelled):
+    /// its counts stay as they are until one is made to run again.
+    pub(super) fn settled(&self) -> bool {
+        let c = &self.counts;
+        c.done + c.failed + c.skipped + c.cancelled == c.total
     }
 
     /// Its tasks that could be handed out now. Of a stage readied task by
@@ -200,6 +215,13 @@ pub(super) struct FarmState {
     /// tasks by a keyed or listed dependency.
     pub(super) dependents_by: Vec<Vec<(u32, usize)>>,
     pub(super) cancelled: bool,
+    /// The stages that may not be settled (see [`StageState::settled`]):
+    /// every stage is, from when it is added until a pass finds it settled,
+    /// and again when a task of it is made to run again. A pass over the
+    /// farm's counts, or over its ready work, goes over these only: an
+    /// open farm grown by thousands of batches has as many stages, nearly
+    /// all settled, and such passes ran at every step.
+    pub(super) live: BTreeSet<u32>,
     /// How many of its stages are stopped (see `Engine::stop_stage`).
     pub(super) stops: u32,
     pub(super) finished_emitted: bool,
@@ -222,12 +244,22 @@ impl FarmState {
             dependents_each: Vec::new(),
             dependents_by: Vec::new(),
             cancelled: false,
+            live: (0..def.stages.len() as u32).collect(),
             stops: 0,
             finished_emitted: false,
             open: false,
         };
         f.link(def);
         f
+    }
+
+    /// A task of stage `s` is about to change: the passes over the farm's
+    /// counts and ready work look at the stage again (a settled stage
+    /// passed over may run again: redone, revived after a failure lost to
+    /// a done, or placeable again).
+    pub(super) fn touch(&mut self, s: u32) {
+        self.stages[s as usize].passed = false;
+        self.live.insert(s);
     }
 
     /// No stage will be added: closed, or cancelled (what an open farm

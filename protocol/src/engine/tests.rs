@@ -1199,3 +1199,54 @@ fn a_claim_prefers_the_ready_task_whose_inputs_are_near() {
     assert_eq!(got[0].1, TaskRef::new(1, 0));
     assert_eq!(e.progress(slot).running, 2);
 }
+
+/// The passes over a farm's counts and ready work go over the stages
+/// that may change: one found settled is passed over until a task of it
+/// runs again (a done that wins over a failure revives what the failure
+/// skipped; a redo runs a done task again), and is then looked at again.
+#[test]
+fn a_settled_stage_is_passed_over_until_a_task_of_it_runs_again() {
+    let a = stage("a", 2);
+    let mut b = stage("b", 2);
+    b.after_each = vec![0];
+    let mut e = Engine::remote(vec![parse_resources("cpu=8").unwrap()]);
+    let slot = e.add_farm(0, farm(vec![a, b]), vec![], &AddOptions::default());
+    let t = |stage, index| TaskRef { stage, index };
+    let looked = |e: &mut Engine| {
+        let mut seen = Vec::new();
+        e.live_counts(slot, |s, c| seen.push((s, c.done, c.failed, c.skipped)));
+        seen
+    };
+    assert_eq!(looked(&mut e), vec![(0, 0, 0, 0), (1, 0, 0, 0)]);
+    for (f, task, att) in e.claim(0, 10, &mut |_, _| true) {
+        e.task_finished(1, f, task, att, fail());
+    }
+    // Both settle: their last counts are seen once, then neither again.
+    assert_eq!(looked(&mut e), vec![(0, 0, 2, 0), (1, 0, 0, 2)]);
+    assert_eq!(looked(&mut e), vec![]);
+    assert_eq!(e.backlog(), 0);
+    e.audit().unwrap();
+
+    // a/0 was done on the other side of a partition: b/0 runs after all.
+    assert!(e.mark_done(2, slot, t(0, 0), None));
+    e.audit().unwrap();
+    assert_eq!(e.backlog(), 1);
+    assert_eq!(looked(&mut e), vec![(0, 1, 1, 0), (1, 0, 0, 1)]);
+    let claimed = e.claim(3, 10, &mut |_, _| true);
+    assert_eq!(
+        claimed.iter().map(|c| c.1).collect::<Vec<_>>(),
+        vec![t(1, 0)]
+    );
+    for (f, task, att) in claimed {
+        e.task_finished(4, f, task, att, ok());
+    }
+    assert_eq!(looked(&mut e), vec![(1, 1, 0, 1)]);
+    assert_eq!(looked(&mut e), vec![]);
+
+    // Its outputs lost with a node: b/0 runs again.
+    assert!(e.redo(slot, t(1, 0)));
+    e.audit().unwrap();
+    assert_eq!(e.backlog(), 1);
+    assert_eq!(looked(&mut e), vec![(1, 0, 0, 1)]);
+    e.audit().unwrap();
+}

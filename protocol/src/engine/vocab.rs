@@ -434,6 +434,19 @@ impl Counts {
         self.queued_on_nodes += o.queued_on_nodes;
     }
 
+    /// Takes `o`'s counts from these (a stage's, from its farm's sum).
+    pub fn sub(&mut self, o: &Counts) {
+        self.total -= o.total;
+        self.done -= o.done;
+        self.cached -= o.cached;
+        self.running -= o.running;
+        self.failed -= o.failed;
+        self.skipped -= o.skipped;
+        self.cancelled -= o.cancelled;
+        self.stopped -= o.stopped;
+        self.queued_on_nodes -= o.queued_on_nodes;
+    }
+
     /// Of the tasks counted running (handed out), only `started` have
     /// started where they were sent: the rest are queued on nodes.
     pub fn split_started(&mut self, started: u64) {

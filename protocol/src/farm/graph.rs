@@ -339,6 +339,11 @@ impl GraphCache {
         }
     }
 
+    /// Its graph is built, or will be built on one of a generation before.
+    pub fn builds_on_some(&self) -> bool {
+        self.graph.get().is_some() || self.before.as_ref().is_some_and(|b| b.graph.is_some())
+    }
+
     /// The [`Graph`], when built already.
     pub fn built(&self) -> Option<&Arc<Graph>> {
         self.graph.get()

@@ -30,8 +30,11 @@ pub struct FarmSpec {
     pub id: FarmId,
     /// The node that submitted it, its first home.
     pub origin: NodeId,
-    /// What the farm file said: stages, sweeps and templates.
-    pub def: FarmDef,
+    /// What the farm file said: stages, sweeps and templates. Shared: the
+    /// coordinator's engine runs the generation it holds, not a copy of
+    /// it (a copy of an open farm grown by thousands of batches is a
+    /// handle per stage, made and dropped with each batch).
+    pub def: Arc<FarmDef>,
     /// Its input files, each by hash.
     pub inputs: Vec<InputFile>,
     /// When its submitter made it, in ms since the Unix epoch by the
@@ -131,10 +134,11 @@ impl Growth {
             return None;
         }
         let mut next = was.clone();
-        next.def.stages.extend(self.stages.iter().cloned());
+        let def = Arc::make_mut(&mut next.def);
+        def.stages.extend(self.stages.iter().cloned());
         // The graph of the generation before describes fewer stages: the
         // next one's is built on it.
-        next.def.graph = crate::farm::graph::GraphCache::after(&was.def.graph);
+        def.graph = crate::farm::graph::GraphCache::after(&was.def.graph);
         next.inputs.extend(self.inputs.iter().cloned());
         next.gen = self.gen;
         next.open = self.open;
@@ -760,8 +764,15 @@ pub struct SyncMsg {
     /// The farm's counts, summed over its stages, as the coordinator's
     /// engine says.
     pub counts: Counts,
-    /// The same counts per stage, in the farm's stage order.
-    pub stages: Vec<Counts>,
+    /// The same counts per stage: those of the stages that changed after
+    /// version `stages_base` of them (the one the holder said it has),
+    /// each with its stage's index. A holder that has not that version
+    /// takes none (and says which it has).
+    pub stages: Vec<(u32, Counts)>,
+    /// See `stages`.
+    pub stages_base: u64,
+    /// The version of the stages' counts this message brings a holder to.
+    pub stages_version: u64,
     /// Every task of the farm is over.
     pub finished: bool,
     /// See [`FarmProgress::duplicates`], [`FarmProgress::unplaceable`]
@@ -889,6 +900,8 @@ pub enum Msg {
         next: u64,
         /// The holder knows every task of the farm is over.
         over: bool,
+        /// The version of the stages' counts it has (see [`SyncMsg::stages`]).
+        stages: u64,
     },
     /// The home to every node: every output of this farm is home; what
     /// was kept for it may go.
@@ -1116,13 +1129,13 @@ mod tests {
         FarmSpec {
             id: FarmId(3),
             origin: NodeId(1),
-            def: FarmDef {
+            def: Arc::new(FarmDef {
                 graph: Default::default(),
                 name: "python".into(),
                 root: "/r".into(),
                 out: "/r/out".into(),
                 stages: (0..n).map(stage).collect(),
-            },
+            }),
             inputs: (0..n)
                 .map(|i| InputFile {
                     path: format!("calls/{i}.pkl"),

@@ -396,6 +396,15 @@ pub struct Replica {
     pub counts: Counts,
     /// The same counts per stage, in the farm's stage order.
     pub stages: Vec<Counts>,
+    /// The version of them this copy has of its source's (see
+    /// [`super::SyncMsg::stages`]): 0 until it hears from one.
+    pub stages_version: u64,
+    /// Counts up here with every change of a stage's counts; the tick of
+    /// each stage's last change, and the stages by it: a view of the farm
+    /// takes what changed since it last looked, not every stage.
+    stage_tick: u64,
+    stage_ticks: Vec<u64>,
+    stages_by_tick: BTreeMap<u64, u32>,
     /// The coordinator says every task is over.
     pub over: bool,
     /// Runs that completed a task already done, as the coordinator counts them.
@@ -452,7 +461,11 @@ impl Replica {
                 total: def.task_count(),
                 ..Counts::default()
             },
+            stage_ticks: vec![0; stages.len()],
             stages,
+            stages_version: 0,
+            stage_tick: 0,
+            stages_by_tick: BTreeMap::new(),
             home: home_of.node == me,
             home_of,
             out: None,
@@ -494,12 +507,16 @@ impl Replica {
             return false;
         }
         let old = self.spec.def.stages.len();
-        for s in &spec.def.stages[old..] {
+        for (i, s) in spec.def.stages.iter().enumerate().skip(old) {
             let total = u64::from(s.len());
-            self.stages.push(Counts {
-                total,
-                ..Counts::default()
-            });
+            // A sync may have brought its counts before the growth came.
+            if i >= self.stages.len() {
+                let c = Counts {
+                    total,
+                    ..Counts::default()
+                };
+                self.set_stage(i, c);
+            }
             self.counts.total += total;
         }
         if spec.def.stages.len() > old || spec.open {
@@ -510,6 +527,45 @@ impl Replica {
         }
         self.spec = spec;
         true
+    }
+
+    /// The stages' counts a sync brings, where this copy has the version
+    /// they were sent against (or a later one); otherwise it keeps its
+    /// own and says which version it has, and gets what it lacks again.
+    pub fn take_stages(&mut self, base: u64, version: u64, stages: &[(u32, Counts)]) {
+        if base > self.stages_version {
+            return;
+        }
+        for (s, c) in stages {
+            self.set_stage(*s as usize, c.clone());
+        }
+        self.stages_version = version;
+    }
+
+    /// Stage `s`'s counts are `c` (a stage not here yet, of a growth that
+    /// has not come, is made room for: see `grow`).
+    pub fn set_stage(&mut self, s: usize, c: Counts) {
+        if s >= self.stages.len() {
+            self.stages.resize(s + 1, Counts::default());
+            self.stage_ticks.resize(s + 1, 0);
+        } else if self.stages[s] == c {
+            return;
+        }
+        self.stages[s] = c;
+        self.stage_tick += 1;
+        self.stages_by_tick.remove(&self.stage_ticks[s]);
+        self.stage_ticks[s] = self.stage_tick;
+        self.stages_by_tick.insert(self.stage_tick, s as u32);
+    }
+
+    /// The stages whose counts changed here after tick `since`, and the
+    /// tick now (to ask from next time).
+    pub fn stages_since(&self, since: u64) -> (impl Iterator<Item = usize> + '_, u64) {
+        let changed = self
+            .stages_by_tick
+            .range(since + 1..)
+            .map(|(_, &s)| s as usize);
+        (changed, self.stage_tick)
     }
 
     /// Where this node puts the farm's outputs when it is the home.
@@ -643,6 +699,16 @@ impl Replica {
     /// The progress to show: the coordinator's counts, or before any
     /// coordinator spoke (after a restart) what this copy knows.
     pub fn progress(&self) -> FarmProgress {
+        FarmProgress {
+            stages: self.stages.clone(),
+            ..self.progress_summed()
+        }
+    }
+
+    /// The same, its counts per stage left out (read them from `stages`,
+    /// those changed from `stages_since`): an open farm grown by thousands
+    /// of batches has as many stages, and its view was refreshed with each.
+    pub fn progress_summed(&self) -> FarmProgress {
         let mut counts = self.counts.clone();
         if self.source.is_none() {
             counts.done = self.log.done_count().min(counts.total);
@@ -653,7 +719,7 @@ impl Replica {
         FarmProgress {
             farm: self.id(),
             counts,
-            stages: self.stages.clone(),
+            stages: Vec::new(),
             finished: self.finished(),
             duplicates: self.duplicates,
             redone: self.log.redone_count(),
@@ -687,7 +753,7 @@ mod tests {
             Arc::new(FarmSpec {
                 id: FarmId(7),
                 origin: HOME,
-                def,
+                def: Arc::new(def),
                 inputs: vec![],
                 submitted_ms: 0,
                 gen: 0,
@@ -717,6 +783,49 @@ mod tests {
     /// The entries of stages a farm grows by, which a coordinator may
     /// hear before the growth: found past the stages declared, none past
     /// the highest stage any entry is of.
+    /// A sync brings the counts of the stages changed since the version
+    /// this copy said it has; one sent against a version it has not (it
+    /// restarted, or missed one) changes nothing. What changed here is
+    /// what a view of the farm takes, and a stage whose counts came before
+    /// its growth keeps them when the growth comes.
+    #[test]
+    fn a_copy_takes_stage_counts_sent_against_the_version_it_has() {
+        let mut r = replica();
+        let c = |total, done| Counts {
+            total,
+            done,
+            ..Counts::default()
+        };
+        let (changed, t0) = r.stages_since(0);
+        assert_eq!(changed.count(), 0);
+        r.take_stages(0, 3, &[(0, c(10, 4))]);
+        assert_eq!((r.stages[0].done, r.stages_version), (4, 3));
+        let (changed, t1) = r.stages_since(t0);
+        assert_eq!(changed.collect::<Vec<_>>(), vec![0]);
+
+        r.take_stages(5, 7, &[(0, c(10, 9))]);
+        assert_eq!((r.stages[0].done, r.stages_version), (4, 3));
+        assert_eq!(r.stages_since(t1).0.count(), 0);
+
+        r.take_stages(3, 4, &[(1, c(2, 2))]);
+        let (changed, _) = r.stages_since(t1);
+        assert_eq!(changed.collect::<Vec<_>>(), vec![1]);
+        let mut def = (*r.spec.def).clone();
+        def.stages.push(Arc::new(StageDef::new(
+            "t",
+            CommandTemplate::Argv(vec![Template::literal("true")]),
+            Sweep::range("i", 2),
+        )));
+        let next = FarmSpec {
+            def: Arc::new(def),
+            gen: 1,
+            ..(*r.spec).clone()
+        };
+        assert!(r.grow(Arc::new(next)));
+        assert_eq!(r.stages, vec![c(10, 4), c(2, 2)]);
+        assert_eq!(r.counts.total, 12);
+    }
+
     #[test]
     fn the_current_entries_from_a_stage_on_are_those_of_its_tasks_and_later() {
         let mut log = FarmLog::for_farm(&replica().spec.def);

@@ -121,7 +121,7 @@ impl Plan {
         let spec = Arc::new(FarmSpec {
             id: FARM,
             origin,
-            def,
+            def: Arc::new(def),
             inputs: vec![],
             submitted_ms: 0,
             gen: 0,
@@ -172,7 +172,7 @@ impl Plan {
         let spec = Arc::new(FarmSpec {
             id: FARM,
             origin: NodeId(cfg.submit_node as u64 + 1),
-            def: wl.def.clone(),
+            def: Arc::new(wl.def.clone()),
             inputs: vec![],
             submitted_ms: 0,
             gen: 0,

@@ -50,7 +50,7 @@ impl Home {
             return;
         };
         let mut facts = FarmFacts::new(
-            r.spec.def.clone(),
+            (*r.spec.def).clone(),
             farm_display_id(&r.spec.def.name, fid),
             crate::state::unix_ms(),
         );

@@ -278,7 +278,7 @@ fn next_generation(
     g: &Growth,
     reply: &Reply,
 ) -> Option<Result<(FarmSpec, Option<TaskKeys>), GrowError>> {
-    let mut def = spec.def.clone();
+    let mut def = (*spec.def).clone();
     // The calls' tasks, said once their inputs are found.
     let mut named = None;
     match &g.added {
@@ -331,12 +331,16 @@ fn next_generation(
     }
     let mut inputs = spec.inputs.clone();
     inputs.extend(added);
+    // Field by field: `..spec.clone()` made and dropped a copy of every
+    // stage's handle, twice a growth of a farm of thousands of stages.
     let next = FarmSpec {
-        def,
+        id: spec.id,
+        origin: spec.origin,
+        def: Arc::new(def),
         inputs,
+        submitted_ms: spec.submitted_ms,
         gen: spec.gen + 1,
         open: !g.close,
-        ..spec.clone()
     };
     // Worked out here, off the loop: every task's key, as a submission's.
     let keys = (!g.rerun && next.def.stages.len() > old).then(|| task_keys(&next, old));

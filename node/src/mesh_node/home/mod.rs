@@ -91,7 +91,6 @@ pub(super) trait Mesh: Farms + Members {
         failures_max: usize,
     ) -> Option<(mesh_protocol::mesh::Home, FarmProgress, Vec<Entry>)>;
     fn coordinated_log(&self, farm: FarmId) -> Option<&FarmLog>;
-    fn progress(&self, farm: FarmId) -> Option<FarmProgress>;
     fn where_ran(&self, farm: FarmId, task: TaskRef) -> Option<(NodeId, bool)>;
     fn runs(&self, farm: FarmId, task: TaskRef) -> bool;
     fn beat(&self) -> Beat;

@@ -41,6 +41,9 @@ pub(in crate::mesh_node) struct Origin {
     /// When the bytes still to come were last counted, and the bytes home
     /// then (the rate is over the time between two counts).
     data_counted: Option<(Instant, u64)>,
+    /// The copy's tick of its stages' counts the view last took (see
+    /// `Replica::stages_since`).
+    stages_tick: u64,
     /// How far into the log results are written down for reuse as they
     /// land (see `kept/`), and the done tasks whose outputs were not
     /// home yet then.
@@ -109,6 +112,7 @@ impl Origin {
             close_sent: None,
             cancel_unheld: false,
             data_counted: None,
+            stages_tick: 0,
             remembered: 0,
             remember_wait: Vec::new(),
             estimating: false,
@@ -137,12 +141,10 @@ impl Origin {
 impl Home {
     /// The home's view of a farm, from the peer's copy: counts and every failure with its reason.
     pub(in crate::mesh_node) fn refresh_view(&mut self, m: &mut Lent<'_>, farm: FarmId) {
-        let Some(p) = m.mesh.progress(farm) else {
-            return;
-        };
         let Some(r) = m.mesh.replica(farm) else {
             return;
         };
+        let p = r.progress_summed();
         let failed: Vec<Entry> = r.log.failures().take(FAILURES_SHOWN).cloned().collect();
         let failures = describe_failures(m, &r.spec, &failed);
         let unplaceable = describe_unplaceable(&r.spec.def, &p.unplaceable);
@@ -179,15 +181,26 @@ impl Home {
         o.view.home = home;
         o.view.out = out;
         o.view.counts = p.counts.clone();
-        for (i, c) in p.stages.iter().enumerate() {
-            match o.view.stages.get_mut(i) {
-                Some(s) => s.1 = c.clone(),
-                // A stage added to an open farm.
-                None => o
-                    .view
-                    .stages
-                    .push((r.spec.def.stages[i].name.clone(), c.clone())),
+        // The stages whose counts changed since the view last looked, and
+        // those an open farm added.
+        let (changed, tick) = r.stages_since(o.stages_tick);
+        if tick < o.stages_tick {
+            // Another copy than the one the view last looked at: all of it.
+            for (s, c) in o.view.stages.iter_mut().zip(&r.stages) {
+                s.1 = c.clone();
             }
+        } else {
+            for i in changed {
+                if let Some(s) = o.view.stages.get_mut(i) {
+                    s.1 = r.stages[i].clone();
+                }
+            }
+        }
+        o.stages_tick = tick;
+        let named = r.spec.def.stages.len().min(r.stages.len());
+        for i in o.view.stages.len()..named {
+            let s = (r.spec.def.stages[i].name.clone(), r.stages[i].clone());
+            o.view.stages.push(s);
         }
         o.view.open = r.spec.open;
         let ended = p.finished && !o.view.finished;

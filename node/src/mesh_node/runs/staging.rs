@@ -146,7 +146,7 @@ pub(in crate::mesh_node) fn make_spec(
     Ok(FarmSpec {
         id,
         origin,
-        def,
+        def: Arc::new(def),
         inputs,
         submitted_ms: crate::state::unix_ms(),
         gen: 0,

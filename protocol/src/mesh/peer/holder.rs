@@ -82,7 +82,9 @@ impl Holdings {
         }
         if let Some((counts, stages)) = finished {
             r.counts = counts;
-            r.stages = stages;
+            for (s, c) in stages.into_iter().enumerate() {
+                r.set_stage(s, c);
+            }
             r.over = true;
             r.announced = true;
             r.accepted = true;
@@ -265,6 +267,7 @@ impl Holdings {
             r.source = Some((from, m.log));
             r.next = 0;
             r.seen = 0;
+            r.stages_version = 0;
             r.end_len = None;
             r.ahead.clear();
         }
@@ -333,14 +336,12 @@ impl Holdings {
                     }
                 }
             }
+            r.take_stages(m.stages_base, m.stages_version, &m.stages);
             r.unplaceable = m.unplaceable;
             r.stopped = m.stopped;
             r.order = m.order;
             r.holders = m.holders;
             r.counts = m.counts;
-            // Into the list there, not in place of it: its room stays for
-            // the stages a growth adds (each growth copied the whole list).
-            r.stages.clone_from(&m.stages);
             r.duplicates = r.duplicates.max(m.duplicates);
             r.end_len = m.finished.then_some(m.len);
             if r.home && r.announced && !m.finished {
@@ -364,12 +365,14 @@ impl Holdings {
             });
         }
         let over = r.over;
+        let stages = r.stages_version;
         out.send(
             from,
             Msg::Synced {
                 farm: m.farm,
                 next,
                 over,
+                stages,
             },
         );
         if home {

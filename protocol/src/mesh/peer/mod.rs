@@ -448,13 +448,19 @@ impl Peer {
                     c.on_redo(farm, tasks, &mut self.out);
                 }
             }
-            Msg::Synced { farm, next, over } => {
+            Msg::Synced {
+                farm,
+                next,
+                over,
+                stages,
+            } => {
                 if let Some(c) = &mut self.coord {
                     let acked = coordinator::SyncAcked {
                         from,
                         farm,
                         next,
                         over,
+                        stages,
                     };
                     c.on_synced(acked, &self.node, &mut self.out);
                 }

@@ -46,9 +46,14 @@ impl Coord {
             .sum::<u64>();
         f.spec = spec.clone();
         let mut def = spec.def.clone();
-        // Sent, its tables not made here: built on those before when needed.
-        def.graph = def.graph.built_on(&self.engine.farm(f.slot).graph);
-        let def = Arc::new(def);
+        if !def.graph.builds_on_some() {
+            // Sent whole, its tables not made here: built on the engine's
+            // when needed (a copy of this generation for the engine, as
+            // before a generation was shared).
+            let before = &self.engine.farm(f.slot).graph;
+            let d = Arc::make_mut(&mut def);
+            d.graph = std::mem::take(&mut d.graph).built_on(before);
+        }
         self.engine.extend_farm(now, f.slot, def, restored);
         self.engine.set_open(f.slot, spec.open);
         f.finished_sent = false;

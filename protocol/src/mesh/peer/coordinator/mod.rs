@@ -8,6 +8,7 @@
 mod grow;
 mod placement;
 mod replication;
+mod shown;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -44,6 +45,8 @@ struct Holder {
     at: Millis,
     /// It said it knows the farm is over.
     over: bool,
+    /// The version of the stages' counts it said it has (see `Shown`).
+    stages_acked: u64,
 }
 
 impl Holder {
@@ -55,6 +58,7 @@ impl Holder {
             acked: 0,
             at: 0,
             over: false,
+            stages_acked: 0,
         }
     }
 }
@@ -80,6 +84,8 @@ struct CoordFarm {
     home: Home,
     /// The counts last sent to the holders, and whether the end was.
     counts_sent: Option<engine::Counts>,
+    /// The counts the holders are shown, per stage and summed.
+    shown: shown::Shown,
     /// Stages that fit no node, and why (those that fit again are dropped
     /// when sent).
     unplaceable: Vec<(u32, String)>,
@@ -338,7 +344,7 @@ impl Coord {
         entries: Vec<Entry>,
         order: Vec<Order>,
     ) -> &mut CoordFarm {
-        let def = Arc::new(spec.def.clone());
+        let def = spec.def.clone();
         let slot = self.engine.add_farm(
             now,
             def,
@@ -372,6 +378,7 @@ impl Coord {
             holders: Vec::new(),
             waiting: VecDeque::new(),
             counts_sent: None,
+            shown: shown::Shown::default(),
             finished_sent: false,
             duplicates: 0,
             extra_runs: FxHashSet::default(),
@@ -1129,6 +1136,17 @@ impl Coord {
                 return Err(format!(
                     "coordinator {me}: node {n} has {claimed} claims, load says {k}"
                 ));
+            }
+        }
+        for (fid, f) in &self.farms {
+            // A stage passed over as settled is shown as it settled.
+            for (s, c) in self.engine.settled_counts(f.slot) {
+                if f.shown.stages().get(s as usize) != Some(c) {
+                    return Err(format!(
+                        "coordinator {me}: farm {fid} stage {s} settled at {c:?}, shown as {:?}",
+                        f.shown.stages().get(s as usize)
+                    ));
+                }
             }
         }
         Ok(())

@@ -88,6 +88,7 @@ pub(in super::super) struct SyncAcked {
     pub(in super::super) farm: FarmId,
     pub(in super::super) next: u64,
     pub(in super::super) over: bool,
+    pub(in super::super) stages: u64,
 }
 
 impl Apart {
@@ -131,13 +132,12 @@ struct SyncHead {
     counts: engine::Counts,
     /// Every task is over and no more will come (an open farm is never).
     finished: bool,
-    stages: Vec<engine::Counts>,
     order: Vec<Order>,
     holders: Vec<NodeId>,
 }
 
 impl SyncHead {
-    fn msg(&self, from: u64, entries: Vec<Entry>) -> SyncMsg {
+    fn msg(&self, from: u64, entries: Vec<Entry>, stages: &StagesSent) -> SyncMsg {
         SyncMsg {
             term: 0,
             seq: 0,
@@ -149,7 +149,9 @@ impl SyncHead {
             home: self.home,
             finished: self.finished,
             counts: self.counts.clone(),
-            stages: self.stages.clone(),
+            stages: stages.changed.clone(),
+            stages_base: stages.base,
+            stages_version: stages.version,
             duplicates: self.duplicates,
             unplaceable: self.unplaceable.clone(),
             stopped: self.stopped.clone(),
@@ -157,6 +159,14 @@ impl SyncHead {
             holders: self.holders.clone(),
         }
     }
+}
+
+/// The stages' counts one holder is sent: those changed after the
+/// version it has (`base`), up to `version`.
+struct StagesSent {
+    base: u64,
+    version: u64,
+    changed: Vec<(u32, engine::Counts)>,
 }
 
 /// Where the log streamed to a holder whose offer is merged starts again.
@@ -583,8 +593,11 @@ impl Coord {
         }
         let mut syncs = Vec::new();
         for fid in &self.slots {
-            let (counts, stages) = self.shown_counts(*fid, self.farms[fid].slot);
             let f = self.farms.get_mut(fid).expect("slots and farms agree");
+            let started = &self.started;
+            f.shown
+                .refresh(&mut self.engine, f.slot, |s| started.of(*fid, s));
+            let counts = f.shown.sum().clone();
             let finished = self.engine.over(f.slot, &counts);
             // Nothing runs or waits: what ended goes out at once, not with
             // the next round, over or not (an open farm's client waits on
@@ -631,7 +644,6 @@ impl Coord {
                         stopped: self.engine.stage_stops(f.slot),
                         counts: counts.clone(),
                         finished,
-                        stages: stages.clone(),
                         order: f.order.clone(),
                         holders: f.copies(cx.id, |n| cx.members.contains(n)),
                     }
@@ -644,16 +656,23 @@ impl Coord {
                 let due =
                     progress || settled || f.sync_soon || f.log.len() - h.sent >= SYNC_BATCH as u64;
                 let mut sent_any = false;
+                // The stages' counts that changed since the holder's version
+                // of them: a growth's few, not the farm's thousands.
+                let stages = StagesSent {
+                    base: h.stages_acked,
+                    version: f.shown.version(),
+                    changed: f.shown.since(h.stages_acked),
+                };
                 while due && h.sent < f.log.len() && h.sent - h.acked.min(h.sent) < SYNC_WINDOW {
                     let entries = f.log.slice(h.sent, SYNC_BATCH).to_vec();
                     let from = h.sent;
                     h.sent += entries.len() as u64;
                     h.at = now;
                     sent_any = true;
-                    syncs.push((h.node, head.msg(from, entries)));
+                    syncs.push((h.node, head.msg(from, entries, &stages)));
                 }
                 if news && !sent_any {
-                    syncs.push((h.node, head.msg(h.sent, Vec::new())));
+                    syncs.push((h.node, head.msg(h.sent, Vec::new(), &stages)));
                 }
             }
             f.sync_soon = false;
@@ -673,6 +692,7 @@ impl Coord {
             farm,
             next,
             over,
+            stages,
         } = acked;
         let Some(f) = self.farms.get_mut(&farm) else {
             return;
@@ -686,6 +706,13 @@ impl Coord {
         }
         h.acked = next;
         h.sent = h.sent.max(next);
+        if stages < h.stages_acked {
+            // It lost its stages' counts (restarted) or could not take the
+            // last changes: all it lacks go with the next progress round,
+            // which a farm whose counts no longer change would not send.
+            f.counts_sent = None;
+        }
+        h.stages_acked = stages;
         h.has_spec = true;
         h.over = over;
         self.release_acks(cx, out);
