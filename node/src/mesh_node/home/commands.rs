@@ -367,6 +367,7 @@ pub(in crate::mesh_node) fn submit_off_loop(
                     file: &file,
                     rerun: rerun.as_deref(),
                     open: false,
+                    manifests: true,
                 };
                 prepare_submit(&handle, origin, farm, reply)
             });
@@ -424,6 +425,7 @@ fn submit_text(handle: &LoopHandle, origin: NodeId, f: FarmText, reply: Reply) {
         file: &f.file,
         rerun: f.rerun.as_deref(),
         open: f.open,
+        manifests: true,
     };
     prepare_submit(handle, origin, farm, reply);
 }
@@ -455,6 +457,7 @@ fn open_with_calls(
         file: &file,
         rerun: batch.rerun.then_some(every),
         open: true,
+        manifests: false,
     };
     prepare_submit(handle, origin, farm, reply);
 }
@@ -600,6 +603,9 @@ struct Incoming<'a> {
     rerun: Option<&'a [String]>,
     /// See `ControlRequest::SubmitFarm`.
     open: bool,
+    /// Each stage's `tasks.tsv` is written (not for a client's calls:
+    /// see `Home::grow_farm`).
+    manifests: bool,
 }
 
 /// Off the loop, for either way a farm comes in: each stage's manifest
@@ -611,9 +617,12 @@ fn prepare_submit(handle: &LoopHandle, origin: NodeId, farm: Incoming<'_>, reply
         file,
         rerun,
         open,
+        manifests,
     } = farm;
     let rerun = crate::results::rerun_stages(&def, rerun);
-    write_manifests(&def.out, &def.stages, &reply);
+    if manifests {
+        write_manifests(&def.out, &def.stages, &reply);
+    }
     let spec = make_spec(def, file, origin).map(|mut spec| {
         spec.open = open;
         let keys = crate::mesh_node::kept::task_keys(&spec, 0);

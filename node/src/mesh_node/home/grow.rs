@@ -190,8 +190,12 @@ impl Home {
             };
             // Which task is which, for a user browsing the folder: written
             // once the growth is on its way, not before (a folder and a file
-            // per growth were half of a loop of submits' time a call).
-            let added = next.as_ref().ok().map(|(n, _)| {
+            // per growth were half of a loop of submits' time a call). Not
+            // for calls: a call's value goes to its client, and its task's
+            // values name blobs no one browses for (the inodes a call made
+            // were most of the time of a loop of `submit(...).result()`).
+            let calls = matches!(g.added, Added::Calls(_));
+            let added = next.as_ref().ok().filter(|_| !calls).map(|(n, _)| {
                 (
                     n.def.out.clone(),
                     n.def.stages[spec.def.stages.len()..].to_vec(),
