@@ -6,10 +6,12 @@
 
 mod feed;
 mod keys;
+mod reuse;
 mod set_aside;
 
 pub use feed::{Rest, Seen, Told};
 pub use keys::{dependency_order, rerun_stages, task_keys, TaskKeys};
+pub use reuse::{first_keeper, homes_to_ask, reuse, unkept, Answer, Reuse, HOMES_ASKED};
 pub use set_aside::{is_index, looked_at, set_aside, Folder, Manifest, Stale};
 
 #[cfg(test)]

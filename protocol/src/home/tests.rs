@@ -6,6 +6,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::farm::{CommandTemplate, FarmDef, StageDef, Sweep, TaskRef, Template};
+use crate::ids::NodeId;
 
 fn stage(name: &str, n: u64, after: &[u32]) -> StageDef {
     let mut s = StageDef::new(
@@ -362,4 +363,64 @@ fn an_open_farms_unrun_tasks_are_told_once_apart_from_the_unplaced() {
         vec![]
     );
     assert!(!f.read_entry(TaskRef::new(0, 2), Seen::Failed));
+}
+
+/// A submission's tasks: a stage run again runs whatever was kept (its
+/// folder's earlier outputs set aside, nothing asked of other homes); a
+/// task whose result is kept here is done from the start; the others run
+/// unless an earlier home keeps theirs, what their folder holds set aside.
+#[test]
+fn a_task_reuses_what_is_kept_here_unless_its_stage_runs_again() {
+    let keys: TaskKeys = vec![vec![[1; 32], [2; 32]], vec![[3; 32], [4; 32]], vec![]];
+    let kept = |t: TaskRef| t.index == 0;
+    let plan = reuse(&keys, &[false, true], kept, |s| s == 0);
+    let run = |forget, ask| Reuse::Run { forget, ask };
+    assert_eq!(
+        plan,
+        vec![
+            (TaskRef::new(0, 0), Reuse::Kept),
+            (TaskRef::new(0, 1), run(true, true)),
+            (TaskRef::new(1, 0), run(false, false)),
+            (TaskRef::new(1, 1), run(false, false)),
+        ]
+    );
+    assert_eq!(unkept(false), run(false, true));
+}
+
+/// The earlier homes asked: those known here and those the coordinator
+/// lists for farms of the same name, never this node, in id order, at
+/// most `HOMES_ASKED`; of their answers, the first home that keeps a key
+/// is the one its task reuses.
+#[test]
+fn earlier_homes_are_asked_once_each_and_the_first_keeper_is_taken() {
+    let me = NodeId(5);
+    let known: std::collections::BTreeSet<NodeId> = [NodeId(9), NodeId(5)].into();
+    let listed = [
+        ("f", NodeId(3)),
+        ("g", NodeId(4)),
+        ("f", NodeId(5)),
+        ("f", NodeId(9)),
+    ];
+    assert_eq!(
+        homes_to_ask(&known, listed, "f", me),
+        vec![NodeId(3), NodeId(9)]
+    );
+    let many = (0..40).map(|n| ("f", NodeId(n)));
+    let asked = homes_to_ask(&Default::default(), many, "f", me);
+    assert_eq!(asked.len(), HOMES_ASKED);
+    assert!(!asked.contains(&me));
+
+    let (a, b) = (TaskRef::new(0, 0), TaskRef::new(0, 1));
+    let wanted = [(a, [1; 32]), (b, [2; 32]), (TaskRef::new(1, 0), [7; 32])];
+    let answers = vec![
+        (NodeId(3), vec![([2; 32], "b at 3")]),
+        (NodeId(9), vec![([1; 32], "a at 9"), ([2; 32], "b at 9")]),
+    ];
+    assert_eq!(
+        first_keeper(&wanted, &answers),
+        vec![
+            (a, [1; 32], NodeId(9), &"a at 9"),
+            (b, [2; 32], NodeId(3), &"b at 3")
+        ]
+    );
 }

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use mesh_protocol::farm::{FarmDef, TaskRef};
-use mesh_protocol::home;
 pub(super) use mesh_protocol::home::TaskKeys;
+use mesh_protocol::home::{self, Reuse};
 use mesh_protocol::mesh::{files_to_bring, Entry, FarmId, FarmSpec, NodeId, OutputFile, Ran};
 use mesh_protocol::wire::{Request, Response};
 use mesh_store::{mesh::NODE_KEY, SledStore, Store, Write};
@@ -39,9 +39,6 @@ use crate::results::{meta_name, Place, Results};
 /// How long a submission waits for the coordinator's list of farms, and
 /// for each earlier home's answer, before it goes on without them.
 const KEPT_WAIT: Duration = Duration::from_secs(5);
-/// Earlier homes of a farm's name asked at most (each is asked for every
-/// key not kept here).
-const HOMES_ASKED: usize = 16;
 
 /// What the home keeps of a content key: where its outputs were left, and
 /// the outputs themselves (their hashes and modes travel with the entry).
@@ -295,42 +292,41 @@ impl Kept {
             stash: out.join(crate::results::STASH_DIR),
             stashed: 0,
         };
-        for (s, stage_keys) in keys.iter().enumerate() {
-            let stage = &spec.def.stages[s];
-            // A task that runs again here: what its folder holds is an
-            // earlier run's, which a failure must not leave standing as its
-            // result. (No folder for the stage: nothing to look at per task.)
-            let earlier = out.join(&stage.name).is_dir();
-            let dir_of = |i: usize| out.join(&stage.name).join(i.to_string());
-            if rerun.get(s).copied().unwrap_or(false) {
-                if earlier {
-                    for i in 0..stage_keys.len() {
-                        let t = TaskRef::new(s as u32, i as u32);
-                        aside.forget(t, &dir_of(i), &keys, &mut found);
+        // Whether each stage has a folder in `out`: none, nothing of an
+        // earlier run to set aside, and no task's folder is looked at.
+        let earlier: Vec<bool> = spec
+            .def
+            .stages
+            .iter()
+            .map(|st| out.join(&st.name).is_dir())
+            .collect();
+        let plan = home::reuse(&keys, rerun, |t| found.contains_key(&t), |s| earlier[s]);
+        for (t, what) in plan {
+            let (s, i) = (t.stage as usize, t.index as usize);
+            let dir = out.join(&spec.def.stages[s].name).join(i.to_string());
+            let key = keys[s][i];
+            let what = match what {
+                Reuse::Kept => {
+                    aside.keep(t, &dir, &keys, &mut found);
+                    let kept = found.remove(&t).expect("planned from what was found");
+                    match self.reuse_kept(lent.transfers, t, &key, &dir, kept, &mut batch) {
+                        Some(done) => {
+                            reused.push(done);
+                            continue;
+                        }
+                        None => home::unkept(earlier[s]),
                     }
                 }
-                continue;
-            }
-            for (i, key) in stage_keys.iter().enumerate() {
-                let t = TaskRef::new(s as u32, i as u32);
-                let dir = dir_of(i);
-                if !found.contains_key(&t) {
-                    if earlier {
-                        aside.forget(t, &dir, &keys, &mut found);
-                    }
-                    wanted.push((t, *key));
-                    continue;
+                run => run,
+            };
+            if let Reuse::Run { forget, ask } = what {
+                // An earlier run's outputs, which a failure must not leave
+                // standing as its result.
+                if forget {
+                    aside.forget(t, &dir, &keys, &mut found);
                 }
-                aside.keep(t, &dir, &keys, &mut found);
-                let kept = found.remove(&t).expect("found above");
-                if let Some(done) = self.reuse_kept(lent.transfers, t, key, &dir, kept, &mut batch)
-                {
-                    reused.push(done);
-                } else {
-                    if earlier {
-                        aside.forget(t, &dir, &keys, &mut found);
-                    }
-                    wanted.push((t, *key));
+                if ask {
+                    wanted.push((t, key));
                 }
             }
         }
@@ -498,39 +494,34 @@ impl Kept {
         let handle = self.handle.clone();
         let (me, name) = (self.me, spec.def.name.clone());
         tokio::spawn(async move {
-            let mut homes = homes;
+            let mut listed = Vec::new();
             if let Some(c) = coordinator {
                 let asked = tokio::time::timeout(KEPT_WAIT, handle.request(c, Request::ListFarms));
                 if let Ok(Ok(Response::Farms(farms))) = asked.await {
-                    homes.extend(
-                        farms
-                            .iter()
-                            .filter(|f| f.name == name && f.home.node != me)
-                            .map(|f| f.home.node),
-                    );
+                    listed = farms;
                 }
             }
+            let listed = listed.iter().map(|f| (f.name.as_str(), f.home.node));
+            let homes = home::homes_to_ask(&homes, listed, &name, me);
             let keys: Vec<[u8; 32]> = wanted.iter().map(|(_, k)| *k).collect();
-            let asks = homes.into_iter().take(HOMES_ASKED).map(|h| {
+            let asks = homes.into_iter().map(|h| {
                 let (handle, keys) = (handle.clone(), keys.clone());
                 async move {
                     let asked = handle.request(h, Request::Kept { keys });
                     (h, tokio::time::timeout(KEPT_WAIT, asked).await)
                 }
             });
-            let mut found: HashMap<[u8; 32], (NodeId, Vec<OutputFile>, Option<u32>)> =
-                HashMap::new();
+            let mut answers = Vec::new();
             for (h, answer) in futures::future::join_all(asks).await {
                 if let Ok(Ok(Response::Kept(kept))) = answer {
-                    for (k, outputs, grew) in kept {
-                        found.entry(k).or_insert((h, outputs, grew));
-                    }
+                    let kept = kept
+                        .into_iter()
+                        .map(|(k, outputs, grew)| (k, (outputs, grew)));
+                    answers.push((h, kept.collect()));
                 }
             }
-            for (t, k) in wanted {
-                if let Some((h, outputs, grew)) = found.get(&k) {
-                    reused.push(done_before(t, k, *h, outputs.clone(), *grew));
-                }
+            for (t, k, h, (outputs, grew)) in home::first_keeper(&wanted, &answers) {
+                reused.push(done_before(t, k, h, outputs.clone(), *grew));
             }
             let _ = handle
                 .tell(Event::SubmitReused(Box::new(spec), reused, reply))
