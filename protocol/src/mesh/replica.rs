@@ -542,6 +542,29 @@ impl Replica {
         self.stages_version = version;
     }
 
+    /// Each stage's counts as this copy's log says them (done, and failed
+    /// for good): what it shows after a restart until its coordinator's
+    /// come, as its summed counts are (a home restarted mid-farm said every
+    /// stage at 0 done, and the farm at its log's count, for a moment).
+    pub fn stages_from_log(&mut self) {
+        let n = self.stages.len();
+        let (mut done, mut failed) = (vec![0u64; n], vec![0u64; n]);
+        for e in self.log.current() {
+            let s = e.task().stage as usize;
+            match e {
+                Entry::Done { .. } if s < n => done[s] += 1,
+                Entry::Failed { .. } if s < n => failed[s] += 1,
+                _ => {}
+            }
+        }
+        for s in 0..n {
+            let mut c = self.stages[s].clone();
+            c.done = done[s].min(c.total);
+            c.failed = failed[s].min(c.total - c.done);
+            self.set_stage(s, c);
+        }
+    }
+
     /// Stage `s`'s counts are `c` (a stage not here yet, of a growth that
     /// has not come, is made room for: see `grow`).
     pub fn set_stage(&mut self, s: usize, c: Counts) {
@@ -824,6 +847,20 @@ mod tests {
         assert!(r.grow(Arc::new(next)));
         assert_eq!(r.stages, vec![c(10, 4), c(2, 2)]);
         assert_eq!(r.counts.total, 12);
+    }
+
+    /// A copy read back at a restart shows each stage as its log says,
+    /// before its coordinator's counts come.
+    #[test]
+    fn a_copy_restored_counts_each_stage_from_its_log() {
+        let mut r = replica();
+        for i in [0, 3, 4] {
+            r.add(done(i, 2, 1));
+        }
+        r.stages_from_log();
+        assert_eq!((r.stages[0].done, r.stages[0].total), (3, 10));
+        let (changed, _) = r.stages_since(0);
+        assert_eq!(changed.collect::<Vec<_>>(), vec![0]);
     }
 
     #[test]

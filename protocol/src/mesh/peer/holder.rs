@@ -88,6 +88,8 @@ impl Holdings {
             r.over = true;
             r.announced = true;
             r.accepted = true;
+        } else {
+            r.stages_from_log();
         }
         self.replicas.insert(spec.id, r);
         self.stored.push(stored);
