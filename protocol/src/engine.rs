@@ -1070,11 +1070,6 @@ impl Engine {
         self.running.len()
     }
 
-    /// How many stages the farm has.
-    pub fn stage_count(&self, farm: FarmSlot) -> usize {
-        self.farms[farm.0 as usize].stages.len()
-    }
-
     /// Each stage's counts of tasks by state, in the farm's stage order.
     pub fn stage_progress(&self, farm: FarmSlot) -> Vec<Counts> {
         self.farms[farm.0 as usize]

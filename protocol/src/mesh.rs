@@ -4,6 +4,7 @@ mod msg;
 mod pace;
 mod peer;
 mod replica;
+mod stage_counts;
 
 pub use crate::alloc::book::{
     AllocBook, AllocCmd, AllocEvent, AllocJob, AllocQueue, Allocs, BatchOp, Listed, POLL_MS,
@@ -19,3 +20,4 @@ pub use peer::{
     Stats,
 };
 pub use replica::{entry_record, record_entry, void_place, FarmLog, Replica, StoredFarm};
+pub use stage_counts::StageCounts;

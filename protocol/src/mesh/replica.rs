@@ -18,6 +18,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::msg::{
     files_to_bring, Entry, FarmId, FarmProgress, FarmSpec, Home, NodeId, Ran, TaskRun,
 };
+use super::stage_counts::StageCounts;
 use crate::engine::{Counts, Millis, Order, RecordState, Stop, TaskEnd, TaskRecord};
 use crate::farm::{FarmDef, TaskRef};
 
@@ -394,17 +395,13 @@ pub struct Replica {
     pub ahead: BTreeMap<u64, Vec<Entry>>,
     /// The coordinator's last word on progress.
     pub counts: Counts,
-    /// The same counts per stage, in the farm's stage order.
-    pub stages: Vec<Counts>,
+    /// The same counts per stage, in the farm's stage order, with the
+    /// order they changed here in: a view of the farm takes what changed
+    /// since it last looked, not every stage.
+    pub stages: StageCounts,
     /// The version of them this copy has of its source's (see
     /// [`super::SyncMsg::stages`]): 0 until it hears from one.
     pub stages_version: u64,
-    /// Counts up here with every change of a stage's counts; the tick of
-    /// each stage's last change, and the stages by it: a view of the farm
-    /// takes what changed since it last looked, not every stage.
-    stage_tick: u64,
-    stage_ticks: Vec<u64>,
-    stages_by_tick: BTreeMap<u64, u32>,
     /// The coordinator says every task is over.
     pub over: bool,
     /// Runs that completed a task already done, as the coordinator counts them.
@@ -461,11 +458,8 @@ impl Replica {
                 total: def.task_count(),
                 ..Counts::default()
             },
-            stage_ticks: vec![0; stages.len()],
-            stages,
+            stages: StageCounts::new(stages),
             stages_version: 0,
-            stage_tick: 0,
-            stages_by_tick: BTreeMap::new(),
             home: home_of.node == me,
             home_of,
             out: None,
@@ -515,7 +509,7 @@ impl Replica {
                     total,
                     ..Counts::default()
                 };
-                self.set_stage(i, c);
+                self.stages.set(i, c);
             }
             self.counts.total += total;
         }
@@ -537,7 +531,7 @@ impl Replica {
             return;
         }
         for (s, c) in stages {
-            self.set_stage(*s as usize, c.clone());
+            self.stages.set(*s as usize, c.clone());
         }
         self.stages_version = version;
     }
@@ -561,34 +555,8 @@ impl Replica {
             let mut c = self.stages[s].clone();
             c.done = done[s].min(c.total);
             c.failed = failed[s].min(c.total - c.done);
-            self.set_stage(s, c);
+            self.stages.set(s, c);
         }
-    }
-
-    /// Stage `s`'s counts are `c` (a stage not here yet, of a growth that
-    /// has not come, is made room for: see `grow`).
-    pub fn set_stage(&mut self, s: usize, c: Counts) {
-        if s >= self.stages.len() {
-            self.stages.resize(s + 1, Counts::default());
-            self.stage_ticks.resize(s + 1, 0);
-        } else if self.stages[s] == c {
-            return;
-        }
-        self.stages[s] = c;
-        self.stage_tick += 1;
-        self.stages_by_tick.remove(&self.stage_ticks[s]);
-        self.stage_ticks[s] = self.stage_tick;
-        self.stages_by_tick.insert(self.stage_tick, s as u32);
-    }
-
-    /// The stages whose counts changed here after tick `since`, and the
-    /// tick now (to ask from next time).
-    pub fn stages_since(&self, since: u64) -> (impl Iterator<Item = usize> + '_, u64) {
-        let changed = self
-            .stages_by_tick
-            .range(since + 1..)
-            .map(|(_, &s)| s as usize);
-        (changed, self.stage_tick)
     }
 
     /// Where this node puts the farm's outputs when it is the home.
@@ -723,13 +691,13 @@ impl Replica {
     /// coordinator spoke (after a restart) what this copy knows.
     pub fn progress(&self) -> FarmProgress {
         FarmProgress {
-            stages: self.stages.clone(),
+            stages: self.stages.to_vec(),
             ..self.progress_summed()
         }
     }
 
     /// The same, its counts per stage left out (read them from `stages`,
-    /// those changed from `stages_since`): an open farm grown by thousands
+    /// those changed from `stages.since`): an open farm grown by thousands
     /// of batches has as many stages, and its view was refreshed with each.
     pub fn progress_summed(&self) -> FarmProgress {
         let mut counts = self.counts.clone();
@@ -803,9 +771,6 @@ mod tests {
         }
     }
 
-    /// The entries of stages a farm grows by, which a coordinator may
-    /// hear before the growth: found past the stages declared, none past
-    /// the highest stage any entry is of.
     /// A sync brings the counts of the stages changed since the version
     /// this copy said it has; one sent against a version it has not (it
     /// restarted, or missed one) changes nothing. What changed here is
@@ -819,20 +784,19 @@ mod tests {
             done,
             ..Counts::default()
         };
-        let (changed, t0) = r.stages_since(0);
-        assert_eq!(changed.count(), 0);
+        let t0 = r.stages.version();
+        assert_eq!(r.stages.since(0).count(), 0);
         r.take_stages(0, 3, &[(0, c(10, 4))]);
         assert_eq!((r.stages[0].done, r.stages_version), (4, 3));
-        let (changed, t1) = r.stages_since(t0);
-        assert_eq!(changed.collect::<Vec<_>>(), vec![0]);
+        let t1 = r.stages.version();
+        assert_eq!(r.stages.since(t0).collect::<Vec<_>>(), vec![0]);
 
         r.take_stages(5, 7, &[(0, c(10, 9))]);
         assert_eq!((r.stages[0].done, r.stages_version), (4, 3));
-        assert_eq!(r.stages_since(t1).0.count(), 0);
+        assert_eq!(r.stages.since(t1).count(), 0);
 
         r.take_stages(3, 4, &[(1, c(2, 2))]);
-        let (changed, _) = r.stages_since(t1);
-        assert_eq!(changed.collect::<Vec<_>>(), vec![1]);
+        assert_eq!(r.stages.since(t1).collect::<Vec<_>>(), vec![1]);
         let mut def = (*r.spec.def).clone();
         def.stages.push(Arc::new(StageDef::new(
             "t",
@@ -845,7 +809,7 @@ mod tests {
             ..(*r.spec).clone()
         };
         assert!(r.grow(Arc::new(next)));
-        assert_eq!(r.stages, vec![c(10, 4), c(2, 2)]);
+        assert_eq!(*r.stages, [c(10, 4), c(2, 2)]);
         assert_eq!(r.counts.total, 12);
     }
 
@@ -859,10 +823,12 @@ mod tests {
         }
         r.stages_from_log();
         assert_eq!((r.stages[0].done, r.stages[0].total), (3, 10));
-        let (changed, _) = r.stages_since(0);
-        assert_eq!(changed.collect::<Vec<_>>(), vec![0]);
+        assert_eq!(r.stages.since(0).collect::<Vec<_>>(), vec![0]);
     }
 
+    /// The entries of stages a farm grows by, which a coordinator may
+    /// hear before the growth: found past the stages declared, none past
+    /// the highest stage any entry is of.
     #[test]
     fn the_current_entries_from_a_stage_on_are_those_of_its_tasks_and_later() {
         let mut log = FarmLog::for_farm(&replica().spec.def);

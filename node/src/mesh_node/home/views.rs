@@ -41,9 +41,9 @@ pub(in crate::mesh_node) struct Origin {
     /// When the bytes still to come were last counted, and the bytes home
     /// then (the rate is over the time between two counts).
     data_counted: Option<(Instant, u64)>,
-    /// The copy's tick of its stages' counts the view last took (see
-    /// `Replica::stages_since`).
-    stages_tick: u64,
+    /// The version of its copy's stage counts the view last took (see
+    /// `StageCounts::since`).
+    stages_seen: u64,
     /// How far into the log results are written down for reuse as they
     /// land (see `kept/`), and the done tasks whose outputs were not
     /// home yet then.
@@ -112,7 +112,7 @@ impl Origin {
             close_sent: None,
             cancel_unheld: false,
             data_counted: None,
-            stages_tick: 0,
+            stages_seen: 0,
             remembered: 0,
             remember_wait: Vec::new(),
             estimating: false,
@@ -183,20 +183,19 @@ impl Home {
         o.view.counts = p.counts.clone();
         // The stages whose counts changed since the view last looked, and
         // those an open farm added.
-        let (changed, tick) = r.stages_since(o.stages_tick);
-        if tick < o.stages_tick {
+        if r.stages.version() < o.stages_seen {
             // Another copy than the one the view last looked at: all of it.
-            for (s, c) in o.view.stages.iter_mut().zip(&r.stages) {
+            for (s, c) in o.view.stages.iter_mut().zip(r.stages.iter()) {
                 s.1 = c.clone();
             }
         } else {
-            for i in changed {
-                if let Some(s) = o.view.stages.get_mut(i) {
-                    s.1 = r.stages[i].clone();
+            for i in r.stages.since(o.stages_seen) {
+                if let Some(s) = o.view.stages.get_mut(i as usize) {
+                    s.1 = r.stages[i as usize].clone();
                 }
             }
         }
-        o.stages_tick = tick;
+        o.stages_seen = r.stages.version();
         let named = r.spec.def.stages.len().min(r.stages.len());
         for i in o.view.stages.len()..named {
             let s = (r.spec.def.stages[i].name.clone(), r.stages[i].clone());

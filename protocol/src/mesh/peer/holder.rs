@@ -83,7 +83,7 @@ impl Holdings {
         if let Some((counts, stages)) = finished {
             r.counts = counts;
             for (s, c) in stages.into_iter().enumerate() {
-                r.set_stage(s, c);
+                r.stages.set(s, c);
             }
             r.over = true;
             r.announced = true;
@@ -363,7 +363,7 @@ impl Holdings {
             out.persist(Persist::Finished {
                 farm: m.farm,
                 counts: r.counts.clone(),
-                stages: r.stages.clone(),
+                stages: r.stages.to_vec(),
             });
         }
         let over = r.over;
@@ -567,7 +567,7 @@ impl Holdings {
             out.persist(Persist::Finished {
                 farm,
                 counts: r.counts.clone(),
-                stages: r.stages.clone(),
+                stages: r.stages.to_vec(),
             });
             let to: Vec<NodeId> = cx.members.ids().chain([cx.id]).collect();
             for n in to {

@@ -655,6 +655,9 @@ impl Coord {
                 // an answer; only the workers' acknowledgements wait for it).
                 let due =
                     progress || settled || f.sync_soon || f.log.len() - h.sent >= SYNC_BATCH as u64;
+                if !(news || due && h.sent < f.log.len()) {
+                    continue;
+                }
                 let mut sent_any = false;
                 // The stages' counts that changed since the holder's version
                 // of them: a growth's few, not the farm's thousands.
