@@ -436,6 +436,7 @@ fn dispatch(cli: Cli, mesh_from_env: bool) -> Result<ExitCode> {
                 retry_failed: false,
                 rerun,
             };
+            let def = Box::new(def);
             run(RunStart::New { def, file }, &state, &node, again, &output)
         }
         Cmd::Resume {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use mesh_protocol::farm::graph::{Dep, DepOn, Graph, GraphCache};
 use mesh_protocol::farm::{
-    CommandTemplate, FarmDef, StageDef, Sweep, SweepMode, SweepVar, Template, Values,
+    CommandTemplate, FarmDef, StageDef, Stages, Sweep, SweepMode, SweepVar, Template, Values,
 };
 use mesh_protocol::resources::{parse_amount, valid_resource_name, Amount, MEM};
 use serde::{Deserialize, Serialize};
@@ -108,13 +108,15 @@ pub struct CallError {
 }
 
 /// The calls of `batch` as the stages added after `before` (the farm's
-/// stages so far), and each call's task name (`stage/index`), in the
-/// batch's order. Calls alike (level in the batch, function, how they
+/// stages so far; `misnamed`, those of them named as calls name another
+/// place, see `GraphCache::misnamed`), and each call's task name
+/// (`stage/index`), in the batch's order. Calls alike (level in the batch, function, how they
 /// take their arguments, what else they read, resources, retries) share a
 /// stage, their values in its sweep: a stage per call would cost the
 /// engine a stage's bookkeeping per call.
 pub fn stages(
-    before: &[Arc<StageDef>],
+    before: &Stages,
+    misnamed: &[u32],
     batch: &CallBatch,
 ) -> Result<(Vec<StageDef>, Vec<String>), CallError> {
     let calls = &batch.calls;
@@ -166,13 +168,13 @@ pub fn stages(
     order.sort_by_key(|&g| members[g].level);
     // Named by place, `c<n>`: a farm whose other stages took such a name
     // (grown from farm text) would have two stages of one name.
-    let taken = before.iter().enumerate().find(|(i, st)| {
+    let taken = misnamed.iter().map(|&s| &before[s as usize]).find(|st| {
         st.name
             .strip_prefix('c')
             .and_then(|n| n.parse::<usize>().ok())
-            .is_some_and(|n| n != *i && n >= before.len())
+            .is_some_and(|n| n >= before.len())
     });
-    if let Some((_, st)) = taken {
+    if let Some(st) = taken {
         let first = calls.first().map_or("", |c| c.key.as_str());
         return Err(CallError {
             key: first.to_string(),
@@ -247,8 +249,8 @@ pub fn farm(batch: &CallBatch) -> Result<(FarmDef, Vec<String>), CallError> {
         field: "new".into(),
         why: "a batch for no farm opens one: its name, root and out".into(),
     })?;
-    let (stages, names) = stages(&[], batch)?;
-    let stages: Vec<Arc<StageDef>> = stages.into_iter().map(Arc::new).collect();
+    let (stages, names) = stages(&Stages::new(), &[], batch)?;
+    let stages: Stages = stages.into_iter().map(Arc::new).collect();
     let graph = built(None, &new.name, &stages, batch)?;
     let def = FarmDef {
         name: new.name.clone(),
@@ -264,7 +266,7 @@ pub fn farm(batch: &CallBatch) -> Result<(FarmDef, Vec<String>), CallError> {
 /// stages and their edges built on those of the generation before; each
 /// call's task name.
 pub fn grow(def: &mut FarmDef, batch: &CallBatch) -> Result<Vec<String>, CallError> {
-    let (stages, names) = stages(&def.stages, batch)?;
+    let (stages, names) = stages(&def.stages, def.graph.misnamed(def), batch)?;
     let before = def.graph.built().cloned();
     let old = def.stages.len();
     def.stages.extend(stages.into_iter().map(Arc::new));
@@ -285,7 +287,7 @@ pub fn grow(def: &mut FarmDef, batch: &CallBatch) -> Result<Vec<String>, CallErr
 fn built(
     before: Option<&Graph>,
     name: &str,
-    stages: &[Arc<StageDef>],
+    stages: &Stages,
     batch: &CallBatch,
 ) -> Result<Graph, CallError> {
     Graph::build_after(before, name, stages).map_err(|(s, _, e)| CallError {
@@ -435,7 +437,7 @@ fn inside(c: &Call, field: &str, path: &str) -> Result<(), CallError> {
 
 /// The stage and index of task `name` (`stage/index`) of the farm so far.
 fn named<'a>(
-    before: &'a [Arc<StageDef>],
+    before: &'a Stages,
     by_name: &mut HashMap<&'a str, u32>,
     c: &Call,
     name: &str,
@@ -446,10 +448,14 @@ fn named<'a>(
     let s = match by_name.get(stage) {
         Some(&s) => s,
         None => {
-            // A call's dependencies are mostly of the last batches.
-            let s = before
-                .iter()
-                .rposition(|st| st.name == stage)
+            // A stage of calls is where its name says; another, mostly of
+            // the last batches.
+            let at = stage
+                .strip_prefix('c')
+                .and_then(|n| n.parse::<usize>().ok());
+            let s = at
+                .filter(|&n| before.get(n).is_some_and(|st| st.name == stage))
+                .or_else(|| before.iter().rposition(|st| st.name == stage))
                 .ok_or_else(bad)?;
             let s = u32::try_from(s).expect("stages fit in u32");
             by_name.insert(before[s as usize].name.as_str(), s);
@@ -799,7 +805,7 @@ mod tests {
         let (mut def, _) = farm(&batch(None, vec![call("a", "fns/a.pkl", &[], &[])])).unwrap();
         let mut own = (*def.stages[0]).clone();
         own.name = "c2".into();
-        def.stages.push(Arc::new(own));
+        def.stages.push_back(Arc::new(own));
         def.graph = GraphCache::ready(Graph::build_parts(&def.name, &def.stages).unwrap());
         let e = grow(
             &mut def,

@@ -522,7 +522,7 @@ mod tests {
             name: "f".into(),
             root: "/farm".into(),
             out: "/out".into(),
-            stages: vec![a.into(), b.into(), c.into()],
+            stages: vec![a.into(), b.into(), c.into()].into(),
             graph: Default::default(),
         }
     }

@@ -13,7 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-use mesh_protocol::farm::{FarmDef, StageDef};
+use mesh_protocol::farm::FarmDef;
 use mesh_protocol::home;
 use serde::{Deserialize, Serialize};
 
@@ -443,7 +443,7 @@ pub const MANIFEST: &str = "tasks.tsv";
 /// values (folders keep index names; a task is known by its values).
 /// Tabs, newlines and backslashes in values are written `\t`, `\n`,
 /// `\\`. A grown stage has none: its values are known as it runs.
-pub fn write_manifests(out: &Path, stages: &[std::sync::Arc<StageDef>]) -> io::Result<()> {
+pub fn write_manifests(out: &Path, stages: &mesh_protocol::farm::Stages) -> io::Result<()> {
     use std::io::Write as _;
     for stage in stages {
         if stage.outputs.is_empty() || stage.sweep.grown().is_some() {

@@ -61,7 +61,7 @@ const HOLD_SAY_MS: u64 = 10_000;
 /// What to run.
 pub enum RunStart {
     /// A farm freshly loaded from `file` (canonical path): a new run.
-    New { def: FarmDef, file: PathBuf },
+    New { def: Box<FarmDef>, file: PathBuf },
     /// Continue the latest run of the farm with this id.
     Resume { id: String },
 }

@@ -147,7 +147,7 @@ mod tests {
             name: "f".into(),
             root: t.path().display().to_string(),
             out: out.display().to_string(),
-            stages: vec![stage("sim", 3, true).into(), merge.into()],
+            stages: vec![stage("sim", 3, true).into(), merge.into()].into(),
             graph: mesh_protocol::graph::GraphCache::default(),
         };
         for i in 0..3 {

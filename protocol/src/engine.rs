@@ -1094,8 +1094,7 @@ impl Engine {
             }
         }
         for s in settled {
-            f.live.remove(&s);
-            f.stages[s as usize].passed = true;
+            f.pass_over(s);
         }
     }
 

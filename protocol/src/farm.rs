@@ -26,6 +26,54 @@ pub const MAX_FAILS_DEFAULT: u32 = 5;
 
 pub use crate::ids::TaskRef;
 
+/// A farm's stages: a persistent vector, so that each generation of an open
+/// farm shares the stages of the one before and a growth costs what it adds,
+/// not a copy of every stage's handle.
+pub type Stages = imbl::Vector<Arc<StageDef>>;
+
+/// The stages from `from` on (a growth's own), found in O(log n) rather
+/// than walked to.
+pub fn stages_from(stages: &Stages, from: usize) -> impl Iterator<Item = &Arc<StageDef>> {
+    from_on(stages, from).map(|(_, s)| s)
+}
+
+/// Whether `b` starts with the stages of `a`, compared by value where
+/// they are not shared: a stretch both share (one generation built on the
+/// other) is passed over a chunk at a time, not walked.
+pub fn stages_start(a: &Stages, b: &Stages) -> bool {
+    if a.len() > b.len() {
+        return false;
+    }
+    let (mut fa, mut fb) = (a.focus(), b.focus());
+    let mut i = 0;
+    while i < a.len() {
+        let (ra, sa) = fa.chunk_at(i);
+        let (rb, sb) = fb.chunk_at(i);
+        if ra == rb && std::ptr::eq(sa, sb) {
+            i = ra.end;
+            continue;
+        }
+        let end = ra.end.min(rb.end);
+        let (sa, sb) = (
+            &sa[i - ra.start..end - ra.start],
+            &sb[i - rb.start..end - rb.start],
+        );
+        if !sa.iter().zip(sb).all(|(x, y)| Arc::ptr_eq(x, y) || x == y) {
+            return false;
+        }
+        i = end;
+    }
+    true
+}
+
+/// The items of `v` from `from` on, each with its place, found in
+/// O(log n): a persistent vector's iterator skips by walking.
+pub fn from_on<A: Clone>(v: &imbl::Vector<A>, from: usize) -> impl Iterator<Item = (usize, &A)> {
+    let from = from.min(v.len());
+    let rest = v.focus().narrow(from..).into_iter();
+    rest.enumerate().map(move |(i, a)| (from + i, a))
+}
+
 /// A farm, resolved: every sweep's values are known, every path checked.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FarmDef {
@@ -38,7 +86,7 @@ pub struct FarmDef {
     pub out: String,
     /// The stages in the farm file's order; a [`TaskRef`]'s `stage` is a place
     /// in this list.
-    pub stages: Vec<Arc<StageDef>>,
+    pub stages: Stages,
     /// The per-task dependencies expanded, once asked for.
     #[serde(skip)]
     pub graph: graph::GraphCache,
@@ -1090,7 +1138,7 @@ mod tests {
                 name: "python".into(),
                 root: "/".into(),
                 out: "/out".into(),
-                stages: vec![Arc::new(st)],
+                stages: vec![Arc::new(st)].into(),
                 graph: Default::default(),
             }
         };
@@ -1108,6 +1156,46 @@ mod tests {
             key(farm("f3-0", "id", Some("{id}"))),
             key(farm("f3-0", "id", Some("{id}-2")))
         );
+    }
+
+    #[test]
+    fn a_stage_list_starts_another_it_grew_into_or_equal_to_it_by_value() {
+        let stage = |n: usize| {
+            Arc::new(StageDef::new(
+                &format!("c{n}"),
+                CommandTemplate::Argv(vec![Template::literal("true")]),
+                Sweep::range("i", 1 + n as u64 % 3),
+            ))
+        };
+        // Generations of an open farm, each built on the one before: every
+        // length around the persistent vector's chunk edges.
+        let mut gens: Vec<Stages> = vec![Stages::new()];
+        for n in 0..300 {
+            let mut next = gens[n].clone();
+            next.push_back(stage(n));
+            gens.push(next);
+        }
+        for (a, b) in [
+            (0, 5),
+            (63, 64),
+            (64, 65),
+            (100, 300),
+            (299, 300),
+            (300, 300),
+        ] {
+            assert!(stages_start(&gens[a], &gens[b]), "{a} starts {b}");
+            assert_eq!(stages_start(&gens[b], &gens[a]), a == b, "{b} starts {a}");
+        }
+        // A copy from elsewhere (its own handles) compares by value.
+        let copy: Stages = (0..200).map(stage).collect();
+        assert!(stages_start(&copy, &gens[300]));
+        assert!(stages_start(&gens[150], &copy));
+        // One stage unlike: a farm that is not this one's later generation.
+        let mut other = gens[250].clone();
+        other.set(70, stage(71));
+        assert!(!stages_start(&other, &gens[300]));
+        assert!(!stages_start(&gens[100], &other));
+        assert!(stages_start(&gens[70], &other));
     }
 
     #[test]

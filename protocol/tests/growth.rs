@@ -149,7 +149,7 @@ fn spec(stages: Vec<Arc<StageDef>>, gen: u32) -> FarmSpec {
             name: "calls".into(),
             root: "/".into(),
             out: "/out".into(),
-            stages,
+            stages: stages.into(),
         }),
         inputs: Vec::new(),
         submitted_ms: 0,

@@ -214,7 +214,8 @@ mod tests {
                     CommandTemplate::Argv(vec![Template::literal("true")]),
                     Sweep::range("i", n),
                 )
-            })],
+            })]
+            .into(),
         }
     }
 

@@ -44,7 +44,8 @@ fn fan(width: u32) -> Workload {
                 ..stage("merge", 1)
             }
             .into(),
-        ],
+        ]
+        .into(),
     };
     let mut runtime_ms = vec![10_000];
     let mut parents = vec![vec![]];

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use mesh_protocol::farm::StageDef;
+use mesh_protocol::farm::{stages_from, StageDef, Stages};
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
@@ -20,7 +20,7 @@ const FARM_FIELDS: &[&str] = &["name"];
 /// A farm file's content, checked: what a `FarmDef` takes besides its folders.
 pub(super) struct Loaded {
     pub(super) name: String,
-    pub(super) stages: Vec<Arc<StageDef>>,
+    pub(super) stages: Stages,
     pub(super) warnings: Vec<FarmWarning>,
     /// The keyed and listed dependencies expanded: checked here, kept.
     pub(super) graph: mesh_protocol::graph::Graph,
@@ -103,6 +103,10 @@ impl Src<'_> {
         }
         // Pass 3: dependencies, which need every stage's name and task count.
         self.resolve_deps(&mut stages, &deps)?;
+        // The stages before kept as they are shared, the file's added.
+        let mut all = self.before.clone();
+        all.extend(stages.drain(n0..));
+        let stages = all;
         let graph = mesh_protocol::graph::Graph::build_after(self.before_graph, &name, &stages)
             .map_err(|(s, n, e)| {
                 let scope = self.scope(Ctx::Stage(format!("stage `{}`", stages[s].name)), false);
@@ -115,7 +119,8 @@ impl Src<'_> {
             })?;
         // The stages there already were warned of when they came.
         let mut warnings = self.shared_outputs(&stages, n0, &outputs_at);
-        warnings.extend(self.missing_programs(&stages[n0..], &command_at));
+        let added: Vec<_> = stages_from(&stages, n0).cloned().collect();
+        warnings.extend(self.missing_programs(&added, &command_at));
         Ok(Loaded {
             name,
             stages,

@@ -56,7 +56,7 @@ pub struct LoadOptions {
     pub out: Option<PathBuf>,
     /// The stages of an open farm the file's stages are added to: they
     /// come first, unchanged, and the file's may depend on them.
-    pub before: Vec<std::sync::Arc<mesh_protocol::farm::StageDef>>,
+    pub before: mesh_protocol::farm::Stages,
     /// The dependency graph of `before` when built: its edges are taken as
     /// they are, so a growth's check costs what it adds.
     pub before_graph: Option<std::sync::Arc<mesh_protocol::graph::Graph>>,
@@ -67,7 +67,7 @@ impl LoadOptions {
     pub fn to(out: Option<PathBuf>) -> LoadOptions {
         LoadOptions {
             out,
-            before: Vec::new(),
+            before: Default::default(),
             before_graph: None,
         }
     }
@@ -144,7 +144,7 @@ struct Src<'a> {
     file: &'a str,
     text: &'a str,
     root: &'a Path,
-    before: &'a [std::sync::Arc<mesh_protocol::farm::StageDef>],
+    before: &'a mesh_protocol::farm::Stages,
     before_graph: Option<&'a mesh_protocol::graph::Graph>,
 }
 

@@ -36,7 +36,7 @@ impl Src<'_> {
     /// is collected, silently.
     pub(super) fn shared_outputs(
         &self,
-        stages: &[Arc<StageDef>],
+        stages: &mesh_protocol::farm::Stages,
         from: usize,
         outputs_at: &[Option<(usize, bool)>],
     ) -> Vec<FarmWarning> {
@@ -77,7 +77,7 @@ impl Src<'_> {
         let mut out = Vec::new();
         // Only the stages this file adds: those there before were warned
         // of when they came.
-        for (i, s) in stages.iter().enumerate().skip(from) {
+        for (i, s) in mesh_protocol::farm::from_on(stages, from) {
             let Some((pos, dflt)) = outputs_at[i - from] else {
                 continue;
             };

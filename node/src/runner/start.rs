@@ -19,7 +19,7 @@ impl Opened {
             RunStart::New { def, file } => {
                 let (id, key) = farm_identity(&def.name, &file);
                 let store = open_store(&opts.state, &id)?;
-                (id, key, def, file, store, false)
+                (id, key, *def, file, store, false)
             }
             RunStart::Resume { id } => {
                 let store = open_store(&opts.state, &id)?;

@@ -12,7 +12,7 @@ use super::{
     DONE, FAILED, SKIPPED,
 };
 use crate::farm::graph::Graph;
-use crate::farm::{FarmDef, TaskRef};
+use crate::farm::{stages_from, stages_start, FarmDef, TaskRef};
 
 impl Engine {
     /// Whether the farm in `slot`, whose [`Engine::progress`] is
@@ -47,10 +47,10 @@ impl Engine {
     ) {
         let f = &mut self.farms[slot.0 as usize];
         let old = f.stages.len();
-        debug_assert!(def.stages.len() >= old && def.stages[..old] == f.def.stages[..]);
+        debug_assert!(def.stages.len() >= old && stages_start(&f.def.stages, &def.stages));
         f.stages
-            .extend(def.stages[old..].iter().map(|s| StageState::new(s)));
-        f.live.extend(old as u32..def.stages.len() as u32);
+            .extend(stages_from(&def.stages, old).map(|s| StageState::new(s)));
+        // The stages it adds are live from here (see `FarmState::link`).
         f.link(def.clone());
         let run = f.run;
         if def.stages.len() == old {
@@ -77,7 +77,7 @@ impl Engine {
         for (t, lines) in grew {
             super::void_places(f, t, lines);
         }
-        if def.stages[old..].iter().any(|s| !s.deps.is_empty()) {
+        if stages_from(&def.stages, old).any(|s| !s.deps.is_empty()) {
             let g = def.graph().clone();
             count_waiting(f, &g, old);
         }
@@ -111,8 +111,7 @@ impl Engine {
     /// ended without being done.
     fn ended_badly_above(&self, slot: FarmSlot, from: usize) -> Vec<TaskRef> {
         let f = &self.farms[slot.0 as usize];
-        let mut ups: Vec<u32> = f.def.stages[from..]
-            .iter()
+        let mut ups: Vec<u32> = stages_from(&f.def.stages, from)
             .flat_map(|s| {
                 s.after
                     .iter()
@@ -139,7 +138,7 @@ impl Engine {
 /// What each task of the stages from `from` on waits for, by keyed and
 /// listed dependencies, from what is done now.
 pub(super) fn count_waiting(f: &mut FarmState, g: &Graph, from: usize) {
-    for (s, edges) in g.stages.iter().enumerate().skip(from) {
+    for (s, edges) in crate::farm::from_on(&g.stages, from) {
         if edges.is_empty() {
             continue;
         }

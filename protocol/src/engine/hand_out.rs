@@ -1,6 +1,7 @@
 //! Handing out ready tasks: which ready task goes next, and where, as resources free up (locally) or a worker asks (a remote engine).
 
 use std::cmp::Reverse;
+use std::ops::Bound::{Excluded, Unbounded};
 
 use super::{
     each_done, per_task, Action, Engine, FarmSlot, FarmState, Grant, Millis, Persist, Placement,
@@ -46,8 +47,17 @@ impl Engine {
                 continue;
             }
             let slot = FarmSlot(fi as u32);
-            for oi in 0..self.farms[fi].order.len() {
-                let s = self.farms[fi].order[oi];
+            // By a cursor: starting a task may touch what is walked.
+            let mut at = None;
+            loop {
+                let next = match at {
+                    None => self.farms[fi].ranked.first(),
+                    Some(k) => self.farms[fi].ranked.range((Excluded(k), Unbounded)).next(),
+                };
+                let Some(&(depth, s)) = next else {
+                    break;
+                };
+                at = Some((depth, s));
                 loop {
                     if count >= max {
                         return;

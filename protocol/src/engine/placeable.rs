@@ -60,7 +60,7 @@ impl Engine {
     pub(super) fn check_placeable(&mut self, slot: FarmSlot, from: usize) {
         let f = &self.farms[slot.0 as usize];
         let mut bad = Vec::new();
-        for (s, stage) in f.def.stages.iter().enumerate().skip(from) {
+        for (s, stage) in crate::farm::from_on(&f.def.stages, from) {
             let shortfall = match &self.placement {
                 Placement::Local(pool) => Pool::never_fits(pool.total(), &stage.resources),
                 Placement::Remote(machines) => {

@@ -204,8 +204,6 @@ pub(super) struct FarmState {
     pub(super) def: Arc<FarmDef>,
     pub(super) run: u32,
     pub(super) stages: Vec<StageState>,
-    /// Stages in the order they are offered slots: deepest first, so results flow.
-    pub(super) order: Vec<u32>,
     /// Each stage's deepest chain of stages it waits for (see `extend_depths`).
     depth: Vec<u32>,
     /// For each stage, the stages that wait on it as a whole / element-wise.
@@ -222,6 +220,12 @@ pub(super) struct FarmState {
     /// open farm grown by thousands of batches has as many stages, nearly
     /// all settled, and such passes ran at every step.
     pub(super) live: BTreeSet<u32>,
+    /// The stages of `live` in the order they are offered slots: deepest
+    /// chain first (see `extend_depths`), so results flow, ties by index.
+    /// A settled stage has no task to offer: leaving it out changes no
+    /// hand-out, and a hand-out costs the stages still running, not the
+    /// farm's.
+    pub(super) ranked: BTreeSet<(Reverse<u32>, u32)>,
     /// How many of its stages are stopped (see `Engine::stop_stage`).
     pub(super) stops: u32,
     pub(super) finished_emitted: bool,
@@ -238,13 +242,13 @@ impl FarmState {
             def: def.clone(),
             run,
             stages: def.stages.iter().map(|s| StageState::new(s)).collect(),
-            order: Vec::new(),
             depth: Vec::new(),
             dependents: Vec::new(),
             dependents_each: Vec::new(),
             dependents_by: Vec::new(),
             cancelled: false,
-            live: (0..def.stages.len() as u32).collect(),
+            live: BTreeSet::new(),
+            ranked: BTreeSet::new(),
             stops: 0,
             finished_emitted: false,
             open: false,
@@ -259,7 +263,17 @@ impl FarmState {
     /// a done, or placeable again).
     pub(super) fn touch(&mut self, s: u32) {
         self.stages[s as usize].passed = false;
-        self.live.insert(s);
+        if self.live.insert(s) {
+            self.ranked.insert((Reverse(self.depth[s as usize]), s));
+        }
+    }
+
+    /// Stage `s` is settled: passed over until [`FarmState::touch`]ed.
+    pub(super) fn pass_over(&mut self, s: u32) {
+        self.stages[s as usize].passed = true;
+        if self.live.remove(&s) {
+            self.ranked.remove(&(Reverse(self.depth[s as usize]), s));
+        }
     }
 
     /// No stage will be added: closed, or cancelled (what an open farm
@@ -279,7 +293,7 @@ impl FarmState {
         self.dependents.resize(n, Vec::new());
         self.dependents_each.resize(n, Vec::new());
         self.dependents_by.resize(n, Vec::new());
-        for (i, s) in def.stages.iter().enumerate().skip(old) {
+        for (i, s) in crate::farm::from_on(&def.stages, old) {
             for &d in &s.after {
                 self.dependents[d as usize].push(i as u32);
             }
@@ -291,7 +305,10 @@ impl FarmState {
             }
         }
         extend_depths(&def, &mut self.depth);
-        extend_order(&mut self.order, &self.depth, old);
+        for s in old as u32..n as u32 {
+            self.live.insert(s);
+            self.ranked.insert((Reverse(self.depth[s as usize]), s));
+        }
         self.def = def;
     }
 }
@@ -394,16 +411,6 @@ pub(super) fn skip_pending(st: &mut StageState, index: Option<u32>) -> bool {
     changed
 }
 
-/// Stages ordered deepest dependency chain first, so downstream work (and
-/// the results users wait for) goes ahead of more upstream work.
-#[cfg(test)]
-fn priority_order(def: &FarmDef) -> Vec<u32> {
-    let (mut depth, mut order) = (Vec::new(), Vec::new());
-    extend_depths(def, &mut depth);
-    extend_order(&mut order, &depth, 0);
-    order
-}
-
 /// Extends `depth`, each stage's deepest chain of stages it waits for,
 /// known for the stages before, to every stage of `def`. The stages added
 /// wait for any before them and for each other in any file order: Kahn's
@@ -414,7 +421,7 @@ fn extend_depths(def: &FarmDef, depth: &mut Vec<u32>) {
     depth.resize(n, 0);
     let mut waits = vec![0u32; n - old];
     let mut downstream = vec![Vec::new(); n - old];
-    for (i, s) in def.stages.iter().enumerate().skip(old) {
+    for (i, s) in crate::farm::from_on(&def.stages, old) {
         for d in s.upstream() {
             let d = d as usize;
             if d < old {
@@ -437,35 +444,9 @@ fn extend_depths(def: &FarmDef, depth: &mut Vec<u32>) {
     }
 }
 
-/// `order` (the first `old` stages, deepest first, ties by index) with
-/// the stages past them merged in by the same rule.
-fn extend_order(order: &mut Vec<u32>, depth: &[u32], old: usize) {
-    let key = |i: u32| (Reverse(depth[i as usize]), i);
-    let mut added: Vec<u32> = (old as u32..depth.len() as u32).collect();
-    added.sort_by_key(|&i| key(i));
-    if order.is_empty() {
-        *order = added;
-        return;
-    }
-    let mut merged = Vec::with_capacity(order.len() + added.len());
-    let (mut a, mut b) = (order.iter().peekable(), added.into_iter().peekable());
-    while let (Some(&&x), Some(&y)) = (a.peek(), b.peek()) {
-        if key(x) <= key(y) {
-            merged.push(x);
-            a.next();
-        } else {
-            merged.push(y);
-            b.next();
-        }
-    }
-    merged.extend(a);
-    merged.extend(b);
-    *order = merged;
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{extend_depths, extend_order, priority_order};
+    use super::FarmState;
     use crate::engine::tests::farm;
     use crate::farm::{CommandTemplate, StageDef, Sweep, Template};
     use proptest::prelude::*;
@@ -522,14 +503,14 @@ mod tests {
             let depth = depths(&ups);
             let mut want: Vec<u32> = (0..n as u32).collect();
             want.sort_by_key(|&i| (std::cmp::Reverse(depth[i as usize]), i));
-            prop_assert_eq!(&priority_order(&farm(stages.clone())), &want);
-            let (mut depth, mut order) = (Vec::new(), Vec::new());
-            for end in cuts.iter().copied().chain([n]) {
-                let old = depth.len();
-                extend_depths(&farm(stages[..end].to_vec()), &mut depth);
-                extend_order(&mut order, &depth, old);
+            let ranked = |f: &FarmState| f.ranked.iter().map(|&(_, s)| s).collect::<Vec<u32>>();
+            let def = |end: usize| farm(stages[..end].to_vec());
+            prop_assert_eq!(&ranked(&FarmState::new(def(n), 0)), &want);
+            let mut grown = FarmState::new(def(cuts.first().copied().unwrap_or(n)), 0);
+            for end in cuts.iter().copied().skip(1).chain([n]) {
+                grown.link(def(end));
             }
-            prop_assert_eq!(order, want);
+            prop_assert_eq!(ranked(&grown), want);
         }
     }
 }

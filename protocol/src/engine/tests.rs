@@ -195,7 +195,7 @@ fn grown_farm(up: u64, per: u32) -> Arc<FarmDef> {
 fn a_grown_stage_added_by_a_growth_is_found_from_the_generation_before() {
     let whole = grown_farm(3, 4);
     let generation = |n: usize, before: Option<&FarmDef>| FarmDef {
-        stages: whole.stages[..n].to_vec(),
+        stages: whole.stages.take(n),
         graph: before.map_or_else(Default::default, |b| GraphCache::after(&b.graph)),
         ..(*whole).clone()
     };

@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-use super::{FarmDef, RenderCx, StageDef, Sweep, TaskRef, Template};
+use super::{FarmDef, RenderCx, StageDef, Stages, Sweep, TaskRef, Template};
 
 /// A dependency on some of another stage's tasks, chosen per task.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -133,7 +133,7 @@ pub struct Edge {
 pub struct Graph {
     /// Per stage, in farm order: one [`Edge`] for each of its `deps`
     /// (shared with the graph of each later generation of an open farm).
-    pub stages: Vec<Arc<[Edge]>>,
+    pub stages: imbl::Vector<Arc<[Edge]>>,
 }
 
 /// A farm's dependencies that do not expand: the stage, and what is wrong.
@@ -218,10 +218,7 @@ impl Graph {
 
     /// As [`Graph::build`], from a farm's name and stages; an error gives
     /// the stage and which of its `deps` it is about.
-    pub fn build_parts<S: std::borrow::Borrow<StageDef>>(
-        name: &str,
-        stages_def: &[S],
-    ) -> Result<Graph, (usize, usize, DepError)> {
+    pub fn build_parts(name: &str, stages_def: &Stages) -> Result<Graph, (usize, usize, DepError)> {
         Graph::build_after(None, name, stages_def)
     }
 
@@ -229,21 +226,21 @@ impl Graph {
     /// has as they are: those of the generation an open farm grew from,
     /// whose stages come first unchanged (a stage's edges depend on it and
     /// the stages it waits for, all before it). A growth costs what it adds.
-    pub fn build_after<S: std::borrow::Borrow<StageDef>>(
+    pub fn build_after(
         before: Option<&Graph>,
         name: &str,
-        stages_def: &[S],
+        stages_def: &Stages,
     ) -> Result<Graph, (usize, usize, DepError)> {
-        let mut stages = Vec::with_capacity(stages_def.len());
-        if let Some(b) = before {
-            debug_assert!(b.stages.len() <= stages_def.len());
-            stages.extend(b.stages.iter().take(stages_def.len()).cloned());
-        }
+        // The edges before shared, not copied: a persistent vector's clone.
+        let mut stages = before.map_or_else(imbl::Vector::new, |b| b.stages.clone());
+        debug_assert!(stages.len() <= stages_def.len());
+        stages.truncate(stages_def.len());
         let old = stages.len();
-        for (s, stage) in stages_def.iter().map(|s| s.borrow()).enumerate().skip(old) {
+        for (s, stage) in super::stages_from(stages_def, old).enumerate() {
+            let s = s + old;
             let mut edges = Vec::with_capacity(stage.deps.len());
             for (n, dep) in stage.deps.iter().enumerate() {
-                let Some(up) = stages_def.get(dep.stage as usize).map(|u| u.borrow()) else {
+                let Some(up) = stages_def.get(dep.stage as usize) else {
                     return Err((s, n, DepError::NoStage));
                 };
                 let ups = match &dep.on {
@@ -271,7 +268,7 @@ impl Graph {
                     downs,
                 });
             }
-            stages.push(edges.into());
+            stages.push_back(edges.into());
         }
         Ok(Graph { stages })
     }
@@ -298,6 +295,9 @@ pub struct GraphCache {
     ordinals: OnceLock<Arc<Ordinals>>,
     /// Of the first `.0` stages, those grown (see [`super::Grown`]).
     grown: OnceLock<(usize, Arc<[u32]>)>,
+    /// Of the first `.0` stages, those named as a client's calls name the
+    /// stage at another place (see [`GraphCache::misnamed`]).
+    misnamed: OnceLock<(usize, Arc<[u32]>)>,
     before: Option<Box<Before>>,
 }
 
@@ -306,6 +306,7 @@ pub struct GraphCache {
 struct Before {
     graph: Option<Arc<Graph>>,
     grown: Option<(usize, Arc<[u32]>)>,
+    misnamed: Option<(usize, Arc<[u32]>)>,
 }
 
 impl GraphCache {
@@ -330,10 +331,15 @@ impl GraphCache {
         let was = before.before.as_deref();
         let graph = before.graph.get().or(was.and_then(|b| b.graph.as_ref()));
         let grown = before.grown.get().or(was.and_then(|b| b.grown.as_ref()));
+        let misnamed = before
+            .misnamed
+            .get()
+            .or(was.and_then(|b| b.misnamed.as_ref()));
         GraphCache {
             before: Some(Box::new(Before {
                 graph: graph.cloned(),
                 grown: grown.cloned(),
+                misnamed: misnamed.cloned(),
             })),
             ..self
         }
@@ -352,17 +358,22 @@ impl GraphCache {
     /// The stages of `def` (the farm holding this cache) that are grown,
     /// ascending.
     pub fn grown(&self, def: &FarmDef) -> &[u32] {
-        let (_, list) = self.grown.get_or_init(|| {
-            let seed = self.before.as_ref().and_then(|b| b.grown.as_ref());
-            let (from, mut list) = seed.map_or((0, Vec::new()), |(n, l)| (*n, l.to_vec()));
-            for (s, st) in def.stages.iter().enumerate().skip(from) {
-                if st.sweep.grown().is_some() {
-                    list.push(s as u32);
-                }
-            }
-            (def.stages.len(), list.into())
-        });
-        list
+        let seed = self.before.as_ref().and_then(|b| b.grown.as_ref());
+        kept_stages(&self.grown, seed, def, |_, st| st.sweep.grown().is_some())
+    }
+
+    /// The stages of `def` (the farm holding this cache) named `c<n>`, as
+    /// a client's calls name the stage at place `n`, at another place than
+    /// `n`: those a growth of calls would give a second stage of their name.
+    /// Found once per stage, as the farm grows, not at each growth.
+    pub fn misnamed(&self, def: &FarmDef) -> &[u32] {
+        let seed = self.before.as_ref().and_then(|b| b.misnamed.as_ref());
+        kept_stages(&self.misnamed, seed, def, |s, st| {
+            st.name
+                .strip_prefix('c')
+                .and_then(|n| n.parse::<usize>().ok())
+                .is_some_and(|n| n != s)
+        })
     }
 
     /// The [`Ordinals`] of `def` (the farm holding this cache), built on first
@@ -386,6 +397,27 @@ impl GraphCache {
             }))
         })
     }
+}
+
+/// The stages of `def` that `keep` keeps, ascending, in `cell`: those of
+/// the generation before (`seed`, the list and how many stages it looked
+/// at) and those after it, each looked at once.
+fn kept_stages<'a>(
+    cell: &'a OnceLock<(usize, Arc<[u32]>)>,
+    seed: Option<&(usize, Arc<[u32]>)>,
+    def: &FarmDef,
+    keep: impl Fn(usize, &StageDef) -> bool,
+) -> &'a [u32] {
+    let (_, list) = cell.get_or_init(|| {
+        let (from, mut list) = seed.map_or((0, Vec::new()), |(n, l)| (*n, l.to_vec()));
+        for (s, st) in super::stages_from(&def.stages, from).enumerate() {
+            if keep(from + s, st) {
+                list.push((from + s) as u32);
+            }
+        }
+        (def.stages.len(), list.into())
+    });
+    list
 }
 
 /// For each sweep variable that repeats a value, which repeat of its value
@@ -710,9 +742,9 @@ mod tests {
         assert_eq!(g.stages[2][0].downs.get(0), &[1]);
         // Grown stage by stage, each generation's edges taken as they
         // were: the same tables, the earlier ones shared, not rebuilt.
-        let mut grown = Graph::build_parts(&f.name, &f.stages[..1]).expect("one stage");
+        let mut grown = Graph::build_parts(&f.name, &f.stages.take(1)).expect("one stage");
         for n in 2..=3 {
-            grown = Graph::build_after(Some(&grown), &f.name, &f.stages[..n]).expect("grown");
+            grown = Graph::build_after(Some(&grown), &f.name, &f.stages.take(n)).expect("grown");
         }
         assert_eq!(format!("{grown:?}"), format!("{g:?}"));
         let again = Graph::build_after(Some(&grown), &f.name, &f.stages).expect("same");

@@ -60,12 +60,7 @@ impl FarmSpec {
             && next.def.stages.len() >= self.def.stages.len()
             // A copy of this generation shares its stages: one compared by
             // value is a copy from elsewhere (a holder's, a message's).
-            && self
-                .def
-                .stages
-                .iter()
-                .zip(&next.def.stages)
-                .all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
+            && crate::farm::stages_start(&self.def.stages, &next.def.stages)
     }
 }
 
@@ -123,7 +118,9 @@ impl Growth {
                 after,
                 gen: next.gen,
                 open: next.open,
-                stages: next.def.stages[stages..].to_vec(),
+                stages: crate::farm::stages_from(&next.def.stages, stages)
+                    .cloned()
+                    .collect(),
                 inputs: next.inputs[inputs..].to_vec(),
             })
     }

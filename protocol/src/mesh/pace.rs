@@ -12,7 +12,7 @@
 //! for by the stage's remaining work (its placement,
 //! `peer/coordinator/placement.rs`).
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::engine::Millis;
 use crate::mesh::FarmId;
@@ -31,6 +31,10 @@ const NEW: f64 = 0.125;
 #[derive(Debug, Default)]
 pub struct Pace {
     stages: FxHashMap<(FarmId, u32), Stage>,
+    /// The stages of `stages` that may have ended a task in the last
+    /// `ACTIVE_MS`: the depth looks at these, not at every stage that ever
+    /// ran here (an open farm of calls has a stage or more per call).
+    recent: FxHashSet<(FarmId, u32)>,
     rtt_ms: Option<f64>,
     /// Mean deviation of the round trip: a queue sized for the mean round
     /// trip runs dry on every slower one, so the depth covers the mean
@@ -69,6 +73,7 @@ impl Pace {
         s.mean_ms = smooth(s.mean_ms, d);
         s.slots = slots;
         s.last = now;
+        self.recent.insert((farm, stage));
     }
 
     /// The recent mean duration of `stage`'s tasks here, once one ended.
@@ -93,11 +98,14 @@ impl Pace {
 
     /// Tasks to keep queued beyond those running: the largest need of the
     /// stages that ran here lately, `base` before any has, at most `max`.
-    pub fn depth(&self, now: Millis, base: u32, max: u32) -> u32 {
+    pub fn depth(&mut self, now: Millis, base: u32, max: u32) -> u32 {
         let rtt = self.rtt_ms.unwrap_or(RTT_GUESS_MS) + 2.0 * self.rtt_dev_ms;
-        self.stages
-            .values()
-            .filter(|s| now.saturating_sub(s.last) <= ACTIVE_MS)
+        let stages = &self.stages;
+        let active = |k: &(FarmId, u32)| now.saturating_sub(stages[k].last) <= ACTIVE_MS;
+        self.recent.retain(active);
+        self.recent
+            .iter()
+            .map(|k| &self.stages[k])
             .map(|s| {
                 let rate = s.slots as f64 / s.mean_ms.max(DURATION_FLOOR_MS);
                 (rate * rtt).ceil().min(u32::MAX as f64) as u32 + 1

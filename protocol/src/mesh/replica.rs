@@ -501,7 +501,7 @@ impl Replica {
             return false;
         }
         let old = self.spec.def.stages.len();
-        for (i, s) in spec.def.stages.iter().enumerate().skip(old) {
+        for (i, s) in crate::farm::from_on(&spec.def.stages, old) {
             let total = u64::from(s.len());
             // A sync may have brought its counts before the growth came.
             if i >= self.stages.len() {
@@ -738,7 +738,8 @@ mod tests {
                 "s",
                 CommandTemplate::Argv(vec![Template::literal("true")]),
                 Sweep::range("i", 10),
-            ))],
+            ))]
+            .into(),
         };
         Replica::new(
             Arc::new(FarmSpec {
@@ -798,7 +799,7 @@ mod tests {
         r.take_stages(3, 4, &[(1, c(2, 2))]);
         assert_eq!(r.stages.since(t1).collect::<Vec<_>>(), vec![1]);
         let mut def = (*r.spec.def).clone();
-        def.stages.push(Arc::new(StageDef::new(
+        def.stages.push_back(Arc::new(StageDef::new(
             "t",
             CommandTemplate::Argv(vec![Template::literal("true")]),
             Sweep::range("i", 2),

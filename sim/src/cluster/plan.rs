@@ -115,7 +115,7 @@ impl Plan {
             name: cfg.name.clone(),
             root: "/".into(),
             out: "/out".into(),
-            stages,
+            stages: stages.into(),
         };
         let origin = NodeId(cfg.submit_node as u64 + 1);
         let spec = Arc::new(FarmSpec {

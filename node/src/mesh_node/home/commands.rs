@@ -21,7 +21,7 @@ use crate::mesh_node::reply::Reply;
 use crate::mesh_node::runs::make_spec;
 use crate::mesh_node::{farm_display_id, Event, LoopHandle};
 use crate::view::FarmView;
-use mesh_protocol::farm::{FarmDef, StageDef};
+use mesh_protocol::farm::{FarmDef, Stages};
 use mesh_protocol::mesh::{FarmId, NodeId};
 
 impl Home {
@@ -635,7 +635,7 @@ fn prepare_submit(handle: &LoopHandle, origin: NodeId, farm: Incoming<'_>, reply
 /// to an open farm) in `out` before they run (see
 /// `results::write_manifests`); a folder that cannot take it is said, and
 /// the farm goes on.
-pub(in crate::mesh_node) fn write_manifests(out: &str, stages: &[Arc<StageDef>], reply: &Reply) {
+pub(in crate::mesh_node) fn write_manifests(out: &str, stages: &Stages, reply: &Reply) {
     let out = Path::new(out);
     if let Err(e) = crate::results::write_manifests(out, stages) {
         let _ = reply.send(ControlResponse::Warning(format!(

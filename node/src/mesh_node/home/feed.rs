@@ -11,6 +11,7 @@
 //! farm is never over, so nothing else would ever tell its client.
 
 use super::{label_of, Home, Lent};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -140,7 +141,7 @@ impl Home {
         let mut feeds = std::mem::take(&mut o.feeds);
         let finished = o.view.finished.then(|| o.view.clone());
         let unrun = if r.spec.open && !o.view.finished {
-            unrun_stages(r, &o.view, &feeds)
+            unrun_stages(r, &o.view, &o.not_run, &feeds)
         } else {
             Vec::new()
         };
@@ -401,11 +402,21 @@ struct Unrun {
 /// run, whose every task that ended is in the home's log (the coordinator's
 /// counts may come before the log's entries), and not yet told to every
 /// follower.
-fn unrun_stages(r: &Replica, view: &FarmView, feeds: &[Feed]) -> Vec<Unrun> {
+fn unrun_stages(
+    r: &Replica,
+    view: &FarmView,
+    not_run: &BTreeSet<u32>,
+    feeds: &[Feed],
+) -> Vec<Unrun> {
     let mut out = Vec::new();
-    for (s, (name, c)) in view.stages.iter().enumerate() {
-        // The counts first: an open farm grown by many batches has many
-        // stages, few of them not run, and this is looked at each refresh.
+    // Only stages with tasks not run: an open farm grown by many batches
+    // has many stages, few of them not run, and this is looked at each
+    // refresh.
+    for &s in not_run {
+        let s = s as usize;
+        let Some((name, c)) = view.stages.get(s) else {
+            continue;
+        };
         let not_run = c.skipped + c.cancelled + c.stopped;
         if not_run == 0
             || c.running + c.queued_on_nodes > 0

@@ -195,12 +195,11 @@ impl Home {
             // values name blobs no one browses for (the inodes a call made
             // were most of the time of a loop of `submit(...).result()`).
             let calls = matches!(g.added, Added::Calls(_));
-            let added = next.as_ref().ok().filter(|_| !calls).map(|(n, _)| {
-                (
-                    n.def.out.clone(),
-                    n.def.stages[spec.def.stages.len()..].to_vec(),
-                )
-            });
+            let added = next
+                .as_ref()
+                .ok()
+                .filter(|_| !calls)
+                .map(|(n, _)| (n.def.out.clone(), n.def.stages.skip(spec.def.stages.len())));
             let warn = reply.clone();
             let _ = handle.tell_blocking(Event::Grow(next, reply));
             if let Some((out, stages)) = added {

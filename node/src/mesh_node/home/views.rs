@@ -1,7 +1,7 @@
 //! Farms as users see them: the view of each farm whose home is this node (`Origin`, kept fresh for `mesh wait` and `status`), and views of farms found elsewhere or listed in short.
 
 use super::{label_of, Home, Lent};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use mesh_protocol::engine::Stop;
@@ -44,6 +44,11 @@ pub(in crate::mesh_node) struct Origin {
     /// The version of its copy's stage counts the view last took (see
     /// `StageCounts::since`).
     stages_seen: u64,
+    /// The stages whose counts in the view have tasks that will not run
+    /// (skipped, cancelled, stopped): the only ones a follower may have
+    /// to be told of as not run (see `feed.rs`), kept as the view's counts
+    /// change so that telling costs those stages, not the farm's.
+    pub(in crate::mesh_node) not_run: BTreeSet<u32>,
     /// How far into the log results are written down for reuse as they
     /// land (see `kept/`), and the done tasks whose outputs were not
     /// home yet then.
@@ -113,6 +118,7 @@ impl Origin {
             cancel_unheld: false,
             data_counted: None,
             stages_seen: 0,
+            not_run: BTreeSet::new(),
             remembered: 0,
             remember_wait: Vec::new(),
             estimating: false,
@@ -183,23 +189,37 @@ impl Home {
         o.view.counts = p.counts.clone();
         // The stages whose counts changed since the view last looked, and
         // those an open farm added.
+        let mut changed = Vec::new();
         if r.stages.version() < o.stages_seen {
             // Another copy than the one the view last looked at: all of it.
             for (s, c) in o.view.stages.iter_mut().zip(r.stages.iter()) {
                 s.1 = c.clone();
             }
+            changed.extend(0..o.view.stages.len() as u32);
         } else {
             for i in r.stages.since(o.stages_seen) {
                 if let Some(s) = o.view.stages.get_mut(i as usize) {
                     s.1 = r.stages[i as usize].clone();
+                    changed.push(i);
                 }
             }
         }
         o.stages_seen = r.stages.version();
         let named = r.spec.def.stages.len().min(r.stages.len());
-        for i in o.view.stages.len()..named {
-            let s = (r.spec.def.stages[i].name.clone(), r.stages[i].clone());
-            o.view.stages.push(s);
+        for (i, st) in mesh_protocol::farm::from_on(&r.spec.def.stages, o.view.stages.len()) {
+            if i >= named {
+                break;
+            }
+            o.view.stages.push((st.name.clone(), r.stages[i].clone()));
+            changed.push(i as u32);
+        }
+        for s in changed {
+            let c = &o.view.stages[s as usize].1;
+            if c.skipped + c.cancelled + c.stopped > 0 {
+                o.not_run.insert(s);
+            } else {
+                o.not_run.remove(&s);
+            }
         }
         o.view.open = r.spec.open;
         let ended = p.finished && !o.view.finished;

@@ -163,7 +163,7 @@ pub(in crate::mesh_node) fn hash_inputs(
 ) -> Result<Vec<InputFile>, SubmitError> {
     let mut inputs = Vec::new();
     let root = PathBuf::from(&def.root);
-    for (s, stage) in def.stages.iter().enumerate().skip(from) {
+    for (s, stage) in mesh_protocol::farm::from_on(&def.stages, from) {
         if stage.inputs.is_empty() {
             continue;
         }

@@ -40,8 +40,7 @@ impl Coord {
         // it adds; the others, the whole of it.
         let growth = Growth::since(SpecHeld::of(&f.spec), spec).map(Box::new);
         let had = std::mem::take(&mut f.grown_copies);
-        f.tasks += spec.def.stages[old as usize..]
-            .iter()
+        f.tasks += crate::farm::stages_from(&spec.def.stages, old as usize)
             .map(|s| u64::from(s.len()))
             .sum::<u64>();
         f.spec = spec.clone();

@@ -123,8 +123,13 @@ impl CoordFarm {
     fn feeds(&mut self, s: u32) -> bool {
         let def = &self.spec.def;
         if self.feeds.len() != def.stages.len() {
-            self.feeds = vec![false; def.stages.len()];
-            for st in &def.stages {
+            // Stages are only added at the end, each waiting for stages
+            // there already or added with it: a growth marks what it adds.
+            let old = self.feeds.len();
+            let from = if old < def.stages.len() { old } else { 0 };
+            self.feeds.truncate(from);
+            self.feeds.resize(def.stages.len(), false);
+            for st in crate::farm::stages_from(&def.stages, from) {
                 for u in st.upstream() {
                     self.feeds[u as usize] = true;
                 }
