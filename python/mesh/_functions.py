@@ -45,14 +45,6 @@ INLINE_MAX = 768
 #: The farm name of every batch of calls: a key kept by an earlier farm of
 #: this name is reused (see docs/python.md).
 FARM_NAME = "python"
-#: Batches one open farm takes before the client closes it and opens
-#: another: each batch is a generation of the farm's spec, which travels
-#: as what it adds, and the node passes over the stages that ended, but
-#: a generation still copies the handles of every stage before it, so
-#: one farm of many thousand batches costs more a call as it grows
-#: (0.60 ms rising to 0.91 over 10,000 batches; see docs/performance.md).
-FARM_BATCHES = 256
-
 #: Calls run in warm workers (a stage's ``python``); False starts an
 #: interpreter per call (a stage's ``command``), for benchmarks.
 WARM = True
@@ -520,10 +512,10 @@ class Functions:
         # the ends of its tasks told before their names were read.
         self.named_stages, self.early = set(), {}
         self.farms_opened = 0
-        #: The client's open farm (one grows by a batch at a time), the
-        #: batches it took, and its calls by key, which one thread follows.
+        #: The client's open farm (one grows by a batch at a time: a
+        #: growth costs the node what it adds, however many came before),
+        #: and its calls by key, which one thread follows.
         self.open_run = None
-        self.open_batches = 0
         self.open_calls = weakref.WeakValueDictionary()
         #: Keys of the batch being sent.
         self.sending = set()
@@ -704,7 +696,7 @@ class Functions:
     def _in_open(self, d):
         """Whether future ``d`` was sent to the open farm the next batch
         grows (not to one the next batch leaves for a new one)."""
-        return d._sent is not None and d._sent is self.open_run and self.open_batches < FARM_BATCHES and not self.open_gone
+        return d._sent is not None and d._sent is self.open_run and not self.open_gone
 
     # ----- sending -----
 
@@ -736,15 +728,22 @@ class Functions:
                     batch = self._adopt(batch)
                 if batch:
                     self._send(batch)
+            except FarmClosed:
+                # Closed as this batch was sent (`mesh close`, another
+                # client), before its hold heard it: none of its calls was
+                # added. Left as a hold's news would leave it, and the batch
+                # taken again, first, for a new farm: what it waits for in
+                # the closed one still runs there, and its values come along.
+                with self.cv:
+                    if self.open_run is not None:
+                        self.open_run.closed_by_home = True
+                    rest = dict(self.queue)
+                    self.queue.clear()
+                    self.queue.update((f.key, f) for f in batch)
+                    self.queue.update(rest)
             except BaseException as e:
                 for f in batch:
                     f._settle(exc=e)
-                if isinstance(e, FarmClosed):
-                    # Closed as this batch was sent, before its hold
-                    # heard it: left as a hold's news would leave it.
-                    with self.cv:
-                        if self.open_run is not None:
-                            self.open_run.closed_by_home = True
             finally:
                 with self.cv:
                     self.sending = set()
@@ -847,7 +846,7 @@ class Functions:
         os.makedirs(calls, exist_ok=True)
         os.makedirs(os.path.join(self.root, "fns"), exist_ok=True)
         self._put_worker()
-        if self.open_run is not None and (self.open_batches >= FARM_BATCHES or self.open_gone):
+        if self.open_run is not None and self.open_gone:
             self._close_open()
             self.open_gone = False
         # The batch as data (docs/api.md#calls): each call's key, function,
@@ -882,9 +881,6 @@ class Functions:
             else:
                 with open(os.path.join(calls, f.key + ".pkl"), "wb") as w:
                     w.write(f._body)
-            # Sent now: a pending future keeps its key, not its call.
-            f._body = None
-            f._fn = None
             if earlier:
                 vals = {}
                 for d in earlier:
@@ -923,6 +919,11 @@ class Functions:
             # contents are in the key already, as inputs).
             run["env"] = [[_worker.UPLOADS_ENV, ";".join("%s=%s" % u for u in uploads)]]
         self._send_calls(batch, run, wire)
+        for f in batch:
+            # Sent: a pending future keeps its key, not its call (until
+            # then, a batch a closed farm refused is made again from it).
+            f._body = None
+            f._fn = None
 
     def _send_calls(self, batch, run_as, wire):
         """``batch`` sent as ``wire`` (its calls as data): a new open farm,
@@ -936,7 +937,8 @@ class Functions:
         if run is None:
             # A folder of outputs per farm: the node names a farm's stages by
             # place (`c0`, `c1`...), as the next farm of this client does,
-            # and a farm closed after FARM_BATCHES still runs its calls.
+            # and a farm closed under the client (`mesh close`) still runs
+            # its calls.
             self.farms_opened += 1
             out = os.path.join(self.root, "out", str(self.farms_opened))
             req["new"] = {"name": FARM_NAME, "root": self.root, "out": out}
@@ -985,15 +987,13 @@ class Functions:
                 # Before the follower can settle any of them.
                 for f in batch:
                     f._sent = run
-                self.open_run, self.open_batches, self.open_calls = run, 0, calls
+                self.open_run, self.open_calls = run, calls
             # One thread: the node tells a call that will not run as it
             # tells one that ended.
             t = threading.Thread(target=self._follow, args=(run, calls), name="mesh-follow", daemon=True)
             t.start()
         else:
             run.total = v["tasks"]
-        with self.cv:
-            self.open_batches += 1
 
     def of_farm(self, run):
         """Futures of the calls of a farm submitted earlier, by key: done

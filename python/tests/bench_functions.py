@@ -12,6 +12,10 @@ Needs dask[distributed] and numpy in the Python that runs it (a venv:
 - ``loop``: ``submit(inc, i).result()`` 600 times, on one node and on two
   (each keeping a copy of the farm): the median of each 50 calls, which
   should stay flat over an open farm's growths (each call is one).
+- ``long``: ``submit(inc, i).result()`` 20,000 times on one node, all in
+  the client's one open farm (20,000 growths): the median of each 2,000,
+  and the last over the first, which should stay near 1 (a growth costs
+  what it adds, not the farm).
 - ``numpy``: 1,000 calls that import numpy and return an array's sum, with
   warm workers against an interpreter started per call.
 - ``two``: 2,000 ``time.sleep(0.005)`` calls on 2 nodes of 1 core against
@@ -190,6 +194,22 @@ def loop(n=600):
     print("loop: %d submit(inc, i).result(), median ms of each 50: one node %s; two nodes %s" % (n, one, two))
 
 
+def long_loop(n=20_000, each=2_000):
+    with mesh.local(cpus=2) as c:
+        c.submit(inc, -1).result()
+        times = []
+        for i in range(n):
+            t0 = time.monotonic()
+            assert c.submit(inc, i).result() == i + 1
+            times.append(time.monotonic() - t0)
+        farms = len({c.submit(inc, 0)._run.id, c.submit(inc, 1)._run.id})
+    meds = [statistics.median(times[k : k + each]) * 1e3 for k in range(0, n, each)]
+    print(
+        "long: %d submit(inc, i).result() in %d open farm, median ms of each %d: %s; last / first %.2f"
+        % (n, farms, each, " ".join("%.2f" % m for m in meds), meds[-1] / meds[0])
+    )
+
+
 def numpy_calls(n=1000):
     with mesh.local(cpus=2) as c:
         c.submit(numpy_sum, 10).result()
@@ -285,6 +305,7 @@ def main():
         ("thin", lambda: thin(a.tasks)),
         ("first", first),
         ("loop", loop),
+        ("long", long_loop),
         ("numpy", numpy_calls),
         ("two", two),
         ("memory", memory),

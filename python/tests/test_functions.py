@@ -166,21 +166,37 @@ class Functions(InFolder):
         self.assertEqual([n for n in os.listdir(os.path.join(root, "calls")) if not n.endswith((".pkl", ".vals"))], [])
 
     def test_values_of_a_farm_the_client_moved_on_from_stay_readable(self):
-        # After FARM_BATCHES batches the client opens another farm, whose
-        # stages the node names by place as it named the first's: each
-        # farm's outputs have a folder of their own.
+        # The client's open farm closed under it (`mesh close`, as a user
+        # might): the next calls go to another farm, whose stages the node
+        # names by place as it named the first's, each farm's outputs in a
+        # folder of their own. The first calls after the close are sent as
+        # it happens, before the client hears of it: none is lost, and the
+        # one that waits for a call of the closed farm gets its value.
         c = self.node(cpus=2)
-        before = mesh._functions.FARM_BATCHES
-        mesh._functions.FARM_BATCHES = 2
-        self.addCleanup(setattr, mesh._functions, "FARM_BATCHES", before)
         fs = []
-        for i in range(5):
+        for i in range(2):
             f = c.submit(kib_of, i)
             mesh.wait([f], timeout=WAIT_S)
             fs.append(f)
-        self.assertEqual(len({f._run.id for f in fs}), 3)
-        self.assertEqual([f.task_name for f in fs], ["c0/0", "c1/0", "c0/0", "c1/0", "c0/0"])
+        slow = c.submit(nap, 1.0, 7)
+        deadline = time.monotonic() + WAIT_S
+        while slow.task_name is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        slow._run.close()
+        fs.append(c.submit(kib_of, 2))
+        after_slow = c.submit(add_text, "s", slow)
+        fs += [c.submit(kib_of, i) for i in range(3, 5)]
+        mesh.wait(fs + [after_slow], timeout=WAIT_S)
+        self.assertEqual(len({f._run.id for f in fs[:2]}), 1)
+        self.assertNotEqual(fs[2]._run.id, fs[0]._run.id)
+        self.assertEqual(len({f._run.id for f in fs[2:]}), 1)
+        self.assertEqual([f.task_name for f in fs[:2]], ["c0/0", "c1/0"])
+        self.assertTrue(all(f.task_name.startswith("c") for f in fs[2:]))
         self.assertEqual([f.result() for f in fs], [kib_of(i) for i in range(5)])
+        self.assertEqual(slow.result(), 7)
+        self.assertEqual(after_slow.result(), "s7")
+        # And a loop of calls goes on in the new farm: the client holds it.
+        self.assertEqual(c.submit(kib_of, 9).result(timeout=WAIT_S), kib_of(9))
 
     def test_a_remote_exception_is_raised_here_with_its_type_and_traceback(self):
         c = self.node(cpus=2)
