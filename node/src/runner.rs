@@ -328,6 +328,13 @@ impl Driver {
                 tracing::info!(dir = %d.stash_dir.display(), "results kept aside stay: {e}");
             }
         }
+        // Nothing runs now. A view is removed after its task's report (off
+        // the loop, so its dependents need not wait): the last task's may
+        // be there still as the run ends, its links keeping a second name
+        // of each output it read.
+        if let Err(e) = results::remove_folder(&d.views_dir) {
+            tracing::info!(dir = %d.views_dir.display(), "the tasks' views of the output stay: {e}");
+        }
         opts.state
             .write_status(&d.status)
             .map_err(io_err("cannot write the status snapshot"))?;
