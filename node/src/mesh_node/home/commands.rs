@@ -550,7 +550,7 @@ where
     // A hold lasts as long as its client: its end of the connection
     // closing (the process gone) ends it at once, not at the next write.
     let mut holding = false;
-    match serde_json::from_str::<ControlRequest>(&line) {
+    match read_request(&line) {
         Ok(req) => {
             holding = matches!(req, ControlRequest::Hold { .. });
             if let Some((req, rtx)) = submit_off_loop(req, &handle, rtx) {
@@ -560,10 +560,7 @@ where
             }
         }
         Err(e) => {
-            let _ = rtx.send(ControlResponse::error(
-                ErrorKind::BadRequest,
-                format!("bad request: {e}"),
-            ));
+            let _ = rtx.send(ControlResponse::error(ErrorKind::BadRequest, e));
             drop(rtx);
         }
     }
@@ -629,6 +626,41 @@ fn prepare_submit(handle: &LoopHandle, origin: NodeId, farm: Incoming<'_>, reply
         (spec, keys)
     });
     let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
+}
+
+/// A control request read from its line, or what is wrong with it: what
+/// was expected, where (line and column, and the field's path in the
+/// request), and for a call of a batch, which call (its key).
+fn read_request(line: &str) -> Result<ControlRequest, String> {
+    let de = &mut serde_json::Deserializer::from_str(line);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        use serde_path_to_error::Segment;
+        let path = e.path().to_string();
+        let segments: Vec<&Segment> = e.path().iter().collect();
+        let call = segments.windows(2).find_map(|w| match w {
+            [Segment::Map { key }, Segment::Seq { index }] if key == "calls" => Some(*index),
+            _ => None,
+        });
+        let key = call.and_then(|i| {
+            let v: serde_json::Value = serde_json::from_str(line).ok()?;
+            Some(
+                v.get("Calls")?
+                    .get("calls")?
+                    .get(i)?
+                    .get("key")?
+                    .as_str()?
+                    .to_string(),
+            )
+        });
+        let inner = e.into_inner();
+        match (call, key) {
+            (Some(i), Some(key)) => {
+                format!("bad request: call `{key}` (calls[{i}]), at `{path}`: {inner}")
+            }
+            _ if path == "." => format!("bad request: {inner}"),
+            _ => format!("bad request: at `{path}`: {inner}"),
+        }
+    })
 }
 
 /// Writes the `tasks.tsv` of each of `stages` (a farm's, or those added
@@ -742,5 +774,36 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_request_not_of_its_shape_is_refused_naming_the_call_and_field() {
+        let call = |key: &str, retries: &str| {
+            format!(r#"{{"key":"{key}","function":"fns/a.pkl","retries":{retries}}}"#)
+        };
+        let batch = |calls: &[String]| {
+            let run = r#"{"python":"python3","worker":"w.py","args_file":"calls/{id}.pkl","vals_file":"calls/{id}.vals","result":"r/{id}"}"#;
+            format!(
+                r#"{{"Calls":{{"farm":"python-1","run":{run},"calls":[{}]}}}}"#,
+                calls.join(",")
+            )
+        };
+        // As a client sends it: it reads.
+        let good = batch(&[call("k0", "1"), call("k1", "2")]);
+        assert!(
+            matches!(read_request(&good), Ok(ControlRequest::Calls(_))),
+            "{good}"
+        );
+        // A client of another make giving a call's retries as 1.5.
+        let e = read_request(&batch(&[call("k0", "1"), call("k1", "1.5")])).unwrap_err();
+        assert!(e.starts_with("bad request: call `k1` (calls[1]), at `Calls.calls[1].retries`: invalid type: floating point `1.5`, expected u32"), "{e}");
+        // Elsewhere: the field's path; not JSON at all: where it stops.
+        let e = read_request(r#"{"Wait":{"farm":7}}"#).unwrap_err();
+        assert!(
+            e.starts_with("bad request: at `Wait.farm`: invalid type: integer `7`"),
+            "{e}"
+        );
+        let e = read_request("{\"Wait\"").unwrap_err();
+        assert!(e.starts_with("bad request: EOF while parsing"), "{e}");
     }
 }
