@@ -560,7 +560,7 @@ where
             }
         }
         Err(e) => {
-            let _ = rtx.send(ControlResponse::error(ErrorKind::BadRequest, e));
+            let _ = rtx.send(ControlResponse::error(ErrorKind::BadRequest, e.to_string()));
             drop(rtx);
         }
     }
@@ -628,20 +628,39 @@ fn prepare_submit(handle: &LoopHandle, origin: NodeId, farm: Incoming<'_>, reply
     let _ = handle.tell_blocking(Event::Submit(spec, rerun, reply));
 }
 
-/// A control request read from its line, or what is wrong with it: what
-/// was expected, where (line and column, and the field's path in the
-/// request), and for a call of a batch, which call (its key).
-fn read_request(line: &str) -> Result<ControlRequest, String> {
+/// A control request that does not read as its shape: what was expected,
+/// where (line and column, and the field's path in the request), and for
+/// a call of a batch, which call (its key).
+#[derive(Debug, thiserror::Error)]
+enum BadRequest {
+    #[error("bad request: call `{key}` (calls[{index}]), at `{path}`: {inner}")]
+    Call {
+        key: String,
+        index: usize,
+        path: String,
+        inner: serde_json::Error,
+    },
+    #[error("bad request: at `{path}`: {inner}")]
+    At {
+        path: String,
+        inner: serde_json::Error,
+    },
+    #[error("bad request: {0}")]
+    Unread(serde_json::Error),
+}
+
+/// A control request read from its line.
+fn read_request(line: &str) -> Result<ControlRequest, BadRequest> {
     let de = &mut serde_json::Deserializer::from_str(line);
     serde_path_to_error::deserialize(de).map_err(|e| {
         use serde_path_to_error::Segment;
         let path = e.path().to_string();
         let segments: Vec<&Segment> = e.path().iter().collect();
-        let call = segments.windows(2).find_map(|w| match w {
+        let index = segments.windows(2).find_map(|w| match w {
             [Segment::Map { key }, Segment::Seq { index }] if key == "calls" => Some(*index),
             _ => None,
         });
-        let key = call.and_then(|i| {
+        let key = index.and_then(|i| {
             let v: serde_json::Value = serde_json::from_str(line).ok()?;
             Some(
                 v.get("Calls")?
@@ -653,12 +672,15 @@ fn read_request(line: &str) -> Result<ControlRequest, String> {
             )
         });
         let inner = e.into_inner();
-        match (call, key) {
-            (Some(i), Some(key)) => {
-                format!("bad request: call `{key}` (calls[{i}]), at `{path}`: {inner}")
-            }
-            _ if path == "." => format!("bad request: {inner}"),
-            _ => format!("bad request: at `{path}`: {inner}"),
+        match (index, key) {
+            (Some(index), Some(key)) => BadRequest::Call {
+                key,
+                index,
+                path,
+                inner,
+            },
+            _ if path == "." => BadRequest::Unread(inner),
+            _ => BadRequest::At { path, inner },
         }
     })
 }
@@ -795,15 +817,19 @@ mod tests {
             "{good}"
         );
         // A client of another make giving a call's retries as 1.5.
-        let e = read_request(&batch(&[call("k0", "1"), call("k1", "1.5")])).unwrap_err();
+        let e = read_request(&batch(&[call("k0", "1"), call("k1", "1.5")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("bad request: call `k1` (calls[1]), at `Calls.calls[1].retries`: invalid type: floating point `1.5`, expected u32"), "{e}");
         // Elsewhere: the field's path; not JSON at all: where it stops.
-        let e = read_request(r#"{"Wait":{"farm":7}}"#).unwrap_err();
+        let e = read_request(r#"{"Wait":{"farm":7}}"#)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("bad request: at `Wait.farm`: invalid type: integer `7`"),
             "{e}"
         );
-        let e = read_request("{\"Wait\"").unwrap_err();
+        let e = read_request("{\"Wait\"").unwrap_err().to_string();
         assert!(e.starts_with("bad request: EOF while parsing"), "{e}");
     }
 }
