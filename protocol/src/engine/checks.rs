@@ -91,6 +91,17 @@ impl Engine {
         self.check_runs()?;
         self.running.recount()?;
         for (fi, f) in self.farms.iter().enumerate() {
+            // The hand-out walks `ranked`: a live stage missing from it
+            // would never be handed out.
+            let ranked: Vec<u32> = f.ranked.iter().map(|&(_, s)| s).collect();
+            let mut sorted = ranked.clone();
+            sorted.sort_unstable();
+            if sorted.len() != f.live.len() || !sorted.iter().eq(f.live.iter()) {
+                return Err(format!(
+                    "farm {fi}: the stages ranked for the hand-out {ranked:?} are not the live ones {:?}",
+                    f.live
+                ));
+            }
             for (si, st) in f.stages.iter().enumerate() {
                 let mut c = Counts {
                     total: st.status.len() as u64,
