@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use mesh_protocol::farm::graph::{Dep, DepOn, Graph, GraphCache};
+use mesh_protocol::farm::graph::{call_stage_place, Dep, DepOn, Graph, GraphCache};
 use mesh_protocol::farm::{
     CommandTemplate, FarmDef, StageDef, Stages, Sweep, SweepMode, SweepVar, Template, Values,
 };
@@ -168,12 +168,10 @@ pub fn stages(
     order.sort_by_key(|&g| members[g].level);
     // Named by place, `c<n>`: a farm whose other stages took such a name
     // (grown from farm text) would have two stages of one name.
-    let taken = misnamed.iter().map(|&s| &before[s as usize]).find(|st| {
-        st.name
-            .strip_prefix('c')
-            .and_then(|n| n.parse::<usize>().ok())
-            .is_some_and(|n| n >= before.len())
-    });
+    let taken = misnamed
+        .iter()
+        .map(|&s| &before[s as usize])
+        .find(|st| call_stage_place(&st.name).is_some_and(|n| n >= before.len()));
     if let Some(st) = taken {
         let first = calls.first().map_or("", |c| c.key.as_str());
         return Err(CallError {
@@ -450,10 +448,7 @@ fn named<'a>(
         None => {
             // A stage of calls is where its name says; another, mostly of
             // the last batches.
-            let at = stage
-                .strip_prefix('c')
-                .and_then(|n| n.parse::<usize>().ok());
-            let s = at
+            let s = call_stage_place(stage)
                 .filter(|&n| before.get(n).is_some_and(|st| st.name == stage))
                 .or_else(|| before.iter().rposition(|st| st.name == stage))
                 .ok_or_else(bad)?;

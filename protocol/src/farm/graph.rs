@@ -236,8 +236,7 @@ impl Graph {
         debug_assert!(stages.len() <= stages_def.len());
         stages.truncate(stages_def.len());
         let old = stages.len();
-        for (s, stage) in super::stages_from(stages_def, old).enumerate() {
-            let s = s + old;
+        for (s, stage) in super::from_on(stages_def, old) {
             let mut edges = Vec::with_capacity(stage.deps.len());
             for (n, dep) in stage.deps.iter().enumerate() {
                 let Some(up) = stages_def.get(dep.stage as usize) else {
@@ -369,10 +368,7 @@ impl GraphCache {
     pub fn misnamed(&self, def: &FarmDef) -> &[u32] {
         let seed = self.before.as_ref().and_then(|b| b.misnamed.as_ref());
         kept_stages(&self.misnamed, seed, def, |s, st| {
-            st.name
-                .strip_prefix('c')
-                .and_then(|n| n.parse::<usize>().ok())
-                .is_some_and(|n| n != s)
+            call_stage_place(&st.name).is_some_and(|n| n != s)
         })
     }
 
@@ -399,6 +395,12 @@ impl GraphCache {
     }
 }
 
+/// The place a client's calls give the stage of this name (`c<n>`: `n`);
+/// `None` for a name they do not make.
+pub fn call_stage_place(name: &str) -> Option<usize> {
+    name.strip_prefix('c')?.parse().ok()
+}
+
 /// The stages of `def` that `keep` keeps, ascending, in `cell`: those of
 /// the generation before (`seed`, the list and how many stages it looked
 /// at) and those after it, each looked at once.
@@ -410,9 +412,9 @@ fn kept_stages<'a>(
 ) -> &'a [u32] {
     let (_, list) = cell.get_or_init(|| {
         let (from, mut list) = seed.map_or((0, Vec::new()), |(n, l)| (*n, l.to_vec()));
-        for (s, st) in super::stages_from(&def.stages, from).enumerate() {
-            if keep(from + s, st) {
-                list.push((from + s) as u32);
+        for (s, st) in super::from_on(&def.stages, from) {
+            if keep(s, st) {
+                list.push(s as u32);
             }
         }
         (def.stages.len(), list.into())
