@@ -177,15 +177,21 @@ def two_nodes():
             yield a, b
 
 
+def submit_loop(c, n, each):
+    """``submit(inc, i).result()`` ``n`` times on client ``c`` (warmed by
+    one first): the median ms of each ``each`` calls."""
+    c.submit(inc, -1).result()
+    times = []
+    for i in range(n):
+        t0 = time.monotonic()
+        assert c.submit(inc, i).result() == i + 1
+        times.append(time.monotonic() - t0)
+    return [statistics.median(times[k : k + each]) * 1e3 for k in range(0, n, each)]
+
+
 def loop(n=600):
     def medians(c):
-        c.submit(inc, -1).result()
-        times = []
-        for i in range(n):
-            t0 = time.monotonic()
-            assert c.submit(inc, i).result() == i + 1
-            times.append(time.monotonic() - t0)
-        return " ".join("%.1f" % (statistics.median(times[k : k + 50]) * 1e3) for k in range(0, n, 50))
+        return " ".join("%.1f" % m for m in submit_loop(c, n, 50))
 
     with mesh.local(cpus=2) as c:
         one = medians(c)
@@ -196,14 +202,8 @@ def loop(n=600):
 
 def long_loop(n=20_000, each=2_000):
     with mesh.local(cpus=2) as c:
-        c.submit(inc, -1).result()
-        times = []
-        for i in range(n):
-            t0 = time.monotonic()
-            assert c.submit(inc, i).result() == i + 1
-            times.append(time.monotonic() - t0)
+        meds = submit_loop(c, n, each)
         farms = len({c.submit(inc, 0)._run.id, c.submit(inc, 1)._run.id})
-    meds = [statistics.median(times[k : k + each]) * 1e3 for k in range(0, n, each)]
     print(
         "long: %d submit(inc, i).result() in %d open farm, median ms of each %d: %s; last / first %.2f"
         % (n, farms, each, " ".join("%.2f" % m for m in meds), meds[-1] / meds[0])
