@@ -227,7 +227,12 @@ impl Peer {
         while let Some((from, msg)) = self.out.inbox.pop_front() {
             self.dispatch_msg(now, from, msg, &mut echo);
         }
+        let reporters: Vec<NodeId> = match &self.coord {
+            Some(c) if !echo.is_empty() && c.backlog() == 0 => echo.keys().copied().collect(),
+            _ => Vec::new(),
+        };
         self.drain_and_assign(now, std::mem::take(&mut echo));
+        on_tasks::point_thieves(&mut self.roles(), now, reporters);
         // Assignments to this node itself arrive through the inbox.
         while let Some((from, msg)) = self.out.inbox.pop_front() {
             self.dispatch_msg(now, from, msg, &mut echo);
@@ -515,7 +520,7 @@ impl Peer {
             } => {
                 if let Some(c) = &mut self.coord {
                     if from != self.node.id {
-                        c.note_report(from, prefetch);
+                        c.note_report(now, from, prefetch);
                         echo.insert(from, at);
                     }
                     c.on_report(now, from, reports, &self.node, &mut self.out);

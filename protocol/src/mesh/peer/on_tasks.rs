@@ -27,6 +27,52 @@ pub(super) fn find_victims(node: &Node, worker: &Worker) -> Vec<Victim> {
     v
 }
 
+/// On the coordinator, once it has nothing left to hand out: the nodes
+/// whose reports this step answered and that have room are told at once
+/// whom to steal from (its beat, with the victims), rather than at their
+/// next report, which comes every N / `reports_per_s` seconds in a mesh
+/// of N nodes: longer than the end of a farm of short tasks lasts.
+pub(super) fn point_thieves(r: &mut Roles, now: Millis, mut reporters: Vec<NodeId>) {
+    let Some(c) = r.coord.as_mut() else { return };
+    if reporters.is_empty() || c.backlog() > 0 || !r.node.cfg.steal {
+        return;
+    }
+    reporters.sort_unstable();
+    reporters.retain(|&n| {
+        r.node
+            .members
+            .get(n)
+            .map(|m| &m.beat().total)
+            .is_some_and(|t| !t.is_empty() && c.has_room(n, t))
+    });
+    let me = Victim {
+        node: r.node.id,
+        queued: r.worker.queued() as u32,
+        prefetch: r.worker.depth(),
+    };
+    let members = &r.node.members;
+    let total = |id: NodeId| {
+        members
+            .get(id)
+            .map(|m| &m.beat().total)
+            .filter(|t| !t.is_empty())
+    };
+    let dealt: Vec<(NodeId, Vec<Victim>)> = reporters
+        .into_iter()
+        .map(|n| (n, c.deal(now, me, total)))
+        .filter(|(n, v)| v.iter().any(|v| v.node != *n))
+        .collect();
+    if dealt.is_empty() {
+        return;
+    }
+    let said = std::mem::take(&mut r.said.victims);
+    for (n, victims) in dealt {
+        r.said.victims = victims;
+        on_members::tell(r, [n]);
+    }
+    r.said.victims = said;
+}
+
 /// A queue grown well past what the last report said (work piled onto
 /// this node) is reported at once, so the coordinator names it as a
 /// victim within a message's time instead of a report's. The queue

@@ -9,6 +9,7 @@ mod grow;
 mod placement;
 mod replication;
 mod shown;
+mod victims;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -234,6 +235,8 @@ pub(super) struct Coord {
     depth: FxHashMap<NodeId, u32>,
     /// What runs on each node, as its last beat said.
     started: StartedTally,
+    /// When each node last reported an end, for the victims.
+    ends: victims::Ends,
     /// Tells holders apart this coordinator's log from any other's (a
     /// restarted coordinator's log restarts at 0), and numbers its syncs.
     log_id: u64,
@@ -314,6 +317,7 @@ impl Coord {
             reports_early: FxHashMap::default(),
             depth: FxHashMap::default(),
             started: StartedTally::default(),
+            ends: victims::Ends::default(),
             log_id,
             sync_seq: 0,
             next_progress: now,
@@ -522,8 +526,9 @@ impl Coord {
 
     /// A worker's report: its depth. Its clock is the step's to echo (see
     /// [`Echoes`]), not the coordinator's to keep.
-    pub(super) fn note_report(&mut self, from: NodeId, prefetch: u32) {
+    pub(super) fn note_report(&mut self, now: Millis, from: NodeId, prefetch: u32) {
         self.depth.insert(from, prefetch);
+        self.ends.ended(from, now);
     }
 
     pub(super) fn progress(&self, farm: FarmId) -> Option<engine::Counts> {
@@ -1058,6 +1063,7 @@ impl Coord {
         self.held_early.remove(&dead);
         self.reports_early.retain(|(n, _), _| *n != dead);
         self.load.remove(&dead);
+        self.ends.forget(dead);
         self.hungry.remove(&dead);
         self.started.note(dead, &[]);
         // A holder is gone: another live node takes a copy.
