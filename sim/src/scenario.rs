@@ -69,6 +69,7 @@
 //! [mesh]                       # overrides of mesh_protocol::mesh::Config for every node
 //! prefetch_percent = 110       # the fixed rule instead of the depth each node measures
 //! node_claims_max = 100000     # with a huge prefetch: place work badly on purpose
+//! reports_per_s = 2            # the coordinator's beat budget: each node reports every N / 2 s
 //! ```
 //!
 //! How nodes start. The first node up on its side of any partition founds
@@ -352,6 +353,9 @@ pub struct IntroduceSpec {
 #[serde(deny_unknown_fields)]
 pub struct MeshKnobs {
     pub heartbeat_ms: Option<u64>,
+    /// The coordinator's budget of beats a second: lowered, a small mesh
+    /// reports as seldom as a large one does (every N / budget seconds).
+    pub reports_per_s: Option<u64>,
     pub dead_after_ms: Option<u64>,
     pub join_wait_ms: Option<u64>,
     pub prefetch_percent: Option<u64>,
@@ -617,7 +621,7 @@ impl SimConfig {
         let m = &self.mesh;
         Config {
             heartbeat_ms: m.heartbeat_ms.unwrap_or(d.heartbeat_ms),
-            reports_per_s: d.reports_per_s,
+            reports_per_s: m.reports_per_s.unwrap_or(d.reports_per_s),
             dead_after_ms: m.dead_after_ms.unwrap_or(d.dead_after_ms),
             join_wait_ms: m.join_wait_ms.unwrap_or(d.join_wait_ms),
             steal: self.steal,
