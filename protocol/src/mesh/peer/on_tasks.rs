@@ -37,25 +37,20 @@ pub(super) fn point_thieves(r: &mut Roles, now: Millis, mut reporters: Vec<NodeI
     if reporters.is_empty() || c.backlog() > 0 || !r.node.cfg.steal {
         return;
     }
-    reporters.sort_unstable();
-    reporters.retain(|&n| {
-        r.node
-            .members
-            .get(n)
-            .map(|m| &m.beat().total)
-            .is_some_and(|t| !t.is_empty() && c.has_room(n, t))
-    });
-    let me = Victim {
-        node: r.node.id,
-        queued: r.worker.queued() as u32,
-        prefetch: r.worker.depth(),
-    };
+    // A member's resources as its beat said; none known for one heard only by SWIM.
     let members = &r.node.members;
     let total = |id: NodeId| {
         members
             .get(id)
             .map(|m| &m.beat().total)
             .filter(|t| !t.is_empty())
+    };
+    reporters.sort_unstable();
+    reporters.retain(|&n| total(n).is_some_and(|t| c.has_room(n, t)));
+    let me = Victim {
+        node: r.node.id,
+        queued: r.worker.queued() as u32,
+        prefetch: r.worker.depth(),
     };
     let dealt: Vec<(NodeId, Vec<Victim>)> = reporters
         .into_iter()
