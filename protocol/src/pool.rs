@@ -54,11 +54,7 @@ impl Pool {
 
     /// Resources held by grants.
     pub fn used(&self) -> Resources {
-        let mut used = Resources::new();
-        for (k, v) in self.total.iter() {
-            used.set(k, Amount(v.0 - self.free.get(k).0));
-        }
-        used
+        self.total.less(&self.free)
     }
 
     /// Why a request can never be granted here, even when everything is free.

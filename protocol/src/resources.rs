@@ -336,6 +336,23 @@ impl Resources {
         }
     }
 
+    /// What `part` leaves of this vector, name by name (zeros left out):
+    /// one walk down both, as both are sorted by name, where a lookup of
+    /// each name (with an insertion for each result) was 3% of a
+    /// simulated farm's beats. `part` holds no more of any name than this.
+    pub fn less(&self, part: &Resources) -> Resources {
+        let mut rest = Vec::with_capacity(self.0.len());
+        let mut of = part.0.iter().peekable();
+        for (k, v) in &self.0 {
+            while of.next_if(|(p, _)| p < k).is_some() {}
+            let taken = of.next_if(|(p, _)| p == k).map_or(0, |(_, a)| a.0);
+            if v.0 != taken {
+                rest.push((k.clone(), Amount(v.0 - taken)));
+            }
+        }
+        Resources(rest)
+    }
+
     /// Returns `request` to this vector.
     pub fn give(&mut self, request: &Resources) {
         for (k, v) in request.iter() {
@@ -481,5 +498,22 @@ mod tests {
         let r = parse_resources("mem=512MiB,cpu=1.5,token=3").unwrap();
         assert_eq!(r.to_string(), "cpu=1.5,mem=512MiB,token=3");
         assert_eq!(parse_resources(&r.to_string()).unwrap(), r);
+    }
+
+    #[test]
+    fn what_a_part_leaves_is_counted_name_by_name_without_zeros() {
+        let total = parse_resources("cpu=8,gpu=2,mem=16GiB,token=3").unwrap();
+        // A pool's free vector keeps names at zero; names may be missing too.
+        let mut free = parse_resources("cpu=3,mem=16GiB").unwrap();
+        free.0.insert(1, ("gpu".into(), Amount::ZERO));
+        let used = total.less(&free);
+        assert_eq!(used.to_string(), "cpu=5,gpu=2,token=3");
+        let mut by_lookup = Resources::new();
+        for (k, v) in total.iter() {
+            by_lookup.set(k, Amount(v.0 - free.get(k).0));
+        }
+        assert_eq!(used, by_lookup);
+        assert!(total.less(&total).is_empty());
+        assert_eq!(total.less(&Resources::new()), total);
     }
 }
