@@ -1037,8 +1037,13 @@ impl<'a> Sim<'a> {
         }
         // The farm ends at its home, once every task is over and every
         // output is there; at the coordinator only when the home never
-        // comes back.
-        let end = if self.home_lost {
+        // comes back. Judged once: the run goes on past it only to give
+        // batch jobs back or to find the mesh one, and the judgement is a
+        // pass over every task and every peer (judged again at every step
+        // of the home until then, it was a third of a 100-node run).
+        let end = if self.finished {
+            None
+        } else if self.home_lost {
             peer.coordinated_progress(FARM).filter(|c| c.finished())
         } else if n == self.cfg.submit_node {
             // Asked of the copy first: the progress it builds is copied
