@@ -1080,6 +1080,11 @@ impl<'a> Sim<'a> {
         else {
             return Ok(());
         };
+        if self.coords.get(&term) == Some(&(n as u32)) {
+            // Noted at an earlier step of this term (the coordinator steps
+            // at every report: a set's insert each time showed up in runs).
+            return Ok(());
+        }
         self.coordinators.insert(n as u32);
         if let Some(&m) = self.coords.get(&term) {
             let other = self.nodes[m as usize].peer.as_ref();
