@@ -202,13 +202,23 @@ impl Plan {
         Ok(plan.measured())
     }
 
-    /// With what each task is expected to do, the bound and baselines.
+    /// With what each task is expected to do, and the bound.
     fn measured(mut self) -> Plan {
         self.expect_ok = self.expected();
         self.lower_bound = self.bound();
-        self.greedy = self.greedy(false);
-        self.longest_first = self.greedy(true);
         self
+    }
+
+    /// With the greedy baselines too: each a list schedule of every task,
+    /// which a run computes beside the simulation instead (see `run_planned`).
+    pub(super) fn with_baselines(mut self) -> Plan {
+        (self.greedy, self.longest_first) = self.baselines();
+        self
+    }
+
+    /// Greedy list scheduling's makespans: in submission order, and longest first.
+    pub(super) fn baselines(&self) -> (u64, u64) {
+        (self.greedy(false), self.greedy(true))
     }
 
     pub(super) fn global(&self, t: TaskRef) -> usize {
