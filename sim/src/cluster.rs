@@ -1091,16 +1091,17 @@ impl<'a> Sim<'a> {
         else {
             return Ok(());
         };
-        if self.coords.get(&term) == Some(&(n as u32)) {
+        let noted = self.coords.get(&term).copied();
+        if noted == Some(n as u32) {
             // Noted at an earlier step of this term (the coordinator steps
             // at every report: a set's insert each time showed up in runs).
             return Ok(());
         }
         self.coordinators.insert(n as u32);
-        if let Some(&m) = self.coords.get(&term) {
+        if let Some(m) = noted {
             let other = self.nodes[m as usize].peer.as_ref();
-            if m as usize != n
-                && other.is_some_and(|o| o.is_coordinator() && o.term() == term)
+            // Another node (this one returned above).
+            if other.is_some_and(|o| o.is_coordinator() && o.term() == term)
                 && !self.partitioned(n, m as usize)
             {
                 return Err(self.violation(format!(
