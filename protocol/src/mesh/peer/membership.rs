@@ -247,6 +247,10 @@ pub(super) struct Membership {
     timer_seq: u64,
     /// The mesh size SWIM's timeouts were last tuned for.
     tuned_for: usize,
+    /// SWIM's suspicion timeout at that size, kept: every beat reads it,
+    /// and building the config it comes from takes two `log10`s (2% of a
+    /// simulated long farm).
+    suspect_after: Duration,
     dead_after_ms: Millis,
     /// The live members.
     members: BTreeSet<NodeId>,
@@ -345,14 +349,11 @@ fn swim_config(size: usize, dead_after_ms: Millis) -> foca::Config {
 impl Membership {
     pub(super) fn new(now: Millis, me: NodeId, seed: u64, dead_after_ms: Millis) -> Membership {
         let ident = Ident::new(me, 0, String::new(), Vec::new());
+        let config = swim_config(4, dead_after_ms);
         Membership {
             me,
-            swim: Foca::new(
-                ident,
-                swim_config(4, dead_after_ms),
-                SmallRng::seed_from_u64(seed),
-                PostcardCodec,
-            ),
+            suspect_after: config.suspect_to_down_after,
+            swim: Foca::new(ident, config, SmallRng::seed_from_u64(seed), PostcardCodec),
             rt: SwimRt::default(),
             health: 0,
             incarnation: 0,
@@ -562,8 +563,7 @@ impl Membership {
     /// suspicion (as stretched by this node's local health) and a few
     /// probe periods.
     fn rejudge_after(&self) -> Millis {
-        let suspect = swim_config(self.tuned_for, self.dead_after_ms).suspect_to_down_after;
-        let suspect = suspect.as_millis() as Millis * (u64::from(self.health) + 1);
+        let suspect = self.suspect_after.as_millis() as Millis * (u64::from(self.health) + 1);
         2 * suspect + 5_000
     }
 
@@ -830,9 +830,11 @@ impl Membership {
         let n = self.members.len() + 1;
         if n > 2 * self.tuned_for || 2 * n < self.tuned_for {
             self.tuned_for = n.max(4);
+            let config = swim_config(n, self.dead_after_ms);
+            self.suspect_after = config.suspect_to_down_after;
             // Only refuses changes of the probe period and rtt, which
             // swim_config keeps the same at every size.
-            let _ = self.swim.set_config(swim_config(n, self.dead_after_ms));
+            let _ = self.swim.set_config(config);
         }
     }
 
