@@ -18,6 +18,10 @@ pub(crate) struct Calendar<T> {
     /// Bucket `t % SPAN` holds the events at time `t`, for `now <= t < now + SPAN`.
     wheel: Vec<VecDeque<T>>,
     in_wheel: usize,
+    /// A bit per bucket, set while it may hold events: a farm of long
+    /// tasks on a few nodes has an event every few milliseconds, and the
+    /// clock moves to the next bucket set rather than one at a time.
+    occupied: Vec<u64>,
     /// The time being drained; no event is earlier.
     now: u64,
     /// Events at `now + SPAN` or later, by (time, sequence number).
@@ -55,6 +59,7 @@ impl<T> Calendar<T> {
         Calendar {
             wheel: (0..SPAN).map(|_| VecDeque::new()).collect(),
             in_wheel: 0,
+            occupied: vec![0; SPAN as usize / 64],
             now: 0,
             far: BinaryHeap::new(),
             seq: 0,
@@ -81,7 +86,8 @@ impl<T> Calendar<T> {
                 self.now = *at;
                 self.pull_far();
             }
-            let bucket = &mut self.wheel[(self.now % SPAN) as usize];
+            let slot = (self.now % SPAN) as usize;
+            let bucket = &mut self.wheel[slot];
             if let Some(v) = bucket.pop_front() {
                 self.in_wheel -= 1;
                 return Some((self.now, v));
@@ -89,9 +95,35 @@ impl<T> Calendar<T> {
             if bucket.capacity() > 0 {
                 self.spare.push(std::mem::take(bucket));
             }
-            self.now += 1;
+            self.occupied[slot / 64] &= !(1 << (slot % 64));
+            if self.in_wheel == 0 {
+                continue;
+            }
+            // Far events pulled after the jump land at or past
+            // `now + SPAN`, beyond every bucket skipped.
+            self.now += self.to_next_occupied(slot);
             self.pull_far();
         }
+    }
+
+    /// How far past bucket `slot` (itself empty) the next one holding
+    /// events is, going round the wheel: some bucket does.
+    fn to_next_occupied(&self, slot: usize) -> u64 {
+        let span = SPAN as usize;
+        let words = self.occupied.len();
+        let start = (slot + 1) % span;
+        let mut w = start / 64;
+        let mut bits = self.occupied[w] & (!0u64 << (start % 64));
+        // One more word than the wheel has: the first one's low bits last.
+        for _ in 0..=words {
+            if bits != 0 {
+                let at = w * 64 + bits.trailing_zeros() as usize;
+                return ((at + span - slot) % span) as u64;
+            }
+            w = (w + 1) % words;
+            bits = self.occupied[w];
+        }
+        unreachable!("events in the wheel, and no bucket holds them")
     }
 
     /// Moves the far events that came within the wheel's reach into it,
@@ -108,7 +140,9 @@ impl<T> Calendar<T> {
     }
 
     fn bucket_push(&mut self, at: u64, v: T) {
-        let bucket = &mut self.wheel[(at % SPAN) as usize];
+        let slot = (at % SPAN) as usize;
+        self.occupied[slot / 64] |= 1 << (slot % 64);
+        let bucket = &mut self.wheel[slot];
         if bucket.capacity() == 0 {
             if let Some(b) = self.spare.pop() {
                 *bucket = b;
@@ -161,6 +195,38 @@ mod tests {
             }
             if heap.is_empty() {
                 assert_eq!(cal.pop(), None, "seed {seed}");
+            }
+        }
+    }
+
+    #[test]
+    fn sparse_events_pop_in_order_across_turns_of_the_wheel() {
+        // One event every few hundred milliseconds, as a farm of long
+        // tasks on few nodes has: the clock jumps between buckets, past
+        // the wheel's end and round, and far events come in on the way.
+        for seed in 0..20 {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let mut cal = Calendar::new();
+            let mut heap = BinaryHeap::new();
+            let mut seq = 0u64;
+            let mut now = 0u64;
+            for _ in 0..3000 {
+                for _ in 0..rng.random_range(0..3) {
+                    let d = match rng.random_range(0..4) {
+                        0 => rng.random_range(0..2),
+                        1 => rng.random_range(SPAN - 70..SPAN + 70),
+                        _ => rng.random_range(1..SPAN / 3),
+                    };
+                    seq += 1;
+                    cal.push(now + d, seq);
+                    heap.push(Reverse((now + d, seq)));
+                }
+                let Some(Reverse((at, id))) = heap.pop() else {
+                    assert_eq!(cal.pop(), None, "seed {seed}");
+                    continue;
+                };
+                assert_eq!(cal.pop(), Some((at, id)), "seed {seed}");
+                now = at;
             }
         }
     }
