@@ -21,7 +21,7 @@ where
     type Error = postcard::Error;
 
     fn encode_header(&mut self, payload: &Header<T>, buf: impl BufMut) -> Result<(), Self::Error> {
-        postcard::serialize_with_flavor(payload, WrappedBuf(buf))
+        encode(payload, buf)
     }
 
     fn decode_header(&mut self, mut buf: impl Buf) -> Result<Header<T>, Self::Error> {
@@ -34,7 +34,7 @@ where
     }
 
     fn encode_member(&mut self, member: &Member<T>, buf: impl BufMut) -> Result<(), Self::Error> {
-        postcard::serialize_with_flavor(member, WrappedBuf(buf))
+        encode(member, buf)
     }
 
     fn decode_member(&mut self, mut buf: impl Buf) -> Result<Member<T>, Self::Error> {
@@ -44,6 +44,33 @@ where
         let after = rest.remaining();
         buf.advance(remaining - after);
         Ok(member)
+    }
+}
+
+/// Bytes of the stack buffer a header or member is first encoded into:
+/// room for a header naming two nodes by peer id and two addresses each.
+const STACK_BYTES: usize = 512;
+
+/// Encodes `value` into a buffer on the stack, then copies it to `buf` in
+/// one piece: postcard writes a slice with a bounds check per field,
+/// where a `BufMut` such as `Limit<&mut BytesMut>` costs a call, a limit
+/// and a capacity check per field (a header cost some 900 instructions).
+/// A value larger than the stack buffer is written to `buf` directly.
+/// Either way `buf` gets the same bytes; a value that does not fit in
+/// `buf` is an error, with nothing written (callers truncate what a
+/// failed encoding wrote anyway).
+fn encode<S: serde::Serialize>(value: &S, mut buf: impl BufMut) -> postcard::Result<()> {
+    let mut stack = [0u8; STACK_BYTES];
+    match postcard::to_slice(value, &mut stack) {
+        Ok(bytes) if buf.remaining_mut() >= bytes.len() => {
+            buf.put_slice(bytes);
+            Ok(())
+        }
+        Ok(_) => Err(postcard::Error::SerializeBufferFull),
+        Err(postcard::Error::SerializeBufferFull) => {
+            postcard::serialize_with_flavor(value, WrappedBuf(buf))
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -82,5 +109,37 @@ mod test {
     #[test]
     fn postcard_roundtrip() -> Result<(), postcard::Error> {
         crate::testing::verify_codec_roundtrip(PostcardCodec)
+    }
+
+    #[test]
+    fn encoded_bytes_are_postcards_below_and_above_the_stack_buffer() {
+        use crate::{Codec, Member, State};
+        use alloc::{string::String, vec, vec::Vec};
+        use bytes::BufMut;
+
+        for len in [0, 10, super::STACK_BYTES - 4, super::STACK_BYTES, 600, 2000] {
+            let member = Member::new("x".repeat(len), 7, State::Suspect);
+            let mut want = [0u8; 4096];
+            let want = postcard::to_slice(&member, &mut want)
+                .expect("fits")
+                .to_vec();
+
+            // After what the buffer held already, as a packet's members are.
+            let mut out = vec![1, 2, 3];
+            Codec::<String>::encode_member(&mut PostcardCodec, &member, &mut out)
+                .expect("room enough");
+            assert_eq!(out[..3], [1, 2, 3]);
+            assert_eq!(out[3..], want[..], "{len} bytes of identity");
+
+            // One byte short of room: an error, and what was there kept.
+            let mut short = Vec::new();
+            let res = Codec::<String>::encode_member(
+                &mut PostcardCodec,
+                &member,
+                (&mut short).limit(want.len() - 1),
+            );
+            assert!(res.is_err(), "{len} bytes of identity");
+            assert!(want.starts_with(&short), "only a prefix of it, if anything");
+        }
     }
 }
