@@ -468,7 +468,7 @@ impl SimReport {
              steals {} ({} tasks, {} asked)\nmessages {} ({} lost)\n\
              per node per s before the farm: {}\nper node per s during the farm: {}\n\
              duplicates {}\n\
-             tasks {} done, {} failed, {} executions\nprefetch depth {}\n\
+             tasks {} done, {} failed, {} executions\n{}prefetch depth {}\n\
              events {} ({:.0}/s; {:.1} s, peak memory {})\none mesh since {} ms; coordinated: {}\nlongest wait at a slow node {} ms\n",
             self.seed,
             shapes(self.nodes, &self.node_shapes),
@@ -493,6 +493,14 @@ impl SimReport {
             self.tasks_done,
             self.tasks_failed,
             self.executions,
+            // Why a stage's tasks all failed: it fits no node (the JSON's
+            // `unplaceable`); without it a typo in an ask reads as a farm
+            // that failed for nothing.
+            if self.unplaceable.is_empty() {
+                String::new()
+            } else {
+                format!("unplaceable: {}\n", self.unplaceable.join("; "))
+            },
             spread(&self.prefetch),
             self.events,
             self.events_per_sec,

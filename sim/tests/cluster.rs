@@ -166,6 +166,17 @@ fn an_unplaceable_stage_is_reported_at_the_origin() {
     assert_eq!(r.tasks_done, 0);
     assert_eq!(r.unplaceable.len(), 1, "{:?}", r.unplaceable);
     assert!(r.unplaceable[0].contains("gpu"), "{:?}", r.unplaceable);
+    // What `mesh sim` prints says why every task failed, after the count.
+    let summary = r.summary();
+    let line = summary
+        .lines()
+        .skip_while(|l| !l.starts_with("tasks 0 done, 20 failed"))
+        .nth(1);
+    assert_eq!(
+        line.map(|l| l.starts_with("unplaceable: ") && l.contains("gpu")),
+        Some(true),
+        "{summary}"
+    );
 }
 
 #[test]
