@@ -112,7 +112,9 @@ use crate::SimError;
 pub struct SimConfig {
     #[serde(default = "default_name")]
     pub name: String,
-    /// Everything random (durations, latency, loss, the peers' own choices) follows from it.
+    /// Everything random (durations, latency, loss, the peers' own choices)
+    /// follows from it; 1 unless said, as `mesh sim` without a scenario.
+    #[serde(default = "one_u64")]
     pub seed: u64,
     pub nodes: Vec<NodeGroup>,
     /// The one farm of the run, submitted by `submit_node` at `submit_at_ms`.
@@ -378,6 +380,9 @@ fn default_name() -> String {
 }
 fn yes() -> bool {
     true
+}
+fn one_u64() -> u64 {
+    1
 }
 fn one_usize() -> usize {
     1
@@ -856,5 +861,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("nodez"), "{e}");
+    }
+
+    #[test]
+    fn a_scenario_without_a_seed_runs_seed_1() {
+        let farm = "[[nodes]]\ncount = 2\nresources = \"cpu=2\"\n\
+                    [[stages]]\nname = \"a\"\ntasks = 3\ndurations = \"1s\"\n";
+        assert_eq!(parse_scenario(farm).unwrap().seed, 1);
+        let seeded = parse_scenario(&format!("seed = 9\n{farm}")).unwrap();
+        assert_eq!(seeded.seed, 9);
     }
 }
