@@ -158,7 +158,11 @@ impl Answer<'_> {
     fn why_not(&self) -> Option<String> {
         (self.found.nodes.is_none() && !self.stopped()).then(|| {
             format!(
-                "not met with {} nodes, a node for every task: the longest tasks alone take longer",
+                // Counts go up to a node a task, or past it where the mean
+                // work needs more (a short deadline): either way every task
+                // could start at once.
+                "not met with {} nodes, room for every task to start at once: \
+                 the longest tasks alone take longer",
                 self.most
             )
         })

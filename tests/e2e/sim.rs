@@ -150,6 +150,12 @@ fn a_deadline_finds_the_fewest_nodes_for_a_farm_of_minutes() {
         "{}",
         r.stdout
     );
+    assert!(
+        r.stdout
+            .contains("room for every task to start at once: the longest tasks alone take longer"),
+        "{}",
+        r.stdout
+    );
     assert!(r.stdout.contains("nodes of cpu=4"), "{}", r.stdout);
     // A report names its nodes' shape, and durations take units.
     let r = sb.mesh(&[
