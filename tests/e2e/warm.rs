@@ -404,11 +404,14 @@ fn a_python_task_says_what_it_used_apart_from_what_its_warm_worker_held_before_i
     );
     // What it last said it spent, to 50 ms: not the second and more its
     // worker had spent before (a loaded machine stretches its run, not
-    // what it spent).
+    // what it spent). Below what it said by at most 30 ms: the node reads
+    // the worker's CPU from /proc in clock ticks (10 ms) before and after,
+    // and the figure's percentage is rounded (1.934 s measured against
+    // 1.950 said was seen).
     let said: f64 = s.read("w/late/spent.txt").parse().expect("seconds");
     let spun = cpu_s(&late);
     assert!(
-        said >= 0.05 && said - 0.01 <= spun && spun <= said + 0.3,
+        said >= 0.05 && said - 0.03 <= spun && spun <= said + 0.3,
         "late: {spun} s of CPU, {said} s said ({late})"
     );
     // Past its ask: killed with its worker, saying so.
