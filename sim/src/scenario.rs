@@ -355,6 +355,8 @@ pub struct IntroduceSpec {
 #[serde(deny_unknown_fields)]
 pub struct MeshKnobs {
     pub heartbeat_ms: Option<u64>,
+    /// How often a worker reports to its coordinator in a small mesh.
+    pub report_ms: Option<u64>,
     /// The coordinator's budget of beats a second: lowered, a small mesh
     /// reports as seldom as a large one does (every N / budget seconds).
     pub reports_per_s: Option<u64>,
@@ -626,6 +628,7 @@ impl SimConfig {
         let m = &self.mesh;
         Config {
             heartbeat_ms: m.heartbeat_ms.unwrap_or(d.heartbeat_ms),
+            report_ms: m.report_ms.unwrap_or(d.report_ms),
             reports_per_s: m.reports_per_s.unwrap_or(d.reports_per_s),
             dead_after_ms: m.dead_after_ms.unwrap_or(d.dead_after_ms),
             join_wait_ms: m.join_wait_ms.unwrap_or(d.join_wait_ms),

@@ -46,6 +46,50 @@ fn a_worker_crash_mid_farm_reruns_its_tasks_and_the_farm_finishes() {
     );
 }
 
+#[test]
+fn a_small_mesh_reports_twice_a_second_and_a_dead_worker_is_still_found_within_dead_after() {
+    // Five nodes, four running a task of a minute: the workers report to
+    // the coordinator (node 0) every `report_ms`, 500 ms, but node 1,
+    // next in line should the coordinator die, every heartbeat (250 ms);
+    // the coordinator answers each. 4 + 2 + 2 + 2 reports a second,
+    // answered: 20 beats a second, where every worker reporting every
+    // heartbeat sent 32.
+    let mut cfg = SimConfig::simple(21, 5, "cpu=1", 4, "60000");
+    cfg.submit_at_ms = 5_000;
+    let r = ok(&cfg);
+    assert_eq!((r.tasks_done, r.executions), (4, 4));
+    let farm = &r.traffic_farm;
+    let beats_per_s = farm.by_kind.0[0] as f64 / (farm.span_ms as f64 / 1000.0);
+    assert!(
+        (18.0..23.0).contains(&beats_per_s),
+        "{beats_per_s:.1} beats a second: {}",
+        r.summary()
+    );
+    // Node 3 dies 20 s into its task: three reports of 500 ms fit in the
+    // 2 s after which its coordinator calls it dead and runs its task on
+    // the idle node.
+    let dead_after = cfg.peer_config().dead_after_ms;
+    cfg.crashes = vec![CrashSpec {
+        node: 3,
+        at_ms: 25_000,
+        restart_after_ms: None,
+    }];
+    let r = ok(&cfg);
+    assert_eq!((r.tasks_done, r.executions), (4, 5));
+    let again = r
+        .sample
+        .iter()
+        .filter(|e| e.completed && e.node != 3)
+        .map(|e| e.start)
+        .max()
+        .expect("a task ran again");
+    assert!(
+        (25_000..25_000 + dead_after + 1_000).contains(&again),
+        "the dead node's task started again at {again} ms: {}",
+        r.summary()
+    );
+}
+
 /// Duplicate runs per seed (1 to 5) of 400 tasks on 4 nodes whose
 /// coordinator, node 0, dies at 0.5 s and comes back after `restart_after_ms`.
 fn coordinator_crash_duplicates(restart_after_ms: Option<u64>) -> Vec<u64> {

@@ -1108,13 +1108,15 @@ fn mix(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// How often a node reports to its coordinator in a mesh of `size`: as
-/// often as `heartbeat_ms` while the coordinator hears fewer than
-/// `reports_per_s` beats a second so, then stretched (as Dask's scheduler
-/// stretches its workers' heartbeats).
+/// How often a node reports to its coordinator in a mesh of `size`: every
+/// `report_ms` while the coordinator hears fewer than `reports_per_s`
+/// beats a second so, then stretched (as Dask's scheduler stretches its
+/// workers' heartbeats). Never more often than the heartbeat.
 pub(super) fn report_interval(cfg: &Config, size: usize) -> Millis {
     let per_s = cfg.reports_per_s.max(1);
-    cfg.heartbeat_ms.max(size as u64 * 1000 / per_s)
+    cfg.report_ms
+        .max(cfg.heartbeat_ms)
+        .max(size as u64 * 1000 / per_s)
 }
 
 /// The beat of a member known only by SWIM: nothing of its resources or
