@@ -1072,6 +1072,8 @@ pub(crate) mod tests {
                 late_gpus: 0,
                 files_max: 1024,
                 idle: false,
+                clock: 123_456,
+                seen: 123_000,
                 gpus: vec![("3".into(), "NVIDIA H200".into())],
                 machine: Some(MachineLoad {
                     load_centi: 150,

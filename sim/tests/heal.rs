@@ -54,6 +54,51 @@ fn a_mass_start_against_one_slow_seed_forms_one_mesh_and_loses_nothing() {
     mass_start(200, 3000);
 }
 
+/// A farm submitted while the coordinator (node 0, the seed of 100
+/// nodes) is still swamped: it serves the messages that reach it 5 ms
+/// each until 30 s, and the farm comes at 20 s. Its queue then holds the
+/// workers' beats from before the farm, each saying its node holds
+/// nothing, and it reaches them after it has handed those nodes tasks.
+/// Such a beat spoke of a time before the tasks were sent: the claims
+/// stay (each node ran 2 of its tasks again, 170 to 260 duplicates a
+/// seed, while a beat stood for an empty claim list whatever its age).
+#[test]
+fn beats_that_waited_in_a_swamped_coordinators_queue_take_no_task_from_the_node_running_it() {
+    for seed in 1..=3 {
+        let r = ok(&format!(
+            r#"
+seed = {seed}
+submit_node = 1
+submit_at_ms = 20000
+[[nodes]]
+count = 100
+resources = "cpu=1"
+[[stages]]
+name = "work"
+tasks = 400
+durations = "uniform:1000..3000"
+[[slow]]
+node = 0
+per_msg_us = 5000
+from_ms = 0
+until_ms = 30000
+"#
+        ));
+        assert_eq!(r.tasks_done, 400, "seed {seed}: {}", r.summary());
+        assert!(
+            r.slow_wait_ms >= 2000,
+            "seed {seed}: the coordinator was not swamped: {}",
+            r.summary()
+        );
+        assert_eq!(
+            (r.duplicates, r.executions),
+            (0, 400),
+            "seed {seed}: {}",
+            r.summary()
+        );
+    }
+}
+
 /// The issue's size: 2,000 nodes, 2 ms a message at the seed: its queue
 /// grows to minutes, and the mesh forms around its successors (one mesh
 /// from 48 s; nodes 0, 1 and 2 each coordinated at some point, and 9

@@ -400,6 +400,17 @@ pub struct Beat {
     /// mesh's workers send their coordinator nothing but beats, which go
     /// as packets, so it keeps no connection open to them.
     pub idle: bool,
+    /// The sender's clock as it built this beat. A coordinator's tells its
+    /// workers how late an assignment of its they can speak for (`seen`).
+    pub clock: u64,
+    /// The latest `clock` of its coordinator's beats the sender has heard,
+    /// in the term it follows (0: none yet). What `idle` says of the
+    /// tasks it holds is news of every assignment sent before then, and
+    /// of none after: the coordinator drops no younger claim for it (a
+    /// beat that waited in a swamped coordinator's queue behind
+    /// assignments would otherwise take their tasks away from a node
+    /// running them, and run them twice).
+    pub seen: u64,
     /// The sender's GPUs: how its tasks name each (`CUDA_VISIBLE_DEVICES`)
     /// and its model where the driver says, in the order of its pool.
     pub gpus: Vec<(String, String)>,
@@ -959,6 +970,9 @@ pub enum Msg {
         term: u64,
         /// Every attempt the worker holds, running or queued.
         tasks: Vec<Assigned>,
+        /// As `Beat::seen`: the list speaks for assignments sent before
+        /// the coordinator's clock said this.
+        seen: u64,
     },
     /// The home to the coordinator: these done tasks' outputs are lost with
     /// the node that kept them (gone too long); run them again.

@@ -72,6 +72,9 @@ pub(super) struct Election {
     /// coordinator to die within that time too, the node next in line
     /// would think the dead one next, and nobody would watch.
     deposed: Option<(NodeId, Millis)>,
+    /// The latest clock of a beat of the coordinator this node follows,
+    /// in its term (`Beat::seen`): 0 until one comes.
+    seen: Millis,
 }
 
 /// How long a replaced coordinator is passed over (longer than SWIM
@@ -98,6 +101,7 @@ impl Election {
             seed_answered: false,
             by_address: false,
             deposed: None,
+            seen: 0,
         }
     }
 
@@ -160,6 +164,10 @@ impl Election {
         if let Some(old) = self.coordinator.filter(|&c| c != node) {
             self.deposed = Some((old, now + DEPOSED_MS));
         }
+        if self.term != term || self.coordinator != Some(node) {
+            // Another coordinator's clock (or another life's of the same node).
+            self.seen = 0;
+        }
         self.term = term;
         self.coordinator = Some(node);
         self.joining = false;
@@ -199,9 +207,26 @@ impl Election {
         if better && self.coordinator != Some(from) {
             return Some(term);
         } else if better {
+            if term != self.term {
+                self.seen = 0;
+            }
             self.term = term;
         }
         None
+    }
+
+    /// A beat of `from` in `term`, built at `clock` on its clock: if it is
+    /// the coordinator this node follows, what this node says it holds
+    /// from now on speaks for its assignments up to then.
+    pub(super) fn saw(&mut self, from: NodeId, term: u64, clock: Millis) {
+        if term == self.term && self.coordinator == Some(from) {
+            self.seen = self.seen.max(clock);
+        }
+    }
+
+    /// See [`Election::saw`].
+    pub(super) fn seen(&self) -> Millis {
+        self.seen
     }
 
     /// An assignment from `from` in `term` overtook that node's first beat

@@ -1128,6 +1128,8 @@ static NO_BEAT: Beat = Beat {
     late_gpus: 0,
     files_max: 0,
     idle: true,
+    clock: 0,
+    seen: 0,
     gpus: Vec::new(),
     machine: None,
     version: PROTOCOL_VERSION,

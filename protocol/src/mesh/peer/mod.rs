@@ -532,9 +532,15 @@ impl Peer {
                     c.on_release(now, tasks);
                 }
             }
-            Msg::Claimed { tasks, .. } => {
+            Msg::Claimed { term, tasks, seen } => {
                 if let Some(c) = &mut self.coord {
-                    c.on_claims_listed(now, from, tasks, self.node.cfg.resend_ms);
+                    // Another coordinator's clock says nothing of this one's claims.
+                    let seen = if term == self.node.election.term() {
+                        seen
+                    } else {
+                        0
+                    };
+                    c.on_claims_listed(now, from, tasks, self.node.cfg.resend_ms, seen);
                 }
             }
             Msg::Steal {

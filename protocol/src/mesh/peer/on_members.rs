@@ -47,6 +47,8 @@ impl Told<'_> {
             late_gpus,
             files_max: said.files_max,
             idle: worker.claims_nothing(),
+            clock,
+            seen: node.election.seen(),
             gpus: said.gpus.clone(),
             machine: said.machine,
         }
@@ -139,6 +141,7 @@ pub(super) fn beat_heard(r: &mut Roles, now: Millis, from: NodeId, b: Arc<Beat>)
     }
     let claims = b.coordinator == Some(from);
     let (term, ask, follows) = (b.term, b.ask, b.coordinator);
+    let (clock, seen) = (b.clock, b.seen);
     r.node.election.answered_by(from);
     if let Some(c) = r.coord {
         c.note_depth(from, b.prefetch);
@@ -150,7 +153,12 @@ pub(super) fn beat_heard(r: &mut Roles, now: Millis, from: NodeId, b: Arc<Beat>)
             // on a loaded machine of 300 nodes handed the same tasks
             // from node to node, and 1 of 300 ran any).
             let grace = r.node.cfg.resend_ms.max(r.node.cfg.connect_ms);
-            c.on_claims_listed(now, from, Vec::new(), grace);
+            let seen = if term == r.node.election.term() {
+                seen
+            } else {
+                0
+            };
+            c.on_claims_listed(now, from, Vec::new(), grace, seen);
         }
     }
     if claims && r.node.election.coordinator() == Some(from) {
@@ -189,6 +197,9 @@ pub(super) fn beat_heard(r: &mut Roles, now: Millis, from: NodeId, b: Arc<Beat>)
         // claims counts it as a member that reports there. Told whom
         // this node follows, it asks there (below).
         tell(r, [from]);
+    }
+    if claims {
+        r.node.election.saw(from, term, clock);
     }
     let mine = r.node.election.coordinator();
     if !claims && term > r.node.election.term() {
@@ -380,6 +391,8 @@ pub(super) fn coordinator_followed(r: &mut Roles, now: Millis, term: u64, node: 
             Msg::Claimed {
                 term,
                 tasks: holding,
+                // Nothing heard of it yet: the list adopts claims and drops none.
+                seen: r.node.election.seen(),
             },
         );
     }

@@ -160,11 +160,12 @@ pub(super) fn resend_due(r: &mut Roles, now: Millis) {
         // The coordinator checks its own claims on itself the same way:
         // a steal whose answer to it was lost leaves a claim nobody holds.
         if let Some(coord) = r.coord.as_mut() {
-            coord.on_claims_listed(now, c, tasks, r.node.cfg.resend_ms);
+            coord.on_claims_listed(now, c, tasks, r.node.cfg.resend_ms, now);
         }
     } else if !tasks.is_empty() {
         // Holding nothing, this node's beats say so (`Beat::idle`).
-        r.out.send(c, Msg::Claimed { term, tasks });
+        let seen = r.node.election.seen();
+        r.out.send(c, Msg::Claimed { term, tasks, seen });
     }
     for farm in r.worker.awaited_specs() {
         r.out.send(c, worker::get_farm(r.specs, farm));

@@ -861,7 +861,10 @@ impl Coord {
     /// and not acknowledged): sent after an election, so the new coordinator
     /// adopts those claims, and every `resend_ms`, so claims whose `Assign`
     /// or `Stolen` was lost go back to the queue. Only claims older than
-    /// `grace` are given up: younger ones may still be on their way.
+    /// `grace` are given up: younger ones may still be on their way; and
+    /// only those made before `seen` on this node's clock (the worker had
+    /// heard a beat of this coordinator built after them): a list that
+    /// waited behind them in this node's queue speaks of an older time.
     /// Places nothing until `until`, or until each of `members` has said
     /// what it holds (`on_claims_listed`).
     pub(super) fn settle(&mut self, until: Millis, members: impl IntoIterator<Item = NodeId>) {
@@ -909,6 +912,7 @@ impl Coord {
         from: NodeId,
         tasks: Vec<Assigned>,
         grace: Millis,
+        seen: Millis,
     ) {
         if let Some((_, waiting)) = &mut self.settle {
             waiting.remove(&from);
@@ -945,6 +949,7 @@ impl Coord {
             .filter(|((s, t), (n, a, at))| {
                 *n == from
                     && at.saturating_add(grace) < now
+                    && *at < seen
                     && !listed.contains(&(self.slots[s.0 as usize], *t, *a))
             })
             .map(|((s, t), (_, a, _))| (*s, *t, *a))
