@@ -101,8 +101,9 @@ until_ms = 30000
 
 /// The size: 2,000 nodes, 2 ms a message at the seed: its queue
 /// grows to minutes, and the mesh forms around its successors (one mesh
-/// from 48 s; nodes 0, 1 and 2 each coordinated at some point, and 9
-/// tasks ran twice). About 76 s and 1.8 GB in a release build, so left
+/// from 54 s; nodes 0, 1 and 2 each coordinated at some point, and no
+/// task ran twice: 9 did while a beat that waited in the queue could
+/// stand for an empty claim list). About 76 s and 1.8 GB in a release build, so left
 /// out of `cargo test`: `cargo test --release -p mesh-sim --test heal -- --ignored --nocapture`.
 #[test]
 #[ignore]
