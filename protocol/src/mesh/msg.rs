@@ -937,6 +937,10 @@ pub enum Msg {
         tasks: Vec<Assigned>,
         /// The `at` of the worker's report this answers, if it answers one.
         echo: Option<u64>,
+        /// The coordinator's clock as it sent this, as a beat's
+        /// (`Beat::clock`): a busy worker speaks for later assignments
+        /// sooner than its next report's answer would let it.
+        clock: u64,
     },
     /// Worker to coordinator: these attempts are over (any number, one
     /// message per step). `at`: the worker's clock, echoed back by the

@@ -509,8 +509,14 @@ impl Peer {
     /// Tasks: assignments, reports and their acks, claims, steals.
     fn task_msg(&mut self, now: Millis, from: NodeId, msg: Msg, echo: &mut Echoes) {
         match msg {
-            Msg::Assign { term, tasks, echo } => {
-                on_tasks::tasks_assigned(&mut self.roles(), now, from, term, tasks, echo)
+            Msg::Assign {
+                term,
+                tasks,
+                echo,
+                clock,
+            } => {
+                on_tasks::tasks_assigned(&mut self.roles(), now, from, term, tasks, echo);
+                self.node.election.saw(from, term, clock);
             }
             Msg::Report {
                 reports,

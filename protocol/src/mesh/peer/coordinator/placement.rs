@@ -172,6 +172,7 @@ impl Coord {
                         term,
                         tasks: taken,
                         echo,
+                        clock: now,
                     },
                 );
             }
