@@ -40,10 +40,8 @@ impl Coord {
         out: &mut Out,
     ) {
         let cfg = &cx.cfg;
-        let fixed = cfg.prefetch_percent;
-        let batch_max = cfg.batch_max;
-        let queue_max = cfg.queue_max;
-        let claims_max = cfg.node_claims_max;
+        let (fixed, claims_max) = (cfg.prefetch_percent, cfg.node_claims_max);
+        let (batch_max, queue_max) = (cfg.batch_max, cfg.queue_max);
         let nodes: Vec<NodeId> = {
             let backlog = self.engine.backlog();
             if backlog > self.last_backlog {
