@@ -229,6 +229,17 @@ impl Election {
         self.seen
     }
 
+    /// A worker's `seen` in `term`, as this node, its coordinator, reads
+    /// it: nothing when the term is not this node's (another
+    /// coordinator's clock says nothing of this one's claims).
+    pub(super) fn seen_in(&self, term: u64, seen: Millis) -> Millis {
+        if term == self.term {
+            seen
+        } else {
+            0
+        }
+    }
+
     /// An assignment from `from` in `term` overtook that node's first beat
     /// as coordinator: follow it.
     pub(super) fn overtaken_by(&self, from: NodeId, term: u64) -> bool {

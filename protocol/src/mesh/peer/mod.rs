@@ -540,12 +540,7 @@ impl Peer {
             }
             Msg::Claimed { term, tasks, seen } => {
                 if let Some(c) = &mut self.coord {
-                    // Another coordinator's clock says nothing of this one's claims.
-                    let seen = if term == self.node.election.term() {
-                        seen
-                    } else {
-                        0
-                    };
+                    let seen = self.node.election.seen_in(term, seen);
                     c.on_claims_listed(now, from, tasks, self.node.cfg.resend_ms, seen);
                 }
             }

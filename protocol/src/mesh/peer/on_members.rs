@@ -153,11 +153,7 @@ pub(super) fn beat_heard(r: &mut Roles, now: Millis, from: NodeId, b: Arc<Beat>)
             // on a loaded machine of 300 nodes handed the same tasks
             // from node to node, and 1 of 300 ran any).
             let grace = r.node.cfg.resend_ms.max(r.node.cfg.connect_ms);
-            let seen = if term == r.node.election.term() {
-                seen
-            } else {
-                0
-            };
+            let seen = r.node.election.seen_in(term, seen);
             c.on_claims_listed(now, from, Vec::new(), grace, seen);
         }
     }

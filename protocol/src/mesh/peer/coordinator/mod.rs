@@ -857,14 +857,6 @@ impl Coord {
         }
     }
 
-    /// What a worker holds (queued, running, waiting for a spec, reported
-    /// and not acknowledged): sent after an election, so the new coordinator
-    /// adopts those claims, and every `resend_ms`, so claims whose `Assign`
-    /// or `Stolen` was lost go back to the queue. Only claims older than
-    /// `grace` are given up: younger ones may still be on their way; and
-    /// only those made before `seen` on this node's clock (the worker had
-    /// heard a beat of this coordinator built after them): a list that
-    /// waited behind them in this node's queue speaks of an older time.
     /// Places nothing until `until`, or until each of `members` has said
     /// what it holds (`on_claims_listed`).
     pub(super) fn settle(&mut self, until: Millis, members: impl IntoIterator<Item = NodeId>) {
@@ -906,6 +898,14 @@ impl Coord {
         }
     }
 
+    /// What a worker holds (queued, running, waiting for a spec, reported
+    /// and not acknowledged): sent after an election, so the new coordinator
+    /// adopts those claims, and every `resend_ms`, so claims whose `Assign`
+    /// or `Stolen` was lost go back to the queue. Only claims older than
+    /// `grace` are given up: younger ones may still be on their way; and
+    /// only those made before `seen` on this node's clock (the worker had
+    /// heard a beat or an assignment of this coordinator sent after them): a list that
+    /// waited behind them in this node's queue speaks of an older time.
     pub(super) fn on_claims_listed(
         &mut self,
         now: Millis,
