@@ -10,20 +10,26 @@ fn ok(toml: &str) -> SimReport {
 
 /// `nodes` nodes of one core start at once, all joining node 0, which
 /// serves the messages that reach it one after another, `per_msg_us`
-/// each, for the first 30 s (a job array's burst); 200 tasks of 1 to 3 s
-/// are submitted on node 1 at 60 s, once the mesh has formed.
-fn mass_start(nodes: usize, per_msg_us: u64) -> SimReport {
-    let r = ok(&format!(
+/// each, for the first 30 s (a job array's burst); `tasks` tasks of 1 to
+/// 3 s are submitted on node 1 at `submit_at_ms`.
+fn swamped_seed(
+    seed: u64,
+    nodes: usize,
+    per_msg_us: u64,
+    tasks: u64,
+    submit_at_ms: u64,
+) -> SimReport {
+    ok(&format!(
         r#"
-seed = 1
+seed = {seed}
 submit_node = 1
-submit_at_ms = 60000
+submit_at_ms = {submit_at_ms}
 [[nodes]]
 count = {nodes}
 resources = "cpu=1"
 [[stages]]
 name = "work"
-tasks = 200
+tasks = {tasks}
 durations = "uniform:1000..3000"
 [[slow]]
 node = 0
@@ -31,7 +37,12 @@ per_msg_us = {per_msg_us}
 from_ms = 0
 until_ms = 30000
 "#
-    ));
+    ))
+}
+
+/// [`swamped_seed`] with 200 tasks submitted at 60 s, once the mesh has formed.
+fn mass_start(nodes: usize, per_msg_us: u64) -> SimReport {
+    let r = swamped_seed(1, nodes, per_msg_us, 200, 60_000);
     println!("{}", r.summary());
     // The run's own end checks: every task done at the home with its
     // output, and one mesh (see `one_mesh` in the scenario docs).
@@ -65,25 +76,7 @@ fn a_mass_start_against_one_slow_seed_forms_one_mesh_and_loses_nothing() {
 #[test]
 fn beats_that_waited_in_a_swamped_coordinators_queue_take_no_task_from_the_node_running_it() {
     for seed in 1..=3 {
-        let r = ok(&format!(
-            r#"
-seed = {seed}
-submit_node = 1
-submit_at_ms = 20000
-[[nodes]]
-count = 100
-resources = "cpu=1"
-[[stages]]
-name = "work"
-tasks = 400
-durations = "uniform:1000..3000"
-[[slow]]
-node = 0
-per_msg_us = 5000
-from_ms = 0
-until_ms = 30000
-"#
-        ));
+        let r = swamped_seed(seed, 100, 5000, 400, 20_000);
         assert_eq!(r.tasks_done, 400, "seed {seed}: {}", r.summary());
         assert!(
             r.slow_wait_ms >= 2000,
