@@ -196,6 +196,35 @@ impl Peer {
         Some(at)
     }
 
+    /// Which timers are due at `now`: what [`handle_timeout`](Self::handle_timeout)
+    /// would fire, for a driver that accounts for its wakes (the
+    /// simulator's speed line, which names the timers it stepped through).
+    pub fn timers_due(&self, now: Millis) -> TimersDue {
+        use due::Timer;
+        let mut due = TimersDue::default();
+        let mut at = |t: Option<Millis>, timer: Timer| {
+            if t.is_some_and(|t| t <= now) {
+                due.add(timer);
+            }
+        };
+        at(Some(self.node.members.next_beat()), Timer::Heartbeat);
+        at(Some(self.next_resend), Timer::Resend);
+        at(
+            self.coord.as_ref().and_then(Coord::poll_timeout),
+            Timer::Progress,
+        );
+        at(self.worker.next_timer(), Timer::Task);
+        at(
+            self.steal.poll_timeout(self.node.cfg.steal_timeout_ms),
+            Timer::Steal,
+        );
+        if self.coord.is_some() {
+            at(self.allocs.poll_timeout(), Timer::Allocation);
+        }
+        self.node.members.timers_due(now, &mut due);
+        due
+    }
+
     // ----- what the driver feeds in: messages, membership, the clock -----
 
     /// A message from node `from`, on a link or as a packet.

@@ -38,6 +38,7 @@ use rustc_hash::FxHashMap;
 
 use super::super::msg::{Beat, Ident, Msg, NodeId, RosterEntry, RosterKind};
 use super::action::Action;
+use super::due::TimersDue;
 use super::out::Out;
 use super::Config;
 use crate::engine::Millis;
@@ -671,6 +672,13 @@ impl Membership {
     /// When SWIM next needs the clock.
     pub(super) fn next_timer(&self) -> Option<Millis> {
         self.timers.keys().next().map(|&(at, _)| at)
+    }
+
+    /// SWIM's timers due by `now`, added to `due`.
+    pub(super) fn timers_due(&self, now: Millis, due: &mut TimersDue) {
+        for (_, t) in self.timers.iter().take_while(|((at, _), _)| *at <= now) {
+            due.add(t.into());
+        }
     }
 
     /// Fires SWIM's timers due by `now`.

@@ -59,6 +59,7 @@ mod borrows;
 mod config;
 mod coordinator;
 mod driver_api;
+mod due;
 mod election;
 mod holder;
 mod membership;
@@ -88,6 +89,7 @@ use crate::wire::PROTOCOL_VERSION;
 
 pub use action::{Action, Fetched, PeerEvent, Persist};
 pub use config::Config;
+pub use due::{TimersDue, TIMER_NAMES};
 pub use election::{ballot, term_round};
 pub use membership::{member_hash, Member};
 pub use out::Stats;
