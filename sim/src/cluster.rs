@@ -43,6 +43,7 @@ mod events;
 mod heal;
 mod plan;
 mod runs;
+mod upkeep;
 
 use plan::Plan;
 
@@ -390,6 +391,8 @@ struct Sim<'a> {
     traffic_end: Option<(Millis, Traffic)>,
     lost: u64,
     events: u64,
+    /// The farm's events, upkeep or change, for the speed line.
+    upkeep: upkeep::Tally,
     finished: bool,
     /// When the farm was submitted (`submit_at_ms`, or once its queues are there).
     submitted_at: Millis,
@@ -486,6 +489,7 @@ impl<'a> Sim<'a> {
             traffic_end: None,
             lost: 0,
             events: 0,
+            upkeep: upkeep::Tally::default(),
             finished: false,
             submitted_at: cfg.submit_at_ms,
             give_up_past: None,
@@ -616,6 +620,8 @@ impl<'a> Sim<'a> {
             }
             self.now = at;
             self.events += 1;
+            let seen = self.seen(&ev);
+            self.upkeep.see(at, seen);
             self.handle(ev)?;
             // With allocation queues, the run goes on until the jobs the
             // farm no longer needs are given back: the scale in; with
@@ -970,7 +976,10 @@ impl<'a> Sim<'a> {
             match a {
                 Action::Send { to, msg } => self.send(n, to, msg),
                 Action::Swim { to, data } => self.send(n, to.id, Msg::Swim(data)),
-                Action::Start { task, grant } => self.start_task(n, task, grant.resources)?,
+                Action::Start { task, grant } => {
+                    self.upkeep.change(self.now);
+                    self.start_task(n, task, grant.resources)?
+                }
                 Action::Kill { task, .. } => self.kill(n, task),
                 Action::Fetch { task, from, .. } => {
                     let from = (from.0 - 1) as u32;
@@ -1294,6 +1303,7 @@ impl<'a> Sim<'a> {
             unplaceable: self.unplaceable.clone(),
             prefetch: self.nodes.iter().map(|n| n.depth).collect(),
             events: self.events,
+            upkeep: self.upkeep.report(),
             events_per_sec: self.events as f64 / wall_s.max(1e-9),
             wall_ms: wall_s * 1000.0,
             peak_rss_bytes: crate::peak_rss_bytes(None),

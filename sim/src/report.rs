@@ -68,6 +68,11 @@ pub struct SimReport {
     pub prefetch: Vec<u32>,
     /// Simulation events processed (deliveries, timers, task ends, faults).
     pub events: u64,
+    /// Of the farm's events, those that were the mesh's upkeep between
+    /// changes: what the simulator stepped one at a time where an exact
+    /// skip would jump, and which timers made them.
+    #[serde(default)]
+    pub upkeep: Upkeep,
     pub events_per_sec: f64,
     pub wall_ms: f64,
     /// This process's peak resident memory at the end of the run, where
@@ -115,6 +120,59 @@ pub struct Traffic {
     /// the traffic comes from (beats and SWIM while nothing changes).
     #[serde(default)]
     pub by_kind: ByKind,
+}
+
+/// The farm's events (from its submission to its end) that were the
+/// mesh's upkeep between changes: beats, SWIM packets and resends
+/// delivered, and wakes for periodic timers only. A change is anything
+/// else: a task starting or ending, a node coming or going, a message
+/// that carries work (an assignment, a report, a sync), a suspicion.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Upkeep {
+    /// The farm's events.
+    pub of: u64,
+    /// Of them, upkeep.
+    pub events: u64,
+    /// Upkeep by source (a message kind delivered, or the timer a wake
+    /// was for; "superseded timer" for a wake whose timer had moved),
+    /// most first.
+    pub by_source: Vec<(String, u64)>,
+    /// Stretches between two changes with upkeep in them: how many, their
+    /// virtual time in all, and the longest.
+    pub stretches: u64,
+    pub stretch_ms: u64,
+    pub longest_ms: u64,
+    /// Upkeep in stretches of a second or more: what a skip could jump.
+    pub in_long_stretches: u64,
+}
+
+impl Upkeep {
+    /// The speed line's second half: how much of the run was upkeep, in
+    /// stretches how long, and from which timers, none of which the
+    /// simulator can skip exactly yet.
+    fn describe(&self) -> String {
+        if self.events == 0 {
+            return String::new();
+        }
+        let share = |n: u64| 100.0 * n as f64 / self.events as f64;
+        let sources: Vec<String> = self
+            .by_source
+            .iter()
+            .take(5)
+            .map(|(s, n)| format!("{s} {:.0}%", share(*n)))
+            .collect();
+        format!(
+            "stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
+             changes, in {} quiet stretches of {} on average (longest {}; {:.0}% of the upkeep \
+             in stretches of a second or more): {}; none of these has an exact skip yet\n",
+            100.0 * self.events as f64 / self.of.max(1) as f64,
+            self.stretches,
+            span(self.stretch_ms / self.stretches.max(1)),
+            span(self.longest_ms),
+            share(self.in_long_stretches),
+            sources.join(", "),
+        )
+    }
 }
 
 /// How many kinds of message there are.
@@ -377,6 +435,16 @@ pub fn node_kinds(shapes: &[(usize, String)]) -> String {
 }
 
 /// `45 s`, `2 min 30 s`, `1 h 30 min`: a time a user reads at a glance.
+/// A span of virtual time as [`duration`] gives it, below a minute to the
+/// millisecond or the tenth of a second.
+fn span(ms: u64) -> String {
+    match ms {
+        0..1000 => format!("{ms} ms"),
+        1000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        _ => duration(ms),
+    }
+}
+
 pub(crate) fn duration(ms: u64) -> String {
     let s = ms / 1000;
     match (s / 3600, s % 3600 / 60, s % 60) {
@@ -469,7 +537,7 @@ impl SimReport {
              per node per s before the farm: {}\nper node per s during the farm: {}\n\
              duplicates {}\n\
              tasks {} done, {} failed, {} executions\n{}prefetch depth {}\n\
-             events {} ({:.0}/s; {:.1} s, peak memory {})\none mesh since {} ms; coordinated: {}\nlongest wait at a slow node {} ms\n",
+             events {} ({:.0}/s; {:.1} s, peak memory {})\n{}one mesh since {} ms; coordinated: {}\nlongest wait at a slow node {} ms\n",
             self.seed,
             shapes(self.nodes, &self.node_shapes),
             self.makespan,
@@ -507,6 +575,7 @@ impl SimReport {
             self.wall_ms / 1000.0,
             self.peak_rss_bytes
                 .map_or_else(|| "unknown".to_string(), |b| format!("{} MB", b / 1_000_000)),
+            self.upkeep.describe(),
             self.one_mesh_ms
                 .map_or_else(|| "-".to_string(), |ms| ms.to_string()),
             spread_nodes(&self.coordinators),

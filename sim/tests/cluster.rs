@@ -532,3 +532,34 @@ fn a_run_out_of_wall_time_says_how_far_it_got_and_with_time_enough_is_the_whole_
     let (bound, greedy) = mesh_sim::baselines(&cfg).expect("plans");
     assert_eq!((bound, greedy), (whole.lower_bound, whole.greedy));
 }
+
+#[test]
+fn the_speed_line_counts_a_minute_of_running_tasks_as_upkeep_and_names_its_timers() {
+    // Four tasks of a minute on five nodes: once they run, nothing
+    // changes for a minute but the mesh's own beats, probes and resends,
+    // which the simulator steps one by one.
+    let mut cfg = SimConfig::simple(21, 5, "cpu=1", 4, "60000");
+    cfg.submit_at_ms = 5_000;
+    let r = ok(&cfg);
+    let u = &r.upkeep;
+    assert!(u.of <= r.events && u.events <= u.of, "{u:?}");
+    assert!(u.events as f64 > 0.9 * u.of as f64, "{u:?}");
+    assert!((50_000..=60_000).contains(&u.longest_ms), "{u:?}");
+    assert!(u.in_long_stretches as f64 > 0.9 * u.events as f64, "{u:?}");
+    let sources: Vec<&str> = u.by_source.iter().map(|(s, _)| s.as_str()).collect();
+    for timer in ["beat", "swim", "heartbeat timer", "probe timer", "claimed"] {
+        assert!(sources.contains(&timer), "{timer} not in {sources:?}");
+    }
+    assert_eq!(u.by_source.iter().map(|(_, n)| n).sum::<u64>(), u.events);
+    assert!(r
+        .summary()
+        .contains("of the farm's events were the mesh's upkeep"));
+
+    // Two thousand tasks of tens of milliseconds on four nodes: something
+    // starts or ends every few milliseconds, and the events are the work.
+    let r = ok(&SimConfig::simple(22, 4, "cpu=2", 2_000, "uniform:10..50"));
+    let u = &r.upkeep;
+    assert!(u.longest_ms < 1_000, "{u:?}");
+    assert!((u.events as f64) < 0.5 * u.of as f64, "{u:?}");
+    assert_eq!(u.in_long_stretches, 0, "{u:?}");
+}
