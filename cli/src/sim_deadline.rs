@@ -34,6 +34,9 @@ struct Tried {
     /// False when the search's time ran out first, `simulated_ms` into the farm.
     finished: bool,
     simulated_ms: Option<u64>,
+    /// Not finished: where its farm would end at its pace so far against
+    /// greedy list scheduling (an estimate, not a simulated answer).
+    projected_ms: Option<u64>,
 }
 
 impl Tried {
@@ -259,10 +262,43 @@ impl Answer<'_> {
         };
         format!(
             "not answered within {within} (--search-time): {} node{} did not finish \
-             simulating; {known}. Give it more time, e.g. --search-time 30m, for the \
+             simulating; {known}{}. Give it more time, e.g. --search-time 30m, for the \
              simulated answer",
             unknown.join(" and "),
             if unknown == ["1"] { "" } else { "s" },
+            self.projected(),
+        )
+    }
+
+    /// What the counts not finished would do at their pace so far: an
+    /// estimate the user can act on while the simulated answer waits.
+    fn projected(&self) -> String {
+        let mut rows: Vec<&Tried> = self.tried.iter().filter(|t| !t.finished).collect();
+        rows.sort_by_key(|t| t.nodes);
+        let said: Vec<String> = rows
+            .iter()
+            .filter_map(|t| {
+                let p = t.projected_ms?;
+                let verb = if p <= self.ask.deadline_ms {
+                    "meet"
+                } else {
+                    "miss"
+                };
+                Some(format!(
+                    "{} nodes would {verb} it (about {}, from its first {})",
+                    t.nodes,
+                    span(p),
+                    span(t.simulated_ms.unwrap_or_default())
+                ))
+            })
+            .collect();
+        if said.is_empty() {
+            return String::new();
+        }
+        format!(
+            "; at their pace so far against greedy list scheduling (projected, not \
+             simulated): {}",
+            said.join(", ")
         )
     }
 }
@@ -317,6 +353,7 @@ fn tried(n: usize, within: Within, deadline_ms: u64, tasks: u64) -> Tried {
         past_deadline: false,
         finished: true,
         simulated_ms: None,
+        projected_ms: None,
     };
     match within {
         Within::Ended(r) => Tried {
@@ -327,13 +364,18 @@ fn tried(n: usize, within: Within, deadline_ms: u64, tasks: u64) -> Tried {
             ..none
         },
         // A count still running at the deadline has answered: no.
-        Within::Past => Tried {
+        Within::Past { projected_ms } => Tried {
             past_deadline: true,
+            projected_ms,
             ..none
         },
-        Within::OutOfTime { at_ms } => Tried {
+        Within::OutOfTime {
+            at_ms,
+            projected_ms,
+        } => Tried {
             finished: false,
             simulated_ms: Some(at_ms),
+            projected_ms,
             ..none
         },
     }

@@ -94,7 +94,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
 pub fn run_within(cfg: &SimConfig, past_ms: Millis) -> Result<Option<SimReport>, SimError> {
     Ok(match run_bounded(cfg, past_ms, None)? {
         Within::Ended(r) => Some(*r),
-        Within::Past | Within::OutOfTime { .. } => None,
+        Within::Past { .. } | Within::OutOfTime { .. } => None,
     })
 }
 
@@ -103,12 +103,17 @@ pub fn run_within(cfg: &SimConfig, past_ms: Millis) -> Result<Option<SimReport>,
 pub enum Within {
     /// Its farm ended in time: the whole run, report for report as [`run`].
     Ended(Box<SimReport>),
-    /// Its farm was still running past the time given: it ends later.
-    Past,
+    /// Its farm was still running past the time given: it ends later,
+    /// about `projected_ms` at its pace so far (see `OutOfTime`).
+    Past { projected_ms: Option<Millis> },
     /// The wall-clock time given ran out first, this far into the
     /// run's virtual time (counted from the farm's submission): the
-    /// answer is not known.
-    OutOfTime { at_ms: Millis },
+    /// answer is not known. `projected_ms`: where the farm would end
+    /// at its pace so far (see `Sim::projected`), once a task has.
+    OutOfTime {
+        at_ms: Millis,
+        projected_ms: Option<Millis>,
+    },
 }
 
 /// [`run_within`], and stopped once the wall clock reaches `stop`: a
@@ -131,8 +136,11 @@ pub fn run_bounded(
         ))),
         Err(_) if sim.out_of_time => Ok(Within::OutOfTime {
             at_ms: sim.now.saturating_sub(sim.submitted_at),
+            projected_ms: sim.projected(),
         }),
-        Err(_) if sim.gave_up => Ok(Within::Past),
+        Err(_) if sim.gave_up => Ok(Within::Past {
+            projected_ms: sim.projected(),
+        }),
         Err(e) => Err(e),
     }
 }
@@ -1192,6 +1200,17 @@ impl<'a> Sim<'a> {
         self.finished = true;
         self.traffic_end = Some((self.now, self.traffic));
         Ok(())
+    }
+
+    /// Where a run stopped early would end at its pace so far: greedy
+    /// list scheduling's makespan, stretched by how much later than
+    /// greedy this run finished as many tasks. None before any has.
+    fn projected(&self) -> Option<Millis> {
+        let done = self.ok_done.iter().filter(|&&d| d).count();
+        let greedy_at = *self.plan.greedy_ends.get(done.checked_sub(1)?)?;
+        let at = self.makespan.saturating_sub(self.submitted_at);
+        let pace = at as f64 / greedy_at.max(1) as f64;
+        Some((self.plan.greedy as f64 * pace).round() as Millis)
     }
 
     fn latency(&mut self) -> Millis {

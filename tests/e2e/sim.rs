@@ -210,6 +210,27 @@ fn a_deadline_finds_the_fewest_nodes_for_a_farm_of_minutes() {
         "{}",
         r.stdout
     );
+    // Stopped hours into its farm, a count says where it would end at its
+    // pace so far, labelled as no simulated answer.
+    let r = sb.mesh(&[
+        "sim",
+        "--tasks",
+        "20000",
+        "--durations",
+        "uniform:5m..20m",
+        "--deadline",
+        "20h",
+        "--search-time",
+        "3s",
+    ]);
+    r.expect_code(3);
+    assert!(
+        r.stdout.contains("(projected, not simulated)")
+            && (r.stdout.contains("nodes would meet it (about")
+                || r.stdout.contains("nodes would miss it (about")),
+        "{}",
+        r.stdout
+    );
     let r = sb.mesh(&[&args[..], &["--search-time", "1ms"]].concat());
     r.expect_code(3);
     let v = r.json();

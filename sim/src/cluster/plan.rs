@@ -31,6 +31,10 @@ pub(super) struct Plan {
     /// See [`Plan::greedy`]: in submission order, and longest first.
     pub(super) greedy: u64,
     pub(super) longest_first: u64,
+    /// When greedy list scheduling (in submission order) finished its
+    /// first task, its second, ...: what a run stopped early measures its
+    /// pace against (set by [`Plan::with_baselines`] only).
+    pub(super) greedy_ends: Vec<u64>,
     /// A recorded workflow's tasks' parents (task numbers, each after its
     /// parents): its graph is per task, not the stages' `after` alone.
     pub(super) parents: Option<Vec<Vec<u32>>>,
@@ -140,6 +144,7 @@ impl Plan {
             latency: parse_durations(&cfg.latency).map_err(ConfigError::from)?,
             lower_bound: 0,
             greedy: 0,
+            greedy_ends: Vec::new(),
             longest_first: 0,
             parents: None,
             io: None,
@@ -191,6 +196,7 @@ impl Plan {
             latency: parse_durations(&cfg.latency).map_err(ConfigError::from)?,
             lower_bound: 0,
             greedy: 0,
+            greedy_ends: Vec::new(),
             longest_first: 0,
             parents: Some(wl.parents.clone()),
             io: Some(Io {
@@ -212,7 +218,10 @@ impl Plan {
     /// With the greedy baselines too: each a list schedule of every task,
     /// which a run computes beside the simulation instead (see `run_planned`).
     pub(super) fn with_baselines(mut self) -> Plan {
-        (self.greedy, self.longest_first) = self.baselines();
+        let mut ends = Vec::new();
+        self.greedy = self.greedy_with(false, Some(&mut ends));
+        self.longest_first = self.greedy(true);
+        self.greedy_ends = ends;
         self
     }
 
@@ -380,8 +389,14 @@ impl Plan {
     /// their stage opened). How close it comes to the bound tells whether
     /// the bound itself is tight.
     pub(super) fn greedy(&self, longest_first: bool) -> u64 {
+        self.greedy_with(longest_first, None)
+    }
+
+    /// [`Plan::greedy`], with each task's end pushed to `ends` as it
+    /// comes (in time order).
+    fn greedy_with(&self, longest_first: bool, mut ends: Option<&mut Vec<u64>>) -> u64 {
         if let Some(parents) = &self.parents {
-            return self.greedy_dag(parents, longest_first);
+            return self.greedy_dag(parents, longest_first, ends);
         }
         let def = &self.spec.def;
         let n = def.stages.len();
@@ -460,6 +475,9 @@ impl Plan {
         while let Some(Reverse((at, node, s, i))) = running.pop() {
             now = at;
             end = end.max(at);
+            if let Some(e) = ends.as_deref_mut() {
+                e.push(at);
+            }
             free[node].give(reqs[s]);
             left[s] -= 1;
             let mut more = false;
@@ -500,7 +518,12 @@ impl Plan {
     /// first stage's first (or, with `longest_first`, the longest) starts.
     /// Only nodes with room are filled when tasks become ready, so a run
     /// of a thousand nodes does not look at every node per task.
-    fn greedy_dag(&self, parents: &[Vec<u32>], longest_first: bool) -> u64 {
+    fn greedy_dag(
+        &self,
+        parents: &[Vec<u32>],
+        longest_first: bool,
+        mut ends: Option<&mut Vec<u64>>,
+    ) -> u64 {
         let def = &self.spec.def;
         let n = def.stages.len();
         let total = self.durations.len();
@@ -585,6 +608,9 @@ impl Plan {
         fill_roomy(0, &mut roomy, &mut free, &mut ready, &mut running);
         while let Some(Reverse((at, node, g))) = running.pop() {
             end = end.max(at);
+            if let Some(e) = ends.as_deref_mut() {
+                e.push(at);
+            }
             let s = stage_of[g as usize] as usize;
             free[node].give(reqs[s]);
             roomy.insert(node);
