@@ -132,9 +132,15 @@ impl Peer {
     /// away, so it asks their homes (through its coordinator), at its
     /// next resend and then every `KEEPS_EVERY_MS`, until each says so.
     pub fn restore_kept(&mut self, farms: impl IntoIterator<Item = FarmId>) {
-        let before = self.kept.farms.len();
-        self.kept.farms.extend(farms);
-        if self.kept.farms.len() > before {
+        // Asked again even of farms it already asked about: those asks
+        // went to the coordinator of its side of a cut, which could not
+        // reach the home (the next would come `KEEPS_EVERY_MS` later).
+        let mut any = false;
+        for farm in farms {
+            self.kept.farms.insert(farm);
+            any = true;
+        }
+        if any {
             self.kept.next_ask = 0;
         }
     }
