@@ -34,8 +34,9 @@ struct Tried {
     /// False when the search's time ran out first, `simulated_ms` into the farm.
     finished: bool,
     simulated_ms: Option<u64>,
-    /// Not finished: where its farm would end at its pace so far against
-    /// greedy list scheduling (an estimate, not a simulated answer).
+    /// Not finished, or given up past the deadline: where its farm would
+    /// end at its pace so far against greedy list scheduling (an
+    /// estimate, not a simulated answer).
     projected_ms: Option<u64>,
 }
 
