@@ -181,24 +181,12 @@ impl Peer {
     /// When the peer next needs [`Peer::handle_timeout`].
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Millis> {
-        let mut at = self.node.members.next_beat().min(self.next_resend);
-        if let Some(t) = self.node.members.next_timer() {
-            at = at.min(t);
-        }
-        if let Some(t) = self.worker.next_timer() {
-            at = at.min(t);
-        }
-        if let Some(t) = self.steal.poll_timeout(self.node.cfg.steal_timeout_ms) {
-            at = at.min(t);
-        }
-        if let Some(c) = &self.coord {
-            if let Some(t) = c.poll_timeout() {
+        let mut at = self.node.members.next_timer().unwrap_or(Millis::MAX);
+        self.each_timer(|t, _| {
+            if let Some(t) = t {
                 at = at.min(t);
             }
-            if let Some(t) = self.allocs.poll_timeout() {
-                at = at.min(t);
-            }
-        }
+        });
         Some(at)
     }
 
@@ -206,29 +194,31 @@ impl Peer {
     /// would fire, for a driver that accounts for its wakes (the
     /// simulator's speed line, which names the timers it stepped through).
     pub fn timers_due(&self, now: Millis) -> TimersDue {
-        use due::Timer;
         let mut due = TimersDue::default();
-        let mut at = |t: Option<Millis>, timer: Timer| {
+        self.each_timer(|t, kind| {
             if t.is_some_and(|t| t <= now) {
-                due.add(timer);
+                due.add(kind);
             }
-        };
-        at(Some(self.node.members.next_beat()), Timer::Heartbeat);
-        at(Some(self.next_resend), Timer::Resend);
-        at(
-            self.coord.as_ref().and_then(Coord::poll_timeout),
-            Timer::Progress,
-        );
-        at(self.worker.next_timer(), Timer::Task);
-        at(
-            self.steal.poll_timeout(self.node.cfg.steal_timeout_ms),
-            Timer::Steal,
-        );
-        if self.coord.is_some() {
-            at(self.allocs.poll_timeout(), Timer::Allocation);
-        }
+        });
         self.node.members.timers_due(now, &mut due);
         due
+    }
+
+    /// Each of this peer's timers but SWIM's (which `Membership` keeps),
+    /// with when it is due, if it is set: what both the next timeout and
+    /// the timers due are read from.
+    fn each_timer(&self, mut f: impl FnMut(Option<Millis>, TimerKind)) {
+        f(Some(self.node.members.next_beat()), TimerKind::Heartbeat);
+        f(Some(self.next_resend), TimerKind::Resend);
+        f(self.worker.next_timer(), TimerKind::Task);
+        f(
+            self.steal.poll_timeout(self.node.cfg.steal_timeout_ms),
+            TimerKind::Steal,
+        );
+        if let Some(c) = &self.coord {
+            f(c.poll_timeout(), TimerKind::Progress);
+            f(self.allocs.poll_timeout(), TimerKind::Allocation);
+        }
     }
 
     // ----- what the driver feeds in: messages, membership, the clock -----

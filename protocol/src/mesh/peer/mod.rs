@@ -89,7 +89,7 @@ use crate::wire::PROTOCOL_VERSION;
 
 pub use action::{Action, Fetched, PeerEvent, Persist};
 pub use config::Config;
-pub use due::{TimersDue, TIMER_NAMES};
+pub use due::{TimerKind, TimersDue};
 pub use election::{ballot, term_round};
 pub use membership::{member_hash, Member};
 pub use out::Stats;
