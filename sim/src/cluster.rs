@@ -768,11 +768,10 @@ impl<'a> Sim<'a> {
             }
             Ev::MeshCheck => self.check_one_mesh(),
             Ev::Timer { node, gen } => {
-                let nd = &mut self.nodes[node as usize];
-                if nd.gen != gen || nd.timer != Some(now) || nd.peer.is_none() {
+                if !self.timer_armed(node, gen) {
                     return Ok(());
                 }
-                nd.timer = None;
+                self.nodes[node as usize].timer = None;
                 self.step(node as usize, |p| p.handle_timeout(now))
             }
             Ev::TaskEnd {
@@ -940,6 +939,13 @@ impl<'a> Sim<'a> {
     }
 
     /// Feeds one input to a peer, then carries out its actions and checks.
+    /// A node's timer event is the one it armed last, in its life now, and
+    /// it is up: the wake is due (others were superseded).
+    pub(super) fn timer_armed(&self, node: u32, gen: u32) -> bool {
+        let nd = &self.nodes[node as usize];
+        nd.gen == gen && nd.timer == Some(self.now) && nd.peer.is_some()
+    }
+
     fn step(&mut self, n: usize, input: impl FnOnce(&mut Peer)) -> Result<(), SimError> {
         let Some(peer) = self.nodes[n].peer.as_mut() else {
             return Ok(());
@@ -1206,7 +1212,7 @@ impl<'a> Sim<'a> {
     /// list scheduling's makespan, stretched by how much later than
     /// greedy this run finished as many tasks. None before any has.
     fn projected(&self) -> Option<Millis> {
-        let done = self.ok_done.iter().filter(|&&d| d).count();
+        let done = self.ok_done.len() - self.ok_left;
         let greedy_at = *self.plan.greedy_ends.get(done.checked_sub(1)?)?;
         let at = self.makespan.saturating_sub(self.submitted_at);
         let pace = at as f64 / greedy_at.max(1) as f64;

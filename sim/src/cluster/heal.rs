@@ -80,19 +80,17 @@ impl Sim<'_> {
         if !self.stalled(n) {
             return Some(ev);
         }
-        let now = self.now;
-        let nd = &mut self.nodes[n];
         let ev = match ev {
             Ev::Timer { node, gen } => {
-                if nd.gen != gen || nd.timer != Some(now) || nd.peer.is_none() {
+                if !self.timer_armed(node, gen) {
                     return None;
                 }
-                nd.timer = None;
+                self.nodes[n].timer = None;
                 Ev::Wake { node, gen }
             }
             other => other,
         };
-        nd.held.push(ev);
+        self.nodes[n].held.push(ev);
         None
     }
 

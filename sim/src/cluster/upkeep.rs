@@ -1,6 +1,6 @@
 //! The farm's events sorted into upkeep and changes, for the speed line: how much of a run an exact skip over quiet stretches would jump, and which timers it would have to jump over.
 
-use mesh_protocol::mesh::{Msg, TIMER_NAMES};
+use mesh_protocol::mesh::{Msg, TimerKind};
 
 use super::*;
 use crate::report::Upkeep;
@@ -8,7 +8,7 @@ use crate::report::Upkeep;
 /// Message kinds and timers, each a source of upkeep; and a wake for a
 /// timer that had moved since.
 const KINDS: usize = Msg::KINDS.len();
-const SOURCES: usize = KINDS + TIMER_NAMES.len() + 1;
+const SOURCES: usize = KINDS + TimerKind::ALL.len() + 1;
 const SUPERSEDED: usize = SOURCES - 1;
 
 /// What an event was, as the speed line counts it.
@@ -37,7 +37,7 @@ pub(super) struct Tally {
 
 /// A stretch this long or longer is one a skip could gain on: shorter
 /// ones are over before a beat's round trip and a probe's have settled.
-pub(super) const LONG_MS: Millis = 1000;
+const LONG_MS: Millis = 1000;
 
 impl Default for Tally {
     fn default() -> Tally {
@@ -91,7 +91,7 @@ impl Tally {
         let name = |i: usize| match i {
             SUPERSEDED => "superseded timer".to_string(),
             i if i < KINDS => Msg::KINDS[i].to_string(),
-            i => format!("{} timer", TIMER_NAMES[i - KINDS]),
+            i => format!("{} timer", TimerKind::ALL[i - KINDS].name()),
         };
         let mut by_source: Vec<(String, u64)> = (0..SOURCES)
             .filter(|&i| self.by_source[i] > 0)
@@ -124,17 +124,19 @@ impl Sim<'_> {
                 }
             }
             Ev::Timer { node, gen } | Ev::Wake { node, gen } => {
-                let nd = &self.nodes[*node as usize];
-                let armed = matches!(ev, Ev::Wake { .. }) || nd.timer == Some(self.now);
-                let peer = match &nd.peer {
-                    Some(p) if nd.gen == *gen && armed => p,
+                let live = match ev {
+                    Ev::Timer { .. } => self.timer_armed(*node, *gen),
+                    _ => self.nodes[*node as usize].gen == *gen,
+                };
+                let peer = match &self.nodes[*node as usize].peer {
+                    Some(p) if live => p,
                     // Handled as nothing: the node is down, or its timer moved.
                     _ => return Seen::Upkeep(SUPERSEDED),
                 };
                 let due = peer.timers_due(self.now);
                 match due.first() {
                     None => Seen::Upkeep(SUPERSEDED),
-                    Some(i) if due.only_upkeep() => Seen::Upkeep(KINDS + i),
+                    Some(t) if due.only_upkeep() => Seen::Upkeep(KINDS + t as usize),
                     Some(_) => Seen::Change,
                 }
             }
