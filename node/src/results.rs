@@ -225,9 +225,33 @@ pub fn put(src: &Path, dst: &Path) -> io::Result<()> {
     put_with(dst, |tmp| fs::copy(src, tmp).map(|_| ()))
 }
 
-/// Puts `data` at `dst` as [`put`] puts a copy: whole or not at all.
-pub fn put_bytes(data: &[u8], dst: &Path) -> io::Result<()> {
-    put_with(dst, |tmp| fs::write(tmp, data))
+/// Puts a copy of `src` at `dst` as [`put`] does, with permission bits
+/// `mode` (0: `src`'s). The bits are given to the copy before it is
+/// renamed into place: a file another task copies or runs from `dst`
+/// (a staged wrapper, copied into each task's folder) is never seen
+/// with the cache's bits in between.
+pub fn put_as(src: &Path, dst: &Path, mode: u32) -> io::Result<()> {
+    put_with(dst, |tmp| {
+        fs::copy(src, tmp)?;
+        give_mode(tmp, mode)
+    })
+}
+
+/// Puts `data` at `dst` as [`put_as`] puts a copy: whole or not at all,
+/// with permission bits `mode` (0: a new file's).
+pub fn put_bytes(data: &[u8], dst: &Path, mode: u32) -> io::Result<()> {
+    put_with(dst, |tmp| {
+        fs::write(tmp, data)?;
+        give_mode(tmp, mode)
+    })
+}
+
+fn give_mode(path: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if mode == 0 {
+        return Ok(());
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
 }
 
 fn put_with(dst: &Path, write: impl FnOnce(&Path) -> io::Result<()>) -> io::Result<()> {
@@ -695,5 +719,42 @@ mod tests {
             fs::metadata(&dst).unwrap().permissions().mode() & 0o777,
             0o755
         );
+    }
+
+    /// Seed 004's wrapper: staged once into the farm's folder and copied
+    /// from there into each task's, while another task of the node may be
+    /// placing it again. A reader must never find it without its bits.
+    #[test]
+    fn a_file_put_with_its_mode_is_never_seen_without_it() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let t = tempfile::tempdir().unwrap();
+        let (cached, dst) = (t.path().join("cached"), t.path().join("root/wrapper.sh"));
+        write(&cached, "#!/bin/sh\necho hi\n");
+        fs::set_permissions(&cached, fs::Permissions::from_mode(0o644)).unwrap();
+        put_as(&cached, &dst, 0o755).unwrap();
+        let done = AtomicBool::new(false);
+        let seen = std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let mut wrong = Vec::new();
+                while !done.load(Ordering::Relaxed) {
+                    if let Ok(m) = fs::metadata(&dst) {
+                        let mode = m.permissions().mode() & 0o777;
+                        if mode != 0o755 {
+                            wrong.push(format!("{mode:o}"));
+                        }
+                    }
+                }
+                wrong
+            });
+            for _ in 0..2000 {
+                put_as(&cached, &dst, 0o755).unwrap();
+            }
+            put_bytes(b"#!/bin/sh\n", &dst, 0o755).unwrap();
+            done.store(true, Ordering::Relaxed);
+            reader.join().unwrap()
+        });
+        assert!(seen.is_empty(), "seen with modes {seen:?}");
+        assert_eq!(fs::read_to_string(&dst).unwrap(), "#!/bin/sh\n");
     }
 }

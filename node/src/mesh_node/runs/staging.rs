@@ -380,8 +380,8 @@ fn place_kept(held: &Path, dir: &Path, outputs: &[OutputFile]) -> Result<(), Fet
         if let Some(d) = dest.parent() {
             fs::create_dir_all(d).map_err(FetchError::io(FetchError::Create, d))?;
         }
-        fs::copy(&src, &dest).map_err(FetchError::io(FetchError::Place, &dest))?;
-        set_mode(&dest, o.mode)?;
+        crate::results::put_as(&src, &dest, o.mode)
+            .map_err(FetchError::io(FetchError::Place, &dest))?;
     }
     only_outputs(dir, outputs)
 }
@@ -551,7 +551,8 @@ pub(in crate::mesh_node) fn place_riding(o: &OutputFile, dest: &Path) -> Result<
         return Err(FetchError::Leaves(o.path.clone()));
     }
     if !file_hash(dest).is_ok_and(|h| h == o.hash) {
-        crate::results::put_bytes(data, dest).map_err(FetchError::io(FetchError::Place, dest))?;
+        return crate::results::put_bytes(data, dest, o.mode)
+            .map_err(FetchError::io(FetchError::Place, dest));
     }
     set_mode(dest, o.mode)
 }
@@ -563,8 +564,7 @@ pub(in crate::mesh_node) fn replace_with(
     dest: &Path,
     mode: u32,
 ) -> Result<(), FetchError> {
-    crate::results::put(cached, dest).map_err(FetchError::io(FetchError::Place, dest))?;
-    set_mode(dest, mode)
+    crate::results::put_as(cached, dest, mode).map_err(FetchError::io(FetchError::Place, dest))
 }
 
 /// Fetches a file by its blake3 hash from the first of `sources` that has
