@@ -333,6 +333,7 @@ async fn fetch_all(
                 farm,
                 hash: o.hash,
                 dest: &dest,
+                mode: o.mode,
                 what: Fetching::Home,
             };
             let got = transfer::fetch(t, handle, f).await?;
@@ -584,6 +585,7 @@ pub(in crate::mesh_node) async fn fetch_any(
             farm,
             hash,
             dest,
+            mode: 0,
             what: Fetching::Cached,
         };
         match transfer::fetch(t, handle, f).await {

@@ -20,6 +20,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -540,6 +541,10 @@ pub(in crate::mesh_node) struct Fetch<'a> {
     pub(in crate::mesh_node) farm: FarmId,
     pub(in crate::mesh_node) hash: [u8; 32],
     pub(in crate::mesh_node) dest: &'a Path,
+    /// The permission bits it goes in with (0: as made), given before it
+    /// is renamed into place: an executable output is never seen at its
+    /// path without them.
+    pub(in crate::mesh_node) mode: u32,
     pub(in crate::mesh_node) what: Fetching,
 }
 
@@ -606,6 +611,7 @@ async fn fetch_here(
         farm,
         hash,
         dest,
+        mode,
         what,
     } = f;
     let keep = what == Fetching::Cached;
@@ -626,7 +632,7 @@ async fn fetch_here(
     fs::create_dir_all(&dir).map_err(FetchError::io(FetchError::Create, &dir))?;
     if let Some(at) = at {
         let (at, d, p) = (PathBuf::from(at), dest.to_path_buf(), pieces.clone());
-        let took = tokio::task::spawn_blocking(move || take_in_place(&at, &d, &hash, &p))
+        let took = tokio::task::spawn_blocking(move || take_in_place(&at, &d, &hash, &p, mode))
             .await
             .unwrap_or(false);
         if took {
@@ -647,7 +653,7 @@ async fn fetch_here(
     if have == pieces.size && pieces.size > 0 {
         // Cut after its last byte, before its name.
         let _ = net::write_frame(&mut s, &DataFrom { offset: None }).await;
-        fs::rename(&part, dest).map_err(FetchError::io(FetchError::Keep, dest))?;
+        land(&part, dest, mode)?;
         return Ok(Got::Sent(0));
     }
     net::write_frame(&mut s, &DataFrom { offset: Some(have) })
@@ -667,8 +673,17 @@ async fn fetch_here(
     if keep {
         keep_pieces(dest, &pieces);
     }
-    fs::rename(&part, dest).map_err(FetchError::io(FetchError::Keep, dest))?;
+    land(&part, dest, mode)?;
     Ok(Got::Sent(pieces.size - have))
+}
+
+/// A whole, checked part renamed to its name, with its bits first.
+fn land(part: &Path, dest: &Path, mode: u32) -> Result<(), FetchError> {
+    if mode != 0 {
+        fs::set_permissions(part, fs::Permissions::from_mode(mode))
+            .map_err(FetchError::io(FetchError::Mode, part))?;
+    }
+    fs::rename(part, dest).map_err(FetchError::io(FetchError::Keep, dest))
 }
 
 /// Opens a stream to `pid` and asks for the file: the stream, the file's
@@ -849,7 +864,7 @@ async fn receive(
 /// Takes the file kept at `at` by another node (a shared file system):
 /// linked (else copied by the file system) beside `dest`, checked by its
 /// hash, then named. Whether it was.
-fn take_in_place(at: &Path, dest: &Path, hash: &Cv, pieces: &Pieces) -> bool {
+fn take_in_place(at: &Path, dest: &Path, hash: &Cv, pieces: &Pieces, mode: u32) -> bool {
     let Ok(meta) = fs::metadata(at) else {
         return false;
     };
@@ -862,7 +877,10 @@ fn take_in_place(at: &Path, dest: &Path, hash: &Cv, pieces: &Pieces) -> bool {
     if fs::hard_link(at, &tmp).is_err() && fs::copy(at, &tmp).is_err() {
         return false;
     }
-    let ok = hash_file(&tmp).is_ok_and(|(h, _)| &h == hash) && fs::rename(&tmp, dest).is_ok();
+    // A link shares the kept file's bits, which are the output's own.
+    let moded = mode == 0 || fs::set_permissions(&tmp, fs::Permissions::from_mode(mode)).is_ok();
+    let ok =
+        moded && hash_file(&tmp).is_ok_and(|(h, _)| &h == hash) && fs::rename(&tmp, dest).is_ok();
     if !ok {
         let _ = fs::remove_file(&tmp);
     }
