@@ -201,6 +201,16 @@ pub(super) fn tasks_assigned(
         r.worker
             .round_trip(now, now.saturating_sub(at), r.node.cfg.queue_max);
     }
+    if r.worker.interrupted() {
+        // Stopping (Ctrl-C, a batch job's drain): handed back at once, as
+        // what was queued here was. Queued, they kept the node from going
+        // until its linger ran out, and waited for it there.
+        r.node
+            .election
+            .leader()
+            .send(r.out, |term| Msg::Release { term, tasks });
+        return;
+    }
     for a in tasks {
         r.worker.enqueue(now, from, a, r.specs, r.out);
     }
