@@ -342,6 +342,11 @@ struct Node {
     /// dependencies were found here so far.
     /// And since when they hold them.
     waiting: Vec<(Assigned, Resources, u64, Millis)>,
+    /// Leaving (interrupted, or its batch job draining) since then: it
+    /// goes once its peer may stop, as a real node does (`may_stop`).
+    leaving: Option<Millis>,
+    /// Until when it sends a file the home asked of it.
+    serving_until: Millis,
 }
 
 impl Node {
@@ -366,6 +371,8 @@ impl Node {
             held: Vec::new(),
             busy_until_us: 0,
             waiting: Vec::new(),
+            leaving: None,
+            serving_until: 0,
         }
     }
 }
@@ -788,13 +795,18 @@ impl<'a> Sim<'a> {
             Ev::Leave(n) => {
                 if self.nodes[n as usize].peer.is_some() {
                     self.step(n as usize, |p| p.interrupt(now))?;
-                    // The kills end at `now`; the node goes once its releases are out.
+                    // The kills end at `now`; the node goes once its
+                    // releases are out and the home has its outputs.
+                    self.nodes[n as usize].leaving.get_or_insert(now);
                     self.push(now + 1, Ev::Gone(n));
                 }
                 Ok(())
             }
             Ev::Gone(n) => {
-                self.stop_node(n as usize, false);
+                match self.may_go(n as usize) {
+                    Some(later) => self.push(later, Ev::Gone(n)),
+                    None => self.stop_node(n as usize, false),
+                }
                 Ok(())
             }
             Ev::AllocAdd(q) => self.alloc_add(q as usize),
@@ -885,10 +897,39 @@ impl<'a> Sim<'a> {
         self.after_step(n)
     }
 
+    /// Whether leaving node `n` may go now (None), as the node's driver
+    /// judges it: once nothing runs there, its results are acknowledged
+    /// and it has sent no file for `linger_quiet_ms`, or `linger_max_ms`
+    /// after it began to leave; at once when it is alone. Else when to
+    /// look again.
+    fn may_go(&self, n: usize) -> Option<Millis> {
+        let nd = &self.nodes[n];
+        let (Some(since), Some(peer)) = (nd.leaving, nd.peer.as_ref()) else {
+            return None;
+        };
+        let cfg = peer.config();
+        let until = since + cfg.linger_max_ms;
+        if self.now >= until || peer.member_count() == 0 && peer.reported() {
+            return None;
+        }
+        let quiet = nd.serving_until.max(since) + cfg.linger_quiet_ms;
+        if peer.idle() && self.now >= quiet {
+            return None;
+        }
+        // Not idle yet: looked at again as its driver looks, a heartbeat on.
+        let next = if peer.idle() {
+            quiet
+        } else {
+            self.now + cfg.heartbeat_ms
+        };
+        Some(next.min(until))
+    }
+
     /// A crash (the store loses its unflushed tail) or the end of a leave.
     fn stop_node(&mut self, n: usize, crash: bool) {
         let now = self.now;
         let nd = &mut self.nodes[n];
+        nd.leaving = None;
         let Some(peer) = nd.peer.take() else { return };
         let s = peer.stats();
         self.gone_stats.steals_asked += s.steals_asked;
@@ -998,6 +1039,8 @@ impl<'a> Sim<'a> {
                 Action::Fetch { task, from, .. } => {
                     let from = (from.0 - 1) as u32;
                     let at = self.round_trip();
+                    let source = &mut self.nodes[from as usize];
+                    source.serving_until = source.serving_until.max(at);
                     let gen = self.nodes[n].gen;
                     self.push(
                         at,

@@ -375,6 +375,11 @@ pub struct MeshKnobs {
     /// real node's is 10 s: connecting and its handshakes); default: the
     /// resend interval, as simulated messages open no connections.
     pub connect_ms: Option<u64>,
+    /// How long a leaving node stays at most for its outputs to be
+    /// fetched, and how long without a fetch lets it go earlier (the real
+    /// node's: 10 s and 2 s).
+    pub linger_max_ms: Option<u64>,
+    pub linger_quiet_ms: Option<u64>,
 }
 
 fn default_name() -> String {
@@ -643,6 +648,8 @@ impl SimConfig {
             replicas: m.replicas.unwrap_or(d.replicas),
             outputs_wait_ms: m.outputs_wait_ms.unwrap_or(d.outputs_wait_ms),
             connect_ms: m.connect_ms.unwrap_or(d.resend_ms),
+            linger_max_ms: m.linger_max_ms.unwrap_or(d.linger_max_ms),
+            linger_quiet_ms: m.linger_quiet_ms.unwrap_or(d.linger_quiet_ms),
         }
     }
 

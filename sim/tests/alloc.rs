@@ -140,9 +140,9 @@ fn walltimes_shorter_than_the_farm_drain_nodes_without_failing_a_task_and_jobs_a
     // interrupts some: handed back and run again elsewhere, and nothing
     // else ran anything twice.
     assert!(a.interrupted > 0, "{}", r.summary());
-    // A task that ends just before its node leaves has its output there
-    // when the node goes: the home cannot fetch it and, after
-    // `outputs_wait_ms`, the task runs again (a duplicate completion).
+    // A task that ends just before its node leaves has its output there;
+    // the node stays until the home has fetched it, so the only runs
+    // beyond one a task are the interrupted ones (and any duplicate).
     assert_eq!(
         r.executions,
         r.tasks_done + a.interrupted + r.duplicates,

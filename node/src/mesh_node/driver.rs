@@ -4,7 +4,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use libp2p::StreamProtocol;
 use mesh_protocol::mesh::{Action, NodeId, Peer, PeerEvent};
@@ -46,12 +46,6 @@ const CMDS_PER_STEP: usize = 256;
 /// so a slow loop slows what feeds it instead of growing a queue; a task's
 /// end is never dropped, as it holds its resources until the loop hears it.
 pub(super) const CMDS_MAX: usize = 16 * CMDS_PER_STEP;
-
-/// How long a stopping node with nothing running may stay for its results
-/// to be acknowledged and its outputs fetched; and how long without a
-/// fetch counts as the home having them all.
-const LINGER_MAX: std::time::Duration = std::time::Duration::from_secs(10);
-const FETCH_QUIET: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Runs the node until it is told to stop: set up by [`Node::open`], then [`Node::run`].
 pub(super) async fn drive(opts: NodeOptions, out: Box<dyn FnMut(&str)>) -> Result<(), NodeError> {
@@ -725,12 +719,17 @@ impl Node {
 
     /// Whether a stopping node whose tasks are over may go: once the
     /// coordinator has acknowledged its results and the home has stopped
-    /// fetching outputs from it (or after `LINGER_MAX`), at once when it is
+    /// fetching outputs from it (or after `Config::linger_max_ms`), at once when it is
     /// alone. A batch job's node
     /// never comes back for them: leaving earlier would run those tasks again.
     fn may_stop(&self, since: Instant) -> bool {
         let now = Instant::now();
-        if self.user.impatient || now >= since + LINGER_MAX {
+        let cfg = self.peer.config();
+        let (linger_max, quiet) = (
+            Duration::from_millis(cfg.linger_max_ms),
+            Duration::from_millis(cfg.linger_quiet_ms),
+        );
+        if self.user.impatient || now >= since + linger_max {
             return true;
         }
         // Alone in its mesh (a notebook's `mesh.local()`): no home will
@@ -744,6 +743,6 @@ impl Node {
             .transfers()
             .quiet_since()
             .map_or(since, |t| t.max(since));
-        self.peer.idle() && now >= last + FETCH_QUIET
+        self.peer.idle() && now >= last + quiet
     }
 }

@@ -57,6 +57,15 @@ pub struct Config {
     /// keeps no connection to its coordinator: a claim younger than this
     /// may be in an `Assign` still on its way, not lost.
     pub connect_ms: u64,
+    /// A node that stops (interrupted, or a batch job's at its drain)
+    /// stays, once nothing runs on it, at most this long for its results
+    /// to be acknowledged and its outputs fetched by their home: leaving
+    /// at once lost outputs that the home then waits `outputs_wait_ms`
+    /// for, and runs again.
+    pub linger_max_ms: u64,
+    /// ... and goes earlier, once it has sent no file for this long (the
+    /// home has them all).
+    pub linger_quiet_ms: u64,
 }
 
 impl Default for Config {
@@ -78,6 +87,8 @@ impl Default for Config {
             replicas: 2,
             outputs_wait_ms: 30_000,
             connect_ms: 10_000,
+            linger_max_ms: 10_000,
+            linger_quiet_ms: 2_000,
         }
     }
 }

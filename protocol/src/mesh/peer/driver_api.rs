@@ -576,6 +576,11 @@ impl Peer {
         self.worker.running_count()
     }
 
+    /// The settings this peer runs with.
+    pub fn config(&self) -> &Config {
+        &self.node.cfg
+    }
+
     /// True when nothing runs here and nothing waits to be reported.
     pub fn idle(&self) -> bool {
         self.worker.idle()
