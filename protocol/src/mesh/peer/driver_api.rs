@@ -491,7 +491,7 @@ impl Peer {
     /// Stops this node's tasks (Ctrl-C): running ones are killed, queued ones given back.
     pub fn interrupt(&mut self, now: Millis) {
         self.worker
-            .interrupt(&mut self.out, self.node.election.leader());
+            .interrupt(now, &mut self.out, self.node.election.leader());
         self.pump(now);
     }
 

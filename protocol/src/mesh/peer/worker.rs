@@ -523,8 +523,11 @@ impl Worker {
     }
 
     /// Stops this node's tasks (Ctrl-C): running ones are killed, queued ones given back.
-    pub(super) fn interrupt(&mut self, out: &mut Out, leader: Leader) {
+    pub(super) fn interrupt(&mut self, now: Millis, out: &mut Out, leader: Leader) {
         self.interrupted = true;
+        // Its time is up: the coordinator places nothing more here (it
+        // reads the deadline from this node's beats, and its own).
+        self.deadline = Some(self.deadline.map_or(now, |d| d.min(now)));
         let queued: Vec<Assigned> = self.queue.drain(..).collect();
         if !queued.is_empty() {
             leader.send(out, |term| Msg::Release {
