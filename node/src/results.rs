@@ -246,7 +246,8 @@ pub fn put_bytes(data: &[u8], dst: &Path, mode: u32) -> io::Result<()> {
     })
 }
 
-fn give_mode(path: &Path, mode: u32) -> io::Result<()> {
+/// Gives `path` permission bits `mode` (0: leaves them as they are).
+pub fn give_mode(path: &Path, mode: u32) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     if mode == 0 {
         return Ok(());

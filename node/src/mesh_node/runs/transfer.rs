@@ -20,7 +20,6 @@
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -679,10 +678,7 @@ async fn fetch_here(
 
 /// A whole, checked part renamed to its name, with its bits first.
 fn land(part: &Path, dest: &Path, mode: u32) -> Result<(), FetchError> {
-    if mode != 0 {
-        fs::set_permissions(part, fs::Permissions::from_mode(mode))
-            .map_err(FetchError::io(FetchError::Mode, part))?;
-    }
+    crate::results::give_mode(part, mode).map_err(FetchError::io(FetchError::Mode, part))?;
     fs::rename(part, dest).map_err(FetchError::io(FetchError::Keep, dest))
 }
 
@@ -878,7 +874,7 @@ fn take_in_place(at: &Path, dest: &Path, hash: &Cv, pieces: &Pieces, mode: u32) 
         return false;
     }
     // A link shares the kept file's bits, which are the output's own.
-    let moded = mode == 0 || fs::set_permissions(&tmp, fs::Permissions::from_mode(mode)).is_ok();
+    let moded = crate::results::give_mode(&tmp, mode).is_ok();
     let ok =
         moded && hash_file(&tmp).is_ok_and(|(h, _)| &h == hash) && fs::rename(&tmp, dest).is_ok();
     if !ok {
