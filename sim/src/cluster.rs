@@ -803,6 +803,11 @@ impl<'a> Sim<'a> {
                 Ok(())
             }
             Ev::Gone(n) => {
+                // A look for a leave that is over: the node crashed meanwhile
+                // (and may be up again, in a life of its own).
+                if self.nodes[n as usize].leaving.is_none() {
+                    return Ok(());
+                }
                 match self.may_go(n as usize) {
                     Some(later) => self.push(later, Ev::Gone(n)),
                     None => self.stop_node(n as usize, false),

@@ -321,6 +321,32 @@ fn a_node_that_leaves_mid_farm_stays_until_the_home_has_its_outputs() {
     }
 }
 
+/// A node that crashes while it leaves, and is started again, is a node
+/// of the mesh like any other: the leave's end is not its end.
+#[test]
+fn a_node_restarted_after_crashing_while_it_left_stays_up() {
+    let mut cfg = SimConfig::simple(3, 4, "cpu=2", 400, "uniform:100..300");
+    cfg.leaves = vec![LeaveSpec {
+        node: 2,
+        at_ms: 700,
+    }];
+    cfg.crashes = vec![CrashSpec {
+        node: 2,
+        at_ms: 800,
+        restart_after_ms: Some(10),
+    }];
+    let r = ok(&cfg);
+    assert_eq!(r.tasks_done, 400);
+    let t = &r.timeline;
+    let after = (6_000 / t.bucket_ms) as usize;
+    let busy_late: f64 = t.busy[2].iter().skip(after).sum();
+    assert!(
+        busy_late > 0.0,
+        "node 2 ran nothing after 6 s: {}",
+        r.summary()
+    );
+}
+
 #[test]
 fn the_fault_scenario_file_finishes() {
     let r = ok(&scenario("faults"));
