@@ -101,6 +101,11 @@ pub struct SimArgs {
     /// Turn work stealing off, to compare.
     #[arg(long)]
     pub no_steal: bool,
+    /// Step every periodic timer of the simulated nodes, even those that
+    /// do nothing, rather than skip them: the same answer, slower; a check
+    /// of the skipping (see docs/sim.md).
+    #[arg(long)]
+    pub step: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,

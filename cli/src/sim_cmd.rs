@@ -46,6 +46,7 @@ pub fn sim(args: &SimArgs, to: &Target) -> Result<ExitCode> {
     if args.no_steal {
         cfg.steal = false;
     }
+    cfg.step |= args.step;
     if let Some(d) = args.deadline {
         return crate::sim_deadline::deadline(&crate::sim_deadline::Ask {
             cfg: &cfg,

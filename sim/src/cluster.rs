@@ -39,12 +39,14 @@ use mesh_protocol::{Resources, TaskRef};
 use mesh_store::{MemStore, MeshState, Store};
 
 mod batch;
+mod ev;
 mod events;
 mod heal;
 mod plan;
 mod runs;
 mod upkeep;
 
+use ev::Ev;
 use plan::Plan;
 
 use crate::dist::{parse_durations, Dist};
@@ -198,97 +200,6 @@ fn run_planned(
         (plan.greedy, plan.longest_first) = (greedy, longest_first);
         Ok(sim.report(wall_s))
     })
-}
-
-enum Ev {
-    /// A node comes up (at the start, or joining late).
-    Up(u32),
-    /// Messages are boxed, here and below: an event is copied into its
-    /// bucket of the queue and out again, mostly into memory not touched
-    /// for a while, and a message inline made every event 120 bytes.
-    Deliver {
-        to: u32,
-        from: u32,
-        msg: Box<Msg>,
-    },
-    /// The node's next `handle_timeout`; stale unless it is still the one asked for.
-    Timer {
-        node: u32,
-        gen: u32,
-    },
-    TaskEnd {
-        node: u32,
-        gen: u32,
-        task: Assigned,
-        token: u64,
-    },
-    Submit,
-    Crash(u32),
-    Restart(u32),
-    Leave(u32),
-    /// A leaving node, its tasks handed back, stops.
-    Gone(u32),
-    /// A node has brought a farm's inputs (the simulated farm has none,
-    /// so they are there a round trip after it asks).
-    InputsReady {
-        node: u32,
-        gen: u32,
-        farm: FarmId,
-    },
-    /// The home's fetch of a task's outputs from the node that keeps them
-    /// has had time to get there and back.
-    Fetched {
-        home: u32,
-        gen: u32,
-        from: u32,
-        task: TaskRef,
-    },
-    /// `mesh alloc add` of the scenario's queue (again, until it is there).
-    AllocAdd(u32),
-    /// The batch system's answer to what a node asked.
-    BatchAnswer {
-        node: u32,
-        gen: u32,
-        answer: Box<batch::Answer>,
-    },
-    /// A batch job leaves the queue and starts its nodes.
-    JobStart(u32),
-    /// A running job ends: its nodes drain before the walltime, or it was cancelled.
-    JobEnd {
-        job: u32,
-        cancelled: bool,
-    },
-    /// A job's walltime: the batch system kills what is still there.
-    JobKill(u32),
-    /// A stalled node goes on: what came for it meanwhile is handled now.
-    Resume(u32),
-    /// A message that reached the node (it passed the network), to be
-    /// handled once the node gets to it (stalled, or slow: `Served`).
-    Arrived {
-        to: u32,
-        gen: u32,
-        from: u32,
-        msg: Box<Msg>,
-    },
-    /// A slow node has got through the messages queued before this one.
-    Served {
-        to: u32,
-        gen: u32,
-        from: u32,
-        msg: Box<Msg>,
-    },
-    /// The node's timer came due while it was stalled.
-    Wake {
-        node: u32,
-        gen: u32,
-    },
-    /// `node` is introduced to another (`[[introduce]]`).
-    Introduce {
-        node: u32,
-        to: u32,
-    },
-    /// A look at whether the mesh is one (`one_mesh`), every virtual second.
-    MeshCheck,
 }
 
 /// How often the simulator looks at whether the mesh is one.
@@ -541,7 +452,7 @@ impl<'a> Sim<'a> {
     }
 
     fn push(&mut self, at: Millis, ev: Ev) {
-        self.queue.push(at, ev);
+        self.queue.push(at, ev.key(), ev);
     }
 
     fn schedule_scenario(&mut self) {
@@ -940,6 +851,7 @@ impl<'a> Sim<'a> {
         self.gone_stats.steals_asked += s.steals_asked;
         self.gone_stats.steals_won += s.steals_won;
         self.gone_stats.tasks_stolen += s.tasks_stolen;
+        self.gone_stats.quiet_ticks += s.quiet_ticks;
         nd.gen += 1;
         nd.timer = None;
         if crash {
@@ -1330,6 +1242,7 @@ impl<'a> Sim<'a> {
                 stats.steals_asked += s.steals_asked;
                 stats.steals_won += s.steals_won;
                 stats.tasks_stolen += s.tasks_stolen;
+                stats.quiet_ticks += s.quiet_ticks;
             }
         }
         let done = self.ok_done.iter().filter(|&&d| d).count() as u64;
@@ -1376,7 +1289,10 @@ impl<'a> Sim<'a> {
             unplaceable: self.unplaceable.clone(),
             prefetch: self.nodes.iter().map(|n| n.depth).collect(),
             events: self.events,
-            upkeep: self.upkeep.report(),
+            upkeep: crate::report::Upkeep {
+                skipped: stats.quiet_ticks,
+                ..self.upkeep.report()
+            },
             events_per_sec: self.events as f64 / wall_s.max(1e-9),
             wall_ms: wall_s * 1000.0,
             peak_rss_bytes: crate::peak_rss_bytes(None),

@@ -144,16 +144,31 @@ pub struct Upkeep {
     pub longest_ms: u64,
     /// Upkeep in stretches of a second or more: what a skip could jump.
     pub in_long_stretches: u64,
+    /// Over the whole run, SWIM's gossip ticks with nothing to tell that
+    /// woke no one, each fired with whatever came to its node next (the
+    /// one timer skipped exactly so far; `--step` steps them too): about
+    /// the wakes saved (some ticks fall on another timer's wake).
+    #[serde(default)]
+    pub skipped: u64,
 }
 
 impl Upkeep {
-    /// The speed line's second half: how much of the run was upkeep, in
-    /// stretches how long, and from which timers, none of which the
-    /// simulator can skip exactly yet.
+    /// The speed line's second half: the wakes skipped, how much of what
+    /// was stepped was upkeep, in stretches how long, and from which
+    /// timers, none of which the simulator can skip exactly yet.
     fn describe(&self) -> String {
         if self.events == 0 {
             return String::new();
         }
+        let skipped = if self.skipped > 0 {
+            format!(
+                "skipped: {} of SWIM's gossip ticks had nothing to tell and woke no one \
+                 (each fired with its node's next event); ",
+                self.skipped
+            )
+        } else {
+            String::new()
+        };
         let share = |n: u64| 100.0 * n as f64 / self.events as f64;
         let sources: Vec<String> = self
             .by_source
@@ -162,7 +177,7 @@ impl Upkeep {
             .map(|(s, n)| format!("{s} {:.0}%", share(*n)))
             .collect();
         format!(
-            "stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
+            "{skipped}stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
              changes, in {} quiet stretches of {} on average (longest {}; {:.0}% of the upkeep \
              in stretches of a second or more): {}; none of these has an exact skip yet\n",
             100.0 * self.events as f64 / self.of.max(1) as f64,

@@ -149,6 +149,11 @@ pub struct SimConfig {
     /// counters.
     #[serde(default)]
     pub check_every: u64,
+    /// Step every periodic timer of the peers, even one that does nothing
+    /// (a gossip tick with nothing to tell), rather than skip it: slower,
+    /// and the same run to the byte, which is what it is for.
+    #[serde(default)]
+    pub step: bool,
     /// Every successful task leaves one output that the home fetches from
     /// the node that ran it (the farm ends when all are home). Off for
     /// studies of scheduling alone.
@@ -547,6 +552,7 @@ impl SimConfig {
             submit_at_ms: 0,
             max_time_ms: None,
             check_every: 0,
+            step: false,
             outputs: true,
             crashes: vec![],
             leaves: vec![],
@@ -650,6 +656,7 @@ impl SimConfig {
             connect_ms: m.connect_ms.unwrap_or(d.resend_ms),
             linger_max_ms: m.linger_max_ms.unwrap_or(d.linger_max_ms),
             linger_quiet_ms: m.linger_quiet_ms.unwrap_or(d.linger_quiet_ms),
+            step_upkeep: self.step,
         }
     }
 

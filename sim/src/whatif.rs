@@ -22,6 +22,8 @@ pub struct WhatIf {
     pub node: String,
     pub replay: Replay,
     pub steal: bool,
+    /// Step every timer, even those that do nothing (`SimConfig::step`).
+    pub step: bool,
     /// A scenario whose cluster is used instead (its node groups scaled
     /// to `nodes`, its allocation queues, network and knobs; its stages
     /// are not used).
@@ -39,11 +41,13 @@ impl WhatIf {
                 c.seed = self.seed;
                 c.scale_nodes(self.nodes);
                 c.steal &= self.steal;
+                c.step |= self.step;
                 c
             }
             None => {
                 let mut c = SimConfig::simple(self.seed, self.nodes, &self.node, 1, "1");
                 c.steal = self.steal;
+                c.step = self.step;
                 c.latency = self.replay.links.latency_ms.max(1).to_string();
                 c
             }

@@ -100,6 +100,7 @@ fn cluster(nodes: usize, bytes_per_s: Option<f64>) -> WhatIf {
             jitter: 0.0,
         },
         steal: true,
+        step: false,
         cluster: None,
     }
 }

@@ -1,4 +1,4 @@
-//! `mesh sim --workflow` on the six real WfCommons traces in ../shared/workflows: each replays on 4 nodes between its critical path and its serial sum, more nodes are never faster than the critical path, the same flags and seed give the same report, a deadline finds the fewest nodes, the plot is drawn; a bad trace exits 2 naming the task and field, with nothing simulated.
+//! `mesh sim --workflow` on the six real WfCommons traces in ../shared/workflows: each replays on 4 nodes between its critical path and its serial sum, more nodes are never faster than the critical path, the same flags and seed give the same report, skipping idle timers or stepping them the same answer, a deadline finds the fewest nodes, the plot is drawn; a bad trace exits 2 naming the task and field, with nothing simulated.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -178,6 +178,31 @@ fn more_nodes_are_never_faster_than_the_critical_path() {
         .filter(|l| l.trim_start().starts_with("4 ") || l.trim_start().starts_with("8 "))
         .collect();
     assert_eq!(rows.len(), 2, "{}", r.stdout);
+}
+
+#[test]
+fn each_real_trace_gives_the_same_answer_skipped_or_stepped() {
+    // `--step` wakes every simulated node for every periodic timer, even
+    // those that do nothing; skipping those (the default) must not move
+    // a single number of the answer.
+    let Some(dir) = traces() else { return };
+    let sb = sandbox();
+    for name in TRACES {
+        let path = dir.join(format!("{name}.json"));
+        let path = path.to_string_lossy();
+        let run = |step: bool| {
+            let mut a = vec!["sim", "--workflow", &path, "--nodes", "4,16", "--json"];
+            if step {
+                a.push("--step");
+            }
+            let r = sb.mesh(&a);
+            r.expect_code(0);
+            r.stdout
+        };
+        let skipped = run(false);
+        assert!(skipped.contains("makespan_p50_ms"), "{name}: {skipped}");
+        assert_eq!(skipped, run(true), "{name}: skipped and stepped differ");
+    }
 }
 
 #[test]

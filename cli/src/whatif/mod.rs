@@ -103,6 +103,7 @@ pub(crate) fn answer(
             jitter: args.jitter,
         },
         steal: !args.no_steal,
+        step: args.step,
         cluster: cluster.clone(),
     };
     // The seed comes first, so a run that goes wrong can be replayed.

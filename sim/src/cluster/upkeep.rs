@@ -106,6 +106,7 @@ impl Tally {
             stretch_ms: self.stretch_ms,
             longest_ms: self.longest_ms,
             in_long_stretches: self.in_long,
+            skipped: 0,
         }
     }
 }

@@ -66,6 +66,13 @@ pub struct Config {
     /// ... and goes earlier, once it has sent no file for this long (the
     /// home has them all).
     pub linger_quiet_ms: u64,
+    /// Wake for SWIM's gossip tick even when it has nothing to tell.
+    /// Off, such a tick is fired at the node's next wake or input instead
+    /// (it sends nothing and only sets the next tick, on the same phase),
+    /// so a quiet node is not woken five times a second for nothing. On
+    /// is the simulator's stepping mode, against which its skipping is
+    /// checked: both must give the same run.
+    pub step_upkeep: bool,
 }
 
 impl Default for Config {
@@ -89,6 +96,7 @@ impl Default for Config {
             connect_ms: 10_000,
             linger_max_ms: 10_000,
             linger_quiet_ms: 2_000,
+            step_upkeep: false,
         }
     }
 }

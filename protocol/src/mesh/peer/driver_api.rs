@@ -39,7 +39,13 @@ impl Peer {
             node: Node {
                 id,
                 started_at: now,
-                members: Membership::new(now, id, seed ^ id.0.rotate_left(17), cfg.dead_after_ms),
+                members: Membership::new(
+                    now,
+                    id,
+                    seed ^ id.0.rotate_left(17),
+                    cfg.dead_after_ms,
+                    cfg.step_upkeep,
+                ),
                 election: Election::new(
                     joining,
                     now + cfg.join_wait_ms,
@@ -54,7 +60,7 @@ impl Peer {
     /// and beats), and which life of it this is: later than any before it
     /// on this node (the wall clock at start does).
     pub fn set_address(&mut self, now: Millis, label: String, addrs: Vec<String>, life: u64) {
-        self.woke(now);
+        self.due_first(now);
         self.node
             .members
             .set_address(now, label, addrs, life, &mut self.out);
@@ -209,6 +215,7 @@ impl Peer {
     /// the timers due are read from.
     fn each_timer(&self, mut f: impl FnMut(Option<Millis>, TimerKind)) {
         f(Some(self.node.members.next_beat()), TimerKind::Heartbeat);
+        f(self.node.members.next_silence(), TimerKind::Silence);
         f(Some(self.next_resend), TimerKind::Resend);
         f(self.worker.next_timer(), TimerKind::Task);
         f(
@@ -225,17 +232,31 @@ impl Peer {
 
     /// A message from node `from`, on a link or as a packet.
     pub fn handle_message(&mut self, now: Millis, from: NodeId, msg: Msg) {
-        self.woke(now);
+        self.due_first(now);
         self.out.inbox.push_back((from, msg));
         self.pump(now);
     }
 
     /// A membership packet ([`Action::Swim`]) from another node.
     pub fn handle_swim(&mut self, now: Millis, data: &[u8]) {
-        self.woke(now);
+        self.due_first(now);
         self.node.members.handle_swim(now, data, &mut self.out);
         on_members::members_changed(&mut self.roles(), now);
         self.pump(now);
+    }
+
+    /// Before an input at `now`, whatever is due by `now` fires, as if its
+    /// wake had come first: what a peer does never depends on which of a
+    /// timer and an input at one moment the driver hands it first (the
+    /// simulator's order of two events at one millisecond is the order
+    /// they were scheduled in, which moves with every wake in between).
+    pub(super) fn due_first(&mut self, now: Millis) {
+        if self.poll_timeout().is_some_and(|t| t <= now) {
+            self.handle_timeout(now);
+        } else {
+            self.woke(now);
+            self.node.members.fire_quiet(now, &mut self.out);
+        }
     }
 
     /// The time of [`poll_timeout`](Self::poll_timeout) came: the timers due fire.
@@ -272,7 +293,7 @@ impl Peer {
     /// peer this node knew before it restarted): this node announces
     /// itself there and learns the members from it.
     pub fn introduce(&mut self, now: Millis, id: NodeId, label: String, addrs: Vec<String>) {
-        self.woke(now);
+        self.due_first(now);
         self.node
             .members
             .introduce(now, id, label, addrs, &mut self.out);
@@ -286,7 +307,7 @@ impl Peer {
     /// counts as introduced, so its beat answers the join (see
     /// [`Peer::introduce`]).
     pub fn seed_reached(&mut self, now: Millis, id: NodeId) {
-        self.woke(now);
+        self.due_first(now);
         self.node.election.introduced(id);
         self.pump(now);
     }
@@ -320,7 +341,7 @@ impl Peer {
         now: Millis,
         ended: Vec<(Assigned, Outcome, Vec<OutputFile>)>,
     ) {
-        self.woke(now);
+        self.due_first(now);
         for (task, outcome, outputs) in ended {
             let ended = Ended {
                 task,
@@ -347,6 +368,7 @@ impl Peer {
     /// On the home: the outputs of `task` asked for by [`Action::Fetch`]
     /// are here and verified, or could not be brought (tried again later).
     pub fn fetched(&mut self, now: Millis, farm: FarmId, task: TaskRef, got: Fetched) {
+        self.due_first(now);
         let answered = FetchAnswered { farm, task, got };
         if self
             .holdings
@@ -359,6 +381,7 @@ impl Peer {
     /// The farm's inputs (none, or every one) are here: a copy held here
     /// now counts, and a farm waiting for that may be accepted.
     pub fn inputs_ready(&mut self, now: Millis, farm: FarmId, ok: bool) {
+        self.due_first(now);
         // When not, asked again at the next resend, from whoever has them then.
         if ok && self.holdings.inputs_came(farm) {
             on_farms::inputs_arrived(
@@ -422,6 +445,7 @@ impl Peer {
     /// node have their outputs in place here already (the driver put them
     /// there); those of other nodes are brought from them.
     pub fn submit(&mut self, now: Millis, spec: FarmSpec, reused: Vec<Entry>) {
+        self.due_first(now);
         on_farms::farm_submitted(
             spec,
             reused,
@@ -440,6 +464,7 @@ impl Peer {
     /// nothing done, when it is not the next generation of a farm whose
     /// home is here.
     pub fn grow(&mut self, now: Millis, spec: FarmSpec, reused: Vec<Entry>) -> bool {
+        self.due_first(now);
         let grew = on_farms::farm_grew(
             spec,
             reused,
@@ -454,6 +479,7 @@ impl Peer {
 
     /// Asks the coordinator to stop a farm.
     pub fn cancel(&mut self, now: Millis, farm: FarmId) {
+        self.due_first(now);
         self.node
             .election
             .leader()
@@ -463,6 +489,7 @@ impl Peer {
 
     /// Asks the coordinator to stop one task of a farm.
     pub fn cancel_task(&mut self, now: Millis, farm: FarmId, task: TaskRef) {
+        self.due_first(now);
         self.node
             .election
             .leader()
@@ -474,13 +501,14 @@ impl Peer {
     /// user wants the outputs elsewhere): every output is brought to
     /// `out`, and the farm is offered to the coordinator with the new claim.
     pub fn take_home(&mut self, now: Millis, spec: Arc<FarmSpec>, out: String) {
+        self.due_first(now);
         on_farms::home_taken(&mut self.roles(), now, spec, out);
         self.pump(now);
     }
 
     /// A user's change to the allocation queues, sent to the coordinator.
     pub fn alloc_command(&mut self, now: Millis, cmd: AllocCmd) {
-        self.woke(now);
+        self.due_first(now);
         self.node
             .election
             .leader()
@@ -490,6 +518,7 @@ impl Peer {
 
     /// Stops this node's tasks (Ctrl-C): running ones are killed, queued ones given back.
     pub fn interrupt(&mut self, now: Millis) {
+        self.due_first(now);
         self.worker
             .interrupt(now, &mut self.out, self.node.election.leader());
         self.pump(now);

@@ -17,6 +17,8 @@ pub enum TimerKind {
     Gossip,
     /// SWIM's announce to a random (or a down) member.
     Announce,
+    /// A member watched for its silence would be silent too long now.
+    Silence,
     /// A suspected member declared down.
     Suspicion,
     /// A down member forgotten.
@@ -31,7 +33,7 @@ pub enum TimerKind {
 
 impl TimerKind {
     /// Every kind, each at the index of its discriminant.
-    pub const ALL: [TimerKind; 12] = [
+    pub const ALL: [TimerKind; 13] = [
         TimerKind::Heartbeat,
         TimerKind::Resend,
         TimerKind::Progress,
@@ -39,6 +41,7 @@ impl TimerKind {
         TimerKind::IndirectProbe,
         TimerKind::Gossip,
         TimerKind::Announce,
+        TimerKind::Silence,
         TimerKind::Suspicion,
         TimerKind::ForgetDown,
         TimerKind::Task,
@@ -56,6 +59,7 @@ impl TimerKind {
             TimerKind::IndirectProbe => "indirect probe",
             TimerKind::Gossip => "gossip",
             TimerKind::Announce => "announce",
+            TimerKind::Silence => "silence",
             TimerKind::Suspicion => "suspicion",
             TimerKind::ForgetDown => "forget down",
             TimerKind::Task => "task timer",

@@ -295,7 +295,7 @@ mod tests {
     fn joiner_by_address() -> (Election, Membership) {
         let mut e = Election::new(true, 1_000, 30_000);
         e.joins_by_address();
-        (e, Membership::new(0, NodeId(1), 7, 10_000))
+        (e, Membership::new(0, NodeId(1), 7, 10_000, false))
     }
 
     #[test]

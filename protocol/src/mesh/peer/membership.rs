@@ -243,9 +243,21 @@ pub(super) struct Membership {
     incarnation: u16,
     /// This node heard a packet from some member since its probe began.
     heard: bool,
-    /// SWIM's timers, by when they are due (and an order among equals).
-    timers: BTreeMap<(Millis, u64), Timer<Ident>>,
+    /// SWIM's timers, by when they are due, then the gossip tick before
+    /// the others of its millisecond, then the order they were set in.
+    /// The tick's place is fixed because when it was last set is not: a
+    /// node that fires a tick with nothing to tell at its next wake
+    /// (`skip_gossip`) sets the next one later than one woken for it.
+    timers: BTreeMap<(Millis, bool, u64), Timer<Ident>>,
     timer_seq: u64,
+    /// A gossip tick with nothing to tell wakes no one: it is fired with
+    /// whatever wakes the node next (`Config::step_upkeep` off).
+    skip_gossip: bool,
+    /// While the timers due are fired: when the gossip tick among them
+    /// was due, the phase its next one keeps.
+    gossip_base: Option<Millis>,
+    /// Those timers fire before an input, with no wake of their own.
+    quiet: bool,
     /// The mesh size SWIM's timeouts were last tuned for.
     tuned_for: usize,
     /// SWIM's suspicion timeout at that size, kept: every beat reads it,
@@ -266,6 +278,10 @@ pub(super) struct Membership {
     gone: FxHashMap<NodeId, Millis>,
     /// Declared down by SWIM, not yet handed to the peer.
     down: Vec<NodeId>,
+    /// When the first watched member would be silent too long, as the
+    /// last look (`expired`) found them, and what that look watched.
+    silence: Option<Millis>,
+    watched: Option<Watch>,
     /// Members declared dead here for their silence to this node while
     /// SWIM still has them alive: they come back when this node stops
     /// watching them (see `unhide`), or when SWIM or a beat says they live.
@@ -348,7 +364,13 @@ fn swim_config(size: usize, dead_after_ms: Millis) -> foca::Config {
 }
 
 impl Membership {
-    pub(super) fn new(now: Millis, me: NodeId, seed: u64, dead_after_ms: Millis) -> Membership {
+    pub(super) fn new(
+        now: Millis,
+        me: NodeId,
+        seed: u64,
+        dead_after_ms: Millis,
+        step_upkeep: bool,
+    ) -> Membership {
         let ident = Ident::new(me, 0, String::new(), Vec::new());
         let config = swim_config(4, dead_after_ms);
         Membership {
@@ -361,6 +383,9 @@ impl Membership {
             heard: false,
             timers: BTreeMap::new(),
             timer_seq: 0,
+            skip_gossip: !step_upkeep,
+            gossip_base: None,
+            quiet: false,
             tuned_for: 4,
             dead_after_ms,
             members: BTreeSet::new(),
@@ -368,6 +393,8 @@ impl Membership {
             told: FxHashMap::default(),
             gone: FxHashMap::default(),
             down: Vec::new(),
+            silence: None,
+            watched: None,
             hidden: BTreeMap::new(),
             fresh: Vec::new(),
             unknown: BTreeSet::new(),
@@ -669,14 +696,38 @@ impl Membership {
         self.drain(now, out);
     }
 
-    /// When SWIM next needs the clock.
+    /// When SWIM next needs the clock: a gossip tick with nothing to
+    /// tell does not (unless every tick is stepped), it waits for the
+    /// node's next wake or input (see `fire_quiet`).
     pub(super) fn next_timer(&self) -> Option<Millis> {
-        self.timers.keys().next().map(|&(at, _)| at)
+        let quiet = self.skip_gossip && self.nothing_to_gossip();
+        self.timers
+            .keys()
+            .find(|&&(_, other, _)| other || !quiet)
+            .map(|&(at, ..)| at)
+    }
+
+    /// SWIM's gossip tick would send nothing now.
+    fn nothing_to_gossip(&self) -> bool {
+        self.swim.updates_backlog() == 0 && self.swim.custom_broadcast_backlog() == 0
+    }
+
+    /// Before an input at `now` when nothing else is due: the gossip
+    /// ticks due by then, each with nothing to tell (had there been
+    /// something, the node would have been woken for it), fired as the
+    /// node woken for each would have, which sends nothing and sets the
+    /// next tick on the same phase.
+    pub(super) fn fire_quiet(&mut self, now: Millis, out: &mut Out) {
+        if self.timers.keys().next().is_some_and(|&(at, ..)| at <= now) {
+            self.quiet = true;
+            self.fire_timers(now, out);
+            self.quiet = false;
+        }
     }
 
     /// SWIM's timers due by `now`, added to `due`.
     pub(super) fn timers_due(&self, now: Millis, due: &mut TimersDue) {
-        for (_, t) in self.timers.iter().take_while(|((at, _), _)| *at <= now) {
+        for (_, t) in self.timers.iter().take_while(|((at, ..), _)| *at <= now) {
             due.add(t.into());
         }
     }
@@ -685,10 +736,17 @@ impl Membership {
     pub(super) fn fire_timers(&mut self, now: Millis, out: &mut Out) {
         let mut late = false;
         while let Some(entry) = self.timers.first_entry() {
-            if entry.key().0 > now {
+            let (at, other, _) = *entry.key();
+            if at > now {
                 break;
             }
-            late |= now > entry.key().0 + LATE_MS;
+            if other {
+                late |= now > at + LATE_MS;
+            } else {
+                // A gossip tick fired late only because it had nothing
+                // to tell is not this node's lateness; others show it.
+                self.gossip_base = Some(at);
+            }
             let timer = entry.remove();
             // A timer of an old probe or identity is ignored by foca.
             let _ = self.swim.handle_timer(timer, &mut self.rt);
@@ -751,10 +809,25 @@ impl Membership {
             out.push(Action::Swim { to, data });
         }
         let timers = std::mem::take(&mut self.rt.to_schedule);
+        let base = self.gossip_base.take();
         for (after, timer) in timers {
             self.timer_seq += 1;
-            let at = now + self.stretched(after, &timer);
-            self.timers.insert((at, self.timer_seq), timer);
+            let gossip = matches!(timer, Timer::PeriodicGossip(_));
+            let at = match base {
+                // The tick after one fired keeps its phase: the first
+                // beat of it after now, however late this one was fired.
+                Some(base) if gossip => {
+                    let every = (after.as_millis() as Millis).max(1);
+                    let passed = (now - base) / every + 1;
+                    // Each tick from `base` on that had no wake for it.
+                    if self.quiet || now > base {
+                        out.stats.quiet_ticks += passed;
+                    }
+                    base + every * passed
+                }
+                _ => now + self.stretched(after, &timer),
+            };
+            self.timers.insert((at, !gossip, self.timer_seq), timer);
         }
         self.weigh_health();
         let notes = std::mem::take(&mut self.rt.notes);
@@ -941,6 +1014,14 @@ impl Membership {
         }
     }
 
+    /// A member came up or SWIM declared one down since the peer last
+    /// looked (`take_fresh`, `expired`): the peer looks in the same step,
+    /// whatever brought it, rather than at its next wake, whose time
+    /// depends on which timers wake it.
+    pub(super) fn has_news(&self) -> bool {
+        !self.fresh.is_empty() || self.down.iter().any(|id| self.members.contains(id))
+    }
+
     /// Members that came up since the last call.
     pub(super) fn take_fresh(&mut self) -> Vec<NodeId> {
         let mut fresh = std::mem::take(&mut self.fresh);
@@ -957,6 +1038,7 @@ impl Membership {
         self.down.retain(|id| self.members.contains(id));
         let mut dead = self.down.clone();
         let silent = |h: &BeatRecord, limit: Millis| now.saturating_sub(h.last_seen) > limit;
+        let mut next = Millis::MAX;
         match watch {
             Watch::Direct(limit) => {
                 // A worker silent past the limit that SWIM has alive and
@@ -965,28 +1047,52 @@ impl Membership {
                 // times as long; a dead one is suspected within a few
                 // probes somewhere in the mesh, and its tasks go back as
                 // soon as this node hears so.
-                let mut silent_ones: Vec<NodeId> = self
-                    .told
-                    .iter()
-                    .filter(|(_, h)| h.direct && silent(h, limit))
-                    .filter(|(id, h)| silent(h, 3 * limit) || !self.swim_trusts(**id))
-                    .map(|(&id, _)| id)
-                    .filter(|id| !dead.contains(id))
-                    .collect();
+                let mut silent_ones = Vec::new();
+                for (&id, h) in self.told.iter().filter(|(_, h)| h.direct) {
+                    if !silent(h, limit) {
+                        next = next.min(h.last_seen + limit + 1);
+                    } else if silent(h, 3 * limit) || !self.swim_trusts(id) {
+                        if !dead.contains(&id) {
+                            silent_ones.push(id);
+                        }
+                    } else {
+                        // Looked at again then, or when SWIM says more.
+                        next = next.min(h.last_seen + 3 * limit + 1);
+                    }
+                }
                 // The map's order is arbitrary; deaths are handled in id order.
                 silent_ones.sort_unstable();
                 dead.extend(silent_ones);
             }
             Watch::One(id, limit) => {
-                if let Some(h) = self.told.get(&id) {
-                    if h.direct && silent(h, limit) && !dead.contains(&id) {
+                if let Some(h) = self.told.get(&id).filter(|h| h.direct) {
+                    if !silent(h, limit) {
+                        next = h.last_seen + limit + 1;
+                    } else if !dead.contains(&id) {
                         dead.push(id);
                     }
                 }
             }
             Watch::None => {}
         }
+        self.silence = (next < Millis::MAX).then_some(next);
+        self.watched = Some(watch);
         dead
+    }
+
+    /// When a member this node watches would first be silent too long,
+    /// as the last look found them: a look then finds the death at that
+    /// moment, not at whichever wake comes after it (a beat since then
+    /// makes it a look that finds nothing).
+    pub(super) fn next_silence(&self) -> Option<Millis> {
+        self.silence
+    }
+
+    /// Whether whose silence this node judges, or how long it waits,
+    /// changed since the last look (an election, the mesh's size, this
+    /// node's health): looked at again in the same step.
+    pub(super) fn watch_changed(&self, watch: Watch) -> bool {
+        self.watched != Some(watch)
     }
 
     /// SWIM has `id` alive and does not suspect it.
@@ -1088,7 +1194,7 @@ pub(super) enum Heard {
 }
 
 /// Whose silence this node takes as a death.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Watch {
     /// The coordinator: every member that reports to it.
     Direct(Millis),
@@ -1161,182 +1267,4 @@ static NO_BEAT: Beat = Beat {
 };
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use rand::RngExt;
-
-    fn node(id: u64, life: u64) -> (Membership, Out) {
-        let mut out = Out::new(NodeId(id));
-        let mut m = Membership::new(0, NodeId(id), id, 2000);
-        m.set_address(0, format!("n{id}"), Vec::new(), life, &mut out);
-        (m, out)
-    }
-
-    /// Delivers every packet waiting in any `out` until none is left, and
-    /// fires the timers due by `now`.
-    fn settle(now: Millis, nodes: &mut [&mut (Membership, Out)]) {
-        for _ in 0..100 {
-            let mut packets = Vec::new();
-            for (m, out) in nodes.iter_mut() {
-                m.fire_timers(now, out);
-                while let Some(a) = out.actions.pop_front() {
-                    if let Action::Swim { to, data } = a {
-                        packets.push((to.id, data));
-                    }
-                }
-            }
-            if packets.is_empty() {
-                return;
-            }
-            for (to, data) in packets {
-                if let Some((m, out)) = nodes.iter_mut().find(|(m, _)| m.me == to) {
-                    m.handle_swim(now, &data, out);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_member_declared_dead_for_its_silence_is_back_when_it_restarts() {
-        let (mut a, mut b) = (node(1, 10), node(2, 10));
-        b.0.introduce(0, NodeId(1), "n1".into(), Vec::new(), &mut b.1);
-        settle(0, &mut [&mut a, &mut b]);
-        assert!(a.0.contains(NodeId(2)) && b.0.contains(NodeId(1)));
-        assert_eq!(a.0.take_fresh(), vec![NodeId(2)]);
-        // A watches B (B reported to it), and B falls silent: dead here,
-        // while SWIM still has it alive.
-        let beat = Arc::new(a.0.get(NodeId(2)).unwrap().beat().clone());
-        a.0.heard(0, NodeId(2), beat);
-        // SWIM trusts it: not dead at the limit, only at three times it.
-        assert!(a.0.expired(5000, Watch::Direct(2000)).is_empty());
-        let dead = a.0.expired(6001, Watch::Direct(2000));
-        assert_eq!(dead, vec![NodeId(2)]);
-        a.0.remove(5000, NodeId(2));
-        assert!(!a.0.contains(NodeId(2)));
-        // B restarts as its next life and rejoins through A.
-        let mut b = node(2, 20);
-        b.0.introduce(5000, NodeId(1), "n1".into(), Vec::new(), &mut b.1);
-        settle(5000, &mut [&mut a, &mut b]);
-        assert!(a.0.contains(NodeId(2)), "the restarted member is back");
-        assert_eq!(a.0.take_fresh(), vec![NodeId(2)]);
-        assert_eq!(a.0.gone_since(NodeId(2)), None);
-    }
-
-    /// Runs the nodes from `from` to `to` ms, a step at each timer due,
-    /// delivering every packet at once but those to or from `cut`.
-    fn run(from: Millis, to: Millis, nodes: &mut [&mut (Membership, Out)], cut: Option<u64>) {
-        let mut now = from;
-        while now <= to {
-            let mut packets = Vec::new();
-            for (m, out) in nodes.iter_mut() {
-                m.fire_timers(now, out);
-            }
-            for _ in 0..100 {
-                for (m, out) in nodes.iter_mut() {
-                    while let Some(a) = out.actions.pop_front() {
-                        if let Action::Swim { to, data } = a {
-                            if cut != Some(m.me.0) && cut != Some(to.id.0) {
-                                packets.push((to.id, data));
-                            }
-                        }
-                    }
-                }
-                if packets.is_empty() {
-                    break;
-                }
-                for (to, data) in packets.drain(..) {
-                    if let Some((m, out)) = nodes.iter_mut().find(|(m, _)| m.me == to) {
-                        m.handle_swim(now, &data, out);
-                    }
-                }
-            }
-            let next = nodes.iter().filter_map(|(m, _)| m.next_timer()).min();
-            now = next.map_or(to + 1, |t| t.max(now + 1));
-        }
-    }
-
-    fn formed() -> [(Membership, Out); 3] {
-        let (mut a, mut b, mut c) = (node(1, 10), node(2, 10), node(3, 10));
-        b.0.introduce(0, NodeId(1), "n1".into(), Vec::new(), &mut b.1);
-        c.0.introduce(0, NodeId(1), "n1".into(), Vec::new(), &mut c.1);
-        run(0, 5_000, &mut [&mut a, &mut b, &mut c], None);
-        for m in [&a, &b, &c] {
-            assert_eq!(m.0.len(), 2, "node {} sees both others", m.0.me.0);
-            assert_eq!(m.0.health(), 0, "a mesh that answers is healthy");
-        }
-        [a, b, c]
-    }
-
-    #[test]
-    fn probes_that_go_unanswered_lower_this_node_health_and_answers_restore_it() {
-        let [mut a, mut b, mut c] = formed();
-        // A hears no one, as a node starved of CPU hears no one in time.
-        run(5_000, 20_000, &mut [&mut a, &mut b, &mut c], Some(1));
-        assert!(a.0.health() >= 2, "health {}", a.0.health());
-        assert_eq!(b.0.health(), 0, "B's probes of C were answered");
-        // Answered again, it is healthy again.
-        run(20_000, 120_000, &mut [&mut a, &mut b, &mut c], None);
-        assert_eq!(a.0.health(), 0);
-    }
-
-    /// When a lone partner falls silent, the ms until this node declares it down.
-    fn declares_down_after(health: u32) -> Millis {
-        let (mut a, mut b) = (node(1, 10), node(2, 10));
-        b.0.introduce(0, NodeId(1), "n1".into(), Vec::new(), &mut b.1);
-        run(0, 5_000, &mut [&mut a, &mut b], None);
-        assert!(a.0.contains(NodeId(2)));
-        a.0.health = health;
-        let mut t = 5_000;
-        while a.0.expired(t, Watch::None).is_empty() {
-            assert!(t < 600_000, "never declared down");
-            run(t, t + 500, &mut [&mut a, &mut b], Some(2));
-            t += 500;
-        }
-        t - 5_000
-    }
-
-    #[test]
-    fn an_unhealthy_node_takes_longer_to_declare_a_silent_member_down() {
-        let healthy = declares_down_after(0);
-        let unhealthy = declares_down_after(4);
-        assert!(healthy <= 12_000, "healthy: {healthy} ms");
-        assert!(
-            unhealthy >= 3 * healthy,
-            "stretched by its health: {unhealthy} ms, healthy {healthy} ms"
-        );
-    }
-
-    #[test]
-    fn the_lowest_members_kept_at_hand_follow_every_join_and_death() {
-        let (mut m, _) = node(50, 10);
-        let mut rng = SmallRng::seed_from_u64(7);
-        for step in 0..5_000u64 {
-            let id = NodeId(rng.random_range(1..40));
-            if rng.random_bool(0.5) {
-                m.admit(id, true);
-            } else {
-                m.remove(step, id);
-            }
-            m.check().unwrap();
-            let (not, nor) = (
-                NodeId(rng.random_range(1..40)),
-                Some(NodeId(rng.random_range(1..40))),
-            );
-            let scan = m.ids().find(|&x| x != not && Some(x) != nor);
-            assert_eq!(m.lowest_but(not, nor), scan, "step {step}");
-            assert_eq!(m.lowest(), m.ids().next());
-        }
-    }
-
-    #[test]
-    fn timers_that_fire_late_count_against_this_node_health() {
-        let [mut a, _, _] = formed();
-        let due = a.0.next_timer().expect("a probe timer");
-        a.0.fire_timers(due + 3 * LATE_MS, &mut a.1);
-        assert_eq!(
-            a.0.health(),
-            1,
-            "this node was not running when its timer was due"
-        );
-    }
-}
+mod tests;

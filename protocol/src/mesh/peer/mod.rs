@@ -216,8 +216,18 @@ impl Peer {
 
     // ----- the message loop -----
 
+    /// Members that came up or went down since the last look are handled
+    /// now, in the step that learnt of them.
+    fn settle_members(&mut self, now: Millis) {
+        let watch = on_members::watch(&self.node, self.clock);
+        if self.node.members.has_news() || self.node.members.watch_changed(watch) {
+            on_members::members_changed(&mut self.roles(), now);
+        }
+    }
+
     /// Handles messages (including those this node sent itself) until none is left.
     pub(super) fn pump(&mut self, now: Millis) {
+        self.settle_members(now);
         self.worker.send_reports(
             now,
             self.node.cfg.batch_max,
@@ -229,6 +239,8 @@ impl Peer {
         while let Some((from, msg)) = self.out.inbox.pop_front() {
             self.dispatch_msg(now, from, msg, &mut echo);
         }
+        // A beat or a roster may have brought a member, or its end.
+        self.settle_members(now);
         let reporters: Vec<NodeId> = match &self.coord {
             Some(c) if !echo.is_empty() && c.backlog() == 0 => echo.keys().copied().collect(),
             _ => Vec::new(),

@@ -10,7 +10,7 @@ impl Peer {
         now: Millis,
         heard: impl FnOnce(&mut Allocs, u64) -> bool,
     ) {
-        self.woke(now);
+        self.due_first(now);
         let term = self.node.election.term();
         if self.coord.is_some() && heard(&mut self.allocs, term) {
             self.allocs_changed();

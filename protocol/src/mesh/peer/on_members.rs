@@ -92,7 +92,7 @@ fn successor(node: &Node, clock: Millis, c: NodeId) -> bool {
 /// the coordinator's death to its successor, whose claim they follow,
 /// and to SWIM: a stall of the coordinator then costs no one but the
 /// successor a judgement.
-fn watch(node: &Node, clock: Millis) -> membership::Watch {
+pub(super) fn watch(node: &Node, clock: Millis) -> membership::Watch {
     let cfg = &node.cfg;
     let health = u64::from(node.members.health()) + 1;
     match node.election.coordinator() {

@@ -486,8 +486,12 @@ impl Coord {
             .then_some(self.next_progress)
     }
 
+    /// Only while a round is wanted (see `poll_timeout`): a coordinator
+    /// with nothing to tell keeps its round's time as it was rather than
+    /// moving it to whichever wake came after it, so the first round of
+    /// its next farm is at that farm, whatever woke the node meanwhile.
     pub(super) fn progress_due(&self, now: Millis) -> bool {
-        now >= self.next_progress
+        self.poll_timeout().is_some_and(|t| now >= t)
     }
 
     /// A member's prefetch depth, as its beat says.

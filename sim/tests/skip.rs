@@ -1,0 +1,122 @@
+//! Skipping the peers' timers that do nothing gives the same run as stepping every one: every scenario, seeded, compared field by field.
+
+use mesh_sim::scenario::StageSpec;
+use mesh_sim::{load_scenario, run, SimConfig, SimReport};
+
+/// The report, less what says how fast it was made (the speed line, the
+/// events stepped, the wall time, the memory).
+fn outcome(cfg: &SimConfig, step: bool) -> (SimReport, u64, u64) {
+    let mut cfg = cfg.clone();
+    cfg.step = step;
+    let mut r = match run(&cfg) {
+        Ok(r) => r,
+        Err(e) => panic!("{} (step {step}): {e}", cfg.name),
+    };
+    let (events, skipped) = (r.events, r.upkeep.skipped);
+    r.events = 0;
+    r.upkeep = Default::default();
+    r.events_per_sec = 0.0;
+    r.wall_ms = 0.0;
+    r.peak_rss_bytes = None;
+    (r, events, skipped)
+}
+
+/// Both ways, the same report; the events stepped each way.
+fn same_both_ways(cfg: &SimConfig) -> (u64, u64) {
+    let (skipped, fewer, saved) = outcome(cfg, false);
+    let (stepped, all, none) = outcome(cfg, true);
+    assert_eq!(none, 0, "{}: stepping skips nothing", cfg.name);
+    if skipped != stepped {
+        // The first field that differs, not two reports of thousands of lines.
+        let (a, b) = (format!("{skipped:#?}"), format!("{stepped:#?}"));
+        let at = a
+            .lines()
+            .zip(b.lines())
+            .position(|(x, y)| x != y)
+            .unwrap_or(0);
+        let near = |t: &str| {
+            t.lines()
+                .skip(at.saturating_sub(8))
+                .take(12)
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        panic!(
+            "{} seed {}: skipping and stepping differ at line {at} of the report:\nskipping:\n{}\nstepping:\n{}",
+            cfg.name,
+            cfg.seed,
+            near(&a),
+            near(&b)
+        );
+    }
+    // Never more events; about as many fewer as the speed line says
+    // ticks woke no one (some fall on another timer's wake when stepped,
+    // and a wake pushed for a tick can be superseded).
+    assert!(
+        fewer <= all && all.abs_diff(fewer + saved) * 20 <= all,
+        "{} seed {}: {fewer} events skipping and {saved} ticks without a wake, {all} stepping",
+        cfg.name,
+        cfg.seed
+    );
+    eprintln!(
+        "{} seed {}: {fewer} events skipping, {all} stepping",
+        cfg.name, cfg.seed
+    );
+    (fewer, all)
+}
+
+fn scenario(name: &str) -> SimConfig {
+    load_scenario(format!(
+        "{}/scenarios/{name}.toml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+/// Each of sim/scenarios, with three seeds; the two of a thousand nodes
+/// and more scaled down to a few hundred (the full sizes are benches).
+fn every_scenario(names: &[&str]) {
+    for &name in names {
+        let mut base = scenario(name);
+        if base.node_count() > 500 {
+            base.scale_nodes(300);
+        }
+        for seed in [base.seed, base.seed + 1, base.seed + 2] {
+            let mut cfg = base.clone();
+            cfg.seed = seed;
+            same_both_ways(&cfg);
+        }
+    }
+}
+
+#[test]
+fn every_small_scenario_runs_the_same_skipped_or_stepped() {
+    every_scenario(&["basic", "cluster", "faults", "skew", "alloc"]);
+}
+
+#[test]
+fn every_large_scenario_runs_the_same_skipped_or_stepped() {
+    every_scenario(&["heal", "large", "mass-crash"]);
+}
+
+#[test]
+fn a_farm_of_minutes_runs_the_same_skipped_or_stepped() {
+    // The quiet stretches a skip is for: every slot busy for minutes.
+    for seed in 1..=3 {
+        let mut cfg = SimConfig::simple(seed, 6, "cpu=2", 60, "uniform:1m..4m");
+        cfg.stages.push(StageSpec {
+            name: "gather".into(),
+            tasks: 1,
+            durations: "30s".into(),
+            after: vec![cfg.stages[0].name.clone()],
+            ..cfg.stages[0].clone()
+        });
+        let (fewer, all) = same_both_ways(&cfg);
+        // A quiet node woke for its gossip tick five times a second: a
+        // sixth of these events and more.
+        assert!(
+            fewer * 6 < all * 5,
+            "seed {seed}: {fewer} events skipping, {all} stepping"
+        );
+    }
+}
