@@ -851,7 +851,7 @@ impl<'a> Sim<'a> {
         self.gone_stats.steals_asked += s.steals_asked;
         self.gone_stats.steals_won += s.steals_won;
         self.gone_stats.tasks_stolen += s.tasks_stolen;
-        self.gone_stats.quiet_ticks += s.quiet_ticks;
+        self.gone_stats.quiet_timers += s.quiet_timers;
         nd.gen += 1;
         nd.timer = None;
         if crash {
@@ -1242,7 +1242,7 @@ impl<'a> Sim<'a> {
                 stats.steals_asked += s.steals_asked;
                 stats.steals_won += s.steals_won;
                 stats.tasks_stolen += s.tasks_stolen;
-                stats.quiet_ticks += s.quiet_ticks;
+                stats.quiet_timers += s.quiet_timers;
             }
         }
         let done = self.ok_done.iter().filter(|&&d| d).count() as u64;
@@ -1290,7 +1290,7 @@ impl<'a> Sim<'a> {
             prefetch: self.nodes.iter().map(|n| n.depth).collect(),
             events: self.events,
             upkeep: crate::report::Upkeep {
-                skipped: stats.quiet_ticks,
+                skipped: stats.quiet_timers,
                 ..self.upkeep.report()
             },
             events_per_sec: self.events as f64 / wall_s.max(1e-9),

@@ -144,10 +144,11 @@ pub struct Upkeep {
     pub longest_ms: u64,
     /// Upkeep in stretches of a second or more: what a skip could jump.
     pub in_long_stretches: u64,
-    /// Over the whole run, SWIM's gossip ticks with nothing to tell that
-    /// woke no one, each fired with whatever came to its node next (the
-    /// one timer skipped exactly so far; `--step` steps them too): about
-    /// the wakes saved (some ticks fall on another timer's wake).
+    /// Over the whole run, SWIM's timers with nothing to do (a gossip tick
+    /// with nothing to tell, an indirect probe of a member that answered)
+    /// that woke no one, each fired with whatever came to its node next
+    /// (the timers skipped exactly so far; `--step` steps them too). Not
+    /// the events saved: stepped, some fall on another timer's wake.
     #[serde(default)]
     pub skipped: u64,
 }
@@ -162,8 +163,9 @@ impl Upkeep {
         }
         let skipped = if self.skipped > 0 {
             format!(
-                "skipped: {} of SWIM's gossip ticks had nothing to tell and woke no one \
-                 (each fired with its node's next event); ",
+                "skipped: {} of SWIM's timers had nothing to do and woke no one (a gossip \
+                 tick with nothing to tell, an indirect probe of a member that answered; each \
+                 fired with its node's next event); ",
                 self.skipped
             )
         } else {

@@ -813,6 +813,28 @@ where
         self.updates.len()
     }
 
+    /// Whether handling `timer` now would do no more than bookkeeping: a
+    /// gossip tick with nothing to tell (it only sets the next one), the
+    /// indirect probe of a member that answered, or is no longer probed,
+    /// or a timer of an old identity. A runtime that wants to wake less
+    /// may hand such a timer in late, with whatever comes next, as long
+    /// as it keeps the order of the timers it hands in.
+    pub fn timer_is_quiet(&self, timer: &Timer<T>) -> bool {
+        match timer {
+            Timer::PeriodicGossip(token) => {
+                *token != self.timer_token
+                    || (self.updates.is_empty() && self.custom_broadcasts.is_empty())
+            }
+            Timer::SendIndirectProbe { probed_id, token } => {
+                *token != self.timer_token
+                    || !self.probe.is_probing(probed_id)
+                    || self.probe.succeeded()
+                    || !self.members.is_active(probed_id)
+            }
+            _ => false,
+        }
+    }
+
     /// Reports the current length of the custom broadcast queue.
     ///
     /// Custom broadcasts are transmitted [`Config::max_transmissions`]

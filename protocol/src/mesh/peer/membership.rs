@@ -247,12 +247,12 @@ pub(super) struct Membership {
     /// the others of its millisecond, then the order they were set in.
     /// The tick's place is fixed because when it was last set is not: a
     /// node that fires a tick with nothing to tell at its next wake
-    /// (`skip_gossip`) sets the next one later than one woken for it.
+    /// (`skip_quiet`) sets the next one later than one woken for it.
     timers: BTreeMap<(Millis, bool, u64), Timer<Ident>>,
     timer_seq: u64,
-    /// A gossip tick with nothing to tell wakes no one: it is fired with
+    /// A timer that would do nothing wakes no one: it is fired with
     /// whatever wakes the node next (`Config::step_upkeep` off).
-    skip_gossip: bool,
+    skip_quiet: bool,
     /// While the timers due are fired: when the gossip tick among them
     /// was due, the phase its next one keeps.
     gossip_base: Option<Millis>,
@@ -383,7 +383,7 @@ impl Membership {
             heard: false,
             timers: BTreeMap::new(),
             timer_seq: 0,
-            skip_gossip: !step_upkeep,
+            skip_quiet: !step_upkeep,
             gossip_base: None,
             quiet: false,
             tuned_for: 4,
@@ -696,27 +696,22 @@ impl Membership {
         self.drain(now, out);
     }
 
-    /// When SWIM next needs the clock: a gossip tick with nothing to
-    /// tell does not (unless every tick is stepped), it waits for the
-    /// node's next wake or input (see `fire_quiet`).
+    /// When SWIM next needs the clock: a timer that would do nothing (a
+    /// gossip tick with nothing to tell, the indirect probe of a member
+    /// that answered) does not, unless every timer is stepped; it waits
+    /// for the node's next wake or input (see `fire_quiet`).
     pub(super) fn next_timer(&self) -> Option<Millis> {
-        let quiet = self.skip_gossip && self.nothing_to_gossip();
         self.timers
-            .keys()
-            .find(|&&(_, other, _)| other || !quiet)
-            .map(|&(at, ..)| at)
+            .iter()
+            .find(|(_, t)| !self.skip_quiet || !self.swim.timer_is_quiet(t))
+            .map(|(&(at, ..), _)| at)
     }
 
-    /// SWIM's gossip tick would send nothing now.
-    fn nothing_to_gossip(&self) -> bool {
-        self.swim.updates_backlog() == 0 && self.swim.custom_broadcast_backlog() == 0
-    }
-
-    /// Before an input at `now` when nothing else is due: the gossip
-    /// ticks due by then, each with nothing to tell (had there been
-    /// something, the node would have been woken for it), fired as the
-    /// node woken for each would have, which sends nothing and sets the
-    /// next tick on the same phase.
+    /// Before an input at `now` when nothing else is due: the timers due
+    /// by then, each of which would do nothing (had one had something to
+    /// do, the node would have been woken for it), fired as the node
+    /// woken for each would have: nothing is sent, and the gossip tick
+    /// after them keeps its phase.
     pub(super) fn fire_quiet(&mut self, now: Millis, out: &mut Out) {
         if self.timers.keys().next().is_some_and(|&(at, ..)| at <= now) {
             self.quiet = true;
@@ -740,14 +735,16 @@ impl Membership {
             if at > now {
                 break;
             }
-            if other {
-                late |= now > at + LATE_MS;
-            } else {
-                // A gossip tick fired late only because it had nothing
-                // to tell is not this node's lateness; others show it.
-                self.gossip_base = Some(at);
-            }
             let timer = entry.remove();
+            // A timer that had nothing to do may be fired late for that
+            // alone: not this node's lateness (other timers show it).
+            let quiet = self.swim.timer_is_quiet(&timer);
+            late |= !quiet && now > at + LATE_MS;
+            if !other {
+                self.gossip_base = Some(at);
+            } else if self.skip_quiet && quiet && (self.quiet || now > at) {
+                out.stats.quiet_timers += 1;
+            }
             // A timer of an old probe or identity is ignored by foca.
             let _ = self.swim.handle_timer(timer, &mut self.rt);
         }
@@ -820,8 +817,8 @@ impl Membership {
                     let every = (after.as_millis() as Millis).max(1);
                     let passed = (now - base) / every + 1;
                     // Each tick from `base` on that had no wake for it.
-                    if self.quiet || now > base {
-                        out.stats.quiet_ticks += passed;
+                    if self.skip_quiet && (self.quiet || now > base) {
+                        out.stats.quiet_timers += passed;
                     }
                     base + every * passed
                 }

@@ -30,9 +30,10 @@ pub struct Stats {
     pub tasks_stolen: u64,
     /// Tasks this node gave up to thieves.
     pub tasks_given: u64,
-    /// SWIM's gossip ticks with nothing to tell that fired with whatever
-    /// woke the node next, not with a wake of their own: the wakes saved.
-    pub quiet_ticks: u64,
+    /// SWIM's timers that would do nothing (a gossip tick with nothing
+    /// to tell, the indirect probe of a member that answered) fired with
+    /// whatever came to the node next, not with a wake of their own.
+    pub quiet_timers: u64,
 }
 
 /// What a peer measures for its observers.
