@@ -446,6 +446,11 @@ impl Coord {
             self.engine.redo(f.slot, run.task);
             redone.push(e);
         }
+        if !redone.is_empty() {
+            // Unfinished again: its holders hear of it at the rounds
+            // until it is over again (`poll_timeout`).
+            f.finished_sent = false;
+        }
         out.persist_entries(farm, redone, true);
         self.drain(out);
     }
