@@ -224,6 +224,7 @@ impl Peer {
         );
         if let Some(c) = &self.coord {
             f(c.poll_timeout(), TimerKind::Progress);
+            f(c.settle_timeout(), TimerKind::Settle);
             f(self.allocs.poll_timeout(), TimerKind::Allocation);
         }
     }

@@ -27,13 +27,15 @@ pub enum TimerKind {
     Task,
     /// A steal that got no answer given up.
     Steal,
+    /// The coordinator's wait to hear what its members hold ends.
+    Settle,
     /// The allocation queues' next look at the batch system.
     Allocation,
 }
 
 impl TimerKind {
     /// Every kind, each at the index of its discriminant.
-    pub const ALL: [TimerKind; 13] = [
+    pub const ALL: [TimerKind; 14] = [
         TimerKind::Heartbeat,
         TimerKind::Resend,
         TimerKind::Progress,
@@ -46,6 +48,7 @@ impl TimerKind {
         TimerKind::ForgetDown,
         TimerKind::Task,
         TimerKind::Steal,
+        TimerKind::Settle,
         TimerKind::Allocation,
     ];
 
@@ -64,6 +67,7 @@ impl TimerKind {
             TimerKind::ForgetDown => "forget down",
             TimerKind::Task => "task timer",
             TimerKind::Steal => "steal",
+            TimerKind::Settle => "settle",
             TimerKind::Allocation => "allocation",
         }
     }
@@ -78,6 +82,7 @@ impl TimerKind {
                 | TimerKind::ForgetDown
                 | TimerKind::Task
                 | TimerKind::Steal
+                | TimerKind::Settle
                 | TimerKind::Allocation
         )
     }

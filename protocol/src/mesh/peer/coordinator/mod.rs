@@ -885,6 +885,13 @@ impl Coord {
         }
     }
 
+    /// When the wait to hear what the members hold ends at the latest:
+    /// placing resumes then, at a wake of its own rather than at
+    /// whichever came after it.
+    pub(super) fn settle_timeout(&self) -> Option<Millis> {
+        self.settle.as_ref().map(|(until, _)| *until)
+    }
+
     /// Still waiting to hear what the members hold (and the copies
     /// `awaited`) before placing work.
     pub(super) fn settling(&mut self, now: Millis) -> bool {
