@@ -258,6 +258,10 @@ pub(super) struct Membership {
     gossip_base: Option<Millis>,
     /// Those timers fire before an input, with no wake of their own.
     quiet: bool,
+    /// The gossip tick among them had nothing to tell.
+    gossip_quiet: bool,
+    /// When health last rose for this node's lateness.
+    late_at: Option<Millis>,
     /// The mesh size SWIM's timeouts were last tuned for.
     tuned_for: usize,
     /// SWIM's suspicion timeout at that size, kept: every beat reads it,
@@ -386,6 +390,8 @@ impl Membership {
             skip_quiet: !step_upkeep,
             gossip_base: None,
             quiet: false,
+            gossip_quiet: false,
+            late_at: None,
             tuned_for: 4,
             dead_after_ms,
             members: BTreeSet::new(),
@@ -742,6 +748,7 @@ impl Membership {
             late |= !quiet && now > at + LATE_MS;
             if !other {
                 self.gossip_base = Some(at);
+                self.gossip_quiet = quiet;
             } else if self.skip_quiet && quiet && (self.quiet || now > at) {
                 out.stats.quiet_timers += 1;
             }
@@ -749,9 +756,18 @@ impl Membership {
             let _ = self.swim.handle_timer(timer, &mut self.rt);
         }
         if late {
-            self.health = (self.health + 1).min(HEALTH_MAX);
+            self.late(now);
         }
         self.drain(now, out);
+    }
+
+    /// This node's timers fired late at `now`: it was not running when
+    /// they were due. Once a moment, whichever timers show it.
+    fn late(&mut self, now: Millis) {
+        if self.late_at != Some(now) {
+            self.late_at = Some(now);
+            self.health = (self.health + 1).min(HEALTH_MAX);
+        }
     }
 
     /// Lifeguard's local health score (0 is healthy).
@@ -817,7 +833,7 @@ impl Membership {
                     let every = (after.as_millis() as Millis).max(1);
                     let passed = (now - base) / every + 1;
                     // Each tick from `base` on that had no wake for it.
-                    if self.skip_quiet && (self.quiet || now > base) {
+                    if self.skip_quiet && self.gossip_quiet && (self.quiet || now > base) {
                         out.stats.quiet_timers += passed;
                     }
                     base + every * passed
@@ -1157,6 +1173,11 @@ impl Membership {
     pub(super) fn beat_due(&mut self, now: Millis, heartbeat_ms: Millis) -> bool {
         if now < self.next_beat {
             return false;
+        }
+        // The most frequent timer that always wakes the node: a quiet
+        // SWIM timer fired late is no sign of lateness, this is.
+        if now > self.next_beat + LATE_MS {
+            self.late(now);
         }
         self.next_beat = now + heartbeat_ms;
         true

@@ -252,6 +252,20 @@ fn the_lowest_members_kept_at_hand_follow_every_join_and_death() {
 }
 
 #[test]
+fn a_heartbeat_that_fires_late_counts_against_this_node_health_once_a_moment() {
+    let [mut a, _, _] = formed();
+    let now = a.0.next_beat() + 3 * LATE_MS;
+    assert!(a.0.beat_due(now, 250));
+    assert_eq!(a.0.health(), 1, "the node was not running when it was due");
+    // SWIM's timers late at the same moment show the same lateness.
+    a.0.fire_timers(now, &mut a.1);
+    assert_eq!(a.0.health(), 1);
+    // On time, no more.
+    assert!(a.0.beat_due(now + 250, 250));
+    assert_eq!(a.0.health(), 1);
+}
+
+#[test]
 fn timers_that_fire_late_count_against_this_node_health() {
     let [mut a, _, _] = formed();
     let due = a.0.next_timer().expect("a probe timer");
