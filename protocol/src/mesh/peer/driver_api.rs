@@ -248,9 +248,9 @@ impl Peer {
 
     /// Before an input at `now`, whatever is due by `now` fires, as if its
     /// wake had come first: what a peer does never depends on which of a
-    /// timer and an input at one moment the driver hands it first (the
-    /// simulator's order of two events at one millisecond is the order
-    /// they were scheduled in, which moves with every wake in between).
+    /// timer and an input at one moment the driver hands it first, nor on
+    /// whether it was woken for a timer that would have done nothing
+    /// (`Membership::fire_quiet` fires those here).
     pub(super) fn due_first(&mut self, now: Millis) {
         if self.poll_timeout().is_some_and(|t| t <= now) {
             self.handle_timeout(now);

@@ -254,12 +254,11 @@ pub(super) struct Membership {
     /// whatever wakes the node next (`Config::step_upkeep` off).
     skip_quiet: bool,
     /// While the timers due are fired: when the gossip tick among them
-    /// was due, the phase its next one keeps.
-    gossip_base: Option<Millis>,
+    /// was due (the phase its next one keeps), and whether it had
+    /// nothing to tell.
+    gossip_fired: Option<(Millis, bool)>,
     /// Those timers fire before an input, with no wake of their own.
     quiet: bool,
-    /// The gossip tick among them had nothing to tell.
-    gossip_quiet: bool,
     /// When health last rose for this node's lateness.
     late_at: Option<Millis>,
     /// The mesh size SWIM's timeouts were last tuned for.
@@ -388,9 +387,8 @@ impl Membership {
             timers: BTreeMap::new(),
             timer_seq: 0,
             skip_quiet: !step_upkeep,
-            gossip_base: None,
+            gossip_fired: None,
             quiet: false,
-            gossip_quiet: false,
             late_at: None,
             tuned_for: 4,
             dead_after_ms,
@@ -747,8 +745,7 @@ impl Membership {
             let quiet = self.swim.timer_is_quiet(&timer);
             late |= !quiet && now > at + LATE_MS;
             if !other {
-                self.gossip_base = Some(at);
-                self.gossip_quiet = quiet;
+                self.gossip_fired = Some((at, quiet));
             } else if self.skip_quiet && quiet && (self.quiet || now > at) {
                 out.stats.quiet_timers += 1;
             }
@@ -822,18 +819,18 @@ impl Membership {
             out.push(Action::Swim { to, data });
         }
         let timers = std::mem::take(&mut self.rt.to_schedule);
-        let base = self.gossip_base.take();
+        let fired = self.gossip_fired.take();
         for (after, timer) in timers {
             self.timer_seq += 1;
             let gossip = matches!(timer, Timer::PeriodicGossip(_));
-            let at = match base {
+            let at = match fired {
                 // The tick after one fired keeps its phase: the first
                 // beat of it after now, however late this one was fired.
-                Some(base) if gossip => {
+                Some((base, quiet)) if gossip => {
                     let every = (after.as_millis() as Millis).max(1);
                     let passed = (now - base) / every + 1;
                     // Each tick from `base` on that had no wake for it.
-                    if self.skip_quiet && self.gossip_quiet && (self.quiet || now > base) {
+                    if self.skip_quiet && quiet && (self.quiet || now > base) {
                         out.stats.quiet_timers += passed;
                     }
                     base + every * passed
