@@ -711,6 +711,15 @@ impl Membership {
             .map(|(&(at, ..), _)| at)
     }
 
+    /// Whether a timer that would do something is due by `now`: the same
+    /// as `next_timer() <= now`, without looking past `now`.
+    pub(super) fn timer_due_by(&self, now: Millis) -> bool {
+        self.timers
+            .iter()
+            .take_while(|((at, ..), _)| *at <= now)
+            .any(|(_, t)| !self.skip_quiet || !self.swim.timer_is_quiet(t))
+    }
+
     /// Before an input at `now` when nothing else is due: the timers due
     /// by then, each of which would do nothing (had one had something to
     /// do, the node would have been woken for it), fired as the node
