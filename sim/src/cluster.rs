@@ -72,6 +72,9 @@ fn fits(total: &Resources, req: &Resources) -> bool {
     mesh_protocol::pool::Pool::never_fits(total, req).is_empty()
 }
 
+/// Keeps messages' draws apart from the other streams `mix` seeds.
+const MESSAGE_SALT: u64 = 0x6d65_7373_6167_6573;
+
 /// A hash of the seed and a few numbers, for per-task draws that do not
 /// depend on the order the run happens to take.
 fn mix(seed: u64, a: u64, b: u64) -> u64 {
@@ -295,8 +298,13 @@ struct Sim<'a> {
     now: Millis,
     /// Events by time and then order of scheduling.
     queue: Calendar<Ev>,
-    /// Network draws: latency, loss, gossip targets.
+    /// Draws not tied to one message: the round trips of fetches.
     rng: SmallRng,
+    /// This millisecond's messages so far, by link and kind: a message's
+    /// latency and loss are drawn from the seed, its link, kind, moment
+    /// and this count alone (see `message_draws`).
+    link_sent: FxHashMap<(u32, u32, usize), u32>,
+    link_ms: Millis,
     nodes: Vec<Node>,
     /// Indices of nodes that are up, ascending.
     alive: Vec<u32>,
@@ -400,6 +408,8 @@ impl<'a> Sim<'a> {
             now: 0,
             queue: Calendar::new(),
             rng: SmallRng::seed_from_u64(mix(cfg.seed, 0, 0)),
+            link_sent: FxHashMap::default(),
+            link_ms: 0,
             nodes,
             alive: Vec::new(),
             next_token: 1,
@@ -1188,6 +1198,26 @@ impl<'a> Sim<'a> {
         self.now + self.latency() + self.latency()
     }
 
+    /// The random draws of one message: its own, not the next of one
+    /// stream, so a message the simulator does not step (a beat whose
+    /// every effect is accounted for in closed form) moves no other
+    /// message's latency. The n-th message of a kind on a link within a
+    /// millisecond draws the same in every run of the seed.
+    fn message_draws(&mut self, from: usize, to: usize, kind: usize) -> SmallRng {
+        if self.link_ms != self.now {
+            self.link_ms = self.now;
+            self.link_sent.clear();
+        }
+        let n = self
+            .link_sent
+            .entry((from as u32, to as u32, kind))
+            .or_insert(0);
+        let key = (from as u64) << 32 | to as u64;
+        let at = self.now << 24 | (kind as u64) << 16 | u64::from(*n);
+        *n += 1;
+        SmallRng::seed_from_u64(mix(self.cfg.seed ^ MESSAGE_SALT, key, at))
+    }
+
     fn deliver(&mut self, from: usize, to: usize, msg: Msg) {
         self.traffic.count(&msg);
         if let Some(t) = self.trace {
@@ -1205,11 +1235,12 @@ impl<'a> Sim<'a> {
                 eprintln!("{} ms: {from} -> {to}: {msg:?}", self.now);
             }
         }
-        if self.cfg.loss > 0.0 && self.rng.random::<f64>() < self.cfg.loss {
+        let mut draws = self.message_draws(from, to, msg.kind());
+        if self.cfg.loss > 0.0 && draws.random::<f64>() < self.cfg.loss {
             self.lost += 1;
             return;
         }
-        let at = self.now + self.latency();
+        let at = self.now + self.plan.latency.sample(&mut draws);
         self.push(
             at,
             Ev::Deliver {
