@@ -105,11 +105,36 @@ fn cluster(nodes: usize, bytes_per_s: Option<f64>) -> WhatIf {
     }
 }
 
+/// What `f` answers for `w`, asserted the same with every timer stepped
+/// (`WhatIf::step`): a simulator that skips a timer with nothing to do
+/// must not change one figure of any answer.
+fn both<T: PartialEq + std::fmt::Debug>(w: &WhatIf, f: impl Fn(&WhatIf) -> T) -> T {
+    let skipped = f(w);
+    let stepped = f(&WhatIf {
+        step: true,
+        ..w.clone()
+    });
+    assert_eq!(skipped, stepped, "skipping and stepping differ");
+    skipped
+}
+
+/// A report less what says how fast it was made.
+fn outcome(r: &mesh_sim::SimReport) -> mesh_sim::SimReport {
+    mesh_sim::SimReport {
+        events: 0,
+        upkeep: Default::default(),
+        ..r.deterministic()
+    }
+}
+
 fn run(wl: &Workload, w: &WhatIf) -> mesh_sim::SimReport {
-    match run_workload(&w.config(wl), wl, &w.replay) {
+    let once = |w: &WhatIf| match run_workload(&w.config(wl), wl, &w.replay) {
         Ok(r) => r,
         Err(e) => panic!("{e}"),
-    }
+    };
+    let r = once(w);
+    both(w, |w| outcome(&once(w)));
+    r
 }
 
 #[test]
@@ -169,7 +194,7 @@ fn the_same_seed_replays_the_same_report_and_jitter_follows_the_seed() {
     w.seed = 4;
     let c = run(&wl, &w);
     assert_ne!(a.makespan, c.makespan, "another seed draws other runtimes");
-    let r = row(&wl, &w, 4, 5, |_| {}).unwrap();
+    let r = both(&w, |w| row(&wl, w, 4, 5, |_| {}).unwrap());
     assert_eq!(r.runs.len(), 5);
     assert!(r.makespan_p50_ms <= r.makespan_p90_ms);
     let seeds: Vec<u64> = r.runs.iter().map(|x| x.seed).collect();
@@ -179,14 +204,9 @@ fn the_same_seed_replays_the_same_report_and_jitter_follows_the_seed() {
 #[test]
 fn more_nodes_are_never_faster_than_the_critical_path_and_help_a_wide_graph() {
     let wl = fan(32);
-    let rows = sweep(
-        &wl,
-        &cluster(1, Some(125e6)),
-        &[1, 2, 4, 8, 16],
-        1,
-        |_, _| {},
-    )
-    .unwrap();
+    let rows = both(&cluster(1, Some(125e6)), |w| {
+        sweep(&wl, w, &[1, 2, 4, 8, 16], 1, |_, _| {}).unwrap()
+    });
     let cp = wl.critical_path_ms();
     for r in &rows {
         assert!(r.makespan_p50_ms >= cp, "{} nodes: {r:?}", r.nodes);
@@ -206,7 +226,9 @@ fn the_fewest_nodes_for_a_deadline_meet_it() {
     let base = cluster(1, Some(125e6));
     let one = row(&wl, &base, 1, 1, |_| {}).unwrap().makespan_p50_ms;
     let deadline = one / 3;
-    let s = fewest_nodes(&wl, &base, deadline, 1, |_, _| {}).unwrap();
+    let s = both(&base, |w| {
+        fewest_nodes(&wl, w, deadline, 1, |_, _| {}).unwrap()
+    });
     let n = s
         .nodes
         .expect("a wide graph meets a third of one node's time");
@@ -240,7 +262,7 @@ fn fewer_nodes_than_the_work_needs_by_the_deadline_are_not_simulated() {
     let deadline = work / 10;
     let least = fewest_possible(&wl, &base, deadline);
     assert_eq!(least, 3, "{work} core-ms on 4 cores by {deadline} ms");
-    let short = row(&wl, &base, least - 1, 1, |_| {}).unwrap();
+    let short = both(&base, |w| row(&wl, w, least - 1, 1, |_| {}).unwrap());
     assert!(short.makespan_p90_ms > deadline, "{short:?}");
     // Jitter may shorten every runtime: the bound takes the shortest.
     let mut jittered = base.clone();
@@ -322,11 +344,13 @@ fn a_workflow_runs_on_an_allocation_queues_batch_nodes() {
         cluster: Some(cluster_cfg),
         ..cluster(1, Some(125e6))
     };
-    let r = row(&wl, &w, 1, 1, |r| {
-        let a = r.alloc.as_ref().expect("the queue's report");
-        assert!(a.started > 0, "{a:?}");
-    })
-    .unwrap();
+    let r = both(&w, |w| {
+        row(&wl, w, 1, 1, |r| {
+            let a = r.alloc.as_ref().expect("the queue's report");
+            assert!(a.started > 0, "{a:?}");
+        })
+        .unwrap()
+    });
     let run = &r.runs[0];
     assert_eq!(run.tasks_done, 34);
     assert!(run.batch_node_hours > 0.0);
