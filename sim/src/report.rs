@@ -144,9 +144,9 @@ pub struct Upkeep {
     pub longest_ms: u64,
     /// Upkeep in stretches of a second or more: what a skip could jump.
     pub in_long_stretches: u64,
-    /// Over the whole run, SWIM's timers with nothing to do (a gossip tick
-    /// with nothing to tell, an indirect probe of a member that answered)
-    /// that woke no one, each fired with whatever came to its node next
+    /// Over the whole run, timers with nothing to do (SWIM's gossip tick
+    /// with nothing to tell and indirect probe of a member that answered,
+    /// a worker's heartbeat between its reports) that woke no one, each fired with whatever came to its node next
     /// (the timers skipped exactly so far; `--step` steps them too). Not
     /// the events saved: stepped, some fall on another timer's wake.
     #[serde(default)]
@@ -163,9 +163,10 @@ impl Upkeep {
         }
         let skipped = if self.skipped > 0 {
             format!(
-                "skipped: {} of SWIM's timers had nothing to do and woke no one (a gossip \
-                 tick with nothing to tell, an indirect probe of a member that answered; each \
-                 fired with its node's next event); ",
+                "skipped: {} timers had nothing to do and woke no one (SWIM's gossip \
+                 tick with nothing to tell and indirect probe of a member that answered, a \
+                 worker's heartbeat between its reports; each fired with its node's next \
+                 event); ",
                 self.skipped
             )
         } else {

@@ -120,3 +120,29 @@ fn a_farm_of_minutes_runs_the_same_skipped_or_stepped() {
         );
     }
 }
+
+#[test]
+fn a_workers_heartbeat_between_its_reports_wakes_no_one() {
+    // A worker of a small mesh reports every other heartbeat (500 ms);
+    // the beat between does nothing while its slots are busy, and is
+    // fired with its node's next event. The coordinator's beats, and those
+    // of the node next in line (it reports at every beat), still wake.
+    let cfg = SimConfig::simple(1, 10, "cpu=2", 80, "uniform:1m..4m");
+    let wakes = |step: bool| {
+        let mut c = cfg.clone();
+        c.step = step;
+        let r = run(&c).unwrap_or_else(|e| panic!("{e}"));
+        r.upkeep
+            .by_source
+            .iter()
+            .find(|(s, _)| s.starts_with("heartbeat"))
+            .map_or(0, |(_, n)| *n)
+    };
+    let (skipped, stepped) = (wakes(false), wakes(true));
+    // Two nodes of ten beat four times a second, eight twice: 24 of 40.
+    assert!(
+        skipped * 10 < stepped * 7 && skipped * 2 > stepped,
+        "{skipped} heartbeat wakes skipping, {stepped} stepping"
+    );
+    same_both_ways(&cfg);
+}

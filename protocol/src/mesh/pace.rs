@@ -40,6 +40,10 @@ pub struct Pace {
     /// trip runs dry on every slower one, so the depth covers the mean
     /// plus twice this (as TCP sizes its retransmission timer).
     rtt_dev_ms: f64,
+    /// The last depth's measure holds until then, for that `base` and
+    /// `max`, unless something is measured first: the first moment a stage
+    /// that counted stops counting. None once a measure came in.
+    holds: Option<(Millis, u32, u32)>,
 }
 
 #[derive(Debug)]
@@ -74,6 +78,7 @@ impl Pace {
         s.slots = slots;
         s.last = now;
         self.recent.insert((farm, stage));
+        self.holds = None;
     }
 
     /// The recent mean duration of `stage`'s tasks here, once one ended.
@@ -83,6 +88,7 @@ impl Pace {
 
     /// A round trip to the coordinator took `ms`.
     pub fn round_trip(&mut self, ms: Millis) {
+        self.holds = None;
         let ms = ms as f64;
         match self.rtt_ms {
             None => {
@@ -98,11 +104,19 @@ impl Pace {
 
     /// Tasks to keep queued beyond those running: the largest need of the
     /// stages that ran here lately, `base` before any has, at most `max`.
+    /// Stages no longer recent are forgotten.
     pub fn depth(&mut self, now: Millis, base: u32, max: u32) -> u32 {
         let rtt = self.rtt_ms.unwrap_or(RTT_GUESS_MS) + 2.0 * self.rtt_dev_ms;
         let stages = &self.stages;
         let active = |k: &(FarmId, u32)| now.saturating_sub(stages[k].last) <= ACTIVE_MS;
         self.recent.retain(active);
+        let until = self
+            .recent
+            .iter()
+            .map(|k| self.stages[k].last + ACTIVE_MS + 1)
+            .min()
+            .unwrap_or(Millis::MAX);
+        self.holds = Some((until, base, max));
         self.recent
             .iter()
             .map(|k| &self.stages[k])
@@ -113,6 +127,15 @@ impl Pace {
             .max()
             .unwrap_or(base)
             .clamp(1, max.max(1))
+    }
+
+    /// Until when [`Pace::depth`], asked with `base` and `max`, says what it
+    /// said last, if nothing is measured first: None if that is not known
+    /// (a measure came in since).
+    pub fn holds_until(&self, base: u32, max: u32) -> Option<Millis> {
+        self.holds
+            .filter(|&(_, b, m)| (b, m) == (base, max))
+            .map(|(until, ..)| until)
     }
 }
 

@@ -193,6 +193,10 @@ impl Peer {
                 at = at.min(t);
             }
         });
+        // Which beat is the next loud one matters only if a beat comes first.
+        if self.node.members.next_beat() < at {
+            at = at.min(self.next_loud_beat());
+        }
         Some(at)
     }
 
@@ -202,7 +206,63 @@ impl Peer {
     fn due_by(&self, now: Millis) -> bool {
         let mut due = self.node.members.timer_due_by(now);
         self.each_timer(|t, _| due |= t.is_some_and(|t| t <= now));
-        due
+        due || self.beat_due_by(now)
+    }
+
+    /// Whether the heartbeat due at `at` would do nothing, fired then with
+    /// nothing before it: this node is a worker that follows a
+    /// coordinator, no report is due, its members need no look, its
+    /// prefetch depth holds, and it has nothing to steal. Such a beat only
+    /// sets the next one, a beat later, and is no sign of lateness; where
+    /// quiet timers are skipped, it wakes no one (`next_loud_beat`).
+    fn heartbeat_quiet(&self, at: Millis) -> bool {
+        let node = &self.node;
+        self.coord.is_none()
+            && at < node.members.next_report()
+            && node.election.coordinator().is_some()
+            && node.election.passed_over(at).is_none()
+            && node.members.quiet_look()
+            && !steal::would_steal(node, None, &self.worker, &self.steal)
+            && on_members::watch(node, at) == membership::Watch::None
+            && self
+                .worker
+                .depth_holds_until(node.cfg.queue_max)
+                .is_some_and(|until| at < until)
+    }
+
+    /// The next heartbeat that may do something; every one where every
+    /// timer is stepped. Quiet now, the beats stay quiet until an input
+    /// (which fires those due first) or until time ends it: the report's
+    /// beat, or a stage leaving the prefetch depth's window (whom this
+    /// node watches changes with time only while it passes over a
+    /// deposed coordinator, and no beat is quiet then).
+    fn next_loud_beat(&self) -> Millis {
+        let members = &self.node.members;
+        let at = members.next_beat();
+        if !members.skips_quiet() || !self.heartbeat_quiet(at) {
+            return at;
+        }
+        let every = self.node.cfg.heartbeat_ms.max(1);
+        let mut until = members.next_report();
+        if let Some(t) = self.worker.depth_holds_until(self.node.cfg.queue_max) {
+            until = until.min(t);
+        }
+        at + until.saturating_sub(at).div_ceil(every) * every
+    }
+
+    /// The quiet heartbeats due before `now` (and at it, with `at_now`),
+    /// fired as each would have been at its time: only the next one's
+    /// time moves. At a wake, the beat of that moment is left to
+    /// `beat_due`, after the timers of the same moment, as stepped.
+    fn fire_quiet_beats(&mut self, now: Millis, at_now: bool) {
+        loop {
+            let at = self.node.members.next_beat();
+            if !(at < now || at_now && at == now) || !self.heartbeat_quiet(at) {
+                return;
+            }
+            let every = self.node.cfg.heartbeat_ms;
+            self.node.members.beat_quiet(every, &mut self.out);
+        }
     }
 
     /// Which timers are due at `now`: what [`handle_timeout`](Self::handle_timeout)
@@ -215,15 +275,23 @@ impl Peer {
                 due.add(kind);
             }
         });
+        if self.beat_due_by(now) {
+            due.add(TimerKind::Heartbeat);
+        }
         self.node.members.timers_due(now, &mut due);
         due
     }
 
-    /// Each of this peer's timers but SWIM's (which `Membership` keeps),
+    /// Whether a heartbeat that may do something is due by `now`.
+    fn beat_due_by(&self, now: Millis) -> bool {
+        self.node.members.next_beat() <= now && self.next_loud_beat() <= now
+    }
+
+    /// Each of this peer's timers but SWIM's (which `Membership` keeps)
+    /// and the heartbeat (`next_loud_beat`, asked only where it matters),
     /// with when it is due, if it is set: what both the next timeout and
     /// the timers due are read from.
     fn each_timer(&self, mut f: impl FnMut(Option<Millis>, TimerKind)) {
-        f(Some(self.node.members.next_beat()), TimerKind::Heartbeat);
         f(self.node.members.next_silence(), TimerKind::Silence);
         f(Some(self.next_resend), TimerKind::Resend);
         f(self.worker.next_timer(), TimerKind::Task);
@@ -264,6 +332,7 @@ impl Peer {
         if self.due_by(now) {
             self.handle_timeout(now);
         } else {
+            self.fire_quiet_beats(now, true);
             self.woke(now);
             self.node.members.fire_quiet(now, &mut self.out);
         }
@@ -271,6 +340,7 @@ impl Peer {
 
     /// The time of [`poll_timeout`](Self::poll_timeout) came: the timers due fire.
     pub fn handle_timeout(&mut self, now: Millis) {
+        self.fire_quiet_beats(now, false);
         self.woke(now);
         self.worker.fire_timers(now, &mut self.out);
         self.node.members.fire_timers(now, &mut self.out);

@@ -1189,6 +1189,39 @@ impl Membership {
         true
     }
 
+    /// The heartbeat due at `next_beat` had nothing to do (see
+    /// `Peer::heartbeat_quiet`): the next one is a beat later, on its
+    /// phase, and this one is no sign of lateness however late it fired.
+    pub(super) fn beat_quiet(&mut self, heartbeat_ms: Millis, out: &mut Out) {
+        self.next_beat += heartbeat_ms;
+        if self.skip_quiet {
+            out.stats.quiet_timers += 1;
+        }
+    }
+
+    /// When the next report to the coordinator is due.
+    pub(super) fn next_report(&self) -> Millis {
+        self.next_report
+    }
+
+    /// Whether timers with nothing to do wake no one (all are stepped
+    /// with `Config::step_upkeep`).
+    pub(super) fn skips_quiet(&self) -> bool {
+        self.skip_quiet
+    }
+
+    /// Nothing for the heartbeat's look at the members to do: SWIM counts
+    /// this node in, no member is known only by a beat or hidden, none
+    /// came up or went down unhandled, and the last look watched no one.
+    pub(super) fn quiet_look(&self) -> bool {
+        self.active
+            && self.unknown.is_empty()
+            && self.hidden.is_empty()
+            && self.fresh.is_empty()
+            && self.down.is_empty()
+            && self.watched == Some(Watch::None)
+    }
+
     /// A report to the coordinator is due at `now`, one every `interval`.
     pub(super) fn report_due(&mut self, now: Millis, interval: Millis) -> bool {
         if now < self.next_report {

@@ -11,7 +11,9 @@ use rand::RngExt;
 use rustc_hash::FxBuildHasher;
 
 use super::super::msg::*;
-use super::Working;
+use super::coordinator::Coord;
+use super::worker::Worker;
+use super::{Node, Working};
 use crate::engine::Millis;
 use crate::observe::Latency;
 
@@ -122,6 +124,42 @@ impl Stealing {
     }
 }
 
+/// Whether [`Working::try_steal`] would ask anyone now: it has nothing
+/// queued, no steal in flight, the coordinator nothing left to hand out,
+/// and there are victims to ask (overloaded ones for a full node).
+pub(super) fn would_steal(
+    node: &Node,
+    coord: Option<&Coord>,
+    worker: &Worker,
+    steal: &Stealing,
+) -> bool {
+    if !node.cfg.steal || worker.interrupted() || steal.asked.is_some() || worker.has_waiting() {
+        // Tasks waiting for their farm's spec are queued too: stealing
+        // more before they start would hoard.
+        return false;
+    }
+    if backlog(node, coord) > 0 {
+        // The coordinator still has work to hand out; it will.
+        return false;
+    }
+    let victims = if worker.full() {
+        &steal.overloaded
+    } else {
+        &steal.loaded
+    };
+    !victims.is_empty()
+}
+
+/// What the coordinator has left to hand out: its engine's, on the
+/// coordinator, or what its last beat said.
+fn backlog(node: &Node, coord: Option<&Coord>) -> u64 {
+    match (coord, node.election.leader().node) {
+        (Some(c), _) => c.backlog(),
+        (None, Some(c)) => node.members.get(c).map_or(0, |m| m.beat().backlog),
+        (None, None) => 0,
+    }
+}
+
 /// A thief's side of a steal, which reads the worker it steals for and
 /// whom it follows.
 impl Working<'_> {
@@ -132,29 +170,16 @@ impl Working<'_> {
     /// members, for its next task, so the ordinary one-task prefetch does
     /// not hop from full node to full node.
     pub(super) fn try_steal(&mut self, now: Millis) {
+        if !would_steal(self.node, self.coord, self.worker, self.steal) {
+            return;
+        }
         let cfg = &self.node.cfg;
-        if !cfg.steal
-            || self.worker.interrupted()
-            || self.steal.asked.is_some()
-            || self.worker.has_waiting()
-        {
-            // Tasks waiting for their farm's spec are queued too: stealing
-            // more before they start would hoard.
-            return;
-        }
-        if self.backlog() > 0 {
-            // The coordinator still has work to hand out; it will.
-            return;
-        }
         let victims = if self.worker.full() {
             &self.steal.overloaded
         } else {
             &self.steal.loaded
         };
         let n = victims.len();
-        if n == 0 {
-            return;
-        }
         // Two random choices: nearly as good as asking the most loaded, and
         // thieves do not all pile onto the same victim.
         let (i, j) = (self.rng.random_range(0..n), self.rng.random_range(0..n));
@@ -180,16 +205,6 @@ impl Working<'_> {
                 max,
             },
         );
-    }
-
-    /// What the coordinator has left to hand out: its engine's, on the
-    /// coordinator, or what its last beat said.
-    fn backlog(&self) -> u64 {
-        match (self.coord, self.node.election.leader().node) {
-            (Some(c), _) => c.backlog(),
-            (None, Some(c)) => self.node.members.get(c).map_or(0, |m| m.beat().backlog),
-            (None, None) => 0,
-        }
     }
 
     /// How this thief takes the answer of `from` to steal `id`, with `tasks`.

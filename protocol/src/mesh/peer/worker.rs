@@ -688,6 +688,13 @@ impl Worker {
         self.depth = self.pace.depth(now, base, queue_max as u32);
     }
 
+    /// Until when `update_depth` would leave the depth as it is, if
+    /// nothing is measured first (None: not known, something was).
+    pub(super) fn depth_holds_until(&self, queue_max: usize) -> Option<Millis> {
+        let base = base_depth(self.pool.total());
+        self.pace.holds_until(base, queue_max as u32)
+    }
+
     /// The round trip from a report to the assignment that answered it.
     pub(super) fn round_trip(&mut self, now: Millis, rtt: Millis, queue_max: usize) {
         self.pace.round_trip(rtt);
