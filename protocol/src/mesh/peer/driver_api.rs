@@ -327,7 +327,7 @@ impl Peer {
     /// wake had come first: what a peer does never depends on which of a
     /// timer and an input at one moment the driver hands it first, nor on
     /// whether it was woken for a timer that would have done nothing
-    /// (`Membership::fire_quiet` fires those here).
+    /// (`fire_quiet_beats` and `Membership::fire_quiet` fire those here).
     pub(super) fn due_first(&mut self, now: Millis) {
         if self.due_by(now) {
             self.handle_timeout(now);
