@@ -210,44 +210,47 @@ impl Peer {
     }
 
     /// Whether the heartbeat due at `at` would do nothing, fired then with
-    /// nothing before it: this node is a worker that follows a
-    /// coordinator, no report is due, its members need no look, its
-    /// prefetch depth holds, and it has nothing to steal. Such a beat only
-    /// sets the next one, a beat later, and is no sign of lateness; where
-    /// quiet timers are skipped, it wakes no one (`next_loud_beat`).
-    fn heartbeat_quiet(&self, at: Millis) -> bool {
+    /// nothing before it, and if so until when the beats after it stay
+    /// quiet with nothing done here: this node is a worker that follows a
+    /// coordinator and passes over no deposed one (whom it watches changes
+    /// with time only then), no report is due, its members need no look,
+    /// it has nothing to steal, and its prefetch depth holds. Time ends it
+    /// at the report's beat or when a stage leaves the depth's window; an
+    /// input fires the beats due first. Such a beat only sets the next
+    /// one, a beat later, and is no sign of lateness; where quiet timers
+    /// are skipped, it wakes no one (`next_loud_beat`).
+    fn quiet_until(&self, at: Millis) -> Option<Millis> {
         let node = &self.node;
-        self.coord.is_none()
-            && at < node.members.next_report()
-            && node.election.coordinator().is_some()
-            && node.election.passed_over(at).is_none()
-            && node.members.quiet_look()
-            && !steal::would_steal(node, None, &self.worker, &self.steal)
-            && on_members::watch(node, at) == membership::Watch::None
-            && self
-                .worker
-                .depth_holds_until(node.cfg.queue_max)
-                .is_some_and(|until| at < until)
+        let report = node.members.next_report();
+        if self.coord.is_some()
+            || at >= report
+            || node.election.coordinator().is_none()
+            || node.election.passed_over(at).is_some()
+            || !node.members.quiet_look()
+            || steal::would_steal(node, None, &self.worker, &self.steal)
+            || on_members::watch(node, at) != membership::Watch::None
+        {
+            return None;
+        }
+        let depth = self.worker.depth_holds_until(node.cfg.queue_max)?;
+        (at < depth).then_some(report.min(depth))
     }
 
     /// The next heartbeat that may do something; every one where every
-    /// timer is stepped. Quiet now, the beats stay quiet until an input
-    /// (which fires those due first) or until time ends it: the report's
-    /// beat, or a stage leaving the prefetch depth's window (whom this
-    /// node watches changes with time only while it passes over a
-    /// deposed coordinator, and no beat is quiet then).
+    /// timer is stepped.
     fn next_loud_beat(&self) -> Millis {
         let members = &self.node.members;
         let at = members.next_beat();
-        if !members.skips_quiet() || !self.heartbeat_quiet(at) {
+        if !members.skips_quiet() {
             return at;
         }
-        let every = self.node.cfg.heartbeat_ms.max(1);
-        let mut until = members.next_report();
-        if let Some(t) = self.worker.depth_holds_until(self.node.cfg.queue_max) {
-            until = until.min(t);
+        match self.quiet_until(at) {
+            Some(until) => {
+                let every = self.node.cfg.heartbeat_ms.max(1);
+                at + until.saturating_sub(at).div_ceil(every) * every
+            }
+            None => at,
         }
-        at + until.saturating_sub(at).div_ceil(every) * every
     }
 
     /// The quiet heartbeats due before `now` (and at it, with `at_now`),
@@ -257,7 +260,7 @@ impl Peer {
     fn fire_quiet_beats(&mut self, now: Millis, at_now: bool) {
         loop {
             let at = self.node.members.next_beat();
-            if !(at < now || at_now && at == now) || !self.heartbeat_quiet(at) {
+            if !(at < now || at_now && at == now) || self.quiet_until(at).is_none() {
                 return;
             }
             let every = self.node.cfg.heartbeat_ms;

@@ -1190,7 +1190,7 @@ impl Membership {
     }
 
     /// The heartbeat due at `next_beat` had nothing to do (see
-    /// `Peer::heartbeat_quiet`): the next one is a beat later, on its
+    /// `Peer::quiet_until`): the next one is a beat later, on its
     /// phase, and this one is no sign of lateness however late it fired.
     pub(super) fn beat_quiet(&mut self, heartbeat_ms: Millis, out: &mut Out) {
         self.next_beat += heartbeat_ms;
