@@ -47,6 +47,16 @@ pub(super) enum Answer {
 }
 
 impl Stealing {
+    /// Whom a thief asks: any member with a queue, or for a `full` one
+    /// only the overloaded.
+    fn victims(&self, full: bool) -> &IndexMap<NodeId, u32, FxBuildHasher> {
+        if full {
+            &self.overloaded
+        } else {
+            &self.loaded
+        }
+    }
+
     pub(super) fn new() -> Stealing {
         Stealing {
             asked: None,
@@ -142,12 +152,7 @@ pub(super) fn would_steal(
         // The coordinator still has work to hand out; it will.
         return false;
     }
-    let victims = if worker.full() {
-        &steal.overloaded
-    } else {
-        &steal.loaded
-    };
-    !victims.is_empty()
+    !steal.victims(worker.full()).is_empty()
 }
 
 /// What the coordinator has left to hand out: its engine's, on the
@@ -174,11 +179,7 @@ impl Working<'_> {
             return;
         }
         let cfg = &self.node.cfg;
-        let victims = if self.worker.full() {
-            &self.steal.overloaded
-        } else {
-            &self.steal.loaded
-        };
+        let victims = self.steal.victims(self.worker.full());
         let n = victims.len();
         // Two random choices: nearly as good as asking the most loaded, and
         // thieves do not all pile onto the same victim.
