@@ -146,9 +146,10 @@ pub struct Upkeep {
     pub in_long_stretches: u64,
     /// Over the whole run, timers with nothing to do (SWIM's gossip tick
     /// with nothing to tell and indirect probe of a member that answered,
-    /// a worker's heartbeat between its reports) that woke no one, each fired with whatever came to its node next
-    /// (the timers skipped exactly so far; `--step` steps them too). Not
-    /// the events saved: stepped, some fall on another timer's wake.
+    /// a worker's heartbeat between its reports) that woke no one, each
+    /// fired with whatever came to its node next (the timers skipped
+    /// exactly so far; `--step` steps them too). Not the events saved:
+    /// stepped, some fall on another timer's wake.
     #[serde(default)]
     pub skipped: u64,
 }
@@ -542,6 +543,17 @@ impl SimReport {
             wall_ms: 0.0,
             peak_rss_bytes: None,
             ..self.clone()
+        }
+    }
+
+    /// The report less its speed line (the events stepped and the upkeep
+    /// among them, besides the wall-clock figures): what skipping the
+    /// timers that do nothing must not change (`SimConfig::step`).
+    pub fn answer(&self) -> SimReport {
+        SimReport {
+            events: 0,
+            upkeep: Upkeep::default(),
+            ..self.deterministic()
         }
     }
 

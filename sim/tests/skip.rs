@@ -8,17 +8,11 @@ use mesh_sim::{load_scenario, run, SimConfig, SimReport};
 fn outcome(cfg: &SimConfig, step: bool) -> (SimReport, u64, u64) {
     let mut cfg = cfg.clone();
     cfg.step = step;
-    let mut r = match run(&cfg) {
+    let r = match run(&cfg) {
         Ok(r) => r,
         Err(e) => panic!("{} (step {step}): {e}", cfg.name),
     };
-    let (events, skipped) = (r.events, r.upkeep.skipped);
-    r.events = 0;
-    r.upkeep = Default::default();
-    r.events_per_sec = 0.0;
-    r.wall_ms = 0.0;
-    r.peak_rss_bytes = None;
-    (r, events, skipped)
+    (r.answer(), r.events, r.upkeep.skipped)
 }
 
 /// Both ways, the same report; the events stepped each way.

@@ -118,23 +118,12 @@ fn both<T: PartialEq + std::fmt::Debug>(w: &WhatIf, f: impl Fn(&WhatIf) -> T) ->
     skipped
 }
 
-/// A report less what says how fast it was made.
-fn outcome(r: &mesh_sim::SimReport) -> mesh_sim::SimReport {
-    mesh_sim::SimReport {
-        events: 0,
-        upkeep: Default::default(),
-        ..r.deterministic()
-    }
-}
-
+/// The report's answer (less its speed line), the same stepped.
 fn run(wl: &Workload, w: &WhatIf) -> mesh_sim::SimReport {
-    let once = |w: &WhatIf| match run_workload(&w.config(wl), wl, &w.replay) {
-        Ok(r) => r,
+    both(w, |w| match run_workload(&w.config(wl), wl, &w.replay) {
+        Ok(r) => r.answer(),
         Err(e) => panic!("{e}"),
-    };
-    let r = once(w);
-    both(w, |w| outcome(&once(w)));
-    r
+    })
 }
 
 #[test]
