@@ -261,6 +261,9 @@ struct Node {
     leaving: Option<Millis>,
     /// Until when it sends a file the home asked of it.
     serving_until: Millis,
+    /// The heartbeat whose report the simulator sends for the peer
+    /// (`Peer::promise_report`), as the peer's last step promised it.
+    promised: Option<Millis>,
 }
 
 impl Node {
@@ -287,6 +290,7 @@ impl Node {
             waiting: Vec::new(),
             leaving: None,
             serving_until: 0,
+            promised: None,
         }
     }
 }
@@ -383,6 +387,11 @@ struct Sim<'a> {
     /// stuck once [`crate::QUIET_MS`] pass beyond both.
     busy_until: Millis,
     scripted_until: Millis,
+    /// Workers' reports are sent for them, without a wake, where nothing
+    /// else is due (quiet timers skipped, no node stalled or slow, whose
+    /// wakes and messages wait); and how many were.
+    promises: bool,
+    reports_sent: u64,
 }
 
 impl<'a> Sim<'a> {
@@ -456,6 +465,8 @@ impl<'a> Sim<'a> {
             stage_in_ms: 0,
             busy_until: 0,
             scripted_until: scripted_until(cfg),
+            promises: !cfg.step && cfg.stall.is_empty() && cfg.slow.is_empty(),
+            reports_sent: 0,
             batch: batch::Batch::new(cfg),
             plan,
         }
@@ -695,6 +706,22 @@ impl<'a> Sim<'a> {
                 self.step(n, |p| p.introduce(now, id, String::new(), Vec::new()))
             }
             Ev::MeshCheck => self.check_one_mesh(),
+            Ev::Report { node, gen } => {
+                let n = node as usize;
+                let nd = &mut self.nodes[n];
+                if nd.gen != gen || nd.promised != Some(now) {
+                    return Ok(());
+                }
+                nd.promised = None;
+                // What the beat's wake would have sent; the beat itself
+                // fires with the node's next input.
+                let report = nd.peer.as_ref().and_then(|p| p.promised_report(now));
+                if let Some((to, msg)) = report {
+                    self.reports_sent += 1;
+                    self.send(n, to, msg);
+                }
+                Ok(())
+            }
             Ev::Timer { node, gen } => {
                 if !self.timer_armed(node, gen) {
                     return Ok(());
@@ -1029,16 +1056,9 @@ impl<'a> Sim<'a> {
             message: e,
         })?;
         self.note_coordinator(n)?;
-        let nd = &mut self.nodes[n];
+        self.next_wake(n);
+        let nd = &self.nodes[n];
         let peer = nd.peer.as_ref().expect("stepped peers are up");
-        let mut timer = None;
-        if let Some(at) = peer.poll_timeout() {
-            let at = at.max(self.now);
-            if nd.timer != Some(at) {
-                nd.timer = Some(at);
-                timer = Some((at, nd.gen));
-            }
-        }
         // The farm ends at its home, once every task is over and every
         // output is there; at the coordinator only when the home never
         // comes back. Judged once: the run goes on past it only to give
@@ -1058,19 +1078,38 @@ impl<'a> Sim<'a> {
         } else {
             None
         };
-        if let Some((at, gen)) = timer {
-            self.push(
-                at,
-                Ev::Timer {
-                    node: n as u32,
-                    gen,
-                },
-            );
-        }
         if let Some(c) = end {
             self.check_end(c)?;
         }
         Ok(())
+    }
+
+    /// When node `n`, just stepped, next needs a wake, and the report it
+    /// promises if it does (`Peer::poll_promise`): each scheduled unless
+    /// it already is.
+    fn next_wake(&mut self, n: usize) {
+        let nd = &mut self.nodes[n];
+        let peer = nd.peer.as_mut().expect("stepped peers are up");
+        let (timeout, promise) = if self.promises {
+            peer.poll_promise(self.now)
+        } else {
+            (peer.poll_timeout(), None)
+        };
+        let gen = nd.gen;
+        let node = n as u32;
+        if promise != nd.promised {
+            nd.promised = promise;
+            if let Some(at) = promise {
+                self.push(at, Ev::Report { node, gen });
+            }
+        }
+        if let Some(at) = timeout {
+            let at = at.max(self.now);
+            if self.nodes[n].timer != Some(at) {
+                self.nodes[n].timer = Some(at);
+                self.push(at, Ev::Timer { node, gen });
+            }
+        }
     }
 
     /// Node `n` coordinates after its step: noted, and at most one
@@ -1322,6 +1361,7 @@ impl<'a> Sim<'a> {
             events: self.events,
             upkeep: crate::report::Upkeep {
                 skipped: stats.quiet_timers,
+                reports_sent: self.reports_sent,
                 ..self.upkeep.report()
             },
             events_per_sec: self.events as f64 / wall_s.max(1e-9),

@@ -152,6 +152,11 @@ pub struct Upkeep {
     /// stepped, some fall on another timer's wake.
     #[serde(default)]
     pub skipped: u64,
+    /// Workers' reports the simulator sent for them at their heartbeat,
+    /// which had nothing else to do, rather than wake them for it; each
+    /// heartbeat fired with its node's next event (`--step` wakes them).
+    #[serde(default)]
+    pub reports_sent: u64,
 }
 
 impl Upkeep {
@@ -173,6 +178,15 @@ impl Upkeep {
         } else {
             String::new()
         };
+        let reported = if self.reports_sent > 0 {
+            format!(
+                "{} workers' reports sent for them, their heartbeats having nothing else to \
+                 do, with no wake; ",
+                self.reports_sent
+            )
+        } else {
+            String::new()
+        };
         let share = |n: u64| 100.0 * n as f64 / self.events as f64;
         let sources: Vec<String> = self
             .by_source
@@ -181,7 +195,7 @@ impl Upkeep {
             .map(|(s, n)| format!("{s} {:.0}%", share(*n)))
             .collect();
         format!(
-            "{skipped}stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
+            "{skipped}{reported}stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
              changes, in {} quiet stretches of {} on average (longest {}; {:.0}% of the upkeep \
              in stretches of a second or more): {}; none of these has an exact skip yet\n",
             100.0 * self.events as f64 / self.of.max(1) as f64,

@@ -116,27 +116,39 @@ fn a_farm_of_minutes_runs_the_same_skipped_or_stepped() {
 }
 
 #[test]
-fn a_workers_heartbeat_between_its_reports_wakes_no_one() {
+fn a_workers_heartbeat_wakes_it_only_for_more_than_its_report() {
     // A worker of a small mesh reports every other heartbeat (500 ms);
-    // the beat between does nothing while its slots are busy, and is
-    // fired with its node's next event. The coordinator's beats, and those
-    // of the node next in line (it reports at every beat), still wake.
+    // while its slots are busy the beat between does nothing, and is
+    // fired with its node's next event, and the report's beat does
+    // nothing but report: the simulator sends the report for it at the
+    // beat's moment, and the beat fires with the node's next event. The
+    // coordinator's beats, and those of the node next in line (it watches
+    // the coordinator), still wake.
     let cfg = SimConfig::simple(1, 10, "cpu=2", 80, "uniform:1m..4m");
     let wakes = |step: bool| {
         let mut c = cfg.clone();
         c.step = step;
         let r = run(&c).unwrap_or_else(|e| panic!("{e}"));
-        r.upkeep
+        let beats = r
+            .upkeep
             .by_source
             .iter()
             .find(|(s, _)| s.starts_with("heartbeat"))
-            .map_or(0, |(_, n)| *n)
+            .map_or(0, |(_, n)| *n);
+        (beats, r.upkeep.reports_sent)
     };
-    let (skipped, stepped) = (wakes(false), wakes(true));
-    // Two nodes of ten beat four times a second, eight twice: 24 of 40.
+    let ((skipped, sent), (stepped, none)) = (wakes(false), wakes(true));
+    assert_eq!(none, 0, "stepping sends no report for a worker");
+    // Two nodes of ten beat four times a second, eight twice: the two
+    // wake 8 times of the 40 a second stepped; the eight's 16 reports
+    // are sent for them.
     assert!(
-        skipped * 10 < stepped * 7 && skipped * 2 > stepped,
+        skipped * 10 < stepped * 3 && skipped * 10 > stepped,
         "{skipped} heartbeat wakes skipping, {stepped} stepping"
+    );
+    assert!(
+        sent * 10 > stepped * 3 && sent * 2 < stepped,
+        "{sent} reports sent for their workers, {stepped} heartbeat wakes stepping"
     );
     same_both_ways(&cfg);
 }

@@ -8,8 +8,9 @@ use crate::report::Upkeep;
 /// Message kinds and timers, each a source of upkeep; and a wake for a
 /// timer that had moved since.
 const KINDS: usize = Msg::KINDS.len();
-const SOURCES: usize = KINDS + TimerKind::ALL.len() + 1;
+const SOURCES: usize = KINDS + TimerKind::ALL.len() + 2;
 const SUPERSEDED: usize = SOURCES - 1;
+const REPORTED: usize = SOURCES - 2;
 
 /// What an event was, as the speed line counts it.
 pub(super) enum Seen {
@@ -90,6 +91,7 @@ impl Tally {
     pub(super) fn report(&self) -> Upkeep {
         let name = |i: usize| match i {
             SUPERSEDED => "superseded timer".to_string(),
+            REPORTED => "report sent for its worker".to_string(),
             i if i < KINDS => Msg::KINDS[i].to_string(),
             i => format!("{} timer", TimerKind::ALL[i - KINDS].name()),
         };
@@ -107,6 +109,7 @@ impl Tally {
             longest_ms: self.longest_ms,
             in_long_stretches: self.in_long,
             skipped: 0,
+            reports_sent: 0,
         }
     }
 }
@@ -141,6 +144,7 @@ impl Sim<'_> {
                     Some(_) => Seen::Change,
                 }
             }
+            Ev::Report { .. } => Seen::Upkeep(REPORTED),
             Ev::MeshCheck | Ev::Resume(_) => Seen::Neither,
             _ => Seen::Change,
         }

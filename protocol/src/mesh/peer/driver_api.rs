@@ -211,29 +211,135 @@ impl Peer {
 
     /// Whether the heartbeat due at `at` would do nothing, fired then with
     /// nothing before it, and if so until when the beats after it stay
-    /// quiet with nothing done here: this node is a worker that follows a
-    /// coordinator and passes over no deposed one (whom it watches changes
-    /// with time only then), no report is due, its members need no look,
-    /// it has nothing to steal, and its prefetch depth holds. Time ends it
-    /// at the report's beat or when a stage leaves the depth's window; an
-    /// input fires the beats due first. Such a beat only sets the next
-    /// one, a beat later, and is no sign of lateness; where quiet timers
-    /// are skipped, it wakes no one (`next_loud_beat`).
+    /// quiet with nothing done here: no report is due (or the driver sends
+    /// the one due, see `poll_promise`: then until the report after it)
+    /// and the beat is quiet apart from its report. Time ends it at the
+    /// report's beat or when a stage leaves the depth's window; an input
+    /// fires the beats due first. Such a beat only sets the next one, a
+    /// beat later, and is no sign of lateness; where quiet timers are
+    /// skipped, it wakes no one (`next_loud_beat`).
     fn quiet_until(&self, at: Millis) -> Option<Millis> {
+        let members = &self.node.members;
+        let report = match members.promise() {
+            Some(p) => p.next,
+            None => members.next_report(),
+        };
+        self.quiet_until_with(at, report, self.quiet_state())
+    }
+
+    /// `quiet_until`, given the report that ends the stretch and `state`.
+    fn quiet_until_with(
+        &self,
+        at: Millis,
+        report: Millis,
+        state: Option<Millis>,
+    ) -> Option<Millis> {
+        let depth = state?;
+        if at >= report || at >= depth || !self.quiet_at(at) {
+            return None;
+        }
+        Some(report.min(depth))
+    }
+
+    /// What makes a heartbeat quiet apart from its report and does not
+    /// change with time, and if it holds until when the prefetch depth
+    /// does: this node is a worker that follows a coordinator, its
+    /// members need no look, it has nothing to steal, and its depth's
+    /// last measure holds.
+    fn quiet_state(&self) -> Option<Millis> {
         let node = &self.node;
-        let report = node.members.next_report();
         if self.coord.is_some()
-            || at >= report
             || node.election.coordinator().is_none()
-            || node.election.passed_over(at).is_some()
             || !node.members.quiet_look()
             || steal::would_steal(node, None, &self.worker, &self.steal)
-            || on_members::watch(node, at) != membership::Watch::None
         {
             return None;
         }
-        let depth = self.worker.depth_holds_until(node.cfg.queue_max)?;
-        (at < depth).then_some(report.min(depth))
+        self.worker.depth_holds_until(node.cfg.queue_max)
+    }
+
+    /// What makes the heartbeat at `at` quiet and changes with time: it
+    /// passes over no deposed coordinator, and watches no one.
+    fn quiet_at(&self, at: Millis) -> bool {
+        let node = &self.node;
+        node.election.passed_over(at).is_none()
+            && on_members::watch(node, at) == membership::Watch::None
+    }
+
+    /// [`poll_timeout`](Self::poll_timeout), for a driver that sends a
+    /// worker's reports itself rather than wake it for them (the
+    /// simulator, where quiet timers are skipped); with the moment of the
+    /// next heartbeat whose only work is its report to the coordinator,
+    /// with nothing else due here by then, where there is one. The driver
+    /// sends that report at that moment ([`Peer::promised_report`]) unless
+    /// an input comes first; the heartbeat fires with the next input,
+    /// without sending it. Asked after every step: each answer replaces
+    /// the last.
+    pub fn poll_promise(&mut self, now: Millis) -> (Option<Millis>, Option<Millis>) {
+        self.node.members.set_promise(None);
+        let members = &self.node.members;
+        let mut other = members.next_timer().unwrap_or(Millis::MAX);
+        self.each_timer(|t, _| {
+            if let Some(t) = t {
+                other = other.min(t);
+            }
+        });
+        let beat = members.next_beat();
+        if beat >= other || !members.skips_quiet() {
+            // As `poll_timeout`: a beat after the other timers, or every beat, wakes.
+            return (Some(other.min(beat)), None);
+        }
+        let state = self.quiet_state();
+        let loud = self.loud_beat_from(beat, members.next_report(), state);
+        let node = &self.node;
+        let alone = loud > now
+            && loud < other
+            && loud >= members.next_report()
+            && node.election.seed().is_none()
+            && state.is_some_and(|depth| loud < depth)
+            && self.quiet_at(loud);
+        if !alone {
+            return (Some(other.min(loud)), None);
+        }
+        // As the wake would find it: the clock at the beat.
+        let next = loud + on_members::report_interval(node, loud);
+        let after = self.loud_beat_from(beat, next, state);
+        self.node.members.set_promise(Some(membership::Promise {
+            at: loud,
+            next,
+            loud: after,
+        }));
+        (Some(other.min(after)), Some(loud))
+    }
+
+    /// The first heartbeat from `at` that may do something, where `report`
+    /// ends the quiet stretch and `state` is `quiet_state`.
+    fn loud_beat_from(&self, at: Millis, report: Millis, state: Option<Millis>) -> Millis {
+        match self.quiet_until_with(at, report, state) {
+            Some(until) => {
+                let every = self.node.cfg.heartbeat_ms.max(1);
+                at + until.saturating_sub(at).div_ceil(every) * every
+            }
+            None => at,
+        }
+    }
+
+    /// The report promised for the heartbeat at `at` (`poll_promise`),
+    /// as that heartbeat would send it: to whom, and the message. The
+    /// heartbeat itself fires with the next input, without sending it.
+    pub fn promised_report(&self, at: Millis) -> Option<(NodeId, Msg)> {
+        if self.node.members.promise().map(|p| p.at) != Some(at) {
+            return None;
+        }
+        let to = self.node.election.coordinator()?;
+        // Built as the wake's beat is: its clock is the beat's moment.
+        let told = Told {
+            clock: self.clock.max(at),
+            ..self.told()
+        };
+        let mut beat = told.beat();
+        beat.ask = true;
+        Some((to, Msg::Beat(Arc::new(beat))))
     }
 
     /// The next heartbeat that may do something; every one where every
@@ -258,12 +364,29 @@ impl Peer {
     /// time moves. At a wake, the beat of that moment is left to
     /// `beat_due`, after the timers of the same moment, as stepped.
     fn fire_quiet_beats(&mut self, now: Millis, at_now: bool) {
+        let due = |at: Millis| at < now || at_now && at == now;
+        let every = self.node.cfg.heartbeat_ms;
+        if let Some(p) = self.node.members.promise() {
+            // Nothing came since the promise: every beat before its loud
+            // one is quiet, the promised one but for its report, sent.
+            loop {
+                let at = self.node.members.next_beat();
+                if !due(at) || at >= p.loud {
+                    break;
+                }
+                if at == p.at {
+                    let queued = self.worker.queued() as u32;
+                    self.node.members.report_sent(every, queued, &mut self.out);
+                } else {
+                    self.node.members.beat_quiet(every, &mut self.out);
+                }
+            }
+        }
         loop {
             let at = self.node.members.next_beat();
-            if !(at < now || at_now && at == now) || self.quiet_until(at).is_none() {
+            if !due(at) || self.quiet_until(at).is_none() {
                 return;
             }
-            let every = self.node.cfg.heartbeat_ms;
             self.node.members.beat_quiet(every, &mut self.out);
         }
     }
@@ -287,7 +410,14 @@ impl Peer {
 
     /// Whether a heartbeat that may do something is due by `now`.
     fn beat_due_by(&self, now: Millis) -> bool {
-        self.node.members.next_beat() <= now && self.next_loud_beat() <= now
+        let members = &self.node.members;
+        // A promise knows its loud beat: nothing came since.
+        let loud = || {
+            members
+                .promise()
+                .map_or_else(|| self.next_loud_beat(), |p| p.loud)
+        };
+        members.next_beat() <= now && loud() <= now
     }
 
     /// Each of this peer's timers but SWIM's (which `Membership` keeps)
@@ -343,7 +473,9 @@ impl Peer {
 
     /// The time of [`poll_timeout`](Self::poll_timeout) came: the timers due fire.
     pub fn handle_timeout(&mut self, now: Millis) {
-        self.fire_quiet_beats(now, false);
+        // A beat whose report the driver sent is fired as at an input.
+        let promised = self.node.members.promise().is_some_and(|p| p.at == now);
+        self.fire_quiet_beats(now, promised);
         self.woke(now);
         self.worker.fire_timers(now, &mut self.out);
         self.node.members.fire_timers(now, &mut self.out);

@@ -301,6 +301,8 @@ pub(super) struct Membership {
     next_beat: Millis,
     /// When this node next reports to its coordinator.
     next_report: Millis,
+    /// A report the driver sends for this node (`Peer::poll_promise`).
+    promise: Option<Promise>,
     /// The queue length this node last reported.
     advertised: u32,
     /// SWIM counts this node in the mesh and probes (foca's `Active`).
@@ -405,6 +407,7 @@ impl Membership {
             sum: 0,
             next_beat: now,
             next_report: now,
+            promise: None,
             advertised: 0,
             active: false,
             rejoin_turn: 0,
@@ -1238,6 +1241,44 @@ impl Membership {
     pub(super) fn advertise(&mut self, queued: u32) {
         self.advertised = queued;
     }
+
+    /// The report the driver sends for this node, if it does.
+    pub(super) fn promise(&self) -> Option<Promise> {
+        self.promise
+    }
+
+    pub(super) fn set_promise(&mut self, promise: Option<Promise>) {
+        self.promise = promise;
+    }
+
+    /// The heartbeat whose report the driver sent fired with a later
+    /// input: the next beat and report are set as its wake would have set
+    /// them, the queue length it told is the one advertised, and the
+    /// report counts as this node's message.
+    pub(super) fn report_sent(&mut self, heartbeat_ms: Millis, queued: u32, out: &mut Out) {
+        let Some(p) = self.promise.take() else {
+            return;
+        };
+        self.next_beat = p.at + heartbeat_ms;
+        self.next_report = p.next;
+        self.advertised = queued;
+        out.stats.messages += 1;
+    }
+}
+
+/// A worker's heartbeat whose only work is its report to the coordinator,
+/// which the driver sends for it at that moment (`Peer::poll_promise`);
+/// the heartbeat fires with the node's next input, without sending it.
+/// It holds until an input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Promise {
+    /// When the heartbeat is due.
+    pub(super) at: Millis,
+    /// The next report it sets.
+    pub(super) next: Millis,
+    /// The first heartbeat after it that may do something: every one
+    /// before is quiet, that one but for its report.
+    pub(super) loud: Millis,
 }
 
 /// What a beat told of its sender.
