@@ -261,9 +261,11 @@ struct Node {
     leaving: Option<Millis>,
     /// Until when it sends a file the home asked of it.
     serving_until: Millis,
-    /// The heartbeat whose report the simulator sends for the peer
-    /// (`Peer::promise_report`), as the peer's last step promised it.
+    /// The heartbeat whose report the simulator sends for the peer at its
+    /// timer (`Peer::poll_promise`), as the peer's last step promised it,
+    /// and the wake the peer needs after it.
     promised: Option<Millis>,
+    after_promise: Option<Millis>,
 }
 
 impl Node {
@@ -291,6 +293,7 @@ impl Node {
             leaving: None,
             serving_until: 0,
             promised: None,
+            after_promise: None,
         }
     }
 }
@@ -706,27 +709,16 @@ impl<'a> Sim<'a> {
                 self.step(n, |p| p.introduce(now, id, String::new(), Vec::new()))
             }
             Ev::MeshCheck => self.check_one_mesh(),
-            Ev::Report { node, gen } => {
-                let n = node as usize;
-                let nd = &mut self.nodes[n];
-                if nd.gen != gen || nd.promised != Some(now) {
-                    return Ok(());
-                }
-                nd.promised = None;
-                // What the beat's wake would have sent; the beat itself
-                // fires with the node's next input.
-                let report = nd.peer.as_ref().and_then(|p| p.promised_report(now));
-                if let Some((to, msg)) = report {
-                    self.reports_sent += 1;
-                    self.send(n, to, msg);
-                }
-                Ok(())
-            }
             Ev::Timer { node, gen } => {
                 if !self.timer_armed(node, gen) {
                     return Ok(());
                 }
-                self.nodes[node as usize].timer = None;
+                let nd = &mut self.nodes[node as usize];
+                nd.timer = None;
+                if nd.promised == Some(now) {
+                    self.report_promised(node as usize);
+                    return Ok(());
+                }
                 self.step(node as usize, |p| p.handle_timeout(now))
             }
             Ev::TaskEnd {
@@ -891,6 +883,8 @@ impl<'a> Sim<'a> {
         self.gone_stats.quiet_timers += s.quiet_timers;
         nd.gen += 1;
         nd.timer = None;
+        nd.promised = None;
+        nd.after_promise = None;
         if crash {
             nd.store.crash();
         }
@@ -1084,32 +1078,53 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// When node `n`, just stepped, next needs a wake, and the report it
-    /// promises if it does (`Peer::poll_promise`): each scheduled unless
-    /// it already is.
+    /// When node `n`, just stepped, next needs a wake, or the report it
+    /// promises if it does (`Peer::poll_promise`); scheduled as one timer,
+    /// unless it already is. A promise keeps the wake after it for when
+    /// the report is sent: the node's next step (the coordinator's answer)
+    /// most often moves it, and a wake scheduled for nothing is an event.
     fn next_wake(&mut self, n: usize) {
+        let now = self.now;
         let nd = &mut self.nodes[n];
         let peer = nd.peer.as_mut().expect("stepped peers are up");
         let (timeout, promise) = if self.promises {
-            peer.poll_promise(self.now)
+            peer.poll_promise(now)
         } else {
             (peer.poll_timeout(), None)
         };
-        let gen = nd.gen;
-        let node = n as u32;
-        if promise != nd.promised {
-            nd.promised = promise;
-            if let Some(at) = promise {
-                self.push(at, Ev::Report { node, gen });
-            }
+        nd.promised = promise;
+        nd.after_promise = promise.and(timeout);
+        self.set_timer(n, promise.or(timeout));
+    }
+
+    /// Node `n`'s one timer at `at` (none: no wake), scheduled unless it is.
+    fn set_timer(&mut self, n: usize, at: Option<Millis>) {
+        let Some(at) = at.map(|t| t.max(self.now)) else {
+            return;
+        };
+        let nd = &mut self.nodes[n];
+        if nd.timer != Some(at) {
+            nd.timer = Some(at);
+            let (node, gen) = (n as u32, nd.gen);
+            self.push(at, Ev::Timer { node, gen });
         }
-        if let Some(at) = timeout {
-            let at = at.max(self.now);
-            if self.nodes[n].timer != Some(at) {
-                self.nodes[n].timer = Some(at);
-                self.push(at, Ev::Timer { node, gen });
-            }
+    }
+
+    /// Node `n`'s timer came at the heartbeat whose report it promised,
+    /// nothing having come since: the report goes as the beat's wake would
+    /// have sent it, without a step (the beat fires with the node's next
+    /// input), and the node's timer is the wake after it.
+    fn report_promised(&mut self, n: usize) {
+        let now = self.now;
+        let nd = &mut self.nodes[n];
+        nd.promised = None;
+        let after = nd.after_promise.take();
+        let report = nd.peer.as_ref().and_then(|p| p.promised_report(now));
+        if let Some((to, msg)) = report {
+            self.reports_sent += 1;
+            self.send(n, to, msg);
         }
+        self.set_timer(n, after);
     }
 
     /// Node `n` coordinates after its step: noted, and at most one

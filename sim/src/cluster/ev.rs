@@ -95,13 +95,6 @@ pub(super) enum Ev {
     },
     /// A look at whether the mesh is one (`one_mesh`), every virtual second.
     MeshCheck,
-    /// The report a worker's heartbeat sends and all it does, which the
-    /// simulator sends for it without waking it (`Peer::promise_report`);
-    /// stale unless it is still the one promised.
-    Report {
-        node: u32,
-        gen: u32,
-    },
 }
 
 /// The key's node for events that are for no one node: after all of them.
@@ -117,10 +110,7 @@ impl Ev {
     /// no one node come after every node's.
     pub(super) fn key(&self) -> u64 {
         let (node, rank, by) = match self {
-            // The report first: the wake it stands for would have sent it
-            // before anything else of the node's at that moment.
-            Ev::Report { node, .. } => (*node, 0, 0),
-            Ev::Timer { node, .. } | Ev::Wake { node, .. } => (*node, 0, 1),
+            Ev::Timer { node, .. } | Ev::Wake { node, .. } => (*node, 0, 0),
             Ev::Up(n) | Ev::Restart(n) => (*n, 1, 0),
             Ev::Resume(n) => (*n, 2, 0),
             Ev::Introduce { node, to } => (*node, 3, *to),

@@ -132,11 +132,15 @@ impl Sim<'_> {
                     Ev::Timer { .. } => self.timer_armed(*node, *gen),
                     _ => self.nodes[*node as usize].gen == *gen,
                 };
-                let peer = match &self.nodes[*node as usize].peer {
+                let nd = &self.nodes[*node as usize];
+                let peer = match &nd.peer {
                     Some(p) if live => p,
                     // Handled as nothing: the node is down, or its timer moved.
                     _ => return Seen::Upkeep(SUPERSEDED),
                 };
+                if nd.promised == Some(self.now) {
+                    return Seen::Upkeep(REPORTED);
+                }
                 let due = peer.timers_due(self.now);
                 match due.first() {
                     None => Seen::Upkeep(SUPERSEDED),
@@ -144,7 +148,6 @@ impl Sim<'_> {
                     Some(_) => Seen::Change,
                 }
             }
-            Ev::Report { .. } => Seen::Upkeep(REPORTED),
             Ev::MeshCheck | Ev::Resume(_) => Seen::Neither,
             _ => Seen::Change,
         }
