@@ -187,17 +187,24 @@ impl Peer {
     /// When the peer next needs [`Peer::handle_timeout`].
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Millis> {
+        let mut at = self.next_timer_but_beats();
+        // Which beat is the next loud one matters only if a beat comes first.
+        if self.node.members.next_beat() < at {
+            at = at.min(self.next_loud_beat());
+        }
+        Some(at)
+    }
+
+    /// When the first timer but the heartbeat is due (SWIM's that would
+    /// do something, and `each_timer`'s).
+    fn next_timer_but_beats(&self) -> Millis {
         let mut at = self.node.members.next_timer().unwrap_or(Millis::MAX);
         self.each_timer(|t, _| {
             if let Some(t) = t {
                 at = at.min(t);
             }
         });
-        // Which beat is the next loud one matters only if a beat comes first.
-        if self.node.members.next_beat() < at {
-            at = at.min(self.next_loud_beat());
-        }
-        Some(at)
+        at
     }
 
     /// Whether a timer is due by `now` (`poll_timeout() <= now`), asked
@@ -219,12 +226,14 @@ impl Peer {
     /// beat later, and is no sign of lateness; where quiet timers are
     /// skipped, it wakes no one (`next_loud_beat`).
     fn quiet_until(&self, at: Millis) -> Option<Millis> {
+        self.quiet_until_with(at, self.stretch_report(), self.quiet_state())
+    }
+
+    /// The report that ends a stretch of quiet beats: the next, or where
+    /// the driver sends that one, the one after it.
+    fn stretch_report(&self) -> Millis {
         let members = &self.node.members;
-        let report = match members.promise() {
-            Some(p) => p.next,
-            None => members.next_report(),
-        };
-        self.quiet_until_with(at, report, self.quiet_state())
+        members.promise().map_or(members.next_report(), |p| p.next)
     }
 
     /// `quiet_until`, given the report that ends the stretch and `state`.
@@ -278,12 +287,7 @@ impl Peer {
     pub fn poll_promise(&mut self, now: Millis) -> (Option<Millis>, Option<Millis>) {
         self.node.members.set_promise(None);
         let members = &self.node.members;
-        let mut other = members.next_timer().unwrap_or(Millis::MAX);
-        self.each_timer(|t, _| {
-            if let Some(t) = t {
-                other = other.min(t);
-            }
-        });
+        let other = self.next_timer_but_beats();
         let beat = members.next_beat();
         if beat >= other || !members.skips_quiet() {
             // As `poll_timeout`: a beat after the other timers, or every beat, wakes.
@@ -350,13 +354,7 @@ impl Peer {
         if !members.skips_quiet() {
             return at;
         }
-        match self.quiet_until(at) {
-            Some(until) => {
-                let every = self.node.cfg.heartbeat_ms.max(1);
-                at + until.saturating_sub(at).div_ceil(every) * every
-            }
-            None => at,
-        }
+        self.loud_beat_from(at, self.stretch_report(), self.quiet_state())
     }
 
     /// The quiet heartbeats due before `now` (and at it, with `at_now`),
