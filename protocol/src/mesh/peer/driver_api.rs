@@ -36,6 +36,7 @@ impl Peer {
             },
             out: Out::new(id),
             clock: now,
+            polled: None,
             node: Node {
                 id,
                 started_at: now,
@@ -285,6 +286,13 @@ impl Peer {
     /// without sending it. Asked after every step: each answer replaces
     /// the last.
     pub fn poll_promise(&mut self, now: Millis) -> (Option<Millis>, Option<Millis>) {
+        let (wake, promise) = self.find_promise(now);
+        self.polled = wake;
+        (wake, promise)
+    }
+
+    /// See [`poll_promise`](Self::poll_promise).
+    fn find_promise(&mut self, now: Millis) -> (Option<Millis>, Option<Millis>) {
         self.node.members.set_promise(None);
         let members = &self.node.members;
         let other = self.next_timer_but_beats();
@@ -460,7 +468,14 @@ impl Peer {
     /// whether it was woken for a timer that would have done nothing
     /// (`fire_quiet_beats` and `Membership::fire_quiet` fire those here).
     pub(super) fn due_first(&mut self, now: Millis) {
-        if self.due_by(now) {
+        let due = match self.polled.take() {
+            Some(wake) => {
+                debug_assert_eq!(wake <= now, self.due_by(now), "a wake polled at {wake}");
+                wake <= now
+            }
+            None => self.due_by(now),
+        };
+        if due {
             self.handle_timeout(now);
         } else {
             self.fire_quiet_beats(now, true);
@@ -471,6 +486,7 @@ impl Peer {
 
     /// The time of [`poll_timeout`](Self::poll_timeout) came: the timers due fire.
     pub fn handle_timeout(&mut self, now: Millis) {
+        self.polled = None;
         // A beat whose report the driver sent is fired as at an input.
         let promised = self.node.members.promise().is_some_and(|p| p.at == now);
         self.fire_quiet_beats(now, promised);

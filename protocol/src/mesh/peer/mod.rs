@@ -164,6 +164,11 @@ pub struct Peer {
     out: Out,
     /// The time of the latest input (for beats, which take none).
     clock: Millis,
+    /// The wake `poll_promise` last answered, until the next input: a
+    /// timer is due by `now` exactly when it is at or before `now`, as
+    /// nothing has changed since (the simulator asks after every step).
+    /// Spares the input's own look over every timer (`due_by`).
+    polled: Option<Millis>,
 }
 
 /// Farms whose outputs this node found in its state when it started,
