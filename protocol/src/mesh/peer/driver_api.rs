@@ -284,7 +284,9 @@ impl Peer {
     /// sends that report at that moment ([`Peer::promised_report`]) unless
     /// an input comes first; the heartbeat fires with the next input,
     /// without sending it. Asked after every step: each answer replaces
-    /// the last.
+    /// the last, and the next input takes the wake it answered as whether
+    /// a timer is due, so a driver that changes the peer otherwise (a
+    /// `set_*`, `restore_*` or `give_back`) before that input asks again.
     pub fn poll_promise(&mut self, now: Millis) -> (Option<Millis>, Option<Millis>) {
         let (wake, promise) = self.find_promise(now);
         self.polled = wake;
