@@ -32,7 +32,7 @@ use mesh_protocol::engine::{Millis, Outcome, TaskResult};
 use mesh_protocol::farm::{CommandTemplate, FarmDef, StageDef, Sweep, Template};
 use mesh_protocol::mesh::{
     void_place, Action, Assigned, Config, FarmId, FarmSpec, Fetched, Msg, NodeId, OutputFile, Peer,
-    PeerEvent,
+    PeerEvent, QuietSwim,
 };
 use mesh_protocol::resources::{parse_resources, CPU};
 use mesh_protocol::{Resources, TaskRef};
@@ -312,6 +312,8 @@ struct Sim<'a> {
     /// and this count alone (see `message_draws`).
     link_sent: FxHashMap<(u32, u32, usize), u32>,
     link_ms: Millis,
+    /// `Msg::Swim`'s kind, for packets in closed form.
+    swim_kind: usize,
     nodes: Vec<Node>,
     /// Indices of nodes that are up, ascending.
     alive: Vec<u32>,
@@ -422,6 +424,7 @@ impl<'a> Sim<'a> {
             rng: SmallRng::seed_from_u64(mix(cfg.seed, 0, 0)),
             link_sent: FxHashMap::default(),
             link_ms: 0,
+            swim_kind: Msg::Swim(Vec::new()).kind(),
             nodes,
             alive: Vec::new(),
             next_token: 1,
@@ -680,6 +683,7 @@ impl<'a> Sim<'a> {
                 self.arrived(to as usize, gen, from, msg)
             }
             Ev::Arrived { to, gen, from, msg } => self.arrived(to as usize, gen, from, msg),
+            Ev::QuietSwim { to, from, q } => self.quiet_arrived(to as usize, from as usize, *q),
             Ev::Served { to, gen, from, msg } => {
                 if self.nodes[to as usize].gen != gen {
                     return Ok(());
@@ -979,6 +983,7 @@ impl<'a> Sim<'a> {
             match a {
                 Action::Send { to, msg } => self.send(n, to, msg),
                 Action::Swim { to, data } => self.send(n, to.id, Msg::Swim(data)),
+                Action::QuietSwim(q) => self.send_quiet(n, q),
                 Action::Start { task, grant } => {
                     self.upkeep.change(self.now);
                     self.start_task(n, task, grant.resources)?
@@ -1303,6 +1308,58 @@ impl<'a> Sim<'a> {
                 msg: Box::new(msg),
             },
         );
+    }
+
+    /// A membership packet in closed form, sent as `deliver` sends the
+    /// packet it stands for: counted, its draws, lost as it would be.
+    fn send_quiet(&mut self, from: usize, q: QuietSwim) {
+        let to = (q.to.id.0 - 1) as usize;
+        if to >= self.nodes.len() {
+            return;
+        }
+        self.traffic.count_swim(q.len);
+        let mut draws = self.message_draws(from, to, self.swim_kind);
+        if self.cfg.loss > 0.0 && draws.random::<f64>() < self.cfg.loss {
+            self.lost += 1;
+            return;
+        }
+        let at = self.now + self.plan.latency.sample(&mut draws);
+        let (to, from) = (to as u32, from as u32);
+        self.push(
+            at,
+            Ev::QuietSwim {
+                to,
+                from,
+                q: Box::new(q),
+            },
+        );
+    }
+
+    /// A membership packet in closed form reaches node `to`: taken so
+    /// where the node can (nothing else is in the way: a stall, a slow
+    /// node's queue), else built and handed in as the packet.
+    fn quiet_arrived(&mut self, to: usize, from: usize, q: QuietSwim) -> Result<(), SimError> {
+        let now = self.now;
+        if self.nodes[to].peer.is_none() {
+            return Ok(());
+        }
+        if self.partitioned(from, to) {
+            self.lost += 1;
+            return Ok(());
+        }
+        if !self.cfg.stall.is_empty() || !self.cfg.slow.is_empty() {
+            let gen = self.nodes[to].gen;
+            let peer = self.nodes[to].peer.as_mut().expect("up");
+            let msg = Box::new(Msg::Swim(peer.quiet_packet(&q)));
+            return self.arrived(to, gen, from as u32, msg);
+        }
+        let from = self.nodes[from].id;
+        self.step(to, |p| {
+            if !p.handle_quiet_swim(now, &q) {
+                let data = p.quiet_packet(&q);
+                p.handle_message(now, from, Msg::Swim(data));
+            }
+        })
     }
 
     fn send(&mut self, from: usize, to: NodeId, msg: Msg) {

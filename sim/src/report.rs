@@ -279,6 +279,24 @@ impl Traffic {
         }
     }
 
+    /// A membership packet of `len` bytes in closed form, counted as
+    /// `count` counts the `Msg::Swim` it stands for.
+    pub fn count_swim(&mut self, len: usize) {
+        use mesh_protocol::mesh::Msg;
+        // The message's tag, the packet's length as a varint, the packet.
+        let empty = Msg::Swim(Vec::new());
+        let tag = postcard::serialize_with_flavor(&empty, postcard::ser_flavors::Size::default())
+            .unwrap_or(1) as u64
+            - 1;
+        let varint = (u64::from(usize::BITS - len.leading_zeros()).max(1)).div_ceil(7);
+        let size = tag + varint + len as u64;
+        self.messages += 1;
+        self.bytes += size;
+        self.by_kind.0[empty.kind()] += 1;
+        self.swim_messages += 1;
+        self.swim_bytes += size;
+    }
+
     /// What was counted since `earlier` (span not set).
     pub fn minus(&self, earlier: &Traffic) -> Traffic {
         Traffic {

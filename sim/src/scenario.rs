@@ -657,6 +657,7 @@ impl SimConfig {
             linger_max_ms: m.linger_max_ms.unwrap_or(d.linger_max_ms),
             linger_quiet_ms: m.linger_quiet_ms.unwrap_or(d.linger_quiet_ms),
             step_upkeep: self.step,
+            quiet_swim: !self.step,
         }
     }
 

@@ -615,6 +615,12 @@ impl Node {
             Action::Persist(_) => unreachable!("persists are written before acting"),
             Action::Send { to, msg } => self.net.send_msg(to, msg, &self.peer),
             Action::Swim { to, data } => self.net.swim(to.id, to.at.addrs(), data, &self.peer),
+            // Never asked for here (`Config::quiet_swim` is the
+            // simulator's); built and sent as any packet.
+            Action::QuietSwim(q) => {
+                let data = self.peer.quiet_packet(&q);
+                self.net.swim(q.to.id, q.to.at.addrs(), data, &self.peer)
+            }
             Action::Start { task, grant } => self.runs.start(task, grant, &self.peer),
             Action::Kill { task, reason } => self.runs.kill(task, reason),
             Action::Fetch {

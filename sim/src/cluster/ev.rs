@@ -1,6 +1,6 @@
 //! The simulator's events, and the order of those of one millisecond: by what they are, not by when they were scheduled.
 
-use mesh_protocol::mesh::{Assigned, FarmId, Msg};
+use mesh_protocol::mesh::{Assigned, FarmId, Msg, QuietSwim};
 use mesh_protocol::TaskRef;
 
 use super::batch;
@@ -16,6 +16,13 @@ pub(super) enum Ev {
         to: u32,
         from: u32,
         msg: Box<Msg>,
+    },
+    /// A membership packet in closed form (`Action::QuietSwim`), ordered
+    /// as the packet it stands for: taken so where it can be, else built.
+    QuietSwim {
+        to: u32,
+        from: u32,
+        q: Box<QuietSwim>,
     },
     /// The node's next `handle_timeout`; stale unless it is still the one asked for.
     Timer {
@@ -114,7 +121,7 @@ impl Ev {
             Ev::Up(n) | Ev::Restart(n) => (*n, 1, 0),
             Ev::Resume(n) => (*n, 2, 0),
             Ev::Introduce { node, to } => (*node, 3, *to),
-            Ev::Deliver { to, from, .. } => (*to, 4, *from),
+            Ev::Deliver { to, from, .. } | Ev::QuietSwim { to, from, .. } => (*to, 4, *from),
             Ev::Arrived { to, from, .. } => (*to, 5, *from),
             Ev::Served { to, from, .. } => (*to, 6, *from),
             Ev::TaskEnd { node, task, .. } => (*node, 7, task.task.index),

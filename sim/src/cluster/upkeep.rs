@@ -127,6 +127,7 @@ impl Sim<'_> {
                     _ => Seen::Change,
                 }
             }
+            Ev::QuietSwim { .. } => Seen::Upkeep(Msg::Swim(Vec::new()).kind()),
             Ev::Timer { node, gen } | Ev::Wake { node, gen } => {
                 let live = match ev {
                     Ev::Timer { .. } => self.timer_armed(*node, *gen),

@@ -835,6 +835,183 @@ where
         }
     }
 
+    /// Whether the next probe would go as a quiet one goes, so that a
+    /// runtime that accounts for its packets itself may start it with
+    /// [`quiet_probe`](Self::quiet_probe) instead of the timer: connected,
+    /// nothing to gossip or broadcast (its ping would carry it), and the
+    /// probe before it answered and past its indirect stage, or none
+    /// started.
+    pub fn probe_is_quiet(&self) -> bool {
+        self.connection_state == ConnectionState::Connected
+            && self.nothing_to_tell()
+            && self.probe.validate()
+            && (self.probe.succeeded() || !self.probe.started())
+    }
+
+    /// Whether this instance has no update and no custom broadcast to
+    /// tell: its pings and acks carry nothing but themselves.
+    pub fn nothing_to_tell(&self) -> bool {
+        self.updates.is_empty() && self.custom_broadcasts.is_empty()
+    }
+
+    /// Whether `timer` was set by this identity: a timer of an old one
+    /// does nothing.
+    pub const fn is_current(&self, timer: &Timer<T>) -> bool {
+        let token = match timer {
+            Timer::ProbeRandomMember(token)
+            | Timer::PeriodicAnnounce(token)
+            | Timer::PeriodicAnnounceDown(token)
+            | Timer::PeriodicGossip(token) => token,
+            Timer::SendIndirectProbe { token, .. } | Timer::ChangeSuspectToDown { token, .. } => {
+                token
+            }
+            Timer::RemoveDown(_) => return true,
+        };
+        *token == self.timer_token
+    }
+
+    /// Starts the probe that [`Timer::ProbeRandomMember`] would start now
+    /// where [`probe_is_quiet`](Self::probe_is_quiet), as the timer does
+    /// (the member chosen by the same draws, the same probe number, the
+    /// same timers submitted and notifications made) but for the ping,
+    /// which is not built: the member probed and the probe number, for a
+    /// runtime that accounts for the ping itself (its size:
+    /// [`packet_len`](Self::packet_len)). `None` where the timer would
+    /// probe no one.
+    pub fn quiet_probe(&mut self, mut runtime: impl Runtime<T>) -> Option<(T, ProbeNumber)> {
+        debug_assert!(self.probe_is_quiet());
+        let probed = self.members.next(&mut self.rng).cloned().map(|member| {
+            let id = member.id().clone();
+            let probe_number = self.probe.start(member);
+            #[cfg(feature = "unstable-notifications")]
+            runtime.notify(Notification::DataSent(&Header {
+                src: self.identity.clone(),
+                src_incarnation: self.incarnation,
+                dst: id.clone(),
+                message: Message::Ping(probe_number),
+            }));
+            runtime.submit_after(
+                Timer::SendIndirectProbe {
+                    probed_id: id.clone(),
+                    token: self.timer_token,
+                },
+                self.config.probe_rtt,
+            );
+            (id, probe_number)
+        });
+        runtime.submit_after(
+            Timer::ProbeRandomMember(self.timer_token),
+            self.config.probe_period,
+        );
+        probed
+    }
+
+    /// A ping from `from` at `incarnation`, answered as
+    /// [`handle_data`](Self::handle_data) answers one that carries no
+    /// updates from an active member it knows at that incarnation
+    /// ([`knows_active`](Self::knows_active)), but for the ack, which is
+    /// not built: the runtime accounts for it.
+    pub fn quiet_answer(
+        &mut self,
+        from: &T,
+        incarnation: Incarnation,
+        probe_number: ProbeNumber,
+        mut runtime: impl Runtime<T>,
+    ) {
+        debug_assert!(self.knows_active(from, incarnation));
+        #[cfg(feature = "unstable-notifications")]
+        {
+            runtime.notify(Notification::DataReceived(&Header {
+                src: from.clone(),
+                src_incarnation: incarnation,
+                dst: self.identity.clone(),
+                message: Message::Ping(probe_number),
+            }));
+            runtime.notify(Notification::DataSent(&Header {
+                src: self.identity.clone(),
+                src_incarnation: self.incarnation,
+                dst: from.clone(),
+                message: Message::Ack(probe_number),
+            }));
+        }
+        #[cfg(not(feature = "unstable-notifications"))]
+        let _ = (probe_number, &mut runtime);
+    }
+
+    /// The ack of a probe from `from` at `incarnation`, taken as
+    /// [`handle_data`](Self::handle_data) takes one that carries no
+    /// updates from an active member it knows at that incarnation:
+    /// whether it answered the probe in progress.
+    pub fn quiet_ack(
+        &mut self,
+        from: &T,
+        incarnation: Incarnation,
+        probe_number: ProbeNumber,
+        mut runtime: impl Runtime<T>,
+    ) -> bool {
+        debug_assert!(self.knows_active(from, incarnation));
+        #[cfg(feature = "unstable-notifications")]
+        runtime.notify(Notification::DataReceived(&Header {
+            src: from.clone(),
+            src_incarnation: incarnation,
+            dst: self.identity.clone(),
+            message: Message::Ack(probe_number),
+        }));
+        #[cfg(not(feature = "unstable-notifications"))]
+        let _ = &mut runtime;
+        self.probe.receive_ack(from, probe_number)
+    }
+
+    /// Whether a packet from `from` at `incarnation` changes nothing of
+    /// what this instance knows of the sender, as a ping or an ack with
+    /// no updates reaches it: addressed to this identity's sender, an
+    /// active member known at that very incarnation.
+    pub fn knows_active(&self, from: &T, incarnation: Incarnation) -> bool {
+        self.connection_state == ConnectionState::Connected
+            && self
+                .members
+                .get(&from.addr())
+                .is_some_and(|m| m.id() == from && m.is_active() && m.incarnation() == incarnation)
+    }
+
+    /// The incarnation this instance's packets carry.
+    pub const fn incarnation(&self) -> Incarnation {
+        self.incarnation
+    }
+
+    /// The packet `header` makes where its sender has nothing to tell
+    /// ([`nothing_to_tell`](Self::nothing_to_tell)): the bytes foca would
+    /// send for it then, built for a runtime that accounted for a quiet
+    /// ping or ack ([`quiet_probe`](Self::quiet_probe),
+    /// [`quiet_answer`](Self::quiet_answer)) and must deliver it after all.
+    pub fn quiet_packet(&mut self, header: &Header<T>) -> Result<Vec<u8>> {
+        self.encode_quiet(header)?;
+        Ok(self.send_buf.clone())
+    }
+
+    /// The size of [`quiet_packet`](Self::quiet_packet), without a copy.
+    pub fn quiet_packet_len(&mut self, header: &Header<T>) -> Result<usize> {
+        self.encode_quiet(header)?;
+        Ok(self.send_buf.len())
+    }
+
+    /// What `send_message` writes for `header` with no update and no
+    /// custom broadcast to add, into `send_buf`.
+    fn encode_quiet(&mut self, header: &Header<T>) -> Result<()> {
+        self.send_buf.clear();
+        let mut buf = mem::take(&mut self.send_buf).limit(self.config.max_packet_size.get());
+        let encoded = self
+            .codec
+            .encode_header(header, &mut buf)
+            .map_err(|e| Error::Encode(Box::new(e)));
+        if encoded.is_ok() && header.message.needs_piggyback() && buf.remaining_mut() > 2 {
+            // No item: the tally alone.
+            buf.put_u16(0);
+        }
+        self.send_buf = buf.into_inner();
+        encoded
+    }
+
     /// Reports the current length of the custom broadcast queue.
     ///
     /// Custom broadcasts are transmitted [`Config::max_transmissions`]
@@ -1729,10 +1906,6 @@ where
     B: BroadcastHandler<T>,
     B::Error: core::error::Error + Send,
 {
-    pub(crate) fn incarnation(&self) -> Incarnation {
-        self.incarnation
-    }
-
     pub(crate) fn probe(&self) -> &Probe<T> {
         &self.probe
     }
@@ -2896,6 +3069,145 @@ mod tests {
         // The probe state should've been cleared now so that when the instance
         // resumes operation things are actually functional
         assert!(foca.probe().validate(), "invalid probe state");
+    }
+
+    /// Probes started with `quiet_probe`, their acks taken with
+    /// `quiet_ack`, leave foca as the timer, the ping and the ack do:
+    /// the same members probed in the same order over several
+    /// reshuffles, the same probe numbers, the same packet sizes, and
+    /// the same draws left in its random number generator.
+    #[test]
+    fn quiet_probes_go_as_stepped_ones() {
+        let members = 5u8;
+        let make = || {
+            let mut foca = Foca::new(ID::new(1), config(), rng(), codec());
+            let mut runtime = AccumulatingRuntime::new();
+            for smallid in 2..(members + 2) {
+                foca.apply(Member::alive(ID::new(smallid)), &mut runtime)
+                    .expect("infallible");
+            }
+            // The joins are gossiped until foca has nothing left to tell.
+            while foca.updates_backlog() > 0 {
+                foca.gossip(&mut runtime).expect("infallible");
+            }
+            foca
+        };
+        // What the runtime was asked, but for packets.
+        let asked = |runtime: &mut AccumulatingRuntime<ID>| {
+            let mut asked = Vec::new();
+            while let Some(t) = runtime.to_schedule() {
+                asked.push(alloc::format!("{t:?}"));
+            }
+            while let Some(n) = runtime.to_notify() {
+                asked.push(alloc::format!("{n:?}"));
+            }
+            asked
+        };
+        // A member at the other end: answers the pings it is sent.
+        let mut other = Foca::new(ID::new(2), config(), rng(), codec());
+        let mut runtime = AccumulatingRuntime::new();
+        other
+            .apply(Member::alive(ID::new(1)), &mut runtime)
+            .unwrap();
+        while other.updates_backlog() > 0 {
+            other.gossip(&mut runtime).expect("infallible");
+        }
+        let (mut stepped, mut quiet) = (make(), make());
+        let mut runtime = AccumulatingRuntime::new();
+        for round in 0..4 * usize::from(members) {
+            // Stepped: the timer, the ping out, its ack back, the indirect stage.
+            runtime.clear();
+            let timer = Timer::ProbeRandomMember(stepped.timer_token());
+            assert_eq!(Ok(()), stepped.handle_timer(timer, &mut runtime));
+            let (to, ping) = runtime.to_send().expect("a ping");
+            let (header, _) = decode(&ping[..]);
+            let Message::Ping(number) = header.message else {
+                panic!("round {round}: {:?} is not a ping", header.message);
+            };
+            let ack = Header {
+                src: to,
+                src_incarnation: Incarnation::default(),
+                dst: ID::new(1),
+                message: Message::Ack(number),
+            };
+            let ack = encode((ack, Vec::new()));
+            assert_eq!(Ok(()), stepped.handle_data(&ack, &mut runtime));
+            let indirect = Timer::SendIndirectProbe {
+                probed_id: to,
+                token: stepped.timer_token(),
+            };
+            assert_eq!(Ok(()), stepped.handle_timer(indirect, &mut runtime));
+            let stepped_asked = asked(&mut runtime);
+
+            // Quiet: the same, with no packet.
+            assert!(quiet.probe_is_quiet(), "round {round}");
+            let (target, quiet_number) = quiet.quiet_probe(&mut runtime).expect("a member");
+            assert_eq!((target, quiet_number), (to, number), "round {round}");
+            let quiet_ping = Header {
+                src: ID::new(1),
+                src_incarnation: quiet.incarnation(),
+                dst: target,
+                message: Message::Ping(quiet_number),
+            };
+            assert_eq!(
+                quiet.quiet_packet(&quiet_ping),
+                Ok(ping.to_vec()),
+                "round {round}"
+            );
+            assert_eq!(quiet.quiet_packet_len(&quiet_ping), Ok(ping.len()));
+            assert!(quiet.knows_active(&target, Incarnation::default()));
+            let inc = Incarnation::default();
+            assert!(quiet.quiet_ack(&target, inc, quiet_number, &mut runtime));
+            let indirect = Timer::SendIndirectProbe {
+                probed_id: target,
+                token: quiet.timer_token(),
+            };
+            assert!(quiet.timer_is_quiet(&indirect));
+            assert_eq!(Ok(()), quiet.handle_timer(indirect, &mut runtime));
+            assert!(
+                runtime.to_send().is_none(),
+                "round {round}: nothing is sent"
+            );
+            assert_eq!(asked(&mut runtime), stepped_asked, "round {round}");
+
+            // The answer, both ways, from a member that knows the prober.
+            let mut answered = |ping: &[u8]| {
+                let mut runtime = AccumulatingRuntime::new();
+                assert_eq!(Ok(()), other.handle_data(ping, &mut runtime));
+                let (_, ack) = runtime.to_send().expect("an ack");
+                (ack, asked(&mut runtime))
+            };
+            let ping_to_other = Header {
+                dst: ID::new(2),
+                ..header
+            };
+            let (ack, other_asked) = answered(&encode((ping_to_other, Vec::new()))[..]);
+            let mut runtime = AccumulatingRuntime::new();
+            assert!(other.knows_active(&ID::new(1), inc));
+            other.quiet_answer(&ID::new(1), inc, number, &mut runtime);
+            assert_eq!(asked(&mut runtime), other_asked, "round {round}");
+            let quiet_ack = Header {
+                src: ID::new(2),
+                src_incarnation: other.incarnation(),
+                dst: ID::new(1),
+                message: Message::Ack(number),
+            };
+            assert_eq!(
+                other.quiet_packet(&quiet_ack),
+                Ok(ack.to_vec()),
+                "round {round}"
+            );
+        }
+        let order = |f: &Foca<ID, BadCodec, SmallRng, NoCustomBroadcast>| {
+            f.iter_members().map(|m| *m.id()).collect::<Vec<_>>()
+        };
+        assert_eq!(order(&stepped), order(&quiet));
+        assert_eq!(stepped.probe().probe_number(), quiet.probe().probe_number());
+        assert!(quiet.probe_is_quiet() && stepped.probe_is_quiet());
+        assert_eq!(
+            stepped.rng.clone().random::<u64>(),
+            quiet.rng.clone().random::<u64>()
+        );
     }
 
     #[test]

@@ -76,6 +76,10 @@ impl<T: Clone + PartialEq> Probe<T> {
         self.direct.as_ref().map(|probed| probed.id())
     }
 
+    pub(crate) const fn started(&self) -> bool {
+        self.direct.is_some()
+    }
+
     pub(crate) fn is_probing(&self, id: &T) -> bool {
         self.direct.as_ref().is_some_and(|probed| probed.id() == id)
     }

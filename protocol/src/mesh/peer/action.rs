@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::super::msg::*;
+pub use super::membership::QuietSwim;
 use crate::alloc::book::{AllocBook, BatchOp};
 use crate::engine::{self, KillReason, TaskRecord};
 use crate::farm::TaskRef;
@@ -151,6 +152,12 @@ pub enum Action {
         /// The packet, as SWIM encoded it.
         data: Vec<u8>,
     },
+    /// A membership packet the simulator delivers in closed form
+    /// (`Config::quiet_swim`): a ping or an ack that carries nothing but
+    /// itself, not built. A driver that delivers packets builds it
+    /// ([`Peer::quiet_packet`](super::Peer::quiet_packet)) and sends it as
+    /// [`Action::Swim`].
+    QuietSwim(QuietSwim),
     /// Make this durable before acting on anything that follows.
     Persist(Persist),
     /// Start a task this node was given, with the resources granted to it.

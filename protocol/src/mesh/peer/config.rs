@@ -73,6 +73,14 @@ pub struct Config {
     /// is the simulator's stepping mode, against which its skipping is
     /// checked: both must give the same run.
     pub step_upkeep: bool,
+    /// SWIM's pings and acks that carry nothing but themselves are not
+    /// built: each is handed to the driver in closed form
+    /// ([`Action::QuietSwim`](super::Action::QuietSwim)), and the node it
+    /// reaches takes it so ([`Peer::handle_quiet_swim`](super::Peer::handle_quiet_swim)),
+    /// leaving both nodes as the packet would. The simulator's skipping
+    /// mode; a node that sends packets leaves it off (it would build each
+    /// anyway).
+    pub quiet_swim: bool,
 }
 
 impl Default for Config {
@@ -97,6 +105,7 @@ impl Default for Config {
             linger_max_ms: 10_000,
             linger_quiet_ms: 2_000,
             step_upkeep: false,
+            quiet_swim: false,
         }
     }
 }

@@ -15,6 +15,14 @@ impl Peer {
         seed: u64,
         joining: bool,
     ) -> Peer {
+        let mut members = Membership::new(
+            now,
+            id,
+            seed ^ id.0.rotate_left(17),
+            cfg.dead_after_ms,
+            cfg.step_upkeep,
+        );
+        members.set_quiet_swim(cfg.quiet_swim);
         Peer {
             rng: SmallRng::seed_from_u64(seed ^ id.0),
             specs: Specs::default(),
@@ -40,13 +48,7 @@ impl Peer {
             node: Node {
                 id,
                 started_at: now,
-                members: Membership::new(
-                    now,
-                    id,
-                    seed ^ id.0.rotate_left(17),
-                    cfg.dead_after_ms,
-                    cfg.step_upkeep,
-                ),
+                members,
                 election: Election::new(
                     joining,
                     now + cfg.join_wait_ms,
@@ -454,6 +456,28 @@ impl Peer {
         self.due_first(now);
         self.out.inbox.push_back((from, msg));
         self.pump(now);
+    }
+
+    /// A membership packet in closed form ([`Action::QuietSwim`]) from
+    /// another node, taken as the packet it stands for would be where it
+    /// can be; false where it cannot (what was due by `now` has fired),
+    /// and the driver hands in the packet itself
+    /// ([`quiet_packet`](Self::quiet_packet)) as a message.
+    pub fn handle_quiet_swim(&mut self, now: Millis, q: &QuietSwim) -> bool {
+        self.due_first(now);
+        if !self.node.members.takes_quietly(q) {
+            return false;
+        }
+        self.pump_with(now, |p| {
+            p.node.members.quiet_swim_in(now, q, &mut p.out);
+            on_members::members_changed(&mut p.roles(), now);
+        });
+        true
+    }
+
+    /// The membership packet `q` stands for, as SWIM would have built it.
+    pub fn quiet_packet(&mut self, q: &QuietSwim) -> Vec<u8> {
+        self.node.members.packet(q)
     }
 
     /// A membership packet ([`Action::Swim`]) from another node.

@@ -44,6 +44,7 @@ use super::Config;
 use crate::engine::Millis;
 use crate::resources::Resources;
 use crate::wire::PROTOCOL_VERSION;
+pub use quiet::QuietSwim;
 
 impl Identity for Ident {
     type Addr = NodeId;
@@ -170,6 +171,8 @@ struct SwimRt {
     /// The incarnation this node's last packet carried: it rises only when
     /// this node refutes a suspicion of itself.
     incarnation: Option<u16>,
+    /// A packet in closed form (`quiet`), sent after this many of `to_send`.
+    quiet: Option<(usize, QuietSwim)>,
 }
 
 impl Runtime<Ident> for SwimRt {
@@ -259,6 +262,9 @@ pub(super) struct Membership {
     gossip_fired: Option<(Millis, bool)>,
     /// Those timers fire before an input, with no wake of their own.
     quiet: bool,
+    /// Pings and acks that carry nothing are sent in closed form
+    /// (`Config::quiet_swim`).
+    quiet_swim: bool,
     /// When health last rose for this node's lateness.
     late_at: Option<Millis>,
     /// The mesh size SWIM's timeouts were last tuned for.
@@ -391,6 +397,7 @@ impl Membership {
             skip_quiet: !step_upkeep,
             gossip_fired: None,
             quiet: false,
+            quiet_swim: false,
             late_at: None,
             tuned_for: 4,
             dead_after_ms,
@@ -762,7 +769,11 @@ impl Membership {
                 out.stats.quiet_timers += 1;
             }
             // A timer of an old probe or identity is ignored by foca.
-            let _ = self.swim.handle_timer(timer, &mut self.rt);
+            if matches!(timer, Timer::ProbeRandomMember(_)) {
+                self.probe_timer(timer);
+            } else {
+                let _ = self.swim.handle_timer(timer, &mut self.rt);
+            }
         }
         if late {
             self.late(now);
@@ -825,10 +836,17 @@ impl Membership {
 
     /// Carries out what SWIM asked: packets out, timers set, members up and down.
     fn drain(&mut self, now: Millis, out: &mut Out) {
-        for (to, data) in self.rt.to_send.drain(..) {
+        let mut quiet = self.rt.quiet.take();
+        for (i, (to, data)) in self.rt.to_send.drain(..).enumerate() {
+            if quiet.as_ref().is_some_and(|(at, _)| *at == i) {
+                out.quiet_swim(quiet.take().expect("just seen").1);
+            }
             out.stats.swim_packets += 1;
             out.stats.swim_bytes += data.len() as u64;
             out.push(Action::Swim { to, data });
+        }
+        if let Some((_, q)) = quiet {
+            out.quiet_swim(q);
         }
         let timers = std::mem::take(&mut self.rt.to_schedule);
         let fired = self.gossip_fired.take();
@@ -1364,5 +1382,6 @@ static NO_BEAT: Beat = Beat {
     victims: Vec::new(),
 };
 
+mod quiet;
 #[cfg(test)]
 mod tests;

@@ -87,7 +87,7 @@ use crate::observe::{Latencies, Latency};
 use crate::resources::Resources;
 use crate::wire::PROTOCOL_VERSION;
 
-pub use action::{Action, Fetched, PeerEvent, Persist};
+pub use action::{Action, Fetched, PeerEvent, Persist, QuietSwim};
 pub use config::Config;
 pub use due::{TimerKind, TimersDue};
 pub use election::{ballot, term_round};
@@ -232,6 +232,12 @@ impl Peer {
 
     /// Handles messages (including those this node sent itself) until none is left.
     pub(super) fn pump(&mut self, now: Millis) {
+        self.pump_with(now, |_| {});
+    }
+
+    /// `pump`, with `first` handled where the inbox's first message is: an
+    /// input that is not a message (a membership packet in closed form).
+    pub(super) fn pump_with(&mut self, now: Millis, first: impl FnOnce(&mut Self)) {
         self.settle_members(now);
         self.worker.send_reports(
             now,
@@ -239,6 +245,7 @@ impl Peer {
             &mut self.out,
             self.node.election.leader(),
         );
+        first(self);
         // Local to the step, so that no report's clock outlives it.
         let mut echo = Echoes::default();
         while let Some((from, msg)) = self.out.inbox.pop_front() {

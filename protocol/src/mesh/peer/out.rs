@@ -82,6 +82,13 @@ impl Out {
         self.actions.push_back(action);
     }
 
+    /// A membership packet in closed form, counted as any packet.
+    pub(super) fn quiet_swim(&mut self, q: super::action::QuietSwim) {
+        self.stats.swim_packets += 1;
+        self.stats.swim_bytes += q.len as u64;
+        self.actions.push_back(Action::QuietSwim(q));
+    }
+
     pub(super) fn persist(&mut self, p: Persist) {
         self.actions.push_back(Action::Persist(p));
     }
