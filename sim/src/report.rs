@@ -776,6 +776,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_packet_in_closed_form_counts_as_the_packet_it_stands_for() {
+        for len in [0, 1, 60, 127, 128, 1400, 16_383, 16_384] {
+            let (mut built, mut quiet) = (Traffic::default(), Traffic::default());
+            built.count(&mesh_protocol::mesh::Msg::Swim(vec![7; len]));
+            quiet.count_swim(len);
+            assert_eq!(built, quiet, "{len} bytes");
+        }
+    }
+
+    #[test]
     fn timeline_widens_and_keeps_the_total() {
         let mut t = Timeline::new(vec![2.0]);
         t.add(0, 0, 10, 1.0);
