@@ -1,4 +1,4 @@
-//! How the simulator plays a start that goes wrong and a mesh that must heal: stalled (SIGSTOPped) and swamped nodes, and the look at whether every group of nodes that can reach each other is one mesh.
+//! How the simulator plays a start that goes wrong and a mesh that must heal: stalled (SIGSTOPped) and swamped nodes, messages reaching them (membership packets in closed form too), and the look at whether every group of nodes that can reach each other is one mesh.
 
 use super::*;
 use mesh_protocol::mesh::member_hash;
@@ -48,6 +48,60 @@ impl Sim<'_> {
         }
         let from = self.nodes[from as usize].id;
         self.step(to, |p| p.handle_message(now, from, *msg))
+    }
+
+    /// A membership packet in closed form, sent as `deliver` sends the
+    /// packet it stands for: counted, its draws, lost as it would be.
+    pub(super) fn send_quiet(&mut self, from: usize, q: QuietSwim) {
+        let to = (q.to.id.0 - 1) as usize;
+        if to >= self.nodes.len() {
+            return;
+        }
+        self.traffic.count_swim(q.len);
+        let mut draws = self.message_draws(from, to, self.swim_kind);
+        if self.cfg.loss > 0.0 && draws.random::<f64>() < self.cfg.loss {
+            self.lost += 1;
+            return;
+        }
+        let at = self.now + self.plan.latency.sample(&mut draws);
+        let (to, from) = (to as u32, from as u32);
+        self.push(
+            at,
+            Ev::QuietSwim {
+                to,
+                from,
+                q: Box::new(q),
+            },
+        );
+    }
+
+    /// A membership packet in closed form reaches node `to`: taken so
+    /// where the node can (nothing else is in the way: a stall, a slow
+    /// node's queue), else built and handed in as the packet.
+    pub(super) fn quiet_arrived(
+        &mut self,
+        to: usize,
+        from: usize,
+        q: QuietSwim,
+    ) -> Result<(), SimError> {
+        let now = self.now;
+        if self.nodes[to].peer.is_none() {
+            return Ok(());
+        }
+        if self.partitioned(from, to) {
+            self.lost += 1;
+            return Ok(());
+        }
+        if !self.cfg.stall.is_empty() || !self.cfg.slow.is_empty() {
+            let gen = self.nodes[to].gen;
+            let peer = self.nodes[to].peer.as_mut().expect("up");
+            let msg = Box::new(Msg::Swim(peer.quiet_packet(&q)));
+            return self.arrived(to, gen, from as u32, msg);
+        }
+        let from = self.nodes[from].id;
+        self.step(to, |p| {
+            p.handle_quiet_swim(now, from, &q);
+        })
     }
 
     pub(super) fn stalled(&self, n: usize) -> bool {

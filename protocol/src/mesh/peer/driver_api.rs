@@ -459,17 +459,25 @@ impl Peer {
     }
 
     /// A membership packet in closed form ([`Action::QuietSwim`]) from
-    /// another node, taken as the packet it stands for would be where it
-    /// can be; false where it cannot (what was due by `now` has fired),
-    /// and the driver hands in the packet itself
-    /// ([`quiet_packet`](Self::quiet_packet)) as a message.
-    pub fn handle_quiet_swim(&mut self, now: Millis, q: &QuietSwim) -> bool {
+    /// node `from`, handled as [`handle_message`](Self::handle_message)
+    /// handles the packet it stands for: in closed form where it would be
+    /// handled first in its step and would tell this node nothing, else
+    /// built and handled as the packet. Whether it went in closed form.
+    pub fn handle_quiet_swim(&mut self, now: Millis, from: NodeId, q: &QuietSwim) -> bool {
         self.due_first(now);
-        if !self.node.members.takes_quietly(q) {
+        // A message to itself from what just fired comes before it.
+        if !self.out.inbox.is_empty() || !self.node.members.takes_quietly(q) {
+            let data = self.node.members.packet(q);
+            self.out.inbox.push_back((from, Msg::Swim(data)));
+            self.pump(now);
             return false;
         }
         self.pump_with(now, |p| {
-            p.node.members.quiet_swim_in(now, q, &mut p.out);
+            if !p.node.members.quiet_swim_in(now, q, &mut p.out) {
+                // What went before it in the step changed what it would tell.
+                let data = p.node.members.packet(q);
+                p.node.members.handle_swim(now, &data, &mut p.out);
+            }
             on_members::members_changed(&mut p.roles(), now);
         });
         true
