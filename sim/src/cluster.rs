@@ -312,8 +312,6 @@ struct Sim<'a> {
     /// and this count alone (see `message_draws`).
     link_sent: FxHashMap<(u32, u32, usize), u32>,
     link_ms: Millis,
-    /// `Msg::Swim`'s kind, for packets in closed form.
-    swim_kind: usize,
     nodes: Vec<Node>,
     /// Indices of nodes that are up, ascending.
     alive: Vec<u32>,
@@ -424,7 +422,6 @@ impl<'a> Sim<'a> {
             rng: SmallRng::seed_from_u64(mix(cfg.seed, 0, 0)),
             link_sent: FxHashMap::default(),
             link_ms: 0,
-            swim_kind: Msg::Swim(Vec::new()).kind(),
             nodes,
             alive: Vec::new(),
             next_token: 1,
@@ -672,11 +669,7 @@ impl<'a> Sim<'a> {
                 Ok(())
             }
             Ev::Deliver { to, from, msg } => {
-                if self.nodes[to as usize].peer.is_none() {
-                    return Ok(());
-                }
-                if self.partitioned(from as usize, to as usize) {
-                    self.lost += 1;
+                if !self.reaches(from as usize, to as usize) {
                     return Ok(());
                 }
                 let gen = self.nodes[to as usize].gen;
@@ -1294,20 +1287,40 @@ impl<'a> Sim<'a> {
                 eprintln!("{} ms: {from} -> {to}: {msg:?}", self.now);
             }
         }
-        let mut draws = self.message_draws(from, to, msg.kind());
+        if let Some(at) = self.arrival(from, to, msg.kind()) {
+            self.push(
+                at,
+                Ev::Deliver {
+                    to: to as u32,
+                    from: from as u32,
+                    msg: Box::new(msg),
+                },
+            );
+        }
+    }
+
+    /// When a message of `kind` sent now from `from` reaches `to`, by its
+    /// own draws; `None`: lost on the way.
+    pub(super) fn arrival(&mut self, from: usize, to: usize, kind: usize) -> Option<Millis> {
+        let mut draws = self.message_draws(from, to, kind);
         if self.cfg.loss > 0.0 && draws.random::<f64>() < self.cfg.loss {
             self.lost += 1;
-            return;
+            return None;
         }
-        let at = self.now + self.plan.latency.sample(&mut draws);
-        self.push(
-            at,
-            Ev::Deliver {
-                to: to as u32,
-                from: from as u32,
-                msg: Box::new(msg),
-            },
-        );
+        Some(self.now + self.plan.latency.sample(&mut draws))
+    }
+
+    /// Whether a message from `from` gets to node `to` now: not if the
+    /// node is down, nor across a partition (lost).
+    pub(super) fn reaches(&mut self, from: usize, to: usize) -> bool {
+        if self.nodes[to].peer.is_none() {
+            return false;
+        }
+        if self.partitioned(from, to) {
+            self.lost += 1;
+            return false;
+        }
+        true
     }
 
     fn send(&mut self, from: usize, to: NodeId, msg: Msg) {

@@ -269,11 +269,16 @@ impl Traffic {
     pub fn count(&mut self, msg: &mesh_protocol::mesh::Msg) {
         let size = postcard::serialize_with_flavor(msg, postcard::ser_flavors::Size::default())
             .unwrap_or(0) as u64;
+        use mesh_protocol::mesh::Msg;
+        let swim = matches!(msg, Msg::Swim(_) | Msg::Roster { .. });
+        self.add(msg.kind(), size, swim);
+    }
+
+    fn add(&mut self, kind: usize, size: u64, swim: bool) {
         self.messages += 1;
         self.bytes += size;
-        self.by_kind.0[msg.kind()] += 1;
-        use mesh_protocol::mesh::Msg;
-        if matches!(msg, Msg::Swim(_) | Msg::Roster { .. }) {
+        self.by_kind.0[kind] += 1;
+        if swim {
             self.swim_messages += 1;
             self.swim_bytes += size;
         }
@@ -289,12 +294,7 @@ impl Traffic {
             .unwrap_or(1) as u64
             - 1;
         let varint = (u64::from(usize::BITS - len.leading_zeros()).max(1)).div_ceil(7);
-        let size = tag + varint + len as u64;
-        self.messages += 1;
-        self.bytes += size;
-        self.by_kind.0[empty.kind()] += 1;
-        self.swim_messages += 1;
-        self.swim_bytes += size;
+        self.add(empty.kind(), tag + varint + len as u64, true);
     }
 
     /// What was counted since `earlier` (span not set).

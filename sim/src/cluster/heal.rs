@@ -58,12 +58,9 @@ impl Sim<'_> {
             return;
         }
         self.traffic.count_swim(q.len);
-        let mut draws = self.message_draws(from, to, self.swim_kind);
-        if self.cfg.loss > 0.0 && draws.random::<f64>() < self.cfg.loss {
-            self.lost += 1;
+        let Some(at) = self.arrival(from, to, Msg::Swim(Vec::new()).kind()) else {
             return;
-        }
-        let at = self.now + self.plan.latency.sample(&mut draws);
+        };
         let (to, from) = (to as u32, from as u32);
         self.push(
             at,
@@ -85,11 +82,7 @@ impl Sim<'_> {
         q: QuietSwim,
     ) -> Result<(), SimError> {
         let now = self.now;
-        if self.nodes[to].peer.is_none() {
-            return Ok(());
-        }
-        if self.partitioned(from, to) {
-            self.lost += 1;
+        if !self.reaches(from, to) {
             return Ok(());
         }
         if !self.cfg.stall.is_empty() || !self.cfg.slow.is_empty() {

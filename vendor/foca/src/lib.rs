@@ -876,7 +876,7 @@ where
     /// same timers submitted and notifications made) but for the ping,
     /// which is not built: the member probed and the probe number, for a
     /// runtime that accounts for the ping itself (its size:
-    /// [`packet_len`](Self::packet_len)). `None` where the timer would
+    /// [`quiet_packet_len`](Self::quiet_packet_len)). `None` where the timer would
     /// probe no one.
     pub fn quiet_probe(&mut self, mut runtime: impl Runtime<T>) -> Option<(T, ProbeNumber)> {
         debug_assert!(self.probe_is_quiet());

@@ -466,21 +466,22 @@ impl Peer {
     pub fn handle_quiet_swim(&mut self, now: Millis, from: NodeId, q: &QuietSwim) -> bool {
         self.due_first(now);
         // A message to itself from what just fired comes before it.
-        if !self.out.inbox.is_empty() || !self.node.members.takes_quietly(q) {
+        if !self.out.inbox.is_empty() {
             let data = self.node.members.packet(q);
             self.out.inbox.push_back((from, Msg::Swim(data)));
             self.pump(now);
             return false;
         }
+        let mut quiet = false;
         self.pump_with(now, |p| {
-            if !p.node.members.quiet_swim_in(now, q, &mut p.out) {
-                // What went before it in the step changed what it would tell.
+            quiet = p.node.members.quiet_swim_in(now, q, &mut p.out);
+            if !quiet {
                 let data = p.node.members.packet(q);
                 p.node.members.handle_swim(now, &data, &mut p.out);
             }
             on_members::members_changed(&mut p.roles(), now);
         });
-        true
+        quiet
     }
 
     /// The membership packet `q` stands for, as SWIM would have built it.
