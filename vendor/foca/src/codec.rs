@@ -42,6 +42,16 @@ pub trait Codec<T> {
     ///
     /// Implementations may assume the data in the buffer is contiguous.
     fn decode_member(&mut self, buf: impl Buf) -> Result<Member<T>, Self::Error>;
+
+    /// How many bytes [`encode_header`](Self::encode_header) writes for
+    /// `header`, for a caller that wants only the size: by default the
+    /// header encoded into a scratch buffer, where a codec may count
+    /// without writing.
+    fn header_len(&mut self, header: &Header<T>) -> Result<usize, Self::Error> {
+        let mut scratch = bytes::BytesMut::new();
+        self.encode_header(header, &mut scratch)?;
+        Ok(scratch.len())
+    }
 }
 
 impl<C, T> Codec<T> for &mut C
@@ -64,5 +74,9 @@ where
 
     fn decode_member(&mut self, buf: impl Buf) -> Result<Member<T>, Self::Error> {
         C::decode_member(self, buf)
+    }
+
+    fn header_len(&mut self, header: &Header<T>) -> Result<usize, Self::Error> {
+        C::header_len(self, header)
     }
 }

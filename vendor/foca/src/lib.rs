@@ -991,8 +991,20 @@ where
 
     /// The size of [`quiet_packet`](Self::quiet_packet), without a copy.
     pub fn quiet_packet_len(&mut self, header: &Header<T>) -> Result<usize> {
-        self.encode_quiet(header)?;
-        Ok(self.send_buf.len())
+        let max = self.config.max_packet_size.get();
+        match self.codec.header_len(header) {
+            // Counted, not written (an identity's strings are not copied);
+            // the tally fits as in `encode_quiet`.
+            Ok(len) if len <= max => {
+                let tally = header.message.needs_piggyback() && max - len > 2;
+                Ok(len + if tally { 2 } else { 0 })
+            }
+            // Too large, or not counted: as encoding it says.
+            _ => {
+                self.encode_quiet(header)?;
+                Ok(self.send_buf.len())
+            }
+        }
     }
 
     /// What `send_message` writes for `header` with no update and no

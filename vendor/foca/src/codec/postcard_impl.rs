@@ -37,6 +37,12 @@ where
         encode(member, buf)
     }
 
+    /// Counted as postcard writes it, with nothing written: an identity's
+    /// strings add their lengths, not copies.
+    fn header_len(&mut self, header: &Header<T>) -> Result<usize, Self::Error> {
+        postcard::serialize_with_flavor(header, postcard::ser_flavors::Size::default())
+    }
+
     fn decode_member(&mut self, mut buf: impl Buf) -> Result<Member<T>, Self::Error> {
         let remaining = buf.remaining();
         debug_assert_eq!(remaining, buf.chunk().len());
@@ -109,6 +115,36 @@ mod test {
     #[test]
     fn postcard_roundtrip() -> Result<(), postcard::Error> {
         crate::testing::verify_codec_roundtrip(PostcardCodec)
+    }
+
+    #[test]
+    fn a_headers_length_is_what_encoding_it_writes() {
+        use crate::{Codec, Header, Message};
+        use alloc::{string::String, vec::Vec};
+
+        for len in [0, 1, 127, 128, super::STACK_BYTES, 20_000] {
+            for message in [
+                Message::Ping(0),
+                Message::Ack(200),
+                Message::PingReq {
+                    target: "t".repeat(len),
+                    probe_number: 9,
+                },
+                Message::Announce,
+            ] {
+                let header = Header {
+                    src: "s".repeat(len),
+                    src_incarnation: 300,
+                    dst: String::from("d"),
+                    message,
+                };
+                let mut out = Vec::new();
+                Codec::<String>::encode_header(&mut PostcardCodec, &header, &mut out)
+                    .expect("room enough");
+                let counted = Codec::<String>::header_len(&mut PostcardCodec, &header);
+                assert_eq!(counted, Ok(out.len()), "{header:?}");
+            }
+        }
     }
 
     #[test]
