@@ -395,6 +395,12 @@ struct Sim<'a> {
     /// wakes and messages wait); and how many were.
     promises: bool,
     reports_sent: u64,
+    /// A membership ack in closed form is taken when it is sent (see
+    /// `send_quiet`): nothing can come between it and its arrival (no
+    /// loss, no partition, no node that goes, joins late by a dial, or
+    /// waits), and quiet timers are skipped.
+    acks_when_sent: bool,
+    acks_taken: u64,
 }
 
 impl<'a> Sim<'a> {
@@ -470,6 +476,16 @@ impl<'a> Sim<'a> {
             scripted_until: scripted_until(cfg),
             promises: !cfg.step && cfg.stall.is_empty() && cfg.slow.is_empty(),
             reports_sent: 0,
+            acks_when_sent: !cfg.step
+                && cfg.stall.is_empty()
+                && cfg.slow.is_empty()
+                && cfg.loss == 0.0
+                && cfg.crashes.is_empty()
+                && cfg.leaves.is_empty()
+                && cfg.partitions.is_empty()
+                && cfg.introduce.is_empty()
+                && cfg.alloc.is_empty(),
+            acks_taken: 0,
             batch: batch::Batch::new(cfg),
             plan,
         }
@@ -1081,7 +1097,7 @@ impl<'a> Sim<'a> {
     /// unless it already is. A promise keeps the wake after it for when
     /// the report is sent: the node's next step (the coordinator's answer)
     /// most often moves it, and a wake scheduled for nothing is an event.
-    fn next_wake(&mut self, n: usize) {
+    pub(super) fn next_wake(&mut self, n: usize) {
         let now = self.now;
         let nd = &mut self.nodes[n];
         let peer = nd.peer.as_mut().expect("stepped peers are up");
@@ -1395,6 +1411,7 @@ impl<'a> Sim<'a> {
             upkeep: crate::report::Upkeep {
                 skipped: stats.quiet_timers,
                 reports_sent: self.reports_sent,
+                acks_when_sent: self.acks_taken,
                 ..self.upkeep.report()
             },
             events_per_sec: self.events as f64 / wall_s.max(1e-9),

@@ -157,6 +157,13 @@ pub struct Upkeep {
     /// heartbeat fired with its node's next event (`--step` wakes them).
     #[serde(default)]
     pub reports_sent: u64,
+    /// Membership acks in closed form their probers took when they were
+    /// sent, a few milliseconds before they would have arrived, rather
+    /// than at a step of their own (a run where nothing can come between:
+    /// no loss, no partition, no node that goes or waits; `--step` steps
+    /// them).
+    #[serde(default)]
+    pub acks_when_sent: u64,
 }
 
 impl Upkeep {
@@ -187,6 +194,14 @@ impl Upkeep {
         } else {
             String::new()
         };
+        let acks = if self.acks_when_sent > 0 {
+            format!(
+                "{} membership acks taken by their probers when sent, with no step; ",
+                self.acks_when_sent
+            )
+        } else {
+            String::new()
+        };
         let share = |n: u64| 100.0 * n as f64 / self.events as f64;
         let sources: Vec<String> = self
             .by_source
@@ -195,7 +210,7 @@ impl Upkeep {
             .map(|(s, n)| format!("{s} {:.0}%", share(*n)))
             .collect();
         format!(
-            "{skipped}{reported}stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
+            "{skipped}{reported}{acks}stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
              changes, in {} quiet stretches of {} on average (longest {}; {:.0}% of the upkeep \
              in stretches of a second or more): {}; none of these has an exact skip yet\n",
             100.0 * self.events as f64 / self.of.max(1) as f64,

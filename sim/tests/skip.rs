@@ -152,3 +152,33 @@ fn a_workers_heartbeat_wakes_it_only_for_more_than_its_report() {
     );
     same_both_ways(&cfg);
 }
+
+#[test]
+fn a_probers_ack_is_taken_when_sent_where_nothing_can_come_between() {
+    // SWIM's ack of a quiet probe reaches its prober a few milliseconds
+    // after it is sent; where nothing can be lost, cut off or stalled on
+    // the way, the prober takes it when it is sent, without a step of its
+    // own. Ten nodes probe once a second each.
+    let cfg = SimConfig::simple(3, 10, "cpu=2", 80, "uniform:1m..4m");
+    let acks = |c: &SimConfig| {
+        run(c)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .upkeep
+            .acks_when_sent
+    };
+    let r = run(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let (taken, probes) = (r.upkeep.acks_when_sent, r.makespan / 1000 * 10);
+    assert!(
+        taken * 10 > probes * 8,
+        "{taken} acks taken when sent, over {probes} probes in the farm alone"
+    );
+    let mut stepped = cfg.clone();
+    stepped.step = true;
+    assert_eq!(acks(&stepped), 0, "stepping takes each ack at its arrival");
+    // Where a message may be lost, each ack waits for its arrival.
+    let mut lossy = cfg.clone();
+    lossy.loss = 0.01;
+    assert_eq!(acks(&lossy), 0, "lossy links");
+    same_both_ways(&lossy);
+    same_both_ways(&cfg);
+}

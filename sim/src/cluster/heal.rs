@@ -58,9 +58,26 @@ impl Sim<'_> {
             return;
         }
         self.traffic.count_swim(q.len);
+        // Drawn even where nothing waits on the draw: the rank of the
+        // link's next packet in this millisecond counts this one.
         let Some(at) = self.arrival(from, to, Msg::Swim(Vec::new()).kind()) else {
             return;
         };
+        if !q.ping && self.acks_when_sent {
+            // Its prober takes it now rather than at its arrival, a few
+            // milliseconds on (`Peer::take_quiet_ack`), and looks again
+            // at when it next wakes, as after the ack's step.
+            let now = self.now;
+            let taken = self.nodes[to]
+                .peer
+                .as_mut()
+                .is_some_and(|p| p.take_quiet_ack(now, &q));
+            if taken {
+                self.acks_taken += 1;
+                self.next_wake(to);
+                return;
+            }
+        }
         let (to, from) = (to as u32, from as u32);
         self.push(
             at,

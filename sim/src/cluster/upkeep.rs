@@ -110,6 +110,7 @@ impl Tally {
             in_long_stretches: self.in_long,
             skipped: 0,
             reports_sent: 0,
+            acks_when_sent: 0,
         }
     }
 }

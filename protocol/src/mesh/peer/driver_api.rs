@@ -484,6 +484,29 @@ impl Peer {
         quiet
     }
 
+    /// An ack in closed form ([`Action::QuietSwim`], not a ping) taken
+    /// when its sender sends it rather than when it arrives, for a driver
+    /// that knows it arrives (nothing lost, cut off, gone or stalled on
+    /// the way); false, and nothing changed, where this node would not
+    /// take it quietly. Nothing that a step does before the ack would have
+    /// arrived reads what it changes: the probe it answers is looked at
+    /// again only at its indirect stage (hundreds of milliseconds on, and
+    /// quiet where the ack came) and at the next probe. The driver then
+    /// polls again ([`poll_promise`](Self::poll_promise)), as after the
+    /// ack's step.
+    pub fn take_quiet_ack(&mut self, now: Millis, q: &QuietSwim) -> bool {
+        // Nothing may wait to fire first: a timer due (its wake has yet
+        // to come this millisecond), or a promised beat whose report went
+        // and which the next input fires (a poll now would forget it).
+        let fired = self.node.members.promise().is_some_and(|p| p.at <= now);
+        if q.ping || fired || self.due_by(now) {
+            return false;
+        }
+        let taken = self.node.members.quiet_swim_in(now, q, &mut self.out);
+        debug_assert!(!self.has_actions(), "an ack taken sends nothing");
+        taken
+    }
+
     /// The membership packet `q` stands for, as SWIM would have built it.
     pub fn quiet_packet(&mut self, q: &QuietSwim) -> Vec<u8> {
         self.node.members.packet(q)
