@@ -397,8 +397,8 @@ struct Sim<'a> {
     reports_sent: u64,
     /// A membership ack in closed form is taken when it is sent (see
     /// `send_quiet`): nothing can come between it and its arrival (no
-    /// loss, no partition, no node that goes, joins late by a dial, or
-    /// waits), and quiet timers are skipped.
+    /// fault, no node that joins late by a dial), and quiet timers are
+    /// skipped.
     acks_when_sent: bool,
     acks_taken: u64,
 }
@@ -414,9 +414,10 @@ impl<'a> Sim<'a> {
             .collect();
         let tasks = plan.durations.len();
         let timeline = Timeline::new(nodes.iter().map(|n| n.cpus).collect());
+        let faults = cfg.has_faults();
         Sim {
             cfg,
-            faults: cfg.has_faults(),
+            faults,
             coords: FxHashMap::default(),
             crash_limited: 0,
             home_lost: cfg
@@ -476,15 +477,7 @@ impl<'a> Sim<'a> {
             scripted_until: scripted_until(cfg),
             promises: !cfg.step && cfg.stall.is_empty() && cfg.slow.is_empty(),
             reports_sent: 0,
-            acks_when_sent: !cfg.step
-                && cfg.stall.is_empty()
-                && cfg.slow.is_empty()
-                && cfg.loss == 0.0
-                && cfg.crashes.is_empty()
-                && cfg.leaves.is_empty()
-                && cfg.partitions.is_empty()
-                && cfg.introduce.is_empty()
-                && cfg.alloc.is_empty(),
+            acks_when_sent: !cfg.step && !faults && cfg.introduce.is_empty(),
             acks_taken: 0,
             batch: batch::Batch::new(cfg),
             plan,

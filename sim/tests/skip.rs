@@ -3,23 +3,33 @@
 use mesh_sim::scenario::StageSpec;
 use mesh_sim::{load_scenario, run, SimConfig, SimReport};
 
-/// The report, less what says how fast it was made (the speed line, the
-/// events stepped, the wall time, the memory).
-fn outcome(cfg: &SimConfig, step: bool) -> (SimReport, u64, u64) {
+/// The report, and apart from it what says how fast it was made (the
+/// speed line, the events stepped, the wall time, the memory).
+fn outcome(cfg: &SimConfig, step: bool) -> (SimReport, SimReport) {
     let mut cfg = cfg.clone();
     cfg.step = step;
-    let r = match run(&cfg) {
-        Ok(r) => r,
+    match run(&cfg) {
+        Ok(r) => (r.answer(), r),
         Err(e) => panic!("{} (step {step}): {e}", cfg.name),
-    };
-    (r.answer(), r.events, r.upkeep.skipped)
+    }
 }
 
-/// Both ways, the same report; the events stepped each way.
-fn same_both_ways(cfg: &SimConfig) -> (u64, u64) {
-    let (skipped, fewer, saved) = outcome(cfg, false);
-    let (stepped, all, none) = outcome(cfg, true);
-    assert_eq!(none, 0, "{}: stepping skips nothing", cfg.name);
+/// Both ways, the same report; the events stepped each way, and the
+/// skipping run's whole report.
+fn same_both_ways(cfg: &SimConfig) -> (u64, u64, SimReport) {
+    let (skipped, skipping) = outcome(cfg, false);
+    let (stepped, stepping) = outcome(cfg, true);
+    let (fewer, saved, all) = (skipping.events, skipping.upkeep.skipped, stepping.events);
+    assert_eq!(
+        stepping.upkeep.skipped, 0,
+        "{}: stepping skips nothing",
+        cfg.name
+    );
+    assert_eq!(
+        stepping.upkeep.acks_when_sent, 0,
+        "{}: stepping takes each ack at its arrival",
+        cfg.name
+    );
     if skipped != stepped {
         // The first field that differs, not two reports of thousands of lines.
         let (a, b) = (format!("{skipped:#?}"), format!("{stepped:#?}"));
@@ -56,7 +66,7 @@ fn same_both_ways(cfg: &SimConfig) -> (u64, u64) {
         "{} seed {}: {fewer} events skipping, {all} stepping",
         cfg.name, cfg.seed
     );
-    (fewer, all)
+    (fewer, all, skipping)
 }
 
 fn scenario(name: &str) -> SimConfig {
@@ -105,7 +115,7 @@ fn a_farm_of_minutes_runs_the_same_skipped_or_stepped() {
             after: vec![cfg.stages[0].name.clone()],
             ..cfg.stages[0].clone()
         });
-        let (fewer, all) = same_both_ways(&cfg);
+        let (fewer, all, _) = same_both_ways(&cfg);
         // A quiet node woke for its gossip tick five times a second: a
         // sixth of these events and more.
         assert!(
@@ -160,25 +170,15 @@ fn a_probers_ack_is_taken_when_sent_where_nothing_can_come_between() {
     // the way, the prober takes it when it is sent, without a step of its
     // own. Ten nodes probe once a second each.
     let cfg = SimConfig::simple(3, 10, "cpu=2", 80, "uniform:1m..4m");
-    let acks = |c: &SimConfig| {
-        run(c)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .upkeep
-            .acks_when_sent
-    };
-    let r = run(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let (_, _, r) = same_both_ways(&cfg);
     let (taken, probes) = (r.upkeep.acks_when_sent, r.makespan / 1000 * 10);
     assert!(
         taken * 10 > probes * 8,
         "{taken} acks taken when sent, over {probes} probes in the farm alone"
     );
-    let mut stepped = cfg.clone();
-    stepped.step = true;
-    assert_eq!(acks(&stepped), 0, "stepping takes each ack at its arrival");
     // Where a message may be lost, each ack waits for its arrival.
     let mut lossy = cfg.clone();
     lossy.loss = 0.01;
-    assert_eq!(acks(&lossy), 0, "lossy links");
-    same_both_ways(&lossy);
-    same_both_ways(&cfg);
+    let (_, _, r) = same_both_ways(&lossy);
+    assert_eq!(r.upkeep.acks_when_sent, 0, "lossy links");
 }

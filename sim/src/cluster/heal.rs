@@ -63,10 +63,11 @@ impl Sim<'_> {
         let Some(at) = self.arrival(from, to, Msg::Swim(Vec::new()).kind()) else {
             return;
         };
-        if !q.ping && self.acks_when_sent {
-            // Its prober takes it now rather than at its arrival, a few
-            // milliseconds on (`Peer::take_quiet_ack`), and looks again
-            // at when it next wakes, as after the ack's step.
+        if self.acks_when_sent {
+            // An ack's prober takes it now rather than at its arrival, a
+            // few milliseconds on (`Peer::take_quiet_ack`, which leaves a
+            // ping to arrive), and looks again at when it next wakes, as
+            // after the ack's step.
             let now = self.now;
             let taken = self.nodes[to]
                 .peer

@@ -996,7 +996,7 @@ where
             // Counted, not written (an identity's strings are not copied);
             // the tally fits as in `encode_quiet`.
             Ok(len) if len <= max => {
-                let tally = header.message.needs_piggyback() && max - len > 2;
+                let tally = Self::quiet_tally(header, max - len);
                 Ok(len + if tally { 2 } else { 0 })
             }
             // Too large, or not counted: as encoding it says.
@@ -1016,12 +1016,19 @@ where
             .codec
             .encode_header(header, &mut buf)
             .map_err(|e| Error::Encode(Box::new(e)));
-        if encoded.is_ok() && header.message.needs_piggyback() && buf.remaining_mut() > 2 {
+        if encoded.is_ok() && Self::quiet_tally(header, buf.remaining_mut()) {
             // No item: the tally alone.
             buf.put_u16(0);
         }
         self.send_buf = buf.into_inner();
         encoded
+    }
+
+    /// Whether a quiet packet for `header` carries the (empty) tally of
+    /// updates after it, with `room` bytes left in the packet: as
+    /// `send_message` adds one.
+    const fn quiet_tally(header: &Header<T>, room: usize) -> bool {
+        header.message.needs_piggyback() && room > 2
     }
 
     /// Reports the current length of the custom broadcast queue.
