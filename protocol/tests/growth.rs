@@ -28,15 +28,27 @@ struct Mesh {
     lose_growth_to: Option<NodeId>,
     /// The home heard its farm (or its latest growth) durable this often.
     accepted: u64,
+    /// Persists the peers asked for.
+    persists: u64,
+    /// Every message sent, in order: who to whom, and what.
+    sent: Vec<String>,
 }
 
 impl Mesh {
     fn new(nodes: u64, cfg: Config) -> Mesh {
+        Mesh::keeping(nodes, cfg, true)
+    }
+
+    /// As `new`, the peers keeping no store where `store` is false.
+    fn keeping(nodes: u64, cfg: Config, store: bool) -> Mesh {
         let res: Resources = parse_resources("cpu=2").expect("resources");
         let mut peers = Vec::new();
         for id in 1..=nodes {
             let mut p = Peer::new(0, NodeId(id), res.clone(), cfg.clone(), id, id > 1);
             p.set_address(0, format!("n{id}"), Vec::new(), 1 << 32);
+            if !store {
+                p.keep_no_store();
+            }
             if id > 1 {
                 p.joins_by_address();
                 p.introduce(0, NodeId(1), "n1".into(), Vec::new());
@@ -49,6 +61,8 @@ impl Mesh {
             synced_to_home: 0,
             lose_growth_to: None,
             accepted: 0,
+            persists: 0,
+            sent: Vec::new(),
         };
         let others = nodes as usize - 1;
         m.run_until(60_000, |m| {
@@ -90,6 +104,8 @@ impl Mesh {
                     moved = true;
                     match a {
                         Action::Send { to, msg } => {
+                            self.sent
+                                .push(format!("{from:?} -> {to:?} at {now}: {msg:?}"));
                             if let (NodeId(2), Msg::Sync(s)) = (to, &msg) {
                                 self.synced_to_home += s.entries.len() as u64;
                             }
@@ -119,6 +135,7 @@ impl Mesh {
                         }
                         Action::FetchInputs { farm } => self.peers[i].inputs_ready(now, farm, true),
                         Action::Emit(PeerEvent::Accepted { .. }) if i == 1 => self.accepted += 1,
+                        Action::Persist(_) => self.persists += 1,
                         _ => {}
                     }
                 }
@@ -225,4 +242,43 @@ fn a_growth_lost_on_its_way_to_a_holder_is_sent_again_and_the_home_hears_it_dura
     }
     let held = m.peers[2].replica(FARM).expect("node 3's copy");
     assert_eq!(held.spec.def.stages.len(), 4);
+}
+
+#[test]
+fn peers_that_keep_no_store_make_no_persist_and_run_a_farm_as_those_that_keep_one() {
+    // The simulator's nodes that never restart keep no store: what they
+    // do must be what a node that writes everything down does.
+    let run = |store: bool| {
+        let cfg = Config {
+            replicas: 3,
+            ..Config::default()
+        };
+        let mut m = Mesh::keeping(3, cfg, store);
+        let mut stages = vec![stage("s0", 4)];
+        let now = m.now;
+        m.peers[1].submit(now, spec(stages.clone(), 0), Vec::new());
+        m.run_until(10_000, |m| done_on_home(m, 4));
+        for g in 1..=3u64 {
+            stages.push(stage(&format!("s{g}"), 2));
+            let now = m.now;
+            assert!(m.peers[1].grow(now, spec(stages.clone(), g as u32), Vec::new()));
+            m.run_until(20_000, |m| done_on_home(m, 4 + 2 * g));
+        }
+        m
+    };
+    let kept = run(true);
+    let none = run(false);
+    assert!(kept.persists > 0, "a node that keeps a store writes to it");
+    assert_eq!(
+        none.persists, 0,
+        "a node that keeps none is asked to write nothing"
+    );
+    assert_eq!(kept.sent.len(), none.sent.len());
+    for (a, b) in kept.sent.iter().zip(&none.sent) {
+        assert_eq!(a, b, "the same messages, in the same order");
+    }
+    assert_eq!(kept.now, none.now);
+    for (a, b) in kept.peers.iter().zip(&none.peers) {
+        assert_eq!(a.progress(FARM), b.progress(FARM));
+    }
 }

@@ -815,6 +815,9 @@ impl<'a> Sim<'a> {
             seed,
             joining,
         );
+        if !nd.durable {
+            peer.keep_no_store();
+        }
         if let Some((job, deadline)) = &nd.job {
             peer.set_batch_job(Some(job.clone()), Some(*deadline));
         }

@@ -111,6 +111,14 @@ impl Peer {
         self.out.observed.get_or_insert_with(Box::default);
     }
 
+    /// For a driver that writes nothing down and never reads a store back
+    /// (the simulator's nodes that no scenario restarts): no
+    /// [`Action::Persist`] is made, nor what only one would carry. What
+    /// the peer does is otherwise the same.
+    pub fn keep_no_store(&mut self) {
+        self.out.keep_nothing();
+    }
+
     /// The book kept in this node's store, at startup.
     pub fn restore_allocs(&mut self, book: AllocBook) {
         self.allocs.restore(book);

@@ -118,7 +118,9 @@ impl Holdings {
                 here.push(e.task());
             }
         }
-        out.persist_entries(farm, entries.to_vec(), true);
+        if out.persists() {
+            out.persist_entries(farm, entries.to_vec(), true);
+        }
         if !here.is_empty() {
             out.persist(Persist::Collected {
                 farm,

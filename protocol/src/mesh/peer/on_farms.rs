@@ -306,7 +306,9 @@ pub(super) fn farm_offered(
     }
     specs.insert(farm.id, farm.clone());
     out.persist(Persist::Farm(farm.clone()));
-    out.persist_entries(farm.id, offered.entries.clone(), true);
+    if out.persists() {
+        out.persist_entries(farm.id, offered.entries.clone(), true);
+    }
     let spec = farm;
     let keep = c.take_farm(offered, node);
     c.report_early(now, spec.id, node, out);

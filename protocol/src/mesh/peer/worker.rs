@@ -773,6 +773,9 @@ impl Worker {
 
     /// What changed among the unacknowledged results, made durable.
     pub(super) fn persist_unacked(&mut self, out: &mut Out) {
+        if !out.persists() {
+            self.unacked_dirty.clear();
+        }
         if self.unacked_dirty.is_empty() {
             return;
         }

@@ -697,9 +697,12 @@ impl Coord {
                             }
                             // Where outputs are and why a task failed is
                             // kept beside the engine's own record.
-                            let keep = matches!(&e, Entry::Done { outputs, .. } if !outputs.is_empty())
-                                || !e.is_done();
-                            if f.add_entry(e.clone()) && keep {
+                            let keep = out.persists()
+                                && (matches!(&e, Entry::Done { outputs, .. } if !outputs.is_empty())
+                                    || !e.is_done());
+                            if !keep {
+                                f.add_entry(e);
+                            } else if f.add_entry(e.clone()) {
                                 out.persist(Persist::Entries {
                                     farm: fid,
                                     entries: vec![e],
