@@ -773,10 +773,11 @@ impl Worker {
 
     /// What changed among the unacknowledged results, made durable.
     pub(super) fn persist_unacked(&mut self, out: &mut Out) {
+        if self.unacked_dirty.is_empty() {
+            return;
+        }
         if !out.persists() {
             self.unacked_dirty.clear();
-        }
-        if self.unacked_dirty.is_empty() {
             return;
         }
         let mut reports = Vec::new();
