@@ -285,6 +285,10 @@ impl Holdings {
         } else {
             r.ahead.insert(m.from, m.entries);
         }
+        // What was added goes to the store too, where there is one: a
+        // copy only then (each clone of an entry touches its outputs'
+        // count, cold in the cache, at every holder of every task).
+        let keeps = out.persists();
         let mut added = Vec::new();
         let had_redo = !r.redo.is_empty();
         while let Some(from) = r.ahead.keys().next().copied().filter(|f| *f <= r.next) {
@@ -292,11 +296,13 @@ impl Holdings {
             let skip = (r.next - from) as usize;
             for e in entries.into_iter().skip(skip) {
                 r.next += 1;
-                if r.add(e.clone()) {
-                    if e.is_done() {
-                        r.redo.remove(&e.task());
+                let (done, task) = (e.is_done(), e.task());
+                let copy = keeps.then(|| e.clone());
+                if r.add(e) {
+                    if done {
+                        r.redo.remove(&task);
                     }
-                    added.push(e);
+                    added.extend(copy);
                 }
             }
         }
