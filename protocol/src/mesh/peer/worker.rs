@@ -89,7 +89,8 @@ pub(super) struct Worker {
     timers: BinaryHeap<Reverse<(Millis, FarmId, TaskRef, u32)>>,
     awaiting_spec: FxHashMap<FarmId, Vec<Assigned>>,
     unacked: BTreeMap<(FarmId, TaskRef), Report>,
-    /// Entries of `unacked` changed since they were last persisted.
+    /// Entries of `unacked` changed since they were last persisted;
+    /// none are noted for a driver that keeps no store.
     unacked_dirty: BTreeSet<(FarmId, TaskRef)>,
     /// Reports of this step, sent as one message at its end.
     reports_out: Vec<Report>,
@@ -573,17 +574,20 @@ impl Worker {
             self.queue.drain(..).partition(|a| pick(a.farm, a.task));
         self.queue = keep.into();
         for a in gone {
-            self.report(Report {
-                task: a,
-                result: TaskResult::Error("cancelled".into()),
-                key: None,
-                duration_ms: 0,
-                ended_ms: 0,
-                grew: None,
-                outputs: Vec::new(),
-                stderr_line: None,
-                usage: None,
-            });
+            self.report(
+                Report {
+                    task: a,
+                    result: TaskResult::Error("cancelled".into()),
+                    key: None,
+                    duration_ms: 0,
+                    ended_ms: 0,
+                    grew: None,
+                    outputs: Vec::new(),
+                    stderr_line: None,
+                    usage: None,
+                },
+                out,
+            );
         }
         let mut kill = Vec::new();
         for ((f, t), r) in &mut self.running {
@@ -673,13 +677,16 @@ impl Worker {
                 self.queue.drain(..).partition(same_task);
             self.queue = rest.into();
             for a in same {
-                self.report(Report {
-                    task: a,
-                    ..report.clone()
-                });
+                self.report(
+                    Report {
+                        task: a,
+                        ..report.clone()
+                    },
+                    out,
+                );
             }
         }
-        self.report(report);
+        self.report(report, out);
     }
 
     /// Recomputes the prefetch depth from what was measured.
@@ -704,10 +711,12 @@ impl Worker {
     // ----- reports -----
 
     /// A result for the coordinator, kept until it is acknowledged (and resent until then).
-    fn report(&mut self, report: Report) {
+    fn report(&mut self, report: Report, out: &Out) {
         let key = (report.task.farm, report.task.task);
         self.unacked.insert(key, report.clone());
-        self.unacked_dirty.insert(key);
+        if out.persists() {
+            self.unacked_dirty.insert(key);
+        }
         self.reports_out.push(report);
     }
 
@@ -760,7 +769,9 @@ impl Worker {
                 .is_some_and(|r| r.task.attempt == a.attempt)
             {
                 self.unacked.remove(&(a.farm, a.task));
-                self.unacked_dirty.insert((a.farm, a.task));
+                if out.persists() {
+                    self.unacked_dirty.insert((a.farm, a.task));
+                }
                 if let Some(o) = out.observed() {
                     if let Some(at) = o.started.remove(&(a.farm, a.task)) {
                         o.latency
@@ -774,10 +785,6 @@ impl Worker {
     /// What changed among the unacknowledged results, made durable.
     pub(super) fn persist_unacked(&mut self, out: &mut Out) {
         if self.unacked_dirty.is_empty() {
-            return;
-        }
-        if !out.persists() {
-            self.unacked_dirty.clear();
             return;
         }
         let mut reports = Vec::new();
