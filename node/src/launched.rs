@@ -94,7 +94,7 @@ fn node_state(proc_dir: &Path) -> Option<Seen> {
         .map(|a| OsString::from_vec(a.to_vec()))
         .collect();
     let (program, rest) = args.split_first()?;
-    if Path::new(program).file_name()? != "mesh" {
+    if !is_mesh(program, proc_dir) {
         return None;
     }
     let mut flag = None;
@@ -136,6 +136,32 @@ fn node_state(proc_dir: &Path) -> Option<Seen> {
         // A relative folder from a process whose folder is hidden: unknown.
         (false, None) => PathBuf::new(),
     }))
+}
+
+/// Whether a process whose command line starts with `program` runs mesh:
+/// named `mesh`, named as this very command was (an install under another
+/// name, `mesh-0.9` or a wrapper's copy, starts its node and runs its
+/// commands under that name), or running this command's own executable
+/// (a link under yet another name). A node under any other name is not
+/// waited for, as before.
+fn is_mesh(program: &OsString, proc_dir: &Path) -> bool {
+    let Some(name) = Path::new(program).file_name() else {
+        return false;
+    };
+    if name == "mesh" {
+        return true;
+    }
+    let ours = std::env::args_os().next();
+    if ours.as_deref().and_then(|p| Path::new(p).file_name()) == Some(name) {
+        return true;
+    }
+    match (
+        std::fs::read_link(proc_dir.join("exe")),
+        std::env::current_exe(),
+    ) {
+        (Ok(theirs), Ok(mine)) => theirs == mine,
+        _ => false,
+    }
 }
 
 /// Whether two spellings of a state folder are one folder. An empty path is
@@ -180,6 +206,39 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(found, "the node process of this folder is found");
+        // A command run under another name than `mesh` (an install named
+        // `mesh-0.9`) finds its node started under that same name; a
+        // process under a name that is neither is no node.
+        let ours = std::env::args_os().next().unwrap();
+        let ours = Path::new(&ours)
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert_ne!(ours, "mesh");
+        let named = |name: &str| {
+            let mut child = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(format!(
+                    "exec -a {name} bash -s -- --state-dir {} node <<< 'sleep 10; :'",
+                    state.display()
+                ))
+                .spawn()
+                .unwrap();
+            let found = (0..200).any(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                node_process_on(&state) == Launch::Node
+            });
+            child.kill().unwrap();
+            child.wait().unwrap();
+            found
+        };
+        assert!(
+            named(&ours),
+            "a node under this command's own name is found"
+        );
+        assert!(!named("mash"), "a process under another name is no node");
         assert!(!elsewhere, "a node of another folder is not this one's");
         assert_ne!(
             node_process_on(&state),
