@@ -22,7 +22,8 @@ pub(crate) enum Launch {
     None,
     /// A process in the middle of an exec, whose program and arguments
     /// cannot be read yet (the parent of a `vfork`, as Python's
-    /// `subprocess` does, runs on from there): perhaps a node.
+    /// `subprocess` does, runs on from there), or a fork of this command's
+    /// shell that has not exec'd yet: perhaps a node.
     Exec,
     /// A `mesh node` or `mesh join` process of this folder.
     Node,
@@ -34,6 +35,10 @@ pub(crate) enum Launch {
 /// (another user's) counts as one of this folder only when its command
 /// line names it.
 pub(crate) fn node_process_on(state: &Path) -> Launch {
+    let parent = std::os::unix::process::parent_id();
+    let shell = std::fs::read(format!("/proc/{parent}/cmdline"))
+        .ok()
+        .map(|cmdline| (parent, cmdline));
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return Launch::None;
     };
@@ -46,7 +51,7 @@ pub(crate) fn node_process_on(state: &Path) -> Launch {
         if pid == me {
             continue;
         }
-        match node_state(&p.path()) {
+        match node_state(&p.path(), shell.as_ref()) {
             Some(Seen::Node(s)) if same_folder(&s, state) => return Launch::Node,
             Some(Seen::Exec) => seen = Launch::Exec,
             _ => {}
@@ -81,12 +86,27 @@ fn in_exec(proc_dir: &Path) -> bool {
         && pid != Some("2")
 }
 
+/// The parent's pid in `/proc/<pid>/stat`.
+fn parent_of(proc_dir: &Path) -> Option<u32> {
+    let stat = std::fs::read_to_string(proc_dir.join("stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// The state folder of the process at `/proc/<pid>` if it is a mesh node,
-/// or whether it is in the middle of an exec.
-fn node_state(proc_dir: &Path) -> Option<Seen> {
+/// or whether it is in the middle of an exec: its arguments not readable
+/// yet, or still those of `shell` (this command's parent, its pid and
+/// command line) whose child it is. The latter is a shell's `mesh node &`
+/// forked and not yet exec'd, which a loaded machine may not run before
+/// the shell's next command, this one (2 to 4 tries in 10 said no node
+/// runs, stop 91).
+fn node_state(proc_dir: &Path, shell: Option<&(u32, Vec<u8>)>) -> Option<Seen> {
     let cmdline = std::fs::read(proc_dir.join("cmdline")).ok()?;
     if cmdline.is_empty() {
         return in_exec(proc_dir).then_some(Seen::Exec);
+    }
+    if shell.is_some_and(|(pid, line)| *line == cmdline && parent_of(proc_dir) == Some(*pid)) {
+        return Some(Seen::Exec);
     }
     let args: Vec<OsString> = cmdline
         .split(|&b| b == 0)
@@ -239,6 +259,37 @@ mod tests {
             "a node under this command's own name is found"
         );
         assert!(!named("mash"), "a process under another name is no node");
+        // `mesh node &` forked by a shell that has not exec'd yet shows the
+        // shell's own command line: a subshell that stays a fork stands in.
+        let mut shell = std::process::Command::new("bash")
+            .arg("-c")
+            .arg("( sleep 10; : ) & wait")
+            .spawn()
+            .unwrap();
+        let pid = shell.id();
+        // The subshell, once bash runs (its command line read then, not
+        // the test's own before its exec).
+        let forked = (0..200).find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            let kids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+            let kid: u32 = kids.split_whitespace().next()?.parse().ok()?;
+            let line = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let dir = PathBuf::from(format!("/proc/{kid}"));
+            let as_fork = matches!(node_state(&dir, Some(&(pid, line))), Some(Seen::Exec));
+            let otherwise = node_state(&dir, Some(&(pid, b"zsh\0".to_vec()))).is_none();
+            Some((as_fork, otherwise))
+        });
+        let _ = std::process::Command::new("pkill")
+            .args(["-P", &pid.to_string()])
+            .status();
+        shell.kill().unwrap();
+        shell.wait().unwrap();
+        let (as_fork, otherwise) = forked.expect("the subshell is seen");
+        assert!(as_fork, "a fork of this command's shell may be a node");
+        assert!(
+            otherwise,
+            "a process with another command line than the shell's is none"
+        );
         assert!(!elsewhere, "a node of another folder is not this one's");
         assert_ne!(
             node_process_on(&state),
