@@ -17,7 +17,7 @@ pub use msg::{
 };
 pub use peer::{
     ballot, member_hash, term_round, Action, Config, Fetched, Member, Peer, PeerEvent, Persist,
-    QuietSwim, Stats, TimerKind, TimersDue,
+    Quiet, QuietSwim, Stats, TimerKind, TimersDue,
 };
 pub use replica::{entry_record, record_entry, void_place, FarmLog, Replica, StoredFarm};
 pub use stage_counts::StageCounts;

@@ -52,6 +52,14 @@ pub trait Codec<T> {
         self.encode_header(header, &mut scratch)?;
         Ok(scratch.len())
     }
+
+    /// How many bytes [`encode_member`](Self::encode_member) writes for
+    /// `member`: as [`header_len`](Self::header_len) for a header.
+    fn member_len(&mut self, member: &Member<T>) -> Result<usize, Self::Error> {
+        let mut scratch = bytes::BytesMut::new();
+        self.encode_member(member, &mut scratch)?;
+        Ok(scratch.len())
+    }
 }
 
 impl<C, T> Codec<T> for &mut C
@@ -78,5 +86,9 @@ where
 
     fn header_len(&mut self, header: &Header<T>) -> Result<usize, Self::Error> {
         C::header_len(self, header)
+    }
+
+    fn member_len(&mut self, member: &Member<T>) -> Result<usize, Self::Error> {
+        C::member_len(self, member)
     }
 }

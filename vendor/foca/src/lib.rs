@@ -198,6 +198,27 @@ pub struct Foca<T: Identity, C, RNG, B: BroadcastHandler<T>> {
 
     broadcast_handler: B,
     custom_broadcasts: Broadcasts<B::Key>,
+
+    // Feeds answered in closed form (`set_quiet_feeds`), and the last one
+    // made, for the runtime to take (`take_quiet_feed`).
+    quiet_feeds: bool,
+    quiet_feed: Option<QuietFeed<T>>,
+}
+
+/// A [`Message::Feed`] in closed form: what
+/// [`handle_data`](Foca::handle_data) would have sent in answer to an
+/// announce, not built, for a runtime that accounts for the packet itself
+/// ([`Foca::set_quiet_feeds`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuietFeed<T> {
+    /// Whom it is for.
+    pub dst: T,
+    /// The sender's incarnation, as the packet carries it.
+    pub incarnation: Incarnation,
+    /// The members it tells of, in the order the packet lists them.
+    pub members: Vec<Member<T>>,
+    /// Its size on the wire, as built.
+    pub len: usize,
 }
 
 impl<T, C, RNG> Foca<T, C, RNG, NoCustomBroadcast>
@@ -267,6 +288,8 @@ where
             send_buf: Vec::with_capacity(max_bytes),
             custom_broadcasts: Broadcasts::new(),
             broadcast_handler,
+            quiet_feeds: false,
+            quiet_feed: None,
         }
     }
 
@@ -979,6 +1002,138 @@ where
         self.incarnation
     }
 
+    /// Whether an announce is answered with its feed in closed form
+    /// ([`QuietFeed`], taken with [`take_quiet_feed`](Self::take_quiet_feed))
+    /// rather than with the packet: the members chosen by the same draws,
+    /// as many as the packet would hold, and its size counted.
+    pub const fn set_quiet_feeds(&mut self, on: bool) {
+        self.quiet_feeds = on;
+    }
+
+    /// The feed in closed form that the last announce handled was
+    /// answered with, if it was.
+    pub const fn take_quiet_feed(&mut self) -> Option<QuietFeed<T>> {
+        self.quiet_feed.take()
+    }
+
+    /// Answers an announce from `dst` with its feed as
+    /// [`send_message`](Self::send_message) would send it, but for the
+    /// packet, which is not built: the same members chosen by the same
+    /// draws, as many as fit, and the packet's size. Where there is a
+    /// custom broadcast to add, or the header leaves no room for a tally,
+    /// the packet is sent.
+    fn feed_quietly(&mut self, dst: T, mut runtime: impl Runtime<T>) -> Result<()> {
+        let header = Header {
+            src: self.identity.clone(),
+            src_incarnation: self.incarnation,
+            dst,
+            message: Message::Feed,
+        };
+        let max = self.config.max_packet_size.get();
+        let room = match self.codec.header_len(&header) {
+            Ok(len) if len < max && self.custom_broadcasts.is_empty() => max - len,
+            _ => return self.send_message(header.dst, Message::Feed, runtime),
+        };
+        if room <= 2 {
+            return self.send_message(header.dst, Message::Feed, runtime);
+        }
+        // As `send_message`: the tally, then members while they fit.
+        let mut room = room - 2;
+        let mut len = max - room;
+        self.choice_buf.clear();
+        let dst = &header.dst;
+        self.members.choose_active_members(
+            self.estimate_feed_capacity(room),
+            &mut self.choice_buf,
+            &mut self.rng,
+            |member| member != dst,
+        );
+        let mut members = Vec::with_capacity(self.choice_buf.len());
+        while let Some(chosen) = self.choice_buf.pop() {
+            match self.codec.member_len(&chosen) {
+                Ok(n) if n <= room => {
+                    room -= n;
+                    len += n;
+                    members.push(chosen);
+                }
+                _ => break,
+            }
+        }
+        #[cfg(feature = "unstable-notifications")]
+        runtime.notify(Notification::DataSent(&header));
+        #[cfg(not(feature = "unstable-notifications"))]
+        let _ = &mut runtime;
+        self.quiet_feed = Some(QuietFeed {
+            dst: header.dst,
+            incarnation: header.src_incarnation,
+            members,
+            len,
+        });
+        Ok(())
+    }
+
+    /// Whether a feed from `from` at `incarnation` telling of `members`
+    /// would change nothing here, as [`handle_data`](Self::handle_data)
+    /// takes it: from an active member known at that incarnation
+    /// ([`knows_active`](Self::knows_active)), and each member it tells of
+    /// known here as that very identity at a state and incarnation that
+    /// win over or equal the feed's.
+    pub fn takes_nothing_from_feed(
+        &self,
+        from: &T,
+        incarnation: Incarnation,
+        members: &[Member<T>],
+    ) -> bool {
+        self.knows_active(from, incarnation)
+            && members.iter().all(|m| {
+                self.members
+                    .get(&m.id().addr())
+                    .is_some_and(|known| known.takes_nothing_from(m))
+            })
+    }
+
+    /// A feed in closed form from `from` at `incarnation`, taken as
+    /// [`handle_data`](Self::handle_data) takes the packet where it would
+    /// change nothing ([`takes_nothing_from_feed`](Self::takes_nothing_from_feed)).
+    pub fn quiet_feed_in(
+        &mut self,
+        from: &T,
+        incarnation: Incarnation,
+        mut runtime: impl Runtime<T>,
+    ) {
+        #[cfg(feature = "unstable-notifications")]
+        runtime.notify(Notification::DataReceived(&Header {
+            src: from.clone(),
+            src_incarnation: incarnation,
+            dst: self.identity.clone(),
+            message: Message::Feed,
+        }));
+        #[cfg(not(feature = "unstable-notifications"))]
+        let _ = (from, incarnation, &mut runtime);
+    }
+
+    /// The packet a [`QuietFeed`] from this instance stands for, as
+    /// `send_message` would have built it, for a runtime that must deliver
+    /// it after all.
+    pub fn quiet_feed_packet(
+        &mut self,
+        header: &Header<T>,
+        members: &[Member<T>],
+    ) -> Result<Vec<u8>> {
+        let mut buf = Vec::with_capacity(self.config.max_packet_size.get());
+        self.codec
+            .encode_header(header, &mut buf)
+            .map_err(|e| Error::Encode(Box::new(e)))?;
+        let tally = u16::try_from(members.len()).map_err(|e| Error::Encode(Box::new(e)))?;
+        buf.put_u16(tally);
+        for m in members {
+            self.codec
+                .encode_member(m, &mut buf)
+                .map_err(|e| Error::Encode(Box::new(e)))?;
+        }
+        Ok(buf)
+    }
+
     /// The packet `header` makes where its sender has nothing to tell
     /// ([`nothing_to_tell`](Self::nothing_to_tell)): the bytes foca would
     /// send for it then, built for a runtime that accounted for a quiet
@@ -1293,6 +1448,7 @@ where
                     tracing::trace!("Unexpected ForwardedAck sender");
                 }
             }
+            Message::Announce if self.quiet_feeds => self.feed_quietly(src, runtime)?,
             Message::Announce => self.send_message(src, Message::Feed, runtime)?,
             Message::TurnUndead => {
                 #[cfg(feature = "tracing")]
@@ -3095,6 +3251,130 @@ mod tests {
     /// the same members probed in the same order over several
     /// reshuffles, the same probe numbers, the same packet sizes, and
     /// the same draws left in its random number generator.
+    #[test]
+    fn quiet_feeds_go_as_stepped_ones() {
+        let members = 12u8;
+        let make = || {
+            let mut foca = Foca::new(ID::new(1), config(), rng(), codec());
+            let mut runtime = AccumulatingRuntime::new();
+            for smallid in 2..(members + 2) {
+                foca.apply(Member::alive(ID::new(smallid)), &mut runtime)
+                    .expect("infallible");
+            }
+            while foca.updates_backlog() > 0 {
+                foca.gossip(&mut runtime).expect("infallible");
+            }
+            foca
+        };
+        // What the runtime was asked, but for packets.
+        let asked = |runtime: &mut AccumulatingRuntime<ID>| {
+            let mut asked = Vec::new();
+            while let Some(t) = runtime.to_schedule() {
+                asked.push(alloc::format!("{t:?}"));
+            }
+            while let Some(n) = runtime.to_notify() {
+                asked.push(alloc::format!("{n:?}"));
+            }
+            asked
+        };
+        let (mut stepped, mut quiet) = (make(), make());
+        quiet.set_quiet_feeds(true);
+        // A member that knows every one of them, as the feeds tell it.
+        let mut other = Foca::new(ID::new(2), config(), rng(), codec());
+        let mut runtime = AccumulatingRuntime::new();
+        for smallid in (1..(members + 2)).filter(|&i| i != 2) {
+            other
+                .apply(Member::alive(ID::new(smallid)), &mut runtime)
+                .expect("infallible");
+        }
+        let inc = Incarnation::default();
+        for round in 0..6 {
+            let announce = Header {
+                src: ID::new(2),
+                src_incarnation: inc,
+                dst: ID::new(1),
+                message: Message::Announce,
+            };
+            let announce = encode((announce, Vec::new()));
+            let mut runtime = AccumulatingRuntime::new();
+            assert_eq!(Ok(()), stepped.handle_data(&announce, &mut runtime));
+            let (to, feed) = runtime.to_send().expect("a feed");
+            assert_eq!(to, ID::new(2));
+            let (header, listed) = decode(&feed[..]);
+            assert_eq!(header.message, Message::Feed);
+            assert_eq!(
+                listed.len(),
+                usize::from(members) - 1,
+                "all but the announcer"
+            );
+            let stepped_asked = asked(&mut runtime);
+
+            assert_eq!(Ok(()), quiet.handle_data(&announce, &mut runtime));
+            assert!(runtime.to_send().is_none(), "round {round}: nothing built");
+            let f = quiet.take_quiet_feed().expect("a feed in closed form");
+            assert_eq!((f.dst, f.incarnation), (ID::new(2), header.src_incarnation));
+            assert_eq!(
+                f.members, listed,
+                "round {round}: the same members, in order"
+            );
+            let built = quiet.quiet_feed_packet(&header, &f.members);
+            assert_eq!(built, Ok(feed.to_vec()), "round {round}");
+            assert_eq!(f.len, feed.len(), "round {round}");
+            assert_eq!(asked(&mut runtime), stepped_asked, "round {round}");
+            assert!(quiet.take_quiet_feed().is_none(), "taken once");
+
+            // Its receiver knows them all: the packet changes nothing there,
+            // and the closed form asks of the runtime what the packet does.
+            assert!(other.takes_nothing_from_feed(&ID::new(1), inc, &f.members));
+            let mut received = AccumulatingRuntime::new();
+            assert_eq!(Ok(()), other.handle_data(&feed, &mut received));
+            assert!(received.to_send().is_none());
+            let packet_asked = asked(&mut received);
+            other.quiet_feed_in(&ID::new(1), inc, &mut received);
+            assert_eq!(asked(&mut received), packet_asked, "round {round}");
+        }
+        // What the feeds drew left both alike: the member order, and the
+        // next probe goes the same.
+        let order = |f: &Foca<ID, BadCodec, SmallRng, NoCustomBroadcast>| {
+            f.iter_members().map(|m| *m.id()).collect::<Vec<_>>()
+        };
+        assert_eq!(order(&stepped), order(&quiet));
+        let mut a = AccumulatingRuntime::new();
+        let mut b = AccumulatingRuntime::new();
+        let t = Timer::ProbeRandomMember(stepped.timer_token());
+        assert_eq!(Ok(()), stepped.handle_timer(t, &mut a));
+        let t = Timer::ProbeRandomMember(quiet.timer_token());
+        assert_eq!(Ok(()), quiet.handle_timer(t, &mut b));
+        let (pinged, quiet_pinged) = (a.to_send(), b.to_send());
+        assert!(pinged.is_some());
+        assert_eq!(pinged, quiet_pinged);
+
+        // A member it does not know, or knows at an older incarnation or a
+        // milder state, is news: the packet is taken as a packet.
+        let known = Member::alive(ID::new(3));
+        let told = |m: Member<ID>| alloc::vec![known.clone(), m];
+        assert!(other.takes_nothing_from_feed(&ID::new(1), inc, &told(Member::alive(ID::new(4)))));
+        assert!(!other.takes_nothing_from_feed(
+            &ID::new(1),
+            inc,
+            &told(Member::alive(ID::new(99)))
+        ));
+        assert!(!other.takes_nothing_from_feed(
+            &ID::new(1),
+            inc,
+            &told(Member::new(ID::new(4), 1, State::Alive))
+        ));
+        assert!(!other.takes_nothing_from_feed(
+            &ID::new(1),
+            inc,
+            &told(Member::suspect(ID::new(4)))
+        ));
+        assert!(
+            !other.takes_nothing_from_feed(&ID::new(99), inc, &[known]),
+            "from a sender it does not know"
+        );
+    }
+
     #[test]
     fn quiet_probes_go_as_stepped_ones() {
         let members = 5u8;

@@ -116,6 +116,16 @@ impl<T> Member<T> {
         }
     }
 
+    /// Whether applying `update` to this member would change nothing:
+    /// the same identity, at a state and incarnation that do not win over
+    /// this one's.
+    pub(crate) fn takes_nothing_from(&self, update: &Member<T>) -> bool
+    where
+        T: PartialEq,
+    {
+        self.id == update.id && !self.can_change(update.incarnation, update.state)
+    }
+
     const fn can_change(&self, other_incarnation: Incarnation, other: State) -> bool {
         // This implements the order of preference of the Suspicion subprotocol
         // outlined on section 4.2 of the paper.

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::super::msg::*;
-pub use super::membership::QuietSwim;
+pub use super::membership::{Quiet, QuietSwim};
 use crate::alloc::book::{AllocBook, BatchOp};
 use crate::engine::{self, KillReason, TaskRecord};
 use crate::farm::TaskRef;

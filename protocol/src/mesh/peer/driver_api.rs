@@ -507,7 +507,7 @@ impl Peer {
         // to come this millisecond), or a promised beat whose report went
         // and which the next input fires (a poll now would forget it).
         let fired = self.node.members.promise().is_some_and(|p| p.at <= now);
-        if q.ping || fired || self.due_by(now) {
+        if !q.is_ack() || fired || self.due_by(now) {
             return false;
         }
         let taken = self.node.members.quiet_swim_in(now, q, &mut self.out);

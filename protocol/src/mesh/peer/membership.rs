@@ -44,7 +44,7 @@ use super::Config;
 use crate::engine::Millis;
 use crate::resources::Resources;
 use crate::wire::PROTOCOL_VERSION;
-pub use quiet::QuietSwim;
+pub use quiet::{Quiet, QuietSwim};
 
 impl Identity for Ident {
     type Addr = NodeId;
@@ -590,9 +590,7 @@ impl Membership {
 
     /// A SWIM packet from the network; a malformed one is dropped.
     pub(super) fn handle_swim(&mut self, now: Millis, data: &[u8], out: &mut Out) {
-        // A packet from an old life, of another mesh, or garbled: nothing
-        // to do (SWIM expects loss).
-        let _ = self.swim.handle_data(data, &mut self.rt);
+        self.swim_data(data);
         self.drain(now, out);
     }
 

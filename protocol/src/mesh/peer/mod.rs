@@ -87,7 +87,7 @@ use crate::observe::{Latencies, Latency};
 use crate::resources::Resources;
 use crate::wire::PROTOCOL_VERSION;
 
-pub use action::{Action, Fetched, PeerEvent, Persist, QuietSwim};
+pub use action::{Action, Fetched, PeerEvent, Persist, Quiet, QuietSwim};
 pub use config::Config;
 pub use due::{TimerKind, TimersDue};
 pub use election::{ballot, term_round};

@@ -43,6 +43,11 @@ where
         postcard::serialize_with_flavor(header, postcard::ser_flavors::Size::default())
     }
 
+    /// Counted as [`header_len`](Self::header_len) counts a header.
+    fn member_len(&mut self, member: &Member<T>) -> Result<usize, Self::Error> {
+        postcard::serialize_with_flavor(member, postcard::ser_flavors::Size::default())
+    }
+
     fn decode_member(&mut self, mut buf: impl Buf) -> Result<Member<T>, Self::Error> {
         let remaining = buf.remaining();
         debug_assert_eq!(remaining, buf.chunk().len());
@@ -166,6 +171,8 @@ mod test {
                 .expect("room enough");
             assert_eq!(out[..3], [1, 2, 3]);
             assert_eq!(out[3..], want[..], "{len} bytes of identity");
+            let counted = Codec::<String>::member_len(&mut PostcardCodec, &member);
+            assert_eq!(counted, Ok(want.len()), "{len} bytes of identity");
 
             // One byte short of room: an error, and what was there kept.
             let mut short = Vec::new();

@@ -1,4 +1,4 @@
-//! SWIM's quiet probe round in closed form: a probe started, answered and acknowledged as its packets would be, with none built, for the simulator (`Config::quiet_swim`), which must leave each node as stepping the packets would.
+//! SWIM's quiet round in closed form: a probe started, answered and acknowledged, and an announce's feed, as their packets would be, with none built, for the simulator (`Config::quiet_swim`), which must leave each node as stepping the packets would.
 //!
 //! A packet is quiet where it carries nothing but itself: its sender has
 //! nothing to gossip, and its receiver knows the sender active at the
@@ -14,7 +14,8 @@ use foca::Header;
 
 use super::*;
 
-/// A ping or an ack that carries nothing but itself, not built.
+/// A ping, an ack or a feed that carries nothing its receiver would not
+/// know, not built.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QuietSwim {
     /// Who sent it.
@@ -23,12 +24,21 @@ pub struct QuietSwim {
     pub incarnation: u16,
     /// Whom it is for.
     pub to: Ident,
-    /// A ping; else the ack of one.
-    pub ping: bool,
-    /// The probe's number.
-    pub number: u8,
+    /// What it is.
+    pub packet: Quiet,
     /// Its size on the wire, as built.
     pub len: usize,
+}
+
+/// Which packet a [`QuietSwim`] stands for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Quiet {
+    /// A probe's ping, with the probe's number.
+    Ping(u8),
+    /// The ack of a probe's ping.
+    Ack(u8),
+    /// The answer to an announce: the members it lists, in order.
+    Feed(Vec<RosterEntry>),
 }
 
 impl QuietSwim {
@@ -37,12 +47,17 @@ impl QuietSwim {
             src: self.from.clone(),
             src_incarnation: self.incarnation,
             dst: self.to.clone(),
-            message: if self.ping {
-                Message::Ping(self.number)
-            } else {
-                Message::Ack(self.number)
+            message: match self.packet {
+                Quiet::Ping(n) => Message::Ping(n),
+                Quiet::Ack(n) => Message::Ack(n),
+                Quiet::Feed(_) => Message::Feed,
             },
         }
+    }
+
+    /// An ack of a probe.
+    pub fn is_ack(&self) -> bool {
+        matches!(self.packet, Quiet::Ack(_))
     }
 }
 
@@ -63,19 +78,39 @@ impl Membership {
         }
         let at = self.rt.to_send.len();
         if let Some((to, number)) = self.swim.quiet_probe(&mut self.rt) {
-            let ping = self.quiet_packet_to(to, true, number);
+            let ping = self.quiet_packet_to(to, Quiet::Ping(number));
             self.rt.quiet = Some((at, ping));
         }
     }
 
-    /// A quiet packet of this node's to `to`, its size counted.
-    fn quiet_packet_to(&mut self, to: Ident, ping: bool, number: u8) -> QuietSwim {
+    /// SWIM takes a packet; an announce is answered with its feed in
+    /// closed form where no other closed packet waits in this step.
+    pub(super) fn swim_data(&mut self, data: &[u8]) {
+        self.swim
+            .set_quiet_feeds(self.quiet_swim && self.rt.quiet.is_none());
+        let at = self.rt.to_send.len();
+        // A packet from an old life, of another mesh, or garbled: nothing
+        // to do (SWIM expects loss).
+        let _ = self.swim.handle_data(data, &mut self.rt);
+        if let Some(feed) = self.swim.take_quiet_feed() {
+            let q = QuietSwim {
+                from: self.swim.identity().clone(),
+                incarnation: feed.incarnation,
+                to: feed.dst,
+                packet: Quiet::Feed(feed.members),
+                len: feed.len,
+            };
+            self.rt.quiet = Some((at, q));
+        }
+    }
+
+    /// A quiet ping or ack of this node's to `to`, its size counted.
+    fn quiet_packet_to(&mut self, to: Ident, packet: Quiet) -> QuietSwim {
         let mut q = QuietSwim {
             from: self.swim.identity().clone(),
             incarnation: self.swim.incarnation(),
             to,
-            ping,
-            number,
+            packet,
             len: 0,
         };
         // Never fails: foca encoded these identities before.
@@ -88,8 +123,16 @@ impl Membership {
     /// the incarnation it carries, with nothing to tell back.
     pub(in crate::mesh::peer) fn takes_quietly(&self, q: &QuietSwim) -> bool {
         q.to == *self.swim.identity()
-            && self.swim.nothing_to_tell()
-            && self.swim.knows_active(&q.from, q.incarnation)
+            && match &q.packet {
+                Quiet::Ping(_) | Quiet::Ack(_) => {
+                    self.swim.nothing_to_tell() && self.swim.knows_active(&q.from, q.incarnation)
+                }
+                // Answered by nothing: this node's own news stays to tell.
+                Quiet::Feed(members) => {
+                    self.swim
+                        .takes_nothing_from_feed(&q.from, q.incarnation, members)
+                }
+            }
     }
 
     /// `q` reaches this node at `now` and is taken as
@@ -105,14 +148,20 @@ impl Membership {
         if !self.takes_quietly(q) {
             return false;
         }
-        if q.ping {
-            self.swim
-                .quiet_answer(&q.from, q.incarnation, q.number, &mut self.rt);
-            let ack = self.quiet_packet_to(q.from.clone(), false, q.number);
-            self.rt.quiet = Some((self.rt.to_send.len(), ack));
-        } else {
-            self.swim
-                .quiet_ack(&q.from, q.incarnation, q.number, &mut self.rt);
+        match q.packet {
+            Quiet::Ping(number) => {
+                self.swim
+                    .quiet_answer(&q.from, q.incarnation, number, &mut self.rt);
+                let ack = self.quiet_packet_to(q.from.clone(), Quiet::Ack(number));
+                self.rt.quiet = Some((self.rt.to_send.len(), ack));
+            }
+            Quiet::Ack(number) => {
+                self.swim
+                    .quiet_ack(&q.from, q.incarnation, number, &mut self.rt);
+            }
+            Quiet::Feed(_) => self
+                .swim
+                .quiet_feed_in(&q.from, q.incarnation, &mut self.rt),
         }
         self.drain(now, out);
         true
@@ -120,6 +169,10 @@ impl Membership {
 
     /// The packet `q` stands for: the bytes SWIM would have sent.
     pub(in crate::mesh::peer) fn packet(&mut self, q: &QuietSwim) -> Vec<u8> {
-        self.swim.quiet_packet(&q.header()).unwrap_or_default()
+        let built = match &q.packet {
+            Quiet::Feed(members) => self.swim.quiet_feed_packet(&q.header(), members),
+            Quiet::Ping(_) | Quiet::Ack(_) => self.swim.quiet_packet(&q.header()),
+        };
+        built.unwrap_or_default()
     }
 }

@@ -283,18 +283,18 @@ type Sent = (Millis, u64, u64, Vec<u8>);
 /// `run`, with SWIM's quiet packets in closed form where `quiet`; each
 /// packet delivered, in the order it was sent, logged as (when, from,
 /// to, bytes), one in closed form as the bytes it stands for. Also how
-/// many were taken in closed form.
+/// many were taken in closed form, and how many of those were feeds.
 fn run_logged(
     from: Millis,
     to: Millis,
     nodes: &mut [&mut (Membership, Out)],
     quiet: bool,
-) -> (Vec<Sent>, u64) {
+) -> (Vec<Sent>, u64, u64) {
     for (m, _) in nodes.iter_mut() {
         m.set_quiet_swim(quiet);
     }
     let mut log = Vec::new();
-    let mut closed = 0;
+    let (mut closed, mut feeds) = (0, 0);
     let mut now = from;
     while now <= to {
         for (m, out) in nodes.iter_mut() {
@@ -321,7 +321,10 @@ fn run_logged(
                 };
                 let (m, out) = &mut *nodes[j];
                 match q {
-                    Some(q) if m.quiet_swim_in(now, &q, out) => closed += 1,
+                    Some(q) if m.quiet_swim_in(now, &q, out) => {
+                        closed += 1;
+                        feeds += u64::from(matches!(q.packet, Quiet::Feed(_)));
+                    }
                     _ => m.handle_swim(now, &bytes, out),
                 }
             }
@@ -329,7 +332,7 @@ fn run_logged(
         let next = nodes.iter().filter_map(|(m, _)| m.next_timer()).min();
         now = next.map_or(to + 1, |t| t.max(now + 1));
     }
-    (log, closed)
+    (log, closed, feeds)
 }
 
 /// All a node's SWIM state that a later step reads, but foca's own
@@ -348,22 +351,24 @@ fn probe_rounds_in_closed_form_leave_the_nodes_as_their_packets_do() {
     let mut stepped = formed();
     let mut quiet = formed();
     // Both the same mesh: every join told, nothing left to gossip. The
-    // closed form takes over probes from then on, through the periodic
-    // announces (built packets), which go with them.
+    // closed form takes over probes from then on, and the feeds that
+    // answer the periodic announces (built packets).
     for set in [&mut stepped, &mut quiet] {
         let [a, b, c] = set;
         run(5_000, 30_000, &mut [a, b, c], None);
     }
     let [a, b, c] = &mut stepped;
-    let (stepped_log, none) = run_logged(30_001, 70_000, &mut [a, b, c], false);
+    let (stepped_log, none, _) = run_logged(30_001, 70_000, &mut [a, b, c], false);
     let [x, y, z] = &mut quiet;
-    let (quiet_log, closed) = run_logged(30_001, 70_000, &mut [x, y, z], true);
+    let (quiet_log, closed, feeds) = run_logged(30_001, 70_000, &mut [x, y, z], true);
     assert_eq!(none, 0);
-    // A probe a second each, its ping and its ack, all in closed form.
+    // A probe a second each, its ping and its ack, all in closed form;
+    // an announce every 10 s each, its feed too.
     assert!(
         closed >= 2 * 3 * 39,
         "{closed} packets taken in closed form"
     );
+    assert!(feeds >= 3 * 3, "{feeds} feeds taken in closed form");
     assert_eq!(stepped_log.len(), quiet_log.len());
     for (s, q) in stepped_log.iter().zip(&quiet_log) {
         assert_eq!(s, q);
@@ -374,8 +379,8 @@ fn probe_rounds_in_closed_form_leave_the_nodes_as_their_packets_do() {
     // Stepped on, both send the same: foca's draws and its member cursor
     // were left as the packets left them.
     let [a, b, c] = &mut stepped;
-    let (stepped_on, _) = run_logged(70_001, 80_000, &mut [a, b, c], false);
+    let (stepped_on, _, _) = run_logged(70_001, 80_000, &mut [a, b, c], false);
     let [x, y, z] = &mut quiet;
-    let (quiet_on, _) = run_logged(70_001, 80_000, &mut [x, y, z], false);
+    let (quiet_on, _, _) = run_logged(70_001, 80_000, &mut [x, y, z], false);
     assert_eq!(stepped_on, quiet_on);
 }
