@@ -401,6 +401,9 @@ struct Sim<'a> {
     /// skipped.
     acks_when_sent: bool,
     acks_taken: u64,
+    /// Quiet pings answered at their arrival without a step (the same
+    /// runs as `acks_when_sent`).
+    pings_answered: u64,
 }
 
 impl<'a> Sim<'a> {
@@ -479,6 +482,7 @@ impl<'a> Sim<'a> {
             reports_sent: 0,
             acks_when_sent: !cfg.step && !faults && cfg.introduce.is_empty(),
             acks_taken: 0,
+            pings_answered: 0,
             batch: batch::Batch::new(cfg),
             plan,
         }
@@ -1408,6 +1412,7 @@ impl<'a> Sim<'a> {
                 skipped: stats.quiet_timers,
                 reports_sent: self.reports_sent,
                 acks_when_sent: self.acks_taken,
+                pings_answered: self.pings_answered,
                 ..self.upkeep.report()
             },
             events_per_sec: self.events as f64 / wall_s.max(1e-9),

@@ -164,6 +164,10 @@ pub struct Upkeep {
     /// them).
     #[serde(default)]
     pub acks_when_sent: u64,
+    /// Membership pings in closed form answered at their arrival without
+    /// a step of their receiver (the same runs).
+    #[serde(default)]
+    pub pings_answered: u64,
 }
 
 impl Upkeep {
@@ -202,6 +206,14 @@ impl Upkeep {
         } else {
             String::new()
         };
+        let pings = if self.pings_answered > 0 {
+            format!(
+                "{} membership pings answered at their arrival, with no step; ",
+                self.pings_answered
+            )
+        } else {
+            String::new()
+        };
         let share = |n: u64| 100.0 * n as f64 / self.events as f64;
         let sources: Vec<String> = self
             .by_source
@@ -210,7 +222,7 @@ impl Upkeep {
             .map(|(s, n)| format!("{s} {:.0}%", share(*n)))
             .collect();
         format!(
-            "{skipped}{reported}{acks}stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
+            "{skipped}{reported}{acks}{pings}stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
              changes, in {} quiet stretches of {} on average (longest {}; {:.0}% of the upkeep \
              in stretches of a second or more): {}; none of these has an exact skip yet\n",
             100.0 * self.events as f64 / self.of.max(1) as f64,

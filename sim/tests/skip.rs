@@ -30,6 +30,11 @@ fn same_both_ways(cfg: &SimConfig) -> (u64, u64, SimReport) {
         "{}: stepping takes each ack at its arrival",
         cfg.name
     );
+    assert_eq!(
+        stepping.upkeep.pings_answered, 0,
+        "{}: stepping answers each ping in a step",
+        cfg.name
+    );
     if skipped != stepped {
         // The first field that differs, not two reports of thousands of lines.
         let (a, b) = (format!("{skipped:#?}"), format!("{stepped:#?}"));
@@ -168,7 +173,8 @@ fn a_probers_ack_is_taken_when_sent_where_nothing_can_come_between() {
     // SWIM's ack of a quiet probe reaches its prober a few milliseconds
     // after it is sent; where nothing can be lost, cut off or stalled on
     // the way, the prober takes it when it is sent, without a step of its
-    // own. Ten nodes probe once a second each.
+    // own, and the probed node answers the ping at its arrival without
+    // the rest of a step. Ten nodes probe once a second each.
     let cfg = SimConfig::simple(3, 10, "cpu=2", 80, "uniform:1m..4m");
     let (_, _, r) = same_both_ways(&cfg);
     let (taken, probes) = (r.upkeep.acks_when_sent, r.makespan / 1000 * 10);
@@ -176,9 +182,16 @@ fn a_probers_ack_is_taken_when_sent_where_nothing_can_come_between() {
         taken * 10 > probes * 8,
         "{taken} acks taken when sent, over {probes} probes in the farm alone"
     );
-    // Where a message may be lost, each ack waits for its arrival.
+    let answered = r.upkeep.pings_answered;
+    assert!(
+        answered * 10 > probes * 8,
+        "{answered} pings answered without a step, over {probes} probes"
+    );
+    // Where a message may be lost, each ack waits for its arrival, and
+    // each ping is answered in its step.
     let mut lossy = cfg.clone();
     lossy.loss = 0.01;
     let (_, _, r) = same_both_ways(&lossy);
     assert_eq!(r.upkeep.acks_when_sent, 0, "lossy links");
+    assert_eq!(r.upkeep.pings_answered, 0, "lossy links");
 }

@@ -109,6 +109,24 @@ impl Sim<'_> {
             let msg = Box::new(Msg::Swim(peer.quiet_packet(&q)));
             return self.arrived(to, gen, from as u32, msg);
         }
+        if self.acks_when_sent && q.is_ping() {
+            // Answered without the rest of a step: its ack goes out as the
+            // step would send it, and the node's wake stands.
+            let peer = self.nodes[to].peer.as_mut().expect("up");
+            if peer.answer_quiet_ping(now, &q) {
+                self.pings_answered += 1;
+                let mut acts = std::mem::take(&mut self.actions);
+                peer.take_actions(&mut acts);
+                for a in acts.drain(..) {
+                    match a {
+                        Action::QuietSwim(ack) => self.send_quiet(to, ack),
+                        other => unreachable!("a quiet ping's answer asks only its ack: {other:?}"),
+                    }
+                }
+                self.actions = acts;
+                return Ok(());
+            }
+        }
         let from = self.nodes[from].id;
         self.step(to, |p| {
             p.handle_quiet_swim(now, from, &q);

@@ -111,6 +111,7 @@ impl Tally {
             skipped: 0,
             reports_sent: 0,
             acks_when_sent: 0,
+            pings_answered: 0,
         }
     }
 }

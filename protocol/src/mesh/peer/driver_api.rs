@@ -515,6 +515,23 @@ impl Peer {
         taken
     }
 
+    /// A ping in closed form ([`Action::QuietSwim`]) answered at its
+    /// arrival without the rest of a step, for a driver that sends what
+    /// the answer asks (the ack, among this node's actions) and keeps this
+    /// node's wake as it was: answering a quiet ping sets no timer and
+    /// changes nothing a poll reads. False, and nothing changed, where
+    /// the step would do more than answer: a timer due (its wake has yet
+    /// to come this millisecond), a promised beat whose report went and
+    /// which this input would fire, a message of its own waiting, or a
+    /// ping that cannot be taken quietly.
+    pub fn answer_quiet_ping(&mut self, now: Millis, q: &QuietSwim) -> bool {
+        let fired = self.node.members.promise().is_some_and(|p| p.at <= now);
+        if !q.is_ping() || fired || !self.out.inbox.is_empty() || self.due_by(now) {
+            return false;
+        }
+        self.node.members.quiet_swim_in(now, q, &mut self.out)
+    }
+
     /// The membership packet `q` stands for, as SWIM would have built it.
     pub fn quiet_packet(&mut self, q: &QuietSwim) -> Vec<u8> {
         self.node.members.packet(q)

@@ -59,6 +59,11 @@ impl QuietSwim {
     pub fn is_ack(&self) -> bool {
         matches!(self.packet, Quiet::Ack(_))
     }
+
+    /// A probe's ping.
+    pub fn is_ping(&self) -> bool {
+        matches!(self.packet, Quiet::Ping(_))
+    }
 }
 
 impl Membership {
