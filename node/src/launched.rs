@@ -271,10 +271,14 @@ mod tests {
         // the test's own before its exec).
         let forked = (0..200).find_map(|_| {
             std::thread::sleep(std::time::Duration::from_millis(10));
-            let kids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
-            let kid: u32 = kids.split_whitespace().next()?.parse().ok()?;
+            // Found by its parent, as `/proc/*/task/*/children` is not
+            // in every kernel.
+            let dir = std::fs::read_dir("/proc")
+                .ok()?
+                .flatten()
+                .find(|p| parent_of(&p.path()) == Some(pid))?
+                .path();
             let line = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let dir = PathBuf::from(format!("/proc/{kid}"));
             let as_fork = matches!(node_state(&dir, Some(&(pid, line))), Some(Seen::Exec));
             let otherwise = node_state(&dir, Some(&(pid, b"zsh\0".to_vec()))).is_none();
             Some((as_fork, otherwise))
