@@ -66,31 +66,33 @@ enum Seen {
     Exec,
 }
 
+/// What `/proc/<pid>/stat` says of a process: its pid, its state and its
+/// parent.
+struct Stat {
+    pid: u32,
+    state: char,
+    ppid: u32,
+}
+
+fn stat_of(proc_dir: &Path) -> Option<Stat> {
+    let stat = std::fs::read_to_string(proc_dir.join("stat")).ok()?;
+    // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
+    let (head, after) = stat.rsplit_once(')')?;
+    let mut fields = after.split_whitespace();
+    Some(Stat {
+        pid: head.split_whitespace().next()?.parse().ok()?,
+        state: fields.next()?.chars().next()?,
+        ppid: fields.next()?.parse().ok()?,
+    })
+}
+
 /// Whether the process at `/proc/<pid>` shows no arguments while it is
 /// neither a kernel thread (its parent `kthreadd`, pid 2) nor a zombie:
 /// one in the middle of an exec.
 fn in_exec(proc_dir: &Path) -> bool {
-    let Ok(stat) = std::fs::read_to_string(proc_dir.join("stat")) else {
-        return false;
-    };
-    // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
-    let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return false;
-    };
-    let mut fields = after.split_whitespace();
-    let (state, ppid) = (fields.next(), fields.next());
-    let pid = stat.split_whitespace().next();
-    !matches!(state, Some("Z" | "X" | "x"))
-        && ppid != Some("2")
-        && ppid != Some("0")
-        && pid != Some("2")
-}
-
-/// The parent's pid in `/proc/<pid>/stat`.
-fn parent_of(proc_dir: &Path) -> Option<u32> {
-    let stat = std::fs::read_to_string(proc_dir.join("stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(1)?.parse().ok()
+    stat_of(proc_dir).is_some_and(|s| {
+        !matches!(s.state, 'Z' | 'X' | 'x') && s.ppid != 2 && s.ppid != 0 && s.pid != 2
+    })
 }
 
 /// The state folder of the process at `/proc/<pid>` if it is a mesh node,
@@ -105,7 +107,9 @@ fn node_state(proc_dir: &Path, shell: Option<&(u32, Vec<u8>)>) -> Option<Seen> {
     if cmdline.is_empty() {
         return in_exec(proc_dir).then_some(Seen::Exec);
     }
-    if shell.is_some_and(|(pid, line)| *line == cmdline && parent_of(proc_dir) == Some(*pid)) {
+    if shell.is_some_and(|(pid, line)| {
+        *line == cmdline && stat_of(proc_dir).is_some_and(|s| s.ppid == *pid)
+    }) {
         return Some(Seen::Exec);
     }
     let args: Vec<OsString> = cmdline
@@ -210,34 +214,8 @@ mod tests {
         // A stand-in with a node's command line, `mesh -s -- --state-dir
         // DIR node`: a shell that `exec -a` names `mesh`, reading what it
         // runs (a sleep, then more, so it stays this process) from its input.
-        let mut child = std::process::Command::new("bash")
-            .arg("-c")
-            .arg(format!(
-                "exec -a mesh bash -s -- --state-dir {} node <<< 'sleep 10; :'",
-                state.display()
-            ))
-            .spawn()
-            .unwrap();
-        let found = (0..200).any(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            node_process_on(&state) == Launch::Node
-        });
-        let elsewhere = node_process_on(&other) == Launch::Node;
-        child.kill().unwrap();
-        child.wait().unwrap();
-        assert!(found, "the node process of this folder is found");
-        // A command run under another name than `mesh` (an install named
-        // `mesh-0.9`) finds its node started under that same name; a
-        // process under a name that is neither is no node.
-        let ours = std::env::args_os().next().unwrap();
-        let ours = Path::new(&ours)
-            .file_name()
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_string();
-        assert_ne!(ours, "mesh");
-        let named = |name: &str| {
+        // Whether it is found, and found as a node of another folder.
+        let started = |name: &str| {
             let mut child = std::process::Command::new("bash")
                 .arg("-c")
                 .arg(format!(
@@ -250,15 +228,33 @@ mod tests {
                 std::thread::sleep(std::time::Duration::from_millis(10));
                 node_process_on(&state) == Launch::Node
             });
+            let elsewhere = node_process_on(&other) == Launch::Node;
             child.kill().unwrap();
             child.wait().unwrap();
-            found
+            (found, elsewhere)
         };
+        let (found, elsewhere) = started("mesh");
+        assert!(found, "the node process of this folder is found");
+        assert!(!elsewhere, "a node of another folder is not this one's");
+        // A command run under another name than `mesh` (an install named
+        // `mesh-0.9`) finds its node started under that same name; a
+        // process under a name that is neither is no node.
+        let ours = std::env::args_os().next().unwrap();
+        let ours = Path::new(&ours)
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert_ne!(ours, "mesh");
         assert!(
-            named(&ours),
+            started(&ours).0,
             "a node under this command's own name is found"
         );
-        assert!(!named("mash"), "a process under another name is no node");
+        assert!(
+            !started("mash").0,
+            "a process under another name is no node"
+        );
         // `mesh node &` forked by a shell that has not exec'd yet shows the
         // shell's own command line: a subshell that stays a fork stands in.
         let mut shell = std::process::Command::new("bash")
@@ -276,7 +272,7 @@ mod tests {
             let dir = std::fs::read_dir("/proc")
                 .ok()?
                 .flatten()
-                .find(|p| parent_of(&p.path()) == Some(pid))?
+                .find(|p| stat_of(&p.path()).is_some_and(|s| s.ppid == pid))?
                 .path();
             let line = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             let as_fork = matches!(node_state(&dir, Some(&(pid, line))), Some(Seen::Exec));
@@ -294,7 +290,6 @@ mod tests {
             otherwise,
             "a process with another command line than the shell's is none"
         );
-        assert!(!elsewhere, "a node of another folder is not this one's");
         assert_ne!(
             node_process_on(&state),
             Launch::Node,
