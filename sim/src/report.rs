@@ -189,31 +189,27 @@ impl Upkeep {
         } else {
             String::new()
         };
-        let reported = if self.reports_sent > 0 {
-            format!(
-                "{} workers' reports sent for them, their heartbeats having nothing else to \
-                 do, with no wake; ",
-                self.reports_sent
-            )
-        } else {
-            String::new()
+        // A count of what went without a wake or a step, where any did.
+        let went = |n: u64, what: &str| {
+            if n > 0 {
+                format!("{n} {what}; ")
+            } else {
+                String::new()
+            }
         };
-        let acks = if self.acks_when_sent > 0 {
-            format!(
-                "{} membership acks taken by their probers when sent, with no step; ",
-                self.acks_when_sent
-            )
-        } else {
-            String::new()
-        };
-        let pings = if self.pings_answered > 0 {
-            format!(
-                "{} membership pings answered at their arrival, with no step; ",
-                self.pings_answered
-            )
-        } else {
-            String::new()
-        };
+        let reported = went(
+            self.reports_sent,
+            "workers' reports sent for them, their heartbeats having nothing else to do, \
+             with no wake",
+        );
+        let acks = went(
+            self.acks_when_sent,
+            "membership acks taken by their probers when sent, with no step",
+        );
+        let pings = went(
+            self.pings_answered,
+            "membership pings answered at their arrival, with no step",
+        );
         let share = |n: u64| 100.0 * n as f64 / self.events as f64;
         let sources: Vec<String> = self
             .by_source

@@ -1030,15 +1030,14 @@ where
             message: Message::Feed,
         };
         let max = self.config.max_packet_size.get();
-        let room = match self.codec.header_len(&header) {
-            Ok(len) if len < max && self.custom_broadcasts.is_empty() => max - len,
+        // As `send_message`: the tally where more than its two bytes are
+        // left after the header, then members while they fit.
+        let mut room = match self.codec.header_len(&header) {
+            Ok(len) if max.saturating_sub(len) > 2 && self.custom_broadcasts.is_empty() => {
+                max - len - 2
+            }
             _ => return self.send_message(header.dst, Message::Feed, runtime),
         };
-        if room <= 2 {
-            return self.send_message(header.dst, Message::Feed, runtime);
-        }
-        // As `send_message`: the tally, then members while they fit.
-        let mut room = room - 2;
         let mut len = max - room;
         self.choice_buf.clear();
         let dst = &header.dst;

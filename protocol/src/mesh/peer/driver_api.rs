@@ -503,11 +503,8 @@ impl Peer {
     /// polls again ([`poll_promise`](Self::poll_promise)), as after the
     /// ack's step.
     pub fn take_quiet_ack(&mut self, now: Millis, q: &QuietSwim) -> bool {
-        // Nothing may wait to fire first: a timer due (its wake has yet
-        // to come this millisecond), or a promised beat whose report went
-        // and which the next input fires (a poll now would forget it).
-        let fired = self.node.members.promise().is_some_and(|p| p.at <= now);
-        if !q.is_ack() || fired || self.due_by(now) {
+        // Nothing may wait to fire first.
+        if !q.is_ack() || self.input_fires(now) {
             return false;
         }
         let taken = self.node.members.quiet_swim_in(now, q, &mut self.out);
@@ -525,11 +522,18 @@ impl Peer {
     /// which this input would fire, a message of its own waiting, or a
     /// ping that cannot be taken quietly.
     pub fn answer_quiet_ping(&mut self, now: Millis, q: &QuietSwim) -> bool {
-        let fired = self.node.members.promise().is_some_and(|p| p.at <= now);
-        if !q.is_ping() || fired || !self.out.inbox.is_empty() || self.due_by(now) {
+        if !q.is_ping() || !self.out.inbox.is_empty() || self.input_fires(now) {
             return false;
         }
         self.node.members.quiet_swim_in(now, q, &mut self.out)
+    }
+
+    /// Whether an input at `now` would fire something first: a timer due
+    /// (its wake has yet to come this millisecond), or a promised beat
+    /// whose report went (a poll now would forget it). A packet taken
+    /// without a step is taken only where nothing would.
+    fn input_fires(&self, now: Millis) -> bool {
+        self.node.members.promise().is_some_and(|p| p.at <= now) || self.due_by(now)
     }
 
     /// The membership packet `q` stands for, as SWIM would have built it.
