@@ -392,18 +392,14 @@ struct Sim<'a> {
     scripted_until: Millis,
     /// Workers' reports are sent for them, without a wake, where nothing
     /// else is due (quiet timers skipped, no node stalled or slow, whose
-    /// wakes and messages wait); and how many were.
+    /// wakes and messages wait); their coordinator takes what tells it
+    /// nothing new without a step in the same runs.
     promises: bool,
-    reports_sent: u64,
     /// A membership ack in closed form is taken when it is sent (see
     /// `send_quiet`): nothing can come between it and its arrival (no
     /// fault, no node that joins late by a dial), and quiet timers are
-    /// skipped.
+    /// skipped; quiet pings are answered at their arrival without a step.
     acks_when_sent: bool,
-    acks_taken: u64,
-    /// Quiet pings answered at their arrival without a step (the same
-    /// runs as `acks_when_sent`).
-    pings_answered: u64,
 }
 
 impl<'a> Sim<'a> {
@@ -479,10 +475,7 @@ impl<'a> Sim<'a> {
             busy_until: 0,
             scripted_until: scripted_until(cfg),
             promises: !cfg.step && cfg.stall.is_empty() && cfg.slow.is_empty(),
-            reports_sent: 0,
             acks_when_sent: !cfg.step && !faults && cfg.introduce.is_empty(),
-            acks_taken: 0,
-            pings_answered: 0,
             batch: batch::Batch::new(cfg),
             plan,
         }
@@ -1135,7 +1128,7 @@ impl<'a> Sim<'a> {
         let after = nd.after_promise.take();
         let report = nd.peer.as_ref().and_then(|p| p.promised_report(now));
         if let Some((to, msg)) = report {
-            self.reports_sent += 1;
+            self.upkeep.reports_sent += 1;
             self.send(n, to, msg);
         }
         self.set_timer(n, after);
@@ -1410,9 +1403,6 @@ impl<'a> Sim<'a> {
             events: self.events,
             upkeep: crate::report::Upkeep {
                 skipped: stats.quiet_timers,
-                reports_sent: self.reports_sent,
-                acks_when_sent: self.acks_taken,
-                pings_answered: self.pings_answered,
                 ..self.upkeep.report()
             },
             events_per_sec: self.events as f64 / wall_s.max(1e-9),

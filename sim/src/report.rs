@@ -168,6 +168,17 @@ pub struct Upkeep {
     /// a step of their receiver (the same runs).
     #[serde(default)]
     pub pings_answered: u64,
+    /// Workers' reports their coordinator answered at their arrival
+    /// without a step of its own, where the report brought nothing new
+    /// and the step would have done nothing else (runs with no stalled
+    /// or slow node; `--step` steps them).
+    #[serde(default)]
+    pub reports_answered: u64,
+    /// Workers' lists of the claims they hold taken by their coordinator
+    /// at their arrival without a step, where each listed claim was the
+    /// one it recorded (the same runs).
+    #[serde(default)]
+    pub claims_taken: u64,
 }
 
 impl Upkeep {
@@ -210,6 +221,14 @@ impl Upkeep {
             self.pings_answered,
             "membership pings answered at their arrival, with no step",
         );
+        let answered = went(
+            self.reports_answered,
+            "workers' reports answered by their coordinator at their arrival, with no step",
+        );
+        let claims = went(
+            self.claims_taken,
+            "workers' lists of claims taken by their coordinator at their arrival, with no step",
+        );
         let share = |n: u64| 100.0 * n as f64 / self.events as f64;
         let sources: Vec<String> = self
             .by_source
@@ -218,7 +237,7 @@ impl Upkeep {
             .map(|(s, n)| format!("{s} {:.0}%", share(*n)))
             .collect();
         format!(
-            "{skipped}{reported}{acks}{pings}stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
+            "{skipped}{reported}{acks}{pings}{answered}{claims}stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
              changes, in {} quiet stretches of {} on average (longest {}; {:.0}% of the upkeep \
              in stretches of a second or more): {}; none of these has an exact skip yet\n",
             100.0 * self.events as f64 / self.of.max(1) as f64,

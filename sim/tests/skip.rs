@@ -35,6 +35,12 @@ fn same_both_ways(cfg: &SimConfig) -> (u64, u64, SimReport) {
         "{}: stepping answers each ping in a step",
         cfg.name
     );
+    assert_eq!(
+        stepping.upkeep.reports_answered + stepping.upkeep.claims_taken,
+        0,
+        "{}: stepping takes each report and list of claims in a step",
+        cfg.name
+    );
     if skipped != stepped {
         // The first field that differs, not two reports of thousands of lines.
         let (a, b) = (format!("{skipped:#?}"), format!("{stepped:#?}"));
@@ -194,4 +200,39 @@ fn a_probers_ack_is_taken_when_sent_where_nothing_can_come_between() {
     let (_, _, r) = same_both_ways(&lossy);
     assert_eq!(r.upkeep.acks_when_sent, 0, "lossy links");
     assert_eq!(r.upkeep.pings_answered, 0, "lossy links");
+}
+
+#[test]
+fn a_coordinator_takes_what_tells_it_nothing_new_without_a_step() {
+    // While every slot is busy, each of nine workers reports twice a
+    // second (its coordinator answers) and lists the claims it holds once
+    // a second; neither tells the coordinator anything it did not know,
+    // and the step around them would do nothing else: both are taken at
+    // their arrival without one, the report's answer sent as the step
+    // would send it. Stepped, every one is a step; the same report.
+    let cfg = SimConfig::simple(2, 10, "cpu=2", 80, "uniform:1m..4m");
+    let (_, _, r) = same_both_ways(&cfg);
+    let seconds = r.makespan / 1000;
+    let (answered, claims) = (r.upkeep.reports_answered, r.upkeep.claims_taken);
+    assert!(
+        answered > seconds * 9 * 2 * 6 / 10,
+        "{answered} reports answered without a step in {seconds} s of nine workers"
+    );
+    assert!(
+        claims > seconds * 9 * 6 / 10,
+        "{claims} lists of claims taken without a step in {seconds} s of nine workers"
+    );
+    // A node that is stalled a while takes each in a step.
+    let mut stalled = cfg.clone();
+    stalled.stall.push(mesh_sim::scenario::StallSpec {
+        node: 3,
+        from_ms: 40_000,
+        until_ms: 42_000,
+    });
+    let (_, _, r) = same_both_ways(&stalled);
+    assert_eq!(
+        r.upkeep.reports_answered + r.upkeep.claims_taken,
+        0,
+        "a stalled node"
+    );
 }

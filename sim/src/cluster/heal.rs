@@ -47,6 +47,30 @@ impl Sim<'_> {
             }
         }
         let from = self.nodes[from as usize].id;
+        let quiet_kind = matches!(*msg, Msg::Beat(_) | Msg::Claimed { .. });
+        if self.promises && quiet_kind && self.nodes[to].waiting.is_empty() {
+            // A worker's report or list of claims that tells its
+            // coordinator nothing new, where the step would do nothing
+            // else: taken without it, the answer (to a report) sent as
+            // the step would send it, the wake standing.
+            let peer = self.nodes[to].peer.as_mut().expect("up");
+            if peer.take_quiet_message(now, from, &msg) {
+                match *msg {
+                    Msg::Beat(_) => self.upkeep.reports_answered += 1,
+                    _ => self.upkeep.claims += 1,
+                }
+                let mut acts = std::mem::take(&mut self.actions);
+                peer.take_actions(&mut acts);
+                for a in acts.drain(..) {
+                    match a {
+                        Action::Send { to: worker, msg } => self.send(to, worker, msg),
+                        other => unreachable!("a quiet report's answer is a beat: {other:?}"),
+                    }
+                }
+                self.actions = acts;
+                return Ok(());
+            }
+        }
         self.step(to, |p| p.handle_message(now, from, *msg))
     }
 
@@ -74,7 +98,7 @@ impl Sim<'_> {
                 .as_mut()
                 .is_some_and(|p| p.take_quiet_ack(now, &q));
             if taken {
-                self.acks_taken += 1;
+                self.upkeep.acks += 1;
                 self.next_wake(to);
                 return;
             }
@@ -114,7 +138,7 @@ impl Sim<'_> {
             // step would send it, and the node's wake stands.
             let peer = self.nodes[to].peer.as_mut().expect("up");
             if peer.answer_quiet_ping(now, &q) {
-                self.pings_answered += 1;
+                self.upkeep.pings += 1;
                 let mut acts = std::mem::take(&mut self.actions);
                 peer.take_actions(&mut acts);
                 for a in acts.drain(..) {

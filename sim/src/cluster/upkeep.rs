@@ -34,6 +34,17 @@ pub(super) struct Tally {
     stretch_ms: u64,
     longest_ms: u64,
     in_long: u64,
+    /// What went without a wake or a step: workers' reports sent for them
+    /// at their heartbeat (`Sim::promises`); membership acks taken by
+    /// their probers when sent and quiet pings answered at their arrival
+    /// (`Sim::acks_when_sent`); workers' reports their coordinator
+    /// answered, and lists of claims it took, at their arrival
+    /// (`Peer::take_quiet_message`, where `promises`).
+    pub(super) reports_sent: u64,
+    pub(super) acks: u64,
+    pub(super) pings: u64,
+    pub(super) reports_answered: u64,
+    pub(super) claims: u64,
 }
 
 /// A stretch this long or longer is one a skip could gain on: shorter
@@ -52,6 +63,11 @@ impl Default for Tally {
             stretch_ms: 0,
             longest_ms: 0,
             in_long: 0,
+            reports_sent: 0,
+            acks: 0,
+            pings: 0,
+            reports_answered: 0,
+            claims: 0,
         }
     }
 }
@@ -109,9 +125,11 @@ impl Tally {
             longest_ms: self.longest_ms,
             in_long_stretches: self.in_long,
             skipped: 0,
-            reports_sent: 0,
-            acks_when_sent: 0,
-            pings_answered: 0,
+            reports_sent: self.reports_sent,
+            acks_when_sent: self.acks,
+            pings_answered: self.pings,
+            reports_answered: self.reports_answered,
+            claims_taken: self.claims,
         }
     }
 }

@@ -528,6 +528,77 @@ impl Peer {
         self.node.members.quiet_swim_in(now, q, &mut self.out)
     }
 
+    /// A worker's message to this node, its coordinator, that tells it
+    /// nothing new, taken at its arrival without the rest of a step, for
+    /// a driver that sends what it asks (among this node's actions) and
+    /// keeps this node's wake; false, and nothing changed, anywhere else.
+    /// Two such messages make most of a long farm's traffic while every
+    /// slot is busy:
+    ///
+    /// - a report ([`Msg::Beat`] asking for the answer) from a member
+    ///   heard before with the resources it had and running the stages
+    ///   it ran, following this node in its term and holding tasks:
+    ///   heard as a step hears it, this node's beat the answer;
+    /// - a list of the claims a worker holds ([`Msg::Claimed`]), each of
+    ///   them this coordinator's record of that worker's claims, and no
+    ///   more than it records: nothing to adopt or give up, no answer.
+    ///
+    /// The step around it must do nothing else (`steps_quietly`). Taking
+    /// either sets no timer and changes nothing a poll reads.
+    pub fn take_quiet_message(&mut self, now: Millis, from: NodeId, msg: &Msg) -> bool {
+        let me = self.node.id;
+        let Some(c) = self.coord.as_ref() else {
+            return false;
+        };
+        let election = &self.node.election;
+        let quiet = from != me
+            && election.coordinator() == Some(me)
+            && match msg {
+                Msg::Beat(b) => {
+                    b.version == PROTOCOL_VERSION
+                        && b.ask
+                        && !b.idle
+                        && b.coordinator == Some(me)
+                        && b.term == election.term()
+                        && self.steal.is_empty()
+                        && self.node.members.hears_again(from, b)
+                }
+                Msg::Claimed { tasks, .. } => c.lists_nothing_new(from, tasks),
+                _ => false,
+            };
+        if !quiet || !self.steps_quietly(now) {
+            return false;
+        }
+        self.woke(now);
+        if let Msg::Beat(b) = msg {
+            on_members::beat_heard(&mut self.roles(), now, from, b.clone());
+        }
+        debug_assert!(
+            self.out.inbox.is_empty() && !self.node.members.has_news(),
+            "a quiet message brings nothing to handle in a step"
+        );
+        true
+    }
+
+    /// Whether a step at `now` would do nothing but handle its message:
+    /// no timer due, no message of its own waiting, no silence of its
+    /// own to recover from, no member's news or change of whom it
+    /// watches, no report of its own to send, and as coordinator nothing
+    /// to place, drain or sync (`Coord::steps_quietly`).
+    fn steps_quietly(&self, now: Millis) -> bool {
+        if !self.out.inbox.is_empty()
+            || self.input_fires(now)
+            || self.silent_since(now).is_some()
+            || !self.worker.sends_nothing()
+            || !self.coord.as_ref().is_none_or(Coord::steps_quietly)
+            || self.node.members.has_news()
+        {
+            return false;
+        }
+        let watch = on_members::watch(&self.node, self.clock.max(now));
+        !self.node.members.watch_changed(watch)
+    }
+
     /// Whether an input at `now` would fire something first: a timer due
     /// (its wake has yet to come this millisecond), or a promised beat
     /// whose report went (a poll now would forget it). A packet taken

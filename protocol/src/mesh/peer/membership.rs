@@ -1041,6 +1041,17 @@ impl Membership {
         self.gone.get(&id).copied()
     }
 
+    /// Whether `beat` from `from` says nothing its last one here did not:
+    /// heard `Again` (a member, with the same resources), running the
+    /// same stages (what the coordinator's counts split by).
+    pub(super) fn hears_again(&self, from: NodeId, beat: &Beat) -> bool {
+        self.member_set.contains(&from)
+            && self
+                .told
+                .get(&from)
+                .is_some_and(|h| h.beat.total == beat.total && h.beat.started == beat.started)
+    }
+
     /// A member's beat, sent to this node.
     pub(super) fn heard(&mut self, now: Millis, from: NodeId, beat: Arc<Beat>) -> Heard {
         let was = self.member_set.contains(&from);

@@ -206,17 +206,23 @@ impl Peer {
     /// mesh over).
     pub(super) fn woke(&mut self, now: Millis) {
         self.clock = self.clock.max(now);
+        let Some(last_beat) = self.silent_since(now) else {
+            return;
+        };
+        self.node.members.refresh(now, self.node.cfg.heartbeat_ms);
+        self.worker
+            .give_back_silent(now - last_beat, &mut self.out, self.node.election.leader());
+    }
+
+    /// The heartbeat before this node's silence, where an input at `now`
+    /// finds it silent for half the death timeout or more (see `woke`).
+    pub(super) fn silent_since(&self, now: Millis) -> Option<Millis> {
         let last_beat = self
             .node
             .members
             .next_beat()
             .saturating_sub(self.node.cfg.heartbeat_ms);
-        if now <= last_beat + self.node.cfg.dead_after_ms / 2 {
-            return;
-        }
-        self.node.members.refresh(now, self.node.cfg.heartbeat_ms);
-        self.worker
-            .give_back_silent(now - last_beat, &mut self.out, self.node.election.leader());
+        (now > last_beat + self.node.cfg.dead_after_ms / 2).then_some(last_beat)
     }
 
     // ----- the message loop -----

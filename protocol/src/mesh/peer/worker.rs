@@ -782,6 +782,12 @@ impl Worker {
         }
     }
 
+    /// Whether a step's `send_reports` and `persist_unacked` would do
+    /// nothing: no report to send, no unacknowledged one changed.
+    pub(super) fn sends_nothing(&self) -> bool {
+        self.reports_out.is_empty() && self.unacked_dirty.is_empty()
+    }
+
     /// What changed among the unacknowledged results, made durable.
     pub(super) fn persist_unacked(&mut self, out: &mut Out) {
         if self.unacked_dirty.is_empty() {

@@ -895,6 +895,23 @@ impl Coord {
         self.settle.as_ref().map(|(until, _)| *until)
     }
 
+    /// Whether a step that brings this coordinator nothing (no work, no
+    /// member, no claim or report) would leave it as it was: nothing the
+    /// engine decided to drain, no machines to hand it, no settling to
+    /// end, nothing to place (the backlog as the last placing left it,
+    /// and no node that may take more of it), nothing to stream to a
+    /// holder outside a progress round.
+    pub(super) fn steps_quietly(&self) -> bool {
+        let backlog = self.engine.backlog();
+        !self.engine.has_actions()
+            && !self.machines_dirty
+            && self.settle.is_none()
+            && self.awaited.is_empty()
+            && backlog == self.last_backlog
+            && (backlog == 0 || self.hungry.is_empty())
+            && self.syncs_nothing()
+    }
+
     /// Still waiting to hear what the members hold (and the copies
     /// `awaited`) before placing work.
     pub(super) fn settling(&mut self, now: Millis) -> bool {
@@ -977,6 +994,25 @@ impl Coord {
             self.unload(from, &req);
             self.engine.unclaim(now, s, t, a);
         }
+    }
+
+    /// Whether `from`'s list of what it holds would change nothing here:
+    /// every task on it a claim of `from`'s in this very attempt, and no
+    /// claim recorded for it that the list leaves out (the common case
+    /// of `on_claims_listed`), with nothing waiting on its word (no
+    /// settling, nothing it listed before its farm came, no early report).
+    pub(super) fn lists_nothing_new(&self, from: NodeId, tasks: &[Assigned]) -> bool {
+        self.settle.is_none()
+            && self.reports_early.is_empty()
+            && !self.held_early.contains_key(&from)
+            && self.load.get(&from).is_none_or(|(_, k)| *k <= tasks.len())
+            && tasks.iter().all(|a| {
+                self.farms.get(&a.farm).is_some_and(|f| {
+                    self.claims
+                        .get(&(f.slot, a.task))
+                        .is_some_and(|(owner, attempt, _)| *owner == from && *attempt == a.attempt)
+                })
+            })
     }
 
     /// Whether `from` holds the claim on `a` now: it did, or the engine,

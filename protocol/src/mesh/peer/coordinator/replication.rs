@@ -693,6 +693,26 @@ impl Coord {
         }
     }
 
+    /// Whether [`sync_holders`](Self::sync_holders) outside a progress
+    /// round would send nothing and change nothing now: no farm to sync
+    /// soon, no holder a batch behind, and every settled farm's counts
+    /// and entries already out. The counts it reads are those the last
+    /// step's sync refreshed: only a step changes the engine, and every
+    /// step ends with a sync.
+    pub(in super::super) fn syncs_nothing(&self) -> bool {
+        self.farms.values().all(|f| {
+            let len = f.log.len();
+            let counts = f.shown.sum();
+            !f.sync_soon
+                && f.holders
+                    .iter()
+                    .all(|h| len.saturating_sub(h.sent) < SYNC_BATCH as u64)
+                && (!counts.finished()
+                    || f.counts_sent.as_ref() == Some(counts)
+                        && f.holders.iter().all(|h| h.sent >= len))
+        })
+    }
+
     /// A holder has every entry before `next` durably.
     pub(in super::super) fn on_synced(&mut self, acked: SyncAcked, cx: &Node, out: &mut Out) {
         let SyncAcked {
