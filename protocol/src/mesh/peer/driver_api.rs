@@ -604,7 +604,19 @@ impl Peer {
     /// whose report went (a poll now would forget it). A packet taken
     /// without a step is taken only where nothing would.
     fn input_fires(&self, now: Millis) -> bool {
-        self.node.members.promise().is_some_and(|p| p.at <= now) || self.due_by(now)
+        self.node.members.promise().is_some_and(|p| p.at <= now) || self.due_by_polled(now)
+    }
+
+    /// Whether a timer is due by `now`, from the wake `poll_promise` last
+    /// answered where it stands (see `polled`), else by looking.
+    fn due_by_polled(&self, now: Millis) -> bool {
+        match self.polled {
+            Some(wake) => {
+                debug_assert_eq!(wake <= now, self.due_by(now), "a wake polled at {wake}");
+                wake <= now
+            }
+            None => self.due_by(now),
+        }
     }
 
     /// The membership packet `q` stands for, as SWIM would have built it.
@@ -626,13 +638,8 @@ impl Peer {
     /// whether it was woken for a timer that would have done nothing
     /// (`fire_quiet_beats` and `Membership::fire_quiet` fire those here).
     pub(super) fn due_first(&mut self, now: Millis) {
-        let due = match self.polled.take() {
-            Some(wake) => {
-                debug_assert_eq!(wake <= now, self.due_by(now), "a wake polled at {wake}");
-                wake <= now
-            }
-            None => self.due_by(now),
-        };
+        let due = self.due_by_polled(now);
+        self.polled = None;
         if due {
             self.handle_timeout(now);
         } else {
