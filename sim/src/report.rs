@@ -179,6 +179,11 @@ pub struct Upkeep {
     /// one it recorded (the same runs).
     #[serde(default)]
     pub claims_taken: u64,
+    /// Coordinators' answers taken by their workers at their arrival
+    /// without a step, where the answer told nothing new and the step
+    /// would have done nothing else (the same runs).
+    #[serde(default)]
+    pub answers_taken: u64,
 }
 
 impl Upkeep {
@@ -229,6 +234,10 @@ impl Upkeep {
             self.claims_taken,
             "workers' lists of claims taken by their coordinator at their arrival, with no step",
         );
+        let answers = went(
+            self.answers_taken,
+            "coordinators' answers taken by their workers at their arrival, with no step",
+        );
         let share = |n: u64| 100.0 * n as f64 / self.events as f64;
         let sources: Vec<String> = self
             .by_source
@@ -237,7 +246,7 @@ impl Upkeep {
             .map(|(s, n)| format!("{s} {:.0}%", share(*n)))
             .collect();
         format!(
-            "{skipped}{reported}{acks}{pings}{answered}{claims}stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
+            "{skipped}{reported}{acks}{pings}{answered}{claims}{answers}stepped, not skipped: {:.1}% of the farm's events were the mesh's upkeep between \
              changes, in {} quiet stretches of {} on average (longest {}; {:.0}% of the upkeep \
              in stretches of a second or more): {}; none of these has an exact skip yet\n",
             100.0 * self.events as f64 / self.of.max(1) as f64,

@@ -36,7 +36,9 @@ fn same_both_ways(cfg: &SimConfig) -> (u64, u64, SimReport) {
         cfg.name
     );
     assert_eq!(
-        stepping.upkeep.reports_answered + stepping.upkeep.claims_taken,
+        stepping.upkeep.reports_answered
+            + stepping.upkeep.claims_taken
+            + stepping.upkeep.answers_taken,
         0,
         "{}: stepping takes each report and list of claims in a step",
         cfg.name
@@ -207,9 +209,10 @@ fn a_coordinator_takes_what_tells_it_nothing_new_without_a_step() {
     // While every slot is busy, each of nine workers reports twice a
     // second (its coordinator answers) and lists the claims it holds once
     // a second; neither tells the coordinator anything it did not know,
-    // and the step around them would do nothing else: both are taken at
-    // their arrival without one, the report's answer sent as the step
-    // would send it. Stepped, every one is a step; the same report.
+    // nor the answer the worker, and the step around them would do
+    // nothing else: all are taken at their arrival without one, the
+    // report's answer sent as the step would send it. Stepped, every one
+    // is a step; the same report.
     let cfg = SimConfig::simple(2, 10, "cpu=2", 80, "uniform:1m..4m");
     let (_, _, r) = same_both_ways(&cfg);
     let seconds = r.makespan / 1000;
@@ -222,6 +225,11 @@ fn a_coordinator_takes_what_tells_it_nothing_new_without_a_step() {
         claims > seconds * 9 * 6 / 10,
         "{claims} lists of claims taken without a step in {seconds} s of nine workers"
     );
+    let answers = r.upkeep.answers_taken;
+    assert!(
+        answers > seconds * 9 * 2 * 6 / 10,
+        "{answers} answers taken by their workers without a step in {seconds} s of nine workers"
+    );
     // A node that is stalled a while takes each in a step.
     let mut stalled = cfg.clone();
     stalled.stall.push(mesh_sim::scenario::StallSpec {
@@ -230,9 +238,6 @@ fn a_coordinator_takes_what_tells_it_nothing_new_without_a_step() {
         until_ms: 42_000,
     });
     let (_, _, r) = same_both_ways(&stalled);
-    assert_eq!(
-        r.upkeep.reports_answered + r.upkeep.claims_taken,
-        0,
-        "a stalled node"
-    );
+    let unstepped = r.upkeep.reports_answered + r.upkeep.claims_taken + r.upkeep.answers_taken;
+    assert_eq!(unstepped, 0, "a stalled node");
 }

@@ -50,26 +50,41 @@ impl Sim<'_> {
         let quiet_kind = matches!(*msg, Msg::Beat(_) | Msg::Claimed { .. });
         if self.promises && quiet_kind && self.nodes[to].waiting.is_empty() {
             // A worker's report or list of claims that tells its
-            // coordinator nothing new, where the step would do nothing
-            // else: taken without it, the answer (to a report) sent as
-            // the step would send it, the wake standing.
+            // coordinator nothing new, or the coordinator's answer that
+            // tells its worker nothing new, where the step would do
+            // nothing else: taken without it, what it asks sent as the
+            // step would send it; the coordinator's wake stands, the
+            // worker's is polled again, as after its step.
             let peer = self.nodes[to].peer.as_mut().expect("up");
-            if peer.take_quiet_message(now, from, &msg) {
+            let polls = if peer.take_quiet_message(now, from, &msg) {
                 match *msg {
                     Msg::Beat(_) => self.upkeep.reports_answered += 1,
                     _ => self.upkeep.claims += 1,
                 }
-                let mut acts = std::mem::take(&mut self.actions);
-                peer.take_actions(&mut acts);
-                for a in acts.drain(..) {
-                    match a {
-                        Action::Send { to: worker, msg } => self.send(to, worker, msg),
-                        other => unreachable!("a quiet report's answer is a beat: {other:?}"),
-                    }
+                false
+            } else if peer.take_quiet_answer(now, from, &msg) {
+                self.upkeep.answers += 1;
+                true
+            } else {
+                return self.step(to, |p| p.handle_message(now, from, *msg));
+            };
+            let mut acts = std::mem::take(&mut self.actions);
+            self.nodes[to]
+                .peer
+                .as_mut()
+                .expect("up")
+                .take_actions(&mut acts);
+            for a in acts.drain(..) {
+                match a {
+                    Action::Send { to: peer, msg } => self.send(to, peer, msg),
+                    other => unreachable!("a quiet beat asks only messages: {other:?}"),
                 }
-                self.actions = acts;
-                return Ok(());
             }
+            self.actions = acts;
+            if polls {
+                self.next_wake(to);
+            }
+            return Ok(());
         }
         self.step(to, |p| p.handle_message(now, from, *msg))
     }

@@ -39,12 +39,14 @@ pub(super) struct Tally {
     /// their probers when sent and quiet pings answered at their arrival
     /// (`Sim::acks_when_sent`); workers' reports their coordinator
     /// answered, and lists of claims it took, at their arrival
-    /// (`Peer::take_quiet_message`, where `promises`).
+    /// (`Peer::take_quiet_message`, where `promises`), and its answers
+    /// their workers took (`Peer::take_quiet_answer`).
     pub(super) reports_sent: u64,
     pub(super) acks: u64,
     pub(super) pings: u64,
     pub(super) reports_answered: u64,
     pub(super) claims: u64,
+    pub(super) answers: u64,
 }
 
 /// A stretch this long or longer is one a skip could gain on: shorter
@@ -68,6 +70,7 @@ impl Default for Tally {
             pings: 0,
             reports_answered: 0,
             claims: 0,
+            answers: 0,
         }
     }
 }
@@ -130,6 +133,7 @@ impl Tally {
             pings_answered: self.pings,
             reports_answered: self.reports_answered,
             claims_taken: self.claims,
+            answers_taken: self.answers,
         }
     }
 }

@@ -566,7 +566,7 @@ impl Peer {
                 Msg::Claimed { tasks, .. } => c.lists_nothing_new(from, tasks),
                 _ => false,
             };
-        if !quiet || !self.steps_quietly(now) {
+        if !quiet || self.input_fires(now) || !self.steps_quietly(now) {
             return false;
         }
         self.woke(now);
@@ -580,14 +580,50 @@ impl Peer {
         true
     }
 
-    /// Whether a step at `now` would do nothing but handle its message:
-    /// no timer due, no message of its own waiting, no silence of its
-    /// own to recover from, no member's news or change of whom it
+    /// The coordinator's answer to this node's report ([`Msg::Beat`]) taken
+    /// at its arrival without the rest of a step, for a driver that sends
+    /// what hearing it asks (a steal it starts, a roster it asks for) and
+    /// then polls this node again, as after the step: where the answer
+    /// tells nothing new of its sender (heard before, with the resources
+    /// and running stages it had, coordinating this node's term) and the
+    /// step around it would do nothing but fire what an input fires first
+    /// (the beat whose report went, quiet timers): nothing due, no message
+    /// of its own waiting, no silence of its own, no member's news or
+    /// change of whom it watches, no report of its own, no coordinator
+    /// role. Heard as the step hears it; false, and nothing changed,
+    /// anywhere else.
+    pub fn take_quiet_answer(&mut self, now: Millis, from: NodeId, msg: &Msg) -> bool {
+        let Msg::Beat(b) = msg else {
+            return false;
+        };
+        let election = &self.node.election;
+        let quiet = self.coord.is_none()
+            && b.version == PROTOCOL_VERSION
+            && from != self.node.id
+            && !b.ask
+            && b.coordinator == Some(from)
+            && election.coordinator() == Some(from)
+            && b.term == election.term()
+            && self.node.members.hears_again(from, b);
+        if !quiet || self.due_by_polled(now) || !self.steps_quietly(now) {
+            return false;
+        }
+        self.due_first(now);
+        on_members::beat_heard(&mut self.roles(), now, from, b.clone());
+        debug_assert!(
+            self.out.inbox.is_empty() && !self.node.members.has_news(),
+            "a quiet answer brings nothing to handle in a step"
+        );
+        true
+    }
+
+    /// Whether a step at `now` would do nothing but fire what an input
+    /// fires first and handle its message: no message of its own waiting,
+    /// no silence of its own to recover from, no member's news or change of whom it
     /// watches, no report of its own to send, and as coordinator nothing
     /// to place, drain or sync (`Coord::steps_quietly`).
     fn steps_quietly(&self, now: Millis) -> bool {
         if !self.out.inbox.is_empty()
-            || self.input_fires(now)
             || self.silent_since(now).is_some()
             || !self.worker.sends_nothing()
             || !self.coord.as_ref().is_none_or(Coord::steps_quietly)
