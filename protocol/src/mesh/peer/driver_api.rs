@@ -546,26 +546,20 @@ impl Peer {
     /// The step around it must do nothing else (`steps_quietly`). Taking
     /// either sets no timer and changes nothing a poll reads.
     pub fn take_quiet_message(&mut self, now: Millis, from: NodeId, msg: &Msg) -> bool {
-        let me = self.node.id;
         let Some(c) = self.coord.as_ref() else {
             return false;
         };
-        let election = &self.node.election;
-        let quiet = from != me
-            && election.coordinator() == Some(me)
-            && match msg {
-                Msg::Beat(b) => {
-                    b.version == PROTOCOL_VERSION
-                        && b.ask
-                        && !b.idle
-                        && b.coordinator == Some(me)
-                        && b.term == election.term()
-                        && self.steal.is_empty()
-                        && self.node.members.hears_again(from, b)
-                }
-                Msg::Claimed { tasks, .. } => c.lists_nothing_new(from, tasks),
-                _ => false,
-            };
+        let quiet = match msg {
+            Msg::Beat(b) => {
+                b.ask && !b.idle && self.steal.is_empty() && self.beat_tells_nothing(from, b)
+            }
+            Msg::Claimed { tasks, .. } => {
+                from != self.node.id
+                    && self.node.election.coordinator() == Some(self.node.id)
+                    && c.lists_nothing_new(from, tasks)
+            }
+            _ => false,
+        };
         if !quiet || self.input_fires(now) || !self.steps_quietly(now) {
             return false;
         }
@@ -596,15 +590,7 @@ impl Peer {
         let Msg::Beat(b) = msg else {
             return false;
         };
-        let election = &self.node.election;
-        let quiet = self.coord.is_none()
-            && b.version == PROTOCOL_VERSION
-            && from != self.node.id
-            && !b.ask
-            && b.coordinator == Some(from)
-            && election.coordinator() == Some(from)
-            && b.term == election.term()
-            && self.node.members.hears_again(from, b);
+        let quiet = self.coord.is_none() && !b.ask && self.beat_tells_nothing(from, b);
         if !quiet || self.due_by_polled(now) || !self.steps_quietly(now) {
             return false;
         }
@@ -615,6 +601,23 @@ impl Peer {
             "a quiet answer brings nothing to handle in a step"
         );
         true
+    }
+
+    /// Whether `b` from `from` is a beat of the quiet exchange that tells
+    /// this node nothing new: a worker's report asking for the answer, or
+    /// its coordinator's answer, between this node and a member heard
+    /// before with the resources and running stages it had, both
+    /// following the same coordinator (the one of the two that does not
+    /// ask) in this node's term.
+    fn beat_tells_nothing(&self, from: NodeId, b: &Beat) -> bool {
+        let (me, election) = (self.node.id, &self.node.election);
+        let coordinator = if b.ask { me } else { from };
+        b.version == PROTOCOL_VERSION
+            && from != me
+            && b.coordinator == Some(coordinator)
+            && election.coordinator() == Some(coordinator)
+            && b.term == election.term()
+            && self.node.members.hears_again(from, b)
     }
 
     /// Whether a step at `now` would do nothing but fire what an input
