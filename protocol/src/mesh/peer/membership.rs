@@ -851,9 +851,11 @@ impl Membership {
         if let Some((_, q)) = quiet {
             out.quiet_swim(q);
         }
-        let timers = std::mem::take(&mut self.rt.to_schedule);
+        // Taken for the loop and given back empty: nearly every drain sets
+        // a timer, and a vector left without room grows anew at each.
+        let mut timers = std::mem::take(&mut self.rt.to_schedule);
         let fired = self.gossip_fired.take();
-        for (after, timer) in timers {
+        for (after, timer) in timers.drain(..) {
             self.timer_seq += 1;
             let gossip = matches!(timer, Timer::PeriodicGossip(_));
             let at = match fired {
