@@ -344,10 +344,13 @@ pub struct Beat {
     pub term: u64,
     /// Who holds that term, when the node knows.
     pub coordinator: Option<NodeId>,
-    /// The resources the node offers its tasks.
-    pub total: Resources,
+    /// The resources the node offers its tasks. Shared, as `used`,
+    /// `started` and `victims` are: a node beats several times a second
+    /// with the same values, built once and counted, not copied, into
+    /// each beat (the wire carries them as plain values).
+    pub total: Arc<Resources>,
     /// Resources held by running tasks.
-    pub used: Resources,
+    pub used: Arc<Resources>,
     /// Tasks assigned here and not started: what a thief may take.
     pub queued: u32,
     /// Tasks running on it now.
@@ -355,7 +358,7 @@ pub struct Beat {
     /// Of those, how many of each farm's stage, at most [`STARTED_MAX`]
     /// stages (the most started first): the coordinator tells a farm's
     /// tasks running from those only sent ahead (`Counts::queued_on_nodes`).
-    pub started: Vec<Started>,
+    pub started: Arc<[Started]>,
     /// On the coordinator: tasks ready and not yet handed to anyone.
     pub backlog: u64,
     /// How many tasks this node wants queued beyond what it runs (its
@@ -375,7 +378,7 @@ pub struct Beat {
     /// beats a second).
     pub interval_ms: u64,
     /// From the coordinator: the members with the most tasks queued.
-    pub victims: Vec<Victim>,
+    pub victims: Arc<[Victim]>,
     /// A digest of the members the sender's SWIM has alive (itself
     /// included): a worker whose digest stays unlike its coordinator's
     /// asks for its roster (see `Roster`).

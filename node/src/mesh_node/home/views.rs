@@ -259,7 +259,7 @@ impl Home {
                 .mesh
                 .node_beats()
                 .into_iter()
-                .map(|(_, b)| b.total.clone())
+                .map(|(_, b)| (*b.total).clone())
                 .collect(),
             _ => return,
         };

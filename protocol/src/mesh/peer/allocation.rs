@@ -58,7 +58,7 @@ pub(super) fn tick(cx: &mut Coordinating, now: Millis) -> bool {
     let due = allocs.to_plan(now);
     if !due.is_empty() {
         let nodes: Vec<Resources> = std::iter::once(worker.total().clone())
-            .chain(members.iter().map(|m| m.beat().total.clone()))
+            .chain(members.iter().map(|m| (*m.beat().total).clone()))
             .collect();
         let (stages, requests) = coord.stages_left(&nodes);
         let work = WorkLeft {
@@ -178,7 +178,7 @@ pub(super) fn resend(
 /// come for the work, so it is not failed as unplaceable).
 pub(super) fn machines(allocs: &Allocs, own: &Resources, members: &Membership) -> Vec<Resources> {
     std::iter::once(own.clone())
-        .chain(members.iter().map(|m| m.beat().total.clone()))
+        .chain(members.iter().map(|m| (*m.beat().total).clone()))
         .chain(
             allocs
                 .book()

@@ -37,7 +37,7 @@ impl Peer {
                 next_ask: now,
             },
             said: Said {
-                victims: Vec::new(),
+                victims: Arc::new([]),
                 files_max: 0,
                 gpus: Vec::new(),
                 machine: None,

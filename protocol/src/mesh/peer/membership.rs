@@ -27,7 +27,7 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::{NonZeroU32, NonZeroU8, NonZeroUsize};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use foca::{Foca, Identity, Message, NoCustomBroadcast, Notification, OwnedNotification};
@@ -104,7 +104,7 @@ impl<'a> Member<'a> {
     /// Its last beat to this node, or, for a member known only by SWIM, an
     /// empty one: no resources, following no one.
     pub fn beat(&self) -> &'a Beat {
-        self.heard.map_or(&NO_BEAT, |h| &h.beat)
+        self.heard.map_or(&*NO_BEAT, |h| &h.beat)
     }
 
     /// Its last beat, shared (an empty one for a member known only by SWIM).
@@ -874,6 +874,7 @@ impl Membership {
             };
             self.timers.insert((at, !gossip, self.timer_seq), timer);
         }
+        self.rt.to_schedule = timers;
         self.weigh_health();
         let notes = std::mem::take(&mut self.rt.notes);
         if !notes.is_empty() {
@@ -1063,7 +1064,7 @@ impl Membership {
         }
         let resized = match self.told.get(&from) {
             Some(h) => h.beat.total != beat.total,
-            None => beat.total != Resources::EMPTY,
+            None => *beat.total != Resources::EMPTY,
         };
         let told = BeatRecord {
             beat,
@@ -1378,7 +1379,7 @@ pub(super) fn report_interval(cfg: &Config, size: usize) -> Millis {
 
 /// The beat of a member known only by SWIM: nothing of its resources or
 /// whom it follows until it says so itself.
-static NO_BEAT: Beat = Beat {
+static NO_BEAT: LazyLock<Beat> = LazyLock::new(|| Beat {
     roster: 0,
     health: 0,
     late_cores: 0,
@@ -1394,11 +1395,11 @@ static NO_BEAT: Beat = Beat {
     addrs: Vec::new(),
     term: 0,
     coordinator: None,
-    total: Resources::EMPTY,
-    used: Resources::EMPTY,
+    total: Arc::new(Resources::EMPTY),
+    used: Arc::new(Resources::EMPTY),
     queued: 0,
     running: 0,
-    started: Vec::new(),
+    started: Arc::new([]),
     backlog: 0,
     prefetch: 0,
     job: None,
@@ -1406,8 +1407,8 @@ static NO_BEAT: Beat = Beat {
     allocs: (0, 0),
     ask: false,
     interval_ms: 0,
-    victims: Vec::new(),
-};
+    victims: Arc::new([]),
+});
 
 mod quiet;
 #[cfg(test)]

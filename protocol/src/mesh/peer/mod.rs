@@ -182,7 +182,7 @@ struct Kept {
 struct Said {
     /// On the coordinator: the members with the most tasks queued, as
     /// of the last look at the members, told to every worker it answers.
-    victims: Vec<Victim>,
+    victims: Arc<[Victim]>,
     /// This node's open-file limit, as its driver says (0: not known).
     files_max: u64,
     /// This node's GPUs (id, model), as its driver found them.

@@ -1,6 +1,11 @@
 //! Membership and election as they reach the other roles, one function per event (a beat heard, members up or dead, a coordinator followed or elected), each over the roles it borrows.
 
+use std::sync::LazyLock;
+
 use super::*;
+
+/// A worker's beat names no victims: one empty list, shared.
+static NO_VICTIMS: LazyLock<Arc<[Victim]>> = LazyLock::new(|| Arc::new([]));
 
 impl Told<'_> {
     /// This node's beat as of now.
@@ -20,7 +25,7 @@ impl Told<'_> {
             addrs: node.members.addrs().to_vec(),
             term: node.election.term(),
             coordinator: node.election.coordinator(),
-            total: worker.total().clone(),
+            total: worker.total_shared(),
             used: worker.used(),
             queued: worker.queued() as u32,
             running: worker.running_count() as u32,
@@ -39,7 +44,7 @@ impl Told<'_> {
             victims: if self.coord.is_some() {
                 said.victims.clone()
             } else {
-                Vec::new()
+                NO_VICTIMS.clone()
             },
             roster: node.members.digest(),
             health: node.members.health(),

@@ -4,7 +4,7 @@ use super::*;
 
 /// On the coordinator: the members with the most tasks queued (itself
 /// included), largest first, for the workers to steal from.
-pub(super) fn find_victims(node: &Node, worker: &Worker) -> Vec<Victim> {
+pub(super) fn find_victims(node: &Node, worker: &Worker) -> Arc<[Victim]> {
     const VICTIMS_MAX: usize = 8;
     let me = Victim {
         node: node.id,
@@ -24,7 +24,7 @@ pub(super) fn find_victims(node: &Node, worker: &Worker) -> Vec<Victim> {
         .collect();
     v.sort_by(|a, b| b.queued.cmp(&a.queued).then(a.node.cmp(&b.node)));
     v.truncate(VICTIMS_MAX);
-    v
+    v.into()
 }
 
 /// On the coordinator, once it has nothing left to hand out: the nodes
@@ -42,7 +42,7 @@ pub(super) fn point_thieves(r: &mut Roles, now: Millis, mut reporters: Vec<NodeI
     let total = |id: NodeId| {
         members
             .get(id)
-            .map(|m| &m.beat().total)
+            .map(|m| &*m.beat().total)
             .filter(|t| !t.is_empty())
     };
     reporters.sort_unstable();
@@ -62,7 +62,7 @@ pub(super) fn point_thieves(r: &mut Roles, now: Millis, mut reporters: Vec<NodeI
     }
     let said = std::mem::take(&mut r.said.victims);
     for (n, victims) in dealt {
-        r.said.victims = victims;
+        r.said.victims = victims.into();
         on_members::tell(r, [n]);
     }
     r.said.victims = said;

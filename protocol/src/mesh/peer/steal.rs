@@ -195,7 +195,7 @@ impl Working<'_> {
         self.out.stats.steals_asked += 1;
         let total = self.worker.total().clone();
         // Nothing is queued here (checked above): the load is what runs.
-        let load = self.worker.used();
+        let load = (*self.worker.used()).clone();
         let max = cfg.batch_max as u32;
         self.out.send(
             victim,

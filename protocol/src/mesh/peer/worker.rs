@@ -85,7 +85,9 @@ pub(super) struct Worker {
     /// at the first beat after a task started or ended here: a node beats
     /// several times a second and starts or ends tasks far less often
     /// (building both for every beat was 5% of a simulated long farm).
-    load: OnceCell<(Resources, Vec<Started>)>,
+    load: OnceCell<(Arc<Resources>, Arc<[Started]>)>,
+    /// `total`, shared by every beat.
+    total: Arc<Resources>,
     timers: BinaryHeap<Reverse<(Millis, FarmId, TaskRef, u32)>>,
     awaiting_spec: FxHashMap<FarmId, Vec<Assigned>>,
     unacked: BTreeMap<(FarmId, TaskRef), Report>,
@@ -109,6 +111,7 @@ impl Worker {
     pub(super) fn new(total: Resources) -> Worker {
         Worker {
             depth: base_depth(&total),
+            total: Arc::new(total.clone()),
             pool: Pool::new(total),
             queue: VecDeque::new(),
             running: FxHashMap::default(),
@@ -133,13 +136,18 @@ impl Worker {
         self.pool.total()
     }
 
-    pub(super) fn used(&self) -> Resources {
+    /// `total`, for a beat.
+    pub(super) fn total_shared(&self) -> Arc<Resources> {
+        self.total.clone()
+    }
+
+    pub(super) fn used(&self) -> Arc<Resources> {
         self.load().0.clone()
     }
 
-    fn load(&self) -> &(Resources, Vec<Started>) {
+    fn load(&self) -> &(Arc<Resources>, Arc<[Started]>) {
         self.load
-            .get_or_init(|| (self.pool.used(), self.count_started()))
+            .get_or_init(|| (Arc::new(self.pool.used()), self.count_started().into()))
     }
 
     /// A task started or ended here: what is free and what runs changed.
@@ -224,7 +232,7 @@ impl Worker {
     /// The tasks running here per farm's stage, for the beat: the most
     /// started first, at most `STARTED_MAX` stages, ties in farm and
     /// stage order so that a beat says the same of the same tasks.
-    pub(super) fn started(&self) -> Vec<Started> {
+    pub(super) fn started(&self) -> Arc<[Started]> {
         self.load().1.clone()
     }
 
@@ -873,7 +881,7 @@ impl Worker {
     /// The pool against a sum of the running tasks' grants.
     pub(super) fn check_tasks(&self) -> Result<(), String> {
         if let Some((used, started)) = self.load.get() {
-            if *used != self.pool.used() || *started != self.count_started() {
+            if **used != self.pool.used() || **started != *self.count_started() {
                 return Err(format!(
                     "its beats say {used} used and {started:?} started, but {} is used and {:?} runs",
                     self.pool.used(),

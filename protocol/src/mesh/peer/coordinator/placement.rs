@@ -91,7 +91,7 @@ impl Coord {
                 (Some(me.total), me.deadline)
             } else {
                 (
-                    member.map(|m| &m.beat().total),
+                    member.map(|m| &*m.beat().total),
                     member.and_then(|m| {
                         m.beat()
                             .ends_in_ms
