@@ -4,6 +4,8 @@
 //! through a `Pool`, so the rules (counters never negative, fractions of a
 //! GPU packed onto one device, whole GPUs only on whole devices) live once.
 
+use std::sync::Arc;
+
 use crate::resources::{Amount, Resources, GPU, MILLI};
 
 /// Resources handed to one running task.
@@ -19,7 +21,8 @@ pub struct Grant {
 /// never drive a counter negative.
 #[derive(Clone, Debug)]
 pub struct Pool {
-    total: Resources,
+    /// Shared: a worker's every beat carries it (`Beat::total`).
+    total: Arc<Resources>,
     free: Resources,
     /// Remaining thousandths per gpu device.
     gpus: Vec<u64>,
@@ -37,7 +40,7 @@ impl Pool {
         let ngpu = total.get(GPU).whole() as usize;
         Pool {
             free: total.clone(),
-            total,
+            total: Arc::new(total),
             gpus: vec![MILLI; ngpu],
         }
     }
@@ -45,6 +48,11 @@ impl Pool {
     /// Everything the machine offers.
     pub fn total(&self) -> &Resources {
         &self.total
+    }
+
+    /// [`total`](Self::total), shared rather than copied.
+    pub fn total_shared(&self) -> Arc<Resources> {
+        self.total.clone()
     }
 
     /// What no grant holds now.

@@ -37,7 +37,7 @@ impl Peer {
                 next_ask: now,
             },
             said: Said {
-                victims: Arc::new([]),
+                victims: on_members::NO_VICTIMS.clone(),
                 files_max: 0,
                 gpus: Vec::new(),
                 machine: None,

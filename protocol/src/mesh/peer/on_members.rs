@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 use super::*;
 
 /// A worker's beat names no victims: one empty list, shared.
-static NO_VICTIMS: LazyLock<Arc<[Victim]>> = LazyLock::new(|| Arc::new([]));
+pub(super) static NO_VICTIMS: LazyLock<Arc<[Victim]>> = LazyLock::new(|| Arc::new([]));
 
 impl Told<'_> {
     /// This node's beat as of now.

@@ -86,8 +86,6 @@ pub(super) struct Worker {
     /// several times a second and starts or ends tasks far less often
     /// (building both for every beat was 5% of a simulated long farm).
     load: OnceCell<(Arc<Resources>, Arc<[Started]>)>,
-    /// `total`, shared by every beat.
-    total: Arc<Resources>,
     timers: BinaryHeap<Reverse<(Millis, FarmId, TaskRef, u32)>>,
     awaiting_spec: FxHashMap<FarmId, Vec<Assigned>>,
     unacked: BTreeMap<(FarmId, TaskRef), Report>,
@@ -111,7 +109,6 @@ impl Worker {
     pub(super) fn new(total: Resources) -> Worker {
         Worker {
             depth: base_depth(&total),
-            total: Arc::new(total.clone()),
             pool: Pool::new(total),
             queue: VecDeque::new(),
             running: FxHashMap::default(),
@@ -138,7 +135,7 @@ impl Worker {
 
     /// `total`, for a beat.
     pub(super) fn total_shared(&self) -> Arc<Resources> {
-        self.total.clone()
+        self.pool.total_shared()
     }
 
     pub(super) fn used(&self) -> Arc<Resources> {
