@@ -90,6 +90,49 @@ fn a_small_mesh_reports_twice_a_second_and_a_dead_worker_is_still_found_within_d
     );
 }
 
+#[test]
+fn past_ten_nodes_workers_report_once_a_second_and_a_dead_worker_is_found_within_three_reports() {
+    // Twenty nodes, nineteen running a task of a minute. Past ten nodes a
+    // worker reports every two `report_ms`, once a second (Dask's
+    // scheduler asks as much of 11 to 49 workers), the node next in line
+    // still every heartbeat: 18 + 4 reports a second, answered, 44 beats
+    // (twice a second, it was 80).
+    let mut cfg = SimConfig::simple(21, 20, "cpu=1", 19, "60000");
+    cfg.submit_at_ms = 5_000;
+    let r = ok(&cfg);
+    assert_eq!((r.tasks_done, r.executions), (19, 19));
+    let farm = &r.traffic_farm;
+    let beats_per_s = farm.by_kind.0[0] as f64 / (farm.span_ms as f64 / 1000.0);
+    assert!(
+        (40.0..48.0).contains(&beats_per_s),
+        "{beats_per_s:.1} beats a second: {}",
+        r.summary()
+    );
+    // Node 3 dies 20 s into its task: its coordinator waits three of its
+    // reports (3 s, more than `dead_after_ms`), then runs its task on
+    // the idle node.
+    let report_ms = 2 * cfg.peer_config().report_ms;
+    cfg.crashes = vec![CrashSpec {
+        node: 3,
+        at_ms: 25_000,
+        restart_after_ms: None,
+    }];
+    let r = ok(&cfg);
+    assert_eq!((r.tasks_done, r.executions), (19, 20));
+    let again = r
+        .sample
+        .iter()
+        .filter(|e| e.completed && e.node != 3)
+        .map(|e| e.start)
+        .max()
+        .expect("a task ran again");
+    assert!(
+        (25_000..25_000 + 3 * report_ms + 1_000).contains(&again),
+        "the dead node's task started again at {again} ms: {}",
+        r.summary()
+    );
+}
+
 /// Duplicate runs per seed (1 to 5) of 400 tasks on 4 nodes whose
 /// coordinator, node 0, dies at 0.5 s and comes back after `restart_after_ms`.
 fn coordinator_crash_duplicates(restart_after_ms: Option<u64>) -> Vec<u64> {

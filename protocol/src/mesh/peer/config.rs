@@ -7,9 +7,11 @@ pub struct Config {
     /// thefts; and how often the node next in line to coordinate reports
     /// to the coordinator, so that its death is found fast at any size.
     pub heartbeat_ms: u64,
-    /// How often any other worker reports to its coordinator, at most
-    /// (Dask's workers beat every 0.5 to 1 s in small clusters): three of
-    /// these fit in `dead_after_ms`, so a live worker is not missed.
+    /// How often any other worker reports to its coordinator in a mesh of
+    /// up to 10 nodes; twice this past 10 (Dask's workers beat every
+    /// 0.5 s up to 10, every second past that). Three of a worker's
+    /// intervals, at least `dead_after_ms`, are the silence that makes it
+    /// dead, so a live worker is not missed.
     pub report_ms: u64,
     /// The coordinator hears at most about this many reports a second:
     /// past `reports_per_s * report_ms / 1000` nodes, each reports less

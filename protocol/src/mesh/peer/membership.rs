@@ -1367,12 +1367,15 @@ fn mix(x: u64) -> u64 {
 }
 
 /// How often a node reports to its coordinator in a mesh of `size`: every
-/// `report_ms` while the coordinator hears fewer than `reports_per_s`
-/// beats a second so, then stretched (as Dask's scheduler stretches its
-/// workers' heartbeats). Never more often than the heartbeat.
+/// `report_ms` up to 10 nodes and every two past that (the first steps of
+/// Dask's `heartbeat_interval`, 0.5 s up to 10 workers, 1 s past), and
+/// once the coordinator would hear more than `reports_per_s` beats a
+/// second so, stretched (as Dask's scheduler stretches its workers'
+/// heartbeats). Never more often than the heartbeat.
 pub(super) fn report_interval(cfg: &Config, size: usize) -> Millis {
     let per_s = cfg.reports_per_s.max(1);
-    cfg.report_ms
+    let step = if size <= 10 { 1 } else { 2 };
+    (cfg.report_ms * step)
         .max(cfg.heartbeat_ms)
         .max(size as u64 * 1000 / per_s)
 }
