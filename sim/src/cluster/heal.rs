@@ -226,18 +226,23 @@ impl Sim<'_> {
             .iter()
             .filter(|p| (p.from_ms..p.until_ms).contains(&self.now))
             .collect();
-        let mut groups: FxHashMap<Vec<bool>, Vec<u32>> = FxHashMap::default();
-        for &n in &self.alive {
-            if self.stalled(n as usize) {
-                continue;
+        let reach = self.alive.iter().copied();
+        let mut groups: Vec<Vec<u32>> = if cuts.is_empty() {
+            // No partition: one group, without a key per node (this look
+            // comes every second of a farm that may last weeks).
+            vec![reach.filter(|&n| !self.stalled(n as usize)).collect()]
+        } else {
+            let mut groups: FxHashMap<Vec<bool>, Vec<u32>> = FxHashMap::default();
+            for n in reach.filter(|&n| !self.stalled(n as usize)) {
+                let side = cuts
+                    .iter()
+                    .map(|p| p.nodes.contains(&(n as usize)))
+                    .collect();
+                groups.entry(side).or_default().push(n);
             }
-            let side = cuts
-                .iter()
-                .map(|p| p.nodes.contains(&(n as usize)))
-                .collect();
-            groups.entry(side).or_default().push(n);
-        }
-        let mut groups: Vec<Vec<u32>> = groups.into_values().collect();
+            groups.into_values().collect()
+        };
+        groups.retain(|g| !g.is_empty());
         groups.sort();
         let peer = |n: u32| self.nodes[n as usize].peer.as_ref().expect("alive");
         let index = |id: NodeId| (id.0 - 1) as u32;
