@@ -146,7 +146,8 @@ pub struct Upkeep {
     pub in_long_stretches: u64,
     /// Over the whole run, timers with nothing to do (SWIM's gossip tick
     /// with nothing to tell and indirect probe of a member that answered,
-    /// a worker's heartbeat between its reports) that woke no one, each
+    /// a worker's heartbeat between its reports, a coordinator's progress
+    /// round with nothing to tell) that woke no one, each
     /// fired with whatever came to its node next (the timers skipped
     /// exactly so far; `--step` steps them too). Not the events saved:
     /// stepped, some fall on another timer's wake.
@@ -198,8 +199,8 @@ impl Upkeep {
             format!(
                 "skipped: {} timers had nothing to do and woke no one (SWIM's gossip \
                  tick with nothing to tell and indirect probe of a member that answered, a \
-                 worker's heartbeat between its reports; each fired with its node's next \
-                 event); ",
+                 worker's heartbeat between its reports, a coordinator's progress round with \
+                 nothing to tell; each fired with its node's next event); ",
                 self.skipped
             )
         } else {

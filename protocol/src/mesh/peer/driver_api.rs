@@ -451,7 +451,9 @@ impl Peer {
             TimerKind::Steal,
         );
         if let Some(c) = &self.coord {
-            f(c.poll_timeout(), TimerKind::Progress);
+            // A round with nothing to tell wakes no one (`fire_late_progress`).
+            let quiet = self.node.members.skips_quiet() && c.progress_quiet();
+            f(c.poll_timeout().filter(|_| !quiet), TimerKind::Progress);
             f(c.settle_timeout(), TimerKind::Settle);
             f(self.allocs.poll_timeout(), TimerKind::Allocation);
         }
@@ -682,15 +684,41 @@ impl Peer {
         if due {
             self.handle_timeout(now);
         } else {
+            // What is due fires before an input at its moment.
+            self.fire_late_progress(now, true);
             self.fire_quiet_beats(now, true);
             self.woke(now);
             self.node.members.fire_quiet(now, &mut self.out);
         }
     }
 
+    /// A coordinator's progress round due before `now` (and at it, with
+    /// `at_now`) that woke no one, having nothing to tell
+    /// (`Coord::progress_quiet`), fired before anything else of this
+    /// step, as its own wake would have fired it: it sends nothing, and
+    /// the round after it keeps its phase. At a wake, the round of that
+    /// moment is left to its place among the timers, as stepped.
+    fn fire_late_progress(&mut self, now: Millis, at_now: bool) {
+        let late = |c: &Coord| {
+            c.poll_timeout()
+                .is_some_and(|t| t < now || at_now && t == now)
+        };
+        if self.coord.as_ref().is_some_and(late) {
+            on_farms::sync_holders(
+                now,
+                true,
+                &self.node,
+                self.coord.as_mut(),
+                &self.holdings,
+                &mut self.out,
+            );
+        }
+    }
+
     /// The time of [`poll_timeout`](Self::poll_timeout) came: the timers due fire.
     pub fn handle_timeout(&mut self, now: Millis) {
         self.polled = None;
+        self.fire_late_progress(now, false);
         // A beat whose report the driver sent is fired as at an input.
         let promised = self.node.members.promise().is_some_and(|p| p.at == now);
         self.fire_quiet_beats(now, promised);

@@ -593,10 +593,8 @@ impl Coord {
         cx: &Node,
         out: &mut Out,
     ) {
-        if progress {
-            self.next_progress = now + cx.cfg.progress_ms;
-        }
         let mut syncs = Vec::new();
+        let mut told = false;
         for fid in &self.slots {
             let f = self.farms.get_mut(fid).expect("slots and farms agree");
             let started = &self.started;
@@ -612,6 +610,7 @@ impl Coord {
             if news {
                 f.counts_sent = Some(counts.clone());
                 f.finished_sent = finished;
+                told = true;
             }
             let mut head = None;
             let len = f.log.len();
@@ -685,12 +684,41 @@ impl Coord {
             }
             f.sync_soon = false;
         }
+        if progress {
+            let (every, due) = (cx.cfg.progress_ms.max(1), self.next_progress);
+            self.next_progress = if told || !syncs.is_empty() || now <= due {
+                now + every
+            } else {
+                // A round with nothing to tell, fired late (it woke no
+                // one, see `progress_quiet`): the next keeps the phase.
+                let passed = (now - due) / every + 1;
+                if cx.members.skips_quiet() {
+                    out.stats.quiet_timers += passed;
+                }
+                due + every * passed
+            };
+        }
         for (to, mut m) in syncs {
             m.term = cx.term();
             self.sync_seq += 1;
             m.seq = self.sync_seq;
             out.send(to, Msg::Sync(Box::new(m)));
         }
+    }
+
+    /// Whether a progress round now would tell the holders nothing: every
+    /// farm's counts as last sent and its log all sent, nothing to sync
+    /// soon. Then its timer wakes no one (where quiet timers are skipped)
+    /// and the round fires first with the node's next step, keeping its
+    /// phase. The counts it reads are those the last step's sync
+    /// refreshed (see `syncs_nothing`).
+    pub(in super::super) fn progress_quiet(&self) -> bool {
+        self.farms.values().all(|f| {
+            let len = f.log.len();
+            !f.sync_soon
+                && f.counts_sent.as_ref() == Some(f.shown.sum())
+                && f.holders.iter().all(|h| h.sent >= len)
+        })
     }
 
     /// Whether [`sync_holders`](Self::sync_holders) outside a progress
