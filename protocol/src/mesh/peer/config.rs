@@ -14,8 +14,8 @@ pub struct Config {
     /// dead, so a live worker is not missed.
     pub report_ms: u64,
     /// The coordinator hears at most about this many reports a second:
-    /// past `reports_per_s * report_ms / 1000` nodes, each reports less
-    /// often than every `report_ms`.
+    /// past `reports_per_s * 2 * report_ms / 1000` nodes, each reports
+    /// less often than every two `report_ms`.
     pub reports_per_s: u64,
     /// A member silent this long is dead: its tasks run elsewhere.
     pub dead_after_ms: u64,

@@ -699,9 +699,11 @@ impl Peer {
     /// the round after it keeps its phase. At a wake, the round of that
     /// moment is left to its place among the timers, as stepped.
     fn fire_late_progress(&mut self, now: Millis, at_now: bool) {
+        // A round with news was not skipped: it fires where its wake does.
         let late = |c: &Coord| {
             c.poll_timeout()
                 .is_some_and(|t| t < now || at_now && t == now)
+                && c.progress_quiet()
         };
         if self.coord.as_ref().is_some_and(late) {
             on_farms::sync_holders(

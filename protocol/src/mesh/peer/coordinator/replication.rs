@@ -300,11 +300,15 @@ impl Coord {
         // Those cut off with `dead` have been silent about as long, and are
         // declared dead one at a time, each after its own suspicion: a
         // place kept for one of them would be worked on two sides. One
-        // that reports to this node is heard several times a limit.
+        // that reports to this node is heard at least twice a limit (three
+        // of its reports, at least `dead_after_ms`): half of it has heard
+        // one, however its reports stretch with the mesh.
+        let reports = super::super::membership::report_interval(&cx.cfg, cx.members.len() + 1);
+        let half = cx.cfg.dead_after_ms.max(3 * reports) / 2;
         let heard = |h: NodeId| {
             cx.members
                 .get(h)
-                .is_some_and(|m| now.saturating_sub(m.last_seen()) <= cx.cfg.dead_after_ms / 2)
+                .is_some_and(|m| now.saturating_sub(m.last_seen()) <= half)
         };
         for fid in &self.slots {
             let f = self.farms.get_mut(fid).expect("slots and farms agree");

@@ -384,3 +384,14 @@ fn probe_rounds_in_closed_form_leave_the_nodes_as_their_packets_do() {
     let (quiet_on, _, _) = run_logged(70_001, 80_000, &mut [x, y, z], false);
     assert_eq!(stepped_on, quiet_on);
 }
+
+#[test]
+fn workers_report_twice_a_second_up_to_ten_nodes_once_a_second_to_two_hundred_then_less_often() {
+    // Dask's scheduler's first two steps (0.5 s up to 10 workers, 1 s
+    // past), then the coordinator's budget of reports a second.
+    let cfg = Config::default();
+    let every = |size| report_interval(&cfg, size);
+    assert_eq!((every(1), every(10)), (500, 500));
+    assert_eq!((every(11), every(200)), (1000, 1000));
+    assert_eq!((every(400), every(1000)), (2000, 5000));
+}
