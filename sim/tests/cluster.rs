@@ -46,6 +46,23 @@ fn a_worker_crash_mid_farm_reruns_its_tasks_and_the_farm_finishes() {
     );
 }
 
+/// Beats (reports and their answers) a second while the farm ran.
+fn beats_per_s(r: &mesh_sim::SimReport) -> f64 {
+    let farm = &r.traffic_farm;
+    farm.by_kind.0[0] as f64 / (farm.span_ms as f64 / 1000.0)
+}
+
+/// When the last task to start on a node other than `dead` started: the
+/// dead node's task, run again.
+fn started_again(r: &mesh_sim::SimReport, dead: u32) -> u64 {
+    r.sample
+        .iter()
+        .filter(|e| e.completed && e.node != dead)
+        .map(|e| e.start)
+        .max()
+        .expect("a task ran again")
+}
+
 #[test]
 fn a_small_mesh_reports_twice_a_second_and_a_dead_worker_is_still_found_within_dead_after() {
     // Five nodes, four running a task of a minute: the workers report to
@@ -58,8 +75,7 @@ fn a_small_mesh_reports_twice_a_second_and_a_dead_worker_is_still_found_within_d
     cfg.submit_at_ms = 5_000;
     let r = ok(&cfg);
     assert_eq!((r.tasks_done, r.executions), (4, 4));
-    let farm = &r.traffic_farm;
-    let beats_per_s = farm.by_kind.0[0] as f64 / (farm.span_ms as f64 / 1000.0);
+    let beats_per_s = beats_per_s(&r);
     assert!(
         (18.0..23.0).contains(&beats_per_s),
         "{beats_per_s:.1} beats a second: {}",
@@ -76,13 +92,7 @@ fn a_small_mesh_reports_twice_a_second_and_a_dead_worker_is_still_found_within_d
     }];
     let r = ok(&cfg);
     assert_eq!((r.tasks_done, r.executions), (4, 5));
-    let again = r
-        .sample
-        .iter()
-        .filter(|e| e.completed && e.node != 3)
-        .map(|e| e.start)
-        .max()
-        .expect("a task ran again");
+    let again = started_again(&r, 3);
     assert!(
         (25_000..25_000 + dead_after + 1_000).contains(&again),
         "the dead node's task started again at {again} ms: {}",
@@ -101,8 +111,7 @@ fn past_ten_nodes_workers_report_once_a_second_and_a_dead_worker_is_found_within
     cfg.submit_at_ms = 5_000;
     let r = ok(&cfg);
     assert_eq!((r.tasks_done, r.executions), (19, 19));
-    let farm = &r.traffic_farm;
-    let beats_per_s = farm.by_kind.0[0] as f64 / (farm.span_ms as f64 / 1000.0);
+    let beats_per_s = beats_per_s(&r);
     assert!(
         (40.0..48.0).contains(&beats_per_s),
         "{beats_per_s:.1} beats a second: {}",
@@ -120,13 +129,7 @@ fn past_ten_nodes_workers_report_once_a_second_and_a_dead_worker_is_found_within
     }];
     let r = ok(&cfg);
     assert_eq!((r.tasks_done, r.executions), (19, 20));
-    let again = r
-        .sample
-        .iter()
-        .filter(|e| e.completed && e.node != 3)
-        .map(|e| e.start)
-        .max()
-        .expect("a task ran again");
+    let again = started_again(&r, 3);
     assert!(
         (25_000 + 2 * report_ms..25_000 + 3 * report_ms + 1_000).contains(&again),
         "the dead node's task started again at {again} ms: {}",

@@ -14,6 +14,15 @@ fn outcome(cfg: &SimConfig, step: bool) -> (SimReport, SimReport) {
     }
 }
 
+/// Events of the farm's upkeep from the source named `name` (a message
+/// kind, "heartbeat timer", "superseded timer", ...).
+fn from_source(r: &SimReport, name: &str) -> u64 {
+    let by = &r.upkeep.by_source;
+    by.iter()
+        .find(|(s, _)| s.starts_with(name))
+        .map_or(0, |(_, n)| *n)
+}
+
 /// Both ways, the same report; the events stepped each way, and the
 /// skipping run's whole report.
 fn same_both_ways(cfg: &SimConfig) -> (u64, u64, SimReport) {
@@ -71,12 +80,7 @@ fn same_both_ways(cfg: &SimConfig) -> (u64, u64, SimReport) {
     // wake earlier: the later one it had is popped and does nothing), and
     // some timers woke no one where fewer were stepped (not one event
     // each: stepped, some fell on the moment of another timer's wake).
-    let moved = |r: &SimReport| {
-        let by = &r.upkeep.by_source;
-        by.iter()
-            .find(|(s, _)| s == "superseded timer")
-            .map_or(0, |(_, n)| *n)
-    };
+    let moved = |r: &SimReport| from_source(r, "superseded timer");
     let (moved_skipping, moved_stepping) = (moved(&skipping), moved(&stepping));
     assert!(
         fewer - moved_skipping <= all - moved_stepping && (fewer == all || saved > 0),
@@ -159,16 +163,8 @@ fn a_workers_heartbeat_wakes_it_only_for_more_than_its_report() {
     // the coordinator), still wake.
     let cfg = SimConfig::simple(1, 10, "cpu=2", 80, "uniform:1m..4m");
     let wakes = |step: bool| {
-        let mut c = cfg.clone();
-        c.step = step;
-        let r = run(&c).unwrap_or_else(|e| panic!("{e}"));
-        let beats = r
-            .upkeep
-            .by_source
-            .iter()
-            .find(|(s, _)| s.starts_with("heartbeat"))
-            .map_or(0, |(_, n)| *n);
-        (beats, r.upkeep.reports_sent)
+        let (_, r) = outcome(&cfg, step);
+        (from_source(&r, "heartbeat"), r.upkeep.reports_sent)
     };
     let ((skipped, sent), (stepped, none)) = (wakes(false), wakes(true));
     assert_eq!(none, 0, "stepping sends no report for a worker");
@@ -194,16 +190,7 @@ fn a_coordinators_progress_round_with_nothing_to_tell_wakes_no_one() {
     // coordinator's next step (its heartbeat's, at the latest), sends
     // nothing, and the round after it keeps its phase.
     let cfg = SimConfig::simple(2, 6, "cpu=2", 60, "uniform:1m..4m");
-    let wakes = |step: bool| {
-        let mut c = cfg.clone();
-        c.step = step;
-        let r = run(&c).unwrap_or_else(|e| panic!("{e}"));
-        r.upkeep
-            .by_source
-            .iter()
-            .find(|(s, _)| s.starts_with("progress"))
-            .map_or(0, |(_, n)| *n)
-    };
+    let wakes = |step: bool| from_source(&outcome(&cfg, step).1, "progress");
     let (skipped, stepped) = (wakes(false), wakes(true));
     assert!(
         stepped > 1_000 && skipped * 10 < stepped,

@@ -706,15 +706,21 @@ impl Peer {
                 && c.progress_quiet()
         };
         if self.coord.as_ref().is_some_and(late) {
-            on_farms::sync_holders(
-                now,
-                true,
-                &self.node,
-                self.coord.as_mut(),
-                &self.holdings,
-                &mut self.out,
-            );
+            self.progress_round(now);
         }
+    }
+
+    /// The coordinator's round that tells the farms' holders their
+    /// counts and streams them the log.
+    fn progress_round(&mut self, now: Millis) {
+        on_farms::sync_holders(
+            now,
+            true,
+            &self.node,
+            self.coord.as_mut(),
+            &self.holdings,
+            &mut self.out,
+        );
     }
 
     /// The time of [`poll_timeout`](Self::poll_timeout) came: the timers due fire.
@@ -737,14 +743,7 @@ impl Peer {
         }
         self.steal.expire(now, self.node.cfg.steal_timeout_ms);
         if self.coord.as_ref().is_some_and(|c| c.progress_due(now)) {
-            on_farms::sync_holders(
-                now,
-                true,
-                &self.node,
-                self.coord.as_mut(),
-                &self.holdings,
-                &mut self.out,
-            );
+            self.progress_round(now);
         }
         if self.coord.is_some() && self.allocs.poll_timeout().is_some_and(|t| now >= t) {
             on_farms::allocs_due(&mut self.coordinating(), now);

@@ -1380,6 +1380,13 @@ pub(super) fn report_interval(cfg: &Config, size: usize) -> Millis {
         .max(size as u64 * 1000 / per_s)
 }
 
+/// The silence after which the coordinator of a mesh of `size` calls a
+/// worker that reports to it dead: three of its reports, at least
+/// `dead_after_ms` (before local health stretches it).
+pub(super) fn silence_limit(cfg: &Config, size: usize) -> Millis {
+    cfg.dead_after_ms.max(3 * report_interval(cfg, size))
+}
+
 /// The beat of a member known only by SWIM: nothing of its resources or
 /// whom it follows until it says so itself.
 static NO_BEAT: LazyLock<Beat> = LazyLock::new(|| Beat {

@@ -102,7 +102,7 @@ pub(super) fn watch(node: &Node, clock: Millis) -> membership::Watch {
     let health = u64::from(node.members.health()) + 1;
     match node.election.coordinator() {
         Some(c) if c == node.id => {
-            let limit = cfg.dead_after_ms.max(3 * report_interval(node, clock));
+            let limit = membership::silence_limit(cfg, node.members.len() + 1);
             membership::Watch::Direct(limit * health)
         }
         // Only while it knows the members the coordinator knows: a node

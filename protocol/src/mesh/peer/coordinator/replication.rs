@@ -303,8 +303,7 @@ impl Coord {
         // that reports to this node is heard at least twice a limit (three
         // of its reports, at least `dead_after_ms`): half of it has heard
         // one, however its reports stretch with the mesh.
-        let reports = super::super::membership::report_interval(&cx.cfg, cx.members.len() + 1);
-        let half = cx.cfg.dead_after_ms.max(3 * reports) / 2;
+        let half = super::super::membership::silence_limit(&cx.cfg, cx.members.len() + 1) / 2;
         let heard = |h: NodeId| {
             cx.members
                 .get(h)
