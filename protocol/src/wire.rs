@@ -17,7 +17,7 @@ use crate::observe::Observation;
 use crate::pieces::Pieces;
 
 /// Bumped whenever a message changes shape; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 29;
+pub const PROTOCOL_VERSION: u32 = 30;
 /// The libp2p protocol names carry the version, so an old node cannot even talk the new one.
 pub const REQUEST_PROTOCOL: &str = "/mesh/req/13";
 /// The stream that carries messages for a peer's engine, in order.

@@ -399,10 +399,18 @@ pub struct Beat {
     pub files_max: u64,
     /// The sender holds no task: nothing queued, running, waiting for its
     /// farm, or reported and not yet acknowledged. Its beats then stand
-    /// for the empty `Claimed` it does not send every second: an idle
-    /// mesh's workers send their coordinator nothing but beats, which go
-    /// as packets, so it keeps no connection open to them.
+    /// for the empty list of claims (`claimed`): an idle mesh's workers
+    /// send their coordinator nothing but beats, which go as packets, so
+    /// it keeps no connection open to them.
     pub idle: bool,
+    /// In a worker's report to the coordinator it follows, where its
+    /// reports come at least as often as its resend round (every second:
+    /// up to 200 nodes): every task it holds (queued, running, waiting for
+    /// its farm, reported and not yet acknowledged), as a [`Msg::Claimed`]
+    /// lists them, so claims whose `Assign` or `Stolen` was lost go back to
+    /// the queue. Past that, the round sends them as `Claimed`. Empty in
+    /// every other beat.
+    pub claimed: Vec<Assigned>,
     /// The sender's clock as it built this beat. A coordinator's tells its
     /// workers how late an assignment of its they can speak for (`seen`).
     pub clock: u64,
@@ -971,7 +979,9 @@ pub enum Msg {
         tasks: Vec<Assigned>,
     },
     /// Worker to coordinator, after a new coordinator is elected: the
-    /// tasks it has claimed (running or queued), which the coordinator adopts.
+    /// tasks it has claimed (running or queued), which the coordinator
+    /// adopts; and every second where its reports, which list them
+    /// otherwise (`Beat::claimed`), come further apart.
     Claimed {
         /// The term of the new coordinator.
         term: u64,

@@ -361,9 +361,7 @@ impl Peer {
             clock: self.clock.max(at),
             ..self.told()
         };
-        let mut beat = told.beat();
-        beat.ask = true;
-        Some((to, Msg::Beat(Arc::new(beat))))
+        Some((to, Msg::Beat(Arc::new(told.report()))))
     }
 
     /// The next heartbeat that may do something; every one where every
@@ -534,16 +532,18 @@ impl Peer {
     /// nothing new, taken at its arrival without the rest of a step, for
     /// a driver that sends what it asks (among this node's actions) and
     /// keeps this node's wake; false, and nothing changed, anywhere else.
-    /// Two such messages make most of a long farm's traffic while every
-    /// slot is busy:
+    /// Reports make most of a long farm's traffic while every slot is
+    /// busy:
     ///
     /// - a report ([`Msg::Beat`] asking for the answer) from a member
     ///   heard before with the resources it had and running the stages
-    ///   it ran, following this node in its term and holding tasks:
-    ///   heard as a step hears it, this node's beat the answer;
-    /// - a list of the claims a worker holds ([`Msg::Claimed`]), each of
-    ///   them this coordinator's record of that worker's claims, and no
-    ///   more than it records: nothing to adopt or give up, no answer.
+    ///   it ran, following this node in its term and holding tasks, each
+    ///   of the claims it lists this coordinator's record of that
+    ///   worker's claims, and no more than it records (nothing to adopt
+    ///   or give up): heard as a step hears it, this node's beat the
+    ///   answer;
+    /// - a list of the claims a worker holds ([`Msg::Claimed`]), as a
+    ///   report's: no answer.
     ///
     /// The step around it must do nothing else (`steps_quietly`). Taking
     /// either sets no timer and changes nothing a poll reads.
@@ -553,7 +553,11 @@ impl Peer {
         };
         let quiet = match msg {
             Msg::Beat(b) => {
-                b.ask && !b.idle && self.steal.is_empty() && self.beat_tells_nothing(from, b)
+                b.ask
+                    && !b.idle
+                    && self.steal.is_empty()
+                    && self.beat_tells_nothing(from, b)
+                    && c.lists_nothing_new(from, &b.claimed)
             }
             Msg::Claimed { tasks, .. } => {
                 from != self.node.id
@@ -567,7 +571,7 @@ impl Peer {
         }
         self.woke(now);
         if let Msg::Beat(b) = msg {
-            on_members::beat_heard(&mut self.roles(), now, from, b.clone());
+            on_members::quiet_report_heard(&mut self.roles(), now, from, b.clone());
         }
         debug_assert!(
             self.out.inbox.is_empty() && !self.node.members.has_news(),

@@ -1396,6 +1396,7 @@ static NO_BEAT: LazyLock<Beat> = LazyLock::new(|| Beat {
     late_gpus: 0,
     files_max: 0,
     idle: true,
+    claimed: Vec::new(),
     clock: 0,
     seen: 0,
     gpus: Vec::new(),

@@ -573,7 +573,7 @@ impl Peer {
             Msg::Claimed { term, tasks, seen } => {
                 if let Some(c) = &mut self.coord {
                     let seen = self.node.election.seen_in(term, seen);
-                    c.on_claims_listed(now, from, tasks, self.node.cfg.resend_ms, seen);
+                    c.on_claims_listed(now, from, &tasks, self.node.cfg.resend_ms, seen);
                 }
             }
             Msg::Steal {

@@ -8,6 +8,19 @@ use super::*;
 pub(super) static NO_VICTIMS: LazyLock<Arc<[Victim]>> = LazyLock::new(|| Arc::new([]));
 
 impl Told<'_> {
+    /// This node's report to the coordinator it follows: its beat with
+    /// the claims it holds, where its reports come as often as its resend
+    /// round (`on_tasks::lists_with_reports`; past that the round sends
+    /// them as `Claimed`), and none where it is idle (the beat says so).
+    pub(super) fn report(&self) -> Beat {
+        let mut beat = self.beat();
+        beat.ask = true;
+        if !beat.idle && on_tasks::lists_with_reports(self.node, self.clock) {
+            beat.claimed = self.worker.claimed();
+        }
+        beat
+    }
+
     /// This node's beat as of now.
     pub(super) fn beat(&self) -> Beat {
         let (node, worker, said, clock) = (self.node, self.worker, self.said, self.clock);
@@ -52,6 +65,7 @@ impl Told<'_> {
             late_gpus,
             files_max: said.files_max,
             idle: worker.claims_nothing(),
+            claimed: Vec::new(),
             clock,
             seen: node.election.seen(),
             gpus: said.gpus.clone(),
@@ -76,6 +90,32 @@ pub(super) fn report_interval(node: &Node, clock: Millis) -> Millis {
             .map_or(mine, |m| m.beat().interval_ms.max(cfg.heartbeat_ms)),
         None => cfg.heartbeat_ms,
     }
+}
+
+/// Whether `report_interval(node, clock)` is at most `limit`, without
+/// asking whether this node is next in line where the answer is the
+/// same either way (asked at every poll of a worker).
+pub(super) fn reports_within(node: &Node, clock: Millis, limit: Millis) -> bool {
+    let cfg = &node.cfg;
+    let mine = || membership::report_interval(cfg, node.members.len() + 1);
+    let beat = cfg.heartbeat_ms <= limit;
+    let within = match node.election.coordinator() {
+        Some(c) if c == node.id => mine() <= limit,
+        Some(c) => {
+            let set = node
+                .members
+                .get(c)
+                .map_or_else(mine, |m| m.beat().interval_ms.max(cfg.heartbeat_ms));
+            if (set <= limit) == beat {
+                beat
+            } else {
+                beat == successor(node, clock, c)
+            }
+        }
+        None => beat,
+    };
+    debug_assert_eq!(within, report_interval(node, clock) <= limit);
+    within
 }
 
 /// This node is the one elected should coordinator `c` die: the lowest
@@ -140,6 +180,17 @@ pub(super) fn sync_machines(
 /// A member's beat: its word on whom it follows, its load and its view
 /// of the members, heard by every role that reads it.
 pub(super) fn beat_heard(r: &mut Roles, now: Millis, from: NodeId, b: Arc<Beat>) {
+    hear(r, now, from, b, true);
+}
+
+/// A report whose list of claims the coordinator has found to change
+/// nothing (`Coord::lists_nothing_new`): heard as `beat_heard` hears it,
+/// without going over the list again.
+pub(super) fn quiet_report_heard(r: &mut Roles, now: Millis, from: NodeId, b: Arc<Beat>) {
+    hear(r, now, from, b, false);
+}
+
+fn hear(r: &mut Roles, now: Millis, from: NodeId, b: Arc<Beat>, list: bool) {
     let me = r.node.id;
     if b.version != PROTOCOL_VERSION || from == me {
         return;
@@ -159,7 +210,11 @@ pub(super) fn beat_heard(r: &mut Roles, now: Millis, from: NodeId, b: Arc<Beat>)
             // from node to node, and 1 of 300 ran any).
             let grace = r.node.cfg.resend_ms.max(r.node.cfg.connect_ms);
             let seen = r.node.election.seen_in(term, seen);
-            c.on_claims_listed(now, from, Vec::new(), grace, seen);
+            c.on_claims_listed(now, from, &[], grace, seen);
+        } else if list && !b.claimed.is_empty() && follows == Some(me) {
+            // A report lists what its node holds, as `Claimed` does.
+            let seen = r.node.election.seen_in(term, seen);
+            c.on_claims_listed(now, from, &b.claimed, r.node.cfg.resend_ms, seen);
         }
     }
     if claims && r.node.election.coordinator() == Some(from) {
@@ -334,7 +389,13 @@ pub(super) fn report_due(r: &mut Roles) {
             _ => return,
         },
     };
-    ask_beat(r, to);
+    if election.coordinator() == Some(to) {
+        let beat = r.told().report();
+        r.node.members.advertise(beat.queued);
+        r.out.send(to, Msg::Beat(Arc::new(beat)));
+    } else {
+        ask_beat(r, to);
+    }
 }
 
 /// An election round is due: this node follows the winner, or is it.

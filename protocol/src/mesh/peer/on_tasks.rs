@@ -111,10 +111,18 @@ pub(super) fn assign(cx: &mut Coordinating, now: Millis, echo: coordinator::Echo
     c.assign(now, cx.node, me, echo, cx.out);
 }
 
+/// Whether this node's reports to its coordinator come at least as
+/// often as its resend round, so the claims they list need no list of
+/// their own (up to 200 nodes, where a report goes every second or
+/// more often).
+pub(super) fn lists_with_reports(node: &Node, clock: Millis) -> bool {
+    on_members::reports_within(node, clock, node.cfg.resend_ms)
+}
+
 /// Sends again what has not been acknowledged: reports, offers of
 /// farms, requests for farm specs, log entries to holders, fetches of
-/// outputs; and tells the coordinator what this node holds, so claims
-/// whose messages were lost are found.
+/// outputs; lists what this node holds where its reports do not come as
+/// often; as the coordinator, checks its own claims on itself.
 pub(super) fn resend_due(r: &mut Roles, now: Millis) {
     let leader = r.node.election.leader();
     allocation::resend(r.allocs, r.coord.is_some(), leader, &r.node.members, r.out);
@@ -154,18 +162,24 @@ pub(super) fn resend_due(r: &mut Roles, now: Millis) {
             r.out.send(c, Msg::Keeps { node: me, farms });
         }
     }
-    let term = leader.term;
-    let tasks = r.worker.claimed();
+    // A worker's reports list what it holds (`Beat::claimed`); where
+    // they come further apart than this round, it lists them here too,
+    // so a lost assignment costs a busy worker about a second at any
+    // size. The coordinator checks its own claims on itself the same
+    // way: a steal whose answer to it was lost leaves a claim nobody
+    // holds.
     if c == me {
-        // The coordinator checks its own claims on itself the same way:
-        // a steal whose answer to it was lost leaves a claim nobody holds.
         if let Some(coord) = r.coord.as_mut() {
-            coord.on_claims_listed(now, c, tasks, r.node.cfg.resend_ms, now);
+            let tasks = r.worker.claimed();
+            coord.on_claims_listed(now, c, &tasks, r.node.cfg.resend_ms, now);
         }
-    } else if !tasks.is_empty() {
-        // Holding nothing, this node's beats say so (`Beat::idle`).
-        let seen = r.node.election.seen();
-        r.out.send(c, Msg::Claimed { term, tasks, seen });
+    } else if !lists_with_reports(r.node, now) {
+        let tasks = r.worker.claimed();
+        if !tasks.is_empty() {
+            // Holding nothing, this node's beats say so (`Beat::idle`).
+            let (term, seen) = (leader.term, r.node.election.seen());
+            r.out.send(c, Msg::Claimed { term, tasks, seen });
+        }
     }
     for farm in r.worker.awaited_specs() {
         r.out.send(c, worker::get_farm(r.specs, farm));

@@ -941,7 +941,7 @@ impl Coord {
         &mut self,
         now: Millis,
         from: NodeId,
-        tasks: Vec<Assigned>,
+        tasks: &[Assigned],
         grace: Millis,
         seen: Millis,
     ) {
@@ -952,7 +952,7 @@ impl Coord {
         self.held_early.remove(&from);
         let mut early = Vec::new();
         let mut held = 0;
-        for a in &tasks {
+        for a in tasks {
             if !self.farms.contains_key(&a.farm) {
                 early.push(*a);
             } else if self.owns_claim(now, from, *a) {
