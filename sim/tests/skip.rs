@@ -235,7 +235,8 @@ fn a_coordinator_takes_what_tells_it_nothing_new_without_a_step() {
     // report tells the coordinator anything it did not know, nor the
     // answer the worker, and the step around them would do nothing
     // else: all are taken at their arrival without one, the report's
-    // answer sent as the step would send it. No list goes on its own.
+    // answer sent as the step would send it. No list goes on its own,
+    // and the workers' resend rounds, with nothing to send, wake no one.
     // Stepped, every one is a step; the same report.
     let cfg = SimConfig::simple(2, 10, "cpu=2", 80, "uniform:1m..4m");
     let (_, _, r) = same_both_ways(&cfg);
@@ -247,6 +248,11 @@ fn a_coordinator_takes_what_tells_it_nothing_new_without_a_step() {
     );
     let claimed = Msg::KINDS.iter().position(|k| *k == "claimed").expect("a kind");
     assert_eq!(r.traffic_farm.by_kind.0[claimed], 0, "lists sent on their own");
+    let resends = from_source(&r, "resend timer");
+    assert!(
+        resends < seconds * 2,
+        "{resends} resend wakes in {seconds} s: only the coordinator's wake"
+    );
     let answers = r.upkeep.answers_taken;
     assert!(
         answers > seconds * 9 * 2 * 6 / 10,

@@ -138,6 +138,18 @@ pub(super) fn changed(allocs: &Allocs, members: &Membership, out: &mut Out) {
     }
 }
 
+/// Whether a member's `resend` would send the book to no one: there is
+/// none, or the coordinator's beat says it holds this version or a
+/// later one.
+pub(super) fn in_step(allocs: &Allocs, leader: Leader, members: &Membership) -> bool {
+    let v = allocs.version();
+    v == (0, 0)
+        || leader
+            .node
+            .and_then(|c| members.get(c))
+            .is_none_or(|m| m.beat().allocs >= v)
+}
+
 /// Brings the book's copies in step: the coordinator sends it to
 /// members whose beat shows an older one, a member to a coordinator
 /// that has an older one than its own.

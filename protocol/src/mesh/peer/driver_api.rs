@@ -442,7 +442,11 @@ impl Peer {
     /// the timers due are read from.
     fn each_timer(&self, mut f: impl FnMut(Option<Millis>, TimerKind)) {
         f(self.node.members.next_silence(), TimerKind::Silence);
-        f(Some(self.next_resend), TimerKind::Resend);
+        // A round with nothing to send wakes no one (`fire_late_resend`).
+        f(
+            Some(self.next_resend).filter(|_| !self.resend_quiet()),
+            TimerKind::Resend,
+        );
         f(self.worker.next_timer(), TimerKind::Task);
         f(
             self.steal.poll_timeout(self.node.cfg.steal_timeout_ms),
@@ -690,6 +694,7 @@ impl Peer {
         } else {
             // What is due fires before an input at its moment.
             self.fire_late_progress(now, true);
+            self.fire_late_resend(now, true);
             self.fire_quiet_beats(now, true);
             self.woke(now);
             self.node.members.fire_quiet(now, &mut self.out);
@@ -714,6 +719,45 @@ impl Peer {
         }
     }
 
+    /// Whether this node's resend round would do nothing whenever it
+    /// came, this state kept: a worker's (the coordinator's round checks
+    /// its own claims and its holders' copies) with no report
+    /// unacknowledged, no farm's spec awaited, no copy kept to confirm,
+    /// not a farm's home, its allocation book as its coordinator's, and
+    /// what it holds listed by its reports (`Beat::claimed`), which come
+    /// as often. Such a round wakes no one, as SWIM's quiet gossip tick
+    /// does.
+    fn resend_quiet(&self) -> bool {
+        self.node.members.skips_quiet()
+            && self.coord.is_none()
+            && self.kept.farms.is_empty()
+            && self.worker.resends_nothing()
+            && self.holdings.resends_nothing()
+            && allocation::in_step(&self.allocs, self.node.election.leader(), &self.node.members)
+            && on_tasks::lists_with_reports(&self.node, self.clock)
+    }
+
+    /// The resend rounds due before `now` (and at it, with `at_now`) that
+    /// woke no one, having nothing to send (`resend_quiet`), fired before
+    /// anything else of this step, each at its own moment as its wake
+    /// would have fired it: the round after them keeps its phase. At a
+    /// wake, the round of that moment is left to its place, as stepped.
+    fn fire_late_resend(&mut self, now: Millis, at_now: bool) {
+        let due = |t: Millis| t < now || at_now && t == now;
+        if !due(self.next_resend) || !self.resend_quiet() {
+            return;
+        }
+        while due(self.next_resend) {
+            let at = self.next_resend;
+            self.next_resend = at + self.node.cfg.resend_ms;
+            // Such a round does nothing: checked where it costs nothing.
+            if cfg!(debug_assertions) {
+                on_tasks::resend_due(&mut self.roles(), at);
+                debug_assert!(!self.has_actions(), "a quiet resend round sends nothing");
+            }
+        }
+    }
+
     /// The coordinator's round that tells the farms' holders their
     /// counts and streams them the log.
     fn progress_round(&mut self, now: Millis) {
@@ -731,6 +775,7 @@ impl Peer {
     pub fn handle_timeout(&mut self, now: Millis) {
         self.polled = None;
         self.fire_late_progress(now, false);
+        self.fire_late_resend(now, false);
         // A beat whose report the driver sent is fired as at an input.
         let promised = self.node.members.promise().is_some_and(|p| p.at == now);
         self.fire_quiet_beats(now, promised);

@@ -587,6 +587,15 @@ impl Holdings {
 
     // ----- resending -----
 
+    /// Whether `resend` would do nothing whenever it came, this state
+    /// kept: not the home of a farm, no node's outputs waited for, no
+    /// inputs wanted.
+    pub(super) fn resends_nothing(&self) -> bool {
+        self.unseen.is_empty()
+            && self.inputs_wanted.is_empty()
+            && self.replicas.values().all(|r| !r.home)
+    }
+
     /// The holder's and home's part of a resend: fetches of outputs, lost
     /// outputs redone, inputs still wanted.
     pub(super) fn resend(&mut self, now: Millis, cx: &Node, out: &mut Out) {
