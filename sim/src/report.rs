@@ -199,8 +199,9 @@ impl Upkeep {
             format!(
                 "skipped: {} timers had nothing to do and woke no one (SWIM's gossip \
                  tick with nothing to tell and indirect probe of a member that answered, a \
-                 worker's heartbeat between its reports, a coordinator's progress round with \
-                 nothing to tell; each fired with its node's next event); ",
+                 worker's heartbeat between its reports and resend round with nothing to \
+                 send, a coordinator's progress round with nothing to tell; each fired with its \
+                 node's next event); ",
                 self.skipped
             )
         } else {

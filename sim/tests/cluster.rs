@@ -640,7 +640,13 @@ fn the_speed_line_counts_a_minute_of_running_tasks_as_upkeep_and_names_its_timer
     assert!((50_000..=60_000).contains(&u.longest_ms), "{u:?}");
     assert!(u.in_long_stretches as f64 > 0.9 * u.events as f64, "{u:?}");
     let sources: Vec<&str> = u.by_source.iter().map(|(s, _)| s.as_str()).collect();
-    let timers = ["beat", "swim", "heartbeat timer", "probe timer", "report sent for its worker"];
+    let timers = [
+        "beat",
+        "swim",
+        "heartbeat timer",
+        "probe timer",
+        "report sent for its worker",
+    ];
     for timer in timers {
         assert!(sources.contains(&timer), "{timer} not in {sources:?}");
     }

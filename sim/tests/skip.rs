@@ -246,8 +246,14 @@ fn a_coordinator_takes_what_tells_it_nothing_new_without_a_step() {
         answered > seconds * 9 * 2 * 6 / 10,
         "{answered} reports answered without a step in {seconds} s of nine workers"
     );
-    let claimed = Msg::KINDS.iter().position(|k| *k == "claimed").expect("a kind");
-    assert_eq!(r.traffic_farm.by_kind.0[claimed], 0, "lists sent on their own");
+    let claimed = Msg::KINDS
+        .iter()
+        .position(|k| *k == "claimed")
+        .expect("a kind");
+    assert_eq!(
+        r.traffic_farm.by_kind.0[claimed], 0,
+        "lists sent on their own"
+    );
     let resends = from_source(&r, "resend timer");
     assert!(
         resends < seconds * 2,

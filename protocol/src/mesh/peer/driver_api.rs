@@ -733,7 +733,11 @@ impl Peer {
             && self.kept.farms.is_empty()
             && self.worker.resends_nothing()
             && self.holdings.resends_nothing()
-            && allocation::in_step(&self.allocs, self.node.election.leader(), &self.node.members)
+            && allocation::in_step(
+                &self.allocs,
+                self.node.election.leader(),
+                &self.node.members,
+            )
             && on_tasks::lists_with_reports(&self.node, self.clock)
     }
 
