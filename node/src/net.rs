@@ -1074,6 +1074,12 @@ pub(crate) mod tests {
                 late_gpus: 0,
                 files_max: 1024,
                 idle: false,
+                // A report's field, set here too: every field travels.
+                claimed: vec![mesh_protocol::mesh::Assigned {
+                    farm: mesh_protocol::mesh::FarmId(0xfa4d),
+                    task: mesh_protocol::TaskRef { stage: 1, index: 9 },
+                    attempt: 2,
+                }],
                 clock: 123_456,
                 seen: 123_000,
                 gpus: vec![("3".into(), "NVIDIA H200".into())],
