@@ -216,8 +216,10 @@ fn a_lost_assignment_costs_a_busy_worker_about_a_second_not_a_report_interval() 
     // a list made after the claim counts: an assignment carries the
     // coordinator's clock as its beats do, so the next assignment tells
     // a busy worker that it missed one, and its `Claimed` a second later
-    // says so (its reports list what it holds too, but 5 s apart). Told only by the answers to its reports, it waited for the
-    // next one (the mean went from 21.9 s to 28.0 s over these seeds).
+    // says so (its reports, 5 s apart, list nothing: at that pace the
+    // list goes on its own). Told only by the answers to its reports, it
+    // waited for the next one (the mean went from 21.9 s to 28.0 s over
+    // these seeds).
     let run = |seed: u64, loss: f64| {
         let mut cfg = SimConfig::simple(seed, 10, "cpu=2", 2000, "uniform:100..300");
         cfg.loss = loss;

@@ -272,6 +272,6 @@ fn a_coordinator_takes_what_tells_it_nothing_new_without_a_step() {
         until_ms: 42_000,
     });
     let (_, _, r) = same_both_ways(&stalled);
-    let unstepped = r.upkeep.reports_answered + r.upkeep.answers_taken;
+    let unstepped = r.upkeep.reports_answered + r.upkeep.claims_taken + r.upkeep.answers_taken;
     assert_eq!(unstepped, 0, "a stalled node");
 }

@@ -170,14 +170,10 @@ pub(super) fn resend(
             .filter(|m| m.beat().allocs < v)
             .map(|m| m.id)
             .collect()
+    } else if in_step(allocs, leader, members) {
+        return;
     } else {
-        leader
-            .node
-            .and_then(|c| members.get(c))
-            .filter(|m| m.beat().allocs < v)
-            .map(|m| m.id)
-            .into_iter()
-            .collect()
+        leader.node.into_iter().collect()
     };
     for n in to {
         let book = allocs.book().clone();

@@ -92,32 +92,6 @@ pub(super) fn report_interval(node: &Node, clock: Millis) -> Millis {
     }
 }
 
-/// Whether `report_interval(node, clock)` is at most `limit`, without
-/// asking whether this node is next in line where the answer is the
-/// same either way (asked at every poll of a worker).
-pub(super) fn reports_within(node: &Node, clock: Millis, limit: Millis) -> bool {
-    let cfg = &node.cfg;
-    let mine = || membership::report_interval(cfg, node.members.len() + 1);
-    let beat = cfg.heartbeat_ms <= limit;
-    let within = match node.election.coordinator() {
-        Some(c) if c == node.id => mine() <= limit,
-        Some(c) => {
-            let set = node
-                .members
-                .get(c)
-                .map_or_else(mine, |m| m.beat().interval_ms.max(cfg.heartbeat_ms));
-            if (set <= limit) == beat {
-                beat
-            } else {
-                beat == successor(node, clock, c)
-            }
-        }
-        None => beat,
-    };
-    debug_assert_eq!(within, report_interval(node, clock) <= limit);
-    within
-}
-
 /// This node is the one elected should coordinator `c` die: the lowest
 /// live node but `c`.
 fn successor(node: &Node, clock: Millis, c: NodeId) -> bool {
@@ -365,7 +339,12 @@ pub(super) fn tell(r: &mut Roles, to: impl IntoIterator<Item = NodeId>) {
 
 /// This node's beat, sent to `to` with a request for its beat back.
 pub(super) fn ask_beat(r: &mut Roles, to: NodeId) {
-    let mut beat = r.told().beat();
+    let beat = r.told().beat();
+    send_asking(r, to, beat);
+}
+
+/// `beat` sent to `to`, asking for its beat back.
+fn send_asking(r: &mut Roles, to: NodeId, mut beat: Beat) {
     beat.ask = true;
     r.node.members.advertise(beat.queued);
     r.out.send(to, Msg::Beat(Arc::new(beat)));
@@ -389,13 +368,12 @@ pub(super) fn report_due(r: &mut Roles) {
             _ => return,
         },
     };
-    if election.coordinator() == Some(to) {
-        let beat = r.told().report();
-        r.node.members.advertise(beat.queued);
-        r.out.send(to, Msg::Beat(Arc::new(beat)));
+    let beat = if election.coordinator() == Some(to) {
+        r.told().report()
     } else {
-        ask_beat(r, to);
-    }
+        r.told().beat()
+    };
+    send_asking(r, to, beat);
 }
 
 /// An election round is due: this node follows the winner, or is it.

@@ -116,7 +116,7 @@ pub(super) fn assign(cx: &mut Coordinating, now: Millis, echo: coordinator::Echo
 /// their own (up to 200 nodes, where a report goes every second or
 /// more often).
 pub(super) fn lists_with_reports(node: &Node, clock: Millis) -> bool {
-    on_members::reports_within(node, clock, node.cfg.resend_ms)
+    on_members::report_interval(node, clock) <= node.cfg.resend_ms
 }
 
 /// Sends again what has not been acknowledged: reports, offers of

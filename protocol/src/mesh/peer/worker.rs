@@ -759,14 +759,14 @@ impl Worker {
         }
     }
 
-    /// Not yet acknowledged, so maybe lost: sent again with this step's
-    /// reports (the coordinator counts each once).
     /// Whether a resend has nothing of this worker's to send again: no
     /// report unacknowledged, no farm's spec awaited.
     pub(super) fn resends_nothing(&self) -> bool {
         self.unacked.is_empty() && self.awaiting_spec.is_empty()
     }
 
+    /// Not yet acknowledged, so maybe lost: sent again with this step's
+    /// reports (the coordinator counts each once).
     pub(super) fn report_unacked_again(&mut self) {
         self.reports_out.extend(self.unacked.values().cloned());
     }
