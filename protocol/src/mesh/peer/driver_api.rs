@@ -38,6 +38,7 @@ impl Peer {
             },
             said: Said {
                 victims: on_members::NO_VICTIMS.clone(),
+                victims_of: None,
                 files_max: 0,
                 gpus: Vec::new(),
                 machine: None,
@@ -210,9 +211,11 @@ impl Peer {
     /// do something, and `each_timer`'s).
     fn next_timer_but_beats(&self) -> Millis {
         let mut at = self.node.members.next_timer().unwrap_or(Millis::MAX);
-        self.each_timer(|t, _| {
-            if let Some(t) = t {
-                at = at.min(t);
+        self.each_timer(|t, _, quiet| {
+            if let Some(t) = t.filter(|&t| t < at) {
+                if !quiet() {
+                    at = t;
+                }
             }
         });
         at
@@ -223,7 +226,7 @@ impl Peer {
     /// an input asks before it is handled (`due_first`).
     fn due_by(&self, now: Millis) -> bool {
         let mut due = self.node.members.timer_due_by(now);
-        self.each_timer(|t, _| due |= t.is_some_and(|t| t <= now));
+        self.each_timer(|t, _, quiet| due = due || t.is_some_and(|t| t <= now) && !quiet());
         due || self.beat_due_by(now)
     }
 
@@ -412,8 +415,8 @@ impl Peer {
     /// simulator's speed line, which names the timers it stepped through).
     pub fn timers_due(&self, now: Millis) -> TimersDue {
         let mut due = TimersDue::default();
-        self.each_timer(|t, kind| {
-            if t.is_some_and(|t| t <= now) {
+        self.each_timer(|t, kind, quiet| {
+            if t.is_some_and(|t| t <= now) && !quiet() {
                 due.add(kind);
             }
         });
@@ -438,26 +441,31 @@ impl Peer {
 
     /// Each of this peer's timers but SWIM's (which `Membership` keeps)
     /// and the heartbeat (`next_loud_beat`, asked only where it matters),
-    /// with when it is due, if it is set: what both the next timeout and
-    /// the timers due are read from.
-    fn each_timer(&self, mut f: impl FnMut(Option<Millis>, TimerKind)) {
-        f(self.node.members.next_silence(), TimerKind::Silence);
+    /// with when it is due, if it is set, and whether it wakes no one for
+    /// having nothing to do: what both the next timeout and the timers due
+    /// are read from. That last is asked of the caller's closure only
+    /// where the time matters to it (a look at whether the resend round
+    /// is quiet was 2% of a quiet farm's run, at every poll).
+    fn each_timer(&self, mut f: impl FnMut(Option<Millis>, TimerKind, &dyn Fn() -> bool)) {
+        let loud = || false;
+        f(self.node.members.next_silence(), TimerKind::Silence, &loud);
         // A round with nothing to send wakes no one (`fire_late_resend`).
-        f(
-            Some(self.next_resend).filter(|_| !self.resend_quiet()),
-            TimerKind::Resend,
-        );
-        f(self.worker.next_timer(), TimerKind::Task);
+        f(Some(self.next_resend), TimerKind::Resend, &|| {
+            self.resend_quiet()
+        });
+        f(self.worker.next_timer(), TimerKind::Task, &loud);
         f(
             self.steal.poll_timeout(self.node.cfg.steal_timeout_ms),
             TimerKind::Steal,
+            &loud,
         );
         if let Some(c) = &self.coord {
             // A round with nothing to tell wakes no one (`fire_late_progress`).
-            let quiet = self.node.members.skips_quiet() && c.progress_quiet();
-            f(c.poll_timeout().filter(|_| !quiet), TimerKind::Progress);
-            f(c.settle_timeout(), TimerKind::Settle);
-            f(self.allocs.poll_timeout(), TimerKind::Allocation);
+            f(c.poll_timeout(), TimerKind::Progress, &|| {
+                self.node.members.skips_quiet() && c.progress_quiet()
+            });
+            f(c.settle_timeout(), TimerKind::Settle, &loud);
+            f(self.allocs.poll_timeout(), TimerKind::Allocation, &loud);
         }
     }
 
