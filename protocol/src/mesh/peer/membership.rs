@@ -286,6 +286,10 @@ pub(super) struct Membership {
     low: Vec<NodeId>,
     /// What those that beat to this node told it.
     told: FxHashMap<NodeId, BeatRecord>,
+    /// Moves whenever what the coordinator's victims are found from
+    /// changes (`on_tasks::victims_again`): who the members are, or what
+    /// a beat says it has queued or would prefetch.
+    loads: u64,
     /// Members declared dead, and since when (the home waits for those
     /// that keep its outputs).
     gone: FxHashMap<NodeId, Millis>,
@@ -409,6 +413,7 @@ impl Membership {
             member_set: FxHashSet::default(),
             low: Vec::with_capacity(LOW),
             told: FxHashMap::default(),
+            loads: 0,
             gone: FxHashMap::default(),
             down: Vec::new(),
             silence: None,
@@ -943,6 +948,7 @@ impl Membership {
             self.unknown.insert(id);
         }
         if self.members.insert(id) {
+            self.loads += 1;
             self.member_set.insert(id);
             self.sum = self.sum.wrapping_add(member_hash(id));
             if self.low.len() < LOW || self.low.last().is_some_and(|&l| id < l) {
@@ -990,6 +996,19 @@ impl Membership {
 
     pub(super) fn get(&self, id: NodeId) -> Option<Member<'_>> {
         self.member_set.contains(&id).then(|| self.view(id))
+    }
+
+    /// `get(id)`'s beat, without the look at whether SWIM knows it: a
+    /// worker asks for its coordinator's at every poll.
+    pub(super) fn beat_of(&self, id: NodeId) -> Option<&Beat> {
+        self.member_set
+            .contains(&id)
+            .then(|| self.told.get(&id).map_or(&*NO_BEAT, |h| &h.beat))
+    }
+
+    /// See `loads`.
+    pub(super) fn loads(&self) -> u64 {
+        self.loads
     }
 
     pub(super) fn contains(&self, id: NodeId) -> bool {
@@ -1066,6 +1085,14 @@ impl Membership {
             Some(h) => h.beat.total != beat.total,
             None => *beat.total != Resources::EMPTY,
         };
+        let load = |b: &Beat| (b.queued, b.prefetch);
+        if self
+            .told
+            .get(&from)
+            .is_none_or(|h| load(&h.beat) != load(&beat))
+        {
+            self.loads += 1;
+        }
         let told = BeatRecord {
             beat,
             last_seen: now,
@@ -1172,6 +1199,7 @@ impl Membership {
     /// `id` is dead from `now`.
     pub(super) fn remove(&mut self, now: Millis, id: NodeId) {
         if self.members.remove(&id) {
+            self.loads += 1;
             self.member_set.remove(&id);
             if self.low.contains(&id) {
                 self.low.clear();

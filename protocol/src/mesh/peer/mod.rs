@@ -183,6 +183,9 @@ struct Said {
     /// On the coordinator: the members with the most tasks queued, as
     /// of the last look at the members, told to every worker it answers.
     victims: Arc<[Victim]>,
+    /// What `victims` were found from: the members' `loads`, and this
+    /// node's own queue and prefetch depth.
+    victims_of: Option<(u64, u32, u32)>,
     /// This node's open-file limit, as its driver says (0: not known).
     files_max: u64,
     /// This node's GPUs (id, model), as its driver found them.

@@ -86,8 +86,8 @@ pub(super) fn report_interval(node: &Node, clock: Millis) -> Millis {
         Some(c) if successor(node, clock, c) => cfg.heartbeat_ms,
         Some(c) => node
             .members
-            .get(c)
-            .map_or(mine, |m| m.beat().interval_ms.max(cfg.heartbeat_ms)),
+            .beat_of(c)
+            .map_or(mine, |b| b.interval_ms.max(cfg.heartbeat_ms)),
         None => cfg.heartbeat_ms,
     }
 }
@@ -266,7 +266,7 @@ pub(super) fn heartbeat_due(r: &mut Roles, now: Millis) {
     members_changed(r, now);
     election_due(r, now);
     if let Some(c) = r.coord.as_mut() {
-        r.said.victims = on_tasks::find_victims(r.node, r.worker);
+        on_tasks::victims_again(r.said, r.node, r.worker);
         // Its own tasks, which no beat brings it.
         c.note_started(r.node.id, &r.worker.started());
     }
@@ -461,7 +461,7 @@ pub(super) fn coordinator_elected(r: &mut Roles, now: Millis, term: u64) {
     coordinator_followed(r, now, term, me);
     // Every member hears the claim at once (not from gossip), so the
     // mesh changes over within a message's time at any size.
-    r.said.victims = on_tasks::find_victims(r.node, r.worker);
+    on_tasks::victims_again(r.said, r.node, r.worker);
     let all: Vec<NodeId> = r.node.members.ids().collect();
     tell(r, all);
 }
