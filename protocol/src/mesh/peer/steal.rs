@@ -148,11 +148,13 @@ pub(super) fn would_steal(
         // more before they start would hoard.
         return false;
     }
-    if backlog(node, coord) > 0 {
-        // The coordinator still has work to hand out; it will.
+    // Victims first: asked at every poll, and the backlog, a look up of
+    // the coordinator's beat, is the dearer of the two.
+    if steal.victims(worker.full()).is_empty() {
         return false;
     }
-    !steal.victims(worker.full()).is_empty()
+    // The coordinator still has work to hand out; it will.
+    backlog(node, coord) == 0
 }
 
 /// What the coordinator has left to hand out: its engine's, on the
@@ -160,7 +162,7 @@ pub(super) fn would_steal(
 fn backlog(node: &Node, coord: Option<&Coord>) -> u64 {
     match (coord, node.election.leader().node) {
         (Some(c), _) => c.backlog(),
-        (None, Some(c)) => node.members.get(c).map_or(0, |m| m.beat().backlog),
+        (None, Some(c)) => node.members.beat_of(c).map_or(0, |b| b.backlog),
         (None, None) => 0,
     }
 }
