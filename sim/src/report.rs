@@ -148,7 +148,8 @@ pub struct Upkeep {
     /// Over the whole run, timers with nothing to do (SWIM's gossip tick
     /// with nothing to tell and indirect probe of a member that answered,
     /// a worker's heartbeat between its reports, a coordinator's progress
-    /// round with nothing to tell) that woke no one, each
+    /// round with nothing to tell and heartbeat with nothing to send) that
+    /// woke no one, each
     /// fired with whatever came to its node next (the timers skipped
     /// exactly so far; `--step` steps them too). Not the events saved:
     /// stepped, some fall on another timer's wake.
@@ -201,8 +202,8 @@ impl Upkeep {
                 "skipped: {} timers had nothing to do and woke no one (SWIM's gossip \
                  tick with nothing to tell and indirect probe of a member that answered, a \
                  worker's heartbeat between its reports and resend round with nothing to \
-                 send, a coordinator's progress round with nothing to tell; each fired with its \
-                 node's next event); ",
+                 send, a coordinator's progress round with nothing to tell and heartbeat with \
+                 nothing to send; each fired with its node's next event); ",
                 self.skipped
             )
         } else {

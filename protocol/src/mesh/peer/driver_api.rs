@@ -244,9 +244,14 @@ impl Peer {
     }
 
     /// The report that ends a stretch of quiet beats: the next, or where
-    /// the driver sends that one, the one after it.
+    /// the driver sends that one, the one after it. None for the
+    /// coordinator, which reports to no one: its beat that would report
+    /// is as quiet as the others.
     fn stretch_report(&self) -> Millis {
         let members = &self.node.members;
+        if self.coord.is_some() {
+            return Millis::MAX;
+        }
         members.promise().map_or(members.next_report(), |p| p.next)
     }
 
@@ -258,35 +263,57 @@ impl Peer {
         state: Option<Millis>,
     ) -> Option<Millis> {
         let depth = state?;
-        if at >= report || at >= depth || !self.quiet_at(at) {
+        // The coordinator's beat looks for its silent workers: quiet only
+        // before the first could be silent (the silence timer wakes it then).
+        let silence = match self.coord {
+            Some(_) => self.node.members.next_silence().unwrap_or(Millis::MAX),
+            None => Millis::MAX,
+        };
+        if at >= report || at >= depth || at >= silence || !self.quiet_at(at) {
             return None;
         }
-        Some(report.min(depth))
+        Some(report.min(depth).min(silence))
     }
 
     /// What makes a heartbeat quiet apart from its report and does not
     /// change with time, and if it holds until when the prefetch depth
-    /// does: this node is a worker that follows a coordinator, its
-    /// members need no look, it has nothing to steal, and its depth's
-    /// last measure holds.
+    /// does: this node is a worker that follows a coordinator, or the
+    /// coordinator, whose look at its workers' silence is as last taken
+    /// and whose own running stages are noted as they are (its beat finds
+    /// its victims again, which only what it tells later reads: it fires
+    /// before the next input, as a worker's quiet beat does); its members
+    /// need no other look, it has nothing to steal, and its depth's last
+    /// measure holds.
     fn quiet_state(&self) -> Option<Millis> {
         let node = &self.node;
-        if self.coord.is_some()
-            || node.election.coordinator().is_none()
-            || !node.members.quiet_look()
-            || steal::would_steal(node, None, &self.worker, &self.steal)
-        {
+        let look = match (&self.coord, node.election.coordinator()) {
+            (None, Some(_)) => node.members.quiet_look(),
+            (Some(c), Some(me)) if me == node.id => {
+                node.members
+                    .quiet_look_watching(on_members::watch(node, self.clock))
+                    && c.notes_started(me, &self.worker.started())
+            }
+            _ => false,
+        };
+        if !look || steal::would_steal(node, self.coord.as_ref(), &self.worker, &self.steal) {
             return None;
         }
         self.worker.depth_holds_until(node.cfg.queue_max)
     }
 
     /// What makes the heartbeat at `at` quiet and changes with time: it
-    /// passes over no deposed coordinator, and watches no one.
+    /// passes over no deposed coordinator, and watches no one, or as the
+    /// coordinator its workers as it last did.
     fn quiet_at(&self, at: Millis) -> bool {
         let node = &self.node;
         node.election.passed_over(at).is_none()
-            && on_members::watch(node, at) == membership::Watch::None
+            && match on_members::watch(node, at) {
+                membership::Watch::None => true,
+                w @ membership::Watch::Direct(_) => {
+                    self.coord.is_some() && node.members.quiet_look_watching(w)
+                }
+                membership::Watch::One(..) => false,
+            }
     }
 
     /// [`poll_timeout`](Self::poll_timeout), for a driver that sends a
@@ -317,9 +344,10 @@ impl Peer {
             return (Some(other.min(beat)), None);
         }
         let state = self.quiet_state();
-        let loud = self.loud_beat_from(beat, members.next_report(), state);
+        let loud = self.loud_beat_from(beat, self.stretch_report(), state);
         let node = &self.node;
-        let alone = loud > now
+        let alone = self.coord.is_none()
+            && loud > now
             && loud < other
             && loud >= members.next_report()
             && node.election.seed().is_none()
@@ -345,7 +373,9 @@ impl Peer {
         match self.quiet_until_with(at, report, state) {
             Some(until) => {
                 let every = self.node.cfg.heartbeat_ms.max(1);
-                at + until.saturating_sub(at).div_ceil(every) * every
+                // Saturating: a coordinator of no one is quiet for good.
+                let beats = until.saturating_sub(at).div_ceil(every);
+                at.saturating_add(beats.saturating_mul(every))
             }
             None => at,
         }
@@ -406,7 +436,21 @@ impl Peer {
             if !due(at) || self.quiet_until(at).is_none() {
                 return;
             }
-            self.node.members.beat_quiet(every, &mut self.out);
+            if self.coord.is_some() {
+                // The coordinator's quiet beat does its look at its time,
+                // sending nothing.
+                let sent = (self.out.actions.len(), self.out.inbox.len());
+                self.node.members.beat_due(at, every);
+                on_members::heartbeat_due(&mut self.roles(), at);
+                self.node.members.count_quiet(&mut self.out);
+                debug_assert_eq!(
+                    sent,
+                    (self.out.actions.len(), self.out.inbox.len()),
+                    "a quiet beat sends nothing"
+                );
+            } else {
+                self.node.members.beat_quiet(every, &mut self.out);
+            }
         }
     }
 
@@ -581,6 +625,9 @@ impl Peer {
         if !quiet || self.input_fires(now) || !self.steps_quietly(now) {
             return false;
         }
+        // Its quiet beats first, at their times: what it tells next
+        // carries the victims they find.
+        self.fire_quiet_beats(now, true);
         self.woke(now);
         if let Msg::Beat(b) = msg {
             on_members::quiet_report_heard(&mut self.roles(), now, from, b.clone());

@@ -1271,6 +1271,11 @@ impl Membership {
     /// phase, and this one is no sign of lateness however late it fired.
     pub(super) fn beat_quiet(&mut self, heartbeat_ms: Millis, out: &mut Out) {
         self.next_beat += heartbeat_ms;
+        self.count_quiet(out);
+    }
+
+    /// A heartbeat fired with the next input, having woken no one.
+    pub(super) fn count_quiet(&self, out: &mut Out) {
         if self.skip_quiet {
             out.stats.quiet_timers += 1;
         }
@@ -1291,12 +1296,19 @@ impl Membership {
     /// this node in, no member is known only by a beat or hidden, none
     /// came up or went down unhandled, and the last look watched no one.
     pub(super) fn quiet_look(&self) -> bool {
+        self.quiet_look_watching(Watch::None)
+    }
+
+    /// `quiet_look`, for a node whose last look watched as `watch` does
+    /// (the coordinator its workers: the silence timer wakes it for the
+    /// first that could be silent).
+    pub(super) fn quiet_look_watching(&self, watch: Watch) -> bool {
         self.active
             && self.unknown.is_empty()
             && self.hidden.is_empty()
             && self.fresh.is_empty()
             && self.down.is_empty()
-            && self.watched == Some(Watch::None)
+            && self.watched == Some(watch)
     }
 
     /// A report to the coordinator is due at `now`, one every `interval`.

@@ -505,6 +505,15 @@ impl Coord {
         self.started.note(node, started);
     }
 
+    /// Whether `note_started(node, started)` would change nothing.
+    pub(super) fn notes_started(&self, node: NodeId, started: &[Started]) -> bool {
+        self.started
+            .by_node
+            .get(&node)
+            .map_or(&[][..], Vec::as_slice)
+            == started
+    }
+
     /// A farm's counts as users read them, summed and per stage: of the
     /// tasks handed to nodes, those the nodes' beats say run are running,
     /// the rest queued there. (The engine's own counts, and what the
