@@ -288,9 +288,14 @@ impl Peer {
         let node = &self.node;
         let look = match (&self.coord, node.election.coordinator()) {
             (None, Some(_)) => node.members.quiet_look(),
+            // At health 0 only: its watch's limit moves with its health,
+            // which an ack taken without a step would lower before the
+            // beat fires.
             (Some(c), Some(me)) if me == node.id => {
-                node.members
-                    .quiet_look_watching(on_members::watch(node, self.clock))
+                node.members.health() == 0
+                    && node
+                        .members
+                        .quiet_look_watching(on_members::watch(node, self.clock))
                     && c.notes_started(me, &self.worker.started())
             }
             _ => false,
