@@ -1081,16 +1081,12 @@ impl Membership {
             let swim = self.hidden.contains_key(&from);
             self.admit(from, swim);
         }
-        let resized = match self.told.get(&from) {
-            Some(h) => h.beat.total != beat.total,
-            None => *beat.total != Resources::EMPTY,
-        };
         let load = |b: &Beat| (b.queued, b.prefetch);
-        if self
-            .told
-            .get(&from)
-            .is_none_or(|h| load(&h.beat) != load(&beat))
-        {
+        let (resized, reloaded) = match self.told.get(&from) {
+            Some(h) => (h.beat.total != beat.total, load(&h.beat) != load(&beat)),
+            None => (*beat.total != Resources::EMPTY, true),
+        };
+        if reloaded {
             self.loads += 1;
         }
         let told = BeatRecord {
