@@ -265,6 +265,9 @@ pub(super) struct Membership {
     /// Pings and acks that carry nothing are sent in closed form
     /// (`Config::quiet_swim`).
     quiet_swim: bool,
+    /// The size of a quiet ping or ack to each member, as last counted
+    /// (`quiet::QuietLen`).
+    quiet_lens: FxHashMap<NodeId, quiet::QuietLen>,
     /// When health last rose for this node's lateness.
     late_at: Option<Millis>,
     /// The mesh size SWIM's timeouts were last tuned for.
@@ -406,6 +409,7 @@ impl Membership {
             gossip_fired: None,
             quiet: false,
             quiet_swim: false,
+            quiet_lens: FxHashMap::default(),
             late_at: None,
             tuned_for: 4,
             dead_after_ms,

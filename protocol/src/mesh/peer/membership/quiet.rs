@@ -41,6 +41,18 @@ pub enum Quiet {
     Feed(Vec<RosterEntry>),
 }
 
+/// The size of a quiet ping and of a quiet ack between two identities,
+/// the sender at an incarnation: counted by encoding the header, a third
+/// of a quiet probe round's own work, and the same for every round
+/// between them (a probe number is one byte).
+pub(super) struct QuietLen {
+    from: Ident,
+    to: Ident,
+    incarnation: u16,
+    /// A ping's, then an ack's, once counted.
+    len: [Option<usize>; 2],
+}
+
 impl QuietSwim {
     fn header(&self) -> Header<Ident> {
         Header {
@@ -118,8 +130,38 @@ impl Membership {
             packet,
             len: 0,
         };
-        // Never fails: foca encoded these identities before.
-        q.len = self.swim.quiet_packet_len(&q.header()).unwrap_or(0);
+        let ack = q.is_ack();
+        let known = self
+            .quiet_lens
+            .get(&q.to.id)
+            .filter(|l| l.from == q.from && l.to == q.to && l.incarnation == q.incarnation)
+            .and_then(|l| l.len[usize::from(ack)]);
+        q.len = match known {
+            Some(len) => {
+                debug_assert_eq!(Some(len), self.swim.quiet_packet_len(&q.header()).ok());
+                len
+            }
+            None => {
+                // Never fails: foca encoded these identities before.
+                let len = self.swim.quiet_packet_len(&q.header()).unwrap_or(0);
+                let l = self.quiet_lens.entry(q.to.id).or_insert_with(|| QuietLen {
+                    from: q.from.clone(),
+                    to: q.to.clone(),
+                    incarnation: q.incarnation,
+                    len: [None; 2],
+                });
+                if l.from != q.from || l.to != q.to || l.incarnation != q.incarnation {
+                    *l = QuietLen {
+                        from: q.from.clone(),
+                        to: q.to.clone(),
+                        incarnation: q.incarnation,
+                        len: [None; 2],
+                    };
+                }
+                l.len[usize::from(ack)] = Some(len);
+                len
+            }
+        };
         q
     }
 
