@@ -41,6 +41,12 @@ pub enum Quiet {
     Feed(Vec<RosterEntry>),
 }
 
+/// The most members for which sizes are kept (`QuietLen`): a record per
+/// member on every node grows as the square of the mesh (1,000 nodes
+/// kept a million, 20 MB), where a probe round is a small part of the
+/// run; in a mesh of long tasks on tens of nodes it is a large one.
+const QUIET_LENS_MAX: usize = 64;
+
 /// The size of a quiet ping and of a quiet ack between two identities,
 /// the sender at an incarnation: counted by encoding the header, a third
 /// of a quiet probe round's own work, and the same for every round
@@ -130,6 +136,14 @@ impl Membership {
             packet,
             len: 0,
         };
+        if self.len() > QUIET_LENS_MAX {
+            // A large mesh's probes go round many members, each seldom:
+            // counted each time, with no record per member per node.
+            self.quiet_lens.clear();
+            // Never fails: foca encoded these identities before.
+            q.len = self.swim.quiet_packet_len(&q.header()).unwrap_or(0);
+            return q;
+        }
         let ack = q.is_ack();
         let known = self
             .quiet_lens
