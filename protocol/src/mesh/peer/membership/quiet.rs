@@ -59,6 +59,24 @@ pub(super) struct QuietLen {
     len: [Option<usize>; 2],
 }
 
+impl QuietLen {
+    /// A record for `q`'s two identities and incarnation, nothing counted.
+    fn of(q: &QuietSwim) -> QuietLen {
+        QuietLen {
+            from: q.from.clone(),
+            to: q.to.clone(),
+            incarnation: q.incarnation,
+            len: [None; 2],
+        }
+    }
+
+    /// Whether this record's sizes are `q`'s: the same identities and
+    /// incarnation.
+    fn sizes(&self, q: &QuietSwim) -> bool {
+        self.from == q.from && self.to == q.to && self.incarnation == q.incarnation
+    }
+}
+
 impl QuietSwim {
     fn header(&self) -> Header<Ident> {
         Header {
@@ -136,46 +154,33 @@ impl Membership {
             packet,
             len: 0,
         };
-        if self.len() > QUIET_LENS_MAX {
+        let slot = usize::from(q.is_ack());
+        let kept = self
+            .quiet_lens
+            .get(&q.to.id)
+            .filter(|l| l.sizes(&q))
+            .and_then(|l| l.len[slot]);
+        // Never fails: foca encoded these identities before.
+        let count = |m: &mut Self, q: &QuietSwim| m.swim.quiet_packet_len(&q.header()).unwrap_or(0);
+        if let Some(len) = kept {
+            debug_assert_eq!(len, count(self, &q));
+            q.len = len;
+        } else if self.len() > QUIET_LENS_MAX {
             // A large mesh's probes go round many members, each seldom:
             // counted each time, with no record per member per node.
             self.quiet_lens.clear();
-            // Never fails: foca encoded these identities before.
-            q.len = self.swim.quiet_packet_len(&q.header()).unwrap_or(0);
-            return q;
+            q.len = count(self, &q);
+        } else {
+            q.len = count(self, &q);
+            let l = self
+                .quiet_lens
+                .entry(q.to.id)
+                .or_insert_with(|| QuietLen::of(&q));
+            if !l.sizes(&q) {
+                *l = QuietLen::of(&q);
+            }
+            l.len[slot] = Some(q.len);
         }
-        let ack = q.is_ack();
-        let known = self
-            .quiet_lens
-            .get(&q.to.id)
-            .filter(|l| l.from == q.from && l.to == q.to && l.incarnation == q.incarnation)
-            .and_then(|l| l.len[usize::from(ack)]);
-        q.len = match known {
-            Some(len) => {
-                debug_assert_eq!(Some(len), self.swim.quiet_packet_len(&q.header()).ok());
-                len
-            }
-            None => {
-                // Never fails: foca encoded these identities before.
-                let len = self.swim.quiet_packet_len(&q.header()).unwrap_or(0);
-                let l = self.quiet_lens.entry(q.to.id).or_insert_with(|| QuietLen {
-                    from: q.from.clone(),
-                    to: q.to.clone(),
-                    incarnation: q.incarnation,
-                    len: [None; 2],
-                });
-                if l.from != q.from || l.to != q.to || l.incarnation != q.incarnation {
-                    *l = QuietLen {
-                        from: q.from.clone(),
-                        to: q.to.clone(),
-                        incarnation: q.incarnation,
-                        len: [None; 2],
-                    };
-                }
-                l.len[usize::from(ack)] = Some(len);
-                len
-            }
-        };
         q
     }
 
